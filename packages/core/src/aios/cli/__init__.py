@@ -1,0 +1,1 @@
+"""The ``aios`` and ``aios-run`` command lines. Importing this package never imports torch."""

@@ -1,0 +1,250 @@
+"""``aios plugins|devices|env|doctor|config``: no torch import on any of these paths."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from aios.errors import AiosError
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console(soft_wrap=False)
+
+
+def _table(title: str, columns: list[str]) -> Any:
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left", show_lines=False)
+    for c in columns:
+        t.add_column(c, overflow="fold")
+    return t
+
+
+def _registry() -> Any:
+    from aios.plugins import get_registry
+
+    return get_registry()
+
+
+def _emit_json(obj: Any) -> None:
+    click.echo(json.dumps(obj, indent=2, sort_keys=False, default=str))
+
+
+def _error_lines(reg: Any) -> None:
+    for err in reg.errors:
+        click.echo(f"aios: plugin error: \"{err.plugin}\": {err.error}", err=True)
+
+
+# ------------------------------------------------------------------------------ plugins
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def plugins(as_json: bool) -> None:
+    """List plugins with their version, the hooks they implement, what they register and
+    any load errors."""
+    reg = _registry()
+    rows = []
+    for info in reg.plugins.values():
+        rows.append({
+            "name": info.name, "version": info.version, "module": info.module, "hooks": info.hooks,
+            "backends": sorted(b for b, s in reg.backends.items() if s.plugin == info.name),
+            "clouds": sorted(c for c, s in reg.clouds.items() if s.plugin == info.name),
+        })
+    errors = [{"plugin": e.plugin, "error": e.error} for e in reg.errors]
+    if as_json:
+        _emit_json({"plugins": rows, "errors": errors})
+        return
+    t = _table("aios plugins", ["plugin", "version", "provides", "hooks"])
+    for r in rows:
+        provides = ", ".join([*(f"backend:{b}" for b in r["backends"]), *(f"cloud:{c}" for c in r["clouds"])])
+        t.add_row(r["name"], r["version"], provides or "-", ", ".join(h.removeprefix("aios_") for h in r["hooks"]))
+    _console().print(t)
+    for e in errors:
+        click.echo(f"error: plugin \"{e['plugin']}\": {e['error']}")
+
+
+# ------------------------------------------------------------------------------ devices
+
+
+def _fmt_bytes(n: int | None) -> str:
+    if not n:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n:.0f} PiB"
+
+
+def _reports(backend: str | None) -> list[Any]:
+    from aios.types import DeviceReport
+
+    reg = _registry()
+    names = [reg.backend(backend).name] if backend else sorted(reg.backends, key=lambda n: -reg.backends[n].priority)
+    out = []
+    for name in names:
+        try:
+            rep = reg.call_first("aios_discover_devices", backend=name, config=None)
+        except AiosError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - one backend's failure never hides the others
+            rep = DeviceReport(name, "?", False, reason=f"discovery failed: {type(exc).__name__}: {exc}")
+        if rep is None:
+            avail = reg.probe(name)
+            rep = DeviceReport(name, "?", bool(avail), reason=avail.reason or "plugin reports no discovery")
+        out.append(rep)
+    return out
+
+
+@click.command()
+@click.option("--backend", default=None, help="Only this backend.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def devices(backend: str | None, as_json: bool) -> None:
+    """Show what each backend finds on this machine: device kind, count, memory, topology."""
+    reps = _reports(backend)
+    if as_json:
+        _emit_json([r.to_dict() for r in reps])
+        return
+    _error_lines(_registry())
+    t = _table("aios devices", ["backend", "available", "kind", "count", "memory", "topology / reason"])
+    for r in reps:
+        mem = {_fmt_bytes(d.memory_bytes) for d in r.devices} or {"-"}
+        topo = ", ".join(f"{k}={v}" for k, v in r.topology.items() if not isinstance(v, (list, dict)))
+        t.add_row(r.backend, "yes" if r.available else "no", r.kind, str(r.count), "/".join(sorted(mem)), topo if r.available else (r.reason or topo))
+    con = _console()
+    con.print(t)
+    for r in reps:
+        for k, v in r.topology.items():
+            if isinstance(v, list) and v and isinstance(v[0], list):  # a matrix (e.g. NVLink)
+                con.print(f"[bold]{r.backend} {k}[/bold]")
+                for row in v:
+                    con.print("  " + "  ".join(f"{c:>5}" for c in row))
+        for note in r.notes:
+            con.print(f"{r.backend}: {note}")
+
+
+# ------------------------------------------------------------------------------ env
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def env(as_json: bool) -> None:
+    """Versions and settings for bug reports. Secret values are redacted."""
+    import os
+
+    from aios.__about__ import __version__
+    from aios.config import is_secret, redact
+
+    reg = _registry()
+    info: dict[str, Any] = {"aios-core": __version__}
+    for plugin, result, exc in reg.call_all("aios_env_info"):
+        if exc is not None:
+            info[f"{plugin}.error"] = f"{type(exc).__name__}: {exc}"
+        elif result:
+            info.update(result)
+    info["plugins"] = {p.name: p.version for p in reg.plugins.values()}
+    prefixes = ("AIOS_", "PJRT_", "XLA_", "TPU_", "NEURON_", "CUDA_", "NCCL_", "FI_", "OMP_", "WANDB_", "GOOGLE_", "AWS_", "CLOUDSDK_", "MASTER_", "LOCAL_", "RANK", "WORLD_SIZE")
+    envs = {k: ("***" if is_secret(k) else v) for k, v in sorted(os.environ.items()) if k.startswith(prefixes)}
+    info["env"] = envs
+    info = redact(info)
+    if as_json:
+        _emit_json(info)
+        return
+    for k, v in info.items():
+        if isinstance(v, dict):
+            click.echo(f"{k}:")
+            for k2, v2 in v.items():
+                click.echo(f"  {k2}: {v2}")
+        else:
+            click.echo(f"{k}: {v}")
+
+
+# ------------------------------------------------------------------------------ doctor
+
+
+@click.command()
+@click.option("--backend", default=None, help="Only checks for this backend.")
+@click.option("--config", "config_file", default=None, type=click.Path(dir_okay=False), help="YAML config file.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def doctor(backend: str | None, config_file: str | None, as_json: bool) -> None:
+    """Run pass/warn/fail checks contributed by the backends, each with its fix.
+    Exits 1 when a check fails."""
+    from aios.types import DoctorCheck
+
+    reg = _registry()
+    if backend:
+        reg.backend(backend)
+    cfg = None
+    if config_file:
+        from aios.config import resolve
+
+        cfg = resolve(config_file)
+    checks: list[DoctorCheck] = []
+    for err in reg.errors:
+        checks.append(DoctorCheck("plugin loads", "fail", f"\"{err.plugin}\": {err.error}", "reinstall or disable it (AIOS_DISABLE_PLUGINS)", plugin=err.plugin))
+    for plugin, result, exc in reg.call_all("aios_doctor_checks", backend=backend, config=cfg):
+        if exc is not None:
+            checks.append(DoctorCheck("doctor hook", "fail", f"\"{plugin}\" raised {type(exc).__name__}: {exc}", "report this to the plugin's authors", plugin=plugin))
+        for c in result or []:
+            checks.append(c if c.plugin else _set_plugin(c, plugin))
+    if as_json:
+        _emit_json([c.__dict__ for c in checks])
+    else:
+        style = {"pass": "[green]PASS[/green]", "warn": "[yellow]WARN[/yellow]", "fail": "[red]FAIL[/red]"}
+        con = _console()
+        for c in checks:
+            fix = f"\n       fix: {c.fix}" if c.fix and c.status != "pass" else ""
+            scope = f"[{c.backend}] " if c.backend else ""
+            con.print(f"{style[c.status]} {scope}{c.name}: {c.message}{fix}", highlight=False)
+    if any(c.status == "fail" for c in checks):
+        sys.exit(1)
+
+
+def _set_plugin(c: Any, plugin: str) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(c, plugin=plugin)
+
+
+# ------------------------------------------------------------------------------ config
+
+
+@click.group()
+def config() -> None:
+    """Show or validate the resolved config (file < AIOS_* env < key=value < flags)."""
+
+
+@config.command("show")
+@click.option("--config", "config_file", default=None, type=click.Path(dir_okay=False), help="YAML config file.")
+@click.option("--json", "as_json", is_flag=True)
+@click.argument("overrides", nargs=-1)
+def config_show(config_file: str | None, as_json: bool, overrides: tuple[str, ...]) -> None:
+    """Print the resolved config (secrets redacted)."""
+    from aios.config import resolve
+
+    cfg = resolve(config_file, list(overrides))
+    data = cfg.redacted_dict()
+    if as_json:
+        _emit_json(data)
+    else:
+        import yaml
+
+        click.echo(yaml.safe_dump(data, sort_keys=False).rstrip())
+
+
+@config.command("validate")
+@click.option("--config", "config_file", default=None, type=click.Path(dir_okay=False), help="YAML config file.")
+@click.argument("overrides", nargs=-1)
+def config_validate(config_file: str | None, overrides: tuple[str, ...]) -> None:
+    """Validate; exit 2 with one line naming the bad key when invalid."""
+    from aios.config import resolve
+
+    resolve(config_file, list(overrides))
+    click.echo("config ok")

@@ -1,0 +1,327 @@
+"""One validated config schema.
+
+Precedence, lowest to highest:
+
+1. defaults in the schema below;
+2. the YAML file (``--config FILE`` or ``AIOS_CONFIG=FILE``);
+3. ``AIOS_*`` environment variables (``AIOS_BACKEND=xla``, nested with a double underscore:
+   ``AIOS_CHECKPOINT__DIR=gs://b/ckpt``, ``AIOS_XLA__SPMD=true``);
+4. ``key=value`` overrides on the command line (``precision=bf16-mixed checkpoint.every=50``);
+5. explicit flags (``--backend``, ``--nprocs``, ``--precision`` ...).
+
+Plugins contribute sections through :func:`aios.hookspecs.aios_config_sections`. Any error is
+one line naming the key, the bad value and the valid choices.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
+
+from aios.errors import ConfigError
+
+Precision = Literal["fp32", "bf16-mixed", "fp16-mixed", "bf16-true"]
+PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16-true")
+PRECISION_ALIASES = {"32": "fp32", "32-true": "fp32", "bf16": "bf16-mixed", "16-mixed": "fp16-mixed", "fp16": "fp16-mixed"}
+
+# Variables with the AIOS_ prefix that are not config keys.
+CONTROL_ENV = {
+    "AIOS_CONFIG", "AIOS_HOME", "AIOS_PLUGINS", "AIOS_DISABLE_PLUGINS", "AIOS_STRICT_PLUGINS",
+    "AIOS_DEBUG", "AIOS_NO_COLOR",
+}
+CONTROL_PREFIXES = ("AIOS_RUN_", "AIOS_INTERNAL_", "AIOS_TEST_")
+
+
+class Section(BaseModel):
+    """Base for config sections: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class CheckpointSettings(Section):
+    dir: str | None = Field(None, description="local path or fsspec URL (gs://, s3://); None disables checkpoints")
+    every: int = Field(0, ge=0, description="save every N optimizer steps (0: only at the end and on preemption)")
+    keep: int = Field(3, ge=1, description="complete checkpoints kept; older ones are deleted")
+    resume: bool = Field(True, description="resume from the newest complete checkpoint in dir")
+    grace_seconds: float = Field(25.0, gt=0, description="deadline for the emergency checkpoint after a preemption notice")
+
+
+class LoggingSettings(Section):
+    run_dir: str = Field("runs", description="parent of per-run record directories")
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    every: int = Field(10, ge=1, description="log metrics every N steps")
+    progress: bool = Field(True, description="progress bar on rank 0 when attached to a terminal")
+    tensorboard: bool = Field(True, description="write TensorBoard event files when tensorboard is installed")
+    wandb: bool = Field(False, description="log to Weights & Biases (key from WANDB_API_KEY only)")
+    wandb_project: str | None = None
+
+
+class LaunchSettings(Section):
+    max_restarts: int = Field(0, ge=0)
+    rdzv_backend: Literal["c10d", "static"] = "c10d"
+    rdzv_id: str = "aios"
+    monitor_interval: float = Field(0.5, gt=0)
+    log_prefix: bool = Field(True, description="prefix each worker line with [rank N]")
+
+
+class AiosConfigBase(Section):
+    backend: str = Field("auto", description="auto | cpu | cuda | xla | neuron | <plugin backend>")
+    precision: Precision = "fp32"
+    strategy: Literal["auto", "ddp", "deepspeed", "spmd", "nxd", "single"] = "auto"
+    nprocs: Union[int, Literal["auto"]] = Field("auto", description="processes per node; auto: one per device (1 on CPU)")
+    nnodes: int = Field(1, ge=1)
+    node_rank: int = Field(0, ge=0)
+    master_addr: str = "127.0.0.1"
+    master_port: int = Field(29500, ge=1, le=65535)
+    seed: int | None = 0
+    deterministic: bool = False
+    grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step")
+    grad_clip: float | None = Field(None, gt=0, description="clip the global gradient norm to this value")
+    checkpoint: CheckpointSettings = CheckpointSettings()
+    logging: LoggingSettings = LoggingSettings()
+    launch: LaunchSettings = LaunchSettings()
+
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _alias_precision(cls, v: Any) -> Any:
+        return PRECISION_ALIASES.get(str(v), v) if v is not None else v
+
+    @field_validator("nprocs")
+    @classmethod
+    def _positive_nprocs(cls, v: Any) -> Any:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("must be at least 1")
+        return v
+
+    def section(self, name: str) -> Any:
+        """A plugin section, or None when its plugin is not installed."""
+        return getattr(self, name, None)
+
+    def redacted_dict(self) -> dict[str, Any]:
+        return redact(self.model_dump(mode="json"))
+
+
+# Kept for type hints; the real class adds plugin sections (see build_model()).
+AiosConfig = AiosConfigBase
+
+_MODEL_CACHE: dict[tuple, type[AiosConfigBase]] = {}
+
+
+def build_model(sections: dict[str, tuple[str, type]] | None = None) -> type[AiosConfigBase]:
+    """The config class with every installed plugin's section added."""
+    if sections is None:
+        from aios.plugins import get_registry
+
+        sections = get_registry().config_sections
+    key = tuple(sorted((k, id(v[1])) for k, v in sections.items()))
+    if key not in _MODEL_CACHE:
+        fields = {name: (model, model()) for name, (_, model) in sections.items()}
+        _MODEL_CACHE[key] = create_model("AiosConfig", __base__=AiosConfigBase, **fields)
+    return _MODEL_CACHE[key]
+
+
+SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL", "PASSWD")
+
+
+def is_secret(key: str) -> bool:
+    k = key.upper()
+    return any(w in k for w in SECRET_WORDS)
+
+
+def redact(obj: Any) -> Any:
+    """Replace values under secret-looking keys with '***' (recursively)."""
+    if isinstance(obj, dict):
+        return {k: ("***" if is_secret(str(k)) and v not in (None, "") else redact(v)) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [redact(v) for v in obj]
+    return obj
+
+
+# ------------------------------------------------------------------------------ parsing
+
+
+def _parse_scalar(text: str) -> Any:
+    """``key=value`` values are YAML scalars: ``true``, ``3``, ``1e-3``, ``null``, ``[a, b]``."""
+    try:
+        return yaml.safe_load(text) if text != "" else ""
+    except yaml.YAMLError:
+        return text
+
+
+def _set_path(d: dict[str, Any], path: list[str], value: Any, origin: str) -> None:
+    cur = d
+    for part in path[:-1]:
+        nxt = cur.setdefault(part, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"{origin}: '{'.'.join(path)}' goes inside '{part}', which is not a section")
+        cur = nxt
+    cur[path[-1]] = value
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item or item.startswith("="):
+            raise ConfigError(f"override '{item}' is not key=value", "write it as e.g. precision=bf16-mixed")
+        key, _, value = item.partition("=")
+        _set_path(out, key.strip().split("."), _parse_scalar(value), f"override {item!r}")
+    return out
+
+
+def env_overrides(environ: dict[str, str] | None = None) -> dict[str, Any]:
+    environ = dict(os.environ) if environ is None else environ
+    out: dict[str, Any] = {}
+    for name, value in environ.items():
+        if not name.startswith("AIOS_") or name in CONTROL_ENV or name.startswith(CONTROL_PREFIXES):
+            continue
+        path = [p.lower() for p in name[len("AIOS_"):].split("__") if p]
+        if path:
+            _set_path(out, path, _parse_scalar(value), f"env {name}")
+    return out
+
+
+def load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file '{p}' does not exist", "pass an existing YAML file to --config")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"config file '{p}' is not valid YAML{where}", "fix the YAML syntax") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file '{p}' must hold a mapping of keys, not {type(data).__name__}", "write key: value lines")
+    return data
+
+
+def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in top.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _keys(model: type[BaseModel], loc: tuple) -> list[str]:
+    """The valid keys of the section at ``loc``."""
+    cur: Any = model
+    for part in loc:
+        fields = getattr(cur, "model_fields", {})
+        if isinstance(part, int) or part not in fields:
+            break
+        cur = fields[part].annotation
+    return list(getattr(cur, "model_fields", {}))
+
+
+def _choices(model: type[BaseModel], loc: tuple) -> list[str]:
+    from typing import get_args, get_origin
+
+    cur: Any = model
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        fields = getattr(cur, "model_fields", None)
+        if not fields or part not in fields:
+            return sorted(getattr(cur, "model_fields", {}) or [])
+        cur = fields[part].annotation
+    out: list[str] = []
+
+    def walk(t: Any) -> None:
+        if get_origin(t) is Literal:
+            out.extend(str(a) for a in get_args(t))
+        for a in get_args(t):
+            if get_origin(a) is Literal or get_args(a):
+                walk(a)
+
+    walk(cur)
+    return out
+
+
+def _format_error(err: ValidationError, model: type[BaseModel], merged: dict[str, Any], origins: dict[str, str]) -> ConfigError:
+    e = err.errors()[0]
+    loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith(("literal[", "int", "str"))))
+    dotted = ".".join(str(p) for p in loc)
+    value = e.get("input")
+    where = origins.get(dotted) or origins.get(dotted.split(".")[0], "")
+    where = f" (from {where})" if where else ""
+    if e["type"] == "extra_forbidden":
+        known = ", ".join(_keys(model, loc[:-1]))
+        hint = ""
+        from aios.plugins import KNOWN_BACKENDS, KNOWN_CLOUDS
+
+        if len(loc) == 1 and (str(loc[0]) in KNOWN_BACKENDS or str(loc[0]) in KNOWN_CLOUDS):
+            inst = {**KNOWN_BACKENDS, **KNOWN_CLOUDS}[str(loc[0])]
+            hint = f"; the '{loc[0]}' section needs its plugin: {inst}"
+        return ConfigError(f"unknown config key '{dotted}'{where}", f"valid keys here: {known}{hint}")
+    choices = _choices(model, loc)
+    shown = json.dumps(value) if not isinstance(value, str) else repr(value)
+    if choices:
+        return ConfigError(f"invalid value {shown} for '{dotted}'{where}", f"choose one of: {', '.join(choices)}")
+    msg = e.get("msg", "invalid")
+    return ConfigError(f"invalid value {shown} for '{dotted}'{where}: {msg}", f"set '{dotted}' to a valid value")
+
+
+def resolve(
+    config_file: str | None = None,
+    overrides: list[str] | None = None,
+    flags: dict[str, Any] | None = None,
+    environ: dict[str, str] | None = None,
+    sections: dict[str, tuple[str, type]] | None = None,
+    check_backend: bool = True,
+) -> AiosConfigBase:
+    """Build the validated config from every source in precedence order."""
+    environ = dict(os.environ) if environ is None else environ
+    model = build_model(sections)
+    origins: dict[str, str] = {}
+    layers: list[tuple[str, dict[str, Any]]] = []
+    config_file = config_file or environ.get("AIOS_CONFIG")
+    if config_file:
+        layers.append((f"config file {config_file}", load_yaml(config_file)))
+    layers.append(("environment", env_overrides(environ)))
+    layers.append(("override", parse_overrides(overrides or [])))
+    layers.append(("flag", {k: v for k, v in (flags or {}).items() if v is not None}))
+    merged: dict[str, Any] = {}
+    for origin, layer in layers:
+        for dotted in _flatten(layer):
+            origins[dotted] = origin
+        merged = deep_merge(merged, layer)
+    try:
+        cfg = model.model_validate(merged)
+    except ValidationError as err:
+        raise _format_error(err, model, merged, origins) from None
+    if check_backend and cfg.backend != "auto":
+        from aios.plugins import KNOWN_BACKENDS, get_registry
+
+        reg = get_registry()
+        if cfg.backend not in reg.backends and cfg.backend not in KNOWN_BACKENDS:
+            known = ", ".join(["auto", *sorted(reg.backends)])
+            raise ConfigError(f"invalid value {cfg.backend!r} for 'backend' (from {origins.get('backend', 'default')})", f"choose one of: {known}")
+    return cfg
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> list[str]:
+    out: list[str] = []
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        out.append(key)
+        if isinstance(v, dict):
+            out.extend(_flatten(v, key + "."))
+    return out
+
+
+def to_json(cfg: AiosConfigBase) -> str:
+    """Serialise for passing to worker processes (AIOS_RUN_CONFIG)."""
+    return cfg.model_dump_json()
+
+
+def from_json(text: str) -> AiosConfigBase:
+    model = build_model()
+    return model.model_validate_json(text)

@@ -1,0 +1,240 @@
+"""Hook specifications for aios plugins.
+
+Every hook aios calls is declared here, named ``aios_*``. A plugin is a module (named by an
+entry point in the ``aios`` group, entry-point name = distribution name) that implements some of
+them with ``@aios.hookimpl``.
+
+Two kinds of hooks:
+
+* ``aios_register_*(register)`` hooks run once when the registry loads. They must be cheap: they
+  hand aios small descriptor objects (:class:`aios.types.BackendSpec`, ...) and must not import
+  heavy runtimes (torch, torch_xla, boto3, google libraries). Import those inside the callables
+  the descriptors carry.
+* Component hooks (``aios_discover_devices``, ``aios_make_strategy``, ``aios_make_precision``,
+  ``aios_launch_plan``, ...) take the backend name and return ``None`` when the backend is not
+  theirs. aios calls them **once at setup**: the objects they return are used directly on the
+  per-step path, which never goes through plugin dispatch.
+
+Heavy types are only imported for type checking.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+import pluggy
+
+if TYPE_CHECKING:
+    from aios.config import AiosConfig
+    from aios.precision import Precision
+    from aios.strategy import Strategy
+    from aios.types import (
+        BackendSpec,
+        CloudSpec,
+        DeviceReport,
+        DoctorCheck,
+        LaunchPlan,
+        LaunchRequest,
+        LoggerSpec,
+        PreemptionWatcher,
+        StorageSpec,
+    )
+
+PROJECT = "aios"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+# --------------------------------------------------------------------------------------------
+# Registration (run once when the registry loads; must not import heavy runtimes)
+# --------------------------------------------------------------------------------------------
+
+
+@hookspec
+def aios_register_backends(register: Callable[[BackendSpec], None]) -> None:
+    """Register compute backends.
+
+    :param register: call ``register(BackendSpec(...))`` once per backend. The spec carries the
+        backend ``name`` (what ``--backend`` accepts), its auto-selection ``priority`` (highest
+        available wins for ``--backend auto``), a ``probe`` callable that says whether the
+        backend can run on this machine **without importing its heavy runtime or initialising
+        it**, and the ``install_hint`` shown when it cannot.
+
+    Two plugins registering the same name is an error naming both; neither is used.
+    All results are collected (not ``firstresult``). Any plugin may implement it.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def aios_register_clouds(register: Callable[[CloudSpec], None]) -> None:
+    """Register cloud providers for ``aios launch --cloud NAME`` and the other cloud commands.
+
+    :param register: call ``register(CloudSpec(...))``; the spec's ``factory`` builds the
+        :class:`aios.cloud.CloudProvider` lazily, so registering costs no cloud SDK import.
+
+    All results are collected. Two plugins claiming one cloud name is an error naming both.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def aios_register_storage(register: Callable[[StorageSpec], None]) -> None:
+    """Register URL schemes usable for checkpoints, data and ``aios sync`` (``gs``, ``s3``, ...).
+
+    :param register: call ``register(StorageSpec(scheme=..., protocol=..., requires=...,
+        install_hint=...))``. aios opens such URLs through fsspec with ``protocol`` and
+        ``storage_options(url)``; ``requires`` names the import that must succeed (for a clear
+        install hint before fsspec's own error).
+
+    All results are collected.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def aios_register_loggers(register: Callable[[LoggerSpec], None]) -> None:
+    """Register metric loggers (TensorBoard, Weights & Biases, ...).
+
+    :param register: call ``register(LoggerSpec(name=..., enabled=..., factory=...))``.
+        ``enabled(config)`` decides from the config and environment whether the logger runs;
+        ``factory(config, run_dir)`` builds it on rank 0 only. Secrets are read from the
+        environment by the logger and never written to configs or run records.
+
+    All results are collected.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def aios_config_sections() -> dict[str, type] | None:
+    """Contribute config sections.
+
+    :return: a mapping of section name to a pydantic model class (``extra="forbid"``), e.g.
+        ``{"xla": XlaSettings}``. The section is validated with the rest of the config and
+        appears under that key in YAML, ``key=value`` overrides (``xla.spmd=true``) and
+        ``AIOS_XLA__SPMD`` env vars. Two plugins contributing one section name is an error.
+
+    All results are collected.
+
+    .. versionadded:: 0.1
+    """
+
+
+# --------------------------------------------------------------------------------------------
+# Components (resolved once at setup, keyed by backend name; return None when not yours)
+# --------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def aios_discover_devices(backend: str, config: AiosConfig | None) -> DeviceReport | None:
+    """Device discovery for ``backend``: what this machine offers, for ``aios devices`` and
+    for launch planning.
+
+    :param backend: the backend name being asked about.
+    :param config: the resolved config, or ``None`` when called from ``aios devices`` without one.
+    :return: a :class:`aios.types.DeviceReport`, or ``None`` if ``backend`` is not yours.
+
+    Must not initialise a device runtime (for XLA this would break ``xmp.spawn`` later with
+    "Runtime is already initialized"): read sysfs, metadata servers, NVML, env vars instead.
+    ``firstresult``: the first non-``None`` answer wins.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec(firstresult=True)
+def aios_make_strategy(backend: str, config: AiosConfig) -> Strategy | None:
+    """Step semantics for ``backend``: build the :class:`aios.strategy.Strategy` that places
+    tensors, wraps models and loaders for data parallelism, reduces gradients, steps the
+    optimizer and cuts the graph.
+
+    :param backend: the selected backend name.
+    :param config: the resolved config (``config.strategy`` names e.g. ``ddp``, ``deepspeed``,
+        ``spmd``).
+    :return: a strategy instance, or ``None`` if ``backend`` is not yours.
+
+    Called once per process at :func:`aios.init`. ``firstresult``.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec(firstresult=True)
+def aios_make_precision(backend: str, precision: str, config: AiosConfig) -> Precision | None:
+    """Precision policy for ``backend``: autocast context, module conversion, loss scaling.
+
+    :param backend: the selected backend name.
+    :param precision: one of ``fp32``, ``bf16-mixed``, ``fp16-mixed``, ``bf16-true``.
+    :param config: the resolved config.
+    :return: a :class:`aios.precision.Precision`, or ``None`` to let another plugin (or the
+        core default) decide. Raise :class:`aios.errors.ConfigError` for a precision the
+        hardware cannot do (fp16 on Trainium, bf16 on a pre-Ampere GPU).
+
+    Called once per process at setup. ``firstresult``.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec(firstresult=True)
+def aios_launch_plan(backend: str, config: AiosConfig, request: LaunchRequest) -> LaunchPlan | None:
+    """Launch: how to start ``request.script`` on this backend.
+
+    :param backend: the selected backend name.
+    :param config: the resolved config (process and node counts, ports, backend sections).
+    :param request: the script, its arguments and the host set (one host locally; the cloud
+        packages pass every host of a slice or cluster).
+    :return: a :class:`aios.types.LaunchPlan` (per-host env and command, processes per host),
+        or ``None`` if ``backend`` is not yours.
+
+    Must not import torch: ``aios-run --dry-run`` prints the plan. ``firstresult``.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def aios_doctor_checks(backend: str | None, config: AiosConfig | None) -> list[DoctorCheck] | None:
+    """Health checks for ``aios doctor``.
+
+    :param backend: the backend asked about, or ``None`` for "everything installed".
+    :param config: the resolved config, if one was given.
+    :return: a list of :class:`aios.types.DoctorCheck` (pass/warn/fail, message, fix), or
+        ``None``. A plugin raising here is reported as a failed check naming the plugin.
+
+    All results are collected.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def aios_preemption_watchers(config: AiosConfig) -> list[PreemptionWatcher] | None:
+    """Sources of preemption notices besides SIGTERM (e.g. the EC2 spot notice in IMDSv2, the
+    GCE ``preempted`` metadata key).
+
+    :param config: the resolved config.
+    :return: watchers whose ``start(notify)`` begins polling in a daemon thread and calls
+        ``notify(reason)`` once when a notice arrives; the runtime then checkpoints at the next
+        step boundary exactly as for SIGTERM. Return ``None`` when not applicable.
+
+    All results are collected. Called once per process at setup.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def aios_env_info() -> dict[str, Any] | None:
+    """Extra lines for ``aios env`` (versions, settings) as a flat mapping.
+
+    Values whose key looks secret (``*KEY*``, ``*TOKEN*``, ``*SECRET*``, ``*PASSWORD*``) are
+    redacted by aios before printing. All results are collected.
+
+    .. versionadded:: 0.1
+    """

@@ -1,0 +1,157 @@
+"""Step semantics: the interface every backend implements (returned by ``aios_make_strategy``).
+
+A :class:`Strategy` is built once per process at :func:`aios.init`; the runtime then calls its
+methods directly on every step, with no plugin dispatch in between. Design notes for backends:
+
+* CUDA / CPU (``DDPStrategy`` in :mod:`aios.strategies.ddp`): process group over NCCL/gloo,
+  ``DistributedDataParallel``, ``no_sync`` during accumulation, ``DistributedSampler``.
+* XLA / Neuron-on-XLA: no DDP wrapper; gradients all-reduced once in ``optimizer_step``
+  (``xm.optimizer_step`` semantics), graph cut (``torch_xla.sync()``) at the step boundary,
+  device loader with prefetch and fixed shapes, checkpoint tensors moved to CPU on the master.
+* SPMD: one process, a mesh over all devices, inputs sharded on the batch axis.
+
+Torch is imported lazily inside methods so that importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, Iterator
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from aios.config import AiosConfig
+    from aios.precision import Precision
+
+
+class Strategy(ABC):
+    """Placement, wrapping, reduction and stepping for one backend.
+
+    Attributes every strategy sets in :meth:`setup_environment`: ``device`` (a ``torch.device``),
+    ``rank``, ``local_rank``, ``world_size``, ``node_rank``.
+    """
+
+    name = "base"
+    #: torch device type used by ``torch.autocast`` for this backend ("cpu", "cuda", "xla").
+    autocast_device_type = "cpu"
+
+    def __init__(self, config: AiosConfig) -> None:
+        self.config = config
+        self.rank = 0
+        self.local_rank = 0
+        self.world_size = 1
+        self.node_rank = 0
+        self.device: Any = None
+
+    # ---------------------------------------------------------------- process / device
+    @abstractmethod
+    def setup_environment(self) -> None:
+        """Join the process group (if any) and pick this process's device."""
+
+    def teardown(self) -> None:
+        """Leave the process group and release resources."""
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    # ---------------------------------------------------------------- setup of user objects
+    @abstractmethod
+    def setup_module(self, module: torch.nn.Module, precision: Precision) -> torch.nn.Module:
+        """Move ``module`` to the device, apply ``precision.convert_module`` and wrap it for
+        data parallelism. Return the module the script should call."""
+
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """Check or adapt the optimizer (e.g. refuse fused AdamW on XLA). Default: unchanged."""
+        return optimizer
+
+    def setup_dataloader(self, loader: Any, shuffle: bool | None = None) -> Any:
+        """Shard ``loader`` by rank and wrap it for the device (prefetch, fixed shapes).
+        The returned object must support ``len()`` and ``set_epoch(epoch)`` when the input did."""
+        return loader
+
+    def unwrap(self, module: torch.nn.Module) -> torch.nn.Module:
+        """The user's module under any wrapper (for saving and for attribute access)."""
+        return getattr(module, "module", module)
+
+    # ---------------------------------------------------------------- the step
+    def backward(self, loss: torch.Tensor, module: torch.nn.Module | None, precision: Precision) -> None:
+        precision.backward(loss)
+
+    @contextlib.contextmanager
+    def no_sync(self, module: torch.nn.Module, enabled: bool) -> Iterator[None]:
+        """Skip gradient synchronisation for accumulation micro-steps (DDP ``no_sync``)."""
+        yield
+
+    def reduce_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        """All-reduce gradients when the wrapper does not (XLA). Default: nothing to do."""
+
+    @abstractmethod
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, precision: Precision) -> bool:
+        """Reduce gradients as needed, step through ``precision`` (unscale, inf check) and
+        return whether the step was taken (False when fp16 found inf/nan)."""
+
+    def clip_grad_norm(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, max_norm: float, precision: Precision) -> Any:
+        import torch
+
+        precision.unscale(optimizer)
+        params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+    def mark_step(self) -> None:
+        """Cut the lazy graph at a step boundary (XLA). Default: nothing."""
+
+    # ---------------------------------------------------------------- collectives
+    def barrier(self) -> None:
+        pass
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
+        return tensor
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.unsqueeze(0)
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        return obj
+
+    def any_rank(self, flag: bool) -> bool:
+        """True if ``flag`` is true on any rank (used to agree on preemption)."""
+        return flag
+
+    # ---------------------------------------------------------------- checkpoints
+    def module_state_dict(self, module: torch.nn.Module) -> dict[str, Any]:
+        """The full module state with tensors on CPU, valid on the saving rank."""
+        return self.unwrap(module).state_dict()
+
+    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer, module: torch.nn.Module | None = None) -> dict[str, Any]:
+        return optimizer.state_dict()
+
+    def load_module_state_dict(self, module: torch.nn.Module, state: dict[str, Any]) -> None:
+        self.unwrap(module).load_state_dict(state)
+
+    def load_optimizer_state_dict(self, optimizer: torch.optim.Optimizer, state: dict[str, Any], module: torch.nn.Module | None = None) -> None:
+        optimizer.load_state_dict(state)
+
+    def saves_on_this_rank(self) -> bool:
+        """Whether this rank writes the checkpoint files (rank 0 unless sharded)."""
+        return self.is_main
+
+    def rng_state(self) -> dict[str, Any]:
+        """Device RNG state beyond torch's CPU generator (CUDA, XLA) for checkpoints."""
+        return {}
+
+    def set_rng_state(self, state: dict[str, Any]) -> None:
+        pass
+
+    def seed(self, seed: int) -> None:
+        """Seed the device RNG (CPU RNGs are seeded by the runtime)."""
+
+    # ---------------------------------------------------------------- diagnostics
+    def metrics(self) -> dict[str, Any]:
+        """Backend metrics for the run's diagnostics JSON (compile counts, memory peaks)."""
+        return {}
+
+    def on_step_end(self, step: int) -> None:
+        """Called after each optimizer step (compile guard, memory tracking)."""

@@ -1,0 +1,222 @@
+"""Small descriptor types exchanged through hooks. Importing this module is cheap (no torch)."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Literal
+
+# ------------------------------------------------------------------------------ registration
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Answer of a backend probe: can this backend run here, and if not, why."""
+
+    available: bool
+    reason: str = ""
+
+    def __bool__(self) -> bool:
+        return self.available
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """A compute backend, registered through :func:`aios.hookspecs.aios_register_backends`.
+
+    :param name: what ``--backend`` accepts (``cpu``, ``cuda``, ``xla``, ``neuron``, ...).
+    :param priority: auto-selection order; the highest available backend wins ``--backend auto``.
+        Built-ins: cpu 0, cuda 100, xla 200, neuron 200.
+    :param probe: cheap availability check; must not import or initialise the heavy runtime.
+    :param install_hint: the command that makes the backend usable (``pip install 'aios-core[xla]'``).
+    :param device_type: the torch device type the backend trains on.
+    :param description: one line for ``aios plugins`` / ``aios devices``.
+    """
+
+    name: str
+    priority: int
+    probe: Callable[[], Availability]
+    install_hint: str = ""
+    device_type: str = "cpu"
+    description: str = ""
+    plugin: str = ""  # filled in by the registry: the plugin (distribution) that registered it
+
+
+@dataclass(frozen=True)
+class CloudSpec:
+    """A cloud provider for the ``aios launch|status|exec|...`` commands.
+
+    :param factory: ``factory(config) -> aios.cloud.CloudProvider``; imports its SDK lazily.
+    """
+
+    name: str
+    factory: Callable[..., Any]
+    description: str = ""
+    install_hint: str = ""
+    plugin: str = ""
+
+
+@dataclass(frozen=True)
+class StorageSpec:
+    """A URL scheme usable for checkpoints, data and ``aios sync``.
+
+    :param scheme: the URL scheme (``gs``, ``s3``).
+    :param protocol: the fsspec protocol that serves it.
+    :param requires: module that must import for the protocol to work (``gcsfs``, ``s3fs``).
+    :param storage_options: ``storage_options(url) -> dict`` of fsspec options (endpoints from
+        env, never secrets written anywhere).
+    """
+
+    scheme: str
+    protocol: str
+    requires: str = ""
+    install_hint: str = ""
+    storage_options: Callable[[str], dict[str, Any]] | None = None
+    plugin: str = ""
+
+
+@dataclass(frozen=True)
+class LoggerSpec:
+    """A metrics logger. ``enabled(config) -> bool``; ``factory(config, run_dir) -> logger``
+    where the logger has ``log(metrics: dict, step: int)`` and ``close()``."""
+
+    name: str
+    enabled: Callable[..., bool]
+    factory: Callable[..., Any]
+    plugin: str = ""
+
+
+# ------------------------------------------------------------------------------ discovery
+
+
+@dataclass
+class DeviceInfo:
+    """One device (a GPU, a TPU chip, a NeuronCore, the CPU)."""
+
+    index: int
+    name: str
+    memory_bytes: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DeviceReport:
+    """What a backend finds on this machine, for ``aios devices`` and launch planning.
+
+    :param kind: human name of the device kind (``NVIDIA GPU``, ``TPU v4 chip``, ``NeuronCore-v2``).
+    :param available: whether the backend can train here right now.
+    :param topology: free-form topology facts (slice type, hosts, NVLink matrix, ...).
+    :param notes: lines worth showing (mixed GPU models, logical-core config, ...).
+    """
+
+    backend: str
+    kind: str
+    available: bool
+    devices: list[DeviceInfo] = field(default_factory=list)
+    topology: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    reason: str = ""
+
+    @property
+    def count(self) -> int:
+        return len(self.devices)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["count"] = self.count
+        return d
+
+
+# ------------------------------------------------------------------------------ doctor
+
+CheckStatus = Literal["pass", "warn", "fail"]
+
+
+@dataclass(frozen=True)
+class DoctorCheck:
+    """One ``aios doctor`` line. ``fix`` says what to do when the status is not ``pass``."""
+
+    name: str
+    status: CheckStatus
+    message: str
+    fix: str = ""
+    backend: str | None = None
+    plugin: str = ""
+
+
+# ------------------------------------------------------------------------------ launch
+
+
+@dataclass(frozen=True)
+class Host:
+    """A machine a launch runs on. Locally there is one, ``Host("localhost")``."""
+
+    address: str = "localhost"
+    internal_address: str | None = None
+    worker_id: int = 0
+
+
+@dataclass
+class LaunchRequest:
+    """What to launch: the script and its args, and the hosts (one locally)."""
+
+    script: str
+    args: list[str] = field(default_factory=list)
+    module: bool = False  # python -m
+    hosts: list[Host] = field(default_factory=lambda: [Host()])
+    accelerator: str | None = None  # e.g. "v4-16" or "trn1.32xlarge", for planning off-host
+
+
+@dataclass
+class HostPlan:
+    """The command and environment for one host of a launch."""
+
+    host: Host
+    nprocs: int
+    env: dict[str, str]
+    command: list[str]
+    # Per-rank environment that the launcher sets (shown by --dry-run); informative only.
+    ranks: list[dict[str, str]] = field(default_factory=list)
+
+    def shell(self) -> str:
+        """The command as one shell line with its env prefix."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        cmd = " ".join(shlex.quote(c) for c in self.command)
+        return f"{env} {cmd}" if env else cmd
+
+
+@dataclass
+class LaunchPlan:
+    """A backend's answer to :func:`aios.hookspecs.aios_launch_plan`.
+
+    :param launcher: how processes start: ``elastic`` (torch.distributed.run), ``xla``
+        (torch_xla.launch), ``direct`` (one process, no launcher).
+    :param world_size: total processes over all hosts.
+    """
+
+    backend: str
+    launcher: str
+    world_size: int
+    hosts: list[HostPlan]
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for h, hp in zip(d["hosts"], self.hosts):
+            h["shell"] = hp.shell()
+        return d
+
+
+# ------------------------------------------------------------------------------ preemption
+
+
+class PreemptionWatcher:
+    """Base for preemption notice sources (see :func:`aios.hookspecs.aios_preemption_watchers`)."""
+
+    name = "watcher"
+
+    def start(self, notify: Callable[[str], None]) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        pass
