@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal, Union
 
@@ -145,12 +146,18 @@ def redact(obj: Any) -> Any:
 # ------------------------------------------------------------------------------ parsing
 
 
+_EXP_FLOAT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
+
+
 def _parse_scalar(text: str) -> Any:
     """``key=value`` values are YAML scalars: ``true``, ``3``, ``1e-3``, ``null``, ``[a, b]``."""
     try:
-        return yaml.safe_load(text) if text != "" else ""
+        value = yaml.safe_load(text) if text != "" else ""
     except yaml.YAMLError:
         return text
+    if isinstance(value, str) and _EXP_FLOAT.match(value):  # YAML 1.1 reads "1e-3" as a string
+        return float(value)
+    return value
 
 
 def _set_path(d: dict[str, Any], path: list[str], value: Any, origin: str) -> None:

@@ -231,9 +231,10 @@ def aios_preemption_watchers(config: AiosConfig) -> list[PreemptionWatcher] | No
 
 @hookspec
 def aios_env_info() -> dict[str, Any] | None:
-    """Extra lines for ``aios env`` (versions, settings) as a flat mapping.
+    """Extra lines for ``aios env`` (versions, settings).
 
-    Values whose key looks secret (``*KEY*``, ``*TOKEN*``, ``*SECRET*``, ``*PASSWORD*``) are
+    :return: a flat mapping of name to value (``{"torch_xla": "2.9.0", "libtpu": "0.0.21"}``),
+        or ``None``. Values whose key looks secret (``*KEY*``, ``*TOKEN*``, ``*SECRET*``, ``*PASSWORD*``) are
     redacted by aios before printing. All results are collected.
 
     .. versionadded:: 0.1
