@@ -42,11 +42,11 @@ def aios_cli(clean_env, tmp_path):
     return run
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def first_party():
     return dict(FIRST_PARTY)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def root():
     return ROOT

@@ -1,0 +1,157 @@
+"""One behavioural test per hook, through the registry with every first-party plugin loaded
+(tests/test_contract_hooks.py checks that each hook has its `test_hook_<name>` here)."""
+
+from __future__ import annotations
+
+import pytest
+
+from aios.config import resolve
+from aios.errors import AiosError
+from aios.plugins import get_registry, reset_registry
+from aios.types import LaunchRequest
+
+
+@pytest.fixture(autouse=True)
+def fresh_registry(monkeypatch, tmp_path):
+    for var in ("AIOS_PLUGINS", "AIOS_DISABLE_PLUGINS", "AIOS_STRICT_PLUGINS", "PJRT_DEVICE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AIOS_HOME", str(tmp_path / "home"))
+    reset_registry()
+    yield
+    reset_registry()
+
+
+def _cfg(*overrides, **flags):
+    return resolve(overrides=list(overrides), flags=flags, environ={})
+
+
+def _impl_plugins(hook: str) -> set[str]:
+    return {impl.plugin_name for impl in getattr(get_registry().pm.hook, hook).get_hookimpls()}
+
+
+def test_hook_aios_register_backends():
+    reg = get_registry()
+    assert {"aios-core", "aios-backend-cuda", "aios-backend-xla", "aios-backend-neuron"} <= _impl_plugins("aios_register_backends")
+    owners = {name: spec.plugin for name, spec in reg.backends.items()}
+    assert owners["cpu"] == "aios-core" and owners["xla"] == "aios-backend-xla"
+    assert owners["cuda"] == "aios-backend-cuda" and owners["neuron"] == "aios-backend-neuron"
+    # accelerators outrank the CPU for --backend auto, and none of them is available here
+    assert reg.backends["xla"].priority > reg.backends["cuda"].priority > reg.backends["cpu"].priority
+    assert reg.select("auto").name == "cpu"
+    for name in ("cuda", "xla", "neuron"):
+        assert not reg.probe(name)
+        with pytest.raises(AiosError):
+            reg.select(name)
+
+
+def test_hook_aios_register_clouds():
+    reg = get_registry()
+    owners = {c: s.plugin for c, s in reg.clouds.items()}
+    assert owners["gcp"] == "aios-cloud-gcp" and owners["aws"] == "aios-cloud-aws"
+    for spec in reg.clouds.values():
+        assert callable(spec.factory)
+
+
+def test_hook_aios_register_storage():
+    reg = get_registry()
+    assert reg.storage["gs"].plugin == "aios-cloud-gcp" and reg.storage["gs"].protocol == "gs"
+    assert reg.storage["s3"].plugin == "aios-cloud-aws" and reg.storage["s3"].protocol == "s3"
+    assert reg.storage["file"].plugin == "aios-core"
+
+
+def test_hook_aios_register_loggers(tmp_path):
+    reg = get_registry()
+    assert {"tensorboard", "wandb"} <= set(reg.loggers)
+    cfg = _cfg("logging.wandb=false")
+    assert reg.loggers["wandb"].enabled(cfg) is False
+    tb = reg.loggers["tensorboard"]
+    assert tb.enabled(cfg) is True  # tensorboard is installed in this environment
+    logger = tb.factory(cfg, str(tmp_path))
+    logger.log({"loss": 1.5}, step=3)
+    logger.close()
+    assert list(tmp_path.rglob("events.out.tfevents.*")), "TensorBoard logger wrote no event file"
+
+
+def test_hook_aios_config_sections():
+    reg = get_registry()
+    owners = {k: v[0] for k, v in reg.config_sections.items()}
+    assert owners.get("xla") == "aios-backend-xla"
+    assert owners.get("cuda") == "aios-backend-cuda"
+    assert owners.get("neuron") == "aios-backend-neuron"
+    cfg = _cfg()
+    for section in owners:
+        assert cfg.section(section) is not None, section
+
+
+def test_hook_aios_discover_devices():
+    reg = get_registry()
+    cpu = reg.call_first("aios_discover_devices", backend="cpu", config=None)
+    assert cpu.available and cpu.count == 1 and cpu.devices[0].memory_bytes > 0
+    for name in ("cuda", "xla", "neuron"):
+        rep = reg.call_first("aios_discover_devices", backend=name, config=None)
+        assert rep is not None and rep.backend == name
+        assert rep.available is False and rep.reason  # no accelerator on this machine: says why
+    assert reg.call_first("aios_discover_devices", backend="no-such-backend", config=None) is None
+
+
+def test_hook_aios_make_strategy():
+    reg = get_registry()
+    strat = reg.call_first("aios_make_strategy", backend="cpu", config=_cfg())
+    from aios.strategy import Strategy
+
+    assert isinstance(strat, Strategy) and strat.autocast_device_type == "cpu"
+    assert reg.call_first("aios_make_strategy", backend="no-such-backend", config=_cfg()) is None
+
+
+def test_hook_aios_make_precision():
+    reg = get_registry()
+    from aios.config import ConfigError
+
+    # the Neuron backend refuses fp16 with a one-line error
+    with pytest.raises(ConfigError, match="fp16"):
+        reg.call_first("aios_make_precision", backend="neuron", precision="fp16-mixed", config=_cfg())
+    # nobody overrides the CPU policy: the runtime falls back to the core default
+    assert reg.call_first("aios_make_precision", backend="cpu", precision="bf16-mixed", config=_cfg()) is None
+
+
+def test_hook_aios_launch_plan():
+    reg = get_registry()
+    plan = reg.call_first("aios_launch_plan", backend="cpu", config=_cfg(nprocs=2), request=LaunchRequest("train.py", ["--x", "1"]))
+    (host,) = plan.hosts
+    assert plan.launcher == "elastic" and plan.world_size == 2
+    assert host.command[1:3] == ["-m", "torch.distributed.run"]
+    assert host.command[-3:] == ["train.py", "--x", "1"]
+    assert [r["RANK"] for r in host.ranks] == ["0", "1"]
+    single = reg.call_first("aios_launch_plan", backend="cpu", config=_cfg(), request=LaunchRequest("train.py"))
+    assert single.launcher == "direct" and single.hosts[0].command[1:] == ["train.py"]
+
+
+def test_hook_aios_doctor_checks():
+    reg = get_registry()
+    results = reg.call_all("aios_doctor_checks", backend=None, config=None)
+    by_plugin = {plugin: checks for plugin, checks, exc in results if exc is None}
+    assert not [(p, e) for p, _, e in results if e is not None]
+    assert {"aios-core", "aios-backend-xla", "aios-backend-cuda", "aios-backend-neuron"} <= set(by_plugin)
+    assert any(c.status == "pass" and c.name == "torch installed" for c in by_plugin["aios-core"])
+    # a backend-scoped call only returns that backend's checks
+    only_cpu = [c for _, checks, _ in reg.call_all("aios_doctor_checks", backend="cpu", config=None) for c in (checks or [])]
+    assert only_cpu and all(c.backend in (None, "cpu") for c in only_cpu)
+
+
+def test_hook_aios_preemption_watchers():
+    reg = get_registry()
+    results = reg.call_all("aios_preemption_watchers", config=_cfg())
+    assert not [(p, e) for p, _, e in results if e is not None]
+    assert {"aios-cloud-aws", "aios-cloud-gcp"} <= _impl_plugins("aios_preemption_watchers")
+    # off a cloud VM no watcher is started (nothing to poll)
+    watchers = [w for _, ws, _ in results for w in (ws or [])]
+    assert watchers == []
+
+
+def test_hook_aios_env_info():
+    reg = get_registry()
+    info = {}
+    for plugin, result, exc in reg.call_all("aios_env_info"):
+        assert exc is None, plugin
+        info.update(result or {})
+    assert info["torch"].startswith("2.") and "python" in info
