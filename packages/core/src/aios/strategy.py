@@ -135,7 +135,11 @@ class Strategy(ABC):
         optimizer.load_state_dict(state)
 
     def saves_on_this_rank(self) -> bool:
-        """Whether this rank writes the checkpoint files (rank 0 unless sharded)."""
+        """Whether this rank writes the checkpoint files (rank 0 unless sharded).
+
+        Contract: ``Runtime.save`` calls this exactly once on **every** rank at the start of
+        each save, before the writing rank builds the state dicts, so a strategy with sharded
+        state may do its collective work here (DeepSpeed ZeRO gathers its shards to rank 0)."""
         return self.is_main
 
     def rng_state(self) -> dict[str, Any]:

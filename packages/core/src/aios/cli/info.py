@@ -197,12 +197,14 @@ def doctor(backend: str | None, config_file: str | None, as_json: bool) -> None:
     if as_json:
         _emit_json([c.__dict__ for c in checks])
     else:
+        from rich.markup import escape
+
         style = {"pass": "[green]PASS[/green]", "warn": "[yellow]WARN[/yellow]", "fail": "[red]FAIL[/red]"}
         con = _console()
         for c in checks:
             fix = f"\n       fix: {c.fix}" if c.fix and c.status != "pass" else ""
             scope = f"[{c.backend}] " if c.backend else ""
-            con.print(f"{style[c.status]} {scope}{c.name}: {c.message}{fix}", highlight=False)
+            con.print(f"{style[c.status]} " + escape(f"{scope}{c.name}: {c.message}{fix}"), highlight=False)
     if any(c.status == "fail" for c in checks):
         sys.exit(1)
 

@@ -1,0 +1,149 @@
+"""``CudaDDPStrategy``: core's :class:`aios.strategies.ddp.DDPStrategy` on NVIDIA GPUs.
+
+What it adds to the generic DDP strategy:
+
+* NCCL process group, ``cuda:LOCAL_RANK`` device, and a clear error (never a CPU fallback) when
+  this process cannot use CUDA: no GPU visible, a CPU-only or ROCm build of torch;
+* TF32 for fp32 matmuls/convolutions (``cuda.tf32``, on by default as in most training code);
+* opt-in ``torch.compile`` of the model (``cuda.compile``, ``cuda.compile_mode``), applied to the
+  DDP-wrapped module as PyTorch recommends (DDPOptimizer splits graphs at bucket boundaries);
+* fused optimizer kernels (``cuda.fused_optimizer``): Adam, AdamW, SGD and Adagrad whose
+  ``fused``/``foreach`` the script left unset are switched to ``fused=True`` (one kernel per
+  step, GradScaler-aware), others keep torch's foreach default;
+* DDP knobs from the ``cuda`` section (bucket size, static graph, unused parameters);
+* memory statistics (peak allocated/reserved, device total) in :meth:`metrics`.
+
+The class takes ``device_type``/``dist_backend`` so its generic parts are tested on CPU over gloo.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from aios.errors import BackendUnavailable
+from aios.strategies.ddp import DDPStrategy
+
+from aios_backend_cuda.settings import CudaSettings
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+    from aios.config import AiosConfig
+    from aios.precision import Precision
+
+FUSABLE = ("Adam", "AdamW", "SGD", "Adagrad")
+
+
+def check_cuda_runtime() -> None:
+    """Raise BackendUnavailable unless this torch can use an NVIDIA GPU here."""
+    import torch
+
+    if getattr(torch.version, "hip", None):
+        raise BackendUnavailable(
+            f"torch {torch.__version__} is a ROCm (AMD HIP {torch.version.hip}) build, not CUDA",
+            "install a CUDA build of torch for NVIDIA GPUs (ROCm is not supported by the cuda backend)",
+        )
+    if torch.version.cuda is None:
+        raise BackendUnavailable(f"torch {torch.__version__} is a CPU-only build", "install a CUDA build of torch: pip install 'aios-core[cuda]'")
+    if not torch.cuda.is_available():
+        raise BackendUnavailable("CUDA is not available to this process (no GPU visible, or the driver is too old for this torch)", "run `aios doctor --backend cuda`")
+
+
+def fuse_optimizer(optimizer: Any) -> str:
+    """Switch ``optimizer`` to its fused kernels in place when the script left the choice to
+    torch. Returns what it runs with: ``fused``, ``foreach`` or ``default``."""
+    import torch
+
+    groups = optimizer.param_groups
+    if type(optimizer).__name__ not in FUSABLE or type(optimizer).__module__.split(".")[:2] != ["torch", "optim"]:
+        return "default"
+    if any(g.get("fused") for g in groups):
+        return "fused"
+    if any(g.get("fused") is False or g.get("foreach") is not None or g.get("differentiable") for g in groups):
+        return "foreach" if any(g.get("foreach") for g in groups) else "default"
+    if optimizer.state:  # state made without fused: its step counters live on the CPU
+        return "default"
+    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+    supported = set(_get_fused_kernels_supported_devices())
+    params = [p for g in groups for p in g["params"]]
+    if not params or any(p.device.type not in supported or not torch.is_floating_point(p) for p in params):
+        return "default"
+    for g in groups:
+        g["fused"] = True
+    optimizer.defaults["fused"] = True
+    optimizer._step_supports_amp_scaling = True
+    return "fused"
+
+
+def set_tf32(enabled: bool) -> None:
+    """TF32 tensor cores for fp32 matmuls and cuDNN convolutions (Ampere and later)."""
+    import torch
+
+    torch.set_float32_matmul_precision("high" if enabled else "highest")
+    torch.backends.cudnn.allow_tf32 = enabled
+
+
+class CudaDDPStrategy(DDPStrategy):
+    """DDP over NCCL on NVIDIA GPUs (see the module docstring)."""
+
+    name = "ddp"
+
+    def __init__(self, config: AiosConfig, device_type: str = "cuda", dist_backend: str = "nccl") -> None:
+        super().__init__(config, device_type=device_type, dist_backend=dist_backend)
+        self.settings: CudaSettings = config.section("cuda") or CudaSettings()
+        s = self.settings
+        self.ddp_kwargs = {
+            "bucket_cap_mb": s.bucket_cap_mb,
+            "find_unused_parameters": s.find_unused_parameters,
+            "static_graph": s.static_graph,
+            "gradient_as_bucket_view": True,
+        }
+        self.compiled = False
+        self.optimizer_impl: list[str] = []
+
+    # ---------------------------------------------------------------- process / device
+    def setup_environment(self) -> None:
+        import torch
+
+        if self.device_type == "cuda":
+            check_cuda_runtime()
+            set_tf32(bool(self.settings.tf32))
+        super().setup_environment()
+        if self.device_type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    # ---------------------------------------------------------------- setup of user objects
+    def setup_module(self, module: torch.nn.Module, precision: Precision) -> torch.nn.Module:
+        module = super().setup_module(module, precision)
+        if self.settings.compile:
+            import torch
+
+            mode = None if self.settings.compile_mode == "default" else self.settings.compile_mode
+            module = torch.compile(module, mode=mode)
+            self.compiled = True
+        return module
+
+    def unwrap(self, module: torch.nn.Module) -> torch.nn.Module:
+        module = getattr(module, "_orig_mod", module)  # torch.compile
+        return getattr(module, "module", module)  # DistributedDataParallel
+
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        impl = fuse_optimizer(optimizer) if self.settings.fused_optimizer else "default"
+        self.optimizer_impl.append(f"{type(optimizer).__name__}:{impl}")
+        return optimizer
+
+    # ---------------------------------------------------------------- diagnostics
+    def metrics(self) -> dict[str, Any]:
+        out = super().metrics()
+        out.update({
+            "tf32": bool(self.settings.tf32), "compiled": self.compiled, "optimizers": list(self.optimizer_impl),
+        })
+        if self.device_type == "cuda" and self.device is not None:
+            import torch
+
+            props = torch.cuda.get_device_properties(self.device)
+            out["gpu"] = props.name
+            out["gpu_memory_total"] = props.total_memory
+            out["peak_memory_allocated_gib"] = round(out.get("max_memory_allocated", 0) / 2**30, 3)
+            out["peak_memory_fraction"] = round(out.get("max_memory_reserved", 0) / props.total_memory, 4)
+        return out
