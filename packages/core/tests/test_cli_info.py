@@ -66,7 +66,7 @@ def test_broken_plugin_is_an_error_line_while_help_and_devices_work(site, run_ai
     assert run_aios("--help").returncode == 0
     devs = run_aios("devices", "--json")
     assert devs.returncode == 0, devs.stderr
-    assert {d["backend"] for d in json.loads(devs.stdout)} == {"cpu", "widget"}
+    assert {"cpu", "widget"} <= {d["backend"] for d in json.loads(devs.stdout)}
     table = run_aios("devices")
     assert 'plugin error: "aios-broken": Error importing plugin: ImportError: needs libwidget' in table.stderr
     plug = run_aios("plugins")
@@ -92,7 +92,7 @@ def test_config_errors_exit_2_with_one_line_and_debug_shows_traceback(run_aios):
 
 
 def test_unknown_backend_for_devices_is_one_line(run_aios):
-    res = run_aios("devices", "--backend", "xla")
+    res = run_aios("devices", "--backend", "xla", env={"AIOS_DISABLE_PLUGINS": "aios-backend-xla,aios-backend-neuron,aios-cloud-gcp"})
     assert res.returncode == 2
     assert res.stderr.strip() == "aios: error: backend 'xla' is not installed; run: pip install 'aios-core[xla]'"
 

@@ -1,0 +1,306 @@
+"""Launch plans for Trainium: ``torchrun`` (``python -m torch.distributed.run``) with one process
+per logical NeuronCore, c10d rendezvous across nodes, and the Neuron environment.
+
+Never imports torch: ``aios-run --backend neuron --dry-run`` prints these plans on any machine.
+Give the instance type (``neuron.instance_type=trn1.32xlarge``, or ``LaunchRequest.accelerator``)
+to plan off-instance; otherwise the plan is built from this machine's ``neuron-ls``.
+
+The cloud-aws package builds per-node plans with :func:`plan_for_instances`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING, Any, Sequence
+
+from aios.errors import BackendUnavailable, ConfigError, LaunchError
+from aios.launch import elastic_plan, resolve_nprocs
+from aios.types import Host, LaunchPlan, LaunchRequest
+from aios_backend_neuron import catalog
+from aios_backend_neuron.discovery import (
+    NeuronTopology,
+    format_core_list,
+    run_neuron_ls,
+    visible_core_ids,
+)
+from aios_backend_neuron.packages import XLA_CPU_ENV, NeuronSoftware, detect, placeholder_message
+from aios_backend_neuron.settings import NeuronSettings, settings_of
+
+if TYPE_CHECKING:  # pragma: no cover
+    from aios.config import AiosConfig
+
+EFA_ENV = {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1"}
+PRECOMPILE_TOOL = "neuron_parallel_compile"
+
+
+# ------------------------------------------------------------------------------ validation
+
+
+def check_precision(precision: str) -> None:
+    """fp16 on Trainium and the removed XLA_USE_BF16 switches are errors."""
+    if precision == "fp16-mixed":
+        raise ConfigError(
+            "precision fp16-mixed is not supported on Trainium (backend neuron)",
+            "use precision=bf16-mixed (autocast) or precision=bf16-true (bf16 weights with stochastic rounding)",
+        )
+    for var in ("XLA_USE_BF16", "XLA_DOWNCAST_BF16"):
+        if os.environ.get(var, "").strip() not in ("", "0"):
+            raise ConfigError(
+                f"{var} is set; it was removed from torch-neuronx and would silently change every dtype",
+                f"unset {var} and use precision=bf16-true (or bf16-mixed)",
+            )
+
+
+def check_parallel(tp: int, pp: int, cores_per_node: int, world: int) -> int:
+    """Validate tensor/pipeline degrees against the cores; return the data-parallel degree."""
+    if tp > cores_per_node or cores_per_node % tp:
+        raise ConfigError(
+            f"neuron.tp_degree={tp} does not divide the {cores_per_node} NeuronCores per node",
+            f"use a tp_degree that divides {cores_per_node} (e.g. {', '.join(str(d) for d in _divisors(cores_per_node))})",
+        )
+    if world % (tp * pp):
+        raise ConfigError(
+            f"neuron.tp_degree={tp} x neuron.pp_degree={pp} = {tp * pp} does not divide the {world} workers",
+            f"choose tp_degree x pp_degree dividing {world}",
+        )
+    return world // (tp * pp)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def resolve_runtime(settings: NeuronSettings, sw: NeuronSoftware, facts: catalog.InstanceType | None, local: bool) -> str:
+    """The runtime a plan targets. Off-instance with nothing installed, ``auto`` means ``xla``
+    (the torch-neuronx line that supports Trn1 and Trn2)."""
+    installed = sw.runtime()
+    if settings.runtime != "auto":
+        rt = settings.runtime
+        if local and installed is not None and installed != rt and not sw.xla_cpu_stand_in:
+            raise ConfigError(
+                f"neuron.runtime={rt} but the installed torch-neuronx {sw.torch_neuronx.version} is the {installed} runtime",
+                f"set neuron.runtime={installed} or auto, or install the matching torch-neuronx from {('the torch 2.10+ ' if rt == 'native' else 'the torch<=2.9 ')}Neuron release",
+            )
+    else:
+        rt = installed or "xla"
+    if rt == "native" and facts is not None and facts.family.startswith("trn1"):
+        raise ConfigError(
+            f"the native TorchNeuron runtime supports Trn2 and Trn3, not {facts.name}",
+            "set neuron.runtime=xla (torch-neuronx on torch_xla) for Trn1",
+        )
+    return rt
+
+
+# ------------------------------------------------------------------------------ topology
+
+
+def _catalog_topology(settings: NeuronSettings, instance: str, origin: str) -> tuple[NeuronTopology, bool, str]:
+    try:
+        facts = catalog.lookup(instance)
+    except ValueError as exc:
+        raise ConfigError(str(exc), "set neuron.instance_type to one of the known Trainium types") from None
+    lnc = settings.logical_nc_config or facts.default_lnc
+    if lnc not in facts.supported_lnc():
+        raise ConfigError(
+            f"neuron.logical_nc_config={lnc} is not available on {facts.name} (supported: {', '.join(map(str, facts.supported_lnc()))})",
+            "leave neuron.logical_nc_config unset for the instance default",
+        )
+    return NeuronTopology.from_catalog(facts, lnc), False, f"{facts.name} (from {origin})"
+
+
+def plan_topology(settings: NeuronSettings, request: LaunchRequest, notes: list[str] | None = None) -> tuple[NeuronTopology, bool, str]:
+    """(topology, local, where). ``LaunchRequest.accelerator`` (a cloud launch) plans for that
+    instance type; otherwise this machine's neuron-ls wins, and ``neuron.instance_type`` is the
+    fallback for planning off-instance."""
+    if request.accelerator:
+        return _catalog_topology(settings, request.accelerator, "request")
+    res = run_neuron_ls(settings.neuron_ls)
+    if res.topology is None or not res.topology.devices:
+        if settings.instance_type:
+            return _catalog_topology(settings, settings.instance_type, "neuron.instance_type")
+        raise BackendUnavailable(
+            f"backend 'neuron' found no Neuron devices here ({res.error or 'neuron-ls lists none'})",
+            "run on a Trainium instance, or plan off-instance with neuron.instance_type=trn1.32xlarge",
+        )
+    topo = res.topology
+    if settings.instance_type and topo.instance_type and settings.instance_type != topo.instance_type and notes is not None:
+        notes.append(f"neuron.instance_type={settings.instance_type} ignored: this machine is a {topo.instance_type}")
+    if settings.logical_nc_config and settings.logical_nc_config != topo.lnc:
+        facts = topo.facts
+        if facts is not None and settings.logical_nc_config not in facts.supported_lnc():
+            raise ConfigError(
+                f"neuron.logical_nc_config={settings.logical_nc_config} is not available on {facts.name}",
+                "leave neuron.logical_nc_config unset",
+            )
+        topo = topo.with_lnc(settings.logical_nc_config)
+    return topo, True, f"{topo.instance_type or 'this instance'} (from {res.path})"
+
+
+def compiler_flags(settings: NeuronSettings, facts: catalog.InstanceType | None) -> list[str]:
+    flags: list[str] = []
+    if facts is not None:
+        flags += ["--target", facts.target]
+    if settings.model_type:
+        flags += ["--model-type", settings.model_type]
+    if settings.optlevel:
+        flags += [f"--optlevel={settings.optlevel}"]
+    if settings.compiler_auto_cast:
+        flags += ["--auto-cast", settings.compiler_auto_cast]
+    flags += list(settings.cc_flags)
+    return flags
+
+
+# ------------------------------------------------------------------------------ plans
+
+
+def build_plan(
+    config: AiosConfig,
+    request: LaunchRequest,
+    *,
+    software: NeuronSoftware | None = None,
+    python: str | None = None,
+) -> LaunchPlan:
+    """The launch plan for ``request`` on Trainium (the ``aios_launch_plan`` answer)."""
+    settings = settings_of(config)
+    check_precision(config.precision)
+    sw = software or detect()
+    early_notes: list[str] = []
+    topo, local, where = plan_topology(settings, request, early_notes)
+    facts = topo.facts
+    runtime = resolve_runtime(settings, sw, facts, local)
+    if local and sw.placeholders:
+        msg, fix = placeholder_message(sw)
+        raise BackendUnavailable(msg, fix)
+    if local and sw.runtime():
+        rt_note = sw.runtime_label()
+    elif settings.runtime != "auto":
+        rt_note = f"{runtime} (neuron.runtime)"
+    else:
+        rt_note = f"{runtime} (planned; set neuron.runtime=native for nodes with TorchNeuron)" if runtime == "xla" else runtime
+
+    spec = settings.visible_cores
+    origin = "neuron.visible_cores"
+    if not spec and local and os.environ.get("NEURON_RT_VISIBLE_CORES"):
+        spec, origin = os.environ["NEURON_RT_VISIBLE_CORES"], "NEURON_RT_VISIBLE_CORES"
+    cores = visible_core_ids(topo, spec, origin)
+    stand_in = sw.xla_cpu_stand_in and local
+    if stand_in and config.nprocs != "auto" and int(config.nprocs) > 1:
+        raise LaunchError(
+            f"the XLA:CPU stand-in ({XLA_CPU_ENV}=1) runs one process: multi-process XLA collectives do not work on CPU",
+            "pass --nprocs 1 (or test multi-process runs on Trainium)",
+        )
+    nprocs = 1 if stand_in else resolve_nprocs(config, len(cores))
+    nnodes = max(config.nnodes, len(request.hosts))
+    world = nprocs * nnodes
+    dp = check_parallel(settings.tp_degree, settings.pp_degree, nprocs, world)
+
+    env: dict[str, str] = {}
+    if runtime == "xla":
+        env["PJRT_DEVICE"] = "CPU" if sw.xla_cpu_stand_in and local else "NEURON"
+    flags = compiler_flags(settings, facts)
+    if flags:
+        env["NEURON_CC_FLAGS"] = " ".join(flags)
+    env["NEURON_COMPILE_CACHE_URL"] = settings.compile_cache
+    if settings.logical_nc_config or (facts is not None and facts.default_lnc != 1):
+        env["NEURON_LOGICAL_NC_CONFIG"] = str(topo.lnc)
+    if spec:
+        env["NEURON_RT_VISIBLE_CORES"] = format_core_list(cores)
+    sr = settings.stochastic_rounding
+    if sr is None and config.precision == "bf16-true":
+        sr = True
+    if sr is not None:
+        env["NEURON_RT_STOCHASTIC_ROUNDING_EN"] = "1" if sr else "0"
+
+    notes = [
+        f"runtime: {rt_note}",
+        f"instance: {where}: {len(topo.devices)} Neuron device(s), {topo.cores_per_device} logical cores each "
+        f"(LNC={topo.lnc}, {topo.physical_cores} physical), using cores {format_core_list(cores)}",
+        f"parallelism: {world} workers = dp {dp} x tp {settings.tp_degree} x pp {settings.pp_degree}",
+        *early_notes,
+    ]
+    hosts = request.hosts
+    master = config.master_addr
+    if len(hosts) > 1:
+        master = hosts[0].internal_address or hosts[0].address
+    if nnodes > 1:
+        env["NEURON_RT_ROOT_COMM_ID"] = f"{master}:{settings.root_comm_port}"
+        efa = settings.efa == "on" or (settings.efa == "auto" and (facts is None or facts.efa_interfaces > 0))
+        if efa:
+            env.update(EFA_ENV)
+        elif facts is not None and facts.efa_interfaces == 0:
+            notes.append(f"{facts.name} has no EFA: collectives between nodes go over TCP and will be slow")
+        if not settings.compile_cache.startswith("s3://"):
+            notes.append("compile cache is node-local: every node compiles its own graphs; "
+                         "share one with neuron.compile_cache=s3://BUCKET/PREFIX")
+    if settings.precompile and settings.precompile_retries is not None:
+        env["NEURON_PARALLEL_COMPILE_MAX_RETRIES"] = str(settings.precompile_retries)
+    env.update(settings.env)
+
+    plan = elastic_plan("neuron", config, request, nprocs, env=env, python=python, notes=notes)
+    if settings.precompile:
+        if runtime != "xla":
+            raise ConfigError(
+                "neuron.precompile runs neuron_parallel_compile, which extracts torch_xla graphs; the native runtime compiles with torch.compile",
+                "set neuron.precompile=false (or use neuron.runtime=xla)",
+            )
+        for hp in plan.hosts:
+            hp.command = [PRECOMPILE_TOOL, *hp.command]
+        plan.notes.append(
+            f"precompile: {PRECOMPILE_TOOL} runs the script with NEURON_EXTRACT_GRAPHS_ONLY (outputs are not real), "
+            f"compiles every graph in parallel into {settings.compile_cache}; limit the run to ~10 steps, "
+            "then launch again without neuron.precompile to start warm"
+        )
+    if not local and not request.accelerator:
+        # planned from neuron.instance_type on a machine without Neuron devices: meant for the
+        # instance; the guard makes running it here one clear error, and is transparent there
+        exe = python or sys.executable
+        for hp in plan.hosts:
+            hp.command = [exe, "-m", "aios_backend_neuron.guard", topo.instance_type or "trainium", "--", *hp.command]
+        plan.notes.append("planned off-instance: the command starts with aios_backend_neuron.guard, which runs it only "
+                          "where Neuron devices exist")
+    if sw.xla_cpu_stand_in and local:
+        plan.notes.append(f"{XLA_CPU_ENV}=1: XLA:CPU stands in for NeuronCores (PJRT_DEVICE=CPU); for tests only")
+    if os.path.isfile(request.script):
+        from aios_backend_neuron.ops import scan_script
+
+        for f in scan_script(request.script, runtime):
+            plan.notes.append(f"script {request.script} {f}")
+    return plan
+
+
+def plan_for_instances(
+    instance_type: str,
+    hosts: Sequence[Host],
+    script: str,
+    args: Sequence[str] = (),
+    *,
+    config: Any = None,
+    overrides: Sequence[str] = (),
+    module: bool = False,
+    python: str = "python3",
+) -> LaunchPlan:
+    """Per-node plans for a Trainium cluster (the entry point for cloud-aws).
+
+    :param instance_type: e.g. ``trn1.32xlarge`` or ``trn2.48xlarge`` (what
+        ``LaunchRequest.accelerator`` carries).
+    :param hosts: every node, first one is the rendezvous master (its ``internal_address`` is used
+        when set); ``worker_id`` is informative.
+    :param script: the training script path on the nodes; ``args`` its arguments.
+    :param config: a resolved :class:`aios.config.AiosConfig`; built from ``overrides``
+        (``key=value`` strings, e.g. ``neuron.tp_degree=8``) when omitted.
+    :param python: the interpreter on the nodes.
+    :return: a :class:`aios.types.LaunchPlan` with one :class:`aios.types.HostPlan` per node; run
+        ``host_plan.command`` with ``host_plan.env`` on ``host_plan.host``.
+
+    Raises :class:`aios.errors.ConfigError` for an unknown instance type, fp16, or parallel
+    degrees that do not fit the cores.
+    """
+    if config is None:
+        from aios.config import resolve
+
+        config = resolve(overrides=[*overrides, "backend=neuron"], environ={}, check_backend=False)
+    if not hosts:
+        raise ConfigError("plan_for_instances needs at least one host", "pass the cluster's hosts")
+    request = LaunchRequest(script=script, args=list(args), module=module, hosts=list(hosts), accelerator=instance_type)
+    return build_plan(config, request, python=python)
