@@ -1,0 +1,175 @@
+"""The EC2 accelerator instance catalog: recorded data, offline (no boto3 import).
+
+Prices are us-east-1 Linux list prices in USD per instance-hour, recorded on
+:data:`PRICES_RECORDED` (on-demand from the EC2 price list after the June 2025 P4d/P5 price cut;
+spot is a typical recent us-east-1 value: spot prices move every few minutes and differ per
+availability zone, so they are an estimate for ``aios cost``, never a bid). Types that
+us-east-1 does not offer carry the price of the first region listed for them
+(``price_region``).
+
+Regions are where each type was offered (on demand, spot or through capacity blocks) when
+recorded. At launch time the live ``DescribeInstanceTypeOfferings`` answer is authoritative;
+this table is what ``aios catalog`` and ``--dry-run`` show without credentials.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+PRICES_RECORDED = "2025-06-30"
+PRICE_SOURCE = "AWS EC2 on-demand price list (us-east-1, Linux); spot: typical us-east-1 value"
+
+
+@dataclass(frozen=True)
+class InstanceType:
+    """One EC2 accelerator instance type.
+
+    :param accelerators: accelerator devices (GPUs or Trainium chips) per instance.
+    :param accelerator_memory_gib: HBM per device, GiB.
+    :param neuron_cores: NeuronCores per instance (Trainium only; physical cores).
+    :param efa_interfaces: EFA network cards usable for multi-node traffic (0: no EFA).
+    :param peak_bf16_tflops: dense bf16 peak of the whole instance.
+    :param backend: the aios backend that trains on it.
+    """
+
+    name: str
+    family: str
+    accelerator: str
+    accelerators: int
+    accelerator_memory_gib: float
+    vcpus: int
+    memory_gib: int
+    efa_interfaces: int
+    network_gbps: int
+    on_demand_hourly: float
+    spot_hourly: float | None
+    peak_bf16_tflops: float
+    backend: str
+    regions: tuple[str, ...]
+    neuron_cores: int = 0
+    price_region: str = "us-east-1"
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def total_accelerator_memory_gib(self) -> float:
+        return self.accelerators * self.accelerator_memory_gib
+
+    @property
+    def efa_capable(self) -> bool:
+        return self.efa_interfaces > 0
+
+    def hourly(self, spot: bool) -> float | None:
+        return self.spot_hourly if spot else self.on_demand_hourly
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["regions"] = list(self.regions)
+        d["notes"] = list(self.notes)
+        d["total_accelerator_memory_gib"] = self.total_accelerator_memory_gib
+        d["prices_recorded"] = PRICES_RECORDED
+        return d
+
+
+_P4D_REGIONS = ("us-east-1", "us-east-2", "us-west-2", "eu-west-1", "eu-central-1", "ap-northeast-1", "ap-northeast-2")
+_P5_REGIONS = ("us-east-1", "us-east-2", "us-west-2", "eu-north-1", "eu-west-2", "ap-northeast-1", "ap-south-1", "ap-southeast-2", "sa-east-1")
+_P5E_REGIONS = ("us-east-2", "us-west-2")
+_TRN1_REGIONS = ("us-east-1", "us-east-2", "us-west-2", "eu-north-1", "ap-northeast-1", "ap-south-1", "ap-southeast-4")
+_TRN2_REGIONS = ("us-east-2", "us-west-2")
+
+INSTANCE_TYPES: dict[str, InstanceType] = {
+    t.name: t
+    for t in (
+        InstanceType(
+            name="p4d.24xlarge", family="p4d", accelerator="NVIDIA A100 40GB", accelerators=8,
+            accelerator_memory_gib=40, vcpus=96, memory_gib=1152, efa_interfaces=4, network_gbps=400,
+            on_demand_hourly=21.96, spot_hourly=9.47, peak_bf16_tflops=8 * 312.0, backend="cuda",
+            regions=_P4D_REGIONS, notes=("NVSwitch; 4x100 Gbps EFA",),
+        ),
+        InstanceType(
+            name="p5.48xlarge", family="p5", accelerator="NVIDIA H100 80GB", accelerators=8,
+            accelerator_memory_gib=80, vcpus=192, memory_gib=2048, efa_interfaces=32, network_gbps=3200,
+            on_demand_hourly=55.04, spot_hourly=31.46, peak_bf16_tflops=8 * 989.0, backend="cuda",
+            regions=_P5_REGIONS, notes=("NVSwitch; 32x100 Gbps EFAv2",),
+        ),
+        InstanceType(
+            name="p5e.48xlarge", family="p5e", accelerator="NVIDIA H200 141GB", accelerators=8,
+            accelerator_memory_gib=141, vcpus=192, memory_gib=2048, efa_interfaces=32, network_gbps=3200,
+            on_demand_hourly=63.30, spot_hourly=None, peak_bf16_tflops=8 * 989.0, backend="cuda",
+            regions=_P5E_REGIONS, price_region="us-east-2",
+            notes=("mostly sold through EC2 Capacity Blocks for ML; no recorded spot price",),
+        ),
+        InstanceType(
+            name="trn1.2xlarge", family="trn1", accelerator="AWS Trainium", accelerators=1,
+            accelerator_memory_gib=32, vcpus=8, memory_gib=32, efa_interfaces=0, network_gbps=12,
+            on_demand_hourly=1.34375, spot_hourly=0.4011, peak_bf16_tflops=190.0, backend="neuron",
+            regions=_TRN1_REGIONS, neuron_cores=2, notes=("no EFA: single node only",),
+        ),
+        InstanceType(
+            name="trn1.32xlarge", family="trn1", accelerator="AWS Trainium", accelerators=16,
+            accelerator_memory_gib=32, vcpus=128, memory_gib=512, efa_interfaces=8, network_gbps=800,
+            on_demand_hourly=21.50, spot_hourly=6.4505, peak_bf16_tflops=16 * 190.0, backend="neuron",
+            regions=_TRN1_REGIONS, neuron_cores=32, notes=("NeuronLink ring; 8x100 Gbps EFA",),
+        ),
+        InstanceType(
+            name="trn2.48xlarge", family="trn2", accelerator="AWS Trainium2", accelerators=16,
+            accelerator_memory_gib=96, vcpus=192, memory_gib=2048, efa_interfaces=16, network_gbps=3200,
+            on_demand_hourly=44.70, spot_hourly=None, peak_bf16_tflops=16 * 667.0, backend="neuron",
+            regions=_TRN2_REGIONS, neuron_cores=128, price_region="us-east-2",
+            notes=("NeuronLink 2D torus; 16x200 Gbps EFAv3; mostly capacity blocks; no recorded spot price",),
+        ),
+    )
+}
+
+
+# Availability zones per region (recorded with the prices). Which of them offer a type is asked
+# live (DescribeInstanceTypeOfferings) at launch; --dry-run shows these.
+REGION_ZONES: dict[str, tuple[str, ...]] = {
+    "us-east-1": tuple(f"us-east-1{c}" for c in "abcdef"),
+    "us-east-2": tuple(f"us-east-2{c}" for c in "abc"),
+    "us-west-2": tuple(f"us-west-2{c}" for c in "abcd"),
+    "eu-west-1": tuple(f"eu-west-1{c}" for c in "abc"),
+    "eu-west-2": tuple(f"eu-west-2{c}" for c in "abc"),
+    "eu-central-1": tuple(f"eu-central-1{c}" for c in "abc"),
+    "eu-north-1": tuple(f"eu-north-1{c}" for c in "abc"),
+    "ap-northeast-1": ("ap-northeast-1a", "ap-northeast-1c", "ap-northeast-1d"),
+    "ap-northeast-2": tuple(f"ap-northeast-2{c}" for c in "abcd"),
+    "ap-south-1": tuple(f"ap-south-1{c}" for c in "abc"),
+    "ap-southeast-2": tuple(f"ap-southeast-2{c}" for c in "abc"),
+    "ap-southeast-4": tuple(f"ap-southeast-4{c}" for c in "abc"),
+    "sa-east-1": tuple(f"sa-east-1{c}" for c in "abc"),
+}
+
+
+def region_zones(region: str) -> list[str]:
+    return list(REGION_ZONES.get(region, (f"{region}a", f"{region}b", f"{region}c")))
+
+
+def known() -> list[str]:
+    return sorted(INSTANCE_TYPES)
+
+
+def get(name: str) -> InstanceType | None:
+    return INSTANCE_TYPES.get(name)
+
+
+def lookup(name: str, region: str | None = None) -> InstanceType:
+    """The catalog entry for ``name``, checked against ``region``; one-line errors otherwise."""
+    from aios_cloud_aws.errors import RegionUnavailable, UnknownInstanceType
+
+    t = INSTANCE_TYPES.get(name)
+    if t is None:
+        import difflib
+
+        close = difflib.get_close_matches(name, known(), n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise UnknownInstanceType(
+            f"unknown instance type '{name}' for cloud aws",
+            f"{hint}use one of: {', '.join(known())} (see `aios catalog --cloud aws`)",
+        )
+    if region and region not in t.regions:
+        raise RegionUnavailable(
+            f"region {region} does not offer {name}",
+            f"use --region {t.regions[0]} (offered in: {', '.join(t.regions)})",
+        )
+    return t

@@ -1,0 +1,130 @@
+"""The EC2 API requests aios sends, built in one place for both :meth:`AwsProvider.create` and
+``--dry-run`` (so the plan shows exactly what a launch would send). No boto3 import.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aios_cloud_aws.catalog import InstanceType
+from aios_cloud_aws.settings import AwsSettings
+
+TAG_CLUSTER = "aios:cluster"
+TAG_NODE = "aios:node"
+TAG_MANAGED = "aios:managed-by"
+
+
+def resource_name(cluster: str) -> str:
+    """Name of the security group, key pair and placement group aios creates for ``cluster``."""
+    return cluster if cluster.startswith("aios-") else f"aios-{cluster}"
+
+
+def tags(cluster: str, labels: dict[str, str] | None = None, **extra: str) -> list[dict[str, str]]:
+    out = {TAG_CLUSTER: cluster, TAG_MANAGED: "aios", **{k: str(v) for k, v in (labels or {}).items()}, **extra}
+    return [{"Key": k, "Value": v} for k, v in out.items()]
+
+
+def tag_spec(resource_type: str, cluster: str, labels: dict[str, str] | None = None, **extra: str) -> dict[str, Any]:
+    return {"ResourceType": resource_type, "Tags": tags(cluster, labels, **extra)}
+
+
+def use_efa(settings: AwsSettings, itype: InstanceType, nodes: int) -> bool:
+    if settings.efa == "off":
+        return False
+    if settings.efa == "on":
+        return True
+    return nodes > 1 and itype.efa_capable
+
+
+def use_placement_group(settings: AwsSettings, itype: InstanceType, nodes: int) -> bool:
+    if settings.placement_group == "auto":
+        return nodes > 1 and itype.efa_capable
+    return bool(settings.placement_group)
+
+
+def network_interfaces(settings: AwsSettings, itype: InstanceType, nodes: int, subnet_id: str, group_ids: list[str]) -> list[dict[str, Any]]:
+    """Card 0 carries the primary interface (EFA on multi-node launches); every further EFA
+    card gets one EFA interface at device index 1. A single interface gets a public IP unless
+    ``aws.use_private_ip``; several cannot (EC2 rule), so those hosts get an Elastic IP."""
+    efa = use_efa(settings, itype, nodes)
+    first: dict[str, Any] = {
+        "DeviceIndex": 0, "NetworkCardIndex": 0, "SubnetId": subnet_id, "Groups": list(group_ids),
+        "DeleteOnTermination": True,
+    }
+    if efa:
+        first["InterfaceType"] = "efa"
+    out = [first]
+    if efa:
+        for card in range(1, itype.efa_interfaces):
+            out.append({
+                "DeviceIndex": 1, "NetworkCardIndex": card, "SubnetId": subnet_id, "Groups": list(group_ids),
+                "DeleteOnTermination": True, "InterfaceType": settings.efa_secondary_type,
+            })
+    if len(out) == 1 and not settings.use_private_ip:
+        first["AssociatePublicIpAddress"] = True
+    return out
+
+
+def needs_elastic_ips(settings: AwsSettings, itype: InstanceType, nodes: int) -> bool:
+    return not settings.use_private_ip and len(network_interfaces(settings, itype, nodes, "-", [])) > 1
+
+
+def run_instances_params(
+    *,
+    cluster: str,
+    itype: InstanceType,
+    nodes: int,
+    zone: str,
+    image_id: str,
+    root_device: str,
+    subnet_id: str,
+    group_ids: list[str],
+    key_name: str,
+    settings: AwsSettings,
+    spot: bool,
+    placement_group: str | None,
+    labels: dict[str, str] | None = None,
+    client_token: str | None = None,
+    disk_gb: int | None = None,
+) -> dict[str, Any]:
+    """Keyword arguments of ``ec2.run_instances``: all ``nodes`` in one call with
+    ``MinCount == MaxCount`` (all or nothing), IMDSv2 required, everything tagged."""
+    params: dict[str, Any] = {
+        "ImageId": image_id,
+        "InstanceType": itype.name,
+        "MinCount": nodes,
+        "MaxCount": nodes,
+        "KeyName": key_name,
+        "NetworkInterfaces": network_interfaces(settings, itype, nodes, subnet_id, group_ids),
+        "BlockDeviceMappings": [{
+            "DeviceName": root_device,
+            "Ebs": {"VolumeSize": int(disk_gb or settings.disk_gb), "VolumeType": "gp3", "DeleteOnTermination": True},
+        }],
+        "Placement": {"AvailabilityZone": zone, **({"GroupName": placement_group} if placement_group else {})},
+        "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 2},
+        "TagSpecifications": [
+            tag_spec("instance", cluster, labels, Name=f"aios-{cluster}"),
+            tag_spec("volume", cluster, labels),
+            tag_spec("network-interface", cluster, labels),
+        ],
+    }
+    if spot:
+        spot_options: dict[str, Any] = {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}
+        if settings.spot_max_price:
+            spot_options["MaxPrice"] = f"{settings.spot_max_price:.4f}"
+        params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": spot_options}
+        params["TagSpecifications"].append(tag_spec("spot-instances-request", cluster, labels))
+    if settings.iam_instance_profile:
+        key = "Arn" if settings.iam_instance_profile.startswith("arn:") else "Name"
+        params["IamInstanceProfile"] = {key: settings.iam_instance_profile}
+    if client_token:
+        params["ClientToken"] = client_token[:64]
+    return params
+
+
+def security_group_rules(group_id: str, ssh_cidr: str) -> list[dict[str, Any]]:
+    """SSH from ``ssh_cidr``; all traffic between the cluster's hosts (EFA, NCCL, rendezvous)."""
+    return [
+        {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": [{"CidrIp": ssh_cidr, "Description": "aios ssh"}]},
+        {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group_id, "Description": "aios cluster-internal (EFA/NCCL/rendezvous)"}]},
+    ]

@@ -1,0 +1,263 @@
+"""An HTTP proxy in front of moto's EC2 Query API (listens on 127.0.0.1).
+
+* Forwards every request to moto unchanged and relays the answer.
+* :meth:`Ec2Proxy.inject` makes chosen calls fail with a real EC2 error document (``<Response>
+  <Errors><Error><Code>InsufficientInstanceCapacity</Code>...``) and the HTTP status AWS uses
+  (500 for server-side capacity errors, which botocore retries like AWS's, 400/403 for client
+  errors), optionally only for chosen availability zones and a limited number of times.
+* Records the parameters of every call (:attr:`calls`) so tests check what went over the wire.
+* Serves ``CreatePlacementGroup`` / ``DescribePlacementGroups`` / ``DeletePlacementGroup``, which
+  moto does not implement, with EC2's semantics (duplicate names, unknown names, tag filters,
+  refusing ``RunInstances`` into an unknown group).
+"""
+
+from __future__ import annotations
+
+import http.client
+import threading
+import urllib.parse
+import uuid
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from xml.sax.saxutils import escape
+
+NS = "http://ec2.amazonaws.com/doc/2016-11-15/"
+
+
+@dataclass
+class Rule:
+    action: str
+    code: str
+    message: str
+    status: int = 500
+    zones: set[str] | None = None
+    times: int | None = None
+    hits: int = 0
+
+
+@dataclass
+class PlacementGroup:
+    name: str
+    strategy: str
+    group_id: str
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+class Ec2Proxy:
+    def __init__(self, upstream: str) -> None:
+        self.upstream = urllib.parse.urlparse(upstream)
+        self.rules: list[Rule] = []
+        self.calls: list[tuple[str, dict[str, str]]] = []
+        self.placement_groups: dict[str, PlacementGroup] = {}
+        self.lock = threading.Lock()
+        self._subnet_zone: dict[str, str] = {}
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:  # quiet
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802
+                proxy._handle(self)
+
+            do_GET = do_POST  # noqa: N815
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True, name="aios-ec2-proxy")
+
+    # ------------------------------------------------------------------ control
+    def start(self) -> Ec2Proxy:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def __enter__(self) -> Ec2Proxy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def inject(self, action: str, code: str, message: str = "", status: int = 500,
+               zones: list[str] | None = None, times: int | None = None) -> Rule:
+        """Answer ``action`` (``*``: any) with ``code``; only in ``zones`` and ``times`` times
+        when given."""
+        rule = Rule(action, code, message or f"injected {code}", status, set(zones) if zones else None, times)
+        with self.lock:
+            self.rules.append(rule)
+        return rule
+
+    def clear(self) -> None:
+        with self.lock:
+            self.rules.clear()
+            self.calls.clear()
+            self.placement_groups.clear()
+
+    def called(self, action: str) -> list[dict[str, str]]:
+        return [p for a, p in self.calls if a == action]
+
+    # ------------------------------------------------------------------ handling
+    def _handle(self, h: BaseHTTPRequestHandler) -> None:
+        length = int(h.headers.get("Content-Length") or 0)
+        body = h.rfile.read(length) if length else b""
+        params = {k: v[-1] for k, v in urllib.parse.parse_qs(body.decode(), keep_blank_values=True).items()}
+        action = params.get("Action", "")
+        with self.lock:
+            self.calls.append((action, params))
+        rule = self._match(action, params)
+        if rule is not None:
+            return self._send(h, rule.status, _error(rule.code, rule.message))
+        if action in ("CreatePlacementGroup", "DescribePlacementGroups", "DeletePlacementGroup"):
+            status, doc = getattr(self, "_" + action)(params)
+            return self._send(h, status, doc)
+        if action == "RunInstances" and params.get("Placement.GroupName"):
+            if params["Placement.GroupName"] not in self.placement_groups:
+                return self._send(h, 400, _error("InvalidPlacementGroup.Unknown", f"The Placement Group '{params['Placement.GroupName']}' is unknown."))
+        self._forward(h, body)
+
+    def _zone(self, params: dict[str, str]) -> str | None:
+        zone = params.get("Placement.AvailabilityZone")
+        if zone:
+            return zone
+        subnet = params.get("NetworkInterface.1.SubnetId") or params.get("SubnetId")
+        if subnet:
+            if subnet not in self._subnet_zone:
+                import xml.etree.ElementTree as ET
+
+                doc = self._upstream(urllib.parse.urlencode({"Action": "DescribeSubnets", "Version": "2016-11-15", "SubnetId.1": subnet}).encode())[2]
+                for el in ET.fromstring(doc).iter():
+                    if el.tag.endswith("availabilityZone") and el.text:
+                        self._subnet_zone[subnet] = el.text
+                        break
+            return self._subnet_zone.get(subnet)
+        return None
+
+    def _match(self, action: str, params: dict[str, str]) -> Rule | None:
+        with self.lock:
+            rules = list(self.rules)
+        for rule in rules:
+            if rule.action not in ("*", action):
+                continue
+            if rule.zones is not None and self._zone(params) not in rule.zones:
+                continue
+            with self.lock:
+                if rule.times is not None and rule.hits >= rule.times:
+                    continue
+                rule.hits += 1
+            return rule
+        return None
+
+    def _upstream(self, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, list[tuple[str, str]], bytes]:
+        conn = http.client.HTTPConnection(self.upstream.hostname, self.upstream.port, timeout=60)
+        try:
+            hdrs = {k: v for k, v in (headers or {}).items() if k.lower() not in ("host", "content-length", "connection")}
+            hdrs.setdefault("Content-Type", "application/x-www-form-urlencoded; charset=utf-8")
+            conn.request("POST", "/", body=body, headers=hdrs)
+            resp = conn.getresponse()
+            return resp.status, resp.getheaders(), resp.read()
+        finally:
+            conn.close()
+
+    def _forward(self, h: BaseHTTPRequestHandler, body: bytes) -> None:
+        status, headers, data = self._upstream(body, dict(h.headers.items()))
+        h.send_response(status)
+        for k, v in headers:
+            if k.lower() not in ("transfer-encoding", "connection", "content-length", "server", "date"):
+                h.send_header(k, v)
+        h.send_header("Content-Length", str(len(data)))
+        h.end_headers()
+        h.wfile.write(data)
+
+    def _send(self, h: BaseHTTPRequestHandler, status: int, doc: str) -> None:
+        data = doc.encode()
+        h.send_response(status)
+        h.send_header("Content-Type", "text/xml;charset=UTF-8")
+        h.send_header("Content-Length", str(len(data)))
+        h.end_headers()
+        h.wfile.write(data)
+
+    # ------------------------------------------------------------------ placement groups
+    def _CreatePlacementGroup(self, p: dict[str, str]) -> tuple[int, str]:  # noqa: N802
+        name = p.get("GroupName", "")
+        with self.lock:
+            if name in self.placement_groups:
+                return 400, _error("InvalidPlacementGroup.Duplicate", f"The Placement Group '{name}' already exists.")
+            tags = _tags_from(p, "placement-group")
+            pg = PlacementGroup(name, p.get("Strategy", "cluster"), "pg-" + uuid.uuid4().hex[:17], tags)
+            self.placement_groups[name] = pg
+        return 200, _doc("CreatePlacementGroupResponse", f"<placementGroup>{_pg_xml(pg)}</placementGroup>")
+
+    def _DescribePlacementGroups(self, p: dict[str, str]) -> tuple[int, str]:  # noqa: N802
+        names = [v for k, v in p.items() if k.startswith("GroupName.")]
+        with self.lock:
+            groups = list(self.placement_groups.values())
+        for n in names:
+            if n not in self.placement_groups:
+                return 400, _error("InvalidPlacementGroup.Unknown", f"The Placement Group '{n}' is unknown.")
+        if names:
+            groups = [g for g in groups if g.name in names]
+        for flt_name, values in _filters(p):
+            if flt_name.startswith("tag:"):
+                key = flt_name[4:]
+                groups = [g for g in groups if g.tags.get(key) in values]
+            elif flt_name == "group-name":
+                groups = [g for g in groups if g.name in values]
+        items = "".join(f"<item>{_pg_xml(g)}</item>" for g in groups)
+        return 200, _doc("DescribePlacementGroupsResponse", f"<placementGroupSet>{items}</placementGroupSet>")
+
+    def _DeletePlacementGroup(self, p: dict[str, str]) -> tuple[int, str]:  # noqa: N802
+        name = p.get("GroupName", "")
+        with self.lock:
+            if name not in self.placement_groups:
+                return 400, _error("InvalidPlacementGroup.Unknown", f"The Placement Group '{name}' is unknown.")
+            del self.placement_groups[name]
+        return 200, _doc("DeletePlacementGroupResponse", "<return>true</return>")
+
+
+def _filters(p: dict[str, str]) -> list[tuple[str, list[str]]]:
+    out = []
+    i = 1
+    while f"Filter.{i}.Name" in p:
+        values = []
+        j = 1
+        while f"Filter.{i}.Value.{j}" in p:
+            values.append(p[f"Filter.{i}.Value.{j}"])
+            j += 1
+        out.append((p[f"Filter.{i}.Name"], values))
+        i += 1
+    return out
+
+
+def _tags_from(p: dict[str, str], resource_type: str) -> dict[str, str]:
+    tags: dict[str, str] = {}
+    i = 1
+    while f"TagSpecification.{i}.ResourceType" in p:
+        if p[f"TagSpecification.{i}.ResourceType"] == resource_type:
+            j = 1
+            while f"TagSpecification.{i}.Tag.{j}.Key" in p:
+                tags[p[f"TagSpecification.{i}.Tag.{j}.Key"]] = p.get(f"TagSpecification.{i}.Tag.{j}.Value", "")
+                j += 1
+        i += 1
+    return tags
+
+
+def _pg_xml(g: PlacementGroup) -> str:
+    tags = "".join(f"<item><key>{escape(k)}</key><value>{escape(v)}</value></item>" for k, v in g.tags.items())
+    return (f"<groupName>{escape(g.name)}</groupName><state>available</state><strategy>{escape(g.strategy)}</strategy>"
+            f"<groupId>{g.group_id}</groupId><tagSet>{tags}</tagSet>")
+
+
+def _doc(root: str, inner: str) -> str:
+    return f'<?xml version="1.0" encoding="UTF-8"?>\n<{root} xmlns="{NS}"><requestId>{uuid.uuid4()}</requestId>{inner}</{root}>'
+
+
+def _error(code: str, message: str) -> str:
+    return (f'<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error><Code>{escape(code)}</Code>'
+            f"<Message>{escape(message)}</Message></Error></Errors><RequestID>{uuid.uuid4()}</RequestID></Response>")

@@ -1,0 +1,112 @@
+"""A moto server for tests: the real boto3/s3fs talk HTTP to it on 127.0.0.1.
+
+``ThreadedMotoServer`` runs in this process, so state moto cannot receive through the AWS API
+(the reserved ``/aws/service/...`` SSM parameters AWS publishes) is seeded into its backend the
+way moto seeds its own public parameters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import urllib.request
+from typing import Any, Iterator
+
+ACCOUNT = "123456789012"
+FAKE_KEY_ID = "AKIAAIOSTESTKEY00000"
+FAKE_SECRET = "aios-test-secret-never-written-0123456789"
+
+
+class MotoServer:
+    """Start with :meth:`start`; ``endpoint`` is ``http://127.0.0.1:PORT``."""
+
+    def __init__(self) -> None:
+        self._server: Any = None
+        self.endpoint = ""
+
+    def start(self) -> MotoServer:
+        from moto.server import ThreadedMotoServer
+
+        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        import logging
+
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)
+        self._server.start()
+        host, port = self._server.get_host_and_port()
+        self.endpoint = f"http://{host}:{port}"
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+    def reset(self) -> None:
+        """Forget every resource (moto's reset API)."""
+        req = urllib.request.Request(self.endpoint + "/moto-api/reset", method="POST", data=b"")
+        urllib.request.urlopen(req, timeout=10).read()  # noqa: S310 - loopback
+
+    def __enter__(self) -> MotoServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def seed_public_parameter(name: str, value: str, region: str = "us-east-1", data_type: str = "aws:ec2:image") -> None:
+    """Publish ``name`` (an ``/aws/service/...`` parameter) in moto's SSM, as AWS does for the
+    Deep Learning AMIs. Reads then go through the real ``ssm:GetParameter`` API."""
+    import datetime
+
+    from moto.ssm.models import Parameter, ssm_backends
+
+    params = ssm_backends[ACCOUNT][region]._parameters
+    versions = params[name]
+    versions.append(Parameter(
+        account_id=ACCOUNT, name=name, value=value, parameter_type="String", description=None,
+        allowed_pattern=None, keyid=None, last_modified_date=datetime.datetime.now(datetime.timezone.utc),
+        version=len(versions) + 1, data_type=data_type,
+    ))
+
+
+@contextlib.contextmanager
+def aws_env(endpoint: str, ec2_endpoint: str | None = None, region: str = "us-east-1", **extra: str) -> Iterator[dict[str, str]]:
+    """Environment pointing boto3 (and s3fs) at the moto server with throwaway credentials; the
+    previous environment is restored afterwards."""
+    env = {
+        "AWS_ACCESS_KEY_ID": FAKE_KEY_ID,
+        "AWS_SECRET_ACCESS_KEY": FAKE_SECRET,
+        "AWS_DEFAULT_REGION": region,
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/aios-test-credentials",
+        "AWS_CONFIG_FILE": "/nonexistent/aios-test-config",
+        **({"AWS_ENDPOINT_URL_EC2": ec2_endpoint} if ec2_endpoint else {}),
+        **extra,
+    }
+    saved = {k: os.environ.get(k) for k in [*env, "AWS_SESSION_TOKEN", "AWS_PROFILE"]}
+    os.environ.pop("AWS_SESSION_TOKEN", None)
+    os.environ.pop("AWS_PROFILE", None)
+    os.environ.update(env)
+    try:
+        yield env
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def reclaim_spot(instance_ids: list[str], region: str = "us-east-1") -> None:
+    """Do what EC2 does two minutes after a spot interruption notice: terminate the instances
+    with state reason ``Server.SpotInstanceTermination`` (no API exists for this; moto's backend
+    is driven directly, as AWS drives its own)."""
+    from moto.ec2.models import ec2_backends
+    from moto.ec2.models.instances import StateReason
+
+    backend = ec2_backends[ACCOUNT][region]
+    backend.terminate_instances(list(instance_ids))
+    for iid in instance_ids:
+        inst = backend.get_instance(iid)
+        inst.state_reason = StateReason("Server.SpotInstanceTermination: Spot instance termination", "Server.SpotInstanceTermination")
