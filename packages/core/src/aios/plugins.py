@@ -182,29 +182,33 @@ class Registry:
             raise BackendUnavailable(f"backend '{name}' is not installed", f"run: {hint}")
         raise BackendUnavailable(f"unknown backend '{name}' (installed: {known})", "pick one of those or install the plugin that provides it")
 
-    def probe(self, name: str) -> Availability:
+    def probe(self, name: str, config: Any = None) -> Availability:
+        """Ask the backend's probe; probes that take a ``config`` argument get the resolved
+        config (e.g. an explicit opt-in such as ``xla.allow_cpu``)."""
         spec = self.backend(name)
         try:
+            if config is not None and _accepts_config(spec.probe):
+                return spec.probe(config=config)
             return spec.probe()
         except Exception as exc:  # noqa: BLE001
             return Availability(False, f"probe failed: {type(exc).__name__}: {exc}")
 
-    def require(self, name: str) -> BackendSpec:
+    def require(self, name: str, config: Any = None) -> BackendSpec:
         """The spec for an explicitly requested backend; unavailable is an error, never a fallback."""
         spec = self.backend(name)
-        avail = self.probe(name)
+        avail = self.probe(name, config)
         if not avail:
             fix = spec.install_hint or "see `aios doctor --backend " + name + "`"
             raise BackendUnavailable(f"backend '{name}' is not available here: {avail.reason}", fix)
         return spec
 
-    def select(self, name: str) -> BackendSpec:
+    def select(self, name: str, config: Any = None) -> BackendSpec:
         """Resolve ``auto`` to the highest-priority available backend, or require ``name``."""
         if name != "auto":
-            return self.require(name)
+            return self.require(name, config)
         ranked = sorted(self.backends.values(), key=lambda s: (-s.priority, s.name))
         for spec in ranked:
-            if self.probe(spec.name):
+            if self.probe(spec.name, config):
                 return spec
         raise BackendUnavailable("no backend is available", "install aios-core (the cpu backend is built in)")
 
@@ -240,6 +244,15 @@ KNOWN_BACKENDS = {
     "neuron": "pip install 'aios-core[neuron]' (plus torch-neuronx from the AWS Neuron index)",
 }
 KNOWN_CLOUDS = {"gcp": "pip install 'aios-core[gcp]'", "aws": "pip install 'aios-core[aws]'"}
+
+
+def _accepts_config(fn: Callable[..., Any]) -> bool:
+    import inspect
+
+    try:
+        return "config" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _with_plugin(spec: Any, plugin: str) -> Any:

@@ -28,6 +28,8 @@ class BackendSpec:
     :param priority: auto-selection order; the highest available backend wins ``--backend auto``.
         Built-ins: cpu 0, cuda 100, xla 200, neuron 200.
     :param probe: cheap availability check; must not import or initialise the heavy runtime.
+        ``probe()`` or ``probe(config=None)``: a probe with a ``config`` parameter receives the
+        resolved config when there is one (for explicit opt-ins such as ``xla.allow_cpu``).
     :param install_hint: the command that makes the backend usable (``pip install 'aios-core[xla]'``).
     :param device_type: the torch device type the backend trains on.
     :param description: one line for ``aios plugins`` / ``aios devices``.

@@ -1,0 +1,220 @@
+"""The aios plugin for Google Cloud TPUs (entry point ``aios-backend-xla``).
+
+Imports nothing heavy: torch and torch_xla are imported only inside the strategy, the precision
+policy and the launcher, never by registration, discovery, doctor or launch planning.
+
+Hooks implemented: ``aios_register_backends`` (``xla``, priority 200), ``aios_config_sections``
+(``xla``), ``aios_discover_devices``, ``aios_make_strategy``, ``aios_make_precision``,
+``aios_launch_plan``, ``aios_doctor_checks``, ``aios_env_info``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any
+
+from aios.errors import ConfigError
+from aios.hookspecs import hookimpl
+from aios.types import Availability, BackendSpec, DeviceInfo, DeviceReport, DoctorCheck
+
+BACKEND = "xla"
+INSTALL_HINT = "on a Cloud TPU VM: pip install 'aios-core[xla]'; to test on XLA:CPU without a TPU, opt in with xla.allow_cpu=true or AIOS_XLA__ALLOW_CPU=1"
+
+
+def _torch_xla_installed() -> bool:
+    return importlib.util.find_spec("torch_xla") is not None
+
+
+def probe(config: Any = None) -> Availability:
+    """Available when torch_xla is importable (not imported) and a TPU is attached, or when the
+    XLA:CPU opt-in is set. Reads sysfs, env and (on GCE only) the metadata server."""
+    from aios_backend_xla.discovery import discover
+    from aios_backend_xla.settings import cpu_opt_in, planned_accelerator
+
+    facts = discover()
+    if not facts.present:
+        acc = planned_accelerator(config)
+        if acc:  # planning a slice from elsewhere (dry-run, cloud launch); running here is refused by the launcher
+            return Availability(True, f"no TPU on this machine; planning for {acc}")
+    if not _torch_xla_installed():
+        return Availability(False, "torch_xla is not installed")
+    if facts.present:
+        return Availability(True)
+    if cpu_opt_in(config):
+        return Availability(True, "XLA:CPU (opt-in: xla.allow_cpu / AIOS_XLA__ALLOW_CPU)")
+    return Availability(False, no_tpu_reason(facts, hint=False))
+
+
+def no_tpu_reason(facts: Any, hint: bool = True) -> str:
+    from aios_backend_xla.launch import no_tpu_error
+
+    why = no_tpu_error(facts).message.removeprefix(f"backend '{BACKEND}': ")
+    return f"{why}; to test on XLA:CPU set xla.allow_cpu=true or AIOS_XLA__ALLOW_CPU=1" if hint else why
+
+
+@hookimpl
+def aios_register_backends(register: Any) -> None:
+    register(BackendSpec(
+        name=BACKEND, priority=200, probe=probe, install_hint=INSTALL_HINT, device_type="xla",
+        description="Google Cloud TPU through torch_xla / PJRT (XLA:CPU with an explicit opt-in)",
+    ))
+
+
+@hookimpl
+def aios_config_sections() -> dict[str, type]:
+    from aios_backend_xla.settings import XlaSettings
+
+    return {"xla": XlaSettings}
+
+
+# ------------------------------------------------------------------------------ discovery
+
+
+def device_report(facts: Any, config: Any = None, installed: bool | None = None) -> DeviceReport:
+    """Build ``aios devices``' answer from :class:`~aios_backend_xla.discovery.TpuFacts`."""
+    from aios_backend_xla.settings import cpu_opt_in, settings_of
+
+    installed = _torch_xla_installed() if installed is None else installed
+    notes = list(facts.problems)
+    if facts.present:
+        topo = None
+        try:
+            topo = facts.topology()
+        except ConfigError as exc:
+            notes.append(str(exc))
+        n = facts.pci_chips or (topo.chips_per_host if topo else 0)
+        hbm = topo.hbm_gib_per_chip * 2**30 if topo else None
+        kind = f"TPU {topo.generation} chip" if topo else "TPU chip"
+        devices = [DeviceInfo(i, kind, hbm, {"pci_device_id": facts.pci_device_ids[i]} if i < len(facts.pci_device_ids) else {}) for i in range(n)]
+        topology: dict[str, Any] = {}
+        if topo:
+            topology.update(
+                accelerator_type=topo.accelerator_type, generation=topo.generation, chips=topo.chips,
+                tensorcores=topo.tensorcores, hosts=topo.hosts, chips_per_host=topo.chips_per_host,
+                hbm_gib_per_chip=topo.hbm_gib_per_chip, peak_bf16_tflops=topo.peak_bf16_tflops,
+                runtime_version=topo.runtime_version,
+            )
+        if facts.worker_id is not None:
+            topology["worker_id"] = facts.worker_id
+        if facts.worker_addresses:
+            topology["workers"] = list(facts.worker_addresses)
+        topology["sources"] = ",".join(facts.sources)
+        reason = "" if installed else "torch_xla is not installed; pip install 'aios-core[xla]'"
+        return DeviceReport(BACKEND, kind, installed, devices, topology, notes, reason)
+    if installed and cpu_opt_in(config):
+        n = settings_of(config).cpu_devices or int(os.environ.get("CPU_NUM_DEVICES", "1") or 1)
+        return DeviceReport(
+            BACKEND, "XLA:CPU (opt-in)", True, [DeviceInfo(i, "XLA:CPU") for i in range(n)],
+            {"pjrt_device": "CPU"}, ["no TPU found; XLA:CPU is enabled by the opt-in (for testing only)", *notes],
+        )
+    reason = "torch_xla is not installed" if not installed else no_tpu_reason(facts)
+    return DeviceReport(BACKEND, "TPU", False, [], {}, notes, reason)
+
+
+@hookimpl
+def aios_discover_devices(backend: str, config: Any) -> DeviceReport | None:
+    if backend != BACKEND:
+        return None
+    from aios_backend_xla.discovery import discover
+
+    return device_report(discover(), config)
+
+
+# ------------------------------------------------------------------------------ step semantics
+
+
+def pjrt_device_for(config: Any, environ: dict[str, str] | None = None) -> str:
+    """``TPU`` or ``CPU`` (opt-in only). ``PJRT_DEVICE`` set by the launch plan is trusted; an
+    unset one is decided from discovery, never defaulted to CPU silently."""
+    from aios_backend_xla.discovery import discover
+    from aios_backend_xla.launch import no_tpu_error
+    from aios_backend_xla.settings import cpu_opt_in
+
+    env = os.environ if environ is None else environ
+    current = env.get("PJRT_DEVICE", "").upper()
+    if current == "TPU":
+        return "TPU"
+    if current == "CPU":
+        if cpu_opt_in(config, dict(env)):
+            return "CPU"
+        facts = discover(environ=dict(env))
+        if facts.present:
+            raise ConfigError("PJRT_DEVICE=CPU is set on a machine with a TPU", "unset PJRT_DEVICE (aios sets PJRT_DEVICE=TPU) or opt in to XLA:CPU with xla.allow_cpu=true")
+        raise no_tpu_error(facts)
+    if current:
+        raise ConfigError(f"PJRT_DEVICE={current} is not a device the xla backend drives", "unset PJRT_DEVICE or set it to TPU (the neuron backend handles NEURON)")
+    facts = discover(environ=dict(env))
+    if facts.present:
+        return "TPU"
+    if cpu_opt_in(config, dict(env)):
+        return "CPU"
+    raise no_tpu_error(facts)
+
+
+@hookimpl
+def aios_make_strategy(backend: str, config: Any) -> Any:
+    if backend != BACKEND:
+        return None
+    if config.strategy in ("deepspeed", "nxd"):
+        raise ConfigError(
+            f"strategy '{config.strategy}' is not available on the xla backend",
+            "use strategy=auto (one process per chip, gradients all-reduced by aios) or strategy=spmd",
+        )
+    device = pjrt_device_for(config)
+    from aios_backend_xla.strategy import XlaSpmdStrategy, XlaStrategy
+
+    cls = XlaSpmdStrategy if config.strategy == "spmd" else XlaStrategy
+    return cls(config, pjrt_device=device)
+
+
+@hookimpl
+def aios_make_precision(backend: str, precision: str, config: Any) -> Any:
+    if backend != BACKEND:
+        return None
+    from aios_backend_xla.precision import xla_precision
+
+    return xla_precision(precision)
+
+
+# ------------------------------------------------------------------------------ launch
+
+
+@hookimpl
+def aios_launch_plan(backend: str, config: Any, request: Any) -> Any:
+    if backend != BACKEND:
+        return None
+    from aios_backend_xla.discovery import discover
+    from aios_backend_xla.launch import xla_launch_plan
+
+    return xla_launch_plan(config, request, discover())
+
+
+# ------------------------------------------------------------------------------ doctor / env
+
+
+@hookimpl
+def aios_doctor_checks(backend: str | None, config: Any) -> list[DoctorCheck] | None:
+    if backend not in (None, BACKEND):
+        return None
+    from aios_backend_xla.doctor import checks
+
+    return checks(config, deep=backend == BACKEND)
+
+
+@hookimpl
+def aios_env_info() -> dict[str, Any]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, Any] = {}
+    for dist in ("torch_xla", "libtpu", "libtpu-nightly"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            if dist != "libtpu-nightly":
+                out[dist] = "not installed"
+    from aios_backend_xla.discovery import discover
+
+    facts = discover()
+    out["tpu"] = facts.accelerator_type or (f"{facts.pci_chips} chips" if facts.pci_chips else "none found")
+    return out

@@ -1,0 +1,94 @@
+"""The ``xla`` config section (contributed through ``aios_config_sections``).
+
+Every key is settable in YAML (``xla: {allow_cpu: true}``), as ``key=value`` (``xla.allow_cpu=true``)
+or as an env var (``AIOS_XLA__ALLOW_CPU=1``). Importing this module needs only pydantic.
+"""
+
+from __future__ import annotations
+
+import os
+
+from pydantic import Field, field_validator, model_validator
+
+from aios.config import Section
+
+#: The XLA:CPU opt-in as an env var. It is also the config key ``xla.allow_cpu`` through the
+#: normal ``AIOS_<SECTION>__<KEY>`` env layer, so one name works everywhere.
+ALLOW_CPU_ENV = "AIOS_XLA__ALLOW_CPU"
+DEFAULT_CACHE_DIR = "~/.cache/aios/xla-compile"
+
+
+class XlaSettings(Section):
+    allow_cpu: bool = Field(
+        False,
+        description="run --backend xla on XLA:CPU (PJRT_DEVICE=CPU) when no TPU is attached; for tests only",
+    )
+    accelerator: str | None = Field(
+        None, description="TPU accelerator type to plan for (v4-16, v5litepod-8, v6e-4); default: the one discovered"
+    )
+    compile_cache: bool = Field(True, description="persistent XLA compilation cache on TPU")
+    compile_cache_dir: str = Field(DEFAULT_CACHE_DIR, description="directory of the persistent compilation cache")
+    warmup_steps: int = Field(2, ge=0, description="optimizer steps allowed to compile before a compile counts as a recompile")
+    max_recompiles: int | None = Field(
+        None, ge=0, description="fail the run after this many recompiles past warm-up (None: warn only)"
+    )
+    prefetch: int = Field(2, ge=0, description="batches the device loader transfers ahead")
+    drop_last: bool = Field(True, description="drop the short last batch so every step has the same shapes")
+    cpu_devices: int | None = Field(None, ge=1, description="XLA:CPU devices (CPU_NUM_DEVICES) when allow_cpu is on")
+
+    @model_validator(mode="after")
+    def _remember(self) -> XlaSettings:
+        # BackendSpec.probe() takes no config, so the backend probe reads the xla section
+        # validated last in this process (set by aios.config.resolve before the registry's
+        # select()); default instances (no field set) never replace a resolved one.
+        global _ACTIVE
+        if self.model_fields_set:
+            _ACTIVE = self
+        return self
+
+    @field_validator("accelerator")
+    @classmethod
+    def _valid_type(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        from aios_backend_xla.topology import parse_accelerator_type
+
+        return parse_accelerator_type(v).accelerator_type
+
+
+_ACTIVE: XlaSettings | None = None
+
+
+def active_settings() -> XlaSettings | None:
+    """The xla section most recently resolved in this process (None before any)."""
+    return _ACTIVE
+
+
+def forget_active_settings() -> None:
+    global _ACTIVE
+    _ACTIVE = None
+
+
+def _truthy(v: str | None) -> bool:
+    return (v or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def cpu_opt_in(config: object | None = None, environ: dict[str, str] | None = None) -> bool:
+    """Whether XLA:CPU was explicitly allowed (config ``xla.allow_cpu`` or ``AIOS_XLA__ALLOW_CPU``)."""
+    env = os.environ if environ is None else environ
+    if _truthy(env.get(ALLOW_CPU_ENV)):
+        return True
+    section = getattr(config, "xla", None) if config is not None else active_settings()
+    return bool(getattr(section, "allow_cpu", False))
+
+
+def planned_accelerator(config: object | None = None, environ: dict[str, str] | None = None) -> str | None:
+    """``xla.accelerator`` from the config (or the last resolved one, or AIOS_XLA__ACCELERATOR)."""
+    env = os.environ if environ is None else environ
+    section = getattr(config, "xla", None) if config is not None else active_settings()
+    return getattr(section, "accelerator", None) or env.get("AIOS_XLA__ACCELERATOR") or None
+
+
+def settings_of(config: object | None) -> XlaSettings:
+    section = getattr(config, "xla", None) if config is not None else None
+    return section if isinstance(section, XlaSettings) else XlaSettings()

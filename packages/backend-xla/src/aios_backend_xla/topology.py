@@ -1,0 +1,253 @@
+"""Cloud TPU accelerator types: parse ``v4-16`` / ``v5litepod-8`` / ``v6e-4`` ... into facts.
+
+Pure Python, no torch, no network: the cloud-gcp package imports this catalog to plan slices.
+
+The number in an accelerator type counts **TensorCores** for v2, v3, v4 and v5p (two per chip;
+``v4-16`` is 8 chips on 2 hosts) and **chips** for v5e (``v5litepod``) and v6e (one TensorCore per
+chip; ``v6e-16`` is 16 chips on 4 hosts).
+
+Public API (stable)::
+
+    parse_accelerator_type("v4-16") -> TpuTopology
+    GENERATIONS: dict[str, TpuGeneration]
+    TpuTopology.to_dict()
+
+A malformed or impossible type raises :class:`aios.errors.ConfigError` (one line, with the fix).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+
+from aios.errors import ConfigError
+
+__all__ = ["TpuGeneration", "TpuTopology", "GENERATIONS", "ALIASES", "parse_accelerator_type", "known_types"]
+
+
+@dataclass(frozen=True)
+class TpuGeneration:
+    """Per-generation facts (public Cloud TPU documentation).
+
+    :param name: canonical generation name (``v2``, ``v3``, ``v4``, ``v5e``, ``v5p``, ``v6e``).
+    :param type_prefix: what ``gcloud --accelerator-type`` uses (``v5litepod`` for v5e).
+    :param counts: what the number in the type string counts: ``tensorcores`` or ``chips``.
+    :param cores_per_chip: TensorCores per chip.
+    :param devices_per_chip: XLA devices a chip shows under PJRT (2 on v2/v3, 1 with megacore).
+    :param max_chips_per_host: chips on one host VM.
+    :param multihost_chips_per_host: chips per host in multi-host slices (4 on v5e/v6e).
+    :param single_host_sizes: type numbers that fit one host (v5e/v6e: 1, 4, 8).
+    :param hbm_gib_per_chip: HBM per chip in GiB.
+    :param bf16_tflops_per_chip: peak dense bf16 TFLOP/s per chip.
+    :param runtime_version: default TPU VM software version for torch_xla.
+    :param pci_device_ids: PCI device ids under Google's vendor id 0x1ae0.
+    :param max_size: largest type number offered.
+    :param sizes: the exact set of type numbers offered, when the generation has a fixed list.
+    """
+
+    name: str
+    type_prefix: str
+    counts: str
+    cores_per_chip: int
+    devices_per_chip: int
+    max_chips_per_host: int
+    multihost_chips_per_host: int
+    hbm_gib_per_chip: int
+    bf16_tflops_per_chip: float
+    runtime_version: str
+    pci_device_ids: tuple[str, ...]
+    max_size: int
+    single_host_sizes: tuple[int, ...] = ()
+    sizes: tuple[int, ...] = ()
+
+
+GENERATIONS: dict[str, TpuGeneration] = {
+    "v2": TpuGeneration(
+        "v2", "v2", "tensorcores", cores_per_chip=2, devices_per_chip=2, max_chips_per_host=4,
+        multihost_chips_per_host=4, hbm_gib_per_chip=16, bf16_tflops_per_chip=45.0,
+        runtime_version="tpu-ubuntu2204-base", pci_device_ids=("0x0027",), max_size=512,
+        sizes=(8, 32, 128, 256, 512),
+    ),
+    "v3": TpuGeneration(
+        "v3", "v3", "tensorcores", cores_per_chip=2, devices_per_chip=2, max_chips_per_host=4,
+        multihost_chips_per_host=4, hbm_gib_per_chip=32, bf16_tflops_per_chip=123.0,
+        runtime_version="tpu-ubuntu2204-base", pci_device_ids=("0x0027",), max_size=2048,
+        sizes=(8, 32, 64, 128, 256, 512, 1024, 2048),
+    ),
+    "v4": TpuGeneration(
+        "v4", "v4", "tensorcores", cores_per_chip=2, devices_per_chip=1, max_chips_per_host=4,
+        multihost_chips_per_host=4, hbm_gib_per_chip=32, bf16_tflops_per_chip=275.0,
+        runtime_version="tpu-ubuntu2204-base", pci_device_ids=("0x005e",), max_size=8192,
+    ),
+    "v5e": TpuGeneration(
+        "v5e", "v5litepod", "chips", cores_per_chip=1, devices_per_chip=1, max_chips_per_host=8,
+        multihost_chips_per_host=4, hbm_gib_per_chip=16, bf16_tflops_per_chip=197.0,
+        runtime_version="v2-alpha-tpuv5-lite", pci_device_ids=("0x0063",), max_size=256,
+        single_host_sizes=(1, 4, 8), sizes=(1, 4, 8, 16, 32, 64, 128, 256),
+    ),
+    "v5p": TpuGeneration(
+        "v5p", "v5p", "tensorcores", cores_per_chip=2, devices_per_chip=1, max_chips_per_host=4,
+        multihost_chips_per_host=4, hbm_gib_per_chip=95, bf16_tflops_per_chip=459.0,
+        runtime_version="v2-alpha-tpuv5", pci_device_ids=("0x0062",), max_size=12288,
+    ),
+    "v6e": TpuGeneration(
+        "v6e", "v6e", "chips", cores_per_chip=1, devices_per_chip=1, max_chips_per_host=8,
+        multihost_chips_per_host=4, hbm_gib_per_chip=32, bf16_tflops_per_chip=918.0,
+        runtime_version="v2-alpha-tpuv6e", pci_device_ids=("0x006f",), max_size=256,
+        single_host_sizes=(1, 4, 8), sizes=(1, 4, 8, 16, 32, 64, 128, 256),
+    ),
+}
+
+# Prefixes people write -> generation. ``v5litepod`` is what gcloud and the API use for v5e.
+ALIASES: dict[str, str] = {
+    "v2": "v2", "v3": "v3", "v4": "v4", "v5p": "v5p", "v6e": "v6e",
+    "v5litepod": "v5e", "v5e": "v5e", "v5lite": "v5e", "v5lite_pod": "v5e",
+    "v6": "v6e", "trillium": "v6e",
+}
+
+# PCI device ids (vendor 0x1ae0) that torch_xla counts as TPU chips, with the generation they
+# name where known (v2 and v3 share 0x0027; 0x0056/0x0062/0x0076 are listed without a public name).
+TPU_PCI_VENDOR = "0x1ae0"
+PCI_DEVICE_IDS: dict[str, str] = {
+    "0x0027": "v2/v3", "0x005e": "v4", "0x0063": "v5e", "0x006f": "v6e",
+    "0x0056": "", "0x0062": "v5p", "0x0076": "tpu7x",
+}
+
+_TYPE_RE = re.compile(r"^\s*(?:tpu-?)?([a-z0-9_]+?)-(\d+)\s*$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class TpuTopology:
+    """Everything aios needs to know about one accelerator type.
+
+    ``processes_per_host`` is what ``torch_xla.launch`` starts on each host (one per chip);
+    ``devices`` is the number of XLA devices (replicas) over the slice.
+    """
+
+    accelerator_type: str  # canonical, as gcloud writes it: v4-16, v5litepod-8, v6e-4
+    generation: str  # v2, v3, v4, v5e, v5p, v6e
+    size: int  # the number in the type string
+    chips: int
+    tensorcores: int
+    hosts: int
+    chips_per_host: int
+    devices_per_host: int
+    devices: int
+    hbm_gib_per_chip: int
+    bf16_tflops_per_chip: float
+    runtime_version: str
+
+    @property
+    def processes_per_host(self) -> int:
+        return self.chips_per_host
+
+    @property
+    def world_size(self) -> int:
+        """Processes over the slice (one per chip)."""
+        return self.chips
+
+    @property
+    def hbm_gib_total(self) -> int:
+        return self.hbm_gib_per_chip * self.chips
+
+    @property
+    def peak_bf16_tflops(self) -> float:
+        """Peak dense bf16 TFLOP/s of the whole slice."""
+        return round(self.bf16_tflops_per_chip * self.chips, 1)
+
+    @property
+    def multi_host(self) -> bool:
+        return self.hosts > 1
+
+    @property
+    def kind(self) -> str:
+        return f"TPU {self.generation} chip"
+
+    def to_dict(self) -> dict[str, object]:
+        d: dict[str, object] = asdict(self)
+        d.update(
+            processes_per_host=self.processes_per_host,
+            world_size=self.world_size,
+            hbm_gib_total=self.hbm_gib_total,
+            peak_bf16_tflops=self.peak_bf16_tflops,
+            multi_host=self.multi_host,
+        )
+        return d
+
+
+def _bad(text: str, why: str) -> ConfigError:
+    gens = ", ".join(f"{g.type_prefix}-N" for g in GENERATIONS.values())
+    return ConfigError(
+        f"invalid TPU accelerator type {text!r}: {why}",
+        f"write it as gcloud does, e.g. v4-8, v4-16, v5litepod-8, v5p-8, v6e-4 (forms: {gens})",
+    )
+
+
+def parse_accelerator_type(text: str) -> TpuTopology:
+    """Parse a Cloud TPU accelerator type (``v4-16``, ``v5litepod-8``, ``v6e-4``, ...).
+
+    Accepts the gcloud spellings plus the aliases in :data:`ALIASES` (``v5e-8`` is
+    ``v5litepod-8``), in any case. Raises :class:`aios.errors.ConfigError` for a malformed
+    string, an unknown generation, or a size the generation does not offer.
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise _bad(str(text), "empty")
+    m = _TYPE_RE.match(text)
+    if not m:
+        raise _bad(text, "expected <generation>-<number>")
+    prefix, num = m.group(1).lower(), int(m.group(2))
+    gen_name = ALIASES.get(prefix)
+    if gen_name is None:
+        raise _bad(text, f"unknown TPU generation {prefix!r}")
+    gen = GENERATIONS[gen_name]
+    if num < 1:
+        raise _bad(text, "the size must be at least 1")
+    if num > gen.max_size:
+        raise _bad(text, f"{gen.name} slices go up to {gen.type_prefix}-{gen.max_size}")
+    if gen.sizes and num not in gen.sizes:
+        offered = ", ".join(f"{gen.type_prefix}-{s}" for s in gen.sizes)
+        raise _bad(text, f"{gen.name} is offered as {offered}")
+
+    if gen.counts == "tensorcores":
+        if num % gen.cores_per_chip:
+            raise _bad(text, f"{gen.name} sizes count TensorCores ({gen.cores_per_chip} per chip), so they are even")
+        chips = num // gen.cores_per_chip
+        per_host_cores = gen.max_chips_per_host * gen.cores_per_chip
+        if chips > gen.max_chips_per_host and num % per_host_cores:
+            raise _bad(text, f"multi-host {gen.name} slices come in multiples of {per_host_cores} TensorCores ({gen.max_chips_per_host} chips per host)")
+        if chips < gen.max_chips_per_host:
+            raise _bad(text, f"the smallest {gen.name} slice is {gen.type_prefix}-{per_host_cores}")
+    else:
+        chips = num
+
+    if chips <= gen.max_chips_per_host and (not gen.single_host_sizes or chips in gen.single_host_sizes):
+        hosts, chips_per_host = 1, chips
+    else:
+        cph = gen.multihost_chips_per_host
+        if chips % cph:
+            raise _bad(text, f"multi-host {gen.name} slices come in multiples of {cph} chips")
+        hosts, chips_per_host = chips // cph, cph
+
+    return TpuTopology(
+        accelerator_type=f"{gen.type_prefix}-{num}",
+        generation=gen.name,
+        size=num,
+        chips=chips,
+        tensorcores=chips * gen.cores_per_chip,
+        hosts=hosts,
+        chips_per_host=chips_per_host,
+        devices_per_host=chips_per_host * gen.devices_per_chip,
+        devices=chips * gen.devices_per_chip,
+        hbm_gib_per_chip=gen.hbm_gib_per_chip,
+        bf16_tflops_per_chip=gen.bf16_tflops_per_chip,
+        runtime_version=gen.runtime_version,
+    )
+
+
+def known_types() -> list[str]:
+    """Common accelerator types (for help texts and catalogs)."""
+    out: list[str] = []
+    for gen in GENERATIONS.values():
+        sizes = gen.sizes or (8, 16, 32, 64, 128, 256)
+        out.extend(f"{gen.type_prefix}-{s}" for s in sizes)
+    return out
