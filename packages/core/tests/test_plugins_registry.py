@@ -149,3 +149,26 @@ def test_installed_plugins_are_found_through_entry_points(site, run_aios, backen
     assert names["aios-widget"]["backends"] == ["widget"]
     assert names["aios-core"]["backends"] == ["cpu"]
     assert data["errors"] == [{"plugin": "aios-broken", "error": "Error importing plugin: ImportError: missing dep"}]
+
+
+def test_probe_receives_the_config_when_it_accepts_one(syspath):
+    p = _module(syspath, "plug_optin", """
+        from aios import hookimpl
+        from aios.types import Availability, BackendSpec
+
+        def probe(config=None):
+            on = bool(config is not None and getattr(config, "opt_in", False))
+            return Availability(on, "" if on else "no device; set opt_in")
+
+        @hookimpl
+        def aios_register_backends(register):
+            register(BackendSpec(name="optin", priority=1, probe=probe))
+    """)
+    reg = Registry(entry_points=[_builtin(), p], strict=False)
+
+    class Cfg:
+        opt_in = True
+
+    with pytest.raises(BackendUnavailable, match="no device; set opt_in"):
+        reg.select("optin")
+    assert reg.select("optin", config=Cfg()).name == "optin"
