@@ -1,0 +1,469 @@
+"""A local Cloud TPU API v2 REST service for tests (the real ``google-cloud-tpu`` client talks
+to it with ``transport="rest"``, anonymous credentials and ``api_endpoint=service.url``).
+
+It implements what aios uses: ``nodes`` (create/get/list/delete/stop/start), ``queuedResources``
+(create/get/list/delete with ``force``) and ``operations`` (get), with JSON bodies exactly as
+the v2 REST API returns them. Machines behind nodes are real: pass ``machines`` (objects with
+``ip``, ``internal_ip``, ``home``, ``start(new_host_key=True)``, ``stop()``, e.g.
+:class:`aios.testing.sshd.SshdHost`) and the service starts/stops them as nodes are created,
+started, stopped, preempted and deleted, installs the ``ssh-keys`` metadata into
+``authorized_keys`` and wipes a machine's home when its node is deleted (a fresh disk).
+
+Injections (what real Google Cloud does to you):
+
+* :meth:`inject_stockout` ``(zone, count)``: the next creates in ``zone`` fail with
+  ``RESOURCE_EXHAUSTED`` "no more capacity" (a queued resource waits instead);
+* :meth:`inject_quota` ``(zone, count)``: the next creates fail with HTTP 429 quota exceeded;
+* :meth:`inject_unavailable` ``(count)``: the next requests answer HTTP 503;
+* :meth:`preempt` ``(name)``: the node goes ``PREEMPTED`` and its machines die;
+* :meth:`set_health` ``(name, "UNHEALTHY_TENSORFLOW", sticky=False)``: a stop/start heals a
+  non-sticky one; a sticky one needs a recreate.
+
+``calls`` records ``(method, path)`` of every request; ``nodes``/``queued`` hold the state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Callable
+from urllib.parse import parse_qs, urlparse
+
+NODE_TYPE = "type.googleapis.com/google.cloud.tpu.v2.Node"
+QR_TYPE = "type.googleapis.com/google.cloud.tpu.v2.QueuedResource"
+EMPTY_TYPE = "type.googleapis.com/google.protobuf.Empty"
+META_TYPE = "type.googleapis.com/google.cloud.tpu.v2.OperationMetadata"
+
+_STATUS = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 409: "ALREADY_EXISTS", 429: "RESOURCE_EXHAUSTED", 503: "UNAVAILABLE"}
+
+
+class ApiError(Exception):
+    def __init__(self, code: int, message: str, status: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.status = status or _STATUS.get(code, "UNKNOWN")
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def hosts_for(accelerator: str) -> int:
+    from aios_backend_xla.topology import parse_accelerator_type
+
+    return parse_accelerator_type(accelerator).hosts
+
+
+@dataclass
+class _Op:
+    name: str
+    ready_at: float
+    finish: Callable[[], tuple[dict | None, dict | None]]  # -> (response, error)
+    done: bool = False
+    response: dict | None = None
+    error: dict | None = None
+
+    def poll(self) -> dict:
+        if not self.done and time.monotonic() >= self.ready_at:
+            self.response, self.error = self.finish()
+            self.done = True
+        out: dict[str, Any] = {"name": self.name, "metadata": {"@type": META_TYPE, "verb": "create"}, "done": self.done}
+        if self.done:
+            if self.error:
+                out["error"] = self.error
+            else:
+                out["response"] = self.response or {"@type": EMPTY_TYPE}
+        return out
+
+
+@dataclass
+class _Node:
+    name: str
+    zone: str
+    body: dict
+    machines: list[Any] = field(default_factory=list)
+    sticky_unhealthy: bool = False
+
+
+class FakeTpuService:
+    """See the module docstring. Use as a context manager or call :meth:`start`/:meth:`stop`."""
+
+    def __init__(self, machines: list[Any] | None = None, authorized_keys: str | Path | None = None,
+                 project: str = "aios-test", offered: dict[str, set[str]] | None = None,
+                 op_delay: float = 0.0, queue_delay: float = 0.2) -> None:
+        self.machines = list(machines or [])
+        self.free = list(self.machines)
+        self.authorized_keys = Path(authorized_keys) if authorized_keys else None
+        self.project = project
+        self.offered = offered  # zone -> generations offered; None: every zone offers everything
+        self.op_delay = op_delay
+        self.queue_delay = queue_delay
+        self.nodes: dict[str, _Node] = {}
+        self.queued: dict[str, dict] = {}
+        self.ops: dict[str, _Op] = {}
+        self.calls: list[tuple[str, str]] = []
+        self.stockouts: dict[str, int] = {}
+        self.quotas: dict[str, int] = {}
+        self.unavailable = 0
+        self.lock = threading.RLock()
+        self.server: ThreadingHTTPServer | None = None
+        self.thread: threading.Thread | None = None
+        for m in self.machines:
+            with contextlib.suppress(Exception):
+                m.stop()
+
+    # ------------------------------------------------------------------ server
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def start(self) -> FakeTpuService:
+        svc = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a: Any) -> None:
+                pass
+
+            def _body(self) -> dict:
+                n = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(n) if n else b""
+                return json.loads(raw) if raw else {}
+
+            def _send(self, code: int, obj: dict) -> None:
+                data = json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _handle(self, method: str) -> None:
+                u = urlparse(self.path)
+                q = {k: v[0] for k, v in parse_qs(u.query).items()}
+                try:
+                    body = self._body() if method in ("POST", "PATCH") else {}
+                    code, obj = svc.dispatch(method, u.path, q, body)
+                except ApiError as e:
+                    code, obj = e.code, {"error": {"code": e.code, "message": e.message, "status": e.status}}
+                except Exception as e:  # noqa: BLE001 - a bug in the fake shows as a 500
+                    code, obj = 500, {"error": {"code": 500, "message": f"{type(e).__name__}: {e}", "status": "INTERNAL"}}
+                self._send(code, obj)
+
+            def do_GET(self) -> None:  # noqa: N802
+                self._handle("GET")
+
+            def do_POST(self) -> None:  # noqa: N802
+                self._handle("POST")
+
+            def do_DELETE(self) -> None:  # noqa: N802
+                self._handle("DELETE")
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, name="fake-tpu", daemon=True)
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self.server:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+        for n in list(self.nodes.values()):
+            self._release(n)
+
+    def __enter__(self) -> FakeTpuService:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ injections
+    def inject_stockout(self, zone: str, count: int = 1) -> None:
+        with self.lock:
+            self.stockouts[zone] = self.stockouts.get(zone, 0) + count
+
+    def inject_quota(self, zone: str, count: int = 1) -> None:
+        with self.lock:
+            self.quotas[zone] = self.quotas.get(zone, 0) + count
+
+    def inject_unavailable(self, count: int = 1) -> None:
+        with self.lock:
+            self.unavailable += count
+
+    def node(self, name: str) -> _Node:
+        for n in self.nodes.values():
+            if n.name.rsplit("/", 1)[-1] == name:
+                return n
+        raise KeyError(name)
+
+    def preempt(self, name: str) -> None:
+        with self.lock:
+            n = self.node(name)
+            n.body["state"] = "PREEMPTED"
+            for m in n.machines:
+                m.stop()
+
+    def set_health(self, name: str, health: str, sticky: bool = False) -> None:
+        with self.lock:
+            n = self.node(name)
+            n.body["health"] = health
+            n.sticky_unhealthy = sticky and health != "HEALTHY"
+
+    def count(self, method: str, fragment: str) -> int:
+        return sum(1 for m, p in self.calls if m == method and fragment in p)
+
+    # ------------------------------------------------------------------ machines
+    def _take(self, n: int) -> list[Any] | None:
+        if self.machines and len(self.free) < n:
+            return None
+        taken, self.free = self.free[:n], self.free[n:]
+        return taken
+
+    def _release(self, node: _Node) -> None:
+        for m in node.machines:
+            with contextlib.suppress(Exception):
+                m.stop()
+            home = Path(getattr(m, "home", "") or "")
+            if home and home.is_dir():  # a deleted VM's disk is gone
+                shutil.rmtree(home, ignore_errors=True)
+                home.mkdir(parents=True, exist_ok=True)
+            if m not in self.free:
+                self.free.append(m)
+        node.machines = []
+
+    def _install_keys(self, body: dict) -> None:
+        keys = (body.get("metadata") or {}).get("ssh-keys", "")
+        if not self.authorized_keys or not keys:
+            return
+        have = self.authorized_keys.read_text() if self.authorized_keys.exists() else ""
+        add = []
+        for line in keys.splitlines():
+            _user, _, key = line.partition(":")
+            if key.strip() and key.strip() not in have:
+                add.append(key.strip())
+        if add:
+            with open(self.authorized_keys, "a") as f:
+                f.write("".join(k + "\n" for k in add))
+
+    def _endpoints(self, machines: list[Any], count: int) -> list[dict]:
+        if machines:
+            return [{"ipAddress": m.internal_ip or m.ip, "port": 8470, "accessConfig": {"externalIp": m.ip}} for m in machines]
+        return [{"ipAddress": f"10.130.0.{i + 2}", "port": 8470, "accessConfig": {"externalIp": f"203.0.113.{i + 2}"}} for i in range(count)]
+
+    def _boot(self, node: _Node) -> tuple[dict | None, dict | None]:
+        """Bring a created node up, or fail it like a stockout."""
+        with self.lock:
+            zone = node.zone
+            if self.stockouts.get(zone, 0) > 0:
+                self.stockouts[zone] -= 1
+                node.body["state"] = "TERMINATED"
+                return None, {"code": 8, "message": f"There is no more capacity in the zone \"{zone}\"; you can try in another zone where Cloud TPU Nodes are offered (see https://cloud.google.com/tpu/docs/regions) [EID: 0x{uuid.uuid4().hex[:16]}]"}
+            count = hosts_for(node.body["acceleratorType"])
+            machines = self._take(count)
+            if machines is None:
+                node.body["state"] = "TERMINATED"
+                return None, {"code": 8, "message": f"There is no more capacity in the zone \"{zone}\" (the test service has {len(self.free)} free machines, {count} needed)"}
+            node.machines = machines
+            self._install_keys(node.body)
+            for m in machines:
+                m.start(new_host_key=True)
+            node.body["networkEndpoints"] = self._endpoints(machines, count)
+            node.body["state"] = "READY"
+            node.body["health"] = "HEALTHY"
+            return {"@type": NODE_TYPE, **node.body}, None
+
+    # ------------------------------------------------------------------ REST
+    def _op(self, zone: str, finish: Callable[[], tuple[dict | None, dict | None]], delay: float | None = None) -> dict:
+        name = f"projects/{self.project}/locations/{zone}/operations/operation-{uuid.uuid4().hex[:12]}"
+        op = _Op(name, time.monotonic() + (self.op_delay if delay is None else delay), finish)
+        self.ops[name] = op
+        return op.poll()
+
+    def dispatch(self, method: str, path: str, q: dict[str, str], body: dict) -> tuple[int, dict]:
+        with self.lock:
+            self.calls.append((method, path))
+            if self.unavailable > 0:
+                self.unavailable -= 1
+                raise ApiError(503, "The service is currently unavailable.")
+        parts = path.strip("/").split("/")
+        if len(parts) < 5 or parts[0] != "v2" or parts[1] != "projects" or parts[3] != "locations":
+            raise ApiError(404, f"unknown path {path}")
+        project, zone = parts[2], parts[4]
+        if project != self.project:
+            raise ApiError(404, f"Project '{project}' not found or permission denied.", "NOT_FOUND")
+        rest = parts[5:]
+        parent = f"projects/{project}/locations/{zone}"
+        with self.lock:
+            if rest and rest[0] == "operations" and len(rest) == 2 and method == "GET":
+                op = self.ops.get(f"{parent}/operations/{rest[1]}")
+                if op is None:
+                    raise ApiError(404, "operation not found")
+                return 200, op.poll()
+            if rest and rest[0] == "nodes":
+                return self._nodes(method, parent, zone, rest[1:], q, body)
+            if rest and rest[0] == "queuedResources":
+                return self._queued(method, parent, zone, rest[1:], q, body)
+        raise ApiError(404, f"unknown path {path}")
+
+    def _check_create(self, zone: str, accelerator: str) -> None:
+        if self.quotas.get(zone, 0) > 0:
+            self.quotas[zone] -= 1
+            region = zone.rsplit("-", 1)[0]
+            raise ApiError(429, f"Quota 'TPUV4PodPerProjectPerZoneForTPUAPI' exhausted. Limit 0 in region {region}", "RESOURCE_EXHAUSTED")
+        if self.offered is not None:
+            from aios_backend_xla.topology import parse_accelerator_type
+
+            gen = parse_accelerator_type(accelerator).generation
+            if gen not in self.offered.get(zone, set()):
+                raise ApiError(400, f"Accelerator type \"{accelerator}\" is not available in zone \"{zone}\"", "INVALID_ARGUMENT")
+
+    def _nodes(self, method: str, parent: str, zone: str, rest: list[str], q: dict, body: dict) -> tuple[int, dict]:
+        if not rest:
+            if method == "GET":
+                nodes = [n.body for n in self.nodes.values() if zone == "-" or n.zone == zone]
+                return 200, {"nodes": nodes}
+            if method == "POST":
+                node_id = q.get("nodeId")
+                if not node_id:
+                    raise ApiError(400, "nodeId is required")
+                name = f"{parent}/nodes/{node_id}"
+                if name in self.nodes:
+                    raise ApiError(409, f"Resource '{name}' already exists", "ALREADY_EXISTS")
+                self._check_create(zone, body.get("acceleratorType", ""))
+                node_body = {**body, "name": name, "state": "CREATING", "health": "HEALTH_UNSPECIFIED",
+                             "createTime": _now(), "apiVersion": "V2"}
+                node = _Node(name, zone, node_body)
+                self.nodes[name] = node
+                return 200, self._op(zone, lambda: self._boot(node))
+            raise ApiError(405, "method not allowed")
+        ident, _, verb = rest[0].partition(":")
+        name = f"{parent}/nodes/{ident}"
+        node = self.nodes.get(name)
+        if node is None:
+            raise ApiError(404, f"Resource '{name}' was not found", "NOT_FOUND")
+        if method == "GET" and not verb:
+            return 200, node.body
+        if method == "DELETE":
+            node.body["state"] = "DELETING"
+
+            def finish_delete() -> tuple[dict | None, dict | None]:
+                self._release(node)
+                self.nodes.pop(name, None)
+                return {"@type": EMPTY_TYPE}, None
+
+            return 200, self._op(zone, finish_delete)
+        if method == "POST" and verb == "stop":
+            node.body["state"] = "STOPPING"
+
+            def finish_stop() -> tuple[dict | None, dict | None]:
+                for m in node.machines:
+                    m.stop()
+                node.body["state"] = "STOPPED"
+                return {"@type": NODE_TYPE, **node.body}, None
+
+            return 200, self._op(zone, finish_stop)
+        if method == "POST" and verb == "start":
+            if node.body["state"] not in ("STOPPED",):
+                raise ApiError(400, f"node is {node.body['state']}, not STOPPED", "FAILED_PRECONDITION")
+            node.body["state"] = "STARTING"
+
+            def finish_start() -> tuple[dict | None, dict | None]:
+                for m in node.machines:
+                    m.start(new_host_key=True)
+                node.body["state"] = "READY"
+                if not node.sticky_unhealthy:
+                    node.body["health"] = "HEALTHY"
+                return {"@type": NODE_TYPE, **node.body}, None
+
+            return 200, self._op(zone, finish_start)
+        raise ApiError(400, f"unsupported {method} {verb}")
+
+    def _queued(self, method: str, parent: str, zone: str, rest: list[str], q: dict, body: dict) -> tuple[int, dict]:
+        if not rest:
+            if method == "GET":
+                return 200, {"queuedResources": [r["body"] for r in self.queued.values() if zone == "-" or r["zone"] == zone]}
+            if method == "POST":
+                qid = q.get("queuedResourceId")
+                name = f"{parent}/queuedResources/{qid}"
+                if name in self.queued:
+                    raise ApiError(409, f"Resource '{name}' already exists", "ALREADY_EXISTS")
+                specs = (body.get("tpu") or {}).get("nodeSpec") or []
+                if len(specs) != 1:
+                    raise ApiError(400, "exactly one nodeSpec is supported")
+                self._check_create(zone, specs[0].get("node", {}).get("acceleratorType", ""))
+                rec = {"zone": zone, "created": time.monotonic(), "body": {**body, "name": name, "createTime": _now(),
+                                                                            "state": {"state": "ACCEPTED"}}}
+                pol = body.get("queueingPolicy") or {}
+                if "validUntilDuration" in pol:
+                    rec["deadline"] = time.monotonic() + float(str(pol["validUntilDuration"]).rstrip("s"))
+                if "validAfterDuration" in pol:
+                    rec["not_before"] = time.monotonic() + float(str(pol["validAfterDuration"]).rstrip("s"))
+                self.queued[name] = rec
+                return 200, self._op(zone, lambda: ({"@type": QR_TYPE, **rec["body"]}, None))
+            raise ApiError(405, "method not allowed")
+        name = f"{parent}/queuedResources/{rest[0]}"
+        rec = self.queued.get(name)
+        if rec is None:
+            raise ApiError(404, f"Resource '{name}' was not found", "NOT_FOUND")
+        if method == "GET":
+            self._advance(rec)
+            return 200, rec["body"]
+        if method == "DELETE":
+            spec = rec["body"]["tpu"]["nodeSpec"][0]
+            node_name = f"{spec['parent']}/nodes/{spec['nodeId']}"
+            node = self.nodes.get(node_name)
+            if node is not None and q.get("force") not in ("true", "True", "1"):
+                raise ApiError(400, "the queued resource has a node; delete it with force=true", "FAILED_PRECONDITION")
+
+            def finish() -> tuple[dict | None, dict | None]:
+                if node is not None:
+                    self._release(node)
+                    self.nodes.pop(node_name, None)
+                self.queued.pop(name, None)
+                return {"@type": EMPTY_TYPE}, None
+
+            return 200, self._op(zone, finish)
+        raise ApiError(405, "method not allowed")
+
+    def _advance(self, rec: dict) -> None:
+        state = rec["body"]["state"]["state"]
+        if state in ("ACTIVE", "FAILED"):
+            return
+        now = time.monotonic()
+        if "deadline" in rec and now > rec["deadline"]:
+            rec["body"]["state"] = {"state": "FAILED", "failedData": {"error": {"code": 4, "message": "validUntil passed before capacity was available"}}}
+            return
+        if now < rec.get("not_before", 0) or now - rec["created"] < self.queue_delay:
+            rec["body"]["state"] = {"state": "WAITING_FOR_RESOURCES"}
+            return
+        zone = rec["zone"]
+        if self.stockouts.get(zone, 0) > 0:  # a queued resource waits out a stockout
+            self.stockouts[zone] -= 1
+            rec["body"]["state"] = {"state": "WAITING_FOR_RESOURCES"}
+            return
+        spec = rec["body"]["tpu"]["nodeSpec"][0]
+        name = f"{spec['parent']}/nodes/{spec['nodeId']}"
+        node_body = {**spec.get("node", {}), "name": name, "state": "CREATING", "createTime": _now(),
+                     "queuedResource": rec["body"]["name"], "apiVersion": "V2"}
+        if "spot" in rec["body"]:
+            node_body["schedulingConfig"] = {"spot": True}
+        node = _Node(name, zone, node_body)
+        self.nodes[name] = node
+        _, err = self._boot(node)
+        if err:
+            self.nodes.pop(name, None)
+            rec["body"]["state"] = {"state": "WAITING_FOR_RESOURCES"}
+            return
+        rec["body"]["state"] = {"state": "ACTIVE"}

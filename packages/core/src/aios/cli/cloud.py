@@ -1,0 +1,758 @@
+"""The cloud commands: ``aios launch|status|exec|logs|ssh|sync|stop|start|down|catalog|cost``.
+
+They work with any installed cloud plugin (``aios-cloud-gcp``, ``aios-cloud-aws``, third-party)
+through :class:`aios.cloud.CloudProvider`. ``--dry-run`` on every command prints the equivalent
+cloud CLI commands and per-worker commands and touches nothing (no cloud call, no SSH, no state
+written). No torch import on any of these paths.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import getpass
+import json
+import os
+import random
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from aios.errors import AiosError
+
+CLOUD_HELP = "Cloud plugin to use (gcp, aws, ...); default: the only one installed."
+NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,46}[a-z0-9])?$")
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+def _echo(msg: str) -> None:
+    click.echo(msg)
+
+
+def _log(msg: str) -> None:
+    click.echo(f"[aios] {msg}", err=True)
+
+
+def _config(config_file: str | None) -> Any:
+    from aios.config import resolve
+
+    return resolve(config_file=config_file, check_backend=False)
+
+
+def _cloud_name(cloud: str | None, store_cloud: str | None = None) -> str:
+    if cloud:
+        return cloud
+    if store_cloud:
+        return store_cloud
+    from aios.cloud.ops import installed_clouds
+
+    clouds = installed_clouds()
+    if len(clouds) == 1:
+        return clouds[0]
+    if not clouds:
+        raise AiosError("no cloud plugin is installed", "pip install 'aios-core[gcp]' or 'aios-core[aws]'")
+    raise AiosError(f"several clouds are installed ({', '.join(clouds)})", "pick one with --cloud")
+
+
+def _provider(cloud: str, config_file: str | None) -> Any:
+    from aios.cloud.ops import get_provider
+
+    return get_provider(cloud, _config(config_file))
+
+
+def _store() -> Any:
+    from aios.cloud.store import Store
+
+    return Store()
+
+
+def _printer() -> Any:
+    from aios.cloud.ssh import LinePrinter
+
+    return LinePrinter(sys.stdout)
+
+
+def _check_name(name: str) -> str:
+    if not NAME_RE.match(name):
+        raise AiosError(f"cluster name '{name}' is invalid", "use 1-48 lowercase letters, digits and dashes, starting with a letter")
+    return name
+
+
+def _kv(items: tuple[str, ...], what: str) -> dict[str, str]:
+    out = {}
+    for item in items:
+        k, eq, v = item.partition("=")
+        if not eq or not k:
+            raise AiosError(f"{what} '{item}' is not KEY=VALUE", f"write it as {what} key=value")
+        out[k] = v
+    return out
+
+
+def _emit_json(obj: Any) -> None:
+    click.echo(json.dumps(obj, indent=2, default=str))
+
+
+def _table(title: str, columns: list[str]) -> Any:
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left")
+    for c in columns:
+        t.add_column(c, overflow="fold")
+    return t
+
+
+def _print(obj: Any) -> None:
+    from rich.console import Console
+
+    width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "0") or 0) or 220
+    Console(soft_wrap=False, width=width).print(obj)
+
+
+def _check_storage_url(url: str) -> None:
+    """The checkpoint bucket must exist (a managed run writes there from every host)."""
+    from aios.checkpoint import filesystem
+
+    fs, path = filesystem(url)
+    bucket = path.split("/", 1)[0]
+    try:
+        ok = fs.exists(bucket)
+    except Exception as exc:  # noqa: BLE001 - credentials, network: one line
+        raise AiosError(f"cannot check bucket {url.split('://')[0]}://{bucket}: {type(exc).__name__}: {str(exc)[:160]}",
+                        "check your credentials and the bucket name") from None
+    if not ok:
+        scheme = url.split("://")[0]
+        hint = f"gcloud storage buckets create gs://{bucket}" if scheme == "gs" else (
+            f"aws s3 mb s3://{bucket}" if scheme == "s3" else f"create the bucket {bucket}")
+        raise AiosError(f"bucket {scheme}://{bucket} not found", f"create it ({hint}) or fix --checkpoint-dir")
+
+
+# ------------------------------------------------------------------------------ launch
+
+
+@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("script")
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--cloud", help=CLOUD_HELP)
+@click.option("--accelerator", "-a", help="Accelerator / instance type (v5litepod-8, v4-16, trn1.32xlarge).")
+@click.option("--name", "-n", help="Cluster name (reused when it exists). Default: aios-USER-XXXX.")
+@click.option("--zone", help="Zone to try first.")
+@click.option("--region", help="Region (clouds that are regional).")
+@click.option("--nodes", type=int, default=1, show_default=True, help="Slices / instances.")
+@click.option("--spot", is_flag=True, help="Spot / preemptible capacity.")
+@click.option("--max-restarts", type=int, default=0, show_default=True, help="Managed run: recover this many times from preemption or failure of the hosts.")
+@click.option("--queued", is_flag=True, help="Wait for capacity through a queued resource instead of failing on a stockout.")
+@click.option("--valid-after", help="Queued: earliest start (RFC 3339 or +2h).")
+@click.option("--valid-until", help="Queued: give up if not provisioned by then (RFC 3339 or +6h).")
+@click.option("--image", help="Runtime version / image (default: per accelerator generation).")
+@click.option("--disk-gb", type=int, help="Boot disk size.")
+@click.option("--label", multiple=True, help="Label key=value on every resource.")
+@click.option("--project", help="Cloud project (GCP).")
+@click.option("--backend", help="aios backend on the hosts (default: the accelerator's: xla, neuron, cuda).")
+@click.option("--checkpoint-dir", help="Bucket URL for checkpoints (gs://..., s3://...); required for --max-restarts.")
+@click.option("--workdir", default=".", show_default=True, help="Directory synced to the hosts.")
+@click.option("--exclude", multiple=True, help="Extra glob excluded from code sync (data/.git/checkpoints always are).")
+@click.option("--max-sync-mb", type=int, default=512, show_default=True)
+@click.option("--requirements", type=click.Path(), help="requirements.txt installed by setup.")
+@click.option("--setup-script", type=click.Path(), help="Replace the default setup (pinned torch/torch_xla/libtpu) with this shell script.")
+@click.option("--no-setup", is_flag=True, help="Skip setup (image already has everything).")
+@click.option("--no-bundle", is_flag=True, help="Do not ship this aios to the hosts (their image has it installed).")
+@click.option("--python", "python", default="python3", show_default=True, help="Interpreter on the hosts.")
+@click.option("--env", "env_items", multiple=True, help="NAME=VALUE, or NAME to forward its value from here (secrets).")
+@click.option("--ssh-key", help="Private key (default: aios's own key in the aios home).")
+@click.option("--ssh-user", default=None, help="Login user on the hosts.")
+@click.option("--no-failover", is_flag=True, help="Do not move to other zones on a stockout.")
+@click.option("--module", "-m", is_flag=True, help="SCRIPT is a module (python -m).")
+@click.option("--detach", "-d", is_flag=True, help="Return after the job starts; a background watcher keeps managing it.")
+@click.option("--down", "down_after", is_flag=True, help="Delete the cluster when the job ends.")
+@click.option("--poll", type=float, default=5.0, show_default=True, help="Watcher poll interval in seconds.")
+@click.option("--dry-run", is_flag=True, help="Print the equivalent cloud CLI and per-worker commands; touch nothing.")
+@click.option("--config", "config_file", help="aios config YAML.")
+def launch(script: str, script_args: tuple[str, ...], cloud: str | None, accelerator: str | None, name: str | None,
+           zone: str | None, region: str | None, nodes: int, spot: bool, max_restarts: int, queued: bool,
+           valid_after: str | None, valid_until: str | None, image: str | None, disk_gb: int | None,
+           label: tuple[str, ...], project: str | None, backend: str | None, checkpoint_dir: str | None,
+           workdir: str, exclude: tuple[str, ...], max_sync_mb: int, requirements: str | None,
+           setup_script: str | None, no_setup: bool, no_bundle: bool, python: str, env_items: tuple[str, ...],
+           ssh_key: str | None, ssh_user: str | None, no_failover: bool, module: bool, detach: bool,
+           down_after: bool, poll: float, dry_run: bool, config_file: str | None) -> None:
+    """Provision cloud machines and run SCRIPT on every host.
+
+    \b
+    aios launch --cloud gcp -a v5litepod-8 --spot --zone us-west4-a train.py -- --epochs 3
+    aios launch -a v4-16 --spot --max-restarts 3 --checkpoint-dir gs://b/ckpt train.py
+    """
+    from aios.cloud import ops
+    from aios.cloud.provider import ClusterRequest
+
+    args = list(script_args)
+    if args and args[0] == "--":
+        args = args[1:]
+    if nodes < 1:
+        raise AiosError(f"--nodes must be at least 1, got {nodes}", "pass --nodes 1 or more")
+    if max_restarts < 0:
+        raise AiosError(f"--max-restarts must be 0 or more, got {max_restarts}", "pass --max-restarts N")
+    if (valid_after or valid_until) and not queued:
+        raise AiosError("--valid-after/--valid-until only apply to queued resources", "add --queued")
+    if setup_script and no_setup:
+        raise AiosError("--setup-script and --no-setup contradict each other", "pass only one")
+    if not Path(workdir).is_dir():
+        raise AiosError(f"--workdir {workdir} is not a directory", "pass the project directory to sync")
+    if not module and not (Path(workdir) / script).is_file():
+        raise AiosError(f"script {script} not found in {os.path.abspath(workdir)}", "pass a path relative to --workdir, or -m for a module")
+    env, forward = ops.parse_env(list(env_items))
+    labels = _kv(label, "--label")
+    store = _store() if not dry_run else None
+    existing = store.get_cluster(name) if (store and name) else None
+    cloud = _cloud_name(cloud, existing.cloud if existing else None)
+    config = _config(config_file)
+    provider = ops.get_provider(cloud, config)
+    if existing and accelerator and accelerator != existing.accelerator:
+        raise AiosError(f"cluster {name} exists with {existing.accelerator}, not {accelerator}", f"use another --name or `aios down {name}`")
+    accelerator = accelerator or (existing.accelerator if existing else None)
+    if not accelerator:
+        raise AiosError("--accelerator is required for a new cluster", f"see `aios catalog --cloud {cloud}`")
+    name = _check_name(name or f"aios-{re.sub('[^a-z0-9]', '', getpass.getuser().lower())[:12] or 'user'}-{random.randint(0, 0xFFFF):04x}")
+    key_path = ssh_key
+    if ssh_key and not Path(ssh_key).expanduser().is_file():
+        raise AiosError(f"SSH key {ssh_key} does not exist", "pass an existing private key with --ssh-key, or omit it to let aios create one")
+    request = ClusterRequest(
+        name=name, accelerator=accelerator, nodes=nodes, zone=zone, region=region, spot=spot, queued=queued,
+        valid_after=valid_after, valid_until=valid_until, image=image, disk_gb=disk_gb,
+        labels={**labels, "aios-cluster": name}, project=project, ssh_user=ssh_user or getattr(provider, "default_ssh_user", "aios"),
+    )
+    request = provider.validate(request) if not existing else request
+    backend = backend or provider.backend_for(accelerator)
+    reqs = []
+    if requirements:
+        if not Path(requirements).is_file():
+            raise AiosError(f"--requirements {requirements} does not exist", "pass an existing requirements.txt")
+        reqs = [ln.strip() for ln in Path(requirements).read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    if setup_script:
+        if not Path(setup_script).is_file():
+            raise AiosError(f"--setup-script {setup_script} does not exist", "pass an existing shell script")
+        setup_lines = [Path(setup_script).read_text()]
+    elif no_setup:
+        setup_lines = []
+    else:
+        if not no_bundle:
+            from aios.cloud.bundle import build
+
+            reqs = [*build(backend or provider.backend_for(accelerator), provider.name).requirements, *reqs]
+        setup_lines = provider.setup_commands(accelerator, reqs)
+    if max_restarts > 0 and not checkpoint_dir:
+        raise AiosError("--max-restarts needs --checkpoint-dir on a bucket, so a recreated cluster can resume",
+                        f"add --checkpoint-dir {provider.storage_scheme or 'gs'}://BUCKET/PATH")
+    if checkpoint_dir and max_restarts > 0 and "://" not in checkpoint_dir:
+        raise AiosError(f"--checkpoint-dir {checkpoint_dir} is local to the hosts and dies with them",
+                        f"use a bucket URL such as {provider.storage_scheme or 'gs'}://BUCKET/PATH")
+    spec = ops.JobSpec(script=script, args=args, module=module, backend=backend, python=python, env=env,
+                       forward_env=forward, workdir=os.path.abspath(workdir), excludes=list(exclude),
+                       setup_lines=setup_lines, checkpoint_dir=checkpoint_dir, max_sync_mb=max_sync_mb,
+                       bundle=not no_bundle)
+
+    if dry_run:
+        _launch_dry_run(provider, request, spec, config, existing is not None, key_path)
+        return
+
+    assert store is not None
+    if existing is None:
+        provider.describe_credentials()  # no credentials: one line, before anything is created
+    if checkpoint_dir and "://" in checkpoint_dir:
+        _check_storage_url(checkpoint_dir)
+    from aios.cloud.ssh import ensure_client_key
+
+    key = str(ensure_client_key(key_path) if not key_path else Path(key_path).expanduser())
+    created = False
+    printer = _printer()
+    if existing is None:
+        request = ops.with_public_key(request, key)
+        rec = ops.provision(store, provider, request, key, _log, failover=not no_failover)
+        created = True
+        _log(f"cluster {name} ready in {rec.zone}: " + ", ".join(f"worker {h['worker_id']} {h['ip']}" for h in rec.hosts))
+    else:
+        rec = existing
+        _log(f"reusing cluster {name} ({rec.accelerator} in {rec.zone})")
+    job_id = store.add_job(name, shlex.join([script, *args]), backend=backend, managed=max_restarts > 0,
+                           max_restarts=max_restarts, checkpoint_dir=checkpoint_dir, spec=spec.to_dict())
+    try:
+        from aios.cloud.store import JOB_RUNNING, JOB_SETTING_UP
+
+        store.update_job(job_id, state=JOB_SETTING_UP)
+        ops.runner_for(rec, printer).wait_reachable()
+        ops.sync_code(rec, spec, printer, _log)
+        ops.run_setup(rec, spec, printer, _log)
+        info = provider.describe(rec.name, rec.zone)
+        ops.start_job(rec, job_id, spec, config, provider.remote_env(info) if info else {}, printer, _log)
+        store.update_job(job_id, state=JOB_RUNNING)
+    except BaseException as exc:
+        from aios.cloud.store import JOB_FAILED
+
+        store.update_job(job_id, state=JOB_FAILED)
+        store.event(name, "job-failed", f"job {job_id}: launch failed: {str(exc)[:200]}", job_id)
+        if created:
+            _log(f"launch failed; deleting {name} so nothing is left behind")
+            try:
+                ops.down_cluster(store, provider, rec)
+            except Exception as cleanup_exc:  # noqa: BLE001
+                _log(f"cleanup failed: {cleanup_exc}; delete it with `aios down {name}`")
+        raise
+    if detach:
+        pid = _spawn_watcher(job_id, cloud, config_file, poll, down_after)
+        store.update_job(job_id, watcher_pid=pid)
+        _log(f"job {job_id} running on {name}; watcher pid {pid}. `aios logs {name} -f`, `aios status {name}`, `aios down {name}`")
+        return
+    try:
+        code = _watch(store, provider, job_id, config, poll, follow=True)
+    except KeyboardInterrupt:
+        pid = _spawn_watcher(job_id, cloud, config_file, poll, down_after) if max_restarts > 0 else None
+        more = f"; a background watcher (pid {pid}) keeps managing it" if pid else ""
+        _log(f"detached: job {job_id} keeps running on {name}{more}. `aios logs {name} -f`, `aios down {name}`")
+        sys.exit(130)
+    if down_after:
+        rec2 = store.get_cluster(name)
+        if rec2:
+            _log(f"deleting {name} (--down)")
+            ops.down_cluster(store, provider, rec2)
+    sys.exit(code)
+
+
+def _watch(store: Any, provider: Any, job_id: int, config: Any, poll: float, follow: bool) -> int:
+    from aios.cloud.ops import Watcher, WatchOptions
+
+    opts = WatchOptions(poll=poll, describe_every=max(poll, 3 * poll), follow=follow)
+    return Watcher(store, provider, job_id, config, printer=_printer(), log=_log, options=opts).run()
+
+
+def _spawn_watcher(job_id: int, cloud: str, config_file: str | None, poll: float, down_after: bool) -> int:
+    from aios.cloud.store import cluster_dir
+
+    store = _store()
+    job = store.get_job(job_id)
+    logf = cluster_dir(job.cluster) / f"watcher-{job_id}.log"
+    argv = [sys.executable, "-m", "aios.cloud.watch", str(job_id), "--cloud", cloud, "--poll", str(poll)]
+    if config_file:
+        argv += ["--config", config_file]
+    if down_after:
+        argv.append("--down")
+    with open(logf, "ab") as f:
+        p = subprocess.Popen(argv, stdout=f, stderr=f, stdin=subprocess.DEVNULL, start_new_session=True)
+    return p.pid
+
+
+def _launch_dry_run(provider: Any, request: Any, spec: Any, config: Any, existing: bool, key_path: str | None) -> None:
+    from aios.cloud import ops
+    from aios.cloud.codesync import collect
+    from aios.cloud.store import ClusterRecord
+
+    _echo(f"# dry run: nothing is created, no SSH connection is made")
+    if existing:
+        _echo(f"# cluster {request.name} exists; it is reused")
+    else:
+        _echo(f"# 1. provision ({provider.cli or provider.name})")
+        for line in ops.dry_run_lines(provider.render_create(request)):
+            _echo(line)
+        zones = provider.zones(request.accelerator)
+        if len(zones) > 1:
+            _echo(f"# on a stockout or quota error: retry in {', '.join(z for z in zones if z != request.zone)} (with backoff)")
+    entry = provider.entry(request.accelerator)
+    n = max(1, entry.hosts) * request.nodes
+    hosts = ops.placeholder_hosts(n, request.ssh_user)
+    rec = ClusterRecord(request.name, provider.name, request.zone, request.accelerator, request.spot, "DRY-RUN",
+                        hosts=[dataclasses.asdict(h) for h in hosts], ssh_user=request.ssh_user, ssh_key=None)
+    files = collect(spec.workdir, spec.excludes)
+    root = ops.remote_root(request.name)
+    _echo(f"# 2. code sync: {len(files)} files from {spec.workdir} (gitignore honoured; data, .git, checkpoints excluded)")
+    key = key_path or "$AIOS_HOME/keys/aios_ed25519"
+    for h in hosts:
+        _echo(f"tar czf - -C {shlex.quote(spec.workdir)} <files> | ssh -i {key} {h.ssh_user}@{h.ip} "
+              f"'mkdir -p {root}/code.new && tar xzf - -C {root}/code.new && mv {root}/code.new {root}/code'")
+    if spec.setup_lines:
+        _echo(f"# 3. setup on every worker (cd {root}/code):")
+        for line in spec.setup_lines:
+            _echo(f"#    {line}")
+    plans = ops.host_commands(rec, spec, config)
+    env = {k: v for k, v in spec.env.items()}
+    if spec.checkpoint_dir:
+        env["AIOS_CHECKPOINT__DIR"] = spec.checkpoint_dir
+    for name in spec.forward_env:
+        env[name] = "<forwarded from your environment>"
+    from aios.config import redact
+
+    env = redact(env)
+    _echo(f"# 4. run on every worker (detached; logs in {root}/jobs/<id>/worker.log)")
+    for h in hosts:
+        plan = plans[h.worker_id]
+        full = {**env, **plan.env}
+        prefix = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in sorted(full.items()))
+        _echo(f"({h.label}) cd {root}/code && {prefix} {shlex.join(plan.command)}")
+    if spec.checkpoint_dir:
+        _echo(f"# managed: on preemption recreate (or move zone), re-sync, re-setup, resume from {spec.checkpoint_dir}")
+
+
+# ------------------------------------------------------------------------------ status
+
+
+@click.command()
+@click.argument("name", required=False)
+@click.option("--refresh", is_flag=True, help="Ask the cloud for the current state first.")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--config", "config_file")
+def status(name: str | None, refresh: bool, as_json: bool, config_file: str | None) -> None:
+    """Clusters and their jobs, with every preemption and recovery."""
+    from aios.cloud import ops
+
+    store = _store()
+    recs = [ops.require_cluster(store, name)] if name else store.clusters()
+    if refresh:
+        recs = [ops.refresh(store, _provider(r.cloud, config_file), r) for r in recs]
+    out = []
+    for r in recs:
+        jobs = store.jobs(r.name)
+        events = [e for e in store.events(r.name) if e.kind in ("preempted", "unhealthy", "recovered", "recovery-failed", "failover")]
+        out.append({
+            "name": r.name, "cloud": r.cloud, "zone": r.zone, "accelerator": r.accelerator, "spot": r.spot,
+            "state": r.state, "hosts": [f"{h['worker_id']}:{h['ip']}" for h in r.hosts],
+            "jobs": [{"id": j.id, "state": j.state, "command": j.command, "restarts": j.restarts,
+                      "max_restarts": j.max_restarts, "exit_codes": j.exit_codes} for j in jobs],
+            "recoveries": [{"time": e.time, "kind": e.kind, "message": e.message} for e in events],
+        })
+    if as_json:
+        _emit_json(out)
+        return
+    if not out:
+        _echo("no clusters (create one with `aios launch`)")
+        return
+    t = _table("aios clusters", ["name", "cloud", "zone", "accelerator", "spot", "state", "hosts", "job", "restarts"])
+    for c in out:
+        j = c["jobs"][-1] if c["jobs"] else None
+        t.add_row(c["name"], c["cloud"], c["zone"] or "-", c["accelerator"], "yes" if c["spot"] else "no", c["state"],
+                  str(len(c["hosts"])), f"{j['id']} {j['state']}" if j else "-",
+                  f"{j['restarts']}/{j['max_restarts']}" if j else "-")
+    _print(t)
+    import datetime as _dt
+
+    for c in out:
+        for e in c["recoveries"]:
+            ts = _dt.datetime.fromtimestamp(e["time"]).strftime("%Y-%m-%d %H:%M:%S")
+            _echo(f"{c['name']}: {ts} {e['kind']}: {e['message']}")
+
+
+# ------------------------------------------------------------------------------ exec / logs / ssh
+
+
+def _select(rec: Any, workers: tuple[int, ...]) -> list[Any]:
+    from aios.cloud.ops import record_hosts
+
+    hosts = record_hosts(rec)
+    if not workers:
+        return hosts
+    ids = {h.worker_id for h in hosts}
+    bad = [w for w in workers if w not in ids]
+    if bad:
+        raise AiosError(f"cluster {rec.name} has no worker {bad[0]} (workers: {', '.join(map(str, sorted(ids)))})", "pass a valid --worker")
+    return [h for h in hosts if h.worker_id in workers]
+
+
+@click.command(context_settings={"ignore_unknown_options": True})
+@click.option("--worker", "-w", type=int, multiple=True, help="Only these workers (default: all).")
+@click.option("--dry-run", is_flag=True)
+@click.argument("name")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def exec_(name: str, command: tuple[str, ...], worker: tuple[int, ...], dry_run: bool) -> None:
+    """Run COMMAND on every host of cluster NAME (in the synced code directory), in parallel,
+    each output line prefixed with (worker N, ip). Exit status: the first non-zero one."""
+    from aios.cloud import ops
+
+    store = _store()
+    rec = ops.require_cluster(store, name)
+    hosts = _select(rec, worker)
+    cmd = " ".join(command) if len(command) > 1 else command[0]
+    remote = f"cd {ops.remote_root(name)}/code 2>/dev/null || true; {cmd}"
+    runner = ops.runner_for(rec, _printer())
+    if dry_run:
+        for h in hosts:
+            _echo(f"({h.label}) {shlex.join(runner.argv(h, remote))}")
+        return
+    results = runner.run(remote, hosts=hosts)
+    codes = [r.returncode for r in results]
+    bad = [c for c in codes if c != 0]
+    sys.exit(bad[0] if bad else 0)
+
+
+exec_.name = "exec"
+
+
+@click.command()
+@click.argument("name")
+@click.option("--job", "job_id", type=int, help="Job id (default: the latest).")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing until the job ends.")
+@click.option("--worker", "-w", type=int, multiple=True)
+@click.option("--dry-run", is_flag=True)
+def logs(name: str, job_id: int | None, follow: bool, worker: tuple[int, ...], dry_run: bool) -> None:
+    """Print a job's output from every host, prefixed with (worker N, ip)."""
+    from aios.cloud import ops
+    from aios.cloud.store import JOB_FINAL
+
+    store = _store()
+    rec = ops.require_cluster(store, name)
+    job = store.get_job(job_id) if job_id else store.latest_job(name)
+    if job is None or job.cluster != name:
+        raise AiosError(f"cluster {name} has no job {job_id if job_id else ''}".rstrip(), "see `aios status NAME`")
+    hosts = _select(rec, worker)
+    d = f"{ops.remote_root(name)}/jobs/{job.id}/worker.log"
+    runner = ops.runner_for(rec, _printer())
+    if dry_run:
+        for h in hosts:
+            _echo(f"({h.label}) {shlex.join(runner.argv(h, ('tail -n +1 -F ' if follow else 'cat ') + d))}")
+        return
+    if not follow:
+        runner.run(f"cat {d} 2>/dev/null || echo '[aios] no log yet'", hosts=hosts)
+        return
+    import time
+
+    rec.hosts = [h for h in rec.hosts if not worker or h["worker_id"] in worker]
+    follower = ops.LogFollower(rec, job.id, _printer())
+    try:
+        while True:
+            j = store.get_job(job.id)
+            if j is None or j.state in JOB_FINAL:
+                break
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        follower.stop()
+
+
+@click.command(context_settings={"ignore_unknown_options": True})
+@click.option("--worker", "-w", type=int, default=0, show_default=True)
+@click.option("--dry-run", is_flag=True)
+@click.argument("name")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def ssh(name: str, worker: int, dry_run: bool, command: tuple[str, ...]) -> None:
+    """Open a shell (or run COMMAND) on one host of cluster NAME."""
+    from aios.cloud import ops
+
+    store = _store()
+    rec = ops.require_cluster(store, name)
+    host = _select(rec, (worker,))[0]
+    runner = ops.runner_for(rec)
+    argv = runner.base_argv(host, tty=not command and sys.stdin.isatty())
+    if command:
+        argv.append(" ".join(command))
+    if dry_run:
+        _echo(shlex.join(argv))
+        return
+    os.execvp(argv[0], argv)
+
+
+# ------------------------------------------------------------------------------ sync
+
+
+def _classify(loc: str, store: Any) -> tuple[str, Any, str]:
+    """``("url", scheme, url)``, ``("cluster", rec, path)`` or ``("local", None, path)``."""
+    if "://" in loc:
+        return "url", loc.split("://", 1)[0], loc
+    m = re.match(r"^([a-z][-a-z0-9]*):(.*)$", loc)
+    if m and store.get_cluster(m.group(1)):
+        return "cluster", store.get_cluster(m.group(1)), m.group(2) or "."
+    return "local", None, loc
+
+
+@click.command()
+@click.argument("src")
+@click.argument("dst")
+@click.option("--worker", "-w", type=int, multiple=True, help="Cluster side: these workers (upload: default all; download: default 0).")
+@click.option("--exclude", multiple=True)
+@click.option("--dry-run", is_flag=True)
+def sync(src: str, dst: str, worker: tuple[int, ...], exclude: tuple[str, ...], dry_run: bool) -> None:
+    """Copy between local paths, a cluster (NAME:PATH, relative to its code dir) and buckets
+    (gs://..., s3://...). Bucket transfers show a progress bar for large files.
+
+    \b
+    aios sync ./data gs://bucket/data          local -> bucket
+    aios sync gs://bucket/ckpt ./ckpt          bucket -> local
+    aios sync ./config.yaml mycluster:configs/  local -> every host
+    aios sync mycluster:out ./out -w 0          host 0 -> local
+    """
+    from aios.cloud import transfer
+
+    store = _store()
+    s = _classify(src, store)
+    d = _classify(dst, store)
+    if s[0] == "cluster" and d[0] == "cluster":
+        raise AiosError("copying between two clusters is not supported", "sync to a bucket first, then from it")
+    if s[0] == "local" and not Path(s[2]).exists():
+        raise AiosError(f"source {src} does not exist", "pass an existing local path")
+    if s[0] == "url" or d[0] == "url":
+        if "cluster" in (s[0], d[0]):
+            raise AiosError("bucket <-> cluster copies run on the hosts", f"use `aios exec NAME gcloud storage cp ...` or sync via a local path")
+        lines = transfer.copy_urls(s[2], d[2], dry_run=dry_run, excludes=exclude)
+    elif s[0] == "local" and d[0] == "cluster":
+        lines = transfer.upload_to_cluster(Path(s[2]), d[1], d[2], _select(d[1], worker), _printer(), dry_run, exclude)
+    elif s[0] == "cluster" and d[0] == "local":
+        hosts = _select(s[1], worker or (0,))
+        lines = transfer.download_from_cluster(s[1], s[2], hosts, Path(d[2]), dry_run)
+    else:
+        raise AiosError("both sides are local paths", "use cp/rsync, or name a cluster as NAME:PATH or a bucket URL")
+    for line in lines:
+        _echo(line)
+
+
+# ------------------------------------------------------------------------------ stop / start / down
+
+
+def _lifecycle(action: str, names: tuple[str, ...], dry_run: bool, config_file: str | None) -> None:
+    from aios.cloud import ops
+
+    store = _store()
+    recs = [ops.require_cluster(store, n) for n in names]
+    for rec in recs:
+        provider = _provider(rec.cloud, config_file)
+        if dry_run:
+            for line in ops.dry_run_lines(provider.render(action, rec.name, rec.zone)):
+                _echo(line)
+            continue
+        if action == "stop":
+            ops.stop_cluster(store, provider, rec)
+            _log(f"stopped {rec.name}")
+        elif action == "start":
+            new = ops.start_cluster(store, provider, rec)
+            _log(f"started {rec.name}: " + ", ".join(f"worker {h['worker_id']} {h['ip']}" for h in new.hosts))
+        else:
+            ops.down_cluster(store, provider, rec)
+            _log(f"deleted {rec.name}")
+
+
+@click.command()
+@click.argument("names", nargs=-1, required=True)
+@click.option("--dry-run", is_flag=True)
+@click.option("--config", "config_file")
+def stop(names: tuple[str, ...], dry_run: bool, config_file: str | None) -> None:
+    """Stop clusters (disks kept, compute billing stops)."""
+    _lifecycle("stop", names, dry_run, config_file)
+
+
+@click.command()
+@click.argument("names", nargs=-1, required=True)
+@click.option("--dry-run", is_flag=True)
+@click.option("--config", "config_file")
+def start(names: tuple[str, ...], dry_run: bool, config_file: str | None) -> None:
+    """Start stopped clusters (host IPs and host keys may change; aios re-pins them)."""
+    _lifecycle("start", names, dry_run, config_file)
+
+
+@click.command()
+@click.argument("names", nargs=-1, required=True)
+@click.option("--dry-run", is_flag=True)
+@click.option("--config", "config_file")
+def down(names: tuple[str, ...], dry_run: bool, config_file: str | None) -> None:
+    """Delete clusters and everything aios created for them."""
+    _lifecycle("delete", names, dry_run, config_file)
+
+
+# ------------------------------------------------------------------------------ catalog / cost
+
+
+def _entries(cloud: str | None, config_file: str | None) -> list[Any]:
+    from aios.cloud.ops import installed_clouds
+
+    clouds = [cloud] if cloud else installed_clouds()
+    if not clouds:
+        raise AiosError("no cloud plugin is installed", "pip install 'aios-core[gcp]' or 'aios-core[aws]'")
+    out = []
+    for c in clouds:
+        out.extend(_provider(c, config_file).catalog())
+    return out
+
+
+def _money(v: float | None) -> str:
+    return "-" if v is None else f"${v:,.2f}"
+
+
+@click.command()
+@click.option("--cloud", help="Only this cloud (default: every installed one).")
+@click.option("--accelerator", "-a", "filter_", help="Only types containing this text.")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--config", "config_file")
+def catalog(cloud: str | None, filter_: str | None, as_json: bool, config_file: str | None) -> None:
+    """Accelerator types with devices, memory, runtime, on-demand and spot price per hour."""
+    entries = [e for e in _entries(cloud, config_file) if not filter_ or filter_ in e.accelerator]
+    if as_json:
+        _emit_json([e.to_dict() for e in entries])
+        return
+    if not entries:
+        raise AiosError(f"no accelerator matches '{filter_}'", "run `aios catalog` without --accelerator to see all")
+    t = _table("aios catalog (USD per hour for the whole type)", ["cloud", "accelerator", "devices", "memory/dev", "hosts", "runtime", "on-demand", "spot", "peak TFLOP/s", "zones"])
+    for e in entries:
+        t.add_row(e.cloud, e.accelerator, f"{e.devices} x {e.device_kind}", f"{e.memory_gb:.0f} GB", str(e.hosts), e.runtime or "-",
+                  _money(e.on_demand_hourly), _money(e.spot_hourly), f"{e.peak_tflops:,.0f}" if e.peak_tflops else "-",
+                  ", ".join(e.zones[:2]) + (f" +{len(e.zones) - 2}" if len(e.zones) > 2 else ""))
+    _print(t)
+
+
+@click.command()
+@click.option("--cloud", help="Only this cloud (default: every installed one).")
+@click.option("--accelerator", "-a", help="Estimate for this type (with --hours, or with --params/--tokens).")
+@click.option("--hours", type=float, help="Run length for a plain hours x price estimate.")
+@click.option("--nodes", type=int, default=1, show_default=True)
+@click.option("--params", help="Model parameters (1.3B, 350M, 7e9).")
+@click.option("--tokens", help="Training tokens (26B, 1T).")
+@click.option("--precision", default="bf16-mixed", show_default=True)
+@click.option("--mfu", type=float, default=0.4, show_default=True, help="Assumed or measured model FLOPs utilisation.")
+@click.option("--spot", is_flag=True, help="Rank by spot price.")
+@click.option("--by", type=click.Choice(["cost", "time"]), default="cost", show_default=True)
+@click.option("--top", type=int, default=15, show_default=True)
+@click.option("--all", "include_all", is_flag=True, help="Include types whose memory cannot hold the training state.")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--config", "config_file")
+def cost(cloud: str | None, accelerator: str | None, hours: float | None, nodes: int, params: str | None,
+         tokens: str | None, precision: str, mfu: float, spot: bool, by: str, top: int, include_all: bool,
+         as_json: bool, config_file: str | None) -> None:
+    """Estimate the cost of a run (hours x price), or rank accelerators for a training job by
+    hours and dollars from 6 x params x tokens FLOPs at peak x utilisation."""
+    from aios.cloud import cost as C
+
+    if hours is None and not (params and tokens):
+        raise AiosError("aios cost needs --accelerator with --hours, or --params and --tokens", "e.g. aios cost --params 1.3B --tokens 26B")
+    entries = _entries(cloud, config_file)
+    if hours is not None:
+        if not accelerator:
+            raise AiosError("--hours needs --accelerator", "add -a TYPE")
+        matches = [e for e in entries if e.accelerator == accelerator]
+        if not matches:
+            raise AiosError(f"unknown accelerator '{accelerator}'", "see `aios catalog`")
+        rows = []
+        for e in matches:
+            od, sp = C.hours_cost(e, hours, nodes)
+            rows.append({"cloud": e.cloud, "accelerator": e.accelerator, "hours": hours, "nodes": nodes, "on_demand_usd": od, "spot_usd": sp})
+        if as_json:
+            _emit_json(rows)
+            return
+        for r in rows:
+            _echo(f"{r['cloud']} {r['accelerator']} x{nodes} for {hours:g} h: on-demand {_money(r['on_demand_usd'])}, spot {_money(r['spot_usd'])}")
+        return
+    if not (params and tokens):
+        raise AiosError("aios cost needs --accelerator with --hours, or --params and --tokens", "e.g. aios cost --params 1.3B --tokens 26B")
+    p = C.parse_count(params, "--params")
+    tk = C.parse_count(tokens, "--tokens")
+    C.normalise_precision(precision)
+    if accelerator:
+        entries = [e for e in entries if e.accelerator == accelerator]
+        if not entries:
+            raise AiosError(f"unknown accelerator '{accelerator}'", "see `aios catalog`")
+    ranked = C.rank(entries, p, tk, precision, mfu, spot=spot, include_unfit=include_all or bool(accelerator), by=by)[:top]
+    if as_json:
+        _emit_json({"flops": C.training_flops(p, tk), "mfu": mfu, "precision": precision, "ranking": [r.to_dict() for r in ranked]})
+        return
+    _echo(f"{C.training_flops(p, tk):.3g} FLOPs (6 x {p:.3g} params x {tk:.3g} tokens), {precision}, utilisation {mfu:g}")
+    t = _table(f"ranked by {'spot' if spot else 'on-demand'} {by}", ["#", "cloud", "accelerator", "devices", "hours", "on-demand", "spot", "fits"])
+    for i, r in enumerate(ranked, 1):
+        t.add_row(str(i), r.entry.cloud, r.entry.accelerator, str(r.entry.devices), f"{r.hours:,.1f}", _money(r.on_demand), _money(r.spot), "yes" if r.fits else f"no ({r.state_gb:.0f} GB state)")
+    _print(t)

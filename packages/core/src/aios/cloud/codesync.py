@@ -1,0 +1,173 @@
+"""Code sync: a tarball of the working directory, honouring ``.gitignore`` plus explicit
+excludes, never the data.
+
+What goes in:
+
+* inside a git work tree: ``git ls-files --cached --others --exclude-standard`` (tracked files
+  plus untracked files that no ``.gitignore``, ``.git/info/exclude`` or global excludes file
+  ignores);
+* elsewhere: every file, minus what the ``.gitignore`` files in the tree say (gitignore
+  semantics through ``pathspec`` when installed, a close fnmatch approximation otherwise).
+
+Always left out, whatever the ignore files say: :data:`ALWAYS_EXCLUDE` (``.git``, ``data``,
+``checkpoints``, virtualenvs, caches, run directories, archives) and the caller's ``excludes``
+(glob patterns matched against each path component and the relative path).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import os
+import subprocess
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ALWAYS_EXCLUDE = (
+    ".git", "data", "checkpoints", "ckpt", "__pycache__", "*.pyc", ".venv", "venv", ".tox",
+    ".mypy_cache", ".pytest_cache", ".ruff_cache", "runs", "wandb", ".aios", "node_modules",
+    "*.tar.gz", "*.tgz", ".DS_Store",
+)
+MAX_BYTES_DEFAULT = 512 * 1024 * 1024
+
+
+@dataclass
+class Tarball:
+    path: Path
+    files: int
+    bytes: int
+    digest: str
+
+
+def _excluded(rel: str, patterns: tuple[str, ...]) -> bool:
+    parts = rel.split("/")
+    for pat in patterns:
+        pat = pat.rstrip("/")
+        if "/" in pat:
+            if fnmatch.fnmatch(rel, pat) or fnmatch.fnmatch(rel, pat + "/*"):
+                return True
+        elif any(fnmatch.fnmatch(p, pat) for p in parts):
+            return True
+    return False
+
+
+def _git_files(root: Path) -> list[str] | None:
+    try:
+        top = subprocess.run(["git", "-C", str(root), "rev-parse", "--is-inside-work-tree"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if top.returncode != 0 or top.stdout.strip() != "true":
+        return None
+    r = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", "."],
+                       capture_output=True, timeout=120)
+    if r.returncode != 0:
+        return None
+    return [p for p in r.stdout.decode().split("\0") if p]
+
+
+def _walk_gitignore(root: Path) -> list[str]:
+    try:
+        import pathspec  # type: ignore[import-not-found]
+    except ImportError:  # pragma: no cover - pathspec is usually present
+        pathspec = None
+    out: list[str] = []
+    specs: list[tuple[str, object]] = []  # (dir prefix, matcher)
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel_dir = os.path.relpath(dirpath, root).replace(os.sep, "/")
+        rel_dir = "" if rel_dir == "." else rel_dir
+        gi = Path(dirpath) / ".gitignore"
+        if gi.is_file():
+            lines = gi.read_text(errors="replace").splitlines()
+            if pathspec is not None:
+                specs.append((rel_dir, pathspec.GitIgnoreSpec.from_lines(lines)))
+            else:
+                specs.append((rel_dir, [ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")]))
+
+        def ignored(rel: str, is_dir: bool) -> bool:
+            for prefix, m in specs:
+                if prefix and not rel.startswith(prefix + "/"):
+                    continue
+                sub = rel[len(prefix) + 1:] if prefix else rel
+                if pathspec is not None:
+                    if m.match_file(sub + ("/" if is_dir else "")):  # type: ignore[attr-defined]
+                        return True
+                elif _excluded(sub, tuple(p.lstrip("/") for p in m)):  # type: ignore[union-attr]
+                    return True
+            return False
+
+        keep = []
+        for d in dirnames:
+            rel = f"{rel_dir}/{d}" if rel_dir else d
+            if not ignored(rel, True) and not _excluded(rel, ALWAYS_EXCLUDE):
+                keep.append(d)
+        dirnames[:] = keep
+        for f in filenames:
+            rel = f"{rel_dir}/{f}" if rel_dir else f
+            if not ignored(rel, False):
+                out.append(rel)
+    return out
+
+
+def collect(root: str | os.PathLike[str], excludes: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """Relative paths (``/``-separated, sorted) that code sync would ship from ``root``."""
+    root = Path(root)
+    files = _git_files(root)
+    if files is None:
+        files = _walk_gitignore(root)
+    patterns = tuple(ALWAYS_EXCLUDE) + tuple(excludes)
+    return sorted(f for f in files if not _excluded(f, patterns) and ((root / f).is_file() or (root / f).is_symlink()))
+
+
+def make_tarball(
+    root: str | os.PathLike[str],
+    dest: str | os.PathLike[str],
+    excludes: tuple[str, ...] | list[str] = (),
+    max_bytes: int = MAX_BYTES_DEFAULT,
+    extra_files: list[tuple[Path, str]] | None = None,
+    generated: dict[str, str] | None = None,
+) -> Tarball:
+    """Write ``dest`` (gzip tar of :func:`collect`); refuses more than ``max_bytes`` of input
+    (someone's dataset slipped through the ignore rules) with a one-line error."""
+    from aios.errors import AiosError
+
+    root = Path(root)
+    files = collect(root, excludes)
+    total = sum((root / f).lstat().st_size for f in files)
+    if total > max_bytes:
+        big = sorted(files, key=lambda f: -(root / f).lstat().st_size)[:3]
+        raise AiosError(
+            f"code sync would upload {total / 2**20:.0f} MiB from {root} (largest: {', '.join(big)})",
+            "add those paths to .gitignore or --exclude, or raise --max-sync-mb",
+        )
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_suffix(dest.suffix + ".tmp")
+    h = hashlib.sha256()
+    with tarfile.open(tmp, "w:gz", compresslevel=6) as tar:
+        for f in files:
+            info = tar.gettarinfo(str(root / f), arcname=f)
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            info.mtime = int(info.mtime)
+            h.update(f.encode() + b"\0" + str(info.size).encode() + b"\0")
+            if info.isfile():
+                with open(root / f, "rb") as fh:
+                    tar.addfile(info, fh)
+                    fh.seek(0)
+                    h.update(hashlib.sha256(fh.read()).digest())
+            else:
+                tar.addfile(info)
+        for src, arc in extra_files or []:
+            tar.add(str(src), arcname=arc, recursive=False)
+        for arc, text in (generated or {}).items():
+            import io
+
+            data = text.encode()
+            ti = tarfile.TarInfo(arc)
+            ti.size = len(data)
+            ti.mode = 0o644
+            tar.addfile(ti, io.BytesIO(data))
+    os.replace(tmp, dest)
+    return Tarball(dest, len(files), total, h.hexdigest()[:16])

@@ -1,0 +1,703 @@
+"""What the cloud commands do, independent of click: provision (with zone failover and cleanup),
+code sync, setup, job start on every host from the backend's launch plan, the job watcher with
+managed-spot recovery, and stop/start/down.
+
+Remote layout on every host (under the login user's ``$HOME``)::
+
+    ~/aios/<cluster>/code/            the synced working directory (jobs run here)
+    ~/aios/<cluster>/setup.sha        hash of the setup script that last succeeded
+    ~/aios/<cluster>/jobs/<id>/       run.sh, env (mode 600), pid, worker.log, exit_code
+
+Jobs run detached (``setsid nohup``) so a dropped SSH connection never kills them; the watcher
+polls ``exit_code``/``pid`` over SSH and the cloud's view of the cluster (preempted, unhealthy).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from aios.cloud.failover import create_with_failover, zone_order
+from aios.cloud.provider import (
+    PREEMPTED,
+    READY,
+    STOPPED,
+    TERMINATED,
+    CloudCommand,
+    CloudError,
+    CloudProvider,
+    ClusterHost,
+    ClusterInfo,
+    ClusterNotFound,
+    ClusterRequest,
+)
+from aios.cloud.ssh import LinePrinter, SshRunner
+from aios.cloud.store import (
+    JOB_CANCELLED,
+    JOB_FAILED,
+    JOB_FINAL,
+    JOB_RECOVERING,
+    JOB_RUNNING,
+    JOB_SETTING_UP,
+    JOB_SUCCEEDED,
+    ClusterRecord,
+    Store,
+    cluster_dir,
+)
+from aios.errors import AiosError
+
+Log = Callable[[str], None]
+
+
+def remote_root(cluster: str) -> str:
+    return f"$HOME/aios/{cluster}"
+
+
+# ------------------------------------------------------------------------------ providers
+
+
+def get_provider(cloud: str, config: Any) -> CloudProvider:
+    from aios.plugins import get_registry
+
+    spec = get_registry().cloud(cloud)
+    return spec.factory(config)
+
+
+def installed_clouds() -> list[str]:
+    from aios.plugins import get_registry
+
+    return sorted(get_registry().clouds)
+
+
+# ------------------------------------------------------------------------------ job spec
+
+
+@dataclass
+class JobSpec:
+    """What runs on the cluster. Stored in the job record (no secret values: ``forward_env``
+    names variables whose values are read from the launching environment each time the job
+    starts, and are written to a mode-600 file on the hosts, never into a command line)."""
+
+    script: str
+    args: list[str] = field(default_factory=list)
+    module: bool = False
+    backend: str = "cpu"
+    python: str = "python3"
+    env: dict[str, str] = field(default_factory=dict)
+    forward_env: list[str] = field(default_factory=list)
+    overrides: list[str] = field(default_factory=list)
+    workdir: str = "."
+    excludes: list[str] = field(default_factory=list)
+    setup_lines: list[str] = field(default_factory=list)
+    checkpoint_dir: str | None = None
+    max_sync_mb: int = 512
+    bundle: bool = True  # ship this aios (core + loaded plugins) in code/.aios-site
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> JobSpec:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def parse_env(items: list[str]) -> tuple[dict[str, str], list[str]]:
+    """``--env K=V`` (plain values) and ``--env K`` (forward K from this environment). A value
+    given inline for a secret-looking name is refused: it would land in the state database."""
+    from aios.config import is_secret
+
+    env: dict[str, str] = {}
+    forward: list[str] = []
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not key or not key.replace("_", "a").isalnum() or key[0].isdigit():
+            raise AiosError(f"--env '{item}' is not NAME=VALUE or NAME", "write e.g. --env LOG_LEVEL=debug or --env WANDB_API_KEY")
+        if not eq:
+            forward.append(key)
+        elif is_secret(key):
+            raise AiosError(f"--env {key}=... puts a secret on the command line and in the aios state", f"export {key} in your shell and pass --env {key} to forward it")
+        else:
+            env[key] = value
+    return env, forward
+
+
+# ------------------------------------------------------------------------------ cluster ops
+
+
+def placeholder_hosts(n: int, user: str) -> list[ClusterHost]:
+    return [ClusterHost(i, f"<worker-{i}-ip>", f"<worker-{i}-internal-ip>", ssh_user=user) for i in range(n)]
+
+
+def record_hosts(rec: ClusterRecord) -> list[ClusterHost]:
+    out = []
+    for h in rec.hosts:
+        host = ClusterHost(**{k: v for k, v in h.items() if k in {f.name for f in dataclasses.fields(ClusterHost)}})
+        host.ssh_user = rec.ssh_user or host.ssh_user
+        host.ssh_key = rec.ssh_key or host.ssh_key
+        out.append(host)
+    return sorted(out, key=lambda h: h.worker_id)
+
+
+def runner_for(rec: ClusterRecord, printer: Callable[[str, str], None] | None = None, **kw: Any) -> SshRunner:
+    return SshRunner(record_hosts(rec), cluster_dir(rec.name) / "known_hosts", key=rec.ssh_key,
+                     alias=f"aios-{rec.name}", printer=printer, **kw)
+
+
+def request_from_record(rec: ClusterRecord) -> ClusterRequest:
+    names = {f.name for f in dataclasses.fields(ClusterRequest)}
+    return ClusterRequest(**{k: v for k, v in rec.request.items() if k in names})
+
+
+def save_hosts(store: Store, rec: ClusterRecord, info: ClusterInfo, provider: CloudProvider) -> ClusterRecord:
+    hosts = [dataclasses.asdict(h) for h in provider.hosts(info)]
+    for h in hosts:
+        h.pop("ssh_key", None)
+    store.update_cluster(rec.name, hosts=hosts, zone=info.zone, state=info.state)
+    new = store.get_cluster(rec.name)
+    assert new is not None
+    return new
+
+
+def require_cluster(store: Store, name: str) -> ClusterRecord:
+    rec = store.get_cluster(name)
+    if rec is None:
+        known = ", ".join(r.name for r in store.clusters()) or "none"
+        raise ClusterNotFound(f"no cluster named '{name}' (known: {known})", "see `aios status`, or create it with `aios launch --name NAME`")
+    return rec
+
+
+def provision(
+    store: Store,
+    provider: CloudProvider,
+    request: ClusterRequest,
+    ssh_key: str,
+    log: Log,
+    failover: bool = True,
+    sleep: Callable[[float], None] = time.sleep,
+    backoff: float = 2.0,
+) -> ClusterRecord:
+    """Claim the name, create with zone failover, record the hosts. On any failure nothing is
+    left behind: every zone tried is cleaned up by the failover loop and the record removed."""
+    rec = ClusterRecord(
+        name=request.name, cloud=provider.name, zone=request.zone, accelerator=request.accelerator,
+        spot=request.spot, state="PENDING", request=_request_dict(request), ssh_user=request.ssh_user,
+        ssh_key=ssh_key,
+    )
+    if not store.claim_cluster(rec):
+        raise AiosError(f"a cluster named '{request.name}' already exists", f"use another --name, or `aios down {request.name}` first")
+    try:
+        zones = zone_order(provider, request, pinned=not failover)
+        result = create_with_failover(provider, request, zones, log=log, sleep=sleep, backoff=backoff)
+        for a in result.attempts:
+            store.event(request.name, "failover", f"{a.zone}: {a.kind}: {a.message[:200]}")
+        store.event(request.name, "created", f"{result.info.accelerator} in {result.zone} ({len(result.info.hosts)} hosts)")
+        # a zone change must be remembered for later recreations
+        req = dataclasses.replace(request, zone=result.zone)
+        store.update_cluster(request.name, request=_request_dict(req))
+        runner = SshRunner([], cluster_dir(request.name) / "known_hosts")
+        runner.reset_host_keys()
+        return save_hosts(store, store.get_cluster(request.name) or rec, result.info, provider)
+    except BaseException:
+        store.delete_cluster(request.name)
+        raise
+
+
+def _request_dict(request: ClusterRequest) -> dict[str, Any]:
+    d = dataclasses.asdict(request)
+    d.pop("ssh_public_key", None)  # public, but bulky; re-read from the key file when needed
+    return d
+
+
+def with_public_key(request: ClusterRequest, key: str) -> ClusterRequest:
+    pub = Path(str(key) + ".pub")
+    if not pub.is_file():
+        raise AiosError(f"public key {pub} is missing next to the SSH key {key}", f"recreate it with `ssh-keygen -y -f {key} > {pub}`")
+    return dataclasses.replace(request, ssh_public_key=pub.read_text().strip())
+
+
+def sync_code(rec: ClusterRecord, spec: JobSpec, printer: Callable[[str, str], None] | None, log: Log) -> None:
+    from aios.cloud.codesync import make_tarball
+
+    extra: list = []
+    generated: dict[str, str] = {}
+    if spec.bundle:
+        from aios.cloud.bundle import build
+
+        b = build(spec.backend, rec.cloud)
+        extra, generated = b.files, b.generated
+    tar = make_tarball(spec.workdir, cluster_dir(rec.name) / "code.tar.gz", spec.excludes, spec.max_sync_mb * 2**20,
+                       extra_files=extra, generated=generated)
+    log(f"syncing {tar.files} files ({tar.bytes / 1024:.0f} KiB) from {os.path.abspath(spec.workdir)} to {len(rec.hosts)} hosts"
+        + (f" (+ aios itself, {len(extra)} files)" if extra else ""))
+    root = remote_root(rec.name)
+    cmd = (f"set -e; mkdir -p {root}; rm -rf {root}/code.new; mkdir {root}/code.new; "
+           f"tar xzf - -C {root}/code.new; rm -rf {root}/code; mv {root}/code.new {root}/code")
+    runner = runner_for(rec, printer)
+    runner.check(runner.run(cmd, stdin_path=str(tar.path)), "code sync")
+
+
+def setup_script(spec: JobSpec) -> str:
+    return "\n".join(["set -euo pipefail", *spec.setup_lines, ""])
+
+
+def run_setup(rec: ClusterRecord, spec: JobSpec, printer: Callable[[str, str], None] | None, log: Log, force: bool = False) -> bool:
+    """Run the setup script on every host, unless it already succeeded there (same hash).
+    Returns whether it ran anywhere."""
+    if not spec.setup_lines:
+        return False
+    script = setup_script(spec)
+    sha = hashlib.sha256(script.encode()).hexdigest()[:16]
+    root = remote_root(rec.name)
+    runner = runner_for(rec, printer)
+    marker = f"{root}/setup.sha"
+    log(f"setup on {len(rec.hosts)} hosts ({len(spec.setup_lines)} steps)")
+    cmd = (f"if [ \"$(cat {marker} 2>/dev/null)\" = {sha} ] && [ {int(force)} = 0 ]; then echo '[aios] setup already done'; exit 0; fi; "
+           f"cd {root}/code && bash -c {shlex.quote(script)} && echo {sha} > {marker}")
+    runner.check(runner.run(cmd), "setup")
+    return True
+
+
+def host_commands(rec: ClusterRecord, spec: JobSpec, config: Any, accelerator: str | None = None) -> dict[int, Any]:
+    """The backend's launch plan for the cluster's hosts: worker id -> HostPlan (env + argv),
+    with the local interpreter replaced by the remote one."""
+    from aios.plugins import get_registry
+    from aios.types import Host, LaunchRequest
+
+    hosts = record_hosts(rec)
+    req = LaunchRequest(
+        script=spec.script, args=list(spec.args), module=spec.module,
+        hosts=[Host(h.ip, h.internal_ip or h.ip, h.worker_id) for h in hosts],
+        accelerator=accelerator or rec.accelerator,
+    )
+    reg = get_registry()
+    plan = reg.call_first("aios_launch_plan", backend=spec.backend, config=config, request=req)
+    if plan is None:
+        raise AiosError(f"backend '{spec.backend}' gave no launch plan", f"install the plugin for '{spec.backend}' (see `aios plugins`)")
+    out = {}
+    for hp in plan.hosts:
+        hp.command = [spec.python if c == sys.executable else c for c in hp.command]
+        out[hp.host.worker_id] = hp
+    return out
+
+
+def job_env(spec: JobSpec, provider_env: dict[str, str], environ: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for every host (plan env comes on top). Forwarded values are read now."""
+    environ = os.environ if environ is None else environ
+    env = dict(provider_env)
+    env.update(spec.env)
+    if spec.checkpoint_dir:
+        env["AIOS_CHECKPOINT__DIR"] = spec.checkpoint_dir
+    for name in spec.forward_env:
+        if name not in environ:
+            raise AiosError(f"--env {name} asks to forward {name}, which is not set here", f"export {name} first")
+        env[name] = environ[name]
+    return env
+
+
+def render_run_sh(rec: ClusterRecord, job_id: int, plan: Any, bundle: bool = False) -> str:
+    root = remote_root(rec.name)
+    d = f"{root}/jobs/{job_id}"
+    cmd = " ".join(shlex.quote(c) for c in plan.command)
+    site = [f'export PYTHONPATH="{root}/code/.aios-site${{PYTHONPATH:+:$PYTHONPATH}}"'] if bundle else []
+    return "\n".join([
+        "#!/bin/bash",
+        f'D="{d}"',
+        'set -a; [ -f "$D/env" ] && . "$D/env"; set +a',
+        # stdout is a file here: keep Python (the launcher's tee included) line-buffered so
+        # `aios logs -f` is live
+        "export PYTHONUNBUFFERED=1",
+        *site,
+        f'cd "{root}/code" || exit 97',
+        cmd,
+        "rc=$?",
+        'echo $rc > "$D/exit_code.tmp" && mv "$D/exit_code.tmp" "$D/exit_code"',
+        "exit $rc",
+        "",
+    ])
+
+
+def env_file(env: dict[str, str]) -> str:
+    """``export K=V`` lines; a value starting with ``~/`` expands to the host's home."""
+    lines = []
+    for k, v in sorted(env.items()):
+        if v.startswith("~/"):
+            rest = v[2:].replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$").replace("`", "\\`")
+            lines.append(f'export {k}="$HOME/{rest}"\n')
+        else:
+            lines.append(f"export {k}={shlex.quote(v)}\n")
+    return "".join(lines)
+
+
+def start_job(rec: ClusterRecord, job_id: int, spec: JobSpec, config: Any, provider_env: dict[str, str],
+              printer: Callable[[str, str], None] | None, log: Log) -> None:
+    """Write run.sh and env on every host and start it detached."""
+    plans = host_commands(rec, spec, config)
+    base_env = job_env(spec, provider_env)
+    root = remote_root(rec.name)
+    d = f"{root}/jobs/{job_id}"
+    runner = runner_for(rec, printer)
+    with tempfile.TemporaryDirectory(prefix="aios-env-") as tmp:
+        paths = {}
+        for wid, plan in plans.items():
+            p = Path(tmp) / f"env-{wid}"
+            fd = os.open(p, os.O_WRONLY | os.O_CREAT, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(env_file({**base_env, **plan.env}))
+            paths[wid] = str(p)
+
+        def cmd(host: ClusterHost) -> str:
+            run_sh = render_run_sh(rec, job_id, plans[host.worker_id], bundle=spec.bundle)
+            return (f"set -e; rm -rf {d}; mkdir -p {d}; umask 077; cat > {d}/env; "
+                    f"printf %s {shlex.quote(run_sh)} > {d}/run.sh; chmod 700 {d}/run.sh; "
+                    f"setsid nohup bash {d}/run.sh > {d}/worker.log 2>&1 < /dev/null & echo $! > {d}/pid; echo started")
+
+        # each host gets its own env file on stdin
+        results = []
+        threads = []
+        lock = threading.Lock()
+
+        def one(host: ClusterHost) -> None:
+            r = runner.run_one(host, cmd(host), stdin_path=paths[host.worker_id], stream=False)
+            with lock:
+                results.append(r)
+
+        for h in runner.hosts:
+            t = threading.Thread(target=one, args=(h,))
+            t.start()
+            threads.append(t)
+        for t in threads:
+            t.join()
+        runner.check(sorted(results, key=lambda r: r.host.worker_id), "job start")
+    log(f"job {job_id} started on {len(plans)} hosts")
+
+
+def poll_job(rec: ClusterRecord, job_id: int) -> list[tuple[str, int | None]]:
+    """Per host (worker order): ``("EXIT", code)``, ``("RUNNING", None)``, ``("LOST", None)``
+    (no process and no exit code: the host rebooted or was replaced) or ``("UNREACHABLE", None)``."""
+    d = f"{remote_root(rec.name)}/jobs/{job_id}"
+    cmd = (f'if [ -f {d}/exit_code ]; then echo "EXIT $(cat {d}/exit_code)"; '
+           f'elif [ -f {d}/pid ] && kill -0 "$(cat {d}/pid)" 2>/dev/null; then echo RUNNING; else echo LOST; fi')
+    runner = runner_for(rec, None, retries=2, backoff=0.5, connect_timeout=8)
+    out = []
+    for r in runner.run(cmd, stream=False, timeout=60):
+        words = (r.stdout[-1] if r.stdout else "").split()
+        if r.returncode != 0 or not words:
+            out.append(("UNREACHABLE", None))
+        elif words[0] == "EXIT":
+            out.append(("EXIT", int(words[1]) if len(words) > 1 and words[1].lstrip("-").isdigit() else 1))
+        else:
+            out.append((words[0], None))
+    return out
+
+
+def cancel_job(rec: ClusterRecord, job_id: int, grace: float = 10.0) -> None:
+    d = f"{remote_root(rec.name)}/jobs/{job_id}"
+    cmd = (f'[ -f {d}/pid ] || exit 0; p=$(cat {d}/pid); kill -TERM -- -$p 2>/dev/null || true; '
+           f'for i in $(seq {int(grace * 10)}); do kill -0 $p 2>/dev/null || exit 0; sleep 0.1; done; kill -KILL -- -$p 2>/dev/null || true')
+    with_retries = runner_for(rec, None, retries=1, backoff=0.5)
+    with_retries.run(cmd, stream=False, timeout=grace + 30)
+
+
+class LogFollower:
+    """``tail -F`` of every host's worker.log, each line prefixed, until :meth:`stop`."""
+
+    def __init__(self, rec: ClusterRecord, job_id: int, printer: Callable[[str, str], None], from_start: bool = True) -> None:
+        self.procs: list[subprocess.Popen] = []
+        self.threads: list[threading.Thread] = []
+        d = f"{remote_root(rec.name)}/jobs/{job_id}"
+        runner = runner_for(rec, printer)
+        start = "+1" if from_start else "0"
+        for h in runner.hosts:
+            argv = runner.argv(h, f"tail -n {start} -F {d}/worker.log 2>/dev/null")
+            p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                                 text=True, errors="replace", bufsize=1)
+            self.procs.append(p)
+            t = threading.Thread(target=self._pump, args=(p, f"({h.label})", printer), daemon=True)
+            t.start()
+            self.threads.append(t)
+
+    @staticmethod
+    def _pump(p: subprocess.Popen, prefix: str, printer: Callable[[str, str], None]) -> None:
+        assert p.stdout is not None
+        for line in p.stdout:
+            printer(prefix, line.rstrip("\n"))
+
+    def stop(self, drain: float = 1.0) -> None:
+        time.sleep(drain)
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        for t in self.threads:
+            t.join(2)
+
+
+# ------------------------------------------------------------------------------ the watcher
+
+
+@dataclass
+class WatchOptions:
+    poll: float = 5.0
+    describe_every: float = 15.0
+    lost_after: int = 3
+    straggler_grace: float = 60.0
+    follow: bool = True
+    ssh_timeout: float = 300.0
+
+
+class Watcher:
+    """Watches one job to the end; on preemption/unhealthy/lost hosts it recovers (managed runs)
+    up to ``max_restarts`` times: repair or recreate the cluster (zone failover), re-sync code,
+    re-run setup, restart the job (which resumes from the newest complete checkpoint)."""
+
+    def __init__(self, store: Store, provider: CloudProvider, job_id: int, config: Any,
+                 printer: Callable[[str, str], None] | None = None, log: Log | None = None,
+                 options: WatchOptions | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.store = store
+        self.provider = provider
+        self.job_id = job_id
+        self.config = config
+        self.printer = printer or LinePrinter()
+        self.log = log or (lambda m: self.printer("[aios]", m))
+        self.opt = options or WatchOptions()
+        self.sleep = sleep
+        self.follower: LogFollower | None = None
+
+    # -------------------------------------------------------------- helpers
+    def _job(self):
+        job = self.store.get_job(self.job_id)
+        if job is None:
+            raise AiosError(f"job {self.job_id} does not exist", "see `aios status`")
+        return job
+
+    def _follow(self, rec: ClusterRecord) -> None:
+        if self.opt.follow:
+            self._unfollow()
+            self.follower = LogFollower(rec, self.job_id, self.printer)
+
+    def _unfollow(self) -> None:
+        if self.follower:
+            self.follower.stop()
+            self.follower = None
+
+    # -------------------------------------------------------------- main loop
+    def run(self) -> int:
+        """Returns the job's exit status (0 success)."""
+        rec = self.store.get_cluster(self._job().cluster)
+        if rec is None:
+            return self._finish(JOB_CANCELLED, None, "cluster was deleted")
+        self.store.update_job(self.job_id, watcher_pid=os.getpid())
+        self._follow(rec)
+        try:
+            return self._loop()
+        finally:
+            self._unfollow()
+
+    def _loop(self) -> int:
+        lost_count = 0
+        last_describe = 0.0
+        first_nonzero: float | None = None
+        while True:
+            job = self._job()
+            if job.state in JOB_FINAL:
+                return 0 if job.state == JOB_SUCCEEDED else 1
+            rec = self.store.get_cluster(job.cluster)
+            if rec is None:
+                return self._finish(JOB_CANCELLED, None, "cluster was deleted")
+            states = poll_job(rec, self.job_id)
+            incident = None
+            now = time.monotonic()
+            need_describe = now - last_describe >= self.opt.describe_every or any(s != "RUNNING" for s, _ in states)
+            if need_describe:
+                last_describe = now
+                try:
+                    info = self.provider.describe(rec.name, rec.zone)
+                except CloudError as exc:  # the API hiccuped: look again at the next poll
+                    self.log(f"describe {rec.name} failed ({exc}); retrying")
+                    self.sleep(self.opt.poll)
+                    continue
+                if info is None:
+                    incident = "cluster disappeared"
+                elif info.preempted or info.state in (TERMINATED,):
+                    incident = "preempted"
+                elif info.state == STOPPED:
+                    incident = "stopped"
+                elif info.unhealthy:
+                    incident = f"unhealthy ({info.health_detail or info.health})"
+            if incident is None:
+                codes = [c for s, c in states if s == "EXIT"]
+                if len(codes) == len(states):
+                    if all(c == 0 for c in codes):
+                        return self._finish(JOB_SUCCEEDED, codes, "all workers exited 0")
+                    return self._finish(JOB_FAILED, codes, f"worker exit codes {codes}")
+                if any(c != 0 for c in codes):
+                    first_nonzero = first_nonzero or now
+                    if now - first_nonzero > self.opt.straggler_grace:
+                        cancel_job(rec, self.job_id)
+                        return self._finish(JOB_FAILED, [c if s == "EXIT" else -9 for s, c in states],
+                                            "a worker failed; the others were stopped")
+                if any(s in ("LOST", "UNREACHABLE") for s, _ in states):
+                    lost_count += 1
+                    if lost_count >= self.opt.lost_after:
+                        incident = "hosts lost (" + ", ".join(f"worker {i}: {s.lower()}" for i, (s, _) in enumerate(states) if s != "RUNNING" and s != "EXIT") + ")"
+                else:
+                    lost_count = 0
+            if incident is not None:
+                code = self._incident(job, rec, incident)
+                if code is not None:
+                    return code
+                lost_count = 0
+                first_nonzero = None
+                last_describe = 0.0
+                continue
+            self.sleep(self.opt.poll)
+
+    def _finish(self, state: str, codes: list[int] | None, why: str) -> int:
+        job = self.store.get_job(self.job_id)
+        self.store.update_job(self.job_id, state=state, exit_codes=codes, watcher_pid=None)
+        if job:
+            self.store.event(job.cluster, "job-" + state.lower(), f"job {self.job_id}: {why}", self.job_id)
+        self.log(f"job {self.job_id} {state.lower()}: {why}")
+        if state == JOB_SUCCEEDED:
+            return 0
+        if codes:
+            bad = [c for c in codes if c != 0]
+            return bad[0] if bad and 0 < bad[0] < 256 else 1
+        return 1
+
+    def _incident(self, job, rec: ClusterRecord, incident: str) -> int | None:
+        self._unfollow()
+        kind = "preempted" if incident in ("preempted", "stopped", "cluster disappeared") or incident.startswith("hosts lost") else "unhealthy"
+        self.store.event(rec.name, kind, f"job {self.job_id}: {incident}", self.job_id)
+        self.log(f"cluster {rec.name}: {incident}")
+        if not job.managed:
+            why = f"{incident}; relaunch with --spot --max-restarts N to recover automatically"
+            return self._finish(JOB_FAILED, None, why)
+        if job.restarts >= job.max_restarts:
+            return self._finish(JOB_FAILED, None, f"{incident}; the {job.max_restarts} restarts allowed are used up")
+        n = self.store.bump_restarts(self.job_id)
+        self.store.update_job(self.job_id, state=JOB_RECOVERING)
+        self.log(f"recovery {n}/{job.max_restarts}: {incident}")
+        try:
+            action, rec = self._recover_cluster(rec, incident)
+            spec = JobSpec.from_dict(job.spec)
+            self.store.update_job(self.job_id, state=JOB_SETTING_UP)
+            runner_for(rec, self.printer).wait_reachable(self.opt.ssh_timeout)
+            sync_code(rec, spec, self.printer, self.log)
+            run_setup(rec, spec, self.printer, self.log)
+            start_job(rec, self.job_id, spec, self.config, self.provider.remote_env(self.provider.describe(rec.name, rec.zone) or _info_from(rec)), self.printer, self.log)
+            self.store.update_job(self.job_id, state=JOB_RUNNING)
+            self.store.event(rec.name, "recovered", f"recovery {n}/{job.max_restarts}: {action} in {rec.zone} after {incident}; job {self.job_id} restarted (resumes from the newest checkpoint)", self.job_id)
+            self.log(f"recovery {n}/{job.max_restarts} done: {action} in {rec.zone}")
+            self._follow(rec)
+            return None
+        except AiosError as exc:
+            self.store.event(rec.name, "recovery-failed", f"recovery {n}: {exc}", self.job_id)
+            self.log(f"recovery {n} failed: {exc}")
+            if self.store.get_job(self.job_id).restarts < job.max_restarts:  # type: ignore[union-attr]
+                self.sleep(self.opt.poll)
+                return None  # the loop notices the still-broken cluster and tries again
+            return self._finish(JOB_FAILED, None, f"recovery failed: {exc}")
+
+    def _recover_cluster(self, rec: ClusterRecord, incident: str) -> tuple[str, ClusterRecord]:
+        provider = self.provider
+        runner = runner_for(rec)
+        if incident.startswith("unhealthy") or incident == "stopped":
+            info = provider.describe(rec.name, rec.zone)
+            if info is not None:
+                try:
+                    if incident == "stopped":
+                        info = provider.start(rec.name, rec.zone)
+                        action = "started"
+                    else:
+                        action = provider.repair(info)
+                        info = provider.describe(rec.name, rec.zone)
+                    if info is not None and info.ready and not info.unhealthy:
+                        runner.reset_host_keys()
+                        return action, save_hosts(self.store, rec, info, provider)
+                    self.log(f"{action} did not make {rec.name} healthy; recreating")
+                except CloudError as exc:
+                    self.log(f"repair failed ({exc}); recreating")
+        # recreate (same zone first, then the others offering the type)
+        provider.delete(rec.name, rec.zone)
+        request = request_from_record(rec)
+        request = with_public_key(request, rec.ssh_key) if rec.ssh_key else request
+        zones = zone_order(provider, request, pinned=False)
+        result = create_with_failover(provider, request, zones, log=self.log, sleep=self.sleep,
+                                      backoff=min(2.0, self.opt.poll))
+        for a in result.attempts:
+            self.store.event(rec.name, "failover", f"{a.zone}: {a.kind}: {a.message[:200]}", self.job_id)
+        runner.reset_host_keys()
+        if result.zone != rec.zone:
+            self.store.update_cluster(rec.name, request=_request_dict(dataclasses.replace(request, zone=result.zone)))
+        new = save_hosts(self.store, rec, result.info, provider)
+        moved = f" (moved from {rec.zone})" if result.zone != rec.zone else ""
+        return f"recreated{moved}", new
+
+
+def _info_from(rec: ClusterRecord) -> ClusterInfo:
+    return ClusterInfo(rec.name, rec.cloud, rec.zone, rec.accelerator, READY, hosts=record_hosts(rec))
+
+
+# ------------------------------------------------------------------------------ lifecycle
+
+
+def stop_cluster(store: Store, provider: CloudProvider, rec: ClusterRecord) -> None:
+    provider.stop(rec.name, rec.zone)
+    store.update_cluster(rec.name, state=STOPPED)
+    store.event(rec.name, "stopped", "stopped by the user")
+
+
+def start_cluster(store: Store, provider: CloudProvider, rec: ClusterRecord) -> ClusterRecord:
+    info = provider.start(rec.name, rec.zone)
+    runner_for(rec).reset_host_keys()  # a stopped/started VM comes back with new host keys
+    store.event(rec.name, "started", "started by the user")
+    return save_hosts(store, rec, info, provider)
+
+
+def down_cluster(store: Store, provider: CloudProvider, rec: ClusterRecord) -> None:
+    for job in store.jobs(rec.name):
+        if job.state not in JOB_FINAL:
+            store.update_job(job.id, state=JOB_CANCELLED)
+    provider.delete(rec.name, rec.zone)
+    store.delete_cluster(rec.name)
+    runner_for(rec).reset_host_keys()
+
+
+def refresh(store: Store, provider: CloudProvider, rec: ClusterRecord) -> ClusterRecord:
+    info = provider.describe(rec.name, rec.zone)
+    if info is None:
+        store.update_cluster(rec.name, state="NOT_FOUND")
+    else:
+        state = info.state if not info.unhealthy else f"{info.state}/{info.health_detail or 'UNHEALTHY'}"
+        store.update_cluster(rec.name, state=state)
+        if info.hosts:
+            rec = save_hosts(store, rec, info, provider)
+            store.update_cluster(rec.name, state=state)
+    return store.get_cluster(rec.name) or rec
+
+
+def dry_run_lines(commands: list[CloudCommand]) -> list[str]:
+    return [c.shell() for c in commands]
+
+
+__all__ = [
+    "JobSpec", "LogFollower", "Watcher", "WatchOptions", "cancel_job", "down_cluster", "get_provider",
+    "host_commands", "parse_env", "poll_job", "provision", "record_hosts", "refresh", "require_cluster",
+    "run_setup", "runner_for", "start_cluster", "start_job", "stop_cluster", "sync_code", "PREEMPTED",
+]

@@ -1,0 +1,396 @@
+"""The cloud provider interface every aios cloud implements.
+
+``aios-cloud-gcp`` (Cloud TPU VMs and pod slices) and ``aios-cloud-aws`` (EC2 GPU and Trainium
+instances) both implement :class:`CloudProvider`; third-party clouds do the same and register a
+:class:`aios.types.CloudSpec` whose ``factory(config)`` returns the provider. The cloud commands
+(``aios launch|status|exec|logs|ssh|sync|stop|start|down|catalog|cost``) live in core and only talk
+to this interface, the SQLite store (:mod:`aios.cloud.store`) and the SSH runner
+(:mod:`aios.cloud.ssh`).
+
+Rules for implementers:
+
+* Importing the module that defines the provider must not import the cloud SDK; import it inside
+  methods (``aios --help`` and ``--dry-run`` never pay for it).
+* Every method that would touch the cloud has a ``render_*`` twin returning the equivalent CLI
+  commands (``gcloud compute tpus tpu-vm create ...``, ``aws ec2 run-instances ...``); ``--dry-run``
+  prints those and calls nothing else.
+* Bad input (unknown accelerator, a zone that does not offer it, missing project, no credentials)
+  raises :class:`aios.errors.AiosError` subclasses with a one-line message and fix.
+* A ``create`` that fails must leave nothing behind: delete what it started (the core also calls
+  :meth:`CloudProvider.delete` after a failed create; it must be idempotent).
+* Capacity errors are classified by :meth:`CloudProvider.classify_error` so the core's zone failover
+  (:func:`aios.cloud.failover.create_with_failover`) can move to the next zone.
+* No secret (keys, tokens) is ever stored in the :class:`ClusterRecord` or printed.
+"""
+
+from __future__ import annotations
+
+import shlex
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal
+
+from aios.errors import AiosError
+
+# ------------------------------------------------------------------------------ errors
+
+
+class CloudError(AiosError):
+    """A cloud operation failed (one line; the fix says what to do)."""
+
+
+class CapacityError(CloudError):
+    """The zone has no capacity for the type now (GCE ``RESOURCE_EXHAUSTED``/stockout, EC2
+    ``InsufficientInstanceCapacity``). The core fails over to the next zone."""
+
+
+class QuotaError(CloudError):
+    """The project/account quota does not cover the request. The core fails over to the next
+    zone (quotas are regional) and reports the quota when every zone failed."""
+
+
+class CredentialsError(CloudError):
+    """No usable credentials (ADC, gcloud, AWS profile)."""
+
+
+class ClusterNotFound(CloudError):
+    """The named cluster does not exist (in the store or in the cloud)."""
+
+
+FailureKind = Literal["stockout", "quota", "transient", "fatal"]
+
+
+# ------------------------------------------------------------------------------ states
+
+# Normalised cluster states. Providers map their own (TPU ``READY``/``PREEMPTED``, EC2
+# ``running``/``stopped``) onto these.
+PENDING = "PENDING"  # creating / queued / booting
+QUEUED = "QUEUED"  # a queued resource waiting for capacity or its time window
+READY = "READY"
+STOPPING = "STOPPING"
+STOPPED = "STOPPED"
+STARTING = "STARTING"
+DELETING = "DELETING"
+PREEMPTED = "PREEMPTED"  # spot capacity taken back: the hosts are gone
+TERMINATED = "TERMINATED"
+FAILED = "FAILED"
+UNKNOWN = "UNKNOWN"
+STATES = (PENDING, QUEUED, READY, STOPPING, STOPPED, STARTING, DELETING, PREEMPTED, TERMINATED, FAILED, UNKNOWN)
+
+HEALTHY = "HEALTHY"
+UNHEALTHY = "UNHEALTHY"
+
+
+# ------------------------------------------------------------------------------ data types
+
+
+@dataclass
+class ClusterRequest:
+    """What ``aios launch`` asks a cloud for.
+
+    :param name: cluster name (lowercase letters, digits, dashes; the cloud resource name).
+    :param accelerator: the accelerator or instance type: ``v5litepod-8``, ``v4-16``,
+        ``trn1.32xlarge``, ``p5.48xlarge``.
+    :param nodes: number of slices (TPU) or instances (EC2). A TPU pod slice is one node with
+        several hosts.
+    :param zone: the zone (``us-west4-a``); ``None`` lets the provider pick from :meth:`zones`.
+    :param region: the region, for clouds that are regional (AWS); derived from zone otherwise.
+    :param spot: spot/preemptible capacity.
+    :param queued: create through a queued resource (TPU) / capacity reservation, waiting for
+        capacity instead of failing on a stockout.
+    :param valid_after: queued only: earliest start (RFC 3339 or ``+2h`` relative).
+    :param valid_until: queued only: give up when not provisioned by then.
+    :param image: runtime version (TPU ``v2-alpha-tpuv5-lite``) or AMI id; ``None``: the
+        provider's default for the accelerator's generation.
+    :param disk_gb: boot disk size, ``None`` for the provider default.
+    :param labels: labels/tags put on every resource (aios adds ``aios-cluster=NAME``).
+    :param project: GCP project / AWS account alias, when the cloud needs one.
+    :param ssh_user: login user on the hosts.
+    :param ssh_public_key: public key text installed for ``ssh_user`` (never the private key).
+    :param extra: provider-specific options (``network``, ``subnet``, ``service_account``...).
+    """
+
+    name: str
+    accelerator: str
+    nodes: int = 1
+    zone: str | None = None
+    region: str | None = None
+    spot: bool = False
+    queued: bool = False
+    valid_after: str | None = None
+    valid_until: str | None = None
+    image: str | None = None
+    disk_gb: int | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    project: str | None = None
+    ssh_user: str = "aios"
+    ssh_public_key: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def with_zone(self, zone: str) -> ClusterRequest:
+        return replace(self, zone=zone)
+
+
+@dataclass
+class ClusterHost:
+    """One machine of a cluster (a TPU VM worker, an EC2 instance).
+
+    :param worker_id: the host's index in the slice/cluster (TPU worker id, 0 = coordinator).
+    :param ip: address aios connects to over SSH (external IP, or internal when running inside
+        the VPC).
+    :param internal_ip: address the hosts use between themselves (master address).
+    :param ssh_user: login user; ``ssh_key`` the private key *path* (never its content).
+    :param port: SSH port (22 on clouds; test hosts may use others).
+    :param instance_id: cloud id of the machine, if it has its own.
+    """
+
+    worker_id: int
+    ip: str
+    internal_ip: str | None = None
+    ssh_user: str = "aios"
+    ssh_key: str | None = None
+    port: int = 22
+    instance_id: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"worker {self.worker_id}, {self.ip}"
+
+
+@dataclass
+class ClusterInfo:
+    """The cloud's view of a cluster, as :meth:`CloudProvider.describe` returns it.
+
+    :param state: one of :data:`STATES`.
+    :param health: ``HEALTHY``, ``UNHEALTHY`` or ``UNKNOWN``; ``health_detail`` carries the cloud's
+        own wording (``UNHEALTHY_TENSORFLOW``, ``UNHEALTHY_MAINTENANCE``, EC2 status check).
+    :param preempted: the spot capacity was reclaimed (state ``PREEMPTED`` or the hosts report
+        ``preempted``); the core recreates the cluster for a managed run.
+    :param raw: the provider's own record (for ``aios status --json``); no secrets.
+    """
+
+    name: str
+    cloud: str
+    zone: str | None
+    accelerator: str
+    state: str = UNKNOWN
+    health: str = UNKNOWN
+    health_detail: str = ""
+    spot: bool = False
+    hosts: list[ClusterHost] = field(default_factory=list)
+    runtime: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    created: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def preempted(self) -> bool:
+        return self.state == PREEMPTED
+
+    @property
+    def ready(self) -> bool:
+        return self.state == READY
+
+    @property
+    def unhealthy(self) -> bool:
+        return self.health == UNHEALTHY
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    """One accelerator type a cloud offers, for ``aios catalog`` and ``aios cost``.
+
+    :param accelerator: the type name users pass to ``--accelerator``.
+    :param devices: accelerator devices in the whole type (TPU chips, GPUs, Trainium chips).
+    :param device_kind: what a device is (``TPU v5e chip``, ``H100 80GB``, ``Trainium1``).
+    :param memory_gb: accelerator memory per device (HBM), GB.
+    :param hosts: machines in one slice/instance of this type.
+    :param runtime: default runtime version / image family.
+    :param on_demand_hourly: USD per hour for the whole type, on demand (``None``: unknown).
+    :param spot_hourly: USD per hour for the whole type, spot.
+    :param peak_tflops: dense bf16 peak TFLOP/s of the whole type (all devices), for ``aios cost``.
+    :param zones: zones (or regions) that offer it.
+    :param backend: the aios backend that trains on it (``xla``, ``neuron``, ``cuda``).
+    """
+
+    cloud: str
+    accelerator: str
+    devices: int
+    device_kind: str
+    memory_gb: float
+    hosts: int = 1
+    runtime: str = ""
+    on_demand_hourly: float | None = None
+    spot_hourly: float | None = None
+    peak_tflops: float | None = None
+    zones: tuple[str, ...] = ()
+    backend: str = "cpu"
+
+    def hourly(self, spot: bool) -> float | None:
+        return self.spot_hourly if spot else self.on_demand_hourly
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["zones"] = list(self.zones)
+        return d
+
+
+@dataclass
+class CloudCommand:
+    """A rendered, equivalent cloud CLI command for ``--dry-run`` (``gcloud ...``, ``aws ...``)."""
+
+    argv: list[str]
+    comment: str = ""
+
+    def shell(self) -> str:
+        line = " ".join(shlex.quote(a) for a in self.argv)
+        return f"{line}  # {self.comment}" if self.comment else line
+
+
+# ------------------------------------------------------------------------------ the interface
+
+
+class CloudProvider(ABC):
+    """A cloud aios can provision on. Built by ``CloudSpec.factory(config)``.
+
+    Class attributes:
+
+    :cvar name: the ``--cloud`` value (``gcp``, ``aws``).
+    :cvar storage_scheme: URL scheme of its object store (``gs``, ``s3``), used for checkpoints of
+        managed runs.
+    :cvar cli: name of the cloud's own CLI (``gcloud``, ``aws``) for dry-run output.
+    """
+
+    name: str = ""
+    storage_scheme: str = ""
+    cli: str = ""
+
+    # -------------------------------------------------------------- catalog
+    @abstractmethod
+    def catalog(self) -> list[CatalogEntry]:
+        """Every accelerator type offered, with devices, memory, runtime, prices, peak TFLOP/s
+        and zones. Must work offline (a built-in table; refreshing from the cloud is optional)."""
+
+    def entry(self, accelerator: str) -> CatalogEntry:
+        """The catalog entry for ``accelerator``; :class:`aios.errors.AiosError` when unknown."""
+        for e in self.catalog():
+            if e.accelerator == accelerator:
+                return e
+        known = ", ".join(sorted({e.accelerator for e in self.catalog()})[:12])
+        raise CloudError(
+            f"unknown accelerator '{accelerator}' for cloud {self.name}",
+            f"pick one from `aios catalog --cloud {self.name}` (e.g. {known})",
+        )
+
+    def zones(self, accelerator: str) -> list[str]:
+        """Zones offering ``accelerator``, in failover order."""
+        return list(self.entry(accelerator).zones)
+
+    # -------------------------------------------------------------- validation
+    def validate(self, request: ClusterRequest) -> ClusterRequest:
+        """Check and complete a request before anything is created (zone offers the type,
+        project set, credentials present, image chosen). Returns the completed request.
+        Providers extend this; the default checks the accelerator and zone."""
+        entry = self.entry(request.accelerator)
+        if request.zone and entry.zones and request.zone not in entry.zones:
+            raise CloudError(
+                f"zone '{request.zone}' does not offer {request.accelerator}",
+                f"use one of: {', '.join(entry.zones)}",
+            )
+        if request.image is None:
+            request = replace(request, image=entry.runtime or None)
+        return request
+
+    # -------------------------------------------------------------- lifecycle
+    @abstractmethod
+    def create(self, request: ClusterRequest) -> ClusterInfo:
+        """Create the cluster in ``request.zone`` and wait until it is ``READY`` (or, for a
+        queued request, until provisioned). Raise :class:`CapacityError` / :class:`QuotaError` on
+        stockout/quota (after cleaning up), other :class:`CloudError` for anything else."""
+
+    @abstractmethod
+    def describe(self, name: str, zone: str | None) -> ClusterInfo | None:
+        """The cluster's current state, hosts and health; ``None`` when it does not exist."""
+
+    @abstractmethod
+    def list(self, zone: str | None = None) -> list[ClusterInfo]:
+        """Clusters aios created (labelled ``aios-cluster``) in ``zone`` or everywhere."""
+
+    @abstractmethod
+    def start(self, name: str, zone: str | None) -> ClusterInfo:
+        """Start a stopped cluster and wait for ``READY``. Host IPs and host keys may change."""
+
+    @abstractmethod
+    def stop(self, name: str, zone: str | None) -> None:
+        """Stop the cluster (disks kept, billing for compute stops)."""
+
+    @abstractmethod
+    def delete(self, name: str, zone: str | None) -> None:
+        """Delete the cluster and everything created for it. Idempotent: deleting a missing
+        cluster is not an error."""
+
+    # -------------------------------------------------------------- hosts and runtime
+    def hosts(self, info: ClusterInfo) -> list[ClusterHost]:
+        """SSH-reachable hosts of a described cluster, ordered by worker id."""
+        return sorted(info.hosts, key=lambda h: h.worker_id)
+
+    def backend_for(self, accelerator: str) -> str:
+        """The aios backend that trains on ``accelerator`` (``xla`` for TPU...)."""
+        return self.entry(accelerator).backend
+
+    def setup_commands(self, accelerator: str, requirements: list[str]) -> list[str]:
+        """Shell lines run on every host after create/recreate: install the pinned
+        torch/torch_xla/libtpu (or neuron/cuda) set, aios itself and the user's requirements.
+        Run from the synced code directory."""
+        lines = ["python3 -m pip install --quiet --upgrade pip"]
+        if requirements:
+            lines.append("python3 -m pip install --quiet " + " ".join(shlex.quote(r) for r in requirements))
+        return lines
+
+    def remote_env(self, info: ClusterInfo) -> dict[str, str]:
+        """Extra environment for every host (besides the backend launch plan's)."""
+        return {}
+
+    # -------------------------------------------------------------- health / failover hooks
+    def classify_error(self, exc: BaseException) -> FailureKind:
+        """How the failover loop treats a create error: ``stockout`` and ``quota`` move to the next
+        zone, ``transient`` retries the same zone with backoff, ``fatal`` stops."""
+        if isinstance(exc, CapacityError):
+            return "stockout"
+        if isinstance(exc, QuotaError):
+            return "quota"
+        return "fatal"
+
+    def repair(self, info: ClusterInfo) -> str:
+        """Fix an unhealthy cluster in place. Default: stop then start. Returns what was done;
+        raise :class:`CloudError` when the cluster must be recreated instead."""
+        self.stop(info.name, info.zone)
+        self.start(info.name, info.zone)
+        return "stop/start"
+
+    # -------------------------------------------------------------- dry run
+    @abstractmethod
+    def render_create(self, request: ClusterRequest) -> list[CloudCommand]:
+        """The cloud CLI commands equivalent to :meth:`create` (``gcloud compute tpus tpu-vm
+        create ...`` or ``gcloud compute tpus queued-resources create ...``)."""
+
+    @abstractmethod
+    def render(self, action: str, name: str, zone: str | None) -> list[CloudCommand]:
+        """Equivalent CLI commands for ``describe``, ``start``, ``stop``, ``delete``, ``list``."""
+
+    # -------------------------------------------------------------- misc
+    def describe_credentials(self) -> str:
+        """Where credentials come from (``ADC``, ``gcloud``, ``AWS profile default``), never
+        their value. Raise :class:`CredentialsError` when there are none."""
+        return "default"
+
+
+__all__ = [
+    "CapacityError", "CatalogEntry", "CloudCommand", "CloudError", "CloudProvider", "ClusterHost",
+    "ClusterInfo", "ClusterNotFound", "ClusterRequest", "CredentialsError", "FailureKind",
+    "QuotaError", "STATES", "PENDING", "QUEUED", "READY", "STOPPING", "STOPPED", "STARTING",
+    "DELETING", "PREEMPTED", "TERMINATED", "FAILED", "UNKNOWN", "HEALTHY", "UNHEALTHY",
+]

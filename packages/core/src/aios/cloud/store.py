@@ -1,0 +1,334 @@
+"""Cluster and job records in an embedded SQLite database under the aios home.
+
+``$AIOS_HOME`` (default ``~/.aios``) holds ``state.db``. Several ``aios`` commands may run at
+once (a managed-spot watcher updating a job while the user runs ``aios status`` and
+``aios down``): the database is in WAL mode, every connection waits up to 30 s for a lock, and
+every read-modify-write runs in a ``BEGIN IMMEDIATE`` transaction so two writers never lose each
+other's update. Nothing secret is stored (SSH key *paths* only).
+
+Tables: ``clusters`` (one row per cluster name), ``jobs`` (runs on a cluster, with restart
+counts and checkpoint dir), ``events`` (history: created, preempted, recovered, repaired ...;
+``aios status`` shows each recovery from here).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from aios.errors import AiosError
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS clusters (
+    name TEXT PRIMARY KEY,
+    cloud TEXT NOT NULL,
+    zone TEXT,
+    accelerator TEXT NOT NULL,
+    spot INTEGER NOT NULL DEFAULT 0,
+    state TEXT NOT NULL,
+    hosts TEXT NOT NULL DEFAULT '[]',
+    request TEXT NOT NULL DEFAULT '{}',
+    ssh_user TEXT,
+    ssh_key TEXT,
+    created REAL NOT NULL,
+    updated REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS jobs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    cluster TEXT NOT NULL,
+    state TEXT NOT NULL,
+    command TEXT NOT NULL,
+    backend TEXT,
+    managed INTEGER NOT NULL DEFAULT 0,
+    max_restarts INTEGER NOT NULL DEFAULT 0,
+    restarts INTEGER NOT NULL DEFAULT 0,
+    checkpoint_dir TEXT,
+    exit_codes TEXT,
+    watcher_pid INTEGER,
+    spec TEXT NOT NULL DEFAULT '{}',
+    created REAL NOT NULL,
+    updated REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    cluster TEXT NOT NULL,
+    job_id INTEGER,
+    time REAL NOT NULL,
+    kind TEXT NOT NULL,
+    message TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS jobs_cluster ON jobs(cluster);
+CREATE INDEX IF NOT EXISTS events_cluster ON events(cluster);
+"""
+
+# Job states
+JOB_PENDING = "PENDING"
+JOB_SETTING_UP = "SETTING_UP"
+JOB_RUNNING = "RUNNING"
+JOB_RECOVERING = "RECOVERING"
+JOB_SUCCEEDED = "SUCCEEDED"
+JOB_FAILED = "FAILED"
+JOB_CANCELLED = "CANCELLED"
+JOB_FINAL = (JOB_SUCCEEDED, JOB_FAILED, JOB_CANCELLED)
+
+
+def aios_home() -> Path:
+    """``$AIOS_HOME`` or ``~/.aios`` (created on first use, mode 0700)."""
+    home = Path(os.environ.get("AIOS_HOME") or Path.home() / ".aios").expanduser()
+    home.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):
+        os.chmod(home, 0o700)
+    return home
+
+
+def cluster_dir(name: str) -> Path:
+    """Per-cluster files (known_hosts, code tarballs, fetched logs)."""
+    d = aios_home() / "clusters" / name
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+@dataclass
+class ClusterRecord:
+    name: str
+    cloud: str
+    zone: str | None
+    accelerator: str
+    spot: bool
+    state: str
+    hosts: list[dict[str, Any]] = field(default_factory=list)
+    request: dict[str, Any] = field(default_factory=dict)
+    ssh_user: str | None = None
+    ssh_key: str | None = None
+    created: float = 0.0
+    updated: float = 0.0
+
+
+@dataclass
+class JobRecord:
+    id: int
+    cluster: str
+    state: str
+    command: str
+    backend: str | None
+    managed: bool
+    max_restarts: int
+    restarts: int
+    checkpoint_dir: str | None
+    exit_codes: list[int] | None
+    watcher_pid: int | None
+    spec: dict[str, Any]
+    created: float
+    updated: float
+
+
+@dataclass
+class EventRecord:
+    id: int
+    cluster: str
+    job_id: int | None
+    time: float
+    kind: str
+    message: str
+
+
+class Store:
+    """The state database. Cheap to open; open one per command (or per thread)."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, timeout: float = 30.0) -> None:
+        self.path = Path(path) if path else aios_home() / "state.db"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.db = sqlite3.connect(str(self.path), timeout=timeout, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise AiosError(f"cannot open the aios state database {self.path}: {exc}", "check AIOS_HOME points at a writable directory") from None
+        self.db.row_factory = sqlite3.Row
+        self.db.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
+        with self._retry_locked():
+            self.db.execute("PRAGMA journal_mode = WAL")
+        self.db.execute("PRAGMA synchronous = NORMAL")
+        self.db.execute("PRAGMA foreign_keys = ON")
+        self._init_schema()
+
+    @contextlib.contextmanager
+    def _retry_locked(self, attempts: int = 50) -> Iterator[None]:
+        for i in range(attempts):
+            try:
+                yield
+                return
+            except sqlite3.OperationalError as exc:  # pragma: no cover - timing dependent
+                if "locked" not in str(exc) or i == attempts - 1:
+                    raise
+                time.sleep(0.05 * (i + 1))
+
+    def _init_schema(self) -> None:
+        with self.transaction() as db:
+            for stmt in _SCHEMA.split(";"):
+                if stmt.strip():
+                    db.execute(stmt)
+            db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """``BEGIN IMMEDIATE`` ... ``COMMIT``: takes the write lock up front so a read-modify-write
+        is atomic against other processes; rolls back on error."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.db
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        else:
+            self.db.execute("COMMIT")
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ clusters
+    @staticmethod
+    def _cluster(row: sqlite3.Row) -> ClusterRecord:
+        return ClusterRecord(
+            name=row["name"], cloud=row["cloud"], zone=row["zone"], accelerator=row["accelerator"],
+            spot=bool(row["spot"]), state=row["state"], hosts=json.loads(row["hosts"]),
+            request=json.loads(row["request"]), ssh_user=row["ssh_user"], ssh_key=row["ssh_key"],
+            created=row["created"], updated=row["updated"],
+        )
+
+    def claim_cluster(self, rec: ClusterRecord) -> bool:
+        """Insert a new cluster record; ``False`` when the name is already taken (atomic: two
+        concurrent launches of one name cannot both succeed)."""
+        now = time.time()
+        with self.transaction() as db:
+            if db.execute("SELECT 1 FROM clusters WHERE name = ?", (rec.name,)).fetchone():
+                return False
+            db.execute(
+                "INSERT INTO clusters(name, cloud, zone, accelerator, spot, state, hosts, request, ssh_user, ssh_key, created, updated)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                (rec.name, rec.cloud, rec.zone, rec.accelerator, int(rec.spot), rec.state, json.dumps(rec.hosts),
+                 json.dumps(rec.request), rec.ssh_user, rec.ssh_key, now, now),
+            )
+            db.execute("INSERT INTO events(cluster, job_id, time, kind, message) VALUES (?,?,?,?,?)",
+                       (rec.name, None, now, "claimed", f"{rec.cloud} {rec.accelerator}"))
+        return True
+
+    def get_cluster(self, name: str) -> ClusterRecord | None:
+        row = self.db.execute("SELECT * FROM clusters WHERE name = ?", (name,)).fetchone()
+        return self._cluster(row) if row else None
+
+    def clusters(self) -> list[ClusterRecord]:
+        return [self._cluster(r) for r in self.db.execute("SELECT * FROM clusters ORDER BY created")]
+
+    def update_cluster(self, name: str, **fields: Any) -> None:
+        if not fields:
+            return
+        cols, vals = [], []
+        for k, v in fields.items():
+            if k in ("hosts", "request"):
+                v = json.dumps(v)
+            elif k == "spot":
+                v = int(v)
+            cols.append(f"{k} = ?")
+            vals.append(v)
+        with self.transaction() as db:
+            db.execute(f"UPDATE clusters SET {', '.join(cols)}, updated = ? WHERE name = ?", (*vals, time.time(), name))
+
+    def delete_cluster(self, name: str) -> None:
+        with self.transaction() as db:
+            db.execute("DELETE FROM clusters WHERE name = ?", (name,))
+            db.execute("INSERT INTO events(cluster, job_id, time, kind, message) VALUES (?,?,?,?,?)",
+                       (name, None, time.time(), "deleted", "cluster record removed"))
+
+    # ------------------------------------------------------------------ jobs
+    @staticmethod
+    def _job(row: sqlite3.Row) -> JobRecord:
+        return JobRecord(
+            id=row["id"], cluster=row["cluster"], state=row["state"], command=row["command"],
+            backend=row["backend"], managed=bool(row["managed"]), max_restarts=row["max_restarts"],
+            restarts=row["restarts"], checkpoint_dir=row["checkpoint_dir"],
+            exit_codes=json.loads(row["exit_codes"]) if row["exit_codes"] else None,
+            watcher_pid=row["watcher_pid"], spec=json.loads(row["spec"]), created=row["created"],
+            updated=row["updated"],
+        )
+
+    def add_job(self, cluster: str, command: str, backend: str | None = None, managed: bool = False,
+                max_restarts: int = 0, checkpoint_dir: str | None = None, spec: dict[str, Any] | None = None) -> int:
+        now = time.time()
+        with self.transaction() as db:
+            cur = db.execute(
+                "INSERT INTO jobs(cluster, state, command, backend, managed, max_restarts, checkpoint_dir, spec, created, updated)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (cluster, JOB_PENDING, command, backend, int(managed), max_restarts, checkpoint_dir,
+                 json.dumps(spec or {}), now, now),
+            )
+            return int(cur.lastrowid)
+
+    def get_job(self, job_id: int) -> JobRecord | None:
+        row = self.db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return self._job(row) if row else None
+
+    def jobs(self, cluster: str | None = None) -> list[JobRecord]:
+        if cluster:
+            rows = self.db.execute("SELECT * FROM jobs WHERE cluster = ? ORDER BY id", (cluster,))
+        else:
+            rows = self.db.execute("SELECT * FROM jobs ORDER BY id")
+        return [self._job(r) for r in rows]
+
+    def latest_job(self, cluster: str) -> JobRecord | None:
+        row = self.db.execute("SELECT * FROM jobs WHERE cluster = ? ORDER BY id DESC LIMIT 1", (cluster,)).fetchone()
+        return self._job(row) if row else None
+
+    def update_job(self, job_id: int, **fields: Any) -> None:
+        if not fields:
+            return
+        cols, vals = [], []
+        for k, v in fields.items():
+            if k in ("exit_codes", "spec"):
+                v = json.dumps(v) if v is not None else None
+            elif k == "managed":
+                v = int(v)
+            cols.append(f"{k} = ?")
+            vals.append(v)
+        with self.transaction() as db:
+            db.execute(f"UPDATE jobs SET {', '.join(cols)}, updated = ? WHERE id = ?", (*vals, time.time(), job_id))
+
+    def bump_restarts(self, job_id: int) -> int:
+        """Atomically increment a job's restart count; returns the new count."""
+        with self.transaction() as db:
+            db.execute("UPDATE jobs SET restarts = restarts + 1, updated = ? WHERE id = ?", (time.time(), job_id))
+            return int(db.execute("SELECT restarts FROM jobs WHERE id = ?", (job_id,)).fetchone()[0])
+
+    # ------------------------------------------------------------------ events
+    def event(self, cluster: str, kind: str, message: str, job_id: int | None = None) -> None:
+        with self.transaction() as db:
+            db.execute("INSERT INTO events(cluster, job_id, time, kind, message) VALUES (?,?,?,?,?)",
+                       (cluster, job_id, time.time(), kind, message))
+
+    def events(self, cluster: str | None = None, kind: str | None = None) -> list[EventRecord]:
+        q, args = "SELECT * FROM events", []
+        conds = []
+        if cluster:
+            conds.append("cluster = ?")
+            args.append(cluster)
+        if kind:
+            conds.append("kind = ?")
+            args.append(kind)
+        if conds:
+            q += " WHERE " + " AND ".join(conds)
+        q += " ORDER BY id"
+        return [EventRecord(r["id"], r["cluster"], r["job_id"], r["time"], r["kind"], r["message"])
+                for r in self.db.execute(q, args)]

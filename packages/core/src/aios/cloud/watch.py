@@ -1,0 +1,39 @@
+"""``python -m aios.cloud.watch JOB_ID``: the background watcher ``aios launch --detach`` starts.
+It runs the same :class:`aios.cloud.ops.Watcher` loop as a foreground launch (managed-spot
+recovery included) without following logs, and records everything in the state database."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="aios-watch")
+    ap.add_argument("job_id", type=int)
+    ap.add_argument("--cloud", required=True)
+    ap.add_argument("--poll", type=float, default=5.0)
+    ap.add_argument("--config")
+    ap.add_argument("--down", action="store_true")
+    a = ap.parse_args(argv)
+    from aios.cloud import ops
+    from aios.cloud.ssh import LinePrinter
+    from aios.cloud.store import Store
+    from aios.config import resolve
+
+    config = resolve(config_file=a.config, check_backend=False)
+    provider = ops.get_provider(a.cloud, config)
+    store = Store()
+    printer = LinePrinter(sys.stdout)
+    opts = ops.WatchOptions(poll=a.poll, describe_every=max(a.poll, 3 * a.poll), follow=False)
+    code = ops.Watcher(store, provider, a.job_id, config, printer=printer, options=opts).run()
+    if a.down:
+        job = store.get_job(a.job_id)
+        rec = store.get_cluster(job.cluster) if job else None
+        if rec:
+            ops.down_cluster(store, provider, rec)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Reusable test infrastructure for aios and its plugins (real sshd hosts, ...)."""

@@ -1,0 +1,61 @@
+"""Code sync tarballs: .gitignore honoured (git and plain directories), data never shipped."""
+
+from __future__ import annotations
+
+import subprocess
+import tarfile
+
+import pytest
+
+from aios.cloud.codesync import collect, make_tarball
+from aios.errors import AiosError
+
+
+def _tree(root):
+    files = {
+        "train.py": "print(1)", "pkg/__init__.py": "", "pkg/model.py": "x = 1",
+        ".gitignore": "*.log\nout/\n/secret.txt\n", "run.log": "log", "out/result.txt": "r",
+        "secret.txt": "s", "pkg/secret.txt": "kept: the rule is anchored to the root",
+        "data/train.bin": "d", "pkg/data/shard.bin": "d", "checkpoints/ckpt-1/state.pt": "c",
+        ".venv/bin/python": "v", "pkg/__pycache__/m.cpython-311.pyc": "p", "notes.md": "n",
+        "sub/.gitignore": "*.tmp\n", "sub/a.tmp": "t", "sub/b.py": "b",
+    }
+    for rel, text in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+
+
+EXPECTED = [".gitignore", "notes.md", "pkg/__init__.py", "pkg/model.py", "pkg/secret.txt", "sub/.gitignore", "sub/b.py", "train.py"]
+
+
+def test_cloud_codesync_plain_directory(tmp_path):
+    _tree(tmp_path)
+    assert collect(tmp_path) == EXPECTED
+    assert collect(tmp_path, excludes=["notes.md", "sub"]) == [f for f in EXPECTED if f != "notes.md" and not f.startswith("sub/")]
+
+
+def test_cloud_codesync_git_work_tree(tmp_path):
+    _tree(tmp_path)
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".git" / "info" / "exclude").write_text("notes.md\n")
+    # a tracked file under data/ still never ships
+    subprocess.run(["git", "-C", str(tmp_path), "add", "-f", "data/train.bin", "train.py"], check=True)
+    got = collect(tmp_path)
+    assert got == [f for f in EXPECTED if f != "notes.md"]
+    assert not any(part in f.split("/") for f in got for part in (".git", "data", "checkpoints"))
+
+
+def test_cloud_codesync_tarball_and_size_limit(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    _tree(src)
+    tb = make_tarball(src, tmp_path / "code.tar.gz")
+    with tarfile.open(tb.path) as t:
+        assert sorted(t.getnames()) == EXPECTED
+    assert tb.files == len(EXPECTED) and tb.bytes > 0
+    assert make_tarball(src, tmp_path / "again.tar.gz").digest == tb.digest  # stable content hash
+    (src / "weights.safetensors").write_bytes(b"0" * 3 * 2**20)
+    with pytest.raises(AiosError, match="code sync would upload 3 MiB .*weights.safetensors"):
+        make_tarball(src, tmp_path / "big.tar.gz", max_bytes=2**20)
+    assert not (tmp_path / "big.tar.gz").exists()

@@ -1,0 +1,107 @@
+"""The parallel SSH runner against real sshd hosts (aios.testing.sshd)."""
+
+from __future__ import annotations
+
+import io
+import random
+import subprocess
+
+import pytest
+
+from aios.cloud.provider import ClusterHost
+from aios.cloud.ssh import LinePrinter, SshError, SshRunner, ensure_client_key
+from aios.testing.sshd import SshdCluster, sshd_unavailable_reason
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    reason = sshd_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    with SshdCluster(2, tmp_path / "sshd") as c:
+        yield c
+
+
+def hosts_of(c: SshdCluster) -> list[ClusterHost]:
+    return [ClusterHost(h.worker_id, h.ip, h.internal_ip, ssh_user=c.user, ssh_key=str(c.client_key), port=h.port) for h in c.hosts]
+
+
+def test_cloud_ssh_runs_everywhere_in_parallel_with_prefixes(cluster, tmp_path):
+    out = io.StringIO()
+    r = SshRunner(hosts_of(cluster), tmp_path / "kh", alias="aios-t", printer=LinePrinter(out))
+    res = r.run(lambda h: f"echo one-{h.worker_id}; echo $HOME; sleep 1; echo two-{h.worker_id}")
+    assert [x.host.worker_id for x in res] == [0, 1] and all(x.ok for x in res)
+    lines = out.getvalue().splitlines()
+    for h in cluster.hosts:
+        assert f"(worker {h.worker_id}, {h.ip}) one-{h.worker_id}" in lines
+        assert f"(worker {h.worker_id}, {h.ip}) {h.home}" in lines  # each host has its own home
+    # both slept in parallel: the whole run took about 1 s, not 2
+    import time
+
+    t = time.monotonic()
+    r.run("sleep 1", stream=False)
+    assert time.monotonic() - t < 1.9
+    res = r.run("exit 5", stream=False)
+    assert [x.returncode for x in res] == [5, 5]
+    with pytest.raises(SshError, match="step failed on 2 of 2 hosts"):
+        r.check(res, "step")
+
+
+def test_cloud_ssh_pins_host_keys_and_refuses_a_changed_one(cluster, tmp_path):
+    kh = tmp_path / "kh"
+    r = SshRunner(hosts_of(cluster), kh, alias="aios-pin")
+    assert all(x.ok for x in r.run("true", stream=False))
+    pinned = kh.read_text()
+    assert "aios-pin-w0" in pinned and "aios-pin-w1" in pinned
+    h0 = cluster.hosts[0]
+    h0.stop()
+    h0.start(new_host_key=True)  # as after a cloud stop/start
+    with pytest.raises(SshError, match="host key of worker 0, .* changed unexpectedly"):
+        r.run("true", stream=False)
+    r.reset_host_keys()  # what aios does after it stopped/started or recreated the hosts
+    assert all(x.ok for x in r.run("true", stream=False))
+    assert kh.read_text() != pinned
+
+
+def test_cloud_ssh_retries_transient_exit_255_with_backoff(cluster, tmp_path):
+    h0 = cluster.hosts[0]
+    h0.stop()  # connection refused, like a VM whose sshd is not up yet
+    delays: list[float] = []
+
+    def sleep(d: float) -> None:
+        delays.append(d)
+        if len(delays) == 2:
+            h0.start(new_host_key=False)
+
+    out = io.StringIO()
+    r = SshRunner(hosts_of(cluster)[:1], tmp_path / "kh", alias="aios-r", backoff=0.5, sleep=sleep,
+                  rng=random.Random(0), printer=LinePrinter(out))
+    res = r.run("echo up")
+    assert res[0].ok and res[0].attempts == 3 and res[0].stdout == ["up"]
+    assert len(delays) == 2 and delays[1] > delays[0]  # exponential backoff (with jitter)
+    assert "ssh exit 255" in out.getvalue() and "retry 1/5" in out.getvalue()
+    # a remote command that itself printed output and exited 255 is not re-run
+    res = r.run("echo ran; exit 255", stream=False)
+    assert res[0].returncode == 255 and res[0].attempts == 1
+    # retries are bounded
+    h0.stop()
+    r2 = SshRunner(hosts_of(cluster)[:1], tmp_path / "kh", alias="aios-r", retries=2, backoff=0.01, sleep=lambda d: None)
+    res = r2.run("true", stream=False)
+    assert res[0].returncode == 255 and res[0].attempts == 3
+
+
+def test_cloud_ssh_key_problems_are_one_line_errors(cluster, tmp_path):
+    with pytest.raises(SshError, match="SSH key /nonexistent/key does not exist"):
+        SshRunner(hosts_of(cluster), tmp_path / "kh", key="/nonexistent/key")
+    other = ensure_client_key(tmp_path / "keys" / "other")
+    assert ensure_client_key(tmp_path / "keys" / "other") == other  # created once
+    hosts = [ClusterHost(h.worker_id, h.ip, ssh_user=cluster.user, ssh_key=str(other), port=h.port) for h in cluster.hosts]
+    with pytest.raises(SshError, match="was refused"):
+        SshRunner(hosts, tmp_path / "kh", alias="aios-k").run("true", stream=False)
+
+
+def test_cloud_sshd_hosts_reach_each_other(cluster):
+    h0, h1 = cluster.hosts
+    cmd = f"python3 -c \"import socket; socket.create_connection(('{h1.internal_ip}', {h1.port}), 3); print('reached')\""
+    r = subprocess.run(cluster.ssh_argv(h0) + [cmd], capture_output=True, text=True, timeout=30)
+    assert r.stdout.strip() == "reached", r.stderr
