@@ -32,7 +32,7 @@ def resolve_nprocs(config: AiosConfig, devices: int) -> int:
 
 
 def script_command(request: LaunchRequest, python: str | None = None) -> list[str]:
-    python = python or sys.executable
+    python = getattr(request, "python", None) or python or sys.executable
     head = [python, "-m", request.script] if request.module else [python, request.script]
     return [*head, *request.args]
 
@@ -48,8 +48,9 @@ def elastic_plan(
 ) -> LaunchPlan:
     """One host plan per host in ``request.hosts``: ``python -m torch.distributed.run`` with the
     node rank, rendezvous endpoint and restart budget from ``config``. With one process on one
-    node and no restarts, the script runs directly (no launcher process)."""
-    python = python or sys.executable
+    node and no restarts, the script runs directly (no launcher process). The interpreter is
+    ``request.python`` (the hosts'), else ``python``, else this one."""
+    python = getattr(request, "python", None) or python or sys.executable
     hosts = request.hosts
     nnodes = max(config.nnodes, len(hosts))
     world = nnodes * nprocs

@@ -167,6 +167,16 @@ class LaunchRequest:
     module: bool = False  # python -m
     hosts: list[Host] = field(default_factory=lambda: [Host()])
     accelerator: str | None = None  # e.g. "v4-16" or "trn1.32xlarge", for planning off-host
+    # interpreter on the hosts; None = this one (sys.executable). `aios launch` sets the remote
+    # one (the provider's image interpreter or --python).
+    python: str | None = None
+
+
+def _shell_value(v: str) -> str:
+    if v.startswith("~/"):
+        rest = v[2:].replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$").replace("`", "\\`")
+        return f'"$HOME/{rest}"'
+    return shlex.quote(v)
 
 
 @dataclass
@@ -181,8 +191,9 @@ class HostPlan:
     ranks: list[dict[str, str]] = field(default_factory=list)
 
     def shell(self) -> str:
-        """The command as one shell line with its env prefix."""
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        """The command as one shell line with its env prefix. A value starting with ``~/`` is
+        written ``"$HOME/..."`` so it expands on the host that runs the line."""
+        env = " ".join(f"{k}={_shell_value(v)}" for k, v in sorted(self.env.items()))
         cmd = " ".join(shlex.quote(c) for c in self.command)
         return f"{env} {cmd}" if env else cmd
 

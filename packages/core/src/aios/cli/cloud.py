@@ -162,7 +162,7 @@ def _check_storage_url(url: str) -> None:
 @click.option("--setup-script", type=click.Path(), help="Replace the default setup (pinned torch/torch_xla/libtpu) with this shell script.")
 @click.option("--no-setup", is_flag=True, help="Skip setup (image already has everything).")
 @click.option("--no-bundle", is_flag=True, help="Do not ship this aios to the hosts (their image has it installed).")
-@click.option("--python", "python", default="python3", show_default=True, help="Interpreter on the hosts.")
+@click.option("--python", "python", default=None, help="Interpreter on the hosts (default: the provider's, e.g. the DLAMI's torch venv on AWS, python3 on TPU VMs).")
 @click.option("--env", "env_items", multiple=True, help="NAME=VALUE, or NAME to forward its value from here (secrets).")
 @click.option("--ssh-key", help="Private key (default: aios's own key in the aios home).")
 @click.option("--ssh-user", default=None, help="Login user on the hosts.")
@@ -178,7 +178,7 @@ def launch(script: str, script_args: tuple[str, ...], cloud: str | None, acceler
            valid_after: str | None, valid_until: str | None, image: str | None, disk_gb: int | None,
            label: tuple[str, ...], project: str | None, backend: str | None, checkpoint_dir: str | None,
            workdir: str, exclude: tuple[str, ...], max_sync_mb: int, requirements: str | None,
-           setup_script: str | None, no_setup: bool, no_bundle: bool, python: str, env_items: tuple[str, ...],
+           setup_script: str | None, no_setup: bool, no_bundle: bool, python: str | None, env_items: tuple[str, ...],
            ssh_key: str | None, ssh_user: str | None, no_failover: bool, module: bool, detach: bool,
            down_after: bool, poll: float, dry_run: bool, config_file: str | None) -> None:
     """Provision cloud machines and run SCRIPT on every host.
@@ -251,6 +251,7 @@ def launch(script: str, script_args: tuple[str, ...], cloud: str | None, acceler
     if checkpoint_dir and max_restarts > 0 and "://" not in checkpoint_dir:
         raise AiosError(f"--checkpoint-dir {checkpoint_dir} is local to the hosts and dies with them",
                         f"use a bucket URL such as {provider.storage_scheme or 'gs'}://BUCKET/PATH")
+    python = python or provider.python(accelerator)
     spec = ops.JobSpec(script=script, args=args, module=module, backend=backend, python=python, env=env,
                        forward_env=forward, workdir=os.path.abspath(workdir), excludes=list(exclude),
                        setup_lines=setup_lines, checkpoint_dir=checkpoint_dir, max_sync_mb=max_sync_mb,
@@ -689,9 +690,9 @@ def catalog(cloud: str | None, filter_: str | None, as_json: bool, config_file: 
         return
     if not entries:
         raise AiosError(f"no accelerator matches '{filter_}'", "run `aios catalog` without --accelerator to see all")
-    t = _table("aios catalog (USD per hour for the whole type)", ["cloud", "accelerator", "devices", "memory/dev", "hosts", "runtime", "on-demand", "spot", "peak TFLOP/s", "zones"])
+    t = _table("aios catalog (USD per hour for the whole type)", ["cloud", "accelerator", "devices", "memory/dev", "hosts", "per host", "runtime", "on-demand", "spot", "peak TFLOP/s", "zones"])
     for e in entries:
-        t.add_row(e.cloud, e.accelerator, f"{e.devices} x {e.device_kind}", f"{e.memory_gb:.0f} GB", str(e.hosts), e.runtime or "-",
+        t.add_row(e.cloud, e.accelerator, f"{e.devices} x {e.device_kind}", f"{e.memory_gb:.0f} GB", str(e.hosts), e.host_summary(), e.runtime or "-",
                   _money(e.on_demand_hourly), _money(e.spot_hourly), f"{e.peak_tflops:,.0f}" if e.peak_tflops else "-",
                   ", ".join(e.zones[:2]) + (f" +{len(e.zones) - 2}" if len(e.zones) > 2 else ""))
     _print(t)

@@ -6,7 +6,13 @@ Remote layout on every host (under the login user's ``$HOME``)::
 
     ~/aios/<cluster>/code/            the synced working directory (jobs run here)
     ~/aios/<cluster>/setup.sha        hash of the setup script that last succeeded
-    ~/aios/<cluster>/jobs/<id>/       run.sh, env (mode 600), pid, worker.log, exit_code
+    ~/aios/<cluster>/jobs/<id>/       run.sh, env (mode 600), pid, worker.log, exit_code,
+                                      status/ (the runtime's per-rank ``preempted`` markers)
+
+A job whose workers stopped for a preemption notice (the runtime writes ``status/rank<N>``
+starting with ``preempted`` after its emergency checkpoint, then exits 75; torchrun reports 1
+for the group) records exit code 75 (:data:`aios.preemption.EXIT_PREEMPTED`), and the watcher
+treats it as a preemption, not a failure.
 
 Jobs run detached (``setsid nohup``) so a dropped SSH connection never kills them; the watcher
 polls ``exit_code``/``pid`` over SSH and the cloud's view of the cluster (preempted, unhealthy).
@@ -41,7 +47,7 @@ from aios.cloud.provider import (
     ClusterNotFound,
     ClusterRequest,
 )
-from aios.cloud.ssh import LinePrinter, SshRunner
+from aios.cloud.ssh import HostKeyChanged, LinePrinter, SshError, SshRunner
 from aios.cloud.store import (
     JOB_CANCELLED,
     JOB_FAILED,
@@ -55,6 +61,7 @@ from aios.cloud.store import (
     cluster_dir,
 )
 from aios.errors import AiosError
+from aios.preemption import EXIT_PREEMPTED
 
 Log = Callable[[str], None]
 
@@ -278,7 +285,7 @@ def host_commands(rec: ClusterRecord, spec: JobSpec, config: Any, accelerator: s
     req = LaunchRequest(
         script=spec.script, args=list(spec.args), module=spec.module,
         hosts=[Host(h.ip, h.internal_ip or h.ip, h.worker_id) for h in hosts],
-        accelerator=accelerator or rec.accelerator,
+        accelerator=accelerator or rec.accelerator, python=spec.python,
     )
     reg = get_registry()
     plan = reg.call_first("aios_launch_plan", backend=spec.backend, config=config, request=req)
@@ -286,6 +293,8 @@ def host_commands(rec: ClusterRecord, spec: JobSpec, config: Any, accelerator: s
         raise AiosError(f"backend '{spec.backend}' gave no launch plan", f"install the plugin for '{spec.backend}' (see `aios plugins`)")
     out = {}
     for hp in plan.hosts:
+        # plans from plugins that build their own command (not elastic_plan) may still name
+        # this machine's interpreter
         hp.command = [spec.python if c == sys.executable else c for c in hp.command]
         out[hp.host.worker_id] = hp
     return out
@@ -318,9 +327,14 @@ def render_run_sh(rec: ClusterRecord, job_id: int, plan: Any, bundle: bool = Fal
         # `aios logs -f` is live
         "export PYTHONUNBUFFERED=1",
         *site,
+        # the runtime marks ranks that stopped for a preemption notice here (after the emergency
+        # checkpoint); torchrun then reports exit 1 for the whole group
+        'mkdir -p "$D/status"',
+        'export AIOS_RUN_STATUS_DIR="$D/status"',
         f'cd "{root}/code" || exit 97',
         cmd,
         "rc=$?",
+        f'if [ $rc -ne 0 ] && grep -qs "^preempted" "$D"/status/rank*; then echo "[aios] workers stopped for a preemption notice (launcher exit $rc)"; rc={EXIT_PREEMPTED}; fi',
         'echo $rc > "$D/exit_code.tmp" && mv "$D/exit_code.tmp" "$D/exit_code"',
         "exit $rc",
         "",
@@ -384,13 +398,33 @@ def start_job(rec: ClusterRecord, job_id: int, spec: JobSpec, config: Any, provi
 
 def poll_job(rec: ClusterRecord, job_id: int) -> list[tuple[str, int | None]]:
     """Per host (worker order): ``("EXIT", code)``, ``("RUNNING", None)``, ``("LOST", None)``
-    (no process and no exit code: the host rebooted or was replaced) or ``("UNREACHABLE", None)``."""
+    (no process and no exit code: the host rebooted or was replaced), ``("REPLACED", None)``
+    (a different machine answers at the host's address: its host key changed) or
+    ``("UNREACHABLE", None)``. Never raises for one host's SSH trouble."""
+    from concurrent.futures import ThreadPoolExecutor
+
     d = f"{remote_root(rec.name)}/jobs/{job_id}"
     cmd = (f'if [ -f {d}/exit_code ]; then echo "EXIT $(cat {d}/exit_code)"; '
            f'elif [ -f {d}/pid ] && kill -0 "$(cat {d}/pid)" 2>/dev/null; then echo RUNNING; else echo LOST; fi')
     runner = runner_for(rec, None, retries=2, backoff=0.5, connect_timeout=8)
-    out = []
-    for r in runner.run(cmd, stream=False, timeout=60):
+
+    def one(host: ClusterHost) -> Any:
+        try:
+            return runner.run_one(host, cmd, timeout=60, stream=False)
+        except HostKeyChanged:
+            return "REPLACED"
+        except SshError:
+            return "UNREACHABLE"
+
+    if not runner.hosts:
+        return []
+    with ThreadPoolExecutor(max_workers=min(64, len(runner.hosts))) as pool:
+        results = list(pool.map(one, runner.hosts))
+    out: list[tuple[str, int | None]] = []
+    for r in results:
+        if isinstance(r, str):
+            out.append((r, None))
+            continue
         words = (r.stdout[-1] if r.stdout else "").split()
         if r.returncode != 0 or not words:
             out.append(("UNREACHABLE", None))
@@ -406,7 +440,10 @@ def cancel_job(rec: ClusterRecord, job_id: int, grace: float = 10.0) -> None:
     cmd = (f'[ -f {d}/pid ] || exit 0; p=$(cat {d}/pid); kill -TERM -- -$p 2>/dev/null || true; '
            f'for i in $(seq {int(grace * 10)}); do kill -0 $p 2>/dev/null || exit 0; sleep 0.1; done; kill -KILL -- -$p 2>/dev/null || true')
     with_retries = runner_for(rec, None, retries=1, backoff=0.5)
-    with_retries.run(cmd, stream=False, timeout=grace + 30)
+    try:
+        with_retries.run(cmd, stream=False, timeout=grace + 30)
+    except SshError:  # a replaced/unreachable host has no job left to cancel
+        pass
 
 
 class LogFollower:
@@ -519,7 +556,11 @@ class Watcher:
             rec = self.store.get_cluster(job.cluster)
             if rec is None:
                 return self._finish(JOB_CANCELLED, None, "cluster was deleted")
-            states = poll_job(rec, self.job_id)
+            try:
+                states = poll_job(rec, self.job_id)
+            except SshError as exc:  # defensive: poll_job maps per-host SSH trouble itself
+                self.log(f"polling {rec.name} failed ({exc}); retrying")
+                states = [("UNREACHABLE", None)] * max(1, len(rec.hosts))
             incident = None
             now = time.monotonic()
             need_describe = now - last_describe >= self.opt.describe_every or any(s != "RUNNING" for s, _ in states)
@@ -539,6 +580,16 @@ class Watcher:
                     incident = "stopped"
                 elif info.unhealthy:
                     incident = f"unhealthy ({info.health_detail or info.health})"
+            if incident is None and any(s == "REPLACED" for s, _ in states):
+                # a new machine answers at a host's address (new host key): the cloud replaced
+                # it (spot reclaim and relaunch, maintenance); the job is gone with the old one
+                which = ", ".join(f"worker {i}" for i, (s, _) in enumerate(states) if s == "REPLACED")
+                incident = f"hosts replaced ({which}: new host key)"
+            if incident is None and any(s == "EXIT" and c == EXIT_PREEMPTED for s, c in states):
+                # workers checkpointed and stopped for a spot/preemption notice; the cloud may
+                # still report the machines running (EC2 gives 2 minutes)
+                which = ", ".join(f"worker {i}" for i, (s, c) in enumerate(states) if s == "EXIT" and c == EXIT_PREEMPTED)
+                incident = f"preempted (workers stopped for a preemption notice: {which})"
             if incident is None:
                 codes = [c for s, c in states if s == "EXIT"]
                 if len(codes) == len(states):
@@ -582,7 +633,8 @@ class Watcher:
 
     def _incident(self, job, rec: ClusterRecord, incident: str) -> int | None:
         self._unfollow()
-        kind = "preempted" if incident in ("preempted", "stopped", "cluster disappeared") or incident.startswith("hosts lost") else "unhealthy"
+        kind = "preempted" if (incident in ("stopped", "cluster disappeared")
+                               or incident.startswith(("preempted", "hosts lost", "hosts replaced"))) else "unhealthy"
         self.store.event(rec.name, kind, f"job {self.job_id}: {incident}", self.job_id)
         self.log(f"cluster {rec.name}: {incident}")
         if not job.managed:
@@ -617,6 +669,13 @@ class Watcher:
     def _recover_cluster(self, rec: ClusterRecord, incident: str) -> tuple[str, ClusterRecord]:
         provider = self.provider
         runner = runner_for(rec)
+        if incident.startswith("hosts replaced"):
+            # trust the new host keys only when the cloud itself says the cluster is up
+            info = provider.describe(rec.name, rec.zone)
+            if info is not None and info.ready and not info.unhealthy and not info.preempted:
+                runner.reset_host_keys()
+                return "reconnected to the replaced hosts", save_hosts(self.store, rec, info, provider)
+            self.log(f"{rec.name} is {info.state if info else 'gone'} after its hosts were replaced; recreating")
         if incident.startswith("unhealthy") or incident == "stopped":
             info = provider.describe(rec.name, rec.zone)
             if info is not None:

@@ -214,6 +214,10 @@ class CatalogEntry:
     :param peak_tflops: dense bf16 peak TFLOP/s of the whole type (all devices), for ``aios cost``.
     :param zones: zones (or regions) that offer it.
     :param backend: the aios backend that trains on it (``xla``, ``neuron``, ``cuda``).
+    :param extra: per-host facts that are not about the accelerator, shown by ``aios catalog``
+        (table and ``--json``). Known keys (all optional): ``vcpus``, ``ram_gib`` (host RAM),
+        ``efa_interfaces`` (EFA network cards; 0 = none), ``network_gbps``, ``neuron_cores``;
+        providers may add their own (JSON-serialisable values).
     """
 
     cloud: str
@@ -228,6 +232,7 @@ class CatalogEntry:
     peak_tflops: float | None = None
     zones: tuple[str, ...] = ()
     backend: str = "cpu"
+    extra: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
     def hourly(self, spot: bool) -> float | None:
         return self.spot_hourly if spot else self.on_demand_hourly
@@ -236,6 +241,18 @@ class CatalogEntry:
         d = asdict(self)
         d["zones"] = list(self.zones)
         return d
+
+    def host_summary(self) -> str:
+        """``192 vCPU, 2048 GiB RAM, 32 EFA`` from :attr:`extra` (``-`` when unknown)."""
+        x = self.extra or {}
+        parts = []
+        if x.get("vcpus"):
+            parts.append(f"{x['vcpus']} vCPU")
+        if x.get("ram_gib"):
+            parts.append(f"{x['ram_gib']:g} GiB RAM")
+        if "efa_interfaces" in x:
+            parts.append(f"{x['efa_interfaces']} EFA" if x["efa_interfaces"] else "no EFA")
+        return ", ".join(parts) or "-"
 
 
 @dataclass
@@ -340,6 +357,12 @@ class CloudProvider(ABC):
     def backend_for(self, accelerator: str) -> str:
         """The aios backend that trains on ``accelerator`` (``xla`` for TPU...)."""
         return self.entry(accelerator).backend
+
+    def python(self, accelerator: str) -> str:
+        """The interpreter jobs run with on the hosts of ``accelerator`` (the one that has torch
+        in the provider's image: a DLAMI's conda/venv python, the TPU VM's ``python3``).
+        ``aios launch --python`` overrides it."""
+        return "python3"
 
     def setup_commands(self, accelerator: str, requirements: list[str]) -> list[str]:
         """Shell lines run on every host after create/recreate: install the pinned

@@ -46,6 +46,15 @@ class SshError(AiosError):
     """SSH to a host failed for good (key missing, host key changed, retries exhausted)."""
 
 
+class HostKeyChanged(SshError):
+    """The host at a pinned address presents a different host key: the machine was replaced
+    (or someone is in the middle). ``host`` is the :class:`ClusterHost` concerned."""
+
+    def __init__(self, message: str, fix: str = "", host: ClusterHost | None = None) -> None:
+        super().__init__(message, fix)
+        self.host = host
+
+
 @dataclass
 class HostResult:
     host: ClusterHost
@@ -188,9 +197,10 @@ class SshRunner:
                 return res
             err = "\n".join(res.stderr)
             if HOSTKEY_CHANGED.search(err):
-                raise SshError(
+                raise HostKeyChanged(
                     f"host key of {host.label} changed unexpectedly (pinned in {self.known_hosts})",
                     "if aios did not recreate it, investigate; otherwise run `aios start NAME` or delete that known_hosts file",
+                    host=host,
                 )
             if "Permission denied" in err:
                 raise SshError(f"SSH login to {host.label} as {host.ssh_user} was refused (publickey)",

@@ -1,0 +1,499 @@
+"""``aios-run`` (and ``aios run``): launch a training script on the selected backend.
+
+::
+
+    aios-run [--backend auto|cpu|cuda|xla|neuron|...] [--nprocs N]
+             [--nnodes N --node-rank R --master-addr A --master-port P]
+             [--precision P] [--config FILE] [--max-restarts N] [--dry-run [--json]] [--debug]
+             [key=value ...] SCRIPT [ARGS...]
+
+Steps: resolve the config (file < ``AIOS_*`` env < ``key=value`` < flags), select the backend
+through the registry (``auto``: highest-priority available; an explicitly requested backend that
+is unavailable is an error with its install line), ask the backend for its plan
+(``aios_launch_plan``), check what can be checked before starting anything (script exists,
+rendezvous port free, checkpoint dir writable and not corrupt), then run the plan:
+
+* ``direct`` (one process, no restarts): the script as a child process;
+* ``elastic``: PyTorch's elastic launcher (``torch.distributed.run``) **in this process**, so
+  there is no extra interpreter between ``aios-run`` and the workers; restarts, rendezvous,
+  per-rank log prefixes (``[rankN]:``), SIGINT/SIGTERM forwarded to every worker, workers given
+  ``checkpoint.grace_seconds`` (+5 s) to write their emergency checkpoint before SIGKILL;
+* anything else a backend plans (``xla``): its command as a child process.
+
+Workers receive the resolved config in ``AIOS_RUN_CONFIG`` (JSON of the keys that were set,
+secret-looking keys dropped), ``AIOS_RUN_BACKEND`` and ``AIOS_RUN_ID``.
+
+Exit status: the script's own (0 on success; the failing rank's code otherwise, named with its
+rank in one line), 75 (:data:`aios.preemption.EXIT_PREEMPTED`) when the workers stopped for a
+preemption notice after checkpointing, 2 for bad input (one line naming the fix; ``--debug``
+shows the traceback), 128+N when killed by signal N.
+
+Port: an explicitly given ``--master-port`` (flag, config or env) that is in use is an error;
+the default port, when busy on a single node, is replaced by a free one (noted in the output).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+import click
+
+from aios.errors import LaunchError
+
+PROG = "aios-run"
+STATUS_DIR_ENV = "AIOS_RUN_STATUS_DIR"
+
+
+def _split_argv(argv: tuple[str, ...], module: str | None) -> tuple[list[str], str, list[str]]:
+    """``key=value`` overrides, then the script, then its arguments."""
+    overrides: list[str] = []
+    items = list(argv)
+    if module:
+        return [a for a in items if "=" in a and not a.startswith("-")], module, [a for a in items if not ("=" in a and not a.startswith("-"))]
+    while items and "=" in items[0] and not items[0].startswith("-") and not os.path.exists(items[0]):
+        overrides.append(items.pop(0))
+    if not items:
+        raise LaunchError("no training script given", "usage: aios-run [OPTIONS] [key=value ...] SCRIPT [ARGS...]")
+    return overrides, items[0], items[1:]
+
+
+def _port_free(addr: str, port: int) -> bool:
+    host = "" if addr in ("0.0.0.0", "*") else addr
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror:
+        return True  # not a local address: the rendezvous host checks for itself
+    family, _, _, _, sockaddr = infos[0]
+    s = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        s.bind(sockaddr)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def _free_port(addr: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((addr if addr not in ("localhost",) else "127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _is_local(addr: str) -> bool:
+    if addr in ("127.0.0.1", "localhost", "::1", "0.0.0.0"):
+        return True
+    try:
+        return addr in {socket.gethostname(), socket.getfqdn()} or addr in socket.gethostbyname_ex(socket.gethostname())[2]
+    except OSError:
+        return False
+
+
+def _check_checkpoint_dir(cfg: Any) -> None:
+    """Writable, and its newest complete checkpoint (if any) is intact (sizes vs marker)."""
+    if not cfg.checkpoint.dir:
+        return
+    from aios.checkpoint import CheckpointStore
+
+    store = CheckpointStore(cfg.checkpoint.dir, keep=cfg.checkpoint.keep)
+    store.check_writable()
+    if cfg.checkpoint.resume:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            info = store.latest(warn=False)
+        if info is not None:
+            store.verify(info)
+
+
+def build_plan(
+    script: str,
+    args: list[str],
+    overrides: list[str],
+    flags: dict[str, Any],
+    config_file: str | None,
+    module: bool = False,
+    check: bool = True,
+) -> tuple[Any, Any, Any, list[str]]:
+    """``(config, backend spec, plan, notes)``; raises :class:`AiosError` for bad input."""
+    from aios.config import resolve
+    from aios.plugins import get_registry
+    from aios.types import LaunchRequest
+
+    cfg = resolve(config_file, overrides, flags)
+    if not module and not os.path.isfile(script):
+        hint = "check the path" if not os.path.exists(script) else "pass a Python file, or use -m for a module"
+        raise LaunchError(f"script '{script}' not found", hint)
+    reg = get_registry()
+    spec = reg.select(cfg.backend)
+    notes: list[str] = []
+    updates: dict[str, Any] = {"backend": spec.name}
+    cfg = cfg.model_copy(update=updates)
+    cfg.model_fields_set.add("backend")
+    request = LaunchRequest(script=script, args=list(args), module=module)
+    plan = reg.call_first("aios_launch_plan", backend=spec.name, config=cfg, request=request)
+    if plan is None:
+        raise LaunchError(f"backend '{spec.name}' has no launch plan", f"reinstall the plugin that provides it ({spec.plugin})")
+    if check and plan.launcher != "direct" and cfg.node_rank == 0 and _is_local(cfg.master_addr):
+        if not _port_free(cfg.master_addr, cfg.master_port):
+            explicit = "master_port" in cfg.model_fields_set
+            if explicit or cfg.nnodes > 1:
+                raise LaunchError(
+                    f"port {cfg.master_port} on {cfg.master_addr} is in use (another run, or a stale process)",
+                    f"pass a free port, e.g. --master-port {_free_port(cfg.master_addr)}",
+                )
+            port = _free_port(cfg.master_addr)
+            notes.append(f"default port {cfg.master_port} is in use; using {port}")
+            cfg = cfg.model_copy(update={"master_port": port})
+            plan = reg.call_first("aios_launch_plan", backend=spec.name, config=cfg, request=request)
+    return cfg, spec, plan, notes
+
+
+def _worker_env(cfg: Any, backend: str, run_id: str) -> dict[str, str]:
+    from aios.runtime import explicit_config_json
+
+    return {"AIOS_RUN_CONFIG": explicit_config_json(cfg), "AIOS_RUN_BACKEND": backend, "AIOS_RUN_ID": run_id}
+
+
+def _print_plan(cfg: Any, spec: Any, plan: Any, env: dict[str, str], notes: list[str], as_json: bool) -> None:
+    from aios.plugins import get_registry
+
+    devices = None
+    try:
+        rep = get_registry().call_first("aios_discover_devices", backend=spec.name, config=cfg)
+        devices = rep.to_dict() if rep is not None else None
+    except Exception as exc:  # noqa: BLE001
+        devices = {"error": str(exc)}
+    data = plan.to_dict()
+    for h in data["hosts"]:
+        h["env"] = {**h["env"], **env}
+        h["shell"] = " ".join([*(f"{k}={shlex.quote(v)}" for k, v in sorted(h["env"].items())), *map(shlex.quote, h["command"])])
+    out = {"backend": spec.name, "plugin": spec.plugin, "launcher": plan.launcher, "world_size": plan.world_size,
+           "devices": devices, "config": cfg.redacted_dict(), "hosts": data["hosts"], "notes": [*plan.notes, *notes]}
+    if as_json:
+        click.echo(json.dumps(out, indent=2, default=str))
+        return
+    dev = f"{devices.get('count')} x {devices.get('kind')}" if isinstance(devices, dict) and "count" in devices else "unknown"
+    click.echo(f"backend:    {spec.name} (plugin {spec.plugin or '?'})")
+    click.echo(f"devices:    {dev}")
+    click.echo(f"launcher:   {plan.launcher}, world size {plan.world_size}, precision {cfg.precision}")
+    for h in data["hosts"]:
+        click.echo(f"host {h['host']['address']}: {h['nprocs']} process(es)")
+        for r in h["ranks"]:
+            click.echo("  rank " + r.get("RANK", "?") + ": " + " ".join(f"{k}={v}" for k, v in r.items()))
+        click.echo("  env:     " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(h["env"].items())))
+        click.echo("  command: " + " ".join(shlex.quote(c) for c in h["command"]))
+    for n in out["notes"]:
+        click.echo(f"note: {n}")
+
+
+def _read_status(status_dir: str) -> dict[int, str]:
+    out: dict[int, str] = {}
+    try:
+        for name in os.listdir(status_dir):
+            if name.startswith("rank") and name[4:].isdigit():
+                with open(os.path.join(status_dir, name)) as f:
+                    out[int(name[4:])] = f.read().strip()
+    except OSError:
+        pass
+    return out
+
+
+def _preempted_exit(cfg: Any, status: dict[int, str] | None = None) -> None:
+    from aios.preemption import EXIT_PREEMPTED
+
+    paths = [v.split(" ", 1)[1] for v in (status or {}).values() if " " in v and v.split(" ", 1)[1]]
+    if paths:
+        click.echo(f"{PROG}: preempted: emergency checkpoint {paths[0]} written; relaunch the same command to resume", err=True)
+    elif status:
+        click.echo(f"{PROG}: preempted: no checkpoint.dir was configured, progress since the last start is lost", err=True)
+    else:
+        click.echo(f"{PROG}: preempted: the workers stopped for a preemption notice; relaunch the same command to resume", err=True)
+    sys.exit(EXIT_PREEMPTED)
+
+
+def _script_failed(script: str, rank: int | str, code: int, others: bool) -> None:
+    if code < 0:
+        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+        click.echo(f"{PROG}: error: {script} was killed by {name} on rank {rank}" + (" (other ranks stopped)" if others else ""), err=True)
+        sys.exit(128 - code)
+    click.echo(
+        f"{PROG}: error: {script} exited with code {code} on rank {rank}" + (" (other ranks stopped)" if others else "")
+        + "; see its output above", err=True,
+    )
+    sys.exit(code)
+
+
+def _run_subprocess(cmd: list[str], env: dict[str, str]) -> int:
+    """Run ``cmd`` forwarding SIGINT/SIGTERM/SIGHUP; return its exit status (negative = signal)."""
+    proc = subprocess.Popen(cmd, env=env)
+    received: list[int] = []
+
+    def forward(signum: int, frame: Any) -> None:
+        received.append(signum)
+        try:
+            proc.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        while True:
+            try:
+                return proc.wait()
+            except KeyboardInterrupt:  # pragma: no cover - handled by forward()
+                continue
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _run_elastic_inprocess(targs: list[str], env: dict[str, str], grace: float) -> tuple[str, Any]:
+    """``torch.distributed.run`` in this process. Returns ``("ok"|"failed"|"signal", detail)``."""
+    os.environ.update(env)
+    os.environ.setdefault("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[rank${rank}]:")
+    os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(int(grace + 5)))
+    import logging
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    # torchrun's own INFO/WARNING chatter (rendezvous banners) is noise here; errors still show
+    # (the failing rank is reported by aios-run in one line)
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    logging.getLogger("torch.distributed.run").setLevel(logging.ERROR)
+    try:
+        run(parse_args(targs))
+        return "ok", None
+    except ChildFailedError as exc:
+        return "failed", exc.failures
+    except SignalException as exc:
+        return "signal", exc.sigval
+
+
+def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> None:
+    """Run a plan on this host and exit with the documented status."""
+    from aios.records import new_run_id
+
+    if len(plan.hosts) != 1:
+        raise LaunchError(f"the plan has {len(plan.hosts)} hosts; aios-run starts the processes of this host only", "run aios-run on every node with --node-rank, or use `aios launch` for clusters")
+    host = plan.hosts[0]
+    run_id = os.environ.get("AIOS_RUN_ID") or new_run_id()
+    status_dir = tempfile.mkdtemp(prefix="aios-run-status-")
+    env = {**host.env, **_worker_env(cfg, spec.name, run_id), STATUS_DIR_ENV: status_dir}
+    for n in notes:
+        click.echo(f"{PROG}: note: {n}", err=True)
+    try:
+        cmd = host.command
+        if plan.launcher == "elastic" and cmd[1:3] == ["-m", "torch.distributed.run"] and os.path.realpath(cmd[0]) == os.path.realpath(sys.executable):
+            kind, detail = _run_elastic_inprocess(cmd[3:], env, cfg.checkpoint.grace_seconds)
+            status = _read_status(status_dir)
+            if kind == "ok":
+                sys.exit(0)
+            if status and all(v.startswith("preempted") for v in status.values()):
+                _preempted_exit(cfg, status)
+            if kind == "signal":
+                sig = detail
+                click.echo(f"{PROG}: stopped by {getattr(sig, 'name', sig)}; workers were sent the same signal", err=True)
+                sys.exit(128 + int(sig))
+            failures = detail or {}
+            if failures and all(f.exitcode == 75 for f in failures.values()):
+                _preempted_exit(cfg, status)
+            # the root cause: a rank that exited on its own (not one the agent stopped), earliest first
+            stopped = (-int(signal.SIGTERM), -int(signal.SIGKILL), -int(signal.SIGINT))
+            first = min(failures.items(), key=lambda kv: (kv[1].exitcode in stopped, kv[1].timestamp, kv[0])) if failures else (0, None)
+            rank, failure = first
+            code = failure.exitcode if failure is not None else 1
+            _script_failed(script, rank, code, plan.world_size > 1)
+        else:
+            code = _run_subprocess(cmd, {**os.environ, **env})
+            status = _read_status(status_dir)
+            if code == 0:
+                sys.exit(0)
+            if code == 75 or (status and all(v.startswith("preempted") for v in status.values())):
+                _preempted_exit(cfg, status)
+            _script_failed(script, 0 if plan.world_size == 1 else "?", code, plan.world_size > 1)
+    finally:
+        import shutil
+
+        shutil.rmtree(status_dir, ignore_errors=True)
+
+
+def _run(
+    argv: tuple[str, ...], backend: str | None, nprocs: str | None, nnodes: int | None, node_rank: int | None,
+    master_addr: str | None, master_port: int | None, precision: str | None, config_file: str | None,
+    max_restarts: int | None, dry_run: bool, as_json: bool, module: str | None,
+) -> None:
+    overrides, script, args = _split_argv(argv, module)
+    flags: dict[str, Any] = {
+        "backend": backend, "nnodes": nnodes, "node_rank": node_rank,
+        "master_addr": master_addr, "master_port": master_port, "precision": precision,
+    }
+    if nprocs is not None:
+        flags["nprocs"] = nprocs if nprocs == "auto" else _int_or_str(nprocs)
+    if max_restarts is not None:
+        flags["launch"] = {"max_restarts": max_restarts}
+    cfg, spec, plan, notes = build_plan(script, args, overrides, flags, config_file, module=bool(module), check=not dry_run)
+    if dry_run:
+        env = _worker_env(cfg, spec.name, os.environ.get("AIOS_RUN_ID") or "<new at launch>")
+        _print_plan(cfg, spec, plan, env, notes, as_json)
+        return
+    _check_checkpoint_dir(cfg)
+    execute(cfg, spec, plan, notes, script)
+
+
+def _int_or_str(v: str) -> Any:
+    try:
+        return int(v)
+    except ValueError:
+        return v
+
+
+_OPTIONS = [
+    click.option("--backend", default=None, help="auto | cpu | cuda | xla | neuron | <plugin backend> (default: auto)."),
+    click.option("--nprocs", default=None, help="Processes per node (default: one per device; 1 on CPU)."),
+    click.option("--nnodes", type=int, default=None, help="Number of nodes."),
+    click.option("--node-rank", type=int, default=None, help="Rank of this node."),
+    click.option("--master-addr", default=None, help="Rendezvous host (node 0)."),
+    click.option("--master-port", type=int, default=None, help="Rendezvous port."),
+    click.option("--precision", default=None, help="fp32 | bf16-mixed | fp16-mixed | bf16-true."),
+    click.option("--config", "config_file", default=None, help="YAML config file."),
+    click.option("--max-restarts", type=int, default=None, help="Restart all workers up to N times after a failure."),
+    click.option("--dry-run", is_flag=True, help="Print the resolved plan and exit (starts nothing, no torch import)."),
+    click.option("--json", "as_json", is_flag=True, help="With --dry-run: the plan as JSON."),
+    click.option("-m", "--module", default=None, help="Run a module (python -m) instead of a script."),
+    click.option("--debug", is_flag=True, help="Show tracebacks for errors."),
+    click.argument("argv", nargs=-1, type=click.UNPROCESSED),
+]
+
+_CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": False, "help_option_names": ["-h", "--help"]}
+_VALUE_OPTS = {"--backend", "--nprocs", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--precision", "--config", "--max-restarts", "-m", "--module"}
+
+
+def reorder_args(args: list[str]) -> list[str]:
+    """Options and ``key=value`` overrides may come in any order before the script; everything
+    from the script on belongs to the script. Returns options first, then overrides, then the
+    script and its arguments (what the click command parses)."""
+    opts: list[str] = []
+    overrides: list[str] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--":
+            return opts + overrides + args[i + 1 :]
+        if a.startswith("-"):
+            name = a.split("=", 1)[0]
+            opts.append(a)
+            if name in _VALUE_OPTS and "=" not in a and i + 1 < len(args):
+                opts.append(args[i + 1])
+                i += 1
+                if name in ("-m", "--module"):
+                    return opts + overrides + args[i + 1 :]
+            i += 1
+            continue
+        if "=" in a and not os.path.exists(a):
+            overrides.append(a)
+            i += 1
+            continue
+        return opts + overrides + args[i:]
+    return opts + overrides
+
+
+class _RunCommand(click.Command):
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, reorder_args(list(args)))
+
+
+def _decorate(fn: Any) -> Any:
+    for opt in reversed(_OPTIONS):
+        fn = opt(fn)
+    return fn
+
+
+@click.command(name="run", cls=_RunCommand, context_settings=_CONTEXT)
+@_decorate
+def run_command(argv: tuple[str, ...], debug: bool, **kw: Any) -> None:
+    """Launch a training script: aios run [OPTIONS] [key=value ...] SCRIPT [ARGS...]."""
+    if debug:
+        os.environ["AIOS_DEBUG"] = "1"
+    _run(argv, **kw)
+
+
+@click.command(name=PROG, cls=_RunCommand, context_settings=_CONTEXT)
+@_decorate
+def _aios_run(argv: tuple[str, ...], debug: bool, **kw: Any) -> None:
+    """Launch a training script on the selected backend.
+
+    aios-run [OPTIONS] [key=value ...] SCRIPT [ARGS...]
+    """
+    if debug:
+        os.environ["AIOS_DEBUG"] = "1"
+    _run(argv, **kw)
+
+
+def _preimport_launcher(argv: list[str]) -> None:
+    """Import torch's elastic launcher in a background thread while the config, plugins and
+    plan are resolved (it is needed for every multi-process launch; skipped for --dry-run and
+    --help, which never import torch)."""
+    head = argv[: next((i for i, a in enumerate(argv) if a.endswith(".py")), len(argv))]
+    if any(a in ("--dry-run", "-h", "--help") for a in head) or os.environ.get("AIOS_RUN_NO_PREIMPORT"):
+        return
+    # only when the launch is likely elastic (a direct, single-process launch needs no torch here)
+    elastic = any(a in ("--nnodes", "--max-restarts") or a.startswith(("nprocs=", "nnodes=", "launch.max_restarts=")) for a in head)
+    if "--nprocs" in head:
+        i = head.index("--nprocs")
+        elastic = elastic or (i + 1 < len(head) and head[i + 1] not in ("1",))
+    if not elastic:
+        return
+    import importlib.util
+    import threading
+
+    if importlib.util.find_spec("torch") is None:
+        return
+
+    def work() -> None:
+        try:
+            import torch.distributed.run  # noqa: F401
+        except Exception:  # noqa: BLE001 - the real import reports any problem
+            pass
+
+    threading.Thread(target=work, name="aios-preimport", daemon=True).start()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``aios-run`` script."""
+    from aios.cli.main import fail
+
+    _preimport_launcher(list(sys.argv[1:] if argv is None else argv))
+
+    try:
+        _aios_run.main(args=argv, prog_name=PROG, standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo(f"{PROG}: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        click.echo(f"{PROG}: error: {exc.format_message()} (see {PROG} --help)", err=True)
+        sys.exit(2)
+    except SystemExit:
+        raise
+    except BaseException as exc:  # noqa: BLE001
+        if isinstance(exc, KeyboardInterrupt):
+            click.echo(f"{PROG}: interrupted", err=True)
+            sys.exit(130)
+        fail(exc, prog=PROG)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

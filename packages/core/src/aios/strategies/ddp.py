@@ -1,0 +1,323 @@
+"""``DDPStrategy``: one process per device, ``torch.distributed`` process group,
+``DistributedDataParallel``. Serves the CPU backend (gloo) and is the base of the CUDA backend
+(NCCL).
+
+Stable surface for subclasses (``aios-backend-cuda`` builds on it; keep these names):
+
+* ``DDPStrategy(config, device_type="cpu", dist_backend="gloo")``
+* ``dist_env() -> (rank, local_rank, world_size, node_rank)`` from the torchrun contract
+  (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``GROUP_RANK``; ``MASTER_ADDR``/``MASTER_PORT`` are
+  read by ``init_method="env://"``).
+* ``select_device() -> torch.device`` (override for another device kind),
+* ``init_process_group()`` (called by ``setup_environment`` when ``world_size > 1`` and no group
+  exists yet; an existing group, e.g. created by the script itself, is reused),
+* ``wrap_module(module) -> module`` (``DistributedDataParallel(module, **ddp_kwargs)``),
+* ``ddp_kwargs`` (dict, passed to ``DistributedDataParallel``),
+* ``process_group_timeout`` (seconds, default 1800),
+* ``collective_device`` (device for tensors used in object/flag collectives).
+
+A single process (``WORLD_SIZE`` unset or 1) creates no process group and no DDP wrapper; every
+collective is then the identity. Data are sharded with
+:func:`aios.data.shard_dataloader` (a ``DistributedSampler`` whose order depends only on the seed
+and epoch, resumable mid-epoch) and batches are moved to the device by
+:class:`aios.data.DeviceLoader`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from aios.strategy import Strategy
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from aios.config import AiosConfig
+    from aios.precision import Precision
+
+_REDUCE_OPS = ("sum", "mean", "max", "min", "prod")
+_EXIT_HOOK = False
+
+
+def _destroy_group() -> None:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - best effort at exit
+        pass
+
+
+def dist_env(environ: dict[str, str] | None = None) -> tuple[int, int, int, int]:
+    """``(rank, local_rank, world_size, node_rank)`` from the torchrun environment contract."""
+    env = os.environ if environ is None else environ
+    world = int(env.get("WORLD_SIZE", "1") or 1)
+    rank = int(env.get("RANK", "0") or 0)
+    local = int(env.get("LOCAL_RANK", str(rank)) or 0)
+    node = int(env.get("GROUP_RANK", env.get("NODE_RANK", "0")) or 0)
+    return rank, local, world, node
+
+
+class DDPStrategy(Strategy):
+    """Data parallel over ``torch.distributed`` (gloo on CPU, NCCL on CUDA)."""
+
+    name = "ddp"
+
+    def __init__(self, config: AiosConfig, device_type: str = "cpu", dist_backend: str = "gloo") -> None:
+        super().__init__(config)
+        self.device_type = device_type
+        self.dist_backend = dist_backend
+        self.autocast_device_type = device_type
+        self.ddp_kwargs: dict[str, Any] = {}
+        self.process_group_timeout = 1800.0
+        self.collective_device: Any = None
+        self._owns_group = False
+        self._dist: Any = None  # torch.distributed when a group is in use
+
+    # ---------------------------------------------------------------- process / device
+    def dist_env(self) -> tuple[int, int, int, int]:
+        return dist_env()
+
+    def select_device(self) -> Any:
+        import torch
+
+        if self.device_type == "cpu":
+            return torch.device("cpu")
+        if self.device_type == "cuda":
+            torch.cuda.set_device(self.local_rank)
+            return torch.device("cuda", self.local_rank)
+        return torch.device(self.device_type, self.local_rank)
+
+    def init_process_group(self) -> None:
+        import torch.distributed as dist
+
+        kwargs: dict[str, Any] = dict(
+            backend=self.dist_backend,
+            init_method="env://",
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=timedelta(seconds=self.process_group_timeout),
+        )
+        if self.device_type == "cuda" and self.device is not None:
+            kwargs["device_id"] = self.device
+        dist.init_process_group(**kwargs)
+        self._owns_group = True
+        global _EXIT_HOOK
+        if not _EXIT_HOOK:
+            import atexit
+
+            atexit.register(_destroy_group)
+            _EXIT_HOOK = True
+
+    def setup_environment(self) -> None:
+        import torch.distributed as dist
+
+        self.rank, self.local_rank, self.world_size, self.node_rank = self.dist_env()
+        self.device = self.select_device()
+        if self.world_size > 1:
+            if not dist.is_available():  # pragma: no cover - torch built without distributed
+                from aios.errors import AiosError
+
+                raise AiosError("this torch build has no torch.distributed", "install a torch build with distributed support")
+            if not dist.is_initialized():
+                self.init_process_group()
+            else:
+                self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+            self._dist = dist
+        if self.collective_device is None:
+            self.collective_device = self.device if self.dist_backend == "nccl" else None
+
+    def teardown(self) -> None:
+        """Stop using the process group. The default group itself stays up until the process
+        exits (destroyed by an exit handler): re-creating it in the same process under
+        torchelastic's agent store reuses stale rendezvous keys and hangs, so a second
+        ``aios.init()`` in the process reuses the group instead."""
+        self._dist = None
+
+    # ---------------------------------------------------------------- setup of user objects
+    def wrap_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        if not any(p.requires_grad for p in module.parameters()):
+            return module
+        ids = [self.device.index] if self.device is not None and self.device.type == "cuda" else None
+        return _forwarding_ddp()(module, device_ids=ids, **self.ddp_kwargs)
+
+    def setup_module(self, module: torch.nn.Module, precision: Precision) -> torch.nn.Module:
+        module = precision.convert_module(module.to(self.device))
+        if self.world_size > 1:
+            module = self.wrap_module(module)
+        return module
+
+    def setup_dataloader(self, loader: Any, shuffle: bool | None = None) -> Any:
+        from aios.data import DeviceLoader, shard_dataloader
+
+        if isinstance(loader, DeviceLoader):
+            return loader
+        seed = self.config.seed if self.config.seed is not None else 0
+        sharded = shard_dataloader(loader, self.rank, self.world_size, seed, shuffle)
+        return DeviceLoader(sharded, self.device, non_blocking=self.device_type == "cuda", seed=seed, rank=self.rank)
+
+    # ---------------------------------------------------------------- the step
+    @contextlib.contextmanager
+    def no_sync(self, module: torch.nn.Module, enabled: bool) -> Iterator[None]:
+        if enabled and hasattr(module, "no_sync") and self.world_size > 1:
+            with module.no_sync():
+                yield
+        else:
+            yield
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, precision: Precision) -> bool:
+        return precision.step(optimizer)
+
+    # ---------------------------------------------------------------- collectives
+    def barrier(self) -> None:
+        if self._dist is not None:
+            if self.dist_backend == "nccl" and self.device is not None:
+                self._dist.barrier(device_ids=[self.device.index])
+            else:
+                self._dist.barrier()
+
+    def _op(self, op: str) -> Any:
+        ReduceOp = self._dist.ReduceOp  # noqa: N806
+        return {"sum": ReduceOp.SUM, "mean": ReduceOp.SUM, "max": ReduceOp.MAX, "min": ReduceOp.MIN, "prod": ReduceOp.PRODUCT}[op]
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
+        """A reduced copy of ``tensor`` (``sum``, ``mean``, ``max``, ``min``, ``prod``); the input
+        is left unchanged."""
+        if op not in _REDUCE_OPS:
+            from aios.errors import AiosError
+
+            raise AiosError(f"unknown reduce op {op!r}", f"use one of: {', '.join(_REDUCE_OPS)}")
+        if self._dist is None:
+            return tensor.detach().clone()
+        out = tensor.detach().clone()
+        if op == "mean" and not out.is_floating_point():
+            out = out.float()
+        self._dist.all_reduce(out, op=self._op(op))
+        if op == "mean":
+            out /= self.world_size
+        return out
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``[world_size, *tensor.shape]`` (same shape on every rank)."""
+        if self._dist is None:
+            return tensor.detach().unsqueeze(0).clone()
+        import torch
+
+        t = tensor.detach().contiguous()
+        out = [torch.empty_like(t) for _ in range(self.world_size)]
+        self._dist.all_gather(out, t)
+        return torch.stack(out)
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        if self._dist is None:
+            return obj
+        box = [obj]
+        self._dist.broadcast_object_list(box, src=src, device=self.collective_device)
+        return box[0]
+
+    def gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, on every rank."""
+        if self._dist is None:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        self._dist.all_gather_object(out, obj)
+        return out
+
+    def any_rank(self, flag: bool) -> bool:
+        if self._dist is None:
+            return bool(flag)
+        import torch
+
+        t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=self.collective_device)
+        self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX)
+        return bool(t.item())
+
+    # ---------------------------------------------------------------- checkpoints
+    def module_state_dict(self, module: torch.nn.Module) -> dict[str, Any]:
+        state = self.unwrap(module).state_dict()
+        if self.device_type != "cpu":
+            state = _to_cpu(state)
+        return state
+
+    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer, module: torch.nn.Module | None = None) -> dict[str, Any]:
+        state = optimizer.state_dict()
+        if self.device_type != "cpu":
+            state = _to_cpu(state)
+        return state
+
+    def rng_state(self) -> dict[str, Any]:
+        if self.device_type == "cuda":
+            import torch
+
+            return {"cuda": torch.cuda.get_rng_state(self.device)}
+        return {}
+
+    def set_rng_state(self, state: dict[str, Any]) -> None:
+        if self.device_type == "cuda" and "cuda" in state:
+            import torch
+
+            torch.cuda.set_rng_state(state["cuda"], self.device)
+
+    def seed(self, seed: int) -> None:
+        if self.device_type == "cuda":
+            import torch
+
+            torch.cuda.manual_seed_all(seed)
+
+    # ---------------------------------------------------------------- diagnostics
+    def metrics(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "strategy": self.name, "dist_backend": self.dist_backend if self._dist is not None else None,
+            "world_size": self.world_size, "device": str(self.device),
+        }
+        if self.device_type == "cuda":
+            import torch
+
+            out["max_memory_allocated"] = torch.cuda.max_memory_allocated(self.device)
+            out["max_memory_reserved"] = torch.cuda.max_memory_reserved(self.device)
+        else:
+            try:
+                import resource
+
+                out["max_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+            except Exception:  # noqa: BLE001
+                pass
+        return out
+
+
+_FORWARDING: type | None = None
+
+
+def _forwarding_ddp() -> type:
+    """``DistributedDataParallel`` that forwards unknown attributes to the wrapped module, so
+    ``model.generate(...)`` or ``model.config`` work the same with one process and with many
+    (no extra cost on ``forward``)."""
+    global _FORWARDING
+    if _FORWARDING is None:
+        from torch.nn.parallel import DistributedDataParallel
+
+        class AiosDDP(DistributedDataParallel):  # type: ignore[misc]
+            def __getattr__(self, name: str) -> Any:
+                try:
+                    return super().__getattr__(name)
+                except AttributeError:
+                    module = super().__getattr__("module")
+                    return getattr(module, name)
+
+        _FORWARDING = AiosDDP
+    return _FORWARDING
+
+
+def _to_cpu(obj: Any) -> Any:
+    if hasattr(obj, "device") and hasattr(obj, "cpu"):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj

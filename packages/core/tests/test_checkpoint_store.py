@@ -1,0 +1,153 @@
+"""CheckpointStore: atomic saves, keep-N, newest complete for resume, partial skipped with a
+warning, corrupt is a one-line error, a crash mid-save never damages the last good checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from aios.checkpoint import MARKER, STATE_FILE, CheckpointStore  # noqa: E402
+from aios.errors import CheckpointError  # noqa: E402
+from aios.plugins import reset_registry  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _registry():
+    reset_registry()
+    yield
+    reset_registry()
+
+
+def _state(v: float) -> dict:
+    return {"w": torch.full((4,), v), "step": int(v)}
+
+
+def test_checkpoint_save_layout_and_marker(tmp_path):
+    store = CheckpointStore(str(tmp_path / "c"), keep=3)
+    path = store.save(7, _state(7.0), {"run_id": "r"})
+    assert path == str(tmp_path / "c" / "ckpt-000000007")
+    marker = json.loads((Path(path) / MARKER).read_text())
+    assert marker["step"] == 7 and marker["run_id"] == "r"
+    assert marker["files"][STATE_FILE]["size"] == (Path(path) / STATE_FILE).stat().st_size
+    assert sorted(os.listdir(tmp_path / "c")) == ["ckpt-000000007"]  # no temp dirs left
+    info = store.latest()
+    assert info.step == 7 and torch.equal(store.load(info)["w"], torch.full((4,), 7.0))
+
+
+def test_checkpoint_keep_n_deletes_oldest(tmp_path):
+    store = CheckpointStore(str(tmp_path), keep=2)
+    for s in (1, 2, 3, 4):
+        store.save(s, _state(s))
+    assert [i.step for i in store.list()] == [3, 4]
+
+
+def test_checkpoint_partial_is_skipped_with_warning(tmp_path):
+    store = CheckpointStore(str(tmp_path), keep=5)
+    store.save(1, _state(1))
+    partial = tmp_path / "ckpt-000000002"
+    partial.mkdir()
+    (partial / STATE_FILE).write_bytes(b"half a file")  # interrupted save on an object store: no marker
+    with pytest.warns(UserWarning, match="skipping incomplete checkpoint .*ckpt-000000002"):
+        info = store.latest()
+    assert info.step == 1
+    store.save(3, _state(3))
+    assert [i.step for i in store.list()] == [1, 3]  # the leftover was cleaned up
+
+
+def test_checkpoint_corrupt_state_is_one_line_error(tmp_path):
+    store = CheckpointStore(str(tmp_path))
+    path = Path(store.save(1, _state(1)))
+    data = bytearray((path / STATE_FILE).read_bytes())
+    data[len(data) // 2] ^= 0xFF  # bit rot, same size
+    (path / STATE_FILE).write_bytes(bytes(data))
+    info = store.latest()
+    store.verify(info)  # sizes still match
+    with pytest.raises(CheckpointError) as ei:
+        store.load(info)
+    msg = str(ei.value)
+    assert "corrupt" in msg and "sha256" in msg and "\n" not in msg and "checkpoint.resume=false" in msg
+
+
+def test_checkpoint_truncated_file_fails_verify(tmp_path):
+    store = CheckpointStore(str(tmp_path))
+    path = Path(store.save(1, _state(1)))
+    (path / STATE_FILE).write_bytes(b"x")
+    with pytest.raises(CheckpointError, match="has 1 bytes"):
+        store.verify(store.latest())
+
+
+def test_checkpoint_unreadable_marker_is_error(tmp_path):
+    store = CheckpointStore(str(tmp_path))
+    path = Path(store.save(1, _state(1)))
+    (path / MARKER).write_text("{not json")
+    with pytest.raises(CheckpointError, match="unreadable marker"):
+        store.latest()
+
+
+def test_checkpoint_crash_mid_save_keeps_last_good(tmp_path, monkeypatch):
+    store = CheckpointStore(str(tmp_path), keep=1)
+    store.save(1, _state(1))
+
+    class Boom(RuntimeError):
+        pass
+
+    real_save = torch.save
+
+    def crashing_save(obj, f, *a, **k):
+        f.write(b"partial bytes")
+        raise Boom("disk vanished")
+
+    monkeypatch.setattr(torch, "save", crashing_save)
+    with pytest.raises(CheckpointError, match="saving checkpoint .* failed .*disk vanished"):
+        store.save(2, _state(2))
+    monkeypatch.setattr(torch, "save", real_save)
+    assert sorted(os.listdir(tmp_path)) == ["ckpt-000000001"]  # nothing half-written left
+    info = store.latest()
+    assert info.step == 1 and torch.equal(store.load(info)["w"], torch.full((4,), 1.0))
+
+
+def test_checkpoint_resave_same_step_replaces_atomically(tmp_path):
+    store = CheckpointStore(str(tmp_path), keep=3)
+    store.save(5, _state(1))
+    store.save(5, _state(2))
+    info = store.latest()
+    assert torch.equal(store.load(info)["w"], torch.full((4,), 2.0))
+    assert sorted(os.listdir(tmp_path)) == ["ckpt-000000005"]
+
+
+def test_checkpoint_unregistered_scheme_names_install(tmp_path):
+    with pytest.raises(CheckpointError, match=r"'nosuch://' is not registered"):
+        CheckpointStore("nosuch://bucket/x")
+
+
+def test_checkpoint_unwritable_dir(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    store = CheckpointStore(str(blocker / "sub"))
+    with pytest.raises(CheckpointError, match="not writable"):
+        store.check_writable()
+
+
+def test_checkpoint_memory_url_marker_written_last(monkeypatch):
+    import fsspec
+
+    store = CheckpointStore("memory://aios-ck-test/run", keep=2)
+    order: list[str] = []
+    real_open = store.fs.open
+
+    def spy(path, mode="rb", *a, **k):
+        if "w" in mode:
+            order.append(path.rsplit("/", 1)[-1])
+        return real_open(path, mode, *a, **k)
+
+    monkeypatch.setattr(store.fs, "open", spy)
+    path = store.save(3, _state(3))
+    assert path == "memory://aios-ck-test/run/ckpt-000000003"
+    assert order == [STATE_FILE, MARKER]
+    assert store.latest().step == 3
+    fsspec.filesystem("memory").rm("/aios-ck-test", recursive=True)

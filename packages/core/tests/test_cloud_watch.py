@@ -1,0 +1,184 @@
+"""The job watcher (aios.cloud.ops.Watcher) against real sshd hosts: workers that stopped for a
+preemption notice while the cloud still reports the machines running, and a replacement machine
+answering at the same address with a new host key. The cloud side is a minimal provider over the
+sshd hosts (core cannot depend on a cloud plugin; the plugins' own e2e tests cover theirs)."""
+
+from __future__ import annotations
+
+import io
+import sys
+
+import pytest
+
+from aios.cloud import ops
+from aios.cloud.provider import (
+    HEALTHY,
+    READY,
+    CatalogEntry,
+    CloudCommand,
+    CloudProvider,
+    ClusterHost,
+    ClusterInfo,
+    ClusterRequest,
+)
+from aios.cloud.ssh import LinePrinter
+from aios.cloud.store import JOB_FAILED, JOB_SUCCEEDED, ClusterRecord, Store
+from aios.config import resolve
+from aios.testing.sshd import SshdCluster, sshd_unavailable_reason
+
+
+class LoopbackCloud(CloudProvider):
+    """A 'cloud' whose cluster is the given sshd hosts; records what the watcher asks of it."""
+
+    name = "loop"
+    cli = "loop"
+
+    def __init__(self, cluster: SshdCluster) -> None:
+        self.c = cluster
+        self.exists = True
+        self.calls: list[str] = []
+
+    def catalog(self) -> list[CatalogEntry]:
+        return [CatalogEntry("loop", "box", 1, "cpu", 0.0, zones=("z1",), backend="cpu")]
+
+    def _info(self, name: str) -> ClusterInfo:
+        hosts = [ClusterHost(h.worker_id, h.ip, h.internal_ip or h.ip, ssh_user=self.c.user, port=h.port) for h in self.c.hosts]
+        return ClusterInfo(name, "loop", "z1", "box", READY, health=HEALTHY, hosts=hosts)
+
+    def create(self, request: ClusterRequest) -> ClusterInfo:
+        self.calls.append("create")
+        self.exists = True
+        return self._info(request.name)
+
+    def describe(self, name: str, zone: str | None) -> ClusterInfo | None:
+        self.calls.append("describe")
+        return self._info(name) if self.exists else None
+
+    def list(self, zone: str | None = None) -> list[ClusterInfo]:
+        return []
+
+    def start(self, name: str, zone: str | None) -> ClusterInfo:
+        self.calls.append("start")
+        return self._info(name)
+
+    def stop(self, name: str, zone: str | None) -> None:
+        self.calls.append("stop")
+
+    def delete(self, name: str, zone: str | None) -> None:
+        self.calls.append("delete")
+        self.exists = False
+
+    def render_create(self, request: ClusterRequest) -> list[CloudCommand]:
+        return []
+
+    def render(self, action: str, name: str, zone: str | None) -> list[CloudCommand]:
+        return []
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    reason = sshd_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    monkeypatch.setenv("AIOS_HOME", str(tmp_path / "aios-home"))
+    with SshdCluster(1, tmp_path / "sshd") as c:
+        yield c
+
+
+SCRIPT = """\
+import os, pathlib, sys, time
+mark = pathlib.Path(os.environ["HOME"]) / "attempts"
+n = int(mark.read_text()) if mark.exists() else 0
+mark.write_text(str(n + 1))
+print(f"attempt {n + 1}", flush=True)
+if n == 0 and MODE == "preempt":
+    # what aios.runtime does once its emergency checkpoint is written (Runtime._preempted);
+    # torchrun then reports exit 1 for the whole worker group
+    with open(os.path.join(os.environ["AIOS_RUN_STATUS_DIR"], "rank0"), "w") as f:
+        f.write("preempted /ckpt/ckpt-000000005")
+    sys.exit(1)
+if n == 0 and MODE == "long":
+    time.sleep(120)
+print("finished", flush=True)
+"""
+
+
+def _setup(c: SshdCluster, tmp_path, mode: str, managed: bool = True):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "job.py").write_text(f"MODE = {mode!r}\n" + SCRIPT)
+    store = Store()
+    provider = LoopbackCloud(c)
+    info = provider._info("wc")
+    request = ClusterRequest(name="wc", accelerator="box", zone="z1", ssh_user=c.user)
+    rec = ClusterRecord(name="wc", cloud="loop", zone="z1", accelerator="box", spot=True, state=READY,
+                        request=ops._request_dict(request), ssh_user=c.user, ssh_key=str(c.client_key))
+    assert store.claim_cluster(rec)
+    rec = ops.save_hosts(store, rec, info, provider)
+    spec = ops.JobSpec(script="job.py", backend="cpu", python=sys.executable, workdir=str(work), bundle=False)
+    config = resolve(flags={"nprocs": 1}, environ={}, check_backend=False)
+    job_id = store.add_job("wc", "job.py", backend="cpu", managed=managed, max_restarts=2 if managed else 0,
+                           checkpoint_dir=None, spec=spec.to_dict())
+    out = io.StringIO()
+    printer = LinePrinter(out)
+    logs: list[str] = []
+    ops.sync_code(rec, spec, printer, logs.append)
+    ops.start_job(rec, job_id, spec, config, {}, printer, logs.append)
+    return store, provider, rec, job_id, config, printer, logs
+
+
+def _worker_log(c: SshdCluster, job_id: int) -> str:
+    return (c.hosts[0].home / "aios" / "wc" / "jobs" / str(job_id) / "worker.log").read_text()
+
+
+def test_cloud_watch_workers_stopped_for_preemption_recover_instead_of_failing(env, tmp_path):
+    store, provider, rec, job_id, config, printer, logs = _setup(env, tmp_path, "preempt")
+    opts = ops.WatchOptions(poll=0.2, describe_every=0.2, follow=False, ssh_timeout=30)
+    code = ops.Watcher(store, provider, job_id, config, printer=printer, log=logs.append, options=opts).run()
+    job = store.get_job(job_id)
+    assert code == 0 and job.state == JOB_SUCCEEDED, logs
+    assert job.restarts == 1
+    kinds = [e.kind for e in store.events("wc")]
+    assert "preempted" in kinds and "recovered" in kinds
+    assert any("preemption notice" in e.message for e in store.events("wc", kind="preempted"))
+    # the cloud still said READY: the machines about to be reclaimed were replaced, not reused
+    assert provider.calls.count("delete") == 1 and provider.calls.count("create") == 1
+    assert (env.hosts[0].home / "attempts").read_text() == "2"
+    assert "finished" in _worker_log(env, job_id)
+
+
+def test_cloud_watch_preemption_exit_of_an_unmanaged_job_fails_with_the_hint(env, tmp_path):
+    store, provider, rec, job_id, config, printer, logs = _setup(env, tmp_path, "preempt", managed=False)
+    opts = ops.WatchOptions(poll=0.2, describe_every=0.2, follow=False, ssh_timeout=30)
+    code = ops.Watcher(store, provider, job_id, config, printer=printer, log=logs.append, options=opts).run()
+    assert code == 1 and store.get_job(job_id).state == JOB_FAILED
+    assert any("--max-restarts" in m and "preemption notice" in m for m in logs), logs
+    ec = env.hosts[0].home / "aios" / "wc" / "jobs" / str(job_id) / "exit_code"
+    assert ec.read_text().strip() == "75"  # aios.preemption.EXIT_PREEMPTED, not torchrun's 1
+    assert "delete" not in provider.calls
+
+
+def test_cloud_watch_replaced_host_with_new_host_key_goes_through_recovery(env, tmp_path):
+    store, provider, rec, job_id, config, printer, logs = _setup(env, tmp_path, "long")
+    replaced: list[bool] = []
+
+    def sleep(seconds: float) -> None:
+        import time
+
+        if not replaced and (env.hosts[0].home / "attempts").exists():
+            # the machine goes away with the job, and a new one comes up at the same address
+            env.hosts[0].stop()
+            env.hosts[0].start(new_host_key=True)
+            replaced.append(True)
+        time.sleep(min(seconds, 0.2))
+
+    opts = ops.WatchOptions(poll=0.2, describe_every=60, follow=False, ssh_timeout=30)
+    code = ops.Watcher(store, provider, job_id, config, printer=printer, log=logs.append, options=opts, sleep=sleep).run()
+    job = store.get_job(job_id)
+    assert replaced and code == 0 and job.state == JOB_SUCCEEDED, logs
+    assert job.restarts == 1
+    events = store.events("wc")
+    assert any(e.kind == "preempted" and "hosts replaced" in e.message for e in events)
+    assert any(e.kind == "recovered" and "reconnected to the replaced hosts" in e.message for e in events)
+    assert "describe" in provider.calls and "create" not in provider.calls  # the cloud said it is up
+    assert (env.hosts[0].home / "attempts").read_text() == "2"
