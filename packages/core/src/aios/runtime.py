@@ -157,7 +157,7 @@ def init(
 
     reg = get_registry()
     requested = os.environ.get(BACKEND_ENV) or cfg.backend
-    spec = reg.select(requested)
+    spec = reg.select(requested, config=cfg)
     backend = spec.name
     strategy = reg.call_first("aios_make_strategy", backend=backend, config=cfg)
     if strategy is None:

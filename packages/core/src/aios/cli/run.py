@@ -134,7 +134,7 @@ def build_plan(
         hint = "check the path" if not os.path.exists(script) else "pass a Python file, or use -m for a module"
         raise LaunchError(f"script '{script}' not found", hint)
     reg = get_registry()
-    spec = reg.select(cfg.backend)
+    spec = reg.select(cfg.backend, config=cfg)
     notes: list[str] = []
     updates: dict[str, Any] = {"backend": spec.name}
     cfg = cfg.model_copy(update=updates)
