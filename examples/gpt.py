@@ -110,6 +110,16 @@ class GPT(nn.Module):
         self.head = nn.Linear(n_embd, vocab, bias=False)
         self.head.weight = self.tok.weight  # weight tying
         self.register_buffer("positions", torch.arange(block), persistent=False)
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(m: nn.Module) -> None:
+        # GPT-2 initialisation: with PyTorch's N(0, 1) embedding default the tied output layer
+        # starts with logits far too large (initial loss ~20 instead of ~ln(vocab)).
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         x = self.tok(idx) + self.pos(self.positions[: idx.size(1)])
@@ -227,7 +237,8 @@ def main() -> None:
     rt.print(
         f"gpt: done {rt.global_step} steps ({done} this run) in {elapsed:.1f}s: {done / max(elapsed, 1e-9):.2f} steps/s, "
         f"{done * tokens_per_step / max(elapsed, 1e-9):,.0f} tokens/s; train loss {train_loss:.4f}, "
-        f"val loss {val_loss:.4f} vs unigram baseline {baseline:.4f} ({baseline - val_loss:+.4f} better)"
+        f"val loss {val_loss:.4f} vs unigram baseline {baseline:.4f} "
+        f"({abs(baseline - val_loss):.4f} {'below' if val_loss < baseline else 'ABOVE'} it)"
     )
     rt.log({"summary/val_loss": val_loss, "summary/baseline": baseline, "summary/tokens_per_s": done * tokens_per_step / max(elapsed, 1e-9)})
     rt.close()

@@ -131,6 +131,30 @@ def resolve_config(
 # ------------------------------------------------------------------------------ init
 
 
+def _install_excepthook() -> None:
+    """An :class:`AiosError` escaping the user's script (bad config, unavailable backend, the XLA
+    compile guard's limit, a corrupt checkpoint) ends it with one line and the error's exit code
+    (2), after the normal exit handlers; ``AIOS_DEBUG=1`` keeps the traceback."""
+    previous = sys.excepthook
+    if getattr(previous, "_aios", False):
+        return
+
+    def hook(exc_type: Any, exc: BaseException, tb: Any) -> None:
+        if not issubclass(exc_type, AiosError) or os.environ.get("AIOS_DEBUG", "") not in ("", "0"):
+            previous(exc_type, exc, tb)
+            return
+        rank = os.environ.get("RANK")
+        where = f" (rank {rank})" if rank is not None and os.environ.get("WORLD_SIZE", "1") != "1" else ""
+        sys.stderr.write(f"aios: error{where}: {exc}\n")
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(getattr(exc, "exit_code", 2))
+
+    hook._aios = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
+
+
 def init(
     config: Any = None,
     *,
@@ -152,6 +176,7 @@ def init(
     global _current
     if _current is not None and not _current._closed:
         return _current
+    _install_excepthook()
     cfg = resolve_config(config, defaults, overrides, flags)
     from aios.plugins import get_registry
 
