@@ -4,7 +4,7 @@
     aios-run --nprocs 2 examples/gpt.py           # 2 processes over gloo
     aios-run --backend cuda examples/gpt.py       # the same script on GPUs (bf16: --precision bf16-mixed)
     aios-run --backend xla examples/gpt.py        # TPU / XLA (PJRT); --backend neuron on Trainium
-    aios-run examples/gpt.py checkpoint.dir=gs://bucket/gpt   # checkpoints anywhere fsspec reaches
+    aios-run checkpoint.dir=gs://bucket/gpt examples/gpt.py   # checkpoints anywhere fsspec reaches
 
 Written once for every backend: fixed shapes (``drop_last``, fixed context length), no
 CUDA-only ops (plain masked attention), data order from a CPU ``torch.Generator``, metrics read
