@@ -46,15 +46,13 @@ def _clean_env(monkeypatch):
     for k in list(os.environ):
         if k.startswith(("NEURON_", "AIOS_NEURON", "AIOS_TEST_NEURON", "XLA_USE_BF16", "XLA_DOWNCAST_BF16", "PJRT_DEVICE")):
             monkeypatch.delenv(k, raising=False)
-    from aios_backend_neuron import discovery, packages, settings
+    from aios_backend_neuron import discovery, packages
 
     discovery.clear_cache()
     packages.forget()
-    settings.forget_active_settings()
     yield
     discovery.clear_cache()
     packages.forget()
-    settings.forget_active_settings()
 
 
 def load_fixture(instance: str) -> list[dict]:

@@ -149,13 +149,17 @@ def test_probe_without_devices(no_neuron_ls):
 
 def test_probe_available_for_planning_only(no_neuron_ls, neuron_site, config, monkeypatch):
     neuron_site("placeholders")  # what is installed here does not matter for a remote plan
-    config("neuron.instance_type=trn2.48xlarge")  # resolving records the planned instance type
-    avail = probe()
+    cfg = config("neuron.instance_type=trn2.48xlarge")
+    avail = probe(cfg)
     assert avail.available and avail.reason == "no Neuron devices on this machine; planning for trn2.48xlarge"
-    from aios_backend_neuron.settings import forget_active_settings
+    assert not probe().available  # nothing is remembered from an earlier resolve: only the config given counts
+    from aios.plugins import get_registry
 
-    forget_active_settings()
-    monkeypatch.setenv("AIOS_NEURON__INSTANCE_TYPE", "trn1.32xlarge")
+    reg = get_registry()  # the registry hands the resolved config to the probe (aios-run, aios.init)
+    assert reg.select("neuron", config=cfg).name == "neuron"
+    with pytest.raises(BackendUnavailable, match="are placeholders"):
+        reg.require("neuron")  # without the config nothing is planned: what is installed here counts
+    monkeypatch.setenv("AIOS_NEURON__INSTANCE_TYPE", "trn1.32xlarge")  # no config (aios devices): the env layer
     assert probe().reason.endswith("planning for trn1.32xlarge")
     monkeypatch.delenv("AIOS_NEURON__INSTANCE_TYPE")
     assert not probe().available

@@ -70,9 +70,12 @@ def test_gpt_bf16_mixed_on_neuron_xla_cpu_matches_cpu(tmp_path, fake_neuron_ls):
     _, train_c, val_c, _ = _run("cpu", tmp_path, base, "precision=bf16-mixed")
     _, train_n, val_n, text = _run("neuron", tmp_path, {**base, "AIOS_TEST_NEURON_ON_XLA_CPU": "1"}, "precision=bf16-mixed")
     assert "(neuron, bf16-mixed)" in text
-    # bf16 rounding differs between XLA:CPU's fused kernels and eager CPU: a looser tolerance
-    assert abs(val_n - val_c) < 0.05, (val_n, val_c)
-    assert abs(train_n - train_c) < 0.05, (train_n, train_c)
+    # bf16 rounding differs between XLA:CPU's fused kernels and eager CPU autocast (which ops run
+    # in bf16 differs too): the same curve within 2% (fp32 above matches exactly), and both runs
+    # really trained (well below the initial ln(vocab) = 4.16 of an untrained model).
+    assert val_n == pytest.approx(val_c, rel=0.02), (val_n, val_c)
+    assert train_n == pytest.approx(train_c, rel=0.02), (train_n, train_c)
+    assert max(val_n, val_c) < 3.6
 
 
 def test_bf16_true_plan_reaches_the_worker_env(tmp_path, fake_neuron_ls):

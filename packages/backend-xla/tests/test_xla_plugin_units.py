@@ -13,7 +13,6 @@ from aios_backend_xla import plugin
 from aios_backend_xla.compile_guard import CompileGuard, RecompileError, RecompileWarning, shapes_of
 from aios_backend_xla.discovery import TpuFacts
 from aios_backend_xla.doctor import checks
-from aios_backend_xla.settings import forget_active_settings
 
 
 class FakeTensor:
@@ -122,9 +121,7 @@ def test_guard_limit_raises_one_line_error():
 
 @pytest.fixture
 def cfg(clean_env):
-    forget_active_settings()
-    yield lambda *o: resolve(overrides=list(o), environ={}, check_backend=False)
-    forget_active_settings()
+    return lambda *o: resolve(overrides=list(o), environ={}, check_backend=False)
 
 
 def test_config_section_defaults_and_validation(cfg):
@@ -138,7 +135,6 @@ def test_config_section_defaults_and_validation(cfg):
 
 
 def test_env_var_opt_in_is_the_config_key(clean_env):
-    forget_active_settings()
     c = resolve(environ={"AIOS_XLA__ALLOW_CPU": "1"}, check_backend=False)
     assert c.xla.allow_cpu is True
 
@@ -185,25 +181,28 @@ def test_probe(cfg, monkeypatch):
     a = plugin.probe()
     assert not a and "no TPU was found" in a.reason
     assert plugin.probe(cfg("xla.allow_cpu=true"))
-    forget_active_settings()
-    cfg("xla.allow_cpu=true")  # resolved in this process: the probe (called without config) sees it
+    assert not plugin.probe()  # nothing is remembered from an earlier resolve: only the config given counts
+    monkeypatch.setenv("AIOS_XLA__ALLOW_CPU", "1")  # no config (aios devices): the env opt-in still counts
     assert plugin.probe()
-    forget_active_settings()
+    monkeypatch.delenv("AIOS_XLA__ALLOW_CPU")
     p = plugin.probe(cfg("xla.accelerator=v4-16"))
     assert p and "planning for v4-16" in p.reason
+    assert not plugin.probe()
     monkeypatch.setattr(plugin, "_torch_xla_installed", lambda: False)
-    forget_active_settings()
     assert plugin.probe(cfg("xla.allow_cpu=true")).reason == "torch_xla is not installed"
 
 
-def test_registry_require_names_the_opt_in(clean_env, monkeypatch):
+def test_registry_require_names_the_opt_in(cfg, monkeypatch):
     from aios.plugins import get_registry
 
-    forget_active_settings()
     monkeypatch.setattr(plugin, "_torch_xla_installed", lambda: True)
     with pytest.raises(BackendUnavailable) as ei:
         get_registry().require("xla")
     assert "no TPU was found" in ei.value.one_line() and "AIOS_XLA__ALLOW_CPU=1" in ei.value.one_line()
+    # the registry passes the resolved config to the probe: the opt-in in the config is enough
+    assert get_registry().require("xla", config=cfg("xla.allow_cpu=true")).name == "xla"
+    with pytest.raises(BackendUnavailable):
+        get_registry().require("xla", config=cfg())
     assert get_registry().backends["xla"].priority == 200
 
 

@@ -16,11 +16,9 @@ pytestmark = pytest.mark.xla
 def strategy(monkeypatch):
     monkeypatch.setenv("PJRT_DEVICE", "CPU")
     from aios.config import resolve
-    from aios_backend_xla.settings import forget_active_settings
     from aios_backend_xla.strategy import XlaStrategy
 
     cfg = resolve(overrides=["xla.allow_cpu=true"], environ={}, check_backend=False)
-    forget_active_settings()
     s = XlaStrategy(cfg, pjrt_device="CPU")
     s.setup_environment()
     yield s
@@ -148,6 +146,9 @@ def test_loader_drops_the_short_batch_and_keeps_position(strategy):
     dl.load_state_dict({"epoch": 1, "batch": 1})
     rest = [b[0].cpu() for b in dl]
     assert len(rest) == 1 and torch.equal(rest[0], ds.tensors[0][4:8])
+    for _ in dl:  # an iteration abandoned part-way stops the background transfer thread
+        break
+    assert dl._mp._parallel_loader._done and dl.state_dict() == {"epoch": 2, "batch": 1}
 
 
 def test_rng_state_roundtrip(strategy):

@@ -25,13 +25,15 @@ INSTALL_HINT = (
 )
 
 
-def probe() -> Availability:
+def probe(config: Any = None) -> Availability:
     """Neuron devices present (``/dev/neuron*`` or ``neuron-ls``) and a real torch-neuronx
     installed (the PyPI placeholder does not count). Reads metadata only; imports nothing.
 
     Without devices but with ``neuron.instance_type`` set, the backend is available *for
     planning* (``--dry-run``, cloud launches): the plan is built for that instance type, and a
-    worker started here still fails at setup with the missing-package error."""
+    worker started here still fails at setup with the missing-package error. ``config`` is the
+    resolved config the registry passes (None from ``aios devices``: then only
+    ``AIOS_NEURON__INSTANCE_TYPE`` counts)."""
     from aios_backend_neuron.discovery import device_nodes, run_neuron_ls
     from aios_backend_neuron.packages import XLA_CPU_ENV, detect, placeholder_message
     from aios_backend_neuron.settings import planned_instance_type
@@ -42,7 +44,7 @@ def probe() -> Availability:
         res = run_neuron_ls()
         if res.topology is None or not res.topology.devices:
             ls_error = res.error or "neuron-ls lists none"
-    planned = planned_instance_type()
+    planned = planned_instance_type(config)
     if ls_error and planned:
         return Availability(True, f"no Neuron devices on this machine; planning for {planned}")
     sw = detect()

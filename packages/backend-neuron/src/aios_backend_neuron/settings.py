@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
 from aios.config import Section
 
@@ -70,16 +70,6 @@ class NeuronSettings(Section):
         default_factory=dict, description="extra NEURON_*/FI_* variables for every worker (e.g. NEURON_RT_LOG_LEVEL)"
     )
 
-    @model_validator(mode="after")
-    def _remember(self) -> NeuronSettings:
-        # The backend probe takes no config; it reads the section validated last in this process
-        # (aios.config.resolve runs before the registry's select()) to know that an instance type
-        # is being planned for. Default instances (no field set) never replace a resolved one.
-        global _ACTIVE
-        if self.model_fields_set:
-            _ACTIVE = self
-        return self
-
     @field_validator("instance_type")
     @classmethod
     def _known_instance(cls, v: str | None) -> str | None:
@@ -112,25 +102,12 @@ class NeuronSettings(Section):
         return {k: str(val) for k, val in v.items()}
 
 
-_ACTIVE: NeuronSettings | None = None
-
-
-def active_settings() -> NeuronSettings | None:
-    """The ``neuron`` section most recently resolved in this process (None before any)."""
-    return _ACTIVE
-
-
-def forget_active_settings() -> None:
-    global _ACTIVE
-    _ACTIVE = None
-
-
 def planned_instance_type(config: object | None = None) -> str | None:
-    """``neuron.instance_type`` being planned for: from ``config``, else the last resolved
-    section, else ``AIOS_NEURON__INSTANCE_TYPE``."""
+    """``neuron.instance_type`` being planned for: from ``config``, else
+    ``AIOS_NEURON__INSTANCE_TYPE`` (what counts when no config is given, as for ``aios devices``)."""
     import os
 
-    sec = getattr(config, "neuron", None) if config is not None else active_settings()
+    sec = getattr(config, "neuron", None)
     return getattr(sec, "instance_type", None) or os.environ.get("AIOS_NEURON__INSTANCE_TYPE") or None
 
 

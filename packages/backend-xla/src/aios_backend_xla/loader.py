@@ -88,7 +88,7 @@ class XlaDeviceLoader(DeviceLoader):
         self.batches_per_execution = batches_per_execution
         self._mp: Any = None
 
-    def _device_iter(self) -> Iterator[Any]:
+    def _open(self) -> Iterator[Any]:
         if self._mp is None:
             import torch_xla.distributed.parallel_loader as pl
 
@@ -107,27 +107,5 @@ class XlaDeviceLoader(DeviceLoader):
         if pl is not None:
             pl.close()
 
-    def _generate(self, skip: int, drop: int) -> Iterator[Any]:
-        self.batch = skip
-        it = self._device_iter()
-        for _ in range(drop):
-            next(it, None)
-        owner = self.owner
-        finished = False
-        try:
-            while True:
-                if owner is not None and owner._pending:
-                    owner.run_pending()
-                try:
-                    b = next(it)
-                except StopIteration:
-                    break
-                self.batch += 1
-                yield b
-            finished = True
-        finally:
-            if not finished:  # the loop broke out early (evaluation of N batches): free the thread
-                self.close()
-        self.epoch += 1
-        self.batch = 0
-        self._active = False
+    def _abandon(self) -> None:  # an iteration broke out early (evaluation of N batches): free the thread
+        self.close()

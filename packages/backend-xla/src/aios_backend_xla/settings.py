@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
 from aios.config import Section
 
@@ -36,16 +36,6 @@ class XlaSettings(Section):
     drop_last: bool = Field(True, description="drop the short last batch so every step has the same shapes")
     cpu_devices: int | None = Field(None, ge=1, description="XLA:CPU devices (CPU_NUM_DEVICES) when allow_cpu is on")
 
-    @model_validator(mode="after")
-    def _remember(self) -> XlaSettings:
-        # BackendSpec.probe() takes no config, so the backend probe reads the xla section
-        # validated last in this process (set by aios.config.resolve before the registry's
-        # select()); default instances (no field set) never replace a resolved one.
-        global _ACTIVE
-        if self.model_fields_set:
-            _ACTIVE = self
-        return self
-
     @field_validator("accelerator")
     @classmethod
     def _valid_type(cls, v: str | None) -> str | None:
@@ -56,37 +46,24 @@ class XlaSettings(Section):
         return parse_accelerator_type(v).accelerator_type
 
 
-_ACTIVE: XlaSettings | None = None
-
-
-def active_settings() -> XlaSettings | None:
-    """The xla section most recently resolved in this process (None before any)."""
-    return _ACTIVE
-
-
-def forget_active_settings() -> None:
-    global _ACTIVE
-    _ACTIVE = None
-
-
 def _truthy(v: str | None) -> bool:
     return (v or "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def cpu_opt_in(config: object | None = None, environ: dict[str, str] | None = None) -> bool:
-    """Whether XLA:CPU was explicitly allowed (config ``xla.allow_cpu`` or ``AIOS_XLA__ALLOW_CPU``)."""
+    """Whether XLA:CPU was explicitly allowed: config ``xla.allow_cpu``, or ``AIOS_XLA__ALLOW_CPU``
+    in ``environ`` (the process env by default; it is what counts when no config is given, as
+    for ``aios devices``)."""
     env = os.environ if environ is None else environ
     if _truthy(env.get(ALLOW_CPU_ENV)):
         return True
-    section = getattr(config, "xla", None) if config is not None else active_settings()
-    return bool(getattr(section, "allow_cpu", False))
+    return bool(getattr(getattr(config, "xla", None), "allow_cpu", False))
 
 
 def planned_accelerator(config: object | None = None, environ: dict[str, str] | None = None) -> str | None:
-    """``xla.accelerator`` from the config (or the last resolved one, or AIOS_XLA__ACCELERATOR)."""
+    """``xla.accelerator`` from the config, else ``AIOS_XLA__ACCELERATOR`` (no config given)."""
     env = os.environ if environ is None else environ
-    section = getattr(config, "xla", None) if config is not None else active_settings()
-    return getattr(section, "accelerator", None) or env.get("AIOS_XLA__ACCELERATOR") or None
+    return getattr(getattr(config, "xla", None), "accelerator", None) or env.get("AIOS_XLA__ACCELERATOR") or None
 
 
 def settings_of(config: object | None) -> XlaSettings:

@@ -211,6 +211,31 @@ class DeviceLoader:
     def _generate(self, skip: int, drop: int) -> Iterator[Any]:
         self.batch = skip
         transfer = self._transfer
+        it = self._open()
+        for _ in range(drop):
+            next(it, None)
+        owner = self.owner
+        finished = False
+        try:
+            while True:
+                if owner is not None and owner._pending:
+                    owner.run_pending()
+                try:
+                    b = next(it)
+                except StopIteration:
+                    break
+                self.batch += 1
+                yield b if transfer is None else transfer(b)
+            finished = True
+        finally:
+            if not finished:  # the loop broke out early (evaluation of N batches)
+                self._abandon()
+        self.epoch += 1
+        self.batch = 0
+        self._active = False
+
+    def _open(self) -> Iterator[Any]:
+        """A fresh iterator over this epoch's batches (subclasses: a device loader's)."""
         gen = getattr(self.loader, "generator", None)
         if gen is not None and self.seed is not None:
             # worker seeds depend on (seed, epoch, rank) only, never on where the global RNG is
@@ -221,20 +246,8 @@ class DeviceLoader:
             rng = torch.get_rng_state()
             it = iter(self.loader)
             torch.set_rng_state(rng)
-        else:
-            it = iter(self.loader)
-        for _ in range(drop):
-            next(it, None)
-        owner = self.owner
-        while True:
-            if owner is not None and owner._pending:
-                owner.run_pending()
-            try:
-                b = next(it)
-            except StopIteration:
-                break
-            self.batch += 1
-            yield b if transfer is None else transfer(b)
-        self.epoch += 1
-        self.batch = 0
-        self._active = False
+            return it
+        return iter(self.loader)
+
+    def _abandon(self) -> None:
+        """Called when an iteration stops part-way (subclasses free background workers)."""
