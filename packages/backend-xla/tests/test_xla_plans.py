@@ -15,18 +15,14 @@ from aios.errors import AiosError, BackendUnavailable, LaunchError
 from aios.types import Host, LaunchRequest
 from aios_backend_xla.discovery import SysfsSource, TpuFacts, discover
 from aios_backend_xla.launch import xla_launch_plan
-from aios_backend_xla.settings import forget_active_settings
 
 
 @pytest.fixture
 def cfg(clean_env):
-    forget_active_settings()
-
     def make(*overrides, **flags):
         return resolve(overrides=list(overrides), flags=flags, environ={}, check_backend=False)
 
-    yield make
-    forget_active_settings()
+    return make
 
 
 def req(*hosts: Host, acc: str | None = None) -> LaunchRequest:
@@ -49,7 +45,12 @@ def test_tpu_plan_per_type(cfg, acc, hosts, per_host):
         assert hp.env["PJRT_DEVICE"] == "TPU"
         assert hp.command[:5] == ["python3", "-m", "aios_backend_xla.launcher", "--nprocs", str(per_host)]
         assert hp.command[5:] == ["train.py", "--lr", "1e-3"]
-        assert hp.env["XLA_PERSISTENT_CACHE_PATH"] == "~/.cache/aios/xla-compile"
+        cache = hp.env["XLA_PERSISTENT_CACHE_PATH"]
+        if hosts == 1:  # planned for this machine: expanded here, never a literal '~'
+            assert cache == os.path.expanduser("~/.cache/aios/xla-compile") and os.path.isabs(cache)
+        else:  # remote hosts: their own home, expanded there
+            assert cache == "~/.cache/aios/xla-compile"
+            assert "'~" not in hp.shell() and '"$HOME/.cache/aios/xla-compile"' in hp.shell()
         assert [r["RANK"] for r in hp.ranks] == [str(i * per_host + k) for k in range(per_host)]
         if hosts > 1:
             assert hp.env["TPU_WORKER_ID"] == str(i) and hp.env["MASTER_ADDR"] == plan.hosts[0].host.address
@@ -182,3 +183,26 @@ def test_bad_accelerator_type_is_exit_2(tmp_path):
     script.write_text("")
     out = _aios_run(["--backend", "xla", "--dry-run", "xla.accelerator=v4-banana", str(script)])
     assert out.returncode == 2 and "invalid TPU accelerator type 'v4-banana'" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_xla_compile_cache_path_expands_on_the_host_that_runs_it(cfg, tmp_path):
+    """A quoted '~' never expands: the shell line of a remote plan must give the host's $HOME,
+    and the launcher expands a '~' it is handed before torch_xla reads the variable."""
+    from aios.types import HostPlan
+    from aios_backend_xla.launcher import expand_cache_env
+
+    plan = xla_launch_plan(cfg("xla.accelerator=v4-16"), req(), NO_TPU, python="python3", environ={})
+    env = plan.hosts[1].env
+    probe = HostPlan(host=plan.hosts[1].host, nprocs=1, env=env, command=["printenv", "XLA_PERSISTENT_CACHE_PATH"])
+    home = tmp_path / "home of worker"
+    r = subprocess.run(["bash", "-c", probe.shell()], capture_output=True, text=True, env={"HOME": str(home), "PATH": os.environ["PATH"]})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"{home}/.cache/aios/xla-compile"
+    environ = {"XLA_PERSISTENT_CACHE_PATH": "~/.cache/x", "HOME": str(home)}
+    old = os.environ.get("HOME")
+    os.environ["HOME"] = str(home)
+    try:
+        assert expand_cache_env(environ) == f"{home}/.cache/x"
+    finally:
+        os.environ["HOME"] = old or ""
+    assert environ["XLA_PERSISTENT_CACHE_PATH"] == f"{home}/.cache/x"

@@ -94,3 +94,20 @@ def test_aws_section_validation_is_one_line():
     assert "aws.efa" in str(ei.value) and "auto" in str(ei.value)
     with pytest.raises(ConfigError, match="unknown config key 'aws.secret_access_key'"):
         resolve(overrides=["aws.secret_access_key=abc"], environ={}, check_backend=False)
+
+
+def test_aios_catalog_shows_vcpu_ram_and_efa(tmp_path):
+    r = _aios("catalog", "--cloud", "aws", "--json", tmp_path=tmp_path)
+    assert r.returncode == 0, r.stderr
+    rows = {row["accelerator"]: row for row in json.loads(r.stdout)}
+    for name, (_backend, _n, _hbm, vcpu, ram, efa) in EXPECTED.items():
+        x = rows[name]["extra"]
+        assert (x["vcpus"], x["ram_gib"], x["efa_interfaces"]) == (vcpu, ram, efa), name
+    assert rows["trn1.32xlarge"]["extra"]["neuron_cores"] == 32
+    env_cols = {"COLUMNS": "400"}
+    r = subprocess.run([sys.executable, "-m", "aios.cli.main", "catalog", "--cloud", "aws"], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "AIOS_HOME": str(tmp_path / "home"), **env_cols})
+    assert r.returncode == 0, r.stderr
+    line = {ln.split("│")[2].strip(): ln for ln in r.stdout.splitlines() if ln.count("│") > 3}
+    assert "192 vCPU, 2048 GiB RAM, 32 EFA" in line["p5.48xlarge"]
+    assert "8 vCPU, 32 GiB RAM, no EFA" in line["trn1.2xlarge"]

@@ -151,11 +151,18 @@ def test_cli_dry_run_p5_x2(offline_env):
         env, cmd = _env_and_cmd(argv)
         assert env["AIOS_RUN_BACKEND"] == "cuda"
         assert env["FI_PROVIDER"] == "efa" and env["FI_EFA_USE_DEVICE_RDMA"] == "1"  # backend-cuda's EFA preset for P5
+        assert cmd[0] == "/opt/pytorch/bin/python3"  # the DLAMI's torch interpreter, not a bare python3
         assert cmd[1:4] == ["-m", "torch.distributed.run", "--nnodes"] and cmd[4] == "2"
         assert cmd[cmd.index("--nproc-per-node") + 1] == "8"
         assert cmd[cmd.index("--rdzv-backend") + 1] == "c10d"
         assert cmd[cmd.index("--rdzv-endpoint") + 1] == "<worker-0-internal-ip>:29500"
         assert cmd[-3:] == ["train.py", "--steps", "10"]
+
+
+def test_cli_dry_run_python_flag_overrides_the_provider_interpreter(offline_env):
+    out = _dry_run(offline_env, "-a", "p5.48xlarge", "--region", "us-east-1", "--name", "gpt", "--python", "/usr/bin/python3.11")
+    for argv in _worker_lines(out):
+        assert _env_and_cmd(argv)[1][0] == "/usr/bin/python3.11"
 
 
 def test_cli_dry_run_trn1_x2_with_s3_compile_cache(offline_env):
@@ -172,6 +179,7 @@ def test_cli_dry_run_trn1_x2_with_s3_compile_cache(offline_env):
     for argv in workers:
         env, cmd = _env_and_cmd(argv)
         assert env["AIOS_RUN_BACKEND"] == "neuron"
+        assert cmd[0] == "/opt/aws_neuronx_venv_pytorch_2_8/bin/python3"
         assert env["NEURON_RT_ROOT_COMM_ID"].startswith("<worker-0-internal-ip>:")
         assert env["NEURON_COMPILE_CACHE_URL"] == "s3://ckpt-bucket/neuron-cache"
         assert env["AIOS_CHECKPOINT__DIR"] == "s3://ckpt-bucket/run1"
@@ -201,10 +209,10 @@ def test_render_down_and_remote_env_have_no_secrets(offline_env):
     assert any("delete-placement-group" in c for c in down) and any("release-address" in c for c in down)
     info = ClusterInfo(name="gpt", cloud="aws", zone="us-east-1d", accelerator="p5.48xlarge", spot=True, raw={"region": "us-east-1"})
     env = p.remote_env(info)
-    assert env == {"AWS_DEFAULT_REGION": "us-east-1", "AIOS_RUN_CLOUD": "aws", "AIOS_AWS__SPOT_WATCH": "true"}
+    assert env == {"AWS_DEFAULT_REGION": "us-east-1", "AIOS_RUN_CLOUD": "aws", "AIOS_RUN_SPOT_WATCH": "1"}
     assert not any(k.startswith("AIOS_") and not k.startswith(("AIOS_RUN_", "AIOS_AWS__")) for k in env)
     info.spot = False
-    assert "AIOS_AWS__SPOT_WATCH" not in p.remote_env(info)
+    assert "AIOS_RUN_SPOT_WATCH" not in p.remote_env(info)
     setup = p.setup_commands("trn1.32xlarge", ["datasets==3.0"])
     assert setup[0].startswith("/opt/aws_neuronx_venv_pytorch_2_8/bin/python3 -m pip")
     assert setup[-1].endswith(" datasets==3.0") and "aios-core[aws]" in setup[1]

@@ -248,3 +248,41 @@ def test_gcp_unhealthy_node_is_repaired(tmp_path, sshd_hosts, fake_tpu, gcs, gcs
     else:
         assert creates == 1 and any("stop/start" in m for m in recovered)
     assert aios_cli(env, "down", "sick").returncode == 0 and fake_tpu.nodes == {}
+
+
+def test_gcp_sync_between_a_bucket_and_the_slice_runs_on_the_hosts(tmp_path, sshd_hosts, fake_tpu, gcs, gcs_fs, gcp_env, aios_cli):
+    work = tmp_path / "proj"
+    work.mkdir()
+    (work / "hello.py").write_text("print('hello', flush=True)\n")
+    env = gcp_env(tmp_path, fake_tpu)
+    # a first job ships aios and the code to the hosts
+    r = aios_cli(env, "launch", "--cloud", "gcp", "-a", "v4-16", "--name", "bk", "--backend", "cpu", "--python", sys.executable,
+                 "--no-setup", "--workdir", str(work), "--poll", "0.3", "hello.py")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    gcs_fs.mkdir("aios-data")
+    gcs_fs.pipe({"aios-data/set/a.txt": b"alpha", "aios-data/set/sub/b.txt": b"beta" * 1000})
+    emu = ["--env", f"STORAGE_EMULATOR_HOST={gcs}", "--env", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false"]
+    # dry run: the per-worker command, nothing copied, no env value on the command line
+    r = aios_cli(env, "sync", "gs://aios-data/set", "bk:data", *emu, "--dry-run")
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("(worker ")]
+    assert len(lines) == 2 and all("-m aios.cloud.transfer gs://aios-data/set data" in ln for ln in lines)
+    assert gcs not in r.stdout
+    assert not (sshd_hosts.hosts[0].home / "aios" / "bk" / "code" / "data").exists()
+    # bucket -> every host (copied by the hosts themselves)
+    r = aios_cli(env, "sync", "gs://aios-data/set", "bk:data", *emu)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    for h in sshd_hosts.hosts:
+        d = h.home / "aios" / "bk" / "code" / "data"
+        assert (d / "a.txt").read_bytes() == b"alpha" and (d / "sub" / "b.txt").read_bytes() == b"beta" * 1000
+    # one host -> bucket
+    r = aios_cli(env, "exec", "bk", "-w", "1", "mkdir -p out && echo from-worker-1 > out/result.txt")
+    assert r.returncode == 0, r.stderr
+    r = aios_cli(env, "sync", "bk:out", "gs://aios-data/results", "-w", "1", *emu)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    gcs_fs.invalidate_cache()
+    assert gcs_fs.cat("aios-data/results/result.txt") == b"from-worker-1\n"
+    # a missing object: one line, exit 2
+    r = aios_cli(env, "sync", "gs://aios-data/nothing-here", "bk:x", *emu)
+    assert r.returncode == 2 and "nothing-here does not exist" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert aios_cli(env, "down", "bk").returncode == 0

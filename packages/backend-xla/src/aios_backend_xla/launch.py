@@ -54,11 +54,23 @@ def target_topology(config: AiosConfig, request: LaunchRequest | None, facts: Tp
     return None
 
 
-def _cache_dir(config: AiosConfig) -> str | None:
+LOCAL_ADDRESSES = ("localhost", "127.0.0.1", "::1")
+
+
+def _cache_dir(config: AiosConfig, hosts: list[Host] | None = None) -> str | None:
+    """The cache directory for the plan's env. A ``~`` never reaches a process unexpanded
+    (torch_xla's C++ side would create a directory literally named ``~``): for a plan run on
+    this machine it is expanded here; for remote hosts (``aios launch``) it stays ``~/...``,
+    which the cloud layer's env file and :meth:`aios.types.HostPlan.shell` turn into
+    ``"$HOME/..."`` on each host (homes differ per host), and the launcher/strategy expand any
+    ``~`` left at start-up."""
     s = settings_of(config)
     if not s.compile_cache or not s.compile_cache_dir:
         return None
-    return s.compile_cache_dir  # expanded on the host that runs it (~ differs per host)
+    d = s.compile_cache_dir
+    if d.startswith("~") and (not hosts or (len(hosts) == 1 and hosts[0].address in LOCAL_ADDRESSES)):
+        d = os.path.expanduser(d)
+    return d
 
 
 def _hosts_for(topo: TpuTopology, request: LaunchRequest, facts: TpuFacts | None) -> tuple[list[Host], list[str]]:
@@ -84,7 +96,7 @@ def _hosts_for(topo: TpuTopology, request: LaunchRequest, facts: TpuFacts | None
 
 
 def tpu_plan(config: AiosConfig, request: LaunchRequest, topo: TpuTopology, facts: TpuFacts | None = None, python: str | None = None) -> LaunchPlan:
-    python = python or sys.executable
+    python = getattr(request, "python", None) or python or sys.executable
     hosts, notes = _hosts_for(topo, request, facts)
     spmd = config.strategy == "spmd"
     per_host = topo.processes_per_host
@@ -106,7 +118,7 @@ def tpu_plan(config: AiosConfig, request: LaunchRequest, topo: TpuTopology, fact
     master = hosts[0].internal_address or hosts[0].address
     if len(hosts) == 1:
         master = "localhost"
-    cache = _cache_dir(config)
+    cache = _cache_dir(config, hosts)
     plans: list[HostPlan] = []
     for i, host in enumerate(hosts):
         env = {BACKEND_ENV: "xla", "PJRT_DEVICE": "TPU", "AIOS_RUN_NODE_RANK": str(i), "AIOS_RUN_NNODES": str(len(hosts))}
@@ -140,7 +152,7 @@ def tpu_plan(config: AiosConfig, request: LaunchRequest, topo: TpuTopology, fact
 
 def cpu_plan(config: AiosConfig, request: LaunchRequest, python: str | None = None) -> LaunchPlan:
     """XLA:CPU: a single process with PJRT_DEVICE=CPU (only reachable with the opt-in)."""
-    python = python or sys.executable
+    python = getattr(request, "python", None) or python or sys.executable
     s = settings_of(config)
     if config.nprocs not in ("auto", 1) or config.nnodes > 1 or len(request.hosts) > 1:
         raise LaunchError(

@@ -36,8 +36,22 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+CACHE_ENV = "XLA_PERSISTENT_CACHE_PATH"
+
+
+def expand_cache_env(environ: dict[str, str] | os._Environ = os.environ) -> str | None:
+    """Expand a ``~`` in ``XLA_PERSISTENT_CACHE_PATH`` before torch_xla reads it (it takes the
+    path literally and would create a directory named ``~``). Returns the value in effect."""
+    value = environ.get(CACHE_ENV)
+    if value and value.startswith("~"):
+        value = os.path.expanduser(value)
+        environ[CACHE_ENV] = value
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     ns = parse(sys.argv[1:] if argv is None else argv)
+    expand_cache_env()
     try:
         if not os.environ.get("PJRT_DEVICE"):
             raise LaunchError("PJRT_DEVICE is not set: torch_xla would silently fall back to CPU",

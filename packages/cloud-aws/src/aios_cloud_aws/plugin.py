@@ -52,14 +52,16 @@ def aios_config_sections() -> dict[str, type]:
 
 @hookimpl
 def aios_preemption_watchers(config: Any) -> list[Any] | None:
-    from aios_cloud_aws.settings import settings_from
+    import os
+
+    from aios_cloud_aws.settings import SPOT_WATCH_ENV, settings_from
 
     settings = settings_from(config)
     watch = settings.spot_watch
     if watch == "auto":
         from aios_cloud_aws.imds import on_ec2
 
-        watch = on_ec2()
+        watch = os.environ.get(SPOT_WATCH_ENV) == "1" or on_ec2()
     if not watch:
         return None
     from aios_cloud_aws.imds import SpotInterruptionWatcher

@@ -55,7 +55,7 @@ from aios_cloud_aws.ec2params import (
     use_placement_group,
 )
 from aios_cloud_aws.session import Clients, region_of_zone
-from aios_cloud_aws.settings import DLAMI_PYTHON, AwsSettings, settings_from
+from aios_cloud_aws.settings import DLAMI_PYTHON, SPOT_WATCH_ENV, AwsSettings, settings_from
 
 LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
 SPOT_TERMINATION_CODES = {"Server.SpotInstanceTermination", "Server.SpotInstanceShutdown"}
@@ -117,6 +117,8 @@ class AwsProvider(CloudProvider):
                 runtime=self.settings.gpu_ami_parameter if t.backend == "cuda" else self.settings.neuron_ami_parameter,
                 on_demand_hourly=t.on_demand_hourly, spot_hourly=t.spot_hourly,
                 peak_tflops=t.peak_bf16_tflops, zones=t.regions, backend=t.backend,
+                extra={"vcpus": t.vcpus, "ram_gib": t.memory_gib, "efa_interfaces": t.efa_interfaces,
+                       "network_gbps": t.network_gbps, **({"neuron_cores": t.neuron_cores} if t.neuron_cores else {})},
             ))
         return out
 
@@ -539,10 +541,12 @@ class AwsProvider(CloudProvider):
     def remote_env(self, info: ClusterInfo) -> dict[str, str]:
         """Region and the spot watcher switch for the hosts; credentials never travel (the hosts
         use their instance profile for S3)."""
+        # only reserved AIOS_RUN_* names: any other AIOS_ name is parsed as a config key on the
+        # hosts, and an `aws` key is an error there when the image's aios lacks this plugin
         region = info.raw.get("region") or (region_of_zone(info.zone) if info.zone else self.region)
         env = {"AWS_DEFAULT_REGION": region, "AIOS_RUN_CLOUD": "aws"}
         if info.spot:
-            env["AIOS_AWS__SPOT_WATCH"] = "true"
+            env[SPOT_WATCH_ENV] = "1"
         return env
 
     def classify_error(self, exc: BaseException) -> FailureKind:

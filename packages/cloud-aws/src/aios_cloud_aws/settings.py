@@ -46,6 +46,10 @@ class AwsSettings(Section):
     max_attempts: int = Field(4, ge=1, le=20, description="botocore attempts per API call, the first included (standard retry mode)")
 
 
+# Set by the provider on spot hosts (a reserved AIOS_RUN_* name, never a config key): with
+# aws.spot_watch=auto the training processes poll the spot notice even where on_ec2() cannot tell.
+SPOT_WATCH_ENV = "AIOS_RUN_SPOT_WATCH"
+
 DLAMI_PYTHON = {
     "cuda": "/opt/pytorch/bin/python3",
     "neuron": "/opt/aws_neuronx_venv_pytorch_2_8/bin/python3",

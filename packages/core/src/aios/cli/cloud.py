@@ -556,6 +556,18 @@ def ssh(name: str, worker: int, dry_run: bool, command: tuple[str, ...]) -> None
 # ------------------------------------------------------------------------------ sync
 
 
+def _host_python(rec: Any) -> str:
+    """The interpreter of the cluster's latest job (it has aios shipped next to it), else the
+    provider's default for the accelerator."""
+    job = _store().latest_job(rec.name)
+    if job and (job.spec or {}).get("python"):
+        return job.spec["python"]
+    try:
+        return _provider(rec.cloud, None).python(rec.accelerator)
+    except AiosError:
+        return "python3"
+
+
 def _classify(loc: str, store: Any) -> tuple[str, Any, str]:
     """``("url", scheme, url)``, ``("cluster", rec, path)`` or ``("local", None, path)``."""
     if "://" in loc:
@@ -571,8 +583,9 @@ def _classify(loc: str, store: Any) -> tuple[str, Any, str]:
 @click.argument("dst")
 @click.option("--worker", "-w", type=int, multiple=True, help="Cluster side: these workers (upload: default all; download: default 0).")
 @click.option("--exclude", multiple=True)
+@click.option("--env", "env_items", multiple=True, help="Bucket <-> cluster: NAME=VALUE or NAME (forwarded from here) for the copy on the hosts (endpoints, credentials).")
 @click.option("--dry-run", is_flag=True)
-def sync(src: str, dst: str, worker: tuple[int, ...], exclude: tuple[str, ...], dry_run: bool) -> None:
+def sync(src: str, dst: str, worker: tuple[int, ...], exclude: tuple[str, ...], env_items: tuple[str, ...], dry_run: bool) -> None:
     """Copy between local paths, a cluster (NAME:PATH, relative to its code dir) and buckets
     (gs://..., s3://...). Bucket transfers show a progress bar for large files.
 
@@ -581,6 +594,8 @@ def sync(src: str, dst: str, worker: tuple[int, ...], exclude: tuple[str, ...], 
     aios sync gs://bucket/ckpt ./ckpt          bucket -> local
     aios sync ./config.yaml mycluster:configs/  local -> every host
     aios sync mycluster:out ./out -w 0          host 0 -> local
+    aios sync gs://bucket/data mycluster:data   bucket -> every host (copied on the hosts)
+    aios sync mycluster:out s3://bucket/out     host 0 -> bucket
     """
     from aios.cloud import transfer
 
@@ -593,8 +608,19 @@ def sync(src: str, dst: str, worker: tuple[int, ...], exclude: tuple[str, ...], 
         raise AiosError(f"source {src} does not exist", "pass an existing local path")
     if s[0] == "url" or d[0] == "url":
         if "cluster" in (s[0], d[0]):
-            raise AiosError("bucket <-> cluster copies run on the hosts", f"use `aios exec NAME gcloud storage cp ...` or sync via a local path")
-        lines = transfer.copy_urls(s[2], d[2], dry_run=dry_run, excludes=exclude)
+            from aios.cloud import ops
+
+            rec = s[1] if s[0] == "cluster" else d[1]
+            if s[0] == "cluster" and len(worker) > 1:
+                raise AiosError("cluster -> bucket copies from one worker (they would overwrite each other)", "pass one -w N, and a different URL per worker")
+            env, forward = ops.parse_env(list(env_items))
+            env.update(ops.job_env(ops.JobSpec(script="", forward_env=forward), {}))
+            hosts = _select(rec, worker or ((0,) if s[0] == "cluster" else ()))
+            lines = transfer.bucket_cluster(s[2], d[2], rec, hosts, _host_python(rec), _printer(), dry_run, env, exclude)
+        else:
+            if env_items:
+                raise AiosError("--env only applies to bucket <-> cluster copies", "drop --env")
+            lines = transfer.copy_urls(s[2], d[2], dry_run=dry_run, excludes=exclude)
     elif s[0] == "local" and d[0] == "cluster":
         lines = transfer.upload_to_cluster(Path(s[2]), d[1], d[2], _select(d[1], worker), _printer(), dry_run, exclude)
     elif s[0] == "cluster" and d[0] == "local":

@@ -123,6 +123,77 @@ def copy_urls(src: str, dst: str, dry_run: bool = False, excludes: tuple[str, ..
     return lines
 
 
+def _remote_path(path: str) -> str:
+    """A cluster-side path for a shell word: ``~/x`` -> ``"$HOME/x"``; relative paths stay
+    relative (the command runs in the cluster's code dir)."""
+    if path.startswith("~/") or path == "~":
+        rest = path[2:].replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$").replace("`", "\\`")
+        return f'"$HOME/{rest}"'
+    if path.startswith("$HOME"):
+        return f'"{path}"'
+    return shlex.quote(path or ".")
+
+
+def bucket_cluster(src: str, dst: str, rec: Any, hosts: list[Any], python: str, printer: Callable[[str, str], None],
+                   dry_run: bool, env: dict[str, str] | None = None, excludes: tuple[str, ...] = ()) -> list[str]:
+    """bucket -> PATH on every selected host, or PATH on the selected hosts -> bucket. The copy
+    runs *on the hosts* (``python -m aios.cloud.transfer``, the same fsspec code as a local
+    ``aios sync``, with the aios shipped by ``aios launch``), so the data never passes through
+    this machine and the hosts use their own credentials (service account / instance profile).
+    ``env`` (endpoints, forwarded credentials) reaches the hosts on stdin, never on a command
+    line. Relative cluster paths are under the cluster's code dir."""
+    from aios.cloud import ops
+
+    root = ops.remote_root(rec.name)
+    to_cluster = "://" in src
+    words = [_remote_path(w) if i == (1 if to_cluster else 0) else shlex.quote(w) for i, w in enumerate((src, dst))]
+    extra = "".join(f" --exclude {shlex.quote(x)}" for x in excludes)
+    cmd = (f'set -a; . /dev/stdin; set +a; mkdir -p {root}/code && cd {root}/code && '
+           f'export PYTHONPATH="{root}/code/.aios-site${{PYTHONPATH:+:$PYTHONPATH}}" && '
+           f"{shlex.quote(python)} -m aios.cloud.transfer {words[0]} {words[1]}{extra}")
+    runner = ops.runner_for(rec, printer)
+    if dry_run:
+        return [f"({h.label}) {shlex.join(runner.argv(h, cmd))}" for h in hosts]
+    from aios.cloud.ops import env_file
+
+    with tempfile.TemporaryDirectory(prefix="aios-sync-") as tmp:
+        p = Path(tmp) / "env"
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(env_file(env or {}))
+        results = runner.run(cmd, stdin_path=str(p), hosts=hosts)
+    bad = [r for r in results if not r.ok]
+    if bad:
+        r = bad[0]
+        detail = next((ln for ln in reversed(r.stderr) if ln.strip()), f"exit status {r.returncode}")
+        if "No module named" in detail and "aios" in detail:
+            fix = f"aios is not on {rec.name} yet: run a job there first (`aios launch --name {rec.name} ...` ships it), or install aios on the image"
+        else:
+            fix = "check the URL and that the hosts can reach the bucket (pass endpoints/credentials with --env NAME)"
+        raise AiosError(f"sync on {len(bad)} of {len(results)} hosts failed ({r.host.label}: {detail.strip()[:200]})", fix)
+    where = f"{rec.name}:{(dst if to_cluster else src)}"
+    return [f"copied {src} to {where} on {len(hosts)} hosts" if to_cluster else f"copied {where} from worker {hosts[0].worker_id} to {dst}"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m aios.cloud.transfer SRC DST [--exclude GLOB]``: what ``aios sync`` runs on the
+    hosts for bucket <-> cluster copies. Exit 2 with one line on bad input."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m aios.cloud.transfer")
+    ap.add_argument("src")
+    ap.add_argument("dst")
+    ap.add_argument("--exclude", action="append", default=[])
+    a = ap.parse_args(argv)
+    try:
+        for line in copy_urls(a.src, a.dst, excludes=tuple(a.exclude), progress=False):
+            print(line, flush=True)
+    except AiosError as exc:
+        print(f"aios sync: error: {exc.one_line()}", file=sys.stderr)
+        return exc.exit_code
+    return 0
+
+
 def upload_to_cluster(src: Path, rec: Any, path: str, hosts: list[Any], printer: Callable[[str, str], None],
                       dry_run: bool, excludes: tuple[str, ...] = ()) -> list[str]:
     """local file/dir -> PATH on every selected host (relative paths: under the code dir)."""
@@ -184,3 +255,7 @@ def download_from_cluster(rec: Any, path: str, hosts: list[Any], dst: Path, dry_
                 t.extractall(target, filter="data")
         out.append(f"copied {rec.name}:{path} from worker {h.worker_id} to {target}")
     return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
