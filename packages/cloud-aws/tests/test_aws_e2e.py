@@ -113,6 +113,9 @@ def _in_ns(host, argv: list[str], log: Path) -> subprocess.Popen:
     return subprocess.Popen(["ip", "netns", "exec", host.netns, *argv], stdout=f, stderr=f, start_new_session=True)
 
 
+STEPS = 600  # long enough that the notice lands mid-run on an idle machine (~30 steps/s here)
+
+
 def test_spot_notice_checkpoints_to_s3_and_managed_recovery_resumes(aws, sshd_hosts, tmp_path):
     from aios_cloud_aws.testing.bridge import UnixToTcp
     from aios_cloud_aws.testing.moto import reclaim_spot
@@ -142,11 +145,19 @@ def test_spot_notice_checkpoints_to_s3_and_managed_recovery_resumes(aws, sshd_ho
                 "--env", f"AWS_EC2_METADATA_SERVICE_ENDPOINT=http://127.0.0.1:{IMDS_PORT}",
                 "--env", f"AWS_ENDPOINT_URL=http://127.0.0.1:{S3_PORT}",
                 "--env", "AWS_ACCESS_KEY_ID", "--env", "AWS_SECRET_ACCESS_KEY",
-                "gpt.py", "--", *_gpt_args(150)]
+                "gpt.py", "--", *_gpt_args(STEPS)]
         r = _aios(tmp_path, *args)
         assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
-        # let training run a little, then the spot notice arrives on every node
-        time.sleep(20)
+        # once training is under way (not after a fixed sleep: on an idle machine the run could
+        # finish first), the spot notice arrives on every node
+        import re
+
+        deadline = time.monotonic() + 180
+        seen = 0
+        while time.monotonic() < deadline and seen < 10:
+            seen = max([int(m) for m in re.findall(rf"gpt (\d+)/{STEPS}", _aios(tmp_path, "logs", "spot").stdout)] or [0])
+            time.sleep(0.5)
+        assert 10 <= seen < STEPS, f"training did not get under way (last step seen: {seen})"
         from aios_cloud_aws.testing.imds import notice_json
 
         notice.write_text(notice_json("terminate", 120))
@@ -184,11 +195,9 @@ def test_spot_notice_checkpoints_to_s3_and_managed_recovery_resumes(aws, sshd_ho
             time.sleep(3)
         assert '"state": "SUCCEEDED"' in state, state + _aios(tmp_path, "logs", "spot").stdout[-3000:]
         assert '"restarts": 1' in state and "recovered" in state
-        import re
-
         logs = _aios(tmp_path, "logs", "spot").stdout
-        done = re.findall(r"done 150 steps \((\d+) this run\)", logs)
-        assert done and 0 < int(done[-1]) < 150, logs[-3000:]  # resumed from the emergency checkpoint on S3
+        done = re.findall(rf"done {STEPS} steps \((\d+) this run\)", logs)
+        assert done and 0 < int(done[-1]) < STEPS, logs[-3000:]  # resumed from the emergency checkpoint on S3
         assert len(aws.proxy.called("RunInstances")) == 2  # launched, then relaunched by the recovery
     finally:
         _aios(tmp_path, "down", "spot")

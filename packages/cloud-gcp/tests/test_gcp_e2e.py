@@ -158,7 +158,7 @@ def _final_val_loss(text: str) -> float:
 
 
 def test_gcp_managed_spot_recovers_from_preemption_with_the_same_loss(tmp_path, sshd_hosts, fake_tpu, gcs, gcs_fs, gcp_env, aios_cli, wait_for):
-    steps = 40
+    steps = 200  # long enough that the preemption lands mid-run on an idle machine
     work = make_project(tmp_path)
     # the uninterrupted reference: the same script, 2 processes, locally
     ref_env = {k: v for k, v in gcp_env(tmp_path, fake_tpu).items()}
