@@ -172,7 +172,10 @@ def test_gcp_managed_spot_recovers_from_preemption_with_the_same_loss(tmp_path, 
     env = gcp_env(tmp_path, fake_tpu)
     r = aios_cli(env, *launch_args(work, "spot", steps, "--spot", "--max-restarts", "2", "--checkpoint-dir", "gs://aios-ckpt/gpt",
                                    "--env", f"STORAGE_EMULATOR_HOST={gcs}", "--env", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false",
-                                   "--env", "AIOS_CHECKPOINT__EVERY=5", "--detach"))
+                                   "--env", "AIOS_CHECKPOINT__EVERY=5",
+                                   # the reference ran 2 processes on one 2-core machine (1 thread
+                                   # each); the same thread count keeps the float sums identical
+                                   "--env", "OMP_NUM_THREADS=1", "--detach"))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert fake_tpu.node("spot").body["schedulingConfig"]["spot"] is True
 
