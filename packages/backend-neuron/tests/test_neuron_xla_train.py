@@ -63,19 +63,18 @@ def test_gpt_on_neuron_xla_cpu_matches_cpu(tmp_path, fake_neuron_ls):
     assert bm["neuron"]["compile_cache"] == "/var/tmp/neuron-compile-cache"
 
 
-def test_gpt_bf16_mixed_on_neuron_xla_cpu_matches_cpu(tmp_path, fake_neuron_ls):
-    """bf16 by autocast on the xla device (never XLA_USE_BF16) trains like CPU autocast."""
+def test_gpt_bf16_mixed_on_neuron_xla_cpu_matches_xla_autocast(tmp_path, fake_neuron_ls):
+    """bf16 by autocast on the xla device (never XLA_USE_BF16): the Neuron path gives the same
+    curve as the XLA backend's autocast. (Against eager CPU autocast only the fp32 run above is a
+    fair comparison: which ops run in bf16 differs, and 24 steps of fast descent amplify it.)"""
     fake_neuron_ls("trn1.2xlarge")
     base = {k: v for k, v in os.environ.items() if not k.startswith(("AIOS_", "NEURON_", "PJRT_", "XLA_"))}
-    _, train_c, val_c, _ = _run("cpu", tmp_path, base, "precision=bf16-mixed")
+    _, train_x, val_x, _ = _run("xla", tmp_path, base, "precision=bf16-mixed", "xla.allow_cpu=true")
     _, train_n, val_n, text = _run("neuron", tmp_path, {**base, "AIOS_TEST_NEURON_ON_XLA_CPU": "1"}, "precision=bf16-mixed")
     assert "(neuron, bf16-mixed)" in text
-    # bf16 rounding differs between XLA:CPU's fused kernels and eager CPU autocast (which ops run
-    # in bf16 differs too): the same curve within 2% (fp32 above matches exactly), and both runs
-    # really trained (well below the initial ln(vocab) = 4.16 of an untrained model).
-    assert val_n == pytest.approx(val_c, rel=0.02), (val_n, val_c)
-    assert train_n == pytest.approx(train_c, rel=0.02), (train_n, train_c)
-    assert max(val_n, val_c) < 3.6
+    assert val_n == pytest.approx(val_x, rel=1e-3), (val_n, val_x)
+    assert train_n == pytest.approx(train_x, rel=1e-3), (train_n, train_x)
+    assert max(val_n, train_n) < 3.8  # trained: an untrained model sits at ln(64) = 4.16
 
 
 def test_bf16_true_plan_reaches_the_worker_env(tmp_path, fake_neuron_ls):
