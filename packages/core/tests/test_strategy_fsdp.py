@@ -22,7 +22,9 @@ DONE = re.compile(r"done 40 steps \(40 this run\) in [0-9.]+s: [0-9.]+ steps/s, 
 def _run(tmp: Path, *args: str, timeout: int = 500) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
     env.update({"AIOS_LOGGING__TENSORBOARD": "false", "GPT_SAMPLE": "0", "OMP_NUM_THREADS": "1"})
-    return subprocess.run([sys.executable, "-c", "from aios.cli.run import main; main()", *args],
+    from aios.testing.strategy_contract import free_port
+
+    return subprocess.run([sys.executable, "-c", "from aios.cli.run import main; main()", f"master_port={free_port()}", *args],
                           capture_output=True, text=True, env=env, cwd=tmp, timeout=timeout)
 
 
@@ -60,7 +62,7 @@ class Block(torch.nn.Module):
         self.up, self.down = torch.nn.Linear(64, 256), torch.nn.Linear(256, 64)
     def forward(self, x):
         return x + self.down(torch.relu(self.up(x)))
-model = torch.nn.Sequential(*[Block() for _ in range(3)], torch.nn.Linear(64, 1))
+model = torch.nn.Sequential(*[Block() for _ in range(3)], torch.nn.Linear(64, 16))
 full = {n: p.numel() for n, p in model.named_parameters()}
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 model, opt = rt.setup(model, opt)
