@@ -1,6 +1,7 @@
 """The native sharded strategies on CPU over real gloo: examples/gpt.py under FSDP2 on 2 and 4
-processes reaches the DDP loss, parameters are DTensor shards (about 1/N of each weight per
-rank), a dp=2 x tp=2 mesh trains on 4 processes, and bad strategy choices are one-line errors."""
+processes reaches the DDP loss (and HSDP on a 2 x 2 mesh), parameters are DTensor shards (about
+1/N of each weight per rank), a dp=2 x tp=2 mesh trains on 4 processes, and bad strategy choices
+are one-line errors."""
 
 from __future__ import annotations
 
@@ -43,6 +44,9 @@ def test_gpt_fsdp_matches_ddp(tmp_path, nprocs):
     # same data order, same initialisation, same math: FSDP2 differs from DDP only by
     # floating-point reduction order
     assert abs(fsdp[0] - ddp[0]) < 0.02 and abs(fsdp[1] - ddp[1]) < 0.02, (ddp, fsdp)
+    if nprocs == 4:  # HSDP: 2 replicas x 2 shards (a 2-D mesh), same global batch
+        hsdp = _gpt(tmp_path, nprocs, "strategy=hsdp", "mesh.replicate=2", "fsdp.wrap=[Block]")
+        assert abs(hsdp[0] - ddp[0]) < 0.02 and abs(hsdp[1] - ddp[1]) < 0.02, (ddp, hsdp)
 
 
 def test_gpt_dp2_tp2_mesh_trains_on_4_processes(tmp_path):
