@@ -17,3 +17,11 @@ class TestDDPContract(StrategyContract):
 class TestFSDPContract(StrategyContract):
     strategy = "fsdp"
     overrides = ["fsdp.wrap=[Block]"]
+
+
+class TestFSDPOptionsContract(StrategyContract):
+    """FSDP2 with activation checkpointing per block and CPU offload of shards, gradients and
+    optimizer state."""
+
+    strategy = "fsdp"
+    overrides = ["fsdp.wrap=[Block]", "fsdp.activation_checkpointing=true", "fsdp.cpu_offload=true", "fsdp.reshard_after_forward=false"]
