@@ -422,8 +422,8 @@ class CheckpointManager:
         path, lineage, meta, step = chosen
         self.load(path if "://" not in self.config.checkpoint.dir else store.display(path), reshard=reshard)
         self._print(
-            f"aios: resuming run {meta.get('run_id', '?')} from {self.resumed_from} at step {self.training.step} "
-            f"(world size {meta.get('world_size', '?')}, backend {meta.get('backend', '?')}, lineage {lineage or 'legacy'})"
+            f"aios: resumed from {self.resumed_from} at step {self.training.step} (run {meta.get('run_id', '?')}, "
+            f"world size {meta.get('world_size', '?')}, backend {meta.get('backend', '?')}, lineage {lineage or 'legacy'})"
         )
         self.record.event("resume", path=self.resumed_from, step=self.training.step, run_id=meta.get("run_id"), lineage=lineage)
         return self.training.step
