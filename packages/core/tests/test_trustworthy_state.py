@@ -325,7 +325,7 @@ def test_resharding_format_accepts_another_world_size_only_when_asked(tmp_path):
     rt = aios.init(checkpoint={"dir": str(ck)})
     _train(rt, 0)
     rt.checkpointer.format = Reshardable()
-    with pytest.raises(CheckpointError, match="set checkpoint.reshard=true"):
+    with pytest.raises(CheckpointError, match=r"can reshard: resume with rt.resume\(reshard=True\)"):
         rt.resume()
     assert rt.resume(reshard=True) == 3
 

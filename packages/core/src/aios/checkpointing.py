@@ -31,9 +31,10 @@ Extension point: checkpoint formats
   manager broadcasts the staging directory rank 0 began, gathers every rank's file entries,
   and rank 0 commits after a barrier, i.e. after every rank's files are durable.
 * ``supports_resharding``: whether a checkpoint written with another world size (or strategy)
-  can be loaded. Only then, and only when asked (``checkpoint.reshard=true`` or
-  ``resume(reshard=True)``), does resume accept a world-size mismatch; otherwise a mismatch in
-  world size, backend, strategy or format is a one-line error naming it and the fix.
+  can be loaded. Only then, and only when asked (``rt.resume(reshard=True)``/``rt.load(...,
+  reshard=True)``, or a ``checkpoint.reshard`` setting where the config defines one), does resume
+  accept a world-size (or strategy) mismatch; otherwise a mismatch in world size, backend,
+  strategy or format is a one-line error naming it and the fix.
 
 Staging and commit are store operations (:meth:`aios.checkpoint.CheckpointStore.begin`,
 ``write_file``, ``commit``, ``abort``): the marker is written last; the store's rules about
@@ -376,7 +377,7 @@ class CheckpointManager:
                 "relaunch with the strategy that wrote it, or start fresh with checkpoint.resume=false (or another checkpoint.dir)",
             )
         if "world_size" in meta and int(meta["world_size"]) != mine["world_size"] and not can_reshard:
-            hint = "; this checkpoint format can reshard: set checkpoint.reshard=true" if self.format.supports_resharding else ""
+            hint = "; this checkpoint format can reshard: resume with rt.resume(reshard=True)" if self.format.supports_resharding else ""
             raise CheckpointError(
                 f"{where} was written with world size {meta['world_size']}, this run has world size {mine['world_size']}",
                 f"relaunch with {meta['world_size']} processes in total, or start fresh with checkpoint.resume=false (or another checkpoint.dir){hint}",
