@@ -54,12 +54,14 @@ def _data(n: int = 64):
     return torch.utils.data.TensorDataset(x, x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]]))
 
 
-def _train(rt, steps: int):
+def _train(rt, steps: int, resume: bool = False):
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     loader = torch.utils.data.DataLoader(_data(), batch_size=8, shuffle=True, drop_last=True)
     model, opt, loader = rt.setup(model, opt, loader)
+    if resume:
+        rt.resume()
     while rt.global_step < steps:
         for x, y in loader:
             rt.backward(torch.nn.functional.mse_loss(model(x), y))
@@ -88,6 +90,17 @@ def test_keep_n_prunes_only_this_runs_lineage(tmp_path):
     rt = aios.init(checkpoint={"dir": str(ck), "keep": 1})
     _train(rt, 0)
     assert rt.resume() == 4  # the run that wrote last, not the higher step of the older run
+
+
+def test_resumed_run_continues_its_lineage_with_a_relative_dir(tmp_path):
+    rt = aios.init(checkpoint={"dir": "ck", "every": 2, "keep": 2})
+    _train(rt, 4)
+    rt.close()
+    rt = aios.init(checkpoint={"dir": "ck", "every": 2, "keep": 2})
+    _train(rt, 8, resume=True)
+    assert rt.checkpointer.resumed_from == str(tmp_path / "ck" / "ckpt-000000004")
+    rt.close()
+    assert _ckpts(tmp_path / "ck") == ["ckpt-000000006", "ckpt-000000008"]  # one lineage: keep=2
 
 
 def test_keep_n_store_level_other_lineage_untouched(tmp_path):

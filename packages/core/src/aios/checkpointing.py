@@ -345,13 +345,19 @@ class CheckpointManager:
         return written
 
     # ---------------------------------------------------------------- load / resume
-    def _source_store(self, path: str | int | None) -> Any:
-        d = self.config.checkpoint.dir
-        if isinstance(path, str) and ("/" in path or "://" in path) and not (d and path.startswith(str(d))):
-            from aios.checkpoint import CheckpointStore
+    def _source_store(self, path: str | int | None) -> tuple[Any, bool]:
+        """The store holding ``path`` and whether it is ``checkpoint.dir`` (then the loaded
+        checkpoint's lineage becomes this run's)."""
+        if not (isinstance(path, str) and ("/" in path or "://" in path)):
+            return self.store, True
+        from aios.checkpoint import CheckpointStore, filesystem
 
-            return CheckpointStore(path.rstrip("/").rpartition("/")[0] or ".", keep=None), False
-        return self.store, True
+        parent = path.rstrip("/").rpartition("/")[0] or "."
+        if self.config.checkpoint.dir:
+            where = filesystem(parent)[1] if "://" in parent else os.path.abspath(parent)
+            if where.rstrip("/") == self.store.root.rstrip("/"):
+                return self.store, True
+        return CheckpointStore(parent, keep=None), False
 
     def check_compatible(self, info: Any, store: Any, reshard: bool) -> None:
         """Refuse a checkpoint written by another world size, backend, strategy or format
