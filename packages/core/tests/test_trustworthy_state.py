@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 import warnings
 from pathlib import Path
@@ -455,3 +454,18 @@ def test_lock_heartbeat_keeps_a_long_run_fresh(tmp_path, monkeypatch):
     assert not [p for p in ck.iterdir() if p.name.startswith(".aios-lock.")]  # no temp files left
     rt.close()
     assert not (ck / LOCK_FILE).exists()
+
+
+def test_save_to_an_explicit_path_inside_checkpoint_dir_keeps_the_periodic_checkpoint(tmp_path):
+    ck = tmp_path / "ck"
+    rt = aios.init(checkpoint={"dir": str(ck), "every": 2})
+    _train(rt, 3)  # ckpt-2 written at the boundary
+    rt.save(str(ck / "ckpt-000000002-copy-dir-not-ckpt"))  # an odd name that is not aios's
+    rt.training.step = 2
+    path = rt.save(str(ck / "best"))
+    assert path == str(ck / "best") and (ck / "best" / MARKER).exists()
+    assert (ck / "ckpt-000000002" / MARKER).exists()  # the periodic checkpoint of that step is intact
+    with pytest.raises(CheckpointError, match="already exists"):
+        rt.save(str(ck / "best"))
+    assert (ck / "best" / MARKER).exists()
+    assert not [p for p in ck.iterdir() if p.name.startswith(".aios-partial")]

@@ -277,10 +277,11 @@ class CheckpointManager:
         files: dict[str, Any] = {}
         written: str | None = None
         try:
+            target = path.rstrip("/").rpartition("/")[2] if path is not None else None
             if fmt.all_ranks_write:  # one staging directory for every rank, begun by rank 0
-                staging = self._collective(lambda: store.begin(step))
+                staging = self._collective(lambda: store.begin(step, target))
             elif writes:
-                staging = store.begin(step)
+                staging = store.begin(step, target)
             if writes:
                 files = fmt.save(step, ctx, staging, store) or {}
         except BaseException as exc:  # noqa: BLE001 - re-raised after the barrier
@@ -335,13 +336,9 @@ class CheckpointManager:
         return self._store.lineage if self._store is not None else None
 
     def _commit(self, store: Any, staging: Any, files: dict[str, Any], path: str | None) -> str:
-        from aios.checkpoint import ckpt_name
-
         written = store.commit(staging, self.meta(), files)
-        if path is not None:
-            name = path.rstrip("/").rpartition("/")[2]
-            if name != ckpt_name(staging.step):
-                written = _rename_ckpt(store, written, path)
+        if path is not None and "://" not in path:
+            return path  # as the caller named it
         return written
 
     # ---------------------------------------------------------------- load / resume
@@ -449,17 +446,3 @@ class CheckpointManager:
                 with open(os.path.join(status_dir, f"rank{rank}"), "w") as f:
                     f.write(f"preempted {path or ''}")
         return event
-
-
-def _rename_ckpt(store: Any, written: str, target: str) -> str:
-    """Move a just-written checkpoint to an explicit target path (local only)."""
-    from aios.checkpoint import fsync_dir
-
-    if store.local and os.path.abspath(written) != os.path.abspath(target):
-        if os.path.exists(target):
-            store.retire(written)
-            raise CheckpointError(f"'{target}' already exists", "choose a new path or delete it")
-        os.rename(written, target)
-        fsync_dir(os.path.dirname(os.path.abspath(target)))
-        return target
-    return written

@@ -8,9 +8,8 @@ import json
 import os
 import sys
 
-import torch
-
 import aios
+import torch
 from aios.checkpointing import CheckpointFormat, get_format, register_format
 from aios.errors import CheckpointError
 
