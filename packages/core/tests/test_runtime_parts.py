@@ -233,3 +233,28 @@ def test_all_ranks_write_format_with_two_processes(tmp_path):
         assert f"[rank{rank}]:save failed: True True" in out, out
         assert f"[rank{rank}]:resumed 3 {2.0 * (rank + 1)}" in out, out
     assert sorted(p.name for p in ck.iterdir()) == ["ckpt-000000003"]  # the failed save left nothing
+
+
+def test_checkpoint_format_can_be_registered_lazily():
+    from aios.checkpointing import FORMATS, FullStateFormat, get_format, register_format
+
+    register_format("test-lazy", "aios.checkpointing:FullStateFormat")
+    try:
+        assert isinstance(get_format("test-lazy"), FullStateFormat)
+        assert FORMATS["test-lazy"] is FullStateFormat
+    finally:
+        FORMATS.pop("test-lazy", None)
+    from aios.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match="checkpoint format 'nope' is not available"):
+        get_format("nope")
+
+
+def test_progress_starts_nothing_until_the_first_update(monkeypatch, capsys):
+    from aios.runtime import Progress
+
+    monkeypatch.setattr("sys.stdout.isatty", lambda: True, raising=False)
+    threads = threading.active_count()
+    p = Progress(10, "train", enabled=True, every=1)
+    assert p._bar is None and threading.active_count() == threads
+    p.close()

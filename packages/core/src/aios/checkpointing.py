@@ -17,8 +17,9 @@ does when ``runtime.setup`` attached it: ``loader.owner`` is the manager); ``bac
 Extension point: checkpoint formats
 -----------------------------------
 *How* the state is written is a :class:`CheckpointFormat`, chosen by the strategy's
-``checkpoint_format`` attribute (default ``"full"``) from :data:`FORMATS` (add one with
-:func:`register_format`). A format implements:
+``checkpoint_format`` attribute (default ``"full"``) from :data:`FORMATS` when the manager is
+built (add one with :func:`register_format`, a class or a lazy ``"module:Class"``). A format
+implements:
 
 * ``save(step, ctx, staging, store)``: write this rank's files into ``staging.path`` with
   ``store.write_file(staging, name, writer)`` (durable, sized and hashed for the marker) or on its
@@ -113,11 +114,13 @@ class FullStateFormat(CheckpointFormat):
         return state.get("extra", {}) or {}
 
 
-FORMATS: dict[str, type[CheckpointFormat]] = {"full": FullStateFormat}
+#: format name -> class, or ``"module:Class"`` imported on first use (keeps imports lazy)
+FORMATS: dict[str, type[CheckpointFormat] | str] = {"full": FullStateFormat}
 
 
-def register_format(name: str, cls: type[CheckpointFormat]) -> None:
-    """Make a checkpoint format available to strategies whose ``checkpoint_format`` is ``name``."""
+def register_format(name: str, cls: type[CheckpointFormat] | str) -> None:
+    """Make a checkpoint format available to strategies whose ``checkpoint_format`` is ``name``
+    (a class, or ``"module:Class"`` to import it only when a strategy asks for it)."""
     FORMATS[name] = cls
 
 
@@ -125,6 +128,11 @@ def get_format(name: str) -> CheckpointFormat:
     cls = FORMATS.get(name)
     if cls is None:
         raise CheckpointError(f"checkpoint format '{name}' is not available (known: {', '.join(sorted(FORMATS))})", "install the plugin that provides it")
+    if isinstance(cls, str):
+        import importlib
+
+        module, _, attr = cls.partition(":")
+        cls = FORMATS[name] = getattr(importlib.import_module(module), attr)
     return cls()
 
 
