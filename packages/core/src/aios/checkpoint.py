@@ -396,6 +396,8 @@ class CheckpointStore:
             **(meta or {}), "lineage": self.lineage,
         }
         try:
+            if self.local:
+                fsync_dir(staging.path)  # every writer's file names are durable before the marker
             with self.open_write(f"{staging.path}/{MARKER}") as f:
                 f.write(json.dumps(marker, indent=1, sort_keys=True, default=str).encode())
                 self.fsync(f)
