@@ -17,6 +17,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 CONFIG_ENV = "AIOS_RUN_CONFIG"
 BACKEND_ENV = "AIOS_RUN_BACKEND"
+#: torch's c10d rendezvous: a fresh store (and port) for the workers of every rendezvous round
+FRESH_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 
 def resolve_nprocs(config: AiosConfig, devices: int) -> int:
@@ -72,11 +74,17 @@ def elastic_plan(
                 "--max-restarts", str(config.launch.max_restarts),
                 "--monitor-interval", str(config.launch.monitor_interval),
             ]
-            if nnodes > 1 and config.launch.rdzv_backend == "c10d":
+            restarts = config.launch.max_restarts > 0
+            if (nnodes > 1 or restarts) and config.launch.rdzv_backend == "c10d":
+                # node 0 alone hosts the rendezvous store (is_host), so a node that starts first
+                # waits for it (the store's read timeout) instead of hosting it on node 0's port;
+                # with restarts every attempt is a fresh rendezvous round whose workers get their
+                # own store port (TORCH_DISABLE_SHARE_RDZV_TCP_STORE), never a stale one
                 cmd += [
                     "--rdzv-backend", "c10d",
                     "--rdzv-endpoint", f"{master}:{config.master_port}",
                     "--rdzv-id", config.launch.rdzv_id,
+                    "--rdzv-conf", f"is_host={1 if node_rank == 0 else 0}",
                 ]
             else:
                 cmd += [
@@ -96,5 +104,8 @@ def elastic_plan(
                 "LOCAL_WORLD_SIZE": str(nprocs), "GROUP_RANK": str(node_rank),
                 "MASTER_ADDR": master, "MASTER_PORT": str(config.master_port),
             })
-        plans.append(HostPlan(host=host, nprocs=nprocs, env=dict(base_env), command=cmd, ranks=ranks))
+        host_env = dict(base_env)
+        if not direct and config.launch.max_restarts > 0 and config.launch.rdzv_backend == "c10d":
+            host_env[FRESH_STORE_ENV] = "1"
+        plans.append(HostPlan(host=host, nprocs=nprocs, env=host_env, command=cmd, ranks=ranks))
     return LaunchPlan(backend=backend, launcher="direct" if direct else "elastic", world_size=world, hosts=plans, notes=list(notes or []))
