@@ -117,7 +117,7 @@ def test_worker_watchdog_follows_a_launcher_that_is_not_its_parent(tmp_path: Pat
     worker = subprocess.Popen(
         [sys.executable, "-c", "from aios._worker import watch_launcher; import time\n"
          "assert watch_launcher(interval=0.1)\nprint('watching', flush=True)\ntime.sleep(120)"],
-        env={**os.environ, "AIOS_LAUNCHER_PID": str(launcher.pid)}, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "AIOS_RUN_LAUNCHER_PID": str(launcher.pid)}, stdout=subprocess.PIPE, text=True,
     )
     try:
         assert worker.stdout is not None and worker.stdout.readline().strip() == "watching"
@@ -298,3 +298,26 @@ def test_restart_line_names_a_signal(tmp_path: Path) -> None:
                        capture_output=True, text=True, env=_env(tmp_path), cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert re.search(r"^aios-run: restart 1/1: rank 0 was killed by SIGKILL; restarting all workers$", r.stderr, re.M), r.stderr
+
+
+def test_aios_init_watches_the_launcher(tmp_path: Path) -> None:
+    """``aios.init()`` in a worker arms the watchdog (a worker several processes below
+    ``aios-run``, e.g. started by a backend's own launcher, is not covered by its parent death
+    signal)."""
+    pytest.importorskip("torch")
+    launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    worker = subprocess.Popen(
+        [sys.executable, "-c", "import aios, time\nrt = aios.init()\nprint('started', flush=True)\ntime.sleep(300)"],
+        env=_env(tmp_path, AIOS_RUN_LAUNCHER_PID=str(launcher.pid)), stdout=subprocess.PIPE, text=True, cwd=tmp_path,
+    )
+    try:
+        assert worker.stdout is not None and worker.stdout.readline().strip() == "started"
+        assert worker.poll() is None
+        launcher.kill()
+        launcher.wait()
+        assert worker.wait(timeout=15) == -signal.SIGKILL
+    finally:
+        for p in (launcher, worker):
+            if p.poll() is None:
+                p.kill()
+            p.wait()

@@ -19,7 +19,7 @@ import sys
 import threading
 from collections.abc import Callable
 
-LAUNCHER_PID_ENV = "AIOS_LAUNCHER_PID"
+LAUNCHER_PID_ENV = "AIOS_RUN_LAUNCHER_PID"
 PR_SET_PDEATHSIG = 1
 _watching = False
 
