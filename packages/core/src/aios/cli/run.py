@@ -15,21 +15,28 @@ rendezvous port free, checkpoint dir writable and not corrupt), then run the pla
 
 * ``direct`` (one process, no restarts): the script as a child process;
 * ``elastic``: PyTorch's elastic launcher (``torch.distributed.run``) **in this process**, so
-  there is no extra interpreter between ``aios-run`` and the workers; restarts, rendezvous,
-  per-rank log prefixes (``[rankN]:``), SIGINT/SIGTERM forwarded to every worker, workers given
+  there is no extra interpreter between ``aios-run`` and the workers; restarts (a fresh
+  rendezvous per attempt, one ``aios-run: restart n/N: ...`` line each), per-rank log prefixes
+  (``[rankN]:``), SIGINT/SIGTERM forwarded to every worker, workers given
   ``checkpoint.grace_seconds`` (+5 s) to write their emergency checkpoint before SIGKILL;
 * anything else a backend plans (``xla``): its command as a child process.
 
 Workers receive the resolved config in ``AIOS_RUN_CONFIG`` (JSON of the keys that were set,
 secret-looking keys dropped), ``AIOS_RUN_BACKEND`` and ``AIOS_RUN_ID``.
 
-Exit status: the script's own (0 on success; the failing rank's code otherwise, named with its
-rank in one line), 75 (:data:`aios.preemption.EXIT_PREEMPTED`) when the workers stopped for a
+Workers never outlive ``aios-run``, however it dies (SIGKILL of its pid or process group too):
+each is started with the parent death signal where the platform has it (Linux), and a worker
+that calls ``aios.init()`` also watches the launcher pid (``aios._worker``).
+
+Exit status: the script's own (0 on success; otherwise the code of the rank that failed first
+on its own, named with its rank in one line; ranks the agent stopped afterwards are not blamed), 75 (:data:`aios.preemption.EXIT_PREEMPTED`) when the workers stopped for a
 preemption notice after checkpointing, 2 for bad input (one line naming the fix; ``--debug``
 shows the traceback), 128+N when killed by signal N.
 
-Port: an explicitly given ``--master-port`` (flag, config or env) that is in use is an error;
-the default port, when busy on a single node, is replaced by a free one (noted in the output).
+Port: an explicitly given ``--master-port`` (flag, config or env) that something is LISTENING
+on is an error (connections of an earlier run in TIME_WAIT are not); the default port, when busy
+on a single node, is replaced by a free one (noted in the output). With several nodes, node 0
+hosts the rendezvous store; the others wait for it (the store's connect timeout).
 """
 
 from __future__ import annotations
