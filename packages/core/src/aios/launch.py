@@ -76,16 +76,19 @@ def elastic_plan(
             ]
             restarts = config.launch.max_restarts > 0
             if (nnodes > 1 or restarts) and config.launch.rdzv_backend == "c10d":
-                # node 0 alone hosts the rendezvous store (is_host), so a node that starts first
-                # waits for it (the store's read timeout) instead of hosting it on node 0's port;
                 # with restarts every attempt is a fresh rendezvous round whose workers get their
                 # own store port (TORCH_DISABLE_SHARE_RDZV_TCP_STORE), never a stale one
                 cmd += [
                     "--rdzv-backend", "c10d",
                     "--rdzv-endpoint", f"{master}:{config.master_port}",
                     "--rdzv-id", config.launch.rdzv_id,
-                    "--rdzv-conf", f"is_host={1 if node_rank == 0 else 0}",
                 ]
+                if len(hosts) == 1:
+                    # one node per aios-run (its rank given): node 0 alone hosts the rendezvous
+                    # store, so a node started first on the same machine waits for it (the
+                    # store's connect timeout) instead of taking node 0's port. Plans of several
+                    # hosts leave it to torch (the host whose address is the endpoint hosts it)
+                    cmd += ["--rdzv-conf", f"is_host={1 if node_rank == 0 else 0}"]
             else:
                 cmd += [
                     "--node-rank", str(node_rank),
