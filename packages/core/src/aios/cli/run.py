@@ -319,6 +319,15 @@ class _AgentWatch:
         self._epoll = ep
 
         def loop() -> None:
+            try:
+                watch(ep)
+            finally:
+                for fd in list(self._fds):
+                    if self._fds.pop(fd, None) is not None:
+                        os.close(fd)
+                ep.close()
+
+        def watch(ep: Any) -> None:
             while self._epoll is ep:
                 try:
                     events = ep.poll(0.5)
@@ -369,7 +378,9 @@ class _AgentWatch:
     def __enter__(self) -> _AgentWatch:
         from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
         from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-        from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler as sh
+        from torch.distributed.elastic.multiprocessing.subprocess_handler import (
+            subprocess_handler as sh,
+        )
 
         from aios._worker import child_preexec
 
