@@ -321,3 +321,20 @@ def test_aios_init_watches_the_launcher(tmp_path: Path) -> None:
             if p.poll() is None:
                 p.kill()
             p.wait()
+
+
+def test_restart_plan_uses_a_fresh_rendezvous_per_attempt(tmp_path: Path) -> None:
+    import json
+
+    script = _script(tmp_path, "print('hi')\n")
+    r = subprocess.run([*RUN, "--nprocs", "2", "--max-restarts", "2", "--dry-run", "--json", str(script)],
+                       capture_output=True, text=True, env=_env(tmp_path), cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr
+    host = json.loads(r.stdout)["hosts"][0]
+    cmd = host["command"]
+    assert cmd[cmd.index("--rdzv-backend") + 1] == "c10d" and cmd[cmd.index("--rdzv-conf") + 1] == "is_host=1"
+    assert host["env"]["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    r = subprocess.run([*RUN, "--nprocs", "2", "--max-restarts", "2", "launch.rdzv_backend=static", "--dry-run", str(script)],
+                       capture_output=True, text=True, env=_env(tmp_path), cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "note: launch.rdzv_backend=static keeps one store for every attempt" in r.stdout

@@ -111,4 +111,10 @@ def elastic_plan(
         if not direct and config.launch.max_restarts > 0 and config.launch.rdzv_backend == "c10d":
             host_env[FRESH_STORE_ENV] = "1"
         plans.append(HostPlan(host=host, nprocs=nprocs, env=host_env, command=cmd, ranks=ranks))
-    return LaunchPlan(backend=backend, launcher="direct" if direct else "elastic", world_size=world, hosts=plans, notes=list(notes or []))
+    plan_notes = list(notes or [])
+    if not direct and config.launch.max_restarts > 0 and config.launch.rdzv_backend == "static":
+        plan_notes.append(
+            "launch.rdzv_backend=static keeps one store for every attempt, so restarted workers can"
+            " read the previous attempt's addresses; the default c10d gives each attempt a fresh one"
+        )
+    return LaunchPlan(backend=backend, launcher="direct" if direct else "elastic", world_size=world, hosts=plans, notes=plan_notes)
