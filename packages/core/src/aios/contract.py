@@ -30,10 +30,12 @@ LOCAL_INDEX_ENV = "AIOS_RUN_LOCAL_INDEX"
 CLOUD_ENV = "AIOS_RUN_CLOUD"
 #: set on spot hosts: watch the provider's interruption notice (see the cloud plugins)
 SPOT_WATCH_ENV = "AIOS_RUN_SPOT_WATCH"
+#: pid of the ``aios-run`` process; workers end themselves when it dies (see :mod:`aios._worker`)
+LAUNCHER_PID_ENV = "AIOS_RUN_LAUNCHER_PID"
 #: set (to anything) to skip ``aios-run``'s pre-import of torch before spawning workers
 NO_PREIMPORT_ENV = "AIOS_RUN_NO_PREIMPORT"
 
 ALL = (
     CONFIG_ENV, BACKEND_ENV, RUN_ID_ENV, STATUS_DIR_ENV, NODE_RANK_ENV, NNODES_ENV,
-    LOCAL_INDEX_ENV, CLOUD_ENV, SPOT_WATCH_ENV, NO_PREIMPORT_ENV,
+    LOCAL_INDEX_ENV, CLOUD_ENV, SPOT_WATCH_ENV, NO_PREIMPORT_ENV, LAUNCHER_PID_ENV,
 )

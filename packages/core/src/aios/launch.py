@@ -16,6 +16,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from aios.config import AiosConfig
 
 from aios.contract import BACKEND_ENV, CONFIG_ENV  # noqa: E402,F401 - re-exported
+#: torch's c10d rendezvous: a fresh store (and port) for the workers of every rendezvous round
+FRESH_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 
 def resolve_nprocs(config: AiosConfig, devices: int) -> int:
@@ -71,12 +73,21 @@ def elastic_plan(
                 "--max-restarts", str(config.launch.max_restarts),
                 "--monitor-interval", str(config.launch.monitor_interval),
             ]
-            if nnodes > 1 and config.launch.rdzv_backend == "c10d":
+            restarts = config.launch.max_restarts > 0
+            if (nnodes > 1 or restarts) and config.launch.rdzv_backend == "c10d":
+                # with restarts every attempt is a fresh rendezvous round whose workers get their
+                # own store port (TORCH_DISABLE_SHARE_RDZV_TCP_STORE), never a stale one
                 cmd += [
                     "--rdzv-backend", "c10d",
                     "--rdzv-endpoint", f"{master}:{config.master_port}",
                     "--rdzv-id", config.launch.rdzv_id,
                 ]
+                if len(hosts) == 1:
+                    # one node per aios-run (its rank given): node 0 alone hosts the rendezvous
+                    # store, so a node started first on the same machine waits for it (the
+                    # store's connect timeout) instead of taking node 0's port. Plans of several
+                    # hosts leave it to torch (the host whose address is the endpoint hosts it)
+                    cmd += ["--rdzv-conf", f"is_host={1 if node_rank == 0 else 0}"]
             else:
                 cmd += [
                     "--node-rank", str(node_rank),
@@ -95,5 +106,14 @@ def elastic_plan(
                 "LOCAL_WORLD_SIZE": str(nprocs), "GROUP_RANK": str(node_rank),
                 "MASTER_ADDR": master, "MASTER_PORT": str(config.master_port),
             })
-        plans.append(HostPlan(host=host, nprocs=nprocs, env=dict(base_env), command=cmd, ranks=ranks))
-    return LaunchPlan(backend=backend, launcher="direct" if direct else "elastic", world_size=world, hosts=plans, notes=list(notes or []))
+        host_env = dict(base_env)
+        if not direct and config.launch.max_restarts > 0 and config.launch.rdzv_backend == "c10d":
+            host_env[FRESH_STORE_ENV] = "1"
+        plans.append(HostPlan(host=host, nprocs=nprocs, env=host_env, command=cmd, ranks=ranks))
+    plan_notes = list(notes or [])
+    if not direct and config.launch.max_restarts > 0 and config.launch.rdzv_backend == "static":
+        plan_notes.append(
+            "launch.rdzv_backend=static keeps one store for every attempt, so restarted workers can"
+            " read the previous attempt's addresses; the default c10d gives each attempt a fresh one"
+        )
+    return LaunchPlan(backend=backend, launcher="direct" if direct else "elastic", world_size=world, hosts=plans, notes=plan_notes)

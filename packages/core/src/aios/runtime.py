@@ -185,6 +185,9 @@ def init(
     if _current is not None and not _current._closed:
         return _current
     _install_excepthook()
+    from aios._worker import watch_launcher
+
+    watch_launcher()  # started by aios-run: never outlive it (see aios._worker)
     cfg = resolve_config(config, defaults, overrides, flags)
     from aios.plugins import get_registry
 

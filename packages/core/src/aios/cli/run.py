@@ -15,21 +15,28 @@ rendezvous port free, checkpoint dir writable and not corrupt), then run the pla
 
 * ``direct`` (one process, no restarts): the script as a child process;
 * ``elastic``: PyTorch's elastic launcher (``torch.distributed.run``) **in this process**, so
-  there is no extra interpreter between ``aios-run`` and the workers; restarts, rendezvous,
-  per-rank log prefixes (``[rankN]:``), SIGINT/SIGTERM forwarded to every worker, workers given
+  there is no extra interpreter between ``aios-run`` and the workers; restarts (a fresh
+  rendezvous per attempt, one ``aios-run: restart n/N: ...`` line each), per-rank log prefixes
+  (``[rankN]:``), SIGINT/SIGTERM forwarded to every worker, workers given
   ``checkpoint.grace_seconds`` (+5 s) to write their emergency checkpoint before SIGKILL;
 * anything else a backend plans (``xla``): its command as a child process.
 
 Workers receive the resolved config in ``AIOS_RUN_CONFIG`` (JSON of the keys that were set,
 secret-looking keys dropped), ``AIOS_RUN_BACKEND`` and ``AIOS_RUN_ID``.
 
-Exit status: the script's own (0 on success; the failing rank's code otherwise, named with its
-rank in one line), 75 (:data:`aios.preemption.EXIT_PREEMPTED`) when the workers stopped for a
+Workers never outlive ``aios-run``, however it dies (SIGKILL of its pid or process group too):
+each is started with the parent death signal where the platform has it (Linux), and a worker
+that calls ``aios.init()`` also watches the launcher pid (``aios._worker``).
+
+Exit status: the script's own (0 on success; otherwise the code of the rank that failed first
+on its own, named with its rank in one line; ranks the agent stopped afterwards are not blamed), 75 (:data:`aios.preemption.EXIT_PREEMPTED`) when the workers stopped for a
 preemption notice after checkpointing, 2 for bad input (one line naming the fix; ``--debug``
 shows the traceback), 128+N when killed by signal N.
 
-Port: an explicitly given ``--master-port`` (flag, config or env) that is in use is an error;
-the default port, when busy on a single node, is replaced by a free one (noted in the output).
+Port: an explicitly given ``--master-port`` (flag, config or env) that something is LISTENING
+on is an error (connections of an earlier run in TIME_WAIT are not); the default port, when busy
+on a single node, is replaced by a free one (noted in the output). With several nodes, node 0
+hosts the rendezvous store; the others wait for it (the store's connect timeout).
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ from typing import Any
 
 import click
 
+from aios._worker import LAUNCHER_PID_ENV
 from aios.errors import LaunchError
 
 PROG = "aios-run"
@@ -66,6 +74,8 @@ def _split_argv(argv: tuple[str, ...], module: str | None) -> tuple[list[str], s
 
 
 def _port_free(addr: str, port: int) -> bool:
+    """Nothing is LISTENING on ``addr:port``. Bound with SO_REUSEADDR, as the c10d store binds,
+    so connections of an earlier run still in TIME_WAIT do not count as in use."""
     host = "" if addr in ("0.0.0.0", "*") else addr
     try:
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
@@ -74,6 +84,8 @@ def _port_free(addr: str, port: int) -> bool:
     family, _, _, _, sockaddr = infos[0]
     s = socket.socket(family, socket.SOCK_STREAM)
     try:
+        if os.name != "nt":  # on Windows SO_REUSEADDR would let the bind steal a listening port
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(sockaddr)
         return True
     except OSError:
@@ -235,7 +247,9 @@ def _script_failed(script: str, rank: int | str, code: int, others: bool) -> Non
 
 def _run_subprocess(cmd: list[str], env: dict[str, str]) -> int:
     """Run ``cmd`` forwarding SIGINT/SIGTERM/SIGHUP; return its exit status (negative = signal)."""
-    proc = subprocess.Popen(cmd, env=env)
+    from aios._worker import child_preexec
+
+    proc = subprocess.Popen(cmd, env=env, preexec_fn=child_preexec(os.getpid()))
     received: list[int] = []
 
     def forward(signum: int, frame: Any) -> None:
@@ -257,7 +271,195 @@ def _run_subprocess(cmd: list[str], env: dict[str, str]) -> int:
             signal.signal(s, h)
 
 
-def _run_elastic_inprocess(targs: list[str], env: dict[str, str], grace: float) -> tuple[str, Any]:
+class _AgentWatch:
+    """What ``aios-run`` adds to torch's elastic agent while it runs in this process (patched in
+    for the run, restored after):
+
+    * every worker is started with the parent death signal (:func:`aios._worker.child_preexec`):
+      torch starts each worker in its own session, so neither a SIGKILL of ``aios-run`` nor a
+      ``kill -9 -PGID`` of its group would reach it otherwise. The workers are forked by the
+      thread that runs the agent (this process's main thread), which lives as long as the run;
+    * the order in which the workers exit (their pidfds in an epoll set; elsewhere a thread per
+      worker that waits without reaping) and the workers the agent itself signalled (``close``),
+      so the rank blamed for a failure is the one that failed FIRST on its own, never one the
+      agent stopped afterwards;
+    * one line per restart: attempt n/N, the rank that failed and its exit code.
+    """
+
+    def __init__(self) -> None:
+        import threading
+
+        self.lock = threading.Lock()
+        self.exited: dict[int, int] = {}  # pid -> position in the order the workers exited
+        self.stopped: set[int] = set()  # pids the agent signalled while they still ran
+        self.last_failures: dict[int, Any] = {}
+        self.launcher = os.getpid()
+        self._undo: list[tuple[Any, str, Any]] = []
+        self._epoll: Any = None
+        self._fds: dict[int, int] = {}  # pidfd -> pid
+
+    def _exited(self, pid: int) -> None:
+        with self.lock:
+            self.exited.setdefault(pid, len(self.exited))
+
+    def _start_epoll(self) -> None:
+        """Linux: one thread reads the workers' pidfds from an epoll set, whose ready list keeps
+        the order in which the kernel saw them exit, however late this thread runs (a thread
+        woken per worker would take the order in which the threads got the GIL, which under load
+        inverts exits a few milliseconds apart: a peer failing because the first rank died)."""
+        import select
+        import threading
+
+        if not (hasattr(os, "pidfd_open") and hasattr(select, "epoll")):
+            return
+        try:
+            ep = select.epoll()
+        except OSError:
+            return
+        self._epoll = ep
+
+        def loop() -> None:
+            try:
+                watch(ep)
+            finally:
+                for fd in list(self._fds):
+                    if self._fds.pop(fd, None) is not None:
+                        os.close(fd)
+                ep.close()
+
+        def watch(ep: Any) -> None:
+            while self._epoll is ep:
+                try:
+                    events = ep.poll(0.5)
+                except OSError:
+                    return
+                for fd, _ in events:
+                    pid = self._fds.pop(fd, None)
+                    if pid is not None:
+                        self._exited(pid)
+                    try:
+                        ep.unregister(fd)
+                    except OSError:
+                        pass
+                    os.close(fd)
+
+        threading.Thread(target=loop, name="aios-worker-exits", daemon=True).start()
+
+    def _track(self, pid: int) -> None:
+        import threading
+
+        if self._epoll is not None:
+            try:
+                fd = os.pidfd_open(pid)
+            except OSError:
+                pass
+            else:
+                self._fds[fd] = pid
+                self._epoll.register(fd, 1)  # EPOLLIN: the process exited
+                return
+        if not hasattr(os, "waitid"):
+            return
+
+        def wait() -> None:  # the portable fallback: wait without reaping (the agent reaps)
+            try:
+                os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+            except ChildProcessError:
+                pass  # the agent reaped it first: it exited just now
+            except OSError:
+                return
+            self._exited(pid)
+
+        threading.Thread(target=wait, name=f"aios-wait-{pid}", daemon=True).start()
+
+    def _patch(self, owner: Any, name: str, value: Any) -> None:
+        self._undo.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, value)
+
+    def __enter__(self) -> _AgentWatch:
+        from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+        from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+        from torch.distributed.elastic.multiprocessing.subprocess_handler import (
+            subprocess_handler as sh,
+        )
+
+        from aios._worker import child_preexec
+
+        watch = self
+        popen, close = sh.Popen, sh.SubprocessHandler.close
+        monitor, restart = LocalElasticAgent._monitor_workers, SimpleElasticAgent._restart_workers
+        preexec = child_preexec(self.launcher)
+
+        def _popen(*args: Any, **kwargs: Any) -> Any:
+            if preexec is not None and kwargs.get("preexec_fn") is None:
+                kwargs["preexec_fn"] = preexec
+            proc = popen(*args, **kwargs)
+            watch._track(proc.pid)
+            return proc
+
+        def _close(handler: Any, death_sig: Any = None) -> None:
+            if handler.proc.poll() is None:
+                with watch.lock:
+                    watch.stopped.add(handler.proc.pid)
+            close(handler, death_sig)
+
+        def _restart(agent: Any, worker_group: Any) -> None:
+            spec = worker_group.spec
+            attempt = spec.max_restarts - agent._remaining_restarts
+            failures, watch.last_failures = watch.last_failures, {}
+            if failures:
+                rank, f = watch.first_failure(failures)
+                what = f"rank {rank} {_describe_exit(f.exitcode)}"
+            else:
+                what = "the node group changed (a node joined, or another node's workers failed)"
+            click.echo(f"{PROG}: restart {attempt}/{spec.max_restarts}: {what}; restarting all workers", err=True)
+            restart(agent, worker_group)
+
+        self._start_epoll()
+        self._patch(sh, "Popen", _popen)
+        self._patch(sh.SubprocessHandler, "close", _close)
+        self._patch(LocalElasticAgent, "_monitor_workers", _wrap_monitor(monitor, watch))
+        self._patch(SimpleElasticAgent, "_restart_workers", _restart)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for owner, name, value in reversed(self._undo):
+            setattr(owner, name, value)
+        self._undo.clear()
+        self._epoll = None  # the thread ends at its next wake-up
+
+    def first_failure(self, failures: dict[int, Any]) -> tuple[int, Any]:
+        """The rank that failed first on its own: not stopped by the agent, first to exit (the
+        elastic error file's time where that is all there is), lowest rank last."""
+        with self.lock:
+            stopped, exited = set(self.stopped), dict(self.exited)
+        agent_stopped = (-int(signal.SIGTERM), -int(signal.SIGKILL), -int(signal.SIGINT))
+
+        def key(kv: tuple[int, Any]) -> tuple[bool, bool, float, int]:
+            rank, f = kv
+            by_agent = f.pid in stopped or (not exited and f.exitcode in agent_stopped)
+            return (by_agent, f.pid not in exited, exited.get(f.pid, f.timestamp), rank)
+
+        return min(failures.items(), key=key)
+
+
+def _wrap_monitor(monitor: Any, watch: _AgentWatch) -> Any:
+    def _monitor(agent: Any, worker_group: Any) -> Any:
+        result = monitor(agent, worker_group)
+        if result.is_failed():
+            watch.last_failures = dict(result.failures)
+        return result
+
+    return _monitor
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+        return f"was killed by {name}"
+    return f"exited with code {code}"
+
+
+def _run_elastic_inprocess(targs: list[str], env: dict[str, str], grace: float, watch: _AgentWatch) -> tuple[str, Any]:
     """``torch.distributed.run`` in this process. Returns ``("ok"|"failed"|"signal", detail)``."""
     os.environ.update(env)
     os.environ.setdefault("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[rank${rank}]:")
@@ -273,7 +475,8 @@ def _run_elastic_inprocess(targs: list[str], env: dict[str, str], grace: float) 
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     logging.getLogger("torch.distributed.run").setLevel(logging.ERROR)
     try:
-        run(parse_args(targs))
+        with watch:
+            run(parse_args(targs))
         return "ok", None
     except ChildFailedError as exc:
         return "failed", exc.failures
@@ -290,13 +493,14 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
     host = plan.hosts[0]
     run_id = os.environ.get(RUN_ID_ENV) or new_run_id()
     status_dir = tempfile.mkdtemp(prefix="aios-run-status-")
-    env = {**host.env, **_worker_env(cfg, spec.name, run_id), STATUS_DIR_ENV: status_dir}
+    env = {**host.env, **_worker_env(cfg, spec.name, run_id), STATUS_DIR_ENV: status_dir, LAUNCHER_PID_ENV: str(os.getpid())}
     for n in notes:
         click.echo(f"{PROG}: note: {n}", err=True)
     try:
         cmd = host.command
         if plan.launcher == "elastic" and cmd[1:3] == ["-m", "torch.distributed.run"] and os.path.realpath(cmd[0]) == os.path.realpath(sys.executable):
-            kind, detail = _run_elastic_inprocess(cmd[3:], env, cfg.checkpoint.grace_seconds)
+            watch = _AgentWatch()
+            kind, detail = _run_elastic_inprocess(cmd[3:], env, cfg.checkpoint.grace_seconds, watch)
             status = _read_status(status_dir)
             if kind == "ok":
                 sys.exit(0)
@@ -309,10 +513,8 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
             failures = detail or {}
             if failures and all(f.exitcode == 75 for f in failures.values()):
                 _preempted_exit(cfg, status)
-            # the root cause: a rank that exited on its own (not one the agent stopped), earliest first
-            stopped = (-int(signal.SIGTERM), -int(signal.SIGKILL), -int(signal.SIGINT))
-            first = min(failures.items(), key=lambda kv: (kv[1].exitcode in stopped, kv[1].timestamp, kv[0])) if failures else (0, None)
-            rank, failure = first
+            # the root cause: the rank that failed first on its own (not one the agent stopped)
+            rank, failure = watch.first_failure(failures) if failures else (0, None)
             code = failure.exitcode if failure is not None else 1
             _script_failed(script, rank, code, plan.world_size > 1)
         else:
@@ -329,6 +531,16 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
         shutil.rmtree(status_dir, ignore_errors=True)
 
 
+def resolve_topology(
+    nnodes: int | None, node_rank: int | None, master_addr: str | None, master_port: int | None,
+) -> dict[str, Any]:
+    """Node count, node rank and rendezvous address/port as flags (``None`` = not given: config
+    file, ``AIOS_*`` env or the default decides). The one place where a cluster environment (a
+    scheduler allocation: torchelastic, Slurm, Kubernetes, TPU VM) will fill in what the command
+    line left out."""
+    return {"nnodes": nnodes, "node_rank": node_rank, "master_addr": master_addr, "master_port": master_port}
+
+
 def _run(
     argv: tuple[str, ...], backend: str | None, nprocs: str | None, nnodes: int | None, node_rank: int | None,
     master_addr: str | None, master_port: int | None, precision: str | None, config_file: str | None,
@@ -336,8 +548,7 @@ def _run(
 ) -> None:
     overrides, script, args = _split_argv(argv, module)
     flags: dict[str, Any] = {
-        "backend": backend, "nnodes": nnodes, "node_rank": node_rank,
-        "master_addr": master_addr, "master_port": master_port, "precision": precision,
+        "backend": backend, **resolve_topology(nnodes, node_rank, master_addr, master_port), "precision": precision,
     }
     if nprocs is not None:
         flags["nprocs"] = nprocs if nprocs == "auto" else _int_or_str(nprocs)
