@@ -92,14 +92,14 @@ def test_launch_cloud_slurm_two_nodes_then_status_logs_down(slurm, project, aios
 
 
 def test_dry_run_prints_the_sbatch_script_without_secrets(slurm, project, aios_env, run_aios):
-    env = aios_env(HF_TOKEN="s3cr3t-value", AIOS_SLURM__ACCOUNT="proj1", AIOS_SLURM__TIME="1:00:00",
+    env = aios_env(HF_TOKEN="s3cr3t-value", AIOS_SLURM__ACCOUNT="proj1", AIOS_SLURM__TIME="01:00:00",
                    AIOS_SLURM__CPUS_PER_TASK="2")
     r = run_aios(env, "launch", "--cloud", "slurm", "-a", "debug", "--nodes", "2", "--name", "dry", "--workdir", str(project),
                  "--max-restarts", "2", "--env", "HF_TOKEN", "--env", "LOG_LEVEL=debug", "--dry-run", "gpt.py", "--", "--steps", "3")
     assert r.returncode == 0, r.stderr
     s = r.stdout
     for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --partition=debug", "#SBATCH --account=proj1",
-                 "#SBATCH --time=1:00:00", "#SBATCH --cpus-per-task=2", "#SBATCH --requeue", "#SBATCH --signal=B:TERM@120",
+                 "#SBATCH --time=01:00:00", "#SBATCH --cpus-per-task=2", "#SBATCH --requeue", "#SBATCH --signal=B:TERM@120",
                  "export LOG_LEVEL=debug", "scontrol requeue"):
         assert line in s, (line, s)
     assert "s3cr3t-value" not in s and "HF_TOKEN <forwarded from your environment>" in s
@@ -109,9 +109,10 @@ def test_dry_run_prints_the_sbatch_script_without_secrets(slurm, project, aios_e
 
 def _no_trace(r: subprocess.CompletedProcess[str]) -> str:
     assert r.returncode == 2, r.stdout + r.stderr
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
-    return lines[0]
+    errors = [ln for ln in r.stderr.splitlines() if "error" in ln.lower()]
+    assert len(errors) == 1 and errors[0].startswith("aios: error: ") and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.rstrip().endswith(errors[0])  # the error is the last word, progress lines before it
+    return errors[0]
 
 
 def test_bad_input_is_one_line_exit_2_and_nothing_queued(slurm, project, aios_env, run_aios, tmp_path):
@@ -120,9 +121,12 @@ def test_bad_input_is_one_line_exit_2_and_nothing_queued(slurm, project, aios_en
     line = _no_trace(run_aios(env, *base, "-a", "nosuch", "gpt.py"))
     assert "unknown Slurm partition 'nosuch'" in line and "debug" in line
     line = _no_trace(run_aios(env, *base, "-a", "debug", "--nodes", "5", "gpt.py"))  # the cluster has 2 nodes
-    assert "sbatch rejected the job" in line
-    line = _no_trace(run_aios(aios_env(AIOS_SLURM__ACCOUNT="no-such-account", AIOS_SLURM__TIME="nonsense"), *base, "-a", "debug", "gpt.py"))
-    assert "sbatch rejected the job" in line
+    assert "--nodes 5 is more than partition debug has (2)" in line
+    line = _no_trace(run_aios(aios_env(AIOS_SLURM__TIME="nonsense"), *base, "-a", "debug", "gpt.py"))
+    assert "sbatch rejected the job" in line and "time" in line.lower()
+    # accepted by sbatch but never runnable (more CPUs per task than a node has): cancelled, reported
+    line = _no_trace(run_aios(aios_env(AIOS_SLURM__CPUS_PER_TASK="64"), *base, "-a", "debug", "gpt.py"))
+    assert ("sbatch rejected the job" in line or "will never start" in line), line
     line = _no_trace(run_aios(env, *base, "-a", "debug", "--spot", "gpt.py"))
     assert "--spot does not apply" in line
     nobin = tmp_path / "bin"

@@ -115,6 +115,9 @@ def launch(provider: SlurmProvider, p: dict[str, Any], store: Any, log: Callable
 
     provider.require_slurm()
     part = provider.resolve_partition(wanted)
+    if part["nodes"] and p["nodes"] > part["nodes"]:
+        raise AiosError(f"--nodes {p['nodes']} is more than partition {part['name']} has ({part['nodes']})",
+                        f"pass --nodes {part['nodes']} or fewer, or another partition (`aios catalog --cloud slurm`)")
     existing = store.get_cluster(name)
     if existing is not None:
         if existing.cloud != provider.name:
@@ -130,6 +133,7 @@ def launch(provider: SlurmProvider, p: dict[str, Any], store: Any, log: Callable
     job_id = store.add_job(name, shlex.join([p["script"], *p["script_args"]]), backend=p["backend"], managed=p["max_restarts"] > 0,
                            max_restarts=p["max_restarts"], checkpoint_dir=p["checkpoint_dir"], spec={"cloud": "slurm"})
     submitted = False
+    slurm_id = ""
     try:
         root = _remote_root(provider, name)
         job = build_job(provider, p, name, part["name"], "gpu" in (part["gres"] or ""), root, job_id, env, forward)
@@ -151,6 +155,7 @@ def launch(provider: SlurmProvider, p: dict[str, Any], store: Any, log: Callable
                              "fix the partition/account/time/resources (slurm.* settings; see `sinfo`, `sacctmgr show assoc user=$USER`)")
         slurm_id = r.stdout.decode().strip().split(";")[0]
         submitted = True
+        _check_runnable(provider, slurm_id)
         store.update_cluster(name, state="PENDING", request={"login": provider.shell.login, "slurm_job_id": slurm_id,
                                                              "job_dir": job.job_dir, "root": root, "job_id": job_id})
         store.update_job(job_id, state=JOB_PENDING, spec={"cloud": "slurm", "slurm_job_id": slurm_id, "job_dir": job.job_dir,
@@ -161,7 +166,7 @@ def launch(provider: SlurmProvider, p: dict[str, Any], store: Any, log: Callable
         store.update_job(job_id, state=JOB_CANCELLED if submitted else JOB_FAILED)
         store.event(name, "job-failed", f"job {job_id}: launch failed: {str(exc)[:200]}", job_id)
         if submitted:
-            provider.cancel(name)
+            provider.shell.run(f"scancel {shlex.quote(slurm_id)}", timeout=60)
         if existing is None:
             store.delete_cluster(name)
         raise
@@ -177,6 +182,21 @@ def launch(provider: SlurmProvider, p: dict[str, Any], store: Any, log: Callable
         provider.cancel(name)
         store.delete_cluster(name)
     return code
+
+
+# pending reasons that never resolve on their own: the request does not fit the partition/account
+NEVER_RUNS = ("PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit", "AccountNotAllowed", "QOSNotAllowed",
+              "InvalidAccount", "InvalidQOS", "BadConstraints", "ReqNodeNotAvail", "PartitionDown", "PartitionInactive")
+
+
+def _check_runnable(provider: SlurmProvider, slurm_id: str) -> None:
+    """A job sbatch accepted but that can never start is cancelled and reported (one line)."""
+    time.sleep(1.0)
+    info = provider.job_info(slurm_id) or {}
+    reason = info.get("Reason", "")
+    if info.get("JobState") == "PENDING" and any(reason.startswith(r) for r in NEVER_RUNS):
+        raise CloudError(f"Slurm will never start the job (pending: {reason}); it was cancelled",
+                         "fix the partition/nodes/time/account request (see `sinfo` and `scontrol show partition`)")
 
 
 def _sync(provider: SlurmProvider, p: dict[str, Any], root: str, log: Callable[[str], None]) -> None:

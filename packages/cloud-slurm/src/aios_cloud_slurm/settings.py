@@ -16,7 +16,7 @@ class SlurmSettings(Section):
     partition: str | None = Field(None, description="default partition (else -a/--zone, else the cluster's default)")
     account: str | None = Field(None, description="#SBATCH --account")
     qos: str | None = Field(None, description="#SBATCH --qos")
-    time: str | None = Field(None, description="#SBATCH --time (e.g. 2:00:00)")
+    time: str | None = Field(None, description="#SBATCH --time, quoted in YAML ('02:00:00', '1-00:00:00'; an unquoted 2:00:00 is a YAML number)")
     ntasks_per_node: int = Field(1, ge=1, description="tasks per node; 1: aios-run starts one process per device itself")
     gpus_per_task: int | None = Field(None, ge=0, description="#SBATCH --gpus-per-task")
     cpus_per_task: int | None = Field(None, ge=1, description="#SBATCH --cpus-per-task")

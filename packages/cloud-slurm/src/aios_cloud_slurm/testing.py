@@ -158,8 +158,11 @@ class SlurmCluster:
 
     def close(self) -> None:
         env = self.env()
-        if self.procs:
-            subprocess.run(["scancel", "--full", "--partition", self.partition], env=env, capture_output=True, timeout=30)
+        if len(self.procs) > 1:  # slurmctld is up: cancel every job first
+            try:
+                subprocess.run(["scancel", "--partition", self.partition], env=env, capture_output=True, timeout=20)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
         for pid in reversed(self.procs):
             try:
                 os.kill(pid, signal.SIGTERM)
