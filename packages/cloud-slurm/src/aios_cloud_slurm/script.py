@@ -7,8 +7,9 @@ node's ``NodeAddr`` as Slurm itself reaches it (``scontrol show node``), exporte
 ``MASTER_ADDR``.
 
 Preemption: ``#SBATCH --signal=B:TERM@<grace>`` sends SIGTERM to the batch shell ``grace``
-seconds before the time limit; the shell forwards it to ``srun`` (which forwards it to every
-task), so the runtime writes its emergency checkpoint and exits 75. A preemption by the
+seconds before the time limit; the shell forwards it to every task of the step (``scancel
+--signal=TERM <job>``: signalling ``srun`` itself would end the step), so the runtime writes its
+emergency checkpoint and exits 75. A preemption by the
 scheduler (PreemptMode=REQUEUE/CANCEL with a GraceTime) sends SIGTERM to the tasks directly, with
 the same result. On exit 75 with restarts left (``SLURM_RESTART_COUNT`` < ``--max-restarts``) the
 script requeues its own job (``scontrol requeue``), and the requeued run resumes from the
@@ -89,9 +90,14 @@ def render(job: SbatchJob) -> str:
         'export MASTER_ADDR="${MASTER_ADDR:-${addr:-$first}}"',
         'export MASTER_PORT="${MASTER_PORT:-$((15000 + SLURM_JOB_ID % 20000))}"',
         "child=",
-        'forward() { echo "[aios] SIGTERM: forwarding to the tasks (emergency checkpoint)"; [ -n "$child" ] && kill -TERM "$child" 2>/dev/null; }',
+        # scancel --signal (no --batch/--full) signals the tasks of every step and nothing else; a
+        # SIGTERM to srun itself would terminate the step (SIGKILL after KillWait)
+        'forward() { echo "[aios] SIGTERM: forwarding it to the tasks (emergency checkpoint)"; [ -n "$child" ] && scancel --signal=TERM "$SLURM_JOB_ID"; }',
         "trap forward TERM",
-        f"srun --kill-on-bad-exit=1 --nodes={job.nodes} --ntasks-per-node={job.ntasks_per_node} "
+        # no --kill-on-bad-exit: on a preemption every task exits 75 on its own once the
+        # emergency checkpoint is written (killing the others at the first exit would turn 75
+        # into 143); --wait bounds how long a task may outlive the first one to end
+        f"srun --kill-on-bad-exit=0 --wait={max(120, job.signal_grace)} --nodes={job.nodes} --ntasks-per-node={job.ntasks_per_node} "
         + " ".join(q(c) for c in job.command) + " &",
         "child=$!",
         'while kill -0 "$child" 2>/dev/null; do wait "$child"; done',
