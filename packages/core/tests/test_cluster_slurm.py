@@ -97,3 +97,51 @@ def test_nodelist_and_node_count_disagree():
     env = {**STEP, "SLURM_STEP_NUM_NODES": "3", "SLURM_PROCID": "0", "SLURM_NODEID": "0"}
     with pytest.raises(ConfigError, match="2 hosts"):
         SlurmEnvironment().info(env)
+
+
+def _aios_run(tmp_path, env_extra, *args):
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIOS_", "SLURM_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_", "JOB_"))}
+    env.update(env_extra)
+    return subprocess.run([sys.executable, "-m", "aios.cli.run", "--backend", "cpu", "--dry-run", "--json", *args, str(script)],
+                          env=env, text=True, capture_output=True, timeout=120, cwd=tmp_path)
+
+
+SRUN_TASK = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_STEP_NODELIST": "gpu[07-08]",
+             "SLURM_NNODES": "2", "SLURM_STEP_NUM_NODES": "2", "SLURM_PROCID": "1", "SLURM_NODEID": "1", "SLURM_LOCALID": "0",
+             "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_TASKS_PER_NODE": "1(x2)"}
+
+
+def test_aios_run_takes_nodes_rank_and_master_from_the_slurm_step(tmp_path):
+    import json
+
+    r = _aios_run(tmp_path, SRUN_TASK)
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    cmd = plan["hosts"][0]["command"]
+    assert cmd[cmd.index("--nnodes") + 1] == "2" and cmd[cmd.index("--node-rank") + 1] == "1"
+    assert cmd[cmd.index("--master-addr") + 1] == "gpu07" and cmd[cmd.index("--master-port") + 1] == str(15000 + 77)
+    assert plan["world_size"] == 2
+
+
+def test_an_explicit_nnodes_that_contradicts_slurm_is_one_line_exit_2(tmp_path):
+    r = _aios_run(tmp_path, SRUN_TASK, "--nnodes", "3")
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "nnodes=3 contradicts the slurm job" in r.stderr
+    ok = _aios_run(tmp_path, SRUN_TASK, "--nnodes", "2", "--master-addr", "10.0.0.1")  # agreeing / address: explicit wins
+    assert ok.returncode == 0 and "10.0.0.1" in ok.stdout
+
+
+def test_several_tasks_per_node_run_the_script_directly_as_the_slurm_rank(tmp_path):
+    import json
+
+    env = {**SRUN_TASK, "SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_STEP_NUM_TASKS": "4", "SLURM_STEP_TASKS_PER_NODE": "2(x2)"}
+    r = _aios_run(tmp_path, env)
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    assert plan["launcher"] == "direct" and plan["hosts"][0]["nprocs"] == 1
