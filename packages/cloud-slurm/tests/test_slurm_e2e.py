@@ -107,6 +107,26 @@ def test_dry_run_prints_the_sbatch_script_without_secrets(slurm, project, aios_e
     assert slurm.squeue().strip() == "" and not Path(env["AIOS_HOME"], "state.db").exists()
 
 
+def test_catalog_cost_and_cancel(slurm, project, aios_env, run_aios, wait_for):
+    env = aios_env()
+    r = run_aios(env, "catalog", "--cloud", "slurm", "--json")
+    assert r.returncode == 0, r.stderr
+    (part,) = json.loads(r.stdout)
+    assert part["accelerator"] == "debug" and part["hosts"] == 2 and part["devices"] == 4 and part["extra"]["default"] is True
+    r = run_aios(env, "cost", "--cloud", "slurm", "-a", "debug", "--hours", "2")
+    assert r.returncode == 0 and "on-demand n/a (your cluster), spot n/a (your cluster)" in r.stdout, r.stdout + r.stderr
+    r = run_aios(env, "launch", "--cloud", "slurm", "-a", "debug", "--nodes", "1", "--name", "long", "--workdir", str(project),
+                 "--detach", "gpt.py", "--", *TINY, "--steps", "100000")
+    assert r.returncode == 0, r.stderr
+    wait_for(lambda: "RUNNING" in slurm.squeue(), 120, "the job to run")
+    r = run_aios(env, "cancel", "long")
+    assert r.returncode == 0, r.stderr
+    wait_for(lambda: slurm.squeue().strip() == "", 120, "the job to leave the queue")
+    st = json.loads(run_aios(env, "status", "--json").stdout)
+    assert st[0]["jobs"][-1]["state"] == "CANCELLED"
+    assert run_aios(env, "down", "long").returncode == 0
+
+
 def _no_trace(r: subprocess.CompletedProcess[str]) -> str:
     assert r.returncode == 2, r.stdout + r.stderr
     errors = [ln for ln in r.stderr.splitlines() if "error" in ln.lower()]

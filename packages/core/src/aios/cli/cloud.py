@@ -760,6 +760,8 @@ def catalog(cloud: str | None, filter_: str | None, as_json: bool, config_file: 
     if as_json:
         _emit_json([e.to_dict() for e in entries])
         return
+    if not entries and not filter_:
+        raise AiosError("no installed cloud listed anything", "see the notes above (a scheduler may be unreachable)")
     if not entries:
         raise AiosError(f"no accelerator matches '{filter_}'", "run `aios catalog` without --accelerator to see all")
     t = _table("aios catalog (USD per hour for the whole type)", ["cloud", "accelerator", "devices", "memory/dev", "hosts", "per host", "runtime", "on-demand", "spot", "peak TFLOP/s", "zones"])
