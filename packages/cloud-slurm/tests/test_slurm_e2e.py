@@ -127,6 +127,29 @@ def test_catalog_cost_and_cancel(slurm, project, aios_env, run_aios, wait_for):
     assert run_aios(env, "down", "long").returncode == 0
 
 
+def test_launch_through_a_login_node_over_ssh(slurm, project, aios_env, run_aios, tmp_path):
+    from aios.testing.sshd import SshdCluster, sshd_unavailable_reason
+
+    reason = sshd_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    with SshdCluster(1, tmp_path / "sshd", netns=False) as login:  # on loopback: it reaches this slurmctld
+        h = login.hosts[0]
+        env = aios_env(AIOS_SLURM__LOGIN=f"{login.user}@{h.ip}", AIOS_SLURM__SSH_PORT=str(h.port),
+                       AIOS_SLURM__SSH_KEY=str(login.client_key),
+                       AIOS_SLURM__SSH_OPTIONS='["StrictHostKeyChecking=no", "UserKnownHostsFile=/dev/null", "LogLevel=ERROR"]',
+                       AIOS_SLURM__LOGIN_ENV=json.dumps({"SLURM_CONF": str(slurm.conf)}))
+        r = run_aios(env, "launch", "--cloud", "slurm", "-a", "debug", "--nodes", "2", "--name", "viassh", "--workdir", str(project),
+                     "--poll", "0.5", "gpt.py", "--", *TINY, "--steps", "4", "--eval-every", "4")
+        out = r.stdout + r.stderr
+        assert r.returncode == 0, out[-4000:]
+        assert f"on {login.user}@{h.ip}" in r.stderr and "gpt: done 4 steps" in out
+        assert run_aios(env, "down", "viassh").returncode == 0
+        bad = aios_env(AIOS_SLURM__LOGIN=f"{login.user}@{h.ip}", AIOS_SLURM__SSH_PORT="1", AIOS_SLURM__SSH_KEY=str(login.client_key))
+        line = _no_trace(run_aios(bad, "launch", "--cloud", "slurm", "-a", "debug", "--workdir", str(project), "gpt.py"))
+        assert "cannot reach the Slurm login node" in line
+
+
 def _no_trace(r: subprocess.CompletedProcess[str]) -> str:
     assert r.returncode == 2, r.stdout + r.stderr
     errors = [ln for ln in r.stderr.splitlines() if "error" in ln.lower()]

@@ -59,7 +59,7 @@ class SlurmProvider(CloudProvider):
         self.config = config
         self.settings = _settings(config)
         s = self.settings
-        self.shell = Shell(s.login, s.ssh_key, s.ssh_port, list(s.ssh_options))
+        self.shell = Shell(s.login, s.ssh_key, s.ssh_port, list(s.ssh_options), dict(s.login_env))
 
     # ------------------------------------------------------------------ cluster facts
     def require_slurm(self) -> None:

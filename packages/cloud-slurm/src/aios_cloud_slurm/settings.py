@@ -12,6 +12,7 @@ class SlurmSettings(Section):
     ssh_key: str | None = Field(None, description="private key for the login node (path)")
     ssh_port: int = Field(22, ge=1, le=65535)
     ssh_options: list[str] = Field(default_factory=list, description="extra ssh -o options (StrictHostKeyChecking=..., UserKnownHostsFile=...)")
+    login_env: dict[str, str] = Field(default_factory=dict, description="variables exported before every Slurm command on the login node (SLURM_CONF, PATH); no secrets")
     remote_dir: str = Field("~/aios-slurm", description="directory on a filesystem every node mounts; code, scripts, logs go to <remote_dir>/<name>")
     partition: str | None = Field(None, description="default partition (else -a/--zone, else the cluster's default)")
     account: str | None = Field(None, description="#SBATCH --account")

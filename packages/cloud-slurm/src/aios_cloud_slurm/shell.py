@@ -16,6 +16,7 @@ class Shell:
     ssh_key: str | None = None
     ssh_port: int = 22
     ssh_options: list[str] = field(default_factory=list)
+    login_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def where(self) -> str:
@@ -29,6 +30,8 @@ class Shell:
             argv += ["-i", os.path.expanduser(self.ssh_key), "-o", "IdentitiesOnly=yes"]
         for opt in self.ssh_options:
             argv += ["-o", opt]
+        if self.login_env:
+            script = "".join(f"export {k}={shlex.quote(v)}; " for k, v in sorted(self.login_env.items())) + script
         return [*argv, self.login, "bash -c " + shlex.quote(script)]
 
     def run(self, script: str, input: bytes | None = None, timeout: float = 120, stdin_path: str | None = None) -> subprocess.CompletedProcess[bytes]:
