@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from aios_cloud_k8s.testing import FakeKubeApi
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -7,7 +7,6 @@ from __future__ import annotations
 import jsonschema
 import kubernetes_validate
 import pytest
-
 from aios_cloud_k8s import manifests as M
 
 K8S_VERSION = "1.30.0"

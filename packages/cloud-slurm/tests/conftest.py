@@ -11,7 +11,6 @@ import warnings
 from pathlib import Path
 
 import pytest
-
 from aios_cloud_slurm.testing import SlurmCluster, slurm_unavailable_reason
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"

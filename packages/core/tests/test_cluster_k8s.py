@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from aios.cluster_k8s import KubernetesEnvironment, job_hostname, jobset_hostname
 from aios.errors import ConfigError
 

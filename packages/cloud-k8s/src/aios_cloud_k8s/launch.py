@@ -5,12 +5,13 @@ from __future__ import annotations
 import base64
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
-
 from aios.errors import AiosError
+
 from aios_cloud_k8s import manifests as M
 from aios_cloud_k8s.provider import K8sProvider
 
@@ -83,7 +84,6 @@ def _default_name() -> str:
 
 def launch(provider: K8sProvider, p: dict[str, Any], store: Any, log: Callable[[str], None]) -> int:
     import click
-
     from aios.cloud import ops
     from aios.cloud.store import JOB_FAILED, JOB_PENDING, ClusterRecord
 

@@ -15,9 +15,18 @@ JobSet CRD, a TPU type no node pool offers, an object the API server rejects.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from aios.cloud.provider import CatalogEntry, CloudCommand, CloudError, CloudProvider, ClusterInfo, ClusterRequest
+from aios.cloud.provider import (
+    CatalogEntry,
+    CloudCommand,
+    CloudError,
+    CloudProvider,
+    ClusterInfo,
+    ClusterRequest,
+)
+
 from aios_cloud_k8s import manifests as M
 
 PRICE_NOTE = "n/a (your cluster)"
@@ -40,7 +49,7 @@ class K8sProvider(CloudProvider):
     def client(self) -> Any:
         if self._api is None:
             try:
-                from kubernetes import client, config
+                from kubernetes import config
             except ImportError:
                 raise CloudError("the kubernetes Python client is not installed", "pip install kubernetes") from None
             try:

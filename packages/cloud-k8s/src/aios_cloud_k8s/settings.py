@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
-
 from aios.config import Section
+from pydantic import Field
 
 
 class K8sSettings(Section):

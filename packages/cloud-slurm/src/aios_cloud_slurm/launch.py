@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import shlex
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from aios.cloud.provider import CloudError
 from aios.errors import AiosError
+
 from aios_cloud_slurm.provider import FINAL_STATES, NAME_RE, SlurmProvider, default_name
 from aios_cloud_slurm.script import SbatchJob, render
 
@@ -80,7 +82,6 @@ def _remote_root(provider: SlurmProvider, name: str) -> str:
 
 def launch(provider: SlurmProvider, p: dict[str, Any], store: Any, log: Callable[[str], None]) -> int:
     import click
-
     from aios.cloud import ops
     from aios.cloud.store import JOB_CANCELLED, JOB_FAILED, JOB_PENDING, ClusterRecord
 
@@ -240,7 +241,13 @@ def _read_from(provider: SlurmProvider, path: str, offset: int) -> bytes:
 def follow(provider: SlurmProvider, store: Any, name: str, job_id: int, slurm_id: str, job_dir: str, poll: float,
            echo: Callable[[str], None], log: Callable[[str], None]) -> int:
     """Print the job's output as it grows, record its state and restarts; the job's exit status."""
-    from aios.cloud.store import JOB_CANCELLED, JOB_FAILED, JOB_RECOVERING, JOB_RUNNING, JOB_SUCCEEDED
+    from aios.cloud.store import (
+        JOB_CANCELLED,
+        JOB_FAILED,
+        JOB_RECOVERING,
+        JOB_RUNNING,
+        JOB_SUCCEEDED,
+    )
 
     out_path = f"{job_dir}/slurm-{slurm_id}.out"
     offset = 0

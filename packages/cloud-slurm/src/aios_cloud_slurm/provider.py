@@ -19,12 +19,19 @@ import getpass
 import random
 import re
 import shlex
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
 
 from aios.cloud.provider import (
-    CatalogEntry, CloudCommand, CloudError, CloudProvider, ClusterInfo, ClusterRequest,
+    CatalogEntry,
+    CloudCommand,
+    CloudError,
+    CloudProvider,
+    ClusterInfo,
+    ClusterRequest,
 )
+
 PRICE_NOTE = "n/a (your cluster)"
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
 NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,46}[a-z0-9])?$")

@@ -74,7 +74,7 @@ def render(job: SbatchJob) -> str:
         "set -u",
         f"AIOS_JOB_DIR={q(job.job_dir)}",
         'restart="${SLURM_RESTART_COUNT:-0}"',
-        f'echo "[aios] job $SLURM_JOB_ID run $restart on $SLURM_JOB_NODELIST ($SLURM_JOB_NUM_NODES nodes)"',
+        'echo "[aios] job $SLURM_JOB_ID run $restart on $SLURM_JOB_NODELIST ($SLURM_JOB_NUM_NODES nodes)"',
         f"cd {q(job.code_dir)} || exit 1",
     ]
     if job.pythonpath:

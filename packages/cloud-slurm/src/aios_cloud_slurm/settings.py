@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from pydantic import Field
-
 from aios.config import Section
+from pydantic import Field
 
 
 class SlurmSettings(Section):

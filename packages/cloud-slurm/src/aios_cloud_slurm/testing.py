@@ -119,7 +119,7 @@ class SlurmCluster:
             "JobAcctGatherType=jobacct_gather/none", "SlurmctldTimeout=30", "SlurmdTimeout=120", "InactiveLimit=0",
             "MinJobAge=600", "KillWait=30", "MessageTimeout=30", f"PluginDir={plugin_dir}", "MailProg=/bin/true",
         ]
-        for name, port in zip(self.nodes, node_ports):
+        for name, port in zip(self.nodes, node_ports, strict=True):
             lines.append(f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory=1000 Port={port} State=UNKNOWN")
         lines.append(f"PartitionName={self.partition} Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP")
         self.conf.write_text("\n".join(lines) + "\n")
