@@ -20,10 +20,12 @@ def _one_line_error(r) -> str:
 def test_launch_tpu_multislice_jobset_status_logs_down(kube, k8s_env, run_aios, project, monkeypatch):
     env = k8s_env(kube, HF_TOKEN="s3cr3t-token")
     r = run_aios(env, "launch", "--cloud", "k8s", "-a", "v5litepod-16", "--nodes", "1", "--name", "tpu1", "--workdir", str(project),
-                 "--env", "HF_TOKEN", "--env", "LOG_LEVEL=info", "--detach", "train.py", "--", "--steps", "3")
+                 "--env", "HF_TOKEN", "--env", "LOG_LEVEL=info", "--max-restarts", "2", "--checkpoint-dir", "gs://b/ckpt",
+                 "--detach", "train.py", "--", "--steps", "3")
     assert r.returncode == 0, r.stderr
     js = kube.get("JobSet", "tpu1")
     assert js is not None and js["spec"]["replicatedJobs"][0]["template"]["spec"]["parallelism"] == 4
+    assert js["spec"]["failurePolicy"] == {"maxRestarts": 2}  # --max-restarts: the whole set restarts and resumes
     secret = kube.get("Secret", "tpu1-env")
     assert base64.b64decode(secret["data"]["HF_TOKEN"]).decode() == "s3cr3t-token"
     assert "s3cr3t-token" not in json.dumps(js)

@@ -58,7 +58,7 @@ def build(provider: K8sProvider, p: dict[str, Any], name: str, env: dict[str, st
     return M.JobRequest(name=name, namespace=s.namespace, image=s.image, command=command, place=place, api=api, env=job_env,
                         secret_name=f"{name}-env" if forward else None, code_configmap=f"{name}-code",
                         master_port=s.master_port, service_account=s.service_account, cpu=s.cpu, memory=s.memory,
-                        backoff_limit=p["max_restarts"])
+                        backoff_limit=p["max_restarts"], max_restarts=p["max_restarts"])
 
 
 def _code(provider: K8sProvider, p: dict[str, Any], name: str) -> str:

@@ -125,7 +125,8 @@ class JobRequest:
     service_account: str | None = None
     cpu: str | None = None
     memory: str | None = None
-    backoff_limit: int = 0
+    backoff_limit: int = 0  # indexed Job: pod retries
+    max_restarts: int = 0  # JobSet: whole-set restarts (preemption recovery)
 
 
 def _pod_spec(req: JobRequest, extra_env: list[dict[str, Any]]) -> dict[str, Any]:
@@ -188,13 +189,15 @@ def jobset(req: JobRequest) -> dict[str, Any]:
     return {
         "apiVersion": f"{JOBSET_GROUP}/{JOBSET_VERSION}", "kind": "JobSet", "metadata": meta,
         "spec": {
-            "failurePolicy": {"maxRestarts": 0},
+            # a preempted or failed pod fails its Job (backoffLimit 0); the JobSet then recreates
+            # every Job (all ranks restart together and resume from the checkpoint)
+            "failurePolicy": {"maxRestarts": req.max_restarts},
             "network": {"enableDNSHostnames": True, "subdomain": req.name},
             "replicatedJobs": [{
                 "name": rjob, "replicas": p.jobs,
                 "template": {"metadata": {"labels": _labels(req)}, "spec": {
                     "parallelism": p.pods_per_job, "completions": p.pods_per_job, "completionMode": "Indexed",
-                    "backoffLimit": req.backoff_limit,
+                    "backoffLimit": 0,
                     "template": {"metadata": {"labels": _labels(req)}, "spec": _pod_spec(req, extra)},
                 }},
             }],
