@@ -9,7 +9,7 @@ import sys
 
 def _aios(tmp_path, *args, **env):
     full = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
-    full.update(AIOS_HOME=str(tmp_path / "home"), AIOS_DISABLE_PLUGINS="aios-cloud-gcp,aios-cloud-aws", **env)
+    full.update(AIOS_HOME=str(tmp_path / "home"), AIOS_DISABLE_PLUGINS="aios-cloud-gcp,aios-cloud-aws,aios-cloud-slurm,aios-cloud-k8s", **env)
     return subprocess.run([sys.executable, "-m", "aios.cli.main", *args], env=full, capture_output=True, text=True, timeout=60)
 
 

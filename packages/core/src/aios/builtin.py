@@ -89,6 +89,11 @@ def aios_register_cluster_environments(register: Any) -> None:
 
     register(LocalEnvironment())
     register(TorchElasticEnvironment())
+    from aios.cluster_k8s import KubernetesEnvironment
+    from aios.cluster_slurm import SlurmEnvironment
+
+    register(SlurmEnvironment())  # srun tasks (SLURM_PROCID, SLURM_JOB_NODELIST, ...)
+    register(KubernetesEnvironment())  # indexed Job / JobSet pods (JOB_COMPLETION_INDEX)
 
 
 def _mem_total() -> int | None:

@@ -212,6 +212,8 @@ def launch(script: str, script_args: tuple[str, ...], cloud: str | None, acceler
     cloud = _cloud_name(cloud, existing.cloud if existing else None)
     config = _config(config_file)
     provider = ops.get_provider(cloud, config)
+    if getattr(provider, "scheduler", False):  # a batch scheduler (Slurm, Kubernetes): submits a job, no hosts to provision
+        sys.exit(provider.launch_job(dict(click.get_current_context().params), store, _log))
     if existing and accelerator and accelerator != existing.accelerator:
         raise AiosError(f"cluster {name} exists with {existing.accelerator}, not {accelerator}", f"use another --name or `aios down {name}`")
     accelerator = accelerator or (existing.accelerator if existing else None)
@@ -505,6 +507,9 @@ def logs(name: str, job_id: int | None, follow: bool, worker: tuple[int, ...], d
     job = store.get_job(job_id) if job_id else store.latest_job(name)
     if job is None or job.cluster != name:
         raise AiosError(f"cluster {name} has no job {job_id if job_id else ''}".rstrip(), "see `aios status NAME`")
+    provider = _scheduler(rec)
+    if provider is not None:
+        sys.exit(provider.job_logs(rec, job, follow, dry_run, _echo))
     hosts = _select(rec, worker)
     d = f"{ops.remote_root(name)}/jobs/{job.id}/worker.log"
     runner = ops.runner_for(rec, _printer())
@@ -529,6 +534,40 @@ def logs(name: str, job_id: int | None, follow: bool, worker: tuple[int, ...], d
         pass
     finally:
         follower.stop()
+
+
+def _scheduler(rec: Any) -> Any:
+    """The provider of a batch-scheduler record (Slurm, Kubernetes jobs have no SSH hosts), else None."""
+    try:
+        provider = _provider(rec.cloud, None)
+    except AiosError:
+        return None
+    return provider if getattr(provider, "scheduler", False) else None
+
+
+@click.command()
+@click.argument("name")
+@click.option("--job", "job_id", type=int, help="Job id (default: the latest).")
+@click.option("--config", "config_file")
+def cancel(name: str, job_id: int | None, config_file: str | None) -> None:
+    """Cancel a cluster's running job (scancel on Slurm, delete on Kubernetes); the cluster stays."""
+    from aios.cloud import ops
+    from aios.cloud.store import JOB_CANCELLED, JOB_FINAL
+
+    store = _store()
+    rec = ops.require_cluster(store, name)
+    job = store.get_job(job_id) if job_id else store.latest_job(name)
+    if job is None or job.cluster != name:
+        raise AiosError(f"cluster {name} has no job {job_id if job_id else ''}".rstrip(), "see `aios status NAME`")
+    provider = _scheduler(rec) if not config_file else _provider(rec.cloud, config_file)
+    if provider is not None and getattr(provider, "scheduler", False):
+        provider.cancel(name)
+    elif job.state not in JOB_FINAL:
+        ops.cancel_job(rec, job.id)
+    if job.state not in JOB_FINAL:
+        store.update_job(job.id, state=JOB_CANCELLED)
+    store.event(name, "cancelled", f"job {job.id} cancelled by the user", job.id)
+    _log(f"cancelled job {job.id} on {name}")
 
 
 @click.command(context_settings={"ignore_unknown_options": True})
@@ -695,11 +734,18 @@ def _entries(cloud: str | None, config_file: str | None) -> list[Any]:
         raise AiosError("no cloud plugin is installed", "pip install 'aios-core[gcp]' or 'aios-core[aws]'")
     out = []
     for c in clouds:
-        out.extend(_provider(c, config_file).catalog())
+        try:
+            out.extend(_provider(c, config_file).catalog())
+        except AiosError as exc:
+            if cloud:
+                raise
+            _log(f"{c}: skipped: {exc.one_line()}")  # an unreachable scheduler does not hide the other clouds
     return out
 
 
-def _money(v: float | None) -> str:
+def _money(v: float | None, entry: Any = None) -> str:
+    if v is None and entry is not None and (entry.extra or {}).get("price"):
+        return str(entry.extra["price"])  # "n/a (your cluster)" for Slurm / Kubernetes
     return "-" if v is None else f"${v:,.2f}"
 
 
@@ -714,12 +760,14 @@ def catalog(cloud: str | None, filter_: str | None, as_json: bool, config_file: 
     if as_json:
         _emit_json([e.to_dict() for e in entries])
         return
+    if not entries and not filter_:
+        raise AiosError("no installed cloud listed anything", "see the notes above (a scheduler may be unreachable)")
     if not entries:
         raise AiosError(f"no accelerator matches '{filter_}'", "run `aios catalog` without --accelerator to see all")
     t = _table("aios catalog (USD per hour for the whole type)", ["cloud", "accelerator", "devices", "memory/dev", "hosts", "per host", "runtime", "on-demand", "spot", "peak TFLOP/s", "zones"])
     for e in entries:
         t.add_row(e.cloud, e.accelerator, f"{e.devices} x {e.device_kind}", f"{e.memory_gb:.0f} GB", str(e.hosts), e.host_summary(), e.runtime or "-",
-                  _money(e.on_demand_hourly), _money(e.spot_hourly), f"{e.peak_tflops:,.0f}" if e.peak_tflops else "-",
+                  _money(e.on_demand_hourly, e), _money(e.spot_hourly, e), f"{e.peak_tflops:,.0f}" if e.peak_tflops else "-",
                   ", ".join(e.zones[:2]) + (f" +{len(e.zones) - 2}" if len(e.zones) > 2 else ""))
     _print(t)
 
@@ -763,7 +811,8 @@ def cost(cloud: str | None, accelerator: str | None, hours: float | None, nodes:
             _emit_json(rows)
             return
         for r in rows:
-            _echo(f"{r['cloud']} {r['accelerator']} x{nodes} for {hours:g} h: on-demand {_money(r['on_demand_usd'])}, spot {_money(r['spot_usd'])}")
+            e = next(m for m in matches if m.cloud == r["cloud"])
+            _echo(f"{r['cloud']} {r['accelerator']} x{nodes} for {hours:g} h: on-demand {_money(r['on_demand_usd'], e)}, spot {_money(r['spot_usd'], e)}")
         return
     if not (params and tokens):
         raise AiosError("aios cost needs --accelerator with --hours, or --params and --tokens", "e.g. aios cost --params 1.3B --tokens 26B")
@@ -781,5 +830,5 @@ def cost(cloud: str | None, accelerator: str | None, hours: float | None, nodes:
     _echo(f"{C.training_flops(p, tk):.3g} FLOPs (6 x {p:.3g} params x {tk:.3g} tokens), {precision}, utilisation {mfu:g}")
     t = _table(f"ranked by {'spot' if spot else 'on-demand'} {by}", ["#", "cloud", "accelerator", "devices", "hours", "on-demand", "spot", "fits"])
     for i, r in enumerate(ranked, 1):
-        t.add_row(str(i), r.entry.cloud, r.entry.accelerator, str(r.entry.devices), f"{r.hours:,.1f}", _money(r.on_demand), _money(r.spot), "yes" if r.fits else f"no ({r.state_gb:.0f} GB state)")
+        t.add_row(str(i), r.entry.cloud, r.entry.accelerator, str(r.entry.devices), f"{r.hours:,.1f}", _money(r.on_demand, r.entry), _money(r.spot, r.entry), "yes" if r.fits else f"no ({r.state_gb:.0f} GB state)")
     _print(t)

@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "sync": ("aios.cli.cloud", "sync", "Copy files between local paths, clusters and buckets."),
     "stop": ("aios.cli.cloud", "stop", "Stop a cluster (keeps its disks)."),
     "start": ("aios.cli.cloud", "start", "Start a stopped cluster."),
+    "cancel": ("aios.cli.cloud", "cancel", "Cancel a cluster's running job (scancel on Slurm)."),
     "down": ("aios.cli.cloud", "down", "Delete a cluster and everything aios created for it."),
     "catalog": ("aios.cli.cloud", "catalog", "Accelerators offered by the installed clouds, with prices."),
     "cost": ("aios.cli.cloud", "cost", "Estimate or rank the cost of a run across clouds."),

@@ -554,6 +554,7 @@ def _run(
         flags["nprocs"] = nprocs if nprocs == "auto" else _int_or_str(nprocs)
     if max_restarts is not None:
         flags["launch"] = {"max_restarts": max_restarts}
+    _scheduler_defaults(flags, overrides, config_file)
     cfg, spec, plan, notes = build_plan(script, args, overrides, flags, config_file, module=bool(module), check=not dry_run)
     if dry_run:
         env = _worker_env(cfg, spec.name, os.environ.get(RUN_ID_ENV) or "<new at launch>")
@@ -561,6 +562,46 @@ def _run(
         return
     _check_checkpoint_dir(cfg)
     execute(cfg, spec, plan, notes, script)
+
+
+def _scheduler_defaults(flags: dict[str, Any], overrides: list[str], config_file: str | None) -> None:
+    """Inside a scheduler's job (Slurm step, Kubernetes indexed Job/JobSet; see
+    :mod:`aios.cluster`), default nnodes, node rank, master address/port from it. Explicit
+    flags and config win; an explicit nnodes/node rank that contradicts the scheduler is a
+    one-line error. When the scheduler started one process per rank (``srun
+    --ntasks-per-node=N``), this process runs the script directly as that rank."""
+    from aios.cluster import detect
+
+    info = detect()
+    if info.name in ("local", "torchelastic"):
+        return
+    from aios.config import resolve
+
+    cfg = resolve(config_file, overrides, {k: v for k, v in flags.items() if v is not None})
+    per_rank = info.rank is not None and info.world_size is not None
+    want: dict[str, Any] = {"nnodes": 1 if per_rank else info.nnodes, "node_rank": 0 if per_rank else info.node_rank,
+                            "master_addr": info.master_addr}
+    if info.master_port is not None:
+        want["master_port"] = info.master_port
+    if per_rank:
+        want["nprocs"] = 1
+    for key, value in want.items():
+        if key in cfg.model_fields_set:
+            if key in ("nnodes", "node_rank", "nprocs") and getattr(cfg, key) != value:
+                raise LaunchError(f"{key}={getattr(cfg, key)} contradicts the {info.name} job ({key} {value} there)",
+                                  f"drop {key} from the flags/config, or change the {info.name} job's size")
+            continue
+        flags[key] = value
+    if per_rank:
+        os.environ.update({
+            "RANK": str(info.rank), "WORLD_SIZE": str(info.world_size), "LOCAL_RANK": str(info.local_rank or 0),
+            "LOCAL_WORLD_SIZE": str(info.local_world_size or 1), "GROUP_RANK": str(info.node_rank),
+            "MASTER_ADDR": str(cfg.master_addr if "master_addr" in cfg.model_fields_set else info.master_addr),
+            "MASTER_PORT": str(cfg.master_port if "master_port" in cfg.model_fields_set or info.master_port is None else info.master_port),
+        })
+    elif info.nnodes > 1 and "rdzv_backend" not in cfg.launch.model_fields_set:
+        # the scheduler fixed the node ranks: keep them (c10d would assign its own)
+        flags["launch"] = {**(flags.get("launch") or {}), "rdzv_backend": "static"}
 
 
 def _int_or_str(v: str) -> Any:

@@ -1,0 +1,254 @@
+"""Kubernetes manifests generated from a launch plan (plain dicts, applied through the official
+client; ``--dry-run`` prints them as YAML).
+
+* GKE TPU slices (``-a v5litepod-16``, ``v4-16``, ``v5p-32``, ``v6e-8``): a JobSet with one
+  replicatedJob ``slice`` whose ``replicas`` is the number of slices (multislice) and whose Job
+  runs one pod per TPU host (``parallelism = completions = hosts``, Indexed). Pods request
+  ``google.com/tpu: <chips per host>`` and select nodes with
+  ``cloud.google.com/gke-tpu-accelerator`` and ``cloud.google.com/gke-tpu-topology``; the JobSet
+  carries ``alpha.jobset.sigs.k8s.io/exclusive-topology: cloud.google.com/gke-nodepool`` so each
+  slice gets a node pool of its own.
+* EKS (``-a trn1.32xlarge``, ``p5.48xlarge``, ...): one pod per instance, requesting
+  ``aws.amazon.com/neuron`` or ``nvidia.com/gpu`` and ``vpc.amazonaws.com/efa`` (with the EFA
+  libfabric env), selecting ``node.kubernetes.io/instance-type``; a JobSet, or with
+  ``k8s.api=job`` an indexed Job with a headless Service as its pods' subdomain.
+* ``-a cpu``: plain CPU pods (any cluster).
+
+Every pod gets the variables :mod:`aios.cluster_k8s` reads (pod count, subdomain, JobSet names,
+``JOB_INDEX`` from the ``jobset.sigs.k8s.io/job-index`` label), ``MASTER_PORT``, and its secrets
+through ``envFrom: secretRef`` (a Secret aios creates from the forwarded variables): no secret
+value is ever written into a manifest.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from aios.errors import ConfigError
+
+JOBSET_GROUP = "jobset.x-k8s.io"
+JOBSET_VERSION = "v1alpha2"
+JOBSET_PLURAL = "jobsets"
+TPU_ACCELERATOR_LABEL = "cloud.google.com/gke-tpu-accelerator"
+TPU_TOPOLOGY_LABEL = "cloud.google.com/gke-tpu-topology"
+NODEPOOL_LABEL = "cloud.google.com/gke-nodepool"
+EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
+CLUSTER_LABEL = "aios-cluster"
+
+# GKE node label values per TPU generation (cloud.google.com/gke-tpu-accelerator)
+GKE_TPU_ACCELERATOR = {"v4": "tpu-v4-podslice", "v5e": "tpu-v5-lite-podslice", "v5p": "tpu-v5p-slice", "v6e": "tpu-v6e-slice"}
+_2D = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"}
+_3D = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8", 256: "4x8x8", 512: "8x8x8",
+       1024: "8x8x16", 2048: "8x16x16", 4096: "16x16x16"}
+
+# EKS instance types: (kind, devices, efa interfaces)
+EKS_INSTANCES: dict[str, tuple[str, int, int]] = {
+    "trn1.2xlarge": ("neuron", 1, 0), "trn1.32xlarge": ("neuron", 16, 8), "trn1n.32xlarge": ("neuron", 16, 16),
+    "trn2.48xlarge": ("neuron", 16, 16), "inf2.48xlarge": ("neuron", 12, 0),
+    "p4d.24xlarge": ("gpu", 8, 4), "p4de.24xlarge": ("gpu", 8, 4), "p5.48xlarge": ("gpu", 8, 32), "p5e.48xlarge": ("gpu", 8, 32),
+    "g5.xlarge": ("gpu", 1, 0), "g5.12xlarge": ("gpu", 4, 0), "g5.48xlarge": ("gpu", 8, 1), "g6.xlarge": ("gpu", 1, 0),
+}
+
+
+@dataclass
+class Placement:
+    """Where and on what the pods run."""
+
+    kind: str  # tpu | neuron | gpu | cpu
+    accelerator: str
+    pods_per_job: int
+    jobs: int = 1  # TPU slices (replicatedJob replicas)
+    resources: dict[str, str] = field(default_factory=dict)
+    node_selector: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    backend: str = "cpu"
+    topology: str | None = None
+    tolerations: list[dict[str, Any]] = field(default_factory=list)
+
+
+def tpu_topology(generation: str, chips: int) -> str:
+    table = _3D if generation in ("v4", "v5p") else _2D
+    if chips not in table:
+        raise ConfigError(f"no GKE topology for a {generation} slice of {chips} chips", f"pick one of {sorted(table)} chips")
+    return table[chips]
+
+
+def placement(accelerator: str, nodes: int) -> Placement:
+    """The pods for ``accelerator`` x ``nodes`` (TPU slices / instances / CPU pods)."""
+    if accelerator == "cpu":
+        return Placement("cpu", "cpu", pods_per_job=nodes, backend="cpu")
+    if accelerator in EKS_INSTANCES:
+        kind, devices, efa = EKS_INSTANCES[accelerator]
+        res = {"aws.amazon.com/neuron" if kind == "neuron" else "nvidia.com/gpu": str(devices)}
+        env: dict[str, str] = {}
+        if efa:
+            res["vpc.amazonaws.com/efa"] = str(efa)
+            env.update({"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1"})
+        if kind == "neuron":
+            env["NEURON_CC_FLAGS"] = "--retry_failed_compilation"  # the rest comes from the neuron backend's plan
+        return Placement(kind, accelerator, pods_per_job=nodes, resources=res, node_selector={INSTANCE_TYPE_LABEL: accelerator},
+                         env=env, backend="neuron" if kind == "neuron" else "cuda")
+    try:
+        from aios_backend_xla.topology import parse_accelerator_type
+    except ImportError:
+        parse_accelerator_type = None  # type: ignore[assignment]
+    if parse_accelerator_type is not None and re.match(r"^(v\d|tpu)", accelerator):
+        t = parse_accelerator_type(accelerator)
+        if t.generation not in GKE_TPU_ACCELERATOR:
+            raise ConfigError(f"GKE does not offer TPU {t.generation} node pools", f"use one of {', '.join(GKE_TPU_ACCELERATOR)}")
+        topo = tpu_topology(t.generation, t.chips)
+        return Placement("tpu", t.accelerator_type, pods_per_job=t.hosts, jobs=nodes,
+                         resources={"google.com/tpu": str(t.chips_per_host)},
+                         node_selector={TPU_ACCELERATOR_LABEL: GKE_TPU_ACCELERATOR[t.generation], TPU_TOPOLOGY_LABEL: topo},
+                         backend="xla", topology=topo,
+                         tolerations=[{"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}])
+    raise ConfigError(f"unknown accelerator '{accelerator}' for Kubernetes",
+                      f"use a TPU type (v5litepod-16, v4-16, ...), an EKS instance type ({', '.join(sorted(EKS_INSTANCES)[:4])}, ...) or cpu")
+
+
+@dataclass
+class JobRequest:
+    name: str
+    namespace: str
+    image: str
+    command: list[str]  # run in the container after the code is unpacked
+    place: Placement
+    api: str  # jobset | job
+    env: dict[str, str] = field(default_factory=dict)
+    secret_name: str | None = None
+    code_configmap: str | None = None
+    master_port: int = 29500
+    service_account: str | None = None
+    cpu: str | None = None
+    memory: str | None = None
+    backoff_limit: int = 0  # indexed Job: pod retries
+    max_restarts: int = 0  # JobSet: whole-set restarts (preemption recovery)
+
+
+def _pod_spec(req: JobRequest, extra_env: list[dict[str, Any]]) -> dict[str, Any]:
+    p = req.place
+    env = [{"name": k, "value": v} for k, v in sorted({**p.env, **req.env}.items())]
+    env += [{"name": "AIOS_K8S_PODS_PER_JOB", "value": str(p.pods_per_job)}, {"name": "MASTER_PORT", "value": str(req.master_port)}]
+    env += extra_env
+    script = "set -e; mkdir -p /workspace; "
+    if req.code_configmap:
+        script += "tar xzf /aios/code/code.tar.gz -C /workspace; "
+    script += "cd /workspace; exec " + " ".join(_sh(c) for c in req.command)
+    container: dict[str, Any] = {
+        "name": "aios", "image": req.image, "command": ["bash", "-c", script], "env": env,
+        "ports": [{"containerPort": req.master_port, "name": "rendezvous"}],
+    }
+    limits = dict(p.resources)
+    requests = dict(p.resources)
+    if req.cpu:
+        requests["cpu"] = req.cpu
+    if req.memory:
+        requests["memory"] = req.memory
+    if limits or requests:
+        container["resources"] = {k: v for k, v in (("limits", limits), ("requests", requests)) if v}
+    if req.secret_name:
+        container["envFrom"] = [{"secretRef": {"name": req.secret_name}}]
+    spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [container]}
+    if req.code_configmap:
+        container["volumeMounts"] = [{"name": "aios-code", "mountPath": "/aios/code", "readOnly": True}]
+        spec["volumes"] = [{"name": "aios-code", "configMap": {"name": req.code_configmap}}]
+    if p.node_selector:
+        spec["nodeSelector"] = dict(p.node_selector)
+    if p.tolerations:
+        spec["tolerations"] = list(p.tolerations)
+    if req.service_account:
+        spec["serviceAccountName"] = req.service_account
+    return spec
+
+
+def _sh(s: str) -> str:
+    import shlex
+
+    return shlex.quote(s)
+
+
+def _labels(req: JobRequest) -> dict[str, str]:
+    return {CLUSTER_LABEL: req.name}
+
+
+def jobset(req: JobRequest) -> dict[str, Any]:
+    p = req.place
+    rjob = "slice" if p.kind == "tpu" else "workers"
+    extra = [
+        {"name": "JOBSET_NAME", "value": req.name}, {"name": "REPLICATED_JOB_NAME", "value": rjob},
+        {"name": "REPLICATED_JOB_REPLICAS", "value": str(p.jobs)}, {"name": "AIOS_K8S_SUBDOMAIN", "value": req.name},
+        {"name": "JOB_INDEX", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{JOB_INDEX_LABEL}']"}}},
+    ]
+    meta: dict[str, Any] = {"name": req.name, "namespace": req.namespace, "labels": _labels(req)}
+    if p.kind == "tpu":
+        meta["annotations"] = {EXCLUSIVE_TOPOLOGY: NODEPOOL_LABEL}  # one slice per node pool
+    return {
+        "apiVersion": f"{JOBSET_GROUP}/{JOBSET_VERSION}", "kind": "JobSet", "metadata": meta,
+        "spec": {
+            # a preempted or failed pod fails its Job (backoffLimit 0); the JobSet then recreates
+            # every Job (all ranks restart together and resume from the checkpoint)
+            "failurePolicy": {"maxRestarts": req.max_restarts},
+            "network": {"enableDNSHostnames": True, "subdomain": req.name},
+            "replicatedJobs": [{
+                "name": rjob, "replicas": p.jobs,
+                "template": {"metadata": {"labels": _labels(req)}, "spec": {
+                    "parallelism": p.pods_per_job, "completions": p.pods_per_job, "completionMode": "Indexed",
+                    "backoffLimit": 0,
+                    "template": {"metadata": {"labels": _labels(req)}, "spec": _pod_spec(req, extra)},
+                }},
+            }],
+        },
+    }
+
+
+def indexed_job(req: JobRequest) -> list[dict[str, Any]]:
+    """An indexed Job and the headless Service that gives its pods stable names."""
+    p = req.place
+    if p.jobs != 1:
+        raise ConfigError("several TPU slices need a JobSet", "set k8s.api=jobset (or auto)")
+    extra = [{"name": "AIOS_K8S_JOB_NAME", "value": req.name}, {"name": "AIOS_K8S_SUBDOMAIN", "value": req.name}]
+    pod = _pod_spec(req, extra)
+    pod["subdomain"] = req.name
+    svc = {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": req.name, "namespace": req.namespace, "labels": _labels(req)},
+        "spec": {"clusterIP": "None", "selector": {"job-name": req.name}, "publishNotReadyAddresses": True,
+                 "ports": [{"name": "rendezvous", "port": req.master_port}]},
+    }
+    job = {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": req.name, "namespace": req.namespace, "labels": _labels(req)},
+        "spec": {"parallelism": p.pods_per_job, "completions": p.pods_per_job, "completionMode": "Indexed",
+                 "backoffLimit": req.backoff_limit,
+                 "template": {"metadata": {"labels": _labels(req)}, "spec": pod}},
+    }
+    return [svc, job]
+
+
+def secret(name: str, namespace: str, cluster: str, values: dict[str, str]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": name, "namespace": namespace, "labels": {CLUSTER_LABEL: cluster}}, "stringData": dict(values)}
+
+
+def code_configmap(name: str, namespace: str, cluster: str, tar_b64: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": namespace, "labels": {CLUSTER_LABEL: cluster}},
+            "binaryData": {"code.tar.gz": tar_b64}}
+
+
+def manifests(req: JobRequest, secret_values: dict[str, str] | None = None, code_b64: str | None = None) -> list[dict[str, Any]]:
+    """Everything applied for one launch, in creation order."""
+    out: list[dict[str, Any]] = []
+    if req.secret_name:
+        out.append(secret(req.secret_name, req.namespace, req.name, secret_values or {}))
+    if req.code_configmap:
+        out.append(code_configmap(req.code_configmap, req.namespace, req.name, code_b64 or ""))
+    if req.api == "jobset":
+        out.append(jobset(req))
+    else:
+        out.extend(indexed_job(req))
+    return out

@@ -1,0 +1,245 @@
+"""A local HTTP service that answers as the Kubernetes API server does, for tests where no real
+API server can run (no kube-apiserver is packaged for apt/PyPI here).
+
+It serves the REST paths the official ``kubernetes`` client calls for what aios uses: create /
+get / list (``labelSelector``) / delete of Secrets, ConfigMaps, Services, Pods, batch/v1 Jobs and
+``jobset.x-k8s.io/v1alpha2`` JobSets, pod logs, and nodes. Like the real server it validates
+every created object against its schema (the official Kubernetes OpenAPI schemas bundled by
+``kubernetes-validate``, and the JobSet CRD's ``openAPIV3Schema`` passed in) and answers 422 with
+a ``Status`` when it does not conform, 409 for a name in use, 404 for a missing object or an
+uninstalled CRD (the JobSet paths, unless ``jobset_crd`` is given).
+
+The "controller" part is explicit: creating a Job/JobSet creates its pods (named as the Job
+controller and JobSet do: ``<job>-<index>-<suffix>`` with hostname ``<job>-<index>`` /
+``<jobset>-<rjob>-<jobIndex>-<podIndex>``); :meth:`FakeKubeApi.finish` marks a job's pods
+Succeeded/Failed with their logs and sets the Complete/Failed condition.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+CORE = {"secrets": "Secret", "configmaps": "ConfigMap", "services": "Service", "pods": "Pod"}
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _status(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message, "reason": reason, "code": code}
+
+
+def _match(selector: str, labels: dict[str, str]) -> bool:
+    for part in filter(None, (selector or "").split(",")):
+        if "=" in part:
+            k, v = part.split("=", 1)
+            if labels.get(k.rstrip("=")) != v:
+                return False
+        elif part not in labels:
+            return False
+    return True
+
+
+class FakeKubeApi:
+    def __init__(self, nodes: list[dict[str, Any]] | None = None, jobset_crd: dict[str, Any] | None = None,
+                 k8s_version: str = "1.30.0") -> None:
+        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}  # (kind, ns, name) -> obj
+        self.logs: dict[tuple[str, str], str] = {}
+        self.nodes = nodes or []
+        self.jobset_schema = (jobset_crd or {}).get("openAPIV3Schema")
+        self.k8s_version = k8s_version
+        self.requests: list[tuple[str, str]] = []
+        self.lock = threading.Lock()
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a: Any) -> None:
+                pass
+
+            def _send(self, code: int, body: Any, text: bool = False) -> None:
+                data = body.encode() if text else json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "text/plain" if text else "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _body(self) -> Any:
+                n = int(self.headers.get("Content-Length") or 0)
+                return json.loads(self.rfile.read(n) or b"{}") if n else {}
+
+            def do_GET(self) -> None:
+                self._handle("GET")
+
+            def do_POST(self) -> None:
+                self._handle("POST")
+
+            def do_DELETE(self) -> None:
+                self._handle("DELETE")
+
+            def _handle(self, method: str) -> None:
+                u = urlparse(self.path)
+                q = {k: v[0] for k, v in parse_qs(u.query).items()}
+                with api.lock:
+                    api.requests.append((method, u.path))
+                    code, body, text = api.route(method, u.path, q, self._body() if method in ("POST", "DELETE") else None)
+                self._send(code, body, text)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    # ------------------------------------------------------------------ helpers for tests
+    def kubeconfig(self, path: str | Path, namespace: str = "default") -> Path:
+        path = Path(path)
+        path.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "test",
+            "clusters": [{"name": "test", "cluster": {"server": self.url}}],
+            "users": [{"name": "test", "user": {"token": "test-token"}}],
+            "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test", "namespace": namespace}}],
+        }))
+        return path
+
+    def get(self, kind: str, name: str, ns: str = "default") -> dict[str, Any] | None:
+        return self.objects.get((kind, ns, name))
+
+    def of_kind(self, kind: str) -> list[dict[str, Any]]:
+        return [o for (k, _, _), o in sorted(self.objects.items()) if k == kind]
+
+    def finish(self, name: str, ns: str = "default", succeeded: bool = True, logs: dict[int, str] | None = None) -> None:
+        """The job's pods ran: phase Succeeded/Failed, logs (by pod index), job condition set."""
+        with self.lock:
+            pods = [o for (k, n, _), o in sorted(self.objects.items()) if k == "Pod" and n == ns
+                    and o["metadata"]["labels"].get("aios-cluster") == name]
+            for i, pod in enumerate(pods):
+                pod["status"] = {"phase": "Succeeded" if succeeded else "Failed"}
+                self.logs[(ns, pod["metadata"]["name"])] = (logs or {}).get(i, "")
+            cond = "Complete" if succeeded else "Failed"
+            if (job := self.objects.get(("Job", ns, name))) is not None:
+                job["status"] = {"conditions": [{"type": cond, "status": "True", "lastTransitionTime": _now()}],
+                                 "succeeded" if succeeded else "failed": len(pods)}
+            if (js := self.objects.get(("JobSet", ns, name))) is not None:
+                js["status"] = {"conditions": [{"type": "Completed" if succeeded else "Failed", "status": "True", "reason": "AllJobsCompleted" if succeeded else "FailedJobs",
+                                                "message": "", "lastTransitionTime": _now()}]}
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def __enter__(self) -> FakeKubeApi:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ the API
+    def validate(self, obj: dict[str, Any]) -> str | None:
+        kind = obj.get("kind")
+        try:
+            if kind == "JobSet":
+                if self.jobset_schema is None:
+                    return None
+                import jsonschema
+
+                jsonschema.validate(obj, self.jobset_schema)
+            else:
+                import kubernetes_validate
+
+                kubernetes_validate.validate(obj, self.k8s_version, strict=True)
+        except ImportError:
+            return None
+        except Exception as exc:  # noqa: BLE001 - the validator's message, like the server's
+            return str(getattr(exc, "message", exc)).splitlines()[0][:300]
+        return None
+
+    def route(self, method: str, path: str, q: dict[str, str], body: Any) -> tuple[int, Any, bool]:
+        if path == "/api/v1/nodes" and method == "GET":
+            return 200, {"kind": "NodeList", "apiVersion": "v1", "metadata": {}, "items": self.nodes}, False
+        m = re.match(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/log$", path)
+        if m and method == "GET":
+            if ("Pod", m.group(1), m.group(2)) not in self.objects:
+                return 404, _status(404, "NotFound", f'pods "{m.group(2)}" not found'), False
+            return 200, self.logs.get((m.group(1), m.group(2)), ""), True
+        m = re.match(r"^/api/v1/namespaces/([^/]+)/(secrets|configmaps|services|pods)(?:/([^/]+))?$", path)
+        if m:
+            return self._crud(method, CORE[m.group(2)], m.group(2), "v1", m.group(1), m.group(3), q, body)
+        m = re.match(r"^/apis/batch/v1/namespaces/([^/]+)/jobs(?:/([^/]+))?$", path)
+        if m:
+            return self._crud(method, "Job", "jobs", "batch/v1", m.group(1), m.group(2), q, body)
+        m = re.match(r"^/apis/jobset\.x-k8s\.io/v1alpha2/namespaces/([^/]+)/jobsets(?:/([^/]+))?$", path)
+        if m:
+            if self.jobset_schema is None:
+                return 404, _status(404, "NotFound", "the server could not find the requested resource"), False
+            return self._crud(method, "JobSet", "jobsets", "jobset.x-k8s.io/v1alpha2", m.group(1), m.group(2), q, body)
+        return 404, _status(404, "NotFound", "the server could not find the requested resource"), False
+
+    def _crud(self, method: str, kind: str, plural: str, api_version: str, ns: str, name: str | None, q: dict[str, str],
+              body: Any) -> tuple[int, Any, bool]:
+        if name is None and method == "GET":
+            items = [o for (k, n, _), o in sorted(self.objects.items()) if k == kind and n == ns
+                     and _match(q.get("labelSelector", ""), o["metadata"].get("labels") or {})]
+            return 200, {"kind": f"{kind}List", "apiVersion": api_version, "metadata": {"resourceVersion": "1"}, "items": items}, False
+        if name is None and method == "POST":
+            obj = dict(body or {})
+            oname = (obj.get("metadata") or {}).get("name")
+            if obj.get("kind") != kind or not oname:
+                return 400, _status(400, "BadRequest", f"expected a {kind} with metadata.name"), False
+            err = self.validate(obj)
+            if err:
+                return 422, _status(422, "Invalid", f'{kind} "{oname}" is invalid: {err}'), False
+            if (kind, ns, oname) in self.objects:
+                return 409, _status(409, "AlreadyExists", f'{plural} "{oname}" already exists'), False
+            obj["metadata"] = {**obj["metadata"], "namespace": ns, "uid": str(uuid.uuid4()), "creationTimestamp": _now(), "resourceVersion": "1"}
+            if kind == "Secret" and "stringData" in obj:  # the server stores stringData as base64 data
+                import base64
+
+                obj["data"] = {k: base64.b64encode(v.encode()).decode() for k, v in obj.pop("stringData").items()}
+            self.objects[(kind, ns, oname)] = obj
+            if kind in ("Job", "JobSet"):
+                self._pods(kind, ns, obj)
+            return 201, obj, False
+        key = (kind, ns, name or "")
+        if key not in self.objects:
+            return 404, _status(404, "NotFound", f'{plural} "{name}" not found'), False
+        if method == "GET":
+            return 200, self.objects[key], False
+        if method == "DELETE":
+            obj = self.objects.pop(key)
+            if kind in ("Job", "JobSet"):  # foreground propagation: the pods go too
+                for k in [k for k, o in self.objects.items() if k[0] == "Pod" and k[1] == ns and o["metadata"].get("labels", {}).get("aios-owner") == f"{kind}/{name}"]:
+                    self.objects.pop(k)
+            return 200, obj, False
+        return 405, _status(405, "MethodNotAllowed", method), False
+
+    def _pods(self, kind: str, ns: str, obj: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        jobs: list[tuple[str, dict[str, Any], int, str]] = []  # (job name, job spec, job index, rjob)
+        if kind == "Job":
+            jobs.append((name, obj["spec"], 0, ""))
+        else:
+            for rj in obj["spec"]["replicatedJobs"]:
+                for j in range(rj.get("replicas", 1)):
+                    jobs.append((f"{name}-{rj['name']}-{j}", rj["template"]["spec"], j, rj["name"]))
+        for job_name, spec, j, rjob in jobs:
+            tmpl = spec["template"]
+            for i in range(spec.get("parallelism", 1)):
+                pname = f"{job_name}-{i}-{uuid.uuid4().hex[:5]}"
+                labels = {**(tmpl.get("metadata", {}).get("labels") or {}), "job-name": job_name,
+                          "batch.kubernetes.io/job-completion-index": str(i), "aios-owner": f"{kind}/{name}"}
+                if kind == "JobSet":
+                    labels.update({"jobset.sigs.k8s.io/jobset-name": name, "jobset.sigs.k8s.io/replicatedjob-name": rjob,
+                                   "jobset.sigs.k8s.io/job-index": str(j)})
+                pod = {"apiVersion": "v1", "kind": "Pod",
+                       "metadata": {"name": pname, "namespace": ns, "labels": labels, "uid": str(uuid.uuid4()), "creationTimestamp": _now()},
+                       "spec": {**tmpl["spec"], "hostname": f"{job_name}-{i}"}, "status": {"phase": "Running"}}
+                self.objects[("Pod", ns, pname)] = pod

@@ -1,0 +1,190 @@
+"""A real Slurm cluster on this machine for tests: ``munged``, ``slurmctld`` and N ``slurmd``
+daemons (Debian ``slurm-wlm`` + ``munge``), configured in a temporary directory.
+
+Each compute node is its own ``slurmd -N nodeK`` with its own port, spool and log; all of them
+run here (``NodeHostname=localhost``). Node names are loopback addresses (``127.0.0.1``,
+``127.0.0.2``, ...): Slurm reports them compressed (``SLURM_JOB_NODELIST=127.0.0.[1-2]``), and
+the master address ``aios-run`` expands from it (the first node) is reachable without touching
+``/etc/hosts``. Nothing outside the directory changes; :meth:`SlurmCluster.close` stops
+every daemon it started (by pid) and every job.
+
+Usage::
+
+    reason = slurm_unavailable_reason()
+    if reason: pytest.skip(reason)
+    with SlurmCluster(tmp_dir, nodes=2) as cluster:
+        subprocess.run(["srun", "-N2", "hostname"], env=cluster.env())
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "scontrol", "scancel", "sinfo")
+PLUGIN_DIRS = ("/usr/lib/x86_64-linux-gnu/slurm-wlm", "/usr/lib/aarch64-linux-gnu/slurm-wlm", "/usr/lib64/slurm", "/usr/lib/slurm")
+
+
+def _which(name: str) -> str | None:
+    return shutil.which(name) or next((p for p in (f"/usr/sbin/{name}", f"/usr/bin/{name}") if os.path.exists(p)), None)
+
+
+def slurm_unavailable_reason() -> str:
+    """Empty when a test Slurm can start here, else why not (with the install line)."""
+    missing = [b for b in BINARIES if not _which(b)]
+    if missing:
+        return f"Slurm binaries missing ({', '.join(missing)}): apt-get install -y slurm-wlm munge"
+    if os.geteuid() != 0:
+        return "the test Slurm runs its daemons as root (SlurmUser=root): run the tests as root"
+    return ""
+
+
+def _free_ports(n: int) -> list[int]:
+    socks, ports = [], []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+        ports.append(s.getsockname()[1])
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _node_names(n: int) -> list[str]:
+    return [f"127.0.0.{i + 1}" for i in range(n)]
+
+
+class SlurmCluster:
+    def __init__(self, workdir: str | os.PathLike[str], nodes: int = 2, cpus: int = 2, partition: str = "debug",
+                 timeout: float = 60.0) -> None:
+        self.dir = Path(workdir)
+        self.nodes = _node_names(nodes)
+        self.cpus = cpus
+        self.partition = partition
+        self.procs: list[int] = []
+        self.dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.dir, 0o755)
+        for sub in ("run", "log", "state", "spool"):
+            (self.dir / sub).mkdir(exist_ok=True)
+        for n in self.nodes:
+            (self.dir / "spool" / n).mkdir(exist_ok=True)
+        try:
+            self._munge()
+            self._config()
+            self._start(timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def conf(self) -> Path:
+        return self.dir / "slurm.conf"
+
+    def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        """Environment for Slurm client commands (``SLURM_CONF`` pointing here; no stale ``SLURM_*``)."""
+        env = {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith("SLURM_")}
+        env["SLURM_CONF"] = str(self.conf)
+        return env
+
+    def _munge(self) -> None:
+        key = self.dir / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        os.chmod(key, 0o600)
+        self.munge_socket = self.dir / "run" / "munge.sock"
+        subprocess.run([_which("munged") or "munged", "--force", f"--socket={self.munge_socket}", f"--key-file={key}",
+                        f"--pid-file={self.dir / 'run' / 'munged.pid'}", f"--log-file={self.dir / 'log' / 'munged.log'}",
+                        f"--seed-file={self.dir / 'state' / 'munged.seed'}"], check=True, capture_output=True, timeout=30)
+        self._track(self.dir / "run" / "munged.pid")
+
+    def _config(self) -> None:
+        ctld, *node_ports = _free_ports(1 + len(self.nodes))
+        self.ctld_port = ctld
+        plugin_dir = next((d for d in PLUGIN_DIRS if os.path.isdir(d)), PLUGIN_DIRS[0])
+        d = self.dir
+        lines = [
+            "ClusterName=aiostest", f"SlurmctldHost={socket.gethostname()}(127.0.0.1)", f"SlurmctldPort={ctld}",
+            "AuthType=auth/munge", f"AuthInfo=socket={self.munge_socket}", "CredType=cred/munge",
+            "SlurmUser=root", "SlurmdUser=root", f"StateSaveLocation={d / 'state'}", f"SlurmdSpoolDir={d / 'spool'}/%n",
+            f"SlurmctldPidFile={d / 'run' / 'slurmctld.pid'}", f"SlurmdPidFile={d / 'run'}/slurmd-%n.pid",
+            f"SlurmctldLogFile={d / 'log' / 'slurmctld.log'}", f"SlurmdLogFile={d / 'log'}/slurmd-%n.log",
+            "ProctrackType=proctrack/pgid", "TaskPlugin=task/none", "SwitchType=switch/none", "MpiDefault=none",
+            "SchedulerType=sched/backfill", "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core",
+            "ReturnToService=2", "JobCompType=jobcomp/none", "AccountingStorageType=accounting_storage/none",
+            "JobAcctGatherType=jobacct_gather/none", "SlurmctldTimeout=30", "SlurmdTimeout=120", "InactiveLimit=0",
+            "MinJobAge=600", "KillWait=30", "MessageTimeout=30", f"PluginDir={plugin_dir}", "MailProg=/bin/true",
+        ]
+        for name, port in zip(self.nodes, node_ports, strict=True):
+            lines.append(f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory=1000 Port={port} State=UNKNOWN")
+        lines.append(f"PartitionName={self.partition} Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP")
+        self.conf.write_text("\n".join(lines) + "\n")
+
+    def _track(self, pidfile: Path, wait: float = 10.0) -> None:
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                pid = int(pidfile.read_text().strip())
+                self.procs.append(pid)
+                return
+            except (OSError, ValueError):
+                time.sleep(0.1)
+        raise RuntimeError(f"{pidfile} did not appear; see {self.dir / 'log'}")
+
+    def _start(self, timeout: float) -> None:
+        env = self.env()
+        subprocess.run([_which("slurmctld") or "slurmctld", "-c", "-f", str(self.conf)], check=True, env=env, capture_output=True, timeout=60)
+        self._track(self.dir / "run" / "slurmctld.pid")
+        for n in self.nodes:
+            subprocess.run([_which("slurmd") or "slurmd", "-f", str(self.conf), "-N", n], check=True, env=env, capture_output=True, timeout=60)
+            self._track(self.dir / "run" / f"slurmd-{n}.pid")
+        deadline = time.monotonic() + timeout
+        out = ""
+        while time.monotonic() < deadline:
+            r = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], env=env, capture_output=True, text=True, timeout=30)
+            out = r.stdout
+            states = dict(line.split() for line in out.splitlines() if len(line.split()) == 2)
+            if len(states) == len(self.nodes) and all(s in ("idle", "mix", "alloc") for s in states.values()):
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"Slurm nodes did not become idle in {timeout}s: {out!r}; logs in {self.dir / 'log'}")
+
+    def squeue(self) -> str:
+        return subprocess.run(["squeue", "-h", "-o", "%i %T %R"], env=self.env(), capture_output=True, text=True, timeout=30).stdout
+
+    def close(self) -> None:
+        env = self.env()
+        if len(self.procs) > 1:  # slurmctld is up: cancel every job first
+            try:
+                subprocess.run(["scancel", "--partition", self.partition], env=env, capture_output=True, timeout=20)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        for pid in reversed(self.procs):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 15
+        for pid in self.procs:
+            while time.monotonic() < deadline:
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.1)
+            else:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        self.procs = []
+
+    def __enter__(self) -> SlurmCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
