@@ -531,16 +531,6 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
         shutil.rmtree(status_dir, ignore_errors=True)
 
 
-def resolve_topology(
-    nnodes: int | None, node_rank: int | None, master_addr: str | None, master_port: int | None,
-) -> dict[str, Any]:
-    """Node count, node rank and rendezvous address/port as flags (``None`` = not given: config
-    file, ``AIOS_*`` env or the default decides). The one place where a cluster environment (a
-    scheduler allocation: torchelastic, Slurm, Kubernetes, TPU VM) will fill in what the command
-    line left out."""
-    return {"nnodes": nnodes, "node_rank": node_rank, "master_addr": master_addr, "master_port": master_port}
-
-
 def _run(
     argv: tuple[str, ...], backend: str | None, nprocs: str | None, nnodes: int | None, node_rank: int | None,
     master_addr: str | None, master_port: int | None, precision: str | None, config_file: str | None,
@@ -548,7 +538,8 @@ def _run(
 ) -> None:
     overrides, script, args = _split_argv(argv, module)
     flags: dict[str, Any] = {
-        "backend": backend, **resolve_topology(nnodes, node_rank, master_addr, master_port), "precision": precision,
+        "backend": backend, "nnodes": nnodes, "node_rank": node_rank, "master_addr": master_addr,
+        "master_port": master_port, "precision": precision,
     }
     if nprocs is not None:
         flags["nprocs"] = nprocs if nprocs == "auto" else _int_or_str(nprocs)
