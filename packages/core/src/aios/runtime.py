@@ -184,15 +184,10 @@ def init(
     requested = os.environ.get(BACKEND_ENV) or cfg.backend
     spec = reg.select(requested, config=cfg)
     backend = spec.name
-    strategy = reg.call_first("aios_make_strategy", backend=backend, config=cfg)
-    if strategy is None:
-        raise AiosError(f"backend '{backend}' provides no training strategy", f"reinstall the plugin that registers it ({spec.plugin or 'unknown'})")
+    strategy, strategy_spec, accel = reg.make_strategy(cfg, spec)
     strategy.setup_environment()
-    precision = reg.call_first("aios_make_precision", backend=backend, precision=cfg.precision, config=cfg)
-    if precision is None:
-        from aios.precision import default_precision
-
-        precision = default_precision(cfg.precision, strategy.autocast_device_type)
+    device_type = accel.device_type if accel is not None else strategy.autocast_device_type
+    precision = reg.make_precision(cfg, spec, strategy_spec, accel, device_type)
     watchers: list[Any] = []
     for plugin, result, exc in reg.call_all("aios_preemption_watchers", config=cfg):
         if exc is not None:
