@@ -39,7 +39,7 @@ def load_torch_tpu() -> Any:
     import torch
     import torch_tpu
 
-    if not hasattr(torch, "tpu"):  # autoload off: register now
+    if torch._C._get_privateuse1_backend_name() != "tpu":  # autoload off: register now (idempotent)
         torch_tpu._loader.load()
     return torch_tpu
 
