@@ -171,3 +171,18 @@ def test_doctor_reports_the_installed_version_set():
     checks = {c.name: c for c in tpu_checks(None, environ={"AIOS_TEST_DMI_PRODUCT": "/nonexistent"}, facts=TpuFacts())}
     assert checks["torch_tpu installed"].status == "pass" and checks["torch_tpu installed"].message == "torch_tpu 0.2.0"
     assert checks["version set"].status == "pass" and "TorchTPU 0.2 (torch_tpu 0.2.0, torch 2.13.0" in checks["version set"].message
+
+
+def test_example_training_step_on_tpu_under_fake_tensor_mode(tmp_path):
+    """The example GPT through the tpu accelerator, core's bf16-mixed policy and the native DDP
+    strategy: parameters placed on tpu, autocast with bf16 passed explicitly (TorchTPU's default
+    is float16), one rank. FakeTensorMode: shapes and devices only; the
+    backward pass needs the device's autograd queues, which exist only with a TPU runtime."""
+    pci, vfio = tpu_sysfs(tmp_path, "v6e", 4)
+    r = harness(pci, vfio, "step", "bf16-mixed", "1")
+    assert r["accelerator"] == "tpu" and r["device"] == "tpu" and r["param_devices"] == ["tpu"]
+    assert r["dist_backend"] == "tpu" and r["compile_backend"] == "tpu"
+    assert r["autocast_dtype"] == "bfloat16" and r["logits_dtype"] == "torch.bfloat16"
+    assert r["logits_device"].startswith("tpu") and r["logits_shape"] == [4, 16, 64]
+    assert r["loss_dtype"] == "torch.float32" and r["loss_device"].startswith("tpu")
+    assert r["strategy"] == "DDPStrategy" and r["wrapped"] == "GPT" and r["world"] == 1
