@@ -368,14 +368,17 @@ class Runtime:
         return f"Runtime(backend={self.backend!r}, device={self.device}, rank={self.rank}/{self.world_size}, precision={self.precision.name!r})"
 
     # ---------------------------------------------------------------- setup
-    def setup(self, *objects: Any, shuffle: bool | None = None) -> Any:
+    def setup(self, *objects: Any, shuffle: bool | None = None, **options: Any) -> Any:
         """Set up models, optimizers, LR schedulers and data loaders, in any order; returns them
         in the same order (one object alone when one was given). Models go to the device, get
         the precision conversion and the data-parallel wrapper; optimizers are checked by the
         backend; loaders are sharded by rank and yield batches on the device; schedulers are
-        registered for checkpoints."""
+        registered for checkpoints. ``options`` go to the strategy first (``wrap_policy=``,
+        ``tp_plan=`` for the sharded strategies)."""
         import torch
 
+        if options:
+            self.strategy.configure(**options)
         out: list[Any] = []
         for obj in objects:
             if isinstance(obj, torch.nn.Module):

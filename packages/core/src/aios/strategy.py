@@ -65,6 +65,14 @@ class Strategy(ABC):
         return self.rank == 0
 
     # ---------------------------------------------------------------- setup of user objects
+    def configure(self, **options: Any) -> None:
+        """Options passed to ``rt.setup(..., **options)`` before the objects are set up (the
+        sharded strategies take ``wrap_policy`` and ``tp_plan``). Default: none accepted."""
+        if options:
+            from aios.errors import AiosError
+
+            raise AiosError(f"strategy {self.name} takes no setup options (got {', '.join(sorted(options))})", "drop them, or pick a strategy that uses them (fsdp, tp, hsdp)")
+
     @abstractmethod
     def setup_module(self, module: torch.nn.Module, precision: Precision) -> torch.nn.Module:
         """Move ``module`` to the device, apply ``precision.convert_module`` and wrap it for

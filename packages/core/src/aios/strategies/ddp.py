@@ -156,8 +156,18 @@ class DDPStrategy(Strategy):
         if isinstance(loader, DeviceLoader):
             return loader
         seed = self.config.seed if self.config.seed is not None else 0
-        sharded = shard_dataloader(loader, self.rank, self.world_size, seed, shuffle)
+        sharded = shard_dataloader(loader, self.data_rank, self.data_world, seed, shuffle)
         return DeviceLoader(sharded, self.device, non_blocking=self.accelerator.non_blocking_copies, seed=seed, rank=self.rank)
+
+    @property
+    def data_rank(self) -> int:
+        """This process's index among data-parallel replicas (the rank, unless a model-parallel
+        dimension makes several ranks share one batch)."""
+        return self.rank
+
+    @property
+    def data_world(self) -> int:
+        return self.world_size
 
     # ---------------------------------------------------------------- the step
     @contextlib.contextmanager
