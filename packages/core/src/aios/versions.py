@@ -182,7 +182,7 @@ STACKS: dict[str, tuple[VersionSet, ...]] = {
     "neuron-xla": (
         VersionSet(
             "neuron-xla", "Neuron 2.29 torch-neuronx on XLA (last for Trn1 training)",
-            (("torch-neuronx", "==2.9.0.2.29.*"), ("torch", "==2.9.*"), ("torch-xla", "==2.9.*")),
+            (("torch-neuronx", ">=2.9,<2.10"), ("torch", "==2.9.*"), ("torch-xla", "==2.9.*")),
             install=f"pip install --extra-index-url {NEURON_INDEX} 'torch-neuronx==2.9.0.2.29.*' torch==2.9.0 torch-xla==2.9.0 'neuronx-cc==2.*'",
             image={
                 "dlami": "Deep Learning AMI Neuron PyTorch 2.9 (Ubuntu 24.04), Neuron 2.29 release",
