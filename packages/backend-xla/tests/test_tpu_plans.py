@@ -261,3 +261,16 @@ def test_dry_run_contradicting_runtime_is_exit_2_one_line(tmp_path):
     assert out.returncode == 2
     lines = [ln for ln in out.stderr.splitlines() if not ln.startswith("HEAVY")]
     assert len(lines) == 1 and "xla.runtime=torch_xla" in lines[0] and "--backend xla" in lines[0]
+
+
+def test_torch_xla_and_cpu_workers_never_autoload_torch_tpu(clean_env):
+    from aios.launch import elastic_plan
+    from aios_backend_xla.launch import xla_launch_plan
+
+    c = resolve(overrides=["xla.accelerator=v6e-16"], flags={}, environ={}, check_backend=False)
+    for hp in xla_launch_plan(c, req(), NO_TPU, python="py", environ={}).hosts:
+        assert hp.env["TORCH_DEVICE_BACKEND_AUTOLOAD"] == "0"
+    cpu = elastic_plan("cpu", resolve(overrides=[], flags={}, environ={}, check_backend=False), req(), 2)
+    assert cpu.hosts[0].env["TORCH_DEVICE_BACKEND_AUTOLOAD"] == "0"
+    tpu = T.tpu_launch_plan(resolve(overrides=["backend=tpu", "xla.accelerator=v6e-4"], flags={}, environ={}, check_backend=False), req(), NO_TPU)
+    assert tpu.hosts[0].env["TORCH_DEVICE_BACKEND_AUTOLOAD"] == "1"

@@ -41,6 +41,7 @@ print(json.dumps({"torch": torch.__version__, "torch_xla": torch_xla.__version__
 
 def _import_probe(timeout: float = 120.0) -> dict[str, Any] | str:
     env = dict(os.environ)
+    env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"  # probe torch_xla alone, without TorchTPU's autoload
     try:
         out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:

@@ -17,6 +17,11 @@ if TYPE_CHECKING:  # pragma: no cover
 
 CONFIG_ENV = "AIOS_RUN_CONFIG"
 BACKEND_ENV = "AIOS_RUN_BACKEND"
+#: Backends whose processes never use an autoloaded torch device extension: their workers (and
+#: the elastic agent) start with ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``, so an installed TorchTPU
+#: does not add its import (seconds, ~300 MB) to every ``import torch``. A value already in the
+#: backend's env wins.
+NO_AUTOLOAD_BACKENDS = ("cpu", "cuda")
 
 
 def resolve_nprocs(config: AiosConfig, devices: int) -> int:
@@ -55,6 +60,8 @@ def elastic_plan(
     nnodes = max(config.nnodes, len(hosts))
     world = nnodes * nprocs
     base_env = {BACKEND_ENV: backend, **(env or {})}
+    if backend in NO_AUTOLOAD_BACKENDS:
+        base_env.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
     plans: list[HostPlan] = []
     direct = nnodes == 1 and nprocs == 1 and config.launch.max_restarts == 0
     master = config.master_addr
