@@ -186,3 +186,18 @@ def test_example_training_step_on_tpu_under_fake_tensor_mode(tmp_path):
     assert r["logits_device"].startswith("tpu") and r["logits_shape"] == [4, 16, 64]
     assert r["loss_dtype"] == "torch.float32" and r["loss_device"].startswith("tpu")
     assert r["strategy"] == "DDPStrategy" and r["wrapped"] == "GPT" and r["world"] == 1
+
+
+HAVE_TPU = discover(environ={"TPU_SKIP_MDS_QUERY": "1"}, use_metadata=False).pci_chips > 0
+
+
+@pytest.mark.tpu
+@pytest.mark.skipif(not HAVE_TPU, reason="no TPU attached (no Google TPU PCI device): the real TorchTPU step needs a Cloud TPU VM")
+def test_real_training_on_a_tpu_vm(tmp_path):
+    """On a TPU VM: the example GPT for a few steps through aios-run --backend tpu (one process
+    per chip, the tpu process group, bf16 autocast). A subprocess: a failing TPU op aborts."""
+    root = HERE.parents[2]
+    out = subprocess.run([sys.executable, "-m", "aios.cli.run", "--backend", "tpu", "--precision", "bf16-mixed",
+                          f"checkpoint.dir={tmp_path / 'ckpt'}", str(root / "examples" / "gpt.py"), "--steps", "5"],
+                         capture_output=True, text=True, timeout=1800, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-4000:]
