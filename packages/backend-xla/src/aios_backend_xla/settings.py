@@ -48,7 +48,6 @@ class XlaSettings(Section):
         "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT = <dir>/tier3); empty string: off",
     )
     tpu_base_port: int = Field(8070, ge=1024, le=65000, description="first TORCH_TPU_SLICEBUILDER_ADDRESSES port (one per local rank)")
-    compile: bool = Field(False, description="TorchTPU: torch.compile(backend='tpu') the module (opt-in; eager otherwise)")
     num_slices: int = Field(1, ge=1, description="multislice: slices of the accelerator type (MEGASCALE_* env on every host)")
     megascale_port: int = Field(8080, ge=1024, le=65535, description="multislice coordinator port (MEGASCALE_COORDINATOR_ADDRESS)")
 

@@ -9,7 +9,8 @@ TorchTPU specifics that the generic strategies must not branch on live here:
   ``torch.tpu.*`` equivalents for user code);
 * ``bf16-mixed`` passes ``dtype=torch.bfloat16`` to ``torch.autocast("tpu")`` explicitly: TorchTPU's
   default autocast dtype is float16; fp16 is refused (use bf16);
-* ``torch.compile(backend="tpu")`` is the compile backend (opt-in with ``xla.compile``);
+* ``torch.compile(backend="tpu")`` is the compile backend (opt-in: ``fsdp.compile=true`` compiles
+  each wrapped block with the accelerator's backend);
 * fused AdamW/Adam run through TorchTPU's own ``_fused_adamw_``/``_fused_adam_`` kernels (it
   registers them for the device, and torch lists ``tpu`` among the fused-capable devices), so
   optimizers are left as the script built them;
@@ -104,16 +105,6 @@ class TpuAccelerator(Accelerator):
 
     def worker_env(self, local_rank: int, local_world_size: int) -> dict[str, str]:
         return {"TORCH_DEVICE_BACKEND_AUTOLOAD": "1"}
-
-    def compile(self, module: Any) -> Any:
-        """``torch.compile(module, backend="tpu")`` when ``xla.compile`` is on, else ``module``."""
-        from aios_backend_xla.settings import settings_of
-
-        if not settings_of(self.config).compile:
-            return module
-        import torch
-
-        return torch.compile(module, backend="tpu")
 
     def describe(self) -> dict[str, Any]:
         out = super().describe()
