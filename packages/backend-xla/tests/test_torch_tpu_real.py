@@ -94,8 +94,8 @@ def _cfg(*overrides: str):
 FIELDS_MULTI = ("TORCH_TPU_SLICEBUILDER_ADDRESSES", "TORCH_TPU_TOPOLOGY", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
-@pytest.mark.parametrize("acc,generation,chips", [("v5litepod-4", "v5e", 4), ("v5litepod-8", "v5e", 8), ("v5p-8", "v5p", 4),
-                                                  ("v6e-4", "v6e", 4), ("v6e-8", "v6e", 8)])
+# one TorchTPU process each (5-15 s): the generations and both host sizes, not every type
+@pytest.mark.parametrize("acc,generation,chips", [("v5litepod-8", "v5e", 8), ("v5p-8", "v5p", 4), ("v6e-4", "v6e", 4)])
 def test_single_host_env_matches_set_tpu_launch_env(tmp_path, clean_env, acc, generation, chips):
     pci, vfio = tpu_sysfs(tmp_path, generation, chips)
     theirs = harness(pci, vfio, "launch_env", "-", "-")
@@ -112,12 +112,12 @@ def test_single_host_env_matches_set_tpu_launch_env(tmp_path, clean_env, acc, ge
     assert not {"NNODES", "NODE_RANK", "MASTER_ADDR"} & set(theirs) and not {"NNODES", "NODE_RANK"} & set(ours.env)
 
 
-@pytest.mark.parametrize("acc,generation,hosts", [("v5litepod-16", "v5e", 4), ("v5p-16", "v5p", 2), ("v6e-16", "v6e", 4), ("v6e-32", "v6e", 8)])
+@pytest.mark.parametrize("acc,generation,hosts", [("v5litepod-16", "v5e", 4), ("v5p-16", "v5p", 2), ("v6e-32", "v6e", 8)])
 def test_multi_host_env_matches_set_tpu_launch_env_field_by_field(tmp_path, clean_env, acc, generation, hosts):
     pci, vfio = tpu_sysfs(tmp_path, generation, 4)
     names = [f"{acc}-w{i}.tpu.internal" for i in range(hosts)]
     plan = T.tpu_launch_plan(_cfg(f"xla.accelerator={acc}"), LaunchRequest("train.py", hosts=[Host(n) for n in names]), TpuFacts())
-    for rank in sorted({0, hosts - 1}):
+    for rank in (hosts - 1,):  # the last host: every field differs from host 0's defaults
         theirs = harness(pci, vfio, "launch_env", str(hosts), "4",
                          env={"TPU_WORKER_HOSTNAMES": ",".join(names), "JOB_COMPLETION_INDEX": str(rank)})
         ours = plan.hosts[rank].env
