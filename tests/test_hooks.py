@@ -164,7 +164,8 @@ def test_hook_aios_register_strategies():
     assert {"aios-core", "aios-backend-cuda", "aios-backend-xla", "aios-backend-neuron"} <= _impl_plugins("aios_register_strategies")
     assert reg.strategies_for(reg.backends["cpu"]) == ["ddp", "deepspeed", "fsdp", "hsdp", "tp"]
     assert reg.strategies_for(reg.backends["xla"]) == ["ddp", "spmd"]
-    assert reg.strategies_for(reg.backends["neuron"]) == ["ddp", "nxd"]
+    assert reg.strategies_for(reg.backends["neuron"]) == ["ddp", "fsdp", "hsdp", "nxd", "tp"]  # fsdp/tp/hsdp: TorchNeuron only
+    assert set(reg.strategies_for(reg.backends["tpu"])) >= {"ddp", "fsdp", "hsdp", "tp"}
     assert reg.strategy_spec("deepspeed", reg.backends["cpu"]).plugin == "aios-backend-cuda"
     assert reg.strategy_spec("ddp", reg.backends["cuda"]).plugin == "aios-backend-cuda"  # backend-specific wins
     assert reg.strategy_spec("fsdp", reg.backends["cuda"]).plugin == "aios-core"  # native, any accelerator

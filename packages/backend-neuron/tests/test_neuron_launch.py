@@ -69,9 +69,9 @@ def test_trn2_48xlarge_single_node_field_by_field(config, no_neuron_ls):
     assert plan.world_size == 64 and plan.launcher == "elastic"
     (hp,) = plan.hosts
     assert hp.host == Host("localhost") and hp.nprocs == 64
+    # Trn2 defaults to TorchNeuron (native device neuron): no PJRT_DEVICE
     assert hp.env == {
         "AIOS_RUN_BACKEND": "neuron",
-        "PJRT_DEVICE": "NEURON",
         "NEURON_CC_FLAGS": "--target trn2 --model-type transformer",
         "NEURON_COMPILE_CACHE_URL": "/var/tmp/neuron-compile-cache",
         "NEURON_LOGICAL_NC_CONFIG": "2",
@@ -93,7 +93,8 @@ def test_trn2_logical_core_config_1_gives_128_workers(config):
 
 
 def test_trn2_two_nodes_with_tp_and_precompile(config):
-    cfg = config("neuron.tp_degree=8", "neuron.pp_degree=4", "neuron.precompile=true", "neuron.precompile_retries=1",
+    # NxD TP/PP and neuron_parallel_compile are the (legacy) XLA runtime's: named explicitly on Trn2
+    cfg = config("neuron.runtime=xla", "neuron.tp_degree=8", "neuron.pp_degree=4", "neuron.precompile=true", "neuron.precompile_retries=1",
                  "neuron.stochastic_rounding=false", "neuron.env={NEURON_RT_LOG_LEVEL: INFO}")
     plan = build_plan(cfg, LaunchRequest("train.py", hosts=NODES, accelerator="trn2.48xlarge"), python="python3")
     assert plan.world_size == 128

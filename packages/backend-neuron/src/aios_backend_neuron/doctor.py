@@ -58,6 +58,14 @@ def checks(config: Any = None, explicit: bool = True) -> list[DoctorCheck]:
     if rt is not None and not problems:
         vs = f"torch {sw.torch.version}" + (f", torch_xla {sw.torch_xla.version}" if rt == "xla" and sw.torch_xla.installed else "")
         out.append(_c("versions consistent", "pass", f"{vs}, torch-neuronx {tn.version}"))
+    if rt is not None and not sw.xla_cpu_stand_in:
+        out.append(version_set_check(rt, sw))
+    if rt == "xla":
+        out.append(_c("XLA runtime (Trn1)", "warn" if explicit else "pass",
+                      "the XLA-based torch-neuronx is kept for Trn1 only: Neuron 2.30 ended PyTorch/XLA training; "
+                      "Trn1 stays on it with Neuron <= 2.29 pinned (torch-neuronx 2.9.0.2.29.*, torch 2.9, "
+                      "DLAMI venv /opt/aws_neuronx_venv_pytorch_2_9)",
+                      "on Trn2/Trn3 use TorchNeuron (Neuron 2.33, /opt/aws_neuronx_venv_torch_neuronx_2_14_0)"))
 
     # --- compiler
     cc = sw.neuronx_cc
@@ -72,7 +80,9 @@ def checks(config: Any = None, explicit: bool = True) -> list[DoctorCheck]:
 
     nxd = sw.neuronx_distributed
     if nxd.real:
-        out.append(_c("neuronx-distributed", "pass", f"neuronx-distributed {nxd.version}"))
+        out.append(_c("neuronx-distributed", "warn" if rt == "native" else "pass",
+                      f"neuronx-distributed {nxd.version} (legacy: NxD Training/Core are in maintenance, last supported in Neuron 2.31)",
+                      "on TorchNeuron use strategy=fsdp / tp (FSDP2, DTensor) instead" if rt == "native" else ""))
     elif not nxd.installed:
         need = settings.tp_degree > 1 or settings.pp_degree > 1 or settings.zero1
         out.append(_c("neuronx-distributed", "fail" if need else "warn",
@@ -141,3 +151,15 @@ def checks(config: Any = None, explicit: bool = True) -> list[DoctorCheck]:
     else:
         out.append(_c("compile cache", "pass", f"{cache} (shared on S3)"))
     return out
+
+
+def version_set_check(runtime: str, sw: Any) -> DoctorCheck:
+    """Installed torch / torch-neuronx (/ torch-xla) against :mod:`aios.versions`."""
+    from aios import versions as V
+
+    stack = "neuron" if runtime == "native" else "neuron-xla"
+    found = {"torch-neuronx": sw.torch_neuronx.version, "torch": sw.torch.version, "torch-xla": sw.torch_xla.version}
+    res = V.check(stack, versions=found)
+    if res.ok:
+        return _c("version set", "pass", res.line())
+    return _c("version set", "fail", res.line(), res.fix())

@@ -71,9 +71,21 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def default_runtime(facts: catalog.InstanceType | None) -> str:
+    """The runtime for an instance family when nothing is installed to say otherwise: TorchNeuron
+    (``native``) on Trn2/Trn3, the XLA-based torch-neuronx on Trn1 (Neuron <= 2.29 pinned)."""
+    if facts is not None and facts.family.startswith("trn1"):
+        return "xla"
+    return "native"
+
+
+TRN1_PIN = "Trn1 trains on the XLA runtime only with Neuron <= 2.29 pinned (torch-neuronx 2.9.0.2.29.*, torch 2.9)"
+
+
 def resolve_runtime(settings: NeuronSettings, sw: NeuronSoftware, facts: catalog.InstanceType | None, local: bool) -> str:
-    """The runtime a plan targets. Off-instance with nothing installed, ``auto`` means ``xla``
-    (the torch-neuronx line that supports Trn1 and Trn2)."""
+    """The runtime a plan targets: ``neuron.runtime`` when set, else what is installed here,
+    else the instance family's default (:func:`default_runtime`: TorchNeuron on Trn2/Trn3, XLA
+    on Trn1). A Trn1 asked to use TorchNeuron is an error."""
     installed = sw.runtime()
     if settings.runtime != "auto":
         rt = settings.runtime
@@ -83,11 +95,11 @@ def resolve_runtime(settings: NeuronSettings, sw: NeuronSoftware, facts: catalog
                 f"set neuron.runtime={installed} or auto, or install the matching torch-neuronx from {('the torch 2.10+ ' if rt == 'native' else 'the torch<=2.9 ')}Neuron release",
             )
     else:
-        rt = installed or "xla"
+        rt = installed or default_runtime(facts)
     if rt == "native" and facts is not None and facts.family.startswith("trn1"):
         raise ConfigError(
             f"the native TorchNeuron runtime supports Trn2 and Trn3, not {facts.name}",
-            "set neuron.runtime=xla (torch-neuronx on torch_xla) for Trn1",
+            f"set neuron.runtime=xla for Trn1: {TRN1_PIN}",
         )
     return rt
 
@@ -177,7 +189,8 @@ def build_plan(
     elif settings.runtime != "auto":
         rt_note = f"{runtime} (neuron.runtime)"
     else:
-        rt_note = f"{runtime} (planned; set neuron.runtime=native for nodes with TorchNeuron)" if runtime == "xla" else runtime
+        rt_note = (f"{runtime} (planned for {facts.name if facts else 'this instance'}: {TRN1_PIN})" if runtime == "xla"
+                   else f"{runtime} (planned: TorchNeuron, device neuron, torch.compile(backend='neuron'))")
 
     spec = settings.visible_cores
     origin = "neuron.visible_cores"

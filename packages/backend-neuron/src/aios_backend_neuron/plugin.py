@@ -17,7 +17,7 @@ from typing import Any
 
 from aios.errors import ConfigError
 from aios.hookspecs import hookimpl
-from aios.types import Availability, BackendSpec, DeviceInfo, DeviceReport, DoctorCheck, StrategySpec
+from aios.types import AcceleratorSpec, Availability, BackendSpec, DeviceInfo, DeviceReport, DoctorCheck, StrategySpec
 
 BACKEND = "neuron"
 INSTALL_HINT = (
@@ -80,7 +80,29 @@ def _make(config: Any, accelerator: Any, backend: str) -> Any:
 @hookimpl
 def aios_register_strategies(register: Any) -> None:
     register(StrategySpec("ddp", _make, backends=(BACKEND,), description="data parallel over NeuronCores (torch-neuronx XLA or native runtime)"))
-    register(StrategySpec("nxd", _make, backends=(BACKEND,), description="neuronx-distributed tensor/pipeline parallel and ZeRO-1 (neuron.tp_degree, pp_degree, zero1)"))
+    register(StrategySpec("nxd", _make, backends=(BACKEND,), description="legacy: neuronx-distributed tensor/pipeline parallel and ZeRO-1 on the XLA runtime (neuron.tp_degree, pp_degree, zero1)"))
+    for name, what in (("fsdp", "FSDP2"), ("tp", "DTensor tensor parallel"), ("hsdp", "HSDP")):
+        register(StrategySpec(name, _native(name), backends=(BACKEND,), description=f"{what} on TorchNeuron (core's native strategy over the neuron accelerator; Trn2/Trn3)"))
+
+
+def _native(name: str) -> Any:
+    def make(config: Any, accelerator: Any, backend: str) -> Any:
+        from aios_backend_neuron.strategy import make_native_strategy
+
+        return make_native_strategy(config, name)
+
+    return make
+
+
+@hookimpl
+def aios_register_accelerators(register: Any) -> None:
+    register(AcceleratorSpec("neuron", _neuron_accelerator, "TorchNeuron's native neuron device (process group 'neuron', autocast bf16, compile backend 'neuron')"))
+
+
+def _neuron_accelerator(config: Any = None) -> Any:
+    from aios_backend_neuron.native_strategy import NeuronAccelerator
+
+    return NeuronAccelerator(config)
 
 
 @hookimpl

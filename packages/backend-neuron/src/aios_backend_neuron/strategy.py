@@ -58,8 +58,19 @@ def nxd_config_kwargs(settings: NeuronSettings, config: Any) -> dict[str, Any]:
     return kwargs
 
 
-def make_strategy(config: Any) -> Any:
-    settings = settings_of(config)
+def check_versions(runtime: str, sw: NeuronSoftware, host: str | None = None) -> None:
+    """The installed set against :mod:`aios.versions` (``neuron`` for TorchNeuron, ``neuron-xla``
+    for the XLA runtime), on every worker before training: one line naming the host, what is
+    installed and what is expected. Skipped for the XLA:CPU test stand-in."""
+    if sw.xla_cpu_stand_in:
+        return
+    from aios import versions as V
+
+    found = {"torch-neuronx": sw.torch_neuronx.version, "torch": sw.torch.version, "torch-xla": sw.torch_xla.version}
+    V.require("neuron" if runtime == "native" else "neuron-xla", host=host, versions=found)
+
+
+def _checked_runtime(config: Any) -> tuple[str, NeuronSoftware]:
     sw = detect()
     if sw.placeholders:
         msg, fix = placeholder_message(sw)
@@ -67,12 +78,33 @@ def make_strategy(config: Any) -> Any:
     runtime = active_runtime(config, sw)
     if runtime is None:
         raise BackendUnavailable("torch-neuronx is not installed (the AWS Neuron pip index has it, PyPI does not)", INSTALL_LINE)
+    return runtime, sw
+
+
+def make_native_strategy(config: Any, name: str) -> Any:
+    """Core's native ``fsdp`` / ``tp`` / ``hsdp`` over the neuron accelerator (TorchNeuron only)."""
+    runtime, _ = _checked_runtime(config)
+    if runtime != "native":
+        raise ConfigError(f"strategy '{name}' needs TorchNeuron (the native neuron runtime, Trn2/Trn3); this is the XLA runtime",
+                          "use strategy=ddp or the legacy strategy=nxd on the XLA runtime (Trn1), or install TorchNeuron on Trn2/Trn3")
+    check_versions(runtime, _)
+    from aios.strategies.fsdp import FSDPStrategy, HSDPStrategy, TPStrategy
+    from aios_backend_neuron.native_strategy import NeuronAccelerator
+
+    cls = {"fsdp": FSDPStrategy, "tp": TPStrategy, "hsdp": HSDPStrategy}[name]
+    return cls(config, NeuronAccelerator(config))
+
+
+def make_strategy(config: Any) -> Any:
+    settings = settings_of(config)
+    runtime, sw = _checked_runtime(config)
     if runtime == "native":
         if uses_nxd(settings, config):
             raise ConfigError(
                 "neuron.tp_degree/pp_degree/zero1 use neuronx-distributed, which runs on the XLA-based torch-neuronx",
                 "set neuron.runtime=xla with torch-neuronx <= 2.9, or use DTensor/FSDP2 in the script on the native runtime",
             )
+        check_versions(runtime, sw)
         from aios_backend_neuron.native_strategy import NeuronNativeStrategy
 
         return NeuronNativeStrategy(config)
@@ -82,9 +114,11 @@ def make_strategy(config: Any) -> Any:
             raise BackendUnavailable(
                 "neuron.tp_degree/pp_degree/zero1 need neuronx-distributed, which is not installed", INSTALL_LINE
             )
+        check_versions(runtime, sw)
         from aios_backend_neuron.xla_strategy import NeuronNxDStrategy
 
         return NeuronNxDStrategy(config, pjrt_device=pjrt)
+    check_versions(runtime, sw)
     from aios_backend_neuron.xla_strategy import NeuronXlaStrategy
 
     return NeuronXlaStrategy(config, pjrt_device=pjrt)

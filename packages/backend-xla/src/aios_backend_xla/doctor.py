@@ -41,6 +41,7 @@ print(json.dumps({"torch": torch.__version__, "torch_xla": torch_xla.__version__
 
 def _import_probe(timeout: float = 120.0) -> dict[str, Any] | str:
     env = dict(os.environ)
+    env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"  # probe torch_xla alone, without TorchTPU's autoload
     try:
         out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
@@ -73,6 +74,7 @@ def checks(config: Any = None, deep: bool = False, environ: dict[str, str] | Non
                                f"install matching releases: pip install torch=={'.'.join(_major_minor(xv))}.* torch_xla=={xv}", backend=B))
     else:
         out.append(DoctorCheck("torch/torch_xla versions", "pass", f"torch {tv} matches torch_xla {xv}", backend=B))
+    out.append(version_set_check("torch_xla", B))
 
     facts = discover(environ=env) if facts is None else facts
     pjrt = env.get("PJRT_DEVICE", "")
@@ -124,4 +126,66 @@ def checks(config: Any = None, deep: bool = False, environ: dict[str, str] | Non
                                    "remove XLA device use from sitecustomize / startup hooks (PYTHONSTARTUP, .pth files)", backend=B))
         else:
             out.append(DoctorCheck("runtime before spawn", "pass", "importing torch_xla leaves the runtime uninitialised (safe to launch)", backend=B))
+    return out
+
+
+def version_set_check(stack: str, backend: str, versions: dict[str, str | None] | None = None) -> DoctorCheck:
+    """The installed versions against :mod:`aios.versions` (one line: host, installed, expected)."""
+    from aios import versions as V
+
+    res = V.check(stack, versions=versions)
+    if res.ok:
+        note = f"; {res.matched.note}" if res.matched is not None and res.matched.note else ""
+        return DoctorCheck("version set", "pass", res.line() + note, backend=backend)
+    return DoctorCheck("version set", "fail", res.line(), res.fix(), backend=backend)
+
+
+T = "tpu"
+
+
+def tpu_checks(config: Any = None, deep: bool = False, environ: dict[str, str] | None = None, facts: Any = None,
+               versions: dict[str, str | None] | None = None) -> list[DoctorCheck]:
+    """``aios doctor`` for ``--backend tpu`` (TorchTPU). Metadata, find_spec and sysfs only: no
+    torch, torch_tpu or libtpu import in this process, no metadata-server stall."""
+    from aios_backend_xla.discovery import discover, on_gce
+    from aios_backend_xla.tpu import AUTOLOAD_ENV, INSTALL, SKIP_MDS_ENV, runtime_setting, torch_tpu_installed
+
+    env = dict(os.environ) if environ is None else environ
+    out: list[DoctorCheck] = []
+    rt = runtime_setting(config, env)
+    if rt == "torch_xla":
+        out.append(DoctorCheck("xla.runtime", "warn" if not deep else "fail", "xla.runtime=torch_xla: TorchTPU (--backend tpu) is switched off",
+                               "set xla.runtime=auto or torch_tpu to use TorchTPU", backend=T))
+    have = (versions or {}).get("torch_tpu") if versions and "torch_tpu" in versions else (_ver("torch_tpu") if torch_tpu_installed() else None)
+    if not have:
+        out.append(DoctorCheck("torch_tpu installed", "fail" if deep or rt == "torch_tpu" else "warn", "torch_tpu (TorchTPU) is not installed", INSTALL, backend=T))
+        return out
+    out.append(DoctorCheck("torch_tpu installed", "pass", f"torch_tpu {have}", backend=T))
+    lib = (versions or {}).get("libtpu") if versions and "libtpu" in versions else (_ver("libtpu") if importlib.util.find_spec("libtpu") else None)
+    if not lib:
+        out.append(DoctorCheck("libtpu", "fail", "libtpu is not installed: importing torch_tpu would exit the process", "pip install 'libtpu>=0.0.50'", backend=T))
+    out.append(version_set_check("torch_tpu", T, versions))
+    if env.get(AUTOLOAD_ENV, "").strip() == "0":
+        out.append(DoctorCheck("autoload", "warn", f"{AUTOLOAD_ENV}=0: `import torch` does not load TorchTPU in scripts run without aios-run",
+                               f"aios-run sets {AUTOLOAD_ENV}=1 for TPU workers; unset it in your shell", backend=T))
+    facts = discover(environ=env) if facts is None else facts
+    if facts.present:
+        out.append(DoctorCheck("TPU attached", "pass", f"{facts.accelerator_type or 'type unknown'}; {facts.pci_chips} chips on the PCI bus", backend=T))
+        if not glob.glob("/dev/vfio/[0-9]*") and not glob.glob("/dev/accel*"):
+            out.append(DoctorCheck("TPU device files", "warn", "no /dev/vfio/* device files: TorchTPU counts only VFIO-bound chips",
+                                   "stop and start the TPU VM; recreate it if it stays unhealthy", backend=T))
+    else:
+        out.append(DoctorCheck("TPU attached", "fail" if deep else "warn", "no TPU found (no Google TPU PCI device, no TPU metadata or TPU_* env)",
+                               "run on a Cloud TPU VM, or plan one with xla.accelerator=<type> --dry-run", backend=T))
+    if not on_gce() and SKIP_MDS_ENV not in env:
+        out.append(DoctorCheck("metadata server", "pass", f"not on Google Cloud: aios's TPU launcher sets {SKIP_MDS_ENV}=1 so libtpu does not wait on the metadata server", backend=T))
+    from aios_backend_xla.settings import settings_of
+
+    d = settings_of(config).tpu_compile_cache_dir
+    if d:
+        d = os.path.expanduser(d)
+        parent = d if os.path.isdir(d) else os.path.dirname(d.rstrip("/")) or "."
+        ok = os.access(parent, os.W_OK) if os.path.exists(parent) else True
+        out.append(DoctorCheck("compile cache", "pass" if ok else "fail", f"TorchTPU compilation caches under {d}",
+                               "" if ok else "set xla.tpu_compile_cache_dir to a writable directory", backend=T))
     return out

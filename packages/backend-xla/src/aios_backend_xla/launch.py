@@ -56,6 +56,9 @@ def target_topology(config: AiosConfig, request: LaunchRequest | None, facts: Tp
 
 
 LOCAL_ADDRESSES = ("localhost", "127.0.0.1", "::1")
+#: torch_xla workers never load TorchTPU: with both installed, ``import torch`` would autoload it
+#: (a torch.backends entry point) and claim the PrivateUse1 device and the TPU next to torch_xla.
+NO_TORCH_TPU = {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
 
 
 def _cache_dir(config: AiosConfig, hosts: list[Host] | None = None) -> str | None:
@@ -122,7 +125,7 @@ def tpu_plan(config: AiosConfig, request: LaunchRequest, topo: TpuTopology, fact
     cache = _cache_dir(config, hosts)
     plans: list[HostPlan] = []
     for i, host in enumerate(hosts):
-        env = {BACKEND_ENV: "xla", "PJRT_DEVICE": "TPU", NODE_RANK_ENV: str(i), NNODES_ENV: str(len(hosts))}
+        env = {BACKEND_ENV: "xla", "PJRT_DEVICE": "TPU", NODE_RANK_ENV: str(i), NNODES_ENV: str(len(hosts)), **NO_TORCH_TPU}
         if len(hosts) > 1:
             env.update(TPU_WORKER_ID=str(i), MASTER_ADDR=master, MASTER_PORT=str(config.master_port))
         if cache:
@@ -160,7 +163,7 @@ def cpu_plan(config: AiosConfig, request: LaunchRequest, python: str | None = No
             "XLA:CPU runs one process (multi-process XLA collectives do not work on CPU)",
             "use --nprocs 1; for data parallelism on CPU devices use strategy=spmd with xla.cpu_devices=N",
         )
-    env = {BACKEND_ENV: "xla", "PJRT_DEVICE": "CPU", ALLOW_CPU_ENV: "1"}
+    env = {BACKEND_ENV: "xla", "PJRT_DEVICE": "CPU", ALLOW_CPU_ENV: "1", **NO_TORCH_TPU}
     devices = s.cpu_devices or (4 if config.strategy == "spmd" else None)
     if devices:
         env["CPU_NUM_DEVICES"] = str(devices)

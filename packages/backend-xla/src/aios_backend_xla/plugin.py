@@ -8,6 +8,11 @@ carried by its :class:`~aios.types.BackendSpec`), strategies ``ddp`` (one proces
 gradients all-reduced once per step; the default) and ``spmd`` for backend ``xla``, config section
 ``xla``; ``aios_env_info``. torch_xla is not a native torch device, so the spec names no
 accelerator and core's native strategies (``fsdp``, ``tp``, ...) are refused on it.
+
+Also registers backend ``tpu`` (TorchTPU, priority 210: ``--backend auto`` prefers it when
+``torch_tpu`` is installed), its accelerator ``tpu`` (core's native ``ddp``/``fsdp``/``tp``/``hsdp``
+run on it) and the ``tpu-vm`` cluster environment. See :mod:`aios_backend_xla.tpu` for how
+``xla.runtime`` maps to the two backends.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Any
 
 from aios.errors import ConfigError
 from aios.hookspecs import hookimpl
-from aios.types import Availability, BackendSpec, DeviceInfo, DeviceReport, DoctorCheck, StrategySpec
+from aios.types import AcceleratorSpec, Availability, BackendSpec, DeviceInfo, DeviceReport, DoctorCheck, StrategySpec
 
 BACKEND = "xla"
 INSTALL_HINT = "on a Cloud TPU VM: pip install 'aios-core[xla]'; to test on XLA:CPU without a TPU, opt in with xla.allow_cpu=true or AIOS_XLA__ALLOW_CPU=1"
@@ -33,7 +38,10 @@ def probe(config: Any = None) -> Availability:
     XLA:CPU opt-in is set. Reads sysfs, env and (on GCE only) the metadata server."""
     from aios_backend_xla.discovery import discover
     from aios_backend_xla.settings import cpu_opt_in, planned_accelerator
+    from aios_backend_xla.tpu import runtime_setting
 
+    if runtime_setting(config) == "torch_tpu":
+        return Availability(False, "xla.runtime=torch_tpu: TorchTPU runs as --backend tpu")
     facts = discover()
     if not facts.present:
         acc = planned_accelerator(config)
@@ -63,6 +71,92 @@ def aios_register_backends(register: Any) -> None:
         accelerator=None, default_strategy="ddp",
         discover=_discover, launch_plan=_launch_plan, precision=_precision, doctor=_doctor,
     ))
+    register(BackendSpec(
+        name=TPU_BACKEND, priority=210, probe=tpu_probe, install_hint=TPU_INSTALL_HINT, device_type="tpu",
+        description="Google Cloud TPU through TorchTPU (native tpu device, DDP/FSDP2/TP over the tpu process group)",
+        accelerator="tpu", default_strategy="ddp",
+        discover=_tpu_discover, launch_plan=_tpu_launch_plan, doctor=_tpu_doctor,
+    ))
+
+
+@hookimpl
+def aios_register_accelerators(register: Any) -> None:
+    register(AcceleratorSpec("tpu", _tpu_accelerator, "TorchTPU's native tpu device (process group 'tpu', autocast bf16, compile backend 'tpu')"))
+
+
+def _tpu_accelerator(config: Any = None) -> Any:
+    from aios_backend_xla.tpu_accelerator import TpuAccelerator
+
+    return TpuAccelerator(config)
+
+
+@hookimpl
+def aios_register_cluster_environments(register: Any) -> None:
+    from aios_backend_xla.cluster_tpu import TpuVmEnvironment
+
+    register(TpuVmEnvironment())
+
+
+# ------------------------------------------------------------------------------ TorchTPU (backend tpu)
+
+TPU_BACKEND = "tpu"
+TPU_INSTALL_HINT = "on a Cloud TPU VM: pip install torch==2.13.0 torch_tpu==0.2.0 (public registry; brings libtpu)"
+
+
+def tpu_probe(config: Any = None) -> Availability:
+    """Available when TorchTPU is installed (found, not imported) and a TPU is attached, or for
+    planning a slice named by ``xla.accelerator`` from elsewhere. Refused under
+    ``xla.runtime=torch_xla``."""
+    from aios_backend_xla.discovery import discover
+    from aios_backend_xla.settings import planned_accelerator
+    from aios_backend_xla.tpu import runtime_setting, torch_tpu_installed
+
+    rt = runtime_setting(config)
+    if rt == "torch_xla":
+        return Availability(False, "xla.runtime=torch_xla: torch_xla runs as --backend xla")
+    facts = discover()
+    if not facts.present:
+        acc = planned_accelerator(config)
+        if acc:
+            return Availability(True, f"no TPU on this machine; planning for {acc}")
+    if not torch_tpu_installed():
+        why = "xla.runtime=torch_tpu is set but torch_tpu is not installed" if rt == "torch_tpu" else "torch_tpu (TorchTPU) is not installed"
+        return Availability(False, why)
+    if not facts.present:
+        return Availability(False, no_tpu_reason(facts, hint=False))
+    return Availability(True)
+
+
+def _tpu_discover(config: Any) -> DeviceReport:
+    import dataclasses
+
+    from aios_backend_xla.discovery import discover
+    from aios_backend_xla.tpu import torch_tpu_installed
+
+    installed = torch_tpu_installed()
+    facts = discover()
+    rep = device_report(facts, None, installed=installed)
+    reason = rep.reason
+    if facts.present and not installed:
+        reason = f"torch_tpu is not installed; {TPU_INSTALL_HINT}"
+    elif not facts.present:
+        reason = "torch_tpu is not installed" if not installed else no_tpu_reason(facts, hint=False)
+    topology = dict(rep.topology)
+    topology["runtime"] = "torch_tpu"
+    return dataclasses.replace(rep, backend=TPU_BACKEND, reason=reason, topology=topology)
+
+
+def _tpu_launch_plan(config: Any, request: Any) -> Any:
+    from aios_backend_xla.discovery import discover
+    from aios_backend_xla.tpu import tpu_launch_plan
+
+    return tpu_launch_plan(config, request, discover())
+
+
+def _tpu_doctor(config: Any, explicit: bool) -> list[DoctorCheck]:
+    from aios_backend_xla.doctor import tpu_checks
+
+    return tpu_checks(config, deep=explicit)
 
 
 @hookimpl
@@ -183,7 +277,9 @@ def _precision(precision: str, config: Any, accelerator: Any) -> Any:
 def _launch_plan(config: Any, request: Any) -> Any:
     from aios_backend_xla.discovery import discover
     from aios_backend_xla.launch import xla_launch_plan
+    from aios_backend_xla.tpu import check_backend_runtime
 
+    check_backend_runtime(BACKEND, config)
     return xla_launch_plan(config, request, discover())
 
 

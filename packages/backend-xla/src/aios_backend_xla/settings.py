@@ -7,6 +7,7 @@ or as an env var (``AIOS_XLA__ALLOW_CPU=1``). Importing this module needs only p
 from __future__ import annotations
 
 import os
+from typing import Literal
 
 from pydantic import Field, field_validator
 
@@ -16,6 +17,7 @@ from aios.config import Section
 #: normal ``AIOS_<SECTION>__<KEY>`` env layer, so one name works everywhere.
 ALLOW_CPU_ENV = "AIOS_XLA__ALLOW_CPU"
 DEFAULT_CACHE_DIR = "~/.cache/aios/xla-compile"
+DEFAULT_TPU_CACHE_DIR = "~/.cache/aios/torch-tpu-compile"
 
 
 class XlaSettings(Section):
@@ -35,6 +37,19 @@ class XlaSettings(Section):
     prefetch: int = Field(2, ge=0, description="batches the device loader transfers ahead")
     drop_last: bool = Field(True, description="drop the short last batch so every step has the same shapes")
     cpu_devices: int | None = Field(None, ge=1, description="XLA:CPU devices (CPU_NUM_DEVICES) when allow_cpu is on")
+    runtime: Literal["auto", "torch_tpu", "torch_xla"] = Field(
+        "auto",
+        description="TPU runtime: torch_tpu (TorchTPU, --backend tpu), torch_xla (PyTorch/XLA, --backend xla), "
+        "auto: TorchTPU when installed, else torch_xla (what --backend auto picks)",
+    )
+    tpu_compile_cache_dir: str = Field(
+        DEFAULT_TPU_CACHE_DIR,
+        description="TorchTPU compilation caches (TORCH_TPU_TIER2_COMPILATION_CACHE = <dir>/tier2, "
+        "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT = <dir>/tier3); empty string: off",
+    )
+    tpu_base_port: int = Field(8070, ge=1024, le=65000, description="first TORCH_TPU_SLICEBUILDER_ADDRESSES port (one per local rank)")
+    num_slices: int = Field(1, ge=1, description="multislice: slices of the accelerator type (MEGASCALE_* env on every host)")
+    megascale_port: int = Field(8080, ge=1024, le=65535, description="multislice coordinator port (MEGASCALE_COORDINATOR_ADDRESS)")
 
     @field_validator("accelerator")
     @classmethod

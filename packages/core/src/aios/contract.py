@@ -32,10 +32,13 @@ CLOUD_ENV = "AIOS_RUN_CLOUD"
 SPOT_WATCH_ENV = "AIOS_RUN_SPOT_WATCH"
 #: pid of the ``aios-run`` process; workers end themselves when it dies (see :mod:`aios._worker`)
 LAUNCHER_PID_ENV = "AIOS_RUN_LAUNCHER_PID"
+#: the host name a worker reports in its errors (version checks); default: the machine's hostname
+HOST_ENV = "AIOS_RUN_HOST"
 #: set (to anything) to skip ``aios-run``'s pre-import of torch before spawning workers
 NO_PREIMPORT_ENV = "AIOS_RUN_NO_PREIMPORT"
 
 ALL = (
     CONFIG_ENV, BACKEND_ENV, RUN_ID_ENV, STATUS_DIR_ENV, NODE_RANK_ENV, NNODES_ENV,
     LOCAL_INDEX_ENV, CLOUD_ENV, SPOT_WATCH_ENV, NO_PREIMPORT_ENV, LAUNCHER_PID_ENV,
+    HOST_ENV,
 )

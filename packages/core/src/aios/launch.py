@@ -18,6 +18,11 @@ if TYPE_CHECKING:  # pragma: no cover
 from aios.contract import BACKEND_ENV, CONFIG_ENV  # noqa: E402,F401 - re-exported
 #: torch's c10d rendezvous: a fresh store (and port) for the workers of every rendezvous round
 FRESH_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+#: Backends whose processes never use an autoloaded torch device extension: their workers (and
+#: the elastic agent) start with ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``, so an installed TorchTPU
+#: does not add its import (seconds, ~300 MB) to every ``import torch``. A value already in the
+#: backend's env wins.
+NO_AUTOLOAD_BACKENDS = ("cpu", "cuda")
 
 
 def resolve_nprocs(config: AiosConfig, devices: int) -> int:
@@ -56,6 +61,8 @@ def elastic_plan(
     nnodes = max(config.nnodes, len(hosts))
     world = nnodes * nprocs
     base_env = {BACKEND_ENV: backend, **(env or {})}
+    if backend in NO_AUTOLOAD_BACKENDS:
+        base_env.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
     plans: list[HostPlan] = []
     direct = nnodes == 1 and nprocs == 1 and config.launch.max_restarts == 0
     master = config.master_addr
