@@ -97,7 +97,7 @@ def test_unknown_deepspeed_key_is_a_config_error() -> None:
 # ------------------------------------------------------------------------------ real DeepSpeed on CPU
 
 needs_ds = pytest.mark.skipif(
-    __import__("importlib").util.find_spec("deepspeed") is None, reason="deepspeed is not installed (pip install 'aios-backend-cuda[test]')"
+    __import__("importlib").util.find_spec("deepspeed") is None, reason="deepspeed is not installed (pip install -e ./packages/core './packages/backend-cuda[test]' from the aios checkout)"
 )
 
 

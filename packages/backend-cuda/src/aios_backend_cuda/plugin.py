@@ -31,7 +31,7 @@ def _probe() -> Availability:
 def aios_register_backends(register: Any) -> None:
     register(BackendSpec(
         name="cuda", priority=100, probe=_probe, device_type="cuda",
-        install_hint="pip install 'aios-core[cuda]'",
+        install_hint="pip install -e './packages/core[cuda]' ./packages/backend-cuda (from the aios checkout)",
         description="NVIDIA GPUs: DDP over NCCL, AMP (bf16/fp16), DeepSpeed ZeRO 1-3",
     ))
 

@@ -22,7 +22,7 @@ def _probe_cpu() -> Availability:
 def aios_register_backends(register: Any) -> None:
     register(BackendSpec(
         name="cpu", priority=0, probe=_probe_cpu, device_type="cpu",
-        install_hint="pip install 'aios-core[torch]'",
+        install_hint="pip install -e './packages/core[torch]' (from the aios checkout)",
         description="CPU processes over gloo (the embedded default)",
     ))
 
@@ -78,7 +78,7 @@ def aios_doctor_checks(backend: str | None, config: Any) -> list[DoctorCheck] | 
         return None
     spec = importlib.util.find_spec("torch")
     if spec is None:
-        return [DoctorCheck("torch installed", "fail", "torch is not installed", "pip install 'aios-core[torch]'", backend="cpu")]
+        return [DoctorCheck("torch installed", "fail", "torch is not installed", "pip install -e './packages/core[torch]' (from the aios checkout)", backend="cpu")]
     from importlib.metadata import version
 
     return [DoctorCheck("torch installed", "pass", f"torch {version('torch')}", backend="cpu")]

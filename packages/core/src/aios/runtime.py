@@ -852,6 +852,8 @@ class Runtime:
             with contextlib.suppress(Exception):
                 lg.close()
         self.record.close()
+        if self.is_main and status != "failed":
+            self._print_locations()
         if status in ("finished", "preempted") and self._world > 1:
             with contextlib.suppress(Exception):
                 self.strategy.barrier()  # no rank leaves the group while a peer still talks to it
@@ -861,6 +863,13 @@ class Runtime:
             _current = None
         with contextlib.suppress(Exception):
             atexit.unregister(self._atexit)
+
+    def _print_locations(self) -> None:
+        """Where this run's record and checkpoints went: one line each, rank 0, at the end."""
+        with contextlib.suppress(Exception):
+            ckpt = self.config.checkpoint.dir or "none (set checkpoint.dir to keep them)"
+            print(f"aios: run record: {self.run_dir}", file=sys.stderr, flush=True)
+            print(f"aios: checkpoints: {ckpt}", file=sys.stderr, flush=True)
 
     def _atexit(self) -> None:
         self.close(status="exited")
