@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -101,10 +100,7 @@ needs_ds = pytest.mark.skipif(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from aios.testing import find_free_port as _free_port  # noqa: E402 - what the free_port fixture returns
 
 
 def _run(tmp: Path, out: str, *overrides: str, stop_after: int = 0, nprocs: int = 2) -> dict:
