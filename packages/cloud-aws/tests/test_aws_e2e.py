@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import boto3
-import pytest
 
 from aios_cloud_aws.testing.inventory import leftovers
 

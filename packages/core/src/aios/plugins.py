@@ -460,10 +460,10 @@ class Registry:
                 msg = f"{hook_name} failed: {type(out.exc).__name__}: {out.exc}"
                 failures.append(f'plugin "{plugin}" failed in {hook_name}: {type(out.exc).__name__}: {out.exc}')
                 self._error(plugin, msg, out.tb)
-                _warn(f'plugin "{plugin}" failed in {hook_name}: {_one_line(f"{type(out.exc).__name__}: {out.exc}")}; '
-                      f"ignored (disable it with AIOS_DISABLE_PLUGINS={plugin})")
                 continue
             if out.value is not None:
+                for f in failures:  # another plugin answered: the failures become warnings
+                    _warn(f"{_one_line(f)}; ignored (disable it with AIOS_DISABLE_PLUGINS={f.split(chr(34))[1]})")
                 return out.value
         if failures:
             culprit = failures[0].split('"')[1]
