@@ -131,6 +131,9 @@ def resolve_config(
 # ------------------------------------------------------------------------------ init
 
 
+_failing = False  # set when an exception escapes the script (see _install_excepthook)
+
+
 def _install_excepthook() -> None:
     """An :class:`AiosError` escaping the user's script (bad config, unavailable backend, the XLA
     compile guard's limit, a corrupt checkpoint) ends it with one line and the error's exit code
@@ -140,6 +143,8 @@ def _install_excepthook() -> None:
         return
 
     def hook(exc_type: Any, exc: BaseException, tb: Any) -> None:
+        global _failing
+        _failing = True  # the error stays the last line: no "where it went" lines after it
         if not issubclass(exc_type, AiosError) or os.environ.get("AIOS_DEBUG", "") not in ("", "0"):
             previous(exc_type, exc, tb)
             return
@@ -852,7 +857,7 @@ class Runtime:
             with contextlib.suppress(Exception):
                 lg.close()
         self.record.close()
-        if self.is_main and status != "failed":
+        if self.is_main and status != "failed" and not _failing:
             self._print_locations()
         if status in ("finished", "preempted") and self._world > 1:
             with contextlib.suppress(Exception):
