@@ -307,3 +307,25 @@ def test_unknown_backend_names_plugins_that_failed_to_load(syspath):
     reg = Registry(entry_points=[_builtin(), broken], strict=False)
     with pytest.raises(BackendUnavailable, match='unknown backend .widget.*"plug-gone": .*needs libwidget'):
         reg.select("widget")
+
+
+def test_cli_json_stays_clean_with_noisy_exiting_and_raising_plugins(site, run_aios, backend_plugin, write_dist):
+    write_dist(site, "aios-noisy", "noisy_plugin", "print('NOISE at import')\n" + textwrap.dedent(backend_plugin("noisy", 1, True)))
+    write_dist(site, "aios-quitter", "quitter_plugin", "import sys\nsys.exit(4)\n")
+    write_dist(site, "aios-planboom", "planboom_plugin", textwrap.dedent("""
+        from aios import hookimpl
+
+        @hookimpl
+        def aios_launch_plan(backend, config, request):
+            raise RuntimeError("plan boom")
+    """))
+    res = run_aios("plugins", "--json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)  # nothing the plugins printed is in it
+    assert "NOISE" not in res.stdout and 'plugin "aios-noisy" printed output during import' in res.stderr
+    assert {e["plugin"] for e in data["errors"]} == {"aios-quitter"}
+    (site.parent / "t.py").write_text("print('hi')\n")
+    run = run_aios("run", "--dry-run", "--json", "--backend", "cpu", "t.py")
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["backend"] == "cpu"
+    assert 'plugin "aios-planboom" failed in aios_launch_plan: RuntimeError: plan boom' in run.stderr
