@@ -447,6 +447,7 @@ class Registry:
         propagates) or times out is reported by name and skipped; when no plugin answers and one
         failed, that failure is the error. Used at setup only, never per step."""
         failures: list[str] = []
+        first: BaseException | None = None
         for impl in self._impls(hook_name):
             plugin = impl.plugin_name
             accepted = {k: v for k, v in kwargs.items() if k in impl.argnames}
@@ -459,6 +460,7 @@ class Registry:
                     raise out.exc
                 msg = f"{hook_name} failed: {type(out.exc).__name__}: {out.exc}"
                 failures.append(f'plugin "{plugin}" failed in {hook_name}: {type(out.exc).__name__}: {out.exc}')
+                first = first or out.exc
                 self._error(plugin, msg, out.tb)
                 continue
             if out.value is not None:
@@ -468,7 +470,8 @@ class Registry:
         if failures:
             culprit = failures[0].split('"')[1]
             raise PluginError(_one_line("; ".join(failures), 400),
-                              f"fix or disable the plugin (AIOS_DISABLE_PLUGINS={culprit}), or report it to its authors")
+                              f"fix or disable the plugin (AIOS_DISABLE_PLUGINS={culprit}), or report it to its authors"
+                              ) from first  # --debug shows the plugin's traceback
         return None
 
     def call_all(self, hook_name: str, **kwargs: Any) -> list[tuple[str, Any, BaseException | None]]:
