@@ -8,7 +8,8 @@ Environment switches:
 * ``AIOS_STRICT_PLUGINS=1``: a plugin that fails to load, or a name claimed twice, raises
   :class:`aios.errors.PluginError` instead of being reported (for CI).
 * ``AIOS_PLUGIN_TIMEOUT=SECONDS`` (default 10; ``0`` disables): the time limit for a plugin's
-  import, each of its registration hooks, probes and CLI-side hooks.
+  import, each of its registration hooks, probes and CLI-side hooks (``aios_doctor_checks``,
+  which may import a device runtime: 10 times that).
 
 Isolation: every plugin import and every hook call runs per plugin, so one plugin's failure is
 reported by name and the other plugins still answer (the built-in ``cpu`` backend keeps
@@ -50,6 +51,9 @@ DEFAULT_TIMEOUT = 10.0
 SKIP_ENV = "AIOS_INTERNAL_SKIP_PLUGINS"
 # per-process runtime hooks: called in the calling thread (no time limit), still isolated
 INLINE_HOOKS = frozenset({"aios_make_strategy", "aios_make_precision", "aios_preemption_watchers"})
+# hooks allowed to import a device runtime (deep doctor checks import torch_xla, NVML, ...): their
+# limit is this multiple of AIOS_PLUGIN_TIMEOUT
+SLOW_HOOKS = {"aios_doctor_checks": 10}
 _NAME = re.compile(r"^[a-z][a-z0-9_.-]*$")
 
 
@@ -215,7 +219,8 @@ class Registry:
 
     def _run(self, plugin: str, what: str, fn: Callable[[], Any], inline: bool = False) -> _Outcome:
         """Call into ``plugin`` isolated: output captured, exceptions caught, time-limited."""
-        out = _guarded(fn, self.timeout, inline=inline)
+        limit = self.timeout * SLOW_HOOKS.get(what, 1) if self.timeout else None
+        out = _guarded(fn, limit, inline=inline)
         if out.output.strip():
             msg = f'plugin "{plugin}" printed output during {what} (captured): {_one_line(out.output)}'
             self.warnings.append(msg)
@@ -224,7 +229,7 @@ class Registry:
             self.dead.add(plugin)
             skipped = _split_env(SKIP_ENV) | {plugin}
             os.environ[SKIP_ENV] = ",".join(sorted(skipped))  # child processes skip it
-            self._error(plugin, f"timed out after {self.timeout:g}s in {what}; ignored "
+            self._error(plugin, f"timed out after {limit:g}s in {what}; ignored "
                                 f"(raise {TIMEOUT_ENV} or disable it with AIOS_DISABLE_PLUGINS={plugin})")
         return out
 
@@ -482,7 +487,8 @@ class Registry:
             res = self._run(impl.plugin_name, hook_name, lambda: impl.function(**accepted),
                             inline=hook_name in INLINE_HOOKS)
             if res.timed_out:
-                out.append((impl.plugin_name, None, PluginError(f"timed out after {self.timeout:g}s in {hook_name}")))
+                limit = (self.timeout or 0) * SLOW_HOOKS.get(hook_name, 1)
+                out.append((impl.plugin_name, None, PluginError(f"timed out after {limit:g}s in {hook_name}")))
             elif res.exc is not None:
                 out.append((impl.plugin_name, None, res.exc))
             else:
