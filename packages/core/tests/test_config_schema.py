@@ -194,3 +194,19 @@ def test_cli_bad_values_exit_2_with_one_line(run_aios, tmp_path):
     bad.write_bytes(b"\xff\xfe\x00")
     res = run_aios("config", "validate", "--config", str(bad))
     assert res.returncode == 2 and "not UTF-8" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_run_record_directory_that_cannot_be_created_is_one_line(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "t.py").write_text("import aios\nrt = aios.init()\nrt.close()\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
+    env.update(AIOS_PLUGINS="aios-core", AIOS_LOGGING__RUN_DIR=str(tmp_path / "afile" / "runs"), AIOS_HOME=str(tmp_path / "h"))
+    r = subprocess.run([sys.executable, "t.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "cannot create the run record directory" in r.stderr and "set logging.run_dir" in r.stderr

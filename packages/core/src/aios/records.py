@@ -99,7 +99,13 @@ class RunRecord:
         self.diag: dict[str, Any] = {"run_id": run_id, "started": self.started, "checkpoints": [], "preemptions": [], "events": []}
         self._metrics_file: Any = None
         if active:
-            os.makedirs(self.dir, exist_ok=True)
+            try:
+                os.makedirs(self.dir, exist_ok=True)
+            except OSError as exc:
+                from aios.errors import ConfigError
+
+                raise ConfigError(f"cannot create the run record directory '{self.dir}' (logging.run_dir={root!r}): "
+                                  f"{exc.strerror or exc}", "set logging.run_dir to a writable directory") from None
 
     def _write_json(self, name: str, data: Any) -> None:
         if not self.active:
