@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,18 +26,8 @@ def clean_env(tmp_path):
     return env
 
 
-@pytest.fixture
-def aios_cli(clean_env, tmp_path):
-    def run(*args, env=None, prog="aios", pythonpath=None, timeout=300):
-        full = dict(clean_env)
-        if pythonpath:
-            full["PYTHONPATH"] = os.pathsep.join([str(p) for p in pythonpath] + [full.get("PYTHONPATH", "")])
-        full.update(env or {})
-        mod = "aios.cli.main" if prog == "aios" else "aios.cli.run"
-        code = f"import sys; sys.argv[0] = {prog!r}; from {mod} import main; main()"
-        return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=full, cwd=tmp_path, timeout=timeout)
-
-    return run
+# aios_cli (the CLI in a subprocess with a clean environment, AIOS_HOME under tmp_path) comes from
+# the aios pytest plugin (aios.testing.plugin)
 
 
 @pytest.fixture(scope="session")

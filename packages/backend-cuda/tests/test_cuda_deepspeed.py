@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -97,14 +96,11 @@ def test_unknown_deepspeed_key_is_a_config_error() -> None:
 # ------------------------------------------------------------------------------ real DeepSpeed on CPU
 
 needs_ds = pytest.mark.skipif(
-    __import__("importlib").util.find_spec("deepspeed") is None, reason="deepspeed is not installed (pip install 'aios-backend-cuda[test]')"
+    __import__("importlib").util.find_spec("deepspeed") is None, reason="deepspeed is not installed (pip install -e ./packages/core './packages/backend-cuda[test]' from the aios checkout)"
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from aios.testing import find_free_port as _free_port  # noqa: E402 - what the free_port fixture returns
 
 
 def _run(tmp: Path, out: str, *overrides: str, stop_after: int = 0, nprocs: int = 2) -> dict:

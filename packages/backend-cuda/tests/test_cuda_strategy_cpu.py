@@ -5,7 +5,6 @@ build without CUDA."""
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -81,12 +80,6 @@ def test_cpu_torch_is_refused_for_cuda() -> None:
     assert "CPU-only build" in err.value.message or "not available" in err.value.message
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _worker(rank: int, world: int, port: int, out: str) -> None:
     os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     torch.set_num_threads(1)
@@ -111,9 +104,9 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     s.teardown()
 
 
-def test_two_ranks_over_gloo_match_one_full_batch(tmp_path: Path) -> None:
+def test_two_ranks_over_gloo_match_one_full_batch(tmp_path: Path, free_port) -> None:
     out = str(tmp_path / "ddp.pt")
-    torch.multiprocessing.spawn(_worker, args=(2, _free_port(), out), nprocs=2, join=True)
+    torch.multiprocessing.spawn(_worker, args=(2, free_port(), out), nprocs=2, join=True)
     got = torch.load(out)
     assert got["metrics"]["optimizers"] == ["AdamW:fused"] and got["metrics"]["world_size"] == 2
     torch.manual_seed(0)

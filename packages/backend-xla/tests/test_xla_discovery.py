@@ -41,13 +41,8 @@ def test_metadata_source_reads_attributes_with_flavor_header(metadata_server, tp
     assert all(p.startswith("/computeMetadata/v1/instance/attributes/") for p in srv.requests)
 
 
-def test_metadata_unreachable_is_fast_and_recorded(clean_env):
-    import socket
-
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()  # nothing listens there now
+def test_metadata_unreachable_is_fast_and_recorded(clean_env, free_port):
+    port = free_port()  # nothing listens there
     t0 = time.monotonic()
     facts = discover(sysfs=SysfsSource("/nonexistent"), environ={"GCE_METADATA_HOST": f"127.0.0.1:{port}"})
     assert time.monotonic() - t0 < 3

@@ -245,4 +245,4 @@ def test_doctor_without_torch_xla(clean_env, monkeypatch):
 
     monkeypatch.setattr(doc, "_ver", lambda d: None)
     cs = checks(None, environ={}, facts=TpuFacts())
-    assert [c.status for c in cs] == ["fail"] and "aios-core[xla]" in cs[0].fix
+    assert [c.status for c in cs] == ["fail"] and "pip install -e './packages/core[xla]' ./packages/backend-xla" in cs[0].fix

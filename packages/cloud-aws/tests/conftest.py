@@ -10,7 +10,7 @@ from aios_cloud_aws.settings import GPU_AMI_PARAMETER, NEURON_AMI_PARAMETER, Aws
 
 @pytest.fixture(scope="session")
 def moto_server():
-    pytest.importorskip("moto.server", reason="needs moto[server]: pip install 'aios-cloud-aws[test]'")
+    pytest.importorskip("moto.server", reason="needs moto[server]: pip install -e ./packages/core './packages/cloud-aws[test]' from the aios checkout")
     from aios_cloud_aws.testing.moto import MotoServer
 
     with MotoServer() as server:

@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import boto3
-import pytest
 
 from aios_cloud_aws.testing.inventory import leftovers
 
@@ -29,15 +28,8 @@ IMDS_PORT = 18169
 S3_PORT = 18170
 
 
-@pytest.fixture
-def sshd_hosts(tmp_path):
-    from aios.testing.sshd import SshdCluster, netns_available, sshd_unavailable_reason
-
-    reason = sshd_unavailable_reason() or ("" if netns_available() else "network namespaces unavailable (needs root + iproute2)")
-    if reason:
-        pytest.skip(reason)
-    with SshdCluster(2, tmp_path / "sshd", netns=True) as cluster:
-        yield cluster
+# sshd_hosts (two real sshd hosts in network namespaces: the instances) comes from the aios
+# pytest plugin (aios.testing.plugin)
 
 
 def _subnet_matching(aws, cluster) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -14,27 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from aios.testing.sshd import SshdCluster, netns_available, sshd_unavailable_reason
+from aios.testing.sshd import SshdCluster
 from aios_cloud_gcp.testing import FakeTpuService
 
 ZONES = {"v4": ["us-central2-b", "us-central2-c"], "v5e": ["us-west4-a", "us-central1-a"]}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def sshd_hosts(tmp_path: Path):
-    reason = sshd_unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    if not netns_available():
-        pytest.skip("needs network namespaces (root + iproute2): hosts of a slice need their own addresses")
-    with SshdCluster(2, tmp_path / "sshd") as cluster:
-        yield cluster
+# sshd_hosts (two real sshd hosts in network namespaces: the machines of a slice) comes from the
+# aios pytest plugin (aios.testing.plugin)
 
 
 @pytest.fixture

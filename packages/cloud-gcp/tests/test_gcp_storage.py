@@ -14,13 +14,11 @@ import pytest
 
 
 @pytest.fixture
-def gcs_local(monkeypatch, tmp_path):
+def gcs_local(monkeypatch, tmp_path, free_port):
     exe = shutil.which("gcp-storage-emulator") or str(Path(sys.executable).parent / "gcp-storage-emulator")
     if not Path(exe).exists():
         pytest.skip("gcp-storage-emulator is not installed: pip install gcp-storage-emulator")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen([exe, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory", "-q"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 30

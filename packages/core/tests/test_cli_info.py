@@ -94,7 +94,9 @@ def test_config_errors_exit_2_with_one_line_and_debug_shows_traceback(run_aios):
 def test_unknown_backend_for_devices_is_one_line(run_aios):
     res = run_aios("devices", "--backend", "xla", env={"AIOS_DISABLE_PLUGINS": "aios-backend-xla,aios-backend-neuron,aios-cloud-gcp"})
     assert res.returncode == 2
-    assert res.stderr.strip() == "aios: error: backend 'xla' is not installed; run: pip install 'aios-core[xla]'"
+    assert res.stderr.strip() == (
+        "aios: error: backend 'xla' is not installed; run: pip install -e './packages/core[xla]' ./packages/backend-xla"
+        " (from the aios checkout)")
 
 
 def test_env_redacts_secrets(run_aios):

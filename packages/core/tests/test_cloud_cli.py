@@ -32,4 +32,4 @@ def test_cloud_cli_without_clusters_or_clouds(tmp_path):
         assert len(lines) == 1 and msg in lines[0], (args, r.stderr)
     (tmp_path / "x.py").write_text("")
     r = _aios(tmp_path, "launch", "--cloud", "gcp", "-a", "v4-8", "--workdir", str(tmp_path), "x.py")
-    assert r.returncode == 2 and "cloud 'gcp' is not installed; run: pip install 'aios-core[gcp]'" in r.stderr
+    assert r.returncode == 2 and "cloud 'gcp' is not installed; run: pip install -e './packages/core[gcp]' ./packages/backend-xla ./packages/cloud-gcp" in r.stderr

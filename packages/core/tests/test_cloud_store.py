@@ -78,3 +78,141 @@ def test_cloud_store_records_roundtrip(tmp_path, monkeypatch):
         pass
     assert s.events("c", kind="x") == []
     assert isinstance(s.db, sqlite3.Connection)
+
+
+# ------------------------------------------------------------------ one-line failures (issue 14)
+import contextlib  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+
+import pytest  # noqa: E402
+
+from aios.cloud.store import StateError, aios_home  # noqa: E402
+
+
+def _rec(name: str = "c") -> ClusterRecord:
+    return ClusterRecord(name=name, cloud="gcp", zone="z", accelerator="v4-8", spot=False, state="READY")
+
+
+def test_lock_held_past_the_timeout_is_one_line(tmp_path):
+    path = tmp_path / "state.db"
+    Store(path).close()
+    holder = sqlite3.connect(str(path), isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        s = Store(path, timeout=0.2)  # opening only reads: it does not need the write lock
+        with pytest.raises(StateError, match=r"is locked by another aios process \(waited 0.2s\); retry when"):
+            s.claim_cluster(_rec())
+        with pytest.raises(StateError, match="locked"):
+            s.event("c", "x", "y")
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert Store(path, timeout=0.2).claim_cluster(_rec())
+
+
+def test_corrupt_database_is_one_line_naming_the_fix(tmp_path):
+    path = tmp_path / "state.db"
+    path.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(StateError, match=r"state database .*state.db is corrupt .*; move it aside \(mv "):
+        Store(path)
+    assert path.read_bytes().startswith(b"this is not sqlite")  # never touched
+
+
+def test_bad_json_in_a_row_is_one_line(tmp_path):
+    path = tmp_path / "state.db"
+    s = Store(path)
+    s.claim_cluster(_rec("broken"))
+    s.db.execute("UPDATE clusters SET hosts = '{not json' WHERE name = 'broken'")
+    with pytest.raises(StateError, match=r"corrupt record: cluster 'broken': column hosts is not valid JSON"):
+        s.clusters()
+    j = s.add_job("broken", "x.py")
+    s.db.execute("UPDATE jobs SET spec = 'nope' WHERE id = ?", (j,))
+    with pytest.raises(StateError, match=rf"job {j}: column spec is not valid JSON"):
+        s.get_job(j)
+
+
+@contextlib.contextmanager
+def _read_only(*paths):
+    """Make paths read-only, also for root (the immutable attribute; chmod for others)."""
+    if os.geteuid() == 0:
+        r = subprocess.run(["chattr", "+i", *map(str, paths)], capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot make files immutable here (chattr: {r.stderr.strip()})")
+        try:
+            yield
+        finally:
+            subprocess.run(["chattr", "-i", *map(str, paths)], check=True)
+    else:
+        modes = {p: os.stat(p).st_mode for p in paths}
+        for p in paths:
+            os.chmod(p, 0o555 if os.path.isdir(p) else 0o444)
+        try:
+            yield
+        finally:
+            for p, m in modes.items():
+                os.chmod(p, m)
+
+
+def test_read_only_database_serves_reads_and_refuses_writes_in_one_line(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    path = home / "state.db"
+    s = Store(path)
+    s.claim_cluster(_rec("kept"))
+    s.close()
+    with _read_only(path, home):
+        ro = Store(path)
+        assert ro.readonly and [c.name for c in ro.clusters()] == ["kept"]
+        with pytest.raises(StateError, match="is read-only: this command needs to write it; make .* writable"):
+            ro.claim_cluster(_rec("new"))
+        ro.close()
+
+
+def test_aios_home_pointing_at_a_file_is_one_line(tmp_path, monkeypatch):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    monkeypatch.setenv("AIOS_HOME", str(f))
+    with pytest.raises(StateError, match=r"the aios home \(AIOS_HOME\) .*afile is not a directory"):
+        aios_home()
+    with pytest.raises(StateError):
+        Store()
+
+
+def test_cli_state_failures_exit_2_without_traceback(tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
+    env["AIOS_HOME"] = str(f)
+    res = subprocess.run([sys.executable, "-m", "aios.cli.main", "status"], capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert "is not a directory" in res.stderr
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "state.db").write_bytes(b"garbage" * 200)
+    env["AIOS_HOME"] = str(home)
+    res = subprocess.run([sys.executable, "-m", "aios.cli.main", "status"], capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 2 and "is corrupt" in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+def test_store_threads_do_not_trip_over_each_other(tmp_path):
+    s = Store(tmp_path / "state.db")
+    s.claim_cluster(_rec())
+    errors = []
+
+    def work():
+        try:
+            t = Store(tmp_path / "state.db")
+            for i in range(20):
+                t.event("c", "t", str(i))
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and len(s.events("c", kind="t")) == 80

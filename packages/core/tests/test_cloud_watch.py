@@ -24,7 +24,7 @@ from aios.cloud.provider import (
 from aios.cloud.ssh import LinePrinter
 from aios.cloud.store import JOB_FAILED, JOB_SUCCEEDED, ClusterRecord, Store
 from aios.config import resolve
-from aios.testing.sshd import SshdCluster, sshd_unavailable_reason
+from aios.testing.sshd import SshdCluster
 
 
 class LoopbackCloud(CloudProvider):
@@ -76,13 +76,9 @@ class LoopbackCloud(CloudProvider):
 
 
 @pytest.fixture
-def env(tmp_path, monkeypatch):
-    reason = sshd_unavailable_reason()
-    if reason:
-        pytest.skip(reason)
+def env(tmp_path, monkeypatch, sshd_cluster):
     monkeypatch.setenv("AIOS_HOME", str(tmp_path / "aios-home"))
-    with SshdCluster(1, tmp_path / "sshd") as c:
-        yield c
+    return sshd_cluster(1)  # the aios pytest plugin: skips (fails with CI=true) without sshd
 
 
 SCRIPT = """\

@@ -116,3 +116,81 @@ def test_override_values_are_yaml_scalars():
 def test_redaction_of_secret_looking_keys():
     data = {"wandb_api_key": "abc", "nested": {"aws_secret_access_key": "s", "token": ""}, "name": "ok"}
     assert redact(data) == {"wandb_api_key": "***", "nested": {"aws_secret_access_key": "***", "token": ""}, "name": "ok"}
+
+
+# ------------------------------------------------------------------ bad values rejected where parsed
+
+
+def test_date_and_sexagesimal_values_stay_strings():
+    cfg = _resolve(overrides=["logging.run_dir=2024-06-01", "master_addr=10:20:30"])
+    assert cfg.logging.run_dir == "2024-06-01" and cfg.master_addr == "10:20:30"
+    assert parse_overrides(["a=010", "b=1_000", "c=0x10", "d=.5", "e=-1e3"]) == {
+        "a": "010", "b": 1000, "c": 16, "d": 0.5, "e": -1000.0}
+
+
+def test_date_in_a_config_file_stays_a_string(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("logging:\n  run_dir: 2024-06-01\nmaster_addr: 10:20:30\n")
+    cfg = _resolve(config_file=str(f))
+    assert cfg.logging.run_dir == "2024-06-01" and cfg.master_addr == "10:20:30"
+
+
+def test_error_formatter_survives_non_json_values():
+    with pytest.raises(ConfigError, match=r"invalid value .* for 'seed' \(from override\)"):
+        _resolve(overrides=["seed={a: 2024-06-01}"])
+
+
+@pytest.mark.parametrize("item,key", [
+    ("strategy=bogus", "'strategy'"),
+    ("nprocs=bogus", "'nprocs'"),
+    ("int_key=1", "'int_key'"),
+])
+def test_keys_starting_with_int_or_str_are_named(item, key):
+    with pytest.raises(ConfigError) as info:
+        _resolve(overrides=[item])
+    assert key in str(info.value) and "''" not in str(info.value)
+
+
+@pytest.mark.parametrize("item,expected", [
+    ("checkpoint.grace_seconds=.inf", r"invalid value .* for 'checkpoint.grace_seconds' \(from override\): .*finite"),
+    ("grad_clip=.nan", r"'grad_clip' \(from override\): .*finite"),
+    (f"seed={2**63}", r"invalid value 9223372036854775808 for 'seed' \(from override\): .*less than or equal to 9223372036854775807"),
+    ("seed=-1", r"'seed' \(from override\): .*greater than or equal to 0"),
+    ("nprocs=1000000000000", r"invalid value 1000000000000 for 'nprocs' \(from override\): must be 1 to 4096"),
+    ("nnodes=10000000000", r"'nnodes' \(from override\)"),
+])
+def test_values_that_would_crash_later_are_rejected_now(item, expected):
+    with pytest.raises(ConfigError, match=expected):
+        _resolve(overrides=[item])
+
+
+def test_node_rank_must_be_below_nnodes():
+    with pytest.raises(ConfigError, match=r"node_rank 2 must be below nnodes 2 .*nnodes from override; node_rank from override"):
+        _resolve(overrides=["nnodes=2", "node_rank=2"])
+    assert _resolve(overrides=["nnodes=2", "node_rank=1"]).node_rank == 1
+
+
+def test_unreadable_or_non_utf8_config_file_is_one_line(tmp_path):
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes("precision: fp32 # caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match="is not UTF-8 text"):
+        _resolve(config_file=str(bad))
+    with pytest.raises(ConfigError, match="is a directory"):
+        _resolve(config_file=str(tmp_path))
+
+
+def test_cli_bad_values_exit_2_with_one_line(run_aios, tmp_path):
+    for args, expected in [
+        (["logging.run_dir=2024-06-01"], "config ok"),
+        (["checkpoint.grace_seconds=.inf"], "aios: error: invalid value"),
+        (["--config", str(tmp_path / "nope.yaml")], "does not exist"),
+    ]:
+        res = run_aios("config", "validate", *args)
+        out = res.stdout + res.stderr
+        assert expected in out, out
+        if expected != "config ok":
+            assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_bytes(b"\xff\xfe\x00")
+    res = run_aios("config", "validate", "--config", str(bad))
+    assert res.returncode == 2 and "not UTF-8" in res.stderr and "Traceback" not in res.stderr

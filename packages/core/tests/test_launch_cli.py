@@ -33,12 +33,6 @@ def _script(tmp: Path, body: str, name: str = "train.py") -> Path:
     return p
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _one_line_error(r: subprocess.CompletedProcess[str]) -> str:
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, r.stderr
@@ -197,19 +191,19 @@ def test_launch_direct_script_exit_code_and_args(tmp_path):
     assert r.stderr.strip().endswith(f"aios-run: error: {script} exited with code 7 on rank 0; see its output above")
 
 
-def test_launch_rank_failure_names_rank_and_code(tmp_path):
+def test_launch_rank_failure_names_rank_and_code(tmp_path, free_port):
     script = _script(tmp_path, """
         import os, sys, time
         if os.environ["RANK"] == "1":
             sys.exit(3)
         time.sleep(60)  # rank 0 would hang: the launcher must stop it
     """)
-    r = aios_run(tmp_path, "--nprocs", "2", "--master-port", str(_free_port()), str(script), timeout=60)
+    r = aios_run(tmp_path, "--nprocs", "2", "--master-port", str(free_port()), str(script), timeout=60)
     assert r.returncode == 3, r.stdout + r.stderr
     assert f"aios-run: error: {script} exited with code 3 on rank 1 (other ranks stopped)" in r.stderr
 
 
-def test_launch_plain_torch_distributed_script_unchanged(tmp_path):
+def test_launch_plain_torch_distributed_script_unchanged(tmp_path, free_port):
     pytest.importorskip("torch")
     script = _script(tmp_path, """
         import os
@@ -221,23 +215,23 @@ def test_launch_plain_torch_distributed_script_unchanged(tmp_path):
         print(f"rank={dist.get_rank()} local={os.environ['LOCAL_RANK']} world={dist.get_world_size()} sum={t.item()}")
         dist.destroy_process_group()
     """)
-    r = aios_run(tmp_path, "--nprocs", "2", "--master-port", str(_free_port()), str(script))
+    r = aios_run(tmp_path, "--nprocs", "2", "--master-port", str(free_port()), str(script))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "[rank0]:rank=0 local=0 world=2 sum=3.0" in r.stdout
     assert "[rank1]:rank=1 local=1 world=2 sum=3.0" in r.stdout
 
 
-def test_launch_max_restarts_recovers(tmp_path):
+def test_launch_max_restarts_recovers(tmp_path, free_port):
     script = _script(tmp_path, """
         import os, sys
         attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
         print("attempt", attempt, "rank", os.environ["RANK"])
         sys.exit(5 if attempt == 0 else 0)
     """)
-    r = aios_run(tmp_path, "--nprocs", "2", "--max-restarts", "1", "--master-port", str(_free_port()), str(script))
+    r = aios_run(tmp_path, "--nprocs", "2", "--max-restarts", "1", "--master-port", str(free_port()), str(script))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "attempt 0" in r.stdout and "attempt 1" in r.stdout
-    r = aios_run(tmp_path, "--nprocs", "2", "--max-restarts", "0", "--master-port", str(_free_port()), str(script))
+    r = aios_run(tmp_path, "--nprocs", "2", "--max-restarts", "0", "--master-port", str(free_port()), str(script))
     assert r.returncode == 5
 
 

@@ -77,7 +77,7 @@ def test_unavailable_backend_is_an_error_never_a_fallback(syspath, backend_plugi
 
 def test_known_but_missing_backend_names_the_install_line():
     reg = Registry(entry_points=[_builtin()])
-    with pytest.raises(BackendUnavailable, match=r"aios-core\[xla\]"):
+    with pytest.raises(BackendUnavailable, match=r"pip install -e './packages/core\[xla\]' ./packages/backend-xla"):
         reg.select("xla")
     with pytest.raises(BackendUnavailable, match="unknown backend 'nope'"):
         reg.select("nope")
@@ -172,3 +172,160 @@ def test_probe_receives_the_config_when_it_accepts_one(syspath):
     with pytest.raises(BackendUnavailable, match="no device; set opt_in"):
         reg.select("optin")
     assert reg.select("optin", config=Cfg()).name == "optin"
+
+
+# ------------------------------------------------------------------ isolation (issue 14, item 11/12)
+
+
+def test_plugin_calling_sys_exit_at_import_is_reported_not_fatal(syspath, backend_plugin):
+    bad = _module(syspath, "plug_exit", "import sys\nsys.exit(3)\n")
+    good = _module(syspath, "plug_fine", backend_plugin("widget", 5, True))
+    reg = Registry(entry_points=[_builtin(), bad, good], strict=False)
+    assert [e.plugin for e in reg.errors] == ["plug-exit"]
+    assert "SystemExit" in reg.errors[0].error
+    assert set(reg.backends) == {"cpu", "widget"}
+
+
+def test_output_printed_at_import_is_captured_and_named(syspath, capsys):
+    noisy = _module(syspath, "plug_noisy", """
+        import sys
+        print("hello from a noisy plugin")
+        print("more noise", file=sys.stderr)
+    """)
+    reg = Registry(entry_points=[_builtin(), noisy], strict=False)
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert 'plugin "plug-noisy" printed output during import' in err and "hello from a noisy plugin" in err
+    assert "plug-noisy" in reg.plugins and reg.select("auto").name == "cpu"
+
+
+def test_raising_component_hooks_name_the_plugin_and_cpu_keeps_working(syspath, capsys):
+    bad = _module(syspath, "plug_hookboom", """
+        from aios import hookimpl
+
+        @hookimpl
+        def aios_launch_plan(backend, config, request):
+            raise RuntimeError("plan boom")
+
+        @hookimpl
+        def aios_make_strategy(backend, config):
+            raise RuntimeError("strategy boom")
+
+        @hookimpl
+        def aios_discover_devices(backend, config):
+            raise RuntimeError("discover boom")
+    """)
+    reg = Registry(entry_points=[_builtin(), bad], strict=False)
+    from aios.config import resolve
+    from aios.types import LaunchRequest
+
+    cfg = resolve(environ={}, sections=reg.config_sections, check_backend=False)
+    plan = reg.call_first("aios_launch_plan", backend="cpu", config=cfg, request=LaunchRequest(script="t.py"))
+    assert plan is not None and plan.launcher
+    rep = reg.call_first("aios_discover_devices", backend="cpu", config=None)
+    assert rep is not None and rep.backend == "cpu"
+    err = capsys.readouterr().err
+    assert 'plugin "plug-hookboom" failed in aios_launch_plan: RuntimeError: plan boom' in err
+    assert 'plugin "plug-hookboom" failed in aios_discover_devices' in err
+    assert {e.plugin for e in reg.errors} == {"plug-hookboom"}
+
+
+def test_raising_hook_with_no_other_answer_is_an_error_naming_the_plugin(syspath):
+    bad = _module(syspath, "plug_onlyplan", """
+        from aios import hookimpl
+
+        @hookimpl
+        def aios_launch_plan(backend, config, request):
+            raise KeyError("missing")
+    """)
+    reg = Registry(entry_points=[bad], strict=False)
+    with pytest.raises(PluginError, match='plugin "plug-onlyplan" failed in aios_launch_plan: KeyError'):
+        reg.call_first("aios_launch_plan", backend="x", config=None, request=None)
+
+
+def test_hanging_import_and_probe_time_out_are_named_and_paid_once(syspath, monkeypatch, backend_plugin):
+    monkeypatch.setenv("AIOS_PLUGIN_TIMEOUT", "0.5")
+    monkeypatch.delenv("AIOS_INTERNAL_SKIP_PLUGINS", raising=False)
+    hang = _module(syspath, "plug_hang", "import time\ntime.sleep(30)\n")
+    slow = _module(syspath, "plug_slowprobe", """
+        import time
+        from aios import hookimpl
+        from aios.types import Availability, BackendSpec
+
+        CALLS = []
+
+        def probe():
+            CALLS.append(1)
+            time.sleep(30)
+            return Availability(True)
+
+        @hookimpl
+        def aios_register_backends(register):
+            register(BackendSpec(name="slow", priority=900, probe=probe))
+    """)
+    import time
+
+    t0 = time.monotonic()
+    reg = Registry(entry_points=[_builtin(), hang, slow], strict=False)
+    assert reg.select("auto").name == "cpu"  # the slow probe is abandoned, cpu answers
+    assert reg.select("auto").name == "cpu"
+    assert time.monotonic() - t0 < 5
+    errs = {e.plugin: e.error for e in reg.errors}
+    assert "timed out after 0.5s in import" in errs["plug-hang"]
+    assert "timed out after 0.5s in the 'slow' probe" in errs["plug-slowprobe"]
+    assert sys.modules["plug_slowprobe"].CALLS == [1]  # asked once, then ignored
+    # processes started from here (aios-run's workers) skip both instead of waiting again
+    import os
+
+    assert set(os.environ["AIOS_INTERNAL_SKIP_PLUGINS"].split(",")) == {"plug-hang", "plug-slowprobe"}
+    child = Registry(entry_points=[_builtin(), hang, slow], strict=False)
+    assert "plug-slowprobe" not in child.plugins and "skipped" in child.errors[0].error
+
+
+def test_doubly_claimed_or_rejected_backend_is_named_by_aios_run(syspath, backend_plugin):
+    a = _module(syspath, "plug_d1", backend_plugin("dup", 1, True))
+    b = _module(syspath, "plug_d2", backend_plugin("dup", 2, True))
+    rej = _module(syspath, "plug_rej", """
+        from aios import hookimpl
+        from aios.types import BackendSpec
+
+        @hookimpl
+        def aios_register_backends(register):
+            register(BackendSpec(name="Bad Name", priority=1, probe=lambda: None))
+    """)
+    reg = Registry(entry_points=[_builtin(), a, b, rej], strict=False)
+    from aios.config import resolve
+
+    with pytest.raises(PluginError, match='"plug-d1" and "plug-d2"'):
+        resolve(overrides=["backend=dup"], environ={}, sections={}, registry=reg)
+    with pytest.raises(PluginError, match='"plug-rej" was rejected'):
+        reg.select("Bad Name")
+
+
+def test_unknown_backend_names_plugins_that_failed_to_load(syspath):
+    broken = _module(syspath, "plug_gone", "raise ImportError('needs libwidget')\n")
+    reg = Registry(entry_points=[_builtin(), broken], strict=False)
+    with pytest.raises(BackendUnavailable, match='unknown backend .widget.*"plug-gone": .*needs libwidget'):
+        reg.select("widget")
+
+
+def test_cli_json_stays_clean_with_noisy_exiting_and_raising_plugins(site, run_aios, backend_plugin, write_dist):
+    write_dist(site, "aios-noisy", "noisy_plugin", "print('NOISE at import')\n" + textwrap.dedent(backend_plugin("noisy", 1, True)))
+    write_dist(site, "aios-quitter", "quitter_plugin", "import sys\nsys.exit(4)\n")
+    write_dist(site, "aios-planboom", "planboom_plugin", textwrap.dedent("""
+        from aios import hookimpl
+
+        @hookimpl
+        def aios_launch_plan(backend, config, request):
+            raise RuntimeError("plan boom")
+    """))
+    res = run_aios("plugins", "--json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)  # nothing the plugins printed is in it
+    assert "NOISE" not in res.stdout and 'plugin "aios-noisy" printed output during import' in res.stderr
+    assert {e["plugin"] for e in data["errors"]} == {"aios-quitter"}
+    (site.parent / "t.py").write_text("print('hi')\n")
+    run = run_aios("run", "--dry-run", "--json", "--backend", "cpu", "t.py")
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["backend"] == "cpu"
+    assert 'plugin "aios-planboom" failed in aios_launch_plan: RuntimeError: plan boom' in run.stderr

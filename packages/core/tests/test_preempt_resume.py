@@ -34,14 +34,6 @@ def _launch(tmp: Path, nprocs: int, ckpt: Path, out: Path, env: dict[str, str], 
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait_step(progress: Path, proc: subprocess.Popen, at: int, timeout: float = 90) -> None:
     end = time.time() + timeout
     while time.time() < end:
@@ -57,11 +49,11 @@ def _wait_step(progress: Path, proc: subprocess.Popen, at: int, timeout: float =
 
 
 @pytest.mark.parametrize("nprocs", [1, 2])
-def test_preempt_sigterm_resume_is_bitwise_equal(tmp_path: Path, nprocs: int) -> None:
+def test_preempt_sigterm_resume_is_bitwise_equal(tmp_path: Path, nprocs: int, free_port) -> None:
     total = 24
     # uninterrupted reference
     ref = tmp_path / "ref.pt"
-    p = _launch(tmp_path, nprocs, tmp_path / "ckpt-ref", ref, _env(tmp_path, TOTAL_STEPS=str(total)), _free_port())
+    p = _launch(tmp_path, nprocs, tmp_path / "ckpt-ref", ref, _env(tmp_path, TOTAL_STEPS=str(total)), free_port())
     out, _ = p.communicate(timeout=180)
     assert p.returncode == 0, out
 
@@ -71,7 +63,7 @@ def test_preempt_sigterm_resume_is_bitwise_equal(tmp_path: Path, nprocs: int) ->
     got = tmp_path / "got.pt"
     ckpt = tmp_path / "ckpt"
     env = _env(tmp_path, TOTAL_STEPS=str(total), STEP_DELAY="0.15", PROGRESS_FILE=str(progress))
-    p = _launch(tmp_path, nprocs, ckpt, got, env, _free_port())
+    p = _launch(tmp_path, nprocs, ckpt, got, env, free_port())
     _wait_step(progress, p, kill_at)
     p.send_signal(signal.SIGTERM)
     out, _ = p.communicate(timeout=120)
@@ -83,7 +75,7 @@ def test_preempt_sigterm_resume_is_bitwise_equal(tmp_path: Path, nprocs: int) ->
     stopped_at = int(saved[0].split("-")[1])
     assert kill_at <= stopped_at < total
 
-    p = _launch(tmp_path, nprocs, ckpt, got, _env(tmp_path, TOTAL_STEPS=str(total)), _free_port())
+    p = _launch(tmp_path, nprocs, ckpt, got, _env(tmp_path, TOTAL_STEPS=str(total)), free_port())
     out, _ = p.communicate(timeout=180)
     assert p.returncode == 0, out
     assert f"resumed from {ckpt / saved[0]} at step {stopped_at}" in out

@@ -4,7 +4,6 @@ sharding, the DDP wrapper (gradient averaging, attribute forwarding) and no_sync
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,10 +15,8 @@ pytest.importorskip("torch")
 SCRIPT = Path(__file__).parent / "scripts" / "ddp_checks.py"
 
 
-def test_runtime_ddp_two_processes(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+def test_runtime_ddp_two_processes(tmp_path, free_port):
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
     env.update({"AIOS_LOGGING__RUN_DIR": str(tmp_path / "runs"), "AIOS_LOGGING__TENSORBOARD": "false"})
     r = subprocess.run(

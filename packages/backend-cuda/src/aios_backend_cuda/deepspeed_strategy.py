@@ -286,7 +286,7 @@ class DeepSpeedStrategy(CudaDDPStrategy):
         try:
             import deepspeed
         except ImportError:
-            raise AiosError("strategy deepspeed needs the deepspeed package", "pip install 'aios-core[deepspeed]'") from None
+            raise AiosError("strategy deepspeed needs the deepspeed package", "pip install -e './packages/core[deepspeed]' ./packages/backend-cuda (from the aios checkout)") from None
         super().setup_environment()
         import torch.distributed as dist
 

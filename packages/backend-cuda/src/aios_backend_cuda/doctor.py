@@ -133,5 +133,5 @@ def checks(backend: str | None, config: Any) -> list[DoctorCheck]:
     if importlib.util.find_spec("deepspeed") is not None:
         out.append(DoctorCheck("DeepSpeed", "pass", f"deepspeed {importlib.metadata.version('deepspeed')}", backend=b))
     elif want_ds:
-        out.append(DoctorCheck("DeepSpeed", "fail", "strategy is deepspeed but deepspeed is not installed", "pip install 'aios-core[deepspeed]'", backend=b))
+        out.append(DoctorCheck("DeepSpeed", "fail", "strategy is deepspeed but deepspeed is not installed", "pip install -e './packages/core[deepspeed]' ./packages/backend-cuda (from the aios checkout)", backend=b))
     return out

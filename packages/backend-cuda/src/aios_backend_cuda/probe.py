@@ -17,7 +17,7 @@ from aios.types import Availability
 
 from aios_backend_cuda import nvml
 
-INSTALL_HINT = "pip install 'aios-core[cuda]' (a CUDA build of torch: https://pytorch.org/get-started/locally/)"
+INSTALL_HINT = "pip install -e './packages/core[cuda]' ./packages/backend-cuda (from the aios checkout) (a CUDA build of torch: https://pytorch.org/get-started/locally/)"
 
 # Roots the probes read; tests point them at a temporary tree.
 PROC_NVIDIA_GPUS = "/proc/driver/nvidia/gpus"

@@ -46,7 +46,7 @@ def check_cuda_runtime() -> None:
             "install a CUDA build of torch for NVIDIA GPUs (ROCm is not supported by the cuda backend)",
         )
     if torch.version.cuda is None:
-        raise BackendUnavailable(f"torch {torch.__version__} is a CPU-only build", "install a CUDA build of torch: pip install 'aios-core[cuda]'")
+        raise BackendUnavailable(f"torch {torch.__version__} is a CPU-only build", "install a CUDA build of torch: pip install -e './packages/core[cuda]' ./packages/backend-cuda (from the aios checkout)")
     if not torch.cuda.is_available():
         raise BackendUnavailable("CUDA is not available to this process (no GPU visible, or the driver is too old for this torch)", "run `aios doctor --backend cuda`")
 

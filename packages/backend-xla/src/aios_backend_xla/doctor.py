@@ -64,7 +64,7 @@ def checks(config: Any = None, deep: bool = False, environ: dict[str, str] | Non
     out: list[DoctorCheck] = []
     tv, xv = _ver("torch"), _ver("torch_xla") or _ver("torch-xla")
     if xv is None or importlib.util.find_spec("torch_xla") is None:
-        out.append(DoctorCheck("torch_xla installed", "fail", "torch_xla is not installed", "pip install 'aios-core[xla]' (torch and torch_xla of the same release)", backend=B))
+        out.append(DoctorCheck("torch_xla installed", "fail", "torch_xla is not installed", "pip install -e './packages/core[xla]' ./packages/backend-xla (from the aios checkout) (torch and torch_xla of the same release)", backend=B))
         return out
     out.append(DoctorCheck("torch_xla installed", "pass", f"torch_xla {xv}", backend=B))
     if tv is None:

@@ -26,7 +26,7 @@ from aios.hookspecs import hookimpl
 from aios.types import AcceleratorSpec, Availability, BackendSpec, DeviceInfo, DeviceReport, DoctorCheck, StrategySpec
 
 BACKEND = "xla"
-INSTALL_HINT = "on a Cloud TPU VM: pip install 'aios-core[xla]'; to test on XLA:CPU without a TPU, opt in with xla.allow_cpu=true or AIOS_XLA__ALLOW_CPU=1"
+INSTALL_HINT = "on a Cloud TPU VM: pip install -e './packages/core[xla]' ./packages/backend-xla (from the aios checkout); to test on XLA:CPU without a TPU, opt in with xla.allow_cpu=true or AIOS_XLA__ALLOW_CPU=1"
 
 
 def _torch_xla_installed() -> bool:
@@ -216,7 +216,7 @@ def device_report(facts: Any, config: Any = None, installed: bool | None = None)
         if facts.worker_addresses:
             topology["workers"] = list(facts.worker_addresses)
         topology["sources"] = ",".join(facts.sources)
-        reason = "" if installed else "torch_xla is not installed; pip install 'aios-core[xla]'"
+        reason = "" if installed else "torch_xla is not installed; pip install -e './packages/core[xla]' ./packages/backend-xla (from the aios checkout)"
         return DeviceReport(BACKEND, kind, installed, devices, topology, notes, reason)
     if installed and cpu_opt_in(config):
         n = settings_of(config).cpu_devices or int(os.environ.get("CPU_NUM_DEVICES", "1") or 1)

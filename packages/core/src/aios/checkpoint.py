@@ -153,7 +153,7 @@ def filesystem(url: str) -> tuple[Any, str]:
     spec = reg.storage.get(scheme)
     if spec is None:
         known = ", ".join(sorted(reg.storage)) or "none"
-        hint = {"gs": "pip install -e './packages/core[gcp]'", "s3": "pip install -e './packages/core[aws]'"}.get(scheme, "install the plugin that registers it")
+        hint = {"gs": "pip install -e './packages/core[gcp]' ./packages/backend-xla ./packages/cloud-gcp (from the aios checkout)", "s3": "pip install -e './packages/core[aws]' ./packages/cloud-aws (from the aios checkout)"}.get(scheme, "install the plugin that registers it")
         raise CheckpointError(f"checkpoint URL scheme '{scheme}://' is not registered (registered: {known})", hint)
     if spec.requires:
         import importlib.util

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from aios.contract import CONTROL_PREFIX
 from aios.errors import ConfigError
@@ -34,15 +34,22 @@ PRECISION_ALIASES = {"32": "fp32", "32-true": "fp32", "bf16": "bf16-mixed", "16-
 # Variables with the AIOS_ prefix that are not config keys.
 CONTROL_ENV = {
     "AIOS_CONFIG", "AIOS_HOME", "AIOS_PLUGINS", "AIOS_DISABLE_PLUGINS", "AIOS_STRICT_PLUGINS",
-    "AIOS_DEBUG", "AIOS_NO_COLOR",
+    "AIOS_DEBUG", "AIOS_NO_COLOR", "AIOS_PLUGIN_TIMEOUT",
 }
 CONTROL_PREFIXES = (CONTROL_PREFIX, "AIOS_INTERNAL_", "AIOS_TEST_")
+
+
+# Bounds that keep values usable downstream: torch seeds are 64-bit, a launch plan lists every
+# local process (nprocs=10**12 would exhaust memory in --dry-run).
+MAX_SEED = 2**63 - 1
+MAX_NPROCS = 4096
+MAX_NNODES = 65536
 
 
 class Section(BaseModel):
     """Base for config sections: unknown keys are errors."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class CheckpointSettings(Section):
@@ -95,12 +102,12 @@ class AiosConfigBase(Section):
     backend: str = Field("auto", description="auto | cpu | cuda | xla | neuron | <plugin backend>")
     precision: Precision = "fp32"
     strategy: str = Field("auto", description="auto (the backend's default) | a registered strategy: ddp, fsdp, tp, hsdp, deepspeed, spmd, ... (see `aios plugins`)")
-    nprocs: Union[int, Literal["auto"]] = Field("auto", description="processes per node; auto: one per device (1 on CPU)")
-    nnodes: int = Field(1, ge=1)
-    node_rank: int = Field(0, ge=0)
+    nprocs: Union[int, Literal["auto"]] = Field("auto", description=f"processes per node (1 to {MAX_NPROCS}); auto: one per device (1 on CPU)")
+    nnodes: int = Field(1, ge=1, le=MAX_NNODES)
+    node_rank: int = Field(0, ge=0, description="this node's rank: 0 to nnodes - 1")
     master_addr: str = "127.0.0.1"
     master_port: int = Field(29500, ge=1, le=65535)
-    seed: int | None = 0
+    seed: int | None = Field(0, ge=0, le=MAX_SEED, description="RNG seed (0 to 2**63 - 1); None: not seeded")
     deterministic: bool = False
     grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step")
     grad_clip: float | None = Field(None, gt=0, description="clip the global gradient norm to this value")
@@ -118,9 +125,15 @@ class AiosConfigBase(Section):
     @field_validator("nprocs")
     @classmethod
     def _positive_nprocs(cls, v: Any) -> Any:
-        if isinstance(v, int) and v < 1:
-            raise ValueError("must be at least 1")
+        if isinstance(v, int) and not 1 <= v <= MAX_NPROCS:
+            raise ValueError(f"must be 1 to {MAX_NPROCS} (or auto)")
         return v
+
+    @model_validator(mode="after")
+    def _node_rank_below_nnodes(self) -> AiosConfigBase:
+        if self.node_rank >= self.nnodes:
+            raise ValueError(f"node_rank {self.node_rank} must be below nnodes {self.nnodes} (ranks are 0 to nnodes - 1)")
+        return self
 
     def section(self, name: str) -> Any:
         """A plugin section, or None when its plugin is not installed."""
@@ -231,13 +244,39 @@ def redact_argv(argv: list[str]) -> list[str]:
 _EXP_FLOAT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML without the YAML 1.1 surprises: no dates/timestamps (``2024-06-01`` stays a string),
+    no sexagesimal numbers (``10:20:30`` stays a string, not 37230), no leading-zero octal
+    (``010`` is not 8); ``1e-3`` is a float."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    k: [(tag, rx) for tag, rx in v if tag not in ("tag:yaml.org,2002:timestamp", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+    for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"), list("-+0123456789"))
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                  |[-+]?\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?
+                  |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
+                  |[-+]?\.(?:inf|Inf|INF)
+                  |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."))
+
+
+def _yaml_load(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+
+
 def _parse_scalar(text: str) -> Any:
     """``key=value`` values are YAML scalars: ``true``, ``3``, ``1e-3``, ``null``, ``[a, b]``."""
     try:
-        value = yaml.safe_load(text) if text != "" else ""
+        value = _yaml_load(text) if text != "" else ""
     except yaml.YAMLError:
         return text
-    if isinstance(value, str) and _EXP_FLOAT.match(value):  # YAML 1.1 reads "1e-3" as a string
+    if isinstance(value, str) and _EXP_FLOAT.match(value):
         return float(value)
     return value
 
@@ -277,9 +316,18 @@ def env_overrides(environ: dict[str, str] | None = None) -> dict[str, Any]:
 def load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"config file '{p}' does not exist", "pass an existing YAML file to --config")
+        what = "is a directory" if p.is_dir() else "does not exist"
+        raise ConfigError(f"config file '{p}' {what}", "pass an existing YAML file to --config")
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file '{p}' is not UTF-8 text (bad byte at offset {exc.start})",
+                          "save it as UTF-8") from None
+    except OSError as exc:
+        raise ConfigError(f"config file '{p}' cannot be read: {exc.strerror or exc}",
+                          "check its permissions, or pass another file to --config") from None
+    try:
+        data = _yaml_load(text) or {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
@@ -336,11 +384,20 @@ def _choices(model: type[BaseModel], loc: tuple) -> list[str]:
 
 def _format_error(err: ValidationError, model: type[BaseModel], merged: dict[str, Any], origins: dict[str, str]) -> ConfigError:
     e = err.errors()[0]
-    loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith(("literal[", "int", "str"))))
+    loc = _field_loc(model, tuple(e["loc"]))
     dotted = ".".join(str(p) for p in loc)
     value = e.get("input")
-    where = origins.get(dotted) or origins.get(dotted.split(".")[0], "")
-    where = f" (from {where})" if where else ""
+    if not loc:  # a model-level check (e.g. node_rank below nnodes): name the keys it involves
+        msg = str(e.get("msg", "invalid")).removeprefix("Value error, ")
+        keys = [k for k in origins if k in msg.split()]
+        src = "; ".join(f"{k} from {origins[k]}" for k in keys)
+        return ConfigError(f"invalid config: {msg}" + (f" ({src})" if src else ""), "fix one of those values")
+    where = ""
+    for i in range(len(loc), 0, -1):  # the most specific source that set this key (or its section)
+        where = origins.get(".".join(str(p) for p in loc[:i]), "")
+        if where:
+            break
+    where = f" (from {where})" if where else " (default)"
     if e["type"] == "extra_forbidden":
         known = ", ".join(_keys(model, loc[:-1]))
         hint = ""
@@ -350,12 +407,66 @@ def _format_error(err: ValidationError, model: type[BaseModel], merged: dict[str
             inst = {**KNOWN_BACKENDS, **KNOWN_CLOUDS}[str(loc[0])]
             hint = f"; the '{loc[0]}' section needs its plugin: {inst}"
         return ConfigError(f"unknown config key '{dotted}'{where}", f"valid keys here: {known}{hint}")
-    choices = _choices(model, loc)
-    shown = json.dumps(value) if not isinstance(value, str) else repr(value)
+    choices = _choices(model, loc) if e["type"] in ("literal_error", "enum") else []
+    shown = _show(value)
     if choices:
         return ConfigError(f"invalid value {shown} for '{dotted}'{where}", f"choose one of: {', '.join(choices)}")
-    msg = e.get("msg", "invalid")
-    return ConfigError(f"invalid value {shown} for '{dotted}'{where}: {msg}", f"set '{dotted}' to a valid value")
+    msg = str(e.get("msg", "invalid")).removeprefix("Value error, ")
+    desc = _description(model, loc)
+    fix = f"set '{dotted}' to a valid value" + (f" ({desc})" if desc else "")
+    return ConfigError(f"invalid value {shown} for '{dotted}'{where}: {msg}", fix)
+
+
+_TAG = re.compile(r"^(int|str|float|bool|none|list|dict|[a-z-]+\[.*\])$")
+
+
+def _field_loc(model: type[BaseModel], loc: tuple) -> tuple:
+    """``loc`` without pydantic's union-member tags (``int``, ``literal['auto']``): a part is
+    kept when it is a field of the section at that point (``strategy``, ``int_key``), a list
+    index, or a key that is not a tag."""
+    out: list[Any] = []
+    cur: Any = model
+    for part in loc:
+        fields = getattr(cur, "model_fields", None)
+        if fields is not None and isinstance(part, str):
+            out.append(part)
+            cur = _model_of(fields[part].annotation) if part in fields else None
+            continue
+        if isinstance(part, int) or not _TAG.match(str(part)):
+            out.append(part)
+    return tuple(out)
+
+
+def _model_of(t: Any) -> Any:
+    from typing import get_args
+
+    if isinstance(t, type) and issubclass(t, BaseModel):
+        return t
+    for a in get_args(t):
+        if isinstance(a, type) and issubclass(a, BaseModel):
+            return a
+    return None
+
+
+def _description(model: type[BaseModel], loc: tuple) -> str:
+    cur: Any = model
+    info = None
+    for part in loc:
+        fields = getattr(cur, "model_fields", None)
+        if not fields or part not in fields:
+            return ""
+        info = fields[part]
+        cur = _model_of(info.annotation)
+    return (info.description or "") if info is not None else ""
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, str):
+        return repr(value)
+    try:
+        return json.dumps(value, default=str)
+    except (TypeError, ValueError):
+        return repr(value)
 
 
 def resolve(
@@ -365,6 +476,7 @@ def resolve(
     environ: dict[str, str] | None = None,
     sections: dict[str, tuple[str, type]] | None = None,
     check_backend: bool = True,
+    registry: Any = None,
 ) -> AiosConfigBase:
     """Build the validated config from every source in precedence order."""
     environ = dict(os.environ) if environ is None else environ
@@ -387,12 +499,21 @@ def resolve(
     except ValidationError as err:
         raise _format_error(err, model, merged, origins) from None
     if check_backend and cfg.backend != "auto":
+        from aios.errors import AiosError
         from aios.plugins import KNOWN_BACKENDS, get_registry
 
-        reg = get_registry()
+        reg = registry if registry is not None else get_registry()
         if cfg.backend not in reg.backends and cfg.backend not in KNOWN_BACKENDS:
+            where = origins.get("backend", "default")
+            if f"backend:{cfg.backend}" in getattr(reg, "conflicted", {}) or f"backend:{cfg.backend}" in getattr(reg, "rejected", {}):
+                try:  # the registry names the plugins: claimed by two, or rejected
+                    reg.backend(cfg.backend)
+                except AiosError as exc:
+                    exc.message = f"{exc.message} (backend from {where})"
+                    raise
             known = ", ".join(["auto", *sorted(reg.backends)])
-            raise ConfigError(f"invalid value {cfg.backend!r} for 'backend' (from {origins.get('backend', 'default')})", f"choose one of: {known}")
+            note = reg._failed_note() if hasattr(reg, "_failed_note") else ""
+            raise ConfigError(f"invalid value {cfg.backend!r} for 'backend' (from {where}){note}", f"choose one of: {known}")
     if check_backend and cfg.strategy != "auto":
         from aios.plugins import get_registry
 

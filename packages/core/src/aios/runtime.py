@@ -139,6 +139,9 @@ def resolve_config(
 # ------------------------------------------------------------------------------ init
 
 
+_failing = False  # set when an exception escapes the script (see _install_excepthook)
+
+
 def _install_excepthook() -> None:
     """An :class:`AiosError` escaping the user's script (bad config, unavailable backend, the XLA
     compile guard's limit, a corrupt checkpoint) ends it with one line and the error's exit code
@@ -148,6 +151,8 @@ def _install_excepthook() -> None:
         return
 
     def hook(exc_type: Any, exc: BaseException, tb: Any) -> None:
+        global _failing
+        _failing = True  # the error stays the last line: no "where it went" lines after it
         if not issubclass(exc_type, AiosError) or os.environ.get("AIOS_DEBUG", "") not in ("", "0"):
             previous(exc_type, exc, tb)
             return
@@ -732,6 +737,8 @@ class Runtime:
             with contextlib.suppress(Exception):
                 lg.close()
         self.record.close()
+        if self.is_main and status != "failed" and not _failing:
+            self._print_locations()
         if status in ("finished", "preempted") and self._world > 1:
             with contextlib.suppress(Exception):
                 self.strategy.barrier()  # no rank leaves the group while a peer still talks to it
@@ -741,6 +748,13 @@ class Runtime:
             _current = None
         with contextlib.suppress(Exception):
             atexit.unregister(self._atexit)
+
+    def _print_locations(self) -> None:
+        """Where this run's record and checkpoints went: one line each, rank 0, at the end."""
+        with contextlib.suppress(Exception):
+            ckpt = self.config.checkpoint.dir or "none (set checkpoint.dir to keep them)"
+            print(f"aios: run record: {self.run_dir}", file=sys.stderr, flush=True)
+            print(f"aios: checkpoints: {ckpt}", file=sys.stderr, flush=True)
 
     def _atexit(self) -> None:
         self.close(status="exited")

@@ -56,7 +56,7 @@ def _cloud_name(cloud: str | None, store_cloud: str | None = None) -> str:
     if len(clouds) == 1:
         return clouds[0]
     if not clouds:
-        raise AiosError("no cloud plugin is installed", "pip install 'aios-core[gcp]' or 'aios-core[aws]'")
+        raise AiosError("no cloud plugin is installed", "pip install -e './packages/core[gcp]' ./packages/backend-xla ./packages/cloud-gcp (from the aios checkout), or for AWS: pip install -e './packages/core[aws]' ./packages/cloud-aws")
     raise AiosError(f"several clouds are installed ({', '.join(clouds)})", "pick one with --cloud")
 
 
@@ -731,7 +731,7 @@ def _entries(cloud: str | None, config_file: str | None) -> list[Any]:
 
     clouds = [cloud] if cloud else installed_clouds()
     if not clouds:
-        raise AiosError("no cloud plugin is installed", "pip install 'aios-core[gcp]' or 'aios-core[aws]'")
+        raise AiosError("no cloud plugin is installed", "pip install -e './packages/core[gcp]' ./packages/backend-xla ./packages/cloud-gcp (from the aios checkout), or for AWS: pip install -e './packages/core[aws]' ./packages/cloud-aws")
     out = []
     for c in clouds:
         try:

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from aios.errors import AiosError
+from aios.errors import AiosError, PluginError
 
 
 def _console() -> Any:
@@ -92,6 +92,8 @@ def _reports(backend: str | None) -> list[Any]:
     for name in names:
         try:
             rep = reg.call_first("aios_discover_devices", backend=name, config=None)
+        except PluginError as exc:  # a plugin's discovery raised or hung: named, never fatal
+            rep = DeviceReport(name, "?", False, reason=f"discovery failed: {exc.message}")
         except AiosError:
             raise
         except Exception as exc:  # noqa: BLE001 - one backend's failure never hides the others

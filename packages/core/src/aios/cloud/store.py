@@ -6,6 +6,11 @@ once (a managed-spot watcher updating a job while the user runs ``aios status`` 
 every read-modify-write runs in a ``BEGIN IMMEDIATE`` transaction so two writers never lose each
 other's update. Nothing secret is stored (SSH key *paths* only).
 
+Failures are one line (:class:`StateError`, exit 2): a lock held by another process past the
+timeout, a corrupt database or a corrupt row, ``AIOS_HOME`` that is not a writable directory. A
+database that cannot be written (read-only file, directory or filesystem) is opened read-only:
+commands that only read (``aios status``, ``aios logs``) work, writes fail with one line.
+
 Tables: ``clusters`` (one row per cluster name), ``jobs`` (runs on a cluster, with restart
 counts and checkpoint dir), ``events`` (history: created, preempted, recovered, repaired ...;
 ``aios status`` shows each recovery from here).
@@ -14,15 +19,25 @@ counts and checkpoint dir), ``events`` (history: created, preempted, recovered, 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
+from urllib.parse import quote
 
 from aios.errors import AiosError
+
+
+class StateError(AiosError):
+    """The aios state database or home directory cannot be used."""
+
+
+class _BadRow(Exception):
+    """A row whose JSON column does not parse (turned into a :class:`StateError` naming the db)."""
 
 SCHEMA_VERSION = 1
 
@@ -81,10 +96,22 @@ JOB_CANCELLED = "CANCELLED"
 JOB_FINAL = (JOB_SUCCEEDED, JOB_FAILED, JOB_CANCELLED)
 
 
+def _mkdir(d: Path, what: str) -> None:
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise StateError(f"{what} {d} is not a directory (a file is in the way)",
+                         "set AIOS_HOME to a directory, or move that file") from None
+    except OSError as exc:
+        raise StateError(f"cannot create {what} {d}: {exc.strerror or exc}",
+                         "set AIOS_HOME to a writable directory") from None
+
+
 def aios_home() -> Path:
     """``$AIOS_HOME`` or ``~/.aios`` (created on first use, mode 0700)."""
-    home = Path(os.environ.get("AIOS_HOME") or Path.home() / ".aios").expanduser()
-    home.mkdir(parents=True, exist_ok=True)
+    env = os.environ.get("AIOS_HOME")
+    home = Path(env or Path.home() / ".aios").expanduser()
+    _mkdir(home, "the aios home (AIOS_HOME)" if env else "the aios home")
     with contextlib.suppress(OSError):
         os.chmod(home, 0o700)
     return home
@@ -93,7 +120,7 @@ def aios_home() -> Path:
 def cluster_dir(name: str) -> Path:
     """Per-cluster files (known_hosts, code tarballs, fetched logs)."""
     d = aios_home() / "clusters" / name
-    d.mkdir(parents=True, exist_ok=True)
+    _mkdir(d, "the cluster directory")
     return d
 
 
@@ -146,52 +173,125 @@ class Store:
 
     def __init__(self, path: str | os.PathLike[str] | None = None, timeout: float = 30.0) -> None:
         self.path = Path(path) if path else aios_home() / "state.db"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.timeout = timeout
+        self.readonly = False
+        self.db: sqlite3.Connection | None = None
+        _mkdir(self.path.parent, "the directory of the aios state database")
         try:
-            self.db = sqlite3.connect(str(self.path), timeout=timeout, isolation_level=None, check_same_thread=False)
+            self._open()
         except sqlite3.Error as exc:
-            raise AiosError(f"cannot open the aios state database {self.path}: {exc}", "check AIOS_HOME points at a writable directory") from None
-        self.db.row_factory = sqlite3.Row
-        self.db.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
-        with self._retry_locked():
-            self.db.execute("PRAGMA journal_mode = WAL")
+            if self.db is not None:
+                self.db.close()
+            if _is_readonly(exc) and self.path.is_file():
+                self._open_readonly(exc)
+            else:
+                raise self._error(exc) from None
+
+    def _connect(self, target: str, uri: bool = False) -> sqlite3.Connection:
+        db = sqlite3.connect(target, timeout=self.timeout, isolation_level=None, check_same_thread=False, uri=uri)
+        db.row_factory = sqlite3.Row
+        db.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
+        return db
+
+    def _open(self) -> None:
+        self.db = self._connect(str(self.path))
+        self._retry_locked(lambda: self.db.execute("PRAGMA journal_mode = WAL"))
         self.db.execute("PRAGMA synchronous = NORMAL")
         self.db.execute("PRAGMA foreign_keys = ON")
         self._init_schema()
 
-    @contextlib.contextmanager
-    def _retry_locked(self, attempts: int = 50) -> Iterator[None]:
+    def _open_readonly(self, cause: sqlite3.Error) -> None:
+        """The database cannot be written here: open it for reading (``aios status`` works)."""
+        base = "file:" + quote(str(self.path.resolve()))
+        last: sqlite3.Error = cause
+        for query in ("?mode=ro", "?mode=ro&immutable=1"):  # immutable: a WAL db in a read-only dir
+            try:
+                db = self._connect(base + query, uri=True)
+                db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            except sqlite3.Error as exc:
+                last = exc
+                continue
+            self.db, self.readonly = db, True
+            return
+        raise self._error(last) from None
+
+    def _retry_locked(self, fn: Callable[[], Any], attempts: int = 3) -> Any:
+        """``fn()`` again after a short pause when the lock is still held after the busy timeout;
+        then a :class:`StateError` naming the lock."""
         for i in range(attempts):
             try:
-                yield
-                return
-            except sqlite3.OperationalError as exc:  # pragma: no cover - timing dependent
-                if "locked" not in str(exc) or i == attempts - 1:
+                return fn()
+            except sqlite3.OperationalError as exc:
+                if not _is_locked(exc) or i == attempts - 1:
                     raise
                 time.sleep(0.05 * (i + 1))
+        return None  # pragma: no cover
+
+    def _error(self, exc: BaseException) -> StateError:
+        """One line for a database failure, with what to do about it."""
+        text = str(exc)
+        if isinstance(exc, _BadRow):
+            return StateError(f"the aios state database {self.path} has a corrupt record: {text}",
+                              f"repair or delete that row (sqlite3 {self.path}), or move the file aside")
+        if _is_locked(exc):
+            return StateError(f"the aios state database {self.path} is locked by another aios process "
+                              f"(waited {self.timeout:g}s)",
+                              "retry when that command has finished, or stop the process that holds it")
+        if _is_readonly(exc):
+            return StateError(f"the aios state database {self.path} is read-only: this command needs to write it",
+                              f"make {self.path} and its directory writable, or set AIOS_HOME to a writable directory")
+        if any(w in text for w in ("not a database", "malformed", "corrupt", "no such table", "no such column")):
+            return StateError(f"the aios state database {self.path} is corrupt ({text})",
+                              f"move it aside (mv {self.path} {self.path}.bad) and aios starts a new one; "
+                              "then check your clouds for clusters it recorded")
+        return StateError(f"the aios state database {self.path} failed: {text}",
+                          "check that AIOS_HOME is a writable local directory")
 
     def _init_schema(self) -> None:
-        with self.transaction() as db:
+        try:  # an existing database: nothing to create (and no write lock needed to open it)
+            row = self.db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        except sqlite3.OperationalError as exc:
+            if "no such table" not in str(exc):
+                raise
+            row = None
+        if row is not None:
+            return
+        with self._transaction() as db:
             for stmt in _SCHEMA.split(";"):
                 if stmt.strip():
                     db.execute(stmt)
             db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
 
     @contextlib.contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        """``BEGIN IMMEDIATE`` ... ``COMMIT``: takes the write lock up front so a read-modify-write
-        is atomic against other processes; rolls back on error."""
-        self.db.execute("BEGIN IMMEDIATE")
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        assert self.db is not None
+        self._retry_locked(lambda: self.db.execute("BEGIN IMMEDIATE"))
         try:
             yield self.db
         except BaseException:
-            self.db.execute("ROLLBACK")
+            with contextlib.suppress(sqlite3.Error):
+                self.db.execute("ROLLBACK")
             raise
         else:
             self.db.execute("COMMIT")
 
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """``BEGIN IMMEDIATE`` ... ``COMMIT``: takes the write lock up front so a read-modify-write
+        is atomic against other processes; rolls back on error. Database failures are one-line
+        :class:`StateError` errors."""
+        if self.readonly:
+            raise StateError(f"the aios state database {self.path} is read-only: this command needs to write it",
+                             f"make {self.path} and its directory writable, or set AIOS_HOME to a writable directory")
+        try:
+            with self._transaction() as db:
+                yield db
+        except sqlite3.Error as exc:
+            raise self._error(exc) from None
+
     def close(self) -> None:
-        self.db.close()
+        if self.db is not None:
+            self.db.close()
 
     def __enter__(self) -> Store:
         return self
@@ -204,8 +304,8 @@ class Store:
     def _cluster(row: sqlite3.Row) -> ClusterRecord:
         return ClusterRecord(
             name=row["name"], cloud=row["cloud"], zone=row["zone"], accelerator=row["accelerator"],
-            spot=bool(row["spot"]), state=row["state"], hosts=json.loads(row["hosts"]),
-            request=json.loads(row["request"]), ssh_user=row["ssh_user"], ssh_key=row["ssh_key"],
+            spot=bool(row["spot"]), state=row["state"], hosts=_loads(row, "hosts", "cluster", "name"),
+            request=_loads(row, "request", "cluster", "name"), ssh_user=row["ssh_user"], ssh_key=row["ssh_key"],
             created=row["created"], updated=row["updated"],
         )
 
@@ -260,8 +360,8 @@ class Store:
             id=row["id"], cluster=row["cluster"], state=row["state"], command=row["command"],
             backend=row["backend"], managed=bool(row["managed"]), max_restarts=row["max_restarts"],
             restarts=row["restarts"], checkpoint_dir=row["checkpoint_dir"],
-            exit_codes=json.loads(row["exit_codes"]) if row["exit_codes"] else None,
-            watcher_pid=row["watcher_pid"], spec=json.loads(row["spec"]), created=row["created"],
+            exit_codes=_loads(row, "exit_codes", "job", "id") if row["exit_codes"] else None,
+            watcher_pid=row["watcher_pid"], spec=_loads(row, "spec", "job", "id"), created=row["created"],
             updated=row["updated"],
         )
 
@@ -332,3 +432,38 @@ class Store:
         q += " ORDER BY id"
         return [EventRecord(r["id"], r["cluster"], r["job_id"], r["time"], r["kind"], r["message"])
                 for r in self.db.execute(q, args)]
+
+
+def _is_locked(exc: BaseException) -> bool:
+    return isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc))
+
+
+def _is_readonly(exc: BaseException) -> bool:
+    t = str(exc)
+    return isinstance(exc, sqlite3.Error) and ("readonly" in t or "read-only" in t or "unable to open" in t)
+
+
+def _loads(row: sqlite3.Row, col: str, kind: str, key: str) -> Any:
+    try:
+        return json.loads(row[col])
+    except (TypeError, ValueError) as exc:
+        raise _BadRow(f"{kind} {row[key]!r}: column {col} is not valid JSON ({exc})") from None
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _guard(fn: _F) -> _F:
+    @functools.wraps(fn)
+    def wrapper(self: Store, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(self, *args, **kwargs)
+        except (sqlite3.Error, _BadRow) as exc:
+            raise self._error(exc) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+for _name in ("claim_cluster", "get_cluster", "clusters", "update_cluster", "delete_cluster", "add_job", "get_job",
+              "jobs", "latest_job", "update_job", "bump_restarts", "event", "events"):
+    setattr(Store, _name, _guard(getattr(Store, _name)))

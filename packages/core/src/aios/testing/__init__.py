@@ -1,1 +1,18 @@
-"""Reusable test infrastructure for aios and its plugins (real sshd hosts, ...)."""
+"""Reusable test infrastructure for aios and its plugins.
+
+* :mod:`aios.testing.plugin`: the pytest plugin (``pytest11`` entry point of aios-core) with the
+  ``free_port``, ``sshd_cluster``, ``sshd_hosts`` and ``aios_cli`` fixtures and the end-of-session
+  summary of skipped tests.
+* :mod:`aios.testing.sshd`: real OpenSSH sshd hosts (the machines of a cloud cluster).
+"""
+
+from __future__ import annotations
+
+import socket
+
+
+def find_free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that nothing listens on (as of this call)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])

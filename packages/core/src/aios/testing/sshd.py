@@ -93,10 +93,7 @@ def netns_available() -> bool:
     return True
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from aios.testing import find_free_port as _free_port  # noqa: E402
 
 
 @dataclass
