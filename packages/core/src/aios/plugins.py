@@ -327,7 +327,8 @@ class Registry:
         self._error(plugin, f"{kind} {key!r} rejected: {why}")
 
     def _collect(self) -> None:
-        types = {"backend": BackendSpec, "cloud": CloudSpec, "storage scheme": StorageSpec, "logger": LoggerSpec}
+        types = {"backend": BackendSpec, "cloud": CloudSpec, "storage scheme": StorageSpec, "logger": LoggerSpec,
+                 "accelerator": AcceleratorSpec}
 
         def reg(kind: str, table: dict[str, Any], attr: str) -> Callable[[Callable[..., Any], str], None]:
             def call(fn: Callable[..., Any], plugin: str) -> None:
