@@ -14,7 +14,7 @@ from typing import Any
 from aios.hookspecs import hookimpl
 from aios.types import CloudSpec, DoctorCheck, StorageSpec
 
-INSTALL = "pip install 'aios-core[aws]'"
+INSTALL = "pip install -e ./packages/core ./packages/cloud-aws  (from the aios checkout)"
 
 
 def _factory(config: Any = None, **kwargs: Any) -> Any:
@@ -39,7 +39,7 @@ def aios_register_clouds(register: Any) -> None:
 
 @hookimpl
 def aios_register_storage(register: Any) -> None:
-    register(StorageSpec(scheme="s3", protocol="s3", requires="s3fs", install_hint="pip install 'aios-cloud-aws[runtime]' (s3fs)",
+    register(StorageSpec(scheme="s3", protocol="s3", requires="s3fs", install_hint="pip install -e './packages/cloud-aws[runtime]' (s3fs; from the aios checkout)",
                          storage_options=_s3_options))
 
 
@@ -77,7 +77,7 @@ def aios_doctor_checks(backend: str | None, config: Any) -> list[DoctorCheck] | 
     for mod, what in (("boto3", "boto3 (EC2 provisioning)"), ("s3fs", "s3fs (s3:// checkpoints)")):
         ok = importlib.util.find_spec(mod) is not None
         checks.append(DoctorCheck(f"aws: {what}", "pass" if ok else "warn", "installed" if ok else "not installed",
-                                  "" if ok else (INSTALL if mod == "boto3" else "pip install 'aios-cloud-aws[runtime]'")))
+                                  "" if ok else (INSTALL if mod == "boto3" else "pip install -e './packages/cloud-aws[runtime]'")))
     if importlib.util.find_spec("boto3") is not None:
         try:
             from aios_cloud_aws.session import Clients

@@ -39,6 +39,7 @@ from aios.cloud.provider import (
     ClusterHost,
     ClusterInfo,
     ClusterRequest,
+    check_requirements,
     FailureKind,
 )
 
@@ -532,6 +533,8 @@ class AwsProvider(CloudProvider):
         py = shlex.quote(self.python(accelerator))
         lines = [f"{py} -m pip install --quiet --upgrade pip"]
         aios_deps = [r for r in self.settings.aios_requirements if r]
+        check_requirements(aios_deps, "aios_requirements")
+        check_requirements(requirements)
         if aios_deps:
             lines.append(f"{py} -m pip install --quiet " + " ".join(shlex.quote(r) for r in aios_deps))
         if requirements:

@@ -25,7 +25,7 @@ def _storage_options(url: str) -> dict[str, Any]:
 @hookimpl
 def aios_register_clouds(register: Any) -> None:
     register(CloudSpec(name="gcp", factory=_factory, description="Google Cloud TPU VMs and pod slices (Cloud TPU API v2)",
-                       install_hint="pip install 'aios-core[gcp]'"))
+                       install_hint="pip install -e ./packages/core ./packages/cloud-gcp  (from the aios checkout)"))
 
 
 @hookimpl

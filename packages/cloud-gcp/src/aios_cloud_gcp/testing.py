@@ -18,6 +18,16 @@ Injections (what real Google Cloud does to you):
 * :meth:`preempt` ``(name)``: the node goes ``PREEMPTED`` and its machines die;
 * :meth:`set_health` ``(name, "UNHEALTHY_TENSORFLOW", sticky=False)``: a stop/start heals a
   non-sticky one; a sticky one needs a recreate.
+* :meth:`maintenance` ``(name, seconds)``: health ``UNHEALTHY_MAINTENANCE`` that ends by itself.
+* :meth:`inject_create_error` ``(zone, code, message, count)``: the next creates in ``zone``
+  fail in their operation with that RPC code, as the real API does for a spot node
+  ``PREEMPTED`` during creation (3) or used-up reserved capacity (9, "Insufficient reserved
+  capacity").
+* ``offered`` (zone -> generations): a create of a type the zone does not offer fails with
+  ``INVALID_ARGUMENT`` "... is not available in zone ...".
+
+Spot rules as on Cloud TPU: a spot node cannot be stopped (``stop`` answers
+``INVALID_ARGUMENT``); it can only be deleted.
 
 ``calls`` records ``(method, path)`` of every request; ``nodes``/``queued`` hold the state.
 """
@@ -91,6 +101,7 @@ class _Node:
     body: dict
     machines: list[Any] = field(default_factory=list)
     sticky_unhealthy: bool = False
+    maintenance_until: float = 0.0
 
 
 class FakeTpuService:
@@ -113,6 +124,8 @@ class FakeTpuService:
         self.stockouts: dict[str, int] = {}
         self.quotas: dict[str, int] = {}
         self.unavailable = 0
+        self.create_errors: dict[str, list[tuple[int, str]]] = {}
+        self.received: list[tuple[str, dict]] = []  # (path, body) of every create request
         self.lock = threading.RLock()
         self.server: ThreadingHTTPServer | None = None
         self.thread: threading.Thread | None = None
@@ -198,6 +211,17 @@ class FakeTpuService:
         with self.lock:
             self.quotas[zone] = self.quotas.get(zone, 0) + count
 
+    def inject_create_error(self, zone: str, code: int, message: str, count: int = 1) -> None:
+        with self.lock:
+            self.create_errors.setdefault(zone, []).extend([(code, message)] * count)
+
+    def maintenance(self, name: str, seconds: float) -> None:
+        """Put the node in host maintenance; it reports HEALTHY again after ``seconds``."""
+        with self.lock:
+            n = self.node(name)
+            n.body["health"] = "UNHEALTHY_MAINTENANCE"
+            n.maintenance_until = time.monotonic() + seconds
+
     def inject_unavailable(self, count: int = 1) -> None:
         with self.lock:
             self.unavailable += count
@@ -266,6 +290,11 @@ class FakeTpuService:
         """Bring a created node up, or fail it like a stockout."""
         with self.lock:
             zone = node.zone
+            errors = self.create_errors.get(zone) or []
+            if errors:
+                code, message = errors.pop(0)
+                node.body["state"] = "PREEMPTED" if "PREEMPTED" in message else "TERMINATED"
+                return None, {"code": code, "message": message}
             if self.stockouts.get(zone, 0) > 0:
                 self.stockouts[zone] -= 1
                 node.body["state"] = "TERMINATED"
@@ -341,6 +370,7 @@ class FakeTpuService:
                 name = f"{parent}/nodes/{node_id}"
                 if name in self.nodes:
                     raise ApiError(409, f"Resource '{name}' already exists", "ALREADY_EXISTS")
+                self.received.append((f"{parent}/nodes/{node_id}", body))
                 self._check_create(zone, body.get("acceleratorType", ""))
                 node_body = {**body, "name": name, "state": "CREATING", "health": "HEALTH_UNSPECIFIED",
                              "createTime": _now(), "apiVersion": "V2"}
@@ -354,6 +384,9 @@ class FakeTpuService:
         if node is None:
             raise ApiError(404, f"Resource '{name}' was not found", "NOT_FOUND")
         if method == "GET" and not verb:
+            if node.maintenance_until and time.monotonic() >= node.maintenance_until:
+                node.maintenance_until = 0.0
+                node.body["health"] = "HEALTHY"
             return 200, node.body
         if method == "DELETE":
             node.body["state"] = "DELETING"
@@ -365,6 +398,8 @@ class FakeTpuService:
 
             return 200, self._op(zone, finish_delete)
         if method == "POST" and verb == "stop":
+            if (node.body.get("schedulingConfig") or {}).get("spot") or (node.body.get("schedulingConfig") or {}).get("preemptible"):
+                raise ApiError(400, f"Stopping is not supported for Spot/preemptible TPU node '{name}'; delete it instead", "INVALID_ARGUMENT")
             node.body["state"] = "STOPPING"
 
             def finish_stop() -> tuple[dict | None, dict | None]:
@@ -399,6 +434,7 @@ class FakeTpuService:
                 name = f"{parent}/queuedResources/{qid}"
                 if name in self.queued:
                     raise ApiError(409, f"Resource '{name}' already exists", "ALREADY_EXISTS")
+                self.received.append((name, body))
                 specs = (body.get("tpu") or {}).get("nodeSpec") or []
                 if len(specs) != 1:
                     raise ApiError(400, "exactly one nodeSpec is supported")
@@ -410,6 +446,20 @@ class FakeTpuService:
                     rec["deadline"] = time.monotonic() + float(str(pol["validUntilDuration"]).rstrip("s"))
                 if "validAfterDuration" in pol:
                     rec["not_before"] = time.monotonic() + float(str(pol["validAfterDuration"]).rstrip("s"))
+                if "validInterval" in pol:
+                    import datetime as _dt
+
+                    def _at(text: str) -> float:
+                        t = _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+                        return time.monotonic() + (t.timestamp() - time.time())
+
+                    rec["not_before"] = _at(pol["validInterval"]["startTime"])
+                    rec["deadline"] = _at(pol["validInterval"]["endTime"])
+                if "validUntilTime" in pol:
+                    import datetime as _dt
+
+                    t = _dt.datetime.fromisoformat(pol["validUntilTime"].replace("Z", "+00:00"))
+                    rec["deadline"] = time.monotonic() + (t.timestamp() - time.time())
                 self.queued[name] = rec
                 return 200, self._op(zone, lambda: ({"@type": QR_TYPE, **rec["body"]}, None))
             raise ApiError(405, "method not allowed")

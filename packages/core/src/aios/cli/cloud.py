@@ -56,7 +56,7 @@ def _cloud_name(cloud: str | None, store_cloud: str | None = None) -> str:
     if len(clouds) == 1:
         return clouds[0]
     if not clouds:
-        raise AiosError("no cloud plugin is installed", "pip install 'aios-core[gcp]' or 'aios-core[aws]'")
+        raise AiosError("no cloud plugin is installed", "install one from the checkout: pip install -e ./packages/cloud-gcp (or ./packages/cloud-aws)")
     raise AiosError(f"several clouds are installed ({', '.join(clouds)})", "pick one with --cloud")
 
 
@@ -139,7 +139,7 @@ def _check_storage_url(url: str) -> None:
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--cloud", help=CLOUD_HELP)
-@click.option("--accelerator", "-a", help="Accelerator / instance type (v5litepod-8, v4-16, trn1.32xlarge).")
+@click.option("--accelerator", "-a", "--instance-type", "accelerator", help="Accelerator / instance type (v5litepod-8, v4-16, trn1.32xlarge).")
 @click.option("--name", "-n", help="Cluster name (reused when it exists). Default: aios-USER-XXXX.")
 @click.option("--zone", help="Zone to try first.")
 @click.option("--region", help="Region (clouds that are regional).")
@@ -193,6 +193,16 @@ def launch(script: str, script_args: tuple[str, ...], cloud: str | None, acceler
     args = list(script_args)
     if args and args[0] == "--":
         args = args[1:]
+    if script.startswith("-"):
+        # click leaves unknown options in SCRIPT's place (ignore_unknown_options, for the
+        # script's own flags after it): an option before SCRIPT is a typo, not a script name
+        raise AiosError(f"no such option: {script.split('=', 1)[0]}", "see `aios launch --help`; the script's own options go after SCRIPT (or after --)")
+    if disk_gb is not None and disk_gb < 1:
+        raise AiosError(f"--disk-gb must be a positive size in GB, got {disk_gb}", "pass e.g. --disk-gb 512, or omit it for the default")
+    if max_sync_mb < 1:
+        raise AiosError(f"--max-sync-mb must be positive, got {max_sync_mb}", "pass e.g. --max-sync-mb 512")
+    if poll <= 0:
+        raise AiosError(f"--poll must be positive, got {poll}", "pass e.g. --poll 5")
     if nodes < 1:
         raise AiosError(f"--nodes must be at least 1, got {nodes}", "pass --nodes 1 or more")
     if max_restarts < 0:
@@ -262,6 +272,11 @@ def launch(script: str, script_args: tuple[str, ...], cloud: str | None, acceler
         return
 
     assert store is not None
+    import signal
+
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        # killed while creating: unwind like Ctrl-C so nothing is left running in the cloud
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if existing is None:
         provider.describe_credentials()  # no credentials: one line, before anything is created
     if checkpoint_dir and "://" in checkpoint_dir:
@@ -311,8 +326,11 @@ def launch(script: str, script_args: tuple[str, ...], cloud: str | None, acceler
     try:
         code = _watch(store, provider, job_id, config, poll, follow=True)
     except KeyboardInterrupt:
-        pid = _spawn_watcher(job_id, cloud, config_file, poll, down_after) if max_restarts > 0 else None
-        more = f"; a background watcher (pid {pid}) keeps managing it" if pid else ""
+        # a managed run keeps being managed, and --down is still honoured, by a background watcher
+        pid = _spawn_watcher(job_id, cloud, config_file, poll, down_after) if (max_restarts > 0 or down_after) else None
+        if pid:
+            store.update_job(job_id, watcher_pid=pid)
+        more = f"; a background watcher (pid {pid}) keeps managing it{' and deletes the cluster when it ends (--down)' if down_after else ''}" if pid else ""
         _log(f"detached: job {job_id} keeps running on {name}{more}. `aios logs {name} -f`, `aios down {name}`")
         sys.exit(130)
     if down_after:
@@ -401,17 +419,29 @@ def _launch_dry_run(provider: Any, request: Any, spec: Any, config: Any, existin
 
 @click.command()
 @click.argument("name", required=False)
-@click.option("--refresh", is_flag=True, help="Ask the cloud for the current state first.")
+@click.option("--refresh", is_flag=True, help="Ask the cloud for the current state first, and list aios resources that have no local record.")
+@click.option("--cloud", help="With --refresh: the cloud to search for unrecorded resources (default: every installed one).")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--config", "config_file")
-def status(name: str | None, refresh: bool, as_json: bool, config_file: str | None) -> None:
+def status(name: str | None, refresh: bool, cloud: str | None, as_json: bool, config_file: str | None) -> None:
     """Clusters and their jobs, with every preemption and recovery."""
     from aios.cloud import ops
 
     store = _store()
-    recs = [ops.require_cluster(store, name)] if name else store.clusters()
+    recs = [ops.require_cluster(store, name)] if name and (store.get_cluster(name) or not refresh) else (
+        [] if name else store.clusters())
     if refresh:
         recs = [ops.refresh(store, _provider(r.cloud, config_file), r) for r in recs]
+    unrecorded: list[Any] = []
+    if refresh:
+        for c in _inventory_clouds(cloud):
+            try:
+                unrecorded += [i for i in ops.inventory(_provider(c, config_file))
+                               if store.get_cluster(i.name) is None and (not name or i.name == name)]
+            except AiosError as exc:
+                _log(f"{c}: cannot list its aios resources ({exc})")
+        if name and not recs and not unrecorded:
+            ops.require_cluster(store, name)
     out = []
     for r in recs:
         jobs = store.jobs(r.name)
@@ -423,6 +453,10 @@ def status(name: str | None, refresh: bool, as_json: bool, config_file: str | No
                       "max_restarts": j.max_restarts, "exit_codes": j.exit_codes} for j in jobs],
             "recoveries": [{"time": e.time, "kind": e.kind, "message": e.message} for e in events],
         })
+    for i in unrecorded:
+        out.append({"name": i.name, "cloud": i.cloud, "zone": i.zone, "accelerator": i.accelerator, "spot": i.spot,
+                    "state": f"{i.state} (no local record)", "hosts": [f"{h.worker_id}:{h.ip}" for h in i.hosts],
+                    "jobs": [], "recoveries": [], "unrecorded": True})
     if as_json:
         _emit_json(out)
         return
@@ -442,6 +476,9 @@ def status(name: str | None, refresh: bool, as_json: bool, config_file: str | No
         for e in c["recoveries"]:
             ts = _dt.datetime.fromtimestamp(e["time"]).strftime("%Y-%m-%d %H:%M:%S")
             _echo(f"{c['name']}: {ts} {e['kind']}: {e['message']}")
+    for c in out:
+        if c.get("unrecorded"):
+            _echo(f"{c['name']}: found in {c['cloud']} by its aios label, no local record; delete it with `aios down {c['name']}`")
 
 
 # ------------------------------------------------------------------------------ exec / logs / ssh
@@ -635,11 +672,19 @@ def sync(src: str, dst: str, worker: tuple[int, ...], exclude: tuple[str, ...], 
 # ------------------------------------------------------------------------------ stop / start / down
 
 
-def _lifecycle(action: str, names: tuple[str, ...], dry_run: bool, config_file: str | None) -> None:
+def _lifecycle(action: str, names: tuple[str, ...], dry_run: bool, config_file: str | None, cloud: str | None = None) -> None:
     from aios.cloud import ops
 
     store = _store()
-    recs = [ops.require_cluster(store, n) for n in names]
+    recs = []
+    for n in names:
+        rec = store.get_cluster(n)
+        if rec is None and action == "delete":
+            # no local record (deleted, another machine, an interrupted launch): find it in the
+            # cloud by its aios-cluster label/tag
+            _down_unrecorded(n, cloud, dry_run, config_file)
+            continue
+        recs.append(rec if rec is not None else ops.require_cluster(store, n))
     for rec in recs:
         provider = _provider(rec.cloud, config_file)
         if dry_run:
@@ -655,6 +700,43 @@ def _lifecycle(action: str, names: tuple[str, ...], dry_run: bool, config_file: 
         else:
             ops.down_cluster(store, provider, rec)
             _log(f"deleted {rec.name}")
+
+
+def _inventory_clouds(cloud: str | None) -> list[str]:
+    from aios.cloud.ops import installed_clouds
+
+    return [cloud] if cloud else installed_clouds()
+
+
+def _down_unrecorded(name: str, cloud: str | None, dry_run: bool, config_file: str | None) -> None:
+    from aios.cloud import ops
+
+    clouds = _inventory_clouds(cloud)
+    if dry_run:
+        for c in clouds:
+            provider = _provider(c, config_file)
+            _echo(f"# {name} has no local record: find it by its aios label on {c}, then delete it")
+            for line in ops.dry_run_lines([*provider.render("list", name, None), *provider.render("delete", name, "<zone found>")]):
+                _echo(line)
+        return
+    found = False
+    problems = []
+    for c in clouds:
+        provider = _provider(c, config_file)
+        try:
+            infos = [i for i in ops.inventory(provider) if i.name == name]
+        except AiosError as exc:
+            problems.append(f"{c}: {exc.message if hasattr(exc, 'message') else exc}")
+            continue
+        for info in infos:
+            _log(f"{name} has no local record; found it on {c} in {info.zone or '?'} by its aios label ({info.state}); deleting")
+            provider.delete(info.name, info.zone)
+            found = True
+    if not found:
+        more = f" ({'; '.join(problems)})" if problems else ""
+        raise AiosError(f"no cluster named '{name}' here or in the cloud{more}", "see `aios status --refresh`")
+    ops.runner_for_name_reset(name)
+    _log(f"deleted {name}")
 
 
 @click.command()
@@ -677,11 +759,13 @@ def start(names: tuple[str, ...], dry_run: bool, config_file: str | None) -> Non
 
 @click.command()
 @click.argument("names", nargs=-1, required=True)
+@click.option("--cloud", help="Where to look for a cluster without a local record (default: every installed cloud).")
 @click.option("--dry-run", is_flag=True)
 @click.option("--config", "config_file")
-def down(names: tuple[str, ...], dry_run: bool, config_file: str | None) -> None:
-    """Delete clusters and everything aios created for them."""
-    _lifecycle("delete", names, dry_run, config_file)
+def down(names: tuple[str, ...], cloud: str | None, dry_run: bool, config_file: str | None) -> None:
+    """Delete clusters and everything aios created for them (also clusters without a local
+    record, found in the cloud by their aios label/tag)."""
+    _lifecycle("delete", names, dry_run, config_file, cloud)
 
 
 # ------------------------------------------------------------------------------ catalog / cost
@@ -692,7 +776,7 @@ def _entries(cloud: str | None, config_file: str | None) -> list[Any]:
 
     clouds = [cloud] if cloud else installed_clouds()
     if not clouds:
-        raise AiosError("no cloud plugin is installed", "pip install 'aios-core[gcp]' or 'aios-core[aws]'")
+        raise AiosError("no cloud plugin is installed", "install one from the checkout: pip install -e ./packages/cloud-gcp (or ./packages/cloud-aws)")
     out = []
     for c in clouds:
         out.extend(_provider(c, config_file).catalog())

@@ -215,8 +215,15 @@ def provision(
         runner = SshRunner([], cluster_dir(request.name) / "known_hosts")
         runner.reset_host_keys()
         return save_hosts(store, store.get_cluster(request.name) or rec, result.info, provider)
-    except BaseException:
-        store.delete_cluster(request.name)
+    except BaseException as exc:
+        leftover = getattr(exc, "aios_leftover_zone", None)
+        if leftover:
+            # the cloud side could not be cleaned up: keep the record so `aios down` finds it
+            store.update_cluster(request.name, zone=leftover, state="LEFTOVER",
+                                 request=_request_dict(dataclasses.replace(request, zone=leftover)))
+            store.event(request.name, "leftover", f"interrupted while creating in {leftover}; cleanup did not finish; `aios down {request.name}` deletes it")
+        else:
+            store.delete_cluster(request.name)
         raise
 
 
@@ -736,6 +743,17 @@ def down_cluster(store: Store, provider: CloudProvider, rec: ClusterRecord) -> N
     provider.delete(rec.name, rec.zone)
     store.delete_cluster(rec.name)
     runner_for(rec).reset_host_keys()
+
+
+def inventory(provider: CloudProvider) -> list[ClusterInfo]:
+    """Every cluster aios created in the cloud (found by the ``aios-cluster`` label / the
+    ``aios:cluster`` tag), whether or not this machine has a record of it."""
+    return provider.list(None)
+
+
+def runner_for_name_reset(name: str) -> None:
+    """Forget the pinned host keys of a deleted cluster."""
+    SshRunner([], cluster_dir(name) / "known_hosts").reset_host_keys()
 
 
 def refresh(store: Store, provider: CloudProvider, rec: ClusterRecord) -> ClusterRecord:
