@@ -182,3 +182,30 @@ def test_cloud_watch_replaced_host_with_new_host_key_goes_through_recovery(env, 
     assert any(e.kind == "recovered" and "reconnected to the replaced hosts" in e.message for e in events)
     assert "describe" in provider.calls and "create" not in provider.calls  # the cloud said it is up
     assert (env.hosts[0].home / "attempts").read_text() == "2"
+
+
+def test_cloud_watch_waits_out_host_maintenance(env, tmp_path):
+    """TPU ``UNHEALTHY_MAINTENANCE`` resumes by itself: no repair, no recreate, no restart used."""
+    from aios.cloud.provider import MAINTENANCE
+
+    store, provider, rec, job_id, config, printer, logs = _setup(env, tmp_path, "ok")
+    (tmp_path / "work" / "job.py").write_text("import time\nprint('working', flush=True)\ntime.sleep(4)\nprint('finished', flush=True)\n")
+    ops.sync_code(rec, ops.JobSpec.from_dict(store.get_job(job_id).spec), printer, logs.append)
+    ops.start_job(rec, job_id, ops.JobSpec.from_dict(store.get_job(job_id).spec), config, {}, printer, logs.append)
+    described = []
+    plain = provider._info
+
+    def in_maintenance(name: str) -> ClusterInfo:
+        info = plain(name)
+        described.append(1)
+        if len(described) <= 8:
+            info.health, info.health_detail = MAINTENANCE, "UNHEALTHY_MAINTENANCE"
+        return info
+
+    provider._info = in_maintenance  # type: ignore[method-assign]
+    opts = ops.WatchOptions(poll=0.2, describe_every=0.2, follow=False, ssh_timeout=30, lost_after=2)
+    code = ops.Watcher(store, provider, job_id, config, printer=printer, log=logs.append, options=opts).run()
+    job = store.get_job(job_id)
+    assert code == 0 and job.state == JOB_SUCCEEDED and job.restarts == 0, logs
+    assert not {"stop", "start", "delete", "create"} & set(provider.calls)
+    assert [e.kind for e in store.events("wc")].count("maintenance") == 1

@@ -521,6 +521,7 @@ class Watcher:
         self.opt = options or WatchOptions()
         self.sleep = sleep
         self.follower: LogFollower | None = None
+        self._maintenance_logged = False
 
     # -------------------------------------------------------------- helpers
     def _job(self):
@@ -569,6 +570,7 @@ class Watcher:
                 self.log(f"polling {rec.name} failed ({exc}); retrying")
                 states = [("UNREACHABLE", None)] * max(1, len(rec.hosts))
             incident = None
+            maintenance = False
             now = time.monotonic()
             need_describe = now - last_describe >= self.opt.describe_every or any(s != "RUNNING" for s, _ in states)
             if need_describe:
@@ -587,6 +589,15 @@ class Watcher:
                     incident = "stopped"
                 elif info.unhealthy:
                     incident = f"unhealthy ({info.health_detail or info.health})"
+                elif info.in_maintenance:
+                    # the cloud maintains the hosts and they come back by themselves: wait
+                    maintenance = True
+                    if not self._maintenance_logged:
+                        self.log(f"cluster {rec.name}: in host maintenance ({info.health_detail or 'maintenance'}); waiting for it to end")
+                        self.store.event(rec.name, "maintenance", f"job {self.job_id}: {info.health_detail or 'maintenance'}", self.job_id)
+                        self._maintenance_logged = True
+                else:
+                    self._maintenance_logged = False
             if incident is None and any(s == "REPLACED" for s, _ in states):
                 # a new machine answers at a host's address (new host key): the cloud replaced
                 # it (spot reclaim and relaunch, maintenance); the job is gone with the old one
@@ -609,7 +620,9 @@ class Watcher:
                         cancel_job(rec, self.job_id)
                         return self._finish(JOB_FAILED, [c if s == "EXIT" else -9 for s, c in states],
                                             "a worker failed; the others were stopped")
-                if any(s in ("LOST", "UNREACHABLE") for s, _ in states):
+                if maintenance:
+                    lost_count = 0
+                elif any(s in ("LOST", "UNREACHABLE") for s, _ in states):
                     lost_count += 1
                     if lost_count >= self.opt.lost_after:
                         incident = "hosts lost (" + ", ".join(f"worker {i}: {s.lower()}" for i, (s, _) in enumerate(states) if s != "RUNNING" and s != "EXIT") + ")"
