@@ -387,6 +387,11 @@ def _launch_dry_run(provider: Any, request: Any, spec: Any, config: Any, existin
     files = collect(spec.workdir, spec.excludes)
     root = ops.remote_root(request.name)
     _echo(f"# 2. code sync: {len(files)} files from {spec.workdir} (gitignore honoured; data, .git, checkpoints excluded)")
+    from aios.cloud.codesync import secret_files
+
+    secrets = secret_files(spec.workdir, spec.excludes)
+    if secrets:
+        _echo(f"# left out {len(secrets)} secret-looking files: {', '.join(secrets[:8])}{', ...' if len(secrets) > 8 else ''} (use --env NAME)")
     key = key_path or "$AIOS_HOME/keys/aios_ed25519"
     for h in hosts:
         _echo(f"tar czf - -C {shlex.quote(spec.workdir)} <files> | ssh -i {key} {h.ssh_user}@{h.ip} "

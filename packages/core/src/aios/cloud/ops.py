@@ -254,6 +254,12 @@ def sync_code(rec: ClusterRecord, spec: JobSpec, printer: Callable[[str, str], N
                        extra_files=extra, generated=generated)
     log(f"syncing {tar.files} files ({tar.bytes / 1024:.0f} KiB) from {os.path.abspath(spec.workdir)} to {len(rec.hosts)} hosts"
         + (f" (+ aios itself, {len(extra)} files)" if extra else ""))
+    from aios.cloud.codesync import secret_files
+
+    secrets = secret_files(spec.workdir, spec.excludes)
+    if secrets:
+        log(f"left out {len(secrets)} secret-looking files ({', '.join(secrets[:5])}{', ...' if len(secrets) > 5 else ''}); "
+            "pass values with --env NAME instead")
     root = remote_root(rec.name)
     cmd = (f"set -e; mkdir -p {root}; rm -rf {root}/code.new; mkdir {root}/code.new; "
            f"tar xzf - -C {root}/code.new; rm -rf {root}/code; mv {root}/code.new {root}/code")
