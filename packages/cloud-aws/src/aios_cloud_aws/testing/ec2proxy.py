@@ -6,6 +6,8 @@
   (500 for server-side capacity errors, which botocore retries like AWS's, 400/403 for client
   errors), optionally only for chosen availability zones and a limited number of times.
 * Records the parameters of every call (:attr:`calls`) so tests check what went over the wire.
+* Enforces an Elastic IP quota (:attr:`Ec2Proxy.address_limit`, EC2's default is 5 per
+  region): ``AllocateAddress`` beyond it answers ``AddressLimitExceeded`` as EC2 does.
 * Serves ``CreatePlacementGroup`` / ``DescribePlacementGroups`` / ``DeletePlacementGroup``, which
   moto does not implement, with EC2's semantics (duplicate names, unknown names, tag filters,
   refusing ``RunInstances`` into an unknown group).
@@ -50,6 +52,7 @@ class Ec2Proxy:
         self.rules: list[Rule] = []
         self.calls: list[tuple[str, dict[str, str]]] = []
         self.placement_groups: dict[str, PlacementGroup] = {}
+        self.address_limit: int | None = None
         self.lock = threading.Lock()
         self._subnet_zone: dict[str, str] = {}
         proxy = self
@@ -99,6 +102,7 @@ class Ec2Proxy:
             self.rules.clear()
             self.calls.clear()
             self.placement_groups.clear()
+            self.address_limit = None
 
     def called(self, action: str) -> list[dict[str, str]]:
         return [p for a, p in self.calls if a == action]
@@ -114,6 +118,10 @@ class Ec2Proxy:
         rule = self._match(action, params)
         if rule is not None:
             return self._send(h, rule.status, _error(rule.code, rule.message))
+        if action == "AllocateAddress" and self.address_limit is not None:
+            doc = self._ec2_query({"Action": "DescribeAddresses", "Version": "2016-11-15"})
+            if doc.count(b"<allocationId>") >= self.address_limit:
+                return self._send(h, 400, _error("AddressLimitExceeded", "The maximum number of addresses has been reached."))
         if action in ("CreatePlacementGroup", "DescribePlacementGroups", "DeletePlacementGroup"):
             status, doc = getattr(self, "_" + action)(params)
             return self._send(h, status, doc)
@@ -153,6 +161,11 @@ class Ec2Proxy:
                 rule.hits += 1
             return rule
         return None
+
+    def _ec2_query(self, params: dict[str, str]) -> bytes:
+        """An EC2 call of the proxy's own (moto routes by the credential scope's service)."""
+        auth = "AWS4-HMAC-SHA256 Credential=testing/20260101/us-east-1/ec2/aws4_request, SignedHeaders=host, Signature=0"
+        return self._upstream(urllib.parse.urlencode(params).encode(), {"Authorization": auth})[2]
 
     def _upstream(self, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, list[tuple[str, str]], bytes]:
         conn = http.client.HTTPConnection(self.upstream.hostname, self.upstream.port, timeout=60)

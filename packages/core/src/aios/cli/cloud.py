@@ -261,6 +261,9 @@ def launch(script: str, script_args: tuple[str, ...], cloud: str | None, acceler
     if checkpoint_dir and max_restarts > 0 and "://" not in checkpoint_dir:
         raise AiosError(f"--checkpoint-dir {checkpoint_dir} is local to the hosts and dies with them",
                         f"use a bucket URL such as {provider.storage_scheme or 'gs'}://BUCKET/PATH")
+    if checkpoint_dir and "://" in checkpoint_dir:
+        provider.check_storage(checkpoint_dir)  # the hosts must be able to write there
+    setup_lines = [*setup_lines, *provider.host_checks(accelerator, nodes)]
     python = python or provider.python(accelerator)
     spec = ops.JobSpec(script=script, args=args, module=module, backend=backend, python=python, env=env,
                        forward_env=forward, workdir=os.path.abspath(workdir), excludes=list(exclude),
@@ -374,6 +377,10 @@ def _launch_dry_run(provider: Any, request: Any, spec: Any, config: Any, existin
         _echo(f"# cluster {request.name} exists; it is reused")
     else:
         _echo(f"# 1. provision ({provider.cli or provider.name})")
+        home = Path(os.environ.get("AIOS_HOME") or Path.home() / ".aios").expanduser()  # read only: no mkdir
+        key = Path(key_path).expanduser() if key_path else home / "keys" / "aios_ed25519"
+        if Path(str(key) + ".pub").is_file():  # the public key a launch installs (public: printed as sent)
+            request = ops.with_public_key(request, str(key))
         for line in ops.dry_run_lines(provider.render_create(request)):
             _echo(line)
         zones = provider.zones(request.accelerator)

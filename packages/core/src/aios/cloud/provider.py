@@ -302,9 +302,12 @@ class CloudCommand:
 
     argv: list[str]
     comment: str = ""
+    # argv positions that are shell expressions (``$(aws ec2 describe-instances ...)``) and are
+    # printed unquoted, so the line runs as printed
+    shell_args: tuple[int, ...] = ()
 
     def shell(self) -> str:
-        line = " ".join(shlex.quote(a) for a in self.argv)
+        line = " ".join(a if i in self.shell_args else shlex.quote(a) for i, a in enumerate(self.argv))
         return f"{line}  # {self.comment}" if self.comment else line
 
 
@@ -424,6 +427,17 @@ class CloudProvider(ABC):
     def remote_env(self, info: ClusterInfo) -> dict[str, str]:
         """Extra environment for every host (besides the backend launch plan's)."""
         return {}
+
+    def host_checks(self, accelerator: str, nodes: int) -> list[str]:
+        """Shell lines run on every host after setup that fail (non-zero, one ``[aios]`` line)
+        when the hosts cannot run the job as planned (EFA missing on a multi-node EFA launch).
+        Run even with ``--no-setup``."""
+        return []
+
+    def check_storage(self, url: str) -> None:
+        """Raise :class:`CloudError` when the hosts will have no credentials to write ``url``
+        (a managed run's checkpoints). Called before anything is created."""
+        return None
 
     # -------------------------------------------------------------- health / failover hooks
     def classify_error(self, exc: BaseException) -> FailureKind:
