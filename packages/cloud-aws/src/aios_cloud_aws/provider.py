@@ -595,6 +595,11 @@ class AwsProvider(CloudProvider):
     def zone_region(self, zone: str) -> str:
         return region_of_zone(zone)
 
+    def agent_settings(self) -> dict[str, Any]:
+        # on the hosts: the instance profile's credentials (it needs ec2:StopInstances /
+        # ec2:TerminateInstances on instances tagged aios:cluster)
+        return {"region": self.region}
+
     def host_checks(self, accelerator: str, nodes: int) -> list[str]:
         """A multi-node EFA launch checks on every host, before training, that libfabric's EFA
         provider is usable (NCCL's aws-ofi-nccl and the Neuron collectives go through it);

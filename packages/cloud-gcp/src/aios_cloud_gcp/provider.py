@@ -587,6 +587,17 @@ class GcpProvider(CloudProvider):
     def zone_region(self, zone: str) -> str:
         return zone.rsplit("-", 1)[0]
 
+    def agent_settings(self) -> dict[str, Any]:
+        s = self.settings
+        out: dict[str, Any] = {"project": self.project(), "poll_interval": s.poll_interval}
+        endpoint = s.agent_endpoint or s.endpoint
+        if endpoint:
+            out["endpoint"] = endpoint
+        # on a TPU VM: its service account (ADC through the metadata server); a local test
+        # service takes anonymous calls
+        out["credentials"] = "anonymous" if s.credentials == "anonymous" else "adc"
+        return out
+
     # -------------------------------------------------------------- runtime on the hosts
     def setup_commands(self, accelerator: str, requirements: list[str]) -> list[str]:
         v = self.settings.torch_version

@@ -16,6 +16,7 @@ class GcpSettings(Section):
     credentials: Literal["auto", "adc", "gcloud", "anonymous"] = Field(
         "auto", description="auto: Application Default Credentials, then `gcloud auth print-access-token`")
     ssh_user: str = Field("aios", description="login user created on the TPU VMs through the ssh-keys metadata")
+    agent_endpoint: str | None = Field(None, description="Cloud TPU API endpoint as the hosts reach it, for the autostop agent (default: endpoint)")
     use_internal_ip: bool = Field(False, description="SSH to internal IPs (when running inside the VPC)")
     network: str | None = None
     subnetwork: str | None = None

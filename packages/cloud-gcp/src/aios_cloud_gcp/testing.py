@@ -109,7 +109,7 @@ class FakeTpuService:
 
     def __init__(self, machines: list[Any] | None = None, authorized_keys: str | Path | None = None,
                  project: str = "aios-test", offered: dict[str, set[str]] | None = None,
-                 op_delay: float = 0.0, queue_delay: float = 0.2) -> None:
+                 op_delay: float = 0.0, queue_delay: float = 0.2, host: str = "127.0.0.1") -> None:
         self.machines = list(machines or [])
         self.free = list(self.machines)
         self.authorized_keys = Path(authorized_keys) if authorized_keys else None
@@ -117,10 +117,12 @@ class FakeTpuService:
         self.offered = offered  # zone -> generations offered; None: every zone offers everything
         self.op_delay = op_delay
         self.queue_delay = queue_delay
+        self.host = host  # "0.0.0.0": the sshd hosts reach it too (the autostop agent calls it)
         self.nodes: dict[str, _Node] = {}
         self.queued: dict[str, dict] = {}
         self.ops: dict[str, _Op] = {}
         self.calls: list[tuple[str, str]] = []
+        self.callers: list[tuple[str, str, str]] = []  # (method, path, client address)
         self.stockouts: dict[str, int] = {}
         self.quotas: dict[str, int] = {}
         self.unavailable = 0
@@ -164,6 +166,8 @@ class FakeTpuService:
             def _handle(self, method: str) -> None:
                 u = urlparse(self.path)
                 q = {k: v[0] for k, v in parse_qs(u.query).items()}
+                with svc.lock:
+                    svc.callers.append((method, u.path, self.client_address[0]))
                 try:
                     body = self._body() if method in ("POST", "PATCH") else {}
                     code, obj = svc.dispatch(method, u.path, q, body)
@@ -182,7 +186,7 @@ class FakeTpuService:
             def do_DELETE(self) -> None:  # noqa: N802
                 self._handle("DELETE")
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer((self.host, 0), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, name="fake-tpu", daemon=True)
         self.thread.start()

@@ -170,6 +170,9 @@ def _check_storage_url(url: str) -> None:
 @click.option("--module", "-m", is_flag=True, help="SCRIPT is a module (python -m).")
 @click.option("--detach", "-d", is_flag=True, help="Return after the job starts; a background watcher keeps managing it.")
 @click.option("--down", "down_after", is_flag=True, help="Delete the cluster when the job ends.")
+@click.option("--autostop", "autostop", type=float, default=None, help="Minutes without a running job after which an agent ON the head host stops the cluster (survives this laptop).")
+@click.option("--autodown", is_flag=True, help="With --autostop: delete the cluster instead of stopping it.")
+@click.option("--reservation", help="Reserved capacity: GCP reservation name, AWS capacity reservation (cr-...) or capacity block id.")
 @click.option("--poll", type=float, default=5.0, show_default=True, help="Watcher poll interval in seconds.")
 @click.option("--dry-run", is_flag=True, help="Print the equivalent cloud CLI and per-worker commands; touch nothing.")
 @click.option("--config", "config_file", help="aios config YAML.")
@@ -180,7 +183,8 @@ def launch(script: str, script_args: tuple[str, ...], cloud: str | None, acceler
            workdir: str, exclude: tuple[str, ...], max_sync_mb: int, requirements: str | None,
            setup_script: str | None, no_setup: bool, no_bundle: bool, python: str | None, env_items: tuple[str, ...],
            ssh_key: str | None, ssh_user: str | None, no_failover: bool, module: bool, detach: bool,
-           down_after: bool, poll: float, dry_run: bool, config_file: str | None) -> None:
+           down_after: bool, autostop: float | None, autodown: bool, reservation: str | None, poll: float, dry_run: bool,
+           config_file: str | None) -> None:
     """Provision cloud machines and run SCRIPT on every host.
 
     \b
@@ -203,6 +207,10 @@ def launch(script: str, script_args: tuple[str, ...], cloud: str | None, acceler
         raise AiosError(f"--max-sync-mb must be positive, got {max_sync_mb}", "pass e.g. --max-sync-mb 512")
     if poll <= 0:
         raise AiosError(f"--poll must be positive, got {poll}", "pass e.g. --poll 5")
+    if autodown and autostop is None:
+        raise AiosError("--autodown needs --autostop MINUTES (how long the cluster may idle)", "add e.g. --autostop 30")
+    if autostop is not None and autostop < 0:
+        raise AiosError(f"--autostop must be 0 or more minutes, got {autostop:g}", "pass e.g. --autostop 30")
     if nodes < 1:
         raise AiosError(f"--nodes must be at least 1, got {nodes}", "pass --nodes 1 or more")
     if max_restarts < 0:
@@ -235,6 +243,7 @@ def launch(script: str, script_args: tuple[str, ...], cloud: str | None, acceler
         name=name, accelerator=accelerator, nodes=nodes, zone=zone, region=region, spot=spot, queued=queued,
         valid_after=valid_after, valid_until=valid_until, image=image, disk_gb=disk_gb,
         labels={**labels, "aios-cluster": name}, project=project, ssh_user=ssh_user or getattr(provider, "default_ssh_user", "aios"),
+        extra={"reservation": reservation} if reservation else {},
     )
     request = provider.validate(request) if not existing else request
     backend = backend or provider.backend_for(accelerator)
@@ -271,10 +280,18 @@ def launch(script: str, script_args: tuple[str, ...], cloud: str | None, acceler
                        bundle=not no_bundle)
 
     if dry_run:
-        _launch_dry_run(provider, request, spec, config, existing is not None, key_path)
+        line = None
+        if autostop is not None:
+            if not autodown and not provider.can_stop(request.spot):
+                raise AiosError("spot capacity cannot be stopped, only deleted", "use --autostop N --autodown")
+            line = (f"# 5. autostop: an agent on worker 0 runs `{python} -m aios.cloud.agent ~/aios/{request.name}/agent.json` and "
+                    f"{'deletes' if autodown else 'stops'} the cluster after {autostop:g} min without a running job")
+        _launch_dry_run(provider, request, spec, config, existing is not None, key_path, line)
         return
 
     assert store is not None
+    if autostop is not None and not autodown and not provider.can_stop(request.spot):
+        raise AiosError("spot capacity cannot be stopped, only deleted", "use --autostop N --autodown")
     import signal
 
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
@@ -309,6 +326,10 @@ def launch(script: str, script_args: tuple[str, ...], cloud: str | None, acceler
         info = provider.describe(rec.name, rec.zone)
         ops.start_job(rec, job_id, spec, config, provider.remote_env(info) if info else {}, printer, _log)
         store.update_job(job_id, state=JOB_RUNNING)
+        if autostop is not None:
+            ops.install_agent(rec, provider, autostop * 60, "down" if autodown else "stop", spec.python, printer, _log,
+                              poll=min(30.0, max(0.5, autostop * 60 / 4)))
+            store.event(name, "autostop", f"{'autodown' if autodown else 'autostop'} after {autostop:g} min idle (agent on worker 0)")
     except BaseException as exc:
         from aios.cloud.store import JOB_FAILED
 
@@ -367,7 +388,8 @@ def _spawn_watcher(job_id: int, cloud: str, config_file: str | None, poll: float
     return p.pid
 
 
-def _launch_dry_run(provider: Any, request: Any, spec: Any, config: Any, existing: bool, key_path: str | None) -> None:
+def _launch_dry_run(provider: Any, request: Any, spec: Any, config: Any, existing: bool, key_path: str | None,
+                    autostop_line: str | None = None) -> None:
     from aios.cloud import ops
     from aios.cloud.codesync import collect
     from aios.cloud.store import ClusterRecord
@@ -424,6 +446,8 @@ def _launch_dry_run(provider: Any, request: Any, spec: Any, config: Any, existin
         _echo(f"({h.label}) cd {root}/code && {prefix} {shlex.join(plan.command)}")
     if spec.checkpoint_dir:
         _echo(f"# managed: on preemption recreate (or move zone), re-sync, re-setup, resume from {spec.checkpoint_dir}")
+    if autostop_line:
+        _echo(autostop_line)
 
 
 # ------------------------------------------------------------------------------ status
@@ -778,6 +802,61 @@ def down(names: tuple[str, ...], cloud: str | None, dry_run: bool, config_file: 
     """Delete clusters and everything aios created for them (also clusters without a local
     record, found in the cloud by their aios label/tag)."""
     _lifecycle("delete", names, dry_run, config_file, cloud)
+
+
+@click.command()
+@click.argument("name")
+@click.argument("minutes", type=float, required=False)
+@click.option("--down", "down_", is_flag=True, help="Delete the cluster when idle instead of stopping it.")
+@click.option("--cancel", is_flag=True, help="Remove the agent (the cluster runs until you stop it).")
+@click.option("--config", "config_file")
+def autostop(name: str, minutes: float | None, down_: bool, cancel: bool, config_file: str | None) -> None:
+    """Stop (or with --down delete) cluster NAME after MINUTES without a running job. The
+    agent runs on the cluster's head host, so it works while this machine is off."""
+    from aios.cloud import ops
+
+    store = _store()
+    rec = ops.require_cluster(store, name)
+    if cancel:
+        ops.remove_agent(rec, _printer())
+        store.event(name, "autostop", "autostop cancelled")
+        _log(f"autostop of {name} cancelled")
+        return
+    if minutes is None or minutes < 0:
+        raise AiosError("aios autostop needs MINUTES (0 or more)", f"e.g. aios autostop {name} 30 [--down]")
+    job = store.latest_job(name)
+    python = (job.spec or {}).get("python") if job else None
+    provider = _provider(rec.cloud, config_file)
+    ops.install_agent(rec, provider, minutes * 60, "down" if down_ else "stop", python or provider.python(rec.accelerator),
+                      _printer(), _log, poll=min(30.0, max(0.5, minutes * 60 / 4)))
+    store.event(name, "autostop", f"{'autodown' if down_ else 'autostop'} after {minutes:g} min idle (agent on worker 0)")
+
+
+@click.command()
+@click.argument("name")
+@click.option("--job", "job_id", type=int, help="Job id (default: every job of NAME that has not ended).")
+def cancel(name: str, job_id: int | None) -> None:
+    """Cancel a cluster's running job(s): the workers on every host are stopped (TERM, then
+    KILL) and the job is recorded CANCELLED; a managed job is not recovered."""
+    from aios.cloud import ops
+    from aios.cloud.store import JOB_CANCELLED, JOB_FINAL
+
+    store = _store()
+    rec = ops.require_cluster(store, name)
+    jobs = [store.get_job(job_id)] if job_id else [j for j in store.jobs(name) if j.state not in JOB_FINAL]
+    if job_id and (jobs[0] is None or jobs[0].cluster != name):
+        raise AiosError(f"cluster {name} has no job {job_id}", f"see `aios status {name}`")
+    if not jobs:
+        _log(f"{name} has no job that is still running")
+        return
+    for j in jobs:
+        if j.state in JOB_FINAL:
+            _log(f"job {j.id} already {j.state.lower()}")
+            continue
+        store.update_job(j.id, state=JOB_CANCELLED)  # first: the watcher must not recover it
+        ops.cancel_job(rec, j.id)
+        store.event(name, "job-cancelled", f"job {j.id}: cancelled by the user", j.id)
+        _log(f"job {j.id} cancelled")
 
 
 # ------------------------------------------------------------------------------ catalog / cost

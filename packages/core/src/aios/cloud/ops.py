@@ -764,6 +764,46 @@ def down_cluster(store: Store, provider: CloudProvider, rec: ClusterRecord) -> N
     runner_for(rec).reset_host_keys()
 
 
+def install_agent(rec: ClusterRecord, provider: CloudProvider, idle_seconds: float, action: str, python: str,
+                  printer: Callable[[str, str], None] | None, log: Log, poll: float = 30.0) -> None:
+    """Start the autostop/autodown agent (:mod:`aios.cloud.agent`) on the head host, replacing
+    one already running there. It needs the shipped aios (code/.aios-site) or an installed one."""
+    import json
+
+    if action == "stop" and not provider.can_stop(rec.spot):
+        raise AiosError(f"{rec.name} runs on spot capacity, which cannot be stopped, only deleted",
+                        "use --autodown (delete when idle) instead of a plain --autostop")
+    root = remote_root(rec.name)
+    cfg = {"cluster": rec.name, "zone": rec.zone, "cloud": rec.cloud, "action": action, "idle_seconds": float(idle_seconds),
+           "poll": float(poll), "settings": provider.agent_settings()}
+    head = record_hosts(rec)[0]
+    runner = runner_for(rec, printer)
+    site = f'PYTHONPATH="{root}/code/.aios-site${{PYTHONPATH:+:$PYTHONPATH}}"'
+    cmd = (f"set -e; mkdir -p {root}; umask 077; cat > {root}/agent.json; "
+           f"if [ -f {root}/agent.pid ]; then kill \"$(cat {root}/agent.pid)\" 2>/dev/null || true; fi; "
+           f"cd {root}; {site} setsid nohup {shlex.quote(python)} -m aios.cloud.agent {root}/agent.json >> {root}/agent.log 2>&1 "
+           f"< /dev/null & echo $! > {root}/agent.pid; echo started")
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(cfg, f)
+        tmp = f.name
+    try:
+        r = runner.run_one(head, cmd, stdin_path=tmp, stream=False)
+    finally:
+        os.unlink(tmp)
+    runner.check([r], "autostop agent")
+    what = "delete" if action == "down" else "stop"
+    log(f"autostop: the agent on {head.label} will {what} {rec.name} after {idle_seconds / 60:g} min without a running job")
+
+
+def remove_agent(rec: ClusterRecord, printer: Callable[[str, str], None] | None) -> None:
+    root = remote_root(rec.name)
+    runner = runner_for(rec, printer)
+    head = record_hosts(rec)[0]
+    r = runner.run_one(head, f"rm -f {root}/agent.json; if [ -f {root}/agent.pid ]; then kill \"$(cat {root}/agent.pid)\" 2>/dev/null || true; fi",
+                       stream=False)
+    runner.check([r], "autostop cancel")
+
+
 def inventory(provider: CloudProvider) -> list[ClusterInfo]:
     """Every cluster aios created in the cloud (found by the ``aios-cluster`` label / the
     ``aios:cluster`` tag), whether or not this machine has a record of it."""

@@ -434,6 +434,17 @@ class CloudProvider(ABC):
         Run even with ``--no-setup``."""
         return []
 
+    def agent_settings(self) -> dict[str, Any]:
+        """This provider's config section as the autostop agent on the head host must use it
+        (:mod:`aios.cloud.agent`): endpoints and project, never credentials (the hosts use
+        their service account / instance profile)."""
+        return {}
+
+    def can_stop(self, spot: bool) -> bool:
+        """Whether a cluster of this capacity can be stopped and started again (spot TPUs and
+        one-time EC2 spot instances cannot: only deleted)."""
+        return not spot
+
     def check_storage(self, url: str) -> None:
         """Raise :class:`CloudError` when the hosts will have no credentials to write ``url``
         (a managed run's checkpoints). Called before anything is created."""
