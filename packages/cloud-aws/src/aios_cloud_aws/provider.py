@@ -595,6 +595,12 @@ class AwsProvider(CloudProvider):
     def zone_region(self, zone: str) -> str:
         return region_of_zone(zone)
 
+    def controller_settings(self) -> dict[str, Any]:
+        d = self.settings.model_dump(exclude_none=True)
+        d.pop("profile", None)  # the controller host uses its own instance profile
+        d.update(self.agent_settings())
+        return d
+
     def agent_settings(self) -> dict[str, Any]:
         # on the hosts: the instance profile's credentials (it needs ec2:StopInstances /
         # ec2:TerminateInstances on instances tagged aios:cluster)

@@ -587,6 +587,11 @@ class GcpProvider(CloudProvider):
     def zone_region(self, zone: str) -> str:
         return zone.rsplit("-", 1)[0]
 
+    def controller_settings(self) -> dict[str, Any]:
+        d = self.settings.model_dump(exclude_none=True)
+        d.update(self.agent_settings())
+        return d
+
     def agent_settings(self) -> dict[str, Any]:
         s = self.settings
         out: dict[str, Any] = {"project": self.project(), "poll_interval": s.poll_interval}

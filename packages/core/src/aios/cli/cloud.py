@@ -172,6 +172,8 @@ def _check_storage_url(url: str) -> None:
 @click.option("--down", "down_after", is_flag=True, help="Delete the cluster when the job ends.")
 @click.option("--autostop", "autostop", type=float, default=None, help="Minutes without a running job after which an agent ON the head host stops the cluster (survives this laptop).")
 @click.option("--autodown", is_flag=True, help="With --autostop: delete the cluster instead of stopping it.")
+@click.option("--controller", help="USER@HOST[:PORT]: run the managed job's recovery loop (and --down) there, detached, so it survives this machine.")
+@click.option("--controller-python", help="Interpreter on the controller host (default: this one's path).")
 @click.option("--reservation", help="Reserved capacity: GCP reservation name, AWS capacity reservation (cr-...) or capacity block id.")
 @click.option("--poll", type=float, default=5.0, show_default=True, help="Watcher poll interval in seconds.")
 @click.option("--dry-run", is_flag=True, help="Print the equivalent cloud CLI and per-worker commands; touch nothing.")
@@ -183,8 +185,8 @@ def launch(script: str, script_args: tuple[str, ...], cloud: str | None, acceler
            workdir: str, exclude: tuple[str, ...], max_sync_mb: int, requirements: str | None,
            setup_script: str | None, no_setup: bool, no_bundle: bool, python: str | None, env_items: tuple[str, ...],
            ssh_key: str | None, ssh_user: str | None, no_failover: bool, module: bool, detach: bool,
-           down_after: bool, autostop: float | None, autodown: bool, reservation: str | None, poll: float, dry_run: bool,
-           config_file: str | None) -> None:
+           down_after: bool, autostop: float | None, autodown: bool, controller: str | None, controller_python: str | None,
+           reservation: str | None, poll: float, dry_run: bool, config_file: str | None) -> None:
     """Provision cloud machines and run SCRIPT on every host.
 
     \b
@@ -207,6 +209,12 @@ def launch(script: str, script_args: tuple[str, ...], cloud: str | None, acceler
         raise AiosError(f"--max-sync-mb must be positive, got {max_sync_mb}", "pass e.g. --max-sync-mb 512")
     if poll <= 0:
         raise AiosError(f"--poll must be positive, got {poll}", "pass e.g. --poll 5")
+    if controller and not (max_restarts > 0 or down_after):
+        raise AiosError("--controller runs a managed job's recovery loop (or --down)", "add --max-restarts N --checkpoint-dir URL, or --down")
+    if controller:
+        from aios.cloud.controller import parse_target
+
+        parse_target(controller, "aios")
     if autodown and autostop is None:
         raise AiosError("--autodown needs --autostop MINUTES (how long the cluster may idle)", "add e.g. --autostop 30")
     if autostop is not None and autostop < 0:
@@ -342,6 +350,20 @@ def launch(script: str, script_args: tuple[str, ...], cloud: str | None, acceler
             except Exception as cleanup_exc:  # noqa: BLE001
                 _log(f"cleanup failed: {cleanup_exc}; delete it with `aios down {name}`")
         raise
+    if controller:
+        from aios.cloud.controller import start_controller
+
+        try:
+            start_controller(store, provider, rec, job_id, spec, controller, key, controller_python or sys.executable, poll,
+                             down_after, _log)
+        except BaseException:
+            # nothing watches the job otherwise: fall back to a watcher here, loudly
+            pid = _spawn_watcher(job_id, cloud, config_file, poll, down_after)
+            store.update_job(job_id, watcher_pid=pid)
+            _log(f"the controller could not be started; a watcher on this machine (pid {pid}) manages job {job_id} instead")
+            raise
+        _log(f"`aios status {name} --refresh` shows the job as the controller sees it; `aios down {name}`")
+        return
     if detach:
         pid = _spawn_watcher(job_id, cloud, config_file, poll, down_after)
         store.update_job(job_id, watcher_pid=pid)
@@ -489,6 +511,26 @@ def status(name: str | None, refresh: bool, cloud: str | None, as_json: bool, co
                       "max_restarts": j.max_restarts, "exit_codes": j.exit_codes} for j in jobs],
             "recoveries": [{"time": e.time, "kind": e.kind, "message": e.message} for e in events],
         })
+    from aios.cloud.controller import controller_of, remote_status
+
+    for row, r in zip(out, recs):
+        ctl = controller_of(store, r.name)
+        if not ctl:
+            continue
+        row["controller"] = {"target": ctl["target"], "pid": ctl["pid"], "dir": ctl["dir"]}
+        if refresh and r.ssh_key:
+            remote = remote_status(r, ctl, r.ssh_key)
+            if remote is None:
+                row["controller"]["state"] = "UNREACHABLE"
+                continue
+            row["controller"]["state"] = "RUNNING" if remote["controller_running"] else "ENDED"
+            by_id = {j["id"]: j for j in remote["jobs"]}
+            rj = by_id.get(ctl["job"])
+            if rj and row["jobs"]:
+                local = next((j for j in row["jobs"] if j["id"] == store.events(r.name, kind="controller")[-1].job_id), row["jobs"][-1])
+                local.update({k: rj[k] for k in ("state", "restarts", "max_restarts", "exit_codes")})
+                store.update_job(local["id"], state=rj["state"])
+            row["recoveries"] += [e for e in remote["recoveries"] if e not in row["recoveries"]]
     for i in unrecorded:
         out.append({"name": i.name, "cloud": i.cloud, "zone": i.zone, "accelerator": i.accelerator, "spot": i.spot,
                     "state": f"{i.state} (no local record)", "hosts": [f"{h.worker_id}:{h.ip}" for h in i.hosts],
@@ -513,6 +555,9 @@ def status(name: str | None, refresh: bool, cloud: str | None, as_json: bool, co
             ts = _dt.datetime.fromtimestamp(e["time"]).strftime("%Y-%m-%d %H:%M:%S")
             _echo(f"{c['name']}: {ts} {e['kind']}: {e['message']}")
     for c in out:
+        if c.get("controller"):
+            ctl = c["controller"]
+            _echo(f"{c['name']}: managed by a controller on {ctl['target']} (pid {ctl['pid']}){' ' + ctl['state'] if 'state' in ctl else ''}")
         if c.get("unrecorded"):
             _echo(f"{c['name']}: found in {c['cloud']} by its aios label, no local record; delete it with `aios down {c['name']}`")
 

@@ -440,6 +440,11 @@ class CloudProvider(ABC):
         their service account / instance profile)."""
         return {}
 
+    def controller_settings(self) -> dict[str, Any]:
+        """What a managed-job controller host needs beyond :meth:`agent_settings` to recreate the
+        cluster (zones, images, network...): the config section without credentials."""
+        return {}
+
     def can_stop(self, spot: bool) -> bool:
         """Whether a cluster of this capacity can be stopped and started again (spot TPUs and
         one-time EC2 spot instances cannot: only deleted)."""
