@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from aios.cloud.failover import create_with_failover
 from aios.cloud.provider import CloudError, ClusterRequest
 from aios_cloud_aws.provider import AwsProvider, ElasticIpQuotaError
@@ -168,3 +167,34 @@ def test_down_finds_a_cluster_by_tag_without_the_local_record(aws, make_provider
                        capture_output=True, text=True, timeout=300)
     assert d.returncode == 0, d.stderr
     assert leftovers(aws.ec2, "orphan", aws.proxy) == {}
+
+
+def test_reserved_capacity_odcr_and_capacity_block(aws, make_provider, pubkey):
+    aws.proxy.capacity_reservations["cr-0odcr"] = {"zone": "us-east-1b", "instance_type": "p4d.24xlarge", "type": "default"}
+    aws.proxy.capacity_reservations["cr-0block"] = {"zone": "us-east-1c", "instance_type": "p5.48xlarge", "type": "capacity-block"}
+    p = make_provider(zones=["us-east-1a", "us-east-1b", "us-east-1c"])
+    req = p.validate(ClusterRequest(name="odcr", accelerator="p4d.24xlarge", ssh_public_key=pubkey, extra={"reservation": "cr-0odcr"}))
+    res = create_with_failover(p, req, p.zones(req.accelerator), sleep=lambda s: None)
+    assert res.zone == "us-east-1b" and [(a.zone, a.kind) for a in res.attempts] == [("us-east-1a", "unavailable")]
+    (run,) = aws.proxy.called("RunInstances")
+    assert run["CapacityReservationSpecification.CapacityReservationTarget.CapacityReservationId"] == "cr-0odcr"
+    assert "InstanceMarketOptions.MarketType" not in run
+    printed = p.plan_create(req, "us-east-1b")["run_instances"]
+    assert printed["CapacityReservationSpecification"] == {"CapacityReservationTarget": {"CapacityReservationId": "cr-0odcr"}}
+    p.delete("odcr", "us-east-1b")
+    # a Capacity Block launches with MarketType capacity-block; naming it as an ODCR is an error that says so
+    wrong = p.validate(ClusterRequest(name="blk", accelerator="p5.48xlarge", zone="us-east-1c", ssh_public_key=pubkey,
+                                      extra={"reservation": "cr-0block"}))
+    with pytest.raises(CloudError, match="pass --reservation block:cr-0block"):
+        p.create(wrong)
+    blk = p.validate(ClusterRequest(name="blk", accelerator="p5.48xlarge", zone="us-east-1c", ssh_public_key=pubkey,
+                                    extra={"reservation": "block:cr-0block"}))
+    p.create(blk)
+    run = aws.proxy.called("RunInstances")[-1]
+    assert run["InstanceMarketOptions.MarketType"] == "capacity-block"
+    assert p.plan_create(blk)["run_instances"]["InstanceMarketOptions"] == {"MarketType": "capacity-block"}
+    p.delete("blk", "us-east-1c")
+    with pytest.raises(CloudError, match="--spot and --reservation contradict"):
+        p.validate(ClusterRequest(name="x", accelerator="p5.48xlarge", spot=True, extra={"reservation": "cr-0odcr"}))
+    with pytest.raises(CloudError, match="is not a capacity reservation id"):
+        p.validate(ClusterRequest(name="x", accelerator="p5.48xlarge", extra={"reservation": "r-123"}))

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from aios_cloud_gcp.testing import FakeTpuService
 
 pytestmark = pytest.mark.slow

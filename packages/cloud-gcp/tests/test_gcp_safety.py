@@ -6,7 +6,6 @@ google-cloud-tpu client talks to the local Cloud TPU service throughout."""
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import signal
 import subprocess
@@ -16,11 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
-
 from aios.cloud.failover import create_with_failover, zone_order
 from aios.cloud.provider import (
     MAINTENANCE,
-    CapacityError,
     CloudError,
     ClusterRequest,
     NotOfferedError,
@@ -238,3 +235,20 @@ def test_down_and_status_find_a_cluster_whose_record_is_gone(tmp_path, bare_tpu,
     assert bare_tpu.nodes == {} and bare_tpu.queued == {}
     missing = aios_cli(env, "down", "never-was")
     assert missing.returncode == 2 and "no cluster named 'never-was' here or in the cloud" in missing.stderr
+
+
+@pytest.mark.parametrize("queued", [False, True])
+def test_reservation_reaches_the_api_as_printed(queued):
+    with FakeTpuService(project="aios-test", queue_delay=0.0) as svc:
+        p = provider(svc)
+        r = req(p, accelerator="v5litepod-8", zone="us-west4-a", queued=queued, extra={"reservation": "team-res"})
+        f = _flags(p.render_create(r)[0].shell())
+        p.create(r)
+        _path, body = svc.received[-1]
+        if queued:
+            assert body["reservationName"] == f["reservation"] == "projects/aios-test/locations/us-west4-a/reservations/team-res"
+        else:
+            assert "reserved" in f and body["schedulingConfig"] == {"reserved": True}
+        p.delete("c1", "us-west4-a")
+        with pytest.raises(CloudError, match="--spot and --reservation contradict"):
+            req(p, accelerator="v5litepod-8", spot=True, extra={"reservation": "team-res"})

@@ -88,6 +88,8 @@ def run_instances_params(
     labels: dict[str, str] | None = None,
     client_token: str | None = None,
     disk_gb: int | None = None,
+    reservation: str | None = None,
+    capacity_block: bool = False,
 ) -> dict[str, Any]:
     """Keyword arguments of ``ec2.run_instances``: all ``nodes`` in one call with
     ``MinCount == MaxCount`` (all or nothing), IMDSv2 required, everything tagged."""
@@ -116,6 +118,11 @@ def run_instances_params(
             spot_options["MaxPrice"] = f"{settings.spot_max_price:.4f}"
         params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": spot_options}
         params["TagSpecifications"].append(tag_spec("spot-instances-request", cluster, labels))
+    if reservation:
+        # an On-Demand Capacity Reservation (ODCR) or a Capacity Block for ML: launch into it only
+        params["CapacityReservationSpecification"] = {"CapacityReservationTarget": {"CapacityReservationId": reservation}}
+        if capacity_block:
+            params["InstanceMarketOptions"] = {"MarketType": "capacity-block"}
     if settings.iam_instance_profile:
         key = "Arn" if settings.iam_instance_profile.startswith("arn:") else "Name"
         params["IamInstanceProfile"] = {key: settings.iam_instance_profile}

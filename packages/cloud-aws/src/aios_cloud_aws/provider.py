@@ -40,8 +40,9 @@ from aios.cloud.provider import (
     ClusterHost,
     ClusterInfo,
     ClusterRequest,
-    check_requirements,
     FailureKind,
+    NotOfferedError,
+    check_requirements,
 )
 
 from aios_cloud_aws import catalog as cat
@@ -173,6 +174,14 @@ class AwsProvider(CloudProvider):
                              "drop them; for reserved EC2 capacity pass --reservation (a capacity block or ODCR id)")
         if request.zone and region in cat.REGION_ZONES and request.zone not in cat.REGION_ZONES[region]:
             raise CloudError(f"zone {request.zone} does not exist in {region}", f"use one of: {', '.join(cat.REGION_ZONES[region])}")
+        reservation = request.extra.get("reservation")
+        if reservation:
+            kind, _, rid = reservation.rpartition(":")
+            if not rid.startswith("cr-") or kind not in ("", "block"):
+                raise CloudError(f"--reservation {reservation} is not a capacity reservation id",
+                                 "pass cr-... (an On-Demand Capacity Reservation) or block:cr-... (a Capacity Block for ML)")
+            if request.spot:
+                raise CloudError("--spot and --reservation contradict each other (reserved capacity is not spot)", "pass only one")
         if request.disk_gb is not None and request.disk_gb < 8:
             raise CloudError(f"--disk-gb {request.disk_gb} is too small for the root volume", "pass at least 8 (default: aws.disk_gb)")
         if self.settings.efa == "on" and not itype.efa_capable:
@@ -213,6 +222,20 @@ class AwsProvider(CloudProvider):
         existing = self._instances(ec2, request.name)
         if any(i["State"]["Name"] != "shutting-down" for i in existing):
             raise CloudError(f"cluster {request.name} already has instances in {region}", f"use it, or `aios down {request.name}` first")
+        rid = (request.extra.get("reservation") or "").rpartition(":")[2]
+        if rid:
+            crs = self._call(ec2, "DescribeCapacityReservations", CapacityReservationIds=[rid]).get("CapacityReservations", [])
+            cr = crs[0] if crs else {}
+            if cr.get("AvailabilityZone") != zone:
+                raise NotOfferedError(f"capacity reservation {rid} is in {cr.get('AvailabilityZone')}, not {zone}",
+                                      f"pass --zone {cr.get('AvailabilityZone')}")
+            if cr.get("InstanceType") != itype.name:
+                raise CloudError(f"capacity reservation {rid} is for {cr.get('InstanceType')}, not {itype.name}",
+                                 f"pass -a {cr.get('InstanceType')}")
+            if (cr.get("ReservationType") == "capacity-block") != request.extra["reservation"].startswith("block:"):
+                want = "block:" + rid if cr.get("ReservationType") == "capacity-block" else rid
+                raise CloudError(f"capacity reservation {rid} is a {cr.get('ReservationType') or 'default'} reservation",
+                                 f"pass --reservation {want}")
         try:
             ami, source = self.resolve_ami(request.accelerator, region, request.image)
             self.log(f"{request.name}: AMI {ami} ({source})")
@@ -644,7 +667,9 @@ class AwsProvider(CloudProvider):
             resource_name(request.name) if use_placement_group(self.settings, itype, request.nodes) else None)
         sg = r.get("group_ids") or list(self.settings.security_group_ids) or [f"<sg:{resource_name(request.name)}>"]
         image = r.get("image") or request.image or f"<ssm:{self.ami_parameter(request.accelerator)}>"
+        kind, _, rid = (request.extra.get("reservation") or "").rpartition(":")
         params = run_instances_params(
+            reservation=rid or None, capacity_block=kind == "block",
             cluster=request.name, itype=itype, nodes=request.nodes, zone=zone, image_id=image,
             root_device=r.get("root_device", "/dev/sda1"),
             subnet_id=r.get("subnet_id") or (self.settings.subnet_ids[0] if self.settings.subnet_ids else f"<default subnet of {zone}>"),

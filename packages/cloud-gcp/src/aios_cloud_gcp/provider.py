@@ -52,11 +52,11 @@ from aios.cloud.provider import (
     ClusterHost,
     ClusterInfo,
     ClusterRequest,
-    check_requirements,
     CredentialsError,
     FailureKind,
     NotOfferedError,
     QuotaError,
+    check_requirements,
 )
 from aios.errors import AiosError
 from aios_cloud_gcp import catalog as _catalog
@@ -262,6 +262,8 @@ class GcpProvider(CloudProvider):
             zone = zone or in_region[0]
         if request.nodes != 1:
             raise CloudError(f"--nodes {request.nodes}: multislice TPU clusters are not supported", "use one larger slice (e.g. v4-32 instead of 2 x v4-16)")
+        if request.extra.get("reservation") and request.spot:
+            raise CloudError("--spot and --reservation contradict each other (reserved capacity is not spot)", "pass only one")
         if request.disk_gb is not None:
             raise CloudError("--disk-gb does not apply to TPU VMs (fixed boot disk)", "drop --disk-gb; keep data on gs:// buckets")
         for what, value in (("--valid-after", request.valid_after), ("--valid-until", request.valid_until)):
@@ -375,7 +377,6 @@ class GcpProvider(CloudProvider):
         if reservation:
             body["reservationName"] = (reservation if reservation.startswith("projects/")
                                        else f"projects/{project}/locations/{zone}/reservations/{reservation}")
-            body["guaranteed"] = {"reserved": True}
         policy: dict[str, Any] = {}
         whens = {f: _parse_when(t, f"--{f.replace('A', '-a').replace('U', '-u')}")
                  for f, t in (("validAfter", request.valid_after), ("validUntil", request.valid_until)) if t}

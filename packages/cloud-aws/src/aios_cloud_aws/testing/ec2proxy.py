@@ -8,6 +8,9 @@
 * Records the parameters of every call (:attr:`calls`) so tests check what went over the wire.
 * Enforces an Elastic IP quota (:attr:`Ec2Proxy.address_limit`, EC2's default is 5 per
   region): ``AllocateAddress`` beyond it answers ``AddressLimitExceeded`` as EC2 does.
+* Serves ``DescribeCapacityReservations`` (moto has none) from :attr:`Ec2Proxy.capacity_reservations`
+  (id -> zone, instance type, ``default`` or ``capacity-block`` type, state) and refuses a
+  ``RunInstances`` that targets an unknown reservation, another zone or another type, as EC2 does.
 * Serves ``CreatePlacementGroup`` / ``DescribePlacementGroups`` / ``DeletePlacementGroup``, which
   moto does not implement, with EC2's semantics (duplicate names, unknown names, tag filters,
   refusing ``RunInstances`` into an unknown group).
@@ -53,6 +56,7 @@ class Ec2Proxy:
         self.calls: list[tuple[str, dict[str, str]]] = []
         self.placement_groups: dict[str, PlacementGroup] = {}
         self.address_limit: int | None = None
+        self.capacity_reservations: dict[str, dict[str, str]] = {}
         self.lock = threading.Lock()
         self._subnet_zone: dict[str, str] = {}
         proxy = self
@@ -103,6 +107,7 @@ class Ec2Proxy:
             self.calls.clear()
             self.placement_groups.clear()
             self.address_limit = None
+            self.capacity_reservations.clear()
 
     def called(self, action: str) -> list[dict[str, str]]:
         return [p for a, p in self.calls if a == action]
@@ -122,6 +127,26 @@ class Ec2Proxy:
             doc = self._ec2_query({"Action": "DescribeAddresses", "Version": "2016-11-15"})
             if doc.count(b"<allocationId>") >= self.address_limit:
                 return self._send(h, 400, _error("AddressLimitExceeded", "The maximum number of addresses has been reached."))
+        if action == "DescribeCapacityReservations":
+            ids = [v for k, v in params.items() if k.startswith("CapacityReservationId.")]
+            unknown = [i for i in ids if i not in self.capacity_reservations]
+            if unknown:
+                return self._send(h, 400, _error("InvalidCapacityReservationId.NotFound", f"The capacity reservation ID '{unknown[0]}' does not exist"))
+            items = "".join(
+                f"<item><capacityReservationId>{escape(i)}</capacityReservationId><availabilityZone>{escape(r['zone'])}</availabilityZone>"
+                f"<instanceType>{escape(r['instance_type'])}</instanceType><reservationType>{escape(r.get('type', 'default'))}</reservationType>"
+                f"<state>{escape(r.get('state', 'active'))}</state></item>"
+                for i, r in self.capacity_reservations.items() if not ids or i in ids)
+            return self._send(h, 200, _doc("DescribeCapacityReservationsResponse", f"<capacityReservationSet>{items}</capacityReservationSet>"))
+        if action == "RunInstances" and params.get("CapacityReservationSpecification.CapacityReservationTarget.CapacityReservationId"):
+            cr = params["CapacityReservationSpecification.CapacityReservationTarget.CapacityReservationId"]
+            r = self.capacity_reservations.get(cr)
+            if r is None:
+                return self._send(h, 400, _error("InvalidCapacityReservationId.NotFound", f"The capacity reservation ID '{cr}' does not exist"))
+            if r["zone"] != params.get("Placement.AvailabilityZone") or r["instance_type"] != params.get("InstanceType"):
+                return self._send(h, 400, _error("ReservationCapacityExceeded", f"The requested instances do not match capacity reservation {cr}"))
+            if (r.get("type") == "capacity-block") != (params.get("InstanceMarketOptions.MarketType") == "capacity-block"):
+                return self._send(h, 400, _error("InvalidParameterCombination", "Capacity Blocks need MarketType capacity-block"))
         if action in ("CreatePlacementGroup", "DescribePlacementGroups", "DeletePlacementGroup"):
             status, doc = getattr(self, "_" + action)(params)
             return self._send(h, status, doc)
