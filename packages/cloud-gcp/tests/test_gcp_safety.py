@@ -252,3 +252,19 @@ def test_reservation_reaches_the_api_as_printed(queued):
         p.delete("c1", "us-west4-a")
         with pytest.raises(CloudError, match="--spot and --reservation contradict"):
             req(p, accelerator="v5litepod-8", spot=True, extra={"reservation": "team-res"})
+
+
+def test_os_login_imports_the_key_and_logs_in_as_the_posix_user():
+    with FakeTpuService(project="aios-test") as svc:
+        p = provider(svc, os_login=True, os_login_user="alice@example.com", os_login_endpoint=svc.url)
+        r = req(p, accelerator="v5litepod-8", zone="us-west4-a", ssh_user="aios", ssh_public_key="ssh-ed25519 AAAAC3Nza k@aios")
+        printed = [c.shell() for c in p.render_create(r)]
+        assert printed[0].startswith("gcloud compute os-login ssh-keys add") and svc.calls == []
+        r = p.prepare(r)
+        assert r.ssh_user == "alice_example_com" and svc.oslogin_keys == {"alice@example.com": ["ssh-ed25519 AAAAC3Nza k@aios"]}
+        p.create(r)
+        _path, body = svc.received[-1]
+        assert body["metadata"] == {"enable-oslogin": "TRUE"} and _flags(printed[1])["metadata"] == "enable-oslogin=TRUE"
+        p.delete("c1", "us-west4-a")
+        with pytest.raises(CloudError, match="account is unknown"):
+            provider(svc, os_login=True, os_login_endpoint=svc.url).prepare(r)

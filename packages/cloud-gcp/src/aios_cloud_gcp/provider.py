@@ -354,7 +354,12 @@ class GcpProvider(CloudProvider):
         if request.labels:
             node["labels"] = dict(sorted(request.labels.items()))
         key = request.ssh_public_key or PUBLIC_KEY_PLACEHOLDER
-        node["metadata"] = {"ssh-keys": f"{request.ssh_user}:{key}"}
+        if self.settings.os_login:
+            # the key lives in the user's OS Login profile (imported by prepare); ssh-keys
+            # metadata is ignored where OS Login is enforced
+            node["metadata"] = {"enable-oslogin": "TRUE"}
+        else:
+            node["metadata"] = {"ssh-keys": f"{request.ssh_user}:{key}"}
         if self.settings.network:
             node["networkConfig"]["network"] = self.settings.network
         if self.settings.subnetwork:
@@ -390,6 +395,44 @@ class GcpProvider(CloudProvider):
         if policy:
             body["queueingPolicy"] = policy
         return CreatePlan("queued", project, zone, request.name, body)
+
+    # -------------------------------------------------------------- OS Login
+    def os_login_account(self) -> str:
+        if self.settings.os_login_user:
+            return self.settings.os_login_user
+        email = getattr(self._credentials(), "service_account_email", None)
+        if not email or email == "default":
+            raise CloudError("gcp.os_login is on but the account is unknown", "set gcp.os_login_user to your account email")
+        return email
+
+    def prepare(self, request: ClusterRequest) -> ClusterRequest:
+        """With ``gcp.os_login``: import aios's public key into the account's OS Login profile
+        (``users.importSshPublicKey``) and log in as the profile's POSIX user."""
+        if not self.settings.os_login:
+            return request
+        if not request.ssh_public_key:
+            raise CloudError("no SSH public key to import into OS Login", "let aios create its key (aios launch does)")
+        import urllib.parse
+
+        from google.auth.transport.requests import AuthorizedSession
+
+        account = self.os_login_account()
+        url = (f"{self.settings.os_login_endpoint.rstrip('/')}/v1/users/{urllib.parse.quote(account)}:importSshPublicKey"
+               f"?projectId={urllib.parse.quote(self.project(request.project))}")
+        session = AuthorizedSession(self._credentials())
+        try:
+            r = session.post(url, json={"key": request.ssh_public_key}, timeout=60)
+        except Exception as exc:  # noqa: BLE001
+            raise TransientCloudError(f"OS Login: {type(exc).__name__}: {exc}", "check the network") from None
+        if r.status_code != 200:
+            msg = r.json().get("error", {}).get("message", r.text[:200]) if r.headers.get("content-type", "").startswith("application/json") else r.text[:200]
+            raise CloudError(f"OS Login refused the key for {account} ({r.status_code}): {msg}",
+                             "check the account has roles/compute.osAdminLogin (or osLogin) on the project")
+        accounts = (r.json().get("loginProfile") or {}).get("posixAccounts") or []
+        user = next((a.get("username") for a in accounts if a.get("primary")), None) or (accounts[0].get("username") if accounts else None)
+        if not user:
+            raise CloudError(f"the OS Login profile of {account} has no POSIX account", "log in once with `gcloud compute ssh` to create it")
+        return replace(request, ssh_user=user)
 
     # -------------------------------------------------------------- lifecycle
     def create(self, request: ClusterRequest) -> ClusterInfo:
@@ -631,11 +674,15 @@ class GcpProvider(CloudProvider):
     # -------------------------------------------------------------- dry run
     def render_create(self, request: ClusterRequest) -> list[CloudCommand]:
         plan = self.plan_create(request)
+        pre = []
+        if self.settings.os_login:
+            pre.append(CloudCommand(["gcloud", "compute", "os-login", "ssh-keys", "add", "--key-file=<aios public key file>",
+                                     f"--project={plan.project}"], "OS Login: log in as the profile's POSIX user"))
         if plan.kind == "queued":
-            return [CloudCommand(plan.gcloud_argv(), "queued resource: waits for capacity"),
+            return [*pre, CloudCommand(plan.gcloud_argv(), "queued resource: waits for capacity"),
                     CloudCommand(["gcloud", "compute", "tpus", "queued-resources", "describe", request.name, f"--project={plan.project}",
                                   f"--zone={plan.zone}"], "poll until ACTIVE")]
-        return [CloudCommand(plan.gcloud_argv())]
+        return [*pre, CloudCommand(plan.gcloud_argv())]
 
     def render(self, action: str, name: str, zone: str | None) -> list[CloudCommand]:
         project = self.project()

@@ -17,6 +17,9 @@ class GcpSettings(Section):
         "auto", description="auto: Application Default Credentials, then `gcloud auth print-access-token`")
     ssh_user: str = Field("aios", description="login user created on the TPU VMs through the ssh-keys metadata")
     agent_endpoint: str | None = Field(None, description="Cloud TPU API endpoint as the hosts reach it, for the autostop agent (default: endpoint)")
+    os_login: bool = Field(False, description="the project/org enforces OS Login: aios imports its key into your OS Login profile and logs in as its POSIX user (ssh-keys metadata is ignored there)")
+    os_login_user: str | None = Field(None, description="the account (email) whose OS Login profile gets the key; default: the credentials' service account")
+    os_login_endpoint: str = Field("https://oslogin.googleapis.com", description="OS Login API endpoint (tests point it at a local service)")
     use_internal_ip: bool = Field(False, description="SSH to internal IPs (when running inside the VPC)")
     network: str | None = None
     subnetwork: str | None = None

@@ -123,6 +123,7 @@ class FakeTpuService:
         self.ops: dict[str, _Op] = {}
         self.calls: list[tuple[str, str]] = []
         self.callers: list[tuple[str, str, str]] = []  # (method, path, client address)
+        self.oslogin_keys: dict[str, list[str]] = {}  # account -> imported public keys
         self.stockouts: dict[str, int] = {}
         self.quotas: dict[str, int] = {}
         self.unavailable = 0
@@ -331,6 +332,8 @@ class FakeTpuService:
                 self.unavailable -= 1
                 raise ApiError(503, "The service is currently unavailable.")
         parts = path.strip("/").split("/")
+        if len(parts) == 3 and parts[0] == "v1" and parts[1] == "users" and parts[2].endswith(":importSshPublicKey") and method == "POST":
+            return self._oslogin_import(parts[2].rsplit(":", 1)[0], q, body)
         if len(parts) < 5 or parts[0] != "v2" or parts[1] != "projects" or parts[3] != "locations":
             raise ApiError(404, f"unknown path {path}")
         project, zone = parts[2], parts[4]
@@ -349,6 +352,27 @@ class FakeTpuService:
             if rest and rest[0] == "queuedResources":
                 return self._queued(method, parent, zone, rest[1:], q, body)
         raise ApiError(404, f"unknown path {path}")
+
+    def _oslogin_import(self, account: str, q: dict[str, str], body: dict) -> tuple[int, dict]:
+        """OS Login ``users.importSshPublicKey``: the key joins the account's profile; the POSIX
+        username is the account with ``@`` and ``.`` turned into ``_`` (as Google derives it)."""
+        from urllib.parse import unquote
+
+        account = unquote(account)
+        key = (body.get("key") or "").strip()
+        if not key:
+            raise ApiError(400, "key is required", "INVALID_ARGUMENT")
+        with self.lock:
+            self.oslogin_keys.setdefault(account, []).append(key)
+        username = account.replace("@", "_").replace(".", "_")
+        if self.authorized_keys is not None:
+            have = self.authorized_keys.read_text() if self.authorized_keys.exists() else ""
+            if key not in have:
+                with open(self.authorized_keys, "a") as f:
+                    f.write(key + "\n")
+        return 200, {"loginProfile": {"name": account, "posixAccounts": [
+            {"primary": True, "username": username, "uid": "1001", "gid": "1001", "homeDirectory": f"/home/{username}",
+             "operatingSystemType": "LINUX", "accountId": q.get("projectId", "")}]}}
 
     def _check_create(self, zone: str, accelerator: str) -> None:
         if self.quotas.get(zone, 0) > 0:

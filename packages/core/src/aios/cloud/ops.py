@@ -196,6 +196,7 @@ def provision(
 ) -> ClusterRecord:
     """Claim the name, create with zone failover, record the hosts. On any failure nothing is
     left behind: every zone tried is cleaned up by the failover loop and the record removed."""
+    request = provider.prepare(request)
     rec = ClusterRecord(
         name=request.name, cloud=provider.name, zone=request.zone, accelerator=request.accelerator,
         spot=request.spot, state="PENDING", request=_request_dict(request), ssh_user=request.ssh_user,

@@ -371,6 +371,12 @@ class CloudProvider(ABC):
         return request
 
     # -------------------------------------------------------------- lifecycle
+    def prepare(self, request: ClusterRequest) -> ClusterRequest:
+        """Account-level steps before the first create, once per launch (not in a dry run):
+        e.g. import the SSH key into the user's OS Login profile and log in as its POSIX user.
+        Returns the request to create (``ssh_user`` may change)."""
+        return request
+
     @abstractmethod
     def create(self, request: ClusterRequest) -> ClusterInfo:
         """Create the cluster in ``request.zone`` and wait until it is ``READY`` (or, for a
