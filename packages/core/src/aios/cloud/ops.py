@@ -52,6 +52,7 @@ from aios.cloud.store import (
     JOB_CANCELLED,
     JOB_FAILED,
     JOB_FINAL,
+    JOB_PENDING,
     JOB_RECOVERING,
     JOB_RUNNING,
     JOB_SETTING_UP,
@@ -344,6 +345,12 @@ def render_run_sh(rec: ClusterRecord, job_id: int, plan: Any, bundle: bool = Fal
         # the runtime marks ranks that stopped for a preemption notice here (after the emergency
         # checkpoint); torchrun then reports exit 1 for the whole group
         'mkdir -p "$D/status"',
+        # the cluster's job queue: wait (marked queued) until every earlier job on this host ended
+        'touch "$D/queued"',
+        f'for j in $(ls -1 "{root}/jobs" 2>/dev/null | sort -n); do case "$j" in *[!0-9]*) continue;; esac; '
+        f'[ "$j" -lt {job_id} ] || continue; P="{root}/jobs/$j"; '
+        'while [ ! -f "$P/exit_code" ] && [ -f "$P/pid" ] && kill -0 "$(cat "$P/pid")" 2>/dev/null; do sleep 1; done; done',
+        'rm -f "$D/queued"',
         'export AIOS_RUN_STATUS_DIR="$D/status"',
         f'cd "{root}/code" || exit 97',
         cmd,
@@ -419,7 +426,8 @@ def poll_job(rec: ClusterRecord, job_id: int) -> list[tuple[str, int | None]]:
 
     d = f"{remote_root(rec.name)}/jobs/{job_id}"
     cmd = (f'if [ -f {d}/exit_code ]; then echo "EXIT $(cat {d}/exit_code)"; '
-           f'elif [ -f {d}/pid ] && kill -0 "$(cat {d}/pid)" 2>/dev/null; then echo RUNNING; else echo LOST; fi')
+           f'elif [ -f {d}/pid ] && kill -0 "$(cat {d}/pid)" 2>/dev/null; then if [ -f {d}/queued ]; then echo QUEUED; else echo RUNNING; fi; '
+           f'else echo LOST; fi')
     runner = runner_for(rec, None, retries=2, backoff=0.5, connect_timeout=8)
 
     def one(host: ClusterHost) -> Any:
@@ -579,6 +587,11 @@ class Watcher:
             incident = None
             maintenance = False
             now = time.monotonic()
+            queued = bool(states) and all(s == "QUEUED" for s, _ in states)
+            if queued != (job.state == JOB_PENDING):
+                # waiting in the cluster's queue behind an earlier job
+                self.store.update_job(self.job_id, state=JOB_PENDING if queued else JOB_RUNNING)
+            states = [("RUNNING" if s == "QUEUED" else s, c) for s, c in states]
             need_describe = now - last_describe >= self.opt.describe_every or any(s != "RUNNING" for s, _ in states)
             if need_describe:
                 last_describe = now
