@@ -268,3 +268,24 @@ def test_os_login_imports_the_key_and_logs_in_as_the_posix_user():
         p.delete("c1", "us-west4-a")
         with pytest.raises(CloudError, match="account is unknown"):
             provider(svc, os_login=True, os_login_endpoint=svc.url).prepare(r)
+
+
+def test_no_aios_package_from_the_registry(tmp_path, bare_tpu, gcp_env, aios_cli):
+    from aios.cloud.provider import registry_aios
+
+    assert all(registry_aios(r) for r in ("aios", "aios-core[aws]", "AIOS_Core>=0.1", "aios-cloud-gcp==0.1.0", "aios.core"))
+    assert not any(registry_aios(r) for r in ("aiosqlite", "aiohttp", "./packages/core", "/wheels/aios_core-0.1.0-py3-none-any.whl",
+                                               "aios-core @ file:///src/packages/core", "numpy"))
+    work = _project(tmp_path)
+    (work / "requirements.txt").write_text("numpy\naios-core[gcp]\n")
+    env = gcp_env(tmp_path, bare_tpu)
+    r = aios_cli(env, "launch", "--cloud", "gcp", "-a", "v4-16", "--requirements", str(work / "requirements.txt"),
+                 "--workdir", str(work), "--dry-run", "train.py")
+    assert r.returncode == 2 and "belongs to an unrelated project" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = aios_cli(env, "launch", "--cloud", "gcp", "-a", "v4-16", "--workdir", str(work), "--dry-run", "train.py")
+    assert r.returncode == 0, r.stderr
+    setup = [ln for ln in r.stdout.splitlines() if "pip install" in ln]
+    assert setup and not any(registry_aios(tok) for ln in setup for tok in ln.split()), setup
+    bad = gcp_env(tmp_path, bare_tpu, AIOS_GCP__AIOS_REQUIREMENTS='["aios-core[gcp]"]')
+    r = aios_cli(bad, "launch", "--cloud", "gcp", "-a", "v4-16", "--workdir", str(work), "--dry-run", "train.py")
+    assert r.returncode == 2 and "unrelated project" in r.stderr
