@@ -98,3 +98,28 @@ def test_managed_spot_run_survives_the_launching_process(tmp_path, three_hosts, 
         r = aios_cli(env, "status", "mj")
         assert "managed by a controller on" in r.stdout
         assert aios_cli(env, "down", "mj").returncode == 0 and svc.nodes == {}
+
+
+def test_down_stops_a_running_controller_first(tmp_path, three_hosts, gcp_env, aios_cli, wait_for):
+    """`aios down` of a cluster whose controller still runs stops the controller first: it would
+    otherwise recreate the cluster it sees disappear (and bill for it)."""
+    c = three_hosts
+    workers, controller = c.hosts[:2], c.hosts[2]
+    work = tmp_path / "proj"
+    work.mkdir()
+    (work / "job.py").write_text("import time\nprint('working', flush=True)\ntime.sleep(600)\n")
+    with FakeTpuService(machines=workers, authorized_keys=c.authorized_keys, project="aios-test", host="0.0.0.0") as svc:
+        env = gcp_env(tmp_path, svc, AIOS_GCP__AGENT_ENDPOINT=f"http://{c.subnet}.1:{svc.server.server_address[1]}")
+        r = aios_cli(env, "launch", "--cloud", "gcp", "-a", "v4-16", "--name", "dn", "--down", "--backend", "cpu",
+                     "--python", sys.executable, "--no-setup", "--workdir", str(work), "--poll", "0.5",
+                     "--controller", f"{c.user}@{controller.ip}", "--controller-python", sys.executable, "job.py")
+        assert r.returncode == 0, r.stderr[-3000:]
+        pid = int((controller.home / "aios-controller" / "dn" / "controller.pid").read_text())
+        d = aios_cli(env, "down", "dn")
+        assert d.returncode == 0 and f"stopped the controller of dn on {c.user}@{controller.ip}" in d.stderr, d.stderr
+        assert svc.nodes == {}
+        import time
+
+        time.sleep(3)  # a live controller would have started recreating by now
+        assert svc.nodes == {} and svc.count("POST", "/nodes") == 1
+        assert subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode != 0

@@ -524,10 +524,10 @@ def status(name: str | None, refresh: bool, cloud: str | None, as_json: bool, co
                 row["controller"]["state"] = "UNREACHABLE"
                 continue
             row["controller"]["state"] = "RUNNING" if remote["controller_running"] else "ENDED"
-            by_id = {j["id"]: j for j in remote["jobs"]}
-            rj = by_id.get(ctl["job"])
-            if rj and row["jobs"]:
-                local = next((j for j in row["jobs"] if j["id"] == store.events(r.name, kind="controller")[-1].job_id), row["jobs"][-1])
+            rj = {j["id"]: j for j in remote["jobs"]}.get(ctl["job"])
+            local_id = store.events(r.name, kind="controller")[-1].job_id
+            local = next((j for j in row["jobs"] if j["id"] == local_id), None)
+            if rj and local:
                 local.update({k: rj[k] for k in ("state", "restarts", "max_restarts", "exit_codes")})
                 store.update_job(local["id"], state=rj["state"])
             row["recoveries"] += [e for e in remote["recoveries"] if e not in row["recoveries"]]
@@ -779,6 +779,12 @@ def _lifecycle(action: str, names: tuple[str, ...], dry_run: bool, config_file: 
             new = ops.start_cluster(store, provider, rec)
             _log(f"started {rec.name}: " + ", ".join(f"worker {h['worker_id']} {h['ip']}" for h in new.hosts))
         else:
+            from aios.cloud.controller import controller_of, stop_controller
+
+            ctl = controller_of(store, rec.name)
+            if ctl and rec.ssh_key:
+                # a controller that kept running would recreate the cluster it sees vanish
+                stop_controller(rec, ctl, rec.ssh_key, _log)
             ops.down_cluster(store, provider, rec)
             _log(f"deleted {rec.name}")
 

@@ -178,3 +178,20 @@ def remote_status(rec: ClusterRecord, info: dict[str, Any], key: str) -> dict[st
         return None
     row["controller_running"] = r.stdout[-1].strip() == "CONTROLLER-RUNNING"
     return row
+
+
+def stop_controller(rec: ClusterRecord, info: dict[str, Any], key: str, log: Log) -> bool:
+    """Stop the controller's recovery loop (before `aios down`: it would otherwise recreate the
+    cluster it sees disappear). Returns whether it was still running."""
+    host = parse_target(info["target"], rec.ssh_user or "aios")
+    runner = _runner(rec.name, host, key)
+    ctl = info["dir"]
+    cmd = (f'p=$(cat {ctl}/controller.pid 2>/dev/null); if [ -n "$p" ] && kill -0 "$p" 2>/dev/null; then '
+           f'kill -TERM "$p"; for i in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done; '
+           f'kill -KILL "$p" 2>/dev/null; echo STOPPED; else echo NOT-RUNNING; fi')
+    r = runner.run_one(host, cmd, stream=False, timeout=60)
+    runner.check([r], "controller stop")
+    stopped = bool(r.stdout) and r.stdout[-1].strip() == "STOPPED"
+    if stopped:
+        log(f"stopped the controller of {rec.name} on {info['target']} (pid {info['pid']})")
+    return stopped
