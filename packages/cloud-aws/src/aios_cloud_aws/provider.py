@@ -641,8 +641,9 @@ class AwsProvider(CloudProvider):
                 f"'fi_info -p efa -t FI_EP_RDM' found no EFA provider ({itype.name} x{nodes} needs it for NCCL/Neuron collectives); "
                 f"use an EFA-enabled AMI (the DLAMI) or set aws.efa=off\" >&2; exit 1; }}"]
 
-    def check_storage(self, url: str) -> None:
-        if url.startswith("s3://") and not self.settings.iam_instance_profile:
+    def check_storage(self, url: str, env_names: tuple[str, ...] | list[str] | set[str] = ()) -> None:
+        forwarded = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} <= set(env_names)  # the user's explicit choice
+        if url.startswith("s3://") and not self.settings.iam_instance_profile and not forwarded:
             bucket = url[5:].split("/", 1)[0]
             raise CloudError(
                 f"the hosts would have no credentials to write {url}: aws.iam_instance_profile is not set",

@@ -279,7 +279,7 @@ def launch(script: str, script_args: tuple[str, ...], cloud: str | None, acceler
         raise AiosError(f"--checkpoint-dir {checkpoint_dir} is local to the hosts and dies with them",
                         f"use a bucket URL such as {provider.storage_scheme or 'gs'}://BUCKET/PATH")
     if checkpoint_dir and "://" in checkpoint_dir:
-        provider.check_storage(checkpoint_dir)  # the hosts must be able to write there
+        provider.check_storage(checkpoint_dir, {*env, *forward})  # the hosts must be able to write there
     setup_lines = [*setup_lines, *provider.host_checks(accelerator, nodes)]
     python = python or provider.python(accelerator)
     spec = ops.JobSpec(script=script, args=args, module=module, backend=backend, python=python, env=env,

@@ -456,9 +456,10 @@ class CloudProvider(ABC):
         one-time EC2 spot instances cannot: only deleted)."""
         return not spot
 
-    def check_storage(self, url: str) -> None:
+    def check_storage(self, url: str, env_names: tuple[str, ...] | list[str] | set[str] = ()) -> None:
         """Raise :class:`CloudError` when the hosts will have no credentials to write ``url``
-        (a managed run's checkpoints). Called before anything is created."""
+        (a managed run's checkpoints); ``env_names`` are the variables the job gets (``--env``).
+        Called before anything is created."""
         return None
 
     # -------------------------------------------------------------- health / failover hooks
