@@ -61,6 +61,8 @@ def test_preset_none_and_single_node_auto() -> None:
     env, notes = nccl_env(_cfg("cuda.nccl_preset=none"), "p5.48xlarge", 2, environ={})
     assert not any(k.startswith(("FI_", "NCCL_")) for k in env)
     assert choose_preset("auto", None, 1)[0] == "none"
+    # a single p5/p4d is launched without EFA (aws.efa=auto): the EFA preset would break NCCL
+    assert choose_preset("auto", "p5.48xlarge", 1)[0] == "none" and choose_preset("auto", "p4d.24xlarge", 1)[0] == "none"
     assert choose_preset("auto", "g5.12xlarge", 2)[0] in ("none", "efa", "ib")
 
 

@@ -55,11 +55,14 @@ def test_plan_p5_two_nodes_spot(offline_env):
     assert run["MetadataOptions"] == {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 2}
     assert run["BlockDeviceMappings"] == [{"DeviceName": "/dev/sda1", "Ebs": {"VolumeSize": 512, "VolumeType": "gp3", "DeleteOnTermination": True}}]
     nics = _nics(run)
-    assert len(nics) == 32
+    # the current AWS guide: one ENA primary (card 0, device 0), EFA-only on card 0 device 1 and
+    # on device 0 of every further card: 32 EFA devices and one ENA on a p5.48xlarge
+    assert len(nics) == 33
     assert nics[0] == {"DeviceIndex": 0, "NetworkCardIndex": 0, "SubnetId": "<default subnet of us-east-1d>", "Groups": ["<sg:aios-gpt>"],
-                       "DeleteOnTermination": True, "InterfaceType": "efa"}
-    assert [n["NetworkCardIndex"] for n in nics] == list(range(32))
-    assert all(n["DeviceIndex"] == 1 and n["InterfaceType"] == "efa-only" for n in nics[1:])
+                       "DeleteOnTermination": True}
+    assert [n["NetworkCardIndex"] for n in nics[1:]] == list(range(32))
+    assert [n["DeviceIndex"] for n in nics[1:]] == [1] + [0] * 31
+    assert all(n["InterfaceType"] == "efa-only" for n in nics[1:])
     assert not any("AssociatePublicIpAddress" in n for n in nics)
     kinds = [t["ResourceType"] for t in run["TagSpecifications"]]
     assert kinds == ["instance", "volume", "network-interface", "spot-instances-request"]
@@ -84,8 +87,8 @@ def test_plan_trn1_two_nodes_on_demand(offline_env):
     assert "InstanceMarketOptions" not in run  # on demand (spot_max_price only applies to spot)
     assert run["IamInstanceProfile"] == {"Name": "aios-s3"}
     assert run["BlockDeviceMappings"][0]["Ebs"]["VolumeSize"] == 1024
-    assert [n["NetworkCardIndex"] for n in _nics(run)] == list(range(8))
-    assert _nics(run)[0]["InterfaceType"] == "efa"
+    assert [n["NetworkCardIndex"] for n in _nics(run)] == [0, *range(8)]
+    assert "InterfaceType" not in _nics(run)[0] and sum(n.get("InterfaceType") == "efa-only" for n in _nics(run)) == 8
     assert [t["ResourceType"] for t in run["TagSpecifications"]] == ["instance", "volume", "network-interface"]
     spot = p.plan_create(ClusterRequest(name="llama", accelerator="trn1.32xlarge", nodes=2, region="us-west-2", spot=True))
     assert spot["run_instances"]["InstanceMarketOptions"]["SpotOptions"]["MaxPrice"] == "9.0000"
@@ -100,7 +103,7 @@ def test_plan_single_node_has_no_efa_no_placement_group(offline_env):
     assert run["NetworkInterfaces"][0]["AssociatePublicIpAddress"] is True and plan["elastic_ips"] is False
     private = AwsProvider(settings=AwsSettings(use_private_ip=True, efa="on")).plan_create(
         ClusterRequest(name="solo", accelerator="p4d.24xlarge", region="us-east-1"))
-    assert len(private["run_instances"]["NetworkInterfaces"]) == 4 and private["elastic_ips"] is False
+    assert len(private["run_instances"]["NetworkInterfaces"]) == 5 and private["elastic_ips"] is False
 
 
 def _dry_run(tmp: Path, *args: str, config: str | None = None) -> str:
@@ -143,7 +146,7 @@ def test_cli_dry_run_p5_x2(offline_env):
     assert f"aws ssm get-parameter --region us-east-1 --name {GPU_AMI_PARAMETER}" in out
     assert "aws ec2 create-placement-group --region us-east-1 --group-name aios-gpt --strategy cluster" in out
     run = _run_instances(out)
-    assert run["InstanceType"] == "p5.48xlarge" and run["MinCount"] == 2 and len(run["NetworkInterfaces"]) == 32
+    assert run["InstanceType"] == "p5.48xlarge" and run["MinCount"] == 2 and len(run["NetworkInterfaces"]) == 33
     assert run["InstanceMarketOptions"]["MarketType"] == "spot"
     workers = _worker_lines(out)
     assert len(workers) == 2
@@ -166,12 +169,13 @@ def test_cli_dry_run_python_flag_overrides_the_provider_interpreter(offline_env)
 
 
 def test_cli_dry_run_trn1_x2_with_s3_compile_cache(offline_env):
-    cfg = "neuron:\n  compile_cache: s3://ckpt-bucket/neuron-cache\n"
+    cfg = "neuron:\n  compile_cache: s3://ckpt-bucket/neuron-cache\naws:\n  iam_instance_profile: aios-s3\n"
     out = _dry_run(offline_env, "-a", "trn1.32xlarge", "--nodes", "2", "--region", "us-east-1", "--name", "llama",
                    "--checkpoint-dir", "s3://ckpt-bucket/run1", config=cfg)
     assert f"--name {NEURON_AMI_PARAMETER}" in out
     run = _run_instances(out)
-    assert run["InstanceType"] == "trn1.32xlarge" and run["MinCount"] == 2 and len(run["NetworkInterfaces"]) == 8
+    assert run["InstanceType"] == "trn1.32xlarge" and run["MinCount"] == 2 and len(run["NetworkInterfaces"]) == 9
+    assert run["IamInstanceProfile"] == {"Name": "aios-s3"}
     assert "InstanceMarketOptions" not in run
     assert "/opt/aws_neuronx_venv_pytorch_2_8/bin/python3 -m pip install" in out
     workers = _worker_lines(out)
@@ -215,7 +219,8 @@ def test_render_down_and_remote_env_have_no_secrets(offline_env):
     assert "AIOS_RUN_SPOT_WATCH" not in p.remote_env(info)
     setup = p.setup_commands("trn1.32xlarge", ["datasets==3.0"])
     assert setup[0].startswith("/opt/aws_neuronx_venv_pytorch_2_8/bin/python3 -m pip")
-    assert setup[-1].endswith(" datasets==3.0") and "aios-core[aws]" in setup[1]
+    assert setup[-1].endswith(" datasets==3.0") and len(setup) == 2
+    assert not any("aios" in line.split("pip install", 1)[-1] for line in setup)  # aios comes with the code
     assert AwsProvider(settings=AwsSettings(python="/usr/bin/python3.11")).setup_commands("p5.48xlarge", [])[0].startswith("/usr/bin/python3.11 ")
     with pytest.raises(Exception, match="unknown action"):
         p.render("explode", "gpt", None)

@@ -55,8 +55,7 @@ def _config(tmp: Path, subnet: str, extra: str = "") -> Path:
         "aws:\n"
         f"  subnet_ids: [{subnet}]\n"
         "  use_private_ip: true\n"
-        "  ssh_user: root\n"
-        "  aios_requirements: []\n" + extra
+        "  ssh_user: root\n" + extra  # aios_requirements: the default (aios comes with the code)
     )
     return cfg
 

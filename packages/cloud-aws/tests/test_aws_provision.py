@@ -64,10 +64,12 @@ def test_multinode_spot_efa_placement_group_and_down_removes_all(aws, make_provi
     assert run["InstanceMarketOptions.SpotOptions.InstanceInterruptionBehavior"] == "terminate"
     assert run["Placement.GroupName"] == "aios-big" and run["Placement.AvailabilityZone"] == "us-east-1c"
     cards = sorted(int(k.split(".")[1]) for k in run if k.startswith("NetworkInterface.") and k.endswith(".NetworkCardIndex"))
-    assert len(cards) == 32  # every EFA card of a p5.48xlarge
-    assert run["NetworkInterface.1.InterfaceType"] == "efa" and run["NetworkInterface.1.DeviceIndex"] == "0"
+    assert len(cards) == 33  # an ENA primary and an EFA-only interface on every card of a p5.48xlarge
+    assert "NetworkInterface.1.InterfaceType" not in run and run["NetworkInterface.1.DeviceIndex"] == "0"
     assert run["NetworkInterface.2.InterfaceType"] == "efa-only" and run["NetworkInterface.2.DeviceIndex"] == "1"
-    assert run["NetworkInterface.32.NetworkCardIndex"] == "31"
+    assert run["NetworkInterface.2.NetworkCardIndex"] == "0"
+    assert run["NetworkInterface.3.InterfaceType"] == "efa-only" and run["NetworkInterface.3.DeviceIndex"] == "0"
+    assert run["NetworkInterface.33.NetworkCardIndex"] == "31"
     assert "NetworkInterface.1.AssociatePublicIpAddress" not in run  # not allowed with several interfaces
     types = {run[k] for k in run if k.startswith("TagSpecification.") and k.endswith(".ResourceType")}
     assert types == {"instance", "volume", "network-interface", "spot-instances-request"}
@@ -122,12 +124,12 @@ def test_launch_failing_everywhere_leaves_nothing(aws, make_provider, pubkey):
 
 
 def test_failure_after_instances_started_removes_them(aws, make_provider, pubkey):
-    aws.proxy.inject("AllocateAddress", "AddressLimitExceeded", "The maximum number of addresses has been reached.", status=400)
+    aws.proxy.inject("AssociateAddress", "InvalidNetworkInterfaceID.NotFound", "The networkInterface ID 'eni-x' does not exist", status=400)
     p = make_provider()
     req = p.validate(ClusterRequest(name="half", accelerator="trn1.32xlarge", nodes=2, zone="us-east-1a", ssh_public_key=pubkey))
     with pytest.raises(CloudError) as ei:
         p.create(req)
-    assert "AddressLimitExceeded" in str(ei.value)
+    assert "InvalidNetworkInterfaceID" in str(ei.value)
     assert len(aws.proxy.called("RunInstances")) == 1 and aws.proxy.called("TerminateInstances")
     assert nothing_left(aws, "half")
 

@@ -46,7 +46,6 @@ def _gcp_env(tmp_path: Path, svc: FakeTpuService, **extra: str) -> dict[str, str
         "AIOS_GCP__POLL_INTERVAL": "0.05",
         "AIOS_GCP__SSH_USER": "root",
         "AIOS_GCP__ZONES": json.dumps(ZONES),
-        "AIOS_GCP__AIOS_REQUIREMENTS": "[]",
         "AIOS_PLUGINS": "aios-cloud-gcp,aios-backend-xla",
         "COLUMNS": "200",
     })

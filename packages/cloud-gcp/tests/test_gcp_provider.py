@@ -58,14 +58,14 @@ def test_gcp_node_lifecycle_spot_labels_and_list(bare_tpu):
     assert body["metadata"]["ssh-keys"] == "aios:ssh-ed25519 AAAAC3 test"
     assert body["labels"]["aios-cluster"] == "c1"
     assert [c.name for c in p.list()] == ["c1"]
-    p.stop("c1", r.zone)
-    assert p.describe("c1", r.zone).state == "STOPPED"
-    assert p.start("c1", r.zone).state == "READY"
+    with pytest.raises(CloudError, match="spot TPU, which Cloud TPU cannot stop"):
+        p.stop("c1", r.zone)
+    assert p.describe("c1", r.zone).state == "READY"
     bare_tpu.preempt("c1")
     assert p.describe("c1", r.zone).preempted
-    bare_tpu.set_health("c1", "UNHEALTHY_MAINTENANCE")
+    bare_tpu.set_health("c1", "UNHEALTHY_TENSORFLOW")
     d = p.describe("c1", r.zone)
-    assert d.unhealthy and d.health_detail == "UNHEALTHY_MAINTENANCE"
+    assert d.unhealthy and d.health_detail == "UNHEALTHY_TENSORFLOW"
     p.delete("c1", r.zone)
     p.delete("c1", r.zone)  # idempotent
     assert p.describe("c1", r.zone) is None
@@ -120,7 +120,9 @@ def test_gcp_queued_resource_waits_for_capacity_within_its_window(bare_tpu):
     r = req(p, name="q1", accelerator="v5litepod-8", queued=True, spot=True, valid_until="+1h", valid_after="+0s")
     info = p.create(r)
     qr = bare_tpu.queued["projects/aios-test/locations/us-west4-a/queuedResources/q1"]["body"]
-    assert qr["queueingPolicy"]["validUntilDuration"] == "3600s" and "spot" in qr
+    # after and until together are one interval (they share a oneof in the API)
+    interval = qr["queueingPolicy"]["validInterval"]
+    assert set(interval) == {"startTime", "endTime"} and "spot" in qr
     assert info.ready and bare_tpu.node("q1").body["queuedResource"].endswith("/queuedResources/q1")
     p.delete("q1", r.zone)
     assert bare_tpu.nodes == {} and bare_tpu.queued == {}

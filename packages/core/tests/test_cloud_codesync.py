@@ -59,3 +59,27 @@ def test_cloud_codesync_tarball_and_size_limit(tmp_path):
     with pytest.raises(AiosError, match="code sync would upload 3 MiB .*weights.safetensors"):
         make_tarball(src, tmp_path / "big.tar.gz", max_bytes=2**20)
     assert not (tmp_path / "big.tar.gz").exists()
+
+
+@pytest.mark.parametrize("git", [True, False], ids=["git-untracked", "plain"])
+def test_cloud_codesync_never_ships_env_files_or_keys(tmp_path, git):
+    """Untracked, not gitignored secret files stay home; templates and public keys go."""
+    secrets = {".env": "WANDB_API_KEY=abc", ".env.prod": "X=1", "conf/prod.env": "Y=2", "deploy/key.pem": "-----BEGIN",
+               "id_ed25519": "k", "keys/id_rsa": "k", "gcp/service-account-prod.json": "{}", "credentials.json": "{}",
+               ".aws/credentials": "[default]", ".netrc": "machine x"}
+    kept = {"train.py": "print(1)", ".env.example": "WANDB_API_KEY=", "id_ed25519.pub": "ssh-ed25519 AAAA", "conf/model.yaml": "a: 1"}
+    for rel, text in {**secrets, **kept}.items():
+        p = tmp_path / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    if git:
+        subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+        subprocess.run(["git", "-C", str(tmp_path), "add", "train.py"], check=True)
+    from aios.cloud.codesync import secret_files
+
+    assert collect(tmp_path) == sorted(kept)
+    assert secret_files(tmp_path) == sorted(secrets)
+    t = make_tarball(tmp_path, tmp_path.parent / f"code-{git}.tar.gz")
+    with tarfile.open(t.path) as tar:
+        names = set(tar.getnames())
+    assert names == set(kept) and not any(s in names for s in secrets)

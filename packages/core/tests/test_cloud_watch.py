@@ -178,3 +178,70 @@ def test_cloud_watch_replaced_host_with_new_host_key_goes_through_recovery(env, 
     assert any(e.kind == "recovered" and "reconnected to the replaced hosts" in e.message for e in events)
     assert "describe" in provider.calls and "create" not in provider.calls  # the cloud said it is up
     assert (env.hosts[0].home / "attempts").read_text() == "2"
+
+
+def test_cloud_watch_waits_out_host_maintenance(env, tmp_path):
+    """TPU ``UNHEALTHY_MAINTENANCE`` resumes by itself: no repair, no recreate, no restart used."""
+    from aios.cloud.provider import MAINTENANCE
+
+    store, provider, rec, job_id, config, printer, logs = _setup(env, tmp_path, "ok")
+    (tmp_path / "work" / "job.py").write_text("import time\nprint('working', flush=True)\ntime.sleep(4)\nprint('finished', flush=True)\n")
+    ops.sync_code(rec, ops.JobSpec.from_dict(store.get_job(job_id).spec), printer, logs.append)
+    ops.start_job(rec, job_id, ops.JobSpec.from_dict(store.get_job(job_id).spec), config, {}, printer, logs.append)
+    described = []
+    plain = provider._info
+
+    def in_maintenance(name: str) -> ClusterInfo:
+        info = plain(name)
+        described.append(1)
+        if len(described) <= 8:
+            info.health, info.health_detail = MAINTENANCE, "UNHEALTHY_MAINTENANCE"
+        return info
+
+    provider._info = in_maintenance  # type: ignore[method-assign]
+    opts = ops.WatchOptions(poll=0.2, describe_every=0.2, follow=False, ssh_timeout=30, lost_after=2)
+    code = ops.Watcher(store, provider, job_id, config, printer=printer, log=logs.append, options=opts).run()
+    job = store.get_job(job_id)
+    assert code == 0 and job.state == JOB_SUCCEEDED and job.restarts == 0, logs
+    assert not {"stop", "start", "delete", "create"} & set(provider.calls)
+    assert [e.kind for e in store.events("wc")].count("maintenance") == 1
+
+
+def test_cloud_job_queue_runs_jobs_one_after_another_and_cancel_dequeues(env, tmp_path):
+    """A job started while another runs waits in the cluster's queue (on the hosts themselves,
+    recorded PENDING), starts when the earlier one ends; a queued job can be cancelled."""
+    store, provider, rec, first, config, printer, logs = _setup(env, tmp_path, "ok")
+    work = tmp_path / "work"
+    (work / "slow.py").write_text("import time\nprint('start', time.time(), flush=True)\ntime.sleep(8)\nprint('end', time.time(), flush=True)\n")
+    (work / "quick.py").write_text("import time\nprint('start', time.time(), flush=True)\n")
+
+    def add(script: str) -> tuple[int, ops.JobSpec]:
+        spec = ops.JobSpec(script=script, backend="cpu", python=sys.executable, workdir=str(work), bundle=False)
+        jid = store.add_job("wc", script, backend="cpu", spec=spec.to_dict())
+        return jid, spec
+
+    ops.sync_code(rec, ops.JobSpec(script="slow.py", backend="cpu", workdir=str(work), bundle=False), printer, logs.append)
+    slow, s1 = add("slow.py")
+    quick, s2 = add("quick.py")
+    cancelled, s3 = add("quick.py")
+    for jid, spec in ((slow, s1), (quick, s2), (cancelled, s3)):
+        ops.start_job(rec, jid, spec, config, {}, printer, logs.append)
+    assert [s for s, _ in ops.poll_job(rec, quick)] == ["QUEUED"]
+    ops.cancel_job(rec, cancelled, grace=2)
+    opts = ops.WatchOptions(poll=0.2, describe_every=5, follow=False, ssh_timeout=30)
+    seen: list[str] = []
+
+    def sleep(seconds: float) -> None:
+        import time
+
+        seen.append(store.get_job(quick).state)
+        time.sleep(seconds)
+
+    code = ops.Watcher(store, provider, quick, config, printer=printer, log=logs.append, options=opts, sleep=sleep).run()
+    assert code == 0 and store.get_job(quick).state == JOB_SUCCEEDED, logs
+    assert "PENDING" in seen  # recorded as waiting in the queue
+    jobs = env.hosts[0].home / "aios" / "wc" / "jobs"
+    slow_end = float((jobs / str(slow) / "worker.log").read_text().split("end ")[1].split()[0])
+    quick_start = float((jobs / str(quick) / "worker.log").read_text().split("start ")[1].split()[0])
+    assert quick_start >= slow_end
+    assert not (jobs / str(cancelled) / "exit_code").exists() and "start" not in (jobs / str(cancelled) / "worker.log").read_text()

@@ -94,11 +94,11 @@ def choose_preset(preset: str, instance_type: str | None, nnodes: int) -> tuple[
         if preset not in PRESETS:
             raise ConfigError(f"unknown NCCL preset {preset!r}", f"choose one of: auto, {', '.join(PRESETS)}")
         return preset, "cuda.nccl_preset"
+    if nnodes <= 1:  # a single node, even a p5, launches without EFA interfaces
+        return "none", "single node: NVLink/PCIe only, no network preset needed"
     by_type = preset_for_instance(instance_type)
     if by_type:
         return by_type, f"instance type {instance_type}"
-    if nnodes <= 1:
-        return "none", "single node: NVLink/PCIe only, no network preset needed"
     fabric = _local_fabric()
     if fabric:
         return fabric, f"{fabric.upper()} devices under {INFINIBAND_SYSFS}"

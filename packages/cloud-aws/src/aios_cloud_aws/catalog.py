@@ -77,6 +77,18 @@ _P5E_REGIONS = ("us-east-2", "us-west-2")
 _TRN1_REGIONS = ("us-east-1", "us-east-2", "us-west-2", "eu-north-1", "ap-northeast-1", "ap-south-1", "ap-southeast-4")
 _TRN2_REGIONS = ("us-east-2", "us-west-2")
 
+def _trainium(name: str, **cloud: Any) -> InstanceType:
+    """A Trainium type: the chip facts (devices, HBM, vCPUs, EFA interfaces, NeuronCores) come
+    from backend-neuron's catalog, the one place they live; prices, regions, host RAM and
+    bandwidth are the cloud's."""
+    from aios_backend_neuron.catalog import GIB, lookup
+
+    t = lookup(name)
+    return InstanceType(name=name, family=t.family, accelerator=f"AWS {t.chip}", accelerators=t.devices,
+                        accelerator_memory_gib=t.memory_per_device // GIB, vcpus=t.vcpus, efa_interfaces=t.efa_interfaces,
+                        backend="neuron", neuron_cores=t.physical_cores, **cloud)
+
+
 INSTANCE_TYPES: dict[str, InstanceType] = {
     t.name: t
     for t in (
@@ -99,25 +111,13 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             regions=_P5E_REGIONS, price_region="us-east-2",
             notes=("mostly sold through EC2 Capacity Blocks for ML; no recorded spot price",),
         ),
-        InstanceType(
-            name="trn1.2xlarge", family="trn1", accelerator="AWS Trainium", accelerators=1,
-            accelerator_memory_gib=32, vcpus=8, memory_gib=32, efa_interfaces=0, network_gbps=12,
-            on_demand_hourly=1.34375, spot_hourly=0.4011, peak_bf16_tflops=190.0, backend="neuron",
-            regions=_TRN1_REGIONS, neuron_cores=2, notes=("no EFA: single node only",),
-        ),
-        InstanceType(
-            name="trn1.32xlarge", family="trn1", accelerator="AWS Trainium", accelerators=16,
-            accelerator_memory_gib=32, vcpus=128, memory_gib=512, efa_interfaces=8, network_gbps=800,
-            on_demand_hourly=21.50, spot_hourly=6.4505, peak_bf16_tflops=16 * 190.0, backend="neuron",
-            regions=_TRN1_REGIONS, neuron_cores=32, notes=("NeuronLink ring; 8x100 Gbps EFA",),
-        ),
-        InstanceType(
-            name="trn2.48xlarge", family="trn2", accelerator="AWS Trainium2", accelerators=16,
-            accelerator_memory_gib=96, vcpus=192, memory_gib=2048, efa_interfaces=16, network_gbps=3200,
-            on_demand_hourly=44.70, spot_hourly=None, peak_bf16_tflops=16 * 667.0, backend="neuron",
-            regions=_TRN2_REGIONS, neuron_cores=128, price_region="us-east-2",
-            notes=("NeuronLink 2D torus; 16x200 Gbps EFAv3; mostly capacity blocks; no recorded spot price",),
-        ),
+        _trainium("trn1.2xlarge", memory_gib=32, network_gbps=12, on_demand_hourly=1.34375, spot_hourly=0.4011,
+                  peak_bf16_tflops=190.0, regions=_TRN1_REGIONS, notes=("no EFA: single node only",)),
+        _trainium("trn1.32xlarge", memory_gib=512, network_gbps=800, on_demand_hourly=21.50, spot_hourly=6.4505,
+                  peak_bf16_tflops=16 * 190.0, regions=_TRN1_REGIONS, notes=("NeuronLink ring; 8x100 Gbps EFA",)),
+        _trainium("trn2.48xlarge", memory_gib=2048, network_gbps=3200, on_demand_hourly=44.70, spot_hourly=None,
+                  peak_bf16_tflops=16 * 667.0, regions=_TRN2_REGIONS, price_region="us-east-2",
+                  notes=("NeuronLink 2D torus; 16x200 Gbps EFAv3; mostly capacity blocks; no recorded spot price",)),
     )
 }
 

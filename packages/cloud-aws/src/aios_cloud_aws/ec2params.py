@@ -43,21 +43,23 @@ def use_placement_group(settings: AwsSettings, itype: InstanceType, nodes: int) 
 
 
 def network_interfaces(settings: AwsSettings, itype: InstanceType, nodes: int, subnet_id: str, group_ids: list[str]) -> list[dict[str, Any]]:
-    """Card 0 carries the primary interface (EFA on multi-node launches); every further EFA
-    card gets one EFA interface at device index 1. A single interface gets a public IP unless
-    ``aws.use_private_ip``; several cannot (EC2 rule), so those hosts get an Elastic IP."""
+    """The layout of the current AWS guide for instances with several network cards
+    (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html): an ENA
+    primary interface (card 0, device 0), an EFA-only interface on card 0 at device 1, and one
+    EFA-only interface at device 0 on every further card: ``efa_interfaces`` EFA devices and one
+    ENA (p5/p5e: 32, trn2.48xlarge: 16, trn1.32xlarge: 8, p4d: 4). A single interface gets a
+    public IP unless ``aws.use_private_ip``; several cannot (EC2 rule), so those hosts get an
+    Elastic IP."""
     efa = use_efa(settings, itype, nodes)
     first: dict[str, Any] = {
         "DeviceIndex": 0, "NetworkCardIndex": 0, "SubnetId": subnet_id, "Groups": list(group_ids),
         "DeleteOnTermination": True,
     }
-    if efa:
-        first["InterfaceType"] = "efa"
     out = [first]
     if efa:
-        for card in range(1, itype.efa_interfaces):
+        for card in range(max(1, itype.efa_interfaces)):
             out.append({
-                "DeviceIndex": 1, "NetworkCardIndex": card, "SubnetId": subnet_id, "Groups": list(group_ids),
+                "DeviceIndex": 1 if card == 0 else 0, "NetworkCardIndex": card, "SubnetId": subnet_id, "Groups": list(group_ids),
                 "DeleteOnTermination": True, "InterfaceType": settings.efa_secondary_type,
             })
     if len(out) == 1 and not settings.use_private_ip:
@@ -86,6 +88,8 @@ def run_instances_params(
     labels: dict[str, str] | None = None,
     client_token: str | None = None,
     disk_gb: int | None = None,
+    reservation: str | None = None,
+    capacity_block: bool = False,
 ) -> dict[str, Any]:
     """Keyword arguments of ``ec2.run_instances``: all ``nodes`` in one call with
     ``MinCount == MaxCount`` (all or nothing), IMDSv2 required, everything tagged."""
@@ -114,6 +118,11 @@ def run_instances_params(
             spot_options["MaxPrice"] = f"{settings.spot_max_price:.4f}"
         params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": spot_options}
         params["TagSpecifications"].append(tag_spec("spot-instances-request", cluster, labels))
+    if reservation:
+        # an On-Demand Capacity Reservation (ODCR) or a Capacity Block for ML: launch into it only
+        params["CapacityReservationSpecification"] = {"CapacityReservationTarget": {"CapacityReservationId": reservation}}
+        if capacity_block:
+            params["InstanceMarketOptions"] = {"MarketType": "capacity-block"}
     if settings.iam_instance_profile:
         key = "Arn" if settings.iam_instance_profile.startswith("arn:") else "Name"
         params["IamInstanceProfile"] = {key: settings.iam_instance_profile}

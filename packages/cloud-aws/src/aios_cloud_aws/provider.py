@@ -15,6 +15,7 @@ Zones: the core's failover (:func:`aios.cloud.failover.create_with_failover`) ca
 from __future__ import annotations
 
 import json
+import shlex
 import time
 import uuid
 from dataclasses import replace
@@ -41,6 +42,8 @@ from aios.cloud.provider import (
     ClusterInfo,
     ClusterRequest,
     FailureKind,
+    NotOfferedError,
+    check_requirements,
 )
 
 from aios_cloud_aws import catalog as cat
@@ -53,10 +56,16 @@ from aios_cloud_aws.ec2params import (
     run_instances_params,
     security_group_rules,
     tag_spec,
+    use_efa,
     use_placement_group,
 )
 from aios_cloud_aws.session import Clients, region_of_zone
 from aios_cloud_aws.settings import DLAMI_PYTHON, SPOT_WATCH_ENV, AwsSettings, settings_from
+
+class ElasticIpQuotaError(CloudError):
+    """The region's Elastic IP quota cannot cover the launch. Regional: no zone would do better,
+    so the failover stops (fatal)."""
+
 
 LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
 SPOT_TERMINATION_CODES = {"Server.SpotInstanceTermination", "Server.SpotInstanceShutdown"}
@@ -161,6 +170,21 @@ class AwsProvider(CloudProvider):
             raise CloudError(f"zone {request.zone} is not in region {region}", f"use a zone of {region} (e.g. {region}a)")
         if request.nodes < 1:
             raise CloudError(f"--nodes must be at least 1, not {request.nodes}", "pass --nodes 1 or more")
+        if request.queued or request.valid_after or request.valid_until:
+            raise CloudError("--queued/--valid-after/--valid-until are Cloud TPU queued resources; EC2 has none",
+                             "drop them; for reserved EC2 capacity pass --reservation (a capacity block or ODCR id)")
+        if request.zone and region in cat.REGION_ZONES and request.zone not in cat.REGION_ZONES[region]:
+            raise CloudError(f"zone {request.zone} does not exist in {region}", f"use one of: {', '.join(cat.REGION_ZONES[region])}")
+        reservation = request.extra.get("reservation")
+        if reservation:
+            kind, _, rid = reservation.rpartition(":")
+            if not rid.startswith("cr-") or kind not in ("", "block"):
+                raise CloudError(f"--reservation {reservation} is not a capacity reservation id",
+                                 "pass cr-... (an On-Demand Capacity Reservation) or block:cr-... (a Capacity Block for ML)")
+            if request.spot:
+                raise CloudError("--spot and --reservation contradict each other (reserved capacity is not spot)", "pass only one")
+        if request.disk_gb is not None and request.disk_gb < 8:
+            raise CloudError(f"--disk-gb {request.disk_gb} is too small for the root volume", "pass at least 8 (default: aws.disk_gb)")
         if self.settings.efa == "on" and not itype.efa_capable:
             raise CloudError(f"{itype.name} has no EFA interfaces", "set aws.efa=auto or off, or pick an EFA type (p4d/p5/trn1.32xlarge/trn2)")
         if request.spot and itype.spot_hourly is None:
@@ -199,6 +223,20 @@ class AwsProvider(CloudProvider):
         existing = self._instances(ec2, request.name)
         if any(i["State"]["Name"] != "shutting-down" for i in existing):
             raise CloudError(f"cluster {request.name} already has instances in {region}", f"use it, or `aios down {request.name}` first")
+        rid = (request.extra.get("reservation") or "").rpartition(":")[2]
+        if rid:
+            crs = self._call(ec2, "DescribeCapacityReservations", CapacityReservationIds=[rid]).get("CapacityReservations", [])
+            cr = crs[0] if crs else {}
+            if cr.get("AvailabilityZone") != zone:
+                raise NotOfferedError(f"capacity reservation {rid} is in {cr.get('AvailabilityZone')}, not {zone}",
+                                      f"pass --zone {cr.get('AvailabilityZone')}")
+            if cr.get("InstanceType") != itype.name:
+                raise CloudError(f"capacity reservation {rid} is for {cr.get('InstanceType')}, not {itype.name}",
+                                 f"pass -a {cr.get('InstanceType')}")
+            if (cr.get("ReservationType") == "capacity-block") != request.extra["reservation"].startswith("block:"):
+                want = "block:" + rid if cr.get("ReservationType") == "capacity-block" else rid
+                raise CloudError(f"capacity reservation {rid} is a {cr.get('ReservationType') or 'default'} reservation",
+                                 f"pass --reservation {want}")
         try:
             ami, source = self.resolve_ami(request.accelerator, region, request.image)
             self.log(f"{request.name}: AMI {ami} ({source})")
@@ -210,12 +248,15 @@ class AwsProvider(CloudProvider):
             pg = None
             if use_placement_group(self.settings, itype, request.nodes):
                 pg = self._ensure_placement_group(ec2, request.name, request.labels)
-            params = run_instances_params(
-                cluster=request.name, itype=itype, nodes=request.nodes, zone=zone, image_id=ami,
-                root_device=root, subnet_id=subnet_id, group_ids=group_ids, key_name=key_name,
-                settings=self.settings, spot=request.spot, placement_group=pg, labels=request.labels,
-                client_token=f"aios-{request.name}-{zone}-{uuid.uuid4().hex[:12]}", disk_gb=request.disk_gb,
-            )
+            # the very plan --dry-run prints, with the ids resolved
+            params = self.plan_create(request, zone, resolved={
+                "image": ami, "root_device": root, "subnet_id": subnet_id, "group_ids": group_ids, "key_name": key_name,
+                "placement_group": pg, "client_token": f"aios-{request.name}-{zone}-{uuid.uuid4().hex[:12]}"})["run_instances"]
+            eips: list[str] = []
+            if needs_elastic_ips(self.settings, itype, request.nodes):
+                # before any instance is launched: the Elastic IP quota is regional, so running
+                # out must stop the launch here, not after paying for instances in every zone
+                eips = self._allocate_elastic_ips(ec2, request.name, request.nodes, request.labels, region)
             self.log(f"{request.name}: RunInstances {request.nodes} x {itype.name} in {zone}{' (spot)' if request.spot else ''}")
             runner = ec2 if self.retry_capacity_errors else self.clients.client("ec2", region, max_attempts=1)
             resp = self._call(runner, "RunInstances", **params)
@@ -224,8 +265,8 @@ class AwsProvider(CloudProvider):
                 self._call(ec2, "CreateTags", Resources=[inst["InstanceId"]], Tags=[{"Key": TAG_NODE, "Value": str(idx)}])
             ids = [i["InstanceId"] for i in instances]
             self._wait_state(ec2, ids, "running", self.settings.launch_timeout)
-            if needs_elastic_ips(self.settings, itype, request.nodes):
-                self._attach_elastic_ips(ec2, request.name, ids, request.labels)
+            if eips:
+                self._attach_elastic_ips(ec2, ids, eips)
             info = self.describe(request.name, zone)
             if info is None:  # pragma: no cover - just launched
                 raise CloudError(f"cluster {request.name} vanished right after launch", "retry the launch")
@@ -310,20 +351,38 @@ class AwsProvider(CloudProvider):
                        TagSpecifications=[tag_spec("placement-group", cluster, labels)])
         return name
 
-    def _attach_elastic_ips(self, ec2: Any, cluster: str, ids: list[str], labels: dict[str, str]) -> None:
+    def _allocate_elastic_ips(self, ec2: Any, cluster: str, n: int, labels: dict[str, str], region: str) -> list[str]:
+        got: list[str] = []
+        for _ in range(n):
+            try:
+                alloc = ec2.allocate_address(Domain="vpc", TagSpecifications=[tag_spec("elastic-ip", cluster, labels)])
+            except Exception as exc:  # noqa: BLE001
+                if error_code(exc) != "AddressLimitExceeded":
+                    raise translate(exc, "AllocateAddress") from exc
+                for a in got:
+                    _ignore_missing(lambda a=a: self._call(ec2, "ReleaseAddress", AllocationId=a))
+                raise ElasticIpQuotaError(
+                    f"the Elastic IP quota of {region} is used up (AddressLimitExceeded): {n} nodes with several network "
+                    f"cards need {n} Elastic IPs (one each), {len(got)} could be allocated",
+                    "request more 'EC2-VPC Elastic IPs' (quota L-0263D0A3) in Service Quotas, release unused addresses, "
+                    "or set aws.use_private_ip=true (from inside the VPC)",
+                ) from None
+            got.append(alloc["AllocationId"])
+        return got
+
+    def _attach_elastic_ips(self, ec2: Any, ids: list[str], allocations: list[str]) -> None:
         reservations = self._call(ec2, "DescribeInstances", InstanceIds=ids)["Reservations"]
-        for r in reservations:
-            for inst in r["Instances"]:
-                primary = next((n for n in inst.get("NetworkInterfaces", [])
-                                if n.get("Attachment", {}).get("DeviceIndex", 0) == 0
-                                and n.get("Attachment", {}).get("NetworkCardIndex", 0) == 0), None)
-                alloc = self._call(ec2, "AllocateAddress", Domain="vpc", TagSpecifications=[tag_spec("elastic-ip", cluster, labels)])
-                kwargs: dict[str, Any] = {"AllocationId": alloc["AllocationId"]}
-                if primary:
-                    kwargs["NetworkInterfaceId"] = primary["NetworkInterfaceId"]
-                else:
-                    kwargs["InstanceId"] = inst["InstanceId"]
-                self._call(ec2, "AssociateAddress", **kwargs)
+        insts = sorted((i for r in reservations for i in r["Instances"]), key=lambda i: ids.index(i["InstanceId"]))
+        for inst, alloc in zip(insts, allocations):
+            primary = next((n for n in inst.get("NetworkInterfaces", [])
+                            if n.get("Attachment", {}).get("DeviceIndex", 0) == 0
+                            and n.get("Attachment", {}).get("NetworkCardIndex", 0) == 0), None)
+            kwargs: dict[str, Any] = {"AllocationId": alloc}
+            if primary:
+                kwargs["NetworkInterfaceId"] = primary["NetworkInterfaceId"]
+            else:
+                kwargs["InstanceId"] = inst["InstanceId"]
+            self._call(ec2, "AssociateAddress", **kwargs)
 
     def _wait_state(self, ec2: Any, ids: list[str], target: str, timeout: float) -> list[dict[str, Any]]:
         deadline = time.monotonic() + timeout
@@ -533,6 +592,8 @@ class AwsProvider(CloudProvider):
         py = shlex.quote(self.python(accelerator))
         lines = [f"{py} -m pip install --quiet --upgrade pip"]
         aios_deps = [r for r in self.settings.aios_requirements if r]
+        check_requirements(aios_deps, "aios_requirements")
+        check_requirements(requirements)
         if aios_deps:
             lines.append(f"{py} -m pip install --quiet " + " ".join(shlex.quote(r) for r in aios_deps))
         if requirements:
@@ -555,25 +616,68 @@ class AwsProvider(CloudProvider):
             return "transient"
         return super().classify_error(exc)
 
+    def zone_region(self, zone: str) -> str:
+        return region_of_zone(zone)
+
+    def controller_settings(self) -> dict[str, Any]:
+        d = self.settings.model_dump(exclude_none=True)
+        d.pop("profile", None)  # the controller host uses its own instance profile
+        d.update(self.agent_settings())
+        return d
+
+    def agent_settings(self) -> dict[str, Any]:
+        # on the hosts: the instance profile's credentials (it needs ec2:StopInstances /
+        # ec2:TerminateInstances on instances tagged aios:cluster)
+        return {"region": self.region}
+
+    def host_checks(self, accelerator: str, nodes: int) -> list[str]:
+        """A multi-node EFA launch checks on every host, before training, that libfabric's EFA
+        provider is usable (NCCL's aws-ofi-nccl and the Neuron collectives go through it);
+        without it they fall back to TCP sockets at a fraction of the bandwidth, or fail."""
+        itype = cat.lookup(accelerator)
+        if not (self.settings.efa_check and use_efa(self.settings, itype, nodes)):
+            return []
+        path = "PATH=/opt/amazon/efa/bin:$PATH"
+        return [f"{path} fi_info -p efa -t FI_EP_RDM >/dev/null 2>&1 || {{ echo \"[aios] EFA is not usable on $(hostname): "
+                f"'fi_info -p efa -t FI_EP_RDM' found no EFA provider ({itype.name} x{nodes} needs it for NCCL/Neuron collectives); "
+                f"use an EFA-enabled AMI (the DLAMI) or set aws.efa=off\" >&2; exit 1; }}"]
+
+    def check_storage(self, url: str, env_names: tuple[str, ...] | list[str] | set[str] = ()) -> None:
+        forwarded = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} <= set(env_names)  # the user's explicit choice
+        if url.startswith("s3://") and not self.settings.iam_instance_profile and not forwarded:
+            bucket = url[5:].split("/", 1)[0]
+            raise CloudError(
+                f"the hosts would have no credentials to write {url}: aws.iam_instance_profile is not set",
+                f"set aws.iam_instance_profile to an instance profile whose role can read/write s3://{bucket} "
+                "(aios never copies your keys to the hosts)",
+            )
+
     def describe_credentials(self) -> str:
         return self.clients.credentials_source()
 
     # ------------------------------------------------------------------ dry run
-    def plan_create(self, request: ClusterRequest, zone: str | None = None) -> dict[str, Any]:
-        """What :meth:`create` would send, without calling AWS: ids not known yet appear as
-        ``<...>`` placeholders. Used by :meth:`render_create` and ``--dry-run``."""
+    def plan_create(self, request: ClusterRequest, zone: str | None = None, resolved: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What :meth:`create` sends. Without ``resolved`` (``--dry-run``) ids not known yet
+        appear as ``<...>`` placeholders; :meth:`create` passes the resolved ids and sends
+        ``run_instances`` of this very plan."""
         request = self.validate(request) if not request.region else request
         region = request.region or self.region
         itype = cat.lookup(request.accelerator, region)
         zone = zone or request.zone or (self.settings.zones[0] if self.settings.zones else f"{region}a")
-        pg = resource_name(request.name) if use_placement_group(self.settings, itype, request.nodes) else None
-        sg = list(self.settings.security_group_ids) or [f"<sg:{resource_name(request.name)}>"]
-        image = request.image or f"<ssm:{self.ami_parameter(request.accelerator)}>"
+        r = resolved or {}
+        pg = r["placement_group"] if "placement_group" in r else (
+            resource_name(request.name) if use_placement_group(self.settings, itype, request.nodes) else None)
+        sg = r.get("group_ids") or list(self.settings.security_group_ids) or [f"<sg:{resource_name(request.name)}>"]
+        image = r.get("image") or request.image or f"<ssm:{self.ami_parameter(request.accelerator)}>"
+        kind, _, rid = (request.extra.get("reservation") or "").rpartition(":")
         params = run_instances_params(
+            reservation=rid or None, capacity_block=kind == "block",
             cluster=request.name, itype=itype, nodes=request.nodes, zone=zone, image_id=image,
-            root_device="/dev/sda1", subnet_id=(self.settings.subnet_ids[0] if self.settings.subnet_ids else f"<default subnet of {zone}>"),
-            group_ids=sg, key_name=self.settings.key_name or resource_name(request.name), settings=self.settings,
+            root_device=r.get("root_device", "/dev/sda1"),
+            subnet_id=r.get("subnet_id") or (self.settings.subnet_ids[0] if self.settings.subnet_ids else f"<default subnet of {zone}>"),
+            group_ids=sg, key_name=r.get("key_name") or self.settings.key_name or resource_name(request.name), settings=self.settings,
             spot=request.spot, placement_group=pg, labels=request.labels, disk_gb=request.disk_gb,
+            client_token=r.get("client_token"),
         )
         return {
             "region": region, "zone": zone, "instance_type": itype.name, "nodes": request.nodes, "spot": request.spot,
@@ -607,28 +711,33 @@ class AwsProvider(CloudProvider):
         if plan["placement_group"]:
             cmds.append(CloudCommand(["aws", "ec2", "create-placement-group", "--region", region, "--group-name", plan["placement_group"],
                                       "--strategy", "cluster", "--tag-specifications", _json([tag_spec("placement-group", name, request.labels)])]))
-        cmds.append(CloudCommand(["aws", "ec2", "run-instances", "--region", region, "--cli-input-json", _json(plan["run_instances"])],
-                                 f"{plan['nodes']} x {plan['instance_type']} in {plan['zone']}; next zones on InsufficientInstanceCapacity"))
         if plan["elastic_ips"]:
             cmds.append(CloudCommand(["aws", "ec2", "allocate-address", "--region", region, "--domain", "vpc",
                                       "--tag-specifications", _json([tag_spec("elastic-ip", name, request.labels)])],
-                                     "one per node: multi-card EFA hosts get no automatic public IP"))
+                                     f"x{plan['nodes']}, before any instance: multi-card EFA hosts get no automatic public IP"))
+        cmds.append(CloudCommand(["aws", "ec2", "run-instances", "--region", region, "--cli-input-json", _json(plan["run_instances"])],
+                                 f"{plan['nodes']} x {plan['instance_type']} in {plan['zone']}; next zones on InsufficientInstanceCapacity"))
+        if plan["elastic_ips"]:
+            cmds.append(CloudCommand(["aws", "ec2", "associate-address", "--region", region, "--allocation-id", "<each allocated address>",
+                                      "--network-interface-id", "<primary interface of each instance>"]))
         return cmds
 
     def render(self, action: str, name: str, zone: str | None) -> list[CloudCommand]:
         region = self._region(zone)
         filt = [f"Name=tag:{TAG_CLUSTER},Values={name}"]
-        ids = "$(aws ec2 describe-instances --region {r} --filters Name=tag:{t},Values={n} --query 'Reservations[].Instances[].InstanceId' --output text)".format(r=region, t=TAG_CLUSTER, n=name)
+        live = "Name=instance-state-name,Values=pending,running,stopping,stopped"
+        ids = ("$(aws ec2 describe-instances --region {r} --filters {t} {live} --query 'Reservations[].Instances[].InstanceId' "
+               "--output text)").format(r=region, t=shlex.quote(f"Name=tag:{TAG_CLUSTER},Values={name}"), live=live)
         if action in ("describe", "status", "list"):
             f = filt if action != "list" else [f"Name=tag-key,Values={TAG_CLUSTER}"]
             return [CloudCommand(["aws", "ec2", "describe-instances", "--region", region, "--filters", *f])]
         if action == "stop":
-            return [CloudCommand(["aws", "ec2", "stop-instances", "--region", region, "--instance-ids", ids])]
+            return [CloudCommand(["aws", "ec2", "stop-instances", "--region", region, "--instance-ids", ids], shell_args=(6,))]
         if action == "start":
-            return [CloudCommand(["aws", "ec2", "start-instances", "--region", region, "--instance-ids", ids])]
+            return [CloudCommand(["aws", "ec2", "start-instances", "--region", region, "--instance-ids", ids], shell_args=(6,))]
         if action in ("delete", "down"):
             return [
-                CloudCommand(["aws", "ec2", "terminate-instances", "--region", region, "--instance-ids", ids]),
+                CloudCommand(["aws", "ec2", "terminate-instances", "--region", region, "--instance-ids", ids], shell_args=(6,)),
                 CloudCommand(["aws", "ec2", "release-address", "--region", region, "--allocation-id", "<each tagged Elastic IP>"]),
                 CloudCommand(["aws", "ec2", "delete-placement-group", "--region", region, "--group-name", resource_name(name)]),
                 CloudCommand(["aws", "ec2", "delete-security-group", "--region", region, "--group-id", f"<sg:{resource_name(name)}>"]),

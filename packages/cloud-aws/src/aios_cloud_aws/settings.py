@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional, Union
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from aios.config import Section
 
@@ -33,17 +33,29 @@ class AwsSettings(Section):
     ssh_cidr: str = Field("0.0.0.0/0", description="source CIDR allowed to SSH into the hosts")
     use_private_ip: bool = Field(False, description="connect over private IPs (from inside the VPC, a VPN or a bastion)")
     efa: Literal["auto", "on", "off"] = Field("auto", description="EFA interfaces: auto = on for multi-node EFA-capable types")
-    efa_secondary_type: Literal["efa", "efa-only"] = Field("efa-only", description="interface type of the EFA cards after the first")
+    efa_secondary_type: Literal["efa", "efa-only"] = Field("efa-only", description="interface type of the EFA interfaces (the primary interface is ENA, as the AWS guide says)")
     placement_group: Union[bool, Literal["auto"]] = Field("auto", description="cluster placement group: auto = multi-node EFA launches")
     disk_gb: int = Field(512, ge=8, description="root EBS volume size (gp3)")
     spot_max_price: Optional[float] = Field(None, gt=0, description="spot price cap in USD/h; default: the on-demand price")
-    iam_instance_profile: Optional[str] = Field(None, description="instance profile the hosts use for S3 (never copied keys)")
-    aios_requirements: list[str] = Field(default_factory=lambda: ["aios-core[aws]"], description="how setup installs aios on the hosts (DLAMI python)")
+    iam_instance_profile: Optional[str] = Field(None, description="instance profile the hosts use for S3 (never copied keys); required for s3:// checkpoints")
+    efa_check: bool = Field(True, description="before a multi-node EFA job, verify on every host that libfabric's EFA provider is usable (fi_info -p efa)")
+    aios_requirements: list[str] = Field(default_factory=list, description="extra pip requirements setup installs on every host (aios itself is shipped with the code, never from the registry)")
     python: Optional[str] = Field(None, description="python on the hosts; default: the DLAMI's PyTorch environment")
     spot_watch: Union[bool, Literal["auto"]] = Field("auto", description="poll the EC2 spot interruption notice in training processes; auto: on EC2 instances")
     imds_poll_seconds: float = Field(5.0, gt=0, description="spot interruption notice poll interval on each host")
     launch_timeout: float = Field(900.0, gt=0, description="seconds to wait for instances to reach running")
     max_attempts: int = Field(4, ge=1, le=20, description="botocore attempts per API call, the first included (standard retry mode)")
+
+    @field_validator("aios_requirements")
+    @classmethod
+    def _no_registry_aios(cls, v: list[str]) -> list[str]:
+        from aios.cloud.provider import registry_aios
+
+        bad = [r for r in v if registry_aios(r)]
+        if bad:
+            raise ValueError(f"'{bad[0]}' would come from the package registry, where that name belongs to an unrelated project; "
+                             "aios is shipped to the hosts with the synced code")
+        return v
 
 
 # Set by the provider on spot hosts (a reserved AIOS_RUN_* name, never a config key): with

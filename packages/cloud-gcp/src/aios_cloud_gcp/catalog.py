@@ -22,14 +22,15 @@ PRICES: dict[str, tuple[float, float]] = {
     "v6e": (2.70, 0.95),
 }
 
-# Zones offering each generation, in failover order.
+# Zones offering each generation, in failover order (https://cloud.google.com/tpu/docs/regions-zones;
+# a zone listed here that does not offer the type is skipped by the failover, never fatal).
 ZONES: dict[str, tuple[str, ...]] = {
     "v2": ("us-central1-b", "us-central1-c", "europe-west4-a", "asia-east1-c"),
     "v3": ("us-central1-a", "us-central1-b", "europe-west4-a"),
     "v4": ("us-central2-b",),
-    "v5e": ("us-west4-a", "us-central1-a", "us-east1-c", "us-east5-b", "europe-west4-b", "asia-southeast1-b"),
+    "v5e": ("us-west4-a", "us-central1-a", "us-south1-a", "us-west1-c", "europe-west4-b", "asia-southeast1-b"),
     "v5p": ("us-east5-a", "us-central1-a", "europe-west4-b"),
-    "v6e": ("us-east5-b", "asia-northeast1-b", "us-central2-b", "us-east1-d", "europe-west4-a"),
+    "v6e": ("us-east5-b", "us-east5-a", "us-east1-d", "us-central1-b", "europe-west4-a", "asia-northeast1-b"),
 }
 
 # The types listed by `aios catalog` (any valid type string works with --accelerator).

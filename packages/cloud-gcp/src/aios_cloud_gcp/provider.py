@@ -18,6 +18,7 @@ Every method has a ``gcloud`` rendering for ``--dry-run``.
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import os
 import re
 import shlex
@@ -25,12 +26,14 @@ import shutil
 import subprocess
 import time
 from dataclasses import replace
+from dataclasses import dataclass
 from typing import Any
 
 from aios.cloud.provider import (
     DELETING,
     FAILED,
     HEALTHY,
+    MAINTENANCE,
     PENDING,
     PREEMPTED,
     QUEUED,
@@ -51,11 +54,77 @@ from aios.cloud.provider import (
     ClusterRequest,
     CredentialsError,
     FailureKind,
+    NotOfferedError,
     QuotaError,
+    check_requirements,
 )
 from aios.errors import AiosError
 from aios_cloud_gcp import catalog as _catalog
 from aios_cloud_gcp.settings import GcpSettings
+
+
+PUBLIC_KEY_PLACEHOLDER = "<aios public key>"
+CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+
+
+@dataclass
+class CreatePlan:
+    """What :meth:`GcpProvider.create` sends: the REST body of a Node (``kind="node"``) or a
+    QueuedResource (``kind="queued"``). ``gcloud_argv`` renders the same body as gcloud."""
+
+    kind: str
+    project: str
+    zone: str
+    name: str
+    body: dict[str, Any]
+
+    @property
+    def parent(self) -> str:
+        return f"projects/{self.project}/locations/{self.zone}"
+
+    @property
+    def node(self) -> dict[str, Any]:
+        return self.body if self.kind == "node" else self.body["tpu"]["nodeSpec"][0]["node"]
+
+    def gcloud_argv(self) -> list[str]:
+        n = self.node
+        if self.kind == "queued":
+            argv = ["gcloud", "compute", "tpus", "queued-resources", "create", self.name, f"--node-id={self.name}",
+                    f"--project={self.project}", f"--zone={self.zone}", f"--accelerator-type={n['acceleratorType']}",
+                    f"--runtime-version={n['runtimeVersion']}"]
+            if "spot" in self.body:
+                argv.append("--spot")
+            if self.body.get("reservationName"):
+                argv.append(f"--reservation={self.body['reservationName']}")
+            for key, value in (self.body.get("queueingPolicy") or {}).items():
+                if key == "validInterval":
+                    argv += [f"--valid-after-time={value['startTime']}", f"--valid-until-time={value['endTime']}"]
+                    continue
+                flag = re.sub(r"([A-Z])", lambda m: "-" + m.group(1).lower(), key)
+                argv.append(f"--{flag}={value}")
+        else:
+            argv = ["gcloud", "compute", "tpus", "tpu-vm", "create", self.name, f"--project={self.project}", f"--zone={self.zone}",
+                    f"--accelerator-type={n['acceleratorType']}", f"--version={n['runtimeVersion']}"]
+            sched = n.get("schedulingConfig") or {}
+            if sched.get("spot"):
+                argv.append("--spot")
+            if sched.get("reserved"):
+                argv.append("--reserved")
+        if n.get("labels"):
+            argv.append("--labels=" + ",".join(f"{k}={v}" for k, v in n["labels"].items()))
+        if n.get("metadata"):
+            argv.append("--metadata=" + ",".join(f"{k}={v}" for k, v in n["metadata"].items()))
+        net = n.get("networkConfig") or {}
+        if net.get("network"):
+            argv.append(f"--network={net['network']}")
+        if net.get("subnetwork"):
+            argv.append(f"--subnetwork={net['subnetwork']}")
+        if n.get("serviceAccount"):
+            argv.append(f"--service-account={n['serviceAccount']['email']}")
+            argv.append("--scopes=" + ",".join(n["serviceAccount"]["scope"]))
+        if not net.get("enableExternalIps", True):
+            argv.append("--internal-ips")
+        return argv
 
 
 class TransientCloudError(CloudError):
@@ -67,8 +136,14 @@ _STATE = {
     "DELETING": DELETING, "REPAIRING": PENDING, "STOPPED": STOPPED, "STOPPING": STOPPING,
     "STARTING": STARTING, "PREEMPTED": PREEMPTED, "TERMINATED": TERMINATED,
 }
+_NOT_OFFERED = re.compile(r"not (?:available|supported|offered) in (?:the )?zone|invalid accelerator type|accelerator type .* is not available|"
+                          r"does not (?:support|offer) .*accelerator", re.IGNORECASE)
 _QR_WAITING = ("CREATING", "ACCEPTED", "PROVISIONING", "WAITING_FOR_RESOURCES", "STATE_UNSPECIFIED")
 LIBTPU_INDEXES = ("https://storage.googleapis.com/libtpu-releases/index.html", "https://storage.googleapis.com/libtpu-wheels/index.html")
+
+
+def _rfc3339(t: _dt.datetime) -> str:
+    return t.astimezone(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _parse_when(text: str, what: str) -> tuple[str, Any]:
@@ -174,8 +249,21 @@ class GcpProvider(CloudProvider):
         zone = request.zone or self.settings.zone
         if zone and entry.zones and zone not in entry.zones:
             raise CloudError(f"zone '{zone}' does not offer {entry.accelerator}", f"use one of: {', '.join(entry.zones)}")
+        if request.region:
+            in_region = [z for z in entry.zones if self.zone_region(z) == request.region]
+            if zone and self.zone_region(zone) != request.region:
+                if request.zone:
+                    raise CloudError(f"zone '{zone}' is not in region {request.region}",
+                                     f"drop --zone or --region, or use one of: {', '.join(in_region) or 'none there'}")
+                zone = None  # gcp.zone is only a default
+            if not in_region:
+                regions = sorted({self.zone_region(z) for z in entry.zones})
+                raise CloudError(f"region {request.region} offers no {entry.accelerator}", f"use one of: {', '.join(regions)}")
+            zone = zone or in_region[0]
         if request.nodes != 1:
             raise CloudError(f"--nodes {request.nodes}: multislice TPU clusters are not supported", "use one larger slice (e.g. v4-32 instead of 2 x v4-16)")
+        if request.extra.get("reservation") and request.spot:
+            raise CloudError("--spot and --reservation contradict each other (reserved capacity is not spot)", "pass only one")
         if request.disk_gb is not None:
             raise CloudError("--disk-gb does not apply to TPU VMs (fixed boot disk)", "drop --disk-gb; keep data on gs:// buckets")
         for what, value in (("--valid-after", request.valid_after), ("--valid-until", request.valid_until)):
@@ -191,7 +279,17 @@ class GcpProvider(CloudProvider):
 
         msg = getattr(exc, "message", None) or str(exc)
         msg = re.sub(r"^(GET|POST|DELETE|PATCH|PUT) \S+: ", "", " ".join(str(msg).split()))[:300]
+        low = msg.lower()
         exhausted = isinstance(exc, (gex.ResourceExhausted, gex.TooManyRequests)) or "RESOURCE_EXHAUSTED" in msg
+        # What SkyPilot (and experience) fail over on: the zone does not offer the type; a spot
+        # node PREEMPTED while it was created (code 3); reserved capacity used up (code 9).
+        if isinstance(exc, gex.BadRequest) and not isinstance(exc, gex.FailedPrecondition):
+            if "preempted" in low:
+                return CapacityError(f"{what}: preempted while being created: {msg}", "try another zone, --queued, or later")
+            if _NOT_OFFERED.search(msg):
+                return NotOfferedError(f"{what}: the zone does not offer the type: {msg}", "pick a zone from `aios catalog --cloud gcp`")
+        if isinstance(exc, gex.FailedPrecondition) and "capacity" in low and ("insufficient" in low or "reserv" in low):
+            return CapacityError(f"{what}: no reserved capacity: {msg}", "try another zone or drop --reservation")
         if exhausted and "quota" in msg.lower():
             return QuotaError(f"{what}: quota exceeded: {msg}", "request more TPU quota, or try another zone/type")
         # ResourceExhausted subclasses TooManyRequests; a bare 429 is rate limiting (transient)
@@ -241,51 +339,119 @@ class GcpProvider(CloudProvider):
     def _node_name(self, name: str, zone: str | None) -> str:
         return f"{self._parent(zone)}/nodes/{name}"
 
-    # -------------------------------------------------------------- lifecycle
-    def _node(self, request: ClusterRequest) -> Any:
-        from google.cloud import tpu_v2
-
-        metadata = {}
-        if request.ssh_public_key:
-            metadata["ssh-keys"] = f"{request.ssh_user}:{request.ssh_public_key}"
-        net = tpu_v2.NetworkConfig(enable_external_ips=not self.settings.use_internal_ip)
+    # -------------------------------------------------------------- the create plan
+    def plan_create(self, request: ClusterRequest) -> CreatePlan:
+        """The one REST body :meth:`create` sends and :meth:`render_create` prints as ``gcloud``
+        (so the dry run shows exactly what a launch sends)."""
+        project = self.project(request.project)
+        zone = request.zone or "-"
+        parent = f"projects/{project}/locations/{zone}"
+        node: dict[str, Any] = {
+            "acceleratorType": request.accelerator,
+            "runtimeVersion": request.image or self.entry(request.accelerator).runtime,
+            "networkConfig": {"enableExternalIps": not self.settings.use_internal_ip},
+        }
+        if request.labels:
+            node["labels"] = dict(sorted(request.labels.items()))
+        key = request.ssh_public_key or PUBLIC_KEY_PLACEHOLDER
+        if self.settings.os_login:
+            # the key lives in the user's OS Login profile (imported by prepare); ssh-keys
+            # metadata is ignored where OS Login is enforced
+            node["metadata"] = {"enable-oslogin": "TRUE"}
+        else:
+            node["metadata"] = {"ssh-keys": f"{request.ssh_user}:{key}"}
         if self.settings.network:
-            net.network = self.settings.network
+            node["networkConfig"]["network"] = self.settings.network
         if self.settings.subnetwork:
-            net.subnetwork = self.settings.subnetwork
-        node = tpu_v2.Node(
-            accelerator_type=request.accelerator, runtime_version=request.image or self.entry(request.accelerator).runtime,
-            labels=dict(request.labels), metadata=metadata, network_config=net,
-            description=f"aios cluster {request.name}",
-        )
-        if request.spot and not request.queued:
-            node.scheduling_config = tpu_v2.SchedulingConfig(spot=True)
+            node["networkConfig"]["subnetwork"] = self.settings.subnetwork
         if self.settings.service_account:
-            node.service_account = tpu_v2.ServiceAccount(email=self.settings.service_account)
-        return node
+            node["serviceAccount"] = {"email": self.settings.service_account, "scope": [CLOUD_PLATFORM_SCOPE]}
+        reservation = request.extra.get("reservation")
+        if not request.queued:
+            sched = {}
+            if request.spot:
+                sched["spot"] = True
+            if reservation:
+                sched["reserved"] = True
+            if sched:
+                node["schedulingConfig"] = sched
+            return CreatePlan("node", project, zone, request.name, node)
+        body: dict[str, Any] = {"tpu": {"nodeSpec": [{"parent": parent, "nodeId": request.name, "node": node}]}}
+        if request.spot:
+            body["spot"] = {}
+        if reservation:
+            body["reservationName"] = (reservation if reservation.startswith("projects/")
+                                       else f"projects/{project}/locations/{zone}/reservations/{reservation}")
+        policy: dict[str, Any] = {}
+        whens = {f: _parse_when(t, f"--{f.replace('A', '-a').replace('U', '-u')}")
+                 for f, t in (("validAfter", request.valid_after), ("validUntil", request.valid_until)) if t}
+        if len(whens) == 2:
+            # after and until share one oneof in the API: both together are an interval
+            now = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0)
+            ends = [now + _dt.timedelta(seconds=v) if k == "duration" else v for k, v in (whens["validAfter"], whens["validUntil"])]
+            policy["validInterval"] = {"startTime": _rfc3339(ends[0]), "endTime": _rfc3339(ends[1])}
+        for field_, (kind, value) in whens.items() if len(whens) == 1 else ():
+            policy[f"{field_}Duration" if kind == "duration" else f"{field_}Time"] = f"{value}s" if kind == "duration" else _rfc3339(value)
+        if policy:
+            body["queueingPolicy"] = policy
+        return CreatePlan("queued", project, zone, request.name, body)
 
+    # -------------------------------------------------------------- OS Login
+    def os_login_account(self) -> str:
+        if self.settings.os_login_user:
+            return self.settings.os_login_user
+        email = getattr(self._credentials(), "service_account_email", None)
+        if not email or email == "default":
+            raise CloudError("gcp.os_login is on but the account is unknown", "set gcp.os_login_user to your account email")
+        return email
+
+    def prepare(self, request: ClusterRequest) -> ClusterRequest:
+        """With ``gcp.os_login``: import aios's public key into the account's OS Login profile
+        (``users.importSshPublicKey``) and log in as the profile's POSIX user."""
+        if not self.settings.os_login:
+            return request
+        if not request.ssh_public_key:
+            raise CloudError("no SSH public key to import into OS Login", "let aios create its key (aios launch does)")
+        import urllib.parse
+
+        from google.auth.transport.requests import AuthorizedSession
+
+        account = self.os_login_account()
+        url = (f"{self.settings.os_login_endpoint.rstrip('/')}/v1/users/{urllib.parse.quote(account)}:importSshPublicKey"
+               f"?projectId={urllib.parse.quote(self.project(request.project))}")
+        session = AuthorizedSession(self._credentials())
+        try:
+            r = session.post(url, json={"key": request.ssh_public_key}, timeout=60)
+        except Exception as exc:  # noqa: BLE001
+            raise TransientCloudError(f"OS Login: {type(exc).__name__}: {exc}", "check the network") from None
+        if r.status_code != 200:
+            msg = r.json().get("error", {}).get("message", r.text[:200]) if r.headers.get("content-type", "").startswith("application/json") else r.text[:200]
+            raise CloudError(f"OS Login refused the key for {account} ({r.status_code}): {msg}",
+                             "check the account has roles/compute.osAdminLogin (or osLogin) on the project")
+        accounts = (r.json().get("loginProfile") or {}).get("posixAccounts") or []
+        user = next((a.get("username") for a in accounts if a.get("primary")), None) or (accounts[0].get("username") if accounts else None)
+        if not user:
+            raise CloudError(f"the OS Login profile of {account} has no POSIX account", "log in once with `gcloud compute ssh` to create it")
+        return replace(request, ssh_user=user)
+
+    # -------------------------------------------------------------- lifecycle
     def create(self, request: ClusterRequest) -> ClusterInfo:
         from google.cloud import tpu_v2
 
         client = self.client()
-        parent = self._parent(request.zone, request.project)
-        node = self._node(request)
+        plan = self.plan_create(request)
+        if PUBLIC_KEY_PLACEHOLDER in json.dumps(plan.body):
+            del plan.node["metadata"]  # no key to install (API-level use); the dry run shows the placeholder
+        parent = plan.parent
         what = f"create {request.accelerator} '{request.name}' in {request.zone}"
         try:
-            if request.queued:
-                qr = tpu_v2.QueuedResource(
-                    tpu=tpu_v2.QueuedResource.Tpu(node_spec=[tpu_v2.QueuedResource.Tpu.NodeSpec(parent=parent, node_id=request.name, node=node)]),
-                )
-                if request.spot:
-                    qr.spot = tpu_v2.QueuedResource.Spot()
-                policy = self._queueing_policy(request)
-                if policy is not None:
-                    qr.queueing_policy = policy
+            if plan.kind == "queued":
+                qr = tpu_v2.QueuedResource.from_json(json.dumps(plan.body))
                 op = client.create_queued_resource(parent=parent, queued_resource_id=request.name, queued_resource=qr)
                 self._wait(op, what)
-                self._wait_queued(f"{parent}/queuedResources/{request.name}", what)
+                self._wait_queued(f"{parent}/queuedResources/{request.name}", what, request)
             else:
-                op = client.create_node(parent=parent, node_id=request.name, node=node)
+                op = client.create_node(parent=parent, node_id=request.name, node=tpu_v2.Node.from_json(json.dumps(plan.body)))
                 self._wait(op, what)
             got = client.get_node(name=f"{parent}/nodes/{request.name}")
         except Exception as exc:  # noqa: BLE001
@@ -295,30 +461,34 @@ class GcpProvider(CloudProvider):
             raise CloudError(f"{what}: node is {info.state} after creation", "see `aios status --refresh`; delete it with `aios down`")
         return info
 
-    def _queueing_policy(self, request: ClusterRequest) -> Any:
-        from google.cloud import tpu_v2
-        from google.protobuf import duration_pb2, timestamp_pb2
+    def queue_deadline(self, request: ClusterRequest, now: float | None = None) -> float:
+        """Seconds to wait for a queued resource: until ``--valid-until`` (plus a grace for the
+        API to mark it FAILED), else ``gcp.queue_timeout``."""
+        now = time.time() if now is None else now
+        if not request.valid_until:
+            return self.settings.queue_timeout
+        kind, value = _parse_when(request.valid_until, "--valid-until")
+        until = value if kind == "duration" else value.timestamp() - now
+        return max(0.0, until) + self.settings.queue_grace
 
-        if not (request.valid_after or request.valid_until):
-            return None
-        pol = tpu_v2.QueuedResource.QueueingPolicy()
-        for field_, text in (("valid_after", request.valid_after), ("valid_until", request.valid_until)):
-            if not text:
-                continue
-            kind, value = _parse_when(text, f"--{field_.replace('_', '-')}")
-            if kind == "duration":
-                setattr(pol, f"{field_}_duration", duration_pb2.Duration(seconds=value))
-            else:
-                ts = timestamp_pb2.Timestamp()
-                ts.FromDatetime(value.astimezone(_dt.timezone.utc).replace(tzinfo=None))
-                setattr(pol, f"{field_}_time", ts)
-        return pol
-
-    def _wait_queued(self, qr_name: str, what: str) -> None:
+    def _wait_queued(self, qr_name: str, what: str, request: ClusterRequest) -> None:
+        """Wait until the queued resource is ACTIVE. A transient API error while waiting never
+        gives up the queue position: it is retried until the deadline."""
         client = self.client()
-        deadline = time.monotonic() + self.settings.create_timeout
+        budget = self.queue_deadline(request)
+        deadline = time.monotonic() + budget
+        transient = 0
         while True:
-            qr = client.get_queued_resource(name=qr_name)
+            try:
+                qr = client.get_queued_resource(name=qr_name)
+                transient = 0
+            except Exception as exc:  # noqa: BLE001 - mapped
+                mapped = self._map(exc, what)
+                if not isinstance(mapped, TransientCloudError) or time.monotonic() > deadline:
+                    raise mapped from None
+                transient += 1
+                time.sleep(min(60.0, self.settings.poll_interval * 2 ** min(transient, 6)))
+                continue
             state = qr.state.state.name if qr.state else "STATE_UNSPECIFIED"
             if state == "ACTIVE":
                 return
@@ -328,7 +498,7 @@ class GcpProvider(CloudProvider):
                     detail = qr.state.failed_data.error.message
                 raise CapacityError(f"{what}: queued resource {state.lower()}{': ' + detail if detail else ''}", "retry later or widen --valid-until")
             if time.monotonic() > deadline:
-                raise CloudError(f"{what}: queued resource still {state} after {self.settings.create_timeout:.0f}s", "widen gcp.create_timeout or --valid-until")
+                raise CloudError(f"{what}: queued resource still {state} after {budget:.0f}s", "widen --valid-until (or gcp.queue_timeout)")
             time.sleep(self.settings.poll_interval)
 
     def _info(self, node: Any, zone: str | None) -> ClusterInfo:
@@ -336,6 +506,8 @@ class GcpProvider(CloudProvider):
         health_name = node.health.name if hasattr(node.health, "name") else str(node.health)
         if health_name == "HEALTHY":
             health = HEALTHY
+        elif health_name == "UNHEALTHY_MAINTENANCE":
+            health = MAINTENANCE  # resumes by itself
         elif health_name.startswith("UNHEALTHY") or health_name == "TIMEOUT":
             health = UNHEALTHY
         else:
@@ -349,7 +521,7 @@ class GcpProvider(CloudProvider):
         zone = zone if zone and zone != "-" else node.name.split("/locations/")[1].split("/")[0]
         return ClusterInfo(
             name=name, cloud="gcp", zone=zone, accelerator=node.accelerator_type, state=_STATE.get(state_name, UNKNOWN),
-            health=health, health_detail=health_name if health == UNHEALTHY else (node.health_description or ""),
+            health=health, health_detail=health_name if health in (UNHEALTHY, MAINTENANCE) else (node.health_description or ""),
             spot=bool(node.scheduling_config and (node.scheduling_config.spot or node.scheduling_config.preemptible)),
             hosts=hosts, runtime=node.runtime_version, labels=dict(node.labels),
             created=str(node.create_time) if node.create_time else None,
@@ -382,7 +554,25 @@ class GcpProvider(CloudProvider):
             nodes = list(client.list_nodes(parent=self._parent(zone)))
         except Exception as exc:  # noqa: BLE001
             raise self._map(exc, "list TPU nodes") from None
-        return [self._info(n, None) for n in nodes if "aios-cluster" in n.labels]
+        out = [self._info(n, None) for n in nodes if "aios-cluster" in n.labels]
+        have = {c.name for c in out}
+        try:
+            qrs = list(client.list_queued_resources(parent=self._parent(zone)))
+        except Exception as exc:  # noqa: BLE001
+            raise self._map(exc, "list queued resources") from None
+        for qr in qrs:  # still waiting: no node yet, the labels are in its node spec
+            specs = list(qr.tpu.node_spec) if qr.tpu else []
+            if not specs or "aios-cluster" not in specs[0].node.labels:
+                continue
+            name = qr.name.rsplit("/", 1)[-1]
+            if name in have:
+                continue
+            state = qr.state.state.name if qr.state else "STATE_UNSPECIFIED"
+            qzone = qr.name.split("/locations/")[1].split("/")[0]
+            out.append(ClusterInfo(name=name, cloud="gcp", zone=qzone, accelerator=specs[0].node.accelerator_type,
+                                   state=QUEUED if state in _QR_WAITING else FAILED, spot=bool(qr.spot),
+                                   labels=dict(specs[0].node.labels), raw={"queued_resource_state": state}))
+        return out
 
     def start(self, name: str, zone: str | None) -> ClusterInfo:
         client = self.client()
@@ -397,6 +587,10 @@ class GcpProvider(CloudProvider):
     def stop(self, name: str, zone: str | None) -> None:
         client = self.client()
         what = f"stop {name}"
+        info = self.describe(name, zone)
+        if info is not None and info.spot:
+            raise CloudError(f"{name} is a spot TPU, which Cloud TPU cannot stop and restart",
+                             f"delete it with `aios down {name}` (a managed run recreates it)")
         try:
             self._wait(client.stop_node(request={"name": self._node_name(name, zone)}), what)
         except Exception as exc:  # noqa: BLE001
@@ -429,6 +623,30 @@ class GcpProvider(CloudProvider):
         except Exception as exc:  # noqa: BLE001
             raise self._map(exc, what) from None
 
+    def repair(self, info: ClusterInfo) -> str:
+        if info.spot:
+            raise CloudError(f"{info.name} is a spot TPU, which cannot be stopped and restarted", "recreate it")
+        return super().repair(info)
+
+    def zone_region(self, zone: str) -> str:
+        return zone.rsplit("-", 1)[0]
+
+    def controller_settings(self) -> dict[str, Any]:
+        d = self.settings.model_dump(exclude_none=True)
+        d.update(self.agent_settings())
+        return d
+
+    def agent_settings(self) -> dict[str, Any]:
+        s = self.settings
+        out: dict[str, Any] = {"project": self.project(), "poll_interval": s.poll_interval}
+        endpoint = s.agent_endpoint or s.endpoint
+        if endpoint:
+            out["endpoint"] = endpoint
+        # on a TPU VM: its service account (ADC through the metadata server); a local test
+        # service takes anonymous calls
+        out["credentials"] = "anonymous" if s.credentials == "anonymous" else "adc"
+        return out
+
     # -------------------------------------------------------------- runtime on the hosts
     def setup_commands(self, accelerator: str, requirements: list[str]) -> list[str]:
         v = self.settings.torch_version
@@ -440,6 +658,8 @@ class GcpProvider(CloudProvider):
             f"python3 -m pip install --quiet 'torch~={minor}.0' 'torch_xla[tpu]~={minor}.0' {finds}",
         ]
         aios_deps = [r for r in self.settings.aios_requirements if r]
+        check_requirements(aios_deps, "aios_requirements")
+        check_requirements(requirements)
         if aios_deps:
             lines.append("python3 -m pip install --quiet " + " ".join(shlex.quote(r) for r in aios_deps))
         if requirements:
@@ -453,31 +673,16 @@ class GcpProvider(CloudProvider):
 
     # -------------------------------------------------------------- dry run
     def render_create(self, request: ClusterRequest) -> list[CloudCommand]:
-        project = self.project(request.project)
-        labels = ",".join(f"{k}={v}" for k, v in sorted(request.labels.items()))
-        key = "ssh-keys=" + request.ssh_user + ":<aios public key>"
-        if request.queued:
-            argv = ["gcloud", "compute", "tpus", "queued-resources", "create", request.name, f"--node-id={request.name}",
-                    f"--project={project}", f"--zone={request.zone}", f"--accelerator-type={request.accelerator}",
-                    f"--runtime-version={request.image}"]
-            if request.spot:
-                argv.append("--spot")
-            for field_, text in (("valid-after", request.valid_after), ("valid-until", request.valid_until)):
-                if text:
-                    kind, value = _parse_when(text, f"--{field_}")
-                    argv.append(f"--{field_}-duration={value}s" if kind == "duration" else f"--{field_}-time={value.isoformat()}")
-            return [CloudCommand(argv, "queued resource: waits for capacity"),
-                    CloudCommand(["gcloud", "compute", "tpus", "queued-resources", "describe", request.name, f"--project={project}", f"--zone={request.zone}"], "poll until ACTIVE")]
-        argv = ["gcloud", "compute", "tpus", "tpu-vm", "create", request.name, f"--project={project}", f"--zone={request.zone}",
-                f"--accelerator-type={request.accelerator}", f"--version={request.image}"]
-        if request.spot:
-            argv.append("--spot")
-        if labels:
-            argv.append(f"--labels={labels}")
-        argv.append(f"--metadata={key}")
-        if self.settings.use_internal_ip:
-            argv.append("--internal-ips")
-        return [CloudCommand(argv)]
+        plan = self.plan_create(request)
+        pre = []
+        if self.settings.os_login:
+            pre.append(CloudCommand(["gcloud", "compute", "os-login", "ssh-keys", "add", "--key-file=<aios public key file>",
+                                     f"--project={plan.project}"], "OS Login: log in as the profile's POSIX user"))
+        if plan.kind == "queued":
+            return [*pre, CloudCommand(plan.gcloud_argv(), "queued resource: waits for capacity"),
+                    CloudCommand(["gcloud", "compute", "tpus", "queued-resources", "describe", request.name, f"--project={plan.project}",
+                                  f"--zone={plan.zone}"], "poll until ACTIVE")]
+        return [*pre, CloudCommand(plan.gcloud_argv())]
 
     def render(self, action: str, name: str, zone: str | None) -> list[CloudCommand]:
         project = self.project()

@@ -18,6 +18,16 @@ Injections (what real Google Cloud does to you):
 * :meth:`preempt` ``(name)``: the node goes ``PREEMPTED`` and its machines die;
 * :meth:`set_health` ``(name, "UNHEALTHY_TENSORFLOW", sticky=False)``: a stop/start heals a
   non-sticky one; a sticky one needs a recreate.
+* :meth:`maintenance` ``(name, seconds)``: health ``UNHEALTHY_MAINTENANCE`` that ends by itself.
+* :meth:`inject_create_error` ``(zone, code, message, count)``: the next creates in ``zone``
+  fail in their operation with that RPC code, as the real API does for a spot node
+  ``PREEMPTED`` during creation (3) or used-up reserved capacity (9, "Insufficient reserved
+  capacity").
+* ``offered`` (zone -> generations): a create of a type the zone does not offer fails with
+  ``INVALID_ARGUMENT`` "... is not available in zone ...".
+
+Spot rules as on Cloud TPU: a spot node cannot be stopped (``stop`` answers
+``INVALID_ARGUMENT``); it can only be deleted.
 
 ``calls`` records ``(method, path)`` of every request; ``nodes``/``queued`` hold the state.
 """
@@ -91,6 +101,7 @@ class _Node:
     body: dict
     machines: list[Any] = field(default_factory=list)
     sticky_unhealthy: bool = False
+    maintenance_until: float = 0.0
 
 
 class FakeTpuService:
@@ -98,7 +109,7 @@ class FakeTpuService:
 
     def __init__(self, machines: list[Any] | None = None, authorized_keys: str | Path | None = None,
                  project: str = "aios-test", offered: dict[str, set[str]] | None = None,
-                 op_delay: float = 0.0, queue_delay: float = 0.2) -> None:
+                 op_delay: float = 0.0, queue_delay: float = 0.2, host: str = "127.0.0.1") -> None:
         self.machines = list(machines or [])
         self.free = list(self.machines)
         self.authorized_keys = Path(authorized_keys) if authorized_keys else None
@@ -106,13 +117,18 @@ class FakeTpuService:
         self.offered = offered  # zone -> generations offered; None: every zone offers everything
         self.op_delay = op_delay
         self.queue_delay = queue_delay
+        self.host = host  # "0.0.0.0": the sshd hosts reach it too (the autostop agent calls it)
         self.nodes: dict[str, _Node] = {}
         self.queued: dict[str, dict] = {}
         self.ops: dict[str, _Op] = {}
         self.calls: list[tuple[str, str]] = []
+        self.callers: list[tuple[str, str, str]] = []  # (method, path, client address)
+        self.oslogin_keys: dict[str, list[str]] = {}  # account -> imported public keys
         self.stockouts: dict[str, int] = {}
         self.quotas: dict[str, int] = {}
         self.unavailable = 0
+        self.create_errors: dict[str, list[tuple[int, str]]] = {}
+        self.received: list[tuple[str, dict]] = []  # (path, body) of every create request
         self.lock = threading.RLock()
         self.server: ThreadingHTTPServer | None = None
         self.thread: threading.Thread | None = None
@@ -151,6 +167,8 @@ class FakeTpuService:
             def _handle(self, method: str) -> None:
                 u = urlparse(self.path)
                 q = {k: v[0] for k, v in parse_qs(u.query).items()}
+                with svc.lock:
+                    svc.callers.append((method, u.path, self.client_address[0]))
                 try:
                     body = self._body() if method in ("POST", "PATCH") else {}
                     code, obj = svc.dispatch(method, u.path, q, body)
@@ -169,7 +187,7 @@ class FakeTpuService:
             def do_DELETE(self) -> None:  # noqa: N802
                 self._handle("DELETE")
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer((self.host, 0), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, name="fake-tpu", daemon=True)
         self.thread.start()
@@ -197,6 +215,17 @@ class FakeTpuService:
     def inject_quota(self, zone: str, count: int = 1) -> None:
         with self.lock:
             self.quotas[zone] = self.quotas.get(zone, 0) + count
+
+    def inject_create_error(self, zone: str, code: int, message: str, count: int = 1) -> None:
+        with self.lock:
+            self.create_errors.setdefault(zone, []).extend([(code, message)] * count)
+
+    def maintenance(self, name: str, seconds: float) -> None:
+        """Put the node in host maintenance; it reports HEALTHY again after ``seconds``."""
+        with self.lock:
+            n = self.node(name)
+            n.body["health"] = "UNHEALTHY_MAINTENANCE"
+            n.maintenance_until = time.monotonic() + seconds
 
     def inject_unavailable(self, count: int = 1) -> None:
         with self.lock:
@@ -266,6 +295,11 @@ class FakeTpuService:
         """Bring a created node up, or fail it like a stockout."""
         with self.lock:
             zone = node.zone
+            errors = self.create_errors.get(zone) or []
+            if errors:
+                code, message = errors.pop(0)
+                node.body["state"] = "PREEMPTED" if "PREEMPTED" in message else "TERMINATED"
+                return None, {"code": code, "message": message}
             if self.stockouts.get(zone, 0) > 0:
                 self.stockouts[zone] -= 1
                 node.body["state"] = "TERMINATED"
@@ -298,6 +332,8 @@ class FakeTpuService:
                 self.unavailable -= 1
                 raise ApiError(503, "The service is currently unavailable.")
         parts = path.strip("/").split("/")
+        if len(parts) == 3 and parts[0] == "v1" and parts[1] == "users" and parts[2].endswith(":importSshPublicKey") and method == "POST":
+            return self._oslogin_import(parts[2].rsplit(":", 1)[0], q, body)
         if len(parts) < 5 or parts[0] != "v2" or parts[1] != "projects" or parts[3] != "locations":
             raise ApiError(404, f"unknown path {path}")
         project, zone = parts[2], parts[4]
@@ -316,6 +352,27 @@ class FakeTpuService:
             if rest and rest[0] == "queuedResources":
                 return self._queued(method, parent, zone, rest[1:], q, body)
         raise ApiError(404, f"unknown path {path}")
+
+    def _oslogin_import(self, account: str, q: dict[str, str], body: dict) -> tuple[int, dict]:
+        """OS Login ``users.importSshPublicKey``: the key joins the account's profile; the POSIX
+        username is the account with ``@`` and ``.`` turned into ``_`` (as Google derives it)."""
+        from urllib.parse import unquote
+
+        account = unquote(account)
+        key = (body.get("key") or "").strip()
+        if not key:
+            raise ApiError(400, "key is required", "INVALID_ARGUMENT")
+        with self.lock:
+            self.oslogin_keys.setdefault(account, []).append(key)
+        username = account.replace("@", "_").replace(".", "_")
+        if self.authorized_keys is not None:
+            have = self.authorized_keys.read_text() if self.authorized_keys.exists() else ""
+            if key not in have:
+                with open(self.authorized_keys, "a") as f:
+                    f.write(key + "\n")
+        return 200, {"loginProfile": {"name": account, "posixAccounts": [
+            {"primary": True, "username": username, "uid": "1001", "gid": "1001", "homeDirectory": f"/home/{username}",
+             "operatingSystemType": "LINUX", "accountId": q.get("projectId", "")}]}}
 
     def _check_create(self, zone: str, accelerator: str) -> None:
         if self.quotas.get(zone, 0) > 0:
@@ -341,6 +398,7 @@ class FakeTpuService:
                 name = f"{parent}/nodes/{node_id}"
                 if name in self.nodes:
                     raise ApiError(409, f"Resource '{name}' already exists", "ALREADY_EXISTS")
+                self.received.append((f"{parent}/nodes/{node_id}", body))
                 self._check_create(zone, body.get("acceleratorType", ""))
                 node_body = {**body, "name": name, "state": "CREATING", "health": "HEALTH_UNSPECIFIED",
                              "createTime": _now(), "apiVersion": "V2"}
@@ -354,6 +412,9 @@ class FakeTpuService:
         if node is None:
             raise ApiError(404, f"Resource '{name}' was not found", "NOT_FOUND")
         if method == "GET" and not verb:
+            if node.maintenance_until and time.monotonic() >= node.maintenance_until:
+                node.maintenance_until = 0.0
+                node.body["health"] = "HEALTHY"
             return 200, node.body
         if method == "DELETE":
             node.body["state"] = "DELETING"
@@ -365,6 +426,8 @@ class FakeTpuService:
 
             return 200, self._op(zone, finish_delete)
         if method == "POST" and verb == "stop":
+            if (node.body.get("schedulingConfig") or {}).get("spot") or (node.body.get("schedulingConfig") or {}).get("preemptible"):
+                raise ApiError(400, f"Stopping is not supported for Spot/preemptible TPU node '{name}'; delete it instead", "INVALID_ARGUMENT")
             node.body["state"] = "STOPPING"
 
             def finish_stop() -> tuple[dict | None, dict | None]:
@@ -399,6 +462,7 @@ class FakeTpuService:
                 name = f"{parent}/queuedResources/{qid}"
                 if name in self.queued:
                     raise ApiError(409, f"Resource '{name}' already exists", "ALREADY_EXISTS")
+                self.received.append((name, body))
                 specs = (body.get("tpu") or {}).get("nodeSpec") or []
                 if len(specs) != 1:
                     raise ApiError(400, "exactly one nodeSpec is supported")
@@ -410,6 +474,20 @@ class FakeTpuService:
                     rec["deadline"] = time.monotonic() + float(str(pol["validUntilDuration"]).rstrip("s"))
                 if "validAfterDuration" in pol:
                     rec["not_before"] = time.monotonic() + float(str(pol["validAfterDuration"]).rstrip("s"))
+                if "validInterval" in pol:
+                    import datetime as _dt
+
+                    def _at(text: str) -> float:
+                        t = _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+                        return time.monotonic() + (t.timestamp() - time.time())
+
+                    rec["not_before"] = _at(pol["validInterval"]["startTime"])
+                    rec["deadline"] = _at(pol["validInterval"]["endTime"])
+                if "validUntilTime" in pol:
+                    import datetime as _dt
+
+                    t = _dt.datetime.fromisoformat(pol["validUntilTime"].replace("Z", "+00:00"))
+                    rec["deadline"] = time.monotonic() + (t.timestamp() - time.time())
                 self.queued[name] = rec
                 return 200, self._op(zone, lambda: ({"@type": QR_TYPE, **rec["body"]}, None))
             raise ApiError(405, "method not allowed")

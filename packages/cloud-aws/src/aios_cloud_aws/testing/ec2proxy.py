@@ -6,6 +6,11 @@
   (500 for server-side capacity errors, which botocore retries like AWS's, 400/403 for client
   errors), optionally only for chosen availability zones and a limited number of times.
 * Records the parameters of every call (:attr:`calls`) so tests check what went over the wire.
+* Enforces an Elastic IP quota (:attr:`Ec2Proxy.address_limit`, EC2's default is 5 per
+  region): ``AllocateAddress`` beyond it answers ``AddressLimitExceeded`` as EC2 does.
+* Serves ``DescribeCapacityReservations`` (moto has none) from :attr:`Ec2Proxy.capacity_reservations`
+  (id -> zone, instance type, ``default`` or ``capacity-block`` type, state) and refuses a
+  ``RunInstances`` that targets an unknown reservation, another zone or another type, as EC2 does.
 * Serves ``CreatePlacementGroup`` / ``DescribePlacementGroups`` / ``DeletePlacementGroup``, which
   moto does not implement, with EC2's semantics (duplicate names, unknown names, tag filters,
   refusing ``RunInstances`` into an unknown group).
@@ -50,6 +55,8 @@ class Ec2Proxy:
         self.rules: list[Rule] = []
         self.calls: list[tuple[str, dict[str, str]]] = []
         self.placement_groups: dict[str, PlacementGroup] = {}
+        self.address_limit: int | None = None
+        self.capacity_reservations: dict[str, dict[str, str]] = {}
         self.lock = threading.Lock()
         self._subnet_zone: dict[str, str] = {}
         proxy = self
@@ -99,6 +106,8 @@ class Ec2Proxy:
             self.rules.clear()
             self.calls.clear()
             self.placement_groups.clear()
+            self.address_limit = None
+            self.capacity_reservations.clear()
 
     def called(self, action: str) -> list[dict[str, str]]:
         return [p for a, p in self.calls if a == action]
@@ -114,6 +123,30 @@ class Ec2Proxy:
         rule = self._match(action, params)
         if rule is not None:
             return self._send(h, rule.status, _error(rule.code, rule.message))
+        if action == "AllocateAddress" and self.address_limit is not None:
+            doc = self._ec2_query({"Action": "DescribeAddresses", "Version": "2016-11-15"})
+            if doc.count(b"<allocationId>") >= self.address_limit:
+                return self._send(h, 400, _error("AddressLimitExceeded", "The maximum number of addresses has been reached."))
+        if action == "DescribeCapacityReservations":
+            ids = [v for k, v in params.items() if k.startswith("CapacityReservationId.")]
+            unknown = [i for i in ids if i not in self.capacity_reservations]
+            if unknown:
+                return self._send(h, 400, _error("InvalidCapacityReservationId.NotFound", f"The capacity reservation ID '{unknown[0]}' does not exist"))
+            items = "".join(
+                f"<item><capacityReservationId>{escape(i)}</capacityReservationId><availabilityZone>{escape(r['zone'])}</availabilityZone>"
+                f"<instanceType>{escape(r['instance_type'])}</instanceType><reservationType>{escape(r.get('type', 'default'))}</reservationType>"
+                f"<state>{escape(r.get('state', 'active'))}</state></item>"
+                for i, r in self.capacity_reservations.items() if not ids or i in ids)
+            return self._send(h, 200, _doc("DescribeCapacityReservationsResponse", f"<capacityReservationSet>{items}</capacityReservationSet>"))
+        if action == "RunInstances" and params.get("CapacityReservationSpecification.CapacityReservationTarget.CapacityReservationId"):
+            cr = params["CapacityReservationSpecification.CapacityReservationTarget.CapacityReservationId"]
+            r = self.capacity_reservations.get(cr)
+            if r is None:
+                return self._send(h, 400, _error("InvalidCapacityReservationId.NotFound", f"The capacity reservation ID '{cr}' does not exist"))
+            if r["zone"] != params.get("Placement.AvailabilityZone") or r["instance_type"] != params.get("InstanceType"):
+                return self._send(h, 400, _error("ReservationCapacityExceeded", f"The requested instances do not match capacity reservation {cr}"))
+            if (r.get("type") == "capacity-block") != (params.get("InstanceMarketOptions.MarketType") == "capacity-block"):
+                return self._send(h, 400, _error("InvalidParameterCombination", "Capacity Blocks need MarketType capacity-block"))
         if action in ("CreatePlacementGroup", "DescribePlacementGroups", "DeletePlacementGroup"):
             status, doc = getattr(self, "_" + action)(params)
             return self._send(h, status, doc)
@@ -153,6 +186,11 @@ class Ec2Proxy:
                 rule.hits += 1
             return rule
         return None
+
+    def _ec2_query(self, params: dict[str, str]) -> bytes:
+        """An EC2 call of the proxy's own (moto routes by the credential scope's service)."""
+        auth = "AWS4-HMAC-SHA256 Credential=testing/20260101/us-east-1/ec2/aws4_request, SignedHeaders=host, Signature=0"
+        return self._upstream(urllib.parse.urlencode(params).encode(), {"Authorization": auth})[2]
 
     def _upstream(self, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, list[tuple[str, str]], bytes]:
         conn = http.client.HTTPConnection(self.upstream.hostname, self.upstream.port, timeout=60)

@@ -139,7 +139,7 @@ def _check_storage_url(url: str) -> None:
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--cloud", help=CLOUD_HELP)
-@click.option("--accelerator", "-a", help="Accelerator / instance type (v5litepod-8, v4-16, trn1.32xlarge).")
+@click.option("--accelerator", "-a", "--instance-type", "accelerator", help="Accelerator / instance type (v5litepod-8, v4-16, trn1.32xlarge).")
 @click.option("--name", "-n", help="Cluster name (reused when it exists). Default: aios-USER-XXXX.")
 @click.option("--zone", help="Zone to try first.")
 @click.option("--region", help="Region (clouds that are regional).")
@@ -170,6 +170,11 @@ def _check_storage_url(url: str) -> None:
 @click.option("--module", "-m", is_flag=True, help="SCRIPT is a module (python -m).")
 @click.option("--detach", "-d", is_flag=True, help="Return after the job starts; a background watcher keeps managing it.")
 @click.option("--down", "down_after", is_flag=True, help="Delete the cluster when the job ends.")
+@click.option("--autostop", "autostop", type=float, default=None, help="Minutes without a running job after which an agent ON the head host stops the cluster (survives this laptop).")
+@click.option("--autodown", is_flag=True, help="With --autostop: delete the cluster instead of stopping it.")
+@click.option("--controller", help="USER@HOST[:PORT]: run the managed job's recovery loop (and --down) there, detached, so it survives this machine.")
+@click.option("--controller-python", help="Interpreter on the controller host (default: this one's path).")
+@click.option("--reservation", help="Reserved capacity: GCP reservation name, AWS capacity reservation (cr-...) or capacity block id.")
 @click.option("--poll", type=float, default=5.0, show_default=True, help="Watcher poll interval in seconds.")
 @click.option("--dry-run", is_flag=True, help="Print the equivalent cloud CLI and per-worker commands; touch nothing.")
 @click.option("--config", "config_file", help="aios config YAML.")
@@ -180,7 +185,8 @@ def launch(script: str, script_args: tuple[str, ...], cloud: str | None, acceler
            workdir: str, exclude: tuple[str, ...], max_sync_mb: int, requirements: str | None,
            setup_script: str | None, no_setup: bool, no_bundle: bool, python: str | None, env_items: tuple[str, ...],
            ssh_key: str | None, ssh_user: str | None, no_failover: bool, module: bool, detach: bool,
-           down_after: bool, poll: float, dry_run: bool, config_file: str | None) -> None:
+           down_after: bool, autostop: float | None, autodown: bool, controller: str | None, controller_python: str | None,
+           reservation: str | None, poll: float, dry_run: bool, config_file: str | None) -> None:
     """Provision cloud machines and run SCRIPT on every host.
 
     \b
@@ -193,6 +199,26 @@ def launch(script: str, script_args: tuple[str, ...], cloud: str | None, acceler
     args = list(script_args)
     if args and args[0] == "--":
         args = args[1:]
+    if script.startswith("-"):
+        # click leaves unknown options in SCRIPT's place (ignore_unknown_options, for the
+        # script's own flags after it): an option before SCRIPT is a typo, not a script name
+        raise AiosError(f"no such option: {script.split('=', 1)[0]}", "see `aios launch --help`; the script's own options go after SCRIPT (or after --)")
+    if disk_gb is not None and disk_gb < 1:
+        raise AiosError(f"--disk-gb must be a positive size in GB, got {disk_gb}", "pass e.g. --disk-gb 512, or omit it for the default")
+    if max_sync_mb < 1:
+        raise AiosError(f"--max-sync-mb must be positive, got {max_sync_mb}", "pass e.g. --max-sync-mb 512")
+    if poll <= 0:
+        raise AiosError(f"--poll must be positive, got {poll}", "pass e.g. --poll 5")
+    if controller and not (max_restarts > 0 or down_after):
+        raise AiosError("--controller runs a managed job's recovery loop (or --down)", "add --max-restarts N --checkpoint-dir URL, or --down")
+    if controller:
+        from aios.cloud.controller import parse_target
+
+        parse_target(controller, "aios")
+    if autodown and autostop is None:
+        raise AiosError("--autodown needs --autostop MINUTES (how long the cluster may idle)", "add e.g. --autostop 30")
+    if autostop is not None and autostop < 0:
+        raise AiosError(f"--autostop must be 0 or more minutes, got {autostop:g}", "pass e.g. --autostop 30")
     if nodes < 1:
         raise AiosError(f"--nodes must be at least 1, got {nodes}", "pass --nodes 1 or more")
     if max_restarts < 0:
@@ -227,6 +253,7 @@ def launch(script: str, script_args: tuple[str, ...], cloud: str | None, acceler
         name=name, accelerator=accelerator, nodes=nodes, zone=zone, region=region, spot=spot, queued=queued,
         valid_after=valid_after, valid_until=valid_until, image=image, disk_gb=disk_gb,
         labels={**labels, "aios-cluster": name}, project=project, ssh_user=ssh_user or getattr(provider, "default_ssh_user", "aios"),
+        extra={"reservation": reservation} if reservation else {},
     )
     request = provider.validate(request) if not existing else request
     backend = backend or provider.backend_for(accelerator)
@@ -253,6 +280,9 @@ def launch(script: str, script_args: tuple[str, ...], cloud: str | None, acceler
     if checkpoint_dir and max_restarts > 0 and "://" not in checkpoint_dir:
         raise AiosError(f"--checkpoint-dir {checkpoint_dir} is local to the hosts and dies with them",
                         f"use a bucket URL such as {provider.storage_scheme or 'gs'}://BUCKET/PATH")
+    if checkpoint_dir and "://" in checkpoint_dir:
+        provider.check_storage(checkpoint_dir, {*env, *forward})  # the hosts must be able to write there
+    setup_lines = [*setup_lines, *provider.host_checks(accelerator, nodes)]
     python = python or provider.python(accelerator)
     spec = ops.JobSpec(script=script, args=args, module=module, backend=backend, python=python, env=env,
                        forward_env=forward, workdir=os.path.abspath(workdir), excludes=list(exclude),
@@ -260,10 +290,23 @@ def launch(script: str, script_args: tuple[str, ...], cloud: str | None, acceler
                        bundle=not no_bundle)
 
     if dry_run:
-        _launch_dry_run(provider, request, spec, config, existing is not None, key_path)
+        line = None
+        if autostop is not None:
+            if not autodown and not provider.can_stop(request.spot):
+                raise AiosError("spot capacity cannot be stopped, only deleted", "use --autostop N --autodown")
+            line = (f"# 5. autostop: an agent on worker 0 runs `{python} -m aios.cloud.agent ~/aios/{request.name}/agent.json` and "
+                    f"{'deletes' if autodown else 'stops'} the cluster after {autostop:g} min without a running job")
+        _launch_dry_run(provider, request, spec, config, existing is not None, key_path, line)
         return
 
     assert store is not None
+    if autostop is not None and not autodown and not provider.can_stop(request.spot):
+        raise AiosError("spot capacity cannot be stopped, only deleted", "use --autostop N --autodown")
+    import signal
+
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        # killed while creating: unwind like Ctrl-C so nothing is left running in the cloud
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if existing is None:
         provider.describe_credentials()  # no credentials: one line, before anything is created
     if checkpoint_dir and "://" in checkpoint_dir:
@@ -293,6 +336,10 @@ def launch(script: str, script_args: tuple[str, ...], cloud: str | None, acceler
         info = provider.describe(rec.name, rec.zone)
         ops.start_job(rec, job_id, spec, config, provider.remote_env(info) if info else {}, printer, _log)
         store.update_job(job_id, state=JOB_RUNNING)
+        if autostop is not None:
+            ops.install_agent(rec, provider, autostop * 60, "down" if autodown else "stop", spec.python, printer, _log,
+                              poll=min(30.0, max(0.5, autostop * 60 / 4)))
+            store.event(name, "autostop", f"{'autodown' if autodown else 'autostop'} after {autostop:g} min idle (agent on worker 0)")
     except BaseException as exc:
         from aios.cloud.store import JOB_FAILED
 
@@ -305,6 +352,20 @@ def launch(script: str, script_args: tuple[str, ...], cloud: str | None, acceler
             except Exception as cleanup_exc:  # noqa: BLE001
                 _log(f"cleanup failed: {cleanup_exc}; delete it with `aios down {name}`")
         raise
+    if controller:
+        from aios.cloud.controller import start_controller
+
+        try:
+            start_controller(store, provider, rec, job_id, spec, controller, key, controller_python or sys.executable, poll,
+                             down_after, _log)
+        except BaseException:
+            # nothing watches the job otherwise: fall back to a watcher here, loudly
+            pid = _spawn_watcher(job_id, cloud, config_file, poll, down_after)
+            store.update_job(job_id, watcher_pid=pid)
+            _log(f"the controller could not be started; a watcher on this machine (pid {pid}) manages job {job_id} instead")
+            raise
+        _log(f"`aios status {name} --refresh` shows the job as the controller sees it; `aios down {name}`")
+        return
     if detach:
         pid = _spawn_watcher(job_id, cloud, config_file, poll, down_after)
         store.update_job(job_id, watcher_pid=pid)
@@ -313,8 +374,11 @@ def launch(script: str, script_args: tuple[str, ...], cloud: str | None, acceler
     try:
         code = _watch(store, provider, job_id, config, poll, follow=True)
     except KeyboardInterrupt:
-        pid = _spawn_watcher(job_id, cloud, config_file, poll, down_after) if max_restarts > 0 else None
-        more = f"; a background watcher (pid {pid}) keeps managing it" if pid else ""
+        # a managed run keeps being managed, and --down is still honoured, by a background watcher
+        pid = _spawn_watcher(job_id, cloud, config_file, poll, down_after) if (max_restarts > 0 or down_after) else None
+        if pid:
+            store.update_job(job_id, watcher_pid=pid)
+        more = f"; a background watcher (pid {pid}) keeps managing it{' and deletes the cluster when it ends (--down)' if down_after else ''}" if pid else ""
         _log(f"detached: job {job_id} keeps running on {name}{more}. `aios logs {name} -f`, `aios down {name}`")
         sys.exit(130)
     if down_after:
@@ -348,7 +412,8 @@ def _spawn_watcher(job_id: int, cloud: str, config_file: str | None, poll: float
     return p.pid
 
 
-def _launch_dry_run(provider: Any, request: Any, spec: Any, config: Any, existing: bool, key_path: str | None) -> None:
+def _launch_dry_run(provider: Any, request: Any, spec: Any, config: Any, existing: bool, key_path: str | None,
+                    autostop_line: str | None = None) -> None:
     from aios.cloud import ops
     from aios.cloud.codesync import collect
     from aios.cloud.store import ClusterRecord
@@ -358,6 +423,10 @@ def _launch_dry_run(provider: Any, request: Any, spec: Any, config: Any, existin
         _echo(f"# cluster {request.name} exists; it is reused")
     else:
         _echo(f"# 1. provision ({provider.cli or provider.name})")
+        home = Path(os.environ.get("AIOS_HOME") or Path.home() / ".aios").expanduser()  # read only: no mkdir
+        key = Path(key_path).expanduser() if key_path else home / "keys" / "aios_ed25519"
+        if Path(str(key) + ".pub").is_file():  # the public key a launch installs (public: printed as sent)
+            request = ops.with_public_key(request, str(key))
         for line in ops.dry_run_lines(provider.render_create(request)):
             _echo(line)
         zones = provider.zones(request.accelerator)
@@ -371,6 +440,11 @@ def _launch_dry_run(provider: Any, request: Any, spec: Any, config: Any, existin
     files = collect(spec.workdir, spec.excludes)
     root = ops.remote_root(request.name)
     _echo(f"# 2. code sync: {len(files)} files from {spec.workdir} (gitignore honoured; data, .git, checkpoints excluded)")
+    from aios.cloud.codesync import secret_files
+
+    secrets = secret_files(spec.workdir, spec.excludes)
+    if secrets:
+        _echo(f"# left out {len(secrets)} secret-looking files: {', '.join(secrets[:8])}{', ...' if len(secrets) > 8 else ''} (use --env NAME)")
     key = key_path or "$AIOS_HOME/keys/aios_ed25519"
     for h in hosts:
         _echo(f"tar czf - -C {shlex.quote(spec.workdir)} <files> | ssh -i {key} {h.ssh_user}@{h.ip} "
@@ -396,6 +470,8 @@ def _launch_dry_run(provider: Any, request: Any, spec: Any, config: Any, existin
         _echo(f"({h.label}) cd {root}/code && {prefix} {shlex.join(plan.command)}")
     if spec.checkpoint_dir:
         _echo(f"# managed: on preemption recreate (or move zone), re-sync, re-setup, resume from {spec.checkpoint_dir}")
+    if autostop_line:
+        _echo(autostop_line)
 
 
 # ------------------------------------------------------------------------------ status
@@ -403,17 +479,29 @@ def _launch_dry_run(provider: Any, request: Any, spec: Any, config: Any, existin
 
 @click.command()
 @click.argument("name", required=False)
-@click.option("--refresh", is_flag=True, help="Ask the cloud for the current state first.")
+@click.option("--refresh", is_flag=True, help="Ask the cloud for the current state first, and list aios resources that have no local record.")
+@click.option("--cloud", help="With --refresh: the cloud to search for unrecorded resources (default: every installed one).")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--config", "config_file")
-def status(name: str | None, refresh: bool, as_json: bool, config_file: str | None) -> None:
+def status(name: str | None, refresh: bool, cloud: str | None, as_json: bool, config_file: str | None) -> None:
     """Clusters and their jobs, with every preemption and recovery."""
     from aios.cloud import ops
 
     store = _store()
-    recs = [ops.require_cluster(store, name)] if name else store.clusters()
+    recs = [ops.require_cluster(store, name)] if name and (store.get_cluster(name) or not refresh) else (
+        [] if name else store.clusters())
     if refresh:
         recs = [ops.refresh(store, _provider(r.cloud, config_file), r) for r in recs]
+    unrecorded: list[Any] = []
+    if refresh:
+        for c in _inventory_clouds(cloud):
+            try:
+                unrecorded += [i for i in ops.inventory(_provider(c, config_file))
+                               if store.get_cluster(i.name) is None and (not name or i.name == name)]
+            except AiosError as exc:
+                _log(f"{c}: cannot list its aios resources ({exc})")
+        if name and not recs and not unrecorded:
+            ops.require_cluster(store, name)
     out = []
     for r in recs:
         jobs = store.jobs(r.name)
@@ -425,6 +513,30 @@ def status(name: str | None, refresh: bool, as_json: bool, config_file: str | No
                       "max_restarts": j.max_restarts, "exit_codes": j.exit_codes} for j in jobs],
             "recoveries": [{"time": e.time, "kind": e.kind, "message": e.message} for e in events],
         })
+    from aios.cloud.controller import controller_of, remote_status
+
+    for row, r in zip(out, recs):
+        ctl = controller_of(store, r.name)
+        if not ctl:
+            continue
+        row["controller"] = {"target": ctl["target"], "pid": ctl["pid"], "dir": ctl["dir"]}
+        if refresh and r.ssh_key:
+            remote = remote_status(r, ctl, r.ssh_key)
+            if remote is None:
+                row["controller"]["state"] = "UNREACHABLE"
+                continue
+            row["controller"]["state"] = "RUNNING" if remote["controller_running"] else "ENDED"
+            rj = {j["id"]: j for j in remote["jobs"]}.get(ctl["job"])
+            local_id = store.events(r.name, kind="controller")[-1].job_id
+            local = next((j for j in row["jobs"] if j["id"] == local_id), None)
+            if rj and local:
+                local.update({k: rj[k] for k in ("state", "restarts", "max_restarts", "exit_codes")})
+                store.update_job(local["id"], state=rj["state"])
+            row["recoveries"] += [e for e in remote["recoveries"] if e not in row["recoveries"]]
+    for i in unrecorded:
+        out.append({"name": i.name, "cloud": i.cloud, "zone": i.zone, "accelerator": i.accelerator, "spot": i.spot,
+                    "state": f"{i.state} (no local record)", "hosts": [f"{h.worker_id}:{h.ip}" for h in i.hosts],
+                    "jobs": [], "recoveries": [], "unrecorded": True})
     if as_json:
         _emit_json(out)
         return
@@ -444,6 +556,12 @@ def status(name: str | None, refresh: bool, as_json: bool, config_file: str | No
         for e in c["recoveries"]:
             ts = _dt.datetime.fromtimestamp(e["time"]).strftime("%Y-%m-%d %H:%M:%S")
             _echo(f"{c['name']}: {ts} {e['kind']}: {e['message']}")
+    for c in out:
+        if c.get("controller"):
+            ctl = c["controller"]
+            _echo(f"{c['name']}: managed by a controller on {ctl['target']} (pid {ctl['pid']}){' ' + ctl['state'] if 'state' in ctl else ''}")
+        if c.get("unrecorded"):
+            _echo(f"{c['name']}: found in {c['cloud']} by its aios label, no local record; delete it with `aios down {c['name']}`")
 
 
 # ------------------------------------------------------------------------------ exec / logs / ssh
@@ -674,11 +792,19 @@ def sync(src: str, dst: str, worker: tuple[int, ...], exclude: tuple[str, ...], 
 # ------------------------------------------------------------------------------ stop / start / down
 
 
-def _lifecycle(action: str, names: tuple[str, ...], dry_run: bool, config_file: str | None) -> None:
+def _lifecycle(action: str, names: tuple[str, ...], dry_run: bool, config_file: str | None, cloud: str | None = None) -> None:
     from aios.cloud import ops
 
     store = _store()
-    recs = [ops.require_cluster(store, n) for n in names]
+    recs = []
+    for n in names:
+        rec = store.get_cluster(n)
+        if rec is None and action == "delete":
+            # no local record (deleted, another machine, an interrupted launch): find it in the
+            # cloud by its aios-cluster label/tag
+            _down_unrecorded(n, cloud, dry_run, config_file)
+            continue
+        recs.append(rec if rec is not None else ops.require_cluster(store, n))
     for rec in recs:
         provider = _provider(rec.cloud, config_file)
         if dry_run:
@@ -692,8 +818,51 @@ def _lifecycle(action: str, names: tuple[str, ...], dry_run: bool, config_file: 
             new = ops.start_cluster(store, provider, rec)
             _log(f"started {rec.name}: " + ", ".join(f"worker {h['worker_id']} {h['ip']}" for h in new.hosts))
         else:
+            from aios.cloud.controller import controller_of, stop_controller
+
+            ctl = controller_of(store, rec.name)
+            if ctl and rec.ssh_key:
+                # a controller that kept running would recreate the cluster it sees vanish
+                stop_controller(rec, ctl, rec.ssh_key, _log)
             ops.down_cluster(store, provider, rec)
             _log(f"deleted {rec.name}")
+
+
+def _inventory_clouds(cloud: str | None) -> list[str]:
+    from aios.cloud.ops import installed_clouds
+
+    return [cloud] if cloud else installed_clouds()
+
+
+def _down_unrecorded(name: str, cloud: str | None, dry_run: bool, config_file: str | None) -> None:
+    from aios.cloud import ops
+
+    clouds = _inventory_clouds(cloud)
+    if dry_run:
+        for c in clouds:
+            provider = _provider(c, config_file)
+            _echo(f"# {name} has no local record: find it by its aios label on {c}, then delete it")
+            for line in ops.dry_run_lines([*provider.render("list", name, None), *provider.render("delete", name, "<zone found>")]):
+                _echo(line)
+        return
+    found = False
+    problems = []
+    for c in clouds:
+        provider = _provider(c, config_file)
+        try:
+            infos = [i for i in ops.inventory(provider) if i.name == name]
+        except AiosError as exc:
+            problems.append(f"{c}: {exc.message if hasattr(exc, 'message') else exc}")
+            continue
+        for info in infos:
+            _log(f"{name} has no local record; found it on {c} in {info.zone or '?'} by its aios label ({info.state}); deleting")
+            provider.delete(info.name, info.zone)
+            found = True
+    if not found:
+        more = f" ({'; '.join(problems)})" if problems else ""
+        raise AiosError(f"no cluster named '{name}' here or in the cloud{more}", "see `aios status --refresh`")
+    ops.runner_for_name_reset(name)
+    _log(f"deleted {name}")
 
 
 @click.command()
@@ -716,11 +885,68 @@ def start(names: tuple[str, ...], dry_run: bool, config_file: str | None) -> Non
 
 @click.command()
 @click.argument("names", nargs=-1, required=True)
+@click.option("--cloud", help="Where to look for a cluster without a local record (default: every installed cloud).")
 @click.option("--dry-run", is_flag=True)
 @click.option("--config", "config_file")
-def down(names: tuple[str, ...], dry_run: bool, config_file: str | None) -> None:
-    """Delete clusters and everything aios created for them."""
-    _lifecycle("delete", names, dry_run, config_file)
+def down(names: tuple[str, ...], cloud: str | None, dry_run: bool, config_file: str | None) -> None:
+    """Delete clusters and everything aios created for them (also clusters without a local
+    record, found in the cloud by their aios label/tag)."""
+    _lifecycle("delete", names, dry_run, config_file, cloud)
+
+
+@click.command()
+@click.argument("name")
+@click.argument("minutes", type=float, required=False)
+@click.option("--down", "down_", is_flag=True, help="Delete the cluster when idle instead of stopping it.")
+@click.option("--cancel", is_flag=True, help="Remove the agent (the cluster runs until you stop it).")
+@click.option("--config", "config_file")
+def autostop(name: str, minutes: float | None, down_: bool, cancel: bool, config_file: str | None) -> None:
+    """Stop (or with --down delete) cluster NAME after MINUTES without a running job. The
+    agent runs on the cluster's head host, so it works while this machine is off."""
+    from aios.cloud import ops
+
+    store = _store()
+    rec = ops.require_cluster(store, name)
+    if cancel:
+        ops.remove_agent(rec, _printer())
+        store.event(name, "autostop", "autostop cancelled")
+        _log(f"autostop of {name} cancelled")
+        return
+    if minutes is None or minutes < 0:
+        raise AiosError("aios autostop needs MINUTES (0 or more)", f"e.g. aios autostop {name} 30 [--down]")
+    job = store.latest_job(name)
+    python = (job.spec or {}).get("python") if job else None
+    provider = _provider(rec.cloud, config_file)
+    ops.install_agent(rec, provider, minutes * 60, "down" if down_ else "stop", python or provider.python(rec.accelerator),
+                      _printer(), _log, poll=min(30.0, max(0.5, minutes * 60 / 4)))
+    store.event(name, "autostop", f"{'autodown' if down_ else 'autostop'} after {minutes:g} min idle (agent on worker 0)")
+
+
+@click.command()
+@click.argument("name")
+@click.option("--job", "job_id", type=int, help="Job id (default: every job of NAME that has not ended).")
+def cancel(name: str, job_id: int | None) -> None:
+    """Cancel a cluster's running job(s): the workers on every host are stopped (TERM, then
+    KILL) and the job is recorded CANCELLED; a managed job is not recovered."""
+    from aios.cloud import ops
+    from aios.cloud.store import JOB_CANCELLED, JOB_FINAL
+
+    store = _store()
+    rec = ops.require_cluster(store, name)
+    jobs = [store.get_job(job_id)] if job_id else [j for j in store.jobs(name) if j.state not in JOB_FINAL]
+    if job_id and (jobs[0] is None or jobs[0].cluster != name):
+        raise AiosError(f"cluster {name} has no job {job_id}", f"see `aios status {name}`")
+    if not jobs:
+        _log(f"{name} has no job that is still running")
+        return
+    for j in jobs:
+        if j.state in JOB_FINAL:
+            _log(f"job {j.id} already {j.state.lower()}")
+            continue
+        store.update_job(j.id, state=JOB_CANCELLED)  # first: the watcher must not recover it
+        ops.cancel_job(rec, j.id)
+        store.event(name, "job-cancelled", f"job {j.id}: cancelled by the user", j.id)
+        _log(f"job {j.id} cancelled")
 
 
 # ------------------------------------------------------------------------------ catalog / cost

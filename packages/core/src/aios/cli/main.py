@@ -30,6 +30,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "start": ("aios.cli.cloud", "start", "Start a stopped cluster."),
     "cancel": ("aios.cli.cloud", "cancel", "Cancel a cluster's running job (scancel on Slurm)."),
     "down": ("aios.cli.cloud", "down", "Delete a cluster and everything aios created for it."),
+    "cancel": ("aios.cli.cloud", "cancel", "Cancel a cluster's running job."),
+    "autostop": ("aios.cli.cloud", "autostop", "Stop or delete a cluster when it has been idle (agent on the cluster)."),
     "catalog": ("aios.cli.cloud", "catalog", "Accelerators offered by the installed clouds, with prices."),
     "cost": ("aios.cli.cloud", "cost", "Estimate or rank the cost of a run across clouds."),
 }

@@ -10,8 +10,10 @@ What goes in:
   semantics through ``pathspec`` when installed, a close fnmatch approximation otherwise).
 
 Always left out, whatever the ignore files say: :data:`ALWAYS_EXCLUDE` (``.git``, ``data``,
-``checkpoints``, virtualenvs, caches, run directories, archives) and the caller's ``excludes``
-(glob patterns matched against each path component and the relative path).
+``checkpoints``, virtualenvs, caches, run directories, archives), :data:`SECRET_EXCLUDE` (``.env``
+files, private keys, cloud and registry credentials: secrets never reach the hosts through code
+sync, tracked or not; :func:`secret_files` names what was left out) and the caller's
+``excludes`` (glob patterns matched against each path component and the relative path).
 """
 
 from __future__ import annotations
@@ -29,6 +31,16 @@ ALWAYS_EXCLUDE = (
     ".mypy_cache", ".pytest_cache", ".ruff_cache", "runs", "wandb", ".aios", "node_modules",
     "*.tar.gz", "*.tgz", ".DS_Store",
 )
+# Files that hold secrets by convention. Matched like ALWAYS_EXCLUDE (any path component).
+SECRET_EXCLUDE = (
+    ".env", ".env.*", "*.env", ".envrc", "*.pem", "*.key", "*.p12", "*.pfx", "*.jks", "*.keystore", "*.ppk",
+    "id_rsa", "id_rsa.*", "id_dsa", "id_dsa.*", "id_ecdsa", "id_ecdsa.*", "id_ed25519", "id_ed25519.*",
+    ".ssh", ".aws", ".gnupg", ".netrc", ".pypirc", ".npmrc", ".git-credentials", ".dockercfg",
+    "credentials.json", "application_default_credentials.json", "*service-account*.json", "*serviceaccount*.json",
+    "kubeconfig", "*.kubeconfig", ".htpasswd", "secrets.yaml", "secrets.yml", "secrets.json", "secrets.toml",
+)
+# Templates that only name the variables.
+SECRET_ALLOW = (".env.example", ".env.sample", ".env.template", ".env.dist", "*.pub")
 MAX_BYTES_DEFAULT = 512 * 1024 * 1024
 
 
@@ -117,7 +129,26 @@ def collect(root: str | os.PathLike[str], excludes: tuple[str, ...] | list[str] 
     if files is None:
         files = _walk_gitignore(root)
     patterns = tuple(ALWAYS_EXCLUDE) + tuple(excludes)
-    return sorted(f for f in files if not _excluded(f, patterns) and ((root / f).is_file() or (root / f).is_symlink()))
+    return sorted(f for f in files if not _excluded(f, patterns) and not is_secret_file(f)
+                  and ((root / f).is_file() or (root / f).is_symlink()))
+
+
+def is_secret_file(rel: str) -> bool:
+    """Whether ``rel`` (relative, ``/``-separated) looks like it holds a secret."""
+    name = rel.rsplit("/", 1)[-1]
+    if any(fnmatch.fnmatch(name, p) for p in SECRET_ALLOW):
+        return False
+    return _excluded(rel, SECRET_EXCLUDE)
+
+
+def secret_files(root: str | os.PathLike[str], excludes: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """The secret-looking files under ``root`` that code sync leaves out (to tell the user)."""
+    root = Path(root)
+    files = _git_files(root)
+    if files is None:
+        files = _walk_gitignore(root)
+    patterns = tuple(ALWAYS_EXCLUDE) + tuple(excludes)
+    return sorted(f for f in files if not _excluded(f, patterns) and is_secret_file(f))
 
 
 def make_tarball(

@@ -20,6 +20,7 @@ from aios.cloud.provider import (
     ClusterInfo,
     CredentialsError,
     ClusterRequest,
+    NotOfferedError,
     QuotaError,
 )
 
@@ -42,6 +43,8 @@ def zone_order(provider: CloudProvider, request: ClusterRequest, pinned: bool) -
     """The zones to try: the requested zone first; the others offering the type after it unless
     the user pinned the zone with ``--zone`` and ``--no-failover``."""
     offered = provider.zones(request.accelerator)
+    if request.region:
+        offered = [z for z in offered if provider.zone_region(z) == request.region]
     if request.zone:
         rest = [z for z in offered if z != request.zone]
         return [request.zone] if pinned else [request.zone, *rest]
@@ -74,6 +77,14 @@ def create_with_failover(
                 log(f"creating {request.name} ({request.accelerator}{', spot' if request.spot else ''}) in {zone}")
                 info = provider.create(req)
                 return FailoverResult(info, zone, attempts)
+            except (KeyboardInterrupt, SystemExit) as exc:
+                # Ctrl-C / SIGTERM while a node or queued resource is being created: delete
+                # what was started before giving up; if even that is interrupted or fails,
+                # mark the exception so the caller keeps the record (`aios down NAME`).
+                log(f"interrupted while creating {request.name} in {zone}; deleting what was started")
+                if not _cleanup_shielded(provider, request.name, zone, log):
+                    exc.aios_leftover_zone = zone  # type: ignore[union-attr]
+                raise
             except Exception as exc:  # noqa: BLE001 - classified below
                 kind = provider.classify_error(exc)
                 attempts.append(Attempt(zone, kind, str(exc)))
@@ -88,6 +99,10 @@ def create_with_failover(
                     sleep(wait)
                     delay *= 2
                     continue
+                if kind == "unavailable":
+                    if i + 1 < len(zones):
+                        log(f"{zone}: does not offer {request.accelerator} ({_short(exc)}); trying {zones[i + 1]}")
+                    break
                 if i + 1 < len(zones):
                     wait = min(max_backoff, delay) * (0.5 + rng.random())
                     log(f"{zone}: {kind} ({_short(exc)}); trying {zones[i + 1]} in {wait:.1f}s")
@@ -96,10 +111,40 @@ def create_with_failover(
                 break
     tried = ", ".join(f"{a.zone} ({a.kind})" for a in attempts)
     last = attempts[-1]
-    cls = QuotaError if all(a.kind == "quota" for a in attempts) else CapacityError
+    kinds = {a.kind for a in attempts}
+    if kinds == {"unavailable"}:
+        raise NotOfferedError(f"no zone tried offers {request.accelerator}: tried {tried}; last: {_short(last.message)}",
+                              f"pick a zone from `aios catalog --cloud {provider.name}`, or another type")
+    cls = QuotaError if kinds <= {"quota", "unavailable"} and "quota" in kinds else CapacityError
     fix = ("request more quota in the cloud console, or pick another type" if cls is QuotaError
            else "retry later, use --queued to wait for capacity, or pick another type/zone")
     raise cls(f"could not create {request.accelerator} in any zone: tried {tried}; last: {_short(last.message)}", fix)
+
+
+def _cleanup_shielded(provider: CloudProvider, name: str, zone: str, log: Callable[[str], None]) -> bool:
+    """Delete ``name`` in ``zone`` with Ctrl-C and SIGTERM held off (main thread only) so a second
+    Ctrl-C cannot leave a half-deleted, billing resource behind. Returns whether it succeeded."""
+    import signal
+    import threading
+
+    held: list[int] = []
+    old: dict[int, object] = {}
+    if threading.current_thread() is threading.main_thread():
+        def hold(signum: int, frame: object) -> None:
+            held.append(signum)
+            log("still deleting what was started; aios exits when that is done")
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            old[sig] = signal.signal(sig, hold)
+    try:
+        provider.delete(name, zone)
+        return True
+    except BaseException as exc:  # noqa: BLE001 - reported; the record is kept
+        log(f"cleanup of {name} in {zone} failed: {_short(exc)}; `aios down {name}` deletes it")
+        return False
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
 
 
 def _cleanup(provider: CloudProvider, name: str, zone: str, log: Callable[[str], None]) -> None:

@@ -52,6 +52,7 @@ from aios.cloud.store import (
     JOB_CANCELLED,
     JOB_FAILED,
     JOB_FINAL,
+    JOB_PENDING,
     JOB_RECOVERING,
     JOB_RUNNING,
     JOB_SETTING_UP,
@@ -197,6 +198,7 @@ def provision(
 ) -> ClusterRecord:
     """Claim the name, create with zone failover, record the hosts. On any failure nothing is
     left behind: every zone tried is cleaned up by the failover loop and the record removed."""
+    request = provider.prepare(request)
     rec = ClusterRecord(
         name=request.name, cloud=provider.name, zone=request.zone, accelerator=request.accelerator,
         spot=request.spot, state="PENDING", request=_request_dict(request), ssh_user=request.ssh_user,
@@ -216,8 +218,15 @@ def provision(
         runner = SshRunner([], cluster_dir(request.name) / "known_hosts")
         runner.reset_host_keys()
         return save_hosts(store, store.get_cluster(request.name) or rec, result.info, provider)
-    except BaseException:
-        store.delete_cluster(request.name)
+    except BaseException as exc:
+        leftover = getattr(exc, "aios_leftover_zone", None)
+        if leftover:
+            # the cloud side could not be cleaned up: keep the record so `aios down` finds it
+            store.update_cluster(request.name, zone=leftover, state="LEFTOVER",
+                                 request=_request_dict(dataclasses.replace(request, zone=leftover)))
+            store.event(request.name, "leftover", f"interrupted while creating in {leftover}; cleanup did not finish; `aios down {request.name}` deletes it")
+        else:
+            store.delete_cluster(request.name)
         raise
 
 
@@ -248,6 +257,12 @@ def sync_code(rec: ClusterRecord, spec: JobSpec, printer: Callable[[str, str], N
                        extra_files=extra, generated=generated)
     log(f"syncing {tar.files} files ({tar.bytes / 1024:.0f} KiB) from {os.path.abspath(spec.workdir)} to {len(rec.hosts)} hosts"
         + (f" (+ aios itself, {len(extra)} files)" if extra else ""))
+    from aios.cloud.codesync import secret_files
+
+    secrets = secret_files(spec.workdir, spec.excludes)
+    if secrets:
+        log(f"left out {len(secrets)} secret-looking files ({', '.join(secrets[:5])}{', ...' if len(secrets) > 5 else ''}); "
+            "pass values with --env NAME instead")
     root = remote_root(rec.name)
     cmd = (f"set -e; mkdir -p {root}; rm -rf {root}/code.new; mkdir {root}/code.new; "
            f"tar xzf - -C {root}/code.new; rm -rf {root}/code; mv {root}/code.new {root}/code")
@@ -331,6 +346,12 @@ def render_run_sh(rec: ClusterRecord, job_id: int, plan: Any, bundle: bool = Fal
         # the runtime marks ranks that stopped for a preemption notice here (after the emergency
         # checkpoint); torchrun then reports exit 1 for the whole group
         'mkdir -p "$D/status"',
+        # the cluster's job queue: wait (marked queued) until every earlier job on this host ended
+        'touch "$D/queued"',
+        f'for j in $(ls -1 "{root}/jobs" 2>/dev/null | sort -n); do case "$j" in *[!0-9]*) continue;; esac; '
+        f'[ "$j" -lt {job_id} ] || continue; P="{root}/jobs/$j"; '
+        'while [ ! -f "$P/exit_code" ] && [ -f "$P/pid" ] && kill -0 "$(cat "$P/pid")" 2>/dev/null; do sleep 1; done; done',
+        'rm -f "$D/queued"',
         f'export {STATUS_DIR_ENV}="$D/status"',
         f'cd "{root}/code" || exit 97',
         cmd,
@@ -406,7 +427,8 @@ def poll_job(rec: ClusterRecord, job_id: int) -> list[tuple[str, int | None]]:
 
     d = f"{remote_root(rec.name)}/jobs/{job_id}"
     cmd = (f'if [ -f {d}/exit_code ]; then echo "EXIT $(cat {d}/exit_code)"; '
-           f'elif [ -f {d}/pid ] && kill -0 "$(cat {d}/pid)" 2>/dev/null; then echo RUNNING; else echo LOST; fi')
+           f'elif [ -f {d}/pid ] && kill -0 "$(cat {d}/pid)" 2>/dev/null; then if [ -f {d}/queued ]; then echo QUEUED; else echo RUNNING; fi; '
+           f'else echo LOST; fi')
     runner = runner_for(rec, None, retries=2, backoff=0.5, connect_timeout=8)
 
     def one(host: ClusterHost) -> Any:
@@ -515,6 +537,7 @@ class Watcher:
         self.opt = options or WatchOptions()
         self.sleep = sleep
         self.follower: LogFollower | None = None
+        self._maintenance_logged = False
 
     # -------------------------------------------------------------- helpers
     def _job(self):
@@ -563,7 +586,13 @@ class Watcher:
                 self.log(f"polling {rec.name} failed ({exc}); retrying")
                 states = [("UNREACHABLE", None)] * max(1, len(rec.hosts))
             incident = None
+            maintenance = False
             now = time.monotonic()
+            queued = bool(states) and all(s == "QUEUED" for s, _ in states)
+            if queued != (job.state == JOB_PENDING):
+                # waiting in the cluster's queue behind an earlier job
+                self.store.update_job(self.job_id, state=JOB_PENDING if queued else JOB_RUNNING)
+            states = [("RUNNING" if s == "QUEUED" else s, c) for s, c in states]
             need_describe = now - last_describe >= self.opt.describe_every or any(s != "RUNNING" for s, _ in states)
             if need_describe:
                 last_describe = now
@@ -581,6 +610,15 @@ class Watcher:
                     incident = "stopped"
                 elif info.unhealthy:
                     incident = f"unhealthy ({info.health_detail or info.health})"
+                elif info.in_maintenance:
+                    # the cloud maintains the hosts and they come back by themselves: wait
+                    maintenance = True
+                    if not self._maintenance_logged:
+                        self.log(f"cluster {rec.name}: in host maintenance ({info.health_detail or 'maintenance'}); waiting for it to end")
+                        self.store.event(rec.name, "maintenance", f"job {self.job_id}: {info.health_detail or 'maintenance'}", self.job_id)
+                        self._maintenance_logged = True
+                else:
+                    self._maintenance_logged = False
             if incident is None and any(s == "REPLACED" for s, _ in states):
                 # a new machine answers at a host's address (new host key): the cloud replaced
                 # it (spot reclaim and relaunch, maintenance); the job is gone with the old one
@@ -603,7 +641,9 @@ class Watcher:
                         cancel_job(rec, self.job_id)
                         return self._finish(JOB_FAILED, [c if s == "EXIT" else -9 for s, c in states],
                                             "a worker failed; the others were stopped")
-                if any(s in ("LOST", "UNREACHABLE") for s, _ in states):
+                if maintenance:
+                    lost_count = 0
+                elif any(s in ("LOST", "UNREACHABLE") for s, _ in states):
                     lost_count += 1
                     if lost_count >= self.opt.lost_after:
                         incident = "hosts lost (" + ", ".join(f"worker {i}: {s.lower()}" for i, (s, _) in enumerate(states) if s != "RUNNING" and s != "EXIT") + ")"
@@ -737,6 +777,57 @@ def down_cluster(store: Store, provider: CloudProvider, rec: ClusterRecord) -> N
     provider.delete(rec.name, rec.zone)
     store.delete_cluster(rec.name)
     runner_for(rec).reset_host_keys()
+
+
+def install_agent(rec: ClusterRecord, provider: CloudProvider, idle_seconds: float, action: str, python: str,
+                  printer: Callable[[str, str], None] | None, log: Log, poll: float = 30.0) -> None:
+    """Start the autostop/autodown agent (:mod:`aios.cloud.agent`) on the head host, replacing
+    one already running there. It needs the shipped aios (code/.aios-site) or an installed one."""
+    import json
+
+    if action == "stop" and not provider.can_stop(rec.spot):
+        raise AiosError(f"{rec.name} runs on spot capacity, which cannot be stopped, only deleted",
+                        "use --autodown (delete when idle) instead of a plain --autostop")
+    root = remote_root(rec.name)
+    cfg = {"cluster": rec.name, "zone": rec.zone, "cloud": rec.cloud, "action": action, "idle_seconds": float(idle_seconds),
+           "poll": float(poll), "settings": provider.agent_settings()}
+    head = record_hosts(rec)[0]
+    runner = runner_for(rec, printer)
+    site = f'PYTHONPATH="{root}/code/.aios-site${{PYTHONPATH:+:$PYTHONPATH}}"'
+    cmd = (f"set -e; mkdir -p {root}; umask 077; cat > {root}/agent.json; "
+           f"if [ -f {root}/agent.pid ]; then kill \"$(cat {root}/agent.pid)\" 2>/dev/null || true; fi; "
+           f"cd {root}; {site} setsid nohup {shlex.quote(python)} -m aios.cloud.agent {root}/agent.json >> {root}/agent.log 2>&1 "
+           f"< /dev/null & echo $! > {root}/agent.pid; echo started")
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(cfg, f)
+        tmp = f.name
+    try:
+        r = runner.run_one(head, cmd, stdin_path=tmp, stream=False)
+    finally:
+        os.unlink(tmp)
+    runner.check([r], "autostop agent")
+    what = "delete" if action == "down" else "stop"
+    log(f"autostop: the agent on {head.label} will {what} {rec.name} after {idle_seconds / 60:g} min without a running job")
+
+
+def remove_agent(rec: ClusterRecord, printer: Callable[[str, str], None] | None) -> None:
+    root = remote_root(rec.name)
+    runner = runner_for(rec, printer)
+    head = record_hosts(rec)[0]
+    r = runner.run_one(head, f"rm -f {root}/agent.json; if [ -f {root}/agent.pid ]; then kill \"$(cat {root}/agent.pid)\" 2>/dev/null || true; fi",
+                       stream=False)
+    runner.check([r], "autostop cancel")
+
+
+def inventory(provider: CloudProvider) -> list[ClusterInfo]:
+    """Every cluster aios created in the cloud (found by the ``aios-cluster`` label / the
+    ``aios:cluster`` tag), whether or not this machine has a record of it."""
+    return provider.list(None)
+
+
+def runner_for_name_reset(name: str) -> None:
+    """Forget the pinned host keys of a deleted cluster."""
+    SshRunner([], cluster_dir(name) / "known_hosts").reset_host_keys()
 
 
 def refresh(store: Store, provider: CloudProvider, rec: ClusterRecord) -> ClusterRecord:

@@ -25,6 +25,7 @@ Rules for implementers:
 
 from __future__ import annotations
 
+import re
 import shlex
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field, replace
@@ -49,6 +50,11 @@ class QuotaError(CloudError):
     zone (quotas are regional) and reports the quota when every zone failed."""
 
 
+class NotOfferedError(CloudError):
+    """The zone does not offer the type (GCE ``INVALID_ARGUMENT`` "accelerator type not
+    available in zone", EC2 ``Unsupported``). The core moves on to the next zone."""
+
+
 class CredentialsError(CloudError):
     """No usable credentials (ADC, gcloud, AWS profile)."""
 
@@ -57,7 +63,35 @@ class ClusterNotFound(CloudError):
     """The named cluster does not exist (in the store or in the cloud)."""
 
 
-FailureKind = Literal["stockout", "quota", "transient", "fatal"]
+FailureKind = Literal["stockout", "quota", "unavailable", "transient", "fatal"]
+
+
+# ------------------------------------------------------------------------------ requirements
+
+# ``aios``, ``aios-core[aws]``, ``aios_cloud_gcp>=1``: names on the public registry that belong to
+# unrelated projects. Hosts get aios from the synced checkout (the bundle), never from there.
+_AIOS_REQ = re.compile(r"^\s*aios(?:[-_.][A-Za-z0-9_.-]*)?\s*(?:\[[^\]]*\])?\s*(?:[<>=!~;@].*)?$", re.IGNORECASE)
+
+
+def registry_aios(requirement: str) -> bool:
+    """Whether ``requirement`` would fetch an ``aios*`` distribution from a package index (a
+    local path or a URL to a wheel built from the checkout is fine)."""
+    r = requirement.strip()
+    if not r or r.startswith(("-", ".", "/", "~")) or "://" in r.split("@", 1)[0] or r.endswith(".whl"):
+        return False
+    if "@" in r and ("file:" in r or "://" in r):
+        return False
+    return bool(_AIOS_REQ.match(r))
+
+
+def check_requirements(requirements: list[str] | tuple[str, ...], where: str = "setup requirements") -> None:
+    """Refuse an ``aios*`` requirement that would come from the public registry."""
+    for r in requirements:
+        if registry_aios(r):
+            raise CloudError(
+                f"{where} ask for '{r.strip()}' from the package registry, where that name belongs to an unrelated project",
+                "drop it: aios is shipped to the hosts with the synced code (or list a wheel path built from your checkout)",
+            )
 
 
 # ------------------------------------------------------------------------------ states
@@ -79,6 +113,9 @@ STATES = (PENDING, QUEUED, READY, STOPPING, STOPPED, STARTING, DELETING, PREEMPT
 
 HEALTHY = "HEALTHY"
 UNHEALTHY = "UNHEALTHY"
+# The cloud is maintaining the hosts and they resume by themselves (TPU ``UNHEALTHY_MAINTENANCE``):
+# neither healthy nor a failure; the watcher waits instead of repairing or recreating.
+MAINTENANCE = "MAINTENANCE"
 
 
 # ------------------------------------------------------------------------------ data types
@@ -195,6 +232,10 @@ class ClusterInfo:
     def unhealthy(self) -> bool:
         return self.health == UNHEALTHY
 
+    @property
+    def in_maintenance(self) -> bool:
+        return self.health == MAINTENANCE
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -261,9 +302,12 @@ class CloudCommand:
 
     argv: list[str]
     comment: str = ""
+    # argv positions that are shell expressions (``$(aws ec2 describe-instances ...)``) and are
+    # printed unquoted, so the line runs as printed
+    shell_args: tuple[int, ...] = ()
 
     def shell(self) -> str:
-        line = " ".join(shlex.quote(a) for a in self.argv)
+        line = " ".join(a if i in self.shell_args else shlex.quote(a) for i, a in enumerate(self.argv))
         return f"{line}  # {self.comment}" if self.comment else line
 
 
@@ -306,6 +350,11 @@ class CloudProvider(ABC):
         """Zones offering ``accelerator``, in failover order."""
         return list(self.entry(accelerator).zones)
 
+    def zone_region(self, zone: str) -> str:
+        """The region ``zone`` belongs to (``us-central1-a`` -> ``us-central1``); the failover
+        stays in ``--region`` when one is given."""
+        return zone.rsplit("-", 1)[0]
+
     # -------------------------------------------------------------- validation
     def validate(self, request: ClusterRequest) -> ClusterRequest:
         """Check and complete a request before anything is created (zone offers the type,
@@ -322,6 +371,12 @@ class CloudProvider(ABC):
         return request
 
     # -------------------------------------------------------------- lifecycle
+    def prepare(self, request: ClusterRequest) -> ClusterRequest:
+        """Account-level steps before the first create, once per launch (not in a dry run):
+        e.g. import the SSH key into the user's OS Login profile and log in as its POSIX user.
+        Returns the request to create (``ssh_user`` may change)."""
+        return request
+
     @abstractmethod
     def create(self, request: ClusterRequest) -> ClusterInfo:
         """Create the cluster in ``request.zone`` and wait until it is ``READY`` (or, for a
@@ -366,8 +421,10 @@ class CloudProvider(ABC):
 
     def setup_commands(self, accelerator: str, requirements: list[str]) -> list[str]:
         """Shell lines run on every host after create/recreate: install the pinned
-        torch/torch_xla/libtpu (or neuron/cuda) set, aios itself and the user's requirements.
+        torch/torch_xla/libtpu (or neuron/cuda) set and the user's requirements. aios itself is
+        never installed from a registry: it is shipped with the code (:mod:`aios.cloud.bundle`).
         Run from the synced code directory."""
+        check_requirements(requirements)
         lines = ["python3 -m pip install --quiet --upgrade pip"]
         if requirements:
             lines.append("python3 -m pip install --quiet " + " ".join(shlex.quote(r) for r in requirements))
@@ -377,12 +434,43 @@ class CloudProvider(ABC):
         """Extra environment for every host (besides the backend launch plan's)."""
         return {}
 
+    def host_checks(self, accelerator: str, nodes: int) -> list[str]:
+        """Shell lines run on every host after setup that fail (non-zero, one ``[aios]`` line)
+        when the hosts cannot run the job as planned (EFA missing on a multi-node EFA launch).
+        Run even with ``--no-setup``."""
+        return []
+
+    def agent_settings(self) -> dict[str, Any]:
+        """This provider's config section as the autostop agent on the head host must use it
+        (:mod:`aios.cloud.agent`): endpoints and project, never credentials (the hosts use
+        their service account / instance profile)."""
+        return {}
+
+    def controller_settings(self) -> dict[str, Any]:
+        """What a managed-job controller host needs beyond :meth:`agent_settings` to recreate the
+        cluster (zones, images, network...): the config section without credentials."""
+        return {}
+
+    def can_stop(self, spot: bool) -> bool:
+        """Whether a cluster of this capacity can be stopped and started again (spot TPUs and
+        one-time EC2 spot instances cannot: only deleted)."""
+        return not spot
+
+    def check_storage(self, url: str, env_names: tuple[str, ...] | list[str] | set[str] = ()) -> None:
+        """Raise :class:`CloudError` when the hosts will have no credentials to write ``url``
+        (a managed run's checkpoints); ``env_names`` are the variables the job gets (``--env``).
+        Called before anything is created."""
+        return None
+
     # -------------------------------------------------------------- health / failover hooks
     def classify_error(self, exc: BaseException) -> FailureKind:
         """How the failover loop treats a create error: ``stockout`` and ``quota`` move to the next
-        zone, ``transient`` retries the same zone with backoff, ``fatal`` stops."""
+        zone, ``unavailable`` (the zone does not offer the type) moves on at once, ``transient``
+        retries the same zone with backoff, ``fatal`` stops."""
         if isinstance(exc, CapacityError):
             return "stockout"
+        if isinstance(exc, NotOfferedError):
+            return "unavailable"
         if isinstance(exc, QuotaError):
             return "quota"
         return "fatal"
@@ -412,8 +500,8 @@ class CloudProvider(ABC):
 
 
 __all__ = [
-    "CapacityError", "CatalogEntry", "CloudCommand", "CloudError", "CloudProvider", "ClusterHost",
+    "check_requirements", "registry_aios", "CapacityError", "CatalogEntry", "CloudCommand", "CloudError", "CloudProvider", "ClusterHost",
     "ClusterInfo", "ClusterNotFound", "ClusterRequest", "CredentialsError", "FailureKind",
-    "QuotaError", "STATES", "PENDING", "QUEUED", "READY", "STOPPING", "STOPPED", "STARTING",
-    "DELETING", "PREEMPTED", "TERMINATED", "FAILED", "UNKNOWN", "HEALTHY", "UNHEALTHY",
+    "NotOfferedError", "QuotaError", "STATES", "PENDING", "QUEUED", "READY", "STOPPING", "STOPPED", "STARTING",
+    "DELETING", "PREEMPTED", "TERMINATED", "FAILED", "UNKNOWN", "HEALTHY", "UNHEALTHY", "MAINTENANCE",
 ]
