@@ -1,26 +1,40 @@
-"""Atomic, verifiable checkpoints on a local path or any fsspec URL.
+"""Atomic, verifiable checkpoints on a local path or any fsspec URL; one writer per directory;
+aios deletes only what it wrote.
 
 Layout of ``checkpoint.dir``::
 
-    <dir>/ckpt-000000120/state.pt              torch.save of the full training state
-    <dir>/ckpt-000000120/aios-checkpoint.json  commit marker: step, time, size and sha256 per file
+    <dir>/ckpt-000000120/state.pt              the files of one checkpoint (here: the full state)
+    <dir>/ckpt-000000120/aios-checkpoint.json  commit marker: step, time, lineage, run, world size,
+                                               backend, strategy, format, size+sha256 per file
+    <dir>/ckpt-000000120-3f9c01ab/             the same step written again (see re-save below)
+    <dir>/.aios-lock                           the writer lock (run, pid, host, heartbeat)
 
 Rules:
 
-* **Atomic.** Locally a checkpoint is written into ``<dir>/.partial-ckpt-<step>-<pid>/`` and
-  renamed into place (``rename`` is atomic on POSIX) with its marker inside. On object stores
-  (``gs://``, ``s3://``, ...) where renames are copies, files are written in place and the marker
-  is written **last**. Either way a checkpoint without a marker is incomplete, and a crash at any
-  point of a save leaves the previous complete checkpoint untouched.
-* **Keep N.** After a save, complete checkpoints beyond ``keep`` (oldest first) and leftovers of
-  interrupted saves are deleted.
-* **Resume** picks the newest *complete* checkpoint. Incomplete ones (no marker: an interrupted
-  save) are skipped with a warning. A checkpoint whose marker is present but whose files do not
-  match it (size or sha256), or that cannot be unpickled, is **corrupt**: that is an error
-  (:class:`aios.errors.CheckpointError`, one line, exit 2) rather than a silent fallback to an
-  older checkpoint, because silently losing training progress is worse than stopping. The fix
-  the error names: delete that checkpoint directory, or start fresh with
-  ``checkpoint.resume=false``.
+* **Staging + commit.** A save is ``begin(step)`` (a staging directory; every rank of a sharded
+  writer may put its files there), the files, then ``commit(staging, files, meta)``: the marker is
+  written **last**, after every file is durable (fsynced locally). Locally the staging directory
+  is ``.aios-partial-ckpt-<step>-<lineage>-<nonce>`` and is renamed into place (atomic on POSIX),
+  and the directory is fsynced after every rename. On object stores (``gs://``, ``s3://``, ...)
+  where renames are copies, files are written in place and the marker last. A checkpoint without
+  a marker is incomplete; a crash at any point leaves the previous complete checkpoint in place.
+* **Re-save of a step** never removes the good copy first: the new copy is committed under a
+  unique name (``ckpt-<step>-<nonce>``), only then is the old one retired (its marker goes first,
+  so a half-deleted copy is "incomplete", never "corrupt"), and locally the new copy is renamed to
+  ``ckpt-<step>``. At every instant a complete copy is discoverable by resume.
+* **Lineage.** Every checkpoint's marker records the *lineage*: the id shared by a run and every
+  run that resumed from it. ``keep`` counts only the store's own lineage, and pruning removes only
+  that lineage's checkpoints and leftovers whose names carry its token. Other runs' checkpoints,
+  legacy ones and files aios did not name are never deleted.
+* **Resume** picks the most recently committed complete checkpoint (the lineage that wrote last;
+  within one lineage, the highest step). Incomplete ones are skipped with a warning. A checkpoint
+  whose marker is present but whose files do not match it (size or sha256), or that cannot be
+  unpickled, is **corrupt**: that is an error (:class:`aios.errors.CheckpointError`, one line,
+  exit 2) rather than a silent fallback to an older checkpoint.
+* **One writer.** :meth:`CheckpointStore.acquire_lock` creates ``.aios-lock`` exclusively; a
+  second run on the same directory stops with one line naming the run holding it. A lock is stale
+  (taken over) when its holder's process is gone (same host) or its heartbeat is older than
+  :data:`LOCK_STALE_S`. On object stores the lock is best effort (write, then read back).
 
 URL schemes come from the registry (:func:`aios.hookspecs.aios_register_storage`); a scheme no
 installed plugin registers is an error with the install hint.
@@ -28,26 +42,49 @@ installed plugin registers is an error with the install hint.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
 import os
 import re
+import socket
 import time
+import uuid
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from aios.errors import CheckpointError
 
 MARKER = "aios-checkpoint.json"
 STATE_FILE = "state.pt"
+LOCK_FILE = ".aios-lock"
+#: written first into a staging directory: whose (lineage) and which step it is
+STAGING_FILE = ".aios-staging.json"
 FORMAT = 1
-_NAME = re.compile(r"^ckpt-(\d{9,})$")
+#: seconds without a heartbeat after which a lock is stale
+LOCK_STALE_S = 120.0
+#: seconds between heartbeats of a held lock
+LOCK_HEARTBEAT_S = 15.0
+
+_NAME = re.compile(r"^ckpt-(\d{9,})(?:-([0-9a-f]{8}))?$")
+# names aios generates for its own temporary directories: lineage (16 hex) and nonce (8 hex)
+_TEMP = re.compile(r"^\.aios-(?:partial|trash)-ckpt-(\d{9,})-([0-9a-f]{16})-([0-9a-f]{8})$")
+_LOCK_TEMP = re.compile(r"^\.aios-lock\.([0-9a-f]{8})\.(?:tmp|stale)$")
 
 
 def ckpt_name(step: int) -> str:
     return f"ckpt-{step:09d}"
+
+
+def new_lineage() -> str:
+    """A new lineage id (16 hex digits)."""
+    return uuid.uuid4().hex[:16]
+
+
+def _nonce() -> str:
+    return uuid.uuid4().hex[:8]
 
 
 @dataclass
@@ -56,6 +93,30 @@ class CheckpointInfo:
     step: int
     complete: bool
     meta: dict[str, Any]
+
+    @property
+    def lineage(self) -> str | None:
+        return self.meta.get("lineage")
+
+    @property
+    def time(self) -> float:
+        try:
+            return float(self.meta.get("time", 0.0))
+        except (TypeError, ValueError):
+            return 0.0
+
+
+@dataclass
+class Staging:
+    """A save in progress: the directory every writer puts its files into."""
+
+    step: int
+    path: str
+    lineage: str
+    nonce: str
+    #: object stores: the staging directory is the checkpoint's final place
+    in_place: bool = False
+    files: dict[str, Any] = field(default_factory=dict)
 
 
 class _HashingWriter:
@@ -90,7 +151,7 @@ def filesystem(url: str) -> tuple[Any, str]:
     spec = reg.storage.get(scheme)
     if spec is None:
         known = ", ".join(sorted(reg.storage)) or "none"
-        hint = {"gs": "pip install 'aios-core[gcp]'", "s3": "pip install 'aios-core[aws]'"}.get(scheme, "install the plugin that registers it")
+        hint = {"gs": "pip install -e './packages/core[gcp]'", "s3": "pip install -e './packages/core[aws]'"}.get(scheme, "install the plugin that registers it")
         raise CheckpointError(f"checkpoint URL scheme '{scheme}://' is not registered (registered: {known})", hint)
     if spec.requires:
         import importlib.util
@@ -103,14 +164,53 @@ def filesystem(url: str) -> tuple[Any, str]:
     return fs, path
 
 
-class CheckpointStore:
-    """Checkpoints under one directory or URL (see the module docstring for the rules)."""
+def fsync_dir(path: str) -> None:
+    """Make renames/creations inside a local directory durable."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover - some file systems refuse fsync on directories
+        pass
+    finally:
+        os.close(fd)
 
-    def __init__(self, url: str, keep: int = 3) -> None:
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:  # pragma: no cover
+        return False
+    try:  # a zombie (killed, not yet reaped) is gone for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+class CheckpointStore:
+    """Checkpoints under one directory or URL (see the module docstring for the rules).
+
+    :param keep: complete checkpoints of this store's lineage kept after a commit (``None``:
+        never prune).
+    :param lineage: the lineage new checkpoints belong to (a new one when omitted).
+    """
+
+    def __init__(self, url: str, keep: int | None = 3, lineage: str | None = None) -> None:
         self.url = url
         self.keep = keep
+        self.lineage = lineage or new_lineage()
         self.fs, self.root = filesystem(url)
         self.local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
+        self._lock_token: str | None = None
 
     def _join(self, *parts: str) -> str:
         return "/".join([self.root.rstrip("/"), *parts])
@@ -124,7 +224,7 @@ class CheckpointStore:
     # ---------------------------------------------------------------- checks
     def check_writable(self) -> None:
         """Create the directory and write/delete a probe file; a clear error when that fails."""
-        probe = self._join(f".aios-write-test-{os.getpid()}")
+        probe = self._join(f".aios-write-test-{_nonce()}")
         try:
             self.fs.makedirs(self.root, exist_ok=True)
             with self.fs.open(probe, "wb") as f:
@@ -137,31 +237,36 @@ class CheckpointStore:
             ) from None
 
     # ---------------------------------------------------------------- listing
-    def list(self) -> list[CheckpointInfo]:
-        """Every checkpoint directory (complete or not), oldest first."""
+    def _entries(self) -> list[str]:
         try:
-            entries = self.fs.ls(self.root, detail=False)
+            return [e.rstrip("/").rsplit("/", 1)[-1] for e in self.fs.ls(self.root, detail=False)]
         except FileNotFoundError:
             return []
         except Exception as exc:  # noqa: BLE001
             raise CheckpointError(f"cannot list checkpoint dir '{self.url}' ({type(exc).__name__}: {exc})", "check the path and its permissions") from None
+
+    def list(self) -> list[CheckpointInfo]:
+        """Every checkpoint directory (complete or not), by step, then commit time."""
         out: list[CheckpointInfo] = []
-        for entry in entries:
-            name = entry.rstrip("/").rsplit("/", 1)[-1]
+        for name in self._entries():
             m = _NAME.match(name)
             if not m:
                 continue
             path = self._join(name)
             meta = self._read_marker(path)
             out.append(CheckpointInfo(path, int(m.group(1)), meta is not None, meta or {}))
-        return sorted(out, key=lambda c: c.step)
+        return sorted(out, key=lambda c: (c.step, c.time))
+
+    def _read_json(self, path: str) -> bytes | None:
+        try:
+            with self.fs.open(path, "rb") as f:
+                return f.read()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
 
     def _read_marker(self, path: str) -> dict[str, Any] | None:
-        marker = f"{path}/{MARKER}"
-        try:
-            with self.fs.open(marker, "rb") as f:
-                raw = f.read()
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        raw = self._read_json(f"{path}/{MARKER}")
+        if raw is None:
             return None
         try:
             meta = json.loads(raw)
@@ -174,14 +279,32 @@ class CheckpointStore:
             ) from None
         return meta
 
-    def latest(self, warn: bool = True) -> CheckpointInfo | None:
-        """The newest complete checkpoint; incomplete newer ones are skipped with a warning."""
-        for info in reversed(self.list()):
-            if info.complete:
-                return info
-            if warn:
-                warnings.warn(f"aios: skipping incomplete checkpoint {self.display(info.path)} (interrupted save, no {MARKER})", stacklevel=2)
-        return None
+    def _staging_lineage(self, path: str) -> str | None:
+        """The lineage recorded in an incomplete checkpoint's staging file (None: not aios's)."""
+        raw = self._read_json(f"{path}/{STAGING_FILE}")
+        try:
+            data = json.loads(raw) if raw else None
+        except ValueError:
+            return None
+        return data.get("lineage") if isinstance(data, dict) else None
+
+    def latest(self, warn: bool = True, lineage: str | None = None) -> CheckpointInfo | None:
+        """The checkpoint to resume: with ``lineage``, that lineage's highest step; otherwise the
+        most recently committed complete checkpoint. Incomplete checkpoints of a higher step
+        are skipped with a warning."""
+        infos = self.list()
+        complete = [i for i in infos if i.complete and (lineage is None or i.lineage == lineage)]
+        if not complete:
+            chosen = None
+        elif lineage is not None:
+            chosen = complete[-1]
+        else:
+            chosen = max(complete, key=lambda i: (i.time, i.step))
+        if warn:
+            for info in infos:
+                if not info.complete and (chosen is None or info.step > chosen.step):
+                    warnings.warn(f"aios: skipping incomplete checkpoint {self.display(info.path)} (interrupted save, no {MARKER})", stacklevel=2)
+        return chosen
 
     def verify(self, info: CheckpointInfo, hash_files: bool = False) -> None:
         """Check sizes (and sha256 when ``hash_files``) against the marker."""
@@ -196,88 +319,180 @@ class CheckpointStore:
                     f"checkpoint '{self.display(info.path)}' is corrupt: {name} has {size} bytes, its marker says {want.get('size')}",
                     f"delete {self.display(info.path)} or start fresh with checkpoint.resume=false",
                 )
-            if hash_files:
+            if hash_files and want.get("sha256"):
                 self.read_file(info, name)
 
-    # ---------------------------------------------------------------- save
-    def _open_write(self, path: str) -> Any:
+    # ---------------------------------------------------------------- writing files
+    def open_write(self, path: str) -> Any:
         if self.local:
             return open(path, "wb")  # noqa: SIM115 - closed by the caller's with
         return self.fs.open(path, "wb")
 
-    def _fsync(self, f: Any) -> None:
+    def fsync(self, f: Any) -> None:
         if self.local:
             f.flush()
             os.fsync(f.fileno())
+
+    def write_file(self, staging: Staging, name: str, writer: Any) -> dict[str, Any]:
+        """Write ``<staging>/<name>`` through ``writer(fileobj)``, durable; returns its entry for
+        the marker (size and sha256). Any rank may call it for its own files."""
+        with self.open_write(f"{staging.path}/{name}") as f:
+            w = _HashingWriter(f)
+            writer(w)
+            self.fsync(f)
+        entry = {"size": w.size, "sha256": w.sha.hexdigest()}
+        staging.files[name] = entry
+        return entry
+
+    # ---------------------------------------------------------------- staging and commit
+    def begin(self, step: int) -> Staging:
+        """Start a save of ``step``: a new staging directory that belongs to this lineage."""
+        nonce = _nonce()
+        name = ckpt_name(step)
+        in_place = not self.local
+        if self.local:
+            path = self._join(f".aios-partial-{name}-{self.lineage}-{nonce}")
+        else:
+            path = self._join(name if not self.fs.exists(self._join(name)) else f"{name}-{nonce}")
+        staging = Staging(step, path, self.lineage, nonce, in_place)
+        try:
+            self.fs.makedirs(path, exist_ok=True)
+            with self.open_write(f"{path}/{STAGING_FILE}") as f:
+                f.write(json.dumps({"lineage": self.lineage, "step": step, "pid": os.getpid(), "time": time.time()}).encode())
+        except Exception as exc:  # noqa: BLE001
+            self.abort(staging)
+            raise self._save_error(step, exc) from exc
+        return staging
+
+    def _save_error(self, step: int, exc: BaseException) -> CheckpointError:
+        return CheckpointError(
+            f"saving checkpoint to '{self.display(self._join(ckpt_name(step)))}' failed ({type(exc).__name__}: {exc})",
+            "check that checkpoint.dir is writable and has free space",
+        )
+
+    def abort(self, staging: Staging) -> None:
+        """Remove what a failed save wrote (only its own staging directory)."""
+        with contextlib.suppress(Exception):
+            if self.fs.exists(staging.path):
+                self.fs.rm(staging.path, recursive=True)
+
+    def commit(self, staging: Staging, meta: dict[str, Any] | None = None, files: dict[str, Any] | None = None) -> str:
+        """Write the marker (last, after every file of every writer is durable), move the
+        checkpoint into place, retire an older copy of the same step of this lineage, prune.
+        Returns the checkpoint's path (URL on object stores)."""
+        step = staging.step
+        name = ckpt_name(step)
+        final = self._join(name)
+        marker = {
+            "format": FORMAT, "step": step, "time": time.time(), "files": {**staging.files, **(files or {})},
+            **(meta or {}), "lineage": self.lineage,
+        }
+        try:
+            with self.open_write(f"{staging.path}/{MARKER}") as f:
+                f.write(json.dumps(marker, indent=1, sort_keys=True, default=str).encode())
+                self.fsync(f)
+        except Exception as exc:  # noqa: BLE001
+            self.abort(staging)
+            raise self._save_error(step, exc) from exc
+        try:
+            where = self._place(staging, final, name)
+        except Exception as exc:  # noqa: BLE001
+            raise self._save_error(step, exc) from exc
+        self.prune()
+        return self.display(where)
+
+    def _ours(self, path: str) -> bool:
+        try:
+            meta = self._read_marker(path)
+        except CheckpointError:
+            return False
+        if meta is not None:
+            return meta.get("lineage") == self.lineage
+        return self._staging_lineage(path) == self.lineage
+
+    def _place(self, staging: Staging, final: str, name: str) -> str:
+        if not self.local:
+            if staging.path != final and self._ours(final):
+                self.retire(final)  # the new copy is complete: now the old one may go
+            return staging.path
+        if not os.path.exists(final):
+            os.rename(staging.path, final)
+            fsync_dir(self.root)
+            return final
+        unique = self._join(f"{name}-{staging.nonce}")
+        os.rename(staging.path, unique)  # complete and discoverable under its unique name
+        fsync_dir(self.root)
+        if not self._ours(final):
+            return unique  # another run's checkpoint of the same step: never touched
+        self.retire(final)
+        with contextlib.suppress(OSError):
+            os.rename(unique, final)
+            fsync_dir(self.root)
+            return final
+        return unique
+
+    def retire(self, path: str) -> None:
+        """Delete one checkpoint so that no instant shows it corrupt: locally an atomic rename
+        to a trash name first; on object stores the marker first."""
+        if self.local:
+            m = _NAME.match(path.rstrip("/").rsplit("/", 1)[-1])
+            step = int(m.group(1)) if m else 0
+            trash = self._join(f".aios-trash-{ckpt_name(step)}-{self.lineage}-{_nonce()}")
+            try:
+                os.rename(path, trash)
+            except FileNotFoundError:
+                return
+            fsync_dir(self.root)
+            with contextlib.suppress(Exception):
+                self.fs.rm(trash, recursive=True)
+            return
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(f"{path}/{MARKER}")
+        with contextlib.suppress(Exception):
+            self.fs.rm(path, recursive=True)
 
     def save(self, step: int, state: dict[str, Any], meta: dict[str, Any] | None = None) -> str:
         """Write ``state`` (torch-serialisable) as the checkpoint for ``step``; return its path."""
         import torch
 
-        name = ckpt_name(step)
-        final = self._join(name)
-        if self.local:
-            work = self._join(f".partial-{name}-{os.getpid()}")
-            if self.fs.exists(work):
-                self.fs.rm(work, recursive=True)
-        else:
-            work = final
-            if self.fs.exists(final):  # re-saving a step: drop the old marker first
-                self.fs.rm(final, recursive=True)
+        staging = self.begin(step)
         try:
-            self.fs.makedirs(work, exist_ok=True)
-            with self._open_write(f"{work}/{STATE_FILE}") as f:
-                w = _HashingWriter(f)
-                torch.save(state, w)
-                self._fsync(f)
-            files = {STATE_FILE: {"size": w.size, "sha256": w.sha.hexdigest()}}
-            marker = {"format": FORMAT, "step": step, "time": time.time(), "files": files, **(meta or {})}
-            with self._open_write(f"{work}/{MARKER}") as f:
-                f.write(json.dumps(marker, indent=1, sort_keys=True).encode())
-                self._fsync(f)
-            if self.local:
-                if os.path.exists(final):
-                    old = self._join(f".old-{name}-{os.getpid()}")
-                    os.rename(final, old)
-                    os.rename(work, final)
-                    self.fs.rm(old, recursive=True)
-                else:
-                    os.rename(work, final)
-        except CheckpointError:
-            raise
+            self.write_file(staging, STATE_FILE, lambda f: torch.save(state, f))
         except Exception as exc:  # noqa: BLE001
-            if self.local:
-                try:
-                    self.fs.rm(work, recursive=True)
-                except Exception:  # noqa: BLE001
-                    pass
-            raise CheckpointError(
-                f"saving checkpoint to '{self.display(final)}' failed ({type(exc).__name__}: {exc})",
-                "check that checkpoint.dir is writable and has free space",
-            ) from exc
-        self.prune()
-        return self.display(final)
+            self.abort(staging)
+            raise self._save_error(step, exc) from exc
+        return self.commit(staging, meta)
 
     def prune(self) -> None:
-        """Keep the newest ``keep`` complete checkpoints; drop leftovers of interrupted saves."""
-        infos = self.list()
-        complete = [i for i in infos if i.complete]
-        doomed = complete[: max(0, len(complete) - self.keep)]
-        newest = complete[-1].step if complete else -1
-        doomed += [i for i in infos if not i.complete and i.step <= newest]
+        """Keep the newest ``keep`` complete checkpoints of this lineage (one copy per step);
+        remove this lineage's interrupted saves and temporary directories. Nothing else."""
+        if self.keep is None:
+            return
+        try:
+            infos = self.list()
+        except CheckpointError:
+            return
+        ours = [i for i in infos if i.complete and i.lineage == self.lineage]
+        by_step: dict[int, list[CheckpointInfo]] = {}
+        for i in ours:
+            by_step.setdefault(i.step, []).append(i)
+        doomed: list[CheckpointInfo] = []
+        for copies in by_step.values():
+            copies.sort(key=lambda c: c.time)
+            doomed += copies[:-1]  # older copies of a re-saved step
+        steps = sorted(by_step)
+        for s in steps[: max(0, len(steps) - self.keep)]:
+            doomed.append(by_step[s][-1])
+        newest = steps[-1] if steps else -1
+        doomed += [i for i in infos if not i.complete and i.step <= newest and self._staging_lineage(i.path) == self.lineage]
         for info in doomed:
-            try:
-                self.fs.rm(info.path, recursive=True)
-            except Exception:  # noqa: BLE001
-                pass
+            self.retire(info.path)
         if self.local:
-            try:
-                for entry in self.fs.ls(self.root, detail=False):
-                    base = entry.rstrip("/").rsplit("/", 1)[-1]
-                    if base.startswith((".partial-", ".old-")) and not base.endswith(f"-{os.getpid()}"):
-                        self.fs.rm(entry, recursive=True)
-            except Exception:  # noqa: BLE001
-                pass
+            with contextlib.suppress(Exception):
+                for name in self._entries():
+                    m = _TEMP.match(name)
+                    if m and m.group(2) == self.lineage:
+                        self.fs.rm(self._join(name), recursive=True)
 
     # ---------------------------------------------------------------- load
     def read_file(self, info: CheckpointInfo, name: str) -> bytes:
@@ -290,7 +505,7 @@ class CheckpointStore:
         fix = f"delete {self.display(info.path)} or start fresh with checkpoint.resume=false"
         if data is None or want is None:
             raise CheckpointError(f"checkpoint '{self.display(info.path)}' is corrupt: {name} is missing", fix)
-        if len(data) != want.get("size") or hashlib.sha256(data).hexdigest() != want.get("sha256"):
+        if len(data) != want.get("size") or (want.get("sha256") and hashlib.sha256(data).hexdigest() != want.get("sha256")):
             raise CheckpointError(f"checkpoint '{self.display(info.path)}' is corrupt: {name} does not match the sha256 in its marker", fix)
         return data
 
@@ -314,8 +529,11 @@ class CheckpointStore:
                 raise CheckpointError(f"no complete checkpoint in '{self.url}'", "train first, or point checkpoint.dir at a directory holding checkpoints")
             return info
         if isinstance(path_or_step, int):
-            name = ckpt_name(path_or_step)
-            path = self._join(name)
+            copies = [i for i in self.list() if i.complete and i.step == path_or_step]
+            mine = [i for i in copies if i.lineage == self.lineage]
+            if mine or copies:
+                return max(mine or copies, key=lambda i: i.time)
+            path = self._join(ckpt_name(path_or_step))
         else:
             path = path_or_step
             if "://" not in path and not os.path.isabs(path) and not path.startswith(self.root):
@@ -331,9 +549,136 @@ class CheckpointStore:
             )
         return CheckpointInfo(path, int(m.group(1)) if m else int(meta.get("step", 0)), True, meta)
 
+    # ---------------------------------------------------------------- the writer lock
+    def _lock_path(self) -> str:
+        return self._join(LOCK_FILE)
+
+    def read_lock(self) -> dict[str, Any] | None:
+        raw = self._read_json(self._lock_path())
+        if raw is None:
+            return None
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def lock_is_stale(self, held: dict[str, Any], stale_after: float = LOCK_STALE_S) -> bool:
+        try:
+            age = time.time() - float(held.get("heartbeat", 0))
+        except (TypeError, ValueError):
+            age = float("inf")
+        if age > stale_after:
+            return True
+        if held.get("host") == socket.gethostname():
+            pid = int(held.get("pid", 0) or 0)
+            return pid == os.getpid() or not _pid_alive(pid)  # one runtime per process
+        return False
+
+    def _lock_record(self, owner: dict[str, Any]) -> bytes:
+        data = {**owner, "token": self._lock_token, "pid": os.getpid(), "host": socket.gethostname(), "heartbeat": time.time()}
+        return json.dumps(data, sort_keys=True).encode()
+
+    def acquire_lock(self, owner: dict[str, Any], stale_after: float = LOCK_STALE_S) -> None:
+        """Become the only writer of this directory, or raise a one-line :class:`CheckpointError`
+        naming the run that holds it."""
+        self._lock_token = uuid.uuid4().hex
+        for _attempt in range(5):
+            held = self.read_lock()
+            if held is not None and held.get("token") != self._lock_token:
+                if not self.lock_is_stale(held, stale_after):
+                    self._lock_token = None
+                    raise self._held_error(held)
+                self._break_lock()
+            if self._create_lock(owner):
+                return
+        self._lock_token = None
+        raise CheckpointError(f"cannot take the lock of checkpoint dir '{self.url}' (it keeps changing)", "make sure no other run uses this checkpoint.dir")
+
+    def _held_error(self, held: dict[str, Any]) -> CheckpointError:
+        try:
+            age = f"{time.time() - float(held.get('heartbeat', 0)):.0f}s ago"
+        except (TypeError, ValueError):
+            age = "unknown"
+        who = f"run {held.get('run_id', '?')} (pid {held.get('pid', '?')} on {held.get('host', '?')}, heartbeat {age})"
+        return CheckpointError(
+            f"checkpoint dir '{self.url}' is in use by {who}",
+            f"wait for that run to end, set another checkpoint.dir, or delete {self.display(self._lock_path())} if that run is gone",
+        )
+
+    def _break_lock(self) -> None:
+        if self.local:
+            stale = self._join(f".aios-lock.{_nonce()}.stale")
+            try:
+                os.rename(self._lock_path(), stale)  # only one of several contenders wins this
+            except FileNotFoundError:
+                return
+            with contextlib.suppress(OSError):
+                os.unlink(stale)
+            return
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(self._lock_path())
+
+    def _create_lock(self, owner: dict[str, Any]) -> bool:
+        data = self._lock_record(owner)
+        self.fs.makedirs(self.root, exist_ok=True)
+        if self.local:
+            try:
+                fd = os.open(self._lock_path(), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            fsync_dir(self.root)
+            self._owner = owner
+            return True
+        with self.fs.open(self._lock_path(), "wb") as f:
+            f.write(data)
+        time.sleep(0.05)
+        held = self.read_lock() or {}
+        if held.get("token") == self._lock_token:
+            self._owner = owner
+            return True
+        return False
+
+    def heartbeat(self) -> bool:
+        """Refresh the lock's heartbeat; False when the lock is no longer ours."""
+        if self._lock_token is None:
+            return False
+        held = self.read_lock()
+        if not held or held.get("token") != self._lock_token:
+            return False
+        data = self._lock_record(getattr(self, "_owner", {}))
+        if self.local:
+            tmp = self._join(f".aios-lock.{_nonce()}.tmp")
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, self._lock_path())
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                return False
+            return True
+        with self.fs.open(self._lock_path(), "wb") as f:
+            f.write(data)
+        return True
+
+    def release_lock(self) -> None:
+        """Remove the lock if it is still ours."""
+        if self._lock_token is None:
+            return
+        with contextlib.suppress(Exception):
+            held = self.read_lock()
+            if held and held.get("token") == self._lock_token:
+                self.fs.rm(self._lock_path())
+        self._lock_token = None
+
 
 def open_any(path: str) -> tuple[CheckpointStore, CheckpointInfo]:
     """Store and info for one checkpoint given by its full path or URL."""
     parent, _, name = path.rstrip("/").rpartition("/")
-    store = CheckpointStore(parent or ".")
+    store = CheckpointStore(parent or ".", keep=None)
     return store, store.resolve(path)

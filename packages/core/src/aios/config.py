@@ -126,21 +126,78 @@ def build_model(sections: dict[str, tuple[str, type]] | None = None) -> type[Aio
     return _MODEL_CACHE[key]
 
 
-SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL", "PASSWD")
+#: name parts (split at ``_``/``-``/``.``/camelCase, case-insensitive) that make a key secret
+SECRET_WORDS = frozenset({
+    "KEY", "KEYS", "APIKEY", "ACCESSKEY", "SECRETKEY", "PRIVATEKEY", "TOKEN", "TOKENS", "AUTHTOKEN",
+    "ACCESSTOKEN", "SECRET", "SECRETS", "PASSWORD", "PASSWORDS", "PASSWD", "PASS", "PASSPHRASE", "PWD",
+    "CREDENTIAL", "CREDENTIALS", "CREDS", "PAT", "COOKIE", "COOKIES", "SESSION", "SESSIONID", "AUTH",
+    "OAUTH", "AUTHORIZATION", "BEARER", "DSN", "SIGNATURE", "SAS",
+})
+#: ``*_URL``/``*_URI`` names of data stores: their values usually embed credentials
+_STORE_WORDS = frozenset({
+    "DATABASE", "DB", "REDIS", "MONGO", "MONGODB", "POSTGRES", "POSTGRESQL", "PG", "MYSQL", "AMQP",
+    "RABBITMQ", "BROKER", "CELERY", "SQLALCHEMY", "CONNECTION", "CONN",
+})
+_NOT_SECRET = frozenset({"PWD", "OLDPWD"})  # the shell's working directories
+_NAME_PARTS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
+_URL_CREDENTIALS = re.compile(r"(?P<pre>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)(?P<pw>[^/\s@]+)(?P<at>@)")
+
+
+def _name_parts(key: str) -> list[str]:
+    return [m.upper() for m in _NAME_PARTS.findall(key)]
 
 
 def is_secret(key: str) -> bool:
-    k = key.upper()
-    return any(w in k for w in SECRET_WORDS)
+    """Whether a key (env var, config key, CLI flag name) names a secret. Whole name parts count,
+    not substrings: ``DB_PASS``, ``GITHUB_PAT``, ``apiKey``, ``SESSION_ID``, ``DATABASE_URL``
+    are secret; ``MONKEY_NAME`` and ``tokenizer`` are not."""
+    if key.upper() in _NOT_SECRET:
+        return False
+    parts = _name_parts(key)
+    if any(p in SECRET_WORDS for p in parts):
+        return True
+    return bool({"URL", "URI"} & set(parts)) and bool(_STORE_WORDS & set(parts))
+
+
+def redact_url(value: str) -> str:
+    """``scheme://user:***@host`` for URLs that carry a password."""
+    return _URL_CREDENTIALS.sub(lambda m: f"{m.group('pre')}***{m.group('at')}", value)
 
 
 def redact(obj: Any) -> Any:
-    """Replace values under secret-looking keys with '***' (recursively)."""
+    """Replace values under secret-looking keys with '***' (recursively), and passwords inside
+    URLs anywhere."""
     if isinstance(obj, dict):
         return {k: ("***" if is_secret(str(k)) and v not in (None, "") else redact(v)) for k, v in obj.items()}
     if isinstance(obj, list):
         return [redact(v) for v in obj]
+    if isinstance(obj, str):
+        return redact_url(obj)
     return obj
+
+
+_ARG_KEY = re.compile(r"^(?P<dash>-{0,2})(?P<key>[A-Za-z_][A-Za-z0-9_.\-]*)=(?P<value>.*)$", re.S)
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    """A command line with secrets replaced by ``***``: ``--token=x``, ``--token x``,
+    ``KEY=value`` and ``a.b.api_key=value`` forms, and passwords inside URLs."""
+    out: list[str] = []
+    hide_next = False
+    for i, arg in enumerate(argv):
+        if hide_next and not arg.startswith("-"):
+            out.append("***")
+            hide_next = False
+            continue
+        hide_next = False
+        m = _ARG_KEY.match(arg) if i else None
+        if m and is_secret(m.group("key").rsplit(".", 1)[-1]) or m and is_secret(m.group("key")):
+            out.append(f"{m.group('dash')}{m.group('key')}=***")
+            continue
+        if i and arg.startswith("-") and "=" not in arg and is_secret(arg.lstrip("-")):
+            hide_next = True
+        out.append(redact_url(arg))
+    return out
 
 
 # ------------------------------------------------------------------------------ parsing

@@ -145,7 +145,8 @@ class DeviceLoader:
         self.batch = 0  # batches of the current epoch handed out so far
         self._skip = 0
         self._active = False
-        #: the runtime; its pending checkpoint is written before the next batch is fetched
+        #: the runtime's checkpoint manager (:class:`aios.checkpointing.CheckpointManager`): its
+        #: public ``at_batch_boundary()`` runs before each batch when ``pending`` is set
         self.owner: Any = None
         if transfer is not None:
             self._transfer: Callable[[Any], Any] | None = transfer
@@ -218,8 +219,8 @@ class DeviceLoader:
         finished = False
         try:
             while True:
-                if owner is not None and owner._pending:
-                    owner.run_pending()
+                if owner is not None and owner.pending:
+                    owner.at_batch_boundary()
                 try:
                     b = next(it)
                 except StopIteration:

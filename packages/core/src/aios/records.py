@@ -4,8 +4,13 @@
 * ``metrics.jsonl``: one JSON object per ``runtime.log`` call (``{"step": .., "time": .., ...}``).
 * ``diagnostics.json``: versions, backend, strategy, precision, devices, world size, per-step
   timing (count, mean, p50/p90/p99, min, max, plus the last steps), the backend's own metrics
-  (``strategy.metrics()``), checkpoints written, preemption events, exit status. Rewritten at
-  each checkpoint and at the end of the run, atomically (temp file + rename).
+  (``strategy.metrics()``), checkpoints written, preemption events, exit status, the command
+  line (secrets redacted). Rewritten at each checkpoint and at the end of the run, atomically
+  (temp file + rename).
+
+A run record never stops training: when it cannot be written (disk full, ``logging.run_dir`` a
+file or a path too long), one warning says so and the record is switched off; no temp file is
+left behind. The constructor touches no file; :meth:`RunRecord.start` creates the directory.
 
 The run id is ``AIOS_RUN_ID`` (``aios-run`` sets it for every worker) or a new
 ``YYYYmmdd-HHMMSS-<pid>``.
@@ -14,14 +19,16 @@ The run id is ``AIOS_RUN_ID`` (``aios-run`` sets it for every worker) or a new
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import platform
 import sys
 import time
+import warnings
 from typing import Any
 
-RUN_ID_ENV = "AIOS_RUN_ID"
+from aios.contract import RUN_ID_ENV
 
 
 def new_run_id() -> str:
@@ -98,17 +105,46 @@ class RunRecord:
         self.started = time.time()
         self.diag: dict[str, Any] = {"run_id": run_id, "started": self.started, "checkpoints": [], "preemptions": [], "events": []}
         self._metrics_file: Any = None
-        if active:
+        self._failed = False
+
+    def start(self) -> None:
+        """Create the run directory (rank 0)."""
+        if not self.active:
+            return
+        try:
             os.makedirs(self.dir, exist_ok=True)
+        except (OSError, ValueError) as exc:
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        """Warn once and stop writing the record; training goes on."""
+        if not self._failed:
+            self._failed = True
+            warnings.warn(
+                f"aios: cannot write the run record in '{self.dir}' ({type(exc).__name__}: {exc}); "
+                "training continues without it (set logging.run_dir to a writable directory)",
+                stacklevel=3,
+            )
+        self.active = False
+        if self._metrics_file is not None:
+            with contextlib.suppress(Exception):
+                self._metrics_file.close()
+            self._metrics_file = None
 
     def _write_json(self, name: str, data: Any) -> None:
         if not self.active:
             return
         path = os.path.join(self.dir, name)
         tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True, default=str)
-        os.replace(tmp, path)
+        try:
+            text = json.dumps(data, indent=1, sort_keys=True, default=str)
+            with open(tmp, "w") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        except (OSError, ValueError) as exc:
+            with contextlib.suppress(OSError, ValueError):
+                os.unlink(tmp)
+            self._fail(exc)
 
     def write_config(self, config: Any) -> None:
         self._write_json("config.json", config.redacted_dict() if hasattr(config, "redacted_dict") else config)
@@ -116,21 +152,27 @@ class RunRecord:
     def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
         if not self.active:
             return
-        if self._metrics_file is None:
-            self._metrics_file = open(os.path.join(self.dir, "metrics.jsonl"), "a")  # noqa: SIM115
-        self._metrics_file.write(json.dumps({"step": step, "time": time.time(), **metrics}, default=float) + "\n")
-        self._metrics_file.flush()
+        try:
+            if self._metrics_file is None:
+                self._metrics_file = open(os.path.join(self.dir, "metrics.jsonl"), "a")  # noqa: SIM115
+            self._metrics_file.write(json.dumps({"step": step, "time": time.time(), **metrics}, default=float) + "\n")
+            self._metrics_file.flush()
+        except (OSError, ValueError) as exc:
+            self._fail(exc)
 
     def event(self, kind: str, **data: Any) -> None:
         self.diag["events"].append({"kind": kind, "time": time.time(), **data})
 
     def write_diagnostics(self, **extra: Any) -> None:
+        from aios.config import redact_argv
+
         self.diag.update(extra)
         self.diag["updated"] = time.time()
-        self.diag["argv"] = list(sys.argv)
+        self.diag["argv"] = redact_argv(sys.argv)
         self._write_json("diagnostics.json", self.diag)
 
     def close(self) -> None:
         if self._metrics_file is not None:
-            self._metrics_file.close()
+            with contextlib.suppress(Exception):
+                self._metrics_file.close()
             self._metrics_file = None

@@ -47,19 +47,16 @@ import atexit
 import contextlib
 import json
 import os
-import random
 import sys
 import time
 import warnings
 from typing import Any
 
-from aios.errors import AiosError, CheckpointError, ConfigError
+from aios.contract import BACKEND_ENV, CONFIG_ENV
+from aios.errors import AiosError, ConfigError
 from aios.preemption import EXIT_PREEMPTED, PreemptionMonitor
 
 __all__ = ["Runtime", "init", "current", "EXIT_PREEMPTED"]
-
-CONFIG_ENV = "AIOS_RUN_CONFIG"
-BACKEND_ENV = "AIOS_RUN_BACKEND"
 
 _current: Runtime | None = None
 _NULL = contextlib.nullcontext()
@@ -201,6 +198,13 @@ def init(
             watchers.extend(result)
     rt = Runtime(cfg, backend, strategy, precision, watchers=watchers, registry=reg)
     _current = rt
+    try:
+        rt.start()
+    except BaseException:
+        _current = None
+        with contextlib.suppress(Exception):
+            rt.close(status="failed")
+        raise
     return rt
 
 
@@ -266,37 +270,31 @@ class Runtime:
     :func:`aios.init`."""
 
     def __init__(self, config: Any, backend: str, strategy: Any, precision: Any, watchers: list[Any] | None = None, registry: Any = None) -> None:
+        # No side effects here (no files, signal handlers or threads): see start().
         self.config = config
         self.backend = backend
         self.strategy = strategy
         self.precision = precision
         self._registry = registry
+        self._watchers = list(watchers or [])
+        self._started = False
         self._closed = False
         self._t_init = time.perf_counter()
-        self._step = 0
-        self._micro = 0
         self._accum = int(config.grad_accum)
         self._clip = config.grad_clip
-        self._ckpt_every = int(config.checkpoint.every) if config.checkpoint.dir else 0
         self._world = int(strategy.world_size)
-        self._modules: list[Any] = []
-        self._optimizers: list[Any] = []
-        self._schedulers: list[Any] = []
-        self._loaders: list[Any] = []
-        self._objects: dict[str, Any] = {}
         self._loggers: list[Any] | None = None
-        self._pending: str | None = None
+        from aios.checkpointing import CheckpointManager
         from aios.precision import Precision
+        from aios.records import RunRecord, StepTimer, run_id_from_env
+        from aios.state import TrainingState
 
+        #: registered objects, counters, state dict and RNG (:mod:`aios.state`)
+        self.training = TrainingState(strategy, precision, backend)
         self._plain_autocast = type(precision).autocast is Precision.autocast
-        self._saved_step: int | None = None
-        self._store: Any = None
-        self._resumed_from: str | None = None
         self.last_grad_norm: Any = None
         #: check for preemption (one tiny all-reduce with several ranks) every N steps
         self.preemption_check_every = 1
-        from aios.records import RunRecord, StepTimer, run_id_from_env
-
         self.timer = StepTimer(self._t_init)
         self._stamp = self.timer.append
         from aios.strategy import Strategy
@@ -315,16 +313,30 @@ class Runtime:
         self._direct_step = st.optimizer_step is DDPStrategy.optimizer_step and pt.step is _BasePrecision.step
         self.record = RunRecord(config.logging.run_dir, run_id_from_env(), active=self.is_main)
         self.preemption = PreemptionMonitor()
+        #: save/load/resume, the pending boundary save, lineage and lock (:mod:`aios.checkpointing`)
+        self.checkpointer = CheckpointManager(config, strategy, self.training, self.record, backend, print_fn=self.print)
+        self.checkpointer.on_preempt = self._preempted
+        self._ckpt = self.checkpointer
+
+    def start(self) -> Runtime:
+        """The side effects of a runtime (called once by :func:`init`): the run record, signal
+        handlers and preemption watchers, seeding, the checkpoint directory's check and writer
+        lock (collective), and the exit handler."""
+        if self._started:
+            return self
+        self._started = True
+        config = self.config
+        self.record.start()
         self.preemption.install()
-        self.preemption.start_watchers(watchers or [], on_error=lambda m: warnings.warn("aios: " + m, stacklevel=2))
+        self.preemption.start_watchers(self._watchers, on_error=lambda m: warnings.warn("aios: " + m, stacklevel=2))
         if config.deterministic:
-            self._deterministic()
+            self.training.deterministic()
         if config.seed is not None:
             self.seed_everything(config.seed)
-        if config.checkpoint.dir and self.is_main:
-            self.checkpoints.check_writable()
-        self._write_start_record()
         atexit.register(self._atexit)
+        self.checkpointer.start()
+        self._write_start_record()
+        return self
 
     # ---------------------------------------------------------------- identity
     @property
@@ -358,7 +370,7 @@ class Runtime:
     @property
     def global_step(self) -> int:
         """Optimizer steps taken (restored by :meth:`resume`)."""
-        return self._step
+        return self.training.step
 
     @property
     def run_dir(self) -> str:
@@ -388,7 +400,7 @@ class Runtime:
             elif isinstance(obj, torch.optim.Optimizer):
                 out.append(self.setup_optimizer(obj))
             elif isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (hasattr(obj, "state_dict") and hasattr(obj, "optimizer") and hasattr(obj, "step") and not hasattr(obj, "__iter__")):
-                self._schedulers.append(obj)
+                self.training.schedulers.append(obj)
                 out.append(obj)
             elif hasattr(obj, "__iter__"):
                 out.append(self.setup_dataloader(obj, shuffle=shuffle))
@@ -398,19 +410,19 @@ class Runtime:
 
     def setup_module(self, module: Any) -> Any:
         wrapped = self.strategy.setup_module(module, self.precision)
-        self._modules.append(wrapped)
+        self.training.modules.append(wrapped)
         return wrapped
 
     def setup_optimizer(self, optimizer: Any) -> Any:
         opt = self.strategy.setup_optimizer(optimizer)
-        self._optimizers.append(opt)
+        self.training.optimizers.append(opt)
         return opt
 
     def setup_dataloader(self, loader: Any, shuffle: bool | None = None) -> Any:
         wrapped = self.strategy.setup_dataloader(loader, shuffle=shuffle)
         if hasattr(wrapped, "owner"):
-            wrapped.owner = self
-        self._loaders.append(wrapped)
+            wrapped.owner = self.checkpointer  # calls its at_batch_boundary() before each batch
+        self.training.loaders.append(wrapped)
         return wrapped
 
     def setup_dataloaders(self, *loaders: Any, shuffle: bool | None = None) -> Any:
@@ -420,10 +432,7 @@ class Runtime:
     def register(self, name: str, obj: Any) -> Any:
         """Include ``obj`` (anything with ``state_dict``/``load_state_dict``, e.g. a scheduler or
         an EMA) in checkpoints under ``name``."""
-        if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
-            raise AiosError(f"runtime.register({name!r}, ...) needs an object with state_dict() and load_state_dict()", "wrap plain values in a small class or pass them as save(extra=...)")
-        self._objects[name] = obj
-        return obj
+        return self.training.register(name, obj)
 
     def unwrap(self, module: Any) -> Any:
         """The user's module under the data-parallel wrapper."""
@@ -439,21 +448,23 @@ class Runtime:
     def accumulate(self, module: Any | None = None) -> contextlib.AbstractContextManager[None]:
         """Wrap forward+backward of one micro-step: gradient sync is skipped unless this is the
         last micro-step before an optimizer step."""
-        if self._pending:
-            self.run_pending()
-        if self._accum == 1 or (self._micro + 1) % self._accum == 0:
+        ck = self._ckpt
+        if ck.pending:
+            ck.at_batch_boundary()
+        if self._accum == 1 or (self.training.micro + 1) % self._accum == 0:
             return _NULL
-        module = module if module is not None else (self._modules[0] if self._modules else None)
+        module = module if module is not None else self.training.main_module
         return self.strategy.no_sync(module, True)
 
     def backward(self, loss: Any, module: Any | None = None) -> None:
         """``loss.backward()`` through the precision policy (loss scaling); divided by
         ``grad_accum`` when accumulating."""
-        if self._pending:
-            self.run_pending()
+        ck = self._ckpt
+        if ck.pending:
+            ck.at_batch_boundary()
         if self._accum > 1:
             loss = loss / self._accum
-        self._micro += 1
+        self.training.micro += 1
         if self._direct_backward:
             loss.backward()
         else:
@@ -466,12 +477,13 @@ class Runtime:
     def step(self, optimizer: Any | None = None) -> bool:
         """The optimizer-step boundary (see the module docstring). Returns whether an optimizer
         step happened (False on accumulation micro-steps and on fp16-overflow skips)."""
-        if self._micro % self._accum:
+        tr = self.training
+        if tr.micro % self._accum:
             return False
         precision = self.precision
         if optimizer is not None:
             if self._clip is not None:
-                self.last_grad_norm = self.strategy.clip_grad_norm(self._modules[0] if self._modules else None, optimizer, self._clip, precision)
+                self.last_grad_norm = self.strategy.clip_grad_norm(tr.main_module, optimizer, self._clip, precision)
             if self._direct_step:
                 optimizer.step()
                 taken = True
@@ -480,14 +492,14 @@ class Runtime:
             optimizer.zero_grad(set_to_none=True)
         else:
             taken = True
-            for opt in self._optimizers:
+            for opt in tr.optimizers:
                 if self._clip is not None:
-                    self.last_grad_norm = self.strategy.clip_grad_norm(self._modules[0] if self._modules else None, opt, self._clip, precision)
+                    self.last_grad_norm = self.strategy.clip_grad_norm(tr.main_module, opt, self._clip, precision)
                 taken = self._optimizer_step(opt, precision) and taken
                 opt.zero_grad(set_to_none=True)
         if self._mark_step is not None:
             self._mark_step()
-        self._step = step = self._step + 1
+        tr.step = step = tr.step + 1
         if self._on_step_end is not None:
             self._on_step_end(step)
         self._stamp(time.perf_counter())
@@ -495,23 +507,21 @@ class Runtime:
         # itself is written at the boundary: when the next batch is requested from an aios loader
         # (or at the next backward/accumulate/close), so that what the script does after step()
         # (scheduler.step(), EMA updates) is in it and the data position is exact.
+        ck = self._ckpt
         if self._world > 1:
             if step % self.preemption_check_every == 0 and self.strategy.any_rank(self.preemption.reason is not None):
-                self._pending = "preempt"
+                ck.pending = "preempt"
         elif self.preemption.reason is not None:
-            self._pending = "preempt"
-        if self._ckpt_every and step % self._ckpt_every == 0 and not self._pending:
-            self._pending = "save"
+            ck.pending = "preempt"
+        every = ck.every
+        if every and step % every == 0 and not ck.pending:
+            ck.pending = "save"
         return taken
 
     def run_pending(self) -> None:
-        """Write the checkpoint (or act on the preemption) decided at the last step boundary.
-        Called by aios loaders before the next batch and by backward/accumulate/close."""
-        pending, self._pending = self._pending, None
-        if pending == "save":
-            self.save()
-        elif pending == "preempt":
-            self._preempted()
+        """Write the checkpoint (or act on the preemption) decided at the last step boundary
+        (see :meth:`aios.checkpointing.CheckpointManager.at_batch_boundary`)."""
+        self._ckpt.at_batch_boundary()
 
     # ---------------------------------------------------------------- printing and logging
     def print(self, *args: Any, **kwargs: Any) -> None:
@@ -536,7 +546,7 @@ class Runtime:
         """Log scalar metrics on rank 0 to the run record and the configured loggers
         (TensorBoard, W&B). Tensors are converted with ``.item()`` (a device sync on XLA: log
         every few steps, e.g. ``every=10``)."""
-        step = self._step if step is None else step
+        step = self.training.step if step is None else step
         if not self.is_main or (every and step % every):
             return
         values = {k: (v.item() if hasattr(v, "item") else v) for k, v in metrics.items()}
@@ -550,7 +560,7 @@ class Runtime:
     def progress(self, total: int, description: str = "train") -> Progress:
         """A progress bar on rank 0 (plain lines when not on a terminal)."""
         every = max(self.config.logging.every, total // 20)  # plain lines: about 20 per run
-        return Progress(total, description, self.is_main and self.config.logging.progress, every, start=self._step)
+        return Progress(total, description, self.is_main and self.config.logging.progress, every, start=self.training.step)
 
     # ---------------------------------------------------------------- collectives
     def barrier(self) -> None:
@@ -581,219 +591,66 @@ class Runtime:
     # ---------------------------------------------------------------- seeding and RNG
     def seed_everything(self, seed: int) -> None:
         """Seed Python, NumPy, torch and the device RNG (the same seed on every rank)."""
-        import torch
-
-        random.seed(seed)
-        with contextlib.suppress(ImportError):
-            import numpy as np
-
-            np.random.seed(seed % 2**32)
-        torch.manual_seed(seed)
-        self.strategy.seed(seed)
-
-    def _deterministic(self) -> None:
-        import torch
-
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
-        if hasattr(torch.backends, "cudnn"):
-            torch.backends.cudnn.benchmark = False
+        self.training.seed_everything(seed)
 
     def rng_state(self) -> dict[str, Any]:
-        import torch
-
-        state: dict[str, Any] = {"python": _py_rng_to_plain(random.getstate()), "torch": torch.get_rng_state()}
-        with contextlib.suppress(ImportError):
-            import numpy as np
-
-            s = np.random.get_state()
-            state["numpy"] = [s[0], torch.from_numpy(s[1].astype("int64")), int(s[2]), int(s[3]), float(s[4])]
-        state["device"] = self.strategy.rng_state()
-        return state
+        return self.training.rng_state()
 
     def set_rng_state(self, state: dict[str, Any]) -> None:
-        import torch
-
-        if "python" in state:
-            v, internal, gauss = state["python"]
-            random.setstate((v, tuple(internal), gauss))
-        if "torch" in state:
-            torch.set_rng_state(state["torch"])
-        if "numpy" in state:
-            with contextlib.suppress(ImportError):
-                import numpy as np
-
-                name, keys, pos, has_gauss, cached = state["numpy"]
-                np.random.set_state((name, keys.numpy().astype("uint32"), pos, has_gauss, cached))
-        if state.get("device"):
-            self.strategy.set_rng_state(state["device"])
+        self.training.set_rng_state(state)
 
     # ---------------------------------------------------------------- checkpoints
     @property
     def checkpoints(self) -> Any:
         """The :class:`aios.checkpoint.CheckpointStore` of ``checkpoint.dir``."""
-        if self._store is None:
-            if not self.config.checkpoint.dir:
-                raise CheckpointError("no checkpoint directory is configured", "set checkpoint.dir=PATH_OR_URL (flag, config file or AIOS_CHECKPOINT__DIR)")
-            from aios.checkpoint import CheckpointStore
-
-            self._store = CheckpointStore(self.config.checkpoint.dir, keep=self.config.checkpoint.keep)
-        return self._store
+        return self.checkpointer.store
 
     def state_dict(self) -> dict[str, Any]:
         """The full training state of this process (model/optimizer tensors on CPU)."""
-        s = self.strategy
-        module = self._modules[0] if self._modules else None
-        return {
-            "format": 1,
-            "step": self._step,
-            "micro": self._micro,
-            "modules": [s.module_state_dict(m) for m in self._modules],
-            "optimizers": [s.optimizer_state_dict(o, module) for o in self._optimizers],
-            "schedulers": [sch.state_dict() for sch in self._schedulers],
-            "loaders": [ld.state_dict() if hasattr(ld, "state_dict") else None for ld in self._loaders],
-            "objects": {k: v.state_dict() for k, v in self._objects.items()},
-            "precision": self.precision.state_dict(),
-            "world_size": self._world,
-            "backend": self.backend,
-        }
+        return self.training.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
+        self.training.load_state_dict(state, strict=strict, rank=self.rank)
+        self.checkpointer.saved_step = self.training.step
 
     def save(self, path: str | None = None, extra: dict[str, Any] | None = None) -> str | None:
         """Write a checkpoint of the full state (collective: call it on every rank). Without
         ``path`` it goes to ``checkpoint.dir`` as ``ckpt-<step>``, atomically, keeping the
-        newest ``checkpoint.keep``. Returns the checkpoint path on rank 0."""
-        t0 = time.perf_counter()
-        rngs = self.gather_object(self.rng_state()) if self._world > 1 and hasattr(self.strategy, "gather_object") else [self.rng_state()]
-        written: str | None = None
-        error: BaseException | None = None
-        if self.strategy.saves_on_this_rank():
-            state = self.state_dict()
-            state["rng"] = rngs
-            state["extra"] = extra or {}
-            meta = {"world_size": self._world, "backend": self.backend, "run_id": self.record.run_id}
-            try:
-                if path is None:
-                    written = self.checkpoints.save(self._step, state, meta)
-                else:
-                    from aios.checkpoint import CheckpointStore, ckpt_name
-
-                    parent, _, name = path.rstrip("/").rpartition("/")
-                    store = CheckpointStore(parent or ".", keep=10**9)
-                    written = store.save(self._step, state, meta)
-                    if not name.startswith("ckpt-") or name != ckpt_name(self._step):
-                        written = _rename_ckpt(store, written, path)
-            except BaseException as exc:  # noqa: BLE001 - re-raised after the barrier
-                error = exc
-        self.barrier()
-        if error is not None:
-            raise error
-        self._saved_step = self._step
+        newest ``checkpoint.keep`` of this run's lineage. Returns the checkpoint path on rank 0."""
+        written = self.checkpointer.save(path, extra)
         if written:
-            dt = time.perf_counter() - t0
-            self.record.diag["checkpoints"].append({"step": self._step, "path": written, "seconds": round(dt, 4)})
             self._write_diagnostics()
         return written
 
-    def load(self, path: str | int | None = None, strict: bool = True) -> dict[str, Any]:
+    def load(self, path: str | int | None = None, strict: bool = True, reshard: bool | None = None) -> dict[str, Any]:
         """Restore the full state from a checkpoint (a step number, a directory/URL, or the
         newest complete one in ``checkpoint.dir``). Collective. Returns the ``extra`` dict."""
-        from aios.checkpoint import CheckpointStore
+        return self.checkpointer.load(path, strict=strict, reshard=reshard)
 
-        if isinstance(path, str) and ("/" in path or "://" in path) and not (self.config.checkpoint.dir and path.startswith(str(self.config.checkpoint.dir))):
-            parent = path.rstrip("/").rpartition("/")[0] or "."
-            store = CheckpointStore(parent)
-        else:
-            store = self.checkpoints
-        info = store.resolve(path)
-        state = store.load(info)
-        self.load_state_dict(state, strict=strict)
-        self._resumed_from = store.display(info.path)
-        return state.get("extra", {})
+    def resume(self, reshard: bool | None = None) -> int:
+        """Load the most recent complete checkpoint in ``checkpoint.dir`` when
+        ``checkpoint.resume`` is on; returns the step to continue from (0 when starting fresh).
+        Incomplete checkpoints (interrupted saves) are skipped with a warning; a corrupt one, or
+        one written with another world size, backend or strategy, is an error."""
+        return self.checkpointer.resume(reshard=reshard)
 
-    def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
-        s = self.strategy
-        counts = {"modules": len(self._modules), "optimizers": len(self._optimizers), "schedulers": len(self._schedulers)}
-        for key, n in counts.items():
-            if len(state.get(key, [])) != n:
-                raise CheckpointError(
-                    f"the checkpoint holds {len(state.get(key, []))} {key} but this script set up {n}",
-                    "set up the same models/optimizers/schedulers as the run that saved it, or start fresh with checkpoint.resume=false",
-                )
-        module = self._modules[0] if self._modules else None
-        try:
-            for m, st in zip(self._modules, state["modules"], strict=True):
-                if strict:
-                    s.load_module_state_dict(m, st)
-                else:
-                    s.unwrap(m).load_state_dict(st, strict=False)
-            for o, st in zip(self._optimizers, state["optimizers"], strict=True):
-                s.load_optimizer_state_dict(o, st, module)
-        except (RuntimeError, ValueError, KeyError) as exc:
-            raise CheckpointError(
-                f"the checkpoint does not fit this model/optimizer ({str(exc).splitlines()[0][:200]})",
-                "use the model definition that saved it, or start fresh with checkpoint.resume=false",
-            ) from None
-        for sch, st in zip(self._schedulers, state["schedulers"], strict=True):
-            sch.load_state_dict(st)
-        for ld, st in zip(self._loaders, state.get("loaders", []), strict=False):
-            if st is not None and hasattr(ld, "load_state_dict"):
-                ld.load_state_dict(st)
-        for k, st in state.get("objects", {}).items():
-            if k in self._objects:
-                self._objects[k].load_state_dict(st)
-        self.precision.load_state_dict(state.get("precision", {}))
-        self._step = int(state.get("step", 0))
-        self._saved_step = self._step
-        self._micro = int(state.get("micro", 0))
-        rngs = state.get("rng") or []
-        if rngs:
-            self.set_rng_state(rngs[self.rank % len(rngs)])
-
-    def resume(self) -> int:
-        """Load the newest complete checkpoint in ``checkpoint.dir`` when ``checkpoint.resume``
-        is on; returns the step to continue from (0 when starting fresh). Incomplete checkpoints
-        (interrupted saves) are skipped with a warning; a corrupt one is an error."""
-        if not self.config.checkpoint.dir or not self.config.checkpoint.resume:
-            return self._step
-        store = self.checkpoints
-        chosen = None
-        err: str | None = None
-        if self.is_main:
-            try:
-                info = store.latest()
-                chosen = info.path if info else None
-            except CheckpointError as exc:
-                err = exc.one_line()
-        chosen, err = self.broadcast((chosen, err))
-        if err:
-            raise CheckpointError(err)
-        if chosen is None:
-            return self._step
-        self.load(chosen if "://" not in self.config.checkpoint.dir else store.display(chosen))
-        self.print(f"aios: resumed from {self._resumed_from} at step {self._step}")
-        self.record.event("resume", path=self._resumed_from, step=self._step)
-        return self._step
+    @property
+    def _resumed_from(self) -> str | None:
+        return self.checkpointer.resumed_from
 
     # ---------------------------------------------------------------- preemption
     def _preempted(self) -> None:
         reason = self.preemption.reason or "notice on another rank"
         grace = self.config.checkpoint.grace_seconds
-        path = None
-        self.print(f"aios: preemption ({reason}) at step {self._step}: writing emergency checkpoint")
-        if self.config.checkpoint.dir:
-            path = self.save()
-        elapsed = self.preemption.elapsed()
-        event = {"reason": reason, "step": self._step, "checkpoint": path, "seconds_since_notice": round(elapsed, 3), "grace_seconds": grace}
+        step = self.training.step
+        self.print(f"aios: preemption ({reason}) at step {step}: writing emergency checkpoint")
+        event = self.checkpointer.emergency_save(reason, self.rank, self.preemption.elapsed)
         self.record.diag["preemptions"].append(event)
-        status_dir = os.environ.get("AIOS_RUN_STATUS_DIR")
-        if status_dir:
-            with contextlib.suppress(OSError):
-                with open(os.path.join(status_dir, f"rank{self.rank}"), "w") as f:
-                    f.write(f"preempted {path or ''}")
+        elapsed = event["seconds_since_notice"]
         if elapsed > grace:
             self.print(f"aios: warning: emergency checkpoint took {elapsed:.1f}s, more than checkpoint.grace_seconds={grace}")
         if self.config.checkpoint.dir:
-            self.print(f"aios: checkpoint for step {self._step} written; relaunch the same command to resume (exit {EXIT_PREEMPTED})")
+            self.print(f"aios: checkpoint for step {step} written; relaunch the same command to resume (exit {EXIT_PREEMPTED})")
         else:
             self.print(f"aios: no checkpoint.dir configured, progress is lost; exiting with {EXIT_PREEMPTED}")
         self.close(status="preempted")
@@ -826,25 +683,30 @@ class Runtime:
         except Exception as exc:  # noqa: BLE001
             metrics = {"error": str(exc)}
         self.record.write_diagnostics(
-            steps=self._step, step_timing=self.timer.summary(self._step), backend_metrics=metrics,
+            steps=self.training.step, step_timing=self.timer.summary(self.training.step), backend_metrics=metrics,
             skipped_steps=getattr(self.precision, "skipped_steps", 0), resumed_from=self._resumed_from, **extra,
         )
 
     def summary(self) -> dict[str, Any]:
         """Steps and timing of this process so far."""
         t = self.timer.summary()
-        return {"steps": self._step, "elapsed_s": time.perf_counter() - self._t_init, "mean_step_s": t.get("mean_s")}
+        return {"steps": self.training.step, "elapsed_s": time.perf_counter() - self._t_init, "mean_step_s": t.get("mean_s")}
 
     def close(self, status: str = "finished") -> None:
         """Write the run record, close loggers, stop watchers, leave the process group."""
         global _current
         if self._closed:
             return
-        if status == "finished" and self.config.checkpoint.dir and self._step and self._saved_step != self._step:
-            self._pending = None
-            self.save()  # the final checkpoint (checkpoint.every=0 means: only at the end)
-        self._pending = None
-        self._closed = True
+        ck = self.checkpointer
+        step = self.training.step
+        try:
+            if status == "finished" and self.config.checkpoint.dir and step and ck.saved_step != step and self._started:
+                ck.pending = None
+                self.save()  # the final checkpoint (checkpoint.every=0 means: only at the end)
+        finally:
+            ck.pending = None
+            self._closed = True
+            ck.close()
         self.preemption.uninstall()
         with contextlib.suppress(Exception):
             self._write_diagnostics(status=status, finished=time.time())
@@ -870,18 +732,3 @@ class Runtime:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         self.close(status="failed" if exc_type and exc_type is not SystemExit else "finished")
-
-
-def _py_rng_to_plain(state: tuple) -> list[Any]:
-    v, internal, gauss = state
-    return [v, list(internal), gauss]
-
-
-def _rename_ckpt(store: Any, written: str, target: str) -> str:
-    """Move a just-written checkpoint to an explicit target path (local only)."""
-    if store.local and os.path.abspath(written) != os.path.abspath(target):
-        if os.path.exists(target):
-            raise CheckpointError(f"'{target}' already exists", "choose a new path or delete it")
-        os.rename(written, target)
-        return target
-    return written

@@ -1,0 +1,458 @@
+"""The checkpoint manager: save, load, resume, the pending save decided at a step boundary,
+the emergency save on preemption, the run lineage and the writer lock of ``checkpoint.dir``.
+
+:class:`CheckpointManager` is used by :class:`aios.runtime.Runtime` and can be tested alone with
+a :class:`aios.state.TrainingState` and a strategy. Its constructor has no side effects;
+:meth:`CheckpointManager.start` (collective) checks that ``checkpoint.dir`` is writable, takes
+the directory's writer lock on rank 0 and starts the lock's heartbeat thread;
+:meth:`CheckpointManager.close` releases both.
+
+Batch boundary. ``Runtime.step`` only *decides* that a checkpoint is due (:attr:`pending`); it is
+written at the next batch boundary, so that what the script does after ``step()`` (scheduler,
+EMA) is in it and the data position is exact. Data loaders call the public
+:meth:`CheckpointManager.at_batch_boundary` before fetching the next batch (``DeviceLoader``
+does when ``runtime.setup`` attached it: ``loader.owner`` is the manager); ``backward``,
+``accumulate`` and ``close`` call it too. It costs one attribute test when nothing is pending.
+
+Extension point: checkpoint formats
+-----------------------------------
+*How* the state is written is a :class:`CheckpointFormat`, chosen by the strategy's
+``checkpoint_format`` attribute (default ``"full"``) from :data:`FORMATS` (add one with
+:func:`register_format`). A format implements:
+
+* ``save(step, ctx, staging, store)``: write this rank's files into ``staging.path`` with
+  ``store.write_file(staging, name, writer)`` (durable, sized and hashed for the marker) or on its
+  own (then return ``{name: {"size": n}}`` entries). ``ctx`` is a :class:`SaveContext`: the
+  :class:`aios.state.TrainingState` (models, optimizers, ... for a sharded writer), ``extra``,
+  and ``full_state()`` (the whole state dict with every rank's RNG state).
+* ``load(info, store, target, rank)``: restore ``target`` (the training state) from the
+  checkpoint ``info``; return the saved ``extra`` dict.
+* ``all_ranks_write``: whether every rank writes files (sharded formats, e.g. DCP). Then the
+  manager broadcasts the staging directory rank 0 began, gathers every rank's file entries,
+  and rank 0 commits after a barrier, i.e. after every rank's files are durable.
+* ``supports_resharding``: whether a checkpoint written with another world size (or strategy)
+  can be loaded. Only then, and only when asked (``checkpoint.reshard=true`` or
+  ``resume(reshard=True)``), does resume accept a world-size mismatch; otherwise a mismatch in
+  world size, backend, strategy or format is a one-line error naming it and the fix.
+
+Staging and commit are store operations (:meth:`aios.checkpoint.CheckpointStore.begin`,
+``write_file``, ``commit``, ``abort``): the marker is written last; the store's rules about
+re-saves, lineage and pruning apply to every format.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from aios.contract import STATUS_DIR_ENV
+from aios.errors import CheckpointError
+
+__all__ = ["CheckpointFormat", "FullStateFormat", "SaveContext", "CheckpointManager", "FORMATS", "register_format", "get_format"]
+
+
+# ------------------------------------------------------------------------------ formats
+
+
+class SaveContext:
+    """What a :class:`CheckpointFormat` gets to save."""
+
+    def __init__(self, training: Any, extra: dict[str, Any], rngs: list[Any]) -> None:
+        self.training = training
+        self.extra = extra
+        #: every rank's RNG state (gathered before the save; rank order)
+        self.rngs = rngs
+
+    def full_state(self) -> dict[str, Any]:
+        """The full state dict of this process plus every rank's RNG state and ``extra``."""
+        state = self.training.state_dict()
+        state["rng"] = self.rngs
+        state["extra"] = self.extra
+        return state
+
+
+class CheckpointFormat:
+    """How training state becomes files in a staging directory (see the module docstring)."""
+
+    name = "base"
+    #: a checkpoint written at one world size can be loaded at another
+    supports_resharding = False
+    #: every rank writes its own files (else only the rank(s) where ``saves_on_this_rank()``)
+    all_ranks_write = False
+
+    def save(self, step: int, ctx: SaveContext, staging: Any, store: Any) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def load(self, info: Any, store: Any, target: Any, rank: int = 0, strict: bool = True) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class FullStateFormat(CheckpointFormat):
+    """One ``state.pt`` (``torch.save`` of the full state), written by the saving rank."""
+
+    name = "full"
+
+    def save(self, step: int, ctx: SaveContext, staging: Any, store: Any) -> dict[str, Any]:
+        import torch
+
+        from aios.checkpoint import STATE_FILE
+
+        state = ctx.full_state()
+        entry = store.write_file(staging, STATE_FILE, lambda f: torch.save(state, f))
+        return {STATE_FILE: entry}
+
+    def load(self, info: Any, store: Any, target: Any, rank: int = 0, strict: bool = True) -> dict[str, Any]:
+        state = store.load(info)
+        target.load_state_dict(state, strict=strict, rank=rank)
+        return state.get("extra", {}) or {}
+
+
+FORMATS: dict[str, type[CheckpointFormat]] = {"full": FullStateFormat}
+
+
+def register_format(name: str, cls: type[CheckpointFormat]) -> None:
+    """Make a checkpoint format available to strategies whose ``checkpoint_format`` is ``name``."""
+    FORMATS[name] = cls
+
+
+def get_format(name: str) -> CheckpointFormat:
+    cls = FORMATS.get(name)
+    if cls is None:
+        raise CheckpointError(f"checkpoint format '{name}' is not available (known: {', '.join(sorted(FORMATS))})", "install the plugin that provides it")
+    return cls()
+
+
+# ------------------------------------------------------------------------------ manager
+
+
+class CheckpointManager:
+    """Save/load/resume for one runtime (see the module docstring)."""
+
+    def __init__(
+        self, config: Any, strategy: Any, training: Any, record: Any, backend: str,
+        print_fn: Callable[..., None] = print,
+    ) -> None:
+        self.config = config
+        self.strategy = strategy
+        self.training = training
+        self.record = record
+        self.backend = backend
+        self._print = print_fn
+        self.world_size = int(strategy.world_size)
+        self.every = int(config.checkpoint.every) if config.checkpoint.dir else 0
+        #: what the next batch boundary does: None, "save" or "preempt"
+        self.pending: str | None = None
+        #: called for a "preempt" boundary (the runtime writes the emergency checkpoint and exits)
+        self.on_preempt: Callable[[], None] | None = None
+        self.format = get_format(getattr(strategy, "checkpoint_format", "full") or "full")
+        self.lineage: str | None = None
+        self.saved_step: int | None = None
+        self.resumed_from: str | None = None
+        self._store: Any = None
+        self._started = False
+        self._heartbeat: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    # ---------------------------------------------------------------- identity
+    @property
+    def is_main(self) -> bool:
+        return self.strategy.rank == 0
+
+    @property
+    def store(self) -> Any:
+        """The :class:`aios.checkpoint.CheckpointStore` of ``checkpoint.dir``."""
+        if self._store is None:
+            if not self.config.checkpoint.dir:
+                raise CheckpointError("no checkpoint directory is configured", "set checkpoint.dir=PATH_OR_URL (flag, config file or AIOS_CHECKPOINT__DIR)")
+            from aios.checkpoint import CheckpointStore
+
+            self._store = CheckpointStore(self.config.checkpoint.dir, keep=self.config.checkpoint.keep, lineage=self.lineage)
+        return self._store
+
+    def _collective(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on rank 0; every rank gets its result or raises its error."""
+        result = err = None
+        if self.is_main:
+            try:
+                result = fn()
+            except CheckpointError as exc:
+                err = exc.one_line()
+        if self.world_size > 1:
+            result, err = self.strategy.broadcast_object((result, err), 0)
+        if err:
+            raise CheckpointError(err)
+        return result
+
+    def meta(self) -> dict[str, Any]:
+        """What every marker records about the writer."""
+        return {
+            "run_id": self.record.run_id, "world_size": self.world_size, "backend": self.backend,
+            "strategy": type(self.strategy).__name__, "checkpoint_format": self.format.name,
+        }
+
+    # ---------------------------------------------------------------- start / close
+    def start(self) -> None:
+        """Collective: check ``checkpoint.dir`` is writable and take its writer lock (rank 0)."""
+        if self._started or not self.config.checkpoint.dir:
+            return
+        self._started = True
+
+        def take() -> None:
+            store = self.store
+            store.check_writable()
+            store.acquire_lock({"run_id": self.record.run_id, "started": time.time()})
+
+        self._collective(take)
+        if self.is_main:
+            self._stop.clear()
+            self._heartbeat = threading.Thread(target=self._beat, name="aios-ckpt-lock", daemon=True)
+            self._heartbeat.start()
+
+    def _beat(self) -> None:
+        from aios.checkpoint import LOCK_HEARTBEAT_S
+
+        while not self._stop.wait(LOCK_HEARTBEAT_S):
+            try:
+                if not self.store.heartbeat():
+                    warnings.warn(f"aios: lost the lock of checkpoint dir '{self.config.checkpoint.dir}' (another run took it over)", stacklevel=1)
+                    return
+            except Exception:  # noqa: BLE001 - a flaky store must not kill training; retried next beat
+                continue
+
+    def close(self) -> None:
+        self.pending = None
+        self._stop.set()
+        if self._heartbeat is not None:
+            self._heartbeat.join(timeout=5)
+            self._heartbeat = None
+        if self._store is not None and self.is_main:
+            self._store.release_lock()
+        self._started = False
+
+    # ---------------------------------------------------------------- the batch boundary
+    def request_save(self) -> None:
+        if not self.pending:
+            self.pending = "save"
+
+    def request_preempt(self) -> None:
+        self.pending = "preempt"
+
+    def at_batch_boundary(self) -> None:
+        """Write the checkpoint (or act on the preemption) decided at the last step boundary.
+        Called by data loaders before the next batch, and by backward/accumulate/close."""
+        pending, self.pending = self.pending, None
+        if pending == "save":
+            self.save()
+        elif pending == "preempt":
+            if self.on_preempt is None:
+                raise RuntimeError("a preemption is pending but nothing handles it")
+            self.on_preempt()
+
+    # ---------------------------------------------------------------- save
+    def _gather_rngs(self) -> list[Any]:
+        mine = self.training.rng_state()
+        if self.world_size > 1 and hasattr(self.strategy, "gather_object"):
+            return self.strategy.gather_object(mine)
+        return [mine]
+
+    def save(self, path: str | None = None, extra: dict[str, Any] | None = None) -> str | None:
+        """Collective: write a checkpoint of the full state. Without ``path`` it goes to
+        ``checkpoint.dir`` (keep-N of this lineage); with one, to that directory (nothing is
+        pruned there). Returns the checkpoint's path on the writing rank."""
+        t0 = time.perf_counter()
+        step = self.training.step
+        fmt = self.format
+        rngs = self._gather_rngs()
+        ctx = SaveContext(self.training, extra or {}, rngs)
+        store = self._target_store(path)
+        writes = fmt.all_ranks_write or self.strategy.saves_on_this_rank()
+        staging: Any = None
+        error: BaseException | None = None
+        files: dict[str, Any] = {}
+        written: str | None = None
+        try:
+            if fmt.all_ranks_write:  # one staging directory for every rank, begun by rank 0
+                staging = self._collective(lambda: store.begin(step))
+            elif writes:
+                staging = store.begin(step)
+            if writes:
+                files = fmt.save(step, ctx, staging, store) or {}
+        except BaseException as exc:  # noqa: BLE001 - re-raised after the barrier
+            error = exc
+        if fmt.all_ranks_write:
+            mine = (files, None if error is None else f"{type(error).__name__}: {error}")
+            results = self.strategy.gather_object(mine) if self.world_size > 1 else [mine]
+            failed = [e for _, e in results if e]
+            if error is None and failed:
+                error = CheckpointError(f"saving checkpoint step {step} failed on another rank ({failed[0]})", "check that checkpoint.dir is writable and has free space")
+            if self.is_main and staging is not None:
+                if failed:
+                    store.abort(staging)
+                else:
+                    merged: dict[str, Any] = {}
+                    for f, _ in results:
+                        merged.update(f)
+                    try:
+                        written = self._commit(store, staging, merged, path)
+                    except BaseException as exc:  # noqa: BLE001
+                        error = exc
+        elif writes and staging is not None:
+            if error is None:
+                try:
+                    written = self._commit(store, staging, files, path)
+                except BaseException as exc:  # noqa: BLE001
+                    error = exc
+            else:
+                store.abort(staging)
+        self.strategy.barrier()
+        if error is not None:
+            if isinstance(error, CheckpointError) or not isinstance(error, Exception):
+                raise error
+            raise store._save_error(step, error) from error
+        self.saved_step = step
+        if path is None:
+            self.lineage = store.lineage
+        if written:
+            dt = time.perf_counter() - t0
+            self.record.diag["checkpoints"].append({"step": step, "path": written, "seconds": round(dt, 4), "lineage": store.lineage})
+        return written
+
+    def _target_store(self, path: str | None) -> Any:
+        if path is None:
+            return self.store
+        from aios.checkpoint import CheckpointStore
+
+        parent = path.rstrip("/").rpartition("/")[0]
+        return CheckpointStore(parent or ".", keep=None, lineage=self.lineage or self.store_lineage())
+
+    def store_lineage(self) -> str | None:
+        return self._store.lineage if self._store is not None else None
+
+    def _commit(self, store: Any, staging: Any, files: dict[str, Any], path: str | None) -> str:
+        from aios.checkpoint import ckpt_name
+
+        written = store.commit(staging, self.meta(), files)
+        if path is not None:
+            name = path.rstrip("/").rpartition("/")[2]
+            if name != ckpt_name(staging.step):
+                written = _rename_ckpt(store, written, path)
+        return written
+
+    # ---------------------------------------------------------------- load / resume
+    def _source_store(self, path: str | int | None) -> Any:
+        d = self.config.checkpoint.dir
+        if isinstance(path, str) and ("/" in path or "://" in path) and not (d and path.startswith(str(d))):
+            from aios.checkpoint import CheckpointStore
+
+            return CheckpointStore(path.rstrip("/").rpartition("/")[0] or ".", keep=None), False
+        return self.store, True
+
+    def check_compatible(self, info: Any, store: Any, reshard: bool) -> None:
+        """Refuse a checkpoint written by another world size, backend, strategy or format
+        (unless the format can reshard and resharding was asked for)."""
+        meta = info.meta
+        mine = self.meta()
+        where = f"checkpoint '{store.display(info.path)}' (run {meta.get('run_id', '?')}, step {info.step})"
+        fmt = meta.get("checkpoint_format", "full")
+        if fmt != mine["checkpoint_format"]:
+            raise CheckpointError(
+                f"{where} was written in the '{fmt}' format; this run's strategy ({mine['strategy']}) uses '{mine['checkpoint_format']}'",
+                "resume with the strategy that wrote it, or start fresh with checkpoint.resume=false (or another checkpoint.dir)",
+            )
+        if "backend" in meta and meta["backend"] != mine["backend"]:
+            raise CheckpointError(
+                f"{where} was written by backend '{meta['backend']}', this run uses '{mine['backend']}'",
+                f"relaunch with backend={meta['backend']}, or start fresh with checkpoint.resume=false (or another checkpoint.dir)",
+            )
+        can_reshard = reshard and self.format.supports_resharding
+        if "strategy" in meta and meta["strategy"] != mine["strategy"] and not can_reshard:
+            raise CheckpointError(
+                f"{where} was written by strategy {meta['strategy']}, this run uses {mine['strategy']}",
+                "relaunch with the strategy that wrote it, or start fresh with checkpoint.resume=false (or another checkpoint.dir)",
+            )
+        if "world_size" in meta and int(meta["world_size"]) != mine["world_size"] and not can_reshard:
+            hint = "; this checkpoint format can reshard: set checkpoint.reshard=true" if self.format.supports_resharding else ""
+            raise CheckpointError(
+                f"{where} was written with world size {meta['world_size']}, this run has world size {mine['world_size']}",
+                f"relaunch with {meta['world_size']} processes in total, or start fresh with checkpoint.resume=false (or another checkpoint.dir){hint}",
+            )
+
+    def _reshard(self, reshard: bool | None) -> bool:
+        if reshard is not None:
+            return reshard
+        return bool(getattr(self.config.checkpoint, "reshard", False))
+
+    def load(self, path: str | int | None = None, strict: bool = True, reshard: bool | None = None) -> dict[str, Any]:
+        """Collective: restore the full state from a checkpoint (a step number, a directory or
+        URL, or the newest complete one in ``checkpoint.dir``). Returns the ``extra`` dict."""
+        store, managed = self._source_store(path)
+        info = store.resolve(path)
+        self.check_compatible(info, store, self._reshard(reshard))
+        extra = self.format.load(info, store, self.training, rank=self.strategy.rank, strict=strict)
+        self.saved_step = self.training.step
+        self.resumed_from = store.display(info.path)
+        if managed and info.lineage:
+            self.lineage = info.lineage
+            store.lineage = info.lineage
+        return extra
+
+    def resume(self, reshard: bool | None = None) -> int:
+        """Load the most recent complete checkpoint in ``checkpoint.dir`` when
+        ``checkpoint.resume`` is on; returns the step to continue from (the current step when
+        there is none). Says what it resumes; refuses an incompatible checkpoint."""
+        if not self.config.checkpoint.dir or not self.config.checkpoint.resume:
+            return self.training.step
+        store = self.store
+
+        def choose() -> tuple[str, str | None, dict[str, Any], int] | None:
+            info = store.latest()
+            if info is None:
+                return None
+            self.check_compatible(info, store, self._reshard(reshard))
+            return info.path, info.lineage, info.meta, info.step
+
+        chosen = self._collective(choose)
+        if chosen is None:
+            return self.training.step
+        path, lineage, meta, step = chosen
+        self.load(path if "://" not in self.config.checkpoint.dir else store.display(path), reshard=reshard)
+        self._print(
+            f"aios: resuming run {meta.get('run_id', '?')} from {self.resumed_from} at step {self.training.step} "
+            f"(world size {meta.get('world_size', '?')}, backend {meta.get('backend', '?')}, lineage {lineage or 'legacy'})"
+        )
+        self.record.event("resume", path=self.resumed_from, step=self.training.step, run_id=meta.get("run_id"), lineage=lineage)
+        return self.training.step
+
+    # ---------------------------------------------------------------- preemption
+    def emergency_save(self, reason: str, rank: int, elapsed: Callable[[], float]) -> dict[str, Any]:
+        """Collective: the checkpoint after a preemption notice; leaves the status file that
+        ``aios-run`` reads; returns the event for the run record."""
+        grace = self.config.checkpoint.grace_seconds
+        path = self.save() if self.config.checkpoint.dir else None
+        spent = elapsed()
+        event = {"reason": reason, "step": self.training.step, "checkpoint": path, "seconds_since_notice": round(spent, 3), "grace_seconds": grace}
+        status_dir = os.environ.get(STATUS_DIR_ENV)
+        if status_dir:
+            with contextlib.suppress(OSError):
+                with open(os.path.join(status_dir, f"rank{rank}"), "w") as f:
+                    f.write(f"preempted {path or ''}")
+        return event
+
+
+def _rename_ckpt(store: Any, written: str, target: str) -> str:
+    """Move a just-written checkpoint to an explicit target path (local only)."""
+    from aios.checkpoint import fsync_dir
+
+    if store.local and os.path.abspath(written) != os.path.abspath(target):
+        if os.path.exists(target):
+            store.retire(written)
+            raise CheckpointError(f"'{target}' already exists", "choose a new path or delete it")
+        os.rename(written, target)
+        fsync_dir(os.path.dirname(os.path.abspath(target)))
+        return target
+    return written

@@ -1,0 +1,171 @@
+"""Training state: what a checkpoint holds, separate from how and where it is written.
+
+:class:`TrainingState` keeps the objects a :class:`aios.runtime.Runtime` set up or registered
+(models, optimizers, LR schedulers, data loaders, named objects), the step counters, and
+produces/consumes the full state dict (model/optimizer state through the strategy, which knows
+about data-parallel wrappers and sharding; loader positions; the precision state; RNG states).
+It writes no files and talks to no other process: the checkpoint manager
+(:mod:`aios.checkpointing`) does the I/O and the collectives.
+
+It can be built and tested alone with any :class:`aios.strategy.Strategy` and
+:class:`aios.precision.Precision`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+from typing import Any
+
+from aios.errors import AiosError, CheckpointError
+
+#: version of the state dict layout below
+STATE_FORMAT = 1
+
+
+class TrainingState:
+    """Registered objects, counters and the (de)serialisation of the full training state."""
+
+    def __init__(self, strategy: Any, precision: Any, backend: str) -> None:
+        self.strategy = strategy
+        self.precision = precision
+        self.backend = backend
+        self.world_size = int(strategy.world_size)
+        #: optimizer steps taken
+        self.step = 0
+        #: micro-steps (backward calls) taken
+        self.micro = 0
+        self.modules: list[Any] = []
+        self.optimizers: list[Any] = []
+        self.schedulers: list[Any] = []
+        self.loaders: list[Any] = []
+        self.objects: dict[str, Any] = {}
+
+    # ---------------------------------------------------------------- registration
+    def register(self, name: str, obj: Any) -> Any:
+        if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+            raise AiosError(
+                f"runtime.register({name!r}, ...) needs an object with state_dict() and load_state_dict()",
+                "wrap plain values in a small class or pass them as save(extra=...)",
+            )
+        self.objects[name] = obj
+        return obj
+
+    @property
+    def main_module(self) -> Any:
+        return self.modules[0] if self.modules else None
+
+    # ---------------------------------------------------------------- state dict
+    def state_dict(self) -> dict[str, Any]:
+        """The full training state of this process (model/optimizer tensors on CPU), without
+        RNG states (those are gathered from every rank by the checkpoint manager)."""
+        s = self.strategy
+        module = self.main_module
+        return {
+            "format": STATE_FORMAT,
+            "step": self.step,
+            "micro": self.micro,
+            "modules": [s.module_state_dict(m) for m in self.modules],
+            "optimizers": [s.optimizer_state_dict(o, module) for o in self.optimizers],
+            "schedulers": [sch.state_dict() for sch in self.schedulers],
+            "loaders": [ld.state_dict() if hasattr(ld, "state_dict") else None for ld in self.loaders],
+            "objects": {k: v.state_dict() for k, v in self.objects.items()},
+            "precision": self.precision.state_dict(),
+            "world_size": self.world_size,
+            "backend": self.backend,
+        }
+
+    def load_state_dict(self, state: dict[str, Any], strict: bool = True, rank: int = 0) -> None:
+        s = self.strategy
+        counts = {"modules": len(self.modules), "optimizers": len(self.optimizers), "schedulers": len(self.schedulers)}
+        for key, n in counts.items():
+            if len(state.get(key, [])) != n:
+                raise CheckpointError(
+                    f"the checkpoint holds {len(state.get(key, []))} {key} but this script set up {n}",
+                    "set up the same models/optimizers/schedulers as the run that saved it, or start fresh with checkpoint.resume=false",
+                )
+        module = self.main_module
+        try:
+            for m, st in zip(self.modules, state["modules"], strict=True):
+                if strict:
+                    s.load_module_state_dict(m, st)
+                else:
+                    s.unwrap(m).load_state_dict(st, strict=False)
+            for o, st in zip(self.optimizers, state["optimizers"], strict=True):
+                s.load_optimizer_state_dict(o, st, module)
+        except (RuntimeError, ValueError, KeyError) as exc:
+            raise CheckpointError(
+                f"the checkpoint does not fit this model/optimizer ({str(exc).splitlines()[0][:200]})",
+                "use the model definition that saved it, or start fresh with checkpoint.resume=false",
+            ) from None
+        for sch, st in zip(self.schedulers, state["schedulers"], strict=True):
+            sch.load_state_dict(st)
+        for ld, st in zip(self.loaders, state.get("loaders", []), strict=False):
+            if st is not None and hasattr(ld, "load_state_dict"):
+                ld.load_state_dict(st)
+        for k, st in state.get("objects", {}).items():
+            if k in self.objects:
+                self.objects[k].load_state_dict(st)
+        self.precision.load_state_dict(state.get("precision", {}))
+        self.step = int(state.get("step", 0))
+        self.micro = int(state.get("micro", 0))
+        rngs = state.get("rng") or []
+        if rngs:
+            self.set_rng_state(rngs[rank % len(rngs)])
+
+    # ---------------------------------------------------------------- RNG
+    def seed_everything(self, seed: int) -> None:
+        """Seed Python, NumPy, torch and the device RNG (the same seed on every rank)."""
+        import torch
+
+        random.seed(seed)
+        with contextlib.suppress(ImportError):
+            import numpy as np
+
+            np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
+        self.strategy.seed(seed)
+
+    @staticmethod
+    def deterministic() -> None:
+        import torch
+
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        if hasattr(torch.backends, "cudnn"):
+            torch.backends.cudnn.benchmark = False
+
+    def rng_state(self) -> dict[str, Any]:
+        import torch
+
+        state: dict[str, Any] = {"python": _py_rng_to_plain(random.getstate()), "torch": torch.get_rng_state()}
+        with contextlib.suppress(ImportError):
+            import numpy as np
+
+            s = np.random.get_state()
+            state["numpy"] = [s[0], torch.from_numpy(s[1].astype("int64")), int(s[2]), int(s[3]), float(s[4])]
+        state["device"] = self.strategy.rng_state()
+        return state
+
+    def set_rng_state(self, state: dict[str, Any]) -> None:
+        import torch
+
+        if "python" in state:
+            v, internal, gauss = state["python"]
+            random.setstate((v, tuple(internal), gauss))
+        if "torch" in state:
+            torch.set_rng_state(state["torch"])
+        if "numpy" in state:
+            with contextlib.suppress(ImportError):
+                import numpy as np
+
+                name, keys, pos, has_gauss, cached = state["numpy"]
+                np.random.set_state((name, keys.numpy().astype("uint32"), pos, has_gauss, cached))
+        if state.get("device"):
+            self.strategy.set_rng_state(state["device"])
+
+
+def _py_rng_to_plain(state: tuple) -> list[Any]:
+    v, internal, gauss = state
+    return [v, list(internal), gauss]
