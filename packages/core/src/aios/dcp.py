@@ -49,8 +49,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import json
-import os
 import random
 import threading
 import time
@@ -58,7 +56,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from aios.checkpoint import MARKER, CheckpointInfo, CheckpointStore, ckpt_name
+from aios.checkpoint import CheckpointInfo, CheckpointStore
 from aios.errors import CheckpointError
 
 FORMAT_NAME = "dcp"
@@ -204,7 +202,7 @@ def rank_state_for(rank: int, states: dict[int, Any]) -> Any | None:
     return states.get(rank)
 
 
-# ------------------------------------------------------------------------------ the format
+# ------------------------------------------------------------------------------ model/optimizer
 
 
 def _optimizer_owner(opt: Any, modules: list[Any]) -> Any:
@@ -227,25 +225,43 @@ def sharded_state(modules: list[Any], optimizers: list[Any]) -> dict[str, Any]:
     return out
 
 
-def apply_sharded_state(state: dict[str, Any], modules: list[Any], optimizers: list[Any]) -> None:
-    from torch.distributed.checkpoint.state_dict import set_state_dict
+def apply_sharded_state(state: dict[str, Any], modules: list[Any], optimizers: list[Any], strict: bool = True) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
+    opts = StateDictOptions(strict=strict)
     for i, m in enumerate(modules):
-        set_state_dict(m, [], model_state_dict=state[f"model.{i}"], optim_state_dict={})
+        set_state_dict(m, [], model_state_dict=state[f"model.{i}"], optim_state_dict={}, options=opts)
     for j, o in enumerate(optimizers):
-        owner = _optimizer_owner(o, modules)
-        set_state_dict(owner, [o], model_state_dict={}, optim_state_dict=state[f"optim.{j}"])
+        set_state_dict(_optimizer_owner(o, modules), [o], model_state_dict={}, optim_state_dict=state[f"optim.{j}"], options=opts)
+
+
+def _dist() -> tuple[bool, int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return True, dist.get_rank(), dist.get_world_size()
+    return False, 0, 1
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200] if text else ''}"
+
+
+# ------------------------------------------------------------------------------ the writer
 
 
 @dataclass
 class SaveHandle:
-    """A save in flight (``async_save=True``) or done. :meth:`wait` is collective."""
+    """One save; with ``async_save`` its shards are still being written in the background."""
 
     step: int
-    path: str
+    staging: Any
     future: Any = None
     commit_thread: threading.Thread | None = None
     error: list[BaseException] = field(default_factory=list)
+    #: the committed checkpoint's path (rank 0, once committed)
+    path: str | None = None
     started: float = field(default_factory=time.perf_counter)
     finished: float | None = None
 
@@ -254,246 +270,353 @@ class SaveHandle:
         return fut_done and (self.commit_thread is None or not self.commit_thread.is_alive())
 
 
-class DcpCheckpointer:
-    """Sharded checkpoints of one run under ``url`` (see the module docstring).
+class DcpWriter:
+    """The I/O of the ``dcp`` format, shared by :class:`DcpCheckpointer` (library use) and
+    :class:`DcpFormat` (the checkpoint manager's format). Holds the checkpoint process group and
+    at most one pending save."""
 
-    Collective: every rank constructs it and calls :meth:`save`/:meth:`load`/:meth:`wait` at
-    the same points. ``store`` is the :class:`aios.checkpoint.CheckpointStore` of the same
-    directory (listing, ``latest()``, pruning, marker reading)."""
-
-    def __init__(self, url: str, keep: int = 3, process_group: Any = None) -> None:
-        self.url = url
-        self.store = CheckpointStore(url, keep=keep)
+    def __init__(self, process_group: Any = None) -> None:
         self._pg = process_group
         self._pg_made = process_group is not None
         self.pending: SaveHandle | None = None
 
-    # ---------------------------------------------------------------- process group
-    @staticmethod
-    def _dist() -> tuple[bool, int, int]:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return True, dist.get_rank(), dist.get_world_size()
-        return False, 0, 1
-
-    def _group(self) -> Any:
-        """A gloo group of all ranks just for checkpoint I/O (async saves run collectives from a
-        background thread; they must not interleave with training's on the default group)."""
+    def group(self) -> Any:
+        """A gloo group of all ranks just for checkpoint I/O (an async save runs collectives
+        from a background thread; they must not interleave with training's on the default
+        group). Collective the first time."""
         if not self._pg_made:
             import torch.distributed as dist
 
-            on, _, world = self._dist()
+            on, _, world = _dist()
             self._pg = dist.new_group(backend="gloo") if on and world > 1 else None
             self._pg_made = True
         return self._pg
 
-    def _path_url(self, step: int) -> tuple[str, str]:
-        """(store path, URL or local path DCP writes to) of the checkpoint of ``step``."""
-        path = self.store._join(ckpt_name(step))
-        return path, (path if self.store.local else self.store.display(path))
+    # ---------------------------------------------------------------- collectives on the group
+    def broadcast(self, obj: Any) -> Any:
+        on, _, world = _dist()
+        if not on or world == 1:
+            return obj
+        import torch.distributed as dist
+
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.group())
+        return box[0]
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        on, _, world = _dist()
+        if not on or world == 1:
+            return [obj]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * world
+        dist.all_gather_object(out, obj, group=self.group())
+        return out
 
     # ---------------------------------------------------------------- save
-    def save(
-        self,
-        step: int,
-        modules: list[Any],
-        optimizers: list[Any],
-        common: dict[str, Any],
-        per_rank: dict[str, Any],
-        meta: dict[str, Any] | None = None,
-        async_save: bool = False,
-    ) -> SaveHandle:
-        """Write the checkpoint of ``step``. ``common``: state every rank holds alike (rank 0's
-        copy is written); ``per_rank``: this rank's own state (RNG, data position). With
-        ``async_save`` the call returns once the state is staged to CPU memory."""
-        self.wait()  # one save at a time: the previous one is committed first
-        import torch.distributed as dist
-        import torch.distributed.checkpoint as dcp
-
-        on, rank, world = self._dist()
-        group = self._group()
-        path, target = self._path_url(step)
-        err: str | None = None
-        if rank == 0:
-            try:
-                if self.store.fs.exists(path):  # re-saving a step: the old copy is no longer valid
-                    self.store.fs.rm(path, recursive=True)
-                self.store.fs.makedirs(path, exist_ok=True)
-            except Exception as exc:  # noqa: BLE001
-                err = f"{type(exc).__name__}: {exc}"
-        if on and world > 1:
-            box = [err]
-            dist.broadcast_object_list(box, src=0, group=group)
-            err = box[0]
-        if err:
-            raise CheckpointError(f"saving checkpoint to '{self.store.display(path)}' failed ({err})", "check that checkpoint.dir is writable and has free space")
-        handle = SaveHandle(step=step, path=path)
-        try:
-            self._write_small(path, rank_file(rank), {"rank": rank, "world_size": world, "step": step, **per_rank})
-            if rank == 0:
-                self._write_small(path, COMMON_FILE, common)
-            state = sharded_state(modules, optimizers)
-            writer = _make_writer(target)
-            if async_save:
-                handle.future = dcp.async_save(state, storage_writer=writer, process_group=group, no_dist=not on)
-                handle.future = getattr(handle.future, "upload_completion", handle.future)
-            else:
-                dcp.save(state, storage_writer=writer, process_group=group, no_dist=not on)
-        except CheckpointError:
-            raise
-        except Exception as exc:  # noqa: BLE001
-            raise CheckpointError(
-                f"saving checkpoint to '{self.store.display(path)}' failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})",
-                "check that checkpoint.dir is writable and has free space",
-            ) from exc
-        marker_meta = {"format_name": FORMAT_NAME, "world_size": world, **(meta or {})}
-        if async_save:
-            if rank == 0:
-                handle.commit_thread = threading.Thread(target=self._commit_when_written, args=(handle, world, marker_meta), name="aios-dcp-commit", daemon=True)
-                handle.commit_thread.start()
-            self.pending = handle
-            return handle
-        commit_err: str | None = None
-        if rank == 0:
-            try:
-                self._commit(handle, world, marker_meta)
-            except Exception as exc:  # noqa: BLE001 - every rank raises it below
-                commit_err = str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
-        if on and world > 1:
-            box = [commit_err]
-            dist.broadcast_object_list(box, src=0, group=group)
-            commit_err = box[0]
-        if commit_err:
-            raise CheckpointError(f"committing checkpoint '{self.store.display(path)}' failed ({commit_err})", "check that checkpoint.dir is writable and has free space")
-        handle.finished = time.perf_counter()
-        return handle
-
-    def _write_small(self, path: str, name: str, obj: Any) -> None:
-        data = _torch_bytes(obj)
-        p = f"{path}/{name}"
-        if self.store.local:
-            with open(p, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-        else:
-            with self.store.fs.open(p, "wb") as f:
-                f.write(data)
-
-    def _commit_when_written(self, handle: SaveHandle, world: int, meta: dict[str, Any]) -> None:
-        try:
-            handle.future.result()
-            self._commit(handle, world, meta)
-        except BaseException as exc:  # noqa: BLE001 - reported by wait()
-            handle.error.append(exc)
-
-    def _commit(self, handle: SaveHandle, world: int, meta: dict[str, Any]) -> None:
-        """Rank 0, after every rank's shards are written: check they are all there, then write
-        the marker (file list with sizes) last, then prune."""
-        fs, path = self.store.fs, handle.path
-        with contextlib.suppress(Exception):
-            fs.invalidate_cache()
-        entries = fs.ls(path, detail=True)
-        files: dict[str, dict[str, Any]] = {}
-        for e in entries:
-            name = str(e["name"]).rstrip("/").rsplit("/", 1)[-1]
-            if name == MARKER or e.get("type") == "directory":
-                continue
-            files[name] = {"size": int(e["size"])}
-        need = [DCP_METADATA, COMMON_FILE, *(rank_file(r) for r in range(world))]
-        missing = [n for n in need if n not in files]
-        if missing or not any(n.endswith(".distcp") for n in files):
-            raise CheckpointError(f"checkpoint '{self.store.display(path)}' is incomplete after the save: missing {', '.join(missing) or 'shards'}", "check the storage and rerun")
-        for name in (COMMON_FILE, *(rank_file(r) for r in range(world))):
-            with fs.open(f"{path}/{name}", "rb") as f:
-                files[name]["sha256"] = hashlib.sha256(f.read()).hexdigest()
-        marker = {"format": 1, "step": handle.step, "time": time.time(), "files": files, **meta}
-        data = json.dumps(marker, indent=1, sort_keys=True).encode()
-        if self.store.local:
-            with open(f"{path}/{MARKER}", "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-        else:
-            with fs.open(f"{path}/{MARKER}", "wb") as f:
-                f.write(data)
-        handle.finished = time.perf_counter()
-        self.store.prune()
-
-    def wait(self) -> SaveHandle | None:
-        """Finish the pending async save on every rank (collective); raises its error."""
-        handle, self.pending = self.pending, None
-        if handle is None:
-            return None
-        import torch.distributed as dist
-
-        err: BaseException | None = None
-        try:
-            handle.future.result()
-        except BaseException as exc:  # noqa: BLE001
-            err = exc
-        if handle.commit_thread is not None:
-            handle.commit_thread.join()
-            if handle.error and err is None:
-                err = handle.error[0]
-        on, _, world = self._dist()
-        if on and world > 1:
-            box = [None if err is None else f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"]
-            # every rank learns whether the commit happened (rank 0 did it)
-            gathered: list[Any] = [None] * world
-            dist.all_gather_object(gathered, box[0], group=self._group())
-            msgs = [m for m in gathered if m]
-            if msgs and err is None:
-                err = CheckpointError(msgs[0])
-        if handle.finished is None:
-            handle.finished = time.perf_counter()
-        if err is not None:
-            if isinstance(err, CheckpointError):
-                raise err
-            raise CheckpointError(f"saving checkpoint to '{self.store.display(handle.path)}' failed ({err})", "check that checkpoint.dir is writable and has free space") from err
-        return handle
-
-    # ---------------------------------------------------------------- load
-    def load(
-        self,
-        info: CheckpointInfo,
-        modules: list[Any],
-        optimizers: list[Any],
-    ) -> tuple[dict[str, Any], dict[int, Any], int]:
-        """Load model and optimizer state in place, resharded to this run's layout. Returns
-        ``(common, {saved rank: its per-rank state} for this rank's use, saved world size)``:
-        only the entry of this rank is read (when that rank existed)."""
+    def write(
+        self, store: CheckpointStore, staging: Any, modules: list[Any], optimizers: list[Any],
+        common: dict[str, Any] | None, per_rank: dict[str, Any], async_save: bool,
+    ) -> tuple[dict[str, Any], SaveHandle]:
+        """Every rank: write this rank's per-rank file (rank 0 also ``common``) durably, then
+        its DCP shards into ``staging.path`` (in the background with ``async_save``, after the
+        state is staged into CPU copies). Returns this rank's small-file entries for the marker
+        and the handle."""
         import torch
         import torch.distributed.checkpoint as dcp
 
-        if info.meta.get("format_name") != FORMAT_NAME:
+        on, rank, world = _dist()
+        group = self.group()
+        entries = {rank_file(rank): store.write_file(staging, rank_file(rank), lambda f: torch.save({"rank": rank, "world_size": world, **per_rank}, f))}
+        if common is not None:
+            entries[COMMON_FILE] = store.write_file(staging, COMMON_FILE, lambda f: torch.save(common, f))
+        target = staging.path if store.local else store.display(staging.path)
+        state = sharded_state(modules, optimizers)
+        writer = _make_writer(target)
+        handle = SaveHandle(step=staging.step, staging=staging)
+        if async_save:
+            fut = dcp.async_save(state, storage_writer=writer, process_group=group, no_dist=not on)
+            handle.future = getattr(fut, "upload_completion", fut)
+            self.pending = handle
+        else:
+            dcp.save(state, storage_writer=writer, process_group=group, no_dist=not on)
+            handle.finished = time.perf_counter()
+        return entries, handle
+
+    @staticmethod
+    def shard_entries(store: CheckpointStore, staging: Any) -> dict[str, Any]:
+        """Rank 0, once the DCP save has finished on every rank: the shard files and DCP's
+        metadata with their sizes. An incomplete set is an error (never committed)."""
+        fs = store.fs
+        with contextlib.suppress(Exception):
+            fs.invalidate_cache()
+        files: dict[str, Any] = {}
+        for e in fs.ls(staging.path, detail=True):
+            name = str(e["name"]).rstrip("/").rsplit("/", 1)[-1]
+            if name == DCP_METADATA or name.endswith(".distcp"):
+                files[name] = {"size": int(e["size"])}
+        if DCP_METADATA not in files or not any(n.endswith(".distcp") for n in files):
+            raise CheckpointError(f"checkpoint step {staging.step} is incomplete after the save (no DCP shards or metadata)", "check the storage and rerun")
+        return files
+
+    def commit_when_written(self, handle: SaveHandle, commit: Any, abort: Any) -> None:
+        """Rank 0 of an async save: a thread that runs ``commit()`` (list the shards, write the
+        marker; returns the path) once the background write has finished on every rank (DCP's
+        rank 0 finishes only after gathering every rank's write results), or ``abort()``."""
+
+        def run() -> None:
+            try:
+                handle.future.result()
+                handle.path = commit()
+                handle.finished = time.perf_counter()
+            except BaseException as exc:  # noqa: BLE001 - reported by wait()
+                handle.error.append(exc)
+                with contextlib.suppress(Exception):
+                    abort()
+
+        handle.commit_thread = threading.Thread(target=run, name="aios-dcp-commit", daemon=True)
+        handle.commit_thread.start()
+
+    def wait(self) -> SaveHandle | None:
+        """Collective: finish the pending async save (write and commit) on every rank; raises
+        a :class:`CheckpointError` on every rank when it failed anywhere."""
+        handle, self.pending = self.pending, None
+        if handle is None:
+            return None
+        err: str | None = None
+        try:
+            handle.future.result()
+        except BaseException as exc:  # noqa: BLE001
+            err = _one_line(exc)
+        if handle.commit_thread is not None:
+            handle.commit_thread.join()
+            if handle.error and err is None:
+                err = _one_line(handle.error[0])
+        errors = [e for e in self.all_gather(err) if e]
+        if handle.finished is None:
+            handle.finished = time.perf_counter()
+        if errors:
+            raise CheckpointError(f"the background save of checkpoint step {handle.step} failed ({errors[0]})", "check that checkpoint.dir is writable and has free space")
+        return handle
+
+    # ---------------------------------------------------------------- load
+    def read(self, store: CheckpointStore, info: CheckpointInfo, modules: list[Any], optimizers: list[Any], strict: bool = True) -> tuple[dict[str, Any], dict[int, Any], int]:
+        """Collective: load model and optimizer state in place, resharded to this run's layout.
+        Returns ``(common, {saved rank: state} for this rank (empty when this rank did not
+        exist at save time), saved world size)``."""
+        import torch
+        import torch.distributed.checkpoint as dcp
+
+        if info.meta.get("checkpoint_format", info.meta.get("format_name")) != FORMAT_NAME:
             raise CheckpointError(
-                f"checkpoint '{self.store.display(info.path)}' is not a sharded (dcp) checkpoint",
+                f"checkpoint '{store.display(info.path)}' is not a sharded (dcp) checkpoint",
                 "resume it with the strategy that saved it (full-format checkpoints load with ddp/deepspeed/xla)",
             )
-        self.store.verify(info)
-        on, rank, _ = self._dist()
+        store.verify(info)
+        on, rank, _ = _dist()
         saved_world = int(info.meta.get("world_size", 1))
-        fix = f"delete {self.store.display(info.path)} or start fresh with checkpoint.resume=false"
+        fix = f"delete {store.display(info.path)} or start fresh with checkpoint.resume=false"
         try:
-            common = torch.load(io.BytesIO(self.store.read_file(info, COMMON_FILE)), map_location="cpu", weights_only=True)
+            common = torch.load(io.BytesIO(store.read_file(info, COMMON_FILE)), map_location="cpu", weights_only=True)
             per: dict[int, Any] = {}
             if rank < saved_world:
-                per[rank] = torch.load(io.BytesIO(self.store.read_file(info, rank_file(rank))), map_location="cpu", weights_only=True)
+                per[rank] = torch.load(io.BytesIO(store.read_file(info, rank_file(rank))), map_location="cpu", weights_only=True)
         except CheckpointError:
             raise
         except Exception as exc:  # noqa: BLE001
-            raise CheckpointError(f"checkpoint '{self.store.display(info.path)}' cannot be loaded ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})", fix) from None
-        target = info.path if self.store.local else self.store.display(info.path)
+            raise CheckpointError(f"checkpoint '{store.display(info.path)}' cannot be loaded ({_one_line(exc)})", fix) from None
+        target = info.path if store.local else store.display(info.path)
         state = sharded_state(modules, optimizers)
         try:
-            dcp.load(state, storage_reader=_make_reader(target), process_group=self._group(), no_dist=not on)
-            apply_sharded_state(state, modules, optimizers)
+            dcp.load(state, storage_reader=_make_reader(target), process_group=self.group(), no_dist=not on)
+            apply_sharded_state(state, modules, optimizers, strict=strict)
         except (RuntimeError, ValueError, KeyError, dcp.CheckpointException) as exc:
-            first = str(exc).strip().splitlines()
             raise CheckpointError(
-                f"the checkpoint does not fit this model/optimizer ({(first[0] if first else type(exc).__name__)[:200]})",
+                f"the checkpoint does not fit this model/optimizer ({_one_line(exc)})",
                 "use the model definition that saved it, or start fresh with checkpoint.resume=false",
             ) from None
         return common, per, saved_world
+
+
+# ------------------------------------------------------------------------------ library API
+
+
+class DcpCheckpointer:
+    """Sharded checkpoints of one run under ``url`` without the runtime (see the module
+    docstring). Collective: every rank constructs it and calls :meth:`save`, :meth:`load` and
+    :meth:`wait` at the same points. ``store`` is the :class:`aios.checkpoint.CheckpointStore`
+    of the directory (listing, ``latest()``, pruning, staging and commit)."""
+
+    def __init__(self, url: str, keep: int = 3, process_group: Any = None, lineage: str | None = None) -> None:
+        self.url = url
+        self.store = CheckpointStore(url, keep=keep, lineage=lineage)
+        self.io = DcpWriter(process_group)
+
+    @property
+    def pending(self) -> SaveHandle | None:
+        return self.io.pending
+
+    def save(
+        self, step: int, modules: list[Any], optimizers: list[Any], common: dict[str, Any],
+        per_rank: dict[str, Any], meta: dict[str, Any] | None = None, async_save: bool = False,
+    ) -> SaveHandle:
+        """Write the checkpoint of ``step``. ``common``: state every rank holds alike (rank 0's
+        copy is written); ``per_rank``: this rank's own state (RNG, data position). With
+        ``async_save`` the call returns once the state is staged into CPU memory; rank 0
+        commits in the background when every rank's shards are written."""
+        self.io.wait()  # one save at a time: the previous one is committed first
+        on, rank, world = _dist()
+        store = self.store
+        staging, err = None, None
+        if rank == 0:
+            try:
+                staging = store.begin(step)
+            except CheckpointError as exc:
+                err = exc.one_line()
+        staging, err = self.io.broadcast((staging, err))
+        if err:
+            raise CheckpointError(err)
+        entries: dict[str, Any] = {}
+        handle = None
+        try:
+            entries, handle = self.io.write(store, staging, modules, optimizers, common if rank == 0 else None, per_rank, async_save)
+            err = None
+        except Exception as exc:  # noqa: BLE001 - every rank learns it below
+            err = _one_line(exc)
+        results = self.io.all_gather((entries, err))
+        failed = [e for _, e in results if e]
+        files: dict[str, Any] = {}
+        for f, _ in results:
+            files.update(f)
+        marker = {"checkpoint_format": FORMAT_NAME, "world_size": world, **(meta or {})}
+        if failed:
+            self.io.pending = None
+            if rank == 0:
+                store.abort(staging)
+            raise CheckpointError(f"saving checkpoint step {step} failed ({failed[0]})", "check that checkpoint.dir is writable and has free space")
+        assert handle is not None
+
+        def commit() -> str:
+            return store.commit(staging, marker, {**files, **self.io.shard_entries(store, staging)})
+
+        if async_save:
+            if rank == 0:
+                self.io.commit_when_written(handle, commit, lambda: store.abort(staging))
+            return handle
+        err = None
+        if rank == 0:
+            try:
+                handle.path = commit()
+            except Exception as exc:  # noqa: BLE001
+                err = _one_line(exc)
+        err = self.io.broadcast(err)
+        if err:
+            raise CheckpointError(f"committing checkpoint step {step} failed ({err})", "check that checkpoint.dir is writable and has free space")
+        return handle
+
+    def wait(self) -> SaveHandle | None:
+        return self.io.wait()
+
+    def load(self, info: CheckpointInfo, modules: list[Any], optimizers: list[Any], strict: bool = True) -> tuple[dict[str, Any], dict[int, Any], int]:
+        return self.io.read(self.store, info, modules, optimizers, strict)
+
+
+# ------------------------------------------------------------------------------ manager format
+
+
+class DcpFormat:
+    """The ``dcp`` :class:`aios.checkpointing.CheckpointFormat`: every rank writes its shards
+    (``all_ranks_write``), loads reshard (``supports_resharding``), and with ``background`` saves
+    the manager defers the commit to :meth:`commit_when_written` and finishes it in :meth:`wait`.
+
+    What goes where: models and optimizers as DCP shards; step and micro-step counters, LR
+    schedulers, registered objects, the precision state, ``extra`` and rank 0's loader positions
+    in ``common.pt``; each rank's RNG states and loader positions in ``rank-<r>.pt``."""
+
+    name = FORMAT_NAME
+    supports_resharding = True
+    all_ranks_write = True
+
+    def __init__(self) -> None:
+        self.io = DcpWriter()
+        #: the run's seed (set by the manager): ranks beyond a saved world size reseed from it
+        self.seed: int | None = None
+        #: saved and current world size of the last load (for the resume message)
+        self.last_load: dict[str, int] | None = None
+
+    @property
+    def pending(self) -> SaveHandle | None:
+        return self.io.pending
+
+    @staticmethod
+    def _loader_states(training: Any) -> list[Any]:
+        out = []
+        for ld in training.loaders:
+            st = ld.state_dict() if hasattr(ld, "state_dict") else None
+            if isinstance(st, dict) and getattr(ld, "batch_size", None):
+                st = {**st, "batch_size": int(ld.batch_size)}
+            out.append(st)
+        return out
+
+    def save(self, step: int, ctx: Any, staging: Any, store: Any) -> dict[str, Any]:
+        tr = ctx.training
+        _, rank, _ = _dist()
+        loaders = self._loader_states(tr)
+        common = None
+        if rank == 0:
+            common = {
+                "step": tr.step, "micro": tr.micro,
+                "schedulers": [sch.state_dict() for sch in tr.schedulers],
+                "objects": {k: v.state_dict() for k, v in tr.objects.items()},
+                "precision": tr.precision.state_dict(), "extra": ctx.extra, "loaders": loaders,
+                "world_size": tr.world_size, "backend": tr.backend,
+            }
+        mine = ctx.rngs[rank] if rank < len(ctx.rngs) else tr.rng_state()
+        entries, handle = self.io.write(store, staging, tr.modules, tr.optimizers, common, {"rng": mine, "loaders": loaders}, bool(getattr(ctx, "background", False)))
+        if handle.future is None and rank == 0:  # synchronous: every rank's shards are written
+            entries.update(self.io.shard_entries(store, staging))
+        return entries
+
+    def commit_when_written(self, commit: Any, abort: Any, store: Any, staging: Any) -> None:
+        """Rank 0 after a background save: ``commit(shard_entries)`` once written, in a thread."""
+        handle = self.io.pending
+        assert handle is not None
+        self.io.commit_when_written(handle, lambda: commit(self.io.shard_entries(store, staging)), abort)
+
+    def wait(self) -> SaveHandle | None:
+        """Collective: finish the pending background save (write and commit)."""
+        return self.io.wait()
+
+    def load(self, info: Any, store: Any, target: Any, rank: int = 0, strict: bool = True) -> dict[str, Any]:
+        tr = target
+        counts = {"schedulers": len(tr.schedulers)}
+        common, per, saved_world = self.io.read(store, info, tr.modules, tr.optimizers, strict)
+        for key, n in counts.items():
+            if len(common.get(key, [])) != n:
+                raise CheckpointError(
+                    f"the checkpoint holds {len(common.get(key, []))} {key} but this script set up {n}",
+                    "set up the same models/optimizers/schedulers as the run that saved it, or start fresh with checkpoint.resume=false",
+                )
+        for sch, st in zip(tr.schedulers, common["schedulers"], strict=True):
+            sch.load_state_dict(st)
+        for k, st in common.get("objects", {}).items():
+            if k in tr.objects:
+                tr.objects[k].load_state_dict(st)
+        tr.precision.load_state_dict(common.get("precision", {}))
+        tr.step = int(common.get("step", 0))
+        tr.micro = int(common.get("micro", 0))
+        world = int(tr.world_size)
+        mine = rank_state_for(rank, per)
+        if mine is not None:
+            tr.set_rng_state(mine["rng"])
+            loaders = mine.get("loaders", [])
+        else:  # a rank the saving run did not have: deterministic fresh RNG streams
+            seed = reseed(self.seed, tr.step, rank)
+            tr.strategy.seed(seed)
+            loaders = common.get("loaders", [])
+        for ld, st in zip(tr.loaders, loaders, strict=False):
+            if st is not None and hasattr(ld, "load_state_dict"):
+                st = reshard_loader_state(st, saved_world, world, st.get("batch_size"), getattr(ld, "batch_size", None))
+                ld.load_state_dict({k: v for k, v in st.items() if k != "batch_size"})
+        self.last_load = {"saved_world": saved_world, "world": world}
+        return common.get("extra", {}) or {}

@@ -700,6 +700,8 @@ class Runtime:
         ck = self.checkpointer
         step = self.training.step
         try:
+            if status in ("finished", "exited", "preempted") and self._started:
+                ck.finish_pending()  # a background save is committed before the process ends
             if status == "finished" and self.config.checkpoint.dir and step and ck.saved_step != step and self._started:
                 ck.pending = None
                 self.save()  # the final checkpoint (checkpoint.every=0 means: only at the end)

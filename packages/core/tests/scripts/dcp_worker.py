@@ -7,7 +7,7 @@ argv[1] is a JSON job:
     save_at   steps after which to save            async   save with async_save=True
     resume    resume from the newest complete one  out     directory for per-rank results
     gate      "overlap": each rank's shard write waits until the step after the save finished
-              "die":     rank 1 exits inside its shard write (before any commit)
+              "die":     rank 1 exits inside its shard write of the save at step ``die_at``
 
 Global batch 16 of a fixed dataset; rank r of W takes the DistributedSampler-style interleaved
 slice (positions r, r+W, ...), so the global batch is the same samples on any world size. Each
@@ -26,9 +26,8 @@ import time
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import fully_shard
-
 from aios import dcp as adcp
+from torch.distributed.fsdp import fully_shard
 
 GLOBAL_BATCH = 16
 N_SAMPLES = 512
@@ -66,6 +65,7 @@ def main() -> None:
     torch.manual_seed(200 + rank)  # per-rank RNG streams (as a per-rank dropout seed would be)
 
     gate = threading.Event()
+    saving = [0]
     timed_out: list[bool] = []
     if job.get("gate"):
         base = adcp._make_writer
@@ -75,7 +75,7 @@ def main() -> None:
             orig = w.write_data
 
             def write_data(plan, planner):  # type: ignore[no-untyped-def]
-                if job["gate"] == "die" and rank == 1:
+                if job["gate"] == "die" and rank == 1 and saving[0] == job.get("die_at"):
                     open(os.path.join(job["out"], "dying"), "w").close()
                     os._exit(9)
                 if job["gate"] == "overlap" and not gate.wait(120):
@@ -138,6 +138,7 @@ def main() -> None:
             common = {"step": step, "sched": sched.state_dict(), "loader0": pos.state_dict()}
             per = {"rng": adcp.rng_state(), "loaders": [pos.state_dict()]}
             t_save = time.perf_counter()
+            saving[0] = step
             handle = ck.save(step, [model], [opt], common, per, meta={"run": "dcp-test"}, async_save=bool(job.get("async")))
             overlap.setdefault("save_call_s", time.perf_counter() - t_save)
             if not job.get("async"):
