@@ -84,7 +84,7 @@ def test_dcp_async_save_overlaps_training(reference: dict[str, Any]) -> None:
         # the step after the save ran to completion while this rank's shard write was held
         assert ov["in_flight_after_next_step"] is True and ov["gate_timed_out"] is False, ov
     info = CheckpointStore(str(reference["ckpt"])).latest()
-    assert info is not None and info.step == SAVE_AT and info.meta["format_name"] == "dcp" and info.meta["world_size"] == 4
+    assert info is not None and info.step == SAVE_AT and info.meta["checkpoint_format"] == "dcp" and info.meta["world_size"] == 4
     names = set(info.meta["files"])
     assert {f"rank-{r:05d}.pt" for r in range(4)} <= names and ".metadata" in names and "common.pt" in names
     assert sum(n.endswith(".distcp") for n in names) == 4  # every rank wrote its own shards
@@ -217,11 +217,10 @@ def test_dcp_memory_url_round_trip() -> None:
 def gcs_emulator(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     pytest.importorskip("gcsfs", reason="gs:// needs gcsfs")
     pytest.importorskip("aios_cloud_gcp", reason="gs:// is registered by aios-cloud-gcp: pip install -e ./packages/cloud-gcp")
-    exe = shutil.which("gcp-storage-emulator") or str(Path(sys.executable).parent / "gcp-storage-emulator")
-    if not Path(exe).exists():
-        pytest.skip("gcp-storage-emulator is not installed: pip install gcp-storage-emulator")
+    pytest.importorskip("gcp_storage_emulator", reason="gcp-storage-emulator is not installed: pip install gcp-storage-emulator")
     port = _free_port()
-    proc = subprocess.Popen([exe, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory", "-q"],
+    exe = [sys.executable, "-c", "import sys; from gcp_storage_emulator.__main__ import main; sys.exit(main())"]
+    proc = subprocess.Popen([*exe, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory", "-q"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 30
     while True:

@@ -19,12 +19,15 @@ Rules:
   any fsspec URL (``gs://``, ``s3://``, ``memory://`` ...). Locally DCP's ``FileSystemWriter``
   (fsync'ed files); for URLs DCP's ``FsspecWriter``/``FsspecReader`` with the storage options
   the scheme's plugin registers.
-* **A checkpoint counts only once committed.** Rank 0 writes the marker after DCP's save has
-  finished on every rank (DCP gathers every rank's write results before rank 0 writes
-  ``.metadata``; the per-rank files are written before a rank joins that save), listing every
-  file with its size (and sha256 for the small ``.pt`` files). A directory without a marker (a
-  rank died, the job was killed mid-save) is never resumed: ``latest()`` skips it and the next
-  committed save prunes it.
+* **A checkpoint counts only once committed.** A save goes through the store's staging and
+  commit (:meth:`aios.checkpoint.CheckpointStore.begin`/``commit``): rank 0 begins a staging
+  directory (locally ``.aios-partial-ckpt-<step>-...``, renamed into place on commit; in place on
+  object stores), every rank writes into it, and rank 0 writes the marker only after DCP's save
+  has finished on every rank (DCP gathers every rank's write results before rank 0 writes
+  ``.metadata``; the per-rank files are written before a rank joins that save). The marker lists
+  every file with its size (and sha256 for the small ``.pt`` files). A staging directory without
+  a marker (a rank died, the job was killed mid-save) is never resumed, and the store's pruning
+  removes it later (lineage rules of :mod:`aios.checkpoint`).
 * **Async.** :meth:`DcpCheckpointer.save` with ``async_save=True`` stages the state into CPU
   copies (DCP's stager) and returns; the writing runs in a background thread on a dedicated
   gloo process group so it never interleaves with training collectives, and rank 0 commits (marker,
@@ -314,22 +317,24 @@ class DcpWriter:
         return out
 
     # ---------------------------------------------------------------- save
-    def write(
-        self, store: CheckpointStore, staging: Any, modules: list[Any], optimizers: list[Any],
-        common: dict[str, Any] | None, per_rank: dict[str, Any], async_save: bool,
-    ) -> tuple[dict[str, Any], SaveHandle]:
-        """Every rank: write this rank's per-rank file (rank 0 also ``common``) durably, then
-        its DCP shards into ``staging.path`` (in the background with ``async_save``, after the
-        state is staged into CPU copies). Returns this rank's small-file entries for the marker
-        and the handle."""
+    def write_files(self, store: CheckpointStore, staging: Any, common: dict[str, Any] | None, per_rank: dict[str, Any]) -> dict[str, Any]:
+        """This rank's per-rank file (rank 0: also ``common``), durable; their marker entries."""
         import torch
-        import torch.distributed.checkpoint as dcp
 
-        on, rank, world = _dist()
-        group = self.group()
+        _, rank, world = _dist()
         entries = {rank_file(rank): store.write_file(staging, rank_file(rank), lambda f: torch.save({"rank": rank, "world_size": world, **per_rank}, f))}
         if common is not None:
             entries[COMMON_FILE] = store.write_file(staging, COMMON_FILE, lambda f: torch.save(common, f))
+        return entries
+
+    def write_shards(self, store: CheckpointStore, staging: Any, modules: list[Any], optimizers: list[Any], async_save: bool) -> SaveHandle:
+        """Every rank: its DCP shards into ``staging.path``; with ``async_save`` in the
+        background (after the state is staged into CPU copies), on the checkpoint group. No other
+        collective may run on that group until :meth:`wait`."""
+        import torch.distributed.checkpoint as dcp
+
+        on, _, _ = _dist()
+        group = self.group()
         target = staging.path if store.local else store.display(staging.path)
         state = sharded_state(modules, optimizers)
         writer = _make_writer(target)
@@ -341,7 +346,7 @@ class DcpWriter:
         else:
             dcp.save(state, storage_writer=writer, process_group=group, no_dist=not on)
             handle.finished = time.perf_counter()
-        return entries, handle
+        return handle
 
     @staticmethod
     def shard_entries(store: CheckpointStore, staging: Any) -> dict[str, Any]:
@@ -477,24 +482,27 @@ class DcpCheckpointer:
         if err:
             raise CheckpointError(err)
         entries: dict[str, Any] = {}
-        handle = None
         try:
-            entries, handle = self.io.write(store, staging, modules, optimizers, common if rank == 0 else None, per_rank, async_save)
+            entries = self.io.write_files(store, staging, common if rank == 0 else None, per_rank)
             err = None
         except Exception as exc:  # noqa: BLE001 - every rank learns it below
             err = _one_line(exc)
-        results = self.io.all_gather((entries, err))
+        results = self.io.all_gather((entries, err))  # before the shards: none may overlap them
         failed = [e for _, e in results if e]
         files: dict[str, Any] = {}
         for f, _ in results:
             files.update(f)
         marker = {"checkpoint_format": FORMAT_NAME, "world_size": world, **(meta or {})}
         if failed:
-            self.io.pending = None
             if rank == 0:
                 store.abort(staging)
             raise CheckpointError(f"saving checkpoint step {step} failed ({failed[0]})", "check that checkpoint.dir is writable and has free space")
-        assert handle is not None
+        try:
+            handle = self.io.write_shards(store, staging, modules, optimizers, async_save)
+        except Exception as exc:  # noqa: BLE001 - DCP raises it on every rank
+            if rank == 0:
+                store.abort(staging)
+            raise CheckpointError(f"saving checkpoint step {step} failed ({_one_line(exc)})", "check that checkpoint.dir is writable and has free space") from exc
 
         def commit() -> str:
             return store.commit(staging, marker, {**files, **self.io.shard_entries(store, staging)})
@@ -572,7 +580,10 @@ class DcpFormat:
                 "world_size": tr.world_size, "backend": tr.backend,
             }
         mine = ctx.rngs[rank] if rank < len(ctx.rngs) else tr.rng_state()
-        entries, handle = self.io.write(store, staging, tr.modules, tr.optimizers, common, {"rng": mine, "loaders": loaders}, bool(getattr(ctx, "background", False)))
+        entries = self.io.write_files(store, staging, common, {"rng": mine, "loaders": loaders})
+        # (the manager's collectives run on the default group, never on the checkpoint group
+        # a background write uses)
+        handle = self.io.write_shards(store, staging, tr.modules, tr.optimizers, bool(getattr(ctx, "background", False)))
         if handle.future is None and rank == 0:  # synchronous: every rank's shards are written
             entries.update(self.io.shard_entries(store, staging))
         return entries
