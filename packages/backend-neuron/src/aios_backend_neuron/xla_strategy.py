@@ -20,6 +20,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from aios.errors import AiosError
+from aios.contract import NODE_RANK_ENV
 from aios_backend_neuron.settings import settings_of
 from aios_backend_xla.strategy import XlaStrategy
 
@@ -78,7 +79,7 @@ class NeuronXlaStrategy(XlaStrategy):
                 dist.init_process_group("xla", init_method="xla://")
                 self._owns_group = True
         super().setup_environment()
-        self.node_rank = int(os.environ.get("GROUP_RANK", os.environ.get("AIOS_RUN_NODE_RANK", "0")) or 0)
+        self.node_rank = int(os.environ.get("GROUP_RANK", os.environ.get(NODE_RANK_ENV, "0")) or 0)
 
     def teardown(self) -> None:
         super().teardown()

@@ -20,6 +20,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from aios.errors import BackendUnavailable, LaunchError
+from aios.contract import NNODES_ENV, NODE_RANK_ENV
 from aios.launch import BACKEND_ENV, script_command
 from aios.types import Host, HostPlan, LaunchPlan, LaunchRequest
 from aios_backend_xla.discovery import TpuFacts
@@ -121,7 +122,7 @@ def tpu_plan(config: AiosConfig, request: LaunchRequest, topo: TpuTopology, fact
     cache = _cache_dir(config, hosts)
     plans: list[HostPlan] = []
     for i, host in enumerate(hosts):
-        env = {BACKEND_ENV: "xla", "PJRT_DEVICE": "TPU", "AIOS_RUN_NODE_RANK": str(i), "AIOS_RUN_NNODES": str(len(hosts))}
+        env = {BACKEND_ENV: "xla", "PJRT_DEVICE": "TPU", NODE_RANK_ENV: str(i), NNODES_ENV: str(len(hosts))}
         if len(hosts) > 1:
             env.update(TPU_WORKER_ID=str(i), MASTER_ADDR=master, MASTER_PORT=str(config.master_port))
         if cache:

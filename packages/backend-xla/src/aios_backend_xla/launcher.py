@@ -13,12 +13,13 @@ import os
 import runpy
 import sys
 
+from aios.contract import LOCAL_INDEX_ENV
 from aios.errors import AiosError, LaunchError
 
 
 def _run(index: int, script: str, args: list[str], module: bool) -> None:
     """Per-process entry (module-level so that the ``spawn`` start method can pickle it)."""
-    os.environ["AIOS_RUN_LOCAL_INDEX"] = str(index)
+    os.environ[LOCAL_INDEX_ENV] = str(index)
     sys.argv = [script, *args]
     if module:
         runpy.run_module(script, run_name="__main__", alter_sys=True)

@@ -32,6 +32,7 @@ import warnings
 from typing import TYPE_CHECKING, Any, Iterator
 
 from aios.errors import ConfigError
+from aios.contract import NODE_RANK_ENV
 from aios.strategy import Strategy
 from aios_backend_xla.compile_guard import CompileGuard
 from aios_backend_xla.settings import XlaSettings, settings_of
@@ -102,7 +103,7 @@ class XlaStrategy(Strategy):
         self.world_size = xr.world_size()
         self.rank = xr.global_ordinal()
         self.local_rank = xr.local_ordinal()
-        self.node_rank = int(os.environ.get("AIOS_RUN_NODE_RANK", "0") or 0)
+        self.node_rank = int(os.environ.get(NODE_RANK_ENV, "0") or 0)
         if self.world_size > 1:
             self._init_process_group()
         self._start_guard()

@@ -20,6 +20,7 @@ import uuid
 from dataclasses import replace
 from typing import Any, Callable
 
+from aios.contract import CLOUD_ENV
 from aios.cloud.provider import (
     FAILED,
     HEALTHY,
@@ -544,7 +545,7 @@ class AwsProvider(CloudProvider):
         # only reserved AIOS_RUN_* names: any other AIOS_ name is parsed as a config key on the
         # hosts, and an `aws` key is an error there when the image's aios lacks this plugin
         region = info.raw.get("region") or (region_of_zone(info.zone) if info.zone else self.region)
-        env = {"AWS_DEFAULT_REGION": region, "AIOS_RUN_CLOUD": "aws"}
+        env = {"AWS_DEFAULT_REGION": region, CLOUD_ENV: "aws"}
         if info.spot:
             env[SPOT_WATCH_ENV] = "1"
         return env

@@ -48,7 +48,7 @@ class AwsSettings(Section):
 
 # Set by the provider on spot hosts (a reserved AIOS_RUN_* name, never a config key): with
 # aws.spot_watch=auto the training processes poll the spot notice even where on_ec2() cannot tell.
-SPOT_WATCH_ENV = "AIOS_RUN_SPOT_WATCH"
+from aios.contract import SPOT_WATCH_ENV  # noqa: E402,F401 - re-exported
 
 DLAMI_PYTHON = {
     "cuda": "/opt/pytorch/bin/python3",

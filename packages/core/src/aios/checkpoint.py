@@ -397,6 +397,8 @@ class CheckpointStore:
         try:
             where = self._place(staging, final, name)
         except Exception as exc:  # noqa: BLE001
+            if self.local:
+                self.abort(staging)  # still there only when it was never moved into place
             raise self._save_error(step, exc) from exc
         self.prune()
         return self.display(where)

@@ -31,9 +31,10 @@ Extension point: checkpoint formats
   manager broadcasts the staging directory rank 0 began, gathers every rank's file entries,
   and rank 0 commits after a barrier, i.e. after every rank's files are durable.
 * ``supports_resharding``: whether a checkpoint written with another world size (or strategy)
-  can be loaded. Only then, and only when asked (``checkpoint.reshard=true`` or
-  ``resume(reshard=True)``), does resume accept a world-size mismatch; otherwise a mismatch in
-  world size, backend, strategy or format is a one-line error naming it and the fix.
+  can be loaded. Only then, and only when asked (``rt.resume(reshard=True)``/``rt.load(...,
+  reshard=True)``, or a ``checkpoint.reshard`` setting where the config defines one), does resume
+  accept a world-size (or strategy) mismatch; otherwise a mismatch in world size, backend,
+  strategy or format is a one-line error naming it and the fix.
 
 Staging and commit are store operations (:meth:`aios.checkpoint.CheckpointStore.begin`,
 ``write_file``, ``commit``, ``abort``): the marker is written last; the store's rules about
@@ -391,13 +392,19 @@ class CheckpointManager:
         return written
 
     # ---------------------------------------------------------------- load / resume
-    def _source_store(self, path: str | int | None) -> Any:
-        d = self.config.checkpoint.dir
-        if isinstance(path, str) and ("/" in path or "://" in path) and not (d and path.startswith(str(d))):
-            from aios.checkpoint import CheckpointStore
+    def _source_store(self, path: str | int | None) -> tuple[Any, bool]:
+        """The store holding ``path`` and whether it is ``checkpoint.dir`` (then the loaded
+        checkpoint's lineage becomes this run's)."""
+        if not (isinstance(path, str) and ("/" in path or "://" in path)):
+            return self.store, True
+        from aios.checkpoint import CheckpointStore, filesystem
 
-            return CheckpointStore(path.rstrip("/").rpartition("/")[0] or ".", keep=None), False
-        return self.store, True
+        parent = path.rstrip("/").rpartition("/")[0] or "."
+        if self.config.checkpoint.dir:
+            where = filesystem(parent)[1] if "://" in parent else os.path.abspath(parent)
+            if where.rstrip("/") == self.store.root.rstrip("/"):
+                return self.store, True
+        return CheckpointStore(parent, keep=None), False
 
     def check_compatible(self, info: Any, store: Any, reshard: bool) -> None:
         """Refuse a checkpoint written by another world size, backend, strategy or format
@@ -423,7 +430,7 @@ class CheckpointManager:
                 "relaunch with the strategy that wrote it, or start fresh with checkpoint.resume=false (or another checkpoint.dir)",
             )
         if "world_size" in meta and int(meta["world_size"]) != mine["world_size"] and not can_reshard:
-            hint = "; this checkpoint format can reshard: set checkpoint.reshard=true" if self.format.supports_resharding else ""
+            hint = "; this checkpoint format can reshard: resume with rt.resume(reshard=True)" if self.format.supports_resharding else ""
             raise CheckpointError(
                 f"{where} was written with world size {meta['world_size']}, this run has world size {mine['world_size']}",
                 f"relaunch with {meta['world_size']} processes in total, or start fresh with checkpoint.resume=false (or another checkpoint.dir){hint}",
@@ -472,8 +479,8 @@ class CheckpointManager:
         resharded = saved_world != "?" and int(saved_world) != self.world_size
         how = f"resharded from {saved_world} ranks to {self.world_size} ranks" if resharded else f"world size {saved_world}"
         self._print(
-            f"aios: resuming run {meta.get('run_id', '?')} from {self.resumed_from} at step {self.training.step} "
-            f"({how}, backend {meta.get('backend', '?')}, lineage {lineage or 'legacy'})"
+            f"aios: resumed from {self.resumed_from} at step {self.training.step} (run {meta.get('run_id', '?')}, "
+            f"{how}, backend {meta.get('backend', '?')}, lineage {lineage or 'legacy'})"
         )
         event: dict[str, Any] = {"path": self.resumed_from, "step": self.training.step, "run_id": meta.get("run_id"), "lineage": lineage}
         if resharded:

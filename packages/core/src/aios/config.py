@@ -24,6 +24,7 @@ from typing import Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
+from aios.contract import CONTROL_PREFIX
 from aios.errors import ConfigError
 
 Precision = Literal["fp32", "bf16-mixed", "fp16-mixed", "bf16-true"]
@@ -35,7 +36,7 @@ CONTROL_ENV = {
     "AIOS_CONFIG", "AIOS_HOME", "AIOS_PLUGINS", "AIOS_DISABLE_PLUGINS", "AIOS_STRICT_PLUGINS",
     "AIOS_DEBUG", "AIOS_NO_COLOR",
 }
-CONTROL_PREFIXES = ("AIOS_RUN_", "AIOS_INTERNAL_", "AIOS_TEST_")
+CONTROL_PREFIXES = (CONTROL_PREFIX, "AIOS_INTERNAL_", "AIOS_TEST_")
 
 
 class Section(BaseModel):
@@ -141,6 +142,8 @@ _STORE_WORDS = frozenset({
     "RABBITMQ", "BROKER", "CELERY", "SQLALCHEMY", "CONNECTION", "CONN",
 })
 _NOT_SECRET = frozenset({"PWD", "OLDPWD"})  # the shell's working directories
+#: unambiguous enough to count inside a longer part (``PGPASSWORD``, ``MYAPIKEY``)
+_SECRET_INFIXES = ("PASSWORD", "PASSWD", "PASSPHRASE", "SECRET", "CREDENTIAL", "APIKEY", "PRIVATEKEY")
 _NAME_PARTS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
 _URL_CREDENTIALS = re.compile(r"(?P<pre>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)(?P<pw>[^/\s@]+)(?P<at>@)")
 
@@ -156,7 +159,7 @@ def is_secret(key: str) -> bool:
     if key.upper() in _NOT_SECRET:
         return False
     parts = _name_parts(key)
-    if any(p in SECRET_WORDS for p in parts):
+    if any(p in SECRET_WORDS or any(w in p for w in _SECRET_INFIXES) for p in parts):
         return True
     return bool({"URL", "URI"} & set(parts)) and bool(_STORE_WORDS & set(parts))
 

@@ -15,8 +15,7 @@ from aios.types import HostPlan, LaunchPlan, LaunchRequest
 if TYPE_CHECKING:  # pragma: no cover
     from aios.config import AiosConfig
 
-CONFIG_ENV = "AIOS_RUN_CONFIG"
-BACKEND_ENV = "AIOS_RUN_BACKEND"
+from aios.contract import BACKEND_ENV, CONFIG_ENV  # noqa: E402,F401 - re-exported
 
 
 def resolve_nprocs(config: AiosConfig, devices: int) -> int:

@@ -39,6 +39,17 @@ Semantics worth knowing:
   scale), and the RNG states of Python, NumPy, torch CPU and the device, for every rank.
 * Preemption: SIGTERM or a watcher notice sets a flag; at the next step boundary all ranks agree,
   write an emergency checkpoint and exit with :data:`aios.preemption.EXIT_PREEMPTED` (75).
+* ``resume`` takes the most recently written checkpoint of ``checkpoint.dir``, says which (run,
+  step, world size, backend) and refuses one written with another world size, backend or
+  strategy. ``checkpoint.keep`` counts the run lineage's checkpoints only; one run writes to a
+  checkpoint dir at a time (see :mod:`aios.checkpoint`).
+
+The parts: :class:`aios.state.TrainingState` (registered objects, counters, state dict, RNG),
+:class:`aios.checkpointing.CheckpointManager` (save/load/resume, the boundary save, preemption
+save, lineage, lock; pluggable checkpoint formats), :class:`aios.records.RunRecord`,
+:class:`aios.preemption.PreemptionMonitor`; :class:`Runtime` is the facade over them and the hot
+path. ``Runtime(...)`` has no side effects; :meth:`Runtime.start` (called by :func:`init`) does
+them.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ import click
 from aios.errors import LaunchError
 
 PROG = "aios-run"
-STATUS_DIR_ENV = "AIOS_RUN_STATUS_DIR"
+from aios.contract import BACKEND_ENV, CONFIG_ENV, NO_PREIMPORT_ENV, RUN_ID_ENV, STATUS_DIR_ENV  # noqa: E402
 
 
 def _split_argv(argv: tuple[str, ...], module: str | None) -> tuple[list[str], str, list[str]]:
@@ -161,7 +161,7 @@ def build_plan(
 def _worker_env(cfg: Any, backend: str, run_id: str) -> dict[str, str]:
     from aios.runtime import explicit_config_json
 
-    return {"AIOS_RUN_CONFIG": explicit_config_json(cfg), "AIOS_RUN_BACKEND": backend, "AIOS_RUN_ID": run_id}
+    return {CONFIG_ENV: explicit_config_json(cfg), BACKEND_ENV: backend, RUN_ID_ENV: run_id}
 
 
 def _print_plan(cfg: Any, spec: Any, plan: Any, env: dict[str, str], notes: list[str], as_json: bool) -> None:
@@ -288,7 +288,7 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
     if len(plan.hosts) != 1:
         raise LaunchError(f"the plan has {len(plan.hosts)} hosts; aios-run starts the processes of this host only", "run aios-run on every node with --node-rank, or use `aios launch` for clusters")
     host = plan.hosts[0]
-    run_id = os.environ.get("AIOS_RUN_ID") or new_run_id()
+    run_id = os.environ.get(RUN_ID_ENV) or new_run_id()
     status_dir = tempfile.mkdtemp(prefix="aios-run-status-")
     env = {**host.env, **_worker_env(cfg, spec.name, run_id), STATUS_DIR_ENV: status_dir}
     for n in notes:
@@ -345,7 +345,7 @@ def _run(
         flags["launch"] = {"max_restarts": max_restarts}
     cfg, spec, plan, notes = build_plan(script, args, overrides, flags, config_file, module=bool(module), check=not dry_run)
     if dry_run:
-        env = _worker_env(cfg, spec.name, os.environ.get("AIOS_RUN_ID") or "<new at launch>")
+        env = _worker_env(cfg, spec.name, os.environ.get(RUN_ID_ENV) or "<new at launch>")
         _print_plan(cfg, spec, plan, env, notes, as_json)
         return
     _check_checkpoint_dir(cfg)
@@ -446,7 +446,7 @@ def _preimport_launcher(argv: list[str]) -> None:
     plan are resolved (it is needed for every multi-process launch; skipped for --dry-run and
     --help, which never import torch)."""
     head = argv[: next((i for i, a in enumerate(argv) if a.endswith(".py")), len(argv))]
-    if any(a in ("--dry-run", "-h", "--help") for a in head) or os.environ.get("AIOS_RUN_NO_PREIMPORT"):
+    if any(a in ("--dry-run", "-h", "--help") for a in head) or os.environ.get(NO_PREIMPORT_ENV):
         return
     # only when the launch is likely elastic (a direct, single-process launch needs no torch here)
     elastic = any(a in ("--nnodes", "--max-restarts") or a.startswith(("nprocs=", "nnodes=", "launch.max_restarts=")) for a in head)

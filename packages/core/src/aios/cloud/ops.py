@@ -60,6 +60,7 @@ from aios.cloud.store import (
     Store,
     cluster_dir,
 )
+from aios.contract import STATUS_DIR_ENV
 from aios.errors import AiosError
 from aios.preemption import EXIT_PREEMPTED
 
@@ -330,7 +331,7 @@ def render_run_sh(rec: ClusterRecord, job_id: int, plan: Any, bundle: bool = Fal
         # the runtime marks ranks that stopped for a preemption notice here (after the emergency
         # checkpoint); torchrun then reports exit 1 for the whole group
         'mkdir -p "$D/status"',
-        'export AIOS_RUN_STATUS_DIR="$D/status"',
+        f'export {STATUS_DIR_ENV}="$D/status"',
         f'cd "{root}/code" || exit 97',
         cmd,
         "rc=$?",

@@ -1,0 +1,210 @@
+"""Issue 12 item 5: the runtime in parts that can be tested alone: the training state
+(aios.state), the checkpoint manager (aios.checkpointing) with its public batch-boundary
+callback and pluggable checkpoint formats, side-effect-free constructors, and the
+launcher<->worker contract in one module (aios.contract)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import aios  # noqa: E402
+from aios.plugins import reset_registry  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(autouse=True)
+def clean(monkeypatch, tmp_path):
+    for k in list(os.environ):
+        if k.startswith(("AIOS_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC")):
+            monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AIOS_LOGGING__TENSORBOARD", "false")
+    monkeypatch.chdir(tmp_path)
+    reset_registry()
+    yield
+    rt = aios.current()
+    if rt is not None:
+        rt.close()
+    reset_registry()
+
+
+def _parts(tmp_path, **checkpoint):
+    from aios.precision import default_precision
+    from aios.runtime import resolve_config
+    from aios.strategies.ddp import DDPStrategy
+
+    cfg = resolve_config({"checkpoint": checkpoint, "logging": {"run_dir": str(tmp_path / "runs")}})
+    strategy = DDPStrategy(cfg)
+    strategy.setup_environment()
+    return cfg, strategy, default_precision("fp32", "cpu")
+
+
+def test_training_state_alone_roundtrips_modules_objects_counters_and_rng(tmp_path):
+    from aios.state import TrainingState
+
+    _, strategy, precision = _parts(tmp_path)
+    ts = TrainingState(strategy, precision, "cpu")
+    model = strategy.setup_module(torch.nn.Linear(3, 2), precision)
+    ts.modules.append(model)
+
+    class Counter:
+        n = 0
+
+        def state_dict(self):
+            return {"n": self.n}
+
+        def load_state_dict(self, s):
+            self.n = s["n"]
+
+    c = ts.register("counter", Counter())
+    c.n, ts.step, ts.micro = 7, 11, 22
+    state = ts.state_dict()
+    state["rng"] = [ts.rng_state()]
+    want = torch.rand(3)
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    c.n, ts.step = 0, 0
+    ts.load_state_dict(state)
+    assert (c.n, ts.step, ts.micro) == (7, 11, 22)
+    assert torch.equal(model.weight, state["modules"][0]["weight"])
+    assert torch.equal(torch.rand(3), want)
+    from aios.errors import AiosError
+
+    with pytest.raises(AiosError, match="needs an object with state_dict"):
+        ts.register("bad", object())
+
+
+def test_checkpoint_manager_alone_no_side_effects_until_start(tmp_path):
+    from aios.checkpointing import CheckpointManager
+    from aios.records import RunRecord
+    from aios.state import TrainingState
+
+    ck = tmp_path / "ck"
+    cfg, strategy, precision = _parts(tmp_path, dir=str(ck), keep=2)
+    ts = TrainingState(strategy, precision, "cpu")
+    ts.modules.append(strategy.setup_module(torch.nn.Linear(2, 2), precision))
+    threads = threading.active_count()
+    mgr = CheckpointManager(cfg, strategy, ts, RunRecord(str(tmp_path / "runs"), "r1", active=True), "cpu")
+    assert not ck.exists() and threading.active_count() == threads  # nothing until start()
+    mgr.start()
+    lock = json.loads((ck / ".aios-lock").read_text())
+    assert lock["run_id"] == "r1" and lock["pid"] == os.getpid()
+    for step in (1, 2, 3):
+        ts.step = step
+        mgr.request_save()
+        assert mgr.pending == "save"
+        mgr.at_batch_boundary()  # the public callback loaders call
+        assert mgr.pending is None
+    assert sorted(p.name for p in ck.iterdir() if p.name.startswith("ckpt-")) == ["ckpt-000000002", "ckpt-000000003"]
+    marker = json.loads((ck / "ckpt-000000003" / "aios-checkpoint.json").read_text())
+    assert marker["lineage"] == mgr.lineage and marker["world_size"] == 1 and marker["checkpoint_format"] == "full"
+    mgr.close()
+    assert not (ck / ".aios-lock").exists()
+
+
+def test_runtime_constructor_has_no_side_effects_start_does_them(tmp_path):
+    from aios.runtime import Runtime
+
+    ck = tmp_path / "ck"
+    cfg, strategy, precision = _parts(tmp_path, dir=str(ck))
+    handler = signal.getsignal(signal.SIGTERM)
+    threads = threading.active_count()
+    rt = Runtime(cfg, "cpu", strategy, precision)
+    assert not (tmp_path / "runs").exists() and not ck.exists()
+    assert signal.getsignal(signal.SIGTERM) is handler and threading.active_count() == threads
+    rt.start()
+    try:
+        assert Path(rt.run_dir, "diagnostics.json").exists() and (ck / ".aios-lock").exists()
+        assert signal.getsignal(signal.SIGTERM) is not handler
+    finally:
+        rt.close()
+    assert signal.getsignal(signal.SIGTERM) is handler and not (ck / ".aios-lock").exists()
+
+
+def test_device_loader_calls_the_public_batch_boundary():
+    from aios.data import DeviceLoader
+
+    class Owner:
+        pending: str | None = None
+        calls = 0
+
+        def at_batch_boundary(self):
+            self.calls += 1
+            self.pending = None
+
+    owner = Owner()
+    loader = DeviceLoader([1, 2, 3, 4])
+    loader.owner = owner
+    seen = []
+    for b in loader:
+        seen.append(b)
+        if b == 2:
+            owner.pending = "save"
+    assert seen == [1, 2, 3, 4] and owner.calls == 1
+
+
+def test_a_second_checkpoint_format_plugs_in(tmp_path):
+    from aios.checkpointing import FORMATS, CheckpointFormat, register_format
+
+    class ShardedJson(CheckpointFormat):
+        """every rank writes its own file; rank 0 commits after all are durable"""
+
+        name = "test-sharded"
+        all_ranks_write = True
+        supports_resharding = True
+
+        def save(self, step, ctx, staging, store):
+            data = {"step": step, "w": ctx.training.modules[0].weight.tolist()}
+            return {"rank0.json": store.write_file(staging, "rank0.json", lambda f: f.write(json.dumps(data).encode()))}
+
+        def load(self, info, store, target, rank=0, strict=True):
+            data = json.loads(store.read_file(info, "rank0.json"))
+            with torch.no_grad():
+                target.modules[0].weight.copy_(torch.tensor(data["w"]))
+            target.step = data["step"]
+            return {}
+
+    register_format("test-sharded", ShardedJson)
+    try:
+        ck = tmp_path / "ck"
+        rt = aios.init(checkpoint={"dir": str(ck)}, logging={"run_dir": str(tmp_path / "runs")})
+        rt.strategy.checkpoint_format = "test-sharded"
+        from aios.checkpointing import get_format
+
+        rt.checkpointer.format = get_format("test-sharded")
+        model = rt.setup(torch.nn.Linear(2, 1))
+        rt.training.step = 4
+        path = rt.save()
+        marker = json.loads(Path(path, "aios-checkpoint.json").read_text())
+        assert marker["checkpoint_format"] == "test-sharded" and set(marker["files"]) == {"rank0.json"}
+        want = model.weight.detach().clone()
+        with torch.no_grad():
+            model.weight.zero_()
+        rt.training.step = 0
+        assert rt.resume() == 4 and torch.equal(model.weight, want)
+    finally:
+        FORMATS.pop("test-sharded", None)
+
+
+def test_launcher_worker_env_names_live_only_in_the_contract_module():
+    from aios import contract
+
+    offenders = []
+    for src in sorted(REPO.glob("packages/*/src/**/*.py")):
+        if src.name == "contract.py" and src.parent.name == "aios":
+            continue
+        tree = ast.parse(src.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("AIOS_RUN_"):
+                offenders.append(f"{src.relative_to(REPO)}:{node.lineno}: {node.value!r}")
+    assert offenders == []
+    assert all(name.startswith(contract.CONTROL_PREFIX) for name in contract.ALL)
