@@ -134,6 +134,14 @@ class GPT(nn.Module):
         return idx
 
 
+def tp_plan(model: nn.Module, mesh: object) -> dict[str, object]:
+    """Tensor-parallel plan for ``mesh.tp > 1`` (``mesh.tp_plan=__main__:tp_plan``): each
+    block's MLP split column-wise then row-wise (one all-reduce per block)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    return {"blocks.*.mlp.0": ColwiseParallel(), "blocks.*.mlp.2": RowwiseParallel()}
+
+
 # ------------------------------------------------------------------------------ training
 
 
@@ -228,7 +236,8 @@ def main() -> None:
     done = rt.global_step - start
     if done == 0:
         val_loss = evaluate()
-    if rt.is_main and os.environ.get("GPT_SAMPLE", "1") != "0":
+    if os.environ.get("GPT_SAMPLE", "1") != "0":
+        # every rank runs the model (under fsdp/tp a forward is collective); rank 0 prints
         g = torch.Generator().manual_seed(0)  # CPU generator: same sample on every backend
         prompt = val[: args.block_size].unsqueeze(0).to(rt.device)  # a full context from held-out text
         sample = rt.unwrap(model).generate(prompt, 160, g)[0, args.block_size :].tolist()

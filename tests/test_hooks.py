@@ -94,24 +94,148 @@ def test_hook_aios_discover_devices():
     assert reg.call_first("aios_discover_devices", backend="no-such-backend", config=None) is None
 
 
-def test_hook_aios_make_strategy():
-    reg = get_registry()
-    strat = reg.call_first("aios_make_strategy", backend="cpu", config=_cfg())
-    from aios.strategy import Strategy
+class _Legacy:
+    """A 0.1-style plugin: name-guarded component hooks, no registered strategy."""
 
-    assert isinstance(strat, Strategy) and strat.autocast_device_type == "cpu"
-    assert reg.call_first("aios_make_strategy", backend="no-such-backend", config=_cfg()) is None
+    from aios.hookspecs import hookimpl
+
+    @hookimpl
+    def aios_make_strategy(self, backend, config):
+        if backend != "legacy":
+            return None
+        from aios.strategies.ddp import DDPStrategy
+
+        return DDPStrategy(config)
+
+    @hookimpl
+    def aios_make_precision(self, backend, precision, config):
+        if backend != "legacy":
+            return None
+        from aios.precision import Precision
+
+        p = Precision("cpu")
+        p.name = "legacy-" + precision
+        return p
+
+
+def _with_legacy():
+    from aios.types import Availability, BackendSpec
+
+    reg = get_registry()
+    reg.pm.register(_Legacy(), name="legacy")
+    spec = BackendSpec("legacy", 0, lambda: Availability(True), plugin="legacy")
+    reg.backends["legacy"] = spec
+    return reg, spec
+
+
+def test_hook_aios_make_strategy():
+    reg, legacy = _with_legacy()
+    from aios.strategies.ddp import DDPStrategy
+
+    # first-party backends carry their strategies in the registry: none answers the hook by name
+    assert reg.call_first("aios_make_strategy", backend="cpu", config=_cfg()) is None
+    strat, spec, accel = reg.make_strategy(_cfg(), reg.backends["cpu"])
+    assert type(strat) is DDPStrategy and spec.plugin == "aios-core" and accel.name == "cpu"
+    # a plugin written against 0.1 still gets its strategy through the hook
+    strat, spec, accel = reg.make_strategy(_cfg(), legacy)
+    assert isinstance(strat, DDPStrategy) and spec is None and accel is None
+    with pytest.raises(AiosError, match="invalid value 'bogus' for 'strategy'"):
+        reg.make_strategy(_cfg().model_copy(update={"strategy": "bogus"}), legacy)
 
 
 def test_hook_aios_make_precision():
+    reg, legacy = _with_legacy()
+    from aios.config import ConfigError
+    from aios.precision import MixedPrecision
+
+    assert reg.call_first("aios_make_precision", backend="legacy", precision="fp32", config=_cfg()).name == "legacy-fp32"
+    assert reg.make_precision(_cfg(precision="bf16-mixed"), legacy, None, None, "cpu").name == "legacy-bf16-mixed"
+    # the Neuron backend's policy (carried by its spec) refuses fp16 with a one-line error
+    with pytest.raises(ConfigError, match="fp16"):
+        reg.make_precision(_cfg(precision="fp16-mixed"), reg.backends["neuron"], None, None, "xla")
+    # nobody overrides the CPU policy: the core default over the cpu accelerator
+    p = reg.make_precision(_cfg(precision="bf16-mixed"), reg.backends["cpu"], None, reg.accelerator("cpu"), "cpu")
+    assert isinstance(p, MixedPrecision) and p.device_type == "cpu" and p.dtype_name == "bfloat16"
+    assert reg.call_first("aios_make_precision", backend="cpu", precision="bf16-mixed", config=_cfg()) is None
+
+
+def test_hook_aios_register_strategies():
     reg = get_registry()
+    assert {"aios-core", "aios-backend-cuda", "aios-backend-xla", "aios-backend-neuron"} <= _impl_plugins("aios_register_strategies")
+    assert reg.strategies_for(reg.backends["cpu"]) == ["ddp", "deepspeed", "fsdp", "hsdp", "tp"]
+    assert reg.strategies_for(reg.backends["xla"]) == ["ddp", "spmd"]
+    assert reg.strategies_for(reg.backends["neuron"]) == ["ddp", "nxd"]
+    assert reg.strategy_spec("deepspeed", reg.backends["cpu"]).plugin == "aios-backend-cuda"
+    assert reg.strategy_spec("ddp", reg.backends["cuda"]).plugin == "aios-backend-cuda"  # backend-specific wins
+    assert reg.strategy_spec("fsdp", reg.backends["cuda"]).plugin == "aios-core"  # native, any accelerator
     from aios.config import ConfigError
 
-    # the Neuron backend refuses fp16 with a one-line error
-    with pytest.raises(ConfigError, match="fp16"):
-        reg.call_first("aios_make_precision", backend="neuron", precision="fp16-mixed", config=_cfg())
-    # nobody overrides the CPU policy: the runtime falls back to the core default
-    assert reg.call_first("aios_make_precision", backend="cpu", precision="bf16-mixed", config=_cfg()) is None
+    for name in ("spmd", "nxd"):  # never a silent DDP
+        with pytest.raises(ConfigError) as e:
+            reg.strategy_spec(name, reg.backends["cpu"])
+        assert e.value.one_line() == f"strategy '{name}' is not available on the cpu backend (cpu accelerator); strategies on cpu: auto, ddp, deepspeed, fsdp, hsdp, tp"
+    with pytest.raises(ConfigError, match="invalid value 'single' for 'strategy'.*choose one of: auto, ddp, deepspeed, fsdp, hsdp, nxd, spmd, tp"):
+        _cfg("strategy=single")
+    with pytest.raises(ConfigError, match="strategy 'fsdp' is not available on the xla backend"):
+        reg.strategy_spec("fsdp", reg.backends["xla"])
+
+
+def test_hook_aios_register_accelerators():
+    reg = get_registry()
+    assert {"aios-core", "aios-backend-cuda"} <= _impl_plugins("aios_register_accelerators")
+    cpu, cuda = reg.accelerator("cpu"), reg.accelerator("cuda", _cfg())
+    assert (cpu.device_type, cpu.dist_backend, cpu.is_available()) == ("cpu", "gloo", True)
+    assert (cuda.device_type, cuda.dist_backend, cuda.collectives_on_device) == ("cuda", "nccl", True)
+    assert reg.backends["cpu"].accelerator == "cpu" and reg.backends["cuda"].accelerator == "cuda"
+    assert reg.backends["xla"].accelerator is None  # torch_xla is not a native device
+
+
+def test_hook_aios_register_cluster_environments():
+    from aios.cluster import detect
+
+    reg = get_registry()
+    assert set(reg.cluster_envs) >= {"local", "torchelastic"}
+    local = detect({}, reg)
+    assert (local.name, local.nnodes, local.node_rank, local.world_size) == ("local", 1, 0, 1)
+    env = {"TORCHELASTIC_RUN_ID": "x", "RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
+           "GROUP_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29400"}
+    te = detect(env, reg)
+    assert (te.name, te.rank, te.local_rank, te.node_rank, te.nnodes, te.master_addr, te.master_port) == ("torchelastic", 5, 1, 1, 2, "10.0.0.1", 29400)
+
+
+def test_builtin_names_are_never_displaced():
+    from aios.accelerator import Accelerator
+    from aios.plugins import Registry
+    from aios.types import AcceleratorSpec
+
+    class Intruder:
+        from aios.hookspecs import hookimpl
+
+        @hookimpl
+        def aios_register_accelerators(self, register):
+            register(AcceleratorSpec("cpu", lambda config: Accelerator(config)))
+
+        @hookimpl
+        def aios_config_sections(self):
+            from aios.config import FsdpSettings
+
+            return {"checkpoint": FsdpSettings}
+
+    class Ep:
+        def __init__(self, name, obj):
+            self.name, self.obj, self.dist = name, obj, None
+
+        def load(self):
+            return self.obj
+
+    import aios.builtin
+
+    reg = Registry([Ep("aios-core", aios.builtin), Ep("intruder", Intruder())], strict=False)
+    assert reg.accelerators["cpu"].plugin == "aios-core"
+    msgs = [e.error for e in reg.errors if e.plugin == "intruder"]
+    assert any("accelerator 'cpu' is built into aios (\"aios-core\"); \"intruder\" cannot replace it" in m for m in msgs)
+    assert any("config section 'checkpoint' belongs to aios core" in m for m in msgs)
+    assert "checkpoint" not in reg.config_sections
 
 
 def test_hook_aios_launch_plan():

@@ -61,9 +61,9 @@ def test_ddp_strategy_bf16_fused_and_memory(monkeypatch: pytest.MonkeyPatch) -> 
     if not torch.cuda.is_bf16_supported():
         pytest.skip("this GPU has no bf16")
     cfg = _cfg()
-    s = plugin.aios_make_strategy(backend="cuda", config=cfg)
+    s = plugin._ddp(cfg, plugin._cuda_accelerator(cfg), "cuda")
     s.setup_environment()
-    p = plugin.aios_make_precision(backend="cuda", precision="bf16-mixed", config=cfg)
+    p = plugin._precision("bf16-mixed", cfg, s.accelerator)
     model = s.setup_module(torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256)), p)
     opt = s.setup_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-3))
     assert opt.param_groups[0]["fused"] is True
@@ -89,9 +89,9 @@ def test_fp16_overflow_is_skipped_and_counted(monkeypatch: pytest.MonkeyPatch) -
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     cfg = _cfg()
-    s = plugin.aios_make_strategy(backend="cuda", config=cfg)
+    s = plugin._ddp(cfg, plugin._cuda_accelerator(cfg), "cuda")
     s.setup_environment()
-    p = plugin.aios_make_precision(backend="cuda", precision="fp16-mixed", config=cfg)
+    p = plugin._precision("fp16-mixed", cfg, s.accelerator)
     model = s.setup_module(torch.nn.Linear(16, 16), p)
     opt = s.setup_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-3))
     before = model.weight.detach().clone()

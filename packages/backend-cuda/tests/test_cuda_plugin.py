@@ -38,7 +38,12 @@ def test_registered_with_priority_and_sections() -> None:
     assert spec.priority == 100 and spec.device_type == "cuda" and spec.plugin == "aios-backend-cuda"
     assert set(reg.config_sections) >= {"cuda", "deepspeed"}
     hooks = set(reg.plugins["aios-backend-cuda"].hooks)
-    assert {"aios_discover_devices", "aios_make_strategy", "aios_make_precision", "aios_launch_plan", "aios_doctor_checks"} <= hooks
+    assert {"aios_register_backends", "aios_register_accelerators", "aios_register_strategies"} <= hooks
+    # components are carried by the registered specs, not by name-guarded component hooks
+    assert not hooks & {"aios_discover_devices", "aios_make_strategy", "aios_make_precision", "aios_launch_plan", "aios_doctor_checks"}
+    assert spec.accelerator == "cuda" and spec.discover and spec.launch_plan and spec.precision and spec.doctor
+    assert "cuda" in reg.accelerators and {"ddp", "deepspeed"} <= set(reg.strategies_for(spec))
+    assert "deepspeed" in reg.strategies_for(reg.backends["cpu"])
 
 
 def test_plugin_import_is_light() -> None:

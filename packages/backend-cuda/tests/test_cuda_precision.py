@@ -15,11 +15,17 @@ def _cfg(**flags):
     return resolve(flags=flags, environ={}, check_backend=False)
 
 
+def _make(precision, config):
+    from aios_backend_cuda.accelerator import CudaAccelerator
+
+    return plugin._precision(precision, config, CudaAccelerator(config))
+
+
 @pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true"])
 def test_bf16_refused_on_t4(recorded_host, precision: str) -> None:
     recorded_host("pcie-2xt4.json")
     with pytest.raises(ConfigError) as err:
-        plugin.aios_make_precision(backend="cuda", precision=precision, config=_cfg(precision=precision))
+        _make(precision, _cfg(precision=precision))
     line = err.value.one_line()
     assert "cuda:0 Tesla T4 (compute capability 7.5)" in line and "cuda:1 Tesla T4" in line
     assert "precision=fp16-mixed" in line
@@ -40,18 +46,21 @@ def test_bf16_on_mixed_host_names_the_old_gpu_and_the_way_out(recorded_host, mon
 def test_precisions_allowed_on_h100(recorded_host) -> None:
     recorded_host("p5.48xlarge-8xh100.json")
     cfg = _cfg()
-    p = plugin.aios_make_precision(backend="cuda", precision="bf16-mixed", config=cfg)
+    p = _make("bf16-mixed", cfg)
     assert isinstance(p, MixedPrecision) and p.device_type == "cuda" and p.dtype_name == "bfloat16"
-    assert isinstance(plugin.aios_make_precision(backend="cuda", precision="bf16-true", config=cfg), TruePrecision)
+    assert isinstance(_make("bf16-true", cfg), TruePrecision)
 
 
 def test_fp16_allowed_on_t4_with_grad_scaler(recorded_host) -> None:
     pytest.importorskip("torch")
     recorded_host("pcie-2xt4.json")
-    p = plugin.aios_make_precision(backend="cuda", precision="fp16-mixed", config=_cfg())
+    p = _make("fp16-mixed", _cfg())
     assert isinstance(p, GradScalerPrecision) and p.name == "fp16-mixed"
 
 
-def test_other_backends_are_not_answered() -> None:
-    assert plugin.aios_make_precision(backend="xla", precision="bf16-mixed", config=_cfg()) is None
-    assert plugin.aios_make_precision(backend="cpu", precision="bf16-mixed", config=_cfg()) is None
+def test_the_policy_is_carried_by_the_cuda_backend_spec_only() -> None:
+    from aios.plugins import Registry
+
+    reg = Registry(strict=True)
+    assert reg.backends["cuda"].precision is plugin._precision
+    assert reg.backends["cpu"].precision is None and reg.backends["cpu"].plugin == "aios-core"

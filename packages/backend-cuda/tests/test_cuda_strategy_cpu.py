@@ -12,6 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from aios.accelerator import CpuAccelerator  # noqa: E402
 from aios.config import resolve  # noqa: E402
 from aios.errors import BackendUnavailable  # noqa: E402
 from aios.precision import Precision  # noqa: E402
@@ -45,7 +46,7 @@ def test_explicit_choices_are_respected() -> None:
 
 
 def test_fused_optimizer_off_by_config() -> None:
-    s = CudaDDPStrategy(_cfg("cuda.fused_optimizer=false"), device_type="cpu", dist_backend="gloo")
+    s = CudaDDPStrategy(_cfg("cuda.fused_optimizer=false"), CpuAccelerator())
     opt = torch.optim.Adam(torch.nn.Linear(2, 2).parameters())
     s.setup_optimizer(opt)
     assert opt.param_groups[0]["fused"] is None
@@ -54,11 +55,11 @@ def test_fused_optimizer_off_by_config() -> None:
 
 def test_compile_is_opt_in_and_unwraps(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    plain = CudaDDPStrategy(_cfg(), device_type="cpu", dist_backend="gloo")
+    plain = CudaDDPStrategy(_cfg(), CpuAccelerator())
     plain.setup_environment()
     m = torch.nn.Linear(3, 3)
     assert plain.setup_module(m, Precision("cpu")) is m
-    s = CudaDDPStrategy(_cfg("cuda.compile=true", "cuda.compile_mode=max-autotune-no-cudagraphs"), device_type="cpu", dist_backend="gloo")
+    s = CudaDDPStrategy(_cfg("cuda.compile=true", "cuda.compile_mode=max-autotune-no-cudagraphs"), CpuAccelerator())
     s.setup_environment()
     wrapped = s.setup_module(m, Precision("cpu"))
     assert wrapped is not m and hasattr(wrapped, "_orig_mod")
@@ -67,7 +68,7 @@ def test_compile_is_opt_in_and_unwraps(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_ddp_settings_reach_the_wrapper() -> None:
-    s = CudaDDPStrategy(_cfg("cuda.bucket_cap_mb=50", "cuda.static_graph=true"), device_type="cpu", dist_backend="gloo")
+    s = CudaDDPStrategy(_cfg("cuda.bucket_cap_mb=50", "cuda.static_graph=true"), CpuAccelerator())
     assert s.ddp_kwargs["bucket_cap_mb"] == 50 and s.ddp_kwargs["static_graph"] is True
     assert s.dist_backend == "gloo" and CudaDDPStrategy(_cfg()).dist_backend == "nccl"
 
@@ -89,7 +90,7 @@ def _free_port() -> int:
 def _worker(rank: int, world: int, port: int, out: str) -> None:
     os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     torch.set_num_threads(1)
-    s = CudaDDPStrategy(_cfg(), device_type="cpu", dist_backend="gloo")
+    s = CudaDDPStrategy(_cfg(), CpuAccelerator())
     s.setup_environment()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))

@@ -14,7 +14,7 @@ from aios.errors import ConfigError
 from aios.precision import MixedPrecision, Precision, TruePrecision
 from aios_backend_neuron.doctor import checks
 from aios_backend_neuron.ops import scan_source
-from aios_backend_neuron.plugin import aios_make_precision
+from aios_backend_neuron.plugin import _precision
 
 
 def _by_name(cs):
@@ -79,25 +79,24 @@ def test_doctor_cli_exit_and_lines(fake_neuron_ls, neuron_site):
 
 
 def test_precision_policies(config):
-    assert type(aios_make_precision("neuron", "fp32", config())) is Precision
-    mixed = aios_make_precision("neuron", "bf16-mixed", config())
+    assert type(_precision("fp32", config(), None)) is Precision
+    mixed = _precision("bf16-mixed", config(), None)
     assert isinstance(mixed, MixedPrecision) and mixed.dtype_name == "bfloat16" and mixed.device_type == "xla"
-    assert isinstance(aios_make_precision("neuron", "bf16-true", config()), TruePrecision)
-    native = aios_make_precision("neuron", "bf16-mixed", config("neuron.runtime=native"))
+    assert isinstance(_precision("bf16-true", config(), None), TruePrecision)
+    native = _precision("bf16-mixed", config("neuron.runtime=native"), None)
     assert native.device_type == "neuron"
-    assert aios_make_precision("cpu", "fp16-mixed", config()) is None  # not ours
 
 
 def test_fp16_precision_refused(config):
     with pytest.raises(ConfigError) as e:
-        aios_make_precision("neuron", "fp16-mixed", config())
+        _precision("fp16-mixed", config(), None)
     assert str(e.value).startswith("precision fp16-mixed is not supported on Trainium (backend neuron); use precision=bf16-mixed")
 
 
 def test_removed_bf16_switch_refused(config, monkeypatch):
     monkeypatch.setenv("XLA_DOWNCAST_BF16", "1")
     with pytest.raises(ConfigError, match="XLA_DOWNCAST_BF16 is set"):
-        aios_make_precision("neuron", "bf16-mixed", config())
+        _precision("bf16-mixed", config(), None)
 
 
 # ------------------------------------------------------------------------------ config section

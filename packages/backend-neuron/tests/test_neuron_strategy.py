@@ -132,7 +132,7 @@ def test_worker_env_matches_the_plan(config):
     from unittest import mock
 
     with mock.patch.dict(os.environ, {"NEURON_CC_FLAGS": "--optlevel=1", "PJRT_DEVICE": "NEURON"}):
-        NeuronXlaStrategy(cfg)._prepare_env()
+        NeuronXlaStrategy(cfg).prepare_env()
         assert os.environ["NEURON_CC_FLAGS"] == "--optlevel=1"  # the launcher's value wins
         assert os.environ["NEURON_COMPILE_CACHE_URL"] == "/var/tmp/neuron-compile-cache"
     assert "NEURON_COMPILE_CACHE_URL" not in os.environ
@@ -145,4 +145,4 @@ def test_wrong_pjrt_device_is_refused(config):
 
     with mock.patch.dict(os.environ, {"PJRT_DEVICE": "TPU"}):
         with pytest.raises(ConfigError, match="PJRT_DEVICE=TPU but the neuron-xla backend was set up for NEURON"):
-            NeuronXlaStrategy(config())._prepare_env()
+            NeuronXlaStrategy(config()).prepare_env()

@@ -154,9 +154,13 @@ def test_precision_policies(clean_env):
 
 
 def test_deepspeed_strategy_is_refused(cfg):
-    with pytest.raises(ConfigError, match="strategy 'deepspeed' is not available on the xla backend"):
-        plugin.aios_make_strategy("xla", cfg("strategy=deepspeed", "xla.allow_cpu=true"))
-    assert plugin.aios_make_strategy("cpu", cfg()) is None
+    from aios.plugins import get_registry
+
+    reg = get_registry()
+    for name in ("deepspeed", "fsdp", "nxd"):
+        with pytest.raises(ConfigError, match=f"strategy '{name}' is not available on the xla backend; strategies on xla: auto, ddp, spmd"):
+            reg.strategy_spec(name, reg.backends["xla"])
+    assert reg.strategy_spec("auto", reg.backends["xla"]).plugin == "aios-backend-xla"
 
 
 def test_pjrt_device_decision(cfg, fake_sysfs):

@@ -266,8 +266,8 @@ class DeepSpeedStrategy(CudaDDPStrategy):
 
     name = "deepspeed"
 
-    def __init__(self, config: AiosConfig, device_type: str = "cuda", dist_backend: str = "nccl") -> None:
-        super().__init__(config, device_type=device_type, dist_backend=dist_backend)
+    def __init__(self, config: AiosConfig, accelerator: Any = None) -> None:
+        super().__init__(config, accelerator)
         self.ds_settings: DeepSpeedSettings = config.section("deepspeed") or DeepSpeedSettings()
         self.engine: Any = None
         self.ds_config: dict[str, Any] | None = None

@@ -1,14 +1,13 @@
 """The ``aios-backend-cuda`` plugin (entry point target). Imports nothing heavy: no torch, no
-NVML initialisation, no DeepSpeed; every hook imports what it needs when called.
+NVML initialisation, no DeepSpeed; every component imports what it needs when called.
 
-Hooks implemented: ``aios_register_backends`` (backend ``cuda``, priority 100),
-``aios_config_sections`` (``cuda``, ``deepspeed``), ``aios_discover_devices``,
-``aios_make_strategy`` (``ddp`` over NCCL, ``deepspeed``), ``aios_make_precision``,
-``aios_launch_plan``, ``aios_doctor_checks``, ``aios_env_info``.
-
-``strategy: deepspeed`` is also served on the ``cpu`` backend (DeepSpeed's CPU accelerator over
-gloo, ``DS_ACCELERATOR=cpu``): that is how the DeepSpeed path is tested without a GPU, and it
-keeps the built-in CPU backend from silently running plain DDP when DeepSpeed was asked for.
+Registers: backend ``cuda`` (priority 100; its discovery, launch plan, precision policy and
+doctor checks carried by the :class:`~aios.types.BackendSpec`), the ``cuda`` accelerator (NCCL,
+TF32, memory statistics; core's native ``ddp``/``fsdp``/``tp``/``hsdp`` run on it), strategy
+``ddp`` for backend ``cuda`` (core's DDP plus fused optimizers, compile and the ``cuda`` section's
+DDP knobs), and strategy ``deepspeed`` for backends ``cuda`` and ``cpu`` (DeepSpeed's CPU
+accelerator over gloo, ``DS_ACCELERATOR=cpu``: how the DeepSpeed path is tested without a GPU).
+Config sections ``cuda`` and ``deepspeed``; ``aios_env_info``.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from aios.hookspecs import hookimpl
-from aios.types import Availability, BackendSpec
+from aios.types import AcceleratorSpec, Availability, BackendSpec, StrategySpec
 
 DS_BACKENDS = ("cuda", "cpu")
 
@@ -27,12 +26,89 @@ def _probe() -> Availability:
     return probe()
 
 
+def _discover(config: Any) -> Any:
+    from aios_backend_cuda.discovery import report
+
+    return report()
+
+
+def _launch_plan(config: Any, request: Any) -> Any:
+    from aios_backend_cuda.launch import cuda_launch_plan
+
+    return cuda_launch_plan(config, request)
+
+
+def _precision(precision: str, config: Any, accelerator: Any) -> Any:
+    from aios.precision import default_precision
+
+    from aios_backend_cuda.precision import check_bf16
+
+    check_bf16(precision)
+    return default_precision(precision, accelerator=accelerator)
+
+
+def _doctor(config: Any, explicit: bool) -> Any:
+    from aios_backend_cuda.doctor import checks
+
+    return checks("cuda" if explicit else None, config)
+
+
 @hookimpl
 def aios_register_backends(register: Any) -> None:
     register(BackendSpec(
-        name="cuda", priority=100, probe=_probe, device_type="cuda",
-        install_hint="pip install 'aios-core[cuda]'",
-        description="NVIDIA GPUs: DDP over NCCL, AMP (bf16/fp16), DeepSpeed ZeRO 1-3",
+        name="cuda", priority=100, probe=_probe, device_type="cuda", accelerator="cuda",
+        install_hint="pip install -e './packages/core[cuda]' ./packages/backend-cuda (from the aios checkout)",
+        description="NVIDIA GPUs: DDP over NCCL, FSDP2/TP, AMP (bf16/fp16), DeepSpeed ZeRO 1-3",
+        discover=_discover, launch_plan=_launch_plan, precision=_precision, doctor=_doctor,
+    ))
+
+
+def _cuda_accelerator(config: Any) -> Any:
+    from aios_backend_cuda.accelerator import CudaAccelerator
+
+    return CudaAccelerator(config)
+
+
+@hookimpl
+def aios_register_accelerators(register: Any) -> None:
+    register(AcceleratorSpec("cuda", _cuda_accelerator, "NVIDIA GPU: NCCL, TF32, CUDA RNG and memory statistics"))
+
+
+def _ddp(config: Any, accelerator: Any, backend: str) -> Any:
+    from aios_backend_cuda.strategy import CudaDDPStrategy
+
+    return CudaDDPStrategy(config, accelerator)
+
+
+def _deepspeed(config: Any, accelerator: Any, backend: str) -> Any:
+    from aios_backend_cuda.deepspeed_strategy import DeepSpeedStrategy
+
+    return DeepSpeedStrategy(config, accelerator)
+
+
+def _deepspeed_precision(precision: str, config: Any, accelerator: Any) -> Any:
+    from aios_backend_cuda.deepspeed_strategy import DeepSpeedPrecision
+
+    if accelerator is not None and accelerator.name == "cuda":
+        from aios_backend_cuda.precision import check_bf16
+
+        check_bf16(precision)
+    return DeepSpeedPrecision(precision, accelerator.device_type if accelerator is not None else "cpu")
+
+
+def _deepspeed_env(config: Any, backend: str) -> dict[str, str]:
+    return {"DS_ACCELERATOR": "cpu"} if backend == "cpu" else {}
+
+
+@hookimpl
+def aios_register_strategies(register: Any) -> None:
+    register(StrategySpec(
+        "ddp", _ddp, backends=("cuda",),
+        description="DDP over NCCL with fused optimizers, opt-in torch.compile and the cuda section's DDP knobs",
+    ))
+    register(StrategySpec(
+        "deepspeed", _deepspeed, backends=DS_BACKENDS, precision=_deepspeed_precision, launch_env=_deepspeed_env,
+        description="DeepSpeed ZeRO 1-3 (on cpu: DeepSpeed's CPU accelerator over gloo)",
     ))
 
 
@@ -41,89 +117,6 @@ def aios_config_sections() -> dict[str, type]:
     from aios_backend_cuda.settings import CudaSettings, DeepSpeedSettings
 
     return {"cuda": CudaSettings, "deepspeed": DeepSpeedSettings}
-
-
-@hookimpl
-def aios_discover_devices(backend: str, config: Any) -> Any:
-    if backend != "cuda":
-        return None
-    from aios_backend_cuda.discovery import report
-
-    return report()
-
-
-def _wants_deepspeed(config: Any) -> bool:
-    return getattr(config, "strategy", None) == "deepspeed"
-
-
-@hookimpl(tryfirst=True)  # before the built-in cpu answer for strategy=deepspeed
-def aios_make_strategy(backend: str, config: Any) -> Any:
-    if backend == "cpu" and _wants_deepspeed(config):
-        from aios_backend_cuda.deepspeed_strategy import DeepSpeedStrategy
-
-        return DeepSpeedStrategy(config, device_type="cpu", dist_backend="gloo")
-    if backend != "cuda":
-        return None
-    strategy = getattr(config, "strategy", "auto")
-    if strategy in ("spmd", "nxd"):
-        from aios.errors import ConfigError
-
-        raise ConfigError(f"strategy '{strategy}' is not available on the cuda backend", "use strategy=ddp (default) or strategy=deepspeed")
-    if strategy == "deepspeed":
-        from aios_backend_cuda.deepspeed_strategy import DeepSpeedStrategy
-
-        return DeepSpeedStrategy(config, device_type="cuda", dist_backend="nccl")
-    from aios_backend_cuda.strategy import CudaDDPStrategy
-
-    return CudaDDPStrategy(config)
-
-
-@hookimpl(tryfirst=True)  # before the built-in cpu answer for strategy=deepspeed
-def aios_make_precision(backend: str, precision: str, config: Any) -> Any:
-    if backend == "cpu" and _wants_deepspeed(config):
-        from aios_backend_cuda.deepspeed_strategy import DeepSpeedPrecision
-
-        return DeepSpeedPrecision(precision, "cpu")
-    if backend != "cuda":
-        return None
-    from aios_backend_cuda.precision import check_bf16
-
-    check_bf16(precision)
-    if _wants_deepspeed(config):
-        from aios_backend_cuda.deepspeed_strategy import DeepSpeedPrecision
-
-        return DeepSpeedPrecision(precision, "cuda")
-    from aios.precision import default_precision
-
-    return default_precision(precision, "cuda")
-
-
-@hookimpl(tryfirst=True)  # before the built-in cpu answer for strategy=deepspeed
-def aios_launch_plan(backend: str, config: Any, request: Any) -> Any:
-    if backend == "cpu" and _wants_deepspeed(config):
-        import os
-
-        from aios.launch import elastic_plan
-
-        nprocs = 1 if config.nprocs == "auto" else int(config.nprocs)
-        env = {"DS_ACCELERATOR": "cpu"}
-        if nprocs > 1:
-            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nprocs))
-        return elastic_plan("cpu", config, request, nprocs, env=env, notes=["strategy deepspeed on CPU: DeepSpeed's CPU accelerator over gloo"])
-    if backend != "cuda":
-        return None
-    from aios_backend_cuda.launch import cuda_launch_plan
-
-    return cuda_launch_plan(config, request)
-
-
-@hookimpl
-def aios_doctor_checks(backend: str | None, config: Any) -> Any:
-    if backend not in (None, "cuda"):
-        return None
-    from aios_backend_cuda.doctor import checks
-
-    return checks(backend, config)
 
 
 @hookimpl

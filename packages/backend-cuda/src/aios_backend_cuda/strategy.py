@@ -13,7 +13,9 @@ What it adds to the generic DDP strategy:
 * DDP knobs from the ``cuda`` section (bucket size, static graph, unused parameters);
 * memory statistics (peak allocated/reserved, device total) in :meth:`metrics`.
 
-The class takes ``device_type``/``dist_backend`` so its generic parts are tested on CPU over gloo.
+The device parts (NCCL, ``set_device``, TF32, RNG, memory statistics) are the ``cuda``
+accelerator's (:class:`aios_backend_cuda.accelerator.CudaAccelerator`); the class takes any
+accelerator, so its generic parts are tested on CPU over gloo with core's ``CpuAccelerator``.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from aios_backend_cuda.settings import CudaSettings
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
+    from aios.accelerator import Accelerator
     from aios.config import AiosConfig
     from aios.precision import Precision
 
@@ -88,8 +91,12 @@ class CudaDDPStrategy(DDPStrategy):
 
     name = "ddp"
 
-    def __init__(self, config: AiosConfig, device_type: str = "cuda", dist_backend: str = "nccl") -> None:
-        super().__init__(config, device_type=device_type, dist_backend=dist_backend)
+    def __init__(self, config: AiosConfig, accelerator: Accelerator | None = None) -> None:
+        if accelerator is None:
+            from aios_backend_cuda.accelerator import CudaAccelerator
+
+            accelerator = CudaAccelerator(config)
+        super().__init__(config, accelerator)
         self.settings: CudaSettings = config.section("cuda") or CudaSettings()
         s = self.settings
         self.ddp_kwargs = {
@@ -100,17 +107,6 @@ class CudaDDPStrategy(DDPStrategy):
         }
         self.compiled = False
         self.optimizer_impl: list[str] = []
-
-    # ---------------------------------------------------------------- process / device
-    def setup_environment(self) -> None:
-        import torch
-
-        if self.device_type == "cuda":
-            check_cuda_runtime()
-            set_tf32(bool(self.settings.tf32))
-        super().setup_environment()
-        if self.device_type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
 
     # ---------------------------------------------------------------- setup of user objects
     def setup_module(self, module: torch.nn.Module, precision: Precision) -> torch.nn.Module:
@@ -138,7 +134,7 @@ class CudaDDPStrategy(DDPStrategy):
         out.update({
             "tf32": bool(self.settings.tf32), "compiled": self.compiled, "optimizers": list(self.optimizer_impl),
         })
-        if self.device_type == "cuda" and self.device is not None:
+        if self.accelerator.name == "cuda" and self.device is not None:
             import torch
 
             props = torch.cuda.get_device_properties(self.device)

@@ -4,9 +4,10 @@ Imports nothing heavy: torch, torch_xla, torch_neuronx and neuronx_distributed a
 inside the strategy (at ``aios.init`` in a worker), never by registration, discovery, doctor, env
 or launch planning.
 
-Hooks: ``aios_register_backends`` (``neuron``, priority 200), ``aios_config_sections``
-(``neuron``), ``aios_discover_devices``, ``aios_make_strategy``, ``aios_make_precision``,
-``aios_launch_plan``, ``aios_doctor_checks``, ``aios_env_info``.
+Registers backend ``neuron`` (priority 200; discovery, launch plan, precision and doctor checks
+carried by its :class:`~aios.types.BackendSpec`), strategies ``ddp`` (data parallel on the XLA or
+native runtime; the default) and ``nxd`` (neuronx-distributed TP/PP/ZeRO-1) for backend
+``neuron``, config section ``neuron``; ``aios_env_info``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from aios.errors import ConfigError
 from aios.hookspecs import hookimpl
-from aios.types import Availability, BackendSpec, DeviceInfo, DeviceReport, DoctorCheck
+from aios.types import Availability, BackendSpec, DeviceInfo, DeviceReport, DoctorCheck, StrategySpec
 
 BACKEND = "neuron"
 INSTALL_HINT = (
@@ -65,7 +66,21 @@ def aios_register_backends(register: Any) -> None:
     register(BackendSpec(
         name=BACKEND, priority=200, probe=probe, install_hint=INSTALL_HINT, device_type="xla",
         description="AWS Trainium (Trn1/Trn2) through torch-neuronx (XLA or native) and neuronx-distributed",
+        accelerator=None, default_strategy="ddp",
+        discover=device_report, launch_plan=_launch_plan, precision=_precision, doctor=_doctor,
     ))
+
+
+def _make(config: Any, accelerator: Any, backend: str) -> Any:
+    from aios_backend_neuron.strategy import make_strategy
+
+    return make_strategy(config)
+
+
+@hookimpl
+def aios_register_strategies(register: Any) -> None:
+    register(StrategySpec("ddp", _make, backends=(BACKEND,), description="data parallel over NeuronCores (torch-neuronx XLA or native runtime)"))
+    register(StrategySpec("nxd", _make, backends=(BACKEND,), description="neuronx-distributed tensor/pipeline parallel and ZeRO-1 (neuron.tp_degree, pp_degree, zero1)"))
 
 
 @hookimpl
@@ -151,29 +166,10 @@ def device_report(config: Any = None) -> DeviceReport:
                         devices=devices, topology=topology, notes=notes, reason=reason)
 
 
-@hookimpl
-def aios_discover_devices(backend: str, config: Any) -> DeviceReport | None:
-    if backend != BACKEND:
-        return None
-    return device_report(config)
-
-
 # ------------------------------------------------------------------------------ components
 
 
-@hookimpl
-def aios_make_strategy(backend: str, config: Any) -> Any:
-    if backend != BACKEND:
-        return None
-    from aios_backend_neuron.strategy import make_strategy
-
-    return make_strategy(config)
-
-
-@hookimpl
-def aios_make_precision(backend: str, precision: str, config: Any) -> Any:
-    if backend != BACKEND:
-        return None
+def _precision(precision: str, config: Any, accelerator: Any) -> Any:
     from aios.precision import default_precision
 
     from aios_backend_neuron.launch import check_precision
@@ -183,10 +179,7 @@ def aios_make_precision(backend: str, precision: str, config: Any) -> Any:
     return default_precision(precision, "neuron" if active_runtime(config) == "native" else "xla")
 
 
-@hookimpl
-def aios_launch_plan(backend: str, config: Any, request: Any) -> Any:
-    if backend != BACKEND:
-        return None
+def _launch_plan(config: Any, request: Any) -> Any:
     from aios_backend_neuron.launch import build_plan
 
     return build_plan(config, request)
@@ -195,13 +188,10 @@ def aios_launch_plan(backend: str, config: Any, request: Any) -> Any:
 # ------------------------------------------------------------------------------ doctor / env
 
 
-@hookimpl
-def aios_doctor_checks(backend: str | None, config: Any) -> list[DoctorCheck] | None:
-    if backend not in (None, BACKEND):
-        return None
+def _doctor(config: Any, explicit: bool) -> list[DoctorCheck]:
     from aios_backend_neuron.doctor import checks
 
-    return checks(config, explicit=backend == BACKEND)
+    return checks(config, explicit=explicit)
 
 
 @hookimpl

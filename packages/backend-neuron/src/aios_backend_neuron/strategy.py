@@ -1,5 +1,5 @@
-"""Choosing the step semantics for Trainium (imported only by ``aios_make_strategy`` /
-``aios_make_precision``, i.e. at ``aios.init`` in a worker; still no torch import here).
+"""Choosing the step semantics for Trainium (imported only by the ``ddp``/``nxd`` strategy
+factories and the precision policy, i.e. at ``aios.init`` in a worker; still no torch import).
 
 * XLA-based torch-neuronx (``runtime=xla``): backend-xla's ``XlaStrategy`` with
   ``PJRT_DEVICE=NEURON`` (:class:`aios_backend_neuron.xla_strategy.NeuronXlaStrategy`), and with
@@ -67,11 +67,6 @@ def make_strategy(config: Any) -> Any:
     runtime = active_runtime(config, sw)
     if runtime is None:
         raise BackendUnavailable("torch-neuronx is not installed (the AWS Neuron pip index has it, PyPI does not)", INSTALL_LINE)
-    if config.strategy in ("deepspeed", "spmd"):
-        raise ConfigError(
-            f"strategy '{config.strategy}' is not available on the neuron backend",
-            "use strategy=auto (data parallel) or strategy=nxd with neuron.tp_degree / neuron.pp_degree",
-        )
     if runtime == "native":
         if uses_nxd(settings, config):
             raise ConfigError(

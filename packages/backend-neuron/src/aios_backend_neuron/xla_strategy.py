@@ -8,9 +8,10 @@ saving rank. What differs, and lives here:
 * ``PJRT_DEVICE=NEURON`` (``CPU`` under the test stand-in), and the Neuron environment
   (compile cache, compiler flags, stochastic rounding, logical-core config) put in place before
   the runtime starts when the launcher did not set it (plain ``python train.py``);
-* processes come from ``torchrun`` (one per NeuronCore), so the process group is
-  ``init_process_group("xla", init_method="xla://")`` and the node rank is torchrun's
-  ``GROUP_RANK``;
+* processes come from ``torchrun`` (one per NeuronCore), so backend-xla's process group
+  (``init_process_group("xla", init_method="xla://")``) is created before the runtime starts
+  (:attr:`XlaStrategy.group_before_runtime`), and the node rank is the cluster environment's
+  (torchelastic's ``GROUP_RANK``);
 * :class:`NeuronNxDStrategy`: tensor/pipeline parallelism and ZeRO-1 through neuronx-distributed.
 """
 
@@ -20,7 +21,6 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from aios.errors import AiosError
-from aios.contract import NODE_RANK_ENV
 from aios_backend_neuron.settings import settings_of
 from aios_backend_xla.strategy import XlaStrategy
 
@@ -38,7 +38,9 @@ class NeuronXlaStrategy(XlaStrategy):
     def __init__(self, config: Any, pjrt_device: str = "NEURON") -> None:
         super().__init__(config, pjrt_device=pjrt_device)
         self.neuron = settings_of(config)
-        self._owns_group = False
+
+    #: processes come from torchrun (one per NeuronCore): the xla group is created first
+    group_before_runtime = True
 
     # ---------------------------------------------------------------- environment
     def neuron_env(self) -> dict[str, str]:
@@ -63,32 +65,10 @@ class NeuronXlaStrategy(XlaStrategy):
         env.update(s.env)
         return env
 
-    def _prepare_env(self) -> None:
-        super()._prepare_env()  # PJRT_DEVICE (checked, explicit), removed XLA_USE_BF16 refused
+    def prepare_env(self) -> None:
+        super().prepare_env()  # PJRT_DEVICE (checked, explicit), removed XLA_USE_BF16 refused
         for k, v in self.neuron_env().items():
             os.environ.setdefault(k, v)  # the launcher's values win
-
-    def setup_environment(self) -> None:
-        self._prepare_env()
-        world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-        if world > 1:
-            import torch.distributed as dist
-            import torch_xla.distributed.xla_backend  # noqa: F401  (registers the "xla" backend)
-
-            if not dist.is_initialized():
-                dist.init_process_group("xla", init_method="xla://")
-                self._owns_group = True
-        super().setup_environment()
-        self.node_rank = int(os.environ.get("GROUP_RANK", os.environ.get(NODE_RANK_ENV, "0")) or 0)
-
-    def teardown(self) -> None:
-        super().teardown()
-        if self._owns_group:
-            import torch.distributed as dist
-
-            if dist.is_initialized():
-                dist.destroy_process_group()
-            self._owns_group = False
 
     def metrics(self) -> dict[str, Any]:
         out = super().metrics()
@@ -128,10 +108,10 @@ class NeuronNxDStrategy(NeuronXlaStrategy):
         self._ps = parallel_state
         self.nxd_config = nxd.neuronx_distributed_config(**nxd_config_kwargs(self.neuron, self.config))
 
-    def _data_rank(self) -> int:
+    def data_rank(self) -> int:
         return int(self._ps.get_data_parallel_rank())
 
-    def _data_world(self) -> int:
+    def data_world(self) -> int:
         return int(self._ps.get_data_parallel_size())
 
     def setup_module(self, module: torch.nn.Module, precision: Precision) -> torch.nn.Module:
@@ -147,7 +127,7 @@ class NeuronNxDStrategy(NeuronXlaStrategy):
         groups = [dict(g) for g in optimizer.param_groups]
         return nxd.initialize_parallel_optimizer(self.nxd_config, type(optimizer), groups, **optimizer.defaults)
 
-    def _reduce_once(self, optimizer: torch.optim.Optimizer) -> None:
+    def reduce_once(self, optimizer: torch.optim.Optimizer) -> None:
         return  # NxD's optimizer reduces over the data-parallel group inside step()
 
     def clip_grad_norm(self, module: Any, optimizer: Any, max_norm: float, precision: Any) -> Any:

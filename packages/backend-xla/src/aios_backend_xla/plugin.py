@@ -3,9 +3,11 @@
 Imports nothing heavy: torch and torch_xla are imported only inside the strategy, the precision
 policy and the launcher, never by registration, discovery, doctor or launch planning.
 
-Hooks implemented: ``aios_register_backends`` (``xla``, priority 200), ``aios_config_sections``
-(``xla``), ``aios_discover_devices``, ``aios_make_strategy``, ``aios_make_precision``,
-``aios_launch_plan``, ``aios_doctor_checks``, ``aios_env_info``.
+Registers backend ``xla`` (priority 200; discovery, launch plan, precision and doctor checks
+carried by its :class:`~aios.types.BackendSpec`), strategies ``ddp`` (one process per chip,
+gradients all-reduced once per step; the default) and ``spmd`` for backend ``xla``, config section
+``xla``; ``aios_env_info``. torch_xla is not a native torch device, so the spec names no
+accelerator and core's native strategies (``fsdp``, ``tp``, ...) are refused on it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 from aios.errors import ConfigError
 from aios.hookspecs import hookimpl
-from aios.types import Availability, BackendSpec, DeviceInfo, DeviceReport, DoctorCheck
+from aios.types import Availability, BackendSpec, DeviceInfo, DeviceReport, DoctorCheck, StrategySpec
 
 BACKEND = "xla"
 INSTALL_HINT = "on a Cloud TPU VM: pip install 'aios-core[xla]'; to test on XLA:CPU without a TPU, opt in with xla.allow_cpu=true or AIOS_XLA__ALLOW_CPU=1"
@@ -58,7 +60,27 @@ def aios_register_backends(register: Any) -> None:
     register(BackendSpec(
         name=BACKEND, priority=200, probe=probe, install_hint=INSTALL_HINT, device_type="xla",
         description="Google Cloud TPU through torch_xla / PJRT (XLA:CPU with an explicit opt-in)",
+        accelerator=None, default_strategy="ddp",
+        discover=_discover, launch_plan=_launch_plan, precision=_precision, doctor=_doctor,
     ))
+
+
+@hookimpl
+def aios_register_strategies(register: Any) -> None:
+    register(StrategySpec("ddp", _make_xla, backends=(BACKEND,), description="data parallel, one process per chip, gradients all-reduced once per step"))
+    register(StrategySpec("spmd", _make_spmd, backends=(BACKEND,), description="XLA SPMD: one process per host, a data mesh over every device"))
+
+
+def _make_xla(config: Any, accelerator: Any, backend: str) -> Any:
+    from aios_backend_xla.strategy import XlaStrategy
+
+    return XlaStrategy(config, pjrt_device=pjrt_device_for(config))
+
+
+def _make_spmd(config: Any, accelerator: Any, backend: str) -> Any:
+    from aios_backend_xla.strategy import XlaSpmdStrategy
+
+    return XlaSpmdStrategy(config, pjrt_device=pjrt_device_for(config))
 
 
 @hookimpl
@@ -112,10 +134,7 @@ def device_report(facts: Any, config: Any = None, installed: bool | None = None)
     return DeviceReport(BACKEND, "TPU", False, [], {}, notes, reason)
 
 
-@hookimpl
-def aios_discover_devices(backend: str, config: Any) -> DeviceReport | None:
-    if backend != BACKEND:
-        return None
+def _discover(config: Any) -> DeviceReport:
     from aios_backend_xla.discovery import discover
 
     return device_report(discover(), config)
@@ -152,26 +171,7 @@ def pjrt_device_for(config: Any, environ: dict[str, str] | None = None) -> str:
     raise no_tpu_error(facts)
 
 
-@hookimpl
-def aios_make_strategy(backend: str, config: Any) -> Any:
-    if backend != BACKEND:
-        return None
-    if config.strategy in ("deepspeed", "nxd"):
-        raise ConfigError(
-            f"strategy '{config.strategy}' is not available on the xla backend",
-            "use strategy=auto (one process per chip, gradients all-reduced by aios) or strategy=spmd",
-        )
-    device = pjrt_device_for(config)
-    from aios_backend_xla.strategy import XlaSpmdStrategy, XlaStrategy
-
-    cls = XlaSpmdStrategy if config.strategy == "spmd" else XlaStrategy
-    return cls(config, pjrt_device=device)
-
-
-@hookimpl
-def aios_make_precision(backend: str, precision: str, config: Any) -> Any:
-    if backend != BACKEND:
-        return None
+def _precision(precision: str, config: Any, accelerator: Any) -> Any:
     from aios_backend_xla.precision import xla_precision
 
     return xla_precision(precision)
@@ -180,10 +180,7 @@ def aios_make_precision(backend: str, precision: str, config: Any) -> Any:
 # ------------------------------------------------------------------------------ launch
 
 
-@hookimpl
-def aios_launch_plan(backend: str, config: Any, request: Any) -> Any:
-    if backend != BACKEND:
-        return None
+def _launch_plan(config: Any, request: Any) -> Any:
     from aios_backend_xla.discovery import discover
     from aios_backend_xla.launch import xla_launch_plan
 
@@ -193,13 +190,10 @@ def aios_launch_plan(backend: str, config: Any, request: Any) -> Any:
 # ------------------------------------------------------------------------------ doctor / env
 
 
-@hookimpl
-def aios_doctor_checks(backend: str | None, config: Any) -> list[DoctorCheck] | None:
-    if backend not in (None, BACKEND):
-        return None
+def _doctor(config: Any, explicit: bool) -> list[DoctorCheck]:
     from aios_backend_xla.doctor import checks
 
-    return checks(config, deep=backend == BACKEND)
+    return checks(config, deep=explicit)
 
 
 @hookimpl

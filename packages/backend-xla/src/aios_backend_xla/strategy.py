@@ -18,9 +18,14 @@
 devices, batches sharded on dim 0, parameters replicated, gradient reduction inserted by the
 SPMD partitioner.
 
-Subclassing (the Neuron backend does): pass ``pjrt_device``, override :attr:`name`,
-:meth:`_prepare_env` (env before the runtime starts), :meth:`_read_compiles` (compile counter) or
-:meth:`metrics`. Everything heavy is imported inside methods.
+Public extension points (the Neuron backend builds on them; no private method is part of the
+contract): pass ``pjrt_device``; override :attr:`name`, :meth:`prepare_env` (env before the
+runtime starts), :attr:`group_before_runtime` (True when processes come from torchrun rather than
+``torch_xla.launch``: the ``xla`` process group is then created before the runtime is queried),
+:meth:`init_process_group`, :meth:`read_compiles` (compile counter), :meth:`data_rank` /
+:meth:`data_world` (data sharding), :meth:`reduce_once` (gradient reduction), :meth:`input_sharding`,
+:meth:`check_batch` or :meth:`metrics`. The node rank comes from :func:`aios.cluster.detect`.
+Everything heavy is imported inside methods.
 """
 
 from __future__ import annotations
@@ -32,7 +37,6 @@ import warnings
 from typing import TYPE_CHECKING, Any, Iterator
 
 from aios.errors import ConfigError
-from aios.contract import NODE_RANK_ENV
 from aios.strategy import Strategy
 from aios_backend_xla.compile_guard import CompileGuard
 from aios_backend_xla.settings import XlaSettings, settings_of
@@ -74,7 +78,7 @@ class XlaStrategy(Strategy):
         self.steps = 0
 
     # ---------------------------------------------------------------- process / device
-    def _prepare_env(self) -> None:
+    def prepare_env(self) -> None:
         """Environment that must be in place before the XLA runtime starts."""
         from aios_backend_xla.precision import check_deprecated_env
 
@@ -94,8 +98,16 @@ class XlaStrategy(Strategy):
             local = int(os.environ.get("PJRT_LOCAL_PROCESS_RANK", "0") or 0)
             os.environ.setdefault("XLA_PERSISTENT_CACHE_READ_ONLY", "0" if local == 0 else "1")
 
+    #: create the ``xla`` process group before querying the runtime (workers started by torchrun)
+    group_before_runtime = False
+
     def setup_environment(self) -> None:
-        self._prepare_env()
+        self.prepare_env()
+        from aios.cluster import detect
+
+        info = detect()
+        if self.group_before_runtime and (info.world_size or 1) > 1:
+            self.init_process_group()
         import torch_xla
         import torch_xla.runtime as xr
 
@@ -103,12 +115,12 @@ class XlaStrategy(Strategy):
         self.world_size = xr.world_size()
         self.rank = xr.global_ordinal()
         self.local_rank = xr.local_ordinal()
-        self.node_rank = int(os.environ.get(NODE_RANK_ENV, "0") or 0)
+        self.node_rank = info.node_rank
         if self.world_size > 1:
-            self._init_process_group()
-        self._start_guard()
+            self.init_process_group()
+        self.start_guard()
 
-    def _init_process_group(self) -> None:
+    def init_process_group(self) -> None:
         """A torch.distributed group over the replicas (backend ``xla``), for scripts and
         libraries that call ``torch.distributed``; aios's own collectives do not need it."""
         import torch.distributed as dist
@@ -118,10 +130,10 @@ class XlaStrategy(Strategy):
             dist.init_process_group("xla", init_method="xla://")
             self._owns_group = True
 
-    def _start_guard(self) -> None:
-        self.guard = CompileGuard(self.settings.warmup_steps, self.settings.max_recompiles, self._read_compiles, backend=self.name)
+    def start_guard(self) -> None:
+        self.guard = CompileGuard(self.settings.warmup_steps, self.settings.max_recompiles, self.read_compiles, backend=self.name)
 
-    def _read_compiles(self) -> int:
+    def read_compiles(self) -> int:
         from aios_backend_xla.compile_guard import read_uncached_compiles
 
         return read_uncached_compiles()
@@ -173,20 +185,20 @@ class XlaStrategy(Strategy):
         if isinstance(loader, DeviceLoader):
             return loader
         seed = self.config.seed if self.config.seed is not None else 0
-        cpu = xla_shard_loader(loader, self._data_rank(), self._data_world(), seed, shuffle, self.settings.drop_last)
-        self._check_batch(cpu)
-        return XlaDeviceLoader(cpu, self.device, prefetch=self.settings.prefetch, input_sharding=self._input_sharding())
+        cpu = xla_shard_loader(loader, self.data_rank(), self.data_world(), seed, shuffle, self.settings.drop_last)
+        self.check_batch(cpu)
+        return XlaDeviceLoader(cpu, self.device, prefetch=self.settings.prefetch, input_sharding=self.input_sharding())
 
-    def _data_rank(self) -> int:
+    def data_rank(self) -> int:
         return self.rank
 
-    def _data_world(self) -> int:
+    def data_world(self) -> int:
         return self.world_size
 
-    def _input_sharding(self) -> Any:
+    def input_sharding(self) -> Any:
         return None
 
-    def _check_batch(self, loader: Any) -> None:
+    def check_batch(self, loader: Any) -> None:
         pass
 
     def teardown(self) -> None:
@@ -201,7 +213,7 @@ class XlaStrategy(Strategy):
             self._owns_group = False
 
     # ---------------------------------------------------------------- the step
-    def _reduce_once(self, optimizer: torch.optim.Optimizer) -> None:
+    def reduce_once(self, optimizer: torch.optim.Optimizer) -> None:
         key = id(optimizer)
         if key in self._reduced:
             return
@@ -212,18 +224,18 @@ class XlaStrategy(Strategy):
             xm.reduce_gradients(optimizer)
 
     def reduce_gradients(self, optimizer: torch.optim.Optimizer) -> None:
-        self._reduce_once(optimizer)
+        self.reduce_once(optimizer)
 
     def clip_grad_norm(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, max_norm: float, precision: Precision) -> Any:
         import torch
 
-        self._reduce_once(optimizer)  # clip the global (reduced) gradient, exactly once
+        self.reduce_once(optimizer)  # clip the global (reduced) gradient, exactly once
         precision.unscale(optimizer)
         params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
         return torch.nn.utils.clip_grad_norm_(params, max_norm)
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, precision: Precision) -> bool:
-        self._reduce_once(optimizer)
+        self.reduce_once(optimizer)
         taken = precision.step(optimizer)
         self._reduced.discard(id(optimizer))
         return taken  # the graph is cut by mark_step() at the step boundary (runtime.step)
@@ -450,7 +462,7 @@ class XlaSpmdStrategy(XlaStrategy):
     name = "xla-spmd"
 
     def setup_environment(self) -> None:
-        self._prepare_env()
+        self.prepare_env()
         import numpy as np
         import torch_xla
         import torch_xla.distributed.spmd as xs
@@ -465,14 +477,14 @@ class XlaSpmdStrategy(XlaStrategy):
         self.world_size = xr.process_count()
         self.local_rank = 0
         self.node_rank = self.rank
-        self._start_guard()
+        self.start_guard()
 
-    def _input_sharding(self) -> Any:
+    def input_sharding(self) -> Any:
         from aios_backend_xla.loader import BatchSharding
 
         return BatchSharding(self.mesh, "data")
 
-    def _check_batch(self, loader: Any) -> None:
+    def check_batch(self, loader: Any) -> None:
         bs = getattr(loader, "batch_size", None)
         if bs and bs % self.num_devices:
             raise ConfigError(
@@ -480,7 +492,7 @@ class XlaSpmdStrategy(XlaStrategy):
                 f"use a batch size divisible by {self.num_devices}",
             )
 
-    def _reduce_once(self, optimizer: torch.optim.Optimizer) -> None:
+    def reduce_once(self, optimizer: torch.optim.Optimizer) -> None:
         return  # the SPMD partitioner reduces gradients inside the compiled step
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:

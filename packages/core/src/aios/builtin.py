@@ -1,5 +1,7 @@
-"""The built-in plugin (entry point ``aios-core``): the CPU backend, TensorBoard and W&B
-loggers, local file storage. Registered exactly like a third-party plugin."""
+"""The built-in plugin (entry point ``aios-core``): the CPU backend and accelerator, the native
+strategy family (``ddp``, ``fsdp``, ``tp``, ``hsdp`` over any native accelerator), the ``local``
+and ``torchelastic`` cluster environments, TensorBoard and W&B loggers, local file storage.
+Registered exactly like a third-party plugin; its names cannot be displaced by one."""
 
 from __future__ import annotations
 
@@ -9,7 +11,17 @@ import platform
 from typing import Any
 
 from aios.hookspecs import hookimpl
-from aios.types import Availability, BackendSpec, DeviceInfo, DeviceReport, DoctorCheck, LoggerSpec, StorageSpec
+from aios.types import (
+    AcceleratorSpec,
+    Availability,
+    BackendSpec,
+    DeviceInfo,
+    DeviceReport,
+    DoctorCheck,
+    LoggerSpec,
+    StorageSpec,
+    StrategySpec,
+)
 
 
 def _probe_cpu() -> Availability:
@@ -21,10 +33,62 @@ def _probe_cpu() -> Availability:
 @hookimpl
 def aios_register_backends(register: Any) -> None:
     register(BackendSpec(
-        name="cpu", priority=0, probe=_probe_cpu, device_type="cpu",
-        install_hint="pip install 'aios-core[torch]'",
+        name="cpu", priority=0, probe=_probe_cpu, device_type="cpu", accelerator="cpu",
+        install_hint="pip install -e './packages/core[torch]' (from the aios checkout)",
         description="CPU processes over gloo (the embedded default)",
+        discover=_discover_cpu, launch_plan=_launch_cpu, doctor=_doctor_cpu,
     ))
+
+
+def _cpu_accelerator(config: Any) -> Any:
+    from aios.accelerator import CpuAccelerator
+
+    return CpuAccelerator(config)
+
+
+@hookimpl
+def aios_register_accelerators(register: Any) -> None:
+    register(AcceleratorSpec("cpu", _cpu_accelerator, "the CPU, processes over gloo"))
+
+
+def _ddp(config: Any, accelerator: Any, backend: str) -> Any:
+    from aios.strategies.ddp import DDPStrategy
+
+    return DDPStrategy(config, accelerator)
+
+
+def _fsdp(config: Any, accelerator: Any, backend: str) -> Any:
+    from aios.strategies.fsdp import FSDPStrategy
+
+    return FSDPStrategy(config, accelerator)
+
+
+def _tp(config: Any, accelerator: Any, backend: str) -> Any:
+    from aios.strategies.fsdp import TPStrategy
+
+    return TPStrategy(config, accelerator)
+
+
+def _hsdp(config: Any, accelerator: Any, backend: str) -> Any:
+    from aios.strategies.fsdp import HSDPStrategy
+
+    return HSDPStrategy(config, accelerator)
+
+
+@hookimpl
+def aios_register_strategies(register: Any) -> None:
+    register(StrategySpec("ddp", _ddp, accelerators=("*",), description="DistributedDataParallel, one process per device"))
+    register(StrategySpec("fsdp", _fsdp, accelerators=("*",), description="FSDP2 fully_shard per block (with mesh.tp > 1: 2-D FSDP x tensor parallel)"))
+    register(StrategySpec("tp", _tp, accelerators=("*",), description="DTensor tensor/sequence parallel (mesh.tp), data parallel over mesh.dp"))
+    register(StrategySpec("hsdp", _hsdp, accelerators=("*",), description="FSDP2 sharded within a node, replicated across nodes"))
+
+
+@hookimpl
+def aios_register_cluster_environments(register: Any) -> None:
+    from aios.cluster import LocalEnvironment, TorchElasticEnvironment
+
+    register(LocalEnvironment())
+    register(TorchElasticEnvironment())
 
 
 def _mem_total() -> int | None:
@@ -38,10 +102,7 @@ def _mem_total() -> int | None:
     return None
 
 
-@hookimpl
-def aios_discover_devices(backend: str, config: Any) -> DeviceReport | None:
-    if backend != "cpu":
-        return None
+def _discover_cpu(config: Any) -> DeviceReport:
     avail = _probe_cpu()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     name = platform.processor() or platform.machine()
@@ -52,19 +113,7 @@ def aios_discover_devices(backend: str, config: Any) -> DeviceReport | None:
     )
 
 
-@hookimpl
-def aios_make_strategy(backend: str, config: Any) -> Any:
-    if backend != "cpu":
-        return None
-    from aios.strategies.ddp import DDPStrategy
-
-    return DDPStrategy(config, device_type="cpu", dist_backend="gloo")
-
-
-@hookimpl
-def aios_launch_plan(backend: str, config: Any, request: Any) -> Any:
-    if backend != "cpu":
-        return None
+def _launch_cpu(config: Any, request: Any) -> Any:
     from aios.launch import elastic_plan
 
     nprocs = 1 if config.nprocs == "auto" else int(config.nprocs)
@@ -72,13 +121,10 @@ def aios_launch_plan(backend: str, config: Any, request: Any) -> Any:
     return elastic_plan("cpu", config, request, nprocs, env={"OMP_NUM_THREADS": str(threads)} if nprocs > 1 else {})
 
 
-@hookimpl
-def aios_doctor_checks(backend: str | None, config: Any) -> list[DoctorCheck] | None:
-    if backend not in (None, "cpu"):
-        return None
+def _doctor_cpu(config: Any, explicit: bool) -> list[DoctorCheck]:
     spec = importlib.util.find_spec("torch")
     if spec is None:
-        return [DoctorCheck("torch installed", "fail", "torch is not installed", "pip install 'aios-core[torch]'", backend="cpu")]
+        return [DoctorCheck("torch installed", "fail", "torch is not installed", "pip install -e './packages/core[torch]' (from the aios checkout)", backend="cpu")]
     from importlib.metadata import version
 
     return [DoctorCheck("torch installed", "pass", f"torch {version('torch')}", backend="cpu")]

@@ -73,10 +73,30 @@ class LaunchSettings(Section):
     log_prefix: bool = Field(True, description="prefix each worker line with [rank N]")
 
 
+class FsdpSettings(Section):
+    """``strategy: fsdp`` / ``hsdp`` (FSDP2, ``torch.distributed.fsdp.fully_shard``)."""
+
+    wrap: list[str] = Field(default_factory=list, description="module class names sharded as one unit each (e.g. [Block]); empty: every direct child holding parameters, then the root")
+    reshard_after_forward: bool = Field(True, description="free gathered parameters after forward (ZeRO-3); false keeps them until backward (ZeRO-2 like)")
+    cpu_offload: bool = Field(False, description="keep sharded parameters, gradients and optimizer state on the CPU (CPUOffloadPolicy)")
+    activation_checkpointing: bool = Field(False, description="recompute each wrapped block's activations in backward")
+    compile: bool = Field(False, description="torch.compile each wrapped block")
+    reduce_dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="gradient reduce dtype; auto: float32 under mixed precision")
+
+
+class MeshSettings(Section):
+    """The device mesh of the native sharded strategies (``fsdp``, ``tp``, ``hsdp``)."""
+
+    dp: Union[int, Literal["auto"]] = Field("auto", description="data-parallel (shard) size; auto: world size / tp / replicate")
+    tp: int = Field(1, ge=1, description="tensor-parallel size (strategy tp, or fsdp with tp > 1: 2-D)")
+    replicate: Union[int, Literal["auto"]] = Field("auto", description="hsdp: replica groups; auto: one per node")
+    tp_plan: str | None = Field(None, description="'module:attribute' naming a tensor-parallel plan (dict of module path to ParallelStyle, or a callable(model, mesh) returning one)")
+
+
 class AiosConfigBase(Section):
     backend: str = Field("auto", description="auto | cpu | cuda | xla | neuron | <plugin backend>")
     precision: Precision = "fp32"
-    strategy: Literal["auto", "ddp", "deepspeed", "spmd", "nxd", "single"] = "auto"
+    strategy: str = Field("auto", description="auto (the backend's default) | a registered strategy: ddp, fsdp, tp, hsdp, deepspeed, spmd, ... (see `aios plugins`)")
     nprocs: Union[int, Literal["auto"]] = Field("auto", description="processes per node; auto: one per device (1 on CPU)")
     nnodes: int = Field(1, ge=1)
     node_rank: int = Field(0, ge=0)
@@ -89,6 +109,8 @@ class AiosConfigBase(Section):
     checkpoint: CheckpointSettings = CheckpointSettings()
     logging: LoggingSettings = LoggingSettings()
     launch: LaunchSettings = LaunchSettings()
+    fsdp: FsdpSettings = FsdpSettings()
+    mesh: MeshSettings = MeshSettings()
 
     @field_validator("precision", mode="before")
     @classmethod
@@ -373,6 +395,13 @@ def resolve(
         if cfg.backend not in reg.backends and cfg.backend not in KNOWN_BACKENDS:
             known = ", ".join(["auto", *sorted(reg.backends)])
             raise ConfigError(f"invalid value {cfg.backend!r} for 'backend' (from {origins.get('backend', 'default')})", f"choose one of: {known}")
+    if check_backend and cfg.strategy != "auto":
+        from aios.plugins import get_registry
+
+        reg = get_registry()
+        if cfg.strategy not in reg.strategies:
+            known = ", ".join(["auto", *sorted(reg.strategies)])
+            raise ConfigError(f"invalid value {cfg.strategy!r} for 'strategy' (from {origins.get('strategy', 'default')})", f"choose one of: {known}")
     return cfg
 
 

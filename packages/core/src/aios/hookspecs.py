@@ -13,7 +13,11 @@ Two kinds of hooks:
 * Component hooks (``aios_discover_devices``, ``aios_make_strategy``, ``aios_make_precision``,
   ``aios_launch_plan``, ...) take the backend name and return ``None`` when the backend is not
   theirs. aios calls them **once at setup**: the objects they return are used directly on the
-  per-step path, which never goes through plugin dispatch.
+  per-step path, which never goes through plugin dispatch. New backends should not need them:
+  the registered descriptors carry their components (``BackendSpec.discover``,
+  ``.launch_plan``, ``.precision``, ``.doctor``; ``StrategySpec.factory``;
+  ``AcceleratorSpec.factory``), and a component a backend's spec carries is used before any
+  hook is asked. The hooks stay for plugins written against 0.1.
 
 Heavy types are only imported for type checking.
 """
@@ -28,7 +32,9 @@ if TYPE_CHECKING:
     from aios.config import AiosConfig
     from aios.precision import Precision
     from aios.strategy import Strategy
+    from aios.cluster import ClusterEnvironment
     from aios.types import (
+        AcceleratorSpec,
         BackendSpec,
         CloudSpec,
         DeviceReport,
@@ -38,6 +44,7 @@ if TYPE_CHECKING:
         LoggerSpec,
         PreemptionWatcher,
         StorageSpec,
+        StrategySpec,
     )
 
 PROJECT = "aios"
@@ -64,6 +71,60 @@ def aios_register_backends(register: Callable[[BackendSpec], None]) -> None:
     All results are collected (not ``firstresult``). Any plugin may implement it.
 
     .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def aios_register_strategies(register: Callable[[StrategySpec], None]) -> None:
+    """Register training strategies (what ``strategy=NAME`` accepts).
+
+    :param register: call ``register(StrategySpec(name=..., factory=..., backends=(...),
+        accelerators=(...)))`` per strategy. ``factory(config, accelerator, backend)`` builds the
+        :class:`aios.strategy.Strategy` once per process at :func:`aios.init` (import torch and
+        your library inside it). ``backends`` names the backends it runs on; ``accelerators``
+        names native accelerators (``"*"``: any), so one definition serves every native device.
+
+    ``config.strategy`` is validated against this registry: an unknown name is a one-line error
+    listing the registered strategies, a strategy the selected backend cannot run is a one-line
+    error naming both and the strategies that backend supports. Two plugins registering one
+    (name, backend or accelerator) pair is an error naming both; a built-in pair is never
+    displaced. All results are collected.
+
+    .. versionadded:: 0.2
+    """
+
+
+@hookspec
+def aios_register_accelerators(register: Callable[[AcceleratorSpec], None]) -> None:
+    """Register native torch device kinds (``cuda``, ``xpu``, ``tpu``, ``neuron``, ...).
+
+    :param register: call ``register(AcceleratorSpec(name=..., factory=...))``;
+        ``factory(config)`` returns an :class:`aios.accelerator.Accelerator` (device, process-group
+        backend, RNG, memory statistics, autocast dtype, worker environment). A backend uses it
+        by naming it in ``BackendSpec.accelerator``; the native strategies (``ddp``, ``fsdp``,
+        ``tp``, ``hsdp``) then run on it with no device branches.
+
+    The built-in ``cpu`` accelerator cannot be replaced: a plugin claiming it is an error naming
+    both, and the built-in is kept. All results are collected.
+
+    .. versionadded:: 0.2
+    """
+
+
+@hookspec
+def aios_register_cluster_environments(register: Callable[[ClusterEnvironment], None]) -> None:
+    """Register cluster environments (schedulers and launchers that place processes).
+
+    :param register: call ``register(env)`` with an :class:`aios.cluster.ClusterEnvironment`
+        instance carrying its ``name`` and ``priority``. :func:`aios.cluster.detect` asks the
+        environments, highest priority first, whether they recognise the process environment
+        (``detect(environ)``, cheap, no torch, no network) and takes the first one's
+        ``info(environ)`` (nodes, node rank, master address, ranks when already started).
+
+    Built in: ``local`` and ``torchelastic``. All results are collected; two plugins claiming
+    one name is an error naming both (a built-in name is kept).
+
+    .. versionadded:: 0.2
     """
 
 
@@ -158,7 +219,8 @@ def aios_make_strategy(backend: str, config: AiosConfig) -> Strategy | None:
         ``spmd``).
     :return: a strategy instance, or ``None`` if ``backend`` is not yours.
 
-    Called once per process at :func:`aios.init`. ``firstresult``.
+    Called once per process at :func:`aios.init`, only when no registered
+    :class:`aios.types.StrategySpec` serves the (strategy, backend) pair. ``firstresult``.
 
     .. versionadded:: 0.1
     """

@@ -24,8 +24,8 @@ from typing import Any, Callable, Iterable
 import pluggy
 
 from aios import hookspecs
-from aios.errors import BackendUnavailable, PluginError
-from aios.types import Availability, BackendSpec, CloudSpec, LoggerSpec, StorageSpec
+from aios.errors import BackendUnavailable, ConfigError, PluginError
+from aios.types import AcceleratorSpec, Availability, BackendSpec, CloudSpec, LoggerSpec, StorageSpec, StrategySpec
 
 GROUP = "aios"
 BUILTIN = "aios-core"
@@ -68,6 +68,9 @@ class Registry:
         self.storage: dict[str, StorageSpec] = {}
         self.loggers: dict[str, LoggerSpec] = {}
         self.config_sections: dict[str, tuple[str, type]] = {}
+        self.strategies: dict[str, list[StrategySpec]] = {}
+        self.accelerators: dict[str, AcceleratorSpec] = {}
+        self.cluster_envs: dict[str, Any] = {}
         self.conflicted: dict[str, list[str]] = {}
         self._load(entry_points)
         self._collect()
@@ -134,6 +137,9 @@ class Registry:
             return
         if key in table:
             other = table[key].plugin if hasattr(table[key], "plugin") else table[key][0]
+            if other == BUILTIN:  # a built-in name is never displaced by a third-party plugin
+                self._error(plugin, f"{kind} '{key}' is built into aios (\"{BUILTIN}\"); \"{plugin}\" cannot replace it")
+                return
             del table[key]
             self.conflicted[f"{kind}:{key}"] = [other, plugin]
             self._error(
@@ -160,10 +166,48 @@ class Registry:
         self._each_impl("aios_register_loggers", reg("logger", self.loggers, "name"))
 
         def sections(fn: Callable[..., Any], plugin: str) -> None:
+            from aios.config import AiosConfigBase
+
             for key, model in (fn() or {}).items():
+                if key in AiosConfigBase.model_fields:
+                    self._error(plugin, f"config section '{key}' belongs to aios core; \"{plugin}\" cannot replace it")
+                    continue
                 self._claim("config section", self.config_sections, key, (plugin, model), plugin)
 
         self._each_impl("aios_config_sections", sections)
+        self._each_impl("aios_register_accelerators", reg("accelerator", self.accelerators, "name"))
+
+        def envs(fn: Callable[..., Any], plugin: str) -> None:
+            def register(env: Any) -> None:
+                if not getattr(env, "plugin", ""):
+                    try:
+                        env.plugin = plugin
+                    except AttributeError:  # pragma: no cover - a frozen object
+                        pass
+                self._claim("cluster environment", self.cluster_envs, env.name, env, plugin)
+
+            fn(register=register)
+
+        self._each_impl("aios_register_cluster_environments", envs)
+
+        def strategies(fn: Callable[..., Any], plugin: str) -> None:
+            def register(spec: StrategySpec) -> None:
+                spec = _with_plugin(spec, plugin)
+                targets = [f"backend {b}" for b in spec.backends] + [f"accelerator {a}" for a in spec.accelerators]
+                for other in self.strategies.get(spec.name, []):
+                    mine = {f"backend {b}" for b in other.backends} | {f"accelerator {a}" for a in other.accelerators}
+                    clash = [t for t in targets if t in mine]
+                    if clash:
+                        self._error(
+                            plugin,
+                            f"strategy '{spec.name}' for {clash[0]} is registered by both \"{other.plugin}\" and \"{plugin}\"; keeping \"{other.plugin}\"'s",
+                        )
+                        return
+                self.strategies.setdefault(spec.name, []).append(spec)
+
+            fn(register=register)
+
+        self._each_impl("aios_register_strategies", strategies)
 
     # ------------------------------------------------------------------ queries
     def backend(self, name: str) -> BackendSpec:
@@ -221,13 +265,105 @@ class Registry:
         known = ", ".join(sorted(self.clouds)) or "none installed"
         raise PluginError(f"unknown cloud '{name}' (installed: {known})", "install the plugin that provides it, e.g. pip install 'aios-core[gcp]'")
 
+    # ------------------------------------------------------------------ strategies / accelerators
+    def accelerator(self, name: str, config: Any = None) -> Any:
+        """A new :class:`aios.accelerator.Accelerator` for ``name``."""
+        if name not in self.accelerators:
+            known = ", ".join(sorted(self.accelerators)) or "none"
+            raise PluginError(f"accelerator '{name}' is not registered (registered: {known})", "install the plugin that provides it")
+        return self.accelerators[name].factory(config)
+
+    def strategies_for(self, backend: BackendSpec) -> list[str]:
+        """Names of the registered strategies that run on ``backend``."""
+        return sorted(n for n, specs in self.strategies.items() if any(s.supports(backend.name, backend.accelerator) for s in specs))
+
+    def strategy_spec(self, name: str, backend: BackendSpec) -> StrategySpec | None:
+        """The :class:`StrategySpec` for ``strategy=name`` on ``backend`` (``auto``: the backend's
+        default). ``None`` for a backend that registers no strategy (served by the 0.1
+        ``aios_make_strategy`` hook). An unknown name, or one the backend cannot run, is a
+        one-line :class:`ConfigError`; never a silent substitute."""
+        supported = self.strategies_for(backend)
+        if name == "auto":
+            if not supported:
+                return None
+            name = backend.default_strategy if backend.default_strategy in supported else supported[0]
+        if name not in self.strategies:
+            known = ", ".join(["auto", *sorted(self.strategies)])
+            raise ConfigError(f"invalid value {name!r} for 'strategy'", f"choose one of: {known}")
+        specs = [s for s in self.strategies[name] if s.supports(backend.name, backend.accelerator)]
+        if not specs:
+            if not supported and _has_legacy(self, "aios_make_strategy", backend.plugin):
+                return None
+            where = f"{backend.name} backend" + (f" ({backend.accelerator} accelerator)" if backend.accelerator else "")
+            on = ", ".join(["auto", *supported]) if supported else "none registered"
+            raise ConfigError(f"strategy '{name}' is not available on the {where}", f"strategies on {backend.name}: {on}")
+
+        # a spec naming the backend beats one naming the accelerator, which beats "*"
+        def rank(s: StrategySpec) -> int:
+            return 0 if backend.name in s.backends else (1 if backend.accelerator in s.accelerators else 2)
+
+        return sorted(specs, key=rank)[0]
+
+    def make_strategy(self, config: Any, backend: BackendSpec) -> tuple[Any, StrategySpec | None, Any]:
+        """``(strategy, spec, accelerator)`` for ``config.strategy`` on ``backend``."""
+        accel = self.accelerator(backend.accelerator, config) if backend.accelerator else None
+        spec = self.strategy_spec(getattr(config, "strategy", "auto"), backend)
+        if spec is None:
+            strategy = getattr(self.pm.hook, "aios_make_strategy")(backend=backend.name, config=config)
+            if strategy is None:
+                raise PluginError(f"backend '{backend.name}' provides no training strategy", f"reinstall the plugin that registers it ({backend.plugin or 'unknown'})")
+            return strategy, None, accel
+        return spec.factory(config, accel, backend.name), spec, accel
+
+    def make_precision(self, config: Any, backend: BackendSpec, spec: StrategySpec | None, accel: Any, device_type: str) -> Any:
+        """The precision policy: the strategy's, else the backend's, else the 0.1 hook, else the
+        core default over the accelerator (its autocast dtype passed explicitly)."""
+        from aios.precision import default_precision
+
+        precision = config.precision
+        for fn in (spec.precision if spec else None, backend.precision):
+            if fn is not None:
+                out = fn(precision, config, accel)
+                if out is not None:
+                    return out
+        out = getattr(self.pm.hook, "aios_make_precision")(backend=backend.name, precision=precision, config=config)
+        if out is not None:
+            return out
+        return default_precision(precision, device_type, accelerator=accel)
+
     def call_first(self, hook_name: str, **kwargs: Any) -> Any:
-        """Call a ``firstresult`` component hook. Used at setup only, never per step."""
+        """Call a ``firstresult`` component hook. Used at setup only, never per step. A
+        component the backend's spec carries (``BackendSpec.discover``, ``.launch_plan``) is
+        used before any hook is asked."""
+        name = kwargs.get("backend")
+        spec = self.backends.get(name) if isinstance(name, str) else None
+        if spec is not None:
+            if hook_name == "aios_discover_devices" and spec.discover is not None:
+                return spec.discover(kwargs.get("config"))
+            if hook_name == "aios_launch_plan":
+                config, request = kwargs["config"], kwargs["request"]
+                sspec = self.strategy_spec(getattr(config, "strategy", "auto"), spec)
+                plan = spec.launch_plan(config, request) if spec.launch_plan is not None else getattr(self.pm.hook, hook_name)(**kwargs)
+                if plan is not None and sspec is not None and sspec.launch_env is not None:
+                    extra = sspec.launch_env(config, spec.name)
+                    for hp in plan.hosts:
+                        hp.env.update(extra)
+                    if extra:
+                        plan.notes.append(f"strategy {sspec.name} ({sspec.plugin}): " + " ".join(f"{k}={v}" for k, v in sorted(extra.items())))
+                return plan
         return getattr(self.pm.hook, hook_name)(**kwargs)
 
     def call_all(self, hook_name: str, **kwargs: Any) -> list[tuple[str, Any, BaseException | None]]:
         """Call a collecting hook plugin by plugin; one plugin's exception never hides others."""
         out: list[tuple[str, Any, BaseException | None]] = []
+        if hook_name == "aios_doctor_checks":
+            asked = kwargs.get("backend")
+            for spec in self.backends.values():
+                if spec.doctor is not None and asked in (None, spec.name):
+                    try:
+                        out.append((spec.plugin, spec.doctor(kwargs.get("config"), asked == spec.name), None))
+                    except Exception as exc:  # noqa: BLE001
+                        out.append((spec.plugin, None, exc))
         for impl in reversed(getattr(self.pm.hook, hook_name).get_hookimpls()):
             try:
                 accepted = {k: v for k, v in kwargs.items() if k in impl.argnames}
@@ -253,6 +389,10 @@ def _accepts_config(fn: Callable[..., Any]) -> bool:
         return "config" in inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
+
+
+def _has_legacy(reg: Registry, hook_name: str, plugin: str) -> bool:
+    return any(impl.plugin_name == plugin for impl in getattr(reg.pm.hook, hook_name).get_hookimpls())
 
 
 def _with_plugin(spec: Any, plugin: str) -> Any:

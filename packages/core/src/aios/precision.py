@@ -53,7 +53,7 @@ class MixedPrecision(Precision):
     def __init__(self, device_type: str, dtype: str) -> None:
         super().__init__(device_type)
         self.dtype_name = dtype
-        self.name = "bf16-mixed" if dtype == "bfloat16" else "fp16-mixed"
+        self.name = "fp16-mixed" if dtype == "float16" else "bf16-mixed"
 
     @contextlib.contextmanager
     def autocast(self) -> Iterator[None]:  # type: ignore[override]
@@ -114,13 +114,22 @@ class TruePrecision(Precision):
         return module.to(dtype=getattr(torch, self.dtype_name))
 
 
-def default_precision(precision: str, device_type: str) -> Precision:
-    """The core's policy for ``precision`` on a torch device type."""
+def default_precision(precision: str, device_type: str | None = None, accelerator: Any = None) -> Precision:
+    """The core's policy for ``precision``. With a native :class:`aios.accelerator.Accelerator`
+    the device type and the ``bf16-mixed`` autocast dtype are the accelerator's (passed to
+    ``torch.autocast`` explicitly); ``device_type`` is for non-native backends (``xla``)."""
+    if accelerator is not None:
+        device_type = accelerator.device_type
+    device_type = device_type or "cpu"
     if precision == "fp32":
         return Precision(device_type)
     if precision == "bf16-mixed":
-        return MixedPrecision(device_type, "bfloat16")
+        return MixedPrecision(device_type, getattr(accelerator, "autocast_dtype", "bfloat16"))
     if precision == "fp16-mixed":
+        if accelerator is not None and not accelerator.supports_fp16:
+            from aios.errors import ConfigError
+
+            raise ConfigError(f"precision 'fp16-mixed' is not supported on the {accelerator.name} accelerator", "use precision=bf16-mixed or fp32")
         return GradScalerPrecision(device_type)
     if precision == "bf16-true":
         return TruePrecision(device_type)

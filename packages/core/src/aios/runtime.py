@@ -192,15 +192,10 @@ def init(
     requested = os.environ.get(BACKEND_ENV) or cfg.backend
     spec = reg.select(requested, config=cfg)
     backend = spec.name
-    strategy = reg.call_first("aios_make_strategy", backend=backend, config=cfg)
-    if strategy is None:
-        raise AiosError(f"backend '{backend}' provides no training strategy", f"reinstall the plugin that registers it ({spec.plugin or 'unknown'})")
+    strategy, strategy_spec, accel = reg.make_strategy(cfg, spec)
     strategy.setup_environment()
-    precision = reg.call_first("aios_make_precision", backend=backend, precision=cfg.precision, config=cfg)
-    if precision is None:
-        from aios.precision import default_precision
-
-        precision = default_precision(cfg.precision, strategy.autocast_device_type)
+    device_type = accel.device_type if accel is not None else strategy.autocast_device_type
+    precision = reg.make_precision(cfg, spec, strategy_spec, accel, device_type)
     watchers: list[Any] = []
     for plugin, result, exc in reg.call_all("aios_preemption_watchers", config=cfg):
         if exc is not None:
@@ -396,14 +391,17 @@ class Runtime:
         return f"Runtime(backend={self.backend!r}, device={self.device}, rank={self.rank}/{self.world_size}, precision={self.precision.name!r})"
 
     # ---------------------------------------------------------------- setup
-    def setup(self, *objects: Any, shuffle: bool | None = None) -> Any:
+    def setup(self, *objects: Any, shuffle: bool | None = None, **options: Any) -> Any:
         """Set up models, optimizers, LR schedulers and data loaders, in any order; returns them
         in the same order (one object alone when one was given). Models go to the device, get
         the precision conversion and the data-parallel wrapper; optimizers are checked by the
         backend; loaders are sharded by rank and yield batches on the device; schedulers are
-        registered for checkpoints."""
+        registered for checkpoints. ``options`` go to the strategy first (``wrap_policy=``,
+        ``tp_plan=`` for the sharded strategies)."""
         import torch
 
+        if options:
+            self.strategy.configure(**options)
         out: list[Any] = []
         for obj in objects:
             if isinstance(obj, torch.nn.Module):

@@ -1,4 +1,5 @@
-"""Step semantics: the interface every backend implements (returned by ``aios_make_strategy``).
+"""Step semantics: the interface every strategy implements (built by a registered
+:class:`aios.types.StrategySpec`'s ``factory``, or by the 0.1 ``aios_make_strategy`` hook).
 
 A :class:`Strategy` is built once per process at :func:`aios.init`; the runtime then calls its
 methods directly on every step, with no plugin dispatch in between. Design notes for backends:
@@ -34,8 +35,14 @@ class Strategy(ABC):
     """
 
     name = "base"
-    #: torch device type used by ``torch.autocast`` for this backend ("cpu", "cuda", "xla").
+    #: torch device type used by ``torch.autocast`` on a NON-native backend ("xla"); native
+    #: strategies take it from their :class:`aios.accelerator.Accelerator` (one setting).
     autocast_device_type = "cpu"
+    #: the checkpoint format the checkpoint manager writes for this strategy: ``full`` (one
+    #: state dict gathered on the saving rank) or ``dcp`` (sharded, torch.distributed.checkpoint).
+    checkpoint_format = "full"
+    #: the native accelerator this strategy runs on (``None`` for non-native stacks).
+    accelerator: Any = None
 
     def __init__(self, config: AiosConfig) -> None:
         self.config = config
@@ -58,6 +65,14 @@ class Strategy(ABC):
         return self.rank == 0
 
     # ---------------------------------------------------------------- setup of user objects
+    def configure(self, **options: Any) -> None:
+        """Options passed to ``rt.setup(..., **options)`` before the objects are set up (the
+        sharded strategies take ``wrap_policy`` and ``tp_plan``). Default: none accepted."""
+        if options:
+            from aios.errors import AiosError
+
+            raise AiosError(f"strategy {self.name} takes no setup options (got {', '.join(sorted(options))})", "drop them, or pick a strategy that uses them (fsdp, tp, hsdp)")
+
     @abstractmethod
     def setup_module(self, module: torch.nn.Module, precision: Precision) -> torch.nn.Module:
         """Move ``module`` to the device, apply ``precision.convert_module`` and wrap it for

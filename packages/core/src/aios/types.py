@@ -42,6 +42,74 @@ class BackendSpec:
     device_type: str = "cpu"
     description: str = ""
     plugin: str = ""  # filled in by the registry: the plugin (distribution) that registered it
+    #: the native :class:`aios.accelerator.Accelerator` this backend trains on (a name in the
+    #: accelerator registry), or ``None`` for a non-native device stack (torch_xla).
+    accelerator: str | None = None
+    #: the strategy ``strategy=auto`` resolves to on this backend.
+    default_strategy: str = "ddp"
+    #: ``discover(config) -> DeviceReport`` for ``aios devices``; replaces a name-guarded
+    #: :func:`aios.hookspecs.aios_discover_devices` implementation.
+    discover: Callable[..., Any] | None = None
+    #: ``launch_plan(config, request) -> LaunchPlan``; replaces :func:`aios_launch_plan`.
+    launch_plan: Callable[..., Any] | None = None
+    #: ``precision(precision, config, accelerator) -> Precision | None`` (``None``: the core
+    #: default over the accelerator); replaces :func:`aios_make_precision`. Raise
+    #: :class:`aios.errors.ConfigError` for a precision the hardware cannot do.
+    precision: Callable[..., Any] | None = None
+    #: ``doctor(config, explicit) -> list[DoctorCheck]``: ``explicit`` is True for
+    #: ``aios doctor --backend NAME``, False for "everything installed".
+    doctor: Callable[..., Any] | None = None
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    """A training strategy (``strategy=NAME``), registered through
+    :func:`aios.hookspecs.aios_register_strategies`.
+
+    :param name: what ``strategy=`` accepts (``ddp``, ``fsdp``, ``tp``, ``hsdp``, ``deepspeed``,
+        ``spmd``, ...). One name may be registered several times for different backends
+        (``ddp`` natively and by a backend with its own stack); two specs claiming one
+        (name, backend) pair is an error naming both plugins.
+    :param factory: ``factory(config, accelerator, backend) -> aios.strategy.Strategy``, called
+        once per process at :func:`aios.init`; ``accelerator`` is the backend's
+        :class:`aios.accelerator.Accelerator` instance or ``None`` for a non-native backend.
+    :param backends: backend names it runs on ...
+    :param accelerators: ... or native accelerator names (``"*"``: any native accelerator).
+    :param precision: optional ``precision(precision, config, accelerator) -> Precision`` that
+        overrides the backend's precision policy under this strategy (DeepSpeed's engine
+        scales the loss itself).
+    :param launch_env: optional ``launch_env(config, backend) -> dict`` merged into the launch
+        plan's environment (``DS_ACCELERATOR=cpu`` on the cpu backend).
+    """
+
+    name: str
+    factory: Callable[..., Any]
+    backends: tuple[str, ...] = ()
+    accelerators: tuple[str, ...] = ()
+    description: str = ""
+    precision: Callable[..., Any] | None = None
+    launch_env: Callable[..., dict[str, str]] | None = None
+    plugin: str = ""
+
+    def supports(self, backend: str, accelerator: str | None) -> bool:
+        if backend in self.backends:
+            return True
+        return accelerator is not None and ("*" in self.accelerators or accelerator in self.accelerators)
+
+
+@dataclass(frozen=True)
+class AcceleratorSpec:
+    """A native torch device kind (``cpu``, ``cuda``, ``tpu``, ``neuron``, ``xpu``, ``mps``),
+    registered through :func:`aios.hookspecs.aios_register_accelerators`.
+
+    :param factory: ``factory(config) -> aios.accelerator.Accelerator``; imports nothing heavy
+        until its methods are called.
+    """
+
+    name: str
+    factory: Callable[..., Any]
+    description: str = ""
+    plugin: str = ""
 
 
 @dataclass(frozen=True)

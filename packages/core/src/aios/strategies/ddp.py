@@ -1,14 +1,16 @@
 """``DDPStrategy``: one process per device, ``torch.distributed`` process group,
-``DistributedDataParallel``. Serves the CPU backend (gloo) and is the base of the CUDA backend
-(NCCL).
+``DistributedDataParallel``, over ANY native :class:`aios.accelerator.Accelerator` (``cpu`` over
+gloo, ``cuda`` over NCCL, ``xpu``, ``neuron``, ...). The device specifics (which device, TF32,
+NCCL environment, RNG, memory statistics) live in the accelerator; this module has no device
+branches.
 
-Stable surface for subclasses (``aios-backend-cuda`` builds on it; keep these names):
+Stable surface for subclasses (``aios-backend-cuda``'s and the sharded strategies build on it):
 
-* ``DDPStrategy(config, device_type="cpu", dist_backend="gloo")``
-* ``dist_env() -> (rank, local_rank, world_size, node_rank)`` from the torchrun contract
-  (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``GROUP_RANK``; ``MASTER_ADDR``/``MASTER_PORT`` are
-  read by ``init_method="env://"``).
-* ``select_device() -> torch.device`` (override for another device kind),
+* ``DDPStrategy(config, accelerator=None)`` (``None``: :class:`aios.accelerator.CpuAccelerator`),
+* ``accelerator``, ``device_type`` and ``dist_backend`` (the accelerator's),
+* ``cluster`` (:class:`aios.cluster.ClusterInfo` from :func:`aios.cluster.detect`; ranks and the
+  node rank come from it and nowhere else),
+* ``select_device() -> torch.device`` (the accelerator's device for ``local_rank``, made current),
 * ``init_process_group()`` (called by ``setup_environment`` when ``world_size > 1`` and no group
   exists yet; an existing group, e.g. created by the script itself, is reused),
 * ``wrap_module(module) -> module`` (``DistributedDataParallel(module, **ddp_kwargs)``),
@@ -26,7 +28,6 @@ and epoch, resumable mid-epoch) and batches are moved to the device by
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,8 @@ from aios.strategy import Strategy
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
+    from aios.accelerator import Accelerator
+    from aios.cluster import ClusterInfo
     from aios.config import AiosConfig
     from aios.precision import Precision
 
@@ -53,26 +56,22 @@ def _destroy_group() -> None:
         pass
 
 
-def dist_env(environ: dict[str, str] | None = None) -> tuple[int, int, int, int]:
-    """``(rank, local_rank, world_size, node_rank)`` from the torchrun environment contract."""
-    env = os.environ if environ is None else environ
-    world = int(env.get("WORLD_SIZE", "1") or 1)
-    rank = int(env.get("RANK", "0") or 0)
-    local = int(env.get("LOCAL_RANK", str(rank)) or 0)
-    node = int(env.get("GROUP_RANK", env.get("NODE_RANK", "0")) or 0)
-    return rank, local, world, node
-
-
 class DDPStrategy(Strategy):
-    """Data parallel over ``torch.distributed`` (gloo on CPU, NCCL on CUDA)."""
+    """Data parallel over ``torch.distributed`` on a native accelerator."""
 
     name = "ddp"
 
-    def __init__(self, config: AiosConfig, device_type: str = "cpu", dist_backend: str = "gloo") -> None:
+    def __init__(self, config: AiosConfig, accelerator: Accelerator | None = None) -> None:
         super().__init__(config)
-        self.device_type = device_type
-        self.dist_backend = dist_backend
-        self.autocast_device_type = device_type
+        if accelerator is None:
+            from aios.accelerator import CpuAccelerator
+
+            accelerator = CpuAccelerator(config)
+        self.accelerator = accelerator
+        self.device_type = accelerator.device_type
+        self.dist_backend = accelerator.dist_backend
+        self.autocast_device_type = accelerator.device_type
+        self.cluster: ClusterInfo | None = None
         self.ddp_kwargs: dict[str, Any] = {}
         self.process_group_timeout = 1800.0
         self.collective_device: Any = None
@@ -80,18 +79,10 @@ class DDPStrategy(Strategy):
         self._dist: Any = None  # torch.distributed when a group is in use
 
     # ---------------------------------------------------------------- process / device
-    def dist_env(self) -> tuple[int, int, int, int]:
-        return dist_env()
-
     def select_device(self) -> Any:
-        import torch
-
-        if self.device_type == "cpu":
-            return torch.device("cpu")
-        if self.device_type == "cuda":
-            torch.cuda.set_device(self.local_rank)
-            return torch.device("cuda", self.local_rank)
-        return torch.device(self.device_type, self.local_rank)
+        device = self.accelerator.device(self.local_rank)
+        self.accelerator.set_device(device)
+        return device
 
     def init_process_group(self) -> None:
         import torch.distributed as dist
@@ -103,7 +94,7 @@ class DDPStrategy(Strategy):
             world_size=self.world_size,
             timeout=timedelta(seconds=self.process_group_timeout),
         )
-        if self.device_type == "cuda" and self.device is not None:
+        if self.accelerator.collectives_on_device and self.device is not None:
             kwargs["device_id"] = self.device
         dist.init_process_group(**kwargs)
         self._owns_group = True
@@ -117,7 +108,14 @@ class DDPStrategy(Strategy):
     def setup_environment(self) -> None:
         import torch.distributed as dist
 
-        self.rank, self.local_rank, self.world_size, self.node_rank = self.dist_env()
+        from aios.cluster import detect
+
+        self.cluster = info = detect()
+        self.rank = info.rank or 0
+        self.world_size = info.world_size or 1
+        self.local_rank = info.local_rank if info.local_rank is not None else self.rank
+        self.node_rank = info.node_rank
+        self.accelerator.setup()
         self.device = self.select_device()
         if self.world_size > 1:
             if not dist.is_available():  # pragma: no cover - torch built without distributed
@@ -130,7 +128,7 @@ class DDPStrategy(Strategy):
                 self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
             self._dist = dist
         if self.collective_device is None:
-            self.collective_device = self.device if self.dist_backend == "nccl" else None
+            self.collective_device = self.device if self.accelerator.collectives_on_device else None
 
     def teardown(self) -> None:
         """Stop using the process group. The default group itself stays up until the process
@@ -143,7 +141,7 @@ class DDPStrategy(Strategy):
     def wrap_module(self, module: torch.nn.Module) -> torch.nn.Module:
         if not any(p.requires_grad for p in module.parameters()):
             return module
-        ids = [self.device.index] if self.device is not None and self.device.type == "cuda" else None
+        ids = [self.device.index] if self.accelerator.collectives_on_device and self.device is not None and self.device.index is not None else None
         return _forwarding_ddp()(module, device_ids=ids, **self.ddp_kwargs)
 
     def setup_module(self, module: torch.nn.Module, precision: Precision) -> torch.nn.Module:
@@ -158,8 +156,18 @@ class DDPStrategy(Strategy):
         if isinstance(loader, DeviceLoader):
             return loader
         seed = self.config.seed if self.config.seed is not None else 0
-        sharded = shard_dataloader(loader, self.rank, self.world_size, seed, shuffle)
-        return DeviceLoader(sharded, self.device, non_blocking=self.device_type == "cuda", seed=seed, rank=self.rank)
+        sharded = shard_dataloader(loader, self.data_rank, self.data_world, seed, shuffle)
+        return DeviceLoader(sharded, self.device, non_blocking=self.accelerator.non_blocking_copies, seed=seed, rank=self.rank)
+
+    @property
+    def data_rank(self) -> int:
+        """This process's index among data-parallel replicas (the rank, unless a model-parallel
+        dimension makes several ranks share one batch)."""
+        return self.rank
+
+    @property
+    def data_world(self) -> int:
+        return self.world_size
 
     # ---------------------------------------------------------------- the step
     @contextlib.contextmanager
@@ -176,7 +184,7 @@ class DDPStrategy(Strategy):
     # ---------------------------------------------------------------- collectives
     def barrier(self) -> None:
         if self._dist is not None:
-            if self.dist_backend == "nccl" and self.device is not None:
+            if self.accelerator.collectives_on_device and self.device is not None and self.device.index is not None:
                 self._dist.barrier(device_ids=[self.device.index])
             else:
                 self._dist.barrier()
@@ -239,54 +247,28 @@ class DDPStrategy(Strategy):
 
     # ---------------------------------------------------------------- checkpoints
     def module_state_dict(self, module: torch.nn.Module) -> dict[str, Any]:
-        state = self.unwrap(module).state_dict()
-        if self.device_type != "cpu":
-            state = _to_cpu(state)
-        return state
+        return _to_cpu(self.unwrap(module).state_dict())
 
     def optimizer_state_dict(self, optimizer: torch.optim.Optimizer, module: torch.nn.Module | None = None) -> dict[str, Any]:
-        state = optimizer.state_dict()
-        if self.device_type != "cpu":
-            state = _to_cpu(state)
-        return state
+        return _to_cpu(optimizer.state_dict())
 
     def rng_state(self) -> dict[str, Any]:
-        if self.device_type == "cuda":
-            import torch
-
-            return {"cuda": torch.cuda.get_rng_state(self.device)}
-        return {}
+        return self.accelerator.rng_state()
 
     def set_rng_state(self, state: dict[str, Any]) -> None:
-        if self.device_type == "cuda" and "cuda" in state:
-            import torch
-
-            torch.cuda.set_rng_state(state["cuda"], self.device)
+        self.accelerator.set_rng_state(state)
 
     def seed(self, seed: int) -> None:
-        if self.device_type == "cuda":
-            import torch
-
-            torch.cuda.manual_seed_all(seed)
+        self.accelerator.manual_seed(seed)
 
     # ---------------------------------------------------------------- diagnostics
     def metrics(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "strategy": self.name, "dist_backend": self.dist_backend if self._dist is not None else None,
-            "world_size": self.world_size, "device": str(self.device),
+            "world_size": self.world_size, "device": str(self.device), "accelerator": self.accelerator.name,
+            "cluster": self.cluster.name if self.cluster is not None else None,
         }
-        if self.device_type == "cuda":
-            import torch
-
-            out["max_memory_allocated"] = torch.cuda.max_memory_allocated(self.device)
-            out["max_memory_reserved"] = torch.cuda.max_memory_reserved(self.device)
-        else:
-            try:
-                import resource
-
-                out["max_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-            except Exception:  # noqa: BLE001
-                pass
+        out.update(self.accelerator.memory_stats())
         return out
 
 
@@ -315,6 +297,8 @@ def _forwarding_ddp() -> type:
 
 def _to_cpu(obj: Any) -> Any:
     if hasattr(obj, "device") and hasattr(obj, "cpu"):
+        if obj.device.type == "cpu":
+            return obj
         return obj.detach().cpu()
     if isinstance(obj, dict):
         return {k: _to_cpu(v) for k, v in obj.items()}
