@@ -27,12 +27,6 @@ AIOS_RUN = [sys.executable, "-c", "from aios.cli.run import main; main()"]
 TOTAL = 12
 
 
-def _fsdp_registered() -> bool:
-    from aios.plugins import get_registry
-
-    return "fsdp" in getattr(get_registry(), "strategies", {})
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -43,11 +37,7 @@ def _launch(tmp: Path, nprocs: int, ckpt: Path, out: Path, every: int, **env_ext
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
     env.update({"AIOS_LOGGING__RUN_DIR": str(tmp / "runs"), "AIOS_LOGGING__TENSORBOARD": "false", "OMP_NUM_THREADS": "1",
                 "TOTAL_STEPS": str(TOTAL)})
-    args = [f"checkpoint.dir={ckpt}", f"checkpoint.every={every}"]
-    if _fsdp_registered():
-        args.append("strategy=fsdp")
-    else:  # a tree without the registered fsdp strategy: the script's own FSDP2 strategy
-        env["DCP_LOCAL_FSDP"] = "1"
+    args = [f"checkpoint.dir={ckpt}", f"checkpoint.every={every}", "strategy=fsdp"]
     env.update(env_extra)
     cmd = [*AIOS_RUN, "--nprocs", str(nprocs), "--master-port", str(_free_port()), *args, str(SCRIPT), str(out)]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp, start_new_session=True)
@@ -124,7 +114,7 @@ def test_dcp_runtime_killed_then_resumed_is_bitwise_equal(reference_2: Path, tmp
         assert latest.step % 3 == 0 and latest.step <= reached + 1  # the last committed periodic one
     out = _finish(_launch(tmp_path, 2, ckpt, got, every=3, DROPOUT="0.1"))
     assert got.exists(), out
-    assert f"at step {latest.step} (world size 2," in out, out
+    assert f"at step {latest.step} (run " in out and "world size 2, backend" in out, out
     a, b = torch.load(reference_2), torch.load(got)
     assert a.keys() == b.keys()
     for k in a:
@@ -161,7 +151,7 @@ def test_dcp_runtime_resume_on_fewer_processes_reshards(reference_4: dict[str, A
     assert "Traceback" not in out and not (tmp_path / "x.pt").exists()
     out = _finish(_launch(tmp_path, nprocs, ckpt, tmp_path / "got.pt", every=6, RESHARD="1", LOSS_FILE=str(loss)))
     assert (tmp_path / "got.pt").exists(), out
-    assert f"at step 6 (resharded from 4 ranks to {nprocs} ranks" in out, out
+    assert "at step 6 (run " in out and f"resharded from 4 ranks to {nprocs} ranks" in out, out
     got, ref = _losses(loss), reference_4["losses"]
     assert sorted(got) == list(range(7, TOTAL + 1))
     for s in got:

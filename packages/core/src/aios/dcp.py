@@ -566,6 +566,15 @@ class DcpFormat:
             out.append(st)
         return out
 
+    @staticmethod
+    def _modules(training: Any) -> list[Any]:
+        return [training.strategy.unwrap(m) for m in training.modules]  # e.g. torch.compile's wrapper
+
+    @staticmethod
+    def _data_world(training: Any) -> int:
+        """Ranks that read different data (the ``dp`` part of a 2-D mesh; all ranks otherwise)."""
+        return int(getattr(training.strategy, "data_world", None) or training.world_size)
+
     def save(self, step: int, ctx: Any, staging: Any, store: Any) -> dict[str, Any]:
         tr = ctx.training
         _, rank, _ = _dist()
@@ -577,13 +586,13 @@ class DcpFormat:
                 "schedulers": [sch.state_dict() for sch in tr.schedulers],
                 "objects": {k: v.state_dict() for k, v in tr.objects.items()},
                 "precision": tr.precision.state_dict(), "extra": ctx.extra, "loaders": loaders,
-                "world_size": tr.world_size, "backend": tr.backend,
+                "world_size": tr.world_size, "data_world": self._data_world(tr), "backend": tr.backend,
             }
         mine = ctx.rngs[rank] if rank < len(ctx.rngs) else tr.rng_state()
         entries = self.io.write_files(store, staging, common, {"rng": mine, "loaders": loaders})
         # (the manager's collectives run on the default group, never on the checkpoint group
         # a background write uses)
-        handle = self.io.write_shards(store, staging, tr.modules, tr.optimizers, bool(getattr(ctx, "background", False)))
+        handle = self.io.write_shards(store, staging, self._modules(tr), tr.optimizers, bool(getattr(ctx, "background", False)))
         if handle.future is None and rank == 0:  # synchronous: every rank's shards are written
             entries.update(self.io.shard_entries(store, staging))
         return entries
@@ -601,7 +610,7 @@ class DcpFormat:
     def load(self, info: Any, store: Any, target: Any, rank: int = 0, strict: bool = True) -> dict[str, Any]:
         tr = target
         counts = {"schedulers": len(tr.schedulers)}
-        common, per, saved_world = self.io.read(store, info, tr.modules, tr.optimizers, strict)
+        common, per, saved_world = self.io.read(store, info, self._modules(tr), tr.optimizers, strict)
         for key, n in counts.items():
             if len(common.get(key, [])) != n:
                 raise CheckpointError(
@@ -617,6 +626,7 @@ class DcpFormat:
         tr.step = int(common.get("step", 0))
         tr.micro = int(common.get("micro", 0))
         world = int(tr.world_size)
+        saved_data, data = int(common.get("data_world", saved_world)), self._data_world(tr)
         mine = rank_state_for(rank, per)
         if mine is not None:
             tr.set_rng_state(mine["rng"])
@@ -627,7 +637,7 @@ class DcpFormat:
             loaders = common.get("loaders", [])
         for ld, st in zip(tr.loaders, loaders, strict=False):
             if st is not None and hasattr(ld, "load_state_dict"):
-                st = reshard_loader_state(st, saved_world, world, st.get("batch_size"), getattr(ld, "batch_size", None))
+                st = reshard_loader_state(st, saved_data, data, st.get("batch_size"), getattr(ld, "batch_size", None))
                 ld.load_state_dict({k: v for k, v in st.items() if k != "batch_size"})
         self.last_load = {"saved_world": saved_world, "world": world}
         return common.get("extra", {}) or {}

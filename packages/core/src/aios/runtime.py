@@ -153,7 +153,13 @@ def _install_excepthook() -> None:
             return
         rank = os.environ.get("RANK")
         where = f" (rank {rank})" if rank is not None and os.environ.get("WORLD_SIZE", "1") != "1" else ""
-        sys.stderr.write(f"aios: error{where}: {exc}\n")
+        out = sys.stderr
+        try:
+            out.fileno()
+        except Exception:  # noqa: BLE001 - torch.distributed's excepthook captures sys.stderr around ours
+            out = sys.__stderr__ or out
+        out.write(f"aios: error{where}: {exc}\n")
+        out.flush()
         atexit._run_exitfuncs()
         sys.stdout.flush()
         sys.stderr.flush()

@@ -4,9 +4,6 @@ is GLOBAL_BATCH / world size (the same global batch on any world size), checkpoi
 rt.step (checkpoint.every) and rt.resume(). Writes its progress (global step) to PROGRESS_FILE,
 every step's global mean loss to LOSS_FILE (rank 0, one JSON line per step), each rank's pid to
 PID_DIR/rank<r>.pid, and its final full parameters to argv[1] (rank 0).
-
-``DCP_LOCAL_FSDP=1`` builds the runtime with a small FSDP2 strategy defined here (for trees
-without the registered ``fsdp`` strategy); otherwise ``aios.init()`` with ``strategy=fsdp``.
 """
 
 from __future__ import annotations
@@ -18,7 +15,6 @@ import time
 
 import aios
 import torch
-import torch.distributed as dist
 
 steps = int(os.environ.get("TOTAL_STEPS", "12"))
 delay = float(os.environ.get("STEP_DELAY", "0"))
@@ -30,53 +26,7 @@ reshard = os.environ.get("RESHARD", "0") == "1"
 out_file = sys.argv[1]
 
 
-def local_runtime() -> aios.Runtime:
-    import aios.runtime as rmod
-    from aios.plugins import get_registry
-    from aios.precision import default_precision
-    from aios.strategies.ddp import DDPStrategy
-    from torch.distributed.fsdp import fully_shard
-
-    class LocalFSDP(DDPStrategy):
-        name = "fsdp"
-        checkpoint_format = "dcp"
-
-        def setup_environment(self) -> None:
-            super().setup_environment()
-            if not dist.is_initialized():  # FSDP2 needs a group even on one process
-                dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-                self._dist = dist
-
-        def setup_module(self, module, precision):  # type: ignore[no-untyped-def]
-            module = precision.convert_module(module.to(self.device))
-            before = {id(p): n for n, p in module.named_parameters()}
-            for sub in module.modules():
-                if isinstance(sub, torch.nn.Linear):
-                    fully_shard(sub)
-            fully_shard(module)
-            after = dict(module.named_parameters())
-            # fully_shard swaps in DTensor parameters: an optimizer built before points at the old ones
-            self._remap = {i: after[n] for i, n in before.items()}
-            return module
-
-        def setup_optimizer(self, optimizer):  # type: ignore[no-untyped-def]
-            for group in optimizer.param_groups:
-                group["params"] = [self._remap.get(id(p), p) for p in group["params"]]
-            return optimizer
-
-        def unwrap(self, module):  # type: ignore[no-untyped-def]
-            return module
-
-    cfg = rmod.resolve_config()
-    strategy = LocalFSDP(cfg)
-    strategy.setup_environment()
-    rt = rmod.Runtime(cfg, "cpu", strategy, default_precision(cfg.precision, "cpu"), registry=get_registry())
-    rmod._current = rt
-    rt.start()
-    return rt
-
-
-rt = local_runtime() if os.environ.get("DCP_LOCAL_FSDP") == "1" else aios.init()
+rt = aios.init()
 world = rt.world_size
 if os.environ.get("PID_DIR"):
     with open(os.path.join(os.environ["PID_DIR"], f"rank{rt.rank}.pid"), "w") as f:
