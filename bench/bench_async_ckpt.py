@@ -80,6 +80,7 @@ def worker(rank: int, args: argparse.Namespace, port: int, ckpt: str) -> None:
         size = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(ckpt) for f in fs if "ckpt-000000100" in r)
         med = statistics.median(base)
         print(f"async dcp checkpoint bench: FSDP2 over gloo, world {args.world}, {n_params / 1e6:.1f}M params, checkpoint {size / 2**20:.0f} MiB, {args.threads} thread(s)/rank")
+        print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (the background write needs a spare core to overlap for free)")
         print(f"{'':34s}{'median step':>14s}{'ratio':>9s}{'steps':>8s}")
         print(f"{'normal step (no save in flight)':34s}{med * 1e3:11.1f} ms{1.0:8.2f}x{len(base):8d}")
         if in_flight:
