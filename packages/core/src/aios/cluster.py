@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from aios.contract import NNODES_ENV, NODE_RANK_ENV
+
 
 @dataclass(frozen=True)
 class ClusterInfo:
@@ -76,8 +78,8 @@ class LocalEnvironment(ClusterEnvironment):
 
     def info(self, environ: Mapping[str, str]) -> ClusterInfo:
         return ClusterInfo(
-            name=self.name, nnodes=_int(environ, "AIOS_RUN_NNODES", default=1) or 1,
-            node_rank=_int(environ, "AIOS_RUN_NODE_RANK", default=0) or 0,
+            name=self.name, nnodes=_int(environ, NNODES_ENV, default=1) or 1,
+            node_rank=_int(environ, NODE_RANK_ENV, default=0) or 0,
             master_addr=environ.get("MASTER_ADDR", "127.0.0.1"),
             master_port=_int(environ, "MASTER_PORT"),
             rank=0, world_size=1, local_rank=0, local_world_size=1,
