@@ -31,7 +31,7 @@ def test_template_plugin_is_listed_with_all_first_party_plugins(aios_cli, templa
     assert set(first_party) | {"aios-backend-template"} <= set(names)
     tpl = names["aios-backend-template"]
     assert tpl["version"] == "0.1.0" and tpl["backends"] == ["template"]
-    assert {"aios_register_backends", "aios_make_strategy", "aios_launch_plan", "aios_config_sections"} <= set(tpl["hooks"])
+    assert {"aios_register_backends", "aios_register_strategies", "aios_register_accelerators", "aios_config_sections"} <= set(tpl["hooks"])
 
 
 def test_template_backend_devices_doctor_and_config(aios_cli, template_site):
@@ -50,6 +50,11 @@ def test_template_backend_dry_run_and_real_run(aios_cli, template_site, root, tm
                    str(root / "examples" / "gpt.py"), prog="aios-run", pythonpath=[template_site])
     assert dry.returncode == 0, dry.stderr
     assert "template" in dry.stdout and "TEMPLATE_DEVICE=1" in dry.stdout and "torch.distributed.run" in dry.stdout
+    # strategies come from the registry: a name the backend cannot run is one line, never DDP
+    bad = aios_cli("--backend", "template", "strategy=spmd", "--dry-run", str(root / "examples" / "gpt.py"), prog="aios-run", pythonpath=[template_site])
+    (line,) = bad.stderr.strip().splitlines()
+    assert bad.returncode == 2 and "strategy 'spmd' is not available on the template backend" in line, bad.stderr
+    assert "strategies on template: auto, ddp, fsdp, hsdp, tp" in line
     script = tmp_path / "tiny.py"
     script.write_text(
         "import torch, aios\n"

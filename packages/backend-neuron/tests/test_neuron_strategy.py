@@ -41,11 +41,13 @@ def test_when_nxd_is_used(config):
 
 
 def test_deepspeed_strategy_refused(neuron_site, config):
-    from aios_backend_neuron.strategy import make_strategy
+    from aios.plugins import get_registry
 
     neuron_site("xla")
-    with pytest.raises(ConfigError, match="strategy 'deepspeed' is not available on the neuron backend"):
-        make_strategy(config("strategy=deepspeed"))
+    reg = get_registry()
+    for name in ("deepspeed", "spmd", "fsdp"):
+        with pytest.raises(ConfigError, match=f"strategy '{name}' is not available on the neuron backend; strategies on neuron: auto, ddp, nxd"):
+            reg.strategy_spec(name, reg.backends["neuron"])
 
 
 @pytest.mark.xla

@@ -1,6 +1,7 @@
 """The native sharded strategies on CPU over real gloo: examples/gpt.py under FSDP2 on 2 and 4
-processes reaches the DDP loss, parameters are DTensor shards (about 1/N of each weight per
-rank), a dp=2 x tp=2 mesh trains on 4 processes, and bad strategy choices are one-line errors."""
+processes reaches the DDP loss (and HSDP on a 2 x 2 mesh), parameters are DTensor shards (about
+1/N of each weight per rank), a dp=2 x tp=2 mesh trains on 4 processes, and bad strategy choices
+are one-line errors."""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ DONE = re.compile(r"done 40 steps \(40 this run\) in [0-9.]+s: [0-9.]+ steps/s, 
 def _run(tmp: Path, *args: str, timeout: int = 500) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
     env.update({"AIOS_LOGGING__TENSORBOARD": "false", "GPT_SAMPLE": "0", "OMP_NUM_THREADS": "1"})
-    return subprocess.run([sys.executable, "-c", "from aios.cli.run import main; main()", *args],
+    from aios.testing.strategy_contract import free_port
+
+    return subprocess.run([sys.executable, "-c", "from aios.cli.run import main; main()", f"master_port={free_port()}", *args],
                           capture_output=True, text=True, env=env, cwd=tmp, timeout=timeout)
 
 
@@ -41,6 +44,9 @@ def test_gpt_fsdp_matches_ddp(tmp_path, nprocs):
     # same data order, same initialisation, same math: FSDP2 differs from DDP only by
     # floating-point reduction order
     assert abs(fsdp[0] - ddp[0]) < 0.02 and abs(fsdp[1] - ddp[1]) < 0.02, (ddp, fsdp)
+    if nprocs == 4:  # HSDP: 2 replicas x 2 shards (a 2-D mesh), same global batch
+        hsdp = _gpt(tmp_path, nprocs, "strategy=hsdp", "mesh.replicate=2", "fsdp.wrap=[Block]")
+        assert abs(hsdp[0] - ddp[0]) < 0.02 and abs(hsdp[1] - ddp[1]) < 0.02, (ddp, hsdp)
 
 
 def test_gpt_dp2_tp2_mesh_trains_on_4_processes(tmp_path):
@@ -60,7 +66,7 @@ class Block(torch.nn.Module):
         self.up, self.down = torch.nn.Linear(64, 256), torch.nn.Linear(256, 64)
     def forward(self, x):
         return x + self.down(torch.relu(self.up(x)))
-model = torch.nn.Sequential(*[Block() for _ in range(3)], torch.nn.Linear(64, 1))
+model = torch.nn.Sequential(*[Block() for _ in range(3)], torch.nn.Linear(64, 16))
 full = {n: p.numel() for n, p in model.named_parameters()}
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 model, opt = rt.setup(model, opt)

@@ -4,7 +4,9 @@ Rules for plugin modules (they are imported by ``aios plugins``, ``aios devices`
 ``aios-run --dry-run``):
 
 * import nothing heavy at module level (no torch, no device SDK): import inside functions;
-* every component hook receives the backend name and returns ``None`` when it is not yours;
+* components are carried by what you register (a ``BackendSpec`` carries discovery, launch plan,
+  precision and doctor checks; a ``StrategySpec`` its factory; an ``AcceleratorSpec`` its
+  factory): no hook has to check a backend name;
 * probes and discovery must not initialise the device runtime.
 
 This backend trains on the CPU through gloo, like the built-in ``cpu`` backend, and shows where
@@ -21,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from aios import hookimpl
-from aios.types import Availability, BackendSpec, DeviceInfo, DeviceReport, DoctorCheck
+from aios.types import AcceleratorSpec, Availability, BackendSpec, DeviceInfo, DeviceReport, DoctorCheck, StrategySpec
 
 NAME = "template"
 
@@ -41,24 +43,7 @@ def _probe() -> Availability:
     return Availability(True)
 
 
-@hookimpl
-def aios_register_backends(register: Any) -> None:
-    register(BackendSpec(
-        name=NAME, priority=-10, probe=_probe, device_type="cpu",
-        install_hint="pip install 'aios-backend-template[runtime]'",
-        description="template backend (CPU over gloo)",
-    ))
-
-
-@hookimpl
-def aios_config_sections() -> dict[str, type]:
-    return {NAME: TemplateSettings}
-
-
-@hookimpl
-def aios_discover_devices(backend: str, config: Any) -> DeviceReport | None:
-    if backend != NAME:
-        return None
+def discover(config: Any) -> DeviceReport:
     avail = _probe()
     return DeviceReport(
         backend=NAME, kind="template device", available=bool(avail), reason=avail.reason,
@@ -67,32 +52,15 @@ def aios_discover_devices(backend: str, config: Any) -> DeviceReport | None:
     )
 
 
-@hookimpl
-def aios_make_strategy(backend: str, config: Any) -> Any:
-    if backend != NAME:
-        return None
-    from aios_backend_template.strategy import TemplateStrategy
-
-    return TemplateStrategy(config)
-
-
-@hookimpl
-def aios_make_precision(backend: str, precision: str, config: Any) -> Any:
-    if backend != NAME:
-        return None
+def precision(precision: str, config: Any, accelerator: Any) -> Any:
     if precision == "fp16-mixed":
         from aios.errors import ConfigError
 
         raise ConfigError("precision 'fp16-mixed' is not supported by the template backend", "use precision=bf16-mixed or fp32")
-    from aios.precision import default_precision
-
-    return default_precision(precision, "cpu")
+    return None  # the core default over the accelerator
 
 
-@hookimpl
-def aios_launch_plan(backend: str, config: Any, request: Any) -> Any:
-    if backend != NAME:
-        return None
+def launch_plan(config: Any, request: Any) -> Any:
     from aios.launch import elastic_plan
 
     nprocs = 1 if config.nprocs == "auto" else int(config.nprocs)
@@ -100,11 +68,47 @@ def aios_launch_plan(backend: str, config: Any, request: Any) -> Any:
     return elastic_plan(NAME, config, request, nprocs, env={"OMP_NUM_THREADS": str(threads), "TEMPLATE_DEVICE": "1"})
 
 
-@hookimpl
-def aios_doctor_checks(backend: str | None, config: Any) -> list[DoctorCheck] | None:
-    if backend not in (None, NAME):
-        return None
+def doctor(config: Any, explicit: bool) -> list[DoctorCheck]:
     avail = _probe()
     if avail:
         return [DoctorCheck("template device", "pass", "template device ready", backend=NAME)]
     return [DoctorCheck("template device", "fail", avail.reason, "pip install 'aios-backend-template[runtime]'", backend=NAME)]
+
+
+@hookimpl
+def aios_register_backends(register: Any) -> None:
+    register(BackendSpec(
+        name=NAME, priority=-10, probe=_probe, accelerator=NAME, default_strategy="ddp",
+        install_hint="pip install 'aios-backend-template[runtime]'",
+        description="template backend (CPU over gloo)",
+        discover=discover, launch_plan=launch_plan, precision=precision, doctor=doctor,
+    ))
+
+
+def _accelerator(config: Any) -> Any:
+    from aios_backend_template.strategy import TemplateAccelerator
+
+    return TemplateAccelerator(config)
+
+
+@hookimpl
+def aios_register_accelerators(register: Any) -> None:
+    register(AcceleratorSpec(NAME, _accelerator, "the template device (CPU over gloo)"))
+
+
+def _strategy(config: Any, accelerator: Any, backend: str) -> Any:
+    from aios_backend_template.strategy import TemplateStrategy
+
+    return TemplateStrategy(config, accelerator)
+
+
+@hookimpl
+def aios_register_strategies(register: Any) -> None:
+    # core's ddp/fsdp/tp/hsdp already run on the template accelerator; this one replaces ddp
+    # on this backend only (a spec naming the backend wins over one naming the accelerator)
+    register(StrategySpec("ddp", _strategy, backends=(NAME,), description="DDP with the template device's extras"))
+
+
+@hookimpl
+def aios_config_sections() -> dict[str, type]:
+    return {NAME: TemplateSettings}

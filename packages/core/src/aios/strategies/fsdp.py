@@ -354,6 +354,8 @@ class FSDPStrategy(DDPStrategy):
         """Called on every rank at the start of a save: the shards are gathered to the saving
         rank here (collective), before it builds the state dicts."""
         self.gather_full_state(self._modules, self._optimizers)
+        if not self.is_main:  # only the saving rank builds state dicts from the cache
+            self._cache = {}
         return self.is_main
 
     def module_state_dict(self, module: torch.nn.Module) -> dict[str, Any]:
@@ -373,6 +375,12 @@ class FSDPStrategy(DDPStrategy):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         model = self._opt_module.get(id(optimizer), module)
+        if not state.get("state") and not optimizer.state:
+            # a stateless optimizer (SGD without momentum): only the hyperparameters to restore
+            # (torch's loader needs at least one state tensor to find the device)
+            for group, saved in zip(optimizer.param_groups, state.get("param_groups", []), strict=True):
+                group.update({k: v for k, v in saved.items() if k != "params"})
+            return
         set_optimizer_state_dict(self.unwrap(model), optimizer, state, options=StateDictOptions(full_state_dict=True))
 
     # ---------------------------------------------------------------- diagnostics

@@ -1,0 +1,27 @@
+"""The strategy contract kit (aios.testing.strategy_contract) run against the native strategies
+on CPU over gloo."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+
+from aios.testing.strategy_contract import StrategyContract  # noqa: E402
+
+
+class TestDDPContract(StrategyContract):
+    strategy = "ddp"
+
+
+class TestFSDPContract(StrategyContract):
+    strategy = "fsdp"
+    overrides = ["fsdp.wrap=[Block]"]
+
+
+class TestFSDPOptionsContract(StrategyContract):
+    """FSDP2 with activation checkpointing per block and CPU offload of shards, gradients and
+    optimizer state."""
+
+    strategy = "fsdp"
+    overrides = ["fsdp.wrap=[Block]", "fsdp.activation_checkpointing=true", "fsdp.cpu_offload=true", "fsdp.reshard_after_forward=false"]
