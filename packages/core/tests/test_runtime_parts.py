@@ -208,3 +208,53 @@ def test_launcher_worker_env_names_live_only_in_the_contract_module():
                 offenders.append(f"{src.relative_to(REPO)}:{node.lineno}: {node.value!r}")
     assert offenders == []
     assert all(name.startswith(contract.CONTROL_PREFIX) for name in contract.ALL)
+
+
+def test_all_ranks_write_format_with_two_processes(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
+    env.update({"AIOS_LOGGING__RUN_DIR": str(tmp_path / "runs"), "AIOS_LOGGING__TENSORBOARD": "false"})
+    ck = tmp_path / "ck"
+    script = Path(__file__).parent / "scripts" / "sharded_format.py"
+    r = subprocess.run(
+        [sys.executable, "-c", "from aios.cli.run import main; main()", "--nprocs", "2", "--master-port", str(port), str(script), str(ck)],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=400,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = r.stdout
+    assert "[rank0]:files ['rank0.json', 'rank1.json'] world 2 format test-per-rank" in out
+    for rank in (0, 1):
+        assert f"[rank{rank}]:save failed: True True" in out, out
+        assert f"[rank{rank}]:resumed 3 {2.0 * (rank + 1)}" in out, out
+    assert sorted(p.name for p in ck.iterdir()) == ["ckpt-000000003"]  # the failed save left nothing
+
+
+def test_checkpoint_format_can_be_registered_lazily():
+    from aios.checkpointing import FORMATS, FullStateFormat, get_format, register_format
+
+    register_format("test-lazy", "aios.checkpointing:FullStateFormat")
+    try:
+        assert isinstance(get_format("test-lazy"), FullStateFormat)
+        assert FORMATS["test-lazy"] is FullStateFormat
+    finally:
+        FORMATS.pop("test-lazy", None)
+    from aios.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match="checkpoint format 'nope' is not available"):
+        get_format("nope")
+
+
+def test_progress_starts_nothing_until_the_first_update(monkeypatch, capsys):
+    from aios.runtime import Progress
+
+    monkeypatch.setattr("sys.stdout.isatty", lambda: True, raising=False)
+    threads = threading.active_count()
+    p = Progress(10, "train", enabled=True, every=1)
+    assert p._bar is None and threading.active_count() == threads
+    p.close()

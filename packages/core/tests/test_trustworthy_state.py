@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 import warnings
 from pathlib import Path
@@ -420,3 +419,53 @@ def test_worker_config_and_records_drop_new_secret_names(tmp_path, monkeypatch):
     from aios.config import redact
 
     assert redact({"DB_PASS": "x", "MONKEY_NAME": "bob", "dir": "s3://u:pw@h/b"}) == {"DB_PASS": "***", "MONKEY_NAME": "bob", "dir": "s3://u:***@h/b"}
+
+
+def test_object_store_lock_refuses_a_live_holder_and_takes_over_a_stale_one():
+    import fsspec
+
+    store = CheckpointStore("memory://aios-lock-test/ck", keep=1)
+    fs = fsspec.filesystem("memory")
+    fs.makedirs("/aios-lock-test/ck", exist_ok=True)
+    lock = {"run_id": "remote", "pid": 7, "host": "other-host.invalid", "token": "t", "heartbeat": time.time()}
+    fs.pipe("/aios-lock-test/ck/.aios-lock", json.dumps(lock).encode())
+    with pytest.raises(CheckpointError, match="memory://aios-lock-test/ck' is in use by run remote"):
+        store.acquire_lock({"run_id": "me"})
+    lock["heartbeat"] = time.time() - 3600
+    fs.pipe("/aios-lock-test/ck/.aios-lock", json.dumps(lock).encode())
+    store.acquire_lock({"run_id": "me"})
+    assert store.read_lock()["run_id"] == "me"
+    store.release_lock()
+    assert store.read_lock() is None
+    fs.rm("/aios-lock-test", recursive=True)
+
+
+def test_lock_heartbeat_keeps_a_long_run_fresh(tmp_path, monkeypatch):
+    import aios.checkpoint as ckmod
+
+    monkeypatch.setattr(ckmod, "LOCK_HEARTBEAT_S", 0.05)
+    ck = tmp_path / "ck"
+    rt = aios.init(checkpoint={"dir": str(ck)})
+    first = json.loads((ck / LOCK_FILE).read_text())["heartbeat"]
+    deadline = time.time() + 30
+    while json.loads((ck / LOCK_FILE).read_text())["heartbeat"] == first and time.time() < deadline:
+        time.sleep(0.05)
+    assert json.loads((ck / LOCK_FILE).read_text())["heartbeat"] > first
+    assert not [p for p in ck.iterdir() if p.name.startswith(".aios-lock.")]  # no temp files left
+    rt.close()
+    assert not (ck / LOCK_FILE).exists()
+
+
+def test_save_to_an_explicit_path_inside_checkpoint_dir_keeps_the_periodic_checkpoint(tmp_path):
+    ck = tmp_path / "ck"
+    rt = aios.init(checkpoint={"dir": str(ck), "every": 2})
+    _train(rt, 3)  # ckpt-2 written at the boundary
+    rt.save(str(ck / "ckpt-000000002-copy-dir-not-ckpt"))  # an odd name that is not aios's
+    rt.training.step = 2
+    path = rt.save(str(ck / "best"))
+    assert path == str(ck / "best") and (ck / "best" / MARKER).exists()
+    assert (ck / "ckpt-000000002" / MARKER).exists()  # the periodic checkpoint of that step is intact
+    with pytest.raises(CheckpointError, match="already exists"):
+        rt.save(str(ck / "best"))
+    assert (ck / "best" / MARKER).exists()
+    assert not [p for p in ck.iterdir() if p.name.startswith(".aios-partial")]

@@ -117,6 +117,8 @@ class Staging:
     #: object stores: the staging directory is the checkpoint's final place
     in_place: bool = False
     files: dict[str, Any] = field(default_factory=dict)
+    #: an explicit directory name (``rt.save(path)``) instead of ``ckpt-<step>``
+    target: str | None = None
 
 
 class _HashingWriter:
@@ -345,16 +347,22 @@ class CheckpointStore:
         return entry
 
     # ---------------------------------------------------------------- staging and commit
-    def begin(self, step: int) -> Staging:
-        """Start a save of ``step``: a new staging directory that belongs to this lineage."""
+    def begin(self, step: int, target: str | None = None) -> Staging:
+        """Start a save of ``step``: a new staging directory that belongs to this lineage. With
+        ``target`` (a directory name in this store) the checkpoint ends up there instead of at
+        ``ckpt-<step>``; it must not exist."""
         nonce = _nonce()
         name = ckpt_name(step)
         in_place = not self.local
+        if target is not None and self.fs.exists(self._join(target)):
+            raise CheckpointError(f"'{self.display(self._join(target))}' already exists", "choose a new path or delete it")
         if self.local:
             path = self._join(f".aios-partial-{name}-{self.lineage}-{nonce}")
+        elif target is not None:
+            path = self._join(target)
         else:
             path = self._join(name if not self.fs.exists(self._join(name)) else f"{name}-{nonce}")
-        staging = Staging(step, path, self.lineage, nonce, in_place)
+        staging = Staging(step, path, self.lineage, nonce, in_place, target=target)
         try:
             self.fs.makedirs(path, exist_ok=True)
             with self.open_write(f"{path}/{STAGING_FILE}") as f:
@@ -388,6 +396,8 @@ class CheckpointStore:
             **(meta or {}), "lineage": self.lineage,
         }
         try:
+            if self.local:
+                fsync_dir(staging.path)  # every writer's file names are durable before the marker
             with self.open_write(f"{staging.path}/{MARKER}") as f:
                 f.write(json.dumps(marker, indent=1, sort_keys=True, default=str).encode())
                 self.fsync(f)
@@ -413,6 +423,14 @@ class CheckpointStore:
         return self._staging_lineage(path) == self.lineage
 
     def _place(self, staging: Staging, final: str, name: str) -> str:
+        if staging.target is not None:  # an explicit path: never replaces anything
+            where = self._join(staging.target)
+            if self.local:
+                if os.path.exists(where):
+                    raise FileExistsError(f"'{where}' already exists")
+                os.rename(staging.path, where)
+                fsync_dir(self.root)
+            return where
         if not self.local:
             if staging.path != final and self._ours(final):
                 self.retire(final)  # the new copy is complete: now the old one may go

@@ -17,8 +17,9 @@ does when ``runtime.setup`` attached it: ``loader.owner`` is the manager); ``bac
 Extension point: checkpoint formats
 -----------------------------------
 *How* the state is written is a :class:`CheckpointFormat`, chosen by the strategy's
-``checkpoint_format`` attribute (default ``"full"``) from :data:`FORMATS` (add one with
-:func:`register_format`). A format implements:
+``checkpoint_format`` attribute (default ``"full"``) from :data:`FORMATS` when the manager is
+built (add one with :func:`register_format`, a class or a lazy ``"module:Class"``). A format
+implements:
 
 * ``save(step, ctx, staging, store)``: write this rank's files into ``staging.path`` with
   ``store.write_file(staging, name, writer)`` (durable, sized and hashed for the marker) or on its
@@ -116,17 +117,13 @@ class FullStateFormat(CheckpointFormat):
         return state.get("extra", {}) or {}
 
 
-def _dcp_format() -> CheckpointFormat:
-    from aios.dcp import DcpFormat
-
-    return DcpFormat()  # type: ignore[return-value]
+#: format name -> class, or ``"module:Class"`` imported on first use (keeps imports lazy)
+FORMATS: dict[str, type[CheckpointFormat] | str] = {"full": FullStateFormat, "dcp": "aios.dcp:DcpFormat"}
 
 
-FORMATS: dict[str, Any] = {"full": FullStateFormat, "dcp": _dcp_format}
-
-
-def register_format(name: str, cls: type[CheckpointFormat]) -> None:
-    """Make a checkpoint format available to strategies whose ``checkpoint_format`` is ``name``."""
+def register_format(name: str, cls: type[CheckpointFormat] | str) -> None:
+    """Make a checkpoint format available to strategies whose ``checkpoint_format`` is ``name``
+    (a class, or ``"module:Class"`` to import it only when a strategy asks for it)."""
     FORMATS[name] = cls
 
 
@@ -134,6 +131,11 @@ def get_format(name: str) -> CheckpointFormat:
     cls = FORMATS.get(name)
     if cls is None:
         raise CheckpointError(f"checkpoint format '{name}' is not available (known: {', '.join(sorted(FORMATS))})", "install the plugin that provides it")
+    if isinstance(cls, str):
+        import importlib
+
+        module, _, attr = cls.partition(":")
+        cls = FORMATS[name] = getattr(importlib.import_module(module), attr)
     return cls()
 
 
@@ -298,10 +300,11 @@ class CheckpointManager:
         files: dict[str, Any] = {}
         written: str | None = None
         try:
+            target = path.rstrip("/").rpartition("/")[2] if path is not None else None
             if fmt.all_ranks_write:  # one staging directory for every rank, begun by rank 0
-                staging = self._collective(lambda: store.begin(step))
+                staging = self._collective(lambda: store.begin(step, target))
             elif writes:
-                staging = store.begin(step)
+                staging = store.begin(step, target)
             if writes:
                 files = fmt.save(step, ctx, staging, store) or {}
         except BaseException as exc:  # noqa: BLE001 - re-raised after the barrier
@@ -382,13 +385,9 @@ class CheckpointManager:
         return self._store.lineage if self._store is not None else None
 
     def _commit(self, store: Any, staging: Any, files: dict[str, Any], path: str | None) -> str:
-        from aios.checkpoint import ckpt_name
-
         written = store.commit(staging, self.meta(), files)
-        if path is not None:
-            name = path.rstrip("/").rpartition("/")[2]
-            if name != ckpt_name(staging.step):
-                written = _rename_ckpt(store, written, path)
+        if path is not None and "://" not in path:
+            return path  # as the caller named it
         return written
 
     # ---------------------------------------------------------------- load / resume
@@ -503,17 +502,3 @@ class CheckpointManager:
                 with open(os.path.join(status_dir, f"rank{rank}"), "w") as f:
                     f.write(f"preempted {path or ''}")
         return event
-
-
-def _rename_ckpt(store: Any, written: str, target: str) -> str:
-    """Move a just-written checkpoint to an explicit target path (local only)."""
-    from aios.checkpoint import fsync_dir
-
-    if store.local and os.path.abspath(written) != os.path.abspath(target):
-        if os.path.exists(target):
-            store.retire(written)
-            raise CheckpointError(f"'{target}' already exists", "choose a new path or delete it")
-        os.rename(written, target)
-        fsync_dir(os.path.dirname(os.path.abspath(target)))
-        return target
-    return written

@@ -589,7 +589,15 @@ class DcpFormat:
                 "world_size": tr.world_size, "data_world": self._data_world(tr), "backend": tr.backend,
             }
         mine = ctx.rngs[rank] if rank < len(ctx.rngs) else tr.rng_state()
-        entries = self.io.write_files(store, staging, common, {"rng": mine, "loaders": loaders})
+        err: str | None = None
+        entries: dict[str, Any] = {}
+        try:
+            entries = self.io.write_files(store, staging, common, {"rng": mine, "loaders": loaders})
+        except Exception as exc:  # noqa: BLE001 - every rank learns it: no rank starts its shards
+            err = _one_line(exc)
+        errors = [e for e in self.io.all_gather(err) if e]
+        if errors:
+            raise CheckpointError(f"saving checkpoint step {step} failed ({errors[0]})", "check that checkpoint.dir is writable and has free space")
         # (the manager's collectives run on the default group, never on the checkpoint group
         # a background write uses)
         handle = self.io.write_shards(store, staging, self._modules(tr), tr.optimizers, bool(getattr(ctx, "background", False)))

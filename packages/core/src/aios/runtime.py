@@ -234,28 +234,33 @@ class Progress:
         self._task: Any = None
         self._t0 = time.perf_counter()
         self._start = start
-        if enabled and sys.stdout.isatty():
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
-            from rich.progress import Progress as RichProgress
-
-            self._bar = RichProgress(
-                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-            )
-            self._bar.start()
-            self._task = self._bar.add_task(description, total=total, completed=start, info="")
+        self._want_bar = enabled and sys.stdout.isatty()  # started on the first update (a thread)
         self.description = description
+
+    def _start_bar(self) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+        from rich.progress import Progress as RichProgress
+
+        self._want_bar = False
+        self._bar = RichProgress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+        )
+        self._bar.start()
+        self._task = self._bar.add_task(self.description, total=self.total, completed=self._start, info="")
 
     def update(self, step: int, **metrics: Any) -> None:
         if not self.enabled:
             return
         info = " ".join(f"{k}={_fmt(v)}" for k, v in metrics.items())
+        if self._want_bar:
+            self._start_bar()
         if self._bar is not None:
             self._bar.update(self._task, completed=step, info=info)
         elif step % self.every == 0 or step == self.total:
@@ -263,6 +268,7 @@ class Progress:
             print(f"{self.description} {step}/{self.total} {info} ({rate:.2f} steps/s)", flush=True)
 
     def close(self) -> None:
+        self._want_bar = False
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
