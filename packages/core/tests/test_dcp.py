@@ -121,9 +121,10 @@ def test_dcp_rank_dying_before_commit_is_never_resumed(tmp_path: Path) -> None:
     codes, log = _launch(2, job)
     assert codes[1] == 9 and codes[0] != 0, (codes, log)
     assert (tmp_path / "out" / "dying").exists()
-    # step 4 was staged (rank 0's files are there) but never committed
-    partial = list(ckpt.glob(".aios-partial-ckpt-000000004-*"))
-    assert len(partial) == 1 and (partial[0] / "rank-00000.pt").exists() and not (partial[0] / "aios-checkpoint.json").exists()
+    # step 4 was staged but never committed: its staging directory has no marker (or rank 0,
+    # seeing the save fail, removed it before it was stopped)
+    for partial in ckpt.glob(".aios-partial-ckpt-000000004-*"):
+        assert not (partial / "aios-checkpoint.json").exists()
     assert not (ckpt / "ckpt-000000004").exists()
     store = CheckpointStore(str(ckpt))
     assert [(c.step, c.complete) for c in store.list()] == [(2, True)]
