@@ -93,7 +93,13 @@ def test_dcp_runtime_killed_then_resumed_is_bitwise_equal(reference_2: Path, tmp
     pids.mkdir()
     p = _launch(tmp_path, 2, ckpt, got, every=3, DROPOUT="0.1", STEP_DELAY="0.2", PROGRESS_FILE=str(progress), PID_DIR=str(pids))
     reached = _wait_step(progress, p, kill_at)
-    if sig == "SIGKILL":
+    if sig == "SIGKILL":  # once a periodic checkpoint is committed (background saves lag a little)
+        from aios.checkpoint import CheckpointStore as _Store
+
+        end = time.time() + 120
+        while _Store(str(ckpt)).latest(warn=False) is None and time.time() < end and p.poll() is None:
+            time.sleep(0.05)
+        reached = int(progress.read_text() or 0)
         for f in pids.glob("rank*.pid"):
             with _suppress():
                 os.kill(int(f.read_text()), signal.SIGKILL)
