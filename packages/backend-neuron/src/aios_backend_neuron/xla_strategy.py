@@ -21,7 +21,6 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from aios.errors import AiosError
-from aios.contract import NODE_RANK_ENV
 from aios_backend_neuron.settings import settings_of
 from aios_backend_xla.strategy import XlaStrategy
 

@@ -37,7 +37,6 @@ import warnings
 from typing import TYPE_CHECKING, Any, Iterator
 
 from aios.errors import ConfigError
-from aios.contract import NODE_RANK_ENV
 from aios.strategy import Strategy
 from aios_backend_xla.compile_guard import CompileGuard
 from aios_backend_xla.settings import XlaSettings, settings_of

@@ -64,11 +64,14 @@ __all__ = ["CheckpointFormat", "FullStateFormat", "SaveContext", "CheckpointMana
 class SaveContext:
     """What a :class:`CheckpointFormat` gets to save."""
 
-    def __init__(self, training: Any, extra: dict[str, Any], rngs: list[Any]) -> None:
+    def __init__(self, training: Any, extra: dict[str, Any], rngs: list[Any], background: bool = False) -> None:
         self.training = training
         self.extra = extra
         #: every rank's RNG state (gathered before the save; rank order)
         self.rngs = rngs
+        #: the format may write in the background (formats with ``wait()``; the manager then
+        #: defers the commit to ``commit_when_written`` and finishes it with ``wait()``)
+        self.background = background
 
     def full_state(self) -> dict[str, Any]:
         """The full state dict of this process plus every rank's RNG state and ``extra``."""
@@ -115,7 +118,7 @@ class FullStateFormat(CheckpointFormat):
 
 
 #: format name -> class, or ``"module:Class"`` imported on first use (keeps imports lazy)
-FORMATS: dict[str, type[CheckpointFormat] | str] = {"full": FullStateFormat}
+FORMATS: dict[str, type[CheckpointFormat] | str] = {"full": FullStateFormat, "dcp": "aios.dcp:DcpFormat"}
 
 
 def register_format(name: str, cls: type[CheckpointFormat] | str) -> None:
@@ -159,9 +162,12 @@ class CheckpointManager:
         #: called for a "preempt" boundary (the runtime writes the emergency checkpoint and exits)
         self.on_preempt: Callable[[], None] | None = None
         self.format = get_format(getattr(strategy, "checkpoint_format", "full") or "full")
+        if hasattr(self.format, "seed"):
+            self.format.seed = config.seed  # ranks beyond a saved world size reseed from it
         self.lineage: str | None = None
         self.saved_step: int | None = None
         self.resumed_from: str | None = None
+        self._pending_meta: dict[str, Any] | None = None
         self._store: Any = None
         self._started = False
         self._heartbeat: threading.Thread | None = None
@@ -269,15 +275,24 @@ class CheckpointManager:
             return self.strategy.gather_object(mine)
         return [mine]
 
-    def save(self, path: str | None = None, extra: dict[str, Any] | None = None) -> str | None:
+    def save(self, path: str | None = None, extra: dict[str, Any] | None = None, background: bool | None = None) -> str | None:
         """Collective: write a checkpoint of the full state. Without ``path`` it goes to
         ``checkpoint.dir`` (keep-N of this lineage); with one, to that directory (nothing is
-        pruned there). Returns the checkpoint's path on the writing rank."""
+        pruned there). Returns the checkpoint's path on the writing rank (None for a background
+        save: it is committed when written; :meth:`finish_pending` waits for that).
+
+        ``background`` (default ``checkpoint.async_save`` for saves to ``checkpoint.dir``) lets
+        a format that supports it (``dcp``) write while training continues. A pending background
+        save is always finished first."""
+        self.finish_pending()
         t0 = time.perf_counter()
         step = self.training.step
         fmt = self.format
+        if background is None:
+            background = path is None and bool(getattr(self.config.checkpoint, "async_save", False))
+        background = bool(background) and hasattr(fmt, "wait")
         rngs = self._gather_rngs()
-        ctx = SaveContext(self.training, extra or {}, rngs)
+        ctx = SaveContext(self.training, extra or {}, rngs, background=background)
         store = self._target_store(path)
         writes = fmt.all_ranks_write or self.strategy.saves_on_this_rank()
         staging: Any = None
@@ -300,6 +315,10 @@ class CheckpointManager:
             failed = [e for _, e in results if e]
             if error is None and failed:
                 error = CheckpointError(f"saving checkpoint step {step} failed on another rank ({failed[0]})", "check that checkpoint.dir is writable and has free space")
+            deferred = getattr(fmt, "pending", None) is not None
+            if failed and deferred:
+                with contextlib.suppress(Exception):
+                    fmt.wait()
             if self.is_main and staging is not None:
                 if failed:
                     store.abort(staging)
@@ -308,7 +327,13 @@ class CheckpointManager:
                     for f, _ in results:
                         merged.update(f)
                     try:
-                        written = self._commit(store, staging, merged, path)
+                        if deferred:  # written in the background: commit once every rank's shards are
+                            fmt.commit_when_written(
+                                lambda shards, m=merged: self._commit(store, staging, {**m, **shards}, path),
+                                lambda: store.abort(staging), store, staging,
+                            )
+                        else:
+                            written = self._commit(store, staging, merged, path)
                     except BaseException as exc:  # noqa: BLE001
                         error = exc
         elif writes and staging is not None:
@@ -330,7 +355,23 @@ class CheckpointManager:
         if written:
             dt = time.perf_counter() - t0
             self.record.diag["checkpoints"].append({"step": step, "path": written, "seconds": round(dt, 4), "lineage": store.lineage})
+        elif getattr(fmt, "pending", None) is not None:
+            self._pending_meta = {"step": step, "staged_seconds": round(time.perf_counter() - t0, 4), "lineage": store.lineage, "background": True}
         return written
+
+    def finish_pending(self) -> str | None:
+        """Collective: finish a background save (every rank's shards written, the marker
+        committed by rank 0). Called before the next save, at preemption and at exit. Returns
+        the committed path on rank 0."""
+        fmt = self.format
+        if getattr(fmt, "pending", None) is None:
+            return None
+        handle = fmt.wait()
+        meta, self._pending_meta = self._pending_meta or {}, None
+        if handle is not None and handle.path:
+            entry = {**meta, "path": handle.path, "seconds": round((handle.finished or time.perf_counter()) - handle.started, 4)}
+            self.record.diag["checkpoints"].append(entry)
+        return handle.path if handle is not None else None
 
     def _target_store(self, path: str | None) -> Any:
         if path is None:
@@ -433,11 +474,18 @@ class CheckpointManager:
             return self.training.step
         path, lineage, meta, step = chosen
         self.load(path if "://" not in self.config.checkpoint.dir else store.display(path), reshard=reshard)
+        saved_world = meta.get("world_size", "?")
+        resharded = saved_world != "?" and int(saved_world) != self.world_size
+        how = f"resharded from {saved_world} ranks to {self.world_size} ranks" if resharded else f"world size {saved_world}"
         self._print(
             f"aios: resumed from {self.resumed_from} at step {self.training.step} (run {meta.get('run_id', '?')}, "
-            f"world size {meta.get('world_size', '?')}, backend {meta.get('backend', '?')}, lineage {lineage or 'legacy'})"
+            f"{how}, backend {meta.get('backend', '?')}, lineage {lineage or 'legacy'})"
         )
-        self.record.event("resume", path=self.resumed_from, step=self.training.step, run_id=meta.get("run_id"), lineage=lineage)
+        event: dict[str, Any] = {"path": self.resumed_from, "step": self.training.step, "run_id": meta.get("run_id"), "lineage": lineage}
+        if resharded:
+            event.update(resharded_from=int(saved_world), resharded_to=self.world_size)
+            self.record.diag["resharded"] = {"from_world_size": int(saved_world), "to_world_size": self.world_size, "step": self.training.step}
+        self.record.event("resume", **event)
         return self.training.step
 
     # ---------------------------------------------------------------- preemption
@@ -445,7 +493,7 @@ class CheckpointManager:
         """Collective: the checkpoint after a preemption notice; leaves the status file that
         ``aios-run`` reads; returns the event for the run record."""
         grace = self.config.checkpoint.grace_seconds
-        path = self.save() if self.config.checkpoint.dir else None
+        path = self.save(background=False) if self.config.checkpoint.dir else None
         spent = elapsed()
         event = {"reason": reason, "step": self.training.step, "checkpoint": path, "seconds_since_notice": round(spent, 3), "grace_seconds": grace}
         status_dir = os.environ.get(STATUS_DIR_ENV)

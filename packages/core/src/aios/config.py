@@ -58,6 +58,8 @@ class CheckpointSettings(Section):
     keep: int = Field(3, ge=1, description="complete checkpoints kept; older ones are deleted")
     resume: bool = Field(True, description="resume from the newest complete checkpoint in dir")
     grace_seconds: float = Field(25.0, gt=0, description="deadline for the emergency checkpoint after a preemption notice")
+    async_save: bool = Field(True, description="sharded (dcp) checkpoints: write in the background while training continues")
+    reshard: bool = Field(False, description="resume a checkpoint written with another world size/mesh (formats that reshard: dcp)")
 
 
 class LoggingSettings(Section):

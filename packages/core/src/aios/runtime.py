@@ -158,7 +158,13 @@ def _install_excepthook() -> None:
             return
         rank = os.environ.get("RANK")
         where = f" (rank {rank})" if rank is not None and os.environ.get("WORLD_SIZE", "1") != "1" else ""
-        sys.stderr.write(f"aios: error{where}: {exc}\n")
+        out = sys.stderr
+        try:
+            out.fileno()
+        except Exception:  # noqa: BLE001 - torch.distributed's excepthook captures sys.stderr around ours
+            out = sys.__stderr__ or out
+        out.write(f"aios: error{where}: {exc}\n")
+        out.flush()
         atexit._run_exitfuncs()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -636,11 +642,14 @@ class Runtime:
         self.training.load_state_dict(state, strict=strict, rank=self.rank)
         self.checkpointer.saved_step = self.training.step
 
-    def save(self, path: str | None = None, extra: dict[str, Any] | None = None) -> str | None:
+    def save(self, path: str | None = None, extra: dict[str, Any] | None = None, background: bool = False) -> str | None:
         """Write a checkpoint of the full state (collective: call it on every rank). Without
         ``path`` it goes to ``checkpoint.dir`` as ``ckpt-<step>``, atomically, keeping the
-        newest ``checkpoint.keep`` of this run's lineage. Returns the checkpoint path on rank 0."""
-        written = self.checkpointer.save(path, extra)
+        newest ``checkpoint.keep`` of this run's lineage. Returns the checkpoint path on rank 0.
+        ``background=True`` (sharded ``dcp`` checkpoints) returns once the state is staged in
+        memory and commits when written, like the periodic saves with ``checkpoint.async_save``;
+        the path is then None."""
+        written = self.checkpointer.save(path, extra, background=background)
         if written:
             self._write_diagnostics()
         return written
@@ -723,9 +732,12 @@ class Runtime:
         ck = self.checkpointer
         step = self.training.step
         try:
+            if status in ("finished", "exited", "preempted") and self._started:
+                ck.finish_pending()  # a background save is committed before the process ends
             if status == "finished" and self.config.checkpoint.dir and step and ck.saved_step != step and self._started:
                 ck.pending = None
                 self.save()  # the final checkpoint (checkpoint.every=0 means: only at the end)
+                ck.finish_pending()  # committed before the process ends
         finally:
             ck.pending = None
             self._closed = True

@@ -1,0 +1,651 @@
+"""The ``dcp`` checkpoint format: sharded checkpoints through ``torch.distributed.checkpoint``.
+
+Used by strategies whose state is sharded over ranks (``fsdp``, ``tp``, ``hsdp``: their
+``checkpoint_format`` is ``"dcp"``); DDP, XLA and DeepSpeed keep the ``full`` format of
+:mod:`aios.checkpoint`. Layout of one checkpoint (same directory naming and commit marker as the
+full format, so listing, ``latest()``, pruning and ``aios`` tools treat both alike)::
+
+    <dir>/ckpt-000000120/__0_0.distcp ...       DCP shards: every rank writes its own
+    <dir>/ckpt-000000120/.metadata              DCP's global plan (written by rank 0)
+    <dir>/ckpt-000000120/common.pt              state every rank holds alike (step, schedulers,
+                                                registered objects, precision), from rank 0
+    <dir>/ckpt-000000120/rank-00003.pt          per-rank state: RNG (python, numpy, torch,
+                                                device), data position of every loader
+    <dir>/ckpt-000000120/aios-checkpoint.json   commit marker, written LAST by rank 0
+
+Rules:
+
+* **Every rank writes its shards** to ``checkpoint.dir``: a local path (shared between nodes) or
+  any fsspec URL (``gs://``, ``s3://``, ``memory://`` ...). Locally DCP's ``FileSystemWriter``
+  (fsync'ed files); for URLs DCP's ``FsspecWriter``/``FsspecReader`` with the storage options
+  the scheme's plugin registers.
+* **A checkpoint counts only once committed.** A save goes through the store's staging and
+  commit (:meth:`aios.checkpoint.CheckpointStore.begin`/``commit``): rank 0 begins a staging
+  directory (locally ``.aios-partial-ckpt-<step>-...``, renamed into place on commit; in place on
+  object stores), every rank writes into it, and rank 0 writes the marker only after DCP's save
+  has finished on every rank (DCP gathers every rank's write results before rank 0 writes
+  ``.metadata``; the per-rank files are written before a rank joins that save). The marker lists
+  every file with its size (and sha256 for the small ``.pt`` files). A staging directory without
+  a marker (a rank died, the job was killed mid-save) is never resumed, and the store's pruning
+  removes it later (lineage rules of :mod:`aios.checkpoint`).
+* **Async.** :meth:`DcpCheckpointer.save` with ``async_save=True`` stages the state into CPU
+  copies (DCP's stager) and returns; the writing runs in a background thread on a dedicated
+  gloo process group so it never interleaves with training collectives, and rank 0 commits (marker,
+  pruning) from that thread as soon as the write is done. :meth:`DcpCheckpointer.wait` finishes
+  a pending save; call it (collectively) before the next save, at preemption and at exit.
+* **Resharding on load.** Model and optimizer state go through
+  ``torch.distributed.checkpoint.state_dict.get_state_dict/set_state_dict`` (FSDP2, DTensor TP,
+  plain modules) and load in place into whatever sharding this run has: a checkpoint saved by N
+  ranks loads on M ranks and on a different mesh.
+* **Per-rank state on another world size** (:func:`rank_state_for`): rank ``r < N`` gets the
+  saved state of rank ``r``; ranks ``r >= N`` have no saved RNG and are reseeded
+  deterministically with :func:`reseed` from ``(seed, step, rank)``. Data positions are
+  re-derived from the global sample count (:func:`reshard_loader_state`): after ``b`` batches
+  per rank on N ranks, ``b * N`` per-rank batches of the same size were consumed globally, so the
+  new position is ``b * N / M`` batches per rank. With the usual ``DistributedSampler``
+  interleaving no sample is skipped or repeated when ``b * N`` divides by ``M``; otherwise the
+  position rounds down (a few samples are seen twice, none skipped) and a warning says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import random
+import threading
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+from aios.checkpoint import CheckpointInfo, CheckpointStore
+from aios.errors import CheckpointError
+
+FORMAT_NAME = "dcp"
+COMMON_FILE = "common.pt"
+DCP_METADATA = ".metadata"
+
+
+def rank_file(rank: int) -> str:
+    return f"rank-{rank:05d}.pt"
+
+
+# ------------------------------------------------------------------------------ storage
+
+
+def storage_options(url: str) -> tuple[str, dict[str, Any]]:
+    """``(fsspec URL, options)`` for a registered URL scheme (endpoint settings from the plugin
+    that registers it; never credentials in the options it hands out)."""
+    from aios.checkpoint import filesystem
+    from aios.plugins import get_registry
+
+    filesystem(url)  # the one-line errors for an unknown scheme or a missing package
+    scheme, rest = url.split("://", 1)
+    spec = get_registry().storage[scheme]
+    options = spec.storage_options(url) if spec.storage_options else {}
+    return f"{spec.protocol}://{rest}", options
+
+
+def _make_writer(url: str) -> Any:
+    """A DCP storage writer for one checkpoint directory (a local path or a URL)."""
+    if "://" not in url:
+        from torch.distributed.checkpoint import FileSystemWriter
+
+        return FileSystemWriter(url, sync_files=True, single_file_per_rank=True, overwrite=True)
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+    full, options = storage_options(url)
+    return FsspecWriter(full, sync_files=False, single_file_per_rank=True, overwrite=True, **options)
+
+
+def _make_reader(url: str) -> Any:
+    if "://" not in url:
+        from torch.distributed.checkpoint import FileSystemReader
+
+        return FileSystemReader(url)
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+    full, options = storage_options(url)
+    return FsspecReader(full, **options)
+
+
+def _torch_bytes(obj: Any) -> bytes:
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+# ------------------------------------------------------------------------------ RNG and data
+
+
+def rng_state(device_rng: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Python, NumPy, torch CPU (and the device's, when given) RNG states of this process."""
+    import torch
+
+    v, internal, gauss = random.getstate()
+    state: dict[str, Any] = {"python": [v, list(internal), gauss], "torch": torch.get_rng_state()}
+    with contextlib.suppress(ImportError):
+        import numpy as np
+
+        s = np.random.get_state()
+        state["numpy"] = [s[0], torch.from_numpy(s[1].astype("int64")), int(s[2]), int(s[3]), float(s[4])]
+    state["device"] = device_rng or {}
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> dict[str, Any]:
+    """Restore what :func:`rng_state` captured; returns the device part for the caller."""
+    import torch
+
+    if "python" in state:
+        v, internal, gauss = state["python"]
+        random.setstate((v, tuple(internal), gauss))
+    if "torch" in state:
+        torch.set_rng_state(state["torch"])
+    if "numpy" in state:
+        with contextlib.suppress(ImportError):
+            import numpy as np
+
+            name, keys, pos, has_gauss, cached = state["numpy"]
+            np.random.set_state((name, keys.numpy().astype("uint32"), pos, has_gauss, cached))
+    return state.get("device") or {}
+
+
+def reseed_value(seed: int | None, step: int, rank: int) -> int:
+    """The seed a rank without saved RNG state gets (documented rule, deterministic)."""
+    h = hashlib.sha256(f"aios-dcp-reseed:{seed or 0}:{step}:{rank}".encode()).digest()
+    return int.from_bytes(h[:8], "little") % 2**63
+
+
+def reseed(seed: int | None, step: int, rank: int) -> int:
+    """Seed Python, NumPy and torch for a rank beyond the saved world size; returns the seed
+    (the caller seeds the device RNG with it too)."""
+    import torch
+
+    value = reseed_value(seed, step, rank)
+    random.seed(value)
+    with contextlib.suppress(ImportError):
+        import numpy as np
+
+        np.random.seed(value % 2**32)
+    torch.manual_seed(value)
+    return value
+
+
+def reshard_loader_state(
+    state: dict[str, Any] | None, saved_world: int, world: int,
+    saved_batch_size: int | None = None, batch_size: int | None = None,
+) -> dict[str, Any] | None:
+    """A loader position ``{"epoch", "batch"}`` saved on ``saved_world`` ranks with per-rank
+    batches of ``saved_batch_size`` samples, re-derived for ``world`` ranks with ``batch_size``
+    (default: the same) from the global sample count (see the module docstring)."""
+    if state is None or "batch" not in state:
+        return state
+    old_bs = int(saved_batch_size or batch_size or 1)
+    new_bs = int(batch_size or old_bs)
+    if saved_world == world and old_bs == new_bs:
+        return state
+    consumed = int(state["batch"]) * old_bs * saved_world  # samples consumed over all ranks
+    batch, rest = divmod(consumed, new_bs * world)
+    if rest:
+        warnings.warn(
+            f"aios: data position ({consumed} samples over {saved_world} ranks) does not divide into batches of "
+            f"{new_bs} x {world} ranks: resuming at batch {batch}, {rest} samples are seen twice (none skipped)",
+            stacklevel=2,
+        )
+    return {**state, "batch": batch}
+
+
+def rank_state_for(rank: int, states: dict[int, Any]) -> Any | None:
+    """The saved per-rank state this rank resumes with: its own when it existed, else None (the
+    caller reseeds with :func:`reseed`)."""
+    return states.get(rank)
+
+
+# ------------------------------------------------------------------------------ model/optimizer
+
+
+def _optimizer_owner(opt: Any, modules: list[Any]) -> Any:
+    ids = {id(p) for g in opt.param_groups for p in g["params"]}
+    for m in modules:
+        if any(id(p) in ids for p in m.parameters()):
+            return m
+    raise CheckpointError("an optimizer holds parameters of no set-up model", "set up the model with the runtime before its optimizer")
+
+
+def sharded_state(modules: list[Any], optimizers: list[Any]) -> dict[str, Any]:
+    """``{"model.<i>": ..., "optim.<j>": ...}``: sharded (DTensor) state dicts, DCP's input."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    out: dict[str, Any] = {}
+    for i, m in enumerate(modules):
+        out[f"model.{i}"] = get_state_dict(m, [])[0]
+    for j, o in enumerate(optimizers):
+        out[f"optim.{j}"] = get_state_dict(_optimizer_owner(o, modules), [o])[1]
+    return out
+
+
+def apply_sharded_state(state: dict[str, Any], modules: list[Any], optimizers: list[Any], strict: bool = True) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    opts = StateDictOptions(strict=strict)
+    for i, m in enumerate(modules):
+        set_state_dict(m, [], model_state_dict=state[f"model.{i}"], optim_state_dict={}, options=opts)
+    for j, o in enumerate(optimizers):
+        set_state_dict(_optimizer_owner(o, modules), [o], model_state_dict={}, optim_state_dict=state[f"optim.{j}"], options=opts)
+
+
+def _dist() -> tuple[bool, int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return True, dist.get_rank(), dist.get_world_size()
+    return False, 0, 1
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200] if text else ''}"
+
+
+# ------------------------------------------------------------------------------ the writer
+
+
+@dataclass
+class SaveHandle:
+    """One save; with ``async_save`` its shards are still being written in the background."""
+
+    step: int
+    staging: Any
+    future: Any = None
+    commit_thread: threading.Thread | None = None
+    error: list[BaseException] = field(default_factory=list)
+    #: the committed checkpoint's path (rank 0, once committed)
+    path: str | None = None
+    started: float = field(default_factory=time.perf_counter)
+    finished: float | None = None
+
+    def done(self) -> bool:
+        fut_done = self.future is None or self.future.done()
+        return fut_done and (self.commit_thread is None or not self.commit_thread.is_alive())
+
+
+class DcpWriter:
+    """The I/O of the ``dcp`` format, shared by :class:`DcpCheckpointer` (library use) and
+    :class:`DcpFormat` (the checkpoint manager's format). Holds the checkpoint process group and
+    at most one pending save."""
+
+    def __init__(self, process_group: Any = None) -> None:
+        self._pg = process_group
+        self._pg_made = process_group is not None
+        self.pending: SaveHandle | None = None
+
+    def group(self) -> Any:
+        """A gloo group of all ranks just for checkpoint I/O (an async save runs collectives
+        from a background thread; they must not interleave with training's on the default
+        group). Collective the first time."""
+        if not self._pg_made:
+            import torch.distributed as dist
+
+            on, _, world = _dist()
+            self._pg = dist.new_group(backend="gloo") if on and world > 1 else None
+            self._pg_made = True
+        return self._pg
+
+    # ---------------------------------------------------------------- collectives on the group
+    def broadcast(self, obj: Any) -> Any:
+        on, _, world = _dist()
+        if not on or world == 1:
+            return obj
+        import torch.distributed as dist
+
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.group())
+        return box[0]
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        on, _, world = _dist()
+        if not on or world == 1:
+            return [obj]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * world
+        dist.all_gather_object(out, obj, group=self.group())
+        return out
+
+    # ---------------------------------------------------------------- save
+    def write_files(self, store: CheckpointStore, staging: Any, common: dict[str, Any] | None, per_rank: dict[str, Any]) -> dict[str, Any]:
+        """This rank's per-rank file (rank 0: also ``common``), durable; their marker entries."""
+        import torch
+
+        _, rank, world = _dist()
+        entries = {rank_file(rank): store.write_file(staging, rank_file(rank), lambda f: torch.save({"rank": rank, "world_size": world, **per_rank}, f))}
+        if common is not None:
+            entries[COMMON_FILE] = store.write_file(staging, COMMON_FILE, lambda f: torch.save(common, f))
+        return entries
+
+    def write_shards(self, store: CheckpointStore, staging: Any, modules: list[Any], optimizers: list[Any], async_save: bool) -> SaveHandle:
+        """Every rank: its DCP shards into ``staging.path``; with ``async_save`` in the
+        background (after the state is staged into CPU copies), on the checkpoint group. No other
+        collective may run on that group until :meth:`wait`."""
+        import torch.distributed.checkpoint as dcp
+
+        on, _, _ = _dist()
+        group = self.group()
+        target = staging.path if store.local else store.display(staging.path)
+        state = sharded_state(modules, optimizers)
+        writer = _make_writer(target)
+        handle = SaveHandle(step=staging.step, staging=staging)
+        if async_save:
+            fut = dcp.async_save(state, storage_writer=writer, process_group=group, no_dist=not on)
+            handle.future = getattr(fut, "upload_completion", fut)
+            self.pending = handle
+        else:
+            dcp.save(state, storage_writer=writer, process_group=group, no_dist=not on)
+            handle.finished = time.perf_counter()
+        return handle
+
+    @staticmethod
+    def shard_entries(store: CheckpointStore, staging: Any) -> dict[str, Any]:
+        """Rank 0, once the DCP save has finished on every rank: the shard files and DCP's
+        metadata with their sizes. An incomplete set is an error (never committed)."""
+        fs = store.fs
+        with contextlib.suppress(Exception):
+            fs.invalidate_cache()
+        files: dict[str, Any] = {}
+        for e in fs.ls(staging.path, detail=True):
+            name = str(e["name"]).rstrip("/").rsplit("/", 1)[-1]
+            if name == DCP_METADATA or name.endswith(".distcp"):
+                files[name] = {"size": int(e["size"])}
+        if DCP_METADATA not in files or not any(n.endswith(".distcp") for n in files):
+            raise CheckpointError(f"checkpoint step {staging.step} is incomplete after the save (no DCP shards or metadata)", "check the storage and rerun")
+        return files
+
+    def commit_when_written(self, handle: SaveHandle, commit: Any, abort: Any) -> None:
+        """Rank 0 of an async save: a thread that runs ``commit()`` (list the shards, write the
+        marker; returns the path) once the background write has finished on every rank (DCP's
+        rank 0 finishes only after gathering every rank's write results), or ``abort()``."""
+
+        def run() -> None:
+            try:
+                handle.future.result()
+                handle.path = commit()
+                handle.finished = time.perf_counter()
+            except BaseException as exc:  # noqa: BLE001 - reported by wait()
+                handle.error.append(exc)
+                with contextlib.suppress(Exception):
+                    abort()
+
+        handle.commit_thread = threading.Thread(target=run, name="aios-dcp-commit", daemon=True)
+        handle.commit_thread.start()
+
+    def wait(self) -> SaveHandle | None:
+        """Collective: finish the pending async save (write and commit) on every rank; raises
+        a :class:`CheckpointError` on every rank when it failed anywhere."""
+        handle, self.pending = self.pending, None
+        if handle is None:
+            return None
+        err: str | None = None
+        try:
+            handle.future.result()
+        except BaseException as exc:  # noqa: BLE001
+            err = _one_line(exc)
+        if handle.commit_thread is not None:
+            handle.commit_thread.join()
+            if handle.error and err is None:
+                err = _one_line(handle.error[0])
+        errors = [e for e in self.all_gather(err) if e]
+        if handle.finished is None:
+            handle.finished = time.perf_counter()
+        if errors:
+            raise CheckpointError(f"the background save of checkpoint step {handle.step} failed ({errors[0]})", "check that checkpoint.dir is writable and has free space")
+        return handle
+
+    # ---------------------------------------------------------------- load
+    def read(self, store: CheckpointStore, info: CheckpointInfo, modules: list[Any], optimizers: list[Any], strict: bool = True) -> tuple[dict[str, Any], dict[int, Any], int]:
+        """Collective: load model and optimizer state in place, resharded to this run's layout.
+        Returns ``(common, {saved rank: state} for this rank (empty when this rank did not
+        exist at save time), saved world size)``."""
+        import torch
+        import torch.distributed.checkpoint as dcp
+
+        if info.meta.get("checkpoint_format", info.meta.get("format_name")) != FORMAT_NAME:
+            raise CheckpointError(
+                f"checkpoint '{store.display(info.path)}' is not a sharded (dcp) checkpoint",
+                "resume it with the strategy that saved it (full-format checkpoints load with ddp/deepspeed/xla)",
+            )
+        store.verify(info)
+        on, rank, _ = _dist()
+        saved_world = int(info.meta.get("world_size", 1))
+        fix = f"delete {store.display(info.path)} or start fresh with checkpoint.resume=false"
+        try:
+            common = torch.load(io.BytesIO(store.read_file(info, COMMON_FILE)), map_location="cpu", weights_only=True)
+            per: dict[int, Any] = {}
+            if rank < saved_world:
+                per[rank] = torch.load(io.BytesIO(store.read_file(info, rank_file(rank))), map_location="cpu", weights_only=True)
+        except CheckpointError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise CheckpointError(f"checkpoint '{store.display(info.path)}' cannot be loaded ({_one_line(exc)})", fix) from None
+        target = info.path if store.local else store.display(info.path)
+        state = sharded_state(modules, optimizers)
+        try:
+            dcp.load(state, storage_reader=_make_reader(target), process_group=self.group(), no_dist=not on)
+            apply_sharded_state(state, modules, optimizers, strict=strict)
+        except (RuntimeError, ValueError, KeyError, dcp.CheckpointException) as exc:
+            raise CheckpointError(
+                f"the checkpoint does not fit this model/optimizer ({_one_line(exc)})",
+                "use the model definition that saved it, or start fresh with checkpoint.resume=false",
+            ) from None
+        return common, per, saved_world
+
+
+# ------------------------------------------------------------------------------ library API
+
+
+class DcpCheckpointer:
+    """Sharded checkpoints of one run under ``url`` without the runtime (see the module
+    docstring). Collective: every rank constructs it and calls :meth:`save`, :meth:`load` and
+    :meth:`wait` at the same points. ``store`` is the :class:`aios.checkpoint.CheckpointStore`
+    of the directory (listing, ``latest()``, pruning, staging and commit)."""
+
+    def __init__(self, url: str, keep: int = 3, process_group: Any = None, lineage: str | None = None) -> None:
+        self.url = url
+        self.store = CheckpointStore(url, keep=keep, lineage=lineage)
+        self.io = DcpWriter(process_group)
+
+    @property
+    def pending(self) -> SaveHandle | None:
+        return self.io.pending
+
+    def save(
+        self, step: int, modules: list[Any], optimizers: list[Any], common: dict[str, Any],
+        per_rank: dict[str, Any], meta: dict[str, Any] | None = None, async_save: bool = False,
+    ) -> SaveHandle:
+        """Write the checkpoint of ``step``. ``common``: state every rank holds alike (rank 0's
+        copy is written); ``per_rank``: this rank's own state (RNG, data position). With
+        ``async_save`` the call returns once the state is staged into CPU memory; rank 0
+        commits in the background when every rank's shards are written."""
+        self.io.wait()  # one save at a time: the previous one is committed first
+        on, rank, world = _dist()
+        store = self.store
+        staging, err = None, None
+        if rank == 0:
+            try:
+                staging = store.begin(step)
+            except CheckpointError as exc:
+                err = exc.one_line()
+        staging, err = self.io.broadcast((staging, err))
+        if err:
+            raise CheckpointError(err)
+        entries: dict[str, Any] = {}
+        try:
+            entries = self.io.write_files(store, staging, common if rank == 0 else None, per_rank)
+            err = None
+        except Exception as exc:  # noqa: BLE001 - every rank learns it below
+            err = _one_line(exc)
+        results = self.io.all_gather((entries, err))  # before the shards: none may overlap them
+        failed = [e for _, e in results if e]
+        files: dict[str, Any] = {}
+        for f, _ in results:
+            files.update(f)
+        marker = {"checkpoint_format": FORMAT_NAME, "world_size": world, **(meta or {})}
+        if failed:
+            if rank == 0:
+                store.abort(staging)
+            raise CheckpointError(f"saving checkpoint step {step} failed ({failed[0]})", "check that checkpoint.dir is writable and has free space")
+        try:
+            handle = self.io.write_shards(store, staging, modules, optimizers, async_save)
+        except Exception as exc:  # noqa: BLE001 - DCP raises it on every rank
+            if rank == 0:
+                store.abort(staging)
+            raise CheckpointError(f"saving checkpoint step {step} failed ({_one_line(exc)})", "check that checkpoint.dir is writable and has free space") from exc
+
+        def commit() -> str:
+            return store.commit(staging, marker, {**files, **self.io.shard_entries(store, staging)})
+
+        if async_save:
+            if rank == 0:
+                self.io.commit_when_written(handle, commit, lambda: store.abort(staging))
+            return handle
+        err = None
+        if rank == 0:
+            try:
+                handle.path = commit()
+            except Exception as exc:  # noqa: BLE001
+                err = _one_line(exc)
+        err = self.io.broadcast(err)
+        if err:
+            raise CheckpointError(f"committing checkpoint step {step} failed ({err})", "check that checkpoint.dir is writable and has free space")
+        return handle
+
+    def wait(self) -> SaveHandle | None:
+        return self.io.wait()
+
+    def load(self, info: CheckpointInfo, modules: list[Any], optimizers: list[Any], strict: bool = True) -> tuple[dict[str, Any], dict[int, Any], int]:
+        return self.io.read(self.store, info, modules, optimizers, strict)
+
+
+# ------------------------------------------------------------------------------ manager format
+
+
+class DcpFormat:
+    """The ``dcp`` :class:`aios.checkpointing.CheckpointFormat`: every rank writes its shards
+    (``all_ranks_write``), loads reshard (``supports_resharding``), and with ``background`` saves
+    the manager defers the commit to :meth:`commit_when_written` and finishes it in :meth:`wait`.
+
+    What goes where: models and optimizers as DCP shards; step and micro-step counters, LR
+    schedulers, registered objects, the precision state, ``extra`` and rank 0's loader positions
+    in ``common.pt``; each rank's RNG states and loader positions in ``rank-<r>.pt``."""
+
+    name = FORMAT_NAME
+    supports_resharding = True
+    all_ranks_write = True
+
+    def __init__(self) -> None:
+        self.io = DcpWriter()
+        #: the run's seed (set by the manager): ranks beyond a saved world size reseed from it
+        self.seed: int | None = None
+        #: saved and current world size of the last load (for the resume message)
+        self.last_load: dict[str, int] | None = None
+
+    @property
+    def pending(self) -> SaveHandle | None:
+        return self.io.pending
+
+    @staticmethod
+    def _loader_states(training: Any) -> list[Any]:
+        out = []
+        for ld in training.loaders:
+            st = ld.state_dict() if hasattr(ld, "state_dict") else None
+            if isinstance(st, dict) and getattr(ld, "batch_size", None):
+                st = {**st, "batch_size": int(ld.batch_size)}
+            out.append(st)
+        return out
+
+    @staticmethod
+    def _modules(training: Any) -> list[Any]:
+        return [training.strategy.unwrap(m) for m in training.modules]  # e.g. torch.compile's wrapper
+
+    @staticmethod
+    def _data_world(training: Any) -> int:
+        """Ranks that read different data (the ``dp`` part of a 2-D mesh; all ranks otherwise)."""
+        return int(getattr(training.strategy, "data_world", None) or training.world_size)
+
+    def save(self, step: int, ctx: Any, staging: Any, store: Any) -> dict[str, Any]:
+        tr = ctx.training
+        _, rank, _ = _dist()
+        loaders = self._loader_states(tr)
+        common = None
+        if rank == 0:
+            common = {
+                "step": tr.step, "micro": tr.micro,
+                "schedulers": [sch.state_dict() for sch in tr.schedulers],
+                "objects": {k: v.state_dict() for k, v in tr.objects.items()},
+                "precision": tr.precision.state_dict(), "extra": ctx.extra, "loaders": loaders,
+                "world_size": tr.world_size, "data_world": self._data_world(tr), "backend": tr.backend,
+            }
+        mine = ctx.rngs[rank] if rank < len(ctx.rngs) else tr.rng_state()
+        err: str | None = None
+        entries: dict[str, Any] = {}
+        try:
+            entries = self.io.write_files(store, staging, common, {"rng": mine, "loaders": loaders})
+        except Exception as exc:  # noqa: BLE001 - every rank learns it: no rank starts its shards
+            err = _one_line(exc)
+        errors = [e for e in self.io.all_gather(err) if e]
+        if errors:
+            raise CheckpointError(f"saving checkpoint step {step} failed ({errors[0]})", "check that checkpoint.dir is writable and has free space")
+        # (the manager's collectives run on the default group, never on the checkpoint group
+        # a background write uses)
+        handle = self.io.write_shards(store, staging, self._modules(tr), tr.optimizers, bool(getattr(ctx, "background", False)))
+        if handle.future is None and rank == 0:  # synchronous: every rank's shards are written
+            entries.update(self.io.shard_entries(store, staging))
+        return entries
+
+    def commit_when_written(self, commit: Any, abort: Any, store: Any, staging: Any) -> None:
+        """Rank 0 after a background save: ``commit(shard_entries)`` once written, in a thread."""
+        handle = self.io.pending
+        assert handle is not None
+        self.io.commit_when_written(handle, lambda: commit(self.io.shard_entries(store, staging)), abort)
+
+    def wait(self) -> SaveHandle | None:
+        """Collective: finish the pending background save (write and commit)."""
+        return self.io.wait()
+
+    def load(self, info: Any, store: Any, target: Any, rank: int = 0, strict: bool = True) -> dict[str, Any]:
+        tr = target
+        counts = {"schedulers": len(tr.schedulers)}
+        common, per, saved_world = self.io.read(store, info, self._modules(tr), tr.optimizers, strict)
+        for key, n in counts.items():
+            if len(common.get(key, [])) != n:
+                raise CheckpointError(
+                    f"the checkpoint holds {len(common.get(key, []))} {key} but this script set up {n}",
+                    "set up the same models/optimizers/schedulers as the run that saved it, or start fresh with checkpoint.resume=false",
+                )
+        for sch, st in zip(tr.schedulers, common["schedulers"], strict=True):
+            sch.load_state_dict(st)
+        for k, st in common.get("objects", {}).items():
+            if k in tr.objects:
+                tr.objects[k].load_state_dict(st)
+        tr.precision.load_state_dict(common.get("precision", {}))
+        tr.step = int(common.get("step", 0))
+        tr.micro = int(common.get("micro", 0))
+        world = int(tr.world_size)
+        saved_data, data = int(common.get("data_world", saved_world)), self._data_world(tr)
+        mine = rank_state_for(rank, per)
+        if mine is not None:
+            tr.set_rng_state(mine["rng"])
+            loaders = mine.get("loaders", [])
+        else:  # a rank the saving run did not have: deterministic fresh RNG streams
+            seed = reseed(self.seed, tr.step, rank)
+            tr.strategy.seed(seed)
+            loaders = common.get("loaders", [])
+        for ld, st in zip(tr.loaders, loaders, strict=False):
+            if st is not None and hasattr(ld, "load_state_dict"):
+                st = reshard_loader_state(st, saved_data, data, st.get("batch_size"), getattr(ld, "batch_size", None))
+                ld.load_state_dict({k: v for k, v in st.items() if k != "batch_size"})
+        self.last_load = {"saved_world": saved_world, "world": world}
+        return common.get("extra", {}) or {}
