@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 import sys
 from pathlib import Path
 from typing import Any, ClassVar
@@ -116,13 +117,14 @@ class StrategyContract:
         key = (type(self).__name__, self.strategy, self.nprocs, tuple(self.overrides), extra)
         if key in StrategyContract._cache:
             return StrategyContract._cache[key]
-        script = tmp_path / "contract.py"
+        work = Path(tempfile.mkdtemp(prefix="run-", dir=tmp_path))  # one directory per run: runs never share a checkpoint path
+        script = work / "contract.py"
         script.write_text(CONTRACT_SCRIPT)
         env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
-        env.update({"AIOS_LOGGING__TENSORBOARD": "false", "OMP_NUM_THREADS": "1", "CONTRACT_CKPT": str(tmp_path / "ckpt" / "ckpt-0")})
+        env.update({"AIOS_LOGGING__TENSORBOARD": "false", "OMP_NUM_THREADS": "1", "CONTRACT_CKPT": str(work / "ckpt" / "ckpt-0")})
         cmd = [sys.executable, "-c", "from aios.cli.run import main; main()", "--backend", self.backend,
                "--nprocs", str(self.nprocs), f"master_port={free_port()}", f"strategy={self.strategy}", *self.overrides, *extra, str(script)]
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=self.timeout)
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=work, timeout=self.timeout)
         assert r.returncode == 0, (r.stdout[-3000:] + r.stderr[-3000:])
         line = next((ln for ln in r.stdout.splitlines() if "CONTRACT " in ln), None)
         assert line, r.stdout[-3000:]
