@@ -57,14 +57,18 @@ def worker(rank: int, args: argparse.Namespace, port: int, ckpt: str) -> None:
     ck = DcpCheckpointer(ckpt, keep=2)
     for _ in range(5):
         step()
-    ck.save(0, [model], [opt], {"step": 0}, {"rng": rng_state()})  # warm the save path (groups, plans)
+    ck.save(
+        0, [model], [opt], {"step": 0}, {"rng": rng_state()}
+    )  # warm the save path (groups, plans)
     base = [step() for _ in range(args.steps)]
     in_flight: list[float] = []
     after: list[float] = []
     staging: list[float] = []
     for i in range(args.saves):
         t0 = time.perf_counter()
-        handle = ck.save(i + 1, [model], [opt], {"step": i + 1}, {"rng": rng_state()}, async_save=True)
+        handle = ck.save(
+            i + 1, [model], [opt], {"step": i + 1}, {"rng": rng_state()}, async_save=True
+        )
         staging.append(time.perf_counter() - t0)
         for _ in range(args.steps):
             busy = not handle.done()
@@ -77,22 +81,41 @@ def worker(rank: int, args: argparse.Namespace, port: int, ckpt: str) -> None:
     sync_s = time.perf_counter() - t0
     if rank == 0:
         n_params = sum(p.numel() for p in model.parameters())
-        size = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(ckpt) for f in fs if "ckpt-000000100" in r)
+        size = sum(
+            os.path.getsize(os.path.join(r, f))
+            for r, _, fs in os.walk(ckpt)
+            for f in fs
+            if "ckpt-000000100" in r
+        )
         med = statistics.median(base)
-        print(f"async dcp checkpoint bench: FSDP2 over gloo, world {args.world}, {n_params / 1e6:.1f}M params, checkpoint {size / 2**20:.0f} MiB, {args.threads} thread(s)/rank")
-        print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (the background write needs a spare core to overlap for free)")
+        print(
+            f"async dcp checkpoint bench: FSDP2 over gloo, world {args.world}, {n_params / 1e6:.1f}M params, checkpoint {size / 2**20:.0f} MiB, {args.threads} thread(s)/rank"
+        )
+        print(
+            f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (the background write needs a spare core to overlap for free)"
+        )
         print(f"{'':34s}{'median step':>14s}{'ratio':>9s}{'steps':>8s}")
-        print(f"{'normal step (no save in flight)':34s}{med * 1e3:11.1f} ms{1.0:8.2f}x{len(base):8d}")
+        print(
+            f"{'normal step (no save in flight)':34s}{med * 1e3:11.1f} ms{1.0:8.2f}x{len(base):8d}"
+        )
         if in_flight:
             m = statistics.median(in_flight)
-            print(f"{'step while a save is in flight':34s}{m * 1e3:11.1f} ms{m / med:8.2f}x{len(in_flight):8d}")
+            print(
+                f"{'step while a save is in flight':34s}{m * 1e3:11.1f} ms{m / med:8.2f}x{len(in_flight):8d}"
+            )
         else:
-            print(f"{'step while a save is in flight':34s}{'(each save finished before the next step)':>40s}")
-        print(f"{'blocking part of an async save':34s}{statistics.median(staging) * 1e3:11.1f} ms{statistics.median(staging) / med:8.2f}x (in steps)")
+            print(
+                f"{'step while a save is in flight':34s}{'(each save finished before the next step)':>40s}"
+            )
+        print(
+            f"{'blocking part of an async save':34s}{statistics.median(staging) * 1e3:11.1f} ms{statistics.median(staging) / med:8.2f}x (in steps)"
+        )
         print(f"{'synchronous save':34s}{sync_s * 1e3:11.1f} ms{sync_s / med:8.2f}x (in steps)")
         if in_flight:
             ratio = statistics.median(in_flight) / med
-            print(f"target: in-flight step <= 1.15x normal: {'met' if ratio <= 1.15 else 'NOT met'} ({ratio:.2f}x)")
+            print(
+                f"target: in-flight step <= 1.15x normal: {'met' if ratio <= 1.15 else 'NOT met'} ({ratio:.2f}x)"
+            )
         sys.stdout.flush()
     dist.barrier()
     dist.destroy_process_group()
@@ -104,10 +127,14 @@ def main() -> int:
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--steps", type=int, default=20, help="steps measured per phase (and after each save)")
+    ap.add_argument(
+        "--steps", type=int, default=20, help="steps measured per phase (and after each save)"
+    )
     ap.add_argument("--saves", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
-    ap.add_argument("--dir", default=None, help="checkpoint dir or URL (default: a temporary directory)")
+    ap.add_argument(
+        "--dir", default=None, help="checkpoint dir or URL (default: a temporary directory)"
+    )
     args = ap.parse_args()
     import torch.multiprocessing as mp
 

@@ -36,7 +36,12 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=15)
     args = ap.parse_args()
     env = dict(os.environ, COLUMNS="120")
-    aios_bin = shutil.which("aios", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")) or "aios"
+    aios_bin = (
+        shutil.which(
+            "aios", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+        )
+        or "aios"
+    )
     cases: dict[str, list[str]] = {
         "python -c pass (baseline)": [sys.executable, "-c", "pass"],
         "aios --help": [aios_bin, "--help"],
@@ -72,7 +77,9 @@ def main() -> int:
             flag = f"{budget:7.2f}  {'yes' if torch_seen[name] else 'no'}{'' if good else '  OVER BUDGET'}"
         print(f"{name:28} {med:9.3f} {med / base:9.2f} {flag}")
     if acc:
-        print(f"aios --help is {statistics.median(times['accelerate --help']) / statistics.median(times['aios --help']):.1f}x faster than accelerate --help")
+        print(
+            f"aios --help is {statistics.median(times['accelerate --help']) / statistics.median(times['aios --help']):.1f}x faster than accelerate --help"
+        )
     return 0 if ok else 1
 
 

@@ -35,7 +35,10 @@ def bench_ssh(n_hosts: int, repeats: int) -> None:
         return
     cmd = "python3 -c 'import time; time.sleep(0.2); print(1)'"
     with tempfile.TemporaryDirectory() as d, SshdCluster(n_hosts, Path(d) / "sshd") as c:
-        hosts = [ClusterHost(h.worker_id, h.ip, ssh_user=c.user, ssh_key=str(c.client_key), port=h.port) for h in c.hosts]
+        hosts = [
+            ClusterHost(h.worker_id, h.ip, ssh_user=c.user, ssh_key=str(c.client_key), port=h.port)
+            for h in c.hosts
+        ]
         runner = SshRunner(hosts, Path(d) / "kh", alias="bench")
         runner.run("true", stream=False)  # pin host keys
         par, seq = [], []
@@ -49,7 +52,9 @@ def bench_ssh(n_hosts: int, repeats: int) -> None:
                 subprocess.run(runner.argv(h, cmd), capture_output=True, check=True)
             seq.append(time.perf_counter() - t)
         p, s = statistics.median(par), statistics.median(seq)
-        print(f"ssh fan-out on {n_hosts} hosts: aios parallel {p * 1000:.0f} ms, sequential loop {s * 1000:.0f} ms, speed-up x{s / p:.2f}")
+        print(
+            f"ssh fan-out on {n_hosts} hosts: aios parallel {p * 1000:.0f} ms, sequential loop {s * 1000:.0f} ms, speed-up x{s / p:.2f}"
+        )
 
 
 def _project(root: Path) -> None:
@@ -80,9 +85,11 @@ def bench_sync(repeats: int) -> None:
                 tar.add(str(root), arcname=".")
             b.append(time.perf_counter() - t)
         naive_size = (Path(d) / "naive0.tgz").stat().st_size
-        print(f"code sync: aios {statistics.median(a) * 1000:.0f} ms / {tb.path.stat().st_size / 1024:.0f} KiB ({tb.files} files), "
-              f"naive tar {statistics.median(b) * 1000:.0f} ms / {naive_size / 2**20:.1f} MiB; "
-              f"time x{statistics.median(b) / statistics.median(a):.1f}, bytes x{naive_size / tb.path.stat().st_size:.0f}")
+        print(
+            f"code sync: aios {statistics.median(a) * 1000:.0f} ms / {tb.path.stat().st_size / 1024:.0f} KiB ({tb.files} files), "
+            f"naive tar {statistics.median(b) * 1000:.0f} ms / {naive_size / 2**20:.1f} MiB; "
+            f"time x{statistics.median(b) / statistics.median(a):.1f}, bytes x{naive_size / tb.path.stat().st_size:.0f}"
+        )
 
 
 def _writer(path: str, n: int) -> None:
@@ -124,8 +131,10 @@ def _store_ops(writers: int, n: int) -> tuple[float, float]:
 def bench_store() -> None:
     w1, r1 = _store_ops(1, 1200)
     w4, r4 = _store_ops(4, 300)
-    print(f"state store (WAL, BEGIN IMMEDIATE): 1 writer process {w1:.0f} writes/s; 4 concurrent writer processes "
-          f"{w4:.0f} writes/s in total (x{w4 / w1:.2f}), no lost update; concurrent status reads {r1:.0f}/s and {r4:.0f}/s")
+    print(
+        f"state store (WAL, BEGIN IMMEDIATE): 1 writer process {w1:.0f} writes/s; 4 concurrent writer processes "
+        f"{w4:.0f} writes/s in total (x{w4 / w1:.2f}), no lost update; concurrent status reads {r1:.0f}/s and {r4:.0f}/s"
+    )
 
 
 def main() -> None:

@@ -36,9 +36,23 @@ BUDGET = 0.98
 
 # Dense bf16 tensor-core peaks (FLOP/s), from NVIDIA's data sheets.
 PEAK_BF16 = {
-    "H200": 989e12, "H100 80GB HBM3": 989e12, "H100 SXM": 989e12, "H100 NVL": 835e12, "H100 PCIe": 756e12, "H100": 756e12,
-    "A100": 312e12, "A10G": 70e12, "A10": 125e12, "L40S": 362e12, "L40": 181e12, "L4": 121e12,
-    "RTX 4090": 165e12, "RTX 6000 Ada": 364e12, "RTX A6000": 155e12, "GH200": 989e12, "B200": 2250e12,
+    "H200": 989e12,
+    "H100 80GB HBM3": 989e12,
+    "H100 SXM": 989e12,
+    "H100 NVL": 835e12,
+    "H100 PCIe": 756e12,
+    "H100": 756e12,
+    "A100": 312e12,
+    "A10G": 70e12,
+    "A10": 125e12,
+    "L40S": 362e12,
+    "L40": 181e12,
+    "L4": 121e12,
+    "RTX 4090": 165e12,
+    "RTX 6000 Ada": 364e12,
+    "RTX A6000": 155e12,
+    "GH200": 989e12,
+    "B200": 2250e12,
 }
 
 
@@ -73,7 +87,9 @@ def flops_per_token(n_params: int, n_layer: int, d: int, t: int) -> float:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--repeats", type=int, default=3)
@@ -84,8 +100,14 @@ def main() -> int:
     p.add_argument("--vocab", type=int, default=256)
     p.add_argument("--batch-size", default="auto")
     p.add_argument("--batch-sizes", default="64,48,32,24,16,12,8,4,2,1")
-    p.add_argument("--peak-tflops", type=float, default=None, help="override the GPU's dense bf16 peak")
-    p.add_argument("--smoke-cpu", action="store_true", help="run the same code on CPU with a tiny model (checks the bench, measures nothing about GPUs)")
+    p.add_argument(
+        "--peak-tflops", type=float, default=None, help="override the GPU's dense bf16 peak"
+    )
+    p.add_argument(
+        "--smoke-cpu",
+        action="store_true",
+        help="run the same code on CPU with a tiny model (checks the bench, measures nothing about GPUs)",
+    )
     p.add_argument("--json", default=None)
     args = p.parse_args()
 
@@ -98,8 +120,10 @@ def main() -> int:
     else:
         why = no_gpu_reason()
         if why:
-            print(f"bench_cuda: no GPU here ({why}): nothing measured. Run it on a machine with an NVIDIA GPU "
-                  "(or --smoke-cpu to check the code path).")
+            print(
+                f"bench_cuda: no GPU here ({why}): nothing measured. Run it on a machine with an NVIDIA GPU "
+                "(or --smoke-cpu to check the code path)."
+            )
             return 0
         device_type, backend = "cuda", "cuda"
 
@@ -158,7 +182,9 @@ def main() -> int:
 
     # ---- hand-written loop
     hand_model = make().to(dev)
-    hand_opt = torch.optim.AdamW(hand_model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+    hand_opt = torch.optim.AdamW(
+        hand_model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True
+    )
 
     def hand_step(i: int) -> torch.Tensor:
         b = batches[i % len(batches)]
@@ -172,10 +198,20 @@ def main() -> int:
         return loss
 
     # ---- the same through aios
-    rt = aios.init(backend=backend, precision="bf16-mixed",
-                   overrides=["logging.tensorboard=false", "logging.progress=false", "checkpoint.dir=null", "seed=null"])
+    rt = aios.init(
+        backend=backend,
+        precision="bf16-mixed",
+        overrides=[
+            "logging.tensorboard=false",
+            "logging.progress=false",
+            "checkpoint.dir=null",
+            "seed=null",
+        ],
+    )
     aios_model = make()
-    aios_opt = torch.optim.AdamW(aios_model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+    aios_opt = torch.optim.AdamW(
+        aios_model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1
+    )
     aios_model, aios_opt = rt.setup(aios_model, aios_opt)
 
     def aios_step(i: int) -> torch.Tensor:
@@ -205,7 +241,11 @@ def main() -> int:
     tokens = args.steps * bs * T
     res: dict[str, list[float]] = {"hand": [], "aios": []}
     for r in range(args.repeats):
-        order = [("hand", hand_step), ("aios", aios_step)] if r % 2 == 0 else [("aios", aios_step), ("hand", hand_step)]
+        order = (
+            [("hand", hand_step), ("aios", aios_step)]
+            if r % 2 == 0
+            else [("aios", aios_step), ("hand", hand_step)]
+        )
         for name, fn in order:
             res[name].append(tokens / timed(fn))
     hand_tps, aios_tps = statistics.median(res["hand"]), statistics.median(res["aios"])
@@ -213,22 +253,46 @@ def main() -> int:
     n_params = sum(q.numel() for q in hand_model.parameters())
     fpt = flops_per_token(n_params, args.n_layer, args.n_embd, T)
     name = torch.cuda.get_device_name(dev) if device_type == "cuda" else "CPU"
-    peak = args.peak_tflops * 1e12 if args.peak_tflops else (peak_flops(name) if device_type == "cuda" else None)
+    peak = (
+        args.peak_tflops * 1e12
+        if args.peak_tflops
+        else (peak_flops(name) if device_type == "cuda" else None)
+    )
     out = {
-        "device": name, "params": n_params, "batch_size": bs, "context": T, "steps": args.steps, "repeats": args.repeats,
-        "tokens_per_s": {"hand": hand_tps, "aios": aios_tps}, "all": res, "ratio_aios_over_hand": ratio, "budget": BUDGET,
+        "device": name,
+        "params": n_params,
+        "batch_size": bs,
+        "context": T,
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "tokens_per_s": {"hand": hand_tps, "aios": aios_tps},
+        "all": res,
+        "ratio_aios_over_hand": ratio,
+        "budget": BUDGET,
         "mfu": {"hand": hand_tps * fpt / peak, "aios": aios_tps * fpt / peak} if peak else None,
-        "peak_flops": peak, "backend_metrics": rt.strategy.metrics(), "smoke_cpu": bool(args.smoke_cpu),
+        "peak_flops": peak,
+        "backend_metrics": rt.strategy.metrics(),
+        "smoke_cpu": bool(args.smoke_cpu),
     }
-    print(f"bench_cuda on {name}: GPT {n_params / 1e6:.1f}M params, batch {bs} x {T} tokens, bf16-mixed, {args.steps} steps x {args.repeats} repeats")
+    print(
+        f"bench_cuda on {name}: GPT {n_params / 1e6:.1f}M params, batch {bs} x {T} tokens, bf16-mixed, {args.steps} steps x {args.repeats} repeats"
+    )
     print(f"  hand-written loop: {hand_tps:,.0f} tokens/s")
-    print(f"  aios runtime:      {aios_tps:,.0f} tokens/s   ratio aios/hand = {ratio:.4f} (budget >= {BUDGET})")
+    print(
+        f"  aios runtime:      {aios_tps:,.0f} tokens/s   ratio aios/hand = {ratio:.4f} (budget >= {BUDGET})"
+    )
     if out["mfu"]:
-        print(f"  MFU: hand {out['mfu']['hand']:.1%}, aios {out['mfu']['aios']:.1%} (peak {peak / 1e12:.0f} TFLOP/s bf16 dense)")
+        print(
+            f"  MFU: hand {out['mfu']['hand']:.1%}, aios {out['mfu']['aios']:.1%} (peak {peak / 1e12:.0f} TFLOP/s bf16 dense)"
+        )
     if device_type == "cuda":
-        print(f"  peak memory allocated (aios): {out['backend_metrics'].get('peak_memory_allocated_gib')} GiB")
+        print(
+            f"  peak memory allocated (aios): {out['backend_metrics'].get('peak_memory_allocated_gib')} GiB"
+        )
     if args.smoke_cpu:
-        print("  (smoke run on CPU: checks the bench's code path; the GPU budget is not measured here)")
+        print(
+            "  (smoke run on CPU: checks the bench's code path; the GPU budget is not measured here)"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1, default=str))
     rt.close()

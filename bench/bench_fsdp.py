@@ -38,18 +38,30 @@ def launch(args: argparse.Namespace) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(os.environ, AIOS_LOGGING__TENSORBOARD="false", AIOS_LOGGING__RUN_DIR="/tmp/aios-bench-runs")
-    cmd = [sys.executable, "-c", "from aios.cli.run import main; main()", "--nprocs", str(args.nprocs), f"master_port={port}",
-           "strategy=fsdp", "fsdp.wrap=[Block]", "launch.log_prefix=false", __file__, *sys.argv[1:]]
+    env = dict(
+        os.environ, AIOS_LOGGING__TENSORBOARD="false", AIOS_LOGGING__RUN_DIR="/tmp/aios-bench-runs"
+    )
+    cmd = [
+        sys.executable,
+        "-c",
+        "from aios.cli.run import main; main()",
+        "--nprocs",
+        str(args.nprocs),
+        f"master_port={port}",
+        "strategy=fsdp",
+        "fsdp.wrap=[Block]",
+        "launch.log_prefix=false",
+        __file__,
+        *sys.argv[1:],
+    ]
     raise SystemExit(subprocess.call(cmd, env=env))
 
 
 def worker(args: argparse.Namespace) -> None:
+    import aios
     import torch
     import torch.nn.functional as F
     from torch.distributed.fsdp import fully_shard
-
-    import aios
 
     torch.set_num_threads(1)
     W, B = args.width, args.batch
@@ -113,8 +125,10 @@ def worker(args: argparse.Namespace) -> None:
             times[name].append((time.perf_counter() - t0) / args.steps)
     if rt.is_main:
         base = statistics.median(times["hand"])
-        print(f"fsdp step: {args.blocks} blocks of {W}->{2 * W}->{W}, batch {B}, {rt.world_size} processes over gloo, "
-              f"{args.rounds} rounds x {args.steps} steps (interleaved)")
+        print(
+            f"fsdp step: {args.blocks} blocks of {W}->{2 * W}->{W}, batch {B}, {rt.world_size} processes over gloo, "
+            f"{args.rounds} rounds x {args.steps} steps (interleaved)"
+        )
         for name in contenders:
             med = statistics.median(times[name])
             print(f"  {name:<5} {med * 1e3:8.3f} ms/step   {med / base:6.3f}x")

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-SCRIPT = '''
+SCRIPT = """
 import os, time
 import torch
 import aios
@@ -37,7 +37,7 @@ if rt.is_main:
     with open(os.environ["FIRST_STEP_FILE"], "w") as f:
         f.write(repr(time.time()))
 rt.close()
-'''
+"""
 
 
 def free_port() -> int:
@@ -49,7 +49,14 @@ def free_port() -> int:
 def one(cmd: list[str], env: dict[str, str], stamp: Path) -> tuple[float, float]:
     stamp.unlink(missing_ok=True)
     t0 = time.time()
-    p = subprocess.run(cmd, env={**env, "FIRST_STEP_FILE": str(stamp)}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=300)
+    p = subprocess.run(
+        cmd,
+        env={**env, "FIRST_STEP_FILE": str(stamp)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=300,
+    )
     t_end = time.time()
     if p.returncode != 0:
         raise SystemExit(f"{cmd[:3]} failed ({p.returncode}):\n{p.stderr[-2000:]}")
@@ -68,14 +75,27 @@ def main() -> None:
     script = tmp / "first_step.py"
     script.write_text(SCRIPT)
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
-    env.update({"AIOS_LOGGING__RUN_DIR": str(tmp / "runs"), "AIOS_LOGGING__TENSORBOARD": "false", "OMP_NUM_THREADS": "1"})
+    env.update(
+        {
+            "AIOS_LOGGING__RUN_DIR": str(tmp / "runs"),
+            "AIOS_LOGGING__TENSORBOARD": "false",
+            "OMP_NUM_THREADS": "1",
+        }
+    )
     results: dict[str, list[tuple[float, float]]] = {"torchrun": [], "aios-run": []}
     for r in range(args.rounds + 1):  # round 0 warms the page cache, not counted
         order = ["torchrun", "aios-run"] if r % 2 == 0 else ["aios-run", "torchrun"]
         for name in order:
             port = str(free_port())
             if name == "torchrun":
-                cmd = [torchrun, "--nproc_per_node", str(args.nprocs), "--master-port", port, str(script)]
+                cmd = [
+                    torchrun,
+                    "--nproc_per_node",
+                    str(args.nprocs),
+                    "--master-port",
+                    port,
+                    str(script),
+                ]
             else:
                 cmd = [aios_run, "--nprocs", str(args.nprocs), "--master-port", port, str(script)]
             res = one(cmd, env, tmp / "stamp")
@@ -83,9 +103,15 @@ def main() -> None:
                 results[name].append(res)
     tr = statistics.median(x[0] for x in results["torchrun"])
     ar = statistics.median(x[0] for x in results["aios-run"])
-    print(f"time to first step, {args.nprocs} processes, {args.rounds} interleaved rounds (median):")
-    print(f"  torchrun --nproc_per_node {args.nprocs}: {tr:6.3f} s  (total {statistics.median(x[1] for x in results['torchrun']):.3f} s)")
-    print(f"  aios-run --nprocs {args.nprocs}:         {ar:6.3f} s  (total {statistics.median(x[1] for x in results['aios-run']):.3f} s)")
+    print(
+        f"time to first step, {args.nprocs} processes, {args.rounds} interleaved rounds (median):"
+    )
+    print(
+        f"  torchrun --nproc_per_node {args.nprocs}: {tr:6.3f} s  (total {statistics.median(x[1] for x in results['torchrun']):.3f} s)"
+    )
+    print(
+        f"  aios-run --nprocs {args.nprocs}:         {ar:6.3f} s  (total {statistics.median(x[1] for x in results['aios-run']):.3f} s)"
+    )
     print(f"  ratio aios-run / torchrun: {ar / tr:.3f}x (target <= 1.1x)")
     shutil.rmtree(tmp, ignore_errors=True)
 

@@ -25,7 +25,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--width", type=int, default=128)
     ap.add_argument("--batch", type=int, default=128)
-    ap.add_argument("--extra", default=os.environ.get("AIOS_BENCH_EXTRA", "/work/venvs/bench-extra"))
+    ap.add_argument(
+        "--extra", default=os.environ.get("AIOS_BENCH_EXTRA", "/work/venvs/bench-extra")
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.extra and os.path.isdir(args.extra):
@@ -131,7 +133,9 @@ def main() -> None:
             times[name].append((time.perf_counter() - t0) / args.steps)
     base = statistics.median(times["torch"])
     result = {}
-    print(f"step overhead: {W}x{W} MLP, batch {B}, 1 thread, {args.rounds} rounds x {args.steps} steps (interleaved)")
+    print(
+        f"step overhead: {W}x{W} MLP, batch {B}, 1 thread, {args.rounds} rounds x {args.steps} steps (interleaved)"
+    )
     for name in contenders:
         med = statistics.median(times[name])
         result[name] = {"median_step_ms": med * 1e3, "ratio": med / base}
@@ -174,7 +178,9 @@ def main() -> None:
         t2 = time.perf_counter()
         diffs.append(((t2 - t1) - (t1 - t0)) / 500)
     over = statistics.median(diffs)
-    print(f"  aios framework cost: {over * 1e6:.2f} us/step = {1 + over / base:.4f}x of the {base * 1e3:.3f} ms hand-written step")
+    print(
+        f"  aios framework cost: {over * 1e6:.2f} us/step = {1 + over / base:.4f}x of the {base * 1e3:.3f} ms hand-written step"
+    )
     result["aios_overhead_us"] = over * 1e6
     result["aios_overhead_ratio"] = 1 + over / base
     if args.json:

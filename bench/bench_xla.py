@@ -50,11 +50,15 @@ def build():
             self.qkv = torch.nn.Linear(DIM, 3 * DIM)
             self.proj = torch.nn.Linear(DIM, DIM)
             self.ln2 = torch.nn.LayerNorm(DIM)
-            self.mlp = torch.nn.Sequential(torch.nn.Linear(DIM, 4 * DIM), torch.nn.GELU(), torch.nn.Linear(4 * DIM, DIM))
+            self.mlp = torch.nn.Sequential(
+                torch.nn.Linear(DIM, 4 * DIM), torch.nn.GELU(), torch.nn.Linear(4 * DIM, DIM)
+            )
 
         def forward(self, x):
             b, t, _ = x.shape
-            q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, HEADS, DIM // HEADS).permute(2, 0, 3, 1, 4)
+            q, k, v = (
+                self.qkv(self.ln1(x)).view(b, t, 3, HEADS, DIM // HEADS).permute(2, 0, 3, 1, 4)
+            )
             a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             x = x + self.proj(a.transpose(1, 2).reshape(b, t, DIM))
             return x + self.mlp(self.ln2(x))
@@ -156,12 +160,21 @@ def worker_hand(steps: int) -> dict:
 
 
 def worker_aios(steps: int) -> dict:
+    import aios
     import torch
 
-    import aios
-
-    rt = aios.init(config={"backend": "xla", "xla": {"allow_cpu": True}, "seed": 0,
-                           "logging": {"run_dir": tempfile.mkdtemp(prefix="aios-bench-"), "progress": False, "tensorboard": False}})
+    rt = aios.init(
+        config={
+            "backend": "xla",
+            "xla": {"allow_cpu": True},
+            "seed": 0,
+            "logging": {
+                "run_dir": tempfile.mkdtemp(prefix="aios-bench-"),
+                "progress": False,
+                "tensorboard": False,
+            },
+        }
+    )
     model, ds = build()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     loader = torch.utils.data.DataLoader(ds, batch_size=BATCH, shuffle=False)
@@ -229,7 +242,11 @@ def stepper_hand():
     model = model.to(device)
     model.head.weight = model.tok.weight
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    batches = _cycle(pl.MpDeviceLoader(torch.utils.data.DataLoader(ds, batch_size=BATCH, shuffle=False, drop_last=True), device))
+    batches = _cycle(
+        pl.MpDeviceLoader(
+            torch.utils.data.DataLoader(ds, batch_size=BATCH, shuffle=False, drop_last=True), device
+        )
+    )
 
     def step():
         x, y = next(batches)
@@ -243,15 +260,26 @@ def stepper_hand():
 
 
 def stepper_aios():
+    import aios
     import torch
 
-    import aios
-
-    rt = aios.init(config={"backend": "xla", "xla": {"allow_cpu": True}, "seed": 0,
-                           "logging": {"run_dir": tempfile.mkdtemp(prefix="aios-bench-"), "progress": False, "tensorboard": False}})
+    rt = aios.init(
+        config={
+            "backend": "xla",
+            "xla": {"allow_cpu": True},
+            "seed": 0,
+            "logging": {
+                "run_dir": tempfile.mkdtemp(prefix="aios-bench-"),
+                "progress": False,
+                "tensorboard": False,
+            },
+        }
+    )
     model, ds = build()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    model, opt, loader = rt.setup(model, opt, torch.utils.data.DataLoader(ds, batch_size=BATCH, shuffle=False))
+    model, opt, loader = rt.setup(
+        model, opt, torch.utils.data.DataLoader(ds, batch_size=BATCH, shuffle=False)
+    )
     batches = _cycle(loader)
 
     def step():
@@ -271,7 +299,9 @@ def stepper_accelerate():
     acc = Accelerator()
     model, ds = build()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    model, opt, loader = acc.prepare(model, opt, torch.utils.data.DataLoader(ds, batch_size=BATCH, shuffle=False, drop_last=True))
+    model, opt, loader = acc.prepare(
+        model, opt, torch.utils.data.DataLoader(ds, batch_size=BATCH, shuffle=False, drop_last=True)
+    )
     batches = _cycle(loader)
 
     def step():
@@ -299,7 +329,7 @@ def duel(names: list[str], steps: int, block: int) -> dict:
     xm.wait_device_ops()
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(max(1, steps // block)):
-        order = names[r % len(names):] + names[:r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for n in order:
             t0 = time.perf_counter()
             for _ in range(block):
@@ -316,11 +346,18 @@ def have_accelerate() -> bool:
 
 
 def _env() -> dict:
-    return {**os.environ, "PJRT_DEVICE": "CPU", "AIOS_XLA__ALLOW_CPU": "1", "AIOS_TEST_DMI_PRODUCT": "/nonexistent"}
+    return {
+        **os.environ,
+        "PJRT_DEVICE": "CPU",
+        "AIOS_XLA__ALLOW_CPU": "1",
+        "AIOS_TEST_DMI_PRODUCT": "/nonexistent",
+    }
 
 
 def run_child(args: list[str]) -> dict:
-    p = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, env=_env(), timeout=1800)
+    p = subprocess.run(
+        [sys.executable, __file__, *args], capture_output=True, text=True, env=_env(), timeout=1800
+    )
     if p.returncode != 0:
         return {"error": (p.stderr.strip().splitlines() or ["?"])[-1]}
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -344,19 +381,41 @@ def main() -> int:
     print(f"phase 1: compilations, each contestant in a fresh process, {a.steps} steps", flush=True)
     fresh = {n: run_child(["--worker", n, "--steps", str(a.steps)]) for n in names}
     for n, r in fresh.items():
-        print(f"  {n:10s} " + (r.get("error") or f"compiles {r['compiles']} (after warm-up {r['compiles_after_warmup']}), final loss {r['final_loss']:.4f}"), flush=True)
-    print(f"phase 2: step time, all contestants in one process, alternating blocks of {a.block} steps, {a.steps} steps each", flush=True)
-    times = run_child(["--duel", ",".join(n for n in names if "error" not in fresh[n]), "--steps", str(a.steps), "--block", str(a.block)])
+        print(
+            f"  {n:10s} "
+            + (
+                r.get("error")
+                or f"compiles {r['compiles']} (after warm-up {r['compiles_after_warmup']}), final loss {r['final_loss']:.4f}"
+            ),
+            flush=True,
+        )
+    print(
+        f"phase 2: step time, all contestants in one process, alternating blocks of {a.block} steps, {a.steps} steps each",
+        flush=True,
+    )
+    times = run_child(
+        [
+            "--duel",
+            ",".join(n for n in names if "error" not in fresh[n]),
+            "--steps",
+            str(a.steps),
+            "--block",
+            str(a.block),
+        ]
+    )
     if "error" in times:
         print(f"  duel failed: {times['error']}")
         return 1
+
     def fast(t: list[float]) -> float:  # mean of the fastest quarter: least disturbed by other load
         k = max(1, len(t) // 4)
         return statistics.fmean(sorted(t)[:k])
 
     med = {n: statistics.median(t) for n, t in times.items()}
     fastq = {n: fast(t) for n, t in times.items()}
-    paired = {n: statistics.median(x / h for x, h in zip(t, times["hand"])) for n, t in times.items()}
+    paired = {
+        n: statistics.median(x / h for x, h in zip(t, times["hand"])) for n, t in times.items()
+    }
     ratio_fast = {n: fastq[n] / fastq["hand"] for n in times}
     hand, ours = fresh["hand"], fresh["aios"]
     ratio = ratio_fast["aios"]
@@ -364,19 +423,40 @@ def main() -> int:
         "same uncached compilations as hand": ours["compiles"] == hand["compiles"],
         "zero recompiles after warm-up": ours["compiles_after_warmup"] == 0,
         "step time <= 1.03x hand": ratio <= 1.03,
-        "same final loss as hand (1e-4)": abs(ours["final_loss"] - hand["final_loss"]) <= 1e-4 * max(1.0, abs(hand["final_loss"])),
+        "same final loss as hand (1e-4)": abs(ours["final_loss"] - hand["final_loss"])
+        <= 1e-4 * max(1.0, abs(hand["final_loss"])),
     }
-    print(f"\nXLA:CPU, {a.steps} steps, batch {BATCH}, {N_SAMPLES} samples per epoch (short last batch of {N_SAMPLES % BATCH})")
-    print(f"{'':12s}{'fast ms':>9s}{'ratio':>8s}{'median ms':>11s}{'ratio':>8s}{'compiles':>10s}{'after warm-up':>15s}{'final loss':>12s}")
+    print(
+        f"\nXLA:CPU, {a.steps} steps, batch {BATCH}, {N_SAMPLES} samples per epoch (short last batch of {N_SAMPLES % BATCH})"
+    )
+    print(
+        f"{'':12s}{'fast ms':>9s}{'ratio':>8s}{'median ms':>11s}{'ratio':>8s}{'compiles':>10s}{'after warm-up':>15s}{'final loss':>12s}"
+    )
     for n in times:
         f = fresh[n]
-        print(f"{n:12s}{fastq[n]:9.2f}{ratio_fast[n]:8.3f}{med[n]:11.2f}{paired[n]:8.3f}{f['compiles']:10d}{f['compiles_after_warmup']:15d}{f['final_loss']:12.4f}")
-    print("(fast: mean ms/step of the fastest quarter of blocks, the budget's figure; median: median block, ratio = median of block-by-block ratios)")
+        print(
+            f"{n:12s}{fastq[n]:9.2f}{ratio_fast[n]:8.3f}{med[n]:11.2f}{paired[n]:8.3f}{f['compiles']:10d}{f['compiles_after_warmup']:15d}{f['final_loss']:12.4f}"
+        )
+    print(
+        "(fast: mean ms/step of the fastest quarter of blocks, the budget's figure; median: median block, ratio = median of block-by-block ratios)"
+    )
     for k, v in checks.items():
         print(f"{'PASS' if v else 'FAIL'}  aios: {k}")
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump({"fresh": fresh, "block_ms": times, "fast_ms": fastq, "ratio_fast": ratio_fast, "median_ms": med, "ratio_median_paired": paired, "checks": checks}, fh, indent=2)
+            json.dump(
+                {
+                    "fresh": fresh,
+                    "block_ms": times,
+                    "fast_ms": fastq,
+                    "ratio_fast": ratio_fast,
+                    "median_ms": med,
+                    "ratio_median_paired": paired,
+                    "checks": checks,
+                },
+                fh,
+                indent=2,
+            )
     return 0 if all(checks.values()) else 1
 
 

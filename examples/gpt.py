@@ -31,10 +31,14 @@ DATA = Path(__file__).parent / "data" / "corpus.txt"
 
 
 def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--data", default=str(DATA), help="text file to train on")
     p.add_argument("--steps", type=int, default=1000, help="optimizer steps")
-    p.add_argument("--batch-size", type=int, default=32, help="sequences per process per micro-step")
+    p.add_argument(
+        "--batch-size", type=int, default=32, help="sequences per process per micro-step"
+    )
     p.add_argument("--block-size", type=int, default=64, help="context length (characters)")
     p.add_argument("--n-layer", type=int, default=2)
     p.add_argument("--n-head", type=int, default=4)
@@ -84,9 +88,13 @@ class Block(nn.Module):
         self.ln1, self.ln2 = nn.LayerNorm(n_embd), nn.LayerNorm(n_embd)
         self.qkv = nn.Linear(n_embd, 3 * n_embd)
         self.proj = nn.Linear(n_embd, n_embd)
-        self.mlp = nn.Sequential(nn.Linear(n_embd, 4 * n_embd), nn.GELU(), nn.Linear(4 * n_embd, n_embd))
+        self.mlp = nn.Sequential(
+            nn.Linear(n_embd, 4 * n_embd), nn.GELU(), nn.Linear(4 * n_embd, n_embd)
+        )
         self.drop = nn.Dropout(dropout)
-        self.register_buffer("mask", torch.tril(torch.ones(block, block, dtype=torch.bool)), persistent=False)
+        self.register_buffer(
+            "mask", torch.tril(torch.ones(block, block, dtype=torch.bool)), persistent=False
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
@@ -100,12 +108,16 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab: int, block: int, n_layer: int, n_head: int, n_embd: int, dropout: float) -> None:
+    def __init__(
+        self, vocab: int, block: int, n_layer: int, n_head: int, n_embd: int, dropout: float
+    ) -> None:
         super().__init__()
         self.block = block
         self.tok = nn.Embedding(vocab, n_embd)
         self.pos = nn.Embedding(block, n_embd)
-        self.blocks = nn.Sequential(*[Block(n_embd, n_head, block, dropout) for _ in range(n_layer)])
+        self.blocks = nn.Sequential(
+            *[Block(n_embd, n_head, block, dropout) for _ in range(n_layer)]
+        )
         self.ln = nn.LayerNorm(n_embd)
         self.head = nn.Linear(n_embd, vocab, bias=False)
         self.head.weight = self.tok.weight  # weight tying
@@ -159,15 +171,24 @@ def main() -> None:
 
     train_loader = torch.utils.data.DataLoader(
         CharWindows(train, args.block_size, stride=args.block_size // 2),
-        batch_size=args.batch_size, shuffle=True, drop_last=True,
+        batch_size=args.batch_size,
+        shuffle=True,
+        drop_last=True,
     )
     val_loader = torch.utils.data.DataLoader(
-        CharWindows(val, args.block_size, stride=args.block_size), batch_size=args.batch_size, shuffle=False, drop_last=True,
+        CharWindows(val, args.block_size, stride=args.block_size),
+        batch_size=args.batch_size,
+        shuffle=False,
+        drop_last=True,
     )
     model = GPT(len(chars), args.block_size, args.n_layer, args.n_head, args.n_embd, args.dropout)
     decay = [p for n_, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n_, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.lr,
+        betas=(0.9, 0.95),
+    )
 
     def lr_at(step: int) -> float:  # linear warmup, cosine decay to 10%
         if step < args.warmup:
@@ -176,7 +197,9 @@ def main() -> None:
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
-    model, opt, sched, train_loader, val_loader = rt.setup(model, opt, sched, train_loader, val_loader)
+    model, opt, sched, train_loader, val_loader = rt.setup(
+        model, opt, sched, train_loader, val_loader
+    )
     params = sum(p.numel() for p in rt.unwrap(model).parameters())
     rt.print(
         f"gpt: {params / 1e6:.2f}M parameters, vocab {len(chars)}, {len(train) / 1e3:.0f}K train chars, "
@@ -239,7 +262,9 @@ def main() -> None:
     if os.environ.get("GPT_SAMPLE", "1") != "0":
         # every rank runs the model (under fsdp/tp a forward is collective); rank 0 prints
         g = torch.Generator().manual_seed(0)  # CPU generator: same sample on every backend
-        prompt = val[: args.block_size].unsqueeze(0).to(rt.device)  # a full context from held-out text
+        prompt = (
+            val[: args.block_size].unsqueeze(0).to(rt.device)
+        )  # a full context from held-out text
         sample = rt.unwrap(model).generate(prompt, 160, g)[0, args.block_size :].tolist()
         rt.print("gpt: prompt: " + "".join(chars[i] for i in prompt[0].tolist()).replace("\n", " "))
         rt.print("gpt: sample: " + "".join(chars[i] for i in sample).replace("\n", " "))
@@ -249,7 +274,13 @@ def main() -> None:
         f"val loss {val_loss:.4f} vs unigram baseline {baseline:.4f} "
         f"({abs(baseline - val_loss):.4f} {'below' if val_loss < baseline else 'ABOVE'} it)"
     )
-    rt.log({"summary/val_loss": val_loss, "summary/baseline": baseline, "summary/tokens_per_s": done * tokens_per_step / max(elapsed, 1e-9)})
+    rt.log(
+        {
+            "summary/val_loss": val_loss,
+            "summary/baseline": baseline,
+            "summary/tokens_per_s": done * tokens_per_step / max(elapsed, 1e-9),
+        }
+    )
     rt.close()
 
 

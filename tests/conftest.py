@@ -20,7 +20,11 @@ FIRST_PARTY = {
 
 @pytest.fixture
 def clean_env(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIOS_", "PJRT_", "TPU_", "NEURON_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("AIOS_", "PJRT_", "TPU_", "NEURON_"))
+    }
     env["AIOS_HOME"] = str(tmp_path / "aios-home")
     env["COLUMNS"] = "200"
     return env

@@ -19,22 +19,33 @@ def test_every_hook_is_documented_with_its_exact_signature(root):
     specs = hookdoc.hook_specs()
     assert len(specs) >= 12
     for name, sig, doc, _ in specs:
-        assert f"def {sig}: ..." in readme, f"{name}: signature in the core README is stale; run scripts/hookdoc.py packages/core/README.md"
-        assert ":param" in doc or ":return:" in doc, f"{name}: docstring lacks :param:/:return: lines"
+        assert f"def {sig}: ..." in readme, (
+            f"{name}: signature in the core README is stale; run scripts/hookdoc.py packages/core/README.md"
+        )
+        assert ":param" in doc or ":return:" in doc, (
+            f"{name}: docstring lacks :param:/:return: lines"
+        )
         assert "versionadded" in doc, name
-    block = readme[readme.index("<!-- HOOKS:START"): readme.index("<!-- HOOKS:END -->") + len("<!-- HOOKS:END -->")]
-    assert block == hookdoc.render(), "core README hook reference is stale; run scripts/hookdoc.py packages/core/README.md"
+    block = readme[
+        readme.index("<!-- HOOKS:START") : readme.index("<!-- HOOKS:END -->")
+        + len("<!-- HOOKS:END -->")
+    ]
+    assert block == hookdoc.render(), (
+        "core README hook reference is stale; run scripts/hookdoc.py packages/core/README.md"
+    )
 
 
 def test_every_hook_has_a_test(root):
     hookdoc = _hookdoc(root)
     tested: set[str] = set()
-    files = list((root / "tests").glob("test_*.py")) + list((root / "packages").glob("*/tests/test_*.py"))
+    files = list((root / "tests").glob("test_*.py")) + list(
+        (root / "packages").glob("*/tests/test_*.py")
+    )
     for f in files:
         for node in ast.walk(ast.parse(f.read_text())):
             if isinstance(node, ast.FunctionDef) and node.name.startswith("test_hook_aios_"):
                 body_src = ast.unparse(node)
-                hook = node.name[len("test_hook_"):]
+                hook = node.name[len("test_hook_") :]
                 # the test must actually exercise the hook by name (through the registry or pluggy)
                 if hook in body_src or hook.removeprefix("aios_") in body_src:
                     tested.add(hook)

@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tomllib
 from importlib.metadata import distribution
 from pathlib import Path
+
+import tomllib
 
 BLOCKER = """
 import importlib.abc, sys
@@ -32,7 +33,9 @@ def test_every_package_has_pyproject_readme_changelog_version_and_tests(root, fi
         assert (pkg / "README.md").stat().st_size > 500, f"{dist}: README too thin"
         assert (pkg / "CHANGELOG.md").is_file(), dist
         assert list((pkg / "tests").glob("test_*.py")), f"{dist} has no tests"
-        assert list((pkg / "src").glob("*/__about__.py")), f"{dist} has no __about__.py version file"
+        assert list((pkg / "src").glob("*/__about__.py")), (
+            f"{dist} has no __about__.py version file"
+        )
 
 
 def test_every_first_party_package_registers_through_its_own_entry_point(root, first_party):
@@ -72,7 +75,9 @@ def test_registry_loads_all_first_party_plugins_without_errors(aios_cli, first_p
 def test_plugins_load_without_their_heavy_runtimes(clean_env, first_party):
     """Core with no extras needs no torch_xla, boto3 or google libraries; every plugin module
     (and `aios plugins`/`aios devices`) imports with all heavy runtimes blocked."""
-    code = BLOCKER + """
+    code = (
+        BLOCKER
+        + """
 from aios.plugins import get_registry
 reg = get_registry()
 assert not reg.errors, [(e.plugin, e.error) for e in reg.errors]
@@ -84,7 +89,10 @@ for args in (["plugins"], ["devices"], ["config", "show"]):
     except SystemExit as e:
         assert e.code in (0, None), (args, e.code)
 """
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env, timeout=120)
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=clean_env, timeout=120
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     for dist in first_party:
         assert dist in res.stdout

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import pytest
-
 from aios.config import resolve
 from aios.errors import AiosError
 from aios.plugins import get_registry, reset_registry
@@ -31,12 +30,19 @@ def _impl_plugins(hook: str) -> set[str]:
 
 def test_hook_aios_register_backends():
     reg = get_registry()
-    assert {"aios-core", "aios-backend-cuda", "aios-backend-xla", "aios-backend-neuron"} <= _impl_plugins("aios_register_backends")
+    assert {
+        "aios-core",
+        "aios-backend-cuda",
+        "aios-backend-xla",
+        "aios-backend-neuron",
+    } <= _impl_plugins("aios_register_backends")
     owners = {name: spec.plugin for name, spec in reg.backends.items()}
     assert owners["cpu"] == "aios-core" and owners["xla"] == "aios-backend-xla"
     assert owners["cuda"] == "aios-backend-cuda" and owners["neuron"] == "aios-backend-neuron"
     # accelerators outrank the CPU for --backend auto, and none of them is available here
-    assert reg.backends["xla"].priority > reg.backends["cuda"].priority > reg.backends["cpu"].priority
+    assert (
+        reg.backends["xla"].priority > reg.backends["cuda"].priority > reg.backends["cpu"].priority
+    )
     assert reg.select("auto").name == "cpu"
     for name in ("cuda", "xla", "neuron"):
         assert not reg.probe(name)
@@ -148,34 +154,68 @@ def test_hook_aios_make_precision():
     from aios.config import ConfigError
     from aios.precision import MixedPrecision
 
-    assert reg.call_first("aios_make_precision", backend="legacy", precision="fp32", config=_cfg()).name == "legacy-fp32"
-    assert reg.make_precision(_cfg(precision="bf16-mixed"), legacy, None, None, "cpu").name == "legacy-bf16-mixed"
+    assert (
+        reg.call_first(
+            "aios_make_precision", backend="legacy", precision="fp32", config=_cfg()
+        ).name
+        == "legacy-fp32"
+    )
+    assert (
+        reg.make_precision(_cfg(precision="bf16-mixed"), legacy, None, None, "cpu").name
+        == "legacy-bf16-mixed"
+    )
     # the Neuron backend's policy (carried by its spec) refuses fp16 with a one-line error
     with pytest.raises(ConfigError, match="fp16"):
         reg.make_precision(_cfg(precision="fp16-mixed"), reg.backends["neuron"], None, None, "xla")
     # nobody overrides the CPU policy: the core default over the cpu accelerator
-    p = reg.make_precision(_cfg(precision="bf16-mixed"), reg.backends["cpu"], None, reg.accelerator("cpu"), "cpu")
+    p = reg.make_precision(
+        _cfg(precision="bf16-mixed"), reg.backends["cpu"], None, reg.accelerator("cpu"), "cpu"
+    )
     assert isinstance(p, MixedPrecision) and p.device_type == "cpu" and p.dtype_name == "bfloat16"
-    assert reg.call_first("aios_make_precision", backend="cpu", precision="bf16-mixed", config=_cfg()) is None
+    assert (
+        reg.call_first("aios_make_precision", backend="cpu", precision="bf16-mixed", config=_cfg())
+        is None
+    )
 
 
 def test_hook_aios_register_strategies():
     reg = get_registry()
-    assert {"aios-core", "aios-backend-cuda", "aios-backend-xla", "aios-backend-neuron"} <= _impl_plugins("aios_register_strategies")
+    assert {
+        "aios-core",
+        "aios-backend-cuda",
+        "aios-backend-xla",
+        "aios-backend-neuron",
+    } <= _impl_plugins("aios_register_strategies")
     assert reg.strategies_for(reg.backends["cpu"]) == ["ddp", "deepspeed", "fsdp", "hsdp", "tp"]
     assert reg.strategies_for(reg.backends["xla"]) == ["ddp", "spmd"]
-    assert reg.strategies_for(reg.backends["neuron"]) == ["ddp", "fsdp", "hsdp", "nxd", "tp"]  # fsdp/tp/hsdp: TorchNeuron only
+    assert reg.strategies_for(reg.backends["neuron"]) == [
+        "ddp",
+        "fsdp",
+        "hsdp",
+        "nxd",
+        "tp",
+    ]  # fsdp/tp/hsdp: TorchNeuron only
     assert set(reg.strategies_for(reg.backends["tpu"])) >= {"ddp", "fsdp", "hsdp", "tp"}
     assert reg.strategy_spec("deepspeed", reg.backends["cpu"]).plugin == "aios-backend-cuda"
-    assert reg.strategy_spec("ddp", reg.backends["cuda"]).plugin == "aios-backend-cuda"  # backend-specific wins
-    assert reg.strategy_spec("fsdp", reg.backends["cuda"]).plugin == "aios-core"  # native, any accelerator
+    assert (
+        reg.strategy_spec("ddp", reg.backends["cuda"]).plugin == "aios-backend-cuda"
+    )  # backend-specific wins
+    assert (
+        reg.strategy_spec("fsdp", reg.backends["cuda"]).plugin == "aios-core"
+    )  # native, any accelerator
     from aios.config import ConfigError
 
     for name in ("spmd", "nxd"):  # never a silent DDP
         with pytest.raises(ConfigError) as e:
             reg.strategy_spec(name, reg.backends["cpu"])
-        assert e.value.one_line() == f"strategy '{name}' is not available on the cpu backend (cpu accelerator); strategies on cpu: auto, ddp, deepspeed, fsdp, hsdp, tp"
-    with pytest.raises(ConfigError, match="invalid value 'single' for 'strategy'.*choose one of: auto, ddp, deepspeed, fsdp, hsdp, nxd, spmd, tp"):
+        assert (
+            e.value.one_line()
+            == f"strategy '{name}' is not available on the cpu backend (cpu accelerator); strategies on cpu: auto, ddp, deepspeed, fsdp, hsdp, tp"
+        )
+    with pytest.raises(
+        ConfigError,
+        match="invalid value 'single' for 'strategy'.*choose one of: auto, ddp, deepspeed, fsdp, hsdp, nxd, spmd, tp",
+    ):
         _cfg("strategy=single")
     with pytest.raises(ConfigError, match="strategy 'fsdp' is not available on the xla backend"):
         reg.strategy_spec("fsdp", reg.backends["xla"])
@@ -186,7 +226,11 @@ def test_hook_aios_register_accelerators():
     assert {"aios-core", "aios-backend-cuda"} <= _impl_plugins("aios_register_accelerators")
     cpu, cuda = reg.accelerator("cpu"), reg.accelerator("cuda", _cfg())
     assert (cpu.device_type, cpu.dist_backend, cpu.is_available()) == ("cpu", "gloo", True)
-    assert (cuda.device_type, cuda.dist_backend, cuda.collectives_on_device) == ("cuda", "nccl", True)
+    assert (cuda.device_type, cuda.dist_backend, cuda.collectives_on_device) == (
+        "cuda",
+        "nccl",
+        True,
+    )
     assert reg.backends["cpu"].accelerator == "cpu" and reg.backends["cuda"].accelerator == "cuda"
     assert reg.backends["xla"].accelerator is None  # torch_xla is not a native device
 
@@ -198,10 +242,26 @@ def test_hook_aios_register_cluster_environments():
     assert set(reg.cluster_envs) >= {"local", "torchelastic"}
     local = detect({}, reg)
     assert (local.name, local.nnodes, local.node_rank, local.world_size) == ("local", 1, 0, 1)
-    env = {"TORCHELASTIC_RUN_ID": "x", "RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
-           "GROUP_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29400"}
+    env = {
+        "TORCHELASTIC_RUN_ID": "x",
+        "RANK": "5",
+        "WORLD_SIZE": "8",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "4",
+        "GROUP_RANK": "1",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29400",
+    }
     te = detect(env, reg)
-    assert (te.name, te.rank, te.local_rank, te.node_rank, te.nnodes, te.master_addr, te.master_port) == ("torchelastic", 5, 1, 1, 2, "10.0.0.1", 29400)
+    assert (
+        te.name,
+        te.rank,
+        te.local_rank,
+        te.node_rank,
+        te.nnodes,
+        te.master_addr,
+        te.master_port,
+    ) == ("torchelastic", 5, 1, 1, 2, "10.0.0.1", 29400)
 
 
 def test_builtin_names_are_never_displaced():
@@ -234,20 +294,30 @@ def test_builtin_names_are_never_displaced():
     reg = Registry([Ep("aios-core", aios.builtin), Ep("intruder", Intruder())], strict=False)
     assert reg.accelerators["cpu"].plugin == "aios-core"
     msgs = [e.error for e in reg.errors if e.plugin == "intruder"]
-    assert any("accelerator 'cpu' is built into aios (\"aios-core\"); \"intruder\" cannot replace it" in m for m in msgs)
+    assert any(
+        'accelerator \'cpu\' is built into aios ("aios-core"); "intruder" cannot replace it' in m
+        for m in msgs
+    )
     assert any("config section 'checkpoint' belongs to aios core" in m for m in msgs)
     assert "checkpoint" not in reg.config_sections
 
 
 def test_hook_aios_launch_plan():
     reg = get_registry()
-    plan = reg.call_first("aios_launch_plan", backend="cpu", config=_cfg(nprocs=2), request=LaunchRequest("train.py", ["--x", "1"]))
+    plan = reg.call_first(
+        "aios_launch_plan",
+        backend="cpu",
+        config=_cfg(nprocs=2),
+        request=LaunchRequest("train.py", ["--x", "1"]),
+    )
     (host,) = plan.hosts
     assert plan.launcher == "elastic" and plan.world_size == 2
     assert host.command[1:3] == ["-m", "torch.distributed.run"]
     assert host.command[-3:] == ["train.py", "--x", "1"]
     assert [r["RANK"] for r in host.ranks] == ["0", "1"]
-    single = reg.call_first("aios_launch_plan", backend="cpu", config=_cfg(), request=LaunchRequest("train.py"))
+    single = reg.call_first(
+        "aios_launch_plan", backend="cpu", config=_cfg(), request=LaunchRequest("train.py")
+    )
     assert single.launcher == "direct" and single.hosts[0].command[1:] == ["train.py"]
 
 
@@ -256,10 +326,16 @@ def test_hook_aios_doctor_checks():
     results = reg.call_all("aios_doctor_checks", backend=None, config=None)
     by_plugin = {plugin: checks for plugin, checks, exc in results if exc is None}
     assert not [(p, e) for p, _, e in results if e is not None]
-    assert {"aios-core", "aios-backend-xla", "aios-backend-cuda", "aios-backend-neuron"} <= set(by_plugin)
+    assert {"aios-core", "aios-backend-xla", "aios-backend-cuda", "aios-backend-neuron"} <= set(
+        by_plugin
+    )
     assert any(c.status == "pass" and c.name == "torch installed" for c in by_plugin["aios-core"])
     # a backend-scoped call only returns that backend's checks
-    only_cpu = [c for _, checks, _ in reg.call_all("aios_doctor_checks", backend="cpu", config=None) for c in (checks or [])]
+    only_cpu = [
+        c
+        for _, checks, _ in reg.call_all("aios_doctor_checks", backend="cpu", config=None)
+        for c in (checks or [])
+    ]
     assert only_cpu and all(c.backend in (None, "cpu") for c in only_cpu)
 
 

@@ -14,7 +14,7 @@ pytest.importorskip("torch", reason="the README's script trains: needs torch")
 
 def _snippet(root) -> str:
     text = (root / "README.md").read_text()
-    section = text[text.index("## Writing a script"):]
+    section = text[text.index("## Writing a script") :]
     m = re.search(r"```python\n(.*?)```", section, re.S)
     assert m, "the README's 'Writing a script' section has no python block"
     return m.group(1)
@@ -24,7 +24,14 @@ def test_readme_script_runs_as_written_and_says_where_things_went(root, clean_en
     script = tmp_path / "train.py"
     script.write_text(_snippet(root))
     env = dict(clean_env, AIOS_PLUGINS="aios-core")
-    r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     ckpts = sorted(os.listdir(tmp_path / "checkpoints" / "readme"))
     assert ckpts and ckpts[-1].startswith("ckpt-"), ckpts
@@ -33,7 +40,14 @@ def test_readme_script_runs_as_written_and_says_where_things_went(root, clean_en
     assert len(record) == 1 and (tmp_path / record[0].split(": ", 2)[2]).is_dir(), r.stderr
     assert "aios: checkpoints: checkpoints/readme" in lines
     # run again: it resumes from the newest complete checkpoint
-    r2 = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    r2 = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r2.returncode == 0, r2.stderr[-3000:]
     assert len(os.listdir(tmp_path / "runs")) == 2
 
@@ -42,24 +56,38 @@ def test_readme_names_no_registry_install_and_no_missing_markers(root):
     text = (root / "README.md").read_text()
     assert "save_if_due" not in text
     if "`tpu`-marked" in text:
-        markers = subprocess.run(["grep", "-rl", "mark.tpu", str(root / "packages")], capture_output=True, text=True).stdout
+        markers = subprocess.run(
+            ["grep", "-rl", "mark.tpu", str(root / "packages")], capture_output=True, text=True
+        ).stdout
         assert markers.strip(), "README mentions tpu-marked tests but no test carries the mark"
 
 
 def test_run_records_and_checkpoints_are_git_ignored(root):
-    paths = ["runs/20240101-000000-1/record.json", "checkpoints/gpt/ckpt-000000200/meta.json",
-             "examples/runs/x/record.json", "examples/checkpoints/gpt/x"]
-    r = subprocess.run(["git", "check-ignore", "--no-index", *paths], cwd=root, capture_output=True, text=True)
+    paths = [
+        "runs/20240101-000000-1/record.json",
+        "checkpoints/gpt/ckpt-000000200/meta.json",
+        "examples/runs/x/record.json",
+        "examples/checkpoints/gpt/x",
+    ]
+    r = subprocess.run(
+        ["git", "check-ignore", "--no-index", *paths], cwd=root, capture_output=True, text=True
+    )
     assert sorted(r.stdout.split()) == sorted(paths), r.stdout + r.stderr
 
 
 # every user-facing install line: from the checkout, naming local packages by path in one call
-_REGISTRY_INSTALL = re.compile(r"""pip install\s+(?:-[-\w]+\s+)*['"]?aios[-\w]*(?:\[[\w,]+\])?['"]?(?!/)""")
+_REGISTRY_INSTALL = re.compile(
+    r"""pip install\s+(?:-[-\w]+\s+)*['"]?aios[-\w]*(?:\[[\w,]+\])?['"]?(?!/)"""
+)
 
 
 def test_no_install_hint_fetches_an_aios_project_from_the_registry(root):
     offenders = []
-    for path in sorted((root / "packages").glob("*/src/**/*.py")) + sorted(root.glob("packages/*/README.md")) + [root / "README.md"]:
+    for path in (
+        sorted((root / "packages").glob("*/src/**/*.py"))
+        + sorted(root.glob("packages/*/README.md"))
+        + [root / "README.md"]
+    ):
         for n, line in enumerate(path.read_text().splitlines(), 1):
             for m in re.finditer(r"pip install[^\n\"`]*", line):
                 if _REGISTRY_INSTALL.match(m.group(0)):

@@ -50,15 +50,125 @@ I never writ, nor no man ever loved.""",
     """It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of foolishness, it was the epoch of belief, it was the epoch of incredulity, it was the season of Light, it was the season of Darkness, it was the spring of hope, it was the winter of despair, we had everything before us, we had nothing before us, we were all going direct to Heaven, we were all going direct the other way.""",
 ]
 
-NAMES = ["Lily", "Tom", "Anna", "Ben", "Mia", "Sam", "Lucy", "Max", "Ella", "Jack", "Rosa", "Finn", "Nora", "Leo", "Ivy", "Owen"]
-ANIMALS = ["cat", "dog", "bird", "rabbit", "fox", "bear", "duck", "frog", "mouse", "horse", "owl", "turtle"]
-THINGS = ["ball", "kite", "box", "book", "hat", "boat", "cake", "drum", "lamp", "key", "map", "shell", "stone", "flower", "apple", "cup"]
-PLACES = ["the park", "the garden", "the forest", "the beach", "the river", "the hill", "the farm", "the market", "the old house", "the school", "the lake", "the town"]
-ADJ = ["big", "small", "red", "blue", "green", "shiny", "old", "new", "soft", "funny", "quiet", "happy", "sad", "bright", "tiny", "yellow"]
-FEEL = ["happy", "sad", "scared", "excited", "tired", "proud", "surprised", "angry", "calm", "curious"]
-VERB_PAST = ["found", "saw", "wanted", "lost", "made", "shared", "painted", "carried", "hid", "picked up", "dropped", "fixed"]
+NAMES = [
+    "Lily",
+    "Tom",
+    "Anna",
+    "Ben",
+    "Mia",
+    "Sam",
+    "Lucy",
+    "Max",
+    "Ella",
+    "Jack",
+    "Rosa",
+    "Finn",
+    "Nora",
+    "Leo",
+    "Ivy",
+    "Owen",
+]
+ANIMALS = [
+    "cat",
+    "dog",
+    "bird",
+    "rabbit",
+    "fox",
+    "bear",
+    "duck",
+    "frog",
+    "mouse",
+    "horse",
+    "owl",
+    "turtle",
+]
+THINGS = [
+    "ball",
+    "kite",
+    "box",
+    "book",
+    "hat",
+    "boat",
+    "cake",
+    "drum",
+    "lamp",
+    "key",
+    "map",
+    "shell",
+    "stone",
+    "flower",
+    "apple",
+    "cup",
+]
+PLACES = [
+    "the park",
+    "the garden",
+    "the forest",
+    "the beach",
+    "the river",
+    "the hill",
+    "the farm",
+    "the market",
+    "the old house",
+    "the school",
+    "the lake",
+    "the town",
+]
+ADJ = [
+    "big",
+    "small",
+    "red",
+    "blue",
+    "green",
+    "shiny",
+    "old",
+    "new",
+    "soft",
+    "funny",
+    "quiet",
+    "happy",
+    "sad",
+    "bright",
+    "tiny",
+    "yellow",
+]
+FEEL = [
+    "happy",
+    "sad",
+    "scared",
+    "excited",
+    "tired",
+    "proud",
+    "surprised",
+    "angry",
+    "calm",
+    "curious",
+]
+VERB_PAST = [
+    "found",
+    "saw",
+    "wanted",
+    "lost",
+    "made",
+    "shared",
+    "painted",
+    "carried",
+    "hid",
+    "picked up",
+    "dropped",
+    "fixed",
+]
 WEATHER = ["sunny", "rainy", "windy", "cold", "warm", "cloudy", "snowy", "bright"]
-TIME = ["One day", "One morning", "Once upon a time", "Later that day", "The next day", "In the evening", "Long ago", "One summer"]
+TIME = [
+    "One day",
+    "One morning",
+    "Once upon a time",
+    "Later that day",
+    "The next day",
+    "In the evening",
+    "Long ago",
+    "One summer",
+]
 
 
 def pick(rng: random.Random, xs: list[str]) -> str:
@@ -79,12 +189,18 @@ def story(rng: random.Random) -> str:
         s.append(f"{b} was at {pick(rng, PLACES)} with a {pick(rng, ADJ)} {pick(rng, THINGS)}.")
     s.append(f'"{b}, do you want to play with my {thing}?" asked {a}.')
     if rng.random() < 0.7:
-        s.append(f'"Yes, please!" said {b}. They played with the {thing} all day, and {b} was {feel2}.')
+        s.append(
+            f'"Yes, please!" said {b}. They played with the {thing} all day, and {b} was {feel2}.'
+        )
     else:
-        s.append(f'"No, thank you," said {b}. "I have to help my mom." {a} was {feel2}, but {a} understood.')
+        s.append(
+            f'"No, thank you," said {b}. "I have to help my mom." {a} was {feel2}, but {a} understood.'
+        )
     if rng.random() < 0.5:
         n = rng.randint(2, 9)
-        s.append(f"Then they counted {n} {pick(rng, THINGS)}s and {n + rng.randint(1, 5)} {pick(rng, ANIMALS)}s on the way home.")
+        s.append(
+            f"Then they counted {n} {pick(rng, THINGS)}s and {n + rng.randint(1, 5)} {pick(rng, ANIMALS)}s on the way home."
+        )
     s.append(f"At the end of the day, {a} and {b} said goodbye to the {animal}. The end.")
     return " ".join(s)
 

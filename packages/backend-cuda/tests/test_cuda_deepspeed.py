@@ -28,8 +28,15 @@ def _cfg(*overrides: str, **flags):
 
 
 def test_generated_from_aios_config() -> None:
-    cfg = _cfg("grad_accum=4", "grad_clip=1.0", "deepspeed.zero_stage=3", "deepspeed.offload_param=cpu",
-               "deepspeed.offload_optimizer=nvme", "deepspeed.nvme_path=/local_nvme", precision="bf16-mixed")
+    cfg = _cfg(
+        "grad_accum=4",
+        "grad_clip=1.0",
+        "deepspeed.zero_stage=3",
+        "deepspeed.offload_param=cpu",
+        "deepspeed.offload_optimizer=nvme",
+        "deepspeed.nvme_path=/local_nvme",
+        precision="bf16-mixed",
+    )
     ds = build_ds_config(cfg, world_size=16, micro_batch_size=8)
     assert ds["train_micro_batch_size_per_gpu"] == 8 and ds["gradient_accumulation_steps"] == 4
     assert ds["train_batch_size"] == 8 * 4 * 16
@@ -37,7 +44,10 @@ def test_generated_from_aios_config() -> None:
     assert ds["bf16"] == {"enabled": True} and "fp16" not in ds
     z = ds["zero_optimization"]
     assert z["stage"] == 3 and z["offload_param"] == {"device": "cpu", "pin_memory": True}
-    assert z["offload_optimizer"]["device"] == "nvme" and z["offload_optimizer"]["nvme_path"] == "/local_nvme"
+    assert (
+        z["offload_optimizer"]["device"] == "nvme"
+        and z["offload_optimizer"]["nvme_path"] == "/local_nvme"
+    )
     assert z["stage3_gather_16bit_weights_on_model_save"] is True
 
 
@@ -45,18 +55,36 @@ def test_fp16_dynamic_loss_scale_and_defaults() -> None:
     ds = build_ds_config(_cfg(precision="fp16-mixed"), world_size=1)
     assert ds["fp16"]["enabled"] and ds["fp16"]["loss_scale"] == 0
     assert ds["train_micro_batch_size_per_gpu"] == 1 and ds["gradient_clipping"] == 0.0
-    assert ds["zero_optimization"]["stage"] == 2 and "offload_optimizer" not in ds["zero_optimization"]
+    assert (
+        ds["zero_optimization"]["stage"] == 2 and "offload_optimizer" not in ds["zero_optimization"]
+    )
 
 
 def test_user_json_overrides_and_auto(tmp_path: Path) -> None:
     user = tmp_path / "ds.json"
-    user.write_text(json.dumps({"train_micro_batch_size_per_gpu": "auto", "gradient_clipping": 0.5,
-                                "zero_optimization": {"stage": 1, "reduce_bucket_size": "auto", "round_robin_gradients": True},
-                                "activation_checkpointing": {"partition_activations": True}}))
-    ds = build_ds_config(_cfg(f"deepspeed.config={user}", "grad_clip=1.0"), world_size=2, micro_batch_size=4)
+    user.write_text(
+        json.dumps(
+            {
+                "train_micro_batch_size_per_gpu": "auto",
+                "gradient_clipping": 0.5,
+                "zero_optimization": {
+                    "stage": 1,
+                    "reduce_bucket_size": "auto",
+                    "round_robin_gradients": True,
+                },
+                "activation_checkpointing": {"partition_activations": True},
+            }
+        )
+    )
+    ds = build_ds_config(
+        _cfg(f"deepspeed.config={user}", "grad_clip=1.0"), world_size=2, micro_batch_size=4
+    )
     assert ds["train_micro_batch_size_per_gpu"] == 4 and ds["train_batch_size"] == 8
     assert ds["gradient_clipping"] == 0.5
-    assert ds["zero_optimization"]["stage"] == 1 and ds["zero_optimization"]["round_robin_gradients"] is True
+    assert (
+        ds["zero_optimization"]["stage"] == 1
+        and ds["zero_optimization"]["round_robin_gradients"] is True
+    )
     assert ds["zero_optimization"]["reduce_bucket_size"] == 500_000_000
     assert ds["activation_checkpointing"] == {"partition_activations": True}
 
@@ -96,7 +124,8 @@ def test_unknown_deepspeed_key_is_a_config_error() -> None:
 # ------------------------------------------------------------------------------ real DeepSpeed on CPU
 
 needs_ds = pytest.mark.skipif(
-    __import__("importlib").util.find_spec("deepspeed") is None, reason="deepspeed is not installed (pip install -e ./packages/core './packages/backend-cuda[test]' from the aios checkout)"
+    __import__("importlib").util.find_spec("deepspeed") is None,
+    reason="deepspeed is not installed (pip install -e ./packages/core './packages/backend-cuda[test]' from the aios checkout)",
 )
 
 
@@ -105,11 +134,30 @@ from aios.testing import find_free_port as _free_port  # noqa: E402 - what the f
 
 def _run(tmp: Path, out: str, *overrides: str, stop_after: int = 0, nprocs: int = 2) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIOS_", "DS_"))}
-    env.update({"AIOS_LOGGING__RUN_DIR": str(tmp / "runs"), "AIOS_LOGGING__TENSORBOARD": "false", "OMP_NUM_THREADS": "1",
-                "TOTAL_STEPS": "10", "STOP_AFTER": str(stop_after)})
+    env.update(
+        {
+            "AIOS_LOGGING__RUN_DIR": str(tmp / "runs"),
+            "AIOS_LOGGING__TENSORBOARD": "false",
+            "OMP_NUM_THREADS": "1",
+            "TOTAL_STEPS": "10",
+            "STOP_AFTER": str(stop_after),
+        }
+    )
     for _attempt in range(3):  # another process on this machine may take the free port first
-        cmd = [*AIOS_RUN, "--backend", "cpu", "--nprocs", str(nprocs), "--master-port", str(_free_port()),
-               "grad_accum=2", "grad_clip=1.0", *overrides, str(SCRIPT), str(tmp / out)]
+        cmd = [
+            *AIOS_RUN,
+            "--backend",
+            "cpu",
+            "--nprocs",
+            str(nprocs),
+            "--master-port",
+            str(_free_port()),
+            "grad_accum=2",
+            "grad_clip=1.0",
+            *overrides,
+            str(SCRIPT),
+            str(tmp / out),
+        ]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, cwd=tmp)
         if proc.returncode == 0 or "EADDRINUSE" not in proc.stdout + proc.stderr:
             break
@@ -139,7 +187,9 @@ def test_zero2_two_ranks_follows_ddp(tmp_path: Path, ddp_curve: dict) -> None:
     m = ds["metrics"]
     assert m["zero_stage"] == 2 and m["world_size"] == 2 and m["global_steps"] == 10
     assert m["train_batch_size"] == 8 * 2 * 2  # loader batch x grad_accum x ranks
-    assert ds["lr"] == pytest.approx(ddp_curve["lr"])  # the script's LR scheduler drove DeepSpeed's optimizer
+    assert ds["lr"] == pytest.approx(
+        ddp_curve["lr"]
+    )  # the script's LR scheduler drove DeepSpeed's optimizer
     first, last = ds["losses"]["1"], ds["losses"]["10"]
     assert last < first  # it trains
     _close(ds, ddp_curve)
@@ -148,7 +198,9 @@ def test_zero2_two_ranks_follows_ddp(tmp_path: Path, ddp_curve: dict) -> None:
 @needs_ds
 def test_zero2_checkpoint_resumes_exactly(tmp_path: Path, ddp_curve: dict) -> None:
     ckpt = tmp_path / "ckpt"
-    first = _run(tmp_path, "part1.json", "strategy=deepspeed", f"checkpoint.dir={ckpt}", stop_after=4)
+    first = _run(
+        tmp_path, "part1.json", "strategy=deepspeed", f"checkpoint.dir={ckpt}", stop_after=4
+    )
     assert first["start"] == 0 and sorted(map(int, first["losses"])) == [1, 2, 3, 4]
     saved = sorted(p.name for p in ckpt.iterdir())
     assert saved == ["ckpt-000000004"]
@@ -164,6 +216,12 @@ def test_zero2_checkpoint_resumes_exactly(tmp_path: Path, ddp_curve: dict) -> No
 
 @needs_ds
 def test_zero3_with_cpu_offload_follows_ddp(tmp_path: Path, ddp_curve: dict) -> None:
-    ds = _run(tmp_path, "zero3.json", "strategy=deepspeed", "deepspeed.zero_stage=3", "deepspeed.offload_optimizer=cpu")
+    ds = _run(
+        tmp_path,
+        "zero3.json",
+        "strategy=deepspeed",
+        "deepspeed.zero_stage=3",
+        "deepspeed.offload_optimizer=cpu",
+    )
     assert ds["metrics"]["zero_stage"] == 3 and ds["metrics"]["offload_optimizer"] == "cpu"
     _close(ds, ddp_curve)

@@ -26,7 +26,10 @@ def _gpu_reason() -> str | None:
 
 
 REASON = _gpu_reason()
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(REASON is not None, reason=f"needs an NVIDIA GPU: {REASON}")]
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(REASON is not None, reason=f"needs an NVIDIA GPU: {REASON}"),
+]
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = Path(__file__).parent / "scripts" / "cuda_ds_train.py"
@@ -64,7 +67,12 @@ def test_ddp_strategy_bf16_fused_and_memory(monkeypatch: pytest.MonkeyPatch) -> 
     s = plugin._ddp(cfg, plugin._cuda_accelerator(cfg), "cuda")
     s.setup_environment()
     p = plugin._precision("bf16-mixed", cfg, s.accelerator)
-    model = s.setup_module(torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256)), p)
+    model = s.setup_module(
+        torch.nn.Sequential(
+            torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256)
+        ),
+        p,
+    )
     opt = s.setup_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-3))
     assert opt.param_groups[0]["fused"] is True
     x = torch.randn(64, 256, device=s.device)
@@ -109,7 +117,9 @@ def test_bf16_check_agrees_with_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     from aios_backend_cuda.precision import check_bf16
 
     monkeypatch.delenv("AIOS_TEST_NVML_RECORDING", raising=False)
-    every = all(torch.cuda.get_device_capability(i) >= (8, 0) for i in range(torch.cuda.device_count()))
+    every = all(
+        torch.cuda.get_device_capability(i) >= (8, 0) for i in range(torch.cuda.device_count())
+    )
     if every:
         check_bf16("bf16-mixed")
     else:
@@ -119,15 +129,38 @@ def test_bf16_check_agrees_with_torch(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _env(tmp: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
-    env.update({"AIOS_LOGGING__RUN_DIR": str(tmp / "runs"), "AIOS_LOGGING__TENSORBOARD": "false", "TOTAL_STEPS": "10"})
+    env.update(
+        {
+            "AIOS_LOGGING__RUN_DIR": str(tmp / "runs"),
+            "AIOS_LOGGING__TENSORBOARD": "false",
+            "TOTAL_STEPS": "10",
+        }
+    )
     return env
 
 
 def test_deepspeed_zero2_on_gpu(tmp_path: Path) -> None:
     pytest.importorskip("deepspeed")
     out = tmp_path / "ds.json"
-    proc = subprocess.run([*AIOS_RUN, "--backend", "cuda", "--nprocs", "1", "strategy=deepspeed", "grad_accum=2", "grad_clip=1.0",
-                           str(SCRIPT), str(out)], env=_env(tmp_path), capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            *AIOS_RUN,
+            "--backend",
+            "cuda",
+            "--nprocs",
+            "1",
+            "strategy=deepspeed",
+            "grad_accum=2",
+            "grad_clip=1.0",
+            str(SCRIPT),
+            str(out),
+        ],
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads(out.read_text())
     assert res["metrics"]["zero_stage"] == 2 and res["metrics"]["global_steps"] == 10
@@ -138,8 +171,25 @@ def test_example_gpt_bf16_on_gpu(tmp_path: Path) -> None:
     import torch
 
     precision = "bf16-mixed" if torch.cuda.is_bf16_supported() else "fp16-mixed"
-    proc = subprocess.run([*AIOS_RUN, "--backend", "cuda", "--nprocs", "1", "--precision", precision, "checkpoint.dir=null",
-                           str(ROOT / "examples" / "gpt.py"), "--steps", "60"], env={**_env(tmp_path), "GPT_SAMPLE": "0"},
-                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            *AIOS_RUN,
+            "--backend",
+            "cuda",
+            "--nprocs",
+            "1",
+            "--precision",
+            precision,
+            "checkpoint.dir=null",
+            str(ROOT / "examples" / "gpt.py"),
+            "--steps",
+            "60",
+        ],
+        env={**_env(tmp_path), "GPT_SAMPLE": "0"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "tokens/s" in proc.stdout

@@ -26,7 +26,9 @@ def _cfg(*overrides: str, **flags):
 def test_p5_instance_plan_for_cloud_hosts() -> None:
     cfg = _cfg()
     hosts = [Host("10.0.0.1", "10.0.0.1", 0), Host("10.0.0.2", "10.0.0.2", 1)]
-    req = LaunchRequest(script="train.py", args=["--lr", "3e-4"], hosts=hosts, accelerator="p5.48xlarge")
+    req = LaunchRequest(
+        script="train.py", args=["--lr", "3e-4"], hosts=hosts, accelerator="p5.48xlarge"
+    )
     plan = cuda_launch_plan(cfg, req, environ={})
     assert plan.world_size == 16 and plan.launcher == "elastic"
     assert [h.nprocs for h in plan.hosts] == [8, 8]
@@ -46,14 +48,19 @@ def test_p4d_preset_and_explicit_env_wins() -> None:
     req = LaunchRequest(script="t.py", hosts=[Host("a"), Host("b")], accelerator="p4d.24xlarge")
     plan = cuda_launch_plan(cfg, req, environ={"NCCL_SOCKET_IFNAME": "ens32"})
     env = plan.hosts[0].env
-    assert "NCCL_SOCKET_IFNAME" not in env  # the user's exported value reaches the workers untouched
+    assert (
+        "NCCL_SOCKET_IFNAME" not in env
+    )  # the user's exported value reaches the workers untouched
     assert env["NCCL_DEBUG"] == "INFO" and env["FI_PROVIDER"] == "efa"
     assert any("kept from your environment: NCCL_SOCKET_IFNAME=ens32" in n for n in plan.notes)
 
 
 def test_remote_plan_ignores_this_machines_exports(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NCCL_SOCKET_IFNAME", "wlan0")  # the laptop running `aios launch`
-    plan = cuda_launch_plan(_cfg("cuda.nccl_socket_ifname=ens32"), LaunchRequest(script="t.py", hosts=[Host("a"), Host("b")], accelerator="p5.48xlarge"))
+    plan = cuda_launch_plan(
+        _cfg("cuda.nccl_socket_ifname=ens32"),
+        LaunchRequest(script="t.py", hosts=[Host("a"), Host("b")], accelerator="p5.48xlarge"),
+    )
     assert plan.hosts[0].env["NCCL_SOCKET_IFNAME"] == "ens32"
 
 
@@ -62,7 +69,10 @@ def test_preset_none_and_single_node_auto() -> None:
     assert not any(k.startswith(("FI_", "NCCL_")) for k in env)
     assert choose_preset("auto", None, 1)[0] == "none"
     # a single p5/p4d is launched without EFA (aws.efa=auto): the EFA preset would break NCCL
-    assert choose_preset("auto", "p5.48xlarge", 1)[0] == "none" and choose_preset("auto", "p4d.24xlarge", 1)[0] == "none"
+    assert (
+        choose_preset("auto", "p5.48xlarge", 1)[0] == "none"
+        and choose_preset("auto", "p4d.24xlarge", 1)[0] == "none"
+    )
     assert choose_preset("auto", "g5.12xlarge", 2)[0] in ("none", "efa", "ib")
 
 
@@ -84,7 +94,9 @@ def test_bad_preset_and_instance_are_errors() -> None:
     assert "p5.48xlarge" in err.value.fix
 
 
-def test_local_plan_one_process_per_visible_gpu(recorded_host, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_local_plan_one_process_per_visible_gpu(
+    recorded_host, monkeypatch: pytest.MonkeyPatch
+) -> None:
     recorded_host("p4d.24xlarge-8xa100.json")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
     plan = cuda_launch_plan(_cfg(), LaunchRequest(script="t.py"), environ={})
@@ -98,7 +110,9 @@ def test_no_gpu_here_is_an_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
     from aios_backend_cuda import nvml, probe
 
     monkeypatch.delenv("AIOS_TEST_NVML_RECORDING", raising=False)
-    monkeypatch.setattr(nvml, "open_source", lambda: (_ for _ in ()).throw(nvml.NvmlUnavailable("no NVML")))
+    monkeypatch.setattr(
+        nvml, "open_source", lambda: (_ for _ in ()).throw(nvml.NvmlUnavailable("no NVML"))
+    )
     monkeypatch.setattr(probe, "PROC_NVIDIA_GPUS", str(tmp_path / "none"))
     with pytest.raises(LaunchError) as err:
         cuda_launch_plan(_cfg(), LaunchRequest(script="t.py"), environ={})
@@ -106,7 +120,11 @@ def test_no_gpu_here_is_an_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 
 
 def _env(rec: Path | None, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIOS_", "CUDA_VISIBLE", "NCCL_", "FI_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("AIOS_", "CUDA_VISIBLE", "NCCL_", "FI_"))
+    }
     if rec is not None:
         env["AIOS_TEST_NVML_RECORDING"] = str(rec)
     env.update(extra)
@@ -123,9 +141,26 @@ def test_aios_run_dry_run_shows_plan_without_torch(recorded_host, tmp_path: Path
         "    assert 'torch' not in sys.modules, 'dry-run imported torch'\n    raise\n"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code, "--backend", "cuda", "--dry-run", "--json", "--nnodes", "2", "--master-addr", "10.1.2.3",
-         "cuda.nccl_preset=p5", str(script)],
-        env=_env(rec), capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        [
+            sys.executable,
+            "-c",
+            code,
+            "--backend",
+            "cuda",
+            "--dry-run",
+            "--json",
+            "--nnodes",
+            "2",
+            "--master-addr",
+            "10.1.2.3",
+            "cuda.nccl_preset=p5",
+            str(script),
+        ],
+        env=_env(rec),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
     )
     assert out.returncode == 0, out.stderr
     plan = json.loads(out.stdout)
@@ -140,7 +175,14 @@ def test_aios_run_dry_run_shows_plan_without_torch(recorded_host, tmp_path: Path
 def test_aios_run_cuda_unavailable_is_one_line_error(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")
-    out = subprocess.run([*AIOS_RUN, "--backend", "cuda", str(script)], env=_env(None), capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    out = subprocess.run(
+        [*AIOS_RUN, "--backend", "cuda", str(script)],
+        env=_env(None),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     if out.returncode == 0:
         pytest.skip("this machine has a usable NVIDIA GPU")
     assert out.returncode == 2

@@ -63,17 +63,30 @@ def test_partial_nvlink_mesh_counts_direct_links() -> None:
     # a DGX-1-like partial mesh: 0-1 two links, 0-2 one link, 1-2 no NVLink (PCIe across sockets)
     bus = ["00000000:06:00.0", "00000000:07:00.0", "00000000:0a:00.0"]
     data = {
-        "driver_version": "470.199.02", "cuda_driver_version": 11040,
+        "driver_version": "470.199.02",
+        "cuda_driver_version": 11040,
         "devices": [
-            {"name": "Tesla V100-SXM2-16GB", "uuid": f"GPU-{i}aaa", "pci_bus_id": bus[i], "memory_total": 17179869184,
-             "compute_capability": [7, 0], "nvlinks": links}
-            for i, links in enumerate([
-                [{"remote": bus[1], "links": 2}, {"remote": bus[2], "links": 1}],
-                [{"remote": bus[0], "links": 2}],
-                [{"remote": bus[0], "links": 1}],
-            ])
+            {
+                "name": "Tesla V100-SXM2-16GB",
+                "uuid": f"GPU-{i}aaa",
+                "pci_bus_id": bus[i],
+                "memory_total": 17179869184,
+                "compute_capability": [7, 0],
+                "nvlinks": links,
+            }
+            for i, links in enumerate(
+                [
+                    [{"remote": bus[1], "links": 2}, {"remote": bus[2], "links": 1}],
+                    [{"remote": bus[0], "links": 2}],
+                    [{"remote": bus[0], "links": 1}],
+                ]
+            )
         ],
-        "topology": [["INTERNAL", "MULTIPLE", "SYSTEM"], ["MULTIPLE", "INTERNAL", "SYSTEM"], ["SYSTEM", "SYSTEM", "INTERNAL"]],
+        "topology": [
+            ["INTERNAL", "MULTIPLE", "SYSTEM"],
+            ["MULTIPLE", "INTERNAL", "SYSTEM"],
+            ["SYSTEM", "SYSTEM", "INTERNAL"],
+        ],
         "p2p": {"read": [[0, 0, 0], [0, 0, 1], [0, 1, 0]]},
     }
     inv = nvml.inventory(nvml.RecordedNvmlSource(data), environ={})
@@ -88,7 +101,7 @@ def test_partial_nvlink_mesh_counts_direct_links() -> None:
     [
         ("3,1", [3, 1]),
         ("GPU-e07c4b19,GPU-3b5f2a3e-8f6c-1d27-4f4a-0c3e2b9a7d11", [3, 0]),
-        ("2,9,1", [2]),          # out of range: CUDA stops at the first bad entry
+        ("2,9,1", [2]),  # out of range: CUDA stops at the first bad entry
         ("1,foo,2", [1]),
         ("", []),
         ("0,0", [0]),
@@ -160,10 +173,14 @@ def test_report_amd_gpu_named_as_rocm(monkeypatch: pytest.MonkeyPatch, tmp_path)
     from aios_backend_cuda import discovery, probe
 
     monkeypatch.delenv("AIOS_TEST_NVML_RECORDING", raising=False)
-    monkeypatch.setattr(nvml, "open_source", lambda: (_ for _ in ()).throw(nvml.NvmlUnavailable("no NVML")))
+    monkeypatch.setattr(
+        nvml, "open_source", lambda: (_ for _ in ()).throw(nvml.NvmlUnavailable("no NVML"))
+    )
     node = tmp_path / "nodes" / "1"
     (node / "mem_banks" / "0").mkdir(parents=True)
-    (node / "properties").write_text("cpu_cores_count 0\nsimd_count 440\ngfx_target_version 90010\n")
+    (node / "properties").write_text(
+        "cpu_cores_count 0\nsimd_count 440\ngfx_target_version 90010\n"
+    )
     (node / "name").write_text("gfx90a\n")
     (node / "mem_banks" / "0" / "properties").write_text("heap_type 1\nsize_in_bytes 68702699520\n")
     cpu = tmp_path / "nodes" / "0"
@@ -176,7 +193,11 @@ def test_report_amd_gpu_named_as_rocm(monkeypatch: pytest.MonkeyPatch, tmp_path)
     monkeypatch.setattr(probe, "PROC_NVIDIA_GPUS", str(tmp_path / "no-nvidia"))
     rep = discovery.report()
     assert rep.kind == "AMD GPU (ROCm)" and not rep.available
-    assert rep.count == 1 and rep.devices[0].name == "gfx90a" and rep.devices[0].memory_bytes == 68702699520
+    assert (
+        rep.count == 1
+        and rep.devices[0].name == "gfx90a"
+        and rep.devices[0].memory_bytes == 68702699520
+    )
     assert "ROCm" in rep.reason and "NVIDIA" in rep.reason
     avail = probe.probe()
     assert not avail and "AMD" in avail.reason and "ROCm" in avail.reason

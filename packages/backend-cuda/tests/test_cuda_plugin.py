@@ -15,7 +15,11 @@ from aios_backend_cuda import probe
 
 
 def _env(rec: Path | None = None, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIOS_", "CUDA_VISIBLE", "NCCL_", "FI_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("AIOS_", "CUDA_VISIBLE", "NCCL_", "FI_"))
+    }
     if rec is not None:
         env["AIOS_TEST_NVML_RECORDING"] = str(rec)
     env.update(extra)
@@ -28,27 +32,49 @@ def _aios(*args: str, env: dict[str, str], no_torch: bool = True) -> subprocess.
         "try:\n    main()\nexcept SystemExit:\n"
         f"    assert {no_torch!r} is False or 'torch' not in sys.modules, 'imported torch'\n    raise\n"
     )
-    return subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_registered_with_priority_and_sections() -> None:
     reg = Registry(strict=True)
     assert "aios-backend-cuda" in reg.plugins
     spec = reg.backends["cuda"]
-    assert spec.priority == 100 and spec.device_type == "cuda" and spec.plugin == "aios-backend-cuda"
+    assert (
+        spec.priority == 100 and spec.device_type == "cuda" and spec.plugin == "aios-backend-cuda"
+    )
     assert set(reg.config_sections) >= {"cuda", "deepspeed"}
     hooks = set(reg.plugins["aios-backend-cuda"].hooks)
-    assert {"aios_register_backends", "aios_register_accelerators", "aios_register_strategies"} <= hooks
+    assert {
+        "aios_register_backends",
+        "aios_register_accelerators",
+        "aios_register_strategies",
+    } <= hooks
     # components are carried by the registered specs, not by name-guarded component hooks
-    assert not hooks & {"aios_discover_devices", "aios_make_strategy", "aios_make_precision", "aios_launch_plan", "aios_doctor_checks"}
-    assert spec.accelerator == "cuda" and spec.discover and spec.launch_plan and spec.precision and spec.doctor
+    assert not hooks & {
+        "aios_discover_devices",
+        "aios_make_strategy",
+        "aios_make_precision",
+        "aios_launch_plan",
+        "aios_doctor_checks",
+    }
+    assert (
+        spec.accelerator == "cuda"
+        and spec.discover
+        and spec.launch_plan
+        and spec.precision
+        and spec.doctor
+    )
     assert "cuda" in reg.accelerators and {"ddp", "deepspeed"} <= set(reg.strategies_for(spec))
     assert "deepspeed" in reg.strategies_for(reg.backends["cpu"])
 
 
 def test_plugin_import_is_light() -> None:
     code = "import sys, aios_backend_cuda.plugin as p; from aios.plugins import Registry; r = Registry(); r.probe('cuda'); print('torch' in sys.modules, 'deepspeed' in sys.modules, 'pynvml' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     torch_loaded, ds_loaded, _ = out.stdout.split()
     assert torch_loaded == "False" and ds_loaded == "False"
@@ -63,14 +89,18 @@ def test_plugin_import_is_light() -> None:
         ("2.4.0+rocm6.1", False, "ROCm"),
     ],
 )
-def test_probe_reads_torch_build_without_importing_it(recorded_host, version: str, ok: bool, words: str) -> None:
+def test_probe_reads_torch_build_without_importing_it(
+    recorded_host, version: str, ok: bool, words: str
+) -> None:
     recorded_host("p5.48xlarge-8xh100.json", torch_version=version)
     avail = probe.probe()
     assert bool(avail) is ok
     assert words in avail.reason
 
 
-def test_probe_cuda_visible_devices_hides_all(recorded_host, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_probe_cuda_visible_devices_hides_all(
+    recorded_host, monkeypatch: pytest.MonkeyPatch
+) -> None:
     recorded_host("pcie-2xt4.json", torch_version="2.4.0+cu121")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     avail = probe.probe()
@@ -80,7 +110,9 @@ def test_probe_cuda_visible_devices_hides_all(recorded_host, monkeypatch: pytest
 def test_torch_build_tags() -> None:
     assert probe.TorchBuild("2.4.0+cu121").cuda_tag == "12.1"
     assert probe.TorchBuild("2.6.0+cu126").cuda_tag == "12.6"
-    assert probe.TorchBuild("2.4.0").cuda_tag is None and probe.TorchBuild("2.4.0").flavour == "cuda"
+    assert (
+        probe.TorchBuild("2.4.0").cuda_tag is None and probe.TorchBuild("2.4.0").flavour == "cuda"
+    )
     assert probe.TorchBuild(None).flavour == "none"
 
 
@@ -93,8 +125,15 @@ def test_aios_devices_matrix_from_recording(recorded_host) -> None:
     js = _aios("devices", "--backend", "cuda", "--json", env=_env(rec))
     rep = json.loads(js.stdout)[0]
     assert rep["available"] is True and rep["count"] == 2
-    assert [d["name"] for d in rep["devices"]] == ["NVIDIA GeForce RTX 4090", "NVIDIA GeForce GTX 1080 Ti"]
-    assert rep["topology"]["p2p_matrix"] == [["", "GPU0", "GPU1"], ["GPU0", "X", "NS"], ["GPU1", "NS", "X"]]
+    assert [d["name"] for d in rep["devices"]] == [
+        "NVIDIA GeForce RTX 4090",
+        "NVIDIA GeForce GTX 1080 Ti",
+    ]
+    assert rep["topology"]["p2p_matrix"] == [
+        ["", "GPU0", "GPU1"],
+        ["GPU0", "X", "NS"],
+        ["GPU1", "NS", "X"],
+    ]
 
 
 def _doctor(rec: Path, **extra: str) -> list[dict]:
@@ -105,14 +144,23 @@ def _doctor(rec: Path, **extra: str) -> list[dict]:
 def test_doctor_p5_healthy(recorded_host) -> None:
     rec = recorded_host("p5.48xlarge-8xh100.json", torch_version="2.4.0+cu121")
     checks = {c["name"]: c for c in _doctor(rec)}
-    assert checks["NVIDIA driver"]["status"] == "pass" and "535.183.01" in checks["NVIDIA driver"]["message"]
+    assert (
+        checks["NVIDIA driver"]["status"] == "pass"
+        and "535.183.01" in checks["NVIDIA driver"]["message"]
+    )
     assert checks["GPUs visible"]["message"].startswith("8: 8x NVIDIA H100 80GB HBM3")
     assert checks["driver vs torch CUDA"]["status"] == "pass"
-    assert checks["GPU peer-to-peer"]["status"] == "pass" and "NV18" in checks["GPU peer-to-peer"]["message"]
+    assert (
+        checks["GPU peer-to-peer"]["status"] == "pass"
+        and "NV18" in checks["GPU peer-to-peer"]["message"]
+    )
     assert checks["bf16"]["status"] == "pass"
 
 
-@pytest.mark.parametrize(("torch_version", "status"), [("2.5.0+cu124", "warn"), ("2.9.0+cu130", "fail"), ("2.4.0+cu118", "pass")])
+@pytest.mark.parametrize(
+    ("torch_version", "status"),
+    [("2.5.0+cu124", "warn"), ("2.9.0+cu130", "fail"), ("2.4.0+cu118", "pass")],
+)
 def test_doctor_driver_vs_torch_cuda(recorded_host, torch_version: str, status: str) -> None:
     rec = recorded_host("p5.48xlarge-8xh100.json", torch_version=torch_version)  # driver: CUDA 12.2
     check = next(c for c in _doctor(rec) if c["name"] == "driver vs torch CUDA")
@@ -124,7 +172,10 @@ def test_doctor_driver_vs_torch_cuda(recorded_host, torch_version: str, status: 
 def test_doctor_t4_pair_warns_p2p_and_bf16(recorded_host) -> None:
     rec = recorded_host("pcie-2xt4.json", torch_version="2.4.0+cu121")
     checks = {c["name"]: c for c in _doctor(rec)}
-    assert checks["GPU peer-to-peer"]["status"] == "warn" and "0-1" in checks["GPU peer-to-peer"]["message"]
+    assert (
+        checks["GPU peer-to-peer"]["status"] == "warn"
+        and "0-1" in checks["GPU peer-to-peer"]["message"]
+    )
     assert checks["bf16"]["status"] == "warn" and "Tesla T4" in checks["bf16"]["message"]
 
 
@@ -135,7 +186,9 @@ def test_doctor_cpu_only_torch_fails(recorded_host) -> None:
     assert "FAIL" in out.stdout and "CPU build" in out.stdout
 
 
-def test_doctor_without_gpu_fails_only_when_asked(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_doctor_without_gpu_fails_only_when_asked(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     if Path("/proc/driver/nvidia/gpus").exists():
         pytest.skip("this machine has the NVIDIA driver")
     env = _env(AIOS_TEST_NVML_RECORDING="")

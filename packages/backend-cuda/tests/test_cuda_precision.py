@@ -32,7 +32,9 @@ def test_bf16_refused_on_t4(recorded_host, precision: str) -> None:
     assert "\n" not in line
 
 
-def test_bf16_on_mixed_host_names_the_old_gpu_and_the_way_out(recorded_host, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bf16_on_mixed_host_names_the_old_gpu_and_the_way_out(
+    recorded_host, monkeypatch: pytest.MonkeyPatch
+) -> None:
     recorded_host("mixed-4090-1080ti.json")
     with pytest.raises(ConfigError) as err:
         check_bf16("bf16-mixed")

@@ -58,7 +58,9 @@ def test_compile_is_opt_in_and_unwraps(monkeypatch: pytest.MonkeyPatch) -> None:
     plain.setup_environment()
     m = torch.nn.Linear(3, 3)
     assert plain.setup_module(m, Precision("cpu")) is m
-    s = CudaDDPStrategy(_cfg("cuda.compile=true", "cuda.compile_mode=max-autotune-no-cudagraphs"), CpuAccelerator())
+    s = CudaDDPStrategy(
+        _cfg("cuda.compile=true", "cuda.compile_mode=max-autotune-no-cudagraphs"), CpuAccelerator()
+    )
     s.setup_environment()
     wrapped = s.setup_module(m, Precision("cpu"))
     assert wrapped is not m and hasattr(wrapped, "_orig_mod")
@@ -81,7 +83,15 @@ def test_cpu_torch_is_refused_for_cuda() -> None:
 
 
 def _worker(rank: int, world: int, port: int, out: str) -> None:
-    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    os.environ.update(
+        {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+    )
     torch.set_num_threads(1)
     s = CudaDDPStrategy(_cfg(), CpuAccelerator())
     s.setup_environment()
@@ -94,7 +104,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     g = torch.Generator().manual_seed(1)
     for _ in range(3):
         x, y = torch.randn(8, 8, generator=g), torch.randn(8, 1, generator=g)
-        xs, ys = x[rank * 4:(rank + 1) * 4], y[rank * 4:(rank + 1) * 4]
+        xs, ys = x[rank * 4 : (rank + 1) * 4], y[rank * 4 : (rank + 1) * 4]
         loss = torch.nn.functional.mse_loss(model(xs), ys)
         s.backward(loss, model, p)
         s.optimizer_step(opt, p)

@@ -27,7 +27,9 @@ import pytest
 HERE = Path(__file__).parent
 FIXTURES = HERE / "fixtures"
 HAS_TORCH_XLA = importlib.util.find_spec("torch_xla") is not None
-HAS_NEURON = bool(glob.glob("/dev/neuron[0-9]*")) and importlib.util.find_spec("torch_neuronx") is not None
+HAS_NEURON = (
+    bool(glob.glob("/dev/neuron[0-9]*")) and importlib.util.find_spec("torch_neuronx") is not None
+)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -35,16 +37,33 @@ def pytest_collection_modifyitems(config, items):
         if HERE not in Path(str(item.fspath)).parents:
             continue
         if "xla" in item.keywords and not HAS_TORCH_XLA:
-            item.add_marker(pytest.mark.skip(reason="torch_xla not installed (run in the torch_xla environment)"))
+            item.add_marker(
+                pytest.mark.skip(
+                    reason="torch_xla not installed (run in the torch_xla environment)"
+                )
+            )
         if "neuron" in item.keywords and not HAS_NEURON:
-            item.add_marker(pytest.mark.skip(reason="no Neuron device with torch-neuronx here (needs a Trainium instance)"))
+            item.add_marker(
+                pytest.mark.skip(
+                    reason="no Neuron device with torch-neuronx here (needs a Trainium instance)"
+                )
+            )
 
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch):
     """Tests start without Neuron variables from the caller's shell and with fresh caches."""
     for k in list(os.environ):
-        if k.startswith(("NEURON_", "AIOS_NEURON", "AIOS_TEST_NEURON", "XLA_USE_BF16", "XLA_DOWNCAST_BF16", "PJRT_DEVICE")):
+        if k.startswith(
+            (
+                "NEURON_",
+                "AIOS_NEURON",
+                "AIOS_TEST_NEURON",
+                "XLA_USE_BF16",
+                "XLA_DOWNCAST_BF16",
+                "PJRT_DEVICE",
+            )
+        ):
             monkeypatch.delenv(k, raising=False)
     from aios_backend_neuron import discovery, packages
 
@@ -76,7 +95,9 @@ def fake_neuron_ls(tmp_path, monkeypatch):
     ``no-driver`` (exit 1 with the logfmt line neuron-ls prints without the driver),
     ``garbage`` (invalid JSON)."""
 
-    def make(instance: str = "trn1.2xlarge", mode: str = "json-output", payload: object | None = None) -> Path:
+    def make(
+        instance: str = "trn1.2xlarge", mode: str = "json-output", payload: object | None = None
+    ) -> Path:
         data = payload if payload is not None else (load_fixture(instance) if instance else [])
         src = tmp_path / "neuron_ls_payload.json"
         src.write_text(json.dumps(data, indent=4))
@@ -116,11 +137,17 @@ def no_neuron_ls(tmp_path, monkeypatch):
     """A PATH without neuron-ls (the Python interpreter's directory stays reachable)."""
     if os.access("/opt/aws/neuron/bin/neuron-ls", os.X_OK):
         pytest.skip("a real neuron-ls is installed at /opt/aws/neuron/bin")
-    keep = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and not (Path(p) / "neuron-ls").exists()]
+    keep = [
+        p
+        for p in os.environ.get("PATH", "").split(os.pathsep)
+        if p and not (Path(p) / "neuron-ls").exists()
+    ]
     monkeypatch.setenv("PATH", os.pathsep.join(keep))
 
 
-def _dist_info(site: Path, name: str, version: str, requires: list[str] = (), summary: str = "") -> None:
+def _dist_info(
+    site: Path, name: str, version: str, requires: list[str] = (), summary: str = ""
+) -> None:
     d = site / f"{name.replace('-', '_')}-{version}.dist-info"
     d.mkdir(parents=True, exist_ok=True)
     lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
@@ -135,20 +162,30 @@ def _dist_info(site: Path, name: str, version: str, requires: list[str] = (), su
 def neuron_site(tmp_path, monkeypatch):
     """``neuron_site("placeholders")`` or ``neuron_site("xla"|"native", **versions)`` -> site dir."""
 
-    def make(kind: str, torch_neuronx: str | None = None, neuronx_cc: str = "2.27.5334.0+f702b353",
-             neuronx_distributed: str | None = "0.16.25997") -> Path:
+    def make(
+        kind: str,
+        torch_neuronx: str | None = None,
+        neuronx_cc: str = "2.27.5334.0+f702b353",
+        neuronx_distributed: str | None = "0.16.25997",
+    ) -> Path:
         site = tmp_path / f"site-{kind}"
         if kind == "placeholders":
             shutil.copytree(FIXTURES / "pypi_placeholders", site)
         elif kind == "xla":
-            _dist_info(site, "torch-neuronx", torch_neuronx or "2.9.0.2.11.19912",
-                       ["torch==2.9.*", "torch-xla==2.9.*", "libneuronxla==2.2.*", "neuronx-cc>=2.0"],
-                       "PyTorch Neuron on torch_xla")
+            _dist_info(
+                site,
+                "torch-neuronx",
+                torch_neuronx or "2.9.0.2.11.19912",
+                ["torch==2.9.*", "torch-xla==2.9.*", "libneuronxla==2.2.*", "neuronx-cc>=2.0"],
+                "PyTorch Neuron on torch_xla",
+            )
             _dist_info(site, "neuronx-cc", neuronx_cc, ["numpy"], "Neuron compiler")
             if neuronx_distributed:
                 _dist_info(site, "neuronx-distributed", neuronx_distributed, ["torch-neuronx"])
         elif kind == "native":
-            _dist_info(site, "torch-neuronx", torch_neuronx or "2.14.3.0", ["torch==2.14.*"], "TorchNeuron")
+            _dist_info(
+                site, "torch-neuronx", torch_neuronx or "2.14.3.0", ["torch==2.14.*"], "TorchNeuron"
+            )
             _dist_info(site, "neuronx-cc", neuronx_cc, ["numpy"], "Neuron compiler")
         else:
             raise ValueError(kind)
@@ -164,6 +201,8 @@ def config():
     from aios.config import resolve
 
     def make(*overrides: str, **flags):
-        return resolve(overrides=["backend=neuron", *overrides], flags=flags, environ={}, check_backend=False)
+        return resolve(
+            overrides=["backend=neuron", *overrides], flags=flags, environ={}, check_backend=False
+        )
 
     return make

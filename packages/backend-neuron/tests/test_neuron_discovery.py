@@ -6,11 +6,9 @@ import json
 import os
 import subprocess
 import sys
-
 from pathlib import Path
 
 import pytest
-
 from aios.errors import ConfigError
 from aios_backend_neuron.discovery import (
     NeuronLsError,
@@ -52,9 +50,17 @@ def test_recorded_captures_parse(instance, devices, per_device, logical, physica
 
 def test_legacy_capture_without_instance_fields():
     # the exact shape older tools print on trn1.2xlarge: no instance_type, numa_node a string
-    row = {"neuron_device": 0, "bdf": "0000:00:1e.0", "cpu_affinity": "0-7", "numa_node": "-1",
-           "connected_to": None, "nc_count": 2, "memory_size": 34359738368,
-           "neuroncore_ids": [0, 1], "neuron_processes": []}
+    row = {
+        "neuron_device": 0,
+        "bdf": "0000:00:1e.0",
+        "cpu_affinity": "0-7",
+        "numa_node": "-1",
+        "connected_to": None,
+        "nc_count": 2,
+        "memory_size": 34359738368,
+        "neuroncore_ids": [0, 1],
+        "neuron_processes": [],
+    }
     topo = parse_neuron_ls([row])
     assert topo.instance_type is None and topo.lnc == 1
     assert topo.devices[0].numa_node == -1 and topo.devices[0].connected_to == []
@@ -75,18 +81,31 @@ def test_logical_core_config_renumbers_cores():
 
 
 def test_lnc_that_does_not_divide_is_an_error():
-    topo = parse_neuron_ls([{**load_fixture("trn1.2xlarge")[0], "nc_count": 3, "neuroncore_ids": [0, 1, 2]}])
+    topo = parse_neuron_ls(
+        [{**load_fixture("trn1.2xlarge")[0], "nc_count": 3, "neuroncore_ids": [0, 1, 2]}]
+    )
     with pytest.raises(ConfigError, match="logical core config 2 does not divide the 3 physical"):
         topo.with_lnc(2)
 
 
-@pytest.mark.parametrize("text, cores", [("0-3,8", [0, 1, 2, 3, 8]), ("5", [5]), ("8, 0-1", [0, 1, 8])])
+@pytest.mark.parametrize(
+    "text, cores", [("0-3,8", [0, 1, 2, 3, 8]), ("5", [5]), ("8, 0-1", [0, 1, 8])]
+)
 def test_core_list_syntax(text, cores):
     assert parse_core_list(text) == cores
 
 
-@pytest.mark.parametrize("bad, why", [("3-1", "backwards"), ("a", "not a core id"), ("0,,1", "empty item"),
-                                      ("0-1,1", "twice"), ("", "empty"), ("1-x", "not a range")])
+@pytest.mark.parametrize(
+    "bad, why",
+    [
+        ("3-1", "backwards"),
+        ("a", "not a core id"),
+        ("0,,1", "empty item"),
+        ("0-1,1", "twice"),
+        ("", "empty"),
+        ("1-x", "not a range"),
+    ],
+)
 def test_core_list_errors(bad, why):
     with pytest.raises(ValueError, match=why):
         parse_core_list(bad)
@@ -102,8 +121,10 @@ def test_visible_cores_honoured_and_checked():
     assert visible_core_ids(topo, None, "x") == list(range(32))
     with pytest.raises(ConfigError) as e:
         visible_core_ids(topo, "30-33", "NEURON_RT_VISIBLE_CORES")
-    assert str(e.value) == ("NEURON_RT_VISIBLE_CORES names NeuronCores 32-33, but this instance has logical cores "
-                            "0-31 (LNC=1); pick cores within 0-31")
+    assert str(e.value) == (
+        "NEURON_RT_VISIBLE_CORES names NeuronCores 32-33, but this instance has logical cores "
+        "0-31 (LNC=1); pick cores within 0-31"
+    )
 
 
 def test_bad_payload_shapes():
@@ -129,7 +150,11 @@ def test_seam_falls_back_to_output_format_json(fake_neuron_ls):
     fake_neuron_ls("trn2.48xlarge", mode="output-format")
     res = run_neuron_ls()
     assert res.error == ""
-    assert res.topology.instance_type == "trn2.48xlarge" and res.topology.logical_cores == 64 and res.topology.lnc == 2
+    assert (
+        res.topology.instance_type == "trn2.48xlarge"
+        and res.topology.logical_cores == 64
+        and res.topology.lnc == 2
+    )
 
 
 def test_seam_reports_missing_driver(fake_neuron_ls):
@@ -194,7 +219,13 @@ def test_aios_devices_cli_json_without_torch(fake_neuron_ls):
         "try:\n    cli()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
         "assert 'torch' not in sys.modules, 'aios devices imported torch'\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ), timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     (rep,) = json.loads(out.stdout)
     assert rep["backend"] == "neuron" and rep["count"] == 2

@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-
 from aios.errors import ConfigError
 from aios.precision import MixedPrecision, Precision, TruePrecision
 from aios_backend_neuron.doctor import checks
@@ -29,15 +28,22 @@ def test_doctor_on_a_trn2_with_xla_release(fake_neuron_ls, neuron_site, config, 
     assert cs["torch-neuronx"].status == "pass"
     assert cs["runtime"].message.startswith("xla (torch-neuronx 2.9.0.2.11.19912")
     assert cs["NeuronCores visible"].status == "pass"
-    assert cs["NeuronCores visible"].message == "8 logical cores (0-7) on 16 devices, LNC=2, trn2.48xlarge"
+    assert (
+        cs["NeuronCores visible"].message
+        == "8 logical cores (0-7) on 16 devices, LNC=2, trn2.48xlarge"
+    )
     # the release is built for torch 2.9: consistent in the torch_xla env (torch 2.9), not in main (2.13)
     from importlib.metadata import version
 
     torch_29 = version("torch").startswith("2.9.")
     assert cs["versions consistent"].status == ("pass" if torch_29 else "fail")
     if not torch_29:
-        assert cs["versions consistent"].message.startswith("torch-neuronx 2.9.0.2.11.19912 is built for torch 2.9, but torch ")
-    assert cs["neuronx-cc compiler"].status == "fail"  # metadata says installed, but no neuronx-cc command/module
+        assert cs["versions consistent"].message.startswith(
+            "torch-neuronx 2.9.0.2.11.19912 is built for torch 2.9, but torch "
+        )
+    assert (
+        cs["neuronx-cc compiler"].status == "fail"
+    )  # metadata says installed, but no neuronx-cc command/module
     assert cs["neuronx-distributed"].status == "pass"
 
 
@@ -46,16 +52,29 @@ def test_doctor_flags_bad_settings(fake_neuron_ls, config, monkeypatch):
     monkeypatch.setenv("XLA_USE_BF16", "1")
     cs = checks(config("neuron.tp_degree=3", "precision=fp16-mixed"))
     fails = {c.name: c for c in cs if c.status == "fail"}
-    assert fails["removed bf16 switches"].message == "XLA_USE_BF16 is set (removed from torch-neuronx)"
+    assert (
+        fails["removed bf16 switches"].message == "XLA_USE_BF16 is set (removed from torch-neuronx)"
+    )
     assert fails["precision"].fix == "use precision=bf16-mixed or bf16-true"
-    assert fails["parallel degrees"].message == "neuron.tp_degree=3 does not divide the 32 NeuronCores per node"
-    assert "neuronx-distributed is not installed but neuron.tp_degree/pp_degree/zero1 need it" in fails["neuronx-distributed"].message
+    assert (
+        fails["parallel degrees"].message
+        == "neuron.tp_degree=3 does not divide the 32 NeuronCores per node"
+    )
+    assert (
+        "neuronx-distributed is not installed but neuron.tp_degree/pp_degree/zero1 need it"
+        in fails["neuronx-distributed"].message
+    )
 
 
 def test_doctor_without_devices(no_neuron_ls, config):
     cs = _by_name(checks(config()))
-    assert cs["NeuronCores visible"].status == "fail" and "neuron-ls not found" in cs["NeuronCores visible"].message
-    assert cs["torch-neuronx"].fix.startswith("pip install --extra-index-url https://pip.repos.neuron.amazonaws.com")
+    assert (
+        cs["NeuronCores visible"].status == "fail"
+        and "neuron-ls not found" in cs["NeuronCores visible"].message
+    )
+    assert cs["torch-neuronx"].fix.startswith(
+        "pip install --extra-index-url https://pip.repos.neuron.amazonaws.com"
+    )
 
 
 def test_plain_doctor_skips_quietly_off_trainium(no_neuron_ls):
@@ -66,8 +85,13 @@ def test_plain_doctor_skips_quietly_off_trainium(no_neuron_ls):
 def test_doctor_cli_exit_and_lines(fake_neuron_ls, neuron_site):
     fake_neuron_ls("trn1.2xlarge")
     neuron_site("placeholders")
-    out = subprocess.run([sys.executable, "-m", "aios.cli.main", "doctor", "--backend", "neuron", "--json"],
-                         capture_output=True, text=True, env=dict(os.environ), timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "aios.cli.main", "doctor", "--backend", "neuron", "--json"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        timeout=120,
+    )
     assert out.returncode == 1, out.stderr
     rows = [r for r in json.loads(out.stdout) if r["backend"] == "neuron"]
     names = {r["name"]: r for r in rows}
@@ -81,7 +105,11 @@ def test_doctor_cli_exit_and_lines(fake_neuron_ls, neuron_site):
 def test_precision_policies(config):
     assert type(_precision("fp32", config(), None)) is Precision
     mixed = _precision("bf16-mixed", config(), None)
-    assert isinstance(mixed, MixedPrecision) and mixed.dtype_name == "bfloat16" and mixed.device_type == "xla"
+    assert (
+        isinstance(mixed, MixedPrecision)
+        and mixed.dtype_name == "bfloat16"
+        and mixed.device_type == "xla"
+    )
     assert isinstance(_precision("bf16-true", config(), None), TruePrecision)
     native = _precision("bf16-mixed", config("neuron.runtime=native"), None)
     assert native.device_type == "neuron"
@@ -90,7 +118,9 @@ def test_precision_policies(config):
 def test_fp16_precision_refused(config):
     with pytest.raises(ConfigError) as e:
         _precision("fp16-mixed", config(), None)
-    assert str(e.value).startswith("precision fp16-mixed is not supported on Trainium (backend neuron); use precision=bf16-mixed")
+    assert str(e.value).startswith(
+        "precision fp16-mixed is not supported on Trainium (backend neuron); use precision=bf16-mixed"
+    )
 
 
 def test_removed_bf16_switch_refused(config, monkeypatch):
@@ -105,26 +135,41 @@ def test_removed_bf16_switch_refused(config, monkeypatch):
 def test_config_section_from_every_layer(config, tmp_path):
     from aios.config import resolve
 
-    cfg = config("neuron.tp_degree=8", "neuron.visible_cores='0-3,8'", "neuron.cc_flags=[--retry_failed_compilation]")
+    cfg = config(
+        "neuron.tp_degree=8",
+        "neuron.visible_cores='0-3,8'",
+        "neuron.cc_flags=[--retry_failed_compilation]",
+    )
     assert cfg.neuron.tp_degree == 8 and cfg.neuron.visible_cores == "0-3,8"
     assert cfg.neuron.cc_flags == ["--retry_failed_compilation"]
-    cfg = resolve(environ={"AIOS_NEURON__PP_DEGREE": "2", "AIOS_NEURON__INSTANCE_TYPE": "TRN2.48xlarge"}, check_backend=False)
+    cfg = resolve(
+        environ={"AIOS_NEURON__PP_DEGREE": "2", "AIOS_NEURON__INSTANCE_TYPE": "TRN2.48xlarge"},
+        check_backend=False,
+    )
     assert cfg.neuron.pp_degree == 2 and cfg.neuron.instance_type == "trn2.48xlarge"
     f = tmp_path / "c.yaml"
-    f.write_text("neuron:\n  stochastic_rounding: true\n  precompile: true\n  compile_cache: s3://b/cache\n")
+    f.write_text(
+        "neuron:\n  stochastic_rounding: true\n  precompile: true\n  compile_cache: s3://b/cache\n"
+    )
     cfg = resolve(str(f), environ={}, check_backend=False)
     assert cfg.neuron.stochastic_rounding is True and cfg.neuron.compile_cache == "s3://b/cache"
 
 
-@pytest.mark.parametrize("override, message", [
-    ("neuron.tp_degree=0", "invalid value 0 for 'neuron.tp_degree'"),
-    ("neuron.visible_cores=3-1", "invalid value '3-1' for 'neuron.visible_cores'"),
-    ("neuron.logical_nc_config=4", "invalid value 4 for 'neuron.logical_nc_config'"),
-    ("neuron.runtime=cuda", "invalid value 'cuda' for 'neuron.runtime' (from override); choose one of: auto, xla, native"),
-    ("neuron.tp=2", "unknown config key 'neuron.tp'"),
-    ("neuron.env={XLA_USE_BF16: '1'}", "XLA_USE_BF16 was removed from torch-neuronx"),
-    ("neuron.env={HOME: /x}", "HOME is not a NEURON_/FI_/CCOM_/XLA_/MALLOC_ variable"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("neuron.tp_degree=0", "invalid value 0 for 'neuron.tp_degree'"),
+        ("neuron.visible_cores=3-1", "invalid value '3-1' for 'neuron.visible_cores'"),
+        ("neuron.logical_nc_config=4", "invalid value 4 for 'neuron.logical_nc_config'"),
+        (
+            "neuron.runtime=cuda",
+            "invalid value 'cuda' for 'neuron.runtime' (from override); choose one of: auto, xla, native",
+        ),
+        ("neuron.tp=2", "unknown config key 'neuron.tp'"),
+        ("neuron.env={XLA_USE_BF16: '1'}", "XLA_USE_BF16 was removed from torch-neuronx"),
+        ("neuron.env={HOME: /x}", "HOME is not a NEURON_/FI_/CCOM_/XLA_/MALLOC_ variable"),
+    ],
+)
 def test_config_errors_are_one_line(config, override, message):
     with pytest.raises(ConfigError) as e:
         config(override)
@@ -136,14 +181,21 @@ def test_config_errors_are_one_line(config, override, message):
 
 
 def test_scan_flags_known_unsupported_things():
-    src = ("import torch, bitsandbytes\n"
-           "x = torch.ones(2, dtype=torch.float64)\n"
-           "torch.cuda.synchronize()\n"
-           "import os; os.environ['XLA_USE_BF16'] = '1'\n"
-           "y = x.double()\n")
+    src = (
+        "import torch, bitsandbytes\n"
+        "x = torch.ones(2, dtype=torch.float64)\n"
+        "torch.cuda.synchronize()\n"
+        "import os; os.environ['XLA_USE_BF16'] = '1'\n"
+        "y = x.double()\n"
+    )
     found = [(f.line, f.what) for f in scan_source(src)]
-    assert found == [(1, "imports bitsandbytes"), (2, "uses torch.float64"), (3, "calls torch.cuda.synchronize"),
-                     (4, "sets XLA_USE_BF16"), (5, ".double() casts to float64")]
+    assert found == [
+        (1, "imports bitsandbytes"),
+        (2, "uses torch.float64"),
+        (3, "calls torch.cuda.synchronize"),
+        (4, "sets XLA_USE_BF16"),
+        (5, ".double() casts to float64"),
+    ]
     assert scan_source("m = torch.compile(m)\n", runtime="native") == []
     assert scan_source("def f(:\n")[0].severity == "fail"
 

@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-
 from aios.errors import BackendUnavailable, ConfigError
 from aios_backend_neuron import packages
 from aios_backend_neuron.packages import INSTALL_LINE, detect, placeholder_message
@@ -18,8 +17,10 @@ from aios_backend_neuron.strategy import active_runtime, make_strategy
 
 
 def test_install_line_names_the_neuron_index():
-    assert INSTALL_LINE == ("pip install --extra-index-url https://pip.repos.neuron.amazonaws.com "
-                            "torch-neuronx neuronx-cc neuronx-distributed")
+    assert INSTALL_LINE == (
+        "pip install --extra-index-url https://pip.repos.neuron.amazonaws.com "
+        "torch-neuronx neuronx-cc neuronx-distributed"
+    )
 
 
 def test_nothing_installed_here():
@@ -32,12 +33,20 @@ def test_placeholders_detected_from_metadata(neuron_site):
     neuron_site("placeholders")
     sw = detect()
     assert [(d.name, d.version) for d in sw.placeholders] == [
-        ("torch-neuronx", "1.0"), ("neuronx-cc", "1.0.post1"), ("neuronx-distributed", "0.1")]
+        ("torch-neuronx", "1.0"),
+        ("neuronx-cc", "1.0.post1"),
+        ("neuronx-distributed", "0.1"),
+    ]
     assert sw.runtime() is None
     msg, fix = placeholder_message(sw)
-    assert msg == ('torch-neuronx 1.0, neuronx-cc 1.0.post1, neuronx-distributed 0.1 from PyPI are placeholders '
-                   '("WRONG PACKAGE"), not the AWS Neuron SDK')
-    assert fix == f"run: pip uninstall -y torch-neuronx neuronx-cc neuronx-distributed && {INSTALL_LINE}"
+    assert msg == (
+        "torch-neuronx 1.0, neuronx-cc 1.0.post1, neuronx-distributed 0.1 from PyPI are placeholders "
+        '("WRONG PACKAGE"), not the AWS Neuron SDK'
+    )
+    assert (
+        fix
+        == f"run: pip uninstall -y torch-neuronx neuronx-cc neuronx-distributed && {INSTALL_LINE}"
+    )
 
 
 def test_placeholder_detected_without_the_marker_text(tmp_path, monkeypatch):
@@ -56,7 +65,9 @@ def test_placeholder_probe_strategy_and_doctor(neuron_site, fake_neuron_ls, conf
     fake_neuron_ls("trn1.2xlarge")
     avail = probe()
     assert not avail.available
-    assert avail.reason.startswith("torch-neuronx 1.0, neuronx-cc 1.0.post1, neuronx-distributed 0.1 from PyPI are placeholders")
+    assert avail.reason.startswith(
+        "torch-neuronx 1.0, neuronx-cc 1.0.post1, neuronx-distributed 0.1 from PyPI are placeholders"
+    )
     assert INSTALL_LINE in avail.reason
     with pytest.raises(BackendUnavailable) as e:
         make_strategy(config())
@@ -80,42 +91,56 @@ def test_native_runtime_release(neuron_site):
     neuron_site("native")
     sw = detect()
     assert sw.runtime() == "native"
-    assert sw.runtime_label() == "native (TorchNeuron 2.14.3.0, device neuron, process group backend neuron)"
+    assert (
+        sw.runtime_label()
+        == "native (TorchNeuron 2.14.3.0, device neuron, process group backend neuron)"
+    )
 
 
 def test_version_mismatch_reported(neuron_site):
     neuron_site("xla", torch_neuronx="2.5.1.2.4.0")
     sw = detect()
     problems = sw.version_problems()
-    assert problems and problems[0].startswith("torch-neuronx 2.5.1.2.4.0 is built for torch 2.5, but torch ")
+    assert problems and problems[0].startswith(
+        "torch-neuronx 2.5.1.2.4.0 is built for torch 2.5, but torch "
+    )
 
 
 def test_runtime_config_override_conflicts(neuron_site, config):
-    from aios_backend_neuron.launch import build_plan
     from aios.types import LaunchRequest
+    from aios_backend_neuron.launch import build_plan
 
     neuron_site("xla")
     assert active_runtime(config("neuron.runtime=native")) == "native"
     # planning for this machine with the wrong runtime forced is an error naming both
-    with pytest.raises(ConfigError, match="neuron.runtime=native but the installed torch-neuronx 2.9.0.2.11.19912 is the xla runtime"):
+    with pytest.raises(
+        ConfigError,
+        match="neuron.runtime=native but the installed torch-neuronx 2.9.0.2.11.19912 is the xla runtime",
+    ):
         from aios_backend_neuron.launch import resolve_runtime
         from aios_backend_neuron.settings import NeuronSettings
 
         resolve_runtime(NeuronSettings(runtime="native"), detect(), None, local=True)
     # off-instance planning is not constrained by what is installed here
-    plan = build_plan(config("neuron.instance_type=trn2.48xlarge", "neuron.runtime=native"), LaunchRequest("t.py"))
+    plan = build_plan(
+        config("neuron.instance_type=trn2.48xlarge", "neuron.runtime=native"), LaunchRequest("t.py")
+    )
     assert "PJRT_DEVICE" not in plan.hosts[0].env
 
 
 def test_native_with_tp_is_a_clear_error(neuron_site, config):
     neuron_site("native")
-    with pytest.raises(ConfigError, match="neuronx-distributed, which runs on the XLA-based torch-neuronx"):
+    with pytest.raises(
+        ConfigError, match="neuronx-distributed, which runs on the XLA-based torch-neuronx"
+    ):
         make_strategy(config("neuron.tp_degree=2"))
 
 
 def test_tp_without_nxd_installed(neuron_site, config):
     neuron_site("xla", neuronx_distributed=None)
-    with pytest.raises(BackendUnavailable, match="need neuronx-distributed, which is not installed"):
+    with pytest.raises(
+        BackendUnavailable, match="need neuronx-distributed, which is not installed"
+    ):
         make_strategy(config("neuron.tp_degree=2"))
 
 
@@ -134,8 +159,13 @@ def test_env_info_says_which_runtime(neuron_site):
 
 def test_aios_env_cli_with_placeholders(neuron_site):
     neuron_site("placeholders")
-    out = subprocess.run([sys.executable, "-m", "aios.cli.main", "env", "--json"], capture_output=True, text=True,
-                         env=dict(os.environ), timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "aios.cli.main", "env", "--json"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     info = json.loads(out.stdout)
     assert info["torch-neuronx"] == "1.0 (PyPI placeholder!)"
@@ -144,22 +174,35 @@ def test_aios_env_cli_with_placeholders(neuron_site):
 
 def test_probe_without_devices(no_neuron_ls):
     avail = probe()
-    assert not avail.available and avail.reason.startswith("no Neuron devices here (/dev/neuron* absent")
+    assert not avail.available and avail.reason.startswith(
+        "no Neuron devices here (/dev/neuron* absent"
+    )
 
 
 def test_probe_available_for_planning_only(no_neuron_ls, neuron_site, config, monkeypatch):
     neuron_site("placeholders")  # what is installed here does not matter for a remote plan
     cfg = config("neuron.instance_type=trn2.48xlarge")
     avail = probe(cfg)
-    assert avail.available and avail.reason == "no Neuron devices on this machine; planning for trn2.48xlarge"
-    assert not probe().available  # nothing is remembered from an earlier resolve: only the config given counts
+    assert (
+        avail.available
+        and avail.reason == "no Neuron devices on this machine; planning for trn2.48xlarge"
+    )
+    assert (
+        not probe().available
+    )  # nothing is remembered from an earlier resolve: only the config given counts
     from aios.plugins import get_registry
 
-    reg = get_registry()  # the registry hands the resolved config to the probe (aios-run, aios.init)
+    reg = (
+        get_registry()
+    )  # the registry hands the resolved config to the probe (aios-run, aios.init)
     assert reg.select("neuron", config=cfg).name == "neuron"
     with pytest.raises(BackendUnavailable, match="are placeholders"):
-        reg.require("neuron")  # without the config nothing is planned: what is installed here counts
-    monkeypatch.setenv("AIOS_NEURON__INSTANCE_TYPE", "trn1.32xlarge")  # no config (aios devices): the env layer
+        reg.require(
+            "neuron"
+        )  # without the config nothing is planned: what is installed here counts
+    monkeypatch.setenv(
+        "AIOS_NEURON__INSTANCE_TYPE", "trn1.32xlarge"
+    )  # no config (aios devices): the env layer
     assert probe().reason.endswith("planning for trn1.32xlarge")
     monkeypatch.delenv("AIOS_NEURON__INSTANCE_TYPE")
     assert not probe().available
@@ -169,7 +212,10 @@ def test_probe_devices_but_no_torch_neuronx(fake_neuron_ls):
     fake_neuron_ls("trn1.32xlarge")
     avail = probe()
     assert not avail.available
-    assert avail.reason == "torch-neuronx is not installed (it comes from the AWS Neuron pip index, not PyPI)"
+    assert (
+        avail.reason
+        == "torch-neuronx is not installed (it comes from the AWS Neuron pip index, not PyPI)"
+    )
 
 
 def test_probe_available(fake_neuron_ls, neuron_site):

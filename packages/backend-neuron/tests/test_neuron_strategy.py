@@ -8,20 +8,29 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from aios.errors import ConfigError
 from aios_backend_neuron.settings import settings_of
 from aios_backend_neuron.strategy import nxd_config_kwargs, uses_nxd
 
 
 def test_nxd_config_from_aios_config(config):
-    cfg = config("neuron.tp_degree=8", "neuron.pp_degree=4", "neuron.pp_microbatches=8", "neuron.zero1=true",
-                 "grad_clip=1.5", "precision=bf16-true")
+    cfg = config(
+        "neuron.tp_degree=8",
+        "neuron.pp_degree=4",
+        "neuron.pp_microbatches=8",
+        "neuron.zero1=true",
+        "grad_clip=1.5",
+        "precision=bf16-true",
+    )
     assert nxd_config_kwargs(settings_of(cfg), cfg) == {
         "tensor_parallel_size": 8,
         "pipeline_parallel_size": 4,
         "optimizer_config": {"zero_one_enabled": True, "grad_clipping": True, "max_grad_norm": 1.5},
-        "mixed_precision_config": {"use_master_weights": True, "use_fp32_grad_acc": True, "use_master_weights_in_ckpt": False},
+        "mixed_precision_config": {
+            "use_master_weights": True,
+            "use_fp32_grad_acc": True,
+            "use_master_weights_in_ckpt": False,
+        },
         "pipeline_config": {"num_microbatches": 8},
     }
 
@@ -29,7 +38,11 @@ def test_nxd_config_from_aios_config(config):
 def test_nxd_config_defaults(config):
     cfg = config("neuron.tp_degree=2")
     kw = nxd_config_kwargs(settings_of(cfg), cfg)
-    assert kw["optimizer_config"] == {"zero_one_enabled": False, "grad_clipping": False, "max_grad_norm": 1.0}
+    assert kw["optimizer_config"] == {
+        "zero_one_enabled": False,
+        "grad_clipping": False,
+        "max_grad_norm": 1.0,
+    }
     assert kw["mixed_precision_config"]["use_master_weights"] is False
     assert "pipeline_config" not in kw
 
@@ -47,7 +60,10 @@ def test_deepspeed_strategy_refused(neuron_site, config):
     reg = get_registry()
     # fsdp/tp/hsdp are registered for neuron (TorchNeuron); on the XLA runtime their factory refuses them
     for name in ("deepspeed", "spmd"):
-        with pytest.raises(ConfigError, match=f"strategy '{name}' is not available on the neuron backend; strategies on neuron: auto, ddp, fsdp, hsdp, nxd, tp"):
+        with pytest.raises(
+            ConfigError,
+            match=f"strategy '{name}' is not available on the neuron backend; strategies on neuron: auto, ddp, fsdp, hsdp, nxd, tp",
+        ):
             reg.strategy_spec(name, reg.backends["neuron"])
 
 
@@ -89,7 +105,14 @@ print("ok", type(rt.strategy).__name__, rt.device)
 """.replace("RUN", repr(str(tmp_path / "runs")))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIOS_", "NEURON_", "PJRT_"))}
     env["AIOS_TEST_NEURON_ON_XLA_CPU"] = "1"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split()[:3] == ["ok", "NeuronXlaStrategy", "xla:0"]
 
@@ -110,9 +133,25 @@ def test_real_trainium_devices_match_neuron_ls():
 def test_real_trainium_trains_the_example(tmp_path):
     exe = Path(sys.executable).with_name("aios-run")
     example = Path(__file__).resolve().parents[3] / "examples" / "gpt.py"
-    out = subprocess.run([str(exe), "--backend", "neuron", "--nprocs", "2", f"checkpoint.dir={tmp_path / 'ck'}",
-                          f"logging.run_dir={tmp_path / 'runs'}", "precision=bf16-mixed", str(example), "--steps", "50"],
-                         capture_output=True, text=True, timeout=3600, env={**os.environ, "GPT_SAMPLE": "0"})
+    out = subprocess.run(
+        [
+            str(exe),
+            "--backend",
+            "neuron",
+            "--nprocs",
+            "2",
+            f"checkpoint.dir={tmp_path / 'ck'}",
+            f"logging.run_dir={tmp_path / 'runs'}",
+            "precision=bf16-mixed",
+            str(example),
+            "--steps",
+            "50",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        env={**os.environ, "GPT_SAMPLE": "0"},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "gpt: done 50 steps" in out.stdout + out.stderr
 
@@ -124,8 +163,13 @@ def test_worker_env_matches_the_plan(config):
     from aios_backend_neuron.launch import build_plan
     from aios_backend_neuron.xla_strategy import NeuronXlaStrategy
 
-    cfg = config("neuron.instance_type=trn2.48xlarge", "neuron.model_type=transformer", "precision=bf16-true",
-                 "neuron.logical_nc_config=2", "neuron.env={NEURON_RT_LOG_LEVEL: WARN}")
+    cfg = config(
+        "neuron.instance_type=trn2.48xlarge",
+        "neuron.model_type=transformer",
+        "precision=bf16-true",
+        "neuron.logical_nc_config=2",
+        "neuron.env={NEURON_RT_LOG_LEVEL: WARN}",
+    )
     env = NeuronXlaStrategy(cfg).neuron_env()
     plan_env = build_plan(cfg, LaunchRequest("t.py")).hosts[0].env
     for k, v in env.items():
@@ -147,5 +191,7 @@ def test_wrong_pjrt_device_is_refused(config):
     from aios_backend_neuron.xla_strategy import NeuronXlaStrategy
 
     with mock.patch.dict(os.environ, {"PJRT_DEVICE": "TPU"}):
-        with pytest.raises(ConfigError, match="PJRT_DEVICE=TPU but the neuron-xla backend was set up for NEURON"):
+        with pytest.raises(
+            ConfigError, match="PJRT_DEVICE=TPU but the neuron-xla backend was set up for NEURON"
+        ):
             NeuronXlaStrategy(config()).prepare_env()

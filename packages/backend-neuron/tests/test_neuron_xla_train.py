@@ -27,14 +27,29 @@ ARGS = ["--steps", "24", "--eval-every", "24", "--eval-batches", "4", "--batch-s
 pytestmark = [pytest.mark.xla, pytest.mark.slow]
 
 
-def _run(backend: str, tmp: Path, env: dict[str, str], *overrides: str) -> tuple[int, float, float, str]:
+def _run(
+    backend: str, tmp: Path, env: dict[str, str], *overrides: str
+) -> tuple[int, float, float, str]:
     exe = Path(sys.executable).with_name("aios-run")
     if not EXAMPLE.exists() or not exe.exists():
         pytest.fail(f"needs {EXAMPLE} and aios-run next to {sys.executable}")
-    cmd = [str(exe), "--backend", backend, "--nprocs", "1",
-           f"checkpoint.dir={tmp / backend / 'ckpt'}", f"logging.run_dir={tmp / backend / 'runs'}",
-           "logging.progress=false", "logging.tensorboard=false", *overrides, str(EXAMPLE), *ARGS]
-    out = subprocess.run(cmd, capture_output=True, text=True, env={**env, "GPT_SAMPLE": "0"}, timeout=900, cwd=tmp)
+    cmd = [
+        str(exe),
+        "--backend",
+        backend,
+        "--nprocs",
+        "1",
+        f"checkpoint.dir={tmp / backend / 'ckpt'}",
+        f"logging.run_dir={tmp / backend / 'runs'}",
+        "logging.progress=false",
+        "logging.tensorboard=false",
+        *overrides,
+        str(EXAMPLE),
+        *ARGS,
+    ]
+    out = subprocess.run(
+        cmd, capture_output=True, text=True, env={**env, "GPT_SAMPLE": "0"}, timeout=900, cwd=tmp
+    )
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-4000:]
     m = DONE.search(text)
@@ -44,7 +59,11 @@ def _run(backend: str, tmp: Path, env: dict[str, str], *overrides: str) -> tuple
 
 def test_gpt_on_neuron_xla_cpu_matches_cpu(tmp_path, fake_neuron_ls):
     fake_neuron_ls("trn1.2xlarge")
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("AIOS_", "NEURON_", "PJRT_", "XLA_"))}
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("AIOS_", "NEURON_", "PJRT_", "XLA_"))
+    }
     steps_c, train_c, val_c, _ = _run("cpu", tmp_path, base)
     neuron_env = {**base, "AIOS_TEST_NEURON_ON_XLA_CPU": "1"}
     steps_n, train_n, val_n, text = _run("neuron", tmp_path, neuron_env)
@@ -68,9 +87,15 @@ def test_gpt_bf16_mixed_on_neuron_xla_cpu_matches_xla_autocast(tmp_path, fake_ne
     curve as the XLA backend's autocast. (Against eager CPU autocast only the fp32 run above is a
     fair comparison: which ops run in bf16 differs, and 24 steps of fast descent amplify it.)"""
     fake_neuron_ls("trn1.2xlarge")
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("AIOS_", "NEURON_", "PJRT_", "XLA_"))}
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("AIOS_", "NEURON_", "PJRT_", "XLA_"))
+    }
     _, train_x, val_x, _ = _run("xla", tmp_path, base, "precision=bf16-mixed", "xla.allow_cpu=true")
-    _, train_n, val_n, text = _run("neuron", tmp_path, {**base, "AIOS_TEST_NEURON_ON_XLA_CPU": "1"}, "precision=bf16-mixed")
+    _, train_n, val_n, text = _run(
+        "neuron", tmp_path, {**base, "AIOS_TEST_NEURON_ON_XLA_CPU": "1"}, "precision=bf16-mixed"
+    )
     assert "(neuron, bf16-mixed)" in text
     assert val_n == pytest.approx(val_x, rel=1e-3), (val_n, val_x)
     assert train_n == pytest.approx(train_x, rel=1e-3), (train_n, train_x)
@@ -80,11 +105,31 @@ def test_gpt_bf16_mixed_on_neuron_xla_cpu_matches_xla_autocast(tmp_path, fake_ne
 def test_bf16_true_plan_reaches_the_worker_env(tmp_path, fake_neuron_ls):
     """bf16 weights: the plan switches on stochastic rounding and never sets XLA_USE_BF16."""
     fake_neuron_ls("trn1.2xlarge")
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("AIOS_", "NEURON_", "PJRT_", "XLA_"))}
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("AIOS_", "NEURON_", "PJRT_", "XLA_"))
+    }
     exe = Path(sys.executable).with_name("aios-run")
-    plan = subprocess.run([str(exe), "--backend", "neuron", "--nprocs", "1", "--precision", "bf16-true", "--dry-run", "--json",
-                           str(EXAMPLE)], capture_output=True, text=True, env={**base, "AIOS_TEST_NEURON_ON_XLA_CPU": "1"},
-                          timeout=300, cwd=tmp_path)
+    plan = subprocess.run(
+        [
+            str(exe),
+            "--backend",
+            "neuron",
+            "--nprocs",
+            "1",
+            "--precision",
+            "bf16-true",
+            "--dry-run",
+            "--json",
+            str(EXAMPLE),
+        ],
+        capture_output=True,
+        text=True,
+        env={**base, "AIOS_TEST_NEURON_ON_XLA_CPU": "1"},
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert plan.returncode == 0, plan.stderr
     out = json.loads(plan.stdout)
     host = out["hosts"][0]
@@ -92,4 +137,7 @@ def test_bf16_true_plan_reaches_the_worker_env(tmp_path, fake_neuron_ls):
     assert host["env"]["PJRT_DEVICE"] == "CPU" and host["env"]["NEURON_CC_FLAGS"] == "--target trn1"
     assert "XLA_USE_BF16" not in host["env"]
     assert any("XLA:CPU stands in for NeuronCores" in n for n in out["notes"])
-    assert out["devices"]["count"] == 2 and out["devices"]["topology"]["instance_type"] == "trn1.2xlarge"
+    assert (
+        out["devices"]["count"] == 2
+        and out["devices"]["topology"]["instance_type"] == "trn1.2xlarge"
+    )

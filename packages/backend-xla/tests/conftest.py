@@ -53,14 +53,14 @@ class MetadataServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802
+            def do_GET(self):
                 server.requests.append(self.path)
                 if self.headers.get("Metadata-Flavor") != "Google":
                     self.send_response(403)
                     self.end_headers()
                     return
                 prefix = "/computeMetadata/v1/instance/attributes/"
-                key = self.path[len(prefix):] if self.path.startswith(prefix) else None
+                key = self.path[len(prefix) :] if self.path.startswith(prefix) else None
                 if key is None or key not in server.attributes:
                     self.send_response(404)
                     self.end_headers()
@@ -89,16 +89,20 @@ class MetadataServer:
         self.httpd.server_close()
 
 
-def tpu_vm_attributes(acc: str = "v4-16", worker: int = 0, ips: tuple[str, ...] = ("10.0.0.2", "10.0.0.3")) -> dict[str, str]:
+def tpu_vm_attributes(
+    acc: str = "v4-16", worker: int = 0, ips: tuple[str, ...] = ("10.0.0.2", "10.0.0.3")
+) -> dict[str, str]:
     """Attributes as a TPU VM's metadata server serves them (recorded shapes)."""
-    tpu_env = "\n".join([
-        f"ACCELERATOR_TYPE: '{acc}'",
-        "CHIPS_PER_HOST_BOUNDS: '2,2,1'",
-        f"HOST_BOUNDS: '1,1,{len(ips)}'",
-        f"WORKER_ID: '{worker}'",
-        "ZONE: 'us-central2-b'",
-        "TYPE: 'V4'",
-    ])
+    tpu_env = "\n".join(
+        [
+            f"ACCELERATOR_TYPE: '{acc}'",
+            "CHIPS_PER_HOST_BOUNDS: '2,2,1'",
+            f"HOST_BOUNDS: '1,1,{len(ips)}'",
+            f"WORKER_ID: '{worker}'",
+            "ZONE: 'us-central2-b'",
+            "TYPE: 'V4'",
+        ]
+    )
     endpoints = ",".join(f"t1v-n-abc-w-{i}:uid{i}:{ip}" for i, ip in enumerate(ips))
     return {
         "accelerator-type": acc,

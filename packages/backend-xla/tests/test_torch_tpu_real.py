@@ -15,13 +15,15 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from aios.config import resolve
 from aios.types import Host, LaunchRequest
 from aios_backend_xla import tpu as T
 from aios_backend_xla.discovery import SysfsSource, TpuFacts, discover
 
-pytestmark = pytest.mark.skipif(not T.torch_tpu_installed(), reason="torch_tpu (TorchTPU) is not installed: run in the test-tpu environment")
+pytestmark = pytest.mark.skipif(
+    not T.torch_tpu_installed(),
+    reason="torch_tpu (TorchTPU) is not installed: run in the test-tpu environment",
+)
 
 HERE = Path(__file__).parent
 HARNESS = HERE / "tpu_scripts" / "tt_harness.py"
@@ -51,21 +53,40 @@ def tpu_sysfs(root: Path, generation: str, chips: int, other: int = 2) -> tuple[
     return pci, vfio
 
 
-def harness(pci: Path, vfio: Path, *args: str, env: dict[str, str] | None = None, timeout: int = 300) -> dict:
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("TPU_", "TORCH_TPU_", "JOB_COMPLETION", "MASTER_", "NNODES", "NODE_RANK", "AIOS_"))}
+def harness(
+    pci: Path, vfio: Path, *args: str, env: dict[str, str] | None = None, timeout: int = 300
+) -> dict:
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(
+            ("TPU_", "TORCH_TPU_", "JOB_COMPLETION", "MASTER_", "NNODES", "NODE_RANK", "AIOS_")
+        )
+    }
     base.update(TPU_SKIP_MDS_QUERY="1", **(env or {}))
-    out = subprocess.run([sys.executable, str(HARNESS), str(pci), str(vfio), *args], capture_output=True, text=True, env=base, timeout=timeout)
+    out = subprocess.run(
+        [sys.executable, str(HARNESS), str(pci), str(vfio), *args],
+        capture_output=True,
+        text=True,
+        env=base,
+        timeout=timeout,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT "):])
+    return json.loads(line[len("RESULT ") :])
 
 
 def test_import_and_registration_with_faked_pci_count(tmp_path):
     pci, vfio = tpu_sysfs(tmp_path, "v6e", 4)
     facts = harness(pci, vfio, "register")
-    assert facts["is_available"] is True and facts["device_count"] == 4 and facts["current"] == "tpu"
+    assert (
+        facts["is_available"] is True and facts["device_count"] == 4 and facts["current"] == "tpu"
+    )
     assert facts["privateuse1"] == "tpu"
-    assert set(facts["pg_backends"]) == {"tpu", "tpu_dist"}  # the accelerator's dist_backend "tpu" exists
+    assert set(facts["pg_backends"]) == {
+        "tpu",
+        "tpu_dist",
+    }  # the accelerator's dist_backend "tpu" exists
     assert "tpu" in facts["compile_backends"]  # torch.compile(backend="tpu")
     # fused AdamW: TorchTPU registers the kernel and torch lists tpu as fused-capable
     assert facts["fused_adamw_kernel"] is True and "tpu" in facts["fused_devices"]
@@ -91,35 +112,70 @@ def _cfg(*overrides: str):
     return resolve(overrides=["backend=tpu", *overrides], flags={}, environ={}, check_backend=False)
 
 
-FIELDS_MULTI = ("TORCH_TPU_SLICEBUILDER_ADDRESSES", "TORCH_TPU_TOPOLOGY", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
+FIELDS_MULTI = (
+    "TORCH_TPU_SLICEBUILDER_ADDRESSES",
+    "TORCH_TPU_TOPOLOGY",
+    "NNODES",
+    "NODE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 
 
 # one TorchTPU process each (5-15 s): the generations and both host sizes, not every type
-@pytest.mark.parametrize("acc,generation,chips", [("v5litepod-8", "v5e", 8), ("v5p-8", "v5p", 4), ("v6e-4", "v6e", 4)])
+@pytest.mark.parametrize(
+    "acc,generation,chips", [("v5litepod-8", "v5e", 8), ("v5p-8", "v5p", 4), ("v6e-4", "v6e", 4)]
+)
 def test_single_host_env_matches_set_tpu_launch_env(tmp_path, clean_env, acc, generation, chips):
     pci, vfio = tpu_sysfs(tmp_path, generation, chips)
     theirs = harness(pci, vfio, "launch_env", "-", "-")
     facts = discover(sysfs=SysfsSource(pci), environ={}, use_metadata=False)
-    ours = T.tpu_launch_plan(_cfg(f"xla.accelerator={acc}"), LaunchRequest("train.py"), facts).hosts[0]
+    ours = T.tpu_launch_plan(
+        _cfg(f"xla.accelerator={acc}"), LaunchRequest("train.py"), facts
+    ).hosts[0]
     assert ours.nprocs == facts.pci_chips == chips
     assert ours.env["TORCH_TPU_TOPOLOGY"] == theirs["TORCH_TPU_TOPOLOGY"]
     # the same number of slice-builder addresses, all on localhost; TorchTPU picks free ports
     # at random, aios uses base_port + local rank (known in advance, shown by --dry-run)
-    t_addr, o_addr = theirs["TORCH_TPU_SLICEBUILDER_ADDRESSES"].split(","), ours.env["TORCH_TPU_SLICEBUILDER_ADDRESSES"].split(",")
+    t_addr, o_addr = (
+        theirs["TORCH_TPU_SLICEBUILDER_ADDRESSES"].split(","),
+        ours.env["TORCH_TPU_SLICEBUILDER_ADDRESSES"].split(","),
+    )
     assert len(t_addr) == len(o_addr) == chips
-    assert {a.rsplit(":", 1)[0] for a in t_addr} == {a.rsplit(":", 1)[0] for a in o_addr} == {"localhost"}
+    assert (
+        {a.rsplit(":", 1)[0] for a in t_addr}
+        == {a.rsplit(":", 1)[0] for a in o_addr}
+        == {"localhost"}
+    )
     # single host: TorchTPU sets no rendezvous variables, neither does aios's host env
-    assert not {"NNODES", "NODE_RANK", "MASTER_ADDR"} & set(theirs) and not {"NNODES", "NODE_RANK"} & set(ours.env)
+    assert not {"NNODES", "NODE_RANK", "MASTER_ADDR"} & set(theirs) and not {
+        "NNODES",
+        "NODE_RANK",
+    } & set(ours.env)
 
 
-@pytest.mark.parametrize("acc,generation,hosts", [("v5litepod-16", "v5e", 4), ("v5p-16", "v5p", 2), ("v6e-32", "v6e", 8)])
-def test_multi_host_env_matches_set_tpu_launch_env_field_by_field(tmp_path, clean_env, acc, generation, hosts):
+@pytest.mark.parametrize(
+    "acc,generation,hosts", [("v5litepod-16", "v5e", 4), ("v5p-16", "v5p", 2), ("v6e-32", "v6e", 8)]
+)
+def test_multi_host_env_matches_set_tpu_launch_env_field_by_field(
+    tmp_path, clean_env, acc, generation, hosts
+):
     pci, vfio = tpu_sysfs(tmp_path, generation, 4)
     names = [f"{acc}-w{i}.tpu.internal" for i in range(hosts)]
-    plan = T.tpu_launch_plan(_cfg(f"xla.accelerator={acc}"), LaunchRequest("train.py", hosts=[Host(n) for n in names]), TpuFacts())
+    plan = T.tpu_launch_plan(
+        _cfg(f"xla.accelerator={acc}"),
+        LaunchRequest("train.py", hosts=[Host(n) for n in names]),
+        TpuFacts(),
+    )
     for rank in (hosts - 1,):  # the last host: every field differs from host 0's defaults
-        theirs = harness(pci, vfio, "launch_env", str(hosts), "4",
-                         env={"TPU_WORKER_HOSTNAMES": ",".join(names), "JOB_COMPLETION_INDEX": str(rank)})
+        theirs = harness(
+            pci,
+            vfio,
+            "launch_env",
+            str(hosts),
+            "4",
+            env={"TPU_WORKER_HOSTNAMES": ",".join(names), "JOB_COMPLETION_INDEX": str(rank)},
+        )
         ours = plan.hosts[rank].env
         for key in FIELDS_MULTI:
             assert ours[key] == theirs[key], key
@@ -133,25 +189,50 @@ def test_multi_host_gke_pod_env_built_by_the_launcher_matches(tmp_path):
 
     pci, vfio = tpu_sysfs(tmp_path, "v6e", 4)
     names = "p0.js,p1.js,p2.js,p3.js"
-    theirs = harness(pci, vfio, "launch_env", "-", "4", env={"TPU_WORKER_HOSTNAMES": names, "JOB_COMPLETION_INDEX": "1"})
-    pod = {"TPU_WORKER_HOSTNAMES": names, "JOB_COMPLETION_INDEX": "1", "TORCH_TPU_TOPOLOGY": "2,2,1", "TPU_SKIP_MDS_QUERY": "1"}
+    theirs = harness(
+        pci,
+        vfio,
+        "launch_env",
+        "-",
+        "4",
+        env={"TPU_WORKER_HOSTNAMES": names, "JOB_COMPLETION_INDEX": "1"},
+    )
+    pod = {
+        "TPU_WORKER_HOSTNAMES": names,
+        "JOB_COMPLETION_INDEX": "1",
+        "TORCH_TPU_TOPOLOGY": "2,2,1",
+        "TPU_SKIP_MDS_QUERY": "1",
+    }
     ours = {**pod, **host_env(pod, 4, "p1")}
     for key in FIELDS_MULTI:
         assert ours[key] == theirs[key], key
 
 
 def _cli(code: str, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIOS_", "TPU_", "PJRT_", "GCE_"))}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("AIOS_", "TPU_", "PJRT_", "GCE_"))
+    }
     env.update(AIOS_TEST_DMI_PRODUCT="/nonexistent", **(env_extra or {}))
-    wrapped = (f"import sys\ntry:\n{code}\nexcept SystemExit:\n    pass\nfinally:\n"
-               "    print('HEAVY', sorted(m for m in ('torch','torch_tpu','libtpu','torch_xla') if m in sys.modules), file=sys.stderr)\n")
-    return subprocess.run([sys.executable, "-c", wrapped], capture_output=True, text=True, env=env, timeout=300)
+    wrapped = (
+        f"import sys\ntry:\n{code}\nexcept SystemExit:\n    pass\nfinally:\n"
+        "    print('HEAVY', sorted(m for m in ('torch','torch_tpu','libtpu','torch_xla') if m in sys.modules), file=sys.stderr)\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", wrapped], capture_output=True, text=True, env=env, timeout=300
+    )
 
 
-@pytest.mark.parametrize("argv", [
-    ["aios", "--help"], ["aios", "devices"], ["aios", "devices", "--backend", "tpu"], ["aios", "doctor", "--backend", "tpu"],
-    ["aios", "doctor"], ["aios", "plugins"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["aios", "--help"],
+        ["aios", "devices"],
+        ["aios", "devices", "--backend", "tpu"],
+        ["aios", "doctor", "--backend", "tpu"],
+        ["aios", "doctor"],
+        ["aios", "plugins"],
+    ],
+)
 def test_no_cli_command_imports_torch_tpu(argv):
     mod = "aios.cli.main"
     out = _cli(f"    sys.argv={argv!r}\n    from {mod} import main\n    main()")
@@ -161,16 +242,29 @@ def test_no_cli_command_imports_torch_tpu(argv):
 def test_dry_run_does_not_import_torch_tpu(tmp_path):
     script = tmp_path / "t.py"
     script.write_text("")
-    out = _cli(f"    sys.argv=['aios-run','--backend','tpu','--dry-run','xla.accelerator=v6e-8',{str(script)!r}]\n    from aios.cli.run import main\n    main()")
+    out = _cli(
+        f"    sys.argv=['aios-run','--backend','tpu','--dry-run','xla.accelerator=v6e-8',{str(script)!r}]\n    from aios.cli.run import main\n    main()"
+    )
     assert "HEAVY []" in out.stderr and "TORCH_TPU_TOPOLOGY=2,4,1" in out.stdout, out.stderr[-2000:]
 
 
 def test_doctor_reports_the_installed_version_set():
     from aios_backend_xla.doctor import tpu_checks
 
-    checks = {c.name: c for c in tpu_checks(None, environ={"AIOS_TEST_DMI_PRODUCT": "/nonexistent"}, facts=TpuFacts())}
-    assert checks["torch_tpu installed"].status == "pass" and checks["torch_tpu installed"].message == "torch_tpu 0.2.0"
-    assert checks["version set"].status == "pass" and "TorchTPU 0.2 (torch_tpu 0.2.0, torch 2.13.0" in checks["version set"].message
+    checks = {
+        c.name: c
+        for c in tpu_checks(
+            None, environ={"AIOS_TEST_DMI_PRODUCT": "/nonexistent"}, facts=TpuFacts()
+        )
+    }
+    assert (
+        checks["torch_tpu installed"].status == "pass"
+        and checks["torch_tpu installed"].message == "torch_tpu 0.2.0"
+    )
+    assert (
+        checks["version set"].status == "pass"
+        and "TorchTPU 0.2 (torch_tpu 0.2.0, torch 2.13.0" in checks["version set"].message
+    )
 
 
 def test_example_training_step_on_tpu_under_fake_tensor_mode(tmp_path):
@@ -192,12 +286,31 @@ HAVE_TPU = discover(environ={"TPU_SKIP_MDS_QUERY": "1"}, use_metadata=False).pci
 
 
 @pytest.mark.tpu
-@pytest.mark.skipif(not HAVE_TPU, reason="no TPU attached (no Google TPU PCI device): the real TorchTPU step needs a Cloud TPU VM")
+@pytest.mark.skipif(
+    not HAVE_TPU,
+    reason="no TPU attached (no Google TPU PCI device): the real TorchTPU step needs a Cloud TPU VM",
+)
 def test_real_training_on_a_tpu_vm(tmp_path):
     """On a TPU VM: the example GPT for a few steps through aios-run --backend tpu (one process
     per chip, the tpu process group, bf16 autocast). A subprocess: a failing TPU op aborts."""
     root = HERE.parents[2]
-    out = subprocess.run([sys.executable, "-m", "aios.cli.run", "--backend", "tpu", "--precision", "bf16-mixed",
-                          f"checkpoint.dir={tmp_path / 'ckpt'}", str(root / "examples" / "gpt.py"), "--steps", "5"],
-                         capture_output=True, text=True, timeout=1800, cwd=tmp_path)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "aios.cli.run",
+            "--backend",
+            "tpu",
+            "--precision",
+            "bf16-mixed",
+            f"checkpoint.dir={tmp_path / 'ckpt'}",
+            str(root / "examples" / "gpt.py"),
+            "--steps",
+            "5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr[-4000:]

@@ -21,10 +21,25 @@ DONE = re.compile(r"train loss ([0-9.]+), val loss ([0-9.]+)")
 def _run(tmp_path: Path, backend: str, *overrides: str) -> tuple[float, float, Path]:
     cwd = tmp_path / backend
     cwd.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIOS_", "PJRT_", "XLA_", "TPU_"))}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("AIOS_", "PJRT_", "XLA_", "TPU_"))
+    }
     env.update(GPT_SAMPLE="0", AIOS_TEST_DMI_PRODUCT="/nonexistent")
-    cmd = [sys.executable, "-c", "from aios.cli.run import main; main()", "--backend", backend, "checkpoint.resume=false",
-           "logging.progress=false", *overrides, str(GPT), "--steps", "40", "--eval-every", "10"]
+    cmd = [
+        sys.executable,
+        "-c",
+        "from aios.cli.run import main; main()",
+        "--backend",
+        backend,
+        "checkpoint.resume=false",
+        "logging.progress=false",
+        *overrides,
+        str(GPT),
+        "--steps",
+        "40",
+        "--eval-every",
+        "10",
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=1200)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     m = DONE.search(p.stdout)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import warnings
 
 import pytest
-
 from aios.config import resolve
 from aios.errors import BackendUnavailable, ConfigError
 from aios_backend_xla import plugin
@@ -114,7 +113,9 @@ def test_guard_limit_raises_one_line_error():
         g.step_end(1)
     g.observe((FakeTensor(6, 16),))
     c.n += 1
-    with pytest.raises(RecompileError, match="2 XLA recompiles after warm-up exceed xla.max_recompiles=1 .*step 2") as ei:
+    with pytest.raises(
+        RecompileError, match="2 XLA recompiles after warm-up exceed xla.max_recompiles=1 .*step 2"
+    ) as ei:
         g.step_end(2)
     assert "\n" not in ei.value.one_line()
 
@@ -158,7 +159,10 @@ def test_deepspeed_strategy_is_refused(cfg):
 
     reg = get_registry()
     for name in ("deepspeed", "fsdp", "nxd"):
-        with pytest.raises(ConfigError, match=f"strategy '{name}' is not available on the xla backend; strategies on xla: auto, ddp, spmd"):
+        with pytest.raises(
+            ConfigError,
+            match=f"strategy '{name}' is not available on the xla backend; strategies on xla: auto, ddp, spmd",
+        ):
             reg.strategy_spec(name, reg.backends["xla"])
     assert reg.strategy_spec("auto", reg.backends["xla"]).plugin == "aios-backend-xla"
 
@@ -175,7 +179,10 @@ def test_pjrt_device_decision(cfg, fake_sysfs):
     with pytest.raises(ConfigError, match="PJRT_DEVICE=CUDA"):
         plugin.pjrt_device_for(c, {"PJRT_DEVICE": "CUDA"})
     root = fake_sysfs([("0x1ae0", "0x005e")] * 4)
-    assert plugin.pjrt_device_for(cfg("xla.allow_cpu=true"), {"AIOS_TEST_SYSFS_PCI": str(root)}) == "TPU"
+    assert (
+        plugin.pjrt_device_for(cfg("xla.allow_cpu=true"), {"AIOS_TEST_SYSFS_PCI": str(root)})
+        == "TPU"
+    )
     with pytest.raises(ConfigError, match="PJRT_DEVICE=CPU is set on a machine with a TPU"):
         plugin.pjrt_device_for(c, {"AIOS_TEST_SYSFS_PCI": str(root), "PJRT_DEVICE": "CPU"})
 
@@ -185,8 +192,12 @@ def test_probe(cfg, monkeypatch):
     a = plugin.probe()
     assert not a and "no TPU was found" in a.reason
     assert plugin.probe(cfg("xla.allow_cpu=true"))
-    assert not plugin.probe()  # nothing is remembered from an earlier resolve: only the config given counts
-    monkeypatch.setenv("AIOS_XLA__ALLOW_CPU", "1")  # no config (aios devices): the env opt-in still counts
+    assert (
+        not plugin.probe()
+    )  # nothing is remembered from an earlier resolve: only the config given counts
+    monkeypatch.setenv(
+        "AIOS_XLA__ALLOW_CPU", "1"
+    )  # no config (aios devices): the env opt-in still counts
     assert plugin.probe()
     monkeypatch.delenv("AIOS_XLA__ALLOW_CPU")
     p = plugin.probe(cfg("xla.accelerator=v4-16"))
@@ -202,7 +213,9 @@ def test_registry_require_names_the_opt_in(cfg, monkeypatch):
     monkeypatch.setattr(plugin, "_torch_xla_installed", lambda: True)
     with pytest.raises(BackendUnavailable) as ei:
         get_registry().require("xla")
-    assert "no TPU was found" in ei.value.one_line() and "AIOS_XLA__ALLOW_CPU=1" in ei.value.one_line()
+    assert (
+        "no TPU was found" in ei.value.one_line() and "AIOS_XLA__ALLOW_CPU=1" in ei.value.one_line()
+    )
     # the registry passes the resolved config to the probe: the opt-in in the config is enough
     assert get_registry().require("xla", config=cfg("xla.allow_cpu=true")).name == "xla"
     with pytest.raises(BackendUnavailable):
@@ -217,8 +230,12 @@ def _by_name(cs):
 def test_doctor_on_a_tpu_vm_without_pjrt_and_libtpu(clean_env, monkeypatch):
     import aios_backend_xla.doctor as doc
 
-    monkeypatch.setattr(doc, "_ver", lambda d: {"torch": "2.9.0+cu128", "torch_xla": "2.9.0"}.get(d))
-    monkeypatch.setattr(doc.importlib.util, "find_spec", lambda n: None if n == "libtpu" else object())
+    monkeypatch.setattr(
+        doc, "_ver", lambda d: {"torch": "2.9.0+cu128", "torch_xla": "2.9.0"}.get(d)
+    )
+    monkeypatch.setattr(
+        doc.importlib.util, "find_spec", lambda n: None if n == "libtpu" else object()
+    )
     facts = TpuFacts(pci_chips=4, accelerator_type="v4-8", sources=["sysfs", "metadata"])
     cs = _by_name(checks(None, environ={}, facts=facts))
     assert cs["torch/torch_xla versions"].status == "pass"
@@ -234,7 +251,11 @@ def test_doctor_version_mismatch_and_no_tpu(clean_env, monkeypatch):
     monkeypatch.setattr(doc, "_ver", lambda d: {"torch": "2.13.0+cpu", "torch_xla": "2.9.0"}.get(d))
     monkeypatch.setattr(doc.importlib.util, "find_spec", lambda n: object())
     cs = _by_name(checks(None, environ={}, facts=TpuFacts()))
-    assert cs["torch/torch_xla versions"].status == "fail" and "torch 2.13.0+cpu does not match torch_xla 2.9.0" in cs["torch/torch_xla versions"].message
+    assert (
+        cs["torch/torch_xla versions"].status == "fail"
+        and "torch 2.13.0+cpu does not match torch_xla 2.9.0"
+        in cs["torch/torch_xla versions"].message
+    )
     assert cs["TPU attached"].status == "warn" and "AIOS_XLA__ALLOW_CPU=1" in cs["TPU attached"].fix
     cs = _by_name(checks(None, deep=False, environ={"PJRT_DEVICE": "TPU"}, facts=TpuFacts()))
     assert cs["PJRT_DEVICE"].status == "fail"
@@ -245,4 +266,6 @@ def test_doctor_without_torch_xla(clean_env, monkeypatch):
 
     monkeypatch.setattr(doc, "_ver", lambda d: None)
     cs = checks(None, environ={}, facts=TpuFacts())
-    assert [c.status for c in cs] == ["fail"] and "pip install -e './packages/core[xla]' ./packages/backend-xla" in cs[0].fix
+    assert [c.status for c in cs] == [
+        "fail"
+    ] and "pip install -e './packages/core[xla]' ./packages/backend-xla" in cs[0].fix

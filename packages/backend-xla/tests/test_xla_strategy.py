@@ -60,7 +60,6 @@ def _tied_model():
 def test_tied_weights_stay_tied_and_an_early_optimizer_follows_the_move(strategy):
     import torch
     import torch_xla
-
     from aios.precision import Precision
 
     torch.manual_seed(0)
@@ -84,7 +83,6 @@ def test_fallback_move_when_swapping_is_impossible_keeps_ties_and_remaps(strateg
     import weakref
 
     import torch
-
     from aios.precision import Precision
 
     m = _tied_model()
@@ -101,7 +99,6 @@ def test_fallback_move_when_swapping_is_impossible_keeps_ties_and_remaps(strateg
 
 def test_fused_adamw_is_switched_off_with_a_warning(strategy):
     import torch
-
     from aios.precision import Precision
 
     m = strategy.setup_module(torch.nn.Linear(4, 4), Precision("xla"))
@@ -116,7 +113,6 @@ def test_fused_adamw_is_switched_off_with_a_warning(strategy):
 
 def test_checkpoint_state_is_on_cpu_on_the_master(strategy):
     import torch
-
     from aios.precision import Precision
 
     m = strategy.setup_module(torch.nn.Linear(3, 2), Precision("xla"))
@@ -127,7 +123,12 @@ def test_checkpoint_state_is_on_cpu_on_the_master(strategy):
     sd = strategy.module_state_dict(m)
     osd = strategy.optimizer_state_dict(opt)
     assert all(v.device.type == "cpu" for v in sd.values())
-    assert all(t.device.type == "cpu" for st in osd["state"].values() for t in st.values() if hasattr(t, "device"))
+    assert all(
+        t.device.type == "cpu"
+        for st in osd["state"].values()
+        for t in st.values()
+        if hasattr(t, "device")
+    )
     m2 = strategy.setup_module(torch.nn.Linear(3, 2), Precision("xla"))
     strategy.load_module_state_dict(m2, sd)
     assert torch.equal(m2.weight.cpu(), m.weight.cpu())
@@ -188,8 +189,14 @@ print("RESULT", json.dumps({"heavy_before": heavy, "initialized": bool(torch_xla
 
 
 def test_discovery_devices_and_dry_run_never_start_the_runtime(tmp_path):
-    out = subprocess.run([sys.executable, "-c", _NO_INIT], capture_output=True, text=True, timeout=200, cwd=tmp_path,
-                         env={**os.environ, "AIOS_TEST_DMI_PRODUCT": "/nonexistent"})
+    out = subprocess.run(
+        [sys.executable, "-c", _NO_INIT],
+        capture_output=True,
+        text=True,
+        timeout=200,
+        cwd=tmp_path,
+        env={**os.environ, "AIOS_TEST_DMI_PRODUCT": "/nonexistent"},
+    )
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout.rpartition("RESULT ")[2])
     assert res == {"heavy_before": [], "initialized": False}
@@ -201,15 +208,28 @@ def test_discovery_devices_and_dry_run_never_start_the_runtime(tmp_path):
 def _launcher(tmp_path, args, env):
     e = {k: v for k, v in os.environ.items() if not k.startswith(("PJRT_", "AIOS_", "TPU_"))}
     e.update(AIOS_TEST_DMI_PRODUCT="/nonexistent", **env)
-    return subprocess.run([sys.executable, "-m", "aios_backend_xla.launcher", *args], capture_output=True, text=True, timeout=200, env=e, cwd=tmp_path)
+    return subprocess.run(
+        [sys.executable, "-m", "aios_backend_xla.launcher", *args],
+        capture_output=True,
+        text=True,
+        timeout=200,
+        env=e,
+        cwd=tmp_path,
+    )
 
 
 def test_launcher_refuses_without_pjrt_device_or_tpu(tmp_path):
     (tmp_path / "s.py").write_text("print('RAN')\n")
     out = _launcher(tmp_path, ["s.py"], {})
-    assert out.returncode == 2 and "PJRT_DEVICE is not set" in out.stderr and "RAN" not in out.stdout
+    assert (
+        out.returncode == 2 and "PJRT_DEVICE is not set" in out.stderr and "RAN" not in out.stdout
+    )
     out = _launcher(tmp_path, ["s.py"], {"PJRT_DEVICE": "TPU"})
-    assert out.returncode == 2 and "no TPU was found" in out.stderr and "AIOS_XLA__ALLOW_CPU=1" in out.stderr
+    assert (
+        out.returncode == 2
+        and "no TPU was found" in out.stderr
+        and "AIOS_XLA__ALLOW_CPU=1" in out.stderr
+    )
     out = _launcher(tmp_path, ["--nprocs", "4", "s.py"], {"PJRT_DEVICE": "CPU"})
     assert out.returncode == 2 and "--nprocs 4" in out.stderr and "RAN" not in out.stdout
 
@@ -219,7 +239,16 @@ def test_launcher_accepts_the_plans_chip_count_on_a_tpu_vm(tmp_path, fake_sysfs)
     # the launcher gets as far as torch_xla.launch, which then needs a real TPU (libtpu).
     root = fake_sysfs([("0x1ae0", "0x005e")] * 4)
     (tmp_path / "s.py").write_text("print('RAN')\n")
-    out = _launcher(tmp_path, ["--nprocs", "3", "s.py"], {"PJRT_DEVICE": "TPU", "AIOS_TEST_SYSFS_PCI": str(root), "TPU_ACCELERATOR_TYPE": "v4-8", "TPU_SKIP_MDS_QUERY": "1"})
+    out = _launcher(
+        tmp_path,
+        ["--nprocs", "3", "s.py"],
+        {
+            "PJRT_DEVICE": "TPU",
+            "AIOS_TEST_SYSFS_PCI": str(root),
+            "TPU_ACCELERATOR_TYPE": "v4-8",
+            "TPU_SKIP_MDS_QUERY": "1",
+        },
+    )
     assert out.returncode == 2 and "the 4 local chips" in out.stderr
     from aios_backend_xla.launcher import parse
 
@@ -240,8 +269,21 @@ def test_launcher_runs_the_unchanged_script_through_torch_xla_launch(tmp_path):
 def test_doctor_deep_checks_in_the_xla_env(tmp_path):
     e = {k: v for k, v in os.environ.items() if not k.startswith(("PJRT_", "AIOS_", "TPU_"))}
     e.update(AIOS_TEST_DMI_PRODUCT="/nonexistent", AIOS_XLA__ALLOW_CPU="1")
-    out = subprocess.run([sys.executable, "-c", "from aios.cli.main import main; main()", "doctor", "--backend", "xla", "--json"],
-                         capture_output=True, text=True, timeout=200, env=e)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from aios.cli.main import main; main()",
+            "doctor",
+            "--backend",
+            "xla",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=200,
+        env=e,
+    )
     res = {c["name"]: c for c in json.loads(out.stdout)}
     assert res["torch/torch_xla versions"]["status"] == "pass"
     assert res["runtime before spawn"]["status"] == "pass"

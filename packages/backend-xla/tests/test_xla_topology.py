@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from aios.errors import ConfigError
 from aios_backend_xla.topology import GENERATIONS, parse_accelerator_type
 
@@ -34,7 +33,13 @@ EXPECTED = {
 def test_known_types(text):
     t = parse_accelerator_type(text)
     gen, chips, cores, hosts, cph, hbm, tflops, rt = EXPECTED[text]
-    assert (t.generation, t.chips, t.tensorcores, t.hosts, t.chips_per_host) == (gen, chips, cores, hosts, cph)
+    assert (t.generation, t.chips, t.tensorcores, t.hosts, t.chips_per_host) == (
+        gen,
+        chips,
+        cores,
+        hosts,
+        cph,
+    )
     assert (t.hbm_gib_per_chip, t.bf16_tflops_per_chip, t.runtime_version) == (hbm, tflops, rt)
     assert t.accelerator_type == text
     assert t.hosts * t.chips_per_host == t.chips
@@ -49,29 +54,39 @@ def test_v2_v3_show_two_devices_per_chip_and_megacore_one():
     assert parse_accelerator_type("v5p-8").devices == 4
 
 
-@pytest.mark.parametrize("alias,canonical", [
-    ("v5e-8", "v5litepod-8"), ("V5LITEPOD-4", "v5litepod-4"), (" v6e-8 ", "v6e-8"), ("tpu-v4-8", "v4-8"), ("v5lite-16", "v5litepod-16"),
-])
+@pytest.mark.parametrize(
+    "alias,canonical",
+    [
+        ("v5e-8", "v5litepod-8"),
+        ("V5LITEPOD-4", "v5litepod-4"),
+        (" v6e-8 ", "v6e-8"),
+        ("tpu-v4-8", "v4-8"),
+        ("v5lite-16", "v5litepod-16"),
+    ],
+)
 def test_aliases_normalise(alias, canonical):
     assert parse_accelerator_type(alias).accelerator_type == canonical
 
 
-@pytest.mark.parametrize("bad,needle", [
-    ("", "empty"),
-    ("v4", "expected <generation>-<number>"),
-    ("v4-", "expected"),
-    ("v4-abc", "expected"),
-    ("x9-8", "unknown TPU generation 'x9'"),
-    ("v4-7", "even"),
-    ("v4-12", "multiples of 8 TensorCores"),
-    ("v4-4", "smallest v4 slice is v4-8"),
-    ("v3-16", "v3 is offered as"),
-    ("v5litepod-2", "v5e is offered as"),
-    ("v6e-12", "v6e is offered as"),
-    ("v6e-512", "go up to v6e-256"),
-    ("v4-0", "at least 1"),
-    ("v4-16-extra", "expected"),
-])
+@pytest.mark.parametrize(
+    "bad,needle",
+    [
+        ("", "empty"),
+        ("v4", "expected <generation>-<number>"),
+        ("v4-", "expected"),
+        ("v4-abc", "expected"),
+        ("x9-8", "unknown TPU generation 'x9'"),
+        ("v4-7", "even"),
+        ("v4-12", "multiples of 8 TensorCores"),
+        ("v4-4", "smallest v4 slice is v4-8"),
+        ("v3-16", "v3 is offered as"),
+        ("v5litepod-2", "v5e is offered as"),
+        ("v6e-12", "v6e is offered as"),
+        ("v6e-512", "go up to v6e-256"),
+        ("v4-0", "at least 1"),
+        ("v4-16-extra", "expected"),
+    ],
+)
 def test_malformed_types_are_one_line_config_errors(bad, needle):
     with pytest.raises(ConfigError) as ei:
         parse_accelerator_type(bad)

@@ -24,7 +24,6 @@ from pathlib import Path
 def bench_failover(repeats: int) -> None:
     from aios.cloud.failover import create_with_failover
     from aios.cloud.provider import ClusterRequest
-
     from aios_cloud_aws.provider import AwsProvider
     from aios_cloud_aws.settings import NEURON_AMI_PARAMETER, AwsSettings
     from aios_cloud_aws.testing.ec2proxy import Ec2Proxy
@@ -34,7 +33,11 @@ def bench_failover(repeats: int) -> None:
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     pub = key.with_suffix(".pub").read_text()
     times: dict[str, list[float]] = {"aios": [], "boto3 retries": []}
-    with MotoServer() as moto, Ec2Proxy(moto.endpoint) as proxy, aws_env(moto.endpoint, proxy.endpoint):
+    with (
+        MotoServer() as moto,
+        Ec2Proxy(moto.endpoint) as proxy,
+        aws_env(moto.endpoint, proxy.endpoint),
+    ):
         import boto3
 
         for i in range(repeats):
@@ -44,30 +47,45 @@ def bench_failover(repeats: int) -> None:
                 ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=moto.endpoint)
                 ami = ec2.register_image(Name="dlami", RootDeviceName="/dev/sda1")["ImageId"]
                 seed_public_parameter(NEURON_AMI_PARAMETER, ami)
-                proxy.inject("RunInstances", "InsufficientInstanceCapacity", "no capacity", zones=["us-east-1a", "us-east-1b"])
-                p = AwsProvider(settings=AwsSettings(zones=["us-east-1a", "us-east-1b", "us-east-1c"]), poll_interval=0.02,
-                                retry_capacity_errors=retry)
-                req = p.validate(ClusterRequest(name=f"b{i}", accelerator="trn1.32xlarge", nodes=2, ssh_public_key=pub))
+                proxy.inject(
+                    "RunInstances",
+                    "InsufficientInstanceCapacity",
+                    "no capacity",
+                    zones=["us-east-1a", "us-east-1b"],
+                )
+                p = AwsProvider(
+                    settings=AwsSettings(zones=["us-east-1a", "us-east-1b", "us-east-1c"]),
+                    poll_interval=0.02,
+                    retry_capacity_errors=retry,
+                )
+                req = p.validate(
+                    ClusterRequest(
+                        name=f"b{i}", accelerator="trn1.32xlarge", nodes=2, ssh_public_key=pub
+                    )
+                )
                 t0 = time.perf_counter()
                 res = create_with_failover(p, req, p.zones(req.accelerator), sleep=lambda s: None)
                 times[label].append(time.perf_counter() - t0)
                 assert res.zone == "us-east-1c"
                 calls = len(proxy.called("RunInstances"))
                 p.delete(req.name, None)
-                print(f"  run {i + 1} {label:14s} {times[label][-1]:6.2f} s  RunInstances calls: {calls}")
+                print(
+                    f"  run {i + 1} {label:14s} {times[label][-1]:6.2f} s  RunInstances calls: {calls}"
+                )
     a, b = statistics.median(times["aios"]), statistics.median(times["boto3 retries"])
     print(f"failover to the 3rd zone: aios {a:.2f} s, baseline {b:.2f} s -> {b / a:.2f}x faster")
 
 
 def bench_watcher(steps: int, repeats: int) -> None:
     import torch
-
     from aios_cloud_aws.imds import SpotInterruptionWatcher
     from aios_cloud_aws.testing.imds import ImdsServer
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256)
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(64, 256)
 
@@ -86,6 +104,7 @@ def bench_watcher(steps: int, repeats: int) -> None:
     base, watched, ratios = [], [], []
     with ImdsServer() as imds:
         for i in range(repeats):
+
             def with_watcher() -> float:
                 w = SpotInterruptionWatcher(interval=0.05, base=imds.endpoint)
                 w.start(lambda reason: None)
@@ -103,8 +122,10 @@ def bench_watcher(steps: int, repeats: int) -> None:
             ratios.append(watched[-1] / base[-1])
         polls = imds.notice_gets
     b, w_ = statistics.median(base), statistics.median(watched)
-    print(f"step time: no watcher {b * 1e3:.3f} ms, watcher polling every 0.05 s {w_ * 1e3:.3f} ms -> "
-          f"median paired ratio {statistics.median(ratios):.3f} ({polls} IMDS polls)")
+    print(
+        f"step time: no watcher {b * 1e3:.3f} ms, watcher polling every 0.05 s {w_ * 1e3:.3f} ms -> "
+        f"median paired ratio {statistics.median(ratios):.3f} ({polls} IMDS polls)"
+    )
 
 
 def main() -> None:

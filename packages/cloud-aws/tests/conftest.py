@@ -4,13 +4,15 @@ front of it for injected errors and placement groups, the DLAMI SSM parameters s
 from __future__ import annotations
 
 import pytest
-
 from aios_cloud_aws.settings import GPU_AMI_PARAMETER, NEURON_AMI_PARAMETER, AwsSettings
 
 
 @pytest.fixture(scope="session")
 def moto_server():
-    pytest.importorskip("moto.server", reason="needs moto[server]: pip install -e ./packages/core './packages/cloud-aws[test]' from the aios checkout")
+    pytest.importorskip(
+        "moto.server",
+        reason="needs moto[server]: pip install -e ./packages/core './packages/cloud-aws[test]' from the aios checkout",
+    )
     from aios_cloud_aws.testing.moto import MotoServer
 
     with MotoServer() as server:
@@ -33,19 +35,30 @@ def aws(moto_server, ec2_proxy):
     import types
 
     import boto3
-
     from aios_cloud_aws.testing.moto import aws_env, seed_public_parameter
 
     moto_server.reset()
     ec2_proxy.clear()
     with aws_env(moto_server.endpoint, ec2_proxy.endpoint) as env:
         ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=moto_server.endpoint)
-        gpu = ec2.register_image(Name="Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.7 (Ubuntu 22.04)", RootDeviceName="/dev/sda1")["ImageId"]
-        neuron = ec2.register_image(Name="Deep Learning AMI Neuron (Ubuntu 22.04)", RootDeviceName="/dev/sda1")["ImageId"]
+        gpu = ec2.register_image(
+            Name="Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.7 (Ubuntu 22.04)",
+            RootDeviceName="/dev/sda1",
+        )["ImageId"]
+        neuron = ec2.register_image(
+            Name="Deep Learning AMI Neuron (Ubuntu 22.04)", RootDeviceName="/dev/sda1"
+        )["ImageId"]
         seed_public_parameter(GPU_AMI_PARAMETER, gpu)
         seed_public_parameter(NEURON_AMI_PARAMETER, neuron)
-        yield types.SimpleNamespace(proxy=ec2_proxy, endpoint=moto_server.endpoint, ec2=ec2, gpu_ami=gpu,
-                                    neuron_ami=neuron, env=env, server=moto_server)
+        yield types.SimpleNamespace(
+            proxy=ec2_proxy,
+            endpoint=moto_server.endpoint,
+            ec2=ec2,
+            gpu_ami=gpu,
+            neuron_ami=neuron,
+            env=env,
+            server=moto_server,
+        )
 
 
 @pytest.fixture
@@ -68,5 +81,8 @@ def pubkey(tmp_path):
     import subprocess
 
     key = tmp_path / "id_ed25519"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key), "-C", "aios-test"], check=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key), "-C", "aios-test"],
+        check=True,
+    )
     return key.with_suffix(".pub").read_text()

@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from aios_cloud_aws import catalog as cat
 from aios_cloud_aws.provider import AwsProvider
 
@@ -27,8 +26,17 @@ def test_catalog_contents():
     assert sorted(cat.INSTANCE_TYPES) == sorted(EXPECTED)
     for name, (backend, n, hbm, vcpu, ram, efa) in EXPECTED.items():
         t = cat.INSTANCE_TYPES[name]
-        assert (t.backend, t.accelerators, t.accelerator_memory_gib, t.vcpus, t.memory_gib, t.efa_interfaces) == (backend, n, hbm, vcpu, ram, efa), name
-        assert t.on_demand_hourly > 0 and (t.spot_hourly is None or t.spot_hourly < t.on_demand_hourly)
+        assert (
+            t.backend,
+            t.accelerators,
+            t.accelerator_memory_gib,
+            t.vcpus,
+            t.memory_gib,
+            t.efa_interfaces,
+        ) == (backend, n, hbm, vcpu, ram, efa), name
+        assert t.on_demand_hourly > 0 and (
+            t.spot_hourly is None or t.spot_hourly < t.on_demand_hourly
+        )
         assert t.regions and t.price_region in t.regions
         assert t.to_dict()["prices_recorded"] == cat.PRICES_RECORDED
     assert cat.INSTANCE_TYPES["trn1.32xlarge"].neuron_cores == 32
@@ -40,14 +48,27 @@ def test_catalog_contents():
 def test_provider_catalog_entries_match():
     entries = {e.accelerator: e for e in AwsProvider().catalog()}
     e = entries["p5.48xlarge"]
-    assert (e.cloud, e.devices, e.memory_gb, e.backend, e.on_demand_hourly, e.spot_hourly) == ("aws", 8, 80, "cuda", 55.04, 31.46)
+    assert (e.cloud, e.devices, e.memory_gb, e.backend, e.on_demand_hourly, e.spot_hourly) == (
+        "aws",
+        8,
+        80,
+        "cuda",
+        55.04,
+        31.46,
+    )
     assert "us-east-1" in e.zones and entries["trn2.48xlarge"].zones == ("us-east-2", "us-west-2")
     assert AwsProvider().backend_for("trn1.32xlarge") == "neuron"
 
 
 def _aios(*args, tmp_path):
     env = {**os.environ, "AIOS_HOME": str(tmp_path / "home")}
-    return subprocess.run([sys.executable, "-m", "aios.cli.main", *args], capture_output=True, text=True, timeout=120, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "aios.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
 
 
 def test_aios_catalog_and_cost_cli(tmp_path):
@@ -55,7 +76,19 @@ def test_aios_catalog_and_cost_cli(tmp_path):
     assert r.returncode == 0, r.stderr
     rows = {row["accelerator"]: row for row in json.loads(r.stdout)}
     assert set(rows) == set(EXPECTED) and rows["trn1.32xlarge"]["on_demand_hourly"] == 21.50
-    r = _aios("cost", "--cloud", "aws", "-a", "p4d.24xlarge", "--hours", "10", "--nodes", "2", "--json", tmp_path=tmp_path)
+    r = _aios(
+        "cost",
+        "--cloud",
+        "aws",
+        "-a",
+        "p4d.24xlarge",
+        "--hours",
+        "10",
+        "--nodes",
+        "2",
+        "--json",
+        tmp_path=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     text = json.dumps(data)
@@ -65,8 +98,10 @@ def test_aios_catalog_and_cost_cli(tmp_path):
 
 
 def test_plugin_import_is_light():
-    code = ("import sys, time; t = time.perf_counter(); import aios_cloud_aws.plugin; "
-            "print(round(time.perf_counter() - t, 3), *[m in sys.modules for m in ('boto3', 'botocore', 's3fs', 'torch')])")
+    code = (
+        "import sys, time; t = time.perf_counter(); import aios_cloud_aws.plugin; "
+        "print(round(time.perf_counter() - t, 3), *[m in sys.modules for m in ('boto3', 'botocore', 's3fs', 'torch')])"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     parts = r.stdout.split()
@@ -78,8 +113,13 @@ def test_registry_sees_the_plugin():
 
     reset_registry()
     reg = get_registry()
-    assert "aios-cloud-aws" in reg.plugins and not [e for e in reg.errors if e.plugin == "aios-cloud-aws"]
-    assert reg.clouds["aws"].plugin == "aios-cloud-aws" and reg.storage["s3"].plugin == "aios-cloud-aws"
+    assert "aios-cloud-aws" in reg.plugins and not [
+        e for e in reg.errors if e.plugin == "aios-cloud-aws"
+    ]
+    assert (
+        reg.clouds["aws"].plugin == "aios-cloud-aws"
+        and reg.storage["s3"].plugin == "aios-cloud-aws"
+    )
     assert reg.config_sections["aws"][0] == "aios-cloud-aws"
 
 
@@ -87,7 +127,11 @@ def test_aws_section_validation_is_one_line():
     from aios.config import resolve
     from aios.errors import ConfigError
 
-    cfg = resolve(overrides=["aws.region=us-west-2", "aws.zones=[us-west-2b, us-west-2c]"], environ={}, check_backend=False)
+    cfg = resolve(
+        overrides=["aws.region=us-west-2", "aws.zones=[us-west-2b, us-west-2c]"],
+        environ={},
+        check_backend=False,
+    )
     assert cfg.aws.region == "us-west-2" and cfg.aws.zones == ["us-west-2b", "us-west-2c"]
     with pytest.raises(ConfigError) as ei:
         resolve(overrides=["aws.efa=maybe"], environ={}, check_backend=False)
@@ -105,8 +149,13 @@ def test_aios_catalog_shows_vcpu_ram_and_efa(tmp_path):
         assert (x["vcpus"], x["ram_gib"], x["efa_interfaces"]) == (vcpu, ram, efa), name
     assert rows["trn1.32xlarge"]["extra"]["neuron_cores"] == 32
     env_cols = {"COLUMNS": "400"}
-    r = subprocess.run([sys.executable, "-m", "aios.cli.main", "catalog", "--cloud", "aws"], capture_output=True, text=True,
-                       timeout=120, env={**os.environ, "AIOS_HOME": str(tmp_path / "home"), **env_cols})
+    r = subprocess.run(
+        [sys.executable, "-m", "aios.cli.main", "catalog", "--cloud", "aws"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "AIOS_HOME": str(tmp_path / "home"), **env_cols},
+    )
     assert r.returncode == 0, r.stderr
     line = {ln.split("│")[2].strip(): ln for ln in r.stdout.splitlines() if ln.count("│") > 3}
     assert "192 vCPU, 2048 GiB RAM, 32 EFA" in line["p5.48xlarge"]

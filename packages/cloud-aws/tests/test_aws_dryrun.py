@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from aios.cloud.provider import ClusterRequest
 from aios_cloud_aws.provider import AwsProvider
 from aios_cloud_aws.settings import GPU_AMI_PARAMETER, NEURON_AMI_PARAMETER, AwsSettings
@@ -38,7 +37,16 @@ def _nics(params):
 
 def test_plan_p5_two_nodes_spot(offline_env):
     p = AwsProvider(settings=AwsSettings())
-    plan = p.plan_create(ClusterRequest(name="gpt", accelerator="p5.48xlarge", nodes=2, spot=True, region="us-east-1", zone="us-east-1d"))
+    plan = p.plan_create(
+        ClusterRequest(
+            name="gpt",
+            accelerator="p5.48xlarge",
+            nodes=2,
+            spot=True,
+            region="us-east-1",
+            zone="us-east-1d",
+        )
+    )
     assert plan["region"] == "us-east-1" and plan["zone"] == "us-east-1d"
     assert plan["instance_type"] == "p5.48xlarge" and plan["nodes"] == 2 and plan["spot"] is True
     assert plan["ami"] == {"ssm_parameter": GPU_AMI_PARAMETER}
@@ -51,15 +59,35 @@ def test_plan_p5_two_nodes_spot(offline_env):
     assert run["ImageId"] == f"<ssm:{GPU_AMI_PARAMETER}>"
     assert run["KeyName"] == "aios-gpt"
     assert run["Placement"] == {"AvailabilityZone": "us-east-1d", "GroupName": "aios-gpt"}
-    assert run["InstanceMarketOptions"] == {"MarketType": "spot", "SpotOptions": {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
-    assert run["MetadataOptions"] == {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 2}
-    assert run["BlockDeviceMappings"] == [{"DeviceName": "/dev/sda1", "Ebs": {"VolumeSize": 512, "VolumeType": "gp3", "DeleteOnTermination": True}}]
+    assert run["InstanceMarketOptions"] == {
+        "MarketType": "spot",
+        "SpotOptions": {
+            "SpotInstanceType": "one-time",
+            "InstanceInterruptionBehavior": "terminate",
+        },
+    }
+    assert run["MetadataOptions"] == {
+        "HttpTokens": "required",
+        "HttpEndpoint": "enabled",
+        "HttpPutResponseHopLimit": 2,
+    }
+    assert run["BlockDeviceMappings"] == [
+        {
+            "DeviceName": "/dev/sda1",
+            "Ebs": {"VolumeSize": 512, "VolumeType": "gp3", "DeleteOnTermination": True},
+        }
+    ]
     nics = _nics(run)
     # the current AWS guide: one ENA primary (card 0, device 0), EFA-only on card 0 device 1 and
     # on device 0 of every further card: 32 EFA devices and one ENA on a p5.48xlarge
     assert len(nics) == 33
-    assert nics[0] == {"DeviceIndex": 0, "NetworkCardIndex": 0, "SubnetId": "<default subnet of us-east-1d>", "Groups": ["<sg:aios-gpt>"],
-                       "DeleteOnTermination": True}
+    assert nics[0] == {
+        "DeviceIndex": 0,
+        "NetworkCardIndex": 0,
+        "SubnetId": "<default subnet of us-east-1d>",
+        "Groups": ["<sg:aios-gpt>"],
+        "DeleteOnTermination": True,
+    }
     assert [n["NetworkCardIndex"] for n in nics[1:]] == list(range(32))
     assert [n["DeviceIndex"] for n in nics[1:]] == [1] + [0] * 31
     assert all(n["InterfaceType"] == "efa-only" for n in nics[1:])
@@ -72,15 +100,31 @@ def test_plan_p5_two_nodes_spot(offline_env):
     assert "IamInstanceProfile" not in run and "ClientToken" not in run
     rules = plan["security_group_rules"]
     assert rules[0]["FromPort"] == 22 and rules[0]["IpRanges"][0]["CidrIp"] == "0.0.0.0/0"
-    assert rules[1] == {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": "<sg:aios-gpt>", "Description": "aios cluster-internal (EFA/NCCL/rendezvous)"}]}
+    assert rules[1] == {
+        "IpProtocol": "-1",
+        "UserIdGroupPairs": [
+            {
+                "GroupId": "<sg:aios-gpt>",
+                "Description": "aios cluster-internal (EFA/NCCL/rendezvous)",
+            }
+        ],
+    }
 
 
 def test_plan_trn1_two_nodes_on_demand(offline_env):
-    p = AwsProvider(settings=AwsSettings(iam_instance_profile="aios-s3", disk_gb=1024, spot_max_price=9.0))
-    plan = p.plan_create(ClusterRequest(name="llama", accelerator="trn1.32xlarge", nodes=2, region="us-west-2"))
+    p = AwsProvider(
+        settings=AwsSettings(iam_instance_profile="aios-s3", disk_gb=1024, spot_max_price=9.0)
+    )
+    plan = p.plan_create(
+        ClusterRequest(name="llama", accelerator="trn1.32xlarge", nodes=2, region="us-west-2")
+    )
     assert plan["region"] == "us-west-2" and plan["zone"] == "us-west-2a"
     assert plan["ami"] == {"ssm_parameter": NEURON_AMI_PARAMETER}
-    assert plan["placement_group"] == "aios-llama" and plan["efa_interfaces_per_node"] == 8 and plan["elastic_ips"] is True
+    assert (
+        plan["placement_group"] == "aios-llama"
+        and plan["efa_interfaces_per_node"] == 8
+        and plan["elastic_ips"] is True
+    )
     assert plan["hourly_usd"] == pytest.approx(2 * 21.50)
     run = plan["run_instances"]
     assert run["InstanceType"] == "trn1.32xlarge" and run["MinCount"] == run["MaxCount"] == 2
@@ -88,22 +132,41 @@ def test_plan_trn1_two_nodes_on_demand(offline_env):
     assert run["IamInstanceProfile"] == {"Name": "aios-s3"}
     assert run["BlockDeviceMappings"][0]["Ebs"]["VolumeSize"] == 1024
     assert [n["NetworkCardIndex"] for n in _nics(run)] == [0, *range(8)]
-    assert "InterfaceType" not in _nics(run)[0] and sum(n.get("InterfaceType") == "efa-only" for n in _nics(run)) == 8
-    assert [t["ResourceType"] for t in run["TagSpecifications"]] == ["instance", "volume", "network-interface"]
-    spot = p.plan_create(ClusterRequest(name="llama", accelerator="trn1.32xlarge", nodes=2, region="us-west-2", spot=True))
+    assert (
+        "InterfaceType" not in _nics(run)[0]
+        and sum(n.get("InterfaceType") == "efa-only" for n in _nics(run)) == 8
+    )
+    assert [t["ResourceType"] for t in run["TagSpecifications"]] == [
+        "instance",
+        "volume",
+        "network-interface",
+    ]
+    spot = p.plan_create(
+        ClusterRequest(
+            name="llama", accelerator="trn1.32xlarge", nodes=2, region="us-west-2", spot=True
+        )
+    )
     assert spot["run_instances"]["InstanceMarketOptions"]["SpotOptions"]["MaxPrice"] == "9.0000"
 
 
 def test_plan_single_node_has_no_efa_no_placement_group(offline_env):
     p = AwsProvider(settings=AwsSettings())
-    plan = p.plan_create(ClusterRequest(name="solo", accelerator="p4d.24xlarge", region="us-east-1"))
+    plan = p.plan_create(
+        ClusterRequest(name="solo", accelerator="p4d.24xlarge", region="us-east-1")
+    )
     run = plan["run_instances"]
     assert plan["placement_group"] is None and "GroupName" not in run["Placement"]
     assert len(run["NetworkInterfaces"]) == 1 and "InterfaceType" not in run["NetworkInterfaces"][0]
-    assert run["NetworkInterfaces"][0]["AssociatePublicIpAddress"] is True and plan["elastic_ips"] is False
+    assert (
+        run["NetworkInterfaces"][0]["AssociatePublicIpAddress"] is True
+        and plan["elastic_ips"] is False
+    )
     private = AwsProvider(settings=AwsSettings(use_private_ip=True, efa="on")).plan_create(
-        ClusterRequest(name="solo", accelerator="p4d.24xlarge", region="us-east-1"))
-    assert len(private["run_instances"]["NetworkInterfaces"]) == 5 and private["elastic_ips"] is False
+        ClusterRequest(name="solo", accelerator="p4d.24xlarge", region="us-east-1")
+    )
+    assert (
+        len(private["run_instances"]["NetworkInterfaces"]) == 5 and private["elastic_ips"] is False
+    )
 
 
 def _dry_run(tmp: Path, *args: str, config: str | None = None) -> str:
@@ -113,7 +176,9 @@ def _dry_run(tmp: Path, *args: str, config: str | None = None) -> str:
         (tmp / "aios.yaml").write_text(config)
         argv += ["--config", str(tmp / "aios.yaml")]
     argv += ["train.py", "--", "--steps", "10"]
-    r = subprocess.run(argv, cwd=tmp, capture_output=True, text=True, timeout=120, env=os.environ.copy())
+    r = subprocess.run(
+        argv, cwd=tmp, capture_output=True, text=True, timeout=120, env=os.environ.copy()
+    )
     assert r.returncode == 0, r.stderr
     out = r.stdout + r.stderr
     assert SECRET not in out and TOKEN not in out and "AKIADRYRUN" not in out
@@ -142,19 +207,41 @@ def _env_and_cmd(argv: list[str]) -> tuple[dict[str, str], list[str]]:
 
 
 def test_cli_dry_run_p5_x2(offline_env):
-    out = _dry_run(offline_env, "-a", "p5.48xlarge", "--nodes", "2", "--spot", "--region", "us-east-1", "--name", "gpt")
+    out = _dry_run(
+        offline_env,
+        "-a",
+        "p5.48xlarge",
+        "--nodes",
+        "2",
+        "--spot",
+        "--region",
+        "us-east-1",
+        "--name",
+        "gpt",
+    )
     assert f"aws ssm get-parameter --region us-east-1 --name {GPU_AMI_PARAMETER}" in out
-    assert "aws ec2 create-placement-group --region us-east-1 --group-name aios-gpt --strategy cluster" in out
+    assert (
+        "aws ec2 create-placement-group --region us-east-1 --group-name aios-gpt --strategy cluster"
+        in out
+    )
     run = _run_instances(out)
-    assert run["InstanceType"] == "p5.48xlarge" and run["MinCount"] == 2 and len(run["NetworkInterfaces"]) == 33
+    assert (
+        run["InstanceType"] == "p5.48xlarge"
+        and run["MinCount"] == 2
+        and len(run["NetworkInterfaces"]) == 33
+    )
     assert run["InstanceMarketOptions"]["MarketType"] == "spot"
     workers = _worker_lines(out)
     assert len(workers) == 2
     for rank, argv in enumerate(workers):
         env, cmd = _env_and_cmd(argv)
         assert env["AIOS_RUN_BACKEND"] == "cuda"
-        assert env["FI_PROVIDER"] == "efa" and env["FI_EFA_USE_DEVICE_RDMA"] == "1"  # backend-cuda's EFA preset for P5
-        assert cmd[0] == "/opt/pytorch/bin/python3"  # the DLAMI's torch interpreter, not a bare python3
+        assert (
+            env["FI_PROVIDER"] == "efa" and env["FI_EFA_USE_DEVICE_RDMA"] == "1"
+        )  # backend-cuda's EFA preset for P5
+        assert (
+            cmd[0] == "/opt/pytorch/bin/python3"
+        )  # the DLAMI's torch interpreter, not a bare python3
         assert cmd[1:4] == ["-m", "torch.distributed.run", "--nnodes"] and cmd[4] == "2"
         assert cmd[cmd.index("--nproc-per-node") + 1] == "8"
         assert cmd[cmd.index("--rdzv-backend") + 1] == "c10d"
@@ -163,18 +250,44 @@ def test_cli_dry_run_p5_x2(offline_env):
 
 
 def test_cli_dry_run_python_flag_overrides_the_provider_interpreter(offline_env):
-    out = _dry_run(offline_env, "-a", "p5.48xlarge", "--region", "us-east-1", "--name", "gpt", "--python", "/usr/bin/python3.11")
+    out = _dry_run(
+        offline_env,
+        "-a",
+        "p5.48xlarge",
+        "--region",
+        "us-east-1",
+        "--name",
+        "gpt",
+        "--python",
+        "/usr/bin/python3.11",
+    )
     for argv in _worker_lines(out):
         assert _env_and_cmd(argv)[1][0] == "/usr/bin/python3.11"
 
 
 def test_cli_dry_run_trn1_x2_with_s3_compile_cache(offline_env):
     cfg = "neuron:\n  compile_cache: s3://ckpt-bucket/neuron-cache\naws:\n  iam_instance_profile: aios-s3\n"
-    out = _dry_run(offline_env, "-a", "trn1.32xlarge", "--nodes", "2", "--region", "us-east-1", "--name", "llama",
-                   "--checkpoint-dir", "s3://ckpt-bucket/run1", config=cfg)
+    out = _dry_run(
+        offline_env,
+        "-a",
+        "trn1.32xlarge",
+        "--nodes",
+        "2",
+        "--region",
+        "us-east-1",
+        "--name",
+        "llama",
+        "--checkpoint-dir",
+        "s3://ckpt-bucket/run1",
+        config=cfg,
+    )
     assert f"--name {NEURON_AMI_PARAMETER}" in out
     run = _run_instances(out)
-    assert run["InstanceType"] == "trn1.32xlarge" and run["MinCount"] == 2 and len(run["NetworkInterfaces"]) == 9
+    assert (
+        run["InstanceType"] == "trn1.32xlarge"
+        and run["MinCount"] == 2
+        and len(run["NetworkInterfaces"]) == 9
+    )
     assert run["IamInstanceProfile"] == {"Name": "aios-s3"}
     assert "InstanceMarketOptions" not in run
     assert "/opt/aws_neuronx_venv_pytorch_2_8/bin/python3 -m pip install" in out
@@ -194,9 +307,11 @@ def test_cli_dry_run_trn1_x2_with_s3_compile_cache(offline_env):
 
 
 def test_dry_run_never_imports_boto3(offline_env):
-    code = ("import sys; from aios.cloud.provider import ClusterRequest; from aios_cloud_aws.provider import AwsProvider; "
-            "p = AwsProvider(); p.render_create(p.validate(ClusterRequest(name='x', accelerator='p5.48xlarge', nodes=2))); "
-            "p.catalog(); print('boto3' in sys.modules, 'torch' in sys.modules)")
+    code = (
+        "import sys; from aios.cloud.provider import ClusterRequest; from aios_cloud_aws.provider import AwsProvider; "
+        "p = AwsProvider(); p.render_create(p.validate(ClusterRequest(name='x', accelerator='p5.48xlarge', nodes=2))); "
+        "p.catalog(); print('boto3' in sys.modules, 'torch' in sys.modules)"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["False", "False"]
@@ -209,18 +324,41 @@ def test_render_down_and_remote_env_have_no_secrets(offline_env):
     down = [c.shell() for c in p.render("delete", "gpt", "us-east-1d")]
     assert down[0].startswith("aws ec2 terminate-instances --region us-east-1")
     assert "Name=tag:aios:cluster,Values=gpt" in down[0]
-    assert any("delete-security-group" in c for c in down) and any("delete-key-pair" in c for c in down)
-    assert any("delete-placement-group" in c for c in down) and any("release-address" in c for c in down)
-    info = ClusterInfo(name="gpt", cloud="aws", zone="us-east-1d", accelerator="p5.48xlarge", spot=True, raw={"region": "us-east-1"})
+    assert any("delete-security-group" in c for c in down) and any(
+        "delete-key-pair" in c for c in down
+    )
+    assert any("delete-placement-group" in c for c in down) and any(
+        "release-address" in c for c in down
+    )
+    info = ClusterInfo(
+        name="gpt",
+        cloud="aws",
+        zone="us-east-1d",
+        accelerator="p5.48xlarge",
+        spot=True,
+        raw={"region": "us-east-1"},
+    )
     env = p.remote_env(info)
-    assert env == {"AWS_DEFAULT_REGION": "us-east-1", "AIOS_RUN_CLOUD": "aws", "AIOS_RUN_SPOT_WATCH": "1"}
-    assert not any(k.startswith("AIOS_") and not k.startswith(("AIOS_RUN_", "AIOS_AWS__")) for k in env)
+    assert env == {
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AIOS_RUN_CLOUD": "aws",
+        "AIOS_RUN_SPOT_WATCH": "1",
+    }
+    assert not any(
+        k.startswith("AIOS_") and not k.startswith(("AIOS_RUN_", "AIOS_AWS__")) for k in env
+    )
     info.spot = False
     assert "AIOS_RUN_SPOT_WATCH" not in p.remote_env(info)
     setup = p.setup_commands("trn1.32xlarge", ["datasets==3.0"])
     assert setup[0].startswith("/opt/aws_neuronx_venv_pytorch_2_8/bin/python3 -m pip")
     assert setup[-1].endswith(" datasets==3.0") and len(setup) == 2
-    assert not any("aios" in line.split("pip install", 1)[-1] for line in setup)  # aios comes with the code
-    assert AwsProvider(settings=AwsSettings(python="/usr/bin/python3.11")).setup_commands("p5.48xlarge", [])[0].startswith("/usr/bin/python3.11 ")
+    assert not any(
+        "aios" in line.split("pip install", 1)[-1] for line in setup
+    )  # aios comes with the code
+    assert (
+        AwsProvider(settings=AwsSettings(python="/usr/bin/python3.11"))
+        .setup_commands("p5.48xlarge", [])[0]
+        .startswith("/usr/bin/python3.11 ")
+    )
     with pytest.raises(Exception, match="unknown action"):
         p.render("explode", "gpt", None)

@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import boto3
-
 from aios_cloud_aws.testing.inventory import leftovers
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
@@ -37,8 +36,12 @@ def _subnet_matching(aws, cluster) -> str:
     instances get .10 and .11: the sshd hosts' addresses."""
     ec2 = aws.ec2
     vpc = ec2.create_vpc(CidrBlock="10.213.0.0/16")["Vpc"]["VpcId"]
-    sub = ec2.create_subnet(VpcId=vpc, CidrBlock=f"{cluster.subnet}.0/24", AvailabilityZone="us-east-1a")["Subnet"]["SubnetId"]
-    ec2.run_instances(ImageId=aws.gpu_ami, MinCount=6, MaxCount=6, InstanceType="t3.micro", SubnetId=sub)
+    sub = ec2.create_subnet(
+        VpcId=vpc, CidrBlock=f"{cluster.subnet}.0/24", AvailabilityZone="us-east-1a"
+    )["Subnet"]["SubnetId"]
+    ec2.run_instances(
+        ImageId=aws.gpu_ami, MinCount=6, MaxCount=6, InstanceType="t3.micro", SubnetId=sub
+    )
     return sub
 
 
@@ -68,28 +71,79 @@ def _env(tmp: Path) -> dict[str, str]:
 
 
 def _aios(tmp: Path, *args: str, timeout: float = 420) -> subprocess.CompletedProcess:
-    return subprocess.run([PY, "-m", "aios.cli.main", *args], capture_output=True, text=True, timeout=timeout, env=_env(tmp), cwd=tmp)
+    return subprocess.run(
+        [PY, "-m", "aios.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_env(tmp),
+        cwd=tmp,
+    )
 
 
 def _gpt_args(steps: int) -> list[str]:
-    return ["--data", str(EXAMPLES / "data" / "corpus.txt"), "--steps", str(steps), "--batch-size", "8", "--block-size", "32",
-            "--n-layer", "1", "--n-embd", "32", "--eval-every", "1000", "--eval-batches", "1"]
+    return [
+        "--data",
+        str(EXAMPLES / "data" / "corpus.txt"),
+        "--steps",
+        str(steps),
+        "--batch-size",
+        "8",
+        "--block-size",
+        "32",
+        "--n-layer",
+        "1",
+        "--n-embd",
+        "32",
+        "--eval-every",
+        "1000",
+        "--eval-batches",
+        "1",
+    ]
 
 
 def test_launch_two_nodes_over_gloo_then_down(aws, sshd_hosts, tmp_path):
     subnet = _subnet_matching(aws, sshd_hosts)
     cfg = _config(tmp_path, subnet)
     work = _workdir(tmp_path)
-    r = _aios(tmp_path, "launch", "--cloud", "aws", "-a", "trn1.2xlarge", "--nodes", "2", "--backend", "cpu",
-              "--name", "e2e", "--ssh-key", str(sshd_hosts.client_key), "--python", PY, "--no-setup",
-              "--workdir", str(work), "--config", str(cfg), "--env", "GLOO_SOCKET_IFNAME=eth0",
-              "gpt.py", "--", *_gpt_args(12))
+    r = _aios(
+        tmp_path,
+        "launch",
+        "--cloud",
+        "aws",
+        "-a",
+        "trn1.2xlarge",
+        "--nodes",
+        "2",
+        "--backend",
+        "cpu",
+        "--name",
+        "e2e",
+        "--ssh-key",
+        str(sshd_hosts.client_key),
+        "--python",
+        PY,
+        "--no-setup",
+        "--workdir",
+        str(work),
+        "--config",
+        str(cfg),
+        "--env",
+        "GLOO_SOCKET_IFNAME=eth0",
+        "gpt.py",
+        "--",
+        *_gpt_args(12),
+    )
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-4000:]
     ips = [h.ip for h in sshd_hosts.hosts]
-    assert f"worker 0 {ips[0]}" in out and f"worker 1 {ips[1]}" in out  # moto's private IPs = the sshd hosts
+    assert (
+        f"worker 0 {ips[0]}" in out and f"worker 1 {ips[1]}" in out
+    )  # moto's private IPs = the sshd hosts
     assert f"(worker 0, {ips[0]})" in out and f"(worker 1, {ips[1]})" in out  # per-node prefixes
-    assert "2 x cpu" in out and "done 12 steps" in out, out[-3000:]  # one process on each of the 2 nodes
+    assert "2 x cpu" in out and "done 12 steps" in out, out[
+        -3000:
+    ]  # one process on each of the 2 nodes
     (run,) = aws.proxy.called("RunInstances")
     assert run["MinCount"] == "2" and run["NetworkInterface.1.SubnetId"] == subnet
     st = _aios(tmp_path, "status", "e2e", "--json")
@@ -100,8 +154,10 @@ def test_launch_two_nodes_over_gloo_then_down(aws, sshd_hosts, tmp_path):
 
 
 def _in_ns(host, argv: list[str], log: Path) -> subprocess.Popen:
-    f = open(log, "ab")  # noqa: SIM115 - owned by the child
-    return subprocess.Popen(["ip", "netns", "exec", host.netns, *argv], stdout=f, stderr=f, start_new_session=True)
+    f = open(log, "ab")
+    return subprocess.Popen(
+        ["ip", "netns", "exec", host.netns, *argv], stdout=f, stderr=f, start_new_session=True
+    )
 
 
 STEPS = 600  # long enough that the notice lands mid-run on an idle machine (~30 steps/s here)
@@ -119,24 +175,87 @@ def test_spot_notice_checkpoints_to_s3_and_managed_recovery_resumes(aws, sshd_ho
     notice = tmp_path / "notice.json"
     procs: list[subprocess.Popen] = []
     try:
+
         def node_services(h):  # what every EC2 machine has locally: IMDS; plus the way to S3
-            procs.append(_in_ns(h, [PY, "-m", "aios_cloud_aws.testing.imds", "--port", str(IMDS_PORT), "--notice-file", str(notice)], tmp_path / f"imds{h.worker_id}.log"))
-            procs.append(_in_ns(h, [PY, "-m", "aios_cloud_aws.testing.bridge", "--listen", str(S3_PORT), "--unix", sock], tmp_path / f"bridge{h.worker_id}.log"))
+            procs.append(
+                _in_ns(
+                    h,
+                    [
+                        PY,
+                        "-m",
+                        "aios_cloud_aws.testing.imds",
+                        "--port",
+                        str(IMDS_PORT),
+                        "--notice-file",
+                        str(notice),
+                    ],
+                    tmp_path / f"imds{h.worker_id}.log",
+                )
+            )
+            procs.append(
+                _in_ns(
+                    h,
+                    [
+                        PY,
+                        "-m",
+                        "aios_cloud_aws.testing.bridge",
+                        "--listen",
+                        str(S3_PORT),
+                        "--unix",
+                        sock,
+                    ],
+                    tmp_path / f"bridge{h.worker_id}.log",
+                )
+            )
 
         for h in sshd_hosts.hosts:
             node_services(h)
         subnet = _subnet_matching(aws, sshd_hosts)
         cfg = _config(tmp_path, subnet, "  imds_poll_seconds: 0.5\n")
         work = _workdir(tmp_path)
-        args = ["launch", "--cloud", "aws", "-a", "trn1.2xlarge", "--nodes", "2", "--backend", "cpu", "--spot",
-                "--max-restarts", "1", "--checkpoint-dir", "s3://ckpt/gpt", "--name", "spot",
-                "--ssh-key", str(sshd_hosts.client_key), "--python", PY, "--no-setup", "--workdir", str(work),
-                "--config", str(cfg), "--poll", "3", "--detach",
-                "--env", "GLOO_SOCKET_IFNAME=eth0",
-                "--env", f"AWS_EC2_METADATA_SERVICE_ENDPOINT=http://127.0.0.1:{IMDS_PORT}",
-                "--env", f"AWS_ENDPOINT_URL=http://127.0.0.1:{S3_PORT}",
-                "--env", "AWS_ACCESS_KEY_ID", "--env", "AWS_SECRET_ACCESS_KEY",
-                "gpt.py", "--", *_gpt_args(STEPS)]
+        args = [
+            "launch",
+            "--cloud",
+            "aws",
+            "-a",
+            "trn1.2xlarge",
+            "--nodes",
+            "2",
+            "--backend",
+            "cpu",
+            "--spot",
+            "--max-restarts",
+            "1",
+            "--checkpoint-dir",
+            "s3://ckpt/gpt",
+            "--name",
+            "spot",
+            "--ssh-key",
+            str(sshd_hosts.client_key),
+            "--python",
+            PY,
+            "--no-setup",
+            "--workdir",
+            str(work),
+            "--config",
+            str(cfg),
+            "--poll",
+            "3",
+            "--detach",
+            "--env",
+            "GLOO_SOCKET_IFNAME=eth0",
+            "--env",
+            f"AWS_EC2_METADATA_SERVICE_ENDPOINT=http://127.0.0.1:{IMDS_PORT}",
+            "--env",
+            f"AWS_ENDPOINT_URL=http://127.0.0.1:{S3_PORT}",
+            "--env",
+            "AWS_ACCESS_KEY_ID",
+            "--env",
+            "AWS_SECRET_ACCESS_KEY",
+            "gpt.py",
+            "--",
+            *_gpt_args(STEPS),
+        ]
         r = _aios(tmp_path, *args)
         assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
         # once training is under way (not after a fixed sleep: on an idle machine the run could
@@ -146,7 +265,15 @@ def test_spot_notice_checkpoints_to_s3_and_managed_recovery_resumes(aws, sshd_ho
         deadline = time.monotonic() + 180
         seen = 0
         while time.monotonic() < deadline and seen < 10:
-            seen = max([int(m) for m in re.findall(rf"gpt (\d+)/{STEPS}", _aios(tmp_path, "logs", "spot").stdout)] or [0])
+            seen = max(
+                [
+                    int(m)
+                    for m in re.findall(
+                        rf"gpt (\d+)/{STEPS}", _aios(tmp_path, "logs", "spot").stdout
+                    )
+                ]
+                or [0]
+            )
             time.sleep(0.5)
         assert 10 <= seen < STEPS, f"training did not get under way (last step seen: {seen})"
         from aios_cloud_aws.testing.imds import notice_json
@@ -157,22 +284,34 @@ def test_spot_notice_checkpoints_to_s3_and_managed_recovery_resumes(aws, sshd_ho
         deadline = time.monotonic() + 120
         keys: list[str] = []
         while time.monotonic() < deadline and not any(k.endswith(MARKER) for k in keys):
-            keys = [o["Key"] for o in s3.list_objects_v2(Bucket="ckpt", Prefix="gpt/").get("Contents", [])]
+            keys = [
+                o["Key"]
+                for o in s3.list_objects_v2(Bucket="ckpt", Prefix="gpt/").get("Contents", [])
+            ]
             time.sleep(0.05)
         # the capacity goes away (AWS: at the notice's time): machines and their processes
         for h in sshd_hosts.hosts:
             h.stop()
-        assert any(k.endswith(MARKER) for k in keys), f"no complete emergency checkpoint on S3 after the spot notice: {keys}"
+        assert any(k.endswith(MARKER) for k in keys), (
+            f"no complete emergency checkpoint on S3 after the spot notice: {keys}"
+        )
         notice.unlink()
-        ids = [i["InstanceId"] for r_ in aws.ec2.describe_instances(Filters=[{"Name": "tag:aios:cluster", "Values": ["spot"]}])["Reservations"]
-               for i in r_["Instances"]]
+        ids = [
+            i["InstanceId"]
+            for r_ in aws.ec2.describe_instances(
+                Filters=[{"Name": "tag:aios:cluster", "Values": ["spot"]}]
+            )["Reservations"]
+            for i in r_["Instances"]
+        ]
         reclaim_spot(ids)
         # the managed watcher notices, deletes what is left and relaunches through the provider;
         # the new instances boot (with new host keys) at the addresses moto hands out again
         deadline = time.monotonic() + 180
         while len(aws.proxy.called("RunInstances")) < 2 and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert len(aws.proxy.called("RunInstances")) == 2, _aios(tmp_path, "status", "spot", "--json").stdout
+        assert len(aws.proxy.called("RunInstances")) == 2, _aios(
+            tmp_path, "status", "spot", "--json"
+        ).stdout
         for h in sshd_hosts.hosts:
             h.start(new_host_key=True)
             node_services(h)
@@ -184,12 +323,18 @@ def test_spot_notice_checkpoints_to_s3_and_managed_recovery_resumes(aws, sshd_ho
             if '"state": "SUCCEEDED"' in state or '"state": "FAILED"' in state:
                 break
             time.sleep(3)
-        assert '"state": "SUCCEEDED"' in state, state + _aios(tmp_path, "logs", "spot").stdout[-3000:]
+        assert '"state": "SUCCEEDED"' in state, (
+            state + _aios(tmp_path, "logs", "spot").stdout[-3000:]
+        )
         assert '"restarts": 1' in state and "recovered" in state
         logs = _aios(tmp_path, "logs", "spot").stdout
         done = re.findall(rf"done {STEPS} steps \((\d+) this run\)", logs)
-        assert done and 0 < int(done[-1]) < STEPS, logs[-3000:]  # resumed from the emergency checkpoint on S3
-        assert len(aws.proxy.called("RunInstances")) == 2  # launched, then relaunched by the recovery
+        assert done and 0 < int(done[-1]) < STEPS, logs[
+            -3000:
+        ]  # resumed from the emergency checkpoint on S3
+        assert (
+            len(aws.proxy.called("RunInstances")) == 2
+        )  # launched, then relaunched by the recovery
     finally:
         _aios(tmp_path, "down", "spot")
         for p in procs:

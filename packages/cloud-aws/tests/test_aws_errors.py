@@ -9,8 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from aios.cloud.provider import CredentialsError, ClusterRequest
+from aios.cloud.provider import ClusterRequest, CredentialsError
 from aios_cloud_aws.errors import PermissionDenied, RegionUnavailable, UnknownInstanceType
 from aios_cloud_aws.testing.inventory import leftovers
 from aios_cloud_aws.testing.moto import FAKE_SECRET
@@ -22,7 +21,17 @@ def launch(tmp: Path, *args: str, env_drop: tuple[str, ...] = ()) -> subprocess.
     env["AIOS_HOME"] = str(tmp / "home")
     for k in env_drop:
         env.pop(k, None)
-    argv = [sys.executable, "-m", "aios.cli.main", "launch", "--cloud", "aws", "--no-setup", *args, "train.py"]
+    argv = [
+        sys.executable,
+        "-m",
+        "aios.cli.main",
+        "launch",
+        "--cloud",
+        "aws",
+        "--no-setup",
+        *args,
+        "train.py",
+    ]
     return subprocess.run(argv, cwd=tmp, capture_output=True, text=True, timeout=180, env=env)
 
 
@@ -54,7 +63,9 @@ def test_unknown_instance_type(aws, tmp_path, make_provider):
 
 def test_region_without_the_type(aws, tmp_path, make_provider):
     with pytest.raises(RegionUnavailable):
-        make_provider().validate(ClusterRequest(name="x", accelerator="trn2.48xlarge", region="us-east-1"))
+        make_provider().validate(
+            ClusterRequest(name="x", accelerator="trn2.48xlarge", region="us-east-1")
+        )
     r = launch(tmp_path, "-a", "trn2.48xlarge", "--region", "eu-west-1")
     line = one_error_line(r)
     assert "region eu-west-1 does not offer trn2.48xlarge" in line and "--region us-east-2" in line
@@ -73,7 +84,9 @@ def test_no_credentials(aws, tmp_path, make_provider, monkeypatch):
 
 
 def test_expired_session(aws, tmp_path):
-    aws.proxy.inject("*", "ExpiredToken", "The security token included in the request is expired", status=400)
+    aws.proxy.inject(
+        "*", "ExpiredToken", "The security token included in the request is expired", status=400
+    )
     r = launch(tmp_path, "-a", "trn1.2xlarge", "--name", "expired")
     line = one_error_line(r)
     assert "AWS session has expired" in line and "aws sso login" in line
@@ -82,12 +95,18 @@ def test_expired_session(aws, tmp_path):
 
 
 def test_missing_key_pair_permission_leaves_nothing(aws, tmp_path):
-    aws.proxy.inject("ImportKeyPair", "UnauthorizedOperation",
-                     "You are not authorized to perform this operation. User: arn:aws:iam::123456789012:user/dev is not "
-                     "authorized to perform: ec2:ImportKeyPair on resource: arn:aws:ec2:us-east-1:123456789012:key-pair/aios-perm "
-                     "because no identity-based policy allows the ec2:ImportKeyPair action. Encoded authorization failure message: "
-                     "Zm9vYmFyYmF6" * 3, status=403)
-    r = launch(tmp_path, "-a", "trn1.2xlarge", "--name", "perm", "--zone", "us-east-1a", "--no-failover")
+    aws.proxy.inject(
+        "ImportKeyPair",
+        "UnauthorizedOperation",
+        "You are not authorized to perform this operation. User: arn:aws:iam::123456789012:user/dev is not "
+        "authorized to perform: ec2:ImportKeyPair on resource: arn:aws:ec2:us-east-1:123456789012:key-pair/aios-perm "
+        "because no identity-based policy allows the ec2:ImportKeyPair action. Encoded authorization failure message: "
+        "Zm9vYmFyYmF6" * 3,
+        status=403,
+    )
+    r = launch(
+        tmp_path, "-a", "trn1.2xlarge", "--name", "perm", "--zone", "us-east-1a", "--no-failover"
+    )
     line = one_error_line(r)
     assert "missing AWS permission ec2:ImportKeyPair" in line and "aws.key_name" in line
     assert "Encoded authorization" not in line
@@ -97,19 +116,31 @@ def test_missing_key_pair_permission_leaves_nothing(aws, tmp_path):
 
 
 def test_missing_ssm_parameter_names_the_setting(aws, make_provider, pubkey):
-    p = make_provider(neuron_ami_parameter="/aws/service/neuron/dlami/does-not-exist/latest/image_id")
+    p = make_provider(
+        neuron_ami_parameter="/aws/service/neuron/dlami/does-not-exist/latest/image_id"
+    )
     from aios.cloud.provider import CloudError
 
     with pytest.raises(CloudError) as ei:
-        p.create(p.validate(ClusterRequest(name="noami", accelerator="trn1.2xlarge", zone="us-east-1a", ssh_public_key=pubkey)))
-    assert "SSM parameter not found" in ei.value.message and "aws.neuron_ami_parameter" in ei.value.fix
+        p.create(
+            p.validate(
+                ClusterRequest(
+                    name="noami",
+                    accelerator="trn1.2xlarge",
+                    zone="us-east-1a",
+                    ssh_public_key=pubkey,
+                )
+            )
+        )
+    assert (
+        "SSM parameter not found" in ei.value.message and "aws.neuron_ami_parameter" in ei.value.fix
+    )
 
 
 def test_translate_unit_cases():
-    from botocore.exceptions import ClientError, NoCredentialsError
-
     from aios.cloud.provider import CapacityError, QuotaError
     from aios_cloud_aws.errors import TransientAwsError, translate
+    from botocore.exceptions import ClientError, NoCredentialsError
 
     def ce(code, op="RunInstances"):
         return ClientError({"Error": {"Code": code, "Message": f"msg {code}"}}, op)
@@ -122,7 +153,11 @@ def test_translate_unit_cases():
     assert isinstance(translate(ce("AuthFailure")), CredentialsError)
     assert isinstance(translate(NoCredentialsError()), CredentialsError)
     denied = translate(ce("UnauthorizedOperation", "CreatePlacementGroup"))
-    assert isinstance(denied, PermissionDenied) and "ec2:CreatePlacementGroup" in denied.message and "aws.placement_group=false" in denied.fix
+    assert (
+        isinstance(denied, PermissionDenied)
+        and "ec2:CreatePlacementGroup" in denied.message
+        and "aws.placement_group=false" in denied.fix
+    )
     plain = ValueError("not aws")
     assert translate(plain) is plain
 

@@ -12,7 +12,6 @@ import subprocess
 import sys
 
 import pytest
-
 from aios.cloud import ops
 from aios.cloud.provider import READY, ClusterHost, ClusterInfo
 from aios.cloud.store import ClusterRecord
@@ -24,13 +23,37 @@ from aios_cloud_aws.settings import AwsSettings
 def _host_envs(backend: str, accelerator: str, spot: bool) -> list[dict[str, str]]:
     """What each host's processes get: job env (provider env, --env, checkpoint dir), the backend
     plan's env, and run.sh's own exports, assembled by the same functions start_job uses."""
-    hosts = [ClusterHost(i, f"10.0.0.{i + 1}", f"172.31.0.{i + 1}", ssh_user="ubuntu") for i in range(2)]
-    info = ClusterInfo("gpt", "aws", "us-east-1a", accelerator, READY, spot=spot, hosts=hosts, raw={"region": "us-east-1"})
-    rec = ClusterRecord(name="gpt", cloud="aws", zone="us-east-1a", accelerator=accelerator, spot=spot, state=READY,
-                        hosts=[{"worker_id": h.worker_id, "ip": h.ip, "internal_ip": h.internal_ip} for h in hosts], ssh_user="ubuntu")
+    hosts = [
+        ClusterHost(i, f"10.0.0.{i + 1}", f"172.31.0.{i + 1}", ssh_user="ubuntu") for i in range(2)
+    ]
+    info = ClusterInfo(
+        "gpt",
+        "aws",
+        "us-east-1a",
+        accelerator,
+        READY,
+        spot=spot,
+        hosts=hosts,
+        raw={"region": "us-east-1"},
+    )
+    rec = ClusterRecord(
+        name="gpt",
+        cloud="aws",
+        zone="us-east-1a",
+        accelerator=accelerator,
+        spot=spot,
+        state=READY,
+        hosts=[{"worker_id": h.worker_id, "ip": h.ip, "internal_ip": h.internal_ip} for h in hosts],
+        ssh_user="ubuntu",
+    )
     provider = AwsProvider(settings=AwsSettings())
-    spec = ops.JobSpec(script="train.py", backend=backend, python=provider.python(accelerator),
-                       env={"WANDB_PROJECT": "gpt"}, checkpoint_dir="s3://ckpt/run1")
+    spec = ops.JobSpec(
+        script="train.py",
+        backend=backend,
+        python=provider.python(accelerator),
+        env={"WANDB_PROJECT": "gpt"},
+        checkpoint_dir="s3://ckpt/run1",
+    )
     config = resolve(environ={}, check_backend=False)
     base = ops.job_env(spec, provider.remote_env(info), environ={})
     out = []
@@ -41,22 +64,36 @@ def _host_envs(backend: str, accelerator: str, spot: bool) -> list[dict[str, str
     return out
 
 
-@pytest.mark.parametrize("backend,accelerator", [("cuda", "p5.48xlarge"), ("neuron", "trn1.32xlarge")])
+@pytest.mark.parametrize(
+    "backend,accelerator", [("cuda", "p5.48xlarge"), ("neuron", "trn1.32xlarge")]
+)
 def test_aws_host_env_resolves_as_config_on_the_hosts(backend, accelerator, monkeypatch):
     envs = _host_envs(backend, accelerator, spot=True)
     assert len(envs) == 2
     for env in envs:
-        config_names = sorted(k for k in env if k.startswith("AIOS_") and k not in CONTROL_ENV and not k.startswith(CONTROL_PREFIXES))
+        config_names = sorted(
+            k
+            for k in env
+            if k.startswith("AIOS_") and k not in CONTROL_ENV and not k.startswith(CONTROL_PREFIXES)
+        )
         # the only config key the cloud layer sets is the one it means to: checkpoint.dir
         assert config_names == ["AIOS_CHECKPOINT__DIR"], config_names
         cfg = resolve(environ=env, check_backend=False)  # a host with this aios and its plugins
         assert cfg.checkpoint.dir == "s3://ckpt/run1"
         assert env["AIOS_RUN_SPOT_WATCH"] == "1" and env["AIOS_RUN_STATUS_DIR"] == "$D/status"
     # a host whose image has aios-core and the backend only (`--no-bundle`): still resolves
-    code = ("import json, sys; from aios.config import resolve; "
-            "c = resolve(environ=json.load(sys.stdin), check_backend=False); print(c.checkpoint.dir)")
-    r = subprocess.run([sys.executable, "-c", code], input=json.dumps(envs[1]), capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "AIOS_PLUGINS": f"aios-backend-{backend}"})
+    code = (
+        "import json, sys; from aios.config import resolve; "
+        "c = resolve(environ=json.load(sys.stdin), check_backend=False); print(c.checkpoint.dir)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        input=json.dumps(envs[1]),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "AIOS_PLUGINS": f"aios-backend-{backend}"},
+    )
     assert r.returncode == 0 and r.stdout.strip() == "s3://ckpt/run1", r.stderr
 
 
@@ -76,7 +113,9 @@ def test_aws_spot_hosts_turn_the_spot_notice_watcher_on(monkeypatch):
             monkeypatch.setenv(k, v)
         cfg = resolve(overrides=list(overrides), environ=env, check_backend=False)
         results = get_registry().call_all("aios_preemption_watchers", config=cfg)
-        return [w.name for plugin, ws, exc in results if plugin == "aios-cloud-aws" for w in (ws or [])]
+        return [
+            w.name for plugin, ws, exc in results if plugin == "aios-cloud-aws" for w in (ws or [])
+        ]
 
     assert watchers(_host_envs("cuda", "p5.48xlarge", spot=True)[0]) == ["aws-spot"]
     on_demand = _host_envs("cuda", "p5.48xlarge", spot=False)[0]

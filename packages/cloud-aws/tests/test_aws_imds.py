@@ -8,7 +8,6 @@ import urllib.error
 import urllib.request
 
 import pytest
-
 from aios_cloud_aws.imds import ImdsClient, SpotInterruptionWatcher
 from aios_cloud_aws.testing.imds import ImdsServer
 
@@ -76,7 +75,11 @@ def test_hook_hands_notice_to_the_runtime_preemption_monitor(imds, monkeypatch):
 
     monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", imds.endpoint)
     reset_registry()
-    cfg = resolve(overrides=["aws.spot_watch=true", "aws.imds_poll_seconds=0.05"], environ={}, check_backend=False)
+    cfg = resolve(
+        overrides=["aws.spot_watch=true", "aws.imds_poll_seconds=0.05"],
+        environ={},
+        check_backend=False,
+    )
     results = get_registry().call_all("aios_preemption_watchers", config=cfg)
     watchers = [w for plugin, ws, exc in results if plugin == "aios-cloud-aws" for w in (ws or [])]
     assert [w.name for w in watchers] == ["aws-spot"]
@@ -93,7 +96,11 @@ def test_hook_hands_notice_to_the_runtime_preemption_monitor(imds, monkeypatch):
     finally:
         mon.uninstall()
     off = resolve(overrides=["aws.spot_watch=false"], environ={}, check_backend=False)
-    assert all(ws is None for plugin, ws, exc in get_registry().call_all("aios_preemption_watchers", config=off) if plugin == "aios-cloud-aws")
+    assert all(
+        ws is None
+        for plugin, ws, exc in get_registry().call_all("aios_preemption_watchers", config=off)
+        if plugin == "aios-cloud-aws"
+    )
 
 
 def test_standalone_server_reads_notice_file(tmp_path):
@@ -102,7 +109,17 @@ def test_standalone_server_reads_notice_file(tmp_path):
 
     notice = tmp_path / "notice.json"
     port_file = tmp_path / "port"
-    p = subprocess.Popen([sys.executable, "-m", "aios_cloud_aws.testing.imds", "--notice-file", str(notice), "--port-file", str(port_file)])
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "aios_cloud_aws.testing.imds",
+            "--notice-file",
+            str(notice),
+            "--port-file",
+            str(port_file),
+        ]
+    )
     try:
         deadline = time.monotonic() + 20
         while not port_file.exists() and time.monotonic() < deadline:

@@ -47,7 +47,10 @@ def test_checkpoint_store_round_trip_on_s3(aws, bucket):
     assert latest is not None and latest.step == 30
     assert torch.equal(store.load(latest)["w"], torch.full((4,), 30.0))
     assert [c.step for c in store.list()] == [20, 30]  # keep=2 pruned step 10 on S3
-    keys = [o["Key"] for o in bucket.list_objects_v2(Bucket="aios-ckpt", Prefix="runs/r1/").get("Contents", [])]
+    keys = [
+        o["Key"]
+        for o in bucket.list_objects_v2(Bucket="aios-ckpt", Prefix="runs/r1/").get("Contents", [])
+    ]
     assert keys and not any("step-00000010" in k or "000010" in k for k in keys)
 
 
@@ -60,7 +63,9 @@ def test_copy_up_and_down_with_progress(aws, bucket, tmp_path):
     (src / "sub" / "b.txt").write_text("hello s3\n")
     n = copy(str(src), "s3://aios-ckpt/data", progress=False)
     assert n == 300_000 + 9
-    keys = sorted(o["Key"] for o in bucket.list_objects_v2(Bucket="aios-ckpt", Prefix="data/")["Contents"])
+    keys = sorted(
+        o["Key"] for o in bucket.list_objects_v2(Bucket="aios-ckpt", Prefix="data/")["Contents"]
+    )
     assert keys == ["data/a.bin", "data/sub/b.txt"]
     dst = tmp_path / "back"
     copy("s3://aios-ckpt/data", str(dst), progress=False)
@@ -68,7 +73,6 @@ def test_copy_up_and_down_with_progress(aws, bucket, tmp_path):
     assert (dst / "sub" / "b.txt").read_text() == "hello s3\n"
     bar = RichProgress("one file", enabled=False)
     import fsspec
-
     from aios_cloud_aws.storage import storage_options
 
     fs = fsspec.filesystem("s3", **storage_options())
@@ -81,13 +85,23 @@ def test_aios_sync_to_and_from_s3(aws, bucket, tmp_path):
     src.mkdir()
     (src / "x.txt").write_text("x" * 1000)
     env = {**os.environ, "AIOS_HOME": str(tmp_path / "home")}
-    r = subprocess.run([sys.executable, "-m", "aios.cli.main", "sync", str(src), "s3://aios-ckpt/proj"],
-                       capture_output=True, text=True, timeout=120, env=env)
+    r = subprocess.run(
+        [sys.executable, "-m", "aios.cli.main", "sync", str(src), "s3://aios-ckpt/proj"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr
     assert bucket.get_object(Bucket="aios-ckpt", Key="proj/x.txt")["Body"].read() == b"x" * 1000
     out = tmp_path / "down"
-    r = subprocess.run([sys.executable, "-m", "aios.cli.main", "sync", "s3://aios-ckpt/proj", str(out)],
-                       capture_output=True, text=True, timeout=120, env=env)
+    r = subprocess.run(
+        [sys.executable, "-m", "aios.cli.main", "sync", "s3://aios-ckpt/proj", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr
     assert (out / "x.txt").read_text() == "x" * 1000
     assert aws.env["AWS_SECRET_ACCESS_KEY"] not in r.stdout + r.stderr

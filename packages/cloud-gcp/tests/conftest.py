@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from aios.testing.sshd import SshdCluster
 from aios_cloud_gcp.testing import FakeTpuService
 
@@ -25,7 +24,9 @@ ZONES = {"v4": ["us-central2-b", "us-central2-c"], "v5e": ["us-west4-a", "us-cen
 
 @pytest.fixture
 def fake_tpu(sshd_hosts: SshdCluster):
-    with FakeTpuService(machines=sshd_hosts.hosts, authorized_keys=sshd_hosts.authorized_keys, project="aios-test") as svc:
+    with FakeTpuService(
+        machines=sshd_hosts.hosts, authorized_keys=sshd_hosts.authorized_keys, project="aios-test"
+    ) as svc:
         yield svc
 
 
@@ -37,25 +38,37 @@ def bare_tpu():
 
 
 def _gcp_env(tmp_path: Path, svc: FakeTpuService, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIOS_", "GOOGLE_", "CLOUDSDK_"))}
-    env.update({
-        "AIOS_HOME": str(tmp_path / "aios-home"),
-        "AIOS_GCP__PROJECT": "aios-test",
-        "AIOS_GCP__ENDPOINT": svc.url,
-        "AIOS_GCP__CREDENTIALS": "anonymous",
-        "AIOS_GCP__POLL_INTERVAL": "0.05",
-        "AIOS_GCP__SSH_USER": "root",
-        "AIOS_GCP__ZONES": json.dumps(ZONES),
-        "AIOS_PLUGINS": "aios-cloud-gcp,aios-backend-xla",
-        "COLUMNS": "200",
-    })
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("AIOS_", "GOOGLE_", "CLOUDSDK_"))
+    }
+    env.update(
+        {
+            "AIOS_HOME": str(tmp_path / "aios-home"),
+            "AIOS_GCP__PROJECT": "aios-test",
+            "AIOS_GCP__ENDPOINT": svc.url,
+            "AIOS_GCP__CREDENTIALS": "anonymous",
+            "AIOS_GCP__POLL_INTERVAL": "0.05",
+            "AIOS_GCP__SSH_USER": "root",
+            "AIOS_GCP__ZONES": json.dumps(ZONES),
+            "AIOS_PLUGINS": "aios-cloud-gcp,aios-backend-xla",
+            "COLUMNS": "200",
+        }
+    )
     env.update(extra)
     return env
 
 
-def _run_aios(env: dict[str, str], *args: str, timeout: float = 300, cwd: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "aios.cli.main", *args], env=env, text=True, capture_output=True,
-                          timeout=timeout, cwd=cwd)
+def _run_aios(
+    env: dict[str, str], *args: str, timeout: float = 300, cwd: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "aios.cli.main", *args],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+        cwd=cwd,
+    )
 
 
 @pytest.fixture
@@ -73,14 +86,20 @@ def aios_cli():
 @pytest.fixture
 def gcs(sshd_hosts: SshdCluster):
     """gcp-storage-emulator reachable from this machine and from every sshd host."""
-    exe = shutil.which("gcp-storage-emulator") or str(Path(sys.executable).parent / "gcp-storage-emulator")
+    exe = shutil.which("gcp-storage-emulator") or str(
+        Path(sys.executable).parent / "gcp-storage-emulator"
+    )
     if not Path(exe).exists():
         pytest.skip("gcp-storage-emulator is not installed: pip install gcp-storage-emulator")
     port = 9023
-    sshd_hosts.popen_service([exe, "start", "--host", sshd_hosts.service_ip, "--port", str(port), "--in-memory", "-q"])
+    sshd_hosts.popen_service(
+        [exe, "start", "--host", sshd_hosts.service_ip, "--port", str(port), "--in-memory", "-q"]
+    )
     sshd_hosts.wait_port(port)
     url = f"http://{sshd_hosts.service_ip}:{port}"
-    old = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")}
+    old = {
+        k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")
+    }
     os.environ["STORAGE_EMULATOR_HOST"] = url
     os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
     yield url

@@ -21,9 +21,17 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def reachable_tpu(sshd_hosts):
     """The TPU service on every address, so the hosts reach it at the root namespace's address."""
-    with FakeTpuService(machines=sshd_hosts.hosts, authorized_keys=sshd_hosts.authorized_keys, project="aios-test",
-                        host="0.0.0.0") as svc:
-        svc.host_url = f"http://{sshd_hosts.subnet}.1:{svc.server.server_address[1]}" if sshd_hosts.use_netns else svc.url
+    with FakeTpuService(
+        machines=sshd_hosts.hosts,
+        authorized_keys=sshd_hosts.authorized_keys,
+        project="aios-test",
+        host="0.0.0.0",
+    ) as svc:
+        svc.host_url = (
+            f"http://{sshd_hosts.subnet}.1:{svc.server.server_address[1]}"
+            if sshd_hosts.use_netns
+            else svc.url
+        )
         yield svc
 
 
@@ -41,50 +49,156 @@ def _status(aios_cli, env) -> list[dict]:
     return json.loads(r.stdout)
 
 
-def test_idle_cluster_deletes_itself_with_autodown(tmp_path, sshd_hosts, reachable_tpu, gcp_env, aios_cli, wait_for):
+def test_idle_cluster_deletes_itself_with_autodown(
+    tmp_path, sshd_hosts, reachable_tpu, gcp_env, aios_cli, wait_for
+):
     work = _work(tmp_path)
     env = gcp_env(tmp_path, reachable_tpu, AIOS_GCP__AGENT_ENDPOINT=reachable_tpu.host_url)
-    r = aios_cli(env, "launch", "--cloud", "gcp", "-a", "v4-16", "--name", "idle", "--backend", "cpu", "--python", sys.executable,
-                 "--no-setup", "--workdir", str(work), "--poll", "0.3", "--autostop", "0.05", "--autodown", "hello.py")
+    r = aios_cli(
+        env,
+        "launch",
+        "--cloud",
+        "gcp",
+        "-a",
+        "v4-16",
+        "--name",
+        "idle",
+        "--backend",
+        "cpu",
+        "--python",
+        sys.executable,
+        "--no-setup",
+        "--workdir",
+        str(work),
+        "--poll",
+        "0.3",
+        "--autostop",
+        "0.05",
+        "--autodown",
+        "hello.py",
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "autostop: the agent on worker 0" in r.stderr
     # the launching process has exited: only the agent on the head host is left to act
     wait_for(lambda: reachable_tpu.nodes == {}, 120, "the idle cluster to delete itself")
-    deleters = {ip for m, path, ip in reachable_tpu.callers if m == "DELETE" and path.endswith("/nodes/idle")}
+    deleters = {
+        ip
+        for m, path, ip in reachable_tpu.callers
+        if m == "DELETE" and path.endswith("/nodes/idle")
+    }
     assert deleters == {sshd_hosts.hosts[0].ip}  # the head host itself called the API
     st = aios_cli(env, "status", "--refresh", "--json")
     assert json.loads(st.stdout)[0]["state"] == "NOT_FOUND"
     assert aios_cli(env, "down", "idle").returncode == 0
 
 
-def test_autostop_waits_for_the_running_job_and_spot_is_refused(tmp_path, sshd_hosts, reachable_tpu, gcp_env, aios_cli, wait_for):
+def test_autostop_waits_for_the_running_job_and_spot_is_refused(
+    tmp_path, sshd_hosts, reachable_tpu, gcp_env, aios_cli, wait_for
+):
     work = _work(tmp_path)
     env = gcp_env(tmp_path, reachable_tpu, AIOS_GCP__AGENT_ENDPOINT=reachable_tpu.host_url)
-    spot = aios_cli(env, "launch", "--cloud", "gcp", "-a", "v4-16", "--name", "sp", "--spot", "--autostop", "1",
-                    "--workdir", str(work), "hello.py")
-    assert spot.returncode == 2 and "spot capacity cannot be stopped" in spot.stderr and reachable_tpu.nodes == {}
-    r = aios_cli(env, "launch", "--cloud", "gcp", "-a", "v4-16", "--name", "busy", "--backend", "cpu", "--python", sys.executable,
-                 "--no-setup", "--workdir", str(work), "--poll", "0.3", "--autostop", "0.02", "--detach", "sleepy.py")
+    spot = aios_cli(
+        env,
+        "launch",
+        "--cloud",
+        "gcp",
+        "-a",
+        "v4-16",
+        "--name",
+        "sp",
+        "--spot",
+        "--autostop",
+        "1",
+        "--workdir",
+        str(work),
+        "hello.py",
+    )
+    assert (
+        spot.returncode == 2
+        and "spot capacity cannot be stopped" in spot.stderr
+        and reachable_tpu.nodes == {}
+    )
+    r = aios_cli(
+        env,
+        "launch",
+        "--cloud",
+        "gcp",
+        "-a",
+        "v4-16",
+        "--name",
+        "busy",
+        "--backend",
+        "cpu",
+        "--python",
+        sys.executable,
+        "--no-setup",
+        "--workdir",
+        str(work),
+        "--poll",
+        "0.3",
+        "--autostop",
+        "0.02",
+        "--detach",
+        "sleepy.py",
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     state = sshd_hosts.hosts[0].home / "aios" / "busy" / "agent.state"
-    wait_for(lambda: state.exists() and json.loads(state.read_text())["running"], 60, "the agent to see the job")
+    wait_for(
+        lambda: state.exists() and json.loads(state.read_text())["running"],
+        60,
+        "the agent to see the job",
+    )
     time.sleep(3)  # far past the 1.2 s idle limit: a running job keeps the cluster up
     assert reachable_tpu.node("busy").body["state"] == "READY"
     # aios cancel stops the job on every host; the agent then stops the idle cluster
     c = aios_cli(env, "cancel", "busy")
     assert c.returncode == 0 and "job 1 cancelled" in c.stderr, c.stderr
     assert _status(aios_cli, env)[0]["jobs"][0]["state"] == "CANCELLED"
-    wait_for(lambda: reachable_tpu.node("busy").body["state"] == "STOPPED", 120, "the agent to stop the cluster")
+    wait_for(
+        lambda: reachable_tpu.node("busy").body["state"] == "STOPPED",
+        120,
+        "the agent to stop the cluster",
+    )
     assert aios_cli(env, "down", "busy").returncode == 0 and reachable_tpu.nodes == {}
 
 
-def test_down_is_kept_when_a_foreground_launch_is_detached_with_ctrl_c(tmp_path, sshd_hosts, fake_tpu, gcp_env, wait_for):
+def test_down_is_kept_when_a_foreground_launch_is_detached_with_ctrl_c(
+    tmp_path, sshd_hosts, fake_tpu, gcp_env, wait_for
+):
     work = _work(tmp_path)
-    (work / "short.py").write_text("import time\nprint('working', flush=True)\ntime.sleep(4)\nprint('finished', flush=True)\n")
+    (work / "short.py").write_text(
+        "import time\nprint('working', flush=True)\ntime.sleep(4)\nprint('finished', flush=True)\n"
+    )
     env = gcp_env(tmp_path, fake_tpu)
-    p = subprocess.Popen([sys.executable, "-m", "aios.cli.main", "launch", "--cloud", "gcp", "-a", "v4-16", "--name", "fg",
-                          "--backend", "cpu", "--python", sys.executable, "--no-setup", "--workdir", str(work), "--poll", "0.3",
-                          "--down", "short.py"], env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "aios.cli.main",
+            "launch",
+            "--cloud",
+            "gcp",
+            "-a",
+            "v4-16",
+            "--name",
+            "fg",
+            "--backend",
+            "cpu",
+            "--python",
+            sys.executable,
+            "--no-setup",
+            "--workdir",
+            str(work),
+            "--poll",
+            "0.3",
+            "--down",
+            "short.py",
+        ],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         log = sshd_hosts.hosts[0].home / "aios" / "fg" / "jobs" / "1" / "worker.log"
         wait_for(lambda: log.exists() and "working" in log.read_text(), 120, "the job to start")

@@ -25,16 +25,36 @@ def three_hosts(tmp_path: Path):
     if reason:
         pytest.skip(reason)
     if not netns_available():
-        pytest.skip("needs network namespaces (root + iproute2): the controller is a host of its own")
+        pytest.skip(
+            "needs network namespaces (root + iproute2): the controller is a host of its own"
+        )
     with SshdCluster(3, tmp_path / "sshd") as cluster:
         yield cluster
 
 
-def test_managed_spot_run_survives_the_launching_process(tmp_path, three_hosts, gcp_env, aios_cli, wait_for):
+def test_managed_spot_run_survives_the_launching_process(
+    tmp_path, three_hosts, gcp_env, aios_cli, wait_for
+):
     c = three_hosts
     workers, controller = c.hosts[:2], c.hosts[2]
-    pytest.importorskip("gcp_storage_emulator", reason="needs gcp-storage-emulator: pip install gcp-storage-emulator")
-    c.popen_service([sys.executable, "-m", "gcp_storage_emulator", "start", "--host", c.service_ip, "--port", "9023", "--in-memory", "-q"])
+    pytest.importorskip(
+        "gcp_storage_emulator",
+        reason="needs gcp-storage-emulator: pip install gcp-storage-emulator",
+    )
+    c.popen_service(
+        [
+            sys.executable,
+            "-m",
+            "gcp_storage_emulator",
+            "start",
+            "--host",
+            c.service_ip,
+            "--port",
+            "9023",
+            "--in-memory",
+            "-q",
+        ]
+    )
     c.wait_port(9023)
     gcs = f"http://{c.service_ip}:9023"
     import gcsfs
@@ -51,21 +71,67 @@ def test_managed_spot_run_survives_the_launching_process(tmp_path, three_hosts, 
         "    fs.pipe('mj-ckpt/attempt', b'1')\n"
         "print('working', 'first' if first else 'again', flush=True)\n"
         "time.sleep(600 if first else 1)\n"
-        "print('finished', flush=True)\n")
-    with FakeTpuService(machines=workers, authorized_keys=c.authorized_keys, project="aios-test", host="0.0.0.0") as svc:
+        "print('finished', flush=True)\n"
+    )
+    with FakeTpuService(
+        machines=workers, authorized_keys=c.authorized_keys, project="aios-test", host="0.0.0.0"
+    ) as svc:
         host_url = f"http://{c.subnet}.1:{svc.server.server_address[1]}"
-        env = gcp_env(tmp_path, svc, AIOS_GCP__AGENT_ENDPOINT=host_url, STORAGE_EMULATOR_HOST=gcs,
-                      GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT="false")
-        p = subprocess.Popen([sys.executable, "-m", "aios.cli.main", "launch", "--cloud", "gcp", "-a", "v4-16", "--name", "mj",
-                              "--spot", "--max-restarts", "2", "--checkpoint-dir", "gs://mj-ckpt/run", "--backend", "cpu",
-                              "--python", sys.executable, "--no-setup", "--workdir", str(work), "--poll", "0.5",
-                              "--controller", f"{c.user}@{controller.ip}", "--controller-python", sys.executable,
-                              "--env", f"STORAGE_EMULATOR_HOST={gcs}", "--env", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false", "job.py"],
-                             env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        env = gcp_env(
+            tmp_path,
+            svc,
+            AIOS_GCP__AGENT_ENDPOINT=host_url,
+            STORAGE_EMULATOR_HOST=gcs,
+            GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT="false",
+        )
+        p = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "aios.cli.main",
+                "launch",
+                "--cloud",
+                "gcp",
+                "-a",
+                "v4-16",
+                "--name",
+                "mj",
+                "--spot",
+                "--max-restarts",
+                "2",
+                "--checkpoint-dir",
+                "gs://mj-ckpt/run",
+                "--backend",
+                "cpu",
+                "--python",
+                sys.executable,
+                "--no-setup",
+                "--workdir",
+                str(work),
+                "--poll",
+                "0.5",
+                "--controller",
+                f"{c.user}@{controller.ip}",
+                "--controller-python",
+                sys.executable,
+                "--env",
+                f"STORAGE_EMULATOR_HOST={gcs}",
+                "--env",
+                "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false",
+                "job.py",
+            ],
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         try:
             log = workers[0].home / "aios" / "mj" / "jobs" / "1" / "worker.log"
             wait_for(lambda: log.exists() and "working" in log.read_text(), 180, "the job to start")
-            wait_for(lambda: p.poll() is not None, 180, "the launch to hand the job to the controller")
+            wait_for(
+                lambda: p.poll() is not None, 180, "the launch to hand the job to the controller"
+            )
         finally:
             # the launching side dies (and its whole process group): only the controller is left
             try:
@@ -89,7 +155,9 @@ def test_managed_spot_run_survives_the_launching_process(tmp_path, three_hosts, 
         ctl_log = (controller.home / "aios-controller" / "mj" / "controller.log").read_text()
         job = row["jobs"][-1]
         assert job["state"] == "SUCCEEDED" and job["restarts"] == 1, ctl_log[-3000:]
-        assert any(e["kind"] == "recovered" and "recreated" in e["message"] for e in row["recoveries"]), row["recoveries"]
+        assert any(
+            e["kind"] == "recovered" and "recreated" in e["message"] for e in row["recoveries"]
+        ), row["recoveries"]
         # the recreation was the controller's doing, from its own host
         creators = {ip for m, path, ip in svc.callers if m == "POST" and path.endswith("/nodes")}
         assert controller.ip in creators
@@ -108,15 +176,46 @@ def test_down_stops_a_running_controller_first(tmp_path, three_hosts, gcp_env, a
     work = tmp_path / "proj"
     work.mkdir()
     (work / "job.py").write_text("import time\nprint('working', flush=True)\ntime.sleep(600)\n")
-    with FakeTpuService(machines=workers, authorized_keys=c.authorized_keys, project="aios-test", host="0.0.0.0") as svc:
-        env = gcp_env(tmp_path, svc, AIOS_GCP__AGENT_ENDPOINT=f"http://{c.subnet}.1:{svc.server.server_address[1]}")
-        r = aios_cli(env, "launch", "--cloud", "gcp", "-a", "v4-16", "--name", "dn", "--down", "--backend", "cpu",
-                     "--python", sys.executable, "--no-setup", "--workdir", str(work), "--poll", "0.5",
-                     "--controller", f"{c.user}@{controller.ip}", "--controller-python", sys.executable, "job.py")
+    with FakeTpuService(
+        machines=workers, authorized_keys=c.authorized_keys, project="aios-test", host="0.0.0.0"
+    ) as svc:
+        env = gcp_env(
+            tmp_path,
+            svc,
+            AIOS_GCP__AGENT_ENDPOINT=f"http://{c.subnet}.1:{svc.server.server_address[1]}",
+        )
+        r = aios_cli(
+            env,
+            "launch",
+            "--cloud",
+            "gcp",
+            "-a",
+            "v4-16",
+            "--name",
+            "dn",
+            "--down",
+            "--backend",
+            "cpu",
+            "--python",
+            sys.executable,
+            "--no-setup",
+            "--workdir",
+            str(work),
+            "--poll",
+            "0.5",
+            "--controller",
+            f"{c.user}@{controller.ip}",
+            "--controller-python",
+            sys.executable,
+            "job.py",
+        )
         assert r.returncode == 0, r.stderr[-3000:]
         pid = int((controller.home / "aios-controller" / "dn" / "controller.pid").read_text())
         d = aios_cli(env, "down", "dn")
-        assert d.returncode == 0 and f"stopped the controller of dn on {c.user}@{controller.ip}" in d.stderr, d.stderr
+        assert (
+            d.returncode == 0
+            and f"stopped the controller of dn on {c.user}@{controller.ip}" in d.stderr
+        ), d.stderr
         assert svc.nodes == {}
         import time
 

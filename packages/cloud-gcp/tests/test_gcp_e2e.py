@@ -17,8 +17,24 @@ import pytest
 pytestmark = pytest.mark.slow
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
-TINY = ["--data", "corpus.txt", "--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--batch-size", "8",
-        "--block-size", "32", "--warmup", "5", "--eval-batches", "2"]
+TINY = [
+    "--data",
+    "corpus.txt",
+    "--n-layer",
+    "1",
+    "--n-embd",
+    "32",
+    "--n-head",
+    "2",
+    "--batch-size",
+    "8",
+    "--block-size",
+    "32",
+    "--warmup",
+    "5",
+    "--eval-batches",
+    "2",
+]
 VAL_RE = re.compile(r"val loss (\d+\.\d+)")
 
 
@@ -40,9 +56,33 @@ def make_project(tmp_path: Path) -> Path:
 
 
 def launch_args(work: Path, name: str, steps: int, *extra: str) -> list[str]:
-    return ["launch", "--cloud", "gcp", "-a", "v4-16", "--name", name, "--backend", "cpu", "--python", sys.executable,
-            "--setup-script", str(work / "setup.sh"), "--workdir", str(work), "--poll", "0.5", *extra,
-            "gpt.py", "--", *TINY, "--steps", str(steps), "--eval-every", str(steps)]
+    return [
+        "launch",
+        "--cloud",
+        "gcp",
+        "-a",
+        "v4-16",
+        "--name",
+        name,
+        "--backend",
+        "cpu",
+        "--python",
+        sys.executable,
+        "--setup-script",
+        str(work / "setup.sh"),
+        "--workdir",
+        str(work),
+        "--poll",
+        "0.5",
+        *extra,
+        "gpt.py",
+        "--",
+        *TINY,
+        "--steps",
+        str(steps),
+        "--eval-every",
+        str(steps),
+    ]
 
 
 def status(aios_cli, env) -> list[dict]:
@@ -51,7 +91,9 @@ def status(aios_cli, env) -> list[dict]:
     return json.loads(r.stdout)
 
 
-def test_gcp_launch_on_two_host_slice_then_stop_start_down(tmp_path, sshd_hosts, fake_tpu, gcp_env, aios_cli):
+def test_gcp_launch_on_two_host_slice_then_stop_start_down(
+    tmp_path, sshd_hosts, fake_tpu, gcp_env, aios_cli
+):
     work = make_project(tmp_path)
     env = gcp_env(tmp_path, fake_tpu)
     r = aios_cli(env, *launch_args(work, "slice", 10))
@@ -64,16 +106,27 @@ def test_gcp_launch_on_two_host_slice_then_stop_start_down(tmp_path, sshd_hosts,
     # code sync honoured .gitignore and never shipped data/
     for h in (h0, h1):
         code = h.home / "aios" / "slice" / "code"
-        assert sorted(p.name for p in code.iterdir() if p.name not in ("checkpoints", "runs")) == [".aios-site", ".gitignore", "corpus.txt", "gpt.py", "setup.sh"]
+        assert sorted(p.name for p in code.iterdir() if p.name not in ("checkpoints", "runs")) == [
+            ".aios-site",
+            ".gitignore",
+            "corpus.txt",
+            "gpt.py",
+            "setup.sh",
+        ]
         # aios itself travels with the code: core and the plugins the job needs, with entry points
         site = sorted(p.name for p in (code / ".aios-site").iterdir())
         assert "aios" in site and "aios_cloud_gcp" in site and "aios_cloud_aws" not in site
         assert "aios_backend_xla" not in site  # this job runs the cpu backend
-        assert (code / ".aios-site" / "aios_core-0.1.0.dist-info" / "entry_points.txt").read_text().count("aios-core = aios.builtin") == 1
+        assert (
+            code / ".aios-site" / "aios_core-0.1.0.dist-info" / "entry_points.txt"
+        ).read_text().count("aios-core = aios.builtin") == 1
         assert (h.home / "setup.log").read_text().count("setup-ran-on-") == 1
     # the node was created through the API with aios's labels and key, on the v4 runtime
     node = fake_tpu.node("slice").body
-    assert node["runtimeVersion"] == "tpu-ubuntu2204-base" and node["labels"]["aios-cluster"] == "slice"
+    assert (
+        node["runtimeVersion"] == "tpu-ubuntu2204-base"
+        and node["labels"]["aios-cluster"] == "slice"
+    )
     assert node["metadata"]["ssh-keys"].startswith("root:ssh-ed25519 ")
     st = status(aios_cli, env)
     assert st[0]["jobs"][0]["state"] == "SUCCEEDED" and st[0]["jobs"][0]["exit_codes"] == [0, 0]
@@ -108,38 +161,98 @@ def test_gcp_launch_on_two_host_slice_then_stop_start_down(tmp_path, sshd_hosts,
     # launching again on the existing cluster reuses it; setup already succeeded there (disks
     # survive stop/start), so it is not re-run
     (work / "again.py").write_text("print('again', flush=True)\n")
-    r = aios_cli(env, "launch", "--name", "slice", "--backend", "cpu", "--python", sys.executable, "--setup-script",
-                 str(work / "setup.sh"), "--workdir", str(work), "--poll", "0.3", "again.py")
+    r = aios_cli(
+        env,
+        "launch",
+        "--name",
+        "slice",
+        "--backend",
+        "cpu",
+        "--python",
+        sys.executable,
+        "--setup-script",
+        str(work / "setup.sh"),
+        "--workdir",
+        str(work),
+        "--poll",
+        "0.3",
+        "again.py",
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "reusing cluster slice" in r.stderr and r.stdout.count("[aios] setup already done") == 2
     assert (h0.home / "setup.log").read_text().count("setup-ran-on-") == 1
-    assert fake_tpu.count("POST", "/nodes") - fake_tpu.count("POST", ":st") == 1  # one create in all
+    assert (
+        fake_tpu.count("POST", "/nodes") - fake_tpu.count("POST", ":st") == 1
+    )  # one create in all
 
     r = aios_cli(env, "down", "slice")
     assert r.returncode == 0, r.stderr
     assert fake_tpu.nodes == {} and status(aios_cli, env) == []
 
 
-def test_gcp_unmanaged_spot_preemption_fails_the_job_with_a_hint(tmp_path, sshd_hosts, fake_tpu, gcp_env, aios_cli, wait_for):
+def test_gcp_unmanaged_spot_preemption_fails_the_job_with_a_hint(
+    tmp_path, sshd_hosts, fake_tpu, gcp_env, aios_cli, wait_for
+):
     work = make_project(tmp_path)
     (work / "sleepy.py").write_text("import time\nprint('working', flush=True)\ntime.sleep(300)\n")
     env = gcp_env(tmp_path, fake_tpu)
-    r = aios_cli(env, "launch", "--cloud", "gcp", "-a", "v4-16", "--name", "bare", "--spot", "--backend", "cpu", "--python",
-                 sys.executable, "--no-setup", "--workdir", str(work), "--poll", "0.5", "--detach", "sleepy.py")
+    r = aios_cli(
+        env,
+        "launch",
+        "--cloud",
+        "gcp",
+        "-a",
+        "v4-16",
+        "--name",
+        "bare",
+        "--spot",
+        "--backend",
+        "cpu",
+        "--python",
+        sys.executable,
+        "--no-setup",
+        "--workdir",
+        str(work),
+        "--poll",
+        "0.5",
+        "--detach",
+        "sleepy.py",
+    )
     assert r.returncode == 0, r.stderr
     log = sshd_hosts.hosts[1].home / "aios" / "bare" / "jobs" / "1" / "worker.log"
-    wait_for(lambda: log.exists() and "working" in log.read_text(), 60, "the job's output while it runs")
-    follow = subprocess.Popen([sys.executable, "-m", "aios.cli.main", "logs", "bare", "-f"], env=env, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_for(
+        lambda: log.exists() and "working" in log.read_text(), 60, "the job's output while it runs"
+    )
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "aios.cli.main", "logs", "bare", "-f"],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     seen: list[str] = []
     reader = threading.Thread(target=lambda: seen.extend(follow.stdout), daemon=True)
     reader.start()
     h0, h1 = sshd_hosts.hosts
-    wait_for(lambda: all(any(ln.startswith(f"(worker {h.worker_id}, {h.ip}) ") and "working" in ln for ln in seen) for h in (h0, h1)), 60,
-             "`aios logs -f` to show both workers")
+    wait_for(
+        lambda: all(
+            any(
+                ln.startswith(f"(worker {h.worker_id}, {h.ip}) ") and "working" in ln for ln in seen
+            )
+            for h in (h0, h1)
+        ),
+        60,
+        "`aios logs -f` to show both workers",
+    )
     assert status(aios_cli, env)[0]["jobs"][0]["state"] == "RUNNING"
     fake_tpu.preempt("bare")
-    job = wait_for(lambda: (lambda j: j if j["state"] != "RUNNING" else None)(status(aios_cli, env)[0]["jobs"][0]), 120, "the job to end")
+    job = wait_for(
+        lambda: (lambda j: j if j["state"] != "RUNNING" else None)(
+            status(aios_cli, env)[0]["jobs"][0]
+        ),
+        120,
+        "the job to end",
+    )
     assert job["state"] == "FAILED" and job["restarts"] == 0
     assert follow.wait(timeout=60) == 0  # `aios logs -f` returns when the job ends
     st = status(aios_cli, env)[0]
@@ -157,25 +270,65 @@ def _final_val_loss(text: str) -> float:
     return float(found[-1])
 
 
-def test_gcp_managed_spot_recovers_from_preemption_with_the_same_loss(tmp_path, sshd_hosts, fake_tpu, gcs, gcs_fs, gcp_env, aios_cli, wait_for):
+def test_gcp_managed_spot_recovers_from_preemption_with_the_same_loss(
+    tmp_path, sshd_hosts, fake_tpu, gcs, gcs_fs, gcp_env, aios_cli, wait_for
+):
     steps = 200  # long enough that the preemption lands mid-run on an idle machine
     work = make_project(tmp_path)
     # the uninterrupted reference: the same script, 2 processes, locally
     ref_env = {k: v for k, v in gcp_env(tmp_path, fake_tpu).items()}
-    ref = subprocess.run([sys.executable, "-m", "aios.cli.run", "--backend", "cpu", "--nprocs", "2",
-                          f"checkpoint.dir={tmp_path / 'ref-ckpt'}", "gpt.py", *TINY, "--steps", str(steps), "--eval-every", str(steps)],
-                         cwd=work, env=ref_env, text=True, capture_output=True, timeout=300)
+    ref = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "aios.cli.run",
+            "--backend",
+            "cpu",
+            "--nprocs",
+            "2",
+            f"checkpoint.dir={tmp_path / 'ref-ckpt'}",
+            "gpt.py",
+            *TINY,
+            "--steps",
+            str(steps),
+            "--eval-every",
+            str(steps),
+        ],
+        cwd=work,
+        env=ref_env,
+        text=True,
+        capture_output=True,
+        timeout=300,
+    )
     assert ref.returncode == 0, ref.stdout[-2000:] + ref.stderr[-2000:]
     reference = _final_val_loss(ref.stdout + ref.stderr)
 
     gcs_fs.mkdir("aios-ckpt")
     env = gcp_env(tmp_path, fake_tpu)
-    r = aios_cli(env, *launch_args(work, "spot", steps, "--spot", "--max-restarts", "2", "--checkpoint-dir", "gs://aios-ckpt/gpt",
-                                   "--env", f"STORAGE_EMULATOR_HOST={gcs}", "--env", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false",
-                                   "--env", "AIOS_CHECKPOINT__EVERY=5",
-                                   # the reference ran 2 processes on one 2-core machine (1 thread
-                                   # each); the same thread count keeps the float sums identical
-                                   "--env", "OMP_NUM_THREADS=1", "--detach"))
+    r = aios_cli(
+        env,
+        *launch_args(
+            work,
+            "spot",
+            steps,
+            "--spot",
+            "--max-restarts",
+            "2",
+            "--checkpoint-dir",
+            "gs://aios-ckpt/gpt",
+            "--env",
+            f"STORAGE_EMULATOR_HOST={gcs}",
+            "--env",
+            "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false",
+            "--env",
+            "AIOS_CHECKPOINT__EVERY=5",
+            # the reference ran 2 processes on one 2-core machine (1 thread
+            # each); the same thread count keeps the float sums identical
+            "--env",
+            "OMP_NUM_THREADS=1",
+            "--detach",
+        ),
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert fake_tpu.node("spot").body["schedulingConfig"]["spot"] is True
 
@@ -198,8 +351,10 @@ def test_gcp_managed_spot_recovers_from_preemption_with_the_same_loss(tmp_path, 
 
     job = wait_for(final, 420, "the managed job to finish", interval=2)
     st = status(aios_cli, env)[0]
-    watcher_log = (Path(env["AIOS_HOME"]) / "clusters" / "spot" / "watcher-1.log")
-    assert job["state"] == "SUCCEEDED", watcher_log.read_text()[-4000:] if watcher_log.exists() else st
+    watcher_log = Path(env["AIOS_HOME"]) / "clusters" / "spot" / "watcher-1.log"
+    assert job["state"] == "SUCCEEDED", (
+        watcher_log.read_text()[-4000:] if watcher_log.exists() else st
+    )
     assert job["restarts"] == 1
     kinds = [e["kind"] for e in st["recoveries"]]
     assert "preempted" in kinds and "recovered" in kinds
@@ -218,12 +373,35 @@ def test_gcp_managed_spot_recovers_from_preemption_with_the_same_loss(tmp_path, 
 
 
 @pytest.mark.parametrize("sticky", [False, True], ids=["stop-start-heals", "recreate"])
-def test_gcp_unhealthy_node_is_repaired(tmp_path, sshd_hosts, fake_tpu, gcs, gcs_fs, gcp_env, aios_cli, wait_for, sticky):
+def test_gcp_unhealthy_node_is_repaired(
+    tmp_path, sshd_hosts, fake_tpu, gcs, gcs_fs, gcp_env, aios_cli, wait_for, sticky
+):
     work = make_project(tmp_path)
-    (work / "sleepy.py").write_text("import time\nprint('working', flush=True)\ntime.sleep(6)\nprint('finished', flush=True)\n")
+    (work / "sleepy.py").write_text(
+        "import time\nprint('working', flush=True)\ntime.sleep(6)\nprint('finished', flush=True)\n"
+    )
     env = gcp_env(tmp_path, fake_tpu)
-    base = ["launch", "--cloud", "gcp", "-a", "v4-16", "--name", "sick", "--backend", "cpu", "--python", sys.executable,
-            "--no-setup", "--workdir", str(work), "--poll", "0.5", "--max-restarts", "1", "--detach"]
+    base = [
+        "launch",
+        "--cloud",
+        "gcp",
+        "-a",
+        "v4-16",
+        "--name",
+        "sick",
+        "--backend",
+        "cpu",
+        "--python",
+        sys.executable,
+        "--no-setup",
+        "--workdir",
+        str(work),
+        "--poll",
+        "0.5",
+        "--max-restarts",
+        "1",
+        "--detach",
+    ]
     # the checkpoint bucket must exist: one line, exit 2, nothing created
     r = aios_cli(env, *base, "--checkpoint-dir", "gs://no-such-bucket/x", "sleepy.py")
     assert r.returncode == 2 and "bucket gs://no-such-bucket not found" in r.stderr, r.stderr
@@ -245,7 +423,7 @@ def test_gcp_unhealthy_node_is_repaired(tmp_path, sshd_hosts, fake_tpu, gcs, gcs
     recovered = [e["message"] for e in st["recoveries"] if e["kind"] == "recovered"]
     assert any("UNHEALTHY_TENSORFLOW" in m for m in recovered), st["recoveries"]
     assert fake_tpu.count("POST", ":stop") == 1 and fake_tpu.count("POST", ":start") == 1
-    creates = fake_tpu.count("POST", "/nodes")  - fake_tpu.count("POST", ":st")
+    creates = fake_tpu.count("POST", "/nodes") - fake_tpu.count("POST", ":st")
     if sticky:  # stop/start did not heal it: deleted and recreated
         assert creates == 2 and any("recreated" in m for m in recovered)
     else:
@@ -253,23 +431,50 @@ def test_gcp_unhealthy_node_is_repaired(tmp_path, sshd_hosts, fake_tpu, gcs, gcs
     assert aios_cli(env, "down", "sick").returncode == 0 and fake_tpu.nodes == {}
 
 
-def test_gcp_sync_between_a_bucket_and_the_slice_runs_on_the_hosts(tmp_path, sshd_hosts, fake_tpu, gcs, gcs_fs, gcp_env, aios_cli):
+def test_gcp_sync_between_a_bucket_and_the_slice_runs_on_the_hosts(
+    tmp_path, sshd_hosts, fake_tpu, gcs, gcs_fs, gcp_env, aios_cli
+):
     work = tmp_path / "proj"
     work.mkdir()
     (work / "hello.py").write_text("print('hello', flush=True)\n")
     env = gcp_env(tmp_path, fake_tpu)
     # a first job ships aios and the code to the hosts
-    r = aios_cli(env, "launch", "--cloud", "gcp", "-a", "v4-16", "--name", "bk", "--backend", "cpu", "--python", sys.executable,
-                 "--no-setup", "--workdir", str(work), "--poll", "0.3", "hello.py")
+    r = aios_cli(
+        env,
+        "launch",
+        "--cloud",
+        "gcp",
+        "-a",
+        "v4-16",
+        "--name",
+        "bk",
+        "--backend",
+        "cpu",
+        "--python",
+        sys.executable,
+        "--no-setup",
+        "--workdir",
+        str(work),
+        "--poll",
+        "0.3",
+        "hello.py",
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     gcs_fs.mkdir("aios-data")
     gcs_fs.pipe({"aios-data/set/a.txt": b"alpha", "aios-data/set/sub/b.txt": b"beta" * 1000})
-    emu = ["--env", f"STORAGE_EMULATOR_HOST={gcs}", "--env", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false"]
+    emu = [
+        "--env",
+        f"STORAGE_EMULATOR_HOST={gcs}",
+        "--env",
+        "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false",
+    ]
     # dry run: the per-worker command, nothing copied, no env value on the command line
     r = aios_cli(env, "sync", "gs://aios-data/set", "bk:data", *emu, "--dry-run")
     assert r.returncode == 0, r.stderr
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("(worker ")]
-    assert len(lines) == 2 and all("-m aios.cloud.transfer gs://aios-data/set data" in ln for ln in lines)
+    assert len(lines) == 2 and all(
+        "-m aios.cloud.transfer gs://aios-data/set data" in ln for ln in lines
+    )
     assert gcs not in r.stdout
     assert not (sshd_hosts.hosts[0].home / "aios" / "bk" / "code" / "data").exists()
     # bucket -> every host (copied by the hosts themselves)
@@ -277,9 +482,13 @@ def test_gcp_sync_between_a_bucket_and_the_slice_runs_on_the_hosts(tmp_path, ssh
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     for h in sshd_hosts.hosts:
         d = h.home / "aios" / "bk" / "code" / "data"
-        assert (d / "a.txt").read_bytes() == b"alpha" and (d / "sub" / "b.txt").read_bytes() == b"beta" * 1000
+        assert (d / "a.txt").read_bytes() == b"alpha" and (
+            d / "sub" / "b.txt"
+        ).read_bytes() == b"beta" * 1000
     # one host -> bucket
-    r = aios_cli(env, "exec", "bk", "-w", "1", "mkdir -p out && echo from-worker-1 > out/result.txt")
+    r = aios_cli(
+        env, "exec", "bk", "-w", "1", "mkdir -p out && echo from-worker-1 > out/result.txt"
+    )
     assert r.returncode == 0, r.stderr
     r = aios_cli(env, "sync", "bk:out", "gs://aios-data/results", "-w", "1", *emu)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
@@ -287,5 +496,9 @@ def test_gcp_sync_between_a_bucket_and_the_slice_runs_on_the_hosts(tmp_path, ssh
     assert gcs_fs.cat("aios-data/results/result.txt") == b"from-worker-1\n"
     # a missing object: one line, exit 2
     r = aios_cli(env, "sync", "gs://aios-data/nothing-here", "bk:x", *emu)
-    assert r.returncode == 2 and "nothing-here does not exist" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert (
+        r.returncode == 2
+        and "nothing-here does not exist" in r.stderr
+        and r.stderr.count("\n") == 1
+    ), r.stderr
     assert aios_cli(env, "down", "bk").returncode == 0

@@ -25,6 +25,13 @@ def test_gcp_plugin_import_and_dry_run_stay_light(tmp_path):
         assert not heavy, heavy
         print("light")
     """)
-    env = {**os.environ, "AIOS_HOME": str(tmp_path / "home"), "AIOS_GCP__PROJECT": "p", "AIOS_PLUGINS": "aios-cloud-gcp,aios-backend-xla"}
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    env = {
+        **os.environ,
+        "AIOS_HOME": str(tmp_path / "home"),
+        "AIOS_GCP__PROJECT": "p",
+        "AIOS_PLUGINS": "aios-cloud-gcp,aios-backend-xla",
+    }
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0 and r.stdout.strip().endswith("light"), r.stdout + r.stderr

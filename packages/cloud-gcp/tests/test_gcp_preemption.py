@@ -6,7 +6,6 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-
 from aios_cloud_gcp.preemption import GcePreemptionWatcher
 
 
@@ -18,7 +17,7 @@ def metadata():
         def log_message(self, *a):
             pass
 
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             state["headers"].append(self.headers.get("Metadata-Flavor"))
             state["paths"].append(self.path)
             if not self.path.startswith("/computeMetadata/v1/instance/preempted"):
@@ -54,7 +53,9 @@ def test_gcp_watcher_notifies_once_on_preemption(metadata):
     assert fired.wait(10)
     w.stop()
     assert got == ["GCE preemption notice (metadata instance/preempted=TRUE)"]
-    assert set(metadata["headers"]) == {"Google"} and any("wait_for_change=true" in p for p in metadata["paths"])
+    assert set(metadata["headers"]) == {"Google"} and any(
+        "wait_for_change=true" in p for p in metadata["paths"]
+    )
 
 
 def test_gcp_watcher_registered_only_on_gce(metadata, monkeypatch):

@@ -5,9 +5,14 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from aios.cloud.failover import create_with_failover
-from aios.cloud.provider import CapacityError, CloudError, ClusterRequest, CredentialsError, QuotaError
+from aios.cloud.provider import (
+    CapacityError,
+    CloudError,
+    ClusterRequest,
+    CredentialsError,
+    QuotaError,
+)
 from aios_cloud_gcp.provider import GcpProvider, TransientCloudError
 from aios_cloud_gcp.settings import GcpSettings
 
@@ -21,8 +26,13 @@ class _Cfg:
 
 
 def provider(svc, **kw) -> GcpProvider:
-    s = dict(project="aios-test", endpoint=svc.url, credentials="anonymous", poll_interval=0.02,
-             zones={"v4": ["us-central2-b", "us-central2-c"], "v5e": ["us-west4-a", "us-central1-a"]})
+    s = dict(
+        project="aios-test",
+        endpoint=svc.url,
+        credentials="anonymous",
+        poll_interval=0.02,
+        zones={"v4": ["us-central2-b", "us-central2-c"], "v5e": ["us-west4-a", "us-central1-a"]},
+    )
     s.update(kw)
     return GcpProvider(_Cfg(GcpSettings(**s)))
 
@@ -33,10 +43,16 @@ def req(p: GcpProvider, **kw) -> ClusterRequest:
     return p.validate(ClusterRequest(**base))
 
 
-@pytest.mark.parametrize("acc,runtime,hosts", [
-    ("v6e-4", "v2-alpha-tpuv6e", 1), ("v5litepod-8", "v2-alpha-tpuv5-lite", 1),
-    ("v5p-8", "v2-alpha-tpuv5", 1), ("v4-16", "tpu-ubuntu2204-base", 2), ("v5litepod-16", "v2-alpha-tpuv5-lite", 4),
-])
+@pytest.mark.parametrize(
+    "acc,runtime,hosts",
+    [
+        ("v6e-4", "v2-alpha-tpuv6e", 1),
+        ("v5litepod-8", "v2-alpha-tpuv5-lite", 1),
+        ("v5p-8", "v2-alpha-tpuv5", 1),
+        ("v4-16", "tpu-ubuntu2204-base", 2),
+        ("v5litepod-16", "v2-alpha-tpuv5-lite", 4),
+    ],
+)
 def test_gcp_runtime_version_per_generation_reaches_the_api(bare_tpu, acc, runtime, hosts):
     p = provider(bare_tpu)
     r = req(p, accelerator=acc, zone=None)
@@ -94,7 +110,9 @@ def test_gcp_failover_moves_zone_and_cleans_up(bare_tpu):
     bare_tpu.inject_stockout("us-central2-b")
     logs: list[str] = []
     sleeps: list[float] = []
-    res = create_with_failover(p, req(p), ["us-central2-b", "us-central2-c"], log=logs.append, sleep=sleeps.append)
+    res = create_with_failover(
+        p, req(p), ["us-central2-b", "us-central2-c"], log=logs.append, sleep=sleeps.append
+    )
     assert res.zone == "us-central2-c" and [a.kind for a in res.attempts] == ["stockout"]
     assert len(sleeps) == 1 and sleeps[0] > 0  # backoff before the next zone
     # the stocked-out zone's leftover node was deleted; only the good one exists
@@ -117,7 +135,15 @@ def test_gcp_failover_moves_zone_and_cleans_up(bare_tpu):
 def test_gcp_queued_resource_waits_for_capacity_within_its_window(bare_tpu):
     p = provider(bare_tpu)
     bare_tpu.inject_stockout("us-west4-a", 3)  # the queue waits these out instead of failing
-    r = req(p, name="q1", accelerator="v5litepod-8", queued=True, spot=True, valid_until="+1h", valid_after="+0s")
+    r = req(
+        p,
+        name="q1",
+        accelerator="v5litepod-8",
+        queued=True,
+        spot=True,
+        valid_until="+1h",
+        valid_after="+0s",
+    )
     info = p.create(r)
     qr = bare_tpu.queued["projects/aios-test/locations/us-west4-a/queuedResources/q1"]["body"]
     # after and until together are one interval (they share a oneof in the API)
@@ -146,7 +172,9 @@ def test_gcp_bad_requests_are_one_line_errors(bare_tpu, monkeypatch):
     with pytest.raises(CloudError, match="multislice"):
         p.validate(ClusterRequest(name="x", accelerator="v4-16", nodes=2))
     with pytest.raises(CloudError, match="valid-until"):
-        p.validate(ClusterRequest(name="x", accelerator="v4-16", queued=True, valid_until="tomorrow"))
+        p.validate(
+            ClusterRequest(name="x", accelerator="v4-16", queued=True, valid_until="tomorrow")
+        )
     for var in ("GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("PATH", "/nonexistent")  # no gcloud to ask
@@ -166,8 +194,16 @@ def test_gcp_dry_run_rendering(bare_tpu):
     p = provider(bare_tpu)
     r = req(p, spot=True)
     line = p.render_create(r)[0].shell()
-    assert line.startswith("gcloud compute tpus tpu-vm create c1 --project=aios-test --zone=us-central2-b --accelerator-type=v4-16 --version=tpu-ubuntu2204-base --spot")
+    assert line.startswith(
+        "gcloud compute tpus tpu-vm create c1 --project=aios-test --zone=us-central2-b --accelerator-type=v4-16 --version=tpu-ubuntu2204-base --spot"
+    )
     q = req(p, queued=True, valid_until="+6h")
-    assert "queued-resources create c1 --node-id=c1" in p.render_create(q)[0].shell() and "--valid-until-duration=21600s" in p.render_create(q)[0].shell()
-    assert [c.shell().split()[3:5] for c in p.render("delete", "c1", "us-central2-b")] == [["queued-resources", "delete"], ["tpu-vm", "delete"]]
+    assert (
+        "queued-resources create c1 --node-id=c1" in p.render_create(q)[0].shell()
+        and "--valid-until-duration=21600s" in p.render_create(q)[0].shell()
+    )
+    assert [c.shell().split()[3:5] for c in p.render("delete", "c1", "us-central2-b")] == [
+        ["queued-resources", "delete"],
+        ["tpu-vm", "delete"],
+    ]
     assert bare_tpu.calls == []

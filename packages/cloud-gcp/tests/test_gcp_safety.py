@@ -39,8 +39,13 @@ class _Cfg:
 
 
 def provider(svc, **kw) -> GcpProvider:
-    s = dict(project="aios-test", endpoint=svc.url, credentials="anonymous", poll_interval=0.02,
-             zones={"v6e": V6E, "v5e": ["us-west4-a", "us-central1-a"]})
+    s = dict(
+        project="aios-test",
+        endpoint=svc.url,
+        credentials="anonymous",
+        poll_interval=0.02,
+        zones={"v6e": V6E, "v5e": ["us-west4-a", "us-central1-a"]},
+    )
     s.update(kw)
     return GcpProvider(_Cfg(GcpSettings(**s)))
 
@@ -62,13 +67,25 @@ def test_failover_moves_past_every_zone_error_skypilot_fails_over_on():
     with FakeTpuService(project="aios-test", offered=offered) as svc:
         p = provider(svc)
         svc.inject_stockout("us-east5-b")
-        svc.inject_create_error("us-east1-d", 3, "The TPU node was PREEMPTED during creation. Retry the request.")
-        svc.inject_create_error("us-central1-b", 9, "Insufficient reserved capacity. Contact customer support to increase your reservation.")
+        svc.inject_create_error(
+            "us-east1-d", 3, "The TPU node was PREEMPTED during creation. Retry the request."
+        )
+        svc.inject_create_error(
+            "us-central1-b",
+            9,
+            "Insufficient reserved capacity. Contact customer support to increase your reservation.",
+        )
         res = create_with_failover(p, req(p), V6E, sleep=lambda s: None)
         assert res.zone == "europe-west4-a"
         assert [(a.zone, a.kind) for a in res.attempts] == [
-            ("us-east5-b", "stockout"), ("us-central2-b", "unavailable"), ("us-east1-d", "stockout"), ("us-central1-b", "stockout")]
-        assert [n.zone for n in svc.nodes.values()] == ["europe-west4-a"]  # every failed zone cleaned up
+            ("us-east5-b", "stockout"),
+            ("us-central2-b", "unavailable"),
+            ("us-east1-d", "stockout"),
+            ("us-central1-b", "stockout"),
+        ]
+        assert [n.zone for n in svc.nodes.values()] == [
+            "europe-west4-a"
+        ]  # every failed zone cleaned up
         p.delete("c1", "europe-west4-a")
         # a type no zone offers: one line saying so, nothing left behind
         with pytest.raises(NotOfferedError, match="no zone tried offers v6e-8"):
@@ -95,10 +112,24 @@ def test_printed_gcloud_command_is_what_is_sent(queued):
     body the service received, including network, subnetwork, service account, labels, ssh
     keys and internal IPs (queued resources too)."""
     with FakeTpuService(project="aios-test", queue_delay=0.0) as svc:
-        p = provider(svc, network="vpc-a", subnetwork="sub-a", service_account="tpu@aios-test.iam.gserviceaccount.com",
-                     use_internal_ip=True)
-        r = req(p, accelerator="v5litepod-8", zone="us-west4-a", spot=True, queued=queued, valid_until="+2h" if queued else None,
-                ssh_user="aios", ssh_public_key="ssh-ed25519 AAAAC3Nza test@aios", labels={"aios-cluster": "c1", "team": "ml"})
+        p = provider(
+            svc,
+            network="vpc-a",
+            subnetwork="sub-a",
+            service_account="tpu@aios-test.iam.gserviceaccount.com",
+            use_internal_ip=True,
+        )
+        r = req(
+            p,
+            accelerator="v5litepod-8",
+            zone="us-west4-a",
+            spot=True,
+            queued=queued,
+            valid_until="+2h" if queued else None,
+            ssh_user="aios",
+            ssh_public_key="ssh-ed25519 AAAAC3Nza test@aios",
+            labels={"aios-cluster": "c1", "team": "ml"},
+        )
         printed = p.render_create(r)[0].shell()
         p.create(r)
         path, body = svc.received[-1]
@@ -107,23 +138,56 @@ def test_printed_gcloud_command_is_what_is_sent(queued):
         assert f["accelerator-type"] == node["acceleratorType"]
         assert f["runtime-version" if queued else "version"] == node["runtimeVersion"]
         assert _labels(f["labels"]) == node["labels"] == {"aios-cluster": "c1", "team": "ml"}
-        assert f["metadata"] == "ssh-keys=" + node["metadata"]["ssh-keys"] == "ssh-keys=aios:ssh-ed25519 AAAAC3Nza test@aios"
+        assert (
+            f["metadata"]
+            == "ssh-keys=" + node["metadata"]["ssh-keys"]
+            == "ssh-keys=aios:ssh-ed25519 AAAAC3Nza test@aios"
+        )
         assert f["network"] == node["networkConfig"]["network"] == "vpc-a"
         assert f["subnetwork"] == node["networkConfig"]["subnetwork"] == "sub-a"
         assert f["service-account"] == node["serviceAccount"]["email"]
         assert f["scopes"].split(",") == node["serviceAccount"]["scope"]
         assert "internal-ips" in f and not node["networkConfig"].get("enableExternalIps", False)
-        assert "spot" in f and ("spot" in body if queued else node["schedulingConfig"]["spot"] is True)
-        assert f["zone"] == "us-west4-a" and f["project"] == "aios-test" and path.startswith("projects/aios-test/locations/us-west4-a/")
+        assert "spot" in f and (
+            "spot" in body if queued else node["schedulingConfig"]["spot"] is True
+        )
+        assert (
+            f["zone"] == "us-west4-a"
+            and f["project"] == "aios-test"
+            and path.startswith("projects/aios-test/locations/us-west4-a/")
+        )
         if queued:
-            assert f["valid-until-duration"] == body["queueingPolicy"]["validUntilDuration"] == "7200s"
+            assert (
+                f["valid-until-duration"] == body["queueingPolicy"]["validUntilDuration"] == "7200s"
+            )
             assert f["node-id"] == "c1"
         # nothing printed that was not sent, nothing sent that was not printed
-        known = {"project", "zone", "accelerator-type", "version", "runtime-version", "spot", "labels", "metadata", "network",
-                 "subnetwork", "service-account", "scopes", "internal-ips", "node-id", "valid-until-duration"}
+        known = {
+            "project",
+            "zone",
+            "accelerator-type",
+            "version",
+            "runtime-version",
+            "spot",
+            "labels",
+            "metadata",
+            "network",
+            "subnetwork",
+            "service-account",
+            "scopes",
+            "internal-ips",
+            "node-id",
+            "valid-until-duration",
+        }
         assert set(f) <= known
         sent_node_keys = set(node) - {"acceleratorType", "runtimeVersion"}
-        assert sent_node_keys == {"labels", "metadata", "networkConfig", "serviceAccount", *(() if queued else ("schedulingConfig",))}
+        assert sent_node_keys == {
+            "labels",
+            "metadata",
+            "networkConfig",
+            "serviceAccount",
+            *(() if queued else ("schedulingConfig",)),
+        }
         p.delete("c1", "us-west4-a")
 
 
@@ -144,7 +208,11 @@ def test_spot_tpus_are_never_stopped_and_maintenance_is_waited_out():
             p.client().stop_node(request={"name": p._node_name("c1", r.zone)}).result()
         svc.maintenance("c1", 0.5)
         d = p.describe("c1", r.zone)
-        assert d.health == MAINTENANCE and not d.unhealthy and d.health_detail == "UNHEALTHY_MAINTENANCE"
+        assert (
+            d.health == MAINTENANCE
+            and not d.unhealthy
+            and d.health_detail == "UNHEALTHY_MAINTENANCE"
+        )
         time.sleep(0.6)
         assert p.describe("c1", r.zone).health == "HEALTHY"
         p.delete("c1", r.zone)
@@ -154,7 +222,14 @@ def test_queued_resource_waits_until_valid_until_and_survives_transient_errors()
     # create_timeout (for nodes) is far shorter than the queue window: the queue must win
     with FakeTpuService(project="aios-test", queue_delay=1.5) as svc:
         p = provider(svc, create_timeout=0.3, queue_grace=0.0)
-        r = req(p, name="q1", accelerator="v5litepod-8", zone="us-west4-a", queued=True, valid_until="+20s")
+        r = req(
+            p,
+            name="q1",
+            accelerator="v5litepod-8",
+            zone="us-west4-a",
+            queued=True,
+            valid_until="+20s",
+        )
 
         def flaky() -> None:  # once the queued resource exists, the API hiccups 3 times
             while not svc.queued:
@@ -177,7 +252,11 @@ def test_region_picks_and_bounds_the_zones():
         r = p.validate(ClusterRequest(name="x", accelerator="v6e-8", region="europe-west4"))
         assert r.zone == "europe-west4-a" and zone_order(p, r, pinned=False) == ["europe-west4-a"]
         with pytest.raises(CloudError, match="zone 'us-east5-b' is not in region europe-west4"):
-            p.validate(ClusterRequest(name="x", accelerator="v6e-8", region="europe-west4", zone="us-east5-b"))
+            p.validate(
+                ClusterRequest(
+                    name="x", accelerator="v6e-8", region="europe-west4", zone="us-east5-b"
+                )
+            )
         with pytest.raises(CloudError, match="region asia-south1 offers no v6e-8"):
             p.validate(ClusterRequest(name="x", accelerator="v6e-8", region="asia-south1"))
         assert svc.calls == []
@@ -190,13 +269,37 @@ def _project(tmp_path: Path) -> Path:
     return work
 
 
-def test_ctrl_c_during_a_queued_wait_deletes_the_queued_resource(tmp_path, bare_tpu, gcp_env, wait_for):
+def test_ctrl_c_during_a_queued_wait_deletes_the_queued_resource(
+    tmp_path, bare_tpu, gcp_env, wait_for
+):
     work = _project(tmp_path)
     env = gcp_env(tmp_path, bare_tpu)
     bare_tpu.inject_stockout("us-west4-a", 10**6)  # the queue never gets capacity
-    p = subprocess.Popen([sys.executable, "-m", "aios.cli.main", "launch", "--cloud", "gcp", "-a", "v5litepod-8", "--queued",
-                          "--zone", "us-west4-a", "--no-failover", "--name", "qq", "--workdir", str(work), "train.py"],
-                         env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "aios.cli.main",
+            "launch",
+            "--cloud",
+            "gcp",
+            "-a",
+            "v5litepod-8",
+            "--queued",
+            "--zone",
+            "us-west4-a",
+            "--no-failover",
+            "--name",
+            "qq",
+            "--workdir",
+            str(work),
+            "train.py",
+        ],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         wait_for(lambda: bare_tpu.queued, 120, "the queued resource")
         time.sleep(0.5)
@@ -208,21 +311,34 @@ def test_ctrl_c_during_a_queued_wait_deletes_the_queued_resource(tmp_path, bare_
     assert p.returncode != 0
     assert bare_tpu.queued == {} and bare_tpu.nodes == {}, err
     assert "deleting what was started" in err
-    st = subprocess.run([sys.executable, "-m", "aios.cli.main", "status", "--json"], env=env, text=True, capture_output=True, timeout=120)
+    st = subprocess.run(
+        [sys.executable, "-m", "aios.cli.main", "status", "--json"],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=120,
+    )
     assert json.loads(st.stdout) == []
 
 
 def test_down_and_status_find_a_cluster_whose_record_is_gone(tmp_path, bare_tpu, gcp_env, aios_cli):
     env = gcp_env(tmp_path, bare_tpu)
     p = provider(bare_tpu)
-    p.create(req(p, name="lost", accelerator="v5litepod-8", zone="us-central1-a"))  # no local record
+    p.create(
+        req(p, name="lost", accelerator="v5litepod-8", zone="us-central1-a")
+    )  # no local record
     bare_tpu.inject_stockout("us-west4-a", 10**6)
     from google.cloud import tpu_v2
 
-    plan = p.plan_create(req(p, name="waiting", accelerator="v5litepod-8", zone="us-west4-a", queued=True))
+    plan = p.plan_create(
+        req(p, name="waiting", accelerator="v5litepod-8", zone="us-west4-a", queued=True)
+    )
     del plan.node["metadata"]
-    p.client().create_queued_resource(parent=plan.parent, queued_resource_id="waiting",
-                                      queued_resource=tpu_v2.QueuedResource.from_json(json.dumps(plan.body))).result()
+    p.client().create_queued_resource(
+        parent=plan.parent,
+        queued_resource_id="waiting",
+        queued_resource=tpu_v2.QueuedResource.from_json(json.dumps(plan.body)),
+    ).result()
     st = aios_cli(env, "status", "--refresh", "--json")
     assert st.returncode == 0, st.stderr
     rows = {r["name"]: r for r in json.loads(st.stdout)}
@@ -234,19 +350,32 @@ def test_down_and_status_find_a_cluster_whose_record_is_gone(tmp_path, bare_tpu,
         assert "no local record; found it on gcp" in d.stderr
     assert bare_tpu.nodes == {} and bare_tpu.queued == {}
     missing = aios_cli(env, "down", "never-was")
-    assert missing.returncode == 2 and "no cluster named 'never-was' here or in the cloud" in missing.stderr
+    assert (
+        missing.returncode == 2
+        and "no cluster named 'never-was' here or in the cloud" in missing.stderr
+    )
 
 
 @pytest.mark.parametrize("queued", [False, True])
 def test_reservation_reaches_the_api_as_printed(queued):
     with FakeTpuService(project="aios-test", queue_delay=0.0) as svc:
         p = provider(svc)
-        r = req(p, accelerator="v5litepod-8", zone="us-west4-a", queued=queued, extra={"reservation": "team-res"})
+        r = req(
+            p,
+            accelerator="v5litepod-8",
+            zone="us-west4-a",
+            queued=queued,
+            extra={"reservation": "team-res"},
+        )
         f = _flags(p.render_create(r)[0].shell())
         p.create(r)
         _path, body = svc.received[-1]
         if queued:
-            assert body["reservationName"] == f["reservation"] == "projects/aios-test/locations/us-west4-a/reservations/team-res"
+            assert (
+                body["reservationName"]
+                == f["reservation"]
+                == "projects/aios-test/locations/us-west4-a/reservations/team-res"
+            )
         else:
             assert "reserved" in f and body["schedulingConfig"] == {"reserved": True}
         p.delete("c1", "us-west4-a")
@@ -256,15 +385,28 @@ def test_reservation_reaches_the_api_as_printed(queued):
 
 def test_os_login_imports_the_key_and_logs_in_as_the_posix_user():
     with FakeTpuService(project="aios-test") as svc:
-        p = provider(svc, os_login=True, os_login_user="alice@example.com", os_login_endpoint=svc.url)
-        r = req(p, accelerator="v5litepod-8", zone="us-west4-a", ssh_user="aios", ssh_public_key="ssh-ed25519 AAAAC3Nza k@aios")
+        p = provider(
+            svc, os_login=True, os_login_user="alice@example.com", os_login_endpoint=svc.url
+        )
+        r = req(
+            p,
+            accelerator="v5litepod-8",
+            zone="us-west4-a",
+            ssh_user="aios",
+            ssh_public_key="ssh-ed25519 AAAAC3Nza k@aios",
+        )
         printed = [c.shell() for c in p.render_create(r)]
         assert printed[0].startswith("gcloud compute os-login ssh-keys add") and svc.calls == []
         r = p.prepare(r)
-        assert r.ssh_user == "alice_example_com" and svc.oslogin_keys == {"alice@example.com": ["ssh-ed25519 AAAAC3Nza k@aios"]}
+        assert r.ssh_user == "alice_example_com" and svc.oslogin_keys == {
+            "alice@example.com": ["ssh-ed25519 AAAAC3Nza k@aios"]
+        }
         p.create(r)
         _path, body = svc.received[-1]
-        assert body["metadata"] == {"enable-oslogin": "TRUE"} and _flags(printed[1])["metadata"] == "enable-oslogin=TRUE"
+        assert (
+            body["metadata"] == {"enable-oslogin": "TRUE"}
+            and _flags(printed[1])["metadata"] == "enable-oslogin=TRUE"
+        )
         p.delete("c1", "us-west4-a")
         with pytest.raises(CloudError, match="account is unknown"):
             provider(svc, os_login=True, os_login_endpoint=svc.url).prepare(r)
@@ -273,19 +415,69 @@ def test_os_login_imports_the_key_and_logs_in_as_the_posix_user():
 def test_no_aios_package_from_the_registry(tmp_path, bare_tpu, gcp_env, aios_cli):
     from aios.cloud.provider import registry_aios
 
-    assert all(registry_aios(r) for r in ("aios", "aios-core[aws]", "AIOS_Core>=0.1", "aios-cloud-gcp==0.1.0", "aios.core"))
-    assert not any(registry_aios(r) for r in ("aiosqlite", "aiohttp", "./packages/core", "/wheels/aios_core-0.1.0-py3-none-any.whl",
-                                               "aios-core @ file:///src/packages/core", "numpy"))
+    assert all(
+        registry_aios(r)
+        for r in ("aios", "aios-core[aws]", "AIOS_Core>=0.1", "aios-cloud-gcp==0.1.0", "aios.core")
+    )
+    assert not any(
+        registry_aios(r)
+        for r in (
+            "aiosqlite",
+            "aiohttp",
+            "./packages/core",
+            "/wheels/aios_core-0.1.0-py3-none-any.whl",
+            "aios-core @ file:///src/packages/core",
+            "numpy",
+        )
+    )
     work = _project(tmp_path)
     (work / "requirements.txt").write_text("numpy\naios-core[gcp]\n")
     env = gcp_env(tmp_path, bare_tpu)
-    r = aios_cli(env, "launch", "--cloud", "gcp", "-a", "v4-16", "--requirements", str(work / "requirements.txt"),
-                 "--workdir", str(work), "--dry-run", "train.py")
-    assert r.returncode == 2 and "belongs to an unrelated project" in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    r = aios_cli(env, "launch", "--cloud", "gcp", "-a", "v4-16", "--workdir", str(work), "--dry-run", "train.py")
+    r = aios_cli(
+        env,
+        "launch",
+        "--cloud",
+        "gcp",
+        "-a",
+        "v4-16",
+        "--requirements",
+        str(work / "requirements.txt"),
+        "--workdir",
+        str(work),
+        "--dry-run",
+        "train.py",
+    )
+    assert (
+        r.returncode == 2
+        and "belongs to an unrelated project" in r.stderr
+        and len(r.stderr.strip().splitlines()) == 1
+    )
+    r = aios_cli(
+        env,
+        "launch",
+        "--cloud",
+        "gcp",
+        "-a",
+        "v4-16",
+        "--workdir",
+        str(work),
+        "--dry-run",
+        "train.py",
+    )
     assert r.returncode == 0, r.stderr
     setup = [ln for ln in r.stdout.splitlines() if "pip install" in ln]
     assert setup and not any(registry_aios(tok) for ln in setup for tok in ln.split()), setup
     bad = gcp_env(tmp_path, bare_tpu, AIOS_GCP__AIOS_REQUIREMENTS='["aios-core[gcp]"]')
-    r = aios_cli(bad, "launch", "--cloud", "gcp", "-a", "v4-16", "--workdir", str(work), "--dry-run", "train.py")
+    r = aios_cli(
+        bad,
+        "launch",
+        "--cloud",
+        "gcp",
+        "-a",
+        "v4-16",
+        "--workdir",
+        str(work),
+        "--dry-run",
+        "train.py",
+    )
     assert r.returncode == 2 and "unrelated project" in r.stderr

@@ -15,12 +15,18 @@ import pytest
 
 @pytest.fixture
 def gcs_local(monkeypatch, tmp_path, free_port):
-    exe = shutil.which("gcp-storage-emulator") or str(Path(sys.executable).parent / "gcp-storage-emulator")
+    exe = shutil.which("gcp-storage-emulator") or str(
+        Path(sys.executable).parent / "gcp-storage-emulator"
+    )
     if not Path(exe).exists():
         pytest.skip("gcp-storage-emulator is not installed: pip install gcp-storage-emulator")
     port = free_port()
-    proc = subprocess.Popen([exe, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory", "-q"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [exe, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory", "-q"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 30
     while True:
         try:
@@ -77,23 +83,53 @@ def test_gcp_sync_local_bucket_local_with_progress(gcs_local, tmp_path):
     (src / "a.txt").write_text("alpha")
     (src / "sub" / "big.bin").write_bytes(os.urandom(9 * 2**20))  # over the progress-bar threshold
     env = {**os.environ, "AIOS_HOME": str(tmp_path / "home"), "AIOS_PLUGINS": "aios-cloud-gcp"}
-    r = subprocess.run([sys.executable, "-m", "aios.cli.main", "sync", str(src), "gs://aios-bucket/data"], env=env,
-                       text=True, capture_output=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "aios.cli.main", "sync", str(src), "gs://aios-bucket/data"],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
-    assert "copied 2 files" in r.stdout and "upload src" in r.stderr and "100%" in r.stderr  # the byte progress bar
+    assert (
+        "copied 2 files" in r.stdout and "upload src" in r.stderr and "100%" in r.stderr
+    )  # the byte progress bar
     fs.invalidate_cache()
     assert fs.cat("aios-bucket/data/a.txt") == b"alpha"
     back = tmp_path / "back"
-    r = subprocess.run([sys.executable, "-m", "aios.cli.main", "sync", "gs://aios-bucket/data", str(back)], env=env,
-                       text=True, capture_output=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "aios.cli.main", "sync", "gs://aios-bucket/data", str(back)],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert (back / "sub" / "big.bin").read_bytes() == (src / "sub" / "big.bin").read_bytes()
     assert (back / "a.txt").read_text() == "alpha"
-    r = subprocess.run([sys.executable, "-m", "aios.cli.main", "sync", "gs://aios-bucket/missing", str(back)], env=env,
-                       text=True, capture_output=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "aios.cli.main", "sync", "gs://aios-bucket/missing", str(back)],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "gs://aios-bucket/missing does not exist" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "aios.cli.main", "sync", "--dry-run", str(src), "gs://aios-bucket/x"], env=env,
-                       text=True, capture_output=True, timeout=60)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "aios.cli.main",
+            "sync",
+            "--dry-run",
+            str(src),
+            "gs://aios-bucket/x",
+        ],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=60,
+    )
     assert r.stdout.strip().startswith("gcloud storage cp -r")
     fs.invalidate_cache()
     assert not fs.exists("aios-bucket/x")

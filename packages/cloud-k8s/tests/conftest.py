@@ -20,15 +20,34 @@ def jobset_crd() -> dict:
 
 
 def _node(name: str, pool: str, labels: dict[str, str], alloc: dict[str, str]) -> dict:
-    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"cloud.google.com/gke-nodepool": pool, **labels}},
-            "status": {"allocatable": alloc}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"cloud.google.com/gke-nodepool": pool, **labels}},
+        "status": {"allocatable": alloc},
+    }
 
 
 TPU_NODES = [
-    *[_node(f"v5e-16-{i}", "tpu-v5e-16", {"cloud.google.com/gke-tpu-accelerator": "tpu-v5-lite-podslice",
-                                          "cloud.google.com/gke-tpu-topology": "4x4", "node.kubernetes.io/instance-type": "ct5lp-hightpu-4t"},
-            {"cpu": "112", "google.com/tpu": "4"}) for i in range(4)],
-    _node("cpu-0", "default-pool", {"node.kubernetes.io/instance-type": "e2-standard-8"}, {"cpu": "7910m"}),
+    *[
+        _node(
+            f"v5e-16-{i}",
+            "tpu-v5e-16",
+            {
+                "cloud.google.com/gke-tpu-accelerator": "tpu-v5-lite-podslice",
+                "cloud.google.com/gke-tpu-topology": "4x4",
+                "node.kubernetes.io/instance-type": "ct5lp-hightpu-4t",
+            },
+            {"cpu": "112", "google.com/tpu": "4"},
+        )
+        for i in range(4)
+    ],
+    _node(
+        "cpu-0",
+        "default-pool",
+        {"node.kubernetes.io/instance-type": "e2-standard-8"},
+        {"cpu": "7910m"},
+    ),
 ]
 
 
@@ -58,9 +77,18 @@ def project(tmp_path: Path) -> Path:
 def k8s_env(tmp_path: Path):
     def make(api: FakeKubeApi | None, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AIOS_", "KUBECONFIG"))}
-        env.update({"AIOS_HOME": str(tmp_path / "aios-home"), "AIOS_PLUGINS": "aios-cloud-k8s,aios-backend-xla",
-                    "AIOS_K8S__IMAGE": "registry.example/train:1", "AIOS_K8S__POLL_INTERVAL": "0.2", "COLUMNS": "200",
-                    "KUBECONFIG": str(api.kubeconfig(tmp_path / "kubeconfig")) if api else str(tmp_path / "no-such-kubeconfig")})
+        env.update(
+            {
+                "AIOS_HOME": str(tmp_path / "aios-home"),
+                "AIOS_PLUGINS": "aios-cloud-k8s,aios-backend-xla",
+                "AIOS_K8S__IMAGE": "registry.example/train:1",
+                "AIOS_K8S__POLL_INTERVAL": "0.2",
+                "COLUMNS": "200",
+                "KUBECONFIG": str(api.kubeconfig(tmp_path / "kubeconfig"))
+                if api
+                else str(tmp_path / "no-such-kubeconfig"),
+            }
+        )
         env.update(extra)
         return env
 
@@ -69,7 +97,15 @@ def k8s_env(tmp_path: Path):
 
 @pytest.fixture
 def run_aios():
-    def run(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "aios.cli.main", *args], env=env, text=True, capture_output=True, timeout=timeout)
+    def run(
+        env: dict[str, str], *args: str, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "aios.cli.main", *args],
+            env=env,
+            text=True,
+            capture_output=True,
+            timeout=timeout,
+        )
 
     return run

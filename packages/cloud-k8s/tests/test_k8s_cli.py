@@ -13,19 +13,51 @@ import yaml
 def _one_line_error(r) -> str:
     assert r.returncode == 2, r.stdout + r.stderr
     errors = [ln for ln in r.stderr.splitlines() if "error" in ln.lower()]
-    assert len(errors) == 1 and errors[0].startswith("aios: error: ") and "Traceback" not in r.stderr, r.stderr
+    assert (
+        len(errors) == 1 and errors[0].startswith("aios: error: ") and "Traceback" not in r.stderr
+    ), r.stderr
     return errors[0]
 
 
-def test_launch_tpu_multislice_jobset_status_logs_down(kube, k8s_env, run_aios, project, monkeypatch):
+def test_launch_tpu_multislice_jobset_status_logs_down(
+    kube, k8s_env, run_aios, project, monkeypatch
+):
     env = k8s_env(kube, HF_TOKEN="s3cr3t-token")
-    r = run_aios(env, "launch", "--cloud", "k8s", "-a", "v5litepod-16", "--nodes", "1", "--name", "tpu1", "--workdir", str(project),
-                 "--env", "HF_TOKEN", "--env", "LOG_LEVEL=info", "--max-restarts", "2", "--checkpoint-dir", "gs://b/ckpt",
-                 "--detach", "train.py", "--", "--steps", "3")
+    r = run_aios(
+        env,
+        "launch",
+        "--cloud",
+        "k8s",
+        "-a",
+        "v5litepod-16",
+        "--nodes",
+        "1",
+        "--name",
+        "tpu1",
+        "--workdir",
+        str(project),
+        "--env",
+        "HF_TOKEN",
+        "--env",
+        "LOG_LEVEL=info",
+        "--max-restarts",
+        "2",
+        "--checkpoint-dir",
+        "gs://b/ckpt",
+        "--detach",
+        "train.py",
+        "--",
+        "--steps",
+        "3",
+    )
     assert r.returncode == 0, r.stderr
     js = kube.get("JobSet", "tpu1")
-    assert js is not None and js["spec"]["replicatedJobs"][0]["template"]["spec"]["parallelism"] == 4
-    assert js["spec"]["failurePolicy"] == {"maxRestarts": 2}  # --max-restarts: the whole set restarts and resumes
+    assert (
+        js is not None and js["spec"]["replicatedJobs"][0]["template"]["spec"]["parallelism"] == 4
+    )
+    assert js["spec"]["failurePolicy"] == {
+        "maxRestarts": 2
+    }  # --max-restarts: the whole set restarts and resumes
     secret = kube.get("Secret", "tpu1-env")
     assert base64.b64decode(secret["data"]["HF_TOKEN"]).decode() == "s3cr3t-token"
     assert "s3cr3t-token" not in json.dumps(js)
@@ -33,7 +65,9 @@ def test_launch_tpu_multislice_jobset_status_logs_down(kube, k8s_env, run_aios, 
     import io
     import tarfile
 
-    names = tarfile.open(fileobj=io.BytesIO(base64.b64decode(code["binaryData"]["code.tar.gz"]))).getnames()
+    names = tarfile.open(
+        fileobj=io.BytesIO(base64.b64decode(code["binaryData"]["code.tar.gz"]))
+    ).getnames()
     assert "train.py" in names and not any(n.startswith("data") for n in names)
     pods = kube.of_kind("Pod")
     assert sorted(p["spec"]["hostname"] for p in pods) == [f"tpu1-slice-0-{i}" for i in range(4)]
@@ -43,36 +77,83 @@ def test_launch_tpu_multislice_jobset_status_logs_down(kube, k8s_env, run_aios, 
     st = json.loads(run_aios(env, "status", "--refresh", "--json").stdout)
     assert st[0]["state"] == "COMPLETED"
     logs = run_aios(env, "logs", "tpu1")
-    assert logs.returncode == 0 and "gpt: done 3 steps" in logs.stdout and "rank 1 ok" in logs.stdout
+    assert (
+        logs.returncode == 0 and "gpt: done 3 steps" in logs.stdout and "rank 1 ok" in logs.stdout
+    )
     assert "(tpu1-slice-0-0-" in logs.stdout
     r = run_aios(env, "down", "tpu1")
     assert r.returncode == 0, r.stderr
-    assert kube.of_kind("JobSet") == [] and kube.of_kind("Secret") == [] and kube.of_kind("ConfigMap") == [] and kube.of_kind("Pod") == []
+    assert (
+        kube.of_kind("JobSet") == []
+        and kube.of_kind("Secret") == []
+        and kube.of_kind("ConfigMap") == []
+        and kube.of_kind("Pod") == []
+    )
     assert json.loads(run_aios(env, "status", "--json").stdout) == []
 
 
 def test_launch_indexed_job_follows_to_completion_and_cancel(kube, k8s_env, run_aios, project):
     env = k8s_env(kube, AIOS_K8S__API="job")
-    r = run_aios(env, "launch", "--cloud", "k8s", "-a", "cpu", "--nodes", "2", "--name", "cpu2", "--workdir", str(project), "--detach", "train.py")
+    r = run_aios(
+        env,
+        "launch",
+        "--cloud",
+        "k8s",
+        "-a",
+        "cpu",
+        "--nodes",
+        "2",
+        "--name",
+        "cpu2",
+        "--workdir",
+        str(project),
+        "--detach",
+        "train.py",
+    )
     assert r.returncode == 0, r.stderr
     assert kube.get("Job", "cpu2") and kube.get("Service", "cpu2")["spec"]["clusterIP"] == "None"
     assert kube.get("Secret", "cpu2-env") is None  # nothing forwarded: no Secret
     r = run_aios(env, "cancel", "cpu2")
     assert r.returncode == 0, r.stderr
-    assert kube.get("Job", "cpu2") is None and kube.get("Service", "cpu2") is None and kube.of_kind("Pod") == []
+    assert (
+        kube.get("Job", "cpu2") is None
+        and kube.get("Service", "cpu2") is None
+        and kube.of_kind("Pod") == []
+    )
     st = json.loads(run_aios(env, "status", "--json").stdout)
     assert st[0]["jobs"][-1]["state"] == "CANCELLED"
 
 
 def test_dry_run_prints_yaml_without_secrets_and_creates_nothing(kube, k8s_env, run_aios, project):
     env = k8s_env(kube, HF_TOKEN="s3cr3t-token")
-    r = run_aios(env, "launch", "--cloud", "k8s", "-a", "trn1.32xlarge", "--nodes", "2", "--name", "dry", "--workdir", str(project),
-                 "--env", "HF_TOKEN", "--dry-run", "train.py")
+    r = run_aios(
+        env,
+        "launch",
+        "--cloud",
+        "k8s",
+        "-a",
+        "trn1.32xlarge",
+        "--nodes",
+        "2",
+        "--name",
+        "dry",
+        "--workdir",
+        str(project),
+        "--env",
+        "HF_TOKEN",
+        "--dry-run",
+        "train.py",
+    )
     assert r.returncode == 0, r.stderr
     docs = [d for d in yaml.safe_load_all(r.stdout) if d]
     assert [d["kind"] for d in docs] == ["Secret", "ConfigMap", "JobSet"]
     assert "s3cr3t-token" not in r.stdout
-    assert docs[2]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["aws.amazon.com/neuron"] == "16"
+    assert (
+        docs[2]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][
+            0
+        ]["resources"]["limits"]["aws.amazon.com/neuron"]
+        == "16"
+    )
     assert kube.requests == []  # not even a GET
 
 
@@ -81,7 +162,11 @@ def test_catalog_lists_node_pools_and_cost_says_not_applicable(kube, k8s_env, ru
     r = run_aios(env, "catalog", "--cloud", "k8s", "--json")
     assert r.returncode == 0, r.stderr
     pools = {e["accelerator"]: e for e in json.loads(r.stdout)}
-    assert pools["tpu-v5e-16"]["hosts"] == 4 and pools["tpu-v5e-16"]["devices"] == 16 and pools["tpu-v5e-16"]["backend"] == "xla"
+    assert (
+        pools["tpu-v5e-16"]["hosts"] == 4
+        and pools["tpu-v5e-16"]["devices"] == 16
+        and pools["tpu-v5e-16"]["backend"] == "xla"
+    )
     assert pools["default-pool"]["devices"] == 7
     r = run_aios(env, "cost", "--cloud", "k8s", "-a", "tpu-v5e-16", "--hours", "3")
     assert r.returncode == 0, r.stderr
@@ -92,12 +177,18 @@ def test_bad_input_one_line_exit_2_nothing_left(kube, kube_no_crd, k8s_env, run_
     base = ["launch", "--cloud", "k8s", "--workdir", str(project), "--name", "bad", "--detach"]
     line = _one_line_error(run_aios(k8s_env(None), *base, "-a", "cpu", "train.py"))
     assert "no usable kubeconfig" in line
-    line = _one_line_error(run_aios(k8s_env(kube_no_crd), *base, "-a", "cpu", "--nodes", "2", "--env", "HOME", "train.py"))
+    line = _one_line_error(
+        run_aios(
+            k8s_env(kube_no_crd), *base, "-a", "cpu", "--nodes", "2", "--env", "HOME", "train.py"
+        )
+    )
     assert "JobSet CRD" in line and "k8s.api=job" in line
     assert kube_no_crd.objects == {}  # the Secret and ConfigMap made before the JobSet were deleted
     line = _one_line_error(run_aios(k8s_env(kube), *base, "-a", "v5litepod-8", "train.py"))
     assert "no node pool offers v5litepod-8" in line and "4x4" in line
-    line = _one_line_error(run_aios(k8s_env(kube, AIOS_K8S__IMAGE=""), *base, "-a", "cpu", "train.py"))
+    line = _one_line_error(
+        run_aios(k8s_env(kube, AIOS_K8S__IMAGE=""), *base, "-a", "cpu", "train.py")
+    )
     assert "k8s.image" in line
     assert kube.objects == {}
     assert json.loads(run_aios(k8s_env(kube), "status", "--json").stdout) == []
@@ -112,8 +203,16 @@ def test_an_object_the_api_server_rejects_rolls_back_what_was_created(kube, tmp_
 
     provider = K8sProvider(None)
     provider.settings = K8sSettings(kubeconfig=str(kube.kubeconfig(tmp_path / "kc")), image="img:1")
-    req = M.JobRequest(name="rej", namespace="default", image="img:1", command=["true"], place=M.placement("cpu", 2), api="jobset",
-                       secret_name="rej-env", code_configmap="rej-code")
+    req = M.JobRequest(
+        name="rej",
+        namespace="default",
+        image="img:1",
+        command=["true"],
+        place=M.placement("cpu", 2),
+        api="jobset",
+        secret_name="rej-env",
+        code_configmap="rej-code",
+    )
     objs = M.manifests(req, {"A_TOKEN": "x"}, "")
     objs[-1]["spec"]["replicatedJobs"][0]["replicas"] = "two"  # the CRD schema says integer
     with pytest.raises(CloudError, match="the API server rejected JobSet rej"):

@@ -13,9 +13,19 @@ K8S_VERSION = "1.30.0"
 
 
 def _req(accelerator: str, nodes: int, api: str = "jobset", secret: bool = True) -> M.JobRequest:
-    return M.JobRequest(name="run1", namespace="ml", image="img:1", command=["python3", "-m", "aios.cli.run", "train.py"],
-                        place=M.placement(accelerator, nodes), api=api, env={"LOG_LEVEL": "debug"},
-                        secret_name="run1-env" if secret else None, code_configmap="run1-code", cpu="4", memory="16Gi")
+    return M.JobRequest(
+        name="run1",
+        namespace="ml",
+        image="img:1",
+        command=["python3", "-m", "aios.cli.run", "train.py"],
+        place=M.placement(accelerator, nodes),
+        api=api,
+        env={"LOG_LEVEL": "debug"},
+        secret_name="run1-env" if secret else None,
+        code_configmap="run1-code",
+        cpu="4",
+        memory="16Gi",
+    )
 
 
 def _validate(objs, crd):
@@ -30,10 +40,19 @@ def _pod(js):
     return js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
 
 
-@pytest.mark.parametrize("accelerator, nodes, api", [
-    ("v5litepod-16", 2, "jobset"), ("v4-16", 1, "jobset"), ("v5p-32", 1, "jobset"), ("v6e-8", 1, "jobset"),
-    ("trn1.32xlarge", 4, "jobset"), ("p5.48xlarge", 2, "job"), ("cpu", 2, "job"), ("cpu", 1, "jobset"),
-])
+@pytest.mark.parametrize(
+    "accelerator, nodes, api",
+    [
+        ("v5litepod-16", 2, "jobset"),
+        ("v4-16", 1, "jobset"),
+        ("v5p-32", 1, "jobset"),
+        ("v6e-8", 1, "jobset"),
+        ("trn1.32xlarge", 4, "jobset"),
+        ("p5.48xlarge", 2, "job"),
+        ("cpu", 2, "job"),
+        ("cpu", 1, "jobset"),
+    ],
+)
 def test_every_manifest_validates_against_the_official_schemas(accelerator, nodes, api, jobset_crd):
     objs = M.manifests(_req(accelerator, nodes, api), {"HF_TOKEN": "x"}, "Y29kZQ==")
     _validate(objs, jobset_crd)
@@ -53,18 +72,31 @@ def test_invalid_manifest_is_caught_by_the_schemas(jobset_crd):
 
 def test_gke_tpu_multislice_jobset():
     js = M.jobset(_req("v5litepod-16", 2))
-    assert js["metadata"]["annotations"] == {"alpha.jobset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"}
+    assert js["metadata"]["annotations"] == {
+        "alpha.jobset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"
+    }
     rj = js["spec"]["replicatedJobs"][0]
     assert rj["replicas"] == 2  # two slices
     job = rj["template"]["spec"]
-    assert job["parallelism"] == job["completions"] == 4 and job["completionMode"] == "Indexed"  # one pod per TPU host
+    assert (
+        job["parallelism"] == job["completions"] == 4 and job["completionMode"] == "Indexed"
+    )  # one pod per TPU host
     pod = _pod(js)
-    assert pod["nodeSelector"] == {"cloud.google.com/gke-tpu-accelerator": "tpu-v5-lite-podslice", "cloud.google.com/gke-tpu-topology": "4x4"}
+    assert pod["nodeSelector"] == {
+        "cloud.google.com/gke-tpu-accelerator": "tpu-v5-lite-podslice",
+        "cloud.google.com/gke-tpu-topology": "4x4",
+    }
     c = pod["containers"][0]
     assert c["resources"]["limits"] == {"google.com/tpu": "4"}
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
-    assert env["AIOS_K8S_PODS_PER_JOB"] == "4" and env["REPLICATED_JOB_REPLICAS"] == "2" and env["JOBSET_NAME"] == "run1"
-    assert env["JOB_INDEX"] == {"fieldRef": {"fieldPath": "metadata.labels['jobset.sigs.k8s.io/job-index']"}}
+    assert (
+        env["AIOS_K8S_PODS_PER_JOB"] == "4"
+        and env["REPLICATED_JOB_REPLICAS"] == "2"
+        and env["JOBSET_NAME"] == "run1"
+    )
+    assert env["JOB_INDEX"] == {
+        "fieldRef": {"fieldPath": "metadata.labels['jobset.sigs.k8s.io/job-index']"}
+    }
     assert M.placement("v4-16", 1).node_selector["cloud.google.com/gke-tpu-topology"] == "2x2x2"
     assert M.placement("v6e-8", 1).resources == {"google.com/tpu": "8"}
 
@@ -77,8 +109,14 @@ def test_eks_trainium_and_gpu_resources_and_efa_env():
     assert env["FI_PROVIDER"] == "efa" and env["FI_EFA_USE_DEVICE_RDMA"] == "1"
     assert _pod(js)["nodeSelector"] == {"node.kubernetes.io/instance-type": "trn1.32xlarge"}
     svc, job = M.indexed_job(_req("p5.48xlarge", 2, "job"))
-    assert job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "8", "vpc.amazonaws.com/efa": "32"}
-    assert svc["spec"]["clusterIP"] == "None" and job["spec"]["template"]["spec"]["subdomain"] == svc["metadata"]["name"]
+    assert job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {
+        "nvidia.com/gpu": "8",
+        "vpc.amazonaws.com/efa": "32",
+    }
+    assert (
+        svc["spec"]["clusterIP"] == "None"
+        and job["spec"]["template"]["spec"]["subdomain"] == svc["metadata"]["name"]
+    )
 
 
 def test_secrets_only_by_reference():

@@ -48,18 +48,40 @@ def aios_env(slurm, tmp_path: Path):
     """``aios_env(**extra)``: environment for the aios CLI and srun against the test Slurm."""
 
     def make(**extra: str) -> dict[str, str]:
-        env = {k: v for k, v in slurm.env().items() if not k.startswith(("AIOS_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_"))}
-        env.update({"AIOS_HOME": str(tmp_path / "aios-home"), "AIOS_SLURM__REMOTE_DIR": str(tmp_path / "cluster-fs"),
-                    "AIOS_SLURM__PYTHON": sys.executable, "AIOS_SLURM__POLL_INTERVAL": "0.5",
-                    "AIOS_PLUGINS": "aios-cloud-slurm", "OMP_NUM_THREADS": "1", "GPT_SAMPLE": "0", "COLUMNS": "200"})
+        env = {
+            k: v
+            for k, v in slurm.env().items()
+            if not k.startswith(("AIOS_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_"))
+        }
+        env.update(
+            {
+                "AIOS_HOME": str(tmp_path / "aios-home"),
+                "AIOS_SLURM__REMOTE_DIR": str(tmp_path / "cluster-fs"),
+                "AIOS_SLURM__PYTHON": sys.executable,
+                "AIOS_SLURM__POLL_INTERVAL": "0.5",
+                "AIOS_PLUGINS": "aios-cloud-slurm",
+                "OMP_NUM_THREADS": "1",
+                "GPT_SAMPLE": "0",
+                "COLUMNS": "200",
+            }
+        )
         env.update(extra)
         return env
 
     return make
 
 
-def _run_aios(env: dict[str, str], *args: str, timeout: float = 600, cwd: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "aios.cli.main", *args], env=env, text=True, capture_output=True, timeout=timeout, cwd=cwd)
+def _run_aios(
+    env: dict[str, str], *args: str, timeout: float = 600, cwd: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "aios.cli.main", *args],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+        cwd=cwd,
+    )
 
 
 def _wait_for(cond, timeout: float, what: str, interval: float = 0.5):

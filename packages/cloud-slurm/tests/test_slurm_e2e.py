@@ -14,8 +14,24 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.slow
-TINY = ["--data", "corpus.txt", "--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--batch-size", "8",
-        "--block-size", "32", "--warmup", "5", "--eval-batches", "2"]
+TINY = [
+    "--data",
+    "corpus.txt",
+    "--n-layer",
+    "1",
+    "--n-embd",
+    "32",
+    "--n-head",
+    "2",
+    "--batch-size",
+    "8",
+    "--block-size",
+    "32",
+    "--warmup",
+    "5",
+    "--eval-batches",
+    "2",
+]
 VAL_RE = re.compile(r"val loss (\d+\.\d+)")
 
 
@@ -27,18 +43,59 @@ def _val_loss(text: str) -> float:
 
 def _reference(project: Path, env: dict[str, str], steps: int, ckpt: Path) -> float:
     """The same script, 2 processes on one machine, uninterrupted."""
-    r = subprocess.run([sys.executable, "-m", "aios.cli.run", "--backend", "cpu", "--nprocs", "2", f"checkpoint.dir={ckpt}",
-                        "gpt.py", *TINY, "--steps", str(steps), "--eval-every", str(steps)],
-                       cwd=project, env=env, text=True, capture_output=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "aios.cli.run",
+            "--backend",
+            "cpu",
+            "--nprocs",
+            "2",
+            f"checkpoint.dir={ckpt}",
+            "gpt.py",
+            *TINY,
+            "--steps",
+            str(steps),
+            "--eval-every",
+            str(steps),
+        ],
+        cwd=project,
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     return _val_loss(r.stdout + r.stderr)
 
 
 def test_srun_aios_run_on_two_nodes_one_task_each(slurm, project, aios_env):
     env = aios_env()
-    r = subprocess.run(["srun", "--nodes=2", "--ntasks-per-node=1", "--time=10", sys.executable, "-m", "aios.cli.run",
-                        "--backend", "cpu", "gpt.py", *TINY, "--steps", "8", "--eval-every", "8"],
-                       cwd=project, env=env, text=True, capture_output=True, timeout=600)
+    r = subprocess.run(
+        [
+            "srun",
+            "--nodes=2",
+            "--ntasks-per-node=1",
+            "--time=10",
+            sys.executable,
+            "-m",
+            "aios.cli.run",
+            "--backend",
+            "cpu",
+            "gpt.py",
+            *TINY,
+            "--steps",
+            "8",
+            "--eval-every",
+            "8",
+        ],
+        cwd=project,
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=600,
+    )
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-4000:]
     # one process per node, world size 2 over gloo: the Slurm step gave node rank, nodes, master
@@ -49,21 +106,52 @@ def test_srun_aios_run_on_two_nodes_one_task_each(slurm, project, aios_env):
 
 def test_srun_with_two_tasks_per_node_runs_each_rank_directly(slurm, project, aios_env, run_aios):
     env = aios_env()
-    r = subprocess.run(["srun", "--nodes=2", "--ntasks-per-node=2", "--cpus-per-task=1", "--time=10", sys.executable, "-m",
-                        "aios.cli.run", "--backend", "cpu", "gpt.py", *TINY, "--steps", "4", "--eval-every", "4"],
-                       cwd=project, env=env, text=True, capture_output=True, timeout=600)
+    r = subprocess.run(
+        [
+            "srun",
+            "--nodes=2",
+            "--ntasks-per-node=2",
+            "--cpus-per-task=1",
+            "--time=10",
+            sys.executable,
+            "-m",
+            "aios.cli.run",
+            "--backend",
+            "cpu",
+            "gpt.py",
+            *TINY,
+            "--steps",
+            "4",
+            "--eval-every",
+            "4",
+        ],
+        cwd=project,
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=600,
+    )
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-4000:]
     assert re.search(r"gpt: .* 4 x cpu \(cpu", out), out[-3000:]  # 4 Slurm tasks = 4 ranks
     assert out.count("gpt: done 4 steps") == 1  # printed by rank 0 only
 
 
-def test_aios_run_in_the_batch_script_of_a_two_node_allocation_says_use_srun(slurm, project, aios_env, run_aios, tmp_path):
+def test_aios_run_in_the_batch_script_of_a_two_node_allocation_says_use_srun(
+    slurm, project, aios_env, run_aios, tmp_path
+):
     env = aios_env()
     script = tmp_path / "batch.sh"
-    script.write_text(f"#!/bin/bash\ncd {project}\n{sys.executable} -m aios.cli.run --backend cpu gpt.py --steps 1\necho rc=$?\n")
-    r = subprocess.run(["sbatch", "--wait", "--nodes=2", f"--output={tmp_path / 'b.out'}", str(script)], env=env,
-                       text=True, capture_output=True, timeout=300)
+    script.write_text(
+        f"#!/bin/bash\ncd {project}\n{sys.executable} -m aios.cli.run --backend cpu gpt.py --steps 1\necho rc=$?\n"
+    )
+    r = subprocess.run(
+        ["sbatch", "--wait", "--nodes=2", f"--output={tmp_path / 'b.out'}", str(script)],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=300,
+    )
     out = (tmp_path / "b.out").read_text()
     assert "rc=2" in out and "start it on every node: srun" in out, out
     assert r.returncode == 0
@@ -71,8 +159,29 @@ def test_aios_run_in_the_batch_script_of_a_two_node_allocation_says_use_srun(slu
 
 def test_launch_cloud_slurm_two_nodes_then_status_logs_down(slurm, project, aios_env, run_aios):
     env = aios_env()
-    r = run_aios(env, "launch", "--cloud", "slurm", "-a", "debug", "--nodes", "2", "--name", "gpt2n", "--workdir", str(project),
-                 "--poll", "0.5", "gpt.py", "--", *TINY, "--steps", "8", "--eval-every", "8")
+    r = run_aios(
+        env,
+        "launch",
+        "--cloud",
+        "slurm",
+        "-a",
+        "debug",
+        "--nodes",
+        "2",
+        "--name",
+        "gpt2n",
+        "--workdir",
+        str(project),
+        "--poll",
+        "0.5",
+        "gpt.py",
+        "--",
+        *TINY,
+        "--steps",
+        "8",
+        "--eval-every",
+        "8",
+    )
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-4000:]
     assert re.search(r"gpt: .* 2 x cpu \(cpu", out) and "gpt: done 8 steps" in out, out[-3000:]
@@ -85,25 +194,66 @@ def test_launch_cloud_slurm_two_nodes_then_status_logs_down(slurm, project, aios
     logs = run_aios(env, "logs", "gpt2n")
     assert logs.returncode == 0 and "gpt: done 8 steps" in logs.stdout
     refreshed = run_aios(env, "status", "--refresh", "--json")
-    assert json.loads(refreshed.stdout)[0]["state"] == "COMPLETED", refreshed.stdout + refreshed.stderr
+    assert json.loads(refreshed.stdout)[0]["state"] == "COMPLETED", (
+        refreshed.stdout + refreshed.stderr
+    )
     assert run_aios(env, "down", "gpt2n").returncode == 0
     assert json.loads(run_aios(env, "status", "--json").stdout) == []
     assert (code / "gpt.py").is_file()  # down never deletes the user's files on the cluster
 
 
 def test_dry_run_prints_the_sbatch_script_without_secrets(slurm, project, aios_env, run_aios):
-    env = aios_env(HF_TOKEN="s3cr3t-value", AIOS_SLURM__ACCOUNT="proj1", AIOS_SLURM__TIME="01:00:00",
-                   AIOS_SLURM__CPUS_PER_TASK="2")
-    r = run_aios(env, "launch", "--cloud", "slurm", "-a", "debug", "--nodes", "2", "--name", "dry", "--workdir", str(project),
-                 "--max-restarts", "2", "--env", "HF_TOKEN", "--env", "LOG_LEVEL=debug", "--dry-run", "gpt.py", "--", "--steps", "3")
+    env = aios_env(
+        HF_TOKEN="s3cr3t-value",
+        AIOS_SLURM__ACCOUNT="proj1",
+        AIOS_SLURM__TIME="01:00:00",
+        AIOS_SLURM__CPUS_PER_TASK="2",
+    )
+    r = run_aios(
+        env,
+        "launch",
+        "--cloud",
+        "slurm",
+        "-a",
+        "debug",
+        "--nodes",
+        "2",
+        "--name",
+        "dry",
+        "--workdir",
+        str(project),
+        "--max-restarts",
+        "2",
+        "--env",
+        "HF_TOKEN",
+        "--env",
+        "LOG_LEVEL=debug",
+        "--dry-run",
+        "gpt.py",
+        "--",
+        "--steps",
+        "3",
+    )
     assert r.returncode == 0, r.stderr
     s = r.stdout
-    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --partition=debug", "#SBATCH --account=proj1",
-                 "#SBATCH --time=01:00:00", "#SBATCH --cpus-per-task=2", "#SBATCH --requeue", "#SBATCH --signal=B:TERM@120",
-                 "export LOG_LEVEL=debug", "scontrol requeue"):
+    for line in (
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --partition=debug",
+        "#SBATCH --account=proj1",
+        "#SBATCH --time=01:00:00",
+        "#SBATCH --cpus-per-task=2",
+        "#SBATCH --requeue",
+        "#SBATCH --signal=B:TERM@120",
+        "export LOG_LEVEL=debug",
+        "scontrol requeue",
+    ):
         assert line in s, (line, s)
     assert "s3cr3t-value" not in s and "HF_TOKEN <forwarded from your environment>" in s
-    assert re.search(r"srun --kill-on-bad-exit=0 --wait=120 --nodes=2 --ntasks-per-node=1 \S+ -m aios.cli.run --backend cpu gpt.py --steps 3", s)
+    assert re.search(
+        r"srun --kill-on-bad-exit=0 --wait=120 --nodes=2 --ntasks-per-node=1 \S+ -m aios.cli.run --backend cpu gpt.py --steps 3",
+        s,
+    )
     assert slurm.squeue().strip() == "" and not Path(env["AIOS_HOME"], "state.db").exists()
 
 
@@ -112,11 +262,36 @@ def test_catalog_cost_and_cancel(slurm, project, aios_env, run_aios, wait_for):
     r = run_aios(env, "catalog", "--cloud", "slurm", "--json")
     assert r.returncode == 0, r.stderr
     (part,) = json.loads(r.stdout)
-    assert part["accelerator"] == "debug" and part["hosts"] == 2 and part["devices"] == 4 and part["extra"]["default"] is True
+    assert (
+        part["accelerator"] == "debug"
+        and part["hosts"] == 2
+        and part["devices"] == 4
+        and part["extra"]["default"] is True
+    )
     r = run_aios(env, "cost", "--cloud", "slurm", "-a", "debug", "--hours", "2")
-    assert r.returncode == 0 and "on-demand n/a (your cluster), spot n/a (your cluster)" in r.stdout, r.stdout + r.stderr
-    r = run_aios(env, "launch", "--cloud", "slurm", "-a", "debug", "--nodes", "1", "--name", "long", "--workdir", str(project),
-                 "--detach", "gpt.py", "--", *TINY, "--steps", "100000")
+    assert (
+        r.returncode == 0 and "on-demand n/a (your cluster), spot n/a (your cluster)" in r.stdout
+    ), r.stdout + r.stderr
+    r = run_aios(
+        env,
+        "launch",
+        "--cloud",
+        "slurm",
+        "-a",
+        "debug",
+        "--nodes",
+        "1",
+        "--name",
+        "long",
+        "--workdir",
+        str(project),
+        "--detach",
+        "gpt.py",
+        "--",
+        *TINY,
+        "--steps",
+        "100000",
+    )
     assert r.returncode == 0, r.stderr
     wait_for(lambda: "RUNNING" in slurm.squeue(), 120, "the job to run")
     r = run_aios(env, "cancel", "long")
@@ -133,43 +308,97 @@ def test_launch_through_a_login_node_over_ssh(slurm, project, aios_env, run_aios
     reason = sshd_unavailable_reason()
     if reason:
         pytest.skip(reason)
-    with SshdCluster(1, tmp_path / "sshd", netns=False) as login:  # on loopback: it reaches this slurmctld
+    with SshdCluster(
+        1, tmp_path / "sshd", netns=False
+    ) as login:  # on loopback: it reaches this slurmctld
         h = login.hosts[0]
-        env = aios_env(AIOS_SLURM__LOGIN=f"{login.user}@{h.ip}", AIOS_SLURM__SSH_PORT=str(h.port),
-                       AIOS_SLURM__SSH_KEY=str(login.client_key),
-                       AIOS_SLURM__SSH_OPTIONS='["StrictHostKeyChecking=no", "UserKnownHostsFile=/dev/null", "LogLevel=ERROR"]',
-                       AIOS_SLURM__LOGIN_ENV=json.dumps({"SLURM_CONF": str(slurm.conf)}))
-        r = run_aios(env, "launch", "--cloud", "slurm", "-a", "debug", "--nodes", "2", "--name", "viassh", "--workdir", str(project),
-                     "--poll", "0.5", "gpt.py", "--", *TINY, "--steps", "4", "--eval-every", "4")
+        env = aios_env(
+            AIOS_SLURM__LOGIN=f"{login.user}@{h.ip}",
+            AIOS_SLURM__SSH_PORT=str(h.port),
+            AIOS_SLURM__SSH_KEY=str(login.client_key),
+            AIOS_SLURM__SSH_OPTIONS='["StrictHostKeyChecking=no", "UserKnownHostsFile=/dev/null", "LogLevel=ERROR"]',
+            AIOS_SLURM__LOGIN_ENV=json.dumps({"SLURM_CONF": str(slurm.conf)}),
+        )
+        r = run_aios(
+            env,
+            "launch",
+            "--cloud",
+            "slurm",
+            "-a",
+            "debug",
+            "--nodes",
+            "2",
+            "--name",
+            "viassh",
+            "--workdir",
+            str(project),
+            "--poll",
+            "0.5",
+            "gpt.py",
+            "--",
+            *TINY,
+            "--steps",
+            "4",
+            "--eval-every",
+            "4",
+        )
         out = r.stdout + r.stderr
         assert r.returncode == 0, out[-4000:]
         assert f"on {login.user}@{h.ip}" in r.stderr and "gpt: done 4 steps" in out
         assert run_aios(env, "down", "viassh").returncode == 0
-        bad = aios_env(AIOS_SLURM__LOGIN=f"{login.user}@{h.ip}", AIOS_SLURM__SSH_PORT="1", AIOS_SLURM__SSH_KEY=str(login.client_key))
-        line = _no_trace(run_aios(bad, "launch", "--cloud", "slurm", "-a", "debug", "--workdir", str(project), "gpt.py"))
+        bad = aios_env(
+            AIOS_SLURM__LOGIN=f"{login.user}@{h.ip}",
+            AIOS_SLURM__SSH_PORT="1",
+            AIOS_SLURM__SSH_KEY=str(login.client_key),
+        )
+        line = _no_trace(
+            run_aios(
+                bad,
+                "launch",
+                "--cloud",
+                "slurm",
+                "-a",
+                "debug",
+                "--workdir",
+                str(project),
+                "gpt.py",
+            )
+        )
         assert "cannot reach the Slurm login node" in line
 
 
 def _no_trace(r: subprocess.CompletedProcess[str]) -> str:
     assert r.returncode == 2, r.stdout + r.stderr
     errors = [ln for ln in r.stderr.splitlines() if "error" in ln.lower()]
-    assert len(errors) == 1 and errors[0].startswith("aios: error: ") and "Traceback" not in r.stderr, r.stderr
-    assert r.stderr.rstrip().endswith(errors[0])  # the error is the last word, progress lines before it
+    assert (
+        len(errors) == 1 and errors[0].startswith("aios: error: ") and "Traceback" not in r.stderr
+    ), r.stderr
+    assert r.stderr.rstrip().endswith(
+        errors[0]
+    )  # the error is the last word, progress lines before it
     return errors[0]
 
 
-def test_bad_input_is_one_line_exit_2_and_nothing_queued(slurm, project, aios_env, run_aios, tmp_path):
+def test_bad_input_is_one_line_exit_2_and_nothing_queued(
+    slurm, project, aios_env, run_aios, tmp_path
+):
     env = aios_env()
     base = ["launch", "--cloud", "slurm", "--workdir", str(project), "--name", "bad"]
     line = _no_trace(run_aios(env, *base, "-a", "nosuch", "gpt.py"))
     assert "unknown Slurm partition 'nosuch'" in line and "debug" in line
-    line = _no_trace(run_aios(env, *base, "-a", "debug", "--nodes", "5", "gpt.py"))  # the cluster has 2 nodes
+    line = _no_trace(
+        run_aios(env, *base, "-a", "debug", "--nodes", "5", "gpt.py")
+    )  # the cluster has 2 nodes
     assert "--nodes 5 is more than partition debug has (2)" in line
-    line = _no_trace(run_aios(aios_env(AIOS_SLURM__TIME="nonsense"), *base, "-a", "debug", "gpt.py"))
+    line = _no_trace(
+        run_aios(aios_env(AIOS_SLURM__TIME="nonsense"), *base, "-a", "debug", "gpt.py")
+    )
     assert "sbatch rejected the job" in line and "time" in line.lower()
     # accepted by sbatch but never runnable (more CPUs per task than a node has): cancelled, reported
-    line = _no_trace(run_aios(aios_env(AIOS_SLURM__CPUS_PER_TASK="64"), *base, "-a", "debug", "gpt.py"))
-    assert ("sbatch rejected the job" in line or "will never start" in line), line
+    line = _no_trace(
+        run_aios(aios_env(AIOS_SLURM__CPUS_PER_TASK="64"), *base, "-a", "debug", "gpt.py")
+    )
+    assert "sbatch rejected the job" in line or "will never start" in line, line
     line = _no_trace(run_aios(env, *base, "-a", "debug", "--spot", "gpt.py"))
     assert "--spot does not apply" in line
     nobin = tmp_path / "bin"
@@ -181,19 +410,49 @@ def test_bad_input_is_one_line_exit_2_and_nothing_queued(slurm, project, aios_en
     assert json.loads(run_aios(env, "status", "--json").stdout) == []
 
 
-def test_preempted_job_requeues_resumes_and_ends_at_the_uninterrupted_loss(slurm, project, aios_env, run_aios, wait_for, tmp_path):
+def test_preempted_job_requeues_resumes_and_ends_at_the_uninterrupted_loss(
+    slurm, project, aios_env, run_aios, wait_for, tmp_path
+):
     steps = 120
     env = aios_env()
     reference = _reference(project, env, steps, tmp_path / "ref-ckpt")
-    r = run_aios(env, "launch", "--cloud", "slurm", "-a", "debug", "--nodes", "2", "--name", "pre", "--workdir", str(project),
-                 "--max-restarts", "2", "--env", "AIOS_CHECKPOINT__EVERY=5", "--env", "OMP_NUM_THREADS=1", "--detach",
-                 "gpt.py", "--", *TINY, "--steps", str(steps), "--eval-every", str(steps))
+    r = run_aios(
+        env,
+        "launch",
+        "--cloud",
+        "slurm",
+        "-a",
+        "debug",
+        "--nodes",
+        "2",
+        "--name",
+        "pre",
+        "--workdir",
+        str(project),
+        "--max-restarts",
+        "2",
+        "--env",
+        "AIOS_CHECKPOINT__EVERY=5",
+        "--env",
+        "OMP_NUM_THREADS=1",
+        "--detach",
+        "gpt.py",
+        "--",
+        *TINY,
+        "--steps",
+        str(steps),
+        "--eval-every",
+        str(steps),
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     job_id = re.search(r"submitted Slurm job (\d+)", r.stderr).group(1)
     ckpt = Path(env["AIOS_SLURM__REMOTE_DIR"]) / "pre" / "checkpoints"
 
     def committed() -> list[int]:
-        return sorted(int(re.search(r"ckpt-(\d+)", str(m)).group(1)) for m in ckpt.glob("ckpt-*/aios-checkpoint.json"))
+        return sorted(
+            int(re.search(r"ckpt-(\d+)", str(m)).group(1))
+            for m in ckpt.glob("ckpt-*/aios-checkpoint.json")
+        )
 
     wait_for(lambda: [s for s in committed() if s >= 10], 400, "a checkpoint at step >= 10")
     assert max(committed()) < steps

@@ -10,19 +10,40 @@ from aios_cloud_slurm.script import SbatchJob, render
 
 
 def _job(**kw) -> SbatchJob:
-    base = dict(name="run", job_dir="/fs/run/jobs/3", code_dir="/fs/run/code", command=["python3", "-m", "aios.cli.run", "train.py", "--lr", "1e-3"],
-                nodes=4, partition="gpu", gpus_per_task=8, time="02:00:00", max_restarts=3, signal_grace=300,
-                env={"LOG_LEVEL": "debug"}, env_file="/fs/run/jobs/3/env")
+    base = dict(
+        name="run",
+        job_dir="/fs/run/jobs/3",
+        code_dir="/fs/run/code",
+        command=["python3", "-m", "aios.cli.run", "train.py", "--lr", "1e-3"],
+        nodes=4,
+        partition="gpu",
+        gpus_per_task=8,
+        time="02:00:00",
+        max_restarts=3,
+        signal_grace=300,
+        env={"LOG_LEVEL": "debug"},
+        env_file="/fs/run/jobs/3/env",
+    )
     base.update(kw)
     return SbatchJob(**base)
 
 
 def test_script_carries_the_plan_and_the_requeue_protocol():
     s = render(_job())
-    for line in ("#SBATCH --nodes=4", "#SBATCH --partition=gpu", "#SBATCH --gpus-per-task=8", "#SBATCH --time=02:00:00",
-                 "#SBATCH --requeue", "#SBATCH --signal=B:TERM@300", "#SBATCH --output=/fs/run/jobs/3/slurm-%j.out",
-                 "export LOG_LEVEL=debug", "set -a; . /fs/run/jobs/3/env; set +a", 'scontrol requeue "$SLURM_JOB_ID"',
-                 '[ "$restart" -lt 3 ]', "python3 -m aios.cli.run train.py --lr 1e-3 &"):
+    for line in (
+        "#SBATCH --nodes=4",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --gpus-per-task=8",
+        "#SBATCH --time=02:00:00",
+        "#SBATCH --requeue",
+        "#SBATCH --signal=B:TERM@300",
+        "#SBATCH --output=/fs/run/jobs/3/slurm-%j.out",
+        "export LOG_LEVEL=debug",
+        "set -a; . /fs/run/jobs/3/env; set +a",
+        'scontrol requeue "$SLURM_JOB_ID"',
+        '[ "$restart" -lt 3 ]',
+        "python3 -m aios.cli.run train.py --lr 1e-3 &",
+    ):
         assert line in s, line
     assert "#SBATCH --no-requeue" in render(_job(max_restarts=0))
     r = subprocess.run(["bash", "-n"], input=s, text=True, capture_output=True)  # valid bash

@@ -33,14 +33,27 @@ def site(tmp_path: Path) -> Path:
 def run_aios(site: Path, tmp_path: Path):
     """Run the ``aios`` CLI in a subprocess with ``site`` on the path (fake plugins visible)."""
 
-    def run(*args: str, env: dict[str, str] | None = None, module: str = "aios.cli.main", check: bool = False) -> subprocess.CompletedProcess[str]:
+    def run(
+        *args: str,
+        env: dict[str, str] | None = None,
+        module: str = "aios.cli.main",
+        check: bool = False,
+    ) -> subprocess.CompletedProcess[str]:
         full = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
         full["PYTHONPATH"] = os.pathsep.join([str(site), str(CORE_SRC)])
         full["AIOS_HOME"] = str(tmp_path / "home")
         full["COLUMNS"] = "200"
         full.update(env or {})
         code = f"import sys; sys.argv[0] = 'aios'; from {module} import main; main()"
-        return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=full, cwd=tmp_path, check=check, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-c", code, *args],
+            capture_output=True,
+            text=True,
+            env=full,
+            cwd=tmp_path,
+            check=check,
+            timeout=120,
+        )
 
     return run
 
@@ -65,4 +78,6 @@ def write_dist():
 @pytest.fixture
 def backend_plugin():
     """Source of a plugin module registering one backend: ``backend_plugin(name, priority, avail)``."""
-    return lambda name, priority=1, avail=True: BACKEND_PLUGIN.format(name=name, priority=priority, avail=avail)
+    return lambda name, priority=1, avail=True: BACKEND_PLUGIN.format(
+        name=name, priority=priority, avail=avail
+    )

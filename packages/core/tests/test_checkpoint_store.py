@@ -87,7 +87,12 @@ def test_checkpoint_corrupt_state_is_one_line_error(tmp_path):
     with pytest.raises(CheckpointError) as ei:
         store.load(info)
     msg = str(ei.value)
-    assert "corrupt" in msg and "sha256" in msg and "\n" not in msg and "checkpoint.resume=false" in msg
+    assert (
+        "corrupt" in msg
+        and "sha256" in msg
+        and "\n" not in msg
+        and "checkpoint.resume=false" in msg
+    )
 
 
 def test_checkpoint_truncated_file_fails_verify(tmp_path):

@@ -25,7 +25,7 @@ sys.exit(code)
 
 def _heavy(res) -> list[str]:
     line = [ln for ln in res.stderr.splitlines() if ln.startswith("HEAVY=")][-1]
-    return [m for m in line[len("HEAVY="):].split(",") if m]
+    return [m for m in line[len("HEAVY=") :].split(",") if m]
 
 
 def test_aios_imports_from_this_checkout():
@@ -43,7 +43,9 @@ def test_help_imports_no_torch_and_no_pydantic(run_aios, tmp_path):
     import sys
 
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
     assert res.returncode == 0
     assert _heavy(res) == []
 
@@ -53,14 +55,32 @@ def test_plugins_devices_doctor_config_import_no_torch():
     import subprocess
     import sys
 
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"), COLUMNS="200")
-    for args in (["plugins"], ["plugins", "--json"], ["devices"], ["devices", "--json"], ["env"], ["config", "show"], ["doctor", "--backend", "cpu"]):
-        res = subprocess.run([sys.executable, "-c", NO_TORCH.format(args=args)], capture_output=True, text=True, env=env, timeout=120)
+    env = dict(
+        os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"), COLUMNS="200"
+    )
+    for args in (
+        ["plugins"],
+        ["plugins", "--json"],
+        ["devices"],
+        ["devices", "--json"],
+        ["env"],
+        ["config", "show"],
+        ["doctor", "--backend", "cpu"],
+    ):
+        res = subprocess.run(
+            [sys.executable, "-c", NO_TORCH.format(args=args)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
         assert res.returncode == 0, (args, res.stderr)
         assert "torch" not in _heavy(res), args
 
 
-def test_broken_plugin_is_an_error_line_while_help_and_devices_work(site, run_aios, write_dist, backend_plugin):
+def test_broken_plugin_is_an_error_line_while_help_and_devices_work(
+    site, run_aios, write_dist, backend_plugin
+):
     write_dist(site, "aios-broken", "broken_plugin", "raise ImportError('needs libwidget')\n")
     write_dist(site, "aios-widget", "widget_plugin", backend_plugin("widget", 5, True))
     assert run_aios("--help").returncode == 0
@@ -68,10 +88,16 @@ def test_broken_plugin_is_an_error_line_while_help_and_devices_work(site, run_ai
     assert devs.returncode == 0, devs.stderr
     assert {"cpu", "widget"} <= {d["backend"] for d in json.loads(devs.stdout)}
     table = run_aios("devices")
-    assert 'plugin error: "aios-broken": Error importing plugin: ImportError: needs libwidget' in table.stderr
+    assert (
+        'plugin error: "aios-broken": Error importing plugin: ImportError: needs libwidget'
+        in table.stderr
+    )
     plug = run_aios("plugins")
     assert plug.returncode == 0
-    assert 'error: plugin "aios-broken": Error importing plugin: ImportError: needs libwidget' in plug.stdout
+    assert (
+        'error: plugin "aios-broken": Error importing plugin: ImportError: needs libwidget'
+        in plug.stdout
+    )
     strict = run_aios("plugins", env={"AIOS_STRICT_PLUGINS": "1"})
     assert strict.returncode == 2
     assert strict.stderr.strip().splitlines() == [
@@ -92,15 +118,29 @@ def test_config_errors_exit_2_with_one_line_and_debug_shows_traceback(run_aios):
 
 
 def test_unknown_backend_for_devices_is_one_line(run_aios):
-    res = run_aios("devices", "--backend", "xla", env={"AIOS_DISABLE_PLUGINS": "aios-backend-xla,aios-backend-neuron,aios-cloud-gcp"})
+    res = run_aios(
+        "devices",
+        "--backend",
+        "xla",
+        env={"AIOS_DISABLE_PLUGINS": "aios-backend-xla,aios-backend-neuron,aios-cloud-gcp"},
+    )
     assert res.returncode == 2
     assert res.stderr.strip() == (
         "aios: error: backend 'xla' is not installed; run: pip install -e './packages/core[xla]' ./packages/backend-xla"
-        " (from the aios checkout)")
+        " (from the aios checkout)"
+    )
 
 
 def test_env_redacts_secrets(run_aios):
-    res = run_aios("env", "--json", env={"WANDB_API_KEY": "sekrit-123", "AWS_SECRET_ACCESS_KEY": "abc", "AIOS_TEST_TOKEN": "tok"})
+    res = run_aios(
+        "env",
+        "--json",
+        env={
+            "WANDB_API_KEY": "sekrit-123",
+            "AWS_SECRET_ACCESS_KEY": "abc",
+            "AIOS_TEST_TOKEN": "tok",
+        },
+    )
     assert res.returncode == 0, res.stderr
     assert "sekrit-123" not in res.stdout and "abc" not in json.loads(res.stdout)["env"].values()
     data = json.loads(res.stdout)
@@ -111,21 +151,28 @@ def test_env_redacts_secrets(run_aios):
 def test_config_show_redacts_and_reports_precedence(tmp_path, run_aios):
     f = tmp_path / "c.yaml"
     f.write_text("precision: bf16-mixed\nseed: 3\n")
-    res = run_aios("config", "show", "--json", "--config", str(f), "seed=9", env={"AIOS_GRAD_ACCUM": "4"})
+    res = run_aios(
+        "config", "show", "--json", "--config", str(f), "seed=9", env={"AIOS_GRAD_ACCUM": "4"}
+    )
     assert res.returncode == 0, res.stderr
     data = json.loads(res.stdout)
     assert (data["precision"], data["seed"], data["grad_accum"]) == ("bf16-mixed", 9, 4)
 
 
 def test_doctor_reports_checks_and_fails_with_exit_1_on_failures(site, run_aios, write_dist):
-    write_dist(site, "aios-sick", "sick_plugin", """
+    write_dist(
+        site,
+        "aios-sick",
+        "sick_plugin",
+        """
         from aios import hookimpl
         from aios.types import DoctorCheck
 
         @hookimpl
         def aios_doctor_checks(backend, config):
             return [DoctorCheck("widget driver", "fail", "driver 1.0 too old", "upgrade the widget driver")]
-    """)
+    """,
+    )
     res = run_aios("doctor", "--json")
     checks = json.loads(res.stdout)
     assert res.returncode == 1

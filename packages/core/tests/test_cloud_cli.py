@@ -9,8 +9,18 @@ import sys
 
 def _aios(tmp_path, *args, **env):
     full = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
-    full.update(AIOS_HOME=str(tmp_path / "home"), AIOS_DISABLE_PLUGINS="aios-cloud-gcp,aios-cloud-aws,aios-cloud-slurm,aios-cloud-k8s", **env)
-    return subprocess.run([sys.executable, "-m", "aios.cli.main", *args], env=full, capture_output=True, text=True, timeout=60)
+    full.update(
+        AIOS_HOME=str(tmp_path / "home"),
+        AIOS_DISABLE_PLUGINS="aios-cloud-gcp,aios-cloud-aws,aios-cloud-slurm,aios-cloud-k8s",
+        **env,
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "aios.cli.main", *args],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_cloud_cli_without_clusters_or_clouds(tmp_path):
@@ -31,5 +41,11 @@ def test_cloud_cli_without_clusters_or_clouds(tmp_path):
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and msg in lines[0], (args, r.stderr)
     (tmp_path / "x.py").write_text("")
-    r = _aios(tmp_path, "launch", "--cloud", "gcp", "-a", "v4-8", "--workdir", str(tmp_path), "x.py")
-    assert r.returncode == 2 and "cloud 'gcp' is not installed; run: pip install -e './packages/core[gcp]' ./packages/backend-xla ./packages/cloud-gcp" in r.stderr
+    r = _aios(
+        tmp_path, "launch", "--cloud", "gcp", "-a", "v4-8", "--workdir", str(tmp_path), "x.py"
+    )
+    assert (
+        r.returncode == 2
+        and "cloud 'gcp' is not installed; run: pip install -e './packages/core[gcp]' ./packages/backend-xla ./packages/cloud-gcp"
+        in r.stderr
+    )

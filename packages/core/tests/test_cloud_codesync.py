@@ -6,19 +6,29 @@ import subprocess
 import tarfile
 
 import pytest
-
 from aios.cloud.codesync import collect, make_tarball
 from aios.errors import AiosError
 
 
 def _tree(root):
     files = {
-        "train.py": "print(1)", "pkg/__init__.py": "", "pkg/model.py": "x = 1",
-        ".gitignore": "*.log\nout/\n/secret.txt\n", "run.log": "log", "out/result.txt": "r",
-        "secret.txt": "s", "pkg/secret.txt": "kept: the rule is anchored to the root",
-        "data/train.bin": "d", "pkg/data/shard.bin": "d", "checkpoints/ckpt-1/state.pt": "c",
-        ".venv/bin/python": "v", "pkg/__pycache__/m.cpython-311.pyc": "p", "notes.md": "n",
-        "sub/.gitignore": "*.tmp\n", "sub/a.tmp": "t", "sub/b.py": "b",
+        "train.py": "print(1)",
+        "pkg/__init__.py": "",
+        "pkg/model.py": "x = 1",
+        ".gitignore": "*.log\nout/\n/secret.txt\n",
+        "run.log": "log",
+        "out/result.txt": "r",
+        "secret.txt": "s",
+        "pkg/secret.txt": "kept: the rule is anchored to the root",
+        "data/train.bin": "d",
+        "pkg/data/shard.bin": "d",
+        "checkpoints/ckpt-1/state.pt": "c",
+        ".venv/bin/python": "v",
+        "pkg/__pycache__/m.cpython-311.pyc": "p",
+        "notes.md": "n",
+        "sub/.gitignore": "*.tmp\n",
+        "sub/a.tmp": "t",
+        "sub/b.py": "b",
     }
     for rel, text in files.items():
         p = root / rel
@@ -26,13 +36,24 @@ def _tree(root):
         p.write_text(text)
 
 
-EXPECTED = [".gitignore", "notes.md", "pkg/__init__.py", "pkg/model.py", "pkg/secret.txt", "sub/.gitignore", "sub/b.py", "train.py"]
+EXPECTED = [
+    ".gitignore",
+    "notes.md",
+    "pkg/__init__.py",
+    "pkg/model.py",
+    "pkg/secret.txt",
+    "sub/.gitignore",
+    "sub/b.py",
+    "train.py",
+]
 
 
 def test_cloud_codesync_plain_directory(tmp_path):
     _tree(tmp_path)
     assert collect(tmp_path) == EXPECTED
-    assert collect(tmp_path, excludes=["notes.md", "sub"]) == [f for f in EXPECTED if f != "notes.md" and not f.startswith("sub/")]
+    assert collect(tmp_path, excludes=["notes.md", "sub"]) == [
+        f for f in EXPECTED if f != "notes.md" and not f.startswith("sub/")
+    ]
 
 
 def test_cloud_codesync_git_work_tree(tmp_path):
@@ -40,7 +61,9 @@ def test_cloud_codesync_git_work_tree(tmp_path):
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     (tmp_path / ".git" / "info" / "exclude").write_text("notes.md\n")
     # a tracked file under data/ still never ships
-    subprocess.run(["git", "-C", str(tmp_path), "add", "-f", "data/train.bin", "train.py"], check=True)
+    subprocess.run(
+        ["git", "-C", str(tmp_path), "add", "-f", "data/train.bin", "train.py"], check=True
+    )
     got = collect(tmp_path)
     assert got == [f for f in EXPECTED if f != "notes.md"]
     assert not any(part in f.split("/") for f in got for part in (".git", "data", "checkpoints"))
@@ -64,10 +87,24 @@ def test_cloud_codesync_tarball_and_size_limit(tmp_path):
 @pytest.mark.parametrize("git", [True, False], ids=["git-untracked", "plain"])
 def test_cloud_codesync_never_ships_env_files_or_keys(tmp_path, git):
     """Untracked, not gitignored secret files stay home; templates and public keys go."""
-    secrets = {".env": "WANDB_API_KEY=abc", ".env.prod": "X=1", "conf/prod.env": "Y=2", "deploy/key.pem": "-----BEGIN",
-               "id_ed25519": "k", "keys/id_rsa": "k", "gcp/service-account-prod.json": "{}", "credentials.json": "{}",
-               ".aws/credentials": "[default]", ".netrc": "machine x"}
-    kept = {"train.py": "print(1)", ".env.example": "WANDB_API_KEY=", "id_ed25519.pub": "ssh-ed25519 AAAA", "conf/model.yaml": "a: 1"}
+    secrets = {
+        ".env": "WANDB_API_KEY=abc",
+        ".env.prod": "X=1",
+        "conf/prod.env": "Y=2",
+        "deploy/key.pem": "-----BEGIN",
+        "id_ed25519": "k",
+        "keys/id_rsa": "k",
+        "gcp/service-account-prod.json": "{}",
+        "credentials.json": "{}",
+        ".aws/credentials": "[default]",
+        ".netrc": "machine x",
+    }
+    kept = {
+        "train.py": "print(1)",
+        ".env.example": "WANDB_API_KEY=",
+        "id_ed25519.pub": "ssh-ed25519 AAAA",
+        "conf/model.yaml": "a: 1",
+    }
     for rel, text in {**secrets, **kept}.items():
         p = tmp_path / rel
         p.parent.mkdir(parents=True, exist_ok=True)

@@ -3,28 +3,43 @@
 from __future__ import annotations
 
 import pytest
-
 from aios.cloud.cost import estimate, hours_cost, parse_count, rank
 from aios.cloud.provider import CatalogEntry
 from aios.errors import AiosError
 
-A = CatalogEntry("x", "fast-8", 8, "chip", 32, peak_tflops=8000, on_demand_hourly=40.0, spot_hourly=12.0)
-B = CatalogEntry("y", "cheap-4", 4, "chip", 16, peak_tflops=1000, on_demand_hourly=4.0, spot_hourly=2.0)
-C = CatalogEntry("y", "tiny-1", 1, "chip", 16, peak_tflops=400, on_demand_hourly=1.0, spot_hourly=None)
+A = CatalogEntry(
+    "x", "fast-8", 8, "chip", 32, peak_tflops=8000, on_demand_hourly=40.0, spot_hourly=12.0
+)
+B = CatalogEntry(
+    "y", "cheap-4", 4, "chip", 16, peak_tflops=1000, on_demand_hourly=4.0, spot_hourly=2.0
+)
+C = CatalogEntry(
+    "y", "tiny-1", 1, "chip", 16, peak_tflops=400, on_demand_hourly=1.0, spot_hourly=None
+)
 
 
 def test_cloud_cost_estimate_formula():
     e = estimate(A, params=1e9, tokens=2e10, precision="bf16", mfu=0.5)
     hours = 6 * 1e9 * 2e10 / (8000e12 * 0.5) / 3600
-    assert e.hours == pytest.approx(hours) and e.on_demand == pytest.approx(hours * 40) and e.spot == pytest.approx(hours * 12)
-    assert estimate(A, 1e9, 2e10, "fp32", 0.5).hours == pytest.approx(4 * hours)  # fp32 runs at a quarter of bf16 peak
+    assert (
+        e.hours == pytest.approx(hours)
+        and e.on_demand == pytest.approx(hours * 40)
+        and e.spot == pytest.approx(hours * 12)
+    )
+    assert estimate(A, 1e9, 2e10, "fp32", 0.5).hours == pytest.approx(
+        4 * hours
+    )  # fp32 runs at a quarter of bf16 peak
     assert e.fits and e.state_gb == pytest.approx(16)
     assert not estimate(C, 7e9, 1e9).fits  # 112 GB of training state on one 16 GB chip
 
 
 def test_cloud_cost_ranking():
     by_cost = rank([A, B, C], 1e8, 1e10, spot=False)
-    assert [e.entry.accelerator for e in by_cost] == ["tiny-1", "cheap-4", "fast-8"]  # on-demand $ per FLOP
+    assert [e.entry.accelerator for e in by_cost] == [
+        "tiny-1",
+        "cheap-4",
+        "fast-8",
+    ]  # on-demand $ per FLOP
     by_spot = rank([A, B, C], 1e8, 1e10, spot=True)
     assert [e.entry.accelerator for e in by_spot][-1] == "tiny-1"  # no spot price sorts last
     by_time = rank([A, B, C], 1e8, 1e10, by="time")
@@ -34,7 +49,11 @@ def test_cloud_cost_ranking():
 
 
 def test_cloud_cost_inputs():
-    assert parse_count("1.3B", "p") == 1.3e9 and parse_count("350M", "p") == 3.5e8 and parse_count("2e12", "p") == 2e12
+    assert (
+        parse_count("1.3B", "p") == 1.3e9
+        and parse_count("350M", "p") == 3.5e8
+        and parse_count("2e12", "p") == 2e12
+    )
     for bad in ("lots", "-1", "0"):
         with pytest.raises(AiosError):
             parse_count(bad, "--params")

@@ -7,7 +7,6 @@ import random
 import subprocess
 
 import pytest
-
 from aios.cloud.provider import ClusterHost
 from aios.cloud.ssh import LinePrinter, SshError, SshRunner, ensure_client_key
 from aios.testing.sshd import SshdCluster
@@ -19,7 +18,17 @@ def cluster(sshd_cluster):
 
 
 def hosts_of(c: SshdCluster) -> list[ClusterHost]:
-    return [ClusterHost(h.worker_id, h.ip, h.internal_ip, ssh_user=c.user, ssh_key=str(c.client_key), port=h.port) for h in c.hosts]
+    return [
+        ClusterHost(
+            h.worker_id,
+            h.ip,
+            h.internal_ip,
+            ssh_user=c.user,
+            ssh_key=str(c.client_key),
+            port=h.port,
+        )
+        for h in c.hosts
+    ]
 
 
 def test_cloud_ssh_runs_everywhere_in_parallel_with_prefixes(cluster, tmp_path):
@@ -70,8 +79,15 @@ def test_cloud_ssh_retries_transient_exit_255_with_backoff(cluster, tmp_path):
             h0.start(new_host_key=False)
 
     out = io.StringIO()
-    r = SshRunner(hosts_of(cluster)[:1], tmp_path / "kh", alias="aios-r", backoff=0.5, sleep=sleep,
-                  rng=random.Random(0), printer=LinePrinter(out))
+    r = SshRunner(
+        hosts_of(cluster)[:1],
+        tmp_path / "kh",
+        alias="aios-r",
+        backoff=0.5,
+        sleep=sleep,
+        rng=random.Random(0),
+        printer=LinePrinter(out),
+    )
     res = r.run("echo up")
     assert res[0].ok and res[0].attempts == 3 and res[0].stdout == ["up"]
     assert len(delays) == 2 and delays[1] > delays[0]  # exponential backoff (with jitter)
@@ -81,7 +97,14 @@ def test_cloud_ssh_retries_transient_exit_255_with_backoff(cluster, tmp_path):
     assert res[0].returncode == 255 and res[0].attempts == 1
     # retries are bounded
     h0.stop()
-    r2 = SshRunner(hosts_of(cluster)[:1], tmp_path / "kh", alias="aios-r", retries=2, backoff=0.01, sleep=lambda d: None)
+    r2 = SshRunner(
+        hosts_of(cluster)[:1],
+        tmp_path / "kh",
+        alias="aios-r",
+        retries=2,
+        backoff=0.01,
+        sleep=lambda d: None,
+    )
     res = r2.run("true", stream=False)
     assert res[0].returncode == 255 and res[0].attempts == 3
 
@@ -91,7 +114,10 @@ def test_cloud_ssh_key_problems_are_one_line_errors(cluster, tmp_path):
         SshRunner(hosts_of(cluster), tmp_path / "kh", key="/nonexistent/key")
     other = ensure_client_key(tmp_path / "keys" / "other")
     assert ensure_client_key(tmp_path / "keys" / "other") == other  # created once
-    hosts = [ClusterHost(h.worker_id, h.ip, ssh_user=cluster.user, ssh_key=str(other), port=h.port) for h in cluster.hosts]
+    hosts = [
+        ClusterHost(h.worker_id, h.ip, ssh_user=cluster.user, ssh_key=str(other), port=h.port)
+        for h in cluster.hosts
+    ]
     with pytest.raises(SshError, match="was refused"):
         SshRunner(hosts, tmp_path / "kh", alias="aios-k").run("true", stream=False)
 

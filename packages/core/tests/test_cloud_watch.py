@@ -9,7 +9,6 @@ import io
 import sys
 
 import pytest
-
 from aios.cloud import ops
 from aios.cloud.provider import (
     HEALTHY,
@@ -42,7 +41,10 @@ class LoopbackCloud(CloudProvider):
         return [CatalogEntry("loop", "box", 1, "cpu", 0.0, zones=("z1",), backend="cpu")]
 
     def _info(self, name: str) -> ClusterInfo:
-        hosts = [ClusterHost(h.worker_id, h.ip, h.internal_ip or h.ip, ssh_user=self.c.user, port=h.port) for h in self.c.hosts]
+        hosts = [
+            ClusterHost(h.worker_id, h.ip, h.internal_ip or h.ip, ssh_user=self.c.user, port=h.port)
+            for h in self.c.hosts
+        ]
         return ClusterInfo(name, "loop", "z1", "box", READY, health=HEALTHY, hosts=hosts)
 
     def create(self, request: ClusterRequest) -> ClusterInfo:
@@ -107,14 +109,32 @@ def _setup(c: SshdCluster, tmp_path, mode: str, managed: bool = True):
     provider = LoopbackCloud(c)
     info = provider._info("wc")
     request = ClusterRequest(name="wc", accelerator="box", zone="z1", ssh_user=c.user)
-    rec = ClusterRecord(name="wc", cloud="loop", zone="z1", accelerator="box", spot=True, state=READY,
-                        request=ops._request_dict(request), ssh_user=c.user, ssh_key=str(c.client_key))
+    rec = ClusterRecord(
+        name="wc",
+        cloud="loop",
+        zone="z1",
+        accelerator="box",
+        spot=True,
+        state=READY,
+        request=ops._request_dict(request),
+        ssh_user=c.user,
+        ssh_key=str(c.client_key),
+    )
     assert store.claim_cluster(rec)
     rec = ops.save_hosts(store, rec, info, provider)
-    spec = ops.JobSpec(script="job.py", backend="cpu", python=sys.executable, workdir=str(work), bundle=False)
+    spec = ops.JobSpec(
+        script="job.py", backend="cpu", python=sys.executable, workdir=str(work), bundle=False
+    )
     config = resolve(flags={"nprocs": 1}, environ={}, check_backend=False)
-    job_id = store.add_job("wc", "job.py", backend="cpu", managed=managed, max_restarts=2 if managed else 0,
-                           checkpoint_dir=None, spec=spec.to_dict())
+    job_id = store.add_job(
+        "wc",
+        "job.py",
+        backend="cpu",
+        managed=managed,
+        max_restarts=2 if managed else 0,
+        checkpoint_dir=None,
+        spec=spec.to_dict(),
+    )
     out = io.StringIO()
     printer = LinePrinter(out)
     logs: list[str] = []
@@ -130,7 +150,9 @@ def _worker_log(c: SshdCluster, job_id: int) -> str:
 def test_cloud_watch_workers_stopped_for_preemption_recover_instead_of_failing(env, tmp_path):
     store, provider, rec, job_id, config, printer, logs = _setup(env, tmp_path, "preempt")
     opts = ops.WatchOptions(poll=0.2, describe_every=0.2, follow=False, ssh_timeout=30)
-    code = ops.Watcher(store, provider, job_id, config, printer=printer, log=logs.append, options=opts).run()
+    code = ops.Watcher(
+        store, provider, job_id, config, printer=printer, log=logs.append, options=opts
+    ).run()
     job = store.get_job(job_id)
     assert code == 0 and job.state == JOB_SUCCEEDED, logs
     assert job.restarts == 1
@@ -144,9 +166,13 @@ def test_cloud_watch_workers_stopped_for_preemption_recover_instead_of_failing(e
 
 
 def test_cloud_watch_preemption_exit_of_an_unmanaged_job_fails_with_the_hint(env, tmp_path):
-    store, provider, rec, job_id, config, printer, logs = _setup(env, tmp_path, "preempt", managed=False)
+    store, provider, rec, job_id, config, printer, logs = _setup(
+        env, tmp_path, "preempt", managed=False
+    )
     opts = ops.WatchOptions(poll=0.2, describe_every=0.2, follow=False, ssh_timeout=30)
-    code = ops.Watcher(store, provider, job_id, config, printer=printer, log=logs.append, options=opts).run()
+    code = ops.Watcher(
+        store, provider, job_id, config, printer=printer, log=logs.append, options=opts
+    ).run()
     assert code == 1 and store.get_job(job_id).state == JOB_FAILED
     assert any("--max-restarts" in m and "preemption notice" in m for m in logs), logs
     ec = env.hosts[0].home / "aios" / "wc" / "jobs" / str(job_id) / "exit_code"
@@ -169,14 +195,20 @@ def test_cloud_watch_replaced_host_with_new_host_key_goes_through_recovery(env, 
         time.sleep(min(seconds, 0.2))
 
     opts = ops.WatchOptions(poll=0.2, describe_every=60, follow=False, ssh_timeout=30)
-    code = ops.Watcher(store, provider, job_id, config, printer=printer, log=logs.append, options=opts, sleep=sleep).run()
+    code = ops.Watcher(
+        store, provider, job_id, config, printer=printer, log=logs.append, options=opts, sleep=sleep
+    ).run()
     job = store.get_job(job_id)
     assert replaced and code == 0 and job.state == JOB_SUCCEEDED, logs
     assert job.restarts == 1
     events = store.events("wc")
     assert any(e.kind == "preempted" and "hosts replaced" in e.message for e in events)
-    assert any(e.kind == "recovered" and "reconnected to the replaced hosts" in e.message for e in events)
-    assert "describe" in provider.calls and "create" not in provider.calls  # the cloud said it is up
+    assert any(
+        e.kind == "recovered" and "reconnected to the replaced hosts" in e.message for e in events
+    )
+    assert (
+        "describe" in provider.calls and "create" not in provider.calls
+    )  # the cloud said it is up
     assert (env.hosts[0].home / "attempts").read_text() == "2"
 
 
@@ -185,9 +217,19 @@ def test_cloud_watch_waits_out_host_maintenance(env, tmp_path):
     from aios.cloud.provider import MAINTENANCE
 
     store, provider, rec, job_id, config, printer, logs = _setup(env, tmp_path, "ok")
-    (tmp_path / "work" / "job.py").write_text("import time\nprint('working', flush=True)\ntime.sleep(4)\nprint('finished', flush=True)\n")
+    (tmp_path / "work" / "job.py").write_text(
+        "import time\nprint('working', flush=True)\ntime.sleep(4)\nprint('finished', flush=True)\n"
+    )
     ops.sync_code(rec, ops.JobSpec.from_dict(store.get_job(job_id).spec), printer, logs.append)
-    ops.start_job(rec, job_id, ops.JobSpec.from_dict(store.get_job(job_id).spec), config, {}, printer, logs.append)
+    ops.start_job(
+        rec,
+        job_id,
+        ops.JobSpec.from_dict(store.get_job(job_id).spec),
+        config,
+        {},
+        printer,
+        logs.append,
+    )
     described = []
     plain = provider._info
 
@@ -199,8 +241,12 @@ def test_cloud_watch_waits_out_host_maintenance(env, tmp_path):
         return info
 
     provider._info = in_maintenance  # type: ignore[method-assign]
-    opts = ops.WatchOptions(poll=0.2, describe_every=0.2, follow=False, ssh_timeout=30, lost_after=2)
-    code = ops.Watcher(store, provider, job_id, config, printer=printer, log=logs.append, options=opts).run()
+    opts = ops.WatchOptions(
+        poll=0.2, describe_every=0.2, follow=False, ssh_timeout=30, lost_after=2
+    )
+    code = ops.Watcher(
+        store, provider, job_id, config, printer=printer, log=logs.append, options=opts
+    ).run()
     job = store.get_job(job_id)
     assert code == 0 and job.state == JOB_SUCCEEDED and job.restarts == 0, logs
     assert not {"stop", "start", "delete", "create"} & set(provider.calls)
@@ -212,15 +258,24 @@ def test_cloud_job_queue_runs_jobs_one_after_another_and_cancel_dequeues(env, tm
     recorded PENDING), starts when the earlier one ends; a queued job can be cancelled."""
     store, provider, rec, first, config, printer, logs = _setup(env, tmp_path, "ok")
     work = tmp_path / "work"
-    (work / "slow.py").write_text("import time\nprint('start', time.time(), flush=True)\ntime.sleep(8)\nprint('end', time.time(), flush=True)\n")
+    (work / "slow.py").write_text(
+        "import time\nprint('start', time.time(), flush=True)\ntime.sleep(8)\nprint('end', time.time(), flush=True)\n"
+    )
     (work / "quick.py").write_text("import time\nprint('start', time.time(), flush=True)\n")
 
     def add(script: str) -> tuple[int, ops.JobSpec]:
-        spec = ops.JobSpec(script=script, backend="cpu", python=sys.executable, workdir=str(work), bundle=False)
+        spec = ops.JobSpec(
+            script=script, backend="cpu", python=sys.executable, workdir=str(work), bundle=False
+        )
         jid = store.add_job("wc", script, backend="cpu", spec=spec.to_dict())
         return jid, spec
 
-    ops.sync_code(rec, ops.JobSpec(script="slow.py", backend="cpu", workdir=str(work), bundle=False), printer, logs.append)
+    ops.sync_code(
+        rec,
+        ops.JobSpec(script="slow.py", backend="cpu", workdir=str(work), bundle=False),
+        printer,
+        logs.append,
+    )
     slow, s1 = add("slow.py")
     quick, s2 = add("quick.py")
     cancelled, s3 = add("quick.py")
@@ -237,11 +292,18 @@ def test_cloud_job_queue_runs_jobs_one_after_another_and_cancel_dequeues(env, tm
         seen.append(store.get_job(quick).state)
         time.sleep(seconds)
 
-    code = ops.Watcher(store, provider, quick, config, printer=printer, log=logs.append, options=opts, sleep=sleep).run()
+    code = ops.Watcher(
+        store, provider, quick, config, printer=printer, log=logs.append, options=opts, sleep=sleep
+    ).run()
     assert code == 0 and store.get_job(quick).state == JOB_SUCCEEDED, logs
     assert "PENDING" in seen  # recorded as waiting in the queue
     jobs = env.hosts[0].home / "aios" / "wc" / "jobs"
     slow_end = float((jobs / str(slow) / "worker.log").read_text().split("end ")[1].split()[0])
-    quick_start = float((jobs / str(quick) / "worker.log").read_text().split("start ")[1].split()[0])
+    quick_start = float(
+        (jobs / str(quick) / "worker.log").read_text().split("start ")[1].split()[0]
+    )
     assert quick_start >= slow_end
-    assert not (jobs / str(cancelled) / "exit_code").exists() and "start" not in (jobs / str(cancelled) / "worker.log").read_text()
+    assert (
+        not (jobs / str(cancelled) / "exit_code").exists()
+        and "start" not in (jobs / str(cancelled) / "worker.log").read_text()
+    )

@@ -31,19 +31,37 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(world: int, job: dict[str, Any], env: dict[str, str] | None = None, timeout: float = 300) -> tuple[list[int], str]:
+def _launch(
+    world: int, job: dict[str, Any], env: dict[str, str] | None = None, timeout: float = 300
+) -> tuple[list[int], str]:
     """Start ``world`` ranks of the worker; when one fails, stop the others (as torchrun does).
     Returns the exit codes and the output."""
     port = _free_port()
     procs = []
     log = Path(job["out"]) / "log.txt"
     Path(job["out"]).mkdir(parents=True, exist_ok=True)
-    out = open(log, "w")  # noqa: SIM115
+    out = open(log, "w")
     base = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
     for r in range(world):
-        e = {**base, **(env or {}), "RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
-             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
-        procs.append(subprocess.Popen([sys.executable, str(WORKER), json.dumps(job)], env=e, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+        e = {
+            **base,
+            **(env or {}),
+            "RANK": str(r),
+            "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(r),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(WORKER), json.dumps(job)],
+                env=e,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
     end = time.monotonic() + timeout
     try:
         while any(p.poll() is None for p in procs):
@@ -70,7 +88,14 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The uninterrupted 4-rank run: async save after step 3 (each rank's shard write held
     until the following training step has finished), trained to step 6."""
     tmp = tmp_path_factory.mktemp("dcp-ref")
-    job = {"ckpt": str(tmp / "ckpt"), "steps": STEPS, "save_at": [SAVE_AT], "async": True, "gate": "overlap", "out": str(tmp / "out")}
+    job = {
+        "ckpt": str(tmp / "ckpt"),
+        "steps": STEPS,
+        "save_at": [SAVE_AT],
+        "async": True,
+        "gate": "overlap",
+        "out": str(tmp / "out"),
+    }
     codes, log = _launch(4, job)
     assert codes == [0, 0, 0, 0], log
     return {"ckpt": tmp / "ckpt", "ranks": [_result(tmp / "out", r) for r in range(4)]}
@@ -84,14 +109,25 @@ def test_dcp_async_save_overlaps_training(reference: dict[str, Any]) -> None:
         # the step after the save ran to completion while this rank's shard write was held
         assert ov["in_flight_after_next_step"] is True and ov["gate_timed_out"] is False, ov
     info = CheckpointStore(str(reference["ckpt"])).latest()
-    assert info is not None and info.step == SAVE_AT and info.meta["checkpoint_format"] == "dcp" and info.meta["world_size"] == 4
+    assert (
+        info is not None
+        and info.step == SAVE_AT
+        and info.meta["checkpoint_format"] == "dcp"
+        and info.meta["world_size"] == 4
+    )
     names = set(info.meta["files"])
-    assert {f"rank-{r:05d}.pt" for r in range(4)} <= names and ".metadata" in names and "common.pt" in names
+    assert (
+        {f"rank-{r:05d}.pt" for r in range(4)} <= names
+        and ".metadata" in names
+        and "common.pt" in names
+    )
     assert sum(n.endswith(".distcp") for n in names) == 4  # every rank wrote its own shards
 
 
 @pytest.mark.parametrize("world", [4, 2, 1])
-def test_dcp_fsdp_resume_on_other_world_sizes(reference: dict[str, Any], tmp_path: Path, world: int) -> None:
+def test_dcp_fsdp_resume_on_other_world_sizes(
+    reference: dict[str, Any], tmp_path: Path, world: int
+) -> None:
     ckpt = tmp_path / "ckpt"
     shutil.copytree(reference["ckpt"], ckpt)
     job = {"ckpt": str(ckpt), "steps": STEPS, "resume": True, "out": str(tmp_path / "out")}
@@ -117,7 +153,14 @@ def test_dcp_rank_dying_before_commit_is_never_resumed(tmp_path: Path) -> None:
     from aios.checkpoint import CheckpointStore
 
     ckpt = tmp_path / "ckpt"
-    job = {"ckpt": str(ckpt), "steps": 4, "save_at": [2, 4], "gate": "die", "die_at": 4, "out": str(tmp_path / "out")}
+    job = {
+        "ckpt": str(ckpt),
+        "steps": 4,
+        "save_at": [2, 4],
+        "gate": "die",
+        "die_at": 4,
+        "out": str(tmp_path / "out"),
+    }
     codes, log = _launch(2, job)
     assert codes[1] == 9 and codes[0] != 0, (codes, log)
     assert (tmp_path / "out" / "dying").exists()
@@ -129,7 +172,9 @@ def test_dcp_rank_dying_before_commit_is_never_resumed(tmp_path: Path) -> None:
     store = CheckpointStore(str(ckpt))
     assert [(c.step, c.complete) for c in store.list()] == [(2, True)]
     assert store.latest().step == 2
-    codes, log = _launch(1, {"ckpt": str(ckpt), "steps": 3, "resume": True, "out": str(tmp_path / "out1")})
+    codes, log = _launch(
+        1, {"ckpt": str(ckpt), "steps": 3, "resume": True, "out": str(tmp_path / "out1")}
+    )
     assert codes == [0], log
     assert "resumed from step 2: saved by 2 ranks, loaded on 1 ranks" in log
 
@@ -146,7 +191,9 @@ def test_dcp_loader_position_rederived_from_global_samples() -> None:
     assert reshard_loader_state(st, 4, 2, 4, 4)["batch"] == 12  # 96 samples / (4 x 2)
     assert reshard_loader_state(st, 4, 8, 4, 4)["batch"] == 3
     with pytest.warns(UserWarning, match="seen twice"):
-        assert reshard_loader_state(st, 4, 5, 4, 4)["batch"] == 4  # 96 // 20: rounds down, skips none
+        assert (
+            reshard_loader_state(st, 4, 5, 4, 4)["batch"] == 4
+        )  # 96 // 20: rounds down, skips none
 
 
 def test_dcp_ranks_beyond_the_saved_world_reseed_deterministically() -> None:
@@ -189,7 +236,9 @@ def _roundtrip_in_process(url: str) -> None:
     opt.step()
     ck = adcp.DcpCheckpointer(url, keep=1)
     for step in (1, 2):
-        ck.save(step, [model], [opt], {"step": step}, {"rng": adcp.rng_state()}, async_save=step == 2)
+        ck.save(
+            step, [model], [opt], {"step": step}, {"rng": adcp.rng_state()}, async_save=step == 2
+        )
     ck.wait()
     want = {k: v.clone() for k, v in model.state_dict().items()}
     want_opt = opt.state_dict()["state"][0]["exp_avg"].clone()
@@ -217,12 +266,26 @@ def test_dcp_memory_url_round_trip() -> None:
 @pytest.fixture
 def gcs_emulator(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     pytest.importorskip("gcsfs", reason="gs:// needs gcsfs")
-    pytest.importorskip("aios_cloud_gcp", reason="gs:// is registered by aios-cloud-gcp: pip install -e ./packages/cloud-gcp")
-    pytest.importorskip("gcp_storage_emulator", reason="gcp-storage-emulator is not installed: pip install gcp-storage-emulator")
+    pytest.importorskip(
+        "aios_cloud_gcp",
+        reason="gs:// is registered by aios-cloud-gcp: pip install -e ./packages/cloud-gcp",
+    )
+    pytest.importorskip(
+        "gcp_storage_emulator",
+        reason="gcp-storage-emulator is not installed: pip install gcp-storage-emulator",
+    )
     port = _free_port()
-    exe = [sys.executable, "-c", "import sys; from gcp_storage_emulator.__main__ import main; sys.exit(main())"]
-    proc = subprocess.Popen([*exe, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory", "-q"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    exe = [
+        sys.executable,
+        "-c",
+        "import sys; from gcp_storage_emulator.__main__ import main; sys.exit(main())",
+    ]
+    proc = subprocess.Popen(
+        [*exe, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory", "-q"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 30
     while True:
         try:
@@ -233,12 +296,17 @@ def gcs_emulator(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
                 proc.kill()
                 raise
             time.sleep(0.1)
-    env = {"STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
+    env = {
+        "STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}",
+        "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+    }
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     import gcsfs
 
-    gcsfs.GCSFileSystem(endpoint_url=env["STORAGE_EMULATOR_HOST"], token="anon", skip_instance_cache=True).mkdir("aios-dcp")
+    gcsfs.GCSFileSystem(
+        endpoint_url=env["STORAGE_EMULATOR_HOST"], token="anon", skip_instance_cache=True
+    ).mkdir("aios-dcp")
     yield env
     proc.kill()
     proc.wait()
@@ -248,35 +316,50 @@ def gcs_emulator(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
 def s3_moto(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     pytest.importorskip("s3fs", reason="s3:// needs s3fs")
     pytest.importorskip("moto.server", reason="needs moto[server]")
-    pytest.importorskip("aios_cloud_aws", reason="s3:// is registered by aios-cloud-aws: pip install -e ./packages/cloud-aws")
+    pytest.importorskip(
+        "aios_cloud_aws",
+        reason="s3:// is registered by aios-cloud-aws: pip install -e ./packages/cloud-aws",
+    )
     import boto3
     from moto.server import ThreadedMotoServer
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "AKIAAIOSTESTKEY00000",
-           "AWS_SECRET_ACCESS_KEY": "aios-test-secret-never-written-0123456789", "AWS_DEFAULT_REGION": "us-east-1"}
+    env = {
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+        "AWS_ACCESS_KEY_ID": "AKIAAIOSTESTKEY00000",
+        "AWS_SECRET_ACCESS_KEY": "aios-test-secret-never-written-0123456789",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    boto3.client("s3", region_name="us-east-1", endpoint_url=env["AWS_ENDPOINT_URL"]).create_bucket(Bucket="aios-dcp")
+    boto3.client("s3", region_name="us-east-1", endpoint_url=env["AWS_ENDPOINT_URL"]).create_bucket(
+        Bucket="aios-dcp"
+    )
     yield env
     server.stop()
 
 
 @pytest.mark.parametrize("scheme", ["gs", "s3"])
-def test_dcp_fsdp_on_object_store_save_2_resume_1(scheme: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+def test_dcp_fsdp_on_object_store_save_2_resume_1(
+    scheme: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     """Two FSDP ranks write their shards to the bucket (async), one rank resumes from it."""
     env = request.getfixturevalue("gcs_emulator" if scheme == "gs" else "s3_moto")
     from aios.checkpoint import CheckpointStore
 
     url = f"{scheme}://aios-dcp/run-{scheme}"
-    codes, log = _launch(2, {"ckpt": url, "steps": 3, "save_at": [2], "async": True, "out": str(tmp_path / "a")}, env)
+    codes, log = _launch(
+        2, {"ckpt": url, "steps": 3, "save_at": [2], "async": True, "out": str(tmp_path / "a")}, env
+    )
     assert codes == [0, 0], log
     info = CheckpointStore(url).latest()
     assert info.step == 2 and info.meta["world_size"] == 2
     assert {"__0_0.distcp", "__1_0.distcp", ".metadata", "rank-00001.pt"} <= set(info.meta["files"])
-    codes, log = _launch(1, {"ckpt": url, "steps": 3, "resume": True, "out": str(tmp_path / "b")}, env)
+    codes, log = _launch(
+        1, {"ckpt": url, "steps": 3, "resume": True, "out": str(tmp_path / "b")}, env
+    )
     assert codes == [0], log
     assert "saved by 2 ranks, loaded on 1 ranks" in log
     ref, got = _result(tmp_path / "a")["losses"], _result(tmp_path / "b")["losses"]

@@ -33,14 +33,39 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(tmp: Path, nprocs: int, ckpt: Path, out: Path, every: int, **env_extra: str) -> subprocess.Popen:
+def _launch(
+    tmp: Path, nprocs: int, ckpt: Path, out: Path, every: int, **env_extra: str
+) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
-    env.update({"AIOS_LOGGING__RUN_DIR": str(tmp / "runs"), "AIOS_LOGGING__TENSORBOARD": "false", "OMP_NUM_THREADS": "1",
-                "TOTAL_STEPS": str(TOTAL)})
+    env.update(
+        {
+            "AIOS_LOGGING__RUN_DIR": str(tmp / "runs"),
+            "AIOS_LOGGING__TENSORBOARD": "false",
+            "OMP_NUM_THREADS": "1",
+            "TOTAL_STEPS": str(TOTAL),
+        }
+    )
     args = [f"checkpoint.dir={ckpt}", f"checkpoint.every={every}", "strategy=fsdp"]
     env.update(env_extra)
-    cmd = [*AIOS_RUN, "--nprocs", str(nprocs), "--master-port", str(_free_port()), *args, str(SCRIPT), str(out)]
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp, start_new_session=True)
+    cmd = [
+        *AIOS_RUN,
+        "--nprocs",
+        str(nprocs),
+        "--master-port",
+        str(_free_port()),
+        *args,
+        str(SCRIPT),
+        str(out),
+    ]
+    return subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=tmp,
+        start_new_session=True,
+    )
 
 
 def _finish(p: subprocess.Popen, timeout: float = 300) -> str:
@@ -72,7 +97,9 @@ def _losses(path: Path) -> dict[int, float]:
     out: dict[int, float] = {}
     for line in path.read_text().splitlines():
         d = json.loads(line)
-        out[int(d["step"])] = float(d["loss"])  # a resumed run rewrites the steps after its checkpoint
+        out[int(d["step"])] = float(
+            d["loss"]
+        )  # a resumed run rewrites the steps after its checkpoint
     return out
 
 
@@ -87,17 +114,36 @@ def reference_2(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM"])
-def test_dcp_runtime_killed_then_resumed_is_bitwise_equal(reference_2: Path, tmp_path: Path, sig: str) -> None:
+def test_dcp_runtime_killed_then_resumed_is_bitwise_equal(
+    reference_2: Path, tmp_path: Path, sig: str
+) -> None:
     kill_at = random.Random().randint(4, TOTAL - 4)
-    ckpt, got, progress, pids = tmp_path / "ckpt", tmp_path / "got.pt", tmp_path / "progress", tmp_path / "pids"
+    ckpt, got, progress, pids = (
+        tmp_path / "ckpt",
+        tmp_path / "got.pt",
+        tmp_path / "progress",
+        tmp_path / "pids",
+    )
     pids.mkdir()
-    p = _launch(tmp_path, 2, ckpt, got, every=3, DROPOUT="0.1", STEP_DELAY="0.2", PROGRESS_FILE=str(progress), PID_DIR=str(pids))
+    p = _launch(
+        tmp_path,
+        2,
+        ckpt,
+        got,
+        every=3,
+        DROPOUT="0.1",
+        STEP_DELAY="0.2",
+        PROGRESS_FILE=str(progress),
+        PID_DIR=str(pids),
+    )
     reached = _wait_step(progress, p, kill_at)
     if sig == "SIGKILL":  # once a periodic checkpoint is committed (background saves lag a little)
         from aios.checkpoint import CheckpointStore as _Store
 
         end = time.time() + 120
-        while _Store(str(ckpt)).latest(warn=False) is None and time.time() < end and p.poll() is None:
+        while (
+            _Store(str(ckpt)).latest(warn=False) is None and time.time() < end and p.poll() is None
+        ):
             time.sleep(0.05)
         reached = int(progress.read_text() or 0)
         for f in pids.glob("rank*.pid"):
@@ -117,14 +163,18 @@ def test_dcp_runtime_killed_then_resumed_is_bitwise_equal(reference_2: Path, tmp
     if sig == "SIGTERM":
         assert latest.step >= reached  # the emergency checkpoint at the agreed step boundary
     else:
-        assert latest.step % 3 == 0 and latest.step <= reached + 1  # the last committed periodic one
+        assert (
+            latest.step % 3 == 0 and latest.step <= reached + 1
+        )  # the last committed periodic one
     out = _finish(_launch(tmp_path, 2, ckpt, got, every=3, DROPOUT="0.1"))
     assert got.exists(), out
     assert f"at step {latest.step} (run " in out and "world size 2, backend" in out, out
     a, b = torch.load(reference_2), torch.load(got)
     assert a.keys() == b.keys()
     for k in a:
-        assert torch.equal(a[k], b[k]), f"{k} differs after {sig} at step {reached}, resumed from {latest.step}"
+        assert torch.equal(a[k], b[k]), (
+            f"{k} differs after {sig} at step {reached}, resumed from {latest.step}"
+        )
 
 
 class _suppress:
@@ -139,13 +189,17 @@ class _suppress:
 def reference_4(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Uninterrupted 4-process run (no dropout) with a checkpoint at step 6."""
     tmp = tmp_path_factory.mktemp("ref4")
-    out = _finish(_launch(tmp, 4, tmp / "ckpt", tmp / "ref.pt", every=6, LOSS_FILE=str(tmp / "loss.jsonl")))
+    out = _finish(
+        _launch(tmp, 4, tmp / "ckpt", tmp / "ref.pt", every=6, LOSS_FILE=str(tmp / "loss.jsonl"))
+    )
     assert (tmp / "ref.pt").exists(), out
     return {"ckpt": tmp / "ckpt" / "ckpt-000000006", "losses": _losses(tmp / "loss.jsonl")}
 
 
 @pytest.mark.parametrize("nprocs", [2, 1])
-def test_dcp_runtime_resume_on_fewer_processes_reshards(reference_4: dict[str, Any], tmp_path: Path, nprocs: int) -> None:
+def test_dcp_runtime_resume_on_fewer_processes_reshards(
+    reference_4: dict[str, Any], tmp_path: Path, nprocs: int
+) -> None:
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     shutil.copytree(reference_4["ckpt"], ckpt / "ckpt-000000006")
@@ -153,9 +207,16 @@ def test_dcp_runtime_resume_on_fewer_processes_reshards(reference_4: dict[str, A
     # without asking for resharding, a world-size mismatch is a one-line error
     p = _launch(tmp_path, nprocs, ckpt, tmp_path / "x.pt", every=6)
     out = _finish(p)
-    assert p.returncode == 2 and f"was written with world size 4, this run has world size {nprocs}" in out, out
+    assert (
+        p.returncode == 2
+        and f"was written with world size 4, this run has world size {nprocs}" in out
+    ), out
     assert "Traceback" not in out and not (tmp_path / "x.pt").exists()
-    out = _finish(_launch(tmp_path, nprocs, ckpt, tmp_path / "got.pt", every=6, RESHARD="1", LOSS_FILE=str(loss)))
+    out = _finish(
+        _launch(
+            tmp_path, nprocs, ckpt, tmp_path / "got.pt", every=6, RESHARD="1", LOSS_FILE=str(loss)
+        )
+    )
     assert (tmp_path / "got.pt").exists(), out
     assert "at step 6 (run " in out and f"resharded from 4 ranks to {nprocs} ranks" in out, out
     got, ref = _losses(loss), reference_4["losses"]
@@ -164,4 +225,7 @@ def test_dcp_runtime_resume_on_fewer_processes_reshards(reference_4: dict[str, A
         assert got[s] == pytest.approx(ref[s], rel=1e-4, abs=1e-6), (s, got[s], ref[s])
     runs = list((tmp_path / "runs").glob("*/diagnostics.json"))
     diags = [json.loads(r.read_text()) for r in runs]
-    assert any(d.get("resharded") == {"from_world_size": 4, "to_world_size": nprocs, "step": 6} for d in diags), diags
+    assert any(
+        d.get("resharded") == {"from_world_size": 4, "to_world_size": nprocs, "step": 6}
+        for d in diags
+    ), diags

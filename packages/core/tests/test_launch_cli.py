@@ -13,18 +13,41 @@ from pathlib import Path
 
 import pytest
 
-RUN = [sys.executable, "-c", "import sys; sys.argv[0] = 'aios-run'; from aios.cli.run import main; main()"]
+RUN = [
+    sys.executable,
+    "-c",
+    "import sys; sys.argv[0] = 'aios-run'; from aios.cli.run import main; main()",
+]
 
 
 def _env(tmp: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIOS_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_"))}
-    env.update({"AIOS_LOGGING__RUN_DIR": str(tmp / "runs"), "AIOS_LOGGING__TENSORBOARD": "false", "OMP_NUM_THREADS": "1"})
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("AIOS_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_"))
+    }
+    env.update(
+        {
+            "AIOS_LOGGING__RUN_DIR": str(tmp / "runs"),
+            "AIOS_LOGGING__TENSORBOARD": "false",
+            "OMP_NUM_THREADS": "1",
+        }
+    )
     env.update(extra)
     return env
 
 
-def aios_run(tmp: Path, *args: str, timeout: float = 180, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*RUN, *args], capture_output=True, text=True, env=_env(tmp, **env), cwd=tmp, timeout=timeout)
+def aios_run(
+    tmp: Path, *args: str, timeout: float = 180, **env: str
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*RUN, *args],
+        capture_output=True,
+        text=True,
+        env=_env(tmp, **env),
+        cwd=tmp,
+        timeout=timeout,
+    )
 
 
 def _script(tmp: Path, body: str, name: str = "train.py") -> Path:
@@ -52,7 +75,14 @@ def test_launch_dry_run_prints_plan_without_torch(tmp_path):
         "from aios.cli.run import main\nmain()\n"
         "assert 'torch' not in sys.modules, 'dry-run imported torch'\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(tmp_path, WANDB_API_KEY="sekrit-42"), cwd=tmp_path, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=_env(tmp_path, WANDB_API_KEY="sekrit-42"),
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)
     assert plan["backend"] == "cpu" and plan["launcher"] == "elastic" and plan["world_size"] == 2
@@ -62,7 +92,10 @@ def test_launch_dry_run_prints_plan_without_torch(tmp_path):
     assert host["command"][-3:] == [str(script), "--lr", "0.1"]
     worker_cfg = json.loads(host["env"]["AIOS_RUN_CONFIG"])
     assert worker_cfg == {
-        "backend": "cpu", "nprocs": 2, "precision": "bf16-mixed", "checkpoint": {"every": 5},
+        "backend": "cpu",
+        "nprocs": 2,
+        "precision": "bf16-mixed",
+        "checkpoint": {"every": 5},
         "logging": {"run_dir": str(tmp_path / "runs"), "tensorboard": False},  # from AIOS_* env
     }
     assert "sekrit" not in r.stdout
@@ -166,7 +199,9 @@ def test_launch_corrupt_checkpoint_dir(tmp_path):
     ck = tmp_path / "ck" / "ckpt-000000004"
     ck.mkdir(parents=True)
     (ck / "state.pt").write_bytes(b"short")
-    (ck / "aios-checkpoint.json").write_text(json.dumps({"step": 4, "files": {"state.pt": {"size": 999, "sha256": "0"}}}))
+    (ck / "aios-checkpoint.json").write_text(
+        json.dumps({"step": 4, "files": {"state.pt": {"size": 999, "sha256": "0"}}})
+    )
     r = aios_run(tmp_path, f"checkpoint.dir={tmp_path / 'ck'}", str(script))
     assert r.returncode == 2
     line = _one_line_error(r)
@@ -178,34 +213,48 @@ def test_launch_corrupt_checkpoint_dir(tmp_path):
 
 
 def test_launch_direct_script_exit_code_and_args(tmp_path):
-    script = _script(tmp_path, """
+    script = _script(
+        tmp_path,
+        """
         import os, sys, json
         print("args", sys.argv[1:], os.environ["AIOS_RUN_BACKEND"], json.loads(os.environ["AIOS_RUN_CONFIG"]))
         sys.exit(int(sys.argv[1]))
-    """)
+    """,
+    )
     r = aios_run(tmp_path, "seed=3", str(script), "0", "--flag")
     assert r.returncode == 0, r.stderr
     assert "args ['0', '--flag'] cpu {'backend': 'cpu', 'seed': 3, 'logging'" in r.stdout
     r = aios_run(tmp_path, str(script), "7")
     assert r.returncode == 7
-    assert r.stderr.strip().endswith(f"aios-run: error: {script} exited with code 7 on rank 0; see its output above")
+    assert r.stderr.strip().endswith(
+        f"aios-run: error: {script} exited with code 7 on rank 0; see its output above"
+    )
 
 
 def test_launch_rank_failure_names_rank_and_code(tmp_path, free_port):
-    script = _script(tmp_path, """
+    script = _script(
+        tmp_path,
+        """
         import os, sys, time
         if os.environ["RANK"] == "1":
             sys.exit(3)
         time.sleep(60)  # rank 0 would hang: the launcher must stop it
-    """)
-    r = aios_run(tmp_path, "--nprocs", "2", "--master-port", str(free_port()), str(script), timeout=60)
+    """,
+    )
+    r = aios_run(
+        tmp_path, "--nprocs", "2", "--master-port", str(free_port()), str(script), timeout=60
+    )
     assert r.returncode == 3, r.stdout + r.stderr
-    assert f"aios-run: error: {script} exited with code 3 on rank 1 (other ranks stopped)" in r.stderr
+    assert (
+        f"aios-run: error: {script} exited with code 3 on rank 1 (other ranks stopped)" in r.stderr
+    )
 
 
 def test_launch_plain_torch_distributed_script_unchanged(tmp_path, free_port):
     pytest.importorskip("torch")
-    script = _script(tmp_path, """
+    script = _script(
+        tmp_path,
+        """
         import os
         import torch
         import torch.distributed as dist
@@ -214,7 +263,8 @@ def test_launch_plain_torch_distributed_script_unchanged(tmp_path, free_port):
         dist.all_reduce(t)
         print(f"rank={dist.get_rank()} local={os.environ['LOCAL_RANK']} world={dist.get_world_size()} sum={t.item()}")
         dist.destroy_process_group()
-    """)
+    """,
+    )
     r = aios_run(tmp_path, "--nprocs", "2", "--master-port", str(free_port()), str(script))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "[rank0]:rank=0 local=0 world=2 sum=3.0" in r.stdout
@@ -222,16 +272,37 @@ def test_launch_plain_torch_distributed_script_unchanged(tmp_path, free_port):
 
 
 def test_launch_max_restarts_recovers(tmp_path, free_port):
-    script = _script(tmp_path, """
+    script = _script(
+        tmp_path,
+        """
         import os, sys
         attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
         print("attempt", attempt, "rank", os.environ["RANK"])
         sys.exit(5 if attempt == 0 else 0)
-    """)
-    r = aios_run(tmp_path, "--nprocs", "2", "--max-restarts", "1", "--master-port", str(free_port()), str(script))
+    """,
+    )
+    r = aios_run(
+        tmp_path,
+        "--nprocs",
+        "2",
+        "--max-restarts",
+        "1",
+        "--master-port",
+        str(free_port()),
+        str(script),
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "attempt 0" in r.stdout and "attempt 1" in r.stdout
-    r = aios_run(tmp_path, "--nprocs", "2", "--max-restarts", "0", "--master-port", str(free_port()), str(script))
+    r = aios_run(
+        tmp_path,
+        "--nprocs",
+        "2",
+        "--max-restarts",
+        "0",
+        "--master-port",
+        str(free_port()),
+        str(script),
+    )
     assert r.returncode == 5
 
 
@@ -241,8 +312,21 @@ def test_launch_aios_run_subcommand_and_module(tmp_path):
     (pkg / "__init__.py").write_text("")
     (pkg / "__main__.py").write_text("print('module ran')\n")
     r = subprocess.run(
-        [sys.executable, "-c", "import sys; sys.argv[0] = 'aios'; from aios.cli.main import main; main()", "run", "--dry-run", "-m", "mytrain", "--x"],
-        capture_output=True, text=True, env=_env(tmp_path), cwd=tmp_path, timeout=60,
+        [
+            sys.executable,
+            "-c",
+            "import sys; sys.argv[0] = 'aios'; from aios.cli.main import main; main()",
+            "run",
+            "--dry-run",
+            "-m",
+            "mytrain",
+            "--x",
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(tmp_path),
+        cwd=tmp_path,
+        timeout=60,
     )
     assert r.returncode == 0, r.stderr
     assert f"command: {sys.executable} -m mytrain --x" in r.stdout
@@ -254,6 +338,21 @@ def test_launch_aios_run_subcommand_and_module(tmp_path):
 def test_launch_options_and_overrides_in_any_order_before_script():
     from aios.cli.run import reorder_args
 
-    assert reorder_args(["--nprocs", "2", "seed=3", "--dry-run", "t.py", "--lr", "x=1"]) == ["--nprocs", "2", "--dry-run", "seed=3", "t.py", "--lr", "x=1"]
-    assert reorder_args(["a=1", "--backend=cpu", "-m", "pkg.mod", "b=2", "--x"]) == ["--backend=cpu", "-m", "pkg.mod", "a=1", "b=2", "--x"]
+    assert reorder_args(["--nprocs", "2", "seed=3", "--dry-run", "t.py", "--lr", "x=1"]) == [
+        "--nprocs",
+        "2",
+        "--dry-run",
+        "seed=3",
+        "t.py",
+        "--lr",
+        "x=1",
+    ]
+    assert reorder_args(["a=1", "--backend=cpu", "-m", "pkg.mod", "b=2", "--x"]) == [
+        "--backend=cpu",
+        "-m",
+        "pkg.mod",
+        "a=1",
+        "b=2",
+        "--x",
+    ]
     assert reorder_args(["--json", "--", "t.py", "--json"]) == ["--json", "t.py", "--json"]

@@ -17,12 +17,28 @@ from pathlib import Path
 
 import pytest
 
-RUN = [sys.executable, "-c", "import sys; sys.argv[0] = 'aios-run'; from aios.cli.run import main; main()"]
+RUN = [
+    sys.executable,
+    "-c",
+    "import sys; sys.argv[0] = 'aios-run'; from aios.cli.run import main; main()",
+]
 
 
 def _env(tmp: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIOS_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_", "TORCHELASTIC_"))}
-    env.update({"AIOS_LOGGING__RUN_DIR": str(tmp / "runs"), "AIOS_LOGGING__TENSORBOARD": "false", "OMP_NUM_THREADS": "1"})
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(
+            ("AIOS_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_", "TORCHELASTIC_")
+        )
+    }
+    env.update(
+        {
+            "AIOS_LOGGING__RUN_DIR": str(tmp / "runs"),
+            "AIOS_LOGGING__TENSORBOARD": "false",
+            "OMP_NUM_THREADS": "1",
+        }
+    )
     env.update(extra)
     return env
 
@@ -54,7 +70,9 @@ def _wait_for(cond, timeout: float, what: str, proc: subprocess.Popen | None = N
         if cond():
             return
         if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"launcher ended before {what}:\n{proc.stdout.read() if proc.stdout else ''}")
+            raise AssertionError(
+                f"launcher ended before {what}:\n{proc.stdout.read() if proc.stdout else ''}"
+            )
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
 
@@ -87,11 +105,20 @@ def test_workers_die_with_sigkilled_launcher(tmp_path: Path, nprocs: int, how: s
     pid_dir.mkdir()
     proc = subprocess.Popen(
         [*RUN, "--nprocs", str(nprocs), "--master-port", str(_free_port()), str(script)],
-        env=_env(tmp_path, PID_DIR=str(pid_dir)), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, start_new_session=True,
+        env=_env(tmp_path, PID_DIR=str(pid_dir)),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
     try:
-        _wait_for(lambda: all((pid_dir / f"w{r}").exists() for r in range(nprocs)), 120, "the workers to start", proc)
+        _wait_for(
+            lambda: all((pid_dir / f"w{r}").exists() for r in range(nprocs)),
+            120,
+            "the workers to start",
+            proc,
+        )
         workers = _pids(pid_dir, nprocs)
         assert all(_alive(p) for p in workers)
         if how == "pid":
@@ -99,7 +126,11 @@ def test_workers_die_with_sigkilled_launcher(tmp_path: Path, nprocs: int, how: s
         else:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
-        _wait_for(lambda: not any(_alive(p) for p in workers), 10, f"workers {workers} to die with their launcher")
+        _wait_for(
+            lambda: not any(_alive(p) for p in workers),
+            10,
+            f"workers {workers} to die with their launcher",
+        )
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -115,9 +146,15 @@ def test_worker_watchdog_follows_a_launcher_that_is_not_its_parent(tmp_path: Pat
     something other than ``aios-run`` itself still dies with it."""
     launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     worker = subprocess.Popen(
-        [sys.executable, "-c", "from aios._worker import watch_launcher; import time\n"
-         "assert watch_launcher(interval=0.1)\nprint('watching', flush=True)\ntime.sleep(120)"],
-        env={**os.environ, "AIOS_RUN_LAUNCHER_PID": str(launcher.pid)}, stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            "from aios._worker import watch_launcher; import time\n"
+            "assert watch_launcher(interval=0.1)\nprint('watching', flush=True)\ntime.sleep(120)",
+        ],
+        env={**os.environ, "AIOS_RUN_LAUNCHER_PID": str(launcher.pid)},
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert worker.stdout is not None and worker.stdout.readline().strip() == "watching"
@@ -171,18 +208,46 @@ def test_first_failing_rank_is_named_20_times(tmp_path: Path) -> None:
     marks.mkdir()
     env = _env(tmp_path, MARK_DIR=str(marks))
     # 20 attempts in one launcher (19 restarts), each failure reported on its own line
-    r = subprocess.run([*RUN, "--nprocs", "2", "--max-restarts", "19", "--master-port", str(_free_port()), str(script)],
-                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    r = subprocess.run(
+        [
+            *RUN,
+            "--nprocs",
+            "2",
+            "--max-restarts",
+            "19",
+            "--master-port",
+            str(_free_port()),
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=600,
+    )
     assert r.returncode == 1, r.stdout + r.stderr
     restarts = [ln for ln in r.stderr.splitlines() if ln.startswith("aios-run: restart ")]
-    assert restarts == [f"aios-run: restart {n}/19: rank 1 exited with code 1; restarting all workers" for n in range(1, 20)], r.stderr
-    assert f"aios-run: error: {script} exited with code 1 on rank 1 (other ranks stopped)" in r.stderr
+    assert restarts == [
+        f"aios-run: restart {n}/19: rank 1 exited with code 1; restarting all workers"
+        for n in range(1, 20)
+    ], r.stderr
+    assert (
+        f"aios-run: error: {script} exited with code 1 on rank 1 (other ranks stopped)" in r.stderr
+    )
     # and without restarts (the static rendezvous path)
     (tmp_path / "marks2").mkdir()
-    r = subprocess.run([*RUN, "--nprocs", "2", "--master-port", str(_free_port()), str(script)],
-                       capture_output=True, text=True, env={**env, "MARK_DIR": str(tmp_path / "marks2")}, cwd=tmp_path, timeout=300)
+    r = subprocess.run(
+        [*RUN, "--nprocs", "2", "--master-port", str(_free_port()), str(script)],
+        capture_output=True,
+        text=True,
+        env={**env, "MARK_DIR": str(tmp_path / "marks2")},
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert r.returncode == 1, r.stdout + r.stderr
-    assert f"aios-run: error: {script} exited with code 1 on rank 1 (other ranks stopped)" in r.stderr
+    assert (
+        f"aios-run: error: {script} exited with code 1 on rank 1 (other ranks stopped)" in r.stderr
+    )
 
 
 # ------------------------------------------------------------------------------ item 8
@@ -217,32 +282,59 @@ def test_kill_then_relaunch_on_one_explicit_port_10_times(tmp_path: Path) -> Non
     for cycle in range(10):
         pid_dir = tmp_path / f"pids{cycle}"
         pid_dir.mkdir()
-        proc = subprocess.Popen([*RUN, "--nprocs", "2", "--master-port", str(port), str(script)],
-                                env=_env(tmp_path, PID_DIR=str(pid_dir)), cwd=tmp_path,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(
+            [*RUN, "--nprocs", "2", "--master-port", str(port), str(script)],
+            env=_env(tmp_path, PID_DIR=str(pid_dir)),
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         try:
-            _wait_for(lambda d=pid_dir: (d / "w0").exists() and (d / "w1").exists(), 120, f"cycle {cycle} to start", proc)
+            _wait_for(
+                lambda d=pid_dir: (d / "w0").exists() and (d / "w1").exists(),
+                120,
+                f"cycle {cycle} to start",
+                proc,
+            )
         finally:
             proc.kill()
             proc.wait(timeout=30)
         workers = _pids(pid_dir, 2)
-        _wait_for(lambda w=workers: not any(_alive(p) for p in w), 10, f"cycle {cycle}'s workers to die")
+        _wait_for(
+            lambda w=workers: not any(_alive(p) for p in w), 10, f"cycle {cycle}'s workers to die"
+        )
 
 
 def test_second_node_started_first_waits_for_node_0(tmp_path: Path) -> None:
-    script = _script(tmp_path, """
+    script = _script(
+        tmp_path,
+        """
         import os
         print("rank", os.environ["RANK"], "of", os.environ["WORLD_SIZE"], "node", os.environ["GROUP_RANK"])
-    """)
+    """,
+    )
     port = str(_free_port())
     common = ["--nnodes", "2", "--nprocs", "1", "--master-addr", "127.0.0.1", "--master-port", port]
-    node1 = subprocess.Popen([*RUN, *common, "--node-rank", "1", str(script)], env=_env(tmp_path), cwd=tmp_path,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    node1 = subprocess.Popen(
+        [*RUN, *common, "--node-rank", "1", str(script)],
+        env=_env(tmp_path),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         time.sleep(5)  # node 1 is up and waiting (under load it may still be importing: also fine)
         assert node1.poll() is None, node1.stdout.read() if node1.stdout else ""
-        node0 = subprocess.run([*RUN, *common, "--node-rank", "0", str(script)], env=_env(tmp_path), cwd=tmp_path,
-                               capture_output=True, text=True, timeout=240)
+        node0 = subprocess.run(
+            [*RUN, *common, "--node-rank", "0", str(script)],
+            env=_env(tmp_path),
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
         out1, _ = node1.communicate(timeout=240)
     finally:
         if node1.poll() is None:
@@ -251,7 +343,9 @@ def test_second_node_started_first_waits_for_node_0(tmp_path: Path) -> None:
     assert node1.returncode == 0, out1
     # the c10d rendezvous (as under torchrun) gives group ranks in its own order: one node each
     lines = sorted(ln for ln in (node0.stdout + out1).splitlines() if ln.startswith("[rank"))
-    assert lines == ["[rank0]:rank 0 of 2 node 0", "[rank1]:rank 1 of 2 node 1"], node0.stdout + out1
+    assert lines == ["[rank0]:rank 0 of 2 node 0", "[rank1]:rank 1 of 2 node 1"], (
+        node0.stdout + out1
+    )
 
 
 # ------------------------------------------------------------------------------ item 9
@@ -261,7 +355,9 @@ def test_max_restarts_after_worker_death_gets_a_fresh_rendezvous(tmp_path: Path)
     pytest.importorskip("torch")
     # rank 1 dies after the group formed; on the restart it joins late, so a rank 0 that read
     # rank 1's address from the previous attempt would try to connect to a dead process
-    script = _script(tmp_path, """
+    script = _script(
+        tmp_path,
+        """
         import datetime, os, time
         import torch
         import torch.distributed as dist
@@ -277,27 +373,68 @@ def test_max_restarts_after_worker_death_gets_a_fresh_rendezvous(tmp_path: Path)
             os._exit(9)
         dist.barrier()
         dist.destroy_process_group()
-    """)
-    r = subprocess.run([*RUN, "--nprocs", "2", "--max-restarts", "3", "--master-port", str(_free_port()), str(script)],
-                       capture_output=True, text=True, env=_env(tmp_path), cwd=tmp_path, timeout=500)
+    """,
+    )
+    r = subprocess.run(
+        [
+            *RUN,
+            "--nprocs",
+            "2",
+            "--max-restarts",
+            "3",
+            "--master-port",
+            str(_free_port()),
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(tmp_path),
+        cwd=tmp_path,
+        timeout=500,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     for rank in (0, 1):
         assert f"[rank{rank}]:attempt 2 rank {rank} sum 2.0" in r.stdout, r.stdout + r.stderr
     restarts = [ln for ln in r.stderr.splitlines() if ln.startswith("aios-run: restart ")]
-    assert restarts == [f"aios-run: restart {n}/3: rank 1 exited with code 9; restarting all workers" for n in (1, 2)], r.stderr
+    assert restarts == [
+        f"aios-run: restart {n}/3: rank 1 exited with code 9; restarting all workers"
+        for n in (1, 2)
+    ], r.stderr
 
 
 def test_restart_line_names_a_signal(tmp_path: Path) -> None:
-    script = _script(tmp_path, """
+    script = _script(
+        tmp_path,
+        """
         import os, signal, sys
         if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0" and os.environ["RANK"] == "0":
             os.kill(os.getpid(), signal.SIGKILL)
         sys.exit(0)
-    """)
-    r = subprocess.run([*RUN, "--nprocs", "2", "--max-restarts", "1", "--master-port", str(_free_port()), str(script)],
-                       capture_output=True, text=True, env=_env(tmp_path), cwd=tmp_path, timeout=300)
+    """,
+    )
+    r = subprocess.run(
+        [
+            *RUN,
+            "--nprocs",
+            "2",
+            "--max-restarts",
+            "1",
+            "--master-port",
+            str(_free_port()),
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(tmp_path),
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
-    assert re.search(r"^aios-run: restart 1/1: rank 0 was killed by SIGKILL; restarting all workers$", r.stderr, re.M), r.stderr
+    assert re.search(
+        r"^aios-run: restart 1/1: rank 0 was killed by SIGKILL; restarting all workers$",
+        r.stderr,
+        re.M,
+    ), r.stderr
 
 
 def test_aios_init_watches_the_launcher(tmp_path: Path) -> None:
@@ -307,8 +444,15 @@ def test_aios_init_watches_the_launcher(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
     worker = subprocess.Popen(
-        [sys.executable, "-c", "import aios, time\nrt = aios.init()\nprint('started', flush=True)\ntime.sleep(300)"],
-        env=_env(tmp_path, AIOS_RUN_LAUNCHER_PID=str(launcher.pid)), stdout=subprocess.PIPE, text=True, cwd=tmp_path,
+        [
+            sys.executable,
+            "-c",
+            "import aios, time\nrt = aios.init()\nprint('started', flush=True)\ntime.sleep(300)",
+        ],
+        env=_env(tmp_path, AIOS_RUN_LAUNCHER_PID=str(launcher.pid)),
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
     )
     try:
         assert worker.stdout is not None and worker.stdout.readline().strip() == "started"
@@ -327,14 +471,38 @@ def test_restart_plan_uses_a_fresh_rendezvous_per_attempt(tmp_path: Path) -> Non
     import json
 
     script = _script(tmp_path, "print('hi')\n")
-    r = subprocess.run([*RUN, "--nprocs", "2", "--max-restarts", "2", "--dry-run", "--json", str(script)],
-                       capture_output=True, text=True, env=_env(tmp_path), cwd=tmp_path, timeout=120)
+    r = subprocess.run(
+        [*RUN, "--nprocs", "2", "--max-restarts", "2", "--dry-run", "--json", str(script)],
+        capture_output=True,
+        text=True,
+        env=_env(tmp_path),
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     host = json.loads(r.stdout)["hosts"][0]
     cmd = host["command"]
-    assert cmd[cmd.index("--rdzv-backend") + 1] == "c10d" and cmd[cmd.index("--rdzv-conf") + 1] == "is_host=1"
+    assert (
+        cmd[cmd.index("--rdzv-backend") + 1] == "c10d"
+        and cmd[cmd.index("--rdzv-conf") + 1] == "is_host=1"
+    )
     assert host["env"]["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
-    r = subprocess.run([*RUN, "--nprocs", "2", "--max-restarts", "2", "launch.rdzv_backend=static", "--dry-run", str(script)],
-                       capture_output=True, text=True, env=_env(tmp_path), cwd=tmp_path, timeout=120)
+    r = subprocess.run(
+        [
+            *RUN,
+            "--nprocs",
+            "2",
+            "--max-restarts",
+            "2",
+            "launch.rdzv_backend=static",
+            "--dry-run",
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(tmp_path),
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert "note: launch.rdzv_backend=static keeps one store for every attempt" in r.stdout

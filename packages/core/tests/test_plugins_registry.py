@@ -8,7 +8,6 @@ import textwrap
 from importlib.metadata import EntryPoint
 
 import pytest
-
 from aios import plugins as plugins_mod
 from aios.errors import BackendUnavailable, PluginError
 from aios.plugins import Registry
@@ -77,33 +76,43 @@ def test_unavailable_backend_is_an_error_never_a_fallback(syspath, backend_plugi
 
 def test_known_but_missing_backend_names_the_install_line():
     reg = Registry(entry_points=[_builtin()])
-    with pytest.raises(BackendUnavailable, match=r"pip install -e './packages/core\[xla\]' ./packages/backend-xla"):
+    with pytest.raises(
+        BackendUnavailable, match=r"pip install -e './packages/core\[xla\]' ./packages/backend-xla"
+    ):
         reg.select("xla")
     with pytest.raises(BackendUnavailable, match="unknown backend 'nope'"):
         reg.select("nope")
 
 
 def test_unknown_hook_is_rejected_with_the_plugin_name(syspath):
-    p = _module(syspath, "plug_typo", """
+    p = _module(
+        syspath,
+        "plug_typo",
+        """
         from aios import hookimpl
 
         @hookimpl
         def aios_register_backend(register):  # typo: missing s
             pass
-    """)
+    """,
+    )
     reg = Registry(entry_points=[_builtin(), p], strict=False)
     assert "plug-typo" not in reg.plugins
     assert reg.errors[0].plugin == "plug-typo" and "aios_register_backend" in reg.errors[0].error
 
 
 def test_registration_hook_raising_is_isolated(syspath):
-    p = _module(syspath, "plug_raise", """
+    p = _module(
+        syspath,
+        "plug_raise",
+        """
         from aios import hookimpl
 
         @hookimpl
         def aios_register_backends(register):
             raise ValueError('bad register')
-    """)
+    """,
+    )
     reg = Registry(entry_points=[p, _builtin()], strict=False)
     assert "cpu" in reg.backends
     assert reg.errors[0].plugin == "plug-raise" and "bad register" in reg.errors[0].error
@@ -138,8 +147,12 @@ def test_registry_loads_lazily_and_once(monkeypatch):
         plugins_mod.reset_registry()
 
 
-def test_installed_plugins_are_found_through_entry_points(site, run_aios, backend_plugin, write_dist):
-    write_dist(site, "aios-widget", "widget_plugin", backend_plugin("widget", 5, True), version="2.3")
+def test_installed_plugins_are_found_through_entry_points(
+    site, run_aios, backend_plugin, write_dist
+):
+    write_dist(
+        site, "aios-widget", "widget_plugin", backend_plugin("widget", 5, True), version="2.3"
+    )
     write_dist(site, "aios-broken", "broken_plugin", "raise ImportError('missing dep')\n")
     res = run_aios("plugins", "--json")
     assert res.returncode == 0, res.stderr
@@ -148,11 +161,16 @@ def test_installed_plugins_are_found_through_entry_points(site, run_aios, backen
     assert names["aios-widget"]["version"] == "2.3"
     assert names["aios-widget"]["backends"] == ["widget"]
     assert names["aios-core"]["backends"] == ["cpu"]
-    assert data["errors"] == [{"plugin": "aios-broken", "error": "Error importing plugin: ImportError: missing dep"}]
+    assert data["errors"] == [
+        {"plugin": "aios-broken", "error": "Error importing plugin: ImportError: missing dep"}
+    ]
 
 
 def test_probe_receives_the_config_when_it_accepts_one(syspath):
-    p = _module(syspath, "plug_optin", """
+    p = _module(
+        syspath,
+        "plug_optin",
+        """
         from aios import hookimpl
         from aios.types import Availability, BackendSpec
 
@@ -163,7 +181,8 @@ def test_probe_receives_the_config_when_it_accepts_one(syspath):
         @hookimpl
         def aios_register_backends(register):
             register(BackendSpec(name="optin", priority=1, probe=probe))
-    """)
+    """,
+    )
     reg = Registry(entry_points=[_builtin(), p], strict=False)
 
     class Cfg:
@@ -187,20 +206,30 @@ def test_plugin_calling_sys_exit_at_import_is_reported_not_fatal(syspath, backen
 
 
 def test_output_printed_at_import_is_captured_and_named(syspath, capsys):
-    noisy = _module(syspath, "plug_noisy", """
+    noisy = _module(
+        syspath,
+        "plug_noisy",
+        """
         import sys
         print("hello from a noisy plugin")
         print("more noise", file=sys.stderr)
-    """)
+    """,
+    )
     reg = Registry(entry_points=[_builtin(), noisy], strict=False)
     out, err = capsys.readouterr()
     assert out == ""
-    assert 'plugin "plug-noisy" printed output during import' in err and "hello from a noisy plugin" in err
+    assert (
+        'plugin "plug-noisy" printed output during import' in err
+        and "hello from a noisy plugin" in err
+    )
     assert "plug-noisy" in reg.plugins and reg.select("auto").name == "cpu"
 
 
 def test_raising_component_hooks_name_the_plugin_and_cpu_keeps_working(syspath, capsys):
-    bad = _module(syspath, "plug_hookboom", """
+    bad = _module(
+        syspath,
+        "plug_hookboom",
+        """
         from aios import hookimpl
 
         @hookimpl
@@ -214,13 +243,16 @@ def test_raising_component_hooks_name_the_plugin_and_cpu_keeps_working(syspath, 
         @hookimpl
         def aios_discover_devices(backend, config):
             raise RuntimeError("discover boom")
-    """)
+    """,
+    )
     reg = Registry(entry_points=[_builtin(), bad], strict=False)
     from aios.config import resolve
     from aios.types import LaunchRequest
 
     cfg = resolve(environ={}, sections=reg.config_sections, check_backend=False)
-    plan = reg.call_first("aios_launch_plan", backend="cpu", config=cfg, request=LaunchRequest(script="t.py"))
+    plan = reg.call_first(
+        "aios_launch_plan", backend="cpu", config=cfg, request=LaunchRequest(script="t.py")
+    )
     assert plan is not None and plan.launcher
     rep = reg.call_first("aios_discover_devices", backend="cpu", config=None)
     assert rep is not None and rep.backend == "cpu"
@@ -228,7 +260,10 @@ def test_raising_component_hooks_name_the_plugin_and_cpu_keeps_working(syspath, 
     # even asked for it, so their failures cannot touch it
     assert "plug-hookboom" not in capsys.readouterr().err
     # a backend answered through the 0.1 hooks: the raising plugin is named, the other answers
-    good = _module(syspath, "plug_a_legacyplan", """
+    good = _module(
+        syspath,
+        "plug_a_legacyplan",
+        """
         from aios import hookimpl
         from aios.types import HostPlan, Host, LaunchPlan
 
@@ -236,9 +271,12 @@ def test_raising_component_hooks_name_the_plugin_and_cpu_keeps_working(syspath, 
         def aios_launch_plan(backend, config, request):
             if backend == "legacy":
                 return LaunchPlan(backend="legacy", launcher="x", world_size=1, hosts=[HostPlan(Host(), 1, {}, ["true"])])
-    """)
+    """,
+    )
     reg = Registry(entry_points=[_builtin(), good, bad], strict=False)
-    plan = reg.call_first("aios_launch_plan", backend="legacy", config=cfg, request=LaunchRequest(script="t.py"))
+    plan = reg.call_first(
+        "aios_launch_plan", backend="legacy", config=cfg, request=LaunchRequest(script="t.py")
+    )
     assert plan is not None and plan.launcher == "x"
     err = capsys.readouterr().err
     assert 'plugin "plug-hookboom" failed in aios_launch_plan: RuntimeError: plan boom' in err
@@ -246,23 +284,34 @@ def test_raising_component_hooks_name_the_plugin_and_cpu_keeps_working(syspath, 
 
 
 def test_raising_hook_with_no_other_answer_is_an_error_naming_the_plugin(syspath):
-    bad = _module(syspath, "plug_onlyplan", """
+    bad = _module(
+        syspath,
+        "plug_onlyplan",
+        """
         from aios import hookimpl
 
         @hookimpl
         def aios_launch_plan(backend, config, request):
             raise KeyError("missing")
-    """)
+    """,
+    )
     reg = Registry(entry_points=[bad], strict=False)
-    with pytest.raises(PluginError, match='plugin "plug-onlyplan" failed in aios_launch_plan: KeyError'):
+    with pytest.raises(
+        PluginError, match='plugin "plug-onlyplan" failed in aios_launch_plan: KeyError'
+    ):
         reg.call_first("aios_launch_plan", backend="x", config=None, request=None)
 
 
-def test_hanging_import_and_probe_time_out_are_named_and_paid_once(syspath, monkeypatch, backend_plugin):
+def test_hanging_import_and_probe_time_out_are_named_and_paid_once(
+    syspath, monkeypatch, backend_plugin
+):
     monkeypatch.setenv("AIOS_PLUGIN_TIMEOUT", "0.5")
     monkeypatch.delenv("AIOS_INTERNAL_SKIP_PLUGINS", raising=False)
     hang = _module(syspath, "plug_hang", "import time\ntime.sleep(30)\n")
-    slow = _module(syspath, "plug_slowprobe", """
+    slow = _module(
+        syspath,
+        "plug_slowprobe",
+        """
         import time
         from aios import hookimpl
         from aios.types import Availability, BackendSpec
@@ -277,7 +326,8 @@ def test_hanging_import_and_probe_time_out_are_named_and_paid_once(syspath, monk
         @hookimpl
         def aios_register_backends(register):
             register(BackendSpec(name="slow", priority=900, probe=probe))
-    """)
+    """,
+    )
     import time
 
     t0 = time.monotonic()
@@ -292,7 +342,10 @@ def test_hanging_import_and_probe_time_out_are_named_and_paid_once(syspath, monk
     # processes started from here (aios-run's workers) skip both instead of waiting again
     import os
 
-    assert set(os.environ["AIOS_INTERNAL_SKIP_PLUGINS"].split(",")) == {"plug-hang", "plug-slowprobe"}
+    assert set(os.environ["AIOS_INTERNAL_SKIP_PLUGINS"].split(",")) == {
+        "plug-hang",
+        "plug-slowprobe",
+    }
     child = Registry(entry_points=[_builtin(), hang, slow], strict=False)
     assert "plug-slowprobe" not in child.plugins and "skipped" in child.errors[0].error
 
@@ -300,14 +353,18 @@ def test_hanging_import_and_probe_time_out_are_named_and_paid_once(syspath, monk
 def test_doubly_claimed_or_rejected_backend_is_named_by_aios_run(syspath, backend_plugin):
     a = _module(syspath, "plug_d1", backend_plugin("dup", 1, True))
     b = _module(syspath, "plug_d2", backend_plugin("dup", 2, True))
-    rej = _module(syspath, "plug_rej", """
+    rej = _module(
+        syspath,
+        "plug_rej",
+        """
         from aios import hookimpl
         from aios.types import BackendSpec
 
         @hookimpl
         def aios_register_backends(register):
             register(BackendSpec(name="Bad Name", priority=1, probe=lambda: None))
-    """)
+    """,
+    )
     reg = Registry(entry_points=[_builtin(), a, b, rej], strict=False)
     from aios.config import resolve
 
@@ -320,27 +377,46 @@ def test_doubly_claimed_or_rejected_backend_is_named_by_aios_run(syspath, backen
 def test_unknown_backend_names_plugins_that_failed_to_load(syspath):
     broken = _module(syspath, "plug_gone", "raise ImportError('needs libwidget')\n")
     reg = Registry(entry_points=[_builtin(), broken], strict=False)
-    with pytest.raises(BackendUnavailable, match='unknown backend .widget.*"plug-gone": .*needs libwidget'):
+    with pytest.raises(
+        BackendUnavailable, match='unknown backend .widget.*"plug-gone": .*needs libwidget'
+    ):
         reg.select("widget")
 
 
-def test_cli_json_stays_clean_with_noisy_exiting_and_raising_plugins(site, run_aios, backend_plugin, write_dist):
-    write_dist(site, "aios-noisy", "noisy_plugin", "print('NOISE at import')\n" + textwrap.dedent(backend_plugin("noisy", 1, True)))
+def test_cli_json_stays_clean_with_noisy_exiting_and_raising_plugins(
+    site, run_aios, backend_plugin, write_dist
+):
+    write_dist(
+        site,
+        "aios-noisy",
+        "noisy_plugin",
+        "print('NOISE at import')\n" + textwrap.dedent(backend_plugin("noisy", 1, True)),
+    )
     write_dist(site, "aios-quitter", "quitter_plugin", "import sys\nsys.exit(4)\n")
-    write_dist(site, "aios-planboom", "planboom_plugin", textwrap.dedent("""
+    write_dist(
+        site,
+        "aios-planboom",
+        "planboom_plugin",
+        textwrap.dedent("""
         from aios import hookimpl
 
         @hookimpl
         def aios_launch_plan(backend, config, request):
             raise RuntimeError("plan boom")
-    """))
+    """),
+    )
     res = run_aios("plugins", "--json")
     assert res.returncode == 0, res.stderr
     data = json.loads(res.stdout)  # nothing the plugins printed is in it
-    assert "NOISE" not in res.stdout and 'plugin "aios-noisy" printed output during import' in res.stderr
+    assert (
+        "NOISE" not in res.stdout
+        and 'plugin "aios-noisy" printed output during import' in res.stderr
+    )
     assert {e["plugin"] for e in data["errors"]} == {"aios-quitter"}
     (site.parent / "t.py").write_text("print('hi')\n")
     run = run_aios("run", "--dry-run", "--json", "--backend", "cpu", "t.py")
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["backend"] == "cpu"
-    assert "aios-planboom" not in run.stderr  # cpu carries its own launch plan: the hook is not asked
+    assert (
+        "aios-planboom" not in run.stderr
+    )  # cpu carries its own launch plan: the hook is not asked

@@ -23,15 +23,35 @@ AIOS_RUN = [sys.executable, "-c", "from aios.cli.run import main; main()"]
 
 def _env(tmp: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
-    env.update({"AIOS_LOGGING__RUN_DIR": str(tmp / "runs"), "AIOS_LOGGING__TENSORBOARD": "false", "OMP_NUM_THREADS": "1"})
+    env.update(
+        {
+            "AIOS_LOGGING__RUN_DIR": str(tmp / "runs"),
+            "AIOS_LOGGING__TENSORBOARD": "false",
+            "OMP_NUM_THREADS": "1",
+        }
+    )
     env.update(extra)
     return env
 
 
-def _launch(tmp: Path, nprocs: int, ckpt: Path, out: Path, env: dict[str, str], port: int) -> subprocess.Popen:
-    cmd = [*AIOS_RUN, "--nprocs", str(nprocs), "--master-port", str(port), f"checkpoint.dir={ckpt}",
-           "grad_accum=2", "grad_clip=1.0", str(SCRIPT), str(out)]
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp)
+def _launch(
+    tmp: Path, nprocs: int, ckpt: Path, out: Path, env: dict[str, str], port: int
+) -> subprocess.Popen:
+    cmd = [
+        *AIOS_RUN,
+        "--nprocs",
+        str(nprocs),
+        "--master-port",
+        str(port),
+        f"checkpoint.dir={ckpt}",
+        "grad_accum=2",
+        "grad_clip=1.0",
+        str(SCRIPT),
+        str(out),
+    ]
+    return subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp
+    )
 
 
 def _wait_step(progress: Path, proc: subprocess.Popen, at: int, timeout: float = 90) -> None:
@@ -53,7 +73,14 @@ def test_preempt_sigterm_resume_is_bitwise_equal(tmp_path: Path, nprocs: int, fr
     total = 24
     # uninterrupted reference
     ref = tmp_path / "ref.pt"
-    p = _launch(tmp_path, nprocs, tmp_path / "ckpt-ref", ref, _env(tmp_path, TOTAL_STEPS=str(total)), free_port())
+    p = _launch(
+        tmp_path,
+        nprocs,
+        tmp_path / "ckpt-ref",
+        ref,
+        _env(tmp_path, TOTAL_STEPS=str(total)),
+        free_port(),
+    )
     out, _ = p.communicate(timeout=180)
     assert p.returncode == 0, out
 

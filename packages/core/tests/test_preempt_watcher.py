@@ -39,7 +39,9 @@ def _setup(rt):
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(400, 4)), batch_size=4, drop_last=True)
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.randn(400, 4)), batch_size=4, drop_last=True
+    )
     return rt.setup(model, opt, loader)
 
 
@@ -80,7 +82,11 @@ def test_preempt_watcher_notice_checkpoints_and_exits(tmp_path):
     diag = json.loads((Path(rt.run_dir) / "diagnostics.json").read_text())
     assert diag["status"] == "preempted"
     (ev,) = diag["preemptions"]
-    assert ev["reason"] == f"notice file {notice}" and ev["step"] == 4 and ev["checkpoint"].endswith("ckpt-000000004")
+    assert (
+        ev["reason"] == f"notice file {notice}"
+        and ev["step"] == 4
+        and ev["checkpoint"].endswith("ckpt-000000004")
+    )
     assert ev["seconds_since_notice"] < ev["grace_seconds"]
     assert aios.current() is None
 
@@ -102,7 +108,9 @@ def test_preempt_sigterm_in_process(tmp_path):
     code = _train_until_exit(rt, model, opt, loader, on_step)
     assert code == EXIT_PREEMPTED
     assert [p.name for p in (tmp_path / "ck").iterdir()] == ["ckpt-000000006"]  # next boundary
-    assert signal.getsignal(signal.SIGTERM) is not rt.preemption._handler  # handler removed at close
+    assert (
+        signal.getsignal(signal.SIGTERM) is not rt.preemption._handler
+    )  # handler removed at close
 
 
 def test_preempt_without_checkpoint_dir_still_exits_distinctly(tmp_path):

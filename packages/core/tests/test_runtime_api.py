@@ -85,7 +85,10 @@ def test_runtime_config_precedence_defaults_env_flags(monkeypatch, tmp_path):
 
 
 def test_runtime_aios_run_config_env_is_used(monkeypatch):
-    monkeypatch.setenv("AIOS_RUN_CONFIG", json.dumps({"backend": "cpu", "precision": "bf16-mixed", "grad_accum": 4}))
+    monkeypatch.setenv(
+        "AIOS_RUN_CONFIG",
+        json.dumps({"backend": "cpu", "precision": "bf16-mixed", "grad_accum": 4}),
+    )
     rt = aios.init(defaults={"grad_accum": 2, "seed": 9})
     assert rt.config.precision == "bf16-mixed" and rt.config.grad_accum == 4 and rt.config.seed == 9
 
@@ -171,7 +174,11 @@ def test_runtime_log_and_run_record(tmp_path):
     assert lines == [{"step": 3, "time": lines[0]["time"], "loss": 0.5, "lr": 0.1}]
     diag = json.loads((d / "diagnostics.json").read_text())
     assert diag["backend"] == "cpu" and diag["world_size"] == 1 and diag["status"] == "finished"
-    assert diag["steps"] == 3 and diag["step_timing"]["count"] == 2 and diag["step_timing"]["first_step_s"] > 0
+    assert (
+        diag["steps"] == 3
+        and diag["step_timing"]["count"] == 2
+        and diag["step_timing"]["first_step_s"] > 0
+    )
     assert "torch" in diag["versions"] and diag["devices"]["backend"] == "cpu"
     assert "max_rss_bytes" in diag["backend_metrics"]
     cfg = json.loads((d / "config.json").read_text())
@@ -218,7 +225,10 @@ def test_runtime_save_load_roundtrip_full_state(tmp_path):
     assert names == ["ckpt-000000002", "ckpt-000000004"]
     path = rt.save()
     assert path.endswith("ckpt-000000005")
-    assert sorted(p.name for p in ckpt.iterdir() if p.name != ".aios-lock") == ["ckpt-000000004", "ckpt-000000005"]  # keep=2
+    assert sorted(p.name for p in ckpt.iterdir() if p.name != ".aios-lock") == [
+        "ckpt-000000004",
+        "ckpt-000000005",
+    ]  # keep=2
     want = {k: v.clone() for k, v in model.state_dict().items()}
     want_rand = torch.rand(2)
     want_lr = sched.get_last_lr()

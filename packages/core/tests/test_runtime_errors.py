@@ -24,15 +24,30 @@ def _env(tmp_path, **extra):
 def test_aios_error_in_script_is_one_line_exit_2(tmp_path):
     script = tmp_path / "s.py"
     script.write_text(SCRIPT)
-    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=_env(tmp_path), timeout=120)
+    res = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        env=_env(tmp_path),
+        timeout=120,
+    )
     assert res.returncode == 2
     assert res.stdout.strip() == "started"
-    assert res.stderr.strip().splitlines()[-1] == "aios: error: widget limit exceeded at step 4; raise widget.limit"
+    assert (
+        res.stderr.strip().splitlines()[-1]
+        == "aios: error: widget limit exceeded at step 4; raise widget.limit"
+    )
     assert "Traceback" not in res.stderr
 
 
 def test_aios_error_in_script_keeps_traceback_with_debug(tmp_path):
     script = tmp_path / "s.py"
     script.write_text(SCRIPT)
-    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=_env(tmp_path, AIOS_DEBUG="1"), timeout=120)
+    res = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        env=_env(tmp_path, AIOS_DEBUG="1"),
+        timeout=120,
+    )
     assert res.returncode == 1 and "Traceback" in res.stderr and "ConfigError" in res.stderr

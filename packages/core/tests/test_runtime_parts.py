@@ -93,7 +93,9 @@ def test_checkpoint_manager_alone_no_side_effects_until_start(tmp_path):
     ts = TrainingState(strategy, precision, "cpu")
     ts.modules.append(strategy.setup_module(torch.nn.Linear(2, 2), precision))
     threads = threading.active_count()
-    mgr = CheckpointManager(cfg, strategy, ts, RunRecord(str(tmp_path / "runs"), "r1", active=True), "cpu")
+    mgr = CheckpointManager(
+        cfg, strategy, ts, RunRecord(str(tmp_path / "runs"), "r1", active=True), "cpu"
+    )
     assert not ck.exists() and threading.active_count() == threads  # nothing until start()
     mgr.start()
     lock = json.loads((ck / ".aios-lock").read_text())
@@ -104,9 +106,16 @@ def test_checkpoint_manager_alone_no_side_effects_until_start(tmp_path):
         assert mgr.pending == "save"
         mgr.at_batch_boundary()  # the public callback loaders call
         assert mgr.pending is None
-    assert sorted(p.name for p in ck.iterdir() if p.name.startswith("ckpt-")) == ["ckpt-000000002", "ckpt-000000003"]
+    assert sorted(p.name for p in ck.iterdir() if p.name.startswith("ckpt-")) == [
+        "ckpt-000000002",
+        "ckpt-000000003",
+    ]
     marker = json.loads((ck / "ckpt-000000003" / "aios-checkpoint.json").read_text())
-    assert marker["lineage"] == mgr.lineage and marker["world_size"] == 1 and marker["checkpoint_format"] == "full"
+    assert (
+        marker["lineage"] == mgr.lineage
+        and marker["world_size"] == 1
+        and marker["checkpoint_format"] == "full"
+    )
     mgr.close()
     assert not (ck / ".aios-lock").exists()
 
@@ -164,7 +173,11 @@ def test_a_second_checkpoint_format_plugs_in(tmp_path):
 
         def save(self, step, ctx, staging, store):
             data = {"step": step, "w": ctx.training.modules[0].weight.tolist()}
-            return {"rank0.json": store.write_file(staging, "rank0.json", lambda f: f.write(json.dumps(data).encode()))}
+            return {
+                "rank0.json": store.write_file(
+                    staging, "rank0.json", lambda f: f.write(json.dumps(data).encode())
+                )
+            }
 
         def load(self, info, store, target, rank=0, strict=True):
             data = json.loads(store.read_file(info, "rank0.json"))
@@ -185,7 +198,9 @@ def test_a_second_checkpoint_format_plugs_in(tmp_path):
         rt.training.step = 4
         path = rt.save()
         marker = json.loads(Path(path, "aios-checkpoint.json").read_text())
-        assert marker["checkpoint_format"] == "test-sharded" and set(marker["files"]) == {"rank0.json"}
+        assert marker["checkpoint_format"] == "test-sharded" and set(marker["files"]) == {
+            "rank0.json"
+        }
         want = model.weight.detach().clone()
         with torch.no_grad():
             model.weight.zero_()
@@ -204,7 +219,11 @@ def test_launcher_worker_env_names_live_only_in_the_contract_module():
             continue
         tree = ast.parse(src.read_text())
         for node in ast.walk(tree):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("AIOS_RUN_"):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and node.value.startswith("AIOS_RUN_")
+            ):
                 offenders.append(f"{src.relative_to(REPO)}:{node.lineno}: {node.value!r}")
     assert offenders == []
     assert all(name.startswith(contract.CONTROL_PREFIX) for name in contract.ALL)
@@ -219,12 +238,28 @@ def test_all_ranks_write_format_with_two_processes(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
-    env.update({"AIOS_LOGGING__RUN_DIR": str(tmp_path / "runs"), "AIOS_LOGGING__TENSORBOARD": "false"})
+    env.update(
+        {"AIOS_LOGGING__RUN_DIR": str(tmp_path / "runs"), "AIOS_LOGGING__TENSORBOARD": "false"}
+    )
     ck = tmp_path / "ck"
     script = Path(__file__).parent / "scripts" / "sharded_format.py"
     r = subprocess.run(
-        [sys.executable, "-c", "from aios.cli.run import main; main()", "--nprocs", "2", "--master-port", str(port), str(script), str(ck)],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=400,
+        [
+            sys.executable,
+            "-c",
+            "from aios.cli.run import main; main()",
+            "--nprocs",
+            "2",
+            "--master-port",
+            str(port),
+            str(script),
+            str(ck),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=400,
     )
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
@@ -232,7 +267,9 @@ def test_all_ranks_write_format_with_two_processes(tmp_path):
     for rank in (0, 1):
         assert f"[rank{rank}]:save failed: True True" in out, out
         assert f"[rank{rank}]:resumed 3 {2.0 * (rank + 1)}" in out, out
-    assert sorted(p.name for p in ck.iterdir()) == ["ckpt-000000003"]  # the failed save left nothing
+    assert sorted(p.name for p in ck.iterdir()) == [
+        "ckpt-000000003"
+    ]  # the failed save left nothing
 
 
 def test_checkpoint_format_can_be_registered_lazily():

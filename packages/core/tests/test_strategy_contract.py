@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from aios.testing.strategy_contract import StrategyContract  # noqa: E402
+from aios.testing.strategy_contract import StrategyContract
 
 
 class TestDDPContract(StrategyContract):
@@ -24,4 +24,9 @@ class TestFSDPOptionsContract(StrategyContract):
     optimizer state."""
 
     strategy = "fsdp"
-    overrides = ["fsdp.wrap=[Block]", "fsdp.activation_checkpointing=true", "fsdp.cpu_offload=true", "fsdp.reshard_after_forward=false"]
+    overrides = [
+        "fsdp.wrap=[Block]",
+        "fsdp.activation_checkpointing=true",
+        "fsdp.cpu_offload=true",
+        "fsdp.reshard_after_forward=false",
+    ]

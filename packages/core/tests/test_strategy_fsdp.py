@@ -16,8 +16,27 @@ import pytest
 pytest.importorskip("torch")
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "gpt.py"
-SMALL = ["--steps", "40", "--n-embd", "32", "--batch-size", "8", "--block-size", "32", "--lr", "1e-2", "--warmup", "5", "--eval-every", "40", "--eval-batches", "2"]
-DONE = re.compile(r"done 40 steps \(40 this run\) in [0-9.]+s: [0-9.]+ steps/s, [0-9,]+ tokens/s; train loss ([0-9.]+), val loss ([0-9.]+)")
+SMALL = [
+    "--steps",
+    "40",
+    "--n-embd",
+    "32",
+    "--batch-size",
+    "8",
+    "--block-size",
+    "32",
+    "--lr",
+    "1e-2",
+    "--warmup",
+    "5",
+    "--eval-every",
+    "40",
+    "--eval-batches",
+    "2",
+]
+DONE = re.compile(
+    r"done 40 steps \(40 this run\) in [0-9.]+s: [0-9.]+ steps/s, [0-9,]+ tokens/s; train loss ([0-9.]+), val loss ([0-9.]+)"
+)
 
 
 def _run(tmp: Path, *args: str, timeout: int = 500) -> subprocess.CompletedProcess[str]:
@@ -25,8 +44,20 @@ def _run(tmp: Path, *args: str, timeout: int = 500) -> subprocess.CompletedProce
     env.update({"AIOS_LOGGING__TENSORBOARD": "false", "GPT_SAMPLE": "0", "OMP_NUM_THREADS": "1"})
     from aios.testing.strategy_contract import free_port
 
-    return subprocess.run([sys.executable, "-c", "from aios.cli.run import main; main()", f"master_port={free_port()}", *args],
-                          capture_output=True, text=True, env=env, cwd=tmp, timeout=timeout)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from aios.cli.run import main; main()",
+            f"master_port={free_port()}",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp,
+        timeout=timeout,
+    )
 
 
 def _gpt(tmp: Path, nprocs: int, *overrides: str) -> tuple[float, float]:
@@ -50,12 +81,19 @@ def test_gpt_fsdp_matches_ddp(tmp_path, nprocs):
 
 
 def test_gpt_dp2_tp2_mesh_trains_on_4_processes(tmp_path):
-    train, val = _gpt(tmp_path, 4, "strategy=fsdp", "fsdp.wrap=[Block]", "mesh.tp=2", "mesh.tp_plan=__main__:tp_plan")
+    train, val = _gpt(
+        tmp_path,
+        4,
+        "strategy=fsdp",
+        "fsdp.wrap=[Block]",
+        "mesh.tp=2",
+        "mesh.tp_plan=__main__:tp_plan",
+    )
     ddp = _gpt(tmp_path, 2, "strategy=ddp")  # dp=2: the same global batch per step
     assert abs(val - ddp[1]) < 0.05, (val, ddp)
 
 
-SHARDS = r'''
+SHARDS = r"""
 import torch, aios
 from torch.distributed.tensor import DTensor
 rt = aios.init()
@@ -84,7 +122,7 @@ sd = rt.strategy.module_state_dict(model)
 if rt.is_main:
     assert {k: tuple(v.shape) for k, v in sd.items()} == {n: tuple(params[n].shape) for n in params}
 rt.print("fractions", min(fractions.values()), max(fractions.values()), sum(local.values()), sum(full.values()))
-'''
+"""
 
 
 @pytest.mark.parametrize("nprocs", [2, 4])
@@ -92,7 +130,9 @@ def test_parameters_are_dtensor_shards_of_about_one_nth(tmp_path, nprocs):
     (tmp_path / "shards.py").write_text(SHARDS)
     r = _run(tmp_path, "--nprocs", str(nprocs), "strategy=fsdp", "shards.py")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    lo, hi, mine, total = re.search(r"fractions ([0-9.e-]+) ([0-9.e-]+) (\d+) (\d+)", r.stdout).groups()
+    lo, hi, mine, total = re.search(
+        r"fractions ([0-9.e-]+) ([0-9.e-]+) (\d+) (\d+)", r.stdout
+    ).groups()
     # every weight and bias is split over the ranks on dim 0: rank 0 holds ceil(n/N) rows
     assert abs(float(lo) - 1 / nprocs) < 0.01 and abs(float(hi) - 1 / nprocs) < 0.01
     assert abs(int(mine) / int(total) - 1 / nprocs) < 0.01
@@ -102,7 +142,10 @@ def test_bogus_strategy_names_strategy_and_lists_the_choices(tmp_path):
     r = _run(tmp_path, "strategy=bogus", "--dry-run", str(EXAMPLE))
     assert r.returncode == 2
     (line,) = r.stderr.strip().splitlines()
-    assert "invalid value 'bogus' for 'strategy'" in line and "choose one of: auto, ddp, deepspeed, fsdp, hsdp, nxd, spmd, tp" in line
+    assert (
+        "invalid value 'bogus' for 'strategy'" in line
+        and "choose one of: auto, ddp, deepspeed, fsdp, hsdp, nxd, spmd, tp" in line
+    )
 
 
 @pytest.mark.parametrize("strategy", ["spmd", "nxd"])
@@ -110,4 +153,7 @@ def test_other_backends_strategies_on_cpu_are_errors_not_ddp(tmp_path, strategy)
     r = _run(tmp_path, "--backend", "cpu", f"strategy={strategy}", "--dry-run", str(EXAMPLE))
     assert r.returncode == 2, r.stdout + r.stderr
     (line,) = r.stderr.strip().splitlines()
-    assert f"strategy '{strategy}' is not available on the cpu backend" in line and "strategies on cpu: auto, ddp, deepspeed, fsdp, hsdp, tp" in line
+    assert (
+        f"strategy '{strategy}' is not available on the cpu backend" in line
+        and "strategies on cpu: auto, ddp, deepspeed, fsdp, hsdp, tp" in line
+    )

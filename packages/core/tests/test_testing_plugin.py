@@ -12,7 +12,7 @@ from importlib.metadata import entry_points
 
 import aios
 
-INNER = '''
+INNER = """
 import aios.testing.sshd as sshd
 
 sshd.SSHD = "/nonexistent/sshd"  # as on a bare machine without openssh-server
@@ -28,15 +28,23 @@ def test_needs_slice(sshd_hosts):
 
 def test_plain():
     pass
-'''
+"""
 
 
 def _pytest(tmp_path, env_extra: dict[str, str]) -> subprocess.CompletedProcess[str]:
     (tmp_path / "test_inner.py").write_text(INNER)
-    env = {k: v for k, v in os.environ.items() if k not in ("CI", "PYTEST_ADDOPTS", "PYTEST_PLUGINS")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("CI", "PYTEST_ADDOPTS", "PYTEST_PLUGINS")
+    }
     env.update(env_extra)
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "test_inner.py"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "test_inner.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_plugin_is_registered_through_pytest11():

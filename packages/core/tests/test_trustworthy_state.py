@@ -85,7 +85,10 @@ def test_keep_n_prunes_only_this_runs_lineage(tmp_path):
     rt = aios.init(checkpoint={"dir": str(ck), "every": 2, "keep": 1, "resume": False})
     _train(rt, 4)
     rt.close()
-    assert _ckpts(ck) == ["ckpt-000000004", "ckpt-000000010"]  # its own newest kept, the old run's untouched
+    assert _ckpts(ck) == [
+        "ckpt-000000004",
+        "ckpt-000000010",
+    ]  # its own newest kept, the old run's untouched
     rt = aios.init(checkpoint={"dir": str(ck), "keep": 1})
     _train(rt, 0)
     assert rt.resume() == 4  # the run that wrote last, not the higher step of the older run
@@ -126,8 +129,14 @@ time.sleep(120)
 def _holder(tmp_path: Path, ck: Path) -> subprocess.Popen:
     script = tmp_path / "holder.py"
     script.write_text(_HOLDER)
-    env = {**os.environ, "AIOS_RUN_ID": "holder-run", "AIOS_LOGGING__RUN_DIR": str(tmp_path / "runs")}
-    p = subprocess.Popen([sys.executable, str(script), str(ck)], stdout=subprocess.PIPE, text=True, env=env)
+    env = {
+        **os.environ,
+        "AIOS_RUN_ID": "holder-run",
+        "AIOS_LOGGING__RUN_DIR": str(tmp_path / "runs"),
+    }
+    p = subprocess.Popen(
+        [sys.executable, str(script), str(ck)], stdout=subprocess.PIPE, text=True, env=env
+    )
     assert p.stdout.readline().strip() == "ready"
     return p
 
@@ -137,12 +146,19 @@ def test_second_run_on_a_checkpoint_dir_is_refused_in_one_line(tmp_path):
     holder = _holder(tmp_path, ck)
     try:
         script = tmp_path / "second.py"
-        script.write_text("import sys, aios\naios.init(checkpoint={'dir': sys.argv[1]})\nprint('started')\n")
-        r = subprocess.run([sys.executable, str(script), str(ck)], capture_output=True, text=True, timeout=300)
+        script.write_text(
+            "import sys, aios\naios.init(checkpoint={'dir': sys.argv[1]})\nprint('started')\n"
+        )
+        r = subprocess.run(
+            [sys.executable, str(script), str(ck)], capture_output=True, text=True, timeout=300
+        )
         assert r.returncode == 2 and "started" not in r.stdout
         err = r.stderr.strip()
         assert "\n" not in err, err
-        assert f"checkpoint dir '{ck}' is in use by run holder-run (pid {holder.pid} on {socket.gethostname()}" in err
+        assert (
+            f"checkpoint dir '{ck}' is in use by run holder-run (pid {holder.pid} on {socket.gethostname()}"
+            in err
+        )
         assert "another checkpoint.dir" in err
         assert (ck / LOCK_FILE).exists()  # the holder's lock is left alone
     finally:
@@ -158,7 +174,13 @@ def test_second_run_on_a_checkpoint_dir_is_refused_in_one_line(tmp_path):
 def test_lock_of_another_host_is_stale_only_when_its_heartbeat_is_old(tmp_path):
     ck = tmp_path / "ck"
     ck.mkdir()
-    lock = {"run_id": "elsewhere", "pid": 1, "host": "other-host.invalid", "token": "t", "heartbeat": time.time()}
+    lock = {
+        "run_id": "elsewhere",
+        "pid": 1,
+        "host": "other-host.invalid",
+        "token": "t",
+        "heartbeat": time.time(),
+    }
     (ck / LOCK_FILE).write_text(json.dumps(lock))
     with pytest.raises(CheckpointError, match="in use by run elsewhere .*on other-host.invalid"):
         aios.init(checkpoint={"dir": str(ck)})
@@ -186,7 +208,13 @@ def test_prune_of_one_run_never_touches_another_runs_save_in_progress(tmp_path):
 def test_prune_never_deletes_files_aios_did_not_name(tmp_path):
     ck = tmp_path / "ck"
     ck.mkdir()
-    mine = [".old-notes.txt", ".partial-dataset", ".old-ckpt-000000001-123", ".partial-ckpt-000000001-99", ".aios-partial-mine"]
+    mine = [
+        ".old-notes.txt",
+        ".partial-dataset",
+        ".old-ckpt-000000001-123",
+        ".partial-ckpt-000000001-99",
+        ".aios-partial-mine",
+    ]
     for n in mine:
         (ck / n).write_text("user data")
     store = CheckpointStore(str(ck), keep=1)
@@ -203,7 +231,9 @@ def test_save_to_an_explicit_path_leaves_the_current_directory_alone(tmp_path):
     _train(rt, 2)
     path = rt.save("snapshot")
     assert path == "snapshot" and (tmp_path / "snapshot" / MARKER).exists()
-    assert (tmp_path / ".old-thing").read_text() == "keep me" and (tmp_path / ".partial-thing").is_dir()
+    assert (tmp_path / ".old-thing").read_text() == "keep me" and (
+        tmp_path / ".partial-thing"
+    ).is_dir()
     assert rt.load(str(tmp_path / "snapshot")) == {}
 
 
@@ -231,11 +261,15 @@ def test_local_resave_crash_at_any_rename_keeps_a_complete_copy(tmp_path, monkey
     else:  # the new copy is complete under its unique name: the save succeeded
         assert store.save(5, _state(2)).startswith(str(tmp_path / "ckpt-000000005-"))
     monkeypatch.setattr(os, "rename", real)
-    assert not [n for n in os.listdir(tmp_path) if n.startswith(".aios-")]  # nothing half-written left
+    assert not [
+        n for n in os.listdir(tmp_path) if n.startswith(".aios-")
+    ]  # nothing half-written left
     fresh = CheckpointStore(str(tmp_path), keep=3)  # what a relaunch sees
     info = fresh.latest()
     assert info is not None and info.step == 5
-    assert torch.equal(fresh.load(info)["w"][:1], torch.tensor([1.0])) or torch.equal(fresh.load(info)["w"][:1], torch.tensor([2.0]))
+    assert torch.equal(fresh.load(info)["w"][:1], torch.tensor([1.0])) or torch.equal(
+        fresh.load(info)["w"][:1], torch.tensor([2.0])
+    )
 
 
 def test_object_store_resave_failure_keeps_the_old_copy(monkeypatch):
@@ -297,15 +331,27 @@ def test_resume_says_what_it_resumes(tmp_path, capsys):
     _train(rt, 0)
     assert rt.resume() == 3
     out = capsys.readouterr().out
-    assert f"aios: resumed from {ck / 'ckpt-000000003'} at step 3 (run {run_id}, world size 1, backend cpu, lineage " in out
+    assert (
+        f"aios: resumed from {ck / 'ckpt-000000003'} at step 3 (run {run_id}, world size 1, backend cpu, lineage "
+        in out
+    )
 
 
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"world_size": 2}, "was written with world size 2, this run has world size 1; relaunch with 2 processes"),
-        ({"backend": "cuda"}, "was written by backend 'cuda', this run uses 'cpu'; relaunch with backend=cuda"),
-        ({"strategy": "FSDPStrategy"}, "was written by strategy FSDPStrategy, this run uses DDPStrategy"),
+        (
+            {"world_size": 2},
+            "was written with world size 2, this run has world size 1; relaunch with 2 processes",
+        ),
+        (
+            {"backend": "cuda"},
+            "was written by backend 'cuda', this run uses 'cpu'; relaunch with backend=cuda",
+        ),
+        (
+            {"strategy": "FSDPStrategy"},
+            "was written by strategy FSDPStrategy, this run uses DDPStrategy",
+        ),
     ],
 )
 def test_resume_refuses_an_incompatible_checkpoint(tmp_path, change, message):
@@ -319,8 +365,14 @@ def test_resume_refuses_an_incompatible_checkpoint(tmp_path, change, message):
     before = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(CheckpointError) as ei:
         rt.resume()
-    assert message in str(ei.value) and "\n" not in str(ei.value) and "checkpoint.resume=false" in str(ei.value)
-    assert rt.global_step == 0 and all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert (
+        message in str(ei.value)
+        and "\n" not in str(ei.value)
+        and "checkpoint.resume=false" in str(ei.value)
+    )
+    assert rt.global_step == 0 and all(
+        torch.equal(before[k], v) for k, v in model.state_dict().items()
+    )
 
 
 def test_resharding_format_accepts_another_world_size_only_when_asked(tmp_path):
@@ -337,7 +389,9 @@ def test_resharding_format_accepts_another_world_size_only_when_asked(tmp_path):
     rt = aios.init(checkpoint={"dir": str(ck)})
     _train(rt, 0)
     rt.checkpointer.format = Reshardable()
-    with pytest.raises(CheckpointError, match=r"can reshard: resume with rt.resume\(reshard=True\)"):
+    with pytest.raises(
+        CheckpointError, match=r"can reshard: resume with rt.resume\(reshard=True\)"
+    ):
         rt.resume()
     assert rt.resume(reshard=True) == 3
 
@@ -387,8 +441,19 @@ def test_disk_full_on_diagnostics_leaves_no_temp_file(tmp_path, monkeypatch):
 
 
 def test_argv_secrets_are_redacted_in_run_records(tmp_path, monkeypatch):
-    argv = ["train.py", "--token=tok-111", "--api-key", "key-222", "HF_TOKEN=hf-333", "db.password=pw-444",
-            "--db", "postgres://me:pw-555@db.example/x", "--lr", "0.1", "monkey_name=bob"]
+    argv = [
+        "train.py",
+        "--token=tok-111",
+        "--api-key",
+        "key-222",
+        "HF_TOKEN=hf-333",
+        "db.password=pw-444",
+        "--db",
+        "postgres://me:pw-555@db.example/x",
+        "--lr",
+        "0.1",
+        "monkey_name=bob",
+    ]
     monkeypatch.setattr(sys, "argv", argv)
     rt = aios.init()
     rt.close()
@@ -396,19 +461,47 @@ def test_argv_secrets_are_redacted_in_run_records(tmp_path, monkeypatch):
     for secret in ("tok-111", "key-222", "hf-333", "pw-444", "pw-555"):
         assert secret not in text
     recorded = json.loads(text)["argv"]
-    assert recorded == ["train.py", "--token=***", "--api-key", "***", "HF_TOKEN=***", "db.password=***",
-                        "--db", "postgres://me:***@db.example/x", "--lr", "0.1", "monkey_name=bob"]
+    assert recorded == [
+        "train.py",
+        "--token=***",
+        "--api-key",
+        "***",
+        "HF_TOKEN=***",
+        "db.password=***",
+        "--db",
+        "postgres://me:***@db.example/x",
+        "--lr",
+        "0.1",
+        "monkey_name=bob",
+    ]
 
 
-@pytest.mark.parametrize("name", ["DB_PASS", "GITHUB_PAT", "DATABASE_URL", "COOKIE", "SESSION", "AUTH_HEADER",
-                                  "WANDB_API_KEY", "apiKey", "aws_secret_access_key", "HF_TOKEN", "REDIS_URL", "PGPASSWORD"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "DB_PASS",
+        "GITHUB_PAT",
+        "DATABASE_URL",
+        "COOKIE",
+        "SESSION",
+        "AUTH_HEADER",
+        "WANDB_API_KEY",
+        "apiKey",
+        "aws_secret_access_key",
+        "HF_TOKEN",
+        "REDIS_URL",
+        "PGPASSWORD",
+    ],
+)
 def test_secret_names(name):
     from aios.config import is_secret
 
     assert is_secret(name)
 
 
-@pytest.mark.parametrize("name", ["MONKEY_NAME", "tokenizer", "PWD", "PATH", "keep", "checkpoint_dir", "url", "PATIENCE"])
+@pytest.mark.parametrize(
+    "name", ["MONKEY_NAME", "tokenizer", "PWD", "PATH", "keep", "checkpoint_dir", "url", "PATIENCE"]
+)
 def test_not_secret_names(name):
     from aios.config import is_secret
 
@@ -418,7 +511,11 @@ def test_not_secret_names(name):
 def test_worker_config_and_records_drop_new_secret_names(tmp_path, monkeypatch):
     from aios.config import redact
 
-    assert redact({"DB_PASS": "x", "MONKEY_NAME": "bob", "dir": "s3://u:pw@h/b"}) == {"DB_PASS": "***", "MONKEY_NAME": "bob", "dir": "s3://u:***@h/b"}
+    assert redact({"DB_PASS": "x", "MONKEY_NAME": "bob", "dir": "s3://u:pw@h/b"}) == {
+        "DB_PASS": "***",
+        "MONKEY_NAME": "bob",
+        "dir": "s3://u:***@h/b",
+    }
 
 
 def test_object_store_lock_refuses_a_live_holder_and_takes_over_a_stale_one():
@@ -427,9 +524,17 @@ def test_object_store_lock_refuses_a_live_holder_and_takes_over_a_stale_one():
     store = CheckpointStore("memory://aios-lock-test/ck", keep=1)
     fs = fsspec.filesystem("memory")
     fs.makedirs("/aios-lock-test/ck", exist_ok=True)
-    lock = {"run_id": "remote", "pid": 7, "host": "other-host.invalid", "token": "t", "heartbeat": time.time()}
+    lock = {
+        "run_id": "remote",
+        "pid": 7,
+        "host": "other-host.invalid",
+        "token": "t",
+        "heartbeat": time.time(),
+    }
     fs.pipe("/aios-lock-test/ck/.aios-lock", json.dumps(lock).encode())
-    with pytest.raises(CheckpointError, match="memory://aios-lock-test/ck' is in use by run remote"):
+    with pytest.raises(
+        CheckpointError, match="memory://aios-lock-test/ck' is in use by run remote"
+    ):
         store.acquire_lock({"run_id": "me"})
     lock["heartbeat"] = time.time() - 3600
     fs.pipe("/aios-lock-test/ck/.aios-lock", json.dumps(lock).encode())
@@ -464,7 +569,9 @@ def test_save_to_an_explicit_path_inside_checkpoint_dir_keeps_the_periodic_check
     rt.training.step = 2
     path = rt.save(str(ck / "best"))
     assert path == str(ck / "best") and (ck / "best" / MARKER).exists()
-    assert (ck / "ckpt-000000002" / MARKER).exists()  # the periodic checkpoint of that step is intact
+    assert (
+        ck / "ckpt-000000002" / MARKER
+    ).exists()  # the periodic checkpoint of that step is intact
     with pytest.raises(CheckpointError, match="already exists"):
         rt.save(str(ck / "best"))
     assert (ck / "best" / MARKER).exists()

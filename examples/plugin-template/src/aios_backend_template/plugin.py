@@ -20,10 +20,17 @@ import importlib.util
 import os
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from aios import hookimpl
-from aios.types import AcceleratorSpec, Availability, BackendSpec, DeviceInfo, DeviceReport, DoctorCheck, StrategySpec
+from aios.types import (
+    AcceleratorSpec,
+    Availability,
+    BackendSpec,
+    DeviceInfo,
+    DeviceReport,
+    DoctorCheck,
+    StrategySpec,
+)
+from pydantic import BaseModel, ConfigDict, Field
 
 NAME = "template"
 
@@ -46,7 +53,10 @@ def _probe() -> Availability:
 def discover(config: Any) -> DeviceReport:
     avail = _probe()
     return DeviceReport(
-        backend=NAME, kind="template device", available=bool(avail), reason=avail.reason,
+        backend=NAME,
+        kind="template device",
+        available=bool(avail),
+        reason=avail.reason,
         devices=[DeviceInfo(0, "template0", None, {"cores": os.cpu_count()})],
         topology={"devices": 1},
     )
@@ -56,7 +66,10 @@ def precision(precision: str, config: Any, accelerator: Any) -> Any:
     if precision == "fp16-mixed":
         from aios.errors import ConfigError
 
-        raise ConfigError("precision 'fp16-mixed' is not supported by the template backend", "use precision=bf16-mixed or fp32")
+        raise ConfigError(
+            "precision 'fp16-mixed' is not supported by the template backend",
+            "use precision=bf16-mixed or fp32",
+        )
     return None  # the core default over the accelerator
 
 
@@ -65,24 +78,43 @@ def launch_plan(config: Any, request: Any) -> Any:
 
     nprocs = 1 if config.nprocs == "auto" else int(config.nprocs)
     threads = config.template.threads
-    return elastic_plan(NAME, config, request, nprocs, env={"OMP_NUM_THREADS": str(threads), "TEMPLATE_DEVICE": "1"})
+    return elastic_plan(
+        NAME, config, request, nprocs, env={"OMP_NUM_THREADS": str(threads), "TEMPLATE_DEVICE": "1"}
+    )
 
 
 def doctor(config: Any, explicit: bool) -> list[DoctorCheck]:
     avail = _probe()
     if avail:
         return [DoctorCheck("template device", "pass", "template device ready", backend=NAME)]
-    return [DoctorCheck("template device", "fail", avail.reason, "pip install 'aios-backend-template[runtime]'", backend=NAME)]
+    return [
+        DoctorCheck(
+            "template device",
+            "fail",
+            avail.reason,
+            "pip install 'aios-backend-template[runtime]'",
+            backend=NAME,
+        )
+    ]
 
 
 @hookimpl
 def aios_register_backends(register: Any) -> None:
-    register(BackendSpec(
-        name=NAME, priority=-10, probe=_probe, accelerator=NAME, default_strategy="ddp",
-        install_hint="pip install 'aios-backend-template[runtime]'",
-        description="template backend (CPU over gloo)",
-        discover=discover, launch_plan=launch_plan, precision=precision, doctor=doctor,
-    ))
+    register(
+        BackendSpec(
+            name=NAME,
+            priority=-10,
+            probe=_probe,
+            accelerator=NAME,
+            default_strategy="ddp",
+            install_hint="pip install 'aios-backend-template[runtime]'",
+            description="template backend (CPU over gloo)",
+            discover=discover,
+            launch_plan=launch_plan,
+            precision=precision,
+            doctor=doctor,
+        )
+    )
 
 
 def _accelerator(config: Any) -> Any:
@@ -106,7 +138,11 @@ def _strategy(config: Any, accelerator: Any, backend: str) -> Any:
 def aios_register_strategies(register: Any) -> None:
     # core's ddp/fsdp/tp/hsdp already run on the template accelerator; this one replaces ddp
     # on this backend only (a spec naming the backend wins over one naming the accelerator)
-    register(StrategySpec("ddp", _strategy, backends=(NAME,), description="DDP with the template device's extras"))
+    register(
+        StrategySpec(
+            "ddp", _strategy, backends=(NAME,), description="DDP with the template device's extras"
+        )
+    )
 
 
 @hookimpl

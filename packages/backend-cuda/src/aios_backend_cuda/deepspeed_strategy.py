@@ -70,27 +70,48 @@ def load_user_json(path: str) -> dict[str, Any]:
         with open(os.path.expanduser(path)) as f:
             data = json.load(f)
     except FileNotFoundError:
-        raise ConfigError(f"DeepSpeed config file '{path}' does not exist", "set deepspeed.config to an existing JSON file") from None
+        raise ConfigError(
+            f"DeepSpeed config file '{path}' does not exist",
+            "set deepspeed.config to an existing JSON file",
+        ) from None
     except ValueError as exc:
-        raise ConfigError(f"DeepSpeed config file '{path}' is not valid JSON ({exc})", "fix the JSON syntax") from None
+        raise ConfigError(
+            f"DeepSpeed config file '{path}' is not valid JSON ({exc})", "fix the JSON syntax"
+        ) from None
     if not isinstance(data, dict):
-        raise ConfigError(f"DeepSpeed config file '{path}' must hold a JSON object", "write {\"zero_optimization\": {...}, ...}")
+        raise ConfigError(
+            f"DeepSpeed config file '{path}' must hold a JSON object",
+            'write {"zero_optimization": {...}, ...}',
+        )
     return data
 
 
-def build_ds_config(config: AiosConfig, world_size: int, micro_batch_size: int | None = None,
-                    device_type: str = "cuda") -> dict[str, Any]:
+def build_ds_config(
+    config: AiosConfig,
+    world_size: int,
+    micro_batch_size: int | None = None,
+    device_type: str = "cuda",
+) -> dict[str, Any]:
     """The DeepSpeed JSON for this run, from the aios config (and ``deepspeed.config`` on top)."""
     ds: DeepSpeedSettings = config.section("deepspeed") or DeepSpeedSettings()
     mb = int(ds.micro_batch_size or micro_batch_size or 1)
     gas = int(config.grad_accum)
     stage = int(ds.zero_stage)
     if ds.offload_param != "none" and stage != 3:
-        raise ConfigError(f"deepspeed.offload_param={ds.offload_param} needs ZeRO stage 3 (deepspeed.zero_stage is {stage})", "set deepspeed.zero_stage=3 or deepspeed.offload_param=none")
+        raise ConfigError(
+            f"deepspeed.offload_param={ds.offload_param} needs ZeRO stage 3 (deepspeed.zero_stage is {stage})",
+            "set deepspeed.zero_stage=3 or deepspeed.offload_param=none",
+        )
     if ds.offload_optimizer != "none" and stage == 0:
-        raise ConfigError("deepspeed.offload_optimizer needs ZeRO stage 1, 2 or 3", "set deepspeed.zero_stage to 1, 2 or 3")
+        raise ConfigError(
+            "deepspeed.offload_optimizer needs ZeRO stage 1, 2 or 3",
+            "set deepspeed.zero_stage to 1, 2 or 3",
+        )
     if "nvme" in (ds.offload_optimizer, ds.offload_param) and not ds.nvme_path:
-        raise ConfigError("NVMe offload needs deepspeed.nvme_path", "set deepspeed.nvme_path to a directory on a local NVMe drive")
+        raise ConfigError(
+            "NVMe offload needs deepspeed.nvme_path",
+            "set deepspeed.nvme_path to a directory on a local NVMe drive",
+        )
     zero: dict[str, Any] = {
         "stage": stage,
         "overlap_comm": bool(ds.overlap_comm) and device_type == "cuda",
@@ -98,7 +119,10 @@ def build_ds_config(config: AiosConfig, world_size: int, micro_batch_size: int |
         "reduce_bucket_size": int(ds.reduce_bucket_size),
     }
     pin = device_type == "cuda"
-    for key, dev in (("offload_optimizer", ds.offload_optimizer), ("offload_param", ds.offload_param)):
+    for key, dev in (
+        ("offload_optimizer", ds.offload_optimizer),
+        ("offload_param", ds.offload_param),
+    ):
         if dev == "cpu":
             zero[key] = {"device": "cpu", "pin_memory": pin}
         elif dev == "nvme":
@@ -112,17 +136,27 @@ def build_ds_config(config: AiosConfig, world_size: int, micro_batch_size: int |
         "gradient_clipping": float(config.grad_clip or 0.0),
         "zero_optimization": zero,
         "zero_allow_untested_optimizer": True,  # the script's own torch optimizer
-        "zero_force_ds_cpu_optimizer": False,   # offload with the script's optimizer (DeepSpeedCPUAdam is faster)
+        "zero_force_ds_cpu_optimizer": False,  # offload with the script's optimizer (DeepSpeedCPUAdam is faster)
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
     }
     if config.precision in ("bf16-mixed", "bf16-true"):
         out["bf16"] = {"enabled": True}
     elif config.precision == "fp16-mixed":
-        out["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}
+        out["fp16"] = {
+            "enabled": True,
+            "loss_scale": 0,
+            "initial_scale_power": 16,
+            "loss_scale_window": 1000,
+            "hysteresis": 2,
+            "min_loss_scale": 1,
+        }
     if ds.config:
         out = _merge_user(out, load_user_json(ds.config))
-        user_mb, user_gas = out["train_micro_batch_size_per_gpu"], out["gradient_accumulation_steps"]
+        user_mb, user_gas = (
+            out["train_micro_batch_size_per_gpu"],
+            out["gradient_accumulation_steps"],
+        )
         if user_gas != gas:
             raise ConfigError(
                 f"the DeepSpeed JSON sets gradient_accumulation_steps={user_gas} but grad_accum is {gas}",
@@ -143,7 +177,11 @@ class DeepSpeedPrecision(Precision):
         super().__init__(device_type)
         self.name = precision
         self.engine: Any = None
-        self._dtype = {"bf16-mixed": "bfloat16", "bf16-true": "bfloat16", "fp16-mixed": "float16"}.get(precision)
+        self._dtype = {
+            "bf16-mixed": "bfloat16",
+            "bf16-true": "bfloat16",
+            "fp16-mixed": "float16",
+        }.get(precision)
 
     @contextlib.contextmanager
     def autocast(self) -> Iterator[None]:  # type: ignore[override]
@@ -164,7 +202,9 @@ class DeepSpeedPrecision(Precision):
         pass
 
     def backward(self, loss: Any) -> None:  # pragma: no cover - the strategy calls the engine
-        raise AiosError("under strategy deepspeed, backward goes through the runtime", "call rt.backward(loss)")
+        raise AiosError(
+            "under strategy deepspeed, backward goes through the runtime", "call rt.backward(loss)"
+        )
 
 
 # ------------------------------------------------------------------------------ module wrapper
@@ -237,7 +277,10 @@ def DeepSpeedOptimizer(optimizer: Any, strategy: DeepSpeedStrategy) -> Any:  # n
                 pass  # the engine zeroes gradients after each optimizer step
 
             def step(self, closure: Any = None) -> Any:
-                raise AiosError("under strategy deepspeed the optimizer steps through the engine", "call rt.step(optimizer) instead of optimizer.step()")
+                raise AiosError(
+                    "under strategy deepspeed the optimizer steps through the engine",
+                    "call rt.step(optimizer) instead of optimizer.step()",
+                )
 
             def state_dict(self) -> dict[str, Any]:
                 return self._inner.state_dict()
@@ -286,7 +329,10 @@ class DeepSpeedStrategy(CudaDDPStrategy):
         try:
             import deepspeed
         except ImportError:
-            raise AiosError("strategy deepspeed needs the deepspeed package", "pip install -e './packages/core[deepspeed]' ./packages/backend-cuda (from the aios checkout)") from None
+            raise AiosError(
+                "strategy deepspeed needs the deepspeed package",
+                "pip install -e './packages/core[deepspeed]' ./packages/backend-cuda (from the aios checkout)",
+            ) from None
         super().setup_environment()
         import torch.distributed as dist
 
@@ -297,13 +343,18 @@ class DeepSpeedStrategy(CudaDDPStrategy):
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
             os.environ.setdefault("MASTER_PORT", str(_free_port()))
             self.init_process_group()
-        deepspeed.init_distributed(dist_backend=self.dist_backend, auto_mpi_discovery=False, dist_init_required=False)
+        deepspeed.init_distributed(
+            dist_backend=self.dist_backend, auto_mpi_discovery=False, dist_init_required=False
+        )
         self._dist = dist
 
     # ---------------------------------------------------------------- setup
     def setup_module(self, module: torch.nn.Module, precision: Any) -> torch.nn.Module:
         if self._module is not None:
-            raise AiosError("strategy deepspeed trains one model per process", "set up a single model (wrap several in one nn.Module)")
+            raise AiosError(
+                "strategy deepspeed trains one model per process",
+                "set up a single model (wrap several in one nn.Module)",
+            )
         self._precision = precision
         self._module = module.to(self.device)
         self._wrapper = DeepSpeedModule(self._module, self)
@@ -311,7 +362,10 @@ class DeepSpeedStrategy(CudaDDPStrategy):
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         if self._optimizer is not None:
-            raise AiosError("strategy deepspeed steps one optimizer per model", "set up a single optimizer (use parameter groups)")
+            raise AiosError(
+                "strategy deepspeed steps one optimizer per model",
+                "set up a single optimizer (use parameter groups)",
+            )
         self._optimizer = optimizer
         self.optimizer_impl.append(f"{type(optimizer).__name__}:deepspeed")
         return DeepSpeedOptimizer(optimizer, self)
@@ -327,15 +381,24 @@ class DeepSpeedStrategy(CudaDDPStrategy):
         it is built for inference (or with the optimizer named in your DeepSpeed JSON)."""
         if self.engine is None:
             if self._module is None:
-                raise AiosError("strategy deepspeed: no model was set up", "call rt.setup(model, optimizer) before training")
+                raise AiosError(
+                    "strategy deepspeed: no model was set up",
+                    "call rt.setup(model, optimizer) before training",
+                )
             self._initialize()
         return self.engine
 
     def _initialize(self) -> None:
         import deepspeed
 
-        self.ds_config = build_ds_config(self.config, self.world_size, self._loader_batch, self.device_type)
-        kwargs: dict[str, Any] = {"model": self._module, "config": self.ds_config, "dist_init_required": False}
+        self.ds_config = build_ds_config(
+            self.config, self.world_size, self._loader_batch, self.device_type
+        )
+        kwargs: dict[str, Any] = {
+            "model": self._module,
+            "config": self.ds_config,
+            "dist_init_required": False,
+        }
         if self._optimizer is not None:
             kwargs["optimizer"] = self._optimizer
         else:
@@ -381,7 +444,9 @@ class DeepSpeedStrategy(CudaDDPStrategy):
             self._shards, self._consolidated = [], None
             return
         stage = int(self.ds_config["zero_optimization"]["stage"]) if self.ds_config else 0
-        self._consolidated = self.engine._zero3_consolidated_16bit_state_dict() if stage == 3 else None
+        self._consolidated = (
+            self.engine._zero3_consolidated_16bit_state_dict() if stage == 3 else None
+        )
         tmp = tempfile.mkdtemp(prefix="aios-ds-save-")
         try:
             self.engine.save_checkpoint(tmp, tag=TAG, save_latest=False)
@@ -411,25 +476,49 @@ class DeepSpeedStrategy(CudaDDPStrategy):
             return _to_cpu(self._consolidated)
         return _to_cpu(self.unwrap(module).state_dict())
 
-    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer, module: torch.nn.Module | None = None) -> dict[str, Any]:
+    def optimizer_state_dict(
+        self, optimizer: torch.optim.Optimizer, module: torch.nn.Module | None = None
+    ) -> dict[str, Any]:
         import torch
 
         if self._shards is None:
-            raise AiosError("DeepSpeed optimizer state is sharded: save it with rt.save()", "call rt.save() on every rank")
-        files = {name: torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.zeros(0, dtype=torch.uint8) for name, data in self._shards}
+            raise AiosError(
+                "DeepSpeed optimizer state is sharded: save it with rt.save()",
+                "call rt.save() on every rank",
+            )
+        files = {
+            name: torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            if data
+            else torch.zeros(0, dtype=torch.uint8)
+            for name, data in self._shards
+        }
         self._shards = None
-        return {"deepspeed": {"format": 1, "zero_stage": self.ds_config["zero_optimization"]["stage"] if self.ds_config else 0,
-                              "world_size": self.world_size, "files": files}}
+        return {
+            "deepspeed": {
+                "format": 1,
+                "zero_stage": self.ds_config["zero_optimization"]["stage"] if self.ds_config else 0,
+                "world_size": self.world_size,
+                "files": files,
+            }
+        }
 
     def load_module_state_dict(self, module: torch.nn.Module, state: dict[str, Any]) -> None:
         stage = int(self.ds_config["zero_optimization"]["stage"]) if self.ds_config else 0
         if stage < 3:  # ZeRO-3 parameters are partitioned: engine.load_checkpoint restores them
             self.unwrap(module).load_state_dict(state)
 
-    def load_optimizer_state_dict(self, optimizer: torch.optim.Optimizer, state: dict[str, Any], module: torch.nn.Module | None = None) -> None:
+    def load_optimizer_state_dict(
+        self,
+        optimizer: torch.optim.Optimizer,
+        state: dict[str, Any],
+        module: torch.nn.Module | None = None,
+    ) -> None:
         ds = state.get("deepspeed") if isinstance(state, dict) else None
         if ds is None:
-            raise AiosError("this checkpoint was not written under strategy deepspeed", "resume it with the strategy that wrote it, or start fresh with checkpoint.resume=false")
+            raise AiosError(
+                "this checkpoint was not written under strategy deepspeed",
+                "resume it with the strategy that wrote it, or start fresh with checkpoint.resume=false",
+            )
         if int(ds.get("world_size", self.world_size)) != self.world_size:
             raise AiosError(
                 f"this ZeRO checkpoint was written by {ds.get('world_size')} ranks, this run has {self.world_size}",
@@ -444,9 +533,18 @@ class DeepSpeedStrategy(CudaDDPStrategy):
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 with open(path, "wb") as f:
                     f.write(t.numpy().tobytes())
-            load_path, _ = engine.load_checkpoint(tmp, tag=TAG, load_module_strict=True, load_optimizer_states=True, load_lr_scheduler_states=False)
+            load_path, _ = engine.load_checkpoint(
+                tmp,
+                tag=TAG,
+                load_module_strict=True,
+                load_optimizer_states=True,
+                load_lr_scheduler_states=False,
+            )
             if load_path is None:
-                raise AiosError("DeepSpeed could not load the ZeRO checkpoint", "start fresh with checkpoint.resume=false")
+                raise AiosError(
+                    "DeepSpeed could not load the ZeRO checkpoint",
+                    "start fresh with checkpoint.resume=false",
+                )
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 

@@ -26,7 +26,11 @@ def amd_gpus() -> list[DeviceInfo]:
         return out
     for node in sorted(root.iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else 0):
         try:
-            props = dict(line.split(None, 1) for line in (node / "properties").read_text().splitlines() if " " in line)
+            props = dict(
+                line.split(None, 1)
+                for line in (node / "properties").read_text().splitlines()
+                if " " in line
+            )
         except OSError:
             continue
         if int(props.get("simd_count", "0").strip() or 0) == 0:
@@ -37,11 +41,17 @@ def amd_gpus() -> list[DeviceInfo]:
         except OSError:
             name = "AMD GPU"
         mem = 0
-        for bank in (node / "mem_banks").glob("*/properties") if (node / "mem_banks").is_dir() else []:
+        for bank in (
+            (node / "mem_banks").glob("*/properties") if (node / "mem_banks").is_dir() else []
+        ):
             for line in bank.read_text().splitlines():
                 if line.startswith("size_in_bytes"):
                     mem += int(line.split()[1])
-        out.append(DeviceInfo(len(out), name, mem or None, {"gfx_target_version": gfx, "kfd_node": node.name}))
+        out.append(
+            DeviceInfo(
+                len(out), name, mem or None, {"gfx_target_version": gfx, "kfd_node": node.name}
+            )
+        )
     return out
 
 
@@ -70,21 +80,39 @@ def report(environ: dict[str, str] | None = None) -> DeviceReport:
         amd = amd_gpus()
         if amd or probe.amd_gpu_present():
             return DeviceReport(
-                backend="cuda", kind="AMD GPU (ROCm)", available=False, devices=amd,
+                backend="cuda",
+                kind="AMD GPU (ROCm)",
+                available=False,
+                devices=amd,
                 reason="AMD GPU(s) with ROCm found, not NVIDIA CUDA GPUs: the cuda backend targets NVIDIA GPUs; ROCm is not supported by aios yet",
                 topology={"vendor": "AMD", "driver": "amdkfd"},
             )
         avail = probe.probe()
         n = probe.nvidia_driver_gpus()
         devices = [DeviceInfo(i, "NVIDIA GPU (NVML unavailable)") for i in range(n or 0)]
-        return DeviceReport(backend="cuda", kind="NVIDIA GPU", available=bool(avail), devices=devices,
-                            reason=avail.reason or why, notes=[f"NVML: {why}"] if n else [])
+        return DeviceReport(
+            backend="cuda",
+            kind="NVIDIA GPU",
+            available=bool(avail),
+            devices=devices,
+            reason=avail.reason or why,
+            notes=[f"NVML: {why}"] if n else [],
+        )
     avail = probe.probe()
     devices = [
-        DeviceInfo(g.index, g.name, g.memory_total, {
-            "uuid": g.uuid, "pci_bus_id": g.pci_bus_id, "compute_capability": g.cc,
-            "memory_free": g.memory_free, "nvml_index": g.nvml_index, "bf16": g.bf16,
-        })
+        DeviceInfo(
+            g.index,
+            g.name,
+            g.memory_total,
+            {
+                "uuid": g.uuid,
+                "pci_bus_id": g.pci_bus_id,
+                "compute_capability": g.cc,
+                "memory_free": g.memory_free,
+                "nvml_index": g.nvml_index,
+                "bf16": g.bf16,
+            },
+        )
         for g in inv.gpus
     ]
     labels = [f"GPU{g.index}" for g in inv.gpus]
@@ -92,7 +120,9 @@ def report(environ: dict[str, str] | None = None) -> DeviceReport:
         "driver": inv.driver_version,
         "cuda_driver": inv.cuda_version,
         "interconnect": interconnect(inv),
-        "p2p": "all pairs" if inv.p2p_all_pairs else ("n/a" if len(inv.gpus) < 2 else "not between all pairs"),
+        "p2p": "all pairs"
+        if inv.p2p_all_pairs
+        else ("n/a" if len(inv.gpus) < 2 else "not between all pairs"),
         "models": len(inv.models),
     }
     if len(inv.gpus) > 1:
@@ -100,11 +130,20 @@ def report(environ: dict[str, str] | None = None) -> DeviceReport:
         topo["p2p_matrix"] = matrix(labels, inv.p2p)
     notes = list(inv.notes)
     if len(inv.gpus) > 1:
-        notes.append("links: X self, NV# bonded NVLinks, PIX/PXB PCIe switches, PHB host bridge, NODE within a NUMA node, SYS across NUMA nodes")
+        notes.append(
+            "links: X self, NV# bonded NVLinks, PIX/PXB PCIe switches, PHB host bridge, NODE within a NUMA node, SYS across NUMA nodes"
+        )
     if inv.source != "nvml":
         notes.append(f"answers recorded in {os.path.basename(inv.source)} ({nvml.RECORDING_ENV})")
     reason = avail.reason
     if not inv.gpus:
         reason = avail.reason or "no visible NVIDIA GPU"
-    return DeviceReport(backend="cuda", kind="NVIDIA GPU", available=bool(avail), devices=devices,
-                        topology=topo, notes=notes, reason=reason)
+    return DeviceReport(
+        backend="cuda",
+        kind="NVIDIA GPU",
+        available=bool(avail),
+        devices=devices,
+        topology=topo,
+        notes=notes,
+        reason=reason,
+    )

@@ -29,21 +29,37 @@ if TYPE_CHECKING:  # pragma: no cover
 
 # AWS GPU instances: type -> (GPUs, model). Used when planning for hosts that are not this one.
 INSTANCE_GPUS: dict[str, tuple[int, str]] = {
-    "p5.48xlarge": (8, "H100 80GB SXM"), "p5e.48xlarge": (8, "H200 141GB SXM"), "p5en.48xlarge": (8, "H200 141GB SXM"),
-    "p4d.24xlarge": (8, "A100 40GB SXM"), "p4de.24xlarge": (8, "A100 80GB SXM"),
-    "p3.2xlarge": (1, "V100 16GB"), "p3.8xlarge": (4, "V100 16GB"), "p3.16xlarge": (8, "V100 16GB"), "p3dn.24xlarge": (8, "V100 32GB"),
-    "g5.xlarge": (1, "A10G"), "g5.2xlarge": (1, "A10G"), "g5.12xlarge": (4, "A10G"), "g5.24xlarge": (4, "A10G"), "g5.48xlarge": (8, "A10G"),
-    "g6.xlarge": (1, "L4"), "g6.12xlarge": (4, "L4"), "g6.48xlarge": (8, "L4"), "g6e.12xlarge": (4, "L40S"), "g6e.48xlarge": (8, "L40S"),
-    "g4dn.xlarge": (1, "T4"), "g4dn.12xlarge": (4, "T4"), "g4dn.metal": (8, "T4"),
+    "p5.48xlarge": (8, "H100 80GB SXM"),
+    "p5e.48xlarge": (8, "H200 141GB SXM"),
+    "p5en.48xlarge": (8, "H200 141GB SXM"),
+    "p4d.24xlarge": (8, "A100 40GB SXM"),
+    "p4de.24xlarge": (8, "A100 80GB SXM"),
+    "p3.2xlarge": (1, "V100 16GB"),
+    "p3.8xlarge": (4, "V100 16GB"),
+    "p3.16xlarge": (8, "V100 16GB"),
+    "p3dn.24xlarge": (8, "V100 32GB"),
+    "g5.xlarge": (1, "A10G"),
+    "g5.2xlarge": (1, "A10G"),
+    "g5.12xlarge": (4, "A10G"),
+    "g5.24xlarge": (4, "A10G"),
+    "g5.48xlarge": (8, "A10G"),
+    "g6.xlarge": (1, "L4"),
+    "g6.12xlarge": (4, "L4"),
+    "g6.48xlarge": (8, "L4"),
+    "g6e.12xlarge": (4, "L40S"),
+    "g6e.48xlarge": (8, "L40S"),
+    "g4dn.xlarge": (1, "T4"),
+    "g4dn.12xlarge": (4, "T4"),
+    "g4dn.metal": (8, "T4"),
 }
 
 # EFA (Elastic Fabric Adapter): NCCL reaches it through the aws-ofi-nccl plugin over libfabric.
 _EFA = {
-    "FI_PROVIDER": "efa",                 # libfabric uses the EFA provider, never TCP/sockets
-    "FI_EFA_USE_DEVICE_RDMA": "1",        # GPUDirect RDMA on p4d/p5 (NIC reads GPU memory directly)
-    "FI_EFA_FORK_SAFE": "1",              # dataloader workers fork after EFA is opened
-    "NCCL_NET_GDR_LEVEL": "PHB",          # allow GPUDirect when GPU and NIC share a PCIe host bridge
-    "NCCL_SOCKET_IFNAME": "^lo,docker",   # bootstrap over the real ENA interface, not lo/docker
+    "FI_PROVIDER": "efa",  # libfabric uses the EFA provider, never TCP/sockets
+    "FI_EFA_USE_DEVICE_RDMA": "1",  # GPUDirect RDMA on p4d/p5 (NIC reads GPU memory directly)
+    "FI_EFA_FORK_SAFE": "1",  # dataloader workers fork after EFA is opened
+    "NCCL_NET_GDR_LEVEL": "PHB",  # allow GPUDirect when GPU and NIC share a PCIe host bridge
+    "NCCL_SOCKET_IFNAME": "^lo,docker",  # bootstrap over the real ENA interface, not lo/docker
 }
 
 PRESETS: dict[str, dict[str, str]] = {
@@ -92,7 +108,9 @@ def choose_preset(preset: str, instance_type: str | None, nnodes: int) -> tuple[
     """Resolve ``cuda.nccl_preset`` (``auto`` included) to a preset name and the reason."""
     if preset != "auto":
         if preset not in PRESETS:
-            raise ConfigError(f"unknown NCCL preset {preset!r}", f"choose one of: auto, {', '.join(PRESETS)}")
+            raise ConfigError(
+                f"unknown NCCL preset {preset!r}", f"choose one of: auto, {', '.join(PRESETS)}"
+            )
         return preset, "cuda.nccl_preset"
     if nnodes <= 1:  # a single node, even a p5, launches without EFA interfaces
         return "none", "single node: NVLink/PCIe only, no network preset needed"
@@ -105,8 +123,12 @@ def choose_preset(preset: str, instance_type: str | None, nnodes: int) -> tuple[
     return "none", "no EFA or InfiniBand devices found; NCCL uses TCP sockets"
 
 
-def nccl_env(config: AiosConfig, instance_type: str | None = None, nnodes: int | None = None,
-             environ: dict[str, str] | None = None) -> tuple[dict[str, str], list[str]]:
+def nccl_env(
+    config: AiosConfig,
+    instance_type: str | None = None,
+    nnodes: int | None = None,
+    environ: dict[str, str] | None = None,
+) -> tuple[dict[str, str], list[str]]:
     """The NCCL/libfabric environment for a run and notes explaining it.
 
     Order: preset, then explicit ``cuda.*`` keys (``nccl_socket_ifname``, ``nccl_ib_hca``,
@@ -115,7 +137,9 @@ def nccl_env(config: AiosConfig, instance_type: str | None = None, nnodes: int |
     environ = os.environ if environ is None else environ
     cuda = config.section("cuda")
     preset_name = cuda.nccl_preset if cuda is not None else "auto"
-    name, why = choose_preset(preset_name, instance_type, nnodes if nnodes is not None else config.nnodes)
+    name, why = choose_preset(
+        preset_name, instance_type, nnodes if nnodes is not None else config.nnodes
+    )
     env = dict(PRESETS[name])
     if cuda is not None:
         if cuda.nccl_socket_ifname:
@@ -149,9 +173,14 @@ def local_gpu_count() -> tuple[int, list[str]]:
     return 0, [f"no GPU found here ({why})"]
 
 
-def cuda_launch_plan(config: AiosConfig, request: LaunchRequest, gpus_per_host: int | None = None,
-                     python: str | None = None, environ: dict[str, str] | None = None,
-                     backend: str = "cuda") -> LaunchPlan:
+def cuda_launch_plan(
+    config: AiosConfig,
+    request: LaunchRequest,
+    gpus_per_host: int | None = None,
+    python: str | None = None,
+    environ: dict[str, str] | None = None,
+    backend: str = "cuda",
+) -> LaunchPlan:
     """The launch plan for NVIDIA GPU hosts.
 
     :param config: the resolved config (``nprocs``, ``nnodes``, ``cuda.nccl_preset`` ...).
@@ -184,17 +213,24 @@ def cuda_launch_plan(config: AiosConfig, request: LaunchRequest, gpus_per_host: 
         gpus_per_host, more = local_gpu_count()
         notes += more
         if gpus_per_host == 0 and config.nprocs == "auto":
-            raise LaunchError("no visible NVIDIA GPU to launch on", "check `aios devices --backend cuda` and CUDA_VISIBLE_DEVICES")
+            raise LaunchError(
+                "no visible NVIDIA GPU to launch on",
+                "check `aios devices --backend cuda` and CUDA_VISIBLE_DEVICES",
+            )
     nprocs = resolve_nprocs(config, gpus_per_host)
     nnodes = max(config.nnodes, len(request.hosts))
     if environ is None and request.accelerator:
         environ = {}
     env, more = nccl_env(config, request.accelerator, nnodes, environ)
     notes += more
-    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # a dead peer fails the step instead of hanging
+    env.setdefault(
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"
+    )  # a dead peer fails the step instead of hanging
     if nprocs > 1:
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nprocs)))
     strategy = getattr(config, "strategy", "auto")
     if strategy == "deepspeed":
-        notes.append("strategy deepspeed: ranks start through torch.distributed.run; DeepSpeed joins the NCCL group aios creates")
+        notes.append(
+            "strategy deepspeed: ranks start through torch.distributed.run; DeepSpeed joins the NCCL group aios creates"
+        )
     return elastic_plan(backend, config, request, nprocs, env=env, python=python, notes=notes)

@@ -26,7 +26,12 @@ RECORDING_ENV = "AIOS_TEST_NVML_RECORDING"
 
 # NVML topology levels (nvmlGpuTopologyLevel_t) and the short names `nvidia-smi topo -m` prints.
 TOPOLOGY_LEVELS = {
-    "INTERNAL": 0, "SINGLE": 10, "MULTIPLE": 20, "HOSTBRIDGE": 30, "NODE": 40, "SYSTEM": 50,
+    "INTERNAL": 0,
+    "SINGLE": 10,
+    "MULTIPLE": 20,
+    "HOSTBRIDGE": 30,
+    "NODE": 40,
+    "SYSTEM": 50,
 }
 TOPOLOGY_SHORT = {0: "X", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
 TOPOLOGY_MEANING = {
@@ -57,7 +62,9 @@ class NvmlSource(Protocol):
     def pci_bus_id(self, i: int) -> str: ...
     def memory(self, i: int) -> tuple[int, int]: ...  # (total, free) bytes
     def compute_capability(self, i: int) -> tuple[int, int]: ...
-    def nvlinks(self, i: int) -> list[tuple[str, str]]: ...  # active links: (remote type, remote bus id)
+    def nvlinks(
+        self, i: int
+    ) -> list[tuple[str, str]]: ...  # active links: (remote type, remote bus id)
     def topology_level(self, i: int, j: int) -> int: ...  # NVML_TOPOLOGY_* between two GPUs
     def p2p_status(self, i: int, j: int, cap: str) -> int: ...  # NVML_P2P_STATUS_*, cap in P2P_CAPS
     def close(self) -> None: ...
@@ -138,7 +145,10 @@ class PynvmlSource:
             kind = "gpu"
             try:
                 t = n.nvmlDeviceGetNvLinkRemoteDeviceType(h, link)
-                kind = {n.NVML_NVLINK_DEVICE_TYPE_SWITCH: "switch", n.NVML_NVLINK_DEVICE_TYPE_IBMNPU: "npu"}.get(t, "gpu")
+                kind = {
+                    n.NVML_NVLINK_DEVICE_TYPE_SWITCH: "switch",
+                    n.NVML_NVLINK_DEVICE_TYPE_IBMNPU: "npu",
+                }.get(t, "gpu")
             except (n.NVMLError, AttributeError):
                 pass
             try:
@@ -164,12 +174,12 @@ class PynvmlSource:
 class RecordedNvmlSource:
     """NVML answers recorded from a real host, loaded from JSON. Format::
 
-        {"description": "...", "driver_version": "550.90.07", "cuda_driver_version": 12040,
-         "devices": [{"name": ..., "uuid": "GPU-...", "pci_bus_id": "00000000:53:00.0",
-                      "memory_total": bytes, "memory_free": bytes, "compute_capability": [9, 0],
-                      "nvlinks": [{"remote": "switch" | "<bus id>", "links": 18}]}],
-         "topology": [["INTERNAL", "NODE", ...], ...],     # nvmlDeviceGetTopologyCommonAncestor
-         "p2p": {"read": [[0, 0, ...], ...], "nvlink": [[...]]}}   # nvmlDeviceGetP2PStatus
+    {"description": "...", "driver_version": "550.90.07", "cuda_driver_version": 12040,
+     "devices": [{"name": ..., "uuid": "GPU-...", "pci_bus_id": "00000000:53:00.0",
+                  "memory_total": bytes, "memory_free": bytes, "compute_capability": [9, 0],
+                  "nvlinks": [{"remote": "switch" | "<bus id>", "links": 18}]}],
+     "topology": [["INTERNAL", "NODE", ...], ...],     # nvmlDeviceGetTopologyCommonAncestor
+     "p2p": {"read": [[0, 0, ...], ...], "nvlink": [[...]]}}   # nvmlDeviceGetP2PStatus
     """
 
     def __init__(self, data: dict[str, Any], origin: str = "<recording>") -> None:
@@ -177,8 +187,13 @@ class RecordedNvmlSource:
         self.origin = origin
         self.devices: list[dict[str, Any]] = list(data.get("devices", []))
         n = len(self.devices)
-        topo = data.get("topology") or [["INTERNAL" if a == b else "SYSTEM" for b in range(n)] for a in range(n)]
-        self._topo = [[TOPOLOGY_LEVELS[str(v).upper()] if isinstance(v, str) else int(v) for v in row] for row in topo]
+        topo = data.get("topology") or [
+            ["INTERNAL" if a == b else "SYSTEM" for b in range(n)] for a in range(n)
+        ]
+        self._topo = [
+            [TOPOLOGY_LEVELS[str(v).upper()] if isinstance(v, str) else int(v) for v in row]
+            for row in topo
+        ]
         if len(self._topo) != n or any(len(r) != n for r in self._topo):
             raise ValueError(f"{origin}: topology must be a {n}x{n} matrix")
         self._p2p = data.get("p2p", {})
@@ -248,7 +263,9 @@ def open_source() -> NvmlSource:
 # ------------------------------------------------------------------------------ visibility
 
 
-def visible_indices(source: NvmlSource, environ: dict[str, str] | None = None) -> tuple[list[int], list[str]]:
+def visible_indices(
+    source: NvmlSource, environ: dict[str, str] | None = None
+) -> tuple[list[int], list[str]]:
     """NVML indices of the GPUs CUDA will see, in CUDA order, honouring ``CUDA_VISIBLE_DEVICES``
     like the CUDA runtime does: comma-separated indices or ``GPU-`` UUIDs (unique prefixes
     allowed); parsing stops at the first invalid entry; unset means all; empty means none.
@@ -270,25 +287,35 @@ def visible_indices(source: NvmlSource, environ: dict[str, str] | None = None) -
         low = entry.lower()
         if low.startswith(("gpu-", "mig-")):
             if low.startswith("mig-"):
-                notes.append(f"CUDA_VISIBLE_DEVICES entry {entry!r} names a MIG instance; aios lists the parent GPU only when given by GPU UUID")
+                notes.append(
+                    f"CUDA_VISIBLE_DEVICES entry {entry!r} names a MIG instance; aios lists the parent GPU only when given by GPU UUID"
+                )
                 break
             hits = [i for i, u in enumerate(uuids) if u.startswith(low)]
             if len(hits) == 1:
                 idx = hits[0]
             else:
-                notes.append(f"CUDA_VISIBLE_DEVICES entry {entry!r} matches {'no' if not hits else 'several'} GPU UUIDs; CUDA ignores it and every entry after it")
+                notes.append(
+                    f"CUDA_VISIBLE_DEVICES entry {entry!r} matches {'no' if not hits else 'several'} GPU UUIDs; CUDA ignores it and every entry after it"
+                )
                 break
         else:
             try:
                 idx = int(entry)
             except ValueError:
-                notes.append(f"CUDA_VISIBLE_DEVICES entry {entry!r} is neither an index nor a GPU UUID; CUDA ignores it and every entry after it")
+                notes.append(
+                    f"CUDA_VISIBLE_DEVICES entry {entry!r} is neither an index nor a GPU UUID; CUDA ignores it and every entry after it"
+                )
                 break
             if idx < 0 or idx >= count:
-                notes.append(f"CUDA_VISIBLE_DEVICES entry {entry!r} is out of range (this host has {count} GPUs); CUDA ignores it and every entry after it")
+                notes.append(
+                    f"CUDA_VISIBLE_DEVICES entry {entry!r} is out of range (this host has {count} GPUs); CUDA ignores it and every entry after it"
+                )
                 break
         if idx in out:
-            notes.append(f"CUDA_VISIBLE_DEVICES lists GPU {entry!r} twice; CUDA ignores the repeat and every entry after it")
+            notes.append(
+                f"CUDA_VISIBLE_DEVICES lists GPU {entry!r} twice; CUDA ignores the repeat and every entry after it"
+            )
             break
         out.append(idx)
     return out, notes
@@ -346,7 +373,9 @@ class GpuInventory:
     @property
     def nvlink_all_pairs(self) -> bool:
         n = len(self.gpus)
-        return n > 1 and all(self.links[a][b].startswith("NV") for a in range(n) for b in range(n) if a != b)
+        return n > 1 and all(
+            self.links[a][b].startswith("NV") for a in range(n) for b in range(n) if a != b
+        )
 
     @property
     def p2p_all_pairs(self) -> bool:
@@ -379,7 +408,18 @@ def inventory(source: NvmlSource, environ: dict[str, str] | None = None) -> GpuI
     gpus = []
     for cuda_i, i in enumerate(idx):
         mt, mf = source.memory(i)
-        gpus.append(Gpu(cuda_i, i, source.name(i), source.uuid(i), source.pci_bus_id(i), mt, mf, source.compute_capability(i)))
+        gpus.append(
+            Gpu(
+                cuda_i,
+                i,
+                source.name(i),
+                source.uuid(i),
+                source.pci_bus_id(i),
+                mt,
+                mf,
+                source.compute_capability(i),
+            )
+        )
     nv = _nvlink_counts(source, idx) if len(idx) > 1 else {}
     links: list[list[str]] = []
     p2p: list[list[str]] = []
@@ -392,26 +432,46 @@ def inventory(source: NvmlSource, environ: dict[str, str] | None = None) -> GpuI
                 continue
             n = nv.get((a, b), 0)
             row.append(f"NV{n}" if n else TOPOLOGY_SHORT.get(source.topology_level(a, b), "?"))
-            ok = source.p2p_status(a, b, "read") == P2P_OK or source.p2p_status(a, b, "nvlink") == P2P_OK
+            ok = (
+                source.p2p_status(a, b, "read") == P2P_OK
+                or source.p2p_status(a, b, "nvlink") == P2P_OK
+            )
             prow.append("OK" if ok else "NS")
         links.append(row)
         p2p.append(prow)
     inv = GpuInventory(
-        driver_version=source.driver_version(), cuda_driver_version=source.cuda_driver_version(),
-        gpus=gpus, links=links, p2p=p2p, notes=notes, hidden=total - len(idx),
+        driver_version=source.driver_version(),
+        cuda_driver_version=source.cuda_driver_version(),
+        gpus=gpus,
+        links=links,
+        p2p=p2p,
+        notes=notes,
+        hidden=total - len(idx),
         source=getattr(source, "origin", "nvml"),
     )
     if len(inv.models) > 1:
-        per = ", ".join(f"{g.index}: {g.name} (sm_{g.compute_capability[0]}{g.compute_capability[1]})" for g in gpus)
+        per = ", ".join(
+            f"{g.index}: {g.name} (sm_{g.compute_capability[0]}{g.compute_capability[1]})"
+            for g in gpus
+        )
         inv.notes.append(
             f"mixed GPU models on this host ({per}); data-parallel ranks run at the pace of the slowest GPU "
             "and bf16 needs every GPU at compute capability 8.0+; restrict with CUDA_VISIBLE_DEVICES"
         )
     if inv.hidden:
-        inv.notes.append(f"CUDA_VISIBLE_DEVICES={environ.get('CUDA_VISIBLE_DEVICES') if environ is not None else os.environ.get('CUDA_VISIBLE_DEVICES')!r} hides {inv.hidden} of {total} GPUs")
+        inv.notes.append(
+            f"CUDA_VISIBLE_DEVICES={environ.get('CUDA_VISIBLE_DEVICES') if environ is not None else os.environ.get('CUDA_VISIBLE_DEVICES')!r} hides {inv.hidden} of {total} GPUs"
+        )
     if len(gpus) > 1 and not inv.p2p_all_pairs:
-        bad = [f"{a}-{b}" for a in range(len(gpus)) for b in range(a + 1, len(gpus)) if p2p[a][b] != "OK"]
-        inv.notes.append(f"no peer-to-peer access between GPUs {', '.join(bad)}: NCCL goes through host memory (slower all-reduce)")
+        bad = [
+            f"{a}-{b}"
+            for a in range(len(gpus))
+            for b in range(a + 1, len(gpus))
+            if p2p[a][b] != "OK"
+        ]
+        inv.notes.append(
+            f"no peer-to-peer access between GPUs {', '.join(bad)}: NCCL goes through host memory (slower all-reduce)"
+        )
     return inv
 
 

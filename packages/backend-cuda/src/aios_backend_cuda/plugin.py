@@ -55,12 +55,21 @@ def _doctor(config: Any, explicit: bool) -> Any:
 
 @hookimpl
 def aios_register_backends(register: Any) -> None:
-    register(BackendSpec(
-        name="cuda", priority=100, probe=_probe, device_type="cuda", accelerator="cuda",
-        install_hint="pip install -e './packages/core[cuda]' ./packages/backend-cuda (from the aios checkout)",
-        description="NVIDIA GPUs: DDP over NCCL, FSDP2/TP, AMP (bf16/fp16), DeepSpeed ZeRO 1-3",
-        discover=_discover, launch_plan=_launch_plan, precision=_precision, doctor=_doctor,
-    ))
+    register(
+        BackendSpec(
+            name="cuda",
+            priority=100,
+            probe=_probe,
+            device_type="cuda",
+            accelerator="cuda",
+            install_hint="pip install -e './packages/core[cuda]' ./packages/backend-cuda (from the aios checkout)",
+            description="NVIDIA GPUs: DDP over NCCL, FSDP2/TP, AMP (bf16/fp16), DeepSpeed ZeRO 1-3",
+            discover=_discover,
+            launch_plan=_launch_plan,
+            precision=_precision,
+            doctor=_doctor,
+        )
+    )
 
 
 def _cuda_accelerator(config: Any) -> Any:
@@ -71,7 +80,11 @@ def _cuda_accelerator(config: Any) -> Any:
 
 @hookimpl
 def aios_register_accelerators(register: Any) -> None:
-    register(AcceleratorSpec("cuda", _cuda_accelerator, "NVIDIA GPU: NCCL, TF32, CUDA RNG and memory statistics"))
+    register(
+        AcceleratorSpec(
+            "cuda", _cuda_accelerator, "NVIDIA GPU: NCCL, TF32, CUDA RNG and memory statistics"
+        )
+    )
 
 
 def _ddp(config: Any, accelerator: Any, backend: str) -> Any:
@@ -93,7 +106,9 @@ def _deepspeed_precision(precision: str, config: Any, accelerator: Any) -> Any:
         from aios_backend_cuda.precision import check_bf16
 
         check_bf16(precision)
-    return DeepSpeedPrecision(precision, accelerator.device_type if accelerator is not None else "cpu")
+    return DeepSpeedPrecision(
+        precision, accelerator.device_type if accelerator is not None else "cpu"
+    )
 
 
 def _deepspeed_env(config: Any, backend: str) -> dict[str, str]:
@@ -102,14 +117,24 @@ def _deepspeed_env(config: Any, backend: str) -> dict[str, str]:
 
 @hookimpl
 def aios_register_strategies(register: Any) -> None:
-    register(StrategySpec(
-        "ddp", _ddp, backends=("cuda",),
-        description="DDP over NCCL with fused optimizers, opt-in torch.compile and the cuda section's DDP knobs",
-    ))
-    register(StrategySpec(
-        "deepspeed", _deepspeed, backends=DS_BACKENDS, precision=_deepspeed_precision, launch_env=_deepspeed_env,
-        description="DeepSpeed ZeRO 1-3 (on cpu: DeepSpeed's CPU accelerator over gloo)",
-    ))
+    register(
+        StrategySpec(
+            "ddp",
+            _ddp,
+            backends=("cuda",),
+            description="DDP over NCCL with fused optimizers, opt-in torch.compile and the cuda section's DDP knobs",
+        )
+    )
+    register(
+        StrategySpec(
+            "deepspeed",
+            _deepspeed,
+            backends=DS_BACKENDS,
+            precision=_deepspeed_precision,
+            launch_env=_deepspeed_env,
+            description="DeepSpeed ZeRO 1-3 (on cpu: DeepSpeed's CPU accelerator over gloo)",
+        )
+    )
 
 
 @hookimpl
@@ -135,7 +160,10 @@ def aios_env_info() -> dict[str, Any]:
     if inv is not None:
         out["nvidia_driver"] = inv.driver_version
         out["nvidia_driver_cuda"] = inv.cuda_version
-        out["nvidia_gpus"] = ", ".join(f"{sum(1 for g in inv.gpus if g.name == m)}x {m}" for m in inv.models) or "none visible"
+        out["nvidia_gpus"] = (
+            ", ".join(f"{sum(1 for g in inv.gpus if g.name == m)}x {m}" for m in inv.models)
+            or "none visible"
+        )
     else:
         out["nvidia_driver"] = f"unavailable ({why})"
     return out

@@ -26,7 +26,10 @@ def _capabilities_from_torch() -> list[tuple[int, str, tuple[int, int]]]:
 
     if not torch.cuda.is_available():
         return []
-    return [(i, torch.cuda.get_device_name(i), torch.cuda.get_device_capability(i)) for i in range(torch.cuda.device_count())]
+    return [
+        (i, torch.cuda.get_device_name(i), torch.cuda.get_device_capability(i))
+        for i in range(torch.cuda.device_count())
+    ]
 
 
 def check_bf16(precision: str, inv: GpuInventory | None = None) -> None:
@@ -44,12 +47,17 @@ def check_bf16(precision: str, inv: GpuInventory | None = None) -> None:
     lacking = [(i, name, cc) for i, name, cc in gpus if tuple(cc) < (8, 0)]
     if not lacking:
         return
-    which = ", ".join(f"cuda:{i} {name} (compute capability {cc[0]}.{cc[1]})" for i, name, cc in lacking)
+    which = ", ".join(
+        f"cuda:{i} {name} (compute capability {cc[0]}.{cc[1]})" for i, name, cc in lacking
+    )
     ok = [str(i) for i, _, cc in gpus if tuple(cc) >= (8, 0)]
     fix = "use precision=fp16-mixed (or fp32)"
     if ok:
         fix += f", or train only on the GPUs that have bf16: CUDA_VISIBLE_DEVICES={','.join(ok)}"
-    raise ConfigError(f"precision {precision} needs bfloat16, which {which} lacks (needs 8.0+, Ampere or newer)", fix)
+    raise ConfigError(
+        f"precision {precision} needs bfloat16, which {which} lacks (needs 8.0+, Ampere or newer)",
+        fix,
+    )
 
 
 def make_precision(precision: str, config: Any, inv: GpuInventory | None = None) -> Precision:

@@ -101,7 +101,10 @@ def probe() -> Availability:
         count = len(inv.gpus)
         if count == 0:
             if inv.hidden:
-                return Availability(False, f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')!r} hides all {inv.hidden} NVIDIA GPUs")
+                return Availability(
+                    False,
+                    f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')!r} hides all {inv.hidden} NVIDIA GPUs",
+                )
             return Availability(False, "NVML reports no NVIDIA GPU")
     else:
         count = nvidia_driver_gpus()
@@ -109,14 +112,26 @@ def probe() -> Availability:
             count = -1  # driver tools present, count unknown without NVML
         if not count:
             if amd_gpu_present() or build.flavour == "rocm":
-                return Availability(False, "found an AMD GPU / ROCm (not NVIDIA CUDA): the cuda backend targets NVIDIA GPUs; ROCm is not supported by aios yet")
-            return Availability(False, f"no NVIDIA GPU found ({why or 'NVML unavailable'}; no /proc/driver/nvidia/gpus, no nvidia-smi)")
+                return Availability(
+                    False,
+                    "found an AMD GPU / ROCm (not NVIDIA CUDA): the cuda backend targets NVIDIA GPUs; ROCm is not supported by aios yet",
+                )
+            return Availability(
+                False,
+                f"no NVIDIA GPU found ({why or 'NVML unavailable'}; no /proc/driver/nvidia/gpus, no nvidia-smi)",
+            )
         if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
             return Availability(False, "CUDA_VISIBLE_DEVICES hides every GPU")
     if not build.installed:
         return Availability(False, "torch is not installed")
     if build.flavour == "rocm":
-        return Availability(False, f"torch {build.version} is a ROCm (AMD) build; install a CUDA build of torch for NVIDIA GPUs")
+        return Availability(
+            False,
+            f"torch {build.version} is a ROCm (AMD) build; install a CUDA build of torch for NVIDIA GPUs",
+        )
     if build.flavour != "cuda":
-        return Availability(False, f"torch {build.version} is a {build.flavour.upper()}-only build; install a CUDA build of torch")
+        return Availability(
+            False,
+            f"torch {build.version} is a {build.flavour.upper()}-only build; install a CUDA build of torch",
+        )
     return Availability(True)

@@ -46,9 +46,15 @@ def check_cuda_runtime() -> None:
             "install a CUDA build of torch for NVIDIA GPUs (ROCm is not supported by the cuda backend)",
         )
     if torch.version.cuda is None:
-        raise BackendUnavailable(f"torch {torch.__version__} is a CPU-only build", "install a CUDA build of torch: pip install -e './packages/core[cuda]' ./packages/backend-cuda (from the aios checkout)")
+        raise BackendUnavailable(
+            f"torch {torch.__version__} is a CPU-only build",
+            "install a CUDA build of torch: pip install -e './packages/core[cuda]' ./packages/backend-cuda (from the aios checkout)",
+        )
     if not torch.cuda.is_available():
-        raise BackendUnavailable("CUDA is not available to this process (no GPU visible, or the driver is too old for this torch)", "run `aios doctor --backend cuda`")
+        raise BackendUnavailable(
+            "CUDA is not available to this process (no GPU visible, or the driver is too old for this torch)",
+            "run `aios doctor --backend cuda`",
+        )
 
 
 def fuse_optimizer(optimizer: Any) -> str:
@@ -57,11 +63,17 @@ def fuse_optimizer(optimizer: Any) -> str:
     import torch
 
     groups = optimizer.param_groups
-    if type(optimizer).__name__ not in FUSABLE or type(optimizer).__module__.split(".")[:2] != ["torch", "optim"]:
+    if type(optimizer).__name__ not in FUSABLE or type(optimizer).__module__.split(".")[:2] != [
+        "torch",
+        "optim",
+    ]:
         return "default"
     if any(g.get("fused") for g in groups):
         return "fused"
-    if any(g.get("fused") is False or g.get("foreach") is not None or g.get("differentiable") for g in groups):
+    if any(
+        g.get("fused") is False or g.get("foreach") is not None or g.get("differentiable")
+        for g in groups
+    ):
         return "foreach" if any(g.get("foreach") for g in groups) else "default"
     if optimizer.state:  # state made without fused: its step counters live on the CPU
         return "default"
@@ -69,7 +81,9 @@ def fuse_optimizer(optimizer: Any) -> str:
 
     supported = set(_get_fused_kernels_supported_devices())
     params = [p for g in groups for p in g["params"]]
-    if not params or any(p.device.type not in supported or not torch.is_floating_point(p) for p in params):
+    if not params or any(
+        p.device.type not in supported or not torch.is_floating_point(p) for p in params
+    ):
         return "default"
     for g in groups:
         g["fused"] = True
@@ -131,9 +145,13 @@ class CudaDDPStrategy(DDPStrategy):
     # ---------------------------------------------------------------- diagnostics
     def metrics(self) -> dict[str, Any]:
         out = super().metrics()
-        out.update({
-            "tf32": bool(self.settings.tf32), "compiled": self.compiled, "optimizers": list(self.optimizer_impl),
-        })
+        out.update(
+            {
+                "tf32": bool(self.settings.tf32),
+                "compiled": self.compiled,
+                "optimizers": list(self.optimizer_impl),
+            }
+        )
         if self.accelerator.name == "cuda" and self.device is not None:
             import torch
 
@@ -141,5 +159,7 @@ class CudaDDPStrategy(DDPStrategy):
             out["gpu"] = props.name
             out["gpu_memory_total"] = props.total_memory
             out["peak_memory_allocated_gib"] = round(out.get("max_memory_allocated", 0) / 2**30, 3)
-            out["peak_memory_fraction"] = round(out.get("max_memory_reserved", 0) / props.total_memory, 4)
+            out["peak_memory_fraction"] = round(
+                out.get("max_memory_reserved", 0) / props.total_memory, 4
+            )
         return out

@@ -21,9 +21,17 @@ g = torch.Generator().manual_seed(1234)
 x = torch.randn(512, 16, generator=g)
 w = torch.randn(16, 4, generator=g)
 y = torch.tanh(x @ w) + 0.05 * torch.randn(512, 4, generator=g)
-loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8, shuffle=True, drop_last=True)
+loader = torch.utils.data.DataLoader(
+    torch.utils.data.TensorDataset(x, y), batch_size=8, shuffle=True, drop_last=True
+)
 torch.manual_seed(7)
-model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.GELU(), torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 4))
+model = torch.nn.Sequential(
+    torch.nn.Linear(16, 64),
+    torch.nn.GELU(),
+    torch.nn.Linear(64, 64),
+    torch.nn.GELU(),
+    torch.nn.Linear(64, 4),
+)
 opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
 sched = torch.optim.lr_scheduler.StepLR(opt, step_size=4, gamma=0.8)
 model, opt, sched, loader = rt.setup(model, opt, sched, loader)
@@ -55,7 +63,17 @@ if rt.global_step >= steps or stop_after:
     checksum = float(sum(v.double().sum() for v in sd.values()))
     if rt.is_main:
         with open(out_file, "w") as f:
-            json.dump({"start": start, "losses": losses, "checksum": checksum, "lr": opt.param_groups[0]["lr"],
-                       "metrics": rt.strategy.metrics(), "strategy": type(rt.strategy).__name__,
-                       "skipped": rt.precision.skipped_steps}, f, default=str)
+            json.dump(
+                {
+                    "start": start,
+                    "losses": losses,
+                    "checksum": checksum,
+                    "lr": opt.param_groups[0]["lr"],
+                    "metrics": rt.strategy.metrics(),
+                    "strategy": type(rt.strategy).__name__,
+                    "skipped": rt.precision.skipped_steps,
+                },
+                f,
+                default=str,
+            )
 rt.close()

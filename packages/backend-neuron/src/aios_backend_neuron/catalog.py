@@ -50,17 +50,35 @@ class InstanceType:
         return self.devices * self.logical_cores_per_device(lnc)
 
 
-_TRN1 = dict(physical_cores_per_device=2, default_lnc=1, memory_per_device=32 * GIB, target="trn1",
-             core_kind="NeuronCore-v2", chip="Trainium")
-_TRN2 = dict(physical_cores_per_device=8, default_lnc=2, memory_per_device=96 * GIB, target="trn2",
-             core_kind="NeuronCore-v3", chip="Trainium2")
+_TRN1 = dict(
+    physical_cores_per_device=2,
+    default_lnc=1,
+    memory_per_device=32 * GIB,
+    target="trn1",
+    core_kind="NeuronCore-v2",
+    chip="Trainium",
+)
+_TRN2 = dict(
+    physical_cores_per_device=8,
+    default_lnc=2,
+    memory_per_device=96 * GIB,
+    target="trn2",
+    core_kind="NeuronCore-v3",
+    chip="Trainium2",
+)
 
 INSTANCE_TYPES: dict[str, InstanceType] = {
     t.name: t
     for t in (
         InstanceType("trn1.2xlarge", devices=1, vcpus=8, efa_interfaces=0, **_TRN1),
         InstanceType("trn1.32xlarge", devices=16, vcpus=128, efa_interfaces=8, **_TRN1),
-        InstanceType("trn1n.32xlarge", devices=16, vcpus=128, efa_interfaces=16, **{**_TRN1, "target": "trn1n"}),
+        InstanceType(
+            "trn1n.32xlarge",
+            devices=16,
+            vcpus=128,
+            efa_interfaces=16,
+            **{**_TRN1, "target": "trn1n"},
+        ),
         InstanceType("trn2.3xlarge", devices=1, vcpus=12, efa_interfaces=1, **_TRN2),
         InstanceType("trn2.48xlarge", devices=16, vcpus=192, efa_interfaces=16, **_TRN2),
         InstanceType("trn2u.48xlarge", devices=16, vcpus=192, efa_interfaces=16, **_TRN2),
@@ -75,7 +93,9 @@ def lookup(name: str) -> InstanceType:
         return INSTANCE_TYPES[key]
     known = ", ".join(INSTANCE_TYPES)
     if key.startswith(("inf1", "inf2")):
-        raise ValueError(f"'{name}' is an Inferentia instance (inference only); aios trains on: {known}")
+        raise ValueError(
+            f"'{name}' is an Inferentia instance (inference only); aios trains on: {known}"
+        )
     raise ValueError(f"unknown Trainium instance type '{name}'; known: {known}")
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aios.errors import ConfigError
+
 from aios_backend_neuron.catalog import InstanceType, family_defaults
 
 DEFAULT_NEURON_LS = "/opt/aws/neuron/bin/neuron-ls"
@@ -142,8 +143,19 @@ class NeuronTopology:
                     "set neuron.logical_nc_config to 1 or 2 (Trn2) or leave it unset",
                 )
             n = physical // lnc
-            devices.append(NeuronDevice(d.index, n, list(range(next_id, next_id + n)), d.memory_bytes, d.bdf,
-                                        d.numa_node, d.cpu_affinity, list(d.connected_to), list(d.processes)))
+            devices.append(
+                NeuronDevice(
+                    d.index,
+                    n,
+                    list(range(next_id, next_id + n)),
+                    d.memory_bytes,
+                    d.bdf,
+                    d.numa_node,
+                    d.cpu_affinity,
+                    list(d.connected_to),
+                    list(d.processes),
+                )
+            )
             next_id += n
         return NeuronTopology(devices, lnc, self.instance_type, self.instance_id, self.source)
 
@@ -191,9 +203,13 @@ def parse_neuron_ls(payload: Any, env_lnc: int | None = None) -> NeuronTopology:
                 rows = payload[key]
                 break
         if rows is None:
-            raise NeuronLsError(f"neuron-ls JSON object has no device list (keys: {', '.join(sorted(payload))})")
+            raise NeuronLsError(
+                f"neuron-ls JSON object has no device list (keys: {', '.join(sorted(payload))})"
+            )
     if not isinstance(rows, list):
-        raise NeuronLsError(f"neuron-ls JSON is a {type(payload).__name__}, expected a list of devices")
+        raise NeuronLsError(
+            f"neuron-ls JSON is a {type(payload).__name__}, expected a list of devices"
+        )
     info = top.get("instance_info") if isinstance(top.get("instance_info"), dict) else {}
     instance_type = top.get("instance_type") or info.get("instance_type")
     instance_id = top.get("instance_id") or info.get("instance_id")
@@ -209,7 +225,9 @@ def parse_neuron_ls(payload: Any, env_lnc: int | None = None) -> NeuronTopology:
         ids = [int(c) for c in (row.get("neuroncore_ids") or [])]
         n = _as_int(row.get("nc_count"), len(ids))
         if n <= 0 and not ids:
-            raise NeuronLsError(f"neuron-ls reports no NeuronCores for device {row.get('neuron_device')}")
+            raise NeuronLsError(
+                f"neuron-ls reports no NeuronCores for device {row.get('neuron_device')}"
+            )
         if not ids:
             ids = list(range(next_id, next_id + n))
         next_id = max(ids) + 1
@@ -217,17 +235,19 @@ def parse_neuron_ls(payload: Any, env_lnc: int | None = None) -> NeuronTopology:
         instance_id = instance_id or row.get("instance_id")
         if row.get("logical_neuroncore_config") is not None:
             lnc_seen.add(_as_int(row["logical_neuroncore_config"], 1))
-        devices.append(NeuronDevice(
-            index=_as_int(row["neuron_device"], len(devices)),
-            cores=n,
-            core_ids=ids,
-            memory_bytes=_memory(row.get("memory_size")),
-            bdf=str(row.get("bdf") or ""),
-            numa_node=_as_int(row.get("numa_node")),
-            cpu_affinity=str(row.get("cpu_affinity") or ""),
-            connected_to=[int(x) for x in (row.get("connected_to") or [])],
-            processes=list(row.get("neuron_processes") or []),
-        ))
+        devices.append(
+            NeuronDevice(
+                index=_as_int(row["neuron_device"], len(devices)),
+                cores=n,
+                core_ids=ids,
+                memory_bytes=_memory(row.get("memory_size")),
+                bdf=str(row.get("bdf") or ""),
+                numa_node=_as_int(row.get("numa_node")),
+                cpu_affinity=str(row.get("cpu_affinity") or ""),
+                connected_to=[int(x) for x in (row.get("connected_to") or [])],
+                processes=list(row.get("neuron_processes") or []),
+            )
+        )
     if len(lnc_seen) > 1:
         raise NeuronLsError(f"neuron-ls reports mixed logical core configs {sorted(lnc_seen)}")
     if lnc_seen:
@@ -278,7 +298,9 @@ def run_neuron_ls(configured: str | None = None, use_cache: bool = True) -> Neur
     path = find_neuron_ls(configured)
     if path is None:
         where = configured or f"PATH or {DEFAULT_NEURON_LS}"
-        return NeuronLsResult(None, error=f"neuron-ls not found ({where}); it comes with aws-neuronx-tools")
+        return NeuronLsResult(
+            None, error=f"neuron-ls not found ({where}); it comes with aws-neuronx-tools"
+        )
     try:
         st = os.stat(path)
         key: tuple = (path, st.st_mtime_ns, st.st_size, os.environ.get("NEURON_LOGICAL_NC_CONFIG"))
@@ -295,7 +317,9 @@ def _run(path: str) -> NeuronLsResult:
     last_err = ""
     for args in (["--json-output"], ["--output-format", "json"]):
         try:
-            proc = subprocess.run([path, *args], capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+            proc = subprocess.run(
+                [path, *args], capture_output=True, text=True, timeout=TIMEOUT_S, check=False
+            )
         except subprocess.TimeoutExpired:
             return NeuronLsResult(path, error=f"{path} did not answer within {TIMEOUT_S:.0f}s")
         except OSError as exc:
@@ -305,7 +329,10 @@ def _run(path: str) -> NeuronLsResult:
             try:
                 payload = json.loads(out)
             except json.JSONDecodeError as exc:
-                return NeuronLsResult(path, error=f"{path} {' '.join(args)} printed invalid JSON ({exc.msg} at line {exc.lineno})")
+                return NeuronLsResult(
+                    path,
+                    error=f"{path} {' '.join(args)} printed invalid JSON ({exc.msg} at line {exc.lineno})",
+                )
             try:
                 return NeuronLsResult(path, parse_neuron_ls(payload, _env_lnc()))
             except NeuronLsError as exc:
@@ -313,7 +340,16 @@ def _run(path: str) -> NeuronLsResult:
         err = (proc.stderr or proc.stdout).strip().splitlines()
         last_err = err[-1] if err else f"exit status {proc.returncode}"
         low = last_err.lower()
-        if not any(w in low for w in ("unknown", "unrecognized", "invalid option", "usage", "flag provided but not defined")):
+        if not any(
+            w in low
+            for w in (
+                "unknown",
+                "unrecognized",
+                "invalid option",
+                "usage",
+                "flag provided but not defined",
+            )
+        ):
             break  # a real failure (e.g. no driver), not an unsupported flag
     if "discover" in last_err.lower() or "no neuron device" in last_err.lower():
         return NeuronLsResult(path, error=f"no Neuron devices: {last_err}")

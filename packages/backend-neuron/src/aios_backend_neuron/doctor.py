@@ -9,13 +9,23 @@ from typing import Any
 
 from aios.errors import AiosError
 from aios.types import DoctorCheck
-from aios_backend_neuron.packages import INSTALL_LINE, compiler_path, detect, module_present, placeholder_message
+
+from aios_backend_neuron.packages import (
+    INSTALL_LINE,
+    compiler_path,
+    detect,
+    module_present,
+    placeholder_message,
+)
 
 B = "neuron"
 # Installed packages whose kernels are CUDA-only: they import fine and then fail on Neuron.
 CUDA_ONLY_DISTS = {
-    "flash-attn": "FlashAttention", "bitsandbytes": "bitsandbytes", "apex": "NVIDIA apex",
-    "xformers": "xformers", "triton": "Triton",
+    "flash-attn": "FlashAttention",
+    "bitsandbytes": "bitsandbytes",
+    "apex": "NVIDIA apex",
+    "xformers": "xformers",
+    "triton": "Triton",
 }
 
 
@@ -32,8 +42,12 @@ def checks(config: Any = None, explicit: bool = True) -> list[DoctorCheck]:
     settings = settings_of(config)
     sw = detect()
     out: list[DoctorCheck] = []
-    if not explicit and not any(d.installed for d in (sw.torch_neuronx, sw.neuronx_cc, sw.neuronx_distributed)) \
-            and not device_nodes() and find_neuron_ls(settings.neuron_ls) is None:
+    if (
+        not explicit
+        and not any(d.installed for d in (sw.torch_neuronx, sw.neuronx_cc, sw.neuronx_distributed))
+        and not device_nodes()
+        and find_neuron_ls(settings.neuron_ls) is None
+    ):
         return [_c("neuron", "pass", "not a Trainium machine and no Neuron packages (skipped)")]
 
     # --- packages from the right index
@@ -49,45 +63,103 @@ def checks(config: Any = None, explicit: bool = True) -> list[DoctorCheck]:
     if rt is not None:
         out.append(_c("runtime", "pass", sw.runtime_label()))
         if rt == "xla" and not sw.torch_xla.installed:
-            out.append(_c("torch_xla", "fail", "torch-neuronx (XLA-based) needs torch_xla, which is not installed", INSTALL_LINE))
+            out.append(
+                _c(
+                    "torch_xla",
+                    "fail",
+                    "torch-neuronx (XLA-based) needs torch_xla, which is not installed",
+                    INSTALL_LINE,
+                )
+            )
     # --- versions consistent
     problems = sw.version_problems()
     for p in problems:
-        out.append(_c("versions consistent", "fail", p,
-                      "install torch, torch-neuronx (and torch_xla) from one Neuron release: " + INSTALL_LINE))
+        out.append(
+            _c(
+                "versions consistent",
+                "fail",
+                p,
+                "install torch, torch-neuronx (and torch_xla) from one Neuron release: "
+                + INSTALL_LINE,
+            )
+        )
     if rt is not None and not problems:
-        vs = f"torch {sw.torch.version}" + (f", torch_xla {sw.torch_xla.version}" if rt == "xla" and sw.torch_xla.installed else "")
+        vs = f"torch {sw.torch.version}" + (
+            f", torch_xla {sw.torch_xla.version}" if rt == "xla" and sw.torch_xla.installed else ""
+        )
         out.append(_c("versions consistent", "pass", f"{vs}, torch-neuronx {tn.version}"))
     if rt is not None and not sw.xla_cpu_stand_in:
         out.append(version_set_check(rt, sw))
     if rt == "xla":
-        out.append(_c("XLA runtime (Trn1)", "warn" if explicit else "pass",
-                      "the XLA-based torch-neuronx is kept for Trn1 only: Neuron 2.30 ended PyTorch/XLA training; "
-                      "Trn1 stays on it with Neuron <= 2.29 pinned (torch-neuronx 2.9.0.2.29.*, torch 2.9, "
-                      "DLAMI venv /opt/aws_neuronx_venv_pytorch_2_9)",
-                      "on Trn2/Trn3 use TorchNeuron (Neuron 2.33, /opt/aws_neuronx_venv_torch_neuronx_2_14_0)"))
+        out.append(
+            _c(
+                "XLA runtime (Trn1)",
+                "warn" if explicit else "pass",
+                "the XLA-based torch-neuronx is kept for Trn1 only: Neuron 2.30 ended PyTorch/XLA training; "
+                "Trn1 stays on it with Neuron <= 2.29 pinned (torch-neuronx 2.9.0.2.29.*, torch 2.9, "
+                "DLAMI venv /opt/aws_neuronx_venv_pytorch_2_9)",
+                "on Trn2/Trn3 use TorchNeuron (Neuron 2.33, /opt/aws_neuronx_venv_torch_neuronx_2_14_0)",
+            )
+        )
 
     # --- compiler
     cc = sw.neuronx_cc
     if cc.real:
         exe = compiler_path()
         if exe or module_present("neuronxcc"):
-            out.append(_c("neuronx-cc compiler", "pass", f"neuronx-cc {cc.version}" + (f" ({exe})" if exe else "")))
+            out.append(
+                _c(
+                    "neuronx-cc compiler",
+                    "pass",
+                    f"neuronx-cc {cc.version}" + (f" ({exe})" if exe else ""),
+                )
+            )
         else:
-            out.append(_c("neuronx-cc compiler", "fail", f"neuronx-cc {cc.version} is installed but neither the neuronx-cc command nor the neuronxcc module is found", INSTALL_LINE))
+            out.append(
+                _c(
+                    "neuronx-cc compiler",
+                    "fail",
+                    f"neuronx-cc {cc.version} is installed but neither the neuronx-cc command nor the neuronxcc module is found",
+                    INSTALL_LINE,
+                )
+            )
     elif not cc.installed:
-        out.append(_c("neuronx-cc compiler", "fail", "neuronx-cc (the Neuron compiler) is not installed", INSTALL_LINE))
+        out.append(
+            _c(
+                "neuronx-cc compiler",
+                "fail",
+                "neuronx-cc (the Neuron compiler) is not installed",
+                INSTALL_LINE,
+            )
+        )
 
     nxd = sw.neuronx_distributed
     if nxd.real:
-        out.append(_c("neuronx-distributed", "warn" if rt == "native" else "pass",
-                      f"neuronx-distributed {nxd.version} (legacy: NxD Training/Core are in maintenance, last supported in Neuron 2.31)",
-                      "on TorchNeuron use strategy=fsdp / tp (FSDP2, DTensor) instead" if rt == "native" else ""))
+        out.append(
+            _c(
+                "neuronx-distributed",
+                "warn" if rt == "native" else "pass",
+                f"neuronx-distributed {nxd.version} (legacy: NxD Training/Core are in maintenance, last supported in Neuron 2.31)",
+                "on TorchNeuron use strategy=fsdp / tp (FSDP2, DTensor) instead"
+                if rt == "native"
+                else "",
+            )
+        )
     elif not nxd.installed:
         need = settings.tp_degree > 1 or settings.pp_degree > 1 or settings.zero1
-        out.append(_c("neuronx-distributed", "fail" if need else "warn",
-                      "neuronx-distributed is not installed" + (" but neuron.tp_degree/pp_degree/zero1 need it" if need else " (needed for tensor/pipeline parallelism)"),
-                      INSTALL_LINE))
+        out.append(
+            _c(
+                "neuronx-distributed",
+                "fail" if need else "warn",
+                "neuronx-distributed is not installed"
+                + (
+                    " but neuron.tp_degree/pp_degree/zero1 need it"
+                    if need
+                    else " (needed for tensor/pipeline parallelism)"
+                ),
+                INSTALL_LINE,
+            )
+        )
 
     # --- cores visible
     ls = run_neuron_ls(settings.neuron_ls)
@@ -99,53 +171,109 @@ def checks(config: Any = None, explicit: bool = True) -> list[DoctorCheck]:
         origin = "neuron.visible_cores" if settings.visible_cores else "NEURON_RT_VISIBLE_CORES"
         try:
             cores = visible_core_ids(topo, spec, origin)
-            out.append(_c("NeuronCores visible", "pass",
-                          f"{len(cores)} logical cores ({format_core_list(cores)}) on {len(topo.devices)} devices, LNC={topo.lnc}"
-                          + (f", {topo.instance_type}" if topo.instance_type else "")))
+            out.append(
+                _c(
+                    "NeuronCores visible",
+                    "pass",
+                    f"{len(cores)} logical cores ({format_core_list(cores)}) on {len(topo.devices)} devices, LNC={topo.lnc}"
+                    + (f", {topo.instance_type}" if topo.instance_type else ""),
+                )
+            )
             if settings.tp_degree > 1 and cores:
                 from aios_backend_neuron.launch import check_parallel
 
                 try:
-                    check_parallel(settings.tp_degree, settings.pp_degree, len(cores), len(cores) * max(1, getattr(config, "nnodes", 1) or 1))
+                    check_parallel(
+                        settings.tp_degree,
+                        settings.pp_degree,
+                        len(cores),
+                        len(cores) * max(1, getattr(config, "nnodes", 1) or 1),
+                    )
                 except AiosError as exc:
                     out.append(_c("parallel degrees", "fail", exc.message, exc.fix))
         except AiosError as exc:
             out.append(_c("NeuronCores visible", "fail", exc.message, exc.fix))
         busy = [d.index for d in topo.devices if d.processes]
         if busy:
-            out.append(_c("NeuronCores free", "warn", f"devices {', '.join(map(str, busy))} are in use by other processes",
-                          "stop them (see neuron-ls) or pick other cores with neuron.visible_cores"))
+            out.append(
+                _c(
+                    "NeuronCores free",
+                    "warn",
+                    f"devices {', '.join(map(str, busy))} are in use by other processes",
+                    "stop them (see neuron-ls) or pick other cores with neuron.visible_cores",
+                )
+            )
     else:
         nodes = device_nodes()
         msg = ls.error or "neuron-ls lists no devices"
-        out.append(_c("NeuronCores visible", "fail", msg + (f"; {len(nodes)} /dev/neuron* nodes exist" if nodes else ""),
-                      "run on a Trainium instance with aws-neuronx-dkms and aws-neuronx-tools installed"))
+        out.append(
+            _c(
+                "NeuronCores visible",
+                "fail",
+                msg + (f"; {len(nodes)} /dev/neuron* nodes exist" if nodes else ""),
+                "run on a Trainium instance with aws-neuronx-dkms and aws-neuronx-tools installed",
+            )
+        )
 
     # --- removed / unsupported things
     for var in ("XLA_USE_BF16", "XLA_DOWNCAST_BF16"):
         if os.environ.get(var, "").strip() not in ("", "0"):
-            out.append(_c("removed bf16 switches", "fail", f"{var} is set (removed from torch-neuronx)",
-                          f"unset {var}; use precision=bf16-true or bf16-mixed"))
+            out.append(
+                _c(
+                    "removed bf16 switches",
+                    "fail",
+                    f"{var} is set (removed from torch-neuronx)",
+                    f"unset {var}; use precision=bf16-true or bf16-mixed",
+                )
+            )
     precision = getattr(config, "precision", None)
     if precision == "fp16-mixed":
-        out.append(_c("precision", "fail", "precision fp16-mixed is not supported on Trainium",
-                      "use precision=bf16-mixed or bf16-true"))
+        out.append(
+            _c(
+                "precision",
+                "fail",
+                "precision fp16-mixed is not supported on Trainium",
+                "use precision=bf16-mixed or bf16-true",
+            )
+        )
     from aios_backend_neuron.packages import inspect
 
-    cuda_only = [f"{label} ({d.version})" for name, label in CUDA_ONLY_DISTS.items() if (d := inspect(name)).installed]
+    cuda_only = [
+        f"{label} ({d.version})"
+        for name, label in CUDA_ONLY_DISTS.items()
+        if (d := inspect(name)).installed
+    ]
     if cuda_only:
-        out.append(_c("CUDA-only packages", "warn", f"installed but unsupported on NeuronCores: {', '.join(cuda_only)}",
-                      "make sure the training script does not import them on Neuron (aios-run --dry-run flags such imports)"))
+        out.append(
+            _c(
+                "CUDA-only packages",
+                "warn",
+                f"installed but unsupported on NeuronCores: {', '.join(cuda_only)}",
+                "make sure the training script does not import them on Neuron (aios-run --dry-run flags such imports)",
+            )
+        )
     else:
-        out.append(_c("CUDA-only packages", "pass", "none of flash-attn, bitsandbytes, apex, xformers, triton installed"))
+        out.append(
+            _c(
+                "CUDA-only packages",
+                "pass",
+                "none of flash-attn, bitsandbytes, apex, xformers, triton installed",
+            )
+        )
     cache = settings.compile_cache
     if not cache.startswith("s3://"):
         parent = cache
         while parent and not os.path.exists(parent):
             parent = os.path.dirname(parent)
         if parent and not os.access(parent, os.W_OK):
-            out.append(_c("compile cache", "fail", f"compile cache {cache} is not writable",
-                          "set neuron.compile_cache to a writable directory or an s3:// URL"))
+            out.append(
+                _c(
+                    "compile cache",
+                    "fail",
+                    f"compile cache {cache} is not writable",
+                    "set neuron.compile_cache to a writable directory or an s3:// URL",
+                )
+            )
         else:
             out.append(_c("compile cache", "pass", f"{cache} (NEURON_COMPILE_CACHE_URL)"))
     else:
@@ -158,7 +286,11 @@ def version_set_check(runtime: str, sw: Any) -> DoctorCheck:
     from aios import versions as V
 
     stack = "neuron" if runtime == "native" else "neuron-xla"
-    found = {"torch-neuronx": sw.torch_neuronx.version, "torch": sw.torch.version, "torch-xla": sw.torch_xla.version}
+    found = {
+        "torch-neuronx": sw.torch_neuronx.version,
+        "torch": sw.torch.version,
+        "torch-xla": sw.torch_xla.version,
+    }
     res = V.check(stack, versions=found)
     if res.ok:
         return _c("version set", "pass", res.line())

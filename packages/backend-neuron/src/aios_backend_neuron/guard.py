@@ -16,7 +16,10 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--" not in argv or argv.index("--") != 1 or len(argv) < 3:
-        print("usage: python -m aios_backend_neuron.guard INSTANCE_TYPE -- COMMAND [ARGS...]", file=sys.stderr)
+        print(
+            "usage: python -m aios_backend_neuron.guard INSTANCE_TYPE -- COMMAND [ARGS...]",
+            file=sys.stderr,
+        )
         return 2
     instance, cmd = argv[0], argv[2:]
     from aios_backend_neuron.discovery import device_nodes, run_neuron_ls

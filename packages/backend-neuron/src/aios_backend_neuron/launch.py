@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from aios.errors import BackendUnavailable, ConfigError, LaunchError
 from aios.launch import elastic_plan, resolve_nprocs
 from aios.types import Host, LaunchPlan, LaunchRequest
+
 from aios_backend_neuron import catalog
 from aios_backend_neuron.discovery import (
     NeuronTopology,
@@ -82,7 +84,9 @@ def default_runtime(facts: catalog.InstanceType | None) -> str:
 TRN1_PIN = "Trn1 trains on the XLA runtime only with Neuron <= 2.29 pinned (torch-neuronx 2.9.0.2.29.*, torch 2.9)"
 
 
-def resolve_runtime(settings: NeuronSettings, sw: NeuronSoftware, facts: catalog.InstanceType | None, local: bool) -> str:
+def resolve_runtime(
+    settings: NeuronSettings, sw: NeuronSoftware, facts: catalog.InstanceType | None, local: bool
+) -> str:
     """The runtime a plan targets: ``neuron.runtime`` when set, else what is installed here,
     else the instance family's default (:func:`default_runtime`: TorchNeuron on Trn2/Trn3, XLA
     on Trn1). A Trn1 asked to use TorchNeuron is an error."""
@@ -107,11 +111,15 @@ def resolve_runtime(settings: NeuronSettings, sw: NeuronSoftware, facts: catalog
 # ------------------------------------------------------------------------------ topology
 
 
-def _catalog_topology(settings: NeuronSettings, instance: str, origin: str) -> tuple[NeuronTopology, bool, str]:
+def _catalog_topology(
+    settings: NeuronSettings, instance: str, origin: str
+) -> tuple[NeuronTopology, bool, str]:
     try:
         facts = catalog.lookup(instance)
     except ValueError as exc:
-        raise ConfigError(str(exc), "set neuron.instance_type to one of the known Trainium types") from None
+        raise ConfigError(
+            str(exc), "set neuron.instance_type to one of the known Trainium types"
+        ) from None
     lnc = settings.logical_nc_config or facts.default_lnc
     if lnc not in facts.supported_lnc():
         raise ConfigError(
@@ -121,7 +129,9 @@ def _catalog_topology(settings: NeuronSettings, instance: str, origin: str) -> t
     return NeuronTopology.from_catalog(facts, lnc), False, f"{facts.name} (from {origin})"
 
 
-def plan_topology(settings: NeuronSettings, request: LaunchRequest, notes: list[str] | None = None) -> tuple[NeuronTopology, bool, str]:
+def plan_topology(
+    settings: NeuronSettings, request: LaunchRequest, notes: list[str] | None = None
+) -> tuple[NeuronTopology, bool, str]:
     """(topology, local, where). ``LaunchRequest.accelerator`` (a cloud launch) plans for that
     instance type; otherwise this machine's neuron-ls wins, and ``neuron.instance_type`` is the
     fallback for planning off-instance."""
@@ -136,8 +146,15 @@ def plan_topology(settings: NeuronSettings, request: LaunchRequest, notes: list[
             "run on a Trainium instance, or plan off-instance with neuron.instance_type=trn1.32xlarge",
         )
     topo = res.topology
-    if settings.instance_type and topo.instance_type and settings.instance_type != topo.instance_type and notes is not None:
-        notes.append(f"neuron.instance_type={settings.instance_type} ignored: this machine is a {topo.instance_type}")
+    if (
+        settings.instance_type
+        and topo.instance_type
+        and settings.instance_type != topo.instance_type
+        and notes is not None
+    ):
+        notes.append(
+            f"neuron.instance_type={settings.instance_type} ignored: this machine is a {topo.instance_type}"
+        )
     if settings.logical_nc_config and settings.logical_nc_config != topo.lnc:
         facts = topo.facts
         if facts is not None and settings.logical_nc_config not in facts.supported_lnc():
@@ -189,8 +206,11 @@ def build_plan(
     elif settings.runtime != "auto":
         rt_note = f"{runtime} (neuron.runtime)"
     else:
-        rt_note = (f"{runtime} (planned for {facts.name if facts else 'this instance'}: {TRN1_PIN})" if runtime == "xla"
-                   else f"{runtime} (planned: TorchNeuron, device neuron, torch.compile(backend='neuron'))")
+        rt_note = (
+            f"{runtime} (planned for {facts.name if facts else 'this instance'}: {TRN1_PIN})"
+            if runtime == "xla"
+            else f"{runtime} (planned: TorchNeuron, device neuron, torch.compile(backend='neuron'))"
+        )
 
     spec = settings.visible_cores
     origin = "neuron.visible_cores"
@@ -238,14 +258,20 @@ def build_plan(
         master = hosts[0].internal_address or hosts[0].address
     if nnodes > 1:
         env["NEURON_RT_ROOT_COMM_ID"] = f"{master}:{settings.root_comm_port}"
-        efa = settings.efa == "on" or (settings.efa == "auto" and (facts is None or facts.efa_interfaces > 0))
+        efa = settings.efa == "on" or (
+            settings.efa == "auto" and (facts is None or facts.efa_interfaces > 0)
+        )
         if efa:
             env.update(EFA_ENV)
         elif facts is not None and facts.efa_interfaces == 0:
-            notes.append(f"{facts.name} has no EFA: collectives between nodes go over TCP and will be slow")
+            notes.append(
+                f"{facts.name} has no EFA: collectives between nodes go over TCP and will be slow"
+            )
         if not settings.compile_cache.startswith("s3://"):
-            notes.append("compile cache is node-local: every node compiles its own graphs; "
-                         "share one with neuron.compile_cache=s3://BUCKET/PREFIX")
+            notes.append(
+                "compile cache is node-local: every node compiles its own graphs; "
+                "share one with neuron.compile_cache=s3://BUCKET/PREFIX"
+            )
     if settings.precompile and settings.precompile_retries is not None:
         env["NEURON_PARALLEL_COMPILE_MAX_RETRIES"] = str(settings.precompile_retries)
     env.update(settings.env)
@@ -269,11 +295,22 @@ def build_plan(
         # instance; the guard makes running it here one clear error, and is transparent there
         exe = python or sys.executable
         for hp in plan.hosts:
-            hp.command = [exe, "-m", "aios_backend_neuron.guard", topo.instance_type or "trainium", "--", *hp.command]
-        plan.notes.append("planned off-instance: the command starts with aios_backend_neuron.guard, which runs it only "
-                          "where Neuron devices exist")
+            hp.command = [
+                exe,
+                "-m",
+                "aios_backend_neuron.guard",
+                topo.instance_type or "trainium",
+                "--",
+                *hp.command,
+            ]
+        plan.notes.append(
+            "planned off-instance: the command starts with aios_backend_neuron.guard, which runs it only "
+            "where Neuron devices exist"
+        )
     if sw.xla_cpu_stand_in and local:
-        plan.notes.append(f"{XLA_CPU_ENV}=1: XLA:CPU stands in for NeuronCores (PJRT_DEVICE=CPU); for tests only")
+        plan.notes.append(
+            f"{XLA_CPU_ENV}=1: XLA:CPU stands in for NeuronCores (PJRT_DEVICE=CPU); for tests only"
+        )
     if os.path.isfile(request.script):
         from aios_backend_neuron.ops import scan_script
 
@@ -315,5 +352,7 @@ def plan_for_instances(
         config = resolve(overrides=[*overrides, "backend=neuron"], environ={}, check_backend=False)
     if not hosts:
         raise ConfigError("plan_for_instances needs at least one host", "pass the cluster's hosts")
-    request = LaunchRequest(script=script, args=list(args), module=module, hosts=list(hosts), accelerator=instance_type)
+    request = LaunchRequest(
+        script=script, args=list(args), module=module, hosts=list(hosts), accelerator=instance_type
+    )
     return build_plan(config, request, python=python)

@@ -46,12 +46,20 @@ def scan_source(source: str, runtime: str = "xla") -> list[Finding]:
     try:
         tree = ast.parse(source)
     except SyntaxError as exc:
-        return [Finding(exc.lineno or 0, f"script does not parse: {exc.msg}", "fix the syntax error", "fail")]
+        return [
+            Finding(
+                exc.lineno or 0, f"script does not parse: {exc.msg}", "fix the syntax error", "fail"
+            )
+        ]
     out: list[Finding] = []
     for node in ast.walk(tree):
         line = getattr(node, "lineno", 0)
         if isinstance(node, (ast.Import, ast.ImportFrom)):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+            )
             for n in names:
                 top = n.split(".")[0]
                 if top in CUDA_ONLY_MODULES:
@@ -59,27 +67,90 @@ def scan_source(source: str, runtime: str = "xla") -> list[Finding]:
         elif isinstance(node, ast.Attribute):
             d = _dotted(node)
             if d in ("torch.float16", "torch.half"):
-                out.append(Finding(line, f"uses {d}", "fp16 is not supported for training on Trainium; use bf16"))
+                out.append(
+                    Finding(
+                        line,
+                        f"uses {d}",
+                        "fp16 is not supported for training on Trainium; use bf16",
+                    )
+                )
             elif d in ("torch.float64", "torch.double"):
-                out.append(Finding(line, f"uses {d}", "NeuronCores have no float64; keep float64 math on the CPU"))
+                out.append(
+                    Finding(
+                        line,
+                        f"uses {d}",
+                        "NeuronCores have no float64; keep float64 math on the CPU",
+                    )
+                )
             elif d in ("torch.complex64", "torch.complex128", "torch.view_as_complex"):
-                out.append(Finding(line, f"uses {d}", "complex dtypes are not supported on Neuron; use real-valued rotary embeddings"))
+                out.append(
+                    Finding(
+                        line,
+                        f"uses {d}",
+                        "complex dtypes are not supported on Neuron; use real-valued rotary embeddings",
+                    )
+                )
             elif d.startswith("torch.cuda.") and d.count(".") >= 2:
-                out.append(Finding(line, f"calls {d}", "CUDA-only API; use the aios runtime's device and helpers"))
+                out.append(
+                    Finding(
+                        line,
+                        f"calls {d}",
+                        "CUDA-only API; use the aios runtime's device and helpers",
+                    )
+                )
         elif isinstance(node, ast.Call):
             fn = _dotted(node.func)
-            if isinstance(node.func, ast.Attribute) and node.func.attr in ("half", "double") and not node.args:
+            if (
+                isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("half", "double")
+                and not node.args
+            ):
                 what = "fp16" if node.func.attr == "half" else "float64"
-                out.append(Finding(line, f".{node.func.attr}() casts to {what}", "not supported on Trainium; use .to(torch.bfloat16) or keep fp32"))
+                out.append(
+                    Finding(
+                        line,
+                        f".{node.func.attr}() casts to {what}",
+                        "not supported on Trainium; use .to(torch.bfloat16) or keep fp32",
+                    )
+                )
             for kw in node.keywords:
-                if kw.arg == "fused" and isinstance(kw.value, ast.Constant) and kw.value.value is True:
-                    out.append(Finding(line, f"{fn or 'call'}(fused=True)", "fused optimizer kernels are CUDA-only; drop fused=True"))
+                if (
+                    kw.arg == "fused"
+                    and isinstance(kw.value, ast.Constant)
+                    and kw.value.value is True
+                ):
+                    out.append(
+                        Finding(
+                            line,
+                            f"{fn or 'call'}(fused=True)",
+                            "fused optimizer kernels are CUDA-only; drop fused=True",
+                        )
+                    )
             if fn in ("torch.Generator",) and any(kw.arg == "device" for kw in node.keywords):
-                out.append(Finding(line, "torch.Generator(device=...)", "a device generator fails on XLA devices; use a CPU generator and move tensors"))
+                out.append(
+                    Finding(
+                        line,
+                        "torch.Generator(device=...)",
+                        "a device generator fails on XLA devices; use a CPU generator and move tensors",
+                    )
+                )
             if fn == "torch.compile" and runtime == "xla":
-                out.append(Finding(line, "torch.compile(...)", "not supported by torch-neuronx on XLA (the graph is compiled by XLA already); remove it or use the native runtime"))
+                out.append(
+                    Finding(
+                        line,
+                        "torch.compile(...)",
+                        "not supported by torch-neuronx on XLA (the graph is compiled by XLA already); remove it or use the native runtime",
+                    )
+                )
         elif isinstance(node, ast.Constant) and node.value in ("XLA_USE_BF16", "XLA_DOWNCAST_BF16"):
-            out.append(Finding(line, f"sets {node.value}", "removed from torch-neuronx; use precision=bf16-true (with stochastic rounding)", "fail"))
+            out.append(
+                Finding(
+                    line,
+                    f"sets {node.value}",
+                    "removed from torch-neuronx; use precision=bf16-true (with stochastic rounding)",
+                    "fail",
+                )
+            )
     out.sort(key=lambda f: f.line)
     return out
 

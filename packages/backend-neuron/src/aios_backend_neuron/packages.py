@@ -29,10 +29,16 @@ import shutil
 from dataclasses import dataclass, field
 
 NEURON_INDEX = "https://pip.repos.neuron.amazonaws.com"
-INSTALL_LINE = f"pip install --extra-index-url {NEURON_INDEX} torch-neuronx neuronx-cc neuronx-distributed"
+INSTALL_LINE = (
+    f"pip install --extra-index-url {NEURON_INDEX} torch-neuronx neuronx-cc neuronx-distributed"
+)
 NEURON_DISTS = ("torch-neuronx", "neuronx-cc", "neuronx-distributed")
 # (distribution, version) pairs of the PyPI placeholders.
-PLACEHOLDERS = {("torch-neuronx", "1.0"), ("neuronx-cc", "1.0.post1"), ("neuronx-distributed", "0.1")}
+PLACEHOLDERS = {
+    ("torch-neuronx", "1.0"),
+    ("neuronx-cc", "1.0.post1"),
+    ("neuronx-distributed", "0.1"),
+}
 PLACEHOLDER_MARK = "WRONG PACKAGE"
 # Test seam: extra directories searched for installed distributions (os.pathsep separated).
 PATH_ENV = "AIOS_TEST_NEURON_SITE"
@@ -93,7 +99,9 @@ def is_placeholder(dist: md.Distribution) -> bool:
     if (name, version) in PLACEHOLDERS and not meta.get_all("Requires-Dist"):
         return True
     record = dist.read_text("RECORD") or ""
-    code = [ln.split(",", 1)[0] for ln in record.splitlines() if ln.split(",", 1)[0].endswith(".py")]
+    code = [
+        ln.split(",", 1)[0] for ln in record.splitlines() if ln.split(",", 1)[0].endswith(".py")
+    ]
     # a lone __init__.py, for neuronx-cc / neuronx-distributed in a directory Python cannot import
     return len(code) == 1 and code[0].endswith("__init__.py") and "-" in code[0].split("/", 1)[0]
 
@@ -138,7 +146,11 @@ class NeuronSoftware:
 
     @property
     def placeholders(self) -> list[DistInfo]:
-        return [d for d in (self.torch_neuronx, self.neuronx_cc, self.neuronx_distributed) if d.placeholder]
+        return [
+            d
+            for d in (self.torch_neuronx, self.neuronx_cc, self.neuronx_distributed)
+            if d.placeholder
+        ]
 
     def runtime(self) -> str | None:
         """``xla`` (torch-neuronx on torch_xla), ``native`` (TorchNeuron) or ``None``."""
@@ -177,7 +189,9 @@ class NeuronSoftware:
         if self.torch_xla.installed and tv and self.runtime() == "xla":
             xv = version_tuple(self.torch_xla.version)
             if xv and xv != tv:
-                out.append(f"torch_xla {self.torch_xla.version} does not match torch {self.torch.version}")
+                out.append(
+                    f"torch_xla {self.torch_xla.version} does not match torch {self.torch.version}"
+                )
         return out
 
 
@@ -211,7 +225,7 @@ def forget() -> None:
 
 def placeholder_message(sw: NeuronSoftware) -> tuple[str, str]:
     names = ", ".join(f"{d.name} {d.version}" for d in sw.placeholders)
-    msg = f"{names} from PyPI {'is a placeholder' if len(sw.placeholders) == 1 else 'are placeholders'} (\"WRONG PACKAGE\"), not the AWS Neuron SDK"
+    msg = f'{names} from PyPI {"is a placeholder" if len(sw.placeholders) == 1 else "are placeholders"} ("WRONG PACKAGE"), not the AWS Neuron SDK'
     uninstall = " ".join(d.name for d in sw.placeholders)
     return msg, f"run: pip uninstall -y {uninstall} && {INSTALL_LINE}"
 

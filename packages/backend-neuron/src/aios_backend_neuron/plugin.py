@@ -17,7 +17,15 @@ from typing import Any
 
 from aios.errors import ConfigError
 from aios.hookspecs import hookimpl
-from aios.types import AcceleratorSpec, Availability, BackendSpec, DeviceInfo, DeviceReport, DoctorCheck, StrategySpec
+from aios.types import (
+    AcceleratorSpec,
+    Availability,
+    BackendSpec,
+    DeviceInfo,
+    DeviceReport,
+    DoctorCheck,
+    StrategySpec,
+)
 
 BACKEND = "neuron"
 INSTALL_HINT = (
@@ -57,18 +65,31 @@ def probe(config: Any = None) -> Availability:
     if sw.runtime() is None:
         if sw.xla_cpu_stand_in:
             return Availability(False, f"{XLA_CPU_ENV}=1 needs torch_xla installed")
-        return Availability(False, "torch-neuronx is not installed (it comes from the AWS Neuron pip index, not PyPI)")
+        return Availability(
+            False,
+            "torch-neuronx is not installed (it comes from the AWS Neuron pip index, not PyPI)",
+        )
     return Availability(True, "XLA:CPU stand-in for tests" if sw.xla_cpu_stand_in else "")
 
 
 @hookimpl
 def aios_register_backends(register: Any) -> None:
-    register(BackendSpec(
-        name=BACKEND, priority=200, probe=probe, install_hint=INSTALL_HINT, device_type="xla",
-        description="AWS Trainium (Trn1/Trn2) through torch-neuronx (XLA or native) and neuronx-distributed",
-        accelerator=None, default_strategy="ddp",
-        discover=device_report, launch_plan=_launch_plan, precision=_precision, doctor=_doctor,
-    ))
+    register(
+        BackendSpec(
+            name=BACKEND,
+            priority=200,
+            probe=probe,
+            install_hint=INSTALL_HINT,
+            device_type="xla",
+            description="AWS Trainium (Trn1/Trn2) through torch-neuronx (XLA or native) and neuronx-distributed",
+            accelerator=None,
+            default_strategy="ddp",
+            discover=device_report,
+            launch_plan=_launch_plan,
+            precision=_precision,
+            doctor=_doctor,
+        )
+    )
 
 
 def _make(config: Any, accelerator: Any, backend: str) -> Any:
@@ -79,10 +100,31 @@ def _make(config: Any, accelerator: Any, backend: str) -> Any:
 
 @hookimpl
 def aios_register_strategies(register: Any) -> None:
-    register(StrategySpec("ddp", _make, backends=(BACKEND,), description="data parallel over NeuronCores (torch-neuronx XLA or native runtime)"))
-    register(StrategySpec("nxd", _make, backends=(BACKEND,), description="legacy: neuronx-distributed tensor/pipeline parallel and ZeRO-1 on the XLA runtime (neuron.tp_degree, pp_degree, zero1)"))
+    register(
+        StrategySpec(
+            "ddp",
+            _make,
+            backends=(BACKEND,),
+            description="data parallel over NeuronCores (torch-neuronx XLA or native runtime)",
+        )
+    )
+    register(
+        StrategySpec(
+            "nxd",
+            _make,
+            backends=(BACKEND,),
+            description="legacy: neuronx-distributed tensor/pipeline parallel and ZeRO-1 on the XLA runtime (neuron.tp_degree, pp_degree, zero1)",
+        )
+    )
     for name, what in (("fsdp", "FSDP2"), ("tp", "DTensor tensor parallel"), ("hsdp", "HSDP")):
-        register(StrategySpec(name, _native(name), backends=(BACKEND,), description=f"{what} on TorchNeuron (core's native strategy over the neuron accelerator; Trn2/Trn3)"))
+        register(
+            StrategySpec(
+                name,
+                _native(name),
+                backends=(BACKEND,),
+                description=f"{what} on TorchNeuron (core's native strategy over the neuron accelerator; Trn2/Trn3)",
+            )
+        )
 
 
 def _native(name: str) -> Any:
@@ -96,7 +138,13 @@ def _native(name: str) -> Any:
 
 @hookimpl
 def aios_register_accelerators(register: Any) -> None:
-    register(AcceleratorSpec("neuron", _neuron_accelerator, "TorchNeuron's native neuron device (process group 'neuron', autocast bf16, compile backend 'neuron')"))
+    register(
+        AcceleratorSpec(
+            "neuron",
+            _neuron_accelerator,
+            "TorchNeuron's native neuron device (process group 'neuron', autocast bf16, compile backend 'neuron')",
+        )
+    )
 
 
 def _neuron_accelerator(config: Any = None) -> Any:
@@ -118,7 +166,12 @@ def aios_config_sections() -> dict[str, type]:
 def device_report(config: Any = None) -> DeviceReport:
     """``aios devices`` for Neuron: cores per device, memory, logical-core config, visible cores."""
     from aios_backend_neuron import catalog
-    from aios_backend_neuron.discovery import NeuronTopology, format_core_list, run_neuron_ls, visible_core_ids
+    from aios_backend_neuron.discovery import (
+        NeuronTopology,
+        format_core_list,
+        run_neuron_ls,
+        visible_core_ids,
+    )
     from aios_backend_neuron.packages import detect, placeholder_message
     from aios_backend_neuron.settings import settings_of
 
@@ -132,13 +185,21 @@ def device_report(config: Any = None) -> DeviceReport:
         if settings.logical_nc_config and settings.logical_nc_config != topo.lnc:
             topo = topo.with_lnc(settings.logical_nc_config)
     elif settings.instance_type:
-        topo = NeuronTopology.from_catalog(catalog.lookup(settings.instance_type), settings.logical_nc_config)
+        topo = NeuronTopology.from_catalog(
+            catalog.lookup(settings.instance_type), settings.logical_nc_config
+        )
         planned = True
-        notes.append(f"no Neuron devices here ({res.error}); showing {settings.instance_type} from the instance catalog")
+        notes.append(
+            f"no Neuron devices here ({res.error}); showing {settings.instance_type} from the instance catalog"
+        )
     else:
-        return DeviceReport(BACKEND, "NeuronCore", False, reason=res.error or "neuron-ls lists no devices")
+        return DeviceReport(
+            BACKEND, "NeuronCore", False, reason=res.error or "neuron-ls lists no devices"
+        )
     facts = topo.facts
-    spec = settings.visible_cores or (None if planned else os.environ.get("NEURON_RT_VISIBLE_CORES"))
+    spec = settings.visible_cores or (
+        None if planned else os.environ.get("NEURON_RT_VISIBLE_CORES")
+    )
     origin = "neuron.visible_cores" if settings.visible_cores else "NEURON_RT_VISIBLE_CORES"
     reason = ""
     try:
@@ -152,10 +213,19 @@ def device_report(config: Any = None) -> DeviceReport:
     devices = []
     for c in cores:
         d = by_core[c]
-        devices.append(DeviceInfo(
-            index=c, name=f"nd{d.index}/nc{c}", memory_bytes=(d.memory_bytes // d.cores) if d.cores else None,
-            extra={"device": d.index, "physical_cores": topo.lnc, "bdf": d.bdf, "numa_node": d.numa_node},
-        ))
+        devices.append(
+            DeviceInfo(
+                index=c,
+                name=f"nd{d.index}/nc{c}",
+                memory_bytes=(d.memory_bytes // d.cores) if d.cores else None,
+                extra={
+                    "device": d.index,
+                    "physical_cores": topo.lnc,
+                    "bdf": d.bdf,
+                    "numa_node": d.numa_node,
+                },
+            )
+        )
     runtime = sw.runtime()
     if sw.placeholders:
         reason = reason or "; ".join(placeholder_message(sw))
@@ -166,11 +236,15 @@ def device_report(config: Any = None) -> DeviceReport:
     busy = [d for d in topo.devices if d.processes]
     for d in busy:
         pids = ", ".join(str(p.get("pid")) for p in d.processes)
-        notes.append(f"device {d.index} is in use by pid {pids}: its cores cannot be claimed by another runtime")
+        notes.append(
+            f"device {d.index} is in use by pid {pids}: its cores cannot be claimed by another runtime"
+        )
     if spec and cores:
         notes.append(f"{origin}={spec}: {len(cores)} of {len(topo.core_ids)} logical cores visible")
     if topo.lnc > 1:
-        notes.append(f"logical NeuronCore config {topo.lnc} (NEURON_LOGICAL_NC_CONFIG): each logical core is {topo.lnc} physical cores")
+        notes.append(
+            f"logical NeuronCore config {topo.lnc} (NEURON_LOGICAL_NC_CONFIG): each logical core is {topo.lnc} physical cores"
+        )
     topology = {
         "instance_type": topo.instance_type or "unknown",
         "neuron_devices": len(topo.devices),
@@ -179,13 +253,22 @@ def device_report(config: Any = None) -> DeviceReport:
         "logical_cores": topo.logical_cores,
         "physical_cores": topo.physical_cores,
         "visible_cores": format_core_list(cores) if cores else "",
-        "memory_per_device_gib": round(topo.devices[0].memory_bytes / 2**30, 1) if topo.devices else 0,
+        "memory_per_device_gib": round(topo.devices[0].memory_bytes / 2**30, 1)
+        if topo.devices
+        else 0,
         "runtime": runtime or "none",
         "source": topo.source,
         "connected_to": {d.index: d.connected_to for d in topo.devices if d.connected_to},
     }
-    return DeviceReport(BACKEND, kind, available=bool(cores) and runtime is not None and not sw.placeholders and not planned,
-                        devices=devices, topology=topology, notes=notes, reason=reason)
+    return DeviceReport(
+        BACKEND,
+        kind,
+        available=bool(cores) and runtime is not None and not sw.placeholders and not planned,
+        devices=devices,
+        topology=topology,
+        notes=notes,
+        reason=reason,
+    )
 
 
 # ------------------------------------------------------------------------------ components

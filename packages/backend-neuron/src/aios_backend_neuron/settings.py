@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
-
 from aios.config import Section
+from pydantic import Field, field_validator
 
 
 class NeuronSettings(Section):
@@ -24,16 +23,25 @@ class NeuronSettings(Section):
         description="auto: from what is installed; xla: torch-neuronx on torch_xla (device xla, PJRT_DEVICE=NEURON); "
         "native: TorchNeuron (device neuron, process-group backend neuron)",
     )
-    tp_degree: int = Field(1, ge=1, description="tensor-parallel degree (neuronx-distributed); must divide the cores per node")
+    tp_degree: int = Field(
+        1,
+        ge=1,
+        description="tensor-parallel degree (neuronx-distributed); must divide the cores per node",
+    )
     pp_degree: int = Field(1, ge=1, description="pipeline-parallel degree (neuronx-distributed)")
-    pp_microbatches: int = Field(1, ge=1, description="micro-batches per pipeline step (pp_degree > 1)")
-    zero1: bool = Field(False, description="shard optimizer state over the data-parallel group (NxD ZeRO-1)")
+    pp_microbatches: int = Field(
+        1, ge=1, description="micro-batches per pipeline step (pp_degree > 1)"
+    )
+    zero1: bool = Field(
+        False, description="shard optimizer state over the data-parallel group (NxD ZeRO-1)"
+    )
     logical_nc_config: Literal[1, 2] | None = Field(
         None,
         description="NEURON_LOGICAL_NC_CONFIG: physical NeuronCores per logical core (Trn2 default 2, Trn1 only 1)",
     )
     visible_cores: str | None = Field(
-        None, description="NEURON_RT_VISIBLE_CORES: logical core ids to use, e.g. '0-3,8' (default: all)"
+        None,
+        description="NEURON_RT_VISIBLE_CORES: logical core ids to use, e.g. '0-3,8' (default: all)",
     )
     stochastic_rounding: bool | None = Field(
         None,
@@ -48,7 +56,9 @@ class NeuronSettings(Section):
         None,
         description="neuronx-cc --auto-cast; leave unset: aios does precision with torch.autocast / bf16 weights",
     )
-    cc_flags: list[str] = Field(default_factory=list, description="extra NEURON_CC_FLAGS, appended verbatim")
+    cc_flags: list[str] = Field(
+        default_factory=list, description="extra NEURON_CC_FLAGS, appended verbatim"
+    )
     compile_cache: str = Field(
         "/var/tmp/neuron-compile-cache",
         description="NEURON_COMPILE_CACHE_URL: local directory or s3://bucket/prefix shared by all nodes",
@@ -58,16 +68,25 @@ class NeuronSettings(Section):
         description="run the script under neuron_parallel_compile (graph extraction + parallel compile into the "
         "cache) instead of training; rerun without it to start warm",
     )
-    precompile_retries: int | None = Field(None, ge=0, description="NEURON_PARALLEL_COMPILE_MAX_RETRIES")
+    precompile_retries: int | None = Field(
+        None, ge=0, description="NEURON_PARALLEL_COMPILE_MAX_RETRIES"
+    )
     efa: Literal["auto", "on", "off"] = Field(
-        "auto", description="EFA variables (FI_PROVIDER=efa ...): auto = on for multi-node on EFA instance types"
+        "auto",
+        description="EFA variables (FI_PROVIDER=efa ...): auto = on for multi-node on EFA instance types",
     )
     root_comm_port: int = Field(
-        46820, ge=1, le=65535, description="port of NEURON_RT_ROOT_COMM_ID (master:port) for multi-node runs"
+        46820,
+        ge=1,
+        le=65535,
+        description="port of NEURON_RT_ROOT_COMM_ID (master:port) for multi-node runs",
     )
-    neuron_ls: str | None = Field(None, description="path of the neuron-ls tool (default: PATH, then /opt/aws/neuron/bin)")
+    neuron_ls: str | None = Field(
+        None, description="path of the neuron-ls tool (default: PATH, then /opt/aws/neuron/bin)"
+    )
     env: dict[str, str] = Field(
-        default_factory=dict, description="extra NEURON_*/FI_* variables for every worker (e.g. NEURON_RT_LOG_LEVEL)"
+        default_factory=dict,
+        description="extra NEURON_*/FI_* variables for every worker (e.g. NEURON_RT_LOG_LEVEL)",
     )
 
     @field_validator("instance_type")
@@ -95,10 +114,14 @@ class NeuronSettings(Section):
     def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
         bad = [k for k in v if not k.startswith(("NEURON_", "FI_", "CCOM_", "XLA_", "MALLOC_"))]
         if bad:
-            raise ValueError(f"{', '.join(sorted(bad))} is not a NEURON_/FI_/CCOM_/XLA_/MALLOC_ variable")
+            raise ValueError(
+                f"{', '.join(sorted(bad))} is not a NEURON_/FI_/CCOM_/XLA_/MALLOC_ variable"
+            )
         forbidden = sorted(k for k in v if k in ("XLA_USE_BF16", "XLA_DOWNCAST_BF16"))
         if forbidden:
-            raise ValueError(f"{', '.join(forbidden)} was removed from torch-neuronx; use precision=bf16-true")
+            raise ValueError(
+                f"{', '.join(forbidden)} was removed from torch-neuronx; use precision=bf16-true"
+            )
         return {k: str(val) for k, val in v.items()}
 
 
@@ -108,7 +131,9 @@ def planned_instance_type(config: object | None = None) -> str | None:
     import os
 
     sec = getattr(config, "neuron", None)
-    return getattr(sec, "instance_type", None) or os.environ.get("AIOS_NEURON__INSTANCE_TYPE") or None
+    return (
+        getattr(sec, "instance_type", None) or os.environ.get("AIOS_NEURON__INSTANCE_TYPE") or None
+    )
 
 
 def settings_of(config: object | None) -> NeuronSettings:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from aios.errors import BackendUnavailable, ConfigError
+
 from aios_backend_neuron.packages import INSTALL_LINE, NeuronSoftware, detect, placeholder_message
 from aios_backend_neuron.settings import NeuronSettings, settings_of
 
@@ -28,7 +29,12 @@ def active_runtime(config: Any, sw: NeuronSoftware | None = None) -> str | None:
 
 
 def uses_nxd(settings: NeuronSettings, config: Any) -> bool:
-    return settings.tp_degree > 1 or settings.pp_degree > 1 or settings.zero1 or getattr(config, "strategy", "") == "nxd"
+    return (
+        settings.tp_degree > 1
+        or settings.pp_degree > 1
+        or settings.zero1
+        or getattr(config, "strategy", "") == "nxd"
+    )
 
 
 def nxd_config_kwargs(settings: NeuronSettings, config: Any) -> dict[str, Any]:
@@ -66,7 +72,11 @@ def check_versions(runtime: str, sw: NeuronSoftware, host: str | None = None) ->
         return
     from aios import versions as V
 
-    found = {"torch-neuronx": sw.torch_neuronx.version, "torch": sw.torch.version, "torch-xla": sw.torch_xla.version}
+    found = {
+        "torch-neuronx": sw.torch_neuronx.version,
+        "torch": sw.torch.version,
+        "torch-xla": sw.torch_xla.version,
+    }
     V.require("neuron" if runtime == "native" else "neuron-xla", host=host, versions=found)
 
 
@@ -77,7 +87,10 @@ def _checked_runtime(config: Any) -> tuple[str, NeuronSoftware]:
         raise BackendUnavailable(msg, fix)
     runtime = active_runtime(config, sw)
     if runtime is None:
-        raise BackendUnavailable("torch-neuronx is not installed (the AWS Neuron pip index has it, PyPI does not)", INSTALL_LINE)
+        raise BackendUnavailable(
+            "torch-neuronx is not installed (the AWS Neuron pip index has it, PyPI does not)",
+            INSTALL_LINE,
+        )
     return runtime, sw
 
 
@@ -85,10 +98,13 @@ def make_native_strategy(config: Any, name: str) -> Any:
     """Core's native ``fsdp`` / ``tp`` / ``hsdp`` over the neuron accelerator (TorchNeuron only)."""
     runtime, _ = _checked_runtime(config)
     if runtime != "native":
-        raise ConfigError(f"strategy '{name}' needs TorchNeuron (the native neuron runtime, Trn2/Trn3); this is the XLA runtime",
-                          "use strategy=ddp or the legacy strategy=nxd on the XLA runtime (Trn1), or install TorchNeuron on Trn2/Trn3")
+        raise ConfigError(
+            f"strategy '{name}' needs TorchNeuron (the native neuron runtime, Trn2/Trn3); this is the XLA runtime",
+            "use strategy=ddp or the legacy strategy=nxd on the XLA runtime (Trn1), or install TorchNeuron on Trn2/Trn3",
+        )
     check_versions(runtime, _)
     from aios.strategies.fsdp import FSDPStrategy, HSDPStrategy, TPStrategy
+
     from aios_backend_neuron.native_strategy import NeuronAccelerator
 
     cls = {"fsdp": FSDPStrategy, "tp": TPStrategy, "hsdp": HSDPStrategy}[name]
@@ -112,7 +128,8 @@ def make_strategy(config: Any) -> Any:
     if uses_nxd(settings, config):
         if not sw.neuronx_distributed.real and not sw.xla_cpu_stand_in:
             raise BackendUnavailable(
-                "neuron.tp_degree/pp_degree/zero1 need neuronx-distributed, which is not installed", INSTALL_LINE
+                "neuron.tp_degree/pp_degree/zero1 need neuronx-distributed, which is not installed",
+                INSTALL_LINE,
             )
         check_versions(runtime, sw)
         from aios_backend_neuron.xla_strategy import NeuronNxDStrategy

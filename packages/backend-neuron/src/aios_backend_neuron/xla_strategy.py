@@ -21,12 +21,12 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from aios.errors import AiosError
-from aios_backend_neuron.settings import settings_of
 from aios_backend_xla.strategy import XlaStrategy
+
+from aios_backend_neuron.settings import settings_of
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
-
     from aios.precision import Precision
 
 
@@ -106,7 +106,9 @@ class NeuronNxDStrategy(NeuronXlaStrategy):
         from neuronx_distributed.parallel_layers import parallel_state
 
         self._ps = parallel_state
-        self.nxd_config = nxd.neuronx_distributed_config(**nxd_config_kwargs(self.neuron, self.config))
+        self.nxd_config = nxd.neuronx_distributed_config(
+            **nxd_config_kwargs(self.neuron, self.config)
+        )
 
     def data_rank(self) -> int:
         return int(self._ps.get_data_parallel_rank())
@@ -125,7 +127,9 @@ class NeuronNxDStrategy(NeuronXlaStrategy):
 
         optimizer = super().setup_optimizer(optimizer)  # fused=True switched off
         groups = [dict(g) for g in optimizer.param_groups]
-        return nxd.initialize_parallel_optimizer(self.nxd_config, type(optimizer), groups, **optimizer.defaults)
+        return nxd.initialize_parallel_optimizer(
+            self.nxd_config, type(optimizer), groups, **optimizer.defaults
+        )
 
     def reduce_once(self, optimizer: torch.optim.Optimizer) -> None:
         return  # NxD's optimizer reduces over the data-parallel group inside step()

@@ -29,15 +29,24 @@ class TpuVmEnvironment(ClusterEnvironment):
 
     def info(self, environ: Mapping[str, str]) -> ClusterInfo:
         hosts = self._hosts(environ)
-        rank = _int(environ, "TPU_WORKER_ID", "JOB_COMPLETION_INDEX", "CLOUD_TPU_TASK_ID", default=None)
+        rank = _int(
+            environ, "TPU_WORKER_ID", "JOB_COMPLETION_INDEX", "CLOUD_TPU_TASK_ID", default=None
+        )
         if rank is None:
-            raise ConfigError("TPU_WORKER_HOSTNAMES names several hosts but neither TPU_WORKER_ID nor JOB_COMPLETION_INDEX says which one this is",
-                              "set TPU_WORKER_ID (TPU VMs) or run as an Indexed Job (GKE sets JOB_COMPLETION_INDEX)")
+            raise ConfigError(
+                "TPU_WORKER_HOSTNAMES names several hosts but neither TPU_WORKER_ID nor JOB_COMPLETION_INDEX says which one this is",
+                "set TPU_WORKER_ID (TPU VMs) or run as an Indexed Job (GKE sets JOB_COMPLETION_INDEX)",
+            )
         if not 0 <= rank < len(hosts):
-            raise ConfigError(f"TPU worker id {rank} is outside the {len(hosts)} hosts of TPU_WORKER_HOSTNAMES",
-                              "fix TPU_WORKER_ID / JOB_COMPLETION_INDEX or TPU_WORKER_HOSTNAMES")
+            raise ConfigError(
+                f"TPU worker id {rank} is outside the {len(hosts)} hosts of TPU_WORKER_HOSTNAMES",
+                "fix TPU_WORKER_ID / JOB_COMPLETION_INDEX or TPU_WORKER_HOSTNAMES",
+            )
         return ClusterInfo(
-            name=self.name, nnodes=len(hosts), node_rank=rank,
-            master_addr=environ.get("MASTER_ADDR") or hosts[0], master_port=_int(environ, "MASTER_PORT"),
+            name=self.name,
+            nnodes=len(hosts),
+            node_rank=rank,
+            master_addr=environ.get("MASTER_ADDR") or hosts[0],
+            master_port=_int(environ, "MASTER_PORT"),
             hosts=tuple(hosts),
         )

@@ -21,7 +21,8 @@ is unit-testable and reused as is by the Neuron backend.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from aios.errors import AiosError
 
@@ -71,9 +72,14 @@ class CompileGuard:
         still expected (periodic logging / checkpoint graphs).
     """
 
-    def __init__(self, warmup_steps: int = 2, max_recompiles: int | None = None,
-                 read_compiles: Callable[[], int] = read_uncached_compiles, backend: str = "xla",
-                 late_graphs: int = 4) -> None:
+    def __init__(
+        self,
+        warmup_steps: int = 2,
+        max_recompiles: int | None = None,
+        read_compiles: Callable[[], int] = read_uncached_compiles,
+        backend: str = "xla",
+        late_graphs: int = 4,
+    ) -> None:
         self.warmup_steps = warmup_steps
         self.max_recompiles = max_recompiles
         self.read = read_compiles
@@ -129,7 +135,11 @@ class CompileGuard:
         else:
             self.late_graphs += new
             if self.late_graphs > self.late_graphs_allowed:
-                self._flag(step, new, "input shapes unchanged: the traced graph keeps changing (Python scalars baked into the graph, value-dependent control flow, a new .item())")
+                self._flag(
+                    step,
+                    new,
+                    "input shapes unchanged: the traced graph keeps changing (Python scalars baked into the graph, value-dependent control flow, a new .item())",
+                )
         return new
 
     def _diff(self, old: Shapes, cur: Shapes, mode: str) -> list[str]:
@@ -149,7 +159,8 @@ class CompileGuard:
         warnings.warn(
             f"XLA recompiled {new} graph(s) at step {step} after warm-up ({self.warmup_steps} steps): {what}. "
             "Keep shapes fixed (drop_last, pad to a fixed length) to avoid recompiles",
-            RecompileWarning, stacklevel=4,
+            RecompileWarning,
+            stacklevel=4,
         )
 
     def summary(self) -> dict[str, Any]:

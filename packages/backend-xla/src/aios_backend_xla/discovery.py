@@ -25,7 +25,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aios_backend_xla.topology import PCI_DEVICE_IDS, TPU_PCI_VENDOR, TpuTopology, parse_accelerator_type
+from aios_backend_xla.topology import (
+    PCI_DEVICE_IDS,
+    TPU_PCI_VENDOR,
+    TpuTopology,
+    parse_accelerator_type,
+)
 
 SYSFS_PCI = "/sys/bus/pci/devices"
 DMI_PRODUCT = "/sys/class/dmi/id/product_name"
@@ -125,7 +130,7 @@ class MetadataSource:
         server cannot be reached (callers record it and go on)."""
         req = urllib.request.Request(self.base_url + key, headers={"Metadata-Flavor": "Google"})
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:  # noqa: S310 - fixed scheme
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                 return resp.read().decode("utf-8", "replace").strip()
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
@@ -183,7 +188,11 @@ def read_env(environ: dict[str, str]) -> dict[str, Any]:
     hosts = environ.get("TPU_WORKER_HOSTNAMES")
     if hosts:
         out["worker_addresses"] = [h.strip() for h in hosts.split(",") if h.strip()]
-    tpu_env = {k: v for k, v in environ.items() if k.startswith("TPU_") and k not in ("TPU_WORKER_HOSTNAMES",)}
+    tpu_env = {
+        k: v
+        for k, v in environ.items()
+        if k.startswith("TPU_") and k not in ("TPU_WORKER_HOSTNAMES",)
+    }
     if tpu_env:
         out["tpu_env"] = tpu_env
     return out
@@ -222,7 +231,12 @@ def discover(
 
     skip = env.get("TPU_SKIP_MDS_QUERY", "").strip().lower() in ("1", "true", "yes")
     if use_metadata is None:
-        use_metadata = not skip and (bool(ids) or bool(env.get("GCE_METADATA_HOST")) or metadata is not None or on_gce(dmi_path or env.get(DMI_ENV)))
+        use_metadata = not skip and (
+            bool(ids)
+            or bool(env.get("GCE_METADATA_HOST"))
+            or metadata is not None
+            or on_gce(dmi_path or env.get(DMI_ENV))
+        )
     if use_metadata:
         md = metadata or MetadataSource(host=env.get("GCE_METADATA_HOST"))
         try:

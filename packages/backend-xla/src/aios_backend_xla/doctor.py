@@ -43,7 +43,9 @@ def _import_probe(timeout: float = 120.0) -> dict[str, Any] | str:
     env = dict(os.environ)
     env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"  # probe torch_xla alone, without TorchTPU's autoload
     try:
-        out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=timeout, env=env)
+        out = subprocess.run(
+            [sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=timeout, env=env
+        )
     except subprocess.TimeoutExpired:
         return f"importing torch_xla took more than {timeout:.0f} s"
     if out.returncode != 0:
@@ -55,7 +57,9 @@ def _import_probe(timeout: float = 120.0) -> dict[str, Any] | str:
         return "importing torch_xla printed nothing usable"
 
 
-def checks(config: Any = None, deep: bool = False, environ: dict[str, str] | None = None, facts: Any = None) -> list[DoctorCheck]:
+def checks(
+    config: Any = None, deep: bool = False, environ: dict[str, str] | None = None, facts: Any = None
+) -> list[DoctorCheck]:
     from aios_backend_xla.discovery import discover
     from aios_backend_xla.precision import DEPRECATED_ENV
     from aios_backend_xla.settings import ALLOW_CPU_ENV, cpu_opt_in, settings_of
@@ -64,72 +68,224 @@ def checks(config: Any = None, deep: bool = False, environ: dict[str, str] | Non
     out: list[DoctorCheck] = []
     tv, xv = _ver("torch"), _ver("torch_xla") or _ver("torch-xla")
     if xv is None or importlib.util.find_spec("torch_xla") is None:
-        out.append(DoctorCheck("torch_xla installed", "fail", "torch_xla is not installed", "pip install -e './packages/core[xla]' ./packages/backend-xla (from the aios checkout) (torch and torch_xla of the same release)", backend=B))
+        out.append(
+            DoctorCheck(
+                "torch_xla installed",
+                "fail",
+                "torch_xla is not installed",
+                "pip install -e './packages/core[xla]' ./packages/backend-xla (from the aios checkout) (torch and torch_xla of the same release)",
+                backend=B,
+            )
+        )
         return out
     out.append(DoctorCheck("torch_xla installed", "pass", f"torch_xla {xv}", backend=B))
     if tv is None:
-        out.append(DoctorCheck("torch/torch_xla versions", "fail", "torch is not installed", f"pip install torch=={xv}", backend=B))
+        out.append(
+            DoctorCheck(
+                "torch/torch_xla versions",
+                "fail",
+                "torch is not installed",
+                f"pip install torch=={xv}",
+                backend=B,
+            )
+        )
     elif _major_minor(tv) != _major_minor(xv):
-        out.append(DoctorCheck("torch/torch_xla versions", "fail", f"torch {tv} does not match torch_xla {xv}",
-                               f"install matching releases: pip install torch=={'.'.join(_major_minor(xv))}.* torch_xla=={xv}", backend=B))
+        out.append(
+            DoctorCheck(
+                "torch/torch_xla versions",
+                "fail",
+                f"torch {tv} does not match torch_xla {xv}",
+                f"install matching releases: pip install torch=={'.'.join(_major_minor(xv))}.* torch_xla=={xv}",
+                backend=B,
+            )
+        )
     else:
-        out.append(DoctorCheck("torch/torch_xla versions", "pass", f"torch {tv} matches torch_xla {xv}", backend=B))
+        out.append(
+            DoctorCheck(
+                "torch/torch_xla versions", "pass", f"torch {tv} matches torch_xla {xv}", backend=B
+            )
+        )
     out.append(version_set_check("torch_xla", B))
 
     facts = discover(environ=env) if facts is None else facts
     pjrt = env.get("PJRT_DEVICE", "")
     if facts.present:
         acc = facts.accelerator_type or "type unknown"
-        out.append(DoctorCheck("TPU attached", "pass", f"{acc}; {facts.pci_chips} chips on the PCI bus; sources: {', '.join(facts.sources)}", backend=B))
+        out.append(
+            DoctorCheck(
+                "TPU attached",
+                "pass",
+                f"{acc}; {facts.pci_chips} chips on the PCI bus; sources: {', '.join(facts.sources)}",
+                backend=B,
+            )
+        )
         if pjrt and pjrt.upper() != "TPU":
-            out.append(DoctorCheck("PJRT_DEVICE", "fail", f"PJRT_DEVICE={pjrt} on a TPU VM: training would not use the TPU", "unset PJRT_DEVICE (aios-run sets PJRT_DEVICE=TPU) or export PJRT_DEVICE=TPU", backend=B))
+            out.append(
+                DoctorCheck(
+                    "PJRT_DEVICE",
+                    "fail",
+                    f"PJRT_DEVICE={pjrt} on a TPU VM: training would not use the TPU",
+                    "unset PJRT_DEVICE (aios-run sets PJRT_DEVICE=TPU) or export PJRT_DEVICE=TPU",
+                    backend=B,
+                )
+            )
         elif not pjrt:
-            out.append(DoctorCheck("PJRT_DEVICE", "warn", "PJRT_DEVICE is unset: aios-run sets it, but `python train.py` alone may run on CPU", "export PJRT_DEVICE=TPU when running scripts without aios-run", backend=B))
+            out.append(
+                DoctorCheck(
+                    "PJRT_DEVICE",
+                    "warn",
+                    "PJRT_DEVICE is unset: aios-run sets it, but `python train.py` alone may run on CPU",
+                    "export PJRT_DEVICE=TPU when running scripts without aios-run",
+                    backend=B,
+                )
+            )
         else:
             out.append(DoctorCheck("PJRT_DEVICE", "pass", "PJRT_DEVICE=TPU", backend=B))
         libtpu = importlib.util.find_spec("libtpu") is not None or bool(env.get("TPU_LIBRARY_PATH"))
         if libtpu:
-            out.append(DoctorCheck("libtpu", "pass", f"libtpu {_ver('libtpu') or env.get('TPU_LIBRARY_PATH', '')}".strip(), backend=B))
+            out.append(
+                DoctorCheck(
+                    "libtpu",
+                    "pass",
+                    f"libtpu {_ver('libtpu') or env.get('TPU_LIBRARY_PATH', '')}".strip(),
+                    backend=B,
+                )
+            )
         else:
-            out.append(DoctorCheck("libtpu", "fail", "libtpu is not installed: torch_xla cannot drive the TPU", f"pip install 'torch_xla[tpu]=={xv}' -f https://storage.googleapis.com/libtpu-releases/index.html", backend=B))
+            out.append(
+                DoctorCheck(
+                    "libtpu",
+                    "fail",
+                    "libtpu is not installed: torch_xla cannot drive the TPU",
+                    f"pip install 'torch_xla[tpu]=={xv}' -f https://storage.googleapis.com/libtpu-releases/index.html",
+                    backend=B,
+                )
+            )
         lock = "/tmp/libtpu_lockfile"
         if os.path.exists(lock):
-            out.append(DoctorCheck("TPU free", "warn", f"{lock} exists: another process may hold the TPU", "stop other TPU processes (sudo lsof -w /dev/accel* /dev/vfio/*); if none runs, delete the lock file", backend=B))
+            out.append(
+                DoctorCheck(
+                    "TPU free",
+                    "warn",
+                    f"{lock} exists: another process may hold the TPU",
+                    "stop other TPU processes (sudo lsof -w /dev/accel* /dev/vfio/*); if none runs, delete the lock file",
+                    backend=B,
+                )
+            )
         accel = glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*")
         if not accel:
-            out.append(DoctorCheck("TPU device files", "warn", "no /dev/accel* or /dev/vfio/* device files", "the TPU runtime may be unhealthy: stop and start the TPU VM (gcloud compute tpus tpu-vm stop/start); recreate it if it stays UNHEALTHY", backend=B))
+            out.append(
+                DoctorCheck(
+                    "TPU device files",
+                    "warn",
+                    "no /dev/accel* or /dev/vfio/* device files",
+                    "the TPU runtime may be unhealthy: stop and start the TPU VM (gcloud compute tpus tpu-vm stop/start); recreate it if it stays UNHEALTHY",
+                    backend=B,
+                )
+            )
         for p in facts.problems:
-            out.append(DoctorCheck("TPU metadata", "warn", p, "check the VM's network or set TPU_SKIP_MDS_QUERY with TPU_* env (GKE)", backend=B))
+            out.append(
+                DoctorCheck(
+                    "TPU metadata",
+                    "warn",
+                    p,
+                    "check the VM's network or set TPU_SKIP_MDS_QUERY with TPU_* env (GKE)",
+                    backend=B,
+                )
+            )
     else:
         if cpu_opt_in(config, env):
-            out.append(DoctorCheck("TPU attached", "warn", "no TPU found; XLA:CPU opt-in is on (testing only, slow)", f"unset {ALLOW_CPU_ENV} / xla.allow_cpu to require a TPU", backend=B))
+            out.append(
+                DoctorCheck(
+                    "TPU attached",
+                    "warn",
+                    "no TPU found; XLA:CPU opt-in is on (testing only, slow)",
+                    f"unset {ALLOW_CPU_ENV} / xla.allow_cpu to require a TPU",
+                    backend=B,
+                )
+            )
         else:
-            out.append(DoctorCheck("TPU attached", "fail" if deep else "warn", "no TPU found (no Google TPU PCI device, no TPU metadata or TPU_* env)",
-                                   f"run on a Cloud TPU VM; to test on XLA:CPU set xla.allow_cpu=true or {ALLOW_CPU_ENV}=1", backend=B))
+            out.append(
+                DoctorCheck(
+                    "TPU attached",
+                    "fail" if deep else "warn",
+                    "no TPU found (no Google TPU PCI device, no TPU metadata or TPU_* env)",
+                    f"run on a Cloud TPU VM; to test on XLA:CPU set xla.allow_cpu=true or {ALLOW_CPU_ENV}=1",
+                    backend=B,
+                )
+            )
         if pjrt.upper() == "TPU":
-            out.append(DoctorCheck("PJRT_DEVICE", "fail", "PJRT_DEVICE=TPU but no TPU is attached", "unset PJRT_DEVICE", backend=B))
+            out.append(
+                DoctorCheck(
+                    "PJRT_DEVICE",
+                    "fail",
+                    "PJRT_DEVICE=TPU but no TPU is attached",
+                    "unset PJRT_DEVICE",
+                    backend=B,
+                )
+            )
     for name in DEPRECATED_ENV:
         if env.get(name, "").strip() not in ("", "0"):
-            out.append(DoctorCheck(name, "fail", f"{name}={env[name]} is set (deprecated; silently casts every float tensor)", f"unset {name}; use precision=bf16-mixed or bf16-true", backend=B))
+            out.append(
+                DoctorCheck(
+                    name,
+                    "fail",
+                    f"{name}={env[name]} is set (deprecated; silently casts every float tensor)",
+                    f"unset {name}; use precision=bf16-mixed or bf16-true",
+                    backend=B,
+                )
+            )
     s = settings_of(config)
     if facts.present and s.compile_cache:
         d = os.path.expanduser(s.compile_cache_dir)
         parent = d if os.path.isdir(d) else os.path.dirname(d.rstrip("/")) or "."
         ok = os.access(parent, os.W_OK) if os.path.exists(parent) else True
-        out.append(DoctorCheck("compile cache", "pass" if ok else "fail", f"persistent compilation cache at {d}", "" if ok else "set xla.compile_cache_dir to a writable directory", backend=B))
+        out.append(
+            DoctorCheck(
+                "compile cache",
+                "pass" if ok else "fail",
+                f"persistent compilation cache at {d}",
+                "" if ok else "set xla.compile_cache_dir to a writable directory",
+                backend=B,
+            )
+        )
     if deep:
         res = _import_probe()
         if isinstance(res, str):
-            out.append(DoctorCheck("torch_xla import", "fail", res, "reinstall matching torch and torch_xla", backend=B))
+            out.append(
+                DoctorCheck(
+                    "torch_xla import",
+                    "fail",
+                    res,
+                    "reinstall matching torch and torch_xla",
+                    backend=B,
+                )
+            )
         elif res.get("initialized"):
-            out.append(DoctorCheck("runtime before spawn", "fail", "importing torch_xla already initialises the XLA runtime here; torch_xla.launch will fail with 'Runtime is already initialized'",
-                                   "remove XLA device use from sitecustomize / startup hooks (PYTHONSTARTUP, .pth files)", backend=B))
+            out.append(
+                DoctorCheck(
+                    "runtime before spawn",
+                    "fail",
+                    "importing torch_xla already initialises the XLA runtime here; torch_xla.launch will fail with 'Runtime is already initialized'",
+                    "remove XLA device use from sitecustomize / startup hooks (PYTHONSTARTUP, .pth files)",
+                    backend=B,
+                )
+            )
         else:
-            out.append(DoctorCheck("runtime before spawn", "pass", "importing torch_xla leaves the runtime uninitialised (safe to launch)", backend=B))
+            out.append(
+                DoctorCheck(
+                    "runtime before spawn",
+                    "pass",
+                    "importing torch_xla leaves the runtime uninitialised (safe to launch)",
+                    backend=B,
+                )
+            )
     return out
 
 
-def version_set_check(stack: str, backend: str, versions: dict[str, str | None] | None = None) -> DoctorCheck:
+def version_set_check(
+    stack: str, backend: str, versions: dict[str, str | None] | None = None
+) -> DoctorCheck:
     """The installed versions against :mod:`aios.versions` (one line: host, installed, expected)."""
     from aios import versions as V
 
@@ -143,42 +299,119 @@ def version_set_check(stack: str, backend: str, versions: dict[str, str | None] 
 T = "tpu"
 
 
-def tpu_checks(config: Any = None, deep: bool = False, environ: dict[str, str] | None = None, facts: Any = None,
-               versions: dict[str, str | None] | None = None) -> list[DoctorCheck]:
+def tpu_checks(
+    config: Any = None,
+    deep: bool = False,
+    environ: dict[str, str] | None = None,
+    facts: Any = None,
+    versions: dict[str, str | None] | None = None,
+) -> list[DoctorCheck]:
     """``aios doctor`` for ``--backend tpu`` (TorchTPU). Metadata, find_spec and sysfs only: no
     torch, torch_tpu or libtpu import in this process, no metadata-server stall."""
     from aios_backend_xla.discovery import discover, on_gce
-    from aios_backend_xla.tpu import AUTOLOAD_ENV, INSTALL, SKIP_MDS_ENV, runtime_setting, torch_tpu_installed
+    from aios_backend_xla.tpu import (
+        AUTOLOAD_ENV,
+        INSTALL,
+        SKIP_MDS_ENV,
+        runtime_setting,
+        torch_tpu_installed,
+    )
 
     env = dict(os.environ) if environ is None else environ
     out: list[DoctorCheck] = []
     rt = runtime_setting(config, env)
     if rt == "torch_xla":
-        out.append(DoctorCheck("xla.runtime", "warn" if not deep else "fail", "xla.runtime=torch_xla: TorchTPU (--backend tpu) is switched off",
-                               "set xla.runtime=auto or torch_tpu to use TorchTPU", backend=T))
-    have = (versions or {}).get("torch_tpu") if versions and "torch_tpu" in versions else (_ver("torch_tpu") if torch_tpu_installed() else None)
+        out.append(
+            DoctorCheck(
+                "xla.runtime",
+                "warn" if not deep else "fail",
+                "xla.runtime=torch_xla: TorchTPU (--backend tpu) is switched off",
+                "set xla.runtime=auto or torch_tpu to use TorchTPU",
+                backend=T,
+            )
+        )
+    have = (
+        (versions or {}).get("torch_tpu")
+        if versions and "torch_tpu" in versions
+        else (_ver("torch_tpu") if torch_tpu_installed() else None)
+    )
     if not have:
-        out.append(DoctorCheck("torch_tpu installed", "fail" if deep or rt == "torch_tpu" else "warn", "torch_tpu (TorchTPU) is not installed", INSTALL, backend=T))
+        out.append(
+            DoctorCheck(
+                "torch_tpu installed",
+                "fail" if deep or rt == "torch_tpu" else "warn",
+                "torch_tpu (TorchTPU) is not installed",
+                INSTALL,
+                backend=T,
+            )
+        )
         return out
     out.append(DoctorCheck("torch_tpu installed", "pass", f"torch_tpu {have}", backend=T))
-    lib = (versions or {}).get("libtpu") if versions and "libtpu" in versions else (_ver("libtpu") if importlib.util.find_spec("libtpu") else None)
+    lib = (
+        (versions or {}).get("libtpu")
+        if versions and "libtpu" in versions
+        else (_ver("libtpu") if importlib.util.find_spec("libtpu") else None)
+    )
     if not lib:
-        out.append(DoctorCheck("libtpu", "fail", "libtpu is not installed: importing torch_tpu would exit the process", "pip install 'libtpu>=0.0.50'", backend=T))
+        out.append(
+            DoctorCheck(
+                "libtpu",
+                "fail",
+                "libtpu is not installed: importing torch_tpu would exit the process",
+                "pip install 'libtpu>=0.0.50'",
+                backend=T,
+            )
+        )
     out.append(version_set_check("torch_tpu", T, versions))
     if env.get(AUTOLOAD_ENV, "").strip() == "0":
-        out.append(DoctorCheck("autoload", "warn", f"{AUTOLOAD_ENV}=0: `import torch` does not load TorchTPU in scripts run without aios-run",
-                               f"aios-run sets {AUTOLOAD_ENV}=1 for TPU workers; unset it in your shell", backend=T))
+        out.append(
+            DoctorCheck(
+                "autoload",
+                "warn",
+                f"{AUTOLOAD_ENV}=0: `import torch` does not load TorchTPU in scripts run without aios-run",
+                f"aios-run sets {AUTOLOAD_ENV}=1 for TPU workers; unset it in your shell",
+                backend=T,
+            )
+        )
     facts = discover(environ=env) if facts is None else facts
     if facts.present:
-        out.append(DoctorCheck("TPU attached", "pass", f"{facts.accelerator_type or 'type unknown'}; {facts.pci_chips} chips on the PCI bus", backend=T))
+        out.append(
+            DoctorCheck(
+                "TPU attached",
+                "pass",
+                f"{facts.accelerator_type or 'type unknown'}; {facts.pci_chips} chips on the PCI bus",
+                backend=T,
+            )
+        )
         if not glob.glob("/dev/vfio/[0-9]*") and not glob.glob("/dev/accel*"):
-            out.append(DoctorCheck("TPU device files", "warn", "no /dev/vfio/* device files: TorchTPU counts only VFIO-bound chips",
-                                   "stop and start the TPU VM; recreate it if it stays unhealthy", backend=T))
+            out.append(
+                DoctorCheck(
+                    "TPU device files",
+                    "warn",
+                    "no /dev/vfio/* device files: TorchTPU counts only VFIO-bound chips",
+                    "stop and start the TPU VM; recreate it if it stays unhealthy",
+                    backend=T,
+                )
+            )
     else:
-        out.append(DoctorCheck("TPU attached", "fail" if deep else "warn", "no TPU found (no Google TPU PCI device, no TPU metadata or TPU_* env)",
-                               "run on a Cloud TPU VM, or plan one with xla.accelerator=<type> --dry-run", backend=T))
+        out.append(
+            DoctorCheck(
+                "TPU attached",
+                "fail" if deep else "warn",
+                "no TPU found (no Google TPU PCI device, no TPU metadata or TPU_* env)",
+                "run on a Cloud TPU VM, or plan one with xla.accelerator=<type> --dry-run",
+                backend=T,
+            )
+        )
     if not on_gce() and SKIP_MDS_ENV not in env:
-        out.append(DoctorCheck("metadata server", "pass", f"not on Google Cloud: aios's TPU launcher sets {SKIP_MDS_ENV}=1 so libtpu does not wait on the metadata server", backend=T))
+        out.append(
+            DoctorCheck(
+                "metadata server",
+                "pass",
+                f"not on Google Cloud: aios's TPU launcher sets {SKIP_MDS_ENV}=1 so libtpu does not wait on the metadata server",
+                backend=T,
+            )
+        )
     from aios_backend_xla.settings import settings_of
 
     d = settings_of(config).tpu_compile_cache_dir
@@ -186,6 +419,13 @@ def tpu_checks(config: Any = None, deep: bool = False, environ: dict[str, str] |
         d = os.path.expanduser(d)
         parent = d if os.path.isdir(d) else os.path.dirname(d.rstrip("/")) or "."
         ok = os.access(parent, os.W_OK) if os.path.exists(parent) else True
-        out.append(DoctorCheck("compile cache", "pass" if ok else "fail", f"TorchTPU compilation caches under {d}",
-                               "" if ok else "set xla.tpu_compile_cache_dir to a writable directory", backend=T))
+        out.append(
+            DoctorCheck(
+                "compile cache",
+                "pass" if ok else "fail",
+                f"TorchTPU compilation caches under {d}",
+                "" if ok else "set xla.tpu_compile_cache_dir to a writable directory",
+                backend=T,
+            )
+        )
     return out

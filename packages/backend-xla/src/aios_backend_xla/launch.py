@@ -19,10 +19,11 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from aios.errors import BackendUnavailable, LaunchError
 from aios.contract import NNODES_ENV, NODE_RANK_ENV
+from aios.errors import BackendUnavailable, LaunchError
 from aios.launch import BACKEND_ENV, script_command
 from aios.types import Host, HostPlan, LaunchPlan, LaunchRequest
+
 from aios_backend_xla.discovery import TpuFacts
 from aios_backend_xla.settings import ALLOW_CPU_ENV, cpu_opt_in, settings_of
 from aios_backend_xla.topology import TpuTopology, parse_accelerator_type
@@ -44,7 +45,9 @@ def no_tpu_error(facts: TpuFacts | None = None) -> BackendUnavailable:
     return BackendUnavailable(f"backend 'xla': {why}", OPT_IN_HINT)
 
 
-def target_topology(config: AiosConfig, request: LaunchRequest | None, facts: TpuFacts | None) -> TpuTopology | None:
+def target_topology(
+    config: AiosConfig, request: LaunchRequest | None, facts: TpuFacts | None
+) -> TpuTopology | None:
     """The slice to plan for: ``xla.accelerator``, else the request's, else the discovered one."""
     s = settings_of(config)
     text = s.accelerator or (request.accelerator if request else None)
@@ -72,12 +75,16 @@ def _cache_dir(config: AiosConfig, hosts: list[Host] | None = None) -> str | Non
     if not s.compile_cache or not s.compile_cache_dir:
         return None
     d = s.compile_cache_dir
-    if d.startswith("~") and (not hosts or (len(hosts) == 1 and hosts[0].address in LOCAL_ADDRESSES)):
+    if d.startswith("~") and (
+        not hosts or (len(hosts) == 1 and hosts[0].address in LOCAL_ADDRESSES)
+    ):
         d = os.path.expanduser(d)
     return d
 
 
-def _hosts_for(topo: TpuTopology, request: LaunchRequest, facts: TpuFacts | None) -> tuple[list[Host], list[str]]:
+def _hosts_for(
+    topo: TpuTopology, request: LaunchRequest, facts: TpuFacts | None
+) -> tuple[list[Host], list[str]]:
     notes: list[str] = []
     given = request.hosts or [Host()]
     if len(given) > 1:
@@ -99,7 +106,13 @@ def _hosts_for(topo: TpuTopology, request: LaunchRequest, facts: TpuFacts | None
     return [Host(f"tpu-worker-{i}", None, i) for i in range(topo.hosts)], notes
 
 
-def tpu_plan(config: AiosConfig, request: LaunchRequest, topo: TpuTopology, facts: TpuFacts | None = None, python: str | None = None) -> LaunchPlan:
+def tpu_plan(
+    config: AiosConfig,
+    request: LaunchRequest,
+    topo: TpuTopology,
+    facts: TpuFacts | None = None,
+    python: str | None = None,
+) -> LaunchPlan:
     python = getattr(request, "python", None) or python or sys.executable
     hosts, notes = _hosts_for(topo, request, facts)
     spmd = config.strategy == "spmd"
@@ -125,9 +138,17 @@ def tpu_plan(config: AiosConfig, request: LaunchRequest, topo: TpuTopology, fact
     cache = _cache_dir(config, hosts)
     plans: list[HostPlan] = []
     for i, host in enumerate(hosts):
-        env = {BACKEND_ENV: "xla", "PJRT_DEVICE": "TPU", NODE_RANK_ENV: str(i), NNODES_ENV: str(len(hosts)), **NO_TORCH_TPU}
+        env = {
+            BACKEND_ENV: "xla",
+            "PJRT_DEVICE": "TPU",
+            NODE_RANK_ENV: str(i),
+            NNODES_ENV: str(len(hosts)),
+            **NO_TORCH_TPU,
+        }
         if len(hosts) > 1:
-            env.update(TPU_WORKER_ID=str(i), MASTER_ADDR=master, MASTER_PORT=str(config.master_port))
+            env.update(
+                TPU_WORKER_ID=str(i), MASTER_ADDR=master, MASTER_PORT=str(config.master_port)
+            )
         if cache:
             env["XLA_PERSISTENT_CACHE_PATH"] = cache
         if spmd or nprocs == 1 and per_host == 1:
@@ -138,20 +159,36 @@ def tpu_plan(config: AiosConfig, request: LaunchRequest, topo: TpuTopology, fact
             cmd += list(request.args)
         ranks = []
         for local in range(nprocs):
-            ranks.append({
-                "RANK": str(i * nprocs + local), "LOCAL_RANK": str(local), "WORLD_SIZE": str(world),
-                "PJRT_LOCAL_PROCESS_RANK": str(local), "PJRT_LOCAL_PROCESS_COUNT": str(nprocs),
-                "TPU_VISIBLE_CHIPS": str(local) if nprocs > 1 else ",".join(str(c) for c in range(per_host)),
-            })
+            ranks.append(
+                {
+                    "RANK": str(i * nprocs + local),
+                    "LOCAL_RANK": str(local),
+                    "WORLD_SIZE": str(world),
+                    "PJRT_LOCAL_PROCESS_RANK": str(local),
+                    "PJRT_LOCAL_PROCESS_COUNT": str(nprocs),
+                    "TPU_VISIBLE_CHIPS": str(local)
+                    if nprocs > 1
+                    else ",".join(str(c) for c in range(per_host)),
+                }
+            )
         plans.append(HostPlan(host=host, nprocs=nprocs, env=env, command=cmd, ranks=ranks))
-    notes.insert(0, (
-        f"{topo.accelerator_type}: TPU {topo.generation}, {topo.chips} chips ({topo.tensorcores} TensorCores) "
-        f"on {topo.hosts} host(s), {topo.chips_per_host} chips/host, {topo.hbm_gib_per_chip} GiB HBM/chip, "
-        f"peak {topo.peak_bf16_tflops:g} bf16 TFLOP/s, runtime {topo.runtime_version}"
-    ))
+    notes.insert(
+        0,
+        (
+            f"{topo.accelerator_type}: TPU {topo.generation}, {topo.chips} chips ({topo.tensorcores} TensorCores) "
+            f"on {topo.hosts} host(s), {topo.chips_per_host} chips/host, {topo.hbm_gib_per_chip} GiB HBM/chip, "
+            f"peak {topo.peak_bf16_tflops:g} bf16 TFLOP/s, runtime {topo.runtime_version}"
+        ),
+    )
     if cache:
         notes.append(f"persistent compilation cache: {cache} (xla.compile_cache=false to disable)")
-    return LaunchPlan(backend="xla", launcher="direct" if spmd or nprocs == 1 and per_host == 1 else "xla", world_size=world, hosts=plans, notes=notes)
+    return LaunchPlan(
+        backend="xla",
+        launcher="direct" if spmd or nprocs == 1 and per_host == 1 else "xla",
+        world_size=world,
+        hosts=plans,
+        notes=notes,
+    )
 
 
 def cpu_plan(config: AiosConfig, request: LaunchRequest, python: str | None = None) -> LaunchPlan:
@@ -167,13 +204,24 @@ def cpu_plan(config: AiosConfig, request: LaunchRequest, python: str | None = No
     devices = s.cpu_devices or (4 if config.strategy == "spmd" else None)
     if devices:
         env["CPU_NUM_DEVICES"] = str(devices)
-    host = HostPlan(host=request.hosts[0] if request.hosts else Host(), nprocs=1, env=env,
-                    command=script_command(request, python), ranks=[{"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}])
+    host = HostPlan(
+        host=request.hosts[0] if request.hosts else Host(),
+        nprocs=1,
+        env=env,
+        command=script_command(request, python),
+        ranks=[{"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}],
+    )
     notes = ["XLA:CPU (opt-in for testing): one process, PJRT_DEVICE=CPU; no TPU is used"]
     return LaunchPlan(backend="xla", launcher="direct", world_size=1, hosts=[host], notes=notes)
 
 
-def xla_launch_plan(config: AiosConfig, request: LaunchRequest, facts: TpuFacts | None = None, python: str | None = None, environ: dict[str, str] | None = None) -> LaunchPlan:
+def xla_launch_plan(
+    config: AiosConfig,
+    request: LaunchRequest,
+    facts: TpuFacts | None = None,
+    python: str | None = None,
+    environ: dict[str, str] | None = None,
+) -> LaunchPlan:
     """The plan for ``request``: TPU when a slice is named or found, else XLA:CPU with the opt-in,
     else :func:`no_tpu_error`."""
     env = dict(os.environ) if environ is None else environ

@@ -29,9 +29,17 @@ def _run(index: int, script: str, args: list[str], module: bool) -> None:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m aios_backend_xla.launcher", description=__doc__.split("\n\n")[1])
-    p.add_argument("--nprocs", default="auto", help="processes on this host: auto or the local chip count (one per chip), or 1")
-    p.add_argument("-m", dest="module", action="store_true", help="run SCRIPT as a module (python -m)")
+    p = argparse.ArgumentParser(
+        prog="python -m aios_backend_xla.launcher", description=__doc__.split("\n\n")[1]
+    )
+    p.add_argument(
+        "--nprocs",
+        default="auto",
+        help="processes on this host: auto or the local chip count (one per chip), or 1",
+    )
+    p.add_argument(
+        "-m", dest="module", action="store_true", help="run SCRIPT as a module (python -m)"
+    )
     p.add_argument("script")
     p.add_argument("args", nargs=argparse.REMAINDER)
     return p.parse_args(argv)
@@ -55,10 +63,15 @@ def main(argv: list[str] | None = None) -> int:
     expand_cache_env()
     try:
         if not os.environ.get("PJRT_DEVICE"):
-            raise LaunchError("PJRT_DEVICE is not set: torch_xla would silently fall back to CPU",
-                              "launch through aios-run --backend xla, or export PJRT_DEVICE=TPU")
+            raise LaunchError(
+                "PJRT_DEVICE is not set: torch_xla would silently fall back to CPU",
+                "launch through aios-run --backend xla, or export PJRT_DEVICE=TPU",
+            )
         if not (ns.nprocs == "auto" or ns.nprocs.isdigit() and int(ns.nprocs) >= 1):
-            raise LaunchError(f"--nprocs {ns.nprocs} is not a process count", "use --nprocs auto, 1, or the number of local chips")
+            raise LaunchError(
+                f"--nprocs {ns.nprocs} is not a process count",
+                "use --nprocs auto, 1, or the number of local chips",
+            )
         chips = None
         if os.environ["PJRT_DEVICE"].upper() == "TPU":
             from aios_backend_xla.discovery import discover
@@ -70,20 +83,30 @@ def main(argv: list[str] | None = None) -> int:
             chips = facts.pci_chips or None
         n = ns.nprocs
         if n not in ("auto", "1") and (chips is None or int(n) != chips):
-            have = f"the {chips} local chips" if chips else "one process (no TPU chips counted here)"
-            raise LaunchError(f"--nprocs {n}: torch_xla.launch starts one process per local chip or a single one, here {have}",
-                              "use --nprocs auto or --nprocs 1")
+            have = (
+                f"the {chips} local chips" if chips else "one process (no TPU chips counted here)"
+            )
+            raise LaunchError(
+                f"--nprocs {n}: torch_xla.launch starts one process per local chip or a single one, here {have}",
+                "use --nprocs auto or --nprocs 1",
+            )
         if not ns.module and not os.path.isfile(ns.script):
-            raise LaunchError(f"script '{ns.script}' does not exist", "pass the path of the training script")
+            raise LaunchError(
+                f"script '{ns.script}' does not exist", "pass the path of the training script"
+            )
         import torch_xla
 
         if torch_xla._XLAC._xla_runtime_is_initialized():
-            raise LaunchError("the XLA runtime is already initialised before launch (Runtime is already initialized)",
-                              "do not touch XLA devices before torch_xla.launch (e.g. in sitecustomize or imported modules)")
+            raise LaunchError(
+                "the XLA runtime is already initialised before launch (Runtime is already initialized)",
+                "do not touch XLA devices before torch_xla.launch (e.g. in sitecustomize or imported modules)",
+            )
     except AiosError as exc:
         print(f"aios-backend-xla launcher: error: {exc.one_line()}", file=sys.stderr)
         return exc.exit_code
-    torch_xla.launch(_run, args=(ns.script, list(ns.args), ns.module), debug_single_process=ns.nprocs == "1")
+    torch_xla.launch(
+        _run, args=(ns.script, list(ns.args), ns.module), debug_single_process=ns.nprocs == "1"
+    )
     return 0
 
 

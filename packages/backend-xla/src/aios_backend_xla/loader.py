@@ -14,7 +14,8 @@ over the device mesh.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from aios.data import DeviceLoader, shard_dataloader
 
@@ -31,15 +32,25 @@ def _fixed_shape_copy(loader: Any, drop_last: bool, seed: int) -> Any:
     generator = loader.generator
     bad_gen = generator is not None and generator.device.type != "cpu"
     if bad_gen:
-        warnings.warn(f"the DataLoader's generator is on {generator.device}; aios uses a CPU generator (XLA generators are not supported)", UserWarning, stacklevel=4)
+        warnings.warn(
+            f"the DataLoader's generator is on {generator.device}; aios uses a CPU generator (XLA generators are not supported)",
+            UserWarning,
+            stacklevel=4,
+        )
         generator = torch.Generator("cpu")
         generator.manual_seed(seed)
     if not bad_gen and (loader.drop_last or not drop_last):
         return loader
     kwargs: dict[str, Any] = dict(
-        batch_size=loader.batch_size, sampler=loader.sampler, num_workers=loader.num_workers,
-        collate_fn=loader.collate_fn, pin_memory=False, drop_last=drop_last or loader.drop_last,
-        timeout=loader.timeout, worker_init_fn=loader.worker_init_fn, generator=generator,
+        batch_size=loader.batch_size,
+        sampler=loader.sampler,
+        num_workers=loader.num_workers,
+        collate_fn=loader.collate_fn,
+        pin_memory=False,
+        drop_last=drop_last or loader.drop_last,
+        timeout=loader.timeout,
+        worker_init_fn=loader.worker_init_fn,
+        generator=generator,
         persistent_workers=loader.persistent_workers,
     )
     if loader.num_workers > 0:
@@ -48,9 +59,13 @@ def _fixed_shape_copy(loader: Any, drop_last: bool, seed: int) -> Any:
     return DataLoader(loader.dataset, **kwargs)
 
 
-def xla_shard_loader(loader: Any, rank: int, world: int, seed: int, shuffle: bool | None, drop_last: bool) -> Any:
+def xla_shard_loader(
+    loader: Any, rank: int, world: int, seed: int, shuffle: bool | None, drop_last: bool
+) -> Any:
     """This rank's share of ``loader`` with fixed batch shapes (see module docstring)."""
-    return shard_dataloader(_fixed_shape_copy(loader, drop_last, seed), rank, world, seed, shuffle, pin_memory=False)
+    return shard_dataloader(
+        _fixed_shape_copy(loader, drop_last, seed), rank, world, seed, shuffle, pin_memory=False
+    )
 
 
 class BatchSharding:
@@ -81,7 +96,14 @@ class XlaDeviceLoader(DeviceLoader):
     """Batches on an XLA device through ``MpDeviceLoader`` with the core loader's resumable
     position (``state_dict() == {"epoch", "batch"}``), ``len()`` and ``set_epoch()``."""
 
-    def __init__(self, loader: Any, device: Any, prefetch: int = 2, input_sharding: Any = None, batches_per_execution: int = 1) -> None:
+    def __init__(
+        self,
+        loader: Any,
+        device: Any,
+        prefetch: int = 2,
+        input_sharding: Any = None,
+        batches_per_execution: int = 1,
+    ) -> None:
         super().__init__(loader, device, transfer=lambda b: b)
         self.prefetch = max(1, prefetch)
         self.input_sharding = input_sharding
@@ -93,7 +115,8 @@ class XlaDeviceLoader(DeviceLoader):
             import torch_xla.distributed.parallel_loader as pl
 
             kwargs: dict[str, Any] = dict(
-                loader_prefetch_size=max(2, self.prefetch * 2), device_prefetch_size=self.prefetch,
+                loader_prefetch_size=max(2, self.prefetch * 2),
+                device_prefetch_size=self.prefetch,
                 batches_per_execution=self.batches_per_execution,
             )
             if self.input_sharding is not None:
@@ -107,5 +130,7 @@ class XlaDeviceLoader(DeviceLoader):
         if pl is not None:
             pl.close()
 
-    def _abandon(self) -> None:  # an iteration broke out early (evaluation of N batches): free the thread
+    def _abandon(
+        self,
+    ) -> None:  # an iteration broke out early (evaluation of N batches): free the thread
         self.close()

@@ -23,7 +23,15 @@ from typing import Any
 
 from aios.errors import ConfigError
 from aios.hookspecs import hookimpl
-from aios.types import AcceleratorSpec, Availability, BackendSpec, DeviceInfo, DeviceReport, DoctorCheck, StrategySpec
+from aios.types import (
+    AcceleratorSpec,
+    Availability,
+    BackendSpec,
+    DeviceInfo,
+    DeviceReport,
+    DoctorCheck,
+    StrategySpec,
+)
 
 BACKEND = "xla"
 INSTALL_HINT = "on a Cloud TPU VM: pip install -e './packages/core[xla]' ./packages/backend-xla (from the aios checkout); to test on XLA:CPU without a TPU, opt in with xla.allow_cpu=true or AIOS_XLA__ALLOW_CPU=1"
@@ -60,28 +68,57 @@ def no_tpu_reason(facts: Any, hint: bool = True) -> str:
     from aios_backend_xla.launch import no_tpu_error
 
     why = no_tpu_error(facts).message.removeprefix(f"backend '{BACKEND}': ")
-    return f"{why}; to test on XLA:CPU set xla.allow_cpu=true or AIOS_XLA__ALLOW_CPU=1" if hint else why
+    return (
+        f"{why}; to test on XLA:CPU set xla.allow_cpu=true or AIOS_XLA__ALLOW_CPU=1"
+        if hint
+        else why
+    )
 
 
 @hookimpl
 def aios_register_backends(register: Any) -> None:
-    register(BackendSpec(
-        name=BACKEND, priority=200, probe=probe, install_hint=INSTALL_HINT, device_type="xla",
-        description="Google Cloud TPU through torch_xla / PJRT (XLA:CPU with an explicit opt-in)",
-        accelerator=None, default_strategy="ddp",
-        discover=_discover, launch_plan=_launch_plan, precision=_precision, doctor=_doctor,
-    ))
-    register(BackendSpec(
-        name=TPU_BACKEND, priority=210, probe=tpu_probe, install_hint=TPU_INSTALL_HINT, device_type="tpu",
-        description="Google Cloud TPU through TorchTPU (native tpu device, DDP/FSDP2/TP over the tpu process group)",
-        accelerator="tpu", default_strategy="ddp",
-        discover=_tpu_discover, launch_plan=_tpu_launch_plan, doctor=_tpu_doctor,
-    ))
+    register(
+        BackendSpec(
+            name=BACKEND,
+            priority=200,
+            probe=probe,
+            install_hint=INSTALL_HINT,
+            device_type="xla",
+            description="Google Cloud TPU through torch_xla / PJRT (XLA:CPU with an explicit opt-in)",
+            accelerator=None,
+            default_strategy="ddp",
+            discover=_discover,
+            launch_plan=_launch_plan,
+            precision=_precision,
+            doctor=_doctor,
+        )
+    )
+    register(
+        BackendSpec(
+            name=TPU_BACKEND,
+            priority=210,
+            probe=tpu_probe,
+            install_hint=TPU_INSTALL_HINT,
+            device_type="tpu",
+            description="Google Cloud TPU through TorchTPU (native tpu device, DDP/FSDP2/TP over the tpu process group)",
+            accelerator="tpu",
+            default_strategy="ddp",
+            discover=_tpu_discover,
+            launch_plan=_tpu_launch_plan,
+            doctor=_tpu_doctor,
+        )
+    )
 
 
 @hookimpl
 def aios_register_accelerators(register: Any) -> None:
-    register(AcceleratorSpec("tpu", _tpu_accelerator, "TorchTPU's native tpu device (process group 'tpu', autocast bf16, compile backend 'tpu')"))
+    register(
+        AcceleratorSpec(
+            "tpu",
+            _tpu_accelerator,
+            "TorchTPU's native tpu device (process group 'tpu', autocast bf16, compile backend 'tpu')",
+        )
+    )
 
 
 def _tpu_accelerator(config: Any = None) -> Any:
@@ -100,7 +137,9 @@ def aios_register_cluster_environments(register: Any) -> None:
 # ------------------------------------------------------------------------------ TorchTPU (backend tpu)
 
 TPU_BACKEND = "tpu"
-TPU_INSTALL_HINT = "on a Cloud TPU VM: pip install torch==2.13.0 torch_tpu==0.2.0 (public registry; brings libtpu)"
+TPU_INSTALL_HINT = (
+    "on a Cloud TPU VM: pip install torch==2.13.0 torch_tpu==0.2.0 (public registry; brings libtpu)"
+)
 
 
 def tpu_probe(config: Any = None) -> Availability:
@@ -120,7 +159,11 @@ def tpu_probe(config: Any = None) -> Availability:
         if acc:
             return Availability(True, f"no TPU on this machine; planning for {acc}")
     if not torch_tpu_installed():
-        why = "xla.runtime=torch_tpu is set but torch_tpu is not installed" if rt == "torch_tpu" else "torch_tpu (TorchTPU) is not installed"
+        why = (
+            "xla.runtime=torch_tpu is set but torch_tpu is not installed"
+            if rt == "torch_tpu"
+            else "torch_tpu (TorchTPU) is not installed"
+        )
         return Availability(False, why)
     if not facts.present:
         return Availability(False, no_tpu_reason(facts, hint=False))
@@ -161,8 +204,22 @@ def _tpu_doctor(config: Any, explicit: bool) -> list[DoctorCheck]:
 
 @hookimpl
 def aios_register_strategies(register: Any) -> None:
-    register(StrategySpec("ddp", _make_xla, backends=(BACKEND,), description="data parallel, one process per chip, gradients all-reduced once per step"))
-    register(StrategySpec("spmd", _make_spmd, backends=(BACKEND,), description="XLA SPMD: one process per host, a data mesh over every device"))
+    register(
+        StrategySpec(
+            "ddp",
+            _make_xla,
+            backends=(BACKEND,),
+            description="data parallel, one process per chip, gradients all-reduced once per step",
+        )
+    )
+    register(
+        StrategySpec(
+            "spmd",
+            _make_spmd,
+            backends=(BACKEND,),
+            description="XLA SPMD: one process per host, a data mesh over every device",
+        )
+    )
 
 
 def _make_xla(config: Any, accelerator: Any, backend: str) -> Any:
@@ -202,13 +259,26 @@ def device_report(facts: Any, config: Any = None, installed: bool | None = None)
         n = facts.pci_chips or (topo.chips_per_host if topo else 0)
         hbm = topo.hbm_gib_per_chip * 2**30 if topo else None
         kind = f"TPU {topo.generation} chip" if topo else "TPU chip"
-        devices = [DeviceInfo(i, kind, hbm, {"pci_device_id": facts.pci_device_ids[i]} if i < len(facts.pci_device_ids) else {}) for i in range(n)]
+        devices = [
+            DeviceInfo(
+                i,
+                kind,
+                hbm,
+                {"pci_device_id": facts.pci_device_ids[i]} if i < len(facts.pci_device_ids) else {},
+            )
+            for i in range(n)
+        ]
         topology: dict[str, Any] = {}
         if topo:
             topology.update(
-                accelerator_type=topo.accelerator_type, generation=topo.generation, chips=topo.chips,
-                tensorcores=topo.tensorcores, hosts=topo.hosts, chips_per_host=topo.chips_per_host,
-                hbm_gib_per_chip=topo.hbm_gib_per_chip, peak_bf16_tflops=topo.peak_bf16_tflops,
+                accelerator_type=topo.accelerator_type,
+                generation=topo.generation,
+                chips=topo.chips,
+                tensorcores=topo.tensorcores,
+                hosts=topo.hosts,
+                chips_per_host=topo.chips_per_host,
+                hbm_gib_per_chip=topo.hbm_gib_per_chip,
+                peak_bf16_tflops=topo.peak_bf16_tflops,
                 runtime_version=topo.runtime_version,
             )
         if facts.worker_id is not None:
@@ -216,13 +286,21 @@ def device_report(facts: Any, config: Any = None, installed: bool | None = None)
         if facts.worker_addresses:
             topology["workers"] = list(facts.worker_addresses)
         topology["sources"] = ",".join(facts.sources)
-        reason = "" if installed else "torch_xla is not installed; pip install -e './packages/core[xla]' ./packages/backend-xla (from the aios checkout)"
+        reason = (
+            ""
+            if installed
+            else "torch_xla is not installed; pip install -e './packages/core[xla]' ./packages/backend-xla (from the aios checkout)"
+        )
         return DeviceReport(BACKEND, kind, installed, devices, topology, notes, reason)
     if installed and cpu_opt_in(config):
         n = settings_of(config).cpu_devices or int(os.environ.get("CPU_NUM_DEVICES", "1") or 1)
         return DeviceReport(
-            BACKEND, "XLA:CPU (opt-in)", True, [DeviceInfo(i, "XLA:CPU") for i in range(n)],
-            {"pjrt_device": "CPU"}, ["no TPU found; XLA:CPU is enabled by the opt-in (for testing only)", *notes],
+            BACKEND,
+            "XLA:CPU (opt-in)",
+            True,
+            [DeviceInfo(i, "XLA:CPU") for i in range(n)],
+            {"pjrt_device": "CPU"},
+            ["no TPU found; XLA:CPU is enabled by the opt-in (for testing only)", *notes],
         )
     reason = "torch_xla is not installed" if not installed else no_tpu_reason(facts)
     return DeviceReport(BACKEND, "TPU", False, [], {}, notes, reason)
@@ -253,10 +331,16 @@ def pjrt_device_for(config: Any, environ: dict[str, str] | None = None) -> str:
             return "CPU"
         facts = discover(environ=dict(env))
         if facts.present:
-            raise ConfigError("PJRT_DEVICE=CPU is set on a machine with a TPU", "unset PJRT_DEVICE (aios sets PJRT_DEVICE=TPU) or opt in to XLA:CPU with xla.allow_cpu=true")
+            raise ConfigError(
+                "PJRT_DEVICE=CPU is set on a machine with a TPU",
+                "unset PJRT_DEVICE (aios sets PJRT_DEVICE=TPU) or opt in to XLA:CPU with xla.allow_cpu=true",
+            )
         raise no_tpu_error(facts)
     if current:
-        raise ConfigError(f"PJRT_DEVICE={current} is not a device the xla backend drives", "unset PJRT_DEVICE or set it to TPU (the neuron backend handles NEURON)")
+        raise ConfigError(
+            f"PJRT_DEVICE={current} is not a device the xla backend drives",
+            "unset PJRT_DEVICE or set it to TPU (the neuron backend handles NEURON)",
+        )
     facts = discover(environ=dict(env))
     if facts.present:
         return "TPU"
@@ -306,5 +390,7 @@ def aios_env_info() -> dict[str, Any]:
     from aios_backend_xla.discovery import discover
 
     facts = discover()
-    out["tpu"] = facts.accelerator_type or (f"{facts.pci_chips} chips" if facts.pci_chips else "none found")
+    out["tpu"] = facts.accelerator_type or (
+        f"{facts.pci_chips} chips" if facts.pci_chips else "none found"
+    )
     return out

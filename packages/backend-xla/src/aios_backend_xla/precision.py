@@ -43,4 +43,6 @@ def xla_precision(precision: str) -> Precision:
             "precision 'fp16-mixed' is not supported on the xla backend (TPUs compute in bfloat16)",
             "use precision=bf16-mixed, or bf16-true for bf16 weights",
         )
-    raise ConfigError(f"unknown precision '{precision}'", "choose one of: fp32, bf16-mixed, bf16-true")
+    raise ConfigError(
+        f"unknown precision '{precision}'", "choose one of: fp32, bf16-mixed, bf16-true"
+    )

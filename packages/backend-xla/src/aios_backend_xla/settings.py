@@ -9,9 +9,8 @@ from __future__ import annotations
 import os
 from typing import Literal
 
-from pydantic import Field, field_validator
-
 from aios.config import Section
+from pydantic import Field, field_validator
 
 #: The XLA:CPU opt-in as an env var. It is also the config key ``xla.allow_cpu`` through the
 #: normal ``AIOS_<SECTION>__<KEY>`` env layer, so one name works everywhere.
@@ -26,17 +25,30 @@ class XlaSettings(Section):
         description="run --backend xla on XLA:CPU (PJRT_DEVICE=CPU) when no TPU is attached; for tests only",
     )
     accelerator: str | None = Field(
-        None, description="TPU accelerator type to plan for (v4-16, v5litepod-8, v6e-4); default: the one discovered"
+        None,
+        description="TPU accelerator type to plan for (v4-16, v5litepod-8, v6e-4); default: the one discovered",
     )
     compile_cache: bool = Field(True, description="persistent XLA compilation cache on TPU")
-    compile_cache_dir: str = Field(DEFAULT_CACHE_DIR, description="directory of the persistent compilation cache")
-    warmup_steps: int = Field(2, ge=0, description="optimizer steps allowed to compile before a compile counts as a recompile")
+    compile_cache_dir: str = Field(
+        DEFAULT_CACHE_DIR, description="directory of the persistent compilation cache"
+    )
+    warmup_steps: int = Field(
+        2,
+        ge=0,
+        description="optimizer steps allowed to compile before a compile counts as a recompile",
+    )
     max_recompiles: int | None = Field(
-        None, ge=0, description="fail the run after this many recompiles past warm-up (None: warn only)"
+        None,
+        ge=0,
+        description="fail the run after this many recompiles past warm-up (None: warn only)",
     )
     prefetch: int = Field(2, ge=0, description="batches the device loader transfers ahead")
-    drop_last: bool = Field(True, description="drop the short last batch so every step has the same shapes")
-    cpu_devices: int | None = Field(None, ge=1, description="XLA:CPU devices (CPU_NUM_DEVICES) when allow_cpu is on")
+    drop_last: bool = Field(
+        True, description="drop the short last batch so every step has the same shapes"
+    )
+    cpu_devices: int | None = Field(
+        None, ge=1, description="XLA:CPU devices (CPU_NUM_DEVICES) when allow_cpu is on"
+    )
     runtime: Literal["auto", "torch_tpu", "torch_xla"] = Field(
         "auto",
         description="TPU runtime: torch_tpu (TorchTPU, --backend tpu), torch_xla (PyTorch/XLA, --backend xla), "
@@ -47,9 +59,23 @@ class XlaSettings(Section):
         description="TorchTPU compilation caches (TORCH_TPU_TIER2_COMPILATION_CACHE = <dir>/tier2, "
         "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT = <dir>/tier3); empty string: off",
     )
-    tpu_base_port: int = Field(8070, ge=1024, le=65000, description="first TORCH_TPU_SLICEBUILDER_ADDRESSES port (one per local rank)")
-    num_slices: int = Field(1, ge=1, description="multislice: slices of the accelerator type (MEGASCALE_* env on every host)")
-    megascale_port: int = Field(8080, ge=1024, le=65535, description="multislice coordinator port (MEGASCALE_COORDINATOR_ADDRESS)")
+    tpu_base_port: int = Field(
+        8070,
+        ge=1024,
+        le=65000,
+        description="first TORCH_TPU_SLICEBUILDER_ADDRESSES port (one per local rank)",
+    )
+    num_slices: int = Field(
+        1,
+        ge=1,
+        description="multislice: slices of the accelerator type (MEGASCALE_* env on every host)",
+    )
+    megascale_port: int = Field(
+        8080,
+        ge=1024,
+        le=65535,
+        description="multislice coordinator port (MEGASCALE_COORDINATOR_ADDRESS)",
+    )
 
     @field_validator("accelerator")
     @classmethod
@@ -75,10 +101,16 @@ def cpu_opt_in(config: object | None = None, environ: dict[str, str] | None = No
     return bool(getattr(getattr(config, "xla", None), "allow_cpu", False))
 
 
-def planned_accelerator(config: object | None = None, environ: dict[str, str] | None = None) -> str | None:
+def planned_accelerator(
+    config: object | None = None, environ: dict[str, str] | None = None
+) -> str | None:
     """``xla.accelerator`` from the config, else ``AIOS_XLA__ACCELERATOR`` (no config given)."""
     env = os.environ if environ is None else environ
-    return getattr(getattr(config, "xla", None), "accelerator", None) or env.get("AIOS_XLA__ACCELERATOR") or None
+    return (
+        getattr(getattr(config, "xla", None), "accelerator", None)
+        or env.get("AIOS_XLA__ACCELERATOR")
+        or None
+    )
 
 
 def settings_of(config: object | None) -> XlaSettings:

@@ -34,16 +34,17 @@ import contextlib
 import logging
 import os
 import warnings
-from typing import TYPE_CHECKING, Any, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from aios.errors import ConfigError
 from aios.strategy import Strategy
+
 from aios_backend_xla.compile_guard import CompileGuard
 from aios_backend_xla.settings import XlaSettings, settings_of
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
-
     from aios.config import AiosConfig
     from aios.precision import Precision
 
@@ -65,7 +66,9 @@ class XlaStrategy(Strategy):
     name = "xla"
     autocast_device_type = "xla"
 
-    def __init__(self, config: AiosConfig, pjrt_device: str = "TPU", settings: XlaSettings | None = None) -> None:
+    def __init__(
+        self, config: AiosConfig, pjrt_device: str = "TPU", settings: XlaSettings | None = None
+    ) -> None:
         super().__init__(config)
         self.pjrt_device = pjrt_device.upper()
         self.settings = settings or settings_of(config)
@@ -89,7 +92,9 @@ class XlaStrategy(Strategy):
                 f"PJRT_DEVICE={current} but the {self.name} backend was set up for {self.pjrt_device}",
                 f"unset PJRT_DEVICE or set PJRT_DEVICE={self.pjrt_device}",
             )
-        os.environ["PJRT_DEVICE"] = self.pjrt_device  # explicit: never torch_xla's silent CPU default
+        os.environ["PJRT_DEVICE"] = (
+            self.pjrt_device
+        )  # explicit: never torch_xla's silent CPU default
         cache = os.environ.get("XLA_PERSISTENT_CACHE_PATH")
         if cache:
             cache = os.path.expanduser(cache)
@@ -131,7 +136,12 @@ class XlaStrategy(Strategy):
             self._owns_group = True
 
     def start_guard(self) -> None:
-        self.guard = CompileGuard(self.settings.warmup_steps, self.settings.max_recompiles, self.read_compiles, backend=self.name)
+        self.guard = CompileGuard(
+            self.settings.warmup_steps,
+            self.settings.max_recompiles,
+            self.read_compiles,
+            backend=self.name,
+        )
 
     def read_compiles(self) -> int:
         from aios_backend_xla.compile_guard import read_uncached_compiles
@@ -156,7 +166,9 @@ class XlaStrategy(Strategy):
             import torch
 
             def record(mod: Any, args: Any, kwargs: Any) -> None:
-                mode = ("train" if mod.training else "eval") + ("" if torch.is_grad_enabled() else ", no_grad")
+                mode = ("train" if mod.training else "eval") + (
+                    "" if torch.is_grad_enabled() else ", no_grad"
+                )
                 guard.observe(args, "forward", mode)
                 if kwargs:
                     guard.observe(kwargs, "forward", mode)
@@ -170,7 +182,8 @@ class XlaStrategy(Strategy):
             if optimizer.defaults.get(opt) or any(g.get(opt) for g in optimizer.param_groups):
                 warnings.warn(
                     f"{type(optimizer).__name__}({opt}=True) selects a CUDA kernel that does not run on XLA; aios turned it off",
-                    UserWarning, stacklevel=2,
+                    UserWarning,
+                    stacklevel=2,
                 )
                 optimizer.defaults[opt] = False
                 for g in optimizer.param_groups:
@@ -180,14 +193,19 @@ class XlaStrategy(Strategy):
 
     def setup_dataloader(self, loader: Any, shuffle: bool | None = None) -> Any:
         from aios.data import DeviceLoader
+
         from aios_backend_xla.loader import XlaDeviceLoader, xla_shard_loader
 
         if isinstance(loader, DeviceLoader):
             return loader
         seed = self.config.seed if self.config.seed is not None else 0
-        cpu = xla_shard_loader(loader, self.data_rank(), self.data_world(), seed, shuffle, self.settings.drop_last)
+        cpu = xla_shard_loader(
+            loader, self.data_rank(), self.data_world(), seed, shuffle, self.settings.drop_last
+        )
         self.check_batch(cpu)
-        return XlaDeviceLoader(cpu, self.device, prefetch=self.settings.prefetch, input_sharding=self.input_sharding())
+        return XlaDeviceLoader(
+            cpu, self.device, prefetch=self.settings.prefetch, input_sharding=self.input_sharding()
+        )
 
     def data_rank(self) -> int:
         return self.rank
@@ -226,7 +244,13 @@ class XlaStrategy(Strategy):
     def reduce_gradients(self, optimizer: torch.optim.Optimizer) -> None:
         self.reduce_once(optimizer)
 
-    def clip_grad_norm(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, max_norm: float, precision: Precision) -> Any:
+    def clip_grad_norm(
+        self,
+        module: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        max_norm: float,
+        precision: Precision,
+    ) -> Any:
         import torch
 
         self.reduce_once(optimizer)  # clip the global (reduced) gradient, exactly once
@@ -262,7 +286,12 @@ class XlaStrategy(Strategy):
             return tensor
         import torch_xla.core.xla_model as xm
 
-        kinds = {"sum": xm.REDUCE_SUM, "mean": xm.REDUCE_SUM, "max": xm.REDUCE_MAX, "min": xm.REDUCE_MIN}
+        kinds = {
+            "sum": xm.REDUCE_SUM,
+            "mean": xm.REDUCE_SUM,
+            "max": xm.REDUCE_MAX,
+            "min": xm.REDUCE_MIN,
+        }
         if op not in kinds:
             raise ValueError(f"unknown reduce op {op!r}")
         out = xm.all_reduce(kinds[op], tensor, scale=1.0 / self.world_size if op == "mean" else 1.0)
@@ -280,7 +309,9 @@ class XlaStrategy(Strategy):
             return obj
         import torch_xla.core.xla_model as xm
 
-        return xm.mesh_reduce("aios-broadcast", (self.rank, obj), lambda items: next(o for r, o in items if r == src))
+        return xm.mesh_reduce(
+            "aios-broadcast", (self.rank, obj), lambda items: next(o for r, o in items if r == src)
+        )
 
     def any_rank(self, flag: bool) -> bool:
         if self.world_size == 1:
@@ -307,10 +338,17 @@ class XlaStrategy(Strategy):
     def module_state_dict(self, module: torch.nn.Module) -> dict[str, Any]:
         return self._to_cpu(self.unwrap(module).state_dict())
 
-    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer, module: torch.nn.Module | None = None) -> dict[str, Any]:
+    def optimizer_state_dict(
+        self, optimizer: torch.optim.Optimizer, module: torch.nn.Module | None = None
+    ) -> dict[str, Any]:
         return self._to_cpu(optimizer.state_dict())
 
-    def load_optimizer_state_dict(self, optimizer: torch.optim.Optimizer, state: dict[str, Any], module: torch.nn.Module | None = None) -> None:
+    def load_optimizer_state_dict(
+        self,
+        optimizer: torch.optim.Optimizer,
+        state: dict[str, Any],
+        module: torch.nn.Module | None = None,
+    ) -> None:
         optimizer.load_state_dict(state)  # torch casts state tensors to each param's device
         self.mark_step()
 
@@ -344,7 +382,11 @@ class XlaStrategy(Strategy):
 
     # ---------------------------------------------------------------- diagnostics
     def metrics(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"pjrt_device": self.pjrt_device, "strategy": self.name, "world_size": self.world_size}
+        out: dict[str, Any] = {
+            "pjrt_device": self.pjrt_device,
+            "strategy": self.name,
+            "world_size": self.world_size,
+        }
         out.update(xla_metrics())
         if self.guard is not None:
             out["compile_guard"] = self.guard.summary()
@@ -409,7 +451,9 @@ def move_module(module: torch.nn.Module, device: Any) -> dict[int, tuple[Any, An
     return moved
 
 
-def remap_optimizer(optimizer: torch.optim.Optimizer, moved: dict[int, tuple[Any, Any]], device: Any) -> None:
+def remap_optimizer(
+    optimizer: torch.optim.Optimizer, moved: dict[int, tuple[Any, Any]], device: Any
+) -> None:
     """Point an optimizer built before :func:`move_module`'s fallback at the moved parameters
     (and move any state it already has). Entries hold the old object, so ids are never reused."""
     if not moved:
@@ -421,7 +465,14 @@ def remap_optimizer(optimizer: torch.optim.Optimizer, moved: dict[int, tuple[Any
             entry = moved.get(id(p))
             q = entry[1] if entry is not None and entry[0] is p else p
             if q is not p and p in state:
-                state[q] = {k: (v.to(device) if hasattr(v, "to") and getattr(v, "dim", lambda: 1)() > 0 else v) for k, v in state.pop(p).items()}
+                state[q] = {
+                    k: (
+                        v.to(device)
+                        if hasattr(v, "to") and getattr(v, "dim", lambda: 1)() > 0
+                        else v
+                    )
+                    for k, v in state.pop(p).items()
+                }
             new_params.append(q)
         group["params"] = new_params
 
@@ -442,11 +493,17 @@ def xla_metrics() -> dict[str, Any]:
 
     counters = {n: int(met.counter_value(n) or 0) for n in met.counter_names()}
     return {
-        "compile": {**metric("CompileTime"), "uncached": counters.get("UncachedCompile", 0), "cached": counters.get("CachedCompile", 0)},
+        "compile": {
+            **metric("CompileTime"),
+            "uncached": counters.get("UncachedCompile", 0),
+            "cached": counters.get("CachedCompile", 0),
+        },
         "execute": metric("ExecuteTime"),
         "transfer_to_device": metric("TransferToDeviceTime"),
         "transfer_from_device": metric("TransferFromDeviceTime"),
-        "aten_fallbacks": {n.removeprefix("aten::"): c for n, c in counters.items() if n.startswith("aten::")},
+        "aten_fallbacks": {
+            n.removeprefix("aten::"): c for n, c in counters.items() if n.startswith("aten::")
+        },
         "mark_steps": counters.get("MarkStep", 0),
     }
 

@@ -22,7 +22,14 @@ from dataclasses import asdict, dataclass
 
 from aios.errors import ConfigError
 
-__all__ = ["TpuGeneration", "TpuTopology", "GENERATIONS", "ALIASES", "parse_accelerator_type", "known_types"]
+__all__ = [
+    "TpuGeneration",
+    "TpuTopology",
+    "GENERATIONS",
+    "ALIASES",
+    "parse_accelerator_type",
+    "known_types",
+]
 
 
 @dataclass(frozen=True)
@@ -63,54 +70,123 @@ class TpuGeneration:
 
 GENERATIONS: dict[str, TpuGeneration] = {
     "v2": TpuGeneration(
-        "v2", "v2", "tensorcores", cores_per_chip=2, devices_per_chip=2, max_chips_per_host=4,
-        multihost_chips_per_host=4, hbm_gib_per_chip=16, bf16_tflops_per_chip=45.0,
-        runtime_version="tpu-ubuntu2204-base", pci_device_ids=("0x0027",), max_size=512,
+        "v2",
+        "v2",
+        "tensorcores",
+        cores_per_chip=2,
+        devices_per_chip=2,
+        max_chips_per_host=4,
+        multihost_chips_per_host=4,
+        hbm_gib_per_chip=16,
+        bf16_tflops_per_chip=45.0,
+        runtime_version="tpu-ubuntu2204-base",
+        pci_device_ids=("0x0027",),
+        max_size=512,
         sizes=(8, 32, 128, 256, 512),
     ),
     "v3": TpuGeneration(
-        "v3", "v3", "tensorcores", cores_per_chip=2, devices_per_chip=2, max_chips_per_host=4,
-        multihost_chips_per_host=4, hbm_gib_per_chip=32, bf16_tflops_per_chip=123.0,
-        runtime_version="tpu-ubuntu2204-base", pci_device_ids=("0x0027",), max_size=2048,
+        "v3",
+        "v3",
+        "tensorcores",
+        cores_per_chip=2,
+        devices_per_chip=2,
+        max_chips_per_host=4,
+        multihost_chips_per_host=4,
+        hbm_gib_per_chip=32,
+        bf16_tflops_per_chip=123.0,
+        runtime_version="tpu-ubuntu2204-base",
+        pci_device_ids=("0x0027",),
+        max_size=2048,
         sizes=(8, 32, 64, 128, 256, 512, 1024, 2048),
     ),
     "v4": TpuGeneration(
-        "v4", "v4", "tensorcores", cores_per_chip=2, devices_per_chip=1, max_chips_per_host=4,
-        multihost_chips_per_host=4, hbm_gib_per_chip=32, bf16_tflops_per_chip=275.0,
-        runtime_version="tpu-ubuntu2204-base", pci_device_ids=("0x005e",), max_size=8192,
+        "v4",
+        "v4",
+        "tensorcores",
+        cores_per_chip=2,
+        devices_per_chip=1,
+        max_chips_per_host=4,
+        multihost_chips_per_host=4,
+        hbm_gib_per_chip=32,
+        bf16_tflops_per_chip=275.0,
+        runtime_version="tpu-ubuntu2204-base",
+        pci_device_ids=("0x005e",),
+        max_size=8192,
     ),
     "v5e": TpuGeneration(
-        "v5e", "v5litepod", "chips", cores_per_chip=1, devices_per_chip=1, max_chips_per_host=8,
-        multihost_chips_per_host=4, hbm_gib_per_chip=16, bf16_tflops_per_chip=197.0,
-        runtime_version="v2-alpha-tpuv5-lite", pci_device_ids=("0x0063",), max_size=256,
-        single_host_sizes=(1, 4, 8), sizes=(1, 4, 8, 16, 32, 64, 128, 256),
+        "v5e",
+        "v5litepod",
+        "chips",
+        cores_per_chip=1,
+        devices_per_chip=1,
+        max_chips_per_host=8,
+        multihost_chips_per_host=4,
+        hbm_gib_per_chip=16,
+        bf16_tflops_per_chip=197.0,
+        runtime_version="v2-alpha-tpuv5-lite",
+        pci_device_ids=("0x0063",),
+        max_size=256,
+        single_host_sizes=(1, 4, 8),
+        sizes=(1, 4, 8, 16, 32, 64, 128, 256),
     ),
     "v5p": TpuGeneration(
-        "v5p", "v5p", "tensorcores", cores_per_chip=2, devices_per_chip=1, max_chips_per_host=4,
-        multihost_chips_per_host=4, hbm_gib_per_chip=95, bf16_tflops_per_chip=459.0,
-        runtime_version="v2-alpha-tpuv5", pci_device_ids=("0x0062",), max_size=12288,
+        "v5p",
+        "v5p",
+        "tensorcores",
+        cores_per_chip=2,
+        devices_per_chip=1,
+        max_chips_per_host=4,
+        multihost_chips_per_host=4,
+        hbm_gib_per_chip=95,
+        bf16_tflops_per_chip=459.0,
+        runtime_version="v2-alpha-tpuv5",
+        pci_device_ids=("0x0062",),
+        max_size=12288,
     ),
     "v6e": TpuGeneration(
-        "v6e", "v6e", "chips", cores_per_chip=1, devices_per_chip=1, max_chips_per_host=8,
-        multihost_chips_per_host=4, hbm_gib_per_chip=32, bf16_tflops_per_chip=918.0,
-        runtime_version="v2-alpha-tpuv6e", pci_device_ids=("0x006f",), max_size=256,
-        single_host_sizes=(1, 4, 8), sizes=(1, 4, 8, 16, 32, 64, 128, 256),
+        "v6e",
+        "v6e",
+        "chips",
+        cores_per_chip=1,
+        devices_per_chip=1,
+        max_chips_per_host=8,
+        multihost_chips_per_host=4,
+        hbm_gib_per_chip=32,
+        bf16_tflops_per_chip=918.0,
+        runtime_version="v2-alpha-tpuv6e",
+        pci_device_ids=("0x006f",),
+        max_size=256,
+        single_host_sizes=(1, 4, 8),
+        sizes=(1, 4, 8, 16, 32, 64, 128, 256),
     ),
 }
 
 # Prefixes people write -> generation. ``v5litepod`` is what gcloud and the API use for v5e.
 ALIASES: dict[str, str] = {
-    "v2": "v2", "v3": "v3", "v4": "v4", "v5p": "v5p", "v6e": "v6e",
-    "v5litepod": "v5e", "v5e": "v5e", "v5lite": "v5e", "v5lite_pod": "v5e",
-    "v6": "v6e", "trillium": "v6e",
+    "v2": "v2",
+    "v3": "v3",
+    "v4": "v4",
+    "v5p": "v5p",
+    "v6e": "v6e",
+    "v5litepod": "v5e",
+    "v5e": "v5e",
+    "v5lite": "v5e",
+    "v5lite_pod": "v5e",
+    "v6": "v6e",
+    "trillium": "v6e",
 }
 
 # PCI device ids (vendor 0x1ae0) that torch_xla counts as TPU chips, with the generation they
 # name where known (v2 and v3 share 0x0027; 0x0056/0x0062/0x0076 are listed without a public name).
 TPU_PCI_VENDOR = "0x1ae0"
 PCI_DEVICE_IDS: dict[str, str] = {
-    "0x0027": "v2/v3", "0x005e": "v4", "0x0063": "v5e", "0x006f": "v6e",
-    "0x0056": "", "0x0062": "v5p", "0x0076": "tpu7x",
+    "0x0027": "v2/v3",
+    "0x005e": "v4",
+    "0x0063": "v5e",
+    "0x006f": "v6e",
+    "0x0056": "",
+    "0x0062": "v5p",
+    "0x0076": "tpu7x",
 }
 
 _TYPE_RE = re.compile(r"^\s*(?:tpu-?)?([a-z0-9_]+?)-(\d+)\s*$", re.IGNORECASE)
@@ -210,17 +286,25 @@ def parse_accelerator_type(text: str) -> TpuTopology:
 
     if gen.counts == "tensorcores":
         if num % gen.cores_per_chip:
-            raise _bad(text, f"{gen.name} sizes count TensorCores ({gen.cores_per_chip} per chip), so they are even")
+            raise _bad(
+                text,
+                f"{gen.name} sizes count TensorCores ({gen.cores_per_chip} per chip), so they are even",
+            )
         chips = num // gen.cores_per_chip
         per_host_cores = gen.max_chips_per_host * gen.cores_per_chip
         if chips > gen.max_chips_per_host and num % per_host_cores:
-            raise _bad(text, f"multi-host {gen.name} slices come in multiples of {per_host_cores} TensorCores ({gen.max_chips_per_host} chips per host)")
+            raise _bad(
+                text,
+                f"multi-host {gen.name} slices come in multiples of {per_host_cores} TensorCores ({gen.max_chips_per_host} chips per host)",
+            )
         if chips < gen.max_chips_per_host:
             raise _bad(text, f"the smallest {gen.name} slice is {gen.type_prefix}-{per_host_cores}")
     else:
         chips = num
 
-    if chips <= gen.max_chips_per_host and (not gen.single_host_sizes or chips in gen.single_host_sizes):
+    if chips <= gen.max_chips_per_host and (
+        not gen.single_host_sizes or chips in gen.single_host_sizes
+    ):
         hosts, chips_per_host = 1, chips
     else:
         cph = gen.multihost_chips_per_host

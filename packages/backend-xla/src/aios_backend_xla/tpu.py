@@ -36,17 +36,20 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from aios.contract import NNODES_ENV, NODE_RANK_ENV
 from aios.errors import BackendUnavailable, ConfigError, LaunchError
 from aios.launch import BACKEND_ENV
 from aios.types import Host, HostPlan, LaunchPlan, LaunchRequest
+
 from aios_backend_xla.settings import settings_of
 from aios_backend_xla.topology import TpuTopology
 
 if TYPE_CHECKING:  # pragma: no cover
     from aios.config import AiosConfig
+
     from aios_backend_xla.discovery import TpuFacts
 
 TPU_BACKEND = "tpu"
@@ -61,7 +64,12 @@ INSTALL = "pip install torch==2.13.0 torch_tpu==0.2.0 (from the public registry;
 # TORCH_TPU_TOPOLOGY per chip count on one host, by generation (TorchTPU 0.2.0's own tables).
 _V4_LIKE = {1: "1,1,1", 2: "1,2,1", 4: "2,2,1", 8: "2,2,2"}
 _V5E_LIKE = {1: "1,1,1", 4: "2,2,1", 8: "2,4,1"}
-HOST_TOPOLOGY: dict[str, dict[int, str]] = {"v4": _V4_LIKE, "v5p": _V4_LIKE, "v5e": _V5E_LIKE, "v6e": _V5E_LIKE}
+HOST_TOPOLOGY: dict[str, dict[int, str]] = {
+    "v4": _V4_LIKE,
+    "v5p": _V4_LIKE,
+    "v5e": _V5E_LIKE,
+    "v6e": _V5E_LIKE,
+}
 
 
 # ------------------------------------------------------------------------------ what is installed
@@ -95,14 +103,20 @@ def check_backend_runtime(backend: str, config: Any = None) -> None:
     """A backend that contradicts ``xla.runtime`` is a one-line error."""
     rt = runtime_setting(config)
     if backend == TPU_BACKEND and rt == "torch_xla":
-        raise ConfigError("--backend tpu runs TorchTPU, but xla.runtime=torch_xla is set",
-                          "use --backend xla for torch_xla, or set xla.runtime=auto (or torch_tpu)")
+        raise ConfigError(
+            "--backend tpu runs TorchTPU, but xla.runtime=torch_xla is set",
+            "use --backend xla for torch_xla, or set xla.runtime=auto (or torch_tpu)",
+        )
     if backend == XLA_BACKEND and rt == "torch_tpu":
-        raise ConfigError("--backend xla runs torch_xla, but xla.runtime=torch_tpu is set",
-                          "use --backend tpu for TorchTPU, or set xla.runtime=auto (or torch_xla)")
+        raise ConfigError(
+            "--backend xla runs torch_xla, but xla.runtime=torch_tpu is set",
+            "use --backend tpu for TorchTPU, or set xla.runtime=auto (or torch_xla)",
+        )
 
 
-def preflight(host: str | None = None, versions: Mapping[str, str | None] | None = None, config: Any = None) -> Any:
+def preflight(
+    host: str | None = None, versions: Mapping[str, str | None] | None = None, config: Any = None
+) -> Any:
     """Everything TorchTPU needs, checked without importing it: the package, libtpu (``import
     torch_tpu`` without it exits the process) and the version set (torch in 2.11-2.15, libtpu >=
     0.0.50). Returns the matched :class:`aios.versions.VersionSet`; raises a one-line
@@ -112,11 +126,17 @@ def preflight(host: str | None = None, versions: Mapping[str, str | None] | None
     given = dict(versions or {})
     rt = runtime_setting(config)
     if not (given.get("torch_tpu") if "torch_tpu" in given else torch_tpu_installed()):
-        why = "xla.runtime=torch_tpu is set but torch_tpu is not installed" if rt == "torch_tpu" else "torch_tpu (TorchTPU) is not installed"
+        why = (
+            "xla.runtime=torch_tpu is set but torch_tpu is not installed"
+            if rt == "torch_tpu"
+            else "torch_tpu (TorchTPU) is not installed"
+        )
         raise BackendUnavailable(why, f"{INSTALL}; or use torch_xla with --backend xla")
     if not (given.get("libtpu") if "libtpu" in given else _spec("libtpu")):
-        raise BackendUnavailable("libtpu is not installed: importing torch_tpu would exit the process",
-                                 "pip install 'libtpu>=0.0.50' (torch_tpu's dependency)")
+        raise BackendUnavailable(
+            "libtpu is not installed: importing torch_tpu would exit the process",
+            "pip install 'libtpu>=0.0.50' (torch_tpu's dependency)",
+        )
     return V.require("torch_tpu", host=host, versions=versions)
 
 
@@ -128,24 +148,38 @@ def host_topology(topo: TpuTopology, nprocs: int | None = None) -> str:
     n = nprocs or topo.chips_per_host
     table = HOST_TOPOLOGY.get(topo.generation)
     if table is None:
-        raise ConfigError(f"TorchTPU does not drive TPU {topo.generation} ({topo.accelerator_type})",
-                          "use v4, v5e, v5p or v6e with --backend tpu, or torch_xla with --backend xla")
+        raise ConfigError(
+            f"TorchTPU does not drive TPU {topo.generation} ({topo.accelerator_type})",
+            "use v4, v5e, v5p or v6e with --backend tpu, or torch_xla with --backend xla",
+        )
     if n not in table:
-        raise LaunchError(f"TorchTPU has no topology for {n} chips on a TPU {topo.generation} host",
-                          f"use --nprocs auto or one of {', '.join(str(k) for k in table)}")
+        raise LaunchError(
+            f"TorchTPU has no topology for {n} chips on a TPU {topo.generation} host",
+            f"use --nprocs auto or one of {', '.join(str(k) for k in table)}",
+        )
     return table[n]
 
 
-def launch_env(hosts: list[str], node_rank: int, nproc_per_node: int, topology: str, master_port: int,
-               base_port: int = 8070) -> dict[str, str]:
+def launch_env(
+    hosts: list[str],
+    node_rank: int,
+    nproc_per_node: int,
+    topology: str,
+    master_port: int,
+    base_port: int = 8070,
+) -> dict[str, str]:
     """The TorchTPU launch environment of host ``node_rank`` (see the module docstring)."""
     if len(hosts) <= 1:
         return {
-            "TORCH_TPU_SLICEBUILDER_ADDRESSES": ",".join(f"localhost:{base_port + i}" for i in range(nproc_per_node)),
+            "TORCH_TPU_SLICEBUILDER_ADDRESSES": ",".join(
+                f"localhost:{base_port + i}" for i in range(nproc_per_node)
+            ),
             "TORCH_TPU_TOPOLOGY": topology,
         }
     return {
-        "TORCH_TPU_SLICEBUILDER_ADDRESSES": ",".join(f"{h}:{base_port + i}" for h in hosts for i in range(nproc_per_node)),
+        "TORCH_TPU_SLICEBUILDER_ADDRESSES": ",".join(
+            f"{h}:{base_port + i}" for h in hosts for i in range(nproc_per_node)
+        ),
         "NNODES": str(len(hosts)),
         "NODE_RANK": str(node_rank),
         "MASTER_ADDR": hosts[0],
@@ -181,7 +215,9 @@ def cache_env(config: Any, local: bool) -> dict[str, str]:
 # ------------------------------------------------------------------------------ the plan
 
 
-def _slice_hosts(topo: TpuTopology, request: LaunchRequest, facts: TpuFacts | None, num_slices: int) -> tuple[list[Host], list[str]]:
+def _slice_hosts(
+    topo: TpuTopology, request: LaunchRequest, facts: TpuFacts | None, num_slices: int
+) -> tuple[list[Host], list[str]]:
     from aios_backend_xla.launch import _hosts_for
 
     if num_slices == 1:
@@ -190,16 +226,29 @@ def _slice_hosts(topo: TpuTopology, request: LaunchRequest, facts: TpuFacts | No
     given = request.hosts or [Host()]
     if len(given) > 1:
         if len(given) != total:
-            raise LaunchError(f"{num_slices} slices of {topo.accelerator_type} have {total} hosts but {len(given)} were given",
-                              f"pass all {total} workers (slice by slice), or fix xla.num_slices")
+            raise LaunchError(
+                f"{num_slices} slices of {topo.accelerator_type} have {total} hosts but {len(given)} were given",
+                f"pass all {total} workers (slice by slice), or fix xla.num_slices",
+            )
         return [Host(h.address, h.internal_address, i) for i, h in enumerate(given)], []
-    note = (f"{num_slices} slices x {topo.hosts} host(s) of {topo.accelerator_type}: run each host's command on that host "
-            "(aios launch --cloud gcp does this); host names below are placeholders")
-    return [Host(f"tpu-slice{s}-worker-{w}", None, s * topo.hosts + w) for s in range(num_slices) for w in range(topo.hosts)], [note]
+    note = (
+        f"{num_slices} slices x {topo.hosts} host(s) of {topo.accelerator_type}: run each host's command on that host "
+        "(aios launch --cloud gcp does this); host names below are placeholders"
+    )
+    return [
+        Host(f"tpu-slice{s}-worker-{w}", None, s * topo.hosts + w)
+        for s in range(num_slices)
+        for w in range(topo.hosts)
+    ], [note]
 
 
-def torch_tpu_plan(config: AiosConfig, request: LaunchRequest, topo: TpuTopology, facts: TpuFacts | None = None,
-                   python: str | None = None) -> LaunchPlan:
+def torch_tpu_plan(
+    config: AiosConfig,
+    request: LaunchRequest,
+    topo: TpuTopology,
+    facts: TpuFacts | None = None,
+    python: str | None = None,
+) -> LaunchPlan:
     """One TorchTPU process per chip on every host of the slice (or slices)."""
     python = getattr(request, "python", None) or python or sys.executable
     s = settings_of(config)
@@ -210,8 +259,10 @@ def torch_tpu_plan(config: AiosConfig, request: LaunchRequest, topo: TpuTopology
     else:
         nprocs = int(config.nprocs)
         if len(hosts) > 1 and nprocs != per_host:
-            raise LaunchError(f"--nprocs {nprocs} does not fit {topo.accelerator_type}: TorchTPU runs one process per chip ({per_host} per host) on multi-host slices",
-                              f"use --nprocs auto or --nprocs {per_host}")
+            raise LaunchError(
+                f"--nprocs {nprocs} does not fit {topo.accelerator_type}: TorchTPU runs one process per chip ({per_host} per host) on multi-host slices",
+                f"use --nprocs auto or --nprocs {per_host}",
+            )
     topology = host_topology(topo, nprocs)
     per_slice = topo.hosts
     world = len(hosts) * nprocs
@@ -221,38 +272,73 @@ def torch_tpu_plan(config: AiosConfig, request: LaunchRequest, topo: TpuTopology
     for i, host in enumerate(hosts):
         slice_id, in_slice = divmod(i, per_slice)
         names = [h.internal_address or h.address for h in hosts]
-        slice_names = names[slice_id * per_slice:(slice_id + 1) * per_slice]
+        slice_names = names[slice_id * per_slice : (slice_id + 1) * per_slice]
         master = "localhost" if len(hosts) == 1 else names[0]
-        env = {BACKEND_ENV: TPU_BACKEND, AUTOLOAD_ENV: "1", NODE_RANK_ENV: str(i), NNODES_ENV: str(len(hosts))}
-        env.update(launch_env(slice_names, in_slice, nprocs, topology, config.master_port, s.tpu_base_port))
+        env = {
+            BACKEND_ENV: TPU_BACKEND,
+            AUTOLOAD_ENV: "1",
+            NODE_RANK_ENV: str(i),
+            NNODES_ENV: str(len(hosts)),
+        }
+        env.update(
+            launch_env(slice_names, in_slice, nprocs, topology, config.master_port, s.tpu_base_port)
+        )
         if s.num_slices > 1:
             # ranks span every slice: the rendezvous is over all hosts
-            env.update(NNODES=str(len(hosts)), NODE_RANK=str(i), MASTER_ADDR=master, MASTER_PORT=str(config.master_port))
+            env.update(
+                NNODES=str(len(hosts)),
+                NODE_RANK=str(i),
+                MASTER_ADDR=master,
+                MASTER_PORT=str(config.master_port),
+            )
             env.update(megascale_env(slice_id, s.num_slices, names[0], s.megascale_port))
         env.update(caches)
         cmd = [python, "-m", LAUNCHER_MODULE, "--nprocs", str(nprocs)]
         cmd += ["-m", request.script] if request.module else [request.script]
         cmd += list(request.args)
-        ranks = [{
-            "RANK": str(i * nprocs + lr), "LOCAL_RANK": str(lr), "WORLD_SIZE": str(world),
-            "LOCAL_WORLD_SIZE": str(nprocs), "GROUP_RANK": str(i), "MASTER_ADDR": master,
-            "MASTER_PORT": str(config.master_port),
-        } for lr in range(nprocs)]
+        ranks = [
+            {
+                "RANK": str(i * nprocs + lr),
+                "LOCAL_RANK": str(lr),
+                "WORLD_SIZE": str(world),
+                "LOCAL_WORLD_SIZE": str(nprocs),
+                "GROUP_RANK": str(i),
+                "MASTER_ADDR": master,
+                "MASTER_PORT": str(config.master_port),
+            }
+            for lr in range(nprocs)
+        ]
         plans.append(HostPlan(host=host, nprocs=nprocs, env=env, command=cmd, ranks=ranks))
-    notes.insert(0, (
-        f"{topo.accelerator_type} on TorchTPU: TPU {topo.generation}, {topo.chips} chips on {topo.hosts} host(s)"
-        f"{f' x {s.num_slices} slices' if s.num_slices > 1 else ''}, one process per chip ({nprocs}/host, spawned), "
-        f"process group 'tpu', TORCH_TPU_TOPOLOGY={topology}"
-    ))
-    notes.append("every host checks its versions (torch_tpu / torch / libtpu) before its workers start")
+    notes.insert(
+        0,
+        (
+            f"{topo.accelerator_type} on TorchTPU: TPU {topo.generation}, {topo.chips} chips on {topo.hosts} host(s)"
+            f"{f' x {s.num_slices} slices' if s.num_slices > 1 else ''}, one process per chip ({nprocs}/host, spawned), "
+            f"process group 'tpu', TORCH_TPU_TOPOLOGY={topology}"
+        ),
+    )
+    notes.append(
+        "every host checks its versions (torch_tpu / torch / libtpu) before its workers start"
+    )
     if caches:
-        notes.append(f"TorchTPU compilation caches: {caches[TIER2_ENV]}, {caches[TIER3_ENV]} (xla.tpu_compile_cache_dir='' to disable)")
+        notes.append(
+            f"TorchTPU compilation caches: {caches[TIER2_ENV]}, {caches[TIER3_ENV]} (xla.tpu_compile_cache_dir='' to disable)"
+        )
     if s.num_slices > 1:
-        notes.append(f"multislice: MEGASCALE_COORDINATOR_ADDRESS={names[0]}:{s.megascale_port} on every host")
-    return LaunchPlan(backend=TPU_BACKEND, launcher="torch_tpu", world_size=world, hosts=plans, notes=notes)
+        notes.append(
+            f"multislice: MEGASCALE_COORDINATOR_ADDRESS={names[0]}:{s.megascale_port} on every host"
+        )
+    return LaunchPlan(
+        backend=TPU_BACKEND, launcher="torch_tpu", world_size=world, hosts=plans, notes=notes
+    )
 
 
-def tpu_launch_plan(config: AiosConfig, request: LaunchRequest, facts: TpuFacts | None = None, python: str | None = None) -> LaunchPlan:
+def tpu_launch_plan(
+    config: AiosConfig,
+    request: LaunchRequest,
+    facts: TpuFacts | None = None,
+    python: str | None = None,
+) -> LaunchPlan:
     """``aios-run --backend tpu``'s plan. Off a TPU with ``xla.accelerator`` set, the plan is
     built for that slice (dry-run, cloud launches); running it here is refused by the launcher."""
     from aios_backend_xla.launch import no_tpu_error, target_topology
@@ -261,11 +347,15 @@ def tpu_launch_plan(config: AiosConfig, request: LaunchRequest, facts: TpuFacts 
     topo = target_topology(config, request, facts)
     if topo is None:
         if facts is not None and facts.present:
-            raise LaunchError(f"a TPU is attached ({facts.pci_chips} chips on the PCI bus) but its accelerator type is unknown",
-                              "set xla.accelerator=<type> (e.g. v6e-8)")
+            raise LaunchError(
+                f"a TPU is attached ({facts.pci_chips} chips on the PCI bus) but its accelerator type is unknown",
+                "set xla.accelerator=<type> (e.g. v6e-8)",
+            )
         err = no_tpu_error(facts)
-        raise BackendUnavailable(err.message.replace("backend 'xla'", "backend 'tpu'"),
-                                 "run on a Cloud TPU VM, or plan for one with xla.accelerator=<type> (e.g. v6e-8) and --dry-run")
+        raise BackendUnavailable(
+            err.message.replace("backend 'xla'", "backend 'tpu'"),
+            "run on a Cloud TPU VM, or plan for one with xla.accelerator=<type> (e.g. v6e-8) and --dry-run",
+        )
     if facts is not None and facts.present:  # training here: the runtime must be usable
         preflight(config=config)
     return torch_tpu_plan(config, request, topo, facts, python)

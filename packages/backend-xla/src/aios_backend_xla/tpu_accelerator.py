@@ -60,8 +60,10 @@ class TpuAccelerator(Accelerator):
         from aios.errors import BackendUnavailable
 
         if not self.is_available():
-            raise BackendUnavailable("TorchTPU sees no TPU in this process (torch.accelerator reports none)",
-                                     "run on a Cloud TPU VM through aios-run --backend tpu (one process per chip)")
+            raise BackendUnavailable(
+                "TorchTPU sees no TPU in this process (torch.accelerator reports none)",
+                "run on a Cloud TPU VM through aios-run --backend tpu (one process per chip)",
+            )
 
     def is_available(self) -> bool:
         import torch
@@ -91,7 +93,10 @@ class TpuAccelerator(Accelerator):
         import torch
 
         out: dict[str, int] = {}
-        for key, fn in (("max_memory_allocated", "max_memory_allocated"), ("memory_allocated", "memory_allocated")):
+        for key, fn in (
+            ("max_memory_allocated", "max_memory_allocated"),
+            ("memory_allocated", "memory_allocated"),
+        ):
             f = getattr(torch.accelerator, fn, None)
             if f is not None:
                 with contextlib.suppress(Exception):

@@ -28,7 +28,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Mapping
+from collections.abc import Mapping
 
 from aios.contract import HOST_ENV, LOCAL_INDEX_ENV, NNODES_ENV, NODE_RANK_ENV
 from aios.errors import AiosError, LaunchError
@@ -37,9 +37,15 @@ GRACE_S = 10.0
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m aios_backend_xla.tpu_launcher", description=__doc__.split("\n\n")[1])
-    p.add_argument("--nprocs", default="auto", help="processes on this host: auto (one per chip) or a count")
-    p.add_argument("-m", dest="module", action="store_true", help="run SCRIPT as a module (python -m)")
+    p = argparse.ArgumentParser(
+        prog="python -m aios_backend_xla.tpu_launcher", description=__doc__.split("\n\n")[1]
+    )
+    p.add_argument(
+        "--nprocs", default="auto", help="processes on this host: auto (one per chip) or a count"
+    )
+    p.add_argument(
+        "-m", dest="module", action="store_true", help="run SCRIPT as a module (python -m)"
+    )
     p.add_argument("script")
     p.add_argument("args", nargs=argparse.REMAINDER)
     return p.parse_args(argv)
@@ -57,15 +63,26 @@ def host_env(environ: Mapping[str, str], nprocs: int, hostname: str) -> dict[str
     index = environ.get("JOB_COMPLETION_INDEX")
     if "TORCH_TPU_SLICEBUILDER_ADDRESSES" not in environ and (len(hosts) > 1 or index is not None):
         if not hosts:
-            raise LaunchError("JOB_COMPLETION_INDEX is set but TPU_WORKER_HOSTNAMES is not: the TorchTPU slice addresses cannot be built",
-                              "set TPU_WORKER_HOSTNAMES (GKE TPU node pools do) or launch through aios-run --backend tpu")
+            raise LaunchError(
+                "JOB_COMPLETION_INDEX is set but TPU_WORKER_HOSTNAMES is not: the TorchTPU slice addresses cannot be built",
+                "set TPU_WORKER_HOSTNAMES (GKE TPU node pools do) or launch through aios-run --backend tpu",
+            )
         rank = int(environ.get("TPU_WORKER_ID") or index or 0)
         topology = environ.get("TORCH_TPU_TOPOLOGY", "")
         if not topology:
-            raise LaunchError("TORCH_TPU_TOPOLOGY is not set for a multi-host TorchTPU launch", "launch through aios-run --backend tpu (the plan sets it)")
+            raise LaunchError(
+                "TORCH_TPU_TOPOLOGY is not set for a multi-host TorchTPU launch",
+                "launch through aios-run --backend tpu (the plan sets it)",
+            )
         base = int(environ.get("TORCH_TPU_BASE_PORT", "8070"))
         port = int(environ.get("MASTER_PORT", "29500"))
-        out.update({k: v for k, v in launch_env(hosts, rank, nprocs, topology, port, base).items() if k not in environ})
+        out.update(
+            {
+                k: v
+                for k, v in launch_env(hosts, rank, nprocs, topology, port, base).items()
+                if k not in environ
+            }
+        )
         out.setdefault(NODE_RANK_ENV, str(rank))
         out.setdefault(NNODES_ENV, str(len(hosts)))
     if SKIP_MDS_ENV not in environ and not on_gce():
@@ -79,11 +96,19 @@ def rank_envs(environ: Mapping[str, str], nprocs: int) -> list[dict[str, str]]:
     nnodes = int(environ.get(NNODES_ENV, environ.get("NNODES", "1")) or 1)
     master = environ.get("MASTER_ADDR", "localhost")
     port = environ.get("MASTER_PORT", "29500")
-    return [{
-        "RANK": str(node * nprocs + lr), "LOCAL_RANK": str(lr), "WORLD_SIZE": str(nnodes * nprocs),
-        "LOCAL_WORLD_SIZE": str(nprocs), "GROUP_RANK": str(node), "MASTER_ADDR": master, "MASTER_PORT": port,
-        LOCAL_INDEX_ENV: str(lr),
-    } for lr in range(nprocs)]
+    return [
+        {
+            "RANK": str(node * nprocs + lr),
+            "LOCAL_RANK": str(lr),
+            "WORLD_SIZE": str(nnodes * nprocs),
+            "LOCAL_WORLD_SIZE": str(nprocs),
+            "GROUP_RANK": str(node),
+            "MASTER_ADDR": master,
+            "MASTER_PORT": port,
+            LOCAL_INDEX_ENV: str(lr),
+        }
+        for lr in range(nprocs)
+    ]
 
 
 def _expand_caches(env: dict[str, str]) -> None:
@@ -95,7 +120,9 @@ def _expand_caches(env: dict[str, str]) -> None:
             os.makedirs(env[key], exist_ok=True)
 
 
-def prepare(ns: argparse.Namespace, environ: Mapping[str, str] | None = None) -> tuple[list[str], list[dict[str, str]]]:
+def prepare(
+    ns: argparse.Namespace, environ: Mapping[str, str] | None = None
+) -> tuple[list[str], list[dict[str, str]]]:
     """Checks and environments; raises :class:`AiosError` (one line) before anything starts."""
     from aios_backend_xla.discovery import discover
     from aios_backend_xla.tpu import preflight
@@ -104,19 +131,29 @@ def prepare(ns: argparse.Namespace, environ: Mapping[str, str] | None = None) ->
     host = env.get(HOST_ENV) or socket.gethostname()
     preflight(host=host)
     if not (ns.nprocs == "auto" or ns.nprocs.isdigit() and int(ns.nprocs) >= 1):
-        raise LaunchError(f"--nprocs {ns.nprocs} is not a process count", "use --nprocs auto or the number of local chips")
+        raise LaunchError(
+            f"--nprocs {ns.nprocs} is not a process count",
+            "use --nprocs auto or the number of local chips",
+        )
     chips = discover(environ=env).pci_chips
     if ns.nprocs == "auto":
         if not chips:
-            raise LaunchError(f"no TPU chips on this host ({host}): --nprocs auto has nothing to count",
-                              "run on a Cloud TPU VM (the plan's host), or pass --nprocs")
+            raise LaunchError(
+                f"no TPU chips on this host ({host}): --nprocs auto has nothing to count",
+                "run on a Cloud TPU VM (the plan's host), or pass --nprocs",
+            )
         nprocs = chips
     else:
         nprocs = int(ns.nprocs)
         if chips and nprocs > chips:
-            raise LaunchError(f"--nprocs {nprocs} asks for more processes than the {chips} TPU chips on {host}", f"use --nprocs {chips} or fewer")
+            raise LaunchError(
+                f"--nprocs {nprocs} asks for more processes than the {chips} TPU chips on {host}",
+                f"use --nprocs {chips} or fewer",
+            )
     if not ns.module and not os.path.isfile(ns.script):
-        raise LaunchError(f"script '{ns.script}' does not exist", "pass the path of the training script")
+        raise LaunchError(
+            f"script '{ns.script}' does not exist", "pass the path of the training script"
+        )
     env.update(host_env(env, nprocs, host))
     _expand_caches(env)
     head = [sys.executable, "-m", ns.script] if ns.module else [sys.executable, ns.script]

@@ -35,7 +35,7 @@ def install(sysfs: str, vfio: str) -> None:
         s = str(p)
         for src, dst in maps:
             if s == src or s.startswith(src + "/"):
-                s = dst + s[len(src):]
+                s = dst + s[len(src) :]
         return real(s, *rest)
 
     hardware.pathlib = types.SimpleNamespace(Path=path)
@@ -53,10 +53,14 @@ def register() -> dict:
         "current": str(torch.accelerator.current_accelerator()),
         "privateuse1": torch._C._get_privateuse1_backend_name(),
         "pg_backends": [b for b in torch.distributed.Backend.backend_list if b.startswith("tpu")],
-        "fused_adamw_kernel": bool(torch._C._dispatch_has_kernel_for_dispatch_key("aten::_fused_adamw_", "PrivateUse1")),
+        "fused_adamw_kernel": bool(
+            torch._C._dispatch_has_kernel_for_dispatch_key("aten::_fused_adamw_", "PrivateUse1")
+        ),
         "fused_devices": list(_get_fused_kernels_supported_devices()),
         "has_torch_tpu": hasattr(torch, "tpu"),
-        "compile_backends": sorted(b for b in torch._dynamo.list_backends(exclude_tags=()) if "tpu" in b),
+        "compile_backends": sorted(
+            b for b in torch._dynamo.list_backends(exclude_tags=()) if "tpu" in b
+        ),
     }
 
 

@@ -33,8 +33,20 @@ def run_step(precision_name: str = "bf16-mixed", world: str = "1") -> dict:
     from aios.strategies.ddp import DDPStrategy
     from aios_backend_xla.tpu_accelerator import TpuAccelerator
 
-    os.environ.update(RANK="0", WORLD_SIZE=world, LOCAL_RANK="0", LOCAL_WORLD_SIZE=world, MASTER_ADDR="localhost", MASTER_PORT="29500")
-    cfg = resolve(overrides=["backend=tpu", f"precision={precision_name}"], flags={}, environ={}, check_backend=False)
+    os.environ.update(
+        RANK="0",
+        WORLD_SIZE=world,
+        LOCAL_RANK="0",
+        LOCAL_WORLD_SIZE=world,
+        MASTER_ADDR="localhost",
+        MASTER_PORT="29500",
+    )
+    cfg = resolve(
+        overrides=["backend=tpu", f"precision={precision_name}"],
+        flags={},
+        environ={},
+        check_backend=False,
+    )
     acc = TpuAccelerator(cfg)
     if int(world) > 1:
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=int(world))
@@ -55,12 +67,19 @@ def run_step(precision_name: str = "bf16-mixed", world: str = "1") -> dict:
             logits = module(idx)
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), tgt.view(-1))
         out = {
-            "strategy": type(strategy).__name__, "accelerator": strategy.accelerator.name,
-            "device": str(strategy.device), "param_devices": sorted(params),
-            "wrapped": type(module).__name__, "world": strategy.world_size,
-            "dist_backend": strategy.dist_backend, "autocast_dtype": precision.dtype_name if hasattr(precision, "dtype_name") else None,
-            "logits_dtype": str(logits.dtype), "logits_device": str(logits.device),
-            "logits_shape": list(logits.shape), "loss_device": str(loss.device), "loss_dtype": str(loss.dtype),
+            "strategy": type(strategy).__name__,
+            "accelerator": strategy.accelerator.name,
+            "device": str(strategy.device),
+            "param_devices": sorted(params),
+            "wrapped": type(module).__name__,
+            "world": strategy.world_size,
+            "dist_backend": strategy.dist_backend,
+            "autocast_dtype": precision.dtype_name if hasattr(precision, "dtype_name") else None,
+            "logits_dtype": str(logits.dtype),
+            "logits_device": str(logits.device),
+            "logits_shape": list(logits.shape),
+            "loss_device": str(loss.device),
+            "loss_dtype": str(loss.dtype),
             "compile_backend": acc.compile_backend,
         }
     return out

@@ -7,9 +7,8 @@ Writes per-step losses, the backend and the strategy's metrics to OUT.json.
 import argparse
 import json
 
-import torch
-
 import aios
+import torch
 
 p = argparse.ArgumentParser()
 p.add_argument("out")
@@ -27,7 +26,9 @@ y = (x @ w).squeeze(-1) + 0.01 * torch.randn(a.n, generator=g)
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
 opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=a.bs, shuffle=True)
+loader = torch.utils.data.DataLoader(
+    torch.utils.data.TensorDataset(x, y), batch_size=a.bs, shuffle=True
+)
 model, opt, loader = rt.setup(model, opt, loader)
 rt.resume()
 losses = []

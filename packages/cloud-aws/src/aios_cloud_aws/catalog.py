@@ -71,11 +71,38 @@ class InstanceType:
         return d
 
 
-_P4D_REGIONS = ("us-east-1", "us-east-2", "us-west-2", "eu-west-1", "eu-central-1", "ap-northeast-1", "ap-northeast-2")
-_P5_REGIONS = ("us-east-1", "us-east-2", "us-west-2", "eu-north-1", "eu-west-2", "ap-northeast-1", "ap-south-1", "ap-southeast-2", "sa-east-1")
+_P4D_REGIONS = (
+    "us-east-1",
+    "us-east-2",
+    "us-west-2",
+    "eu-west-1",
+    "eu-central-1",
+    "ap-northeast-1",
+    "ap-northeast-2",
+)
+_P5_REGIONS = (
+    "us-east-1",
+    "us-east-2",
+    "us-west-2",
+    "eu-north-1",
+    "eu-west-2",
+    "ap-northeast-1",
+    "ap-south-1",
+    "ap-southeast-2",
+    "sa-east-1",
+)
 _P5E_REGIONS = ("us-east-2", "us-west-2")
-_TRN1_REGIONS = ("us-east-1", "us-east-2", "us-west-2", "eu-north-1", "ap-northeast-1", "ap-south-1", "ap-southeast-4")
+_TRN1_REGIONS = (
+    "us-east-1",
+    "us-east-2",
+    "us-west-2",
+    "eu-north-1",
+    "ap-northeast-1",
+    "ap-south-1",
+    "ap-southeast-4",
+)
 _TRN2_REGIONS = ("us-east-2", "us-west-2")
+
 
 def _trainium(name: str, **cloud: Any) -> InstanceType:
     """A Trainium type: the chip facts (devices, HBM, vCPUs, EFA interfaces, NeuronCores) come
@@ -84,40 +111,108 @@ def _trainium(name: str, **cloud: Any) -> InstanceType:
     from aios_backend_neuron.catalog import GIB, lookup
 
     t = lookup(name)
-    return InstanceType(name=name, family=t.family, accelerator=f"AWS {t.chip}", accelerators=t.devices,
-                        accelerator_memory_gib=t.memory_per_device // GIB, vcpus=t.vcpus, efa_interfaces=t.efa_interfaces,
-                        backend="neuron", neuron_cores=t.physical_cores, **cloud)
+    return InstanceType(
+        name=name,
+        family=t.family,
+        accelerator=f"AWS {t.chip}",
+        accelerators=t.devices,
+        accelerator_memory_gib=t.memory_per_device // GIB,
+        vcpus=t.vcpus,
+        efa_interfaces=t.efa_interfaces,
+        backend="neuron",
+        neuron_cores=t.physical_cores,
+        **cloud,
+    )
 
 
 INSTANCE_TYPES: dict[str, InstanceType] = {
     t.name: t
     for t in (
         InstanceType(
-            name="p4d.24xlarge", family="p4d", accelerator="NVIDIA A100 40GB", accelerators=8,
-            accelerator_memory_gib=40, vcpus=96, memory_gib=1152, efa_interfaces=4, network_gbps=400,
-            on_demand_hourly=21.96, spot_hourly=9.47, peak_bf16_tflops=8 * 312.0, backend="cuda",
-            regions=_P4D_REGIONS, notes=("NVSwitch; 4x100 Gbps EFA",),
+            name="p4d.24xlarge",
+            family="p4d",
+            accelerator="NVIDIA A100 40GB",
+            accelerators=8,
+            accelerator_memory_gib=40,
+            vcpus=96,
+            memory_gib=1152,
+            efa_interfaces=4,
+            network_gbps=400,
+            on_demand_hourly=21.96,
+            spot_hourly=9.47,
+            peak_bf16_tflops=8 * 312.0,
+            backend="cuda",
+            regions=_P4D_REGIONS,
+            notes=("NVSwitch; 4x100 Gbps EFA",),
         ),
         InstanceType(
-            name="p5.48xlarge", family="p5", accelerator="NVIDIA H100 80GB", accelerators=8,
-            accelerator_memory_gib=80, vcpus=192, memory_gib=2048, efa_interfaces=32, network_gbps=3200,
-            on_demand_hourly=55.04, spot_hourly=31.46, peak_bf16_tflops=8 * 989.0, backend="cuda",
-            regions=_P5_REGIONS, notes=("NVSwitch; 32x100 Gbps EFAv2",),
+            name="p5.48xlarge",
+            family="p5",
+            accelerator="NVIDIA H100 80GB",
+            accelerators=8,
+            accelerator_memory_gib=80,
+            vcpus=192,
+            memory_gib=2048,
+            efa_interfaces=32,
+            network_gbps=3200,
+            on_demand_hourly=55.04,
+            spot_hourly=31.46,
+            peak_bf16_tflops=8 * 989.0,
+            backend="cuda",
+            regions=_P5_REGIONS,
+            notes=("NVSwitch; 32x100 Gbps EFAv2",),
         ),
         InstanceType(
-            name="p5e.48xlarge", family="p5e", accelerator="NVIDIA H200 141GB", accelerators=8,
-            accelerator_memory_gib=141, vcpus=192, memory_gib=2048, efa_interfaces=32, network_gbps=3200,
-            on_demand_hourly=63.30, spot_hourly=None, peak_bf16_tflops=8 * 989.0, backend="cuda",
-            regions=_P5E_REGIONS, price_region="us-east-2",
+            name="p5e.48xlarge",
+            family="p5e",
+            accelerator="NVIDIA H200 141GB",
+            accelerators=8,
+            accelerator_memory_gib=141,
+            vcpus=192,
+            memory_gib=2048,
+            efa_interfaces=32,
+            network_gbps=3200,
+            on_demand_hourly=63.30,
+            spot_hourly=None,
+            peak_bf16_tflops=8 * 989.0,
+            backend="cuda",
+            regions=_P5E_REGIONS,
+            price_region="us-east-2",
             notes=("mostly sold through EC2 Capacity Blocks for ML; no recorded spot price",),
         ),
-        _trainium("trn1.2xlarge", memory_gib=32, network_gbps=12, on_demand_hourly=1.34375, spot_hourly=0.4011,
-                  peak_bf16_tflops=190.0, regions=_TRN1_REGIONS, notes=("no EFA: single node only",)),
-        _trainium("trn1.32xlarge", memory_gib=512, network_gbps=800, on_demand_hourly=21.50, spot_hourly=6.4505,
-                  peak_bf16_tflops=16 * 190.0, regions=_TRN1_REGIONS, notes=("NeuronLink ring; 8x100 Gbps EFA",)),
-        _trainium("trn2.48xlarge", memory_gib=2048, network_gbps=3200, on_demand_hourly=44.70, spot_hourly=None,
-                  peak_bf16_tflops=16 * 667.0, regions=_TRN2_REGIONS, price_region="us-east-2",
-                  notes=("NeuronLink 2D torus; 16x200 Gbps EFAv3; mostly capacity blocks; no recorded spot price",)),
+        _trainium(
+            "trn1.2xlarge",
+            memory_gib=32,
+            network_gbps=12,
+            on_demand_hourly=1.34375,
+            spot_hourly=0.4011,
+            peak_bf16_tflops=190.0,
+            regions=_TRN1_REGIONS,
+            notes=("no EFA: single node only",),
+        ),
+        _trainium(
+            "trn1.32xlarge",
+            memory_gib=512,
+            network_gbps=800,
+            on_demand_hourly=21.50,
+            spot_hourly=6.4505,
+            peak_bf16_tflops=16 * 190.0,
+            regions=_TRN1_REGIONS,
+            notes=("NeuronLink ring; 8x100 Gbps EFA",),
+        ),
+        _trainium(
+            "trn2.48xlarge",
+            memory_gib=2048,
+            network_gbps=3200,
+            on_demand_hourly=44.70,
+            spot_hourly=None,
+            peak_bf16_tflops=16 * 667.0,
+            regions=_TRN2_REGIONS,
+            price_region="us-east-2",
+            notes=(
+                "NeuronLink 2D torus; 16x200 Gbps EFAv3; mostly capacity blocks; no recorded spot price",
+            ),
+        ),
     )
 }
 

@@ -20,11 +20,18 @@ def resource_name(cluster: str) -> str:
 
 
 def tags(cluster: str, labels: dict[str, str] | None = None, **extra: str) -> list[dict[str, str]]:
-    out = {TAG_CLUSTER: cluster, TAG_MANAGED: "aios", **{k: str(v) for k, v in (labels or {}).items()}, **extra}
+    out = {
+        TAG_CLUSTER: cluster,
+        TAG_MANAGED: "aios",
+        **{k: str(v) for k, v in (labels or {}).items()},
+        **extra,
+    }
     return [{"Key": k, "Value": v} for k, v in out.items()]
 
 
-def tag_spec(resource_type: str, cluster: str, labels: dict[str, str] | None = None, **extra: str) -> dict[str, Any]:
+def tag_spec(
+    resource_type: str, cluster: str, labels: dict[str, str] | None = None, **extra: str
+) -> dict[str, Any]:
     return {"ResourceType": resource_type, "Tags": tags(cluster, labels, **extra)}
 
 
@@ -42,7 +49,9 @@ def use_placement_group(settings: AwsSettings, itype: InstanceType, nodes: int) 
     return bool(settings.placement_group)
 
 
-def network_interfaces(settings: AwsSettings, itype: InstanceType, nodes: int, subnet_id: str, group_ids: list[str]) -> list[dict[str, Any]]:
+def network_interfaces(
+    settings: AwsSettings, itype: InstanceType, nodes: int, subnet_id: str, group_ids: list[str]
+) -> list[dict[str, Any]]:
     """The layout of the current AWS guide for instances with several network cards
     (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html): an ENA
     primary interface (card 0, device 0), an EFA-only interface on card 0 at device 1, and one
@@ -52,23 +61,34 @@ def network_interfaces(settings: AwsSettings, itype: InstanceType, nodes: int, s
     Elastic IP."""
     efa = use_efa(settings, itype, nodes)
     first: dict[str, Any] = {
-        "DeviceIndex": 0, "NetworkCardIndex": 0, "SubnetId": subnet_id, "Groups": list(group_ids),
+        "DeviceIndex": 0,
+        "NetworkCardIndex": 0,
+        "SubnetId": subnet_id,
+        "Groups": list(group_ids),
         "DeleteOnTermination": True,
     }
     out = [first]
     if efa:
         for card in range(max(1, itype.efa_interfaces)):
-            out.append({
-                "DeviceIndex": 1 if card == 0 else 0, "NetworkCardIndex": card, "SubnetId": subnet_id, "Groups": list(group_ids),
-                "DeleteOnTermination": True, "InterfaceType": settings.efa_secondary_type,
-            })
+            out.append(
+                {
+                    "DeviceIndex": 1 if card == 0 else 0,
+                    "NetworkCardIndex": card,
+                    "SubnetId": subnet_id,
+                    "Groups": list(group_ids),
+                    "DeleteOnTermination": True,
+                    "InterfaceType": settings.efa_secondary_type,
+                }
+            )
     if len(out) == 1 and not settings.use_private_ip:
         first["AssociatePublicIpAddress"] = True
     return out
 
 
 def needs_elastic_ips(settings: AwsSettings, itype: InstanceType, nodes: int) -> bool:
-    return not settings.use_private_ip and len(network_interfaces(settings, itype, nodes, "-", [])) > 1
+    return (
+        not settings.use_private_ip and len(network_interfaces(settings, itype, nodes, "-", [])) > 1
+    )
 
 
 def run_instances_params(
@@ -100,12 +120,25 @@ def run_instances_params(
         "MaxCount": nodes,
         "KeyName": key_name,
         "NetworkInterfaces": network_interfaces(settings, itype, nodes, subnet_id, group_ids),
-        "BlockDeviceMappings": [{
-            "DeviceName": root_device,
-            "Ebs": {"VolumeSize": int(disk_gb or settings.disk_gb), "VolumeType": "gp3", "DeleteOnTermination": True},
-        }],
-        "Placement": {"AvailabilityZone": zone, **({"GroupName": placement_group} if placement_group else {})},
-        "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 2},
+        "BlockDeviceMappings": [
+            {
+                "DeviceName": root_device,
+                "Ebs": {
+                    "VolumeSize": int(disk_gb or settings.disk_gb),
+                    "VolumeType": "gp3",
+                    "DeleteOnTermination": True,
+                },
+            }
+        ],
+        "Placement": {
+            "AvailabilityZone": zone,
+            **({"GroupName": placement_group} if placement_group else {}),
+        },
+        "MetadataOptions": {
+            "HttpTokens": "required",
+            "HttpEndpoint": "enabled",
+            "HttpPutResponseHopLimit": 2,
+        },
         "TagSpecifications": [
             tag_spec("instance", cluster, labels, Name=f"aios-{cluster}"),
             tag_spec("volume", cluster, labels),
@@ -113,14 +146,19 @@ def run_instances_params(
         ],
     }
     if spot:
-        spot_options: dict[str, Any] = {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}
+        spot_options: dict[str, Any] = {
+            "SpotInstanceType": "one-time",
+            "InstanceInterruptionBehavior": "terminate",
+        }
         if settings.spot_max_price:
             spot_options["MaxPrice"] = f"{settings.spot_max_price:.4f}"
         params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": spot_options}
         params["TagSpecifications"].append(tag_spec("spot-instances-request", cluster, labels))
     if reservation:
         # an On-Demand Capacity Reservation (ODCR) or a Capacity Block for ML: launch into it only
-        params["CapacityReservationSpecification"] = {"CapacityReservationTarget": {"CapacityReservationId": reservation}}
+        params["CapacityReservationSpecification"] = {
+            "CapacityReservationTarget": {"CapacityReservationId": reservation}
+        }
         if capacity_block:
             params["InstanceMarketOptions"] = {"MarketType": "capacity-block"}
     if settings.iam_instance_profile:
@@ -134,6 +172,16 @@ def run_instances_params(
 def security_group_rules(group_id: str, ssh_cidr: str) -> list[dict[str, Any]]:
     """SSH from ``ssh_cidr``; all traffic between the cluster's hosts (EFA, NCCL, rendezvous)."""
     return [
-        {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": [{"CidrIp": ssh_cidr, "Description": "aios ssh"}]},
-        {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group_id, "Description": "aios cluster-internal (EFA/NCCL/rendezvous)"}]},
+        {
+            "IpProtocol": "tcp",
+            "FromPort": 22,
+            "ToPort": 22,
+            "IpRanges": [{"CidrIp": ssh_cidr, "Description": "aios ssh"}],
+        },
+        {
+            "IpProtocol": "-1",
+            "UserIdGroupPairs": [
+                {"GroupId": group_id, "Description": "aios cluster-internal (EFA/NCCL/rendezvous)"}
+            ],
+        },
     ]

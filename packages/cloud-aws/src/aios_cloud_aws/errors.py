@@ -31,25 +31,51 @@ class TransientAwsError(CloudError):
 
 
 CAPACITY_CODES = {
-    "InsufficientInstanceCapacity", "InsufficientCapacity", "InsufficientHostCapacity",
-    "InsufficientReservedInstanceCapacity", "InsufficientCapacityOnOutpost", "SpotMaxPriceTooLow",
+    "InsufficientInstanceCapacity",
+    "InsufficientCapacity",
+    "InsufficientHostCapacity",
+    "InsufficientReservedInstanceCapacity",
+    "InsufficientCapacityOnOutpost",
+    "SpotMaxPriceTooLow",
     "Unsupported",  # the type is not offered in this availability zone: the next one may
 }
 QUOTA_CODES = {
-    "VcpuLimitExceeded", "InstanceLimitExceeded", "MaxSpotInstanceCountExceeded",
-    "AddressLimitExceeded", "PlacementGroupLimitExceeded", "SecurityGroupLimitExceeded",
-    "ResourceLimitExceeded", "NetworkInterfaceLimitExceeded",
+    "VcpuLimitExceeded",
+    "InstanceLimitExceeded",
+    "MaxSpotInstanceCountExceeded",
+    "AddressLimitExceeded",
+    "PlacementGroupLimitExceeded",
+    "SecurityGroupLimitExceeded",
+    "ResourceLimitExceeded",
+    "NetworkInterfaceLimitExceeded",
 }
 TRANSIENT_CODES = {
-    "RequestLimitExceeded", "Throttling", "ThrottlingException", "InternalError", "InternalFailure",
-    "ServiceUnavailable", "Unavailable", "RequestTimeout", "SlowDown",
+    "RequestLimitExceeded",
+    "Throttling",
+    "ThrottlingException",
+    "InternalError",
+    "InternalFailure",
+    "ServiceUnavailable",
+    "Unavailable",
+    "RequestTimeout",
+    "SlowDown",
 }
 EXPIRED_CODES = {"ExpiredToken", "ExpiredTokenException", "RequestExpired", "TokenRefreshRequired"}
 BAD_CREDENTIAL_CODES = {
-    "AuthFailure", "InvalidClientTokenId", "UnrecognizedClientException", "SignatureDoesNotMatch",
-    "IncompleteSignature", "InvalidAccessKeyId", "InvalidToken",
+    "AuthFailure",
+    "InvalidClientTokenId",
+    "UnrecognizedClientException",
+    "SignatureDoesNotMatch",
+    "IncompleteSignature",
+    "InvalidAccessKeyId",
+    "InvalidToken",
 }
-DENIED_CODES = {"UnauthorizedOperation", "AccessDenied", "AccessDeniedException", "Client.UnauthorizedOperation"}
+DENIED_CODES = {
+    "UnauthorizedOperation",
+    "AccessDenied",
+    "AccessDeniedException",
+    "Client.UnauthorizedOperation",
+}
 
 EXPIRED_FIX = "refresh your session (`aws sso login`, or new temporary credentials / AWS_SESSION_TOKEN) and retry"
 NO_CREDENTIALS_FIX = "run `aws configure` or `aws sso login`, set AWS_PROFILE, or export AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY"
@@ -75,7 +101,9 @@ def _clean(message: str) -> str:
     return " ".join(message.split())[:300]
 
 
-def translate(exc: BaseException, operation: str | None = None, service: str = "ec2") -> BaseException:
+def translate(
+    exc: BaseException, operation: str | None = None, service: str = "ec2"
+) -> BaseException:
     """An aios error for ``exc`` (returned, not raised), or ``exc`` itself when it is not an
     AWS error. ``operation`` is the API call (``RunInstances``) for the message."""
     from aios.errors import AiosError
@@ -89,14 +117,30 @@ def translate(exc: BaseException, operation: str | None = None, service: str = "
     if isinstance(exc, (bex.NoCredentialsError, bex.PartialCredentialsError)):
         return CredentialsError("no AWS credentials found", NO_CREDENTIALS_FIX)
     if isinstance(exc, bex.NoRegionError):
-        return CloudError("no AWS region configured", "pass --region, set aws.region, or export AWS_DEFAULT_REGION")
-    sso = tuple(getattr(bex, n) for n in ("TokenRetrievalError", "SSOTokenLoadError", "UnauthorizedSSOTokenError") if hasattr(bex, n))
+        return CloudError(
+            "no AWS region configured",
+            "pass --region, set aws.region, or export AWS_DEFAULT_REGION",
+        )
+    sso = tuple(
+        getattr(bex, n)
+        for n in ("TokenRetrievalError", "SSOTokenLoadError", "UnauthorizedSSOTokenError")
+        if hasattr(bex, n)
+    )
     if sso and isinstance(exc, sso):
-        return CredentialsError("the AWS SSO session has expired", "run `aws sso login` (with --profile if you use one) and retry")
+        return CredentialsError(
+            "the AWS SSO session has expired",
+            "run `aws sso login` (with --profile if you use one) and retry",
+        )
     if isinstance(exc, bex.ProfileNotFound):
-        return CredentialsError(f"AWS profile not found: {_clean(str(exc))}", "check AWS_PROFILE / aws.profile against `aws configure list-profiles`")
+        return CredentialsError(
+            f"AWS profile not found: {_clean(str(exc))}",
+            "check AWS_PROFILE / aws.profile against `aws configure list-profiles`",
+        )
     if isinstance(exc, (bex.EndpointConnectionError, bex.ConnectTimeoutError)):
-        return TransientAwsError(f"cannot reach AWS: {_clean(str(exc))}", "check the network (and AWS_ENDPOINT_URL if you set one)")
+        return TransientAwsError(
+            f"cannot reach AWS: {_clean(str(exc))}",
+            "check the network (and AWS_ENDPOINT_URL if you set one)",
+        )
     if not isinstance(exc, bex.ClientError):
         return exc
     err = exc.response.get("Error", {}) if hasattr(exc, "response") else {}
@@ -106,7 +150,9 @@ def translate(exc: BaseException, operation: str | None = None, service: str = "
     if code in EXPIRED_CODES:
         return CredentialsError(f"the AWS session has expired ({code} on {op})", EXPIRED_FIX)
     if code in BAD_CREDENTIAL_CODES:
-        return CredentialsError(f"AWS rejected the credentials ({code} on {op})", NO_CREDENTIALS_FIX)
+        return CredentialsError(
+            f"AWS rejected the credentials ({code} on {op})", NO_CREDENTIALS_FIX
+        )
     if code in DENIED_CODES or exc.response.get("Error", {}).get("Code") in DENIED_CODES:
         m = re.search(r"perform: ([\w-]+:\w+)", message)
         action = m.group(1) if m else f"{_SERVICE_PREFIX.get(service, service)}:{op}"
@@ -116,7 +162,10 @@ def translate(exc: BaseException, operation: str | None = None, service: str = "
             f"grant {action} to your IAM identity{', ' + alt if alt else ''}",
         )
     if code in CAPACITY_CODES:
-        return CapacityError(f"{code}: {message}", "aios tries the next availability zone; or try another region, on-demand, or fewer nodes")
+        return CapacityError(
+            f"{code}: {message}",
+            "aios tries the next availability zone; or try another region, on-demand, or fewer nodes",
+        )
     if code in QUOTA_CODES:
         return QuotaError(
             f"{code}: {message}",
@@ -126,18 +175,39 @@ def translate(exc: BaseException, operation: str | None = None, service: str = "
     if code in TRANSIENT_CODES:
         return TransientAwsError(f"{code} on {op}: {message}", "retry in a moment")
     if code == "ParameterNotFound":
-        return CloudError(f"SSM parameter not found: {message}", "set aws.gpu_ami_parameter / aws.neuron_ami_parameter to a current DLAMI parameter, or aws.ami to an AMI id")
+        return CloudError(
+            f"SSM parameter not found: {message}",
+            "set aws.gpu_ami_parameter / aws.neuron_ami_parameter to a current DLAMI parameter, or aws.ami to an AMI id",
+        )
     if code.startswith("InvalidAMIID"):
-        return CloudError(f"{code}: {message}", "set aws.ami to an AMI available in this region, or unset it to use the DLAMI")
+        return CloudError(
+            f"{code}: {message}",
+            "set aws.ami to an AMI available in this region, or unset it to use the DLAMI",
+        )
     if code.startswith("InvalidKeyPair"):
-        return CloudError(f"{code}: {message}", "set aws.key_name to a key pair of this region (`aws ec2 describe-key-pairs`), or unset it")
+        return CloudError(
+            f"{code}: {message}",
+            "set aws.key_name to a key pair of this region (`aws ec2 describe-key-pairs`), or unset it",
+        )
     if code.startswith(("InvalidGroup", "InvalidSecurityGroup")):
-        return CloudError(f"{code}: {message}", "fix aws.security_group_ids (ids of this region's VPC), or unset it")
+        return CloudError(
+            f"{code}: {message}",
+            "fix aws.security_group_ids (ids of this region's VPC), or unset it",
+        )
     if code.startswith("InvalidSubnet"):
-        return CloudError(f"{code}: {message}", "fix aws.subnet_ids (ids of this region), or unset it to use the default VPC")
+        return CloudError(
+            f"{code}: {message}",
+            "fix aws.subnet_ids (ids of this region), or unset it to use the default VPC",
+        )
     if code in ("NoSuchEntity", "NoSuchEntityException"):
-        return CloudError(f"{code} on {op}: {message}", "create it first or fix the name in your aws config section")
-    return CloudError(f"AWS {op} failed: {code}: {message}", "see the AWS message; rerun with --debug for the full response")
+        return CloudError(
+            f"{code} on {op}: {message}",
+            "create it first or fix the name in your aws config section",
+        )
+    return CloudError(
+        f"AWS {op} failed: {code}: {message}",
+        "see the AWS message; rerun with --debug for the full response",
+    )
 
 
 def error_code(exc: BaseException) -> str:

@@ -20,9 +20,9 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Callable
 
 from aios.types import PreemptionWatcher
 
@@ -67,9 +67,12 @@ class ImdsClient:
 
     def token(self) -> str:
         if self._token is None or time.monotonic() > self._expires - 60:
-            req = urllib.request.Request(self.base + TOKEN_PATH, method="PUT",
-                                         headers={"X-aws-ec2-metadata-token-ttl-seconds": str(self.ttl)})
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:  # noqa: S310 - fixed scheme
+            req = urllib.request.Request(
+                self.base + TOKEN_PATH,
+                method="PUT",
+                headers={"X-aws-ec2-metadata-token-ttl-seconds": str(self.ttl)},
+            )
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                 self._token = resp.read().decode().strip()
             self._expires = time.monotonic() + self.ttl
         return self._token
@@ -77,9 +80,11 @@ class ImdsClient:
     def get(self, path: str) -> str | None:
         """The text at ``path``, or ``None`` on 404."""
         for attempt in (0, 1):
-            req = urllib.request.Request(self.base + path, headers={"X-aws-ec2-metadata-token": self.token()})
+            req = urllib.request.Request(
+                self.base + path, headers={"X-aws-ec2-metadata-token": self.token()}
+            )
             try:
-                with urllib.request.urlopen(req, timeout=self.timeout) as resp:  # noqa: S310
+                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                     return resp.read().decode()
             except urllib.error.HTTPError as exc:
                 if exc.code == 404:
@@ -108,7 +113,12 @@ class SpotInterruptionWatcher(PreemptionWatcher):
 
     name = "aws-spot"
 
-    def __init__(self, interval: float = 5.0, base: str | None = None, on_error: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        interval: float = 5.0,
+        base: str | None = None,
+        on_error: Callable[[str], None] | None = None,
+    ) -> None:
         self.interval = interval
         self.client = ImdsClient(base)
         self.on_error = on_error
@@ -150,7 +160,10 @@ class SpotInterruptionWatcher(PreemptionWatcher):
 
 def on_ec2() -> bool:
     """Whether this machine is an EC2 instance, from DMI (no network call)."""
-    for path in ("/sys/devices/virtual/dmi/id/board_vendor", "/sys/devices/virtual/dmi/id/sys_vendor"):
+    for path in (
+        "/sys/devices/virtual/dmi/id/board_vendor",
+        "/sys/devices/virtual/dmi/id/sys_vendor",
+    ):
         try:
             with open(path) as f:
                 if "Amazon" in f.read():

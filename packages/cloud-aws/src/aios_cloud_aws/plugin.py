@@ -31,16 +31,27 @@ def _s3_options(url: str) -> dict[str, Any]:
 
 @hookimpl
 def aios_register_clouds(register: Any) -> None:
-    register(CloudSpec(
-        name="aws", factory=_factory, install_hint=INSTALL,
-        description="AWS EC2: P4d/P5/P5e GPUs, Trn1/Trn2 Trainium; spot with recovery; S3",
-    ))
+    register(
+        CloudSpec(
+            name="aws",
+            factory=_factory,
+            install_hint=INSTALL,
+            description="AWS EC2: P4d/P5/P5e GPUs, Trn1/Trn2 Trainium; spot with recovery; S3",
+        )
+    )
 
 
 @hookimpl
 def aios_register_storage(register: Any) -> None:
-    register(StorageSpec(scheme="s3", protocol="s3", requires="s3fs", install_hint="pip install -e './packages/core[aws]' ./packages/cloud-aws (from the aios checkout; brings s3fs)",
-                         storage_options=_s3_options))
+    register(
+        StorageSpec(
+            scheme="s3",
+            protocol="s3",
+            requires="s3fs",
+            install_hint="pip install -e './packages/core[aws]' ./packages/cloud-aws (from the aios checkout; brings s3fs)",
+            storage_options=_s3_options,
+        )
+    )
 
 
 @hookimpl
@@ -76,8 +87,20 @@ def aios_doctor_checks(backend: str | None, config: Any) -> list[DoctorCheck] | 
     checks = []
     for mod, what in (("boto3", "boto3 (EC2 provisioning)"), ("s3fs", "s3fs (s3:// checkpoints)")):
         ok = importlib.util.find_spec(mod) is not None
-        checks.append(DoctorCheck(f"aws: {what}", "pass" if ok else "warn", "installed" if ok else "not installed",
-                                  "" if ok else (INSTALL if mod == "boto3" else "pip install -e './packages/core[aws]' ./packages/cloud-aws (from the aios checkout)")))
+        checks.append(
+            DoctorCheck(
+                f"aws: {what}",
+                "pass" if ok else "warn",
+                "installed" if ok else "not installed",
+                ""
+                if ok
+                else (
+                    INSTALL
+                    if mod == "boto3"
+                    else "pip install -e './packages/core[aws]' ./packages/cloud-aws (from the aios checkout)"
+                ),
+            )
+        )
     if importlib.util.find_spec("boto3") is not None:
         try:
             from aios_cloud_aws.session import Clients
@@ -86,7 +109,14 @@ def aios_doctor_checks(backend: str | None, config: Any) -> list[DoctorCheck] | 
             source = Clients(settings_from(config)).credentials_source()
             checks.append(DoctorCheck("aws: credentials", "pass", source))
         except Exception as exc:  # noqa: BLE001 - reported as a check
-            checks.append(DoctorCheck("aws: credentials", "warn", getattr(exc, "message", str(exc)), getattr(exc, "fix", "")))
+            checks.append(
+                DoctorCheck(
+                    "aws: credentials",
+                    "warn",
+                    getattr(exc, "message", str(exc)),
+                    getattr(exc, "fix", ""),
+                )
+            )
     return checks
 
 

@@ -18,10 +18,10 @@ import json
 import shlex
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
 
-from aios.contract import CLOUD_ENV
 from aios.cloud.provider import (
     FAILED,
     HEALTHY,
@@ -45,9 +45,9 @@ from aios.cloud.provider import (
     NotOfferedError,
     check_requirements,
 )
+from aios.contract import CLOUD_ENV
 
 from aios_cloud_aws import catalog as cat
-from aios_cloud_aws.errors import TransientAwsError, error_code, translate
 from aios_cloud_aws.ec2params import (
     TAG_CLUSTER,
     TAG_NODE,
@@ -59,8 +59,10 @@ from aios_cloud_aws.ec2params import (
     use_efa,
     use_placement_group,
 )
+from aios_cloud_aws.errors import TransientAwsError, error_code, translate
 from aios_cloud_aws.session import Clients, region_of_zone
 from aios_cloud_aws.settings import DLAMI_PYTHON, SPOT_WATCH_ENV, AwsSettings, settings_from
+
 
 class ElasticIpQuotaError(CloudError):
     """The region's Elastic IP quota cannot cover the launch. Regional: no zone would do better,
@@ -78,9 +80,14 @@ class AwsProvider(CloudProvider):
     storage_scheme = "s3"
     cli = "aws"
 
-    def __init__(self, config: Any = None, settings: AwsSettings | None = None,
-                 log: Callable[[str], None] | None = None, poll_interval: float = 2.0,
-                 retry_capacity_errors: bool = False) -> None:
+    def __init__(
+        self,
+        config: Any = None,
+        settings: AwsSettings | None = None,
+        log: Callable[[str], None] | None = None,
+        poll_interval: float = 2.0,
+        retry_capacity_errors: bool = False,
+    ) -> None:
         self.config = config
         self.settings = settings or settings_from(config)
         self.region = self.settings.region
@@ -111,7 +118,7 @@ class AwsProvider(CloudProvider):
         method = getattr(client, _snake(op))
         try:
             return method(**kwargs)
-        except Exception as exc:  # noqa: BLE001 - translated below
+        except Exception as exc:
             err = translate(exc, op, client.meta.service_model.service_name)
             if err is exc:
                 raise
@@ -121,15 +128,31 @@ class AwsProvider(CloudProvider):
     def catalog(self) -> list[CatalogEntry]:
         out = []
         for t in cat.INSTANCE_TYPES.values():
-            out.append(CatalogEntry(
-                cloud="aws", accelerator=t.name, devices=t.accelerators, device_kind=t.accelerator,
-                memory_gb=t.accelerator_memory_gib, hosts=1,
-                runtime=self.settings.gpu_ami_parameter if t.backend == "cuda" else self.settings.neuron_ami_parameter,
-                on_demand_hourly=t.on_demand_hourly, spot_hourly=t.spot_hourly,
-                peak_tflops=t.peak_bf16_tflops, zones=t.regions, backend=t.backend,
-                extra={"vcpus": t.vcpus, "ram_gib": t.memory_gib, "efa_interfaces": t.efa_interfaces,
-                       "network_gbps": t.network_gbps, **({"neuron_cores": t.neuron_cores} if t.neuron_cores else {})},
-            ))
+            out.append(
+                CatalogEntry(
+                    cloud="aws",
+                    accelerator=t.name,
+                    devices=t.accelerators,
+                    device_kind=t.accelerator,
+                    memory_gb=t.accelerator_memory_gib,
+                    hosts=1,
+                    runtime=self.settings.gpu_ami_parameter
+                    if t.backend == "cuda"
+                    else self.settings.neuron_ami_parameter,
+                    on_demand_hourly=t.on_demand_hourly,
+                    spot_hourly=t.spot_hourly,
+                    peak_tflops=t.peak_bf16_tflops,
+                    zones=t.regions,
+                    backend=t.backend,
+                    extra={
+                        "vcpus": t.vcpus,
+                        "ram_gib": t.memory_gib,
+                        "efa_interfaces": t.efa_interfaces,
+                        "network_gbps": t.network_gbps,
+                        **({"neuron_cores": t.neuron_cores} if t.neuron_cores else {}),
+                    },
+                )
+            )
         return out
 
     def entry(self, accelerator: str) -> CatalogEntry:
@@ -146,11 +169,15 @@ class AwsProvider(CloudProvider):
             return cat.region_zones(self.region)
         ec2 = self.ec2()
         if self.settings.subnet_ids:
-            subnets = self._call(ec2, "DescribeSubnets", SubnetIds=list(self.settings.subnet_ids))["Subnets"]
+            subnets = self._call(ec2, "DescribeSubnets", SubnetIds=list(self.settings.subnet_ids))[
+                "Subnets"
+            ]
             by_id = {s["SubnetId"]: s["AvailabilityZone"] for s in subnets}
             return [by_id[s] for s in self.settings.subnet_ids if s in by_id]
         resp = self._call(
-            ec2, "DescribeInstanceTypeOfferings", LocationType="availability-zone",
+            ec2,
+            "DescribeInstanceTypeOfferings",
+            LocationType="availability-zone",
             Filters=[{"Name": "instance-type", "Values": [itype.name]}],
         )
         zones = sorted({o["Location"] for o in resp.get("InstanceTypeOfferings", [])})
@@ -163,42 +190,87 @@ class AwsProvider(CloudProvider):
 
     # ------------------------------------------------------------------ validation
     def validate(self, request: ClusterRequest) -> ClusterRequest:
-        region = request.region or (region_of_zone(request.zone) if request.zone else None) or self.settings.region
+        region = (
+            request.region
+            or (region_of_zone(request.zone) if request.zone else None)
+            or self.settings.region
+        )
         self.region = region
         itype = cat.lookup(request.accelerator, region)
         if request.zone and region_of_zone(request.zone) != region:
-            raise CloudError(f"zone {request.zone} is not in region {region}", f"use a zone of {region} (e.g. {region}a)")
+            raise CloudError(
+                f"zone {request.zone} is not in region {region}",
+                f"use a zone of {region} (e.g. {region}a)",
+            )
         if request.nodes < 1:
-            raise CloudError(f"--nodes must be at least 1, not {request.nodes}", "pass --nodes 1 or more")
+            raise CloudError(
+                f"--nodes must be at least 1, not {request.nodes}", "pass --nodes 1 or more"
+            )
         if request.queued or request.valid_after or request.valid_until:
-            raise CloudError("--queued/--valid-after/--valid-until are Cloud TPU queued resources; EC2 has none",
-                             "drop them; for reserved EC2 capacity pass --reservation (a capacity block or ODCR id)")
-        if request.zone and region in cat.REGION_ZONES and request.zone not in cat.REGION_ZONES[region]:
-            raise CloudError(f"zone {request.zone} does not exist in {region}", f"use one of: {', '.join(cat.REGION_ZONES[region])}")
+            raise CloudError(
+                "--queued/--valid-after/--valid-until are Cloud TPU queued resources; EC2 has none",
+                "drop them; for reserved EC2 capacity pass --reservation (a capacity block or ODCR id)",
+            )
+        if (
+            request.zone
+            and region in cat.REGION_ZONES
+            and request.zone not in cat.REGION_ZONES[region]
+        ):
+            raise CloudError(
+                f"zone {request.zone} does not exist in {region}",
+                f"use one of: {', '.join(cat.REGION_ZONES[region])}",
+            )
         reservation = request.extra.get("reservation")
         if reservation:
             kind, _, rid = reservation.rpartition(":")
             if not rid.startswith("cr-") or kind not in ("", "block"):
-                raise CloudError(f"--reservation {reservation} is not a capacity reservation id",
-                                 "pass cr-... (an On-Demand Capacity Reservation) or block:cr-... (a Capacity Block for ML)")
+                raise CloudError(
+                    f"--reservation {reservation} is not a capacity reservation id",
+                    "pass cr-... (an On-Demand Capacity Reservation) or block:cr-... (a Capacity Block for ML)",
+                )
             if request.spot:
-                raise CloudError("--spot and --reservation contradict each other (reserved capacity is not spot)", "pass only one")
+                raise CloudError(
+                    "--spot and --reservation contradict each other (reserved capacity is not spot)",
+                    "pass only one",
+                )
         if request.disk_gb is not None and request.disk_gb < 8:
-            raise CloudError(f"--disk-gb {request.disk_gb} is too small for the root volume", "pass at least 8 (default: aws.disk_gb)")
+            raise CloudError(
+                f"--disk-gb {request.disk_gb} is too small for the root volume",
+                "pass at least 8 (default: aws.disk_gb)",
+            )
         if self.settings.efa == "on" and not itype.efa_capable:
-            raise CloudError(f"{itype.name} has no EFA interfaces", "set aws.efa=auto or off, or pick an EFA type (p4d/p5/trn1.32xlarge/trn2)")
+            raise CloudError(
+                f"{itype.name} has no EFA interfaces",
+                "set aws.efa=auto or off, or pick an EFA type (p4d/p5/trn1.32xlarge/trn2)",
+            )
         if request.spot and itype.spot_hourly is None:
-            self.log(f"note: no recorded spot price for {itype.name}; it is mostly sold through capacity blocks")
-        image = self.settings.ami or (request.image if request.image and request.image.startswith("ami-") else None)
+            self.log(
+                f"note: no recorded spot price for {itype.name}; it is mostly sold through capacity blocks"
+            )
+        image = self.settings.ami or (
+            request.image if request.image and request.image.startswith("ami-") else None
+        )
         ssh_user = self.settings.ssh_user if request.ssh_user in ("", "aios") else request.ssh_user
-        return replace(request, region=region, image=image, ssh_user=ssh_user, disk_gb=request.disk_gb or self.settings.disk_gb)
+        return replace(
+            request,
+            region=region,
+            image=image,
+            ssh_user=ssh_user,
+            disk_gb=request.disk_gb or self.settings.disk_gb,
+        )
 
     # ------------------------------------------------------------------ AMI
     def ami_parameter(self, accelerator: str) -> str:
         itype = cat.lookup(accelerator)
-        return self.settings.neuron_ami_parameter if itype.backend == "neuron" else self.settings.gpu_ami_parameter
+        return (
+            self.settings.neuron_ami_parameter
+            if itype.backend == "neuron"
+            else self.settings.gpu_ami_parameter
+        )
 
-    def resolve_ami(self, accelerator: str, region: str, image: str | None = None) -> tuple[str, str]:
+    def resolve_ami(
+        self, accelerator: str, region: str, image: str | None = None
+    ) -> tuple[str, str]:
         """``(ami_id, source)``: a user AMI, else the DLAMI id read from the public SSM parameter."""
         if image:
             return image, "user AMI"
@@ -210,7 +282,10 @@ class AwsProvider(CloudProvider):
     def _root_device(self, ec2: Any, ami: str) -> str:
         images = self._call(ec2, "DescribeImages", ImageIds=[ami]).get("Images", [])
         if not images:
-            raise CloudError(f"AMI {ami} is not available in this region", "set aws.ami to an AMI of this region, or unset it to use the DLAMI")
+            raise CloudError(
+                f"AMI {ami} is not available in this region",
+                "set aws.ami to an AMI of this region, or unset it to use the DLAMI",
+            )
         return images[0].get("RootDeviceName") or "/dev/sda1"
 
     # ------------------------------------------------------------------ create
@@ -222,21 +297,34 @@ class AwsProvider(CloudProvider):
         zone = request.zone or self.zones(request.accelerator)[0]
         existing = self._instances(ec2, request.name)
         if any(i["State"]["Name"] != "shutting-down" for i in existing):
-            raise CloudError(f"cluster {request.name} already has instances in {region}", f"use it, or `aios down {request.name}` first")
+            raise CloudError(
+                f"cluster {request.name} already has instances in {region}",
+                f"use it, or `aios down {request.name}` first",
+            )
         rid = (request.extra.get("reservation") or "").rpartition(":")[2]
         if rid:
-            crs = self._call(ec2, "DescribeCapacityReservations", CapacityReservationIds=[rid]).get("CapacityReservations", [])
+            crs = self._call(ec2, "DescribeCapacityReservations", CapacityReservationIds=[rid]).get(
+                "CapacityReservations", []
+            )
             cr = crs[0] if crs else {}
             if cr.get("AvailabilityZone") != zone:
-                raise NotOfferedError(f"capacity reservation {rid} is in {cr.get('AvailabilityZone')}, not {zone}",
-                                      f"pass --zone {cr.get('AvailabilityZone')}")
+                raise NotOfferedError(
+                    f"capacity reservation {rid} is in {cr.get('AvailabilityZone')}, not {zone}",
+                    f"pass --zone {cr.get('AvailabilityZone')}",
+                )
             if cr.get("InstanceType") != itype.name:
-                raise CloudError(f"capacity reservation {rid} is for {cr.get('InstanceType')}, not {itype.name}",
-                                 f"pass -a {cr.get('InstanceType')}")
-            if (cr.get("ReservationType") == "capacity-block") != request.extra["reservation"].startswith("block:"):
+                raise CloudError(
+                    f"capacity reservation {rid} is for {cr.get('InstanceType')}, not {itype.name}",
+                    f"pass -a {cr.get('InstanceType')}",
+                )
+            if (cr.get("ReservationType") == "capacity-block") != request.extra[
+                "reservation"
+            ].startswith("block:"):
                 want = "block:" + rid if cr.get("ReservationType") == "capacity-block" else rid
-                raise CloudError(f"capacity reservation {rid} is a {cr.get('ReservationType') or 'default'} reservation",
-                                 f"pass --reservation {want}")
+                raise CloudError(
+                    f"capacity reservation {rid} is a {cr.get('ReservationType') or 'default'} reservation",
+                    f"pass --reservation {want}",
+                )
         try:
             ami, source = self.resolve_ami(request.accelerator, region, request.image)
             self.log(f"{request.name}: AMI {ami} ({source})")
@@ -249,30 +337,57 @@ class AwsProvider(CloudProvider):
             if use_placement_group(self.settings, itype, request.nodes):
                 pg = self._ensure_placement_group(ec2, request.name, request.labels)
             # the very plan --dry-run prints, with the ids resolved
-            params = self.plan_create(request, zone, resolved={
-                "image": ami, "root_device": root, "subnet_id": subnet_id, "group_ids": group_ids, "key_name": key_name,
-                "placement_group": pg, "client_token": f"aios-{request.name}-{zone}-{uuid.uuid4().hex[:12]}"})["run_instances"]
+            params = self.plan_create(
+                request,
+                zone,
+                resolved={
+                    "image": ami,
+                    "root_device": root,
+                    "subnet_id": subnet_id,
+                    "group_ids": group_ids,
+                    "key_name": key_name,
+                    "placement_group": pg,
+                    "client_token": f"aios-{request.name}-{zone}-{uuid.uuid4().hex[:12]}",
+                },
+            )["run_instances"]
             eips: list[str] = []
             if needs_elastic_ips(self.settings, itype, request.nodes):
                 # before any instance is launched: the Elastic IP quota is regional, so running
                 # out must stop the launch here, not after paying for instances in every zone
-                eips = self._allocate_elastic_ips(ec2, request.name, request.nodes, request.labels, region)
-            self.log(f"{request.name}: RunInstances {request.nodes} x {itype.name} in {zone}{' (spot)' if request.spot else ''}")
-            runner = ec2 if self.retry_capacity_errors else self.clients.client("ec2", region, max_attempts=1)
+                eips = self._allocate_elastic_ips(
+                    ec2, request.name, request.nodes, request.labels, region
+                )
+            self.log(
+                f"{request.name}: RunInstances {request.nodes} x {itype.name} in {zone}{' (spot)' if request.spot else ''}"
+            )
+            runner = (
+                ec2
+                if self.retry_capacity_errors
+                else self.clients.client("ec2", region, max_attempts=1)
+            )
             resp = self._call(runner, "RunInstances", **params)
             instances = sorted(resp["Instances"], key=lambda i: i.get("AmiLaunchIndex", 0))
             for idx, inst in enumerate(instances):
-                self._call(ec2, "CreateTags", Resources=[inst["InstanceId"]], Tags=[{"Key": TAG_NODE, "Value": str(idx)}])
+                self._call(
+                    ec2,
+                    "CreateTags",
+                    Resources=[inst["InstanceId"]],
+                    Tags=[{"Key": TAG_NODE, "Value": str(idx)}],
+                )
             ids = [i["InstanceId"] for i in instances]
             self._wait_state(ec2, ids, "running", self.settings.launch_timeout)
             if eips:
                 self._attach_elastic_ips(ec2, ids, eips)
             info = self.describe(request.name, zone)
             if info is None:  # pragma: no cover - just launched
-                raise CloudError(f"cluster {request.name} vanished right after launch", "retry the launch")
+                raise CloudError(
+                    f"cluster {request.name} vanished right after launch", "retry the launch"
+                )
             return info
         except BaseException as exc:
-            self.log(f"{request.name}: launch in {zone} failed ({_first_line(exc)}); removing what was created")
+            self.log(
+                f"{request.name}: launch in {zone} failed ({_first_line(exc)}); removing what was created"
+            )
             try:
                 self.delete(request.name, zone)
             except Exception as cleanup_exc:  # noqa: BLE001 - report the original error
@@ -286,7 +401,7 @@ class AwsProvider(CloudProvider):
         iam = self.clients.client("iam", region)
         try:
             iam.get_instance_profile(InstanceProfileName=prof)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if error_code(exc) == "NoSuchEntity":
                 raise CloudError(
                     f"IAM instance profile '{prof}' does not exist",
@@ -296,67 +411,126 @@ class AwsProvider(CloudProvider):
 
     def _ensure_key_pair(self, ec2: Any, request: ClusterRequest) -> str:
         if self.settings.key_name:
-            found = self._call(ec2, "DescribeKeyPairs", Filters=[{"Name": "key-name", "Values": [self.settings.key_name]}])["KeyPairs"]
+            found = self._call(
+                ec2,
+                "DescribeKeyPairs",
+                Filters=[{"Name": "key-name", "Values": [self.settings.key_name]}],
+            )["KeyPairs"]
             if not found:
-                raise CloudError(f"key pair '{self.settings.key_name}' does not exist in {self.region}",
-                                 "create or import it in this region, or unset aws.key_name to let aios import its own key")
+                raise CloudError(
+                    f"key pair '{self.settings.key_name}' does not exist in {self.region}",
+                    "create or import it in this region, or unset aws.key_name to let aios import its own key",
+                )
             return self.settings.key_name
         if not request.ssh_public_key:
-            raise CloudError("no SSH public key to install on the hosts", "set aws.key_name to an existing key pair, or let aios create its key (aios launch does)")
+            raise CloudError(
+                "no SSH public key to install on the hosts",
+                "set aws.key_name to an existing key pair, or let aios create its key (aios launch does)",
+            )
         name = resource_name(request.name)
-        mine = self._call(ec2, "DescribeKeyPairs", Filters=[{"Name": f"tag:{TAG_CLUSTER}", "Values": [request.name]}])["KeyPairs"]
+        mine = self._call(
+            ec2,
+            "DescribeKeyPairs",
+            Filters=[{"Name": f"tag:{TAG_CLUSTER}", "Values": [request.name]}],
+        )["KeyPairs"]
         for kp in mine:  # re-import: the local key may have changed since the last launch
             self._call(ec2, "DeleteKeyPair", KeyName=kp["KeyName"])
-        self._call(ec2, "ImportKeyPair", KeyName=name, PublicKeyMaterial=request.ssh_public_key.strip().encode(),
-                   TagSpecifications=[tag_spec("key-pair", request.name, request.labels)])
+        self._call(
+            ec2,
+            "ImportKeyPair",
+            KeyName=name,
+            PublicKeyMaterial=request.ssh_public_key.strip().encode(),
+            TagSpecifications=[tag_spec("key-pair", request.name, request.labels)],
+        )
         return name
 
     def _subnet(self, ec2: Any, zone: str) -> tuple[str, str]:
         if self.settings.subnet_ids:
-            subnets = self._call(ec2, "DescribeSubnets", SubnetIds=list(self.settings.subnet_ids))["Subnets"]
+            subnets = self._call(ec2, "DescribeSubnets", SubnetIds=list(self.settings.subnet_ids))[
+                "Subnets"
+            ]
             for s in subnets:
                 if s["AvailabilityZone"] == zone:
                     return s["SubnetId"], s["VpcId"]
-            raise CloudError(f"none of aws.subnet_ids is in {zone}", "add a subnet of that zone to aws.subnet_ids, or set aws.zones")
-        subnets = self._call(ec2, "DescribeSubnets", Filters=[
-            {"Name": "availability-zone", "Values": [zone]}, {"Name": "default-for-az", "Values": ["true"]}])["Subnets"]
+            raise CloudError(
+                f"none of aws.subnet_ids is in {zone}",
+                "add a subnet of that zone to aws.subnet_ids, or set aws.zones",
+            )
+        subnets = self._call(
+            ec2,
+            "DescribeSubnets",
+            Filters=[
+                {"Name": "availability-zone", "Values": [zone]},
+                {"Name": "default-for-az", "Values": ["true"]},
+            ],
+        )["Subnets"]
         if not subnets:
-            raise CloudError(f"{zone} has no default subnet", "create a default VPC (`aws ec2 create-default-vpc`) or set aws.subnet_ids")
+            raise CloudError(
+                f"{zone} has no default subnet",
+                "create a default VPC (`aws ec2 create-default-vpc`) or set aws.subnet_ids",
+            )
         return subnets[0]["SubnetId"], subnets[0]["VpcId"]
 
-    def _ensure_security_group(self, ec2: Any, cluster: str, vpc_id: str, labels: dict[str, str]) -> list[str]:
+    def _ensure_security_group(
+        self, ec2: Any, cluster: str, vpc_id: str, labels: dict[str, str]
+    ) -> list[str]:
         if self.settings.security_group_ids:
             return list(self.settings.security_group_ids)
         name = resource_name(cluster)
-        found = self._call(ec2, "DescribeSecurityGroups", Filters=[
-            {"Name": "group-name", "Values": [name]}, {"Name": "vpc-id", "Values": [vpc_id]}])["SecurityGroups"]
+        found = self._call(
+            ec2,
+            "DescribeSecurityGroups",
+            Filters=[
+                {"Name": "group-name", "Values": [name]},
+                {"Name": "vpc-id", "Values": [vpc_id]},
+            ],
+        )["SecurityGroups"]
         if found:
             return [found[0]["GroupId"]]
-        gid = self._call(ec2, "CreateSecurityGroup", GroupName=name, VpcId=vpc_id,
-                         Description=f"aios cluster {cluster}: ssh in, all traffic between its hosts",
-                         TagSpecifications=[tag_spec("security-group", cluster, labels)])["GroupId"]
-        self._call(ec2, "AuthorizeSecurityGroupIngress", GroupId=gid, IpPermissions=security_group_rules(gid, self.settings.ssh_cidr))
+        gid = self._call(
+            ec2,
+            "CreateSecurityGroup",
+            GroupName=name,
+            VpcId=vpc_id,
+            Description=f"aios cluster {cluster}: ssh in, all traffic between its hosts",
+            TagSpecifications=[tag_spec("security-group", cluster, labels)],
+        )["GroupId"]
+        self._call(
+            ec2,
+            "AuthorizeSecurityGroupIngress",
+            GroupId=gid,
+            IpPermissions=security_group_rules(gid, self.settings.ssh_cidr),
+        )
         return [gid]
 
     def _ensure_placement_group(self, ec2: Any, cluster: str, labels: dict[str, str]) -> str:
         name = resource_name(cluster)
         try:
             found = ec2.describe_placement_groups(GroupNames=[name]).get("PlacementGroups", [])
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if not error_code(exc).startswith("InvalidPlacementGroup"):
                 raise translate(exc, "DescribePlacementGroups") from exc
             found = []
         if not found:
-            self._call(ec2, "CreatePlacementGroup", GroupName=name, Strategy="cluster",
-                       TagSpecifications=[tag_spec("placement-group", cluster, labels)])
+            self._call(
+                ec2,
+                "CreatePlacementGroup",
+                GroupName=name,
+                Strategy="cluster",
+                TagSpecifications=[tag_spec("placement-group", cluster, labels)],
+            )
         return name
 
-    def _allocate_elastic_ips(self, ec2: Any, cluster: str, n: int, labels: dict[str, str], region: str) -> list[str]:
+    def _allocate_elastic_ips(
+        self, ec2: Any, cluster: str, n: int, labels: dict[str, str], region: str
+    ) -> list[str]:
         got: list[str] = []
         for _ in range(n):
             try:
-                alloc = ec2.allocate_address(Domain="vpc", TagSpecifications=[tag_spec("elastic-ip", cluster, labels)])
-            except Exception as exc:  # noqa: BLE001
+                alloc = ec2.allocate_address(
+                    Domain="vpc", TagSpecifications=[tag_spec("elastic-ip", cluster, labels)]
+                )
+            except Exception as exc:
                 if error_code(exc) != "AddressLimitExceeded":
                     raise translate(exc, "AllocateAddress") from exc
                 for a in got:
@@ -372,11 +546,20 @@ class AwsProvider(CloudProvider):
 
     def _attach_elastic_ips(self, ec2: Any, ids: list[str], allocations: list[str]) -> None:
         reservations = self._call(ec2, "DescribeInstances", InstanceIds=ids)["Reservations"]
-        insts = sorted((i for r in reservations for i in r["Instances"]), key=lambda i: ids.index(i["InstanceId"]))
+        insts = sorted(
+            (i for r in reservations for i in r["Instances"]),
+            key=lambda i: ids.index(i["InstanceId"]),
+        )
         for inst, alloc in zip(insts, allocations):
-            primary = next((n for n in inst.get("NetworkInterfaces", [])
-                            if n.get("Attachment", {}).get("DeviceIndex", 0) == 0
-                            and n.get("Attachment", {}).get("NetworkCardIndex", 0) == 0), None)
+            primary = next(
+                (
+                    n
+                    for n in inst.get("NetworkInterfaces", [])
+                    if n.get("Attachment", {}).get("DeviceIndex", 0) == 0
+                    and n.get("Attachment", {}).get("NetworkCardIndex", 0) == 0
+                ),
+                None,
+            )
             kwargs: dict[str, Any] = {"AllocationId": alloc}
             if primary:
                 kwargs["NetworkInterfaceId"] = primary["NetworkInterfaceId"]
@@ -384,10 +567,16 @@ class AwsProvider(CloudProvider):
                 kwargs["InstanceId"] = inst["InstanceId"]
             self._call(ec2, "AssociateAddress", **kwargs)
 
-    def _wait_state(self, ec2: Any, ids: list[str], target: str, timeout: float) -> list[dict[str, Any]]:
+    def _wait_state(
+        self, ec2: Any, ids: list[str], target: str, timeout: float
+    ) -> list[dict[str, Any]]:
         deadline = time.monotonic() + timeout
         while True:
-            insts = [i for r in self._call(ec2, "DescribeInstances", InstanceIds=ids)["Reservations"] for i in r["Instances"]]
+            insts = [
+                i
+                for r in self._call(ec2, "DescribeInstances", InstanceIds=ids)["Reservations"]
+                for i in r["Instances"]
+            ]
             states = {i["State"]["Name"] for i in insts}
             if states == {target}:
                 return insts
@@ -396,18 +585,31 @@ class AwsProvider(CloudProvider):
                 if reasons & SPOT_TERMINATION_CODES or any("Spot" in r for r in reasons):
                     from aios.cloud.provider import CapacityError
 
-                    raise CapacityError("spot capacity was reclaimed while the instances booted", "aios tries the next availability zone")
-                raise CloudError(f"instances terminated while booting ({', '.join(sorted(r for r in reasons if r)) or 'no reason given'})",
-                                 "check the AMI and the account's EC2 console for the reason")
+                    raise CapacityError(
+                        "spot capacity was reclaimed while the instances booted",
+                        "aios tries the next availability zone",
+                    )
+                raise CloudError(
+                    f"instances terminated while booting ({', '.join(sorted(r for r in reasons if r)) or 'no reason given'})",
+                    "check the AMI and the account's EC2 console for the reason",
+                )
             if time.monotonic() > deadline:
-                raise TransientAwsError(f"instances did not reach {target} within {timeout:.0f}s (now: {', '.join(sorted(states))})",
-                                        "retry, or raise aws.launch_timeout")
+                raise TransientAwsError(
+                    f"instances did not reach {target} within {timeout:.0f}s (now: {', '.join(sorted(states))})",
+                    "retry, or raise aws.launch_timeout",
+                )
             time.sleep(self.poll_interval)
 
     # ------------------------------------------------------------------ describe / list
-    def _instances(self, ec2: Any, cluster: str | None, states: list[str] | None = None) -> list[dict[str, Any]]:
+    def _instances(
+        self, ec2: Any, cluster: str | None, states: list[str] | None = None
+    ) -> list[dict[str, Any]]:
         filters = [{"Name": "instance-state-name", "Values": states or LIVE_STATES}]
-        filters.append({"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster]} if cluster else {"Name": "tag-key", "Values": [TAG_CLUSTER]})
+        filters.append(
+            {"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster]}
+            if cluster
+            else {"Name": "tag-key", "Values": [TAG_CLUSTER]}
+        )
         out: list[dict[str, Any]] = []
         token: str | None = None
         while True:
@@ -430,16 +632,24 @@ class AwsProvider(CloudProvider):
             return None
         # Terminated instances stay visible for a while: only the newest launch (one
         # RunInstances call = one reservation) describes the cluster now.
-        newest = max(insts, key=lambda i: (str(i.get("LaunchTime", "")), i.get("ReservationId") or ""))
+        newest = max(
+            insts, key=lambda i: (str(i.get("LaunchTime", "")), i.get("ReservationId") or "")
+        )
         insts = [i for i in insts if i.get("ReservationId") == newest.get("ReservationId")]
         live = [i for i in insts if i["State"]["Name"] != "terminated"]
-        spot_lost = [i for i in insts if i["State"]["Name"] in ("shutting-down", "terminated")
-                     and i.get("StateReason", {}).get("Code") in SPOT_TERMINATION_CODES]
+        spot_lost = [
+            i
+            for i in insts
+            if i["State"]["Name"] in ("shutting-down", "terminated")
+            and i.get("StateReason", {}).get("Code") in SPOT_TERMINATION_CODES
+        ]
         if not live and not spot_lost:
             return None
         return self._info(name, live or spot_lost, preempted=bool(spot_lost), ec2=ec2)
 
-    def _info(self, name: str, insts: list[dict[str, Any]], preempted: bool, ec2: Any | None = None) -> ClusterInfo:
+    def _info(
+        self, name: str, insts: list[dict[str, Any]], preempted: bool, ec2: Any | None = None
+    ) -> ClusterInfo:
         insts = sorted(insts, key=_node_index)
         states = {i["State"]["Name"] for i in insts}
         if preempted:
@@ -447,7 +657,11 @@ class AwsProvider(CloudProvider):
         elif states == {"running"}:
             state = READY
         elif "pending" in states:
-            state = PENDING if states <= {"pending", "running"} and "running" not in states else STARTING
+            state = (
+                PENDING
+                if states <= {"pending", "running"} and "running" not in states
+                else STARTING
+            )
         elif "stopping" in states:
             state = STOPPING
         elif states == {"stopped"}:
@@ -467,24 +681,54 @@ class AwsProvider(CloudProvider):
             ip = private if (self.settings.use_private_ip or not public) else public
             if not ip:
                 continue
-            hosts.append(ClusterHost(worker_id=_node_index(i), ip=ip, internal_ip=private, ssh_user=self.settings.ssh_user,
-                                     ssh_key=key, port=22, instance_id=i["InstanceId"]))
+            hosts.append(
+                ClusterHost(
+                    worker_id=_node_index(i),
+                    ip=ip,
+                    internal_ip=private,
+                    ssh_user=self.settings.ssh_user,
+                    ssh_key=key,
+                    port=22,
+                    instance_id=i["InstanceId"],
+                )
+            )
         health, detail = (UNKNOWN, "")
         if state == READY and ec2 is not None:
             health, detail = self._health(ec2, [i["InstanceId"] for i in insts])
         spot = any(i.get("InstanceLifecycle") == "spot" for i in insts)
         launch = min((i.get("LaunchTime") for i in insts if i.get("LaunchTime")), default=None)
         return ClusterInfo(
-            name=name, cloud="aws", zone=first.get("Placement", {}).get("AvailabilityZone"), accelerator=itype,
-            state=state, health=health, health_detail=detail, spot=spot, hosts=hosts,
+            name=name,
+            cloud="aws",
+            zone=first.get("Placement", {}).get("AvailabilityZone"),
+            accelerator=itype,
+            state=state,
+            health=health,
+            health_detail=detail,
+            spot=spot,
+            hosts=hosts,
             runtime=first.get("ImageId"),
             labels={k: v for k, v in tagmap.items() if not k.startswith("aios:") and k != "Name"},
-            created=launch.isoformat() if hasattr(launch, "isoformat") else (str(launch) if launch else None),
-            raw={"instances": [{"id": i["InstanceId"], "state": i["State"]["Name"], "zone": i.get("Placement", {}).get("AvailabilityZone"),
-                                "private_ip": i.get("PrivateIpAddress"), "public_ip": i.get("PublicIpAddress"),
-                                "lifecycle": i.get("InstanceLifecycle", "on-demand"),
-                                "state_reason": i.get("StateReason", {}).get("Code")} for i in insts],
-                 "region": region_of_zone(first["Placement"]["AvailabilityZone"]) if first.get("Placement", {}).get("AvailabilityZone") else self.region},
+            created=launch.isoformat()
+            if hasattr(launch, "isoformat")
+            else (str(launch) if launch else None),
+            raw={
+                "instances": [
+                    {
+                        "id": i["InstanceId"],
+                        "state": i["State"]["Name"],
+                        "zone": i.get("Placement", {}).get("AvailabilityZone"),
+                        "private_ip": i.get("PrivateIpAddress"),
+                        "public_ip": i.get("PublicIpAddress"),
+                        "lifecycle": i.get("InstanceLifecycle", "on-demand"),
+                        "state_reason": i.get("StateReason", {}).get("Code"),
+                    }
+                    for i in insts
+                ],
+                "region": region_of_zone(first["Placement"]["AvailabilityZone"])
+                if first.get("Placement", {}).get("AvailabilityZone")
+                else self.region,
+            },
         )
 
     def _health(self, ec2: Any, ids: list[str]) -> tuple[str, str]:
@@ -507,7 +751,9 @@ class AwsProvider(CloudProvider):
         groups: dict[str, list[dict[str, Any]]] = {}
         for inst in self._instances(ec2, None):
             groups.setdefault(_tags(inst).get(TAG_CLUSTER, "?"), []).append(inst)
-        return [self._info(n, insts, preempted=False, ec2=None) for n, insts in sorted(groups.items())]
+        return [
+            self._info(n, insts, preempted=False, ec2=None) for n, insts in sorted(groups.items())
+        ]
 
     # ------------------------------------------------------------------ start / stop / delete
     def _ids(self, ec2: Any, name: str) -> list[str]:
@@ -515,14 +761,20 @@ class AwsProvider(CloudProvider):
 
         insts = self._instances(ec2, name)
         if not insts:
-            raise ClusterNotFound(f"no instances of cluster {name} in {self.region}", "check the name with `aios status`, or pass the right --region")
+            raise ClusterNotFound(
+                f"no instances of cluster {name} in {self.region}",
+                "check the name with `aios status`, or pass the right --region",
+            )
         return [i["InstanceId"] for i in insts]
 
     def stop(self, name: str, zone: str | None) -> None:
         ec2 = self.ec2(self._region(zone))
         insts = self._instances(ec2, name)
         if any(i.get("InstanceLifecycle") == "spot" for i in insts):
-            raise CloudError(f"cluster {name} runs on one-time spot instances, which cannot be stopped", f"use `aios down {name}` (a managed run relaunches it)")
+            raise CloudError(
+                f"cluster {name} runs on one-time spot instances, which cannot be stopped",
+                f"use `aios down {name}` (a managed run relaunches it)",
+            )
         ids = self._ids(ec2, name)
         self._call(ec2, "StopInstances", InstanceIds=ids)
         self._wait_state(ec2, ids, "stopped", self.settings.launch_timeout)
@@ -541,25 +793,57 @@ class AwsProvider(CloudProvider):
         ec2 = self.ec2(self._region(zone))
         cluster_filter = [{"Name": f"tag:{TAG_CLUSTER}", "Values": [name]}]
         insts = self._instances(ec2, name)
-        spot_requests = [i["SpotInstanceRequestId"] for i in insts if i.get("SpotInstanceRequestId")]
+        spot_requests = [
+            i["SpotInstanceRequestId"] for i in insts if i.get("SpotInstanceRequestId")
+        ]
         if spot_requests:
-            _ignore_missing(lambda: self._call(ec2, "CancelSpotInstanceRequests", SpotInstanceRequestIds=spot_requests))
+            _ignore_missing(
+                lambda: self._call(
+                    ec2, "CancelSpotInstanceRequests", SpotInstanceRequestIds=spot_requests
+                )
+            )
         ids = [i["InstanceId"] for i in insts]
         if ids:
             self.log(f"{name}: terminating {len(ids)} instance(s)")
             self._call(ec2, "TerminateInstances", InstanceIds=ids)
             self._wait_state(ec2, ids, "terminated", self.settings.launch_timeout)
-        for addr in self._call(ec2, "DescribeAddresses", Filters=cluster_filter).get("Addresses", []):
+        for addr in self._call(ec2, "DescribeAddresses", Filters=cluster_filter).get(
+            "Addresses", []
+        ):
             if addr.get("AssociationId"):
-                _ignore_missing(lambda a=addr: self._call(ec2, "DisassociateAddress", AssociationId=a["AssociationId"]))
-            _ignore_missing(lambda a=addr: self._call(ec2, "ReleaseAddress", AllocationId=a["AllocationId"]))
-        for eni in self._call(ec2, "DescribeNetworkInterfaces", Filters=[*cluster_filter, {"Name": "status", "Values": ["available"]}]).get("NetworkInterfaces", []):
-            _ignore_missing(lambda e=eni: self._call(ec2, "DeleteNetworkInterface", NetworkInterfaceId=e["NetworkInterfaceId"]))
-        for vol in self._call(ec2, "DescribeVolumes", Filters=[*cluster_filter, {"Name": "status", "Values": ["available"]}]).get("Volumes", []):
+                _ignore_missing(
+                    lambda a=addr: self._call(
+                        ec2, "DisassociateAddress", AssociationId=a["AssociationId"]
+                    )
+                )
+            _ignore_missing(
+                lambda a=addr: self._call(ec2, "ReleaseAddress", AllocationId=a["AllocationId"])
+            )
+        for eni in self._call(
+            ec2,
+            "DescribeNetworkInterfaces",
+            Filters=[*cluster_filter, {"Name": "status", "Values": ["available"]}],
+        ).get("NetworkInterfaces", []):
+            _ignore_missing(
+                lambda e=eni: self._call(
+                    ec2, "DeleteNetworkInterface", NetworkInterfaceId=e["NetworkInterfaceId"]
+                )
+            )
+        for vol in self._call(
+            ec2,
+            "DescribeVolumes",
+            Filters=[*cluster_filter, {"Name": "status", "Values": ["available"]}],
+        ).get("Volumes", []):
             _ignore_missing(lambda v=vol: self._call(ec2, "DeleteVolume", VolumeId=v["VolumeId"]))
-        for pg in self._call(ec2, "DescribePlacementGroups", Filters=cluster_filter).get("PlacementGroups", []):
-            _ignore_missing(lambda p=pg: self._call(ec2, "DeletePlacementGroup", GroupName=p["GroupName"]))
-        for sg in self._call(ec2, "DescribeSecurityGroups", Filters=cluster_filter).get("SecurityGroups", []):
+        for pg in self._call(ec2, "DescribePlacementGroups", Filters=cluster_filter).get(
+            "PlacementGroups", []
+        ):
+            _ignore_missing(
+                lambda p=pg: self._call(ec2, "DeletePlacementGroup", GroupName=p["GroupName"])
+            )
+        for sg in self._call(ec2, "DescribeSecurityGroups", Filters=cluster_filter).get(
+            "SecurityGroups", []
+        ):
             self._delete_security_group(ec2, sg["GroupId"])
         for kp in self._call(ec2, "DescribeKeyPairs", Filters=cluster_filter).get("KeyPairs", []):
             _ignore_missing(lambda k=kp: self._call(ec2, "DeleteKeyPair", KeyName=k["KeyName"]))
@@ -572,7 +856,7 @@ class AwsProvider(CloudProvider):
             try:
                 ec2.delete_security_group(GroupId=gid)
                 return
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 code = error_code(exc)
                 if code.startswith("InvalidGroup"):
                     return
@@ -595,9 +879,13 @@ class AwsProvider(CloudProvider):
         check_requirements(aios_deps, "aios_requirements")
         check_requirements(requirements)
         if aios_deps:
-            lines.append(f"{py} -m pip install --quiet " + " ".join(shlex.quote(r) for r in aios_deps))
+            lines.append(
+                f"{py} -m pip install --quiet " + " ".join(shlex.quote(r) for r in aios_deps)
+            )
         if requirements:
-            lines.append(f"{py} -m pip install --quiet " + " ".join(shlex.quote(r) for r in requirements))
+            lines.append(
+                f"{py} -m pip install --quiet " + " ".join(shlex.quote(r) for r in requirements)
+            )
         return lines
 
     def remote_env(self, info: ClusterInfo) -> dict[str, str]:
@@ -638,12 +926,18 @@ class AwsProvider(CloudProvider):
         if not (self.settings.efa_check and use_efa(self.settings, itype, nodes)):
             return []
         path = "PATH=/opt/amazon/efa/bin:$PATH"
-        return [f"{path} fi_info -p efa -t FI_EP_RDM >/dev/null 2>&1 || {{ echo \"[aios] EFA is not usable on $(hostname): "
-                f"'fi_info -p efa -t FI_EP_RDM' found no EFA provider ({itype.name} x{nodes} needs it for NCCL/Neuron collectives); "
-                f"use an EFA-enabled AMI (the DLAMI) or set aws.efa=off\" >&2; exit 1; }}"]
+        return [
+            f'{path} fi_info -p efa -t FI_EP_RDM >/dev/null 2>&1 || {{ echo "[aios] EFA is not usable on $(hostname): '
+            f"'fi_info -p efa -t FI_EP_RDM' found no EFA provider ({itype.name} x{nodes} needs it for NCCL/Neuron collectives); "
+            f'use an EFA-enabled AMI (the DLAMI) or set aws.efa=off" >&2; exit 1; }}'
+        ]
 
-    def check_storage(self, url: str, env_names: tuple[str, ...] | list[str] | set[str] = ()) -> None:
-        forwarded = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} <= set(env_names)  # the user's explicit choice
+    def check_storage(
+        self, url: str, env_names: tuple[str, ...] | list[str] | set[str] = ()
+    ) -> None:
+        forwarded = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} <= set(
+            env_names
+        )  # the user's explicit choice
         if url.startswith("s3://") and not self.settings.iam_instance_profile and not forwarded:
             bucket = url[5:].split("/", 1)[0]
             raise CloudError(
@@ -656,37 +950,85 @@ class AwsProvider(CloudProvider):
         return self.clients.credentials_source()
 
     # ------------------------------------------------------------------ dry run
-    def plan_create(self, request: ClusterRequest, zone: str | None = None, resolved: dict[str, Any] | None = None) -> dict[str, Any]:
+    def plan_create(
+        self,
+        request: ClusterRequest,
+        zone: str | None = None,
+        resolved: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         """What :meth:`create` sends. Without ``resolved`` (``--dry-run``) ids not known yet
         appear as ``<...>`` placeholders; :meth:`create` passes the resolved ids and sends
         ``run_instances`` of this very plan."""
         request = self.validate(request) if not request.region else request
         region = request.region or self.region
         itype = cat.lookup(request.accelerator, region)
-        zone = zone or request.zone or (self.settings.zones[0] if self.settings.zones else f"{region}a")
+        zone = (
+            zone
+            or request.zone
+            or (self.settings.zones[0] if self.settings.zones else f"{region}a")
+        )
         r = resolved or {}
-        pg = r["placement_group"] if "placement_group" in r else (
-            resource_name(request.name) if use_placement_group(self.settings, itype, request.nodes) else None)
-        sg = r.get("group_ids") or list(self.settings.security_group_ids) or [f"<sg:{resource_name(request.name)}>"]
-        image = r.get("image") or request.image or f"<ssm:{self.ami_parameter(request.accelerator)}>"
+        pg = (
+            r["placement_group"]
+            if "placement_group" in r
+            else (
+                resource_name(request.name)
+                if use_placement_group(self.settings, itype, request.nodes)
+                else None
+            )
+        )
+        sg = (
+            r.get("group_ids")
+            or list(self.settings.security_group_ids)
+            or [f"<sg:{resource_name(request.name)}>"]
+        )
+        image = (
+            r.get("image") or request.image or f"<ssm:{self.ami_parameter(request.accelerator)}>"
+        )
         kind, _, rid = (request.extra.get("reservation") or "").rpartition(":")
         params = run_instances_params(
-            reservation=rid or None, capacity_block=kind == "block",
-            cluster=request.name, itype=itype, nodes=request.nodes, zone=zone, image_id=image,
+            reservation=rid or None,
+            capacity_block=kind == "block",
+            cluster=request.name,
+            itype=itype,
+            nodes=request.nodes,
+            zone=zone,
+            image_id=image,
             root_device=r.get("root_device", "/dev/sda1"),
-            subnet_id=r.get("subnet_id") or (self.settings.subnet_ids[0] if self.settings.subnet_ids else f"<default subnet of {zone}>"),
-            group_ids=sg, key_name=r.get("key_name") or self.settings.key_name or resource_name(request.name), settings=self.settings,
-            spot=request.spot, placement_group=pg, labels=request.labels, disk_gb=request.disk_gb,
+            subnet_id=r.get("subnet_id")
+            or (
+                self.settings.subnet_ids[0]
+                if self.settings.subnet_ids
+                else f"<default subnet of {zone}>"
+            ),
+            group_ids=sg,
+            key_name=r.get("key_name") or self.settings.key_name or resource_name(request.name),
+            settings=self.settings,
+            spot=request.spot,
+            placement_group=pg,
+            labels=request.labels,
+            disk_gb=request.disk_gb,
             client_token=r.get("client_token"),
         )
         return {
-            "region": region, "zone": zone, "instance_type": itype.name, "nodes": request.nodes, "spot": request.spot,
+            "region": region,
+            "zone": zone,
+            "instance_type": itype.name,
+            "nodes": request.nodes,
+            "spot": request.spot,
             "ami": request.image or {"ssm_parameter": self.ami_parameter(request.accelerator)},
-            "placement_group": pg, "efa_interfaces_per_node": sum(1 for n in params["NetworkInterfaces"] if "efa" in n.get("InterfaceType", "")),
+            "placement_group": pg,
+            "efa_interfaces_per_node": sum(
+                1 for n in params["NetworkInterfaces"] if "efa" in n.get("InterfaceType", "")
+            ),
             "elastic_ips": needs_elastic_ips(self.settings, itype, request.nodes),
-            "hourly_usd": round((itype.hourly(request.spot) or 0.0) * request.nodes, 4) if itype.hourly(request.spot) is not None else None,
+            "hourly_usd": round((itype.hourly(request.spot) or 0.0) * request.nodes, 4)
+            if itype.hourly(request.spot) is not None
+            else None,
             "run_instances": params,
-            "security_group_rules": None if self.settings.security_group_ids else security_group_rules(sg[0], self.settings.ssh_cidr),
+            "security_group_rules": None
+            if self.settings.security_group_ids
+            else security_group_rules(sg[0], self.settings.ssh_cidr),
         }
 
     def render_create(self, request: ClusterRequest) -> list[CloudCommand]:
@@ -696,52 +1038,233 @@ class AwsProvider(CloudProvider):
         name = request.name
         cmds: list[CloudCommand] = []
         if not request.image:
-            cmds.append(CloudCommand(["aws", "ssm", "get-parameter", "--region", region, "--name", plan["ami"]["ssm_parameter"],
-                                      "--query", "Parameter.Value", "--output", "text"], "DLAMI id"))
+            cmds.append(
+                CloudCommand(
+                    [
+                        "aws",
+                        "ssm",
+                        "get-parameter",
+                        "--region",
+                        region,
+                        "--name",
+                        plan["ami"]["ssm_parameter"],
+                        "--query",
+                        "Parameter.Value",
+                        "--output",
+                        "text",
+                    ],
+                    "DLAMI id",
+                )
+            )
         if not self.settings.key_name:
-            cmds.append(CloudCommand(["aws", "ec2", "import-key-pair", "--region", region, "--key-name", resource_name(name),
-                                      "--public-key-material", "fileb://<aios public key>",
-                                      "--tag-specifications", _json([tag_spec("key-pair", name, request.labels)])], "the aios SSH public key"))
+            cmds.append(
+                CloudCommand(
+                    [
+                        "aws",
+                        "ec2",
+                        "import-key-pair",
+                        "--region",
+                        region,
+                        "--key-name",
+                        resource_name(name),
+                        "--public-key-material",
+                        "fileb://<aios public key>",
+                        "--tag-specifications",
+                        _json([tag_spec("key-pair", name, request.labels)]),
+                    ],
+                    "the aios SSH public key",
+                )
+            )
         if not self.settings.security_group_ids:
-            cmds.append(CloudCommand(["aws", "ec2", "create-security-group", "--region", region, "--group-name", resource_name(name),
-                                      "--description", f"aios cluster {name}", "--vpc-id", "<default VPC>",
-                                      "--tag-specifications", _json([tag_spec("security-group", name, request.labels)])]))
-            cmds.append(CloudCommand(["aws", "ec2", "authorize-security-group-ingress", "--region", region, "--group-id", f"<sg:{resource_name(name)}>",
-                                      "--ip-permissions", _json(plan["security_group_rules"])], "ssh in; all traffic between the hosts"))
+            cmds.append(
+                CloudCommand(
+                    [
+                        "aws",
+                        "ec2",
+                        "create-security-group",
+                        "--region",
+                        region,
+                        "--group-name",
+                        resource_name(name),
+                        "--description",
+                        f"aios cluster {name}",
+                        "--vpc-id",
+                        "<default VPC>",
+                        "--tag-specifications",
+                        _json([tag_spec("security-group", name, request.labels)]),
+                    ]
+                )
+            )
+            cmds.append(
+                CloudCommand(
+                    [
+                        "aws",
+                        "ec2",
+                        "authorize-security-group-ingress",
+                        "--region",
+                        region,
+                        "--group-id",
+                        f"<sg:{resource_name(name)}>",
+                        "--ip-permissions",
+                        _json(plan["security_group_rules"]),
+                    ],
+                    "ssh in; all traffic between the hosts",
+                )
+            )
         if plan["placement_group"]:
-            cmds.append(CloudCommand(["aws", "ec2", "create-placement-group", "--region", region, "--group-name", plan["placement_group"],
-                                      "--strategy", "cluster", "--tag-specifications", _json([tag_spec("placement-group", name, request.labels)])]))
+            cmds.append(
+                CloudCommand(
+                    [
+                        "aws",
+                        "ec2",
+                        "create-placement-group",
+                        "--region",
+                        region,
+                        "--group-name",
+                        plan["placement_group"],
+                        "--strategy",
+                        "cluster",
+                        "--tag-specifications",
+                        _json([tag_spec("placement-group", name, request.labels)]),
+                    ]
+                )
+            )
         if plan["elastic_ips"]:
-            cmds.append(CloudCommand(["aws", "ec2", "allocate-address", "--region", region, "--domain", "vpc",
-                                      "--tag-specifications", _json([tag_spec("elastic-ip", name, request.labels)])],
-                                     f"x{plan['nodes']}, before any instance: multi-card EFA hosts get no automatic public IP"))
-        cmds.append(CloudCommand(["aws", "ec2", "run-instances", "--region", region, "--cli-input-json", _json(plan["run_instances"])],
-                                 f"{plan['nodes']} x {plan['instance_type']} in {plan['zone']}; next zones on InsufficientInstanceCapacity"))
+            cmds.append(
+                CloudCommand(
+                    [
+                        "aws",
+                        "ec2",
+                        "allocate-address",
+                        "--region",
+                        region,
+                        "--domain",
+                        "vpc",
+                        "--tag-specifications",
+                        _json([tag_spec("elastic-ip", name, request.labels)]),
+                    ],
+                    f"x{plan['nodes']}, before any instance: multi-card EFA hosts get no automatic public IP",
+                )
+            )
+        cmds.append(
+            CloudCommand(
+                [
+                    "aws",
+                    "ec2",
+                    "run-instances",
+                    "--region",
+                    region,
+                    "--cli-input-json",
+                    _json(plan["run_instances"]),
+                ],
+                f"{plan['nodes']} x {plan['instance_type']} in {plan['zone']}; next zones on InsufficientInstanceCapacity",
+            )
+        )
         if plan["elastic_ips"]:
-            cmds.append(CloudCommand(["aws", "ec2", "associate-address", "--region", region, "--allocation-id", "<each allocated address>",
-                                      "--network-interface-id", "<primary interface of each instance>"]))
+            cmds.append(
+                CloudCommand(
+                    [
+                        "aws",
+                        "ec2",
+                        "associate-address",
+                        "--region",
+                        region,
+                        "--allocation-id",
+                        "<each allocated address>",
+                        "--network-interface-id",
+                        "<primary interface of each instance>",
+                    ]
+                )
+            )
         return cmds
 
     def render(self, action: str, name: str, zone: str | None) -> list[CloudCommand]:
         region = self._region(zone)
         filt = [f"Name=tag:{TAG_CLUSTER},Values={name}"]
         live = "Name=instance-state-name,Values=pending,running,stopping,stopped"
-        ids = ("$(aws ec2 describe-instances --region {r} --filters {t} {live} --query 'Reservations[].Instances[].InstanceId' "
-               "--output text)").format(r=region, t=shlex.quote(f"Name=tag:{TAG_CLUSTER},Values={name}"), live=live)
+        ids = (
+            "$(aws ec2 describe-instances --region {r} --filters {t} {live} --query 'Reservations[].Instances[].InstanceId' "
+            "--output text)"
+        ).format(r=region, t=shlex.quote(f"Name=tag:{TAG_CLUSTER},Values={name}"), live=live)
         if action in ("describe", "status", "list"):
             f = filt if action != "list" else [f"Name=tag-key,Values={TAG_CLUSTER}"]
-            return [CloudCommand(["aws", "ec2", "describe-instances", "--region", region, "--filters", *f])]
+            return [
+                CloudCommand(
+                    ["aws", "ec2", "describe-instances", "--region", region, "--filters", *f]
+                )
+            ]
         if action == "stop":
-            return [CloudCommand(["aws", "ec2", "stop-instances", "--region", region, "--instance-ids", ids], shell_args=(6,))]
+            return [
+                CloudCommand(
+                    ["aws", "ec2", "stop-instances", "--region", region, "--instance-ids", ids],
+                    shell_args=(6,),
+                )
+            ]
         if action == "start":
-            return [CloudCommand(["aws", "ec2", "start-instances", "--region", region, "--instance-ids", ids], shell_args=(6,))]
+            return [
+                CloudCommand(
+                    ["aws", "ec2", "start-instances", "--region", region, "--instance-ids", ids],
+                    shell_args=(6,),
+                )
+            ]
         if action in ("delete", "down"):
             return [
-                CloudCommand(["aws", "ec2", "terminate-instances", "--region", region, "--instance-ids", ids], shell_args=(6,)),
-                CloudCommand(["aws", "ec2", "release-address", "--region", region, "--allocation-id", "<each tagged Elastic IP>"]),
-                CloudCommand(["aws", "ec2", "delete-placement-group", "--region", region, "--group-name", resource_name(name)]),
-                CloudCommand(["aws", "ec2", "delete-security-group", "--region", region, "--group-id", f"<sg:{resource_name(name)}>"]),
-                CloudCommand(["aws", "ec2", "delete-key-pair", "--region", region, "--key-name", resource_name(name)]),
+                CloudCommand(
+                    [
+                        "aws",
+                        "ec2",
+                        "terminate-instances",
+                        "--region",
+                        region,
+                        "--instance-ids",
+                        ids,
+                    ],
+                    shell_args=(6,),
+                ),
+                CloudCommand(
+                    [
+                        "aws",
+                        "ec2",
+                        "release-address",
+                        "--region",
+                        region,
+                        "--allocation-id",
+                        "<each tagged Elastic IP>",
+                    ]
+                ),
+                CloudCommand(
+                    [
+                        "aws",
+                        "ec2",
+                        "delete-placement-group",
+                        "--region",
+                        region,
+                        "--group-name",
+                        resource_name(name),
+                    ]
+                ),
+                CloudCommand(
+                    [
+                        "aws",
+                        "ec2",
+                        "delete-security-group",
+                        "--region",
+                        region,
+                        "--group-id",
+                        f"<sg:{resource_name(name)}>",
+                    ]
+                ),
+                CloudCommand(
+                    [
+                        "aws",
+                        "ec2",
+                        "delete-key-pair",
+                        "--region",
+                        region,
+                        "--key-name",
+                        resource_name(name),
+                    ]
+                ),
             ]
         raise CloudError(f"unknown action '{action}'", "use describe, start, stop, delete or list")
 

@@ -24,7 +24,9 @@ def region_of_zone(zone: str) -> str:
     if not m:
         from aios.cloud.provider import CloudError
 
-        raise CloudError(f"'{zone}' is not an AWS availability zone name", "use a name like us-east-1a")
+        raise CloudError(
+            f"'{zone}' is not an AWS availability zone name", "use a name like us-east-1a"
+        )
     return m.group(1)
 
 
@@ -43,7 +45,11 @@ class Clients:
             import boto3
 
             try:
-                self._session = boto3.Session(profile_name=self.settings.profile) if self.settings.profile else boto3.Session()
+                self._session = (
+                    boto3.Session(profile_name=self.settings.profile)
+                    if self.settings.profile
+                    else boto3.Session()
+                )
             except Exception as exc:  # noqa: BLE001 - ProfileNotFound and friends
                 raise translate(exc) from None
         return self._session
@@ -82,4 +88,6 @@ class Clients:
             raise CredentialsError("no AWS credentials found", NO_CREDENTIALS_FIX)
         method = getattr(creds, "method", "unknown")
         profile = self.settings.profile or self.session.profile_name
-        return f"AWS {method}" + (f" (profile {profile})" if profile and profile != "default" else "")
+        return f"AWS {method}" + (
+            f" (profile {profile})" if profile and profile != "default" else ""
+        )

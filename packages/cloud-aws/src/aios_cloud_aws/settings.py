@@ -6,11 +6,10 @@ role) and are never copied into configs, records or the hosts.
 
 from __future__ import annotations
 
-from typing import Literal, Optional, Union
-
-from pydantic import Field, field_validator
+from typing import Literal
 
 from aios.config import Section
+from pydantic import Field, field_validator
 
 # Public SSM parameters of the AWS Deep Learning AMIs. AWS renames them between releases (the
 # PyTorch version and OS are part of the name), hence configurable.
@@ -20,31 +19,83 @@ NEURON_AMI_PARAMETER = "/aws/service/neuron/dlami/multi-framework/ubuntu-22.04/l
 
 class AwsSettings(Section):
     region: str = Field("us-east-1", description="region to launch in (--region overrides)")
-    profile: Optional[str] = Field(None, description="AWS profile name (credentials stay in ~/.aws)")
-    zones: list[str] = Field(default_factory=list, description="availability zones to try, in order; empty: every zone offering the type")
-    ami: Optional[str] = Field(None, description="AMI id to use instead of the Deep Learning AMI")
-    gpu_ami_parameter: str = Field(GPU_AMI_PARAMETER, description="SSM parameter holding the GPU PyTorch DLAMI id")
-    neuron_ami_parameter: str = Field(NEURON_AMI_PARAMETER, description="SSM parameter holding the Neuron DLAMI id")
+    profile: str | None = Field(None, description="AWS profile name (credentials stay in ~/.aws)")
+    zones: list[str] = Field(
+        default_factory=list,
+        description="availability zones to try, in order; empty: every zone offering the type",
+    )
+    ami: str | None = Field(None, description="AMI id to use instead of the Deep Learning AMI")
+    gpu_ami_parameter: str = Field(
+        GPU_AMI_PARAMETER, description="SSM parameter holding the GPU PyTorch DLAMI id"
+    )
+    neuron_ami_parameter: str = Field(
+        NEURON_AMI_PARAMETER, description="SSM parameter holding the Neuron DLAMI id"
+    )
     ssh_user: str = Field("ubuntu", description="login user of the AMI")
-    key_name: Optional[str] = Field(None, description="existing EC2 key pair to reuse; default: aios imports its own public key per cluster")
-    ssh_private_key: Optional[str] = Field(None, description="private key path matching key_name (a path, never the key)")
-    security_group_ids: list[str] = Field(default_factory=list, description="existing security groups to reuse; default: one created per cluster")
-    subnet_ids: list[str] = Field(default_factory=list, description="subnets to launch in (one per zone); default: the default VPC")
+    key_name: str | None = Field(
+        None,
+        description="existing EC2 key pair to reuse; default: aios imports its own public key per cluster",
+    )
+    ssh_private_key: str | None = Field(
+        None, description="private key path matching key_name (a path, never the key)"
+    )
+    security_group_ids: list[str] = Field(
+        default_factory=list,
+        description="existing security groups to reuse; default: one created per cluster",
+    )
+    subnet_ids: list[str] = Field(
+        default_factory=list,
+        description="subnets to launch in (one per zone); default: the default VPC",
+    )
     ssh_cidr: str = Field("0.0.0.0/0", description="source CIDR allowed to SSH into the hosts")
-    use_private_ip: bool = Field(False, description="connect over private IPs (from inside the VPC, a VPN or a bastion)")
-    efa: Literal["auto", "on", "off"] = Field("auto", description="EFA interfaces: auto = on for multi-node EFA-capable types")
-    efa_secondary_type: Literal["efa", "efa-only"] = Field("efa-only", description="interface type of the EFA interfaces (the primary interface is ENA, as the AWS guide says)")
-    placement_group: Union[bool, Literal["auto"]] = Field("auto", description="cluster placement group: auto = multi-node EFA launches")
+    use_private_ip: bool = Field(
+        False, description="connect over private IPs (from inside the VPC, a VPN or a bastion)"
+    )
+    efa: Literal["auto", "on", "off"] = Field(
+        "auto", description="EFA interfaces: auto = on for multi-node EFA-capable types"
+    )
+    efa_secondary_type: Literal["efa", "efa-only"] = Field(
+        "efa-only",
+        description="interface type of the EFA interfaces (the primary interface is ENA, as the AWS guide says)",
+    )
+    placement_group: bool | Literal["auto"] = Field(
+        "auto", description="cluster placement group: auto = multi-node EFA launches"
+    )
     disk_gb: int = Field(512, ge=8, description="root EBS volume size (gp3)")
-    spot_max_price: Optional[float] = Field(None, gt=0, description="spot price cap in USD/h; default: the on-demand price")
-    iam_instance_profile: Optional[str] = Field(None, description="instance profile the hosts use for S3 (never copied keys); required for s3:// checkpoints")
-    efa_check: bool = Field(True, description="before a multi-node EFA job, verify on every host that libfabric's EFA provider is usable (fi_info -p efa)")
-    aios_requirements: list[str] = Field(default_factory=list, description="extra pip requirements setup installs on every host (aios itself is shipped with the code, never from the registry)")
-    python: Optional[str] = Field(None, description="python on the hosts; default: the DLAMI's PyTorch environment")
-    spot_watch: Union[bool, Literal["auto"]] = Field("auto", description="poll the EC2 spot interruption notice in training processes; auto: on EC2 instances")
-    imds_poll_seconds: float = Field(5.0, gt=0, description="spot interruption notice poll interval on each host")
-    launch_timeout: float = Field(900.0, gt=0, description="seconds to wait for instances to reach running")
-    max_attempts: int = Field(4, ge=1, le=20, description="botocore attempts per API call, the first included (standard retry mode)")
+    spot_max_price: float | None = Field(
+        None, gt=0, description="spot price cap in USD/h; default: the on-demand price"
+    )
+    iam_instance_profile: str | None = Field(
+        None,
+        description="instance profile the hosts use for S3 (never copied keys); required for s3:// checkpoints",
+    )
+    efa_check: bool = Field(
+        True,
+        description="before a multi-node EFA job, verify on every host that libfabric's EFA provider is usable (fi_info -p efa)",
+    )
+    aios_requirements: list[str] = Field(
+        default_factory=list,
+        description="extra pip requirements setup installs on every host (aios itself is shipped with the code, never from the registry)",
+    )
+    python: str | None = Field(
+        None, description="python on the hosts; default: the DLAMI's PyTorch environment"
+    )
+    spot_watch: bool | Literal["auto"] = Field(
+        "auto",
+        description="poll the EC2 spot interruption notice in training processes; auto: on EC2 instances",
+    )
+    imds_poll_seconds: float = Field(
+        5.0, gt=0, description="spot interruption notice poll interval on each host"
+    )
+    launch_timeout: float = Field(
+        900.0, gt=0, description="seconds to wait for instances to reach running"
+    )
+    max_attempts: int = Field(
+        4,
+        ge=1,
+        le=20,
+        description="botocore attempts per API call, the first included (standard retry mode)",
+    )
 
     @field_validator("aios_requirements")
     @classmethod
@@ -53,8 +104,10 @@ class AwsSettings(Section):
 
         bad = [r for r in v if registry_aios(r)]
         if bad:
-            raise ValueError(f"'{bad[0]}' would come from the package registry, where that name belongs to an unrelated project; "
-                             "aios is shipped to the hosts with the synced code")
+            raise ValueError(
+                f"'{bad[0]}' would come from the package registry, where that name belongs to an unrelated project; "
+                "aios is shipped to the hosts with the synced code"
+            )
         return v
 
 

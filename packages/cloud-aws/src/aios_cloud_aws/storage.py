@@ -44,10 +44,10 @@ class RichProgress:
         outer = self
 
         class _Cb(Callback):
-            def call(self, *args: Any, **kwargs: Any) -> None:  # noqa: ARG002
+            def call(self, *args: Any, **kwargs: Any) -> None:
                 outer._update(self.value, self.size)
 
-            def branched(self, path_1: str, path_2: str, **kwargs: Any) -> Any:  # noqa: ARG002
+            def branched(self, path_1: str, path_2: str, **kwargs: Any) -> Any:
                 return _Cb()
 
         self.callback = _Cb()
@@ -62,7 +62,13 @@ class RichProgress:
         if self._progress is None:
             from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
-            self._progress = Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(), transient=False)
+            self._progress = Progress(
+                "[progress.description]{task.description}",
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                transient=False,
+            )
             self._progress.start()
             self._task = self._progress.add_task(self.description, total=size)
         self._progress.update(self._task, completed=value, total=size)
@@ -81,10 +87,22 @@ def copy(src: str, dst: str, progress: bool = True, recursive: bool = True) -> i
     fs = fsspec.filesystem("s3", **storage_options())
     total = 0
     if src_remote:
-        total = sum(info.get("size", 0) for info in (fs.find(src, detail=True).values() if recursive and fs.isdir(src) else [fs.info(src)]))
+        total = sum(
+            info.get("size", 0)
+            for info in (
+                fs.find(src, detail=True).values()
+                if recursive and fs.isdir(src)
+                else [fs.info(src)]
+            )
+        )
     else:
         local = fsspec.filesystem("file")
-        total = sum(info.get("size", 0) for info in (local.find(src, detail=True).values() if os.path.isdir(src) else [local.info(src)]))
+        total = sum(
+            info.get("size", 0)
+            for info in (
+                local.find(src, detail=True).values() if os.path.isdir(src) else [local.info(src)]
+            )
+        )
     bar = RichProgress(f"{src} -> {dst}", enabled=progress)
     try:
         if src_remote and dst_remote:

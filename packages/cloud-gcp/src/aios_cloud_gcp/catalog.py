@@ -28,9 +28,23 @@ ZONES: dict[str, tuple[str, ...]] = {
     "v2": ("us-central1-b", "us-central1-c", "europe-west4-a", "asia-east1-c"),
     "v3": ("us-central1-a", "us-central1-b", "europe-west4-a"),
     "v4": ("us-central2-b",),
-    "v5e": ("us-west4-a", "us-central1-a", "us-south1-a", "us-west1-c", "europe-west4-b", "asia-southeast1-b"),
+    "v5e": (
+        "us-west4-a",
+        "us-central1-a",
+        "us-south1-a",
+        "us-west1-c",
+        "europe-west4-b",
+        "asia-southeast1-b",
+    ),
     "v5p": ("us-east5-a", "us-central1-a", "europe-west4-b"),
-    "v6e": ("us-east5-b", "us-east5-a", "us-east1-d", "us-central1-b", "europe-west4-a", "asia-northeast1-b"),
+    "v6e": (
+        "us-east5-b",
+        "us-east5-a",
+        "us-east1-d",
+        "us-central1-b",
+        "europe-west4-a",
+        "asia-northeast1-b",
+    ),
 }
 
 # The types listed by `aios catalog` (any valid type string works with --accelerator).

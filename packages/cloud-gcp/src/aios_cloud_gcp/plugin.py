@@ -24,14 +24,27 @@ def _storage_options(url: str) -> dict[str, Any]:
 
 @hookimpl
 def aios_register_clouds(register: Any) -> None:
-    register(CloudSpec(name="gcp", factory=_factory, description="Google Cloud TPU VMs and pod slices (Cloud TPU API v2)",
-                       install_hint="pip install -e './packages/core[gcp]' ./packages/backend-xla ./packages/cloud-gcp (from the aios checkout)"))
+    register(
+        CloudSpec(
+            name="gcp",
+            factory=_factory,
+            description="Google Cloud TPU VMs and pod slices (Cloud TPU API v2)",
+            install_hint="pip install -e './packages/core[gcp]' ./packages/backend-xla ./packages/cloud-gcp (from the aios checkout)",
+        )
+    )
 
 
 @hookimpl
 def aios_register_storage(register: Any) -> None:
-    register(StorageSpec(scheme="gs", protocol="gs", requires="gcsfs", install_hint="pip install gcsfs",
-                         storage_options=_storage_options))
+    register(
+        StorageSpec(
+            scheme="gs",
+            protocol="gs",
+            requires="gcsfs",
+            install_hint="pip install gcsfs",
+            storage_options=_storage_options,
+        )
+    )
 
 
 @hookimpl
@@ -58,11 +71,30 @@ def aios_doctor_checks(backend: str | None, config: Any) -> list[DoctorCheck] | 
             found = importlib.util.find_spec(mod) is not None
         except ModuleNotFoundError:
             found = False
-        out.append(DoctorCheck(f"{dist} installed", "pass" if found else "fail", f"{dist} {'found' if found else 'missing'}",
-                               "" if found else f"pip install {dist}", backend=None))
-    project = (config.section("gcp").project if config is not None and config.section("gcp") is not None else None) or os.environ.get("GOOGLE_CLOUD_PROJECT")
-    out.append(DoctorCheck("gcp project", "pass" if project else "warn", f"project {project}" if project else "no GCP project configured",
-                           "" if project else "set gcp.project or GOOGLE_CLOUD_PROJECT (needed by aios launch --cloud gcp)"))
+        out.append(
+            DoctorCheck(
+                f"{dist} installed",
+                "pass" if found else "fail",
+                f"{dist} {'found' if found else 'missing'}",
+                "" if found else f"pip install {dist}",
+                backend=None,
+            )
+        )
+    project = (
+        config.section("gcp").project
+        if config is not None and config.section("gcp") is not None
+        else None
+    ) or os.environ.get("GOOGLE_CLOUD_PROJECT")
+    out.append(
+        DoctorCheck(
+            "gcp project",
+            "pass" if project else "warn",
+            f"project {project}" if project else "no GCP project configured",
+            ""
+            if project
+            else "set gcp.project or GOOGLE_CLOUD_PROJECT (needed by aios launch --cloud gcp)",
+        )
+    )
     return out
 
 

@@ -13,8 +13,8 @@ import os
 import threading
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from aios.types import PreemptionWatcher
 
@@ -49,7 +49,7 @@ class GcePreemptionWatcher(PreemptionWatcher):
         if wait:
             url += f"?wait_for_change=true&timeout_sec={int(self.timeout)}"
         req = urllib.request.Request(url, headers={"Metadata-Flavor": "Google"})
-        with urllib.request.urlopen(req, timeout=self.timeout + 5) as r:  # noqa: S310 - fixed scheme
+        with urllib.request.urlopen(req, timeout=self.timeout + 5) as r:
             return r.read().decode().strip()
 
     def start(self, notify: Callable[[str], None]) -> None:

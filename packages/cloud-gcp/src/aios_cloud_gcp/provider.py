@@ -25,8 +25,7 @@ import shlex
 import shutil
 import subprocess
 import time
-from dataclasses import replace
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from aios.cloud.provider import (
@@ -59,9 +58,9 @@ from aios.cloud.provider import (
     check_requirements,
 )
 from aios.errors import AiosError
+
 from aios_cloud_gcp import catalog as _catalog
 from aios_cloud_gcp.settings import GcpSettings
-
 
 PUBLIC_KEY_PLACEHOLDER = "<aios public key>"
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
@@ -89,22 +88,45 @@ class CreatePlan:
     def gcloud_argv(self) -> list[str]:
         n = self.node
         if self.kind == "queued":
-            argv = ["gcloud", "compute", "tpus", "queued-resources", "create", self.name, f"--node-id={self.name}",
-                    f"--project={self.project}", f"--zone={self.zone}", f"--accelerator-type={n['acceleratorType']}",
-                    f"--runtime-version={n['runtimeVersion']}"]
+            argv = [
+                "gcloud",
+                "compute",
+                "tpus",
+                "queued-resources",
+                "create",
+                self.name,
+                f"--node-id={self.name}",
+                f"--project={self.project}",
+                f"--zone={self.zone}",
+                f"--accelerator-type={n['acceleratorType']}",
+                f"--runtime-version={n['runtimeVersion']}",
+            ]
             if "spot" in self.body:
                 argv.append("--spot")
             if self.body.get("reservationName"):
                 argv.append(f"--reservation={self.body['reservationName']}")
             for key, value in (self.body.get("queueingPolicy") or {}).items():
                 if key == "validInterval":
-                    argv += [f"--valid-after-time={value['startTime']}", f"--valid-until-time={value['endTime']}"]
+                    argv += [
+                        f"--valid-after-time={value['startTime']}",
+                        f"--valid-until-time={value['endTime']}",
+                    ]
                     continue
                 flag = re.sub(r"([A-Z])", lambda m: "-" + m.group(1).lower(), key)
                 argv.append(f"--{flag}={value}")
         else:
-            argv = ["gcloud", "compute", "tpus", "tpu-vm", "create", self.name, f"--project={self.project}", f"--zone={self.zone}",
-                    f"--accelerator-type={n['acceleratorType']}", f"--version={n['runtimeVersion']}"]
+            argv = [
+                "gcloud",
+                "compute",
+                "tpus",
+                "tpu-vm",
+                "create",
+                self.name,
+                f"--project={self.project}",
+                f"--zone={self.zone}",
+                f"--accelerator-type={n['acceleratorType']}",
+                f"--version={n['runtimeVersion']}",
+            ]
             sched = n.get("schedulingConfig") or {}
             if sched.get("spot"):
                 argv.append("--spot")
@@ -132,14 +154,28 @@ class TransientCloudError(CloudError):
 
 
 _STATE = {
-    "CREATING": PENDING, "READY": READY, "RESTARTING": PENDING, "REIMAGING": PENDING,
-    "DELETING": DELETING, "REPAIRING": PENDING, "STOPPED": STOPPED, "STOPPING": STOPPING,
-    "STARTING": STARTING, "PREEMPTED": PREEMPTED, "TERMINATED": TERMINATED,
+    "CREATING": PENDING,
+    "READY": READY,
+    "RESTARTING": PENDING,
+    "REIMAGING": PENDING,
+    "DELETING": DELETING,
+    "REPAIRING": PENDING,
+    "STOPPED": STOPPED,
+    "STOPPING": STOPPING,
+    "STARTING": STARTING,
+    "PREEMPTED": PREEMPTED,
+    "TERMINATED": TERMINATED,
 }
-_NOT_OFFERED = re.compile(r"not (?:available|supported|offered) in (?:the )?zone|invalid accelerator type|accelerator type .* is not available|"
-                          r"does not (?:support|offer) .*accelerator", re.IGNORECASE)
+_NOT_OFFERED = re.compile(
+    r"not (?:available|supported|offered) in (?:the )?zone|invalid accelerator type|accelerator type .* is not available|"
+    r"does not (?:support|offer) .*accelerator",
+    re.IGNORECASE,
+)
 _QR_WAITING = ("CREATING", "ACCEPTED", "PROVISIONING", "WAITING_FOR_RESOURCES", "STATE_UNSPECIFIED")
-LIBTPU_INDEXES = ("https://storage.googleapis.com/libtpu-releases/index.html", "https://storage.googleapis.com/libtpu-wheels/index.html")
+LIBTPU_INDEXES = (
+    "https://storage.googleapis.com/libtpu-releases/index.html",
+    "https://storage.googleapis.com/libtpu-wheels/index.html",
+)
 
 
 def _rfc3339(t: _dt.datetime) -> str:
@@ -155,7 +191,10 @@ def _parse_when(text: str, what: str) -> tuple[str, Any]:
     try:
         t = _dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
-        raise CloudError(f"{what} '{text}' is neither +DURATION nor an RFC 3339 time", f"write e.g. {what} +6h or {what} 2026-01-02T03:04:05Z") from None
+        raise CloudError(
+            f"{what} '{text}' is neither +DURATION nor an RFC 3339 time",
+            f"write e.g. {what} +6h or {what} 2026-01-02T03:04:05Z",
+        ) from None
     if t.tzinfo is None:
         t = t.replace(tzinfo=_dt.timezone.utc)
     return "time", t
@@ -167,7 +206,9 @@ class GcpProvider(CloudProvider):
     cli = "gcloud"
 
     def __init__(self, config: Any = None) -> None:
-        section = config.section("gcp") if config is not None and hasattr(config, "section") else None
+        section = (
+            config.section("gcp") if config is not None and hasattr(config, "section") else None
+        )
         self.settings: GcpSettings = section if section is not None else GcpSettings()
         self.default_ssh_user = self.settings.ssh_user
         self._client: Any = None
@@ -179,15 +220,27 @@ class GcpProvider(CloudProvider):
             return request_project
         if self._project:
             return self._project
-        p = self.settings.project or os.environ.get("GOOGLE_CLOUD_PROJECT") or os.environ.get("CLOUDSDK_CORE_PROJECT")
+        p = (
+            self.settings.project
+            or os.environ.get("GOOGLE_CLOUD_PROJECT")
+            or os.environ.get("CLOUDSDK_CORE_PROJECT")
+        )
         if not p and shutil.which("gcloud"):
             try:
-                r = subprocess.run(["gcloud", "config", "get-value", "project"], capture_output=True, text=True, timeout=20)
+                r = subprocess.run(
+                    ["gcloud", "config", "get-value", "project"],
+                    capture_output=True,
+                    text=True,
+                    timeout=20,
+                )
                 p = r.stdout.strip() or None
             except (OSError, subprocess.TimeoutExpired):
                 p = None
         if not p:
-            raise CloudError("no GCP project is set", "pass --project, set gcp.project in the config (AIOS_GCP__PROJECT), or export GOOGLE_CLOUD_PROJECT")
+            raise CloudError(
+                "no GCP project is set",
+                "pass --project, set gcp.project in the config (AIOS_GCP__PROJECT), or export GOOGLE_CLOUD_PROJECT",
+            )
         self._project = p
         return p
 
@@ -203,14 +256,21 @@ class GcpProvider(CloudProvider):
             from google.auth.exceptions import DefaultCredentialsError
 
             try:
-                creds, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
+                creds, _ = google.auth.default(
+                    scopes=["https://www.googleapis.com/auth/cloud-platform"]
+                )
                 return creds
             except DefaultCredentialsError as exc:
                 problems.append(f"ADC: {str(exc).splitlines()[0][:120]}")
         if mode in ("auto", "gcloud"):
             gcloud = shutil.which("gcloud")
             if gcloud:
-                r = subprocess.run([gcloud, "auth", "print-access-token"], capture_output=True, text=True, timeout=30)
+                r = subprocess.run(
+                    [gcloud, "auth", "print-access-token"],
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
+                )
                 if r.returncode == 0 and r.stdout.strip():
                     from google.oauth2.credentials import Credentials
 
@@ -218,8 +278,10 @@ class GcpProvider(CloudProvider):
                 problems.append("gcloud: not logged in")
             else:
                 problems.append("gcloud: not installed")
-        raise CredentialsError(f"no Google Cloud credentials found ({'; '.join(problems)})",
-                               "run `gcloud auth application-default login` or set GOOGLE_APPLICATION_CREDENTIALS to a key file")
+        raise CredentialsError(
+            f"no Google Cloud credentials found ({'; '.join(problems)})",
+            "run `gcloud auth application-default login` or set GOOGLE_APPLICATION_CREDENTIALS to a key file",
+        )
 
     def describe_credentials(self) -> str:
         creds = self._credentials()
@@ -230,7 +292,9 @@ class GcpProvider(CloudProvider):
             from google.cloud import tpu_v2
 
             opts = {"api_endpoint": self.settings.endpoint} if self.settings.endpoint else None
-            self._client = tpu_v2.TpuClient(credentials=self._credentials(), transport="rest", client_options=opts)
+            self._client = tpu_v2.TpuClient(
+                credentials=self._credentials(), transport="rest", client_options=opts
+            )
         return self._client
 
     # -------------------------------------------------------------- catalog
@@ -241,37 +305,68 @@ class GcpProvider(CloudProvider):
         try:
             return _catalog.entry_for(accelerator, self.settings)
         except AiosError as exc:
-            raise CloudError(f"unknown accelerator '{accelerator}' for cloud gcp ({exc.message})",
-                             "pick one from `aios catalog --cloud gcp` (e.g. v4-16, v5litepod-8, v6e-4)") from None
+            raise CloudError(
+                f"unknown accelerator '{accelerator}' for cloud gcp ({exc.message})",
+                "pick one from `aios catalog --cloud gcp` (e.g. v4-16, v5litepod-8, v6e-4)",
+            ) from None
 
     def validate(self, request: ClusterRequest) -> ClusterRequest:
         entry = self.entry(request.accelerator)
         zone = request.zone or self.settings.zone
         if zone and entry.zones and zone not in entry.zones:
-            raise CloudError(f"zone '{zone}' does not offer {entry.accelerator}", f"use one of: {', '.join(entry.zones)}")
+            raise CloudError(
+                f"zone '{zone}' does not offer {entry.accelerator}",
+                f"use one of: {', '.join(entry.zones)}",
+            )
         if request.region:
             in_region = [z for z in entry.zones if self.zone_region(z) == request.region]
             if zone and self.zone_region(zone) != request.region:
                 if request.zone:
-                    raise CloudError(f"zone '{zone}' is not in region {request.region}",
-                                     f"drop --zone or --region, or use one of: {', '.join(in_region) or 'none there'}")
+                    raise CloudError(
+                        f"zone '{zone}' is not in region {request.region}",
+                        f"drop --zone or --region, or use one of: {', '.join(in_region) or 'none there'}",
+                    )
                 zone = None  # gcp.zone is only a default
             if not in_region:
                 regions = sorted({self.zone_region(z) for z in entry.zones})
-                raise CloudError(f"region {request.region} offers no {entry.accelerator}", f"use one of: {', '.join(regions)}")
+                raise CloudError(
+                    f"region {request.region} offers no {entry.accelerator}",
+                    f"use one of: {', '.join(regions)}",
+                )
             zone = zone or in_region[0]
         if request.nodes != 1:
-            raise CloudError(f"--nodes {request.nodes}: multislice TPU clusters are not supported", "use one larger slice (e.g. v4-32 instead of 2 x v4-16)")
+            raise CloudError(
+                f"--nodes {request.nodes}: multislice TPU clusters are not supported",
+                "use one larger slice (e.g. v4-32 instead of 2 x v4-16)",
+            )
         if request.extra.get("reservation") and request.spot:
-            raise CloudError("--spot and --reservation contradict each other (reserved capacity is not spot)", "pass only one")
+            raise CloudError(
+                "--spot and --reservation contradict each other (reserved capacity is not spot)",
+                "pass only one",
+            )
         if request.disk_gb is not None:
-            raise CloudError("--disk-gb does not apply to TPU VMs (fixed boot disk)", "drop --disk-gb; keep data on gs:// buckets")
-        for what, value in (("--valid-after", request.valid_after), ("--valid-until", request.valid_until)):
+            raise CloudError(
+                "--disk-gb does not apply to TPU VMs (fixed boot disk)",
+                "drop --disk-gb; keep data on gs:// buckets",
+            )
+        for what, value in (
+            ("--valid-after", request.valid_after),
+            ("--valid-until", request.valid_until),
+        ):
             if value:
                 _parse_when(value, what)
-        labels = {k.lower(): re.sub(r"[^a-z0-9_-]", "-", str(v).lower())[:63] for k, v in request.labels.items()}
-        return replace(request, accelerator=entry.accelerator, zone=zone or (entry.zones[0] if entry.zones else None),
-                       image=request.image or entry.runtime, project=self.project(request.project), labels=labels)
+        labels = {
+            k.lower(): re.sub(r"[^a-z0-9_-]", "-", str(v).lower())[:63]
+            for k, v in request.labels.items()
+        }
+        return replace(
+            request,
+            accelerator=entry.accelerator,
+            zone=zone or (entry.zones[0] if entry.zones else None),
+            image=request.image or entry.runtime,
+            project=self.project(request.project),
+            labels=labels,
+        )
 
     # -------------------------------------------------------------- errors
     def _map(self, exc: BaseException, what: str) -> BaseException:
@@ -280,33 +375,69 @@ class GcpProvider(CloudProvider):
         msg = getattr(exc, "message", None) or str(exc)
         msg = re.sub(r"^(GET|POST|DELETE|PATCH|PUT) \S+: ", "", " ".join(str(msg).split()))[:300]
         low = msg.lower()
-        exhausted = isinstance(exc, (gex.ResourceExhausted, gex.TooManyRequests)) or "RESOURCE_EXHAUSTED" in msg
+        exhausted = (
+            isinstance(exc, (gex.ResourceExhausted, gex.TooManyRequests))
+            or "RESOURCE_EXHAUSTED" in msg
+        )
         # What SkyPilot (and experience) fail over on: the zone does not offer the type; a spot
         # node PREEMPTED while it was created (code 3); reserved capacity used up (code 9).
         if isinstance(exc, gex.BadRequest) and not isinstance(exc, gex.FailedPrecondition):
             if "preempted" in low:
-                return CapacityError(f"{what}: preempted while being created: {msg}", "try another zone, --queued, or later")
+                return CapacityError(
+                    f"{what}: preempted while being created: {msg}",
+                    "try another zone, --queued, or later",
+                )
             if _NOT_OFFERED.search(msg):
-                return NotOfferedError(f"{what}: the zone does not offer the type: {msg}", "pick a zone from `aios catalog --cloud gcp`")
-        if isinstance(exc, gex.FailedPrecondition) and "capacity" in low and ("insufficient" in low or "reserv" in low):
-            return CapacityError(f"{what}: no reserved capacity: {msg}", "try another zone or drop --reservation")
+                return NotOfferedError(
+                    f"{what}: the zone does not offer the type: {msg}",
+                    "pick a zone from `aios catalog --cloud gcp`",
+                )
+        if (
+            isinstance(exc, gex.FailedPrecondition)
+            and "capacity" in low
+            and ("insufficient" in low or "reserv" in low)
+        ):
+            return CapacityError(
+                f"{what}: no reserved capacity: {msg}", "try another zone or drop --reservation"
+            )
         if exhausted and "quota" in msg.lower():
-            return QuotaError(f"{what}: quota exceeded: {msg}", "request more TPU quota, or try another zone/type")
+            return QuotaError(
+                f"{what}: quota exceeded: {msg}", "request more TPU quota, or try another zone/type"
+            )
         # ResourceExhausted subclasses TooManyRequests; a bare 429 is rate limiting (transient)
         if exhausted and (type(exc) is not gex.TooManyRequests or "capacity" in msg.lower()):
-            return CapacityError(f"{what}: no capacity: {msg}", "try another zone, --queued, or later")
-        if isinstance(exc, (gex.ServiceUnavailable, gex.InternalServerError, gex.DeadlineExceeded, gex.TooManyRequests)):
+            return CapacityError(
+                f"{what}: no capacity: {msg}", "try another zone, --queued, or later"
+            )
+        if isinstance(
+            exc,
+            (
+                gex.ServiceUnavailable,
+                gex.InternalServerError,
+                gex.DeadlineExceeded,
+                gex.TooManyRequests,
+            ),
+        ):
             return TransientCloudError(f"{what}: {msg}", "retry")
         if isinstance(exc, (gex.Unauthenticated, gex.PermissionDenied)):
-            return CredentialsError(f"{what}: permission denied: {msg}", "check the account has roles/tpu.admin on the project (`gcloud auth list`)")
+            return CredentialsError(
+                f"{what}: permission denied: {msg}",
+                "check the account has roles/tpu.admin on the project (`gcloud auth list`)",
+            )
         if isinstance(exc, gex.AlreadyExists):
-            return CloudError(f"{what}: already exists: {msg}", "pick another --name or `aios down NAME`")
+            return CloudError(
+                f"{what}: already exists: {msg}", "pick another --name or `aios down NAME`"
+            )
         if isinstance(exc, gex.GoogleAPICallError):
             return CloudError(f"{what}: {msg}", "see the message; rerun with --debug for details")
         if isinstance(exc, AiosError):
             return exc
-        if isinstance(exc, (ConnectionError, OSError)) or type(exc).__module__.startswith(("requests", "urllib3")):
-            return TransientCloudError(f"{what}: {type(exc).__name__}: {msg}", "check the network and the API endpoint")
+        if isinstance(exc, (ConnectionError, OSError)) or type(exc).__module__.startswith(
+            ("requests", "urllib3")
+        ):
+            return TransientCloudError(
+                f"{what}: {type(exc).__name__}: {msg}", "check the network and the API endpoint"
+            )
         return exc
 
     def classify_error(self, exc: BaseException) -> FailureKind:
@@ -325,7 +456,10 @@ class GcpProvider(CloudProvider):
                 if not isinstance(mapped, TransientCloudError):
                     raise mapped from None
             if time.monotonic() > deadline:
-                raise CloudError(f"{what}: timed out after {timeout or self.settings.create_timeout:.0f}s", "check the console; raise gcp.create_timeout")
+                raise CloudError(
+                    f"{what}: timed out after {timeout or self.settings.create_timeout:.0f}s",
+                    "check the console; raise gcp.create_timeout",
+                )
             time.sleep(self.settings.poll_interval)
         try:
             return op.result()
@@ -365,7 +499,10 @@ class GcpProvider(CloudProvider):
         if self.settings.subnetwork:
             node["networkConfig"]["subnetwork"] = self.settings.subnetwork
         if self.settings.service_account:
-            node["serviceAccount"] = {"email": self.settings.service_account, "scope": [CLOUD_PLATFORM_SCOPE]}
+            node["serviceAccount"] = {
+                "email": self.settings.service_account,
+                "scope": [CLOUD_PLATFORM_SCOPE],
+            }
         reservation = request.extra.get("reservation")
         if not request.queued:
             sched = {}
@@ -376,22 +513,35 @@ class GcpProvider(CloudProvider):
             if sched:
                 node["schedulingConfig"] = sched
             return CreatePlan("node", project, zone, request.name, node)
-        body: dict[str, Any] = {"tpu": {"nodeSpec": [{"parent": parent, "nodeId": request.name, "node": node}]}}
+        body: dict[str, Any] = {
+            "tpu": {"nodeSpec": [{"parent": parent, "nodeId": request.name, "node": node}]}
+        }
         if request.spot:
             body["spot"] = {}
         if reservation:
-            body["reservationName"] = (reservation if reservation.startswith("projects/")
-                                       else f"projects/{project}/locations/{zone}/reservations/{reservation}")
+            body["reservationName"] = (
+                reservation
+                if reservation.startswith("projects/")
+                else f"projects/{project}/locations/{zone}/reservations/{reservation}"
+            )
         policy: dict[str, Any] = {}
-        whens = {f: _parse_when(t, f"--{f.replace('A', '-a').replace('U', '-u')}")
-                 for f, t in (("validAfter", request.valid_after), ("validUntil", request.valid_until)) if t}
+        whens = {
+            f: _parse_when(t, f"--{f.replace('A', '-a').replace('U', '-u')}")
+            for f, t in (("validAfter", request.valid_after), ("validUntil", request.valid_until))
+            if t
+        }
         if len(whens) == 2:
             # after and until share one oneof in the API: both together are an interval
             now = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0)
-            ends = [now + _dt.timedelta(seconds=v) if k == "duration" else v for k, v in (whens["validAfter"], whens["validUntil"])]
+            ends = [
+                now + _dt.timedelta(seconds=v) if k == "duration" else v
+                for k, v in (whens["validAfter"], whens["validUntil"])
+            ]
             policy["validInterval"] = {"startTime": _rfc3339(ends[0]), "endTime": _rfc3339(ends[1])}
         for field_, (kind, value) in whens.items() if len(whens) == 1 else ():
-            policy[f"{field_}Duration" if kind == "duration" else f"{field_}Time"] = f"{value}s" if kind == "duration" else _rfc3339(value)
+            policy[f"{field_}Duration" if kind == "duration" else f"{field_}Time"] = (
+                f"{value}s" if kind == "duration" else _rfc3339(value)
+            )
         if policy:
             body["queueingPolicy"] = policy
         return CreatePlan("queued", project, zone, request.name, body)
@@ -402,7 +552,10 @@ class GcpProvider(CloudProvider):
             return self.settings.os_login_user
         email = getattr(self._credentials(), "service_account_email", None)
         if not email or email == "default":
-            raise CloudError("gcp.os_login is on but the account is unknown", "set gcp.os_login_user to your account email")
+            raise CloudError(
+                "gcp.os_login is on but the account is unknown",
+                "set gcp.os_login_user to your account email",
+            )
         return email
 
     def prepare(self, request: ClusterRequest) -> ClusterRequest:
@@ -411,27 +564,45 @@ class GcpProvider(CloudProvider):
         if not self.settings.os_login:
             return request
         if not request.ssh_public_key:
-            raise CloudError("no SSH public key to import into OS Login", "let aios create its key (aios launch does)")
+            raise CloudError(
+                "no SSH public key to import into OS Login",
+                "let aios create its key (aios launch does)",
+            )
         import urllib.parse
 
         from google.auth.transport.requests import AuthorizedSession
 
         account = self.os_login_account()
-        url = (f"{self.settings.os_login_endpoint.rstrip('/')}/v1/users/{urllib.parse.quote(account)}:importSshPublicKey"
-               f"?projectId={urllib.parse.quote(self.project(request.project))}")
+        url = (
+            f"{self.settings.os_login_endpoint.rstrip('/')}/v1/users/{urllib.parse.quote(account)}:importSshPublicKey"
+            f"?projectId={urllib.parse.quote(self.project(request.project))}"
+        )
         session = AuthorizedSession(self._credentials())
         try:
             r = session.post(url, json={"key": request.ssh_public_key}, timeout=60)
         except Exception as exc:  # noqa: BLE001
-            raise TransientCloudError(f"OS Login: {type(exc).__name__}: {exc}", "check the network") from None
+            raise TransientCloudError(
+                f"OS Login: {type(exc).__name__}: {exc}", "check the network"
+            ) from None
         if r.status_code != 200:
-            msg = r.json().get("error", {}).get("message", r.text[:200]) if r.headers.get("content-type", "").startswith("application/json") else r.text[:200]
-            raise CloudError(f"OS Login refused the key for {account} ({r.status_code}): {msg}",
-                             "check the account has roles/compute.osAdminLogin (or osLogin) on the project")
+            msg = (
+                r.json().get("error", {}).get("message", r.text[:200])
+                if r.headers.get("content-type", "").startswith("application/json")
+                else r.text[:200]
+            )
+            raise CloudError(
+                f"OS Login refused the key for {account} ({r.status_code}): {msg}",
+                "check the account has roles/compute.osAdminLogin (or osLogin) on the project",
+            )
         accounts = (r.json().get("loginProfile") or {}).get("posixAccounts") or []
-        user = next((a.get("username") for a in accounts if a.get("primary")), None) or (accounts[0].get("username") if accounts else None)
+        user = next((a.get("username") for a in accounts if a.get("primary")), None) or (
+            accounts[0].get("username") if accounts else None
+        )
         if not user:
-            raise CloudError(f"the OS Login profile of {account} has no POSIX account", "log in once with `gcloud compute ssh` to create it")
+            raise CloudError(
+                f"the OS Login profile of {account} has no POSIX account",
+                "log in once with `gcloud compute ssh` to create it",
+            )
         return replace(request, ssh_user=user)
 
     # -------------------------------------------------------------- lifecycle
@@ -441,24 +612,35 @@ class GcpProvider(CloudProvider):
         client = self.client()
         plan = self.plan_create(request)
         if PUBLIC_KEY_PLACEHOLDER in json.dumps(plan.body):
-            del plan.node["metadata"]  # no key to install (API-level use); the dry run shows the placeholder
+            del plan.node[
+                "metadata"
+            ]  # no key to install (API-level use); the dry run shows the placeholder
         parent = plan.parent
         what = f"create {request.accelerator} '{request.name}' in {request.zone}"
         try:
             if plan.kind == "queued":
                 qr = tpu_v2.QueuedResource.from_json(json.dumps(plan.body))
-                op = client.create_queued_resource(parent=parent, queued_resource_id=request.name, queued_resource=qr)
+                op = client.create_queued_resource(
+                    parent=parent, queued_resource_id=request.name, queued_resource=qr
+                )
                 self._wait(op, what)
                 self._wait_queued(f"{parent}/queuedResources/{request.name}", what, request)
             else:
-                op = client.create_node(parent=parent, node_id=request.name, node=tpu_v2.Node.from_json(json.dumps(plan.body)))
+                op = client.create_node(
+                    parent=parent,
+                    node_id=request.name,
+                    node=tpu_v2.Node.from_json(json.dumps(plan.body)),
+                )
                 self._wait(op, what)
             got = client.get_node(name=f"{parent}/nodes/{request.name}")
         except Exception as exc:  # noqa: BLE001
             raise self._map(exc, what) from None
         info = self._info(got, request.zone)
         if info.state != READY:
-            raise CloudError(f"{what}: node is {info.state} after creation", "see `aios status --refresh`; delete it with `aios down`")
+            raise CloudError(
+                f"{what}: node is {info.state} after creation",
+                "see `aios status --refresh`; delete it with `aios down`",
+            )
         return info
 
     def queue_deadline(self, request: ClusterRequest, now: float | None = None) -> float:
@@ -496,9 +678,15 @@ class GcpProvider(CloudProvider):
                 detail = ""
                 with _suppress():
                     detail = qr.state.failed_data.error.message
-                raise CapacityError(f"{what}: queued resource {state.lower()}{': ' + detail if detail else ''}", "retry later or widen --valid-until")
+                raise CapacityError(
+                    f"{what}: queued resource {state.lower()}{': ' + detail if detail else ''}",
+                    "retry later or widen --valid-until",
+                )
             if time.monotonic() > deadline:
-                raise CloudError(f"{what}: queued resource still {state} after {budget:.0f}s", "widen --valid-until (or gcp.queue_timeout)")
+                raise CloudError(
+                    f"{what}: queued resource still {state} after {budget:.0f}s",
+                    "widen --valid-until (or gcp.queue_timeout)",
+                )
             time.sleep(self.settings.poll_interval)
 
     def _info(self, node: Any, zone: str | None) -> ClusterInfo:
@@ -516,16 +704,39 @@ class GcpProvider(CloudProvider):
         for i, ep in enumerate(node.network_endpoints):
             external = ep.access_config.external_ip if ep.access_config else ""
             ip = ep.ip_address if self.settings.use_internal_ip or not external else external
-            hosts.append(ClusterHost(worker_id=i, ip=ip, internal_ip=ep.ip_address or None, ssh_user=self.settings.ssh_user))
+            hosts.append(
+                ClusterHost(
+                    worker_id=i,
+                    ip=ip,
+                    internal_ip=ep.ip_address or None,
+                    ssh_user=self.settings.ssh_user,
+                )
+            )
         name = node.name.rsplit("/", 1)[-1]
         zone = zone if zone and zone != "-" else node.name.split("/locations/")[1].split("/")[0]
         return ClusterInfo(
-            name=name, cloud="gcp", zone=zone, accelerator=node.accelerator_type, state=_STATE.get(state_name, UNKNOWN),
-            health=health, health_detail=health_name if health in (UNHEALTHY, MAINTENANCE) else (node.health_description or ""),
-            spot=bool(node.scheduling_config and (node.scheduling_config.spot or node.scheduling_config.preemptible)),
-            hosts=hosts, runtime=node.runtime_version, labels=dict(node.labels),
+            name=name,
+            cloud="gcp",
+            zone=zone,
+            accelerator=node.accelerator_type,
+            state=_STATE.get(state_name, UNKNOWN),
+            health=health,
+            health_detail=health_name
+            if health in (UNHEALTHY, MAINTENANCE)
+            else (node.health_description or ""),
+            spot=bool(
+                node.scheduling_config
+                and (node.scheduling_config.spot or node.scheduling_config.preemptible)
+            ),
+            hosts=hosts,
+            runtime=node.runtime_version,
+            labels=dict(node.labels),
             created=str(node.create_time) if node.create_time else None,
-            raw={"state": state_name, "health": health_name, "queued_resource": node.queued_resource or None},
+            raw={
+                "state": state_name,
+                "health": health_name,
+                "queued_resource": node.queued_resource or None,
+            },
         )
 
     def describe(self, name: str, zone: str | None) -> ClusterInfo | None:
@@ -545,8 +756,14 @@ class GcpProvider(CloudProvider):
         except Exception as exc:  # noqa: BLE001
             raise self._map(exc, f"describe {name}") from None
         state = qr.state.state.name if qr.state else "STATE_UNSPECIFIED"
-        return ClusterInfo(name=name, cloud="gcp", zone=zone, accelerator="", state=QUEUED if state in _QR_WAITING else FAILED,
-                           raw={"queued_resource_state": state})
+        return ClusterInfo(
+            name=name,
+            cloud="gcp",
+            zone=zone,
+            accelerator="",
+            state=QUEUED if state in _QR_WAITING else FAILED,
+            raw={"queued_resource_state": state},
+        )
 
     def list(self, zone: str | None = None) -> list[ClusterInfo]:
         client = self.client()
@@ -569,9 +786,18 @@ class GcpProvider(CloudProvider):
                 continue
             state = qr.state.state.name if qr.state else "STATE_UNSPECIFIED"
             qzone = qr.name.split("/locations/")[1].split("/")[0]
-            out.append(ClusterInfo(name=name, cloud="gcp", zone=qzone, accelerator=specs[0].node.accelerator_type,
-                                   state=QUEUED if state in _QR_WAITING else FAILED, spot=bool(qr.spot),
-                                   labels=dict(specs[0].node.labels), raw={"queued_resource_state": state}))
+            out.append(
+                ClusterInfo(
+                    name=name,
+                    cloud="gcp",
+                    zone=qzone,
+                    accelerator=specs[0].node.accelerator_type,
+                    state=QUEUED if state in _QR_WAITING else FAILED,
+                    spot=bool(qr.spot),
+                    labels=dict(specs[0].node.labels),
+                    raw={"queued_resource_state": state},
+                )
+            )
         return out
 
     def start(self, name: str, zone: str | None) -> ClusterInfo:
@@ -589,8 +815,10 @@ class GcpProvider(CloudProvider):
         what = f"stop {name}"
         info = self.describe(name, zone)
         if info is not None and info.spot:
-            raise CloudError(f"{name} is a spot TPU, which Cloud TPU cannot stop and restart",
-                             f"delete it with `aios down {name}` (a managed run recreates it)")
+            raise CloudError(
+                f"{name} is a spot TPU, which Cloud TPU cannot stop and restart",
+                f"delete it with `aios down {name}` (a managed run recreates it)",
+            )
         try:
             self._wait(client.stop_node(request={"name": self._node_name(name, zone)}), what)
         except Exception as exc:  # noqa: BLE001
@@ -604,8 +832,11 @@ class GcpProvider(CloudProvider):
         what = f"delete {name}"
         try:
             try:
-                op = client.delete_queued_resource(request=tpu_v2.DeleteQueuedResourceRequest(
-                    name=f"{self._parent(zone)}/queuedResources/{name}", force=True))
+                op = client.delete_queued_resource(
+                    request=tpu_v2.DeleteQueuedResourceRequest(
+                        name=f"{self._parent(zone)}/queuedResources/{name}", force=True
+                    )
+                )
                 self._wait(op, what)
             except gex.NotFound:
                 pass
@@ -625,7 +856,9 @@ class GcpProvider(CloudProvider):
 
     def repair(self, info: ClusterInfo) -> str:
         if info.spot:
-            raise CloudError(f"{info.name} is a spot TPU, which cannot be stopped and restarted", "recreate it")
+            raise CloudError(
+                f"{info.name} is a spot TPU, which cannot be stopped and restarted", "recreate it"
+            )
         return super().repair(info)
 
     def zone_region(self, zone: str) -> str:
@@ -661,9 +894,13 @@ class GcpProvider(CloudProvider):
         check_requirements(aios_deps, "aios_requirements")
         check_requirements(requirements)
         if aios_deps:
-            lines.append("python3 -m pip install --quiet " + " ".join(shlex.quote(r) for r in aios_deps))
+            lines.append(
+                "python3 -m pip install --quiet " + " ".join(shlex.quote(r) for r in aios_deps)
+            )
         if requirements:
-            lines.append("python3 -m pip install --quiet " + " ".join(shlex.quote(r) for r in requirements))
+            lines.append(
+                "python3 -m pip install --quiet " + " ".join(shlex.quote(r) for r in requirements)
+            )
         return lines
 
     def remote_env(self, info: ClusterInfo) -> dict[str, str]:
@@ -676,22 +913,86 @@ class GcpProvider(CloudProvider):
         plan = self.plan_create(request)
         pre = []
         if self.settings.os_login:
-            pre.append(CloudCommand(["gcloud", "compute", "os-login", "ssh-keys", "add", "--key-file=<aios public key file>",
-                                     f"--project={plan.project}"], "OS Login: log in as the profile's POSIX user"))
+            pre.append(
+                CloudCommand(
+                    [
+                        "gcloud",
+                        "compute",
+                        "os-login",
+                        "ssh-keys",
+                        "add",
+                        "--key-file=<aios public key file>",
+                        f"--project={plan.project}",
+                    ],
+                    "OS Login: log in as the profile's POSIX user",
+                )
+            )
         if plan.kind == "queued":
-            return [*pre, CloudCommand(plan.gcloud_argv(), "queued resource: waits for capacity"),
-                    CloudCommand(["gcloud", "compute", "tpus", "queued-resources", "describe", request.name, f"--project={plan.project}",
-                                  f"--zone={plan.zone}"], "poll until ACTIVE")]
+            return [
+                *pre,
+                CloudCommand(plan.gcloud_argv(), "queued resource: waits for capacity"),
+                CloudCommand(
+                    [
+                        "gcloud",
+                        "compute",
+                        "tpus",
+                        "queued-resources",
+                        "describe",
+                        request.name,
+                        f"--project={plan.project}",
+                        f"--zone={plan.zone}",
+                    ],
+                    "poll until ACTIVE",
+                ),
+            ]
         return [*pre, CloudCommand(plan.gcloud_argv())]
 
     def render(self, action: str, name: str, zone: str | None) -> list[CloudCommand]:
         project = self.project()
         if action == "list":
-            return [CloudCommand(["gcloud", "compute", "tpus", "tpu-vm", "list", f"--project={project}", f"--zone={zone or '-'}", "--filter=labels.aios-cluster:*"])]
-        argv = ["gcloud", "compute", "tpus", "tpu-vm", action, name, f"--project={project}", f"--zone={zone}"]
+            return [
+                CloudCommand(
+                    [
+                        "gcloud",
+                        "compute",
+                        "tpus",
+                        "tpu-vm",
+                        "list",
+                        f"--project={project}",
+                        f"--zone={zone or '-'}",
+                        "--filter=labels.aios-cluster:*",
+                    ]
+                )
+            ]
+        argv = [
+            "gcloud",
+            "compute",
+            "tpus",
+            "tpu-vm",
+            action,
+            name,
+            f"--project={project}",
+            f"--zone={zone}",
+        ]
         if action == "delete":
-            return [CloudCommand(["gcloud", "compute", "tpus", "queued-resources", "delete", name, f"--project={project}", f"--zone={zone}", "--force", "--quiet"], "if it was queued"),
-                    CloudCommand([*argv, "--quiet"])]
+            return [
+                CloudCommand(
+                    [
+                        "gcloud",
+                        "compute",
+                        "tpus",
+                        "queued-resources",
+                        "delete",
+                        name,
+                        f"--project={project}",
+                        f"--zone={zone}",
+                        "--force",
+                        "--quiet",
+                    ],
+                    "if it was queued",
+                ),
+                CloudCommand([*argv, "--quiet"]),
+            ]
         return [CloudCommand(argv)]
 
 

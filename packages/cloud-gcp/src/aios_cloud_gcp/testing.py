@@ -40,10 +40,11 @@ import shutil
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 NODE_TYPE = "type.googleapis.com/google.cloud.tpu.v2.Node"
@@ -51,7 +52,13 @@ QR_TYPE = "type.googleapis.com/google.cloud.tpu.v2.QueuedResource"
 EMPTY_TYPE = "type.googleapis.com/google.protobuf.Empty"
 META_TYPE = "type.googleapis.com/google.cloud.tpu.v2.OperationMetadata"
 
-_STATUS = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 409: "ALREADY_EXISTS", 429: "RESOURCE_EXHAUSTED", 503: "UNAVAILABLE"}
+_STATUS = {
+    400: "INVALID_ARGUMENT",
+    404: "NOT_FOUND",
+    409: "ALREADY_EXISTS",
+    429: "RESOURCE_EXHAUSTED",
+    503: "UNAVAILABLE",
+}
 
 
 class ApiError(Exception):
@@ -85,7 +92,11 @@ class _Op:
         if not self.done and time.monotonic() >= self.ready_at:
             self.response, self.error = self.finish()
             self.done = True
-        out: dict[str, Any] = {"name": self.name, "metadata": {"@type": META_TYPE, "verb": "create"}, "done": self.done}
+        out: dict[str, Any] = {
+            "name": self.name,
+            "metadata": {"@type": META_TYPE, "verb": "create"},
+            "done": self.done,
+        }
         if self.done:
             if self.error:
                 out["error"] = self.error
@@ -107,9 +118,16 @@ class _Node:
 class FakeTpuService:
     """See the module docstring. Use as a context manager or call :meth:`start`/:meth:`stop`."""
 
-    def __init__(self, machines: list[Any] | None = None, authorized_keys: str | Path | None = None,
-                 project: str = "aios-test", offered: dict[str, set[str]] | None = None,
-                 op_delay: float = 0.0, queue_delay: float = 0.2, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        machines: list[Any] | None = None,
+        authorized_keys: str | Path | None = None,
+        project: str = "aios-test",
+        offered: dict[str, set[str]] | None = None,
+        op_delay: float = 0.0,
+        queue_delay: float = 0.2,
+        host: str = "127.0.0.1",
+    ) -> None:
         self.machines = list(machines or [])
         self.free = list(self.machines)
         self.authorized_keys = Path(authorized_keys) if authorized_keys else None
@@ -173,23 +191,37 @@ class FakeTpuService:
                     body = self._body() if method in ("POST", "PATCH") else {}
                     code, obj = svc.dispatch(method, u.path, q, body)
                 except ApiError as e:
-                    code, obj = e.code, {"error": {"code": e.code, "message": e.message, "status": e.status}}
+                    code, obj = (
+                        e.code,
+                        {"error": {"code": e.code, "message": e.message, "status": e.status}},
+                    )
                 except Exception as e:  # noqa: BLE001 - a bug in the fake shows as a 500
-                    code, obj = 500, {"error": {"code": 500, "message": f"{type(e).__name__}: {e}", "status": "INTERNAL"}}
+                    code, obj = (
+                        500,
+                        {
+                            "error": {
+                                "code": 500,
+                                "message": f"{type(e).__name__}: {e}",
+                                "status": "INTERNAL",
+                            }
+                        },
+                    )
                 self._send(code, obj)
 
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 self._handle("GET")
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 self._handle("POST")
 
-            def do_DELETE(self) -> None:  # noqa: N802
+            def do_DELETE(self) -> None:
                 self._handle("DELETE")
 
         self.server = ThreadingHTTPServer((self.host, 0), Handler)
         self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, name="fake-tpu", daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, name="fake-tpu", daemon=True
+        )
         self.thread.start()
         return self
 
@@ -288,8 +320,22 @@ class FakeTpuService:
 
     def _endpoints(self, machines: list[Any], count: int) -> list[dict]:
         if machines:
-            return [{"ipAddress": m.internal_ip or m.ip, "port": 8470, "accessConfig": {"externalIp": m.ip}} for m in machines]
-        return [{"ipAddress": f"10.130.0.{i + 2}", "port": 8470, "accessConfig": {"externalIp": f"203.0.113.{i + 2}"}} for i in range(count)]
+            return [
+                {
+                    "ipAddress": m.internal_ip or m.ip,
+                    "port": 8470,
+                    "accessConfig": {"externalIp": m.ip},
+                }
+                for m in machines
+            ]
+        return [
+            {
+                "ipAddress": f"10.130.0.{i + 2}",
+                "port": 8470,
+                "accessConfig": {"externalIp": f"203.0.113.{i + 2}"},
+            }
+            for i in range(count)
+        ]
 
     def _boot(self, node: _Node) -> tuple[dict | None, dict | None]:
         """Bring a created node up, or fail it like a stockout."""
@@ -303,12 +349,18 @@ class FakeTpuService:
             if self.stockouts.get(zone, 0) > 0:
                 self.stockouts[zone] -= 1
                 node.body["state"] = "TERMINATED"
-                return None, {"code": 8, "message": f"There is no more capacity in the zone \"{zone}\"; you can try in another zone where Cloud TPU Nodes are offered (see https://cloud.google.com/tpu/docs/regions) [EID: 0x{uuid.uuid4().hex[:16]}]"}
+                return None, {
+                    "code": 8,
+                    "message": f'There is no more capacity in the zone "{zone}"; you can try in another zone where Cloud TPU Nodes are offered (see https://cloud.google.com/tpu/docs/regions) [EID: 0x{uuid.uuid4().hex[:16]}]',
+                }
             count = hosts_for(node.body["acceleratorType"])
             machines = self._take(count)
             if machines is None:
                 node.body["state"] = "TERMINATED"
-                return None, {"code": 8, "message": f"There is no more capacity in the zone \"{zone}\" (the test service has {len(self.free)} free machines, {count} needed)"}
+                return None, {
+                    "code": 8,
+                    "message": f'There is no more capacity in the zone "{zone}" (the test service has {len(self.free)} free machines, {count} needed)',
+                }
             node.machines = machines
             self._install_keys(node.body)
             for m in machines:
@@ -319,8 +371,15 @@ class FakeTpuService:
             return {"@type": NODE_TYPE, **node.body}, None
 
     # ------------------------------------------------------------------ REST
-    def _op(self, zone: str, finish: Callable[[], tuple[dict | None, dict | None]], delay: float | None = None) -> dict:
-        name = f"projects/{self.project}/locations/{zone}/operations/operation-{uuid.uuid4().hex[:12]}"
+    def _op(
+        self,
+        zone: str,
+        finish: Callable[[], tuple[dict | None, dict | None]],
+        delay: float | None = None,
+    ) -> dict:
+        name = (
+            f"projects/{self.project}/locations/{zone}/operations/operation-{uuid.uuid4().hex[:12]}"
+        )
         op = _Op(name, time.monotonic() + (self.op_delay if delay is None else delay), finish)
         self.ops[name] = op
         return op.poll()
@@ -332,7 +391,13 @@ class FakeTpuService:
                 self.unavailable -= 1
                 raise ApiError(503, "The service is currently unavailable.")
         parts = path.strip("/").split("/")
-        if len(parts) == 3 and parts[0] == "v1" and parts[1] == "users" and parts[2].endswith(":importSshPublicKey") and method == "POST":
+        if (
+            len(parts) == 3
+            and parts[0] == "v1"
+            and parts[1] == "users"
+            and parts[2].endswith(":importSshPublicKey")
+            and method == "POST"
+        ):
             return self._oslogin_import(parts[2].rsplit(":", 1)[0], q, body)
         if len(parts) < 5 or parts[0] != "v2" or parts[1] != "projects" or parts[3] != "locations":
             raise ApiError(404, f"unknown path {path}")
@@ -370,23 +435,46 @@ class FakeTpuService:
             if key not in have:
                 with open(self.authorized_keys, "a") as f:
                     f.write(key + "\n")
-        return 200, {"loginProfile": {"name": account, "posixAccounts": [
-            {"primary": True, "username": username, "uid": "1001", "gid": "1001", "homeDirectory": f"/home/{username}",
-             "operatingSystemType": "LINUX", "accountId": q.get("projectId", "")}]}}
+        return 200, {
+            "loginProfile": {
+                "name": account,
+                "posixAccounts": [
+                    {
+                        "primary": True,
+                        "username": username,
+                        "uid": "1001",
+                        "gid": "1001",
+                        "homeDirectory": f"/home/{username}",
+                        "operatingSystemType": "LINUX",
+                        "accountId": q.get("projectId", ""),
+                    }
+                ],
+            }
+        }
 
     def _check_create(self, zone: str, accelerator: str) -> None:
         if self.quotas.get(zone, 0) > 0:
             self.quotas[zone] -= 1
             region = zone.rsplit("-", 1)[0]
-            raise ApiError(429, f"Quota 'TPUV4PodPerProjectPerZoneForTPUAPI' exhausted. Limit 0 in region {region}", "RESOURCE_EXHAUSTED")
+            raise ApiError(
+                429,
+                f"Quota 'TPUV4PodPerProjectPerZoneForTPUAPI' exhausted. Limit 0 in region {region}",
+                "RESOURCE_EXHAUSTED",
+            )
         if self.offered is not None:
             from aios_backend_xla.topology import parse_accelerator_type
 
             gen = parse_accelerator_type(accelerator).generation
             if gen not in self.offered.get(zone, set()):
-                raise ApiError(400, f"Accelerator type \"{accelerator}\" is not available in zone \"{zone}\"", "INVALID_ARGUMENT")
+                raise ApiError(
+                    400,
+                    f'Accelerator type "{accelerator}" is not available in zone "{zone}"',
+                    "INVALID_ARGUMENT",
+                )
 
-    def _nodes(self, method: str, parent: str, zone: str, rest: list[str], q: dict, body: dict) -> tuple[int, dict]:
+    def _nodes(
+        self, method: str, parent: str, zone: str, rest: list[str], q: dict, body: dict
+    ) -> tuple[int, dict]:
         if not rest:
             if method == "GET":
                 nodes = [n.body for n in self.nodes.values() if zone == "-" or n.zone == zone]
@@ -400,8 +488,14 @@ class FakeTpuService:
                     raise ApiError(409, f"Resource '{name}' already exists", "ALREADY_EXISTS")
                 self.received.append((f"{parent}/nodes/{node_id}", body))
                 self._check_create(zone, body.get("acceleratorType", ""))
-                node_body = {**body, "name": name, "state": "CREATING", "health": "HEALTH_UNSPECIFIED",
-                             "createTime": _now(), "apiVersion": "V2"}
+                node_body = {
+                    **body,
+                    "name": name,
+                    "state": "CREATING",
+                    "health": "HEALTH_UNSPECIFIED",
+                    "createTime": _now(),
+                    "apiVersion": "V2",
+                }
                 node = _Node(name, zone, node_body)
                 self.nodes[name] = node
                 return 200, self._op(zone, lambda: self._boot(node))
@@ -426,8 +520,14 @@ class FakeTpuService:
 
             return 200, self._op(zone, finish_delete)
         if method == "POST" and verb == "stop":
-            if (node.body.get("schedulingConfig") or {}).get("spot") or (node.body.get("schedulingConfig") or {}).get("preemptible"):
-                raise ApiError(400, f"Stopping is not supported for Spot/preemptible TPU node '{name}'; delete it instead", "INVALID_ARGUMENT")
+            if (node.body.get("schedulingConfig") or {}).get("spot") or (
+                node.body.get("schedulingConfig") or {}
+            ).get("preemptible"):
+                raise ApiError(
+                    400,
+                    f"Stopping is not supported for Spot/preemptible TPU node '{name}'; delete it instead",
+                    "INVALID_ARGUMENT",
+                )
             node.body["state"] = "STOPPING"
 
             def finish_stop() -> tuple[dict | None, dict | None]:
@@ -439,7 +539,9 @@ class FakeTpuService:
             return 200, self._op(zone, finish_stop)
         if method == "POST" and verb == "start":
             if node.body["state"] not in ("STOPPED",):
-                raise ApiError(400, f"node is {node.body['state']}, not STOPPED", "FAILED_PRECONDITION")
+                raise ApiError(
+                    400, f"node is {node.body['state']}, not STOPPED", "FAILED_PRECONDITION"
+                )
             node.body["state"] = "STARTING"
 
             def finish_start() -> tuple[dict | None, dict | None]:
@@ -453,10 +555,16 @@ class FakeTpuService:
             return 200, self._op(zone, finish_start)
         raise ApiError(400, f"unsupported {method} {verb}")
 
-    def _queued(self, method: str, parent: str, zone: str, rest: list[str], q: dict, body: dict) -> tuple[int, dict]:
+    def _queued(
+        self, method: str, parent: str, zone: str, rest: list[str], q: dict, body: dict
+    ) -> tuple[int, dict]:
         if not rest:
             if method == "GET":
-                return 200, {"queuedResources": [r["body"] for r in self.queued.values() if zone == "-" or r["zone"] == zone]}
+                return 200, {
+                    "queuedResources": [
+                        r["body"] for r in self.queued.values() if zone == "-" or r["zone"] == zone
+                    ]
+                }
             if method == "POST":
                 qid = q.get("queuedResourceId")
                 name = f"{parent}/queuedResources/{qid}"
@@ -467,13 +575,25 @@ class FakeTpuService:
                 if len(specs) != 1:
                     raise ApiError(400, "exactly one nodeSpec is supported")
                 self._check_create(zone, specs[0].get("node", {}).get("acceleratorType", ""))
-                rec = {"zone": zone, "created": time.monotonic(), "body": {**body, "name": name, "createTime": _now(),
-                                                                            "state": {"state": "ACCEPTED"}}}
+                rec = {
+                    "zone": zone,
+                    "created": time.monotonic(),
+                    "body": {
+                        **body,
+                        "name": name,
+                        "createTime": _now(),
+                        "state": {"state": "ACCEPTED"},
+                    },
+                }
                 pol = body.get("queueingPolicy") or {}
                 if "validUntilDuration" in pol:
-                    rec["deadline"] = time.monotonic() + float(str(pol["validUntilDuration"]).rstrip("s"))
+                    rec["deadline"] = time.monotonic() + float(
+                        str(pol["validUntilDuration"]).rstrip("s")
+                    )
                 if "validAfterDuration" in pol:
-                    rec["not_before"] = time.monotonic() + float(str(pol["validAfterDuration"]).rstrip("s"))
+                    rec["not_before"] = time.monotonic() + float(
+                        str(pol["validAfterDuration"]).rstrip("s")
+                    )
                 if "validInterval" in pol:
                     import datetime as _dt
 
@@ -503,7 +623,11 @@ class FakeTpuService:
             node_name = f"{spec['parent']}/nodes/{spec['nodeId']}"
             node = self.nodes.get(node_name)
             if node is not None and q.get("force") not in ("true", "True", "1"):
-                raise ApiError(400, "the queued resource has a node; delete it with force=true", "FAILED_PRECONDITION")
+                raise ApiError(
+                    400,
+                    "the queued resource has a node; delete it with force=true",
+                    "FAILED_PRECONDITION",
+                )
 
             def finish() -> tuple[dict | None, dict | None]:
                 if node is not None:
@@ -521,7 +645,15 @@ class FakeTpuService:
             return
         now = time.monotonic()
         if "deadline" in rec and now > rec["deadline"]:
-            rec["body"]["state"] = {"state": "FAILED", "failedData": {"error": {"code": 4, "message": "validUntil passed before capacity was available"}}}
+            rec["body"]["state"] = {
+                "state": "FAILED",
+                "failedData": {
+                    "error": {
+                        "code": 4,
+                        "message": "validUntil passed before capacity was available",
+                    }
+                },
+            }
             return
         if now < rec.get("not_before", 0) or now - rec["created"] < self.queue_delay:
             rec["body"]["state"] = {"state": "WAITING_FOR_RESOURCES"}
@@ -533,8 +665,14 @@ class FakeTpuService:
             return
         spec = rec["body"]["tpu"]["nodeSpec"][0]
         name = f"{spec['parent']}/nodes/{spec['nodeId']}"
-        node_body = {**spec.get("node", {}), "name": name, "state": "CREATING", "createTime": _now(),
-                     "queuedResource": rec["body"]["name"], "apiVersion": "V2"}
+        node_body = {
+            **spec.get("node", {}),
+            "name": name,
+            "state": "CREATING",
+            "createTime": _now(),
+            "queuedResource": rec["body"]["name"],
+            "apiVersion": "V2",
+        }
         if "spot" in rec["body"]:
             node_body["schedulingConfig"] = {"spot": True}
         node = _Node(name, zone, node_body)

@@ -15,35 +15,68 @@ from aios.errors import AiosError
 from aios_cloud_k8s import manifests as M
 from aios_cloud_k8s.provider import K8sProvider
 
-NOT_FOR_K8S = {"spot": "--spot", "queued": "--queued", "valid_after": "--valid-after", "valid_until": "--valid-until",
-               "disk_gb": "--disk-gb", "project": "--project", "region": "--region", "ssh_user": "--ssh-user", "ssh_key": "--ssh-key",
-               "zone": "--zone", "setup_script": "--setup-script", "requirements": "--requirements"}
+NOT_FOR_K8S = {
+    "spot": "--spot",
+    "queued": "--queued",
+    "valid_after": "--valid-after",
+    "valid_until": "--valid-until",
+    "disk_gb": "--disk-gb",
+    "project": "--project",
+    "region": "--region",
+    "ssh_user": "--ssh-user",
+    "ssh_key": "--ssh-key",
+    "zone": "--zone",
+    "setup_script": "--setup-script",
+    "requirements": "--requirements",
+}
 NAME_RE = __import__("re").compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
 
 
 def _check(p: dict[str, Any]) -> None:
     for key, flag in NOT_FOR_K8S.items():
         if p.get(key):
-            raise AiosError(f"{flag} does not apply to Kubernetes", "drop it (bake setup into the image; k8s.* settings choose the rest)")
+            raise AiosError(
+                f"{flag} does not apply to Kubernetes",
+                "drop it (bake setup into the image; k8s.* settings choose the rest)",
+            )
     if p["nodes"] < 1:
         raise AiosError(f"--nodes must be at least 1, got {p['nodes']}", "pass --nodes 1 or more")
     if p["max_restarts"] < 0:
-        raise AiosError(f"--max-restarts must be 0 or more, got {p['max_restarts']}", "pass --max-restarts N")
+        raise AiosError(
+            f"--max-restarts must be 0 or more, got {p['max_restarts']}", "pass --max-restarts N"
+        )
     if not Path(p["workdir"]).is_dir():
-        raise AiosError(f"--workdir {p['workdir']} is not a directory", "pass the project directory to sync")
+        raise AiosError(
+            f"--workdir {p['workdir']} is not a directory", "pass the project directory to sync"
+        )
     if not p["module"] and not (Path(p["workdir"]) / p["script"]).is_file():
-        raise AiosError(f"script {p['script']} not found in {os.path.abspath(p['workdir'])}", "pass a path relative to --workdir, or -m for a module")
+        raise AiosError(
+            f"script {p['script']} not found in {os.path.abspath(p['workdir'])}",
+            "pass a path relative to --workdir, or -m for a module",
+        )
     if p["name"] and not NAME_RE.match(p["name"]):
-        raise AiosError(f"job name '{p['name']}' is invalid for Kubernetes", "use 1-40 lowercase letters, digits and dashes, starting with a letter")
+        raise AiosError(
+            f"job name '{p['name']}' is invalid for Kubernetes",
+            "use 1-40 lowercase letters, digits and dashes, starting with a letter",
+        )
 
 
-def build(provider: K8sProvider, p: dict[str, Any], name: str, env: dict[str, str], forward: list[str]) -> M.JobRequest:
+def build(
+    provider: K8sProvider, p: dict[str, Any], name: str, env: dict[str, str], forward: list[str]
+) -> M.JobRequest:
     s = provider.settings
     if not s.image:
-        raise AiosError("no container image for the pods", "set k8s.image (AIOS_K8S__IMAGE=REGISTRY/IMAGE:TAG) to an image with python, torch and aios")
+        raise AiosError(
+            "no container image for the pods",
+            "set k8s.image (AIOS_K8S__IMAGE=REGISTRY/IMAGE:TAG) to an image with python, torch and aios",
+        )
     accelerator = p["accelerator"] or "cpu"
     place = M.placement(accelerator, p["nodes"])
-    api = s.api if s.api != "auto" else ("jobset" if place.kind == "tpu" or place.pods_per_job > 1 else "job")
+    api = (
+        s.api
+        if s.api != "auto"
+        else ("jobset" if place.kind == "tpu" or place.pods_per_job > 1 else "job")
+    )
     if api == "job" and place.jobs > 1:
         raise AiosError(f"{p['nodes']} TPU slices need a JobSet", "set k8s.api=jobset (or auto)")
     args = list(p["script_args"])
@@ -51,25 +84,50 @@ def build(provider: K8sProvider, p: dict[str, Any], name: str, env: dict[str, st
         args = args[1:]
     backend = p["backend"] or place.backend
     python = p["python"] or s.python
-    command = [python, "-m", "aios.cli.run", "--backend", backend, *(["-m", p["script"]] if p["module"] else [p["script"]]), *args]
+    command = [
+        python,
+        "-m",
+        "aios.cli.run",
+        "--backend",
+        backend,
+        *(["-m", p["script"]] if p["module"] else [p["script"]]),
+        *args,
+    ]
     job_env = dict(env)
     if p["checkpoint_dir"]:
         job_env["AIOS_CHECKPOINT__DIR"] = p["checkpoint_dir"]
-    return M.JobRequest(name=name, namespace=s.namespace, image=s.image, command=command, place=place, api=api, env=job_env,
-                        secret_name=f"{name}-env" if forward else None, code_configmap=f"{name}-code",
-                        master_port=s.master_port, service_account=s.service_account, cpu=s.cpu, memory=s.memory,
-                        backoff_limit=p["max_restarts"], max_restarts=p["max_restarts"])
+    return M.JobRequest(
+        name=name,
+        namespace=s.namespace,
+        image=s.image,
+        command=command,
+        place=place,
+        api=api,
+        env=job_env,
+        secret_name=f"{name}-env" if forward else None,
+        code_configmap=f"{name}-code",
+        master_port=s.master_port,
+        service_account=s.service_account,
+        cpu=s.cpu,
+        memory=s.memory,
+        backoff_limit=p["max_restarts"],
+        max_restarts=p["max_restarts"],
+    )
 
 
 def _code(provider: K8sProvider, p: dict[str, Any], name: str) -> str:
     from aios.cloud.codesync import make_tarball
     from aios.cloud.store import cluster_dir
 
-    tar = make_tarball(p["workdir"], cluster_dir(name) / "code.tar.gz", p["exclude"], p["max_sync_mb"] * 2**20)
+    tar = make_tarball(
+        p["workdir"], cluster_dir(name) / "code.tar.gz", p["exclude"], p["max_sync_mb"] * 2**20
+    )
     data = Path(tar.path).read_bytes()
     if len(data) > provider.settings.max_code_kib * 1024:
-        raise AiosError(f"the code is {len(data) // 1024} KiB compressed; a ConfigMap holds {provider.settings.max_code_kib} KiB",
-                        "exclude data with .gitignore/--exclude, or bake the code into k8s.image")
+        raise AiosError(
+            f"the code is {len(data) // 1024} KiB compressed; a ConfigMap holds {provider.settings.max_code_kib} KiB",
+            "exclude data with .gitignore/--exclude, or bake the code into k8s.image",
+        )
     return base64.b64encode(data).decode()
 
 
@@ -94,7 +152,9 @@ def launch(provider: K8sProvider, p: dict[str, Any], store: Any, log: Callable[[
     if p["dry_run"]:
         from aios.config import redact
 
-        shown = M.manifests(req, {k: "<forwarded from your environment>" for k in forward}, "<code.tar.gz, base64>")
+        shown = M.manifests(
+            req, {k: "<forwarded from your environment>" for k in forward}, "<code.tar.gz, base64>"
+        )
         for o in shown:
             if o["kind"] == "Secret":
                 o["stringData"] = {k: "<forwarded from your environment>" for k in o["stringData"]}
@@ -103,19 +163,41 @@ def launch(provider: K8sProvider, p: dict[str, Any], store: Any, log: Callable[[
         return 0
     missing = [k for k in forward if k not in os.environ]
     if missing:
-        raise AiosError(f"--env {missing[0]} is not set in your environment", f"export {missing[0]} before aios launch")
+        raise AiosError(
+            f"--env {missing[0]} is not set in your environment",
+            f"export {missing[0]} before aios launch",
+        )
     provider.client()  # no kubeconfig: one line, before anything is created
     provider.check_node_pools(req.place)
     existing = store.get_cluster(name)
     if existing is not None:
-        raise AiosError(f"{name} already exists ({existing.cloud})", f"`aios down {name}` first, or use another --name")
+        raise AiosError(
+            f"{name} already exists ({existing.cloud})",
+            f"`aios down {name}` first, or use another --name",
+        )
     code = _code(provider, p, name)
     objs = M.manifests(req, {k: os.environ[k] for k in forward}, code)
-    if not store.claim_cluster(ClusterRecord(name, provider.name, provider.settings.namespace, req.place.accelerator, False, "SUBMITTING",
-                                             request={"api": req.api, "namespace": req.namespace})):
+    if not store.claim_cluster(
+        ClusterRecord(
+            name,
+            provider.name,
+            provider.settings.namespace,
+            req.place.accelerator,
+            False,
+            "SUBMITTING",
+            request={"api": req.api, "namespace": req.namespace},
+        )
+    ):
         raise AiosError(f"{name} was just created by another launch", "use another --name")
-    job_id = store.add_job(name, " ".join([p["script"], *p["script_args"]]), backend=p["backend"], managed=p["max_restarts"] > 0,
-                           max_restarts=p["max_restarts"], checkpoint_dir=p["checkpoint_dir"], spec={"cloud": "k8s", "api": req.api})
+    job_id = store.add_job(
+        name,
+        " ".join([p["script"], *p["script_args"]]),
+        backend=p["backend"],
+        managed=p["max_restarts"] > 0,
+        max_restarts=p["max_restarts"],
+        checkpoint_dir=p["checkpoint_dir"],
+        spec={"cloud": "k8s", "api": req.api},
+    )
     try:
         provider.apply(objs)
     except BaseException as exc:
@@ -126,7 +208,9 @@ def launch(provider: K8sProvider, p: dict[str, Any], store: Any, log: Callable[[
     store.update_job(job_id, state=JOB_PENDING)
     kinds = ", ".join(f"{o['kind']} {o['metadata']['name']}" for o in objs)
     store.event(name, "submitted", f"{kinds} in namespace {req.namespace}", job_id)
-    log(f"created {kinds} in namespace {req.namespace} ({req.place.pods_per_job * req.place.jobs} pod(s))")
+    log(
+        f"created {kinds} in namespace {req.namespace} ({req.place.pods_per_job * req.place.jobs} pod(s))"
+    )
     if p["detach"]:
         log(f"`aios logs {name} -f`, `aios status {name} --refresh`, `aios cancel {name}`")
         return 0
@@ -141,7 +225,15 @@ def launch(provider: K8sProvider, p: dict[str, Any], store: Any, log: Callable[[
     return code_
 
 
-def follow(provider: K8sProvider, store: Any, name: str, job_id: int, api: str, poll: float, echo: Callable[[str], None]) -> int:
+def follow(
+    provider: K8sProvider,
+    store: Any,
+    name: str,
+    job_id: int,
+    api: str,
+    poll: float,
+    echo: Callable[[str], None],
+) -> int:
     """Wait for the job to end, then print every pod's log (prefixed with the pod's name)."""
     from aios.cloud.store import JOB_FAILED, JOB_RUNNING, JOB_SUCCEEDED
 
@@ -164,14 +256,32 @@ def follow(provider: K8sProvider, store: Any, name: str, job_id: int, api: str, 
     return code
 
 
-def logs(provider: K8sProvider, rec: Any, job: Any, follow_: bool, dry_run: bool, echo: Callable[[str], None]) -> int:
+def logs(
+    provider: K8sProvider,
+    rec: Any,
+    job: Any,
+    follow_: bool,
+    dry_run: bool,
+    echo: Callable[[str], None],
+) -> int:
     if dry_run:
-        echo(f"kubectl -n {provider.settings.namespace} logs -l {M.CLUSTER_LABEL}={rec.name} --prefix" + (" -f" if follow_ else ""))
+        echo(
+            f"kubectl -n {provider.settings.namespace} logs -l {M.CLUSTER_LABEL}={rec.name} --prefix"
+            + (" -f" if follow_ else "")
+        )
         return 0
     if follow_:
         from aios.cloud.store import Store
 
-        return follow(provider, Store(), rec.name, job.id, rec.request.get("api", "jobset"), provider.settings.poll_interval, echo)
+        return follow(
+            provider,
+            Store(),
+            rec.name,
+            job.id,
+            rec.request.get("api", "jobset"),
+            provider.settings.poll_interval,
+            echo,
+        )
     pods = provider.pods(rec.name)
     if not pods:
         echo("[aios] no pods yet")

@@ -40,17 +40,42 @@ JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
 CLUSTER_LABEL = "aios-cluster"
 
 # GKE node label values per TPU generation (cloud.google.com/gke-tpu-accelerator)
-GKE_TPU_ACCELERATOR = {"v4": "tpu-v4-podslice", "v5e": "tpu-v5-lite-podslice", "v5p": "tpu-v5p-slice", "v6e": "tpu-v6e-slice"}
+GKE_TPU_ACCELERATOR = {
+    "v4": "tpu-v4-podslice",
+    "v5e": "tpu-v5-lite-podslice",
+    "v5p": "tpu-v5p-slice",
+    "v6e": "tpu-v6e-slice",
+}
 _2D = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"}
-_3D = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8", 256: "4x8x8", 512: "8x8x8",
-       1024: "8x8x16", 2048: "8x16x16", 4096: "16x16x16"}
+_3D = {
+    4: "2x2x1",
+    8: "2x2x2",
+    16: "2x2x4",
+    32: "2x4x4",
+    64: "4x4x4",
+    128: "4x4x8",
+    256: "4x8x8",
+    512: "8x8x8",
+    1024: "8x8x16",
+    2048: "8x16x16",
+    4096: "16x16x16",
+}
 
 # EKS instance types: (kind, devices, efa interfaces)
 EKS_INSTANCES: dict[str, tuple[str, int, int]] = {
-    "trn1.2xlarge": ("neuron", 1, 0), "trn1.32xlarge": ("neuron", 16, 8), "trn1n.32xlarge": ("neuron", 16, 16),
-    "trn2.48xlarge": ("neuron", 16, 16), "inf2.48xlarge": ("neuron", 12, 0),
-    "p4d.24xlarge": ("gpu", 8, 4), "p4de.24xlarge": ("gpu", 8, 4), "p5.48xlarge": ("gpu", 8, 32), "p5e.48xlarge": ("gpu", 8, 32),
-    "g5.xlarge": ("gpu", 1, 0), "g5.12xlarge": ("gpu", 4, 0), "g5.48xlarge": ("gpu", 8, 1), "g6.xlarge": ("gpu", 1, 0),
+    "trn1.2xlarge": ("neuron", 1, 0),
+    "trn1.32xlarge": ("neuron", 16, 8),
+    "trn1n.32xlarge": ("neuron", 16, 16),
+    "trn2.48xlarge": ("neuron", 16, 16),
+    "inf2.48xlarge": ("neuron", 12, 0),
+    "p4d.24xlarge": ("gpu", 8, 4),
+    "p4de.24xlarge": ("gpu", 8, 4),
+    "p5.48xlarge": ("gpu", 8, 32),
+    "p5e.48xlarge": ("gpu", 8, 32),
+    "g5.xlarge": ("gpu", 1, 0),
+    "g5.12xlarge": ("gpu", 4, 0),
+    "g5.48xlarge": ("gpu", 8, 1),
+    "g6.xlarge": ("gpu", 1, 0),
 }
 
 
@@ -73,7 +98,10 @@ class Placement:
 def tpu_topology(generation: str, chips: int) -> str:
     table = _3D if generation in ("v4", "v5p") else _2D
     if chips not in table:
-        raise ConfigError(f"no GKE topology for a {generation} slice of {chips} chips", f"pick one of {sorted(table)} chips")
+        raise ConfigError(
+            f"no GKE topology for a {generation} slice of {chips} chips",
+            f"pick one of {sorted(table)} chips",
+        )
     return table[chips]
 
 
@@ -87,11 +115,22 @@ def placement(accelerator: str, nodes: int) -> Placement:
         env: dict[str, str] = {}
         if efa:
             res["vpc.amazonaws.com/efa"] = str(efa)
-            env.update({"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1"})
+            env.update(
+                {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1"}
+            )
         if kind == "neuron":
-            env["NEURON_CC_FLAGS"] = "--retry_failed_compilation"  # the rest comes from the neuron backend's plan
-        return Placement(kind, accelerator, pods_per_job=nodes, resources=res, node_selector={INSTANCE_TYPE_LABEL: accelerator},
-                         env=env, backend="neuron" if kind == "neuron" else "cuda")
+            env["NEURON_CC_FLAGS"] = (
+                "--retry_failed_compilation"  # the rest comes from the neuron backend's plan
+            )
+        return Placement(
+            kind,
+            accelerator,
+            pods_per_job=nodes,
+            resources=res,
+            node_selector={INSTANCE_TYPE_LABEL: accelerator},
+            env=env,
+            backend="neuron" if kind == "neuron" else "cuda",
+        )
     try:
         from aios_backend_xla.topology import parse_accelerator_type
     except ImportError:
@@ -99,15 +138,29 @@ def placement(accelerator: str, nodes: int) -> Placement:
     if parse_accelerator_type is not None and re.match(r"^(v\d|tpu)", accelerator):
         t = parse_accelerator_type(accelerator)
         if t.generation not in GKE_TPU_ACCELERATOR:
-            raise ConfigError(f"GKE does not offer TPU {t.generation} node pools", f"use one of {', '.join(GKE_TPU_ACCELERATOR)}")
+            raise ConfigError(
+                f"GKE does not offer TPU {t.generation} node pools",
+                f"use one of {', '.join(GKE_TPU_ACCELERATOR)}",
+            )
         topo = tpu_topology(t.generation, t.chips)
-        return Placement("tpu", t.accelerator_type, pods_per_job=t.hosts, jobs=nodes,
-                         resources={"google.com/tpu": str(t.chips_per_host)},
-                         node_selector={TPU_ACCELERATOR_LABEL: GKE_TPU_ACCELERATOR[t.generation], TPU_TOPOLOGY_LABEL: topo},
-                         backend="xla", topology=topo,
-                         tolerations=[{"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}])
-    raise ConfigError(f"unknown accelerator '{accelerator}' for Kubernetes",
-                      f"use a TPU type (v5litepod-16, v4-16, ...), an EKS instance type ({', '.join(sorted(EKS_INSTANCES)[:4])}, ...) or cpu")
+        return Placement(
+            "tpu",
+            t.accelerator_type,
+            pods_per_job=t.hosts,
+            jobs=nodes,
+            resources={"google.com/tpu": str(t.chips_per_host)},
+            node_selector={
+                TPU_ACCELERATOR_LABEL: GKE_TPU_ACCELERATOR[t.generation],
+                TPU_TOPOLOGY_LABEL: topo,
+            },
+            backend="xla",
+            topology=topo,
+            tolerations=[{"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}],
+        )
+    raise ConfigError(
+        f"unknown accelerator '{accelerator}' for Kubernetes",
+        f"use a TPU type (v5litepod-16, v4-16, ...), an EKS instance type ({', '.join(sorted(EKS_INSTANCES)[:4])}, ...) or cpu",
+    )
 
 
 @dataclass
@@ -132,14 +185,20 @@ class JobRequest:
 def _pod_spec(req: JobRequest, extra_env: list[dict[str, Any]]) -> dict[str, Any]:
     p = req.place
     env = [{"name": k, "value": v} for k, v in sorted({**p.env, **req.env}.items())]
-    env += [{"name": "AIOS_K8S_PODS_PER_JOB", "value": str(p.pods_per_job)}, {"name": "MASTER_PORT", "value": str(req.master_port)}]
+    env += [
+        {"name": "AIOS_K8S_PODS_PER_JOB", "value": str(p.pods_per_job)},
+        {"name": "MASTER_PORT", "value": str(req.master_port)},
+    ]
     env += extra_env
     script = "set -e; mkdir -p /workspace; "
     if req.code_configmap:
         script += "tar xzf /aios/code/code.tar.gz -C /workspace; "
     script += "cd /workspace; exec " + " ".join(_sh(c) for c in req.command)
     container: dict[str, Any] = {
-        "name": "aios", "image": req.image, "command": ["bash", "-c", script], "env": env,
+        "name": "aios",
+        "image": req.image,
+        "command": ["bash", "-c", script],
+        "env": env,
         "ports": [{"containerPort": req.master_port, "name": "rendezvous"}],
     }
     limits = dict(p.resources)
@@ -149,12 +208,16 @@ def _pod_spec(req: JobRequest, extra_env: list[dict[str, Any]]) -> dict[str, Any
     if req.memory:
         requests["memory"] = req.memory
     if limits or requests:
-        container["resources"] = {k: v for k, v in (("limits", limits), ("requests", requests)) if v}
+        container["resources"] = {
+            k: v for k, v in (("limits", limits), ("requests", requests)) if v
+        }
     if req.secret_name:
         container["envFrom"] = [{"secretRef": {"name": req.secret_name}}]
     spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [container]}
     if req.code_configmap:
-        container["volumeMounts"] = [{"name": "aios-code", "mountPath": "/aios/code", "readOnly": True}]
+        container["volumeMounts"] = [
+            {"name": "aios-code", "mountPath": "/aios/code", "readOnly": True}
+        ]
         spec["volumes"] = [{"name": "aios-code", "configMap": {"name": req.code_configmap}}]
     if p.node_selector:
         spec["nodeSelector"] = dict(p.node_selector)
@@ -179,28 +242,46 @@ def jobset(req: JobRequest) -> dict[str, Any]:
     p = req.place
     rjob = "slice" if p.kind == "tpu" else "workers"
     extra = [
-        {"name": "JOBSET_NAME", "value": req.name}, {"name": "REPLICATED_JOB_NAME", "value": rjob},
-        {"name": "REPLICATED_JOB_REPLICAS", "value": str(p.jobs)}, {"name": "AIOS_K8S_SUBDOMAIN", "value": req.name},
-        {"name": "JOB_INDEX", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{JOB_INDEX_LABEL}']"}}},
+        {"name": "JOBSET_NAME", "value": req.name},
+        {"name": "REPLICATED_JOB_NAME", "value": rjob},
+        {"name": "REPLICATED_JOB_REPLICAS", "value": str(p.jobs)},
+        {"name": "AIOS_K8S_SUBDOMAIN", "value": req.name},
+        {
+            "name": "JOB_INDEX",
+            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{JOB_INDEX_LABEL}']"}},
+        },
     ]
     meta: dict[str, Any] = {"name": req.name, "namespace": req.namespace, "labels": _labels(req)}
     if p.kind == "tpu":
         meta["annotations"] = {EXCLUSIVE_TOPOLOGY: NODEPOOL_LABEL}  # one slice per node pool
     return {
-        "apiVersion": f"{JOBSET_GROUP}/{JOBSET_VERSION}", "kind": "JobSet", "metadata": meta,
+        "apiVersion": f"{JOBSET_GROUP}/{JOBSET_VERSION}",
+        "kind": "JobSet",
+        "metadata": meta,
         "spec": {
             # a preempted or failed pod fails its Job (backoffLimit 0); the JobSet then recreates
             # every Job (all ranks restart together and resume from the checkpoint)
             "failurePolicy": {"maxRestarts": req.max_restarts},
             "network": {"enableDNSHostnames": True, "subdomain": req.name},
-            "replicatedJobs": [{
-                "name": rjob, "replicas": p.jobs,
-                "template": {"metadata": {"labels": _labels(req)}, "spec": {
-                    "parallelism": p.pods_per_job, "completions": p.pods_per_job, "completionMode": "Indexed",
-                    "backoffLimit": 0,
-                    "template": {"metadata": {"labels": _labels(req)}, "spec": _pod_spec(req, extra)},
-                }},
-            }],
+            "replicatedJobs": [
+                {
+                    "name": rjob,
+                    "replicas": p.jobs,
+                    "template": {
+                        "metadata": {"labels": _labels(req)},
+                        "spec": {
+                            "parallelism": p.pods_per_job,
+                            "completions": p.pods_per_job,
+                            "completionMode": "Indexed",
+                            "backoffLimit": 0,
+                            "template": {
+                                "metadata": {"labels": _labels(req)},
+                                "spec": _pod_spec(req, extra),
+                            },
+                        },
+                    },
+                }
+            ],
         },
     }
 
@@ -210,37 +291,60 @@ def indexed_job(req: JobRequest) -> list[dict[str, Any]]:
     p = req.place
     if p.jobs != 1:
         raise ConfigError("several TPU slices need a JobSet", "set k8s.api=jobset (or auto)")
-    extra = [{"name": "AIOS_K8S_JOB_NAME", "value": req.name}, {"name": "AIOS_K8S_SUBDOMAIN", "value": req.name}]
+    extra = [
+        {"name": "AIOS_K8S_JOB_NAME", "value": req.name},
+        {"name": "AIOS_K8S_SUBDOMAIN", "value": req.name},
+    ]
     pod = _pod_spec(req, extra)
     pod["subdomain"] = req.name
     svc = {
-        "apiVersion": "v1", "kind": "Service",
+        "apiVersion": "v1",
+        "kind": "Service",
         "metadata": {"name": req.name, "namespace": req.namespace, "labels": _labels(req)},
-        "spec": {"clusterIP": "None", "selector": {"job-name": req.name}, "publishNotReadyAddresses": True,
-                 "ports": [{"name": "rendezvous", "port": req.master_port}]},
+        "spec": {
+            "clusterIP": "None",
+            "selector": {"job-name": req.name},
+            "publishNotReadyAddresses": True,
+            "ports": [{"name": "rendezvous", "port": req.master_port}],
+        },
     }
     job = {
-        "apiVersion": "batch/v1", "kind": "Job",
+        "apiVersion": "batch/v1",
+        "kind": "Job",
         "metadata": {"name": req.name, "namespace": req.namespace, "labels": _labels(req)},
-        "spec": {"parallelism": p.pods_per_job, "completions": p.pods_per_job, "completionMode": "Indexed",
-                 "backoffLimit": req.backoff_limit,
-                 "template": {"metadata": {"labels": _labels(req)}, "spec": pod}},
+        "spec": {
+            "parallelism": p.pods_per_job,
+            "completions": p.pods_per_job,
+            "completionMode": "Indexed",
+            "backoffLimit": req.backoff_limit,
+            "template": {"metadata": {"labels": _labels(req)}, "spec": pod},
+        },
     }
     return [svc, job]
 
 
 def secret(name: str, namespace: str, cluster: str, values: dict[str, str]) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-            "metadata": {"name": name, "namespace": namespace, "labels": {CLUSTER_LABEL: cluster}}, "stringData": dict(values)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {"name": name, "namespace": namespace, "labels": {CLUSTER_LABEL: cluster}},
+        "stringData": dict(values),
+    }
 
 
 def code_configmap(name: str, namespace: str, cluster: str, tar_b64: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": name, "namespace": namespace, "labels": {CLUSTER_LABEL: cluster}},
-            "binaryData": {"code.tar.gz": tar_b64}}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": namespace, "labels": {CLUSTER_LABEL: cluster}},
+        "binaryData": {"code.tar.gz": tar_b64},
+    }
 
 
-def manifests(req: JobRequest, secret_values: dict[str, str] | None = None, code_b64: str | None = None) -> list[dict[str, Any]]:
+def manifests(
+    req: JobRequest, secret_values: dict[str, str] | None = None, code_b64: str | None = None
+) -> list[dict[str, Any]]:
     """Everything applied for one launch, in creation order."""
     out: list[dict[str, Any]] = []
     if req.secret_name:

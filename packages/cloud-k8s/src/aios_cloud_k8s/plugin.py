@@ -17,8 +17,14 @@ def _factory(config: Any = None) -> Any:
 
 @hookimpl
 def aios_register_clouds(register: Any) -> None:
-    register(CloudSpec(name="k8s", factory=_factory, description="Kubernetes: JobSets (GKE TPU slices, EKS) and indexed Jobs",
-                       install_hint="pip install -e ./packages/cloud-k8s"))
+    register(
+        CloudSpec(
+            name="k8s",
+            factory=_factory,
+            description="Kubernetes: JobSets (GKE TPU slices, EKS) and indexed Jobs",
+            install_hint="pip install -e ./packages/cloud-k8s",
+        )
+    )
 
 
 @hookimpl
@@ -33,5 +39,11 @@ def aios_doctor_checks(backend: str | None, config: Any) -> list[DoctorCheck] | 
     if backend is not None:
         return None
     found = importlib.util.find_spec("kubernetes") is not None
-    return [DoctorCheck("kubernetes client", "pass" if found else "warn", f"kubernetes {'found' if found else 'missing'}",
-                        "" if found else "pip install kubernetes (aios launch --cloud k8s)")]
+    return [
+        DoctorCheck(
+            "kubernetes client",
+            "pass" if found else "warn",
+            f"kubernetes {'found' if found else 'missing'}",
+            "" if found else "pip install kubernetes (aios launch --cloud k8s)",
+        )
+    ]

@@ -51,13 +51,19 @@ class K8sProvider(CloudProvider):
             try:
                 from kubernetes import config
             except ImportError:
-                raise CloudError("the kubernetes Python client is not installed", "pip install kubernetes") from None
+                raise CloudError(
+                    "the kubernetes Python client is not installed", "pip install kubernetes"
+                ) from None
             try:
-                api_client = config.new_client_from_config(config_file=self.settings.kubeconfig, context=self.settings.context)
+                api_client = config.new_client_from_config(
+                    config_file=self.settings.kubeconfig, context=self.settings.context
+                )
             except (config.ConfigException, FileNotFoundError, OSError) as exc:
-                raise CloudError(f"no usable kubeconfig: {str(exc).splitlines()[0][:160]}",
-                                 "point KUBECONFIG (or k8s.kubeconfig) at one: gcloud container clusters get-credentials NAME, "
-                                 "or aws eks update-kubeconfig --name NAME") from None
+                raise CloudError(
+                    f"no usable kubeconfig: {str(exc).splitlines()[0][:160]}",
+                    "point KUBECONFIG (or k8s.kubeconfig) at one: gcloud container clusters get-credentials NAME, "
+                    "or aws eks update-kubeconfig --name NAME",
+                ) from None
             self._api = api_client
         return self._api
 
@@ -76,7 +82,9 @@ class K8sProvider(CloudProvider):
 
         return client.CustomObjectsApi(self.client())
 
-    def _call(self, what: str, fn: Callable[..., Any], *args: Any, missing_ok: bool = False, **kw: Any) -> Any:
+    def _call(
+        self, what: str, fn: Callable[..., Any], *args: Any, missing_ok: bool = False, **kw: Any
+    ) -> Any:
         from kubernetes.client.exceptions import ApiException
 
         try:
@@ -84,10 +92,15 @@ class K8sProvider(CloudProvider):
         except ApiException as exc:
             if exc.status == 404 and missing_ok:
                 return None
-            raise CloudError(f"{what}: {_reason(exc)}", "check the cluster, namespace and your RBAC permissions") from None
-        except Exception as exc:  # noqa: BLE001 - connection errors: one line
+            raise CloudError(
+                f"{what}: {_reason(exc)}", "check the cluster, namespace and your RBAC permissions"
+            ) from None
+        except Exception as exc:
             if type(exc).__module__.startswith(("urllib3", "kubernetes")):
-                raise CloudError(f"{what}: cannot reach the API server ({type(exc).__name__})", "check the kubeconfig's server and your network") from None
+                raise CloudError(
+                    f"{what}: cannot reach the API server ({type(exc).__name__})",
+                    "check the kubeconfig's server and your network",
+                ) from None
             raise
 
     # ------------------------------------------------------------------ CloudProvider
@@ -96,7 +109,12 @@ class K8sProvider(CloudProvider):
         pools: dict[str, dict[str, Any]] = {}
         for n in nodes:
             labels = n.metadata.labels or {}
-            pool = labels.get(M.NODEPOOL_LABEL) or labels.get("eks.amazonaws.com/nodegroup") or labels.get(M.INSTANCE_TYPE_LABEL) or "default"
+            pool = (
+                labels.get(M.NODEPOOL_LABEL)
+                or labels.get("eks.amazonaws.com/nodegroup")
+                or labels.get(M.INSTANCE_TYPE_LABEL)
+                or "default"
+            )
             alloc = n.status.allocatable or {}
             p = pools.setdefault(pool, {"nodes": 0, "labels": labels, "alloc": alloc})
             p["nodes"] += 1
@@ -105,16 +123,33 @@ class K8sProvider(CloudProvider):
             labels, alloc = p["labels"], p["alloc"]
             tpu = labels.get(M.TPU_ACCELERATOR_LABEL)
             kind, per_node, backend = "CPU core", _qty(alloc.get("cpu")), "cpu"
-            for res, k, b in (("google.com/tpu", f"TPU chip ({tpu}, {labels.get(M.TPU_TOPOLOGY_LABEL)})", "xla"),
-                              ("aws.amazon.com/neuron", "Neuron device", "neuron"), ("nvidia.com/gpu", "NVIDIA GPU", "cuda")):
+            for res, k, b in (
+                ("google.com/tpu", f"TPU chip ({tpu}, {labels.get(M.TPU_TOPOLOGY_LABEL)})", "xla"),
+                ("aws.amazon.com/neuron", "Neuron device", "neuron"),
+                ("nvidia.com/gpu", "NVIDIA GPU", "cuda"),
+            ):
                 if _qty(alloc.get(res)):
                     kind, per_node, backend = k, _qty(alloc.get(res)), b
-            out.append(CatalogEntry(
-                cloud=self.name, accelerator=pool, devices=per_node * p["nodes"], device_kind=kind, memory_gb=0.0, hosts=p["nodes"],
-                runtime=labels.get(M.INSTANCE_TYPE_LABEL, ""), zones=(labels.get("topology.kubernetes.io/zone", ""),), backend=backend,
-                extra={"price": PRICE_NOTE, "vcpus": _qty(alloc.get("cpu")), "tpu_topology": labels.get(M.TPU_TOPOLOGY_LABEL),
-                       "instance_type": labels.get(M.INSTANCE_TYPE_LABEL), "efa_interfaces": _qty(alloc.get("vpc.amazonaws.com/efa"))},
-            ))
+            out.append(
+                CatalogEntry(
+                    cloud=self.name,
+                    accelerator=pool,
+                    devices=per_node * p["nodes"],
+                    device_kind=kind,
+                    memory_gb=0.0,
+                    hosts=p["nodes"],
+                    runtime=labels.get(M.INSTANCE_TYPE_LABEL, ""),
+                    zones=(labels.get("topology.kubernetes.io/zone", ""),),
+                    backend=backend,
+                    extra={
+                        "price": PRICE_NOTE,
+                        "vcpus": _qty(alloc.get("cpu")),
+                        "tpu_topology": labels.get(M.TPU_TOPOLOGY_LABEL),
+                        "instance_type": labels.get(M.INSTANCE_TYPE_LABEL),
+                        "efa_interfaces": _qty(alloc.get("vpc.amazonaws.com/efa")),
+                    },
+                )
+            )
         return out
 
     def check_node_pools(self, place: M.Placement) -> None:
@@ -122,16 +157,32 @@ class K8sProvider(CloudProvider):
         if place.kind != "tpu" or not self.settings.check_node_pools:
             return
         nodes = self._call("listing nodes", self.core().list_node).items
-        offered = sorted({(n.metadata.labels or {}).get(M.TPU_ACCELERATOR_LABEL, "") + " " + (n.metadata.labels or {}).get(M.TPU_TOPOLOGY_LABEL, "")
-                          for n in nodes if (n.metadata.labels or {}).get(M.TPU_ACCELERATOR_LABEL)})
+        offered = sorted(
+            {
+                (n.metadata.labels or {}).get(M.TPU_ACCELERATOR_LABEL, "")
+                + " "
+                + (n.metadata.labels or {}).get(M.TPU_TOPOLOGY_LABEL, "")
+                for n in nodes
+                if (n.metadata.labels or {}).get(M.TPU_ACCELERATOR_LABEL)
+            }
+        )
         want = f"{place.node_selector[M.TPU_ACCELERATOR_LABEL]} {place.node_selector[M.TPU_TOPOLOGY_LABEL]}"
         if want not in offered:
-            raise CloudError(f"no node pool offers {place.accelerator} ({want.replace(' ', ' topology ')})"
-                             + (f"; the cluster has: {', '.join(o.replace(' ', ' topology ') for o in offered)}" if offered else "; the cluster has no TPU node pools"),
-                             f"create one (gcloud container node-pools create ... --tpu-topology {place.topology}) or set k8s.check_node_pools=false on Autopilot")
+            raise CloudError(
+                f"no node pool offers {place.accelerator} ({want.replace(' ', ' topology ')})"
+                + (
+                    f"; the cluster has: {', '.join(o.replace(' ', ' topology ') for o in offered)}"
+                    if offered
+                    else "; the cluster has no TPU node pools"
+                ),
+                f"create one (gcloud container node-pools create ... --tpu-topology {place.topology}) or set k8s.check_node_pools=false on Autopilot",
+            )
 
     def create(self, request: ClusterRequest) -> ClusterInfo:
-        raise CloudError("Kubernetes runs jobs, there is no cluster to create", "run `aios launch --cloud k8s SCRIPT`")
+        raise CloudError(
+            "Kubernetes runs jobs, there is no cluster to create",
+            "run `aios launch --cloud k8s SCRIPT`",
+        )
 
     def _record(self, name: str) -> Any:
         from aios.cloud.store import Store
@@ -141,8 +192,16 @@ class K8sProvider(CloudProvider):
     def job_state(self, name: str, api: str) -> tuple[str, dict[str, Any]]:
         ns = self.settings.namespace
         if api == "jobset":
-            obj = self._call(f"reading JobSet {name}", self.custom().get_namespaced_custom_object, M.JOBSET_GROUP, M.JOBSET_VERSION,
-                             ns, M.JOBSET_PLURAL, name, missing_ok=True)
+            obj = self._call(
+                f"reading JobSet {name}",
+                self.custom().get_namespaced_custom_object,
+                M.JOBSET_GROUP,
+                M.JOBSET_VERSION,
+                ns,
+                M.JOBSET_PLURAL,
+                name,
+                missing_ok=True,
+            )
             if obj is None:
                 return "GONE", {}
             status = obj.get("status") or {}
@@ -155,7 +214,9 @@ class K8sProvider(CloudProvider):
                 return "SUSPENDED", status
             active = sum((j.get("active") or 0) for j in status.get("replicatedJobsStatus") or [])
             return ("RUNNING" if active else "PENDING"), status
-        obj = self._call(f"reading Job {name}", self.batch().read_namespaced_job, name, ns, missing_ok=True)
+        obj = self._call(
+            f"reading Job {name}", self.batch().read_namespaced_job, name, ns, missing_ok=True
+        )
         if obj is None:
             return "GONE", {}
         st = obj.status
@@ -171,15 +232,31 @@ class K8sProvider(CloudProvider):
         if rec is None:
             return None
         state, raw = self.job_state(name, rec.request.get("api", "jobset"))
-        return ClusterInfo(name=name, cloud=self.name, zone=rec.zone, accelerator=rec.accelerator, state=state, raw=raw)
+        return ClusterInfo(
+            name=name,
+            cloud=self.name,
+            zone=rec.zone,
+            accelerator=rec.accelerator,
+            state=state,
+            raw=raw,
+        )
 
     def list(self, zone: str | None = None) -> list[ClusterInfo]:
         from aios.cloud.store import Store
 
-        return [i for r in Store().clusters() if r.cloud == self.name for i in [self.describe(r.name, r.zone)] if i]
+        return [
+            i
+            for r in Store().clusters()
+            if r.cloud == self.name
+            for i in [self.describe(r.name, r.zone)]
+            if i
+        ]
 
     def start(self, name: str, zone: str | None) -> ClusterInfo:
-        raise CloudError("a Kubernetes job cannot be restarted in place", "launch it again with `aios launch --cloud k8s --name NAME ...`")
+        raise CloudError(
+            "a Kubernetes job cannot be restarted in place",
+            "launch it again with `aios launch --cloud k8s --name NAME ...`",
+        )
 
     def stop(self, name: str, zone: str | None) -> None:
         self.cancel(name)
@@ -196,13 +273,47 @@ class K8sProvider(CloudProvider):
         ns = self.settings.namespace
         body = client.V1DeleteOptions(propagation_policy="Foreground")
         if api == "jobset":
-            self._call(f"deleting JobSet {name}", self.custom().delete_namespaced_custom_object, M.JOBSET_GROUP, M.JOBSET_VERSION, ns,
-                       M.JOBSET_PLURAL, name, body=body, missing_ok=True)
+            self._call(
+                f"deleting JobSet {name}",
+                self.custom().delete_namespaced_custom_object,
+                M.JOBSET_GROUP,
+                M.JOBSET_VERSION,
+                ns,
+                M.JOBSET_PLURAL,
+                name,
+                body=body,
+                missing_ok=True,
+            )
         else:
-            self._call(f"deleting Job {name}", self.batch().delete_namespaced_job, name, ns, body=body, missing_ok=True)
-            self._call(f"deleting Service {name}", self.core().delete_namespaced_service, name, ns, missing_ok=True)
-        self._call(f"deleting Secret {name}-env", self.core().delete_namespaced_secret, f"{name}-env", ns, missing_ok=True)
-        self._call(f"deleting ConfigMap {name}-code", self.core().delete_namespaced_config_map, f"{name}-code", ns, missing_ok=True)
+            self._call(
+                f"deleting Job {name}",
+                self.batch().delete_namespaced_job,
+                name,
+                ns,
+                body=body,
+                missing_ok=True,
+            )
+            self._call(
+                f"deleting Service {name}",
+                self.core().delete_namespaced_service,
+                name,
+                ns,
+                missing_ok=True,
+            )
+        self._call(
+            f"deleting Secret {name}-env",
+            self.core().delete_namespaced_secret,
+            f"{name}-env",
+            ns,
+            missing_ok=True,
+        )
+        self._call(
+            f"deleting ConfigMap {name}-code",
+            self.core().delete_namespaced_config_map,
+            f"{name}-code",
+            ns,
+            missing_ok=True,
+        )
 
     def render_create(self, request: ClusterRequest) -> list[CloudCommand]:
         return [CloudCommand(["kubectl", "apply", "-f", "-"], "the manifests below")]
@@ -210,12 +321,38 @@ class K8sProvider(CloudProvider):
     def render(self, action: str, name: str, zone: str | None) -> list[CloudCommand]:
         ns = self.settings.namespace
         if action in ("stop", "delete"):
-            return [CloudCommand(["kubectl", "-n", ns, "delete", "jobset,job,service,secret,configmap", "-l", f"{M.CLUSTER_LABEL}={name}"])]
+            return [
+                CloudCommand(
+                    [
+                        "kubectl",
+                        "-n",
+                        ns,
+                        "delete",
+                        "jobset,job,service,secret,configmap",
+                        "-l",
+                        f"{M.CLUSTER_LABEL}={name}",
+                    ]
+                )
+            ]
         if action == "describe":
-            return [CloudCommand(["kubectl", "-n", ns, "get", "jobset,job,pods", "-l", f"{M.CLUSTER_LABEL}={name}"])]
+            return [
+                CloudCommand(
+                    [
+                        "kubectl",
+                        "-n",
+                        ns,
+                        "get",
+                        "jobset,job,pods",
+                        "-l",
+                        f"{M.CLUSTER_LABEL}={name}",
+                    ]
+                )
+            ]
         if action == "list":
             return [CloudCommand(["kubectl", "-n", ns, "get", "jobset,job", "-l", M.CLUSTER_LABEL])]
-        raise CloudError(f"'{action}' does not apply to a Kubernetes job", "use launch/status/logs/cancel/down")
+        raise CloudError(
+            f"'{action}' does not apply to a Kubernetes job", "use launch/status/logs/cancel/down"
+        )
 
     def describe_credentials(self) -> str:
         self.client()
@@ -247,7 +384,9 @@ class K8sProvider(CloudProvider):
         ns, kind, name = o["metadata"]["namespace"], o["kind"], o["metadata"]["name"]
         try:
             if kind == "JobSet":
-                self.custom().create_namespaced_custom_object(M.JOBSET_GROUP, M.JOBSET_VERSION, ns, M.JOBSET_PLURAL, o)
+                self.custom().create_namespaced_custom_object(
+                    M.JOBSET_GROUP, M.JOBSET_VERSION, ns, M.JOBSET_PLURAL, o
+                )
             elif kind == "Job":
                 self.batch().create_namespaced_job(ns, o)
             elif kind == "Service":
@@ -260,31 +399,61 @@ class K8sProvider(CloudProvider):
                 raise CloudError(f"cannot create a {kind}", "report this")
         except ApiException as exc:
             if kind == "JobSet" and exc.status == 404:
-                raise CloudError(f"the JobSet CRD ({M.JOBSET_PLURAL}.{M.JOBSET_GROUP}/{M.JOBSET_VERSION}) is not installed in the cluster",
-                                 "install JobSet (kubectl apply --server-side -f https://github.com/kubernetes-sigs/jobset/releases/latest/download/manifests.yaml) or set k8s.api=job") from None
+                raise CloudError(
+                    f"the JobSet CRD ({M.JOBSET_PLURAL}.{M.JOBSET_GROUP}/{M.JOBSET_VERSION}) is not installed in the cluster",
+                    "install JobSet (kubectl apply --server-side -f https://github.com/kubernetes-sigs/jobset/releases/latest/download/manifests.yaml) or set k8s.api=job",
+                ) from None
             if exc.status == 409:
-                raise CloudError(f"{kind} {name} already exists in namespace {ns}", f"`aios down {name}` or pick another --name") from None
-            raise CloudError(f"the API server rejected {kind} {name}: {_reason(exc)}", "fix the k8s.* settings or the launch options") from None
-        except Exception as exc:  # noqa: BLE001
+                raise CloudError(
+                    f"{kind} {name} already exists in namespace {ns}",
+                    f"`aios down {name}` or pick another --name",
+                ) from None
+            raise CloudError(
+                f"the API server rejected {kind} {name}: {_reason(exc)}",
+                "fix the k8s.* settings or the launch options",
+            ) from None
+        except Exception as exc:
             if type(exc).__module__.startswith(("urllib3", "kubernetes")):
-                raise CloudError(f"cannot reach the API server ({type(exc).__name__})", "check the kubeconfig's server and your network") from None
+                raise CloudError(
+                    f"cannot reach the API server ({type(exc).__name__})",
+                    "check the kubeconfig's server and your network",
+                ) from None
             raise
 
     def _delete(self, o: dict[str, Any]) -> None:
         ns, kind, name = o["metadata"]["namespace"], o["kind"], o["metadata"]["name"]
-        fn = {"JobSet": lambda: self.custom().delete_namespaced_custom_object(M.JOBSET_GROUP, M.JOBSET_VERSION, ns, M.JOBSET_PLURAL, name),
-              "Job": lambda: self.batch().delete_namespaced_job(name, ns, propagation_policy="Foreground"),
-              "Service": lambda: self.core().delete_namespaced_service(name, ns),
-              "Secret": lambda: self.core().delete_namespaced_secret(name, ns),
-              "ConfigMap": lambda: self.core().delete_namespaced_config_map(name, ns)}[kind]
+        fn = {
+            "JobSet": lambda: self.custom().delete_namespaced_custom_object(
+                M.JOBSET_GROUP, M.JOBSET_VERSION, ns, M.JOBSET_PLURAL, name
+            ),
+            "Job": lambda: self.batch().delete_namespaced_job(
+                name, ns, propagation_policy="Foreground"
+            ),
+            "Service": lambda: self.core().delete_namespaced_service(name, ns),
+            "Secret": lambda: self.core().delete_namespaced_secret(name, ns),
+            "ConfigMap": lambda: self.core().delete_namespaced_config_map(name, ns),
+        }[kind]
         self._call(f"deleting {kind} {name}", fn, missing_ok=True)
 
     def pods(self, name: str) -> list[Any]:
-        items = self._call("listing pods", self.core().list_namespaced_pod, self.settings.namespace, label_selector=f"{M.CLUSTER_LABEL}={name}").items
+        items = self._call(
+            "listing pods",
+            self.core().list_namespaced_pod,
+            self.settings.namespace,
+            label_selector=f"{M.CLUSTER_LABEL}={name}",
+        ).items
         return sorted(items, key=lambda p: p.metadata.name)
 
     def pod_log(self, pod: str) -> str:
-        return self._call(f"reading the log of {pod}", self.core().read_namespaced_pod_log, pod, self.settings.namespace) or ""
+        return (
+            self._call(
+                f"reading the log of {pod}",
+                self.core().read_namespaced_pod_log,
+                pod,
+                self.settings.namespace,
+            )
+            or ""
+        )
 
     # ------------------------------------------------------------------ launch
     def launch_job(self, params: dict[str, Any], store: Any, log: Callable[[str], None]) -> int:
@@ -292,7 +461,9 @@ class K8sProvider(CloudProvider):
 
         return launch(self, params, store, log)
 
-    def job_logs(self, rec: Any, job: Any, follow: bool, dry_run: bool, echo: Callable[[str], None]) -> int:
+    def job_logs(
+        self, rec: Any, job: Any, follow: bool, dry_run: bool, echo: Callable[[str], None]
+    ) -> int:
         from aios_cloud_k8s.launch import logs
 
         return logs(self, rec, job, follow, dry_run, echo)
@@ -300,7 +471,11 @@ class K8sProvider(CloudProvider):
 
 def _qty(v: Any) -> int:
     try:
-        return int(str(v or 0).rstrip("m")) if not str(v or "").endswith("m") else int(str(v)[:-1]) // 1000
+        return (
+            int(str(v or 0).rstrip("m"))
+            if not str(v or "").endswith("m")
+            else int(str(v)[:-1]) // 1000
+        )
     except ValueError:
         return 0
 
@@ -311,6 +486,3 @@ def _reason(exc: Any) -> str:
         return str(body.get("message") or exc.reason)[:240]
     except (ValueError, TypeError):
         return str(exc.reason)[:240]
-
-
-

@@ -9,16 +9,31 @@ from pydantic import Field
 
 
 class K8sSettings(Section):
-    kubeconfig: str | None = Field(None, description="kubeconfig path (default: KUBECONFIG, then ~/.kube/config)")
+    kubeconfig: str | None = Field(
+        None, description="kubeconfig path (default: KUBECONFIG, then ~/.kube/config)"
+    )
     context: str | None = Field(None, description="kubeconfig context (default: the current one)")
-    namespace: str = Field("default", description="namespace of the jobs, secrets and config maps aios creates")
-    image: str | None = Field(None, description="container image with python, torch and aios installed (required to launch)")
+    namespace: str = Field(
+        "default", description="namespace of the jobs, secrets and config maps aios creates"
+    )
+    image: str | None = Field(
+        None,
+        description="container image with python, torch and aios installed (required to launch)",
+    )
     python: str = Field("python3", description="interpreter in the image")
-    api: Literal["auto", "jobset", "job"] = Field("auto", description="auto: JobSet for TPU slices and several nodes, an indexed Job otherwise")
-    check_node_pools: bool = Field(True, description="refuse a TPU type/topology no node pool offers (off for Autopilot, which provisions on demand)")
+    api: Literal["auto", "jobset", "job"] = Field(
+        "auto",
+        description="auto: JobSet for TPU slices and several nodes, an indexed Job otherwise",
+    )
+    check_node_pools: bool = Field(
+        True,
+        description="refuse a TPU type/topology no node pool offers (off for Autopilot, which provisions on demand)",
+    )
     service_account: str | None = None
     cpu: str | None = Field(None, description="CPU request per pod (e.g. '8')")
     memory: str | None = Field(None, description="memory request per pod (e.g. '32Gi')")
     master_port: int = Field(29500, ge=1, le=65535)
-    max_code_kib: int = Field(900, ge=1, description="code shipped in a ConfigMap (Kubernetes caps objects at 1 MiB)")
+    max_code_kib: int = Field(
+        900, ge=1, description="code shipped in a ConfigMap (Kubernetes caps objects at 1 MiB)"
+    )
     poll_interval: float = Field(5.0, gt=0)

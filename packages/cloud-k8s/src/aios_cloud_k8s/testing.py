@@ -35,7 +35,15 @@ def _now() -> str:
 
 
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:
-    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message, "reason": reason, "code": code}
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
 
 
 def _match(selector: str, labels: dict[str, str]) -> bool:
@@ -50,8 +58,12 @@ def _match(selector: str, labels: dict[str, str]) -> bool:
 
 
 class FakeKubeApi:
-    def __init__(self, nodes: list[dict[str, Any]] | None = None, jobset_crd: dict[str, Any] | None = None,
-                 k8s_version: str = "1.30.0") -> None:
+    def __init__(
+        self,
+        nodes: list[dict[str, Any]] | None = None,
+        jobset_crd: dict[str, Any] | None = None,
+        k8s_version: str = "1.30.0",
+    ) -> None:
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}  # (kind, ns, name) -> obj
         self.logs: dict[tuple[str, str], str] = {}
         self.nodes = nodes or []
@@ -91,7 +103,9 @@ class FakeKubeApi:
                 q = {k: v[0] for k, v in parse_qs(u.query).items()}
                 with api.lock:
                     api.requests.append((method, u.path))
-                    code, body, text = api.route(method, u.path, q, self._body() if method in ("POST", "DELETE") else None)
+                    code, body, text = api.route(
+                        method, u.path, q, self._body() if method in ("POST", "DELETE") else None
+                    )
                 self._send(code, body, text)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -102,12 +116,23 @@ class FakeKubeApi:
     # ------------------------------------------------------------------ helpers for tests
     def kubeconfig(self, path: str | Path, namespace: str = "default") -> Path:
         path = Path(path)
-        path.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "test",
-            "clusters": [{"name": "test", "cluster": {"server": self.url}}],
-            "users": [{"name": "test", "user": {"token": "test-token"}}],
-            "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test", "namespace": namespace}}],
-        }))
+        path.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "test",
+                    "clusters": [{"name": "test", "cluster": {"server": self.url}}],
+                    "users": [{"name": "test", "user": {"token": "test-token"}}],
+                    "contexts": [
+                        {
+                            "name": "test",
+                            "context": {"cluster": "test", "user": "test", "namespace": namespace},
+                        }
+                    ],
+                }
+            )
+        )
         return path
 
     def get(self, kind: str, name: str, ns: str = "default") -> dict[str, Any] | None:
@@ -116,21 +141,41 @@ class FakeKubeApi:
     def of_kind(self, kind: str) -> list[dict[str, Any]]:
         return [o for (k, _, _), o in sorted(self.objects.items()) if k == kind]
 
-    def finish(self, name: str, ns: str = "default", succeeded: bool = True, logs: dict[int, str] | None = None) -> None:
+    def finish(
+        self,
+        name: str,
+        ns: str = "default",
+        succeeded: bool = True,
+        logs: dict[int, str] | None = None,
+    ) -> None:
         """The job's pods ran: phase Succeeded/Failed, logs (by pod index), job condition set."""
         with self.lock:
-            pods = [o for (k, n, _), o in sorted(self.objects.items()) if k == "Pod" and n == ns
-                    and o["metadata"]["labels"].get("aios-cluster") == name]
+            pods = [
+                o
+                for (k, n, _), o in sorted(self.objects.items())
+                if k == "Pod" and n == ns and o["metadata"]["labels"].get("aios-cluster") == name
+            ]
             for i, pod in enumerate(pods):
                 pod["status"] = {"phase": "Succeeded" if succeeded else "Failed"}
                 self.logs[(ns, pod["metadata"]["name"])] = (logs or {}).get(i, "")
             cond = "Complete" if succeeded else "Failed"
             if (job := self.objects.get(("Job", ns, name))) is not None:
-                job["status"] = {"conditions": [{"type": cond, "status": "True", "lastTransitionTime": _now()}],
-                                 "succeeded" if succeeded else "failed": len(pods)}
+                job["status"] = {
+                    "conditions": [{"type": cond, "status": "True", "lastTransitionTime": _now()}],
+                    "succeeded" if succeeded else "failed": len(pods),
+                }
             if (js := self.objects.get(("JobSet", ns, name))) is not None:
-                js["status"] = {"conditions": [{"type": "Completed" if succeeded else "Failed", "status": "True", "reason": "AllJobsCompleted" if succeeded else "FailedJobs",
-                                                "message": "", "lastTransitionTime": _now()}]}
+                js["status"] = {
+                    "conditions": [
+                        {
+                            "type": "Completed" if succeeded else "Failed",
+                            "status": "True",
+                            "reason": "AllJobsCompleted" if succeeded else "FailedJobs",
+                            "message": "",
+                            "lastTransitionTime": _now(),
+                        }
+                    ]
+                }
 
     def close(self) -> None:
         self.server.shutdown()
@@ -164,46 +209,115 @@ class FakeKubeApi:
 
     def route(self, method: str, path: str, q: dict[str, str], body: Any) -> tuple[int, Any, bool]:
         if path == "/api/v1/nodes" and method == "GET":
-            return 200, {"kind": "NodeList", "apiVersion": "v1", "metadata": {}, "items": self.nodes}, False
+            return (
+                200,
+                {"kind": "NodeList", "apiVersion": "v1", "metadata": {}, "items": self.nodes},
+                False,
+            )
         m = re.match(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/log$", path)
         if m and method == "GET":
             if ("Pod", m.group(1), m.group(2)) not in self.objects:
                 return 404, _status(404, "NotFound", f'pods "{m.group(2)}" not found'), False
             return 200, self.logs.get((m.group(1), m.group(2)), ""), True
-        m = re.match(r"^/api/v1/namespaces/([^/]+)/(secrets|configmaps|services|pods)(?:/([^/]+))?$", path)
+        m = re.match(
+            r"^/api/v1/namespaces/([^/]+)/(secrets|configmaps|services|pods)(?:/([^/]+))?$", path
+        )
         if m:
-            return self._crud(method, CORE[m.group(2)], m.group(2), "v1", m.group(1), m.group(3), q, body)
+            return self._crud(
+                method, CORE[m.group(2)], m.group(2), "v1", m.group(1), m.group(3), q, body
+            )
         m = re.match(r"^/apis/batch/v1/namespaces/([^/]+)/jobs(?:/([^/]+))?$", path)
         if m:
             return self._crud(method, "Job", "jobs", "batch/v1", m.group(1), m.group(2), q, body)
-        m = re.match(r"^/apis/jobset\.x-k8s\.io/v1alpha2/namespaces/([^/]+)/jobsets(?:/([^/]+))?$", path)
+        m = re.match(
+            r"^/apis/jobset\.x-k8s\.io/v1alpha2/namespaces/([^/]+)/jobsets(?:/([^/]+))?$", path
+        )
         if m:
             if self.jobset_schema is None:
-                return 404, _status(404, "NotFound", "the server could not find the requested resource"), False
-            return self._crud(method, "JobSet", "jobsets", "jobset.x-k8s.io/v1alpha2", m.group(1), m.group(2), q, body)
-        return 404, _status(404, "NotFound", "the server could not find the requested resource"), False
+                return (
+                    404,
+                    _status(404, "NotFound", "the server could not find the requested resource"),
+                    False,
+                )
+            return self._crud(
+                method,
+                "JobSet",
+                "jobsets",
+                "jobset.x-k8s.io/v1alpha2",
+                m.group(1),
+                m.group(2),
+                q,
+                body,
+            )
+        return (
+            404,
+            _status(404, "NotFound", "the server could not find the requested resource"),
+            False,
+        )
 
-    def _crud(self, method: str, kind: str, plural: str, api_version: str, ns: str, name: str | None, q: dict[str, str],
-              body: Any) -> tuple[int, Any, bool]:
+    def _crud(
+        self,
+        method: str,
+        kind: str,
+        plural: str,
+        api_version: str,
+        ns: str,
+        name: str | None,
+        q: dict[str, str],
+        body: Any,
+    ) -> tuple[int, Any, bool]:
         if name is None and method == "GET":
-            items = [o for (k, n, _), o in sorted(self.objects.items()) if k == kind and n == ns
-                     and _match(q.get("labelSelector", ""), o["metadata"].get("labels") or {})]
-            return 200, {"kind": f"{kind}List", "apiVersion": api_version, "metadata": {"resourceVersion": "1"}, "items": items}, False
+            items = [
+                o
+                for (k, n, _), o in sorted(self.objects.items())
+                if k == kind
+                and n == ns
+                and _match(q.get("labelSelector", ""), o["metadata"].get("labels") or {})
+            ]
+            return (
+                200,
+                {
+                    "kind": f"{kind}List",
+                    "apiVersion": api_version,
+                    "metadata": {"resourceVersion": "1"},
+                    "items": items,
+                },
+                False,
+            )
         if name is None and method == "POST":
             obj = dict(body or {})
             oname = (obj.get("metadata") or {}).get("name")
             if obj.get("kind") != kind or not oname:
-                return 400, _status(400, "BadRequest", f"expected a {kind} with metadata.name"), False
+                return (
+                    400,
+                    _status(400, "BadRequest", f"expected a {kind} with metadata.name"),
+                    False,
+                )
             err = self.validate(obj)
             if err:
                 return 422, _status(422, "Invalid", f'{kind} "{oname}" is invalid: {err}'), False
             if (kind, ns, oname) in self.objects:
-                return 409, _status(409, "AlreadyExists", f'{plural} "{oname}" already exists'), False
-            obj["metadata"] = {**obj["metadata"], "namespace": ns, "uid": str(uuid.uuid4()), "creationTimestamp": _now(), "resourceVersion": "1"}
-            if kind == "Secret" and "stringData" in obj:  # the server stores stringData as base64 data
+                return (
+                    409,
+                    _status(409, "AlreadyExists", f'{plural} "{oname}" already exists'),
+                    False,
+                )
+            obj["metadata"] = {
+                **obj["metadata"],
+                "namespace": ns,
+                "uid": str(uuid.uuid4()),
+                "creationTimestamp": _now(),
+                "resourceVersion": "1",
+            }
+            if (
+                kind == "Secret" and "stringData" in obj
+            ):  # the server stores stringData as base64 data
                 import base64
 
-                obj["data"] = {k: base64.b64encode(v.encode()).decode() for k, v in obj.pop("stringData").items()}
+                obj["data"] = {
+                    k: base64.b64encode(v.encode()).decode()
+                    for k, v in obj.pop("stringData").items()
+                }
             self.objects[(kind, ns, oname)] = obj
             if kind in ("Job", "JobSet"):
                 self._pods(kind, ns, obj)
@@ -216,14 +330,22 @@ class FakeKubeApi:
         if method == "DELETE":
             obj = self.objects.pop(key)
             if kind in ("Job", "JobSet"):  # foreground propagation: the pods go too
-                for k in [k for k, o in self.objects.items() if k[0] == "Pod" and k[1] == ns and o["metadata"].get("labels", {}).get("aios-owner") == f"{kind}/{name}"]:
+                for k in [
+                    k
+                    for k, o in self.objects.items()
+                    if k[0] == "Pod"
+                    and k[1] == ns
+                    and o["metadata"].get("labels", {}).get("aios-owner") == f"{kind}/{name}"
+                ]:
                     self.objects.pop(k)
             return 200, obj, False
         return 405, _status(405, "MethodNotAllowed", method), False
 
     def _pods(self, kind: str, ns: str, obj: dict[str, Any]) -> None:
         name = obj["metadata"]["name"]
-        jobs: list[tuple[str, dict[str, Any], int, str]] = []  # (job name, job spec, job index, rjob)
+        jobs: list[
+            tuple[str, dict[str, Any], int, str]
+        ] = []  # (job name, job spec, job index, rjob)
         if kind == "Job":
             jobs.append((name, obj["spec"], 0, ""))
         else:
@@ -234,12 +356,31 @@ class FakeKubeApi:
             tmpl = spec["template"]
             for i in range(spec.get("parallelism", 1)):
                 pname = f"{job_name}-{i}-{uuid.uuid4().hex[:5]}"
-                labels = {**(tmpl.get("metadata", {}).get("labels") or {}), "job-name": job_name,
-                          "batch.kubernetes.io/job-completion-index": str(i), "aios-owner": f"{kind}/{name}"}
+                labels = {
+                    **(tmpl.get("metadata", {}).get("labels") or {}),
+                    "job-name": job_name,
+                    "batch.kubernetes.io/job-completion-index": str(i),
+                    "aios-owner": f"{kind}/{name}",
+                }
                 if kind == "JobSet":
-                    labels.update({"jobset.sigs.k8s.io/jobset-name": name, "jobset.sigs.k8s.io/replicatedjob-name": rjob,
-                                   "jobset.sigs.k8s.io/job-index": str(j)})
-                pod = {"apiVersion": "v1", "kind": "Pod",
-                       "metadata": {"name": pname, "namespace": ns, "labels": labels, "uid": str(uuid.uuid4()), "creationTimestamp": _now()},
-                       "spec": {**tmpl["spec"], "hostname": f"{job_name}-{i}"}, "status": {"phase": "Running"}}
+                    labels.update(
+                        {
+                            "jobset.sigs.k8s.io/jobset-name": name,
+                            "jobset.sigs.k8s.io/replicatedjob-name": rjob,
+                            "jobset.sigs.k8s.io/job-index": str(j),
+                        }
+                    )
+                pod = {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {
+                        "name": pname,
+                        "namespace": ns,
+                        "labels": labels,
+                        "uid": str(uuid.uuid4()),
+                        "creationTimestamp": _now(),
+                    },
+                    "spec": {**tmpl["spec"], "hostname": f"{job_name}-{i}"},
+                    "status": {"phase": "Running"},
+                }
                 self.objects[("Pod", ns, pname)] = pod

@@ -15,9 +15,18 @@ from aios.errors import AiosError
 from aios_cloud_slurm.provider import FINAL_STATES, NAME_RE, SlurmProvider, default_name
 from aios_cloud_slurm.script import SbatchJob, render
 
-NOT_FOR_SLURM = {"spot": "--spot", "queued": "--queued", "valid_after": "--valid-after", "valid_until": "--valid-until",
-                 "image": "--image", "disk_gb": "--disk-gb", "project": "--project", "region": "--region",
-                 "ssh_user": "--ssh-user", "ssh_key": "--ssh-key"}
+NOT_FOR_SLURM = {
+    "spot": "--spot",
+    "queued": "--queued",
+    "valid_after": "--valid-after",
+    "valid_until": "--valid-until",
+    "image": "--image",
+    "disk_gb": "--disk-gb",
+    "project": "--project",
+    "region": "--region",
+    "ssh_user": "--ssh-user",
+    "ssh_key": "--ssh-key",
+}
 
 
 def _check(p: dict[str, Any]) -> None:
@@ -28,19 +37,38 @@ def _check(p: dict[str, Any]) -> None:
     if p["nodes"] < 1:
         raise AiosError(f"--nodes must be at least 1, got {p['nodes']}", "pass --nodes 1 or more")
     if p["max_restarts"] < 0:
-        raise AiosError(f"--max-restarts must be 0 or more, got {p['max_restarts']}", "pass --max-restarts N")
+        raise AiosError(
+            f"--max-restarts must be 0 or more, got {p['max_restarts']}", "pass --max-restarts N"
+        )
     if p["setup_script"] and p["no_setup"]:
         raise AiosError("--setup-script and --no-setup contradict each other", "pass only one")
     if not Path(p["workdir"]).is_dir():
-        raise AiosError(f"--workdir {p['workdir']} is not a directory", "pass the project directory to sync")
+        raise AiosError(
+            f"--workdir {p['workdir']} is not a directory", "pass the project directory to sync"
+        )
     if not p["module"] and not (Path(p["workdir"]) / p["script"]).is_file():
-        raise AiosError(f"script {p['script']} not found in {os.path.abspath(p['workdir'])}", "pass a path relative to --workdir, or -m for a module")
+        raise AiosError(
+            f"script {p['script']} not found in {os.path.abspath(p['workdir'])}",
+            "pass a path relative to --workdir, or -m for a module",
+        )
     if p["name"] and not NAME_RE.match(p["name"]):
-        raise AiosError(f"cluster name '{p['name']}' is invalid", "use 1-48 lowercase letters, digits and dashes, starting with a letter")
+        raise AiosError(
+            f"cluster name '{p['name']}' is invalid",
+            "use 1-48 lowercase letters, digits and dashes, starting with a letter",
+        )
 
 
-def build_job(provider: SlurmProvider, p: dict[str, Any], name: str, partition: str | None, gpus: bool, root: str, job_id: int | str,
-              env: dict[str, str], forward: list[str]) -> SbatchJob:
+def build_job(
+    provider: SlurmProvider,
+    p: dict[str, Any],
+    name: str,
+    partition: str | None,
+    gpus: bool,
+    root: str,
+    job_id: int | str,
+    env: dict[str, str],
+    forward: list[str],
+) -> SbatchJob:
     s = provider.settings
     args = list(p["script_args"])
     if args and args[0] == "--":
@@ -55,8 +83,13 @@ def build_job(provider: SlurmProvider, p: dict[str, Any], name: str, partition: 
         setup.append(Path(p["setup_script"]).read_text())
     elif p["requirements"] and not p["no_setup"]:
         if not Path(p["requirements"]).is_file():
-            raise AiosError(f"--requirements {p['requirements']} does not exist", "pass an existing requirements.txt")
-        setup.append(f"{shlex.quote(python)} -m pip install --quiet --user -r {shlex.quote(os.path.basename(p['requirements']))}")
+            raise AiosError(
+                f"--requirements {p['requirements']} does not exist",
+                "pass an existing requirements.txt",
+            )
+        setup.append(
+            f"{shlex.quote(python)} -m pip install --quiet --user -r {shlex.quote(os.path.basename(p['requirements']))}"
+        )
     job_env = dict(env)
     ckpt = p["checkpoint_dir"]
     if p["max_restarts"] > 0 and not ckpt:
@@ -65,22 +98,41 @@ def build_job(provider: SlurmProvider, p: dict[str, Any], name: str, partition: 
         job_env["AIOS_CHECKPOINT__DIR"] = ckpt
     job_dir = f"{root}/jobs/{job_id}"
     return SbatchJob(
-        name=name, job_dir=job_dir, code_dir=f"{root}/code", command=command, nodes=p["nodes"],
-        ntasks_per_node=s.ntasks_per_node, partition=partition, account=s.account, qos=s.qos, time=s.time,
-        gpus_per_task=s.gpus_per_task, cpus_per_task=s.cpus_per_task, mem=s.mem, constraint=s.constraint,
-        max_restarts=p["max_restarts"], signal_grace=s.signal_grace, env=job_env,
+        name=name,
+        job_dir=job_dir,
+        code_dir=f"{root}/code",
+        command=command,
+        nodes=p["nodes"],
+        ntasks_per_node=s.ntasks_per_node,
+        partition=partition,
+        account=s.account,
+        qos=s.qos,
+        time=s.time,
+        gpus_per_task=s.gpus_per_task,
+        cpus_per_task=s.cpus_per_task,
+        mem=s.mem,
+        constraint=s.constraint,
+        max_restarts=p["max_restarts"],
+        signal_grace=s.signal_grace,
+        env=job_env,
         env_file=f"{job_dir}/env" if forward else None,
-        pythonpath=f"{root}/code/.aios-site" if not p["no_bundle"] else None, setup=setup, sbatch_args=list(s.sbatch_args),
+        pythonpath=f"{root}/code/.aios-site" if not p["no_bundle"] else None,
+        setup=setup,
+        sbatch_args=list(s.sbatch_args),
     )
 
 
 def _remote_root(provider: SlurmProvider, name: str) -> str:
     rd = provider.settings.remote_dir
-    text = provider.shell.out(f"mkdir -p {rd} && cd {rd} && pwd", "creating slurm.remote_dir").strip()
+    text = provider.shell.out(
+        f"mkdir -p {rd} && cd {rd} && pwd", "creating slurm.remote_dir"
+    ).strip()
     return f"{text.splitlines()[-1]}/{name}"
 
 
-def launch(provider: SlurmProvider, p: dict[str, Any], store: Any, log: Callable[[str], None]) -> int:
+def launch(
+    provider: SlurmProvider, p: dict[str, Any], store: Any, log: Callable[[str], None]
+) -> int:
     import click
     from aios.cloud import ops
     from aios.cloud.store import JOB_CANCELLED, JOB_FAILED, JOB_PENDING, ClusterRecord
@@ -97,7 +149,9 @@ def launch(provider: SlurmProvider, p: dict[str, Any], store: Any, log: Callable
             partition, gpus = part["name"], "gpu" in (part["gres"] or "")
         except CloudError as exc:
             partition = wanted
-            click.echo(f"# note: {exc.one_line()} (the script below is not checked against the cluster)")
+            click.echo(
+                f"# note: {exc.one_line()} (the script below is not checked against the cluster)"
+            )
         rd = provider.settings.remote_dir
         root = f"{rd}/{name}"
         job = build_job(provider, p, name, partition, gpus, root, "<id>", env, forward)
@@ -107,9 +161,13 @@ def launch(provider: SlurmProvider, p: dict[str, Any], store: Any, log: Callable
         job.env = redact(job.env)
         click.echo("# dry run: nothing is synced or submitted")
         where = provider.shell.where
-        click.echo(f"# 1. code sync {where}: {len(collect(p['workdir'], p['exclude']))} files from {os.path.abspath(p['workdir'])} -> {root}/code")
+        click.echo(
+            f"# 1. code sync {where}: {len(collect(p['workdir'], p['exclude']))} files from {os.path.abspath(p['workdir'])} -> {root}/code"
+        )
         if forward:
-            click.echo(f"# 2. {job.env_file} (mode 600): {', '.join(forward)} <forwarded from your environment>")
+            click.echo(
+                f"# 2. {job.env_file} (mode 600): {', '.join(forward)} <forwarded from your environment>"
+            )
         click.echo(f"# 3. sbatch --parsable {job.job_dir}/job.sbatch {where}:")
         click.echo(render(job))
         return 0
@@ -117,27 +175,59 @@ def launch(provider: SlurmProvider, p: dict[str, Any], store: Any, log: Callable
     provider.require_slurm()
     part = provider.resolve_partition(wanted)
     if part["nodes"] and p["nodes"] > part["nodes"]:
-        raise AiosError(f"--nodes {p['nodes']} is more than partition {part['name']} has ({part['nodes']})",
-                        f"pass --nodes {part['nodes']} or fewer, or another partition (`aios catalog --cloud slurm`)")
+        raise AiosError(
+            f"--nodes {p['nodes']} is more than partition {part['name']} has ({part['nodes']})",
+            f"pass --nodes {part['nodes']} or fewer, or another partition (`aios catalog --cloud slurm`)",
+        )
     existing = store.get_cluster(name)
     if existing is not None:
         if existing.cloud != provider.name:
             raise AiosError(f"cluster {name} exists on {existing.cloud}", "use another --name")
         info = provider.describe(name, existing.zone)
         if info is not None and info.state not in FINAL_STATES | {"GONE"}:
-            raise AiosError(f"{name} already has Slurm job {info.raw.get('slurm_job_id')} ({info.state})",
-                            f"`aios cancel {name}` first, or use another --name")
+            raise AiosError(
+                f"{name} already has Slurm job {info.raw.get('slurm_job_id')} ({info.state})",
+                f"`aios cancel {name}` first, or use another --name",
+            )
     else:
-        if not store.claim_cluster(ClusterRecord(name, provider.name, part["name"], part["name"], False, "SUBMITTING",
-                                                 request={"login": provider.shell.login})):
-            raise AiosError(f"cluster {name} was just created by another launch", "use another --name")
-    job_id = store.add_job(name, shlex.join([p["script"], *p["script_args"]]), backend=p["backend"], managed=p["max_restarts"] > 0,
-                           max_restarts=p["max_restarts"], checkpoint_dir=p["checkpoint_dir"], spec={"cloud": "slurm"})
+        if not store.claim_cluster(
+            ClusterRecord(
+                name,
+                provider.name,
+                part["name"],
+                part["name"],
+                False,
+                "SUBMITTING",
+                request={"login": provider.shell.login},
+            )
+        ):
+            raise AiosError(
+                f"cluster {name} was just created by another launch", "use another --name"
+            )
+    job_id = store.add_job(
+        name,
+        shlex.join([p["script"], *p["script_args"]]),
+        backend=p["backend"],
+        managed=p["max_restarts"] > 0,
+        max_restarts=p["max_restarts"],
+        checkpoint_dir=p["checkpoint_dir"],
+        spec={"cloud": "slurm"},
+    )
     submitted = False
     slurm_id = ""
     try:
         root = _remote_root(provider, name)
-        job = build_job(provider, p, name, part["name"], "gpu" in (part["gres"] or ""), root, job_id, env, forward)
+        job = build_job(
+            provider,
+            p,
+            name,
+            part["name"],
+            "gpu" in (part["gres"] or ""),
+            root,
+            job_id,
+            env,
+            forward,
+        )
         _sync(provider, p, root, log)
         _write(provider, f"{job.job_dir}/job.sbatch", render(job), mode="755")
         if forward:
@@ -146,23 +236,55 @@ def launch(provider: SlurmProvider, p: dict[str, Any], store: Any, log: Callable
             values = {k: os.environ[k] for k in forward if k in os.environ}
             missing = [k for k in forward if k not in os.environ]
             if missing:
-                raise AiosError(f"--env {missing[0]} is not set in your environment", f"export {missing[0]} before aios launch")
+                raise AiosError(
+                    f"--env {missing[0]} is not set in your environment",
+                    f"export {missing[0]} before aios launch",
+                )
             _write(provider, job.env_file or "", env_file(values), mode="600")
-        r = provider.shell.run(f"cd {shlex.quote(job.job_dir)} && sbatch --parsable job.sbatch", timeout=120)
+        r = provider.shell.run(
+            f"cd {shlex.quote(job.job_dir)} && sbatch --parsable job.sbatch", timeout=120
+        )
         if r.returncode != 0:
             msg = (r.stderr or r.stdout).decode(errors="replace").strip().splitlines()
             line = msg[-1] if msg else f"exit {r.returncode}"
-            raise CloudError(f"sbatch rejected the job: {line.removeprefix('sbatch: error: ')}",
-                             "fix the partition/account/time/resources (slurm.* settings; see `sinfo`, `sacctmgr show assoc user=$USER`)")
+            raise CloudError(
+                f"sbatch rejected the job: {line.removeprefix('sbatch: error: ')}",
+                "fix the partition/account/time/resources (slurm.* settings; see `sinfo`, `sacctmgr show assoc user=$USER`)",
+            )
         slurm_id = r.stdout.decode().strip().split(";")[0]
         submitted = True
         _check_runnable(provider, slurm_id)
-        store.update_cluster(name, state="PENDING", request={"login": provider.shell.login, "slurm_job_id": slurm_id,
-                                                             "job_dir": job.job_dir, "root": root, "job_id": job_id})
-        store.update_job(job_id, state=JOB_PENDING, spec={"cloud": "slurm", "slurm_job_id": slurm_id, "job_dir": job.job_dir,
-                                                          "script": p["script"], "python": p["python"] or provider.settings.python})
-        store.event(name, "submitted", f"Slurm job {slurm_id} on partition {part['name']}, {p['nodes']} node(s)", job_id)
-        log(f"submitted Slurm job {slurm_id} ({name}, partition {part['name']}, {p['nodes']} node(s)); output {job.job_dir}/slurm-{slurm_id}.out")
+        store.update_cluster(
+            name,
+            state="PENDING",
+            request={
+                "login": provider.shell.login,
+                "slurm_job_id": slurm_id,
+                "job_dir": job.job_dir,
+                "root": root,
+                "job_id": job_id,
+            },
+        )
+        store.update_job(
+            job_id,
+            state=JOB_PENDING,
+            spec={
+                "cloud": "slurm",
+                "slurm_job_id": slurm_id,
+                "job_dir": job.job_dir,
+                "script": p["script"],
+                "python": p["python"] or provider.settings.python,
+            },
+        )
+        store.event(
+            name,
+            "submitted",
+            f"Slurm job {slurm_id} on partition {part['name']}, {p['nodes']} node(s)",
+            job_id,
+        )
+        log(
+            f"submitted Slurm job {slurm_id} ({name}, partition {part['name']}, {p['nodes']} node(s)); output {job.job_dir}/slurm-{slurm_id}.out"
+        )
     except BaseException as exc:
         store.update_job(job_id, state=JOB_CANCELLED if submitted else JOB_FAILED)
         store.event(name, "job-failed", f"job {job_id}: launch failed: {str(exc)[:200]}", job_id)
@@ -175,9 +297,13 @@ def launch(provider: SlurmProvider, p: dict[str, Any], store: Any, log: Callable
         log(f"`aios logs {name} -f`, `aios status {name} --refresh`, `aios cancel {name}`")
         return 0
     try:
-        code = follow(provider, store, name, job_id, slurm_id, job.job_dir, p["poll"], click.echo, log)
+        code = follow(
+            provider, store, name, job_id, slurm_id, job.job_dir, p["poll"], click.echo, log
+        )
     except KeyboardInterrupt:
-        log(f"detached: Slurm job {slurm_id} keeps running. `aios logs {name} -f`, `aios cancel {name}`")
+        log(
+            f"detached: Slurm job {slurm_id} keeps running. `aios logs {name} -f`, `aios cancel {name}`"
+        )
         return 130
     if p["down_after"]:
         provider.cancel(name)
@@ -186,8 +312,19 @@ def launch(provider: SlurmProvider, p: dict[str, Any], store: Any, log: Callable
 
 
 # pending reasons that never resolve on their own: the request does not fit the partition/account
-NEVER_RUNS = ("PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit", "AccountNotAllowed", "QOSNotAllowed",
-              "InvalidAccount", "InvalidQOS", "BadConstraints", "ReqNodeNotAvail", "PartitionDown", "PartitionInactive")
+NEVER_RUNS = (
+    "PartitionConfig",
+    "PartitionNodeLimit",
+    "PartitionTimeLimit",
+    "AccountNotAllowed",
+    "QOSNotAllowed",
+    "InvalidAccount",
+    "InvalidQOS",
+    "BadConstraints",
+    "ReqNodeNotAvail",
+    "PartitionDown",
+    "PartitionInactive",
+)
 
 
 def _check_runnable(provider: SlurmProvider, slurm_id: str) -> None:
@@ -196,11 +333,15 @@ def _check_runnable(provider: SlurmProvider, slurm_id: str) -> None:
     info = provider.job_info(slurm_id) or {}
     reason = info.get("Reason", "")
     if info.get("JobState") == "PENDING" and any(reason.startswith(r) for r in NEVER_RUNS):
-        raise CloudError(f"Slurm will never start the job (pending: {reason}); it was cancelled",
-                         "fix the partition/nodes/time/account request (see `sinfo` and `scontrol show partition`)")
+        raise CloudError(
+            f"Slurm will never start the job (pending: {reason}); it was cancelled",
+            "fix the partition/nodes/time/account request (see `sinfo` and `scontrol show partition`)",
+        )
 
 
-def _sync(provider: SlurmProvider, p: dict[str, Any], root: str, log: Callable[[str], None]) -> None:
+def _sync(
+    provider: SlurmProvider, p: dict[str, Any], root: str, log: Callable[[str], None]
+) -> None:
     from aios.cloud.codesync import make_tarball
     from aios.cloud.store import cluster_dir
 
@@ -212,34 +353,61 @@ def _sync(provider: SlurmProvider, p: dict[str, Any], root: str, log: Callable[[
         b = build(p["backend"] or "cpu", provider.name)
         extra, generated = b.files, b.generated
     name = root.rsplit("/", 1)[-1]
-    tar = make_tarball(p["workdir"], cluster_dir(name) / "code.tar.gz", p["exclude"], p["max_sync_mb"] * 2**20,
-                       extra_files=extra, generated=generated)
-    log(f"syncing {tar.files} files ({tar.bytes / 1024:.0f} KiB) to {root}/code {provider.shell.where}")
+    tar = make_tarball(
+        p["workdir"],
+        cluster_dir(name) / "code.tar.gz",
+        p["exclude"],
+        p["max_sync_mb"] * 2**20,
+        extra_files=extra,
+        generated=generated,
+    )
+    log(
+        f"syncing {tar.files} files ({tar.bytes / 1024:.0f} KiB) to {root}/code {provider.shell.where}"
+    )
     q = shlex.quote(root)
-    cmd = (f"set -e; mkdir -p {q}; rm -rf {q}/code.new; mkdir {q}/code.new; tar xzf - -C {q}/code.new; "
-           f"rm -rf {q}/code; mv {q}/code.new {q}/code")
+    cmd = (
+        f"set -e; mkdir -p {q}; rm -rf {q}/code.new; mkdir {q}/code.new; tar xzf - -C {q}/code.new; "
+        f"rm -rf {q}/code; mv {q}/code.new {q}/code"
+    )
     r = provider.shell.run(cmd, stdin_path=str(tar.path), timeout=600)
     if r.returncode != 0:
-        raise CloudError(f"code sync failed {provider.shell.where}: {r.stderr.decode(errors='replace').strip()[-200:]}",
-                         "check slurm.remote_dir is writable and on a shared filesystem")
+        raise CloudError(
+            f"code sync failed {provider.shell.where}: {r.stderr.decode(errors='replace').strip()[-200:]}",
+            "check slurm.remote_dir is writable and on a shared filesystem",
+        )
 
 
 def _write(provider: SlurmProvider, path: str, text: str, mode: str) -> None:
     q = shlex.quote(path)
-    r = provider.shell.run(f"set -e; mkdir -p $(dirname {q}); umask 077; cat > {q}.tmp; chmod {mode} {q}.tmp; mv {q}.tmp {q}",
-                           input=text.encode())
+    r = provider.shell.run(
+        f"set -e; mkdir -p $(dirname {q}); umask 077; cat > {q}.tmp; chmod {mode} {q}.tmp; mv {q}.tmp {q}",
+        input=text.encode(),
+    )
     if r.returncode != 0:
-        raise CloudError(f"cannot write {path} {provider.shell.where}: {r.stderr.decode(errors='replace').strip()[-200:]}",
-                         "check slurm.remote_dir")
+        raise CloudError(
+            f"cannot write {path} {provider.shell.where}: {r.stderr.decode(errors='replace').strip()[-200:]}",
+            "check slurm.remote_dir",
+        )
 
 
 def _read_from(provider: SlurmProvider, path: str, offset: int) -> bytes:
-    r = provider.shell.run(f"tail -c +{offset + 1} {shlex.quote(path)} 2>/dev/null || true", timeout=60)
+    r = provider.shell.run(
+        f"tail -c +{offset + 1} {shlex.quote(path)} 2>/dev/null || true", timeout=60
+    )
     return r.stdout
 
 
-def follow(provider: SlurmProvider, store: Any, name: str, job_id: int, slurm_id: str, job_dir: str, poll: float,
-           echo: Callable[[str], None], log: Callable[[str], None]) -> int:
+def follow(
+    provider: SlurmProvider,
+    store: Any,
+    name: str,
+    job_id: int,
+    slurm_id: str,
+    job_dir: str,
+    poll: float,
+    echo: Callable[[str], None],
+    log: Callable[[str], None],
+) -> int:
     """Print the job's output as it grows, record its state and restarts; the job's exit status."""
     from aios.cloud.store import (
         JOB_CANCELLED,
@@ -269,8 +437,18 @@ def follow(provider: SlurmProvider, store: Any, name: str, job_id: int, slurm_id
             if n > restarts:
                 restarts = n
                 store.update_job(job_id, restarts=n)
-                store.event(name, "preempted", f"Slurm job {slurm_id} stopped for a preemption/time limit after an emergency checkpoint", job_id)
-                store.event(name, "recovered", f"recovery {n}: requeued by Slurm, resuming from the checkpoint", job_id)
+                store.event(
+                    name,
+                    "preempted",
+                    f"Slurm job {slurm_id} stopped for a preemption/time limit after an emergency checkpoint",
+                    job_id,
+                )
+                store.event(
+                    name,
+                    "recovered",
+                    f"recovery {n}: requeued by Slurm, resuming from the checkpoint",
+                    job_id,
+                )
         if state != last_state:
             store.update_cluster(name, state=state)
             if state == "RUNNING":
@@ -295,30 +473,60 @@ def follow(provider: SlurmProvider, store: Any, name: str, job_id: int, slurm_id
                 return 130 if code is None else (code or 130)
             if code is None:
                 code = 0 if state == "COMPLETED" else 1
-            store.update_job(job_id, state=JOB_SUCCEEDED if code == 0 else JOB_FAILED, exit_codes=[code])
+            store.update_job(
+                job_id, state=JOB_SUCCEEDED if code == 0 else JOB_FAILED, exit_codes=[code]
+            )
             if code:
-                log(f"Slurm job {slurm_id} ended {state} with exit status {code}; see `aios logs {name}`")
+                log(
+                    f"Slurm job {slurm_id} ended {state} with exit status {code}; see `aios logs {name}`"
+                )
             return code
         time.sleep(poll)
 
 
-def logs(provider: SlurmProvider, rec: Any, job: Any, follow_: bool, dry_run: bool, echo: Callable[[str], None]) -> int:
+def logs(
+    provider: SlurmProvider,
+    rec: Any,
+    job: Any,
+    follow_: bool,
+    dry_run: bool,
+    echo: Callable[[str], None],
+) -> int:
     spec = job.spec or {}
     slurm_id, job_dir = spec.get("slurm_job_id"), spec.get("job_dir")
     if not slurm_id or not job_dir:
-        raise AiosError(f"job {job.id} of {rec.name} was never submitted to Slurm", f"see `aios status {rec.name}`")
+        raise AiosError(
+            f"job {job.id} of {rec.name} was never submitted to Slurm",
+            f"see `aios status {rec.name}`",
+        )
     path = f"{job_dir}/slurm-{slurm_id}.out"
     if dry_run:
-        echo(shlex.join(provider.shell.argv(("tail -n +1 -F " if follow_ else "cat ") + shlex.quote(path))))
+        echo(
+            shlex.join(
+                provider.shell.argv(("tail -n +1 -F " if follow_ else "cat ") + shlex.quote(path))
+            )
+        )
         return 0
     if not follow_:
-        r = provider.shell.run(f"cat {shlex.quote(path)} 2>/dev/null || echo '[aios] no output yet'", timeout=120)
+        r = provider.shell.run(
+            f"cat {shlex.quote(path)} 2>/dev/null || echo '[aios] no output yet'", timeout=120
+        )
         for line in r.stdout.decode(errors="replace").splitlines():
             echo(line)
         return 0
     from aios.cloud.store import Store
 
     try:
-        return follow(provider, Store(), rec.name, job.id, slurm_id, job_dir, provider.settings.poll_interval, echo, lambda m: None)
+        return follow(
+            provider,
+            Store(),
+            rec.name,
+            job.id,
+            slurm_id,
+            job_dir,
+            provider.settings.poll_interval,
+            echo,
+            lambda m: None,
+        )
     except KeyboardInterrupt:
         return 0

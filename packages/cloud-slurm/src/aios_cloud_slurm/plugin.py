@@ -17,8 +17,14 @@ def _factory(config: Any = None) -> Any:
 
 @hookimpl
 def aios_register_clouds(register: Any) -> None:
-    register(CloudSpec(name="slurm", factory=_factory, description="Slurm clusters (sbatch, locally or on a login node over ssh)",
-                       install_hint="pip install -e ./packages/cloud-slurm"))
+    register(
+        CloudSpec(
+            name="slurm",
+            factory=_factory,
+            description="Slurm clusters (sbatch, locally or on a login node over ssh)",
+            install_hint="pip install -e ./packages/cloud-slurm",
+        )
+    )
 
 
 @hookimpl
@@ -34,7 +40,19 @@ def aios_doctor_checks(backend: str | None, config: Any) -> list[DoctorCheck] | 
         return None
     section = config.section("slurm") if config is not None else None
     if section is not None and section.login:
-        return [DoctorCheck("slurm login node", "pass", f"jobs are submitted on {section.login} over ssh", "")]
+        return [
+            DoctorCheck(
+                "slurm login node", "pass", f"jobs are submitted on {section.login} over ssh", ""
+            )
+        ]
     found = shutil.which("sbatch")
-    return [DoctorCheck("slurm sbatch", "pass" if found else "warn", f"sbatch {'found at ' + found if found else 'not on PATH'}",
-                        "" if found else "install the Slurm client tools, or set slurm.login to a login node (aios launch --cloud slurm)")]
+    return [
+        DoctorCheck(
+            "slurm sbatch",
+            "pass" if found else "warn",
+            f"sbatch {'found at ' + found if found else 'not on PATH'}",
+            ""
+            if found
+            else "install the Slurm client tools, or set slurm.login to a login node (aios launch --cloud slurm)",
+        )
+    ]

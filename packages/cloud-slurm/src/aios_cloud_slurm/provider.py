@@ -33,7 +33,17 @@ from aios.cloud.provider import (
 )
 
 PRICE_NOTE = "n/a (your cluster)"
-FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
+FINAL_STATES = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "PREEMPTED",
+}
 NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,46}[a-z0-9])?$")
 
 
@@ -70,15 +80,22 @@ class SlurmProvider(CloudProvider):
 
     # ------------------------------------------------------------------ cluster facts
     def require_slurm(self) -> None:
-        r = self.shell.run("command -v sbatch && command -v squeue && command -v scontrol && command -v sinfo", timeout=60)
+        r = self.shell.run(
+            "command -v sbatch && command -v squeue && command -v scontrol && command -v sinfo",
+            timeout=60,
+        )
         if self.shell.login and r.returncode == 255:
             err = r.stderr.decode(errors="replace").strip().splitlines()
-            raise CloudError(f"cannot reach the Slurm login node {self.shell.login}: {err[-1] if err else 'ssh failed'}",
-                             "check slurm.login, slurm.ssh_key and that `ssh LOGIN` works")
+            raise CloudError(
+                f"cannot reach the Slurm login node {self.shell.login}: {err[-1] if err else 'ssh failed'}",
+                "check slurm.login, slurm.ssh_key and that `ssh LOGIN` works",
+            )
         if r.returncode != 0:
             where = f"on the login node {self.shell.login}" if self.shell.login else "on PATH"
-            raise CloudError(f"no Slurm {where}: sbatch/squeue/scontrol/sinfo not found",
-                             "install the Slurm client tools (apt-get install slurm-client), or set slurm.login to a login node (AIOS_SLURM__LOGIN=user@host)")
+            raise CloudError(
+                f"no Slurm {where}: sbatch/squeue/scontrol/sinfo not found",
+                "install the Slurm client tools (apt-get install slurm-client), or set slurm.login to a login node (AIOS_SLURM__LOGIN=user@host)",
+            )
 
     def partitions(self) -> list[dict[str, Any]]:
         """``sinfo`` per partition: name, default, nodes, cpus/node, memory MB/node, gres, time limit, state."""
@@ -91,8 +108,19 @@ class SlurmProvider(CloudProvider):
             name, nodes, cpus, mem, gres, limit, avail = parts[:7]
             default = name.endswith("*")
             name = name.rstrip("*")
-            p = out.setdefault(name, {"name": name, "default": default, "nodes": 0, "cpus": 0, "mem_mb": 0, "gres": gres,
-                                      "timelimit": limit, "avail": avail})
+            p = out.setdefault(
+                name,
+                {
+                    "name": name,
+                    "default": default,
+                    "nodes": 0,
+                    "cpus": 0,
+                    "mem_mb": 0,
+                    "gres": gres,
+                    "timelimit": limit,
+                    "avail": avail,
+                },
+            )
             p["nodes"] += int(nodes) if nodes.isdigit() else 0
             p["cpus"] = max(p["cpus"], int(re.sub(r"\D.*", "", cpus) or 0))
             p["mem_mb"] = max(p["mem_mb"], int(re.sub(r"\D.*", "", mem) or 0))
@@ -101,16 +129,25 @@ class SlurmProvider(CloudProvider):
     def resolve_partition(self, wanted: str | None) -> dict[str, Any]:
         parts = self.partitions()
         if not parts:
-            raise CloudError(f"the Slurm cluster {self.shell.where.removeprefix('on ')} has no partitions", "ask its admin, or check `sinfo`")
+            raise CloudError(
+                f"the Slurm cluster {self.shell.where.removeprefix('on ')} has no partitions",
+                "ask its admin, or check `sinfo`",
+            )
         if wanted:
             for p in parts:
                 if p["name"] == wanted:
                     return p
-            raise CloudError(f"unknown Slurm partition '{wanted}'", f"pick one of: {', '.join(p['name'] for p in parts)} (see `sinfo`)")
+            raise CloudError(
+                f"unknown Slurm partition '{wanted}'",
+                f"pick one of: {', '.join(p['name'] for p in parts)} (see `sinfo`)",
+            )
         for p in parts:
             if p["default"]:
                 return p
-        raise CloudError("the Slurm cluster has no default partition", f"pass -a PARTITION ({', '.join(p['name'] for p in parts)})")
+        raise CloudError(
+            "the Slurm cluster has no default partition",
+            f"pass -a PARTITION ({', '.join(p['name'] for p in parts)})",
+        )
 
     # ------------------------------------------------------------------ CloudProvider
     def catalog(self) -> list[CatalogEntry]:
@@ -122,13 +159,27 @@ class SlurmProvider(CloudProvider):
             if m:
                 gpus = int(m.group(1))
             per_node = gpus or p["cpus"]
-            out.append(CatalogEntry(
-                cloud=self.name, accelerator=p["name"], devices=per_node * p["nodes"],
-                device_kind=f"GPU ({p['gres']})" if gpus else "CPU core", memory_gb=round(p["mem_mb"] / 1024, 1) if not gpus else 0.0,
-                hosts=p["nodes"], runtime=f"time limit {p['timelimit']}", zones=(p["name"],), backend="cuda" if gpus else "cpu",
-                extra={"vcpus": p["cpus"], "ram_gib": round(p["mem_mb"] / 1024, 1), "price": PRICE_NOTE,
-                       "default": p["default"], "state": p["avail"], "gres": p["gres"]},
-            ))
+            out.append(
+                CatalogEntry(
+                    cloud=self.name,
+                    accelerator=p["name"],
+                    devices=per_node * p["nodes"],
+                    device_kind=f"GPU ({p['gres']})" if gpus else "CPU core",
+                    memory_gb=round(p["mem_mb"] / 1024, 1) if not gpus else 0.0,
+                    hosts=p["nodes"],
+                    runtime=f"time limit {p['timelimit']}",
+                    zones=(p["name"],),
+                    backend="cuda" if gpus else "cpu",
+                    extra={
+                        "vcpus": p["cpus"],
+                        "ram_gib": round(p["mem_mb"] / 1024, 1),
+                        "price": PRICE_NOTE,
+                        "default": p["default"],
+                        "state": p["avail"],
+                        "gres": p["gres"],
+                    },
+                )
+            )
         return out
 
     def entry(self, accelerator: str) -> CatalogEntry:
@@ -143,7 +194,10 @@ class SlurmProvider(CloudProvider):
         return replace(request, accelerator=p["name"], zone=p["name"])
 
     def create(self, request: ClusterRequest) -> ClusterInfo:
-        raise CloudError("Slurm allocates nodes per job; there is no cluster to create", "run `aios launch --cloud slurm SCRIPT`")
+        raise CloudError(
+            "Slurm allocates nodes per job; there is no cluster to create",
+            "run `aios launch --cloud slurm SCRIPT`",
+        )
 
     def job_info(self, job_id: str) -> dict[str, str] | None:
         r = self.shell.run(f"scontrol show job -o {shlex.quote(job_id)}", timeout=60)
@@ -163,10 +217,25 @@ class SlurmProvider(CloudProvider):
             return None
         job_id = rec.request["slurm_job_id"]
         info = self.job_info(job_id)
-        state = info.get("JobState", "UNKNOWN") if info else self._state_from_files(rec.request) or "GONE"
-        return ClusterInfo(name=name, cloud=self.name, zone=rec.zone, accelerator=rec.accelerator, state=state,
-                           raw={"slurm_job_id": job_id, "restarts": (info or {}).get("Restarts"), "nodes": (info or {}).get("NodeList"),
-                                "exit_code": (info or {}).get("ExitCode"), "reason": (info or {}).get("Reason")})
+        state = (
+            info.get("JobState", "UNKNOWN")
+            if info
+            else self._state_from_files(rec.request) or "GONE"
+        )
+        return ClusterInfo(
+            name=name,
+            cloud=self.name,
+            zone=rec.zone,
+            accelerator=rec.accelerator,
+            state=state,
+            raw={
+                "slurm_job_id": job_id,
+                "restarts": (info or {}).get("Restarts"),
+                "nodes": (info or {}).get("NodeList"),
+                "exit_code": (info or {}).get("ExitCode"),
+                "reason": (info or {}).get("Reason"),
+            },
+        )
 
     def _state_from_files(self, request: dict[str, Any]) -> str | None:
         code = self.final_exit(request)
@@ -178,7 +247,10 @@ class SlurmProvider(CloudProvider):
         job_dir = request.get("job_dir")
         if not job_dir:
             return None
-        r = self.shell.run(f"cd {shlex.quote(job_dir)} 2>/dev/null && ls exit.* 2>/dev/null | sort -t. -k2 -n | tail -n 1 | xargs -r cat", timeout=60)
+        r = self.shell.run(
+            f"cd {shlex.quote(job_dir)} 2>/dev/null && ls exit.* 2>/dev/null | sort -t. -k2 -n | tail -n 1 | xargs -r cat",
+            timeout=60,
+        )
         text = r.stdout.decode().strip()
         return int(text) if text.lstrip("-").isdigit() else None
 
@@ -194,7 +266,10 @@ class SlurmProvider(CloudProvider):
         return out
 
     def start(self, name: str, zone: str | None) -> ClusterInfo:
-        raise CloudError("a Slurm job cannot be restarted in place", "launch it again with `aios launch --cloud slurm --name NAME ...`")
+        raise CloudError(
+            "a Slurm job cannot be restarted in place",
+            "launch it again with `aios launch --cloud slurm --name NAME ...`",
+        )
 
     def stop(self, name: str, zone: str | None) -> None:
         self.cancel(name)
@@ -218,12 +293,18 @@ class SlurmProvider(CloudProvider):
         rec = self._record(name)
         job = rec.request.get("slurm_job_id", "<job id>") if rec else "<job id>"
         if action in ("stop", "delete"):
-            return [CloudCommand(["scancel", str(job)], "cancel the job (its files stay on the cluster)")]
+            return [
+                CloudCommand(
+                    ["scancel", str(job)], "cancel the job (its files stay on the cluster)"
+                )
+            ]
         if action == "describe":
             return [CloudCommand(["scontrol", "show", "job", str(job)])]
         if action == "list":
             return [CloudCommand(["squeue", "--me"])]
-        raise CloudError(f"'{action}' does not apply to a Slurm job", "use launch/status/logs/cancel/down")
+        raise CloudError(
+            f"'{action}' does not apply to a Slurm job", "use launch/status/logs/cancel/down"
+        )
 
     def describe_credentials(self) -> str:
         return f"ssh {self.shell.login}" if self.shell.login else "local Slurm (munge)"
@@ -237,7 +318,9 @@ class SlurmProvider(CloudProvider):
 
         return launch(self, params, store, log)
 
-    def job_logs(self, rec: Any, job: Any, follow: bool, dry_run: bool, echo: Callable[[str], None]) -> int:
+    def job_logs(
+        self, rec: Any, job: Any, follow: bool, dry_run: bool, echo: Callable[[str], None]
+    ) -> int:
         from aios_cloud_slurm.launch import logs
 
         return logs(self, rec, job, follow, dry_run, echo)

@@ -26,12 +26,29 @@ import subprocess
 import time
 from pathlib import Path
 
-BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "scontrol", "scancel", "sinfo")
-PLUGIN_DIRS = ("/usr/lib/x86_64-linux-gnu/slurm-wlm", "/usr/lib/aarch64-linux-gnu/slurm-wlm", "/usr/lib64/slurm", "/usr/lib/slurm")
+BINARIES = (
+    "munged",
+    "slurmctld",
+    "slurmd",
+    "sbatch",
+    "srun",
+    "squeue",
+    "scontrol",
+    "scancel",
+    "sinfo",
+)
+PLUGIN_DIRS = (
+    "/usr/lib/x86_64-linux-gnu/slurm-wlm",
+    "/usr/lib/aarch64-linux-gnu/slurm-wlm",
+    "/usr/lib64/slurm",
+    "/usr/lib/slurm",
+)
 
 
 def _which(name: str) -> str | None:
-    return shutil.which(name) or next((p for p in (f"/usr/sbin/{name}", f"/usr/bin/{name}") if os.path.exists(p)), None)
+    return shutil.which(name) or next(
+        (p for p in (f"/usr/sbin/{name}", f"/usr/bin/{name}") if os.path.exists(p)), None
+    )
 
 
 def slurm_unavailable_reason() -> str:
@@ -61,8 +78,14 @@ def _node_names(n: int) -> list[str]:
 
 
 class SlurmCluster:
-    def __init__(self, workdir: str | os.PathLike[str], nodes: int = 2, cpus: int = 2, partition: str = "debug",
-                 timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        workdir: str | os.PathLike[str],
+        nodes: int = 2,
+        cpus: int = 2,
+        partition: str = "debug",
+        timeout: float = 60.0,
+    ) -> None:
         self.dir = Path(workdir)
         self.nodes = _node_names(nodes)
         self.cpus = cpus
@@ -88,7 +111,11 @@ class SlurmCluster:
 
     def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
         """Environment for Slurm client commands (``SLURM_CONF`` pointing here; no stale ``SLURM_*``)."""
-        env = {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith("SLURM_")}
+        env = {
+            k: v
+            for k, v in (os.environ if base is None else base).items()
+            if not k.startswith("SLURM_")
+        }
         env["SLURM_CONF"] = str(self.conf)
         return env
 
@@ -97,9 +124,20 @@ class SlurmCluster:
         key.write_bytes(os.urandom(1024))
         os.chmod(key, 0o600)
         self.munge_socket = self.dir / "run" / "munge.sock"
-        subprocess.run([_which("munged") or "munged", "--force", f"--socket={self.munge_socket}", f"--key-file={key}",
-                        f"--pid-file={self.dir / 'run' / 'munged.pid'}", f"--log-file={self.dir / 'log' / 'munged.log'}",
-                        f"--seed-file={self.dir / 'state' / 'munged.seed'}"], check=True, capture_output=True, timeout=30)
+        subprocess.run(
+            [
+                _which("munged") or "munged",
+                "--force",
+                f"--socket={self.munge_socket}",
+                f"--key-file={key}",
+                f"--pid-file={self.dir / 'run' / 'munged.pid'}",
+                f"--log-file={self.dir / 'log' / 'munged.log'}",
+                f"--seed-file={self.dir / 'state' / 'munged.seed'}",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
         self._track(self.dir / "run" / "munged.pid")
 
     def _config(self) -> None:
@@ -108,20 +146,47 @@ class SlurmCluster:
         plugin_dir = next((d for d in PLUGIN_DIRS if os.path.isdir(d)), PLUGIN_DIRS[0])
         d = self.dir
         lines = [
-            "ClusterName=aiostest", f"SlurmctldHost={socket.gethostname()}(127.0.0.1)", f"SlurmctldPort={ctld}",
-            "AuthType=auth/munge", f"AuthInfo=socket={self.munge_socket}", "CredType=cred/munge",
-            "SlurmUser=root", "SlurmdUser=root", f"StateSaveLocation={d / 'state'}", f"SlurmdSpoolDir={d / 'spool'}/%n",
-            f"SlurmctldPidFile={d / 'run' / 'slurmctld.pid'}", f"SlurmdPidFile={d / 'run'}/slurmd-%n.pid",
-            f"SlurmctldLogFile={d / 'log' / 'slurmctld.log'}", f"SlurmdLogFile={d / 'log'}/slurmd-%n.log",
-            "ProctrackType=proctrack/pgid", "TaskPlugin=task/none", "SwitchType=switch/none", "MpiDefault=none",
-            "SchedulerType=sched/backfill", "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core",
-            "ReturnToService=2", "JobCompType=jobcomp/none", "AccountingStorageType=accounting_storage/none",
-            "JobAcctGatherType=jobacct_gather/none", "SlurmctldTimeout=30", "SlurmdTimeout=120", "InactiveLimit=0",
-            "MinJobAge=600", "KillWait=30", "MessageTimeout=30", f"PluginDir={plugin_dir}", "MailProg=/bin/true",
+            "ClusterName=aiostest",
+            f"SlurmctldHost={socket.gethostname()}(127.0.0.1)",
+            f"SlurmctldPort={ctld}",
+            "AuthType=auth/munge",
+            f"AuthInfo=socket={self.munge_socket}",
+            "CredType=cred/munge",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            f"StateSaveLocation={d / 'state'}",
+            f"SlurmdSpoolDir={d / 'spool'}/%n",
+            f"SlurmctldPidFile={d / 'run' / 'slurmctld.pid'}",
+            f"SlurmdPidFile={d / 'run'}/slurmd-%n.pid",
+            f"SlurmctldLogFile={d / 'log' / 'slurmctld.log'}",
+            f"SlurmdLogFile={d / 'log'}/slurmd-%n.log",
+            "ProctrackType=proctrack/pgid",
+            "TaskPlugin=task/none",
+            "SwitchType=switch/none",
+            "MpiDefault=none",
+            "SchedulerType=sched/backfill",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core",
+            "ReturnToService=2",
+            "JobCompType=jobcomp/none",
+            "AccountingStorageType=accounting_storage/none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "SlurmctldTimeout=30",
+            "SlurmdTimeout=120",
+            "InactiveLimit=0",
+            "MinJobAge=600",
+            "KillWait=30",
+            "MessageTimeout=30",
+            f"PluginDir={plugin_dir}",
+            "MailProg=/bin/true",
         ]
         for name, port in zip(self.nodes, node_ports, strict=True):
-            lines.append(f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory=1000 Port={port} State=UNKNOWN")
-        lines.append(f"PartitionName={self.partition} Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP")
+            lines.append(
+                f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory=1000 Port={port} State=UNKNOWN"
+            )
+        lines.append(
+            f"PartitionName={self.partition} Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP"
+        )
         self.conf.write_text("\n".join(lines) + "\n")
 
     def _track(self, pidfile: Path, wait: float = 10.0) -> None:
@@ -137,30 +202,63 @@ class SlurmCluster:
 
     def _start(self, timeout: float) -> None:
         env = self.env()
-        subprocess.run([_which("slurmctld") or "slurmctld", "-c", "-f", str(self.conf)], check=True, env=env, capture_output=True, timeout=60)
+        subprocess.run(
+            [_which("slurmctld") or "slurmctld", "-c", "-f", str(self.conf)],
+            check=True,
+            env=env,
+            capture_output=True,
+            timeout=60,
+        )
         self._track(self.dir / "run" / "slurmctld.pid")
         for n in self.nodes:
-            subprocess.run([_which("slurmd") or "slurmd", "-f", str(self.conf), "-N", n], check=True, env=env, capture_output=True, timeout=60)
+            subprocess.run(
+                [_which("slurmd") or "slurmd", "-f", str(self.conf), "-N", n],
+                check=True,
+                env=env,
+                capture_output=True,
+                timeout=60,
+            )
             self._track(self.dir / "run" / f"slurmd-{n}.pid")
         deadline = time.monotonic() + timeout
         out = ""
         while time.monotonic() < deadline:
-            r = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], env=env, capture_output=True, text=True, timeout=30)
+            r = subprocess.run(
+                ["sinfo", "-h", "-N", "-o", "%N %t"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
             out = r.stdout
             states = dict(line.split() for line in out.splitlines() if len(line.split()) == 2)
-            if len(states) == len(self.nodes) and all(s in ("idle", "mix", "alloc") for s in states.values()):
+            if len(states) == len(self.nodes) and all(
+                s in ("idle", "mix", "alloc") for s in states.values()
+            ):
                 return
             time.sleep(0.5)
-        raise RuntimeError(f"Slurm nodes did not become idle in {timeout}s: {out!r}; logs in {self.dir / 'log'}")
+        raise RuntimeError(
+            f"Slurm nodes did not become idle in {timeout}s: {out!r}; logs in {self.dir / 'log'}"
+        )
 
     def squeue(self) -> str:
-        return subprocess.run(["squeue", "-h", "-o", "%i %T %R"], env=self.env(), capture_output=True, text=True, timeout=30).stdout
+        return subprocess.run(
+            ["squeue", "-h", "-o", "%i %T %R"],
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
 
     def close(self) -> None:
         env = self.env()
         if len(self.procs) > 1:  # slurmctld is up: cancel every job first
             try:
-                subprocess.run(["scancel", "--partition", self.partition], env=env, capture_output=True, timeout=20)
+                subprocess.run(
+                    ["scancel", "--partition", self.partition],
+                    env=env,
+                    capture_output=True,
+                    timeout=20,
+                )
             except (OSError, subprocess.TimeoutExpired):
                 pass
         for pid in reversed(self.procs):

@@ -110,7 +110,11 @@ class Accelerator:
         return {}
 
     def describe(self) -> dict[str, Any]:
-        return {"accelerator": self.name, "device_type": self.device_type, "dist_backend": self.dist_backend}
+        return {
+            "accelerator": self.name,
+            "device_type": self.device_type,
+            "dist_backend": self.dist_backend,
+        }
 
 
 class CpuAccelerator(Accelerator):

@@ -32,12 +32,20 @@ def _probe_cpu() -> Availability:
 
 @hookimpl
 def aios_register_backends(register: Any) -> None:
-    register(BackendSpec(
-        name="cpu", priority=0, probe=_probe_cpu, device_type="cpu", accelerator="cpu",
-        install_hint="pip install -e './packages/core[torch]' (from the aios checkout)",
-        description="CPU processes over gloo (the embedded default)",
-        discover=_discover_cpu, launch_plan=_launch_cpu, doctor=_doctor_cpu,
-    ))
+    register(
+        BackendSpec(
+            name="cpu",
+            priority=0,
+            probe=_probe_cpu,
+            device_type="cpu",
+            accelerator="cpu",
+            install_hint="pip install -e './packages/core[torch]' (from the aios checkout)",
+            description="CPU processes over gloo (the embedded default)",
+            discover=_discover_cpu,
+            launch_plan=_launch_cpu,
+            doctor=_doctor_cpu,
+        )
+    )
 
 
 def _cpu_accelerator(config: Any) -> Any:
@@ -77,10 +85,38 @@ def _hsdp(config: Any, accelerator: Any, backend: str) -> Any:
 
 @hookimpl
 def aios_register_strategies(register: Any) -> None:
-    register(StrategySpec("ddp", _ddp, accelerators=("*",), description="DistributedDataParallel, one process per device"))
-    register(StrategySpec("fsdp", _fsdp, accelerators=("*",), description="FSDP2 fully_shard per block (with mesh.tp > 1: 2-D FSDP x tensor parallel)"))
-    register(StrategySpec("tp", _tp, accelerators=("*",), description="DTensor tensor/sequence parallel (mesh.tp), data parallel over mesh.dp"))
-    register(StrategySpec("hsdp", _hsdp, accelerators=("*",), description="FSDP2 sharded within a node, replicated across nodes"))
+    register(
+        StrategySpec(
+            "ddp",
+            _ddp,
+            accelerators=("*",),
+            description="DistributedDataParallel, one process per device",
+        )
+    )
+    register(
+        StrategySpec(
+            "fsdp",
+            _fsdp,
+            accelerators=("*",),
+            description="FSDP2 fully_shard per block (with mesh.tp > 1: 2-D FSDP x tensor parallel)",
+        )
+    )
+    register(
+        StrategySpec(
+            "tp",
+            _tp,
+            accelerators=("*",),
+            description="DTensor tensor/sequence parallel (mesh.tp), data parallel over mesh.dp",
+        )
+    )
+    register(
+        StrategySpec(
+            "hsdp",
+            _hsdp,
+            accelerators=("*",),
+            description="FSDP2 sharded within a node, replicated across nodes",
+        )
+    )
 
 
 @hookimpl
@@ -109,10 +145,15 @@ def _mem_total() -> int | None:
 
 def _discover_cpu(config: Any) -> DeviceReport:
     avail = _probe_cpu()
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )
     name = platform.processor() or platform.machine()
     return DeviceReport(
-        backend="cpu", kind="CPU", available=bool(avail), reason=avail.reason,
+        backend="cpu",
+        kind="CPU",
+        available=bool(avail),
+        reason=avail.reason,
         devices=[DeviceInfo(0, name, _mem_total(), {"cores": cores})],
         topology={"cores": cores, "machine": platform.machine()},
     )
@@ -123,13 +164,23 @@ def _launch_cpu(config: Any, request: Any) -> Any:
 
     nprocs = 1 if config.nprocs == "auto" else int(config.nprocs)
     threads = max(1, (os.cpu_count() or 1) // nprocs)
-    return elastic_plan("cpu", config, request, nprocs, env={"OMP_NUM_THREADS": str(threads)} if nprocs > 1 else {})
+    return elastic_plan(
+        "cpu", config, request, nprocs, env={"OMP_NUM_THREADS": str(threads)} if nprocs > 1 else {}
+    )
 
 
 def _doctor_cpu(config: Any, explicit: bool) -> list[DoctorCheck]:
     spec = importlib.util.find_spec("torch")
     if spec is None:
-        return [DoctorCheck("torch installed", "fail", "torch is not installed", "pip install -e './packages/core[torch]' (from the aios checkout)", backend="cpu")]
+        return [
+            DoctorCheck(
+                "torch installed",
+                "fail",
+                "torch is not installed",
+                "pip install -e './packages/core[torch]' (from the aios checkout)",
+                backend="cpu",
+            )
+        ]
     from importlib.metadata import version
 
     return [DoctorCheck("torch installed", "pass", f"torch {version('torch')}", backend="cpu")]

@@ -153,13 +153,21 @@ def filesystem(url: str) -> tuple[Any, str]:
     spec = reg.storage.get(scheme)
     if spec is None:
         known = ", ".join(sorted(reg.storage)) or "none"
-        hint = {"gs": "pip install -e './packages/core[gcp]' ./packages/backend-xla ./packages/cloud-gcp (from the aios checkout)", "s3": "pip install -e './packages/core[aws]' ./packages/cloud-aws (from the aios checkout)"}.get(scheme, "install the plugin that registers it")
-        raise CheckpointError(f"checkpoint URL scheme '{scheme}://' is not registered (registered: {known})", hint)
+        hint = {
+            "gs": "pip install -e './packages/core[gcp]' ./packages/backend-xla ./packages/cloud-gcp (from the aios checkout)",
+            "s3": "pip install -e './packages/core[aws]' ./packages/cloud-aws (from the aios checkout)",
+        }.get(scheme, "install the plugin that registers it")
+        raise CheckpointError(
+            f"checkpoint URL scheme '{scheme}://' is not registered (registered: {known})", hint
+        )
     if spec.requires:
         import importlib.util
 
         if importlib.util.find_spec(spec.requires) is None:
-            raise CheckpointError(f"'{scheme}://' checkpoints need the '{spec.requires}' package", spec.install_hint or f"pip install {spec.requires}")
+            raise CheckpointError(
+                f"'{scheme}://' checkpoints need the '{spec.requires}' package",
+                spec.install_hint or f"pip install {spec.requires}",
+            )
     options = spec.storage_options(url) if spec.storage_options else {}
     fs = fsspec.filesystem(spec.protocol, **options)
     path = fs._strip_protocol(url) if hasattr(fs, "_strip_protocol") else url.split("://", 1)[1]
@@ -211,7 +219,9 @@ class CheckpointStore:
         self.keep = keep
         self.lineage = lineage or new_lineage()
         self.fs, self.root = filesystem(url)
-        self.local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
+        self.local = "file" in (
+            self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
+        )
         self._lock_token: str | None = None
 
     def _join(self, *parts: str) -> str:
@@ -245,7 +255,10 @@ class CheckpointStore:
         except FileNotFoundError:
             return []
         except Exception as exc:  # noqa: BLE001
-            raise CheckpointError(f"cannot list checkpoint dir '{self.url}' ({type(exc).__name__}: {exc})", "check the path and its permissions") from None
+            raise CheckpointError(
+                f"cannot list checkpoint dir '{self.url}' ({type(exc).__name__}: {exc})",
+                "check the path and its permissions",
+            ) from None
 
     def list(self) -> list[CheckpointInfo]:
         """Every checkpoint directory (complete or not), by step, then commit time."""
@@ -305,7 +318,10 @@ class CheckpointStore:
         if warn:
             for info in infos:
                 if not info.complete and (chosen is None or info.step > chosen.step):
-                    warnings.warn(f"aios: skipping incomplete checkpoint {self.display(info.path)} (interrupted save, no {MARKER})", stacklevel=2)
+                    warnings.warn(
+                        f"aios: skipping incomplete checkpoint {self.display(info.path)} (interrupted save, no {MARKER})",
+                        stacklevel=2,
+                    )
         return chosen
 
     def verify(self, info: CheckpointInfo, hash_files: bool = False) -> None:
@@ -327,7 +343,7 @@ class CheckpointStore:
     # ---------------------------------------------------------------- writing files
     def open_write(self, path: str) -> Any:
         if self.local:
-            return open(path, "wb")  # noqa: SIM115 - closed by the caller's with
+            return open(path, "wb")
         return self.fs.open(path, "wb")
 
     def fsync(self, f: Any) -> None:
@@ -355,7 +371,10 @@ class CheckpointStore:
         name = ckpt_name(step)
         in_place = not self.local
         if target is not None and self.fs.exists(self._join(target)):
-            raise CheckpointError(f"'{self.display(self._join(target))}' already exists", "choose a new path or delete it")
+            raise CheckpointError(
+                f"'{self.display(self._join(target))}' already exists",
+                "choose a new path or delete it",
+            )
         if self.local:
             path = self._join(f".aios-partial-{name}-{self.lineage}-{nonce}")
         elif target is not None:
@@ -366,8 +385,17 @@ class CheckpointStore:
         try:
             self.fs.makedirs(path, exist_ok=True)
             with self.open_write(f"{path}/{STAGING_FILE}") as f:
-                f.write(json.dumps({"lineage": self.lineage, "step": step, "pid": os.getpid(), "time": time.time()}).encode())
-        except Exception as exc:  # noqa: BLE001
+                f.write(
+                    json.dumps(
+                        {
+                            "lineage": self.lineage,
+                            "step": step,
+                            "pid": os.getpid(),
+                            "time": time.time(),
+                        }
+                    ).encode()
+                )
+        except Exception as exc:
             self.abort(staging)
             raise self._save_error(step, exc) from exc
         return staging
@@ -384,7 +412,12 @@ class CheckpointStore:
             if self.fs.exists(staging.path):
                 self.fs.rm(staging.path, recursive=True)
 
-    def commit(self, staging: Staging, meta: dict[str, Any] | None = None, files: dict[str, Any] | None = None) -> str:
+    def commit(
+        self,
+        staging: Staging,
+        meta: dict[str, Any] | None = None,
+        files: dict[str, Any] | None = None,
+    ) -> str:
         """Write the marker (last, after every file of every writer is durable), move the
         checkpoint into place, retire an older copy of the same step of this lineage, prune.
         Returns the checkpoint's path (URL on object stores)."""
@@ -392,8 +425,12 @@ class CheckpointStore:
         name = ckpt_name(step)
         final = self._join(name)
         marker = {
-            "format": FORMAT, "step": step, "time": time.time(), "files": {**staging.files, **(files or {})},
-            **(meta or {}), "lineage": self.lineage,
+            "format": FORMAT,
+            "step": step,
+            "time": time.time(),
+            "files": {**staging.files, **(files or {})},
+            **(meta or {}),
+            "lineage": self.lineage,
         }
         try:
             if self.local:
@@ -401,12 +438,12 @@ class CheckpointStore:
             with self.open_write(f"{staging.path}/{MARKER}") as f:
                 f.write(json.dumps(marker, indent=1, sort_keys=True, default=str).encode())
                 self.fsync(f)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             self.abort(staging)
             raise self._save_error(step, exc) from exc
         try:
             where = self._place(staging, final, name)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if self.local:
                 self.abort(staging)  # still there only when it was never moved into place
             raise self._save_error(step, exc) from exc
@@ -478,7 +515,7 @@ class CheckpointStore:
         staging = self.begin(step)
         try:
             self.write_file(staging, STATE_FILE, lambda f: torch.save(state, f))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             self.abort(staging)
             raise self._save_error(step, exc) from exc
         return self.commit(staging, meta)
@@ -504,7 +541,11 @@ class CheckpointStore:
         for s in steps[: max(0, len(steps) - self.keep)]:
             doomed.append(by_step[s][-1])
         newest = steps[-1] if steps else -1
-        doomed += [i for i in infos if not i.complete and i.step <= newest and self._staging_lineage(i.path) == self.lineage]
+        doomed += [
+            i
+            for i in infos
+            if not i.complete and i.step <= newest and self._staging_lineage(i.path) == self.lineage
+        ]
         for info in doomed:
             self.retire(info.path)
         if self.local:
@@ -524,9 +565,16 @@ class CheckpointStore:
             data = None
         fix = f"delete {self.display(info.path)} or start fresh with checkpoint.resume=false"
         if data is None or want is None:
-            raise CheckpointError(f"checkpoint '{self.display(info.path)}' is corrupt: {name} is missing", fix)
-        if len(data) != want.get("size") or (want.get("sha256") and hashlib.sha256(data).hexdigest() != want.get("sha256")):
-            raise CheckpointError(f"checkpoint '{self.display(info.path)}' is corrupt: {name} does not match the sha256 in its marker", fix)
+            raise CheckpointError(
+                f"checkpoint '{self.display(info.path)}' is corrupt: {name} is missing", fix
+            )
+        if len(data) != want.get("size") or (
+            want.get("sha256") and hashlib.sha256(data).hexdigest() != want.get("sha256")
+        ):
+            raise CheckpointError(
+                f"checkpoint '{self.display(info.path)}' is corrupt: {name} does not match the sha256 in its marker",
+                fix,
+            )
         return data
 
     def load(self, info: CheckpointInfo) -> dict[str, Any]:
@@ -546,7 +594,10 @@ class CheckpointStore:
         if path_or_step is None:
             info = self.latest()
             if info is None:
-                raise CheckpointError(f"no complete checkpoint in '{self.url}'", "train first, or point checkpoint.dir at a directory holding checkpoints")
+                raise CheckpointError(
+                    f"no complete checkpoint in '{self.url}'",
+                    "train first, or point checkpoint.dir at a directory holding checkpoints",
+                )
             return info
         if isinstance(path_or_step, int):
             copies = [i for i in self.list() if i.complete and i.step == path_or_step]
@@ -596,7 +647,13 @@ class CheckpointStore:
         return False
 
     def _lock_record(self, owner: dict[str, Any]) -> bytes:
-        data = {**owner, "token": self._lock_token, "pid": os.getpid(), "host": socket.gethostname(), "heartbeat": time.time()}
+        data = {
+            **owner,
+            "token": self._lock_token,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "heartbeat": time.time(),
+        }
         return json.dumps(data, sort_keys=True).encode()
 
     def acquire_lock(self, owner: dict[str, Any], stale_after: float = LOCK_STALE_S) -> None:
@@ -613,7 +670,10 @@ class CheckpointStore:
             if self._create_lock(owner):
                 return
         self._lock_token = None
-        raise CheckpointError(f"cannot take the lock of checkpoint dir '{self.url}' (it keeps changing)", "make sure no other run uses this checkpoint.dir")
+        raise CheckpointError(
+            f"cannot take the lock of checkpoint dir '{self.url}' (it keeps changing)",
+            "make sure no other run uses this checkpoint.dir",
+        )
 
     def _held_error(self, held: dict[str, Any]) -> CheckpointError:
         try:

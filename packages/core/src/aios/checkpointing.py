@@ -55,7 +55,15 @@ from typing import Any
 from aios.contract import STATUS_DIR_ENV
 from aios.errors import CheckpointError
 
-__all__ = ["CheckpointFormat", "FullStateFormat", "SaveContext", "CheckpointManager", "FORMATS", "register_format", "get_format"]
+__all__ = [
+    "CheckpointFormat",
+    "FullStateFormat",
+    "SaveContext",
+    "CheckpointManager",
+    "FORMATS",
+    "register_format",
+    "get_format",
+]
 
 
 # ------------------------------------------------------------------------------ formats
@@ -64,7 +72,9 @@ __all__ = ["CheckpointFormat", "FullStateFormat", "SaveContext", "CheckpointMana
 class SaveContext:
     """What a :class:`CheckpointFormat` gets to save."""
 
-    def __init__(self, training: Any, extra: dict[str, Any], rngs: list[Any], background: bool = False) -> None:
+    def __init__(
+        self, training: Any, extra: dict[str, Any], rngs: list[Any], background: bool = False
+    ) -> None:
         self.training = training
         self.extra = extra
         #: every rank's RNG state (gathered before the save; rank order)
@@ -93,7 +103,9 @@ class CheckpointFormat:
     def save(self, step: int, ctx: SaveContext, staging: Any, store: Any) -> dict[str, Any]:
         raise NotImplementedError
 
-    def load(self, info: Any, store: Any, target: Any, rank: int = 0, strict: bool = True) -> dict[str, Any]:
+    def load(
+        self, info: Any, store: Any, target: Any, rank: int = 0, strict: bool = True
+    ) -> dict[str, Any]:
         raise NotImplementedError
 
 
@@ -111,14 +123,19 @@ class FullStateFormat(CheckpointFormat):
         entry = store.write_file(staging, STATE_FILE, lambda f: torch.save(state, f))
         return {STATE_FILE: entry}
 
-    def load(self, info: Any, store: Any, target: Any, rank: int = 0, strict: bool = True) -> dict[str, Any]:
+    def load(
+        self, info: Any, store: Any, target: Any, rank: int = 0, strict: bool = True
+    ) -> dict[str, Any]:
         state = store.load(info)
         target.load_state_dict(state, strict=strict, rank=rank)
         return state.get("extra", {}) or {}
 
 
 #: format name -> class, or ``"module:Class"`` imported on first use (keeps imports lazy)
-FORMATS: dict[str, type[CheckpointFormat] | str] = {"full": FullStateFormat, "dcp": "aios.dcp:DcpFormat"}
+FORMATS: dict[str, type[CheckpointFormat] | str] = {
+    "full": FullStateFormat,
+    "dcp": "aios.dcp:DcpFormat",
+}
 
 
 def register_format(name: str, cls: type[CheckpointFormat] | str) -> None:
@@ -130,7 +147,10 @@ def register_format(name: str, cls: type[CheckpointFormat] | str) -> None:
 def get_format(name: str) -> CheckpointFormat:
     cls = FORMATS.get(name)
     if cls is None:
-        raise CheckpointError(f"checkpoint format '{name}' is not available (known: {', '.join(sorted(FORMATS))})", "install the plugin that provides it")
+        raise CheckpointError(
+            f"checkpoint format '{name}' is not available (known: {', '.join(sorted(FORMATS))})",
+            "install the plugin that provides it",
+        )
     if isinstance(cls, str):
         import importlib
 
@@ -146,7 +166,12 @@ class CheckpointManager:
     """Save/load/resume for one runtime (see the module docstring)."""
 
     def __init__(
-        self, config: Any, strategy: Any, training: Any, record: Any, backend: str,
+        self,
+        config: Any,
+        strategy: Any,
+        training: Any,
+        record: Any,
+        backend: str,
         print_fn: Callable[..., None] = print,
     ) -> None:
         self.config = config
@@ -183,10 +208,15 @@ class CheckpointManager:
         """The :class:`aios.checkpoint.CheckpointStore` of ``checkpoint.dir``."""
         if self._store is None:
             if not self.config.checkpoint.dir:
-                raise CheckpointError("no checkpoint directory is configured", "set checkpoint.dir=PATH_OR_URL (flag, config file or AIOS_CHECKPOINT__DIR)")
+                raise CheckpointError(
+                    "no checkpoint directory is configured",
+                    "set checkpoint.dir=PATH_OR_URL (flag, config file or AIOS_CHECKPOINT__DIR)",
+                )
             from aios.checkpoint import CheckpointStore
 
-            self._store = CheckpointStore(self.config.checkpoint.dir, keep=self.config.checkpoint.keep, lineage=self.lineage)
+            self._store = CheckpointStore(
+                self.config.checkpoint.dir, keep=self.config.checkpoint.keep, lineage=self.lineage
+            )
         return self._store
 
     def _collective(self, fn: Callable[[], Any]) -> Any:
@@ -206,8 +236,11 @@ class CheckpointManager:
     def meta(self) -> dict[str, Any]:
         """What every marker records about the writer."""
         return {
-            "run_id": self.record.run_id, "world_size": self.world_size, "backend": self.backend,
-            "strategy": type(self.strategy).__name__, "checkpoint_format": self.format.name,
+            "run_id": self.record.run_id,
+            "world_size": self.world_size,
+            "backend": self.backend,
+            "strategy": type(self.strategy).__name__,
+            "checkpoint_format": self.format.name,
         }
 
     # ---------------------------------------------------------------- start / close
@@ -225,7 +258,9 @@ class CheckpointManager:
         self._collective(take)
         if self.is_main:
             self._stop.clear()
-            self._heartbeat = threading.Thread(target=self._beat, name="aios-ckpt-lock", daemon=True)
+            self._heartbeat = threading.Thread(
+                target=self._beat, name="aios-ckpt-lock", daemon=True
+            )
             self._heartbeat.start()
 
     def _beat(self) -> None:
@@ -234,7 +269,10 @@ class CheckpointManager:
         while not self._stop.wait(LOCK_HEARTBEAT_S):
             try:
                 if not self.store.heartbeat():
-                    warnings.warn(f"aios: lost the lock of checkpoint dir '{self.config.checkpoint.dir}' (another run took it over)", stacklevel=1)
+                    warnings.warn(
+                        f"aios: lost the lock of checkpoint dir '{self.config.checkpoint.dir}' (another run took it over)",
+                        stacklevel=1,
+                    )
                     return
             except Exception:  # noqa: BLE001 - a flaky store must not kill training; retried next beat
                 continue
@@ -275,7 +313,12 @@ class CheckpointManager:
             return self.strategy.gather_object(mine)
         return [mine]
 
-    def save(self, path: str | None = None, extra: dict[str, Any] | None = None, background: bool | None = None) -> str | None:
+    def save(
+        self,
+        path: str | None = None,
+        extra: dict[str, Any] | None = None,
+        background: bool | None = None,
+    ) -> str | None:
         """Collective: write a checkpoint of the full state. Without ``path`` it goes to
         ``checkpoint.dir`` (keep-N of this lineage); with one, to that directory (nothing is
         pruned there). Returns the checkpoint's path on the writing rank (None for a background
@@ -314,7 +357,10 @@ class CheckpointManager:
             results = self.strategy.gather_object(mine) if self.world_size > 1 else [mine]
             failed = [e for _, e in results if e]
             if error is None and failed:
-                error = CheckpointError(f"saving checkpoint step {step} failed on another rank ({failed[0]})", "check that checkpoint.dir is writable and has free space")
+                error = CheckpointError(
+                    f"saving checkpoint step {step} failed on another rank ({failed[0]})",
+                    "check that checkpoint.dir is writable and has free space",
+                )
             deferred = getattr(fmt, "pending", None) is not None
             if failed and deferred:
                 with contextlib.suppress(Exception):
@@ -327,10 +373,16 @@ class CheckpointManager:
                     for f, _ in results:
                         merged.update(f)
                     try:
-                        if deferred:  # written in the background: commit once every rank's shards are
+                        if (
+                            deferred
+                        ):  # written in the background: commit once every rank's shards are
                             fmt.commit_when_written(
-                                lambda shards, m=merged: self._commit(store, staging, {**m, **shards}, path),
-                                lambda: store.abort(staging), store, staging,
+                                lambda shards, m=merged: self._commit(
+                                    store, staging, {**m, **shards}, path
+                                ),
+                                lambda: store.abort(staging),
+                                store,
+                                staging,
                             )
                         else:
                             written = self._commit(store, staging, merged, path)
@@ -354,9 +406,16 @@ class CheckpointManager:
             self.lineage = store.lineage
         if written:
             dt = time.perf_counter() - t0
-            self.record.diag["checkpoints"].append({"step": step, "path": written, "seconds": round(dt, 4), "lineage": store.lineage})
+            self.record.diag["checkpoints"].append(
+                {"step": step, "path": written, "seconds": round(dt, 4), "lineage": store.lineage}
+            )
         elif getattr(fmt, "pending", None) is not None:
-            self._pending_meta = {"step": step, "staged_seconds": round(time.perf_counter() - t0, 4), "lineage": store.lineage, "background": True}
+            self._pending_meta = {
+                "step": step,
+                "staged_seconds": round(time.perf_counter() - t0, 4),
+                "lineage": store.lineage,
+                "background": True,
+            }
         return written
 
     def finish_pending(self) -> str | None:
@@ -369,7 +428,11 @@ class CheckpointManager:
         handle = fmt.wait()
         meta, self._pending_meta = self._pending_meta or {}, None
         if handle is not None and handle.path:
-            entry = {**meta, "path": handle.path, "seconds": round((handle.finished or time.perf_counter()) - handle.started, 4)}
+            entry = {
+                **meta,
+                "path": handle.path,
+                "seconds": round((handle.finished or time.perf_counter()) - handle.started, 4),
+            }
             self.record.diag["checkpoints"].append(entry)
         return handle.path if handle is not None else None
 
@@ -379,7 +442,9 @@ class CheckpointManager:
         from aios.checkpoint import CheckpointStore
 
         parent = path.rstrip("/").rpartition("/")[0]
-        return CheckpointStore(parent or ".", keep=None, lineage=self.lineage or self.store_lineage())
+        return CheckpointStore(
+            parent or ".", keep=None, lineage=self.lineage or self.store_lineage()
+        )
 
     def store_lineage(self) -> str | None:
         return self._store.lineage if self._store is not None else None
@@ -428,8 +493,16 @@ class CheckpointManager:
                 f"{where} was written by strategy {meta['strategy']}, this run uses {mine['strategy']}",
                 "relaunch with the strategy that wrote it, or start fresh with checkpoint.resume=false (or another checkpoint.dir)",
             )
-        if "world_size" in meta and int(meta["world_size"]) != mine["world_size"] and not can_reshard:
-            hint = "; this checkpoint format can reshard: resume with rt.resume(reshard=True)" if self.format.supports_resharding else ""
+        if (
+            "world_size" in meta
+            and int(meta["world_size"]) != mine["world_size"]
+            and not can_reshard
+        ):
+            hint = (
+                "; this checkpoint format can reshard: resume with rt.resume(reshard=True)"
+                if self.format.supports_resharding
+                else ""
+            )
             raise CheckpointError(
                 f"{where} was written with world size {meta['world_size']}, this run has world size {mine['world_size']}",
                 f"relaunch with {meta['world_size']} processes in total, or start fresh with checkpoint.resume=false (or another checkpoint.dir){hint}",
@@ -440,7 +513,9 @@ class CheckpointManager:
             return reshard
         return bool(getattr(self.config.checkpoint, "reshard", False))
 
-    def load(self, path: str | int | None = None, strict: bool = True, reshard: bool | None = None) -> dict[str, Any]:
+    def load(
+        self, path: str | int | None = None, strict: bool = True, reshard: bool | None = None
+    ) -> dict[str, Any]:
         """Collective: restore the full state from a checkpoint (a step number, a directory or
         URL, or the newest complete one in ``checkpoint.dir``). Returns the ``extra`` dict."""
         store, managed = self._source_store(path)
@@ -473,29 +548,53 @@ class CheckpointManager:
         if chosen is None:
             return self.training.step
         path, lineage, meta, step = chosen
-        self.load(path if "://" not in self.config.checkpoint.dir else store.display(path), reshard=reshard)
+        self.load(
+            path if "://" not in self.config.checkpoint.dir else store.display(path),
+            reshard=reshard,
+        )
         saved_world = meta.get("world_size", "?")
         resharded = saved_world != "?" and int(saved_world) != self.world_size
-        how = f"resharded from {saved_world} ranks to {self.world_size} ranks" if resharded else f"world size {saved_world}"
+        how = (
+            f"resharded from {saved_world} ranks to {self.world_size} ranks"
+            if resharded
+            else f"world size {saved_world}"
+        )
         self._print(
             f"aios: resumed from {self.resumed_from} at step {self.training.step} (run {meta.get('run_id', '?')}, "
             f"{how}, backend {meta.get('backend', '?')}, lineage {lineage or 'legacy'})"
         )
-        event: dict[str, Any] = {"path": self.resumed_from, "step": self.training.step, "run_id": meta.get("run_id"), "lineage": lineage}
+        event: dict[str, Any] = {
+            "path": self.resumed_from,
+            "step": self.training.step,
+            "run_id": meta.get("run_id"),
+            "lineage": lineage,
+        }
         if resharded:
             event.update(resharded_from=int(saved_world), resharded_to=self.world_size)
-            self.record.diag["resharded"] = {"from_world_size": int(saved_world), "to_world_size": self.world_size, "step": self.training.step}
+            self.record.diag["resharded"] = {
+                "from_world_size": int(saved_world),
+                "to_world_size": self.world_size,
+                "step": self.training.step,
+            }
         self.record.event("resume", **event)
         return self.training.step
 
     # ---------------------------------------------------------------- preemption
-    def emergency_save(self, reason: str, rank: int, elapsed: Callable[[], float]) -> dict[str, Any]:
+    def emergency_save(
+        self, reason: str, rank: int, elapsed: Callable[[], float]
+    ) -> dict[str, Any]:
         """Collective: the checkpoint after a preemption notice; leaves the status file that
         ``aios-run`` reads; returns the event for the run record."""
         grace = self.config.checkpoint.grace_seconds
         path = self.save(background=False) if self.config.checkpoint.dir else None
         spent = elapsed()
-        event = {"reason": reason, "step": self.training.step, "checkpoint": path, "seconds_since_notice": round(spent, 3), "grace_seconds": grace}
+        event = {
+            "reason": reason,
+            "step": self.training.step,
+            "checkpoint": path,
+            "seconds_since_notice": round(spent, 3),
+            "grace_seconds": grace,
+        }
         status_dir = os.environ.get(STATUS_DIR_ENV)
         if status_dir:
             with contextlib.suppress(OSError):

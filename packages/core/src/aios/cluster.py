@@ -13,9 +13,9 @@ Cheap: no torch import, no network.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from aios.contract import NNODES_ENV, NODE_RANK_ENV
 
@@ -61,7 +61,10 @@ def _int(environ: Mapping[str, str], *names: str, default: int | None = None) ->
             except ValueError:
                 from aios.errors import ConfigError
 
-                raise ConfigError(f"environment variable {n}={v!r} is not an integer", f"unset {n} or set it to a number") from None
+                raise ConfigError(
+                    f"environment variable {n}={v!r} is not an integer",
+                    f"unset {n} or set it to a number",
+                ) from None
     return default
 
 
@@ -78,11 +81,15 @@ class LocalEnvironment(ClusterEnvironment):
 
     def info(self, environ: Mapping[str, str]) -> ClusterInfo:
         return ClusterInfo(
-            name=self.name, nnodes=_int(environ, NNODES_ENV, default=1) or 1,
+            name=self.name,
+            nnodes=_int(environ, NNODES_ENV, default=1) or 1,
             node_rank=_int(environ, NODE_RANK_ENV, default=0) or 0,
             master_addr=environ.get("MASTER_ADDR", "127.0.0.1"),
             master_port=_int(environ, "MASTER_PORT"),
-            rank=0, world_size=1, local_rank=0, local_world_size=1,
+            rank=0,
+            world_size=1,
+            local_rank=0,
+            local_world_size=1,
         )
 
 
@@ -107,13 +114,22 @@ class TorchElasticEnvironment(ClusterEnvironment):
         if nnodes is None:
             nnodes = max(1, world // local_world) if local_world else 1
         return ClusterInfo(
-            name=self.name, nnodes=nnodes, node_rank=node,
-            master_addr=environ.get("MASTER_ADDR", "127.0.0.1"), master_port=_int(environ, "MASTER_PORT"),
-            rank=rank, world_size=world, local_rank=local, local_world_size=local_world,
+            name=self.name,
+            nnodes=nnodes,
+            node_rank=node,
+            master_addr=environ.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=_int(environ, "MASTER_PORT"),
+            rank=rank,
+            world_size=world,
+            local_rank=local,
+            local_world_size=local_world,
         )
 
 
-BUILTIN_ENVIRONMENTS: tuple[ClusterEnvironment, ...] = (LocalEnvironment(), TorchElasticEnvironment())
+BUILTIN_ENVIRONMENTS: tuple[ClusterEnvironment, ...] = (
+    LocalEnvironment(),
+    TorchElasticEnvironment(),
+)
 
 
 def detect(environ: Mapping[str, str] | None = None, registry: Any = None) -> ClusterInfo:

@@ -35,10 +35,14 @@ def _int(environ: Mapping[str, str], name: str, default: int | None = None) -> i
     try:
         return int(str(v))
     except ValueError:
-        raise ConfigError(f"environment variable {name}={v!r} is not an integer", f"fix {name} in the pod spec") from None
+        raise ConfigError(
+            f"environment variable {name}={v!r} is not an integer", f"fix {name} in the pod spec"
+        ) from None
 
 
-def jobset_hostname(jobset: str, replicated_job: str, job_index: int, pod_index: int, subdomain: str | None = None) -> str:
+def jobset_hostname(
+    jobset: str, replicated_job: str, job_index: int, pod_index: int, subdomain: str | None = None
+) -> str:
     """``<jobset>-<replicatedJob>-<jobIndex>-<podIndex>[.<subdomain>]``."""
     base = f"{jobset}-{replicated_job}-{job_index}-{pod_index}"
     return f"{base}.{subdomain}" if subdomain else base
@@ -62,10 +66,15 @@ class KubernetesEnvironment(ClusterEnvironment):
         pod = _int(environ, "JOB_COMPLETION_INDEX", 0) or 0
         pods = _int(environ, "AIOS_K8S_PODS_PER_JOB")
         if pods is None:
-            raise ConfigError("running in an indexed Kubernetes Job, but the number of pods per Job is unknown",
-                              "set env AIOS_K8S_PODS_PER_JOB to the Job's parallelism in the pod spec (aios launch --cloud k8s does)")
+            raise ConfigError(
+                "running in an indexed Kubernetes Job, but the number of pods per Job is unknown",
+                "set env AIOS_K8S_PODS_PER_JOB to the Job's parallelism in the pod spec (aios launch --cloud k8s does)",
+            )
         if not 0 <= pod < pods:
-            raise ConfigError(f"JOB_COMPLETION_INDEX={pod} is outside the Job's {pods} pods", "check AIOS_K8S_PODS_PER_JOB")
+            raise ConfigError(
+                f"JOB_COMPLETION_INDEX={pod} is outside the Job's {pods} pods",
+                "check AIOS_K8S_PODS_PER_JOB",
+            )
         subdomain = environ.get("AIOS_K8S_SUBDOMAIN") or None
         hostname = environ.get("HOSTNAME", "")
         jobset = environ.get("JOBSET_NAME")
@@ -75,28 +84,45 @@ class KubernetesEnvironment(ClusterEnvironment):
             if not rjob:
                 m = re.match(rf"^{re.escape(jobset)}-(.+)-{job_index}-{pod}$", hostname)
                 if not m:
-                    raise ConfigError("running in a JobSet, but REPLICATED_JOB_NAME is not set", "set it in the pod spec (aios launch --cloud k8s does)")
+                    raise ConfigError(
+                        "running in a JobSet, but REPLICATED_JOB_NAME is not set",
+                        "set it in the pod spec (aios launch --cloud k8s does)",
+                    )
                 rjob = m.group(1)
-            jobs = _int(environ, "REPLICATED_JOB_REPLICAS") or _int(environ, "AIOS_K8S_JOBS", 1) or 1
+            jobs = (
+                _int(environ, "REPLICATED_JOB_REPLICAS") or _int(environ, "AIOS_K8S_JOBS", 1) or 1
+            )
             sub = subdomain or jobset
-            hosts = tuple(jobset_hostname(jobset, rjob, j, p, sub) for j in range(jobs) for p in range(pods))
+            hosts = tuple(
+                jobset_hostname(jobset, rjob, j, p, sub) for j in range(jobs) for p in range(pods)
+            )
             node_rank = job_index * pods + pod
         else:
             job = environ.get("AIOS_K8S_JOB_NAME")
             if not job:
                 m = re.match(rf"^(.+)-{pod}$", hostname)
                 if not m:
-                    raise ConfigError("running in an indexed Job, but its name is unknown",
-                                      "set env AIOS_K8S_JOB_NAME in the pod spec (aios launch --cloud k8s does)")
+                    raise ConfigError(
+                        "running in an indexed Job, but its name is unknown",
+                        "set env AIOS_K8S_JOB_NAME in the pod spec (aios launch --cloud k8s does)",
+                    )
                 job = m.group(1)
             if not subdomain and not environ.get("MASTER_ADDR"):
-                raise ConfigError(f"indexed Job {job} has no headless service, so pod 0 has no stable address",
-                                  "set spec.template.spec.subdomain to a headless Service and AIOS_K8S_SUBDOMAIN to its name")
+                raise ConfigError(
+                    f"indexed Job {job} has no headless service, so pod 0 has no stable address",
+                    "set spec.template.spec.subdomain to a headless Service and AIOS_K8S_SUBDOMAIN to its name",
+                )
             hosts = tuple(job_hostname(job, p, subdomain) for p in range(pods))
             node_rank = pod
         master = environ.get("MASTER_ADDR") or hosts[0]
-        return ClusterInfo(name=self.name, nnodes=len(hosts), node_rank=node_rank, master_addr=master,
-                           master_port=_int(environ, "MASTER_PORT"), hosts=hosts)
+        return ClusterInfo(
+            name=self.name,
+            nnodes=len(hosts),
+            node_rank=node_rank,
+            master_addr=master,
+            master_port=_int(environ, "MASTER_PORT"),
+            hosts=hosts,
+        )
 
 
 __all__ = ["KubernetesEnvironment", "job_hostname", "jobset_hostname"]

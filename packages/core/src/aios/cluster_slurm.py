@@ -38,23 +38,33 @@ def _expand_brackets(pattern: str) -> list[str]:
     start = pattern.find("[")
     if start < 0:
         if "]" in pattern:
-            raise ConfigError(f"Slurm host list {pattern!r} has an unmatched ']'", "check SLURM_JOB_NODELIST")
+            raise ConfigError(
+                f"Slurm host list {pattern!r} has an unmatched ']'", "check SLURM_JOB_NODELIST"
+            )
         return [pattern]
     end = pattern.find("]", start)
     if end < 0:
-        raise ConfigError(f"Slurm host list {pattern!r} has an unmatched '['", "check SLURM_JOB_NODELIST")
-    head, body, tail = pattern[:start], pattern[start + 1:end], pattern[end + 1:]
+        raise ConfigError(
+            f"Slurm host list {pattern!r} has an unmatched '['", "check SLURM_JOB_NODELIST"
+        )
+    head, body, tail = pattern[:start], pattern[start + 1 : end], pattern[end + 1 :]
     values: list[str] = []
     for part in body.split(","):
         m = _RANGE.match(part.strip())
         if not m:
-            raise ConfigError(f"Slurm host list {pattern!r}: '{part}' is not a number or a range", "check SLURM_JOB_NODELIST")
+            raise ConfigError(
+                f"Slurm host list {pattern!r}: '{part}' is not a number or a range",
+                "check SLURM_JOB_NODELIST",
+            )
         lo, hi = m.group(1), m.group(2)
         if hi is None:
             values.append(lo)
             continue
         if int(hi) < int(lo):
-            raise ConfigError(f"Slurm host list {pattern!r}: range {part} goes backwards", "check SLURM_JOB_NODELIST")
+            raise ConfigError(
+                f"Slurm host list {pattern!r}: range {part} goes backwards",
+                "check SLURM_JOB_NODELIST",
+            )
         width = len(lo) if lo.startswith("0") and len(lo) > 1 else 0
         values.extend(str(i).zfill(width) for i in range(int(lo), int(hi) + 1))
     rest = _expand_brackets(tail)
@@ -94,7 +104,10 @@ def expand_tasks_per_node(spec: str) -> list[int]:
     for part in (p.strip() for p in spec.split(",") if p.strip()):
         m = re.match(r"^(\d+)(?:\(x(\d+)\))?$", part)
         if not m:
-            raise ConfigError(f"Slurm tasks-per-node {spec!r} is not in the N(xM),... format", "check SLURM_TASKS_PER_NODE")
+            raise ConfigError(
+                f"Slurm tasks-per-node {spec!r} is not in the N(xM),... format",
+                "check SLURM_TASKS_PER_NODE",
+            )
         out.extend([int(m.group(1))] * int(m.group(2) or 1))
     return out
 
@@ -106,7 +119,10 @@ def _int(environ: Mapping[str, str], *names: str) -> int | None:
             try:
                 return int(str(v))
             except ValueError:
-                raise ConfigError(f"environment variable {n}={v!r} is not an integer", f"unset {n} or fix the Slurm job") from None
+                raise ConfigError(
+                    f"environment variable {n}={v!r} is not an integer",
+                    f"unset {n} or fix the Slurm job",
+                ) from None
     return None
 
 
@@ -117,16 +133,30 @@ class SlurmEnvironment(ClusterEnvironment):
     priority = 50  # below torchelastic (100): torchrun inside srun is the inner launcher
 
     def detect(self, environ: Mapping[str, str]) -> bool:
-        return bool(environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID")) and "SLURM_PROCID" in environ
+        return (
+            bool(environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID"))
+            and "SLURM_PROCID" in environ
+        )
 
     def info(self, environ: Mapping[str, str]) -> ClusterInfo:
         in_step = "SLURM_STEP_ID" in environ or "SLURM_STEPID" in environ
-        nodelist = environ.get("SLURM_STEP_NODELIST" if in_step else "SLURM_JOB_NODELIST") or environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST") or ""
+        nodelist = (
+            environ.get("SLURM_STEP_NODELIST" if in_step else "SLURM_JOB_NODELIST")
+            or environ.get("SLURM_JOB_NODELIST")
+            or environ.get("SLURM_NODELIST")
+            or ""
+        )
         hosts = tuple(expand_hostlist(nodelist)) if nodelist else ()
-        nnodes = (_int(environ, "SLURM_STEP_NUM_NODES") if in_step else None) or _int(environ, "SLURM_NNODES", "SLURM_JOB_NUM_NODES") or max(1, len(hosts))
+        nnodes = (
+            (_int(environ, "SLURM_STEP_NUM_NODES") if in_step else None)
+            or _int(environ, "SLURM_NNODES", "SLURM_JOB_NUM_NODES")
+            or max(1, len(hosts))
+        )
         if hosts and len(hosts) != nnodes:
-            raise ConfigError(f"Slurm node list {nodelist!r} has {len(hosts)} hosts but the step has {nnodes} nodes",
-                              "check SLURM_JOB_NODELIST / SLURM_NNODES")
+            raise ConfigError(
+                f"Slurm node list {nodelist!r} has {len(hosts)} hosts but the step has {nnodes} nodes",
+                "check SLURM_JOB_NODELIST / SLURM_NNODES",
+            )
         job_id = _int(environ, "SLURM_JOB_ID", "SLURM_JOBID") or 0
         port = _int(environ, "MASTER_PORT")
         if port is None:
@@ -136,25 +166,59 @@ class SlurmEnvironment(ClusterEnvironment):
             if nnodes > 1:
                 raise ConfigError(
                     f"aios-run is running in the batch script of a {nnodes}-node Slurm allocation, on its first node only",
-                    "start it on every node: srun --ntasks-per-node=1 aios-run ...")
-            return ClusterInfo(name=self.name, nnodes=1, node_rank=0, master_addr=master, master_port=port, hosts=hosts[:1])
+                    "start it on every node: srun --ntasks-per-node=1 aios-run ...",
+                )
+            return ClusterInfo(
+                name=self.name,
+                nnodes=1,
+                node_rank=0,
+                master_addr=master,
+                master_port=port,
+                hosts=hosts[:1],
+            )
         node = _int(environ, "SLURM_NODEID") or 0
         rank = _int(environ, "SLURM_PROCID") or 0
-        ntasks = (_int(environ, "SLURM_STEP_NUM_TASKS") if in_step else None) or _int(environ, "SLURM_NTASKS", "SLURM_NPROCS") or nnodes
-        per_node_spec = environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE")
+        ntasks = (
+            (_int(environ, "SLURM_STEP_NUM_TASKS") if in_step else None)
+            or _int(environ, "SLURM_NTASKS", "SLURM_NPROCS")
+            or nnodes
+        )
+        per_node_spec = environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get(
+            "SLURM_TASKS_PER_NODE"
+        )
         per_node = expand_tasks_per_node(per_node_spec) if per_node_spec else []
         if per_node and len(per_node) == nnodes:
             local_world = per_node[node]
         else:
             local_world = _int(environ, "SLURM_NTASKS_PER_NODE") or max(1, ntasks // nnodes)
         if node >= nnodes:
-            raise ConfigError(f"SLURM_NODEID={node} is outside the step's {nnodes} nodes", "check the Slurm job environment")
+            raise ConfigError(
+                f"SLURM_NODEID={node} is outside the step's {nnodes} nodes",
+                "check the Slurm job environment",
+            )
         if ntasks == nnodes and local_world == 1:
             # one task per node: aios-run starts this node's processes
-            return ClusterInfo(name=self.name, nnodes=nnodes, node_rank=node, master_addr=master, master_port=port, hosts=hosts)
+            return ClusterInfo(
+                name=self.name,
+                nnodes=nnodes,
+                node_rank=node,
+                master_addr=master,
+                master_port=port,
+                hosts=hosts,
+            )
         local = _int(environ, "SLURM_LOCALID") or 0
-        return ClusterInfo(name=self.name, nnodes=nnodes, node_rank=node, master_addr=master, master_port=port, hosts=hosts,
-                           rank=rank, world_size=ntasks, local_rank=local, local_world_size=local_world)
+        return ClusterInfo(
+            name=self.name,
+            nnodes=nnodes,
+            node_rank=node,
+            master_addr=master,
+            master_port=port,
+            hosts=hosts,
+            rank=rank,
+            world_size=ntasks,
+            local_rank=local,
+            local_world_size=local_world,
+        )
 
 
 __all__ = ["SlurmEnvironment", "expand_hostlist", "expand_tasks_per_node"]

@@ -19,22 +19,42 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from aios.contract import CONTROL_PREFIX
 from aios.errors import ConfigError
 
 Precision = Literal["fp32", "bf16-mixed", "fp16-mixed", "bf16-true"]
 PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16-true")
-PRECISION_ALIASES = {"32": "fp32", "32-true": "fp32", "bf16": "bf16-mixed", "16-mixed": "fp16-mixed", "fp16": "fp16-mixed"}
+PRECISION_ALIASES = {
+    "32": "fp32",
+    "32-true": "fp32",
+    "bf16": "bf16-mixed",
+    "16-mixed": "fp16-mixed",
+    "fp16": "fp16-mixed",
+}
 
 # Variables with the AIOS_ prefix that are not config keys.
 CONTROL_ENV = {
-    "AIOS_CONFIG", "AIOS_HOME", "AIOS_PLUGINS", "AIOS_DISABLE_PLUGINS", "AIOS_STRICT_PLUGINS",
-    "AIOS_DEBUG", "AIOS_NO_COLOR", "AIOS_PLUGIN_TIMEOUT",
+    "AIOS_CONFIG",
+    "AIOS_HOME",
+    "AIOS_PLUGINS",
+    "AIOS_DISABLE_PLUGINS",
+    "AIOS_STRICT_PLUGINS",
+    "AIOS_DEBUG",
+    "AIOS_NO_COLOR",
+    "AIOS_PLUGIN_TIMEOUT",
 }
 CONTROL_PREFIXES = (CONTROL_PREFIX, "AIOS_INTERNAL_", "AIOS_TEST_")
 
@@ -53,13 +73,25 @@ class Section(BaseModel):
 
 
 class CheckpointSettings(Section):
-    dir: str | None = Field(None, description="local path or fsspec URL (gs://, s3://); None disables checkpoints")
-    every: int = Field(0, ge=0, description="save every N optimizer steps (0: only at the end and on preemption)")
+    dir: str | None = Field(
+        None, description="local path or fsspec URL (gs://, s3://); None disables checkpoints"
+    )
+    every: int = Field(
+        0, ge=0, description="save every N optimizer steps (0: only at the end and on preemption)"
+    )
     keep: int = Field(3, ge=1, description="complete checkpoints kept; older ones are deleted")
     resume: bool = Field(True, description="resume from the newest complete checkpoint in dir")
-    grace_seconds: float = Field(25.0, gt=0, description="deadline for the emergency checkpoint after a preemption notice")
-    async_save: bool = Field(True, description="sharded (dcp) checkpoints: write in the background while training continues")
-    reshard: bool = Field(False, description="resume a checkpoint written with another world size/mesh (formats that reshard: dcp)")
+    grace_seconds: float = Field(
+        25.0, gt=0, description="deadline for the emergency checkpoint after a preemption notice"
+    )
+    async_save: bool = Field(
+        True,
+        description="sharded (dcp) checkpoints: write in the background while training continues",
+    )
+    reshard: bool = Field(
+        False,
+        description="resume a checkpoint written with another world size/mesh (formats that reshard: dcp)",
+    )
 
 
 class LoggingSettings(Section):
@@ -67,7 +99,9 @@ class LoggingSettings(Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     every: int = Field(10, ge=1, description="log metrics every N steps")
     progress: bool = Field(True, description="progress bar on rank 0 when attached to a terminal")
-    tensorboard: bool = Field(True, description="write TensorBoard event files when tensorboard is installed")
+    tensorboard: bool = Field(
+        True, description="write TensorBoard event files when tensorboard is installed"
+    )
     wandb: bool = Field(False, description="log to Weights & Biases (key from WANDB_API_KEY only)")
     wandb_project: str | None = None
 
@@ -83,36 +117,68 @@ class LaunchSettings(Section):
 class FsdpSettings(Section):
     """``strategy: fsdp`` / ``hsdp`` (FSDP2, ``torch.distributed.fsdp.fully_shard``)."""
 
-    wrap: list[str] = Field(default_factory=list, description="module class names sharded as one unit each (e.g. [Block]); empty: every direct child holding parameters, then the root")
-    reshard_after_forward: bool = Field(True, description="free gathered parameters after forward (ZeRO-3); false keeps them until backward (ZeRO-2 like)")
-    cpu_offload: bool = Field(False, description="keep sharded parameters, gradients and optimizer state on the CPU (CPUOffloadPolicy)")
-    activation_checkpointing: bool = Field(False, description="recompute each wrapped block's activations in backward")
+    wrap: list[str] = Field(
+        default_factory=list,
+        description="module class names sharded as one unit each (e.g. [Block]); empty: every direct child holding parameters, then the root",
+    )
+    reshard_after_forward: bool = Field(
+        True,
+        description="free gathered parameters after forward (ZeRO-3); false keeps them until backward (ZeRO-2 like)",
+    )
+    cpu_offload: bool = Field(
+        False,
+        description="keep sharded parameters, gradients and optimizer state on the CPU (CPUOffloadPolicy)",
+    )
+    activation_checkpointing: bool = Field(
+        False, description="recompute each wrapped block's activations in backward"
+    )
     compile: bool = Field(False, description="torch.compile each wrapped block")
-    reduce_dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="gradient reduce dtype; auto: float32 under mixed precision")
+    reduce_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="gradient reduce dtype; auto: float32 under mixed precision"
+    )
 
 
 class MeshSettings(Section):
     """The device mesh of the native sharded strategies (``fsdp``, ``tp``, ``hsdp``)."""
 
-    dp: Union[int, Literal["auto"]] = Field("auto", description="data-parallel (shard) size; auto: world size / tp / replicate")
-    tp: int = Field(1, ge=1, description="tensor-parallel size (strategy tp, or fsdp with tp > 1: 2-D)")
-    replicate: Union[int, Literal["auto"]] = Field("auto", description="hsdp: replica groups; auto: one per node")
-    tp_plan: str | None = Field(None, description="'module:attribute' naming a tensor-parallel plan (dict of module path to ParallelStyle, or a callable(model, mesh) returning one)")
+    dp: int | Literal["auto"] = Field(
+        "auto", description="data-parallel (shard) size; auto: world size / tp / replicate"
+    )
+    tp: int = Field(
+        1, ge=1, description="tensor-parallel size (strategy tp, or fsdp with tp > 1: 2-D)"
+    )
+    replicate: int | Literal["auto"] = Field(
+        "auto", description="hsdp: replica groups; auto: one per node"
+    )
+    tp_plan: str | None = Field(
+        None,
+        description="'module:attribute' naming a tensor-parallel plan (dict of module path to ParallelStyle, or a callable(model, mesh) returning one)",
+    )
 
 
 class AiosConfigBase(Section):
     backend: str = Field("auto", description="auto | cpu | cuda | xla | neuron | <plugin backend>")
     precision: Precision = "fp32"
-    strategy: str = Field("auto", description="auto (the backend's default) | a registered strategy: ddp, fsdp, tp, hsdp, deepspeed, spmd, ... (see `aios plugins`)")
-    nprocs: Union[int, Literal["auto"]] = Field("auto", description=f"processes per node (1 to {MAX_NPROCS}); auto: one per device (1 on CPU)")
+    strategy: str = Field(
+        "auto",
+        description="auto (the backend's default) | a registered strategy: ddp, fsdp, tp, hsdp, deepspeed, spmd, ... (see `aios plugins`)",
+    )
+    nprocs: int | Literal["auto"] = Field(
+        "auto",
+        description=f"processes per node (1 to {MAX_NPROCS}); auto: one per device (1 on CPU)",
+    )
     nnodes: int = Field(1, ge=1, le=MAX_NNODES)
     node_rank: int = Field(0, ge=0, description="this node's rank: 0 to nnodes - 1")
     master_addr: str = "127.0.0.1"
     master_port: int = Field(29500, ge=1, le=65535)
-    seed: int | None = Field(0, ge=0, le=MAX_SEED, description="RNG seed (0 to 2**63 - 1); None: not seeded")
+    seed: int | None = Field(
+        0, ge=0, le=MAX_SEED, description="RNG seed (0 to 2**63 - 1); None: not seeded"
+    )
     deterministic: bool = False
     grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step")
-    grad_clip: float | None = Field(None, gt=0, description="clip the global gradient norm to this value")
+    grad_clip: float | None = Field(
+        None, gt=0, description="clip the global gradient norm to this value"
+    )
     checkpoint: CheckpointSettings = CheckpointSettings()
     logging: LoggingSettings = LoggingSettings()
     launch: LaunchSettings = LaunchSettings()
@@ -134,7 +200,9 @@ class AiosConfigBase(Section):
     @model_validator(mode="after")
     def _node_rank_below_nnodes(self) -> AiosConfigBase:
         if self.node_rank >= self.nnodes:
-            raise ValueError(f"node_rank {self.node_rank} must be below nnodes {self.nnodes} (ranks are 0 to nnodes - 1)")
+            raise ValueError(
+                f"node_rank {self.node_rank} must be below nnodes {self.nnodes} (ranks are 0 to nnodes - 1)"
+            )
         return self
 
     def section(self, name: str) -> Any:
@@ -165,22 +233,79 @@ def build_model(sections: dict[str, tuple[str, type]] | None = None) -> type[Aio
 
 
 #: name parts (split at ``_``/``-``/``.``/camelCase, case-insensitive) that make a key secret
-SECRET_WORDS = frozenset({
-    "KEY", "KEYS", "APIKEY", "ACCESSKEY", "SECRETKEY", "PRIVATEKEY", "TOKEN", "TOKENS", "AUTHTOKEN",
-    "ACCESSTOKEN", "SECRET", "SECRETS", "PASSWORD", "PASSWORDS", "PASSWD", "PASS", "PASSPHRASE", "PWD",
-    "CREDENTIAL", "CREDENTIALS", "CREDS", "PAT", "COOKIE", "COOKIES", "SESSION", "SESSIONID", "AUTH",
-    "OAUTH", "AUTHORIZATION", "BEARER", "DSN", "SIGNATURE", "SAS",
-})
+SECRET_WORDS = frozenset(
+    {
+        "KEY",
+        "KEYS",
+        "APIKEY",
+        "ACCESSKEY",
+        "SECRETKEY",
+        "PRIVATEKEY",
+        "TOKEN",
+        "TOKENS",
+        "AUTHTOKEN",
+        "ACCESSTOKEN",
+        "SECRET",
+        "SECRETS",
+        "PASSWORD",
+        "PASSWORDS",
+        "PASSWD",
+        "PASS",
+        "PASSPHRASE",
+        "PWD",
+        "CREDENTIAL",
+        "CREDENTIALS",
+        "CREDS",
+        "PAT",
+        "COOKIE",
+        "COOKIES",
+        "SESSION",
+        "SESSIONID",
+        "AUTH",
+        "OAUTH",
+        "AUTHORIZATION",
+        "BEARER",
+        "DSN",
+        "SIGNATURE",
+        "SAS",
+    }
+)
 #: ``*_URL``/``*_URI`` names of data stores: their values usually embed credentials
-_STORE_WORDS = frozenset({
-    "DATABASE", "DB", "REDIS", "MONGO", "MONGODB", "POSTGRES", "POSTGRESQL", "PG", "MYSQL", "AMQP",
-    "RABBITMQ", "BROKER", "CELERY", "SQLALCHEMY", "CONNECTION", "CONN",
-})
+_STORE_WORDS = frozenset(
+    {
+        "DATABASE",
+        "DB",
+        "REDIS",
+        "MONGO",
+        "MONGODB",
+        "POSTGRES",
+        "POSTGRESQL",
+        "PG",
+        "MYSQL",
+        "AMQP",
+        "RABBITMQ",
+        "BROKER",
+        "CELERY",
+        "SQLALCHEMY",
+        "CONNECTION",
+        "CONN",
+    }
+)
 _NOT_SECRET = frozenset({"PWD", "OLDPWD"})  # the shell's working directories
 #: unambiguous enough to count inside a longer part (``PGPASSWORD``, ``MYAPIKEY``)
-_SECRET_INFIXES = ("PASSWORD", "PASSWD", "PASSPHRASE", "SECRET", "CREDENTIAL", "APIKEY", "PRIVATEKEY")
+_SECRET_INFIXES = (
+    "PASSWORD",
+    "PASSWD",
+    "PASSPHRASE",
+    "SECRET",
+    "CREDENTIAL",
+    "APIKEY",
+    "PRIVATEKEY",
+)
 _NAME_PARTS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
-_URL_CREDENTIALS = re.compile(r"(?P<pre>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)(?P<pw>[^/\s@]+)(?P<at>@)")
+_URL_CREDENTIALS = re.compile(
+    r"(?P<pre>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)(?P<pw>[^/\s@]+)(?P<at>@)"
+)
 
 
 def _name_parts(key: str) -> list[str]:
@@ -208,7 +333,10 @@ def redact(obj: Any) -> Any:
     """Replace values under secret-looking keys with '***' (recursively), and passwords inside
     URLs anywhere."""
     if isinstance(obj, dict):
-        return {k: ("***" if is_secret(str(k)) and v not in (None, "") else redact(v)) for k, v in obj.items()}
+        return {
+            k: ("***" if is_secret(str(k)) and v not in (None, "") else redact(v))
+            for k, v in obj.items()
+        }
     if isinstance(obj, list):
         return [redact(v) for v in obj]
     if isinstance(obj, str):
@@ -253,23 +381,35 @@ class _Loader(yaml.SafeLoader):
 
 
 _Loader.yaml_implicit_resolvers = {
-    k: [(tag, rx) for tag, rx in v if tag not in ("tag:yaml.org,2002:timestamp", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+    k: [
+        (tag, rx)
+        for tag, rx in v
+        if tag
+        not in ("tag:yaml.org,2002:timestamp", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+    ]
     for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 _Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"), list("-+0123456789"))
+    "tag:yaml.org,2002:int",
+    re.compile(r"^(?:[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),
+    list("-+0123456789"),
+)
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
-    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
                   |[-+]?\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?
                   |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
                   |[-+]?\.(?:inf|Inf|INF)
-                  |\.(?:nan|NaN|NAN))$""", re.X),
-    list("-+0123456789."))
+                  |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
 
 
 def _yaml_load(text: str) -> Any:
-    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    return yaml.load(text, Loader=_Loader)
 
 
 def _parse_scalar(text: str) -> Any:
@@ -288,7 +428,9 @@ def _set_path(d: dict[str, Any], path: list[str], value: Any, origin: str) -> No
     for part in path[:-1]:
         nxt = cur.setdefault(part, {})
         if not isinstance(nxt, dict):
-            raise ConfigError(f"{origin}: '{'.'.join(path)}' goes inside '{part}', which is not a section")
+            raise ConfigError(
+                f"{origin}: '{'.'.join(path)}' goes inside '{part}', which is not a section"
+            )
         cur = nxt
     cur[path[-1]] = value
 
@@ -297,7 +439,9 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in items:
         if "=" not in item or item.startswith("="):
-            raise ConfigError(f"override '{item}' is not key=value", "write it as e.g. precision=bf16-mixed")
+            raise ConfigError(
+                f"override '{item}' is not key=value", "write it as e.g. precision=bf16-mixed"
+            )
         key, _, value = item.partition("=")
         _set_path(out, key.strip().split("."), _parse_scalar(value), f"override {item!r}")
     return out
@@ -309,7 +453,7 @@ def env_overrides(environ: dict[str, str] | None = None) -> dict[str, Any]:
     for name, value in environ.items():
         if not name.startswith("AIOS_") or name in CONTROL_ENV or name.startswith(CONTROL_PREFIXES):
             continue
-        path = [p.lower() for p in name[len("AIOS_"):].split("__") if p]
+        path = [p.lower() for p in name[len("AIOS_") :].split("__") if p]
         if path:
             _set_path(out, path, _parse_scalar(value), f"env {name}")
     return out
@@ -323,19 +467,28 @@ def load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         text = p.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"config file '{p}' is not UTF-8 text (bad byte at offset {exc.start})",
-                          "save it as UTF-8") from None
+        raise ConfigError(
+            f"config file '{p}' is not UTF-8 text (bad byte at offset {exc.start})",
+            "save it as UTF-8",
+        ) from None
     except OSError as exc:
-        raise ConfigError(f"config file '{p}' cannot be read: {exc.strerror or exc}",
-                          "check its permissions, or pass another file to --config") from None
+        raise ConfigError(
+            f"config file '{p}' cannot be read: {exc.strerror or exc}",
+            "check its permissions, or pass another file to --config",
+        ) from None
     try:
         data = _yaml_load(text) or {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"config file '{p}' is not valid YAML{where}", "fix the YAML syntax") from None
+        raise ConfigError(
+            f"config file '{p}' is not valid YAML{where}", "fix the YAML syntax"
+        ) from None
     if not isinstance(data, dict):
-        raise ConfigError(f"config file '{p}' must hold a mapping of keys, not {type(data).__name__}", "write key: value lines")
+        raise ConfigError(
+            f"config file '{p}' must hold a mapping of keys, not {type(data).__name__}",
+            "write key: value lines",
+        )
     return data
 
 
@@ -384,7 +537,9 @@ def _choices(model: type[BaseModel], loc: tuple) -> list[str]:
     return out
 
 
-def _format_error(err: ValidationError, model: type[BaseModel], merged: dict[str, Any], origins: dict[str, str]) -> ConfigError:
+def _format_error(
+    err: ValidationError, model: type[BaseModel], merged: dict[str, Any], origins: dict[str, str]
+) -> ConfigError:
     e = err.errors()[0]
     loc = _field_loc(model, tuple(e["loc"]))
     dotted = ".".join(str(p) for p in loc)
@@ -393,7 +548,9 @@ def _format_error(err: ValidationError, model: type[BaseModel], merged: dict[str
         msg = str(e.get("msg", "invalid")).removeprefix("Value error, ")
         keys = [k for k in origins if k in msg.split()]
         src = "; ".join(f"{k} from {origins[k]}" for k in keys)
-        return ConfigError(f"invalid config: {msg}" + (f" ({src})" if src else ""), "fix one of those values")
+        return ConfigError(
+            f"invalid config: {msg}" + (f" ({src})" if src else ""), "fix one of those values"
+        )
     where = ""
     for i in range(len(loc), 0, -1):  # the most specific source that set this key (or its section)
         where = origins.get(".".join(str(p) for p in loc[:i]), "")
@@ -408,11 +565,15 @@ def _format_error(err: ValidationError, model: type[BaseModel], merged: dict[str
         if len(loc) == 1 and (str(loc[0]) in KNOWN_BACKENDS or str(loc[0]) in KNOWN_CLOUDS):
             inst = {**KNOWN_BACKENDS, **KNOWN_CLOUDS}[str(loc[0])]
             hint = f"; the '{loc[0]}' section needs its plugin: {inst}"
-        return ConfigError(f"unknown config key '{dotted}'{where}", f"valid keys here: {known}{hint}")
+        return ConfigError(
+            f"unknown config key '{dotted}'{where}", f"valid keys here: {known}{hint}"
+        )
     choices = _choices(model, loc) if e["type"] in ("literal_error", "enum") else []
     shown = _show(value)
     if choices:
-        return ConfigError(f"invalid value {shown} for '{dotted}'{where}", f"choose one of: {', '.join(choices)}")
+        return ConfigError(
+            f"invalid value {shown} for '{dotted}'{where}", f"choose one of: {', '.join(choices)}"
+        )
     msg = str(e.get("msg", "invalid")).removeprefix("Value error, ")
     desc = _description(model, loc)
     fix = f"set '{dotted}' to a valid value" + (f" ({desc})" if desc else "")
@@ -507,7 +668,9 @@ def resolve(
         reg = registry if registry is not None else get_registry()
         if cfg.backend not in reg.backends and cfg.backend not in KNOWN_BACKENDS:
             where = origins.get("backend", "default")
-            if f"backend:{cfg.backend}" in getattr(reg, "conflicted", {}) or f"backend:{cfg.backend}" in getattr(reg, "rejected", {}):
+            if f"backend:{cfg.backend}" in getattr(
+                reg, "conflicted", {}
+            ) or f"backend:{cfg.backend}" in getattr(reg, "rejected", {}):
                 try:  # the registry names the plugins: claimed by two, or rejected
                     reg.backend(cfg.backend)
                 except AiosError as exc:
@@ -515,14 +678,20 @@ def resolve(
                     raise
             known = ", ".join(["auto", *sorted(reg.backends)])
             note = reg._failed_note() if hasattr(reg, "_failed_note") else ""
-            raise ConfigError(f"invalid value {cfg.backend!r} for 'backend' (from {where}){note}", f"choose one of: {known}")
+            raise ConfigError(
+                f"invalid value {cfg.backend!r} for 'backend' (from {where}){note}",
+                f"choose one of: {known}",
+            )
     if check_backend and cfg.strategy != "auto":
         from aios.plugins import get_registry
 
         reg = get_registry()
         if cfg.strategy not in reg.strategies:
             known = ", ".join(["auto", *sorted(reg.strategies)])
-            raise ConfigError(f"invalid value {cfg.strategy!r} for 'strategy' (from {origins.get('strategy', 'default')})", f"choose one of: {known}")
+            raise ConfigError(
+                f"invalid value {cfg.strategy!r} for 'strategy' (from {origins.get('strategy', 'default')})",
+                f"choose one of: {known}",
+            )
     return cfg
 
 

@@ -51,7 +51,12 @@ def ResumableDistributedSampler(*args: Any, **kwargs: Any) -> Any:  # noqa: N802
 
 
 def shard_dataloader(
-    loader: Any, rank: int, world_size: int, seed: int, shuffle: bool | None = None, pin_memory: bool | None = None
+    loader: Any,
+    rank: int,
+    world_size: int,
+    seed: int,
+    shuffle: bool | None = None,
+    pin_memory: bool | None = None,
 ) -> Any:
     """A ``DataLoader`` like ``loader`` whose sampler is a :func:`ResumableDistributedSampler`
     for this rank. Loaders that cannot be re-sharded (iterable datasets, custom batch samplers)
@@ -77,7 +82,12 @@ def shard_dataloader(
     if shuffle is None:
         shuffle = isinstance(loader.sampler, RandomSampler)
     sampler = ResumableDistributedSampler(
-        loader.dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=loader.drop_last
+        loader.dataset,
+        num_replicas=world_size,
+        rank=rank,
+        shuffle=shuffle,
+        seed=seed,
+        drop_last=loader.drop_last,
     )
     sampler._aios_sharded = True
     kwargs: dict[str, Any] = dict(
@@ -134,8 +144,13 @@ class DeviceLoader:
     """
 
     def __init__(
-        self, loader: Any, device: Any = None, transfer: Callable[[Any], Any] | None = None,
-        non_blocking: bool = False, seed: int | None = None, rank: int = 0,
+        self,
+        loader: Any,
+        device: Any = None,
+        transfer: Callable[[Any], Any] | None = None,
+        non_blocking: bool = False,
+        seed: int | None = None,
+        rank: int = 0,
     ) -> None:
         self.loader = loader
         self.seed = seed

@@ -96,7 +96,9 @@ def _make_writer(url: str) -> Any:
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
     full, options = storage_options(url)
-    return FsspecWriter(full, sync_files=False, single_file_per_rank=True, overwrite=True, **options)
+    return FsspecWriter(
+        full, sync_files=False, single_file_per_rank=True, overwrite=True, **options
+    )
 
 
 def _make_reader(url: str) -> Any:
@@ -131,7 +133,13 @@ def rng_state(device_rng: dict[str, Any] | None = None) -> dict[str, Any]:
         import numpy as np
 
         s = np.random.get_state()
-        state["numpy"] = [s[0], torch.from_numpy(s[1].astype("int64")), int(s[2]), int(s[3]), float(s[4])]
+        state["numpy"] = [
+            s[0],
+            torch.from_numpy(s[1].astype("int64")),
+            int(s[2]),
+            int(s[3]),
+            float(s[4]),
+        ]
     state["device"] = device_rng or {}
     return state
 
@@ -176,8 +184,11 @@ def reseed(seed: int | None, step: int, rank: int) -> int:
 
 
 def reshard_loader_state(
-    state: dict[str, Any] | None, saved_world: int, world: int,
-    saved_batch_size: int | None = None, batch_size: int | None = None,
+    state: dict[str, Any] | None,
+    saved_world: int,
+    world: int,
+    saved_batch_size: int | None = None,
+    batch_size: int | None = None,
 ) -> dict[str, Any] | None:
     """A loader position ``{"epoch", "batch"}`` saved on ``saved_world`` ranks with per-rank
     batches of ``saved_batch_size`` samples, re-derived for ``world`` ranks with ``batch_size``
@@ -213,7 +224,10 @@ def _optimizer_owner(opt: Any, modules: list[Any]) -> Any:
     for m in modules:
         if any(id(p) in ids for p in m.parameters()):
             return m
-    raise CheckpointError("an optimizer holds parameters of no set-up model", "set up the model with the runtime before its optimizer")
+    raise CheckpointError(
+        "an optimizer holds parameters of no set-up model",
+        "set up the model with the runtime before its optimizer",
+    )
 
 
 def sharded_state(modules: list[Any], optimizers: list[Any]) -> dict[str, Any]:
@@ -228,14 +242,24 @@ def sharded_state(modules: list[Any], optimizers: list[Any]) -> dict[str, Any]:
     return out
 
 
-def apply_sharded_state(state: dict[str, Any], modules: list[Any], optimizers: list[Any], strict: bool = True) -> None:
+def apply_sharded_state(
+    state: dict[str, Any], modules: list[Any], optimizers: list[Any], strict: bool = True
+) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
     opts = StateDictOptions(strict=strict)
     for i, m in enumerate(modules):
-        set_state_dict(m, [], model_state_dict=state[f"model.{i}"], optim_state_dict={}, options=opts)
+        set_state_dict(
+            m, [], model_state_dict=state[f"model.{i}"], optim_state_dict={}, options=opts
+        )
     for j, o in enumerate(optimizers):
-        set_state_dict(_optimizer_owner(o, modules), [o], model_state_dict={}, optim_state_dict=state[f"optim.{j}"], options=opts)
+        set_state_dict(
+            _optimizer_owner(o, modules),
+            [o],
+            model_state_dict={},
+            optim_state_dict=state[f"optim.{j}"],
+            options=opts,
+        )
 
 
 def _dist() -> tuple[bool, int, int]:
@@ -317,17 +341,38 @@ class DcpWriter:
         return out
 
     # ---------------------------------------------------------------- save
-    def write_files(self, store: CheckpointStore, staging: Any, common: dict[str, Any] | None, per_rank: dict[str, Any]) -> dict[str, Any]:
+    def write_files(
+        self,
+        store: CheckpointStore,
+        staging: Any,
+        common: dict[str, Any] | None,
+        per_rank: dict[str, Any],
+    ) -> dict[str, Any]:
         """This rank's per-rank file (rank 0: also ``common``), durable; their marker entries."""
         import torch
 
         _, rank, world = _dist()
-        entries = {rank_file(rank): store.write_file(staging, rank_file(rank), lambda f: torch.save({"rank": rank, "world_size": world, **per_rank}, f))}
+        entries = {
+            rank_file(rank): store.write_file(
+                staging,
+                rank_file(rank),
+                lambda f: torch.save({"rank": rank, "world_size": world, **per_rank}, f),
+            )
+        }
         if common is not None:
-            entries[COMMON_FILE] = store.write_file(staging, COMMON_FILE, lambda f: torch.save(common, f))
+            entries[COMMON_FILE] = store.write_file(
+                staging, COMMON_FILE, lambda f: torch.save(common, f)
+            )
         return entries
 
-    def write_shards(self, store: CheckpointStore, staging: Any, modules: list[Any], optimizers: list[Any], async_save: bool) -> SaveHandle:
+    def write_shards(
+        self,
+        store: CheckpointStore,
+        staging: Any,
+        modules: list[Any],
+        optimizers: list[Any],
+        async_save: bool,
+    ) -> SaveHandle:
         """Every rank: its DCP shards into ``staging.path``; with ``async_save`` in the
         background (after the state is staged into CPU copies), on the checkpoint group. No other
         collective may run on that group until :meth:`wait`."""
@@ -361,7 +406,10 @@ class DcpWriter:
             if name == DCP_METADATA or name.endswith(".distcp"):
                 files[name] = {"size": int(e["size"])}
         if DCP_METADATA not in files or not any(n.endswith(".distcp") for n in files):
-            raise CheckpointError(f"checkpoint step {staging.step} is incomplete after the save (no DCP shards or metadata)", "check the storage and rerun")
+            raise CheckpointError(
+                f"checkpoint step {staging.step} is incomplete after the save (no DCP shards or metadata)",
+                "check the storage and rerun",
+            )
         return files
 
     def commit_when_written(self, handle: SaveHandle, commit: Any, abort: Any) -> None:
@@ -401,11 +449,21 @@ class DcpWriter:
         if handle.finished is None:
             handle.finished = time.perf_counter()
         if errors:
-            raise CheckpointError(f"the background save of checkpoint step {handle.step} failed ({errors[0]})", "check that checkpoint.dir is writable and has free space")
+            raise CheckpointError(
+                f"the background save of checkpoint step {handle.step} failed ({errors[0]})",
+                "check that checkpoint.dir is writable and has free space",
+            )
         return handle
 
     # ---------------------------------------------------------------- load
-    def read(self, store: CheckpointStore, info: CheckpointInfo, modules: list[Any], optimizers: list[Any], strict: bool = True) -> tuple[dict[str, Any], dict[int, Any], int]:
+    def read(
+        self,
+        store: CheckpointStore,
+        info: CheckpointInfo,
+        modules: list[Any],
+        optimizers: list[Any],
+        strict: bool = True,
+    ) -> tuple[dict[str, Any], dict[int, Any], int]:
         """Collective: load model and optimizer state in place, resharded to this run's layout.
         Returns ``(common, {saved rank: state} for this rank (empty when this rank did not
         exist at save time), saved world size)``."""
@@ -422,18 +480,33 @@ class DcpWriter:
         saved_world = int(info.meta.get("world_size", 1))
         fix = f"delete {store.display(info.path)} or start fresh with checkpoint.resume=false"
         try:
-            common = torch.load(io.BytesIO(store.read_file(info, COMMON_FILE)), map_location="cpu", weights_only=True)
+            common = torch.load(
+                io.BytesIO(store.read_file(info, COMMON_FILE)),
+                map_location="cpu",
+                weights_only=True,
+            )
             per: dict[int, Any] = {}
             if rank < saved_world:
-                per[rank] = torch.load(io.BytesIO(store.read_file(info, rank_file(rank))), map_location="cpu", weights_only=True)
+                per[rank] = torch.load(
+                    io.BytesIO(store.read_file(info, rank_file(rank))),
+                    map_location="cpu",
+                    weights_only=True,
+                )
         except CheckpointError:
             raise
         except Exception as exc:  # noqa: BLE001
-            raise CheckpointError(f"checkpoint '{store.display(info.path)}' cannot be loaded ({_one_line(exc)})", fix) from None
+            raise CheckpointError(
+                f"checkpoint '{store.display(info.path)}' cannot be loaded ({_one_line(exc)})", fix
+            ) from None
         target = info.path if store.local else store.display(info.path)
         state = sharded_state(modules, optimizers)
         try:
-            dcp.load(state, storage_reader=_make_reader(target), process_group=self.group(), no_dist=not on)
+            dcp.load(
+                state,
+                storage_reader=_make_reader(target),
+                process_group=self.group(),
+                no_dist=not on,
+            )
             apply_sharded_state(state, modules, optimizers, strict=strict)
         except (RuntimeError, ValueError, KeyError, dcp.CheckpointException) as exc:
             raise CheckpointError(
@@ -452,7 +525,9 @@ class DcpCheckpointer:
     :meth:`wait` at the same points. ``store`` is the :class:`aios.checkpoint.CheckpointStore`
     of the directory (listing, ``latest()``, pruning, staging and commit)."""
 
-    def __init__(self, url: str, keep: int = 3, process_group: Any = None, lineage: str | None = None) -> None:
+    def __init__(
+        self, url: str, keep: int = 3, process_group: Any = None, lineage: str | None = None
+    ) -> None:
         self.url = url
         self.store = CheckpointStore(url, keep=keep, lineage=lineage)
         self.io = DcpWriter(process_group)
@@ -462,8 +537,14 @@ class DcpCheckpointer:
         return self.io.pending
 
     def save(
-        self, step: int, modules: list[Any], optimizers: list[Any], common: dict[str, Any],
-        per_rank: dict[str, Any], meta: dict[str, Any] | None = None, async_save: bool = False,
+        self,
+        step: int,
+        modules: list[Any],
+        optimizers: list[Any],
+        common: dict[str, Any],
+        per_rank: dict[str, Any],
+        meta: dict[str, Any] | None = None,
+        async_save: bool = False,
     ) -> SaveHandle:
         """Write the checkpoint of ``step``. ``common``: state every rank holds alike (rank 0's
         copy is written); ``per_rank``: this rank's own state (RNG, data position). With
@@ -496,13 +577,19 @@ class DcpCheckpointer:
         if failed:
             if rank == 0:
                 store.abort(staging)
-            raise CheckpointError(f"saving checkpoint step {step} failed ({failed[0]})", "check that checkpoint.dir is writable and has free space")
+            raise CheckpointError(
+                f"saving checkpoint step {step} failed ({failed[0]})",
+                "check that checkpoint.dir is writable and has free space",
+            )
         try:
             handle = self.io.write_shards(store, staging, modules, optimizers, async_save)
-        except Exception as exc:  # noqa: BLE001 - DCP raises it on every rank
+        except Exception as exc:
             if rank == 0:
                 store.abort(staging)
-            raise CheckpointError(f"saving checkpoint step {step} failed ({_one_line(exc)})", "check that checkpoint.dir is writable and has free space") from exc
+            raise CheckpointError(
+                f"saving checkpoint step {step} failed ({_one_line(exc)})",
+                "check that checkpoint.dir is writable and has free space",
+            ) from exc
 
         def commit() -> str:
             return store.commit(staging, marker, {**files, **self.io.shard_entries(store, staging)})
@@ -519,13 +606,18 @@ class DcpCheckpointer:
                 err = _one_line(exc)
         err = self.io.broadcast(err)
         if err:
-            raise CheckpointError(f"committing checkpoint step {step} failed ({err})", "check that checkpoint.dir is writable and has free space")
+            raise CheckpointError(
+                f"committing checkpoint step {step} failed ({err})",
+                "check that checkpoint.dir is writable and has free space",
+            )
         return handle
 
     def wait(self) -> SaveHandle | None:
         return self.io.wait()
 
-    def load(self, info: CheckpointInfo, modules: list[Any], optimizers: list[Any], strict: bool = True) -> tuple[dict[str, Any], dict[int, Any], int]:
+    def load(
+        self, info: CheckpointInfo, modules: list[Any], optimizers: list[Any], strict: bool = True
+    ) -> tuple[dict[str, Any], dict[int, Any], int]:
         return self.io.read(self.store, info, modules, optimizers, strict)
 
 
@@ -568,7 +660,9 @@ class DcpFormat:
 
     @staticmethod
     def _modules(training: Any) -> list[Any]:
-        return [training.strategy.unwrap(m) for m in training.modules]  # e.g. torch.compile's wrapper
+        return [
+            training.strategy.unwrap(m) for m in training.modules
+        ]  # e.g. torch.compile's wrapper
 
     @staticmethod
     def _data_world(training: Any) -> int:
@@ -582,11 +676,16 @@ class DcpFormat:
         common = None
         if rank == 0:
             common = {
-                "step": tr.step, "micro": tr.micro,
+                "step": tr.step,
+                "micro": tr.micro,
                 "schedulers": [sch.state_dict() for sch in tr.schedulers],
                 "objects": {k: v.state_dict() for k, v in tr.objects.items()},
-                "precision": tr.precision.state_dict(), "extra": ctx.extra, "loaders": loaders,
-                "world_size": tr.world_size, "data_world": self._data_world(tr), "backend": tr.backend,
+                "precision": tr.precision.state_dict(),
+                "extra": ctx.extra,
+                "loaders": loaders,
+                "world_size": tr.world_size,
+                "data_world": self._data_world(tr),
+                "backend": tr.backend,
             }
         mine = ctx.rngs[rank] if rank < len(ctx.rngs) else tr.rng_state()
         err: str | None = None
@@ -597,10 +696,19 @@ class DcpFormat:
             err = _one_line(exc)
         errors = [e for e in self.io.all_gather(err) if e]
         if errors:
-            raise CheckpointError(f"saving checkpoint step {step} failed ({errors[0]})", "check that checkpoint.dir is writable and has free space")
+            raise CheckpointError(
+                f"saving checkpoint step {step} failed ({errors[0]})",
+                "check that checkpoint.dir is writable and has free space",
+            )
         # (the manager's collectives run on the default group, never on the checkpoint group
         # a background write uses)
-        handle = self.io.write_shards(store, staging, self._modules(tr), tr.optimizers, bool(getattr(ctx, "background", False)))
+        handle = self.io.write_shards(
+            store,
+            staging,
+            self._modules(tr),
+            tr.optimizers,
+            bool(getattr(ctx, "background", False)),
+        )
         if handle.future is None and rank == 0:  # synchronous: every rank's shards are written
             entries.update(self.io.shard_entries(store, staging))
         return entries
@@ -609,16 +717,22 @@ class DcpFormat:
         """Rank 0 after a background save: ``commit(shard_entries)`` once written, in a thread."""
         handle = self.io.pending
         assert handle is not None
-        self.io.commit_when_written(handle, lambda: commit(self.io.shard_entries(store, staging)), abort)
+        self.io.commit_when_written(
+            handle, lambda: commit(self.io.shard_entries(store, staging)), abort
+        )
 
     def wait(self) -> SaveHandle | None:
         """Collective: finish the pending background save (write and commit)."""
         return self.io.wait()
 
-    def load(self, info: Any, store: Any, target: Any, rank: int = 0, strict: bool = True) -> dict[str, Any]:
+    def load(
+        self, info: Any, store: Any, target: Any, rank: int = 0, strict: bool = True
+    ) -> dict[str, Any]:
         tr = target
         counts = {"schedulers": len(tr.schedulers)}
-        common, per, saved_world = self.io.read(store, info, self._modules(tr), tr.optimizers, strict)
+        common, per, saved_world = self.io.read(
+            store, info, self._modules(tr), tr.optimizers, strict
+        )
         for key, n in counts.items():
             if len(common.get(key, [])) != n:
                 raise CheckpointError(
@@ -645,7 +759,9 @@ class DcpFormat:
             loaders = common.get("loaders", [])
         for ld, st in zip(tr.loaders, loaders, strict=False):
             if st is not None and hasattr(ld, "load_state_dict"):
-                st = reshard_loader_state(st, saved_data, data, st.get("batch_size"), getattr(ld, "batch_size", None))
+                st = reshard_loader_state(
+                    st, saved_data, data, st.get("batch_size"), getattr(ld, "batch_size", None)
+                )
                 ld.load_state_dict({k: v for k, v in st.items() if k != "batch_size"})
         self.last_load = {"saved_world": saved_world, "world": world}
         return common.get("extra", {}) or {}

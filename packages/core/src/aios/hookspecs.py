@@ -24,15 +24,16 @@ Heavy types are only imported for type checking.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
 if TYPE_CHECKING:
+    from aios.cluster import ClusterEnvironment
     from aios.config import AiosConfig
     from aios.precision import Precision
     from aios.strategy import Strategy
-    from aios.cluster import ClusterEnvironment
     from aios.types import (
         AcceleratorSpec,
         BackendSpec,

@@ -15,7 +15,8 @@ from aios.types import HostPlan, LaunchPlan, LaunchRequest
 if TYPE_CHECKING:  # pragma: no cover
     from aios.config import AiosConfig
 
-from aios.contract import BACKEND_ENV, CONFIG_ENV  # noqa: E402,F401 - re-exported
+from aios.contract import BACKEND_ENV, CONFIG_ENV  # noqa: F401 - re-exported
+
 #: torch's c10d rendezvous: a fresh store (and port) for the workers of every rendezvous round
 FRESH_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 #: Backends whose processes never use an autoloaded torch device extension: their workers (and
@@ -74,20 +75,29 @@ def elastic_plan(
             cmd = script_command(request, python)
         else:
             cmd = [
-                python, "-m", "torch.distributed.run",
-                "--nnodes", str(nnodes),
-                "--nproc-per-node", str(nprocs),
-                "--max-restarts", str(config.launch.max_restarts),
-                "--monitor-interval", str(config.launch.monitor_interval),
+                python,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                str(nnodes),
+                "--nproc-per-node",
+                str(nprocs),
+                "--max-restarts",
+                str(config.launch.max_restarts),
+                "--monitor-interval",
+                str(config.launch.monitor_interval),
             ]
             restarts = config.launch.max_restarts > 0
             if (nnodes > 1 or restarts) and config.launch.rdzv_backend == "c10d":
                 # with restarts every attempt is a fresh rendezvous round whose workers get their
                 # own store port (TORCH_DISABLE_SHARE_RDZV_TCP_STORE), never a stale one
                 cmd += [
-                    "--rdzv-backend", "c10d",
-                    "--rdzv-endpoint", f"{master}:{config.master_port}",
-                    "--rdzv-id", config.launch.rdzv_id,
+                    "--rdzv-backend",
+                    "c10d",
+                    "--rdzv-endpoint",
+                    f"{master}:{config.master_port}",
+                    "--rdzv-id",
+                    config.launch.rdzv_id,
                 ]
                 if len(hosts) == 1:
                     # one node per aios-run (its rank given): node 0 alone hosts the rendezvous
@@ -97,9 +107,12 @@ def elastic_plan(
                     cmd += ["--rdzv-conf", f"is_host={1 if node_rank == 0 else 0}"]
             else:
                 cmd += [
-                    "--node-rank", str(node_rank),
-                    "--master-addr", master,
-                    "--master-port", str(config.master_port),
+                    "--node-rank",
+                    str(node_rank),
+                    "--master-addr",
+                    master,
+                    "--master-port",
+                    str(config.master_port),
                 ]
             if config.launch.log_prefix and world > 1:
                 cmd += ["--tee", "3"]
@@ -108,11 +121,17 @@ def elastic_plan(
         ranks = []
         for local in range(nprocs):
             rank = node_rank * nprocs + local
-            ranks.append({
-                "RANK": str(rank), "LOCAL_RANK": str(local), "WORLD_SIZE": str(world),
-                "LOCAL_WORLD_SIZE": str(nprocs), "GROUP_RANK": str(node_rank),
-                "MASTER_ADDR": master, "MASTER_PORT": str(config.master_port),
-            })
+            ranks.append(
+                {
+                    "RANK": str(rank),
+                    "LOCAL_RANK": str(local),
+                    "WORLD_SIZE": str(world),
+                    "LOCAL_WORLD_SIZE": str(nprocs),
+                    "GROUP_RANK": str(node_rank),
+                    "MASTER_ADDR": master,
+                    "MASTER_PORT": str(config.master_port),
+                }
+            )
         host_env = dict(base_env)
         if not direct and config.launch.max_restarts > 0 and config.launch.rdzv_backend == "c10d":
             host_env[FRESH_STORE_ENV] = "1"
@@ -123,4 +142,10 @@ def elastic_plan(
             "launch.rdzv_backend=static keeps one store for every attempt, so restarted workers can"
             " read the previous attempt's addresses; the default c10d gives each attempt a fresh one"
         )
-    return LaunchPlan(backend=backend, launcher="direct" if direct else "elastic", world_size=world, hosts=plans, notes=plan_notes)
+    return LaunchPlan(
+        backend=backend,
+        launcher="direct" if direct else "elastic",
+        world_size=world,
+        hosts=plans,
+        notes=plan_notes,
+    )

@@ -27,7 +27,9 @@ class TensorBoardLogger:
                 self.writer.add_scalar(k, v, step)
 
     def log_hparams(self, params: dict[str, Any]) -> None:
-        self.writer.add_text("config", "```\n" + "\n".join(f"{k}: {v}" for k, v in params.items()) + "\n```")
+        self.writer.add_text(
+            "config", "```\n" + "\n".join(f"{k}: {v}" for k, v in params.items()) + "\n```"
+        )
 
     def close(self) -> None:
         self.writer.flush()
@@ -43,7 +45,9 @@ class WandbLogger:
     def __init__(self, config: Any, run_dir: str) -> None:
         import wandb
 
-        mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+        mode = os.environ.get("WANDB_MODE") or (
+            "online" if os.environ.get("WANDB_API_KEY") else "offline"
+        )
         self.run = wandb.init(
             project=getattr(config.logging, "wandb_project", None) or "aios",
             dir=run_dir,

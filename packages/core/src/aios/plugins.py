@@ -34,14 +34,23 @@ import re
 import sys
 import threading
 import traceback
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import pluggy
 
 from aios import hookspecs
 from aios.errors import AiosError, BackendUnavailable, ConfigError, PluginError
-from aios.types import AcceleratorSpec, Availability, BackendSpec, CloudSpec, LoggerSpec, StorageSpec, StrategySpec
+from aios.types import (
+    AcceleratorSpec,
+    Availability,
+    BackendSpec,
+    CloudSpec,
+    LoggerSpec,
+    StorageSpec,
+    StrategySpec,
+)
 
 GROUP = "aios"
 BUILTIN = "aios-core"
@@ -90,8 +99,10 @@ def plugin_timeout() -> float | None:
     except ValueError:
         value = -1.0
     if not (value >= 0 and value != float("inf")):
-        raise ConfigError(f"invalid value {raw!r} for {TIMEOUT_ENV} (from environment)",
-                          "set it to a number of seconds, e.g. 10 (0 disables the limit)")
+        raise ConfigError(
+            f"invalid value {raw!r} for {TIMEOUT_ENV} (from environment)",
+            "set it to a number of seconds, e.g. 10 (0 disables the limit)",
+        )
     return value or None
 
 
@@ -190,8 +201,12 @@ def _warn(message: str) -> None:
 class Registry:
     """Loaded plugins and what they registered. Build with :func:`get_registry`."""
 
-    def __init__(self, entry_points: Iterable[Any] | None = None, strict: bool | None = None,
-                 timeout: float | None | bool = True) -> None:
+    def __init__(
+        self,
+        entry_points: Iterable[Any] | None = None,
+        strict: bool | None = None,
+        timeout: float | None | bool = True,
+    ) -> None:
         self.pm = pluggy.PluginManager(hookspecs.PROJECT)
         self.pm.add_hookspecs(hookspecs)
         self.strict = _truthy("AIOS_STRICT_PLUGINS") if strict is None else strict
@@ -218,7 +233,9 @@ class Registry:
     def _error(self, plugin: str, message: str, tb: str = "") -> None:
         self.errors.append(LoadError(plugin, message, tb))
         if self.strict:
-            raise PluginError(f'plugin "{plugin}": {message}', "fix or uninstall it, or unset AIOS_STRICT_PLUGINS")
+            raise PluginError(
+                f'plugin "{plugin}": {message}', "fix or uninstall it, or unset AIOS_STRICT_PLUGINS"
+            )
 
     def _run(self, plugin: str, what: str, fn: Callable[[], Any], inline: bool = False) -> _Outcome:
         """Call into ``plugin`` isolated: output captured, exceptions caught, time-limited."""
@@ -232,8 +249,11 @@ class Registry:
             self.dead.add(plugin)
             skipped = _split_env(SKIP_ENV) | {plugin}
             os.environ[SKIP_ENV] = ",".join(sorted(skipped))  # child processes skip it
-            self._error(plugin, f"timed out after {limit:g}s in {what}; ignored "
-                                f"(raise {TIMEOUT_ENV} or disable it with AIOS_DISABLE_PLUGINS={plugin})")
+            self._error(
+                plugin,
+                f"timed out after {limit:g}s in {what}; ignored "
+                f"(raise {TIMEOUT_ENV} or disable it with AIOS_DISABLE_PLUGINS={plugin})",
+            )
         return out
 
     # ------------------------------------------------------------------ loading
@@ -255,7 +275,9 @@ class Registry:
                 continue
             if name in hung:
                 self.dead.add(name)
-                self._error(name, f"skipped: it timed out in the parent aios process (limit {TIMEOUT_ENV})")
+                self._error(
+                    name, f"skipped: it timed out in the parent aios process (limit {TIMEOUT_ENV})"
+                )
                 continue
             version = getattr(getattr(ep, "dist", None), "version", None) or "?"
             out = self._run(name, "import", ep.load)
@@ -282,7 +304,9 @@ class Registry:
             hooks = sorted(
                 h.name for h in self.pm.get_hookcallers(module) or [] if h.name.startswith("aios_")
             )
-            self.plugins[name] = PluginInfo(name, version, getattr(module, "__name__", str(module)), hooks)
+            self.plugins[name] = PluginInfo(
+                name, version, getattr(module, "__name__", str(module)), hooks
+            )
 
     # ------------------------------------------------------------------ registration hooks
     def _impls(self, hook_name: str) -> list[Any]:
@@ -301,7 +325,9 @@ class Registry:
             if out.exc is not None and not out.timed_out:
                 if isinstance(out.exc, PluginError) and self.strict:
                     raise out.exc
-                self._error(plugin, f"{hook_name} failed: {type(out.exc).__name__}: {out.exc}", out.tb)
+                self._error(
+                    plugin, f"{hook_name} failed: {type(out.exc).__name__}: {out.exc}", out.tb
+                )
 
     def _claim(self, kind: str, table: dict[str, Any], key: str, value: Any, plugin: str) -> None:
         if plugin in self.dead:
@@ -311,13 +337,16 @@ class Registry:
         if key in table:
             other = table[key].plugin if hasattr(table[key], "plugin") else table[key][0]
             if other == BUILTIN:  # a built-in name is never displaced by a third-party plugin
-                self._error(plugin, f"{kind} '{key}' is built into aios (\"{BUILTIN}\"); \"{plugin}\" cannot replace it")
+                self._error(
+                    plugin,
+                    f'{kind} \'{key}\' is built into aios ("{BUILTIN}"); "{plugin}" cannot replace it',
+                )
                 return
             del table[key]
             self.conflicted[f"{kind}:{key}"] = [other, plugin]
             self._error(
                 plugin,
-                f"{kind} '{key}' is registered by both \"{other}\" and \"{plugin}\"",
+                f'{kind} \'{key}\' is registered by both "{other}" and "{plugin}"',
             )
             return
         table[key] = value
@@ -327,18 +356,35 @@ class Registry:
         self._error(plugin, f"{kind} {key!r} rejected: {why}")
 
     def _collect(self) -> None:
-        types = {"backend": BackendSpec, "cloud": CloudSpec, "storage scheme": StorageSpec, "logger": LoggerSpec,
-                 "accelerator": AcceleratorSpec}
+        types = {
+            "backend": BackendSpec,
+            "cloud": CloudSpec,
+            "storage scheme": StorageSpec,
+            "logger": LoggerSpec,
+            "accelerator": AcceleratorSpec,
+        }
 
-        def reg(kind: str, table: dict[str, Any], attr: str) -> Callable[[Callable[..., Any], str], None]:
+        def reg(
+            kind: str, table: dict[str, Any], attr: str
+        ) -> Callable[[Callable[..., Any], str], None]:
             def call(fn: Callable[..., Any], plugin: str) -> None:
                 def register(spec: Any) -> None:
                     key = getattr(spec, attr, None)
                     if not isinstance(spec, types[kind]):
-                        self._reject(kind, key, plugin, f"expected a {types[kind].__name__}, got {type(spec).__name__}")
+                        self._reject(
+                            kind,
+                            key,
+                            plugin,
+                            f"expected a {types[kind].__name__}, got {type(spec).__name__}",
+                        )
                         return
                     if not isinstance(key, str) or not _NAME.match(key) or key == "auto":
-                        self._reject(kind, key, plugin, "the name must be lowercase letters, digits, '-', '_' or '.', and not 'auto'")
+                        self._reject(
+                            kind,
+                            key,
+                            plugin,
+                            "the name must be lowercase letters, digits, '-', '_' or '.', and not 'auto'",
+                        )
                         return
                     if kind == "backend" and not callable(spec.probe):
                         self._reject(kind, key, plugin, "its probe is not callable")
@@ -360,7 +406,10 @@ class Registry:
 
             for key, model in (fn() or {}).items():
                 if key in AiosConfigBase.model_fields:
-                    self._error(plugin, f"config section '{key}' belongs to aios core; \"{plugin}\" cannot replace it")
+                    self._error(
+                        plugin,
+                        f"config section '{key}' belongs to aios core; \"{plugin}\" cannot replace it",
+                    )
                     continue
                 self._claim("config section", self.config_sections, key, (plugin, model), plugin)
 
@@ -383,14 +432,18 @@ class Registry:
         def strategies(fn: Callable[..., Any], plugin: str) -> None:
             def register(spec: StrategySpec) -> None:
                 spec = _with_plugin(spec, plugin)
-                targets = [f"backend {b}" for b in spec.backends] + [f"accelerator {a}" for a in spec.accelerators]
+                targets = [f"backend {b}" for b in spec.backends] + [
+                    f"accelerator {a}" for a in spec.accelerators
+                ]
                 for other in self.strategies.get(spec.name, []):
-                    mine = {f"backend {b}" for b in other.backends} | {f"accelerator {a}" for a in other.accelerators}
+                    mine = {f"backend {b}" for b in other.backends} | {
+                        f"accelerator {a}" for a in other.accelerators
+                    }
                     clash = [t for t in targets if t in mine]
                     if clash:
                         self._error(
                             plugin,
-                            f"strategy '{spec.name}' for {clash[0]} is registered by both \"{other.plugin}\" and \"{plugin}\"; keeping \"{other.plugin}\"'s",
+                            f'strategy \'{spec.name}\' for {clash[0]} is registered by both "{other.plugin}" and "{plugin}"; keeping "{other.plugin}"\'s',
                         )
                         return
                 self.strategies.setdefault(spec.name, []).append(spec)
@@ -413,25 +466,33 @@ class Registry:
         if name in self.backends:
             spec = self.backends[name]
             if spec.plugin in self.dead:
-                raise PluginError(f"backend '{name}': its plugin \"{spec.plugin}\" timed out and is ignored",
-                                  f"raise {TIMEOUT_ENV}, or fix or disable the plugin (AIOS_DISABLE_PLUGINS={spec.plugin})")
+                raise PluginError(
+                    f"backend '{name}': its plugin \"{spec.plugin}\" timed out and is ignored",
+                    f"raise {TIMEOUT_ENV}, or fix or disable the plugin (AIOS_DISABLE_PLUGINS={spec.plugin})",
+                )
             return spec
         if f"backend:{name}" in self.conflicted:
             a, b = self.conflicted[f"backend:{name}"]
             raise PluginError(
-                f"backend '{name}' is registered by both \"{a}\" and \"{b}\"",
+                f'backend \'{name}\' is registered by both "{a}" and "{b}"',
                 f"uninstall one, or disable it with AIOS_DISABLE_PLUGINS={b}",
             )
         if f"backend:{name}" in self.rejected:
             plugin, why = self.rejected[f"backend:{name}"]
-            raise PluginError(f"backend '{name}' from plugin \"{plugin}\" was rejected: {why}",
-                              "fix the plugin or report it to its authors")
+            raise PluginError(
+                f"backend '{name}' from plugin \"{plugin}\" was rejected: {why}",
+                "fix the plugin or report it to its authors",
+            )
         hint = KNOWN_BACKENDS.get(name)
         known = ", ".join(["auto", *sorted(self.backends)])
         if hint:
-            raise BackendUnavailable(f"backend '{name}' is not installed{self._failed_note()}", f"run: {hint}")
-        raise BackendUnavailable(f"unknown backend '{name}' (installed: {known}){self._failed_note()}",
-                                 "pick one of those or install the plugin that provides it")
+            raise BackendUnavailable(
+                f"backend '{name}' is not installed{self._failed_note()}", f"run: {hint}"
+            )
+        raise BackendUnavailable(
+            f"unknown backend '{name}' (installed: {known}){self._failed_note()}",
+            "pick one of those or install the plugin that provides it",
+        )
 
     def probe(self, name: str, config: Any = None) -> Availability:
         """Ask the backend's probe (isolated, time-limited, answered once per config); probes
@@ -441,15 +502,23 @@ class Registry:
         if key in self._probes:
             return self._probes[key]
         if config is not None and _accepts_config(spec.probe):
-            out = self._run(spec.plugin or name, f"the '{name}' probe", lambda: spec.probe(config=config))
+            out = self._run(
+                spec.plugin or name, f"the '{name}' probe", lambda: spec.probe(config=config)
+            )
         else:
             out = self._run(spec.plugin or name, f"the '{name}' probe", spec.probe)
         if out.timed_out:
-            avail = Availability(False, f"probe timed out after {self.timeout:g}s (plugin \"{spec.plugin}\" is ignored)")
+            avail = Availability(
+                False,
+                f'probe timed out after {self.timeout:g}s (plugin "{spec.plugin}" is ignored)',
+            )
         elif out.exc is not None:
             avail = Availability(False, f"probe failed: {type(out.exc).__name__}: {out.exc}")
         elif not isinstance(out.value, Availability):
-            avail = Availability(False, f"probe of plugin \"{spec.plugin}\" returned {type(out.value).__name__}, not Availability")
+            avail = Availability(
+                False,
+                f'probe of plugin "{spec.plugin}" returned {type(out.value).__name__}, not Availability',
+            )
         else:
             avail = out.value
         self._probes[key] = avail
@@ -474,34 +543,49 @@ class Registry:
                 continue
             if self.probe(spec.name, config):
                 return spec
-        raise BackendUnavailable(f"no backend is available{self._failed_note()}",
-                                 f"the cpu backend is built into aios-core; run `aios doctor` (install: {INSTALL_CORE})")
+        raise BackendUnavailable(
+            f"no backend is available{self._failed_note()}",
+            f"the cpu backend is built into aios-core; run `aios doctor` (install: {INSTALL_CORE})",
+        )
 
     def cloud(self, name: str) -> CloudSpec:
         if name in self.clouds and self.clouds[name].plugin not in self.dead:
             return self.clouds[name]
         if f"cloud:{name}" in self.conflicted:
             a, b = self.conflicted[f"cloud:{name}"]
-            raise PluginError(f"cloud '{name}' is registered by both \"{a}\" and \"{b}\"",
-                              f"uninstall one, or disable it with AIOS_DISABLE_PLUGINS={b}")
+            raise PluginError(
+                f'cloud \'{name}\' is registered by both "{a}" and "{b}"',
+                f"uninstall one, or disable it with AIOS_DISABLE_PLUGINS={b}",
+            )
         hint = KNOWN_CLOUDS.get(name)
         if hint:
-            raise PluginError(f"cloud '{name}' is not installed{self._failed_note()}", f"run: {hint}")
+            raise PluginError(
+                f"cloud '{name}' is not installed{self._failed_note()}", f"run: {hint}"
+            )
         known = ", ".join(sorted(self.clouds)) or "none installed"
-        raise PluginError(f"unknown cloud '{name}' (installed: {known}){self._failed_note()}",
-                          f"install the plugin that provides it, e.g. {KNOWN_CLOUDS['gcp']}")
+        raise PluginError(
+            f"unknown cloud '{name}' (installed: {known}){self._failed_note()}",
+            f"install the plugin that provides it, e.g. {KNOWN_CLOUDS['gcp']}",
+        )
 
     # ------------------------------------------------------------------ strategies / accelerators
     def accelerator(self, name: str, config: Any = None) -> Any:
         """A new :class:`aios.accelerator.Accelerator` for ``name``."""
         if name not in self.accelerators:
             known = ", ".join(sorted(self.accelerators)) or "none"
-            raise PluginError(f"accelerator '{name}' is not registered (registered: {known})", "install the plugin that provides it")
+            raise PluginError(
+                f"accelerator '{name}' is not registered (registered: {known})",
+                "install the plugin that provides it",
+            )
         return self.accelerators[name].factory(config)
 
     def strategies_for(self, backend: BackendSpec) -> list[str]:
         """Names of the registered strategies that run on ``backend``."""
-        return sorted(n for n, specs in self.strategies.items() if any(s.supports(backend.name, backend.accelerator) for s in specs))
+        return sorted(
+            n
+            for n, specs in self.strategies.items()
+            if any(s.supports(backend.name, backend.accelerator) for s in specs)
+        )
 
     def strategy_spec(self, name: str, backend: BackendSpec) -> StrategySpec | None:
         """The :class:`StrategySpec` for ``strategy=name`` on ``backend`` (``auto``: the backend's
@@ -512,7 +596,9 @@ class Registry:
         if name == "auto":
             if not supported:
                 return None
-            name = backend.default_strategy if backend.default_strategy in supported else supported[0]
+            name = (
+                backend.default_strategy if backend.default_strategy in supported else supported[0]
+            )
         if name not in self.strategies:
             known = ", ".join(["auto", *sorted(self.strategies)])
             raise ConfigError(f"invalid value {name!r} for 'strategy'", f"choose one of: {known}")
@@ -520,28 +606,49 @@ class Registry:
         if not specs:
             if not supported and _has_legacy(self, "aios_make_strategy", backend.plugin):
                 return None
-            where = f"{backend.name} backend" + (f" ({backend.accelerator} accelerator)" if backend.accelerator else "")
+            where = f"{backend.name} backend" + (
+                f" ({backend.accelerator} accelerator)" if backend.accelerator else ""
+            )
             on = ", ".join(["auto", *supported]) if supported else "none registered"
-            raise ConfigError(f"strategy '{name}' is not available on the {where}", f"strategies on {backend.name}: {on}")
+            raise ConfigError(
+                f"strategy '{name}' is not available on the {where}",
+                f"strategies on {backend.name}: {on}",
+            )
 
         # a spec naming the backend beats one naming the accelerator, which beats "*"
         def rank(s: StrategySpec) -> int:
-            return 0 if backend.name in s.backends else (1 if backend.accelerator in s.accelerators else 2)
+            return (
+                0
+                if backend.name in s.backends
+                else (1 if backend.accelerator in s.accelerators else 2)
+            )
 
         return sorted(specs, key=rank)[0]
 
-    def make_strategy(self, config: Any, backend: BackendSpec) -> tuple[Any, StrategySpec | None, Any]:
+    def make_strategy(
+        self, config: Any, backend: BackendSpec
+    ) -> tuple[Any, StrategySpec | None, Any]:
         """``(strategy, spec, accelerator)`` for ``config.strategy`` on ``backend``."""
         accel = self.accelerator(backend.accelerator, config) if backend.accelerator else None
         spec = self.strategy_spec(getattr(config, "strategy", "auto"), backend)
         if spec is None:
-            strategy = getattr(self.pm.hook, "aios_make_strategy")(backend=backend.name, config=config)
+            strategy = self.pm.hook.aios_make_strategy(backend=backend.name, config=config)
             if strategy is None:
-                raise PluginError(f"backend '{backend.name}' provides no training strategy", f"reinstall the plugin that registers it ({backend.plugin or 'unknown'})")
+                raise PluginError(
+                    f"backend '{backend.name}' provides no training strategy",
+                    f"reinstall the plugin that registers it ({backend.plugin or 'unknown'})",
+                )
             return strategy, None, accel
         return spec.factory(config, accel, backend.name), spec, accel
 
-    def make_precision(self, config: Any, backend: BackendSpec, spec: StrategySpec | None, accel: Any, device_type: str) -> Any:
+    def make_precision(
+        self,
+        config: Any,
+        backend: BackendSpec,
+        spec: StrategySpec | None,
+        accel: Any,
+        device_type: str,
+    ) -> Any:
         """The precision policy: the strategy's, else the backend's, else the 0.1 hook, else the
         core default over the accelerator (its autocast dtype passed explicitly)."""
         from aios.precision import default_precision
@@ -552,7 +659,9 @@ class Registry:
                 out = fn(precision, config, accel)
                 if out is not None:
                     return out
-        out = getattr(self.pm.hook, "aios_make_precision")(backend=backend.name, precision=precision, config=config)
+        out = self.pm.hook.aios_make_precision(
+            backend=backend.name, precision=precision, config=config
+        )
         if out is not None:
             return out
         return default_precision(precision, device_type, accelerator=accel)
@@ -569,10 +678,17 @@ class Registry:
         spec = self.backends.get(name) if isinstance(name, str) else None
         carried = None
         if spec is not None:
-            carried = {"aios_discover_devices": spec.discover, "aios_launch_plan": spec.launch_plan}.get(hook_name)
+            carried = {
+                "aios_discover_devices": spec.discover,
+                "aios_launch_plan": spec.launch_plan,
+            }.get(hook_name)
         if spec is not None and carried is not None:
             fn = carried
-            args = (kwargs.get("config"),) if hook_name == "aios_discover_devices" else (kwargs["config"], kwargs["request"])
+            args = (
+                (kwargs.get("config"),)
+                if hook_name == "aios_discover_devices"
+                else (kwargs["config"], kwargs["request"])
+            )
             value = self._component(spec.plugin, hook_name, lambda: fn(*args))
         else:
             value = self._first_answer(hook_name, kwargs)
@@ -584,21 +700,31 @@ class Registry:
                 for hp in value.hosts:
                     hp.env.update(extra)
                 if extra:
-                    value.notes.append(f"strategy {sspec.name} ({sspec.plugin}): " + " ".join(f"{k}={v}" for k, v in sorted(extra.items())))
+                    value.notes.append(
+                        f"strategy {sspec.name} ({sspec.plugin}): "
+                        + " ".join(f"{k}={v}" for k, v in sorted(extra.items()))
+                    )
         return value
 
     def _component(self, plugin: str, hook_name: str, fn: Callable[[], Any]) -> Any:
         """One plugin's component, called isolated; its failure is an error naming it."""
         out = self._run(plugin, hook_name, fn, inline=hook_name in INLINE_HOOKS)
         if out.timed_out:
-            raise PluginError(f'plugin "{plugin}" timed out after {self.timeout:g}s in {hook_name}',
-                              f"fix or disable the plugin (AIOS_DISABLE_PLUGINS={plugin}), or raise AIOS_PLUGIN_TIMEOUT")
+            raise PluginError(
+                f'plugin "{plugin}" timed out after {self.timeout:g}s in {hook_name}',
+                f"fix or disable the plugin (AIOS_DISABLE_PLUGINS={plugin}), or raise AIOS_PLUGIN_TIMEOUT",
+            )
         if out.exc is not None:
             if isinstance(out.exc, AiosError):
                 raise out.exc
             self._error(plugin, f"{hook_name} failed: {type(out.exc).__name__}: {out.exc}", out.tb)
-            raise PluginError(_one_line(f'plugin "{plugin}" failed in {hook_name}: {type(out.exc).__name__}: {out.exc}', 400),
-                              f"fix or disable the plugin (AIOS_DISABLE_PLUGINS={plugin}), or report it to its authors") from out.exc
+            raise PluginError(
+                _one_line(
+                    f'plugin "{plugin}" failed in {hook_name}: {type(out.exc).__name__}: {out.exc}',
+                    400,
+                ),
+                f"fix or disable the plugin (AIOS_DISABLE_PLUGINS={plugin}), or report it to its authors",
+            ) from out.exc
         return out.value
 
     def _first_answer(self, hook_name: str, kwargs: dict[str, Any]) -> Any:
@@ -608,37 +734,53 @@ class Registry:
         for impl in self._impls(hook_name):
             plugin = impl.plugin_name
             accepted = {k: v for k, v in kwargs.items() if k in impl.argnames}
-            out = self._run(plugin, hook_name, lambda: impl.function(**accepted), inline=hook_name in INLINE_HOOKS)
+            out = self._run(
+                plugin,
+                hook_name,
+                lambda: impl.function(**accepted),
+                inline=hook_name in INLINE_HOOKS,
+            )
             if out.timed_out:
-                failures.append(f'plugin "{plugin}" timed out after {self.timeout:g}s in {hook_name}')
+                failures.append(
+                    f'plugin "{plugin}" timed out after {self.timeout:g}s in {hook_name}'
+                )
                 continue
             if out.exc is not None:
                 if isinstance(out.exc, AiosError):
                     raise out.exc
                 msg = f"{hook_name} failed: {type(out.exc).__name__}: {out.exc}"
-                failures.append(f'plugin "{plugin}" failed in {hook_name}: {type(out.exc).__name__}: {out.exc}')
+                failures.append(
+                    f'plugin "{plugin}" failed in {hook_name}: {type(out.exc).__name__}: {out.exc}'
+                )
                 first = first or out.exc
                 self._error(plugin, msg, out.tb)
                 continue
             if out.value is not None:
                 for f in failures:  # another plugin answered: the failures become warnings
-                    _warn(f"{_one_line(f)}; ignored (disable it with AIOS_DISABLE_PLUGINS={f.split(chr(34))[1]})")
+                    _warn(
+                        f"{_one_line(f)}; ignored (disable it with AIOS_DISABLE_PLUGINS={f.split(chr(34))[1]})"
+                    )
                 return out.value
         if failures:
             culprit = failures[0].split('"')[1]
-            raise PluginError(_one_line("; ".join(failures), 400),
-                              f"fix or disable the plugin (AIOS_DISABLE_PLUGINS={culprit}), or report it to its authors"
-                              ) from first  # --debug shows the plugin's traceback
+            raise PluginError(
+                _one_line("; ".join(failures), 400),
+                f"fix or disable the plugin (AIOS_DISABLE_PLUGINS={culprit}), or report it to its authors",
+            ) from first  # --debug shows the plugin's traceback
         return None
 
-    def call_all(self, hook_name: str, **kwargs: Any) -> list[tuple[str, Any, BaseException | None]]:
+    def call_all(
+        self, hook_name: str, **kwargs: Any
+    ) -> list[tuple[str, Any, BaseException | None]]:
         """Call a collecting hook plugin by plugin; one plugin's exception never hides others."""
         out: list[tuple[str, Any, BaseException | None]] = []
 
         def record(plugin: str, res: _Outcome) -> None:
             if res.timed_out:
                 limit = (self.timeout or 0) * SLOW_HOOKS.get(hook_name, 1)
-                out.append((plugin, None, PluginError(f"timed out after {limit:g}s in {hook_name}")))
+                out.append(
+                    (plugin, None, PluginError(f"timed out after {limit:g}s in {hook_name}"))
+                )
             elif res.exc is not None:
                 out.append((plugin, None, res.exc))
             else:
@@ -649,12 +791,25 @@ class Registry:
             for spec in self.backends.values():
                 doctor = spec.doctor
                 if doctor is not None and asked in (None, spec.name):
-                    record(spec.plugin, self._run(spec.plugin, hook_name,
-                                                  lambda d=doctor, n=spec.name: d(kwargs.get("config"), asked == n)))
+                    record(
+                        spec.plugin,
+                        self._run(
+                            spec.plugin,
+                            hook_name,
+                            lambda d=doctor, n=spec.name: d(kwargs.get("config"), asked == n),
+                        ),
+                    )
         for impl in self._impls(hook_name):
             accepted = {k: v for k, v in kwargs.items() if k in impl.argnames}
-            record(impl.plugin_name, self._run(impl.plugin_name, hook_name, lambda: impl.function(**accepted),
-                                               inline=hook_name in INLINE_HOOKS))
+            record(
+                impl.plugin_name,
+                self._run(
+                    impl.plugin_name,
+                    hook_name,
+                    lambda: impl.function(**accepted),
+                    inline=hook_name in INLINE_HOOKS,
+                ),
+            )
         return out
 
 
@@ -665,7 +820,7 @@ KNOWN_BACKENDS = {
     "cuda": "pip install -e './packages/core[cuda]' ./packages/backend-cuda (from the aios checkout)",
     "xla": "pip install -e './packages/core[xla]' ./packages/backend-xla (from the aios checkout)",
     "neuron": "pip install -e './packages/core[neuron]' ./packages/backend-xla ./packages/backend-neuron "
-              "(from the aios checkout), plus torch-neuronx from the AWS Neuron index",
+    "(from the aios checkout), plus torch-neuronx from the AWS Neuron index",
 }
 KNOWN_CLOUDS = {
     "gcp": "pip install -e './packages/core[gcp]' ./packages/backend-xla ./packages/cloud-gcp (from the aios checkout)",
@@ -695,7 +850,9 @@ def _accepts_config(fn: Callable[..., Any]) -> bool:
 
 
 def _has_legacy(reg: Registry, hook_name: str, plugin: str) -> bool:
-    return any(impl.plugin_name == plugin for impl in getattr(reg.pm.hook, hook_name).get_hookimpls())
+    return any(
+        impl.plugin_name == plugin for impl in getattr(reg.pm.hook, hook_name).get_hookimpls()
+    )
 
 
 def _with_plugin(spec: Any, plugin: str) -> Any:

@@ -13,7 +13,8 @@ own subclasses (e.g. an XLA-aware scaler) or refuse a precision with a ConfigErr
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 
 class Precision:
@@ -114,7 +115,9 @@ class TruePrecision(Precision):
         return module.to(dtype=getattr(torch, self.dtype_name))
 
 
-def default_precision(precision: str, device_type: str | None = None, accelerator: Any = None) -> Precision:
+def default_precision(
+    precision: str, device_type: str | None = None, accelerator: Any = None
+) -> Precision:
     """The core's policy for ``precision``. With a native :class:`aios.accelerator.Accelerator`
     the device type and the ``bf16-mixed`` autocast dtype are the accelerator's (passed to
     ``torch.autocast`` explicitly); ``device_type`` is for non-native backends (``xla``)."""
@@ -129,10 +132,15 @@ def default_precision(precision: str, device_type: str | None = None, accelerato
         if accelerator is not None and not accelerator.supports_fp16:
             from aios.errors import ConfigError
 
-            raise ConfigError(f"precision 'fp16-mixed' is not supported on the {accelerator.name} accelerator", "use precision=bf16-mixed or fp32")
+            raise ConfigError(
+                f"precision 'fp16-mixed' is not supported on the {accelerator.name} accelerator",
+                "use precision=bf16-mixed or fp32",
+            )
         return GradScalerPrecision(device_type)
     if precision == "bf16-true":
         return TruePrecision(device_type)
     from aios.errors import ConfigError
 
-    raise ConfigError(f"unknown precision '{precision}'", "choose one of: fp32, bf16-mixed, fp16-mixed, bf16-true")
+    raise ConfigError(
+        f"unknown precision '{precision}'", "choose one of: fp32, bf16-mixed, fp16-mixed, bf16-true"
+    )

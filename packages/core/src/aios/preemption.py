@@ -51,7 +51,9 @@ class PreemptionMonitor:
             except (ValueError, OSError):  # pragma: no cover - not allowed here
                 pass
 
-    def start_watchers(self, watchers: list[Any], on_error: Callable[[str], None] | None = None) -> None:
+    def start_watchers(
+        self, watchers: list[Any], on_error: Callable[[str], None] | None = None
+    ) -> None:
         for w in watchers:
             try:
                 w.start(self.notify)

@@ -89,9 +89,16 @@ class StepTimer:
             return d[min(len(d) - 1, int(p * len(d)))]
 
         return {
-            "count": n, "mean_s": total / len(d), "min_s": d[0], "max_s": d[-1],
-            "p50_s": q(0.5), "p90_s": q(0.9), "p99_s": q(0.99), "first_step_s": first,
-            "window": len(d), "recent_s": last_window,
+            "count": n,
+            "mean_s": total / len(d),
+            "min_s": d[0],
+            "max_s": d[-1],
+            "p50_s": q(0.5),
+            "p90_s": q(0.9),
+            "p99_s": q(0.99),
+            "first_step_s": first,
+            "window": len(d),
+            "recent_s": last_window,
         }
 
 
@@ -103,7 +110,13 @@ class RunRecord:
         self.dir = os.path.join(root, run_id)
         self.active = active
         self.started = time.time()
-        self.diag: dict[str, Any] = {"run_id": run_id, "started": self.started, "checkpoints": [], "preemptions": [], "events": []}
+        self.diag: dict[str, Any] = {
+            "run_id": run_id,
+            "started": self.started,
+            "checkpoints": [],
+            "preemptions": [],
+            "events": [],
+        }
         self._metrics_file: Any = None
         self._failed = False
 
@@ -147,15 +160,19 @@ class RunRecord:
             self._fail(exc)
 
     def write_config(self, config: Any) -> None:
-        self._write_json("config.json", config.redacted_dict() if hasattr(config, "redacted_dict") else config)
+        self._write_json(
+            "config.json", config.redacted_dict() if hasattr(config, "redacted_dict") else config
+        )
 
     def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
         if not self.active:
             return
         try:
             if self._metrics_file is None:
-                self._metrics_file = open(os.path.join(self.dir, "metrics.jsonl"), "a")  # noqa: SIM115
-            self._metrics_file.write(json.dumps({"step": step, "time": time.time(), **metrics}, default=float) + "\n")
+                self._metrics_file = open(os.path.join(self.dir, "metrics.jsonl"), "a")
+            self._metrics_file.write(
+                json.dumps({"step": step, "time": time.time(), **metrics}, default=float) + "\n"
+            )
             self._metrics_file.flush()
         except (OSError, ValueError) as exc:
             self._fail(exc)

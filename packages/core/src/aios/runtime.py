@@ -115,7 +115,9 @@ def resolve_config(
         try:
             explicit = json.loads(os.environ[CONFIG_ENV])
         except ValueError:
-            raise ConfigError(f"{CONFIG_ENV} is not valid JSON", "launch through aios-run or unset it") from None
+            raise ConfigError(
+                f"{CONFIG_ENV} is not valid JSON", "launch through aios-run or unset it"
+            ) from None
     else:
         explicit = resolve(check_backend=False).model_dump(mode="json", exclude_unset=True)
     merged = deep_merge(defaults or {}, explicit)
@@ -127,7 +129,7 @@ def resolve_config(
         # one-line error naming the key: re-run through resolve()'s formatter
         from pydantic import ValidationError
 
-        from aios.config import _format_error  # noqa: PLC0415
+        from aios.config import _format_error
 
         try:
             model.model_validate(merged)
@@ -157,7 +159,11 @@ def _install_excepthook() -> None:
             previous(exc_type, exc, tb)
             return
         rank = os.environ.get("RANK")
-        where = f" (rank {rank})" if rank is not None and os.environ.get("WORLD_SIZE", "1") != "1" else ""
+        where = (
+            f" (rank {rank})"
+            if rank is not None and os.environ.get("WORLD_SIZE", "1") != "1"
+            else ""
+        )
         out = sys.stderr
         try:
             out.fileno()
@@ -213,7 +219,10 @@ def init(
     watchers: list[Any] = []
     for plugin, result, exc in reg.call_all("aios_preemption_watchers", config=cfg):
         if exc is not None:
-            warnings.warn(f"aios: plugin {plugin!r} failed to provide preemption watchers: {exc}", stacklevel=2)
+            warnings.warn(
+                f"aios: plugin {plugin!r} failed to provide preemption watchers: {exc}",
+                stacklevel=2,
+            )
         elif result:
             watchers.extend(result)
     rt = Runtime(cfg, backend, strategy, precision, watchers=watchers, registry=reg)
@@ -234,7 +243,9 @@ def init(
 class Progress:
     """Rank-0 progress: a rich bar on a terminal, a plain line every ``every`` steps otherwise."""
 
-    def __init__(self, total: int, description: str, enabled: bool, every: int, start: int = 0) -> None:
+    def __init__(
+        self, total: int, description: str, enabled: bool, every: int, start: int = 0
+    ) -> None:
         self.total = total
         self.enabled = enabled
         self.every = max(1, every)
@@ -257,11 +268,17 @@ class Progress:
 
         self._want_bar = False
         self._bar = RichProgress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
         )
         self._bar.start()
-        self._task = self._bar.add_task(self.description, total=self.total, completed=self._start, info="")
+        self._task = self._bar.add_task(
+            self.description, total=self.total, completed=self._start, info=""
+        )
 
     def update(self, step: int, **metrics: Any) -> None:
         if not self.enabled:
@@ -295,7 +312,15 @@ class Runtime:
     """Devices, ranks, setup, the step, collectives, checkpoints, logging. Build with
     :func:`aios.init`."""
 
-    def __init__(self, config: Any, backend: str, strategy: Any, precision: Any, watchers: list[Any] | None = None, registry: Any = None) -> None:
+    def __init__(
+        self,
+        config: Any,
+        backend: str,
+        strategy: Any,
+        precision: Any,
+        watchers: list[Any] | None = None,
+        registry: Any = None,
+    ) -> None:
         # No side effects here (no files, signal handlers or threads): see start().
         self.config = config
         self.backend = backend
@@ -335,12 +360,18 @@ class Runtime:
         from aios.strategies.ddp import DDPStrategy
 
         pt = type(precision)
-        self._direct_backward = st.backward is Strategy.backward and pt.backward is _BasePrecision.backward
-        self._direct_step = st.optimizer_step is DDPStrategy.optimizer_step and pt.step is _BasePrecision.step
+        self._direct_backward = (
+            st.backward is Strategy.backward and pt.backward is _BasePrecision.backward
+        )
+        self._direct_step = (
+            st.optimizer_step is DDPStrategy.optimizer_step and pt.step is _BasePrecision.step
+        )
         self.record = RunRecord(config.logging.run_dir, run_id_from_env(), active=self.is_main)
         self.preemption = PreemptionMonitor()
         #: save/load/resume, the pending boundary save, lineage and lock (:mod:`aios.checkpointing`)
-        self.checkpointer = CheckpointManager(config, strategy, self.training, self.record, backend, print_fn=self.print)
+        self.checkpointer = CheckpointManager(
+            config, strategy, self.training, self.record, backend, print_fn=self.print
+        )
         self.checkpointer.on_preempt = self._preempted
         self._ckpt = self.checkpointer
 
@@ -354,7 +385,9 @@ class Runtime:
         config = self.config
         self.record.start()
         self.preemption.install()
-        self.preemption.start_watchers(self._watchers, on_error=lambda m: warnings.warn("aios: " + m, stacklevel=2))
+        self.preemption.start_watchers(
+            self._watchers, on_error=lambda m: warnings.warn("aios: " + m, stacklevel=2)
+        )
         if config.deterministic:
             self.training.deterministic()
         if config.seed is not None:
@@ -428,13 +461,21 @@ class Runtime:
                 out.append(self.setup_module(obj))
             elif isinstance(obj, torch.optim.Optimizer):
                 out.append(self.setup_optimizer(obj))
-            elif isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (hasattr(obj, "state_dict") and hasattr(obj, "optimizer") and hasattr(obj, "step") and not hasattr(obj, "__iter__")):
+            elif isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (
+                hasattr(obj, "state_dict")
+                and hasattr(obj, "optimizer")
+                and hasattr(obj, "step")
+                and not hasattr(obj, "__iter__")
+            ):
                 self.training.schedulers.append(obj)
                 out.append(obj)
             elif hasattr(obj, "__iter__"):
                 out.append(self.setup_dataloader(obj, shuffle=shuffle))
             else:
-                raise AiosError(f"runtime.setup() got a {type(obj).__name__}", "pass torch modules, optimizers, LR schedulers or data loaders")
+                raise AiosError(
+                    f"runtime.setup() got a {type(obj).__name__}",
+                    "pass torch modules, optimizers, LR schedulers or data loaders",
+                )
         return out[0] if len(out) == 1 else tuple(out)
 
     def setup_module(self, module: Any) -> Any:
@@ -512,7 +553,9 @@ class Runtime:
         precision = self.precision
         if optimizer is not None:
             if self._clip is not None:
-                self.last_grad_norm = self.strategy.clip_grad_norm(tr.main_module, optimizer, self._clip, precision)
+                self.last_grad_norm = self.strategy.clip_grad_norm(
+                    tr.main_module, optimizer, self._clip, precision
+                )
             if self._direct_step:
                 optimizer.step()
                 taken = True
@@ -523,7 +566,9 @@ class Runtime:
             taken = True
             for opt in tr.optimizers:
                 if self._clip is not None:
-                    self.last_grad_norm = self.strategy.clip_grad_norm(tr.main_module, opt, self._clip, precision)
+                    self.last_grad_norm = self.strategy.clip_grad_norm(
+                        tr.main_module, opt, self._clip, precision
+                    )
                 taken = self._optimizer_step(opt, precision) and taken
                 opt.zero_grad(set_to_none=True)
         if self._mark_step is not None:
@@ -538,7 +583,9 @@ class Runtime:
         # (scheduler.step(), EMA updates) is in it and the data position is exact.
         ck = self._ckpt
         if self._world > 1:
-            if step % self.preemption_check_every == 0 and self.strategy.any_rank(self.preemption.reason is not None):
+            if step % self.preemption_check_every == 0 and self.strategy.any_rank(
+                self.preemption.reason is not None
+            ):
                 ck.pending = "preempt"
         elif self.preemption.reason is not None:
             ck.pending = "preempt"
@@ -568,10 +615,15 @@ class Runtime:
                         if spec.enabled(self.config):
                             self._loggers.append(spec.factory(self.config, self.record.dir))
                     except Exception as exc:  # noqa: BLE001 - a logger must never stop training
-                        warnings.warn(f"aios: logger {name!r} disabled: {type(exc).__name__}: {exc}", stacklevel=3)
+                        warnings.warn(
+                            f"aios: logger {name!r} disabled: {type(exc).__name__}: {exc}",
+                            stacklevel=3,
+                        )
         return self._loggers
 
-    def log(self, metrics: dict[str, Any], step: int | None = None, every: int | None = None) -> None:
+    def log(
+        self, metrics: dict[str, Any], step: int | None = None, every: int | None = None
+    ) -> None:
         """Log scalar metrics on rank 0 to the run record and the configured loggers
         (TensorBoard, W&B). Tensors are converted with ``.item()`` (a device sync on XLA: log
         every few steps, e.g. ``every=10``)."""
@@ -584,12 +636,20 @@ class Runtime:
             try:
                 lg.log(values, step)
             except Exception as exc:  # noqa: BLE001
-                warnings.warn(f"aios: logger {getattr(lg, 'name', lg)!r} failed: {exc}", stacklevel=2)
+                warnings.warn(
+                    f"aios: logger {getattr(lg, 'name', lg)!r} failed: {exc}", stacklevel=2
+                )
 
     def progress(self, total: int, description: str = "train") -> Progress:
         """A progress bar on rank 0 (plain lines when not on a terminal)."""
         every = max(self.config.logging.every, total // 20)  # plain lines: about 20 per run
-        return Progress(total, description, self.is_main and self.config.logging.progress, every, start=self.training.step)
+        return Progress(
+            total,
+            description,
+            self.is_main and self.config.logging.progress,
+            every,
+            start=self.training.step,
+        )
 
     # ---------------------------------------------------------------- collectives
     def barrier(self) -> None:
@@ -600,7 +660,9 @@ class Runtime:
         import torch
 
         if not isinstance(value, torch.Tensor):
-            value = torch.tensor(value, dtype=torch.float64 if isinstance(value, float) else None, device=self.device)
+            value = torch.tensor(
+                value, dtype=torch.float64 if isinstance(value, float) else None, device=self.device
+            )
         return self.strategy.all_reduce(value, op)
 
     def all_gather(self, tensor: Any) -> Any:
@@ -615,7 +677,10 @@ class Runtime:
             return fn(obj)
         if self._world == 1:
             return [obj]
-        raise AiosError(f"the {self.backend} strategy cannot gather Python objects", "gather tensors with all_gather instead")
+        raise AiosError(
+            f"the {self.backend} strategy cannot gather Python objects",
+            "gather tensors with all_gather instead",
+        )
 
     # ---------------------------------------------------------------- seeding and RNG
     def seed_everything(self, seed: int) -> None:
@@ -642,7 +707,9 @@ class Runtime:
         self.training.load_state_dict(state, strict=strict, rank=self.rank)
         self.checkpointer.saved_step = self.training.step
 
-    def save(self, path: str | None = None, extra: dict[str, Any] | None = None, background: bool = False) -> str | None:
+    def save(
+        self, path: str | None = None, extra: dict[str, Any] | None = None, background: bool = False
+    ) -> str | None:
         """Write a checkpoint of the full state (collective: call it on every rank). Without
         ``path`` it goes to ``checkpoint.dir`` as ``ckpt-<step>``, atomically, keeping the
         newest ``checkpoint.keep`` of this run's lineage. Returns the checkpoint path on rank 0.
@@ -654,7 +721,9 @@ class Runtime:
             self._write_diagnostics()
         return written
 
-    def load(self, path: str | int | None = None, strict: bool = True, reshard: bool | None = None) -> dict[str, Any]:
+    def load(
+        self, path: str | int | None = None, strict: bool = True, reshard: bool | None = None
+    ) -> dict[str, Any]:
         """Restore the full state from a checkpoint (a step number, a directory/URL, or the
         newest complete one in ``checkpoint.dir``). Collective. Returns the ``extra`` dict."""
         return self.checkpointer.load(path, strict=strict, reshard=reshard)
@@ -680,11 +749,17 @@ class Runtime:
         self.record.diag["preemptions"].append(event)
         elapsed = event["seconds_since_notice"]
         if elapsed > grace:
-            self.print(f"aios: warning: emergency checkpoint took {elapsed:.1f}s, more than checkpoint.grace_seconds={grace}")
+            self.print(
+                f"aios: warning: emergency checkpoint took {elapsed:.1f}s, more than checkpoint.grace_seconds={grace}"
+            )
         if self.config.checkpoint.dir:
-            self.print(f"aios: checkpoint for step {step} written; relaunch the same command to resume (exit {EXIT_PREEMPTED})")
+            self.print(
+                f"aios: checkpoint for step {step} written; relaunch the same command to resume (exit {EXIT_PREEMPTED})"
+            )
         else:
-            self.print(f"aios: no checkpoint.dir configured, progress is lost; exiting with {EXIT_PREEMPTED}")
+            self.print(
+                f"aios: no checkpoint.dir configured, progress is lost; exiting with {EXIT_PREEMPTED}"
+            )
         self.close(status="preempted")
         raise SystemExit(EXIT_PREEMPTED)
 
@@ -695,12 +770,24 @@ class Runtime:
         from aios.records import versions
 
         self.record.write_config(self.config)
-        self.record.diag.update({
-            "backend": self.backend, "strategy": type(self.strategy).__name__, "precision": self.precision.name,
-            "world_size": self._world, "device": str(self.device), "versions": versions(),
-        })
+        self.record.diag.update(
+            {
+                "backend": self.backend,
+                "strategy": type(self.strategy).__name__,
+                "precision": self.precision.name,
+                "world_size": self._world,
+                "device": str(self.device),
+                "versions": versions(),
+            }
+        )
         try:
-            rep = self._registry.call_first("aios_discover_devices", backend=self.backend, config=self.config) if self._registry else None
+            rep = (
+                self._registry.call_first(
+                    "aios_discover_devices", backend=self.backend, config=self.config
+                )
+                if self._registry
+                else None
+            )
             if rep is not None:
                 self.record.diag["devices"] = rep.to_dict()
         except Exception as exc:  # noqa: BLE001
@@ -715,14 +802,22 @@ class Runtime:
         except Exception as exc:  # noqa: BLE001
             metrics = {"error": str(exc)}
         self.record.write_diagnostics(
-            steps=self.training.step, step_timing=self.timer.summary(self.training.step), backend_metrics=metrics,
-            skipped_steps=getattr(self.precision, "skipped_steps", 0), resumed_from=self._resumed_from, **extra,
+            steps=self.training.step,
+            step_timing=self.timer.summary(self.training.step),
+            backend_metrics=metrics,
+            skipped_steps=getattr(self.precision, "skipped_steps", 0),
+            resumed_from=self._resumed_from,
+            **extra,
         )
 
     def summary(self) -> dict[str, Any]:
         """Steps and timing of this process so far."""
         t = self.timer.summary()
-        return {"steps": self.training.step, "elapsed_s": time.perf_counter() - self._t_init, "mean_step_s": t.get("mean_s")}
+        return {
+            "steps": self.training.step,
+            "elapsed_s": time.perf_counter() - self._t_init,
+            "mean_step_s": t.get("mean_s"),
+        }
 
     def close(self, status: str = "finished") -> None:
         """Write the run record, close loggers, stop watchers, leave the process group."""
@@ -734,7 +829,13 @@ class Runtime:
         try:
             if status in ("finished", "exited", "preempted") and self._started:
                 ck.finish_pending()  # a background save is committed before the process ends
-            if status == "finished" and self.config.checkpoint.dir and step and ck.saved_step != step and self._started:
+            if (
+                status == "finished"
+                and self.config.checkpoint.dir
+                and step
+                and ck.saved_step != step
+                and self._started
+            ):
                 ck.pending = None
                 self.save()  # the final checkpoint (checkpoint.every=0 means: only at the end)
                 ck.finish_pending()  # committed before the process ends

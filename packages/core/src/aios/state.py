@@ -69,7 +69,9 @@ class TrainingState:
             "modules": [s.module_state_dict(m) for m in self.modules],
             "optimizers": [s.optimizer_state_dict(o, module) for o in self.optimizers],
             "schedulers": [sch.state_dict() for sch in self.schedulers],
-            "loaders": [ld.state_dict() if hasattr(ld, "state_dict") else None for ld in self.loaders],
+            "loaders": [
+                ld.state_dict() if hasattr(ld, "state_dict") else None for ld in self.loaders
+            ],
             "objects": {k: v.state_dict() for k, v in self.objects.items()},
             "precision": self.precision.state_dict(),
             "world_size": self.world_size,
@@ -78,7 +80,11 @@ class TrainingState:
 
     def load_state_dict(self, state: dict[str, Any], strict: bool = True, rank: int = 0) -> None:
         s = self.strategy
-        counts = {"modules": len(self.modules), "optimizers": len(self.optimizers), "schedulers": len(self.schedulers)}
+        counts = {
+            "modules": len(self.modules),
+            "optimizers": len(self.optimizers),
+            "schedulers": len(self.schedulers),
+        }
         for key, n in counts.items():
             if len(state.get(key, [])) != n:
                 raise CheckpointError(
@@ -139,12 +145,21 @@ class TrainingState:
     def rng_state(self) -> dict[str, Any]:
         import torch
 
-        state: dict[str, Any] = {"python": _py_rng_to_plain(random.getstate()), "torch": torch.get_rng_state()}
+        state: dict[str, Any] = {
+            "python": _py_rng_to_plain(random.getstate()),
+            "torch": torch.get_rng_state(),
+        }
         with contextlib.suppress(ImportError):
             import numpy as np
 
             s = np.random.get_state()
-            state["numpy"] = [s[0], torch.from_numpy(s[1].astype("int64")), int(s[2]), int(s[3]), float(s[4])]
+            state["numpy"] = [
+                s[0],
+                torch.from_numpy(s[1].astype("int64")),
+                int(s[2]),
+                int(s[3]),
+                float(s[4]),
+            ]
         state["device"] = self.strategy.rng_state()
         return state
 

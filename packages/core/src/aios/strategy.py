@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -71,7 +72,10 @@ class Strategy(ABC):
         if options:
             from aios.errors import AiosError
 
-            raise AiosError(f"strategy {self.name} takes no setup options (got {', '.join(sorted(options))})", "drop them, or pick a strategy that uses them (fsdp, tp, hsdp)")
+            raise AiosError(
+                f"strategy {self.name} takes no setup options (got {', '.join(sorted(options))})",
+                "drop them, or pick a strategy that uses them (fsdp, tp, hsdp)",
+            )
 
     @abstractmethod
     def setup_module(self, module: torch.nn.Module, precision: Precision) -> torch.nn.Module:
@@ -92,7 +96,9 @@ class Strategy(ABC):
         return getattr(module, "module", module)
 
     # ---------------------------------------------------------------- the step
-    def backward(self, loss: torch.Tensor, module: torch.nn.Module | None, precision: Precision) -> None:
+    def backward(
+        self, loss: torch.Tensor, module: torch.nn.Module | None, precision: Precision
+    ) -> None:
         precision.backward(loss)
 
     @contextlib.contextmanager
@@ -108,7 +114,13 @@ class Strategy(ABC):
         """Reduce gradients as needed, step through ``precision`` (unscale, inf check) and
         return whether the step was taken (False when fp16 found inf/nan)."""
 
-    def clip_grad_norm(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, max_norm: float, precision: Precision) -> Any:
+    def clip_grad_norm(
+        self,
+        module: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        max_norm: float,
+        precision: Precision,
+    ) -> Any:
         import torch
 
         precision.unscale(optimizer)
@@ -140,13 +152,20 @@ class Strategy(ABC):
         """The full module state with tensors on CPU, valid on the saving rank."""
         return self.unwrap(module).state_dict()
 
-    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer, module: torch.nn.Module | None = None) -> dict[str, Any]:
+    def optimizer_state_dict(
+        self, optimizer: torch.optim.Optimizer, module: torch.nn.Module | None = None
+    ) -> dict[str, Any]:
         return optimizer.state_dict()
 
     def load_module_state_dict(self, module: torch.nn.Module, state: dict[str, Any]) -> None:
         self.unwrap(module).load_state_dict(state)
 
-    def load_optimizer_state_dict(self, optimizer: torch.optim.Optimizer, state: dict[str, Any], module: torch.nn.Module | None = None) -> None:
+    def load_optimizer_state_dict(
+        self,
+        optimizer: torch.optim.Optimizer,
+        state: dict[str, Any],
+        module: torch.nn.Module | None = None,
+    ) -> None:
         optimizer.load_state_dict(state)
 
     def saves_on_this_rank(self) -> bool:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 # ------------------------------------------------------------------------------ registration
 
@@ -94,7 +95,9 @@ class StrategySpec:
     def supports(self, backend: str, accelerator: str | None) -> bool:
         if backend in self.backends:
             return True
-        return accelerator is not None and ("*" in self.accelerators or accelerator in self.accelerators)
+        return accelerator is not None and (
+            "*" in self.accelerators or accelerator in self.accelerators
+        )
 
 
 @dataclass(frozen=True)
@@ -242,7 +245,9 @@ class LaunchRequest:
 
 def _shell_value(v: str) -> str:
     if v.startswith("~/"):
-        rest = v[2:].replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$").replace("`", "\\`")
+        rest = (
+            v[2:].replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$").replace("`", "\\`")
+        )
         return f'"$HOME/{rest}"'
     return shlex.quote(v)
 

@@ -28,15 +28,23 @@ from __future__ import annotations
 import re
 import socket
 import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
-from typing import Callable, Mapping
 
 from aios.errors import ConfigError
 
 __all__ = [
-    "VersionSet", "CheckResult", "VersionMismatch", "STACKS", "sets_for", "installed", "check",
-    "require", "satisfies", "parse_version",
+    "VersionSet",
+    "CheckResult",
+    "VersionMismatch",
+    "STACKS",
+    "sets_for",
+    "installed",
+    "check",
+    "require",
+    "satisfies",
+    "parse_version",
 ]
 
 
@@ -85,8 +93,15 @@ def satisfies(installed_version: str, spec: str) -> bool:
             continue
         t = parse_version(target)
         c = _cmp(v, t)
-        ok = {">=": c >= 0, "<=": c <= 0, ">": c > 0, "<": c < 0, "==": c == 0, "!=": c != 0,
-              "~=": c >= 0 and v[: len(t) - 1] == t[:-1]}[op]
+        ok = {
+            ">=": c >= 0,
+            "<=": c <= 0,
+            ">": c > 0,
+            "<": c < 0,
+            "==": c == 0,
+            "!=": c != 0,
+            "~=": c >= 0 and v[: len(t) - 1] == t[:-1],
+        }[op]
         if not ok:
             return False
     return True
@@ -133,25 +148,37 @@ STACKS: dict[str, tuple[VersionSet, ...]] = {
     # numpy>=2), wheels for cp311/cp312 x86_64 on the public registry.
     "torch_tpu": (
         VersionSet(
-            "torch_tpu", "TorchTPU 0.2",
-            (("torch_tpu", "==0.2.*"), ("torch", ">=2.11,<=2.15"), ("libtpu", ">=0.0.50"), ("numpy", ">=2")),
+            "torch_tpu",
+            "TorchTPU 0.2",
+            (
+                ("torch_tpu", "==0.2.*"),
+                ("torch", ">=2.11,<=2.15"),
+                ("libtpu", ">=0.0.50"),
+                ("numpy", ">=2"),
+            ),
             install="pip install torch==2.13.0 torch_tpu==0.2.0 'libtpu>=0.0.50'",
-            image={"runtime_version": "v2-alpha-tpuv6e (v6e), v2-alpha-tpuv5-lite (v5e), v2-alpha-tpuv5 (v5p), tpu-ubuntu2204-base (v4)"},
+            image={
+                "runtime_version": "v2-alpha-tpuv6e (v6e), v2-alpha-tpuv5-lite (v5e), v2-alpha-tpuv5 (v5p), tpu-ubuntu2204-base (v4)"
+            },
             hardware=("v4", "v5e", "v5p", "v6e", "tpu7x"),
         ),
     ),
     # PyTorch/XLA: 2.9.0 (2025-11-17) is the last release; pinned to torch 2.9 and libtpu 0.0.21.
     "torch_xla": (
         VersionSet(
-            "torch_xla", "PyTorch/XLA 2.9 (last release)",
+            "torch_xla",
+            "PyTorch/XLA 2.9 (last release)",
             (("torch_xla", "==2.9.*"), ("torch", "==2.9.*"), ("libtpu", "==0.0.21")),
             install=f"pip install torch==2.9.0 'torch_xla[tpu]==2.9.0' -f {LIBTPU_INDEX}",
-            image={"runtime_version": "v2-alpha-tpuv6e (v6e), v2-alpha-tpuv5-lite (v5e), v2-alpha-tpuv5 (v5p), tpu-ubuntu2204-base (v4)"},
+            image={
+                "runtime_version": "v2-alpha-tpuv6e (v6e), v2-alpha-tpuv5-lite (v5e), v2-alpha-tpuv5 (v5p), tpu-ubuntu2204-base (v4)"
+            },
             hardware=("v2", "v3", "v4", "v5e", "v5p", "v6e"),
             note="torch_xla is being replaced by TorchTPU (--backend tpu); 2.9 is its last release",
         ),
         VersionSet(
-            "torch_xla", "PyTorch/XLA 2.8",
+            "torch_xla",
+            "PyTorch/XLA 2.8",
             (("torch_xla", "==2.8.*"), ("torch", "==2.8.*"), ("libtpu", "==0.0.17")),
             install=f"pip install torch==2.8.0 'torch_xla[tpu]==2.8.0' -f {LIBTPU_INDEX}",
             hardware=("v2", "v3", "v4", "v5e", "v5p", "v6e"),
@@ -160,7 +187,8 @@ STACKS: dict[str, tuple[VersionSet, ...]] = {
     # TorchNeuron (native device "neuron"), Neuron 2.33, Trn2/Trn3 only.
     "neuron": (
         VersionSet(
-            "neuron", "Neuron 2.33 TorchNeuron",
+            "neuron",
+            "Neuron 2.33 TorchNeuron",
             (("torch-neuronx", "==2.14.*"), ("torch", "==2.14.*")),
             install=f"pip install --extra-index-url {NEURON_INDEX} torch==2.14.0 'torch-neuronx==2.14.*' neuronx-cc",
             image={
@@ -181,7 +209,8 @@ STACKS: dict[str, tuple[VersionSet, ...]] = {
     # Trn1 stays on it with Neuron <= 2.29 pinned. NxD Training/Core: legacy (maintenance).
     "neuron-xla": (
         VersionSet(
-            "neuron-xla", "Neuron 2.29 torch-neuronx on XLA (last for Trn1 training)",
+            "neuron-xla",
+            "Neuron 2.29 torch-neuronx on XLA (last for Trn1 training)",
             (("torch-neuronx", ">=2.9,<2.10"), ("torch", "==2.9.*"), ("torch-xla", "==2.9.*")),
             install=f"pip install --extra-index-url {NEURON_INDEX} 'torch-neuronx==2.9.0.2.29.*' torch==2.9.0 torch-xla==2.9.0 'neuronx-cc==2.*'",
             image={
@@ -198,12 +227,24 @@ STACKS: dict[str, tuple[VersionSet, ...]] = {
     # CUDA: the torch build's CUDA version needs a driver at least this new (NVIDIA's minimum
     # driver table, Linux x86_64). ``nvidia-driver`` is read from nvidia-smi by the caller.
     "cuda": (
-        VersionSet("cuda", "torch cu130", (("torch", ">=2.9"), ("cuda-build", "==13.0.*"), ("nvidia-driver", ">=580")),
-                   install="pip install torch --index-url https://download.pytorch.org/whl/cu130"),
-        VersionSet("cuda", "torch cu128", (("torch", ">=2.7"), ("cuda-build", "==12.8.*"), ("nvidia-driver", ">=570.26")),
-                   install="pip install torch --index-url https://download.pytorch.org/whl/cu128"),
-        VersionSet("cuda", "torch cu126", (("torch", ">=2.6"), ("cuda-build", "==12.6.*"), ("nvidia-driver", ">=560.28")),
-                   install="pip install torch --index-url https://download.pytorch.org/whl/cu126"),
+        VersionSet(
+            "cuda",
+            "torch cu130",
+            (("torch", ">=2.9"), ("cuda-build", "==13.0.*"), ("nvidia-driver", ">=580")),
+            install="pip install torch --index-url https://download.pytorch.org/whl/cu130",
+        ),
+        VersionSet(
+            "cuda",
+            "torch cu128",
+            (("torch", ">=2.7"), ("cuda-build", "==12.8.*"), ("nvidia-driver", ">=570.26")),
+            install="pip install torch --index-url https://download.pytorch.org/whl/cu128",
+        ),
+        VersionSet(
+            "cuda",
+            "torch cu126",
+            (("torch", ">=2.6"), ("cuda-build", "==12.6.*"), ("nvidia-driver", ">=560.28")),
+            install="pip install torch --index-url https://download.pytorch.org/whl/cu126",
+        ),
     ),
 }
 
@@ -212,7 +253,9 @@ def sets_for(stack: str) -> tuple[VersionSet, ...]:
     try:
         return STACKS[stack]
     except KeyError:
-        raise ConfigError(f"unknown version stack '{stack}'", f"use one of: {', '.join(STACKS)}") from None
+        raise ConfigError(
+            f"unknown version stack '{stack}'", f"use one of: {', '.join(STACKS)}"
+        ) from None
 
 
 # ------------------------------------------------------------------------------ installed
@@ -256,10 +299,16 @@ class CheckResult:
     def line(self) -> str:
         """One line: ``host: <what is wrong> (expected <set>)`` or ``host: <set> ok``."""
         if self.ok and self.matched is not None:
-            have = ", ".join(f"{d} {self.found.get(d)}" for d, _ in self.matched.requires if self.found.get(d))
+            have = ", ".join(
+                f"{d} {self.found.get(d)}" for d, _ in self.matched.requires if self.found.get(d)
+            )
             return f"{self.host}: {self.matched.name} ({have})"
         want = self.closest
-        exp = f"; expected {want.name}: " + ", ".join(f"{d}{s}" for d, s in want.requires) if want else ""
+        exp = (
+            f"; expected {want.name}: " + ", ".join(f"{d}{s}" for d, s in want.requires)
+            if want
+            else ""
+        )
         return f"{self.host}: {'; '.join(self.problems)}{exp}"
 
     def fix(self) -> str:
@@ -273,8 +322,12 @@ def _host() -> str:
         return "localhost"
 
 
-def check(stack: str, host: str | None = None, versions: Mapping[str, str | None] | None = None,
-          lookup: Callable[[str], str | None] | None = None) -> CheckResult:
+def check(
+    stack: str,
+    host: str | None = None,
+    versions: Mapping[str, str | None] | None = None,
+    lookup: Callable[[str], str | None] | None = None,
+) -> CheckResult:
     """Check what is installed against ``stack``'s sets.
 
     ``versions`` overrides what metadata says for the given distributions (the driver version
@@ -302,7 +355,11 @@ def check(stack: str, host: str | None = None, versions: Mapping[str, str | None
             if v is None:
                 problems.append(f"{dist} is not installed (needs {spec})")
             elif not satisfies(v, spec):
-                problems.append(f"{dist} {v} is installed, {vs.name} needs {dist}{spec}" if i else f"{dist} {v} is not {vs.name} ({dist}{spec})")
+                problems.append(
+                    f"{dist} {v} is installed, {vs.name} needs {dist}{spec}"
+                    if i
+                    else f"{dist} {v} is not {vs.name} ({dist}{spec})"
+                )
         if not problems:
             return CheckResult(stack, host, True, vs, vs, found, [])
         key_ok = ver(vs.key[0]) is not None and satisfies(ver(vs.key[0]) or "", vs.key[1])
@@ -313,12 +370,18 @@ def check(stack: str, host: str | None = None, versions: Mapping[str, str | None
     return CheckResult(stack, host, False, None, best[1], found, best[2])
 
 
-def require(stack: str, host: str | None = None, versions: Mapping[str, str | None] | None = None,
-            lookup: Callable[[str], str | None] | None = None) -> VersionSet:
+def require(
+    stack: str,
+    host: str | None = None,
+    versions: Mapping[str, str | None] | None = None,
+    lookup: Callable[[str], str | None] | None = None,
+) -> VersionSet:
     """:func:`check`, raising :class:`VersionMismatch` (one line naming the host) on a mismatch."""
     res = check(stack, host, versions, lookup)
     if not res.ok:
-        raise VersionMismatch(res.line(), res.fix() or "install one of the sets in aios.versions.STACKS")
+        raise VersionMismatch(
+            res.line(), res.fix() or "install one of the sets in aios.versions.STACKS"
+        )
     assert res.matched is not None
     return res.matched
 
@@ -330,9 +393,11 @@ def main(argv: list[str] | None = None) -> int:
     if "--host" in args:
         i = args.index("--host")
         host = args[i + 1] if i + 1 < len(args) else None
-        del args[i:i + 2]
+        del args[i : i + 2]
     if len(args) != 1:
-        print(f"usage: python -m aios.versions {{{','.join(STACKS)}}} [--host NAME]", file=sys.stderr)
+        print(
+            f"usage: python -m aios.versions {{{','.join(STACKS)}}} [--host NAME]", file=sys.stderr
+        )
         return 2
     try:
         vs = require(args[0], host)

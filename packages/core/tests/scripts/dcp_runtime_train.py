@@ -35,7 +35,9 @@ g = torch.Generator().manual_seed(1234)
 x = torch.randn(512, 8, generator=g)
 y = torch.sin(x.sum(1, keepdim=True))
 ds = torch.utils.data.TensorDataset(x, y)
-loader = torch.utils.data.DataLoader(ds, batch_size=global_batch // world, shuffle=True, drop_last=True)
+loader = torch.utils.data.DataLoader(
+    ds, batch_size=global_batch // world, shuffle=True, drop_last=True
+)
 layers: list[torch.nn.Module] = [torch.nn.Linear(8, 32), torch.nn.Tanh()]
 if dropout:
     layers.append(torch.nn.Dropout(dropout))

@@ -49,7 +49,13 @@ def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 32),
+        torch.nn.Tanh(),
+        torch.nn.Linear(32, 32),
+        torch.nn.Tanh(),
+        torch.nn.Linear(32, 1),
+    )
     for layer in model:
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer)
@@ -103,7 +109,9 @@ def main() -> None:
         else:
             adcp.reseed(0, step, rank)
             loader = common["loader0"]
-        st = adcp.reshard_loader_state(loader, saved_world, world, loader.get("batch_size"), per_rank)
+        st = adcp.reshard_loader_state(
+            loader, saved_world, world, loader.get("batch_size"), per_rank
+        )
         pos.epoch, pos.batch = st["epoch"], st["batch"]
         message = f"resumed from step {step}: saved by {saved_world} ranks, loaded on {world} ranks"
         if rank == 0:
@@ -139,14 +147,31 @@ def main() -> None:
             per = {"rng": adcp.rng_state(), "loaders": [pos.state_dict()]}
             t_save = time.perf_counter()
             saving[0] = step
-            handle = ck.save(step, [model], [opt], common, per, meta={"run": "dcp-test"}, async_save=bool(job.get("async")))
+            handle = ck.save(
+                step,
+                [model],
+                [opt],
+                common,
+                per,
+                meta={"run": "dcp-test"},
+                async_save=bool(job.get("async")),
+            )
             overlap.setdefault("save_call_s", time.perf_counter() - t_save)
             if not job.get("async"):
                 handle = None
     ck.wait()
     overlap["gate_timed_out"] = bool(timed_out)
     with open(os.path.join(job["out"], f"rank{rank}.json"), "w") as f:
-        json.dump({"losses": losses, "draws": draws, "message": message, "overlap": overlap, "step_s": step_s}, f)
+        json.dump(
+            {
+                "losses": losses,
+                "draws": draws,
+                "message": message,
+                "overlap": overlap,
+                "step_s": step_s,
+            },
+            f,
+        )
     dist.barrier()
     dist.destroy_process_group()
 

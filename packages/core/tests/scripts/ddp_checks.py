@@ -44,7 +44,9 @@ assert type(model).__name__ == "AiosDDP" and model.in_features == 3  # attribute
 x = torch.full((2, 3), float(r + 1))
 rt.backward(model(x).sum())
 grads = rt.all_gather(model.module.weight.grad.flatten())
-assert torch.equal(grads[0], grads[1]) and torch.allclose(grads[0], torch.full((3,), 3.0))  # averaged: (2+4)/2
+assert torch.equal(grads[0], grads[1]) and torch.allclose(
+    grads[0], torch.full((3,), 3.0)
+)  # averaged: (2+4)/2
 rt.step(opt)
 ws = rt.all_gather(model.module.weight.detach().flatten())
 assert torch.equal(ws[0], ws[1])

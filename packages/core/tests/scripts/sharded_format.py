@@ -23,7 +23,13 @@ class PerRank(CheckpointFormat):
         rank = int(os.environ["RANK"])
         if self.fail_on == rank:
             raise OSError(28, "No space left on device")
-        data = json.dumps({"rank": rank, "step": step, "w": ctx.training.strategy.unwrap(ctx.training.modules[0]).weight.tolist()}).encode()
+        data = json.dumps(
+            {
+                "rank": rank,
+                "step": step,
+                "w": ctx.training.strategy.unwrap(ctx.training.modules[0]).weight.tolist(),
+            }
+        ).encode()
         name = f"rank{rank}.json"
         return {name: store.write_file(staging, name, lambda f: f.write(data))}
 
@@ -47,7 +53,15 @@ rt.training.step = 3
 path = rt.save()
 if rt.is_main:
     marker = json.load(open(os.path.join(path, "aios-checkpoint.json")))
-    print("files", sorted(marker["files"]), "world", marker["world_size"], "format", marker["checkpoint_format"], flush=True)
+    print(
+        "files",
+        sorted(marker["files"]),
+        "world",
+        marker["world_size"],
+        "format",
+        marker["checkpoint_format"],
+        flush=True,
+    )
 rt.training.step = 4
 fmt.fail_on = 1
 try:

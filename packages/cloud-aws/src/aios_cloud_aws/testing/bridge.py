@@ -73,7 +73,11 @@ class UnixToTcp:
         self.sock.bind(path)
         os.chmod(path, 0o600)
         self.sock.listen(64)
-        self.thread = threading.Thread(target=_serve, args=(self.sock, lambda: socket.create_connection(("127.0.0.1", port))), daemon=True)
+        self.thread = threading.Thread(
+            target=_serve,
+            args=(self.sock, lambda: socket.create_connection(("127.0.0.1", port))),
+            daemon=True,
+        )
 
     def start(self) -> UnixToTcp:
         self.thread.start()

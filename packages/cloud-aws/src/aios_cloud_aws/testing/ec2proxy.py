@@ -67,7 +67,7 @@ class Ec2Proxy:
             def log_message(self, *args: Any) -> None:  # quiet
                 pass
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 proxy._handle(self)
 
             do_GET = do_POST  # noqa: N815
@@ -75,7 +75,9 @@ class Ec2Proxy:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True, name="aios-ec2-proxy")
+        self._thread = threading.Thread(
+            target=self.server.serve_forever, daemon=True, name="aios-ec2-proxy"
+        )
 
     # ------------------------------------------------------------------ control
     def start(self) -> Ec2Proxy:
@@ -92,11 +94,25 @@ class Ec2Proxy:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def inject(self, action: str, code: str, message: str = "", status: int = 500,
-               zones: list[str] | None = None, times: int | None = None) -> Rule:
+    def inject(
+        self,
+        action: str,
+        code: str,
+        message: str = "",
+        status: int = 500,
+        zones: list[str] | None = None,
+        times: int | None = None,
+    ) -> Rule:
         """Answer ``action`` (``*``: any) with ``code``; only in ``zones`` and ``times`` times
         when given."""
-        rule = Rule(action, code, message or f"injected {code}", status, set(zones) if zones else None, times)
+        rule = Rule(
+            action,
+            code,
+            message or f"injected {code}",
+            status,
+            set(zones) if zones else None,
+            times,
+        )
         with self.lock:
             self.rules.append(rule)
         return rule
@@ -116,7 +132,10 @@ class Ec2Proxy:
     def _handle(self, h: BaseHTTPRequestHandler) -> None:
         length = int(h.headers.get("Content-Length") or 0)
         body = h.rfile.read(length) if length else b""
-        params = {k: v[-1] for k, v in urllib.parse.parse_qs(body.decode(), keep_blank_values=True).items()}
+        params = {
+            k: v[-1]
+            for k, v in urllib.parse.parse_qs(body.decode(), keep_blank_values=True).items()
+        }
         action = params.get("Action", "")
         with self.lock:
             self.calls.append((action, params))
@@ -126,33 +145,91 @@ class Ec2Proxy:
         if action == "AllocateAddress" and self.address_limit is not None:
             doc = self._ec2_query({"Action": "DescribeAddresses", "Version": "2016-11-15"})
             if doc.count(b"<allocationId>") >= self.address_limit:
-                return self._send(h, 400, _error("AddressLimitExceeded", "The maximum number of addresses has been reached."))
+                return self._send(
+                    h,
+                    400,
+                    _error(
+                        "AddressLimitExceeded", "The maximum number of addresses has been reached."
+                    ),
+                )
         if action == "DescribeCapacityReservations":
             ids = [v for k, v in params.items() if k.startswith("CapacityReservationId.")]
             unknown = [i for i in ids if i not in self.capacity_reservations]
             if unknown:
-                return self._send(h, 400, _error("InvalidCapacityReservationId.NotFound", f"The capacity reservation ID '{unknown[0]}' does not exist"))
+                return self._send(
+                    h,
+                    400,
+                    _error(
+                        "InvalidCapacityReservationId.NotFound",
+                        f"The capacity reservation ID '{unknown[0]}' does not exist",
+                    ),
+                )
             items = "".join(
                 f"<item><capacityReservationId>{escape(i)}</capacityReservationId><availabilityZone>{escape(r['zone'])}</availabilityZone>"
                 f"<instanceType>{escape(r['instance_type'])}</instanceType><reservationType>{escape(r.get('type', 'default'))}</reservationType>"
                 f"<state>{escape(r.get('state', 'active'))}</state></item>"
-                for i, r in self.capacity_reservations.items() if not ids or i in ids)
-            return self._send(h, 200, _doc("DescribeCapacityReservationsResponse", f"<capacityReservationSet>{items}</capacityReservationSet>"))
-        if action == "RunInstances" and params.get("CapacityReservationSpecification.CapacityReservationTarget.CapacityReservationId"):
-            cr = params["CapacityReservationSpecification.CapacityReservationTarget.CapacityReservationId"]
+                for i, r in self.capacity_reservations.items()
+                if not ids or i in ids
+            )
+            return self._send(
+                h,
+                200,
+                _doc(
+                    "DescribeCapacityReservationsResponse",
+                    f"<capacityReservationSet>{items}</capacityReservationSet>",
+                ),
+            )
+        if action == "RunInstances" and params.get(
+            "CapacityReservationSpecification.CapacityReservationTarget.CapacityReservationId"
+        ):
+            cr = params[
+                "CapacityReservationSpecification.CapacityReservationTarget.CapacityReservationId"
+            ]
             r = self.capacity_reservations.get(cr)
             if r is None:
-                return self._send(h, 400, _error("InvalidCapacityReservationId.NotFound", f"The capacity reservation ID '{cr}' does not exist"))
-            if r["zone"] != params.get("Placement.AvailabilityZone") or r["instance_type"] != params.get("InstanceType"):
-                return self._send(h, 400, _error("ReservationCapacityExceeded", f"The requested instances do not match capacity reservation {cr}"))
-            if (r.get("type") == "capacity-block") != (params.get("InstanceMarketOptions.MarketType") == "capacity-block"):
-                return self._send(h, 400, _error("InvalidParameterCombination", "Capacity Blocks need MarketType capacity-block"))
+                return self._send(
+                    h,
+                    400,
+                    _error(
+                        "InvalidCapacityReservationId.NotFound",
+                        f"The capacity reservation ID '{cr}' does not exist",
+                    ),
+                )
+            if r["zone"] != params.get("Placement.AvailabilityZone") or r[
+                "instance_type"
+            ] != params.get("InstanceType"):
+                return self._send(
+                    h,
+                    400,
+                    _error(
+                        "ReservationCapacityExceeded",
+                        f"The requested instances do not match capacity reservation {cr}",
+                    ),
+                )
+            if (r.get("type") == "capacity-block") != (
+                params.get("InstanceMarketOptions.MarketType") == "capacity-block"
+            ):
+                return self._send(
+                    h,
+                    400,
+                    _error(
+                        "InvalidParameterCombination",
+                        "Capacity Blocks need MarketType capacity-block",
+                    ),
+                )
         if action in ("CreatePlacementGroup", "DescribePlacementGroups", "DeletePlacementGroup"):
             status, doc = getattr(self, "_" + action)(params)
             return self._send(h, status, doc)
         if action == "RunInstances" and params.get("Placement.GroupName"):
             if params["Placement.GroupName"] not in self.placement_groups:
-                return self._send(h, 400, _error("InvalidPlacementGroup.Unknown", f"The Placement Group '{params['Placement.GroupName']}' is unknown."))
+                return self._send(
+                    h,
+                    400,
+                    _error(
+                        "InvalidPlacementGroup.Unknown",
+                        f"The Placement Group '{params['Placement.GroupName']}' is unknown.",
+                    ),
+                )
         self._forward(h, body)
 
     def _zone(self, params: dict[str, str]) -> str | None:
@@ -164,7 +241,11 @@ class Ec2Proxy:
             if subnet not in self._subnet_zone:
                 import xml.etree.ElementTree as ET
 
-                doc = self._upstream(urllib.parse.urlencode({"Action": "DescribeSubnets", "Version": "2016-11-15", "SubnetId.1": subnet}).encode())[2]
+                doc = self._upstream(
+                    urllib.parse.urlencode(
+                        {"Action": "DescribeSubnets", "Version": "2016-11-15", "SubnetId.1": subnet}
+                    ).encode()
+                )[2]
                 for el in ET.fromstring(doc).iter():
                     if el.tag.endswith("availabilityZone") and el.text:
                         self._subnet_zone[subnet] = el.text
@@ -192,10 +273,16 @@ class Ec2Proxy:
         auth = "AWS4-HMAC-SHA256 Credential=testing/20260101/us-east-1/ec2/aws4_request, SignedHeaders=host, Signature=0"
         return self._upstream(urllib.parse.urlencode(params).encode(), {"Authorization": auth})[2]
 
-    def _upstream(self, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, list[tuple[str, str]], bytes]:
+    def _upstream(
+        self, body: bytes, headers: dict[str, str] | None = None
+    ) -> tuple[int, list[tuple[str, str]], bytes]:
         conn = http.client.HTTPConnection(self.upstream.hostname, self.upstream.port, timeout=60)
         try:
-            hdrs = {k: v for k, v in (headers or {}).items() if k.lower() not in ("host", "content-length", "connection")}
+            hdrs = {
+                k: v
+                for k, v in (headers or {}).items()
+                if k.lower() not in ("host", "content-length", "connection")
+            }
             hdrs.setdefault("Content-Type", "application/x-www-form-urlencoded; charset=utf-8")
             conn.request("POST", "/", body=body, headers=hdrs)
             resp = conn.getresponse()
@@ -207,7 +294,13 @@ class Ec2Proxy:
         status, headers, data = self._upstream(body, dict(h.headers.items()))
         h.send_response(status)
         for k, v in headers:
-            if k.lower() not in ("transfer-encoding", "connection", "content-length", "server", "date"):
+            if k.lower() not in (
+                "transfer-encoding",
+                "connection",
+                "content-length",
+                "server",
+                "date",
+            ):
                 h.send_header(k, v)
         h.send_header("Content-Length", str(len(data)))
         h.end_headers()
@@ -226,11 +319,18 @@ class Ec2Proxy:
         name = p.get("GroupName", "")
         with self.lock:
             if name in self.placement_groups:
-                return 400, _error("InvalidPlacementGroup.Duplicate", f"The Placement Group '{name}' already exists.")
+                return 400, _error(
+                    "InvalidPlacementGroup.Duplicate",
+                    f"The Placement Group '{name}' already exists.",
+                )
             tags = _tags_from(p, "placement-group")
-            pg = PlacementGroup(name, p.get("Strategy", "cluster"), "pg-" + uuid.uuid4().hex[:17], tags)
+            pg = PlacementGroup(
+                name, p.get("Strategy", "cluster"), "pg-" + uuid.uuid4().hex[:17], tags
+            )
             self.placement_groups[name] = pg
-        return 200, _doc("CreatePlacementGroupResponse", f"<placementGroup>{_pg_xml(pg)}</placementGroup>")
+        return 200, _doc(
+            "CreatePlacementGroupResponse", f"<placementGroup>{_pg_xml(pg)}</placementGroup>"
+        )
 
     def _DescribePlacementGroups(self, p: dict[str, str]) -> tuple[int, str]:  # noqa: N802
         names = [v for k, v in p.items() if k.startswith("GroupName.")]
@@ -238,7 +338,9 @@ class Ec2Proxy:
             groups = list(self.placement_groups.values())
         for n in names:
             if n not in self.placement_groups:
-                return 400, _error("InvalidPlacementGroup.Unknown", f"The Placement Group '{n}' is unknown.")
+                return 400, _error(
+                    "InvalidPlacementGroup.Unknown", f"The Placement Group '{n}' is unknown."
+                )
         if names:
             groups = [g for g in groups if g.name in names]
         for flt_name, values in _filters(p):
@@ -248,13 +350,17 @@ class Ec2Proxy:
             elif flt_name == "group-name":
                 groups = [g for g in groups if g.name in values]
         items = "".join(f"<item>{_pg_xml(g)}</item>" for g in groups)
-        return 200, _doc("DescribePlacementGroupsResponse", f"<placementGroupSet>{items}</placementGroupSet>")
+        return 200, _doc(
+            "DescribePlacementGroupsResponse", f"<placementGroupSet>{items}</placementGroupSet>"
+        )
 
     def _DeletePlacementGroup(self, p: dict[str, str]) -> tuple[int, str]:  # noqa: N802
         name = p.get("GroupName", "")
         with self.lock:
             if name not in self.placement_groups:
-                return 400, _error("InvalidPlacementGroup.Unknown", f"The Placement Group '{name}' is unknown.")
+                return 400, _error(
+                    "InvalidPlacementGroup.Unknown", f"The Placement Group '{name}' is unknown."
+                )
             del self.placement_groups[name]
         return 200, _doc("DeletePlacementGroupResponse", "<return>true</return>")
 
@@ -280,16 +386,22 @@ def _tags_from(p: dict[str, str], resource_type: str) -> dict[str, str]:
         if p[f"TagSpecification.{i}.ResourceType"] == resource_type:
             j = 1
             while f"TagSpecification.{i}.Tag.{j}.Key" in p:
-                tags[p[f"TagSpecification.{i}.Tag.{j}.Key"]] = p.get(f"TagSpecification.{i}.Tag.{j}.Value", "")
+                tags[p[f"TagSpecification.{i}.Tag.{j}.Key"]] = p.get(
+                    f"TagSpecification.{i}.Tag.{j}.Value", ""
+                )
                 j += 1
         i += 1
     return tags
 
 
 def _pg_xml(g: PlacementGroup) -> str:
-    tags = "".join(f"<item><key>{escape(k)}</key><value>{escape(v)}</value></item>" for k, v in g.tags.items())
-    return (f"<groupName>{escape(g.name)}</groupName><state>available</state><strategy>{escape(g.strategy)}</strategy>"
-            f"<groupId>{g.group_id}</groupId><tagSet>{tags}</tagSet>")
+    tags = "".join(
+        f"<item><key>{escape(k)}</key><value>{escape(v)}</value></item>" for k, v in g.tags.items()
+    )
+    return (
+        f"<groupName>{escape(g.name)}</groupName><state>available</state><strategy>{escape(g.strategy)}</strategy>"
+        f"<groupId>{g.group_id}</groupId><tagSet>{tags}</tagSet>"
+    )
 
 
 def _doc(root: str, inner: str) -> str:
@@ -297,5 +409,7 @@ def _doc(root: str, inner: str) -> str:
 
 
 def _error(code: str, message: str) -> str:
-    return (f'<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error><Code>{escape(code)}</Code>'
-            f"<Message>{escape(message)}</Message></Error></Errors><RequestID>{uuid.uuid4()}</RequestID></Response>")
+    return (
+        f'<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error><Code>{escape(code)}</Code>'
+        f"<Message>{escape(message)}</Message></Error></Errors><RequestID>{uuid.uuid4()}</RequestID></Response>"
+    )

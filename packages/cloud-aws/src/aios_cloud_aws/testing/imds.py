@@ -32,8 +32,13 @@ def notice_json(action: str = "terminate", seconds: float = 120.0) -> str:
 
 
 class ImdsServer:
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, notice_file: str | None = None,
-                 instance_id: str = "i-0aios000000000000") -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        notice_file: str | None = None,
+        instance_id: str = "i-0aios000000000000",
+    ) -> None:
         self.notice: str | None = None
         self.notice_file = notice_file
         self.instance_id = instance_id
@@ -58,7 +63,7 @@ class ImdsServer:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def do_PUT(self) -> None:  # noqa: N802
+            def do_PUT(self) -> None:
                 if self.path != "/latest/api/token":
                     return self._reply(404)
                 ttl = self.headers.get("X-aws-ec2-metadata-token-ttl-seconds", "")
@@ -70,7 +75,7 @@ class ImdsServer:
                     srv.token_puts += 1
                 self._reply(200, token)
 
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 token = self.headers.get("X-aws-ec2-metadata-token", "")
                 with srv.lock:
                     ok = srv.tokens.get(token, 0) > time.monotonic()
@@ -91,7 +96,9 @@ class ImdsServer:
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
         self.endpoint = f"http://{host}:{self.port}"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True, name="aios-imds")
+        self._thread = threading.Thread(
+            target=self.server.serve_forever, daemon=True, name="aios-imds"
+        )
 
     def current_notice(self) -> str | None:
         if self.notice:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import contextlib
 import os
 import urllib.request
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 ACCOUNT = "123456789012"
 FAKE_KEY_ID = "AKIAAIOSTESTKEY00000"
@@ -44,7 +45,7 @@ class MotoServer:
     def reset(self) -> None:
         """Forget every resource (moto's reset API)."""
         req = urllib.request.Request(self.endpoint + "/moto-api/reset", method="POST", data=b"")
-        urllib.request.urlopen(req, timeout=10).read()  # noqa: S310 - loopback
+        urllib.request.urlopen(req, timeout=10).read()
 
     def __enter__(self) -> MotoServer:
         return self.start()
@@ -53,7 +54,9 @@ class MotoServer:
         self.stop()
 
 
-def seed_public_parameter(name: str, value: str, region: str = "us-east-1", data_type: str = "aws:ec2:image") -> None:
+def seed_public_parameter(
+    name: str, value: str, region: str = "us-east-1", data_type: str = "aws:ec2:image"
+) -> None:
     """Publish ``name`` (an ``/aws/service/...`` parameter) in moto's SSM, as AWS does for the
     Deep Learning AMIs. Reads then go through the real ``ssm:GetParameter`` API."""
     import datetime
@@ -62,15 +65,26 @@ def seed_public_parameter(name: str, value: str, region: str = "us-east-1", data
 
     params = ssm_backends[ACCOUNT][region]._parameters
     versions = params[name]
-    versions.append(Parameter(
-        account_id=ACCOUNT, name=name, value=value, parameter_type="String", description=None,
-        allowed_pattern=None, keyid=None, last_modified_date=datetime.datetime.now(datetime.timezone.utc),
-        version=len(versions) + 1, data_type=data_type,
-    ))
+    versions.append(
+        Parameter(
+            account_id=ACCOUNT,
+            name=name,
+            value=value,
+            parameter_type="String",
+            description=None,
+            allowed_pattern=None,
+            keyid=None,
+            last_modified_date=datetime.datetime.now(datetime.timezone.utc),
+            version=len(versions) + 1,
+            data_type=data_type,
+        )
+    )
 
 
 @contextlib.contextmanager
-def aws_env(endpoint: str, ec2_endpoint: str | None = None, region: str = "us-east-1", **extra: str) -> Iterator[dict[str, str]]:
+def aws_env(
+    endpoint: str, ec2_endpoint: str | None = None, region: str = "us-east-1", **extra: str
+) -> Iterator[dict[str, str]]:
     """Environment pointing boto3 (and s3fs) at the moto server with throwaway credentials; the
     previous environment is restored afterwards."""
     env = {
@@ -109,4 +123,7 @@ def reclaim_spot(instance_ids: list[str], region: str = "us-east-1") -> None:
     backend.terminate_instances(list(instance_ids))
     for iid in instance_ids:
         inst = backend.get_instance(iid)
-        inst.state_reason = StateReason("Server.SpotInstanceTermination: Spot instance termination", "Server.SpotInstanceTermination")
+        inst.state_reason = StateReason(
+            "Server.SpotInstanceTermination: Spot instance termination",
+            "Server.SpotInstanceTermination",
+        )

@@ -56,7 +56,10 @@ def _cloud_name(cloud: str | None, store_cloud: str | None = None) -> str:
     if len(clouds) == 1:
         return clouds[0]
     if not clouds:
-        raise AiosError("no cloud plugin is installed", "pip install -e './packages/core[gcp]' ./packages/backend-xla ./packages/cloud-gcp (from the aios checkout), or for AWS: pip install -e './packages/core[aws]' ./packages/cloud-aws")
+        raise AiosError(
+            "no cloud plugin is installed",
+            "pip install -e './packages/core[gcp]' ./packages/backend-xla ./packages/cloud-gcp (from the aios checkout), or for AWS: pip install -e './packages/core[aws]' ./packages/cloud-aws",
+        )
     raise AiosError(f"several clouds are installed ({', '.join(clouds)})", "pick one with --cloud")
 
 
@@ -80,7 +83,10 @@ def _printer() -> Any:
 
 def _check_name(name: str) -> str:
     if not NAME_RE.match(name):
-        raise AiosError(f"cluster name '{name}' is invalid", "use 1-48 lowercase letters, digits and dashes, starting with a letter")
+        raise AiosError(
+            f"cluster name '{name}' is invalid",
+            "use 1-48 lowercase letters, digits and dashes, starting with a letter",
+        )
     return name
 
 
@@ -123,13 +129,20 @@ def _check_storage_url(url: str) -> None:
     try:
         ok = fs.exists(bucket)
     except Exception as exc:  # noqa: BLE001 - credentials, network: one line
-        raise AiosError(f"cannot check bucket {url.split('://')[0]}://{bucket}: {type(exc).__name__}: {str(exc)[:160]}",
-                        "check your credentials and the bucket name") from None
+        raise AiosError(
+            f"cannot check bucket {url.split('://')[0]}://{bucket}: {type(exc).__name__}: {str(exc)[:160]}",
+            "check your credentials and the bucket name",
+        ) from None
     if not ok:
         scheme = url.split("://")[0]
-        hint = f"gcloud storage buckets create gs://{bucket}" if scheme == "gs" else (
-            f"aws s3 mb s3://{bucket}" if scheme == "s3" else f"create the bucket {bucket}")
-        raise AiosError(f"bucket {scheme}://{bucket} not found", f"create it ({hint}) or fix --checkpoint-dir")
+        hint = (
+            f"gcloud storage buckets create gs://{bucket}"
+            if scheme == "gs"
+            else (f"aws s3 mb s3://{bucket}" if scheme == "s3" else f"create the bucket {bucket}")
+        )
+        raise AiosError(
+            f"bucket {scheme}://{bucket} not found", f"create it ({hint}) or fix --checkpoint-dir"
+        )
 
 
 # ------------------------------------------------------------------------------ launch
@@ -139,54 +152,159 @@ def _check_storage_url(url: str) -> None:
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--cloud", help=CLOUD_HELP)
-@click.option("--accelerator", "-a", "--instance-type", "accelerator", help="Accelerator / instance type (v5litepod-8, v4-16, trn1.32xlarge).")
+@click.option(
+    "--accelerator",
+    "-a",
+    "--instance-type",
+    "accelerator",
+    help="Accelerator / instance type (v5litepod-8, v4-16, trn1.32xlarge).",
+)
 @click.option("--name", "-n", help="Cluster name (reused when it exists). Default: aios-USER-XXXX.")
 @click.option("--zone", help="Zone to try first.")
 @click.option("--region", help="Region (clouds that are regional).")
 @click.option("--nodes", type=int, default=1, show_default=True, help="Slices / instances.")
 @click.option("--spot", is_flag=True, help="Spot / preemptible capacity.")
-@click.option("--max-restarts", type=int, default=0, show_default=True, help="Managed run: recover this many times from preemption or failure of the hosts.")
-@click.option("--queued", is_flag=True, help="Wait for capacity through a queued resource instead of failing on a stockout.")
+@click.option(
+    "--max-restarts",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Managed run: recover this many times from preemption or failure of the hosts.",
+)
+@click.option(
+    "--queued",
+    is_flag=True,
+    help="Wait for capacity through a queued resource instead of failing on a stockout.",
+)
 @click.option("--valid-after", help="Queued: earliest start (RFC 3339 or +2h).")
 @click.option("--valid-until", help="Queued: give up if not provisioned by then (RFC 3339 or +6h).")
 @click.option("--image", help="Runtime version / image (default: per accelerator generation).")
 @click.option("--disk-gb", type=int, help="Boot disk size.")
 @click.option("--label", multiple=True, help="Label key=value on every resource.")
 @click.option("--project", help="Cloud project (GCP).")
-@click.option("--backend", help="aios backend on the hosts (default: the accelerator's: xla, neuron, cuda).")
-@click.option("--checkpoint-dir", help="Bucket URL for checkpoints (gs://..., s3://...); required for --max-restarts.")
+@click.option(
+    "--backend", help="aios backend on the hosts (default: the accelerator's: xla, neuron, cuda)."
+)
+@click.option(
+    "--checkpoint-dir",
+    help="Bucket URL for checkpoints (gs://..., s3://...); required for --max-restarts.",
+)
 @click.option("--workdir", default=".", show_default=True, help="Directory synced to the hosts.")
-@click.option("--exclude", multiple=True, help="Extra glob excluded from code sync (data/.git/checkpoints always are).")
+@click.option(
+    "--exclude",
+    multiple=True,
+    help="Extra glob excluded from code sync (data/.git/checkpoints always are).",
+)
 @click.option("--max-sync-mb", type=int, default=512, show_default=True)
 @click.option("--requirements", type=click.Path(), help="requirements.txt installed by setup.")
-@click.option("--setup-script", type=click.Path(), help="Replace the default setup (pinned torch/torch_xla/libtpu) with this shell script.")
+@click.option(
+    "--setup-script",
+    type=click.Path(),
+    help="Replace the default setup (pinned torch/torch_xla/libtpu) with this shell script.",
+)
 @click.option("--no-setup", is_flag=True, help="Skip setup (image already has everything).")
-@click.option("--no-bundle", is_flag=True, help="Do not ship this aios to the hosts (their image has it installed).")
-@click.option("--python", "python", default=None, help="Interpreter on the hosts (default: the provider's, e.g. the DLAMI's torch venv on AWS, python3 on TPU VMs).")
-@click.option("--env", "env_items", multiple=True, help="NAME=VALUE, or NAME to forward its value from here (secrets).")
+@click.option(
+    "--no-bundle",
+    is_flag=True,
+    help="Do not ship this aios to the hosts (their image has it installed).",
+)
+@click.option(
+    "--python",
+    "python",
+    default=None,
+    help="Interpreter on the hosts (default: the provider's, e.g. the DLAMI's torch venv on AWS, python3 on TPU VMs).",
+)
+@click.option(
+    "--env",
+    "env_items",
+    multiple=True,
+    help="NAME=VALUE, or NAME to forward its value from here (secrets).",
+)
 @click.option("--ssh-key", help="Private key (default: aios's own key in the aios home).")
 @click.option("--ssh-user", default=None, help="Login user on the hosts.")
 @click.option("--no-failover", is_flag=True, help="Do not move to other zones on a stockout.")
 @click.option("--module", "-m", is_flag=True, help="SCRIPT is a module (python -m).")
-@click.option("--detach", "-d", is_flag=True, help="Return after the job starts; a background watcher keeps managing it.")
+@click.option(
+    "--detach",
+    "-d",
+    is_flag=True,
+    help="Return after the job starts; a background watcher keeps managing it.",
+)
 @click.option("--down", "down_after", is_flag=True, help="Delete the cluster when the job ends.")
-@click.option("--autostop", "autostop", type=float, default=None, help="Minutes without a running job after which an agent ON the head host stops the cluster (survives this laptop).")
-@click.option("--autodown", is_flag=True, help="With --autostop: delete the cluster instead of stopping it.")
-@click.option("--controller", help="USER@HOST[:PORT]: run the managed job's recovery loop (and --down) there, detached, so it survives this machine.")
-@click.option("--controller-python", help="Interpreter on the controller host (default: this one's path).")
-@click.option("--reservation", help="Reserved capacity: GCP reservation name, AWS capacity reservation (cr-...) or capacity block id.")
-@click.option("--poll", type=float, default=5.0, show_default=True, help="Watcher poll interval in seconds.")
-@click.option("--dry-run", is_flag=True, help="Print the equivalent cloud CLI and per-worker commands; touch nothing.")
+@click.option(
+    "--autostop",
+    "autostop",
+    type=float,
+    default=None,
+    help="Minutes without a running job after which an agent ON the head host stops the cluster (survives this laptop).",
+)
+@click.option(
+    "--autodown", is_flag=True, help="With --autostop: delete the cluster instead of stopping it."
+)
+@click.option(
+    "--controller",
+    help="USER@HOST[:PORT]: run the managed job's recovery loop (and --down) there, detached, so it survives this machine.",
+)
+@click.option(
+    "--controller-python", help="Interpreter on the controller host (default: this one's path)."
+)
+@click.option(
+    "--reservation",
+    help="Reserved capacity: GCP reservation name, AWS capacity reservation (cr-...) or capacity block id.",
+)
+@click.option(
+    "--poll", type=float, default=5.0, show_default=True, help="Watcher poll interval in seconds."
+)
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Print the equivalent cloud CLI and per-worker commands; touch nothing.",
+)
 @click.option("--config", "config_file", help="aios config YAML.")
-def launch(script: str, script_args: tuple[str, ...], cloud: str | None, accelerator: str | None, name: str | None,
-           zone: str | None, region: str | None, nodes: int, spot: bool, max_restarts: int, queued: bool,
-           valid_after: str | None, valid_until: str | None, image: str | None, disk_gb: int | None,
-           label: tuple[str, ...], project: str | None, backend: str | None, checkpoint_dir: str | None,
-           workdir: str, exclude: tuple[str, ...], max_sync_mb: int, requirements: str | None,
-           setup_script: str | None, no_setup: bool, no_bundle: bool, python: str | None, env_items: tuple[str, ...],
-           ssh_key: str | None, ssh_user: str | None, no_failover: bool, module: bool, detach: bool,
-           down_after: bool, autostop: float | None, autodown: bool, controller: str | None, controller_python: str | None,
-           reservation: str | None, poll: float, dry_run: bool, config_file: str | None) -> None:
+def launch(
+    script: str,
+    script_args: tuple[str, ...],
+    cloud: str | None,
+    accelerator: str | None,
+    name: str | None,
+    zone: str | None,
+    region: str | None,
+    nodes: int,
+    spot: bool,
+    max_restarts: int,
+    queued: bool,
+    valid_after: str | None,
+    valid_until: str | None,
+    image: str | None,
+    disk_gb: int | None,
+    label: tuple[str, ...],
+    project: str | None,
+    backend: str | None,
+    checkpoint_dir: str | None,
+    workdir: str,
+    exclude: tuple[str, ...],
+    max_sync_mb: int,
+    requirements: str | None,
+    setup_script: str | None,
+    no_setup: bool,
+    no_bundle: bool,
+    python: str | None,
+    env_items: tuple[str, ...],
+    ssh_key: str | None,
+    ssh_user: str | None,
+    no_failover: bool,
+    module: bool,
+    detach: bool,
+    down_after: bool,
+    autostop: float | None,
+    autodown: bool,
+    controller: str | None,
+    controller_python: str | None,
+    reservation: str | None,
+    poll: float,
+    dry_run: bool,
+    config_file: str | None,
+) -> None:
     """Provision cloud machines and run SCRIPT on every host.
 
     \b
@@ -202,35 +320,60 @@ def launch(script: str, script_args: tuple[str, ...], cloud: str | None, acceler
     if script.startswith("-"):
         # click leaves unknown options in SCRIPT's place (ignore_unknown_options, for the
         # script's own flags after it): an option before SCRIPT is a typo, not a script name
-        raise AiosError(f"no such option: {script.split('=', 1)[0]}", "see `aios launch --help`; the script's own options go after SCRIPT (or after --)")
+        raise AiosError(
+            f"no such option: {script.split('=', 1)[0]}",
+            "see `aios launch --help`; the script's own options go after SCRIPT (or after --)",
+        )
     if disk_gb is not None and disk_gb < 1:
-        raise AiosError(f"--disk-gb must be a positive size in GB, got {disk_gb}", "pass e.g. --disk-gb 512, or omit it for the default")
+        raise AiosError(
+            f"--disk-gb must be a positive size in GB, got {disk_gb}",
+            "pass e.g. --disk-gb 512, or omit it for the default",
+        )
     if max_sync_mb < 1:
-        raise AiosError(f"--max-sync-mb must be positive, got {max_sync_mb}", "pass e.g. --max-sync-mb 512")
+        raise AiosError(
+            f"--max-sync-mb must be positive, got {max_sync_mb}", "pass e.g. --max-sync-mb 512"
+        )
     if poll <= 0:
         raise AiosError(f"--poll must be positive, got {poll}", "pass e.g. --poll 5")
     if controller and not (max_restarts > 0 or down_after):
-        raise AiosError("--controller runs a managed job's recovery loop (or --down)", "add --max-restarts N --checkpoint-dir URL, or --down")
+        raise AiosError(
+            "--controller runs a managed job's recovery loop (or --down)",
+            "add --max-restarts N --checkpoint-dir URL, or --down",
+        )
     if controller:
         from aios.cloud.controller import parse_target
 
         parse_target(controller, "aios")
     if autodown and autostop is None:
-        raise AiosError("--autodown needs --autostop MINUTES (how long the cluster may idle)", "add e.g. --autostop 30")
+        raise AiosError(
+            "--autodown needs --autostop MINUTES (how long the cluster may idle)",
+            "add e.g. --autostop 30",
+        )
     if autostop is not None and autostop < 0:
-        raise AiosError(f"--autostop must be 0 or more minutes, got {autostop:g}", "pass e.g. --autostop 30")
+        raise AiosError(
+            f"--autostop must be 0 or more minutes, got {autostop:g}", "pass e.g. --autostop 30"
+        )
     if nodes < 1:
         raise AiosError(f"--nodes must be at least 1, got {nodes}", "pass --nodes 1 or more")
     if max_restarts < 0:
-        raise AiosError(f"--max-restarts must be 0 or more, got {max_restarts}", "pass --max-restarts N")
+        raise AiosError(
+            f"--max-restarts must be 0 or more, got {max_restarts}", "pass --max-restarts N"
+        )
     if (valid_after or valid_until) and not queued:
-        raise AiosError("--valid-after/--valid-until only apply to queued resources", "add --queued")
+        raise AiosError(
+            "--valid-after/--valid-until only apply to queued resources", "add --queued"
+        )
     if setup_script and no_setup:
         raise AiosError("--setup-script and --no-setup contradict each other", "pass only one")
     if not Path(workdir).is_dir():
-        raise AiosError(f"--workdir {workdir} is not a directory", "pass the project directory to sync")
+        raise AiosError(
+            f"--workdir {workdir} is not a directory", "pass the project directory to sync"
+        )
     if not module and not (Path(workdir) / script).is_file():
-        raise AiosError(f"script {script} not found in {os.path.abspath(workdir)}", "pass a path relative to --workdir, or -m for a module")
+        raise AiosError(
+            f"script {script} not found in {os.path.abspath(workdir)}",
+            "pass a path relative to --workdir, or -m for a module",
+        )
     env, forward = ops.parse_env(list(env_items))
     labels = _kv(label, "--label")
     store = _store() if not dry_run else None
@@ -238,21 +381,45 @@ def launch(script: str, script_args: tuple[str, ...], cloud: str | None, acceler
     cloud = _cloud_name(cloud, existing.cloud if existing else None)
     config = _config(config_file)
     provider = ops.get_provider(cloud, config)
-    if getattr(provider, "scheduler", False):  # a batch scheduler (Slurm, Kubernetes): submits a job, no hosts to provision
+    if getattr(
+        provider, "scheduler", False
+    ):  # a batch scheduler (Slurm, Kubernetes): submits a job, no hosts to provision
         sys.exit(provider.launch_job(dict(click.get_current_context().params), store, _log))
     if existing and accelerator and accelerator != existing.accelerator:
-        raise AiosError(f"cluster {name} exists with {existing.accelerator}, not {accelerator}", f"use another --name or `aios down {name}`")
+        raise AiosError(
+            f"cluster {name} exists with {existing.accelerator}, not {accelerator}",
+            f"use another --name or `aios down {name}`",
+        )
     accelerator = accelerator or (existing.accelerator if existing else None)
     if not accelerator:
-        raise AiosError("--accelerator is required for a new cluster", f"see `aios catalog --cloud {cloud}`")
-    name = _check_name(name or f"aios-{re.sub('[^a-z0-9]', '', getpass.getuser().lower())[:12] or 'user'}-{random.randint(0, 0xFFFF):04x}")
+        raise AiosError(
+            "--accelerator is required for a new cluster", f"see `aios catalog --cloud {cloud}`"
+        )
+    name = _check_name(
+        name
+        or f"aios-{re.sub('[^a-z0-9]', '', getpass.getuser().lower())[:12] or 'user'}-{random.randint(0, 0xFFFF):04x}"
+    )
     key_path = ssh_key
     if ssh_key and not Path(ssh_key).expanduser().is_file():
-        raise AiosError(f"SSH key {ssh_key} does not exist", "pass an existing private key with --ssh-key, or omit it to let aios create one")
+        raise AiosError(
+            f"SSH key {ssh_key} does not exist",
+            "pass an existing private key with --ssh-key, or omit it to let aios create one",
+        )
     request = ClusterRequest(
-        name=name, accelerator=accelerator, nodes=nodes, zone=zone, region=region, spot=spot, queued=queued,
-        valid_after=valid_after, valid_until=valid_until, image=image, disk_gb=disk_gb,
-        labels={**labels, "aios-cluster": name}, project=project, ssh_user=ssh_user or getattr(provider, "default_ssh_user", "aios"),
+        name=name,
+        accelerator=accelerator,
+        nodes=nodes,
+        zone=zone,
+        region=region,
+        spot=spot,
+        queued=queued,
+        valid_after=valid_after,
+        valid_until=valid_until,
+        image=image,
+        disk_gb=disk_gb,
+        labels={**labels, "aios-cluster": name},
+        project=project,
+        ssh_user=ssh_user or getattr(provider, "default_ssh_user", "aios"),
         extra={"reservation": reservation} if reservation else {},
     )
     request = provider.validate(request) if not existing else request
@@ -260,11 +427,19 @@ def launch(script: str, script_args: tuple[str, ...], cloud: str | None, acceler
     reqs = []
     if requirements:
         if not Path(requirements).is_file():
-            raise AiosError(f"--requirements {requirements} does not exist", "pass an existing requirements.txt")
-        reqs = [ln.strip() for ln in Path(requirements).read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+            raise AiosError(
+                f"--requirements {requirements} does not exist", "pass an existing requirements.txt"
+            )
+        reqs = [
+            ln.strip()
+            for ln in Path(requirements).read_text().splitlines()
+            if ln.strip() and not ln.startswith("#")
+        ]
     if setup_script:
         if not Path(setup_script).is_file():
-            raise AiosError(f"--setup-script {setup_script} does not exist", "pass an existing shell script")
+            raise AiosError(
+                f"--setup-script {setup_script} does not exist", "pass an existing shell script"
+            )
         setup_lines = [Path(setup_script).read_text()]
     elif no_setup:
         setup_lines = []
@@ -272,36 +447,62 @@ def launch(script: str, script_args: tuple[str, ...], cloud: str | None, acceler
         if not no_bundle:
             from aios.cloud.bundle import build
 
-            reqs = [*build(backend or provider.backend_for(accelerator), provider.name).requirements, *reqs]
+            reqs = [
+                *build(backend or provider.backend_for(accelerator), provider.name).requirements,
+                *reqs,
+            ]
         setup_lines = provider.setup_commands(accelerator, reqs)
     if max_restarts > 0 and not checkpoint_dir:
-        raise AiosError("--max-restarts needs --checkpoint-dir on a bucket, so a recreated cluster can resume",
-                        f"add --checkpoint-dir {provider.storage_scheme or 'gs'}://BUCKET/PATH")
+        raise AiosError(
+            "--max-restarts needs --checkpoint-dir on a bucket, so a recreated cluster can resume",
+            f"add --checkpoint-dir {provider.storage_scheme or 'gs'}://BUCKET/PATH",
+        )
     if checkpoint_dir and max_restarts > 0 and "://" not in checkpoint_dir:
-        raise AiosError(f"--checkpoint-dir {checkpoint_dir} is local to the hosts and dies with them",
-                        f"use a bucket URL such as {provider.storage_scheme or 'gs'}://BUCKET/PATH")
+        raise AiosError(
+            f"--checkpoint-dir {checkpoint_dir} is local to the hosts and dies with them",
+            f"use a bucket URL such as {provider.storage_scheme or 'gs'}://BUCKET/PATH",
+        )
     if checkpoint_dir and "://" in checkpoint_dir:
-        provider.check_storage(checkpoint_dir, {*env, *forward})  # the hosts must be able to write there
+        provider.check_storage(
+            checkpoint_dir, {*env, *forward}
+        )  # the hosts must be able to write there
     setup_lines = [*setup_lines, *provider.host_checks(accelerator, nodes)]
     python = python or provider.python(accelerator)
-    spec = ops.JobSpec(script=script, args=args, module=module, backend=backend, python=python, env=env,
-                       forward_env=forward, workdir=os.path.abspath(workdir), excludes=list(exclude),
-                       setup_lines=setup_lines, checkpoint_dir=checkpoint_dir, max_sync_mb=max_sync_mb,
-                       bundle=not no_bundle)
+    spec = ops.JobSpec(
+        script=script,
+        args=args,
+        module=module,
+        backend=backend,
+        python=python,
+        env=env,
+        forward_env=forward,
+        workdir=os.path.abspath(workdir),
+        excludes=list(exclude),
+        setup_lines=setup_lines,
+        checkpoint_dir=checkpoint_dir,
+        max_sync_mb=max_sync_mb,
+        bundle=not no_bundle,
+    )
 
     if dry_run:
         line = None
         if autostop is not None:
             if not autodown and not provider.can_stop(request.spot):
-                raise AiosError("spot capacity cannot be stopped, only deleted", "use --autostop N --autodown")
-            line = (f"# 5. autostop: an agent on worker 0 runs `{python} -m aios.cloud.agent ~/aios/{request.name}/agent.json` and "
-                    f"{'deletes' if autodown else 'stops'} the cluster after {autostop:g} min without a running job")
+                raise AiosError(
+                    "spot capacity cannot be stopped, only deleted", "use --autostop N --autodown"
+                )
+            line = (
+                f"# 5. autostop: an agent on worker 0 runs `{python} -m aios.cloud.agent ~/aios/{request.name}/agent.json` and "
+                f"{'deletes' if autodown else 'stops'} the cluster after {autostop:g} min without a running job"
+            )
         _launch_dry_run(provider, request, spec, config, existing is not None, key_path, line)
         return
 
     assert store is not None
     if autostop is not None and not autodown and not provider.can_stop(request.spot):
-        raise AiosError("spot capacity cannot be stopped, only deleted", "use --autostop N --autodown")
+        raise AiosError(
+            "spot capacity cannot be stopped, only deleted", "use --autostop N --autodown"
+        )
     import signal
 
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
@@ -320,12 +521,22 @@ def launch(script: str, script_args: tuple[str, ...], cloud: str | None, acceler
         request = ops.with_public_key(request, key)
         rec = ops.provision(store, provider, request, key, _log, failover=not no_failover)
         created = True
-        _log(f"cluster {name} ready in {rec.zone}: " + ", ".join(f"worker {h['worker_id']} {h['ip']}" for h in rec.hosts))
+        _log(
+            f"cluster {name} ready in {rec.zone}: "
+            + ", ".join(f"worker {h['worker_id']} {h['ip']}" for h in rec.hosts)
+        )
     else:
         rec = existing
         _log(f"reusing cluster {name} ({rec.accelerator} in {rec.zone})")
-    job_id = store.add_job(name, shlex.join([script, *args]), backend=backend, managed=max_restarts > 0,
-                           max_restarts=max_restarts, checkpoint_dir=checkpoint_dir, spec=spec.to_dict())
+    job_id = store.add_job(
+        name,
+        shlex.join([script, *args]),
+        backend=backend,
+        managed=max_restarts > 0,
+        max_restarts=max_restarts,
+        checkpoint_dir=checkpoint_dir,
+        spec=spec.to_dict(),
+    )
     try:
         from aios.cloud.store import JOB_RUNNING, JOB_SETTING_UP
 
@@ -334,12 +545,26 @@ def launch(script: str, script_args: tuple[str, ...], cloud: str | None, acceler
         ops.sync_code(rec, spec, printer, _log)
         ops.run_setup(rec, spec, printer, _log)
         info = provider.describe(rec.name, rec.zone)
-        ops.start_job(rec, job_id, spec, config, provider.remote_env(info) if info else {}, printer, _log)
+        ops.start_job(
+            rec, job_id, spec, config, provider.remote_env(info) if info else {}, printer, _log
+        )
         store.update_job(job_id, state=JOB_RUNNING)
         if autostop is not None:
-            ops.install_agent(rec, provider, autostop * 60, "down" if autodown else "stop", spec.python, printer, _log,
-                              poll=min(30.0, max(0.5, autostop * 60 / 4)))
-            store.event(name, "autostop", f"{'autodown' if autodown else 'autostop'} after {autostop:g} min idle (agent on worker 0)")
+            ops.install_agent(
+                rec,
+                provider,
+                autostop * 60,
+                "down" if autodown else "stop",
+                spec.python,
+                printer,
+                _log,
+                poll=min(30.0, max(0.5, autostop * 60 / 4)),
+            )
+            store.event(
+                name,
+                "autostop",
+                f"{'autodown' if autodown else 'autostop'} after {autostop:g} min idle (agent on worker 0)",
+            )
     except BaseException as exc:
         from aios.cloud.store import JOB_FAILED
 
@@ -356,30 +581,57 @@ def launch(script: str, script_args: tuple[str, ...], cloud: str | None, acceler
         from aios.cloud.controller import start_controller
 
         try:
-            start_controller(store, provider, rec, job_id, spec, controller, key, controller_python or sys.executable, poll,
-                             down_after, _log)
+            start_controller(
+                store,
+                provider,
+                rec,
+                job_id,
+                spec,
+                controller,
+                key,
+                controller_python or sys.executable,
+                poll,
+                down_after,
+                _log,
+            )
         except BaseException:
             # nothing watches the job otherwise: fall back to a watcher here, loudly
             pid = _spawn_watcher(job_id, cloud, config_file, poll, down_after)
             store.update_job(job_id, watcher_pid=pid)
-            _log(f"the controller could not be started; a watcher on this machine (pid {pid}) manages job {job_id} instead")
+            _log(
+                f"the controller could not be started; a watcher on this machine (pid {pid}) manages job {job_id} instead"
+            )
             raise
-        _log(f"`aios status {name} --refresh` shows the job as the controller sees it; `aios down {name}`")
+        _log(
+            f"`aios status {name} --refresh` shows the job as the controller sees it; `aios down {name}`"
+        )
         return
     if detach:
         pid = _spawn_watcher(job_id, cloud, config_file, poll, down_after)
         store.update_job(job_id, watcher_pid=pid)
-        _log(f"job {job_id} running on {name}; watcher pid {pid}. `aios logs {name} -f`, `aios status {name}`, `aios down {name}`")
+        _log(
+            f"job {job_id} running on {name}; watcher pid {pid}. `aios logs {name} -f`, `aios status {name}`, `aios down {name}`"
+        )
         return
     try:
         code = _watch(store, provider, job_id, config, poll, follow=True)
     except KeyboardInterrupt:
         # a managed run keeps being managed, and --down is still honoured, by a background watcher
-        pid = _spawn_watcher(job_id, cloud, config_file, poll, down_after) if (max_restarts > 0 or down_after) else None
+        pid = (
+            _spawn_watcher(job_id, cloud, config_file, poll, down_after)
+            if (max_restarts > 0 or down_after)
+            else None
+        )
         if pid:
             store.update_job(job_id, watcher_pid=pid)
-        more = f"; a background watcher (pid {pid}) keeps managing it{' and deletes the cluster when it ends (--down)' if down_after else ''}" if pid else ""
-        _log(f"detached: job {job_id} keeps running on {name}{more}. `aios logs {name} -f`, `aios down {name}`")
+        more = (
+            f"; a background watcher (pid {pid}) keeps managing it{' and deletes the cluster when it ends (--down)' if down_after else ''}"
+            if pid
+            else ""
+        )
+        _log(
+            f"detached: job {job_id} keeps running on {name}{more}. `aios logs {name} -f`, `aios down {name}`"
+        )
         sys.exit(130)
     if down_after:
         rec2 = store.get_cluster(name)
@@ -393,62 +645,105 @@ def _watch(store: Any, provider: Any, job_id: int, config: Any, poll: float, fol
     from aios.cloud.ops import Watcher, WatchOptions
 
     opts = WatchOptions(poll=poll, describe_every=max(poll, 3 * poll), follow=follow)
-    return Watcher(store, provider, job_id, config, printer=_printer(), log=_log, options=opts).run()
+    return Watcher(
+        store, provider, job_id, config, printer=_printer(), log=_log, options=opts
+    ).run()
 
 
-def _spawn_watcher(job_id: int, cloud: str, config_file: str | None, poll: float, down_after: bool) -> int:
+def _spawn_watcher(
+    job_id: int, cloud: str, config_file: str | None, poll: float, down_after: bool
+) -> int:
     from aios.cloud.store import cluster_dir
 
     store = _store()
     job = store.get_job(job_id)
     logf = cluster_dir(job.cluster) / f"watcher-{job_id}.log"
-    argv = [sys.executable, "-m", "aios.cloud.watch", str(job_id), "--cloud", cloud, "--poll", str(poll)]
+    argv = [
+        sys.executable,
+        "-m",
+        "aios.cloud.watch",
+        str(job_id),
+        "--cloud",
+        cloud,
+        "--poll",
+        str(poll),
+    ]
     if config_file:
         argv += ["--config", config_file]
     if down_after:
         argv.append("--down")
     with open(logf, "ab") as f:
-        p = subprocess.Popen(argv, stdout=f, stderr=f, stdin=subprocess.DEVNULL, start_new_session=True)
+        p = subprocess.Popen(
+            argv, stdout=f, stderr=f, stdin=subprocess.DEVNULL, start_new_session=True
+        )
     return p.pid
 
 
-def _launch_dry_run(provider: Any, request: Any, spec: Any, config: Any, existing: bool, key_path: str | None,
-                    autostop_line: str | None = None) -> None:
+def _launch_dry_run(
+    provider: Any,
+    request: Any,
+    spec: Any,
+    config: Any,
+    existing: bool,
+    key_path: str | None,
+    autostop_line: str | None = None,
+) -> None:
     from aios.cloud import ops
     from aios.cloud.codesync import collect
     from aios.cloud.store import ClusterRecord
 
-    _echo(f"# dry run: nothing is created, no SSH connection is made")
+    _echo("# dry run: nothing is created, no SSH connection is made")
     if existing:
         _echo(f"# cluster {request.name} exists; it is reused")
     else:
         _echo(f"# 1. provision ({provider.cli or provider.name})")
-        home = Path(os.environ.get("AIOS_HOME") or Path.home() / ".aios").expanduser()  # read only: no mkdir
+        home = Path(
+            os.environ.get("AIOS_HOME") or Path.home() / ".aios"
+        ).expanduser()  # read only: no mkdir
         key = Path(key_path).expanduser() if key_path else home / "keys" / "aios_ed25519"
-        if Path(str(key) + ".pub").is_file():  # the public key a launch installs (public: printed as sent)
+        if Path(
+            str(key) + ".pub"
+        ).is_file():  # the public key a launch installs (public: printed as sent)
             request = ops.with_public_key(request, str(key))
         for line in ops.dry_run_lines(provider.render_create(request)):
             _echo(line)
         zones = provider.zones(request.accelerator)
         if len(zones) > 1:
-            _echo(f"# on a stockout or quota error: retry in {', '.join(z for z in zones if z != request.zone)} (with backoff)")
+            _echo(
+                f"# on a stockout or quota error: retry in {', '.join(z for z in zones if z != request.zone)} (with backoff)"
+            )
     entry = provider.entry(request.accelerator)
     n = max(1, entry.hosts) * request.nodes
     hosts = ops.placeholder_hosts(n, request.ssh_user)
-    rec = ClusterRecord(request.name, provider.name, request.zone, request.accelerator, request.spot, "DRY-RUN",
-                        hosts=[dataclasses.asdict(h) for h in hosts], ssh_user=request.ssh_user, ssh_key=None)
+    rec = ClusterRecord(
+        request.name,
+        provider.name,
+        request.zone,
+        request.accelerator,
+        request.spot,
+        "DRY-RUN",
+        hosts=[dataclasses.asdict(h) for h in hosts],
+        ssh_user=request.ssh_user,
+        ssh_key=None,
+    )
     files = collect(spec.workdir, spec.excludes)
     root = ops.remote_root(request.name)
-    _echo(f"# 2. code sync: {len(files)} files from {spec.workdir} (gitignore honoured; data, .git, checkpoints excluded)")
+    _echo(
+        f"# 2. code sync: {len(files)} files from {spec.workdir} (gitignore honoured; data, .git, checkpoints excluded)"
+    )
     from aios.cloud.codesync import secret_files
 
     secrets = secret_files(spec.workdir, spec.excludes)
     if secrets:
-        _echo(f"# left out {len(secrets)} secret-looking files: {', '.join(secrets[:8])}{', ...' if len(secrets) > 8 else ''} (use --env NAME)")
+        _echo(
+            f"# left out {len(secrets)} secret-looking files: {', '.join(secrets[:8])}{', ...' if len(secrets) > 8 else ''} (use --env NAME)"
+        )
     key = key_path or "$AIOS_HOME/keys/aios_ed25519"
     for h in hosts:
-        _echo(f"tar czf - -C {shlex.quote(spec.workdir)} <files> | ssh -i {key} {h.ssh_user}@{h.ip} "
-              f"'mkdir -p {root}/code.new && tar xzf - -C {root}/code.new && mv {root}/code.new {root}/code'")
+        _echo(
+            f"tar czf - -C {shlex.quote(spec.workdir)} <files> | ssh -i {key} {h.ssh_user}@{h.ip} "
+            f"'mkdir -p {root}/code.new && tar xzf - -C {root}/code.new && mv {root}/code.new {root}/code'"
+        )
     if spec.setup_lines:
         _echo(f"# 3. setup on every worker (cd {root}/code):")
         for line in spec.setup_lines:
@@ -469,7 +764,9 @@ def _launch_dry_run(provider: Any, request: Any, spec: Any, config: Any, existin
         prefix = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in sorted(full.items()))
         _echo(f"({h.label}) cd {root}/code && {prefix} {shlex.join(plan.command)}")
     if spec.checkpoint_dir:
-        _echo(f"# managed: on preemption recreate (or move zone), re-sync, re-setup, resume from {spec.checkpoint_dir}")
+        _echo(
+            f"# managed: on preemption recreate (or move zone), re-sync, re-setup, resume from {spec.checkpoint_dir}"
+        )
     if autostop_line:
         _echo(autostop_line)
 
@@ -479,25 +776,40 @@ def _launch_dry_run(provider: Any, request: Any, spec: Any, config: Any, existin
 
 @click.command()
 @click.argument("name", required=False)
-@click.option("--refresh", is_flag=True, help="Ask the cloud for the current state first, and list aios resources that have no local record.")
-@click.option("--cloud", help="With --refresh: the cloud to search for unrecorded resources (default: every installed one).")
+@click.option(
+    "--refresh",
+    is_flag=True,
+    help="Ask the cloud for the current state first, and list aios resources that have no local record.",
+)
+@click.option(
+    "--cloud",
+    help="With --refresh: the cloud to search for unrecorded resources (default: every installed one).",
+)
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--config", "config_file")
-def status(name: str | None, refresh: bool, cloud: str | None, as_json: bool, config_file: str | None) -> None:
+def status(
+    name: str | None, refresh: bool, cloud: str | None, as_json: bool, config_file: str | None
+) -> None:
     """Clusters and their jobs, with every preemption and recovery."""
     from aios.cloud import ops
 
     store = _store()
-    recs = [ops.require_cluster(store, name)] if name and (store.get_cluster(name) or not refresh) else (
-        [] if name else store.clusters())
+    recs = (
+        [ops.require_cluster(store, name)]
+        if name and (store.get_cluster(name) or not refresh)
+        else ([] if name else store.clusters())
+    )
     if refresh:
         recs = [ops.refresh(store, _provider(r.cloud, config_file), r) for r in recs]
     unrecorded: list[Any] = []
     if refresh:
         for c in _inventory_clouds(cloud):
             try:
-                unrecorded += [i for i in ops.inventory(_provider(c, config_file))
-                               if store.get_cluster(i.name) is None and (not name or i.name == name)]
+                unrecorded += [
+                    i
+                    for i in ops.inventory(_provider(c, config_file))
+                    if store.get_cluster(i.name) is None and (not name or i.name == name)
+                ]
             except AiosError as exc:
                 _log(f"{c}: cannot list its aios resources ({exc})")
         if name and not recs and not unrecorded:
@@ -505,14 +817,36 @@ def status(name: str | None, refresh: bool, cloud: str | None, as_json: bool, co
     out = []
     for r in recs:
         jobs = store.jobs(r.name)
-        events = [e for e in store.events(r.name) if e.kind in ("preempted", "unhealthy", "recovered", "recovery-failed", "failover")]
-        out.append({
-            "name": r.name, "cloud": r.cloud, "zone": r.zone, "accelerator": r.accelerator, "spot": r.spot,
-            "state": r.state, "hosts": [f"{h['worker_id']}:{h['ip']}" for h in r.hosts],
-            "jobs": [{"id": j.id, "state": j.state, "command": j.command, "restarts": j.restarts,
-                      "max_restarts": j.max_restarts, "exit_codes": j.exit_codes} for j in jobs],
-            "recoveries": [{"time": e.time, "kind": e.kind, "message": e.message} for e in events],
-        })
+        events = [
+            e
+            for e in store.events(r.name)
+            if e.kind in ("preempted", "unhealthy", "recovered", "recovery-failed", "failover")
+        ]
+        out.append(
+            {
+                "name": r.name,
+                "cloud": r.cloud,
+                "zone": r.zone,
+                "accelerator": r.accelerator,
+                "spot": r.spot,
+                "state": r.state,
+                "hosts": [f"{h['worker_id']}:{h['ip']}" for h in r.hosts],
+                "jobs": [
+                    {
+                        "id": j.id,
+                        "state": j.state,
+                        "command": j.command,
+                        "restarts": j.restarts,
+                        "max_restarts": j.max_restarts,
+                        "exit_codes": j.exit_codes,
+                    }
+                    for j in jobs
+                ],
+                "recoveries": [
+                    {"time": e.time, "kind": e.kind, "message": e.message} for e in events
+                ],
+            }
+        )
     from aios.cloud.controller import controller_of, remote_status
 
     for row, r in zip(out, recs):
@@ -530,25 +864,49 @@ def status(name: str | None, refresh: bool, cloud: str | None, as_json: bool, co
             local_id = store.events(r.name, kind="controller")[-1].job_id
             local = next((j for j in row["jobs"] if j["id"] == local_id), None)
             if rj and local:
-                local.update({k: rj[k] for k in ("state", "restarts", "max_restarts", "exit_codes")})
+                local.update(
+                    {k: rj[k] for k in ("state", "restarts", "max_restarts", "exit_codes")}
+                )
                 store.update_job(local["id"], state=rj["state"])
             row["recoveries"] += [e for e in remote["recoveries"] if e not in row["recoveries"]]
     for i in unrecorded:
-        out.append({"name": i.name, "cloud": i.cloud, "zone": i.zone, "accelerator": i.accelerator, "spot": i.spot,
-                    "state": f"{i.state} (no local record)", "hosts": [f"{h.worker_id}:{h.ip}" for h in i.hosts],
-                    "jobs": [], "recoveries": [], "unrecorded": True})
+        out.append(
+            {
+                "name": i.name,
+                "cloud": i.cloud,
+                "zone": i.zone,
+                "accelerator": i.accelerator,
+                "spot": i.spot,
+                "state": f"{i.state} (no local record)",
+                "hosts": [f"{h.worker_id}:{h.ip}" for h in i.hosts],
+                "jobs": [],
+                "recoveries": [],
+                "unrecorded": True,
+            }
+        )
     if as_json:
         _emit_json(out)
         return
     if not out:
         _echo("no clusters (create one with `aios launch`)")
         return
-    t = _table("aios clusters", ["name", "cloud", "zone", "accelerator", "spot", "state", "hosts", "job", "restarts"])
+    t = _table(
+        "aios clusters",
+        ["name", "cloud", "zone", "accelerator", "spot", "state", "hosts", "job", "restarts"],
+    )
     for c in out:
         j = c["jobs"][-1] if c["jobs"] else None
-        t.add_row(c["name"], c["cloud"], c["zone"] or "-", c["accelerator"], "yes" if c["spot"] else "no", c["state"],
-                  str(len(c["hosts"])), f"{j['id']} {j['state']}" if j else "-",
-                  f"{j['restarts']}/{j['max_restarts']}" if j else "-")
+        t.add_row(
+            c["name"],
+            c["cloud"],
+            c["zone"] or "-",
+            c["accelerator"],
+            "yes" if c["spot"] else "no",
+            c["state"],
+            str(len(c["hosts"])),
+            f"{j['id']} {j['state']}" if j else "-",
+            f"{j['restarts']}/{j['max_restarts']}" if j else "-",
+        )
     _print(t)
     import datetime as _dt
 
@@ -559,9 +917,13 @@ def status(name: str | None, refresh: bool, cloud: str | None, as_json: bool, co
     for c in out:
         if c.get("controller"):
             ctl = c["controller"]
-            _echo(f"{c['name']}: managed by a controller on {ctl['target']} (pid {ctl['pid']}){' ' + ctl['state'] if 'state' in ctl else ''}")
+            _echo(
+                f"{c['name']}: managed by a controller on {ctl['target']} (pid {ctl['pid']}){' ' + ctl['state'] if 'state' in ctl else ''}"
+            )
         if c.get("unrecorded"):
-            _echo(f"{c['name']}: found in {c['cloud']} by its aios label, no local record; delete it with `aios down {c['name']}`")
+            _echo(
+                f"{c['name']}: found in {c['cloud']} by its aios label, no local record; delete it with `aios down {c['name']}`"
+            )
 
 
 # ------------------------------------------------------------------------------ exec / logs / ssh
@@ -576,7 +938,10 @@ def _select(rec: Any, workers: tuple[int, ...]) -> list[Any]:
     ids = {h.worker_id for h in hosts}
     bad = [w for w in workers if w not in ids]
     if bad:
-        raise AiosError(f"cluster {rec.name} has no worker {bad[0]} (workers: {', '.join(map(str, sorted(ids)))})", "pass a valid --worker")
+        raise AiosError(
+            f"cluster {rec.name} has no worker {bad[0]} (workers: {', '.join(map(str, sorted(ids)))})",
+            "pass a valid --worker",
+        )
     return [h for h in hosts if h.worker_id in workers]
 
 
@@ -615,7 +980,9 @@ exec_.name = "exec"
 @click.option("--follow", "-f", is_flag=True, help="Keep printing until the job ends.")
 @click.option("--worker", "-w", type=int, multiple=True)
 @click.option("--dry-run", is_flag=True)
-def logs(name: str, job_id: int | None, follow: bool, worker: tuple[int, ...], dry_run: bool) -> None:
+def logs(
+    name: str, job_id: int | None, follow: bool, worker: tuple[int, ...], dry_run: bool
+) -> None:
     """Print a job's output from every host, prefixed with (worker N, ip)."""
     from aios.cloud import ops
     from aios.cloud.store import JOB_FINAL
@@ -624,7 +991,10 @@ def logs(name: str, job_id: int | None, follow: bool, worker: tuple[int, ...], d
     rec = ops.require_cluster(store, name)
     job = store.get_job(job_id) if job_id else store.latest_job(name)
     if job is None or job.cluster != name:
-        raise AiosError(f"cluster {name} has no job {job_id if job_id else ''}".rstrip(), "see `aios status NAME`")
+        raise AiosError(
+            f"cluster {name} has no job {job_id if job_id else ''}".rstrip(),
+            "see `aios status NAME`",
+        )
     provider = _scheduler(rec)
     if provider is not None:
         sys.exit(provider.job_logs(rec, job, follow, dry_run, _echo))
@@ -633,7 +1003,9 @@ def logs(name: str, job_id: int | None, follow: bool, worker: tuple[int, ...], d
     runner = ops.runner_for(rec, _printer())
     if dry_run:
         for h in hosts:
-            _echo(f"({h.label}) {shlex.join(runner.argv(h, ('tail -n +1 -F ' if follow else 'cat ') + d))}")
+            _echo(
+                f"({h.label}) {shlex.join(runner.argv(h, ('tail -n +1 -F ' if follow else 'cat ') + d))}"
+            )
         return
     if not follow:
         runner.run(f"cat {d} 2>/dev/null || echo '[aios] no log yet'", hosts=hosts)
@@ -676,7 +1048,10 @@ def cancel(name: str, job_id: int | None, config_file: str | None) -> None:
     rec = ops.require_cluster(store, name)
     job = store.get_job(job_id) if job_id else store.latest_job(name)
     if job is None or job.cluster != name:
-        raise AiosError(f"cluster {name} has no job {job_id if job_id else ''}".rstrip(), "see `aios status NAME`")
+        raise AiosError(
+            f"cluster {name} has no job {job_id if job_id else ''}".rstrip(),
+            "see `aios status NAME`",
+        )
     provider = _scheduler(rec) if not config_file else _provider(rec.cloud, config_file)
     if provider is not None and getattr(provider, "scheduler", False):
         provider.cancel(name)
@@ -738,11 +1113,29 @@ def _classify(loc: str, store: Any) -> tuple[str, Any, str]:
 @click.command()
 @click.argument("src")
 @click.argument("dst")
-@click.option("--worker", "-w", type=int, multiple=True, help="Cluster side: these workers (upload: default all; download: default 0).")
+@click.option(
+    "--worker",
+    "-w",
+    type=int,
+    multiple=True,
+    help="Cluster side: these workers (upload: default all; download: default 0).",
+)
 @click.option("--exclude", multiple=True)
-@click.option("--env", "env_items", multiple=True, help="Bucket <-> cluster: NAME=VALUE or NAME (forwarded from here) for the copy on the hosts (endpoints, credentials).")
+@click.option(
+    "--env",
+    "env_items",
+    multiple=True,
+    help="Bucket <-> cluster: NAME=VALUE or NAME (forwarded from here) for the copy on the hosts (endpoints, credentials).",
+)
 @click.option("--dry-run", is_flag=True)
-def sync(src: str, dst: str, worker: tuple[int, ...], exclude: tuple[str, ...], env_items: tuple[str, ...], dry_run: bool) -> None:
+def sync(
+    src: str,
+    dst: str,
+    worker: tuple[int, ...],
+    exclude: tuple[str, ...],
+    env_items: tuple[str, ...],
+    dry_run: bool,
+) -> None:
     """Copy between local paths, a cluster (NAME:PATH, relative to its code dir) and buckets
     (gs://..., s3://...). Bucket transfers show a progress bar for large files.
 
@@ -760,7 +1153,9 @@ def sync(src: str, dst: str, worker: tuple[int, ...], exclude: tuple[str, ...], 
     s = _classify(src, store)
     d = _classify(dst, store)
     if s[0] == "cluster" and d[0] == "cluster":
-        raise AiosError("copying between two clusters is not supported", "sync to a bucket first, then from it")
+        raise AiosError(
+            "copying between two clusters is not supported", "sync to a bucket first, then from it"
+        )
     if s[0] == "local" and not Path(s[2]).exists():
         raise AiosError(f"source {src} does not exist", "pass an existing local path")
     if s[0] == "url" or d[0] == "url":
@@ -769,22 +1164,32 @@ def sync(src: str, dst: str, worker: tuple[int, ...], exclude: tuple[str, ...], 
 
             rec = s[1] if s[0] == "cluster" else d[1]
             if s[0] == "cluster" and len(worker) > 1:
-                raise AiosError("cluster -> bucket copies from one worker (they would overwrite each other)", "pass one -w N, and a different URL per worker")
+                raise AiosError(
+                    "cluster -> bucket copies from one worker (they would overwrite each other)",
+                    "pass one -w N, and a different URL per worker",
+                )
             env, forward = ops.parse_env(list(env_items))
             env.update(ops.job_env(ops.JobSpec(script="", forward_env=forward), {}))
             hosts = _select(rec, worker or ((0,) if s[0] == "cluster" else ()))
-            lines = transfer.bucket_cluster(s[2], d[2], rec, hosts, _host_python(rec), _printer(), dry_run, env, exclude)
+            lines = transfer.bucket_cluster(
+                s[2], d[2], rec, hosts, _host_python(rec), _printer(), dry_run, env, exclude
+            )
         else:
             if env_items:
                 raise AiosError("--env only applies to bucket <-> cluster copies", "drop --env")
             lines = transfer.copy_urls(s[2], d[2], dry_run=dry_run, excludes=exclude)
     elif s[0] == "local" and d[0] == "cluster":
-        lines = transfer.upload_to_cluster(Path(s[2]), d[1], d[2], _select(d[1], worker), _printer(), dry_run, exclude)
+        lines = transfer.upload_to_cluster(
+            Path(s[2]), d[1], d[2], _select(d[1], worker), _printer(), dry_run, exclude
+        )
     elif s[0] == "cluster" and d[0] == "local":
         hosts = _select(s[1], worker or (0,))
         lines = transfer.download_from_cluster(s[1], s[2], hosts, Path(d[2]), dry_run)
     else:
-        raise AiosError("both sides are local paths", "use cp/rsync, or name a cluster as NAME:PATH or a bucket URL")
+        raise AiosError(
+            "both sides are local paths",
+            "use cp/rsync, or name a cluster as NAME:PATH or a bucket URL",
+        )
     for line in lines:
         _echo(line)
 
@@ -792,7 +1197,13 @@ def sync(src: str, dst: str, worker: tuple[int, ...], exclude: tuple[str, ...], 
 # ------------------------------------------------------------------------------ stop / start / down
 
 
-def _lifecycle(action: str, names: tuple[str, ...], dry_run: bool, config_file: str | None, cloud: str | None = None) -> None:
+def _lifecycle(
+    action: str,
+    names: tuple[str, ...],
+    dry_run: bool,
+    config_file: str | None,
+    cloud: str | None = None,
+) -> None:
     from aios.cloud import ops
 
     store = _store()
@@ -816,7 +1227,10 @@ def _lifecycle(action: str, names: tuple[str, ...], dry_run: bool, config_file: 
             _log(f"stopped {rec.name}")
         elif action == "start":
             new = ops.start_cluster(store, provider, rec)
-            _log(f"started {rec.name}: " + ", ".join(f"worker {h['worker_id']} {h['ip']}" for h in new.hosts))
+            _log(
+                f"started {rec.name}: "
+                + ", ".join(f"worker {h['worker_id']} {h['ip']}" for h in new.hosts)
+            )
         else:
             from aios.cloud.controller import controller_of, stop_controller
 
@@ -842,7 +1256,12 @@ def _down_unrecorded(name: str, cloud: str | None, dry_run: bool, config_file: s
         for c in clouds:
             provider = _provider(c, config_file)
             _echo(f"# {name} has no local record: find it by its aios label on {c}, then delete it")
-            for line in ops.dry_run_lines([*provider.render("list", name, None), *provider.render("delete", name, "<zone found>")]):
+            for line in ops.dry_run_lines(
+                [
+                    *provider.render("list", name, None),
+                    *provider.render("delete", name, "<zone found>"),
+                ]
+            ):
                 _echo(line)
         return
     found = False
@@ -855,12 +1274,16 @@ def _down_unrecorded(name: str, cloud: str | None, dry_run: bool, config_file: s
             problems.append(f"{c}: {exc.message if hasattr(exc, 'message') else exc}")
             continue
         for info in infos:
-            _log(f"{name} has no local record; found it on {c} in {info.zone or '?'} by its aios label ({info.state}); deleting")
+            _log(
+                f"{name} has no local record; found it on {c} in {info.zone or '?'} by its aios label ({info.state}); deleting"
+            )
             provider.delete(info.name, info.zone)
             found = True
     if not found:
         more = f" ({'; '.join(problems)})" if problems else ""
-        raise AiosError(f"no cluster named '{name}' here or in the cloud{more}", "see `aios status --refresh`")
+        raise AiosError(
+            f"no cluster named '{name}' here or in the cloud{more}", "see `aios status --refresh`"
+        )
     ops.runner_for_name_reset(name)
     _log(f"deleted {name}")
 
@@ -885,7 +1308,10 @@ def start(names: tuple[str, ...], dry_run: bool, config_file: str | None) -> Non
 
 @click.command()
 @click.argument("names", nargs=-1, required=True)
-@click.option("--cloud", help="Where to look for a cluster without a local record (default: every installed cloud).")
+@click.option(
+    "--cloud",
+    help="Where to look for a cluster without a local record (default: every installed cloud).",
+)
 @click.option("--dry-run", is_flag=True)
 @click.option("--config", "config_file")
 def down(names: tuple[str, ...], cloud: str | None, dry_run: bool, config_file: str | None) -> None:
@@ -897,10 +1323,16 @@ def down(names: tuple[str, ...], cloud: str | None, dry_run: bool, config_file: 
 @click.command()
 @click.argument("name")
 @click.argument("minutes", type=float, required=False)
-@click.option("--down", "down_", is_flag=True, help="Delete the cluster when idle instead of stopping it.")
-@click.option("--cancel", is_flag=True, help="Remove the agent (the cluster runs until you stop it).")
+@click.option(
+    "--down", "down_", is_flag=True, help="Delete the cluster when idle instead of stopping it."
+)
+@click.option(
+    "--cancel", is_flag=True, help="Remove the agent (the cluster runs until you stop it)."
+)
 @click.option("--config", "config_file")
-def autostop(name: str, minutes: float | None, down_: bool, cancel: bool, config_file: str | None) -> None:
+def autostop(
+    name: str, minutes: float | None, down_: bool, cancel: bool, config_file: str | None
+) -> None:
     """Stop (or with --down delete) cluster NAME after MINUTES without a running job. The
     agent runs on the cluster's head host, so it works while this machine is off."""
     from aios.cloud import ops
@@ -913,18 +1345,34 @@ def autostop(name: str, minutes: float | None, down_: bool, cancel: bool, config
         _log(f"autostop of {name} cancelled")
         return
     if minutes is None or minutes < 0:
-        raise AiosError("aios autostop needs MINUTES (0 or more)", f"e.g. aios autostop {name} 30 [--down]")
+        raise AiosError(
+            "aios autostop needs MINUTES (0 or more)", f"e.g. aios autostop {name} 30 [--down]"
+        )
     job = store.latest_job(name)
     python = (job.spec or {}).get("python") if job else None
     provider = _provider(rec.cloud, config_file)
-    ops.install_agent(rec, provider, minutes * 60, "down" if down_ else "stop", python or provider.python(rec.accelerator),
-                      _printer(), _log, poll=min(30.0, max(0.5, minutes * 60 / 4)))
-    store.event(name, "autostop", f"{'autodown' if down_ else 'autostop'} after {minutes:g} min idle (agent on worker 0)")
+    ops.install_agent(
+        rec,
+        provider,
+        minutes * 60,
+        "down" if down_ else "stop",
+        python or provider.python(rec.accelerator),
+        _printer(),
+        _log,
+        poll=min(30.0, max(0.5, minutes * 60 / 4)),
+    )
+    store.event(
+        name,
+        "autostop",
+        f"{'autodown' if down_ else 'autostop'} after {minutes:g} min idle (agent on worker 0)",
+    )
 
 
 @click.command()
 @click.argument("name")
-@click.option("--job", "job_id", type=int, help="Job id (default: every job of NAME that has not ended).")
+@click.option(
+    "--job", "job_id", type=int, help="Job id (default: every job of NAME that has not ended)."
+)
 def cancel(name: str, job_id: int | None) -> None:
     """Cancel a cluster's running job(s): the workers on every host are stopped (TERM, then
     KILL) and the job is recorded CANCELLED; a managed job is not recovered."""
@@ -933,7 +1381,11 @@ def cancel(name: str, job_id: int | None) -> None:
 
     store = _store()
     rec = ops.require_cluster(store, name)
-    jobs = [store.get_job(job_id)] if job_id else [j for j in store.jobs(name) if j.state not in JOB_FINAL]
+    jobs = (
+        [store.get_job(job_id)]
+        if job_id
+        else [j for j in store.jobs(name) if j.state not in JOB_FINAL]
+    )
     if job_id and (jobs[0] is None or jobs[0].cluster != name):
         raise AiosError(f"cluster {name} has no job {job_id}", f"see `aios status {name}`")
     if not jobs:
@@ -957,7 +1409,10 @@ def _entries(cloud: str | None, config_file: str | None) -> list[Any]:
 
     clouds = [cloud] if cloud else installed_clouds()
     if not clouds:
-        raise AiosError("no cloud plugin is installed", "pip install -e './packages/core[gcp]' ./packages/backend-xla ./packages/cloud-gcp (from the aios checkout), or for AWS: pip install -e './packages/core[aws]' ./packages/cloud-aws")
+        raise AiosError(
+            "no cloud plugin is installed",
+            "pip install -e './packages/core[gcp]' ./packages/backend-xla ./packages/cloud-gcp (from the aios checkout), or for AWS: pip install -e './packages/core[aws]' ./packages/cloud-aws",
+        )
     out = []
     for c in clouds:
         try:
@@ -965,7 +1420,9 @@ def _entries(cloud: str | None, config_file: str | None) -> list[Any]:
         except AiosError as exc:
             if cloud:
                 raise
-            _log(f"{c}: skipped: {exc.one_line()}")  # an unreachable scheduler does not hide the other clouds
+            _log(
+                f"{c}: skipped: {exc.one_line()}"
+            )  # an unreachable scheduler does not hide the other clouds
     return out
 
 
@@ -987,41 +1444,101 @@ def catalog(cloud: str | None, filter_: str | None, as_json: bool, config_file: 
         _emit_json([e.to_dict() for e in entries])
         return
     if not entries and not filter_:
-        raise AiosError("no installed cloud listed anything", "see the notes above (a scheduler may be unreachable)")
+        raise AiosError(
+            "no installed cloud listed anything",
+            "see the notes above (a scheduler may be unreachable)",
+        )
     if not entries:
-        raise AiosError(f"no accelerator matches '{filter_}'", "run `aios catalog` without --accelerator to see all")
-    t = _table("aios catalog (USD per hour for the whole type)", ["cloud", "accelerator", "devices", "memory/dev", "hosts", "per host", "runtime", "on-demand", "spot", "peak TFLOP/s", "zones"])
+        raise AiosError(
+            f"no accelerator matches '{filter_}'",
+            "run `aios catalog` without --accelerator to see all",
+        )
+    t = _table(
+        "aios catalog (USD per hour for the whole type)",
+        [
+            "cloud",
+            "accelerator",
+            "devices",
+            "memory/dev",
+            "hosts",
+            "per host",
+            "runtime",
+            "on-demand",
+            "spot",
+            "peak TFLOP/s",
+            "zones",
+        ],
+    )
     for e in entries:
-        t.add_row(e.cloud, e.accelerator, f"{e.devices} x {e.device_kind}", f"{e.memory_gb:.0f} GB", str(e.hosts), e.host_summary(), e.runtime or "-",
-                  _money(e.on_demand_hourly, e), _money(e.spot_hourly, e), f"{e.peak_tflops:,.0f}" if e.peak_tflops else "-",
-                  ", ".join(e.zones[:2]) + (f" +{len(e.zones) - 2}" if len(e.zones) > 2 else ""))
+        t.add_row(
+            e.cloud,
+            e.accelerator,
+            f"{e.devices} x {e.device_kind}",
+            f"{e.memory_gb:.0f} GB",
+            str(e.hosts),
+            e.host_summary(),
+            e.runtime or "-",
+            _money(e.on_demand_hourly, e),
+            _money(e.spot_hourly, e),
+            f"{e.peak_tflops:,.0f}" if e.peak_tflops else "-",
+            ", ".join(e.zones[:2]) + (f" +{len(e.zones) - 2}" if len(e.zones) > 2 else ""),
+        )
     _print(t)
 
 
 @click.command()
 @click.option("--cloud", help="Only this cloud (default: every installed one).")
-@click.option("--accelerator", "-a", help="Estimate for this type (with --hours, or with --params/--tokens).")
+@click.option(
+    "--accelerator", "-a", help="Estimate for this type (with --hours, or with --params/--tokens)."
+)
 @click.option("--hours", type=float, help="Run length for a plain hours x price estimate.")
 @click.option("--nodes", type=int, default=1, show_default=True)
 @click.option("--params", help="Model parameters (1.3B, 350M, 7e9).")
 @click.option("--tokens", help="Training tokens (26B, 1T).")
 @click.option("--precision", default="bf16-mixed", show_default=True)
-@click.option("--mfu", type=float, default=0.4, show_default=True, help="Assumed or measured model FLOPs utilisation.")
+@click.option(
+    "--mfu",
+    type=float,
+    default=0.4,
+    show_default=True,
+    help="Assumed or measured model FLOPs utilisation.",
+)
 @click.option("--spot", is_flag=True, help="Rank by spot price.")
 @click.option("--by", type=click.Choice(["cost", "time"]), default="cost", show_default=True)
 @click.option("--top", type=int, default=15, show_default=True)
-@click.option("--all", "include_all", is_flag=True, help="Include types whose memory cannot hold the training state.")
+@click.option(
+    "--all",
+    "include_all",
+    is_flag=True,
+    help="Include types whose memory cannot hold the training state.",
+)
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--config", "config_file")
-def cost(cloud: str | None, accelerator: str | None, hours: float | None, nodes: int, params: str | None,
-         tokens: str | None, precision: str, mfu: float, spot: bool, by: str, top: int, include_all: bool,
-         as_json: bool, config_file: str | None) -> None:
+def cost(
+    cloud: str | None,
+    accelerator: str | None,
+    hours: float | None,
+    nodes: int,
+    params: str | None,
+    tokens: str | None,
+    precision: str,
+    mfu: float,
+    spot: bool,
+    by: str,
+    top: int,
+    include_all: bool,
+    as_json: bool,
+    config_file: str | None,
+) -> None:
     """Estimate the cost of a run (hours x price), or rank accelerators for a training job by
     hours and dollars from 6 x params x tokens FLOPs at peak x utilisation."""
     from aios.cloud import cost as C
 
     if hours is None and not (params and tokens):
-        raise AiosError("aios cost needs --accelerator with --hours, or --params and --tokens", "e.g. aios cost --params 1.3B --tokens 26B")
+        raise AiosError(
+            "aios cost needs --accelerator with --hours, or --params and --tokens",
+            "e.g. aios cost --params 1.3B --tokens 26B",
+        )
     entries = _entries(cloud, config_file)
     if hours is not None:
         if not accelerator:
@@ -1032,16 +1549,30 @@ def cost(cloud: str | None, accelerator: str | None, hours: float | None, nodes:
         rows = []
         for e in matches:
             od, sp = C.hours_cost(e, hours, nodes)
-            rows.append({"cloud": e.cloud, "accelerator": e.accelerator, "hours": hours, "nodes": nodes, "on_demand_usd": od, "spot_usd": sp})
+            rows.append(
+                {
+                    "cloud": e.cloud,
+                    "accelerator": e.accelerator,
+                    "hours": hours,
+                    "nodes": nodes,
+                    "on_demand_usd": od,
+                    "spot_usd": sp,
+                }
+            )
         if as_json:
             _emit_json(rows)
             return
         for r in rows:
             e = next(m for m in matches if m.cloud == r["cloud"])
-            _echo(f"{r['cloud']} {r['accelerator']} x{nodes} for {hours:g} h: on-demand {_money(r['on_demand_usd'], e)}, spot {_money(r['spot_usd'], e)}")
+            _echo(
+                f"{r['cloud']} {r['accelerator']} x{nodes} for {hours:g} h: on-demand {_money(r['on_demand_usd'], e)}, spot {_money(r['spot_usd'], e)}"
+            )
         return
     if not (params and tokens):
-        raise AiosError("aios cost needs --accelerator with --hours, or --params and --tokens", "e.g. aios cost --params 1.3B --tokens 26B")
+        raise AiosError(
+            "aios cost needs --accelerator with --hours, or --params and --tokens",
+            "e.g. aios cost --params 1.3B --tokens 26B",
+        )
     p = C.parse_count(params, "--params")
     tk = C.parse_count(tokens, "--tokens")
     C.normalise_precision(precision)
@@ -1049,12 +1580,42 @@ def cost(cloud: str | None, accelerator: str | None, hours: float | None, nodes:
         entries = [e for e in entries if e.accelerator == accelerator]
         if not entries:
             raise AiosError(f"unknown accelerator '{accelerator}'", "see `aios catalog`")
-    ranked = C.rank(entries, p, tk, precision, mfu, spot=spot, include_unfit=include_all or bool(accelerator), by=by)[:top]
+    ranked = C.rank(
+        entries,
+        p,
+        tk,
+        precision,
+        mfu,
+        spot=spot,
+        include_unfit=include_all or bool(accelerator),
+        by=by,
+    )[:top]
     if as_json:
-        _emit_json({"flops": C.training_flops(p, tk), "mfu": mfu, "precision": precision, "ranking": [r.to_dict() for r in ranked]})
+        _emit_json(
+            {
+                "flops": C.training_flops(p, tk),
+                "mfu": mfu,
+                "precision": precision,
+                "ranking": [r.to_dict() for r in ranked],
+            }
+        )
         return
-    _echo(f"{C.training_flops(p, tk):.3g} FLOPs (6 x {p:.3g} params x {tk:.3g} tokens), {precision}, utilisation {mfu:g}")
-    t = _table(f"ranked by {'spot' if spot else 'on-demand'} {by}", ["#", "cloud", "accelerator", "devices", "hours", "on-demand", "spot", "fits"])
+    _echo(
+        f"{C.training_flops(p, tk):.3g} FLOPs (6 x {p:.3g} params x {tk:.3g} tokens), {precision}, utilisation {mfu:g}"
+    )
+    t = _table(
+        f"ranked by {'spot' if spot else 'on-demand'} {by}",
+        ["#", "cloud", "accelerator", "devices", "hours", "on-demand", "spot", "fits"],
+    )
     for i, r in enumerate(ranked, 1):
-        t.add_row(str(i), r.entry.cloud, r.entry.accelerator, str(r.entry.devices), f"{r.hours:,.1f}", _money(r.on_demand, r.entry), _money(r.spot, r.entry), "yes" if r.fits else f"no ({r.state_gb:.0f} GB state)")
+        t.add_row(
+            str(i),
+            r.entry.cloud,
+            r.entry.accelerator,
+            str(r.entry.devices),
+            f"{r.hours:,.1f}",
+            _money(r.on_demand, r.entry),
+            _money(r.spot, r.entry),
+            "yes" if r.fits else f"no ({r.state_gb:.0f} GB state)",
+        )
     _print(t)

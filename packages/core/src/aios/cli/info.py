@@ -38,7 +38,7 @@ def _emit_json(obj: Any) -> None:
 
 def _error_lines(reg: Any) -> None:
     for err in reg.errors:
-        click.echo(f"aios: plugin error: \"{err.plugin}\": {err.error}", err=True)
+        click.echo(f'aios: plugin error: "{err.plugin}": {err.error}', err=True)
 
 
 # ------------------------------------------------------------------------------ plugins
@@ -52,22 +52,34 @@ def plugins(as_json: bool) -> None:
     reg = _registry()
     rows = []
     for info in reg.plugins.values():
-        rows.append({
-            "name": info.name, "version": info.version, "module": info.module, "hooks": info.hooks,
-            "backends": sorted(b for b, s in reg.backends.items() if s.plugin == info.name),
-            "clouds": sorted(c for c, s in reg.clouds.items() if s.plugin == info.name),
-        })
+        rows.append(
+            {
+                "name": info.name,
+                "version": info.version,
+                "module": info.module,
+                "hooks": info.hooks,
+                "backends": sorted(b for b, s in reg.backends.items() if s.plugin == info.name),
+                "clouds": sorted(c for c, s in reg.clouds.items() if s.plugin == info.name),
+            }
+        )
     errors = [{"plugin": e.plugin, "error": e.error} for e in reg.errors]
     if as_json:
         _emit_json({"plugins": rows, "errors": errors})
         return
     t = _table("aios plugins", ["plugin", "version", "provides", "hooks"])
     for r in rows:
-        provides = ", ".join([*(f"backend:{b}" for b in r["backends"]), *(f"cloud:{c}" for c in r["clouds"])])
-        t.add_row(r["name"], r["version"], provides or "-", ", ".join(h.removeprefix("aios_") for h in r["hooks"]))
+        provides = ", ".join(
+            [*(f"backend:{b}" for b in r["backends"]), *(f"cloud:{c}" for c in r["clouds"])]
+        )
+        t.add_row(
+            r["name"],
+            r["version"],
+            provides or "-",
+            ", ".join(h.removeprefix("aios_") for h in r["hooks"]),
+        )
     _console().print(t)
     for e in errors:
-        click.echo(f"error: plugin \"{e['plugin']}\": {e['error']}")
+        click.echo(f'error: plugin "{e["plugin"]}": {e["error"]}')
 
 
 # ------------------------------------------------------------------------------ devices
@@ -87,7 +99,11 @@ def _reports(backend: str | None) -> list[Any]:
     from aios.types import DeviceReport
 
     reg = _registry()
-    names = [reg.backend(backend).name] if backend else sorted(reg.backends, key=lambda n: -reg.backends[n].priority)
+    names = (
+        [reg.backend(backend).name]
+        if backend
+        else sorted(reg.backends, key=lambda n: -reg.backends[n].priority)
+    )
     out = []
     for name in names:
         try:
@@ -97,10 +113,14 @@ def _reports(backend: str | None) -> list[Any]:
         except AiosError:
             raise
         except Exception as exc:  # noqa: BLE001 - one backend's failure never hides the others
-            rep = DeviceReport(name, "?", False, reason=f"discovery failed: {type(exc).__name__}: {exc}")
+            rep = DeviceReport(
+                name, "?", False, reason=f"discovery failed: {type(exc).__name__}: {exc}"
+            )
         if rep is None:
             avail = reg.probe(name)
-            rep = DeviceReport(name, "?", bool(avail), reason=avail.reason or "plugin reports no discovery")
+            rep = DeviceReport(
+                name, "?", bool(avail), reason=avail.reason or "plugin reports no discovery"
+            )
         out.append(rep)
     return out
 
@@ -115,11 +135,22 @@ def devices(backend: str | None, as_json: bool) -> None:
         _emit_json([r.to_dict() for r in reps])
         return
     _error_lines(_registry())
-    t = _table("aios devices", ["backend", "available", "kind", "count", "memory", "topology / reason"])
+    t = _table(
+        "aios devices", ["backend", "available", "kind", "count", "memory", "topology / reason"]
+    )
     for r in reps:
         mem = {_fmt_bytes(d.memory_bytes) for d in r.devices} or {"-"}
-        topo = ", ".join(f"{k}={v}" for k, v in r.topology.items() if not isinstance(v, (list, dict)))
-        t.add_row(r.backend, "yes" if r.available else "no", r.kind, str(r.count), "/".join(sorted(mem)), topo if r.available else (r.reason or topo))
+        topo = ", ".join(
+            f"{k}={v}" for k, v in r.topology.items() if not isinstance(v, (list, dict))
+        )
+        t.add_row(
+            r.backend,
+            "yes" if r.available else "no",
+            r.kind,
+            str(r.count),
+            "/".join(sorted(mem)),
+            topo if r.available else (r.reason or topo),
+        )
     con = _console()
     con.print(t)
     for r in reps:
@@ -152,8 +183,30 @@ def env(as_json: bool) -> None:
         elif result:
             info.update(result)
     info["plugins"] = {p.name: p.version for p in reg.plugins.values()}
-    prefixes = ("AIOS_", "PJRT_", "XLA_", "TPU_", "NEURON_", "CUDA_", "NCCL_", "FI_", "OMP_", "WANDB_", "GOOGLE_", "AWS_", "CLOUDSDK_", "MASTER_", "LOCAL_", "RANK", "WORLD_SIZE")
-    envs = {k: ("***" if is_secret(k) else v) for k, v in sorted(os.environ.items()) if k.startswith(prefixes)}
+    prefixes = (
+        "AIOS_",
+        "PJRT_",
+        "XLA_",
+        "TPU_",
+        "NEURON_",
+        "CUDA_",
+        "NCCL_",
+        "FI_",
+        "OMP_",
+        "WANDB_",
+        "GOOGLE_",
+        "AWS_",
+        "CLOUDSDK_",
+        "MASTER_",
+        "LOCAL_",
+        "RANK",
+        "WORLD_SIZE",
+    )
+    envs = {
+        k: ("***" if is_secret(k) else v)
+        for k, v in sorted(os.environ.items())
+        if k.startswith(prefixes)
+    }
     info["env"] = envs
     info = redact(info)
     if as_json:
@@ -173,7 +226,13 @@ def env(as_json: bool) -> None:
 
 @click.command()
 @click.option("--backend", default=None, help="Only checks for this backend.")
-@click.option("--config", "config_file", default=None, type=click.Path(dir_okay=False), help="YAML config file.")
+@click.option(
+    "--config",
+    "config_file",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="YAML config file.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def doctor(backend: str | None, config_file: str | None, as_json: bool) -> None:
     """Run pass/warn/fail checks contributed by the backends, each with its fix.
@@ -190,10 +249,26 @@ def doctor(backend: str | None, config_file: str | None, as_json: bool) -> None:
         cfg = resolve(config_file)
     checks: list[DoctorCheck] = []
     for err in reg.errors:
-        checks.append(DoctorCheck("plugin loads", "fail", f"\"{err.plugin}\": {err.error}", "reinstall or disable it (AIOS_DISABLE_PLUGINS)", plugin=err.plugin))
+        checks.append(
+            DoctorCheck(
+                "plugin loads",
+                "fail",
+                f'"{err.plugin}": {err.error}',
+                "reinstall or disable it (AIOS_DISABLE_PLUGINS)",
+                plugin=err.plugin,
+            )
+        )
     for plugin, result, exc in reg.call_all("aios_doctor_checks", backend=backend, config=cfg):
         if exc is not None:
-            checks.append(DoctorCheck("doctor hook", "fail", f"\"{plugin}\" raised {type(exc).__name__}: {exc}", "report this to the plugin's authors", plugin=plugin))
+            checks.append(
+                DoctorCheck(
+                    "doctor hook",
+                    "fail",
+                    f'"{plugin}" raised {type(exc).__name__}: {exc}',
+                    "report this to the plugin's authors",
+                    plugin=plugin,
+                )
+            )
         for c in result or []:
             checks.append(c if c.plugin else _set_plugin(c, plugin))
     if as_json:
@@ -201,12 +276,19 @@ def doctor(backend: str | None, config_file: str | None, as_json: bool) -> None:
     else:
         from rich.markup import escape
 
-        style = {"pass": "[green]PASS[/green]", "warn": "[yellow]WARN[/yellow]", "fail": "[red]FAIL[/red]"}
+        style = {
+            "pass": "[green]PASS[/green]",
+            "warn": "[yellow]WARN[/yellow]",
+            "fail": "[red]FAIL[/red]",
+        }
         con = _console()
         for c in checks:
             fix = f"\n       fix: {c.fix}" if c.fix and c.status != "pass" else ""
             scope = f"[{c.backend}] " if c.backend else ""
-            con.print(f"{style[c.status]} " + escape(f"{scope}{c.name}: {c.message}{fix}"), highlight=False)
+            con.print(
+                f"{style[c.status]} " + escape(f"{scope}{c.name}: {c.message}{fix}"),
+                highlight=False,
+            )
     if any(c.status == "fail" for c in checks):
         sys.exit(1)
 
@@ -226,7 +308,13 @@ def config() -> None:
 
 
 @config.command("show")
-@click.option("--config", "config_file", default=None, type=click.Path(dir_okay=False), help="YAML config file.")
+@click.option(
+    "--config",
+    "config_file",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="YAML config file.",
+)
 @click.option("--json", "as_json", is_flag=True)
 @click.argument("overrides", nargs=-1)
 def config_show(config_file: str | None, as_json: bool, overrides: tuple[str, ...]) -> None:
@@ -244,7 +332,13 @@ def config_show(config_file: str | None, as_json: bool, overrides: tuple[str, ..
 
 
 @config.command("validate")
-@click.option("--config", "config_file", default=None, type=click.Path(dir_okay=False), help="YAML config file.")
+@click.option(
+    "--config",
+    "config_file",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="YAML config file.",
+)
 @click.argument("overrides", nargs=-1)
 def config_validate(config_file: str | None, overrides: tuple[str, ...]) -> None:
     """Validate; exit 2 with one line naming the bad key when invalid."""

@@ -31,8 +31,16 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "cancel": ("aios.cli.cloud", "cancel", "Cancel a cluster's running job (scancel on Slurm)."),
     "down": ("aios.cli.cloud", "down", "Delete a cluster and everything aios created for it."),
     "cancel": ("aios.cli.cloud", "cancel", "Cancel a cluster's running job."),
-    "autostop": ("aios.cli.cloud", "autostop", "Stop or delete a cluster when it has been idle (agent on the cluster)."),
-    "catalog": ("aios.cli.cloud", "catalog", "Accelerators offered by the installed clouds, with prices."),
+    "autostop": (
+        "aios.cli.cloud",
+        "autostop",
+        "Stop or delete a cluster when it has been idle (agent on the cluster).",
+    ),
+    "catalog": (
+        "aios.cli.cloud",
+        "catalog",
+        "Accelerators offered by the installed clouds, with prices.",
+    ),
     "cost": ("aios.cli.cloud", "cost", "Estimate or rank the cost of a run across clouds."),
 }
 
@@ -52,7 +60,10 @@ def fail(exc: BaseException, prog: str = "aios") -> None:
     if isinstance(exc, AiosError):
         click.echo(f"{prog}: error: {exc.one_line()}", err=True)
         sys.exit(exc.exit_code)
-    click.echo(f"{prog}: error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", err=True)
+    click.echo(
+        f"{prog}: error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)",
+        err=True,
+    )
     sys.exit(1)
 
 
@@ -66,7 +77,7 @@ class LazyGroup(click.Group):
         module, attr, _ = COMMANDS[name]
         try:
             return getattr(importlib.import_module(module), attr)
-        except ImportError as exc:
+        except ImportError:
             if debug_enabled():
                 raise
 

@@ -65,11 +65,19 @@ def _split_argv(argv: tuple[str, ...], module: str | None) -> tuple[list[str], s
     overrides: list[str] = []
     items = list(argv)
     if module:
-        return [a for a in items if "=" in a and not a.startswith("-")], module, [a for a in items if not ("=" in a and not a.startswith("-"))]
-    while items and "=" in items[0] and not items[0].startswith("-") and not os.path.exists(items[0]):
+        return (
+            [a for a in items if "=" in a and not a.startswith("-")],
+            module,
+            [a for a in items if not ("=" in a and not a.startswith("-"))],
+        )
+    while (
+        items and "=" in items[0] and not items[0].startswith("-") and not os.path.exists(items[0])
+    ):
         overrides.append(items.pop(0))
     if not items:
-        raise LaunchError("no training script given", "usage: aios-run [OPTIONS] [key=value ...] SCRIPT [ARGS...]")
+        raise LaunchError(
+            "no training script given", "usage: aios-run [OPTIONS] [key=value ...] SCRIPT [ARGS...]"
+        )
     return overrides, items[0], items[1:]
 
 
@@ -78,7 +86,9 @@ def _port_free(addr: str, port: int) -> bool:
     so connections of an earlier run still in TIME_WAIT do not count as in use."""
     host = "" if addr in ("0.0.0.0", "*") else addr
     try:
-        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        infos = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
     except socket.gaierror:
         return True  # not a local address: the rendezvous host checks for itself
     family, _, _, _, sockaddr = infos[0]
@@ -104,7 +114,10 @@ def _is_local(addr: str) -> bool:
     if addr in ("127.0.0.1", "localhost", "::1", "0.0.0.0"):
         return True
     try:
-        return addr in {socket.gethostname(), socket.getfqdn()} or addr in socket.gethostbyname_ex(socket.gethostname())[2]
+        return (
+            addr in {socket.gethostname(), socket.getfqdn()}
+            or addr in socket.gethostbyname_ex(socket.gethostname())[2]
+        )
     except OSError:
         return False
 
@@ -143,7 +156,11 @@ def build_plan(
 
     cfg = resolve(config_file, overrides, flags)
     if not module and not os.path.isfile(script):
-        hint = "check the path" if not os.path.exists(script) else "pass a Python file, or use -m for a module"
+        hint = (
+            "check the path"
+            if not os.path.exists(script)
+            else "pass a Python file, or use -m for a module"
+        )
         raise LaunchError(f"script '{script}' not found", hint)
     reg = get_registry()
     spec = reg.select(cfg.backend, config=cfg)
@@ -154,7 +171,10 @@ def build_plan(
     request = LaunchRequest(script=script, args=list(args), module=module)
     plan = reg.call_first("aios_launch_plan", backend=spec.name, config=cfg, request=request)
     if plan is None:
-        raise LaunchError(f"backend '{spec.name}' has no launch plan", f"reinstall the plugin that provides it ({spec.plugin})")
+        raise LaunchError(
+            f"backend '{spec.name}' has no launch plan",
+            f"reinstall the plugin that provides it ({spec.plugin})",
+        )
     if check and plan.launcher != "direct" and cfg.node_rank == 0 and _is_local(cfg.master_addr):
         if not _port_free(cfg.master_addr, cfg.master_port):
             explicit = "master_port" in cfg.model_fields_set
@@ -166,7 +186,9 @@ def build_plan(
             port = _free_port(cfg.master_addr)
             notes.append(f"default port {cfg.master_port} is in use; using {port}")
             cfg = cfg.model_copy(update={"master_port": port})
-            plan = reg.call_first("aios_launch_plan", backend=spec.name, config=cfg, request=request)
+            plan = reg.call_first(
+                "aios_launch_plan", backend=spec.name, config=cfg, request=request
+            )
     return cfg, spec, plan, notes
 
 
@@ -176,7 +198,9 @@ def _worker_env(cfg: Any, backend: str, run_id: str) -> dict[str, str]:
     return {CONFIG_ENV: explicit_config_json(cfg), BACKEND_ENV: backend, RUN_ID_ENV: run_id}
 
 
-def _print_plan(cfg: Any, spec: Any, plan: Any, env: dict[str, str], notes: list[str], as_json: bool) -> None:
+def _print_plan(
+    cfg: Any, spec: Any, plan: Any, env: dict[str, str], notes: list[str], as_json: bool
+) -> None:
     from aios.plugins import get_registry
 
     devices = None
@@ -188,21 +212,44 @@ def _print_plan(cfg: Any, spec: Any, plan: Any, env: dict[str, str], notes: list
     data = plan.to_dict()
     for h in data["hosts"]:
         h["env"] = {**h["env"], **env}
-        h["shell"] = " ".join([*(f"{k}={shlex.quote(v)}" for k, v in sorted(h["env"].items())), *map(shlex.quote, h["command"])])
-    out = {"backend": spec.name, "plugin": spec.plugin, "launcher": plan.launcher, "world_size": plan.world_size,
-           "devices": devices, "config": cfg.redacted_dict(), "hosts": data["hosts"], "notes": [*plan.notes, *notes]}
+        h["shell"] = " ".join(
+            [
+                *(f"{k}={shlex.quote(v)}" for k, v in sorted(h["env"].items())),
+                *map(shlex.quote, h["command"]),
+            ]
+        )
+    out = {
+        "backend": spec.name,
+        "plugin": spec.plugin,
+        "launcher": plan.launcher,
+        "world_size": plan.world_size,
+        "devices": devices,
+        "config": cfg.redacted_dict(),
+        "hosts": data["hosts"],
+        "notes": [*plan.notes, *notes],
+    }
     if as_json:
         click.echo(json.dumps(out, indent=2, default=str))
         return
-    dev = f"{devices.get('count')} x {devices.get('kind')}" if isinstance(devices, dict) and "count" in devices else "unknown"
+    dev = (
+        f"{devices.get('count')} x {devices.get('kind')}"
+        if isinstance(devices, dict) and "count" in devices
+        else "unknown"
+    )
     click.echo(f"backend:    {spec.name} (plugin {spec.plugin or '?'})")
     click.echo(f"devices:    {dev}")
-    click.echo(f"launcher:   {plan.launcher}, world size {plan.world_size}, precision {cfg.precision}")
+    click.echo(
+        f"launcher:   {plan.launcher}, world size {plan.world_size}, precision {cfg.precision}"
+    )
     for h in data["hosts"]:
         click.echo(f"host {h['host']['address']}: {h['nprocs']} process(es)")
         for r in h["ranks"]:
-            click.echo("  rank " + r.get("RANK", "?") + ": " + " ".join(f"{k}={v}" for k, v in r.items()))
-        click.echo("  env:     " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(h["env"].items())))
+            click.echo(
+                "  rank " + r.get("RANK", "?") + ": " + " ".join(f"{k}={v}" for k, v in r.items())
+            )
+        click.echo(
+            "  env:     " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(h["env"].items()))
+        )
         click.echo("  command: " + " ".join(shlex.quote(c) for c in h["command"]))
     for n in out["notes"]:
         click.echo(f"note: {n}")
@@ -225,22 +272,39 @@ def _preempted_exit(cfg: Any, status: dict[int, str] | None = None) -> None:
 
     paths = [v.split(" ", 1)[1] for v in (status or {}).values() if " " in v and v.split(" ", 1)[1]]
     if paths:
-        click.echo(f"{PROG}: preempted: emergency checkpoint {paths[0]} written; relaunch the same command to resume", err=True)
+        click.echo(
+            f"{PROG}: preempted: emergency checkpoint {paths[0]} written; relaunch the same command to resume",
+            err=True,
+        )
     elif status:
-        click.echo(f"{PROG}: preempted: no checkpoint.dir was configured, progress since the last start is lost", err=True)
+        click.echo(
+            f"{PROG}: preempted: no checkpoint.dir was configured, progress since the last start is lost",
+            err=True,
+        )
     else:
-        click.echo(f"{PROG}: preempted: the workers stopped for a preemption notice; relaunch the same command to resume", err=True)
+        click.echo(
+            f"{PROG}: preempted: the workers stopped for a preemption notice; relaunch the same command to resume",
+            err=True,
+        )
     sys.exit(EXIT_PREEMPTED)
 
 
 def _script_failed(script: str, rank: int | str, code: int, others: bool) -> None:
     if code < 0:
-        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
-        click.echo(f"{PROG}: error: {script} was killed by {name} on rank {rank}" + (" (other ranks stopped)" if others else ""), err=True)
+        name = (
+            signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+        )
+        click.echo(
+            f"{PROG}: error: {script} was killed by {name} on rank {rank}"
+            + (" (other ranks stopped)" if others else ""),
+            err=True,
+        )
         sys.exit(128 - code)
     click.echo(
-        f"{PROG}: error: {script} exited with code {code} on rank {rank}" + (" (other ranks stopped)" if others else "")
-        + "; see its output above", err=True,
+        f"{PROG}: error: {script} exited with code {code} on rank {rank}"
+        + (" (other ranks stopped)" if others else "")
+        + "; see its output above",
+        err=True,
     )
     sys.exit(code)
 
@@ -411,7 +475,10 @@ class _AgentWatch:
                 what = f"rank {rank} {_describe_exit(f.exitcode)}"
             else:
                 what = "the node group changed (a node joined, or another node's workers failed)"
-            click.echo(f"{PROG}: restart {attempt}/{spec.max_restarts}: {what}; restarting all workers", err=True)
+            click.echo(
+                f"{PROG}: restart {attempt}/{spec.max_restarts}: {what}; restarting all workers",
+                err=True,
+            )
             restart(agent, worker_group)
 
         self._start_epoll()
@@ -454,12 +521,16 @@ def _wrap_monitor(monitor: Any, watch: _AgentWatch) -> Any:
 
 def _describe_exit(code: int) -> str:
     if code < 0:
-        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+        name = (
+            signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+        )
         return f"was killed by {name}"
     return f"exited with code {code}"
 
 
-def _run_elastic_inprocess(targs: list[str], env: dict[str, str], grace: float, watch: _AgentWatch) -> tuple[str, Any]:
+def _run_elastic_inprocess(
+    targs: list[str], env: dict[str, str], grace: float, watch: _AgentWatch
+) -> tuple[str, Any]:
     """``torch.distributed.run`` in this process. Returns ``("ok"|"failed"|"signal", detail)``."""
     os.environ.update(env)
     os.environ.setdefault("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[rank${rank}]:")
@@ -489,16 +560,28 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
     from aios.records import new_run_id
 
     if len(plan.hosts) != 1:
-        raise LaunchError(f"the plan has {len(plan.hosts)} hosts; aios-run starts the processes of this host only", "run aios-run on every node with --node-rank, or use `aios launch` for clusters")
+        raise LaunchError(
+            f"the plan has {len(plan.hosts)} hosts; aios-run starts the processes of this host only",
+            "run aios-run on every node with --node-rank, or use `aios launch` for clusters",
+        )
     host = plan.hosts[0]
     run_id = os.environ.get(RUN_ID_ENV) or new_run_id()
     status_dir = tempfile.mkdtemp(prefix="aios-run-status-")
-    env = {**host.env, **_worker_env(cfg, spec.name, run_id), STATUS_DIR_ENV: status_dir, LAUNCHER_PID_ENV: str(os.getpid())}
+    env = {
+        **host.env,
+        **_worker_env(cfg, spec.name, run_id),
+        STATUS_DIR_ENV: status_dir,
+        LAUNCHER_PID_ENV: str(os.getpid()),
+    }
     for n in notes:
         click.echo(f"{PROG}: note: {n}", err=True)
     try:
         cmd = host.command
-        if plan.launcher == "elastic" and cmd[1:3] == ["-m", "torch.distributed.run"] and os.path.realpath(cmd[0]) == os.path.realpath(sys.executable):
+        if (
+            plan.launcher == "elastic"
+            and cmd[1:3] == ["-m", "torch.distributed.run"]
+            and os.path.realpath(cmd[0]) == os.path.realpath(sys.executable)
+        ):
             watch = _AgentWatch()
             kind, detail = _run_elastic_inprocess(cmd[3:], env, cfg.checkpoint.grace_seconds, watch)
             status = _read_status(status_dir)
@@ -508,7 +591,10 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
                 _preempted_exit(cfg, status)
             if kind == "signal":
                 sig = detail
-                click.echo(f"{PROG}: stopped by {getattr(sig, 'name', sig)}; workers were sent the same signal", err=True)
+                click.echo(
+                    f"{PROG}: stopped by {getattr(sig, 'name', sig)}; workers were sent the same signal",
+                    err=True,
+                )
                 sys.exit(128 + int(sig))
             failures = detail or {}
             if failures and all(f.exitcode == 75 for f in failures.values()):
@@ -532,21 +618,37 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
 
 
 def _run(
-    argv: tuple[str, ...], backend: str | None, nprocs: str | None, nnodes: int | None, node_rank: int | None,
-    master_addr: str | None, master_port: int | None, precision: str | None, config_file: str | None,
-    max_restarts: int | None, dry_run: bool, as_json: bool, module: str | None,
+    argv: tuple[str, ...],
+    backend: str | None,
+    nprocs: str | None,
+    nnodes: int | None,
+    node_rank: int | None,
+    master_addr: str | None,
+    master_port: int | None,
+    precision: str | None,
+    config_file: str | None,
+    max_restarts: int | None,
+    dry_run: bool,
+    as_json: bool,
+    module: str | None,
 ) -> None:
     overrides, script, args = _split_argv(argv, module)
     flags: dict[str, Any] = {
-        "backend": backend, "nnodes": nnodes, "node_rank": node_rank, "master_addr": master_addr,
-        "master_port": master_port, "precision": precision,
+        "backend": backend,
+        "nnodes": nnodes,
+        "node_rank": node_rank,
+        "master_addr": master_addr,
+        "master_port": master_port,
+        "precision": precision,
     }
     if nprocs is not None:
         flags["nprocs"] = nprocs if nprocs == "auto" else _int_or_str(nprocs)
     if max_restarts is not None:
         flags["launch"] = {"max_restarts": max_restarts}
     _scheduler_defaults(flags, overrides, config_file)
-    cfg, spec, plan, notes = build_plan(script, args, overrides, flags, config_file, module=bool(module), check=not dry_run)
+    cfg, spec, plan, notes = build_plan(
+        script, args, overrides, flags, config_file, module=bool(module), check=not dry_run
+    )
     if dry_run:
         env = _worker_env(cfg, spec.name, os.environ.get(RUN_ID_ENV) or "<new at launch>")
         _print_plan(cfg, spec, plan, env, notes, as_json)
@@ -555,7 +657,9 @@ def _run(
     execute(cfg, spec, plan, notes, script)
 
 
-def _scheduler_defaults(flags: dict[str, Any], overrides: list[str], config_file: str | None) -> None:
+def _scheduler_defaults(
+    flags: dict[str, Any], overrides: list[str], config_file: str | None
+) -> None:
     """Inside a scheduler's job (Slurm step, Kubernetes indexed Job/JobSet; see
     :mod:`aios.cluster`), default nnodes, node rank, master address/port from it. Explicit
     flags and config win; an explicit nnodes/node rank that contradicts the scheduler is a
@@ -570,8 +674,11 @@ def _scheduler_defaults(flags: dict[str, Any], overrides: list[str], config_file
 
     cfg = resolve(config_file, overrides, {k: v for k, v in flags.items() if v is not None})
     per_rank = info.rank is not None and info.world_size is not None
-    want: dict[str, Any] = {"nnodes": 1 if per_rank else info.nnodes, "node_rank": 0 if per_rank else info.node_rank,
-                            "master_addr": info.master_addr}
+    want: dict[str, Any] = {
+        "nnodes": 1 if per_rank else info.nnodes,
+        "node_rank": 0 if per_rank else info.node_rank,
+        "master_addr": info.master_addr,
+    }
     if info.master_port is not None:
         want["master_port"] = info.master_port
     if per_rank:
@@ -579,17 +686,30 @@ def _scheduler_defaults(flags: dict[str, Any], overrides: list[str], config_file
     for key, value in want.items():
         if key in cfg.model_fields_set:
             if key in ("nnodes", "node_rank", "nprocs") and getattr(cfg, key) != value:
-                raise LaunchError(f"{key}={getattr(cfg, key)} contradicts the {info.name} job ({key} {value} there)",
-                                  f"drop {key} from the flags/config, or change the {info.name} job's size")
+                raise LaunchError(
+                    f"{key}={getattr(cfg, key)} contradicts the {info.name} job ({key} {value} there)",
+                    f"drop {key} from the flags/config, or change the {info.name} job's size",
+                )
             continue
         flags[key] = value
     if per_rank:
-        os.environ.update({
-            "RANK": str(info.rank), "WORLD_SIZE": str(info.world_size), "LOCAL_RANK": str(info.local_rank or 0),
-            "LOCAL_WORLD_SIZE": str(info.local_world_size or 1), "GROUP_RANK": str(info.node_rank),
-            "MASTER_ADDR": str(cfg.master_addr if "master_addr" in cfg.model_fields_set else info.master_addr),
-            "MASTER_PORT": str(cfg.master_port if "master_port" in cfg.model_fields_set or info.master_port is None else info.master_port),
-        })
+        os.environ.update(
+            {
+                "RANK": str(info.rank),
+                "WORLD_SIZE": str(info.world_size),
+                "LOCAL_RANK": str(info.local_rank or 0),
+                "LOCAL_WORLD_SIZE": str(info.local_world_size or 1),
+                "GROUP_RANK": str(info.node_rank),
+                "MASTER_ADDR": str(
+                    cfg.master_addr if "master_addr" in cfg.model_fields_set else info.master_addr
+                ),
+                "MASTER_PORT": str(
+                    cfg.master_port
+                    if "master_port" in cfg.model_fields_set or info.master_port is None
+                    else info.master_port
+                ),
+            }
+        )
     elif info.nnodes > 1 and "rdzv_backend" not in cfg.launch.model_fields_set:
         # the scheduler fixed the node ranks: keep them (c10d would assign its own)
         flags["launch"] = {**(flags.get("launch") or {}), "rdzv_backend": "static"}
@@ -603,24 +723,57 @@ def _int_or_str(v: str) -> Any:
 
 
 _OPTIONS = [
-    click.option("--backend", default=None, help="auto | cpu | cuda | xla | neuron | <plugin backend> (default: auto)."),
-    click.option("--nprocs", default=None, help="Processes per node (default: one per device; 1 on CPU)."),
+    click.option(
+        "--backend",
+        default=None,
+        help="auto | cpu | cuda | xla | neuron | <plugin backend> (default: auto).",
+    ),
+    click.option(
+        "--nprocs", default=None, help="Processes per node (default: one per device; 1 on CPU)."
+    ),
     click.option("--nnodes", type=int, default=None, help="Number of nodes."),
     click.option("--node-rank", type=int, default=None, help="Rank of this node."),
     click.option("--master-addr", default=None, help="Rendezvous host (node 0)."),
     click.option("--master-port", type=int, default=None, help="Rendezvous port."),
     click.option("--precision", default=None, help="fp32 | bf16-mixed | fp16-mixed | bf16-true."),
     click.option("--config", "config_file", default=None, help="YAML config file."),
-    click.option("--max-restarts", type=int, default=None, help="Restart all workers up to N times after a failure."),
-    click.option("--dry-run", is_flag=True, help="Print the resolved plan and exit (starts nothing, no torch import)."),
+    click.option(
+        "--max-restarts",
+        type=int,
+        default=None,
+        help="Restart all workers up to N times after a failure.",
+    ),
+    click.option(
+        "--dry-run",
+        is_flag=True,
+        help="Print the resolved plan and exit (starts nothing, no torch import).",
+    ),
     click.option("--json", "as_json", is_flag=True, help="With --dry-run: the plan as JSON."),
-    click.option("-m", "--module", default=None, help="Run a module (python -m) instead of a script."),
+    click.option(
+        "-m", "--module", default=None, help="Run a module (python -m) instead of a script."
+    ),
     click.option("--debug", is_flag=True, help="Show tracebacks for errors."),
     click.argument("argv", nargs=-1, type=click.UNPROCESSED),
 ]
 
-_CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": False, "help_option_names": ["-h", "--help"]}
-_VALUE_OPTS = {"--backend", "--nprocs", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--precision", "--config", "--max-restarts", "-m", "--module"}
+_CONTEXT = {
+    "ignore_unknown_options": True,
+    "allow_interspersed_args": False,
+    "help_option_names": ["-h", "--help"],
+}
+_VALUE_OPTS = {
+    "--backend",
+    "--nprocs",
+    "--nnodes",
+    "--node-rank",
+    "--master-addr",
+    "--master-port",
+    "--precision",
+    "--config",
+    "--max-restarts",
+    "-m",
+    "--module",
+}
 
 
 def reorder_args(args: list[str]) -> list[str]:
@@ -692,7 +845,11 @@ def _preimport_launcher(argv: list[str]) -> None:
     if any(a in ("--dry-run", "-h", "--help") for a in head) or os.environ.get(NO_PREIMPORT_ENV):
         return
     # only when the launch is likely elastic (a direct, single-process launch needs no torch here)
-    elastic = any(a in ("--nnodes", "--max-restarts") or a.startswith(("nprocs=", "nnodes=", "launch.max_restarts=")) for a in head)
+    elastic = any(
+        a in ("--nnodes", "--max-restarts")
+        or a.startswith(("nprocs=", "nnodes=", "launch.max_restarts="))
+        for a in head
+    )
     if "--nprocs" in head:
         i = head.index("--nprocs")
         elastic = elastic or (i + 1 < len(head) and head[i + 1] not in ("1",))

@@ -34,6 +34,15 @@ from aios.cloud.provider import (
 )
 
 __all__ = [
-    "CapacityError", "CatalogEntry", "CloudCommand", "CloudError", "CloudProvider", "ClusterHost",
-    "ClusterInfo", "ClusterNotFound", "ClusterRequest", "CredentialsError", "QuotaError",
+    "CapacityError",
+    "CatalogEntry",
+    "CloudCommand",
+    "CloudError",
+    "CloudProvider",
+    "ClusterHost",
+    "ClusterInfo",
+    "ClusterNotFound",
+    "ClusterRequest",
+    "CredentialsError",
+    "QuotaError",
 ]

@@ -66,8 +66,11 @@ def provider_for(cfg: dict[str, Any]) -> Any:
     from aios.config import resolve
 
     cloud = cfg["cloud"]
-    environ = {f"AIOS_{cloud.upper()}__{k.upper()}": v if isinstance(v, str) else json.dumps(v)
-               for k, v in (cfg.get("settings") or {}).items() if v is not None}
+    environ = {
+        f"AIOS_{cloud.upper()}__{k.upper()}": v if isinstance(v, str) else json.dumps(v)
+        for k, v in (cfg.get("settings") or {}).items()
+        if v is not None
+    }
     config = resolve(environ=environ, check_backend=False)
     return get_provider(cloud, config)
 
@@ -94,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
 
     def log(msg: str) -> None:
-        print(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} [aios agent] {msg}", flush=True)
+        print(
+            f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} [aios agent] {msg}", flush=True
+        )
 
     log(f"watching {jobs}: {cfg['action']} after {idle_after:g}s without a running job")
     failures = 0
@@ -105,8 +110,14 @@ def main(argv: list[str] | None = None) -> int:
         now = time.time()
         running = job_running(jobs)
         idle_since = now if running else last_activity(jobs, started)
-        state = {"time": now, "running": running, "idle_since": idle_since, "action": cfg["action"],
-                 "idle_seconds": idle_after, "pid": os.getpid()}
+        state = {
+            "time": now,
+            "running": running,
+            "idle_since": idle_since,
+            "action": cfg["action"],
+            "idle_seconds": idle_after,
+            "pid": os.getpid(),
+        }
         tmp = state_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(state))
         os.replace(tmp, state_file)

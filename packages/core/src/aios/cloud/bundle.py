@@ -49,7 +49,12 @@ def build(backend: str | None = None, cloud: str | None = None) -> Bundle:
     for name, info in reg.plugins.items():
         backends = {b for b, s in reg.backends.items() if s.plugin == name}
         clouds = {c for c, s in reg.clouds.items() if s.plugin == name}
-        if (backend is None and cloud is None) or (not backends and not clouds) or backend in backends or cloud in clouds:
+        if (
+            (backend is None and cloud is None)
+            or (not backends and not clouds)
+            or backend in backends
+            or cloud in clouds
+        ):
             wanted[name] = info.module
     out = Bundle()
     reqs: set[str] = set()
@@ -64,13 +69,19 @@ def build(backend: str | None = None, cloud: str | None = None) -> Bundle:
         if root.is_dir():
             for p in sorted(root.rglob("*")):
                 rel = p.relative_to(root.parent)
-                if p.is_file() and not (set(rel.parts) & _SKIP_DIRS) and p.suffix not in (".pyc", ".so"):
+                if (
+                    p.is_file()
+                    and not (set(rel.parts) & _SKIP_DIRS)
+                    and p.suffix not in (".pyc", ".so")
+                ):
                     out.files.append((p, f"{SITE}/{rel.as_posix()}"))
         else:
             out.files.append((root, f"{SITE}/{root.name}"))
         norm = re.sub(r"[-_.]+", "_", dist_name)
         info = f"{SITE}/{norm}-{dist.version}.dist-info"
-        out.generated[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: {dist_name}\nVersion: {dist.version}\n"
+        out.generated[f"{info}/METADATA"] = (
+            f"Metadata-Version: 2.1\nName: {dist_name}\nVersion: {dist.version}\n"
+        )
         eps = dist.read_text("entry_points.txt")
         if eps:
             out.generated[f"{info}/entry_points.txt"] = eps
@@ -78,7 +89,11 @@ def build(backend: str | None = None, cloud: str | None = None) -> Bundle:
             if "extra ==" in r:
                 continue
             name = re.split(r"[\s;<>=!~\[]", r, 1)[0]
-            if not name.lower().startswith("aios-") and name.lower() not in ("torch", "torch-xla", "torch_xla"):
+            if not name.lower().startswith("aios-") and name.lower() not in (
+                "torch",
+                "torch-xla",
+                "torch_xla",
+            ):
                 reqs.add(r.split(";")[0].strip())
         out.dists.append(f"{dist_name}=={dist.version}")
     out.requirements = sorted(reqs)

@@ -27,17 +27,66 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ALWAYS_EXCLUDE = (
-    ".git", "data", "checkpoints", "ckpt", "__pycache__", "*.pyc", ".venv", "venv", ".tox",
-    ".mypy_cache", ".pytest_cache", ".ruff_cache", "runs", "wandb", ".aios", "node_modules",
-    "*.tar.gz", "*.tgz", ".DS_Store",
+    ".git",
+    "data",
+    "checkpoints",
+    "ckpt",
+    "__pycache__",
+    "*.pyc",
+    ".venv",
+    "venv",
+    ".tox",
+    ".mypy_cache",
+    ".pytest_cache",
+    ".ruff_cache",
+    "runs",
+    "wandb",
+    ".aios",
+    "node_modules",
+    "*.tar.gz",
+    "*.tgz",
+    ".DS_Store",
 )
 # Files that hold secrets by convention. Matched like ALWAYS_EXCLUDE (any path component).
 SECRET_EXCLUDE = (
-    ".env", ".env.*", "*.env", ".envrc", "*.pem", "*.key", "*.p12", "*.pfx", "*.jks", "*.keystore", "*.ppk",
-    "id_rsa", "id_rsa.*", "id_dsa", "id_dsa.*", "id_ecdsa", "id_ecdsa.*", "id_ed25519", "id_ed25519.*",
-    ".ssh", ".aws", ".gnupg", ".netrc", ".pypirc", ".npmrc", ".git-credentials", ".dockercfg",
-    "credentials.json", "application_default_credentials.json", "*service-account*.json", "*serviceaccount*.json",
-    "kubeconfig", "*.kubeconfig", ".htpasswd", "secrets.yaml", "secrets.yml", "secrets.json", "secrets.toml",
+    ".env",
+    ".env.*",
+    "*.env",
+    ".envrc",
+    "*.pem",
+    "*.key",
+    "*.p12",
+    "*.pfx",
+    "*.jks",
+    "*.keystore",
+    "*.ppk",
+    "id_rsa",
+    "id_rsa.*",
+    "id_dsa",
+    "id_dsa.*",
+    "id_ecdsa",
+    "id_ecdsa.*",
+    "id_ed25519",
+    "id_ed25519.*",
+    ".ssh",
+    ".aws",
+    ".gnupg",
+    ".netrc",
+    ".pypirc",
+    ".npmrc",
+    ".git-credentials",
+    ".dockercfg",
+    "credentials.json",
+    "application_default_credentials.json",
+    "*service-account*.json",
+    "*serviceaccount*.json",
+    "kubeconfig",
+    "*.kubeconfig",
+    ".htpasswd",
+    "secrets.yaml",
+    "secrets.yml",
+    "secrets.json",
+    "secrets.toml",
 )
 # Templates that only name the variables.
 SECRET_ALLOW = (".env.example", ".env.sample", ".env.template", ".env.dist", "*.pub")
@@ -66,14 +115,32 @@ def _excluded(rel: str, patterns: tuple[str, ...]) -> bool:
 
 def _git_files(root: Path) -> list[str] | None:
     try:
-        top = subprocess.run(["git", "-C", str(root), "rev-parse", "--is-inside-work-tree"],
-                             capture_output=True, text=True, timeout=30)
+        top = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--is-inside-work-tree"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     if top.returncode != 0 or top.stdout.strip() != "true":
         return None
-    r = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", "."],
-                       capture_output=True, timeout=120)
+    r = subprocess.run(
+        [
+            "git",
+            "-C",
+            str(root),
+            "ls-files",
+            "-z",
+            "--cached",
+            "--others",
+            "--exclude-standard",
+            "--",
+            ".",
+        ],
+        capture_output=True,
+        timeout=120,
+    )
     if r.returncode != 0:
         return None
     return [p for p in r.stdout.decode().split("\0") if p]
@@ -95,13 +162,15 @@ def _walk_gitignore(root: Path) -> list[str]:
             if pathspec is not None:
                 specs.append((rel_dir, pathspec.GitIgnoreSpec.from_lines(lines)))
             else:
-                specs.append((rel_dir, [ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")]))
+                specs.append(
+                    (rel_dir, [ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")])
+                )
 
         def ignored(rel: str, is_dir: bool) -> bool:
             for prefix, m in specs:
                 if prefix and not rel.startswith(prefix + "/"):
                     continue
-                sub = rel[len(prefix) + 1:] if prefix else rel
+                sub = rel[len(prefix) + 1 :] if prefix else rel
                 if pathspec is not None:
                     if m.match_file(sub + ("/" if is_dir else "")):  # type: ignore[attr-defined]
                         return True
@@ -129,8 +198,13 @@ def collect(root: str | os.PathLike[str], excludes: tuple[str, ...] | list[str] 
     if files is None:
         files = _walk_gitignore(root)
     patterns = tuple(ALWAYS_EXCLUDE) + tuple(excludes)
-    return sorted(f for f in files if not _excluded(f, patterns) and not is_secret_file(f)
-                  and ((root / f).is_file() or (root / f).is_symlink()))
+    return sorted(
+        f
+        for f in files
+        if not _excluded(f, patterns)
+        and not is_secret_file(f)
+        and ((root / f).is_file() or (root / f).is_symlink())
+    )
 
 
 def is_secret_file(rel: str) -> bool:
@@ -141,7 +215,9 @@ def is_secret_file(rel: str) -> bool:
     return _excluded(rel, SECRET_EXCLUDE)
 
 
-def secret_files(root: str | os.PathLike[str], excludes: tuple[str, ...] | list[str] = ()) -> list[str]:
+def secret_files(
+    root: str | os.PathLike[str], excludes: tuple[str, ...] | list[str] = ()
+) -> list[str]:
     """The secret-looking files under ``root`` that code sync leaves out (to tell the user)."""
     root = Path(root)
     files = _git_files(root)

@@ -30,8 +30,9 @@ import shlex
 import shutil
 import tarfile
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from aios.cloud.provider import CloudProvider, ClusterHost
 from aios.cloud.ssh import SshRunner
@@ -45,17 +46,37 @@ def parse_target(target: str, default_user: str) -> ClusterHost:
     user, at, rest = target.rpartition("@")
     host, colon, port = rest.partition(":")
     if not host or (colon and not port.isdigit()):
-        raise AiosError(f"--controller '{target}' is not USER@HOST[:PORT]", "e.g. --controller ubuntu@10.0.0.5")
-    return ClusterHost(0, host, host, ssh_user=user if at else default_user, port=int(port) if colon else 22)
+        raise AiosError(
+            f"--controller '{target}' is not USER@HOST[:PORT]", "e.g. --controller ubuntu@10.0.0.5"
+        )
+    return ClusterHost(
+        0, host, host, ssh_user=user if at else default_user, port=int(port) if colon else 22
+    )
 
 
 def _runner(rec_name: str, host: ClusterHost, key: str) -> SshRunner:
     host.ssh_key = key
-    return SshRunner([host], cluster_dir(rec_name) / "controller_known_hosts", key=key, alias=f"aios-ctl-{rec_name}")
+    return SshRunner(
+        [host],
+        cluster_dir(rec_name) / "controller_known_hosts",
+        key=key,
+        alias=f"aios-ctl-{rec_name}",
+    )
 
 
-def start_controller(store: Store, provider: CloudProvider, rec: ClusterRecord, job_id: int, spec: Any, target: str,
-                     key: str, python: str, poll: float, down_after: bool, log: Log) -> dict[str, Any]:
+def start_controller(
+    store: Store,
+    provider: CloudProvider,
+    rec: ClusterRecord,
+    job_id: int,
+    spec: Any,
+    target: str,
+    key: str,
+    python: str,
+    poll: float,
+    down_after: bool,
+    log: Log,
+) -> dict[str, Any]:
     """Ship the job to the controller host and start its recovery loop there. Returns the
     controller record (also stored as the job's ``controller`` event)."""
     from aios.cloud.codesync import make_tarball
@@ -66,7 +87,10 @@ def start_controller(store: Store, provider: CloudProvider, rec: ClusterRecord, 
     runner.check([r], "controller")
     home = (r.stdout[-1] if r.stdout else "").strip()
     if not home.startswith("/"):
-        raise AiosError(f"controller {target} did not say where its home is", "check the controller host accepts SSH with the aios key")
+        raise AiosError(
+            f"controller {target} did not say where its home is",
+            "check the controller host accepts SSH with the aios key",
+        )
     ctl = f"{home}/aios-controller/{rec.name}"
     job = store.get_job(job_id)
     assert job is not None
@@ -83,7 +107,9 @@ def start_controller(store: Store, provider: CloudProvider, rec: ClusterRecord, 
         if kh.is_file():
             shutil.copyfile(kh, stage / "home" / "clusters" / rec.name / "known_hosts")
         # the code a recreated cluster is re-synced from
-        tar = make_tarball(spec.workdir, Path(tmp) / "work.tar.gz", spec.excludes, spec.max_sync_mb * 2**20)
+        tar = make_tarball(
+            spec.workdir, Path(tmp) / "work.tar.gz", spec.excludes, spec.max_sync_mb * 2**20
+        )
         (stage / "work").mkdir()
         with tarfile.open(tar.path) as t:
             t.extractall(stage / "work", filter="data")
@@ -99,7 +125,9 @@ def start_controller(store: Store, provider: CloudProvider, rec: ClusterRecord, 
             dst = stage / "site" / Path(arc).relative_to(SITE)
             dst.parent.mkdir(parents=True, exist_ok=True)
             dst.write_text(text)
-        (stage / "config.json").write_text(json.dumps({rec.cloud: provider.agent_settings() | provider.controller_settings()}))
+        (stage / "config.json").write_text(
+            json.dumps({rec.cloud: provider.agent_settings() | provider.controller_settings()})
+        )
         forwarded = {n: os.environ[n] for n in spec.forward_env if n in os.environ}
         env_path = stage / "controller.env"
         fd = os.open(env_path, os.O_WRONLY | os.O_CREAT, 0o600)
@@ -110,30 +138,57 @@ def start_controller(store: Store, provider: CloudProvider, rec: ClusterRecord, 
         try:
             db.claim_cluster(dataclasses.replace(rec, ssh_key=f"{ctl}/home/keys/aios_ed25519"))
             remote_spec = {**spec.to_dict(), "workdir": f"{ctl}/work"}
-            rid = db.add_job(rec.name, job.command, backend=job.backend, managed=job.managed, max_restarts=job.max_restarts,
-                             checkpoint_dir=job.checkpoint_dir, spec=remote_spec)
+            rid = db.add_job(
+                rec.name,
+                job.command,
+                backend=job.backend,
+                managed=job.managed,
+                max_restarts=job.max_restarts,
+                checkpoint_dir=job.checkpoint_dir,
+                spec=remote_spec,
+            )
             db.update_job(rid, state=JOB_RUNNING)
         finally:
             db.close()
         bundle = Path(tmp) / "ctl.tar.gz"
         with tarfile.open(bundle, "w:gz") as t:
             t.add(stage, arcname=".")
-        r = runner.run_one(host, f"set -e; rm -rf {ctl}; mkdir -p {ctl}; chmod 700 {ctl}; tar xzf - -C {ctl}",
-                           stdin_path=str(bundle), stream=False, timeout=600)
+        r = runner.run_one(
+            host,
+            f"set -e; rm -rf {ctl}; mkdir -p {ctl}; chmod 700 {ctl}; tar xzf - -C {ctl}",
+            stdin_path=str(bundle),
+            stream=False,
+            timeout=600,
+        )
         runner.check([r], "controller setup")
-    argv = [python, "-m", "aios.cloud.watch", str(rid), "--cloud", rec.cloud, "--poll", str(poll), "--config", f"{ctl}/config.json"]
+    argv = [
+        python,
+        "-m",
+        "aios.cloud.watch",
+        str(rid),
+        "--cloud",
+        rec.cloud,
+        "--poll",
+        str(poll),
+        "--config",
+        f"{ctl}/config.json",
+    ]
     if down_after:
         argv.append("--down")
-    start = (f"cd {ctl} || exit 1; set -a; . ./controller.env; set +a; export AIOS_HOME={ctl}/home "
-             f'PYTHONPATH="{ctl}/site${{PYTHONPATH:+:$PYTHONPATH}}"; setsid nohup {shlex.join(argv)} > {ctl}/controller.log 2>&1 '
-             f"< /dev/null & echo $! > {ctl}/controller.pid; cat {ctl}/controller.pid")
+    start = (
+        f"cd {ctl} || exit 1; set -a; . ./controller.env; set +a; export AIOS_HOME={ctl}/home "
+        f'PYTHONPATH="{ctl}/site${{PYTHONPATH:+:$PYTHONPATH}}"; setsid nohup {shlex.join(argv)} > {ctl}/controller.log 2>&1 '
+        f"< /dev/null & echo $! > {ctl}/controller.pid; cat {ctl}/controller.pid"
+    )
     r = runner.run_one(host, start, stream=False, timeout=60)
     runner.check([r], "controller start")
     pid = int((r.stdout[-1] if r.stdout else "0").strip() or 0)
     info = {"target": target, "dir": ctl, "job": rid, "pid": pid, "python": python}
     store.event(rec.name, "controller", json.dumps(info), job_id)
     store.update_job(job_id, watcher_pid=None)
-    log(f"managed job {job_id} is watched by a controller on {target} (pid {pid}, {ctl}); this machine may go away")
+    log(
+        f"managed job {job_id} is watched by a controller on {target} (pid {pid}, {ctl}); this machine may go away"
+    )
     return info
 
 
@@ -163,9 +218,11 @@ def remote_status(rec: ClusterRecord, info: dict[str, Any], key: str) -> dict[st
     host = parse_target(info["target"], rec.ssh_user or "aios")
     runner = _runner(rec.name, host, key)
     ctl = info["dir"]
-    cmd = (f'AIOS_HOME={ctl}/home PYTHONPATH="{ctl}/site${{PYTHONPATH:+:$PYTHONPATH}}" {shlex.quote(info["python"])} '
-           f"-c {shlex.quote(_READ)} {shlex.quote(rec.name)} && "
-           f'if kill -0 "$(cat {ctl}/controller.pid)" 2>/dev/null; then echo CONTROLLER-RUNNING; else echo CONTROLLER-ENDED; fi')
+    cmd = (
+        f'AIOS_HOME={ctl}/home PYTHONPATH="{ctl}/site${{PYTHONPATH:+:$PYTHONPATH}}" {shlex.quote(info["python"])} '
+        f"-c {shlex.quote(_READ)} {shlex.quote(rec.name)} && "
+        f'if kill -0 "$(cat {ctl}/controller.pid)" 2>/dev/null; then echo CONTROLLER-RUNNING; else echo CONTROLLER-ENDED; fi'
+    )
     try:
         r = runner.run_one(host, cmd, stream=False, timeout=120)
     except Exception:  # noqa: BLE001 - reported as unreachable
@@ -186,9 +243,11 @@ def stop_controller(rec: ClusterRecord, info: dict[str, Any], key: str, log: Log
     host = parse_target(info["target"], rec.ssh_user or "aios")
     runner = _runner(rec.name, host, key)
     ctl = info["dir"]
-    cmd = (f'p=$(cat {ctl}/controller.pid 2>/dev/null); if [ -n "$p" ] && kill -0 "$p" 2>/dev/null; then '
-           f'kill -TERM "$p"; for i in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done; '
-           f'kill -KILL "$p" 2>/dev/null; echo STOPPED; else echo NOT-RUNNING; fi')
+    cmd = (
+        f'p=$(cat {ctl}/controller.pid 2>/dev/null); if [ -n "$p" ] && kill -0 "$p" 2>/dev/null; then '
+        f'kill -TERM "$p"; for i in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done; '
+        f'kill -KILL "$p" 2>/dev/null; echo STOPPED; else echo NOT-RUNNING; fi'
+    )
     r = runner.run_one(host, cmd, stream=False, timeout=60)
     runner.check([r], "controller stop")
     stopped = bool(r.stdout) and r.stdout[-1].strip() == "STOPPED"

@@ -39,7 +39,9 @@ def parse_count(text: str | float | int, what: str) -> float:
         try:
             value = float(s) * mult
         except ValueError:
-            raise AiosError(f"{what} '{text}' is not a number", f"write e.g. {what}=1.3B or {what}=1.3e9") from None
+            raise AiosError(
+                f"{what} '{text}' is not a number", f"write e.g. {what}=1.3B or {what}=1.3e9"
+            ) from None
     if not math.isfinite(value) or value <= 0:
         raise AiosError(f"{what} must be positive, got {text}", f"pass a positive {what}")
     return value
@@ -66,11 +68,14 @@ class Estimate:
 
     def to_dict(self) -> dict:
         return {
-            "cloud": self.entry.cloud, "accelerator": self.entry.accelerator,
-            "devices": self.entry.devices, "hours": round(self.hours, 3),
+            "cloud": self.entry.cloud,
+            "accelerator": self.entry.accelerator,
+            "devices": self.entry.devices,
+            "hours": round(self.hours, 3),
             "on_demand_usd": None if self.on_demand is None else round(self.on_demand, 2),
             "spot_usd": None if self.spot is None else round(self.spot, 2),
-            "fits_memory": self.fits, "training_state_gb": round(self.state_gb, 1),
+            "fits_memory": self.fits,
+            "training_state_gb": round(self.state_gb, 1),
         }
 
 
@@ -78,12 +83,23 @@ def training_flops(params: float, tokens: float) -> float:
     return 6.0 * params * tokens
 
 
-def estimate(entry: CatalogEntry, params: float, tokens: float, precision: str = "bf16-mixed", mfu: float = DEFAULT_MFU) -> Estimate:
+def estimate(
+    entry: CatalogEntry,
+    params: float,
+    tokens: float,
+    precision: str = "bf16-mixed",
+    mfu: float = DEFAULT_MFU,
+) -> Estimate:
     precision = normalise_precision(precision)
     if not 0 < mfu <= 1:
-        raise AiosError(f"utilisation {mfu} is outside (0, 1]", "pass --mfu as a fraction, e.g. 0.4")
+        raise AiosError(
+            f"utilisation {mfu} is outside (0, 1]", "pass --mfu as a fraction, e.g. 0.4"
+        )
     if not entry.peak_tflops:
-        raise AiosError(f"{entry.accelerator} has no peak TFLOP/s in the {entry.cloud} catalog", "pick another type")
+        raise AiosError(
+            f"{entry.accelerator} has no peak TFLOP/s in the {entry.cloud} catalog",
+            "pick another type",
+        )
     flops = training_flops(params, tokens)
     rate = entry.peak_tflops * 1e12 * PRECISION_FACTOR[precision] * mfu
     hours = flops / rate / 3600.0
@@ -94,9 +110,16 @@ def estimate(entry: CatalogEntry, params: float, tokens: float, precision: str =
     return Estimate(entry, hours, od, sp, fits, state_gb)
 
 
-def rank(entries: list[CatalogEntry], params: float, tokens: float, precision: str = "bf16-mixed",
-         mfu: float = DEFAULT_MFU, spot: bool = False, include_unfit: bool = False,
-         by: str = "cost") -> list[Estimate]:
+def rank(
+    entries: list[CatalogEntry],
+    params: float,
+    tokens: float,
+    precision: str = "bf16-mixed",
+    mfu: float = DEFAULT_MFU,
+    spot: bool = False,
+    include_unfit: bool = False,
+    by: str = "cost",
+) -> list[Estimate]:
     """Estimates sorted by dollars (``by="cost"``, spot or on-demand) or hours (``by="time"``);
     types without a price for the chosen pricing sort last."""
     out = []
@@ -116,7 +139,9 @@ def rank(entries: list[CatalogEntry], params: float, tokens: float, precision: s
     return sorted(out, key=key)
 
 
-def hours_cost(entry: CatalogEntry, hours: float, nodes: int = 1) -> tuple[float | None, float | None]:
+def hours_cost(
+    entry: CatalogEntry, hours: float, nodes: int = 1
+) -> tuple[float | None, float | None]:
     if hours <= 0:
         raise AiosError(f"--hours must be positive, got {hours}", "pass e.g. --hours 10")
     od = entry.on_demand_hourly * hours * nodes if entry.on_demand_hourly is not None else None

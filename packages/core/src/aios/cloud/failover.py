@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from aios.cloud.provider import (
     CapacityError,
     CloudError,
     CloudProvider,
     ClusterInfo,
-    CredentialsError,
     ClusterRequest,
+    CredentialsError,
     NotOfferedError,
     QuotaError,
 )
@@ -68,24 +68,30 @@ def create_with_failover(
     attempts: list[Attempt] = []
     delay = backoff
     if not zones:
-        raise CloudError(f"no zone offers {request.accelerator}", f"see `aios catalog --cloud {provider.name}`")
+        raise CloudError(
+            f"no zone offers {request.accelerator}", f"see `aios catalog --cloud {provider.name}`"
+        )
     for i, zone in enumerate(zones):
         tries = 0
         while True:
             req = request.with_zone(zone)
             try:
-                log(f"creating {request.name} ({request.accelerator}{', spot' if request.spot else ''}) in {zone}")
+                log(
+                    f"creating {request.name} ({request.accelerator}{', spot' if request.spot else ''}) in {zone}"
+                )
                 info = provider.create(req)
                 return FailoverResult(info, zone, attempts)
             except (KeyboardInterrupt, SystemExit) as exc:
                 # Ctrl-C / SIGTERM while a node or queued resource is being created: delete
                 # what was started before giving up; if even that is interrupted or fails,
                 # mark the exception so the caller keeps the record (`aios down NAME`).
-                log(f"interrupted while creating {request.name} in {zone}; deleting what was started")
+                log(
+                    f"interrupted while creating {request.name} in {zone}; deleting what was started"
+                )
                 if not _cleanup_shielded(provider, request.name, zone, log):
                     exc.aios_leftover_zone = zone  # type: ignore[union-attr]
                 raise
-            except Exception as exc:  # noqa: BLE001 - classified below
+            except Exception as exc:
                 kind = provider.classify_error(exc)
                 attempts.append(Attempt(zone, kind, str(exc)))
                 if not isinstance(exc, CredentialsError):  # without credentials nothing was created
@@ -101,7 +107,9 @@ def create_with_failover(
                     continue
                 if kind == "unavailable":
                     if i + 1 < len(zones):
-                        log(f"{zone}: does not offer {request.accelerator} ({_short(exc)}); trying {zones[i + 1]}")
+                        log(
+                            f"{zone}: does not offer {request.accelerator} ({_short(exc)}); trying {zones[i + 1]}"
+                        )
                     break
                 if i + 1 < len(zones):
                     wait = min(max_backoff, delay) * (0.5 + rng.random())
@@ -113,15 +121,25 @@ def create_with_failover(
     last = attempts[-1]
     kinds = {a.kind for a in attempts}
     if kinds == {"unavailable"}:
-        raise NotOfferedError(f"no zone tried offers {request.accelerator}: tried {tried}; last: {_short(last.message)}",
-                              f"pick a zone from `aios catalog --cloud {provider.name}`, or another type")
+        raise NotOfferedError(
+            f"no zone tried offers {request.accelerator}: tried {tried}; last: {_short(last.message)}",
+            f"pick a zone from `aios catalog --cloud {provider.name}`, or another type",
+        )
     cls = QuotaError if kinds <= {"quota", "unavailable"} and "quota" in kinds else CapacityError
-    fix = ("request more quota in the cloud console, or pick another type" if cls is QuotaError
-           else "retry later, use --queued to wait for capacity, or pick another type/zone")
-    raise cls(f"could not create {request.accelerator} in any zone: tried {tried}; last: {_short(last.message)}", fix)
+    fix = (
+        "request more quota in the cloud console, or pick another type"
+        if cls is QuotaError
+        else "retry later, use --queued to wait for capacity, or pick another type/zone"
+    )
+    raise cls(
+        f"could not create {request.accelerator} in any zone: tried {tried}; last: {_short(last.message)}",
+        fix,
+    )
 
 
-def _cleanup_shielded(provider: CloudProvider, name: str, zone: str, log: Callable[[str], None]) -> bool:
+def _cleanup_shielded(
+    provider: CloudProvider, name: str, zone: str, log: Callable[[str], None]
+) -> bool:
     """Delete ``name`` in ``zone`` with Ctrl-C and SIGTERM held off (main thread only) so a second
     Ctrl-C cannot leave a half-deleted, billing resource behind. Returns whether it succeeded."""
     import signal
@@ -130,6 +148,7 @@ def _cleanup_shielded(provider: CloudProvider, name: str, zone: str, log: Callab
     held: list[int] = []
     old: dict[int, object] = {}
     if threading.current_thread() is threading.main_thread():
+
         def hold(signum: int, frame: object) -> None:
             held.append(signum)
             log("still deleting what was started; aios exits when that is done")

@@ -29,9 +29,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from aios.cloud.failover import create_with_failover, zone_order
 from aios.cloud.provider import (
@@ -131,11 +132,17 @@ def parse_env(items: list[str]) -> tuple[dict[str, str], list[str]]:
     for item in items:
         key, eq, value = item.partition("=")
         if not key or not key.replace("_", "a").isalnum() or key[0].isdigit():
-            raise AiosError(f"--env '{item}' is not NAME=VALUE or NAME", "write e.g. --env LOG_LEVEL=debug or --env WANDB_API_KEY")
+            raise AiosError(
+                f"--env '{item}' is not NAME=VALUE or NAME",
+                "write e.g. --env LOG_LEVEL=debug or --env WANDB_API_KEY",
+            )
         if not eq:
             forward.append(key)
         elif is_secret(key):
-            raise AiosError(f"--env {key}=... puts a secret on the command line and in the aios state", f"export {key} in your shell and pass --env {key} to forward it")
+            raise AiosError(
+                f"--env {key}=... puts a secret on the command line and in the aios state",
+                f"export {key} in your shell and pass --env {key} to forward it",
+            )
         else:
             env[key] = value
     return env, forward
@@ -145,22 +152,35 @@ def parse_env(items: list[str]) -> tuple[dict[str, str], list[str]]:
 
 
 def placeholder_hosts(n: int, user: str) -> list[ClusterHost]:
-    return [ClusterHost(i, f"<worker-{i}-ip>", f"<worker-{i}-internal-ip>", ssh_user=user) for i in range(n)]
+    return [
+        ClusterHost(i, f"<worker-{i}-ip>", f"<worker-{i}-internal-ip>", ssh_user=user)
+        for i in range(n)
+    ]
 
 
 def record_hosts(rec: ClusterRecord) -> list[ClusterHost]:
     out = []
     for h in rec.hosts:
-        host = ClusterHost(**{k: v for k, v in h.items() if k in {f.name for f in dataclasses.fields(ClusterHost)}})
+        host = ClusterHost(
+            **{k: v for k, v in h.items() if k in {f.name for f in dataclasses.fields(ClusterHost)}}
+        )
         host.ssh_user = rec.ssh_user or host.ssh_user
         host.ssh_key = rec.ssh_key or host.ssh_key
         out.append(host)
     return sorted(out, key=lambda h: h.worker_id)
 
 
-def runner_for(rec: ClusterRecord, printer: Callable[[str, str], None] | None = None, **kw: Any) -> SshRunner:
-    return SshRunner(record_hosts(rec), cluster_dir(rec.name) / "known_hosts", key=rec.ssh_key,
-                     alias=f"aios-{rec.name}", printer=printer, **kw)
+def runner_for(
+    rec: ClusterRecord, printer: Callable[[str, str], None] | None = None, **kw: Any
+) -> SshRunner:
+    return SshRunner(
+        record_hosts(rec),
+        cluster_dir(rec.name) / "known_hosts",
+        key=rec.ssh_key,
+        alias=f"aios-{rec.name}",
+        printer=printer,
+        **kw,
+    )
 
 
 def request_from_record(rec: ClusterRecord) -> ClusterRequest:
@@ -168,7 +188,9 @@ def request_from_record(rec: ClusterRecord) -> ClusterRequest:
     return ClusterRequest(**{k: v for k, v in rec.request.items() if k in names})
 
 
-def save_hosts(store: Store, rec: ClusterRecord, info: ClusterInfo, provider: CloudProvider) -> ClusterRecord:
+def save_hosts(
+    store: Store, rec: ClusterRecord, info: ClusterInfo, provider: CloudProvider
+) -> ClusterRecord:
     hosts = [dataclasses.asdict(h) for h in provider.hosts(info)]
     for h in hosts:
         h.pop("ssh_key", None)
@@ -182,7 +204,10 @@ def require_cluster(store: Store, name: str) -> ClusterRecord:
     rec = store.get_cluster(name)
     if rec is None:
         known = ", ".join(r.name for r in store.clusters()) or "none"
-        raise ClusterNotFound(f"no cluster named '{name}' (known: {known})", "see `aios status`, or create it with `aios launch --name NAME`")
+        raise ClusterNotFound(
+            f"no cluster named '{name}' (known: {known})",
+            "see `aios status`, or create it with `aios launch --name NAME`",
+        )
     return rec
 
 
@@ -200,18 +225,33 @@ def provision(
     left behind: every zone tried is cleaned up by the failover loop and the record removed."""
     request = provider.prepare(request)
     rec = ClusterRecord(
-        name=request.name, cloud=provider.name, zone=request.zone, accelerator=request.accelerator,
-        spot=request.spot, state="PENDING", request=_request_dict(request), ssh_user=request.ssh_user,
+        name=request.name,
+        cloud=provider.name,
+        zone=request.zone,
+        accelerator=request.accelerator,
+        spot=request.spot,
+        state="PENDING",
+        request=_request_dict(request),
+        ssh_user=request.ssh_user,
         ssh_key=ssh_key,
     )
     if not store.claim_cluster(rec):
-        raise AiosError(f"a cluster named '{request.name}' already exists", f"use another --name, or `aios down {request.name}` first")
+        raise AiosError(
+            f"a cluster named '{request.name}' already exists",
+            f"use another --name, or `aios down {request.name}` first",
+        )
     try:
         zones = zone_order(provider, request, pinned=not failover)
-        result = create_with_failover(provider, request, zones, log=log, sleep=sleep, backoff=backoff)
+        result = create_with_failover(
+            provider, request, zones, log=log, sleep=sleep, backoff=backoff
+        )
         for a in result.attempts:
             store.event(request.name, "failover", f"{a.zone}: {a.kind}: {a.message[:200]}")
-        store.event(request.name, "created", f"{result.info.accelerator} in {result.zone} ({len(result.info.hosts)} hosts)")
+        store.event(
+            request.name,
+            "created",
+            f"{result.info.accelerator} in {result.zone} ({len(result.info.hosts)} hosts)",
+        )
         # a zone change must be remembered for later recreations
         req = dataclasses.replace(request, zone=result.zone)
         store.update_cluster(request.name, request=_request_dict(req))
@@ -222,9 +262,17 @@ def provision(
         leftover = getattr(exc, "aios_leftover_zone", None)
         if leftover:
             # the cloud side could not be cleaned up: keep the record so `aios down` finds it
-            store.update_cluster(request.name, zone=leftover, state="LEFTOVER",
-                                 request=_request_dict(dataclasses.replace(request, zone=leftover)))
-            store.event(request.name, "leftover", f"interrupted while creating in {leftover}; cleanup did not finish; `aios down {request.name}` deletes it")
+            store.update_cluster(
+                request.name,
+                zone=leftover,
+                state="LEFTOVER",
+                request=_request_dict(dataclasses.replace(request, zone=leftover)),
+            )
+            store.event(
+                request.name,
+                "leftover",
+                f"interrupted while creating in {leftover}; cleanup did not finish; `aios down {request.name}` deletes it",
+            )
         else:
             store.delete_cluster(request.name)
         raise
@@ -239,11 +287,16 @@ def _request_dict(request: ClusterRequest) -> dict[str, Any]:
 def with_public_key(request: ClusterRequest, key: str) -> ClusterRequest:
     pub = Path(str(key) + ".pub")
     if not pub.is_file():
-        raise AiosError(f"public key {pub} is missing next to the SSH key {key}", f"recreate it with `ssh-keygen -y -f {key} > {pub}`")
+        raise AiosError(
+            f"public key {pub} is missing next to the SSH key {key}",
+            f"recreate it with `ssh-keygen -y -f {key} > {pub}`",
+        )
     return dataclasses.replace(request, ssh_public_key=pub.read_text().strip())
 
 
-def sync_code(rec: ClusterRecord, spec: JobSpec, printer: Callable[[str, str], None] | None, log: Log) -> None:
+def sync_code(
+    rec: ClusterRecord, spec: JobSpec, printer: Callable[[str, str], None] | None, log: Log
+) -> None:
     from aios.cloud.codesync import make_tarball
 
     extra: list = []
@@ -253,19 +306,31 @@ def sync_code(rec: ClusterRecord, spec: JobSpec, printer: Callable[[str, str], N
 
         b = build(spec.backend, rec.cloud)
         extra, generated = b.files, b.generated
-    tar = make_tarball(spec.workdir, cluster_dir(rec.name) / "code.tar.gz", spec.excludes, spec.max_sync_mb * 2**20,
-                       extra_files=extra, generated=generated)
-    log(f"syncing {tar.files} files ({tar.bytes / 1024:.0f} KiB) from {os.path.abspath(spec.workdir)} to {len(rec.hosts)} hosts"
-        + (f" (+ aios itself, {len(extra)} files)" if extra else ""))
+    tar = make_tarball(
+        spec.workdir,
+        cluster_dir(rec.name) / "code.tar.gz",
+        spec.excludes,
+        spec.max_sync_mb * 2**20,
+        extra_files=extra,
+        generated=generated,
+    )
+    log(
+        f"syncing {tar.files} files ({tar.bytes / 1024:.0f} KiB) from {os.path.abspath(spec.workdir)} to {len(rec.hosts)} hosts"
+        + (f" (+ aios itself, {len(extra)} files)" if extra else "")
+    )
     from aios.cloud.codesync import secret_files
 
     secrets = secret_files(spec.workdir, spec.excludes)
     if secrets:
-        log(f"left out {len(secrets)} secret-looking files ({', '.join(secrets[:5])}{', ...' if len(secrets) > 5 else ''}); "
-            "pass values with --env NAME instead")
+        log(
+            f"left out {len(secrets)} secret-looking files ({', '.join(secrets[:5])}{', ...' if len(secrets) > 5 else ''}); "
+            "pass values with --env NAME instead"
+        )
     root = remote_root(rec.name)
-    cmd = (f"set -e; mkdir -p {root}; rm -rf {root}/code.new; mkdir {root}/code.new; "
-           f"tar xzf - -C {root}/code.new; rm -rf {root}/code; mv {root}/code.new {root}/code")
+    cmd = (
+        f"set -e; mkdir -p {root}; rm -rf {root}/code.new; mkdir {root}/code.new; "
+        f"tar xzf - -C {root}/code.new; rm -rf {root}/code; mv {root}/code.new {root}/code"
+    )
     runner = runner_for(rec, printer)
     runner.check(runner.run(cmd, stdin_path=str(tar.path)), "code sync")
 
@@ -274,7 +339,13 @@ def setup_script(spec: JobSpec) -> str:
     return "\n".join(["set -euo pipefail", *spec.setup_lines, ""])
 
 
-def run_setup(rec: ClusterRecord, spec: JobSpec, printer: Callable[[str, str], None] | None, log: Log, force: bool = False) -> bool:
+def run_setup(
+    rec: ClusterRecord,
+    spec: JobSpec,
+    printer: Callable[[str, str], None] | None,
+    log: Log,
+    force: bool = False,
+) -> bool:
     """Run the setup script on every host, unless it already succeeded there (same hash).
     Returns whether it ran anywhere."""
     if not spec.setup_lines:
@@ -285,13 +356,17 @@ def run_setup(rec: ClusterRecord, spec: JobSpec, printer: Callable[[str, str], N
     runner = runner_for(rec, printer)
     marker = f"{root}/setup.sha"
     log(f"setup on {len(rec.hosts)} hosts ({len(spec.setup_lines)} steps)")
-    cmd = (f"if [ \"$(cat {marker} 2>/dev/null)\" = {sha} ] && [ {int(force)} = 0 ]; then echo '[aios] setup already done'; exit 0; fi; "
-           f"cd {root}/code && bash -c {shlex.quote(script)} && echo {sha} > {marker}")
+    cmd = (
+        f"if [ \"$(cat {marker} 2>/dev/null)\" = {sha} ] && [ {int(force)} = 0 ]; then echo '[aios] setup already done'; exit 0; fi; "
+        f"cd {root}/code && bash -c {shlex.quote(script)} && echo {sha} > {marker}"
+    )
     runner.check(runner.run(cmd), "setup")
     return True
 
 
-def host_commands(rec: ClusterRecord, spec: JobSpec, config: Any, accelerator: str | None = None) -> dict[int, Any]:
+def host_commands(
+    rec: ClusterRecord, spec: JobSpec, config: Any, accelerator: str | None = None
+) -> dict[int, Any]:
     """The backend's launch plan for the cluster's hosts: worker id -> HostPlan (env + argv),
     with the local interpreter replaced by the remote one."""
     from aios.plugins import get_registry
@@ -299,14 +374,20 @@ def host_commands(rec: ClusterRecord, spec: JobSpec, config: Any, accelerator: s
 
     hosts = record_hosts(rec)
     req = LaunchRequest(
-        script=spec.script, args=list(spec.args), module=spec.module,
+        script=spec.script,
+        args=list(spec.args),
+        module=spec.module,
         hosts=[Host(h.ip, h.internal_ip or h.ip, h.worker_id) for h in hosts],
-        accelerator=accelerator or rec.accelerator, python=spec.python,
+        accelerator=accelerator or rec.accelerator,
+        python=spec.python,
     )
     reg = get_registry()
     plan = reg.call_first("aios_launch_plan", backend=spec.backend, config=config, request=req)
     if plan is None:
-        raise AiosError(f"backend '{spec.backend}' gave no launch plan", f"install the plugin for '{spec.backend}' (see `aios plugins`)")
+        raise AiosError(
+            f"backend '{spec.backend}' gave no launch plan",
+            f"install the plugin for '{spec.backend}' (see `aios plugins`)",
+        )
     out = {}
     for hp in plan.hosts:
         # plans from plugins that build their own command (not elastic_plan) may still name
@@ -316,7 +397,9 @@ def host_commands(rec: ClusterRecord, spec: JobSpec, config: Any, accelerator: s
     return out
 
 
-def job_env(spec: JobSpec, provider_env: dict[str, str], environ: dict[str, str] | None = None) -> dict[str, str]:
+def job_env(
+    spec: JobSpec, provider_env: dict[str, str], environ: dict[str, str] | None = None
+) -> dict[str, str]:
     """Environment for every host (plan env comes on top). Forwarded values are read now."""
     environ = os.environ if environ is None else environ
     env = dict(provider_env)
@@ -325,7 +408,10 @@ def job_env(spec: JobSpec, provider_env: dict[str, str], environ: dict[str, str]
         env["AIOS_CHECKPOINT__DIR"] = spec.checkpoint_dir
     for name in spec.forward_env:
         if name not in environ:
-            raise AiosError(f"--env {name} asks to forward {name}, which is not set here", f"export {name} first")
+            raise AiosError(
+                f"--env {name} asks to forward {name}, which is not set here",
+                f"export {name} first",
+            )
         env[name] = environ[name]
     return env
 
@@ -334,33 +420,39 @@ def render_run_sh(rec: ClusterRecord, job_id: int, plan: Any, bundle: bool = Fal
     root = remote_root(rec.name)
     d = f"{root}/jobs/{job_id}"
     cmd = " ".join(shlex.quote(c) for c in plan.command)
-    site = [f'export PYTHONPATH="{root}/code/.aios-site${{PYTHONPATH:+:$PYTHONPATH}}"'] if bundle else []
-    return "\n".join([
-        "#!/bin/bash",
-        f'D="{d}"',
-        'set -a; [ -f "$D/env" ] && . "$D/env"; set +a',
-        # stdout is a file here: keep Python (the launcher's tee included) line-buffered so
-        # `aios logs -f` is live
-        "export PYTHONUNBUFFERED=1",
-        *site,
-        # the runtime marks ranks that stopped for a preemption notice here (after the emergency
-        # checkpoint); torchrun then reports exit 1 for the whole group
-        'mkdir -p "$D/status"',
-        # the cluster's job queue: wait (marked queued) until every earlier job on this host ended
-        'touch "$D/queued"',
-        f'for j in $(ls -1 "{root}/jobs" 2>/dev/null | sort -n); do case "$j" in *[!0-9]*) continue;; esac; '
-        f'[ "$j" -lt {job_id} ] || continue; P="{root}/jobs/$j"; '
-        'while [ ! -f "$P/exit_code" ] && [ -f "$P/pid" ] && kill -0 "$(cat "$P/pid")" 2>/dev/null; do sleep 1; done; done',
-        'rm -f "$D/queued"',
-        f'export {STATUS_DIR_ENV}="$D/status"',
-        f'cd "{root}/code" || exit 97',
-        cmd,
-        "rc=$?",
-        f'if [ $rc -ne 0 ] && grep -qs "^preempted" "$D"/status/rank*; then echo "[aios] workers stopped for a preemption notice (launcher exit $rc)"; rc={EXIT_PREEMPTED}; fi',
-        'echo $rc > "$D/exit_code.tmp" && mv "$D/exit_code.tmp" "$D/exit_code"',
-        "exit $rc",
-        "",
-    ])
+    site = (
+        [f'export PYTHONPATH="{root}/code/.aios-site${{PYTHONPATH:+:$PYTHONPATH}}"']
+        if bundle
+        else []
+    )
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            f'D="{d}"',
+            'set -a; [ -f "$D/env" ] && . "$D/env"; set +a',
+            # stdout is a file here: keep Python (the launcher's tee included) line-buffered so
+            # `aios logs -f` is live
+            "export PYTHONUNBUFFERED=1",
+            *site,
+            # the runtime marks ranks that stopped for a preemption notice here (after the emergency
+            # checkpoint); torchrun then reports exit 1 for the whole group
+            'mkdir -p "$D/status"',
+            # the cluster's job queue: wait (marked queued) until every earlier job on this host ended
+            'touch "$D/queued"',
+            f'for j in $(ls -1 "{root}/jobs" 2>/dev/null | sort -n); do case "$j" in *[!0-9]*) continue;; esac; '
+            f'[ "$j" -lt {job_id} ] || continue; P="{root}/jobs/$j"; '
+            'while [ ! -f "$P/exit_code" ] && [ -f "$P/pid" ] && kill -0 "$(cat "$P/pid")" 2>/dev/null; do sleep 1; done; done',
+            'rm -f "$D/queued"',
+            f'export {STATUS_DIR_ENV}="$D/status"',
+            f'cd "{root}/code" || exit 97',
+            cmd,
+            "rc=$?",
+            f'if [ $rc -ne 0 ] && grep -qs "^preempted" "$D"/status/rank*; then echo "[aios] workers stopped for a preemption notice (launcher exit $rc)"; rc={EXIT_PREEMPTED}; fi',
+            'echo $rc > "$D/exit_code.tmp" && mv "$D/exit_code.tmp" "$D/exit_code"',
+            "exit $rc",
+            "",
+        ]
+    )
 
 
 def env_file(env: dict[str, str]) -> str:
@@ -368,15 +460,28 @@ def env_file(env: dict[str, str]) -> str:
     lines = []
     for k, v in sorted(env.items()):
         if v.startswith("~/"):
-            rest = v[2:].replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$").replace("`", "\\`")
+            rest = (
+                v[2:]
+                .replace("\\", "\\\\")
+                .replace('"', '\\"')
+                .replace("$", "\\$")
+                .replace("`", "\\`")
+            )
             lines.append(f'export {k}="$HOME/{rest}"\n')
         else:
             lines.append(f"export {k}={shlex.quote(v)}\n")
     return "".join(lines)
 
 
-def start_job(rec: ClusterRecord, job_id: int, spec: JobSpec, config: Any, provider_env: dict[str, str],
-              printer: Callable[[str, str], None] | None, log: Log) -> None:
+def start_job(
+    rec: ClusterRecord,
+    job_id: int,
+    spec: JobSpec,
+    config: Any,
+    provider_env: dict[str, str],
+    printer: Callable[[str, str], None] | None,
+    log: Log,
+) -> None:
     """Write run.sh and env on every host and start it detached."""
     plans = host_commands(rec, spec, config)
     base_env = job_env(spec, provider_env)
@@ -394,9 +499,11 @@ def start_job(rec: ClusterRecord, job_id: int, spec: JobSpec, config: Any, provi
 
         def cmd(host: ClusterHost) -> str:
             run_sh = render_run_sh(rec, job_id, plans[host.worker_id], bundle=spec.bundle)
-            return (f"set -e; rm -rf {d}; mkdir -p {d}; umask 077; cat > {d}/env; "
-                    f"printf %s {shlex.quote(run_sh)} > {d}/run.sh; chmod 700 {d}/run.sh; "
-                    f"setsid nohup bash {d}/run.sh > {d}/worker.log 2>&1 < /dev/null & echo $! > {d}/pid; echo started")
+            return (
+                f"set -e; rm -rf {d}; mkdir -p {d}; umask 077; cat > {d}/env; "
+                f"printf %s {shlex.quote(run_sh)} > {d}/run.sh; chmod 700 {d}/run.sh; "
+                f"setsid nohup bash {d}/run.sh > {d}/worker.log 2>&1 < /dev/null & echo $! > {d}/pid; echo started"
+            )
 
         # each host gets its own env file on stdin
         results = []
@@ -426,9 +533,11 @@ def poll_job(rec: ClusterRecord, job_id: int) -> list[tuple[str, int | None]]:
     from concurrent.futures import ThreadPoolExecutor
 
     d = f"{remote_root(rec.name)}/jobs/{job_id}"
-    cmd = (f'if [ -f {d}/exit_code ]; then echo "EXIT $(cat {d}/exit_code)"; '
-           f'elif [ -f {d}/pid ] && kill -0 "$(cat {d}/pid)" 2>/dev/null; then if [ -f {d}/queued ]; then echo QUEUED; else echo RUNNING; fi; '
-           f'else echo LOST; fi')
+    cmd = (
+        f'if [ -f {d}/exit_code ]; then echo "EXIT $(cat {d}/exit_code)"; '
+        f'elif [ -f {d}/pid ] && kill -0 "$(cat {d}/pid)" 2>/dev/null; then if [ -f {d}/queued ]; then echo QUEUED; else echo RUNNING; fi; '
+        f"else echo LOST; fi"
+    )
     runner = runner_for(rec, None, retries=2, backoff=0.5, connect_timeout=8)
 
     def one(host: ClusterHost) -> Any:
@@ -452,7 +561,9 @@ def poll_job(rec: ClusterRecord, job_id: int) -> list[tuple[str, int | None]]:
         if r.returncode != 0 or not words:
             out.append(("UNREACHABLE", None))
         elif words[0] == "EXIT":
-            out.append(("EXIT", int(words[1]) if len(words) > 1 and words[1].lstrip("-").isdigit() else 1))
+            out.append(
+                ("EXIT", int(words[1]) if len(words) > 1 and words[1].lstrip("-").isdigit() else 1)
+            )
         else:
             out.append((words[0], None))
     return out
@@ -460,8 +571,10 @@ def poll_job(rec: ClusterRecord, job_id: int) -> list[tuple[str, int | None]]:
 
 def cancel_job(rec: ClusterRecord, job_id: int, grace: float = 10.0) -> None:
     d = f"{remote_root(rec.name)}/jobs/{job_id}"
-    cmd = (f'[ -f {d}/pid ] || exit 0; p=$(cat {d}/pid); kill -TERM -- -$p 2>/dev/null || true; '
-           f'for i in $(seq {int(grace * 10)}); do kill -0 $p 2>/dev/null || exit 0; sleep 0.1; done; kill -KILL -- -$p 2>/dev/null || true')
+    cmd = (
+        f"[ -f {d}/pid ] || exit 0; p=$(cat {d}/pid); kill -TERM -- -$p 2>/dev/null || true; "
+        f"for i in $(seq {int(grace * 10)}); do kill -0 $p 2>/dev/null || exit 0; sleep 0.1; done; kill -KILL -- -$p 2>/dev/null || true"
+    )
     with_retries = runner_for(rec, None, retries=1, backoff=0.5)
     try:
         with_retries.run(cmd, stream=False, timeout=grace + 30)
@@ -472,7 +585,13 @@ def cancel_job(rec: ClusterRecord, job_id: int, grace: float = 10.0) -> None:
 class LogFollower:
     """``tail -F`` of every host's worker.log, each line prefixed, until :meth:`stop`."""
 
-    def __init__(self, rec: ClusterRecord, job_id: int, printer: Callable[[str, str], None], from_start: bool = True) -> None:
+    def __init__(
+        self,
+        rec: ClusterRecord,
+        job_id: int,
+        printer: Callable[[str, str], None],
+        from_start: bool = True,
+    ) -> None:
         self.procs: list[subprocess.Popen] = []
         self.threads: list[threading.Thread] = []
         d = f"{remote_root(rec.name)}/jobs/{job_id}"
@@ -480,8 +599,15 @@ class LogFollower:
         start = "+1" if from_start else "0"
         for h in runner.hosts:
             argv = runner.argv(h, f"tail -n {start} -F {d}/worker.log 2>/dev/null")
-            p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                                 text=True, errors="replace", bufsize=1)
+            p = subprocess.Popen(
+                argv,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL,
+                text=True,
+                errors="replace",
+                bufsize=1,
+            )
             self.procs.append(p)
             t = threading.Thread(target=self._pump, args=(p, f"({h.label})", printer), daemon=True)
             t.start()
@@ -525,9 +651,17 @@ class Watcher:
     up to ``max_restarts`` times: repair or recreate the cluster (zone failover), re-sync code,
     re-run setup, restart the job (which resumes from the newest complete checkpoint)."""
 
-    def __init__(self, store: Store, provider: CloudProvider, job_id: int, config: Any,
-                 printer: Callable[[str, str], None] | None = None, log: Log | None = None,
-                 options: WatchOptions | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        store: Store,
+        provider: CloudProvider,
+        job_id: int,
+        config: Any,
+        printer: Callable[[str, str], None] | None = None,
+        log: Log | None = None,
+        options: WatchOptions | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.store = store
         self.provider = provider
         self.job_id = job_id
@@ -593,7 +727,9 @@ class Watcher:
                 # waiting in the cluster's queue behind an earlier job
                 self.store.update_job(self.job_id, state=JOB_PENDING if queued else JOB_RUNNING)
             states = [("RUNNING" if s == "QUEUED" else s, c) for s, c in states]
-            need_describe = now - last_describe >= self.opt.describe_every or any(s != "RUNNING" for s, _ in states)
+            need_describe = now - last_describe >= self.opt.describe_every or any(
+                s != "RUNNING" for s, _ in states
+            )
             if need_describe:
                 last_describe = now
                 try:
@@ -614,20 +750,33 @@ class Watcher:
                     # the cloud maintains the hosts and they come back by themselves: wait
                     maintenance = True
                     if not self._maintenance_logged:
-                        self.log(f"cluster {rec.name}: in host maintenance ({info.health_detail or 'maintenance'}); waiting for it to end")
-                        self.store.event(rec.name, "maintenance", f"job {self.job_id}: {info.health_detail or 'maintenance'}", self.job_id)
+                        self.log(
+                            f"cluster {rec.name}: in host maintenance ({info.health_detail or 'maintenance'}); waiting for it to end"
+                        )
+                        self.store.event(
+                            rec.name,
+                            "maintenance",
+                            f"job {self.job_id}: {info.health_detail or 'maintenance'}",
+                            self.job_id,
+                        )
                         self._maintenance_logged = True
                 else:
                     self._maintenance_logged = False
             if incident is None and any(s == "REPLACED" for s, _ in states):
                 # a new machine answers at a host's address (new host key): the cloud replaced
                 # it (spot reclaim and relaunch, maintenance); the job is gone with the old one
-                which = ", ".join(f"worker {i}" for i, (s, _) in enumerate(states) if s == "REPLACED")
+                which = ", ".join(
+                    f"worker {i}" for i, (s, _) in enumerate(states) if s == "REPLACED"
+                )
                 incident = f"hosts replaced ({which}: new host key)"
             if incident is None and any(s == "EXIT" and c == EXIT_PREEMPTED for s, c in states):
                 # workers checkpointed and stopped for a spot/preemption notice; the cloud may
                 # still report the machines running (EC2 gives 2 minutes)
-                which = ", ".join(f"worker {i}" for i, (s, c) in enumerate(states) if s == "EXIT" and c == EXIT_PREEMPTED)
+                which = ", ".join(
+                    f"worker {i}"
+                    for i, (s, c) in enumerate(states)
+                    if s == "EXIT" and c == EXIT_PREEMPTED
+                )
                 incident = f"preempted (workers stopped for a preemption notice: {which})"
             if incident is None:
                 codes = [c for s, c in states if s == "EXIT"]
@@ -639,14 +788,25 @@ class Watcher:
                     first_nonzero = first_nonzero or now
                     if now - first_nonzero > self.opt.straggler_grace:
                         cancel_job(rec, self.job_id)
-                        return self._finish(JOB_FAILED, [c if s == "EXIT" else -9 for s, c in states],
-                                            "a worker failed; the others were stopped")
+                        return self._finish(
+                            JOB_FAILED,
+                            [c if s == "EXIT" else -9 for s, c in states],
+                            "a worker failed; the others were stopped",
+                        )
                 if maintenance:
                     lost_count = 0
                 elif any(s in ("LOST", "UNREACHABLE") for s, _ in states):
                     lost_count += 1
                     if lost_count >= self.opt.lost_after:
-                        incident = "hosts lost (" + ", ".join(f"worker {i}: {s.lower()}" for i, (s, _) in enumerate(states) if s != "RUNNING" and s != "EXIT") + ")"
+                        incident = (
+                            "hosts lost ("
+                            + ", ".join(
+                                f"worker {i}: {s.lower()}"
+                                for i, (s, _) in enumerate(states)
+                                if s != "RUNNING" and s != "EXIT"
+                            )
+                            + ")"
+                        )
                 else:
                     lost_count = 0
             if incident is not None:
@@ -663,7 +823,9 @@ class Watcher:
         job = self.store.get_job(self.job_id)
         self.store.update_job(self.job_id, state=state, exit_codes=codes, watcher_pid=None)
         if job:
-            self.store.event(job.cluster, "job-" + state.lower(), f"job {self.job_id}: {why}", self.job_id)
+            self.store.event(
+                job.cluster, "job-" + state.lower(), f"job {self.job_id}: {why}", self.job_id
+            )
         self.log(f"job {self.job_id} {state.lower()}: {why}")
         if state == JOB_SUCCEEDED:
             return 0
@@ -674,15 +836,23 @@ class Watcher:
 
     def _incident(self, job, rec: ClusterRecord, incident: str) -> int | None:
         self._unfollow()
-        kind = "preempted" if (incident in ("stopped", "cluster disappeared")
-                               or incident.startswith(("preempted", "hosts lost", "hosts replaced"))) else "unhealthy"
+        kind = (
+            "preempted"
+            if (
+                incident in ("stopped", "cluster disappeared")
+                or incident.startswith(("preempted", "hosts lost", "hosts replaced"))
+            )
+            else "unhealthy"
+        )
         self.store.event(rec.name, kind, f"job {self.job_id}: {incident}", self.job_id)
         self.log(f"cluster {rec.name}: {incident}")
         if not job.managed:
             why = f"{incident}; relaunch with --spot --max-restarts N to recover automatically"
             return self._finish(JOB_FAILED, None, why)
         if job.restarts >= job.max_restarts:
-            return self._finish(JOB_FAILED, None, f"{incident}; the {job.max_restarts} restarts allowed are used up")
+            return self._finish(
+                JOB_FAILED, None, f"{incident}; the {job.max_restarts} restarts allowed are used up"
+            )
         n = self.store.bump_restarts(self.job_id)
         self.store.update_job(self.job_id, state=JOB_RECOVERING)
         self.log(f"recovery {n}/{job.max_restarts}: {incident}")
@@ -693,9 +863,24 @@ class Watcher:
             runner_for(rec, self.printer).wait_reachable(self.opt.ssh_timeout)
             sync_code(rec, spec, self.printer, self.log)
             run_setup(rec, spec, self.printer, self.log)
-            start_job(rec, self.job_id, spec, self.config, self.provider.remote_env(self.provider.describe(rec.name, rec.zone) or _info_from(rec)), self.printer, self.log)
+            start_job(
+                rec,
+                self.job_id,
+                spec,
+                self.config,
+                self.provider.remote_env(
+                    self.provider.describe(rec.name, rec.zone) or _info_from(rec)
+                ),
+                self.printer,
+                self.log,
+            )
             self.store.update_job(self.job_id, state=JOB_RUNNING)
-            self.store.event(rec.name, "recovered", f"recovery {n}/{job.max_restarts}: {action} in {rec.zone} after {incident}; job {self.job_id} restarted (resumes from the newest checkpoint)", self.job_id)
+            self.store.event(
+                rec.name,
+                "recovered",
+                f"recovery {n}/{job.max_restarts}: {action} in {rec.zone} after {incident}; job {self.job_id} restarted (resumes from the newest checkpoint)",
+                self.job_id,
+            )
             self.log(f"recovery {n}/{job.max_restarts} done: {action} in {rec.zone}")
             self._follow(rec)
             return None
@@ -715,8 +900,12 @@ class Watcher:
             info = provider.describe(rec.name, rec.zone)
             if info is not None and info.ready and not info.unhealthy and not info.preempted:
                 runner.reset_host_keys()
-                return "reconnected to the replaced hosts", save_hosts(self.store, rec, info, provider)
-            self.log(f"{rec.name} is {info.state if info else 'gone'} after its hosts were replaced; recreating")
+                return "reconnected to the replaced hosts", save_hosts(
+                    self.store, rec, info, provider
+                )
+            self.log(
+                f"{rec.name} is {info.state if info else 'gone'} after its hosts were replaced; recreating"
+            )
         if incident.startswith("unhealthy") or incident == "stopped":
             info = provider.describe(rec.name, rec.zone)
             if info is not None:
@@ -738,20 +927,32 @@ class Watcher:
         request = request_from_record(rec)
         request = with_public_key(request, rec.ssh_key) if rec.ssh_key else request
         zones = zone_order(provider, request, pinned=False)
-        result = create_with_failover(provider, request, zones, log=self.log, sleep=self.sleep,
-                                      backoff=min(2.0, self.opt.poll))
+        result = create_with_failover(
+            provider,
+            request,
+            zones,
+            log=self.log,
+            sleep=self.sleep,
+            backoff=min(2.0, self.opt.poll),
+        )
         for a in result.attempts:
-            self.store.event(rec.name, "failover", f"{a.zone}: {a.kind}: {a.message[:200]}", self.job_id)
+            self.store.event(
+                rec.name, "failover", f"{a.zone}: {a.kind}: {a.message[:200]}", self.job_id
+            )
         runner.reset_host_keys()
         if result.zone != rec.zone:
-            self.store.update_cluster(rec.name, request=_request_dict(dataclasses.replace(request, zone=result.zone)))
+            self.store.update_cluster(
+                rec.name, request=_request_dict(dataclasses.replace(request, zone=result.zone))
+            )
         new = save_hosts(self.store, rec, result.info, provider)
         moved = f" (moved from {rec.zone})" if result.zone != rec.zone else ""
         return f"recreated{moved}", new
 
 
 def _info_from(rec: ClusterRecord) -> ClusterInfo:
-    return ClusterInfo(rec.name, rec.cloud, rec.zone, rec.accelerator, READY, hosts=record_hosts(rec))
+    return ClusterInfo(
+        rec.name, rec.cloud, rec.zone, rec.accelerator, READY, hosts=record_hosts(rec)
+    )
 
 
 # ------------------------------------------------------------------------------ lifecycle
@@ -779,25 +980,44 @@ def down_cluster(store: Store, provider: CloudProvider, rec: ClusterRecord) -> N
     runner_for(rec).reset_host_keys()
 
 
-def install_agent(rec: ClusterRecord, provider: CloudProvider, idle_seconds: float, action: str, python: str,
-                  printer: Callable[[str, str], None] | None, log: Log, poll: float = 30.0) -> None:
+def install_agent(
+    rec: ClusterRecord,
+    provider: CloudProvider,
+    idle_seconds: float,
+    action: str,
+    python: str,
+    printer: Callable[[str, str], None] | None,
+    log: Log,
+    poll: float = 30.0,
+) -> None:
     """Start the autostop/autodown agent (:mod:`aios.cloud.agent`) on the head host, replacing
     one already running there. It needs the shipped aios (code/.aios-site) or an installed one."""
     import json
 
     if action == "stop" and not provider.can_stop(rec.spot):
-        raise AiosError(f"{rec.name} runs on spot capacity, which cannot be stopped, only deleted",
-                        "use --autodown (delete when idle) instead of a plain --autostop")
+        raise AiosError(
+            f"{rec.name} runs on spot capacity, which cannot be stopped, only deleted",
+            "use --autodown (delete when idle) instead of a plain --autostop",
+        )
     root = remote_root(rec.name)
-    cfg = {"cluster": rec.name, "zone": rec.zone, "cloud": rec.cloud, "action": action, "idle_seconds": float(idle_seconds),
-           "poll": float(poll), "settings": provider.agent_settings()}
+    cfg = {
+        "cluster": rec.name,
+        "zone": rec.zone,
+        "cloud": rec.cloud,
+        "action": action,
+        "idle_seconds": float(idle_seconds),
+        "poll": float(poll),
+        "settings": provider.agent_settings(),
+    }
     head = record_hosts(rec)[0]
     runner = runner_for(rec, printer)
     site = f'PYTHONPATH="{root}/code/.aios-site${{PYTHONPATH:+:$PYTHONPATH}}"'
-    cmd = (f"set -e; mkdir -p {root}; umask 077; cat > {root}/agent.json; "
-           f"if [ -f {root}/agent.pid ]; then kill \"$(cat {root}/agent.pid)\" 2>/dev/null || true; fi; "
-           f"cd {root}; {site} setsid nohup {shlex.quote(python)} -m aios.cloud.agent {root}/agent.json >> {root}/agent.log 2>&1 "
-           f"< /dev/null & echo $! > {root}/agent.pid; echo started")
+    cmd = (
+        f"set -e; mkdir -p {root}; umask 077; cat > {root}/agent.json; "
+        f'if [ -f {root}/agent.pid ]; then kill "$(cat {root}/agent.pid)" 2>/dev/null || true; fi; '
+        f"cd {root}; {site} setsid nohup {shlex.quote(python)} -m aios.cloud.agent {root}/agent.json >> {root}/agent.log 2>&1 "
+        f"< /dev/null & echo $! > {root}/agent.pid; echo started"
+    )
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(cfg, f)
         tmp = f.name
@@ -807,15 +1027,20 @@ def install_agent(rec: ClusterRecord, provider: CloudProvider, idle_seconds: flo
         os.unlink(tmp)
     runner.check([r], "autostop agent")
     what = "delete" if action == "down" else "stop"
-    log(f"autostop: the agent on {head.label} will {what} {rec.name} after {idle_seconds / 60:g} min without a running job")
+    log(
+        f"autostop: the agent on {head.label} will {what} {rec.name} after {idle_seconds / 60:g} min without a running job"
+    )
 
 
 def remove_agent(rec: ClusterRecord, printer: Callable[[str, str], None] | None) -> None:
     root = remote_root(rec.name)
     runner = runner_for(rec, printer)
     head = record_hosts(rec)[0]
-    r = runner.run_one(head, f"rm -f {root}/agent.json; if [ -f {root}/agent.pid ]; then kill \"$(cat {root}/agent.pid)\" 2>/dev/null || true; fi",
-                       stream=False)
+    r = runner.run_one(
+        head,
+        f'rm -f {root}/agent.json; if [ -f {root}/agent.pid ]; then kill "$(cat {root}/agent.pid)" 2>/dev/null || true; fi',
+        stream=False,
+    )
     runner.check([r], "autostop cancel")
 
 
@@ -835,7 +1060,11 @@ def refresh(store: Store, provider: CloudProvider, rec: ClusterRecord) -> Cluste
     if info is None:
         store.update_cluster(rec.name, state="NOT_FOUND")
     else:
-        state = info.state if not info.unhealthy else f"{info.state}/{info.health_detail or 'UNHEALTHY'}"
+        state = (
+            info.state
+            if not info.unhealthy
+            else f"{info.state}/{info.health_detail or 'UNHEALTHY'}"
+        )
         store.update_cluster(rec.name, state=state)
         if info.hosts:
             rec = save_hosts(store, rec, info, provider)
@@ -848,7 +1077,25 @@ def dry_run_lines(commands: list[CloudCommand]) -> list[str]:
 
 
 __all__ = [
-    "JobSpec", "LogFollower", "Watcher", "WatchOptions", "cancel_job", "down_cluster", "get_provider",
-    "host_commands", "parse_env", "poll_job", "provision", "record_hosts", "refresh", "require_cluster",
-    "run_setup", "runner_for", "start_cluster", "start_job", "stop_cluster", "sync_code", "PREEMPTED",
+    "JobSpec",
+    "LogFollower",
+    "Watcher",
+    "WatchOptions",
+    "cancel_job",
+    "down_cluster",
+    "get_provider",
+    "host_commands",
+    "parse_env",
+    "poll_job",
+    "provision",
+    "record_hosts",
+    "refresh",
+    "require_cluster",
+    "run_setup",
+    "runner_for",
+    "start_cluster",
+    "start_job",
+    "stop_cluster",
+    "sync_code",
+    "PREEMPTED",
 ]

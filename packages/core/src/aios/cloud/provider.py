@@ -70,21 +70,30 @@ FailureKind = Literal["stockout", "quota", "unavailable", "transient", "fatal"]
 
 # ``aios``, ``aios-core[aws]``, ``aios_cloud_gcp>=1``: names on the public registry that belong to
 # unrelated projects. Hosts get aios from the synced checkout (the bundle), never from there.
-_AIOS_REQ = re.compile(r"^\s*aios(?:[-_.][A-Za-z0-9_.-]*)?\s*(?:\[[^\]]*\])?\s*(?:[<>=!~;@].*)?$", re.IGNORECASE)
+_AIOS_REQ = re.compile(
+    r"^\s*aios(?:[-_.][A-Za-z0-9_.-]*)?\s*(?:\[[^\]]*\])?\s*(?:[<>=!~;@].*)?$", re.IGNORECASE
+)
 
 
 def registry_aios(requirement: str) -> bool:
     """Whether ``requirement`` would fetch an ``aios*`` distribution from a package index (a
     local path or a URL to a wheel built from the checkout is fine)."""
     r = requirement.strip()
-    if not r or r.startswith(("-", ".", "/", "~")) or "://" in r.split("@", 1)[0] or r.endswith(".whl"):
+    if (
+        not r
+        or r.startswith(("-", ".", "/", "~"))
+        or "://" in r.split("@", 1)[0]
+        or r.endswith(".whl")
+    ):
         return False
     if "@" in r and ("file:" in r or "://" in r):
         return False
     return bool(_AIOS_REQ.match(r))
 
 
-def check_requirements(requirements: list[str] | tuple[str, ...], where: str = "setup requirements") -> None:
+def check_requirements(
+    requirements: list[str] | tuple[str, ...], where: str = "setup requirements"
+) -> None:
     """Refuse an ``aios*`` requirement that would come from the public registry."""
     for r in requirements:
         if registry_aios(r):
@@ -109,7 +118,19 @@ PREEMPTED = "PREEMPTED"  # spot capacity taken back: the hosts are gone
 TERMINATED = "TERMINATED"
 FAILED = "FAILED"
 UNKNOWN = "UNKNOWN"
-STATES = (PENDING, QUEUED, READY, STOPPING, STOPPED, STARTING, DELETING, PREEMPTED, TERMINATED, FAILED, UNKNOWN)
+STATES = (
+    PENDING,
+    QUEUED,
+    READY,
+    STOPPING,
+    STOPPED,
+    STARTING,
+    DELETING,
+    PREEMPTED,
+    TERMINATED,
+    FAILED,
+    UNKNOWN,
+)
 
 HEALTHY = "HEALTHY"
 UNHEALTHY = "UNHEALTHY"
@@ -307,7 +328,9 @@ class CloudCommand:
     shell_args: tuple[int, ...] = ()
 
     def shell(self) -> str:
-        line = " ".join(a if i in self.shell_args else shlex.quote(a) for i, a in enumerate(self.argv))
+        line = " ".join(
+            a if i in self.shell_args else shlex.quote(a) for i, a in enumerate(self.argv)
+        )
         return f"{line}  # {self.comment}" if self.comment else line
 
 
@@ -427,7 +450,9 @@ class CloudProvider(ABC):
         check_requirements(requirements)
         lines = ["python3 -m pip install --quiet --upgrade pip"]
         if requirements:
-            lines.append("python3 -m pip install --quiet " + " ".join(shlex.quote(r) for r in requirements))
+            lines.append(
+                "python3 -m pip install --quiet " + " ".join(shlex.quote(r) for r in requirements)
+            )
         return lines
 
     def remote_env(self, info: ClusterInfo) -> dict[str, str]:
@@ -456,7 +481,9 @@ class CloudProvider(ABC):
         one-time EC2 spot instances cannot: only deleted)."""
         return not spot
 
-    def check_storage(self, url: str, env_names: tuple[str, ...] | list[str] | set[str] = ()) -> None:
+    def check_storage(
+        self, url: str, env_names: tuple[str, ...] | list[str] | set[str] = ()
+    ) -> None:
         """Raise :class:`CloudError` when the hosts will have no credentials to write ``url``
         (a managed run's checkpoints); ``env_names`` are the variables the job gets (``--env``).
         Called before anything is created."""
@@ -500,8 +527,34 @@ class CloudProvider(ABC):
 
 
 __all__ = [
-    "check_requirements", "registry_aios", "CapacityError", "CatalogEntry", "CloudCommand", "CloudError", "CloudProvider", "ClusterHost",
-    "ClusterInfo", "ClusterNotFound", "ClusterRequest", "CredentialsError", "FailureKind",
-    "NotOfferedError", "QuotaError", "STATES", "PENDING", "QUEUED", "READY", "STOPPING", "STOPPED", "STARTING",
-    "DELETING", "PREEMPTED", "TERMINATED", "FAILED", "UNKNOWN", "HEALTHY", "UNHEALTHY", "MAINTENANCE",
+    "check_requirements",
+    "registry_aios",
+    "CapacityError",
+    "CatalogEntry",
+    "CloudCommand",
+    "CloudError",
+    "CloudProvider",
+    "ClusterHost",
+    "ClusterInfo",
+    "ClusterNotFound",
+    "ClusterRequest",
+    "CredentialsError",
+    "FailureKind",
+    "NotOfferedError",
+    "QuotaError",
+    "STATES",
+    "PENDING",
+    "QUEUED",
+    "READY",
+    "STOPPING",
+    "STOPPED",
+    "STARTING",
+    "DELETING",
+    "PREEMPTED",
+    "TERMINATED",
+    "FAILED",
+    "UNKNOWN",
+    "HEALTHY",
+    "UNHEALTHY",
+    "MAINTENANCE",
 ]

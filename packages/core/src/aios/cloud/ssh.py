@@ -22,10 +22,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Callable, Sequence, Union
+from typing import IO, Union
 
 from aios.cloud.provider import ClusterHost
 from aios.errors import AiosError
@@ -39,7 +40,9 @@ TRANSIENT_PATTERNS = re.compile(
     r"could not resolve hostname|connection to .* closed",
     re.IGNORECASE,
 )
-HOSTKEY_CHANGED = re.compile(r"REMOTE HOST IDENTIFICATION HAS CHANGED|Host key verification failed", re.IGNORECASE)
+HOSTKEY_CHANGED = re.compile(
+    r"REMOTE HOST IDENTIFICATION HAS CHANGED|Host key verification failed", re.IGNORECASE
+)
 
 
 class SshError(AiosError):
@@ -116,7 +119,10 @@ class SshRunner:
         self.rng = rng or random.Random()
         self.sleep = sleep
         if key and not Path(key).expanduser().is_file():
-            raise SshError(f"SSH key {key} does not exist", "pass an existing private key with --ssh-key, or omit it to let aios create one")
+            raise SshError(
+                f"SSH key {key} does not exist",
+                "pass an existing private key with --ssh-key, or omit it to let aios create one",
+            )
 
     # ------------------------------------------------------------------ argv
     def base_argv(self, host: ClusterHost, tty: bool = False) -> list[str]:
@@ -128,17 +134,28 @@ class SshRunner:
         if key:
             argv += ["-i", str(Path(key).expanduser()), "-o", "IdentitiesOnly=yes"]
         argv += [
-            "-p", str(host.port),
-            "-o", "BatchMode=yes",
-            "-o", f"ConnectTimeout={self.connect_timeout}",
-            "-o", "ServerAliveInterval=15",
-            "-o", "ServerAliveCountMax=4",
-            "-o", f"UserKnownHostsFile={self.known_hosts}",
-            "-o", "GlobalKnownHostsFile=/dev/null",
-            "-o", "StrictHostKeyChecking=accept-new",
-            "-o", "HashKnownHosts=no",
-            "-o", f"HostKeyAlias={self.alias}-w{host.worker_id}",
-            "-o", "LogLevel=ERROR",
+            "-p",
+            str(host.port),
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            f"ConnectTimeout={self.connect_timeout}",
+            "-o",
+            "ServerAliveInterval=15",
+            "-o",
+            "ServerAliveCountMax=4",
+            "-o",
+            f"UserKnownHostsFile={self.known_hosts}",
+            "-o",
+            "GlobalKnownHostsFile=/dev/null",
+            "-o",
+            "StrictHostKeyChecking=accept-new",
+            "-o",
+            "HashKnownHosts=no",
+            "-o",
+            f"HostKeyAlias={self.alias}-w{host.worker_id}",
+            "-o",
+            "LogLevel=ERROR",
             f"{host.ssh_user}@{host.ip}",
         ]
         return argv
@@ -164,11 +181,16 @@ class SshRunner:
         while True:
             attempt += 1
             res = HostResult(host, -1, attempts=attempt)
-            stdin = open(stdin_path, "rb") if stdin_path else subprocess.DEVNULL  # noqa: SIM115
+            stdin = open(stdin_path, "rb") if stdin_path else subprocess.DEVNULL
             try:
                 proc = subprocess.Popen(
-                    self.argv(host, command), stdin=stdin, stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1,
+                    self.argv(host, command),
+                    stdin=stdin,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    errors="replace",
+                    bufsize=1,
                 )
             finally:
                 if stdin_path:
@@ -181,7 +203,9 @@ class SshRunner:
                     if stream and self.printer and not (is_err and _is_ssh_noise(line)):
                         self.printer(prefix, line)
 
-            t_out = threading.Thread(target=pump, args=(proc.stdout, res.stdout, False), daemon=True)
+            t_out = threading.Thread(
+                target=pump, args=(proc.stdout, res.stdout, False), daemon=True
+            )
             t_err = threading.Thread(target=pump, args=(proc.stderr, res.stderr, True), daemon=True)
             t_out.start()
             t_err.start()
@@ -203,14 +227,21 @@ class SshRunner:
                     host=host,
                 )
             if "Permission denied" in err:
-                raise SshError(f"SSH login to {host.label} as {host.ssh_user} was refused (publickey)",
-                               "check --ssh-key / --ssh-user, or relaunch so aios installs its key")
-            transient = not res.stdout and (TRANSIENT_PATTERNS.search(err) is not None or not err.strip())
+                raise SshError(
+                    f"SSH login to {host.label} as {host.ssh_user} was refused (publickey)",
+                    "check --ssh-key / --ssh-user, or relaunch so aios installs its key",
+                )
+            transient = not res.stdout and (
+                TRANSIENT_PATTERNS.search(err) is not None or not err.strip()
+            )
             if not transient or attempt > self.retries:
                 return res
             delay = self.backoff * (2 ** (attempt - 1)) * (0.5 + self.rng.random())
             if self.printer and stream:
-                self.printer(prefix, f"[aios] ssh exit 255 ({_first_line(err)}); retry {attempt}/{self.retries} in {delay:.1f}s")
+                self.printer(
+                    prefix,
+                    f"[aios] ssh exit 255 ({_first_line(err)}); retry {attempt}/{self.retries} in {delay:.1f}s",
+                )
             self.sleep(delay)
 
     def run(
@@ -228,7 +259,14 @@ class SshRunner:
             return []
         with ThreadPoolExecutor(max_workers=min(64, len(hosts))) as pool:
             futs = [
-                pool.submit(self.run_one, h, command(h) if callable(command) else command, stdin_path, timeout, stream)
+                pool.submit(
+                    self.run_one,
+                    h,
+                    command(h) if callable(command) else command,
+                    stdin_path,
+                    timeout,
+                    stream,
+                )
                 for h in hosts
             ]
             return [f.result() for f in futs]
@@ -237,9 +275,14 @@ class SshRunner:
         bad = [r for r in results if not r.ok]
         if bad:
             r = bad[0]
-            detail = _first_line("\n".join(r.stderr[-3:] or r.stdout[-3:])) or f"exit status {r.returncode}"
-            raise SshError(f"{what} failed on {len(bad)} of {len(results)} hosts ({r.host.label}: {detail})",
-                           "see the output above; rerun with --debug")
+            detail = (
+                _first_line("\n".join(r.stderr[-3:] or r.stdout[-3:]))
+                or f"exit status {r.returncode}"
+            )
+            raise SshError(
+                f"{what} failed on {len(bad)} of {len(results)} hosts ({r.host.label}: {detail})",
+                "see the output above; rerun with --debug",
+            )
 
     def wait_reachable(self, timeout: float = 300.0) -> None:
         """Wait until every host accepts SSH (fresh VMs take a while)."""
@@ -247,14 +290,18 @@ class SshRunner:
         pending = list(self.hosts)
         delay = 1.0
         while pending:
-            results = self.run("true", stream=False, hosts=pending, timeout=self.connect_timeout + 5)
+            results = self.run(
+                "true", stream=False, hosts=pending, timeout=self.connect_timeout + 5
+            )
             pending = [r.host for r in results if not r.ok]
             if not pending:
                 return
             if time.monotonic() > deadline:
                 r = [x for x in results if not x.ok][0]
-                raise SshError(f"{r.host.label} is not reachable over SSH after {timeout:.0f}s ({_first_line(chr(10).join(r.stderr))})",
-                               "check the firewall allows port 22, then `aios start NAME`")
+                raise SshError(
+                    f"{r.host.label} is not reachable over SSH after {timeout:.0f}s ({_first_line(chr(10).join(r.stderr))})",
+                    "check the firewall allows port 22, then `aios start NAME`",
+                )
             self.sleep(delay)
             delay = min(delay * 2, 10)
 
@@ -278,8 +325,14 @@ def ensure_client_key(path: str | os.PathLike[str] | None = None) -> Path:
     if p.exists():
         return p
     p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    r = subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "aios", "-f", str(p)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "aios", "-f", str(p)],
+        capture_output=True,
+        text=True,
+    )
     if r.returncode != 0:
-        raise SshError(f"could not create an SSH key at {p}: {r.stderr.strip()}", "install openssh-client, or pass --ssh-key")
+        raise SshError(
+            f"could not create an SSH key at {p}: {r.stderr.strip()}",
+            "install openssh-client, or pass --ssh-key",
+        )
     return p

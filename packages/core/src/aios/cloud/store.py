@@ -24,9 +24,10 @@ import json
 import os
 import sqlite3
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 from aios.errors import AiosError
@@ -38,6 +39,7 @@ class StateError(AiosError):
 
 class _BadRow(Exception):
     """A row whose JSON column does not parse (turned into a :class:`StateError` naming the db)."""
+
 
 SCHEMA_VERSION = 1
 
@@ -100,11 +102,15 @@ def _mkdir(d: Path, what: str) -> None:
     try:
         d.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
-        raise StateError(f"{what} {d} is not a directory (a file is in the way)",
-                         "set AIOS_HOME to a directory, or move that file") from None
+        raise StateError(
+            f"{what} {d} is not a directory (a file is in the way)",
+            "set AIOS_HOME to a directory, or move that file",
+        ) from None
     except OSError as exc:
-        raise StateError(f"cannot create {what} {d}: {exc.strerror or exc}",
-                         "set AIOS_HOME to a writable directory") from None
+        raise StateError(
+            f"cannot create {what} {d}: {exc.strerror or exc}",
+            "set AIOS_HOME to a writable directory",
+        ) from None
 
 
 def aios_home() -> Path:
@@ -188,7 +194,9 @@ class Store:
                 raise self._error(exc) from None
 
     def _connect(self, target: str, uri: bool = False) -> sqlite3.Connection:
-        db = sqlite3.connect(target, timeout=self.timeout, isolation_level=None, check_same_thread=False, uri=uri)
+        db = sqlite3.connect(
+            target, timeout=self.timeout, isolation_level=None, check_same_thread=False, uri=uri
+        )
         db.row_factory = sqlite3.Row
         db.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
         return db
@@ -231,21 +239,34 @@ class Store:
         """One line for a database failure, with what to do about it."""
         text = str(exc)
         if isinstance(exc, _BadRow):
-            return StateError(f"the aios state database {self.path} has a corrupt record: {text}",
-                              f"repair or delete that row (sqlite3 {self.path}), or move the file aside")
+            return StateError(
+                f"the aios state database {self.path} has a corrupt record: {text}",
+                f"repair or delete that row (sqlite3 {self.path}), or move the file aside",
+            )
         if _is_locked(exc):
-            return StateError(f"the aios state database {self.path} is locked by another aios process "
-                              f"(waited {self.timeout:g}s)",
-                              "retry when that command has finished, or stop the process that holds it")
+            return StateError(
+                f"the aios state database {self.path} is locked by another aios process "
+                f"(waited {self.timeout:g}s)",
+                "retry when that command has finished, or stop the process that holds it",
+            )
         if _is_readonly(exc):
-            return StateError(f"the aios state database {self.path} is read-only: this command needs to write it",
-                              f"make {self.path} and its directory writable, or set AIOS_HOME to a writable directory")
-        if any(w in text for w in ("not a database", "malformed", "corrupt", "no such table", "no such column")):
-            return StateError(f"the aios state database {self.path} is corrupt ({text})",
-                              f"move it aside (mv {self.path} {self.path}.bad) and aios starts a new one; "
-                              "then check your clouds for clusters it recorded")
-        return StateError(f"the aios state database {self.path} failed: {text}",
-                          "check that AIOS_HOME is a writable local directory")
+            return StateError(
+                f"the aios state database {self.path} is read-only: this command needs to write it",
+                f"make {self.path} and its directory writable, or set AIOS_HOME to a writable directory",
+            )
+        if any(
+            w in text
+            for w in ("not a database", "malformed", "corrupt", "no such table", "no such column")
+        ):
+            return StateError(
+                f"the aios state database {self.path} is corrupt ({text})",
+                f"move it aside (mv {self.path} {self.path}.bad) and aios starts a new one; "
+                "then check your clouds for clusters it recorded",
+            )
+        return StateError(
+            f"the aios state database {self.path} failed: {text}",
+            "check that AIOS_HOME is a writable local directory",
+        )
 
     def _init_schema(self) -> None:
         try:  # an existing database: nothing to create (and no write lock needed to open it)
@@ -260,7 +281,10 @@ class Store:
             for stmt in _SCHEMA.split(";"):
                 if stmt.strip():
                     db.execute(stmt)
-            db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            db.execute(
+                "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)",
+                (str(SCHEMA_VERSION),),
+            )
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -281,8 +305,10 @@ class Store:
         is atomic against other processes; rolls back on error. Database failures are one-line
         :class:`StateError` errors."""
         if self.readonly:
-            raise StateError(f"the aios state database {self.path} is read-only: this command needs to write it",
-                             f"make {self.path} and its directory writable, or set AIOS_HOME to a writable directory")
+            raise StateError(
+                f"the aios state database {self.path} is read-only: this command needs to write it",
+                f"make {self.path} and its directory writable, or set AIOS_HOME to a writable directory",
+            )
         try:
             with self._transaction() as db:
                 yield db
@@ -303,10 +329,18 @@ class Store:
     @staticmethod
     def _cluster(row: sqlite3.Row) -> ClusterRecord:
         return ClusterRecord(
-            name=row["name"], cloud=row["cloud"], zone=row["zone"], accelerator=row["accelerator"],
-            spot=bool(row["spot"]), state=row["state"], hosts=_loads(row, "hosts", "cluster", "name"),
-            request=_loads(row, "request", "cluster", "name"), ssh_user=row["ssh_user"], ssh_key=row["ssh_key"],
-            created=row["created"], updated=row["updated"],
+            name=row["name"],
+            cloud=row["cloud"],
+            zone=row["zone"],
+            accelerator=row["accelerator"],
+            spot=bool(row["spot"]),
+            state=row["state"],
+            hosts=_loads(row, "hosts", "cluster", "name"),
+            request=_loads(row, "request", "cluster", "name"),
+            ssh_user=row["ssh_user"],
+            ssh_key=row["ssh_key"],
+            created=row["created"],
+            updated=row["updated"],
         )
 
     def claim_cluster(self, rec: ClusterRecord) -> bool:
@@ -319,11 +353,25 @@ class Store:
             db.execute(
                 "INSERT INTO clusters(name, cloud, zone, accelerator, spot, state, hosts, request, ssh_user, ssh_key, created, updated)"
                 " VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                (rec.name, rec.cloud, rec.zone, rec.accelerator, int(rec.spot), rec.state, json.dumps(rec.hosts),
-                 json.dumps(rec.request), rec.ssh_user, rec.ssh_key, now, now),
+                (
+                    rec.name,
+                    rec.cloud,
+                    rec.zone,
+                    rec.accelerator,
+                    int(rec.spot),
+                    rec.state,
+                    json.dumps(rec.hosts),
+                    json.dumps(rec.request),
+                    rec.ssh_user,
+                    rec.ssh_key,
+                    now,
+                    now,
+                ),
             )
-            db.execute("INSERT INTO events(cluster, job_id, time, kind, message) VALUES (?,?,?,?,?)",
-                       (rec.name, None, now, "claimed", f"{rec.cloud} {rec.accelerator}"))
+            db.execute(
+                "INSERT INTO events(cluster, job_id, time, kind, message) VALUES (?,?,?,?,?)",
+                (rec.name, None, now, "claimed", f"{rec.cloud} {rec.accelerator}"),
+            )
         return True
 
     def get_cluster(self, name: str) -> ClusterRecord | None:
@@ -331,7 +379,9 @@ class Store:
         return self._cluster(row) if row else None
 
     def clusters(self) -> list[ClusterRecord]:
-        return [self._cluster(r) for r in self.db.execute("SELECT * FROM clusters ORDER BY created")]
+        return [
+            self._cluster(r) for r in self.db.execute("SELECT * FROM clusters ORDER BY created")
+        ]
 
     def update_cluster(self, name: str, **fields: Any) -> None:
         if not fields:
@@ -345,35 +395,66 @@ class Store:
             cols.append(f"{k} = ?")
             vals.append(v)
         with self.transaction() as db:
-            db.execute(f"UPDATE clusters SET {', '.join(cols)}, updated = ? WHERE name = ?", (*vals, time.time(), name))
+            db.execute(
+                f"UPDATE clusters SET {', '.join(cols)}, updated = ? WHERE name = ?",
+                (*vals, time.time(), name),
+            )
 
     def delete_cluster(self, name: str) -> None:
         with self.transaction() as db:
             db.execute("DELETE FROM clusters WHERE name = ?", (name,))
-            db.execute("INSERT INTO events(cluster, job_id, time, kind, message) VALUES (?,?,?,?,?)",
-                       (name, None, time.time(), "deleted", "cluster record removed"))
+            db.execute(
+                "INSERT INTO events(cluster, job_id, time, kind, message) VALUES (?,?,?,?,?)",
+                (name, None, time.time(), "deleted", "cluster record removed"),
+            )
 
     # ------------------------------------------------------------------ jobs
     @staticmethod
     def _job(row: sqlite3.Row) -> JobRecord:
         return JobRecord(
-            id=row["id"], cluster=row["cluster"], state=row["state"], command=row["command"],
-            backend=row["backend"], managed=bool(row["managed"]), max_restarts=row["max_restarts"],
-            restarts=row["restarts"], checkpoint_dir=row["checkpoint_dir"],
+            id=row["id"],
+            cluster=row["cluster"],
+            state=row["state"],
+            command=row["command"],
+            backend=row["backend"],
+            managed=bool(row["managed"]),
+            max_restarts=row["max_restarts"],
+            restarts=row["restarts"],
+            checkpoint_dir=row["checkpoint_dir"],
             exit_codes=_loads(row, "exit_codes", "job", "id") if row["exit_codes"] else None,
-            watcher_pid=row["watcher_pid"], spec=_loads(row, "spec", "job", "id"), created=row["created"],
+            watcher_pid=row["watcher_pid"],
+            spec=_loads(row, "spec", "job", "id"),
+            created=row["created"],
             updated=row["updated"],
         )
 
-    def add_job(self, cluster: str, command: str, backend: str | None = None, managed: bool = False,
-                max_restarts: int = 0, checkpoint_dir: str | None = None, spec: dict[str, Any] | None = None) -> int:
+    def add_job(
+        self,
+        cluster: str,
+        command: str,
+        backend: str | None = None,
+        managed: bool = False,
+        max_restarts: int = 0,
+        checkpoint_dir: str | None = None,
+        spec: dict[str, Any] | None = None,
+    ) -> int:
         now = time.time()
         with self.transaction() as db:
             cur = db.execute(
                 "INSERT INTO jobs(cluster, state, command, backend, managed, max_restarts, checkpoint_dir, spec, created, updated)"
                 " VALUES (?,?,?,?,?,?,?,?,?,?)",
-                (cluster, JOB_PENDING, command, backend, int(managed), max_restarts, checkpoint_dir,
-                 json.dumps(spec or {}), now, now),
+                (
+                    cluster,
+                    JOB_PENDING,
+                    command,
+                    backend,
+                    int(managed),
+                    max_restarts,
+                    checkpoint_dir,
+                    json.dumps(spec or {}),
+                    now,
+                    now,
+                ),
             )
             return int(cur.lastrowid)
 
@@ -389,7 +470,9 @@ class Store:
         return [self._job(r) for r in rows]
 
     def latest_job(self, cluster: str) -> JobRecord | None:
-        row = self.db.execute("SELECT * FROM jobs WHERE cluster = ? ORDER BY id DESC LIMIT 1", (cluster,)).fetchone()
+        row = self.db.execute(
+            "SELECT * FROM jobs WHERE cluster = ? ORDER BY id DESC LIMIT 1", (cluster,)
+        ).fetchone()
         return self._job(row) if row else None
 
     def update_job(self, job_id: int, **fields: Any) -> None:
@@ -404,19 +487,29 @@ class Store:
             cols.append(f"{k} = ?")
             vals.append(v)
         with self.transaction() as db:
-            db.execute(f"UPDATE jobs SET {', '.join(cols)}, updated = ? WHERE id = ?", (*vals, time.time(), job_id))
+            db.execute(
+                f"UPDATE jobs SET {', '.join(cols)}, updated = ? WHERE id = ?",
+                (*vals, time.time(), job_id),
+            )
 
     def bump_restarts(self, job_id: int) -> int:
         """Atomically increment a job's restart count; returns the new count."""
         with self.transaction() as db:
-            db.execute("UPDATE jobs SET restarts = restarts + 1, updated = ? WHERE id = ?", (time.time(), job_id))
-            return int(db.execute("SELECT restarts FROM jobs WHERE id = ?", (job_id,)).fetchone()[0])
+            db.execute(
+                "UPDATE jobs SET restarts = restarts + 1, updated = ? WHERE id = ?",
+                (time.time(), job_id),
+            )
+            return int(
+                db.execute("SELECT restarts FROM jobs WHERE id = ?", (job_id,)).fetchone()[0]
+            )
 
     # ------------------------------------------------------------------ events
     def event(self, cluster: str, kind: str, message: str, job_id: int | None = None) -> None:
         with self.transaction() as db:
-            db.execute("INSERT INTO events(cluster, job_id, time, kind, message) VALUES (?,?,?,?,?)",
-                       (cluster, job_id, time.time(), kind, message))
+            db.execute(
+                "INSERT INTO events(cluster, job_id, time, kind, message) VALUES (?,?,?,?,?)",
+                (cluster, job_id, time.time(), kind, message),
+            )
 
     def events(self, cluster: str | None = None, kind: str | None = None) -> list[EventRecord]:
         q, args = "SELECT * FROM events", []
@@ -430,17 +523,23 @@ class Store:
         if conds:
             q += " WHERE " + " AND ".join(conds)
         q += " ORDER BY id"
-        return [EventRecord(r["id"], r["cluster"], r["job_id"], r["time"], r["kind"], r["message"])
-                for r in self.db.execute(q, args)]
+        return [
+            EventRecord(r["id"], r["cluster"], r["job_id"], r["time"], r["kind"], r["message"])
+            for r in self.db.execute(q, args)
+        ]
 
 
 def _is_locked(exc: BaseException) -> bool:
-    return isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc))
+    return isinstance(exc, sqlite3.OperationalError) and (
+        "locked" in str(exc) or "busy" in str(exc)
+    )
 
 
 def _is_readonly(exc: BaseException) -> bool:
     t = str(exc)
-    return isinstance(exc, sqlite3.Error) and ("readonly" in t or "read-only" in t or "unable to open" in t)
+    return isinstance(exc, sqlite3.Error) and (
+        "readonly" in t or "read-only" in t or "unable to open" in t
+    )
 
 
 def _loads(row: sqlite3.Row, col: str, kind: str, key: str) -> Any:
@@ -464,6 +563,19 @@ def _guard(fn: _F) -> _F:
     return wrapper  # type: ignore[return-value]
 
 
-for _name in ("claim_cluster", "get_cluster", "clusters", "update_cluster", "delete_cluster", "add_job", "get_job",
-              "jobs", "latest_job", "update_job", "bump_restarts", "event", "events"):
+for _name in (
+    "claim_cluster",
+    "get_cluster",
+    "clusters",
+    "update_cluster",
+    "delete_cluster",
+    "add_job",
+    "get_job",
+    "jobs",
+    "latest_job",
+    "update_job",
+    "bump_restarts",
+    "event",
+    "events",
+):
     setattr(Store, _name, _guard(getattr(Store, _name)))

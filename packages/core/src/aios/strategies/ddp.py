@@ -121,7 +121,10 @@ class DDPStrategy(Strategy):
             if not dist.is_available():  # pragma: no cover - torch built without distributed
                 from aios.errors import AiosError
 
-                raise AiosError("this torch build has no torch.distributed", "install a torch build with distributed support")
+                raise AiosError(
+                    "this torch build has no torch.distributed",
+                    "install a torch build with distributed support",
+                )
             if not dist.is_initialized():
                 self.init_process_group()
             else:
@@ -141,7 +144,13 @@ class DDPStrategy(Strategy):
     def wrap_module(self, module: torch.nn.Module) -> torch.nn.Module:
         if not any(p.requires_grad for p in module.parameters()):
             return module
-        ids = [self.device.index] if self.accelerator.collectives_on_device and self.device is not None and self.device.index is not None else None
+        ids = (
+            [self.device.index]
+            if self.accelerator.collectives_on_device
+            and self.device is not None
+            and self.device.index is not None
+            else None
+        )
         return _forwarding_ddp()(module, device_ids=ids, **self.ddp_kwargs)
 
     def setup_module(self, module: torch.nn.Module, precision: Precision) -> torch.nn.Module:
@@ -157,7 +166,13 @@ class DDPStrategy(Strategy):
             return loader
         seed = self.config.seed if self.config.seed is not None else 0
         sharded = shard_dataloader(loader, self.data_rank, self.data_world, seed, shuffle)
-        return DeviceLoader(sharded, self.device, non_blocking=self.accelerator.non_blocking_copies, seed=seed, rank=self.rank)
+        return DeviceLoader(
+            sharded,
+            self.device,
+            non_blocking=self.accelerator.non_blocking_copies,
+            seed=seed,
+            rank=self.rank,
+        )
 
     @property
     def data_rank(self) -> int:
@@ -184,14 +199,24 @@ class DDPStrategy(Strategy):
     # ---------------------------------------------------------------- collectives
     def barrier(self) -> None:
         if self._dist is not None:
-            if self.accelerator.collectives_on_device and self.device is not None and self.device.index is not None:
+            if (
+                self.accelerator.collectives_on_device
+                and self.device is not None
+                and self.device.index is not None
+            ):
                 self._dist.barrier(device_ids=[self.device.index])
             else:
                 self._dist.barrier()
 
     def _op(self, op: str) -> Any:
         ReduceOp = self._dist.ReduceOp  # noqa: N806
-        return {"sum": ReduceOp.SUM, "mean": ReduceOp.SUM, "max": ReduceOp.MAX, "min": ReduceOp.MIN, "prod": ReduceOp.PRODUCT}[op]
+        return {
+            "sum": ReduceOp.SUM,
+            "mean": ReduceOp.SUM,
+            "max": ReduceOp.MAX,
+            "min": ReduceOp.MIN,
+            "prod": ReduceOp.PRODUCT,
+        }[op]
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
         """A reduced copy of ``tensor`` (``sum``, ``mean``, ``max``, ``min``, ``prod``); the input
@@ -249,7 +274,9 @@ class DDPStrategy(Strategy):
     def module_state_dict(self, module: torch.nn.Module) -> dict[str, Any]:
         return _to_cpu(self.unwrap(module).state_dict())
 
-    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer, module: torch.nn.Module | None = None) -> dict[str, Any]:
+    def optimizer_state_dict(
+        self, optimizer: torch.optim.Optimizer, module: torch.nn.Module | None = None
+    ) -> dict[str, Any]:
         return _to_cpu(optimizer.state_dict())
 
     def rng_state(self) -> dict[str, Any]:
@@ -264,8 +291,11 @@ class DDPStrategy(Strategy):
     # ---------------------------------------------------------------- diagnostics
     def metrics(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "strategy": self.name, "dist_backend": self.dist_backend if self._dist is not None else None,
-            "world_size": self.world_size, "device": str(self.device), "accelerator": self.accelerator.name,
+            "strategy": self.name,
+            "dist_backend": self.dist_backend if self._dist is not None else None,
+            "world_size": self.world_size,
+            "device": str(self.device),
+            "accelerator": self.accelerator.name,
             "cluster": self.cluster.name if self.cluster is not None else None,
         }
         out.update(self.accelerator.memory_stats())

@@ -34,8 +34,8 @@ from __future__ import annotations
 import contextlib
 import importlib
 import sys
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from aios.errors import AiosError, ConfigError
 from aios.precision import Precision
@@ -54,7 +54,9 @@ class ShardedPrecision(Precision):
     """Mixed precision carried by FSDP's ``MixedPrecisionPolicy``: parameters are cast for the
     forward/backward by FSDP itself, so ``autocast()`` is a no-op."""
 
-    def __init__(self, name: str, device_type: str, param_dtype: str | None, reduce_dtype: str | None) -> None:
+    def __init__(
+        self, name: str, device_type: str, param_dtype: str | None, reduce_dtype: str | None
+    ) -> None:
         super().__init__(device_type)
         self.name = name
         self.param_dtype = param_dtype
@@ -71,10 +73,15 @@ def sharded_precision(precision: str, config: Any, accelerator: Any) -> Precisio
         return ShardedPrecision("fp32", device_type, None, None)
     if precision == "bf16-mixed":
         reduce = "float32" if fsdp.reduce_dtype == "auto" else fsdp.reduce_dtype
-        return ShardedPrecision("bf16-mixed", device_type, getattr(accelerator, "autocast_dtype", "bfloat16"), reduce)
+        return ShardedPrecision(
+            "bf16-mixed", device_type, getattr(accelerator, "autocast_dtype", "bfloat16"), reduce
+        )
     if precision == "bf16-true":
         return TruePrecision(device_type)
-    raise ConfigError(f"precision '{precision}' is not supported with strategy '{config.strategy}'", "use precision=bf16-mixed (FSDP keeps fp32 shards, computes in bf16) or fp32")
+    raise ConfigError(
+        f"precision '{precision}' is not supported with strategy '{config.strategy}'",
+        "use precision=bf16-mixed (FSDP keeps fp32 shards, computes in bf16) or fp32",
+    )
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -84,14 +91,21 @@ def load_object(ref: str, what: str) -> Any:
     """``module:attribute`` (``__main__`` = the running script)."""
     mod_name, _, attr = ref.partition(":")
     if not mod_name or not attr:
-        raise ConfigError(f"{what} {ref!r} is not 'module:attribute'", f"write {what} as e.g. mymodel:TP_PLAN")
+        raise ConfigError(
+            f"{what} {ref!r} is not 'module:attribute'", f"write {what} as e.g. mymodel:TP_PLAN"
+        )
     try:
-        module = sys.modules["__main__"] if mod_name == "__main__" else importlib.import_module(mod_name)
+        module = (
+            sys.modules["__main__"] if mod_name == "__main__" else importlib.import_module(mod_name)
+        )
         obj: Any = module
         for part in attr.split("."):
             obj = getattr(obj, part)
     except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"{what} {ref!r} cannot be loaded ({type(exc).__name__}: {exc})", "name an importable module and an attribute it defines") from None
+        raise ConfigError(
+            f"{what} {ref!r} cannot be loaded ({type(exc).__name__}: {exc})",
+            "name an importable module and an attribute it defines",
+        ) from None
     return obj
 
 
@@ -157,7 +171,10 @@ class FSDPStrategy(DDPStrategy):
             elif callable(wrap_policy):
                 self.wrap_policy = wrap_policy
             else:
-                raise AiosError(f"wrap_policy must be a callable or a list of class names, not {type(wrap_policy).__name__}", "pass e.g. wrap_policy=['Block']")
+                raise AiosError(
+                    f"wrap_policy must be a callable or a list of class names, not {type(wrap_policy).__name__}",
+                    "pass e.g. wrap_policy=['Block']",
+                )
         if tp_plan is not None:
             self.tp_plan = tp_plan
 
@@ -167,10 +184,16 @@ class FSDPStrategy(DDPStrategy):
         world = self.world_size
         tp = int(m.tp)
         if world % tp:
-            raise ConfigError(f"mesh.tp={tp} does not divide the world size {world}", f"set mesh.tp to a divisor of {world}")
+            raise ConfigError(
+                f"mesh.tp={tp} does not divide the world size {world}",
+                f"set mesh.tp to a divisor of {world}",
+            )
         dp = world // tp if m.dp == "auto" else int(m.dp)
         if dp * tp != world:
-            raise ConfigError(f"mesh.dp={dp} x mesh.tp={tp} = {dp * tp} processes, but the world size is {world}", f"make mesh.dp x mesh.tp = {world} (or leave mesh.dp=auto)")
+            raise ConfigError(
+                f"mesh.dp={dp} x mesh.tp={tp} = {dp * tp} processes, but the world size is {world}",
+                f"make mesh.dp x mesh.tp = {world} (or leave mesh.dp=auto)",
+            )
         if tp == 1:
             return (dp,), ("dp",)
         return (dp, tp), ("dp", "tp")
@@ -190,7 +213,11 @@ class FSDPStrategy(DDPStrategy):
         self.tp_size = self.mesh["tp"].size() if "tp" in names else 1
 
     def shard_mesh(self) -> Any:
-        return self.mesh[self.shard_dims] if len(self.shard_dims) > 1 else self.mesh[self.shard_dims[0]]
+        return (
+            self.mesh[self.shard_dims]
+            if len(self.shard_dims) > 1
+            else self.mesh[self.shard_dims[0]]
+        )
 
     @property
     def data_rank(self) -> int:
@@ -232,7 +259,10 @@ class FSDPStrategy(DDPStrategy):
             blocks = [m for m in model.modules() if m is not model and policy(m)]
             if not blocks:
                 found = sorted({type(m).__name__ for m in model.modules()})
-                raise ConfigError(f"fsdp.wrap={sorted(names)} matches no module of the model", f"module classes in the model: {', '.join(found)}")
+                raise ConfigError(
+                    f"fsdp.wrap={sorted(names)} matches no module of the model",
+                    f"module classes in the model: {', '.join(found)}",
+                )
             return blocks
         if policy is not None:
             return [m for m in model.modules() if m is not model and policy(m)]
@@ -258,17 +288,27 @@ class FSDPStrategy(DDPStrategy):
         if s.compile:
             for b in blocks:
                 b.compile(backend=self.accelerator.compile_backend or "inductor")
-        kwargs: dict[str, Any] = {"mesh": self.shard_mesh(), "reshard_after_forward": s.reshard_after_forward}
+        kwargs: dict[str, Any] = {
+            "mesh": self.shard_mesh(),
+            "reshard_after_forward": s.reshard_after_forward,
+        }
         if isinstance(precision, ShardedPrecision) and precision.param_dtype:
-            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=_dtype(precision.param_dtype), reduce_dtype=_dtype(precision.reduce_dtype))
+            kwargs["mp_policy"] = MixedPrecisionPolicy(
+                param_dtype=_dtype(precision.param_dtype),
+                reduce_dtype=_dtype(precision.reduce_dtype),
+            )
         if s.cpu_offload:
-            kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=self.accelerator.non_blocking_copies)
+            kwargs["offload_policy"] = CPUOffloadPolicy(
+                pin_memory=self.accelerator.non_blocking_copies
+            )
         for b in blocks:
             fully_shard(b, **kwargs)
         fully_shard(module, **kwargs)
         # sharding replaces the Parameters: an optimizer built on the originals is remapped
         after = dict(module.named_parameters())
-        self._replaced.update({id(p): after[n] for n, p in before.items() if n in after and after[n] is not p})
+        self._replaced.update(
+            {id(p): after[n] for n, p in before.items() if n in after and after[n] is not p}
+        )
         self.blocks = blocks
         self._modules.append(module)
         return module
@@ -362,26 +402,42 @@ class FSDPStrategy(DDPStrategy):
         cached = self._cache.pop(id(module), None)
         return cached if cached is not None else self._full_module(module)
 
-    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer, module: torch.nn.Module | None = None) -> dict[str, Any]:
+    def optimizer_state_dict(
+        self, optimizer: torch.optim.Optimizer, module: torch.nn.Module | None = None
+    ) -> dict[str, Any]:
         cached = self._cache.pop(id(optimizer), None)
         return cached if cached is not None else self._full_optimizer(optimizer, module)
 
     def load_module_state_dict(self, module: torch.nn.Module, state: dict[str, Any]) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-        set_model_state_dict(self.unwrap(module), state, options=StateDictOptions(full_state_dict=True))
+        set_model_state_dict(
+            self.unwrap(module), state, options=StateDictOptions(full_state_dict=True)
+        )
 
-    def load_optimizer_state_dict(self, optimizer: torch.optim.Optimizer, state: dict[str, Any], module: torch.nn.Module | None = None) -> None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+    def load_optimizer_state_dict(
+        self,
+        optimizer: torch.optim.Optimizer,
+        state: dict[str, Any],
+        module: torch.nn.Module | None = None,
+    ) -> None:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_optimizer_state_dict,
+        )
 
         model = self._opt_module.get(id(optimizer), module)
         if not state.get("state") and not optimizer.state:
             # a stateless optimizer (SGD without momentum): only the hyperparameters to restore
             # (torch's loader needs at least one state tensor to find the device)
-            for group, saved in zip(optimizer.param_groups, state.get("param_groups", []), strict=True):
+            for group, saved in zip(
+                optimizer.param_groups, state.get("param_groups", []), strict=True
+            ):
                 group.update({k: v for k, v in saved.items() if k != "params"})
             return
-        set_optimizer_state_dict(self.unwrap(model), optimizer, state, options=StateDictOptions(full_state_dict=True))
+        set_optimizer_state_dict(
+            self.unwrap(model), optimizer, state, options=StateDictOptions(full_state_dict=True)
+        )
 
     # ---------------------------------------------------------------- diagnostics
     def metrics(self) -> dict[str, Any]:
@@ -403,7 +459,10 @@ class TPStrategy(FSDPStrategy):
         if int(m.tp) == 1:
             dp = 1 if m.dp == "auto" else int(m.dp)
             if self.world_size % dp:
-                raise ConfigError(f"mesh.dp={dp} does not divide the world size {self.world_size}", f"set mesh.dp to a divisor of {self.world_size}")
+                raise ConfigError(
+                    f"mesh.dp={dp} does not divide the world size {self.world_size}",
+                    f"set mesh.dp to a divisor of {self.world_size}",
+                )
             return (dp, self.world_size // dp), ("dp", "tp")
         shape, names = super().mesh_shape()
         return shape, names
@@ -425,10 +484,20 @@ class HSDPStrategy(FSDPStrategy):
         m = self.config.mesh
         world = self.world_size
         if int(m.tp) != 1:
-            raise ConfigError("strategy hsdp does not combine with mesh.tp > 1 yet", "use strategy=fsdp with mesh.tp for 2-D FSDP x TP")
-        rep = (self.cluster.nnodes if self.cluster is not None else 1) if m.replicate == "auto" else int(m.replicate)
+            raise ConfigError(
+                "strategy hsdp does not combine with mesh.tp > 1 yet",
+                "use strategy=fsdp with mesh.tp for 2-D FSDP x TP",
+            )
+        rep = (
+            (self.cluster.nnodes if self.cluster is not None else 1)
+            if m.replicate == "auto"
+            else int(m.replicate)
+        )
         if rep < 1 or world % rep:
-            raise ConfigError(f"mesh.replicate={rep} does not divide the world size {world}", f"set mesh.replicate to a divisor of {world}")
+            raise ConfigError(
+                f"mesh.replicate={rep} does not divide the world size {world}",
+                f"set mesh.replicate to a divisor of {world}",
+            )
         return (rep, world // rep), ("replicate", "shard")
 
     def shard_mesh(self) -> Any:
@@ -447,7 +516,11 @@ def total_grad_norm(grads: list[Any], norm_type: float = 2.0) -> Any:
 
     groups: dict[Any, list[Any]] = {}
     for g in grads:
-        key = (id(g.device_mesh), tuple(g.placements)) if isinstance(g, DTensor) else ("local", g.device.type)
+        key = (
+            (id(g.device_mesh), tuple(g.placements))
+            if isinstance(g, DTensor)
+            else ("local", g.device.type)
+        )
         groups.setdefault(key, []).append(g)
     parts = []
     for gs in groups.values():

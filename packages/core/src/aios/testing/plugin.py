@@ -30,8 +30,9 @@ import os
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -47,7 +48,10 @@ def in_ci() -> bool:
 def _unavailable(reason: str) -> None:
     """Skip with ``reason``; under CI, fail: the machine should have been set up for it."""
     if in_ci():
-        pytest.fail(f"{reason} (CI is set: a CI machine must be able to run this test; .ci/run installs it)", pytrace=False)
+        pytest.fail(
+            f"{reason} (CI is set: a CI machine must be able to run this test; .ci/run installs it)",
+            pytrace=False,
+        )
     pytest.skip(reason)
 
 
@@ -95,23 +99,39 @@ def aios_cli(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
     base["AIOS_HOME"] = str(tmp_path / "aios-home")
     base["COLUMNS"] = "200"
 
-    def run(*args: str, env: dict[str, str] | None = None, prog: str = "aios", pythonpath: list[Any] | None = None,
-            timeout: float = 300, in_process: bool = False) -> subprocess.CompletedProcess[str]:
+    def run(
+        *args: str,
+        env: dict[str, str] | None = None,
+        prog: str = "aios",
+        pythonpath: list[Any] | None = None,
+        timeout: float = 300,
+        in_process: bool = False,
+    ) -> subprocess.CompletedProcess[str]:
         full = dict(base)
         if pythonpath:
-            full["PYTHONPATH"] = os.pathsep.join([str(p) for p in pythonpath] + [full.get("PYTHONPATH", "")])
+            full["PYTHONPATH"] = os.pathsep.join(
+                [str(p) for p in pythonpath] + [full.get("PYTHONPATH", "")]
+            )
         full.update(env or {})
         mod = "aios.cli.main" if prog == "aios" else "aios.cli.run"
         if in_process:
             return _run_in_process(mod, prog, list(args), full, tmp_path)
         code = f"import sys; sys.argv[0] = {prog!r}; from {mod} import main; main()"
-        return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=full,
-                              cwd=tmp_path, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-c", code, *args],
+            capture_output=True,
+            text=True,
+            env=full,
+            cwd=tmp_path,
+            timeout=timeout,
+        )
 
     return run
 
 
-def _run_in_process(mod: str, prog: str, args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+def _run_in_process(
+    mod: str, prog: str, args: list[str], env: dict[str, str], cwd: Path
+) -> subprocess.CompletedProcess[str]:
     import importlib
 
     from aios.plugins import reset_registry
@@ -162,5 +182,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any)
     for reason, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])):
         terminalreporter.write_line(f"{n:4d} skipped: {reason}")
     if any("sshd" in r for r in reasons):
-        terminalreporter.write_line("     (real sshd hosts: apt-get install openssh-server openssh-client iproute2, as root; "
-                                    "with CI=true these are failures, not skips)")
+        terminalreporter.write_line(
+            "     (real sshd hosts: apt-get install openssh-server openssh-client iproute2, as root; "
+            "with CI=true these are failures, not skips)"
+        )

@@ -53,8 +53,8 @@ import contextlib
 import fcntl
 import os
 import random
-import shutil
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -122,25 +122,29 @@ class SshdHost:
 
     def _config(self) -> Path:
         cfg = self.confdir / "sshd_config"
-        cfg.write_text("\n".join([
-            f"Port {self.port}",
-            f"ListenAddress {self.ip}",
-            f"HostKey {self.confdir / 'ssh_host_ed25519_key'}",
-            f"AuthorizedKeysFile {self.authorized_keys}",
-            f"PidFile {self.confdir / 'sshd.pid'}",
-            "PermitRootLogin prohibit-password",
-            "PubkeyAuthentication yes",
-            "PasswordAuthentication no",
-            "KbdInteractiveAuthentication no",
-            "UsePAM no",
-            "StrictModes no",
-            "MaxStartups 200",
-            "MaxSessions 100",
-            "LogLevel ERROR",
-            f"SetEnv HOME={self.home} AIOS_TEST_HOST={self.name}",
-            "Subsystem sftp internal-sftp",
-            "",
-        ]))
+        cfg.write_text(
+            "\n".join(
+                [
+                    f"Port {self.port}",
+                    f"ListenAddress {self.ip}",
+                    f"HostKey {self.confdir / 'ssh_host_ed25519_key'}",
+                    f"AuthorizedKeysFile {self.authorized_keys}",
+                    f"PidFile {self.confdir / 'sshd.pid'}",
+                    "PermitRootLogin prohibit-password",
+                    "PubkeyAuthentication yes",
+                    "PasswordAuthentication no",
+                    "KbdInteractiveAuthentication no",
+                    "UsePAM no",
+                    "StrictModes no",
+                    "MaxStartups 200",
+                    "MaxSessions 100",
+                    "LogLevel ERROR",
+                    f"SetEnv HOME={self.home} AIOS_TEST_HOST={self.name}",
+                    "Subsystem sftp internal-sftp",
+                    "",
+                ]
+            )
+        )
         return cfg
 
     def start(self, new_host_key: bool = True, timeout: float = 15.0) -> None:
@@ -158,15 +162,26 @@ class SshdHost:
             # through /etc/netns/<ns>/hosts (bind-mounted over /etc/hosts by `ip netns exec`),
             # as on a cloud VM (torch's c10d rendezvous relies on that)
             inner = " ".join(shlex.quote(a) for a in argv)
-            argv = [IP, "netns", "exec", self.netns, "unshare", "--uts", "sh", "-c",
-                    f"hostname {shlex.quote(self.hostname or self.name)} && exec {inner}"]
-        log = open(self.confdir / "sshd.log", "ab")  # noqa: SIM115 - owned by the process
+            argv = [
+                IP,
+                "netns",
+                "exec",
+                self.netns,
+                "unshare",
+                "--uts",
+                "sh",
+                "-c",
+                f"hostname {shlex.quote(self.hostname or self.name)} && exec {inner}",
+            ]
+        log = open(self.confdir / "sshd.log", "ab")
         self.proc = subprocess.Popen(argv, stdout=log, stderr=log, start_new_session=True)
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"sshd for {self.name} exited: {(self.confdir / 'sshd.log').read_text()[-2000:]}")
+                raise RuntimeError(
+                    f"sshd for {self.name} exited: {(self.confdir / 'sshd.log').read_text()[-2000:]}"
+                )
             if self._port_open():
                 return
             time.sleep(0.05)
@@ -236,7 +251,13 @@ class SshdHost:
 class SshdCluster:
     """``n`` sshd hosts reachable with one client key. See the module docstring."""
 
-    def __init__(self, n: int, workdir: str | os.PathLike[str], netns: bool | None = None, user: str | None = None) -> None:
+    def __init__(
+        self,
+        n: int,
+        workdir: str | os.PathLike[str],
+        netns: bool | None = None,
+        user: str | None = None,
+    ) -> None:
         reason = sshd_unavailable_reason()
         if reason:
             raise RuntimeError(reason)
@@ -249,7 +270,20 @@ class SshdCluster:
         if self.use_netns and not netns_available():
             raise RuntimeError("network namespaces are not available (needs root and iproute2)")
         self.client_key = self.workdir / "client_ed25519"
-        _run([SSH_KEYGEN, "-q", "-t", "ed25519", "-N", "", "-f", str(self.client_key), "-C", "aios-test-client"])
+        _run(
+            [
+                SSH_KEYGEN,
+                "-q",
+                "-t",
+                "ed25519",
+                "-N",
+                "",
+                "-f",
+                str(self.client_key),
+                "-C",
+                "aios-test-client",
+            ]
+        )
         self.authorized_keys = self.workdir / "authorized_keys"
         self.authorized_keys.write_text(self.client_key.with_suffix(".pub").read_text())
         self.tag = f"{os.getpid() % 10000:04d}{random.randint(0, 99):02d}"
@@ -290,7 +324,21 @@ class SshdCluster:
             _run([IP, "-n", sw, "link", "set", "lo", "up"])
             # this machine's leg: aiosR<tag> (root) <-> up0 (switch)
             self.root_if = f"aiosR{self.tag}"
-            _run([IP, "link", "add", self.root_if, "type", "veth", "peer", "name", "up0", "netns", sw])
+            _run(
+                [
+                    IP,
+                    "link",
+                    "add",
+                    self.root_if,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    "up0",
+                    "netns",
+                    sw,
+                ]
+            )
             _run([IP, "addr", "add", f"{self.subnet}.1/24", "dev", self.root_if])
             _run([IP, "link", "set", self.root_if, "up"])
             _run([IP, "-n", sw, "addr", "add", f"{self.subnet}.2/24", "dev", "br0"])
@@ -300,7 +348,23 @@ class SshdCluster:
             ns = f"aios-h{i}-{self.tag}"
             _run([IP, "netns", "add", ns])
             port = f"p{i}"
-            _run([IP, "-n", sw, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns])
+            _run(
+                [
+                    IP,
+                    "-n",
+                    sw,
+                    "link",
+                    "add",
+                    port,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    "eth0",
+                    "netns",
+                    ns,
+                ]
+            )
             _run([IP, "-n", sw, "link", "set", port, "master", "br0"])
             _run([IP, "-n", sw, "link", "set", port, "up"])
             _run([IP, "-n", ns, "addr", "add", f"{self.subnet}.{10 + i}/24", "dev", "eth0"])
@@ -311,7 +375,8 @@ class SshdCluster:
             etc.mkdir(parents=True, exist_ok=True)
             (etc / "hosts").write_text(
                 "127.0.0.1 localhost\n::1 localhost\n"
-                + "".join(f"{self.subnet}.{10 + j} aios-{self.tag}-w{j}\n" for j in range(n)))
+                + "".join(f"{self.subnet}.{10 + j} aios-{self.tag}-w{j}\n" for j in range(n))
+            )
             # no DNS server is reachable from the namespace: fail lookups at once instead of
             # timing out (torch's c10d store reverse-resolves every client)
             (etc / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
@@ -324,11 +389,29 @@ class SshdCluster:
             (d / "home").mkdir(parents=True, exist_ok=True)
             if self.use_netns:
                 ip = f"{self.subnet}.{10 + i}"
-                host = SshdHost(name, i, ip, 22, d / "home", d / "etc", self.authorized_keys,
-                                netns=f"aios-h{i}-{self.tag}", internal_ip=ip, hostname=f"aios-{self.tag}-w{i}")
+                host = SshdHost(
+                    name,
+                    i,
+                    ip,
+                    22,
+                    d / "home",
+                    d / "etc",
+                    self.authorized_keys,
+                    netns=f"aios-h{i}-{self.tag}",
+                    internal_ip=ip,
+                    hostname=f"aios-{self.tag}-w{i}",
+                )
             else:
-                host = SshdHost(name, i, "127.0.0.1", _free_port(), d / "home", d / "etc",
-                                self.authorized_keys, internal_ip="127.0.0.1")
+                host = SshdHost(
+                    name,
+                    i,
+                    "127.0.0.1",
+                    _free_port(),
+                    d / "home",
+                    d / "etc",
+                    self.authorized_keys,
+                    internal_ip="127.0.0.1",
+                )
             self.hosts.append(host)
             host.start()
 
@@ -362,10 +445,24 @@ class SshdCluster:
     # ------------------------------------------------------------------ client
     def ssh_argv(self, host: SshdHost, known_hosts: str | None = None) -> list[str]:
         """``ssh`` argv (without the remote command) that logs into ``host``."""
-        kh = ["-o", f"UserKnownHostsFile={known_hosts}", "-o", "StrictHostKeyChecking=yes"] if known_hosts else [
-            "-o", "UserKnownHostsFile=/dev/null", "-o", "StrictHostKeyChecking=no"]
-        return ["ssh", "-i", str(self.client_key), "-p", str(host.port), "-o", "BatchMode=yes",
-                "-o", "LogLevel=ERROR", *kh, f"{self.user}@{host.ip}"]
+        kh = (
+            ["-o", f"UserKnownHostsFile={known_hosts}", "-o", "StrictHostKeyChecking=yes"]
+            if known_hosts
+            else ["-o", "UserKnownHostsFile=/dev/null", "-o", "StrictHostKeyChecking=no"]
+        )
+        return [
+            "ssh",
+            "-i",
+            str(self.client_key),
+            "-p",
+            str(host.port),
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "LogLevel=ERROR",
+            *kh,
+            f"{self.user}@{host.ip}",
+        ]
 
     def close(self) -> None:
         for p in getattr(self, "services", []):

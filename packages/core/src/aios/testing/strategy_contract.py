@@ -22,12 +22,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import tempfile
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, ClassVar
 
-CONTRACT_SCRIPT = r'''
+CONTRACT_SCRIPT = r"""
 import json, os, sys, torch, aios
 rt = aios.init()
 torch.manual_seed(0)
@@ -89,7 +89,7 @@ rt.backward((model(x) - y).pow(2).mean())
 rt.step(opt)
 if rt.is_main:
     print("CONTRACT " + json.dumps(out), flush=True)
-'''
+"""
 
 
 def free_port() -> int:
@@ -117,15 +117,37 @@ class StrategyContract:
         key = (type(self).__name__, self.strategy, self.nprocs, tuple(self.overrides), extra)
         if key in StrategyContract._cache:
             return StrategyContract._cache[key]
-        work = Path(tempfile.mkdtemp(prefix="run-", dir=tmp_path))  # one directory per run: runs never share a checkpoint path
+        work = Path(
+            tempfile.mkdtemp(prefix="run-", dir=tmp_path)
+        )  # one directory per run: runs never share a checkpoint path
         script = work / "contract.py"
         script.write_text(CONTRACT_SCRIPT)
         env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
-        env.update({"AIOS_LOGGING__TENSORBOARD": "false", "OMP_NUM_THREADS": "1", "CONTRACT_CKPT": str(work / "ckpt" / "ckpt-0")})
-        cmd = [sys.executable, "-c", "from aios.cli.run import main; main()", "--backend", self.backend,
-               "--nprocs", str(self.nprocs), f"master_port={free_port()}", f"strategy={self.strategy}", *self.overrides, *extra, str(script)]
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=work, timeout=self.timeout)
-        assert r.returncode == 0, (r.stdout[-3000:] + r.stderr[-3000:])
+        env.update(
+            {
+                "AIOS_LOGGING__TENSORBOARD": "false",
+                "OMP_NUM_THREADS": "1",
+                "CONTRACT_CKPT": str(work / "ckpt" / "ckpt-0"),
+            }
+        )
+        cmd = [
+            sys.executable,
+            "-c",
+            "from aios.cli.run import main; main()",
+            "--backend",
+            self.backend,
+            "--nprocs",
+            str(self.nprocs),
+            f"master_port={free_port()}",
+            f"strategy={self.strategy}",
+            *self.overrides,
+            *extra,
+            str(script),
+        ]
+        r = subprocess.run(
+            cmd, capture_output=True, text=True, env=env, cwd=work, timeout=self.timeout
+        )
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         line = next((ln for ln in r.stdout.splitlines() if "CONTRACT " in ln), None)
         assert line, r.stdout[-3000:]
         out = json.loads(line.split("CONTRACT ", 1)[1])
@@ -148,7 +170,9 @@ class StrategyContract:
 
     def test_clip(self, tmp_path: Path) -> None:
         ref = self.run_contract(tmp_path, "grad_clip=1e-3")
-        assert ref["grad_norm"] is not None and ref["grad_norm"] > 1e-3  # the unclipped norm is reported
+        assert (
+            ref["grad_norm"] is not None and ref["grad_norm"] > 1e-3
+        )  # the unclipped norm is reported
         free = self.run_contract(tmp_path)
         # a tiny clip slows the descent compared to the unclipped run
         assert ref["losses"][-1] > free["losses"][-1]
