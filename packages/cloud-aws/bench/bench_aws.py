@@ -22,8 +22,8 @@ from pathlib import Path
 
 
 def bench_failover(repeats: int) -> None:
-    from aios.cloud.failover import create_with_failover
-    from aios.cloud.provider import ClusterRequest
+    from aios_cloud.failover import create_with_failover
+    from aios_cloud.provider import ClusterRequest
     from aios_cloud_aws.provider import AwsProvider
     from aios_cloud_aws.settings import NEURON_AMI_PARAMETER, AwsSettings
     from aios_cloud_aws.testing.ec2proxy import Ec2Proxy

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from aios.cloud.provider import ClusterRequest
+from aios_cloud.provider import ClusterRequest
 from aios_cloud_aws.provider import AwsProvider
 from aios_cloud_aws.settings import GPU_AMI_PARAMETER, NEURON_AMI_PARAMETER, AwsSettings
 
@@ -308,7 +308,7 @@ def test_cli_dry_run_trn1_x2_with_s3_compile_cache(offline_env):
 
 def test_dry_run_never_imports_boto3(offline_env):
     code = (
-        "import sys; from aios.cloud.provider import ClusterRequest; from aios_cloud_aws.provider import AwsProvider; "
+        "import sys; from aios_cloud.provider import ClusterRequest; from aios_cloud_aws.provider import AwsProvider; "
         "p = AwsProvider(); p.render_create(p.validate(ClusterRequest(name='x', accelerator='p5.48xlarge', nodes=2))); "
         "p.catalog(); print('boto3' in sys.modules, 'torch' in sys.modules)"
     )
@@ -318,7 +318,7 @@ def test_dry_run_never_imports_boto3(offline_env):
 
 
 def test_render_down_and_remote_env_have_no_secrets(offline_env):
-    from aios.cloud.provider import ClusterInfo
+    from aios_cloud.provider import ClusterInfo
 
     p = AwsProvider(settings=AwsSettings())
     down = [c.shell() for c in p.render("delete", "gpt", "us-east-1d")]

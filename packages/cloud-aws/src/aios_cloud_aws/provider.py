@@ -1,4 +1,4 @@
-"""The AWS EC2 :class:`aios.cloud.CloudProvider`: GPU (P4d/P5/P5e) and Trainium (Trn1/Trn2).
+"""The AWS EC2 :class:`aios_cloud.CloudProvider`: GPU (P4d/P5/P5e) and Trainium (Trn1/Trn2).
 
 A cluster is ``nodes`` instances launched in one ``RunInstances`` call (``MinCount == MaxCount``:
 all or nothing) in one availability zone, with everything aios creates tagged
@@ -7,7 +7,7 @@ the key pair, the cluster placement group and Elastic IPs. :meth:`delete` finds 
 so ``aios down`` works even without the local record, and a failed create calls it before
 raising (nothing is left behind).
 
-Zones: the core's failover (:func:`aios.cloud.failover.create_with_failover`) calls
+Zones: the core's failover (:func:`aios_cloud.failover.create_with_failover`) calls
 :meth:`create` once per availability zone; EC2 capacity errors (``InsufficientInstanceCapacity``
 ...) become :class:`CapacityError` so it moves on to the next zone.
 """
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from aios.cloud.provider import (
+from aios_cloud.provider import (
     FAILED,
     HEALTHY,
     PENDING,
@@ -583,7 +583,7 @@ class AwsProvider(CloudProvider):
             if target == "running" and states & {"shutting-down", "terminated"}:
                 reasons = {i.get("StateReason", {}).get("Code", "") for i in insts}
                 if reasons & SPOT_TERMINATION_CODES or any("Spot" in r for r in reasons):
-                    from aios.cloud.provider import CapacityError
+                    from aios_cloud.provider import CapacityError
 
                     raise CapacityError(
                         "spot capacity was reclaimed while the instances booted",
@@ -757,7 +757,7 @@ class AwsProvider(CloudProvider):
 
     # ------------------------------------------------------------------ start / stop / delete
     def _ids(self, ec2: Any, name: str) -> list[str]:
-        from aios.cloud.provider import ClusterNotFound
+        from aios_cloud.provider import ClusterNotFound
 
         insts = self._instances(ec2, name)
         if not insts:

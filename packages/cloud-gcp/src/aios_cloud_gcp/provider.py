@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from aios.cloud.provider import (
+from aios_cloud.provider import (
     DELETING,
     FAILED,
     HEALTHY,

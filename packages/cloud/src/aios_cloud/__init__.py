@@ -2,24 +2,24 @@
 
 Modules:
 
-* :mod:`aios.cloud.provider`: the :class:`CloudProvider` interface and its data types.
-* :mod:`aios.cloud.store`: SQLite cluster/job/event records under ``$AIOS_HOME`` (WAL,
+* :mod:`aios_cloud.provider`: the :class:`CloudProvider` interface and its data types.
+* :mod:`aios_cloud.store`: SQLite cluster/job/event records under ``$AIOS_HOME`` (WAL,
   ``BEGIN IMMEDIATE``), safe under concurrent ``aios`` commands.
-* :mod:`aios.cloud.ssh`: parallel SSH with ``(worker N, ip)`` prefixes, exit-255 retries with
+* :mod:`aios_cloud.ssh`: parallel SSH with ``(worker N, ip)`` prefixes, exit-255 retries with
   backoff, per-cluster pinned host keys.
-* :mod:`aios.cloud.codesync`: the code tarball (``.gitignore`` honoured, data never shipped);
-  :mod:`aios.cloud.bundle`: aios itself shipped next to it.
-* :mod:`aios.cloud.failover`: create with zone failover on stockout/quota, cleanup of failed
+* :mod:`aios_cloud.codesync`: the code tarball (``.gitignore`` honoured, data never shipped);
+  :mod:`aios_cloud.bundle`: aios itself shipped next to it.
+* :mod:`aios_cloud.failover`: create with zone failover on stockout/quota, cleanup of failed
   attempts.
-* :mod:`aios.cloud.ops`: provision, sync, setup, job start from the backend's launch plan, the
-  watcher with managed-spot recovery, stop/start/down. ``python -m aios.cloud.watch`` is the
+* :mod:`aios_cloud.ops`: provision, sync, setup, job start from the backend's launch plan, the
+  watcher with managed-spot recovery, stop/start/down. ``python -m aios_cloud.watch`` is the
   detached watcher.
-* :mod:`aios.cloud.cost`: estimates and rankings; :mod:`aios.cloud.transfer`: ``aios sync``.
+* :mod:`aios_cloud.cost`: estimates and rankings; :mod:`aios_cloud.transfer`: ``aios sync``.
 
 Importing this package is cheap: no cloud SDK, no torch.
 """
 
-from aios.cloud.provider import (
+from aios_cloud.provider import (
     CapacityError,
     CatalogEntry,
     CloudCommand,

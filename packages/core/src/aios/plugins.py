@@ -47,6 +47,7 @@ from aios.types import (
     Availability,
     BackendSpec,
     CloudSpec,
+    CommandSpec,
     LoggerSpec,
     StorageSpec,
     StrategySpec,
@@ -206,6 +207,7 @@ class Registry:
         entry_points: Iterable[Any] | None = None,
         strict: bool | None = None,
         timeout: float | None | bool = True,
+        commands_only: bool = False,
     ) -> None:
         self.pm = pluggy.PluginManager(hookspecs.PROJECT)
         self.pm.add_hookspecs(hookspecs)
@@ -216,6 +218,7 @@ class Registry:
         self.warnings: list[str] = []
         self.backends: dict[str, BackendSpec] = {}
         self.clouds: dict[str, CloudSpec] = {}
+        self.commands: dict[str, CommandSpec] = {}
         self.storage: dict[str, StorageSpec] = {}
         self.loggers: dict[str, LoggerSpec] = {}
         self.config_sections: dict[str, tuple[str, type]] = {}
@@ -227,7 +230,10 @@ class Registry:
         self.dead: set[str] = set()  # plugins that timed out: ignored from then on
         self._probes: dict[tuple[str, str], Availability] = {}
         self._load(entry_points)
-        self._collect()
+        if commands_only:  # `aios --help`: the plugins' commands, nothing else (no pydantic)
+            self._collect_commands()
+        else:
+            self._collect()
 
     # ------------------------------------------------------------------ isolation
     def _error(self, plugin: str, message: str, tb: str = "") -> None:
@@ -356,6 +362,37 @@ class Registry:
         self._error(plugin, f"{kind} {key!r} rejected: {why}")
 
     def _collect(self) -> None:
+        self._collect_commands()
+        self._collect_specs()
+
+    def _collect_commands(self) -> None:
+        def call(fn: Callable[..., Any], plugin: str) -> None:
+            def register(spec: Any) -> None:
+                key = getattr(spec, "name", None)
+                if not isinstance(spec, CommandSpec):
+                    why = f"expected a CommandSpec, got {type(spec).__name__}"
+                elif not isinstance(key, str) or not _NAME.match(key):
+                    why = "the name must be lowercase letters, digits, '-', '_' or '.'"
+                elif not _is_target(spec.target):
+                    why = f"its target {spec.target!r} is not 'module:attribute'"
+                else:
+                    why = ""
+                if why:
+                    self._reject("command", key, plugin, why)
+                    return
+                if key in _core_commands():
+                    self._error(
+                        plugin,
+                        f"command '{key}' is built into aios; \"{plugin}\" cannot replace it",
+                    )
+                    return
+                self._claim("command", self.commands, key, _with_plugin(spec, plugin), plugin)
+
+            fn(register=register)
+
+        self._each_impl("aios_register_commands", call)
+
+    def _collect_specs(self) -> None:
         types = {
             "backend": BackendSpec,
             "cloud": CloudSpec,
@@ -855,6 +892,17 @@ def _has_legacy(reg: Registry, hook_name: str, plugin: str) -> bool:
     )
 
 
+def _core_commands() -> set[str]:
+    from aios.cli.main import COMMANDS
+
+    return set(COMMANDS)
+
+
+def _is_target(target: Any) -> bool:
+    mod, sep, attr = target.partition(":") if isinstance(target, str) else ("", "", "")
+    return bool(sep and mod and attr)
+
+
 def _with_plugin(spec: Any, plugin: str) -> Any:
     import dataclasses
 
@@ -881,3 +929,6 @@ def reset_registry() -> None:
     """Forget the loaded registry (tests; after installing a plugin in-process)."""
     global _registry
     _registry = None
+    main = sys.modules.get("aios.cli.main")
+    if main is not None:
+        main._plugin_registry = None  # type: ignore[attr-defined]
