@@ -100,3 +100,19 @@ def test_cloud_command_without_aios_cloud_says_how_to_install_it(run_aios):
     assert "pip install aios" not in line  # never from the public registry
     help_ = run_aios("--help", env=env)
     assert "./packages/cloud" in help_.stdout
+
+
+def test_allow_list_brings_the_plugins_a_plugin_depends_on(site, write_dist, run_aios):
+    """AIOS_PLUGINS=aios-cloud-gcp also loads aios-cloud (its dependency): here a fake plugin
+    requiring the fake command plugin."""
+    _cmds_plugin(site, write_dist)
+    write_dist(site, "aios-child", "child_plugin", "x = 1\n")
+    meta = next(site.glob("aios_child-*.dist-info")) / "METADATA"
+    meta.write_text(
+        meta.read_text()
+        + "Requires-Dist: aios-hello>=1.0\nRequires-Dist: pytest; extra == 'test'\n"
+    )
+    ok = run_aios("hello", "dep", env={"AIOS_PLUGINS": "aios-child"})
+    assert ok.returncode == 0 and ok.stdout.strip() == "hello dep", ok.stderr
+    # without the dependency link the allow list keeps it out
+    assert run_aios("hello", "dep", env={"AIOS_PLUGINS": "aios-core"}).returncode == 2

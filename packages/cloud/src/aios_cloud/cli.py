@@ -31,6 +31,16 @@ NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,46}[a-z0-9])?$")
 # ------------------------------------------------------------------------------ helpers
 
 
+def _setup_commands(provider: Any, accelerator: str, reqs: list[str], backend: str | None) -> Any:
+    """The provider's host setup for ``backend`` (a provider written before the ``backend``
+    argument existed gets the accelerator's default)."""
+    import inspect
+
+    if "backend" in inspect.signature(provider.setup_commands).parameters:
+        return provider.setup_commands(accelerator, reqs, backend=backend)
+    return provider.setup_commands(accelerator, reqs)
+
+
 def _echo(msg: str) -> None:
     click.echo(msg)
 
@@ -58,7 +68,7 @@ def _cloud_name(cloud: str | None, store_cloud: str | None = None) -> str:
     if not clouds:
         raise AiosError(
             "no cloud plugin is installed",
-            "pip install -e './packages/core[gcp]' ./packages/backend-xla ./packages/cloud-gcp (from the aios checkout), or for AWS: pip install -e './packages/core[aws]' ./packages/cloud-aws",
+            "pip install -e './packages/core[gcp]' ./packages/cloud ./packages/backend-xla ./packages/cloud-gcp (from the aios checkout), or for AWS: pip install -e './packages/core[aws]' ./packages/cloud ./packages/cloud-aws",
         )
     raise AiosError(f"several clouds are installed ({', '.join(clouds)})", "pick one with --cloud")
 
@@ -451,7 +461,7 @@ def launch(
                 *build(backend or provider.backend_for(accelerator), provider.name).requirements,
                 *reqs,
             ]
-        setup_lines = provider.setup_commands(accelerator, reqs)
+        setup_lines = _setup_commands(provider, accelerator, reqs, backend)
     if max_restarts > 0 and not checkpoint_dir:
         raise AiosError(
             "--max-restarts needs --checkpoint-dir on a bucket, so a recreated cluster can resume",
@@ -1411,7 +1421,7 @@ def _entries(cloud: str | None, config_file: str | None) -> list[Any]:
     if not clouds:
         raise AiosError(
             "no cloud plugin is installed",
-            "pip install -e './packages/core[gcp]' ./packages/backend-xla ./packages/cloud-gcp (from the aios checkout), or for AWS: pip install -e './packages/core[aws]' ./packages/cloud-aws",
+            "pip install -e './packages/core[gcp]' ./packages/cloud ./packages/backend-xla ./packages/cloud-gcp (from the aios checkout), or for AWS: pip install -e './packages/core[aws]' ./packages/cloud ./packages/cloud-aws",
         )
     out = []
     for c in clouds:

@@ -442,11 +442,14 @@ class CloudProvider(ABC):
         ``aios launch --python`` overrides it."""
         return "python3"
 
-    def setup_commands(self, accelerator: str, requirements: list[str]) -> list[str]:
+    def setup_commands(
+        self, accelerator: str, requirements: list[str], backend: str | None = None
+    ) -> list[str]:
         """Shell lines run on every host after create/recreate: install the pinned
-        torch/torch_xla/libtpu (or neuron/cuda) set and the user's requirements. aios itself is
-        never installed from a registry: it is shipped with the code (:mod:`aios_cloud.bundle`).
-        Run from the synced code directory."""
+        torch/torch_xla/libtpu (or torch_tpu, neuron, cuda) set of ``backend`` (default: the
+        accelerator's, :meth:`backend_for`) from :data:`aios.versions.STACKS` and the user's
+        requirements. aios itself is never installed from a registry: it is shipped with the
+        code (:mod:`aios_cloud.bundle`). Run from the synced code directory."""
         check_requirements(requirements)
         lines = ["python3 -m pip install --quiet --upgrade pip"]
         if requirements:

@@ -2,8 +2,10 @@
 
 Environment switches:
 
-* ``AIOS_PLUGINS=a,b``: load only these plugins (entry-point names = distribution names).
-  ``aios-core`` (the built-in CPU backend) is always loaded unless disabled explicitly.
+* ``AIOS_PLUGINS=a,b``: load only these plugins (entry-point names = distribution names) and
+  the plugins they depend on (``AIOS_PLUGINS=aios-cloud-gcp`` loads aios-cloud, which brings the
+  cloud commands). ``aios-core`` (the built-in CPU backend) is always loaded unless disabled
+  explicitly.
 * ``AIOS_DISABLE_PLUGINS=a,b``: never load these.
 * ``AIOS_STRICT_PLUGINS=1``: a plugin that fails to load, or a name claimed twice, raises
   :class:`aios.errors.PluginError` instead of being reported (for CI).
@@ -269,6 +271,9 @@ class Registry:
 
             entry_points = _eps(group=GROUP)
         allow = _split_env("AIOS_PLUGINS")
+        if allow:
+            entry_points = list(entry_points)
+            allow = _with_plugin_dependencies(allow, entry_points)
         deny = _split_env("AIOS_DISABLE_PLUGINS")
         hung = _split_env(SKIP_ENV)
         seen: set[str] = set()
@@ -890,6 +895,23 @@ def _has_legacy(reg: Registry, hook_name: str, plugin: str) -> bool:
     return any(
         impl.plugin_name == plugin for impl in getattr(reg.pm.hook, hook_name).get_hookimpls()
     )
+
+
+def _with_plugin_dependencies(allow: set[str], entry_points: list[Any]) -> set[str]:
+    """``allow`` plus the plugins its plugins require (their distributions' dependencies that
+    are plugins themselves), transitively."""
+    by_name = {ep.name: ep for ep in entry_points}
+    out, todo = set(allow), list(allow)
+    while todo:
+        dist = getattr(by_name.get(todo.pop()), "dist", None)
+        for req in (getattr(dist, "requires", None) or []) if dist is not None else []:
+            if "extra ==" in req:
+                continue
+            name = re.split(r"[\s;<>=!~\[(]", req, maxsplit=1)[0].lower().replace("_", "-")
+            if name in by_name and name not in out:
+                out.add(name)
+                todo.append(name)
+    return out
 
 
 def _core_commands() -> set[str]:
