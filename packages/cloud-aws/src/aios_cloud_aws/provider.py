@@ -61,7 +61,14 @@ from aios_cloud_aws.ec2params import (
 )
 from aios_cloud_aws.errors import TransientAwsError, error_code, translate
 from aios_cloud_aws.session import Clients, region_of_zone
-from aios_cloud_aws.settings import DLAMI_PYTHON, SPOT_WATCH_ENV, AwsSettings, settings_from
+from aios_cloud_aws.settings import (
+    DLAMI_PYTHON,
+    SPOT_WATCH_ENV,
+    AwsSettings,
+    neuron_ami_parameter,
+    neuron_image,
+    settings_from,
+)
 
 
 class ElasticIpQuotaError(CloudError):
@@ -138,7 +145,7 @@ class AwsProvider(CloudProvider):
                     hosts=1,
                     runtime=self.settings.gpu_ami_parameter
                     if t.backend == "cuda"
-                    else self.settings.neuron_ami_parameter,
+                    else self.settings.neuron_ami_parameter or neuron_ami_parameter(t.name),
                     on_demand_hourly=t.on_demand_hourly,
                     spot_hourly=t.spot_hourly,
                     peak_tflops=t.peak_bf16_tflops,
@@ -262,11 +269,9 @@ class AwsProvider(CloudProvider):
     # ------------------------------------------------------------------ AMI
     def ami_parameter(self, accelerator: str) -> str:
         itype = cat.lookup(accelerator)
-        return (
-            self.settings.neuron_ami_parameter
-            if itype.backend == "neuron"
-            else self.settings.gpu_ami_parameter
-        )
+        if itype.backend == "neuron":
+            return self.settings.neuron_ami_parameter or neuron_ami_parameter(itype.name)
+        return self.settings.gpu_ami_parameter
 
     def resolve_ami(
         self, accelerator: str, region: str, image: str | None = None
@@ -868,7 +873,10 @@ class AwsProvider(CloudProvider):
     def python(self, accelerator: str) -> str:
         if self.settings.python:
             return self.settings.python
-        return DLAMI_PYTHON.get(self.backend_for(accelerator), "python3")
+        backend = self.backend_for(accelerator)
+        if backend == "neuron":
+            return neuron_image(accelerator)["python"]
+        return DLAMI_PYTHON.get(backend, "python3")
 
     def setup_commands(self, accelerator: str, requirements: list[str]) -> list[str]:
         import shlex
