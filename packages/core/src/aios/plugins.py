@@ -865,8 +865,8 @@ KNOWN_BACKENDS = {
     "(from the aios checkout), plus torch-neuronx from the AWS Neuron index",
 }
 KNOWN_CLOUDS = {
-    "gcp": "pip install -e './packages/core[gcp]' ./packages/backend-xla ./packages/cloud-gcp (from the aios checkout)",
-    "aws": "pip install -e './packages/core[aws]' ./packages/cloud-aws (from the aios checkout)",
+    "gcp": "pip install -e './packages/core[gcp]' ./packages/cloud ./packages/backend-xla ./packages/cloud-gcp (from the aios checkout)",
+    "aws": "pip install -e './packages/core[aws]' ./packages/cloud ./packages/cloud-aws (from the aios checkout)",
 }
 
 
