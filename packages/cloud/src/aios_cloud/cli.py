@@ -1045,34 +1045,6 @@ def _scheduler(rec: Any) -> Any:
     return provider if getattr(provider, "scheduler", False) else None
 
 
-@click.command()
-@click.argument("name")
-@click.option("--job", "job_id", type=int, help="Job id (default: the latest).")
-@click.option("--config", "config_file")
-def cancel(name: str, job_id: int | None, config_file: str | None) -> None:
-    """Cancel a cluster's running job (scancel on Slurm, delete on Kubernetes); the cluster stays."""
-    from aios_cloud import ops
-    from aios_cloud.store import JOB_CANCELLED, JOB_FINAL
-
-    store = _store()
-    rec = ops.require_cluster(store, name)
-    job = store.get_job(job_id) if job_id else store.latest_job(name)
-    if job is None or job.cluster != name:
-        raise AiosError(
-            f"cluster {name} has no job {job_id if job_id else ''}".rstrip(),
-            "see `aios status NAME`",
-        )
-    provider = _scheduler(rec) if not config_file else _provider(rec.cloud, config_file)
-    if provider is not None and getattr(provider, "scheduler", False):
-        provider.cancel(name)
-    elif job.state not in JOB_FINAL:
-        ops.cancel_job(rec, job.id)
-    if job.state not in JOB_FINAL:
-        store.update_job(job.id, state=JOB_CANCELLED)
-    store.event(name, "cancelled", f"job {job.id} cancelled by the user", job.id)
-    _log(f"cancelled job {job.id} on {name}")
-
-
 @click.command(context_settings={"ignore_unknown_options": True})
 @click.option("--worker", "-w", type=int, default=0, show_default=True)
 @click.option("--dry-run", is_flag=True)
@@ -1383,9 +1355,11 @@ def autostop(
 @click.option(
     "--job", "job_id", type=int, help="Job id (default: every job of NAME that has not ended)."
 )
-def cancel(name: str, job_id: int | None) -> None:
+@click.option("--config", "config_file")
+def cancel(name: str, job_id: int | None, config_file: str | None = None) -> None:
     """Cancel a cluster's running job(s): the workers on every host are stopped (TERM, then
-    KILL) and the job is recorded CANCELLED; a managed job is not recovered."""
+    KILL; scancel on Slurm, the Job deleted on Kubernetes) and the job is recorded CANCELLED; a
+    managed job is not recovered. The cluster stays."""
     from aios_cloud import ops
     from aios_cloud.store import JOB_CANCELLED, JOB_FINAL
 
@@ -1398,6 +1372,8 @@ def cancel(name: str, job_id: int | None) -> None:
     )
     if job_id and (jobs[0] is None or jobs[0].cluster != name):
         raise AiosError(f"cluster {name} has no job {job_id}", f"see `aios status {name}`")
+    provider = _scheduler(rec) if not config_file else _provider(rec.cloud, config_file)
+    scheduler = provider is not None and getattr(provider, "scheduler", False)
     if not jobs:
         _log(f"{name} has no job that is still running")
         return
@@ -1406,7 +1382,10 @@ def cancel(name: str, job_id: int | None) -> None:
             _log(f"job {j.id} already {j.state.lower()}")
             continue
         store.update_job(j.id, state=JOB_CANCELLED)  # first: the watcher must not recover it
-        ops.cancel_job(rec, j.id)
+        if scheduler:  # Slurm: scancel; Kubernetes: delete the Job/JobSet and its pods
+            provider.cancel(name)
+        else:
+            ops.cancel_job(rec, j.id)
         store.event(name, "job-cancelled", f"job {j.id}: cancelled by the user", j.id)
         _log(f"job {j.id} cancelled")
 
