@@ -160,4 +160,5 @@ def test_aios_help_lists_cloud_commands_without_importing_them(clean_env):
         assert f"\n  {name} " in res.stdout, name
     loaded = res.stdout.split("LOADED=")[1].split("\n")[0].split(",")
     assert "aios_cloud.plugin" in loaded and "aios_cloud.cli" not in loaded, loaded
+    assert "aios_cloud.provider" not in loaded, loaded  # the control plane stays unloaded
     assert "TORCH=0" in res.stdout

@@ -16,24 +16,19 @@ Modules:
   detached watcher.
 * :mod:`aios_cloud.cost`: estimates and rankings; :mod:`aios_cloud.transfer`: ``aios sync``.
 
-Importing this package is cheap: no cloud SDK, no torch.
+Importing this package is cheap: no cloud SDK, no torch; the names below load
+:mod:`aios_cloud.provider` on first use (``aios --help`` imports only :mod:`aios_cloud.plugin`).
 """
 
-from aios_cloud.provider import (
-    CapacityError,
-    CatalogEntry,
-    CloudCommand,
-    CloudError,
-    CloudProvider,
-    ClusterHost,
-    ClusterInfo,
-    ClusterNotFound,
-    ClusterRequest,
-    CredentialsError,
-    QuotaError,
-)
+from __future__ import annotations
+
+from typing import Any
+
+from aios_cloud.__about__ import __version__
+
 
 __all__ = [
+    "__version__",
     "CapacityError",
     "CatalogEntry",
     "CloudCommand",
@@ -46,3 +41,11 @@ __all__ = [
     "CredentialsError",
     "QuotaError",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from aios_cloud import provider
+
+        return getattr(provider, name)
+    raise AttributeError(f"module 'aios_cloud' has no attribute {name!r}")
