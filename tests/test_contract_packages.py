@@ -162,3 +162,29 @@ def test_aios_help_lists_cloud_commands_without_importing_them(clean_env):
     assert "aios_cloud.plugin" in loaded and "aios_cloud.cli" not in loaded, loaded
     assert "aios_cloud.provider" not in loaded, loaded  # the control plane stays unloaded
     assert "TORCH=0" in res.stdout
+
+
+def test_one_fact_one_place_cloud_catalogs_read_the_backends():
+    """The cloud catalogs take hardware facts from the backends: TPU topology from backend-xla,
+    Trainium chips from backend-neuron; the cloud side adds only prices, zones and regions."""
+    from aios_backend_neuron.catalog import GIB, lookup
+    from aios_backend_xla.topology import parse_accelerator_type
+    from aios_cloud_aws import catalog as aws
+    from aios_cloud_gcp.catalog import entry_for
+
+    for acc in ("v4-16", "v5litepod-8", "v6e-4"):
+        topo, entry = parse_accelerator_type(acc), entry_for(acc)
+        assert (entry.devices, entry.hosts, entry.runtime) == (
+            topo.chips,
+            topo.hosts,
+            topo.runtime_version,
+        ), acc
+    trn = [t for t in aws.INSTANCE_TYPES.values() if t.backend == "neuron"]
+    assert {t.name.split(".")[0] for t in trn} >= {"trn1", "trn2"}
+    for t in trn:
+        chip = lookup(t.name)
+        assert (t.accelerators, t.accelerator_memory_gib, t.efa_interfaces) == (
+            chip.devices,
+            chip.memory_per_device // GIB,
+            chip.efa_interfaces,
+        ), t.name
