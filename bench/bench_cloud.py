@@ -2,7 +2,7 @@
 
 * SSH fan-out: aios's parallel runner (one command on every host at once, prefixed output)
   against a sequential ``for host in hosts: ssh host cmd`` loop, on N real sshd hosts
-  (aios.testing.sshd, network namespaces; needs root + openssh-server).
+  (aios_cloud.testing.sshd, network namespaces; needs root + openssh-server).
 * Code sync: aios's tarball (gitignore honoured, data excluded) against tarring the whole
   working directory as naive scripts do (``tar czf - .``), on a project with a data directory.
 * State store: read-modify-write transactions from 4 concurrent processes against 1 process,
@@ -26,9 +26,9 @@ from pathlib import Path
 
 
 def bench_ssh(n_hosts: int, repeats: int) -> None:
-    from aios.cloud.provider import ClusterHost
-    from aios.cloud.ssh import SshRunner
-    from aios.testing.sshd import SshdCluster, sshd_unavailable_reason
+    from aios_cloud.provider import ClusterHost
+    from aios_cloud.ssh import SshRunner
+    from aios_cloud.testing.sshd import SshdCluster, sshd_unavailable_reason
 
     if sshd_unavailable_reason():
         print(f"ssh fan-out: skipped ({sshd_unavailable_reason()})")
@@ -70,7 +70,7 @@ def _project(root: Path) -> None:
 
 
 def bench_sync(repeats: int) -> None:
-    from aios.cloud.codesync import make_tarball
+    from aios_cloud.codesync import make_tarball
 
     with tempfile.TemporaryDirectory() as d:
         root = Path(d) / "proj"
@@ -93,7 +93,7 @@ def bench_sync(repeats: int) -> None:
 
 
 def _writer(path: str, n: int) -> None:
-    from aios.cloud.store import Store
+    from aios_cloud.store import Store
 
     s = Store(path)
     job = s.jobs("c")[0].id
@@ -104,7 +104,7 @@ def _writer(path: str, n: int) -> None:
 def _store_ops(writers: int, n: int) -> tuple[float, float]:
     """``writers`` processes doing ``n`` read-modify-write transactions each while this process
     reads like ``aios status``; returns (writes/s, reads/s)."""
-    from aios.cloud.store import ClusterRecord, Store
+    from aios_cloud.store import ClusterRecord, Store
 
     with tempfile.TemporaryDirectory() as d:
         path = str(Path(d) / "state.db")

@@ -13,8 +13,11 @@ FIRST_PARTY = {
     "aios-backend-xla": "backend-xla",
     "aios-backend-neuron": "backend-neuron",
     "aios-backend-cuda": "backend-cuda",
+    "aios-cloud": "cloud",
     "aios-cloud-gcp": "cloud-gcp",
     "aios-cloud-aws": "cloud-aws",
+    "aios-cloud-slurm": "cloud-slurm",
+    "aios-cloud-k8s": "cloud-k8s",
 }
 
 

@@ -96,3 +96,95 @@ for args in (["plugins"], ["devices"], ["config", "show"]):
     assert res.returncode == 0, res.stderr[-3000:]
     for dist in first_party:
         assert dist in res.stdout
+
+
+# ------------------------------------------------------------------ no cloud code in core
+
+NO_CLOUD = """
+import sys
+import aios, aios.runtime, aios.cli.run
+assert aios.cli.run is not None
+print("CLOUD=" + ",".join(sorted(m for m in sys.modules if m.split(".")[0] == "aios_cloud")))
+"""
+
+
+def test_core_imports_no_cloud_code(clean_env, root):
+    """A training host needs no cloud code: importing aios, its runtime and aios-run pulls in
+    nothing of aios_cloud (even with aios-cloud installed), and no core module imports it."""
+    res = subprocess.run(
+        [sys.executable, "-c", NO_CLOUD], capture_output=True, text=True, env=clean_env, timeout=120
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "CLOUD=\n" in res.stdout, res.stdout
+    import ast
+
+    for path in sorted((root / "packages" / "core" / "src").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            assert not [n for n in names if n.split(".")[0] == "aios_cloud"], (path, names)
+
+
+def test_core_wheel_ships_no_cloud_modules(root):
+    from hatchling.builders.wheel import WheelBuilder
+
+    files = [
+        f.distribution_path
+        for f in WheelBuilder(str(root / "packages" / "core")).recurse_included_files()
+    ]
+    assert "aios/cli/main.py" in files and "aios/runtime.py" in files
+    cloud = [f for f in files if "cloud" in f.split("/")[-1] or "/cloud/" in f or "sshd" in f]
+    assert cloud == [], cloud
+    assert all(f.startswith(("aios/", "aios_core")) for f in files), files
+
+
+def test_aios_help_lists_cloud_commands_without_importing_them(clean_env):
+    """aios-cloud's commands reach `aios --help` through its plugin's specs; the control plane
+    (aios_cloud.cli and the modules behind it) is imported only when a cloud command runs."""
+    code = (
+        "import sys; sys.argv = ['aios', '--help']\n"
+        "from aios.cli.main import main\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print('LOADED=' + ','.join(sorted(m for m in sys.modules if m.startswith('aios_cloud'))))\n"
+        "print('TORCH=%d' % ('torch' in sys.modules))\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=clean_env, timeout=120
+    )
+    assert res.returncode == 0, res.stderr
+    assert "Commands from aios-cloud:" in res.stdout
+    for name in ("launch", "status", "exec", "logs", "ssh", "sync", "stop", "start", "down"):
+        assert f"\n  {name} " in res.stdout, name
+    loaded = res.stdout.split("LOADED=")[1].split("\n")[0].split(",")
+    assert "aios_cloud.plugin" in loaded and "aios_cloud.cli" not in loaded, loaded
+    assert "aios_cloud.provider" not in loaded, loaded  # the control plane stays unloaded
+    assert "TORCH=0" in res.stdout
+
+
+def test_one_fact_one_place_cloud_catalogs_read_the_backends():
+    """The cloud catalogs take hardware facts from the backends: TPU topology from backend-xla,
+    Trainium chips from backend-neuron; the cloud side adds only prices, zones and regions."""
+    from aios_backend_neuron.catalog import GIB, lookup
+    from aios_backend_xla.topology import parse_accelerator_type
+    from aios_cloud_aws import catalog as aws
+    from aios_cloud_gcp.catalog import entry_for
+
+    for acc in ("v4-16", "v5litepod-8", "v6e-4"):
+        topo, entry = parse_accelerator_type(acc), entry_for(acc)
+        assert (entry.devices, entry.hosts, entry.runtime) == (
+            topo.chips,
+            topo.hosts,
+            topo.runtime_version,
+        ), acc
+    trn = [t for t in aws.INSTANCE_TYPES.values() if t.backend == "neuron"]
+    assert {t.name.split(".")[0] for t in trn} >= {"trn1", "trn2"}
+    for t in trn:
+        chip = lookup(t.name)
+        assert (t.accelerators, t.accelerator_memory_gib, t.efa_interfaces) == (
+            chip.devices,
+            chip.memory_per_device // GIB,
+            chip.efa_interfaces,
+        ), t.name

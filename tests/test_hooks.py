@@ -58,6 +58,25 @@ def test_hook_aios_register_clouds():
         assert callable(spec.factory)
 
 
+def test_hook_aios_register_commands(aios_cli):
+    import click
+
+    reg = get_registry()
+    cloud = {"launch", "status", "exec", "logs", "ssh", "sync", "stop", "start", "down"}
+    cloud |= {"cancel", "autostop", "catalog", "cost"}
+    assert {n for n, s in reg.commands.items() if s.plugin == "aios-cloud"} == cloud
+    assert _impl_plugins("aios_register_commands") == {"aios-cloud"}
+    for name, spec in reg.commands.items():
+        module, _, attr = spec.target.partition(":")
+        cmd = getattr(__import__(module, fromlist=[attr]), attr)
+        assert isinstance(cmd, click.Command) and cmd.name == name, spec
+        assert spec.help
+    # the command runs through `aios`, exactly as the plugin's click command
+    res = aios_cli("status", "--json")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().startswith(("[", "{"))
+
+
 def test_hook_aios_register_storage():
     reg = get_registry()
     assert reg.storage["gs"].plugin == "aios-cloud-gcp" and reg.storage["gs"].protocol == "gs"

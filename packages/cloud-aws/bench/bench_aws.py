@@ -22,10 +22,10 @@ from pathlib import Path
 
 
 def bench_failover(repeats: int) -> None:
-    from aios.cloud.failover import create_with_failover
-    from aios.cloud.provider import ClusterRequest
+    from aios_cloud.failover import create_with_failover
+    from aios_cloud.provider import ClusterRequest
     from aios_cloud_aws.provider import AwsProvider
-    from aios_cloud_aws.settings import NEURON_AMI_PARAMETER, AwsSettings
+    from aios_cloud_aws.settings import AwsSettings, neuron_ami_parameter
     from aios_cloud_aws.testing.ec2proxy import Ec2Proxy
     from aios_cloud_aws.testing.moto import MotoServer, aws_env, seed_public_parameter
 
@@ -46,7 +46,7 @@ def bench_failover(repeats: int) -> None:
                 proxy.clear()
                 ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=moto.endpoint)
                 ami = ec2.register_image(Name="dlami", RootDeviceName="/dev/sda1")["ImageId"]
-                seed_public_parameter(NEURON_AMI_PARAMETER, ami)
+                seed_public_parameter(neuron_ami_parameter("trn1.32xlarge"), ami)
                 proxy.inject(
                     "RunInstances",
                     "InsufficientInstanceCapacity",

@@ -4,14 +4,14 @@ front of it for injected errors and placement groups, the DLAMI SSM parameters s
 from __future__ import annotations
 
 import pytest
-from aios_cloud_aws.settings import GPU_AMI_PARAMETER, NEURON_AMI_PARAMETER, AwsSettings
+from aios_cloud_aws.settings import GPU_AMI_PARAMETER, AwsSettings, neuron_ami_parameter
 
 
 @pytest.fixture(scope="session")
 def moto_server():
     pytest.importorskip(
         "moto.server",
-        reason="needs moto[server]: pip install -e ./packages/core './packages/cloud-aws[test]' from the aios checkout",
+        reason="needs moto[server]: pip install -e ./packages/core ./packages/cloud './packages/cloud-aws[test]' from the aios checkout",
     )
     from aios_cloud_aws.testing.moto import MotoServer
 
@@ -46,10 +46,12 @@ def aws(moto_server, ec2_proxy):
             RootDeviceName="/dev/sda1",
         )["ImageId"]
         neuron = ec2.register_image(
-            Name="Deep Learning AMI Neuron (Ubuntu 22.04)", RootDeviceName="/dev/sda1"
+            Name="Deep Learning AMI Neuron (Ubuntu 24.04)", RootDeviceName="/dev/sda1"
         )["ImageId"]
         seed_public_parameter(GPU_AMI_PARAMETER, gpu)
-        seed_public_parameter(NEURON_AMI_PARAMETER, neuron)
+        # the Neuron DLAMI parameters of aios.versions: Trn1 (neuron-xla) and Trn2/Trn3 (neuron)
+        for itype in ("trn1.32xlarge", "trn2.48xlarge"):
+            seed_public_parameter(neuron_ami_parameter(itype), neuron)
         yield types.SimpleNamespace(
             proxy=ec2_proxy,
             endpoint=moto_server.endpoint,

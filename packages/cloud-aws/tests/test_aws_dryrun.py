@@ -11,9 +11,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from aios.cloud.provider import ClusterRequest
+from aios.versions import STACKS
+from aios_cloud.provider import ClusterRequest
 from aios_cloud_aws.provider import AwsProvider
-from aios_cloud_aws.settings import GPU_AMI_PARAMETER, NEURON_AMI_PARAMETER, AwsSettings
+from aios_cloud_aws.settings import GPU_AMI_PARAMETER, AwsSettings
+
+# Trn1 trains on the neuron-xla set (Neuron 2.29, the last with XLA training): its DLAMI and venv
+TRN1_IMAGE = STACKS["neuron-xla"][0].image
+TRN1_PYTHON = TRN1_IMAGE["python"]
 
 SECRET = "aiosDryRunSecretValue0123456789"
 TOKEN = "aiosDryRunSessionToken9876543210"
@@ -119,7 +124,7 @@ def test_plan_trn1_two_nodes_on_demand(offline_env):
         ClusterRequest(name="llama", accelerator="trn1.32xlarge", nodes=2, region="us-west-2")
     )
     assert plan["region"] == "us-west-2" and plan["zone"] == "us-west-2a"
-    assert plan["ami"] == {"ssm_parameter": NEURON_AMI_PARAMETER}
+    assert plan["ami"] == {"ssm_parameter": TRN1_IMAGE["ssm_parameter"]}
     assert (
         plan["placement_group"] == "aios-llama"
         and plan["efa_interfaces_per_node"] == 8
@@ -281,7 +286,7 @@ def test_cli_dry_run_trn1_x2_with_s3_compile_cache(offline_env):
         "s3://ckpt-bucket/run1",
         config=cfg,
     )
-    assert f"--name {NEURON_AMI_PARAMETER}" in out
+    assert f"--name {TRN1_IMAGE['ssm_parameter']}" in out and "ubuntu-24.04" in out
     run = _run_instances(out)
     assert (
         run["InstanceType"] == "trn1.32xlarge"
@@ -290,13 +295,13 @@ def test_cli_dry_run_trn1_x2_with_s3_compile_cache(offline_env):
     )
     assert run["IamInstanceProfile"] == {"Name": "aios-s3"}
     assert "InstanceMarketOptions" not in run
-    assert "/opt/aws_neuronx_venv_pytorch_2_8/bin/python3 -m pip install" in out
+    assert f"{TRN1_PYTHON} -m pip install" in out and "pytorch_2_8" not in out
     workers = _worker_lines(out)
     assert len(workers) == 2
     for argv in workers:
         env, cmd = _env_and_cmd(argv)
         assert env["AIOS_RUN_BACKEND"] == "neuron"
-        assert cmd[0] == "/opt/aws_neuronx_venv_pytorch_2_8/bin/python3"
+        assert cmd[0] == TRN1_PYTHON
         assert env["NEURON_RT_ROOT_COMM_ID"].startswith("<worker-0-internal-ip>:")
         assert env["NEURON_COMPILE_CACHE_URL"] == "s3://ckpt-bucket/neuron-cache"
         assert env["AIOS_CHECKPOINT__DIR"] == "s3://ckpt-bucket/run1"
@@ -308,7 +313,7 @@ def test_cli_dry_run_trn1_x2_with_s3_compile_cache(offline_env):
 
 def test_dry_run_never_imports_boto3(offline_env):
     code = (
-        "import sys; from aios.cloud.provider import ClusterRequest; from aios_cloud_aws.provider import AwsProvider; "
+        "import sys; from aios_cloud.provider import ClusterRequest; from aios_cloud_aws.provider import AwsProvider; "
         "p = AwsProvider(); p.render_create(p.validate(ClusterRequest(name='x', accelerator='p5.48xlarge', nodes=2))); "
         "p.catalog(); print('boto3' in sys.modules, 'torch' in sys.modules)"
     )
@@ -318,7 +323,7 @@ def test_dry_run_never_imports_boto3(offline_env):
 
 
 def test_render_down_and_remote_env_have_no_secrets(offline_env):
-    from aios.cloud.provider import ClusterInfo
+    from aios_cloud.provider import ClusterInfo
 
     p = AwsProvider(settings=AwsSettings())
     down = [c.shell() for c in p.render("delete", "gpt", "us-east-1d")]
@@ -350,7 +355,7 @@ def test_render_down_and_remote_env_have_no_secrets(offline_env):
     info.spot = False
     assert "AIOS_RUN_SPOT_WATCH" not in p.remote_env(info)
     setup = p.setup_commands("trn1.32xlarge", ["datasets==3.0"])
-    assert setup[0].startswith("/opt/aws_neuronx_venv_pytorch_2_8/bin/python3 -m pip")
+    assert setup[0].startswith(f"{TRN1_PYTHON} -m pip")
     assert setup[-1].endswith(" datasets==3.0") and len(setup) == 2
     assert not any(
         "aios" in line.split("pip install", 1)[-1] for line in setup
@@ -362,3 +367,20 @@ def test_render_down_and_remote_env_have_no_secrets(offline_env):
     )
     with pytest.raises(Exception, match="unknown action"):
         p.render("explode", "gpt", None)
+
+
+def test_neuron_image_facts_come_from_aios_versions(offline_env):
+    """One fact, one place: the Neuron DLAMI's SSM parameter and venv python are the version
+    set's (Trn1: neuron-xla, Neuron 2.29; Trn2: neuron, TorchNeuron), on Ubuntu 24.04."""
+    p = AwsProvider(settings=AwsSettings())
+    trn2 = STACKS["neuron"][0].image
+    assert p.ami_parameter("trn1.32xlarge") == TRN1_IMAGE["ssm_parameter"]
+    assert p.ami_parameter("trn2.48xlarge") == trn2["ssm_parameter_base"]
+    assert p.python("trn1.32xlarge") == TRN1_PYTHON
+    assert p.python("trn2.48xlarge") == trn2["python"]
+    for itype in ("trn1.32xlarge", "trn2.48xlarge"):
+        assert "ubuntu-24.04" in p.ami_parameter(itype) and "22.04" not in p.ami_parameter(itype)
+        assert p.setup_commands(itype, [])[0].startswith(p.python(itype) + " -m pip")
+    # an explicit setting still wins
+    own = AwsProvider(settings=AwsSettings(neuron_ami_parameter="/my/param"))
+    assert own.ami_parameter("trn2.48xlarge") == "/my/param"

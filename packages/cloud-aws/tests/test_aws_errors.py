@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from aios.cloud.provider import ClusterRequest, CredentialsError
+from aios_cloud.provider import ClusterRequest, CredentialsError
 from aios_cloud_aws.errors import PermissionDenied, RegionUnavailable, UnknownInstanceType
 from aios_cloud_aws.testing.inventory import leftovers
 from aios_cloud_aws.testing.moto import FAKE_SECRET
@@ -119,7 +119,7 @@ def test_missing_ssm_parameter_names_the_setting(aws, make_provider, pubkey):
     p = make_provider(
         neuron_ami_parameter="/aws/service/neuron/dlami/does-not-exist/latest/image_id"
     )
-    from aios.cloud.provider import CloudError
+    from aios_cloud.provider import CloudError
 
     with pytest.raises(CloudError) as ei:
         p.create(
@@ -138,7 +138,7 @@ def test_missing_ssm_parameter_names_the_setting(aws, make_provider, pubkey):
 
 
 def test_translate_unit_cases():
-    from aios.cloud.provider import CapacityError, QuotaError
+    from aios_cloud.provider import CapacityError, QuotaError
     from aios_cloud_aws.errors import TransientAwsError, translate
     from botocore.exceptions import ClientError, NoCredentialsError
 

@@ -12,9 +12,9 @@ import subprocess
 import sys
 
 import pytest
-from aios.cloud import ops
-from aios.cloud.provider import READY, ClusterHost, ClusterInfo
-from aios.cloud.store import ClusterRecord
+from aios_cloud import ops
+from aios_cloud.provider import READY, ClusterHost, ClusterInfo
+from aios_cloud.store import ClusterRecord
 from aios.config import CONTROL_ENV, CONTROL_PREFIXES, resolve
 from aios_cloud_aws.provider import AwsProvider
 from aios_cloud_aws.settings import AwsSettings

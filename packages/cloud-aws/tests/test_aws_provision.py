@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from aios.cloud.failover import create_with_failover
-from aios.cloud.provider import READY, STOPPED, CapacityError, CloudError, ClusterRequest
+from aios_cloud.failover import create_with_failover
+from aios_cloud.provider import READY, STOPPED, CapacityError, CloudError, ClusterRequest
 from aios_cloud_aws.testing.inventory import leftovers
 from aios_cloud_aws.testing.inventory import tagged as _tagged
 
@@ -341,7 +341,7 @@ def test_existing_cluster_name_is_refused(aws, make_provider, pubkey):
 
 
 def test_spot_reclaim_is_preempted_and_relaunch_is_ready(aws, make_provider, pubkey):
-    from aios.cloud.provider import PREEMPTED
+    from aios_cloud.provider import PREEMPTED
     from aios_cloud_aws.testing.moto import reclaim_spot
 
     p = make_provider()

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from aios.cloud.failover import create_with_failover
-from aios.cloud.provider import CloudError, ClusterRequest
+from aios_cloud.failover import create_with_failover
+from aios_cloud.provider import CloudError, ClusterRequest
 from aios_cloud_aws.provider import AwsProvider, ElasticIpQuotaError
 from aios_cloud_aws.settings import AwsSettings
 from aios_cloud_aws.testing.inventory import leftovers

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from aios.testing.sshd import SshdCluster
+from aios_cloud.testing.sshd import SshdCluster
 from aios_cloud_gcp.testing import FakeTpuService
 
 ZONES = {"v4": ["us-central2-b", "us-central2-c"], "v5e": ["us-west4-a", "us-central1-a"]}

@@ -18,6 +18,30 @@ def _project(tmp_path: Path) -> Path:
     return work
 
 
+def test_torchtpu_launch_installs_the_torch_tpu_set_not_torch_xla(
+    tmp_path, bare_tpu, gcp_env, aios_cli
+):
+    """--backend tpu (TorchTPU): host setup installs aios.versions' torch_tpu set; torch_xla
+    (which pins another torch) is never installed."""
+    from aios.versions import STACKS
+
+    work = _project(tmp_path)
+    env = gcp_env(tmp_path, bare_tpu)
+    args = ["launch", "--cloud", "gcp", "-a", "v5litepod-8", "--name", "tt", "--zone"]
+    args += ["us-central1-a", "--workdir", str(work), "--dry-run"]
+    r = aios_cli(env, *args, "--backend", "tpu", "train.py")
+    assert r.returncode == 0, r.stderr
+    pins = STACKS["torch_tpu"][0].install.removeprefix("pip install ")
+    assert "torch==2.13.0" in pins and "torch_tpu==" in pins
+    assert f"python3 -m pip install --quiet {pins}" in r.stdout
+    assert "torch_xla" not in r.stdout
+    # the default backend of a TPU (xla) still gets the torch_xla set
+    x = aios_cli(env, *args, "train.py")
+    assert x.returncode == 0, x.stderr
+    assert "torch_xla[tpu]~=2.9.0" in x.stdout and "torch_tpu" not in x.stdout
+    assert bare_tpu.calls == []
+
+
 def test_gcp_dry_run_prints_gcloud_and_per_worker_commands_and_touches_nothing(
     tmp_path, bare_tpu, gcp_env, aios_cli
 ):

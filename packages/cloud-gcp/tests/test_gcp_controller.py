@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from aios.testing.sshd import SshdCluster, netns_available, sshd_unavailable_reason
+from aios_cloud.testing.sshd import SshdCluster, netns_available, sshd_unavailable_reason
 from aios_cloud_gcp.testing import FakeTpuService
 
 pytestmark = pytest.mark.slow

@@ -473,7 +473,7 @@ def test_gcp_sync_between_a_bucket_and_the_slice_runs_on_the_hosts(
     assert r.returncode == 0, r.stderr
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("(worker ")]
     assert len(lines) == 2 and all(
-        "-m aios.cloud.transfer gs://aios-data/set data" in ln for ln in lines
+        "-m aios_cloud.transfer gs://aios-data/set data" in ln for ln in lines
     )
     assert gcs not in r.stdout
     assert not (sshd_hosts.hosts[0].home / "aios" / "bk" / "code" / "data").exists()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from aios.cloud.failover import create_with_failover
-from aios.cloud.provider import (
+from aios_cloud.failover import create_with_failover
+from aios_cloud.provider import (
     CapacityError,
     CloudError,
     ClusterRequest,

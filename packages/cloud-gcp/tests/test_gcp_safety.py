@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-from aios.cloud.failover import create_with_failover, zone_order
-from aios.cloud.provider import (
+from aios_cloud.failover import create_with_failover, zone_order
+from aios_cloud.provider import (
     MAINTENANCE,
     CloudError,
     ClusterRequest,
@@ -413,7 +413,7 @@ def test_os_login_imports_the_key_and_logs_in_as_the_posix_user():
 
 
 def test_no_aios_package_from_the_registry(tmp_path, bare_tpu, gcp_env, aios_cli):
-    from aios.cloud.provider import registry_aios
+    from aios_cloud.provider import registry_aios
 
     assert all(
         registry_aios(r)

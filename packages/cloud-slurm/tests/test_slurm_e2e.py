@@ -303,7 +303,7 @@ def test_catalog_cost_and_cancel(slurm, project, aios_env, run_aios, wait_for):
 
 
 def test_launch_through_a_login_node_over_ssh(slurm, project, aios_env, run_aios, tmp_path):
-    from aios.testing.sshd import SshdCluster, sshd_unavailable_reason
+    from aios_cloud.testing.sshd import SshdCluster, sshd_unavailable_reason
 
     reason = sshd_unavailable_reason()
     if reason:

@@ -14,7 +14,7 @@ from typing import Any
 from aios.hookspecs import hookimpl
 from aios.types import CloudSpec, DoctorCheck, StorageSpec
 
-INSTALL = "pip install -e './packages/core[aws]' ./packages/cloud-aws (from the aios checkout)"
+INSTALL = "pip install -e './packages/core[aws]' ./packages/cloud ./packages/cloud-aws (from the aios checkout)"
 
 
 def _factory(config: Any = None, **kwargs: Any) -> Any:
@@ -48,7 +48,7 @@ def aios_register_storage(register: Any) -> None:
             scheme="s3",
             protocol="s3",
             requires="s3fs",
-            install_hint="pip install -e './packages/core[aws]' ./packages/cloud-aws (from the aios checkout; brings s3fs)",
+            install_hint="pip install -e './packages/core[aws]' ./packages/cloud ./packages/cloud-aws (from the aios checkout; brings s3fs)",
             storage_options=_s3_options,
         )
     )
@@ -97,7 +97,7 @@ def aios_doctor_checks(backend: str | None, config: Any) -> list[DoctorCheck] | 
                 else (
                     INSTALL
                     if mod == "boto3"
-                    else "pip install -e './packages/core[aws]' ./packages/cloud-aws (from the aios checkout)"
+                    else "pip install -e './packages/core[aws]' ./packages/cloud ./packages/cloud-aws (from the aios checkout)"
                 ),
             )
         )

@@ -1,4 +1,4 @@
-"""The AWS EC2 :class:`aios.cloud.CloudProvider`: GPU (P4d/P5/P5e) and Trainium (Trn1/Trn2).
+"""The AWS EC2 :class:`aios_cloud.CloudProvider`: GPU (P4d/P5/P5e) and Trainium (Trn1/Trn2).
 
 A cluster is ``nodes`` instances launched in one ``RunInstances`` call (``MinCount == MaxCount``:
 all or nothing) in one availability zone, with everything aios creates tagged
@@ -7,7 +7,7 @@ the key pair, the cluster placement group and Elastic IPs. :meth:`delete` finds 
 so ``aios down`` works even without the local record, and a failed create calls it before
 raising (nothing is left behind).
 
-Zones: the core's failover (:func:`aios.cloud.failover.create_with_failover`) calls
+Zones: the core's failover (:func:`aios_cloud.failover.create_with_failover`) calls
 :meth:`create` once per availability zone; EC2 capacity errors (``InsufficientInstanceCapacity``
 ...) become :class:`CapacityError` so it moves on to the next zone.
 """
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from aios.cloud.provider import (
+from aios_cloud.provider import (
     FAILED,
     HEALTHY,
     PENDING,
@@ -61,7 +61,14 @@ from aios_cloud_aws.ec2params import (
 )
 from aios_cloud_aws.errors import TransientAwsError, error_code, translate
 from aios_cloud_aws.session import Clients, region_of_zone
-from aios_cloud_aws.settings import DLAMI_PYTHON, SPOT_WATCH_ENV, AwsSettings, settings_from
+from aios_cloud_aws.settings import (
+    DLAMI_PYTHON,
+    SPOT_WATCH_ENV,
+    AwsSettings,
+    neuron_ami_parameter,
+    neuron_image,
+    settings_from,
+)
 
 
 class ElasticIpQuotaError(CloudError):
@@ -138,7 +145,7 @@ class AwsProvider(CloudProvider):
                     hosts=1,
                     runtime=self.settings.gpu_ami_parameter
                     if t.backend == "cuda"
-                    else self.settings.neuron_ami_parameter,
+                    else self.settings.neuron_ami_parameter or neuron_ami_parameter(t.name),
                     on_demand_hourly=t.on_demand_hourly,
                     spot_hourly=t.spot_hourly,
                     peak_tflops=t.peak_bf16_tflops,
@@ -262,11 +269,9 @@ class AwsProvider(CloudProvider):
     # ------------------------------------------------------------------ AMI
     def ami_parameter(self, accelerator: str) -> str:
         itype = cat.lookup(accelerator)
-        return (
-            self.settings.neuron_ami_parameter
-            if itype.backend == "neuron"
-            else self.settings.gpu_ami_parameter
-        )
+        if itype.backend == "neuron":
+            return self.settings.neuron_ami_parameter or neuron_ami_parameter(itype.name)
+        return self.settings.gpu_ami_parameter
 
     def resolve_ami(
         self, accelerator: str, region: str, image: str | None = None
@@ -583,7 +588,7 @@ class AwsProvider(CloudProvider):
             if target == "running" and states & {"shutting-down", "terminated"}:
                 reasons = {i.get("StateReason", {}).get("Code", "") for i in insts}
                 if reasons & SPOT_TERMINATION_CODES or any("Spot" in r for r in reasons):
-                    from aios.cloud.provider import CapacityError
+                    from aios_cloud.provider import CapacityError
 
                     raise CapacityError(
                         "spot capacity was reclaimed while the instances booted",
@@ -757,7 +762,7 @@ class AwsProvider(CloudProvider):
 
     # ------------------------------------------------------------------ start / stop / delete
     def _ids(self, ec2: Any, name: str) -> list[str]:
-        from aios.cloud.provider import ClusterNotFound
+        from aios_cloud.provider import ClusterNotFound
 
         insts = self._instances(ec2, name)
         if not insts:
@@ -868,7 +873,10 @@ class AwsProvider(CloudProvider):
     def python(self, accelerator: str) -> str:
         if self.settings.python:
             return self.settings.python
-        return DLAMI_PYTHON.get(self.backend_for(accelerator), "python3")
+        backend = self.backend_for(accelerator)
+        if backend == "neuron":
+            return neuron_image(accelerator)["python"]
+        return DLAMI_PYTHON.get(backend, "python3")
 
     def setup_commands(self, accelerator: str, requirements: list[str]) -> list[str]:
         import shlex

@@ -6,15 +6,34 @@ role) and are never copied into configs, records or the hosts.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal
 
 from aios.config import Section
+from aios.versions import STACKS
 from pydantic import Field, field_validator
 
 # Public SSM parameters of the AWS Deep Learning AMIs. AWS renames them between releases (the
 # PyTorch version and OS are part of the name), hence configurable.
 GPU_AMI_PARAMETER = "/aws/service/deeplearning/ami/x86_64/oss-nvidia-driver-gpu-pytorch-2.7-ubuntu-22.04/latest/ami-id"
-NEURON_AMI_PARAMETER = "/aws/service/neuron/dlami/multi-framework/ubuntu-22.04/latest/image_id"
+
+
+def neuron_image(instance_type: str) -> Mapping[str, str]:
+    """What the Neuron DLAMI for ``instance_type`` ships (SSM parameter, venv, python, OS), from
+    the version set of its hardware in :data:`aios.versions.STACKS` (one fact, one place): Trn1
+    -> ``neuron-xla`` (Neuron 2.29, PyTorch 2.9 DLAMI), Trn2/Trn3 -> ``neuron`` (TorchNeuron)."""
+    family = instance_type.split(".", 1)[0].lower()
+    for stack in ("neuron", "neuron-xla"):
+        for vs in STACKS[stack]:
+            if family in vs.hardware:
+                return vs.image
+    return STACKS["neuron"][0].image
+
+
+def neuron_ami_parameter(instance_type: str) -> str:
+    """The public SSM parameter holding the Neuron DLAMI id for ``instance_type``."""
+    image = neuron_image(instance_type)
+    return image.get("ssm_parameter") or image["ssm_parameter_base"]
 
 
 class AwsSettings(Section):
@@ -28,8 +47,11 @@ class AwsSettings(Section):
     gpu_ami_parameter: str = Field(
         GPU_AMI_PARAMETER, description="SSM parameter holding the GPU PyTorch DLAMI id"
     )
-    neuron_ami_parameter: str = Field(
-        NEURON_AMI_PARAMETER, description="SSM parameter holding the Neuron DLAMI id"
+    neuron_ami_parameter: str | None = Field(
+        None,
+        description="SSM parameter holding the Neuron DLAMI id; default: the instance's Neuron "
+        "version set in aios.versions.STACKS (Trn1: Neuron 2.29 PyTorch 2.9 DLAMI, Trn2/Trn3: "
+        "the multi-framework DLAMI, Ubuntu 24.04)",
     )
     ssh_user: str = Field("ubuntu", description="login user of the AMI")
     key_name: str | None = Field(
@@ -100,7 +122,7 @@ class AwsSettings(Section):
     @field_validator("aios_requirements")
     @classmethod
     def _no_registry_aios(cls, v: list[str]) -> list[str]:
-        from aios.cloud.provider import registry_aios
+        from aios_cloud.provider import registry_aios
 
         bad = [r for r in v if registry_aios(r)]
         if bad:
@@ -115,10 +137,9 @@ class AwsSettings(Section):
 # aws.spot_watch=auto the training processes poll the spot notice even where on_ec2() cannot tell.
 from aios.contract import SPOT_WATCH_ENV  # noqa: E402,F401 - re-exported
 
-DLAMI_PYTHON = {
-    "cuda": "/opt/pytorch/bin/python3",
-    "neuron": "/opt/aws_neuronx_venv_pytorch_2_8/bin/python3",
-}
+# The DLAMI's python for CUDA; a Neuron DLAMI's venv python comes from aios.versions
+# (:func:`neuron_image`).
+DLAMI_PYTHON = {"cuda": "/opt/pytorch/bin/python3"}
 
 
 def settings_from(config: object | None) -> AwsSettings:

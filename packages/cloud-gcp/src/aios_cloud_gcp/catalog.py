@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aios.cloud.provider import CatalogEntry
+from aios_cloud.provider import CatalogEntry
 
 # USD per chip-hour: (on demand, spot).
 PRICES: dict[str, tuple[float, float]] = {

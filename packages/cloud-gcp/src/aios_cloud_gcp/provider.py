@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from aios.cloud.provider import (
+from aios_cloud.provider import (
     DELETING,
     FAILED,
     HEALTHY,
@@ -881,15 +881,25 @@ class GcpProvider(CloudProvider):
         return out
 
     # -------------------------------------------------------------- runtime on the hosts
-    def setup_commands(self, accelerator: str, requirements: list[str]) -> list[str]:
-        v = self.settings.torch_version
-        minor = ".".join(v.split(".")[:2])
-        finds = " ".join(f"-f {u}" for u in LIBTPU_INDEXES)
-        lines = [
-            "python3 -m pip install --quiet --upgrade pip",
+    def setup_commands(
+        self, accelerator: str, requirements: list[str], backend: str | None = None
+    ) -> list[str]:
+        lines = ["python3 -m pip install --quiet --upgrade pip"]
+        if (backend or self.backend_for(accelerator)) == "tpu":
+            # TorchTPU: the torch / torch_tpu / libtpu set of aios.versions (one fact, one place);
+            # torch_xla is not installed (it would pin another torch).
+            from aios.versions import STACKS
+
+            install = STACKS["torch_tpu"][0].install
+            lines.append("python3 -m pip install --quiet " + install.removeprefix("pip install "))
+        else:
+            v = self.settings.torch_version
+            minor = ".".join(v.split(".")[:2])
+            finds = " ".join(f"-f {u}" for u in LIBTPU_INDEXES)
             # torch and torch_xla must match; torch_xla[tpu] pins the matching libtpu wheel.
-            f"python3 -m pip install --quiet 'torch~={minor}.0' 'torch_xla[tpu]~={minor}.0' {finds}",
-        ]
+            lines.append(
+                f"python3 -m pip install --quiet 'torch~={minor}.0' 'torch_xla[tpu]~={minor}.0' {finds}"
+            )
         aios_deps = [r for r in self.settings.aios_requirements if r]
         check_requirements(aios_deps, "aios_requirements")
         check_requirements(requirements)

@@ -5,7 +5,7 @@ It implements what aios uses: ``nodes`` (create/get/list/delete/stop/start), ``q
 (create/get/list/delete with ``force``) and ``operations`` (get), with JSON bodies exactly as
 the v2 REST API returns them. Machines behind nodes are real: pass ``machines`` (objects with
 ``ip``, ``internal_ip``, ``home``, ``start(new_host_key=True)``, ``stop()``, e.g.
-:class:`aios.testing.sshd.SshdHost`) and the service starts/stops them as nodes are created,
+:class:`aios_cloud.testing.sshd.SshdHost`) and the service starts/stops them as nodes are created,
 started, stopped, preempted and deleted, installs the ``ssh-keys`` metadata into
 ``authorized_keys`` and wipes a machine's home when its node is deleted (a fresh disk).
 

@@ -116,8 +116,8 @@ def build(
 
 
 def _code(provider: K8sProvider, p: dict[str, Any], name: str) -> str:
-    from aios.cloud.codesync import make_tarball
-    from aios.cloud.store import cluster_dir
+    from aios_cloud.codesync import make_tarball
+    from aios_cloud.store import cluster_dir
 
     tar = make_tarball(
         p["workdir"], cluster_dir(name) / "code.tar.gz", p["exclude"], p["max_sync_mb"] * 2**20
@@ -142,8 +142,8 @@ def _default_name() -> str:
 
 def launch(provider: K8sProvider, p: dict[str, Any], store: Any, log: Callable[[str], None]) -> int:
     import click
-    from aios.cloud import ops
-    from aios.cloud.store import JOB_FAILED, JOB_PENDING, ClusterRecord
+    from aios_cloud import ops
+    from aios_cloud.store import JOB_FAILED, JOB_PENDING, ClusterRecord
 
     _check(p)
     env, forward = ops.parse_env(list(p["env_items"]))
@@ -235,7 +235,7 @@ def follow(
     echo: Callable[[str], None],
 ) -> int:
     """Wait for the job to end, then print every pod's log (prefixed with the pod's name)."""
-    from aios.cloud.store import JOB_FAILED, JOB_RUNNING, JOB_SUCCEEDED
+    from aios_cloud.store import JOB_FAILED, JOB_RUNNING, JOB_SUCCEEDED
 
     last = ""
     while True:
@@ -271,7 +271,7 @@ def logs(
         )
         return 0
     if follow_:
-        from aios.cloud.store import Store
+        from aios_cloud.store import Store
 
         return follow(
             provider,

@@ -22,7 +22,7 @@ def aios_register_clouds(register: Any) -> None:
             name="k8s",
             factory=_factory,
             description="Kubernetes: JobSets (GKE TPU slices, EKS) and indexed Jobs",
-            install_hint="pip install -e ./packages/cloud-k8s",
+            install_hint="pip install -e ./packages/cloud ./packages/cloud-k8s",
         )
     )
 

@@ -18,7 +18,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from aios.cloud.provider import (
+from aios_cloud.provider import (
     CatalogEntry,
     CloudCommand,
     CloudError,
@@ -185,7 +185,7 @@ class K8sProvider(CloudProvider):
         )
 
     def _record(self, name: str) -> Any:
-        from aios.cloud.store import Store
+        from aios_cloud.store import Store
 
         return Store().get_cluster(name)
 
@@ -242,7 +242,7 @@ class K8sProvider(CloudProvider):
         )
 
     def list(self, zone: str | None = None) -> list[ClusterInfo]:
-        from aios.cloud.store import Store
+        from aios_cloud.store import Store
 
         return [
             i

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from aios.cloud.provider import CloudError
+from aios_cloud.provider import CloudError
 from aios.errors import AiosError
 
 from aios_cloud_slurm.provider import FINAL_STATES, NAME_RE, SlurmProvider, default_name
@@ -134,8 +134,8 @@ def launch(
     provider: SlurmProvider, p: dict[str, Any], store: Any, log: Callable[[str], None]
 ) -> int:
     import click
-    from aios.cloud import ops
-    from aios.cloud.store import JOB_CANCELLED, JOB_FAILED, JOB_PENDING, ClusterRecord
+    from aios_cloud import ops
+    from aios_cloud.store import JOB_CANCELLED, JOB_FAILED, JOB_PENDING, ClusterRecord
 
     _check(p)
     env, forward = ops.parse_env(list(p["env_items"]))
@@ -155,7 +155,7 @@ def launch(
         rd = provider.settings.remote_dir
         root = f"{rd}/{name}"
         job = build_job(provider, p, name, partition, gpus, root, "<id>", env, forward)
-        from aios.cloud.codesync import collect
+        from aios_cloud.codesync import collect
         from aios.config import redact
 
         job.env = redact(job.env)
@@ -231,7 +231,7 @@ def launch(
         _sync(provider, p, root, log)
         _write(provider, f"{job.job_dir}/job.sbatch", render(job), mode="755")
         if forward:
-            from aios.cloud.ops import env_file
+            from aios_cloud.ops import env_file
 
             values = {k: os.environ[k] for k in forward if k in os.environ}
             missing = [k for k in forward if k not in os.environ]
@@ -342,13 +342,13 @@ def _check_runnable(provider: SlurmProvider, slurm_id: str) -> None:
 def _sync(
     provider: SlurmProvider, p: dict[str, Any], root: str, log: Callable[[str], None]
 ) -> None:
-    from aios.cloud.codesync import make_tarball
-    from aios.cloud.store import cluster_dir
+    from aios_cloud.codesync import make_tarball
+    from aios_cloud.store import cluster_dir
 
     extra: list = []
     generated: dict[str, str] = {}
     if not p["no_bundle"]:
-        from aios.cloud.bundle import build
+        from aios_cloud.bundle import build
 
         b = build(p["backend"] or "cpu", provider.name)
         extra, generated = b.files, b.generated
@@ -409,7 +409,7 @@ def follow(
     log: Callable[[str], None],
 ) -> int:
     """Print the job's output as it grows, record its state and restarts; the job's exit status."""
-    from aios.cloud.store import (
+    from aios_cloud.store import (
         JOB_CANCELLED,
         JOB_FAILED,
         JOB_RECOVERING,
@@ -514,7 +514,7 @@ def logs(
         for line in r.stdout.decode(errors="replace").splitlines():
             echo(line)
         return 0
-    from aios.cloud.store import Store
+    from aios_cloud.store import Store
 
     try:
         return follow(

@@ -22,7 +22,7 @@ def aios_register_clouds(register: Any) -> None:
             name="slurm",
             factory=_factory,
             description="Slurm clusters (sbatch, locally or on a login node over ssh)",
-            install_hint="pip install -e ./packages/cloud-slurm",
+            install_hint="pip install -e ./packages/cloud ./packages/cloud-slurm",
         )
     )
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from aios.cloud.provider import (
+from aios_cloud.provider import (
     CatalogEntry,
     CloudCommand,
     CloudError,
@@ -207,7 +207,7 @@ class SlurmProvider(CloudProvider):
         return parse_kv(text.splitlines()[0])
 
     def _record(self, name: str) -> Any:
-        from aios.cloud.store import Store
+        from aios_cloud.store import Store
 
         return Store().get_cluster(name)
 
@@ -255,7 +255,7 @@ class SlurmProvider(CloudProvider):
         return int(text) if text.lstrip("-").isdigit() else None
 
     def list(self, zone: str | None = None) -> list[ClusterInfo]:
-        from aios.cloud.store import Store
+        from aios_cloud.store import Store
 
         out = []
         for rec in Store().clusters():

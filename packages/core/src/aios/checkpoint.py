@@ -154,8 +154,8 @@ def filesystem(url: str) -> tuple[Any, str]:
     if spec is None:
         known = ", ".join(sorted(reg.storage)) or "none"
         hint = {
-            "gs": "pip install -e './packages/core[gcp]' ./packages/backend-xla ./packages/cloud-gcp (from the aios checkout)",
-            "s3": "pip install -e './packages/core[aws]' ./packages/cloud-aws (from the aios checkout)",
+            "gs": "pip install -e './packages/core[gcp]' ./packages/cloud ./packages/backend-xla ./packages/cloud-gcp (from the aios checkout)",
+            "s3": "pip install -e './packages/core[aws]' ./packages/cloud ./packages/cloud-aws (from the aios checkout)",
         }.get(scheme, "install the plugin that registers it")
         raise CheckpointError(
             f"checkpoint URL scheme '{scheme}://' is not registered (registered: {known})", hint

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
         AcceleratorSpec,
         BackendSpec,
         CloudSpec,
+        CommandSpec,
         DeviceReport,
         DoctorCheck,
         LaunchPlan,
@@ -134,11 +135,30 @@ def aios_register_clouds(register: Callable[[CloudSpec], None]) -> None:
     """Register cloud providers for ``aios launch --cloud NAME`` and the other cloud commands.
 
     :param register: call ``register(CloudSpec(...))``; the spec's ``factory`` builds the
-        :class:`aios.cloud.CloudProvider` lazily, so registering costs no cloud SDK import.
+        :class:`aios_cloud.CloudProvider` lazily, so registering costs no cloud SDK import.
 
     All results are collected. Two plugins claiming one cloud name is an error naming both.
 
     .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def aios_register_commands(register: Callable[[CommandSpec], None]) -> None:
+    """Contribute subcommands to the ``aios`` CLI (aios-cloud adds ``launch``, ``status``, ...).
+
+    :param register: call ``register(CommandSpec(name=..., target="module:attr", help=...))``
+        per command. ``target`` names the :class:`click.Command`; it is imported only when the
+        command runs (or its own ``--help`` is asked), so ``aios --help`` lists the command from
+        the spec alone and imports no torch and none of the command's code.
+
+    A core command's name cannot be taken (an error naming the plugin; the core command is
+    kept); two plugins claiming one name is an error naming both, and neither is used. A command
+    whose ``target`` fails to import is reported by name (``aios NAME`` exits 2 with the plugin
+    and the error), never fatal to the other commands. All results are collected (not
+    ``firstresult``).
+
+    .. versionadded:: 0.3
     """
 
 

@@ -2,8 +2,10 @@
 
 Environment switches:
 
-* ``AIOS_PLUGINS=a,b``: load only these plugins (entry-point names = distribution names).
-  ``aios-core`` (the built-in CPU backend) is always loaded unless disabled explicitly.
+* ``AIOS_PLUGINS=a,b``: load only these plugins (entry-point names = distribution names) and
+  the plugins they depend on (``AIOS_PLUGINS=aios-cloud-gcp`` loads aios-cloud, which brings the
+  cloud commands). ``aios-core`` (the built-in CPU backend) is always loaded unless disabled
+  explicitly.
 * ``AIOS_DISABLE_PLUGINS=a,b``: never load these.
 * ``AIOS_STRICT_PLUGINS=1``: a plugin that fails to load, or a name claimed twice, raises
   :class:`aios.errors.PluginError` instead of being reported (for CI).
@@ -47,6 +49,7 @@ from aios.types import (
     Availability,
     BackendSpec,
     CloudSpec,
+    CommandSpec,
     LoggerSpec,
     StorageSpec,
     StrategySpec,
@@ -206,6 +209,7 @@ class Registry:
         entry_points: Iterable[Any] | None = None,
         strict: bool | None = None,
         timeout: float | None | bool = True,
+        commands_only: bool = False,
     ) -> None:
         self.pm = pluggy.PluginManager(hookspecs.PROJECT)
         self.pm.add_hookspecs(hookspecs)
@@ -216,6 +220,7 @@ class Registry:
         self.warnings: list[str] = []
         self.backends: dict[str, BackendSpec] = {}
         self.clouds: dict[str, CloudSpec] = {}
+        self.commands: dict[str, CommandSpec] = {}
         self.storage: dict[str, StorageSpec] = {}
         self.loggers: dict[str, LoggerSpec] = {}
         self.config_sections: dict[str, tuple[str, type]] = {}
@@ -227,7 +232,10 @@ class Registry:
         self.dead: set[str] = set()  # plugins that timed out: ignored from then on
         self._probes: dict[tuple[str, str], Availability] = {}
         self._load(entry_points)
-        self._collect()
+        if commands_only:  # `aios --help`: the plugins' commands, nothing else (no pydantic)
+            self._collect_commands()
+        else:
+            self._collect()
 
     # ------------------------------------------------------------------ isolation
     def _error(self, plugin: str, message: str, tb: str = "") -> None:
@@ -263,6 +271,9 @@ class Registry:
 
             entry_points = _eps(group=GROUP)
         allow = _split_env("AIOS_PLUGINS")
+        if allow:
+            entry_points = list(entry_points)
+            allow = _with_plugin_dependencies(allow, entry_points)
         deny = _split_env("AIOS_DISABLE_PLUGINS")
         hung = _split_env(SKIP_ENV)
         seen: set[str] = set()
@@ -356,6 +367,37 @@ class Registry:
         self._error(plugin, f"{kind} {key!r} rejected: {why}")
 
     def _collect(self) -> None:
+        self._collect_commands()
+        self._collect_specs()
+
+    def _collect_commands(self) -> None:
+        def call(fn: Callable[..., Any], plugin: str) -> None:
+            def register(spec: Any) -> None:
+                key = getattr(spec, "name", None)
+                if not isinstance(spec, CommandSpec):
+                    why = f"expected a CommandSpec, got {type(spec).__name__}"
+                elif not isinstance(key, str) or not _NAME.match(key):
+                    why = "the name must be lowercase letters, digits, '-', '_' or '.'"
+                elif not _is_target(spec.target):
+                    why = f"its target {spec.target!r} is not 'module:attribute'"
+                else:
+                    why = ""
+                if why:
+                    self._reject("command", key, plugin, why)
+                    return
+                if key in _core_commands():
+                    self._error(
+                        plugin,
+                        f"command '{key}' is built into aios; \"{plugin}\" cannot replace it",
+                    )
+                    return
+                self._claim("command", self.commands, key, _with_plugin(spec, plugin), plugin)
+
+            fn(register=register)
+
+        self._each_impl("aios_register_commands", call)
+
+    def _collect_specs(self) -> None:
         types = {
             "backend": BackendSpec,
             "cloud": CloudSpec,
@@ -823,8 +865,8 @@ KNOWN_BACKENDS = {
     "(from the aios checkout), plus torch-neuronx from the AWS Neuron index",
 }
 KNOWN_CLOUDS = {
-    "gcp": "pip install -e './packages/core[gcp]' ./packages/backend-xla ./packages/cloud-gcp (from the aios checkout)",
-    "aws": "pip install -e './packages/core[aws]' ./packages/cloud-aws (from the aios checkout)",
+    "gcp": "pip install -e './packages/core[gcp]' ./packages/cloud ./packages/backend-xla ./packages/cloud-gcp (from the aios checkout)",
+    "aws": "pip install -e './packages/core[aws]' ./packages/cloud ./packages/cloud-aws (from the aios checkout)",
 }
 
 
@@ -855,6 +897,34 @@ def _has_legacy(reg: Registry, hook_name: str, plugin: str) -> bool:
     )
 
 
+def _with_plugin_dependencies(allow: set[str], entry_points: list[Any]) -> set[str]:
+    """``allow`` plus the plugins its plugins require (their distributions' dependencies that
+    are plugins themselves), transitively."""
+    by_name = {ep.name: ep for ep in entry_points}
+    out, todo = set(allow), list(allow)
+    while todo:
+        dist = getattr(by_name.get(todo.pop()), "dist", None)
+        for req in (getattr(dist, "requires", None) or []) if dist is not None else []:
+            if "extra ==" in req:
+                continue
+            name = re.split(r"[\s;<>=!~\[(]", req, maxsplit=1)[0].lower().replace("_", "-")
+            if name in by_name and name not in out:
+                out.add(name)
+                todo.append(name)
+    return out
+
+
+def _core_commands() -> set[str]:
+    from aios.cli.main import COMMANDS
+
+    return set(COMMANDS)
+
+
+def _is_target(target: Any) -> bool:
+    mod, sep, attr = target.partition(":") if isinstance(target, str) else ("", "", "")
+    return bool(sep and mod and attr)
+
+
 def _with_plugin(spec: Any, plugin: str) -> Any:
     import dataclasses
 
@@ -881,3 +951,6 @@ def reset_registry() -> None:
     """Forget the loaded registry (tests; after installing a plugin in-process)."""
     global _registry
     _registry = None
+    main = sys.modules.get("aios.cli.main")
+    if main is not None:
+        main._plugin_registry = None  # type: ignore[attr-defined]

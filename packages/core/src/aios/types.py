@@ -119,13 +119,29 @@ class AcceleratorSpec:
 class CloudSpec:
     """A cloud provider for the ``aios launch|status|exec|...`` commands.
 
-    :param factory: ``factory(config) -> aios.cloud.CloudProvider``; imports its SDK lazily.
+    :param factory: ``factory(config) -> aios_cloud.CloudProvider``; imports its SDK lazily.
     """
 
     name: str
     factory: Callable[..., Any]
     description: str = ""
     install_hint: str = ""
+    plugin: str = ""
+
+
+@dataclass(frozen=True)
+class CommandSpec:
+    """An ``aios`` subcommand contributed by a plugin, loaded only when it is invoked.
+
+    :param name: the subcommand name (``aios NAME``); a core command's name cannot be taken.
+    :param target: ``"module:attribute"`` of the :class:`click.Command`, imported on first use
+        (so ``aios --help`` imports nothing of the plugin beyond its entry-point module).
+    :param help: the one-line help shown by ``aios --help``.
+    """
+
+    name: str
+    target: str
+    help: str = ""
     plugin: str = ""
 
 

@@ -13,6 +13,8 @@ import click
 from aios.__about__ import __version__
 
 # name -> (module, attribute, short help). Help text lives here so --help imports nothing.
+# Plugins add commands through the ``aios_register_commands`` hook (aios-cloud: launch, status,
+# exec, ...); those are listed from their specs and imported only when invoked.
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "plugins": ("aios.cli.info", "plugins", "List plugins: name, version, hooks, load errors."),
     "devices": ("aios.cli.info", "devices", "Show the devices each backend finds."),
@@ -20,29 +22,57 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "doctor": ("aios.cli.info", "doctor", "Run health checks contributed by the backends."),
     "config": ("aios.cli.info", "config", "Show or validate the resolved config."),
     "run": ("aios.cli.run", "run_command", "Launch a training script (same as aios-run)."),
-    "launch": ("aios.cli.cloud", "launch", "Provision cloud machines and run a script on them."),
-    "status": ("aios.cli.cloud", "status", "Clusters and jobs with their state and recoveries."),
-    "exec": ("aios.cli.cloud", "exec_", "Run a command on every host of a cluster."),
-    "logs": ("aios.cli.cloud", "logs", "Show a cluster's job logs."),
-    "ssh": ("aios.cli.cloud", "ssh", "Open a shell on one host of a cluster."),
-    "sync": ("aios.cli.cloud", "sync", "Copy files between local paths, clusters and buckets."),
-    "stop": ("aios.cli.cloud", "stop", "Stop a cluster (keeps its disks)."),
-    "start": ("aios.cli.cloud", "start", "Start a stopped cluster."),
-    "cancel": ("aios.cli.cloud", "cancel", "Cancel a cluster's running job (scancel on Slurm)."),
-    "down": ("aios.cli.cloud", "down", "Delete a cluster and everything aios created for it."),
-    "cancel": ("aios.cli.cloud", "cancel", "Cancel a cluster's running job."),
-    "autostop": (
-        "aios.cli.cloud",
-        "autostop",
-        "Stop or delete a cluster when it has been idle (agent on the cluster).",
-    ),
-    "catalog": (
-        "aios.cli.cloud",
-        "catalog",
-        "Accelerators offered by the installed clouds, with prices.",
-    ),
-    "cost": ("aios.cli.cloud", "cost", "Estimate or rank the cost of a run across clouds."),
 }
+
+
+# The commands aios-cloud contributes: when it is not installed, ``aios launch`` says how to
+# install it from the checkout instead of "no such command".
+CLOUD_COMMANDS = (
+    "launch", "status", "exec", "logs", "ssh", "sync", "stop", "start", "down",
+    "cancel", "autostop", "catalog", "cost",
+)  # fmt: skip
+CLOUD_INSTALL = (
+    "pip install -e ./packages/core ./packages/cloud ./packages/cloud-gcp "
+    "(from the aios checkout; or ./packages/cloud-aws, ./packages/cloud-slurm, ./packages/cloud-k8s)"
+)
+
+_plugin_registry: Any = None
+
+
+def plugin_commands() -> Any:
+    """A registry holding only the plugins' commands (``aios_register_commands``): loading it
+    imports the plugins' entry-point modules and nothing else (no pydantic, no torch)."""
+    global _plugin_registry
+    if _plugin_registry is None:
+        from aios.plugins import Registry
+
+        _plugin_registry = Registry(commands_only=True)
+    return _plugin_registry
+
+
+def _broken(reg: Any) -> list[str]:
+    """Plugins that failed to load (their commands, if any, are unknown)."""
+    return sorted(
+        {e.plugin for e in reg.errors if e.plugin not in reg.plugins or e.plugin in reg.dead}
+    )
+
+
+def _unavailable(name: str, help_: str, message: str, fix: str) -> click.Command:
+    """A stand-in for a command that cannot load: accepts any arguments, exits 2 with one line."""
+
+    @click.command(
+        name=name,
+        help=help_,
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+        add_help_option=False,
+    )
+    @click.argument("args", nargs=-1, type=click.UNPROCESSED)
+    def missing(args: tuple[str, ...]) -> None:
+        from aios.errors import AiosError
+
+        raise AiosError(message, fix)
+
+    return missing
 
 
 def debug_enabled() -> bool:
@@ -69,30 +99,99 @@ def fail(exc: BaseException, prog: str = "aios") -> None:
 
 class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return list(COMMANDS)
+        return list(COMMANDS) + sorted(plugin_commands().commands)
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        if name not in COMMANDS:
-            return None
-        module, attr, _ = COMMANDS[name]
-        try:
-            return getattr(importlib.import_module(module), attr)
-        except ImportError:
-            if debug_enabled():
-                raise
+        if name in COMMANDS:
+            module, attr, help_ = COMMANDS[name]
+            try:
+                return getattr(importlib.import_module(module), attr)
+            except ImportError as exc:
+                if debug_enabled():
+                    raise
+                return _unavailable(
+                    name, help_, f"command '{name}' is unavailable: {exc}", "reinstall aios-core"
+                )
+        return self._plugin_command(name)
 
-            @click.command(name=name, help=COMMANDS[name][2])
-            def missing() -> None:
+    def _plugin_command(self, name: str) -> click.Command | None:
+        reg = plugin_commands()
+        spec = reg.commands.get(name)
+        if spec is not None:
+            module, _, attr = spec.target.partition(":")
+            try:
+                cmd = getattr(importlib.import_module(module), attr)
+                if not isinstance(cmd, click.Command):
+                    raise TypeError(f"{spec.target} is a {type(cmd).__name__}, not a click command")
+                return cmd
+            except Exception as exc:  # noqa: BLE001 - a broken plugin is reported, never fatal
+                if debug_enabled():
+                    raise
+                return _unavailable(
+                    name,
+                    spec.help,
+                    f"command '{name}' of plugin \"{spec.plugin}\" failed to load: "
+                    f"{type(exc).__name__}: {exc}",
+                    f"reinstall {spec.plugin} from the aios checkout, or disable it with "
+                    f"AIOS_DISABLE_PLUGINS={spec.plugin} (aios --debug shows the traceback)",
+                )
+        if name in CLOUD_COMMANDS:
+            cloud = [
+                e for e in reg.errors if e.plugin == "aios-cloud" and "aios-cloud" in _broken(reg)
+            ]
+            if cloud:
+                return _unavailable(
+                    name,
+                    "",
+                    f"'aios {name}' comes from the aios-cloud plugin, which failed to load: "
+                    f"{cloud[0].error.splitlines()[0] if cloud[0].error else '?'}",
+                    "reinstall it from the aios checkout: " + CLOUD_INSTALL,
+                )
+            return _unavailable(
+                name,
+                "",
+                f"'aios {name}' is a cloud command and the aios-cloud package is not installed",
+                "install it from the aios checkout: " + CLOUD_INSTALL,
+            )
+        return None
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and self.get_command(ctx, name) is None:
+            reg = plugin_commands()
+            broken = _broken(reg)
+            if broken:  # the command may belong to a plugin that failed to load: name it
                 from aios.errors import AiosError
 
-                raise AiosError(f"command '{name}' is unavailable: {exc}", "reinstall aios-core")
-
-            return missing
+                raise AiosError(
+                    f"no such command '{name}'; plugin(s) that failed to load and may provide it: "
+                    + ", ".join(broken),
+                    "`aios plugins` shows their errors",
+                )
+        return super().resolve_command(ctx, args)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, help_) for name, (_, _, help_) in COMMANDS.items()]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
+        reg = plugin_commands()
+        by_plugin: dict[str, list[tuple[str, str]]] = {}
+        for name, spec in reg.commands.items():
+            by_plugin.setdefault(spec.plugin, []).append((name, spec.help))
+        for plugin, prows in sorted(by_plugin.items()):
+            with formatter.section(f"Commands from {plugin}"):
+                formatter.write_dl(prows)
+        broken = _broken(reg)
+        if broken:
+            with formatter.section("Plugins that failed to load (see `aios plugins`)"):
+                formatter.write_dl([(p, "its commands are not available") for p in broken])
+        if not any(n in reg.commands for n in CLOUD_COMMANDS):
+            formatter.write_paragraph()
+            formatter.write_text(
+                "Cloud commands (launch, status, exec, ...): install aios-cloud: " + CLOUD_INSTALL
+            )
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

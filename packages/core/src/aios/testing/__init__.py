@@ -1,9 +1,10 @@
 """Reusable test infrastructure for aios and its plugins.
 
 * :mod:`aios.testing.plugin`: the pytest plugin (``pytest11`` entry point of aios-core) with the
-  ``free_port``, ``sshd_cluster``, ``sshd_hosts`` and ``aios_cli`` fixtures and the end-of-session
-  summary of skipped tests.
-* :mod:`aios.testing.sshd`: real OpenSSH sshd hosts (the machines of a cloud cluster).
+  ``free_port`` and ``aios_cli`` fixtures and the end-of-session summary of skipped tests.
+
+Real sshd hosts (``sshd_cluster``/``sshd_hosts``) are cloud test infrastructure: they live in
+aios-cloud (:mod:`aios_cloud.testing`).
 """
 
 from __future__ import annotations

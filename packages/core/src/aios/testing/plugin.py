@@ -6,20 +6,17 @@ so every pytest session with aios-core installed has it; nothing heavy is import
 Fixtures:
 
 * ``free_port``: a function returning a TCP port on 127.0.0.1 that nothing listens on.
-* ``sshd_cluster``: ``sshd_cluster(n=2, netns=None)`` starts ``n`` real sshd hosts
-  (:class:`aios.testing.sshd.SshdCluster`) under the test's ``tmp_path``, closed at teardown;
-  ``netns=True`` requires network namespaces (each host its own address).
-* ``sshd_hosts``: two sshd hosts in their own network namespaces (a cloud cluster's machines).
 * ``aios_cli``: ``aios_cli(*args, env=None, prog="aios", pythonpath=None, timeout=300,
   in_process=False)`` runs the ``aios`` (or ``aios-run``) CLI, in a subprocess with a clean
   environment (no ``AIOS_*``/``PJRT_*``/``TPU_*``/``NEURON_*`` from the caller, ``AIOS_HOME``
   under ``tmp_path``, cwd ``tmp_path``) or in this process; returns a
   :class:`subprocess.CompletedProcess` with ``returncode``, ``stdout``, ``stderr``.
 
-When sshd hosts cannot run here the tests that need them skip with the reason, and the session
-ends with an "aios: skipped tests" summary naming every skip reason and how many tests it hit.
-With ``CI`` set to a true value, a missing ``sshd`` (or, as root, missing network namespaces) is a
-failure instead: a CI machine that cannot run those tests is misconfigured.
+The session ends with an "aios: skipped tests" summary naming every skip reason and how many
+tests it hit. ``_unavailable(reason)`` skips, or fails with ``CI`` set to a true value (a CI
+machine that cannot run the test is misconfigured); aios-cloud's pytest plugin
+(:mod:`aios_cloud.testing.plugin`, the ``sshd_cluster``/``sshd_hosts`` fixtures of real sshd
+hosts) uses it.
 """
 
 from __future__ import annotations
@@ -30,7 +27,7 @@ import os
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,37 +56,6 @@ def _unavailable(reason: str) -> None:
 def free_port() -> Callable[[], int]:
     """``free_port()``: a TCP port on 127.0.0.1 that nothing listens on."""
     return find_free_port
-
-
-@pytest.fixture
-def sshd_cluster(tmp_path: Path) -> Iterator[Callable[..., Any]]:
-    """``sshd_cluster(n=2, netns=None)``: start ``n`` real sshd hosts (closed at teardown)."""
-    from aios.testing.sshd import SshdCluster, netns_available, sshd_unavailable_reason
-
-    started: list[Any] = []
-
-    def start(n: int = 2, netns: bool | None = None) -> Any:
-        reason = sshd_unavailable_reason()
-        if reason:
-            _unavailable(reason)
-        if netns and not netns_available():
-            msg = "needs network namespaces (root + iproute2): the hosts need their own addresses"
-            if os.geteuid() == 0:
-                _unavailable(msg)
-            pytest.skip(msg)
-        cluster = SshdCluster(n, tmp_path / f"sshd{len(started) or ''}", netns=netns)
-        started.append(cluster)
-        return cluster
-
-    yield start
-    for c in reversed(started):
-        c.close()
-
-
-@pytest.fixture
-def sshd_hosts(sshd_cluster: Callable[..., Any]) -> Any:
-    """Two sshd hosts, each in its own network namespace (the machines of a cloud cluster)."""
-    return sshd_cluster(2, netns=True)
 
 
 @pytest.fixture

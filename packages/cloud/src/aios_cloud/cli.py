@@ -1,7 +1,7 @@
 """The cloud commands: ``aios launch|status|exec|logs|ssh|sync|stop|start|down|catalog|cost``.
 
 They work with any installed cloud plugin (``aios-cloud-gcp``, ``aios-cloud-aws``, third-party)
-through :class:`aios.cloud.CloudProvider`. ``--dry-run`` on every command prints the equivalent
+through :class:`aios_cloud.CloudProvider`. ``--dry-run`` on every command prints the equivalent
 cloud CLI commands and per-worker commands and touches nothing (no cloud call, no SSH, no state
 written). No torch import on any of these paths.
 """
@@ -31,6 +31,16 @@ NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,46}[a-z0-9])?$")
 # ------------------------------------------------------------------------------ helpers
 
 
+def _setup_commands(provider: Any, accelerator: str, reqs: list[str], backend: str | None) -> Any:
+    """The provider's host setup for ``backend`` (a provider written before the ``backend``
+    argument existed gets the accelerator's default)."""
+    import inspect
+
+    if "backend" in inspect.signature(provider.setup_commands).parameters:
+        return provider.setup_commands(accelerator, reqs, backend=backend)
+    return provider.setup_commands(accelerator, reqs)
+
+
 def _echo(msg: str) -> None:
     click.echo(msg)
 
@@ -50,7 +60,7 @@ def _cloud_name(cloud: str | None, store_cloud: str | None = None) -> str:
         return cloud
     if store_cloud:
         return store_cloud
-    from aios.cloud.ops import installed_clouds
+    from aios_cloud.ops import installed_clouds
 
     clouds = installed_clouds()
     if len(clouds) == 1:
@@ -58,25 +68,25 @@ def _cloud_name(cloud: str | None, store_cloud: str | None = None) -> str:
     if not clouds:
         raise AiosError(
             "no cloud plugin is installed",
-            "pip install -e './packages/core[gcp]' ./packages/backend-xla ./packages/cloud-gcp (from the aios checkout), or for AWS: pip install -e './packages/core[aws]' ./packages/cloud-aws",
+            "pip install -e './packages/core[gcp]' ./packages/cloud ./packages/backend-xla ./packages/cloud-gcp (from the aios checkout), or for AWS: pip install -e './packages/core[aws]' ./packages/cloud ./packages/cloud-aws",
         )
     raise AiosError(f"several clouds are installed ({', '.join(clouds)})", "pick one with --cloud")
 
 
 def _provider(cloud: str, config_file: str | None) -> Any:
-    from aios.cloud.ops import get_provider
+    from aios_cloud.ops import get_provider
 
     return get_provider(cloud, _config(config_file))
 
 
 def _store() -> Any:
-    from aios.cloud.store import Store
+    from aios_cloud.store import Store
 
     return Store()
 
 
 def _printer() -> Any:
-    from aios.cloud.ssh import LinePrinter
+    from aios_cloud.ssh import LinePrinter
 
     return LinePrinter(sys.stdout)
 
@@ -311,8 +321,8 @@ def launch(
     aios launch --cloud gcp -a v5litepod-8 --spot --zone us-west4-a train.py -- --epochs 3
     aios launch -a v4-16 --spot --max-restarts 3 --checkpoint-dir gs://b/ckpt train.py
     """
-    from aios.cloud import ops
-    from aios.cloud.provider import ClusterRequest
+    from aios_cloud import ops
+    from aios_cloud.provider import ClusterRequest
 
     args = list(script_args)
     if args and args[0] == "--":
@@ -341,7 +351,7 @@ def launch(
             "add --max-restarts N --checkpoint-dir URL, or --down",
         )
     if controller:
-        from aios.cloud.controller import parse_target
+        from aios_cloud.controller import parse_target
 
         parse_target(controller, "aios")
     if autodown and autostop is None:
@@ -445,13 +455,13 @@ def launch(
         setup_lines = []
     else:
         if not no_bundle:
-            from aios.cloud.bundle import build
+            from aios_cloud.bundle import build
 
             reqs = [
                 *build(backend or provider.backend_for(accelerator), provider.name).requirements,
                 *reqs,
             ]
-        setup_lines = provider.setup_commands(accelerator, reqs)
+        setup_lines = _setup_commands(provider, accelerator, reqs, backend)
     if max_restarts > 0 and not checkpoint_dir:
         raise AiosError(
             "--max-restarts needs --checkpoint-dir on a bucket, so a recreated cluster can resume",
@@ -492,7 +502,7 @@ def launch(
                     "spot capacity cannot be stopped, only deleted", "use --autostop N --autodown"
                 )
             line = (
-                f"# 5. autostop: an agent on worker 0 runs `{python} -m aios.cloud.agent ~/aios/{request.name}/agent.json` and "
+                f"# 5. autostop: an agent on worker 0 runs `{python} -m aios_cloud.agent ~/aios/{request.name}/agent.json` and "
                 f"{'deletes' if autodown else 'stops'} the cluster after {autostop:g} min without a running job"
             )
         _launch_dry_run(provider, request, spec, config, existing is not None, key_path, line)
@@ -512,7 +522,7 @@ def launch(
         provider.describe_credentials()  # no credentials: one line, before anything is created
     if checkpoint_dir and "://" in checkpoint_dir:
         _check_storage_url(checkpoint_dir)
-    from aios.cloud.ssh import ensure_client_key
+    from aios_cloud.ssh import ensure_client_key
 
     key = str(ensure_client_key(key_path) if not key_path else Path(key_path).expanduser())
     created = False
@@ -538,7 +548,7 @@ def launch(
         spec=spec.to_dict(),
     )
     try:
-        from aios.cloud.store import JOB_RUNNING, JOB_SETTING_UP
+        from aios_cloud.store import JOB_RUNNING, JOB_SETTING_UP
 
         store.update_job(job_id, state=JOB_SETTING_UP)
         ops.runner_for(rec, printer).wait_reachable()
@@ -566,7 +576,7 @@ def launch(
                 f"{'autodown' if autodown else 'autostop'} after {autostop:g} min idle (agent on worker 0)",
             )
     except BaseException as exc:
-        from aios.cloud.store import JOB_FAILED
+        from aios_cloud.store import JOB_FAILED
 
         store.update_job(job_id, state=JOB_FAILED)
         store.event(name, "job-failed", f"job {job_id}: launch failed: {str(exc)[:200]}", job_id)
@@ -578,7 +588,7 @@ def launch(
                 _log(f"cleanup failed: {cleanup_exc}; delete it with `aios down {name}`")
         raise
     if controller:
-        from aios.cloud.controller import start_controller
+        from aios_cloud.controller import start_controller
 
         try:
             start_controller(
@@ -642,7 +652,7 @@ def launch(
 
 
 def _watch(store: Any, provider: Any, job_id: int, config: Any, poll: float, follow: bool) -> int:
-    from aios.cloud.ops import Watcher, WatchOptions
+    from aios_cloud.ops import Watcher, WatchOptions
 
     opts = WatchOptions(poll=poll, describe_every=max(poll, 3 * poll), follow=follow)
     return Watcher(
@@ -653,7 +663,7 @@ def _watch(store: Any, provider: Any, job_id: int, config: Any, poll: float, fol
 def _spawn_watcher(
     job_id: int, cloud: str, config_file: str | None, poll: float, down_after: bool
 ) -> int:
-    from aios.cloud.store import cluster_dir
+    from aios_cloud.store import cluster_dir
 
     store = _store()
     job = store.get_job(job_id)
@@ -661,7 +671,7 @@ def _spawn_watcher(
     argv = [
         sys.executable,
         "-m",
-        "aios.cloud.watch",
+        "aios_cloud.watch",
         str(job_id),
         "--cloud",
         cloud,
@@ -688,9 +698,9 @@ def _launch_dry_run(
     key_path: str | None,
     autostop_line: str | None = None,
 ) -> None:
-    from aios.cloud import ops
-    from aios.cloud.codesync import collect
-    from aios.cloud.store import ClusterRecord
+    from aios_cloud import ops
+    from aios_cloud.codesync import collect
+    from aios_cloud.store import ClusterRecord
 
     _echo("# dry run: nothing is created, no SSH connection is made")
     if existing:
@@ -731,7 +741,7 @@ def _launch_dry_run(
     _echo(
         f"# 2. code sync: {len(files)} files from {spec.workdir} (gitignore honoured; data, .git, checkpoints excluded)"
     )
-    from aios.cloud.codesync import secret_files
+    from aios_cloud.codesync import secret_files
 
     secrets = secret_files(spec.workdir, spec.excludes)
     if secrets:
@@ -791,7 +801,7 @@ def status(
     name: str | None, refresh: bool, cloud: str | None, as_json: bool, config_file: str | None
 ) -> None:
     """Clusters and their jobs, with every preemption and recovery."""
-    from aios.cloud import ops
+    from aios_cloud import ops
 
     store = _store()
     recs = (
@@ -847,7 +857,7 @@ def status(
                 ],
             }
         )
-    from aios.cloud.controller import controller_of, remote_status
+    from aios_cloud.controller import controller_of, remote_status
 
     for row, r in zip(out, recs):
         ctl = controller_of(store, r.name)
@@ -930,7 +940,7 @@ def status(
 
 
 def _select(rec: Any, workers: tuple[int, ...]) -> list[Any]:
-    from aios.cloud.ops import record_hosts
+    from aios_cloud.ops import record_hosts
 
     hosts = record_hosts(rec)
     if not workers:
@@ -953,7 +963,7 @@ def _select(rec: Any, workers: tuple[int, ...]) -> list[Any]:
 def exec_(name: str, command: tuple[str, ...], worker: tuple[int, ...], dry_run: bool) -> None:
     """Run COMMAND on every host of cluster NAME (in the synced code directory), in parallel,
     each output line prefixed with (worker N, ip). Exit status: the first non-zero one."""
-    from aios.cloud import ops
+    from aios_cloud import ops
 
     store = _store()
     rec = ops.require_cluster(store, name)
@@ -984,8 +994,8 @@ def logs(
     name: str, job_id: int | None, follow: bool, worker: tuple[int, ...], dry_run: bool
 ) -> None:
     """Print a job's output from every host, prefixed with (worker N, ip)."""
-    from aios.cloud import ops
-    from aios.cloud.store import JOB_FINAL
+    from aios_cloud import ops
+    from aios_cloud.store import JOB_FINAL
 
     store = _store()
     rec = ops.require_cluster(store, name)
@@ -1035,34 +1045,6 @@ def _scheduler(rec: Any) -> Any:
     return provider if getattr(provider, "scheduler", False) else None
 
 
-@click.command()
-@click.argument("name")
-@click.option("--job", "job_id", type=int, help="Job id (default: the latest).")
-@click.option("--config", "config_file")
-def cancel(name: str, job_id: int | None, config_file: str | None) -> None:
-    """Cancel a cluster's running job (scancel on Slurm, delete on Kubernetes); the cluster stays."""
-    from aios.cloud import ops
-    from aios.cloud.store import JOB_CANCELLED, JOB_FINAL
-
-    store = _store()
-    rec = ops.require_cluster(store, name)
-    job = store.get_job(job_id) if job_id else store.latest_job(name)
-    if job is None or job.cluster != name:
-        raise AiosError(
-            f"cluster {name} has no job {job_id if job_id else ''}".rstrip(),
-            "see `aios status NAME`",
-        )
-    provider = _scheduler(rec) if not config_file else _provider(rec.cloud, config_file)
-    if provider is not None and getattr(provider, "scheduler", False):
-        provider.cancel(name)
-    elif job.state not in JOB_FINAL:
-        ops.cancel_job(rec, job.id)
-    if job.state not in JOB_FINAL:
-        store.update_job(job.id, state=JOB_CANCELLED)
-    store.event(name, "cancelled", f"job {job.id} cancelled by the user", job.id)
-    _log(f"cancelled job {job.id} on {name}")
-
-
 @click.command(context_settings={"ignore_unknown_options": True})
 @click.option("--worker", "-w", type=int, default=0, show_default=True)
 @click.option("--dry-run", is_flag=True)
@@ -1070,7 +1052,7 @@ def cancel(name: str, job_id: int | None, config_file: str | None) -> None:
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def ssh(name: str, worker: int, dry_run: bool, command: tuple[str, ...]) -> None:
     """Open a shell (or run COMMAND) on one host of cluster NAME."""
-    from aios.cloud import ops
+    from aios_cloud import ops
 
     store = _store()
     rec = ops.require_cluster(store, name)
@@ -1147,7 +1129,7 @@ def sync(
     aios sync gs://bucket/data mycluster:data   bucket -> every host (copied on the hosts)
     aios sync mycluster:out s3://bucket/out     host 0 -> bucket
     """
-    from aios.cloud import transfer
+    from aios_cloud import transfer
 
     store = _store()
     s = _classify(src, store)
@@ -1160,7 +1142,7 @@ def sync(
         raise AiosError(f"source {src} does not exist", "pass an existing local path")
     if s[0] == "url" or d[0] == "url":
         if "cluster" in (s[0], d[0]):
-            from aios.cloud import ops
+            from aios_cloud import ops
 
             rec = s[1] if s[0] == "cluster" else d[1]
             if s[0] == "cluster" and len(worker) > 1:
@@ -1204,7 +1186,7 @@ def _lifecycle(
     config_file: str | None,
     cloud: str | None = None,
 ) -> None:
-    from aios.cloud import ops
+    from aios_cloud import ops
 
     store = _store()
     recs = []
@@ -1232,7 +1214,7 @@ def _lifecycle(
                 + ", ".join(f"worker {h['worker_id']} {h['ip']}" for h in new.hosts)
             )
         else:
-            from aios.cloud.controller import controller_of, stop_controller
+            from aios_cloud.controller import controller_of, stop_controller
 
             ctl = controller_of(store, rec.name)
             if ctl and rec.ssh_key:
@@ -1243,13 +1225,13 @@ def _lifecycle(
 
 
 def _inventory_clouds(cloud: str | None) -> list[str]:
-    from aios.cloud.ops import installed_clouds
+    from aios_cloud.ops import installed_clouds
 
     return [cloud] if cloud else installed_clouds()
 
 
 def _down_unrecorded(name: str, cloud: str | None, dry_run: bool, config_file: str | None) -> None:
-    from aios.cloud import ops
+    from aios_cloud import ops
 
     clouds = _inventory_clouds(cloud)
     if dry_run:
@@ -1335,7 +1317,7 @@ def autostop(
 ) -> None:
     """Stop (or with --down delete) cluster NAME after MINUTES without a running job. The
     agent runs on the cluster's head host, so it works while this machine is off."""
-    from aios.cloud import ops
+    from aios_cloud import ops
 
     store = _store()
     rec = ops.require_cluster(store, name)
@@ -1373,11 +1355,13 @@ def autostop(
 @click.option(
     "--job", "job_id", type=int, help="Job id (default: every job of NAME that has not ended)."
 )
-def cancel(name: str, job_id: int | None) -> None:
+@click.option("--config", "config_file")
+def cancel(name: str, job_id: int | None, config_file: str | None = None) -> None:
     """Cancel a cluster's running job(s): the workers on every host are stopped (TERM, then
-    KILL) and the job is recorded CANCELLED; a managed job is not recovered."""
-    from aios.cloud import ops
-    from aios.cloud.store import JOB_CANCELLED, JOB_FINAL
+    KILL; scancel on Slurm, the Job deleted on Kubernetes) and the job is recorded CANCELLED; a
+    managed job is not recovered. The cluster stays."""
+    from aios_cloud import ops
+    from aios_cloud.store import JOB_CANCELLED, JOB_FINAL
 
     store = _store()
     rec = ops.require_cluster(store, name)
@@ -1388,6 +1372,8 @@ def cancel(name: str, job_id: int | None) -> None:
     )
     if job_id and (jobs[0] is None or jobs[0].cluster != name):
         raise AiosError(f"cluster {name} has no job {job_id}", f"see `aios status {name}`")
+    provider = _scheduler(rec) if not config_file else _provider(rec.cloud, config_file)
+    scheduler = provider is not None and getattr(provider, "scheduler", False)
     if not jobs:
         _log(f"{name} has no job that is still running")
         return
@@ -1396,7 +1382,10 @@ def cancel(name: str, job_id: int | None) -> None:
             _log(f"job {j.id} already {j.state.lower()}")
             continue
         store.update_job(j.id, state=JOB_CANCELLED)  # first: the watcher must not recover it
-        ops.cancel_job(rec, j.id)
+        if scheduler:  # Slurm: scancel; Kubernetes: delete the Job/JobSet and its pods
+            provider.cancel(name)
+        else:
+            ops.cancel_job(rec, j.id)
         store.event(name, "job-cancelled", f"job {j.id}: cancelled by the user", j.id)
         _log(f"job {j.id} cancelled")
 
@@ -1405,13 +1394,13 @@ def cancel(name: str, job_id: int | None) -> None:
 
 
 def _entries(cloud: str | None, config_file: str | None) -> list[Any]:
-    from aios.cloud.ops import installed_clouds
+    from aios_cloud.ops import installed_clouds
 
     clouds = [cloud] if cloud else installed_clouds()
     if not clouds:
         raise AiosError(
             "no cloud plugin is installed",
-            "pip install -e './packages/core[gcp]' ./packages/backend-xla ./packages/cloud-gcp (from the aios checkout), or for AWS: pip install -e './packages/core[aws]' ./packages/cloud-aws",
+            "pip install -e './packages/core[gcp]' ./packages/cloud ./packages/backend-xla ./packages/cloud-gcp (from the aios checkout), or for AWS: pip install -e './packages/core[aws]' ./packages/cloud ./packages/cloud-aws",
         )
     out = []
     for c in clouds:
@@ -1532,7 +1521,7 @@ def cost(
 ) -> None:
     """Estimate the cost of a run (hours x price), or rank accelerators for a training job by
     hours and dollars from 6 x params x tokens FLOPs at peak x utilisation."""
-    from aios.cloud import cost as C
+    from aios_cloud import cost as C
 
     if hours is None and not (params and tokens):
         raise AiosError(

@@ -1,8 +1,8 @@
 """Managed jobs whose controller survives the laptop: ``aios launch --max-restarts N
 --controller USER@HOST[:PORT]``.
 
-The recovery loop (:class:`aios.cloud.ops.Watcher`, the same one a foreground launch runs) is
-started detached (``setsid nohup python -m aios.cloud.watch``) on a small controller host that
+The recovery loop (:class:`aios_cloud.ops.Watcher`, the same one a foreground launch runs) is
+started detached (``setsid nohup python -m aios_cloud.watch``) on a small controller host that
 stays up when the launching machine sleeps or is gone. The controller gets, under
 ``~/aios-controller/<cluster>/``:
 
@@ -34,9 +34,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from aios.cloud.provider import CloudProvider, ClusterHost
-from aios.cloud.ssh import SshRunner
-from aios.cloud.store import JOB_RUNNING, ClusterRecord, Store, cluster_dir
+from aios_cloud.provider import CloudProvider, ClusterHost
+from aios_cloud.ssh import SshRunner
+from aios_cloud.store import JOB_RUNNING, ClusterRecord, Store, cluster_dir
 from aios.errors import AiosError
 
 Log = Callable[[str], None]
@@ -79,7 +79,7 @@ def start_controller(
 ) -> dict[str, Any]:
     """Ship the job to the controller host and start its recovery loop there. Returns the
     controller record (also stored as the job's ``controller`` event)."""
-    from aios.cloud.codesync import make_tarball
+    from aios_cloud.codesync import make_tarball
 
     host = parse_target(target, rec.ssh_user or "aios")
     runner = _runner(rec.name, host, key)
@@ -114,7 +114,7 @@ def start_controller(
         with tarfile.open(tar.path) as t:
             t.extractall(stage / "work", filter="data")
         # this aios and its plugins
-        from aios.cloud.bundle import SITE, build
+        from aios_cloud.bundle import SITE, build
 
         b = build(spec.backend, rec.cloud)
         for src, arc in b.files:
@@ -164,7 +164,7 @@ def start_controller(
     argv = [
         python,
         "-m",
-        "aios.cloud.watch",
+        "aios_cloud.watch",
         str(rid),
         "--cloud",
         rec.cloud,
@@ -203,7 +203,7 @@ def controller_of(store: Store, name: str) -> dict[str, Any] | None:
 
 
 _READ = (
-    "import json, sys; from aios.cloud.store import Store; s = Store(); n = sys.argv[1]; r = s.get_cluster(n); "
+    "import json, sys; from aios_cloud.store import Store; s = Store(); n = sys.argv[1]; r = s.get_cluster(n); "
     "print(json.dumps({'cluster': r.state if r else 'DELETED', "
     "'jobs': [dict(id=j.id, state=j.state, command=j.command, restarts=j.restarts, max_restarts=j.max_restarts, "
     "exit_codes=j.exit_codes) for j in s.jobs(n)], "

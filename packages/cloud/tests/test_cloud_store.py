@@ -6,7 +6,7 @@ import multiprocessing as mp
 import os
 import sqlite3
 
-from aios.cloud.store import ClusterRecord, Store
+from aios_cloud.store import ClusterRecord, Store
 
 
 def _claim(path: str, name: str, q) -> None:
@@ -114,7 +114,7 @@ import sys  # noqa: E402
 import threading  # noqa: E402
 
 import pytest  # noqa: E402
-from aios.cloud.store import StateError, aios_home  # noqa: E402
+from aios_cloud.store import StateError, aios_home  # noqa: E402
 
 
 def _rec(name: str = "c") -> ClusterRecord:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from aios.cloud.cost import estimate, hours_cost, parse_count, rank
-from aios.cloud.provider import CatalogEntry
+from aios_cloud.cost import estimate, hours_cost, parse_count, rank
+from aios_cloud.provider import CatalogEntry
 from aios.errors import AiosError
 
 A = CatalogEntry(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from aios.cloud.provider import CatalogEntry
+from aios_cloud.provider import CatalogEntry
 from aios.errors import AiosError
 
 # Fraction of the bf16 peak a precision gets (fp32 matmuls run as multi-pass bf16 on TPU and

@@ -6,7 +6,7 @@ import subprocess
 import tarfile
 
 import pytest
-from aios.cloud.codesync import collect, make_tarball
+from aios_cloud.codesync import collect, make_tarball
 from aios.errors import AiosError
 
 
@@ -112,7 +112,7 @@ def test_cloud_codesync_never_ships_env_files_or_keys(tmp_path, git):
     if git:
         subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
         subprocess.run(["git", "-C", str(tmp_path), "add", "train.py"], check=True)
-    from aios.cloud.codesync import secret_files
+    from aios_cloud.codesync import secret_files
 
     assert collect(tmp_path) == sorted(kept)
     assert secret_files(tmp_path) == sorted(secrets)

@@ -4,8 +4,8 @@
 instances) both implement :class:`CloudProvider`; third-party clouds do the same and register a
 :class:`aios.types.CloudSpec` whose ``factory(config)`` returns the provider. The cloud commands
 (``aios launch|status|exec|logs|ssh|sync|stop|start|down|catalog|cost``) live in core and only talk
-to this interface, the SQLite store (:mod:`aios.cloud.store`) and the SSH runner
-(:mod:`aios.cloud.ssh`).
+to this interface, the SQLite store (:mod:`aios_cloud.store`) and the SSH runner
+(:mod:`aios_cloud.ssh`).
 
 Rules for implementers:
 
@@ -19,7 +19,7 @@ Rules for implementers:
 * A ``create`` that fails must leave nothing behind: delete what it started (the core also calls
   :meth:`CloudProvider.delete` after a failed create; it must be idempotent).
 * Capacity errors are classified by :meth:`CloudProvider.classify_error` so the core's zone failover
-  (:func:`aios.cloud.failover.create_with_failover`) can move to the next zone.
+  (:func:`aios_cloud.failover.create_with_failover`) can move to the next zone.
 * No secret (keys, tokens) is ever stored in the :class:`ClusterRecord` or printed.
 """
 
@@ -442,11 +442,14 @@ class CloudProvider(ABC):
         ``aios launch --python`` overrides it."""
         return "python3"
 
-    def setup_commands(self, accelerator: str, requirements: list[str]) -> list[str]:
+    def setup_commands(
+        self, accelerator: str, requirements: list[str], backend: str | None = None
+    ) -> list[str]:
         """Shell lines run on every host after create/recreate: install the pinned
-        torch/torch_xla/libtpu (or neuron/cuda) set and the user's requirements. aios itself is
-        never installed from a registry: it is shipped with the code (:mod:`aios.cloud.bundle`).
-        Run from the synced code directory."""
+        torch/torch_xla/libtpu (or torch_tpu, neuron, cuda) set of ``backend`` (default: the
+        accelerator's, :meth:`backend_for`) from :data:`aios.versions.STACKS` and the user's
+        requirements. aios itself is never installed from a registry: it is shipped with the
+        code (:mod:`aios_cloud.bundle`). Run from the synced code directory."""
         check_requirements(requirements)
         lines = ["python3 -m pip install --quiet --upgrade pip"]
         if requirements:
@@ -467,7 +470,7 @@ class CloudProvider(ABC):
 
     def agent_settings(self) -> dict[str, Any]:
         """This provider's config section as the autostop agent on the head host must use it
-        (:mod:`aios.cloud.agent`): endpoints and project, never credentials (the hosts use
+        (:mod:`aios_cloud.agent`): endpoints and project, never credentials (the hosts use
         their service account / instance profile)."""
         return {}
 

@@ -1,4 +1,4 @@
-"""``python -m aios.cloud.agent AGENT_JSON``: the autostop/autodown agent on a cluster's head host.
+"""``python -m aios_cloud.agent AGENT_JSON``: the autostop/autodown agent on a cluster's head host.
 
 ``aios launch --autostop MINUTES [--autodown]`` (or ``aios autostop NAME MINUTES``) writes
 ``~/aios/<cluster>/agent.json`` on worker 0 and starts this agent there, detached (``setsid
@@ -62,7 +62,7 @@ def last_activity(jobs: Path, since: float) -> float:
 
 def provider_for(cfg: dict[str, Any]) -> Any:
     """The cloud provider as the hosts must use it: ``settings`` become ``AIOS_<CLOUD>__<KEY>``."""
-    from aios.cloud.ops import get_provider
+    from aios_cloud.ops import get_provider
     from aios.config import resolve
 
     cloud = cfg["cloud"]

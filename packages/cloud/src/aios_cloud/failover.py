@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from aios.cloud.provider import (
+from aios_cloud.provider import (
     CapacityError,
     CloudError,
     CloudProvider,

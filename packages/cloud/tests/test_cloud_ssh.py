@@ -1,4 +1,4 @@
-"""The parallel SSH runner against real sshd hosts (aios.testing.sshd)."""
+"""The parallel SSH runner against real sshd hosts (aios_cloud.testing.sshd)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import random
 import subprocess
 
 import pytest
-from aios.cloud.provider import ClusterHost
-from aios.cloud.ssh import LinePrinter, SshError, SshRunner, ensure_client_key
-from aios.testing.sshd import SshdCluster
+from aios_cloud.provider import ClusterHost
+from aios_cloud.ssh import LinePrinter, SshError, SshRunner, ensure_client_key
+from aios_cloud.testing.sshd import SshdCluster
 
 
 @pytest.fixture

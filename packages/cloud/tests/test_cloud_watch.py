@@ -1,4 +1,4 @@
-"""The job watcher (aios.cloud.ops.Watcher) against real sshd hosts: workers that stopped for a
+"""The job watcher (aios_cloud.ops.Watcher) against real sshd hosts: workers that stopped for a
 preemption notice while the cloud still reports the machines running, and a replacement machine
 answering at the same address with a new host key. The cloud side is a minimal provider over the
 sshd hosts (core cannot depend on a cloud plugin; the plugins' own e2e tests cover theirs)."""
@@ -9,8 +9,8 @@ import io
 import sys
 
 import pytest
-from aios.cloud import ops
-from aios.cloud.provider import (
+from aios_cloud import ops
+from aios_cloud.provider import (
     HEALTHY,
     READY,
     CatalogEntry,
@@ -20,10 +20,10 @@ from aios.cloud.provider import (
     ClusterInfo,
     ClusterRequest,
 )
-from aios.cloud.ssh import LinePrinter
-from aios.cloud.store import JOB_FAILED, JOB_SUCCEEDED, ClusterRecord, Store
+from aios_cloud.ssh import LinePrinter
+from aios_cloud.store import JOB_FAILED, JOB_SUCCEEDED, ClusterRecord, Store
 from aios.config import resolve
-from aios.testing.sshd import SshdCluster
+from aios_cloud.testing.sshd import SshdCluster
 
 
 class LoopbackCloud(CloudProvider):
@@ -214,7 +214,7 @@ def test_cloud_watch_replaced_host_with_new_host_key_goes_through_recovery(env, 
 
 def test_cloud_watch_waits_out_host_maintenance(env, tmp_path):
     """TPU ``UNHEALTHY_MAINTENANCE`` resumes by itself: no repair, no recreate, no restart used."""
-    from aios.cloud.provider import MAINTENANCE
+    from aios_cloud.provider import MAINTENANCE
 
     store, provider, rec, job_id, config, printer, logs = _setup(env, tmp_path, "ok")
     (tmp_path / "work" / "job.py").write_text(

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aios.cloud.failover import create_with_failover, zone_order
-from aios.cloud.provider import (
+from aios_cloud.failover import create_with_failover, zone_order
+from aios_cloud.provider import (
     PREEMPTED,
     READY,
     STOPPED,
@@ -48,8 +48,8 @@ from aios.cloud.provider import (
     ClusterNotFound,
     ClusterRequest,
 )
-from aios.cloud.ssh import HostKeyChanged, LinePrinter, SshError, SshRunner
-from aios.cloud.store import (
+from aios_cloud.ssh import HostKeyChanged, LinePrinter, SshError, SshRunner
+from aios_cloud.store import (
     JOB_CANCELLED,
     JOB_FAILED,
     JOB_FINAL,
@@ -297,12 +297,12 @@ def with_public_key(request: ClusterRequest, key: str) -> ClusterRequest:
 def sync_code(
     rec: ClusterRecord, spec: JobSpec, printer: Callable[[str, str], None] | None, log: Log
 ) -> None:
-    from aios.cloud.codesync import make_tarball
+    from aios_cloud.codesync import make_tarball
 
     extra: list = []
     generated: dict[str, str] = {}
     if spec.bundle:
-        from aios.cloud.bundle import build
+        from aios_cloud.bundle import build
 
         b = build(spec.backend, rec.cloud)
         extra, generated = b.files, b.generated
@@ -318,7 +318,7 @@ def sync_code(
         f"syncing {tar.files} files ({tar.bytes / 1024:.0f} KiB) from {os.path.abspath(spec.workdir)} to {len(rec.hosts)} hosts"
         + (f" (+ aios itself, {len(extra)} files)" if extra else "")
     )
-    from aios.cloud.codesync import secret_files
+    from aios_cloud.codesync import secret_files
 
     secrets = secret_files(spec.workdir, spec.excludes)
     if secrets:
@@ -990,7 +990,7 @@ def install_agent(
     log: Log,
     poll: float = 30.0,
 ) -> None:
-    """Start the autostop/autodown agent (:mod:`aios.cloud.agent`) on the head host, replacing
+    """Start the autostop/autodown agent (:mod:`aios_cloud.agent`) on the head host, replacing
     one already running there. It needs the shipped aios (code/.aios-site) or an installed one."""
     import json
 
@@ -1015,7 +1015,7 @@ def install_agent(
     cmd = (
         f"set -e; mkdir -p {root}; umask 077; cat > {root}/agent.json; "
         f'if [ -f {root}/agent.pid ]; then kill "$(cat {root}/agent.pid)" 2>/dev/null || true; fi; '
-        f"cd {root}; {site} setsid nohup {shlex.quote(python)} -m aios.cloud.agent {root}/agent.json >> {root}/agent.log 2>&1 "
+        f"cd {root}; {site} setsid nohup {shlex.quote(python)} -m aios_cloud.agent {root}/agent.json >> {root}/agent.log 2>&1 "
         f"< /dev/null & echo $! > {root}/agent.pid; echo started"
     )
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:

@@ -1,5 +1,5 @@
-"""``python -m aios.cloud.watch JOB_ID``: the background watcher ``aios launch --detach`` starts.
-It runs the same :class:`aios.cloud.ops.Watcher` loop as a foreground launch (managed-spot
+"""``python -m aios_cloud.watch JOB_ID``: the background watcher ``aios launch --detach`` starts.
+It runs the same :class:`aios_cloud.ops.Watcher` loop as a foreground launch (managed-spot
 recovery included) without following logs, and records everything in the state database."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config")
     ap.add_argument("--down", action="store_true")
     a = ap.parse_args(argv)
-    from aios.cloud import ops
-    from aios.cloud.ssh import LinePrinter
-    from aios.cloud.store import Store
+    from aios_cloud import ops
+    from aios_cloud.ssh import LinePrinter
+    from aios_cloud.store import Store
     from aios.config import resolve
 
     config = resolve(config_file=a.config, check_backend=False)

@@ -10,7 +10,7 @@ Without netns support the hosts listen on ``127.0.0.1`` on distinct ports.
 
 Usage (pytest)::
 
-    from aios.testing.sshd import SshdCluster, sshd_unavailable_reason
+    from aios_cloud.testing.sshd import SshdCluster, sshd_unavailable_reason
 
     @pytest.fixture
     def hosts(tmp_path):

@@ -67,7 +67,7 @@ class _Bar:
 
 
 def _local_files(root: Path, excludes: tuple[str, ...]) -> list[tuple[Path, str]]:
-    from aios.cloud.codesync import _excluded
+    from aios_cloud.codesync import _excluded
 
     if root.is_file():
         return [(root, root.name)]
@@ -189,12 +189,12 @@ def bucket_cluster(
     excludes: tuple[str, ...] = (),
 ) -> list[str]:
     """bucket -> PATH on every selected host, or PATH on the selected hosts -> bucket. The copy
-    runs *on the hosts* (``python -m aios.cloud.transfer``, the same fsspec code as a local
+    runs *on the hosts* (``python -m aios_cloud.transfer``, the same fsspec code as a local
     ``aios sync``, with the aios shipped by ``aios launch``), so the data never passes through
     this machine and the hosts use their own credentials (service account / instance profile).
     ``env`` (endpoints, forwarded credentials) reaches the hosts on stdin, never on a command
     line. Relative cluster paths are under the cluster's code dir."""
-    from aios.cloud import ops
+    from aios_cloud import ops
 
     root = ops.remote_root(rec.name)
     to_cluster = "://" in src
@@ -206,12 +206,12 @@ def bucket_cluster(
     cmd = (
         f"set -a; . /dev/stdin; set +a; mkdir -p {root}/code && cd {root}/code && "
         f'export PYTHONPATH="{root}/code/.aios-site${{PYTHONPATH:+:$PYTHONPATH}}" && '
-        f"{shlex.quote(python)} -m aios.cloud.transfer {words[0]} {words[1]}{extra}"
+        f"{shlex.quote(python)} -m aios_cloud.transfer {words[0]} {words[1]}{extra}"
     )
     runner = ops.runner_for(rec, printer)
     if dry_run:
         return [f"({h.label}) {shlex.join(runner.argv(h, cmd))}" for h in hosts]
-    from aios.cloud.ops import env_file
+    from aios_cloud.ops import env_file
 
     with tempfile.TemporaryDirectory(prefix="aios-sync-") as tmp:
         p = Path(tmp) / "env"
@@ -242,11 +242,11 @@ def bucket_cluster(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m aios.cloud.transfer SRC DST [--exclude GLOB]``: what ``aios sync`` runs on the
+    """``python -m aios_cloud.transfer SRC DST [--exclude GLOB]``: what ``aios sync`` runs on the
     hosts for bucket <-> cluster copies. Exit 2 with one line on bad input."""
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m aios.cloud.transfer")
+    ap = argparse.ArgumentParser(prog="python -m aios_cloud.transfer")
     ap.add_argument("src")
     ap.add_argument("dst")
     ap.add_argument("--exclude", action="append", default=[])
@@ -272,7 +272,7 @@ def upload_to_cluster(
     """local file/dir -> PATH on every selected host (relative paths: under the code dir)."""
     import tarfile
 
-    from aios.cloud import ops
+    from aios_cloud import ops
 
     dest = (
         path if path.startswith(("/", "~", "$HOME")) else f"{ops.remote_root(rec.name)}/code/{path}"
@@ -312,7 +312,7 @@ def download_from_cluster(
     import subprocess
     import tarfile
 
-    from aios.cloud import ops
+    from aios_cloud import ops
 
     src = (
         path

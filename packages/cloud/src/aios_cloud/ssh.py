@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Union
 
-from aios.cloud.provider import ClusterHost
+from aios_cloud.provider import ClusterHost
 from aios.errors import AiosError
 
 Command = Union[str, Callable[[ClusterHost], str]]
@@ -319,7 +319,7 @@ def _is_ssh_noise(line: str) -> bool:
 
 def ensure_client_key(path: str | os.PathLike[str] | None = None) -> Path:
     """aios's own SSH key (``$AIOS_HOME/keys/aios_ed25519``), created on first use."""
-    from aios.cloud.store import aios_home
+    from aios_cloud.store import aios_home
 
     p = Path(path) if path else aios_home() / "keys" / "aios_ed25519"
     if p.exists():
