@@ -269,7 +269,8 @@ def main() -> None:
         rt.print("gpt: prompt: " + "".join(chars[i] for i in prompt[0].tolist()).replace("\n", " "))
         rt.print("gpt: sample: " + "".join(chars[i] for i in sample).replace("\n", " "))
     rt.print(
-        f"gpt: done {rt.global_step} steps ({done} this run) in {elapsed:.1f}s: {done / max(elapsed, 1e-9):.2f} steps/s, "
+        f"gpt: done {rt.global_step} steps ({done} this run) in {elapsed:.1f}s: "
+        f"{done / max(elapsed, 1e-9):.2f} steps/s, "
         f"{done * tokens_per_step / max(elapsed, 1e-9):,.0f} tokens/s; train loss {train_loss:.4f}, "
         f"val loss {val_loss:.4f} vs unigram baseline {baseline:.4f} "
         f"({abs(baseline - val_loss):.4f} {'below' if val_loss < baseline else 'ABOVE'} it)"

@@ -199,7 +199,8 @@ def story(rng: random.Random) -> str:
     if rng.random() < 0.5:
         n = rng.randint(2, 9)
         s.append(
-            f"Then they counted {n} {pick(rng, THINGS)}s and {n + rng.randint(1, 5)} {pick(rng, ANIMALS)}s on the way home."
+            f"Then they counted {n} {pick(rng, THINGS)}s and {n + rng.randint(1, 5)} "
+            f"{pick(rng, ANIMALS)}s on the way home."
         )
     s.append(f"At the end of the day, {a} and {b} said goodbye to the {animal}. The end.")
     return " ".join(s)

@@ -243,7 +243,9 @@ def test_dry_run_does_not_import_torch_tpu(tmp_path):
     script = tmp_path / "t.py"
     script.write_text("")
     out = _cli(
-        f"    sys.argv=['aios-run','--backend','tpu','--dry-run','xla.accelerator=v6e-8',{str(script)!r}]\n    from aios.cli.run import main\n    main()"
+        "    "
+        f"sys.argv=['aios-run','--backend','tpu','--dry-run','xla.accelerator=v6e-8',{str(script)!r}]\n "
+        "   from aios.cli.run import main\n    main()"
     )
     assert "HEAVY []" in out.stderr and "TORCH_TPU_TOPOLOGY=2,4,1" in out.stdout, out.stderr[-2000:]
 

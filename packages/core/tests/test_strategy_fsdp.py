@@ -35,7 +35,8 @@ SMALL = [
     "2",
 ]
 DONE = re.compile(
-    r"done 40 steps \(40 this run\) in [0-9.]+s: [0-9.]+ steps/s, [0-9,]+ tokens/s; train loss ([0-9.]+), val loss ([0-9.]+)"
+    r"done 40 steps \(40 this run\) in [0-9.]+s: [0-9.]+ steps/s, [0-9,]+ tokens/s; train "
+    r"loss ([0-9.]+), val loss ([0-9.]+)"
 )
 
 

@@ -39,7 +39,10 @@ OPT_IN_HINT = (
 
 
 def no_tpu_error(facts: TpuFacts | None = None) -> BackendUnavailable:
-    why = "no TPU was found (no Google TPU PCI device under /sys/bus/pci/devices, no accelerator-type in the GCE metadata, no TPU_ACCELERATOR_TYPE)"
+    why = (
+        "no TPU was found (no Google TPU PCI device under /sys/bus/pci/devices, no "
+        "accelerator-type in the GCE metadata, no TPU_ACCELERATOR_TYPE)"
+    )
     if facts is not None and facts.problems:
         why += f"; {facts.problems[0]}"
     return BackendUnavailable(f"backend 'xla': {why}", OPT_IN_HINT)
@@ -126,7 +129,8 @@ def tpu_plan(
         notes.append("one process using one chip (torch_xla.launch debug_single_process)")
     elif int(config.nprocs) != per_host:
         raise LaunchError(
-            f"--nprocs {config.nprocs} does not fit {topo.accelerator_type}: torch_xla.launch runs one process per chip ({per_host} per host) or one",
+            f"--nprocs {config.nprocs} does not fit {topo.accelerator_type}: torch_xla.launch "
+            f"runs one process per chip ({per_host} per host) or one",
             f"use --nprocs auto, --nprocs {per_host} or --nprocs 1",
         )
     else:

@@ -260,7 +260,8 @@ def torch_tpu_plan(
         nprocs = int(config.nprocs)
         if len(hosts) > 1 and nprocs != per_host:
             raise LaunchError(
-                f"--nprocs {nprocs} does not fit {topo.accelerator_type}: TorchTPU runs one process per chip ({per_host} per host) on multi-host slices",
+                f"--nprocs {nprocs} does not fit {topo.accelerator_type}: TorchTPU runs one "
+                f"process per chip ({per_host} per host) on multi-host slices",
                 f"use --nprocs auto or --nprocs {per_host}",
             )
     topology = host_topology(topo, nprocs)
@@ -322,7 +323,8 @@ def torch_tpu_plan(
     )
     if caches:
         notes.append(
-            f"TorchTPU compilation caches: {caches[TIER2_ENV]}, {caches[TIER3_ENV]} (xla.tpu_compile_cache_dir='' to disable)"
+            f"TorchTPU compilation caches: {caches[TIER2_ENV]}, {caches[TIER3_ENV]} "
+            "(xla.tpu_compile_cache_dir='' to disable)"
         )
     if s.num_slices > 1:
         notes.append(

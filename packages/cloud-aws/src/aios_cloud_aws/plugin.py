@@ -48,7 +48,8 @@ def aios_register_storage(register: Any) -> None:
             scheme="s3",
             protocol="s3",
             requires="s3fs",
-            install_hint="pip install -e './packages/core[aws]' ./packages/cloud-aws (from the aios checkout; brings s3fs)",
+            install_hint="pip install -e './packages/core[aws]' ./packages/cloud-aws (from the aios "
+            "checkout; brings s3fs)",
             storage_options=_s3_options,
         )
     )

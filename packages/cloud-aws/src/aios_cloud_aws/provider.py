@@ -358,7 +358,8 @@ class AwsProvider(CloudProvider):
                     ec2, request.name, request.nodes, request.labels, region
                 )
             self.log(
-                f"{request.name}: RunInstances {request.nodes} x {itype.name} in {zone}{' (spot)' if request.spot else ''}"
+                f"{request.name}: RunInstances {request.nodes} x {itype.name} in "
+                f"{zone}{' (spot)' if request.spot else ''}"
             )
             runner = (
                 ec2
@@ -405,7 +406,8 @@ class AwsProvider(CloudProvider):
             if error_code(exc) == "NoSuchEntity":
                 raise CloudError(
                     f"IAM instance profile '{prof}' does not exist",
-                    "create it (`aws iam create-instance-profile`) with a role that can read/write your S3 bucket, or unset aws.iam_instance_profile",
+                    "create it (`aws iam create-instance-profile`) with a role that can "
+                    "read/write your S3 bucket, or unset aws.iam_instance_profile",
                 ) from None
             raise translate(exc, "GetInstanceProfile", "iam") from exc
 
@@ -590,7 +592,8 @@ class AwsProvider(CloudProvider):
                         "aios tries the next availability zone",
                     )
                 raise CloudError(
-                    f"instances terminated while booting ({', '.join(sorted(r for r in reasons if r)) or 'no reason given'})",
+                    "instances terminated while booting "
+                    f"({', '.join(sorted(r for r in reasons if r)) or 'no reason given'})",
                     "check the AMI and the account's EC2 console for the reason",
                 )
             if time.monotonic() > deadline:
@@ -1157,7 +1160,8 @@ class AwsProvider(CloudProvider):
                     "--cli-input-json",
                     _json(plan["run_instances"]),
                 ],
-                f"{plan['nodes']} x {plan['instance_type']} in {plan['zone']}; next zones on InsufficientInstanceCapacity",
+                f"{plan['nodes']} x {plan['instance_type']} in {plan['zone']}; next zones on "
+                "InsufficientInstanceCapacity",
             )
         )
         if plan["elastic_ips"]:

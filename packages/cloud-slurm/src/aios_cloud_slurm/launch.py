@@ -162,7 +162,8 @@ def launch(
         click.echo("# dry run: nothing is synced or submitted")
         where = provider.shell.where
         click.echo(
-            f"# 1. code sync {where}: {len(collect(p['workdir'], p['exclude']))} files from {os.path.abspath(p['workdir'])} -> {root}/code"
+            f"# 1. code sync {where}: {len(collect(p['workdir'], p['exclude']))} files from "
+            f"{os.path.abspath(p['workdir'])} -> {root}/code"
         )
         if forward:
             click.echo(
@@ -249,7 +250,8 @@ def launch(
             line = msg[-1] if msg else f"exit {r.returncode}"
             raise CloudError(
                 f"sbatch rejected the job: {line.removeprefix('sbatch: error: ')}",
-                "fix the partition/account/time/resources (slurm.* settings; see `sinfo`, `sacctmgr show assoc user=$USER`)",
+                "fix the partition/account/time/resources (slurm.* settings; see `sinfo`, "
+                "`sacctmgr show assoc user=$USER`)",
             )
         slurm_id = r.stdout.decode().strip().split(";")[0]
         submitted = True
@@ -283,7 +285,8 @@ def launch(
             job_id,
         )
         log(
-            f"submitted Slurm job {slurm_id} ({name}, partition {part['name']}, {p['nodes']} node(s)); output {job.job_dir}/slurm-{slurm_id}.out"
+            f"submitted Slurm job {slurm_id} ({name}, partition {part['name']}, {p['nodes']} "
+            f"node(s)); output {job.job_dir}/slurm-{slurm_id}.out"
         )
     except BaseException as exc:
         store.update_job(job_id, state=JOB_CANCELLED if submitted else JOB_FAILED)

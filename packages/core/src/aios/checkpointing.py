@@ -270,7 +270,8 @@ class CheckpointManager:
             try:
                 if not self.store.heartbeat():
                     warnings.warn(
-                        f"aios: lost the lock of checkpoint dir '{self.config.checkpoint.dir}' (another run took it over)",
+                        "aios: lost the lock of checkpoint dir "
+                        f"'{self.config.checkpoint.dir}' (another run took it over)",
                         stacklevel=1,
                     )
                     return
@@ -479,19 +480,23 @@ class CheckpointManager:
         fmt = meta.get("checkpoint_format", "full")
         if fmt != mine["checkpoint_format"]:
             raise CheckpointError(
-                f"{where} was written in the '{fmt}' format; this run's strategy ({mine['strategy']}) uses '{mine['checkpoint_format']}'",
-                "resume with the strategy that wrote it, or start fresh with checkpoint.resume=false (or another checkpoint.dir)",
+                f"{where} was written in the '{fmt}' format; this run's strategy "
+                f"({mine['strategy']}) uses '{mine['checkpoint_format']}'",
+                "resume with the strategy that wrote it, or start fresh with "
+                "checkpoint.resume=false (or another checkpoint.dir)",
             )
         if "backend" in meta and meta["backend"] != mine["backend"]:
             raise CheckpointError(
                 f"{where} was written by backend '{meta['backend']}', this run uses '{mine['backend']}'",
-                f"relaunch with backend={meta['backend']}, or start fresh with checkpoint.resume=false (or another checkpoint.dir)",
+                f"relaunch with backend={meta['backend']}, or start fresh with "
+                "checkpoint.resume=false (or another checkpoint.dir)",
             )
         can_reshard = reshard and self.format.supports_resharding
         if "strategy" in meta and meta["strategy"] != mine["strategy"] and not can_reshard:
             raise CheckpointError(
                 f"{where} was written by strategy {meta['strategy']}, this run uses {mine['strategy']}",
-                "relaunch with the strategy that wrote it, or start fresh with checkpoint.resume=false (or another checkpoint.dir)",
+                "relaunch with the strategy that wrote it, or start fresh with "
+                "checkpoint.resume=false (or another checkpoint.dir)",
             )
         if (
             "world_size" in meta
@@ -504,8 +509,10 @@ class CheckpointManager:
                 else ""
             )
             raise CheckpointError(
-                f"{where} was written with world size {meta['world_size']}, this run has world size {mine['world_size']}",
-                f"relaunch with {meta['world_size']} processes in total, or start fresh with checkpoint.resume=false (or another checkpoint.dir){hint}",
+                f"{where} was written with world size {meta['world_size']}, this run has "
+                f"world size {mine['world_size']}",
+                f"relaunch with {meta['world_size']} processes in total, or start fresh with "
+                f"checkpoint.resume=false (or another checkpoint.dir){hint}",
             )
 
     def _reshard(self, reshard: bool | None) -> bool:

@@ -165,7 +165,8 @@ class SlurmEnvironment(ClusterEnvironment):
         if not in_step:
             if nnodes > 1:
                 raise ConfigError(
-                    f"aios-run is running in the batch script of a {nnodes}-node Slurm allocation, on its first node only",
+                    f"aios-run is running in the batch script of a {nnodes}-node Slurm "
+                    "allocation, on its first node only",
                     "start it on every node: srun --ntasks-per-node=1 aios-run ...",
                 )
             return ClusterInfo(

@@ -74,7 +74,8 @@ def shard_dataloader(
         if world_size > 1:
             raise ConfigError(
                 "a DataLoader with a custom batch_sampler cannot be sharded across ranks by aios",
-                "pass batch_size=... instead of batch_sampler, or shard the data yourself and call setup_dataloaders(..., use_distributed_sampler=False)",
+                "pass batch_size=... instead of batch_sampler, or shard the data yourself and "
+                "call setup_dataloaders(..., use_distributed_sampler=False)",
             )
         return loader
     if getattr(loader.sampler, "_aios_sharded", False):

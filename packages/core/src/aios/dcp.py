@@ -737,7 +737,8 @@ class DcpFormat:
             if len(common.get(key, [])) != n:
                 raise CheckpointError(
                     f"the checkpoint holds {len(common.get(key, []))} {key} but this script set up {n}",
-                    "set up the same models/optimizers/schedulers as the run that saved it, or start fresh with checkpoint.resume=false",
+                    "set up the same models/optimizers/schedulers as the run that saved it, "
+                    "or start fresh with checkpoint.resume=false",
                 )
         for sch, st in zip(tr.schedulers, common["schedulers"], strict=True):
             sch.load_state_dict(st)

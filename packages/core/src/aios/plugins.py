@@ -443,7 +443,8 @@ class Registry:
                     if clash:
                         self._error(
                             plugin,
-                            f'strategy \'{spec.name}\' for {clash[0]} is registered by both "{other.plugin}" and "{plugin}"; keeping "{other.plugin}"\'s',
+                            f"strategy '{spec.name}' for {clash[0]} is registered by both "
+                            f'"{other.plugin}" and "{plugin}"; keeping "{other.plugin}"\'s',
                         )
                         return
                 self.strategies.setdefault(spec.name, []).append(spec)

@@ -441,7 +441,10 @@ class Runtime:
         return self.preemption.requested
 
     def __repr__(self) -> str:
-        return f"Runtime(backend={self.backend!r}, device={self.device}, rank={self.rank}/{self.world_size}, precision={self.precision.name!r})"
+        return (
+            f"Runtime(backend={self.backend!r}, device={self.device}, "
+            f"rank={self.rank}/{self.world_size}, precision={self.precision.name!r})"
+        )
 
     # ---------------------------------------------------------------- setup
     def setup(self, *objects: Any, shuffle: bool | None = None, **options: Any) -> Any:

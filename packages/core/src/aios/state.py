@@ -89,7 +89,8 @@ class TrainingState:
             if len(state.get(key, [])) != n:
                 raise CheckpointError(
                     f"the checkpoint holds {len(state.get(key, []))} {key} but this script set up {n}",
-                    "set up the same models/optimizers/schedulers as the run that saved it, or start fresh with checkpoint.resume=false",
+                    "set up the same models/optimizers/schedulers as the run that saved it, "
+                    "or start fresh with checkpoint.resume=false",
                 )
         module = self.main_module
         try:

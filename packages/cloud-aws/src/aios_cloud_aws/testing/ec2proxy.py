@@ -270,7 +270,10 @@ class Ec2Proxy:
 
     def _ec2_query(self, params: dict[str, str]) -> bytes:
         """An EC2 call of the proxy's own (moto routes by the credential scope's service)."""
-        auth = "AWS4-HMAC-SHA256 Credential=testing/20260101/us-east-1/ec2/aws4_request, SignedHeaders=host, Signature=0"
+        auth = (
+            "AWS4-HMAC-SHA256 Credential=testing/20260101/us-east-1/ec2/aws4_request, "
+            "SignedHeaders=host, Signature=0"
+        )
         return self._upstream(urllib.parse.urlencode(params).encode(), {"Authorization": auth})[2]
 
     def _upstream(
@@ -405,7 +408,10 @@ def _pg_xml(g: PlacementGroup) -> str:
 
 
 def _doc(root: str, inner: str) -> str:
-    return f'<?xml version="1.0" encoding="UTF-8"?>\n<{root} xmlns="{NS}"><requestId>{uuid.uuid4()}</requestId>{inner}</{root}>'
+    return (
+        f'<?xml version="1.0" encoding="UTF-8"?>\n<{root} '
+        f'xmlns="{NS}"><requestId>{uuid.uuid4()}</requestId>{inner}</{root}>'
+    )
 
 
 def _error(code: str, message: str) -> str:

@@ -271,7 +271,8 @@ def provision(
             store.event(
                 request.name,
                 "leftover",
-                f"interrupted while creating in {leftover}; cleanup did not finish; `aios down {request.name}` deletes it",
+                f"interrupted while creating in {leftover}; cleanup did not finish; `aios "
+                f"down {request.name}` deletes it",
             )
         else:
             store.delete_cluster(request.name)
@@ -315,7 +316,8 @@ def sync_code(
         generated=generated,
     )
     log(
-        f"syncing {tar.files} files ({tar.bytes / 1024:.0f} KiB) from {os.path.abspath(spec.workdir)} to {len(rec.hosts)} hosts"
+        f"syncing {tar.files} files ({tar.bytes / 1024:.0f} KiB) from "
+        f"{os.path.abspath(spec.workdir)} to {len(rec.hosts)} hosts"
         + (f" (+ aios itself, {len(extra)} files)" if extra else "")
     )
     from aios.cloud.codesync import secret_files
@@ -447,7 +449,9 @@ def render_run_sh(rec: ClusterRecord, job_id: int, plan: Any, bundle: bool = Fal
             f'cd "{root}/code" || exit 97',
             cmd,
             "rc=$?",
-            f'if [ $rc -ne 0 ] && grep -qs "^preempted" "$D"/status/rank*; then echo "[aios] workers stopped for a preemption notice (launcher exit $rc)"; rc={EXIT_PREEMPTED}; fi',
+            'if [ $rc -ne 0 ] && grep -qs "^preempted" "$D"/status/rank*; then echo "[aios] '
+            'workers stopped for a preemption notice (launcher exit $rc)"; '
+            f"rc={EXIT_PREEMPTED}; fi",
             'echo $rc > "$D/exit_code.tmp" && mv "$D/exit_code.tmp" "$D/exit_code"',
             "exit $rc",
             "",
@@ -751,7 +755,8 @@ class Watcher:
                     maintenance = True
                     if not self._maintenance_logged:
                         self.log(
-                            f"cluster {rec.name}: in host maintenance ({info.health_detail or 'maintenance'}); waiting for it to end"
+                            f"cluster {rec.name}: in host maintenance "
+                            f"({info.health_detail or 'maintenance'}); waiting for it to end"
                         )
                         self.store.event(
                             rec.name,
@@ -878,7 +883,8 @@ class Watcher:
             self.store.event(
                 rec.name,
                 "recovered",
-                f"recovery {n}/{job.max_restarts}: {action} in {rec.zone} after {incident}; job {self.job_id} restarted (resumes from the newest checkpoint)",
+                f"recovery {n}/{job.max_restarts}: {action} in {rec.zone} after {incident}; "
+                f"job {self.job_id} restarted (resumes from the newest checkpoint)",
                 self.job_id,
             )
             self.log(f"recovery {n}/{job.max_restarts} done: {action} in {rec.zone}")
@@ -1028,7 +1034,8 @@ def install_agent(
     runner.check([r], "autostop agent")
     what = "delete" if action == "down" else "stop"
     log(
-        f"autostop: the agent on {head.label} will {what} {rec.name} after {idle_seconds / 60:g} min without a running job"
+        f"autostop: the agent on {head.label} will {what} {rec.name} after "
+        f"{idle_seconds / 60:g} min without a running job"
     )
 
 
@@ -1038,7 +1045,8 @@ def remove_agent(rec: ClusterRecord, printer: Callable[[str, str], None] | None)
     head = record_hosts(rec)[0]
     r = runner.run_one(
         head,
-        f'rm -f {root}/agent.json; if [ -f {root}/agent.pid ]; then kill "$(cat {root}/agent.pid)" 2>/dev/null || true; fi',
+        f'rm -f {root}/agent.json; if [ -f {root}/agent.pid ]; then kill "$(cat '
+        f'{root}/agent.pid)" 2>/dev/null || true; fi',
         stream=False,
     )
     runner.check([r], "autostop cancel")

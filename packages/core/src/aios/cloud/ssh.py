@@ -223,7 +223,8 @@ class SshRunner:
             if HOSTKEY_CHANGED.search(err):
                 raise HostKeyChanged(
                     f"host key of {host.label} changed unexpectedly (pinned in {self.known_hosts})",
-                    "if aios did not recreate it, investigate; otherwise run `aios start NAME` or delete that known_hosts file",
+                    "if aios did not recreate it, investigate; otherwise run `aios start "
+                    "NAME` or delete that known_hosts file",
                     host=host,
                 )
             if "Permission denied" in err:
@@ -299,7 +300,8 @@ class SshRunner:
             if time.monotonic() > deadline:
                 r = [x for x in results if not x.ok][0]
                 raise SshError(
-                    f"{r.host.label} is not reachable over SSH after {timeout:.0f}s ({_first_line(chr(10).join(r.stderr))})",
+                    f"{r.host.label} is not reachable over SSH after {timeout:.0f}s "
+                    f"({_first_line(chr(10).join(r.stderr))})",
                     "check the firewall allows port 22, then `aios start NAME`",
                 )
             self.sleep(delay)

@@ -319,7 +319,8 @@ class FSDPStrategy(DDPStrategy):
             if optimizer.state and any(id(p) in self._replaced for p in optimizer.state):
                 raise AiosError(
                     f"strategy {self.name}: the optimizer already holds state for unsharded parameters",
-                    "set up the model and optimizer with rt.setup before the first step (or load the optimizer state after rt.setup)",
+                    "set up the model and optimizer with rt.setup before the first step (or "
+                    "load the optimizer state after rt.setup)",
                 )
             for g in optimizer.param_groups:
                 g["params"] = [self._replaced.get(id(p), p) for p in g["params"]]
@@ -332,7 +333,9 @@ class FSDPStrategy(DDPStrategy):
             if self._modules:
                 raise AiosError(
                     f"strategy {self.name}: the optimizer was built before rt.setup(model) sharded the parameters",
-                    "pass the model and the optimizer to rt.setup together (rt.setup(model, opt)), or set up the model first and build the optimizer from its parameters",
+                    "pass the model and the optimizer to rt.setup together (rt.setup(model, "
+                    "opt)), or set up the model first and build the optimizer from its "
+                    "parameters",
                 )
         return optimizer
 
