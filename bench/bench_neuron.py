@@ -304,7 +304,8 @@ def main() -> int:
                 return 1
             ratio = inter["aios"] / inter["hand"]
             print(
-                f"XLA:CPU standing in for NeuronCores, one process, {inter['blocks']} alternating blocks of 10 steps each: "
+                f"XLA:CPU standing in for NeuronCores, one process, {inter['blocks']} "
+                "alternating blocks of 10 steps each: "
                 f"hand {inter['hand']:.2f} ms/step, aios-neuron ({inter['strategy']}) "
                 f"{inter['aios']:.2f} ms/step, ratio {ratio:.3f}"
             )

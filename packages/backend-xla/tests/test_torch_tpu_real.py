@@ -215,7 +215,8 @@ def _cli(code: str, env_extra: dict[str, str] | None = None) -> subprocess.Compl
     env.update(AIOS_TEST_DMI_PRODUCT="/nonexistent", **(env_extra or {}))
     wrapped = (
         f"import sys\ntry:\n{code}\nexcept SystemExit:\n    pass\nfinally:\n"
-        "    print('HEAVY', sorted(m for m in ('torch','torch_tpu','libtpu','torch_xla') if m in sys.modules), file=sys.stderr)\n"
+        "    print('HEAVY', sorted(m for m in ('torch','torch_tpu','libtpu','torch_xla') if m "
+        "in sys.modules), file=sys.stderr)\n"
     )
     return subprocess.run(
         [sys.executable, "-c", wrapped], capture_output=True, text=True, env=env, timeout=300

@@ -182,7 +182,8 @@ def test_plugin_module_imports_nothing_heavy():
         [
             sys.executable,
             "-c",
-            "import sys, aios_backend_xla.plugin, aios_backend_xla.topology, aios_backend_xla.discovery, aios_backend_xla.launch;"
+            "import sys, aios_backend_xla.plugin, aios_backend_xla.topology, "
+            "aios_backend_xla.discovery, aios_backend_xla.launch;"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch','torch_xla','numpy','requests')))",
         ],
         capture_output=True,

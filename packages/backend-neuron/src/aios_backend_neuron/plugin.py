@@ -29,7 +29,9 @@ from aios.types import (
 
 BACKEND = "neuron"
 INSTALL_HINT = (
-    "pip install -e './packages/core[neuron]' ./packages/backend-xla ./packages/backend-neuron (from the aios checkout) && pip install --extra-index-url https://pip.repos.neuron.amazonaws.com "
+    "pip install -e './packages/core[neuron]' ./packages/backend-xla "
+    "./packages/backend-neuron (from the aios checkout) && pip install --extra-index-url "
+    "https://pip.repos.neuron.amazonaws.com "
     "torch-neuronx neuronx-cc neuronx-distributed (on a Trainium instance)"
 )
 

@@ -33,7 +33,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 LAUNCHER_MODULE = "aios_backend_xla.launcher"
 OPT_IN_HINT = (
-    "run on a Cloud TPU VM (pip install -e './packages/core[xla]' ./packages/backend-xla (from the aios checkout)), or to test on XLA:CPU opt in with "
+    "run on a Cloud TPU VM (pip install -e './packages/core[xla]' ./packages/backend-xla "
+    "(from the aios checkout)), or to test on XLA:CPU opt in with "
     f"xla.allow_cpu=true (env {ALLOW_CPU_ENV}=1)"
 )
 

@@ -314,7 +314,8 @@ def torch_tpu_plan(
         0,
         (
             f"{topo.accelerator_type} on TorchTPU: TPU {topo.generation}, {topo.chips} chips on {topo.hosts} host(s)"
-            f"{f' x {s.num_slices} slices' if s.num_slices > 1 else ''}, one process per chip ({nprocs}/host, spawned), "
+            f"{f' x {s.num_slices} slices' if s.num_slices > 1 else ''}, one process per chip "
+            f"({nprocs}/host, spawned), "
             f"process group 'tpu', TORCH_TPU_TOPOLOGY={topology}"
         ),
     )

@@ -538,9 +538,11 @@ class AwsProvider(CloudProvider):
                 for a in got:
                     _ignore_missing(lambda a=a: self._call(ec2, "ReleaseAddress", AllocationId=a))
                 raise ElasticIpQuotaError(
-                    f"the Elastic IP quota of {region} is used up (AddressLimitExceeded): {n} nodes with several network "
+                    f"the Elastic IP quota of {region} is used up (AddressLimitExceeded): {n} "
+                    "nodes with several network "
                     f"cards need {n} Elastic IPs (one each), {len(got)} could be allocated",
-                    "request more 'EC2-VPC Elastic IPs' (quota L-0263D0A3) in Service Quotas, release unused addresses, "
+                    "request more 'EC2-VPC Elastic IPs' (quota L-0263D0A3) in Service Quotas, "
+                    "release unused addresses, "
                     "or set aws.use_private_ip=true (from inside the VPC)",
                 ) from None
             got.append(alloc["AllocationId"])
@@ -931,7 +933,8 @@ class AwsProvider(CloudProvider):
         path = "PATH=/opt/amazon/efa/bin:$PATH"
         return [
             f'{path} fi_info -p efa -t FI_EP_RDM >/dev/null 2>&1 || {{ echo "[aios] EFA is not usable on $(hostname): '
-            f"'fi_info -p efa -t FI_EP_RDM' found no EFA provider ({itype.name} x{nodes} needs it for NCCL/Neuron collectives); "
+            f"'fi_info -p efa -t FI_EP_RDM' found no EFA provider ({itype.name} x{nodes} "
+            "needs it for NCCL/Neuron collectives); "
             f'use an EFA-enabled AMI (the DLAMI) or set aws.efa=off" >&2; exit 1; }}'
         ]
 
@@ -1187,7 +1190,8 @@ class AwsProvider(CloudProvider):
         filt = [f"Name=tag:{TAG_CLUSTER},Values={name}"]
         live = "Name=instance-state-name,Values=pending,running,stopping,stopped"
         ids = (
-            "$(aws ec2 describe-instances --region {r} --filters {t} {live} --query 'Reservations[].Instances[].InstanceId' "
+            "$(aws ec2 describe-instances --region {r} --filters {t} {live} --query "
+            "'Reservations[].Instances[].InstanceId' "
             "--output text)"
         ).format(r=region, t=shlex.quote(f"Name=tag:{TAG_CLUSTER},Values={name}"), live=live)
         if action in ("describe", "status", "list"):

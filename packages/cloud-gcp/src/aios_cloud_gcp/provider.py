@@ -167,7 +167,8 @@ _STATE = {
     "TERMINATED": TERMINATED,
 }
 _NOT_OFFERED = re.compile(
-    r"not (?:available|supported|offered) in (?:the )?zone|invalid accelerator type|accelerator type .* is not available|"
+    r"not (?:available|supported|offered) in (?:the )?zone|invalid accelerator "
+    r"type|accelerator type .* is not available|"
     r"does not (?:support|offer) .*accelerator",
     re.IGNORECASE,
 )

@@ -496,7 +496,8 @@ def launch(
                     "spot capacity cannot be stopped, only deleted", "use --autostop N --autodown"
                 )
             line = (
-                f"# 5. autostop: an agent on worker 0 runs `{python} -m aios.cloud.agent ~/aios/{request.name}/agent.json` and "
+                f"# 5. autostop: an agent on worker 0 runs `{python} -m aios.cloud.agent "
+                f"~/aios/{request.name}/agent.json` and "
                 f"{'deletes' if autodown else 'stops'} the cluster after {autostop:g} min without a running job"
             )
         _launch_dry_run(provider, request, spec, config, existing is not None, key_path, line)

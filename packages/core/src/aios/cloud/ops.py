@@ -325,7 +325,8 @@ def sync_code(
     secrets = secret_files(spec.workdir, spec.excludes)
     if secrets:
         log(
-            f"left out {len(secrets)} secret-looking files ({', '.join(secrets[:5])}{', ...' if len(secrets) > 5 else ''}); "
+            f"left out {len(secrets)} secret-looking files "
+            f"({', '.join(secrets[:5])}{', ...' if len(secrets) > 5 else ''}); "
             "pass values with --env NAME instead"
         )
     root = remote_root(rec.name)
@@ -359,7 +360,8 @@ def run_setup(
     marker = f"{root}/setup.sha"
     log(f"setup on {len(rec.hosts)} hosts ({len(spec.setup_lines)} steps)")
     cmd = (
-        f"if [ \"$(cat {marker} 2>/dev/null)\" = {sha} ] && [ {int(force)} = 0 ]; then echo '[aios] setup already done'; exit 0; fi; "
+        f'if [ "$(cat {marker} 2>/dev/null)" = {sha} ] && [ {int(force)} = 0 ]; then echo '
+        "'[aios] setup already done'; exit 0; fi; "
         f"cd {root}/code && bash -c {shlex.quote(script)} && echo {sha} > {marker}"
     )
     runner.check(runner.run(cmd), "setup")
@@ -443,7 +445,8 @@ def render_run_sh(rec: ClusterRecord, job_id: int, plan: Any, bundle: bool = Fal
             'touch "$D/queued"',
             f'for j in $(ls -1 "{root}/jobs" 2>/dev/null | sort -n); do case "$j" in *[!0-9]*) continue;; esac; '
             f'[ "$j" -lt {job_id} ] || continue; P="{root}/jobs/$j"; '
-            'while [ ! -f "$P/exit_code" ] && [ -f "$P/pid" ] && kill -0 "$(cat "$P/pid")" 2>/dev/null; do sleep 1; done; done',
+            'while [ ! -f "$P/exit_code" ] && [ -f "$P/pid" ] && kill -0 "$(cat "$P/pid")" '
+            "2>/dev/null; do sleep 1; done; done",
             'rm -f "$D/queued"',
             f'export {STATUS_DIR_ENV}="$D/status"',
             f'cd "{root}/code" || exit 97',
@@ -539,7 +542,8 @@ def poll_job(rec: ClusterRecord, job_id: int) -> list[tuple[str, int | None]]:
     d = f"{remote_root(rec.name)}/jobs/{job_id}"
     cmd = (
         f'if [ -f {d}/exit_code ]; then echo "EXIT $(cat {d}/exit_code)"; '
-        f'elif [ -f {d}/pid ] && kill -0 "$(cat {d}/pid)" 2>/dev/null; then if [ -f {d}/queued ]; then echo QUEUED; else echo RUNNING; fi; '
+        f'elif [ -f {d}/pid ] && kill -0 "$(cat {d}/pid)" 2>/dev/null; then if [ -f '
+        f"{d}/queued ]; then echo QUEUED; else echo RUNNING; fi; "
         f"else echo LOST; fi"
     )
     runner = runner_for(rec, None, retries=2, backoff=0.5, connect_timeout=8)
@@ -577,7 +581,8 @@ def cancel_job(rec: ClusterRecord, job_id: int, grace: float = 10.0) -> None:
     d = f"{remote_root(rec.name)}/jobs/{job_id}"
     cmd = (
         f"[ -f {d}/pid ] || exit 0; p=$(cat {d}/pid); kill -TERM -- -$p 2>/dev/null || true; "
-        f"for i in $(seq {int(grace * 10)}); do kill -0 $p 2>/dev/null || exit 0; sleep 0.1; done; kill -KILL -- -$p 2>/dev/null || true"
+        f"for i in $(seq {int(grace * 10)}); do kill -0 $p 2>/dev/null || exit 0; sleep 0.1; "
+        "done; kill -KILL -- -$p 2>/dev/null || true"
     )
     with_retries = runner_for(rec, None, retries=1, backoff=0.5)
     try:
@@ -1021,7 +1026,8 @@ def install_agent(
     cmd = (
         f"set -e; mkdir -p {root}; umask 077; cat > {root}/agent.json; "
         f'if [ -f {root}/agent.pid ]; then kill "$(cat {root}/agent.pid)" 2>/dev/null || true; fi; '
-        f"cd {root}; {site} setsid nohup {shlex.quote(python)} -m aios.cloud.agent {root}/agent.json >> {root}/agent.log 2>&1 "
+        f"cd {root}; {site} setsid nohup {shlex.quote(python)} -m aios.cloud.agent "
+        f"{root}/agent.json >> {root}/agent.log 2>&1 "
         f"< /dev/null & echo $! > {root}/agent.pid; echo started"
     )
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
