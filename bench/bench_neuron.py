@@ -370,7 +370,8 @@ def main() -> int:
                         continue
                     print(
                         f"{n:14s}{sm['step_ms_median']:10.2f}{sm['step_ms_median'] / hand['step_ms_median']:8.3f}"
-                        f"{','.join(map(str, sm['compiles'])):>10s}{sm['compiles_after_warmup']:15d}{sm['final_loss']:12.4f}"
+                        f"{','.join(map(str, sm['compiles'])):>10s}"
+                        f"{sm['compiles_after_warmup']:15d}{sm['final_loss']:12.4f}"
                     )
                 result["fresh"] = summary
     plan = planning(a.repeats)

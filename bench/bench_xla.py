@@ -433,7 +433,8 @@ def main() -> int:
         f"last batch of {N_SAMPLES % BATCH})"
     )
     print(
-        f"{'':12s}{'fast ms':>9s}{'ratio':>8s}{'median ms':>11s}{'ratio':>8s}{'compiles':>10s}{'after warm-up':>15s}{'final loss':>12s}"
+        f"{'':12s}{'fast ms':>9s}{'ratio':>8s}{'median ms':>11s}{'ratio':>8s}"
+        f"{'compiles':>10s}{'after warm-up':>15s}{'final loss':>12s}"
     )
     for n in times:
         f = fresh[n]

@@ -465,8 +465,8 @@ def inventory(source: NvmlSource, environ: dict[str, str] | None = None) -> GpuI
         )
     if inv.hidden:
         inv.notes.append(
-            f"CUDA_VISIBLE_DEVICES={environ.get('CUDA_VISIBLE_DEVICES') if environ is not None else os.environ.get('CUDA_VISIBLE_DEVICES')!r} "
-            ""
+            "CUDA_VISIBLE_DEVICES="
+            f"{(environ if environ is not None else os.environ).get('CUDA_VISIBLE_DEVICES')!r} "
             f"hides {inv.hidden} of {total} GPUs"
         )
     if len(gpus) > 1 and not inv.p2p_all_pairs:

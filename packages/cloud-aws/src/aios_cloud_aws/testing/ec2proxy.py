@@ -166,7 +166,8 @@ class Ec2Proxy:
                 )
             items = "".join(
                 f"<item><capacityReservationId>{escape(i)}</capacityReservationId><availabilityZone>{escape(r['zone'])}</availabilityZone>"
-                f"<instanceType>{escape(r['instance_type'])}</instanceType><reservationType>{escape(r.get('type', 'default'))}</reservationType>"
+                f"<instanceType>{escape(r['instance_type'])}</instanceType>"
+                f"<reservationType>{escape(r.get('type', 'default'))}</reservationType>"
                 f"<state>{escape(r.get('state', 'active'))}</state></item>"
                 for i, r in self.capacity_reservations.items()
                 if not ids or i in ids
