@@ -131,12 +131,12 @@ def main() -> int:
     import torch
     import torch.nn.functional as F
 
-    GPT = load_gpt()
+    GPT = load_gpt()  # noqa: N806 (a class, loaded from examples/gpt.py)
     dev = torch.device(device_type)
     if device_type == "cuda":
         torch.set_float32_matmul_precision("high")
         torch.backends.cudnn.allow_tf32 = True
-    T, V = args.block_size, args.vocab
+    T, V = args.block_size, args.vocab  # noqa: N806 (sequence length T, vocabulary V)
 
     def make(seed: int = 0):
         torch.manual_seed(seed)

@@ -39,7 +39,7 @@ def main() -> None:
     import torch.nn.functional as F
 
     torch.set_num_threads(1)
-    W, B = args.width, args.batch
+    W, B = args.width, args.batch  # noqa: N806 (width W, batch B: the shapes' letters)
 
     def make():
         torch.manual_seed(0)

@@ -416,7 +416,8 @@ def main() -> int:
     med = {n: statistics.median(t) for n, t in times.items()}
     fastq = {n: fast(t) for n, t in times.items()}
     paired = {
-        n: statistics.median(x / h for x, h in zip(t, times["hand"])) for n, t in times.items()
+        n: statistics.median(x / h for x, h in zip(t, times["hand"], strict=False))
+        for n, t in times.items()
     }
     ratio_fast = {n: fastq[n] / fastq["hand"] for n in times}
     hand, ours = fresh["hand"], fresh["aios"]

@@ -554,7 +554,7 @@ class AwsProvider(CloudProvider):
             (i for r in reservations for i in r["Instances"]),
             key=lambda i: ids.index(i["InstanceId"]),
         )
-        for inst, alloc in zip(insts, allocations):
+        for inst, alloc in zip(insts, allocations, strict=False):
             primary = next(
                 (
                     n

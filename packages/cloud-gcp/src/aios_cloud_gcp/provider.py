@@ -677,7 +677,7 @@ class GcpProvider(CloudProvider):
                 return
             if state in ("FAILED", "SUSPENDED", "SUSPENDING"):
                 detail = ""
-                with _suppress():
+                with _SuppressAll():
                     detail = qr.state.failed_data.error.message
                 raise CapacityError(
                     f"{what}: queued resource {state.lower()}{': ' + detail if detail else ''}",
@@ -997,7 +997,7 @@ class GcpProvider(CloudProvider):
         return [CloudCommand(argv)]
 
 
-class _suppress:
+class _SuppressAll:
     def __enter__(self) -> None:
         return None
 

@@ -321,7 +321,7 @@ class Registry:
             plugin = impl.plugin_name
             if plugin in self.dead:
                 continue
-            out = self._run(plugin, hook_name, lambda: call(impl.function, plugin))
+            out = self._run(plugin, hook_name, lambda f=impl.function, p=plugin: call(f, p))
             if out.exc is not None and not out.timed_out:
                 if isinstance(out.exc, PluginError) and self.strict:
                     raise out.exc
@@ -738,7 +738,7 @@ class Registry:
             out = self._run(
                 plugin,
                 hook_name,
-                lambda: impl.function(**accepted),
+                lambda f=impl.function, kw=accepted: f(**kw),
                 inline=hook_name in INLINE_HOOKS,
             )
             if out.timed_out:
@@ -807,7 +807,7 @@ class Registry:
                 self._run(
                     impl.plugin_name,
                     hook_name,
-                    lambda: impl.function(**accepted),
+                    lambda f=impl.function, kw=accepted: f(**kw),
                     inline=hook_name in INLINE_HOOKS,
                 ),
             )

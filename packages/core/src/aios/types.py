@@ -289,7 +289,7 @@ class LaunchPlan:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        for h, hp in zip(d["hosts"], self.hosts):
+        for h, hp in zip(d["hosts"], self.hosts, strict=True):
             h["shell"] = hp.shell()
         return d
 

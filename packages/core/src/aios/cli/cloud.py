@@ -859,7 +859,7 @@ def status(
         )
     from aios.cloud.controller import controller_of, remote_status
 
-    for row, r in zip(out, recs):
+    for row, r in zip(out, recs, strict=True):
         ctl = controller_of(store, r.name)
         if not ctl:
             continue
@@ -1045,34 +1045,6 @@ def _scheduler(rec: Any) -> Any:
     except AiosError:
         return None
     return provider if getattr(provider, "scheduler", False) else None
-
-
-@click.command()
-@click.argument("name")
-@click.option("--job", "job_id", type=int, help="Job id (default: the latest).")
-@click.option("--config", "config_file")
-def cancel(name: str, job_id: int | None, config_file: str | None) -> None:
-    """Cancel a cluster's running job (scancel on Slurm, delete on Kubernetes); the cluster stays."""
-    from aios.cloud import ops
-    from aios.cloud.store import JOB_CANCELLED, JOB_FINAL
-
-    store = _store()
-    rec = ops.require_cluster(store, name)
-    job = store.get_job(job_id) if job_id else store.latest_job(name)
-    if job is None or job.cluster != name:
-        raise AiosError(
-            f"cluster {name} has no job {job_id if job_id else ''}".rstrip(),
-            "see `aios status NAME`",
-        )
-    provider = _scheduler(rec) if not config_file else _provider(rec.cloud, config_file)
-    if provider is not None and getattr(provider, "scheduler", False):
-        provider.cancel(name)
-    elif job.state not in JOB_FINAL:
-        ops.cancel_job(rec, job.id)
-    if job.state not in JOB_FINAL:
-        store.update_job(job.id, state=JOB_CANCELLED)
-    store.event(name, "cancelled", f"job {job.id} cancelled by the user", job.id)
-    _log(f"cancelled job {job.id} on {name}")
 
 
 @click.command(context_settings={"ignore_unknown_options": True})
@@ -1387,9 +1359,11 @@ def autostop(
 @click.option(
     "--job", "job_id", type=int, help="Job id (default: every job of NAME that has not ended)."
 )
-def cancel(name: str, job_id: int | None) -> None:
-    """Cancel a cluster's running job(s): the workers on every host are stopped (TERM, then
-    KILL) and the job is recorded CANCELLED; a managed job is not recovered."""
+@click.option("--config", "config_file")
+def cancel(name: str, job_id: int | None, config_file: str | None) -> None:
+    """Cancel a cluster's running job(s); the cluster stays. On Slurm the job is scancelled, on
+    Kubernetes deleted; elsewhere the workers on every host are stopped (TERM, then KILL). The
+    job is recorded CANCELLED; a managed job is not recovered."""
     from aios.cloud import ops
     from aios.cloud.store import JOB_CANCELLED, JOB_FINAL
 
@@ -1402,6 +1376,15 @@ def cancel(name: str, job_id: int | None) -> None:
     )
     if job_id and (jobs[0] is None or jobs[0].cluster != name):
         raise AiosError(f"cluster {name} has no job {job_id}", f"see `aios status {name}`")
+    provider = _scheduler(rec) if not config_file else _provider(rec.cloud, config_file)
+    if provider is not None and getattr(provider, "scheduler", False):
+        provider.cancel(name)  # scancel / delete the Job: the scheduler owns the workers
+        for j in jobs:
+            if j.state not in JOB_FINAL:
+                store.update_job(j.id, state=JOB_CANCELLED)
+                store.event(name, "cancelled", f"job {j.id} cancelled by the user", j.id)
+        _log(f"cancelled the job(s) of {name}")
+        return
     if not jobs:
         _log(f"{name} has no job that is still running")
         return

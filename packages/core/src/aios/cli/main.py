@@ -30,7 +30,6 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "start": ("aios.cli.cloud", "start", "Start a stopped cluster."),
     "cancel": ("aios.cli.cloud", "cancel", "Cancel a cluster's running job (scancel on Slurm)."),
     "down": ("aios.cli.cloud", "down", "Delete a cluster and everything aios created for it."),
-    "cancel": ("aios.cli.cloud", "cancel", "Cancel a cluster's running job."),
     "autostop": (
         "aios.cli.cloud",
         "autostop",
@@ -77,15 +76,16 @@ class LazyGroup(click.Group):
         module, attr, _ = COMMANDS[name]
         try:
             return getattr(importlib.import_module(module), attr)
-        except ImportError:
+        except ImportError as exc:
             if debug_enabled():
                 raise
+            reason = str(exc)  # `exc` is unbound once the except block ends
 
             @click.command(name=name, help=COMMANDS[name][2])
             def missing() -> None:
                 from aios.errors import AiosError
 
-                raise AiosError(f"command '{name}' is unavailable: {exc}", "reinstall aios-core")
+                raise AiosError(f"command '{name}' is unavailable: {reason}", "reinstall aios-core")
 
             return missing
 

@@ -26,12 +26,12 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Union
+from typing import IO
 
 from aios.cloud.provider import ClusterHost
 from aios.errors import AiosError
 
-Command = Union[str, Callable[[ClusterHost], str]]
+Command = str | Callable[[ClusterHost], str]
 
 TRANSIENT_PATTERNS = re.compile(
     r"connection refused|connection reset|connection timed out|operation timed out|"

@@ -446,7 +446,7 @@ class FSDPStrategy(DDPStrategy):
     def metrics(self) -> dict[str, Any]:
         out = super().metrics()
         if self.mesh is not None:
-            out["mesh"] = dict(zip(self.mesh.mesh_dim_names or (), self.mesh.shape))
+            out["mesh"] = dict(zip(self.mesh.mesh_dim_names or (), self.mesh.shape, strict=False))
         out["sharded_blocks"] = len(self.blocks)
         return out
 
