@@ -365,7 +365,7 @@ class CheckpointManager:
             deferred = getattr(fmt, "pending", None) is not None
             if failed and deferred:
                 with contextlib.suppress(Exception):
-                    fmt.wait()
+                    fmt.wait()  # type: ignore[attr-defined]  # deferred formats (dcp) have it
             if self.is_main and staging is not None:
                 if failed:
                     store.abort(staging)
@@ -377,7 +377,7 @@ class CheckpointManager:
                         if (
                             deferred
                         ):  # written in the background: commit once every rank's shards are
-                            fmt.commit_when_written(
+                            fmt.commit_when_written(  # type: ignore[attr-defined]  # deferred format
                                 lambda shards, m=merged: self._commit(
                                     store, staging, {**m, **shards}, path
                                 ),
@@ -426,7 +426,7 @@ class CheckpointManager:
         fmt = self.format
         if getattr(fmt, "pending", None) is None:
             return None
-        handle = fmt.wait()
+        handle = fmt.wait()  # type: ignore[attr-defined]  # only deferred formats are pending
         meta, self._pending_meta = self._pending_meta or {}, None
         if handle is not None and handle.path:
             entry = {

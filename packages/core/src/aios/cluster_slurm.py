@@ -73,7 +73,9 @@ def _expand_brackets(pattern: str) -> list[str]:
 
 def _split_top(hostlist: str) -> list[str]:
     """Split on the commas that are outside brackets."""
-    out, depth, cur = [], 0, []
+    out: list[str] = []
+    depth = 0
+    cur: list[str] = []
     for ch in hostlist:
         if ch == "[":
             depth += 1

@@ -230,7 +230,7 @@ def build_model(sections: dict[str, tuple[str, type]] | None = None) -> type[Aio
         sections = get_registry().config_sections
     key = tuple(sorted((k, id(v[1])) for k, v in sections.items()))
     if key not in _MODEL_CACHE:
-        fields = {name: (model, model()) for name, (_, model) in sections.items()}
+        fields: dict[str, Any] = {name: (model, model()) for name, (_, model) in sections.items()}
         _MODEL_CACHE[key] = create_model("AiosConfig", __base__=AiosConfigBase, **fields)
     return _MODEL_CACHE[key]
 

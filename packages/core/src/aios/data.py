@@ -21,7 +21,7 @@ from typing import Any
 def _sampler_class() -> type:
     from torch.utils.data import DistributedSampler
 
-    class ResumableDistributedSampler(DistributedSampler):  # type: ignore[misc,type-arg]
+    class ResumableDistributedSampler(DistributedSampler):
         """``DistributedSampler`` that can skip the first ``start`` samples of this rank's shard
         for one epoch (resume mid-epoch). Works with ``num_replicas=1`` too."""
 

@@ -28,6 +28,7 @@ per-thread device state) with the same isolation but no time limit. A hook that 
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import re
@@ -321,7 +322,7 @@ class Registry:
             plugin = impl.plugin_name
             if plugin in self.dead:
                 continue
-            out = self._run(plugin, hook_name, lambda f=impl.function, p=plugin: call(f, p))
+            out = self._run(plugin, hook_name, functools.partial(call, impl.function, plugin))
             if out.exc is not None and not out.timed_out:
                 if isinstance(out.exc, PluginError) and self.strict:
                     raise out.exc
@@ -386,7 +387,7 @@ class Registry:
                             "the name must be lowercase letters, digits, '-', '_' or '.', and not 'auto'",
                         )
                         return
-                    if kind == "backend" and not callable(spec.probe):
+                    if kind == "backend" and not callable(getattr(spec, "probe", None)):
                         self._reject(kind, key, plugin, "its probe is not callable")
                         return
                     spec = _with_plugin(spec, plugin)
@@ -738,7 +739,7 @@ class Registry:
             out = self._run(
                 plugin,
                 hook_name,
-                lambda f=impl.function, kw=accepted: f(**kw),
+                functools.partial(impl.function, **accepted),
                 inline=hook_name in INLINE_HOOKS,
             )
             if out.timed_out:
@@ -797,7 +798,7 @@ class Registry:
                         self._run(
                             spec.plugin,
                             hook_name,
-                            lambda d=doctor, n=spec.name: d(kwargs.get("config"), asked == n),
+                            functools.partial(doctor, kwargs.get("config"), asked == spec.name),
                         ),
                     )
         for impl in self._impls(hook_name):
@@ -807,7 +808,7 @@ class Registry:
                 self._run(
                     impl.plugin_name,
                     hook_name,
-                    lambda f=impl.function, kw=accepted: f(**kw),
+                    functools.partial(impl.function, **accepted),
                     inline=hook_name in INLINE_HOOKS,
                 ),
             )
@@ -859,7 +860,12 @@ def _has_legacy(reg: Registry, hook_name: str, plugin: str) -> bool:
 def _with_plugin(spec: Any, plugin: str) -> Any:
     import dataclasses
 
-    if dataclasses.is_dataclass(spec) and hasattr(spec, "plugin") and not spec.plugin:
+    if (
+        dataclasses.is_dataclass(spec)
+        and not isinstance(spec, type)
+        and hasattr(spec, "plugin")
+        and not spec.plugin
+    ):
         return dataclasses.replace(spec, plugin=plugin)
     return spec
 

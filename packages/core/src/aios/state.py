@@ -153,7 +153,7 @@ class TrainingState:
         with contextlib.suppress(ImportError):
             import numpy as np
 
-            s = np.random.get_state()
+            s: Any = np.random.get_state()  # numpy's stub omits the legacy tuple
             state["numpy"] = [
                 s[0],
                 torch.from_numpy(s[1].astype("int64")),

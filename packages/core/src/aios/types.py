@@ -39,7 +39,7 @@ class BackendSpec:
 
     name: str
     priority: int
-    probe: Callable[[], Availability]
+    probe: Callable[..., Availability]
     install_hint: str = ""
     device_type: str = "cpu"
     description: str = ""

@@ -35,7 +35,7 @@ import contextlib
 import importlib
 import sys
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from aios.errors import AiosError, ConfigError
 from aios.precision import Precision
@@ -43,6 +43,7 @@ from aios.strategies.ddp import DDPStrategy
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
+    from torch.distributed.fsdp import FSDPModule
 
     from aios.config import AiosConfig
 
@@ -348,13 +349,14 @@ class FSDPStrategy(DDPStrategy):
         if not enabled or module is None or not hasattr(module, "set_requires_gradient_sync"):
             yield
             return
-        module.set_requires_gradient_sync(False)
-        module.set_reshard_after_backward(False)
+        fsdp_module = cast("FSDPModule", module)  # fully_shard made it one (checked above)
+        fsdp_module.set_requires_gradient_sync(False)
+        fsdp_module.set_reshard_after_backward(False)
         try:
             yield
         finally:
-            module.set_requires_gradient_sync(True)
-            module.set_reshard_after_backward(True)
+            fsdp_module.set_requires_gradient_sync(True)
+            fsdp_module.set_reshard_after_backward(True)
 
     def clip_grad_norm(self, module: Any, optimizer: Any, max_norm: float, precision: Any) -> Any:
         precision.unscale(optimizer)
@@ -439,7 +441,10 @@ class FSDPStrategy(DDPStrategy):
                 group.update({k: v for k, v in saved.items() if k != "params"})
             return
         set_optimizer_state_dict(
-            self.unwrap(model), optimizer, state, options=StateDictOptions(full_state_dict=True)
+            self.unwrap(model),  # type: ignore[arg-type]  # None: torch names the problem
+            optimizer,
+            state,
+            options=StateDictOptions(full_state_dict=True),
         )
 
     # ---------------------------------------------------------------- diagnostics
