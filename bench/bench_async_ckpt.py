@@ -89,10 +89,13 @@ def worker(rank: int, args: argparse.Namespace, port: int, ckpt: str) -> None:
         )
         med = statistics.median(base)
         print(
-            f"async dcp checkpoint bench: FSDP2 over gloo, world {args.world}, {n_params / 1e6:.1f}M params, checkpoint {size / 2**20:.0f} MiB, {args.threads} thread(s)/rank"
+            f"async dcp checkpoint bench: FSDP2 over gloo, world {args.world}, "
+            f"{n_params / 1e6:.1f}M params, checkpoint {size / 2**20:.0f} MiB, {args.threads} "
+            "thread(s)/rank"
         )
         print(
-            f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (the background write needs a spare core to overlap for free)"
+            f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (the "
+            "background write needs a spare core to overlap for free)"
         )
         print(f"{'':34s}{'median step':>14s}{'ratio':>9s}{'steps':>8s}")
         print(
@@ -108,7 +111,8 @@ def worker(rank: int, args: argparse.Namespace, port: int, ckpt: str) -> None:
                 f"{'step while a save is in flight':34s}{'(each save finished before the next step)':>40s}"
             )
         print(
-            f"{'blocking part of an async save':34s}{statistics.median(staging) * 1e3:11.1f} ms{statistics.median(staging) / med:8.2f}x (in steps)"
+            f"{'blocking part of an async save':34s}{statistics.median(staging) * 1e3:11.1f} "
+            f"ms{statistics.median(staging) / med:8.2f}x (in steps)"
         )
         print(f"{'synchronous save':34s}{sync_s * 1e3:11.1f} ms{sync_s / med:8.2f}x (in steps)")
         if in_flight:

@@ -78,7 +78,9 @@ def main() -> int:
         print(f"{name:28} {med:9.3f} {med / base:9.2f} {flag}")
     if acc:
         print(
-            f"aios --help is {statistics.median(times['accelerate --help']) / statistics.median(times['aios --help']):.1f}x faster than accelerate --help"
+            "aios --help is "
+            f"{statistics.median(times['accelerate --help']) / statistics.median(times['aios --help']):.1f}x "
+            "faster than accelerate --help"
         )
     return 0 if ok else 1
 

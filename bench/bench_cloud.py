@@ -53,7 +53,8 @@ def bench_ssh(n_hosts: int, repeats: int) -> None:
             seq.append(time.perf_counter() - t)
         p, s = statistics.median(par), statistics.median(seq)
         print(
-            f"ssh fan-out on {n_hosts} hosts: aios parallel {p * 1000:.0f} ms, sequential loop {s * 1000:.0f} ms, speed-up x{s / p:.2f}"
+            f"ssh fan-out on {n_hosts} hosts: aios parallel {p * 1000:.0f} ms, sequential "
+            f"loop {s * 1000:.0f} ms, speed-up x{s / p:.2f}"
         )
 
 
@@ -86,7 +87,8 @@ def bench_sync(repeats: int) -> None:
             b.append(time.perf_counter() - t)
         naive_size = (Path(d) / "naive0.tgz").stat().st_size
         print(
-            f"code sync: aios {statistics.median(a) * 1000:.0f} ms / {tb.path.stat().st_size / 1024:.0f} KiB ({tb.files} files), "
+            f"code sync: aios {statistics.median(a) * 1000:.0f} ms / "
+            f"{tb.path.stat().st_size / 1024:.0f} KiB ({tb.files} files), "
             f"naive tar {statistics.median(b) * 1000:.0f} ms / {naive_size / 2**20:.1f} MiB; "
             f"time x{statistics.median(b) / statistics.median(a):.1f}, bytes x{naive_size / tb.path.stat().st_size:.0f}"
         )
@@ -133,7 +135,8 @@ def bench_store() -> None:
     w4, r4 = _store_ops(4, 300)
     print(
         f"state store (WAL, BEGIN IMMEDIATE): 1 writer process {w1:.0f} writes/s; 4 concurrent writer processes "
-        f"{w4:.0f} writes/s in total (x{w4 / w1:.2f}), no lost update; concurrent status reads {r1:.0f}/s and {r4:.0f}/s"
+        f"{w4:.0f} writes/s in total (x{w4 / w1:.2f}), no lost update; concurrent status "
+        f"reads {r1:.0f}/s and {r4:.0f}/s"
     )
 
 

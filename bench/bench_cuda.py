@@ -131,12 +131,12 @@ def main() -> int:
     import torch
     import torch.nn.functional as F
 
-    GPT = load_gpt()
+    GPT = load_gpt()  # noqa: N806 (a class, loaded from examples/gpt.py)
     dev = torch.device(device_type)
     if device_type == "cuda":
         torch.set_float32_matmul_precision("high")
         torch.backends.cudnn.allow_tf32 = True
-    T, V = args.block_size, args.vocab
+    T, V = args.block_size, args.vocab  # noqa: N806 (sequence length T, vocabulary V)
 
     def make(seed: int = 0):
         torch.manual_seed(seed)
@@ -275,7 +275,8 @@ def main() -> int:
         "smoke_cpu": bool(args.smoke_cpu),
     }
     print(
-        f"bench_cuda on {name}: GPT {n_params / 1e6:.1f}M params, batch {bs} x {T} tokens, bf16-mixed, {args.steps} steps x {args.repeats} repeats"
+        f"bench_cuda on {name}: GPT {n_params / 1e6:.1f}M params, batch {bs} x {T} tokens, "
+        f"bf16-mixed, {args.steps} steps x {args.repeats} repeats"
     )
     print(f"  hand-written loop: {hand_tps:,.0f} tokens/s")
     print(
@@ -283,7 +284,8 @@ def main() -> int:
     )
     if out["mfu"]:
         print(
-            f"  MFU: hand {out['mfu']['hand']:.1%}, aios {out['mfu']['aios']:.1%} (peak {peak / 1e12:.0f} TFLOP/s bf16 dense)"
+            f"  MFU: hand {out['mfu']['hand']:.1%}, aios {out['mfu']['aios']:.1%} (peak "
+            f"{peak / 1e12:.0f} TFLOP/s bf16 dense)"
         )
     if device_type == "cuda":
         print(

@@ -64,7 +64,7 @@ def worker(args: argparse.Namespace) -> None:
     from torch.distributed.fsdp import fully_shard
 
     torch.set_num_threads(1)
-    W, B = args.width, args.batch
+    W, B = args.width, args.batch  # noqa: N806 (width W, batch B: the shapes' letters)
 
     class Block(torch.nn.Module):
         def __init__(self) -> None:

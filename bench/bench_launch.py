@@ -107,10 +107,12 @@ def main() -> None:
         f"time to first step, {args.nprocs} processes, {args.rounds} interleaved rounds (median):"
     )
     print(
-        f"  torchrun --nproc_per_node {args.nprocs}: {tr:6.3f} s  (total {statistics.median(x[1] for x in results['torchrun']):.3f} s)"
+        f"  torchrun --nproc_per_node {args.nprocs}: {tr:6.3f} s  (total "
+        f"{statistics.median(x[1] for x in results['torchrun']):.3f} s)"
     )
     print(
-        f"  aios-run --nprocs {args.nprocs}:         {ar:6.3f} s  (total {statistics.median(x[1] for x in results['aios-run']):.3f} s)"
+        f"  aios-run --nprocs {args.nprocs}:         {ar:6.3f} s  (total "
+        f"{statistics.median(x[1] for x in results['aios-run']):.3f} s)"
     )
     print(f"  ratio aios-run / torchrun: {ar / tr:.3f}x (target <= 1.1x)")
     shutil.rmtree(tmp, ignore_errors=True)

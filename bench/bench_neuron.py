@@ -304,8 +304,10 @@ def main() -> int:
                 return 1
             ratio = inter["aios"] / inter["hand"]
             print(
-                f"XLA:CPU standing in for NeuronCores, one process, {inter['blocks']} alternating blocks of 10 steps each: "
-                f"hand {inter['hand']:.2f} ms/step, aios-neuron ({inter['strategy']}) {inter['aios']:.2f} ms/step, ratio {ratio:.3f}"
+                f"XLA:CPU standing in for NeuronCores, one process, {inter['blocks']} "
+                "alternating blocks of 10 steps each: "
+                f"hand {inter['hand']:.2f} ms/step, aios-neuron ({inter['strategy']}) "
+                f"{inter['aios']:.2f} ms/step, ratio {ratio:.3f}"
             )
             checks["aios-neuron step time <= 1.03x hand (same process, interleaved)"] = (
                 ratio <= 1.03
@@ -322,7 +324,9 @@ def main() -> int:
                             f"  run {r + 1}/{a.repeats} {n:12s} "
                             + (
                                 res.get("error")
-                                or f"step {res['step_ms']:.2f} ms, compiles {res['compiles']} (after warm-up {res['compiles_after_warmup']}), loss {res['final_loss']:.4f}"
+                                or f"step {res['step_ms']:.2f} ms, compiles {res['compiles']} "
+                                f"(after warm-up {res['compiles_after_warmup']}), loss "
+                                f"{res['final_loss']:.4f}"
                             ),
                             flush=True,
                         )
@@ -366,7 +370,8 @@ def main() -> int:
                         continue
                     print(
                         f"{n:14s}{sm['step_ms_median']:10.2f}{sm['step_ms_median'] / hand['step_ms_median']:8.3f}"
-                        f"{','.join(map(str, sm['compiles'])):>10s}{sm['compiles_after_warmup']:15d}{sm['final_loss']:12.4f}"
+                        f"{','.join(map(str, sm['compiles'])):>10s}"
+                        f"{sm['compiles_after_warmup']:15d}{sm['final_loss']:12.4f}"
                     )
                 result["fresh"] = summary
     plan = planning(a.repeats)

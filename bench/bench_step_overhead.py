@@ -39,7 +39,7 @@ def main() -> None:
     import torch.nn.functional as F
 
     torch.set_num_threads(1)
-    W, B = args.width, args.batch
+    W, B = args.width, args.batch  # noqa: N806 (width W, batch B: the shapes' letters)
 
     def make():
         torch.manual_seed(0)
@@ -179,7 +179,8 @@ def main() -> None:
         diffs.append(((t2 - t1) - (t1 - t0)) / 500)
     over = statistics.median(diffs)
     print(
-        f"  aios framework cost: {over * 1e6:.2f} us/step = {1 + over / base:.4f}x of the {base * 1e3:.3f} ms hand-written step"
+        f"  aios framework cost: {over * 1e6:.2f} us/step = {1 + over / base:.4f}x of the "
+        f"{base * 1e3:.3f} ms hand-written step"
     )
     result["aios_overhead_us"] = over * 1e6
     result["aios_overhead_ratio"] = 1 + over / base

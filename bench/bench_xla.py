@@ -385,12 +385,14 @@ def main() -> int:
             f"  {n:10s} "
             + (
                 r.get("error")
-                or f"compiles {r['compiles']} (after warm-up {r['compiles_after_warmup']}), final loss {r['final_loss']:.4f}"
+                or f"compiles {r['compiles']} (after warm-up {r['compiles_after_warmup']}), "
+                f"final loss {r['final_loss']:.4f}"
             ),
             flush=True,
         )
     print(
-        f"phase 2: step time, all contestants in one process, alternating blocks of {a.block} steps, {a.steps} steps each",
+        f"phase 2: step time, all contestants in one process, alternating blocks of {a.block} "
+        f"steps, {a.steps} steps each",
         flush=True,
     )
     times = run_child(
@@ -414,7 +416,8 @@ def main() -> int:
     med = {n: statistics.median(t) for n, t in times.items()}
     fastq = {n: fast(t) for n, t in times.items()}
     paired = {
-        n: statistics.median(x / h for x, h in zip(t, times["hand"])) for n, t in times.items()
+        n: statistics.median(x / h for x, h in zip(t, times["hand"], strict=False))
+        for n, t in times.items()
     }
     ratio_fast = {n: fastq[n] / fastq["hand"] for n in times}
     hand, ours = fresh["hand"], fresh["aios"]
@@ -427,10 +430,12 @@ def main() -> int:
         <= 1e-4 * max(1.0, abs(hand["final_loss"])),
     }
     print(
-        f"\nXLA:CPU, {a.steps} steps, batch {BATCH}, {N_SAMPLES} samples per epoch (short last batch of {N_SAMPLES % BATCH})"
+        f"\nXLA:CPU, {a.steps} steps, batch {BATCH}, {N_SAMPLES} samples per epoch (short "
+        f"last batch of {N_SAMPLES % BATCH})"
     )
     print(
-        f"{'':12s}{'fast ms':>9s}{'ratio':>8s}{'median ms':>11s}{'ratio':>8s}{'compiles':>10s}{'after warm-up':>15s}{'final loss':>12s}"
+        f"{'':12s}{'fast ms':>9s}{'ratio':>8s}{'median ms':>11s}{'ratio':>8s}"
+        f"{'compiles':>10s}{'after warm-up':>15s}{'final loss':>12s}"
     )
     for n in times:
         f = fresh[n]
@@ -438,7 +443,8 @@ def main() -> int:
             f"{n:12s}{fastq[n]:9.2f}{ratio_fast[n]:8.3f}{med[n]:11.2f}{paired[n]:8.3f}{f['compiles']:10d}{f['compiles_after_warmup']:15d}{f['final_loss']:12.4f}"
         )
     print(
-        "(fast: mean ms/step of the fastest quarter of blocks, the budget's figure; median: median block, ratio = median of block-by-block ratios)"
+        "(fast: mean ms/step of the fastest quarter of blocks, the budget's figure; median: "
+        "median block, ratio = median of block-by-block ratios)"
     )
     for k, v in checks.items():
         print(f"{'PASS' if v else 'FAIL'}  aios: {k}")

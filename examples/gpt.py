@@ -97,7 +97,7 @@ class Block(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
+        B, T, C = x.shape  # noqa: N806 (batch, time, channels: the usual GPT letters)
         q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
@@ -269,7 +269,8 @@ def main() -> None:
         rt.print("gpt: prompt: " + "".join(chars[i] for i in prompt[0].tolist()).replace("\n", " "))
         rt.print("gpt: sample: " + "".join(chars[i] for i in sample).replace("\n", " "))
     rt.print(
-        f"gpt: done {rt.global_step} steps ({done} this run) in {elapsed:.1f}s: {done / max(elapsed, 1e-9):.2f} steps/s, "
+        f"gpt: done {rt.global_step} steps ({done} this run) in {elapsed:.1f}s: "
+        f"{done / max(elapsed, 1e-9):.2f} steps/s, "
         f"{done * tokens_per_step / max(elapsed, 1e-9):,.0f} tokens/s; train loss {train_loss:.4f}, "
         f"val loss {val_loss:.4f} vs unigram baseline {baseline:.4f} "
         f"({abs(baseline - val_loss):.4f} {'below' if val_loss < baseline else 'ABOVE'} it)"

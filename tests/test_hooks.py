@@ -229,7 +229,8 @@ def test_hook_aios_register_strategies():
             reg.strategy_spec(name, reg.backends["cpu"])
         assert (
             e.value.one_line()
-            == f"strategy '{name}' is not available on the cpu backend (cpu accelerator); strategies on cpu: auto, ddp, deepspeed, fsdp, hsdp, tp"
+            == f"strategy '{name}' is not available on the cpu backend (cpu accelerator); "
+            "strategies on cpu: auto, ddp, deepspeed, fsdp, hsdp, tp"
         )
     with pytest.raises(
         ConfigError,

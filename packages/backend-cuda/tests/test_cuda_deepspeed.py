@@ -125,7 +125,8 @@ def test_unknown_deepspeed_key_is_a_config_error() -> None:
 
 needs_ds = pytest.mark.skipif(
     __import__("importlib").util.find_spec("deepspeed") is None,
-    reason="deepspeed is not installed (pip install -e ./packages/core './packages/backend-cuda[test]' from the aios checkout)",
+    reason="deepspeed is not installed (pip install -e ./packages/core "
+    "'./packages/backend-cuda[test]' from the aios checkout)",
 )
 
 

@@ -71,7 +71,11 @@ def test_registered_with_priority_and_sections() -> None:
 
 
 def test_plugin_import_is_light() -> None:
-    code = "import sys, aios_backend_cuda.plugin as p; from aios.plugins import Registry; r = Registry(); r.probe('cuda'); print('torch' in sys.modules, 'deepspeed' in sys.modules, 'pynvml' in sys.modules)"
+    code = (
+        "import sys, aios_backend_cuda.plugin as p; from aios.plugins import Registry; r = "
+        "Registry(); r.probe('cuda'); print('torch' in sys.modules, 'deepspeed' in sys.modules, "
+        "'pynvml' in sys.modules)"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=60
     )

@@ -107,7 +107,8 @@ args = sys.argv[1:]
 mode = {mode!r}
 data = json.load(open({str(src)!r}))
 if mode == "no-driver":
-    sys.stderr.write('time="2026-09-12T02:42:06Z" level=fatal msg="Failed to load MLA system information" error="failed to discover Neuron devices"\\n')
+    sys.stderr.write('time="2026-09-12T02:42:06Z" level=fatal msg="Failed to load MLA system information" '
+                     'error="failed to discover Neuron devices"\\n')
     sys.exit(1)
 if mode == "garbage":
     print("{{not json"); sys.exit(0)
@@ -116,7 +117,8 @@ if mode == "json-output" and args in (["--json-output"], ["-j"]):
 if mode == "output-format" and args == ["--output-format", "json"]:
     first = data[0] if data else {{}}
     print(json.dumps({{"instance_type": first.get("instance_type"), "instance_id": first.get("instance_id"),
-                      "neuron_devices": [{{k: v for k, v in d.items() if k not in ("instance_type", "instance_id")}} for d in data]}}))
+                      "neuron_devices": [{{k: v for k, v in d.items() if k not in ("instance_type", "instance_id")}}
+                                         for d in data]}}))
     sys.exit(0)
 sys.stderr.write("neuron-ls: unknown flag: " + " ".join(args) + "\\nusage: neuron-ls [options]\\n")
 sys.exit(2)

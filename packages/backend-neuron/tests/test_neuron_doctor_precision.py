@@ -212,7 +212,8 @@ def test_plugin_imports_no_torch_and_registers():
         "spec = reg.backends['neuron']\n"
         "assert spec.priority == 200 and spec.plugin == 'aios-backend-neuron', spec\n"
         "reg.probe('neuron')\n"
-        "bad = [m for m in ('torch', 'torch_xla', 'torch_neuronx', 'neuronx_distributed', 'boto3') if m in sys.modules]\n"
+        "bad = [m for m in ('torch', 'torch_xla', 'torch_neuronx', 'neuronx_distributed', "
+        "'boto3') if m in sys.modules]\n"
         "assert not bad, bad\n"
         "print('ok')\n"
     )

@@ -394,9 +394,10 @@ def test_aios_run_dry_run_off_instance(tmp_path, no_neuron_ls):
         str(script),
     ]
     code = (
-        "import sys\nfrom aios.cli.run import main\nsys.argv=['aios-run']+%r\n"
-        "try:\n    main()\nfinally:\n    print('HEAVY', sorted(m for m in ('torch','torch_xla','torch_neuronx') if m in sys.modules), file=sys.stderr)\n"
-    ) % (args,)
+        f"import sys\nfrom aios.cli.run import main\nsys.argv=['aios-run']+{args!r}\n"
+        "try:\n    main()\nfinally:\n    print('HEAVY', sorted(m for m in "
+        "('torch','torch_xla','torch_neuronx') if m in sys.modules), file=sys.stderr)\n"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
     )

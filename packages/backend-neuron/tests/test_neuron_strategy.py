@@ -62,7 +62,8 @@ def test_deepspeed_strategy_refused(neuron_site, config):
     for name in ("deepspeed", "spmd"):
         with pytest.raises(
             ConfigError,
-            match=f"strategy '{name}' is not available on the neuron backend; strategies on neuron: auto, ddp, fsdp, hsdp, nxd, tp",
+            match=f"strategy '{name}' is not available on the neuron backend; strategies on neuron: "
+            "auto, ddp, fsdp, hsdp, nxd, tp",
         ):
             reg.strategy_spec(name, reg.backends["neuron"])
 

@@ -215,7 +215,8 @@ def _cli(code: str, env_extra: dict[str, str] | None = None) -> subprocess.Compl
     env.update(AIOS_TEST_DMI_PRODUCT="/nonexistent", **(env_extra or {}))
     wrapped = (
         f"import sys\ntry:\n{code}\nexcept SystemExit:\n    pass\nfinally:\n"
-        "    print('HEAVY', sorted(m for m in ('torch','torch_tpu','libtpu','torch_xla') if m in sys.modules), file=sys.stderr)\n"
+        "    print('HEAVY', sorted(m for m in ('torch','torch_tpu','libtpu','torch_xla') if m "
+        "in sys.modules), file=sys.stderr)\n"
     )
     return subprocess.run(
         [sys.executable, "-c", wrapped], capture_output=True, text=True, env=env, timeout=300
@@ -243,7 +244,9 @@ def test_dry_run_does_not_import_torch_tpu(tmp_path):
     script = tmp_path / "t.py"
     script.write_text("")
     out = _cli(
-        f"    sys.argv=['aios-run','--backend','tpu','--dry-run','xla.accelerator=v6e-8',{str(script)!r}]\n    from aios.cli.run import main\n    main()"
+        "    "
+        f"sys.argv=['aios-run','--backend','tpu','--dry-run','xla.accelerator=v6e-8',{str(script)!r}]\n "
+        "   from aios.cli.run import main\n    main()"
     )
     assert "HEAVY []" in out.stderr and "TORCH_TPU_TOPOLOGY=2,4,1" in out.stdout, out.stderr[-2000:]
 

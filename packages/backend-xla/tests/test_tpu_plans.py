@@ -280,7 +280,8 @@ def test_launcher_without_torch_tpu_is_exit_2_one_line_and_starts_nothing(tmp_pa
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
         "aios-backend-xla tpu launcher: error: torch_tpu (TorchTPU) is not installed; "
-        "pip install torch==2.13.0 torch_tpu==0.2.0 (from the public registry; it brings libtpu>=0.0.50); or use torch_xla with --backend xla"
+        "pip install torch==2.13.0 torch_tpu==0.2.0 (from the public registry; it brings "
+        "libtpu>=0.0.50); or use torch_xla with --backend xla"
     ]
     assert not marker.exists()
 
@@ -334,9 +335,10 @@ def _aios_run(args, env_extra=None, timeout=120):
     }
     env.update(AIOS_TEST_DMI_PRODUCT="/nonexistent", **(env_extra or {}))
     code = (
-        "import sys\nfrom aios.cli.run import main\nsys.argv=['aios-run']+%r\n"
-        "try:\n    main()\nfinally:\n    print('HEAVY', sorted(m for m in ('torch','torch_tpu','libtpu','torch_xla') if m in sys.modules), file=sys.stderr)\n"
-    ) % (args,)
+        f"import sys\nfrom aios.cli.run import main\nsys.argv=['aios-run']+{args!r}\n"
+        "try:\n    main()\nfinally:\n    print('HEAVY', sorted(m for m in "
+        "('torch','torch_tpu','libtpu','torch_xla') if m in sys.modules), file=sys.stderr)\n"
+    )
     return subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout
     )

@@ -132,9 +132,8 @@ def _cli(args, env, timeout=120):
     code = (
         "import sys, json\n"
         "from aios.cli.main import cli\n"
-        "try:\n    cli(%r)\nexcept SystemExit as e:\n    code = e.code\n"
-        % (args,)
-        + "print('MODULES', json.dumps(sorted(m for m in ('torch', 'torch_xla') if m in sys.modules)))\n"
+        f"try:\n    cli({args!r})\nexcept SystemExit as e:\n    code = e.code\n"
+        "print('MODULES', json.dumps(sorted(m for m in ('torch', 'torch_xla') if m in sys.modules)))\n"
     )
     return subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout
@@ -182,7 +181,8 @@ def test_plugin_module_imports_nothing_heavy():
         [
             sys.executable,
             "-c",
-            "import sys, aios_backend_xla.plugin, aios_backend_xla.topology, aios_backend_xla.discovery, aios_backend_xla.launch;"
+            "import sys, aios_backend_xla.plugin, aios_backend_xla.topology, "
+            "aios_backend_xla.discovery, aios_backend_xla.launch;"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch','torch_xla','numpy','requests')))",
         ],
         capture_output=True,

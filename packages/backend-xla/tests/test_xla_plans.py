@@ -187,9 +187,10 @@ def _aios_run(args, env_extra=None, timeout=120):
     }
     env.update(AIOS_TEST_DMI_PRODUCT="/nonexistent", **(env_extra or {}))
     code = (
-        "import sys\nfrom aios.cli.run import main\nsys.argv=['aios-run']+%r\n"
-        "try:\n    main()\nfinally:\n    print('HEAVY', sorted(m for m in ('torch','torch_xla') if m in sys.modules), file=sys.stderr)\n"
-    ) % (args,)
+        f"import sys\nfrom aios.cli.run import main\nsys.argv=['aios-run']+{args!r}\n"
+        "try:\n    main()\nfinally:\n    print('HEAVY', sorted(m for m in "
+        "('torch','torch_xla') if m in sys.modules), file=sys.stderr)\n"
+    )
     return subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout
     )

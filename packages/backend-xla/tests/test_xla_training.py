@@ -54,7 +54,7 @@ def test_xla_cpu_trains_to_the_cpu_loss_with_two_compilations(tmp_path):
     assert p_xla.returncode == 0, p_xla.stderr
     assert xla["backend"] == "xla" and xla["device"].startswith("xla:")
     # first epoch: identical data, identical math -> same losses
-    for (s1, a), (s2, b) in zip(cpu["losses"], xla["losses"][:12]):
+    for (s1, a), (s2, b) in zip(cpu["losses"], xla["losses"][:12], strict=True):
         assert s1 == s2 and b == pytest.approx(a, rel=1e-4, abs=1e-5)
     m = xla["metrics"]
     # the step graph with fresh optimizer state, then the steady-state step: nothing after
@@ -126,7 +126,7 @@ def test_checkpoint_resume_continues_exactly(tmp_path):
     )
     assert p2.returncode == 0, p2.stderr
     assert [s for s, _ in second["losses"]] == list(range(11, 17))
-    for (s, a), (_, b) in zip(full["losses"][10:], second["losses"]):
+    for (s, a), (_, b) in zip(full["losses"][10:], second["losses"], strict=True):
         assert b == pytest.approx(a, rel=1e-5, abs=1e-6), s
     assert second["params"] == pytest.approx(full["params"], rel=1e-5)
 
@@ -170,7 +170,7 @@ def test_spmd_on_four_cpu_devices_shards_the_batch_and_matches(tmp_path):
     assert p4.returncode == 0, p4.stderr
     assert spmd["metrics"]["spmd_devices"] == 4 and spmd["metrics"]["strategy"] == "xla-spmd"
     assert "devices=[4,1]" in spmd["sharding"] and single["sharding"] == ""
-    for (s, a), (_, b) in zip(single["losses"], spmd["losses"]):
+    for (s, a), (_, b) in zip(single["losses"], spmd["losses"], strict=True):
         assert b == pytest.approx(a, rel=1e-4, abs=1e-5), s
     assert spmd["metrics"]["compile_guard"]["recompiles_after_warmup"] == 0
 

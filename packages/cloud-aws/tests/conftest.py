@@ -11,7 +11,8 @@ from aios_cloud_aws.settings import GPU_AMI_PARAMETER, AwsSettings, neuron_ami_p
 def moto_server():
     pytest.importorskip(
         "moto.server",
-        reason="needs moto[server]: pip install -e ./packages/core ./packages/cloud './packages/cloud-aws[test]' from the aios checkout",
+        reason="needs moto[server]: pip install -e ./packages/core ./packages/cloud "
+        "'./packages/cloud-aws[test]' from the aios checkout",
     )
     from aios_cloud_aws.testing.moto import MotoServer
 

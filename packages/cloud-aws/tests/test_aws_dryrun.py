@@ -238,7 +238,7 @@ def test_cli_dry_run_p5_x2(offline_env):
     assert run["InstanceMarketOptions"]["MarketType"] == "spot"
     workers = _worker_lines(out)
     assert len(workers) == 2
-    for rank, argv in enumerate(workers):
+    for argv in workers:
         env, cmd = _env_and_cmd(argv)
         assert env["AIOS_RUN_BACKEND"] == "cuda"
         assert (

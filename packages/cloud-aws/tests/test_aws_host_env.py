@@ -12,10 +12,10 @@ import subprocess
 import sys
 
 import pytest
+from aios.config import CONTROL_ENV, CONTROL_PREFIXES, resolve
 from aios_cloud import ops
 from aios_cloud.provider import READY, ClusterHost, ClusterInfo
 from aios_cloud.store import ClusterRecord
-from aios.config import CONTROL_ENV, CONTROL_PREFIXES, resolve
 from aios_cloud_aws.provider import AwsProvider
 from aios_cloud_aws.settings import AwsSettings
 
@@ -57,7 +57,7 @@ def _host_envs(backend: str, accelerator: str, spot: bool) -> list[dict[str, str
     config = resolve(environ={}, check_backend=False)
     base = ops.job_env(spec, provider.remote_env(info), environ={})
     out = []
-    for wid, plan in ops.host_commands(rec, spec, config).items():
+    for plan in ops.host_commands(rec, spec, config).values():
         run_sh = ops.render_run_sh(rec, 1, plan, bundle=spec.bundle)
         exported = dict(re.findall(r'^export (AIOS_\w+)="?([^"\n]*)"?$', run_sh, re.M))
         out.append({**base, **plan.env, **exported})

@@ -78,8 +78,8 @@ def test_gcp_dry_run_prints_gcloud_and_per_worker_commands_and_touches_nothing(
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert (
-        "gcloud compute tpus tpu-vm create dry --project=aios-test --zone=us-central2-b --accelerator-type=v4-16 --version=tpu-ubuntu2204-base --spot"
-        in out
+        "gcloud compute tpus tpu-vm create dry --project=aios-test --zone=us-central2-b "
+        "--accelerator-type=v4-16 --version=tpu-ubuntu2204-base --spot" in out
     )
     assert "us-central2-c" in out  # where it fails over to
     # setup: the pinned torch / torch_xla[tpu] set from the libtpu index

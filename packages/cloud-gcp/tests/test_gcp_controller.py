@@ -65,7 +65,8 @@ def test_managed_spot_run_survives_the_launching_process(
     # the first attempt marks the bucket and runs long (it is preempted); the second finishes
     (work / "job.py").write_text(
         "import os, time, gcsfs\n"
-        "fs = gcsfs.GCSFileSystem(endpoint_url=os.environ['STORAGE_EMULATOR_HOST'], token='anon', skip_instance_cache=True)\n"
+        "fs = gcsfs.GCSFileSystem(endpoint_url=os.environ['STORAGE_EMULATOR_HOST'], "
+        "token='anon', skip_instance_cache=True)\n"
         "first = not fs.exists('mj-ckpt/attempt')\n"
         "if first and os.environ.get('RANK', '0') == '0':\n"
         "    fs.pipe('mj-ckpt/attempt', b'1')\n"

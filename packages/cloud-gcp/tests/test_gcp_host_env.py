@@ -10,10 +10,10 @@ import re
 import subprocess
 import sys
 
+from aios.config import CONTROL_ENV, CONTROL_PREFIXES, resolve
 from aios_cloud import ops
 from aios_cloud.provider import READY, ClusterHost, ClusterInfo
 from aios_cloud.store import ClusterRecord
-from aios.config import CONTROL_ENV, CONTROL_PREFIXES, resolve
 from aios_cloud_gcp.provider import GcpProvider
 from aios_cloud_gcp.settings import GcpSettings
 

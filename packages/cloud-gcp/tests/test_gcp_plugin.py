@@ -16,8 +16,8 @@ def test_gcp_plugin_import_and_dry_run_stay_light(tmp_path):
         assert not [m for m in sys.modules if m.startswith(("google", "torch", "gcsfs"))], "plugin import"
         from click.testing import CliRunner
         from aios.cli.main import cli
-        r = CliRunner().invoke(cli, ["launch", "--cloud", "gcp", "-a", "v5litepod-8", "--spot", "--workdir", {str(tmp_path)!r},
-                                     "--dry-run", "train.py"])
+        r = CliRunner().invoke(cli, ["launch", "--cloud", "gcp", "-a", "v5litepod-8", "--spot",
+                                     "--workdir", {str(tmp_path)!r}, "--dry-run", "train.py"])
         assert r.exit_code == 0, r.output
         r = CliRunner().invoke(cli, ["catalog", "--cloud", "gcp"])
         assert r.exit_code == 0, r.output

@@ -195,7 +195,8 @@ def test_gcp_dry_run_rendering(bare_tpu):
     r = req(p, spot=True)
     line = p.render_create(r)[0].shell()
     assert line.startswith(
-        "gcloud compute tpus tpu-vm create c1 --project=aios-test --zone=us-central2-b --accelerator-type=v4-16 --version=tpu-ubuntu2204-base --spot"
+        "gcloud compute tpus tpu-vm create c1 --project=aios-test --zone=us-central2-b "
+        "--accelerator-type=v4-16 --version=tpu-ubuntu2204-base --spot"
     )
     q = req(p, queued=True, valid_until="+6h")
     assert (

@@ -251,7 +251,8 @@ def test_dry_run_prints_the_sbatch_script_without_secrets(slurm, project, aios_e
         assert line in s, (line, s)
     assert "s3cr3t-value" not in s and "HF_TOKEN <forwarded from your environment>" in s
     assert re.search(
-        r"srun --kill-on-bad-exit=0 --wait=120 --nodes=2 --ntasks-per-node=1 \S+ -m aios.cli.run --backend cpu gpt.py --steps 3",
+        r"srun --kill-on-bad-exit=0 --wait=120 --nodes=2 --ntasks-per-node=1 \S+ -m "
+        r"aios.cli.run --backend cpu gpt.py --steps 3",
         s,
     )
     assert slurm.squeue().strip() == "" and not Path(env["AIOS_HOME"], "state.db").exists()

@@ -46,6 +46,7 @@ def test_cloud_cli_without_clusters_or_clouds(tmp_path):
     )
     assert (
         r.returncode == 2
-        and "cloud 'gcp' is not installed; run: pip install -e './packages/core[gcp]' ./packages/cloud ./packages/backend-xla ./packages/cloud-gcp"
+        and "cloud 'gcp' is not installed; run: pip install -e './packages/core[gcp]' "
+        "./packages/cloud ./packages/backend-xla ./packages/cloud-gcp"
         in r.stderr
     )

@@ -6,8 +6,8 @@ import subprocess
 import tarfile
 
 import pytest
-from aios_cloud.codesync import collect, make_tarball
 from aios.errors import AiosError
+from aios_cloud.codesync import collect, make_tarball
 
 
 def _tree(root):

@@ -124,6 +124,9 @@ def test_cloud_ssh_key_problems_are_one_line_errors(cluster, tmp_path):
 
 def test_cloud_sshd_hosts_reach_each_other(cluster):
     h0, h1 = cluster.hosts
-    cmd = f"python3 -c \"import socket; socket.create_connection(('{h1.internal_ip}', {h1.port}), 3); print('reached')\""
+    cmd = (
+        f"python3 -c \"import socket; socket.create_connection(('{h1.internal_ip}', {h1.port}), "
+        "3); print('reached')\""
+    )
     r = subprocess.run(cluster.ssh_argv(h0) + [cmd], capture_output=True, text=True, timeout=30)
     assert r.stdout.strip() == "reached", r.stderr

@@ -9,6 +9,7 @@ import io
 import sys
 
 import pytest
+from aios.config import resolve
 from aios_cloud import ops
 from aios_cloud.provider import (
     HEALTHY,
@@ -22,7 +23,6 @@ from aios_cloud.provider import (
 )
 from aios_cloud.ssh import LinePrinter
 from aios_cloud.store import JOB_FAILED, JOB_SUCCEEDED, ClusterRecord, Store
-from aios.config import resolve
 from aios_cloud.testing.sshd import SshdCluster
 
 

@@ -101,7 +101,8 @@ def test_broken_plugin_is_an_error_line_while_help_and_devices_work(
     strict = run_aios("plugins", env={"AIOS_STRICT_PLUGINS": "1"})
     assert strict.returncode == 2
     assert strict.stderr.strip().splitlines() == [
-        'aios: error: plugin "aios-broken": Error importing plugin: ImportError: needs libwidget; fix or uninstall it, or unset AIOS_STRICT_PLUGINS'
+        'aios: error: plugin "aios-broken": Error importing plugin: ImportError: needs '
+        "libwidget; fix or uninstall it, or unset AIOS_STRICT_PLUGINS"
     ]
 
 
@@ -109,7 +110,8 @@ def test_config_errors_exit_2_with_one_line_and_debug_shows_traceback(run_aios):
     res = run_aios("config", "validate", "precision=fp8")
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [
-        "aios: error: invalid value 'fp8' for 'precision' (from override); choose one of: fp32, bf16-mixed, fp16-mixed, bf16-true"
+        "aios: error: invalid value 'fp8' for 'precision' (from override); choose one of: "
+        "fp32, bf16-mixed, fp16-mixed, bf16-true"
     ]
     dbg = run_aios("--debug", "config", "validate", "precision=fp8")
     assert dbg.returncode == 2 and "Traceback" in dbg.stderr

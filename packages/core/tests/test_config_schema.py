@@ -71,7 +71,8 @@ def test_control_env_vars_are_not_config_keys():
     [
         (
             {"overrides": ["precision=fp8"]},
-            "invalid value 'fp8' for 'precision' (from override); choose one of: fp32, bf16-mixed, fp16-mixed, bf16-true",
+            "invalid value 'fp8' for 'precision' (from override); choose one of: fp32, "
+            "bf16-mixed, fp16-mixed, bf16-true",
         ),
         ({"overrides": ["nnodes=two"]}, "invalid value 'two' for 'nnodes' (from override)"),
         (
@@ -215,7 +216,8 @@ def test_keys_starting_with_int_or_str_are_named(item, key):
         ("grad_clip=.nan", r"'grad_clip' \(from override\): .*finite"),
         (
             f"seed={2**63}",
-            r"invalid value 9223372036854775808 for 'seed' \(from override\): .*less than or equal to 9223372036854775807",
+            r"invalid value 9223372036854775808 for 'seed' \(from override\): .*less than or "
+            r"equal to 9223372036854775807",
         ),
         ("seed=-1", r"'seed' \(from override\): .*greater than or equal to 0"),
         (

@@ -66,7 +66,8 @@ def test_example_gpt_trains_checkpoints_and_resumes(tmp_path):
         ).group(1)
     )
     m = re.search(
-        r"done 300 steps \(300 this run\) in [0-9.]+s: ([0-9.]+) steps/s, ([0-9,]+) tokens/s; train loss ([0-9.]+), val loss ([0-9.]+)",
+        r"done 300 steps \(300 this run\) in [0-9.]+s: ([0-9.]+) steps/s, ([0-9,]+) tokens/s; "
+        r"train loss ([0-9.]+), val loss ([0-9.]+)",
         r.stdout,
     )
     assert m, r.stdout

@@ -82,7 +82,8 @@ SLEEPER = """
     d = os.environ["PID_DIR"]
     with open(os.path.join(d, "w%s.tmp" % os.environ.get("RANK", "0")), "w") as f:
         f.write(str(os.getpid()))
-    os.replace(os.path.join(d, "w%s.tmp" % os.environ.get("RANK", "0")), os.path.join(d, "w%s" % os.environ.get("RANK", "0")))
+    os.replace(os.path.join(d, "w%s.tmp" % os.environ.get("RANK", "0")),
+               os.path.join(d, "w%s" % os.environ.get("RANK", "0")))
     while True:
         time.sleep(0.05)
         with open(os.path.join(d, "tick%s" % os.environ.get("RANK", "0")), "w") as f:  # "writing checkpoints"

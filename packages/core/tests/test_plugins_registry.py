@@ -270,7 +270,8 @@ def test_raising_component_hooks_name_the_plugin_and_cpu_keeps_working(syspath, 
         @hookimpl
         def aios_launch_plan(backend, config, request):
             if backend == "legacy":
-                return LaunchPlan(backend="legacy", launcher="x", world_size=1, hosts=[HostPlan(Host(), 1, {}, ["true"])])
+                return LaunchPlan(backend="legacy", launcher="x", world_size=1,
+                                  hosts=[HostPlan(Host(), 1, {}, ["true"])])
     """,
     )
     reg = Registry(entry_points=[_builtin(), good, bad], strict=False)

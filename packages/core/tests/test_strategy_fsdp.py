@@ -35,7 +35,8 @@ SMALL = [
     "2",
 ]
 DONE = re.compile(
-    r"done 40 steps \(40 this run\) in [0-9.]+s: [0-9.]+ steps/s, [0-9,]+ tokens/s; train loss ([0-9.]+), val loss ([0-9.]+)"
+    r"done 40 steps \(40 this run\) in [0-9.]+s: [0-9.]+ steps/s, [0-9,]+ tokens/s; train "
+    r"loss ([0-9.]+), val loss ([0-9.]+)"
 )
 
 
@@ -109,7 +110,9 @@ full = {n: p.numel() for n, p in model.named_parameters()}
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 model, opt = rt.setup(model, opt)
 params = dict(model.named_parameters())
-assert all(isinstance(p, DTensor) for p in params.values()), [n for n, p in params.items() if not isinstance(p, DTensor)]
+assert all(isinstance(p, DTensor) for p in params.values()), [
+    n for n, p in params.items() if not isinstance(p, DTensor)
+]
 assert {id(p) for g in opt.param_groups for p in g["params"]} == {id(p) for p in params.values()}
 local = {n: p.to_local().numel() for n, p in params.items()}
 fractions = {n: local[n] / full[n] for n in full}

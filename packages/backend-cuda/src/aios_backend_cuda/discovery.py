@@ -84,7 +84,8 @@ def report(environ: dict[str, str] | None = None) -> DeviceReport:
                 kind="AMD GPU (ROCm)",
                 available=False,
                 devices=amd,
-                reason="AMD GPU(s) with ROCm found, not NVIDIA CUDA GPUs: the cuda backend targets NVIDIA GPUs; ROCm is not supported by aios yet",
+                reason="AMD GPU(s) with ROCm found, not NVIDIA CUDA GPUs: the cuda backend targets "
+                "NVIDIA GPUs; ROCm is not supported by aios yet",
                 topology={"vendor": "AMD", "driver": "amdkfd"},
             )
         avail = probe.probe()
@@ -131,7 +132,8 @@ def report(environ: dict[str, str] | None = None) -> DeviceReport:
     notes = list(inv.notes)
     if len(inv.gpus) > 1:
         notes.append(
-            "links: X self, NV# bonded NVLinks, PIX/PXB PCIe switches, PHB host bridge, NODE within a NUMA node, SYS across NUMA nodes"
+            "links: X self, NV# bonded NVLinks, PIX/PXB PCIe switches, PHB host bridge, NODE "
+            "within a NUMA node, SYS across NUMA nodes"
         )
     if inv.source != "nvml":
         notes.append(f"answers recorded in {os.path.basename(inv.source)} ({nvml.RECORDING_ENV})")

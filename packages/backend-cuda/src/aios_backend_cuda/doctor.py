@@ -156,7 +156,8 @@ def checks(backend: str | None, config: Any) -> list[DoctorCheck]:
                     DoctorCheck(
                         "driver vs torch CUDA",
                         "fail",
-                        f"torch {build.version} needs CUDA {tv}; driver {inv.driver_version} supports only CUDA {inv.cuda_version}",
+                        f"torch {build.version} needs CUDA {tv}; driver {inv.driver_version} "
+                        f"supports only CUDA {inv.cuda_version}",
                         f"upgrade the NVIDIA driver, or install torch built for CUDA {inv.cuda_version} or older",
                         backend=b,
                     )
@@ -166,7 +167,8 @@ def checks(backend: str | None, config: Any) -> list[DoctorCheck]:
                     DoctorCheck(
                         "driver vs torch CUDA",
                         "warn",
-                        f"torch built for CUDA {tv} on a driver for CUDA {inv.cuda_version}: minor-version compatibility only (PTX JIT of newer kernels fails)",
+                        f"torch built for CUDA {tv} on a driver for CUDA {inv.cuda_version}: "
+                        "minor-version compatibility only (PTX JIT of newer kernels fails)",
                         "upgrade the NVIDIA driver to one that supports CUDA " + tv,
                         backend=b,
                     )
@@ -240,7 +242,8 @@ def checks(backend: str | None, config: Any) -> list[DoctorCheck]:
                     "GPU peer-to-peer",
                     "warn",
                     f"no P2P between GPUs {', '.join(bad)}; {interconnect(inv)}",
-                    "all-reduce goes through host memory; expect slower multi-GPU scaling (IOMMU/ACS settings or the board may disable P2P)",
+                    "all-reduce goes through host memory; expect slower multi-GPU scaling "
+                    "(IOMMU/ACS settings or the board may disable P2P)",
                     backend=b,
                 )
             )

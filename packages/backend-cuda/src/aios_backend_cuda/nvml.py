@@ -288,7 +288,8 @@ def visible_indices(
         if low.startswith(("gpu-", "mig-")):
             if low.startswith("mig-"):
                 notes.append(
-                    f"CUDA_VISIBLE_DEVICES entry {entry!r} names a MIG instance; aios lists the parent GPU only when given by GPU UUID"
+                    f"CUDA_VISIBLE_DEVICES entry {entry!r} names a MIG instance; aios lists "
+                    "the parent GPU only when given by GPU UUID"
                 )
                 break
             hits = [i for i, u in enumerate(uuids) if u.startswith(low)]
@@ -296,7 +297,9 @@ def visible_indices(
                 idx = hits[0]
             else:
                 notes.append(
-                    f"CUDA_VISIBLE_DEVICES entry {entry!r} matches {'no' if not hits else 'several'} GPU UUIDs; CUDA ignores it and every entry after it"
+                    f"CUDA_VISIBLE_DEVICES entry {entry!r} matches "
+                    f"{'no' if not hits else 'several'} GPU UUIDs; CUDA ignores it and every "
+                    "entry after it"
                 )
                 break
         else:
@@ -304,12 +307,14 @@ def visible_indices(
                 idx = int(entry)
             except ValueError:
                 notes.append(
-                    f"CUDA_VISIBLE_DEVICES entry {entry!r} is neither an index nor a GPU UUID; CUDA ignores it and every entry after it"
+                    f"CUDA_VISIBLE_DEVICES entry {entry!r} is neither an index nor a GPU "
+                    "UUID; CUDA ignores it and every entry after it"
                 )
                 break
             if idx < 0 or idx >= count:
                 notes.append(
-                    f"CUDA_VISIBLE_DEVICES entry {entry!r} is out of range (this host has {count} GPUs); CUDA ignores it and every entry after it"
+                    f"CUDA_VISIBLE_DEVICES entry {entry!r} is out of range (this host has "
+                    f"{count} GPUs); CUDA ignores it and every entry after it"
                 )
                 break
         if idx in out:
@@ -460,7 +465,9 @@ def inventory(source: NvmlSource, environ: dict[str, str] | None = None) -> GpuI
         )
     if inv.hidden:
         inv.notes.append(
-            f"CUDA_VISIBLE_DEVICES={environ.get('CUDA_VISIBLE_DEVICES') if environ is not None else os.environ.get('CUDA_VISIBLE_DEVICES')!r} hides {inv.hidden} of {total} GPUs"
+            "CUDA_VISIBLE_DEVICES="
+            f"{(environ if environ is not None else os.environ).get('CUDA_VISIBLE_DEVICES')!r} "
+            f"hides {inv.hidden} of {total} GPUs"
         )
     if len(gpus) > 1 and not inv.p2p_all_pairs:
         bad = [

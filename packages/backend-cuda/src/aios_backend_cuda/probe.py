@@ -17,7 +17,10 @@ from aios.types import Availability
 
 from aios_backend_cuda import nvml
 
-INSTALL_HINT = "pip install -e './packages/core[cuda]' ./packages/backend-cuda (from the aios checkout) (a CUDA build of torch: https://pytorch.org/get-started/locally/)"
+INSTALL_HINT = (
+    "pip install -e './packages/core[cuda]' ./packages/backend-cuda (from the aios checkout) (a "
+    "CUDA build of torch: https://pytorch.org/get-started/locally/)"
+)
 
 # Roots the probes read; tests point them at a temporary tree.
 PROC_NVIDIA_GPUS = "/proc/driver/nvidia/gpus"
@@ -103,7 +106,8 @@ def probe() -> Availability:
             if inv.hidden:
                 return Availability(
                     False,
-                    f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')!r} hides all {inv.hidden} NVIDIA GPUs",
+                    f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')!r} "
+                    f"hides all {inv.hidden} NVIDIA GPUs",
                 )
             return Availability(False, "NVML reports no NVIDIA GPU")
     else:
@@ -114,7 +118,8 @@ def probe() -> Availability:
             if amd_gpu_present() or build.flavour == "rocm":
                 return Availability(
                     False,
-                    "found an AMD GPU / ROCm (not NVIDIA CUDA): the cuda backend targets NVIDIA GPUs; ROCm is not supported by aios yet",
+                    "found an AMD GPU / ROCm (not NVIDIA CUDA): the cuda backend targets "
+                    "NVIDIA GPUs; ROCm is not supported by aios yet",
                 )
             return Availability(
                 False,

@@ -32,7 +32,8 @@ class CudaSettings(Section):
     bucket_cap_mb: int = Field(25, ge=1, description="DDP gradient bucket size")
     nccl_preset: NcclPreset = Field(
         "auto",
-        description="NCCL/EFA environment for multi-node runs: auto (from the instance type or the EFA devices found), none, p4d, p5, efa, ib",
+        description="NCCL/EFA environment for multi-node runs: auto (from the instance type or the EFA "
+        "devices found), none, p4d, p5, efa, ib",
     )
     nccl_socket_ifname: str | None = Field(
         None, description="NCCL_SOCKET_IFNAME (bootstrap interface); presets exclude lo and docker"

@@ -48,7 +48,8 @@ def check_cuda_runtime() -> None:
     if torch.version.cuda is None:
         raise BackendUnavailable(
             f"torch {torch.__version__} is a CPU-only build",
-            "install a CUDA build of torch: pip install -e './packages/core[cuda]' ./packages/backend-cuda (from the aios checkout)",
+            "install a CUDA build of torch: pip install -e './packages/core[cuda]' "
+            "./packages/backend-cuda (from the aios checkout)",
         )
     if not torch.cuda.is_available():
         raise BackendUnavailable(

@@ -139,7 +139,8 @@ class NeuronTopology:
             physical = d.cores * self.lnc
             if physical % lnc:
                 raise ConfigError(
-                    f"logical core config {lnc} does not divide the {physical} physical NeuronCores of device {d.index}",
+                    f"logical core config {lnc} does not divide the {physical} physical "
+                    f"NeuronCores of device {d.index}",
                     "set neuron.logical_nc_config to 1 or 2 (Trn2) or leave it unset",
                 )
             n = physical // lnc

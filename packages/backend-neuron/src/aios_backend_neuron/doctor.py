@@ -119,7 +119,8 @@ def checks(config: Any = None, explicit: bool = True) -> list[DoctorCheck]:
                 _c(
                     "neuronx-cc compiler",
                     "fail",
-                    f"neuronx-cc {cc.version} is installed but neither the neuronx-cc command nor the neuronxcc module is found",
+                    f"neuronx-cc {cc.version} is installed but neither the neuronx-cc command "
+                    "nor the neuronxcc module is found",
                     INSTALL_LINE,
                 )
             )
@@ -139,7 +140,8 @@ def checks(config: Any = None, explicit: bool = True) -> list[DoctorCheck]:
             _c(
                 "neuronx-distributed",
                 "warn" if rt == "native" else "pass",
-                f"neuronx-distributed {nxd.version} (legacy: NxD Training/Core are in maintenance, last supported in Neuron 2.31)",
+                f"neuronx-distributed {nxd.version} (legacy: NxD Training/Core are in "
+                "maintenance, last supported in Neuron 2.31)",
                 "on TorchNeuron use strategy=fsdp / tp (FSDP2, DTensor) instead"
                 if rt == "native"
                 else "",
@@ -175,7 +177,8 @@ def checks(config: Any = None, explicit: bool = True) -> list[DoctorCheck]:
                 _c(
                     "NeuronCores visible",
                     "pass",
-                    f"{len(cores)} logical cores ({format_core_list(cores)}) on {len(topo.devices)} devices, LNC={topo.lnc}"
+                    f"{len(cores)} logical cores ({format_core_list(cores)}) on "
+                    f"{len(topo.devices)} devices, LNC={topo.lnc}"
                     + (f", {topo.instance_type}" if topo.instance_type else ""),
                 )
             )

@@ -59,7 +59,8 @@ def check_parallel(tp: int, pp: int, cores_per_node: int, world: int) -> int:
     if tp > cores_per_node or cores_per_node % tp:
         raise ConfigError(
             f"neuron.tp_degree={tp} does not divide the {cores_per_node} NeuronCores per node",
-            f"use a tp_degree that divides {cores_per_node} (e.g. {', '.join(str(d) for d in _divisors(cores_per_node))})",
+            f"use a tp_degree that divides {cores_per_node} (e.g. "
+            f"{', '.join(str(d) for d in _divisors(cores_per_node))})",
         )
     if world % (tp * pp):
         raise ConfigError(
@@ -95,8 +96,12 @@ def resolve_runtime(
         rt = settings.runtime
         if local and installed is not None and installed != rt and not sw.xla_cpu_stand_in:
             raise ConfigError(
-                f"neuron.runtime={rt} but the installed torch-neuronx {sw.torch_neuronx.version} is the {installed} runtime",
-                f"set neuron.runtime={installed} or auto, or install the matching torch-neuronx from {('the torch 2.10+ ' if rt == 'native' else 'the torch<=2.9 ')}Neuron release",
+                f"neuron.runtime={rt} but the installed torch-neuronx "
+                f"{sw.torch_neuronx.version} is the {installed} runtime",
+                f"set neuron.runtime={installed} or auto, or install the matching "
+                "torch-neuronx from "
+                f"{('the torch 2.10+ ' if rt == 'native' else 'the torch<=2.9 ')}Neuron "
+                "release",
             )
     else:
         rt = installed or default_runtime(facts)
@@ -123,7 +128,8 @@ def _catalog_topology(
     lnc = settings.logical_nc_config or facts.default_lnc
     if lnc not in facts.supported_lnc():
         raise ConfigError(
-            f"neuron.logical_nc_config={lnc} is not available on {facts.name} (supported: {', '.join(map(str, facts.supported_lnc()))})",
+            f"neuron.logical_nc_config={lnc} is not available on {facts.name} (supported: "
+            f"{', '.join(map(str, facts.supported_lnc()))})",
             "leave neuron.logical_nc_config unset for the instance default",
         )
     return NeuronTopology.from_catalog(facts, lnc), False, f"{facts.name} (from {origin})"
@@ -220,7 +226,8 @@ def build_plan(
     stand_in = sw.xla_cpu_stand_in and local
     if stand_in and config.nprocs != "auto" and int(config.nprocs) > 1:
         raise LaunchError(
-            f"the XLA:CPU stand-in ({XLA_CPU_ENV}=1) runs one process: multi-process XLA collectives do not work on CPU",
+            f"the XLA:CPU stand-in ({XLA_CPU_ENV}=1) runs one process: multi-process XLA "
+            "collectives do not work on CPU",
             "pass --nprocs 1 (or test multi-process runs on Trainium)",
         )
     nprocs = 1 if stand_in else resolve_nprocs(config, len(cores))
@@ -280,7 +287,8 @@ def build_plan(
     if settings.precompile:
         if runtime != "xla":
             raise ConfigError(
-                "neuron.precompile runs neuron_parallel_compile, which extracts torch_xla graphs; the native runtime compiles with torch.compile",
+                "neuron.precompile runs neuron_parallel_compile, which extracts torch_xla "
+                "graphs; the native runtime compiles with torch.compile",
                 "set neuron.precompile=false (or use neuron.runtime=xla)",
             )
         for hp in plan.hosts:

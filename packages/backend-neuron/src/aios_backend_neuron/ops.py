@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CUDA_ONLY_MODULES = {
-    "flash_attn": "FlashAttention kernels are CUDA-only; use torch.nn.functional.scaled_dot_product_attention or NKI kernels",
+    "flash_attn": "FlashAttention kernels are CUDA-only; use "
+    "torch.nn.functional.scaled_dot_product_attention or NKI kernels",
     "bitsandbytes": "bitsandbytes kernels are CUDA-only",
     "apex": "NVIDIA apex fused kernels are CUDA-only",
     "xformers": "xformers kernels are CUDA-only",
@@ -139,7 +140,8 @@ def scan_source(source: str, runtime: str = "xla") -> list[Finding]:
                     Finding(
                         line,
                         "torch.compile(...)",
-                        "not supported by torch-neuronx on XLA (the graph is compiled by XLA already); remove it or use the native runtime",
+                        "not supported by torch-neuronx on XLA (the graph is compiled by XLA "
+                        "already); remove it or use the native runtime",
                     )
                 )
         elif isinstance(node, ast.Constant) and node.value in ("XLA_USE_BF16", "XLA_DOWNCAST_BF16"):

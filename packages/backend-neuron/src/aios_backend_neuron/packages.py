@@ -172,7 +172,10 @@ class NeuronSoftware:
         if self.xla_cpu_stand_in:
             return f"xla on XLA:CPU (test stand-in {XLA_CPU_ENV}=1, PJRT_DEVICE=CPU; not Trainium)"
         if rt == "xla":
-            return f"xla (torch-neuronx {self.torch_neuronx.version} on torch_xla {self.torch_xla.version}, device xla, PJRT_DEVICE=NEURON)"
+            return (
+                f"xla (torch-neuronx {self.torch_neuronx.version} on torch_xla "
+                f"{self.torch_xla.version}, device xla, PJRT_DEVICE=NEURON)"
+            )
         return f"native (TorchNeuron {self.torch_neuronx.version}, device neuron, process group backend neuron)"
 
     def version_problems(self) -> list[str]:
@@ -225,7 +228,11 @@ def forget() -> None:
 
 def placeholder_message(sw: NeuronSoftware) -> tuple[str, str]:
     names = ", ".join(f"{d.name} {d.version}" for d in sw.placeholders)
-    msg = f'{names} from PyPI {"is a placeholder" if len(sw.placeholders) == 1 else "are placeholders"} ("WRONG PACKAGE"), not the AWS Neuron SDK'
+    msg = (
+        f"{names} from PyPI "
+        f'{"is a placeholder" if len(sw.placeholders) == 1 else "are placeholders"} ("WRONG '
+        'PACKAGE"), not the AWS Neuron SDK'
+    )
     uninstall = " ".join(d.name for d in sw.placeholders)
     return msg, f"run: pip uninstall -y {uninstall} && {INSTALL_LINE}"
 

@@ -29,7 +29,9 @@ from aios.types import (
 
 BACKEND = "neuron"
 INSTALL_HINT = (
-    "pip install -e './packages/core[neuron]' ./packages/backend-xla ./packages/backend-neuron (from the aios checkout) && pip install --extra-index-url https://pip.repos.neuron.amazonaws.com "
+    "pip install -e './packages/core[neuron]' ./packages/backend-xla "
+    "./packages/backend-neuron (from the aios checkout) && pip install --extra-index-url "
+    "https://pip.repos.neuron.amazonaws.com "
     "torch-neuronx neuronx-cc neuronx-distributed (on a Trainium instance)"
 )
 
@@ -113,7 +115,8 @@ def aios_register_strategies(register: Any) -> None:
             "nxd",
             _make,
             backends=(BACKEND,),
-            description="legacy: neuronx-distributed tensor/pipeline parallel and ZeRO-1 on the XLA runtime (neuron.tp_degree, pp_degree, zero1)",
+            description="legacy: neuronx-distributed tensor/pipeline parallel and ZeRO-1 on the XLA "
+            "runtime (neuron.tp_degree, pp_degree, zero1)",
         )
     )
     for name, what in (("fsdp", "FSDP2"), ("tp", "DTensor tensor parallel"), ("hsdp", "HSDP")):
@@ -243,7 +246,8 @@ def device_report(config: Any = None) -> DeviceReport:
         notes.append(f"{origin}={spec}: {len(cores)} of {len(topo.core_ids)} logical cores visible")
     if topo.lnc > 1:
         notes.append(
-            f"logical NeuronCore config {topo.lnc} (NEURON_LOGICAL_NC_CONFIG): each logical core is {topo.lnc} physical cores"
+            f"logical NeuronCore config {topo.lnc} (NEURON_LOGICAL_NC_CONFIG): each logical "
+            f"core is {topo.lnc} physical cores"
         )
     topology = {
         "instance_type": topo.instance_type or "unknown",

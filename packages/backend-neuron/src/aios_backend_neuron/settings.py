@@ -16,7 +16,8 @@ class NeuronSettings(Section):
     instance_type: str | None = Field(
         None,
         description="plan for this instance type (trn1.2xlarge, trn1.32xlarge, trn1n.32xlarge, trn2.3xlarge, "
-        "trn2.48xlarge, trn2u.48xlarge) instead of discovering devices with neuron-ls; lets --dry-run work off-instance",
+        "trn2.48xlarge, trn2u.48xlarge) instead of discovering devices with neuron-ls; lets "
+        "--dry-run work off-instance",
     )
     runtime: Literal["auto", "xla", "native"] = Field(
         "auto",

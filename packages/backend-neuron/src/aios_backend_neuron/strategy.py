@@ -100,7 +100,8 @@ def make_native_strategy(config: Any, name: str) -> Any:
     if runtime != "native":
         raise ConfigError(
             f"strategy '{name}' needs TorchNeuron (the native neuron runtime, Trn2/Trn3); this is the XLA runtime",
-            "use strategy=ddp or the legacy strategy=nxd on the XLA runtime (Trn1), or install TorchNeuron on Trn2/Trn3",
+            "use strategy=ddp or the legacy strategy=nxd on the XLA runtime (Trn1), or "
+            "install TorchNeuron on Trn2/Trn3",
         )
     check_versions(runtime, _)
     from aios.strategies.fsdp import FSDPStrategy, HSDPStrategy, TPStrategy
@@ -118,7 +119,8 @@ def make_strategy(config: Any) -> Any:
         if uses_nxd(settings, config):
             raise ConfigError(
                 "neuron.tp_degree/pp_degree/zero1 use neuronx-distributed, which runs on the XLA-based torch-neuronx",
-                "set neuron.runtime=xla with torch-neuronx <= 2.9, or use DTensor/FSDP2 in the script on the native runtime",
+                "set neuron.runtime=xla with torch-neuronx <= 2.9, or use DTensor/FSDP2 in "
+                "the script on the native runtime",
             )
         check_versions(runtime, sw)
         from aios_backend_neuron.native_strategy import NeuronNativeStrategy

@@ -141,7 +141,8 @@ class NeuronNxDStrategy(NeuronXlaStrategy):
     def module_state_dict(self, module: torch.nn.Module) -> dict[str, Any]:
         if self.neuron.tp_degree > 1 or self.neuron.pp_degree > 1:
             raise AiosError(
-                "aios checkpoints of tensor/pipeline-parallel NxD models are not supported yet (each rank holds a shard)",
+                "aios checkpoints of tensor/pipeline-parallel NxD models are not supported "
+                "yet (each rank holds a shard)",
                 "save with neuronx_distributed.trainer.save_checkpoint(dir, tag, model=..., optimizer=...)",
             )
         return super().module_state_dict(module)

@@ -34,7 +34,8 @@ class TpuVmEnvironment(ClusterEnvironment):
         )
         if rank is None:
             raise ConfigError(
-                "TPU_WORKER_HOSTNAMES names several hosts but neither TPU_WORKER_ID nor JOB_COMPLETION_INDEX says which one this is",
+                "TPU_WORKER_HOSTNAMES names several hosts but neither TPU_WORKER_ID nor "
+                "JOB_COMPLETION_INDEX says which one this is",
                 "set TPU_WORKER_ID (TPU VMs) or run as an Indexed Job (GKE sets JOB_COMPLETION_INDEX)",
             )
         if not 0 <= rank < len(hosts):

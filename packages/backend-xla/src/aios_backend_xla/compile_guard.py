@@ -138,7 +138,8 @@ class CompileGuard:
                 self._flag(
                     step,
                     new,
-                    "input shapes unchanged: the traced graph keeps changing (Python scalars baked into the graph, value-dependent control flow, a new .item())",
+                    "input shapes unchanged: the traced graph keeps changing (Python scalars "
+                    "baked into the graph, value-dependent control flow, a new .item())",
                 )
         return new
 
@@ -153,7 +154,8 @@ class CompileGuard:
         self.events.append({"step": step, "compiles": new, "why": what})
         if self.max_recompiles is not None and self.recompiles > self.max_recompiles:
             raise RecompileError(
-                f"{self.recompiles} XLA recompiles after warm-up exceed xla.max_recompiles={self.max_recompiles} (last at step {step}: {what})",
+                f"{self.recompiles} XLA recompiles after warm-up exceed "
+                f"xla.max_recompiles={self.max_recompiles} (last at step {step}: {what})",
                 "make input shapes static (drop_last, fixed padding) or raise xla.max_recompiles",
             )
         warnings.warn(

@@ -73,7 +73,8 @@ def checks(
                 "torch_xla installed",
                 "fail",
                 "torch_xla is not installed",
-                "pip install -e './packages/core[xla]' ./packages/backend-xla (from the aios checkout) (torch and torch_xla of the same release)",
+                "pip install -e './packages/core[xla]' ./packages/backend-xla (from the aios "
+                "checkout) (torch and torch_xla of the same release)",
                 backend=B,
             )
         )
@@ -168,7 +169,8 @@ def checks(
                     "TPU free",
                     "warn",
                     f"{lock} exists: another process may hold the TPU",
-                    "stop other TPU processes (sudo lsof -w /dev/accel* /dev/vfio/*); if none runs, delete the lock file",
+                    "stop other TPU processes (sudo lsof -w /dev/accel* /dev/vfio/*); if none "
+                    "runs, delete the lock file",
                     backend=B,
                 )
             )
@@ -179,7 +181,8 @@ def checks(
                     "TPU device files",
                     "warn",
                     "no /dev/accel* or /dev/vfio/* device files",
-                    "the TPU runtime may be unhealthy: stop and start the TPU VM (gcloud compute tpus tpu-vm stop/start); recreate it if it stays UNHEALTHY",
+                    "the TPU runtime may be unhealthy: stop and start the TPU VM (gcloud "
+                    "compute tpus tpu-vm stop/start); recreate it if it stays UNHEALTHY",
                     backend=B,
                 )
             )
@@ -266,7 +269,8 @@ def checks(
                 DoctorCheck(
                     "runtime before spawn",
                     "fail",
-                    "importing torch_xla already initialises the XLA runtime here; torch_xla.launch will fail with 'Runtime is already initialized'",
+                    "importing torch_xla already initialises the XLA runtime here; "
+                    "torch_xla.launch will fail with 'Runtime is already initialized'",
                     "remove XLA device use from sitecustomize / startup hooks (PYTHONSTARTUP, .pth files)",
                     backend=B,
                 )
@@ -408,7 +412,8 @@ def tpu_checks(
             DoctorCheck(
                 "metadata server",
                 "pass",
-                f"not on Google Cloud: aios's TPU launcher sets {SKIP_MDS_ENV}=1 so libtpu does not wait on the metadata server",
+                f"not on Google Cloud: aios's TPU launcher sets {SKIP_MDS_ENV}=1 so libtpu "
+                "does not wait on the metadata server",
                 backend=T,
             )
         )

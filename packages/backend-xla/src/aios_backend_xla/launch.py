@@ -33,13 +33,17 @@ if TYPE_CHECKING:  # pragma: no cover
 
 LAUNCHER_MODULE = "aios_backend_xla.launcher"
 OPT_IN_HINT = (
-    "run on a Cloud TPU VM (pip install -e './packages/core[xla]' ./packages/backend-xla (from the aios checkout)), or to test on XLA:CPU opt in with "
+    "run on a Cloud TPU VM (pip install -e './packages/core[xla]' ./packages/backend-xla "
+    "(from the aios checkout)), or to test on XLA:CPU opt in with "
     f"xla.allow_cpu=true (env {ALLOW_CPU_ENV}=1)"
 )
 
 
 def no_tpu_error(facts: TpuFacts | None = None) -> BackendUnavailable:
-    why = "no TPU was found (no Google TPU PCI device under /sys/bus/pci/devices, no accelerator-type in the GCE metadata, no TPU_ACCELERATOR_TYPE)"
+    why = (
+        "no TPU was found (no Google TPU PCI device under /sys/bus/pci/devices, no "
+        "accelerator-type in the GCE metadata, no TPU_ACCELERATOR_TYPE)"
+    )
     if facts is not None and facts.problems:
         why += f"; {facts.problems[0]}"
     return BackendUnavailable(f"backend 'xla': {why}", OPT_IN_HINT)
@@ -126,7 +130,8 @@ def tpu_plan(
         notes.append("one process using one chip (torch_xla.launch debug_single_process)")
     elif int(config.nprocs) != per_host:
         raise LaunchError(
-            f"--nprocs {config.nprocs} does not fit {topo.accelerator_type}: torch_xla.launch runs one process per chip ({per_host} per host) or one",
+            f"--nprocs {config.nprocs} does not fit {topo.accelerator_type}: torch_xla.launch "
+            f"runs one process per chip ({per_host} per host) or one",
             f"use --nprocs auto, --nprocs {per_host} or --nprocs 1",
         )
     else:

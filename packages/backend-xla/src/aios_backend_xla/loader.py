@@ -33,7 +33,8 @@ def _fixed_shape_copy(loader: Any, drop_last: bool, seed: int) -> Any:
     bad_gen = generator is not None and generator.device.type != "cpu"
     if bad_gen:
         warnings.warn(
-            f"the DataLoader's generator is on {generator.device}; aios uses a CPU generator (XLA generators are not supported)",
+            f"the DataLoader's generator is on {generator.device}; aios uses a CPU generator "
+            "(XLA generators are not supported)",
             UserWarning,
             stacklevel=4,
         )

@@ -34,7 +34,11 @@ from aios.types import (
 )
 
 BACKEND = "xla"
-INSTALL_HINT = "on a Cloud TPU VM: pip install -e './packages/core[xla]' ./packages/backend-xla (from the aios checkout); to test on XLA:CPU without a TPU, opt in with xla.allow_cpu=true or AIOS_XLA__ALLOW_CPU=1"
+INSTALL_HINT = (
+    "on a Cloud TPU VM: pip install -e './packages/core[xla]' ./packages/backend-xla (from the "
+    "aios checkout); to test on XLA:CPU without a TPU, opt in with xla.allow_cpu=true or "
+    "AIOS_XLA__ALLOW_CPU=1"
+)
 
 
 def _torch_xla_installed() -> bool:
@@ -100,7 +104,8 @@ def aios_register_backends(register: Any) -> None:
             probe=tpu_probe,
             install_hint=TPU_INSTALL_HINT,
             device_type="tpu",
-            description="Google Cloud TPU through TorchTPU (native tpu device, DDP/FSDP2/TP over the tpu process group)",
+            description="Google Cloud TPU through TorchTPU (native tpu device, DDP/FSDP2/TP over the tpu "
+            "process group)",
             accelerator="tpu",
             default_strategy="ddp",
             discover=_tpu_discover,
@@ -289,7 +294,8 @@ def device_report(facts: Any, config: Any = None, installed: bool | None = None)
         reason = (
             ""
             if installed
-            else "torch_xla is not installed; pip install -e './packages/core[xla]' ./packages/backend-xla (from the aios checkout)"
+            else "torch_xla is not installed; pip install -e './packages/core[xla]' "
+            "./packages/backend-xla (from the aios checkout)"
         )
         return DeviceReport(BACKEND, kind, installed, devices, topology, notes, reason)
     if installed and cpu_opt_in(config):

@@ -25,7 +25,8 @@ def check_deprecated_env(environ: dict[str, str] | None = None) -> None:
     for name in DEPRECATED_ENV:
         if env.get(name, "").strip() not in ("", "0"):
             raise ConfigError(
-                f"{name}={env[name]} is set: this deprecated torch_xla switch silently turns every float32 tensor into bf16",
+                f"{name}={env[name]} is set: this deprecated torch_xla switch silently turns "
+                "every float32 tensor into bf16",
                 f"unset {name} and use precision=bf16-mixed (autocast) or precision=bf16-true (bf16 weights)",
             )
 

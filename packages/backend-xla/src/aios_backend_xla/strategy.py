@@ -181,7 +181,8 @@ class XlaStrategy(Strategy):
         for opt in CUDA_ONLY_OPTIONS:
             if optimizer.defaults.get(opt) or any(g.get(opt) for g in optimizer.param_groups):
                 warnings.warn(
-                    f"{type(optimizer).__name__}({opt}=True) selects a CUDA kernel that does not run on XLA; aios turned it off",
+                    f"{type(optimizer).__name__}({opt}=True) selects a CUDA kernel that does "
+                    "not run on XLA; aios turned it off",
                     UserWarning,
                     stacklevel=2,
                 )

@@ -295,7 +295,8 @@ def parse_accelerator_type(text: str) -> TpuTopology:
         if chips > gen.max_chips_per_host and num % per_host_cores:
             raise _bad(
                 text,
-                f"multi-host {gen.name} slices come in multiples of {per_host_cores} TensorCores ({gen.max_chips_per_host} chips per host)",
+                f"multi-host {gen.name} slices come in multiples of {per_host_cores} "
+                f"TensorCores ({gen.max_chips_per_host} chips per host)",
             )
         if chips < gen.max_chips_per_host:
             raise _bad(text, f"the smallest {gen.name} slice is {gen.type_prefix}-{per_host_cores}")

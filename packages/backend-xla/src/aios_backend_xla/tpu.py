@@ -260,7 +260,8 @@ def torch_tpu_plan(
         nprocs = int(config.nprocs)
         if len(hosts) > 1 and nprocs != per_host:
             raise LaunchError(
-                f"--nprocs {nprocs} does not fit {topo.accelerator_type}: TorchTPU runs one process per chip ({per_host} per host) on multi-host slices",
+                f"--nprocs {nprocs} does not fit {topo.accelerator_type}: TorchTPU runs one "
+                f"process per chip ({per_host} per host) on multi-host slices",
                 f"use --nprocs auto or --nprocs {per_host}",
             )
     topology = host_topology(topo, nprocs)
@@ -313,7 +314,8 @@ def torch_tpu_plan(
         0,
         (
             f"{topo.accelerator_type} on TorchTPU: TPU {topo.generation}, {topo.chips} chips on {topo.hosts} host(s)"
-            f"{f' x {s.num_slices} slices' if s.num_slices > 1 else ''}, one process per chip ({nprocs}/host, spawned), "
+            f"{f' x {s.num_slices} slices' if s.num_slices > 1 else ''}, one process per chip "
+            f"({nprocs}/host, spawned), "
             f"process group 'tpu', TORCH_TPU_TOPOLOGY={topology}"
         ),
     )
@@ -322,7 +324,8 @@ def torch_tpu_plan(
     )
     if caches:
         notes.append(
-            f"TorchTPU compilation caches: {caches[TIER2_ENV]}, {caches[TIER3_ENV]} (xla.tpu_compile_cache_dir='' to disable)"
+            f"TorchTPU compilation caches: {caches[TIER2_ENV]}, {caches[TIER3_ENV]} "
+            "(xla.tpu_compile_cache_dir='' to disable)"
         )
     if s.num_slices > 1:
         notes.append(

@@ -64,7 +64,8 @@ def host_env(environ: Mapping[str, str], nprocs: int, hostname: str) -> dict[str
     if "TORCH_TPU_SLICEBUILDER_ADDRESSES" not in environ and (len(hosts) > 1 or index is not None):
         if not hosts:
             raise LaunchError(
-                "JOB_COMPLETION_INDEX is set but TPU_WORKER_HOSTNAMES is not: the TorchTPU slice addresses cannot be built",
+                "JOB_COMPLETION_INDEX is set but TPU_WORKER_HOSTNAMES is not: the TorchTPU "
+                "slice addresses cannot be built",
                 "set TPU_WORKER_HOSTNAMES (GKE TPU node pools do) or launch through aios-run --backend tpu",
             )
         rank = int(environ.get("TPU_WORKER_ID") or index or 0)

@@ -78,7 +78,10 @@ DENIED_CODES = {
 }
 
 EXPIRED_FIX = "refresh your session (`aws sso login`, or new temporary credentials / AWS_SESSION_TOKEN) and retry"
-NO_CREDENTIALS_FIX = "run `aws configure` or `aws sso login`, set AWS_PROFILE, or export AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY"
+NO_CREDENTIALS_FIX = (
+    "run `aws configure` or `aws sso login`, set AWS_PROFILE, or export "
+    "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY"
+)
 
 _SERVICE_PREFIX = {"ec2": "ec2", "ssm": "ssm", "s3": "s3", "iam": "iam", "sts": "sts"}
 
@@ -177,7 +180,8 @@ def translate(
     if code == "ParameterNotFound":
         return CloudError(
             f"SSM parameter not found: {message}",
-            "set aws.gpu_ami_parameter / aws.neuron_ami_parameter to a current DLAMI parameter, or aws.ami to an AMI id",
+            "set aws.gpu_ami_parameter / aws.neuron_ami_parameter to a current DLAMI "
+            "parameter, or aws.ami to an AMI id",
         )
     if code.startswith("InvalidAMIID"):
         return CloudError(

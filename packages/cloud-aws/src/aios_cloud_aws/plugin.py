@@ -48,7 +48,8 @@ def aios_register_storage(register: Any) -> None:
             scheme="s3",
             protocol="s3",
             requires="s3fs",
-            install_hint="pip install -e './packages/core[aws]' ./packages/cloud ./packages/cloud-aws (from the aios checkout; brings s3fs)",
+            install_hint="pip install -e './packages/core[aws]' ./packages/cloud "
+            "./packages/cloud-aws (from the aios checkout; brings s3fs)",
             storage_options=_s3_options,
         )
     )
@@ -97,7 +98,8 @@ def aios_doctor_checks(backend: str | None, config: Any) -> list[DoctorCheck] | 
                 else (
                     INSTALL
                     if mod == "boto3"
-                    else "pip install -e './packages/core[aws]' ./packages/cloud ./packages/cloud-aws (from the aios checkout)"
+                    else "pip install -e './packages/core[aws]' ./packages/cloud "
+                    "./packages/cloud-aws (from the aios checkout)"
                 ),
             )
         )

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from aios.contract import CLOUD_ENV
 from aios_cloud.provider import (
     FAILED,
     HEALTHY,
@@ -45,7 +46,6 @@ from aios_cloud.provider import (
     NotOfferedError,
     check_requirements,
 )
-from aios.contract import CLOUD_ENV
 
 from aios_cloud_aws import catalog as cat
 from aios_cloud_aws.ec2params import (
@@ -363,7 +363,8 @@ class AwsProvider(CloudProvider):
                     ec2, request.name, request.nodes, request.labels, region
                 )
             self.log(
-                f"{request.name}: RunInstances {request.nodes} x {itype.name} in {zone}{' (spot)' if request.spot else ''}"
+                f"{request.name}: RunInstances {request.nodes} x {itype.name} in "
+                f"{zone}{' (spot)' if request.spot else ''}"
             )
             runner = (
                 ec2
@@ -410,7 +411,8 @@ class AwsProvider(CloudProvider):
             if error_code(exc) == "NoSuchEntity":
                 raise CloudError(
                     f"IAM instance profile '{prof}' does not exist",
-                    "create it (`aws iam create-instance-profile`) with a role that can read/write your S3 bucket, or unset aws.iam_instance_profile",
+                    "create it (`aws iam create-instance-profile`) with a role that can "
+                    "read/write your S3 bucket, or unset aws.iam_instance_profile",
                 ) from None
             raise translate(exc, "GetInstanceProfile", "iam") from exc
 
@@ -541,9 +543,11 @@ class AwsProvider(CloudProvider):
                 for a in got:
                     _ignore_missing(lambda a=a: self._call(ec2, "ReleaseAddress", AllocationId=a))
                 raise ElasticIpQuotaError(
-                    f"the Elastic IP quota of {region} is used up (AddressLimitExceeded): {n} nodes with several network "
+                    f"the Elastic IP quota of {region} is used up (AddressLimitExceeded): {n} "
+                    "nodes with several network "
                     f"cards need {n} Elastic IPs (one each), {len(got)} could be allocated",
-                    "request more 'EC2-VPC Elastic IPs' (quota L-0263D0A3) in Service Quotas, release unused addresses, "
+                    "request more 'EC2-VPC Elastic IPs' (quota L-0263D0A3) in Service Quotas, "
+                    "release unused addresses, "
                     "or set aws.use_private_ip=true (from inside the VPC)",
                 ) from None
             got.append(alloc["AllocationId"])
@@ -555,7 +559,7 @@ class AwsProvider(CloudProvider):
             (i for r in reservations for i in r["Instances"]),
             key=lambda i: ids.index(i["InstanceId"]),
         )
-        for inst, alloc in zip(insts, allocations):
+        for inst, alloc in zip(insts, allocations, strict=False):
             primary = next(
                 (
                     n
@@ -595,7 +599,8 @@ class AwsProvider(CloudProvider):
                         "aios tries the next availability zone",
                     )
                 raise CloudError(
-                    f"instances terminated while booting ({', '.join(sorted(r for r in reasons if r)) or 'no reason given'})",
+                    "instances terminated while booting "
+                    f"({', '.join(sorted(r for r in reasons if r)) or 'no reason given'})",
                     "check the AMI and the account's EC2 console for the reason",
                 )
             if time.monotonic() > deadline:
@@ -936,7 +941,8 @@ class AwsProvider(CloudProvider):
         path = "PATH=/opt/amazon/efa/bin:$PATH"
         return [
             f'{path} fi_info -p efa -t FI_EP_RDM >/dev/null 2>&1 || {{ echo "[aios] EFA is not usable on $(hostname): '
-            f"'fi_info -p efa -t FI_EP_RDM' found no EFA provider ({itype.name} x{nodes} needs it for NCCL/Neuron collectives); "
+            f"'fi_info -p efa -t FI_EP_RDM' found no EFA provider ({itype.name} x{nodes} "
+            "needs it for NCCL/Neuron collectives); "
             f'use an EFA-enabled AMI (the DLAMI) or set aws.efa=off" >&2; exit 1; }}'
         ]
 
@@ -1165,7 +1171,8 @@ class AwsProvider(CloudProvider):
                     "--cli-input-json",
                     _json(plan["run_instances"]),
                 ],
-                f"{plan['nodes']} x {plan['instance_type']} in {plan['zone']}; next zones on InsufficientInstanceCapacity",
+                f"{plan['nodes']} x {plan['instance_type']} in {plan['zone']}; next zones on "
+                "InsufficientInstanceCapacity",
             )
         )
         if plan["elastic_ips"]:
@@ -1191,7 +1198,8 @@ class AwsProvider(CloudProvider):
         filt = [f"Name=tag:{TAG_CLUSTER},Values={name}"]
         live = "Name=instance-state-name,Values=pending,running,stopping,stopped"
         ids = (
-            "$(aws ec2 describe-instances --region {r} --filters {t} {live} --query 'Reservations[].Instances[].InstanceId' "
+            "$(aws ec2 describe-instances --region {r} --filters {t} {live} --query "
+            "'Reservations[].Instances[].InstanceId' "
             "--output text)"
         ).format(r=region, t=shlex.quote(f"Name=tag:{TAG_CLUSTER},Values={name}"), live=live)
         if action in ("describe", "status", "list"):

@@ -93,11 +93,13 @@ class AwsSettings(Section):
     )
     efa_check: bool = Field(
         True,
-        description="before a multi-node EFA job, verify on every host that libfabric's EFA provider is usable (fi_info -p efa)",
+        description="before a multi-node EFA job, verify on every host that libfabric's EFA provider is "
+        "usable (fi_info -p efa)",
     )
     aios_requirements: list[str] = Field(
         default_factory=list,
-        description="extra pip requirements setup installs on every host (aios itself is shipped with the code, never from the registry)",
+        description="extra pip requirements setup installs on every host (aios itself is shipped with the "
+        "code, never from the registry)",
     )
     python: str | None = Field(
         None, description="python on the hosts; default: the DLAMI's PyTorch environment"

@@ -29,7 +29,8 @@ def aios_register_clouds(register: Any) -> None:
             name="gcp",
             factory=_factory,
             description="Google Cloud TPU VMs and pod slices (Cloud TPU API v2)",
-            install_hint="pip install -e './packages/core[gcp]' ./packages/cloud ./packages/backend-xla ./packages/cloud-gcp (from the aios checkout)",
+            install_hint="pip install -e './packages/core[gcp]' ./packages/cloud "
+            "./packages/backend-xla ./packages/cloud-gcp (from the aios checkout)",
         )
     )
 

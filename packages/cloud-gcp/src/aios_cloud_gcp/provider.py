@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from aios.errors import AiosError
 from aios_cloud.provider import (
     DELETING,
     FAILED,
@@ -57,7 +58,6 @@ from aios_cloud.provider import (
     QuotaError,
     check_requirements,
 )
-from aios.errors import AiosError
 
 from aios_cloud_gcp import catalog as _catalog
 from aios_cloud_gcp.settings import GcpSettings
@@ -167,7 +167,8 @@ _STATE = {
     "TERMINATED": TERMINATED,
 }
 _NOT_OFFERED = re.compile(
-    r"not (?:available|supported|offered) in (?:the )?zone|invalid accelerator type|accelerator type .* is not available|"
+    r"not (?:available|supported|offered) in (?:the )?zone|invalid accelerator "
+    r"type|accelerator type .* is not available|"
     r"does not (?:support|offer) .*accelerator",
     re.IGNORECASE,
 )
@@ -676,7 +677,7 @@ class GcpProvider(CloudProvider):
                 return
             if state in ("FAILED", "SUSPENDED", "SUSPENDING"):
                 detail = ""
-                with _suppress():
+                with _SuppressAll():
                     detail = qr.state.failed_data.error.message
                 raise CapacityError(
                     f"{what}: queued resource {state.lower()}{': ' + detail if detail else ''}",
@@ -1006,7 +1007,7 @@ class GcpProvider(CloudProvider):
         return [CloudCommand(argv)]
 
 
-class _suppress:
+class _SuppressAll:
     def __enter__(self) -> None:
         return None
 

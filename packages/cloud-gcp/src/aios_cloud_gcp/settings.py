@@ -31,11 +31,13 @@ class GcpSettings(Section):
     )
     os_login: bool = Field(
         False,
-        description="the project/org enforces OS Login: aios imports its key into your OS Login profile and logs in as its POSIX user (ssh-keys metadata is ignored there)",
+        description="the project/org enforces OS Login: aios imports its key into your OS Login profile "
+        "and logs in as its POSIX user (ssh-keys metadata is ignored there)",
     )
     os_login_user: str | None = Field(
         None,
-        description="the account (email) whose OS Login profile gets the key; default: the credentials' service account",
+        description="the account (email) whose OS Login profile gets the key; default: the credentials' "
+        "service account",
     )
     os_login_endpoint: str = Field(
         "https://oslogin.googleapis.com",

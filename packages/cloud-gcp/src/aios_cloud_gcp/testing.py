@@ -351,7 +351,10 @@ class FakeTpuService:
                 node.body["state"] = "TERMINATED"
                 return None, {
                     "code": 8,
-                    "message": f'There is no more capacity in the zone "{zone}"; you can try in another zone where Cloud TPU Nodes are offered (see https://cloud.google.com/tpu/docs/regions) [EID: 0x{uuid.uuid4().hex[:16]}]',
+                    "message": f'There is no more capacity in the zone "{zone}"; you can try in another '
+                    "zone where Cloud TPU Nodes are offered (see "
+                    "https://cloud.google.com/tpu/docs/regions) [EID: "
+                    f"0x{uuid.uuid4().hex[:16]}]",
                 }
             count = hosts_for(node.body["acceleratorType"])
             machines = self._take(count)
@@ -359,7 +362,8 @@ class FakeTpuService:
                 node.body["state"] = "TERMINATED"
                 return None, {
                     "code": 8,
-                    "message": f'There is no more capacity in the zone "{zone}" (the test service has {len(self.free)} free machines, {count} needed)',
+                    "message": f'There is no more capacity in the zone "{zone}" (the test service has '
+                    f"{len(self.free)} free machines, {count} needed)",
                 }
             node.machines = machines
             self._install_keys(node.body)

@@ -159,7 +159,8 @@ def placement(accelerator: str, nodes: int) -> Placement:
         )
     raise ConfigError(
         f"unknown accelerator '{accelerator}' for Kubernetes",
-        f"use a TPU type (v5litepod-16, v4-16, ...), an EKS instance type ({', '.join(sorted(EKS_INSTANCES)[:4])}, ...) or cpu",
+        "use a TPU type (v5litepod-16, v4-16, ...), an EKS instance type "
+        f"({', '.join(sorted(EKS_INSTANCES)[:4])}, ...) or cpu",
     )
 
 

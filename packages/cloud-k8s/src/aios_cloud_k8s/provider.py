@@ -175,7 +175,8 @@ class K8sProvider(CloudProvider):
                     if offered
                     else "; the cluster has no TPU node pools"
                 ),
-                f"create one (gcloud container node-pools create ... --tpu-topology {place.topology}) or set k8s.check_node_pools=false on Autopilot",
+                "create one (gcloud container node-pools create ... --tpu-topology "
+                f"{place.topology}) or set k8s.check_node_pools=false on Autopilot",
             )
 
     def create(self, request: ClusterRequest) -> ClusterInfo:
@@ -400,8 +401,11 @@ class K8sProvider(CloudProvider):
         except ApiException as exc:
             if kind == "JobSet" and exc.status == 404:
                 raise CloudError(
-                    f"the JobSet CRD ({M.JOBSET_PLURAL}.{M.JOBSET_GROUP}/{M.JOBSET_VERSION}) is not installed in the cluster",
-                    "install JobSet (kubectl apply --server-side -f https://github.com/kubernetes-sigs/jobset/releases/latest/download/manifests.yaml) or set k8s.api=job",
+                    f"the JobSet CRD ({M.JOBSET_PLURAL}.{M.JOBSET_GROUP}/{M.JOBSET_VERSION}) "
+                    "is not installed in the cluster",
+                    "install JobSet (kubectl apply --server-side -f "
+                    "https://github.com/kubernetes-sigs/jobset/releases/latest/download/manifests.yaml) "
+                    "or set k8s.api=job",
                 ) from None
             if exc.status == 409:
                 raise CloudError(

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from aios_cloud.provider import CloudError
 from aios.errors import AiosError
+from aios_cloud.provider import CloudError
 
 from aios_cloud_slurm.provider import FINAL_STATES, NAME_RE, SlurmProvider, default_name
 from aios_cloud_slurm.script import SbatchJob, render
@@ -155,14 +155,15 @@ def launch(
         rd = provider.settings.remote_dir
         root = f"{rd}/{name}"
         job = build_job(provider, p, name, partition, gpus, root, "<id>", env, forward)
-        from aios_cloud.codesync import collect
         from aios.config import redact
+        from aios_cloud.codesync import collect
 
         job.env = redact(job.env)
         click.echo("# dry run: nothing is synced or submitted")
         where = provider.shell.where
         click.echo(
-            f"# 1. code sync {where}: {len(collect(p['workdir'], p['exclude']))} files from {os.path.abspath(p['workdir'])} -> {root}/code"
+            f"# 1. code sync {where}: {len(collect(p['workdir'], p['exclude']))} files from "
+            f"{os.path.abspath(p['workdir'])} -> {root}/code"
         )
         if forward:
             click.echo(
@@ -249,7 +250,8 @@ def launch(
             line = msg[-1] if msg else f"exit {r.returncode}"
             raise CloudError(
                 f"sbatch rejected the job: {line.removeprefix('sbatch: error: ')}",
-                "fix the partition/account/time/resources (slurm.* settings; see `sinfo`, `sacctmgr show assoc user=$USER`)",
+                "fix the partition/account/time/resources (slurm.* settings; see `sinfo`, "
+                "`sacctmgr show assoc user=$USER`)",
             )
         slurm_id = r.stdout.decode().strip().split(";")[0]
         submitted = True
@@ -283,7 +285,8 @@ def launch(
             job_id,
         )
         log(
-            f"submitted Slurm job {slurm_id} ({name}, partition {part['name']}, {p['nodes']} node(s)); output {job.job_dir}/slurm-{slurm_id}.out"
+            f"submitted Slurm job {slurm_id} ({name}, partition {part['name']}, {p['nodes']} "
+            f"node(s)); output {job.job_dir}/slurm-{slurm_id}.out"
         )
     except BaseException as exc:
         store.update_job(job_id, state=JOB_CANCELLED if submitted else JOB_FAILED)

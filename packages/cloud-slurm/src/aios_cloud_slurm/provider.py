@@ -94,7 +94,8 @@ class SlurmProvider(CloudProvider):
             where = f"on the login node {self.shell.login}" if self.shell.login else "on PATH"
             raise CloudError(
                 f"no Slurm {where}: sbatch/squeue/scontrol/sinfo not found",
-                "install the Slurm client tools (apt-get install slurm-client), or set slurm.login to a login node (AIOS_SLURM__LOGIN=user@host)",
+                "install the Slurm client tools (apt-get install slurm-client), or set "
+                "slurm.login to a login node (AIOS_SLURM__LOGIN=user@host)",
             )
 
     def partitions(self) -> list[dict[str, Any]]:
@@ -248,7 +249,8 @@ class SlurmProvider(CloudProvider):
         if not job_dir:
             return None
         r = self.shell.run(
-            f"cd {shlex.quote(job_dir)} 2>/dev/null && ls exit.* 2>/dev/null | sort -t. -k2 -n | tail -n 1 | xargs -r cat",
+            f"cd {shlex.quote(job_dir)} 2>/dev/null && ls exit.* 2>/dev/null | sort -t. -k2 "
+            "-n | tail -n 1 | xargs -r cat",
             timeout=60,
         )
         text = r.stdout.decode().strip()

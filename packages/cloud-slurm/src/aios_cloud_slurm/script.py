@@ -106,20 +106,21 @@ def render(job: SbatchJob) -> str:
         "child=",
         # scancel --signal (no --batch/--full) signals the tasks of every step and nothing else; a
         # SIGTERM to srun itself would terminate the step (SIGKILL after KillWait)
-        'forward() { echo "[aios] SIGTERM: forwarding it to the tasks (emergency checkpoint)"; [ -n "$child" ] && scancel --signal=TERM "$SLURM_JOB_ID"; }',
+        'forward() { echo "[aios] SIGTERM: forwarding it to the tasks (emergency '
+        'checkpoint)"; [ -n "$child" ] && scancel --signal=TERM "$SLURM_JOB_ID"; }',
         "trap forward TERM",
         # no --kill-on-bad-exit: on a preemption every task exits 75 on its own once the
         # emergency checkpoint is written (killing the others at the first exit would turn 75
         # into 143); --wait bounds how long a task may outlive the first one to end
-        f"srun --kill-on-bad-exit=0 --wait={max(120, job.signal_grace)} --nodes={job.nodes} --ntasks-per-node={job.ntasks_per_node} "
-        + " ".join(q(c) for c in job.command)
-        + " &",
+        f"srun --kill-on-bad-exit=0 --wait={max(120, job.signal_grace)} --nodes={job.nodes} "
+        f"--ntasks-per-node={job.ntasks_per_node} " + " ".join(q(c) for c in job.command) + " &",
         "child=$!",
         'while kill -0 "$child" 2>/dev/null; do wait "$child"; done',
         'wait "$child"; code=$?',
         'echo "$code" > "$AIOS_JOB_DIR/exit.$restart"',
         f'if [ "$code" -eq {EXIT_PREEMPTED} ] && [ "$restart" -lt {job.max_restarts} ]; then',
-        f'  echo "[aios] preempted after an emergency checkpoint: requeueing (restart $((restart + 1))/{job.max_restarts})"',
+        '  echo "[aios] preempted after an emergency checkpoint: requeueing (restart '
+        f'$((restart + 1))/{job.max_restarts})"',
         '  scontrol requeue "$SLURM_JOB_ID"',
         "  exit 0",
         "fi",

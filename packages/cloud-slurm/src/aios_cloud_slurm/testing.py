@@ -182,7 +182,8 @@ class SlurmCluster:
         ]
         for name, port in zip(self.nodes, node_ports, strict=True):
             lines.append(
-                f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory=1000 Port={port} State=UNKNOWN"
+                f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 CPUs={self.cpus} "
+                f"RealMemory=1000 Port={port} State=UNKNOWN"
             )
         lines.append(
             f"PartitionName={self.partition} Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP"

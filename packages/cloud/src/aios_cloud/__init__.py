@@ -26,7 +26,6 @@ from typing import Any
 
 from aios_cloud.__about__ import __version__
 
-
 __all__ = [
     "__version__",
     "CapacityError",

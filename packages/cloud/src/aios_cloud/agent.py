@@ -62,8 +62,9 @@ def last_activity(jobs: Path, since: float) -> float:
 
 def provider_for(cfg: dict[str, Any]) -> Any:
     """The cloud provider as the hosts must use it: ``settings`` become ``AIOS_<CLOUD>__<KEY>``."""
-    from aios_cloud.ops import get_provider
     from aios.config import resolve
+
+    from aios_cloud.ops import get_provider
 
     cloud = cfg["cloud"]
     environ = {

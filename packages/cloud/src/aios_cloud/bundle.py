@@ -88,7 +88,7 @@ def build(backend: str | None = None, cloud: str | None = None) -> Bundle:
         for r in dist.requires or []:
             if "extra ==" in r:
                 continue
-            name = re.split(r"[\s;<>=!~\[]", r, 1)[0]
+            name = re.split(r"[\s;<>=!~\[]", r, maxsplit=1)[0]
             if not name.lower().startswith("aios-") and name.lower() not in (
                 "torch",
                 "torch-xla",

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-
 from aios.errors import AiosError
 
 CLOUD_HELP = "Cloud plugin to use (gcp, aws, ...); default: the only one installed."
@@ -68,7 +67,9 @@ def _cloud_name(cloud: str | None, store_cloud: str | None = None) -> str:
     if not clouds:
         raise AiosError(
             "no cloud plugin is installed",
-            "pip install -e './packages/core[gcp]' ./packages/cloud ./packages/backend-xla ./packages/cloud-gcp (from the aios checkout), or for AWS: pip install -e './packages/core[aws]' ./packages/cloud ./packages/cloud-aws",
+            "pip install -e './packages/core[gcp]' ./packages/cloud ./packages/backend-xla "
+            "./packages/cloud-gcp (from the aios checkout), or for AWS: "
+            "pip install -e './packages/core[aws]' ./packages/cloud ./packages/cloud-aws",
         )
     raise AiosError(f"several clouds are installed ({', '.join(clouds)})", "pick one with --cloud")
 
@@ -246,14 +247,16 @@ def _check_storage_url(url: str) -> None:
     "autostop",
     type=float,
     default=None,
-    help="Minutes without a running job after which an agent ON the head host stops the cluster (survives this laptop).",
+    help="Minutes without a running job after which an agent ON the head host stops the cluster "
+    "(survives this laptop).",
 )
 @click.option(
     "--autodown", is_flag=True, help="With --autostop: delete the cluster instead of stopping it."
 )
 @click.option(
     "--controller",
-    help="USER@HOST[:PORT]: run the managed job's recovery loop (and --down) there, detached, so it survives this machine.",
+    help="USER@HOST[:PORT]: run the managed job's recovery loop (and --down) there, detached, so "
+    "it survives this machine.",
 )
 @click.option(
     "--controller-python", help="Interpreter on the controller host (default: this one's path)."
@@ -502,7 +505,8 @@ def launch(
                     "spot capacity cannot be stopped, only deleted", "use --autostop N --autodown"
                 )
             line = (
-                f"# 5. autostop: an agent on worker 0 runs `{python} -m aios_cloud.agent ~/aios/{request.name}/agent.json` and "
+                f"# 5. autostop: an agent on worker 0 runs `{python} -m aios_cloud.agent "
+                f"~/aios/{request.name}/agent.json` and "
                 f"{'deletes' if autodown else 'stops'} the cluster after {autostop:g} min without a running job"
             )
         _launch_dry_run(provider, request, spec, config, existing is not None, key_path, line)
@@ -609,7 +613,8 @@ def launch(
             pid = _spawn_watcher(job_id, cloud, config_file, poll, down_after)
             store.update_job(job_id, watcher_pid=pid)
             _log(
-                f"the controller could not be started; a watcher on this machine (pid {pid}) manages job {job_id} instead"
+                f"the controller could not be started; a watcher on this machine (pid {pid}) "
+                f"manages job {job_id} instead"
             )
             raise
         _log(
@@ -620,7 +625,8 @@ def launch(
         pid = _spawn_watcher(job_id, cloud, config_file, poll, down_after)
         store.update_job(job_id, watcher_pid=pid)
         _log(
-            f"job {job_id} running on {name}; watcher pid {pid}. `aios logs {name} -f`, `aios status {name}`, `aios down {name}`"
+            f"job {job_id} running on {name}; watcher pid {pid}. `aios logs {name} -f`, `aios "
+            f"status {name}`, `aios down {name}`"
         )
         return
     try:
@@ -635,7 +641,8 @@ def launch(
         if pid:
             store.update_job(job_id, watcher_pid=pid)
         more = (
-            f"; a background watcher (pid {pid}) keeps managing it{' and deletes the cluster when it ends (--down)' if down_after else ''}"
+            f"; a background watcher (pid {pid}) keeps managing "
+            f"it{' and deletes the cluster when it ends (--down)' if down_after else ''}"
             if pid
             else ""
         )
@@ -720,7 +727,8 @@ def _launch_dry_run(
         zones = provider.zones(request.accelerator)
         if len(zones) > 1:
             _echo(
-                f"# on a stockout or quota error: retry in {', '.join(z for z in zones if z != request.zone)} (with backoff)"
+                "# on a stockout or quota error: retry in "
+                f"{', '.join(z for z in zones if z != request.zone)} (with backoff)"
             )
     entry = provider.entry(request.accelerator)
     n = max(1, entry.hosts) * request.nodes
@@ -746,7 +754,8 @@ def _launch_dry_run(
     secrets = secret_files(spec.workdir, spec.excludes)
     if secrets:
         _echo(
-            f"# left out {len(secrets)} secret-looking files: {', '.join(secrets[:8])}{', ...' if len(secrets) > 8 else ''} (use --env NAME)"
+            f"# left out {len(secrets)} secret-looking files: "
+            f"{', '.join(secrets[:8])}{', ...' if len(secrets) > 8 else ''} (use --env NAME)"
         )
     key = key_path or "$AIOS_HOME/keys/aios_ed25519"
     for h in hosts:
@@ -859,7 +868,7 @@ def status(
         )
     from aios_cloud.controller import controller_of, remote_status
 
-    for row, r in zip(out, recs):
+    for row, r in zip(out, recs, strict=True):
         ctl = controller_of(store, r.name)
         if not ctl:
             continue
@@ -928,11 +937,13 @@ def status(
         if c.get("controller"):
             ctl = c["controller"]
             _echo(
-                f"{c['name']}: managed by a controller on {ctl['target']} (pid {ctl['pid']}){' ' + ctl['state'] if 'state' in ctl else ''}"
+                f"{c['name']}: managed by a controller on {ctl['target']} (pid "
+                f"{ctl['pid']}){' ' + ctl['state'] if 'state' in ctl else ''}"
             )
         if c.get("unrecorded"):
             _echo(
-                f"{c['name']}: found in {c['cloud']} by its aios label, no local record; delete it with `aios down {c['name']}`"
+                f"{c['name']}: found in {c['cloud']} by its aios label, no local record; "
+                f"delete it with `aios down {c['name']}`"
             )
 
 
@@ -1107,7 +1118,8 @@ def _classify(loc: str, store: Any) -> tuple[str, Any, str]:
     "--env",
     "env_items",
     multiple=True,
-    help="Bucket <-> cluster: NAME=VALUE or NAME (forwarded from here) for the copy on the hosts (endpoints, credentials).",
+    help="Bucket <-> cluster: NAME=VALUE or NAME (forwarded from here) for the copy on the hosts "
+    "(endpoints, credentials).",
 )
 @click.option("--dry-run", is_flag=True)
 def sync(
@@ -1257,7 +1269,8 @@ def _down_unrecorded(name: str, cloud: str | None, dry_run: bool, config_file: s
             continue
         for info in infos:
             _log(
-                f"{name} has no local record; found it on {c} in {info.zone or '?'} by its aios label ({info.state}); deleting"
+                f"{name} has no local record; found it on {c} in {info.zone or '?'} by its "
+                f"aios label ({info.state}); deleting"
             )
             provider.delete(info.name, info.zone)
             found = True
@@ -1400,7 +1413,9 @@ def _entries(cloud: str | None, config_file: str | None) -> list[Any]:
     if not clouds:
         raise AiosError(
             "no cloud plugin is installed",
-            "pip install -e './packages/core[gcp]' ./packages/cloud ./packages/backend-xla ./packages/cloud-gcp (from the aios checkout), or for AWS: pip install -e './packages/core[aws]' ./packages/cloud ./packages/cloud-aws",
+            "pip install -e './packages/core[gcp]' ./packages/cloud ./packages/backend-xla "
+            "./packages/cloud-gcp (from the aios checkout), or for AWS: "
+            "pip install -e './packages/core[aws]' ./packages/cloud ./packages/cloud-aws",
         )
     out = []
     for c in clouds:
@@ -1554,7 +1569,8 @@ def cost(
         for r in rows:
             e = next(m for m in matches if m.cloud == r["cloud"])
             _echo(
-                f"{r['cloud']} {r['accelerator']} x{nodes} for {hours:g} h: on-demand {_money(r['on_demand_usd'], e)}, spot {_money(r['spot_usd'], e)}"
+                f"{r['cloud']} {r['accelerator']} x{nodes} for {hours:g} h: on-demand "
+                f"{_money(r['on_demand_usd'], e)}, spot {_money(r['spot_usd'], e)}"
             )
         return
     if not (params and tokens):

@@ -34,10 +34,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from aios.errors import AiosError
+
 from aios_cloud.provider import CloudProvider, ClusterHost
 from aios_cloud.ssh import SshRunner
 from aios_cloud.store import JOB_RUNNING, ClusterRecord, Store, cluster_dir
-from aios.errors import AiosError
 
 Log = Callable[[str], None]
 
@@ -177,7 +178,8 @@ def start_controller(
         argv.append("--down")
     start = (
         f"cd {ctl} || exit 1; set -a; . ./controller.env; set +a; export AIOS_HOME={ctl}/home "
-        f'PYTHONPATH="{ctl}/site${{PYTHONPATH:+:$PYTHONPATH}}"; setsid nohup {shlex.join(argv)} > {ctl}/controller.log 2>&1 '
+        f'PYTHONPATH="{ctl}/site${{PYTHONPATH:+:$PYTHONPATH}}"; setsid nohup '
+        f"{shlex.join(argv)} > {ctl}/controller.log 2>&1 "
         f"< /dev/null & echo $! > {ctl}/controller.pid; cat {ctl}/controller.pid"
     )
     r = runner.run_one(host, start, stream=False, timeout=60)
@@ -221,7 +223,8 @@ def remote_status(rec: ClusterRecord, info: dict[str, Any], key: str) -> dict[st
     cmd = (
         f'AIOS_HOME={ctl}/home PYTHONPATH="{ctl}/site${{PYTHONPATH:+:$PYTHONPATH}}" {shlex.quote(info["python"])} '
         f"-c {shlex.quote(_READ)} {shlex.quote(rec.name)} && "
-        f'if kill -0 "$(cat {ctl}/controller.pid)" 2>/dev/null; then echo CONTROLLER-RUNNING; else echo CONTROLLER-ENDED; fi'
+        f'if kill -0 "$(cat {ctl}/controller.pid)" 2>/dev/null; then echo CONTROLLER-RUNNING; '
+        "else echo CONTROLLER-ENDED; fi"
     )
     try:
         r = runner.run_one(host, cmd, stream=False, timeout=120)

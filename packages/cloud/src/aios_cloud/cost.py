@@ -13,8 +13,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from aios_cloud.provider import CatalogEntry
 from aios.errors import AiosError
+
+from aios_cloud.provider import CatalogEntry
 
 # Fraction of the bf16 peak a precision gets (fp32 matmuls run as multi-pass bf16 on TPU and
 # without tensor cores on most GPUs). Deliberately conservative.

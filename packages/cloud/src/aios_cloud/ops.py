@@ -34,6 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aios.contract import STATUS_DIR_ENV
+from aios.errors import AiosError
+from aios.preemption import EXIT_PREEMPTED
+
 from aios_cloud.failover import create_with_failover, zone_order
 from aios_cloud.provider import (
     PREEMPTED,
@@ -62,9 +66,6 @@ from aios_cloud.store import (
     Store,
     cluster_dir,
 )
-from aios.contract import STATUS_DIR_ENV
-from aios.errors import AiosError
-from aios.preemption import EXIT_PREEMPTED
 
 Log = Callable[[str], None]
 
@@ -271,7 +272,8 @@ def provision(
             store.event(
                 request.name,
                 "leftover",
-                f"interrupted while creating in {leftover}; cleanup did not finish; `aios down {request.name}` deletes it",
+                f"interrupted while creating in {leftover}; cleanup did not finish; `aios "
+                f"down {request.name}` deletes it",
             )
         else:
             store.delete_cluster(request.name)
@@ -315,7 +317,8 @@ def sync_code(
         generated=generated,
     )
     log(
-        f"syncing {tar.files} files ({tar.bytes / 1024:.0f} KiB) from {os.path.abspath(spec.workdir)} to {len(rec.hosts)} hosts"
+        f"syncing {tar.files} files ({tar.bytes / 1024:.0f} KiB) from "
+        f"{os.path.abspath(spec.workdir)} to {len(rec.hosts)} hosts"
         + (f" (+ aios itself, {len(extra)} files)" if extra else "")
     )
     from aios_cloud.codesync import secret_files
@@ -323,7 +326,8 @@ def sync_code(
     secrets = secret_files(spec.workdir, spec.excludes)
     if secrets:
         log(
-            f"left out {len(secrets)} secret-looking files ({', '.join(secrets[:5])}{', ...' if len(secrets) > 5 else ''}); "
+            f"left out {len(secrets)} secret-looking files "
+            f"({', '.join(secrets[:5])}{', ...' if len(secrets) > 5 else ''}); "
             "pass values with --env NAME instead"
         )
     root = remote_root(rec.name)
@@ -357,7 +361,8 @@ def run_setup(
     marker = f"{root}/setup.sha"
     log(f"setup on {len(rec.hosts)} hosts ({len(spec.setup_lines)} steps)")
     cmd = (
-        f"if [ \"$(cat {marker} 2>/dev/null)\" = {sha} ] && [ {int(force)} = 0 ]; then echo '[aios] setup already done'; exit 0; fi; "
+        f'if [ "$(cat {marker} 2>/dev/null)" = {sha} ] && [ {int(force)} = 0 ]; then echo '
+        "'[aios] setup already done'; exit 0; fi; "
         f"cd {root}/code && bash -c {shlex.quote(script)} && echo {sha} > {marker}"
     )
     runner.check(runner.run(cmd), "setup")
@@ -441,13 +446,16 @@ def render_run_sh(rec: ClusterRecord, job_id: int, plan: Any, bundle: bool = Fal
             'touch "$D/queued"',
             f'for j in $(ls -1 "{root}/jobs" 2>/dev/null | sort -n); do case "$j" in *[!0-9]*) continue;; esac; '
             f'[ "$j" -lt {job_id} ] || continue; P="{root}/jobs/$j"; '
-            'while [ ! -f "$P/exit_code" ] && [ -f "$P/pid" ] && kill -0 "$(cat "$P/pid")" 2>/dev/null; do sleep 1; done; done',
+            'while [ ! -f "$P/exit_code" ] && [ -f "$P/pid" ] && kill -0 "$(cat "$P/pid")" '
+            "2>/dev/null; do sleep 1; done; done",
             'rm -f "$D/queued"',
             f'export {STATUS_DIR_ENV}="$D/status"',
             f'cd "{root}/code" || exit 97',
             cmd,
             "rc=$?",
-            f'if [ $rc -ne 0 ] && grep -qs "^preempted" "$D"/status/rank*; then echo "[aios] workers stopped for a preemption notice (launcher exit $rc)"; rc={EXIT_PREEMPTED}; fi',
+            'if [ $rc -ne 0 ] && grep -qs "^preempted" "$D"/status/rank*; then echo "[aios] '
+            'workers stopped for a preemption notice (launcher exit $rc)"; '
+            f"rc={EXIT_PREEMPTED}; fi",
             'echo $rc > "$D/exit_code.tmp" && mv "$D/exit_code.tmp" "$D/exit_code"',
             "exit $rc",
             "",
@@ -535,7 +543,8 @@ def poll_job(rec: ClusterRecord, job_id: int) -> list[tuple[str, int | None]]:
     d = f"{remote_root(rec.name)}/jobs/{job_id}"
     cmd = (
         f'if [ -f {d}/exit_code ]; then echo "EXIT $(cat {d}/exit_code)"; '
-        f'elif [ -f {d}/pid ] && kill -0 "$(cat {d}/pid)" 2>/dev/null; then if [ -f {d}/queued ]; then echo QUEUED; else echo RUNNING; fi; '
+        f'elif [ -f {d}/pid ] && kill -0 "$(cat {d}/pid)" 2>/dev/null; then if [ -f '
+        f"{d}/queued ]; then echo QUEUED; else echo RUNNING; fi; "
         f"else echo LOST; fi"
     )
     runner = runner_for(rec, None, retries=2, backoff=0.5, connect_timeout=8)
@@ -573,7 +582,8 @@ def cancel_job(rec: ClusterRecord, job_id: int, grace: float = 10.0) -> None:
     d = f"{remote_root(rec.name)}/jobs/{job_id}"
     cmd = (
         f"[ -f {d}/pid ] || exit 0; p=$(cat {d}/pid); kill -TERM -- -$p 2>/dev/null || true; "
-        f"for i in $(seq {int(grace * 10)}); do kill -0 $p 2>/dev/null || exit 0; sleep 0.1; done; kill -KILL -- -$p 2>/dev/null || true"
+        f"for i in $(seq {int(grace * 10)}); do kill -0 $p 2>/dev/null || exit 0; sleep 0.1; "
+        "done; kill -KILL -- -$p 2>/dev/null || true"
     )
     with_retries = runner_for(rec, None, retries=1, backoff=0.5)
     try:
@@ -751,7 +761,8 @@ class Watcher:
                     maintenance = True
                     if not self._maintenance_logged:
                         self.log(
-                            f"cluster {rec.name}: in host maintenance ({info.health_detail or 'maintenance'}); waiting for it to end"
+                            f"cluster {rec.name}: in host maintenance "
+                            f"({info.health_detail or 'maintenance'}); waiting for it to end"
                         )
                         self.store.event(
                             rec.name,
@@ -878,7 +889,8 @@ class Watcher:
             self.store.event(
                 rec.name,
                 "recovered",
-                f"recovery {n}/{job.max_restarts}: {action} in {rec.zone} after {incident}; job {self.job_id} restarted (resumes from the newest checkpoint)",
+                f"recovery {n}/{job.max_restarts}: {action} in {rec.zone} after {incident}; "
+                f"job {self.job_id} restarted (resumes from the newest checkpoint)",
                 self.job_id,
             )
             self.log(f"recovery {n}/{job.max_restarts} done: {action} in {rec.zone}")
@@ -1015,7 +1027,8 @@ def install_agent(
     cmd = (
         f"set -e; mkdir -p {root}; umask 077; cat > {root}/agent.json; "
         f'if [ -f {root}/agent.pid ]; then kill "$(cat {root}/agent.pid)" 2>/dev/null || true; fi; '
-        f"cd {root}; {site} setsid nohup {shlex.quote(python)} -m aios_cloud.agent {root}/agent.json >> {root}/agent.log 2>&1 "
+        f"cd {root}; {site} setsid nohup {shlex.quote(python)} -m aios_cloud.agent "
+        f"{root}/agent.json >> {root}/agent.log 2>&1 "
         f"< /dev/null & echo $! > {root}/agent.pid; echo started"
     )
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
@@ -1028,7 +1041,8 @@ def install_agent(
     runner.check([r], "autostop agent")
     what = "delete" if action == "down" else "stop"
     log(
-        f"autostop: the agent on {head.label} will {what} {rec.name} after {idle_seconds / 60:g} min without a running job"
+        f"autostop: the agent on {head.label} will {what} {rec.name} after "
+        f"{idle_seconds / 60:g} min without a running job"
     )
 
 
@@ -1038,7 +1052,8 @@ def remove_agent(rec: ClusterRecord, printer: Callable[[str, str], None] | None)
     head = record_hosts(rec)[0]
     r = runner.run_one(
         head,
-        f'rm -f {root}/agent.json; if [ -f {root}/agent.pid ]; then kill "$(cat {root}/agent.pid)" 2>/dev/null || true; fi',
+        f'rm -f {root}/agent.json; if [ -f {root}/agent.pid ]; then kill "$(cat '
+        f'{root}/agent.pid)" 2>/dev/null || true; fi',
         stream=False,
     )
     runner.check([r], "autostop cancel")

@@ -98,8 +98,10 @@ def check_requirements(
     for r in requirements:
         if registry_aios(r):
             raise CloudError(
-                f"{where} ask for '{r.strip()}' from the package registry, where that name belongs to an unrelated project",
-                "drop it: aios is shipped to the hosts with the synced code (or list a wheel path built from your checkout)",
+                f"{where} ask for '{r.strip()}' from the package registry, where that name "
+                "belongs to an unrelated project",
+                "drop it: aios is shipped to the hosts with the synced code (or list a wheel "
+                "path built from your checkout)",
             )
 
 

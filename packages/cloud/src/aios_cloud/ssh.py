@@ -26,12 +26,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Union
+from typing import IO
 
-from aios_cloud.provider import ClusterHost
 from aios.errors import AiosError
 
-Command = Union[str, Callable[[ClusterHost], str]]
+from aios_cloud.provider import ClusterHost
+
+Command = str | Callable[[ClusterHost], str]
 
 TRANSIENT_PATTERNS = re.compile(
     r"connection refused|connection reset|connection timed out|operation timed out|"
@@ -223,7 +224,8 @@ class SshRunner:
             if HOSTKEY_CHANGED.search(err):
                 raise HostKeyChanged(
                     f"host key of {host.label} changed unexpectedly (pinned in {self.known_hosts})",
-                    "if aios did not recreate it, investigate; otherwise run `aios start NAME` or delete that known_hosts file",
+                    "if aios did not recreate it, investigate; otherwise run `aios start "
+                    "NAME` or delete that known_hosts file",
                     host=host,
                 )
             if "Permission denied" in err:
@@ -299,7 +301,8 @@ class SshRunner:
             if time.monotonic() > deadline:
                 r = [x for x in results if not x.ok][0]
                 raise SshError(
-                    f"{r.host.label} is not reachable over SSH after {timeout:.0f}s ({_first_line(chr(10).join(r.stderr))})",
+                    f"{r.host.label} is not reachable over SSH after {timeout:.0f}s "
+                    f"({_first_line(chr(10).join(r.stderr))})",
                     "check the firewall allows port 22, then `aios start NAME`",
                 )
             self.sleep(delay)

@@ -351,7 +351,8 @@ class Store:
             if db.execute("SELECT 1 FROM clusters WHERE name = ?", (rec.name,)).fetchone():
                 return False
             db.execute(
-                "INSERT INTO clusters(name, cloud, zone, accelerator, spot, state, hosts, request, ssh_user, ssh_key, created, updated)"
+                "INSERT INTO clusters(name, cloud, zone, accelerator, spot, state, hosts, "
+                "request, ssh_user, ssh_key, created, updated)"
                 " VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     rec.name,
@@ -441,7 +442,8 @@ class Store:
         now = time.time()
         with self.transaction() as db:
             cur = db.execute(
-                "INSERT INTO jobs(cluster, state, command, backend, managed, max_restarts, checkpoint_dir, spec, created, updated)"
+                "INSERT INTO jobs(cluster, state, command, backend, managed, max_restarts, "
+                "checkpoint_dir, spec, created, updated)"
                 " VALUES (?,?,?,?,?,?,?,?,?,?)",
                 (
                     cluster,

@@ -226,7 +226,10 @@ def bucket_cluster(
             (ln for ln in reversed(r.stderr) if ln.strip()), f"exit status {r.returncode}"
         )
         if "No module named" in detail and "aios" in detail:
-            fix = f"aios is not on {rec.name} yet: run a job there first (`aios launch --name {rec.name} ...` ships it), or install aios on the image"
+            fix = (
+                f"aios is not on {rec.name} yet: run a job there first (`aios launch --name "
+                f"{rec.name} ...` ships it), or install aios on the image"
+            )
         else:
             fix = "check the URL and that the hosts can reach the bucket (pass endpoints/credentials with --env NAME)"
         raise AiosError(

@@ -16,10 +16,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config")
     ap.add_argument("--down", action="store_true")
     a = ap.parse_args(argv)
+    from aios.config import resolve
+
     from aios_cloud import ops
     from aios_cloud.ssh import LinePrinter
     from aios_cloud.store import Store
-    from aios.config import resolve
 
     config = resolve(config_file=a.config, check_backend=False)
     provider = ops.get_provider(a.cloud, config)

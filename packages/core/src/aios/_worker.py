@@ -35,7 +35,7 @@ def _prctl() -> Callable[..., int] | None:
         fn = libc.prctl
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-        return fn  # type: ignore[no-any-return]
+        return fn
     except (OSError, AttributeError):
         return None
 

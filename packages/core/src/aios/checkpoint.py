@@ -154,8 +154,10 @@ def filesystem(url: str) -> tuple[Any, str]:
     if spec is None:
         known = ", ".join(sorted(reg.storage)) or "none"
         hint = {
-            "gs": "pip install -e './packages/core[gcp]' ./packages/cloud ./packages/backend-xla ./packages/cloud-gcp (from the aios checkout)",
-            "s3": "pip install -e './packages/core[aws]' ./packages/cloud ./packages/cloud-aws (from the aios checkout)",
+            "gs": "pip install -e './packages/core[gcp]' ./packages/cloud ./packages/backend-xla "
+            "./packages/cloud-gcp (from the aios checkout)",
+            "s3": "pip install -e './packages/core[aws]' ./packages/cloud ./packages/cloud-aws "
+            "(from the aios checkout)",
         }.get(scheme, "install the plugin that registers it")
         raise CheckpointError(
             f"checkpoint URL scheme '{scheme}://' is not registered (registered: {known})", hint
@@ -319,7 +321,8 @@ class CheckpointStore:
             for info in infos:
                 if not info.complete and (chosen is None or info.step > chosen.step):
                     warnings.warn(
-                        f"aios: skipping incomplete checkpoint {self.display(info.path)} (interrupted save, no {MARKER})",
+                        f"aios: skipping incomplete checkpoint {self.display(info.path)} "
+                        f"(interrupted save, no {MARKER})",
                         stacklevel=2,
                     )
         return chosen
@@ -334,7 +337,8 @@ class CheckpointStore:
                 size = None
             if size != want.get("size"):
                 raise CheckpointError(
-                    f"checkpoint '{self.display(info.path)}' is corrupt: {name} has {size} bytes, its marker says {want.get('size')}",
+                    f"checkpoint '{self.display(info.path)}' is corrupt: {name} has {size} "
+                    f"bytes, its marker says {want.get('size')}",
                     f"delete {self.display(info.path)} or start fresh with checkpoint.resume=false",
                 )
             if hash_files and want.get("sha256"):
@@ -585,7 +589,8 @@ class CheckpointStore:
             return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         except Exception as exc:  # noqa: BLE001
             raise CheckpointError(
-                f"checkpoint '{self.display(info.path)}' cannot be loaded ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})",
+                f"checkpoint '{self.display(info.path)}' cannot be loaded "
+                f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})",
                 f"delete {self.display(info.path)} or start fresh with checkpoint.resume=false",
             ) from None
 
@@ -683,7 +688,8 @@ class CheckpointStore:
         who = f"run {held.get('run_id', '?')} (pid {held.get('pid', '?')} on {held.get('host', '?')}, heartbeat {age})"
         return CheckpointError(
             f"checkpoint dir '{self.url}' is in use by {who}",
-            f"wait for that run to end, set another checkpoint.dir, or delete {self.display(self._lock_path())} if that run is gone",
+            "wait for that run to end, set another checkpoint.dir, or delete "
+            f"{self.display(self._lock_path())} if that run is gone",
         )
 
     def _break_lock(self) -> None:

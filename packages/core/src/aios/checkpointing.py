@@ -270,7 +270,8 @@ class CheckpointManager:
             try:
                 if not self.store.heartbeat():
                     warnings.warn(
-                        f"aios: lost the lock of checkpoint dir '{self.config.checkpoint.dir}' (another run took it over)",
+                        "aios: lost the lock of checkpoint dir "
+                        f"'{self.config.checkpoint.dir}' (another run took it over)",
                         stacklevel=1,
                     )
                     return
@@ -364,7 +365,7 @@ class CheckpointManager:
             deferred = getattr(fmt, "pending", None) is not None
             if failed and deferred:
                 with contextlib.suppress(Exception):
-                    fmt.wait()
+                    fmt.wait()  # type: ignore[attr-defined]  # deferred formats (dcp) have it
             if self.is_main and staging is not None:
                 if failed:
                     store.abort(staging)
@@ -376,7 +377,7 @@ class CheckpointManager:
                         if (
                             deferred
                         ):  # written in the background: commit once every rank's shards are
-                            fmt.commit_when_written(
+                            fmt.commit_when_written(  # type: ignore[attr-defined]  # deferred format
                                 lambda shards, m=merged: self._commit(
                                     store, staging, {**m, **shards}, path
                                 ),
@@ -425,7 +426,7 @@ class CheckpointManager:
         fmt = self.format
         if getattr(fmt, "pending", None) is None:
             return None
-        handle = fmt.wait()
+        handle = fmt.wait()  # type: ignore[attr-defined]  # only deferred formats are pending
         meta, self._pending_meta = self._pending_meta or {}, None
         if handle is not None and handle.path:
             entry = {
@@ -479,19 +480,23 @@ class CheckpointManager:
         fmt = meta.get("checkpoint_format", "full")
         if fmt != mine["checkpoint_format"]:
             raise CheckpointError(
-                f"{where} was written in the '{fmt}' format; this run's strategy ({mine['strategy']}) uses '{mine['checkpoint_format']}'",
-                "resume with the strategy that wrote it, or start fresh with checkpoint.resume=false (or another checkpoint.dir)",
+                f"{where} was written in the '{fmt}' format; this run's strategy "
+                f"({mine['strategy']}) uses '{mine['checkpoint_format']}'",
+                "resume with the strategy that wrote it, or start fresh with "
+                "checkpoint.resume=false (or another checkpoint.dir)",
             )
         if "backend" in meta and meta["backend"] != mine["backend"]:
             raise CheckpointError(
                 f"{where} was written by backend '{meta['backend']}', this run uses '{mine['backend']}'",
-                f"relaunch with backend={meta['backend']}, or start fresh with checkpoint.resume=false (or another checkpoint.dir)",
+                f"relaunch with backend={meta['backend']}, or start fresh with "
+                "checkpoint.resume=false (or another checkpoint.dir)",
             )
         can_reshard = reshard and self.format.supports_resharding
         if "strategy" in meta and meta["strategy"] != mine["strategy"] and not can_reshard:
             raise CheckpointError(
                 f"{where} was written by strategy {meta['strategy']}, this run uses {mine['strategy']}",
-                "relaunch with the strategy that wrote it, or start fresh with checkpoint.resume=false (or another checkpoint.dir)",
+                "relaunch with the strategy that wrote it, or start fresh with "
+                "checkpoint.resume=false (or another checkpoint.dir)",
             )
         if (
             "world_size" in meta
@@ -504,8 +509,10 @@ class CheckpointManager:
                 else ""
             )
             raise CheckpointError(
-                f"{where} was written with world size {meta['world_size']}, this run has world size {mine['world_size']}",
-                f"relaunch with {meta['world_size']} processes in total, or start fresh with checkpoint.resume=false (or another checkpoint.dir){hint}",
+                f"{where} was written with world size {meta['world_size']}, this run has "
+                f"world size {mine['world_size']}",
+                f"relaunch with {meta['world_size']} processes in total, or start fresh with "
+                f"checkpoint.resume=false (or another checkpoint.dir){hint}",
             )
 
     def _reshard(self, reshard: bool | None) -> bool:

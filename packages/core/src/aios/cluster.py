@@ -57,7 +57,7 @@ def _int(environ: Mapping[str, str], *names: str, default: int | None = None) ->
         v = environ.get(n)
         if v not in (None, ""):
             try:
-                return int(v)  # type: ignore[arg-type]
+                return int(v)
             except ValueError:
                 from aios.errors import ConfigError
 

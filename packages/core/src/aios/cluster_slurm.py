@@ -73,7 +73,9 @@ def _expand_brackets(pattern: str) -> list[str]:
 
 def _split_top(hostlist: str) -> list[str]:
     """Split on the commas that are outside brackets."""
-    out, depth, cur = [], 0, []
+    out: list[str] = []
+    depth = 0
+    cur: list[str] = []
     for ch in hostlist:
         if ch == "[":
             depth += 1
@@ -165,7 +167,8 @@ class SlurmEnvironment(ClusterEnvironment):
         if not in_step:
             if nnodes > 1:
                 raise ConfigError(
-                    f"aios-run is running in the batch script of a {nnodes}-node Slurm allocation, on its first node only",
+                    f"aios-run is running in the batch script of a {nnodes}-node Slurm "
+                    "allocation, on its first node only",
                     "start it on every node: srun --ntasks-per-node=1 aios-run ...",
                 )
             return ClusterInfo(

@@ -119,7 +119,8 @@ class FsdpSettings(Section):
 
     wrap: list[str] = Field(
         default_factory=list,
-        description="module class names sharded as one unit each (e.g. [Block]); empty: every direct child holding parameters, then the root",
+        description="module class names sharded as one unit each (e.g. [Block]); empty: every direct "
+        "child holding parameters, then the root",
     )
     reshard_after_forward: bool = Field(
         True,
@@ -152,7 +153,8 @@ class MeshSettings(Section):
     )
     tp_plan: str | None = Field(
         None,
-        description="'module:attribute' naming a tensor-parallel plan (dict of module path to ParallelStyle, or a callable(model, mesh) returning one)",
+        description="'module:attribute' naming a tensor-parallel plan (dict of module path to "
+        "ParallelStyle, or a callable(model, mesh) returning one)",
     )
 
 
@@ -161,7 +163,8 @@ class AiosConfigBase(Section):
     precision: Precision = "fp32"
     strategy: str = Field(
         "auto",
-        description="auto (the backend's default) | a registered strategy: ddp, fsdp, tp, hsdp, deepspeed, spmd, ... (see `aios plugins`)",
+        description="auto (the backend's default) | a registered strategy: ddp, fsdp, tp, hsdp, "
+        "deepspeed, spmd, ... (see `aios plugins`)",
     )
     nprocs: int | Literal["auto"] = Field(
         "auto",
@@ -227,7 +230,7 @@ def build_model(sections: dict[str, tuple[str, type]] | None = None) -> type[Aio
         sections = get_registry().config_sections
     key = tuple(sorted((k, id(v[1])) for k, v in sections.items()))
     if key not in _MODEL_CACHE:
-        fields = {name: (model, model()) for name, (_, model) in sections.items()}
+        fields: dict[str, Any] = {name: (model, model()) for name, (_, model) in sections.items()}
         _MODEL_CACHE[key] = create_model("AiosConfig", __base__=AiosConfigBase, **fields)
     return _MODEL_CACHE[key]
 

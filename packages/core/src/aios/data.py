@@ -21,7 +21,7 @@ from typing import Any
 def _sampler_class() -> type:
     from torch.utils.data import DistributedSampler
 
-    class ResumableDistributedSampler(DistributedSampler):  # type: ignore[misc,type-arg]
+    class ResumableDistributedSampler(DistributedSampler):
         """``DistributedSampler`` that can skip the first ``start`` samples of this rank's shard
         for one epoch (resume mid-epoch). Works with ``num_replicas=1`` too."""
 
@@ -74,7 +74,8 @@ def shard_dataloader(
         if world_size > 1:
             raise ConfigError(
                 "a DataLoader with a custom batch_sampler cannot be sharded across ranks by aios",
-                "pass batch_size=... instead of batch_sampler, or shard the data yourself and call setup_dataloaders(..., use_distributed_sampler=False)",
+                "pass batch_size=... instead of batch_sampler, or shard the data yourself and "
+                "call setup_dataloaders(..., use_distributed_sampler=False)",
             )
         return loader
     if getattr(loader.sampler, "_aios_sharded", False):

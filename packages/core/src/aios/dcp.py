@@ -132,7 +132,7 @@ def rng_state(device_rng: dict[str, Any] | None = None) -> dict[str, Any]:
     with contextlib.suppress(ImportError):
         import numpy as np
 
-        s = np.random.get_state()
+        s: Any = np.random.get_state()  # numpy's stub omits the legacy tuple
         state["numpy"] = [
             s[0],
             torch.from_numpy(s[1].astype("int64")),
@@ -737,7 +737,8 @@ class DcpFormat:
             if len(common.get(key, [])) != n:
                 raise CheckpointError(
                     f"the checkpoint holds {len(common.get(key, []))} {key} but this script set up {n}",
-                    "set up the same models/optimizers/schedulers as the run that saved it, or start fresh with checkpoint.resume=false",
+                    "set up the same models/optimizers/schedulers as the run that saved it, "
+                    "or start fresh with checkpoint.resume=false",
                 )
         for sch, st in zip(tr.schedulers, common["schedulers"], strict=True):
             sch.load_state_dict(st)
@@ -762,6 +763,7 @@ class DcpFormat:
                 st = reshard_loader_state(
                     st, saved_data, data, st.get("batch_size"), getattr(ld, "batch_size", None)
                 )
+                assert st is not None  # reshard_loader_state keeps a given state
                 ld.load_state_dict({k: v for k, v in st.items() if k != "batch_size"})
         self.last_load = {"saved_world": saved_world, "world": world}
         return common.get("extra", {}) or {}

@@ -30,6 +30,7 @@ per-thread device state) with the same isolation but no time limit. A hook that 
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import re
@@ -332,7 +333,7 @@ class Registry:
             plugin = impl.plugin_name
             if plugin in self.dead:
                 continue
-            out = self._run(plugin, hook_name, lambda: call(impl.function, plugin))
+            out = self._run(plugin, hook_name, functools.partial(call, impl.function, plugin))
             if out.exc is not None and not out.timed_out:
                 if isinstance(out.exc, PluginError) and self.strict:
                     raise out.exc
@@ -428,7 +429,7 @@ class Registry:
                             "the name must be lowercase letters, digits, '-', '_' or '.', and not 'auto'",
                         )
                         return
-                    if kind == "backend" and not callable(spec.probe):
+                    if kind == "backend" and not callable(getattr(spec, "probe", None)):
                         self._reject(kind, key, plugin, "its probe is not callable")
                         return
                     spec = _with_plugin(spec, plugin)
@@ -485,7 +486,8 @@ class Registry:
                     if clash:
                         self._error(
                             plugin,
-                            f'strategy \'{spec.name}\' for {clash[0]} is registered by both "{other.plugin}" and "{plugin}"; keeping "{other.plugin}"\'s',
+                            f"strategy '{spec.name}' for {clash[0]} is registered by both "
+                            f'"{other.plugin}" and "{plugin}"; keeping "{other.plugin}"\'s',
                         )
                         return
                 self.strategies.setdefault(spec.name, []).append(spec)
@@ -779,7 +781,7 @@ class Registry:
             out = self._run(
                 plugin,
                 hook_name,
-                lambda: impl.function(**accepted),
+                functools.partial(impl.function, **accepted),
                 inline=hook_name in INLINE_HOOKS,
             )
             if out.timed_out:
@@ -838,7 +840,7 @@ class Registry:
                         self._run(
                             spec.plugin,
                             hook_name,
-                            lambda d=doctor, n=spec.name: d(kwargs.get("config"), asked == n),
+                            functools.partial(doctor, kwargs.get("config"), asked == spec.name),
                         ),
                     )
         for impl in self._impls(hook_name):
@@ -848,7 +850,7 @@ class Registry:
                 self._run(
                     impl.plugin_name,
                     hook_name,
-                    lambda: impl.function(**accepted),
+                    functools.partial(impl.function, **accepted),
                     inline=hook_name in INLINE_HOOKS,
                 ),
             )
@@ -865,7 +867,8 @@ KNOWN_BACKENDS = {
     "(from the aios checkout), plus torch-neuronx from the AWS Neuron index",
 }
 KNOWN_CLOUDS = {
-    "gcp": "pip install -e './packages/core[gcp]' ./packages/cloud ./packages/backend-xla ./packages/cloud-gcp (from the aios checkout)",
+    "gcp": "pip install -e './packages/core[gcp]' ./packages/cloud ./packages/backend-xla "
+    "./packages/cloud-gcp (from the aios checkout)",
     "aws": "pip install -e './packages/core[aws]' ./packages/cloud ./packages/cloud-aws (from the aios checkout)",
 }
 
@@ -928,7 +931,12 @@ def _is_target(target: Any) -> bool:
 def _with_plugin(spec: Any, plugin: str) -> Any:
     import dataclasses
 
-    if dataclasses.is_dataclass(spec) and hasattr(spec, "plugin") and not spec.plugin:
+    if (
+        dataclasses.is_dataclass(spec)
+        and not isinstance(spec, type)
+        and hasattr(spec, "plugin")
+        and not spec.plugin
+    ):
         return dataclasses.replace(spec, plugin=plugin)
     return spec
 

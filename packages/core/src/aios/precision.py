@@ -57,7 +57,7 @@ class MixedPrecision(Precision):
         self.name = "fp16-mixed" if dtype == "float16" else "bf16-mixed"
 
     @contextlib.contextmanager
-    def autocast(self) -> Iterator[None]:  # type: ignore[override]
+    def autocast(self) -> Iterator[None]:
         import torch
 
         with torch.autocast(self.device_type, dtype=getattr(torch, self.dtype_name)):

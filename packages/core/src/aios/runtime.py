@@ -61,11 +61,21 @@ import os
 import sys
 import time
 import warnings
-from typing import Any
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
 
 from aios.contract import BACKEND_ENV, CONFIG_ENV
 from aios.errors import AiosError, ConfigError
 from aios.preemption import EXIT_PREEMPTED, PreemptionMonitor
+
+if TYPE_CHECKING:
+    import torch
+
+    from aios.checkpoint import CheckpointStore
+    from aios.config import AiosConfigBase
+    from aios.plugins import Registry
+    from aios.precision import Precision
+    from aios.strategy import Strategy
 
 __all__ = ["Runtime", "init", "current", "EXIT_PREEMPTED"]
 
@@ -96,11 +106,11 @@ def explicit_config_json(cfg: Any) -> str:
 
 
 def resolve_config(
-    config: Any = None,
+    config: AiosConfigBase | dict[str, Any] | None = None,
     defaults: dict[str, Any] | None = None,
     overrides: list[str] | None = None,
     flags: dict[str, Any] | None = None,
-) -> Any:
+) -> AiosConfigBase:
     """The config for this process. Precedence: ``defaults`` (from the script) < what
     ``aios-run`` resolved (``AIOS_RUN_CONFIG``) or, without aios-run, ``AIOS_CONFIG`` file and
     ``AIOS_*`` env vars < ``overrides`` < ``flags`` (keyword arguments of :func:`init`)."""
@@ -181,7 +191,7 @@ def _install_excepthook() -> None:
 
 
 def init(
-    config: Any = None,
+    config: AiosConfigBase | dict[str, Any] | None = None,
     *,
     defaults: dict[str, Any] | None = None,
     overrides: list[str] | None = None,
@@ -314,12 +324,12 @@ class Runtime:
 
     def __init__(
         self,
-        config: Any,
+        config: AiosConfigBase,
         backend: str,
-        strategy: Any,
-        precision: Any,
+        strategy: Strategy,
+        precision: Precision,
         watchers: list[Any] | None = None,
-        registry: Any = None,
+        registry: Registry | None = None,
     ) -> None:
         # No side effects here (no files, signal handlers or threads): see start().
         self.config = config
@@ -399,7 +409,7 @@ class Runtime:
 
     # ---------------------------------------------------------------- identity
     @property
-    def device(self) -> Any:
+    def device(self) -> torch.device:
         return self.strategy.device
 
     @property
@@ -441,7 +451,10 @@ class Runtime:
         return self.preemption.requested
 
     def __repr__(self) -> str:
-        return f"Runtime(backend={self.backend!r}, device={self.device}, rank={self.rank}/{self.world_size}, precision={self.precision.name!r})"
+        return (
+            f"Runtime(backend={self.backend!r}, device={self.device}, "
+            f"rank={self.rank}/{self.world_size}, precision={self.precision.name!r})"
+        )
 
     # ---------------------------------------------------------------- setup
     def setup(self, *objects: Any, shuffle: bool | None = None, **options: Any) -> Any:
@@ -478,12 +491,12 @@ class Runtime:
                 )
         return out[0] if len(out) == 1 else tuple(out)
 
-    def setup_module(self, module: Any) -> Any:
+    def setup_module(self, module: torch.nn.Module) -> torch.nn.Module:
         wrapped = self.strategy.setup_module(module, self.precision)
         self.training.modules.append(wrapped)
         return wrapped
 
-    def setup_optimizer(self, optimizer: Any) -> Any:
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         opt = self.strategy.setup_optimizer(optimizer)
         self.training.optimizers.append(opt)
         return opt
@@ -504,7 +517,7 @@ class Runtime:
         an EMA) in checkpoints under ``name``."""
         return self.training.register(name, obj)
 
-    def unwrap(self, module: Any) -> Any:
+    def unwrap(self, module: torch.nn.Module) -> torch.nn.Module:
         """The user's module under the data-parallel wrapper."""
         return self.strategy.unwrap(module)
 
@@ -515,7 +528,9 @@ class Runtime:
             return _NULL
         return self.precision.autocast()
 
-    def accumulate(self, module: Any | None = None) -> contextlib.AbstractContextManager[None]:
+    def accumulate(
+        self, module: torch.nn.Module | None = None
+    ) -> contextlib.AbstractContextManager[None]:
         """Wrap forward+backward of one micro-step: gradient sync is skipped unless this is the
         last micro-step before an optimizer step."""
         ck = self._ckpt
@@ -526,7 +541,7 @@ class Runtime:
         module = module if module is not None else self.training.main_module
         return self.strategy.no_sync(module, True)
 
-    def backward(self, loss: Any, module: Any | None = None) -> None:
+    def backward(self, loss: torch.Tensor, module: torch.nn.Module | None = None) -> None:
         """``loss.backward()`` through the precision policy (loss scaling); divided by
         ``grad_accum`` when accumulating."""
         ck = self._ckpt
@@ -540,11 +555,13 @@ class Runtime:
         else:
             self.strategy.backward(loss, module, self.precision)
 
-    def clip_gradients(self, module: Any, optimizer: Any, max_norm: float) -> Any:
+    def clip_gradients(
+        self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, max_norm: float
+    ) -> Any:
         """Clip the global gradient norm now (unscaling first); returns the norm."""
         return self.strategy.clip_grad_norm(module, optimizer, max_norm, self.precision)
 
-    def step(self, optimizer: Any | None = None) -> bool:
+    def step(self, optimizer: torch.optim.Optimizer | None = None) -> bool:
         """The optimizer-step boundary (see the module docstring). Returns whether an optimizer
         step happened (False on accumulation micro-steps and on fp16-overflow skips)."""
         tr = self.training
@@ -655,7 +672,7 @@ class Runtime:
     def barrier(self) -> None:
         self.strategy.barrier()
 
-    def all_reduce(self, value: Any, op: str = "mean") -> Any:
+    def all_reduce(self, value: torch.Tensor | float, op: str = "mean") -> torch.Tensor:
         """Reduce a tensor (or a Python number) over ranks; returns a new tensor."""
         import torch
 
@@ -665,7 +682,7 @@ class Runtime:
             )
         return self.strategy.all_reduce(value, op)
 
-    def all_gather(self, tensor: Any) -> Any:
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         return self.strategy.all_gather(tensor)
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
@@ -695,7 +712,7 @@ class Runtime:
 
     # ---------------------------------------------------------------- checkpoints
     @property
-    def checkpoints(self) -> Any:
+    def checkpoints(self) -> CheckpointStore:
         """The :class:`aios.checkpoint.CheckpointStore` of ``checkpoint.dir``."""
         return self.checkpointer.store
 
@@ -875,5 +892,10 @@ class Runtime:
     def __enter__(self) -> Runtime:
         return self
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.close(status="failed" if exc_type and exc_type is not SystemExit else "finished")

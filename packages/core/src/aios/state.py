@@ -89,7 +89,8 @@ class TrainingState:
             if len(state.get(key, [])) != n:
                 raise CheckpointError(
                     f"the checkpoint holds {len(state.get(key, []))} {key} but this script set up {n}",
-                    "set up the same models/optimizers/schedulers as the run that saved it, or start fresh with checkpoint.resume=false",
+                    "set up the same models/optimizers/schedulers as the run that saved it, "
+                    "or start fresh with checkpoint.resume=false",
                 )
         module = self.main_module
         try:
@@ -152,7 +153,7 @@ class TrainingState:
         with contextlib.suppress(ImportError):
             import numpy as np
 
-            s = np.random.get_state()
+            s: Any = np.random.get_state()  # numpy's stub omits the legacy tuple
             state["numpy"] = [
                 s[0],
                 torch.from_numpy(s[1].astype("int64")),

@@ -59,7 +59,8 @@ class Strategy(ABC):
         """Join the process group (if any) and pick this process's device."""
 
     def teardown(self) -> None:
-        """Leave the process group and release resources."""
+        """Leave the process group and release resources. Default: nothing to release."""
+        return None
 
     @property
     def is_main(self) -> bool:
@@ -108,6 +109,7 @@ class Strategy(ABC):
 
     def reduce_gradients(self, optimizer: torch.optim.Optimizer) -> None:
         """All-reduce gradients when the wrapper does not (XLA). Default: nothing to do."""
+        return None
 
     @abstractmethod
     def optimizer_step(self, optimizer: torch.optim.Optimizer, precision: Precision) -> bool:
@@ -129,10 +131,12 @@ class Strategy(ABC):
 
     def mark_step(self) -> None:
         """Cut the lazy graph at a step boundary (XLA). Default: nothing."""
+        return None
 
     # ---------------------------------------------------------------- collectives
     def barrier(self) -> None:
-        pass
+        """Wait for every rank. Default (one process): nothing to wait for."""
+        return None
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
         return tensor
@@ -181,10 +185,12 @@ class Strategy(ABC):
         return {}
 
     def set_rng_state(self, state: dict[str, Any]) -> None:
-        pass
+        """Restore what :meth:`rng_state` returned. Default: no device RNG state."""
+        return None
 
     def seed(self, seed: int) -> None:
         """Seed the device RNG (CPU RNGs are seeded by the runtime)."""
+        return None
 
     # ---------------------------------------------------------------- diagnostics
     def metrics(self) -> dict[str, Any]:
@@ -192,4 +198,5 @@ class Strategy(ABC):
         return {}
 
     def on_step_end(self, step: int) -> None:
-        """Called after each optimizer step (compile guard, memory tracking)."""
+        """Called after each optimizer step (compile guard, memory tracking). Default: nothing."""
+        return None

@@ -31,14 +31,15 @@ class BackendSpec:
     :param probe: cheap availability check; must not import or initialise the heavy runtime.
         ``probe()`` or ``probe(config=None)``: a probe with a ``config`` parameter receives the
         resolved config when there is one (for explicit opt-ins such as ``xla.allow_cpu``).
-    :param install_hint: the command that makes the backend usable (``pip install -e './packages/core[xla]' ./packages/backend-xla (from the aios checkout)``).
+    :param install_hint: the command that makes the backend usable
+        (``pip install -e './packages/core[xla]' ./packages/backend-xla (from the aios checkout)``).
     :param device_type: the torch device type the backend trains on.
     :param description: one line for ``aios plugins`` / ``aios devices``.
     """
 
     name: str
     priority: int
-    probe: Callable[[], Availability]
+    probe: Callable[..., Availability]
     install_hint: str = ""
     device_type: str = "cpu"
     description: str = ""
@@ -304,7 +305,7 @@ class LaunchPlan:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        for h, hp in zip(d["hosts"], self.hosts):
+        for h, hp in zip(d["hosts"], self.hosts, strict=True):
             h["shell"] = hp.shell()
         return d
 

@@ -158,7 +158,8 @@ STACKS: dict[str, tuple[VersionSet, ...]] = {
             ),
             install="pip install torch==2.13.0 torch_tpu==0.2.0 'libtpu>=0.0.50'",
             image={
-                "runtime_version": "v2-alpha-tpuv6e (v6e), v2-alpha-tpuv5-lite (v5e), v2-alpha-tpuv5 (v5p), tpu-ubuntu2204-base (v4)"
+                "runtime_version": "v2-alpha-tpuv6e (v6e), v2-alpha-tpuv5-lite (v5e), v2-alpha-tpuv5 (v5p), "
+                "tpu-ubuntu2204-base (v4)"
             },
             hardware=("v4", "v5e", "v5p", "v6e", "tpu7x"),
         ),
@@ -171,7 +172,8 @@ STACKS: dict[str, tuple[VersionSet, ...]] = {
             (("torch_xla", "==2.9.*"), ("torch", "==2.9.*"), ("libtpu", "==0.0.21")),
             install=f"pip install torch==2.9.0 'torch_xla[tpu]==2.9.0' -f {LIBTPU_INDEX}",
             image={
-                "runtime_version": "v2-alpha-tpuv6e (v6e), v2-alpha-tpuv5-lite (v5e), v2-alpha-tpuv5 (v5p), tpu-ubuntu2204-base (v4)"
+                "runtime_version": "v2-alpha-tpuv6e (v6e), v2-alpha-tpuv5-lite (v5e), v2-alpha-tpuv5 (v5p), "
+                "tpu-ubuntu2204-base (v4)"
             },
             hardware=("v2", "v3", "v4", "v5e", "v5p", "v6e"),
             note="torch_xla is being replaced by TorchTPU (--backend tpu); 2.9 is its last release",
@@ -212,7 +214,8 @@ STACKS: dict[str, tuple[VersionSet, ...]] = {
             "neuron-xla",
             "Neuron 2.29 torch-neuronx on XLA (last for Trn1 training)",
             (("torch-neuronx", ">=2.9,<2.10"), ("torch", "==2.9.*"), ("torch-xla", "==2.9.*")),
-            install=f"pip install --extra-index-url {NEURON_INDEX} 'torch-neuronx==2.9.0.2.29.*' torch==2.9.0 torch-xla==2.9.0 'neuronx-cc==2.*'",
+            install=f"pip install --extra-index-url {NEURON_INDEX} 'torch-neuronx==2.9.0.2.29.*' "
+            "torch==2.9.0 torch-xla==2.9.0 'neuronx-cc==2.*'",
             image={
                 "dlami": "Deep Learning AMI Neuron PyTorch 2.9 (Ubuntu 24.04), Neuron 2.29 release",
                 "venv": "/opt/aws_neuronx_venv_pytorch_2_9",

@@ -166,7 +166,8 @@ class Ec2Proxy:
                 )
             items = "".join(
                 f"<item><capacityReservationId>{escape(i)}</capacityReservationId><availabilityZone>{escape(r['zone'])}</availabilityZone>"
-                f"<instanceType>{escape(r['instance_type'])}</instanceType><reservationType>{escape(r.get('type', 'default'))}</reservationType>"
+                f"<instanceType>{escape(r['instance_type'])}</instanceType>"
+                f"<reservationType>{escape(r.get('type', 'default'))}</reservationType>"
                 f"<state>{escape(r.get('state', 'active'))}</state></item>"
                 for i, r in self.capacity_reservations.items()
                 if not ids or i in ids
@@ -270,7 +271,10 @@ class Ec2Proxy:
 
     def _ec2_query(self, params: dict[str, str]) -> bytes:
         """An EC2 call of the proxy's own (moto routes by the credential scope's service)."""
-        auth = "AWS4-HMAC-SHA256 Credential=testing/20260101/us-east-1/ec2/aws4_request, SignedHeaders=host, Signature=0"
+        auth = (
+            "AWS4-HMAC-SHA256 Credential=testing/20260101/us-east-1/ec2/aws4_request, "
+            "SignedHeaders=host, Signature=0"
+        )
         return self._upstream(urllib.parse.urlencode(params).encode(), {"Authorization": auth})[2]
 
     def _upstream(
@@ -405,7 +409,10 @@ def _pg_xml(g: PlacementGroup) -> str:
 
 
 def _doc(root: str, inner: str) -> str:
-    return f'<?xml version="1.0" encoding="UTF-8"?>\n<{root} xmlns="{NS}"><requestId>{uuid.uuid4()}</requestId>{inner}</{root}>'
+    return (
+        f'<?xml version="1.0" encoding="UTF-8"?>\n<{root} '
+        f'xmlns="{NS}"><requestId>{uuid.uuid4()}</requestId>{inner}</{root}>'
+    )
 
 
 def _error(code: str, message: str) -> str:

@@ -61,6 +61,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 SSH_KEYGEN = shutil.which("ssh-keygen") or "/usr/bin/ssh-keygen"
@@ -421,7 +422,7 @@ class SshdCluster:
         """Address of :meth:`popen_service` servers, reachable from this machine and every host."""
         return f"{self.subnet}.2" if self.use_netns else "127.0.0.1"
 
-    def popen_service(self, argv: list[str], **kw) -> subprocess.Popen:
+    def popen_service(self, argv: list[str], **kw: Any) -> subprocess.Popen:
         """Start a server (bind it to :attr:`service_ip`) where the hosts and this machine both
         reach it: in the switch namespace, or on loopback. Stopped by :meth:`close`."""
         if self.use_netns:

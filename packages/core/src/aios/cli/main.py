@@ -124,7 +124,7 @@ class LazyGroup(click.Group):
                 if not isinstance(cmd, click.Command):
                     raise TypeError(f"{spec.target} is a {type(cmd).__name__}, not a click command")
                 return cmd
-            except Exception as exc:  # noqa: BLE001 - a broken plugin is reported, never fatal
+            except Exception as exc:
                 if debug_enabled():
                     raise
                 return _unavailable(

@@ -29,7 +29,8 @@ each is started with the parent death signal where the platform has it (Linux), 
 that calls ``aios.init()`` also watches the launcher pid (``aios._worker``).
 
 Exit status: the script's own (0 on success; otherwise the code of the rank that failed first
-on its own, named with its rank in one line; ranks the agent stopped afterwards are not blamed), 75 (:data:`aios.preemption.EXIT_PREEMPTED`) when the workers stopped for a
+on its own, named with its rank in one line; ranks the agent stopped afterwards are not blamed),
+75 (:data:`aios.preemption.EXIT_PREEMPTED`) when the workers stopped for a
 preemption notice after checkpointing, 2 for bad input (one line naming the fix; ``--debug``
 shows the traceback), 128+N when killed by signal N.
 

@@ -188,7 +188,7 @@ class DDPStrategy(Strategy):
     @contextlib.contextmanager
     def no_sync(self, module: torch.nn.Module, enabled: bool) -> Iterator[None]:
         if enabled and hasattr(module, "no_sync") and self.world_size > 1:
-            with module.no_sync():
+            with module.no_sync():  # type: ignore[operator]  # DDP's, checked by hasattr
                 yield
         else:
             yield
@@ -313,7 +313,7 @@ def _forwarding_ddp() -> type:
     if _FORWARDING is None:
         from torch.nn.parallel import DistributedDataParallel
 
-        class AiosDDP(DistributedDataParallel):  # type: ignore[misc]
+        class AiosDDP(DistributedDataParallel):
             def __getattr__(self, name: str) -> Any:
                 try:
                     return super().__getattr__(name)

@@ -35,7 +35,7 @@ import contextlib
 import importlib
 import sys
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from aios.errors import AiosError, ConfigError
 from aios.precision import Precision
@@ -43,6 +43,7 @@ from aios.strategies.ddp import DDPStrategy
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
+    from torch.distributed.fsdp import FSDPModule
 
     from aios.config import AiosConfig
 
@@ -319,7 +320,8 @@ class FSDPStrategy(DDPStrategy):
             if optimizer.state and any(id(p) in self._replaced for p in optimizer.state):
                 raise AiosError(
                     f"strategy {self.name}: the optimizer already holds state for unsharded parameters",
-                    "set up the model and optimizer with rt.setup before the first step (or load the optimizer state after rt.setup)",
+                    "set up the model and optimizer with rt.setup before the first step (or "
+                    "load the optimizer state after rt.setup)",
                 )
             for g in optimizer.param_groups:
                 g["params"] = [self._replaced.get(id(p), p) for p in g["params"]]
@@ -332,7 +334,9 @@ class FSDPStrategy(DDPStrategy):
             if self._modules:
                 raise AiosError(
                     f"strategy {self.name}: the optimizer was built before rt.setup(model) sharded the parameters",
-                    "pass the model and the optimizer to rt.setup together (rt.setup(model, opt)), or set up the model first and build the optimizer from its parameters",
+                    "pass the model and the optimizer to rt.setup together (rt.setup(model, "
+                    "opt)), or set up the model first and build the optimizer from its "
+                    "parameters",
                 )
         return optimizer
 
@@ -345,13 +349,14 @@ class FSDPStrategy(DDPStrategy):
         if not enabled or module is None or not hasattr(module, "set_requires_gradient_sync"):
             yield
             return
-        module.set_requires_gradient_sync(False)
-        module.set_reshard_after_backward(False)
+        fsdp_module = cast("FSDPModule", module)  # fully_shard made it one (checked above)
+        fsdp_module.set_requires_gradient_sync(False)
+        fsdp_module.set_reshard_after_backward(False)
         try:
             yield
         finally:
-            module.set_requires_gradient_sync(True)
-            module.set_reshard_after_backward(True)
+            fsdp_module.set_requires_gradient_sync(True)
+            fsdp_module.set_reshard_after_backward(True)
 
     def clip_grad_norm(self, module: Any, optimizer: Any, max_norm: float, precision: Any) -> Any:
         precision.unscale(optimizer)
@@ -436,14 +441,17 @@ class FSDPStrategy(DDPStrategy):
                 group.update({k: v for k, v in saved.items() if k != "params"})
             return
         set_optimizer_state_dict(
-            self.unwrap(model), optimizer, state, options=StateDictOptions(full_state_dict=True)
+            self.unwrap(model),  # type: ignore[arg-type]  # None: torch names the problem
+            optimizer,
+            state,
+            options=StateDictOptions(full_state_dict=True),
         )
 
     # ---------------------------------------------------------------- diagnostics
     def metrics(self) -> dict[str, Any]:
         out = super().metrics()
         if self.mesh is not None:
-            out["mesh"] = dict(zip(self.mesh.mesh_dim_names or (), self.mesh.shape))
+            out["mesh"] = dict(zip(self.mesh.mesh_dim_names or (), self.mesh.shape, strict=False))
         out["sharded_blocks"] = len(self.blocks)
         return out
 

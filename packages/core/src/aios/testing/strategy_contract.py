@@ -165,7 +165,7 @@ class StrategyContract:
         acc = self.run_contract(tmp_path, "grad_accum=2")
         # two micro-steps on the same batch, loss divided by 2: the same update every 2 micro-steps
         ref_steps, acc_steps = ref["losses"][:4], acc["losses"][1::2]
-        for a, b in zip(ref_steps, acc_steps):
+        for a, b in zip(ref_steps, acc_steps, strict=False):
             assert abs(a - b) <= self.rtol * max(1.0, abs(a)), (ref_steps, acc_steps)
 
     def test_clip(self, tmp_path: Path) -> None:
