@@ -374,10 +374,11 @@ class Registry:
     def _collect_commands(self) -> None:
         def call(fn: Callable[..., Any], plugin: str) -> None:
             def register(spec: Any) -> None:
-                key = getattr(spec, "name", None)
+                name = getattr(spec, "name", None)
+                key = name if isinstance(name, str) else ""
                 if not isinstance(spec, CommandSpec):
                     why = f"expected a CommandSpec, got {type(spec).__name__}"
-                elif not isinstance(key, str) or not _NAME.match(key):
+                elif not _NAME.match(key):
                     why = "the name must be lowercase letters, digits, '-', '_' or '.'"
                 elif not _is_target(spec.target):
                     why = f"its target {spec.target!r} is not 'module:attribute'"
