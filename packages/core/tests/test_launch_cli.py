@@ -356,3 +356,21 @@ def test_launch_options_and_overrides_in_any_order_before_script():
         "--x",
     ]
     assert reorder_args(["--json", "--", "t.py", "--json"]) == ["--json", "t.py", "--json"]
+
+
+def test_preempted_node_without_rank_0_points_at_the_checkpoint_dir(capsys):
+    # on a node other than 0 no local rank writes the checkpoint: the message must not claim
+    # that no checkpoint.dir was configured
+    from types import SimpleNamespace
+
+    from aios.cli.run import _preempted_exit
+
+    cfg = SimpleNamespace(checkpoint=SimpleNamespace(dir="/shared/ckpt"))
+    with pytest.raises(SystemExit) as info:
+        _preempted_exit(cfg, {2: "preempted", 3: "preempted"})
+    err = capsys.readouterr().err
+    assert info.value.code == 75
+    assert "written by rank 0 under /shared/ckpt" in err and "no checkpoint.dir" not in err
+    with pytest.raises(SystemExit):
+        _preempted_exit(SimpleNamespace(checkpoint=SimpleNamespace(dir=None)), {0: "preempted"})
+    assert "no checkpoint.dir was configured" in capsys.readouterr().err

@@ -277,6 +277,13 @@ def _preempted_exit(cfg: Any, status: dict[int, str] | None = None) -> None:
             f"{PROG}: preempted: emergency checkpoint {paths[0]} written; relaunch the same command to resume",
             err=True,
         )
+    elif status and getattr(getattr(cfg, "checkpoint", None), "dir", None):
+        # this node's ranks do not write (rank 0, on another node, writes the checkpoint)
+        click.echo(
+            f"{PROG}: preempted: the emergency checkpoint is written by rank 0 under "
+            f"{cfg.checkpoint.dir}; relaunch the same command to resume",
+            err=True,
+        )
     elif status:
         click.echo(
             f"{PROG}: preempted: no checkpoint.dir was configured, progress since the last start is lost",
