@@ -367,7 +367,7 @@ def _start_checkpoint_process(group: Any) -> None:
     gloo group (once; seconds)."""
     from torch.distributed.checkpoint import _async_process_executor as ape
 
-    import atexit
+    import multiprocessing.util
     import signal
 
     if ape._CHECKPOINT_PROCESS is not None:
@@ -383,12 +383,14 @@ def _start_checkpoint_process(group: Any) -> None:
             ape._CHECKPOINT_PROCESS = ape._AsyncCheckpointProcess(pg_init_info=info)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
-    atexit.register(_stop_checkpoint_process)
+    # before multiprocessing's exit handler (main process and multiprocessing children alike),
+    # which SIGTERMs daemon children and joins them
+    multiprocessing.util.Finalize(None, _stop_checkpoint_process, exitpriority=100)
     _lower_writer_priority()
 
 
 def _stop_checkpoint_process() -> None:
-    """At exit (before ``multiprocessing``'s own atexit, which would SIGTERM and join it): ask
+    """At exit (before ``multiprocessing``'s exit handler, which would SIGTERM and join it): ask
     DCP's checkpoint process to stop, and kill it when it does not within 10 s."""
     from torch.distributed.checkpoint import _async_process_executor as ape
 
