@@ -6,7 +6,13 @@ measures its step times with no save in flight (baseline), then during backgroun
 (``aios.dcp.DcpCheckpointer.save(async_save=True)``: staged to CPU, written by a thread), and
 the time of a synchronous save for comparison. Rank 0 prints medians side by side.
 
-    python bench/bench_async_ckpt.py [--world 2] [--hidden 1024] [--layers 6] [--saves 3] [--dir DIR]
+    python bench/bench_async_ckpt.py [--world 2] [--hidden 1024] [--layers 6] [--saves 3]
+        [--modes thread,process] [--dir DIR]
+
+Modes: ``thread`` (DCP's writer thread inside each training process) and ``process`` (aios's
+default: the state staged once into shared memory, written by DCP's checkpoint process at a
+lower CPU/IO priority). ``--world 1`` leaves a core free on a 2-core machine and isolates the
+writer's own cost on the training process (GIL, copies) from plain CPU contention.
 """
 
 from __future__ import annotations
@@ -54,28 +60,32 @@ def worker(rank: int, args: argparse.Namespace, port: int, ckpt: str) -> None:
         opt.zero_grad(set_to_none=True)
         return time.perf_counter() - t0
 
-    ck = DcpCheckpointer(ckpt, keep=2)
     for _ in range(5):
         step()
-    ck.save(
-        0, [model], [opt], {"step": 0}, {"rng": rng_state()}
-    )  # warm the save path (groups, plans)
     base = [step() for _ in range(args.steps)]
-    in_flight: list[float] = []
-    after: list[float] = []
-    staging: list[float] = []
-    for i in range(args.saves):
-        t0 = time.perf_counter()
-        handle = ck.save(
-            i + 1, [model], [opt], {"step": i + 1}, {"rng": rng_state()}, async_save=True
-        )
-        staging.append(time.perf_counter() - t0)
-        for _ in range(args.steps):
-            busy = not handle.done()
-            dt = step()
-            (in_flight if busy else after).append(dt)
+    results: dict[str, dict[str, list[float]]] = {}
+    for mode in args.modes.split(","):
+        ck = DcpCheckpointer(os.path.join(ckpt, mode), keep=2, async_mode=mode)
+        # warm the save path (groups, plans; the checkpoint process of "process" mode)
+        ck.save(0, [model], [opt], {"step": 0}, {"rng": rng_state()}, async_save=True)
         ck.wait()
+        r = results[mode] = {"in_flight": [], "after": [], "blocking": [], "write": []}
+        for i in range(args.saves):
+            t0 = time.perf_counter()
+            handle = ck.save(
+                i + 1, [model], [opt], {"step": i + 1}, {"rng": rng_state()}, async_save=True
+            )
+            r["blocking"].append(time.perf_counter() - t0)
+            for _ in range(args.steps):
+                busy = not handle.done()
+                dt = step()
+                (r["in_flight"] if busy else r["after"]).append(dt)
+            ck.wait()
+            if handle.finished is not None:
+                r["write"].append(handle.finished - handle.started)
+        base += [step() for _ in range(args.steps // 2)]  # the baseline under the same load
     dist.barrier()
+    ck = DcpCheckpointer(os.path.join(ckpt, "sync"), keep=2)
     t0 = time.perf_counter()
     ck.save(100, [model], [opt], {"step": 100}, {"rng": rng_state()})
     sync_s = time.perf_counter() - t0
@@ -83,43 +93,44 @@ def worker(rank: int, args: argparse.Namespace, port: int, ckpt: str) -> None:
         n_params = sum(p.numel() for p in model.parameters())
         size = sum(
             os.path.getsize(os.path.join(r, f))
-            for r, _, fs in os.walk(ckpt)
+            for r, _, fs in os.walk(os.path.join(ckpt, "sync"))
             for f in fs
             if "ckpt-000000100" in r
         )
         med = statistics.median(base)
         print(
             f"async dcp checkpoint bench: FSDP2 over gloo, world {args.world}, "
-            f"{n_params / 1e6:.1f}M params, checkpoint {size / 2**20:.0f} MiB, {args.threads} "
-            "thread(s)/rank"
+            f"{n_params / 1e6:.1f}M params, checkpoint {size / 2**20:.0f} MiB, "
+            f"{args.threads} thread(s)/rank"
         )
         print(
-            f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (the "
-            "background write needs a spare core to overlap for free)"
+            f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} "
+            f"(ranks + writer vs cores: the write overlaps for free only with a spare core)"
         )
-        print(f"{'':34s}{'median step':>14s}{'ratio':>9s}{'steps':>8s}")
-        print(
-            f"{'normal step (no save in flight)':34s}{med * 1e3:11.1f} ms{1.0:8.2f}x{len(base):8d}"
-        )
-        if in_flight:
-            m = statistics.median(in_flight)
-            print(
-                f"{'step while a save is in flight':34s}{m * 1e3:11.1f} ms{m / med:8.2f}x{len(in_flight):8d}"
-            )
-        else:
-            print(
-                f"{'step while a save is in flight':34s}{'(each save finished before the next step)':>40s}"
-            )
-        print(
-            f"{'blocking part of an async save':34s}{statistics.median(staging) * 1e3:11.1f} "
-            f"ms{statistics.median(staging) / med:8.2f}x (in steps)"
-        )
-        print(f"{'synchronous save':34s}{sync_s * 1e3:11.1f} ms{sync_s / med:8.2f}x (in steps)")
-        if in_flight:
-            ratio = statistics.median(in_flight) / med
-            print(
-                f"target: in-flight step <= 1.15x normal: {'met' if ratio <= 1.15 else 'NOT met'} ({ratio:.2f}x)"
-            )
+        print(f"{'':40s}{'median step':>14s}{'ratio':>9s}{'steps':>8s}")
+
+        def row(label: str, seconds: float, tail: str) -> None:
+            print(f"{label:40s}{seconds * 1e3:11.1f} ms{seconds / med:8.2f}x{tail}")
+
+        row("normal step (no save in flight)", med, f"{len(base):8d}")
+        for mode, r in results.items():
+            label = f"in flight, {mode} writer"
+            if r["in_flight"]:
+                m = statistics.median(r["in_flight"])
+                row(label, m, f"{len(r['in_flight']):8d}")
+            else:
+                print(f"{label:40s}{'(each save finished before the next step)':>40s}")
+            b = statistics.median(r["blocking"])
+            row("  blocking part of save(), " + mode, b, " (in steps)")
+            if r["write"]:
+                w = statistics.median(r["write"])
+                row("  save start to commit, " + mode, w, " (in steps)")
+        row("synchronous save", sync_s, " (in steps)")
+        for mode, r in results.items():
+            if r["in_flight"]:
+                ratio = statistics.median(r["in_flight"]) / med
+                verdict = f"{'met' if ratio <= 1.15 else 'NOT met'} ({ratio:.2f}x)"
+                print(f"target ({mode} writer): in-flight step <= 1.15x normal: {verdict}")
         sys.stdout.flush()
     dist.barrier()
     dist.destroy_process_group()
@@ -136,6 +147,11 @@ def main() -> int:
     )
     ap.add_argument("--saves", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    ap.add_argument(
+        "--modes",
+        default="thread,process",
+        help="background writers to compare (aios.dcp.ASYNC_MODES), comma-separated",
+    )
     ap.add_argument(
         "--dir", default=None, help="checkpoint dir or URL (default: a temporary directory)"
     )

@@ -181,3 +181,30 @@ def test_doctor_reports_checks_and_fails_with_exit_1_on_failures(site, run_aios,
     sick = [c for c in checks if c["name"] == "widget driver"][0]
     assert sick["plugin"] == "aios-sick" and sick["fix"] == "upgrade the widget driver"
     assert any(c["name"] == "torch installed" and c["status"] == "pass" for c in checks)
+
+
+def test_plugins_lists_strategies_accelerators_and_cluster_envs(run_aios):
+    res = run_aios("plugins", "--json")
+    assert res.returncode == 0, res.stderr
+    plugins = {p["name"]: p for p in json.loads(res.stdout)["plugins"]}
+    core = plugins["aios-core"]
+    strategies = {s["name"]: s for s in core["strategies"]}
+    assert {"fsdp", "ddp", "tp", "hsdp"} <= set(strategies)
+    assert strategies["fsdp"]["accelerators"] == ["*"]  # any native accelerator
+    assert "cpu" in core["accelerators"]
+    assert {"slurm", "kubernetes"} <= set(core["cluster_environments"])
+    cuda = {s["name"]: s for s in plugins["aios-backend-cuda"]["strategies"]}
+    assert "deepspeed" in cuda and "cuda" in cuda["deepspeed"]["backends"]
+    assert "deepspeed" not in strategies
+    table = run_aios("plugins", env={"COLUMNS": "400"})
+    assert table.returncode == 0, table.stderr
+    core_rows = "".join(ln for ln in table.stdout.splitlines() if "aios-core" in ln)
+    for item in (
+        "accelerator:cpu",
+        "strategy:fsdp(any accelerator)",
+        "cluster-env:slurm",
+        "cluster-env:kubernetes",
+    ):
+        assert item in core_rows, (item, table.stdout)
+    cuda_row = "".join(ln for ln in table.stdout.splitlines() if "aios-backend-cuda" in ln)
+    assert "strategy:deepspeed(cuda cpu)" in cuda_row, table.stdout

@@ -108,6 +108,8 @@ def test_dcp_async_save_overlaps_training(reference: dict[str, Any]) -> None:
         ov = res["overlap"]
         # the step after the save ran to completion while this rank's shard write was held
         assert ov["in_flight_after_next_step"] is True and ov["gate_timed_out"] is False, ov
+        # written by DCP's checkpoint process (async_mode="process"), not the training process
+        assert ov["writer_pid"] != ov["rank_pid"], ov
     info = CheckpointStore(str(reference["ckpt"])).latest()
     assert (
         info is not None
@@ -180,6 +182,17 @@ def test_dcp_rank_dying_before_commit_is_never_resumed(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------ pure functions
+
+
+def test_dcp_unknown_async_mode_is_a_one_line_error() -> None:
+    from aios.dcp import DcpWriter
+    from aios.errors import CheckpointError
+
+    with pytest.raises(CheckpointError) as exc:
+        DcpWriter(async_mode="fork")
+    assert exc.value.one_line() == (
+        "unknown async checkpoint mode 'fork'; choose one of: process, thread"
+    )
 
 
 def test_dcp_loader_position_rederived_from_global_samples() -> None:

@@ -29,10 +29,16 @@ Rules:
   a marker (a rank died, the job was killed mid-save) is never resumed, and the store's pruning
   removes it later (lineage rules of :mod:`aios.checkpoint`).
 * **Async.** :meth:`DcpCheckpointer.save` with ``async_save=True`` stages the state into CPU
-  copies (DCP's stager) and returns; the writing runs in a background thread on a dedicated
-  gloo process group so it never interleaves with training collectives, and rank 0 commits (marker,
-  pruning) from that thread as soon as the write is done. :meth:`DcpCheckpointer.wait` finishes
-  a pending save; call it (collectively) before the next save, at preemption and at exit.
+  copies (DCP's stager) and returns; rank 0 commits (marker, pruning) from a thread as soon as
+  every rank's write is done. :meth:`DcpCheckpointer.wait` finishes a pending save; call it
+  (collectively) before the next save, at preemption and at exit. The write runs (``async_mode``)
+  either in DCP's **checkpoint process** (``"process"``, the default): the state is staged into
+  shared CPU memory reused from save to save, and one daemon process per training process,
+  started at the first background save with its own gloo group and a lower CPU/IO priority,
+  serializes, writes and fsyncs the shards, so none of that holds the training process's GIL;
+  or in a **thread** of the training process (``"thread"``, and always without
+  ``torch.distributed``) on a dedicated gloo group so it never interleaves with training
+  collectives.
 * **Resharding on load.** Model and optimizer state go through
   ``torch.distributed.checkpoint.state_dict.get_state_dict/set_state_dict`` (FSDP2, DTensor TP,
   plain modules) and load in place into whatever sharding this run has: a checkpoint saved by N
@@ -87,18 +93,54 @@ def storage_options(url: str) -> tuple[str, dict[str, Any]]:
     return f"{spec.protocol}://{rest}", options
 
 
+def _quiet_checkpoint_process() -> None:
+    """In DCP's checkpoint process (``async_mode="process"``), where torch sets the root logger
+    to INFO and logs every request to stderr: keep warnings and errors only."""
+    import logging
+
+    logging.getLogger().setLevel(logging.WARNING)
+
+
+_WRITERS: dict[str, type] = {}
+
+
+def _writer_classes() -> tuple[type, type]:
+    """DCP's local and fsspec writers; unpickled in the checkpoint process they quieten it.
+    Built on first use (no torch import with this module); found again by pickle through the
+    module ``__getattr__``."""
+    if not _WRITERS:
+        from torch.distributed.checkpoint import FileSystemWriter
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+        def quiet(base: type, name: str) -> type:
+            def __setstate__(self: Any, state: dict[str, Any]) -> None:  # noqa: N807
+                self.__dict__.update(state)
+                _quiet_checkpoint_process()
+
+            return type(
+                name,
+                (base,),
+                {"__setstate__": __setstate__, "__module__": __name__, "__qualname__": name},
+            )
+
+        _WRITERS["_LocalWriter"] = quiet(FileSystemWriter, "_LocalWriter")
+        _WRITERS["_UrlWriter"] = quiet(FsspecWriter, "_UrlWriter")
+    return _WRITERS["_LocalWriter"], _WRITERS["_UrlWriter"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("_LocalWriter", "_UrlWriter"):
+        return dict(zip(("_LocalWriter", "_UrlWriter"), _writer_classes(), strict=True))[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def _make_writer(url: str) -> Any:
     """A DCP storage writer for one checkpoint directory (a local path or a URL)."""
+    local, remote = _writer_classes()
     if "://" not in url:
-        from torch.distributed.checkpoint import FileSystemWriter
-
-        return FileSystemWriter(url, sync_files=True, single_file_per_rank=True, overwrite=True)
-    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
-
+        return local(url, sync_files=True, single_file_per_rank=True, overwrite=True)
     full, options = storage_options(url)
-    return FsspecWriter(
-        full, sync_files=False, single_file_per_rank=True, overwrite=True, **options
-    )
+    return remote(full, sync_files=False, single_file_per_rank=True, overwrite=True, **options)
 
 
 def _make_reader(url: str) -> Any:
@@ -277,6 +319,124 @@ def _one_line(exc: BaseException) -> str:
 
 # ------------------------------------------------------------------------------ the writer
 
+#: how a background save is written (:class:`DcpWriter`'s ``async_mode``)
+ASYNC_MODES = ("process", "thread")
+_reniced: set[int] = set()
+
+
+def _state_bytes(state: Any) -> int:
+    """Bytes of this rank's tensors in a (sharded) state dict."""
+    import torch
+
+    if isinstance(state, dict):
+        return sum(_state_bytes(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(_state_bytes(v) for v in state)
+    if isinstance(state, torch.Tensor):
+        local = state.to_local() if hasattr(state, "to_local") else state
+        return int(local.numel() * local.element_size())
+    return 0
+
+
+@contextlib.contextmanager
+def _main_not_rerun() -> Any:
+    """While a ``spawn`` child starts: make ``multiprocessing`` skip re-running the training
+    script in it (scripts need no ``if __name__ == "__main__"`` guard for aios)."""
+    import importlib.machinery
+    import sys
+
+    main = sys.modules.get("__main__")
+    if main is None:
+        yield
+        return
+    had, old = hasattr(main, "__spec__"), getattr(main, "__spec__", None)
+    main.__spec__ = importlib.machinery.ModuleSpec("__main__", None)  # spawn: nothing to import
+    try:
+        yield
+    finally:
+        if had:
+            main.__spec__ = old
+        else:
+            del main.__spec__
+
+
+def _start_checkpoint_process(group: Any) -> None:
+    """Collective, at the first process-mode save: start DCP's checkpoint process of this rank
+    (once per training process) now, on this thread, so that the training script is not run
+    again in it, at a lower CPU/IO priority. Blocks until every rank's process has joined its
+    gloo group (once; seconds)."""
+    import multiprocessing.util
+    import signal
+
+    from torch.distributed.checkpoint import _async_process_executor as ape
+
+    if ape._CHECKPOINT_PROCESS is not None:
+        return
+    info = ape._ProcessGroupInitInfo(group)
+    # SIGTERM/SIGINT blocked in the child (the mask survives spawn's exec): a preemption signal
+    # sent to the whole process group must not kill the writer of the pending save; the
+    # training process stops it (below) once that save and the emergency one are done.
+    stop = {signal.SIGTERM, signal.SIGINT}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, stop)
+    try:
+        with _main_not_rerun():
+            ape._CHECKPOINT_PROCESS = ape._AsyncCheckpointProcess(pg_init_info=info)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    # before multiprocessing's exit handler (main process and multiprocessing children alike),
+    # which SIGTERMs daemon children and joins them
+    multiprocessing.util.Finalize(None, _stop_checkpoint_process, exitpriority=100)
+    _lower_writer_priority()
+
+
+def _stop_checkpoint_process() -> None:
+    """At exit (before ``multiprocessing``'s exit handler, which would SIGTERM and join it): ask
+    DCP's checkpoint process to stop, and kill it when it does not within 10 s."""
+    from torch.distributed.checkpoint import _async_process_executor as ape
+
+    proc = ape._CHECKPOINT_PROCESS
+    if proc is None:
+        return
+    child = proc._save_process
+    with contextlib.suppress(Exception):
+        if child.is_alive():
+            proc._send(ape._CheckpointSaveProcessControlOpts.TERMINATE)
+            child.join(10)
+    with contextlib.suppress(Exception):
+        if child.is_alive():
+            child.kill()
+            child.join(5)
+    ape._CHECKPOINT_PROCESS = None
+
+
+def _lower_writer_priority() -> None:
+    """Give DCP's checkpoint process (once it exists) a lower CPU and I/O priority than the
+    training ranks, so that where cores are scarce the write yields to training."""
+    import os
+
+    with contextlib.suppress(Exception):  # best effort: a private attribute of torch's executor
+        from torch.distributed.checkpoint import _async_process_executor as ape
+
+        proc = getattr(ape._CHECKPOINT_PROCESS, "_save_process", None)
+        pid = getattr(proc, "pid", None)
+        if pid is None or pid in _reniced:
+            return
+        _reniced.add(pid)
+        os.setpriority(os.PRIO_PROCESS, pid, min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10))
+        _set_idle_io_priority(pid)
+
+
+def _set_idle_io_priority(pid: int) -> None:
+    """Linux ``ioprio_set(IOPRIO_WHO_PROCESS, pid, best-effort level 7)``; nothing elsewhere."""
+    import ctypes
+    import platform
+
+    nr = {"x86_64": 251, "aarch64": 30}.get(platform.machine())
+    if nr is None:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall(nr, 1, pid, (2 << 13) | 7)  # IOPRIO_WHO_PROCESS, class BE, level 7
+
 
 @dataclass
 class SaveHandle:
@@ -302,10 +462,20 @@ class DcpWriter:
     :class:`DcpFormat` (the checkpoint manager's format). Holds the checkpoint process group and
     at most one pending save."""
 
-    def __init__(self, process_group: Any = None) -> None:
+    def __init__(self, process_group: Any = None, async_mode: str = "process") -> None:
+        if async_mode not in ASYNC_MODES:
+            raise CheckpointError(
+                f"unknown async checkpoint mode {async_mode!r}",
+                f"choose one of: {', '.join(ASYNC_MODES)}",
+            )
         self._pg = process_group
         self._pg_made = process_group is not None
         self.pending: SaveHandle | None = None
+        #: ``process``: a background save is written by DCP's checkpoint process (one per
+        #: training process, started on the first background save, lowered CPU/IO priority);
+        #: ``thread``: by a thread of the training process (DCP's default; GIL contention)
+        self.async_mode = async_mode
+        self._stager: Any = None
 
     def group(self) -> Any:
         """A gloo group of all ranks just for checkpoint I/O (an async save runs collectives
@@ -385,13 +555,72 @@ class DcpWriter:
         writer = _make_writer(target)
         handle = SaveHandle(step=staging.step, staging=staging)
         if async_save:
-            fut = dcp.async_save(state, storage_writer=writer, process_group=group, no_dist=not on)
+            kwargs: dict[str, Any] = {}
+            if self.async_mode == "process" and on and self._shm_fits(state):
+                kwargs = self._process_kwargs()
+            fut = dcp.async_save(
+                state, storage_writer=writer, process_group=group, no_dist=not on, **kwargs
+            )
+            if kwargs:
+                _lower_writer_priority()
             handle.future = getattr(fut, "upload_completion", fut)
             self.pending = handle
         else:
             dcp.save(state, storage_writer=writer, process_group=group, no_dist=not on)
             handle.finished = time.perf_counter()
         return handle
+
+    def _shm_fits(self, state: dict[str, Any]) -> bool:
+        """Collective, before the first process-mode save: the staged copy lives in
+        ``/dev/shm``; when it does not fit there on some rank (small container defaults), every
+        rank warns and writes from a thread instead of failing mid-save (all ranks must use the
+        same writer: their write collectives meet on its group)."""
+        import shutil
+
+        if self._stager is not None:
+            return True  # the shared buffers exist and are reused
+        need = _state_bytes(state)
+        try:
+            free = shutil.disk_usage("/dev/shm").free
+        except OSError:  # no /dev/shm (not Linux): torch's shared memory lives elsewhere
+            free = None
+        short = [(n, f) for n, f in self.all_gather((need, free)) if f is not None and n * 1.1 > f]
+        if not short:
+            return True
+        need, free = short[0]
+        warnings.warn(
+            f"aios: the background checkpoint needs {need / 2**20:.0f} MiB of shared memory but "
+            f"/dev/shm has {free / 2**20:.0f} MiB free: writing from a thread of the training "
+            "process instead (slower steps during the save); give the container more shared "
+            "memory (e.g. docker run --shm-size) to write from the checkpoint process",
+            stacklevel=3,
+        )
+        self.async_mode = "thread"
+        return False
+
+    def _process_kwargs(self) -> dict[str, Any]:
+        """``async_save`` arguments for the process-based writer: the state is staged once into
+        shared CPU memory (buffers reused from save to save), so handing it to the checkpoint
+        process pickles handles, never tensor bytes, and the serialization, file writes and
+        fsync run outside the training process (no GIL contention with the training loop)."""
+        import torch
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+        from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+        _start_checkpoint_process(self.group())
+        if self._stager is None:
+            self._stager = DefaultStager(
+                StagingOptions(
+                    use_pinned_memory=torch.cuda.is_available(),
+                    use_shared_memory=True,
+                    use_async_staging=False,
+                    use_non_blocking_copy=False,
+                )
+            )
+        return {
+            "async_checkpointer_type": AsyncCheckpointerType.PROCESS,
+            "async_stager": self._stager,
+        }
 
     @staticmethod
     def shard_entries(store: CheckpointStore, staging: Any) -> dict[str, Any]:
@@ -436,6 +665,8 @@ class DcpWriter:
         handle, self.pending = self.pending, None
         if handle is None:
             return None
+        if self.async_mode == "process":
+            _lower_writer_priority()  # the checkpoint process exists once the first save started
         err: str | None = None
         try:
             handle.future.result()
@@ -526,11 +757,16 @@ class DcpCheckpointer:
     of the directory (listing, ``latest()``, pruning, staging and commit)."""
 
     def __init__(
-        self, url: str, keep: int = 3, process_group: Any = None, lineage: str | None = None
+        self,
+        url: str,
+        keep: int = 3,
+        process_group: Any = None,
+        lineage: str | None = None,
+        async_mode: str = "process",
     ) -> None:
         self.url = url
         self.store = CheckpointStore(url, keep=keep, lineage=lineage)
-        self.io = DcpWriter(process_group)
+        self.io = DcpWriter(process_group, async_mode=async_mode)
 
     @property
     def pending(self) -> SaveHandle | None:

@@ -17,11 +17,11 @@ check per-rank RNG restoration.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import sys
-import threading
 import time
 
 import torch
@@ -70,30 +70,21 @@ def main() -> None:
     random.seed(100 + rank)
     torch.manual_seed(200 + rank)  # per-rank RNG streams (as a per-rank dropout seed would be)
 
-    gate = threading.Event()
+    gate_open = os.path.join(job["out"], f"gate-open-{rank}")
     saving = [0]
-    timed_out: list[bool] = []
     if job.get("gate"):
-        base = adcp._make_writer
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from dcp_gate import GatedWriter
 
         def gated_writer(url: str):  # type: ignore[no-untyped-def]
-            w = base(url)
-            orig = w.write_data
-
-            def write_data(plan, planner):  # type: ignore[no-untyped-def]
-                if job["gate"] == "die" and rank == 1 and saving[0] == job.get("die_at"):
-                    open(os.path.join(job["out"], "dying"), "w").close()
-                    os._exit(9)
-                if job["gate"] == "overlap" and not gate.wait(120):
-                    timed_out.append(True)
-                return orig(plan, planner)
-
-            w.write_data = write_data
-            return w
+            w = GatedWriter(url, sync_files=True, single_file_per_rank=True, overwrite=True)
+            return w.configure(job, rank, saving[0])
 
         adcp._make_writer = gated_writer
 
-    ck = adcp.DcpCheckpointer(job["ckpt"], keep=job.get("keep", 3))
+    ck = adcp.DcpCheckpointer(
+        job["ckpt"], keep=job.get("keep", 3), async_mode=job.get("async_mode", "process")
+    )
     step = 0
     message = ""
     if job.get("resume"):
@@ -141,7 +132,7 @@ def main() -> None:
         if handle is not None and "in_flight_after_next_step" not in overlap:
             overlap["in_flight_after_next_step"] = not handle.done()
             overlap["next_step_s"] = step_s[step]
-            gate.set()
+            open(gate_open, "w").close()
         if step in job.get("save_at", []):
             common = {"step": step, "sched": sched.state_dict(), "loader0": pos.state_dict()}
             per = {"rng": adcp.rng_state(), "loaders": [pos.state_dict()]}
@@ -160,7 +151,11 @@ def main() -> None:
             if not job.get("async"):
                 handle = None
     ck.wait()
-    overlap["gate_timed_out"] = bool(timed_out)
+    overlap["gate_timed_out"] = os.path.exists(os.path.join(job["out"], f"gate-timed-out-{rank}"))
+    overlap["rank_pid"] = os.getpid()
+    with contextlib.suppress(FileNotFoundError):
+        with open(os.path.join(job["out"], f"writer-pid-{rank}")) as f:
+            overlap["writer_pid"] = int(f.read())
     with open(os.path.join(job["out"], f"rank{rank}.json"), "w") as f:
         json.dump(
             {

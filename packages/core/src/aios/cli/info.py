@@ -60,6 +60,13 @@ def plugins(as_json: bool) -> None:
                 "hooks": info.hooks,
                 "backends": sorted(b for b, s in reg.backends.items() if s.plugin == info.name),
                 "clouds": sorted(c for c, s in reg.clouds.items() if s.plugin == info.name),
+                "strategies": _strategies_of(reg, info.name),
+                "accelerators": sorted(
+                    a for a, s in reg.accelerators.items() if s.plugin == info.name
+                ),
+                "cluster_environments": sorted(
+                    n for n, e in reg.cluster_envs.items() if getattr(e, "plugin", "") == info.name
+                ),
             }
         )
     errors = [{"plugin": e.plugin, "error": e.error} for e in reg.errors]
@@ -69,7 +76,13 @@ def plugins(as_json: bool) -> None:
     t = _table("aios plugins", ["plugin", "version", "provides", "hooks"])
     for r in rows:
         provides = ", ".join(
-            [*(f"backend:{b}" for b in r["backends"]), *(f"cloud:{c}" for c in r["clouds"])]
+            [
+                *(f"backend:{b}" for b in r["backends"]),
+                *(f"accelerator:{a}" for a in r["accelerators"]),
+                *(f"strategy:{s['name']}({_targets(s)})" for s in r["strategies"]),
+                *(f"cluster-env:{e}" for e in r["cluster_environments"]),
+                *(f"cloud:{c}" for c in r["clouds"]),
+            ]
         )
         t.add_row(
             r["name"],
@@ -80,6 +93,30 @@ def plugins(as_json: bool) -> None:
     _console().print(t)
     for e in errors:
         click.echo(f'error: plugin "{e["plugin"]}": {e["error"]}')
+
+
+def _strategies_of(reg: Any, plugin: str) -> list[dict[str, Any]]:
+    """The strategies ``plugin`` registered, each with the backends/accelerators it runs on."""
+    out = []
+    for name in sorted(reg.strategies):
+        for spec in reg.strategies[name]:
+            if spec.plugin == plugin:
+                out.append(
+                    {
+                        "name": name,
+                        "backends": list(spec.backends),
+                        "accelerators": list(spec.accelerators),
+                    }
+                )
+    return out
+
+
+def _targets(strategy: dict[str, Any]) -> str:
+    parts = [
+        *strategy["backends"],
+        *("any accelerator" if a == "*" else f"{a} accelerator" for a in strategy["accelerators"]),
+    ]
+    return " ".join(parts) or "-"
 
 
 # ------------------------------------------------------------------------------ devices
