@@ -189,6 +189,9 @@ class CheckpointManager:
         self.format = get_format(getattr(strategy, "checkpoint_format", "full") or "full")
         if hasattr(self.format, "seed"):
             self.format.seed = config.seed  # ranks beyond a saved world size reseed from it
+        io = getattr(self.format, "io", None)
+        if io is not None and hasattr(io, "async_mode"):
+            io.async_mode = config.checkpoint.async_writer  # thread (default) or process
         self.lineage: str | None = None
         self.saved_step: int | None = None
         self.resumed_from: str | None = None

@@ -88,6 +88,11 @@ class CheckpointSettings(Section):
         True,
         description="sharded (dcp) checkpoints: write in the background while training continues",
     )
+    async_writer: Literal["thread", "process"] = Field(
+        "thread",
+        description="how a background dcp save is written: a thread in the training process, or "
+        "DCP's checkpoint process (less step slow-down; private torch API, opt-in)",
+    )
     reshard: bool = Field(
         False,
         description="resume a checkpoint written with another world size/mesh (formats that reshard: dcp)",

@@ -874,7 +874,8 @@ class DcpFormat:
     all_ranks_write = True
 
     def __init__(self) -> None:
-        self.io = DcpWriter()
+        # the thread writer by default (checkpoint.async_writer); the manager sets the mode
+        self.io = DcpWriter(async_mode="thread")
         #: the run's seed (set by the manager): ranks beyond a saved world size reseed from it
         self.seed: int | None = None
         #: saved and current world size of the last load (for the resume message)
