@@ -385,7 +385,7 @@ class Registry:
                 else:
                     why = ""
                 if why:
-                    self._reject("command", key, plugin, why)
+                    self._reject("command", name, plugin, why)
                     return
                 if key in _core_commands():
                     self._error(
