@@ -15,6 +15,11 @@ import pytest
 from aios_cloud.testing.sshd import SshdCluster
 from aios_cloud_gcp.testing import FakeTpuService
 
+# gcsfs reads this once, at its first import, whichever test does it; every gs:// here is the
+# emulator, which speaks only the classic JSON API (the experimental HNS/zonal client times out
+# against it for 60 s a call)
+os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
+
 ZONES = {"v4": ["us-central2-b", "us-central2-c"], "v5e": ["us-west4-a", "us-central1-a"]}
 
 
@@ -101,7 +106,6 @@ def gcs(sshd_hosts: SshdCluster):
         k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")
     }
     os.environ["STORAGE_EMULATOR_HOST"] = url
-    os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
     yield url
     for k, v in old.items():
         if v is None:

@@ -133,3 +133,23 @@ def test_gcp_sync_local_bucket_local_with_progress(gcs_local, tmp_path):
     assert r.stdout.strip().startswith("gcloud storage cp -r")
     fs.invalidate_cache()
     assert not fs.exists("aios-bucket/x")
+
+
+def test_gcp_emulator_selects_the_classic_client_before_gcsfs_is_first_imported(tmp_path):
+    """gcsfs picks its client class once, at import; with STORAGE_EMULATOR_HOST set, registering
+    the gs:// scheme must switch off the experimental HNS/zonal client before anything imports
+    gcsfs (that client spends 60 s per call failing gRPC handshakes against an emulator)."""
+    pytest.importorskip("gcsfs")
+    env = {k: v for k, v in os.environ.items() if k != "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"}
+    env.update(STORAGE_EMULATOR_HOST="http://127.0.0.1:9", AIOS_PLUGINS="aios-cloud-gcp")
+    code = (
+        "from aios.plugins import Registry\n"
+        "Registry().storage['gs']\n"
+        "import gcsfs\n"
+        "print(gcsfs.GCSFileSystem.__module__)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=env, text=True, capture_output=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "gcsfs.core", r.stdout

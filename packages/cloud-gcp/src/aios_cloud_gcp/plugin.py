@@ -37,6 +37,11 @@ def aios_register_clouds(register: Any) -> None:
 
 @hookimpl
 def aios_register_storage(register: Any) -> None:
+    # gcsfs reads GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT once, when it is first imported; an emulator
+    # speaks only the classic JSON API, so the switch must be set before anything imports gcsfs
+    # (storage_options runs too late when a doctor check or fsspec already imported it).
+    if os.environ.get("STORAGE_EMULATOR_HOST"):
+        os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
     register(
         StorageSpec(
             scheme="gs",
