@@ -5,6 +5,7 @@ the same through gs:// (gcp-storage-emulator), s3:// (moto) and memory://."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -381,3 +382,78 @@ def test_dcp_fsdp_on_object_store_save_2_resume_1(
 
 def test_dcp_memory_and_local_in_process_round_trip(tmp_path: Path) -> None:
     _roundtrip_in_process(str(tmp_path / "local"))
+
+
+# ------------------------------------------------------------------------------ the writer process
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is dead (its parent, the rank, is gone or has not reaped it yet)
+    with contextlib.suppress(FileNotFoundError):
+        return " Z " not in Path(f"/proc/{pid}/stat").read_text().split(")", 1)[1][:4]
+    return False
+
+
+def test_dcp_checkpoint_process_finishes_its_write_through_stop_signals(tmp_path: Path) -> None:
+    """A preemption SIGTERM (and SIGINT, SIGHUP) reaching the checkpoint process of a rank in
+    the middle of a background write: the write completes and the checkpoint is committed."""
+    from aios.checkpoint import CheckpointStore
+
+    job = {
+        "ckpt": str(tmp_path / "ckpt"),
+        "steps": 3,
+        "save_at": [2],
+        "async": True,
+        "gate": "signals",
+        "out": str(tmp_path / "out"),
+    }
+    codes, log = _launch(2, job)
+    assert codes == [0, 0], log
+    for r in range(2):
+        ov = _result(tmp_path / "out", r)["overlap"]
+        assert ov["writer_pid"] != ov["rank_pid"], ov  # the signals went to the writer process
+    info = CheckpointStore(str(tmp_path / "ckpt")).latest()
+    assert info is not None and info.step == 2, log
+
+
+def test_dcp_dead_checkpoint_process_falls_back_to_a_thread(tmp_path: Path) -> None:
+    """The checkpoint process of one rank is SIGKILLed between saves: every rank says so once
+    and writes the next save from a thread; nothing is lost."""
+    from aios.checkpoint import CheckpointStore
+
+    job = {
+        "ckpt": str(tmp_path / "ckpt"),
+        "steps": 4,
+        "save_at": [2, 4],
+        "async": True,
+        "kill_writer_at": 3,
+        "out": str(tmp_path / "out"),
+    }
+    codes, log = _launch(2, job)
+    assert codes == [0, 0], log
+    assert log.count("checkpoint process died on some rank") == 2, log  # once per rank
+    store = CheckpointStore(str(tmp_path / "ckpt"))
+    assert [(c.step, c.complete) for c in store.list()] == [(2, True), (4, True)], log
+
+
+def test_dcp_checkpoint_process_dies_with_its_rank(tmp_path: Path) -> None:
+    """A rank SIGKILLed (the launcher's last resort) leaves no checkpoint process behind."""
+    job = {
+        "ckpt": str(tmp_path / "ckpt"),
+        "steps": 2,
+        "save_at": [2],
+        "async": True,
+        "die_hard": True,
+        "out": str(tmp_path / "out"),
+    }
+    codes, log = _launch(2, job)
+    assert codes == [-9, -9], (codes, log)
+    pids = [int((tmp_path / "out" / f"writer-pid-{r}").read_text()) for r in range(2)]
+    end = time.monotonic() + 15
+    while any(_alive(p) for p in pids) and time.monotonic() < end:
+        time.sleep(0.1)
+    assert not [p for p in pids if _alive(p)], f"checkpoint processes outlived their ranks: {pids}"

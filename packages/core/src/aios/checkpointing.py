@@ -191,7 +191,7 @@ class CheckpointManager:
             self.format.seed = config.seed  # ranks beyond a saved world size reseed from it
         io = getattr(self.format, "io", None)
         if io is not None and hasattr(io, "async_mode"):
-            io.async_mode = config.checkpoint.async_writer  # thread (default) or process
+            io.async_mode = config.checkpoint.async_writer  # process (default) or thread
         self.lineage: str | None = None
         self.saved_step: int | None = None
         self.resumed_from: str | None = None
@@ -596,7 +596,19 @@ class CheckpointManager:
         """Collective: the checkpoint after a preemption notice; leaves the status file that
         ``aios-run`` reads; returns the event for the run record."""
         grace = self.config.checkpoint.grace_seconds
-        path = self.save(background=False) if self.config.checkpoint.dir else None
+        path = None
+        if self.config.checkpoint.dir:
+            try:
+                self.finish_pending()
+            except CheckpointError as exc:
+                # a lost background save must not cost the emergency one: the last committed
+                # checkpoint is kept, and this one is written by the training process itself
+                warnings.warn(
+                    f"aios: {exc.message}; writing the emergency checkpoint "
+                    "anyway (the last committed checkpoint is kept)",
+                    stacklevel=2,
+                )
+            path = self.save(background=False)
         spent = elapsed()
         event = {
             "reason": reason,

@@ -89,9 +89,9 @@ class CheckpointSettings(Section):
         description="sharded (dcp) checkpoints: write in the background while training continues",
     )
     async_writer: Literal["thread", "process"] = Field(
-        "thread",
-        description="how a background dcp save is written: a thread in the training process, or "
-        "DCP's checkpoint process (less step slow-down; private torch API, opt-in)",
+        "process",
+        description="how a background dcp save is written: by DCP's checkpoint process (one per "
+        "training process; the least step slow-down), or by a thread of the training process",
     )
     reshard: bool = Field(
         False,

@@ -366,27 +366,42 @@ def _start_checkpoint_process(group: Any) -> None:
     again in it, at a lower CPU/IO priority. Blocks until every rank's process has joined its
     gloo group (once; seconds)."""
     import multiprocessing.util
-    import signal
+    import os
 
     from torch.distributed.checkpoint import _async_process_executor as ape
+
+    from aios._ckpt_process import ShieldedTarget
 
     if ape._CHECKPOINT_PROCESS is not None:
         return
     info = ape._ProcessGroupInitInfo(group)
-    # SIGTERM/SIGINT blocked in the child (the mask survives spawn's exec): a preemption signal
-    # sent to the whole process group must not kill the writer of the pending save; the
+    # The process's target is read from this class attribute when it is constructed: ours
+    # shields the process from a preemption SIGTERM sent to the whole process group (it must
+    # finish the pending save) and ties its life to this process (aios._ckpt_process). The
     # training process stops it (below) once that save and the emergency one are done.
-    stop = {signal.SIGTERM, signal.SIGINT}
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, stop)
+    cls = ape._AsyncCheckpointProcess
+    original = cls.__dict__["_checkpointing_subprocess"]
+    cls._checkpointing_subprocess = ShieldedTarget(os.getpid())  # type: ignore[method-assign]
     try:
         with _main_not_rerun():
-            ape._CHECKPOINT_PROCESS = ape._AsyncCheckpointProcess(pg_init_info=info)
+            ape._CHECKPOINT_PROCESS = cls(pg_init_info=info)
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        cls._checkpointing_subprocess = original  # type: ignore[method-assign]
     # before multiprocessing's exit handler (main process and multiprocessing children alike),
-    # which SIGTERMs daemon children and joins them
+    # which SIGTERMs daemon children and joins them (the shielded process ignores SIGTERM)
     multiprocessing.util.Finalize(None, _stop_checkpoint_process, exitpriority=100)
     _lower_writer_priority()
+
+
+def checkpoint_process_alive() -> bool | None:
+    """Whether this rank's checkpoint process runs (None: none was started)."""
+    import sys
+
+    ape = sys.modules.get("torch.distributed.checkpoint._async_process_executor")
+    proc = getattr(ape, "_CHECKPOINT_PROCESS", None)
+    if proc is None:
+        return None
+    return bool(proc._save_process.is_alive())
 
 
 def _stop_checkpoint_process() -> None:
@@ -556,8 +571,15 @@ class DcpWriter:
         handle = SaveHandle(step=staging.step, staging=staging)
         if async_save:
             kwargs: dict[str, Any] = {}
-            if self.async_mode == "process" and on and self._shm_fits(state):
+            if (
+                self.async_mode == "process"
+                and on
+                and self._shm_fits(state)
+                and self._checkpoint_processes_alive()
+            ):
                 kwargs = self._process_kwargs()
+                if not kwargs:
+                    self.async_mode = "thread"
             fut = dcp.async_save(
                 state, storage_writer=writer, process_group=group, no_dist=not on, **kwargs
             )
@@ -598,16 +620,40 @@ class DcpWriter:
         self.async_mode = "thread"
         return False
 
+    def _checkpoint_processes_alive(self) -> bool:
+        """Collective, before a process-mode save: when the checkpoint process of some rank
+        has died (killed, out of memory), every rank warns and writes from a thread from now
+        on (all ranks must use the same writer), instead of failing every later save."""
+        if not any(a is False for a in self.all_gather(checkpoint_process_alive())):
+            return True
+        warnings.warn(
+            "aios: DCP's checkpoint process died on some rank: background saves are written "
+            "from a thread of the training process from now on (slower steps during a save)",
+            stacklevel=3,
+        )
+        _stop_checkpoint_process()
+        self.async_mode = "thread"
+        return False
+
     def _process_kwargs(self) -> dict[str, Any]:
         """``async_save`` arguments for the process-based writer: the state is staged once into
         shared CPU memory (buffers reused from save to save), so handing it to the checkpoint
         process pickles handles, never tensor bytes, and the serialization, file writes and
         fsync run outside the training process (no GIL contention with the training loop)."""
         import torch
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-        from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
-        _start_checkpoint_process(self.group())
+        try:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+            from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+            _start_checkpoint_process(self.group())
+        except (ImportError, AttributeError, KeyError) as exc:  # same torch on every rank
+            warnings.warn(
+                f"aios: this torch {torch.__version__} has no usable DCP checkpoint process "
+                f"({_one_line(exc)}): background saves are written from a thread",
+                stacklevel=3,
+            )
+            return {}
         if self._stager is None:
             self._stager = DefaultStager(
                 StagingOptions(
@@ -874,8 +920,8 @@ class DcpFormat:
     all_ranks_write = True
 
     def __init__(self) -> None:
-        # the thread writer by default (checkpoint.async_writer); the manager sets the mode
-        self.io = DcpWriter(async_mode="thread")
+        # the manager sets the mode from checkpoint.async_writer (default: process)
+        self.io = DcpWriter(async_mode="process")
         #: the run's seed (set by the manager): ranks beyond a saved world size reseed from it
         self.seed: int | None = None
         #: saved and current world size of the last load (for the resume message)

@@ -16,7 +16,8 @@ from aios import dcp as adcp
 class GatedWriter(adcp._LocalWriter):  # type: ignore[misc, name-defined]
     """``overlap``: write only once ``<out>/gate-open-<rank>`` exists
     (``<out>/gate-timed-out-<rank>`` after 120 s); ``die``: rank 1 exits (code 9) inside the
-    write of the save at ``die_at``."""
+    write of the save at ``die_at``; ``signals``: the writing process sends itself SIGTERM,
+    SIGINT and SIGHUP, then writes."""
 
     def configure(self, job: dict[str, Any], rank: int, step: int) -> GatedWriter:
         self.job, self.rank, self.step = job, rank, step
@@ -27,6 +28,16 @@ class GatedWriter(adcp._LocalWriter):  # type: ignore[misc, name-defined]
         if job["gate"] == "die" and self.rank == 1 and self.step == job.get("die_at"):
             open(os.path.join(out, "dying"), "w").close()
             os._exit(9)
+        if job["gate"] == "signals":
+            # what a preemption does to the whole process group of a rank: the checkpoint
+            # process must finish this write (it ignores them; the rank handles its own)
+            with open(os.path.join(out, f"writer-pid-{self.rank}"), "w") as f:
+                f.write(str(os.getpid()))
+            import signal
+
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                os.kill(os.getpid(), sig)
+            time.sleep(0.2)
         if job["gate"] == "overlap":
             with open(os.path.join(out, f"writer-pid-{self.rank}"), "w") as f:
                 f.write(str(os.getpid()))

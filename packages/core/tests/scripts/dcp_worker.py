@@ -8,6 +8,10 @@ argv[1] is a JSON job:
     resume    resume from the newest complete one  out     directory for per-rank results
     gate      "overlap": each rank's shard write waits until the step after the save finished
               "die":     rank 1 exits inside its shard write of the save at step ``die_at``
+              "signals": the checkpoint process gets SIGTERM/SIGINT/SIGHUP inside its write
+    async_mode      "process" (default) or "thread"
+    kill_writer_at  SIGKILL this rank's checkpoint process before this step's save
+    die_hard        SIGKILL this rank after its last save (its checkpoint process must follow)
 
 Global batch 16 of a fixed dataset; rank r of W takes the DistributedSampler-style interleaved
 slice (positions r, r+W, ...), so the global batch is the same samples on any world size. Each
@@ -133,6 +137,15 @@ def main() -> None:
             overlap["in_flight_after_next_step"] = not handle.done()
             overlap["next_step_s"] = step_s[step]
             open(gate_open, "w").close()
+        if step == job.get("kill_writer_at"):
+            # the checkpoint process dies between saves (OOM killer, an operator): the next
+            # save must still be written
+            from torch.distributed.checkpoint import _async_process_executor as ape
+
+            ck.wait()
+            proc = ape._CHECKPOINT_PROCESS._save_process
+            os.kill(proc.pid, 9)
+            proc.join(30)
         if step in job.get("save_at", []):
             common = {"step": step, "sched": sched.state_dict(), "loader0": pos.state_dict()}
             per = {"rng": adcp.rng_state(), "loaders": [pos.state_dict()]}
@@ -151,6 +164,13 @@ def main() -> None:
             if not job.get("async"):
                 handle = None
     ck.wait()
+    if job.get("die_hard"):  # SIGKILLed with its checkpoint process idle: it must not outlive us
+        from torch.distributed.checkpoint import _async_process_executor as ape
+
+        with open(os.path.join(job["out"], f"writer-pid-{rank}"), "w") as f:
+            f.write(str(ape._CHECKPOINT_PROCESS._save_process.pid))
+        dist.barrier()
+        os.kill(os.getpid(), 9)
     overlap["gate_timed_out"] = os.path.exists(os.path.join(job["out"], f"gate-timed-out-{rank}"))
     overlap["rank_pid"] = os.getpid()
     with contextlib.suppress(FileNotFoundError):
