@@ -3,15 +3,16 @@ in the background costs <= 1.15x a normal step.
 
 FSDP2 (``fully_shard``) MLP over gloo with ``--world`` processes on this machine; each rank
 measures its step times with no save in flight (baseline), then during background saves
-(``aios.dcp.DcpCheckpointer.save(async_save=True)``: staged to CPU, written by a thread), and
-the time of a synchronous save for comparison. Rank 0 prints medians side by side.
+(``aios.dcp.DcpCheckpointer.save(async_save=True)``: staged to CPU, written in the background
+by each writer in ``--modes``), and the time of a synchronous save for comparison. Rank 0 prints medians side by side.
 
     python bench/bench_async_ckpt.py [--world 2] [--hidden 1024] [--layers 6] [--saves 3]
         [--modes thread,process] [--dir DIR]
 
 Modes: ``thread`` (DCP's writer thread inside each training process) and ``process`` (aios's
-default: the state staged once into shared memory, written by DCP's checkpoint process at a
-lower CPU/IO priority). ``--world 1`` leaves a core free on a 2-core machine and isolates the
+default: the state staged once into shared memory, written by DCP's checkpoint process, which
+runs only on CPU time training leaves idle, SCHED_IDLE, and at the lowest best-effort I/O
+priority). ``--world 1`` leaves a core free on a 2-core machine and isolates the
 writer's own cost on the training process (GIL, copies) from plain CPU contention.
 """
 

@@ -400,7 +400,8 @@ def _alive(pid: int) -> bool:
 
 def test_dcp_checkpoint_process_finishes_its_write_through_stop_signals(tmp_path: Path) -> None:
     """A preemption SIGTERM (and SIGINT, SIGHUP) reaching the checkpoint process of a rank in
-    the middle of a background write: the write completes and the checkpoint is committed."""
+    the middle of a background write: the write completes and the checkpoint is committed. The
+    writing thread runs at SCHED_IDLE (below the training ranks)."""
     from aios.checkpoint import CheckpointStore
 
     job = {
@@ -416,6 +417,9 @@ def test_dcp_checkpoint_process_finishes_its_write_through_stop_signals(tmp_path
     for r in range(2):
         ov = _result(tmp_path / "out", r)["overlap"]
         assert ov["writer_pid"] != ov["rank_pid"], ov  # the signals went to the writer process
+        # it writes only on CPU time training leaves idle
+        sched = int((tmp_path / "out" / f"writer-sched-{r}").read_text())
+        assert sched == os.SCHED_IDLE, sched
     info = CheckpointStore(str(tmp_path / "ckpt")).latest()
     assert info is not None and info.step == 2, log
 

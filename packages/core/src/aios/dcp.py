@@ -321,7 +321,6 @@ def _one_line(exc: BaseException) -> str:
 
 #: how a background save is written (:class:`DcpWriter`'s ``async_mode``)
 ASYNC_MODES = ("process", "thread")
-_reniced: set[int] = set()
 
 
 def _state_bytes(state: Any) -> int:
@@ -390,7 +389,6 @@ def _start_checkpoint_process(group: Any) -> None:
     # before multiprocessing's exit handler (main process and multiprocessing children alike),
     # which SIGTERMs daemon children and joins them (the shielded process ignores SIGTERM)
     multiprocessing.util.Finalize(None, _stop_checkpoint_process, exitpriority=100)
-    _lower_writer_priority()
 
 
 def checkpoint_process_alive() -> bool | None:
@@ -422,35 +420,6 @@ def _stop_checkpoint_process() -> None:
             child.kill()
             child.join(5)
     ape._CHECKPOINT_PROCESS = None
-
-
-def _lower_writer_priority() -> None:
-    """Give DCP's checkpoint process (once it exists) a lower CPU and I/O priority than the
-    training ranks, so that where cores are scarce the write yields to training."""
-    import os
-
-    with contextlib.suppress(Exception):  # best effort: a private attribute of torch's executor
-        from torch.distributed.checkpoint import _async_process_executor as ape
-
-        proc = getattr(ape._CHECKPOINT_PROCESS, "_save_process", None)
-        pid = getattr(proc, "pid", None)
-        if pid is None or pid in _reniced:
-            return
-        _reniced.add(pid)
-        os.setpriority(os.PRIO_PROCESS, pid, min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10))
-        _set_idle_io_priority(pid)
-
-
-def _set_idle_io_priority(pid: int) -> None:
-    """Linux ``ioprio_set(IOPRIO_WHO_PROCESS, pid, best-effort level 7)``; nothing elsewhere."""
-    import ctypes
-    import platform
-
-    nr = {"x86_64": 251, "aarch64": 30}.get(platform.machine())
-    if nr is None:
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall(nr, 1, pid, (2 << 13) | 7)  # IOPRIO_WHO_PROCESS, class BE, level 7
 
 
 @dataclass
@@ -583,8 +552,6 @@ class DcpWriter:
             fut = dcp.async_save(
                 state, storage_writer=writer, process_group=group, no_dist=not on, **kwargs
             )
-            if kwargs:
-                _lower_writer_priority()
             handle.future = getattr(fut, "upload_completion", fut)
             self.pending = handle
         else:
@@ -711,8 +678,6 @@ class DcpWriter:
         handle, self.pending = self.pending, None
         if handle is None:
             return None
-        if self.async_mode == "process":
-            _lower_writer_priority()  # the checkpoint process exists once the first save started
         err: str | None = None
         try:
             handle.future.result()

@@ -33,6 +33,8 @@ class GatedWriter(adcp._LocalWriter):  # type: ignore[misc, name-defined]
             # process must finish this write (it ignores them; the rank handles its own)
             with open(os.path.join(out, f"writer-pid-{self.rank}"), "w") as f:
                 f.write(str(os.getpid()))
+            with open(os.path.join(out, f"writer-sched-{self.rank}"), "w") as f:
+                f.write(str(os.sched_getscheduler(0)))  # this thread's scheduling policy
             import signal
 
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
