@@ -295,3 +295,35 @@ def test_progress_starts_nothing_until_the_first_update(monkeypatch, capsys):
     p = Progress(10, "train", enabled=True, every=1)
     assert p._bar is None and threading.active_count() == threads
     p.close()
+
+
+@pytest.mark.parametrize(
+    ("setting", "device", "mode"),
+    [
+        ("auto", "cpu", "process"),
+        ("auto", "cuda", "process"),
+        # TorchTPU / TorchNeuron: the thread until the checkpoint process is verified there
+        ("auto", "tpu", "thread"),
+        ("auto", "neuron", "thread"),
+        ("process", "tpu", "process"),  # an explicit choice is kept
+        ("thread", "cpu", "thread"),
+    ],
+)
+def test_checkpoint_manager_picks_the_dcp_writer_per_device(tmp_path, setting, device, mode):
+    from types import SimpleNamespace
+
+    from aios.checkpointing import CheckpointManager
+    from aios.records import RunRecord
+    from aios.state import TrainingState
+
+    cfg, strategy, precision = _parts(tmp_path, dir=str(tmp_path / "ck"), async_writer=setting)
+    strategy.checkpoint_format = "dcp"
+    strategy.accelerator = SimpleNamespace(device_type=device)
+    mgr = CheckpointManager(
+        cfg,
+        strategy,
+        TrainingState(strategy, precision, "cpu"),
+        RunRecord(str(tmp_path / "runs"), "r1", active=True),
+        "cpu",
+    )
+    assert mgr.format.name == "dcp" and mgr.format.io.async_mode == mode

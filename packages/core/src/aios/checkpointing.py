@@ -191,7 +191,10 @@ class CheckpointManager:
             self.format.seed = config.seed  # ranks beyond a saved world size reseed from it
         io = getattr(self.format, "io", None)
         if io is not None and hasattr(io, "async_mode"):
-            io.async_mode = config.checkpoint.async_writer  # process (default) or thread
+            from aios.dcp import resolve_async_mode
+
+            device = getattr(getattr(strategy, "accelerator", None), "device_type", None)
+            io.async_mode = resolve_async_mode(config.checkpoint.async_writer, device)
         self.lineage: str | None = None
         self.saved_step: int | None = None
         self.resumed_from: str | None = None

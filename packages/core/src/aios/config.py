@@ -88,10 +88,11 @@ class CheckpointSettings(Section):
         True,
         description="sharded (dcp) checkpoints: write in the background while training continues",
     )
-    async_writer: Literal["thread", "process"] = Field(
-        "process",
+    async_writer: Literal["auto", "process", "thread"] = Field(
+        "auto",
         description="how a background dcp save is written: by DCP's checkpoint process (one per "
-        "training process; the least step slow-down), or by a thread of the training process",
+        "training process; the least step slow-down), or by a thread of the training process; "
+        "auto: the process on cpu and cuda, the thread on other devices",
     )
     reshard: bool = Field(
         False,

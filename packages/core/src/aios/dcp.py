@@ -321,6 +321,18 @@ def _one_line(exc: BaseException) -> str:
 
 #: how a background save is written (:class:`DcpWriter`'s ``async_mode``)
 ASYNC_MODES = ("process", "thread")
+#: devices whose background saves DCP's checkpoint process writes under
+#: ``checkpoint.async_writer=auto`` (verified there; TorchTPU/TorchNeuron workers use the thread
+#: until the process is verified on them: it would import torch, and its device plugin, again)
+PROCESS_WRITER_DEVICES = ("cpu", "cuda")
+
+
+def resolve_async_mode(setting: str, device_type: str | None) -> str:
+    """``checkpoint.async_writer`` for a run on ``device_type``: ``auto`` is the checkpoint
+    process on :data:`PROCESS_WRITER_DEVICES`, the thread elsewhere."""
+    if setting != "auto":
+        return setting
+    return "process" if device_type in PROCESS_WRITER_DEVICES else "thread"
 
 
 def _state_bytes(state: Any) -> int:
