@@ -322,8 +322,10 @@ def _one_line(exc: BaseException) -> str:
 #: how a background save is written (:class:`DcpWriter`'s ``async_mode``)
 ASYNC_MODES = ("process", "thread")
 #: devices whose background saves DCP's checkpoint process writes under
-#: ``checkpoint.async_writer=auto`` (verified there; TorchTPU/TorchNeuron workers use the thread
-#: until the process is verified on them: it would import torch, and its device plugin, again)
+#: ``checkpoint.async_writer=auto``: cpu (tested here) and cuda (the device PyTorch built the
+#: process executor for; the state reaches it staged to host memory). TorchTPU/TorchNeuron workers
+#: use the thread until the process is run on them: it would import torch, and the device plugin
+#: the worker's environment autoloads, a second time on the host
 PROCESS_WRITER_DEVICES = ("cpu", "cuda")
 
 
