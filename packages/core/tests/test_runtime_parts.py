@@ -327,3 +327,41 @@ def test_checkpoint_manager_picks_the_dcp_writer_per_device(tmp_path, setting, d
         "cpu",
     )
     assert mgr.format.name == "dcp" and mgr.format.io.async_mode == mode
+
+
+def test_emergency_checkpoint_is_written_when_the_pending_background_save_was_lost(tmp_path):
+    """A background save that failed (its writer killed, say) is reported at preemption, and
+    the emergency checkpoint is still written by the training process."""
+    from aios.checkpointing import CheckpointManager, FullStateFormat
+    from aios.errors import CheckpointError
+    from aios.records import RunRecord
+    from aios.state import TrainingState
+
+    class LostInBackground(FullStateFormat):
+        pending: object | None = None
+
+        def wait(self):
+            self.pending = None
+            raise CheckpointError(
+                "the background save of checkpoint step 4 failed (writer killed)",
+                "check that checkpoint.dir is writable and has free space",
+            )
+
+    ck = tmp_path / "ck"
+    cfg, strategy, precision = _parts(tmp_path, dir=str(ck))
+    ts = TrainingState(strategy, precision, "cpu")
+    ts.modules.append(strategy.setup_module(torch.nn.Linear(2, 2), precision))
+    mgr = CheckpointManager(
+        cfg, strategy, ts, RunRecord(str(tmp_path / "runs"), "r1", active=True), "cpu"
+    )
+    mgr.start()
+    try:
+        mgr.format = LostInBackground()
+        mgr.format.pending = object()  # a save of step 4 is in flight
+        ts.step = 5
+        with pytest.warns(UserWarning, match="background save of checkpoint step 4 failed"):
+            event = mgr.emergency_save("SIGTERM", 0, lambda: 0.5)
+        assert event["step"] == 5 and event["checkpoint"], event
+        assert (ck / "ckpt-000000005" / "aios-checkpoint.json").exists()
+    finally:
+        mgr.close()
