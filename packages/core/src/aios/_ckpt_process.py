@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from typing import Any
 
 _SHIELDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -38,8 +39,8 @@ def shield(parent_pid: int) -> None:
 
 
 def yield_to_training() -> None:
-    """Run only on CPU time training leaves idle (Linux ``SCHED_IDLE``; elsewhere the lowest
-    nice value) and at the lowest best-effort I/O priority. Set here, in the process's first
+    """Run only on CPU time training leaves idle (Linux ``SCHED_IDLE``; elsewhere niceness 19)
+    and, on Linux, at the lowest best-effort I/O priority. Set here, in the process's first
     thread before it starts any other (gloo's, DCP's writer threads), so that every thread
     inherits it: where cores are scarce the write proceeds in the gaps of the training step
     (collectives, data loading) instead of slowing it down, and at full speed once training
@@ -51,11 +52,13 @@ def yield_to_training() -> None:
             os.nice(19 - os.nice(0))
         except OSError:
             pass
+    if not sys.platform.startswith("linux"):
+        return
     try:
         import ctypes
         import platform
 
-        nr = {"x86_64": 251, "aarch64": 30}.get(platform.machine())  # ioprio_set
+        nr = {"x86_64": 251, "aarch64": 30}.get(platform.machine())  # Linux's ioprio_set
         if nr is not None:
             # IOPRIO_WHO_PROCESS, this thread (and those it starts), class best-effort, level 7
             ctypes.CDLL(None, use_errno=True).syscall(nr, 1, 0, (2 << 13) | 7)
