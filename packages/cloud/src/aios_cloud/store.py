@@ -384,22 +384,24 @@ class Store:
             self._cluster(r) for r in self.db.execute("SELECT * FROM clusters ORDER BY created")
         ]
 
-    def update_cluster(self, name: str, **fields: Any) -> None:
+    def _update_row(self, table: str, key: str, value: Any, fields: dict[str, Any]) -> None:
+        """``UPDATE table SET fields..., updated = now WHERE key = value`` (values encoded)."""
         if not fields:
             return
-        cols, vals = [], []
-        for k, v in fields.items():
-            if k in ("hosts", "request"):
-                v = json.dumps(v)
-            elif k == "spot":
-                v = int(v)
-            cols.append(f"{k} = ?")
-            vals.append(v)
+        cols = ", ".join(f"{k} = ?" for k in fields)
         with self.transaction() as db:
             db.execute(
-                f"UPDATE clusters SET {', '.join(cols)}, updated = ? WHERE name = ?",
-                (*vals, time.time(), name),
+                f"UPDATE {table} SET {cols}, updated = ? WHERE {key} = ?",
+                (*fields.values(), time.time(), value),
             )
+
+    def update_cluster(self, name: str, **fields: Any) -> None:
+        for k in ("hosts", "request"):
+            if k in fields:
+                fields[k] = json.dumps(fields[k])
+        if "spot" in fields:
+            fields["spot"] = int(fields["spot"])
+        self._update_row("clusters", "name", name, fields)
 
     def delete_cluster(self, name: str) -> None:
         with self.transaction() as db:
@@ -478,21 +480,12 @@ class Store:
         return self._job(row) if row else None
 
     def update_job(self, job_id: int, **fields: Any) -> None:
-        if not fields:
-            return
-        cols, vals = [], []
-        for k, v in fields.items():
-            if k in ("exit_codes", "spec"):
-                v = json.dumps(v) if v is not None else None
-            elif k == "managed":
-                v = int(v)
-            cols.append(f"{k} = ?")
-            vals.append(v)
-        with self.transaction() as db:
-            db.execute(
-                f"UPDATE jobs SET {', '.join(cols)}, updated = ? WHERE id = ?",
-                (*vals, time.time(), job_id),
-            )
+        for k in ("exit_codes", "spec"):
+            if fields.get(k) is not None:
+                fields[k] = json.dumps(fields[k])
+        if "managed" in fields:
+            fields["managed"] = int(fields["managed"])
+        self._update_row("jobs", "id", job_id, fields)
 
     def bump_restarts(self, job_id: int) -> int:
         """Atomically increment a job's restart count; returns the new count."""
