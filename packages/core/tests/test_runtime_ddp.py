@@ -54,3 +54,77 @@ def test_runtime_ddp_two_processes(tmp_path, free_port):
             "no_sync",
         ):
             assert f"[rank{rank}]:ok {check}" in r.stdout, r.stdout
+
+
+def _aios_run(tmp_path, port, script, nprocs="2"):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
+    env.update(
+        {"AIOS_LOGGING__RUN_DIR": str(tmp_path / "runs"), "AIOS_LOGGING__TENSORBOARD": "false"}
+    )
+    return subprocess.run(
+        [sys.executable, "-c", "from aios.cli.run import main; main()", "--nprocs", nprocs]
+        + ["--master-port", str(port), str(script)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=240,
+    )
+
+
+def test_no_rank_finalizes_while_a_gloo_worker_still_holds_its_collective(tmp_path, free_port):
+    """Rank 0 ends its script while a collective it launched during backward (whose Work holds
+    a Python object, torch >= 2.13) is still running on gloo's worker thread; rank 1 joins it
+    later; DDP keeps the group object alive, so destroying the group does not wait for its
+    worker threads. aios's exit handler lets the worker finish before the interpreter finalizes: the
+    result is in place when the script's own exit handler (registered before aios.init, so it
+    runs after aios's) reads it, and neither rank dies of std::terminate."""
+    script = tmp_path / "late_peer.py"
+    script.write_text(
+        "import atexit, time, torch, torch.distributed as dist, aios\n"
+        "t = torch.ones(1)\n"
+        "atexit.register(lambda: print(f'at exit: result={t.item():.0f}', flush=True))\n"
+        "rt = aios.init()\n"
+        "model = rt.setup(torch.nn.Linear(2, 1))  # DDP holds the group past its destruction\n"
+        "x = torch.ones(2, requires_grad=True)\n"
+        "def launch(grad):\n"
+        "    if rt.rank == 0:\n"
+        "        dist.all_reduce(t, async_op=True)  # still in flight when the script ends\n"
+        "    return grad\n"
+        "x.register_hook(launch)\n"
+        "x.sum().backward()\n"
+        "if rt.rank == 1:\n"
+        "    time.sleep(1.5)\n"
+        "    dist.all_reduce(t)\n"
+    )
+    r = _aios_run(tmp_path, free_port(), script)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "terminate called" not in r.stdout + r.stderr
+    for rank in (0, 1):
+        assert f"[rank{rank}]:at exit: result=2" in r.stdout, r.stdout + r.stderr
+
+
+def test_gloo_worker_threads_are_found_and_seen_parked_on_this_torch(tmp_path, free_port):
+    """The exit drain relies on gloo naming its worker threads and parking them in an untimed
+    condition-variable wait; if a torch release changes either, this fails instead of the drain
+    silently doing nothing."""
+    code = (
+        "import torch, torch.distributed as dist\n"
+        "from aios import _gloo\n"
+        "assert _gloo.runloop_threads() == []\n"
+        "dist.init_process_group('gloo', rank=0, world_size=1)\n"
+        "t = torch.ones(3)\n"
+        "dist.all_reduce(t)\n"
+        "tids = _gloo.runloop_threads()\n"
+        "assert len(tids) == 2, tids\n"
+        "assert _gloo.wait_for_idle_workers(timeout=10), [open(f'/proc/self/task/{i}/syscall').read() for i in tids]\n"
+        "import threading\n"
+        "assert not _gloo.is_parked(threading.get_native_id())  # this thread is running\n"
+        "dist.destroy_process_group()\n"
+        "print('ok')\n"
+    )
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr

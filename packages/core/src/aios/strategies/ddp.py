@@ -44,9 +44,22 @@ if TYPE_CHECKING:  # pragma: no cover
 
 _REDUCE_OPS = ("sum", "mean", "max", "min", "prod")
 _EXIT_HOOK = False
+_OWNS_GROUP = False
 
 
-def _destroy_group() -> None:
+def _at_exit() -> None:
+    """Run once at interpreter exit, while Python is still whole (the runtime's own exit handler,
+    registered later, has already closed it): let gloo's worker threads finish and park (see
+    :mod:`aios._gloo`; a worker still holding a collective when finalization begins aborts the
+    process), then destroy the default group when aios created it."""
+    try:
+        from aios._gloo import wait_for_idle_workers
+
+        wait_for_idle_workers()
+    except Exception:  # noqa: BLE001 - best effort at exit
+        pass
+    if not _OWNS_GROUP:
+        return
     try:
         import torch.distributed as dist
 
@@ -54,6 +67,18 @@ def _destroy_group() -> None:
             dist.destroy_process_group()
     except Exception:  # noqa: BLE001 - best effort at exit
         pass
+
+
+def register_exit_hook(owns_group: bool) -> None:
+    """Install :func:`_at_exit` once per process; ``owns_group``: aios created the default group
+    and destroys it at exit (a group the script made is left to the script)."""
+    global _EXIT_HOOK, _OWNS_GROUP
+    _OWNS_GROUP = _OWNS_GROUP or owns_group
+    if not _EXIT_HOOK:
+        import atexit
+
+        atexit.register(_at_exit)
+        _EXIT_HOOK = True
 
 
 class DDPStrategy(Strategy):
@@ -98,12 +123,7 @@ class DDPStrategy(Strategy):
             kwargs["device_id"] = self.device
         dist.init_process_group(**kwargs)
         self._owns_group = True
-        global _EXIT_HOOK
-        if not _EXIT_HOOK:
-            import atexit
-
-            atexit.register(_destroy_group)
-            _EXIT_HOOK = True
+        register_exit_hook(owns_group=True)
 
     def setup_environment(self) -> None:
         import torch.distributed as dist
@@ -129,6 +149,7 @@ class DDPStrategy(Strategy):
                 self.init_process_group()
             else:
                 self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+                register_exit_hook(owns_group=False)  # the script's group: drained, not destroyed
             self._dist = dist
         if self.collective_device is None:
             self.collective_device = self.device if self.accelerator.collectives_on_device else None

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from aios.errors import AiosError, ConfigError
 from aios.precision import Precision
-from aios.strategies.ddp import DDPStrategy
+from aios.strategies.ddp import DDPStrategy, register_exit_hook
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -206,6 +206,7 @@ class FSDPStrategy(DDPStrategy):
         if not dist.is_initialized():  # one process: FSDP still wants a (trivial) group
             dist.init_process_group(self.dist_backend, store=dist.HashStore(), rank=0, world_size=1)
             self._owns_group = True
+            register_exit_hook(owns_group=True)
         self._dist = dist
         from torch.distributed.device_mesh import init_device_mesh
 
