@@ -507,3 +507,76 @@ def test_restart_plan_uses_a_fresh_rendezvous_per_attempt(tmp_path: Path) -> Non
     )
     assert r.returncode == 0, r.stderr
     assert "note: launch.rdzv_backend=static keeps one store for every attempt" in r.stdout
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc to see the workers")
+def test_status_folder_of_a_sigkilled_launcher_is_removed_by_the_next_launch(
+    tmp_path: Path,
+) -> None:
+    """A SIGKILLed aios-run cannot remove its status folder; the next aios-run on the host does,
+    and only folders whose owner file names a launcher that is gone: a folder without that file
+    and one of a live launcher stay; a pid reused by another process does not keep one alive."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    env = _env(tmp_path, PID_DIR=str(pid_dir), TMPDIR=str(tmp))
+    proc = subprocess.Popen(
+        [
+            *RUN,
+            "--nprocs",
+            "1",
+            "--master-port",
+            str(_free_port()),
+            str(_script(tmp_path, SLEEPER)),
+        ],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        _wait_for(lambda: (pid_dir / "w0").exists(), 120, "the worker to start", proc)
+        (killed,) = tmp.glob("aios-run-status-*")
+        assert (killed / "launcher").read_text().split()[0] == str(proc.pid)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert killed.is_dir()  # nothing could remove it
+    me = os.getpid()
+    with open(f"/proc/{me}/stat") as f:
+        start = f.read().rsplit(")", 1)[1].split()[19]
+    ns = os.readlink("/proc/self/ns/pid")
+    foreign = tmp / "aios-run-status-foreign"
+    foreign.mkdir()
+    (foreign / "keep").write_text("not aios-run's")
+    live = tmp / "aios-run-status-live"
+    live.mkdir()
+    (live / "launcher").write_text(f"{me} {start} {ns}\n")
+    reused = tmp / "aios-run-status-reused"
+    reused.mkdir()
+    (reused / "launcher").write_text(f"{me} {int(start) - 1} {ns}\n")
+    other_ns = tmp / "aios-run-status-other-container"
+    other_ns.mkdir()
+    (other_ns / "launcher").write_text("999999 1 pid:[1]\n")
+    quick = _script(tmp_path, "print('done')\n", name="quick.py")
+    r = subprocess.run(
+        [*RUN, "--master-port", str(_free_port()), str(quick)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    left = sorted(p.name for p in tmp.glob("aios-run-status-*"))
+    assert left == [
+        "aios-run-status-foreign",
+        "aios-run-status-live",
+        "aios-run-status-other-container",
+    ]
+    assert (foreign / "keep").read_text() == "not aios-run's"

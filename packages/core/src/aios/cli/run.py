@@ -54,7 +54,7 @@ from typing import Any
 
 import click
 
-from aios._worker import LAUNCHER_PID_ENV
+from aios._worker import LAUNCHER_PID_ENV, process_alive
 from aios.errors import LaunchError
 
 PROG = "aios-run"
@@ -254,6 +254,65 @@ def _print_plan(
         click.echo("  command: " + " ".join(shlex.quote(c) for c in h["command"]))
     for n in out["notes"]:
         click.echo(f"note: {n}")
+
+
+_STATUS_PREFIX = "aios-run-status-"
+_STATUS_OWNER = "launcher"  # "<pid> <start time> <pid namespace>" of the aios-run that made it
+
+
+def _process_start(pid: int) -> str:
+    """The kernel's start time of ``pid`` (/proc/<pid>/stat field 22), "" where unknown: with
+    the pid it names one process even after the pid is reused."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return ""
+
+
+def _pid_namespace() -> str:
+    """This process's pid namespace ("pid:[4026531836]"); pids mean nothing across namespaces
+    (containers sharing a /tmp)."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def _new_status_dir() -> str:
+    """The folder where this host's ranks leave their exit status for the launcher, marked with
+    the launcher's identity; folders left by launchers that were SIGKILLed are removed first."""
+    _sweep_status_dirs()
+    path = tempfile.mkdtemp(prefix=_STATUS_PREFIX)
+    pid = os.getpid()
+    with open(os.path.join(path, _STATUS_OWNER), "w") as f:
+        f.write(f"{pid} {_process_start(pid) or '-'} {_pid_namespace() or '-'}\n")
+    return path
+
+
+def _sweep_status_dirs() -> None:
+    """Remove status folders whose launcher is gone (a SIGKILLed aios-run cannot clean up). Only
+    folders carrying aios-run's owner file are judged; anything else is left alone."""
+    import shutil
+
+    tmp, namespace = tempfile.gettempdir(), _pid_namespace() or "-"
+    try:
+        names = [n for n in os.listdir(tmp) if n.startswith(_STATUS_PREFIX)]
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(tmp, name)
+        try:
+            with open(os.path.join(path, _STATUS_OWNER)) as f:
+                pid_s, start, ns = f.read().split()
+            pid = int(pid_s)
+        except (OSError, ValueError):
+            continue
+        if ns != namespace or pid == os.getpid():
+            continue  # another container's launcher, or this one
+        if process_alive(pid) and start in ("-", _process_start(pid) or "-"):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _read_status(status_dir: str) -> dict[int, str]:
@@ -574,7 +633,7 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
         )
     host = plan.hosts[0]
     run_id = os.environ.get(RUN_ID_ENV) or new_run_id()
-    status_dir = tempfile.mkdtemp(prefix="aios-run-status-")
+    status_dir = _new_status_dir()
     env = {
         **host.env,
         **_worker_env(cfg, spec.name, run_id),
