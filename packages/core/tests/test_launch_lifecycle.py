@@ -55,6 +55,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _launch(tmp: Path, args: list[str], env: dict[str, str], **kw) -> subprocess.Popen:
+    """aios-run in the background, output merged into one text pipe."""
+    return subprocess.Popen(
+        [*RUN, *args],
+        env=env,
+        cwd=tmp,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **kw,
+    )
+
+
 def _alive(pid: int) -> bool:
     """Running (a zombie, killed but not reaped by whoever adopted it, is dead)."""
     try:
@@ -104,13 +117,10 @@ def test_workers_die_with_sigkilled_launcher(tmp_path: Path, nprocs: int, how: s
     script = _script(tmp_path, SLEEPER)
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
-    proc = subprocess.Popen(
-        [*RUN, "--nprocs", str(nprocs), "--master-port", str(_free_port()), str(script)],
-        env=_env(tmp_path, PID_DIR=str(pid_dir)),
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    proc = _launch(
+        tmp_path,
+        ["--nprocs", str(nprocs), "--master-port", str(_free_port()), str(script)],
+        _env(tmp_path, PID_DIR=str(pid_dir)),
         start_new_session=True,
     )
     try:
@@ -283,13 +293,10 @@ def test_kill_then_relaunch_on_one_explicit_port_10_times(tmp_path: Path) -> Non
     for cycle in range(10):
         pid_dir = tmp_path / f"pids{cycle}"
         pid_dir.mkdir()
-        proc = subprocess.Popen(
-            [*RUN, "--nprocs", "2", "--master-port", str(port), str(script)],
-            env=_env(tmp_path, PID_DIR=str(pid_dir)),
-            cwd=tmp_path,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
+        proc = _launch(
+            tmp_path,
+            ["--nprocs", "2", "--master-port", str(port), str(script)],
+            _env(tmp_path, PID_DIR=str(pid_dir)),
         )
         try:
             _wait_for(
@@ -317,14 +324,7 @@ def test_second_node_started_first_waits_for_node_0(tmp_path: Path) -> None:
     )
     port = str(_free_port())
     common = ["--nnodes", "2", "--nprocs", "1", "--master-addr", "127.0.0.1", "--master-port", port]
-    node1 = subprocess.Popen(
-        [*RUN, *common, "--node-rank", "1", str(script)],
-        env=_env(tmp_path),
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    node1 = _launch(tmp_path, [*common, "--node-rank", "1", str(script)], _env(tmp_path))
     try:
         time.sleep(5)  # node 1 is up and waiting (under load it may still be importing: also fine)
         assert node1.poll() is None, node1.stdout.read() if node1.stdout else ""
@@ -521,20 +521,10 @@ def test_status_folder_of_a_sigkilled_launcher_is_removed_by_the_next_launch(
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
     env = _env(tmp_path, PID_DIR=str(pid_dir), TMPDIR=str(tmp))
-    proc = subprocess.Popen(
-        [
-            *RUN,
-            "--nprocs",
-            "1",
-            "--master-port",
-            str(_free_port()),
-            str(_script(tmp_path, SLEEPER)),
-        ],
-        env=env,
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    proc = _launch(
+        tmp_path,
+        ["--nprocs", "1", "--master-port", str(_free_port()), str(_script(tmp_path, SLEEPER))],
+        env,
         start_new_session=True,
     )
     try:

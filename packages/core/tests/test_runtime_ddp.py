@@ -15,29 +15,24 @@ pytest.importorskip("torch")
 SCRIPT = Path(__file__).parent / "scripts" / "ddp_checks.py"
 
 
-def test_runtime_ddp_two_processes(tmp_path, free_port):
-    port = free_port()
+def _aios_run(tmp_path, port, script, nprocs="2"):
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
     env.update(
         {"AIOS_LOGGING__RUN_DIR": str(tmp_path / "runs"), "AIOS_LOGGING__TENSORBOARD": "false"}
     )
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "from aios.cli.run import main; main()",
-            "--nprocs",
-            "2",
-            "--master-port",
-            str(port),
-            str(SCRIPT),
-        ],
+    return subprocess.run(
+        [sys.executable, "-c", "from aios.cli.run import main; main()", "--nprocs", nprocs]
+        + ["--master-port", str(port), str(script)],
         capture_output=True,
         text=True,
         env=env,
         cwd=tmp_path,
         timeout=240,
     )
+
+
+def test_runtime_ddp_two_processes(tmp_path, free_port):
+    r = _aios_run(tmp_path, free_port(), SCRIPT)
     assert r.returncode == 0, r.stdout + r.stderr
     for rank in (0, 1):
         assert (
@@ -54,22 +49,6 @@ def test_runtime_ddp_two_processes(tmp_path, free_port):
             "no_sync",
         ):
             assert f"[rank{rank}]:ok {check}" in r.stdout, r.stdout
-
-
-def _aios_run(tmp_path, port, script, nprocs="2"):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
-    env.update(
-        {"AIOS_LOGGING__RUN_DIR": str(tmp_path / "runs"), "AIOS_LOGGING__TENSORBOARD": "false"}
-    )
-    return subprocess.run(
-        [sys.executable, "-c", "from aios.cli.run import main; main()", "--nprocs", nprocs]
-        + ["--master-port", str(port), str(script)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=240,
-    )
 
 
 def test_no_rank_finalizes_while_a_gloo_worker_still_holds_its_collective(tmp_path, free_port):
