@@ -514,8 +514,9 @@ def test_status_folder_of_a_sigkilled_launcher_is_removed_by_the_next_launch(
     tmp_path: Path,
 ) -> None:
     """A SIGKILLed aios-run cannot remove its status folder; the next aios-run on the host does,
-    and only folders whose owner file names a launcher that is gone: a folder without that file
-    and one of a live launcher stay; a pid reused by another process does not keep one alive."""
+    and only its own folders whose owner file names a launcher that is gone: a folder without
+    that file, one of a live launcher, one from another pid namespace or user, and a link stay;
+    a pid reused by another process does not keep a folder."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     pid_dir = tmp_path / "pids"
@@ -553,6 +554,18 @@ def test_status_folder_of_a_sigkilled_launcher_is_removed_by_the_next_launch(
     other_ns = tmp / "aios-run-status-other-container"
     other_ns.mkdir()
     (other_ns / "launcher").write_text("999999 1 pid:[1]\n")
+    dead = f"999999 1 {ns}\n"  # a launcher that is gone, in this namespace
+    target = tmp_path / "not-a-status-folder"
+    target.mkdir()
+    (target / "launcher").write_text(dead)
+    (tmp / "aios-run-status-link").symlink_to(target)
+    kept = ["foreign", "link", "live", "other-container"]
+    if os.getuid() == 0:  # a folder of another user is never judged
+        other_user = tmp / "aios-run-status-other-user"
+        other_user.mkdir()
+        (other_user / "launcher").write_text(dead)
+        os.chown(other_user, 65534, 65534)
+        kept.append("other-user")
     quick = _script(tmp_path, "print('done')\n", name="quick.py")
     r = subprocess.run(
         [*RUN, "--master-port", str(_free_port()), str(quick)],
@@ -564,9 +577,6 @@ def test_status_folder_of_a_sigkilled_launcher_is_removed_by_the_next_launch(
     )
     assert r.returncode == 0, r.stdout + r.stderr
     left = sorted(p.name for p in tmp.glob("aios-run-status-*"))
-    assert left == [
-        "aios-run-status-foreign",
-        "aios-run-status-live",
-        "aios-run-status-other-container",
-    ]
+    assert left == [f"aios-run-status-{k}" for k in kept]
     assert (foreign / "keep").read_text() == "not aios-run's"
+    assert (target / "launcher").read_text() == dead

@@ -47,6 +47,7 @@ import os
 import shlex
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -303,6 +304,8 @@ def _sweep_status_dirs() -> None:
     for name in names:
         path = os.path.join(tmp, name)
         try:
+            if not stat.S_ISDIR(os.lstat(path).st_mode) or os.lstat(path).st_uid != os.getuid():
+                continue  # a link, a file, or another user's
             with open(os.path.join(path, _STATUS_OWNER)) as f:
                 pid_s, start, ns = f.read().split()
             pid = int(pid_s)
@@ -310,8 +313,10 @@ def _sweep_status_dirs() -> None:
             continue
         if ns != namespace or pid == os.getpid():
             continue  # another container's launcher, or this one
-        if process_alive(pid) and start in ("-", _process_start(pid) or "-"):
-            continue
+        if process_alive(pid):
+            now = _process_start(pid)
+            if start == "-" or not now or now == start:
+                continue  # its launcher (or a process we cannot tell from it) is running
         shutil.rmtree(path, ignore_errors=True)
 
 
