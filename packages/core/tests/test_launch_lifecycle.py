@@ -68,6 +68,15 @@ def _launch(tmp: Path, args: list[str], env: dict[str, str], **kw) -> subprocess
     )
 
 
+def _run_aios(
+    tmp: Path, args: list[str], env: dict[str, str], timeout: float
+) -> subprocess.CompletedProcess:
+    """aios-run to the end, stdout and stderr captured apart."""
+    return subprocess.run(
+        [*RUN, *args], capture_output=True, text=True, env=env, cwd=tmp, timeout=timeout
+    )
+
+
 def _alive(pid: int) -> bool:
     """Running (a zombie, killed but not reaped by whoever adopted it, is dead)."""
     try:
@@ -219,9 +228,9 @@ def test_first_failing_rank_is_named_20_times(tmp_path: Path) -> None:
     marks.mkdir()
     env = _env(tmp_path, MARK_DIR=str(marks))
     # 20 attempts in one launcher (19 restarts), each failure reported on its own line
-    r = subprocess.run(
+    r = _run_aios(
+        tmp_path,
         [
-            *RUN,
             "--nprocs",
             "2",
             "--max-restarts",
@@ -230,10 +239,7 @@ def test_first_failing_rank_is_named_20_times(tmp_path: Path) -> None:
             str(_free_port()),
             str(script),
         ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
+        env,
         timeout=600,
     )
     assert r.returncode == 1, r.stdout + r.stderr
@@ -247,12 +253,10 @@ def test_first_failing_rank_is_named_20_times(tmp_path: Path) -> None:
     )
     # and without restarts (the static rendezvous path)
     (tmp_path / "marks2").mkdir()
-    r = subprocess.run(
-        [*RUN, "--nprocs", "2", "--master-port", str(_free_port()), str(script)],
-        capture_output=True,
-        text=True,
-        env={**env, "MARK_DIR": str(tmp_path / "marks2")},
-        cwd=tmp_path,
+    r = _run_aios(
+        tmp_path,
+        ["--nprocs", "2", "--master-port", str(_free_port()), str(script)],
+        {**env, "MARK_DIR": str(tmp_path / "marks2")},
         timeout=300,
     )
     assert r.returncode == 1, r.stdout + r.stderr
@@ -328,13 +332,8 @@ def test_second_node_started_first_waits_for_node_0(tmp_path: Path) -> None:
     try:
         time.sleep(5)  # node 1 is up and waiting (under load it may still be importing: also fine)
         assert node1.poll() is None, node1.stdout.read() if node1.stdout else ""
-        node0 = subprocess.run(
-            [*RUN, *common, "--node-rank", "0", str(script)],
-            env=_env(tmp_path),
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=240,
+        node0 = _run_aios(
+            tmp_path, [*common, "--node-rank", "0", str(script)], _env(tmp_path), timeout=240
         )
         out1, _ = node1.communicate(timeout=240)
     finally:
@@ -376,9 +375,9 @@ def test_max_restarts_after_worker_death_gets_a_fresh_rendezvous(tmp_path: Path)
         dist.destroy_process_group()
     """,
     )
-    r = subprocess.run(
+    r = _run_aios(
+        tmp_path,
         [
-            *RUN,
             "--nprocs",
             "2",
             "--max-restarts",
@@ -387,10 +386,7 @@ def test_max_restarts_after_worker_death_gets_a_fresh_rendezvous(tmp_path: Path)
             str(_free_port()),
             str(script),
         ],
-        capture_output=True,
-        text=True,
-        env=_env(tmp_path),
-        cwd=tmp_path,
+        _env(tmp_path),
         timeout=500,
     )
     assert r.returncode == 0, r.stdout + r.stderr
@@ -413,9 +409,9 @@ def test_restart_line_names_a_signal(tmp_path: Path) -> None:
         sys.exit(0)
     """,
     )
-    r = subprocess.run(
+    r = _run_aios(
+        tmp_path,
         [
-            *RUN,
             "--nprocs",
             "2",
             "--max-restarts",
@@ -424,10 +420,7 @@ def test_restart_line_names_a_signal(tmp_path: Path) -> None:
             str(_free_port()),
             str(script),
         ],
-        capture_output=True,
-        text=True,
-        env=_env(tmp_path),
-        cwd=tmp_path,
+        _env(tmp_path),
         timeout=300,
     )
     assert r.returncode == 0, r.stdout + r.stderr
@@ -472,12 +465,10 @@ def test_restart_plan_uses_a_fresh_rendezvous_per_attempt(tmp_path: Path) -> Non
     import json
 
     script = _script(tmp_path, "print('hi')\n")
-    r = subprocess.run(
-        [*RUN, "--nprocs", "2", "--max-restarts", "2", "--dry-run", "--json", str(script)],
-        capture_output=True,
-        text=True,
-        env=_env(tmp_path),
-        cwd=tmp_path,
+    r = _run_aios(
+        tmp_path,
+        ["--nprocs", "2", "--max-restarts", "2", "--dry-run", "--json", str(script)],
+        _env(tmp_path),
         timeout=120,
     )
     assert r.returncode == 0, r.stderr
@@ -488,9 +479,9 @@ def test_restart_plan_uses_a_fresh_rendezvous_per_attempt(tmp_path: Path) -> Non
         and cmd[cmd.index("--rdzv-conf") + 1] == "is_host=1"
     )
     assert host["env"]["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
-    r = subprocess.run(
+    r = _run_aios(
+        tmp_path,
         [
-            *RUN,
             "--nprocs",
             "2",
             "--max-restarts",
@@ -499,10 +490,7 @@ def test_restart_plan_uses_a_fresh_rendezvous_per_attempt(tmp_path: Path) -> Non
             "--dry-run",
             str(script),
         ],
-        capture_output=True,
-        text=True,
-        env=_env(tmp_path),
-        cwd=tmp_path,
+        _env(tmp_path),
         timeout=120,
     )
     assert r.returncode == 0, r.stderr
@@ -567,14 +555,7 @@ def test_status_folder_of_a_sigkilled_launcher_is_removed_by_the_next_launch(
         os.chown(other_user, 65534, 65534)
         kept.append("other-user")
     quick = _script(tmp_path, "print('done')\n", name="quick.py")
-    r = subprocess.run(
-        [*RUN, "--master-port", str(_free_port()), str(quick)],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    r = _run_aios(tmp_path, ["--master-port", str(_free_port()), str(quick)], env, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     left = sorted(p.name for p in tmp.glob("aios-run-status-*"))
     assert left == [f"aios-run-status-{k}" for k in kept]

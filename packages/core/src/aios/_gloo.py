@@ -22,7 +22,9 @@ import platform
 import time
 
 RUNLOOP_THREAD = "pt_gloo_runloop"
-_FUTEX_SYSCALL = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}
+_FUTEX_SYSCALL = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}.get(
+    platform.machine().lower()
+)  # the futex syscall's number on this architecture
 _FUTEX_WAIT_BITSET = 9  # pthread_cond_wait's futex command
 _FUTEX_CMD_MASK = 0x7F  # strips FUTEX_PRIVATE_FLAG and FUTEX_CLOCK_REALTIME
 
@@ -48,13 +50,12 @@ def is_parked(tid: int) -> bool:
     """Whether thread ``tid`` of this process sleeps in an untimed condition-variable wait,
     which is where a gloo worker waits for its next collective. A thread running, preempted,
     waiting for the GIL (a timed wait) or for a peer (timed) is not parked."""
-    futex = _FUTEX_SYSCALL.get(platform.machine().lower())
     try:
         with open(f"/proc/self/task/{tid}/syscall") as f:
             fields = f.read().split()
     except OSError:
         return True  # the thread is gone: it holds nothing
-    if futex is None or len(fields) < 5 or fields[0] != str(futex):
+    if _FUTEX_SYSCALL is None or len(fields) < 5 or fields[0] != str(_FUTEX_SYSCALL):
         return False
     try:
         op, timeout = int(fields[2], 16), int(fields[4], 16)

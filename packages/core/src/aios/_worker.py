@@ -84,6 +84,16 @@ def process_alive(pid: int) -> bool:
         return True
 
 
+def process_start(pid: int) -> str:
+    """The kernel's start time of ``pid`` (field 22 of /proc/<pid>/stat), "" where unknown; with
+    the pid it names one process even after the pid is reused."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return ""
+
+
 def watch_launcher(interval: float = 0.5) -> bool:
     """In a worker started by ``aios-run``: die with the launcher. Idempotent; returns whether a
     launcher is being watched."""

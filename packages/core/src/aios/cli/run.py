@@ -55,7 +55,7 @@ from typing import Any
 
 import click
 
-from aios._worker import LAUNCHER_PID_ENV, process_alive
+from aios._worker import LAUNCHER_PID_ENV, process_alive, process_start
 from aios.errors import LaunchError
 
 PROG = "aios-run"
@@ -261,23 +261,13 @@ _STATUS_PREFIX = "aios-run-status-"
 _STATUS_OWNER = "launcher"  # "<pid> <start time> <pid namespace>" of the aios-run that made it
 
 
-def _process_start(pid: int) -> str:
-    """The kernel's start time of ``pid`` (/proc/<pid>/stat field 22), "" where unknown: with
-    the pid it names one process even after the pid is reused."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[19].decode()
-    except (OSError, IndexError):
-        return ""
-
-
 def _pid_namespace() -> str:
-    """This process's pid namespace ("pid:[4026531836]"); pids mean nothing across namespaces
-    (containers sharing a /tmp)."""
+    """This process's pid namespace ("pid:[4026531836]", "-" where unknown); pids mean nothing
+    across namespaces (containers sharing a /tmp)."""
     try:
         return os.readlink("/proc/self/ns/pid")
     except OSError:
-        return ""
+        return "-"
 
 
 def _new_status_dir() -> str:
@@ -287,7 +277,7 @@ def _new_status_dir() -> str:
     path = tempfile.mkdtemp(prefix=_STATUS_PREFIX)
     pid = os.getpid()
     with open(os.path.join(path, _STATUS_OWNER), "w") as f:
-        f.write(f"{pid} {_process_start(pid) or '-'} {_pid_namespace() or '-'}\n")
+        f.write(f"{pid} {process_start(pid) or '-'} {_pid_namespace()}\n")
     return path
 
 
@@ -296,7 +286,7 @@ def _sweep_status_dirs() -> None:
     folders carrying aios-run's owner file are judged; anything else is left alone."""
     import shutil
 
-    tmp, namespace = tempfile.gettempdir(), _pid_namespace() or "-"
+    tmp, namespace = tempfile.gettempdir(), _pid_namespace()
     try:
         names = [n for n in os.listdir(tmp) if n.startswith(_STATUS_PREFIX)]
     except OSError:
@@ -304,7 +294,8 @@ def _sweep_status_dirs() -> None:
     for name in names:
         path = os.path.join(tmp, name)
         try:
-            if not stat.S_ISDIR(os.lstat(path).st_mode) or os.lstat(path).st_uid != os.getuid():
+            st = os.lstat(path)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
                 continue  # a link, a file, or another user's
             with open(os.path.join(path, _STATUS_OWNER)) as f:
                 pid_s, start, ns = f.read().split()
@@ -314,7 +305,7 @@ def _sweep_status_dirs() -> None:
         if ns != namespace or pid == os.getpid():
             continue  # another container's launcher, or this one
         if process_alive(pid):
-            now = _process_start(pid)
+            now = process_start(pid)
             if start == "-" or not now or now == start:
                 continue  # its launcher (or a process we cannot tell from it) is running
         shutil.rmtree(path, ignore_errors=True)
