@@ -2,19 +2,24 @@
 cross-package tests and TorchTPU's environment.
 
 Every step runs even when an earlier one failed, so one run reports every failing package; the
-exit status is 1 when any step failed. While a step's tests run, the environment of the next step
-is created (``hatch env create``) in the background: installing a torch build is mostly disk and
-network time, and on a small machine that overlap is the difference between fitting the CI budget
-and not. Ends with a table of each step's time (install and tests apart).
+exit status is 1 when any step failed. Steps run side by side in ``AIOS_CI_LANES`` lanes (default
+2): many tests wait on subprocesses, sshd hosts, Slurm or emulators rather than compute, so two
+lanes on a 2-core machine finish well before one. Each lane takes the longest step still waiting
+(the expected seconds below, measured on the 2-core CI machine), and every output line of a step
+is prefixed with its name. Environments are created (``hatch env create``) one at a time in the
+same order, in the background, while tests run. Ends with a table of each step's time (install
+and tests apart) and one line with the tests counted over all steps.
 
     python scripts/ci.py                 # everything
     python scripts/ci.py core cloud-gcp  # some steps (lint, cross, test-tpu or a package name)
     python scripts/ci.py -- -x -k spot   # everything, with extra pytest arguments
+    AIOS_CI_LANES=1 python scripts/ci.py # one step at a time, unprefixed output
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -50,6 +55,7 @@ class Step:
     create_log: str = ""
     run_s: float = 0.0
     rc: int | None = None
+    counts: dict[str, int] = field(default_factory=dict)
 
 
 def steps() -> list[Step]:
@@ -65,6 +71,32 @@ def _hatch(*args: str) -> list[str]:
     return [os.environ.get("AIOS_CI_HATCH") or shutil.which("hatch") or "hatch", *args]
 
 
+# Expected test seconds of each step on the 2-core CI machine (the last full run's table); the
+# lanes take the longest first so that they end together. A step missing here counts as 60 s.
+EXPECTED_S = {
+    "core": 900,
+    "cloud-gcp": 300,
+    "cloud-slurm": 230,
+    "cloud": 200,
+    "cloud-aws": 180,
+    "backend-xla": 160,
+    "cross": 150,
+    "backend-cuda": 95,
+    "backend-neuron": 70,
+    "test-tpu": 65,
+    "cloud-k8s": 30,
+    "lint": 20,
+}
+
+SUMMARY = re.compile(r"^=+ (?P<counts>.*\d+ (?:passed|failed|error|errors|skipped).*) in [\d.]+s")
+COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed)")
+
+
+def order(todo: list[Step]) -> list[Step]:
+    """Longest expected step first (stable for equal estimates)."""
+    return sorted(todo, key=lambda s: -EXPECTED_S.get(s.name, 60))
+
+
 def _create_all(todo: list[Step]) -> None:
     for s in todo:
         t0 = time.monotonic()
@@ -78,6 +110,53 @@ def _create_all(todo: list[Step]) -> None:
         s.create_s = time.monotonic() - t0
         s.create_rc, s.create_log = r.returncode, r.stdout
         s.created.set()
+
+
+_print_lock = threading.Lock()
+
+
+def _say(text: str) -> None:
+    with _print_lock:
+        print(text, flush=True)
+
+
+def _run_step(s: Step, extra: list[str], prefix: bool) -> None:
+    s.created.wait()
+    _say(f"\n== {s.name}: environment {s.env} ready in {s.create_s:.0f} s")
+    if s.create_rc != 0:
+        _say(s.create_log[-8000:])
+        _say(f"== {s.name}: creating {s.env} failed (exit {s.create_rc})")
+        s.rc = s.create_rc
+        return
+    cmd = _hatch("run", *s.script.split())
+    if s.takes_args:
+        cmd += extra
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+    )
+    assert proc.stdout is not None
+    tag = f"[{s.name}] " if prefix else ""
+    for line in proc.stdout:
+        line = line.rstrip("\n")
+        m = SUMMARY.match(line)
+        if m:
+            for n, what in COUNT.findall(m.group("counts")):
+                key = "errors" if what.startswith("error") else what
+                s.counts[key] = s.counts.get(key, 0) + int(n)
+        _say(tag + line)
+    s.rc = proc.wait()
+    s.run_s = time.monotonic() - t0
+    _say(f"== {s.name}: exit {s.rc} after {s.run_s:.0f} s")
+
+
+def _lane(queue: list[Step], extra: list[str], prefix: bool) -> None:
+    while True:
+        with _print_lock:
+            if not queue:
+                return
+            s = queue.pop(0)
+        _run_step(s, extra, prefix)
 
 
 def main(argv: list[str]) -> int:
@@ -98,34 +177,43 @@ def main(argv: list[str]) -> int:
             )
             return 2
         todo = [s for s in todo if s.name in argv]
+    lanes_env = os.environ.get("AIOS_CI_LANES", "2")
+    if not lanes_env.isdigit() or int(lanes_env) < 1:
+        print(
+            f"ci: AIOS_CI_LANES={lanes_env!r} is not a positive integer; unset it or set 1, 2, ...",
+            file=sys.stderr,
+        )
+        return 2
+    lanes = min(int(lanes_env), len(todo))
+    queue = order(todo)
 
-    creator = threading.Thread(target=_create_all, args=(todo,), daemon=True)
+    creator = threading.Thread(target=_create_all, args=(list(queue),), daemon=True)
     creator.start()
     t_all = time.monotonic()
-    for s in todo:
-        s.created.wait()
-        print(f"\n== {s.name}: environment {s.env} ready in {s.create_s:.0f} s", flush=True)
-        if s.create_rc != 0:
-            print(s.create_log[-8000:], flush=True)
-            print(f"== {s.name}: creating {s.env} failed (exit {s.create_rc})", flush=True)
-            s.rc = s.create_rc
-            continue
-        cmd = _hatch("run", *s.script.split())
-        if s.takes_args:
-            cmd += extra
-        t0 = time.monotonic()
-        s.rc = subprocess.run(cmd, cwd=ROOT).returncode
-        s.run_s = time.monotonic() - t0
-        print(f"== {s.name}: exit {s.rc} after {s.run_s:.0f} s", flush=True)
+    workers = [
+        threading.Thread(target=_lane, args=(queue, extra, lanes > 1), daemon=True)
+        for _ in range(lanes)
+    ]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
     total = time.monotonic() - t_all
 
-    print("\n== summary (install overlaps the previous step's tests)")
+    print(f"\n== summary ({lanes} lane(s); install overlaps the tests)")
     print(f"{'step':<16}{'install s':>10}{'tests s':>10}  result")
     for s in todo:
         res = "passed" if s.rc == 0 else f"FAILED (exit {s.rc})"
         print(f"{s.name:<16}{s.create_s:>10.0f}{s.run_s:>10.0f}  {res}")
     failed = [s.name for s in todo if s.rc != 0]
     print(f"{'total':<16}{'':>10}{total:>10.0f}  {len(todo) - len(failed)}/{len(todo)} passed")
+    tot = {
+        k: sum(s.counts.get(k, 0) for s in todo) for k in ("passed", "failed", "skipped", "errors")
+    }
+    print(
+        f"ci: {tot['passed']} passed, {tot['failed'] + tot['errors']} failed, "
+        f"{tot['skipped']} skipped"
+    )
     if failed:
         print(f"ci: failed: {', '.join(failed)}", file=sys.stderr)
         return 1

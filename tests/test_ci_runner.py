@@ -46,3 +46,50 @@ def test_ci_unknown_step_is_one_line_exit_2():
         "ci: unknown step(s) kore; choose from lint, core, cloud, backend-cuda, cloud-gcp, "
         "cloud-aws, backend-xla, backend-neuron, cloud-slurm, cloud-k8s, cross, test-tpu"
     ], r.stderr
+
+
+def test_ci_runs_steps_side_by_side_and_counts_every_steps_tests(tmp_path):
+    """Two lanes: each step's lines carry its name, a failing step fails the run without
+    stopping the other, and the closing line adds up pytest's counts over all steps."""
+    hatch = tmp_path / "hatch"
+    hatch.write_text(
+        "#!/usr/bin/env python3\n"
+        "import sys\n"
+        "args = sys.argv[1:]\n"
+        "if args[:2] == ['env', 'create']:\n"
+        "    sys.exit(0)\n"
+        "if 'cloud-k8s' in ' '.join(args):\n"
+        "    print('===== 1 failed, 3 passed, 2 skipped in 1.50s =====')\n"
+        "    sys.exit(1)\n"
+        "print('===== 7 passed in 0.20s =====')\n"
+    )
+    hatch.chmod(0o755)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "ci.py"), "cloud-k8s", "lint"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "AIOS_CI_HATCH": str(hatch), "AIOS_CI_LANES": "2"},
+    )
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "[cloud-k8s] ===== 1 failed, 3 passed, 2 skipped in 1.50s =====" in r.stdout
+    assert "[lint] ===== 7 passed in 0.20s =====" in r.stdout
+    assert r.stdout.rstrip().splitlines()[-1] == "ci: 10 passed, 1 failed, 2 skipped"
+    assert "ci: failed: cloud-k8s" in r.stderr
+
+
+def test_ci_lanes_take_the_longest_step_first_and_refuse_a_bad_lane_count():
+    ci = _ci()
+    names = [s.name for s in ci.order(ci.steps())]
+    assert names[0] == "core" and names[-1] == "lint"
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "ci.py"), "lint"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "AIOS_CI_LANES": "zero"},
+    )
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        "ci: AIOS_CI_LANES='zero' is not a positive integer; unset it or set 1, 2, ..."
+    ]
