@@ -140,11 +140,11 @@ XLA_REPLACEMENTS: dict[str, tuple[str, str]] = {
     "reduce_gradients": ("AIOS404", "rt.step(opt)"),
     "spawn": (
         "AIOS403",
-        "aios-run --backend xla --nprocs N starts the processes: call the function once",
+        "`aios-run --backend xla --nprocs N` (it starts the processes; call the function once)",
     ),
     "launch": (
         "AIOS403",
-        "aios-run --backend xla --nprocs N starts the processes: call the function once",
+        "`aios-run --backend xla --nprocs N` (it starts the processes; call the function once)",
     ),
     "MpDeviceLoader": ("AIOS405", "rt.setup(loader) (shards by rank, background device transfer)"),
     "ParallelLoader": ("AIOS405", "rt.setup(loader) (shards by rank, background device transfer)"),
@@ -439,7 +439,9 @@ class _Checker:
                     if d is not None:
                         if self.is_model_expr(value):
                             self.models.add(d)
-                        if self.rankish(value) and not isinstance(value, ast.Call | ast.Dict):
+                        if self.rankish(value) and not isinstance(
+                            value, ast.Call | ast.Dict | ast.JoinedStr
+                        ):
                             self.rank_names.add(d)
                         elif isinstance(value, ast.Call) and (
                             _last(value.func) in RANK_CALLS
@@ -853,7 +855,7 @@ class _Checker:
         if base_d in self.rt_names and last in RT_SAVES:
             return "save", f"rt.{last}()"
         if q in ("torch.save", "torch_xla.core.xla_model.save"):
-            return "save", "torch.save()"
+            return "save", f"{_dotted(node.func)}()"
         if last == "state_dict" and base is not None and self.is_model_expr(base):
             return "save", f"{base_d or 'model'}.state_dict()"
         if self.is_model_expr(node.func) and not (
