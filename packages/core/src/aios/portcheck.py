@@ -323,6 +323,7 @@ def _imports(body: Iterable[ast.stmt]) -> Iterator[tuple[str, str, ast.stmt]]:
 class _Func:
     node: ast.FunctionDef | ast.AsyncFunctionDef
     cls: str | None
+    key: str = ""
     kinds: dict[str, int] = field(default_factory=dict)  # forward|collective|save -> first line
     calls: list[tuple[str, int]] = field(default_factory=list)  # callee key, line
 
@@ -344,8 +345,18 @@ class _Checker:
         self.funcs: dict[str, _Func] = {}  # "name" or "Class.name"
         self.guard_depth = 0
         self.func_stack: list[_Func] = []
+        self.local_names: dict[int, set[str]] = {}  # id(function) -> its parameters and locals
+        self.builds: dict[int, list[int]] = {}  # id(scope) -> lines that build a model there
+        self.call_guards: dict[str, list[bool]] = {}  # function key -> guarded at each call site
+        self.saves: list[tuple[ast.Call, bool, str | None]] = []  # torch.save, guarded, in function
         self.class_stack: list[str] = []
         self.module_level = True
+
+    def locals_of(self, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+        names = self.local_names.get(id(fn))
+        if names is None:
+            names = self.local_names[id(fn)] = _local_names(fn)
+        return names
 
     # ---- names
     def qual(self, node: ast.AST) -> str | None:
@@ -423,14 +434,17 @@ class _Checker:
         return d is not None and (d in self.models or bool(MODEL_NAME.match(d.split(".")[-1])))
 
     def prepass(self) -> None:
+        assigns: list[ast.Assign | ast.AnnAssign] = []
         for node in ast.walk(self.tree):
             if isinstance(node, ast.ClassDef) and any(
                 _last(b) in ("Module", "LightningModule") for b in node.bases
             ):
                 self.local_modules.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                assigns.append(node)
         for _ in range(2):  # twice: an assignment may use a name bound further down
-            for node in ast.walk(self.tree):
-                if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+            for node in assigns:
+                if node.value is None:
                     continue
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 value = node.value
@@ -482,10 +496,10 @@ class _Checker:
             outer_level, outer_guard = self.module_level, self.guard_depth
             self.module_level = False
             self.guard_depth = 0
-            scope: dict[str, str | None] = dict.fromkeys(_local_names(node))
+            scope: dict[str, str | None] = dict.fromkeys(self.locals_of(node))
             scope.update({n: q for n, q, _ in _imports(node.body)})
             self.scopes.append(scope)
-            self.func_stack.append(self.funcs.get(key) or _Func(node, None))
+            self.func_stack.append(self.funcs.get(key) or _Func(node, None, key))
             self.visit_body(node.body)
             self.func_stack.pop()
             self.scopes.pop()
@@ -776,6 +790,7 @@ class _Checker:
                     NOT_CUDA if _is_cuda_string(dev) else XLA_ONLY_BREAKS,
                 )
         # one rank only
+        self.note_call(node, q)
         if self.guard_depth:
             self.check_guarded_call(node, q)
         if q in SEED_CALLS or (
@@ -877,10 +892,11 @@ class _Checker:
     def summarise(self) -> None:
         """What each function of this file does (forward, collective, save), transitively."""
         for cls, fn in self._functions(self.tree.body, None):
-            self.funcs[f"{cls}.{fn.name}" if cls else fn.name] = _Func(fn, cls)
+            key = f"{cls}.{fn.name}" if cls else fn.name
+            self.funcs[key] = _Func(fn, cls, key)
         for key, f in self.funcs.items():
             self.class_stack = [f.cls] if f.cls else []
-            self.scopes.append(dict.fromkeys(_local_names(f.node)))
+            self.scopes.append(dict.fromkeys(self.locals_of(f.node)))
             for sub in ast.walk(f.node):
                 if isinstance(sub, ast.Call):
                     eff = self.effect(sub, self.call_qual(sub))
@@ -959,23 +975,24 @@ class _Checker:
         if not any(self.rankish(a) for a in [*node.args, *(k.value for k in node.keywords)]):
             return
         scope = self.func_stack[-1].node if self.func_stack else self.tree
-        later = [
-            n
-            for n in ast.walk(scope)
-            if isinstance(n, (ast.Assign, ast.AnnAssign))
-            and n.value is not None
-            and n.lineno > node.lineno
-            and isinstance(n.value, ast.Call)
-            and any(
-                self.is_model_expr(t)
-                for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+        builds = self.builds.get(id(scope))
+        if builds is None:
+            builds = self.builds[id(scope)] = sorted(
+                n.lineno
+                for n in ast.walk(scope)
+                if isinstance(n, (ast.Assign, ast.AnnAssign))
+                and isinstance(n.value, ast.Call)
+                and any(
+                    self.is_model_expr(t)
+                    for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                )
             )
-        ]
+        later = [line for line in builds if line > node.lineno]
         if later:
             self.add(
                 node,
                 "AIOS604",
-                f"a per-rank seed before the model is built (line {later[0].lineno}): under a "
+                f"a per-rank seed before the model is built (line {later[0]}): under a "
                 "sharded strategy each rank initialises its shard from a different RNG and the "
                 "weights disagree; seed every rank alike (config seed=N, or rt.seed_everything(seed)) "
                 "before building the model; aios shards the data order by rank itself",
@@ -983,15 +1000,23 @@ class _Checker:
                 SHARDED,
             )
 
+    def note_call(self, node: ast.Call, q: str) -> None:
+        """Record, for :meth:`check_every_rank_saves`, whether each call of a function of this
+        file and each torch.save happens under a rank test."""
+        f = self.callee(node)
+        if f is not None:
+            self.call_guards.setdefault(f.key, []).append(bool(self.guard_depth))
+        if q == "torch.save":
+            fn = self.func_stack[-1].key if self.func_stack else None
+            self.saves.append((node, bool(self.guard_depth), fn))
+
     def check_every_rank_saves(self) -> None:
         """torch.save reached without a rank test: every rank writes the same file."""
-        guarded_calls: dict[str, list[bool]] = {}
-        self._calls_by_guard(self.tree.body, False, guarded_calls)
-        for node, guarded, fn in self._saves(self.tree.body, False, None):
+        for node, guarded, fn in self.saves:
             if guarded:
                 continue
             if fn is not None:
-                sites = guarded_calls.get(fn, [])
+                sites = self.call_guards.get(fn, [])
                 if not sites or all(sites):
                     continue  # called only under a rank test (or not from this file)
             self.add(
@@ -1002,64 +1027,6 @@ class _Checker:
                 BACKENDS,
                 ("ddp", *SHARDED),
             )
-
-    def _calls_by_guard(
-        self, body: list[ast.stmt], guarded: bool, out: dict[str, list[bool]]
-    ) -> None:
-        for stmt in body:
-            for sub in self._walk_guarded(stmt, guarded):
-                node, g = sub
-                if isinstance(node, ast.Call):
-                    d = _dotted(node.func) or ""
-                    key = d[5:] if d.startswith("self.") else d
-                    for k in self.funcs:
-                        if k == key or k.endswith("." + key):
-                            out.setdefault(k, []).append(g)
-
-    def _walk_guarded(self, node: ast.AST, guarded: bool) -> Iterator[tuple[ast.AST, bool]]:
-        yield node, guarded
-        if isinstance(node, ast.If):
-            yield from self._walk_guarded(node.test, guarded)
-            g = guarded or self.is_rank_guard(node.test)
-            for s in node.body:
-                yield from self._walk_guarded(s, g)
-            for s in node.orelse:
-                yield from self._walk_guarded(s, guarded)
-            return
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            guarded = False
-        for child in ast.iter_child_nodes(node):
-            yield from self._walk_guarded(child, guarded)
-
-    def _saves(
-        self, body: list[ast.stmt], guarded: bool, fn: str | None
-    ) -> Iterator[tuple[ast.Call, bool, str | None]]:
-        for stmt in body:
-            todo: list[tuple[ast.AST, bool, str | None]] = [(stmt, guarded, fn)]
-            while todo:
-                node, g, f = todo.pop()
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    for child in node.body:
-                        todo.append((child, False, self._key_of(node)))
-                    continue
-                if isinstance(node, ast.Call) and self._qual_anywhere(node.func) == "torch.save":
-                    yield node, g, f
-                if isinstance(node, ast.If):
-                    todo.append((node.test, g, f))
-                    gg = g or self.is_rank_guard(node.test)
-                    todo.extend((s, gg, f) for s in node.body)
-                    todo.extend((s, g, f) for s in node.orelse)
-                    continue
-                todo.extend((c, g, f) for c in ast.iter_child_nodes(node))
-
-    def _qual_anywhere(self, node: ast.AST) -> str | None:
-        return self.qual(node)  # module-level imports (torch is imported at the top)
-
-    def _key_of(self, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> str | None:
-        for k, f in self.funcs.items():
-            if f.node is fn:
-                return k
-        return None
 
 
 def check_source(source: str, path: str = "<string>") -> list[Finding]:
