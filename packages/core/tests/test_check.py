@@ -287,7 +287,8 @@ def test_nanogpt_master_process_eval_and_per_rank_seed_are_sharded_hazards():
     assert "hang" in evaluation.message and evaluation.strategies == ("fsdp", "tp", "hsdp")
     assert str(evaluation).endswith("(hangs or diverges under strategy=fsdp|tp|hsdp)")
     assert (_line(path, '{"model": raw_model.state_dict()'), "AIOS603") in by
-    assert (_line(path, "torch.save(checkpoint"), "AIOS603") in by
+    # saving what every rank already gathered is fine: the state_dict() line is the hazard
+    assert (_line(path, "torch.save(checkpoint"), "AIOS603") not in by
     seed = by[(_line(path, "torch.manual_seed(1337 + seed_offset)"), "AIOS604")]
     assert f"line {_line(path, 'model = GPT(GPTConfig())')}" in seed.message
     assert "seed=N" in seed.message

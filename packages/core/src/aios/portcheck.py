@@ -423,7 +423,7 @@ class _Checker:
                 return not q.startswith(("torch.nn.functional", "torch.nn.utils"))
             if q.endswith(("DistributedDataParallel", "FullyShardedDataParallel", ".fully_shard")):
                 return True
-            if q in ("torch.compile",) or last in ("setup_module", "to", "cuda"):
+            if q in ("torch.compile",) or last in ("setup_module", "unwrap", "to", "cuda"):
                 return any(self.is_model_expr(a) for a in node.args[:1]) or (
                     last in ("to", "cuda") and self.is_model_expr(node.func)
                 )
@@ -869,7 +869,7 @@ class _Checker:
             return "collective", f"rt.{last}()"
         if base_d in self.rt_names and last in RT_SAVES:
             return "save", f"rt.{last}()"
-        if q in ("torch.save", "torch_xla.core.xla_model.save"):
+        if q == "torch_xla.core.xla_model.save":  # a rendezvous of every ordinal inside
             return "save", f"{_dotted(node.func)}()"
         if last == "state_dict" and base is not None and self.is_model_expr(base):
             return "save", f"{base_d or 'model'}.state_dict()"
@@ -944,9 +944,9 @@ class _Checker:
         ),
         "save": (
             "AIOS603",
-            "a checkpoint on one rank only: under a sharded strategy gathering the state is "
-            "collective and hangs; call rt.save() on every rank (aios writes from the right "
-            "ranks, atomically)",
+            "a checkpoint on one rank only: under a sharded strategy that rank holds only its "
+            "shard, and gathering the rest (full_tensor(), a full state dict) is collective and "
+            "hangs; call rt.save() on every rank (aios gathers or writes shards, atomically)",
         ),
     }
 
