@@ -547,3 +547,21 @@ def test_hint_reads_the_failed_ranks_traceback_for_runtime_already_initialized(t
         _portability_hint(str(script), str(tmp_path / "logs"), SimpleNamespace(local_rank=1))
         is None
     )
+
+
+def test_the_readme_shows_what_aios_check_prints(tmp_path, monkeypatch):
+    """The root README's 'Bringing an existing script' output is the real output for gpu_ddp.py."""
+    text = (ROOT / "README.md").read_text()
+    block = text[text.index("## Bringing an existing script") :]
+    block = block[block.index("```console\n") + 11 :]
+    block = block[: block.index("\n```")]
+    shown_check, shown_fix = block.split("$ aios check --fix train.py\n")
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(GPU, "train.py")
+    real = _check("train.py")
+    for line in shown_check.splitlines()[1:]:
+        assert line == "..." or line in real.stdout.splitlines() + [real.stderr.strip()], line
+    fixed = _check("--fix", "train.py")
+    diff_shown = shown_fix[: shown_fix.index("train.py:")]
+    assert fixed.stdout.startswith(diff_shown)
+    assert shown_fix.splitlines()[-1] == fixed.stderr.strip()
