@@ -565,3 +565,25 @@ def test_the_readme_shows_what_aios_check_prints(tmp_path, monkeypatch):
     diff_shown = shown_fix[: shown_fix.index("train.py:")]
     assert fixed.stdout.startswith(diff_shown)
     assert shown_fix.splitlines()[-1] == fixed.stderr.strip()
+
+
+def test_lightning_fabric_pinned_to_gpus_and_fp16():
+    src = (
+        "import lightning as L\n"
+        'fabric = L.Fabric(accelerator="cuda", devices=2, precision="16-mixed")\n'
+        'auto = L.Fabric(accelerator="auto", precision="bf16-mixed")\n'
+    )
+    found = check_source(src, "fabric.py")
+    assert [(f.line, f.code) for f in found] == [(2, "AIOS101"), (2, "AIOS303")]
+    assert 'accelerator="auto"' in found[0].message and "cpu" in found[0].backends
+    assert 'precision="bf16-mixed"' in found[1].message and "cpu" not in found[1].backends
+
+
+def test_json_fix_reports_the_diff_it_wrote(tmp_path):
+    script = tmp_path / "t.py"
+    script.write_text("import torch\nn = torch.cuda.device_count()\nx = torch.ones(2).cuda()\n")
+    doc = json.loads(_check("--json", "--fix", str(script)).stdout)
+    assert [f["code"] for f in doc["findings"]] == ["AIOS102"]  # left for the user
+    (fixed,) = doc["fixed"]
+    assert fixed["path"] == str(script) and "+n = torch.accelerator.device_count()" in fixed["diff"]
+    assert script.read_text().splitlines()[1] == "n = torch.accelerator.device_count()"

@@ -761,6 +761,30 @@ class _Checker:
                     f"means a CUDA device index: {RT_DEVICE}",
                     NOT_CUDA,
                 )
+        # Lightning / Fabric pinned to one device
+        if q.startswith(("lightning", "pytorch_lightning")) and last in ("Fabric", "Trainer"):
+            for k in node.keywords:
+                v = _str(k.value)
+                if k.arg == "accelerator" and v in ("cuda", "gpu", "tpu", "mps"):
+                    self.add(
+                        node,
+                        "AIOS101",
+                        f'{last}(accelerator="{v}") pins one device kind: use accelerator="auto", '
+                        "or the aios runtime (rt.device, rt.setup)",
+                        NOT_CUDA if v in ("cuda", "gpu") else BACKENDS,
+                    )
+                elif k.arg == "precision" and (
+                    v in ("16-mixed", "16", "16-true")
+                    or isinstance(k.value, ast.Constant)
+                    and k.value.value == 16
+                ):
+                    self.add(
+                        node,
+                        "AIOS303",
+                        f"{last}(precision={v or 16!r}): TPUs and Trainium have no fp16 training; "
+                        'use precision="bf16-mixed"',
+                        NO_FP16,
+                    )
         # XLA / Neuron APIs
         if q.startswith(("torch_xla", "torch_neuronx", "neuronx_distributed")):
             self.check_xla_call(node, q)
