@@ -587,3 +587,14 @@ def test_json_fix_reports_the_diff_it_wrote(tmp_path):
     (fixed,) = doc["fixed"]
     assert fixed["path"] == str(script) and "+n = torch.accelerator.device_count()" in fixed["diff"]
     assert script.read_text().splitlines()[1] == "n = torch.accelerator.device_count()"
+
+
+def test_fix_without_libcst_says_so_and_writes_nothing(tmp_path, monkeypatch):
+    script = tmp_path / "t.py"
+    original = "import torch\nn = torch.cuda.device_count()\n"
+    script.write_text(original)
+    monkeypatch.setitem(sys.modules, "libcst", None)  # as if not installed
+    r = _check("--fix", str(script))
+    assert r.exit_code == 1  # the finding stands
+    assert f"aios check: not rewriting {script}: --fix needs LibCST" in r.stderr
+    assert "AIOS105" in r.stdout and script.read_text() == original

@@ -1101,12 +1101,17 @@ def for_backend(findings: Iterable[Finding], backend: str | None) -> list[Findin
 
 def fix_source(source: str, findings: Iterable[Finding]) -> str:
     """``source`` with the safe rewrites of ``findings`` applied (formatting kept)."""
-    import libcst as cst
-    from libcst.metadata import PositionProvider
-
     todo = {(f.line, f.col): f.fix for f in findings if f.fix}
     if not todo:
         return source
+    try:
+        import libcst as cst
+        from libcst.metadata import PositionProvider
+    except ImportError:
+        raise CheckError(
+            "--fix needs LibCST, which is not installed: pip install 'libcst>=1.0' "
+            "(an aios-core dependency)"
+        ) from None
 
     def pos(node: cst.CSTNode, wrapper_meta: object) -> tuple[int, int]:
         p = wrapper_meta[node]  # type: ignore[index]
@@ -1181,5 +1186,8 @@ def fix_source(source: str, findings: Iterable[Finding]) -> str:
                 args[-1] = last.with_changes(comma=cst.MaybeSentinel.DEFAULT)
         return args
 
-    module = cst.metadata.MetadataWrapper(cst.parse_module(source))
+    try:
+        module = cst.metadata.MetadataWrapper(cst.parse_module(source))
+    except cst.ParserSyntaxError as exc:
+        raise CheckError(f"LibCST cannot parse it to rewrite ({exc.message})") from None
     return module.visit(Fix()).code

@@ -75,7 +75,11 @@ def check(scripts: tuple[str, ...], backend: str | None, as_json: bool, fix: boo
             source = read_source(path)
             found = for_backend(check_source(source, path), backend)
             if fix and any(f.fix for f in found):
-                fixed = fix_source(source, found)
+                try:
+                    fixed = fix_source(source, found)
+                except CheckError as exc:  # the findings stand; nothing is written
+                    click.echo(f"aios check: not rewriting {path}: {exc}", err=True)
+                    fixed = source
                 if fixed != source:
                     diff = "".join(
                         difflib.unified_diff(
