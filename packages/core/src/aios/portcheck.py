@@ -349,6 +349,7 @@ class _Checker:
         self.builds: dict[int, list[int]] = {}  # id(scope) -> lines that build a model there
         self.call_guards: dict[str, list[bool]] = {}  # function key -> guarded at each call site
         self.saves: list[tuple[ast.Call, bool, str | None]] = []  # torch.save, guarded, in function
+        self.statement_calls: set[int] = set()  # calls that are a whole line's only statement
         self.class_stack: list[str] = []
         self.module_level = True
 
@@ -548,6 +549,10 @@ class _Checker:
                 if isinstance(sub, ast.Call):
                     self.visit(sub)
             return
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+            line = self.lines[node.lineno - 1] if node.lineno <= len(self.lines) else ""
+            if not line.encode()[: node.col_offset].strip() and ";" not in line:
+                self.statement_calls.add(id(node.value))
         if isinstance(node, ast.Call):
             self.check_call(node)
         elif isinstance(node, ast.Attribute):
@@ -647,8 +652,9 @@ class _Checker:
                 pass  # AMP below
             elif name in CUDA_CALLS:
                 code, repl, fix = CUDA_CALLS[name]
-                literal = dotted == q  # written as torch.cuda.x: the rename is safe
-                self.add(node, code, f"{q}(): {repl}", NOT_CUDA, fix=fix if literal else "")
+                # written as torch.cuda.x (the rename is safe); a guard needs a line of its own
+                ok = dotted == q and (fix != "guard" or id(node) in self.statement_calls)
+                self.add(node, code, f"{q}(): {repl}", NOT_CUDA, fix=fix if ok else "")
             elif name in MEMORY_CALLS:
                 self.add(
                     node,
@@ -1113,21 +1119,13 @@ def fix_source(source: str, findings: Iterable[Finding]) -> str:
             "(an aios-core dependency)"
         ) from None
 
-    def pos(node: cst.CSTNode, wrapper_meta: object) -> tuple[int, int]:
-        p = wrapper_meta[node]  # type: ignore[index]
-        return p.start.line, p.start.column + 1
-
     class Fix(cst.CSTTransformer):
         METADATA_DEPENDENCIES = (PositionProvider,)
 
-        def __init__(self) -> None:
-            super().__init__()
-
         def _kind(self, node: cst.CSTNode) -> str:
-            try:
-                return todo.get(pos(node, self.metadata[PositionProvider]), "")
-            except KeyError:
-                return ""
+            """The rewrite due at ``node``'s start (line, 1-based column), if any."""
+            p = self.get_metadata(PositionProvider, node, None)
+            return todo.get((p.start.line, p.start.column + 1), "") if p else ""
 
         def leave_SimpleStatementLine(  # noqa: N802 - LibCST's visitor names
             self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
