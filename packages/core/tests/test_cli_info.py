@@ -66,6 +66,7 @@ def test_plugins_devices_doctor_config_import_no_torch():
         ["env"],
         ["config", "show"],
         ["doctor", "--backend", "cpu"],
+        ["check", str(Path(__file__).parent / "scripts" / "check" / "gpu_ddp_ported.py")],
     ):
         res = subprocess.run(
             [sys.executable, "-c", NO_TORCH.format(args=args)],

@@ -352,7 +352,58 @@ def _preempted_exit(cfg: Any, status: dict[int, str] | None = None) -> None:
     sys.exit(EXIT_PREEMPTED)
 
 
-def _script_failed(script: str, rank: int | str, code: int, others: bool) -> None:
+# errors a script dies of when it is tied to one device: the launcher points at `aios check`
+_PORTABILITY_ERRORS = (
+    "Distributed package doesn't have NCCL built in",
+    "Torch not compiled with CUDA enabled",
+    "Found no NVIDIA driver",
+    "No CUDA GPUs are available",
+    "Runtime is already initialized",
+    "CUDA error",
+)
+
+
+def _portability_hint(script: str, logs: str, failure: Any) -> str | None:
+    """When the failed rank's stderr (torch's tee file under ``logs``) ends in one of
+    :data:`_PORTABILITY_ERRORS`, the ``aios check`` finding for the deepest line of ``script`` in
+    its traceback (static, no torch), as a final line."""
+    import glob
+    import re
+
+    files = glob.glob(os.path.join(logs, "*", "attempt_*", str(failure.local_rank), "stderr.log"))
+    if not files:
+        return None
+    try:
+        with open(max(files, key=os.path.getmtime), errors="replace") as f:
+            text = f.read()[-200_000:]
+    except OSError:
+        return None
+    tb = text[text.rfind("Traceback (most recent call last)") :]
+    if not any(e in tb for e in _PORTABILITY_ERRORS):
+        return None
+    real = os.path.realpath(script)
+    lines = [
+        int(m.group(2))
+        for m in re.finditer(r'File "([^"]+)", line (\d+)', tb)
+        if os.path.realpath(m.group(1)) == real
+    ]
+    from aios.portcheck import CheckError, check_file
+
+    try:
+        found = [f for f in check_file(script) if lines and f.line == lines[-1]]
+    except CheckError:
+        return None
+    if not found:
+        return None
+    return (
+        f"{PROG}: hint: {found[0]} -- `aios check {script}` lists every line that ties it to one "
+        "device, `aios check --fix` rewrites the safe ones"
+    )
+
+
+def _script_failed(
+    script: str, rank: int | str, code: int, others: bool, hint: str | None = None
+) -> None:
     if code < 0:
         name = (
             signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
@@ -369,6 +420,8 @@ def _script_failed(script: str, rank: int | str, code: int, others: bool) -> Non
         + "; see its output above",
         err=True,
     )
+    if hint:
+        click.echo(hint, err=True)
     sys.exit(code)
 
 
@@ -646,7 +699,9 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
             and os.path.realpath(cmd[0]) == os.path.realpath(sys.executable)
         ):
             watch = _AgentWatch()
-            kind, detail = _run_elastic_inprocess(cmd[3:], env, cfg.checkpoint.grace_seconds, watch)
+            logs = os.path.join(status_dir, "logs")  # the ranks' tee'd output, removed below
+            targs = ["--log-dir", logs, *cmd[3:]]
+            kind, detail = _run_elastic_inprocess(targs, env, cfg.checkpoint.grace_seconds, watch)
             status = _read_status(status_dir)
             if kind == "ok":
                 sys.exit(0)
@@ -665,7 +720,8 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
             # the root cause: the rank that failed first on its own (not one the agent stopped)
             rank, failure = watch.first_failure(failures) if failures else (0, None)
             code = failure.exitcode if failure is not None else 1
-            _script_failed(script, rank, code, plan.world_size > 1)
+            hint = _portability_hint(script, logs, failure) if failure is not None else None
+            _script_failed(script, rank, code, plan.world_size > 1, hint)
         else:
             code = _run_subprocess(cmd, {**os.environ, **env})
             status = _read_status(status_dir)

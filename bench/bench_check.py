@@ -1,0 +1,89 @@
+"""`aios check` speed: a 2,000-line training script (the test fixtures in torchrun, torch_xla
+and nanoGPT habits, repeated with renamed functions) checked in-process, side by side with the
+baseline every static checker pays (`ast.parse` of the same text), and the whole command
+(`aios check FILE`, a fresh interpreter) against `python -c pass`.
+
+    python bench/bench_check.py [--runs 15] [--lines 2000]
+
+Prints medians and ratios; budget: the whole command well under a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+FIXTURES = Path(__file__).resolve().parents[1] / "packages" / "core" / "tests" / "scripts" / "check"
+
+
+def big_script(lines: int) -> str:
+    parts = [
+        (FIXTURES / name).read_text()
+        for name in ("gpu_ddp.py", "nanogpt_ddp.py", "xla_spawn.py", "neuron_trn1.py")
+    ]
+    out: list[str] = []
+    i = 0
+    while sum(p.count("\n") for p in out) < lines:
+        text = parts[i % len(parts)]
+        # distinct names per copy, as in one long file
+        text = re.sub(r"^(def|class) (\w+)", rf"\1 \2_{i}", text, flags=re.M)
+        out.append(text)
+        i += 1
+    return "".join(out)
+
+
+def median_time(fn, runs: int) -> float:
+    """Median CPU time of ``fn`` (process time: what a loaded machine does not inflate)."""
+    ts = []
+    for _ in range(runs):
+        t0 = time.process_time()
+        fn()
+        ts.append(time.process_time() - t0)
+    return statistics.median(ts)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--lines", type=int, default=2000)
+    args = ap.parse_args()
+    from aios.portcheck import check_source
+
+    src = big_script(args.lines)
+    n = src.count("\n")
+    parse = median_time(lambda: ast.parse(src), args.runs)
+    check = median_time(lambda: check_source(src, "big.py"), args.runs)
+    found = len(check_source(src, "big.py"))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "big.py")
+        with open(path, "w") as f:
+            f.write(src)
+        cli = [sys.executable, "-c", "from aios.cli.main import main; main()", "check", path]
+        base_cmd = [sys.executable, "-c", "pass"]
+        cmd_t: list[float] = []
+        base_t: list[float] = []
+        for _ in range(args.runs):  # interleaved, so load on the machine hits both alike
+            for cmd, ts in ((base_cmd, base_t), (cli, cmd_t)):
+                t0 = time.perf_counter()
+                subprocess.run(cmd, capture_output=True)
+                ts.append(time.perf_counter() - t0)
+    base, whole = statistics.median(base_t), statistics.median(cmd_t)
+    print(f"script: {n} lines, {found} findings")
+    print(f"{'what':34} {'median s':>9} {'ratio':>8}")
+    print(f"{'ast.parse (baseline, CPU)':34} {parse:9.4f} {1:8.2f}")
+    print(f"{'check_source (parse + rules, CPU)':34} {check:9.4f} {check / parse:8.2f}")
+    print(f"{'python -c pass (baseline, wall)':34} {base:9.4f} {1:8.2f}")
+    print(f"{'aios check FILE (command, wall)':34} {whole:9.4f} {whole / base:8.2f}")
+    return 0 if whole < 1.0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""``aios check SCRIPT... [--backend NAME] [--json] [--fix]``: what ties training scripts to one
+accelerator (static; imports no torch). Exit 1 when something is found, 0 when clean, 2 on bad
+input."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import sys
+import tempfile
+
+import click
+
+from aios.errors import AiosError
+
+
+def _write_atomically(path: str, text: str) -> None:
+    """Temp file in the same directory, then rename: the script is never half-written."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".aios-check-", suffix=".py", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+        os.chmod(tmp, os.stat(path).st_mode & 0o7777)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+@click.command(name="check")
+@click.argument("scripts", nargs=-1, required=True, metavar="SCRIPT...")
+@click.option(
+    "--backend",
+    default=None,
+    help="Only what breaks on this backend (cpu, cuda, xla, tpu, neuron).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable findings.")
+@click.option(
+    "--fix", is_flag=True, help="Apply the safe rewrites (shown as a diff); the rest stay findings."
+)
+def check(scripts: tuple[str, ...], backend: str | None, as_json: bool, fix: bool) -> None:
+    """Find what ties training scripts to one accelerator, with the aios replacement.
+
+    One line per finding: PATH:LINE:COL CODE message (where it breaks). Directories are searched
+    for *.py files. Exit status: 1 when anything is found, 0 when clean, 2 on bad input.
+    """
+    from aios.portcheck import (
+        BACKENDS,
+        CheckError,
+        check_source,
+        expand,
+        fix_source,
+        for_backend,
+        read_source,
+    )
+
+    if backend is not None and backend not in BACKENDS:
+        raise AiosError(
+            f"aios check knows no backend '{backend}'",
+            "use one of " + ", ".join(BACKENDS) + " (or leave --backend out for all)",
+        )
+    files = expand(scripts)
+    if not files:
+        raise AiosError(
+            "no Python files under " + ", ".join(scripts),
+            "name a script or a folder holding *.py files",
+        )
+    findings = []
+    diffs: list[dict[str, str]] = []
+    try:
+        for path in files:
+            source = read_source(path)
+            found = for_backend(check_source(source, path), backend)
+            if fix and any(f.fix for f in found):
+                try:
+                    fixed = fix_source(source, found)
+                except CheckError as exc:  # the findings stand; nothing is written
+                    click.echo(f"aios check: not rewriting {path}: {exc}", err=True)
+                    fixed = source
+                if fixed != source:
+                    diff = "".join(
+                        difflib.unified_diff(
+                            source.splitlines(keepends=True),
+                            fixed.splitlines(keepends=True),
+                            path,
+                            path,
+                        )
+                    )
+                    _write_atomically(path, fixed)
+                    diffs.append({"path": path, "diff": diff})
+                    found = for_backend(check_source(fixed, path), backend)
+            findings.extend(found)
+    except CheckError as exc:
+        raise AiosError(str(exc), "fix the file or leave it out") from None
+    if as_json:
+        out: dict[str, object] = {"findings": [f.to_json() for f in findings], "files": len(files)}
+        if fix:
+            out["fixed"] = diffs
+        click.echo(json.dumps(out, indent=2))
+    else:
+        for d in diffs:
+            click.echo(d["diff"], nl=not d["diff"].endswith("\n"))
+        for f in findings:
+            click.echo(str(f))
+        fixable = sum(1 for f in findings if f.fix)
+        summary = f"aios check: {len(findings)} finding(s) in {len(files)} file(s)"
+        if diffs:
+            summary += f"; fixed {len(diffs)} file(s)"
+        if fixable:
+            summary += f"; {fixable} fixable with --fix"
+        click.echo(summary, err=True)
+    sys.exit(1 if findings else 0)

@@ -1,0 +1,90 @@
+"""A torchrun-style DDP script written for NVIDIA GPUs (the habits of PyTorch's
+multigpu_torchrun.py tutorial): `torchrun --nproc-per-node 2 gpu_ddp.py`."""
+
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed import destroy_process_group, init_process_group
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: N817
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+
+def ddp_setup():
+    init_process_group(backend="nccl")
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+
+
+class Trainer:
+    def __init__(self, model, train_data, optimizer, save_every, snapshot_path):
+        self.gpu_id = int(os.environ["LOCAL_RANK"])
+        self.model = model.to(self.gpu_id)
+        self.train_data = train_data
+        self.optimizer = optimizer
+        self.save_every = save_every
+        self.snapshot_path = snapshot_path
+        self.scaler = torch.cuda.amp.GradScaler()
+        self.model = DDP(self.model, device_ids=[self.gpu_id])
+
+    def _run_batch(self, source, targets):
+        self.optimizer.zero_grad()
+        with torch.autocast("cuda", dtype=torch.float16):
+            output = self.model(source)
+            loss = F.mse_loss(output, targets)
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        return loss.detach()
+
+    def _run_epoch(self, epoch):
+        self.train_data.sampler.set_epoch(epoch)
+        total = torch.zeros((), device=f"cuda:{self.gpu_id}")
+        for source, targets in self.train_data:
+            source = source.to(self.gpu_id)
+            targets = targets.cuda(non_blocking=True)
+            total += self._run_batch(source, targets)
+        dist.all_reduce(total)
+        return total.item()
+
+    def _save_checkpoint(self, epoch):
+        ckp = self.model.module.state_dict()
+        torch.save(ckp, self.snapshot_path)
+        print(f"Epoch {epoch} | Training snapshot saved at {self.snapshot_path}")
+
+    def train(self, max_epochs):
+        for epoch in range(max_epochs):
+            t0 = time.time()
+            loss = self._run_epoch(epoch)
+            torch.cuda.synchronize()
+            if self.gpu_id == 0:
+                print(f"epoch {epoch} loss {loss:.4f} {time.time() - t0:.2f}s")
+            if self.gpu_id == 0 and epoch % self.save_every == 0:
+                self._save_checkpoint(epoch)
+
+
+def load_train_objs():
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(256, 16), torch.randn(256, 1))
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    return data, model, optimizer
+
+
+def main(save_every, total_epochs, batch_size, snapshot_path="snapshot.pt"):
+    ddp_setup()
+    dataset, model, optimizer = load_train_objs()
+    loader = DataLoader(
+        dataset, batch_size=batch_size, shuffle=False, sampler=DistributedSampler(dataset)
+    )
+    print(f"rank {dist.get_rank()} of {torch.cuda.device_count()} GPUs")
+    trainer = Trainer(model, loader, optimizer, save_every, snapshot_path)
+    trainer.train(total_epochs)
+    destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(save_every=1, total_epochs=int(sys.argv[1]) if len(sys.argv) > 1 else 2, batch_size=32)
