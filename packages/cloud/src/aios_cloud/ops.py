@@ -378,6 +378,9 @@ def host_commands(
     from aios.types import Host, LaunchRequest
 
     hosts = record_hosts(rec)
+    per_host = sorted({int(h["nprocs"]) for h in rec.hosts if h.get("nprocs")})
+    if per_host:  # the provider counted each host's devices (the ssh cloud; --nprocs-per-host)
+        config = config.model_copy(update={"nprocs": per_host[0]})
     req = LaunchRequest(
         script=spec.script,
         args=list(spec.args),
