@@ -1474,7 +1474,8 @@ def cancel(name: str, job_id: int | None, config_file: str | None = None) -> Non
 def _entries(cloud: str | None, config_file: str | None) -> list[Any]:
     from aios_cloud.ops import installed_clouds
 
-    clouds = [cloud] if cloud else installed_clouds()
+    # the ssh cloud offers nothing to buy: listed with --cloud ssh only
+    clouds = [cloud] if cloud else [c for c in installed_clouds() if c != "ssh"]
     if not clouds:
         raise AiosError(
             "no cloud plugin is installed",
