@@ -215,3 +215,110 @@ def test_cloud_ssh_two_hosts_resume_after_a_host_is_killed_and_comes_back(tmp_pa
         assert not (root / "code" / "gpt.py").exists() and not (root / "setup.sha").exists()
     assert (h0.home / "aios" / "lab" / "code" / "runs").is_dir()
     assert committed(ckpt)  # the checkpoints are the user's: never removed
+
+
+def test_cloud_ssh_four_hosts_plan_applied_as_printed_then_train_and_resume_after_a_crash(
+    tmp_path, sshd_cluster
+):
+    cluster = sshd_cluster(4, netns=True)
+    work = project(tmp_path)
+    (work / "hello.py").write_text(
+        "import os\nprint('hello from rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], "
+        "flush=True)\n"
+    )
+    env = environ(tmp_path)
+    base = ["--cloud", "ssh", "--hosts", hosts_arg(cluster), "--identity", str(cluster.client_key)]
+    r = aios(
+        env,
+        "launch",
+        *base,
+        "--name",
+        "plan",
+        "--python",
+        sys.executable,
+        "--nprocs-per-host",
+        "1",
+        "--no-setup",
+        "--no-bundle",
+        "--workdir",
+        str(work),
+        "--dry-run",
+        "hello.py",
+    )
+    assert r.returncode == 0, r.stderr
+    # the dry run touched nothing, here or on the hosts
+    assert not Path(env["AIOS_HOME"]).exists()
+    assert not any((h.home / "aios").exists() for h in cluster.hosts)
+    assert str(cluster.client_key) in r.stdout and "--rdzv-endpoint" in r.stdout
+    # applied as printed (the user's ssh decides host keys: here a wrapper accepts new ones),
+    # the plan runs the job on the 4 hosts together
+    wrapper = tmp_path / "bin" / "ssh"
+    wrapper.parent.mkdir()
+    wrapper.write_text(
+        "#!/bin/sh\nexec "
+        + shutil.which("ssh")
+        + f' -o StrictHostKeyChecking=accept-new -o UserKnownHostsFile={tmp_path / "kh"} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    applied = subprocess.run(
+        ["bash", "-e", "-c", r.stdout],
+        env={**env, "PATH": f"{wrapper.parent}:{os.environ['PATH']}"},
+        text=True,
+        capture_output=True,
+        timeout=300,
+    )
+    assert applied.returncode == 0, applied.stdout[-2000:] + applied.stderr[-2000:]
+    ranks = sorted(int(x) for x in re.findall(r"hello from rank (\d) of 4", applied.stdout))
+    assert ranks == [0, 1, 2, 3], applied.stdout[-2000:] + applied.stderr[-2000:]
+
+    # the real launch: 2 processes per host; the job's processes on one host die (OOM, a crash):
+    # the managed job stops the others and resumes on the 4 hosts from the newest checkpoint
+    ckpt = tmp_path / "shared-ckpt"
+    steps = 30
+    r = aios(
+        env,
+        *launch(
+            cluster,
+            work,
+            "lab4",
+            steps,
+            "--max-restarts",
+            "1",
+            "--checkpoint-dir",
+            str(ckpt),
+            "--env",
+            "AIOS_CHECKPOINT__EVERY=5",
+            "--detach",
+        ),
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    at = freeze_at_checkpoint(cluster, "lab4", ckpt, steps)
+    crashed = cluster.hosts[2]
+    assert crashed.kill_processes() > 0  # every process on it but sshd
+    for h in cluster.hosts:
+        if h is not crashed:
+            os.killpg(
+                int((h.home / "aios" / "lab4" / "jobs" / "1" / "pid").read_text()), signal.SIGCONT
+            )
+    final = wait_for(
+        lambda: (lambda j: j if j["state"] in ("SUCCEEDED", "FAILED", "CANCELLED") else None)(
+            job(env)["jobs"][-1]
+        ),
+        400,
+        "the managed job to finish",
+        interval=1,
+    )
+    watcher = (Path(env["AIOS_HOME"]) / "clusters" / "lab4" / "watcher-1.log").read_text()
+    assert final["state"] == "SUCCEEDED" and final["restarts"] == 1, watcher[-4000:]
+    assert "hosts lost (worker 2: lost)" in watcher
+    logs = aios(env, "logs", "lab4")
+    m = DONE_RE.search(logs.stdout)
+    assert m and int(m.group(1)) == steps and int(m.group(2)) <= steps - at, logs.stdout[-3000:]
+    assert "8 x cpu" in logs.stdout  # 4 hosts x 2 processes, before and after the restart
+    # exec runs on the hosts of the cluster, each line prefixed
+    r = aios(env, "exec", "lab4", "echo up")
+    assert r.returncode == 0, r.stderr
+    assert sorted(ln.split(",")[0] for ln in r.stdout.splitlines() if ln.endswith(" up")) == [
+        f"(worker {i}" for i in range(4)
+    ]
+    assert aios(env, "down", "lab4").returncode == 0

@@ -21,11 +21,13 @@ machines themselves are never stopped, rebooted or deleted.
   Node ranks follow the host list.
 * **Version-set check**: after setup, every host runs ``python -m aios.versions STACK`` for the
   backend's stack (cpu: torch must be installed); a mismatch is one line naming the host.
-* **Managed restarts** (``--max-restarts N``): a lost host stops the job on the others; aios
-  waits up to ``--host-wait`` seconds (default 120) for every host of the list to answer again,
-  restarts the job on the hosts that did (ranks renumbered, worker 0 moves to the first one up)
-  from the newest checkpoint, and names the hosts left out. ``aios start NAME`` takes hosts that
-  came back later into the cluster again. The checkpoint directory is a bucket URL or an
+* **Managed restarts** (``--max-restarts N``): when a host is lost (its job processes died, it
+  rebooted, its sshd stopped answering) the watcher ends the job on the other hosts, waits up to
+  ``--host-wait`` seconds (default 120) for *every* host of the list to answer again and restarts
+  the job on all of them from the newest checkpoint (same node ranks, same master). A host still
+  down after that fails the attempt with one line naming it; the next restart tries again until
+  the restarts are used up. aios does not go on without the host: the runtime resumes a
+  checkpoint only at the world size that wrote it. The checkpoint directory is a bucket URL or an
   absolute path on a filesystem every host mounts; aios checks it is shared (a file written on
   worker 0 must be visible on every host) before the job starts.
 * **What aios removes** (``aios down``; ``aios stop`` only ends the processes): in
@@ -34,8 +36,8 @@ machines themselves are never stopped, rebooted or deleted.
   listed in the last code tarball (``$AIOS_HOME/clusters/<cluster>/code.tar.gz``). Files the job
   wrote under ``code/`` (checkpoints, runs) are kept and named; the directory goes only when
   empty. A host that does not answer keeps its files (named).
-* Host keys are pinned at the first connection (aios's per-cluster known_hosts); a changed host
-  key is never trusted by itself: the launch or the recovery stops with one line.
+* Host keys are pinned at the first connection (aios's per-cluster known_hosts); at launch and
+  ``aios start`` a changed host key stops with one line (aios does not trust it by itself).
 """
 
 from __future__ import annotations
@@ -529,20 +531,24 @@ class SshHostsProvider(CloudProvider):
         specs = self._specs(request)
         key = extra.get("identity")
         python = extra.get("python") or self.python_cmd
-        wait = float(extra.get("host_wait", DEFAULT_HOST_WAIT)) if recovering else 30.0
+        wait = float(extra.get("host_wait", DEFAULT_HOST_WAIT))
+        wait = wait if recovering else min(30.0, wait)
         hosts = self._hosts(specs, key)
         probes, down = self._reach(name, hosts, key, wait, python)
         notes: list[str] = []
         if down:
             which = "; ".join(f"{hosts[i].label}: {why}" for i, why in sorted(down.items()))
-            if not recovering or not probes:
-                raise CloudError(
-                    f"{len(down)} of {len(hosts)} hosts did not answer over SSH within {wait:.0f}s ({which})",
-                    "check that the hosts are up and sshd reachable, or leave them out of --hosts",
-                )
-            notes.append(
-                f"continuing on {len(probes)} of {len(hosts)} hosts; left out after {wait:.0f}s: "
-                f"{which} (`aios start {name}` takes them back when they answer)"
+            fix = (
+                "bring the host back, then `aios start "
+                f"{name}` and launch again (the checkpoint resumes only with every host: the "
+                "runtime refuses another world size), or `aios down` and relaunch on the others "
+                "with checkpoint.resume=false"
+                if recovering
+                else "check that the hosts are up and sshd reachable, or leave them out of --hosts"
+            )
+            raise CloudError(
+                f"{len(down)} of {len(hosts)} hosts did not answer over SSH within {wait:.0f}s ({which})",
+                fix,
             )
         busy = [(i, p.busy) for i, p in probes.items() if p.busy]
         if busy and not recovering:
@@ -879,8 +885,9 @@ class SshHostsProvider(CloudProvider):
         echo(
             f"# 4. run on every host ({nprocs or 'discovered: accelerators found, else 1'} "
             f"processes each; node ranks in host order; the master address is worker 0's "
-            f"address on the network the hosts share, found in step 1 (shown: its SSH address)). "
-            f"aios starts it detached, logs in {root}/jobs/<id>/worker.log"
+            f"address on the network the hosts share, found in step 1 (shown: its SSH address)); "
+            f"all hosts at once: here in the background of this shell, aios starts it detached "
+            f"with logs in {root}/jobs/<id>/worker.log"
         )
         for h in hosts:
             plan = plans[h.worker_id]
@@ -890,7 +897,9 @@ class SshHostsProvider(CloudProvider):
                 shlex.join(
                     dry_ssh(h, key, f"cd {root}/code && {prefix} {shlex.join(plan.command)}")
                 )
+                + " &"
             )
+        echo("wait")
         if spec.checkpoint_dir:
             echo(
                 "# managed: a lost host stops the job on the others; aios waits "
