@@ -696,7 +696,9 @@ class SshHostsProvider(CloudProvider):
         """End aios's processes of cluster ``name`` on every listed host that answers; with
         ``remove`` also delete aios's own files there (see the module docstring)."""
         rec = _record(name)
-        if rec is None:
+        if rec is None or not rec.hosts:
+            # never reached (a create that failed at the probe): nothing of it is on the hosts,
+            # and what is there under this name belongs to someone else
             return
         specs = self._specs(rec.request)
         key = (rec.request.get("extra") or {}).get("identity")
