@@ -96,7 +96,7 @@ def test_cloud_sshhosts_hosts_file_and_entries():
     assert parse_hosts(["box", "ubuntu@10.0.0.5:2222", "Lab-1.example.org"], "me") == [
         HostSpec("me", "box", 22),
         HostSpec("ubuntu", "10.0.0.5", 2222),
-        HostSpec("me", "lab-1.example.org", 22),
+        HostSpec("me", "Lab-1.example.org", 22),  # as written (~/.ssh/config names)
     ]
     assert HostSpec("ubuntu", "10.0.0.5", 2222).target == "ubuntu@10.0.0.5:2222"
     # the same machine on another port is another sshd (NAT port forwards)

@@ -126,11 +126,11 @@ def parse_hosts(items: list[str], default_user: str, where: str = "--hosts") -> 
                     "write the SSH port after the host, e.g. ubuntu@10.0.0.5:2222",
                 )
             port = int(port_text)
-        spec = HostSpec(m.group("user") or default_user, m.group("host").lower(), port)
-        key = (spec.host, spec.port)
+        spec = HostSpec(m.group("user") or default_user, m.group("host"), port)
+        key = (spec.host.lower(), spec.port)
         if key in seen:
             raise AiosError(
-                f"{where}: host {spec.host}:{spec.port} is listed twice ('{seen[key]}' and '{item}')",
+                f"{where}: host {key[0]}:{spec.port} is listed twice ('{seen[key]}' and '{item}')",
                 "list every machine once",
             )
         seen[key] = item
