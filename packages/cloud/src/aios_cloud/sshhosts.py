@@ -759,20 +759,35 @@ class SshHostsProvider(CloudProvider):
         ]
 
     def host_checks(self, accelerator: str, nodes: int) -> list[str]:
-        """The version-set check on every host (run after setup, also with ``--no-setup``)."""
+        """Run on every host after setup (also with ``--no-setup``): the version-set check of the
+        backend's stack (cpu: torch installed), then aios's own device discovery there (``aios
+        devices --backend B --json``), each failing with one line naming the host."""
         backend = ACCELERATORS.get(accelerator, ("cpu", ""))[0]
         py = shlex.quote(self.python_cmd)
+        site = 'PYTHONPATH=".aios-site${PYTHONPATH:+:$PYTHONPATH}"'
         stack = STACK.get(backend)
         if stack:
-            return [
-                f'PYTHONPATH=".aios-site${{PYTHONPATH:+:$PYTHONPATH}}" {py} -m aios.versions '
-                f'{stack} --host "$(hostname)"'
-            ]
-        return [
-            f"{py} -c \"import importlib.metadata as m; m.version('torch')\" 2>/dev/null || "
-            f'{{ echo "[aios] $(hostname): torch is not installed for {self.python_cmd}; install '
-            'it there, or pass --python with an interpreter that has it"; exit 2; }'
-        ]
+            versions = f'{site} {py} -m aios.versions {stack} --host "$(hostname)"'
+        else:
+            versions = (
+                f"{py} -c \"import importlib.metadata as m; m.version('torch')\" 2>/dev/null || "
+                f'{{ echo "[aios] $(hostname): torch is not installed for {self.python_cmd}; '
+                'install it there, or pass --python with an interpreter that has it"; exit 2; }'
+            )
+        judge = (
+            "import json, socket, sys\n"
+            "r = json.load(sys.stdin)[0]\n"
+            "h = socket.gethostname()\n"
+            "if not r['available']:\n"
+            "    print(f\"[aios] {h}: aios finds no usable {r['backend']} device ({r['reason']})\")\n"
+            "    sys.exit(2)\n"
+            "print(f\"[aios] {h}: {r['count']} x {r['kind']} ({r['backend']})\")\n"
+        )
+        devices = (
+            f"{site} {py} -m aios.cli.main devices --backend {backend} --json | "
+            f"{py} -c {shlex.quote(judge)}"
+        )
+        return [versions, devices]
 
     def backend_for(self, accelerator: str) -> str:
         self.entry(accelerator)
