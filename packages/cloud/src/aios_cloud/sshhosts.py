@@ -19,8 +19,10 @@ machines themselves are never stopped, rebooted or deleted.
   0 in a subnet where every host has its own address (the subnet of its SSH address first), or
   the one in ``--network CIDR``; when the hosts share no subnet, its SSH address, said in one line.
   Node ranks follow the host list.
-* **Version-set check**: after setup, every host runs ``python -m aios.versions STACK`` for the
-  backend's stack (cpu: torch must be installed); a mismatch is one line naming the host.
+* **Version-set check and aios's own discovery**: after setup, every host runs ``python -m
+  aios.versions STACK`` for the backend's stack (cpu: torch must be installed) and ``aios devices
+  --backend B --json`` (the backend must find a usable device); a failure is one line naming the
+  host.
 * **Managed restarts** (``--max-restarts N``): when a host is lost (its job processes died, it
   rebooted, its sshd stopped answering) the watcher ends the job on the other hosts, waits up to
   ``--host-wait`` seconds (default 120) for *every* host of the list to answer again and restarts
