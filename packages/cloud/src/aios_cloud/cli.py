@@ -258,8 +258,8 @@ def _check_storage_url(url: str) -> None:
 @click.option(
     "--host-wait",
     type=float,
-    help="--cloud ssh, managed runs: seconds to wait for a lost host before going on without it "
-    "(default 120).",
+    help="--cloud ssh: seconds a managed restart waits for every host to answer again (default "
+    "120; a launch waits at most 30).",
 )
 @click.option("--ssh-user", default=None, help="Login user on the hosts.")
 @click.option("--no-failover", is_flag=True, help="Do not move to other zones on a stockout.")
