@@ -274,3 +274,45 @@ def test_cloud_sshhosts_a_host_that_does_not_answer_is_named_and_nothing_is_left
     )
     assert json.loads(aios(env, "status", "--json").stdout) == []
     assert not (cluster.hosts[0].home / "aios").exists()
+
+
+def test_cloud_sshhosts_a_host_with_a_new_key_is_never_trusted(tmp_path, one_host):
+    h = one_host.hosts[0]
+    work = tmp_path / "proj"
+    work.mkdir()
+    (work / "sleepy.py").write_text("import time\nprint('working', flush=True)\ntime.sleep(300)\n")
+    env = environ(tmp_path)
+    r = _launch(
+        env,
+        one_host,
+        work,
+        "--max-restarts",
+        "1",
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt"),
+        "--host-wait",
+        "1",
+        "--no-setup",
+        "--detach",
+        "sleepy.py",
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    log = h.home / "aios" / "box" / "jobs" / "1" / "worker.log"
+    _wait(lambda: log.exists() and "working" in log.read_text(), "the job to run")
+    h.stop()
+    h.start(new_host_key=True)  # another machine answers at the address (or someone in between)
+
+    def final():
+        j = json.loads(aios(env, "status", "--json").stdout)[0]["jobs"][-1]
+        return j if j["state"] in ("SUCCEEDED", "FAILED", "CANCELLED") else None
+
+    _wait(final, "the job to end", timeout=120)
+    watcher = (tmp_path / "aios-home" / "clusters" / "box" / "watcher-1.log").read_text()
+    assert final()["state"] == "FAILED", watcher[-3000:]
+    assert "hosts replaced (worker 0: new host key)" in watcher
+    assert "changed since aios first connected; aios does not trust it by itself" in watcher
+    assert "reconnected to the replaced hosts" not in watcher
+    # down forgets the cluster but does not touch the host it no longer trusts
+    r = aios(env, "down", "box")
+    assert r.returncode == 0 and "its host key changed: not touched" in r.stderr, r.stderr
+    assert (h.home / "aios" / "box" / "code" / "sleepy.py").exists()

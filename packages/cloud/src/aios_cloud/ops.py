@@ -910,7 +910,9 @@ class Watcher:
     def _recover_cluster(self, rec: ClusterRecord, incident: str) -> tuple[str, ClusterRecord]:
         provider = self.provider
         runner = runner_for(rec)
-        if incident.startswith("hosts replaced"):
+        # a user's own host (--cloud ssh) with a new key is never trusted: its provider's
+        # create checks the pinned keys and fails the recovery with one line
+        if incident.startswith("hosts replaced") and not getattr(provider, "user_hosts", False):
             # trust the new host keys only when the cloud itself says the cluster is up
             info = provider.describe(rec.name, rec.zone)
             if info is not None and info.ready and not info.unhealthy and not info.preempted:

@@ -38,8 +38,9 @@ machines themselves are never stopped, rebooted or deleted.
   listed in the last code tarball (``$AIOS_HOME/clusters/<cluster>/code.tar.gz``). Files the job
   wrote under ``code/`` (checkpoints, runs) are kept and named; the directory goes only when
   empty. A host that does not answer keeps its files (named).
-* Host keys are pinned at the first connection (aios's per-cluster known_hosts); at launch and
-  ``aios start`` a changed host key stops with one line (aios does not trust it by itself).
+* Host keys are pinned at the first connection (aios's per-cluster known_hosts); a changed host
+  key is never trusted by itself: the launch, ``aios start`` or the managed restart stops with one
+  line, and ``aios stop``/``down`` leave that host untouched (named).
 """
 
 from __future__ import annotations
@@ -716,13 +717,21 @@ class SshHostsProvider(CloudProvider):
             with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
                 f.write("".join(f"{p}\n" for p in synced))
                 listing = f.name
+        from aios_cloud.ssh import HostKeyChanged, HostResult, SshError
+
+        cmd = cleanup_command(name, remove, known=listing is not None)
+
+        def one(h: ClusterHost) -> HostResult:
+            try:
+                return runner.run_one(h, cmd, stdin_path=listing, timeout=90, stream=False)
+            except HostKeyChanged:
+                return HostResult(h, 255, stderr=["its host key changed: not touched"])
+            except SshError as exc:
+                return HostResult(h, 255, stderr=[str(exc)])
+
         try:
-            results = runner.run(
-                cleanup_command(name, remove, known=listing is not None),
-                stdin_path=listing,
-                stream=False,
-                timeout=90,
-            )
+            with ThreadPoolExecutor(max_workers=min(16, len(hosts))) as pool:
+                results = list(pool.map(one, hosts))
         finally:
             if listing:
                 os.unlink(listing)
