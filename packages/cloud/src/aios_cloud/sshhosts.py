@@ -404,11 +404,11 @@ class SshHostsProvider(CloudProvider):
     # -------------------------------------------------------------- catalog
     def catalog(self) -> list[CatalogEntry]:
         what = {
-            "auto": "CPU; refuses hosts with accelerators",
-            "cpu": "CPU cores",
-            "gpu": "NVIDIA GPUs found",
-            "tpu": "TPU chips found",
-            "trainium": "Neuron devices found",
+            "auto": "host (CPU; a host with accelerators is refused)",
+            "cpu": "host (its CPUs)",
+            "gpu": "host (its NVIDIA GPUs)",
+            "tpu": "host (its TPU chips)",
+            "trainium": "host (its Neuron devices)",
         }
         return [
             CatalogEntry(
