@@ -67,7 +67,6 @@ def environ(tmp_path: Path) -> dict[str, str]:
             "AIOS_HOME": str(tmp_path / "aios-home"),
             "AIOS_PLUGINS": "aios-cloud",
             "COLUMNS": "200",
-            "GPT_SAMPLE": "0",
         }
     )
     return env
@@ -98,6 +97,8 @@ def launch(cluster, work: Path, name: str, steps: int, *extra: str) -> list[str]
         "0.5",
         "--env",
         "OMP_NUM_THREADS=1",
+        "--env",
+        "GPT_SAMPLE=0",
         *extra,
         "gpt.py",
         "--",
