@@ -204,6 +204,9 @@ def test_cloud_sshhosts_cancel_stop_start_down_touch_only_what_aios_wrote(tmp_pa
     r = aios(env, "cancel", "box")
     assert r.returncode == 0 and "job 1 cancelled" in r.stderr, r.stderr
     assert not _alive(pid)
+    # the cluster's hosts are recorded: relaunching with another plan is refused, not ignored
+    r = _launch(env, one_host, work, "--nprocs-per-host", "3", "sleepy.py")
+    assert r.returncode == 2 and "cluster box exists with other --nprocs-per-host" in r.stderr
     # a second aios (another laptop) must not take over a host where this name runs a job
     r = _launch(env, one_host, work, "--detach", "sleepy.py")
     assert r.returncode == 0, r.stderr

@@ -389,7 +389,7 @@ class SshHostsProvider(CloudProvider):
                 f"--checkpoint-dir {ckpt} is relative: each host would resolve it on its own disk",
                 "pass an absolute path on a filesystem every host mounts (NFS), or a bucket URL",
             )
-        return {
+        extra = {
             "hosts": [s.target for s in specs],
             "identity": str(Path(params["ssh_key"]).expanduser())
             if params.get("ssh_key")
@@ -400,6 +400,30 @@ class SshHostsProvider(CloudProvider):
             "python": self.python_cmd,
             "shared_checkpoint_dir": ckpt if managed and ckpt and "://" not in ckpt else None,
         }
+        if existing:
+            # a launch on an existing cluster uses its recorded hosts and plan: a different one
+            # asked for here would be ignored silently, so it is refused
+            name = params.get("name") or ""
+            rec = _record(name)
+            old = (rec.request.get("extra") or {}) if rec is not None else {}
+            differ = [
+                opt
+                for opt, key in (
+                    ("--hosts", "hosts"),
+                    ("--identity", "identity"),
+                    ("--nprocs-per-host", "nprocs_per_host"),
+                    ("--network", "network"),
+                    ("--host-wait", "host_wait"),
+                )
+                if old.get(key) != extra[key]
+            ]
+            if differ:
+                raise AiosError(
+                    f"cluster {name} exists with other {', '.join(differ)}",
+                    f"launch it as it is (leave out --hosts), or `aios down {name}` and launch again",
+                )
+            return {}
+        return extra
 
     # -------------------------------------------------------------- catalog
     def catalog(self) -> list[CatalogEntry]:
