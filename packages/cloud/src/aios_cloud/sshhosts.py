@@ -406,16 +406,17 @@ class SshHostsProvider(CloudProvider):
             name = params.get("name") or ""
             rec = _record(name)
             old = (rec.request.get("extra") or {}) if rec is not None else {}
+            given = {
+                "hosts": True,
+                "identity": bool(params.get("ssh_key")),
+                "nprocs_per_host": n is not None,
+                "network": bool(network),
+                "host_wait": wait is not None,
+            }
             differ = [
-                opt
-                for opt, key in (
-                    ("--hosts", "hosts"),
-                    ("--identity", "identity"),
-                    ("--nprocs-per-host", "nprocs_per_host"),
-                    ("--network", "network"),
-                    ("--host-wait", "host_wait"),
-                )
-                if old.get(key) != extra[key]
+                "--" + key.replace("_", "-")
+                for key, asked in given.items()
+                if asked and old.get(key) != extra[key]
             ]
             if differ:
                 raise AiosError(
