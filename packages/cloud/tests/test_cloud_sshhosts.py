@@ -319,3 +319,36 @@ def test_cloud_sshhosts_a_host_with_a_new_key_is_never_trusted(tmp_path, one_hos
     r = aios(env, "down", "box")
     assert r.returncode == 0 and "its host key changed: not touched" in r.stderr, r.stderr
     assert (h.home / "aios" / "box" / "code" / "sleepy.py").exists()
+
+
+def test_cloud_sshhosts_a_host_without_torch_is_one_line_and_the_launch_undone(tmp_path, one_host):
+    bare = tmp_path / "bare"  # an interpreter without torch
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    work = tmp_path / "proj"
+    work.mkdir()
+    (work / "t.py").write_text("print('x')\n")
+    env = environ(tmp_path)
+    h = one_host.hosts[0]
+    r = aios(
+        env,
+        "launch",
+        "--cloud",
+        "ssh",
+        "--hosts",
+        f"{one_host.user}@{h.ip}",
+        "--identity",
+        str(one_host.client_key),
+        "--name",
+        "bare",
+        "--python",
+        str(bare / "bin" / "python"),
+        "--no-setup",
+        "--workdir",
+        str(work),
+        "t.py",
+    )
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert f"torch is not installed for {bare / 'bin' / 'python'}" in last and "(worker 0" in last
+    assert json.loads(aios(env, "status", "--json").stdout) == []
+    assert not (h.home / "aios").exists()  # the failed launch removed what it had written

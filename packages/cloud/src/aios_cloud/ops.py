@@ -379,14 +379,15 @@ def host_commands(
 
     hosts = record_hosts(rec)
     per_host = sorted({int(h["nprocs"]) for h in rec.hosts if h.get("nprocs")})
-    if per_host:  # the provider counted each host's devices (the ssh cloud; --nprocs-per-host)
+    if per_host:  # the provider counted each host's devices (the ssh cloud; --nprocs-per-host):
+        # the plan needs no instance type
         config = config.model_copy(update={"nprocs": per_host[0]})
     req = LaunchRequest(
         script=spec.script,
         args=list(spec.args),
         module=spec.module,
         hosts=[Host(h.ip, h.internal_ip or h.ip, h.worker_id) for h in hosts],
-        accelerator=accelerator or rec.accelerator,
+        accelerator=None if per_host else (accelerator or rec.accelerator),
         python=spec.python,
     )
     reg = get_registry()

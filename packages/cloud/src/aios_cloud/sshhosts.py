@@ -806,18 +806,16 @@ class SshHostsProvider(CloudProvider):
             versions = f'{site} {py} -m aios.versions {stack} --host "$(hostname)"'
         else:
             versions = (
-                f"{py} -c \"import importlib.metadata as m; m.version('torch')\" 2>/dev/null || "
+                f'{py} -c "import importlib.metadata as m; m.version(\\"torch\\")" 2>/dev/null || '
                 f'{{ echo "[aios] $(hostname): torch is not installed for {self.python_cmd}; '
                 'install it there, or pass --python with an interpreter that has it"; exit 2; }'
             )
         judge = (
-            "import json, socket, sys\n"
-            "r = json.load(sys.stdin)[0]\n"
-            "h = socket.gethostname()\n"
-            "if not r['available']:\n"
-            "    print(f\"[aios] {h}: aios finds no usable {r['backend']} device ({r['reason']})\")\n"
-            "    sys.exit(2)\n"
-            "print(f\"[aios] {h}: {r['count']} x {r['kind']} ({r['backend']})\")\n"
+            "import json, socket, sys; r = json.load(sys.stdin)[0]; h = socket.gethostname(); "
+            'a, b, k, c, why = r["available"], r["backend"], r["kind"], r["count"], r["reason"]; '
+            'print("[aios] %s: %s x %s (%s)" % (h, c, k, b) if a else '
+            '"[aios] %s: aios finds no usable %s device (%s)" % (h, b, why)); '
+            "sys.exit(0 if a else 2)"
         )
         devices = (
             f"{site} {py} -m aios.cli.main devices --backend {backend} --json | "
