@@ -165,10 +165,12 @@ def read_hosts_file(path: str) -> list[str]:
 
 def split_hosts(text: str) -> list[str]:
     """``a,b c`` -> entries (commas and whitespace separate; an empty entry is an error)."""
-    parts = [p.strip() for p in re.split(r"[,\s]+", text.strip())] if text.strip() else []
-    if "" in [p.strip() for p in text.strip().split(",")] and text.strip():
+    if not text.strip():
+        return []
+    parts = [p.strip() for p in text.split(",")]
+    if "" in parts:
         raise AiosError(f"--hosts '{text}' has an empty entry", "separate hosts with single commas")
-    return [p for p in parts if p]
+    return [entry for p in parts for entry in p.split()]
 
 
 # ------------------------------------------------------------------------------ the probe
