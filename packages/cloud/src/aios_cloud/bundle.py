@@ -56,6 +56,17 @@ def build(backend: str | None = None, cloud: str | None = None) -> Bundle:
             or cloud in clouds
         ):
             wanted[name] = info.module
+    # the plugins the wanted ones depend on (aios-cloud-gcp -> aios-cloud: the agent and
+    # `aios sync` run aios_cloud on the hosts)
+    for dist_name in list(wanted):
+        try:
+            requires = distribution(dist_name).requires or []
+        except PackageNotFoundError:
+            continue
+        for r in requires:
+            dep = re.split(r"[\s;<>=!~\[(]", r, maxsplit=1)[0].lower().replace("_", "-")
+            if "extra ==" not in r and dep in reg.plugins:
+                wanted.setdefault(dep, reg.plugins[dep].module)
     out = Bundle()
     reqs: set[str] = set()
     for dist_name, module in sorted(wanted.items()):

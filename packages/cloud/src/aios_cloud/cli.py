@@ -61,7 +61,8 @@ def _cloud_name(cloud: str | None, store_cloud: str | None = None) -> str:
         return store_cloud
     from aios_cloud.ops import installed_clouds
 
-    clouds = installed_clouds()
+    # the ssh cloud (hosts you already have) is always there and needs --hosts: never a default
+    clouds = [c for c in installed_clouds() if c != "ssh"]
     if len(clouds) == 1:
         return clouds[0]
     if not clouds:
@@ -231,7 +232,35 @@ def _check_storage_url(url: str) -> None:
     multiple=True,
     help="NAME=VALUE, or NAME to forward its value from here (secrets).",
 )
-@click.option("--ssh-key", help="Private key (default: aios's own key in the aios home).")
+@click.option(
+    "--ssh-key",
+    "--identity",
+    "ssh_key",
+    help="Private key (default: aios's own key in the aios home; --cloud ssh: your SSH setup).",
+)
+@click.option(
+    "--hosts",
+    help="--cloud ssh: your hosts, USER@HOST[:PORT],... (worker 0 first; node ranks follow the list).",
+)
+@click.option(
+    "--hosts-file",
+    type=click.Path(dir_okay=False),
+    help="--cloud ssh: a file with one USER@HOST[:PORT] a line (# comments).",
+)
+@click.option(
+    "--nprocs-per-host",
+    type=int,
+    help="--cloud ssh: processes per host (default: the accelerators found on each, else 1).",
+)
+@click.option(
+    "--network", help="--cloud ssh: the hosts' own network (CIDR) for the master address."
+)
+@click.option(
+    "--host-wait",
+    type=float,
+    help="--cloud ssh: seconds a managed restart waits for every host to answer again (default "
+    "120; a launch waits at most 30).",
+)
 @click.option("--ssh-user", default=None, help="Login user on the hosts.")
 @click.option("--no-failover", is_flag=True, help="Do not move to other zones on a stockout.")
 @click.option("--module", "-m", is_flag=True, help="SCRIPT is a module (python -m).")
@@ -304,6 +333,11 @@ def launch(
     python: str | None,
     env_items: tuple[str, ...],
     ssh_key: str | None,
+    hosts: str | None,
+    hosts_file: str | None,
+    nprocs_per_host: int | None,
+    network: str | None,
+    host_wait: float | None,
     ssh_user: str | None,
     no_failover: bool,
     module: bool,
@@ -391,19 +425,35 @@ def launch(
     labels = _kv(label, "--label")
     store = _store() if not dry_run else None
     existing = store.get_cluster(name) if (store and name) else None
-    cloud = _cloud_name(cloud, existing.cloud if existing else None)
+    cloud = _cloud_name(
+        cloud or ("ssh" if hosts or hosts_file else None), existing.cloud if existing else None
+    )
     config = _config(config_file)
     provider = ops.get_provider(cloud, config)
     if getattr(
         provider, "scheduler", False
     ):  # a batch scheduler (Slurm, Kubernetes): submits a job, no hosts to provision
         sys.exit(provider.launch_job(dict(click.get_current_context().params), store, _log))
+    extra: dict[str, Any] = {"reservation": reservation} if reservation else {}
+    if hasattr(provider, "launch_extra"):  # hosts the user already has (--cloud ssh)
+        extra.update(
+            provider.launch_extra(dict(click.get_current_context().params), existing is not None)
+        )
+    elif hosts or hosts_file or nprocs_per_host or network or host_wait is not None:
+        raise AiosError(
+            "--hosts/--hosts-file/--nprocs-per-host/--network/--host-wait apply to --cloud ssh",
+            "add --cloud ssh, or drop them",
+        )
     if existing and accelerator and accelerator != existing.accelerator:
         raise AiosError(
             f"cluster {name} exists with {existing.accelerator}, not {accelerator}",
             f"use another --name or `aios down {name}`",
         )
-    accelerator = accelerator or (existing.accelerator if existing else None)
+    accelerator = (
+        accelerator
+        or (existing.accelerator if existing else None)
+        or getattr(provider, "default_accelerator", None)
+    )
     if not accelerator:
         raise AiosError(
             "--accelerator is required for a new cluster", f"see `aios catalog --cloud {cloud}`"
@@ -433,7 +483,7 @@ def launch(
         labels={**labels, "aios-cluster": name},
         project=project,
         ssh_user=ssh_user or getattr(provider, "default_ssh_user", "aios"),
-        extra={"reservation": reservation} if reservation else {},
+        extra=extra,
     )
     request = provider.validate(request) if not existing else request
     backend = backend or provider.backend_for(accelerator)
@@ -470,7 +520,12 @@ def launch(
             "--max-restarts needs --checkpoint-dir on a bucket, so a recreated cluster can resume",
             f"add --checkpoint-dir {provider.storage_scheme or 'gs'}://BUCKET/PATH",
         )
-    if checkpoint_dir and max_restarts > 0 and "://" not in checkpoint_dir:
+    if (
+        checkpoint_dir
+        and max_restarts > 0
+        and "://" not in checkpoint_dir
+        and not getattr(provider, "shared_paths", False)  # --cloud ssh checks it is shared
+    ):
         raise AiosError(
             f"--checkpoint-dir {checkpoint_dir} is local to the hosts and dies with them",
             f"use a bucket URL such as {provider.storage_scheme or 'gs'}://BUCKET/PATH",
@@ -509,6 +564,9 @@ def launch(
                 f"~/aios/{request.name}/agent.json` and "
                 f"{'deletes' if autodown else 'stops'} the cluster after {autostop:g} min without a running job"
             )
+        if hasattr(provider, "launch_dry_run"):
+            provider.launch_dry_run(request, spec, config, existing is not None, _echo)
+            return
         _launch_dry_run(provider, request, spec, config, existing is not None, key_path, line)
         return
 
@@ -528,12 +586,19 @@ def launch(
         _check_storage_url(checkpoint_dir)
     from aios_cloud.ssh import ensure_client_key
 
-    key = str(ensure_client_key(key_path) if not key_path else Path(key_path).expanduser())
+    user_hosts = getattr(provider, "user_hosts", False)  # --cloud ssh: the user's own login
+    key = (
+        None
+        if user_hosts and not key_path
+        else str(ensure_client_key(key_path) if not key_path else Path(key_path).expanduser())
+    )
     created = False
     printer = _printer()
     if existing is None:
-        request = ops.with_public_key(request, key)
-        rec = ops.provision(store, provider, request, key, _log, failover=not no_failover)
+        if not user_hosts:
+            assert key is not None
+            request = ops.with_public_key(request, key)
+        rec = ops.provision(store, provider, request, key, _log, failover=not no_failover)  # type: ignore[arg-type]
         created = True
         _log(
             f"cluster {name} ready in {rec.zone}: "
@@ -1409,7 +1474,8 @@ def cancel(name: str, job_id: int | None, config_file: str | None = None) -> Non
 def _entries(cloud: str | None, config_file: str | None) -> list[Any]:
     from aios_cloud.ops import installed_clouds
 
-    clouds = [cloud] if cloud else installed_clouds()
+    # the ssh cloud offers nothing to buy: listed with --cloud ssh only
+    clouds = [cloud] if cloud else [c for c in installed_clouds() if c != "ssh"]
     if not clouds:
         raise AiosError(
             "no cloud plugin is installed",

@@ -378,12 +378,16 @@ def host_commands(
     from aios.types import Host, LaunchRequest
 
     hosts = record_hosts(rec)
+    per_host = sorted({int(h["nprocs"]) for h in rec.hosts if h.get("nprocs")})
+    if per_host:  # the provider counted each host's devices (the ssh cloud; --nprocs-per-host):
+        # the plan needs no instance type
+        config = config.model_copy(update={"nprocs": per_host[0]})
     req = LaunchRequest(
         script=spec.script,
         args=list(spec.args),
         module=spec.module,
         hosts=[Host(h.ip, h.internal_ip or h.ip, h.worker_id) for h in hosts],
-        accelerator=accelerator or rec.accelerator,
+        accelerator=None if per_host else (accelerator or rec.accelerator),
         python=spec.python,
     )
     reg = get_registry()
@@ -907,7 +911,9 @@ class Watcher:
     def _recover_cluster(self, rec: ClusterRecord, incident: str) -> tuple[str, ClusterRecord]:
         provider = self.provider
         runner = runner_for(rec)
-        if incident.startswith("hosts replaced"):
+        # a user's own host (--cloud ssh) with a new key is never trusted: its provider's
+        # create checks the pinned keys and fails the recovery with one line
+        if incident.startswith("hosts replaced") and not getattr(provider, "user_hosts", False):
             # trust the new host keys only when the cloud itself says the cluster is up
             info = provider.describe(rec.name, rec.zone)
             if info is not None and info.ready and not info.unhealthy and not info.preempted:

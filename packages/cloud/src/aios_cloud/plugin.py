@@ -1,4 +1,5 @@
-"""The ``aios-cloud`` plugin (entry point): contributes the cloud commands to the ``aios`` CLI.
+"""The ``aios-cloud`` plugin (entry point): contributes the cloud commands to the ``aios`` CLI,
+and the ``ssh`` cloud (hosts the user already has, :mod:`aios_cloud.sshhosts`).
 
 Imports nothing of the control plane: each command is named by ``module:attribute`` and imported
 only when it runs, so ``aios --help`` stays fast and imports no torch.
@@ -9,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from aios.hookspecs import hookimpl
-from aios.types import CommandSpec
+from aios.types import CloudSpec, CommandSpec
 
 CLI = "aios_cloud.cli"
 
@@ -38,3 +39,21 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def aios_register_commands(register: Any) -> None:
     for name, (attr, help_) in COMMANDS.items():
         register(CommandSpec(name=name, target=f"{CLI}:{attr}", help=help_))
+
+
+def _ssh_factory(config: Any = None) -> Any:
+    from aios_cloud.sshhosts import SshHostsProvider
+
+    return SshHostsProvider(config)
+
+
+@hookimpl
+def aios_register_clouds(register: Any) -> None:
+    register(
+        CloudSpec(
+            name="ssh",
+            factory=_ssh_factory,
+            description="hosts you already have, over SSH (--hosts USER@HOST[:PORT],...)",
+            install_hint="pip install -e ./packages/cloud",
+        )
+    )

@@ -1,0 +1,292 @@
+"""End to end: ``aios launch --cloud ssh`` on real sshd hosts in network namespaces (no stand-in:
+the hosts are the user's machines). examples/gpt.py trains with 2 processes per host over gloo;
+one host is killed mid-run and the managed job resumes from the newest checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+TINY = [
+    "--data",
+    "corpus.txt",
+    "--n-layer",
+    "1",
+    "--n-embd",
+    "16",
+    "--n-head",
+    "2",
+    "--batch-size",
+    "4",
+    "--block-size",
+    "16",
+    "--warmup",
+    "2",
+    "--eval-batches",
+    "1",
+]
+DONE_RE = re.compile(r"gpt: done (\d+) steps \((\d+) this run\)")
+
+
+def project(tmp_path: Path) -> Path:
+    if not (EXAMPLES / "gpt.py").is_file():
+        pytest.skip("examples/gpt.py is not in this checkout")
+    work = tmp_path / "proj"
+    work.mkdir()
+    shutil.copy(EXAMPLES / "gpt.py", work / "gpt.py")
+    shutil.copy(EXAMPLES / "data" / "corpus.txt", work / "corpus.txt")
+    return work
+
+
+def aios(env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "aios.cli.main", *args],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+    )
+
+
+def environ(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
+    env.update(
+        {
+            "AIOS_HOME": str(tmp_path / "aios-home"),
+            "AIOS_PLUGINS": "aios-cloud",
+            "COLUMNS": "200",
+        }
+    )
+    return env
+
+
+def hosts_arg(cluster) -> str:
+    return ",".join(f"{cluster.user}@{h.ip}:{h.port}" for h in cluster.hosts)
+
+
+def launch(cluster, work: Path, name: str, steps: int, *extra: str) -> list[str]:
+    return [
+        "launch",
+        "--cloud",
+        "ssh",
+        "--hosts",
+        hosts_arg(cluster),
+        "--identity",
+        str(cluster.client_key),
+        "--name",
+        name,
+        "--python",
+        sys.executable,
+        "--nprocs-per-host",
+        "2",
+        "--workdir",
+        str(work),
+        "--poll",
+        "0.5",
+        "--env",
+        "OMP_NUM_THREADS=1",
+        "--env",
+        "GPT_SAMPLE=0",
+        *extra,
+        "gpt.py",
+        "--",
+        *TINY,
+        "--steps",
+        str(steps),
+        "--eval-every",
+        str(steps),
+    ]
+
+
+def job(env: dict[str, str]) -> dict:
+    r = aios(env, "status", "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)[0]
+
+
+def wait_for(cond, timeout: float, what: str, interval: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = cond()
+        if v:
+            return v
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def committed(ckpt: Path) -> list[int]:
+    return sorted(
+        int(m.group(1))
+        for p in ckpt.glob("ckpt-*/aios-checkpoint.json")
+        if (m := re.search(r"ckpt-(\d+)", str(p)))
+    )
+
+
+def freeze_at_checkpoint(cluster, name: str, ckpt: Path, steps: int) -> int:
+    """Pause the job on every host (SIGSTOP to its process group) as soon as a checkpoint is
+    committed, so the kill lands mid-run whatever the machine's speed. Returns that step."""
+    pids = [h.home / "aios" / name / "jobs" / "1" / "pid" for h in cluster.hosts]
+    wait_for(lambda: all(p.exists() for p in pids), 120, "the job to start on every host")
+    groups = [int(p.read_text()) for p in pids]
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        for g in groups:
+            os.killpg(g, signal.SIGSTOP)
+        done = committed(ckpt)
+        if done:
+            assert max(done) < steps, "the job ended before the host could be killed"
+            return max(done)
+        for g in groups:
+            os.killpg(g, signal.SIGCONT)
+        time.sleep(0.2)
+    raise AssertionError("no checkpoint was committed")
+
+
+def test_cloud_ssh_two_hosts_resume_after_a_host_is_killed_and_comes_back(tmp_path, sshd_cluster):
+    cluster = sshd_cluster(2, netns=True)
+    work = project(tmp_path)
+    env = environ(tmp_path)
+    ckpt = tmp_path / "shared-ckpt"  # the hosts share this filesystem (as over NFS)
+    steps = 40
+    r = aios(
+        env,
+        *launch(
+            cluster,
+            work,
+            "lab",
+            steps,
+            "--max-restarts",
+            "1",
+            "--checkpoint-dir",
+            str(ckpt),
+            "--env",
+            "AIOS_CHECKPOINT__EVERY=5",
+            "--detach",
+        ),
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "master address" in r.stderr and cluster.hosts[0].ip in r.stderr
+    at = freeze_at_checkpoint(cluster, "lab", ckpt, steps)
+    h0, h1 = cluster.hosts
+    h1.stop()  # the machine dies: sshd and every process on it
+    os.killpg(int((h0.home / "aios" / "lab" / "jobs" / "1" / "pid").read_text()), signal.SIGCONT)
+    wait_for(
+        lambda: any(e["kind"] == "preempted" for e in job(env)["recoveries"]),
+        120,
+        "the watcher to notice the lost host",
+        interval=0.5,
+    )
+    h1.start(new_host_key=False)  # the machine reboots (same host key)
+    final = wait_for(
+        lambda: (
+            lambda j: (
+                j if j["state"] not in ("RUNNING", "RECOVERING", "SETTING_UP", "PENDING") else None
+            )
+        )(job(env)["jobs"][-1]),
+        300,
+        "the managed job to finish",
+        interval=1,
+    )
+    watcher = (Path(env["AIOS_HOME"]) / "clusters" / "lab" / "watcher-1.log").read_text()
+    assert final["state"] == "SUCCEEDED" and final["restarts"] == 1, watcher[-4000:]
+    assert "hosts lost (worker 1: unreachable)" in watcher
+    logs = aios(env, "logs", "lab")
+    m = DONE_RE.search(logs.stdout)
+    assert m and int(m.group(1)) == steps and int(m.group(2)) <= steps - at, logs.stdout[-3000:]
+    assert "4 x cpu" in logs.stdout  # both hosts again, 2 processes each
+    r = aios(env, "down", "lab")
+    assert r.returncode == 0, r.stderr
+    # aios's own files are gone; what the job wrote (its run directory) is kept and named
+    assert "kept" in r.stderr and "runs" in r.stderr, r.stderr
+    for h in cluster.hosts:
+        root = h.home / "aios" / "lab"
+        assert not (root / "jobs").exists() and not (root / "code" / ".aios-site").exists()
+        assert not (root / "code" / "gpt.py").exists() and not (root / "setup.sha").exists()
+    assert (h0.home / "aios" / "lab" / "code" / "runs").is_dir()
+    assert committed(ckpt)  # the checkpoints are the user's: never removed
+
+
+def test_cloud_ssh_four_hosts_plan_applied_as_printed_then_train(tmp_path, sshd_cluster):
+    cluster = sshd_cluster(4, netns=True)
+    work = project(tmp_path)
+    (work / "hello.py").write_text(
+        "import os\nprint('hello from rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], "
+        "flush=True)\n"
+    )
+    env = environ(tmp_path)
+    base = ["--cloud", "ssh", "--hosts", hosts_arg(cluster), "--identity", str(cluster.client_key)]
+    r = aios(
+        env,
+        "launch",
+        *base,
+        "--name",
+        "plan",
+        "--python",
+        sys.executable,
+        "--nprocs-per-host",
+        "1",
+        "--no-setup",
+        "--no-bundle",
+        "--workdir",
+        str(work),
+        "--dry-run",
+        "hello.py",
+    )
+    assert r.returncode == 0, r.stderr
+    # the dry run touched nothing, here or on the hosts
+    assert not Path(env["AIOS_HOME"]).exists()
+    assert not any((h.home / "aios").exists() for h in cluster.hosts)
+    assert str(cluster.client_key) in r.stdout and "--rdzv-endpoint" in r.stdout
+    # applied as printed (the user's ssh decides host keys: here a wrapper accepts new ones),
+    # the plan runs the job on the 4 hosts together
+    wrapper = tmp_path / "bin" / "ssh"
+    wrapper.parent.mkdir()
+    wrapper.write_text(
+        "#!/bin/sh\nexec "
+        + shutil.which("ssh")
+        + f' -o StrictHostKeyChecking=accept-new -o UserKnownHostsFile={tmp_path / "kh"} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    applied = subprocess.run(
+        ["bash", "-e", "-c", r.stdout],
+        env={**env, "PATH": f"{wrapper.parent}:{os.environ['PATH']}"},
+        text=True,
+        capture_output=True,
+        timeout=300,
+    )
+    assert applied.returncode == 0, applied.stdout[-2000:] + applied.stderr[-2000:]
+    ranks = sorted(int(x) for x in re.findall(r"hello from rank (\d) of 4", applied.stdout))
+    assert ranks == [0, 1, 2, 3], applied.stdout[-2000:] + applied.stderr[-2000:]
+
+    # the real launch: 2 processes per host, node ranks in host order, the master address
+    # worker 0's on the hosts' own network
+    steps = 4
+    r = aios(env, *launch(cluster, work, "lab4", steps), timeout=400)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    h0 = cluster.hosts[0]
+    assert f"master address {h0.internal_ip} (worker 0 as the other hosts see it" in r.stderr
+    assert re.search(rf"\(worker 0, {re.escape(h0.ip)}\) .*gpt: done {steps} steps", r.stdout)
+    assert "8 x cpu" in r.stdout  # 4 hosts x 2 processes
+    for h in cluster.hosts:
+        assert f"(worker {h.worker_id}, {h.ip}) " in r.stdout
+    st = job(env)
+    assert st["jobs"][0]["state"] == "SUCCEEDED" and st["jobs"][0]["exit_codes"] == [0] * 4
+    # exec runs on the hosts of the cluster, each line prefixed
+    r = aios(env, "exec", "lab4", "echo up")
+    assert r.returncode == 0, r.stderr
+    assert sorted(ln.split(",")[0] for ln in r.stdout.splitlines() if ln.endswith(" up")) == [
+        f"(worker {i}" for i in range(4)
+    ]
+    assert aios(env, "down", "lab4").returncode == 0
