@@ -215,6 +215,9 @@ def init(
     from aios._worker import watch_launcher
 
     watch_launcher()  # started by aios-run: never outlive it (see aios._worker)
+    from aios.watchdog import register_worker
+
+    register_worker()  # under aios-run: step progress and stack dumps for its watchdog
     cfg = resolve_config(config, defaults, overrides, flags)
     from aios.plugins import get_registry
 
@@ -357,7 +360,10 @@ class Runtime:
         #: check for preemption (one tiny all-reduce with several ranks) every N steps
         self.preemption_check_every = 1
         self.timer = StepTimer(self._t_init)
-        self._stamp = self.timer.append
+        from aios.watchdog import progress_stamp
+
+        # the step's time stamp, also reported to aios-run's watchdog (aios.watchdog)
+        self._stamp = progress_stamp(self.timer.append)
         from aios.strategy import Strategy
 
         st = type(strategy)
@@ -841,6 +847,9 @@ class Runtime:
         global _current
         if self._closed:
             return
+        from aios.watchdog import worker_closing
+
+        worker_closing()  # past the last step: the watchdog expects no more progress
         ck = self.checkpointer
         step = self.training.step
         try:

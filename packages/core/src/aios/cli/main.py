@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "doctor": ("aios.cli.info", "doctor", "Run health checks contributed by the backends."),
     "config": ("aios.cli.info", "config", "Show or validate the resolved config."),
     "run": ("aios.cli.run", "run_command", "Launch a training script (same as aios-run)."),
+    "stacks": ("aios.cli.stacks", "stacks", "Every rank's stack of a live run (no stop)."),
 }
 
 

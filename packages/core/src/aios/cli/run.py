@@ -51,12 +51,14 @@ import stat
 import subprocess
 import sys
 import tempfile
+from contextlib import suppress as _suppress
 from typing import Any
 
 import click
 
 from aios._worker import LAUNCHER_PID_ENV, process_alive, process_start
 from aios.errors import LaunchError
+from aios.watchdog import DEMAND_SIGNAL
 
 PROG = "aios-run"
 from aios.contract import BACKEND_ENV, CONFIG_ENV, NO_PREIMPORT_ENV, RUN_ID_ENV, STATUS_DIR_ENV  # noqa: E402
@@ -420,6 +422,8 @@ class _AgentWatch:
         self.exited: dict[int, int] = {}  # pid -> position in the order the workers exited
         self.stopped: set[int] = set()  # pids the agent signalled while they still ran
         self.last_failures: dict[int, Any] = {}
+        self.no_restart = False  # set by the watchdog's stop action
+        self.hang_note = ""  # set by the watchdog before it stops hung workers
         self.launcher = os.getpid()
         self._undo: list[tuple[Any, str, Any]] = []
         self._epoll: Any = None
@@ -533,7 +537,10 @@ class _AgentWatch:
             spec = worker_group.spec
             attempt = spec.max_restarts - agent._remaining_restarts
             failures, watch.last_failures = watch.last_failures, {}
-            if failures:
+            note, watch.hang_note = watch.hang_note, ""
+            if note:
+                what = f"hang ({note})"
+            elif failures:
                 rank, f = watch.first_failure(failures)
                 what = f"rank {rank} {_describe_exit(f.exitcode)}"
             else:
@@ -577,6 +584,8 @@ def _wrap_monitor(monitor: Any, watch: _AgentWatch) -> Any:
         result = monitor(agent, worker_group)
         if result.is_failed():
             watch.last_failures = dict(result.failures)
+            if watch.no_restart:  # the watchdog stopped a hung run: no restart
+                agent._remaining_restarts = 0
         return result
 
     return _monitor
@@ -638,6 +647,8 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
     }
     for n in notes:
         click.echo(f"{PROG}: note: {n}", err=True)
+    watch = _AgentWatch()
+    dog = _start_watchdog(cfg, status_dir, run_id, watch)
     try:
         cmd = host.command
         if (
@@ -645,11 +656,12 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
             and cmd[1:3] == ["-m", "torch.distributed.run"]
             and os.path.realpath(cmd[0]) == os.path.realpath(sys.executable)
         ):
-            watch = _AgentWatch()
             kind, detail = _run_elastic_inprocess(cmd[3:], env, cfg.checkpoint.grace_seconds, watch)
             status = _read_status(status_dir)
             if kind == "ok":
                 sys.exit(0)
+            if dog is not None and dog.hang is not None and kind == "failed":
+                _hung_exit(script, dog)
             if status and all(v.startswith("preempted") for v in status.values()):
                 _preempted_exit(cfg, status)
             if kind == "signal":
@@ -671,13 +683,58 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
             status = _read_status(status_dir)
             if code == 0:
                 sys.exit(0)
+            if dog is not None and dog.hang is not None:
+                _hung_exit(script, dog)
             if code == 75 or (status and all(v.startswith("preempted") for v in status.values())):
                 _preempted_exit(cfg, status)
             _script_failed(script, 0 if plan.world_size == 1 else "?", code, plan.world_size > 1)
     finally:
         import shutil
 
+        if dog is not None:
+            dog.stop()
+            with _suppress(ValueError):
+                signal.signal(DEMAND_SIGNAL, signal.SIG_DFL)
         shutil.rmtree(status_dir, ignore_errors=True)
+
+
+def _start_watchdog(cfg: Any, status_dir: str, run_id: str, watch: _AgentWatch) -> Any:
+    """The hang watchdog over this node's ranks (:mod:`aios.watchdog`), and SIGUSR1 for a dump
+    of the live run. None when ``watchdog.enabled`` is off."""
+    from aios.watchdog import Watchdog, echo_err
+
+    settings = cfg.watchdog
+    record = os.path.abspath(os.path.join(cfg.logging.run_dir, run_id))
+    with open(os.path.join(status_dir, "run.json"), "w") as f:
+        json.dump({"run_id": run_id, "run_dir": record, "launcher": os.getpid()}, f)
+    if not settings.enabled:
+        return None
+    dog = Watchdog(settings, status_dir, record, echo_err)
+
+    def on_hang(action: str) -> None:
+        if action == "restart":
+            watch.hang_note = dog.hang["why"] if dog.hang else "hang"
+        else:
+            watch.no_restart = True
+        dog.kill_workers()
+
+    dog.on_hang = on_hang
+    with _suppress(ValueError):  # not the main thread (aios run inside a test harness)
+        signal.signal(DEMAND_SIGNAL, dog.request_dump)
+    return dog.start()
+
+
+def _hung_exit(script: str, dog: Any) -> None:
+    from aios.watchdog import EXIT_HUNG
+
+    hang = dog.hang or {}
+    where = f"; stacks: {hang['path']}" if hang.get("path") else ""
+    click.echo(
+        f"{PROG}: error: {script} hung: {hang.get('why', 'no progress')}; every worker was "
+        f"stopped (exit {EXIT_HUNG}){where}",
+        err=True,
+    )
+    sys.exit(EXIT_HUNG)
 
 
 def _run(
