@@ -213,11 +213,15 @@ def _hang(tmp: Path, nprocs: int, modes: str, *overrides: str) -> tuple[str, lis
     )
     assert time.monotonic() - t0 < 120, "aios-run took more than two minutes to stop the hang"
     assert p.returncode == EXIT_HUNG, p.stdout + p.stderr
-    pids = [int(f.read_text()) for f in tmp.iterdir() if f.name.startswith(("rank", "loader"))]
+    pids = [
+        int(f.read_text())
+        for f in tmp.iterdir()
+        if f.name.startswith(("rank", "loader")) and not f.name.endswith(".tmp")
+    ]
     assert len(pids) >= nprocs, (sorted(os.listdir(tmp)), p.stderr)
     left = [pid for pid in pids if _alive(pid)]
     assert not left, f"processes left behind: {left}"
-    (record,) = (tmp / "runs").glob("*/watchdog/hang-1.json")
+    record = sorted((tmp / "runs").glob("*/watchdog/hang-*.json"))[-1]
     assert (record.with_suffix(".txt")).is_file()
     assert "hung: no rank made progress for" in p.stderr and f"(exit {EXIT_HUNG})" in p.stderr
     return p.stderr, pids, json.loads(record.read_text())
@@ -227,8 +231,17 @@ def _line(err: str, rank: int) -> str:
     return next(ln for ln in err.splitlines() if ln.startswith(f"aios-run:   rank {rank} "))
 
 
-def test_rank0_only_evaluation_under_fsdp_is_named(tmp_path: Path) -> None:
-    err, _, record = _hang(tmp_path, 2, "fsdp_eval", "strategy=fsdp")
+def test_rank0_only_evaluation_under_fsdp_is_named_and_restarted_then_stopped(
+    tmp_path: Path,
+) -> None:
+    """watchdog.action=restart under --max-restarts 1: the hang is dumped and the workers
+    restarted; the second attempt hangs the same way and aios-run stops with 124."""
+    err, pids, record = _hang(
+        tmp_path, 2, "fsdp_eval", "strategy=fsdp", "watchdog.action=restart", "--max-restarts", "1"
+    )
+    assert len(pids) == 4, pids  # two attempts of two ranks, none left
+    assert "aios-run: restart 1/1: hang: no rank made progress for" in err, err
+    assert len(list((tmp_path / "runs").glob("*/watchdog/hang-*.txt"))) == 2
     r0, r1 = _line(err, 0), _line(err, 1)
     # both ranks wait in FSDP collectives, each named with the script's file:line
     assert "waiting in all_gather (FSDP unshard) from hang_train.py:" in r0 + r1, err
@@ -285,7 +298,7 @@ def test_slow_first_step_is_no_alarm_and_a_live_run_is_dumped_on_demand(tmp_path
     )
     try:
         end = time.monotonic() + 180
-        while not (tmp_path / "rank1").exists() or not (tmp_path / "rank0").exists():
+        while not list(tmp_path.glob("rank1-*")) or not list(tmp_path.glob("rank0-*")):
             assert p.poll() is None and time.monotonic() < end, p.communicate()
             time.sleep(0.2)
         cli = subprocess.run(
@@ -331,3 +344,43 @@ def test_aios_stacks_names_what_it_cannot_find(run_aios) -> None:
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "process 999999999 is neither an aios-run nor a worker" in r.stderr
     assert "torch" not in r.stderr
+
+
+def test_ranks_under_a_foreign_launcher_are_watched_by_a_sidecar(tmp_path: Path) -> None:
+    """A cluster job of ``aios launch`` runs torchrun itself with a status folder: local rank 0
+    starts the watchdog beside it, which names the hang, leaves its marker, stops the launcher
+    and the ranks, and ends with the launcher."""
+    from aios.testing.strategy_contract import free_port
+    from aios.watchdog import HUNG_MARKER
+
+    status = tmp_path / "status"
+    status.mkdir()
+    env = {**_env(tmp_path), "AIOS_RUN_STATUS_DIR": str(status), "AIOS_WATCHDOG__TIMEOUT": "8"}
+    p = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--master-port", str(free_port()), str(SCRIPT), "ok,sleep", str(tmp_path)],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
+    )  # fmt: skip
+    assert p.returncode != 0
+    out = p.stdout + p.stderr
+    assert "aios: watchdog: hang: no rank made progress for" in out, out
+    assert "rank 1 is not in the backward (the gradient all_reduce) that rank 0 waits in" in out
+    assert (status / HUNG_MARKER).is_file()
+    pids = [int(f.read_text()) for f in tmp_path.glob("rank*-*") if not f.name.endswith(".tmp")]
+    assert len(pids) == 2 and not [pid for pid in pids if _alive(pid)]
+    end = time.monotonic() + 30  # the sidecar ends with its launcher
+    while any(str(status) in _cmdline(pid) for pid in _all_pids()):
+        assert time.monotonic() < end, "the watchdog beside torchrun outlived it"
+        time.sleep(0.2)
+
+
+def _all_pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""

@@ -215,10 +215,14 @@ def init(
     from aios._worker import watch_launcher
 
     watch_launcher()  # started by aios-run: never outlive it (see aios._worker)
-    from aios.watchdog import register_worker
-
-    register_worker()  # under aios-run: step progress and stack dumps for its watchdog
     cfg = resolve_config(config, defaults, overrides, flags)
+    from aios.watchdog import register_worker, start_sidecar
+
+    if register_worker():  # under aios-run: step progress and stack dumps for its watchdog
+        from aios.records import run_id_from_env
+
+        record = os.path.abspath(os.path.join(cfg.logging.run_dir, run_id_from_env()))
+        start_sidecar(cfg.watchdog, record)  # a cluster job's torchrun: the watchdog beside it
     from aios.plugins import get_registry
 
     reg = get_registry()

@@ -831,16 +831,94 @@ class Watchdog:
             self.say(f"watchdog: cannot write the dump into {d}: {exc}")
             return None
 
-    def kill_workers(self) -> list[int]:
-        """SIGKILL every process under ``aios-run`` (the ranks and their children): a hung rank
-        acts on nothing gentler. Returns the pids signalled."""
-        pids = descendants(os.getpid())
+    def kill_workers(self, root: int | None = None) -> list[int]:
+        """SIGKILL every process under ``root`` (default: this process, ``aios-run``): the ranks
+        and their children; a hung rank acts on nothing gentler. Returns the pids signalled."""
+        pids = [p for p in descendants(os.getpid() if root is None else root) if p != os.getpid()]
         for pid in reversed(pids):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         return pids
 
 
-def echo_err(line: str) -> None:
-    sys.stderr.write(f"aios-run: {line}\n")
+def echo_err(line: str, prog: str = "aios-run") -> None:
+    sys.stderr.write(f"{prog}: {line}\n")
     sys.stderr.flush()
+
+
+# ------------------------------------------------------------------------------ other launchers
+
+#: the marker a watchdog leaves in the status folder when it stopped a hung run (cluster jobs
+#: map the launcher's exit status to :data:`EXIT_HUNG` when it is there)
+HUNG_MARKER = "hung"
+
+
+def start_sidecar(settings: Any, record_dir: str | None) -> bool:
+    """Ranks started by a launcher other than ``aios-run`` that still set up a status folder (a
+    cluster job of ``aios launch`` runs ``torchrun`` with ``AIOS_RUN_STATUS_DIR``): local rank 0
+    starts the watchdog as its own process (``python -m aios.watchdog``), watching this node's
+    ranks under their launcher (the rank's parent). It ends with that launcher; one per folder.
+    Returns whether one was started."""
+    import subprocess
+
+    from aios.contract import LAUNCHER_PID_ENV
+
+    status_dir = os.environ.get(STATUS_DIR_ENV)
+    if (
+        _mv is None
+        or not settings.enabled
+        or not status_dir
+        or os.environ.get(LAUNCHER_PID_ENV)
+        or os.environ.get("LOCAL_RANK", "0") != "0"
+    ):
+        return False
+    try:
+        subprocess.Popen(
+            [sys.executable, "-m", "aios.watchdog", status_dir, str(os.getppid()), record_dir or ""]
+            + [settings.model_dump_json()],
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            close_fds=True,
+        )
+    except OSError:
+        return False
+    return True
+
+
+def sidecar(status_dir: str, launcher: int, record_dir: str, settings_json: str) -> int:
+    """The watchdog beside a foreign launcher (see :func:`start_sidecar`): on a hang it leaves
+    :data:`HUNG_MARKER`, stops the launcher (SIGTERM; not for ``action=restart``) and kills the
+    ranks. Returns when the launcher is gone."""
+    import fcntl
+
+    from aios.config import WatchdogSettings
+
+    with open(os.path.join(status_dir, "watchdog.lock"), "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return 0  # another rank's (a restarted rank 0's) watchdog runs already
+        settings = WatchdogSettings.model_validate_json(settings_json)
+        dog = Watchdog(settings, status_dir, record_dir or None, lambda m: echo_err(m, "aios"))
+
+        def on_hang(action: str) -> None:
+            with open(os.path.join(status_dir, HUNG_MARKER), "w") as f:
+                f.write((dog.hang or {}).get("why", "hang") + "\n")
+            if action != "restart":
+                with contextlib.suppress(OSError):
+                    os.kill(launcher, signal.SIGTERM)  # no restart, and it exits non-zero
+            dog.kill_workers(launcher)
+
+        dog.on_hang = on_hang
+        signal.signal(DEMAND_SIGNAL, dog.request_dump)
+        interval = float(settings.interval)
+        while _alive(launcher):
+            if dog._demand.wait(interval):
+                dog._demand.clear()
+                dog.dump("on demand (SIGUSR1)", kind="stacks")
+            dog.check(dog.clock())
+    return 0
+
+
+if __name__ == "__main__":  # python -m aios.watchdog STATUS_DIR LAUNCHER_PID RECORD_DIR SETTINGS
+    sys.exit(sidecar(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]))

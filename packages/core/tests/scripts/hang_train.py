@@ -11,7 +11,7 @@ One MODE per rank (the last one for the ranks beyond it):
 * ``live``: steps until the file PID_DIR/stop exists (all ranks agree); with SLOW_FIRST set,
   rank 0's first step takes that many seconds.
 
-Each rank writes its pid to PID_DIR/rank<N> after its second step (DataLoader workers to
+Each rank writes its pid to PID_DIR/rank<N>-<pid> after its second step (DataLoader workers to
 PID_DIR/loader<pid>) and prints ``steps started``.
 """
 
@@ -43,9 +43,10 @@ class Data(torch.utils.data.Dataset):
 
 
 def mark() -> None:
-    with open(os.path.join(pid_dir, f"rank{rank}.tmp"), "w") as f:
+    name = os.path.join(pid_dir, f"rank{rank}-{os.getpid()}")
+    with open(name + ".tmp", "w") as f:
         f.write(str(os.getpid()))
-    os.replace(os.path.join(pid_dir, f"rank{rank}.tmp"), os.path.join(pid_dir, f"rank{rank}"))
+    os.replace(name + ".tmp", name)
 
 
 def evaluate(model):

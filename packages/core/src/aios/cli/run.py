@@ -31,8 +31,13 @@ that calls ``aios.init()`` also watches the launcher pid (``aios._worker``).
 Exit status: the script's own (0 on success; otherwise the code of the rank that failed first
 on its own, named with its rank in one line; ranks the agent stopped afterwards are not blamed),
 75 (:data:`aios.preemption.EXIT_PREEMPTED`) when the workers stopped for a
-preemption notice after checkpointing, 2 for bad input (one line naming the fix; ``--debug``
-shows the traceback), 128+N when killed by signal N.
+preemption notice after checkpointing, 124 (:data:`aios.watchdog.EXIT_HUNG`) when the watchdog
+found no rank making progress and stopped the workers, 2 for bad input (one line naming the fix;
+``--debug`` shows the traceback), 128+N when killed by signal N.
+
+Hangs: a watchdog thread (:mod:`aios.watchdog`, ``watchdog.*``) watches the ranks' step
+progress; on a hang it prints where each rank is, writes every rank's stacks into the run record
+and applies ``watchdog.action``. SIGUSR1 dumps the stacks of the live run without stopping it.
 
 Port: an explicitly given ``--master-port`` (flag, config or env) that something is LISTENING
 on is an error (connections of an earlier run in TIME_WAIT are not); the default port, when busy
@@ -539,7 +544,7 @@ class _AgentWatch:
             failures, watch.last_failures = watch.last_failures, {}
             note, watch.hang_note = watch.hang_note, ""
             if note:
-                what = f"hang ({note})"
+                what = f"hang: {note}"
             elif failures:
                 rank, f = watch.first_failure(failures)
                 what = f"rank {rank} {_describe_exit(f.exitcode)}"
