@@ -151,16 +151,15 @@ def test_summary_names_each_rank_and_the_ranks_missing_from_a_collective(tmp_pat
         for r, (ident, text) in enumerate((waiting, elsewhere))
     ]
     lines = summarize(dumps)
-    assert (
-        lines[0]
-        == "rank 0 [pid 11, step 7]: waiting in all_gather from where.py:7 in estimate_loss"
-    )
-    assert lines[1] == "rank 1 [pid 12, step 7]: where.py:7 in estimate_loss"
+    # world size 3, two ranks here: a node of a multi-node run, named on each line
+    head = "rank {} (node 0, h) [pid {}, step 7]: "
+    assert lines[0] == head.format(0, 11) + "waiting in all_gather from where.py:7 in estimate_loss"
+    assert lines[1] == head.format(1, 12) + "where.py:7 in estimate_loss"
     assert lines[2] == "rank 1 is not in the all_gather that rank 0 waits in"
     assert lines[3] == "rank 2: on other nodes (their aios-run reports them)"
     # a rank whose stack could not be read is still named, with its process state
     dumps[1].text = ""
-    assert summarize(dumps)[1].startswith("rank 1 [pid 12, step 7]: no stack within the wait")
+    assert summarize(dumps)[1].startswith(head.format(1, 12) + "no stack within the wait")
 
 
 # ------------------------------------------------------------------------------ end to end

@@ -521,9 +521,10 @@ def summarize(dumps: list[Dump]) -> list[str]:
     others wait in."""
     lines: list[str] = []
     where: dict[int, Where] = {}
-    nodes = {d.node for d in dumps}
+    world = max((int(d.info.get("world_size", 1)) for d in dumps), default=0)
+    multi_node = world > len(dumps) or len({d.node for d in dumps}) > 1
     for d in dumps:
-        tag = f"rank {d.rank}" + (f" (node {d.node})" if len(nodes) > 1 or d.node else "")
+        tag = f"rank {d.rank}" + (f" (node {d.node}, {d.host})" if multi_node else "")
         tag += f" [pid {d.pid}, step {d.steps}]"
         if not d.text:
             st = d.state or "exited"
@@ -562,7 +563,6 @@ def summarize(dumps: list[Dump]) -> list[str]:
                 + "; ".join(parts)
                 + "): a collective reached on some ranks only (e.g. under `if rank == 0`)"
             )
-    world = max((int(d.info.get("world_size", 1)) for d in dumps), default=0)
     seen = {d.rank for d in dumps}
     missing = [r for r in range(world) if r not in seen]
     if missing and len(missing) < world:

@@ -653,8 +653,9 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
     for n in notes:
         click.echo(f"{PROG}: note: {n}", err=True)
     watch = _AgentWatch()
-    dog = _start_watchdog(cfg, status_dir, run_id, watch)
+    dog = None
     try:
+        dog = _start_watchdog(cfg, status_dir, run_id, watch)
         cmd = host.command
         if (
             plan.launcher == "elastic"
