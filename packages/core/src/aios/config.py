@@ -123,7 +123,9 @@ class LaunchSettings(Section):
 class WatchdogSettings(Section):
     """The hang watchdog of ``aios-run`` (see :mod:`aios.watchdog`)."""
 
-    enabled: bool = Field(True, description="watch the ranks' progress and name a hang")
+    enabled: bool = Field(
+        True, description="watch the ranks' progress and name a hang (off: on-demand dumps only)"
+    )
     timeout: float | Literal["auto"] = Field(
         "auto",
         description="seconds without progress on any rank (after the first step) that make a "

@@ -64,7 +64,10 @@ def register_worker() -> bool:
     import faulthandler
     import mmap
 
-    rank = int(os.environ.get("RANK", "0") or 0)
+    from aios.contract import LOCAL_INDEX_ENV, NODE_RANK_ENV
+
+    # RANK from torchrun/aios-run; a backend's own spawner (torch_xla) gives the local index
+    rank = int(os.environ.get("RANK") or os.environ.get(LOCAL_INDEX_ENV) or 0)
     try:
         stacks = open(os.path.join(status_dir, f"stacks-{rank}.txt"), "a")
         faulthandler.register(DUMP_SIGNAL, file=stacks, all_threads=True, chain=False)
@@ -79,7 +82,7 @@ def register_worker() -> bool:
             "rank": rank,
             "local_rank": int(os.environ.get("LOCAL_RANK", "0") or 0),
             "world_size": int(os.environ.get("WORLD_SIZE", "1") or 1),
-            "node_rank": int(os.environ.get("GROUP_RANK", "0") or 0),
+            "node_rank": int(os.environ.get("GROUP_RANK") or os.environ.get(NODE_RANK_ENV) or 0),
             "host": os.environ.get("AIOS_RUN_HOST") or _hostname(),
             "pid": os.getpid(),
             "main_thread": threading.main_thread().ident,
@@ -737,6 +740,8 @@ class Watchdog:
 
     def check(self, now: float) -> bool:
         """One poll: feed the policy; on expiry dump and act. Returns whether a hang fired."""
+        if not self.settings.enabled:
+            return False
         workers = read_workers(self.status_dir)
         pol = self.policy
         live = {r: w for r, w in workers.items() if _alive(w.pid)}
@@ -857,17 +862,21 @@ def start_sidecar(settings: Any, record_dir: str | None) -> bool:
     """Ranks started by a launcher other than ``aios-run`` that still set up a status folder (a
     cluster job of ``aios launch`` runs ``torchrun`` with ``AIOS_RUN_STATUS_DIR``): local rank 0
     starts the watchdog as its own process (``python -m aios.watchdog``), watching this node's
-    ranks under their launcher (the rank's parent). It ends with that launcher; one per folder.
-    Returns whether one was started."""
+    ranks under their launcher (the rank's parent: torchrun's agent, a backend's spawner; a rank
+    started by anything else gets none). It ends with that launcher; one per folder. Returns
+    whether one was started."""
     import subprocess
 
-    from aios.contract import LAUNCHER_PID_ENV
+    from aios.contract import LAUNCHER_PID_ENV, LOCAL_INDEX_ENV
 
     status_dir = os.environ.get(STATUS_DIR_ENV)
+    # the rank's parent is a launcher: torchrun's agent (TORCHELASTIC_*) or a backend's spawner
+    launched = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get(LOCAL_INDEX_ENV)
     if (
         _mv is None
         or not settings.enabled
         or not status_dir
+        or not launched
         or os.environ.get(LAUNCHER_PID_ENV)
         or os.environ.get("LOCAL_RANK", "0") != "0"
     ):

@@ -706,15 +706,13 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
 
 def _start_watchdog(cfg: Any, status_dir: str, run_id: str, watch: _AgentWatch) -> Any:
     """The hang watchdog over this node's ranks (:mod:`aios.watchdog`), and SIGUSR1 for a dump
-    of the live run. None when ``watchdog.enabled`` is off."""
+    of the live run (also with ``watchdog.enabled`` off, which only stops the hang checks)."""
     from aios.watchdog import Watchdog, echo_err
 
     settings = cfg.watchdog
     record = os.path.abspath(os.path.join(cfg.logging.run_dir, run_id))
     with open(os.path.join(status_dir, "run.json"), "w") as f:
         json.dump({"run_id": run_id, "run_dir": record, "launcher": os.getpid()}, f)
-    if not settings.enabled:
-        return None
     dog = Watchdog(settings, status_dir, record, echo_err)
 
     def on_hang(action: str) -> None:
