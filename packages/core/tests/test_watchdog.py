@@ -78,6 +78,54 @@ def test_policy_fixed_timeout_restart_and_defaults() -> None:
     assert HangPolicy(30.0, 5.0, 1.0, 10.0).allowance() == 30.0
 
 
+def _worker(status: Path, pid: int, steps: int, t: float, closing: bool = False) -> None:
+    """What a rank's register_worker() and rt.step leave in the status folder."""
+    import struct
+
+    (status / "worker-0.json").write_text(json.dumps({"rank": 0, "pid": pid, "world_size": 1}))
+    (status / "progress-0").write_bytes(struct.pack("4d", steps, t, 1.0 if closing else 0.0, 0))
+
+
+def test_monitor_dumps_once_per_allowance_resets_on_restart_and_ignores_closing(
+    tmp_path: Path,
+) -> None:
+    """The launcher's poll over real status files, on an injected clock (action=dump)."""
+    from aios.watchdog import Watchdog
+
+    settings = resolve(
+        overrides=["watchdog.timeout=10", "watchdog.first_step=100", "watchdog.action=dump"],
+        check_backend=False,
+    ).watchdog
+    status, record = tmp_path / "status", tmp_path / "record"
+    status.mkdir()
+    said: list[str] = []
+    dog = Watchdog(settings, str(status), str(record), said.append, clock=lambda: 0.0)
+    assert not dog.check(500.0)  # nothing registered: nothing to watch
+    dog.policy.reset(0.0)
+    _worker(status, os.getpid(), 0, 0.0)
+    assert not dog.check(0.0) and not dog.check(99.0)  # compiling: the first-step allowance
+    _worker(status, os.getpid(), 1, 1.0)
+    assert not dog.check(100.0)
+    _worker(status, os.getpid(), 2, 2.0)
+    assert not dog.check(105.0) and not dog.check(114.0)
+    assert dog.check(116.0)  # 11 s without progress after the first step: dumped
+    assert "watchdog: hang: no rank made progress for 11s (watchdog.timeout=10)" in said[0]
+    assert (record / "watchdog" / "hang-1.txt").is_file()
+    assert not dog.check(120.0) and dog.check(127.0)  # dump only: again a full allowance later
+    assert (record / "watchdog" / "hang-2.txt").is_file() and dog.hang is None
+    # a restarted rank (a new pid): the first-step allowance again
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        _worker(status, child.pid, 0, 0.0)
+        assert not dog.check(130.0) and not dog.check(229.0) and dog.check(231.0)
+        _worker(status, child.pid, 3, 9.0, closing=True)  # past its last step: not watched
+        assert not dog.check(240.0) and not dog.check(900.0)
+    finally:
+        child.kill()
+        child.wait()
+    assert len(list((record / "watchdog").glob("hang-*.txt"))) == 3
+
+
 @pytest.mark.parametrize(
     "override", ["watchdog.timeout=0", "watchdog.action=kill", "watchdog.timeout=soon"]
 )
