@@ -460,6 +460,9 @@ def render_run_sh(rec: ClusterRecord, job_id: int, plan: Any, bundle: bool = Fal
             'if [ $rc -ne 0 ] && grep -qs "^preempted" "$D"/status/rank*; then echo "[aios] '
             'workers stopped for a preemption notice (launcher exit $rc)"; '
             f"rc={EXIT_PREEMPTED}; fi",
+            # aios's watchdog (beside the launcher, started by local rank 0) stopped a hung run
+            'if [ $rc -ne 0 ] && [ -f "$D/status/hung" ]; then echo "[aios] the watchdog stopped '
+            'a hung run (launcher exit $rc)"; rc=124; fi',
             'echo $rc > "$D/exit_code.tmp" && mv "$D/exit_code.tmp" "$D/exit_code"',
             "exit $rc",
             "",

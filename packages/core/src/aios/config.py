@@ -120,6 +120,44 @@ class LaunchSettings(Section):
     log_prefix: bool = Field(True, description="prefix each worker line with [rank N]")
 
 
+class WatchdogSettings(Section):
+    """The hang watchdog of ``aios-run`` (see :mod:`aios.watchdog`)."""
+
+    enabled: bool = Field(
+        True, description="watch the ranks' progress and name a hang (off: on-demand dumps only)"
+    )
+    timeout: float | Literal["auto"] = Field(
+        "auto",
+        description="seconds without progress on any rank (after the first step) that make a "
+        "hang; auto: max(min_timeout, factor x the slowest recent step)",
+    )
+    min_timeout: float = Field(600.0, gt=0, description="floor of the auto timeout (seconds)")
+    factor: float = Field(
+        10.0, ge=2, description="auto timeout: this many times the slowest recent step"
+    )
+    first_step: float = Field(
+        1800.0,
+        gt=0,
+        description="allowance until the first step (compilation, loading, rendezvous), seconds",
+    )
+    action: Literal["stop", "restart", "dump"] = Field(
+        "stop",
+        description="after the dump: stop (exit 124), restart (under --max-restarts), or dump "
+        "only and keep waiting",
+    )
+    dump_wait: float = Field(
+        10.0, gt=0, description="seconds to wait for each rank's stack dump before calling it stuck"
+    )
+    interval: float = Field(1.0, gt=0, description="seconds between progress polls")
+
+    @field_validator("timeout")
+    @classmethod
+    def _positive_timeout(cls, v: Any) -> Any:
+        if v != "auto" and not v > 0:
+            raise ValueError("must be a positive number of seconds (or auto)")
+        return v
+
+
 class FsdpSettings(Section):
     """``strategy: fsdp`` / ``hsdp`` (FSDP2, ``torch.distributed.fsdp.fully_shard``)."""
 
@@ -191,6 +229,7 @@ class AiosConfigBase(Section):
     checkpoint: CheckpointSettings = CheckpointSettings()
     logging: LoggingSettings = LoggingSettings()
     launch: LaunchSettings = LaunchSettings()
+    watchdog: WatchdogSettings = WatchdogSettings()
     fsdp: FsdpSettings = FsdpSettings()
     mesh: MeshSettings = MeshSettings()
 

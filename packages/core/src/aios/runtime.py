@@ -216,6 +216,13 @@ def init(
 
     watch_launcher()  # started by aios-run: never outlive it (see aios._worker)
     cfg = resolve_config(config, defaults, overrides, flags)
+    from aios.watchdog import register_worker, start_sidecar
+
+    if register_worker():  # under aios-run: step progress and stack dumps for its watchdog
+        from aios.records import run_id_from_env
+
+        record = os.path.abspath(os.path.join(cfg.logging.run_dir, run_id_from_env()))
+        start_sidecar(cfg.watchdog, record)  # a cluster job's torchrun: the watchdog beside it
     from aios.plugins import get_registry
 
     reg = get_registry()
@@ -357,7 +364,10 @@ class Runtime:
         #: check for preemption (one tiny all-reduce with several ranks) every N steps
         self.preemption_check_every = 1
         self.timer = StepTimer(self._t_init)
-        self._stamp = self.timer.append
+        from aios.watchdog import progress_stamp
+
+        # the step's time stamp, also reported to aios-run's watchdog (aios.watchdog)
+        self._stamp = progress_stamp(self.timer.append)
         from aios.strategy import Strategy
 
         st = type(strategy)
@@ -841,6 +851,9 @@ class Runtime:
         global _current
         if self._closed:
             return
+        from aios.watchdog import worker_closing
+
+        worker_closing()  # past the last step: the watchdog expects no more progress
         ck = self.checkpointer
         step = self.training.step
         try:

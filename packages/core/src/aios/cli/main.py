@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "check",
         "Find what ties training scripts to one accelerator (static, no torch).",
     ),
+    "stacks": ("aios.cli.stacks", "stacks", "Every rank's stack of a live run (no stop)."),
 }
 
 

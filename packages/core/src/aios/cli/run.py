@@ -31,8 +31,13 @@ that calls ``aios.init()`` also watches the launcher pid (``aios._worker``).
 Exit status: the script's own (0 on success; otherwise the code of the rank that failed first
 on its own, named with its rank in one line; ranks the agent stopped afterwards are not blamed),
 75 (:data:`aios.preemption.EXIT_PREEMPTED`) when the workers stopped for a
-preemption notice after checkpointing, 2 for bad input (one line naming the fix; ``--debug``
-shows the traceback), 128+N when killed by signal N.
+preemption notice after checkpointing, 124 (:data:`aios.watchdog.EXIT_HUNG`) when the watchdog
+found no rank making progress and stopped the workers, 2 for bad input (one line naming the fix;
+``--debug`` shows the traceback), 128+N when killed by signal N.
+
+Hangs: a watchdog thread (:mod:`aios.watchdog`, ``watchdog.*``) watches the ranks' step
+progress; on a hang it prints where each rank is, writes every rank's stacks into the run record
+and applies ``watchdog.action``. SIGUSR1 dumps the stacks of the live run without stopping it.
 
 Port: an explicitly given ``--master-port`` (flag, config or env) that something is LISTENING
 on is an error (connections of an earlier run in TIME_WAIT are not); the default port, when busy
@@ -51,12 +56,14 @@ import stat
 import subprocess
 import sys
 import tempfile
+from contextlib import suppress as _suppress
 from typing import Any
 
 import click
 
 from aios._worker import LAUNCHER_PID_ENV, process_alive, process_start
 from aios.errors import LaunchError
+from aios.watchdog import DEMAND_SIGNAL
 
 PROG = "aios-run"
 from aios.contract import BACKEND_ENV, CONFIG_ENV, NO_PREIMPORT_ENV, RUN_ID_ENV, STATUS_DIR_ENV  # noqa: E402
@@ -473,6 +480,8 @@ class _AgentWatch:
         self.exited: dict[int, int] = {}  # pid -> position in the order the workers exited
         self.stopped: set[int] = set()  # pids the agent signalled while they still ran
         self.last_failures: dict[int, Any] = {}
+        self.no_restart = False  # set by the watchdog's stop action
+        self.hang_note = ""  # set by the watchdog before it stops hung workers
         self.launcher = os.getpid()
         self._undo: list[tuple[Any, str, Any]] = []
         self._epoll: Any = None
@@ -586,7 +595,10 @@ class _AgentWatch:
             spec = worker_group.spec
             attempt = spec.max_restarts - agent._remaining_restarts
             failures, watch.last_failures = watch.last_failures, {}
-            if failures:
+            note, watch.hang_note = watch.hang_note, ""
+            if note:
+                what = f"hang: {note}"
+            elif failures:
                 rank, f = watch.first_failure(failures)
                 what = f"rank {rank} {_describe_exit(f.exitcode)}"
             else:
@@ -630,6 +642,8 @@ def _wrap_monitor(monitor: Any, watch: _AgentWatch) -> Any:
         result = monitor(agent, worker_group)
         if result.is_failed():
             watch.last_failures = dict(result.failures)
+            if watch.no_restart:  # the watchdog stopped a hung run: no restart
+                agent._remaining_restarts = 0
         return result
 
     return _monitor
@@ -691,20 +705,24 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
     }
     for n in notes:
         click.echo(f"{PROG}: note: {n}", err=True)
+    watch = _AgentWatch()
+    dog = None
     try:
+        dog = _start_watchdog(cfg, status_dir, run_id, watch)
         cmd = host.command
         if (
             plan.launcher == "elastic"
             and cmd[1:3] == ["-m", "torch.distributed.run"]
             and os.path.realpath(cmd[0]) == os.path.realpath(sys.executable)
         ):
-            watch = _AgentWatch()
             logs = os.path.join(status_dir, "logs")  # the ranks' tee'd output, removed below
             targs = ["--log-dir", logs, *cmd[3:]]
             kind, detail = _run_elastic_inprocess(targs, env, cfg.checkpoint.grace_seconds, watch)
             status = _read_status(status_dir)
             if kind == "ok":
                 sys.exit(0)
+            if dog is not None and dog.hang is not None and kind == "failed":
+                _hung_exit(script, dog)
             if status and all(v.startswith("preempted") for v in status.values()):
                 _preempted_exit(cfg, status)
             if kind == "signal":
@@ -727,13 +745,56 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
             status = _read_status(status_dir)
             if code == 0:
                 sys.exit(0)
+            if dog is not None and dog.hang is not None:
+                _hung_exit(script, dog)
             if code == 75 or (status and all(v.startswith("preempted") for v in status.values())):
                 _preempted_exit(cfg, status)
             _script_failed(script, 0 if plan.world_size == 1 else "?", code, plan.world_size > 1)
     finally:
         import shutil
 
+        if dog is not None:
+            dog.stop()
+            with _suppress(ValueError):
+                signal.signal(DEMAND_SIGNAL, signal.SIG_DFL)
         shutil.rmtree(status_dir, ignore_errors=True)
+
+
+def _start_watchdog(cfg: Any, status_dir: str, run_id: str, watch: _AgentWatch) -> Any:
+    """The hang watchdog over this node's ranks (:mod:`aios.watchdog`), and SIGUSR1 for a dump
+    of the live run (also with ``watchdog.enabled`` off, which only stops the hang checks)."""
+    from aios.watchdog import Watchdog, echo_err
+
+    settings = cfg.watchdog
+    record = os.path.abspath(os.path.join(cfg.logging.run_dir, run_id))
+    with open(os.path.join(status_dir, "run.json"), "w") as f:
+        json.dump({"run_id": run_id, "run_dir": record, "launcher": os.getpid()}, f)
+    dog = Watchdog(settings, status_dir, record, echo_err)
+
+    def on_hang(action: str) -> None:
+        if action == "restart":
+            watch.hang_note = dog.hang["why"] if dog.hang else "hang"
+        else:
+            watch.no_restart = True
+        dog.kill_workers()
+
+    dog.on_hang = on_hang
+    with _suppress(ValueError):  # not the main thread (aios run inside a test harness)
+        signal.signal(DEMAND_SIGNAL, dog.request_dump)
+    return dog.start()
+
+
+def _hung_exit(script: str, dog: Any) -> None:
+    from aios.watchdog import EXIT_HUNG
+
+    hang = dog.hang or {}
+    where = f"; stacks: {hang['path']}" if hang.get("path") else ""
+    click.echo(
+        f"{PROG}: error: {script} hung: {hang.get('why', 'no progress')}; every worker was "
+        f"stopped (exit {EXIT_HUNG}){where}",
+        err=True,
+    )
+    sys.exit(EXIT_HUNG)
 
 
 def _run(

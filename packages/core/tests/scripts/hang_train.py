@@ -1,0 +1,89 @@
+"""A tiny training loop that hangs on purpose, for the watchdog tests (run under aios-run).
+
+    hang_train.py MODE[,MODE...] [PID_DIR]
+
+One MODE per rank (the last one for the ranks beyond it):
+
+* ``fsdp_eval``: rank 0 evaluates alone under strategy=fsdp (its forward waits for an
+  all-gather its peers never join);
+* ``sleep``: sleeps in time.sleep; ``native``: blocks in a C call that holds the GIL;
+* ``loader``: its DataLoader worker deadlocks on batch 3;
+* ``live``: steps until the file PID_DIR/stop exists (all ranks agree); with SLOW_FIRST set,
+  rank 0's first step takes that many seconds.
+
+Each rank writes its pid to PID_DIR/rank<N>-<pid> after its second step (DataLoader workers to
+PID_DIR/loader<pid>) and prints ``steps started``.
+"""
+
+import os
+import sys
+import threading
+import time
+
+import aios
+import torch
+
+modes = sys.argv[1].split(",")
+pid_dir = sys.argv[2] if len(sys.argv) > 2 else "."
+rt = aios.init(seed=0)
+rank = rt.rank
+mode = modes[min(rank, len(modes) - 1)]
+
+
+class Data(torch.utils.data.Dataset):
+    def __len__(self):
+        return 10_000
+
+    def __getitem__(self, i):
+        if mode == "loader" and i >= 6 * rt.world_size:  # batch 3 (sharded with a stride)
+            with open(os.path.join(pid_dir, f"loader{os.getpid()}"), "w") as f:
+                f.write(str(os.getpid()))
+            threading.Event().wait()  # the deadlocked worker
+        return torch.randn(8), torch.randn(1)
+
+
+def mark() -> None:
+    name = os.path.join(pid_dir, f"rank{rank}-{os.getpid()}")
+    with open(name + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(name + ".tmp", name)
+
+
+def evaluate(model):
+    with torch.no_grad():
+        return model(torch.randn(4, 8)).sum()
+
+
+def block_in_c():
+    import ctypes
+
+    libc = ctypes.PyDLL(None)  # PyDLL: the GIL stays held during the call
+    while True:
+        libc.sleep(1000)
+
+
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+workers = 1 if mode == "loader" else 0  # the worker is forked (the Linux default)
+loader = torch.utils.data.DataLoader(Data(), batch_size=2, num_workers=workers)
+model, opt, loader = rt.setup(model, opt, loader)
+for i, (x, y) in enumerate(loader):
+    if mode == "live" and i == 0 and rank == 0:
+        time.sleep(float(os.environ.get("SLOW_FIRST", "0")))
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    rt.backward(loss)
+    rt.step(opt)
+    if i == 1:
+        mark()
+        print(f"rank {rank}: steps started", flush=True)
+    if mode == "fsdp_eval" and i == 2 and rank == 0:
+        evaluate(model)
+    if mode == "sleep" and i == 2:
+        time.sleep(10_000)
+    if mode == "native" and i == 2:
+        block_in_c()
+    if mode == "live":
+        if rt.all_reduce(float(os.path.exists(os.path.join(pid_dir, "stop"))), "max").item():
+            break
+        time.sleep(0.02)
+rt.print(f"finished at step {rt.global_step}")
