@@ -169,6 +169,36 @@ def run_instances_params(
     return params
 
 
+def security_group_egress(group_id: str) -> list[dict[str, Any]]:
+    """All traffic to the group itself. EFA needs it in both directions, and EFA traffic is not
+    IP, so the default ``0.0.0.0/0`` egress rule does not carry it: without this rule a
+    multi-node EFA job hangs at its first collective
+    (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-start.html#efa-start-security)."""
+    return [
+        {
+            "IpProtocol": "-1",
+            "UserIdGroupPairs": [
+                {"GroupId": group_id, "Description": "aios cluster-internal (EFA/NCCL/rendezvous)"}
+            ],
+        }
+    ]
+
+
+def allows_itself(group: dict[str, Any]) -> list[str]:
+    """The directions (``inbound``, ``outbound``) in which a described security group lacks an
+    all-traffic rule to itself (EFA needs both; see :func:`security_group_egress`)."""
+    gid = group["GroupId"]
+    missing = []
+    for way, key in (("inbound", "IpPermissions"), ("outbound", "IpPermissionsEgress")):
+        if not any(
+            p.get("IpProtocol") == "-1"
+            and any(g.get("GroupId") == gid for g in p.get("UserIdGroupPairs", []))
+            for p in group.get(key, [])
+        ):
+            missing.append(way)
+    return missing
+
+
 def security_group_rules(group_id: str, ssh_cidr: str) -> list[dict[str, Any]]:
     """SSH from ``ssh_cidr``; all traffic between the cluster's hosts (EFA, NCCL, rendezvous)."""
     return [

@@ -51,9 +51,11 @@ from aios_cloud_aws import catalog as cat
 from aios_cloud_aws.ec2params import (
     TAG_CLUSTER,
     TAG_NODE,
+    allows_itself,
     needs_elastic_ips,
     resource_name,
     run_instances_params,
+    security_group_egress,
     security_group_rules,
     tag_spec,
     use_efa,
@@ -76,6 +78,8 @@ class ElasticIpQuotaError(CloudError):
     so the failover stops (fatal)."""
 
 
+# tries of a call naming just-launched instances (eventual consistency), backoff 1x..32x the poll
+NOT_FOUND_RETRIES = 7
 LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
 SPOT_TERMINATION_CODES = {"Server.SpotInstanceTermination", "Server.SpotInstanceShutdown"}
 
@@ -130,6 +134,24 @@ class AwsProvider(CloudProvider):
             if err is exc:
                 raise
             raise err from exc
+
+    def _call_new(self, client: Any, op: str, **kwargs: Any) -> Any:
+        """:meth:`_call` for instances just launched: EC2 is eventually consistent, and a new
+        id may answer ``InvalidInstanceID.NotFound`` for a while; "this does not mean the
+        instance does not exist" (https://docs.aws.amazon.com/ec2/latest/devguide/eventual-consistency.html).
+        Retried with exponential backoff, bounded (:data:`NOT_FOUND_RETRIES` tries), then the
+        error stands."""
+        for attempt in range(NOT_FOUND_RETRIES):
+            try:
+                return self._call(client, op, **kwargs)
+            except CloudError as exc:
+                code = error_code(exc.__cause__) if exc.__cause__ else ""
+                if code != "InvalidInstanceID.NotFound" or attempt == NOT_FOUND_RETRIES - 1:
+                    raise
+                delay = min(30.0, self.poll_interval * 2**attempt)
+                self.log(f"{op}: EC2 does not see the new instances yet; retrying in {delay:g}s")
+                time.sleep(delay)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     # ------------------------------------------------------------------ catalog
     def catalog(self) -> list[CatalogEntry]:
@@ -307,6 +329,7 @@ class AwsProvider(CloudProvider):
                 f"use it, or `aios down {request.name}` first",
             )
         rid = (request.extra.get("reservation") or "").rpartition(":")[2]
+        cr_group = None
         if rid:
             crs = self._call(ec2, "DescribeCapacityReservations", CapacityReservationIds=[rid]).get(
                 "CapacityReservations", []
@@ -330,6 +353,8 @@ class AwsProvider(CloudProvider):
                     f"capacity reservation {rid} is a {cr.get('ReservationType') or 'default'} reservation",
                     f"pass --reservation {want}",
                 )
+            if cr.get("PlacementGroupArn"):
+                cr_group = cr["PlacementGroupArn"].rsplit("/", 1)[-1]
         try:
             ami, source = self.resolve_ami(request.accelerator, region, request.image)
             self.log(f"{request.name}: AMI {ami} ({source})")
@@ -338,8 +363,14 @@ class AwsProvider(CloudProvider):
             key_name = self._ensure_key_pair(ec2, request)
             subnet_id, vpc_id = self._subnet(ec2, zone)
             group_ids = self._ensure_security_group(ec2, request.name, vpc_id, request.labels)
+            if self.settings.security_group_ids and use_efa(self.settings, itype, request.nodes):
+                self._check_efa_groups(ec2, group_ids)
             pg = None
-            if use_placement_group(self.settings, itype, request.nodes):
+            if cr_group:
+                # a reservation made in a cluster placement group takes launches into that
+                # group only (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/cr-cpg.html)
+                pg = cr_group
+            elif use_placement_group(self.settings, itype, request.nodes):
                 pg = self._ensure_placement_group(ec2, request.name, request.labels)
             # the very plan --dry-run prints, with the ids resolved
             params = self.plan_create(
@@ -374,7 +405,7 @@ class AwsProvider(CloudProvider):
             resp = self._call(runner, "RunInstances", **params)
             instances = sorted(resp["Instances"], key=lambda i: i.get("AmiLaunchIndex", 0))
             for idx, inst in enumerate(instances):
-                self._call(
+                self._call_new(
                     ec2,
                     "CreateTags",
                     Resources=[inst["InstanceId"]],
@@ -508,7 +539,34 @@ class AwsProvider(CloudProvider):
             GroupId=gid,
             IpPermissions=security_group_rules(gid, self.settings.ssh_cidr),
         )
+        self._call(
+            ec2,
+            "AuthorizeSecurityGroupEgress",
+            GroupId=gid,
+            IpPermissions=security_group_egress(gid),
+        )
         return [gid]
+
+    def _check_efa_groups(self, ec2: Any, group_ids: list[str]) -> None:
+        """A multi-node EFA launch into the user's own security groups: each must allow all
+        traffic to and from itself, or the job hangs at its first collective
+        (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-start.html#efa-start-security)."""
+        groups = self._call(ec2, "DescribeSecurityGroups", GroupIds=list(group_ids))
+        for g in groups["SecurityGroups"]:
+            missing = allows_itself(g)
+            if missing:
+                gid = g["GroupId"]
+                fix = (
+                    f"aws ec2 authorize-security-group-egress --group-id {gid} --ip-permissions "
+                    f"'{_json(security_group_egress(gid))}'"
+                    if missing == ["outbound"]
+                    else f"allow all traffic to and from {gid} itself (ingress and egress)"
+                )
+                raise CloudError(
+                    f"security group {gid} allows no {' and no '.join(missing)} traffic to itself; "
+                    "EFA needs both, or the multi-node job hangs at its first collective",
+                    f"run `{fix}`, or unset aws.security_group_ids to let aios create the group",
+                )
 
     def _ensure_placement_group(self, ec2: Any, cluster: str, labels: dict[str, str]) -> str:
         name = resource_name(cluster)
@@ -554,7 +612,7 @@ class AwsProvider(CloudProvider):
         return got
 
     def _attach_elastic_ips(self, ec2: Any, ids: list[str], allocations: list[str]) -> None:
-        reservations = self._call(ec2, "DescribeInstances", InstanceIds=ids)["Reservations"]
+        reservations = self._call_new(ec2, "DescribeInstances", InstanceIds=ids)["Reservations"]
         insts = sorted(
             (i for r in reservations for i in r["Instances"]),
             key=lambda i: ids.index(i["InstanceId"]),
@@ -583,7 +641,7 @@ class AwsProvider(CloudProvider):
         while True:
             insts = [
                 i
-                for r in self._call(ec2, "DescribeInstances", InstanceIds=ids)["Reservations"]
+                for r in self._call_new(ec2, "DescribeInstances", InstanceIds=ids)["Reservations"]
                 for i in r["Instances"]
             ]
             states = {i["State"]["Name"] for i in insts}
@@ -815,7 +873,7 @@ class AwsProvider(CloudProvider):
         ids = [i["InstanceId"] for i in insts]
         if ids:
             self.log(f"{name}: terminating {len(ids)} instance(s)")
-            self._call(ec2, "TerminateInstances", InstanceIds=ids)
+            self._terminate(ec2, ids)
             self._wait_state(ec2, ids, "terminated", self.settings.launch_timeout)
         for addr in self._call(ec2, "DescribeAddresses", Filters=cluster_filter).get(
             "Addresses", []
@@ -857,6 +915,34 @@ class AwsProvider(CloudProvider):
             self._delete_security_group(ec2, sg["GroupId"])
         for kp in self._call(ec2, "DescribeKeyPairs", Filters=cluster_filter).get("KeyPairs", []):
             _ignore_missing(lambda k=kp: self._call(ec2, "DeleteKeyPair", KeyName=k["KeyName"]))
+
+    def _terminate(self, ec2: Any, ids: list[str]) -> None:
+        """TerminateInstances. Its ``InvalidInstanceID.NotFound`` "does not mean the instance
+        was or will be terminated" (https://docs.aws.amazon.com/ec2/latest/devguide/eventual-consistency.html):
+        DescribeInstances confirms; instances still live are terminated again (bounded
+        backoff), so none is left billing."""
+        for attempt in range(NOT_FOUND_RETRIES):
+            try:
+                self._call(ec2, "TerminateInstances", InstanceIds=ids)
+                return
+            except CloudError as exc:
+                code = error_code(exc.__cause__) if exc.__cause__ else ""
+                if code != "InvalidInstanceID.NotFound" or attempt == NOT_FOUND_RETRIES - 1:
+                    raise
+            live = {
+                i["InstanceId"]
+                for i in self._instances(
+                    ec2, None, [s for s in LIVE_STATES if s != "shutting-down"]
+                )
+            }
+            ids = [i for i in ids if i in live]
+            if not ids:
+                return
+            delay = min(30.0, self.poll_interval * 2**attempt)
+            self.log(
+                f"TerminateInstances: EC2 answered NotFound for live instances; retrying in {delay:g}s"
+            )
+            time.sleep(delay)
 
     def _delete_security_group(self, ec2: Any, gid: str, timeout: float = 120.0) -> None:
         """Security groups stay in use until the terminated instances' interfaces are released
@@ -1123,6 +1209,43 @@ class AwsProvider(CloudProvider):
                         _json(plan["security_group_rules"]),
                     ],
                     "ssh in; all traffic between the hosts",
+                )
+            )
+            cmds.append(
+                CloudCommand(
+                    [
+                        "aws",
+                        "ec2",
+                        "authorize-security-group-egress",
+                        "--region",
+                        region,
+                        "--group-id",
+                        f"<sg:{resource_name(name)}>",
+                        "--ip-permissions",
+                        _json(security_group_egress(f"<sg:{resource_name(name)}>")),
+                    ],
+                    "all traffic to the hosts themselves: EFA needs it both ways",
+                )
+            )
+        if plan["placement_group"] and request.extra.get("reservation"):
+            cmds.append(
+                CloudCommand(
+                    [
+                        "aws",
+                        "ec2",
+                        "describe-capacity-reservations",
+                        "--region",
+                        region,
+                        "--capacity-reservation-ids",
+                        plan["run_instances"]["CapacityReservationSpecification"][
+                            "CapacityReservationTarget"
+                        ]["CapacityReservationId"],
+                        "--query",
+                        "CapacityReservations[0].PlacementGroupArn",
+                        "--output",
+                        "text",
+                    ],
+                    "a reservation in a cluster placement group: launch into its group, not a new one",
                 )
             )
         if plan["placement_group"]:

@@ -14,6 +14,26 @@
 * Serves ``CreatePlacementGroup`` / ``DescribePlacementGroups`` / ``DeletePlacementGroup``, which
   moto does not implement, with EC2's semantics (duplicate names, unknown names, tag filters,
   refusing ``RunInstances`` into an unknown group).
+
+Rules of the real EC2 that moto does not enforce, each beside its documentation:
+
+* **EFA needs a self-referencing egress rule** (:meth:`_efa_group_problem`): "the security group
+  must allow all inbound and outbound traffic to and from the security group itself"
+  (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-start.html#efa-start-security). EFA
+  traffic is not IP, so the default ``0.0.0.0/0`` egress rule does not carry it; EC2 itself
+  launches such hosts and NCCL then hangs at its first collective ("Unresponsive receiver").
+  The stand-in answers the multi-node EFA ``RunInstances`` with an error instead of a hang.
+* **Eventual consistency** (:attr:`Ec2Proxy.not_found_calls`): right after ``RunInstances``
+  the new instance ids may be unknown to other calls, which answer
+  ``InvalidInstanceID.NotFound``; "this does not mean the instance does not exist", and a
+  NotFound from ``TerminateInstances`` does not mean it is terminated
+  (https://docs.aws.amazon.com/ec2/latest/devguide/eventual-consistency.html). With
+  ``not_found_calls = K`` the first ``K`` calls naming a new instance id (``DescribeInstances``,
+  ``CreateTags``, ``TerminateInstances``...) answer NotFound, deterministically.
+* **Capacity reservations in a cluster placement group**: a reservation created in a cluster
+  placement group (``placement_group`` in :attr:`capacity_reservations`) carries its group's ARN
+  (``PlacementGroupArn``) and takes only launches into that group
+  (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/cr-cpg.html).
 """
 
 from __future__ import annotations
@@ -57,6 +77,8 @@ class Ec2Proxy:
         self.placement_groups: dict[str, PlacementGroup] = {}
         self.address_limit: int | None = None
         self.capacity_reservations: dict[str, dict[str, str]] = {}
+        self.not_found_calls = 0  # eventual consistency: NotFound for this many calls per new id
+        self._fresh: dict[str, int] = {}  # new instance id -> NotFound answers left
         self.lock = threading.Lock()
         self._subnet_zone: dict[str, str] = {}
         proxy = self
@@ -124,6 +146,8 @@ class Ec2Proxy:
             self.placement_groups.clear()
             self.address_limit = None
             self.capacity_reservations.clear()
+            self.not_found_calls = 0
+            self._fresh.clear()
 
     def called(self, action: str) -> list[dict[str, str]]:
         return [p for a, p in self.calls if a == action]
@@ -168,7 +192,14 @@ class Ec2Proxy:
                 f"<item><capacityReservationId>{escape(i)}</capacityReservationId><availabilityZone>{escape(r['zone'])}</availabilityZone>"
                 f"<instanceType>{escape(r['instance_type'])}</instanceType>"
                 f"<reservationType>{escape(r.get('type', 'default'))}</reservationType>"
-                f"<state>{escape(r.get('state', 'active'))}</state></item>"
+                f"<state>{escape(r.get('state', 'active'))}</state>"
+                + (
+                    f"<placementGroupArn>arn:aws:ec2:us-east-1:123456789012:placement-group/"
+                    f"{escape(r['placement_group'])}</placementGroupArn>"
+                    if r.get("placement_group")
+                    else ""
+                )
+                + "</item>"
                 for i, r in self.capacity_reservations.items()
                 if not ids or i in ids
             )
@@ -196,9 +227,14 @@ class Ec2Proxy:
                         f"The capacity reservation ID '{cr}' does not exist",
                     ),
                 )
-            if r["zone"] != params.get("Placement.AvailabilityZone") or r[
-                "instance_type"
-            ] != params.get("InstanceType"):
+            if (
+                r["zone"] != params.get("Placement.AvailabilityZone")
+                or r["instance_type"] != params.get("InstanceType")
+                or (
+                    r.get("placement_group")
+                    and r["placement_group"] != params.get("Placement.GroupName")
+                )
+            ):
                 return self._send(
                     h,
                     400,
@@ -221,6 +257,17 @@ class Ec2Proxy:
         if action in ("CreatePlacementGroup", "DescribePlacementGroups", "DeletePlacementGroup"):
             status, doc = getattr(self, "_" + action)(params)
             return self._send(h, status, doc)
+        if action == "RunInstances":
+            problem = self._efa_group_problem(params)
+            if problem:
+                return self._send(h, 400, _error("InvalidParameterCombination", problem))
+        stale = self._not_yet_visible(action, params)
+        if stale:
+            return self._send(
+                h,
+                400,
+                _error("InvalidInstanceID.NotFound", f"The instance ID '{stale}' does not exist"),
+            )
         if action == "RunInstances" and params.get("Placement.GroupName"):
             if params["Placement.GroupName"] not in self.placement_groups:
                 return self._send(
@@ -231,7 +278,71 @@ class Ec2Proxy:
                         f"The Placement Group '{params['Placement.GroupName']}' is unknown.",
                     ),
                 )
-        self._forward(h, body)
+        status, data = self._forward(h, body)
+        if action == "RunInstances" and status == 200 and self.not_found_calls:
+            import xml.etree.ElementTree as ET
+
+            ids = {
+                el.text
+                for el in ET.fromstring(data).iter()
+                if el.tag.endswith("instanceId") and el.text
+            }
+            with self.lock:
+                for iid in ids:
+                    self._fresh[iid] = self.not_found_calls
+
+    def _not_yet_visible(self, action: str, params: dict[str, str]) -> str | None:
+        """The first new instance id of this call EC2 would not know yet (eventual consistency)."""
+        if action == "RunInstances":
+            return None
+        named = [v for k, v in params.items() if k.startswith(("InstanceId.", "ResourceId."))]
+        with self.lock:
+            for iid in named:
+                if self._fresh.get(iid, 0) > 0:
+                    self._fresh[iid] -= 1
+                    return iid
+        return None
+
+    def _efa_group_problem(self, params: dict[str, str]) -> str | None:
+        """Why a multi-node EFA launch would hang, or None (see the module docstring)."""
+        efa = any(
+            k.startswith("NetworkInterface.")
+            and k.endswith(".InterfaceType")
+            and v.startswith("efa")
+            for k, v in params.items()
+        )
+        if not efa or int(params.get("MinCount", "1")) < 2:
+            return None
+        import xml.etree.ElementTree as ET
+
+        groups = sorted(
+            {
+                v
+                for k, v in params.items()
+                if k.startswith("NetworkInterface.") and ".SecurityGroupId." in k
+            }
+        )
+        query = {"Action": "DescribeSecurityGroups", "Version": "2016-11-15"}
+        query.update({f"GroupId.{i}": g for i, g in enumerate(groups, 1)})
+        doc = ET.fromstring(self._ec2_query(query))
+        for el in doc.iter():  # moto's namespace differs from EC2's: match local names
+            el.tag = el.tag.rsplit("}", 1)[-1]
+        for sg in doc.iterfind(".//securityGroupInfo/item"):
+            gid = sg.findtext("groupId")
+            for direction in ("ipPermissions", "ipPermissionsEgress"):
+                ok = any(
+                    p.findtext("ipProtocol") == "-1"
+                    and any(pair.findtext("groupId") == gid for pair in p.iterfind("groups/item"))
+                    for p in sg.iterfind(f"{direction}/item")
+                )
+                if not ok:
+                    way = "outbound to" if direction == "ipPermissionsEgress" else "inbound from"
+                    return (
+                        f"[stand-in for an EFA hang] security group {gid} allows no {way} itself: "
+                        "EFA traffic between the instances needs all traffic in both directions "
+                        "(https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-start.html#efa-start-security)"
+                    )
+        return None
 
     def _zone(self, params: dict[str, str]) -> str | None:
         zone = params.get("Placement.AvailabilityZone")
@@ -294,7 +405,7 @@ class Ec2Proxy:
         finally:
             conn.close()
 
-    def _forward(self, h: BaseHTTPRequestHandler, body: bytes) -> None:
+    def _forward(self, h: BaseHTTPRequestHandler, body: bytes) -> tuple[int, bytes]:
         status, headers, data = self._upstream(body, dict(h.headers.items()))
         h.send_response(status)
         for k, v in headers:
@@ -309,6 +420,7 @@ class Ec2Proxy:
         h.send_header("Content-Length", str(len(data)))
         h.end_headers()
         h.wfile.write(data)
+        return status, data
 
     def _send(self, h: BaseHTTPRequestHandler, status: int, doc: str) -> None:
         data = doc.encode()
