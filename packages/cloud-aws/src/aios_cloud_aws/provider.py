@@ -961,10 +961,10 @@ class AwsProvider(CloudProvider):
                 time.sleep(self.poll_interval)
 
     # ------------------------------------------------------------------ hosts / runtime
-    def python(self, accelerator: str) -> str:
+    def python(self, accelerator: str, backend: str | None = None) -> str:
         if self.settings.python:
             return self.settings.python
-        backend = self.backend_for(accelerator)
+        backend = backend or self.backend_for(accelerator)
         if backend == "neuron":
             return neuron_image(accelerator)["python"]
         return DLAMI_PYTHON.get(backend, "python3")

@@ -63,6 +63,9 @@ from aios_cloud_gcp import catalog as _catalog
 from aios_cloud_gcp.settings import GcpSettings
 
 PUBLIC_KEY_PLACEHOLDER = "<aios public key>"
+# TorchTPU's interpreter on the TPU VMs (its wheels are cp311/cp312; the images have 3.10)
+TORCH_TPU_PYTHON = "3.12"
+TORCH_TPU_VENV = "~/.aios/torch-tpu-venv"
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 
 
@@ -313,6 +316,13 @@ class GcpProvider(CloudProvider):
 
     def validate(self, request: ClusterRequest) -> ClusterRequest:
         entry = self.entry(request.accelerator)
+        if _catalog.generation(entry.accelerator) in _catalog.GKE_ONLY:
+            raise CloudError(
+                f"{entry.accelerator}: TPU7x is served through GKE (and Compute Engine) only, not "
+                "the Cloud TPU API aios uses for --cloud gcp",
+                f"run it on a GKE cluster with a tpu7x node pool: aios launch --cloud k8s -a "
+                f"{entry.accelerator} ... (https://cloud.google.com/tpu/docs/tpu7x)",
+            )
         zone = request.zone or self.settings.zone
         if zone and entry.zones and zone not in entry.zones:
             raise CloudError(
@@ -350,12 +360,21 @@ class GcpProvider(CloudProvider):
                 "--disk-gb does not apply to TPU VMs (fixed boot disk)",
                 "drop --disk-gb; keep data on gs:// buckets",
             )
+        # a relative time is made absolute once, here: every zone the failover tries (and a
+        # managed recreate) then queues against the same deadline, not a fresh "+6h" each
+        now = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0)
+        whens = {}
         for what, value in (
             ("--valid-after", request.valid_after),
             ("--valid-until", request.valid_until),
         ):
             if value:
-                _parse_when(value, what)
+                kind, v = _parse_when(value, what)
+                value = _rfc3339(now + _dt.timedelta(seconds=v) if kind == "duration" else v)
+            whens[what] = value
+        request = replace(
+            request, valid_after=whens["--valid-after"], valid_until=whens["--valid-until"]
+        )
         labels = {
             k.lower(): re.sub(r"[^a-z0-9_-]", "-", str(v).lower())[:63]
             for k, v in request.labels.items()
@@ -811,14 +830,25 @@ class GcpProvider(CloudProvider):
             raise self._map(exc, what) from None
         return info
 
+    def stop_refusal(self, spot: bool, accelerator: str | None = None) -> str | None:
+        if spot:
+            return super().stop_refusal(spot, accelerator)
+        if accelerator and self.entry(accelerator).hosts > 1:
+            # "This operation is only available with single TPU nodes"
+            # (https://cloud.google.com/tpu/docs/reference/rest/v2/projects.locations.nodes/stop)
+            return f"{accelerator} is a multi-host slice, which Cloud TPU cannot stop, only delete"
+        return None
+
     def stop(self, name: str, zone: str | None) -> None:
         client = self.client()
         what = f"stop {name}"
         info = self.describe(name, zone)
-        if info is not None and info.spot:
+        why = self.stop_refusal(info.spot, info.accelerator) if info is not None else None
+        if why:
             raise CloudError(
-                f"{name} is a spot TPU, which Cloud TPU cannot stop and restart",
-                f"delete it with `aios down {name}` (a managed run recreates it)",
+                f"cannot stop {name}: {why}",
+                f"delete it with `aios down {name}` (a managed run recreates it), or use "
+                "--autostop N --autodown to delete it when idle",
             )
         try:
             self._wait(client.stop_node(request={"name": self._node_name(name, zone)}), what)
@@ -856,10 +886,9 @@ class GcpProvider(CloudProvider):
             raise self._map(exc, what) from None
 
     def repair(self, info: ClusterInfo) -> str:
-        if info.spot:
-            raise CloudError(
-                f"{info.name} is a spot TPU, which cannot be stopped and restarted", "recreate it"
-            )
+        why = self.stop_refusal(info.spot, info.accelerator)
+        if why:
+            raise CloudError(f"{info.name} cannot be stopped and restarted: {why}", "recreate it")
         return super().repair(info)
 
     def zone_region(self, zone: str) -> str:
@@ -882,17 +911,36 @@ class GcpProvider(CloudProvider):
         return out
 
     # -------------------------------------------------------------- runtime on the hosts
+    def python(self, accelerator: str, backend: str | None = None) -> str:
+        """``python3`` of the TPU VM image for torch_xla; for TorchTPU (``--backend tpu``) the
+        venv :meth:`setup_commands` makes, since the image's Python is 3.10 and torch_tpu has
+        cp311/cp312 wheels only."""
+        if (backend or self.backend_for(accelerator)) == "tpu":
+            return f"{TORCH_TPU_VENV}/bin/python"
+        return "python3"
+
     def setup_commands(
         self, accelerator: str, requirements: list[str], backend: str | None = None
     ) -> list[str]:
         lines = ["python3 -m pip install --quiet --upgrade pip"]
+        py = "python3"
         if (backend or self.backend_for(accelerator)) == "tpu":
             # TorchTPU: the torch / torch_tpu / libtpu set of aios.versions (one fact, one place);
-            # torch_xla is not installed (it would pin another torch).
+            # torch_xla is not installed (it would pin another torch). The runtime images are
+            # Ubuntu 22.04 with Python 3.10 and torch_tpu ships cp311/cp312 wheels only, so it
+            # goes into a Python 3.12 venv made by uv, which downloads a managed CPython
+            # (https://docs.astral.sh/uv/concepts/python-versions/#automatic-python-downloads);
+            # never into the image's python3.
             from aios.versions import STACKS
 
+            py = f"{TORCH_TPU_VENV}/bin/python"
             install = STACKS["torch_tpu"][0].install
-            lines.append("python3 -m pip install --quiet " + install.removeprefix("pip install "))
+            lines += [
+                "python3 -m pip install --quiet uv",
+                f"python3 -m uv venv --allow-existing --seed --python {TORCH_TPU_PYTHON} "
+                f"{TORCH_TPU_VENV}",
+                f"{py} -m pip install --quiet " + install.removeprefix("pip install "),
+            ]
         else:
             v = self.settings.torch_version
             minor = ".".join(v.split(".")[:2])
@@ -906,11 +954,11 @@ class GcpProvider(CloudProvider):
         check_requirements(requirements)
         if aios_deps:
             lines.append(
-                "python3 -m pip install --quiet " + " ".join(shlex.quote(r) for r in aios_deps)
+                f"{py} -m pip install --quiet " + " ".join(shlex.quote(r) for r in aios_deps)
             )
         if requirements:
             lines.append(
-                "python3 -m pip install --quiet " + " ".join(shlex.quote(r) for r in requirements)
+                f"{py} -m pip install --quiet " + " ".join(shlex.quote(r) for r in requirements)
             )
         return lines
 

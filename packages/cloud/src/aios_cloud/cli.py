@@ -480,7 +480,7 @@ def launch(
             checkpoint_dir, {*env, *forward}
         )  # the hosts must be able to write there
     setup_lines = [*setup_lines, *provider.host_checks(accelerator, nodes)]
-    python = python or provider.python(accelerator)
+    python = python or provider.python(accelerator, backend)
     spec = ops.JobSpec(
         script=script,
         args=args,
@@ -500,10 +500,7 @@ def launch(
     if dry_run:
         line = None
         if autostop is not None:
-            if not autodown and not provider.can_stop(request.spot):
-                raise AiosError(
-                    "spot capacity cannot be stopped, only deleted", "use --autostop N --autodown"
-                )
+            _check_autostop(provider, request, autodown)
             line = (
                 f"# 5. autostop: an agent on worker 0 runs `{python} -m aios_cloud.agent "
                 f"~/aios/{request.name}/agent.json` and "
@@ -513,10 +510,8 @@ def launch(
         return
 
     assert store is not None
-    if autostop is not None and not autodown and not provider.can_stop(request.spot):
-        raise AiosError(
-            "spot capacity cannot be stopped, only deleted", "use --autostop N --autodown"
-        )
+    if autostop is not None:
+        _check_autostop(provider, request, autodown)
     import signal
 
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
@@ -696,6 +691,17 @@ def _spawn_watcher(
     return p.pid
 
 
+def _check_autostop(provider: Any, request: Any, autodown: bool) -> None:
+    """Before anything is created: a plain ``--autostop`` (stop when idle) on capacity that
+    cannot be stopped would leave it billing; offer ``--autodown`` instead."""
+    why = None if autodown else provider.stop_refusal(request.spot, request.accelerator)
+    if why:
+        raise AiosError(
+            f"--autostop stops the cluster when idle, but {why}",
+            "use --autostop N --autodown (delete it when idle)",
+        )
+
+
 def _launch_dry_run(
     provider: Any,
     request: Any,
@@ -780,8 +786,10 @@ def _launch_dry_run(
     for h in hosts:
         plan = plans[h.worker_id]
         full = {**env, **plan.env}
-        prefix = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in sorted(full.items()))
-        _echo(f"({h.label}) cd {root}/code && {prefix} {shlex.join(plan.command)}")
+        # as run.sh and the env file write them: a leading ~/ expands on the host
+        prefix = " ".join(f"{k}={ops.shell_word(str(v))}" for k, v in sorted(full.items()))
+        cmd = " ".join(ops.shell_word(c) for c in plan.command)
+        _echo(f"({h.label}) cd {root}/code && {prefix} {cmd}")
     if spec.checkpoint_dir:
         _echo(
             f"# managed: on preemption recreate (or move zone), re-sync, re-setup, resume from {spec.checkpoint_dir}"

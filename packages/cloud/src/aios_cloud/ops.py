@@ -421,10 +421,18 @@ def job_env(
     return env
 
 
+def shell_word(word: str) -> str:
+    """``word`` quoted for the hosts' shell, a leading ``~/`` left to expand to the host's home
+    (a quoted ``'~/x'`` never expands): ``~/.aios/venv/bin/python`` -> ``~/'.aios/venv/bin/python'``."""
+    if word.startswith("~/") and len(word) > 2:
+        return "~/" + shlex.quote(word[2:])
+    return shlex.quote(word)
+
+
 def render_run_sh(rec: ClusterRecord, job_id: int, plan: Any, bundle: bool = False) -> str:
     root = remote_root(rec.name)
     d = f"{root}/jobs/{job_id}"
-    cmd = " ".join(shlex.quote(c) for c in plan.command)
+    cmd = " ".join(shell_word(c) for c in plan.command)
     site = (
         [f'export PYTHONPATH="{root}/code/.aios-site${{PYTHONPATH:+:$PYTHONPATH}}"']
         if bundle
@@ -1006,9 +1014,10 @@ def install_agent(
     one already running there. It needs the shipped aios (code/.aios-site) or an installed one."""
     import json
 
-    if action == "stop" and not provider.can_stop(rec.spot):
+    why = provider.stop_refusal(rec.spot, rec.accelerator) if action == "stop" else None
+    if why:
         raise AiosError(
-            f"{rec.name} runs on spot capacity, which cannot be stopped, only deleted",
+            f"{rec.name} cannot be stopped when idle: {why}",
             "use --autodown (delete when idle) instead of a plain --autostop",
         )
     root = remote_root(rec.name)
@@ -1027,7 +1036,7 @@ def install_agent(
     cmd = (
         f"set -e; mkdir -p {root}; umask 077; cat > {root}/agent.json; "
         f'if [ -f {root}/agent.pid ]; then kill "$(cat {root}/agent.pid)" 2>/dev/null || true; fi; '
-        f"cd {root}; {site} setsid nohup {shlex.quote(python)} -m aios_cloud.agent "
+        f"cd {root}; {site} setsid nohup {shell_word(python)} -m aios_cloud.agent "
         f"{root}/agent.json >> {root}/agent.log 2>&1 "
         f"< /dev/null & echo $! > {root}/agent.pid; echo started"
     )
