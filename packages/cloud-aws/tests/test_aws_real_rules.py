@@ -5,6 +5,7 @@ a cluster placement group."""
 
 from __future__ import annotations
 
+import pytest
 from aios_cloud.failover import create_with_failover
 from aios_cloud.provider import READY, ClusterRequest
 from aios_cloud_aws.testing.inventory import leftovers
@@ -66,7 +67,6 @@ def test_user_security_group_without_egress_to_itself_is_refused_before_launch(
             ssh_public_key=pubkey,
         )
     )
-    import pytest
     from aios_cloud.provider import CloudError
 
     with pytest.raises(CloudError) as ei:
@@ -153,3 +153,118 @@ def test_reservation_in_a_cluster_placement_group_launches_into_that_group(
     assert not aws.proxy.called("CreatePlacementGroup")
     p.delete("cpg", None)
     assert "team-cpg" in aws.proxy.placement_groups  # not aios's: never deleted
+
+
+@pytest.mark.parametrize("acc", ["trn2.48xlarge", "trn1.32xlarge", "p5.48xlarge"])
+def test_the_image_launched_ships_the_python_the_plan_runs(aws, make_provider, pubkey, acc):
+    from aios_cloud_aws.testing.moto import image_runs
+
+    zone = "us-east-2a" if acc.startswith("trn2") else "us-east-1a"  # trn2: not in us-east-1
+    p = make_provider()
+    req = p.validate(ClusterRequest(name="img", accelerator=acc, zone=zone, ssh_public_key=pubkey))
+    p.create(req)
+    (run,) = aws.proxy.called("RunInstances")
+    name = next(n for n, i in aws.images.items() if i == run["ImageId"]).split(":", 1)[-1]
+    assert image_runs(name, p.python(acc)) is None, image_runs(name, p.python(acc))
+    p.delete("img", None)
+
+
+def test_default_gpu_image_is_a_dlami_in_patch_support(aws, make_provider):
+    import datetime
+
+    from aios_cloud_aws.settings import GPU_AMI_PARAMETER
+    from aios_cloud_aws.testing.moto import DLAMIS
+
+    (facts,) = [f for f in DLAMIS.values() if f.get("ssm") == GPU_AMI_PARAMETER]
+    until = facts["patch_support_until"]
+    assert until is None or datetime.date.fromisoformat(until) > datetime.date.today()
+    ami, source = make_provider().resolve_ami("p5.48xlarge", "us-east-1")
+    assert ami == aws.gpu_ami and GPU_AMI_PARAMETER in source
+
+
+def _on_the_host(monkeypatch, imds):
+    """The head host's environment: no keys of the laptop, only the instance's metadata service."""
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "false")
+    monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", imds.endpoint + "/")
+
+
+@pytest.mark.parametrize("action", ["down", "stop"])
+def test_autostop_agent_acts_with_the_instance_profile_aios_attaches(
+    aws, make_provider, pubkey, monkeypatch, action
+):
+    from aios_cloud.agent import act
+    from aios_cloud_aws.testing.imds import ImdsServer
+
+    p = make_provider()
+    req = p.validate(
+        ClusterRequest(
+            name="as", accelerator="trn1.2xlarge", zone="us-east-1a", ssh_public_key=pubkey
+        )
+    )
+    req = p.prepare_autostop(req, action)  # before anything is billed
+    info = p.create(req)
+    (run,) = aws.proxy.called("RunInstances")
+    assert run["IamInstanceProfile.Name"] == "aios-autostop"
+    iid = info.hosts[0].instance_id
+    with ImdsServer(credentials=lambda: aws.proxy.role_credentials_for(iid)) as imds:
+        _on_the_host(monkeypatch, imds)
+        cfg = {"cloud": "aws", "cluster": "as", "zone": info.zone, "action": action}
+        act({**cfg, "settings": p.agent_settings()}, lambda m: None)
+    assert aws.proxy.grants  # the calls were signed with the role's credentials
+    state = aws.ec2.describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]
+    assert state["State"]["Name"] == ("terminated" if action == "down" else "stopped")
+    monkeypatch.undo()
+    p.delete("as", None)
+    assert leftovers(aws.ec2, "as", aws.proxy) == {}
+
+
+def test_a_role_without_the_agents_rights_is_refused_at_launch(aws, make_provider, pubkey):
+    import json
+
+    import boto3
+    from aios_cloud.provider import CloudError
+
+    iam = boto3.client("iam", region_name="us-east-1", endpoint_url=aws.endpoint)
+    trust = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Principal": {"Service": "ec2.amazonaws.com"},
+                "Action": "sts:AssumeRole",
+            }
+        ],
+    }
+    iam.create_role(RoleName="s3only", AssumeRolePolicyDocument=json.dumps(trust))
+    only_s3 = {
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Action": ["s3:*", "ec2:Describe*"], "Resource": "*"}],
+    }
+    iam.put_role_policy(RoleName="s3only", PolicyName="p", PolicyDocument=json.dumps(only_s3))
+    iam.create_instance_profile(InstanceProfileName="s3only")
+    iam.add_role_to_instance_profile(InstanceProfileName="s3only", RoleName="s3only")
+    p = make_provider(iam_instance_profile="s3only")
+    req = p.validate(
+        ClusterRequest(
+            name="no", accelerator="trn1.2xlarge", zone="us-east-1a", ssh_public_key=pubkey
+        )
+    )
+    with pytest.raises(CloudError) as ei:
+        p.prepare_autostop(req, "stop")
+    assert "ec2:StopInstances" in str(ei.value) and "s3only" in str(ei.value)
+    assert "ec2:DescribeInstances" not in ei.value.message  # Describe* covers it
+    assert not aws.proxy.called("RunInstances")
+
+
+def test_dry_run_of_autostop_shows_the_instance_profile(make_provider):
+    p = make_provider()
+    req = p.prepare_autostop(
+        p.validate(ClusterRequest(name="d", accelerator="p5.48xlarge")), "stop", dry_run=True
+    )
+    cmds = [c.shell() for c in p.render_create(req)]
+    assert any(c.startswith("aws iam create-role --role-name aios-autostop") for c in cmds)
+    assert any("ec2:StopInstances" in c and "put-role-policy" in c for c in cmds)
+    run = next(c for c in cmds if "run-instances" in c)
+    assert '"IamInstanceProfile":{"Name":"aios-autostop"}' in run

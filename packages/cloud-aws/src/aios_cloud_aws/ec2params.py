@@ -110,6 +110,7 @@ def run_instances_params(
     disk_gb: int | None = None,
     reservation: str | None = None,
     capacity_block: bool = False,
+    instance_profile: str | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments of ``ec2.run_instances``: all ``nodes`` in one call with
     ``MinCount == MaxCount`` (all or nothing), IMDSv2 required, everything tagged."""
@@ -161,9 +162,10 @@ def run_instances_params(
         }
         if capacity_block:
             params["InstanceMarketOptions"] = {"MarketType": "capacity-block"}
-    if settings.iam_instance_profile:
-        key = "Arn" if settings.iam_instance_profile.startswith("arn:") else "Name"
-        params["IamInstanceProfile"] = {key: settings.iam_instance_profile}
+    profile = settings.iam_instance_profile or instance_profile
+    if profile:
+        key = "Arn" if profile.startswith("arn:") else "Name"
+        params["IamInstanceProfile"] = {key: profile}
     if client_token:
         params["ClientToken"] = client_token[:64]
     return params
@@ -215,3 +217,90 @@ def security_group_rules(group_id: str, ssh_cidr: str) -> list[dict[str, Any]]:
             ],
         },
     ]
+
+
+# ---------------------------------------------------------------------------- autostop rights
+# The autostop agent on the head host stops or deletes its own cluster with the credentials of
+# the instance profile (https://docs.aws.amazon.com/IAM/latest/UserGuide/id_roles_use_switch-role-ec2.html):
+# without one it has none, and its calls fail forever while the cluster bills on. aios
+# provisions this profile (SkyPilot does the same) with exactly the calls the agent makes
+# (:meth:`AwsProvider.stop` / :meth:`AwsProvider.delete`; actions as named in
+# https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazonec2.html); the
+# changing ones only on resources tagged aios:cluster.
+AUTOSTOP_PROFILE = "aios-autostop"
+AGENT_DESCRIBE = [
+    "ec2:DescribeInstances",
+    "ec2:DescribeAddresses",
+    "ec2:DescribeNetworkInterfaces",
+    "ec2:DescribeVolumes",
+    "ec2:DescribePlacementGroups",
+    "ec2:DescribeSecurityGroups",
+    "ec2:DescribeKeyPairs",
+]
+AGENT_CHANGE = [
+    "ec2:StopInstances",
+    "ec2:TerminateInstances",
+    "ec2:CancelSpotInstanceRequests",
+    "ec2:DisassociateAddress",
+    "ec2:ReleaseAddress",
+    "ec2:DeleteNetworkInterface",
+    "ec2:DeleteVolume",
+    "ec2:DeletePlacementGroup",
+    "ec2:DeleteSecurityGroup",
+    "ec2:DeleteKeyPair",
+]
+# what each agent action calls (stop: describe + stop; down: everything delete() removes)
+AGENT_ACTIONS = {
+    "stop": ["ec2:DescribeInstances", "ec2:StopInstances"],
+    "down": [a for a in AGENT_DESCRIBE + AGENT_CHANGE if a != "ec2:StopInstances"],
+}
+EC2_TRUST = {
+    "Version": "2012-10-17",
+    "Statement": [
+        {
+            "Effect": "Allow",
+            "Principal": {"Service": "ec2.amazonaws.com"},
+            "Action": "sts:AssumeRole",
+        }
+    ],
+}
+
+
+def agent_policy() -> dict[str, Any]:
+    """The role policy of :data:`AUTOSTOP_PROFILE`: describe anywhere (EC2's Describe calls take
+    no resource conditions), change only what carries the aios:cluster tag."""
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Sid": "AiosAgentDescribe",
+                "Effect": "Allow",
+                "Action": AGENT_DESCRIBE,
+                "Resource": "*",
+            },
+            {
+                "Sid": "AiosAgentStopDelete",
+                "Effect": "Allow",
+                "Action": AGENT_CHANGE,
+                "Resource": "*",
+                "Condition": {"StringLike": {f"ec2:ResourceTag/{TAG_CLUSTER}": "*"}},
+            },
+        ],
+    }
+
+
+def allowed(policies: list[dict[str, Any]], action: str) -> bool:
+    """Whether any Allow statement of ``policies`` names ``action`` (wildcards as IAM reads
+    them: ``ec2:*``, ``ec2:Stop*``). Conditions and Deny are not evaluated."""
+    import fnmatch
+
+    for doc in policies:
+        stmts = doc.get("Statement", [])
+        for st in stmts if isinstance(stmts, list) else [stmts]:
+            if st.get("Effect") != "Allow":
+                continue
+            acts = st.get("Action", [])
+            for a in [acts] if isinstance(acts, str) else acts:
+                if fnmatch.fnmatchcase(action.lower(), a.lower()):
+                    return True
+    return False

@@ -12,7 +12,8 @@ from typing import Any
 
 from aios_cloud.provider import CatalogEntry
 
-# USD per chip-hour: (on demand, spot).
+# USD per chip-hour: (on demand, spot). TPU7x has no price here: none was published in a source
+# aios could check (set gcp.prices.tpu7x=[ON_DEMAND, SPOT] to have aios cost/plan use yours).
 PRICES: dict[str, tuple[float, float]] = {
     "v2": (1.125, 0.3375),
     "v3": (2.00, 0.60),
@@ -83,6 +84,7 @@ LISTED: dict[str, tuple[int, ...]] = {
     "v5e": (1, 4, 8, 16, 32, 64, 128, 256),
     "v5p": (8, 16, 32, 64, 128),
     "v6e": (1, 4, 8, 16, 32, 64, 128, 256),
+    "tpu7x": (8, 16, 32, 64, 128),  # listed with its route: GKE (--cloud k8s), never the TPU API
 }
 
 
@@ -110,7 +112,7 @@ def entry_for(accelerator: str, settings: Any = None) -> CatalogEntry:
         device_kind=f"TPU {gen} chip",
         memory_gb=float(topo.hbm_gib_per_chip) * 1.073741824,
         hosts=topo.hosts,
-        runtime=topo.runtime_version,
+        runtime=topo.runtime_version if gen not in GKE_ONLY else "GKE node pool (--cloud k8s)",
         on_demand_hourly=round(od * topo.chips, 4) if od is not None else None,
         spot_hourly=round(spot * topo.chips, 4) if spot is not None else None,
         peak_tflops=topo.bf16_tflops_per_chip * topo.chips,

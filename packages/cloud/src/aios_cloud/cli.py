@@ -501,6 +501,10 @@ def launch(
         line = None
         if autostop is not None:
             _check_autostop(provider, request, autodown)
+            if not existing:
+                request = provider.prepare_autostop(
+                    request, "down" if autodown else "stop", dry_run=True
+                )
             line = (
                 f"# 5. autostop: an agent on worker 0 runs `{python} -m aios_cloud.agent "
                 f"~/aios/{request.name}/agent.json` and "
@@ -519,6 +523,9 @@ def launch(
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if existing is None:
         provider.describe_credentials()  # no credentials: one line, before anything is created
+        if autostop is not None:
+            # the agent's rights to stop/delete the cluster, before anything is billed
+            request = provider.prepare_autostop(request, "down" if autodown else "stop")
     if checkpoint_dir and "://" in checkpoint_dir:
         _check_storage_url(checkpoint_dir)
     from aios_cloud.ssh import ensure_client_key
@@ -559,15 +566,18 @@ def launch(
         )
         store.update_job(job_id, state=JOB_RUNNING)
         if autostop is not None:
-            ops.install_agent(
-                rec,
+            ops.reinstall_agent(
+                store,
                 provider,
-                autostop * 60,
-                "down" if autodown else "stop",
-                spec.python,
+                rec,
                 printer,
                 _log,
-                poll=min(30.0, max(0.5, autostop * 60 / 4)),
+                autostop={
+                    "idle_seconds": autostop * 60,
+                    "action": "down" if autodown else "stop",
+                    "python": spec.python,
+                    "poll": min(30.0, max(0.5, autostop * 60 / 4)),
+                },
             )
             store.event(
                 name,
@@ -1228,7 +1238,7 @@ def _lifecycle(
             ops.stop_cluster(store, provider, rec)
             _log(f"stopped {rec.name}")
         elif action == "start":
-            new = ops.start_cluster(store, provider, rec)
+            new = ops.start_cluster(store, provider, rec, _log)
             _log(
                 f"started {rec.name}: "
                 + ", ".join(f"worker {h['worker_id']} {h['ip']}" for h in new.hosts)
@@ -1344,6 +1354,7 @@ def autostop(
     rec = ops.require_cluster(store, name)
     if cancel:
         ops.remove_agent(rec, _printer())
+        ops.remember_autostop(store, name, None)
         store.event(name, "autostop", "autostop cancelled")
         _log(f"autostop of {name} cancelled")
         return
@@ -1354,15 +1365,18 @@ def autostop(
     job = store.latest_job(name)
     python = (job.spec or {}).get("python") if job else None
     provider = _provider(rec.cloud, config_file)
-    ops.install_agent(
-        rec,
+    ops.reinstall_agent(
+        store,
         provider,
-        minutes * 60,
-        "down" if down_ else "stop",
-        python or provider.python(rec.accelerator),
+        rec,
         _printer(),
         _log,
-        poll=min(30.0, max(0.5, minutes * 60 / 4)),
+        autostop={
+            "idle_seconds": minutes * 60,
+            "action": "down" if down_ else "stop",
+            "python": python or provider.python(rec.accelerator),
+            "poll": min(30.0, max(0.5, minutes * 60 / 4)),
+        },
     )
     store.event(
         name,

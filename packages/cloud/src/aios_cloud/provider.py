@@ -481,6 +481,16 @@ class CloudProvider(ABC):
         cluster (zones, images, network...): the config section without credentials."""
         return {}
 
+    def prepare_autostop(
+        self, request: ClusterRequest, action: str, dry_run: bool = False
+    ) -> ClusterRequest:
+        """Before a launch with ``--autostop`` (``action``: ``stop`` or ``down``) creates
+        anything: make sure the agent on the head host will have the rights to ``action`` the
+        cluster (an instance profile on AWS...), provisioning them or raising
+        :class:`CloudError` that names the fix. ``dry_run``: only plan (nothing is called).
+        Returns the request to create (it may name what the hosts must carry)."""
+        return request
+
     def stop_refusal(self, spot: bool, accelerator: str | None = None) -> str | None:
         """Why a cluster of this capacity and ``accelerator`` cannot be stopped and started
         again (spot TPUs, one-time EC2 spot instances, multi-host TPU slices: only deleted), or

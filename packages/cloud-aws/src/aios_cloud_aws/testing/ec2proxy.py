@@ -30,6 +30,12 @@ Rules of the real EC2 that moto does not enforce, each beside its documentation:
   (https://docs.aws.amazon.com/ec2/latest/devguide/eventual-consistency.html). With
   ``not_found_calls = K`` the first ``K`` calls naming a new instance id (``DescribeInstances``,
   ``CreateTags``, ``TerminateInstances``...) answer NotFound, deterministically.
+* **Instance-role credentials carry the role's rights** (:meth:`Ec2Proxy.role_credentials_for`):
+  a host gets credentials from its metadata service only when an instance profile is attached
+  (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/iam-roles-for-amazon-ec2.html#instance-metadata-security-credentials),
+  and a call signed with them passes only when the role's policy allows its action
+  (``UnauthorizedOperation`` otherwise, as EC2 answers; policy conditions are not evaluated).
+  Calls signed with any other key (the user's own) pass as before.
 * **Capacity reservations in a cluster placement group**: a reservation created in a cluster
   placement group (``placement_group`` in :attr:`capacity_reservations`) carries its group's ARN
   (``PlacementGroupArn``) and takes only launches into that group
@@ -79,6 +85,7 @@ class Ec2Proxy:
         self.capacity_reservations: dict[str, dict[str, str]] = {}
         self.not_found_calls = 0  # eventual consistency: NotFound for this many calls per new id
         self._fresh: dict[str, int] = {}  # new instance id -> NotFound answers left
+        self.grants: dict[str, list[dict[str, Any]]] = {}  # role access key -> policy documents
         self.lock = threading.Lock()
         self._subnet_zone: dict[str, str] = {}
         proxy = self
@@ -148,6 +155,7 @@ class Ec2Proxy:
             self.capacity_reservations.clear()
             self.not_found_calls = 0
             self._fresh.clear()
+            self.grants.clear()
 
     def called(self, action: str) -> list[dict[str, str]]:
         return [p for a, p in self.calls if a == action]
@@ -163,6 +171,9 @@ class Ec2Proxy:
         action = params.get("Action", "")
         with self.lock:
             self.calls.append((action, params))
+        denied = self._denied(h.headers.get("Authorization", ""), action)
+        if denied:
+            return self._send(h, 403, _error("UnauthorizedOperation", denied))
         rule = self._match(action, params)
         if rule is not None:
             return self._send(h, rule.status, _error(rule.code, rule.message))
@@ -290,6 +301,73 @@ class Ec2Proxy:
             with self.lock:
                 for iid in ids:
                     self._fresh[iid] = self.not_found_calls
+
+    def _denied(self, authorization: str, action: str) -> str | None:
+        """Why a call signed with instance-role credentials may not run ``action``, or None."""
+        import re
+
+        from aios_cloud_aws.ec2params import allowed
+
+        m = re.search(r"Credential=([^/,\s]+)/", authorization)
+        docs = self.grants.get(m.group(1)) if m else None
+        if docs is None or allowed(docs, f"ec2:{action}"):
+            return None
+        return f"You are not authorized to perform this operation (ec2:{action})."
+
+    def role_credentials_for(self, instance_id: str) -> dict[str, str] | None:
+        """What the instance's metadata service serves at
+        ``iam/security-credentials/ROLE``: credentials of the role of its instance profile
+        (the proxy then allows exactly that role's actions for them), or None without a
+        profile."""
+        import datetime
+        import json
+        import secrets
+        import xml.etree.ElementTree as ET
+
+        import boto3
+
+        doc = ET.fromstring(
+            self._ec2_query(
+                {
+                    "Action": "DescribeInstances",
+                    "Version": "2016-11-15",
+                    "InstanceId.1": instance_id,
+                }
+            )
+        )
+        arn = next(
+            (e.findtext("{*}arn") for e in doc.iter() if e.tag.endswith("iamInstanceProfile")), None
+        )
+        if not arn:
+            return None
+        iam = boto3.client(
+            "iam",
+            region_name="us-east-1",
+            endpoint_url=f"http://{self.upstream.hostname}:{self.upstream.port}",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
+        prof = iam.get_instance_profile(InstanceProfileName=arn.rsplit("/", 1)[-1])
+        roles = prof["InstanceProfile"]["Roles"]
+        if not roles:
+            return None
+        docs = []
+        for pn in iam.list_role_policies(RoleName=roles[0]["RoleName"])["PolicyNames"]:
+            d = iam.get_role_policy(RoleName=roles[0]["RoleName"], PolicyName=pn)["PolicyDocument"]
+            docs.append(d if isinstance(d, dict) else json.loads(d))
+        key = "ASIA" + secrets.token_hex(8).upper()
+        with self.lock:
+            self.grants[key] = docs
+        expires = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=6)
+        return {
+            "Code": "Success",
+            "Type": "AWS-HMAC",
+            "AccessKeyId": key,
+            "SecretAccessKey": secrets.token_hex(20),
+            "Token": secrets.token_hex(32),
+            "Expiration": expires.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "RoleName": roles[0]["RoleName"],
+        }
 
     def _not_yet_visible(self, action: str, params: dict[str, str]) -> str | None:
         """The first new instance id of this call EC2 would not know yet (eventual consistency)."""
