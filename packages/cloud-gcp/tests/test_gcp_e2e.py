@@ -326,6 +326,10 @@ def test_gcp_managed_spot_recovers_from_preemption_with_the_same_loss(
             # each); the same thread count keeps the float sums identical
             "--env",
             "OMP_NUM_THREADS=1",
+            # never fires here (30 min); the recreated head host must get the agent again
+            "--autostop",
+            "30",
+            "--autodown",
             "--detach",
         ),
     )
@@ -361,6 +365,12 @@ def test_gcp_managed_spot_recovers_from_preemption_with_the_same_loss(
     assert any("recovery 1/2" in e["message"] for e in st["recoveries"])
     r = aios_cli(env, "status")
     assert "recovered: recovery 1/2: recreated" in r.stdout
+    # the autostop agent was installed again on the recreated cluster's head host
+    head_ip = st["hosts"][0].split(":", 1)[1]
+    head = next(h for h in sshd_hosts.hosts if h.ip == head_ip)
+    agent = json.loads((head.home / "aios" / "spot" / "agent.json").read_text())
+    assert agent["action"] == "down" and agent["idle_seconds"] == 1800
+    assert "# aios-agent spot" in head.cron_table()
     # the recovered run resumed from the bucket (not from step 0) and ended where the
     # uninterrupted run did
     logs = aios_cli(env, "logs", "spot")

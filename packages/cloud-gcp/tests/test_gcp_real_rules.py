@@ -124,3 +124,45 @@ def test_torch_tpu_goes_into_a_python_that_can_take_it(bare_tpu):
         check_setup("v2-alpha-tpuv6e", ["python3 -m pip install torch_tpu==0.2.0"], "python3")
     # torch_xla (backend xla) stays on the image's python3
     assert p.python("v6e-8") == "python3"
+
+
+def test_autostop_checks_the_vm_service_account_before_anything_is_created(bare_tpu):
+    p = provider(bare_tpu)
+    r = req(p, accelerator="v5litepod-8", zone="us-west4-a")
+    # the default compute service account keeps its default Editor role here: fine
+    assert p.prepare_autostop(r, "stop") == r
+    # an organisation stripped it (iam.automaticIamGrantsForDefaultServiceAccounts)
+    bare_tpu.iam_bindings = {
+        "roles/tpu.viewer": {f"serviceAccount:{bare_tpu.default_service_account}"}
+    }
+    with pytest.raises(CloudError) as ei:
+        p.prepare_autostop(r, "down")
+    msg = str(ei.value)
+    assert "tpu.nodes.delete" in msg and bare_tpu.default_service_account in msg
+    assert "add-iam-policy-binding aios-test" in ei.value.fix and "roles/tpu.admin" in ei.value.fix
+    assert not bare_tpu.received  # nothing created
+    # a named service account with the TPU admin role passes
+    sa = "trainer@aios-test.iam.gserviceaccount.com"
+    bare_tpu.iam_bindings["roles/tpu.admin"] = {f"serviceAccount:{sa}"}
+    assert provider(bare_tpu, service_account=sa).prepare_autostop(r, "down") == r
+
+
+def test_the_agent_acts_as_the_vms_service_account(bare_tpu):
+    """The stand-in's rule: a call from a node's VM passes only with its account's rights."""
+    p = provider(bare_tpu)
+    r = req(p, accelerator="v5litepod-8", zone="us-west4-a")
+    p.create(r)
+    vm = bare_tpu.node("c1").body["networkEndpoints"][0]["accessConfig"]["externalIp"]
+    path = f"/v2/projects/aios-test/locations/{r.zone}/nodes/c1"
+    bare_tpu.iam_bindings = {}
+    bare_tpu._caller.ip = vm
+    from aios_cloud_gcp.testing import ApiError
+
+    with pytest.raises(ApiError, match="tpu.nodes.stop"):
+        bare_tpu.dispatch("POST", path + ":stop", {}, {})
+    bare_tpu.iam_bindings = {
+        "roles/tpu.admin": {f"serviceAccount:{bare_tpu.default_service_account}"}
+    }
+    assert bare_tpu.dispatch("POST", path + ":stop", {}, {})[0] == 200
+    bare_tpu._caller.ip = None
+    p.delete("c1", r.zone)

@@ -24,6 +24,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -63,6 +64,39 @@ from aios_cloud_gcp import catalog as _catalog
 from aios_cloud_gcp.settings import GcpSettings
 
 PUBLIC_KEY_PLACEHOLDER = "<aios public key>"
+# what the autostop agent calls (GcpProvider.stop / delete) as IAM permissions
+# (https://cloud.google.com/iam/docs/roles-permissions/tpu)
+AGENT_PERMISSIONS = {
+    "stop": ["tpu.nodes.get", "tpu.nodes.stop", "tpu.operations.get"],
+    "down": [
+        "tpu.nodes.get",
+        "tpu.nodes.delete",
+        "tpu.queuedResources.delete",
+        "tpu.operations.get",
+    ],
+}
+# TPU permissions of the predefined roles aios can judge
+ROLE_PERMISSIONS: dict[str, set[str]] = {
+    "roles/owner": {"tpu.*"},
+    "roles/editor": {"tpu.*"},
+    "roles/tpu.admin": {"tpu.*"},
+    "roles/tpu.viewer": {
+        "tpu.nodes.get",
+        "tpu.nodes.list",
+        "tpu.operations.get",
+        "tpu.operations.list",
+    },
+}
+
+
+def has_permission(roles: set[str], permission: str) -> bool:
+    import fnmatch
+
+    return any(
+        fnmatch.fnmatchcase(permission, g) for r in roles for g in ROLE_PERMISSIONS.get(r, ())
+    )
+
+
 # TorchTPU's interpreter on the TPU VMs (its wheels are cp311/cp312; the images have 3.10)
 TORCH_TPU_PYTHON = "3.12"
 TORCH_TPU_VENV = "~/.aios/torch-tpu-venv"
@@ -829,6 +863,74 @@ class GcpProvider(CloudProvider):
         except Exception as exc:  # noqa: BLE001
             raise self._map(exc, what) from None
         return info
+
+    # -------------------------------------------------------------- autostop rights
+    def prepare_autostop(
+        self, request: ClusterRequest, action: str, dry_run: bool = False
+    ) -> ClusterRequest:
+        """The agent stops/deletes the slice as the TPU VM's service account (``gcp.service_account``,
+        else the project's default compute service account). Organisations often strip that
+        account of its default Editor role, so its roles are read from the project's IAM policy
+        (Cloud Resource Manager ``getIamPolicy``) before anything is created: missing TPU rights
+        are one line, exit 2, naming the grant; a policy aios may not read, or a custom role, is a
+        note naming the same grant."""
+        if dry_run:
+            return request
+        project = self.project(request.project)
+        need = AGENT_PERMISSIONS[action]
+        try:
+            sa = self.settings.service_account or (
+                f"{self._crm('GET', project)['projectNumber']}-compute@developer.gserviceaccount.com"
+            )
+            policy = self._crm("POST", f"{project}:getIamPolicy")
+        except CloudError as exc:
+            sa = self.settings.service_account or "the default compute service account"
+            print(
+                f"[aios] note: cannot check that {sa} may {action} the slice ({exc.message}); "
+                f"the autostop agent needs {', '.join(need)}",
+                file=sys.stderr,
+            )
+            return request
+        member = f"serviceAccount:{sa}"
+        roles = {b["role"] for b in policy.get("bindings", []) if member in b.get("members", [])}
+        missing = [p for p in need if not has_permission(roles, p)]
+        grant = (
+            f"gcloud projects add-iam-policy-binding {project} --member={member} "
+            "--role=roles/tpu.admin"
+        )
+        if missing and set(roles) - set(ROLE_PERMISSIONS):
+            print(
+                f"[aios] note: {sa} has roles aios cannot read ({', '.join(sorted(roles))}); the "
+                f"autostop agent needs {', '.join(need)} (`{grant}` grants them)",
+                file=sys.stderr,
+            )
+        elif missing:
+            raise CloudError(
+                f"the autostop agent could not {action} the slice: service account {sa} lacks "
+                f"{', '.join(missing)}",
+                f"grant them (`{grant}`), or set gcp.service_account to an account that has them",
+            )
+        return request
+
+    def _crm(self, method: str, path: str) -> dict[str, Any]:
+        """A Cloud Resource Manager v1 ``projects`` call (the local test service serves it at
+        ``gcp.endpoint``)."""
+        from google.auth.transport.requests import AuthorizedSession
+
+        base = self.settings.endpoint or "https://cloudresourcemanager.googleapis.com"
+        try:
+            r = AuthorizedSession(self._credentials()).request(
+                method,
+                f"{base.rstrip('/')}/v1/projects/{path}",
+                json={} if method == "POST" else None,
+                timeout=30,
+            )
+        except Exception as exc:  # noqa: BLE001 - one line
+            raise CloudError(f"Cloud Resource Manager: {type(exc).__name__}", "") from None
+        if r.status_code != 200:
+            msg = (r.json().get("error") or {}).get("message", r.text[:200]) if r.content else ""
+            raise CloudError(f"Cloud Resource Manager {r.status_code}: {msg}", "")
+        return dict(r.json())
 
     def stop_refusal(self, spot: bool, accelerator: str | None = None) -> str | None:
         if spot:

@@ -37,6 +37,14 @@ Rules of the real Cloud TPU API, each beside its documentation:
   through GKE or Compute Engine only ("To use TPU7x, you can use Google Kubernetes Engine (GKE)
   or Compute Engine", https://cloud.google.com/tpu/docs/tpu7x); a create answers
   ``INVALID_ARGUMENT`` (:data:`NOT_SERVED`).
+* A call from a TPU VM (the autostop agent) acts as the node's service account (the default
+  compute service account unless the node names one) and passes only when the project's IAM
+  policy (:attr:`FakeTpuService.iam_bindings`) gives that account the permission
+  (``tpu.nodes.stop``, ``tpu.nodes.delete``, ...; ``PERMISSION_DENIED`` otherwise). The
+  default compute service account starts with the Editor role, as Google grants it unless an
+  organization policy turns that off (https://cloud.google.com/compute/docs/access/service-accounts#default_service_account);
+  role contents per https://cloud.google.com/iam/docs/roles-permissions/tpu. Cloud Resource
+  Manager's ``projects.get`` and ``projects.getIamPolicy`` (v1) are served for aios's check.
 * :data:`REAL_ZONES`: the zones that offer each generation, from
   https://cloud.google.com/tpu/docs/regions-zones (pass ``offered=REAL_ZONES``).
 * Host images (:data:`RUNTIME_IMAGES`): what a runtime version's VM image ships (Ubuntu 22.04,
@@ -142,6 +150,12 @@ for _gen, _zones in REAL_ZONES_BY_GENERATION.items():
         REAL_ZONES.setdefault(_z, set()).add(_gen)
 
 
+# TPU permissions of the predefined roles: the provider's table
+from aios_cloud_gcp.provider import ROLE_PERMISSIONS, has_permission  # noqa: E402,F401
+
+PROJECT_NUMBER = "123456789012"
+
+
 def hosts_for(accelerator: str) -> int:
     from aios_backend_xla.topology import parse_accelerator_type
 
@@ -216,12 +230,51 @@ class FakeTpuService:
         self.unavailable = 0
         self.create_errors: dict[str, list[tuple[int, str]]] = {}
         self.received: list[tuple[str, dict]] = []  # (path, body) of every create request
+        self.project_number = PROJECT_NUMBER
+        # role -> members of the project's IAM policy
+        self.iam_bindings: dict[str, set[str]] = {
+            "roles/editor": {f"serviceAccount:{self.default_service_account}"}
+        }
+        self._caller = threading.local()
         self.lock = threading.RLock()
         self.server: ThreadingHTTPServer | None = None
         self.thread: threading.Thread | None = None
         for m in self.machines:
             with contextlib.suppress(Exception):
                 m.stop()
+
+    @property
+    def default_service_account(self) -> str:
+        return f"{PROJECT_NUMBER}-compute@developer.gserviceaccount.com"
+
+    def _vm_identity(self, caller: str | None) -> str | None:
+        """The service account a call from ``caller`` acts as, when it comes from a node's VM."""
+        if not caller:
+            return None
+        for node in self.nodes.values():
+            ips = {
+                ip
+                for e in node.body.get("networkEndpoints") or []
+                for ip in (e.get("ipAddress"), (e.get("accessConfig") or {}).get("externalIp"))
+            }
+            ips |= {getattr(m, a, None) for m in node.machines for a in ("ip", "internal_ip")}
+            if caller in ips:
+                sa = (node.body.get("serviceAccount") or {}).get("email")
+                return sa or self.default_service_account
+        return None
+
+    def _authorize(self, permission: str) -> None:
+        sa = self._vm_identity(getattr(self._caller, "ip", None))
+        if sa is None:
+            return  # the user's own credentials (the laptop)
+        roles = {r for r, members in self.iam_bindings.items() if f"serviceAccount:{sa}" in members}
+        if not has_permission(roles, permission):
+            raise ApiError(
+                403,
+                f"Permission '{permission}' denied on resource (or it may not exist); the "
+                f"caller is {sa}",
+                "PERMISSION_DENIED",
+            )
 
     # ------------------------------------------------------------------ server
     @property
@@ -256,6 +309,7 @@ class FakeTpuService:
                 q = {k: v[0] for k, v in parse_qs(u.query).items()}
                 with svc.lock:
                     svc.callers.append((method, u.path, self.client_address[0]))
+                svc._caller.ip = self.client_address[0]
                 try:
                     body = self._body() if method in ("POST", "PATCH") else {}
                     code, obj = svc.dispatch(method, u.path, q, body)
@@ -472,6 +526,18 @@ class FakeTpuService:
             and method == "POST"
         ):
             return self._oslogin_import(parts[2].rsplit(":", 1)[0], q, body)
+        if len(parts) == 3 and parts[:2] == ["v1", "projects"]:  # Cloud Resource Manager v1
+            project, _, verb = parts[2].partition(":")
+            if project != self.project:
+                raise ApiError(403, f"The caller does not have permission on {project}")
+            if method == "GET" and not verb:
+                return 200, {"projectId": project, "projectNumber": self.project_number}
+            if method == "POST" and verb == "getIamPolicy":
+                return 200, {
+                    "bindings": [
+                        {"role": r, "members": sorted(m)} for r, m in self.iam_bindings.items() if m
+                    ]
+                }
         if len(parts) < 5 or parts[0] != "v2" or parts[1] != "projects" or parts[3] != "locations":
             raise ApiError(404, f"unknown path {path}")
         project, zone = parts[2], parts[4]
@@ -585,6 +651,10 @@ class FakeTpuService:
         node = self.nodes.get(name)
         if node is None:
             raise ApiError(404, f"Resource '{name}' was not found", "NOT_FOUND")
+        self._authorize(
+            {"GET": "tpu.nodes.get", "DELETE": "tpu.nodes.delete"}.get(method)
+            or f"tpu.nodes.{verb}"
+        )
         if method == "GET" and not verb:
             if node.maintenance_until and time.monotonic() >= node.maintenance_until:
                 node.maintenance_until = 0.0
@@ -698,6 +768,9 @@ class FakeTpuService:
                 self.queued[name] = rec
                 return 200, self._op(zone, lambda: ({"@type": QR_TYPE, **rec["body"]}, None))
             raise ApiError(405, "method not allowed")
+        self._authorize(
+            "tpu.queuedResources.get" if method == "GET" else "tpu.queuedResources.delete"
+        )
         name = f"{parent}/queuedResources/{rest[0]}"
         rec = self.queued.get(name)
         if rec is None:
