@@ -36,6 +36,8 @@ def test_torchtpu_launch_installs_the_torch_tpu_set_not_torch_xla(
     # into a Python 3.12 venv: the image's python3 is 3.10, torch_tpu has cp311/cp312 wheels only
     assert f"~/.aios/torch-tpu-venv/bin/python -m pip install --quiet {pins}" in r.stdout
     assert f"python3 -m pip install --quiet {pins}" not in r.stdout
+    # the printed per-worker line expands ~ on the host, as run.sh does (never '~/...')
+    assert "TORCH_TPU_TIER2_COMPILATION_CACHE=~/" in r.stdout and "'~/" not in r.stdout
     assert "torch_xla" not in r.stdout
     # the default backend of a TPU (xla) still gets the torch_xla set
     x = aios_cli(env, *args, "train.py")
