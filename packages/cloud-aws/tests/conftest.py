@@ -44,8 +44,10 @@ def aws(moto_server, ec2_proxy):
         ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=moto_server.endpoint)
         # the DLAMIs as AWS publishes them (Amazon-owned, some behind SSM parameters)
         images = publish_dlamis()
-        for region, ids in (("us-east-2", publish_dlamis("us-east-2")),):
-            images.update({f"{region}:{n}": i for n, i in ids.items()})
+
+        def publish(region: str) -> None:  # another region's images, for the tests that need them
+            images.update({f"{region}:{n}": i for n, i in publish_dlamis(region).items()})
+
         gpu = images["Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.11 (Ubuntu 24.04) 20261009"]
         neuron = images["Deep Learning AMI Neuron PyTorch 2.9 (Ubuntu 24.04) 20260612"]
         trn2 = images["Deep Learning AMI Neuron torch-neuronx 2.14.0 (Ubuntu 24.04) 20261020"]
@@ -57,6 +59,7 @@ def aws(moto_server, ec2_proxy):
             neuron_ami=neuron,
             trn2_ami=trn2,
             images=images,
+            publish=publish,
             env=env,
             server=moto_server,
         )

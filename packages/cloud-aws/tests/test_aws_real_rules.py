@@ -160,6 +160,8 @@ def test_the_image_launched_ships_the_python_the_plan_runs(aws, make_provider, p
     from aios_cloud_aws.testing.moto import image_runs
 
     zone = "us-east-2a" if acc.startswith("trn2") else "us-east-1a"  # trn2: not in us-east-1
+    if zone.startswith("us-east-2"):
+        aws.publish("us-east-2")
     p = make_provider()
     req = p.validate(ClusterRequest(name="img", accelerator=acc, zone=zone, ssh_public_key=pubkey))
     p.create(req)

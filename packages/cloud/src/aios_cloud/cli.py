@@ -508,7 +508,8 @@ def launch(
             line = (
                 f"# 5. autostop: an agent on worker 0 runs `{python} -m aios_cloud.agent "
                 f"~/aios/{request.name}/agent.json` and "
-                f"{'deletes' if autodown else 'stops'} the cluster after {autostop:g} min without a running job"
+                f"{'deletes' if autodown else 'stops'} the cluster after {autostop:g} min without a running job "
+                "(a @reboot crontab entry restarts it after a reboot; reinstalled after recovery and `aios start`)"
             )
         _launch_dry_run(provider, request, spec, config, existing is not None, key_path, line)
         return

@@ -45,7 +45,7 @@ class MotoServer:
     def reset(self) -> None:
         """Forget every resource (moto's reset API)."""
         req = urllib.request.Request(self.endpoint + "/moto-api/reset", method="POST", data=b"")
-        urllib.request.urlopen(req, timeout=10).read()
+        urllib.request.urlopen(req, timeout=60).read()  # slow on a loaded machine
 
     def __enter__(self) -> MotoServer:
         return self.start()
