@@ -211,6 +211,9 @@ def test_agent_comes_back_after_a_reboot_and_after_aios_start(
     st = aios_cli(env, "start", "rb")
     assert st.returncode == 0 and "autostop: the agent on worker 0" in st.stderr, st.stderr
     third = wait_for(agent_pid, 60, "the agent after aios start")
+    # the started host has a new host key: aios re-pinned it, ssh keeps working
+    ex = aios_cli(env, "exec", "rb", "echo ok")
+    assert ex.returncode == 0 and " ok" in ex.stdout, ex.stdout + ex.stderr
     assert third not in (first, second)
     assert json.loads((root / "agent.json").read_text())["idle_seconds"] == 600
     assert aios_cli(env, "down", "rb").returncode == 0 and reachable_tpu.nodes == {}

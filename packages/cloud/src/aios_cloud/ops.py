@@ -1080,7 +1080,7 @@ def install_agent(
     agent = f"{shell_word(python)} -m aios_cloud.agent {root}/agent.json >> {root}/agent.log 2>&1"
     # back after a reboot of the head host: cron runs @reboot entries when it starts
     # (crontab(5)); the entry is tagged with the cluster, replaced on every install
-    tag = f"# aios-agent {rec.name}"
+    tag = f"# aios-agent {rec.name} (autostop)"
     boot = f"@reboot cd {root} && {site} {agent} < /dev/null & echo $! > {root}/agent.pid {tag}"
     cmd = (
         f"set -e; mkdir -p {root}; umask 077; cat > {root}/agent.json; "
@@ -1104,7 +1104,7 @@ def install_agent(
         f"autostop: the agent on {head.label} will {what} {rec.name} after "
         f"{idle_seconds / 60:g} min without a running job"
     )
-    if "reboot:cron" not in (r.stdout or ""):
+    if "reboot:cron" not in "\n".join(r.stdout):
         log(
             f"note: the autostop agent will not come back if {head.label} reboots (no crontab "
             "there); aios reinstalls it at its next start or recovery"
@@ -1115,7 +1115,7 @@ def remove_agent(rec: ClusterRecord, printer: Callable[[str, str], None] | None)
     root = remote_root(rec.name)
     runner = runner_for(rec, printer)
     head = record_hosts(rec)[0]
-    tag = shlex.quote(f"# aios-agent {rec.name}")
+    tag = shlex.quote(f"# aios-agent {rec.name} (autostop)")
     r = runner.run_one(
         head,
         f'rm -f {root}/agent.json; if [ -f {root}/agent.pid ]; then kill "$(cat '
