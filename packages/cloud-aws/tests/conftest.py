@@ -4,7 +4,7 @@ front of it for injected errors and placement groups, the DLAMI SSM parameters s
 from __future__ import annotations
 
 import pytest
-from aios_cloud_aws.settings import GPU_AMI_PARAMETER, AwsSettings, neuron_ami_parameter
+from aios_cloud_aws.settings import AwsSettings
 
 
 @pytest.fixture(scope="session")
@@ -32,33 +32,34 @@ def ec2_proxy(moto_server):
 def aws(moto_server, ec2_proxy):
     """A clean moto + proxy, the process env pointing at them, DLAMI parameters published.
     Yields a namespace with ``proxy``, ``endpoint``, ``ec2`` (a boto3 client straight to moto),
-    ``gpu_ami``, ``neuron_ami``."""
+    ``gpu_ami``, ``neuron_ami`` (Trn1's image), ``trn2_ami``, ``images`` (name -> id)."""
     import types
 
     import boto3
-    from aios_cloud_aws.testing.moto import aws_env, seed_public_parameter
+    from aios_cloud_aws.testing.moto import aws_env, publish_dlamis
 
     moto_server.reset()
     ec2_proxy.clear()
     with aws_env(moto_server.endpoint, ec2_proxy.endpoint) as env:
         ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=moto_server.endpoint)
-        gpu = ec2.register_image(
-            Name="Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.7 (Ubuntu 22.04)",
-            RootDeviceName="/dev/sda1",
-        )["ImageId"]
-        neuron = ec2.register_image(
-            Name="Deep Learning AMI Neuron (Ubuntu 24.04)", RootDeviceName="/dev/sda1"
-        )["ImageId"]
-        seed_public_parameter(GPU_AMI_PARAMETER, gpu)
-        # the Neuron DLAMI parameters of aios.versions: Trn1 (neuron-xla) and Trn2/Trn3 (neuron)
-        for itype in ("trn1.32xlarge", "trn2.48xlarge"):
-            seed_public_parameter(neuron_ami_parameter(itype), neuron)
+        # the DLAMIs as AWS publishes them (Amazon-owned, some behind SSM parameters)
+        images = publish_dlamis()
+
+        def publish(region: str) -> None:  # another region's images, for the tests that need them
+            images.update({f"{region}:{n}": i for n, i in publish_dlamis(region).items()})
+
+        gpu = images["Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.11 (Ubuntu 24.04) 20261009"]
+        neuron = images["Deep Learning AMI Neuron PyTorch 2.9 (Ubuntu 24.04) 20260612"]
+        trn2 = images["Deep Learning AMI Neuron torch-neuronx 2.14.0 (Ubuntu 24.04) 20261020"]
         yield types.SimpleNamespace(
             proxy=ec2_proxy,
             endpoint=moto_server.endpoint,
             ec2=ec2,
             gpu_ami=gpu,
             neuron_ami=neuron,
+            trn2_ami=trn2,
+            images=images,
+            publish=publish,
             env=env,
             server=moto_server,
         )

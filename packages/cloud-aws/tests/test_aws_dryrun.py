@@ -124,7 +124,9 @@ def test_plan_trn1_two_nodes_on_demand(offline_env):
         ClusterRequest(name="llama", accelerator="trn1.32xlarge", nodes=2, region="us-west-2")
     )
     assert plan["region"] == "us-west-2" and plan["zone"] == "us-west-2a"
-    assert plan["ami"] == {"ssm_parameter": TRN1_IMAGE["ssm_parameter"]}
+    # the newest Amazon image of the version set's name, not the "latest" parameter (PyTorch
+    # 2.9 Neuron DLAMIs were published through Neuron 2.31 only)
+    assert plan["ami"] == {"name": TRN1_IMAGE["ami_name_filter"], "owner": "amazon"}
     assert (
         plan["placement_group"] == "aios-llama"
         and plan["efa_interfaces_per_node"] == 8
@@ -286,7 +288,8 @@ def test_cli_dry_run_trn1_x2_with_s3_compile_cache(offline_env):
         "s3://ckpt-bucket/run1",
         config=cfg,
     )
-    assert f"--name {TRN1_IMAGE['ssm_parameter']}" in out and "ubuntu-24.04" in out
+    assert "aws ec2 describe-images" in out and "--owners amazon" in out
+    assert f"Name=name,Values={TRN1_IMAGE['ami_name_filter']}" in out and "Ubuntu 24.04" in out
     run = _run_instances(out)
     assert (
         run["InstanceType"] == "trn1.32xlarge"
@@ -374,12 +377,12 @@ def test_neuron_image_facts_come_from_aios_versions(offline_env):
     set's (Trn1: neuron-xla, Neuron 2.29; Trn2: neuron, TorchNeuron), on Ubuntu 24.04."""
     p = AwsProvider(settings=AwsSettings())
     trn2 = STACKS["neuron"][0].image
-    assert p.ami_parameter("trn1.32xlarge") == TRN1_IMAGE["ssm_parameter"]
-    assert p.ami_parameter("trn2.48xlarge") == trn2["ssm_parameter_base"]
+    assert p.ami_source("trn1.32xlarge") == ("name", TRN1_IMAGE["ami_name_filter"])
+    assert p.ami_source("trn2.48xlarge") == ("name", trn2["ami_name_filter"])
     assert p.python("trn1.32xlarge") == TRN1_PYTHON
     assert p.python("trn2.48xlarge") == trn2["python"]
     for itype in ("trn1.32xlarge", "trn2.48xlarge"):
-        assert "ubuntu-24.04" in p.ami_parameter(itype) and "22.04" not in p.ami_parameter(itype)
+        assert "Ubuntu 24.04" in p.ami_parameter(itype) and "22.04" not in p.ami_parameter(itype)
         assert p.setup_commands(itype, [])[0].startswith(p.python(itype) + " -m pip")
     # an explicit setting still wins
     own = AwsProvider(settings=AwsSettings(neuron_ami_parameter="/my/param"))

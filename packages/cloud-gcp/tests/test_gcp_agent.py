@@ -118,13 +118,21 @@ def test_autostop_waits_for_the_running_job_and_spot_is_refused(
         and "spot capacity cannot be stopped" in spot.stderr
         and reachable_tpu.nodes == {}
     )
+    # a multi-host slice cannot be stopped (only deleted): refused before anything is created
+    multi = aios_cli(
+        env,
+        *("launch", "--cloud", "gcp", "-a", "v4-16", "--name", "mh", "--autostop", "1"),
+        *("--workdir", str(work), "hello.py"),
+    )
+    assert multi.returncode == 2 and "multi-host slice" in multi.stderr, multi.stderr
+    assert "--autodown" in multi.stderr and reachable_tpu.nodes == {}
     r = aios_cli(
         env,
         "launch",
         "--cloud",
         "gcp",
         "-a",
-        "v4-16",
+        "v4-8",
         "--name",
         "busy",
         "--backend",
@@ -160,6 +168,55 @@ def test_autostop_waits_for_the_running_job_and_spot_is_refused(
         "the agent to stop the cluster",
     )
     assert aios_cli(env, "down", "busy").returncode == 0 and reachable_tpu.nodes == {}
+
+
+def test_agent_comes_back_after_a_reboot_and_after_aios_start(
+    tmp_path, sshd_hosts, reachable_tpu, gcp_env, aios_cli, wait_for
+):
+    work = _work(tmp_path)
+    env = gcp_env(tmp_path, reachable_tpu, AIOS_GCP__AGENT_ENDPOINT=reachable_tpu.host_url)
+    r = aios_cli(
+        env,
+        *("launch", "--cloud", "gcp", "-a", "v4-8", "--name", "rb", "--backend", "cpu"),
+        *("--python", sys.executable, "--no-setup", "--workdir", str(work), "--poll", "0.3"),
+        *("--autostop", "10", "--detach", "sleepy.py"),
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    head = sshd_hosts.hosts[0]
+    root = head.home / "aios" / "rb"
+    assert "# aios-agent rb" in head.cron_table()  # the @reboot entry
+
+    def agent_pid() -> int | None:
+        try:
+            pid = json.loads((root / "agent.state").read_text())["pid"]
+        except (OSError, ValueError, KeyError):
+            return None
+        try:  # alive: not gone, not a zombie waiting to be reaped
+            alive = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            alive = False
+        return pid if alive else None
+
+    first = wait_for(agent_pid, 60, "the agent to run")
+    # the head host reboots: every process on it dies; cron's @reboot entry restarts the agent
+    head.stop()
+    head.start(new_host_key=False)
+    second = wait_for(
+        lambda: (agent_pid() or first) != first and agent_pid(), 60, "the agent after the reboot"
+    )
+    # stopped and started by the user: aios start installs the agent again
+    assert aios_cli(env, "stop", "rb").returncode == 0
+    assert reachable_tpu.node("rb").body["state"] == "STOPPED"
+    wait_for(lambda: agent_pid() is None, 30, "the stopped host's agent to be gone")
+    st = aios_cli(env, "start", "rb")
+    assert st.returncode == 0 and "autostop: the agent on worker 0" in st.stderr, st.stderr
+    third = wait_for(agent_pid, 60, "the agent after aios start")
+    # the started host has a new host key: aios re-pinned it, ssh keeps working
+    ex = aios_cli(env, "exec", "rb", "echo ok")
+    assert ex.returncode == 0 and " ok" in ex.stdout, ex.stdout + ex.stderr
+    assert third not in (first, second)
+    assert json.loads((root / "agent.json").read_text())["idle_seconds"] == 600
+    assert aios_cli(env, "down", "rb").returncode == 0 and reachable_tpu.nodes == {}
 
 
 def test_down_is_kept_when_a_foreground_launch_is_detached_with_ctrl_c(

@@ -91,7 +91,7 @@ def status(aios_cli, env) -> list[dict]:
     return json.loads(r.stdout)
 
 
-def test_gcp_launch_on_two_host_slice_then_stop_start_down(
+def test_gcp_launch_on_two_host_slice_stop_refused_then_down(
     tmp_path, sshd_hosts, fake_tpu, gcp_env, aios_cli
 ):
     work = make_project(tmp_path)
@@ -138,18 +138,14 @@ def test_gcp_launch_on_two_host_slice_then_stop_start_down(
     r = aios_cli(env, "exec", "slice", "-w", "1", "exit 3")
     assert r.returncode == 3
 
-    # stop/start gives the hosts new host keys: aios re-pins them, ssh keeps working
-    before = {h.worker_id: h.host_key_fingerprint() for h in (h0, h1)}
-    known = Path(env["AIOS_HOME"]) / "clusters" / "slice" / "known_hosts"
-    old_known = known.read_text()
-    assert aios_cli(env, "stop", "slice").returncode == 0
-    assert fake_tpu.node("slice").body["state"] == "STOPPED" and not h0.running
-    r = aios_cli(env, "start", "slice")
-    assert r.returncode == 0, r.stderr
-    assert {h.worker_id: h.host_key_fingerprint() for h in (h0, h1)} != before
-    r = aios_cli(env, "exec", "slice", "echo ok")
-    assert r.returncode == 0 and r.stdout.count(" ok") == 2, r.stdout + r.stderr
-    assert known.read_text() != old_known
+    # a multi-host slice cannot be stopped, only deleted (the TPU API stops single-host nodes
+    # only): one line, exit 2, the slice untouched (stop/start of a single-host node, with the
+    # re-pinned host keys, is in test_gcp_agent.py)
+    r = aios_cli(env, "stop", "slice")
+    assert r.returncode == 2 and "multi-host slice" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "aios down slice" in r.stderr
+    assert fake_tpu.node("slice").body["state"] == "READY" and h0.running
+    assert fake_tpu.count("POST", ":stop") == 0
     # sync local -> every host, host 0 -> local
     (tmp_path / "cfg.yaml").write_text("a: 1\n")
     assert aios_cli(env, "sync", str(tmp_path / "cfg.yaml"), "slice:conf/").returncode == 0
@@ -158,8 +154,8 @@ def test_gcp_launch_on_two_host_slice_then_stop_start_down(
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "back" / "conf" / "cfg.yaml").read_text() == "a: 1\n"
 
-    # launching again on the existing cluster reuses it; setup already succeeded there (disks
-    # survive stop/start), so it is not re-run
+    # launching again on the existing cluster reuses it; setup already succeeded there, so it
+    # is not re-run
     (work / "again.py").write_text("print('again', flush=True)\n")
     r = aios_cli(
         env,
@@ -326,6 +322,10 @@ def test_gcp_managed_spot_recovers_from_preemption_with_the_same_loss(
             # each); the same thread count keeps the float sums identical
             "--env",
             "OMP_NUM_THREADS=1",
+            # never fires here (30 min); the recreated head host must get the agent again
+            "--autostop",
+            "30",
+            "--autodown",
             "--detach",
         ),
     )
@@ -361,6 +361,12 @@ def test_gcp_managed_spot_recovers_from_preemption_with_the_same_loss(
     assert any("recovery 1/2" in e["message"] for e in st["recoveries"])
     r = aios_cli(env, "status")
     assert "recovered: recovery 1/2: recreated" in r.stdout
+    # the autostop agent was installed again on the recreated cluster's head host
+    head_ip = st["hosts"][0].split(":", 1)[1]
+    head = next(h for h in sshd_hosts.hosts if h.ip == head_ip)
+    agent = json.loads((head.home / "aios" / "spot" / "agent.json").read_text())
+    assert agent["action"] == "down" and agent["idle_seconds"] == 1800
+    assert "# aios-agent spot" in head.cron_table()
     # the recovered run resumed from the bucket (not from step 0) and ended where the
     # uninterrupted run did
     logs = aios_cli(env, "logs", "spot")
@@ -372,9 +378,13 @@ def test_gcp_managed_spot_recovers_from_preemption_with_the_same_loss(
     assert fake_tpu.nodes == {}
 
 
-@pytest.mark.parametrize("sticky", [False, True], ids=["stop-start-heals", "recreate"])
+@pytest.mark.parametrize(
+    "sticky,acc",
+    [(False, "v4-8"), (True, "v4-8"), (False, "v4-16")],
+    ids=["stop-start-heals", "recreate", "multi-host-recreated"],
+)
 def test_gcp_unhealthy_node_is_repaired(
-    tmp_path, sshd_hosts, fake_tpu, gcs, gcs_fs, gcp_env, aios_cli, wait_for, sticky
+    tmp_path, sshd_hosts, fake_tpu, gcs, gcs_fs, gcp_env, aios_cli, wait_for, sticky, acc
 ):
     work = make_project(tmp_path)
     (work / "sleepy.py").write_text(
@@ -386,7 +396,7 @@ def test_gcp_unhealthy_node_is_repaired(
         "--cloud",
         "gcp",
         "-a",
-        "v4-16",
+        acc,
         "--name",
         "sick",
         "--backend",
@@ -422,8 +432,13 @@ def test_gcp_unhealthy_node_is_repaired(
     assert job["state"] == "SUCCEEDED" and job["restarts"] == 1, st
     recovered = [e["message"] for e in st["recoveries"] if e["kind"] == "recovered"]
     assert any("UNHEALTHY_TENSORFLOW" in m for m in recovered), st["recoveries"]
-    assert fake_tpu.count("POST", ":stop") == 1 and fake_tpu.count("POST", ":start") == 1
     creates = fake_tpu.count("POST", "/nodes") - fake_tpu.count("POST", ":st")
+    if acc == "v4-16":  # a multi-host slice cannot be stopped: recreated at once
+        assert fake_tpu.count("POST", ":stop") == 0
+        assert creates == 2 and any("recreated" in m for m in recovered)
+        assert aios_cli(env, "down", "sick").returncode == 0 and fake_tpu.nodes == {}
+        return
+    assert fake_tpu.count("POST", ":stop") == 1 and fake_tpu.count("POST", ":start") == 1
     if sticky:  # stop/start did not heal it: deleted and recreated
         assert creates == 2 and any("recreated" in m for m in recovered)
     else:

@@ -74,7 +74,7 @@ def test_gcp_node_lifecycle_spot_labels_and_list(bare_tpu):
     assert body["metadata"]["ssh-keys"] == "aios:ssh-ed25519 AAAAC3 test"
     assert body["labels"]["aios-cluster"] == "c1"
     assert [c.name for c in p.list()] == ["c1"]
-    with pytest.raises(CloudError, match="spot TPU, which Cloud TPU cannot stop"):
+    with pytest.raises(CloudError, match="cannot stop c1: spot capacity cannot be stopped"):
         p.stop("c1", r.zone)
     assert p.describe("c1", r.zone).state == "READY"
     bare_tpu.preempt("c1")
@@ -201,7 +201,7 @@ def test_gcp_dry_run_rendering(bare_tpu):
     q = req(p, queued=True, valid_until="+6h")
     assert (
         "queued-resources create c1 --node-id=c1" in p.render_create(q)[0].shell()
-        and "--valid-until-duration=21600s" in p.render_create(q)[0].shell()
+        and f"--valid-until-time={q.valid_until}" in p.render_create(q)[0].shell()
     )
     assert [c.shell().split()[3:5] for c in p.render("delete", "c1", "us-central2-b")] == [
         ["queued-resources", "delete"],

@@ -219,3 +219,29 @@ def test_an_object_the_api_server_rejects_rolls_back_what_was_created(kube, tmp_
         provider.apply(objs)
     assert kube.objects == {}
     assert ("DELETE", "/api/v1/namespaces/default/secrets/rej-env") in kube.requests
+
+
+def test_tpu7x_dry_run_is_applyable_as_printed(kube, k8s_env, run_aios, project):
+    """TPU7x goes through GKE (the TPU API does not serve it); the printed manifest carries the
+    real toleration key and node labels (https://cloud.google.com/kubernetes-engine/docs/concepts/tpu-ironwood),
+    while secret values stay hidden."""
+    env = k8s_env(kube, HF_TOKEN="s3cr3t-token")
+    r = run_aios(
+        env,
+        *("launch", "--cloud", "k8s", "-a", "tpu7x-8", "--name", "iw", "--workdir", str(project)),
+        *("--env", "HF_TOKEN", "--env", "MODEL_NAME=gpt-small", "--dry-run", "train.py"),
+    )
+    assert r.returncode == 0, r.stderr
+    assert "s3cr3t-token" not in r.stdout and "'***'" not in r.stdout
+    assert "<forwarded from your environment>" in r.stdout and "gpt-small" in r.stdout
+    docs = [d for d in yaml.safe_load_all(r.stdout) if d]
+    pod = docs[-1]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert pod["tolerations"] == [
+        {"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    assert pod["nodeSelector"] == {
+        "cloud.google.com/gke-tpu-accelerator": "tpu7x",
+        "cloud.google.com/gke-tpu-topology": "2x2x1",
+    }
+    assert pod["containers"][0]["resources"]["limits"]["google.com/tpu"] == "4"
+    assert kube.requests == []

@@ -58,3 +58,15 @@ def test_scontrol_one_line_output_parses():
 def test_missing_binaries_give_the_install_line(monkeypatch):
     monkeypatch.setattr(testing, "_which", lambda name: None)
     assert testing.slurm_unavailable_reason().endswith("apt-get install -y slurm-wlm munge")
+
+
+def test_a_home_relative_cache_path_expands_on_the_node(tmp_path):
+    env = {"TORCH_TPU_TIER2_COMPILATION_CACHE": "~/.cache/aios/torch-tpu-compile/tier2"}
+    line = next(ln for ln in render(_job(env=env)).splitlines() if "TIER2" in ln and "export" in ln)
+    r = subprocess.run(
+        ["bash", "-c", f"{line}; echo $TORCH_TPU_TIER2_COMPILATION_CACHE"],
+        env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        text=True,
+        capture_output=True,
+    )
+    assert r.stdout.strip() == f"{tmp_path}/.cache/aios/torch-tpu-compile/tier2", line

@@ -159,6 +159,23 @@ GENERATIONS: dict[str, TpuGeneration] = {
         single_host_sizes=(1, 4, 8),
         sizes=(1, 4, 8, 16, 32, 64, 128, 256),
     ),
+    # TPU7x (Ironwood): 4 chips per VM, 2 TensorCores per chip, 192 GiB HBM and 2307 bf16
+    # TFLOP/s per chip (https://cloud.google.com/tpu/docs/tpu7x). Served through GKE and
+    # Compute Engine only, not the Cloud TPU API: no TPU-API runtime version.
+    "tpu7x": TpuGeneration(
+        "tpu7x",
+        "tpu7x",
+        "tensorcores",
+        cores_per_chip=2,
+        devices_per_chip=1,
+        max_chips_per_host=4,
+        multihost_chips_per_host=4,
+        hbm_gib_per_chip=192,
+        bf16_tflops_per_chip=2307.0,
+        runtime_version="",
+        pci_device_ids=("0x0076",),
+        max_size=18432,
+    ),
 }
 
 # Prefixes people write -> generation. ``v5litepod`` is what gcloud and the API use for v5e.
@@ -174,6 +191,10 @@ ALIASES: dict[str, str] = {
     "v5lite_pod": "v5e",
     "v6": "v6e",
     "trillium": "v6e",
+    "tpu7x": "tpu7x",
+    "7x": "tpu7x",  # "tpu7x-8": the type pattern reads an optional "tpu" prefix first
+    "v7": "tpu7x",
+    "ironwood": "tpu7x",
 }
 
 # PCI device ids (vendor 0x1ae0) that torch_xla counts as TPU chips, with the generation they

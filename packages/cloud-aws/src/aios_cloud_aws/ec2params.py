@@ -110,6 +110,7 @@ def run_instances_params(
     disk_gb: int | None = None,
     reservation: str | None = None,
     capacity_block: bool = False,
+    instance_profile: str | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments of ``ec2.run_instances``: all ``nodes`` in one call with
     ``MinCount == MaxCount`` (all or nothing), IMDSv2 required, everything tagged."""
@@ -161,12 +162,43 @@ def run_instances_params(
         }
         if capacity_block:
             params["InstanceMarketOptions"] = {"MarketType": "capacity-block"}
-    if settings.iam_instance_profile:
-        key = "Arn" if settings.iam_instance_profile.startswith("arn:") else "Name"
-        params["IamInstanceProfile"] = {key: settings.iam_instance_profile}
+    profile = settings.iam_instance_profile or instance_profile
+    if profile:
+        key = "Arn" if profile.startswith("arn:") else "Name"
+        params["IamInstanceProfile"] = {key: profile}
     if client_token:
         params["ClientToken"] = client_token[:64]
     return params
+
+
+def security_group_egress(group_id: str) -> list[dict[str, Any]]:
+    """All traffic to the group itself. EFA needs it in both directions, and EFA traffic is not
+    IP, so the default ``0.0.0.0/0`` egress rule does not carry it: without this rule a
+    multi-node EFA job hangs at its first collective
+    (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-start.html#efa-start-security)."""
+    return [
+        {
+            "IpProtocol": "-1",
+            "UserIdGroupPairs": [
+                {"GroupId": group_id, "Description": "aios cluster-internal (EFA/NCCL/rendezvous)"}
+            ],
+        }
+    ]
+
+
+def allows_itself(group: dict[str, Any]) -> list[str]:
+    """The directions (``inbound``, ``outbound``) in which a described security group lacks an
+    all-traffic rule to itself (EFA needs both; see :func:`security_group_egress`)."""
+    gid = group["GroupId"]
+    missing = []
+    for way, key in (("inbound", "IpPermissions"), ("outbound", "IpPermissionsEgress")):
+        if not any(
+            p.get("IpProtocol") == "-1"
+            and any(g.get("GroupId") == gid for g in p.get("UserIdGroupPairs", []))
+            for p in group.get(key, [])
+        ):
+            missing.append(way)
+    return missing
 
 
 def security_group_rules(group_id: str, ssh_cidr: str) -> list[dict[str, Any]]:
@@ -185,3 +217,90 @@ def security_group_rules(group_id: str, ssh_cidr: str) -> list[dict[str, Any]]:
             ],
         },
     ]
+
+
+# ---------------------------------------------------------------------------- autostop rights
+# The autostop agent on the head host stops or deletes its own cluster with the credentials of
+# the instance profile (https://docs.aws.amazon.com/IAM/latest/UserGuide/id_roles_use_switch-role-ec2.html):
+# without one it has none, and its calls fail forever while the cluster bills on. aios
+# provisions this profile (SkyPilot does the same) with exactly the calls the agent makes
+# (:meth:`AwsProvider.stop` / :meth:`AwsProvider.delete`; actions as named in
+# https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazonec2.html); the
+# changing ones only on resources tagged aios:cluster.
+AUTOSTOP_PROFILE = "aios-autostop"
+AGENT_DESCRIBE = [
+    "ec2:DescribeInstances",
+    "ec2:DescribeAddresses",
+    "ec2:DescribeNetworkInterfaces",
+    "ec2:DescribeVolumes",
+    "ec2:DescribePlacementGroups",
+    "ec2:DescribeSecurityGroups",
+    "ec2:DescribeKeyPairs",
+]
+AGENT_CHANGE = [
+    "ec2:StopInstances",
+    "ec2:TerminateInstances",
+    "ec2:CancelSpotInstanceRequests",
+    "ec2:DisassociateAddress",
+    "ec2:ReleaseAddress",
+    "ec2:DeleteNetworkInterface",
+    "ec2:DeleteVolume",
+    "ec2:DeletePlacementGroup",
+    "ec2:DeleteSecurityGroup",
+    "ec2:DeleteKeyPair",
+]
+# what each agent action calls (stop: describe + stop; down: everything delete() removes)
+AGENT_ACTIONS = {
+    "stop": ["ec2:DescribeInstances", "ec2:StopInstances"],
+    "down": [a for a in AGENT_DESCRIBE + AGENT_CHANGE if a != "ec2:StopInstances"],
+}
+EC2_TRUST = {
+    "Version": "2012-10-17",
+    "Statement": [
+        {
+            "Effect": "Allow",
+            "Principal": {"Service": "ec2.amazonaws.com"},
+            "Action": "sts:AssumeRole",
+        }
+    ],
+}
+
+
+def agent_policy() -> dict[str, Any]:
+    """The role policy of :data:`AUTOSTOP_PROFILE`: describe anywhere (EC2's Describe calls take
+    no resource conditions), change only what carries the aios:cluster tag."""
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Sid": "AiosAgentDescribe",
+                "Effect": "Allow",
+                "Action": AGENT_DESCRIBE,
+                "Resource": "*",
+            },
+            {
+                "Sid": "AiosAgentStopDelete",
+                "Effect": "Allow",
+                "Action": AGENT_CHANGE,
+                "Resource": "*",
+                "Condition": {"StringLike": {f"ec2:ResourceTag/{TAG_CLUSTER}": "*"}},
+            },
+        ],
+    }
+
+
+def allowed(policies: list[dict[str, Any]], action: str) -> bool:
+    """Whether any Allow statement of ``policies`` names ``action`` (wildcards as IAM reads
+    them: ``ec2:*``, ``ec2:Stop*``). Conditions and Deny are not evaluated."""
+    import fnmatch
+
+    for doc in policies:
+        stmts = doc.get("Statement", [])
+        for st in stmts if isinstance(stmts, list) else [stmts]:
+            if st.get("Effect") != "Allow":
+                continue
+            acts = st.get("Action", [])
+            for a in [acts] if isinstance(acts, str) else acts:
+                if fnmatch.fnmatchcase(action.lower(), a.lower()):
+                    return True
+    return False

@@ -49,11 +49,18 @@ from aios_cloud.provider import (
 
 from aios_cloud_aws import catalog as cat
 from aios_cloud_aws.ec2params import (
+    AGENT_ACTIONS,
+    AUTOSTOP_PROFILE,
+    EC2_TRUST,
     TAG_CLUSTER,
     TAG_NODE,
+    agent_policy,
+    allowed,
+    allows_itself,
     needs_elastic_ips,
     resource_name,
     run_instances_params,
+    security_group_egress,
     security_group_rules,
     tag_spec,
     use_efa,
@@ -76,6 +83,8 @@ class ElasticIpQuotaError(CloudError):
     so the failover stops (fatal)."""
 
 
+# tries of a call naming just-launched instances (eventual consistency), backoff 1x..32x the poll
+NOT_FOUND_RETRIES = 7
 LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
 SPOT_TERMINATION_CODES = {"Server.SpotInstanceTermination", "Server.SpotInstanceShutdown"}
 
@@ -130,6 +139,44 @@ class AwsProvider(CloudProvider):
             if err is exc:
                 raise
             raise err from exc
+
+    def _run_instances(self, runner: Any, params: dict[str, Any]) -> Any:
+        """RunInstances; a just-created instance profile is not visible to EC2 for a few seconds
+        ("Invalid IAM Instance Profile name", IAM is eventually consistent:
+        https://docs.aws.amazon.com/IAM/latest/UserGuide/troubleshoot_general.html#troubleshoot_general_eventual-consistency),
+        so that one error is retried with backoff, bounded."""
+        for attempt in range(NOT_FOUND_RETRIES):
+            try:
+                return self._call(runner, "RunInstances", **params)
+            except CloudError as exc:
+                code = error_code(exc.__cause__) if exc.__cause__ else ""
+                iam_lag = code == "InvalidParameterValue" and "iam" in str(exc).lower()
+                if (
+                    not iam_lag
+                    or "IamInstanceProfile" not in params
+                    or attempt == NOT_FOUND_RETRIES - 1
+                ):
+                    raise
+                time.sleep(min(30.0, self.poll_interval * 2**attempt))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _call_new(self, client: Any, op: str, **kwargs: Any) -> Any:
+        """:meth:`_call` for instances just launched: EC2 is eventually consistent, and a new
+        id may answer ``InvalidInstanceID.NotFound`` for a while; "this does not mean the
+        instance does not exist" (https://docs.aws.amazon.com/ec2/latest/devguide/eventual-consistency.html).
+        Retried with exponential backoff, bounded (:data:`NOT_FOUND_RETRIES` tries), then the
+        error stands."""
+        for attempt in range(NOT_FOUND_RETRIES):
+            try:
+                return self._call(client, op, **kwargs)
+            except CloudError as exc:
+                code = error_code(exc.__cause__) if exc.__cause__ else ""
+                if code != "InvalidInstanceID.NotFound" or attempt == NOT_FOUND_RETRIES - 1:
+                    raise
+                delay = min(30.0, self.poll_interval * 2**attempt)
+                self.log(f"{op}: EC2 does not see the new instances yet; retrying in {delay:g}s")
+                time.sleep(delay)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     # ------------------------------------------------------------------ catalog
     def catalog(self) -> list[CatalogEntry]:
@@ -267,19 +314,54 @@ class AwsProvider(CloudProvider):
         )
 
     # ------------------------------------------------------------------ AMI
-    def ami_parameter(self, accelerator: str) -> str:
+    def ami_source(self, accelerator: str) -> tuple[str, str]:
+        """Where the image of ``accelerator`` comes from: ``("ssm", PARAMETER)`` (a public SSM
+        parameter AWS keeps pointing at the newest DLAMI) or ``("name", FILTER)`` (the newest
+        Amazon-owned image whose name matches, through DescribeImages). The Neuron version sets
+        name their DLAMI: since Neuron 2.32 the venv the plan runs ships only in the separate
+        torch-neuronx DLAMI, not in the multi-framework one an SSM parameter names
+        (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/dlami/index.html)."""
         itype = cat.lookup(accelerator)
-        if itype.backend == "neuron":
-            return self.settings.neuron_ami_parameter or neuron_ami_parameter(itype.name)
-        return self.settings.gpu_ami_parameter
+        if itype.backend != "neuron":
+            return "ssm", self.settings.gpu_ami_parameter
+        if self.settings.neuron_ami_parameter:
+            return "ssm", self.settings.neuron_ami_parameter
+        image = neuron_image(itype.name)
+        if image.get("ami_name_filter"):
+            return "name", image["ami_name_filter"]
+        return "ssm", neuron_ami_parameter(itype.name)
+
+    def ami_parameter(self, accelerator: str) -> str:
+        """The SSM parameter or the image name filter of :meth:`ami_source`."""
+        return self.ami_source(accelerator)[1]
 
     def resolve_ami(
         self, accelerator: str, region: str, image: str | None = None
     ) -> tuple[str, str]:
-        """``(ami_id, source)``: a user AMI, else the DLAMI id read from the public SSM parameter."""
+        """``(ami_id, source)``: a user AMI, else the DLAMI id read from the public SSM parameter
+        or found by name (the newest available Amazon-owned image)."""
         if image:
             return image, "user AMI"
-        name = self.ami_parameter(accelerator)
+        kind, name = self.ami_source(accelerator)
+        if kind == "name":
+            ec2 = self.ec2(region)
+            images = self._call(
+                ec2,
+                "DescribeImages",
+                Owners=["amazon"],
+                Filters=[
+                    {"Name": "name", "Values": [name]},
+                    {"Name": "state", "Values": ["available"]},
+                ],
+            ).get("Images", [])
+            if not images:
+                raise CloudError(
+                    f"no Amazon image named '{name}' in {region}",
+                    "set aws.ami to a Neuron DLAMI id of this region (one that ships the venv "
+                    f"{self.python(accelerator)} runs from)",
+                )
+            newest = max(images, key=lambda i: str(i.get("CreationDate", "")))
+            return newest["ImageId"], f"newest Amazon image named {name}: {newest.get('Name')}"
         ssm = self.clients.client("ssm", region)
         value = self._call(ssm, "GetParameter", Name=name)["Parameter"]["Value"]
         return value, f"SSM {name}"
@@ -307,6 +389,7 @@ class AwsProvider(CloudProvider):
                 f"use it, or `aios down {request.name}` first",
             )
         rid = (request.extra.get("reservation") or "").rpartition(":")[2]
+        cr_group = None
         if rid:
             crs = self._call(ec2, "DescribeCapacityReservations", CapacityReservationIds=[rid]).get(
                 "CapacityReservations", []
@@ -330,6 +413,8 @@ class AwsProvider(CloudProvider):
                     f"capacity reservation {rid} is a {cr.get('ReservationType') or 'default'} reservation",
                     f"pass --reservation {want}",
                 )
+            if cr.get("PlacementGroupArn"):
+                cr_group = cr["PlacementGroupArn"].rsplit("/", 1)[-1]
         try:
             ami, source = self.resolve_ami(request.accelerator, region, request.image)
             self.log(f"{request.name}: AMI {ami} ({source})")
@@ -338,8 +423,14 @@ class AwsProvider(CloudProvider):
             key_name = self._ensure_key_pair(ec2, request)
             subnet_id, vpc_id = self._subnet(ec2, zone)
             group_ids = self._ensure_security_group(ec2, request.name, vpc_id, request.labels)
+            if self.settings.security_group_ids and use_efa(self.settings, itype, request.nodes):
+                self._check_efa_groups(ec2, group_ids)
             pg = None
-            if use_placement_group(self.settings, itype, request.nodes):
+            if cr_group:
+                # a reservation made in a cluster placement group takes launches into that
+                # group only (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/cr-cpg.html)
+                pg = cr_group
+            elif use_placement_group(self.settings, itype, request.nodes):
                 pg = self._ensure_placement_group(ec2, request.name, request.labels)
             # the very plan --dry-run prints, with the ids resolved
             params = self.plan_create(
@@ -371,10 +462,10 @@ class AwsProvider(CloudProvider):
                 if self.retry_capacity_errors
                 else self.clients.client("ec2", region, max_attempts=1)
             )
-            resp = self._call(runner, "RunInstances", **params)
+            resp = self._run_instances(runner, params)
             instances = sorted(resp["Instances"], key=lambda i: i.get("AmiLaunchIndex", 0))
             for idx, inst in enumerate(instances):
-                self._call(
+                self._call_new(
                     ec2,
                     "CreateTags",
                     Resources=[inst["InstanceId"]],
@@ -399,6 +490,114 @@ class AwsProvider(CloudProvider):
             except Exception as cleanup_exc:  # noqa: BLE001 - report the original error
                 self.log(f"{request.name}: cleanup failed: {_first_line(cleanup_exc)}")
             raise
+
+    # ------------------------------------------------------------------ autostop rights
+    def prepare_autostop(
+        self, request: ClusterRequest, action: str, dry_run: bool = False
+    ) -> ClusterRequest:
+        """The agent stops/deletes the cluster with the instance profile's credentials. With
+        ``aws.iam_instance_profile`` set, its role must allow what the agent calls (checked in
+        IAM, exit 2 naming what is missing); unset, aios creates (once per account) and attaches
+        :data:`AUTOSTOP_PROFILE` with exactly those rights. Before anything is billed."""
+        need = AGENT_ACTIONS[action]
+        prof = self.settings.iam_instance_profile
+        if prof:
+            if not dry_run:
+                missing = [a for a in need if not allowed(self._profile_policies(prof), a)]
+                if missing:
+                    raise CloudError(
+                        f"the autostop agent could not {action} the cluster: instance profile "
+                        f"'{prof}' does not allow {', '.join(missing)}",
+                        "add them to its role (on resources tagged aios:cluster), or unset "
+                        f"aws.iam_instance_profile to let aios create '{AUTOSTOP_PROFILE}'",
+                    )
+            return request
+        if not dry_run:
+            self._ensure_agent_profile()
+        return replace(request, extra={**request.extra, "instance_profile": AUTOSTOP_PROFILE})
+
+    def _iam_fix(self) -> str:
+        return (
+            f"ask an admin to create instance profile {AUTOSTOP_PROFILE} (the IAM commands of "
+            "`aios launch --autostop N ... --dry-run`) or to grant you iam:CreateRole, "
+            "iam:PutRolePolicy, iam:CreateInstanceProfile, iam:AddRoleToInstanceProfile and "
+            "iam:PassRole; or set aws.iam_instance_profile to a profile that may stop/terminate "
+            "the cluster"
+        )
+
+    def _ensure_agent_profile(self) -> None:
+        iam = self.clients.client("iam", self.region)
+        try:
+            try:
+                roles = iam.get_instance_profile(InstanceProfileName=AUTOSTOP_PROFILE)[
+                    "InstanceProfile"
+                ]["Roles"]
+            except Exception as exc:
+                if error_code(exc) != "NoSuchEntity":
+                    raise
+                roles = None
+            if roles is None:
+                self.log(f"creating IAM instance profile {AUTOSTOP_PROFILE} for the autostop agent")
+                try:
+                    iam.create_role(
+                        RoleName=AUTOSTOP_PROFILE,
+                        AssumeRolePolicyDocument=json.dumps(EC2_TRUST),
+                        Description="aios autostop agent: stops/deletes its own aios cluster",
+                        Tags=[{"Key": "aios:managed-by", "Value": "aios"}],
+                    )
+                except Exception as exc:
+                    if error_code(exc) != "EntityAlreadyExists":
+                        raise
+                iam.create_instance_profile(InstanceProfileName=AUTOSTOP_PROFILE)
+                roles = []
+            if not any(r.get("RoleName") == AUTOSTOP_PROFILE for r in roles):
+                iam.add_role_to_instance_profile(
+                    InstanceProfileName=AUTOSTOP_PROFILE, RoleName=AUTOSTOP_PROFILE
+                )
+            # always (re)written: the rights follow what this aios version's agent calls
+            iam.put_role_policy(
+                RoleName=AUTOSTOP_PROFILE,
+                PolicyName="aios-agent",
+                PolicyDocument=json.dumps(agent_policy()),
+            )
+        except Exception as exc:
+            code = error_code(exc)
+            if code in ("AccessDenied", "AccessDeniedException", "UnauthorizedOperation"):
+                raise CloudError(
+                    f"aios may not create the IAM instance profile the autostop agent needs "
+                    f"({code})",
+                    self._iam_fix(),
+                ) from None
+            raise translate(exc, "CreateInstanceProfile", "iam") from exc
+
+    def _profile_policies(self, prof: str) -> list[dict[str, Any]]:
+        """The policy documents of the roles of instance profile ``prof``."""
+        iam = self.clients.client("iam", self.region)
+        name = prof.rsplit("/", 1)[-1]
+        try:
+            roles = iam.get_instance_profile(InstanceProfileName=name)["InstanceProfile"]["Roles"]
+            docs: list[dict[str, Any]] = []
+            for role in roles:
+                rn = role["RoleName"]
+                for pn in iam.list_role_policies(RoleName=rn)["PolicyNames"]:
+                    docs.append(
+                        _doc(iam.get_role_policy(RoleName=rn, PolicyName=pn)["PolicyDocument"])
+                    )
+                for ap in iam.list_attached_role_policies(RoleName=rn)["AttachedPolicies"]:
+                    pol = iam.get_policy(PolicyArn=ap["PolicyArn"])["Policy"]
+                    ver = iam.get_policy_version(
+                        PolicyArn=ap["PolicyArn"], VersionId=pol["DefaultVersionId"]
+                    )
+                    docs.append(_doc(ver["PolicyVersion"]["Document"]))
+            return docs
+        except Exception as exc:
+            if error_code(exc) == "NoSuchEntity":
+                raise CloudError(
+                    f"IAM instance profile '{name}' does not exist",
+                    f"create it, or unset aws.iam_instance_profile to let aios create "
+                    f"'{AUTOSTOP_PROFILE}'",
+                ) from None
+            raise translate(exc, "GetInstanceProfile", "iam") from exc
 
     def _check_instance_profile(self, region: str) -> None:
         prof = self.settings.iam_instance_profile
@@ -508,7 +707,34 @@ class AwsProvider(CloudProvider):
             GroupId=gid,
             IpPermissions=security_group_rules(gid, self.settings.ssh_cidr),
         )
+        self._call(
+            ec2,
+            "AuthorizeSecurityGroupEgress",
+            GroupId=gid,
+            IpPermissions=security_group_egress(gid),
+        )
         return [gid]
+
+    def _check_efa_groups(self, ec2: Any, group_ids: list[str]) -> None:
+        """A multi-node EFA launch into the user's own security groups: each must allow all
+        traffic to and from itself, or the job hangs at its first collective
+        (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-start.html#efa-start-security)."""
+        groups = self._call(ec2, "DescribeSecurityGroups", GroupIds=list(group_ids))
+        for g in groups["SecurityGroups"]:
+            missing = allows_itself(g)
+            if missing:
+                gid = g["GroupId"]
+                fix = (
+                    f"aws ec2 authorize-security-group-egress --group-id {gid} --ip-permissions "
+                    f"'{_json(security_group_egress(gid))}'"
+                    if missing == ["outbound"]
+                    else f"allow all traffic to and from {gid} itself (ingress and egress)"
+                )
+                raise CloudError(
+                    f"security group {gid} allows no {' and no '.join(missing)} traffic to itself; "
+                    "EFA needs both, or the multi-node job hangs at its first collective",
+                    f"run `{fix}`, or unset aws.security_group_ids to let aios create the group",
+                )
 
     def _ensure_placement_group(self, ec2: Any, cluster: str, labels: dict[str, str]) -> str:
         name = resource_name(cluster)
@@ -554,7 +780,7 @@ class AwsProvider(CloudProvider):
         return got
 
     def _attach_elastic_ips(self, ec2: Any, ids: list[str], allocations: list[str]) -> None:
-        reservations = self._call(ec2, "DescribeInstances", InstanceIds=ids)["Reservations"]
+        reservations = self._call_new(ec2, "DescribeInstances", InstanceIds=ids)["Reservations"]
         insts = sorted(
             (i for r in reservations for i in r["Instances"]),
             key=lambda i: ids.index(i["InstanceId"]),
@@ -583,7 +809,7 @@ class AwsProvider(CloudProvider):
         while True:
             insts = [
                 i
-                for r in self._call(ec2, "DescribeInstances", InstanceIds=ids)["Reservations"]
+                for r in self._call_new(ec2, "DescribeInstances", InstanceIds=ids)["Reservations"]
                 for i in r["Instances"]
             ]
             states = {i["State"]["Name"] for i in insts}
@@ -815,7 +1041,7 @@ class AwsProvider(CloudProvider):
         ids = [i["InstanceId"] for i in insts]
         if ids:
             self.log(f"{name}: terminating {len(ids)} instance(s)")
-            self._call(ec2, "TerminateInstances", InstanceIds=ids)
+            self._terminate(ec2, ids)
             self._wait_state(ec2, ids, "terminated", self.settings.launch_timeout)
         for addr in self._call(ec2, "DescribeAddresses", Filters=cluster_filter).get(
             "Addresses", []
@@ -858,6 +1084,34 @@ class AwsProvider(CloudProvider):
         for kp in self._call(ec2, "DescribeKeyPairs", Filters=cluster_filter).get("KeyPairs", []):
             _ignore_missing(lambda k=kp: self._call(ec2, "DeleteKeyPair", KeyName=k["KeyName"]))
 
+    def _terminate(self, ec2: Any, ids: list[str]) -> None:
+        """TerminateInstances. Its ``InvalidInstanceID.NotFound`` "does not mean the instance
+        was or will be terminated" (https://docs.aws.amazon.com/ec2/latest/devguide/eventual-consistency.html):
+        DescribeInstances confirms; instances still live are terminated again (bounded
+        backoff), so none is left billing."""
+        for attempt in range(NOT_FOUND_RETRIES):
+            try:
+                self._call(ec2, "TerminateInstances", InstanceIds=ids)
+                return
+            except CloudError as exc:
+                code = error_code(exc.__cause__) if exc.__cause__ else ""
+                if code != "InvalidInstanceID.NotFound" or attempt == NOT_FOUND_RETRIES - 1:
+                    raise
+            live = {
+                i["InstanceId"]
+                for i in self._instances(
+                    ec2, None, [s for s in LIVE_STATES if s != "shutting-down"]
+                )
+            }
+            ids = [i for i in ids if i in live]
+            if not ids:
+                return
+            delay = min(30.0, self.poll_interval * 2**attempt)
+            self.log(
+                f"TerminateInstances: EC2 answered NotFound for live instances; retrying in {delay:g}s"
+            )
+            time.sleep(delay)
+
     def _delete_security_group(self, ec2: Any, gid: str, timeout: float = 120.0) -> None:
         """Security groups stay in use until the terminated instances' interfaces are released
         (``DependencyViolation``); retry for a while."""
@@ -875,10 +1129,10 @@ class AwsProvider(CloudProvider):
                 time.sleep(self.poll_interval)
 
     # ------------------------------------------------------------------ hosts / runtime
-    def python(self, accelerator: str) -> str:
+    def python(self, accelerator: str, backend: str | None = None) -> str:
         if self.settings.python:
             return self.settings.python
-        backend = self.backend_for(accelerator)
+        backend = backend or self.backend_for(accelerator)
         if backend == "neuron":
             return neuron_image(accelerator)["python"]
         return DLAMI_PYTHON.get(backend, "python3")
@@ -996,8 +1250,11 @@ class AwsProvider(CloudProvider):
             or list(self.settings.security_group_ids)
             or [f"<sg:{resource_name(request.name)}>"]
         )
+        ami_kind, source = self.ami_source(request.accelerator)
         image = (
-            r.get("image") or request.image or f"<ssm:{self.ami_parameter(request.accelerator)}>"
+            r.get("image")
+            or request.image
+            or (f"<ssm:{source}>" if ami_kind == "ssm" else f"<newest amazon AMI named {source}>")
         )
         kind, _, rid = (request.extra.get("reservation") or "").rpartition(":")
         params = run_instances_params(
@@ -1023,6 +1280,7 @@ class AwsProvider(CloudProvider):
             labels=request.labels,
             disk_gb=request.disk_gb,
             client_token=r.get("client_token"),
+            instance_profile=request.extra.get("instance_profile"),
         )
         return {
             "region": region,
@@ -1030,7 +1288,12 @@ class AwsProvider(CloudProvider):
             "instance_type": itype.name,
             "nodes": request.nodes,
             "spot": request.spot,
-            "ami": request.image or {"ssm_parameter": self.ami_parameter(request.accelerator)},
+            "ami": request.image
+            or (
+                {"ssm_parameter": source}
+                if ami_kind == "ssm"
+                else {"name": source, "owner": "amazon"}
+            ),
             "placement_group": pg,
             "efa_interfaces_per_node": sum(
                 1 for n in params["NetworkInterfaces"] if "efa" in n.get("InterfaceType", "")
@@ -1051,7 +1314,73 @@ class AwsProvider(CloudProvider):
         region = plan["region"]
         name = request.name
         cmds: list[CloudCommand] = []
-        if not request.image:
+        if request.extra.get("instance_profile") == AUTOSTOP_PROFILE:
+            role = AUTOSTOP_PROFILE
+            cmds += [
+                CloudCommand(
+                    [
+                        "aws",
+                        "iam",
+                        "create-role",
+                        "--role-name",
+                        role,
+                        "--assume-role-policy-document",
+                        _json(EC2_TRUST),
+                    ],
+                    "once per account: the autostop agent's role (skipped when it exists)",
+                ),
+                CloudCommand(
+                    [
+                        "aws",
+                        "iam",
+                        "put-role-policy",
+                        "--role-name",
+                        role,
+                        "--policy-name",
+                        "aios-agent",
+                        "--policy-document",
+                        _json(agent_policy()),
+                    ],
+                    "exactly what the agent calls to stop/delete its cluster",
+                ),
+                CloudCommand(
+                    ["aws", "iam", "create-instance-profile", "--instance-profile-name", role]
+                ),
+                CloudCommand(
+                    [
+                        "aws",
+                        "iam",
+                        "add-role-to-instance-profile",
+                        "--instance-profile-name",
+                        role,
+                        "--role-name",
+                        role,
+                    ]
+                ),
+            ]
+        if not request.image and "name" in plan["ami"]:
+            cmds.append(
+                CloudCommand(
+                    [
+                        "aws",
+                        "ec2",
+                        "describe-images",
+                        "--region",
+                        region,
+                        "--owners",
+                        "amazon",
+                        "--filters",
+                        f"Name=name,Values={plan['ami']['name']}",
+                        "Name=state,Values=available",
+                        "--query",
+                        "sort_by(Images,&CreationDate)[-1].ImageId",
+                        "--output",
+                        "text",
+                    ],
+                    "DLAMI id: the newest image of that name",
+                )
+            )
+        elif not request.image:
             cmds.append(
                 CloudCommand(
                     [
@@ -1123,6 +1452,43 @@ class AwsProvider(CloudProvider):
                         _json(plan["security_group_rules"]),
                     ],
                     "ssh in; all traffic between the hosts",
+                )
+            )
+            cmds.append(
+                CloudCommand(
+                    [
+                        "aws",
+                        "ec2",
+                        "authorize-security-group-egress",
+                        "--region",
+                        region,
+                        "--group-id",
+                        f"<sg:{resource_name(name)}>",
+                        "--ip-permissions",
+                        _json(security_group_egress(f"<sg:{resource_name(name)}>")),
+                    ],
+                    "all traffic to the hosts themselves: EFA needs it both ways",
+                )
+            )
+        if plan["placement_group"] and request.extra.get("reservation"):
+            cmds.append(
+                CloudCommand(
+                    [
+                        "aws",
+                        "ec2",
+                        "describe-capacity-reservations",
+                        "--region",
+                        region,
+                        "--capacity-reservation-ids",
+                        plan["run_instances"]["CapacityReservationSpecification"][
+                            "CapacityReservationTarget"
+                        ]["CapacityReservationId"],
+                        "--query",
+                        "CapacityReservations[0].PlacementGroupArn",
+                        "--output",
+                        "text",
+                    ],
+                    "a reservation in a cluster placement group: launch into its group, not a new one",
                 )
             )
         if plan["placement_group"]:
@@ -1305,6 +1671,15 @@ def _node_index(inst: dict[str, Any]) -> int:
 
 def _json(obj: Any) -> str:
     return json.dumps(obj, separators=(",", ":"), sort_keys=True)
+
+
+def _doc(doc: Any) -> dict[str, Any]:
+    """A policy document as boto3 returns it (a dict, or URL-encoded JSON)."""
+    if isinstance(doc, dict):
+        return doc
+    import urllib.parse
+
+    return json.loads(urllib.parse.unquote(str(doc)))
 
 
 def _first_line(exc: BaseException) -> str:

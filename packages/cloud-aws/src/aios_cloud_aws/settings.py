@@ -14,8 +14,11 @@ from aios.versions import STACKS
 from pydantic import Field, field_validator
 
 # Public SSM parameters of the AWS Deep Learning AMIs. AWS renames them between releases (the
-# PyTorch version and OS are part of the name), hence configurable.
-GPU_AMI_PARAMETER = "/aws/service/deeplearning/ami/x86_64/oss-nvidia-driver-gpu-pytorch-2.7-ubuntu-22.04/latest/ami-id"
+# PyTorch version and OS are part of the name), hence configurable. The default is a PyTorch
+# DLAMI in patch support (https://docs.aws.amazon.com/dlami/latest/devguide/support-policy.html:
+# the PyTorch 2.7 images left it on 2026-04-23); PyTorch 2.11 on Ubuntu 24.04, python at
+# /opt/pytorch/bin/python3 (its release notes, 2026-10: python_location /opt/pytorch/bin/python).
+GPU_AMI_PARAMETER = "/aws/service/deeplearning/ami/x86_64/oss-nvidia-driver-gpu-pytorch-2.11-ubuntu-24.04/latest/ami-id"
 
 
 def neuron_image(instance_type: str) -> Mapping[str, str]:
@@ -49,9 +52,9 @@ class AwsSettings(Section):
     )
     neuron_ami_parameter: str | None = Field(
         None,
-        description="SSM parameter holding the Neuron DLAMI id; default: the instance's Neuron "
-        "version set in aios.versions.STACKS (Trn1: Neuron 2.29 PyTorch 2.9 DLAMI, Trn2/Trn3: "
-        "the multi-framework DLAMI, Ubuntu 24.04)",
+        description="SSM parameter holding the Neuron DLAMI id; default: the newest Amazon "
+        "image named as the instance's Neuron version set in aios.versions.STACKS says (Trn1: "
+        "the PyTorch 2.9 Neuron DLAMI, Trn2/Trn3: the torch-neuronx 2.14.0 DLAMI, Ubuntu 24.04)",
     )
     ssh_user: str = Field("ubuntu", description="login user of the AMI")
     key_name: str | None = Field(

@@ -24,6 +24,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -63,6 +64,42 @@ from aios_cloud_gcp import catalog as _catalog
 from aios_cloud_gcp.settings import GcpSettings
 
 PUBLIC_KEY_PLACEHOLDER = "<aios public key>"
+# what the autostop agent calls (GcpProvider.stop / delete) as IAM permissions
+# (https://cloud.google.com/iam/docs/roles-permissions/tpu)
+AGENT_PERMISSIONS = {
+    "stop": ["tpu.nodes.get", "tpu.nodes.stop", "tpu.operations.get"],
+    "down": [
+        "tpu.nodes.get",
+        "tpu.nodes.delete",
+        "tpu.queuedResources.delete",
+        "tpu.operations.get",
+    ],
+}
+# TPU permissions of the predefined roles aios can judge
+ROLE_PERMISSIONS: dict[str, set[str]] = {
+    "roles/owner": {"tpu.*"},
+    "roles/editor": {"tpu.*"},
+    "roles/tpu.admin": {"tpu.*"},
+    "roles/tpu.viewer": {
+        "tpu.nodes.get",
+        "tpu.nodes.list",
+        "tpu.operations.get",
+        "tpu.operations.list",
+    },
+}
+
+
+def has_permission(roles: set[str], permission: str) -> bool:
+    import fnmatch
+
+    return any(
+        fnmatch.fnmatchcase(permission, g) for r in roles for g in ROLE_PERMISSIONS.get(r, ())
+    )
+
+
+# TorchTPU's interpreter on the TPU VMs (its wheels are cp311/cp312; the images have 3.10)
+TORCH_TPU_PYTHON = "3.12"
+TORCH_TPU_VENV = "~/.aios/torch-tpu-venv"
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 
 
@@ -313,6 +350,13 @@ class GcpProvider(CloudProvider):
 
     def validate(self, request: ClusterRequest) -> ClusterRequest:
         entry = self.entry(request.accelerator)
+        if _catalog.generation(entry.accelerator) in _catalog.GKE_ONLY:
+            raise CloudError(
+                f"{entry.accelerator}: TPU7x is served through GKE (and Compute Engine) only, not "
+                "the Cloud TPU API aios uses for --cloud gcp",
+                f"run it on a GKE cluster with a tpu7x node pool: aios launch --cloud k8s -a "
+                f"{entry.accelerator} ... (https://cloud.google.com/tpu/docs/tpu7x)",
+            )
         zone = request.zone or self.settings.zone
         if zone and entry.zones and zone not in entry.zones:
             raise CloudError(
@@ -350,12 +394,21 @@ class GcpProvider(CloudProvider):
                 "--disk-gb does not apply to TPU VMs (fixed boot disk)",
                 "drop --disk-gb; keep data on gs:// buckets",
             )
+        # a relative time is made absolute once, here: every zone the failover tries (and a
+        # managed recreate) then queues against the same deadline, not a fresh "+6h" each
+        now = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0)
+        whens = {}
         for what, value in (
             ("--valid-after", request.valid_after),
             ("--valid-until", request.valid_until),
         ):
             if value:
-                _parse_when(value, what)
+                kind, v = _parse_when(value, what)
+                value = _rfc3339(now + _dt.timedelta(seconds=v) if kind == "duration" else v)
+            whens[what] = value
+        request = replace(
+            request, valid_after=whens["--valid-after"], valid_until=whens["--valid-until"]
+        )
         labels = {
             k.lower(): re.sub(r"[^a-z0-9_-]", "-", str(v).lower())[:63]
             for k, v in request.labels.items()
@@ -811,14 +864,93 @@ class GcpProvider(CloudProvider):
             raise self._map(exc, what) from None
         return info
 
+    # -------------------------------------------------------------- autostop rights
+    def prepare_autostop(
+        self, request: ClusterRequest, action: str, dry_run: bool = False
+    ) -> ClusterRequest:
+        """The agent stops/deletes the slice as the TPU VM's service account (``gcp.service_account``,
+        else the project's default compute service account). Organisations often strip that
+        account of its default Editor role, so its roles are read from the project's IAM policy
+        (Cloud Resource Manager ``getIamPolicy``) before anything is created: missing TPU rights
+        are one line, exit 2, naming the grant; a policy aios may not read, or a custom role, is a
+        note naming the same grant."""
+        if dry_run:
+            return request
+        project = self.project(request.project)
+        need = AGENT_PERMISSIONS[action]
+        try:
+            sa = self.settings.service_account or (
+                f"{self._crm('GET', project)['projectNumber']}-compute@developer.gserviceaccount.com"
+            )
+            policy = self._crm("POST", f"{project}:getIamPolicy")
+        except CloudError as exc:
+            sa = self.settings.service_account or "the default compute service account"
+            print(
+                f"[aios] note: cannot check that {sa} may {action} the slice ({exc.message}); "
+                f"the autostop agent needs {', '.join(need)}",
+                file=sys.stderr,
+            )
+            return request
+        member = f"serviceAccount:{sa}"
+        roles = {b["role"] for b in policy.get("bindings", []) if member in b.get("members", [])}
+        missing = [p for p in need if not has_permission(roles, p)]
+        grant = (
+            f"gcloud projects add-iam-policy-binding {project} --member={member} "
+            "--role=roles/tpu.admin"
+        )
+        if missing and set(roles) - set(ROLE_PERMISSIONS):
+            print(
+                f"[aios] note: {sa} has roles aios cannot read ({', '.join(sorted(roles))}); the "
+                f"autostop agent needs {', '.join(need)} (`{grant}` grants them)",
+                file=sys.stderr,
+            )
+        elif missing:
+            raise CloudError(
+                f"the autostop agent could not {action} the slice: service account {sa} lacks "
+                f"{', '.join(missing)}",
+                f"grant them (`{grant}`), or set gcp.service_account to an account that has them",
+            )
+        return request
+
+    def _crm(self, method: str, path: str) -> dict[str, Any]:
+        """A Cloud Resource Manager v1 ``projects`` call (the local test service serves it at
+        ``gcp.endpoint``)."""
+        from google.auth.transport.requests import AuthorizedSession
+
+        base = self.settings.endpoint or "https://cloudresourcemanager.googleapis.com"
+        try:
+            r = AuthorizedSession(self._credentials()).request(
+                method,
+                f"{base.rstrip('/')}/v1/projects/{path}",
+                json={} if method == "POST" else None,
+                timeout=30,
+            )
+        except Exception as exc:  # noqa: BLE001 - one line
+            raise CloudError(f"Cloud Resource Manager: {type(exc).__name__}", "") from None
+        if r.status_code != 200:
+            msg = (r.json().get("error") or {}).get("message", r.text[:200]) if r.content else ""
+            raise CloudError(f"Cloud Resource Manager {r.status_code}: {msg}", "")
+        return dict(r.json())
+
+    def stop_refusal(self, spot: bool, accelerator: str | None = None) -> str | None:
+        if spot:
+            return super().stop_refusal(spot, accelerator)
+        if accelerator and self.entry(accelerator).hosts > 1:
+            # "This operation is only available with single TPU nodes"
+            # (https://cloud.google.com/tpu/docs/reference/rest/v2/projects.locations.nodes/stop)
+            return f"{accelerator} is a multi-host slice, which Cloud TPU cannot stop, only delete"
+        return None
+
     def stop(self, name: str, zone: str | None) -> None:
         client = self.client()
         what = f"stop {name}"
         info = self.describe(name, zone)
-        if info is not None and info.spot:
+        why = self.stop_refusal(info.spot, info.accelerator) if info is not None else None
+        if why:
             raise CloudError(
-                f"{name} is a spot TPU, which Cloud TPU cannot stop and restart",
-                f"delete it with `aios down {name}` (a managed run recreates it)",
+                f"cannot stop {name}: {why}",
+                f"delete it with `aios down {name}` (a managed run recreates it), or use "
+                "--autostop N --autodown to delete it when idle",
             )
         try:
             self._wait(client.stop_node(request={"name": self._node_name(name, zone)}), what)
@@ -856,10 +988,9 @@ class GcpProvider(CloudProvider):
             raise self._map(exc, what) from None
 
     def repair(self, info: ClusterInfo) -> str:
-        if info.spot:
-            raise CloudError(
-                f"{info.name} is a spot TPU, which cannot be stopped and restarted", "recreate it"
-            )
+        why = self.stop_refusal(info.spot, info.accelerator)
+        if why:
+            raise CloudError(f"{info.name} cannot be stopped and restarted: {why}", "recreate it")
         return super().repair(info)
 
     def zone_region(self, zone: str) -> str:
@@ -882,17 +1013,36 @@ class GcpProvider(CloudProvider):
         return out
 
     # -------------------------------------------------------------- runtime on the hosts
+    def python(self, accelerator: str, backend: str | None = None) -> str:
+        """``python3`` of the TPU VM image for torch_xla; for TorchTPU (``--backend tpu``) the
+        venv :meth:`setup_commands` makes, since the image's Python is 3.10 and torch_tpu has
+        cp311/cp312 wheels only."""
+        if (backend or self.backend_for(accelerator)) == "tpu":
+            return f"{TORCH_TPU_VENV}/bin/python"
+        return "python3"
+
     def setup_commands(
         self, accelerator: str, requirements: list[str], backend: str | None = None
     ) -> list[str]:
         lines = ["python3 -m pip install --quiet --upgrade pip"]
+        py = "python3"
         if (backend or self.backend_for(accelerator)) == "tpu":
             # TorchTPU: the torch / torch_tpu / libtpu set of aios.versions (one fact, one place);
-            # torch_xla is not installed (it would pin another torch).
+            # torch_xla is not installed (it would pin another torch). The runtime images are
+            # Ubuntu 22.04 with Python 3.10 and torch_tpu ships cp311/cp312 wheels only, so it
+            # goes into a Python 3.12 venv made by uv, which downloads a managed CPython
+            # (https://docs.astral.sh/uv/concepts/python-versions/#automatic-python-downloads);
+            # never into the image's python3.
             from aios.versions import STACKS
 
+            py = f"{TORCH_TPU_VENV}/bin/python"
             install = STACKS["torch_tpu"][0].install
-            lines.append("python3 -m pip install --quiet " + install.removeprefix("pip install "))
+            lines += [
+                "python3 -m pip install --quiet uv",
+                f"python3 -m uv venv --allow-existing --seed --python {TORCH_TPU_PYTHON} "
+                f"{TORCH_TPU_VENV}",
+                f"{py} -m pip install --quiet " + install.removeprefix("pip install "),
+            ]
         else:
             v = self.settings.torch_version
             minor = ".".join(v.split(".")[:2])
@@ -906,11 +1056,11 @@ class GcpProvider(CloudProvider):
         check_requirements(requirements)
         if aios_deps:
             lines.append(
-                "python3 -m pip install --quiet " + " ".join(shlex.quote(r) for r in aios_deps)
+                f"{py} -m pip install --quiet " + " ".join(shlex.quote(r) for r in aios_deps)
             )
         if requirements:
             lines.append(
-                "python3 -m pip install --quiet " + " ".join(shlex.quote(r) for r in requirements)
+                f"{py} -m pip install --quiet " + " ".join(shlex.quote(r) for r in requirements)
             )
         return lines
 

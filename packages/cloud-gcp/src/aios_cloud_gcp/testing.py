@@ -26,8 +26,29 @@ Injections (what real Google Cloud does to you):
 * ``offered`` (zone -> generations): a create of a type the zone does not offer fails with
   ``INVALID_ARGUMENT`` "... is not available in zone ...".
 
-Spot rules as on Cloud TPU: a spot node cannot be stopped (``stop`` answers
-``INVALID_ARGUMENT``); it can only be deleted.
+Rules of the real Cloud TPU API, each beside its documentation:
+
+* A spot node cannot be stopped (``stop`` answers ``INVALID_ARGUMENT``); it can only be deleted
+  (https://cloud.google.com/tpu/docs/spot).
+* Only single-host nodes can be stopped: ``nodes.stop`` "is only available with single TPU
+  nodes" (https://cloud.google.com/tpu/docs/reference/rest/v2/projects.locations.nodes/stop);
+  a multi-host slice answers ``INVALID_ARGUMENT`` and keeps running (and billing).
+* Generations the TPU API does not serve: from TPU7x (Ironwood) on, new generations are served
+  through GKE or Compute Engine only ("To use TPU7x, you can use Google Kubernetes Engine (GKE)
+  or Compute Engine", https://cloud.google.com/tpu/docs/tpu7x); a create answers
+  ``INVALID_ARGUMENT`` (:data:`NOT_SERVED`).
+* A call from a TPU VM (the autostop agent) acts as the node's service account (the default
+  compute service account unless the node names one) and passes only when the project's IAM
+  policy (:attr:`FakeTpuService.iam_bindings`) gives that account the permission
+  (``tpu.nodes.stop``, ``tpu.nodes.delete``, ...; ``PERMISSION_DENIED`` otherwise). The
+  default compute service account starts with the Editor role, as Google grants it unless an
+  organization policy turns that off (https://cloud.google.com/compute/docs/access/service-accounts#default_service_account);
+  role contents per https://cloud.google.com/iam/docs/roles-permissions/tpu. Cloud Resource
+  Manager's ``projects.get`` and ``projects.getIamPolicy`` (v1) are served for aios's check.
+* :data:`REAL_ZONES`: the zones that offer each generation, from
+  https://cloud.google.com/tpu/docs/regions-zones (pass ``offered=REAL_ZONES``).
+* Host images (:data:`RUNTIME_IMAGES`): what a runtime version's VM image ships (Ubuntu 22.04,
+  Python 3.10); :func:`check_setup` fails a setup on it as the image would.
 
 ``calls`` records ``(method, path)`` of every request; ``nodes``/``queued`` hold the state.
 """
@@ -71,6 +92,68 @@ class ApiError(Exception):
 
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+# Generations the Cloud TPU API does not serve (GKE / Compute Engine only):
+# https://cloud.google.com/tpu/docs/tpu7x
+NOT_SERVED = {"tpu7x"}
+
+# Zones offering each generation (https://cloud.google.com/tpu/docs/regions-zones, checked
+# 2026-11): v2-8 in us-central1-b/c/f, v2 pods in us-central1-a; v6e also in single-tenant
+# zones us-east5-c, us-east4-a/b, us-west1-c.
+REAL_ZONES_BY_GENERATION: dict[str, set[str]] = {
+    "v2": {
+        "us-central1-a",
+        "us-central1-b",
+        "us-central1-c",
+        "us-central1-f",
+        "europe-west4-a",
+        "asia-east1-c",
+    },
+    "v3": {"us-central1-a", "us-central1-b", "us-central1-f", "europe-west4-a"},
+    "v4": {"us-central2-b"},
+    "v5e": {
+        "us-central1-a",
+        "us-east5-a",
+        "us-east5-b",
+        "us-east5-c",
+        "us-south1-a",
+        "us-west1-c",
+        "us-west4-a",
+        "europe-west4-b",
+        "asia-southeast1-b",
+    },
+    "v5p": {
+        "us-central1-a",
+        "us-east5-a",
+        "us-east5-b",
+        "us-east5-c",
+        "us-south1-a",
+        "europe-west4-b",
+    },
+    "v6e": {
+        "us-central1-b",
+        "us-east1-d",
+        "us-east5-a",
+        "us-east5-b",
+        "us-east5-c",
+        "us-east4-a",
+        "us-east4-b",
+        "us-west1-c",
+        "europe-west4-a",
+        "asia-northeast1-b",
+    },
+}
+REAL_ZONES: dict[str, set[str]] = {}
+for _gen, _zones in REAL_ZONES_BY_GENERATION.items():
+    for _z in _zones:
+        REAL_ZONES.setdefault(_z, set()).add(_gen)
+
+
+# TPU permissions of the predefined roles: the provider's table
+from aios_cloud_gcp.provider import ROLE_PERMISSIONS, has_permission  # noqa: E402,F401
+
+PROJECT_NUMBER = "123456789012"
 
 
 def hosts_for(accelerator: str) -> int:
@@ -147,12 +230,51 @@ class FakeTpuService:
         self.unavailable = 0
         self.create_errors: dict[str, list[tuple[int, str]]] = {}
         self.received: list[tuple[str, dict]] = []  # (path, body) of every create request
+        self.project_number = PROJECT_NUMBER
+        # role -> members of the project's IAM policy
+        self.iam_bindings: dict[str, set[str]] = {
+            "roles/editor": {f"serviceAccount:{self.default_service_account}"}
+        }
+        self._caller = threading.local()
         self.lock = threading.RLock()
         self.server: ThreadingHTTPServer | None = None
         self.thread: threading.Thread | None = None
         for m in self.machines:
             with contextlib.suppress(Exception):
                 m.stop()
+
+    @property
+    def default_service_account(self) -> str:
+        return f"{PROJECT_NUMBER}-compute@developer.gserviceaccount.com"
+
+    def _vm_identity(self, caller: str | None) -> str | None:
+        """The service account a call from ``caller`` acts as, when it comes from a node's VM."""
+        if not caller:
+            return None
+        for node in self.nodes.values():
+            ips = {
+                ip
+                for e in node.body.get("networkEndpoints") or []
+                for ip in (e.get("ipAddress"), (e.get("accessConfig") or {}).get("externalIp"))
+            }
+            ips |= {getattr(m, a, None) for m in node.machines for a in ("ip", "internal_ip")}
+            if caller in ips:
+                sa = (node.body.get("serviceAccount") or {}).get("email")
+                return sa or self.default_service_account
+        return None
+
+    def _authorize(self, permission: str) -> None:
+        sa = self._vm_identity(getattr(self._caller, "ip", None))
+        if sa is None:
+            return  # the user's own credentials (the laptop)
+        roles = {r for r, members in self.iam_bindings.items() if f"serviceAccount:{sa}" in members}
+        if not has_permission(roles, permission):
+            raise ApiError(
+                403,
+                f"Permission '{permission}' denied on resource (or it may not exist); the "
+                f"caller is {sa}",
+                "PERMISSION_DENIED",
+            )
 
     # ------------------------------------------------------------------ server
     @property
@@ -187,6 +309,7 @@ class FakeTpuService:
                 q = {k: v[0] for k, v in parse_qs(u.query).items()}
                 with svc.lock:
                     svc.callers.append((method, u.path, self.client_address[0]))
+                svc._caller.ip = self.client_address[0]
                 try:
                     body = self._body() if method in ("POST", "PATCH") else {}
                     code, obj = svc.dispatch(method, u.path, q, body)
@@ -403,6 +526,18 @@ class FakeTpuService:
             and method == "POST"
         ):
             return self._oslogin_import(parts[2].rsplit(":", 1)[0], q, body)
+        if len(parts) == 3 and parts[:2] == ["v1", "projects"]:  # Cloud Resource Manager v1
+            project, _, verb = parts[2].partition(":")
+            if project != self.project:
+                raise ApiError(403, f"The caller does not have permission on {project}")
+            if method == "GET" and not verb:
+                return 200, {"projectId": project, "projectNumber": self.project_number}
+            if method == "POST" and verb == "getIamPolicy":
+                return 200, {
+                    "bindings": [
+                        {"role": r, "members": sorted(m)} for r, m in self.iam_bindings.items() if m
+                    ]
+                }
         if len(parts) < 5 or parts[0] != "v2" or parts[1] != "projects" or parts[3] != "locations":
             raise ApiError(404, f"unknown path {path}")
         project, zone = parts[2], parts[4]
@@ -465,10 +600,17 @@ class FakeTpuService:
                 f"Quota 'TPUV4PodPerProjectPerZoneForTPUAPI' exhausted. Limit 0 in region {region}",
                 "RESOURCE_EXHAUSTED",
             )
-        if self.offered is not None:
-            from aios_backend_xla.topology import parse_accelerator_type
+        from aios_backend_xla.topology import parse_accelerator_type
 
-            gen = parse_accelerator_type(accelerator).generation
+        gen = parse_accelerator_type(accelerator).generation
+        if gen in NOT_SERVED:
+            raise ApiError(
+                400,
+                f'Accelerator type "{accelerator}" is not supported by the Cloud TPU API; '
+                "TPU7x and later are served through GKE or Compute Engine",
+                "INVALID_ARGUMENT",
+            )
+        if self.offered is not None:
             if gen not in self.offered.get(zone, set()):
                 raise ApiError(
                     400,
@@ -509,6 +651,10 @@ class FakeTpuService:
         node = self.nodes.get(name)
         if node is None:
             raise ApiError(404, f"Resource '{name}' was not found", "NOT_FOUND")
+        self._authorize(
+            {"GET": "tpu.nodes.get", "DELETE": "tpu.nodes.delete"}.get(method)
+            or f"tpu.nodes.{verb}"
+        )
         if method == "GET" and not verb:
             if node.maintenance_until and time.monotonic() >= node.maintenance_until:
                 node.maintenance_until = 0.0
@@ -524,6 +670,13 @@ class FakeTpuService:
 
             return 200, self._op(zone, finish_delete)
         if method == "POST" and verb == "stop":
+            if hosts_for(node.body.get("acceleratorType", "v4-8")) > 1:
+                raise ApiError(
+                    400,
+                    f"Stopping is only available with single TPU nodes; '{name}' is a multi-host "
+                    "slice (delete it instead)",
+                    "INVALID_ARGUMENT",
+                )
             if (node.body.get("schedulingConfig") or {}).get("spot") or (
                 node.body.get("schedulingConfig") or {}
             ).get("preemptible"):
@@ -615,6 +768,9 @@ class FakeTpuService:
                 self.queued[name] = rec
                 return 200, self._op(zone, lambda: ({"@type": QR_TYPE, **rec["body"]}, None))
             raise ApiError(405, "method not allowed")
+        self._authorize(
+            "tpu.queuedResources.get" if method == "GET" else "tpu.queuedResources.delete"
+        )
         name = f"{parent}/queuedResources/{rest[0]}"
         rec = self.queued.get(name)
         if rec is None:
@@ -687,3 +843,75 @@ class FakeTpuService:
             rec["body"]["state"] = {"state": "WAITING_FOR_RESOURCES"}
             return
         rec["body"]["state"] = {"state": "ACTIVE"}
+
+
+# ---------------------------------------------------------------------------- host images
+# What a TPU VM runtime image ships: Ubuntu 22.04 with its Python 3.10 as python3
+# (https://cloud.google.com/tpu/docs/runtimes: "tpu-ubuntu2204-base", "v2-alpha-tpuv5-lite",
+# "v2-alpha-tpuv6e", ... are Ubuntu 22.04 images). torch_tpu 0.2.0 publishes cp311/cp312 wheels
+# only (https://pypi.org/project/torch-tpu/#files), so pip on the image's Python finds none.
+RUNTIME_IMAGES: dict[str, dict[str, str]] = {
+    rv: {"os": "Ubuntu 22.04", "python3": "3.10"}
+    for rv in ("tpu-ubuntu2204-base", "v2-alpha-tpuv5-lite", "v2-alpha-tpuv5", "v2-alpha-tpuv6e")
+}
+WHEEL_PYTHONS = {"torch_tpu": {"3.11", "3.12"}}
+
+
+class SetupFailed(Exception):
+    """A setup that fails on the image, with the message the image would print."""
+
+
+def check_setup(
+    runtime_version: str, lines: list[str], python: str, needs: str = "torch_tpu"
+) -> None:
+    """Follow ``lines`` (a provider's setup commands) on the image of ``runtime_version`` and
+    raise :class:`SetupFailed` where the real image fails: pip on an interpreter the image does
+    not have, a wheel with no build for the interpreter's Python (torch_tpu on 3.10), or a job
+    ``python`` that ends up without ``needs``. Understands ``PY -m pip install ...``,
+    ``PY -m uv venv --python X.Y [--seed] DIR`` (uv downloads a managed CPython,
+    https://docs.astral.sh/uv/concepts/python-versions/#automatic-python-downloads) and
+    ``python3.X -m venv DIR``."""
+    import re
+    import shlex
+
+    image = RUNTIME_IMAGES[runtime_version]
+    pythons = {"python3": image["python3"], "/usr/bin/python3": image["python3"]}
+    packages: dict[str, set[str]] = {p: set() for p in pythons}
+    for line in lines:
+        for cmd in re.split(r"\s*(?:&&|;)\s*", line):
+            argv = shlex.split(cmd) if cmd.strip() else []
+            if len(argv) < 3 or argv[1] != "-m":
+                continue
+            py, mod, rest = argv[0], argv[2], argv[3:]
+            if py not in pythons:
+                raise SetupFailed(f"bash: {py}: No such file or directory")
+            if mod == "venv" or (mod == "uv" and rest[:1] == ["venv"]):
+                if mod == "uv" and "uv" not in packages[py]:
+                    raise SetupFailed(f"{py}: No module named uv")
+                want = pythons[py]
+                if "--python" in rest:
+                    want = rest[rest.index("--python") + 1]
+                target = [a for a in rest if not a.startswith("-") and a not in ("venv", want)][-1]
+                for name in ("python", "python3"):
+                    pythons[f"{target}/bin/{name}"] = want
+                    packages[f"{target}/bin/{name}"] = packages.setdefault(
+                        f"{target}/bin/python", {"pip"}
+                    )
+                continue
+            if mod == "pip" and rest[:1] == ["install"]:
+                for req in rest[1:]:
+                    if req.startswith("-"):
+                        continue
+                    name = re.split(r"[<>=~!\[ ]", req, maxsplit=1)[0].replace("-", "_").lower()
+                    allowed = WHEEL_PYTHONS.get(name)
+                    if allowed and pythons[py] not in allowed:
+                        raise SetupFailed(
+                            f"ERROR: Could not find a version that satisfies the requirement {req} "
+                            f"(from versions: none)  [{py} is Python {pythons[py]}; {name} has "
+                            f"wheels for {', '.join(sorted(allowed))} only]"
+                        )
+                    packages[py].add(name)
+    if python not in pythons:
+        raise SetupFailed(f"bash: {python}: No such file or directory")
+    if needs not in packages[python]:
+        raise SetupFailed(f"{python}: ModuleNotFoundError: No module named '{needs}'")

@@ -140,6 +140,37 @@ def _default_name() -> str:
     return f"aios-{user}-{random.randint(0, 0xFFFF):04x}"
 
 
+def redact_manifest(obj: Any) -> Any:
+    """A manifest as ``kubectl apply -f -`` takes it, secrets hidden. Generic config redaction
+    (:func:`aios.config.redact`) hides the value of any key named like a secret, and in a
+    manifest ``key`` is a field name (a toleration's ``key: google.com/tpu``, a label selector's
+    ``key``), never a secret: it printed ``key: '***'``, an unapplyable manifest. Here only
+    what can hold a secret is hidden: a Secret's ``data``/``stringData`` values, an env entry
+    ``{name, value}`` whose name is secret-looking, and passwords inside URLs anywhere."""
+    from aios.config import is_secret, redact_url
+
+    if isinstance(obj, list):
+        return [redact_manifest(v) for v in obj]
+    if isinstance(obj, str):
+        return redact_url(obj)
+    if not isinstance(obj, dict):
+        return obj
+    out = {k: redact_manifest(v) for k, v in obj.items()}
+    if obj.get("kind") == "Secret":
+        for field in ("data", "stringData"):
+            if isinstance(obj.get(field), dict):
+                out[field] = {
+                    k: v if str(v).startswith("<") else "***" for k, v in obj[field].items()
+                }
+    if (
+        set(obj) >= {"name", "value"}
+        and is_secret(str(obj["name"]))
+        and obj["value"] not in (None, "")
+    ):
+        out["value"] = "***"
+    return out
+
+
 def launch(provider: K8sProvider, p: dict[str, Any], store: Any, log: Callable[[str], None]) -> int:
     import click
     from aios_cloud import ops
@@ -150,8 +181,6 @@ def launch(provider: K8sProvider, p: dict[str, Any], store: Any, log: Callable[[
     name = p["name"] or _default_name()
     req = build(provider, p, name, env, forward)
     if p["dry_run"]:
-        from aios.config import redact
-
         shown = M.manifests(
             req, {k: "<forwarded from your environment>" for k in forward}, "<code.tar.gz, base64>"
         )
@@ -159,7 +188,9 @@ def launch(provider: K8sProvider, p: dict[str, Any], store: Any, log: Callable[[
             if o["kind"] == "Secret":
                 o["stringData"] = {k: "<forwarded from your environment>" for k in o["stringData"]}
         click.echo("# dry run: nothing is created (kubectl apply -f - equivalent)")
-        click.echo(yaml.safe_dump_all([redact(o) for o in shown], sort_keys=False).rstrip())
+        click.echo(
+            yaml.safe_dump_all([redact_manifest(o) for o in shown], sort_keys=False).rstrip()
+        )
         return 0
     missing = [k for k in forward if k not in os.environ]
     if missing:

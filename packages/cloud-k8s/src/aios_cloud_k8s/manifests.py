@@ -39,13 +39,19 @@ INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
 CLUSTER_LABEL = "aios-cluster"
 
-# GKE node label values per TPU generation (cloud.google.com/gke-tpu-accelerator)
+# GKE node label values per TPU generation (cloud.google.com/gke-tpu-accelerator,
+# https://cloud.google.com/kubernetes-engine/docs/concepts/plan-tpus#availability). TPU7x
+# (Ironwood) is served through GKE (1.34.0-gke.2201000+) and Compute Engine only, not the Cloud
+# TPU API: https://cloud.google.com/kubernetes-engine/docs/concepts/tpu-ironwood
 GKE_TPU_ACCELERATOR = {
     "v4": "tpu-v4-podslice",
     "v5e": "tpu-v5-lite-podslice",
     "v5p": "tpu-v5p-slice",
     "v6e": "tpu-v6e-slice",
+    "tpu7x": "tpu7x",
 }
+# generations whose slices are 3D tori (topology AxBxC): v4, v5p, TPU7x
+_TORUS_3D = ("v4", "v5p", "tpu7x")
 _2D = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"}
 _3D = {
     4: "2x2x1",
@@ -96,7 +102,7 @@ class Placement:
 
 
 def tpu_topology(generation: str, chips: int) -> str:
-    table = _3D if generation in ("v4", "v5p") else _2D
+    table = _3D if generation in _TORUS_3D else _2D
     if chips not in table:
         raise ConfigError(
             f"no GKE topology for a {generation} slice of {chips} chips",

@@ -359,7 +359,7 @@ class K8sProvider(CloudProvider):
         self.client()
         return f"kubeconfig context {self.settings.context or '(current)'}"
 
-    def python(self, accelerator: str) -> str:
+    def python(self, accelerator: str, backend: str | None = None) -> str:
         return self.settings.python
 
     # ------------------------------------------------------------------ apply

@@ -311,7 +311,7 @@ class SlurmProvider(CloudProvider):
     def describe_credentials(self) -> str:
         return f"ssh {self.shell.login}" if self.shell.login else "local Slurm (munge)"
 
-    def python(self, accelerator: str) -> str:
+    def python(self, accelerator: str, backend: str | None = None) -> str:
         return self.settings.python
 
     # ------------------------------------------------------------------ launch

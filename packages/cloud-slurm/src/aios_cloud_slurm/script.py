@@ -94,7 +94,8 @@ def render(job: SbatchJob) -> str:
     if job.pythonpath:
         lines.append(f'export PYTHONPATH={q(job.pythonpath)}"${{PYTHONPATH:+:$PYTHONPATH}}"')
     for k, v in sorted(job.env.items()):
-        lines.append(f"export {k}={q(v)}")
+        # a leading ~/ (the backends' cache dirs) expands on the node; quoted it never would
+        lines.append(f"export {k}=~/{q(v[2:])}" if v.startswith("~/") else f"export {k}={q(v)}")
     if job.env_file:
         lines.append(f"if [ -f {q(job.env_file)} ]; then set -a; . {q(job.env_file)}; set +a; fi")
     lines += job.setup

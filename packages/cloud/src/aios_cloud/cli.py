@@ -535,7 +535,7 @@ def launch(
             checkpoint_dir, {*env, *forward}
         )  # the hosts must be able to write there
     setup_lines = [*setup_lines, *provider.host_checks(accelerator, nodes)]
-    python = python or provider.python(accelerator)
+    python = python or provider.python(accelerator, backend)
     spec = ops.JobSpec(
         script=script,
         args=args,
@@ -555,14 +555,16 @@ def launch(
     if dry_run:
         line = None
         if autostop is not None:
-            if not autodown and not provider.can_stop(request.spot):
-                raise AiosError(
-                    "spot capacity cannot be stopped, only deleted", "use --autostop N --autodown"
+            _check_autostop(provider, request, autodown)
+            if not existing:
+                request = provider.prepare_autostop(
+                    request, "down" if autodown else "stop", dry_run=True
                 )
             line = (
                 f"# 5. autostop: an agent on worker 0 runs `{python} -m aios_cloud.agent "
                 f"~/aios/{request.name}/agent.json` and "
-                f"{'deletes' if autodown else 'stops'} the cluster after {autostop:g} min without a running job"
+                f"{'deletes' if autodown else 'stops'} the cluster after {autostop:g} min without a running job "
+                "(a @reboot crontab entry restarts it after a reboot; reinstalled after recovery and `aios start`)"
             )
         if hasattr(provider, "launch_dry_run"):
             provider.launch_dry_run(request, spec, config, existing is not None, _echo)
@@ -571,10 +573,8 @@ def launch(
         return
 
     assert store is not None
-    if autostop is not None and not autodown and not provider.can_stop(request.spot):
-        raise AiosError(
-            "spot capacity cannot be stopped, only deleted", "use --autostop N --autodown"
-        )
+    if autostop is not None:
+        _check_autostop(provider, request, autodown)
     import signal
 
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
@@ -582,6 +582,9 @@ def launch(
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if existing is None:
         provider.describe_credentials()  # no credentials: one line, before anything is created
+        if autostop is not None:
+            # the agent's rights to stop/delete the cluster, before anything is billed
+            request = provider.prepare_autostop(request, "down" if autodown else "stop")
     if checkpoint_dir and "://" in checkpoint_dir:
         _check_storage_url(checkpoint_dir)
     from aios_cloud.ssh import ensure_client_key
@@ -629,15 +632,18 @@ def launch(
         )
         store.update_job(job_id, state=JOB_RUNNING)
         if autostop is not None:
-            ops.install_agent(
-                rec,
+            ops.reinstall_agent(
+                store,
                 provider,
-                autostop * 60,
-                "down" if autodown else "stop",
-                spec.python,
+                rec,
                 printer,
                 _log,
-                poll=min(30.0, max(0.5, autostop * 60 / 4)),
+                autostop={
+                    "idle_seconds": autostop * 60,
+                    "action": "down" if autodown else "stop",
+                    "python": spec.python,
+                    "poll": min(30.0, max(0.5, autostop * 60 / 4)),
+                },
             )
             store.event(
                 name,
@@ -761,6 +767,17 @@ def _spawn_watcher(
     return p.pid
 
 
+def _check_autostop(provider: Any, request: Any, autodown: bool) -> None:
+    """Before anything is created: a plain ``--autostop`` (stop when idle) on capacity that
+    cannot be stopped would leave it billing; offer ``--autodown`` instead."""
+    why = None if autodown else provider.stop_refusal(request.spot, request.accelerator)
+    if why:
+        raise AiosError(
+            f"--autostop stops the cluster when idle, but {why}",
+            "use --autostop N --autodown (delete it when idle)",
+        )
+
+
 def _launch_dry_run(
     provider: Any,
     request: Any,
@@ -845,8 +862,10 @@ def _launch_dry_run(
     for h in hosts:
         plan = plans[h.worker_id]
         full = {**env, **plan.env}
-        prefix = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in sorted(full.items()))
-        _echo(f"({h.label}) cd {root}/code && {prefix} {shlex.join(plan.command)}")
+        # as run.sh and the env file write them: a leading ~/ expands on the host
+        prefix = " ".join(f"{k}={ops.shell_word(str(v))}" for k, v in sorted(full.items()))
+        cmd = " ".join(ops.shell_word(c) for c in plan.command)
+        _echo(f"({h.label}) cd {root}/code && {prefix} {cmd}")
     if spec.checkpoint_dir:
         _echo(
             f"# managed: on preemption recreate (or move zone), re-sync, re-setup, resume from {spec.checkpoint_dir}"
@@ -1285,7 +1304,7 @@ def _lifecycle(
             ops.stop_cluster(store, provider, rec)
             _log(f"stopped {rec.name}")
         elif action == "start":
-            new = ops.start_cluster(store, provider, rec)
+            new = ops.start_cluster(store, provider, rec, _log)
             _log(
                 f"started {rec.name}: "
                 + ", ".join(f"worker {h['worker_id']} {h['ip']}" for h in new.hosts)
@@ -1401,6 +1420,7 @@ def autostop(
     rec = ops.require_cluster(store, name)
     if cancel:
         ops.remove_agent(rec, _printer())
+        ops.remember_autostop(store, name, None)
         store.event(name, "autostop", "autostop cancelled")
         _log(f"autostop of {name} cancelled")
         return
@@ -1411,15 +1431,18 @@ def autostop(
     job = store.latest_job(name)
     python = (job.spec or {}).get("python") if job else None
     provider = _provider(rec.cloud, config_file)
-    ops.install_agent(
-        rec,
+    ops.reinstall_agent(
+        store,
         provider,
-        minutes * 60,
-        "down" if down_ else "stop",
-        python or provider.python(rec.accelerator),
+        rec,
         _printer(),
         _log,
-        poll=min(30.0, max(0.5, minutes * 60 / 4)),
+        autostop={
+            "idle_seconds": minutes * 60,
+            "action": "down" if down_ else "stop",
+            "python": python or provider.python(rec.accelerator),
+            "poll": min(30.0, max(0.5, minutes * 60 / 4)),
+        },
     )
     store.event(
         name,

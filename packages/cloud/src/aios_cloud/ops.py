@@ -425,10 +425,18 @@ def job_env(
     return env
 
 
+def shell_word(word: str) -> str:
+    """``word`` quoted for the hosts' shell, a leading ``~/`` left to expand to the host's home
+    (a quoted ``'~/x'`` never expands): ``~/.aios/venv/bin/python`` -> ``~/'.aios/venv/bin/python'``."""
+    if word.startswith("~/") and len(word) > 2:
+        return "~/" + shlex.quote(word[2:])
+    return shlex.quote(word)
+
+
 def render_run_sh(rec: ClusterRecord, job_id: int, plan: Any, bundle: bool = False) -> str:
     root = remote_root(rec.name)
     d = f"{root}/jobs/{job_id}"
-    cmd = " ".join(shlex.quote(c) for c in plan.command)
+    cmd = " ".join(shell_word(c) for c in plan.command)
     site = (
         [f'export PYTHONPATH="{root}/code/.aios-site${{PYTHONPATH:+:$PYTHONPATH}}"']
         if bundle
@@ -875,6 +883,7 @@ class Watcher:
         self.store.update_job(self.job_id, state=JOB_RECOVERING)
         self.log(f"recovery {n}/{job.max_restarts}: {incident}")
         try:
+            autostop = autostop_of(rec)
             action, rec = self._recover_cluster(rec, incident)
             spec = JobSpec.from_dict(job.spec)
             self.store.update_job(self.job_id, state=JOB_SETTING_UP)
@@ -893,6 +902,8 @@ class Watcher:
                 self.log,
             )
             self.store.update_job(self.job_id, state=JOB_RUNNING)
+            # the recreated (or restarted) head host has no agent: install it again
+            reinstall_agent(self.store, self.provider, rec, self.printer, self.log, autostop)
             self.store.event(
                 rec.name,
                 "recovered",
@@ -985,11 +996,52 @@ def stop_cluster(store: Store, provider: CloudProvider, rec: ClusterRecord) -> N
     store.event(rec.name, "stopped", "stopped by the user")
 
 
-def start_cluster(store: Store, provider: CloudProvider, rec: ClusterRecord) -> ClusterRecord:
+def start_cluster(
+    store: Store, provider: CloudProvider, rec: ClusterRecord, log: Log | None = None
+) -> ClusterRecord:
     info = provider.start(rec.name, rec.zone)
     runner_for(rec).reset_host_keys()  # a stopped/started VM comes back with new host keys
     store.event(rec.name, "started", "started by the user")
-    return save_hosts(store, rec, info, provider)
+    new = save_hosts(store, rec, info, provider)
+    reinstall_agent(store, provider, new, None, log or (lambda m: None))
+    return new
+
+
+def autostop_of(rec: ClusterRecord) -> dict[str, Any] | None:
+    """The cluster's autostop setting (kept in its record), or None."""
+    return rec.request.get("autostop") or None
+
+
+def remember_autostop(store: Store, name: str, autostop: dict[str, Any] | None) -> None:
+    """Keep (or, with None, forget) the autostop setting in the record, so the agent is
+    installed again after a managed recovery and after `aios start`."""
+    rec = store.get_cluster(name)
+    if rec is not None:
+        request = {k: v for k, v in rec.request.items() if k != "autostop"}
+        if autostop:
+            request["autostop"] = autostop
+        store.update_cluster(name, request=request)
+
+
+def reinstall_agent(
+    store: Store,
+    provider: CloudProvider,
+    rec: ClusterRecord,
+    printer: Callable[[str, str], None] | None,
+    log: Log,
+    autostop: dict[str, Any] | None = None,
+) -> None:
+    """Install the autostop agent again where the cluster has an autostop setting (``autostop``,
+    else the record's): a recreated cluster has a fresh head host, a started one lost its
+    processes. Without this the cluster bills on with nothing to stop it."""
+    cfg = autostop or autostop_of(rec)
+    if not cfg:
+        return
+    remember_autostop(store, rec.name, cfg)
+    install_agent(
+        rec, provider, cfg["idle_seconds"], cfg["action"], cfg["python"], printer, log, cfg["poll"]
+    )
+    store.event(rec.name, "autostop", f"agent installed on worker 0 ({cfg['action']} when idle)")
 
 
 def down_cluster(store: Store, provider: CloudProvider, rec: ClusterRecord) -> None:
@@ -1015,13 +1067,14 @@ def install_agent(
     one already running there. It needs the shipped aios (code/.aios-site) or an installed one."""
     import json
 
-    if action == "stop" and not provider.can_stop(rec.spot):
+    why = provider.stop_refusal(rec.spot, rec.accelerator) if action == "stop" else None
+    if why:
         raise AiosError(
-            f"{rec.name} runs on spot capacity, which cannot be stopped, only deleted",
+            f"{rec.name} cannot be stopped when idle: {why}",
             "use --autodown (delete when idle) instead of a plain --autostop",
         )
     root = remote_root(rec.name)
-    cfg = {
+    cfg: dict[str, Any] = {
         "cluster": rec.name,
         "zone": rec.zone,
         "cloud": rec.cloud,
@@ -1033,12 +1086,19 @@ def install_agent(
     head = record_hosts(rec)[0]
     runner = runner_for(rec, printer)
     site = f'PYTHONPATH="{root}/code/.aios-site${{PYTHONPATH:+:$PYTHONPATH}}"'
+    agent = f"{shell_word(python)} -m aios_cloud.agent {root}/agent.json >> {root}/agent.log 2>&1"
+    # back after a reboot of the head host: cron runs @reboot entries when it starts
+    # (crontab(5)); the entry is tagged with the cluster, replaced on every install
+    tag = f"# aios-agent {rec.name} (autostop)"
+    boot = f"@reboot cd {root} && {site} {agent} < /dev/null & echo $! > {root}/agent.pid {tag}"
     cmd = (
         f"set -e; mkdir -p {root}; umask 077; cat > {root}/agent.json; "
         f'if [ -f {root}/agent.pid ]; then kill "$(cat {root}/agent.pid)" 2>/dev/null || true; fi; '
-        f"cd {root}; {site} setsid nohup {shlex.quote(python)} -m aios_cloud.agent "
-        f"{root}/agent.json >> {root}/agent.log 2>&1 "
-        f"< /dev/null & echo $! > {root}/agent.pid; echo started"
+        f"cd {root}; {site} setsid nohup {agent} "
+        f"< /dev/null & echo $! > {root}/agent.pid; echo started; "
+        "if command -v crontab >/dev/null 2>&1; then "
+        f"{{ crontab -l 2>/dev/null | grep -vF {shlex.quote(tag)} || true; echo {shlex.quote(boot)}; }} "
+        "| crontab - && echo reboot:cron; else echo reboot:none; fi"
     )
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(cfg, f)
@@ -1053,16 +1113,24 @@ def install_agent(
         f"autostop: the agent on {head.label} will {what} {rec.name} after "
         f"{idle_seconds / 60:g} min without a running job"
     )
+    if "reboot:cron" not in "\n".join(r.stdout):
+        log(
+            f"note: the autostop agent will not come back if {head.label} reboots (no crontab "
+            "there); aios reinstalls it at its next start or recovery"
+        )
 
 
 def remove_agent(rec: ClusterRecord, printer: Callable[[str, str], None] | None) -> None:
     root = remote_root(rec.name)
     runner = runner_for(rec, printer)
     head = record_hosts(rec)[0]
+    tag = shlex.quote(f"# aios-agent {rec.name} (autostop)")
     r = runner.run_one(
         head,
         f'rm -f {root}/agent.json; if [ -f {root}/agent.pid ]; then kill "$(cat '
-        f'{root}/agent.pid)" 2>/dev/null || true; fi',
+        f'{root}/agent.pid)" 2>/dev/null || true; fi; '
+        f"if crontab -l 2>/dev/null | grep -qF {tag}; then "
+        f"crontab -l | grep -vF {tag} | crontab -; fi",
         stream=False,
     )
     runner.check([r], "autostop cancel")
@@ -1117,6 +1185,8 @@ __all__ = [
     "require_cluster",
     "run_setup",
     "runner_for",
+    "reinstall_agent",
+    "remember_autostop",
     "start_cluster",
     "start_job",
     "stop_cluster",

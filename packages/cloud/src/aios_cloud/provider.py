@@ -438,7 +438,7 @@ class CloudProvider(ABC):
         """The aios backend that trains on ``accelerator`` (``xla`` for TPU...)."""
         return self.entry(accelerator).backend
 
-    def python(self, accelerator: str) -> str:
+    def python(self, accelerator: str, backend: str | None = None) -> str:
         """The interpreter jobs run with on the hosts of ``accelerator`` (the one that has torch
         in the provider's image: a DLAMI's conda/venv python, the TPU VM's ``python3``).
         ``aios launch --python`` overrides it."""
@@ -481,10 +481,26 @@ class CloudProvider(ABC):
         cluster (zones, images, network...): the config section without credentials."""
         return {}
 
-    def can_stop(self, spot: bool) -> bool:
-        """Whether a cluster of this capacity can be stopped and started again (spot TPUs and
-        one-time EC2 spot instances cannot: only deleted)."""
-        return not spot
+    def prepare_autostop(
+        self, request: ClusterRequest, action: str, dry_run: bool = False
+    ) -> ClusterRequest:
+        """Before a launch with ``--autostop`` (``action``: ``stop`` or ``down``) creates
+        anything: make sure the agent on the head host will have the rights to ``action`` the
+        cluster (an instance profile on AWS...), provisioning them or raising
+        :class:`CloudError` that names the fix. ``dry_run``: only plan (nothing is called).
+        Returns the request to create (it may name what the hosts must carry)."""
+        return request
+
+    def stop_refusal(self, spot: bool, accelerator: str | None = None) -> str | None:
+        """Why a cluster of this capacity and ``accelerator`` cannot be stopped and started
+        again (spot TPUs, one-time EC2 spot instances, multi-host TPU slices: only deleted), or
+        ``None`` when it can."""
+        return "spot capacity cannot be stopped, only deleted" if spot else None
+
+    def can_stop(self, spot: bool, accelerator: str | None = None) -> bool:
+        """Whether a cluster of this capacity can be stopped and started again
+        (:meth:`stop_refusal` gives the reason when not)."""
+        return self.stop_refusal(spot, accelerator) is None
 
     def check_storage(
         self, url: str, env_names: tuple[str, ...] | list[str] | set[str] = ()

@@ -199,7 +199,9 @@ STACKS: dict[str, tuple[VersionSet, ...]] = {
                 "python": "/opt/aws_neuronx_venv_torch_neuronx_2_14_0/bin/python3",
                 "os": "ubuntu-24.04",
                 # The SSM parameter of this single-framework DLAMI was not found in the public docs
-                # (checked 2026-11); cloud setup resolves the image by name instead.
+                # (checked 2026-11); aws resolves the image by name (DescribeImages, owner amazon,
+                # newest), never through the multi-framework parameter, whose image has no
+                # torch-neuronx venv since Neuron 2.32.
                 "ami_name_filter": "Deep Learning AMI Neuron torch-neuronx 2.14.0 (Ubuntu 24.04)*",
                 "ssm_parameter_base": "/aws/service/neuron/dlami/multi-framework/ubuntu-24.04/latest/image_id",
             },
@@ -222,6 +224,9 @@ STACKS: dict[str, tuple[VersionSet, ...]] = {
                 "python": "/opt/aws_neuronx_venv_pytorch_2_9/bin/python3",
                 "os": "ubuntu-24.04",
                 "ssm_parameter": "/aws/service/neuron/dlami/pytorch-2.9/ubuntu-24.04/latest/image_id",
+                # PyTorch 2.9 Neuron DLAMIs were published through Neuron 2.31 only: aws resolves
+                # the newest image of this name instead of trusting the "latest" parameter
+                "ami_name_filter": "Deep Learning AMI Neuron PyTorch 2.9 (Ubuntu 24.04)*",
             },
             hardware=("trn1", "trn1n"),
             note="Neuron 2.30 ended PyTorch/XLA training; pin Neuron <= 2.29 on Trn1 (neuronx-distributed is legacy)",

@@ -14,6 +14,32 @@
 * Serves ``CreatePlacementGroup`` / ``DescribePlacementGroups`` / ``DeletePlacementGroup``, which
   moto does not implement, with EC2's semantics (duplicate names, unknown names, tag filters,
   refusing ``RunInstances`` into an unknown group).
+
+Rules of the real EC2 that moto does not enforce, each beside its documentation:
+
+* **EFA needs a self-referencing egress rule** (:meth:`_efa_group_problem`): "the security group
+  must allow all inbound and outbound traffic to and from the security group itself"
+  (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-start.html#efa-start-security). EFA
+  traffic is not IP, so the default ``0.0.0.0/0`` egress rule does not carry it; EC2 itself
+  launches such hosts and NCCL then hangs at its first collective ("Unresponsive receiver").
+  The stand-in answers the multi-node EFA ``RunInstances`` with an error instead of a hang.
+* **Eventual consistency** (:attr:`Ec2Proxy.not_found_calls`): right after ``RunInstances``
+  the new instance ids may be unknown to other calls, which answer
+  ``InvalidInstanceID.NotFound``; "this does not mean the instance does not exist", and a
+  NotFound from ``TerminateInstances`` does not mean it is terminated
+  (https://docs.aws.amazon.com/ec2/latest/devguide/eventual-consistency.html). With
+  ``not_found_calls = K`` the first ``K`` calls naming a new instance id (``DescribeInstances``,
+  ``CreateTags``, ``TerminateInstances``...) answer NotFound, deterministically.
+* **Instance-role credentials carry the role's rights** (:meth:`Ec2Proxy.role_credentials_for`):
+  a host gets credentials from its metadata service only when an instance profile is attached
+  (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/iam-roles-for-amazon-ec2.html#instance-metadata-security-credentials),
+  and a call signed with them passes only when the role's policy allows its action
+  (``UnauthorizedOperation`` otherwise, as EC2 answers; policy conditions are not evaluated).
+  Calls signed with any other key (the user's own) pass as before.
+* **Capacity reservations in a cluster placement group**: a reservation created in a cluster
+  placement group (``placement_group`` in :attr:`capacity_reservations`) carries its group's ARN
+  (``PlacementGroupArn``) and takes only launches into that group
+  (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/cr-cpg.html).
 """
 
 from __future__ import annotations
@@ -57,6 +83,9 @@ class Ec2Proxy:
         self.placement_groups: dict[str, PlacementGroup] = {}
         self.address_limit: int | None = None
         self.capacity_reservations: dict[str, dict[str, str]] = {}
+        self.not_found_calls = 0  # eventual consistency: NotFound for this many calls per new id
+        self._fresh: dict[str, int] = {}  # new instance id -> NotFound answers left
+        self.grants: dict[str, list[dict[str, Any]]] = {}  # role access key -> policy documents
         self.lock = threading.Lock()
         self._subnet_zone: dict[str, str] = {}
         proxy = self
@@ -124,6 +153,9 @@ class Ec2Proxy:
             self.placement_groups.clear()
             self.address_limit = None
             self.capacity_reservations.clear()
+            self.not_found_calls = 0
+            self._fresh.clear()
+            self.grants.clear()
 
     def called(self, action: str) -> list[dict[str, str]]:
         return [p for a, p in self.calls if a == action]
@@ -139,6 +171,9 @@ class Ec2Proxy:
         action = params.get("Action", "")
         with self.lock:
             self.calls.append((action, params))
+        denied = self._denied(h.headers.get("Authorization", ""), action)
+        if denied:
+            return self._send(h, 403, _error("UnauthorizedOperation", denied))
         rule = self._match(action, params)
         if rule is not None:
             return self._send(h, rule.status, _error(rule.code, rule.message))
@@ -168,7 +203,14 @@ class Ec2Proxy:
                 f"<item><capacityReservationId>{escape(i)}</capacityReservationId><availabilityZone>{escape(r['zone'])}</availabilityZone>"
                 f"<instanceType>{escape(r['instance_type'])}</instanceType>"
                 f"<reservationType>{escape(r.get('type', 'default'))}</reservationType>"
-                f"<state>{escape(r.get('state', 'active'))}</state></item>"
+                f"<state>{escape(r.get('state', 'active'))}</state>"
+                + (
+                    f"<placementGroupArn>arn:aws:ec2:us-east-1:123456789012:placement-group/"
+                    f"{escape(r['placement_group'])}</placementGroupArn>"
+                    if r.get("placement_group")
+                    else ""
+                )
+                + "</item>"
                 for i, r in self.capacity_reservations.items()
                 if not ids or i in ids
             )
@@ -196,9 +238,14 @@ class Ec2Proxy:
                         f"The capacity reservation ID '{cr}' does not exist",
                     ),
                 )
-            if r["zone"] != params.get("Placement.AvailabilityZone") or r[
-                "instance_type"
-            ] != params.get("InstanceType"):
+            if (
+                r["zone"] != params.get("Placement.AvailabilityZone")
+                or r["instance_type"] != params.get("InstanceType")
+                or (
+                    r.get("placement_group")
+                    and r["placement_group"] != params.get("Placement.GroupName")
+                )
+            ):
                 return self._send(
                     h,
                     400,
@@ -221,6 +268,17 @@ class Ec2Proxy:
         if action in ("CreatePlacementGroup", "DescribePlacementGroups", "DeletePlacementGroup"):
             status, doc = getattr(self, "_" + action)(params)
             return self._send(h, status, doc)
+        if action == "RunInstances":
+            problem = self._efa_group_problem(params)
+            if problem:
+                return self._send(h, 400, _error("InvalidParameterCombination", problem))
+        stale = self._not_yet_visible(action, params)
+        if stale:
+            return self._send(
+                h,
+                400,
+                _error("InvalidInstanceID.NotFound", f"The instance ID '{stale}' does not exist"),
+            )
         if action == "RunInstances" and params.get("Placement.GroupName"):
             if params["Placement.GroupName"] not in self.placement_groups:
                 return self._send(
@@ -231,7 +289,138 @@ class Ec2Proxy:
                         f"The Placement Group '{params['Placement.GroupName']}' is unknown.",
                     ),
                 )
-        self._forward(h, body)
+        status, data = self._forward(h, body)
+        if action == "RunInstances" and status == 200 and self.not_found_calls:
+            import xml.etree.ElementTree as ET
+
+            ids = {
+                el.text
+                for el in ET.fromstring(data).iter()
+                if el.tag.endswith("instanceId") and el.text
+            }
+            with self.lock:
+                for iid in ids:
+                    self._fresh[iid] = self.not_found_calls
+
+    def _denied(self, authorization: str, action: str) -> str | None:
+        """Why a call signed with instance-role credentials may not run ``action``, or None."""
+        import re
+
+        from aios_cloud_aws.ec2params import allowed
+
+        m = re.search(r"Credential=([^/,\s]+)/", authorization)
+        docs = self.grants.get(m.group(1)) if m else None
+        if docs is None or allowed(docs, f"ec2:{action}"):
+            return None
+        return f"You are not authorized to perform this operation (ec2:{action})."
+
+    def role_credentials_for(self, instance_id: str) -> dict[str, str] | None:
+        """What the instance's metadata service serves at
+        ``iam/security-credentials/ROLE``: credentials of the role of its instance profile
+        (the proxy then allows exactly that role's actions for them), or None without a
+        profile."""
+        import datetime
+        import json
+        import secrets
+        import xml.etree.ElementTree as ET
+
+        import boto3
+
+        doc = ET.fromstring(
+            self._ec2_query(
+                {
+                    "Action": "DescribeInstances",
+                    "Version": "2016-11-15",
+                    "InstanceId.1": instance_id,
+                }
+            )
+        )
+        arn = next(
+            (e.findtext("{*}arn") for e in doc.iter() if e.tag.endswith("iamInstanceProfile")), None
+        )
+        if not arn:
+            return None
+        iam = boto3.client(
+            "iam",
+            region_name="us-east-1",
+            endpoint_url=f"http://{self.upstream.hostname}:{self.upstream.port}",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
+        prof = iam.get_instance_profile(InstanceProfileName=arn.rsplit("/", 1)[-1])
+        roles = prof["InstanceProfile"]["Roles"]
+        if not roles:
+            return None
+        docs = []
+        for pn in iam.list_role_policies(RoleName=roles[0]["RoleName"])["PolicyNames"]:
+            d = iam.get_role_policy(RoleName=roles[0]["RoleName"], PolicyName=pn)["PolicyDocument"]
+            docs.append(d if isinstance(d, dict) else json.loads(d))
+        key = "ASIA" + secrets.token_hex(8).upper()
+        with self.lock:
+            self.grants[key] = docs
+        expires = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=6)
+        return {
+            "Code": "Success",
+            "Type": "AWS-HMAC",
+            "AccessKeyId": key,
+            "SecretAccessKey": secrets.token_hex(20),
+            "Token": secrets.token_hex(32),
+            "Expiration": expires.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "RoleName": roles[0]["RoleName"],
+        }
+
+    def _not_yet_visible(self, action: str, params: dict[str, str]) -> str | None:
+        """The first new instance id of this call EC2 would not know yet (eventual consistency)."""
+        if action == "RunInstances":
+            return None
+        named = [v for k, v in params.items() if k.startswith(("InstanceId.", "ResourceId."))]
+        with self.lock:
+            for iid in named:
+                if self._fresh.get(iid, 0) > 0:
+                    self._fresh[iid] -= 1
+                    return iid
+        return None
+
+    def _efa_group_problem(self, params: dict[str, str]) -> str | None:
+        """Why a multi-node EFA launch would hang, or None (see the module docstring)."""
+        efa = any(
+            k.startswith("NetworkInterface.")
+            and k.endswith(".InterfaceType")
+            and v.startswith("efa")
+            for k, v in params.items()
+        )
+        if not efa or int(params.get("MinCount", "1")) < 2:
+            return None
+        import xml.etree.ElementTree as ET
+
+        groups = sorted(
+            {
+                v
+                for k, v in params.items()
+                if k.startswith("NetworkInterface.") and ".SecurityGroupId." in k
+            }
+        )
+        query = {"Action": "DescribeSecurityGroups", "Version": "2016-11-15"}
+        query.update({f"GroupId.{i}": g for i, g in enumerate(groups, 1)})
+        doc = ET.fromstring(self._ec2_query(query))
+        for el in doc.iter():  # moto's namespace differs from EC2's: match local names
+            el.tag = el.tag.rsplit("}", 1)[-1]
+        for sg in doc.iterfind(".//securityGroupInfo/item"):
+            gid = sg.findtext("groupId")
+            for direction in ("ipPermissions", "ipPermissionsEgress"):
+                ok = any(
+                    p.findtext("ipProtocol") == "-1"
+                    and any(pair.findtext("groupId") == gid for pair in p.iterfind("groups/item"))
+                    for p in sg.iterfind(f"{direction}/item")
+                )
+                if not ok:
+                    way = "outbound to" if direction == "ipPermissionsEgress" else "inbound from"
+                    return (
+                        f"[stand-in for an EFA hang] security group {gid} allows no {way} itself: "
+                        "EFA traffic between the instances needs all traffic in both directions "
+                        "(https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-start.html#efa-start-security)"
+                    )
+        return None
 
     def _zone(self, params: dict[str, str]) -> str | None:
         zone = params.get("Placement.AvailabilityZone")
@@ -294,7 +483,7 @@ class Ec2Proxy:
         finally:
             conn.close()
 
-    def _forward(self, h: BaseHTTPRequestHandler, body: bytes) -> None:
+    def _forward(self, h: BaseHTTPRequestHandler, body: bytes) -> tuple[int, bytes]:
         status, headers, data = self._upstream(body, dict(h.headers.items()))
         h.send_response(status)
         for k, v in headers:
@@ -309,6 +498,7 @@ class Ec2Proxy:
         h.send_header("Content-Length", str(len(data)))
         h.end_headers()
         h.wfile.write(data)
+        return status, data
 
     def _send(self, h: BaseHTTPRequestHandler, status: int, doc: str) -> None:
         data = doc.encode()

@@ -7,6 +7,13 @@ Implements what aios uses, with IMDSv2's rules: ``PUT /latest/api/token`` with
 ``{"action": ..., "time": ...}``. The notice comes from :meth:`ImdsServer.set_notice` or, for a
 server running in another process or network namespace, from a JSON file (``notice_file``).
 
+Instance-role credentials as EC2 serves them
+(https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/iam-roles-for-amazon-ec2.html#instance-metadata-security-credentials):
+``/latest/meta-data/iam/security-credentials/`` names the role and
+``.../security-credentials/ROLE`` gives its temporary keys, only when an instance profile is
+attached (``credentials``: a callable returning that JSON, or None: 404 as on an instance
+without a profile).
+
 Run standalone (e.g. inside a test host's network namespace, where it plays the node-local
 169.254.169.254)::
 
@@ -38,7 +45,9 @@ class ImdsServer:
         port: int = 0,
         notice_file: str | None = None,
         instance_id: str = "i-0aios000000000000",
+        credentials: Any = None,
     ) -> None:
+        self.credentials = credentials
         self.notice: str | None = None
         self.notice_file = notice_file
         self.instance_id = instance_id
@@ -90,6 +99,17 @@ class ImdsServer:
                     return self._reply(200, notice) if notice else self._reply(404)
                 if self.path == "/latest/meta-data/instance-id":
                     return self._reply(200, srv.instance_id)
+                if self.path.startswith("/latest/meta-data/iam/security-credentials/"):
+                    creds = srv.role_credentials()
+                    if creds is None:
+                        return self._reply(404)
+                    role = self.path.rsplit("/", 1)[-1]
+                    if not role:
+                        return self._reply(200, creds["RoleName"])
+                    if role != creds["RoleName"]:
+                        return self._reply(404)
+                    body = {k: v for k, v in creds.items() if k != "RoleName"}
+                    return self._reply(200, json.dumps(body))
                 return self._reply(404)
 
         self.server = ThreadingHTTPServer((host, port), Handler)
@@ -107,6 +127,15 @@ class ImdsServer:
             with open(self.notice_file) as f:
                 return f.read().strip() or None
         return None
+
+    def role_credentials(self) -> dict[str, str] | None:
+        """The attached role's credentials (minted once, as EC2 rotates them hours apart)."""
+        with self.lock:
+            if self.credentials is None:
+                return None
+            if not hasattr(self, "_creds"):
+                self._creds = self.credentials()
+            return self._creds
 
     def set_notice(self, action: str = "terminate", seconds: float = 120.0) -> None:
         self.notice = notice_json(action, seconds)

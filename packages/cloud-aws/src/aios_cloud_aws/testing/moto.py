@@ -45,7 +45,7 @@ class MotoServer:
     def reset(self) -> None:
         """Forget every resource (moto's reset API)."""
         req = urllib.request.Request(self.endpoint + "/moto-api/reset", method="POST", data=b"")
-        urllib.request.urlopen(req, timeout=10).read()
+        urllib.request.urlopen(req, timeout=60).read()  # slow on a loaded machine
 
     def __enter__(self) -> MotoServer:
         return self.start()
@@ -127,3 +127,85 @@ def reclaim_spot(instance_ids: list[str], region: str = "us-east-1") -> None:
             "Server.SpotInstanceTermination: Spot instance termination",
             "Server.SpotInstanceTermination",
         )
+
+
+# ---------------------------------------------------------------------------- the DLAMIs
+# The Deep Learning AMIs as AWS publishes them (Amazon-owned images, some behind public SSM
+# parameters), each with what it ships: the Python environments on it, and until when its
+# framework has patch support. Only what a source says:
+# * GPU PyTorch DLAMIs: python at /opt/pytorch/bin/python; PyTorch 2.7 left patch support on
+#   2026-04-23 (https://docs.aws.amazon.com/dlami/latest/devguide/support-policy.html); PyTorch
+#   2.11 on Ubuntu 24.04 was released 2026-10 (its release notes).
+# * Neuron: from Neuron 2.32 torch-neuronx is not preinstalled on the multi-framework DLAMI; 2.33
+#   ships /opt/aws_neuronx_venv_torch_neuronx_2_14_0 in the separate "Deep Learning AMI Neuron
+#   torch-neuronx 2.14.0" image (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/dlami/index.html);
+#   PyTorch 2.9 Neuron DLAMIs were published through Neuron 2.31 (no "latest" parameter since).
+DLAMIS: dict[str, dict[str, Any]] = {
+    "Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.7 (Ubuntu 22.04) 20260301": {
+        "venvs": ["/opt/pytorch"],
+        "patch_support_until": "2026-04-23",
+        "ssm": "/aws/service/deeplearning/ami/x86_64/oss-nvidia-driver-gpu-pytorch-2.7-ubuntu-22.04/latest/ami-id",
+    },
+    "Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.11 (Ubuntu 24.04) 20261009": {
+        "venvs": ["/opt/pytorch"],
+        "patch_support_until": None,  # current
+        "ssm": "/aws/service/deeplearning/ami/x86_64/oss-nvidia-driver-gpu-pytorch-2.11-ubuntu-24.04/latest/ami-id",
+    },
+    "Deep Learning AMI Neuron (Ubuntu 24.04) 20261020": {
+        "venvs": ["/opt/aws_neuronx_venv_jax_0_7"],  # multi-framework: no torch-neuronx since 2.32
+        "ssm": "/aws/service/neuron/dlami/multi-framework/ubuntu-24.04/latest/image_id",
+    },
+    "Deep Learning AMI Neuron torch-neuronx 2.14.0 (Ubuntu 24.04) 20261020": {
+        "venvs": ["/opt/aws_neuronx_venv_torch_neuronx_2_14_0"],
+    },
+    "Deep Learning AMI Neuron PyTorch 2.9 (Ubuntu 24.04) 20260115": {
+        "venvs": ["/opt/aws_neuronx_venv_pytorch_2_9"],
+    },
+    "Deep Learning AMI Neuron PyTorch 2.9 (Ubuntu 24.04) 20260612": {
+        "venvs": ["/opt/aws_neuronx_venv_pytorch_2_9"],
+    },
+}
+
+
+def publish_dlamis(region: str = "us-east-1") -> dict[str, str]:
+    """Register :data:`DLAMIS` as Amazon-owned public images in moto (no API exists for
+    publishing as Amazon; the backend is driven directly, as for the SSM parameters) and their
+    SSM parameters. Returns image name -> AMI id."""
+    import datetime
+    import uuid
+
+    from moto.ec2.models import ec2_backends
+    from moto.ec2.models.amis import Ami
+
+    backend = ec2_backends[ACCOUNT][region]
+    out = {}
+    for name, facts in DLAMIS.items():
+        ami_id = "ami-" + uuid.uuid4().hex[:17]
+        stamp = name.rsplit(" ", 1)[-1]
+        backend.amis[ami_id] = Ami(
+            backend,
+            ami_id,
+            name=name,
+            description=name,
+            owner_id="801119661308",
+            owner_alias="amazon",
+            public=True,
+            creation_date=datetime.datetime.strptime(stamp, "%Y%m%d").replace(
+                tzinfo=datetime.timezone.utc
+            ),
+            root_device_name="/dev/sda1",
+            region_name=region,
+        )
+        out[name] = ami_id
+        if facts.get("ssm"):
+            seed_public_parameter(facts["ssm"], ami_id, region)
+    return out
+
+
+def image_runs(name: str, python: str) -> str | None:
+    """Why ``python`` cannot run on the DLAMI named ``name`` (as the host's shell would say), or
+    None when the image ships it."""
+    venvs = DLAMIS[name]["venvs"]
+    if any(python.startswith(v + "/bin/") for v in venvs):
+        return None
+    return f"bash: {python}: No such file or directory (the image ships {', '.join(venvs)})"

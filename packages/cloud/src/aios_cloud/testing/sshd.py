@@ -45,6 +45,12 @@ API:
 
 The machines share this machine's filesystem; ``$HOME`` differs per host (``SetEnv HOME=``), so
 code that keeps its files under ``~`` (as aios does) sees one home per host.
+
+Cron, as on the cloud images (Ubuntu server images run cron): each host has a ``crontab``
+command (``-l``, ``-r``, ``-`` / FILE, as crontab(1)) keeping the user's table in its home, and
+:meth:`SshdHost.start` (the host booting) runs the table's ``@reboot`` entries, as the cron daemon
+does when it starts (crontab(5): "@reboot: Run once, at startup"). This machine's own cron is
+never touched.
 """
 
 from __future__ import annotations
@@ -140,13 +146,60 @@ class SshdHost:
                     "MaxStartups 200",
                     "MaxSessions 100",
                     "LogLevel ERROR",
-                    f"SetEnv HOME={self.home} AIOS_TEST_HOST={self.name}",
+                    f"SetEnv HOME={self.home} AIOS_TEST_HOST={self.name} PATH={self._path()}",
                     "Subsystem sftp internal-sftp",
                     "",
                 ]
             )
         )
         return cfg
+
+    # ------------------------------------------------------------------ cron
+    CRONTAB = ".aios-test-crontab"  # the user's table (crontab(1) keeps it in /var/spool/cron)
+
+    def _path(self) -> str:
+        """The hosts' PATH: sshd's default, with the host's own ``crontab`` first."""
+        bindir = self.confdir / "bin"
+        bindir.mkdir(parents=True, exist_ok=True)
+        tool = bindir / "crontab"
+        tool.write_text(
+            "#!/bin/bash\n"
+            "# crontab(1) of an aios test host: the table is $HOME/" + self.CRONTAB + "\n"
+            f'f="$HOME/{self.CRONTAB}"\n'
+            'case "${1:--}" in\n'
+            '  -l) [ -f "$f" ] && exec cat "$f"; echo "no crontab for $(id -un)" >&2; exit 1;;\n'
+            '  -r) rm -f "$f";;\n'
+            '  -) cat > "$f.tmp" && mv "$f.tmp" "$f";;\n'
+            '  *) cp "$1" "$f";;\n'
+            "esac\n"
+        )
+        tool.chmod(0o755)
+        return f"{bindir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+    def cron_table(self) -> str:
+        """The host user's crontab ('' when none)."""
+        f = self.home / self.CRONTAB
+        return f.read_text() if f.exists() else ""
+
+    def _run_reboot_jobs(self) -> None:
+        """What the cron daemon does when the host boots: run every ``@reboot`` entry, with the
+        user's environment, in the host's network namespace."""
+        env = {"HOME": str(self.home), "AIOS_TEST_HOST": self.name, "PATH": self._path()}
+        for line in self.cron_table().splitlines():
+            if not line.startswith("@reboot"):
+                continue
+            argv = ["/bin/sh", "-c", line.removeprefix("@reboot").strip()]
+            if self.netns:
+                argv = [IP, "netns", "exec", self.netns, *argv]
+            subprocess.Popen(
+                argv,
+                env=env,
+                cwd=str(self.home),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
 
     def start(self, new_host_key: bool = True, timeout: float = 15.0) -> None:
         """Start sshd (again). ``new_host_key``: a fresh host key, as after a cloud stop/start."""
@@ -184,6 +237,7 @@ class SshdHost:
                     f"sshd for {self.name} exited: {(self.confdir / 'sshd.log').read_text()[-2000:]}"
                 )
             if self._port_open():
+                self._run_reboot_jobs()  # the host booted: cron starts
                 return
             time.sleep(0.05)
         raise RuntimeError(f"sshd for {self.name} did not listen on {self.ip}:{self.port}")

@@ -1,0 +1,272 @@
+"""Rules of the real EC2 that moto does not enforce, enforced by the EC2 stand-in
+(:mod:`aios_cloud_aws.testing.ec2proxy`, each rule with its documentation link there): EFA's
+self-referencing egress rule, eventual consistency after RunInstances, capacity reservations in
+a cluster placement group."""
+
+from __future__ import annotations
+
+import pytest
+from aios_cloud.failover import create_with_failover
+from aios_cloud.provider import READY, ClusterRequest
+from aios_cloud_aws.testing.inventory import leftovers
+
+
+def _egress_to_self(aws, gid):
+    sg = aws.ec2.describe_security_groups(GroupIds=[gid])["SecurityGroups"][0]
+    return [
+        p
+        for p in sg["IpPermissionsEgress"]
+        if p["IpProtocol"] == "-1" and any(g["GroupId"] == gid for g in p["UserIdGroupPairs"])
+    ]
+
+
+def test_multinode_efa_group_allows_all_traffic_to_itself_both_ways(aws, make_provider, pubkey):
+    p = make_provider()
+    req = p.validate(
+        ClusterRequest(
+            name="efa", accelerator="p5.48xlarge", nodes=2, zone="us-east-1a", ssh_public_key=pubkey
+        )
+    )
+    info = p.create(req)  # the stand-in refuses a multi-node EFA launch without the egress rule
+    assert info.state == READY
+    (gid,) = {v for k, v in aws.proxy.called("RunInstances")[0].items() if ".SecurityGroupId." in k}
+    assert _egress_to_self(aws, gid)
+    p.delete("efa", None)
+    assert leftovers(aws.ec2, "efa", aws.proxy) == {}
+
+
+def test_dry_run_shows_the_egress_rule(make_provider):
+    p = make_provider()
+    cmds = [
+        c.shell()
+        for c in p.render_create(ClusterRequest(name="efa", accelerator="p5.48xlarge", nodes=2))
+    ]
+    egress = [c for c in cmds if "authorize-security-group-egress" in c]
+    assert (
+        len(egress) == 1
+        and '"GroupId":"<sg:aios-efa>"' in egress[0]
+        and '"IpProtocol":"-1"' in egress[0]
+    )
+
+
+def test_user_security_group_without_egress_to_itself_is_refused_before_launch(
+    aws, make_provider, pubkey
+):
+    vpc = aws.ec2.describe_vpcs()["Vpcs"][0]["VpcId"]
+    gid = aws.ec2.create_security_group(GroupName="mine", Description="x", VpcId=vpc)["GroupId"]
+    aws.ec2.authorize_security_group_ingress(
+        GroupId=gid, IpPermissions=[{"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": gid}]}]
+    )
+    p = make_provider(security_group_ids=[gid])
+    req = p.validate(
+        ClusterRequest(
+            name="mine",
+            accelerator="p4d.24xlarge",
+            nodes=2,
+            zone="us-east-1a",
+            ssh_public_key=pubkey,
+        )
+    )
+    from aios_cloud.provider import CloudError
+
+    with pytest.raises(CloudError) as ei:
+        p.create(req)
+    assert gid in str(ei.value) and "authorize-security-group-egress" in ei.value.fix
+    assert not aws.proxy.called("RunInstances")
+
+
+def test_new_instances_not_yet_visible_are_retried_not_fatal(aws, make_provider, pubkey):
+    aws.proxy.not_found_calls = 3  # EC2 answers NotFound for a new id a few times
+    p = make_provider()
+    req = p.validate(
+        ClusterRequest(
+            name="ec",
+            accelerator="trn1.32xlarge",
+            nodes=2,
+            zone="us-east-1a",
+            ssh_public_key=pubkey,
+        )
+    )
+    info = p.create(req)
+    assert info.state == READY and [h.worker_id for h in info.hosts] == [0, 1]
+    assert len(aws.proxy.called("RunInstances")) == 1  # no relaunch, no orphan
+    p.delete("ec", None)
+    assert leftovers(aws.ec2, "ec", aws.proxy) == {}
+
+
+def test_not_found_at_terminate_is_confirmed_by_describe(aws, make_provider, pubkey):
+    p = make_provider()
+    req = p.validate(
+        ClusterRequest(
+            name="tn", accelerator="trn1.2xlarge", zone="us-east-1a", ssh_public_key=pubkey
+        )
+    )
+    p.create(req)
+    aws.proxy.inject(
+        "TerminateInstances", "InvalidInstanceID.NotFound", "does not exist", status=400, times=2
+    )
+    p.delete("tn", None)
+    assert len(aws.proxy.called("TerminateInstances")) == 3  # retried until EC2 took it
+    assert leftovers(aws.ec2, "tn", aws.proxy) == {}
+
+
+def test_failover_goes_on_after_not_found_in_a_zone(aws, make_provider, pubkey):
+    aws.proxy.inject(
+        "RunInstances", "InsufficientInstanceCapacity", "no capacity", zones=["us-east-1a"]
+    )
+    aws.proxy.not_found_calls = 2
+    p = make_provider(zones=["us-east-1a", "us-east-1b"])
+    req = p.validate(ClusterRequest(name="fo2", accelerator="trn1.2xlarge", ssh_public_key=pubkey))
+    res = create_with_failover(p, req, p.zones(req.accelerator), sleep=lambda s: None)
+    assert res.zone == "us-east-1b" and res.info.state == READY
+    p.delete("fo2", None)
+
+
+def test_reservation_in_a_cluster_placement_group_launches_into_that_group(
+    aws, make_provider, pubkey
+):
+    # the reservation's group was created by its owner, not by aios
+    from aios_cloud_aws.testing.ec2proxy import PlacementGroup
+
+    aws.proxy.placement_groups["team-cpg"] = PlacementGroup("team-cpg", "cluster", "pg-0team")
+    aws.proxy.capacity_reservations["cr-0cpg"] = {
+        "zone": "us-east-1b",
+        "instance_type": "p5.48xlarge",
+        "type": "default",
+        "placement_group": "team-cpg",
+    }
+    p = make_provider()
+    req = p.validate(
+        ClusterRequest(
+            name="cpg",
+            accelerator="p5.48xlarge",
+            nodes=2,
+            zone="us-east-1b",
+            ssh_public_key=pubkey,
+            extra={"reservation": "cr-0cpg"},
+        )
+    )
+    info = p.create(req)
+    assert info.state == READY
+    (run,) = aws.proxy.called("RunInstances")
+    assert run["Placement.GroupName"] == "team-cpg"
+    assert not aws.proxy.called("CreatePlacementGroup")
+    p.delete("cpg", None)
+    assert "team-cpg" in aws.proxy.placement_groups  # not aios's: never deleted
+
+
+@pytest.mark.parametrize("acc", ["trn2.48xlarge", "trn1.32xlarge", "p5.48xlarge"])
+def test_the_image_launched_ships_the_python_the_plan_runs(aws, make_provider, pubkey, acc):
+    from aios_cloud_aws.testing.moto import image_runs
+
+    zone = "us-east-2a" if acc.startswith("trn2") else "us-east-1a"  # trn2: not in us-east-1
+    if zone.startswith("us-east-2"):
+        aws.publish("us-east-2")
+    p = make_provider()
+    req = p.validate(ClusterRequest(name="img", accelerator=acc, zone=zone, ssh_public_key=pubkey))
+    p.create(req)
+    (run,) = aws.proxy.called("RunInstances")
+    name = next(n for n, i in aws.images.items() if i == run["ImageId"]).split(":", 1)[-1]
+    assert image_runs(name, p.python(acc)) is None, image_runs(name, p.python(acc))
+    p.delete("img", None)
+
+
+def test_default_gpu_image_is_a_dlami_in_patch_support(aws, make_provider):
+    import datetime
+
+    from aios_cloud_aws.settings import GPU_AMI_PARAMETER
+    from aios_cloud_aws.testing.moto import DLAMIS
+
+    (facts,) = [f for f in DLAMIS.values() if f.get("ssm") == GPU_AMI_PARAMETER]
+    until = facts["patch_support_until"]
+    assert until is None or datetime.date.fromisoformat(until) > datetime.date.today()
+    ami, source = make_provider().resolve_ami("p5.48xlarge", "us-east-1")
+    assert ami == aws.gpu_ami and GPU_AMI_PARAMETER in source
+
+
+def _on_the_host(monkeypatch, imds):
+    """The head host's environment: no keys of the laptop, only the instance's metadata service."""
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "false")
+    monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", imds.endpoint + "/")
+
+
+@pytest.mark.parametrize("action", ["down", "stop"])
+def test_autostop_agent_acts_with_the_instance_profile_aios_attaches(
+    aws, make_provider, pubkey, monkeypatch, action
+):
+    from aios_cloud.agent import act
+    from aios_cloud_aws.testing.imds import ImdsServer
+
+    p = make_provider()
+    req = p.validate(
+        ClusterRequest(
+            name="as", accelerator="trn1.2xlarge", zone="us-east-1a", ssh_public_key=pubkey
+        )
+    )
+    req = p.prepare_autostop(req, action)  # before anything is billed
+    info = p.create(req)
+    (run,) = aws.proxy.called("RunInstances")
+    assert run["IamInstanceProfile.Name"] == "aios-autostop"
+    iid = info.hosts[0].instance_id
+    with ImdsServer(credentials=lambda: aws.proxy.role_credentials_for(iid)) as imds:
+        _on_the_host(monkeypatch, imds)
+        cfg = {"cloud": "aws", "cluster": "as", "zone": info.zone, "action": action}
+        act({**cfg, "settings": p.agent_settings()}, lambda m: None)
+    assert aws.proxy.grants  # the calls were signed with the role's credentials
+    state = aws.ec2.describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]
+    assert state["State"]["Name"] == ("terminated" if action == "down" else "stopped")
+    monkeypatch.undo()
+    p.delete("as", None)
+    assert leftovers(aws.ec2, "as", aws.proxy) == {}
+
+
+def test_a_role_without_the_agents_rights_is_refused_at_launch(aws, make_provider, pubkey):
+    import json
+
+    import boto3
+    from aios_cloud.provider import CloudError
+
+    iam = boto3.client("iam", region_name="us-east-1", endpoint_url=aws.endpoint)
+    trust = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Principal": {"Service": "ec2.amazonaws.com"},
+                "Action": "sts:AssumeRole",
+            }
+        ],
+    }
+    iam.create_role(RoleName="s3only", AssumeRolePolicyDocument=json.dumps(trust))
+    only_s3 = {
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Action": ["s3:*", "ec2:Describe*"], "Resource": "*"}],
+    }
+    iam.put_role_policy(RoleName="s3only", PolicyName="p", PolicyDocument=json.dumps(only_s3))
+    iam.create_instance_profile(InstanceProfileName="s3only")
+    iam.add_role_to_instance_profile(InstanceProfileName="s3only", RoleName="s3only")
+    p = make_provider(iam_instance_profile="s3only")
+    req = p.validate(
+        ClusterRequest(
+            name="no", accelerator="trn1.2xlarge", zone="us-east-1a", ssh_public_key=pubkey
+        )
+    )
+    with pytest.raises(CloudError) as ei:
+        p.prepare_autostop(req, "stop")
+    assert "ec2:StopInstances" in str(ei.value) and "s3only" in str(ei.value)
+    assert "ec2:DescribeInstances" not in ei.value.message  # Describe* covers it
+    assert not aws.proxy.called("RunInstances")
+
+
+def test_dry_run_of_autostop_shows_the_instance_profile(make_provider):
+    p = make_provider()
+    req = p.prepare_autostop(
+        p.validate(ClusterRequest(name="d", accelerator="p5.48xlarge")), "stop", dry_run=True
+    )
+    cmds = [c.shell() for c in p.render_create(req)]
+    assert any(c.startswith("aws iam create-role --role-name aios-autostop") for c in cmds)
+    assert any("ec2:StopInstances" in c and "put-role-policy" in c for c in cmds)
+    run = next(c for c in cmds if "run-instances" in c)
+    assert '"IamInstanceProfile":{"Name":"aios-autostop"}' in run
