@@ -43,6 +43,7 @@ installed plugin registers is an error with the install hint.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
 import json
@@ -53,7 +54,7 @@ import time
 import uuid
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from typing import Any
 
 from aios.errors import CheckpointError
 
@@ -93,6 +94,8 @@ class CheckpointInfo:
     step: int
     complete: bool
     meta: dict[str, Any]
+    #: why its marker cannot be read (a damaged checkpoint: never resumed, never pruned)
+    damaged: str | None = None
 
     @property
     def lineage(self) -> str | None:
@@ -121,23 +124,86 @@ class Staging:
     target: str | None = None
 
 
-class _HashingWriter:
-    """File-like wrapper that hashes and counts what passes through (no second copy in memory)."""
+#: the digest every checkpoint file is recorded with in the marker (``hashlib`` name). sha256:
+#: faster than blake2b where the CPU has SHA instructions (see bench/bench_async_ckpt.py)
+DIGEST = "sha256"
+#: written by the ``dcp`` format's writers next to the shards (each file's size and digest,
+#: hashed as the shards were written) and merged into the marker at commit
+DIGESTS_FILE = "aios-digests.json"
+_CHUNK = 8 << 20
 
-    def __init__(self, f: BinaryIO) -> None:
+
+class _HashingWriter:
+    """File-like wrapper that hashes and counts what passes through (no second copy in memory).
+    Everything else (``tell``, ``fileno``, ``close`` ...) goes to the wrapped file."""
+
+    def __init__(self, f: Any) -> None:
         self.f = f
-        self.sha = hashlib.sha256()
+        self.sha = hashlib.new(DIGEST)
         self.size = 0
+        #: the OS error of a failed write: torch's zip writer replaces it with its own message
+        self.error: OSError | None = None
 
     def write(self, data: Any) -> int:
-        b = bytes(data) if not isinstance(data, bytes) else data
-        self.sha.update(b)
-        self.size += len(b)
-        self.f.write(b)
-        return len(b)
+        view = memoryview(data).cast("B")
+        self.sha.update(view)
+        self.size += view.nbytes
+        try:
+            self.f.write(view)
+        except OSError as exc:
+            self.error = exc
+            raise
+        return view.nbytes
 
     def flush(self) -> None:
         self.f.flush()
+
+    def entry(self) -> dict[str, Any]:
+        return {"size": self.size, DIGEST: self.sha.hexdigest()}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.f, name)
+
+    def __enter__(self) -> _HashingWriter:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.f.close()
+
+
+_ERRNO = re.compile(r"\[Errno (\d+)\]")
+
+
+def os_cause(exc: BaseException) -> str:
+    """The cause of a failed write as the OS gave it ("No space left on device [ENOSPC]",
+    "Permission denied [EACCES]", "Disk quota exceeded [EDQUOT]"), found anywhere in the
+    exception's chain or, from DCP's checkpoint process, in its text; torch's zip writer and DCP
+    wrap it in their own messages (``unexpected pos 91648 vs 91552``). Otherwise the exception's
+    own first line."""
+    seen: set[int] = set()
+    todo: list[Any] = [exc]
+    texts: list[str] = []
+    while todo:
+        e = todo.pop(0)
+        if isinstance(e, tuple) and e and isinstance(e[0], BaseException):
+            e = e[0]  # DCP's (exception, traceback) per failed rank
+        if not isinstance(e, BaseException) or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno:
+            return f"{e.strerror or os.strerror(e.errno)} [{errno.errorcode.get(e.errno, e.errno)}]"
+        texts.append(str(e))
+        failures = getattr(e, "failures", None)
+        if isinstance(failures, dict):
+            todo.extend(failures.values())
+        todo.extend(x for x in (e.__cause__, e.__context__) if x is not None)
+    for text in texts:
+        m = _ERRNO.search(text)
+        if m and int(m.group(1)) in errno.errorcode:
+            n = int(m.group(1))
+            return f"{os.strerror(n)} [{errno.errorcode[n]}]"
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200] if text else ''}"
 
 
 def filesystem(url: str) -> tuple[Any, str]:
@@ -270,7 +336,11 @@ class CheckpointStore:
             if not m:
                 continue
             path = self._join(name)
-            meta = self._read_marker(path)
+            try:
+                meta = self._read_marker(path)
+            except CheckpointError as exc:  # judged by latest(): only a newer one blocks resume
+                out.append(CheckpointInfo(path, int(m.group(1)), False, {}, exc.one_line()))
+                continue
             out.append(CheckpointInfo(path, int(m.group(1)), meta is not None, meta or {}))
         return sorted(out, key=lambda c: (c.step, c.time))
 
@@ -317,9 +387,18 @@ class CheckpointStore:
             chosen = complete[-1]
         else:
             chosen = max(complete, key=lambda i: (i.time, i.step))
+        for info in infos:  # a damaged marker newer than the choice: never a silent fallback
+            if info.damaged and (chosen is None or info.step > chosen.step):
+                raise CheckpointError(info.damaged)
         if warn:
             for info in infos:
-                if not info.complete and (chosen is None or info.step > chosen.step):
+                if info.damaged:
+                    warnings.warn(
+                        f"aios: skipping older damaged checkpoint {self.display(info.path)} "
+                        f"(unreadable {MARKER})",
+                        stacklevel=2,
+                    )
+                elif not info.complete and (chosen is None or info.step > chosen.step):
                     warnings.warn(
                         f"aios: skipping incomplete checkpoint {self.display(info.path)} "
                         f"(interrupted save, no {MARKER})",
@@ -327,22 +406,49 @@ class CheckpointStore:
                     )
         return chosen
 
-    def verify(self, info: CheckpointInfo, hash_files: bool = False) -> None:
-        """Check sizes (and sha256 when ``hash_files``) against the marker."""
-        for name, want in info.meta.get("files", {}).items():
+    def _corrupt(self, info: CheckpointInfo, what: str) -> CheckpointError:
+        return CheckpointError(
+            f"checkpoint '{self.display(info.path)}' is corrupt: {what}",
+            f"delete {self.display(info.path)}, load an older checkpoint explicitly, or start "
+            "fresh with checkpoint.resume=false",
+        )
+
+    def verify(
+        self, info: CheckpointInfo, hash_files: bool = False, names: list[str] | None = None
+    ) -> None:
+        """Check every file's size against the marker, and the digest of ``names`` (every file
+        with ``hash_files``), streamed: a one-line "corrupt" error naming the file."""
+        entries = info.meta.get("files", {})
+        for name, want in entries.items():
             p = f"{info.path}/{name}"
             try:
                 size = self.fs.size(p)
             except FileNotFoundError:
                 size = None
             if size != want.get("size"):
-                raise CheckpointError(
-                    f"checkpoint '{self.display(info.path)}' is corrupt: {name} has {size} "
-                    f"bytes, its marker says {want.get('size')}",
-                    f"delete {self.display(info.path)} or start fresh with checkpoint.resume=false",
-                )
-            if hash_files and want.get("sha256"):
-                self.read_file(info, name)
+                what = "is missing" if size is None else f"has {size} bytes"
+                raise self._corrupt(info, f"{name} {what}, its marker says {want.get('size')}")
+        for name in list(entries) if hash_files else names or []:
+            self.check_digest(info, name)
+
+    def check_digest(self, info: CheckpointInfo, name: str) -> None:
+        """Hash one file of a checkpoint as it streams from the store; raise "corrupt" naming
+        it when it differs from the digest its writer recorded (no digest recorded: sizes
+        only, as in checkpoints of earlier versions)."""
+        want = info.meta.get("files", {}).get(name) or {}
+        if not want.get(DIGEST):
+            return
+        h = hashlib.new(DIGEST)
+        try:
+            with self.fs.open(f"{info.path}/{name}", "rb") as f:
+                while chunk := f.read(_CHUNK):
+                    h.update(chunk)
+        except (FileNotFoundError, IsADirectoryError):
+            raise self._corrupt(info, f"{name} is missing") from None
+        except OSError as exc:
+            raise self._corrupt(info, f"{name} cannot be read ({os_cause(exc)})") from None
+        if h.hexdigest() != want[DIGEST]:
+            raise self._corrupt(info, f"{name} does not match the {DIGEST} in its marker")
 
     # ---------------------------------------------------------------- writing files
     def open_write(self, path: str) -> Any:
@@ -358,11 +464,17 @@ class CheckpointStore:
     def write_file(self, staging: Staging, name: str, writer: Any) -> dict[str, Any]:
         """Write ``<staging>/<name>`` through ``writer(fileobj)``, durable; returns its entry for
         the marker (size and sha256). Any rank may call it for its own files."""
-        with self.open_write(f"{staging.path}/{name}") as f:
-            w = _HashingWriter(f)
-            writer(w)
-            self.fsync(f)
-        entry = {"size": w.size, "sha256": w.sha.hexdigest()}
+        w: _HashingWriter | None = None
+        try:
+            with self.open_write(f"{staging.path}/{name}") as f:
+                w = _HashingWriter(f)
+                writer(w)
+                self.fsync(f)
+        except Exception as exc:
+            if w is not None and w.error is not None and w.error is not exc:
+                raise w.error from exc  # the OS's word, not torch's zip writer's
+            raise
+        entry = w.entry()
         staging.files[name] = entry
         return entry
 
@@ -406,7 +518,7 @@ class CheckpointStore:
 
     def _save_error(self, step: int, exc: BaseException) -> CheckpointError:
         return CheckpointError(
-            f"saving checkpoint to '{self.display(self._join(ckpt_name(step)))}' failed ({type(exc).__name__}: {exc})",
+            f"saving checkpoint to '{self.display(self._join(ckpt_name(step)))}' failed ({os_cause(exc)})",
             "check that checkpoint.dir is writable and has free space",
         )
 
@@ -548,7 +660,10 @@ class CheckpointStore:
         doomed += [
             i
             for i in infos
-            if not i.complete and i.step <= newest and self._staging_lineage(i.path) == self.lineage
+            if not i.complete
+            and not i.damaged
+            and i.step <= newest
+            and self._staging_lineage(i.path) == self.lineage
         ]
         for info in doomed:
             self.retire(info.path)
@@ -567,18 +682,14 @@ class CheckpointStore:
                 data = f.read()
         except FileNotFoundError:
             data = None
-        fix = f"delete {self.display(info.path)} or start fresh with checkpoint.resume=false"
         if data is None or want is None:
-            raise CheckpointError(
-                f"checkpoint '{self.display(info.path)}' is corrupt: {name} is missing", fix
+            raise self._corrupt(info, f"{name} is missing")
+        if len(data) != want.get("size"):
+            raise self._corrupt(
+                info, f"{name} has {len(data)} bytes, its marker says {want.get('size')}"
             )
-        if len(data) != want.get("size") or (
-            want.get("sha256") and hashlib.sha256(data).hexdigest() != want.get("sha256")
-        ):
-            raise CheckpointError(
-                f"checkpoint '{self.display(info.path)}' is corrupt: {name} does not match the sha256 in its marker",
-                fix,
-            )
+        if want.get(DIGEST) and hashlib.new(DIGEST, data).hexdigest() != want[DIGEST]:
+            raise self._corrupt(info, f"{name} does not match the {DIGEST} in its marker")
         return data
 
     def load(self, info: CheckpointInfo) -> dict[str, Any]:

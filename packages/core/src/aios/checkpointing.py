@@ -159,6 +159,14 @@ def get_format(name: str) -> CheckpointFormat:
     return cls()
 
 
+def _cause(exc: BaseException) -> str:
+    """A failed save in a few words: an aios error's own message, else the cause as the OS
+    gave it (:func:`aios.checkpoint.os_cause`)."""
+    from aios.checkpoint import os_cause
+
+    return exc.message if isinstance(exc, CheckpointError) else os_cause(exc)
+
+
 # ------------------------------------------------------------------------------ manager
 
 
@@ -360,7 +368,7 @@ class CheckpointManager:
         except BaseException as exc:  # noqa: BLE001 - re-raised after the barrier
             error = exc
         if fmt.all_ranks_write:
-            mine = (files, None if error is None else f"{type(error).__name__}: {error}")
+            mine = (files, None if error is None else _cause(error))
             results = self.strategy.gather_object(mine) if self.world_size > 1 else [mine]
             failed = [e for _, e in results if e]
             if error is None and failed:
