@@ -68,6 +68,11 @@ FORMAT = 1
 LOCK_STALE_S = 120.0
 #: seconds between heartbeats of a held lock
 LOCK_HEARTBEAT_S = 15.0
+#: a holder whose heartbeat could not be refreshed for this long writes no more checkpoints:
+#: shorter than :data:`LOCK_STALE_S`, so it has stopped before anyone may take the lock over
+LOCK_FENCE_S = 60.0
+#: flock'ed around every read-decide-write of the lock (local and network file systems)
+LOCK_GUARD = ".aios-lock.guard"
 
 _NAME = re.compile(r"^ckpt-(\d{9,})(?:-([0-9a-f]{8}))?$")
 # names aios generates for its own temporary directories: lineage (16 hex) and nonce (8 hex)
@@ -202,8 +207,8 @@ def os_cause(exc: BaseException) -> str:
         if m and int(m.group(1)) in errno.errorcode:
             n = int(m.group(1))
             return f"{os.strerror(n)} [{errno.errorcode[n]}]"
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:200] if text else ''}"
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:200] if lines else ''}"
 
 
 def filesystem(url: str) -> tuple[Any, str]:
@@ -291,6 +296,12 @@ class CheckpointStore:
             self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
         )
         self._lock_token: str | None = None
+        #: why this store lost its writer lock (then it writes no checkpoint)
+        self.lost: str | None = None
+        self._refreshed = 0.0
+        self._refresh_error: str | None = None
+        #: the wall clock of lock heartbeats (tests inject their own)
+        self.clock = time.time
 
     def _join(self, *parts: str) -> str:
         return "/".join([self.root.rstrip("/"), *parts])
@@ -413,9 +424,7 @@ class CheckpointStore:
             "fresh with checkpoint.resume=false",
         )
 
-    def verify(
-        self, info: CheckpointInfo, hash_files: bool = False, names: list[str] | None = None
-    ) -> None:
+    def verify(self, info: CheckpointInfo, hash_files: bool = False, names: Any = None) -> None:
         """Check every file's size against the marker, and the digest of ``names`` (every file
         with ``hash_files``), streamed: a one-line "corrupt" error naming the file."""
         entries = info.meta.get("files", {})
@@ -483,6 +492,7 @@ class CheckpointStore:
         """Start a save of ``step``: a new staging directory that belongs to this lineage. With
         ``target`` (a directory name in this store) the checkpoint ends up there instead of at
         ``ckpt-<step>``; it must not exist."""
+        self.check_lock()
         nonce = _nonce()
         name = ckpt_name(step)
         in_place = not self.local
@@ -549,6 +559,7 @@ class CheckpointStore:
             "lineage": self.lineage,
         }
         try:
+            self.check_lock()  # a holder that lost its lock commits nothing
             if self.local:
                 fsync_dir(staging.path)  # every writer's file names are durable before the marker
             with self.open_write(f"{staging.path}/{MARKER}") as f:
@@ -740,8 +751,47 @@ class CheckpointStore:
     def _lock_path(self) -> str:
         return self._join(LOCK_FILE)
 
-    def read_lock(self) -> dict[str, Any] | None:
-        raw = self._read_json(self._lock_path())
+    @contextlib.contextmanager
+    def _guard(self) -> Any:
+        """Locally: an exclusive ``flock`` on ``.aios-lock.guard`` around every read-decide-write
+        of the lock (released by the kernel when its holder dies; on NFS the client maps it to
+        a POSIX lock the server arbitrates). Object stores: nothing (their writes are
+        conditional)."""
+        if not self.local:
+            yield
+            return
+        import fcntl
+
+        os.makedirs(self.root, exist_ok=True)
+        fd = os.open(self._join(LOCK_GUARD), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the flock
+
+    def _lock_raw(self) -> tuple[bytes | None, Any]:
+        """The lock's bytes and its version (local: mtime; GCS: generation; S3: ETag)."""
+        path = self._lock_path()
+        if self.local:
+            try:
+                with open(path, "rb") as f:
+                    return f.read(), os.fstat(f.fileno()).st_mtime
+            except FileNotFoundError:
+                return None, None
+        for _ in range(5):
+            try:
+                before = self.fs.info(path)
+                raw = self.fs.cat_file(path)
+                after = self.fs.info(path)
+            except FileNotFoundError:
+                return None, None
+            if _version(before) == _version(after):
+                return raw, _version(after)
+        return raw, _version(after)
+
+    @staticmethod
+    def _parse_lock(raw: bytes | None) -> dict[str, Any] | None:
         if raw is None:
             return None
         try:
@@ -750,9 +800,22 @@ class CheckpointStore:
             return {}
         return data if isinstance(data, dict) else {}
 
-    def lock_is_stale(self, held: dict[str, Any], stale_after: float = LOCK_STALE_S) -> bool:
+    def read_lock(self) -> dict[str, Any] | None:
+        """The lock's record (``{}``: present but empty or unreadable; None: no lock)."""
+        return self._parse_lock(self._lock_raw()[0])
+
+    def lock_is_stale(
+        self, held: dict[str, Any], stale_after: float = LOCK_STALE_S, mtime: Any = None
+    ) -> bool:
+        """A lock is stale when its heartbeat is older than ``stale_after`` or, on this host,
+        its process is gone. An empty or unreadable lock (``{}``) is held by an unknown run
+        until its file is ``stale_after`` old by modification time (``mtime``; unknown: held):
+        it is never claimed while a writer may be about to fill it."""
+        now = self.clock()
+        if not held:
+            return isinstance(mtime, (int, float)) and now - mtime > stale_after
         try:
-            age = time.time() - float(held.get("heartbeat", 0))
+            age = now - float(held.get("heartbeat", 0))
         except (TypeError, ValueError):
             age = float("inf")
         if age > stale_after:
@@ -768,32 +831,75 @@ class CheckpointStore:
             "token": self._lock_token,
             "pid": os.getpid(),
             "host": socket.gethostname(),
-            "heartbeat": time.time(),
+            "heartbeat": self.clock(),
         }
         return json.dumps(data, sort_keys=True).encode()
 
     def acquire_lock(self, owner: dict[str, Any], stale_after: float = LOCK_STALE_S) -> None:
         """Become the only writer of this directory, or raise a one-line :class:`CheckpointError`
-        naming the run that holds it."""
+        naming the run that holds it. Atomic: locally the decision and the write happen under
+        the guard ``flock`` and the lock is created with ``link`` (fails when it exists; the
+        content is complete before it appears); on object stores the write is conditional
+        (S3 ``If-None-Match``/``If-Match``, GCS ``ifGenerationMatch``) on the version that was
+        judged stale, so of several contenders exactly one wins."""
         self._lock_token = uuid.uuid4().hex
+        self._owner = owner
+        self.lost = None
         for _attempt in range(5):
-            held = self.read_lock()
-            if held is not None and held.get("token") != self._lock_token:
-                if not self.lock_is_stale(held, stale_after):
-                    self._lock_token = None
-                    raise self._held_error(held)
-                self._break_lock()
-            if self._create_lock(owner):
-                return
+            with self._guard():
+                raw, version = self._lock_raw()
+                held = self._parse_lock(raw)
+                if held is not None:
+                    mtime = version if self.local else _mtime(self.fs, self._lock_path())
+                    if not self.lock_is_stale(held, stale_after, mtime):
+                        self._lock_token = None
+                        raise self._held_error(held)
+                if self._put_lock(
+                    self._lock_record(owner), expect=version, replace=raw is not None
+                ):
+                    self._refreshed = self.clock()
+                    return
         self._lock_token = None
         raise CheckpointError(
             f"cannot take the lock of checkpoint dir '{self.url}' (it keeps changing)",
             "make sure no other run uses this checkpoint.dir",
         )
 
+    def _put_lock(self, data: bytes, expect: Any, replace: bool) -> bool:
+        """Write the lock if it is still what was read (``expect``: its version; ``replace``:
+        whether there was one). False when another writer got there first."""
+        path = self._lock_path()
+        if self.local:  # under the guard: what was read is still there
+            tmp = self._join(f".aios-lock.{_nonce()}.tmp")
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                if replace:
+                    os.replace(tmp, path)  # readers see the old lock or the new one, never none
+                else:
+                    try:
+                        os.link(tmp, path)  # exclusive: fails when a lock exists
+                    except FileExistsError:
+                        return False
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+            fsync_dir(self.root)
+            return True
+        return _conditional_put(self.fs, path, data, expect if replace else None)
+
     def _held_error(self, held: dict[str, Any]) -> CheckpointError:
+        if not held:
+            return CheckpointError(
+                f"checkpoint dir '{self.url}' is locked by an unknown writer (its lock file is "
+                f"empty or unreadable; it counts as stale after {LOCK_STALE_S:.0f}s unchanged)",
+                "wait, set another checkpoint.dir, or delete "
+                f"{self.display(self._lock_path())} if no run uses this directory",
+            )
         try:
-            age = f"{time.time() - float(held.get('heartbeat', 0)):.0f}s ago"
+            age = f"{self.clock() - float(held.get('heartbeat', 0)):.0f}s ago"
         except (TypeError, ValueError):
             age = "unknown"
         who = f"run {held.get('run_id', '?')} (pid {held.get('pid', '?')} on {held.get('host', '?')}, heartbeat {age})"
@@ -803,75 +909,170 @@ class CheckpointStore:
             f"{self.display(self._lock_path())} if that run is gone",
         )
 
-    def _break_lock(self) -> None:
-        if self.local:
-            stale = self._join(f".aios-lock.{_nonce()}.stale")
-            try:
-                os.rename(self._lock_path(), stale)  # only one of several contenders wins this
-            except FileNotFoundError:
-                return
-            with contextlib.suppress(OSError):
-                os.unlink(stale)
-            return
-        with contextlib.suppress(FileNotFoundError):
-            self.fs.rm(self._lock_path())
+    def heartbeat(self) -> bool:
+        """Refresh the lock's heartbeat (a conditional write: never over another run's lock).
+        False once the lock is lost: taken over, or not refreshed for :data:`LOCK_FENCE_S`
+        (then :attr:`lost` says why, and this store writes no checkpoint any more). A refresh
+        that fails for a while (disk full, store unreachable) is retried by the caller."""
+        if self._lock_token is None or self.lost:
+            return False
+        if self.clock() - self._refreshed > LOCK_FENCE_S:
+            return self._fence()
+        try:
+            with self._guard():
+                raw, version = self._lock_raw()
+                held = self._parse_lock(raw)
+                if not held or held.get("token") != self._lock_token:
+                    self.lost = (
+                        f"another run took over the lock of checkpoint dir '{self.url}'"
+                        f" ({LOCK_FILE} now holds {'run ' + str(held.get('run_id')) if held else 'no run'})"
+                    )
+                    return False
+                if not self._put_lock(
+                    self._lock_record(getattr(self, "_owner", {})), expect=version, replace=True
+                ):
+                    self.lost = f"another run took over the lock of checkpoint dir '{self.url}'"
+                    return False
+        except Exception as exc:  # noqa: BLE001 - the fence above decides when it is too long
+            self._refresh_error = os_cause(exc)
+            return self.clock() - self._refreshed <= LOCK_FENCE_S or self._fence()
+        self._refreshed = self.clock()
+        self._refresh_error = None
+        return True
 
-    def _create_lock(self, owner: dict[str, Any]) -> bool:
-        data = self._lock_record(owner)
-        self.fs.makedirs(self.root, exist_ok=True)
-        if self.local:
-            try:
-                fd = os.open(self._lock_path(), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError:
-                return False
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            fsync_dir(self.root)
-            self._owner = owner
-            return True
-        with self.fs.open(self._lock_path(), "wb") as f:
-            f.write(data)
-        time.sleep(0.05)
-        held = self.read_lock() or {}
-        if held.get("token") == self._lock_token:
-            self._owner = owner
-            return True
+    def _fence(self) -> bool:
+        why = self._refresh_error or "no refresh"
+        self.lost = (
+            f"the lock of checkpoint dir '{self.url}' could not be refreshed for "
+            f"{self.clock() - self._refreshed:.0f}s ({why}); another run may take it over after "
+            f"{LOCK_STALE_S:.0f}s, so this run writes no more checkpoints there"
+        )
         return False
 
-    def heartbeat(self) -> bool:
-        """Refresh the lock's heartbeat; False when the lock is no longer ours."""
+    def check_lock(self) -> None:
+        """Before any checkpoint write by a lock holder: refuse once the lock is lost or its
+        heartbeat is older than :data:`LOCK_FENCE_S` (a holder stops writing before anyone may
+        take the directory over)."""
         if self._lock_token is None:
-            return False
-        held = self.read_lock()
-        if not held or held.get("token") != self._lock_token:
-            return False
-        data = self._lock_record(getattr(self, "_owner", {}))
-        if self.local:
-            tmp = self._join(f".aios-lock.{_nonce()}.tmp")
-            try:
-                with open(tmp, "wb") as f:
-                    f.write(data)
-                os.replace(tmp, self._lock_path())
-            except OSError:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                return False
-            return True
-        with self.fs.open(self._lock_path(), "wb") as f:
-            f.write(data)
-        return True
+            return
+        if not self.lost and self.clock() - self._refreshed > LOCK_FENCE_S:
+            self._fence()
+        if self.lost:
+            raise CheckpointError(
+                self.lost, "the last committed checkpoint is kept; relaunch to resume from it"
+            )
 
     def release_lock(self) -> None:
         """Remove the lock if it is still ours."""
         if self._lock_token is None:
             return
-        with contextlib.suppress(Exception):
-            held = self.read_lock()
+        with contextlib.suppress(Exception), self._guard():
+            raw, version = self._lock_raw()
+            held = self._parse_lock(raw)
             if held and held.get("token") == self._lock_token:
-                self.fs.rm(self._lock_path())
+                if self.local:
+                    os.unlink(self._lock_path())
+                else:
+                    _conditional_rm(self.fs, self._lock_path(), version)
         self._lock_token = None
+
+
+def _version(info: dict[str, Any]) -> Any:
+    """An object's version as its store reports it: GCS generation, S3 ETag."""
+    for key in ("generation", "ETag", "etag"):
+        if info.get(key) is not None:
+            return info[key]
+    return (info.get("size"), info.get("mtime") or info.get("LastModified") or info.get("created"))
+
+
+def _mtime(fs: Any, path: str) -> float | None:
+    with contextlib.suppress(Exception):
+        m = fs.modified(path)
+        return float(m.timestamp())
+    return None
+
+
+def _protocols(fs: Any) -> tuple[str, ...]:
+    return fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+
+
+def _conditional_put(fs: Any, path: str, data: bytes, expect: Any) -> bool:
+    """Write ``data`` to ``path`` only if it does not exist (``expect`` None) or is still the
+    version ``expect``; False when the store refused (another writer won). S3: ``PutObject``
+    with ``If-None-Match: *`` / ``If-Match: <ETag>``
+    (https://docs.aws.amazon.com/AmazonS3/latest/userguide/conditional-writes.html); GCS: an
+    upload with ``ifGenerationMatch`` (0: must not exist;
+    https://cloud.google.com/storage/docs/request-preconditions). Other fsspec stores: an
+    exclusive create (``xb``) where they have one, else a plain write (best effort)."""
+    protos = _protocols(fs)
+    if "s3" in protos or "s3a" in protos:
+        bucket, key, _ = fs.split_path(path)
+        cond = {"IfNoneMatch": "*"} if expect is None else {"IfMatch": expect}
+        try:
+            fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, **cond)
+        except Exception as exc:
+            if _precondition_failed(exc):
+                return False
+            raise
+        fs.invalidate_cache(path)
+        return True
+    if "gs" in protos or "gcs" in protos:
+        from urllib.parse import quote
+
+        bucket, key, _ = fs.split_path(path)
+        try:
+            fs.call(
+                "POST",
+                f"{fs._location}/upload/storage/v1/b/{quote(bucket)}/o",
+                uploadType="media",
+                name=key,
+                ifGenerationMatch=str(expect if expect is not None else 0),
+                data=data,
+                json_out=True,
+            )
+        except Exception as exc:
+            if _precondition_failed(exc):
+                return False
+            raise
+        fs.invalidate_cache(path)
+        return True
+    if expect is None:
+        try:
+            with fs.open(path, "xb") as f:
+                f.write(data)
+            return True
+        except FileExistsError:
+            return False
+        except (ValueError, NotImplementedError):
+            pass
+    with fs.open(path, "wb") as f:
+        f.write(data)
+    return True
+
+
+def _conditional_rm(fs: Any, path: str, version: Any) -> None:
+    """Delete the lock only while it is ``version`` (GCS ``ifGenerationMatch``, S3
+    ``If-Match`` on DeleteObject); elsewhere a plain delete."""
+    protos = _protocols(fs)
+    with contextlib.suppress(Exception):
+        if "gs" in protos or "gcs" in protos:
+            bucket, key, _ = fs.split_path(path)
+            fs.call("DELETE", "b/{}/o/{}", bucket, key, ifGenerationMatch=str(version))
+        elif "s3" in protos:
+            bucket, key, _ = fs.split_path(path)
+            fs.call_s3("delete_object", Bucket=bucket, Key=key, IfMatch=version)
+        else:
+            fs.rm(path)
+        fs.invalidate_cache(path)
+
+
+def _precondition_failed(exc: BaseException) -> bool:
+    if isinstance(exc, FileExistsError):  # s3fs's translation of PreconditionFailed
+        return True
+    chain = [exc, exc.__cause__, exc.__context__]
+    text = " ".join(f"{type(e).__name__} {e} {getattr(e, 'code', '')}" for e in chain if e)
+    text = text.lower().replace("-", "")
+    return "preconditionfailed" in text or "precondition" in text or " 412" in text
 
 
 def open_any(path: str) -> tuple[CheckpointStore, CheckpointInfo]:

@@ -278,19 +278,17 @@ class CheckpointManager:
             self._heartbeat.start()
 
     def _beat(self) -> None:
+        """Refresh the lock every :data:`aios.checkpoint.LOCK_HEARTBEAT_S`; a refresh that fails
+        is retried until the store's fence (:data:`aios.checkpoint.LOCK_FENCE_S`) gives up,
+        then the store writes no more checkpoints and this says why, once."""
         from aios.checkpoint import LOCK_HEARTBEAT_S
 
         while not self._stop.wait(LOCK_HEARTBEAT_S):
-            try:
-                if not self.store.heartbeat():
-                    warnings.warn(
-                        "aios: lost the lock of checkpoint dir "
-                        f"'{self.config.checkpoint.dir}' (another run took it over)",
-                        stacklevel=1,
-                    )
-                    return
-            except Exception:  # noqa: BLE001 - a flaky store must not kill training; retried next beat
-                continue
+            if not self.store.heartbeat():
+                warnings.warn(
+                    f"aios: {self.store.lost or 'lost the checkpoint lock'}", stacklevel=1
+                )
+                return
 
     def close(self) -> None:
         self.pending = None

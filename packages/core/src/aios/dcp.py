@@ -135,7 +135,7 @@ def _hashed_streams(fs: Any, digests: dict[str, Any], errors: list[OSError]) -> 
     return create_stream
 
 
-def _digest_write_data(self: Any, base: type, plan: Any, planner: Any) -> Any:
+def _digest_write_data(self: Any, base: Any, plan: Any, planner: Any) -> Any:
     """This rank's shards, hashed as they are written (in the checkpoint process or the writer
     thread: the asynchronous part of the save); the digests travel to rank 0's ``finish`` as
     extra write results."""
@@ -162,7 +162,7 @@ def _digest_write_data(self: Any, base: type, plan: Any, planner: Any) -> Any:
     return fut
 
 
-def _digest_finish(self: Any, base: type, metadata: Any, results: list[list[Any]]) -> None:
+def _digest_finish(self: Any, base: Any, metadata: Any, results: list[list[Any]]) -> None:
     """Rank 0: DCP's ``.metadata`` (hashed as it is written) and, before the marker can be,
     :data:`aios.checkpoint.DIGESTS_FILE` with every shard's and the metadata's size and digest."""
     import json
