@@ -307,10 +307,24 @@ class CheckpointStore:
         return "/".join([self.root.rstrip("/"), *parts])
 
     def display(self, path: str) -> str:
+        """``path`` as a URL on object stores (usable for I/O: what aios prints or records of
+        it goes through :func:`aios.config.redact_url`)."""
         if self.local:
             return path
         scheme = self.url.split("://", 1)[0]
         return f"{scheme}://{path.lstrip('/')}"
+
+    def _shown(self, path: str) -> str:
+        from aios.config import redact_url
+
+        return redact_url(self.display(path))
+
+    @property
+    def shown(self) -> str:
+        """The store's URL as aios prints it (secrets redacted)."""
+        from aios.config import redact_url
+
+        return redact_url(self.url)
 
     # ---------------------------------------------------------------- checks
     def check_writable(self) -> None:
@@ -323,7 +337,7 @@ class CheckpointStore:
             self.fs.rm(probe)
         except Exception as exc:  # noqa: BLE001
             raise CheckpointError(
-                f"checkpoint dir '{self.url}' is not writable ({type(exc).__name__}: {exc})",
+                f"checkpoint dir '{self.shown}' is not writable ({type(exc).__name__}: {exc})",
                 "set checkpoint.dir to a writable path or URL",
             ) from None
 
@@ -335,7 +349,7 @@ class CheckpointStore:
             return []
         except Exception as exc:  # noqa: BLE001
             raise CheckpointError(
-                f"cannot list checkpoint dir '{self.url}' ({type(exc).__name__}: {exc})",
+                f"cannot list checkpoint dir '{self.shown}' ({type(exc).__name__}: {exc})",
                 "check the path and its permissions",
             ) from None
 
@@ -405,13 +419,13 @@ class CheckpointStore:
             for info in infos:
                 if info.damaged:
                     warnings.warn(
-                        f"aios: skipping older damaged checkpoint {self.display(info.path)} "
+                        f"aios: skipping older damaged checkpoint {self._shown(info.path)} "
                         f"(unreadable {MARKER})",
                         stacklevel=2,
                     )
                 elif not info.complete and (chosen is None or info.step > chosen.step):
                     warnings.warn(
-                        f"aios: skipping incomplete checkpoint {self.display(info.path)} "
+                        f"aios: skipping incomplete checkpoint {self._shown(info.path)} "
                         f"(interrupted save, no {MARKER})",
                         stacklevel=2,
                     )
@@ -722,7 +736,7 @@ class CheckpointStore:
             info = self.latest()
             if info is None:
                 raise CheckpointError(
-                    f"no complete checkpoint in '{self.url}'",
+                    f"no complete checkpoint in '{self.shown}'",
                     "train first, or point checkpoint.dir at a directory holding checkpoints",
                 )
             return info
@@ -861,7 +875,7 @@ class CheckpointStore:
                     return
         self._lock_token = None
         raise CheckpointError(
-            f"cannot take the lock of checkpoint dir '{self.url}' (it keeps changing)",
+            f"cannot take the lock of checkpoint dir '{self.shown}' (it keeps changing)",
             "make sure no other run uses this checkpoint.dir",
         )
 
@@ -893,7 +907,7 @@ class CheckpointStore:
     def _held_error(self, held: dict[str, Any]) -> CheckpointError:
         if not held:
             return CheckpointError(
-                f"checkpoint dir '{self.url}' is locked by an unknown writer (its lock file is "
+                f"checkpoint dir '{self.shown}' is locked by an unknown writer (its lock file is "
                 f"empty or unreadable; it counts as stale after {LOCK_STALE_S:.0f}s unchanged)",
                 "wait, set another checkpoint.dir, or delete "
                 f"{self.display(self._lock_path())} if no run uses this directory",
@@ -904,7 +918,7 @@ class CheckpointStore:
             age = "unknown"
         who = f"run {held.get('run_id', '?')} (pid {held.get('pid', '?')} on {held.get('host', '?')}, heartbeat {age})"
         return CheckpointError(
-            f"checkpoint dir '{self.url}' is in use by {who}",
+            f"checkpoint dir '{self.shown}' is in use by {who}",
             "wait for that run to end, set another checkpoint.dir, or delete "
             f"{self.display(self._lock_path())} if that run is gone",
         )
@@ -924,14 +938,14 @@ class CheckpointStore:
                 held = self._parse_lock(raw)
                 if not held or held.get("token") != self._lock_token:
                     self.lost = (
-                        f"another run took over the lock of checkpoint dir '{self.url}'"
+                        f"another run took over the lock of checkpoint dir '{self.shown}'"
                         f" ({LOCK_FILE} now holds {'run ' + str(held.get('run_id')) if held else 'no run'})"
                     )
                     return False
                 if not self._put_lock(
                     self._lock_record(getattr(self, "_owner", {})), expect=version, replace=True
                 ):
-                    self.lost = f"another run took over the lock of checkpoint dir '{self.url}'"
+                    self.lost = f"another run took over the lock of checkpoint dir '{self.shown}'"
                     return False
         except Exception as exc:  # noqa: BLE001 - the fence above decides when it is too long
             self._refresh_error = os_cause(exc)
@@ -943,7 +957,7 @@ class CheckpointStore:
     def _fence(self) -> bool:
         why = self._refresh_error or "no refresh"
         self.lost = (
-            f"the lock of checkpoint dir '{self.url}' could not be refreshed for "
+            f"the lock of checkpoint dir '{self.shown}' could not be refreshed for "
             f"{self.clock() - self._refreshed:.0f}s ({why}); another run may take it over after "
             f"{LOCK_STALE_S:.0f}s, so this run writes no more checkpoints there"
         )

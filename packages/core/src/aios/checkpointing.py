@@ -285,9 +285,10 @@ class CheckpointManager:
 
         while not self._stop.wait(LOCK_HEARTBEAT_S):
             if not self.store.heartbeat():
-                warnings.warn(
-                    f"aios: {self.store.lost or 'lost the checkpoint lock'}", stacklevel=1
-                )
+                from aios.config import redact_url
+
+                lost = self.store.lost or "lost the checkpoint lock"
+                warnings.warn(f"aios: {redact_url(lost)}", stacklevel=1)
                 return
 
     def close(self) -> None:
@@ -578,8 +579,11 @@ class CheckpointManager:
             if resharded
             else f"world size {saved_world}"
         )
+        from aios.config import redact_url
+
+        where = redact_url(self.resumed_from or "")
         self._print(
-            f"aios: resumed from {self.resumed_from} at step {self.training.step} (run {meta.get('run_id', '?')}, "
+            f"aios: resumed from {where} at step {self.training.step} (run {meta.get('run_id', '?')}, "
             f"{how}, backend {meta.get('backend', '?')}, lineage {lineage or 'legacy'})"
         )
         event: dict[str, Any] = {
@@ -612,8 +616,10 @@ class CheckpointManager:
             except CheckpointError as exc:
                 # a lost background save must not cost the emergency one: the last committed
                 # checkpoint is kept, and this one is written by the training process itself
+                from aios.config import redact_url
+
                 warnings.warn(
-                    f"aios: {exc.message}; writing the emergency checkpoint "
+                    f"aios: {redact_url(exc.message)}; writing the emergency checkpoint "
                     "anyway (the last committed checkpoint is kept)",
                     stacklevel=2,
                 )

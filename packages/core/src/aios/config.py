@@ -340,9 +340,23 @@ def is_secret(key: str) -> bool:
     return bool({"URL", "URI"} & set(parts)) and bool(_STORE_WORDS & set(parts))
 
 
+#: query parameters of signed URLs (GCS V4 and V2, AWS SigV4, Azure SAS) and other credentials
+_URL_SECRET_PARAMS = re.compile(
+    r"(?i)(?P<pre>[?&;](?:x-goog-signature|x-goog-credential|x-amz-signature|x-amz-credential|"
+    r"x-amz-security-token|signature|sig|googleaccessid|awsaccesskeyid|token|access_token|"
+    r"key|api_key|apikey|password|secret|client_secret)=)(?P<val>[^&;#\s'\"]+)"
+)
+
+
 def redact_url(value: str) -> str:
-    """``scheme://user:***@host`` for URLs that carry a password."""
-    return _URL_CREDENTIALS.sub(lambda m: f"{m.group('pre')}***{m.group('at')}", value)
+    """A text with the secrets of the URLs in it replaced by ``***``: the password of user info
+    (``scheme://user:***@host``) and signed-URL query parameters (``X-Goog-Signature=***``,
+    ``X-Amz-Credential=***``, ``sig=***`` ...). The one function everything aios prints or
+    records goes through (run records, errors, the closing lines, resume messages)."""
+    if "://" not in value and "=" not in value:
+        return value
+    value = _URL_CREDENTIALS.sub(lambda m: f"{m.group('pre')}***{m.group('at')}", value)
+    return _URL_SECRET_PARAMS.sub(lambda m: f"{m.group('pre')}***", value)
 
 
 def redact(obj: Any) -> Any:
