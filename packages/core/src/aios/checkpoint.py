@@ -71,7 +71,7 @@ LOCK_HEARTBEAT_S = 15.0
 #: a holder whose heartbeat could not be refreshed for this long writes no more checkpoints:
 #: shorter than :data:`LOCK_STALE_S`, so it has stopped before anyone may take the lock over
 LOCK_FENCE_S = 60.0
-#: flock'ed around every read-decide-write of the lock (local and network file systems)
+#: flock'ed around every read-decide-write of the lock where a directory cannot be (NFS)
 LOCK_GUARD = ".aios-lock.guard"
 
 _NAME = re.compile(r"^ckpt-(\d{9,})(?:-([0-9a-f]{8}))?$")
@@ -767,19 +767,26 @@ class CheckpointStore:
 
     @contextlib.contextmanager
     def _guard(self) -> Any:
-        """Locally: an exclusive ``flock`` on ``.aios-lock.guard`` around every read-decide-write
-        of the lock (released by the kernel when its holder dies; on NFS the client maps it to
-        a POSIX lock the server arbitrates). Object stores: nothing (their writes are
-        conditional)."""
+        """Locally: an exclusive ``flock`` around every read-decide-write of the lock (released
+        by the kernel when its holder dies). On the checkpoint directory itself; where the file
+        system refuses a lock on a directory (NFS maps ``flock`` to POSIX locks, which need a
+        file open for writing) on :data:`LOCK_GUARD`, an empty file that then stays in the
+        directory (deleting a lock file while others wait on it would split them). Object
+        stores: nothing (their writes are conditional)."""
         if not self.local:
             yield
             return
         import fcntl
 
         os.makedirs(self.root, exist_ok=True)
-        fd = os.open(self._join(LOCK_GUARD), os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.root, os.O_RDONLY)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError:
+                os.close(fd)
+                fd = os.open(self._join(LOCK_GUARD), os.O_RDWR | os.O_CREAT, 0o644)
+                fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:
             os.close(fd)  # releases the flock
