@@ -674,7 +674,6 @@ class DcpWriter:
         """Every rank: its DCP shards into ``staging.path``; with ``async_save`` in the
         background (after the state is staged into CPU copies), on the checkpoint group. No other
         collective may run on that group until :meth:`wait`."""
-        import torch.distributed.checkpoint as dcp
 
         on, _, _ = _dist()
         group = self.group()
@@ -682,6 +681,22 @@ class DcpWriter:
         state = sharded_state(modules, optimizers)
         writer = _make_writer(target)
         handle = SaveHandle(step=staging.step, staging=staging)
+        try:
+            self._write(state, writer, group, on, handle, async_save)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:
+            raise CheckpointError(
+                f"saving checkpoint step {staging.step} failed ({os_cause(exc)})",
+                "check that checkpoint.dir is writable and has free space",
+            ) from exc
+        return handle
+
+    def _write(
+        self, state: Any, writer: Any, group: Any, on: bool, handle: SaveHandle, async_save: bool
+    ) -> None:
+        import torch.distributed.checkpoint as dcp
+
         if async_save:
             kwargs: dict[str, Any] = {}
             if (
@@ -701,7 +716,6 @@ class DcpWriter:
         else:
             dcp.save(state, storage_writer=writer, process_group=group, no_dist=not on)
             handle.finished = time.perf_counter()
-        return handle
 
     def _shm_fits(self, state: dict[str, Any]) -> bool:
         """Collective, before the first process-mode save: the staged copy lives in
