@@ -31,10 +31,17 @@ Rules:
   whose marker is present but whose files do not match it (size or sha256), or that cannot be
   unpickled, is **corrupt**: that is an error (:class:`aios.errors.CheckpointError`, one line,
   exit 2) rather than a silent fallback to an older checkpoint.
-* **One writer.** :meth:`CheckpointStore.acquire_lock` creates ``.aios-lock`` exclusively; a
-  second run on the same directory stops with one line naming the run holding it. A lock is stale
-  (taken over) when its holder's process is gone (same host) or its heartbeat is older than
-  :data:`LOCK_STALE_S`. On object stores the lock is best effort (write, then read back).
+* **Digests.** Every file of every format is listed in the marker with its size and sha256,
+  computed as the file is written (:class:`_HashingWriter`; the ``dcp`` format's writers do the
+  same for shards and ``.metadata``). Resume checks them before anything is unpickled.
+* **One writer.** :meth:`CheckpointStore.acquire_lock` takes ``.aios-lock`` atomically: locally
+  under an exclusive ``flock`` (of the directory; of ``.aios-lock.guard`` where directories
+  cannot be locked) and created with ``link`` (never seen empty); on S3/GCS with conditional
+  writes. A second run stops with one line naming the run holding it. A lock is stale (taken
+  over, compare-and-swap on what was read) when its holder's process is gone (same host) or its
+  heartbeat is older than :data:`LOCK_STALE_S`; an empty or unreadable lock only once its file
+  is that old. A holder that cannot refresh for :data:`LOCK_FENCE_S` (< :data:`LOCK_STALE_S`)
+  writes nothing more (:meth:`CheckpointStore.check_lock`), nor does one that was taken over.
 
 URL schemes come from the registry (:func:`aios.hookspecs.aios_register_storage`); a scheme no
 installed plugin registers is an error with the install hint.

@@ -25,7 +25,11 @@ Rules:
   object stores), every rank writes into it, and rank 0 writes the marker only after DCP's save
   has finished on every rank (DCP gathers every rank's write results before rank 0 writes
   ``.metadata``; the per-rank files are written before a rank joins that save). The marker lists
-  every file with its size (and sha256 for the small ``.pt`` files). A staging directory without
+  every file with its size and sha256: the shards and ``.metadata`` are hashed as DCP's writer
+  writes them (in the checkpoint process or thread, :func:`_digest_write_data`), and
+  ``aios-digests.json`` carries those digests to the commit. On load every file is checked
+  against its digest (shared out over the ranks) before torch reads any of it; a mismatch is a
+  one-line "corrupt" error naming the file. A staging directory without
   a marker (a rank died, the job was killed mid-save) is never resumed, and the store's pruning
   removes it later (lineage rules of :mod:`aios.checkpoint`).
 * **Async.** :meth:`DcpCheckpointer.save` with ``async_save=True`` stages the state into CPU
