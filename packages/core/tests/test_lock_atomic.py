@@ -206,3 +206,61 @@ def test_s3_lock_writes_are_conditional(monkeypatch) -> None:
         assert a.read_lock()["run_id"] == "B"
     finally:
         server.stop()
+
+
+@pytest.fixture
+def gcs_with_preconditions(monkeypatch: pytest.MonkeyPatch):
+    """gcp-storage-emulator with GCS's generation preconditions enforced
+    (scripts/gcs_precondition_emulator.py: the emulator itself accepts ``ifGenerationMatch`` and
+    ignores it)."""
+    pytest.importorskip("gcsfs")
+    pytest.importorskip("aios_cloud_gcp")
+    pytest.importorskip("gcp_storage_emulator")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = Path(__file__).parent / "scripts" / "gcs_precondition_emulator.py"
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None, "emulator did not start"
+                time.sleep(0.1)
+        host = f"http://127.0.0.1:{port}"
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", host)
+        monkeypatch.setenv("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+        import gcsfs
+
+        gcsfs.GCSFileSystem(endpoint_url=host, token="anon", skip_instance_cache=True).mkdir(
+            "aios-lk"
+        )
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_gcs_lock_writes_carry_generation_preconditions(gcs_with_preconditions, monkeypatch):
+    monkeypatch.setattr(ckmod.socket, "gethostname", lambda: "host-a.invalid")
+    a = CheckpointStore("gs://aios-lk/ck", keep=None)
+    b = CheckpointStore("gs://aios-lk/ck", keep=None)
+    a.acquire_lock({"run_id": "A"})
+    assert b._put_lock(b"{}", expect=None, replace=False) is False  # ifGenerationMatch=0
+    raw, version = b._lock_raw()
+    assert a.heartbeat() is True
+    assert b._put_lock(b'{"run_id": "B"}', expect=version, replace=True) is False  # stale read
+    monkeypatch.setattr(ckmod.socket, "gethostname", lambda: "host-b.invalid")
+    with pytest.raises(CheckpointError, match="in use by run A"):
+        b.acquire_lock({"run_id": "B"})
+    a.release_lock()
+    b.acquire_lock({"run_id": "B"})
+    assert a.read_lock()["run_id"] == "B" and a.heartbeat() is False
