@@ -7,6 +7,8 @@ full format, so listing, ``latest()``, pruning and ``aios`` tools treat both ali
 
     <dir>/ckpt-000000120/__0_0.distcp ...       DCP shards: every rank writes its own
     <dir>/ckpt-000000120/.metadata              DCP's global plan (written by rank 0)
+    <dir>/ckpt-000000120/aios-digests.json      size and sha256 of every shard and .metadata,
+                                                hashed as they were written (rank 0's writer)
     <dir>/ckpt-000000120/common.pt              state every rank holds alike (step, schedulers,
                                                 registered objects, precision), from rank 0
     <dir>/ckpt-000000120/rank-00003.pt          per-rank state: RNG (python, numpy, torch,
