@@ -229,3 +229,31 @@ def test_dcp_runtime_resume_on_fewer_processes_reshards(
         d.get("resharded") == {"from_world_size": 4, "to_world_size": nprocs, "step": 6}
         for d in diags
     ), diags
+
+
+def test_dcp_runtime_corrupt_shard_refuses_resume_in_one_line(
+    reference_4: dict[str, Any], tmp_path: Path
+) -> None:
+    """4 bytes inverted inside a shard (same size): the relaunch stops in one line naming the
+    file and the checkpoint ("corrupt"), no traceback, nothing trained; an older checkpoint
+    whose marker is damaged does not stand in the way of a good newer one."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    shutil.copytree(reference_4["ckpt"], ckpt / "ckpt-000000006")
+    shutil.copytree(reference_4["ckpt"], ckpt / "ckpt-000000003")
+    (ckpt / "ckpt-000000003" / "aios-checkpoint.json").write_bytes(b"\x00garbage")
+    shard = ckpt / "ckpt-000000006" / "__1_0.distcp"
+    raw = shard.read_bytes()
+    data = bytearray(raw)
+    for k in range(4):
+        data[len(data) * 35 // 100 + k] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    p = _launch(tmp_path, 1, ckpt, tmp_path / "x.pt", every=6, RESHARD="1")
+    out = _finish(p)
+    assert p.returncode == 2, out
+    assert "Traceback" not in out and not (tmp_path / "x.pt").exists(), out
+    lines = [ln for ln in out.splitlines() if "is corrupt" in ln]
+    assert len(lines) == 1 and "ckpt-000000006' is corrupt: __1_0.distcp" in lines[0], out
+    shard.write_bytes(raw)  # repaired: the damaged older one is skipped with a warning
+    out = _finish(_launch(tmp_path, 1, ckpt, tmp_path / "got.pt", every=6, RESHARD="1"))
+    assert (tmp_path / "got.pt").exists() and "at step 6 (run " in out, out

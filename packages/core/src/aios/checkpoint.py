@@ -31,10 +31,17 @@ Rules:
   whose marker is present but whose files do not match it (size or sha256), or that cannot be
   unpickled, is **corrupt**: that is an error (:class:`aios.errors.CheckpointError`, one line,
   exit 2) rather than a silent fallback to an older checkpoint.
-* **One writer.** :meth:`CheckpointStore.acquire_lock` creates ``.aios-lock`` exclusively; a
-  second run on the same directory stops with one line naming the run holding it. A lock is stale
-  (taken over) when its holder's process is gone (same host) or its heartbeat is older than
-  :data:`LOCK_STALE_S`. On object stores the lock is best effort (write, then read back).
+* **Digests.** Every file of every format is listed in the marker with its size and sha256,
+  computed as the file is written (:class:`_HashingWriter`; the ``dcp`` format's writers do the
+  same for shards and ``.metadata``). Resume checks them before anything is unpickled.
+* **One writer.** :meth:`CheckpointStore.acquire_lock` takes ``.aios-lock`` atomically: locally
+  under an exclusive ``flock`` (of the directory; of ``.aios-lock.guard`` where directories
+  cannot be locked) and created with ``link`` (never seen empty); on S3/GCS with conditional
+  writes. A second run stops with one line naming the run holding it. A lock is stale (taken
+  over, compare-and-swap on what was read) when its holder's process is gone (same host) or its
+  heartbeat is older than :data:`LOCK_STALE_S`; an empty or unreadable lock only once its file
+  is that old. A holder that cannot refresh for :data:`LOCK_FENCE_S` (< :data:`LOCK_STALE_S`)
+  writes nothing more (:meth:`CheckpointStore.check_lock`), nor does one that was taken over.
 
 URL schemes come from the registry (:func:`aios.hookspecs.aios_register_storage`); a scheme no
 installed plugin registers is an error with the install hint.
@@ -43,6 +50,7 @@ installed plugin registers is an error with the install hint.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
 import json
@@ -53,7 +61,7 @@ import time
 import uuid
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from typing import Any
 
 from aios.errors import CheckpointError
 
@@ -67,6 +75,11 @@ FORMAT = 1
 LOCK_STALE_S = 120.0
 #: seconds between heartbeats of a held lock
 LOCK_HEARTBEAT_S = 15.0
+#: a holder whose heartbeat could not be refreshed for this long writes no more checkpoints:
+#: shorter than :data:`LOCK_STALE_S`, so it has stopped before anyone may take the lock over
+LOCK_FENCE_S = 60.0
+#: flock'ed around every read-decide-write of the lock where a directory cannot be (NFS)
+LOCK_GUARD = ".aios-lock.guard"
 
 _NAME = re.compile(r"^ckpt-(\d{9,})(?:-([0-9a-f]{8}))?$")
 # names aios generates for its own temporary directories: lineage (16 hex) and nonce (8 hex)
@@ -93,6 +106,8 @@ class CheckpointInfo:
     step: int
     complete: bool
     meta: dict[str, Any]
+    #: why its marker cannot be read (a damaged checkpoint: never resumed, never pruned)
+    damaged: str | None = None
 
     @property
     def lineage(self) -> str | None:
@@ -121,23 +136,86 @@ class Staging:
     target: str | None = None
 
 
-class _HashingWriter:
-    """File-like wrapper that hashes and counts what passes through (no second copy in memory)."""
+#: the digest every checkpoint file is recorded with in the marker (``hashlib`` name). sha256:
+#: faster than blake2b where the CPU has SHA instructions (see bench/bench_async_ckpt.py)
+DIGEST = "sha256"
+#: written by the ``dcp`` format's writers next to the shards (each file's size and digest,
+#: hashed as the shards were written) and merged into the marker at commit
+DIGESTS_FILE = "aios-digests.json"
+_CHUNK = 8 << 20
 
-    def __init__(self, f: BinaryIO) -> None:
+
+class _HashingWriter:
+    """File-like wrapper that hashes and counts what passes through (no second copy in memory).
+    Everything else (``tell``, ``fileno``, ``close`` ...) goes to the wrapped file."""
+
+    def __init__(self, f: Any) -> None:
         self.f = f
-        self.sha = hashlib.sha256()
+        self.sha = hashlib.new(DIGEST)
         self.size = 0
+        #: the OS error of a failed write: torch's zip writer replaces it with its own message
+        self.error: OSError | None = None
 
     def write(self, data: Any) -> int:
-        b = bytes(data) if not isinstance(data, bytes) else data
-        self.sha.update(b)
-        self.size += len(b)
-        self.f.write(b)
-        return len(b)
+        view = memoryview(data).cast("B")
+        self.sha.update(view)
+        self.size += view.nbytes
+        try:
+            self.f.write(view)
+        except OSError as exc:
+            self.error = exc
+            raise
+        return view.nbytes
 
     def flush(self) -> None:
         self.f.flush()
+
+    def entry(self) -> dict[str, Any]:
+        return {"size": self.size, DIGEST: self.sha.hexdigest()}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.f, name)
+
+    def __enter__(self) -> _HashingWriter:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.f.close()
+
+
+_ERRNO = re.compile(r"\[Errno (\d+)\]")
+
+
+def os_cause(exc: BaseException) -> str:
+    """The cause of a failed write as the OS gave it ("No space left on device [ENOSPC]",
+    "Permission denied [EACCES]", "Disk quota exceeded [EDQUOT]"), found anywhere in the
+    exception's chain or, from DCP's checkpoint process, in its text; torch's zip writer and DCP
+    wrap it in their own messages (``unexpected pos 91648 vs 91552``). Otherwise the exception's
+    own first line."""
+    seen: set[int] = set()
+    todo: list[Any] = [exc]
+    texts: list[str] = []
+    while todo:
+        e = todo.pop(0)
+        if isinstance(e, tuple) and e and isinstance(e[0], BaseException):
+            e = e[0]  # DCP's (exception, traceback) per failed rank
+        if not isinstance(e, BaseException) or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno:
+            return f"{e.strerror or os.strerror(e.errno)} [{errno.errorcode.get(e.errno, e.errno)}]"
+        texts.append(str(e))
+        failures = getattr(e, "failures", None)
+        if isinstance(failures, dict):
+            todo.extend(failures.values())
+        todo.extend(x for x in (e.__cause__, e.__context__) if x is not None)
+    for text in texts:
+        m = _ERRNO.search(text)
+        if m and int(m.group(1)) in errno.errorcode:
+            n = int(m.group(1))
+            return f"{os.strerror(n)} [{errno.errorcode[n]}]"
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:200] if lines else ''}"
 
 
 def filesystem(url: str) -> tuple[Any, str]:
@@ -225,15 +303,35 @@ class CheckpointStore:
             self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
         )
         self._lock_token: str | None = None
+        #: why this store lost its writer lock (then it writes no checkpoint)
+        self.lost: str | None = None
+        self._refreshed = 0.0
+        self._refresh_error: str | None = None
+        #: the wall clock of lock heartbeats (tests inject their own)
+        self.clock = time.time
 
     def _join(self, *parts: str) -> str:
         return "/".join([self.root.rstrip("/"), *parts])
 
     def display(self, path: str) -> str:
+        """``path`` as a URL on object stores (usable for I/O: what aios prints or records of
+        it goes through :func:`aios.config.redact_url`)."""
         if self.local:
             return path
         scheme = self.url.split("://", 1)[0]
         return f"{scheme}://{path.lstrip('/')}"
+
+    def _shown(self, path: str) -> str:
+        from aios.config import redact_url
+
+        return redact_url(self.display(path))
+
+    @property
+    def shown(self) -> str:
+        """The store's URL as aios prints it (secrets redacted)."""
+        from aios.config import redact_url
+
+        return redact_url(self.url)
 
     # ---------------------------------------------------------------- checks
     def check_writable(self) -> None:
@@ -246,7 +344,7 @@ class CheckpointStore:
             self.fs.rm(probe)
         except Exception as exc:  # noqa: BLE001
             raise CheckpointError(
-                f"checkpoint dir '{self.url}' is not writable ({type(exc).__name__}: {exc})",
+                f"checkpoint dir '{self.shown}' is not writable ({type(exc).__name__}: {exc})",
                 "set checkpoint.dir to a writable path or URL",
             ) from None
 
@@ -258,7 +356,7 @@ class CheckpointStore:
             return []
         except Exception as exc:  # noqa: BLE001
             raise CheckpointError(
-                f"cannot list checkpoint dir '{self.url}' ({type(exc).__name__}: {exc})",
+                f"cannot list checkpoint dir '{self.shown}' ({type(exc).__name__}: {exc})",
                 "check the path and its permissions",
             ) from None
 
@@ -270,7 +368,11 @@ class CheckpointStore:
             if not m:
                 continue
             path = self._join(name)
-            meta = self._read_marker(path)
+            try:
+                meta = self._read_marker(path)
+            except CheckpointError as exc:  # judged by latest(): only a newer one blocks resume
+                out.append(CheckpointInfo(path, int(m.group(1)), False, {}, exc.one_line()))
+                continue
             out.append(CheckpointInfo(path, int(m.group(1)), meta is not None, meta or {}))
         return sorted(out, key=lambda c: (c.step, c.time))
 
@@ -317,32 +419,66 @@ class CheckpointStore:
             chosen = complete[-1]
         else:
             chosen = max(complete, key=lambda i: (i.time, i.step))
+        for info in infos:  # a damaged marker newer than the choice: never a silent fallback
+            if info.damaged and (chosen is None or info.step > chosen.step):
+                raise CheckpointError(info.damaged)
         if warn:
             for info in infos:
-                if not info.complete and (chosen is None or info.step > chosen.step):
+                if info.damaged:
                     warnings.warn(
-                        f"aios: skipping incomplete checkpoint {self.display(info.path)} "
+                        f"aios: skipping older damaged checkpoint {self._shown(info.path)} "
+                        f"(unreadable {MARKER})",
+                        stacklevel=2,
+                    )
+                elif not info.complete and (chosen is None or info.step > chosen.step):
+                    warnings.warn(
+                        f"aios: skipping incomplete checkpoint {self._shown(info.path)} "
                         f"(interrupted save, no {MARKER})",
                         stacklevel=2,
                     )
         return chosen
 
-    def verify(self, info: CheckpointInfo, hash_files: bool = False) -> None:
-        """Check sizes (and sha256 when ``hash_files``) against the marker."""
-        for name, want in info.meta.get("files", {}).items():
+    def _corrupt(self, info: CheckpointInfo, what: str) -> CheckpointError:
+        return CheckpointError(
+            f"checkpoint '{self.display(info.path)}' is corrupt: {what}",
+            f"delete {self.display(info.path)}, load an older checkpoint explicitly, or start "
+            "fresh with checkpoint.resume=false",
+        )
+
+    def verify(self, info: CheckpointInfo, hash_files: bool = False, names: Any = None) -> None:
+        """Check every file's size against the marker, and the digest of ``names`` (every file
+        with ``hash_files``), streamed: a one-line "corrupt" error naming the file."""
+        entries = info.meta.get("files", {})
+        for name, want in entries.items():
             p = f"{info.path}/{name}"
             try:
                 size = self.fs.size(p)
             except FileNotFoundError:
                 size = None
             if size != want.get("size"):
-                raise CheckpointError(
-                    f"checkpoint '{self.display(info.path)}' is corrupt: {name} has {size} "
-                    f"bytes, its marker says {want.get('size')}",
-                    f"delete {self.display(info.path)} or start fresh with checkpoint.resume=false",
-                )
-            if hash_files and want.get("sha256"):
-                self.read_file(info, name)
+                what = "is missing" if size is None else f"has {size} bytes"
+                raise self._corrupt(info, f"{name} {what}, its marker says {want.get('size')}")
+        for name in list(entries) if hash_files else names or []:
+            self.check_digest(info, name)
+
+    def check_digest(self, info: CheckpointInfo, name: str) -> None:
+        """Hash one file of a checkpoint as it streams from the store; raise "corrupt" naming
+        it when it differs from the digest its writer recorded (no digest recorded: sizes
+        only, as in checkpoints of earlier versions)."""
+        want = info.meta.get("files", {}).get(name) or {}
+        if not want.get(DIGEST):
+            return
+        h = hashlib.new(DIGEST)
+        try:
+            with self.fs.open(f"{info.path}/{name}", "rb") as f:
+                while chunk := f.read(_CHUNK):
+                    h.update(chunk)
+        except (FileNotFoundError, IsADirectoryError):
+            raise self._corrupt(info, f"{name} is missing") from None
+        except OSError as exc:
+            raise self._corrupt(info, f"{name} cannot be read ({os_cause(exc)})") from None
+        if h.hexdigest() != want[DIGEST]:
+            raise self._corrupt(info, f"{name} does not match the {DIGEST} in its marker")
 
     # ---------------------------------------------------------------- writing files
     def open_write(self, path: str) -> Any:
@@ -358,11 +494,17 @@ class CheckpointStore:
     def write_file(self, staging: Staging, name: str, writer: Any) -> dict[str, Any]:
         """Write ``<staging>/<name>`` through ``writer(fileobj)``, durable; returns its entry for
         the marker (size and sha256). Any rank may call it for its own files."""
-        with self.open_write(f"{staging.path}/{name}") as f:
-            w = _HashingWriter(f)
-            writer(w)
-            self.fsync(f)
-        entry = {"size": w.size, "sha256": w.sha.hexdigest()}
+        w: _HashingWriter | None = None
+        try:
+            with self.open_write(f"{staging.path}/{name}") as f:
+                w = _HashingWriter(f)
+                writer(w)
+                self.fsync(f)
+        except Exception as exc:
+            if w is not None and w.error is not None and w.error is not exc:
+                raise w.error from exc  # the OS's word, not torch's zip writer's
+            raise
+        entry = w.entry()
         staging.files[name] = entry
         return entry
 
@@ -371,6 +513,7 @@ class CheckpointStore:
         """Start a save of ``step``: a new staging directory that belongs to this lineage. With
         ``target`` (a directory name in this store) the checkpoint ends up there instead of at
         ``ckpt-<step>``; it must not exist."""
+        self.check_lock()
         nonce = _nonce()
         name = ckpt_name(step)
         in_place = not self.local
@@ -406,7 +549,7 @@ class CheckpointStore:
 
     def _save_error(self, step: int, exc: BaseException) -> CheckpointError:
         return CheckpointError(
-            f"saving checkpoint to '{self.display(self._join(ckpt_name(step)))}' failed ({type(exc).__name__}: {exc})",
+            f"saving checkpoint to '{self.display(self._join(ckpt_name(step)))}' failed ({os_cause(exc)})",
             "check that checkpoint.dir is writable and has free space",
         )
 
@@ -437,6 +580,7 @@ class CheckpointStore:
             "lineage": self.lineage,
         }
         try:
+            self.check_lock()  # a holder that lost its lock commits nothing
             if self.local:
                 fsync_dir(staging.path)  # every writer's file names are durable before the marker
             with self.open_write(f"{staging.path}/{MARKER}") as f:
@@ -548,7 +692,10 @@ class CheckpointStore:
         doomed += [
             i
             for i in infos
-            if not i.complete and i.step <= newest and self._staging_lineage(i.path) == self.lineage
+            if not i.complete
+            and not i.damaged
+            and i.step <= newest
+            and self._staging_lineage(i.path) == self.lineage
         ]
         for info in doomed:
             self.retire(info.path)
@@ -567,18 +714,14 @@ class CheckpointStore:
                 data = f.read()
         except FileNotFoundError:
             data = None
-        fix = f"delete {self.display(info.path)} or start fresh with checkpoint.resume=false"
         if data is None or want is None:
-            raise CheckpointError(
-                f"checkpoint '{self.display(info.path)}' is corrupt: {name} is missing", fix
+            raise self._corrupt(info, f"{name} is missing")
+        if len(data) != want.get("size"):
+            raise self._corrupt(
+                info, f"{name} has {len(data)} bytes, its marker says {want.get('size')}"
             )
-        if len(data) != want.get("size") or (
-            want.get("sha256") and hashlib.sha256(data).hexdigest() != want.get("sha256")
-        ):
-            raise CheckpointError(
-                f"checkpoint '{self.display(info.path)}' is corrupt: {name} does not match the sha256 in its marker",
-                fix,
-            )
+        if want.get(DIGEST) and hashlib.new(DIGEST, data).hexdigest() != want[DIGEST]:
+            raise self._corrupt(info, f"{name} does not match the {DIGEST} in its marker")
         return data
 
     def load(self, info: CheckpointInfo) -> dict[str, Any]:
@@ -600,7 +743,7 @@ class CheckpointStore:
             info = self.latest()
             if info is None:
                 raise CheckpointError(
-                    f"no complete checkpoint in '{self.url}'",
+                    f"no complete checkpoint in '{self.shown}'",
                     "train first, or point checkpoint.dir at a directory holding checkpoints",
                 )
             return info
@@ -629,8 +772,54 @@ class CheckpointStore:
     def _lock_path(self) -> str:
         return self._join(LOCK_FILE)
 
-    def read_lock(self) -> dict[str, Any] | None:
-        raw = self._read_json(self._lock_path())
+    @contextlib.contextmanager
+    def _guard(self) -> Any:
+        """Locally: an exclusive ``flock`` around every read-decide-write of the lock (released
+        by the kernel when its holder dies). On the checkpoint directory itself; where the file
+        system refuses a lock on a directory (NFS maps ``flock`` to POSIX locks, which need a
+        file open for writing) on :data:`LOCK_GUARD`, an empty file that then stays in the
+        directory (deleting a lock file while others wait on it would split them). Object
+        stores: nothing (their writes are conditional)."""
+        if not self.local:
+            yield
+            return
+        import fcntl
+
+        os.makedirs(self.root, exist_ok=True)
+        fd = os.open(self.root, os.O_RDONLY)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError:
+                os.close(fd)
+                fd = os.open(self._join(LOCK_GUARD), os.O_RDWR | os.O_CREAT, 0o644)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the flock
+
+    def _lock_raw(self) -> tuple[bytes | None, Any]:
+        """The lock's bytes and its version (local: mtime; GCS: generation; S3: ETag)."""
+        path = self._lock_path()
+        if self.local:
+            try:
+                with open(path, "rb") as f:
+                    return f.read(), os.fstat(f.fileno()).st_mtime
+            except FileNotFoundError:
+                return None, None
+        for _ in range(5):
+            try:
+                before = self.fs.info(path)
+                raw = self.fs.cat_file(path)
+                after = self.fs.info(path)
+            except FileNotFoundError:
+                return None, None
+            if _version(before) == _version(after):
+                return raw, _version(after)
+        return raw, _version(after)
+
+    @staticmethod
+    def _parse_lock(raw: bytes | None) -> dict[str, Any] | None:
         if raw is None:
             return None
         try:
@@ -639,9 +828,22 @@ class CheckpointStore:
             return {}
         return data if isinstance(data, dict) else {}
 
-    def lock_is_stale(self, held: dict[str, Any], stale_after: float = LOCK_STALE_S) -> bool:
+    def read_lock(self) -> dict[str, Any] | None:
+        """The lock's record (``{}``: present but empty or unreadable; None: no lock)."""
+        return self._parse_lock(self._lock_raw()[0])
+
+    def lock_is_stale(
+        self, held: dict[str, Any], stale_after: float = LOCK_STALE_S, mtime: Any = None
+    ) -> bool:
+        """A lock is stale when its heartbeat is older than ``stale_after`` or, on this host,
+        its process is gone. An empty or unreadable lock (``{}``) is held by an unknown run
+        until its file is ``stale_after`` old by modification time (``mtime``; unknown: held):
+        it is never claimed while a writer may be about to fill it."""
+        now = self.clock()
+        if not held:
+            return isinstance(mtime, (int, float)) and now - mtime > stale_after
         try:
-            age = time.time() - float(held.get("heartbeat", 0))
+            age = now - float(held.get("heartbeat", 0))
         except (TypeError, ValueError):
             age = float("inf")
         if age > stale_after:
@@ -657,110 +859,248 @@ class CheckpointStore:
             "token": self._lock_token,
             "pid": os.getpid(),
             "host": socket.gethostname(),
-            "heartbeat": time.time(),
+            "heartbeat": self.clock(),
         }
         return json.dumps(data, sort_keys=True).encode()
 
     def acquire_lock(self, owner: dict[str, Any], stale_after: float = LOCK_STALE_S) -> None:
         """Become the only writer of this directory, or raise a one-line :class:`CheckpointError`
-        naming the run that holds it."""
+        naming the run that holds it. Atomic: locally the decision and the write happen under
+        the guard ``flock`` and the lock is created with ``link`` (fails when it exists; the
+        content is complete before it appears); on object stores the write is conditional
+        (S3 ``If-None-Match``/``If-Match``, GCS ``ifGenerationMatch``) on the version that was
+        judged stale, so of several contenders exactly one wins."""
         self._lock_token = uuid.uuid4().hex
+        self._owner = owner
+        self.lost = None
         for _attempt in range(5):
-            held = self.read_lock()
-            if held is not None and held.get("token") != self._lock_token:
-                if not self.lock_is_stale(held, stale_after):
-                    self._lock_token = None
-                    raise self._held_error(held)
-                self._break_lock()
-            if self._create_lock(owner):
-                return
+            with self._guard():
+                raw, version = self._lock_raw()
+                held = self._parse_lock(raw)
+                if held is not None:
+                    mtime = version if self.local else _mtime(self.fs, self._lock_path())
+                    if not self.lock_is_stale(held, stale_after, mtime):
+                        self._lock_token = None
+                        raise self._held_error(held)
+                if self._put_lock(
+                    self._lock_record(owner), expect=version, replace=raw is not None
+                ):
+                    self._refreshed = self.clock()
+                    return
         self._lock_token = None
         raise CheckpointError(
-            f"cannot take the lock of checkpoint dir '{self.url}' (it keeps changing)",
+            f"cannot take the lock of checkpoint dir '{self.shown}' (it keeps changing)",
             "make sure no other run uses this checkpoint.dir",
         )
 
-    def _held_error(self, held: dict[str, Any]) -> CheckpointError:
-        try:
-            age = f"{time.time() - float(held.get('heartbeat', 0)):.0f}s ago"
-        except (TypeError, ValueError):
-            age = "unknown"
-        who = f"run {held.get('run_id', '?')} (pid {held.get('pid', '?')} on {held.get('host', '?')}, heartbeat {age})"
-        return CheckpointError(
-            f"checkpoint dir '{self.url}' is in use by {who}",
-            "wait for that run to end, set another checkpoint.dir, or delete "
-            f"{self.display(self._lock_path())} if that run is gone",
-        )
-
-    def _break_lock(self) -> None:
-        if self.local:
-            stale = self._join(f".aios-lock.{_nonce()}.stale")
-            try:
-                os.rename(self._lock_path(), stale)  # only one of several contenders wins this
-            except FileNotFoundError:
-                return
-            with contextlib.suppress(OSError):
-                os.unlink(stale)
-            return
-        with contextlib.suppress(FileNotFoundError):
-            self.fs.rm(self._lock_path())
-
-    def _create_lock(self, owner: dict[str, Any]) -> bool:
-        data = self._lock_record(owner)
-        self.fs.makedirs(self.root, exist_ok=True)
-        if self.local:
-            try:
-                fd = os.open(self._lock_path(), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError:
-                return False
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            fsync_dir(self.root)
-            self._owner = owner
-            return True
-        with self.fs.open(self._lock_path(), "wb") as f:
-            f.write(data)
-        time.sleep(0.05)
-        held = self.read_lock() or {}
-        if held.get("token") == self._lock_token:
-            self._owner = owner
-            return True
-        return False
-
-    def heartbeat(self) -> bool:
-        """Refresh the lock's heartbeat; False when the lock is no longer ours."""
-        if self._lock_token is None:
-            return False
-        held = self.read_lock()
-        if not held or held.get("token") != self._lock_token:
-            return False
-        data = self._lock_record(getattr(self, "_owner", {}))
-        if self.local:
+    def _put_lock(self, data: bytes, expect: Any, replace: bool) -> bool:
+        """Write the lock if it is still what was read (``expect``: its version; ``replace``:
+        whether there was one). False when another writer got there first."""
+        path = self._lock_path()
+        if self.local:  # under the guard: what was read is still there
             tmp = self._join(f".aios-lock.{_nonce()}.tmp")
             try:
                 with open(tmp, "wb") as f:
                     f.write(data)
-                os.replace(tmp, self._lock_path())
-            except OSError:
+                    f.flush()
+                    os.fsync(f.fileno())
+                if replace:
+                    os.replace(tmp, path)  # readers see the old lock or the new one, never none
+                else:
+                    try:
+                        os.link(tmp, path)  # exclusive: fails when a lock exists
+                    except FileExistsError:
+                        return False
+            finally:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
-                return False
+            fsync_dir(self.root)
             return True
-        with self.fs.open(self._lock_path(), "wb") as f:
-            f.write(data)
+        return _conditional_put(self.fs, path, data, expect if replace else None)
+
+    def _held_error(self, held: dict[str, Any]) -> CheckpointError:
+        if not held:
+            return CheckpointError(
+                f"checkpoint dir '{self.shown}' is locked by an unknown writer (its lock file is "
+                f"empty or unreadable; it counts as stale after {LOCK_STALE_S:.0f}s unchanged)",
+                "wait, set another checkpoint.dir, or delete "
+                f"{self.display(self._lock_path())} if no run uses this directory",
+            )
+        try:
+            age = f"{self.clock() - float(held.get('heartbeat', 0)):.0f}s ago"
+        except (TypeError, ValueError):
+            age = "unknown"
+        who = f"run {held.get('run_id', '?')} (pid {held.get('pid', '?')} on {held.get('host', '?')}, heartbeat {age})"
+        return CheckpointError(
+            f"checkpoint dir '{self.shown}' is in use by {who}",
+            "wait for that run to end, set another checkpoint.dir, or delete "
+            f"{self.display(self._lock_path())} if that run is gone",
+        )
+
+    def heartbeat(self) -> bool:
+        """Refresh the lock's heartbeat (a conditional write: never over another run's lock).
+        False once the lock is lost: taken over, or not refreshed for :data:`LOCK_FENCE_S`
+        (then :attr:`lost` says why, and this store writes no checkpoint any more). A refresh
+        that fails for a while (disk full, store unreachable) is retried by the caller."""
+        if self._lock_token is None or self.lost:
+            return False
+        if self.clock() - self._refreshed > LOCK_FENCE_S:
+            return self._fence()
+        try:
+            with self._guard():
+                raw, version = self._lock_raw()
+                held = self._parse_lock(raw)
+                if not held or held.get("token") != self._lock_token:
+                    self.lost = (
+                        f"another run took over the lock of checkpoint dir '{self.shown}'"
+                        f" ({LOCK_FILE} now holds {'run ' + str(held.get('run_id')) if held else 'no run'})"
+                    )
+                    return False
+                if not self._put_lock(
+                    self._lock_record(getattr(self, "_owner", {})), expect=version, replace=True
+                ):
+                    self.lost = f"another run took over the lock of checkpoint dir '{self.shown}'"
+                    return False
+        except Exception as exc:  # noqa: BLE001 - the fence above decides when it is too long
+            self._refresh_error = os_cause(exc)
+            return self.clock() - self._refreshed <= LOCK_FENCE_S or self._fence()
+        self._refreshed = self.clock()
+        self._refresh_error = None
         return True
+
+    def _fence(self) -> bool:
+        why = self._refresh_error or "no refresh"
+        self.lost = (
+            f"the lock of checkpoint dir '{self.shown}' could not be refreshed for "
+            f"{self.clock() - self._refreshed:.0f}s ({why}); another run may take it over after "
+            f"{LOCK_STALE_S:.0f}s, so this run writes no more checkpoints there"
+        )
+        return False
+
+    def check_lock(self) -> None:
+        """Before any checkpoint write by a lock holder: refuse once the lock is lost or its
+        heartbeat is older than :data:`LOCK_FENCE_S` (a holder stops writing before anyone may
+        take the directory over)."""
+        if self._lock_token is None:
+            return
+        if not self.lost and self.clock() - self._refreshed > LOCK_FENCE_S:
+            self._fence()
+        if self.lost:
+            raise CheckpointError(
+                self.lost, "the last committed checkpoint is kept; relaunch to resume from it"
+            )
 
     def release_lock(self) -> None:
         """Remove the lock if it is still ours."""
         if self._lock_token is None:
             return
-        with contextlib.suppress(Exception):
-            held = self.read_lock()
+        with contextlib.suppress(Exception), self._guard():
+            raw, version = self._lock_raw()
+            held = self._parse_lock(raw)
             if held and held.get("token") == self._lock_token:
-                self.fs.rm(self._lock_path())
+                if self.local:
+                    os.unlink(self._lock_path())
+                else:
+                    _conditional_rm(self.fs, self._lock_path(), version)
         self._lock_token = None
+
+
+def _version(info: dict[str, Any]) -> Any:
+    """An object's version as its store reports it: GCS generation, S3 ETag."""
+    for key in ("generation", "ETag", "etag"):
+        if info.get(key) is not None:
+            return info[key]
+    return (info.get("size"), info.get("mtime") or info.get("LastModified") or info.get("created"))
+
+
+def _mtime(fs: Any, path: str) -> float | None:
+    with contextlib.suppress(Exception):
+        m = fs.modified(path)
+        return float(m.timestamp())
+    return None
+
+
+def _protocols(fs: Any) -> tuple[str, ...]:
+    return fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+
+
+def _conditional_put(fs: Any, path: str, data: bytes, expect: Any) -> bool:
+    """Write ``data`` to ``path`` only if it does not exist (``expect`` None) or is still the
+    version ``expect``; False when the store refused (another writer won). S3: ``PutObject``
+    with ``If-None-Match: *`` / ``If-Match: <ETag>``
+    (https://docs.aws.amazon.com/AmazonS3/latest/userguide/conditional-writes.html); GCS: an
+    upload with ``ifGenerationMatch`` (0: must not exist;
+    https://cloud.google.com/storage/docs/request-preconditions). Other fsspec stores: an
+    exclusive create (``xb``) where they have one, else a plain write (best effort)."""
+    protos = _protocols(fs)
+    if "s3" in protos or "s3a" in protos:
+        bucket, key, _ = fs.split_path(path)
+        cond = {"IfNoneMatch": "*"} if expect is None else {"IfMatch": expect}
+        try:
+            fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, **cond)
+        except Exception as exc:
+            if _precondition_failed(exc):
+                return False
+            raise
+        fs.invalidate_cache(path)
+        return True
+    if "gs" in protos or "gcs" in protos:
+        from urllib.parse import quote
+
+        bucket, key, _ = fs.split_path(path)
+        try:
+            fs.call(
+                "POST",
+                f"{fs._location}/upload/storage/v1/b/{quote(bucket)}/o",
+                uploadType="media",
+                name=key,
+                ifGenerationMatch=str(expect if expect is not None else 0),
+                data=data,
+                json_out=True,
+            )
+        except Exception as exc:
+            if _precondition_failed(exc):
+                return False
+            raise
+        fs.invalidate_cache(path)
+        return True
+    if expect is None:
+        try:
+            with fs.open(path, "xb") as f:
+                f.write(data)
+            return True
+        except FileExistsError:
+            return False
+        except (ValueError, NotImplementedError):
+            pass
+    with fs.open(path, "wb") as f:
+        f.write(data)
+    return True
+
+
+def _conditional_rm(fs: Any, path: str, version: Any) -> None:
+    """Delete the lock only while it is ``version`` (GCS ``ifGenerationMatch``, S3
+    ``If-Match`` on DeleteObject); elsewhere a plain delete."""
+    protos = _protocols(fs)
+    with contextlib.suppress(Exception):
+        if "gs" in protos or "gcs" in protos:
+            bucket, key, _ = fs.split_path(path)
+            fs.call("DELETE", "b/{}/o/{}", bucket, key, ifGenerationMatch=str(version))
+        elif "s3" in protos:
+            bucket, key, _ = fs.split_path(path)
+            fs.call_s3("delete_object", Bucket=bucket, Key=key, IfMatch=version)
+        else:
+            fs.rm(path)
+        fs.invalidate_cache(path)
+
+
+def _precondition_failed(exc: BaseException) -> bool:
+    if isinstance(exc, FileExistsError):  # s3fs's translation of PreconditionFailed
+        return True
+    chain = [exc, exc.__cause__, exc.__context__]
+    text = " ".join(f"{type(e).__name__} {e} {getattr(e, 'code', '')}" for e in chain if e)
+    text = text.lower().replace("-", "")
+    return "preconditionfailed" in text or "precondition" in text or " 412" in text
 
 
 def open_any(path: str) -> tuple[CheckpointStore, CheckpointInfo]:

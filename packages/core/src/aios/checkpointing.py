@@ -159,6 +159,14 @@ def get_format(name: str) -> CheckpointFormat:
     return cls()
 
 
+def _cause(exc: BaseException) -> str:
+    """A failed save in a few words: an aios error's own message, else the cause as the OS
+    gave it (:func:`aios.checkpoint.os_cause`)."""
+    from aios.checkpoint import os_cause
+
+    return exc.message if isinstance(exc, CheckpointError) else os_cause(exc)
+
+
 # ------------------------------------------------------------------------------ manager
 
 
@@ -270,19 +278,18 @@ class CheckpointManager:
             self._heartbeat.start()
 
     def _beat(self) -> None:
+        """Refresh the lock every :data:`aios.checkpoint.LOCK_HEARTBEAT_S`; a refresh that fails
+        is retried until the store's fence (:data:`aios.checkpoint.LOCK_FENCE_S`) gives up,
+        then the store writes no more checkpoints and this says why, once."""
         from aios.checkpoint import LOCK_HEARTBEAT_S
 
         while not self._stop.wait(LOCK_HEARTBEAT_S):
-            try:
-                if not self.store.heartbeat():
-                    warnings.warn(
-                        "aios: lost the lock of checkpoint dir "
-                        f"'{self.config.checkpoint.dir}' (another run took it over)",
-                        stacklevel=1,
-                    )
-                    return
-            except Exception:  # noqa: BLE001 - a flaky store must not kill training; retried next beat
-                continue
+            if not self.store.heartbeat():
+                from aios.config import redact_url
+
+                lost = self.store.lost or "lost the checkpoint lock"
+                warnings.warn(f"aios: {redact_url(lost)}", stacklevel=1)
+                return
 
     def close(self) -> None:
         self.pending = None
@@ -360,7 +367,7 @@ class CheckpointManager:
         except BaseException as exc:  # noqa: BLE001 - re-raised after the barrier
             error = exc
         if fmt.all_ranks_write:
-            mine = (files, None if error is None else f"{type(error).__name__}: {error}")
+            mine = (files, None if error is None else _cause(error))
             results = self.strategy.gather_object(mine) if self.world_size > 1 else [mine]
             failed = [e for _, e in results if e]
             if error is None and failed:
@@ -572,8 +579,11 @@ class CheckpointManager:
             if resharded
             else f"world size {saved_world}"
         )
+        from aios.config import redact_url
+
+        where = redact_url(self.resumed_from or "")
         self._print(
-            f"aios: resumed from {self.resumed_from} at step {self.training.step} (run {meta.get('run_id', '?')}, "
+            f"aios: resumed from {where} at step {self.training.step} (run {meta.get('run_id', '?')}, "
             f"{how}, backend {meta.get('backend', '?')}, lineage {lineage or 'legacy'})"
         )
         event: dict[str, Any] = {
@@ -606,8 +616,10 @@ class CheckpointManager:
             except CheckpointError as exc:
                 # a lost background save must not cost the emergency one: the last committed
                 # checkpoint is kept, and this one is written by the training process itself
+                from aios.config import redact_url
+
                 warnings.warn(
-                    f"aios: {exc.message}; writing the emergency checkpoint "
+                    f"aios: {redact_url(exc.message)}; writing the emergency checkpoint "
                     "anyway (the last committed checkpoint is kept)",
                     stacklevel=2,
                 )

@@ -201,6 +201,13 @@ class MeshSettings(Section):
         "ParallelStyle, or a callable(model, mesh) returning one)",
     )
 
+    @field_validator("dp", "replicate")
+    @classmethod
+    def _at_least_one(cls, v: Any) -> Any:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("a mesh dimension is at least 1 (or auto)")
+        return v
+
 
 class AiosConfigBase(Section):
     backend: str = Field("auto", description="auto | cpu | cuda | xla | neuron | <plugin backend>")
@@ -372,9 +379,23 @@ def is_secret(key: str) -> bool:
     return bool({"URL", "URI"} & set(parts)) and bool(_STORE_WORDS & set(parts))
 
 
+#: query parameters of signed URLs (GCS V4 and V2, AWS SigV4, Azure SAS) and other credentials
+_URL_SECRET_PARAMS = re.compile(
+    r"(?i)(?P<pre>[?&;](?:x-goog-signature|x-goog-credential|x-amz-signature|x-amz-credential|"
+    r"x-amz-security-token|signature|sig|googleaccessid|awsaccesskeyid|token|access_token|"
+    r"key|api_key|apikey|password|secret|client_secret)=)(?P<val>[^&;#\s'\"]+)"
+)
+
+
 def redact_url(value: str) -> str:
-    """``scheme://user:***@host`` for URLs that carry a password."""
-    return _URL_CREDENTIALS.sub(lambda m: f"{m.group('pre')}***{m.group('at')}", value)
+    """A text with the secrets of the URLs in it replaced by ``***``: the password of user info
+    (``scheme://user:***@host``) and signed-URL query parameters (``X-Goog-Signature=***``,
+    ``X-Amz-Credential=***``, ``sig=***`` ...). The one function everything aios prints or
+    records goes through (run records, errors, the closing lines, resume messages)."""
+    if "://" not in value and "=" not in value:
+        return value
+    value = _URL_CREDENTIALS.sub(lambda m: f"{m.group('pre')}***{m.group('at')}", value)
+    return _URL_SECRET_PARAMS.sub(lambda m: f"{m.group('pre')}***", value)
 
 
 def redact(obj: Any) -> Any:
@@ -456,7 +477,59 @@ _Loader.add_implicit_resolver(
 )
 
 
+#: budgets of every YAML text aios parses (config files, ``key=value`` values, ``AIOS_*``):
+#: a config is a few hundred nodes; these stop alias bombs, deep nesting and recursive aliases
+#: in milliseconds instead of minutes of CPU and gigabytes of memory
+YAML_MAX_BYTES = 1 << 20
+YAML_MAX_DEPTH = 32
+YAML_MAX_NODES = 100_000
+#: digits of an integer (int() of a huge literal is slow and Python refuses > 4300 digits)
+YAML_MAX_INT_DIGITS = 30
+
+
+class YamlBudgetError(ValueError):
+    """YAML text beyond a parsing budget (size, nesting, alias expansion, integer length)."""
+
+
+def _check_budget(text: str) -> None:
+    """Walk the YAML event stream (iterative: no recursion) and then the composed node graph,
+    counting every node an alias expands to: refuse before anything is built."""
+    if len(text) > YAML_MAX_BYTES:
+        raise YamlBudgetError(f"is {len(text)} bytes (at most {YAML_MAX_BYTES})")
+    depth = 0
+    for event in yaml.parse(text, Loader=_Loader):
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > YAML_MAX_DEPTH:
+                raise YamlBudgetError(f"nests deeper than {YAML_MAX_DEPTH} levels")
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+    root = yaml.compose(text, Loader=_Loader)
+    stack: list[tuple[Any, int]] = [(root, 0)] if root is not None else []
+    count = 0
+    while stack:
+        node, level = stack.pop()
+        count += 1
+        if count > YAML_MAX_NODES:
+            raise YamlBudgetError(f"expands (through aliases) to more than {YAML_MAX_NODES} values")
+        if level > YAML_MAX_DEPTH:
+            raise YamlBudgetError(f"nests deeper than {YAML_MAX_DEPTH} levels (a recursive alias?)")
+        if isinstance(node, yaml.ScalarNode):
+            if node.tag == "tag:yaml.org,2002:int":
+                digits = sum(c.isdigit() for c in node.value)
+                if digits > YAML_MAX_INT_DIGITS:
+                    raise YamlBudgetError(
+                        f"holds an integer of {digits} digits (at most {YAML_MAX_INT_DIGITS})"
+                    )
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((child, level + 1) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                stack.extend(((k, level + 1), (v, level + 1)))
+
+
 def _yaml_load(text: str) -> Any:
+    _check_budget(text)
     return yaml.load(text, Loader=_Loader)
 
 
@@ -466,6 +539,11 @@ def _parse_scalar(text: str) -> Any:
         value = _yaml_load(text) if text != "" else ""
     except yaml.YAMLError:
         return text
+    except YamlBudgetError as exc:
+        raise ConfigError(
+            f"the value ({len(text)} characters) {exc}",
+            "give a plain value (number, string, list)",
+        ) from None
     if isinstance(value, str) and _EXP_FLOAT.match(value):
         return float(value)
     return value
@@ -491,7 +569,11 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
                 f"override '{item}' is not key=value", "write it as e.g. precision=bf16-mixed"
             )
         key, _, value = item.partition("=")
-        _set_path(out, key.strip().split("."), _parse_scalar(value), f"override {item!r}")
+        try:
+            parsed = _parse_scalar(value)
+        except ConfigError as exc:
+            raise ConfigError(f"override '{key.strip()}': {exc.message}", exc.fix) from None
+        _set_path(out, key.strip().split("."), parsed, f"override {item!r}")
     return out
 
 
@@ -503,7 +585,11 @@ def env_overrides(environ: dict[str, str] | None = None) -> dict[str, Any]:
             continue
         path = [p.lower() for p in name[len("AIOS_") :].split("__") if p]
         if path:
-            _set_path(out, path, _parse_scalar(value), f"env {name}")
+            try:
+                parsed = _parse_scalar(value)
+            except ConfigError as exc:
+                raise ConfigError(f"env {name}: {exc.message}", exc.fix) from None
+            _set_path(out, path, parsed, f"env {name}")
     return out
 
 
@@ -526,6 +612,8 @@ def load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
         ) from None
     try:
         data = _yaml_load(text) or {}
+    except YamlBudgetError as exc:
+        raise ConfigError(f"config file '{p}' {exc}", "write a plain config file") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""

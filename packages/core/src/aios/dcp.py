@@ -7,6 +7,8 @@ full format, so listing, ``latest()``, pruning and ``aios`` tools treat both ali
 
     <dir>/ckpt-000000120/__0_0.distcp ...       DCP shards: every rank writes its own
     <dir>/ckpt-000000120/.metadata              DCP's global plan (written by rank 0)
+    <dir>/ckpt-000000120/aios-digests.json      size and sha256 of every shard and .metadata,
+                                                hashed as they were written (rank 0's writer)
     <dir>/ckpt-000000120/common.pt              state every rank holds alike (step, schedulers,
                                                 registered objects, precision), from rank 0
     <dir>/ckpt-000000120/rank-00003.pt          per-rank state: RNG (python, numpy, torch,
@@ -25,7 +27,11 @@ Rules:
   object stores), every rank writes into it, and rank 0 writes the marker only after DCP's save
   has finished on every rank (DCP gathers every rank's write results before rank 0 writes
   ``.metadata``; the per-rank files are written before a rank joins that save). The marker lists
-  every file with its size (and sha256 for the small ``.pt`` files). A staging directory without
+  every file with its size and sha256: the shards and ``.metadata`` are hashed as DCP's writer
+  writes them (in the checkpoint process or thread, :func:`_digest_write_data`), and
+  ``aios-digests.json`` carries those digests to the commit. On load every file is checked
+  against its digest (shared out over the ranks) before torch reads any of it; a mismatch is a
+  one-line "corrupt" error naming the file. A staging directory without
   a marker (a rank died, the job was killed mid-save) is never resumed, and the store's pruning
   removes it later (lineage rules of :mod:`aios.checkpoint`).
 * **Async.** :meth:`DcpCheckpointer.save` with ``async_save=True`` stages the state into CPU
@@ -56,6 +62,7 @@ Rules:
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 import random
@@ -65,7 +72,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from aios.checkpoint import CheckpointInfo, CheckpointStore
+from aios.checkpoint import CheckpointInfo, CheckpointStore, os_cause
 from aios.errors import CheckpointError
 
 FORMAT_NAME = "dcp"
@@ -102,12 +109,112 @@ def _quiet_checkpoint_process() -> None:
 
 
 _WRITERS: dict[str, type] = {}
+#: fqn prefix of the extra write results that carry a shard's digest to rank 0's ``finish``
+_DIGEST_FQN = "aios.digest:"
+
+
+def _hashed_streams(fs: Any, digests: dict[str, Any], errors: list[OSError]) -> Any:
+    """``fs.create_stream`` wrapped so that every file written through it is hashed as it is
+    written (its size and digest land in ``digests`` under the file's name) and the OS error of a
+    failed write is kept (torch's zip writer replaces it with its own message)."""
+    from aios.checkpoint import _HashingWriter
+
+    create = fs.create_stream
+
+    @contextlib.contextmanager
+    def create_stream(path: Any, mode: str) -> Any:
+        if "w" not in mode:
+            with create(path, mode) as stream:
+                yield stream
+            return
+        w: _HashingWriter | None = None
+        try:
+            with create(path, mode) as stream:
+                w = _HashingWriter(stream)
+                yield w
+        except Exception:
+            if w is not None and w.error is not None:
+                errors.append(w.error)
+            raise
+        digests[str(path).replace("\\", "/").rsplit("/", 1)[-1]] = w.entry()
+
+    return create_stream
+
+
+def _digest_write_data(self: Any, base: Any, plan: Any, planner: Any) -> Any:
+    """This rank's shards, hashed as they are written (in the checkpoint process or the writer
+    thread: the asynchronous part of the save); the digests travel to rank 0's ``finish`` as
+    extra write results."""
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+    from torch.distributed.checkpoint.storage import WriteResult
+    from torch.futures import Future
+
+    digests: dict[str, Any] = {}
+    errors: list[OSError] = []
+    self.fs.create_stream = _hashed_streams(self.fs, digests, errors)
+    try:
+        results = list(base.write_data(self, plan, planner).wait())
+    except Exception as exc:
+        if errors:
+            raise errors[0] from exc  # the OS's word ("No space left on device")
+        raise
+    finally:
+        del self.fs.create_stream
+    for name, entry in digests.items():
+        index = MetadataIndex(f"{_DIGEST_FQN}{name}")
+        results.append(WriteResult(index=index, size_in_bytes=0, storage_data=entry))
+    fut: Future[list[Any]] = Future()
+    fut.set_result(results)
+    return fut
+
+
+def _digest_finish(self: Any, base: Any, metadata: Any, results: list[list[Any]]) -> None:
+    """Rank 0: DCP's ``.metadata`` (hashed as it is written) and, before the marker can be,
+    :data:`aios.checkpoint.DIGESTS_FILE` with every shard's and the metadata's size and digest."""
+    import json
+
+    from aios.checkpoint import DIGESTS_FILE
+
+    digests: dict[str, Any] = {}
+    kept: list[list[Any]] = []
+    for wrs in results:
+        kept.append([])
+        for wr in wrs:
+            fqn = str(getattr(wr.index, "fqn", ""))
+            if fqn.startswith(_DIGEST_FQN):
+                digests[fqn[len(_DIGEST_FQN) :]] = wr.storage_data
+            else:
+                kept[-1].append(wr)
+    meta: dict[str, Any] = {}
+    errors: list[OSError] = []
+    self.fs.create_stream = _hashed_streams(self.fs, meta, errors)
+    try:
+        base.finish(self, metadata, kept)
+    except Exception as exc:
+        if errors:
+            raise errors[0] from exc
+        raise
+    finally:
+        del self.fs.create_stream
+    for name, entry in meta.items():  # written as ".metadata.tmp", then renamed
+        if name.startswith(DCP_METADATA):
+            digests[DCP_METADATA] = entry
+    path = self.fs.concat_path(self.path, DIGESTS_FILE)
+    with self.fs.create_stream(path, "wb") as f:
+        f.write(json.dumps(digests, sort_keys=True).encode())
+        if self.sync_files:
+            with contextlib.suppress(AttributeError, OSError, io.UnsupportedOperation):
+                import os
+
+                f.flush()
+                os.fsync(f.fileno())
 
 
 def _writer_classes() -> tuple[type, type]:
-    """DCP's local and fsspec writers; unpickled in the checkpoint process they quieten it.
-    Built on first use (no torch import with this module); found again by pickle through the
-    module ``__getattr__``."""
+    """DCP's local and fsspec writers: every file they write is hashed as it is written (see
+    :func:`_digest_write_data`); unpickled in the checkpoint process they quieten it. Built on
+    first use (no torch import with this module); found again by pickle through the module
+    ``__getattr__``."""
     if not _WRITERS:
         from torch.distributed.checkpoint import FileSystemWriter
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
@@ -120,7 +227,13 @@ def _writer_classes() -> tuple[type, type]:
             return type(
                 name,
                 (base,),
-                {"__setstate__": __setstate__, "__module__": __name__, "__qualname__": name},
+                {
+                    "__setstate__": __setstate__,
+                    "write_data": functools.partialmethod(_digest_write_data, base),
+                    "finish": functools.partialmethod(_digest_finish, base),
+                    "__module__": __name__,
+                    "__qualname__": name,
+                },
             )
 
         _WRITERS["_LocalWriter"] = quiet(FileSystemWriter, "_LocalWriter")
@@ -310,6 +423,29 @@ def _dist() -> tuple[bool, int, int]:
     if dist.is_available() and dist.is_initialized():
         return True, dist.get_rank(), dist.get_world_size()
     return False, 0, 1
+
+
+def _unreadable_metadata(exc: BaseException) -> bool:
+    """Whether DCP failed to unpickle ``.metadata`` (damaged bytes), anywhere in the chain or in
+    any rank's failure."""
+    import pickle
+
+    todo: list[Any] = [exc]
+    seen: set[int] = set()
+    while todo:
+        e = todo.pop()
+        if isinstance(e, tuple) and e:
+            e = e[0]
+        if not isinstance(e, BaseException) or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, (pickle.UnpicklingError, UnicodeDecodeError, EOFError)):
+            return True
+        failures = getattr(e, "failures", None)
+        if isinstance(failures, dict):
+            todo.extend(failures.values())
+        todo.extend(x for x in (e.__cause__, e.__context__) if x is not None)
+    return False
 
 
 def _one_line(exc: BaseException) -> str:
@@ -544,7 +680,6 @@ class DcpWriter:
         """Every rank: its DCP shards into ``staging.path``; with ``async_save`` in the
         background (after the state is staged into CPU copies), on the checkpoint group. No other
         collective may run on that group until :meth:`wait`."""
-        import torch.distributed.checkpoint as dcp
 
         on, _, _ = _dist()
         group = self.group()
@@ -552,6 +687,22 @@ class DcpWriter:
         state = sharded_state(modules, optimizers)
         writer = _make_writer(target)
         handle = SaveHandle(step=staging.step, staging=staging)
+        try:
+            self._write(state, writer, group, on, handle, async_save)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:
+            raise CheckpointError(
+                f"saving checkpoint step {staging.step} failed ({os_cause(exc)})",
+                "check that checkpoint.dir is writable and has free space",
+            ) from exc
+        return handle
+
+    def _write(
+        self, state: Any, writer: Any, group: Any, on: bool, handle: SaveHandle, async_save: bool
+    ) -> None:
+        import torch.distributed.checkpoint as dcp
+
         if async_save:
             kwargs: dict[str, Any] = {}
             if (
@@ -571,7 +722,6 @@ class DcpWriter:
         else:
             dcp.save(state, storage_writer=writer, process_group=group, no_dist=not on)
             handle.finished = time.perf_counter()
-        return handle
 
     def _shm_fits(self, state: dict[str, Any]) -> bool:
         """Collective, before the first process-mode save: the staged copy lives in
@@ -652,7 +802,13 @@ class DcpWriter:
     @staticmethod
     def shard_entries(store: CheckpointStore, staging: Any) -> dict[str, Any]:
         """Rank 0, once the DCP save has finished on every rank: the shard files and DCP's
-        metadata with their sizes. An incomplete set is an error (never committed)."""
+        metadata with the sizes and digests their writers recorded as they wrote them
+        (:data:`aios.checkpoint.DIGESTS_FILE`), checked against what the store lists. An
+        incomplete set is an error (never committed)."""
+        import json
+
+        from aios.checkpoint import DIGEST, DIGESTS_FILE
+
         fs = store.fs
         with contextlib.suppress(Exception):
             fs.invalidate_cache()
@@ -666,6 +822,22 @@ class DcpWriter:
                 f"checkpoint step {staging.step} is incomplete after the save (no DCP shards or metadata)",
                 "check the storage and rerun",
             )
+        raw = store._read_json(f"{staging.path}/{DIGESTS_FILE}") or b""
+        try:
+            digests = json.loads(raw)
+        except ValueError:
+            digests = None
+        for name, entry in files.items():
+            got = digests.get(name) if isinstance(digests, dict) else None
+            if not isinstance(got, dict) or got.get("size") != entry["size"]:
+                raise CheckpointError(
+                    f"checkpoint step {staging.step}: {name} does not match what its writer "
+                    f"recorded in {DIGESTS_FILE} (written {got and got.get('size')} bytes, "
+                    f"stored {entry['size']})",
+                    "check the storage and rerun",
+                )
+            entry[DIGEST] = got[DIGEST]
+        files[DIGESTS_FILE] = {"size": len(raw), DIGEST: hashlib.new(DIGEST, raw).hexdigest()}
         return files
 
     def commit_when_written(self, handle: SaveHandle, commit: Any, abort: Any) -> None:
@@ -696,11 +868,11 @@ class DcpWriter:
         try:
             handle.future.result()
         except BaseException as exc:  # noqa: BLE001
-            err = _one_line(exc)
+            err = os_cause(exc)
         if handle.commit_thread is not None:
             handle.commit_thread.join()
             if handle.error and err is None:
-                err = _one_line(handle.error[0])
+                err = os_cause(handle.error[0])
         errors = [e for e in self.all_gather(err) if e]
         if handle.finished is None:
             handle.finished = time.perf_counter()
@@ -731,8 +903,18 @@ class DcpWriter:
                 f"checkpoint '{store.display(info.path)}' is not a sharded (dcp) checkpoint",
                 "resume it with the strategy that saved it (full-format checkpoints load with ddp/deepspeed/xla)",
             )
-        store.verify(info)
-        on, rank, _ = _dist()
+        on, rank, world = _dist()
+        # every file against its digest before torch reads any of it: the files are shared out
+        # over the ranks (each is read once), and every rank learns the first mismatch
+        names = sorted(info.meta.get("files", {}))
+        err: str | None = None
+        try:
+            store.verify(info, names=names[rank::world])
+        except CheckpointError as exc:
+            err = exc.one_line()
+        errors = [e for e in self.all_gather(err) if e]
+        if errors:
+            raise CheckpointError(errors[0])
         saved_world = int(info.meta.get("world_size", 1))
         fix = f"delete {store.display(info.path)} or start fresh with checkpoint.resume=false"
         try:
@@ -764,7 +946,13 @@ class DcpWriter:
                 no_dist=not on,
             )
             apply_sharded_state(state, modules, optimizers, strict=strict)
-        except (RuntimeError, ValueError, KeyError, dcp.CheckpointException) as exc:
+        except (RuntimeError, ValueError, KeyError, EOFError, dcp.CheckpointException) as exc:
+            if _unreadable_metadata(exc):
+                raise CheckpointError(
+                    f"checkpoint '{store.display(info.path)}' is corrupt: {DCP_METADATA} cannot "
+                    "be read",
+                    fix,
+                ) from None
             raise CheckpointError(
                 f"the checkpoint does not fit this model/optimizer ({_one_line(exc)})",
                 "use the model definition that saved it, or start fresh with checkpoint.resume=false",
@@ -828,7 +1016,7 @@ class DcpCheckpointer:
             entries = self.io.write_files(store, staging, common if rank == 0 else None, per_rank)
             err = None
         except Exception as exc:  # noqa: BLE001 - every rank learns it below
-            err = _one_line(exc)
+            err = os_cause(exc)
         results = self.io.all_gather((entries, err))  # before the shards: none may overlap them
         failed = [e for _, e in results if e]
         files: dict[str, Any] = {}
@@ -848,7 +1036,7 @@ class DcpCheckpointer:
             if rank == 0:
                 store.abort(staging)
             raise CheckpointError(
-                f"saving checkpoint step {step} failed ({_one_line(exc)})",
+                f"saving checkpoint step {step} failed ({os_cause(exc)})",
                 "check that checkpoint.dir is writable and has free space",
             ) from exc
 
@@ -864,7 +1052,7 @@ class DcpCheckpointer:
             try:
                 handle.path = commit()
             except Exception as exc:  # noqa: BLE001
-                err = _one_line(exc)
+                err = os_cause(exc)
         err = self.io.broadcast(err)
         if err:
             raise CheckpointError(
@@ -955,7 +1143,7 @@ class DcpFormat:
         try:
             entries = self.io.write_files(store, staging, common, {"rng": mine, "loaders": loaders})
         except Exception as exc:  # noqa: BLE001 - every rank learns it: no rank starts its shards
-            err = _one_line(exc)
+            err = os_cause(exc)
         errors = [e for e in self.io.all_gather(err) if e]
         if errors:
             raise CheckpointError(

@@ -14,7 +14,10 @@ class AiosError(Exception):
         self.fix = fix
 
     def one_line(self) -> str:
-        return f"{self.message}; {self.fix}" if self.fix else self.message
+        """``message; fix``, with the secrets of any URL in it redacted."""
+        from aios.config import redact_url
+
+        return redact_url(f"{self.message}; {self.fix}" if self.fix else self.message)
 
     def __str__(self) -> str:  # one line, always
         return self.one_line()

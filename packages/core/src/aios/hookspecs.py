@@ -244,6 +244,11 @@ def aios_make_strategy(backend: str, config: AiosConfig) -> Strategy | None:
     :class:`aios.types.StrategySpec` serves the (strategy, backend) pair. ``firstresult``.
 
     .. versionadded:: 0.1
+
+    .. deprecated:: 0.2
+       ``DDPStrategy(config, device_type=..., dist_backend=...)`` (the 0.1 form) is replaced by
+       ``DDPStrategy(config, accelerator=...)``; the old form still works, warns with a
+       ``DeprecationWarning`` naming the new one, and is removed in 0.4 at the earliest.
     """
 
 

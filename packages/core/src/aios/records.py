@@ -150,7 +150,9 @@ class RunRecord:
         path = os.path.join(self.dir, name)
         tmp = f"{path}.tmp-{os.getpid()}"
         try:
-            text = json.dumps(data, indent=1, sort_keys=True, default=str)
+            from aios.config import redact
+
+            text = json.dumps(redact(data), indent=1, sort_keys=True, default=str)
             with open(tmp, "w") as f:
                 f.write(text)
             os.replace(tmp, path)

@@ -895,9 +895,11 @@ class Runtime:
     def _print_locations(self) -> None:
         """Where this run's record and checkpoints went: one line each, rank 0, at the end."""
         with contextlib.suppress(Exception):
+            from aios.config import redact_url
+
             ckpt = self.config.checkpoint.dir or "none (set checkpoint.dir to keep them)"
             print(f"aios: run record: {self.run_dir}", file=sys.stderr, flush=True)
-            print(f"aios: checkpoints: {ckpt}", file=sys.stderr, flush=True)
+            print(f"aios: checkpoints: {redact_url(ckpt)}", file=sys.stderr, flush=True)
 
     def _atexit(self) -> None:
         self.close(status="exited")

@@ -1,0 +1,80 @@
+"""Plugin API stability: a backend plugin written against aios-core 0.1's documented API
+(``DDPStrategy(config, device_type=..., dist_backend=...)`` from ``aios_make_strategy``) still
+trains, with a DeprecationWarning naming the new form; the hook reference marks it."""
+
+from __future__ import annotations
+
+import warnings
+from importlib.metadata import EntryPoint
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+PLUGIN_DIR = Path(__file__).parent / "scripts" / "legacy_plugin"
+
+
+@pytest.fixture
+def legacy_registry(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    from aios import plugins as plugins_mod
+
+    monkeypatch.syspath_prepend(str(PLUGIN_DIR))
+    monkeypatch.setenv("AIOS_LOGGING__RUN_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("AIOS_LOGGING__TENSORBOARD", "false")
+    plugins_mod.reset_registry()
+    plugins_mod._registry = plugins_mod.Registry(
+        entry_points=[
+            EntryPoint(name="aios-core", value="aios.builtin", group="aios"),
+            EntryPoint(name="legacy-backend", value="legacy_backend_plugin", group="aios"),
+        ]
+    )
+    yield
+    plugins_mod.reset_registry()
+
+
+def test_plugin_written_against_the_previous_release_still_trains(legacy_registry) -> None:
+    import aios
+
+    with pytest.warns(DeprecationWarning, match=r"use DDPStrategy\(config, accelerator=\.\.\.\)"):
+        rt = aios.init(backend="legacy")
+    try:
+        assert rt.strategy.device_type == "cpu" and rt.strategy.dist_backend == "gloo"
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, opt = rt.setup(model, opt)
+        before = model.weight.detach().clone()
+        rt.backward(model(torch.ones(2, 4)).sum())
+        rt.step(opt)
+        assert not torch.equal(before, model.weight.detach())
+    finally:
+        rt.close()
+
+
+def test_ddp_strategy_old_forms_warn_and_new_form_is_quiet() -> None:
+    from aios.accelerator import CpuAccelerator
+    from aios.config import resolve
+    from aios.strategies.ddp import DDPStrategy
+
+    cfg = resolve(None, [], {}, environ={})
+    for make in (
+        lambda: DDPStrategy(cfg, device_type="cuda", dist_backend="nccl"),
+        lambda: DDPStrategy(cfg, "cuda", "nccl"),  # 0.1 positional
+    ):
+        with pytest.warns(DeprecationWarning, match="deprecated since aios-core 0.2"):
+            s = make()
+        assert (s.device_type, s.dist_backend, s.accelerator.device_type) == (
+            "cuda",
+            "nccl",
+            "cuda",
+        )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        s = DDPStrategy(cfg, accelerator=CpuAccelerator(cfg))
+    assert (s.device_type, s.dist_backend) == ("cpu", "gloo")
+
+
+def test_hook_reference_marks_the_deprecation() -> None:
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    hooks = readme[readme.index("HOOKS:START") : readme.index("HOOKS:END")]
+    assert "deprecated:: 0.2" in hooks and "DDPStrategy(config, accelerator=...)" in hooks
