@@ -53,3 +53,103 @@ def test_per_rank_seeds_give_one_model_under_every_strategy(tmp_path, strategy):
     want = _rank0_model_output()
     for got in found:  # tp sums partial products in another order: float32 rounding only
         assert got == pytest.approx(want, rel=1e-6), (found, want)
+
+
+@pytest.mark.parametrize(
+    "strategy,failing,cause",
+    [
+        ("ddp", "exists", "already exists"),  # rank 0 writes the full format
+        ("fsdp", "1", "File too large"),  # every rank writes its DCP shards
+    ],
+)
+def test_a_save_that_fails_on_one_rank_stops_every_rank_with_one_line(
+    tmp_path, strategy, failing, cause
+):
+    r = aios_run(
+        tmp_path,
+        "--nprocs",
+        "2",
+        f"strategy={strategy}",
+        str(SCRIPTS / "save_fails_on_rank.py"),
+        failing,
+    )
+    out = r.stdout + r.stderr
+    rank = 0 if failing == "exists" else int(failing)
+    assert r.returncode == 2, out
+    errors = [line for line in out.splitlines() if "aios: error" in line]
+    assert len(errors) == 1 and f"aios: error (rank {rank}):" in errors[0], out
+    assert cause in errors[0], out
+    assert "Traceback" not in out and "Connection closed" not in out, out
+    assert f"exited with code 2 on rank {rank}" in out, out
+
+
+def test_best_save_killed_mid_write_keeps_the_last_best_and_the_run_goes_on(tmp_path):
+    """A best-save after each of 10 evaluations; the whole job is SIGKILLed while the k-th
+    best checkpoint's files are being written (k from a seeded RNG): the previous best stays
+    complete under its name, and the relaunched run resumes and saves the later bests."""
+    import json
+    import random
+
+    k = random.Random(20).randint(2, 9)
+    print(f"SIGKILL during best save {k} of 10")
+    ck = tmp_path / "ck"
+    env = {"PYTHONPATH": str(SCRIPTS / "killer"), "IDIOMS_KILL_AT": f"SIGKILL:save:{k}"}
+    script = str(SCRIPTS / "best_every_eval.py")
+    r = aios_run(tmp_path, "--nprocs", "2", script, str(ck), env=env)
+    assert r.returncode != 0 and f"best {10 - (k - 1)}.0 at step {2 * (k - 1)}" in r.stdout, (
+        r.stdout + r.stderr
+    )
+    marker = json.loads((ck / "best" / "aios-checkpoint.json").read_text())
+    assert marker["step"] == 2 * (k - 1)  # the last committed best, complete
+    r = aios_run(tmp_path, "--nprocs", "2", script, str(ck))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "resumed from" in r.stdout
+    assert f"best {10 - k}.0 at step {2 * k}" in r.stdout  # the interrupted best, written now
+    assert "done at step 20: best 0.0 steps 20" in r.stdout  # plain values resumed, not recounted
+    assert json.loads((ck / "best" / "aios-checkpoint.json").read_text())["step"] == 20
+    assert sorted(p.name for p in ck.iterdir() if p.name.startswith(".aios-partial")) == []
+
+
+def test_global_batch_gives_grad_accum_once_the_data_ranks_are_known():
+    from types import SimpleNamespace
+
+    from aios.errors import ConfigError
+    from aios.runtime import derive_grad_accum, resolve_config
+
+    def accum(ranks: int, **cfg: object) -> int:
+        config = resolve_config(dict(cfg))
+        derive_grad_accum(config, SimpleNamespace(data_world=ranks, world_size=ranks))
+        return config.grad_accum
+
+    assert accum(2, global_batch=64, micro_batch=8) == 4
+    assert accum(4, global_batch=64, micro_batch=8) == 2
+    assert accum(1, grad_accum=3) == 3  # no batch sizes: grad_accum as given
+    for bad, words in [
+        ({"global_batch": 60, "micro_batch": 8}, "not a multiple of micro_batch=8 x 2"),
+        ({"global_batch": 64, "micro_batch": 8, "grad_accum": 2}, "contradicts"),
+        ({"global_batch": 64}, "without micro_batch"),
+    ]:
+        with pytest.raises(ConfigError, match=words):
+            accum(2, **bad)
+
+
+def test_register_takes_plain_values_and_names_what_it_cannot_save():
+    from types import SimpleNamespace
+
+    import torch
+    from aios.errors import AiosError
+    from aios.state import TrainingState
+
+    tr = TrainingState(SimpleNamespace(world_size=1), SimpleNamespace(), "cpu")
+    hist = tr.register("hist", [1.0])
+    assert tr.register("best", 3.5) == 3.5
+    tr.register("cfg", {"lr": 0.1, "w": torch.ones(2)})
+    saved = {k: v.state_dict() for k, v in tr.objects.items()}
+    hist.append(2.0)
+    tr.values["best"] = 1.0
+    tr.load_objects(saved)
+    assert hist == [1.0] and tr.values["hist"] is hist and tr.values["best"] == 3.5
+    tr.load_objects({"later": {"value": 7}})  # registered after the resume: gets its value
+    assert tr.register("later", 0) == 7
+    with pytest.raises(AiosError, match="got a object"):
+        tr.register("bad", {"x": object()})

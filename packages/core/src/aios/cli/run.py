@@ -662,8 +662,10 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
             failures = detail or {}
             if failures and all(f.exitcode == 75 for f in failures.values()):
                 _preempted_exit(cfg, status)
-            # the root cause: the rank that failed first on its own (not one the agent stopped)
-            rank, failure = watch.first_failure(failures) if failures else (0, None)
+            # the root cause: the rank that failed first on its own (not one the agent stopped,
+            # nor one that stopped because another rank failed: it says so in its status file)
+            own = {r: f for r, f in failures.items() if not status.get(r, "").startswith("stopped")}
+            rank, failure = watch.first_failure(own or failures) if failures else (0, None)
             code = failure.exitcode if failure is not None else 1
             _script_failed(script, rank, code, plan.world_size > 1)
         else:
