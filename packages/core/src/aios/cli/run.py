@@ -2,7 +2,7 @@
 
 ::
 
-    aios-run [--backend auto|cpu|cuda|xla|neuron|...] [--nprocs N]
+    aios-run [--backend auto|cpu|cuda|tpu|xla|neuron|...] [--nprocs N]
              [--nnodes N --node-rank R --master-addr A --master-port P]
              [--precision P] [--config FILE] [--max-restarts N] [--dry-run [--json]] [--debug]
              [key=value ...] SCRIPT [ARGS...]
@@ -214,6 +214,8 @@ def _print_plan(
     data = plan.to_dict()
     for h in data["hosts"]:
         h["env"] = {**h["env"], **env}
+        if plan.launcher == "direct":
+            h["ranks"] = []  # one process, started as it is: no RANK/WORLD_SIZE/MASTER_* set
         h["shell"] = " ".join(
             [
                 *(f"{k}={shlex.quote(v)}" for k, v in sorted(h["env"].items())),
@@ -245,6 +247,8 @@ def _print_plan(
     )
     for h in data["hosts"]:
         click.echo(f"host {h['host']['address']}: {h['nprocs']} process(es)")
+        if plan.launcher == "direct":
+            click.echo("  rank 0: one process (no RANK, WORLD_SIZE or MASTER_* variables are set)")
         for r in h["ranks"]:
             click.echo(
                 "  rank " + r.get("RANK", "?") + ": " + " ".join(f"{k}={v}" for k, v in r.items())
@@ -791,7 +795,7 @@ _OPTIONS = [
     click.option(
         "--backend",
         default=None,
-        help="auto | cpu | cuda | xla | neuron | <plugin backend> (default: auto).",
+        help="auto | cpu | cuda | tpu | xla | neuron | <plugin backend> (default: auto).",
     ),
     click.option(
         "--nprocs", default=None, help="Processes per node (default: one per device; 1 on CPU)."
