@@ -165,7 +165,9 @@ class MeshSettings(Section):
 
 
 class AiosConfigBase(Section):
-    backend: str = Field("auto", description="auto | cpu | cuda | tpu | xla | neuron | <plugin backend>")
+    backend: str = Field(
+        "auto", description="auto | cpu | cuda | tpu | xla | neuron | <plugin backend>"
+    )
     precision: Precision = "fp32"
     strategy: str = Field(
         "auto",
