@@ -153,3 +153,13 @@ def test_register_takes_plain_values_and_names_what_it_cannot_save():
     assert tr.register("later", 0) == 7
     with pytest.raises(AiosError, match="got a object"):
         tr.register("bad", {"x": object()})
+
+
+def test_one_cpu_process_gets_the_idle_cpus_and_is_told_so():
+    from aios.builtin import cpu_threads
+
+    assert cpu_threads(1, 2, 0.3) == (2, None)  # an idle machine: torch's default
+    threads, note = cpu_threads(1, 2, 9.5)  # a busy one: one thread, and a note saying why
+    assert threads == 1 and note and "OMP_NUM_THREADS=1" in note and "load 9.5" in note
+    assert cpu_threads(1, 16, 4.0)[0] == 12
+    assert cpu_threads(4, 16, 30.0) == (4, None)  # several processes share the CPUs (torchrun)

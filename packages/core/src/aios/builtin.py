@@ -159,14 +159,43 @@ def _discover_cpu(config: Any) -> DeviceReport:
     )
 
 
+def cpu_threads(nprocs: int, cpus: int, load: float) -> tuple[int, str | None]:
+    """Intra-op threads per process for a CPU run: the CPUs this process may use, shared among
+    its processes (as torchrun does). One process alone is given only the CPUs the machine has
+    idle (``cpus`` minus the 1-minute load average): threads that spin on a busy machine's
+    cores make a run several times slower than one thread does. Returns the count and, when
+    it was lowered for the load, the note that says so."""
+    if nprocs > 1:
+        return max(1, cpus // nprocs), None
+    idle = max(1, int(cpus - load + 0.5))
+    if idle >= cpus:
+        return cpus, None
+    return idle, (
+        f"{cpus} CPUs with load {load:.1f}: OMP_NUM_THREADS={idle} for the one process (set "
+        "OMP_NUM_THREADS to choose)"
+    )
+
+
 def _launch_cpu(config: Any, request: Any) -> Any:
     from aios.launch import elastic_plan
 
     nprocs = 1 if config.nprocs == "auto" else int(config.nprocs)
-    threads = max(1, (os.cpu_count() or 1) // nprocs)
-    return elastic_plan(
-        "cpu", config, request, nprocs, env={"OMP_NUM_THREADS": str(threads)} if nprocs > 1 else {}
-    )
+    env: dict[str, str] = {}
+    notes: list[str] = []
+    if "OMP_NUM_THREADS" not in os.environ:  # the user's own setting wins
+        try:
+            cpus = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cpus = os.cpu_count() or 1
+        try:
+            load = os.getloadavg()[0]
+        except (AttributeError, OSError):
+            load = 0.0
+        threads, note = cpu_threads(nprocs, cpus, load)
+        if nprocs > 1 or note:
+            env["OMP_NUM_THREADS"] = str(threads)
+        notes += [note] if note else []
+    return elastic_plan("cpu", config, request, nprocs, env=env, notes=notes)
 
 
 def _doctor_cpu(config: Any, explicit: bool) -> list[DoctorCheck]:

@@ -7,12 +7,19 @@ a :class:`aios.state.TrainingState` and a strategy. Its constructor has no side 
 the directory's writer lock on rank 0 and starts the lock's heartbeat thread;
 :meth:`CheckpointManager.close` releases both.
 
-Batch boundary. ``Runtime.step`` only *decides* that a checkpoint is due (:attr:`pending`); it is
-written at the next batch boundary, so that what the script does after ``step()`` (scheduler,
-EMA) is in it and the data position is exact. Data loaders call the public
-:meth:`CheckpointManager.at_batch_boundary` before fetching the next batch (``DeviceLoader``
-does when ``runtime.setup`` attached it: ``loader.owner`` is the manager); ``backward``,
-``accumulate`` and ``close`` call it too. It costs one attribute test when nothing is pending.
+Batch boundary. ``Runtime.step`` only *decides* that a checkpoint is due (:attr:`pending`) and
+notes the RNG streams (:meth:`CheckpointManager.note_step`); it is written at the next batch
+boundary, so that what the script does after ``step()`` (scheduler, EMA) is in it and the data
+position is exact. Data loaders call the public :meth:`CheckpointManager.at_batch_boundary`
+before fetching the next batch (``DeviceLoader`` does when ``runtime.setup`` attached it:
+``loader.owner`` is the manager): state and RNG as they are then. ``backward`` and
+``accumulate`` call it for loops that draw their own batches: the state as it is then, the RNG
+streams of the step, since a resumed loop runs the top of its loop again. It costs one attribute
+test when nothing is pending.
+
+Every save ends with one collective that tells each rank every rank's outcome
+(:func:`aios.errors.settle`): a failure anywhere raises on the failing rank and a quiet
+:class:`aios.errors.PeerFailed` on the others.
 
 Extension point: checkpoint formats
 -----------------------------------

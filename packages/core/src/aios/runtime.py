@@ -29,9 +29,14 @@ Semantics worth knowing:
 * ``step(opt)`` is the optimizer-step boundary: with ``grad_accum=N`` it steps on every N-th
   call (returning ``False`` otherwise), clips to ``grad_clip``, steps through the strategy and
   precision (fp16 overflow steps are skipped and counted), zeroes gradients, cuts the lazy graph
-  (XLA), writes the periodic checkpoint, and acts on preemption notices.
-* ``backward(loss)`` divides by ``grad_accum``; wrap micro-steps in ``accumulate(model)`` to skip
-  the gradient all-reduce on all but the last micro-step (DDP ``no_sync``).
+  (XLA), decides that the periodic checkpoint is due and acts on preemption notices. The
+  checkpoint is cut at the next batch of an aios loader, else at the next ``accumulate``/
+  ``backward`` with the RNG streams of the step (see
+  :meth:`aios.checkpointing.CheckpointManager.at_batch_boundary`).
+* ``backward(loss)`` divides by ``grad_accum`` (``divide=False``: the script already did);
+  wrap micro-steps in ``accumulate(model)`` to skip the gradient all-reduce on all but the last
+  micro-step (DDP ``no_sync``). ``grad_accum`` may be derived from ``global_batch`` and
+  ``micro_batch`` (:func:`derive_grad_accum`).
 * ``save``/``resume`` are collective: every rank calls them (the automatic ones in ``step`` do).
   Rank 0 writes, every rank reads (the checkpoint dir must be shared between nodes: a URL or a
   shared file system). What is saved: model, optimizers, schedulers and registered objects, the
