@@ -163,3 +163,16 @@ def test_one_cpu_process_gets_the_idle_cpus_and_is_told_so():
     assert threads == 1 and note and "OMP_NUM_THREADS=1" in note and "load 9.5" in note
     assert cpu_threads(1, 16, 4.0)[0] == 12
     assert cpu_threads(4, 16, 30.0) == (4, None)  # several processes share the CPUs (torchrun)
+
+
+def test_a_traceback_has_one_rank_prefix_and_the_last_line_names_the_failing_rank(tmp_path):
+    r = aios_run(tmp_path, "--nprocs", "2", str(SCRIPTS / "fails_on_rank1.py"))
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "[rank1]:ValueError: boom on rank 1" in out, out
+    assert "[rank1]:[rank1]:" not in out and "[rank0]:[rank0]:" not in out, out
+    assert (
+        out.rstrip()
+        .splitlines()[-1]
+        .endswith("exited with code 1 on rank 1 (other ranks stopped); see its output above")
+    ), out

@@ -176,15 +176,17 @@ def _without_torch_prefix(hook: Any) -> Any:
     return cells.get("old_hook", hook)
 
 
-def _mark_stopped() -> None:
-    """Tell ``aios-run`` that this rank stopped because another rank failed (it never blames
-    this rank for the failure)."""
+def _mark_status(text: str) -> None:
+    """This rank's line in ``aios-run``'s status folder: ``failed <CLOCK_MONOTONIC ns>`` when an
+    exception reaches the excepthook (written before the process closes any connection, so a
+    peer that fails because of it stamps a later time: aios-run blames the earliest), or
+    ``stopped`` when another rank failed (never blamed)."""
     from aios.contract import STATUS_DIR_ENV
 
     status_dir, rank = os.environ.get(STATUS_DIR_ENV), os.environ.get("RANK")
     if status_dir and rank is not None:
         with contextlib.suppress(OSError), open(os.path.join(status_dir, f"rank{rank}"), "w") as f:
-            f.write("stopped (another rank failed)")
+            f.write(text)
 
 
 def _install_excepthook() -> None:
@@ -199,11 +201,12 @@ def _install_excepthook() -> None:
     def hook(exc_type: Any, exc: BaseException, tb: Any) -> None:
         global _failing
         _failing = True  # the error stays the last line: no "where it went" lines after it
+        quiet = bool(getattr(exc, "quiet", False))
+        _mark_status("stopped (another rank failed)" if quiet else f"failed {time.monotonic_ns()}")
         if not issubclass(exc_type, AiosError) or os.environ.get("AIOS_DEBUG", "") not in ("", "0"):
             previous(exc_type, exc, tb)
             return
-        if getattr(exc, "quiet", False):  # another rank failed and prints the one line
-            _mark_stopped()
+        if quiet:  # another rank failed and prints the one line
             atexit._run_exitfuncs()
             os._exit(getattr(exc, "exit_code", 2))
         rank = os.environ.get("RANK")

@@ -576,6 +576,23 @@ class _AgentWatch:
         return min(failures.items(), key=key)
 
 
+def _blame(failures: dict[int, Any], status: dict[int, str], watch: _AgentWatch) -> tuple[int, Any]:
+    """The root cause of a failed run: the rank whose exception reached aios's excepthook first
+    (``failed <monotonic ns>`` in its status file, written before it closed any connection, so
+    a peer failing because of it always stamps later); else the rank that exited first on its
+    own (not one the agent stopped, nor one that stopped because another rank failed)."""
+    stamped: dict[int, int] = {}
+    for r, text in status.items():
+        word, _, stamp = text.partition(" ")
+        if r in failures and word == "failed" and stamp.isdigit():
+            stamped[r] = int(stamp)
+    if stamped:
+        rank = min(stamped, key=lambda r: (stamped[r], r))
+        return rank, failures[rank]
+    own = {r: f for r, f in failures.items() if not status.get(r, "").startswith("stopped")}
+    return watch.first_failure(own or failures)
+
+
 def _wrap_monitor(monitor: Any, watch: _AgentWatch) -> Any:
     def _monitor(agent: Any, worker_group: Any) -> Any:
         result = monitor(agent, worker_group)
@@ -666,10 +683,7 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
             failures = detail or {}
             if failures and all(f.exitcode == 75 for f in failures.values()):
                 _preempted_exit(cfg, status)
-            # the root cause: the rank that failed first on its own (not one the agent stopped,
-            # nor one that stopped because another rank failed: it says so in its status file)
-            own = {r: f for r, f in failures.items() if not status.get(r, "").startswith("stopped")}
-            rank, failure = watch.first_failure(own or failures) if failures else (0, None)
+            rank, failure = _blame(failures, status, watch) if failures else (0, None)
             code = failure.exitcode if failure is not None else 1
             _script_failed(script, rank, code, plan.world_size > 1)
         else:
