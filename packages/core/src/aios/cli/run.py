@@ -657,7 +657,7 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
         STATUS_DIR_ENV: status_dir,
         LAUNCHER_PID_ENV: str(os.getpid()),
     }
-    for n in notes:
+    for n in [*plan.notes, *notes]:  # what the plan changed on its own is never silent
         click.echo(f"{PROG}: note: {n}", err=True)
     try:
         cmd = host.command
