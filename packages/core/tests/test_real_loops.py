@@ -176,3 +176,10 @@ def test_a_traceback_has_one_rank_prefix_and_the_last_line_names_the_failing_ran
         .splitlines()[-1]
         .endswith("exited with code 1 on rank 1 (other ranks stopped); see its output above")
     ), out
+
+
+def test_a_model_built_on_the_meta_device_is_sharded_as_it_is(tmp_path):
+    r = aios_run(tmp_path, "--nprocs", "2", "strategy=fsdp", str(SCRIPTS / "init_meta.py"))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    for rank in (0, 1):  # each rank holds half of the first weight, materialized after setup
+        assert f"[rank{rank}]:ok meta=False local=(8, 8) out=(2, 4)" in r.stdout, r.stdout

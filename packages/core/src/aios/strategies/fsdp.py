@@ -302,7 +302,9 @@ class FSDPStrategy(DDPStrategy):
 
         s = self.config.fsdp
         self._precision = precision
-        module = precision.convert_module(module.to(self.device))
+        if not any(t.is_meta for t in module.parameters()):  # a meta model is sharded as it is
+            module = module.to(self.device)
+        module = precision.convert_module(module)
         if self.world_size > 1:
             broadcast_module_states(module, self._dist)  # one model, as under DDP
         before = {name: p for name, p in module.named_parameters()}
