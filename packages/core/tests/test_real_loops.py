@@ -183,3 +183,33 @@ def test_a_model_built_on_the_meta_device_is_sharded_as_it_is(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     for rank in (0, 1):  # each rank holds half of the first weight, materialized after setup
         assert f"[rank{rank}]:ok meta=False local=(8, 8) out=(2, 4)" in r.stdout, r.stdout
+
+
+def test_a_named_save_replaces_only_an_aios_checkpoint_and_only_once_committed(tmp_path):
+    import json
+
+    from aios.checkpoint import MARKER, CheckpointStore
+    from aios.errors import CheckpointError
+
+    store = CheckpointStore(str(tmp_path), keep=None)
+
+    def save(step: int, replace: bool) -> None:
+        staging = store.begin(step, "best", replace=replace)
+        store.write_file(staging, "state.pt", lambda f: f.write(b"x" * step))
+        # until the commit, "best" is still the previous complete checkpoint
+        if (tmp_path / "best").exists():
+            assert json.loads((tmp_path / "best" / MARKER).read_text())["step"] == step - 1
+        store.commit(staging, {})
+
+    save(1, replace=False)
+    with pytest.raises(CheckpointError, match="already exists.*replace=True"):
+        store.begin(2, "best")
+    save(2, replace=True)
+    assert json.loads((tmp_path / "best" / MARKER).read_text())["step"] == 2
+    assert (tmp_path / "best" / "state.pt").read_bytes() == b"xx"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best"]  # the old copy is gone
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("the user's")
+    with pytest.raises(CheckpointError, match="is not an aios checkpoint"):
+        store.begin(3, "mine", replace=True)
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "the user's"
