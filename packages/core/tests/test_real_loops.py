@@ -151,7 +151,7 @@ def test_register_takes_plain_values_and_names_what_it_cannot_save():
     assert hist == [1.0] and tr.values["hist"] is hist and tr.values["best"] == 3.5
     tr.load_objects({"later": {"value": 7}})  # registered after the resume: gets its value
     assert tr.register("later", 0) == 7
-    with pytest.raises(AiosError, match="got a object"):
+    with pytest.raises(AiosError, match="plain value, and got object"):
         tr.register("bad", {"x": object()})
 
 

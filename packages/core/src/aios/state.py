@@ -59,8 +59,8 @@ class TrainingState:
             bad = _not_plain(obj)
             if bad is not None:
                 raise AiosError(
-                    f"runtime.register({name!r}, ...) got a {bad}: neither a plain value nor "
-                    "an object with state_dict() and load_state_dict()",
+                    f"runtime.register({name!r}, ...) needs an object with state_dict() and "
+                    f"load_state_dict() or a plain value, and got {bad}",
                     "register numbers, strings, tensors and dicts/lists of them, or objects "
                     "with state_dict()/load_state_dict()",
                 )
