@@ -159,8 +159,8 @@ def test_one_cpu_process_gets_the_idle_cpus_and_is_told_so():
     from aios.builtin import cpu_threads
 
     assert cpu_threads(1, 2, 0.3) == (2, None)  # an idle machine: torch's default
-    threads, note = cpu_threads(1, 2, 9.5)  # a busy one: one thread, and a note saying why
-    assert threads == 1 and note and "OMP_NUM_THREADS=1" in note and "load 9.5" in note
+    threads, note = cpu_threads(1, 2, 1.9)  # a busy one: one thread, and a note saying why
+    assert threads == 1 and note and "OMP_NUM_THREADS=1" in note and "1.9 of 2 CPUs busy" in note
     assert cpu_threads(1, 16, 4.0)[0] == 12
     assert cpu_threads(4, 16, 30.0) == (4, None)  # several processes share the CPUs (torchrun)
 
