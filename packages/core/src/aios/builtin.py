@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import platform
+import time
 from typing import Any
 
 from aios.hookspecs import hookimpl
@@ -159,14 +160,62 @@ def _discover_cpu(config: Any) -> DeviceReport:
     )
 
 
+def cpu_threads(nprocs: int, cpus: int, busy: float) -> tuple[int, str | None]:
+    """Intra-op threads per process for a CPU run: the CPUs this process may use, shared among
+    its processes (as torchrun does). One process alone is given only the CPUs the machine has
+    idle (``cpus`` minus ``busy``, the CPUs other processes keep busy): threads that spin on a
+    busy machine's cores make a run several times slower than one thread does. Returns the
+    count and, when it was lowered, the note that says so."""
+    if nprocs > 1:
+        return max(1, cpus // nprocs), None
+    idle = max(1, int(cpus - busy + 0.5))
+    if idle >= cpus:
+        return cpus, None
+    return idle, (
+        f"{busy:.1f} of {cpus} CPUs busy: OMP_NUM_THREADS={idle} for the one process (set "
+        "OMP_NUM_THREADS to choose)"
+    )
+
+
+def busy_cpus(window: float = 0.1) -> float:
+    """How many CPUs the machine's processes keep busy, from ``/proc/stat`` over ``window``
+    seconds (time blocked on I/O counts as idle: the 1-minute load average counts it as busy);
+    the 1-minute load average where ``/proc`` is missing."""
+
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+        return sum(fields), fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+
+    try:
+        total0, idle0 = sample()
+        time.sleep(window)
+        total1, idle1 = sample()
+    except (OSError, ValueError, IndexError):
+        try:
+            return os.getloadavg()[0]
+        except (AttributeError, OSError):
+            return 0.0
+    spent = max(1, total1 - total0)
+    return (os.cpu_count() or 1) * (spent - (idle1 - idle0)) / spent
+
+
 def _launch_cpu(config: Any, request: Any) -> Any:
     from aios.launch import elastic_plan
 
     nprocs = 1 if config.nprocs == "auto" else int(config.nprocs)
-    threads = max(1, (os.cpu_count() or 1) // nprocs)
-    return elastic_plan(
-        "cpu", config, request, nprocs, env={"OMP_NUM_THREADS": str(threads)} if nprocs > 1 else {}
-    )
+    env: dict[str, str] = {}
+    notes: list[str] = []
+    if "OMP_NUM_THREADS" not in os.environ:  # the user's own setting wins
+        try:
+            cpus = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cpus = os.cpu_count() or 1
+        threads, note = cpu_threads(nprocs, cpus, busy_cpus() if nprocs == 1 else 0.0)
+        if nprocs > 1 or note:
+            env["OMP_NUM_THREADS"] = str(threads)
+        notes += [note] if note else []
+    return elastic_plan("cpu", config, request, nprocs, env=env, notes=notes)
 
 
 def _doctor_cpu(config: Any, explicit: bool) -> list[DoctorCheck]:

@@ -50,7 +50,6 @@ installed plugin registers is an error with the install hint.
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import io
 import json
@@ -63,7 +62,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from aios.errors import CheckpointError
+from aios.errors import CheckpointError, os_cause
 
 MARKER = "aios-checkpoint.json"
 STATE_FILE = "state.pt"
@@ -134,6 +133,8 @@ class Staging:
     files: dict[str, Any] = field(default_factory=dict)
     #: an explicit directory name (``rt.save(path)``) instead of ``ckpt-<step>``
     target: str | None = None
+    #: the explicit directory may hold an aios checkpoint that the commit replaces
+    replace: bool = False
 
 
 #: the digest every checkpoint file is recorded with in the marker (``hashlib`` name). sha256:
@@ -183,41 +184,6 @@ class _HashingWriter:
         self.f.close()
 
 
-_ERRNO = re.compile(r"\[Errno (\d+)\]")
-
-
-def os_cause(exc: BaseException) -> str:
-    """The cause of a failed write as the OS gave it ("No space left on device [ENOSPC]",
-    "Permission denied [EACCES]", "Disk quota exceeded [EDQUOT]"), found anywhere in the
-    exception's chain or, from DCP's checkpoint process, in its text; torch's zip writer and DCP
-    wrap it in their own messages (``unexpected pos 91648 vs 91552``). Otherwise the exception's
-    own first line."""
-    seen: set[int] = set()
-    todo: list[Any] = [exc]
-    texts: list[str] = []
-    while todo:
-        e = todo.pop(0)
-        if isinstance(e, tuple) and e and isinstance(e[0], BaseException):
-            e = e[0]  # DCP's (exception, traceback) per failed rank
-        if not isinstance(e, BaseException) or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, OSError) and e.errno:
-            return f"{e.strerror or os.strerror(e.errno)} [{errno.errorcode.get(e.errno, e.errno)}]"
-        texts.append(str(e))
-        failures = getattr(e, "failures", None)
-        if isinstance(failures, dict):
-            todo.extend(failures.values())
-        todo.extend(x for x in (e.__cause__, e.__context__) if x is not None)
-    for text in texts:
-        m = _ERRNO.search(text)
-        if m and int(m.group(1)) in errno.errorcode:
-            n = int(m.group(1))
-            return f"{os.strerror(n)} [{errno.errorcode[n]}]"
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0][:200] if lines else ''}"
-
-
 def filesystem(url: str) -> tuple[Any, str]:
     """``(fsspec filesystem, path)`` for a local path or a registered URL scheme."""
     import fsspec
@@ -252,6 +218,29 @@ def filesystem(url: str) -> tuple[Any, str]:
     fs = fsspec.filesystem(spec.protocol, **options)
     path = fs._strip_protocol(url) if hasattr(fs, "_strip_protocol") else url.split("://", 1)[1]
     return fs, path
+
+
+def _swap(new: str, old: str) -> None:
+    """Give the committed directory ``new`` the name ``old`` (an older checkpoint), which then
+    lies at ``new``: one atomic ``renameat2(RENAME_EXCHANGE)`` on Linux, so at every instant a
+    complete checkpoint has the name. Where the kernel or file system lacks it: the old copy
+    is renamed aside first (for an instant the name is free; the old copy keeps its marker
+    under ``new``'s name and is removed by the caller)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        renameat2 = None
+    if renameat2 is not None:
+        at_fdcwd, rename_exchange = -100, 2
+        if renameat2(at_fdcwd, os.fsencode(new), at_fdcwd, os.fsencode(old), rename_exchange) == 0:
+            return
+    aside = f"{new}.old"
+    os.rename(old, aside)
+    os.rename(new, old)
+    os.rename(aside, new)
 
 
 def fsync_dir(path: str) -> None:
@@ -509,18 +498,28 @@ class CheckpointStore:
         return entry
 
     # ---------------------------------------------------------------- staging and commit
-    def begin(self, step: int, target: str | None = None) -> Staging:
+    def begin(self, step: int, target: str | None = None, replace: bool = False) -> Staging:
         """Start a save of ``step``: a new staging directory that belongs to this lineage. With
         ``target`` (a directory name in this store) the checkpoint ends up there instead of at
-        ``ckpt-<step>``; it must not exist."""
+        ``ckpt-<step>``; it must not exist, unless ``replace``: then an aios checkpoint there
+        is replaced when the new one is committed (see :meth:`_place`)."""
         self.check_lock()
         nonce = _nonce()
         name = ckpt_name(step)
         in_place = not self.local
         if target is not None and self.fs.exists(self._join(target)):
+            where = self.display(self._join(target))
+            if not replace:
+                raise CheckpointError(
+                    f"'{where}' already exists",
+                    "choose a new path, delete it, or replace it with save(path, replace=True)",
+                )
+            self._check_replaceable(self._join(target))
+        if target is not None and replace and not self.local:
             raise CheckpointError(
-                f"'{self.display(self._join(target))}' already exists",
-                "choose a new path or delete it",
+                f"replacing '{self.display(self._join(target))}' atomically needs a file system "
+                "(object stores cannot rename a directory)",
+                "save replaceable checkpoints to a local or network file system path",
             )
         if self.local:
             path = self._join(f".aios-partial-{name}-{self.lineage}-{nonce}")
@@ -528,7 +527,7 @@ class CheckpointStore:
             path = self._join(target)
         else:
             path = self._join(name if not self.fs.exists(self._join(name)) else f"{name}-{nonce}")
-        staging = Staging(step, path, self.lineage, nonce, in_place, target=target)
+        staging = Staging(step, path, self.lineage, nonce, in_place, target=target, replace=replace)
         try:
             self.fs.makedirs(path, exist_ok=True)
             with self.open_write(f"{path}/{STAGING_FILE}") as f:
@@ -607,13 +606,29 @@ class CheckpointStore:
             return meta.get("lineage") == self.lineage
         return self._staging_lineage(path) == self.lineage
 
+    def _check_replaceable(self, path: str) -> None:
+        """Only an aios checkpoint may be replaced: aios never deletes what it did not write."""
+        if self._read_marker(path) is None:
+            raise CheckpointError(
+                f"'{self.display(path)}' exists and is not an aios checkpoint (no {MARKER})",
+                "move it away or save under another name",
+            )
+
     def _place(self, staging: Staging, final: str, name: str) -> str:
-        if staging.target is not None:  # an explicit path: never replaces anything
+        if staging.target is not None:  # an explicit path: replaced only when asked to
             where = self._join(staging.target)
             if self.local:
-                if os.path.exists(where):
+                if not os.path.exists(where):
+                    os.rename(staging.path, where)
+                elif not staging.replace:
                     raise FileExistsError(f"'{where}' already exists")
-                os.rename(staging.path, where)
+                else:
+                    self._check_replaceable(where)
+                    _swap(staging.path, where)  # the committed new copy takes the name at once
+                    fsync_dir(self.root)
+                    with contextlib.suppress(Exception):
+                        self.fs.rm(staging.path, recursive=True)  # the old copy, now here
+                    return where
                 fsync_dir(self.root)
             return where
         if not self.local:

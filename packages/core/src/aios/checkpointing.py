@@ -7,12 +7,19 @@ a :class:`aios.state.TrainingState` and a strategy. Its constructor has no side 
 the directory's writer lock on rank 0 and starts the lock's heartbeat thread;
 :meth:`CheckpointManager.close` releases both.
 
-Batch boundary. ``Runtime.step`` only *decides* that a checkpoint is due (:attr:`pending`); it is
-written at the next batch boundary, so that what the script does after ``step()`` (scheduler,
-EMA) is in it and the data position is exact. Data loaders call the public
-:meth:`CheckpointManager.at_batch_boundary` before fetching the next batch (``DeviceLoader``
-does when ``runtime.setup`` attached it: ``loader.owner`` is the manager); ``backward``,
-``accumulate`` and ``close`` call it too. It costs one attribute test when nothing is pending.
+Batch boundary. ``Runtime.step`` only *decides* that a checkpoint is due (:attr:`pending`) and
+notes the RNG streams (:meth:`CheckpointManager.note_step`); it is written at the next batch
+boundary, so that what the script does after ``step()`` (scheduler, EMA) is in it and the data
+position is exact. Data loaders call the public :meth:`CheckpointManager.at_batch_boundary`
+before fetching the next batch (``DeviceLoader`` does when ``runtime.setup`` attached it:
+``loader.owner`` is the manager): state and RNG as they are then. ``backward`` and
+``accumulate`` call it for loops that draw their own batches: the state as it is then, the RNG
+streams of the step, since a resumed loop runs the top of its loop again. It costs one attribute
+test when nothing is pending.
+
+Every save ends with one collective that tells each rank every rank's outcome
+(:func:`aios.errors.settle`): a failure anywhere raises on the failing rank and a quiet
+:class:`aios.errors.PeerFailed` on the others.
 
 Extension point: checkpoint formats
 -----------------------------------
@@ -53,7 +60,7 @@ from collections.abc import Callable
 from typing import Any
 
 from aios.contract import STATUS_DIR_ENV
-from aios.errors import CheckpointError
+from aios.errors import CheckpointError, PeerFailed, outcome, settle
 
 __all__ = [
     "CheckpointFormat",
@@ -207,6 +214,10 @@ class CheckpointManager:
         self.saved_step: int | None = None
         self.resumed_from: str | None = None
         self._pending_meta: dict[str, Any] | None = None
+        #: this rank's RNG state at the step that set :attr:`pending` (:meth:`note_step`)
+        self.rng_at_step: dict[str, Any] | None = None
+        #: the RNG state the emergency checkpoint records (None: the current one)
+        self.preempt_rng: dict[str, Any] | None = None
         self._store: Any = None
         self._started = False
         self._heartbeat: threading.Thread | None = None
@@ -233,19 +244,39 @@ class CheckpointManager:
             )
         return self._store
 
-    def _collective(self, fn: Callable[[], Any]) -> Any:
-        """Run ``fn`` on rank 0; every rank gets its result or raises its error."""
-        result = err = None
+    def _collective(self, fn: Callable[[], Any], what: str = "the checkpoint operation") -> Any:
+        """Run ``fn`` on rank 0; every rank gets its result. When it fails, rank 0 raises the
+        error and the other ranks a quiet :class:`aios.errors.PeerFailed` (one line in all)."""
+        result = error = None
         if self.is_main:
             try:
                 result = fn()
-            except CheckpointError as exc:
-                err = exc.one_line()
+            except Exception as exc:  # noqa: BLE001 - re-raised below, after every rank knows
+                error = exc
+        mine = outcome(error)
         if self.world_size > 1:
-            result, err = self.strategy.broadcast_object((result, err), 0)
-        if err:
-            raise CheckpointError(err)
+            result, mine = self.strategy.broadcast_object((result, mine), 0)
+        if error is not None:
+            raise error
+        if mine is not None:
+            raise PeerFailed(f"{what} failed on rank 0 ({mine[1]})")
         return result
+
+    def _settle(self, error: BaseException | None, what: str) -> None:
+        """Collective end of a save: every rank learns every rank's outcome, so a failure on
+        one rank stops every rank (one line, from the rank where it happened; the others stop
+        quietly) instead of leaving them to die at their next collective."""
+        mine = outcome(error)
+        gather = getattr(self.strategy, "gather_object", None)
+        if self.world_size > 1 and gather is not None:
+            outcomes = gather(mine)
+        else:
+            if self.world_size > 1:
+                self.strategy.barrier()
+            outcomes = [mine]
+        if error is not None and not isinstance(error, Exception):
+            raise error  # KeyboardInterrupt, SystemExit: as they are
+        settle(outcomes, self.strategy.rank, error, what)
 
     def meta(self) -> dict[str, Any]:
         """What every marker records about the writer."""
@@ -269,7 +300,7 @@ class CheckpointManager:
             store.check_writable()
             store.acquire_lock({"run_id": self.record.run_id, "started": time.time()})
 
-        self._collective(take)
+        self._collective(take, "taking the checkpoint directory")
         if self.is_main:
             self._stop.clear()
             self._heartbeat = threading.Thread(
@@ -309,20 +340,33 @@ class CheckpointManager:
     def request_preempt(self) -> None:
         self.pending = "preempt"
 
-    def at_batch_boundary(self) -> None:
+    def note_step(self) -> None:
+        """Called by ``Runtime.step`` when it has set :attr:`pending`: remembers this rank's RNG
+        state at the step, the one a cut at the next backward records (see
+        :meth:`at_batch_boundary`)."""
+        self.rng_at_step = self.training.rng_state()
+
+    def at_batch_boundary(self, loader: bool = True) -> None:
         """Write the checkpoint (or act on the preemption) decided at the last step boundary.
-        Called by data loaders before the next batch, and by backward/accumulate/close."""
+        Called by aios data loaders before the next batch (``loader=True``: the state and the
+        RNG streams as they are now; a resumed loop goes on from this very point), and by
+        backward/accumulate/close (``loader=False``: a loop that draws its own batches; the
+        state as it is now, the RNG streams as they were at ``rt.step``: a resumed loop runs
+        again what lies between the top of its loop and this point, drawing the same numbers).
+        """
         pending, self.pending = self.pending, None
+        rng, self.rng_at_step = self.rng_at_step, None
         if pending == "save":
-            self.save()
+            self.save(rng=None if loader else rng)
         elif pending == "preempt":
             if self.on_preempt is None:
                 raise RuntimeError("a preemption is pending but nothing handles it")
+            self.preempt_rng = None if loader else rng
             self.on_preempt()
 
     # ---------------------------------------------------------------- save
-    def _gather_rngs(self) -> list[Any]:
-        mine = self.training.rng_state()
+    def _gather_rngs(self, mine: dict[str, Any] | None = None) -> list[Any]:
+        mine = mine if mine is not None else self.training.rng_state()
         if self.world_size > 1 and hasattr(self.strategy, "gather_object"):
             return self.strategy.gather_object(mine)
         return [mine]
@@ -332,6 +376,8 @@ class CheckpointManager:
         path: str | None = None,
         extra: dict[str, Any] | None = None,
         background: bool | None = None,
+        replace: bool = False,
+        rng: dict[str, Any] | None = None,
     ) -> str | None:
         """Collective: write a checkpoint of the full state. Without ``path`` it goes to
         ``checkpoint.dir`` (keep-N of this lineage); with one, to that directory (nothing is
@@ -340,7 +386,12 @@ class CheckpointManager:
 
         ``background`` (default ``checkpoint.async_save`` for saves to ``checkpoint.dir``) lets
         a format that supports it (``dcp``) write while training continues. A pending background
-        save is always finished first."""
+        save is always finished first. ``replace``: an aios checkpoint at ``path`` is replaced
+        once the new one is committed (atomically: the name always holds a complete one).
+        ``rng``: this rank's RNG state to record instead of the current one.
+
+        A failure on any rank stops every rank: the rank where it happened raises the error,
+        the others a quiet :class:`aios.errors.PeerFailed`."""
         self.finish_pending()
         t0 = time.perf_counter()
         step = self.training.step
@@ -348,8 +399,7 @@ class CheckpointManager:
         if background is None:
             background = path is None and bool(getattr(self.config.checkpoint, "async_save", False))
         background = bool(background) and hasattr(fmt, "wait")
-        rngs = self._gather_rngs()
-        ctx = SaveContext(self.training, extra or {}, rngs, background=background)
+        ctx = SaveContext(self.training, extra or {}, self._gather_rngs(rng), background=background)
         store = self._target_store(path)
         writes = fmt.all_ranks_write or self.strategy.saves_on_this_rank()
         staging: Any = None
@@ -359,9 +409,11 @@ class CheckpointManager:
         try:
             target = path.rstrip("/").rpartition("/")[2] if path is not None else None
             if fmt.all_ranks_write:  # one staging directory for every rank, begun by rank 0
-                staging = self._collective(lambda: store.begin(step, target))
+                staging = self._collective(
+                    lambda: store.begin(step, target, replace), f"saving checkpoint step {step}"
+                )
             elif writes:
-                staging = store.begin(step, target)
+                staging = store.begin(step, target, replace)
             if writes:
                 files = fmt.save(step, ctx, staging, store) or {}
         except BaseException as exc:  # noqa: BLE001 - re-raised after the barrier
@@ -371,10 +423,7 @@ class CheckpointManager:
             results = self.strategy.gather_object(mine) if self.world_size > 1 else [mine]
             failed = [e for _, e in results if e]
             if error is None and failed:
-                error = CheckpointError(
-                    f"saving checkpoint step {step} failed on another rank ({failed[0]})",
-                    "check that checkpoint.dir is writable and has free space",
-                )
+                error = PeerFailed(f"saving checkpoint step {step} failed on another rank")
             deferred = getattr(fmt, "pending", None) is not None
             if failed and deferred:
                 with contextlib.suppress(Exception):
@@ -410,13 +459,11 @@ class CheckpointManager:
                     error = exc
             else:
                 store.abort(staging)
-        self.strategy.barrier()
-        if error is not None:
-            if isinstance(error, CheckpointError) or not isinstance(error, Exception):
-                raise error
-            raise store._save_error(step, error) from error
-        self.saved_step = step
-        if path is None:
+        if isinstance(error, Exception) and not isinstance(error, CheckpointError):
+            error = store._save_error(step, error)
+        self._settle(error, f"saving checkpoint step {step}")
+        if path is None:  # a named save (rt.save(path), best) is no checkpoint of checkpoint.dir
+            self.saved_step = step
             self.lineage = store.lineage
         if written:
             dt = time.perf_counter() - t0
@@ -564,7 +611,7 @@ class CheckpointManager:
             self.check_compatible(info, store, self._reshard(reshard))
             return info.path, info.lineage, info.meta, info.step
 
-        chosen = self._collective(choose)
+        chosen = self._collective(choose, "choosing the checkpoint to resume")
         if chosen is None:
             return self.training.step
         path, lineage, meta, step = chosen
@@ -623,7 +670,8 @@ class CheckpointManager:
                     "anyway (the last committed checkpoint is kept)",
                     stacklevel=2,
                 )
-            path = self.save(background=False)
+            rng, self.preempt_rng = self.preempt_rng, None
+            path = self.save(background=False, rng=rng)
         spent = elapsed()
         event = {
             "reason": reason,

@@ -210,7 +210,9 @@ class MeshSettings(Section):
 
 
 class AiosConfigBase(Section):
-    backend: str = Field("auto", description="auto | cpu | cuda | xla | neuron | <plugin backend>")
+    backend: str = Field(
+        "auto", description="auto | cpu | cuda | tpu | xla | neuron | <plugin backend>"
+    )
     precision: Precision = "fp32"
     strategy: str = Field(
         "auto",
@@ -229,7 +231,18 @@ class AiosConfigBase(Section):
         0, ge=0, le=MAX_SEED, description="RNG seed (0 to 2**63 - 1); None: not seeded"
     )
     deterministic: bool = False
-    grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step")
+    grad_accum: int = Field(
+        1, ge=1, description="micro-batches per optimizer step on each data-parallel rank"
+    )
+    global_batch: int | None = Field(
+        None,
+        ge=1,
+        description="samples per optimizer step over all ranks; with micro_batch, grad_accum "
+        "is derived once the world size is known (global_batch / (micro_batch x data ranks))",
+    )
+    micro_batch: int | None = Field(
+        None, ge=1, description="samples per micro-step on one rank (with global_batch)"
+    )
     grad_clip: float | None = Field(
         None, gt=0, description="clip the global gradient norm to this value"
     )

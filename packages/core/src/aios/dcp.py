@@ -72,8 +72,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from aios.checkpoint import CheckpointInfo, CheckpointStore, os_cause
-from aios.errors import CheckpointError
+from aios.checkpoint import CheckpointInfo, CheckpointStore
+from aios.errors import CheckpointError, os_cause, outcome, settle
 
 FORMAT_NAME = "dcp"
 COMMON_FILE = "common.pt"
@@ -864,23 +864,20 @@ class DcpWriter:
         handle, self.pending = self.pending, None
         if handle is None:
             return None
-        err: str | None = None
+        error: BaseException | None = None
         try:
             handle.future.result()
         except BaseException as exc:  # noqa: BLE001
-            err = os_cause(exc)
+            error = exc
         if handle.commit_thread is not None:
             handle.commit_thread.join()
-            if handle.error and err is None:
-                err = os_cause(handle.error[0])
-        errors = [e for e in self.all_gather(err) if e]
+            if handle.error and error is None:
+                error = handle.error[0]
+        outcomes = self.all_gather(outcome(error))
         if handle.finished is None:
             handle.finished = time.perf_counter()
-        if errors:
-            raise CheckpointError(
-                f"the background save of checkpoint step {handle.step} failed ({errors[0]})",
-                "check that checkpoint.dir is writable and has free space",
-            )
+        what = f"the background save of checkpoint step {handle.step}"
+        settle(outcomes, _dist()[1], error, what)  # one line, from the rank that failed
         return handle
 
     # ---------------------------------------------------------------- load
@@ -1138,18 +1135,14 @@ class DcpFormat:
                 "backend": tr.backend,
             }
         mine = ctx.rngs[rank] if rank < len(ctx.rngs) else tr.rng_state()
-        err: str | None = None
+        error: Exception | None = None
         entries: dict[str, Any] = {}
         try:
             entries = self.io.write_files(store, staging, common, {"rng": mine, "loaders": loaders})
         except Exception as exc:  # noqa: BLE001 - every rank learns it: no rank starts its shards
-            err = os_cause(exc)
-        errors = [e for e in self.io.all_gather(err) if e]
-        if errors:
-            raise CheckpointError(
-                f"saving checkpoint step {step} failed ({errors[0]})",
-                "check that checkpoint.dir is writable and has free space",
-            )
+            error = exc
+        # one line from the rank that failed, the others stop quietly (aios.errors.settle)
+        settle(self.io.all_gather(outcome(error)), rank, error, f"saving checkpoint step {step}")
         # (the manager's collectives run on the default group, never on the checkpoint group
         # a background write uses)
         handle = self.io.write_shards(
@@ -1192,9 +1185,7 @@ class DcpFormat:
                 )
         for sch, st in zip(tr.schedulers, common["schedulers"], strict=True):
             sch.load_state_dict(st)
-        for k, st in common.get("objects", {}).items():
-            if k in tr.objects:
-                tr.objects[k].load_state_dict(st)
+        tr.load_objects(common.get("objects", {}))
         tr.precision.load_state_dict(common.get("precision", {}))
         tr.step = int(common.get("step", 0))
         tr.micro = int(common.get("micro", 0))

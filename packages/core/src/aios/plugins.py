@@ -863,6 +863,8 @@ class Registry:
 INSTALL_CORE = "pip install -e ./packages/core (from the aios checkout)"
 KNOWN_BACKENDS = {
     "cuda": "pip install -e './packages/core[cuda]' ./packages/backend-cuda (from the aios checkout)",
+    "tpu": "pip install -e ./packages/core ./packages/backend-xla torch==2.13.0 torch_tpu==0.2.0 "
+    "(from the aios checkout, on a Cloud TPU VM)",
     "xla": "pip install -e './packages/core[xla]' ./packages/backend-xla (from the aios checkout)",
     "neuron": "pip install -e './packages/core[neuron]' ./packages/backend-xla ./packages/backend-neuron "
     "(from the aios checkout), plus torch-neuronx from the AWS Neuron index",

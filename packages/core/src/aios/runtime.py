@@ -29,9 +29,14 @@ Semantics worth knowing:
 * ``step(opt)`` is the optimizer-step boundary: with ``grad_accum=N`` it steps on every N-th
   call (returning ``False`` otherwise), clips to ``grad_clip``, steps through the strategy and
   precision (fp16 overflow steps are skipped and counted), zeroes gradients, cuts the lazy graph
-  (XLA), writes the periodic checkpoint, and acts on preemption notices.
-* ``backward(loss)`` divides by ``grad_accum``; wrap micro-steps in ``accumulate(model)`` to skip
-  the gradient all-reduce on all but the last micro-step (DDP ``no_sync``).
+  (XLA), decides that the periodic checkpoint is due and acts on preemption notices. The
+  checkpoint is cut at the next batch of an aios loader, else at the next ``accumulate``/
+  ``backward`` with the RNG streams of the step (see
+  :meth:`aios.checkpointing.CheckpointManager.at_batch_boundary`).
+* ``backward(loss)`` divides by ``grad_accum`` (``divide=False``: the script already did);
+  wrap micro-steps in ``accumulate(model)`` to skip the gradient all-reduce on all but the last
+  micro-step (DDP ``no_sync``). ``grad_accum`` may be derived from ``global_batch`` and
+  ``micro_batch`` (:func:`derive_grad_accum`).
 * ``save``/``resume`` are collective: every rank calls them (the automatic ones in ``step`` do).
   Rank 0 writes, every rank reads (the checkpoint dir must be shared between nodes: a URL or a
   shared file system). What is saved: model, optimizers, schedulers and registered objects, the
@@ -154,20 +159,56 @@ def resolve_config(
 _failing = False  # set when an exception escapes the script (see _install_excepthook)
 
 
+def _without_torch_prefix(hook: Any) -> Any:
+    """``hook`` without the ``[rankN]:`` prefix torch's ``init_process_group`` wraps around the
+    excepthook, when the launcher (``aios-run``, torchrun with a log-line prefix) already
+    prefixes every line of the worker: one prefix, not ``[rank0]:[rank0]:``."""
+    if getattr(hook, "__name__", "") != "_distributed_excepthook" or not os.environ.get(
+        "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
+    ):
+        return hook
+    try:
+        cells = dict(
+            zip(hook.__code__.co_freevars, (c.cell_contents for c in hook.__closure__), strict=True)
+        )
+    except (AttributeError, TypeError, ValueError):
+        return hook
+    return cells.get("old_hook", hook)
+
+
+def _mark_status(text: str) -> None:
+    """This rank's line in ``aios-run``'s status folder: ``failed <CLOCK_MONOTONIC ns>`` when an
+    exception reaches the excepthook (written before the process closes any connection, so a
+    peer that fails because of it stamps a later time: aios-run blames the earliest), or
+    ``stopped`` when another rank failed (never blamed)."""
+    from aios.contract import STATUS_DIR_ENV
+
+    status_dir, rank = os.environ.get(STATUS_DIR_ENV), os.environ.get("RANK")
+    if status_dir and rank is not None:
+        with contextlib.suppress(OSError), open(os.path.join(status_dir, f"rank{rank}"), "w") as f:
+            f.write(text)
+
+
 def _install_excepthook() -> None:
     """An :class:`AiosError` escaping the user's script (bad config, unavailable backend, the XLA
     compile guard's limit, a corrupt checkpoint) ends it with one line and the error's exit code
     (2), after the normal exit handlers; ``AIOS_DEBUG=1`` keeps the traceback."""
-    previous = sys.excepthook
+    previous = _without_torch_prefix(sys.excepthook)
     if getattr(previous, "_aios", False):
+        sys.excepthook = previous
         return
 
     def hook(exc_type: Any, exc: BaseException, tb: Any) -> None:
         global _failing
         _failing = True  # the error stays the last line: no "where it went" lines after it
+        quiet = bool(getattr(exc, "quiet", False))
+        _mark_status("stopped (another rank failed)" if quiet else f"failed {time.monotonic_ns()}")
         if not issubclass(exc_type, AiosError) or os.environ.get("AIOS_DEBUG", "") not in ("", "0"):
             previous(exc_type, exc, tb)
             return
+        if quiet:  # another rank failed and prints the one line
+            atexit._run_exitfuncs()
+            os._exit(getattr(exc, "exit_code", 2))
         rank = os.environ.get("RANK")
         where = (
             f" (rank {rank})"
@@ -188,6 +229,36 @@ def _install_excepthook() -> None:
 
     hook._aios = True  # type: ignore[attr-defined]
     sys.excepthook = hook
+
+
+def derive_grad_accum(cfg: Any, strategy: Any) -> None:
+    """``grad_accum`` from ``global_batch`` and ``micro_batch`` once the number of data-parallel
+    ranks is known: ``global_batch / (micro_batch x data ranks)``, exact or a one-line error."""
+    g, m = cfg.global_batch, cfg.micro_batch
+    if g is None and m is None:
+        return
+    if g is None or m is None:
+        raise ConfigError(
+            f"{'micro_batch' if g is None else 'global_batch'} is set without "
+            f"{'global_batch' if g is None else 'micro_batch'}",
+            "set both (grad_accum is derived from them), or neither and set grad_accum",
+        )
+    ranks = int(getattr(strategy, "data_world", None) or strategy.world_size or 1)
+    per_step = m * ranks
+    if g % per_step:
+        raise ConfigError(
+            f"global_batch={g} is not a multiple of micro_batch={m} x {ranks} data-parallel "
+            f"ranks = {per_step}",
+            f"make global_batch a multiple of {per_step}, or change micro_batch or the process count",
+        )
+    accum = g // per_step
+    if "grad_accum" in cfg.model_fields_set and cfg.grad_accum != accum:
+        raise ConfigError(
+            f"grad_accum={cfg.grad_accum} contradicts global_batch={g} / (micro_batch={m} x "
+            f"{ranks} ranks) = {accum}",
+            "set grad_accum, or global_batch and micro_batch, not both",
+        )
+    cfg.grad_accum = accum
 
 
 def init(
@@ -231,6 +302,8 @@ def init(
     backend = spec.name
     strategy, strategy_spec, accel = reg.make_strategy(cfg, spec)
     strategy.setup_environment()
+    sys.excepthook = _without_torch_prefix(sys.excepthook)  # init_process_group wrapped it
+    derive_grad_accum(cfg, strategy)
     device_type = accel.device_type if accel is not None else strategy.autocast_device_type
     precision = reg.make_precision(cfg, spec, strategy_spec, accel, device_type)
     watchers: list[Any] = []
@@ -447,6 +520,12 @@ class Runtime:
         return self.strategy.local_rank == 0
 
     @property
+    def grad_accum(self) -> int:
+        """Micro-steps per optimizer step on this rank: ``grad_accum``, or derived from
+        ``global_batch`` and ``micro_batch`` and the number of data-parallel ranks."""
+        return self._accum
+
+    @property
     def global_step(self) -> int:
         """Optimizer steps taken (restored by :meth:`resume`)."""
         return self.training.step
@@ -523,9 +602,18 @@ class Runtime:
         return out[0] if len(out) == 1 else tuple(out)
 
     def register(self, name: str, obj: Any) -> Any:
-        """Include ``obj`` (anything with ``state_dict``/``load_state_dict``, e.g. a scheduler or
-        an EMA) in checkpoints under ``name``."""
+        """Include ``obj`` in checkpoints under ``name``: anything with
+        ``state_dict``/``load_state_dict`` (a scheduler, an EMA), or a plain value (a number,
+        string, tensor, or a dict/list of them) with no wrapper. Returns ``obj``, or for a
+        plain value registered after :meth:`resume` the resumed value. A dict or list is
+        restored in place; a number lives in :attr:`values` (``rt.values[name]``: read and
+        assign it there, and the checkpoints hold what is there)."""
         return self.training.register(name, obj)
+
+    @property
+    def values(self) -> dict[str, Any]:
+        """Plain values registered with :meth:`register`, as saved in every checkpoint."""
+        return self.training.values
 
     def unwrap(self, module: torch.nn.Module) -> torch.nn.Module:
         """The user's module under the data-parallel wrapper."""
@@ -545,19 +633,23 @@ class Runtime:
         last micro-step before an optimizer step."""
         ck = self._ckpt
         if ck.pending:
-            ck.at_batch_boundary()
+            ck.at_batch_boundary(loader=False)
         if self._accum == 1 or (self.training.micro + 1) % self._accum == 0:
             return _NULL
         module = module if module is not None else self.training.main_module
         return self.strategy.no_sync(module, True)
 
-    def backward(self, loss: torch.Tensor, module: torch.nn.Module | None = None) -> None:
-        """``loss.backward()`` through the precision policy (loss scaling); divided by
-        ``grad_accum`` when accumulating."""
+    def backward(
+        self, loss: torch.Tensor, module: torch.nn.Module | None = None, divide: bool = True
+    ) -> None:
+        """``loss.backward()`` through the precision policy (loss scaling). With
+        ``grad_accum=N > 1`` the loss is divided by N, so the accumulated gradient is the mean
+        over the micro-batches; ``divide=False`` for a loss the script already divided (as
+        nanoGPT's ``loss / gradient_accumulation_steps``)."""
         ck = self._ckpt
         if ck.pending:
-            ck.at_batch_boundary()
-        if self._accum > 1:
+            ck.at_batch_boundary(loader=False)
+        if self._accum > 1 and divide:
             loss = loss / self._accum
         self.training.micro += 1
         if self._direct_backward:
@@ -619,6 +711,8 @@ class Runtime:
         every = ck.every
         if every and step % every == 0 and not ck.pending:
             ck.pending = "save"
+        if ck.pending:
+            ck.note_step()  # the RNG streams at the step: see CheckpointManager.at_batch_boundary
         return taken
 
     def run_pending(self) -> None:
@@ -735,18 +829,51 @@ class Runtime:
         self.checkpointer.saved_step = self.training.step
 
     def save(
-        self, path: str | None = None, extra: dict[str, Any] | None = None, background: bool = False
+        self,
+        path: str | None = None,
+        extra: dict[str, Any] | None = None,
+        background: bool = False,
+        replace: bool = False,
     ) -> str | None:
         """Write a checkpoint of the full state (collective: call it on every rank). Without
         ``path`` it goes to ``checkpoint.dir`` as ``ckpt-<step>``, atomically, keeping the
         newest ``checkpoint.keep`` of this run's lineage. Returns the checkpoint path on rank 0.
-        ``background=True`` (sharded ``dcp`` checkpoints) returns once the state is staged in
-        memory and commits when written, like the periodic saves with ``checkpoint.async_save``;
-        the path is then None."""
-        written = self.checkpointer.save(path, extra, background=background)
+        ``path`` must not exist, unless ``replace=True``: then the aios checkpoint there is
+        replaced atomically once the new one is committed (the old copy stays until then; a
+        crash leaves one or the other, complete). ``background=True`` (sharded ``dcp``
+        checkpoints) returns once the state is staged in memory and commits when written, like
+        the periodic saves with ``checkpoint.async_save``; the path is then None. A save that
+        fails on any rank stops every rank, with one line from the rank where it failed."""
+        written = self.checkpointer.save(path, extra, background=background, replace=replace)
         if written:
             self._write_diagnostics()
         return written
+
+    def save_best(self, metric: Any, name: str = "best", mode: str = "min") -> bool:
+        """Collective: "save when it improves". When ``metric`` (rank 0's value decides) beats
+        the best so far (lower for ``mode="min"``, higher for ``"max"``), write the checkpoint
+        ``<checkpoint.dir>/<name>``, replacing the previous one atomically; returns whether it
+        saved. The best value is part of every checkpoint (``rt.values["best/<name>"]``), so a
+        resumed run compares against the best of the run it resumes, and an evaluation run
+        again after a resume does not save again."""
+        if mode not in ("min", "max"):
+            raise AiosError(f"save_best(mode={mode!r})", "use mode='min' or mode='max'")
+        if not self.config.checkpoint.dir:
+            raise AiosError(
+                "save_best needs checkpoint.dir",
+                "set checkpoint.dir=PATH (flag, config file or aios.init(defaults=...))",
+            )
+        value = float(metric.item() if hasattr(metric, "item") else metric)
+        value = float(self.broadcast(value))
+        key = f"best/{name}"
+        if key not in self.training.values:
+            self.register(key, None)  # the resumed best, if the checkpoint holds one
+        best = self.training.values[key]
+        if best is not None and not (value < best if mode == "min" else value > best):
+            return False
+        self.training.values[key] = value  # in the checkpoint written now and every later one
+        self.save(f"{self.config.checkpoint.dir.rstrip('/')}/{name}", replace=True)
+        return True
 
     def load(
         self, path: str | int | None = None, strict: bool = True, reshard: bool | None = None

@@ -41,16 +41,43 @@ class TrainingState:
         self.schedulers: list[Any] = []
         self.loaders: list[Any] = []
         self.objects: dict[str, Any] = {}
+        #: registered plain values (see :meth:`register`)
+        self.values: dict[str, Any] = {}
+        #: saved states of objects not registered when the checkpoint was loaded
+        self.unclaimed: dict[str, Any] = {}
 
     # ---------------------------------------------------------------- registration
     def register(self, name: str, obj: Any) -> Any:
-        if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
-            raise AiosError(
-                f"runtime.register({name!r}, ...) needs an object with state_dict() and load_state_dict()",
-                "wrap plain values in a small class or pass them as save(extra=...)",
-            )
-        self.objects[name] = obj
-        return obj
+        """Include ``obj`` in checkpoints under ``name``: anything with ``state_dict()`` and
+        ``load_state_dict()``, or a plain value (number, string, bool, None, tensor, or a
+        dict/list/tuple of those) kept in :attr:`values`. A dict or list is restored in
+        place (the object the script holds is updated); any other value is read back from
+        ``values[name]``. Registered after a resume, it gets the resumed value at once."""
+        if hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"):
+            self.objects[name] = obj
+        else:
+            bad = _not_plain(obj)
+            if bad is not None:
+                raise AiosError(
+                    f"runtime.register({name!r}, ...) needs an object with state_dict() and "
+                    f"load_state_dict() or a plain value, and got {bad}",
+                    "register numbers, strings, tensors and dicts/lists of them, or objects "
+                    "with state_dict()/load_state_dict()",
+                )
+            self.values[name] = obj
+            self.objects[name] = _ValueSlot(self.values, name)
+        if name in self.unclaimed:
+            self.objects[name].load_state_dict(self.unclaimed.pop(name))
+        return self.values[name] if name in self.values else obj
+
+    def load_objects(self, states: dict[str, Any]) -> None:
+        """Restore registered objects; states of names not registered (yet) wait in
+        :attr:`unclaimed` for :meth:`register`."""
+        for k, st in states.items():
+            if k in self.objects:
+                self.objects[k].load_state_dict(st)
+            else:
+                self.unclaimed[k] = st
 
     @property
     def main_module(self) -> Any:
@@ -111,9 +138,7 @@ class TrainingState:
         for ld, st in zip(self.loaders, state.get("loaders", []), strict=False):
             if st is not None and hasattr(ld, "load_state_dict"):
                 ld.load_state_dict(st)
-        for k, st in state.get("objects", {}).items():
-            if k in self.objects:
-                self.objects[k].load_state_dict(st)
+        self.load_objects(state.get("objects", {}))
         self.precision.load_state_dict(state.get("precision", {}))
         self.step = int(state.get("step", 0))
         self.micro = int(state.get("micro", 0))
@@ -185,3 +210,51 @@ class TrainingState:
 def _py_rng_to_plain(state: tuple) -> list[Any]:
     v, internal, gauss = state
     return [v, list(internal), gauss]
+
+
+_PLAIN = (int, float, bool, str, bytes, type(None))
+
+
+def _not_plain(obj: Any) -> str | None:
+    """None when ``obj`` is a plain value a checkpoint can hold (loaded with
+    ``weights_only=True``), else the name of the first type that is not."""
+    import torch
+
+    if isinstance(obj, (*_PLAIN, torch.Tensor)):
+        return None
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            bad = _not_plain(k) or _not_plain(v)
+            if bad:
+                return bad
+        return None
+    if isinstance(obj, (list, tuple)):
+        for v in obj:
+            bad = _not_plain(v)
+            if bad:
+                return bad
+        return None
+    return type(obj).__name__
+
+
+class _ValueSlot:
+    """The checkpoint face of a registered plain value: ``values[name]`` as it is at save
+    time; on load a dict or list is updated in place, anything else replaced."""
+
+    def __init__(self, values: dict[str, Any], name: str) -> None:
+        self.values, self.name = values, name
+
+    def state_dict(self) -> dict[str, Any]:
+        import copy
+
+        return {"value": copy.deepcopy(self.values[self.name])}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved, current = state["value"], self.values.get(self.name)
+        if isinstance(current, dict) and isinstance(saved, dict):
+            current.clear()
+            current.update(saved)
+        elif isinstance(current, list) and isinstance(saved, list):
+            current[:] = saved
+        else:
+            self.values[self.name] = saved

@@ -215,7 +215,7 @@ def cli(debug: bool) -> None:
     """aios: one PyTorch training script on CPU, CUDA, Cloud TPU and Trainium,
     locally or on cloud machines.
 
-    Train with `aios-run [--backend auto|cpu|cuda|xla|neuron] SCRIPT`.
+    Train with `aios-run [--backend auto|cpu|cuda|tpu|xla|neuron] SCRIPT`.
     """
     if debug:
         os.environ["AIOS_DEBUG"] = "1"

@@ -2,7 +2,7 @@
 
 ::
 
-    aios-run [--backend auto|cpu|cuda|xla|neuron|...] [--nprocs N]
+    aios-run [--backend auto|cpu|cuda|tpu|xla|neuron|...] [--nprocs N]
              [--nnodes N --node-rank R --master-addr A --master-port P]
              [--precision P] [--config FILE] [--max-restarts N] [--dry-run [--json]] [--debug]
              [key=value ...] SCRIPT [ARGS...]
@@ -221,6 +221,8 @@ def _print_plan(
     data = plan.to_dict()
     for h in data["hosts"]:
         h["env"] = {**h["env"], **env}
+        if plan.launcher == "direct":
+            h["ranks"] = []  # one process, started as it is: no RANK/WORLD_SIZE/MASTER_* set
         h["shell"] = " ".join(
             [
                 *(f"{k}={shlex.quote(v)}" for k, v in sorted(h["env"].items())),
@@ -252,6 +254,8 @@ def _print_plan(
     )
     for h in data["hosts"]:
         click.echo(f"host {h['host']['address']}: {h['nprocs']} process(es)")
+        if plan.launcher == "direct":
+            click.echo("  rank 0: one process (no RANK, WORLD_SIZE or MASTER_* variables are set)")
         for r in h["ranks"]:
             click.echo(
                 "  rank " + r.get("RANK", "?") + ": " + " ".join(f"{k}={v}" for k, v in r.items())
@@ -637,6 +641,23 @@ class _AgentWatch:
         return min(failures.items(), key=key)
 
 
+def _blame(failures: dict[int, Any], status: dict[int, str], watch: _AgentWatch) -> tuple[int, Any]:
+    """The root cause of a failed run: the rank whose exception reached aios's excepthook first
+    (``failed <monotonic ns>`` in its status file, written before it closed any connection, so
+    a peer failing because of it always stamps later); else the rank that exited first on its
+    own (not one the agent stopped, nor one that stopped because another rank failed)."""
+    stamped: dict[int, int] = {}
+    for r, text in status.items():
+        word, _, stamp = text.partition(" ")
+        if r in failures and word == "failed" and stamp.isdigit():
+            stamped[r] = int(stamp)
+    if stamped:
+        rank = min(stamped, key=lambda r: (stamped[r], r))
+        return rank, failures[rank]
+    own = {r: f for r, f in failures.items() if not status.get(r, "").startswith("stopped")}
+    return watch.first_failure(own or failures)
+
+
 def _wrap_monitor(monitor: Any, watch: _AgentWatch) -> Any:
     def _monitor(agent: Any, worker_group: Any) -> Any:
         result = monitor(agent, worker_group)
@@ -703,7 +724,7 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
         STATUS_DIR_ENV: status_dir,
         LAUNCHER_PID_ENV: str(os.getpid()),
     }
-    for n in notes:
+    for n in [*plan.notes, *notes]:  # what the plan changed on its own is never silent
         click.echo(f"{PROG}: note: {n}", err=True)
     watch = _AgentWatch()
     dog = None
@@ -735,8 +756,7 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
             failures = detail or {}
             if failures and all(f.exitcode == 75 for f in failures.values()):
                 _preempted_exit(cfg, status)
-            # the root cause: the rank that failed first on its own (not one the agent stopped)
-            rank, failure = watch.first_failure(failures) if failures else (0, None)
+            rank, failure = _blame(failures, status, watch) if failures else (0, None)
             code = failure.exitcode if failure is not None else 1
             hint = _portability_hint(script, logs, failure) if failure is not None else None
             _script_failed(script, rank, code, plan.world_size > 1, hint)
@@ -906,7 +926,7 @@ _OPTIONS = [
     click.option(
         "--backend",
         default=None,
-        help="auto | cpu | cuda | xla | neuron | <plugin backend> (default: auto).",
+        help="auto | cpu | cuda | tpu | xla | neuron | <plugin backend> (default: auto).",
     ),
     click.option(
         "--nprocs", default=None, help="Processes per node (default: one per device; 1 on CPU)."

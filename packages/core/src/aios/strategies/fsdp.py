@@ -128,6 +128,33 @@ def default_blocks(model: Any) -> list[Any]:
     return out
 
 
+def broadcast_module_states(module: Any, dist: Any, src: int = 0) -> None:
+    """Make every materialized parameter and buffer of ``module`` equal to rank ``src``'s (as
+    ``DistributedDataParallel`` does at construction), one broadcast per dtype. Tensors on the
+    ``meta`` device are left alone: a model built on ``meta`` is initialised after sharding."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    tensors = [
+        t
+        for t in (*module.parameters(), *module.buffers())
+        if not t.is_meta and not isinstance(t, DTensor)
+    ]
+    by_dtype: dict[Any, list[Any]] = {}
+    for t in tensors:
+        by_dtype.setdefault((t.dtype, t.device), []).append(t)
+    with torch.no_grad():
+        for group in by_dtype.values():
+            flat = torch.cat([t.detach().reshape(-1) for t in group])
+            wire = flat.to(torch.uint8) if flat.dtype == torch.bool else flat  # gloo has no bool
+            dist.broadcast(wire, src=src)
+            offset = 0
+            for t in group:
+                n = t.numel()
+                t.copy_(wire[offset : offset + n].view_as(t))
+                offset += n
+
+
 def _dtype(name: str | None) -> Any:
     import torch
 
@@ -275,7 +302,11 @@ class FSDPStrategy(DDPStrategy):
 
         s = self.config.fsdp
         self._precision = precision
-        module = precision.convert_module(module.to(self.device))
+        if not any(t.is_meta for t in module.parameters()):  # a meta model is sharded as it is
+            module = module.to(self.device)
+        module = precision.convert_module(module)
+        if self.world_size > 1:
+            broadcast_module_states(module, self._dist)  # one model, as under DDP
         before = {name: p for name, p in module.named_parameters()}
         if self.tp_size > 1:
             from torch.distributed.tensor.parallel import parallelize_module

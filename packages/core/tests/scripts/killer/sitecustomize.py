@@ -1,0 +1,49 @@
+"""Put on PYTHONPATH by the idioms suite: with ``IDIOMS_KILL_AT=SIGNAL:STEP`` the rank-0 worker
+sends SIGNAL to ``aios-run`` right after optimizer step STEP, as an operator or a spot reclaim
+would: SIGTERM is forwarded to every worker (emergency checkpoint, exit 75), SIGKILL ends the
+launcher and with it every worker. ``SIGNAL:save:N`` instead SIGKILLs the whole job in the
+middle of the N-th named save (``rt.save(path)``, ``rt.save_best``), while its files are being
+written. Decided in the worker itself, so where the kill lands does not depend on timing."""
+
+import os
+
+_spec = os.environ.get("IDIOMS_KILL_AT", "")
+if _spec and os.environ.get("RANK") == "0" and os.environ.get("AIOS_RUN_LAUNCHER_PID"):
+    import signal
+
+    import aios.checkpoint as _ck
+    import aios.runtime as _rt
+
+    _name, _, _at = _spec.partition(":")
+    _sig = getattr(signal, _name)
+    _launcher = int(os.environ["AIOS_RUN_LAUNCHER_PID"])
+
+    if _at.startswith("save:"):
+        _n = int(_at[5:])
+        _count = [0]
+        _write_file = _ck.CheckpointStore.write_file
+
+        def write_file(self, staging, name, writer):
+            if staging.target is not None and not name.startswith("."):
+                _count[0] += 1
+                if _count[0] == _n:  # half a file written, then the whole job dies
+
+                    def half(f):
+                        f.write(b"\0" * 64)
+                        os.kill(_launcher, signal.SIGKILL)
+                        os.kill(os.getpid(), signal.SIGKILL)
+
+                    return _write_file(self, staging, name, half)
+            return _write_file(self, staging, name, writer)
+
+        _ck.CheckpointStore.write_file = write_file
+    else:
+        _step = _rt.Runtime.step
+
+        def step(self, *args, **kwargs):
+            taken = _step(self, *args, **kwargs)
+            if taken and self.global_step == int(_at):
+                os.kill(_launcher, _sig)
+            return taken
+
+        _rt.Runtime.step = step
