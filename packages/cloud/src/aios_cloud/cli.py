@@ -517,11 +517,10 @@ def launch(
         raise AiosError(
             "spot capacity cannot be stopped, only deleted", "use --autostop N --autodown"
         )
-    import signal
-
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        # killed while creating: unwind like Ctrl-C so nothing is left running in the cloud
-        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    # killed while creating: unwind like Ctrl-C so nothing is left running in the cloud; every
+    # ssh is a subprocess the handler kills, so no stuck host holds the cleanup up
+    ops.install_signal_handlers()
+    ops.check_open_files(_log)
     if existing is None:
         provider.describe_credentials()  # no credentials: one line, before anything is created
     if checkpoint_dir and "://" in checkpoint_dir:
@@ -555,7 +554,7 @@ def launch(
         from aios_cloud.store import JOB_RUNNING, JOB_SETTING_UP
 
         store.update_job(job_id, state=JOB_SETTING_UP)
-        ops.runner_for(rec, printer).wait_reachable()
+        ops.reach(rec, printer, _log)
         ops.sync_code(rec, spec, printer, _log)
         ops.run_setup(rec, spec, printer, _log)
         info = provider.describe(rec.name, rec.zone)
@@ -587,9 +586,16 @@ def launch(
         if created:
             _log(f"launch failed; deleting {name} so nothing is left behind")
             try:
-                ops.down_cluster(store, provider, rec)
+                with ops.signals_deferred():
+                    ops.down_cluster(store, provider, rec)
             except Exception as cleanup_exc:  # noqa: BLE001
                 _log(f"cleanup failed: {cleanup_exc}; delete it with `aios down {name}`")
+            else:
+                if isinstance(exc, AiosError):  # never point at the cluster just deleted
+                    exc.fix = f"{name} was deleted, nothing is left running; fix the cause and launch again"
+        else:
+            with ops.signals_deferred():
+                ops.cancel_job(rec, job_id)  # what started on a reused cluster stops too
         raise
     if controller:
         from aios_cloud.controller import start_controller
@@ -650,6 +656,17 @@ def launch(
             f"detached: job {job_id} keeps running on {name}{more}. `aios logs {name} -f`, `aios down {name}`"
         )
         sys.exit(130)
+    except BaseException as exc:  # SIGTERM, or the watch itself failed: nothing runs unwatched
+        ops.after_watch_failure(
+            store,
+            provider,
+            job_id,
+            created,
+            exc,
+            _log,
+            lambda: _spawn_watcher(job_id, cloud, config_file, poll, down_after),
+        )
+        raise
     if down_after:
         rec2 = store.get_cluster(name)
         if rec2:
