@@ -1003,8 +1003,8 @@ def exec_(name: str, command: tuple[str, ...], worker: tuple[int, ...], dry_run:
         for h in hosts:
             _echo(f"({h.label}) {shlex.join(runner.argv(h, remote))}")
         return
-    results = runner.run(remote, hosts=hosts)
-    codes = [r.returncode for r in results]
+    # a user's command may run for hours: a day's limit, Ctrl-C ends it at once
+    codes = ops.run_via_head(rec, remote, hosts, _printer(), timeout=86400)
     bad = [c for c in codes if c != 0]
     sys.exit(bad[0] if bad else 0)
 
@@ -1046,12 +1046,11 @@ def logs(
             )
         return
     if not follow:
-        runner.run(f"cat {d} 2>/dev/null || echo '[aios] no log yet'", hosts=hosts)
+        ops.run_via_head(rec, f"cat {d} 2>/dev/null || echo '[aios] no log yet'", hosts, _printer())
         return
     import time
 
-    rec.hosts = [h for h in rec.hosts if not worker or h["worker_id"] in worker]
-    follower = ops.LogFollower(rec, job.id, _printer())
+    follower = ops.LogFollower(rec, job.id, _printer(), workers=[h.worker_id for h in hosts])
     try:
         while True:
             j = store.get_job(job.id)

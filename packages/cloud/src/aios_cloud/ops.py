@@ -567,6 +567,24 @@ class Head:
         return self.sent - before, len(missing)
 
 
+def run_via_head(
+    rec: ClusterRecord,
+    cmd: str,
+    hosts: list[ClusterHost],
+    printer: Callable[[str, str], None],
+    timeout: float | None = None,
+) -> list[int]:
+    """``cmd`` on ``hosts`` through the head host (``aios exec``, ``aios logs``); straight
+    from here (bounded, timed) when the head cannot be used. Exit codes in worker order."""
+    try:
+        results, _ = Head(rec, printer).fan("done", cmd=cmd, hosts=hosts, timeout=timeout)
+        return [results.get(h.worker_id, (255, ""))[0] for h in hosts]
+    except SshError as exc:
+        printer("[aios]", f"{exc.message}; asking the hosts directly")
+        runner = runner_for(rec, printer)
+        return [r.returncode for r in runner.run(cmd, hosts=hosts, timeout=timeout)]
+
+
 def reach(rec: ClusterRecord, printer: Callable[[str, str], None] | None, log: Log) -> None:
     """Wait until every host of ``rec`` answers (see :meth:`Head.reach`)."""
     Head(rec, printer, log).reach()
@@ -867,12 +885,15 @@ class LogFollower:
         job_id: int,
         printer: Callable[[str, str], None],
         from_start: bool = True,
+        workers: list[int] | None = None,
     ) -> None:
         head = Head(rec)
         helper = head.ensure_helper()
         d = f"{remote_root(rec.name)}/jobs/{job_id}"
         req = {
-            "hosts": head._hosts_json(),
+            "hosts": head._hosts_json(
+                [h for h in head.hosts if workers is None or h.worker_id in workers]
+            ),
             "self": head.head.worker_id,
             "jobdir": d,
             "from_start": from_start,
