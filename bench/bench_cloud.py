@@ -208,6 +208,8 @@ def bench_scale(ns: list[int]) -> None:
 
 
 def _scale_one(n: int, c, d: Path) -> None:  # type: ignore[no-untyped-def]
+    import shutil
+
     from aios_cloud import ops
     from aios_cloud.bundle import build
     from aios_cloud.codesync import make_manifest, make_tarball
@@ -216,6 +218,12 @@ def _scale_one(n: int, c, d: Path) -> None:  # type: ignore[no-untyped-def]
     from aios_cloud.store import ClusterRecord, Store
 
     store = Store()
+    # the key a launch creates for the cluster (authorized on its hosts; the head holds a copy)
+    key = ops.cluster_key("bench")
+    key.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(c.client_key, key)
+    shutil.copyfile(f"{c.client_key}.pub", f"{key}.pub")
+    key.chmod(0o600)
     hosts = [
         dict(worker_id=h.worker_id, ip=h.ip, internal_ip=h.internal_ip, port=h.port)
         for h in c.hosts
@@ -230,7 +238,7 @@ def _scale_one(n: int, c, d: Path) -> None:  # type: ignore[no-untyped-def]
             "READY",
             hosts=hosts,
             ssh_user=c.user,
-            ssh_key=str(c.client_key),
+            ssh_key=str(key),
         )
     )
     rec = store.get_cluster("bench")

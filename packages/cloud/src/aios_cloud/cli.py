@@ -527,7 +527,12 @@ def launch(
         _check_storage_url(checkpoint_dir)
     from aios_cloud.ssh import ensure_client_key
 
-    key = str(ensure_client_key(key_path) if not key_path else Path(key_path).expanduser())
+    if key_path:
+        key = str(Path(key_path).expanduser())
+    elif existing is not None and existing.ssh_key:
+        key = existing.ssh_key
+    else:  # a key of this cluster's own: the head host may hold it to reach the other hosts
+        key = str(ensure_client_key(ops.cluster_key(name)))
     created = False
     printer = _printer()
     if existing is None:
@@ -734,11 +739,19 @@ def _launch_dry_run(
         home = Path(
             os.environ.get("AIOS_HOME") or Path.home() / ".aios"
         ).expanduser()  # read only: no mkdir
-        key = Path(key_path).expanduser() if key_path else home / "keys" / "aios_ed25519"
+        key = (
+            Path(key_path).expanduser()
+            if key_path
+            else home / "clusters" / request.name / "id_ed25519"
+        )
         if Path(
             str(key) + ".pub"
         ).is_file():  # the public key a launch installs (public: printed as sent)
             request = ops.with_public_key(request, str(key))
+        elif not key_path:  # created by the launch, for this cluster alone
+            request = dataclasses.replace(
+                request, ssh_public_key=f"ssh-ed25519 <created at launch: {key}.pub>"
+            )
         for line in ops.dry_run_lines(provider.render_create(request)):
             _echo(line)
         zones = provider.zones(request.accelerator)
@@ -774,11 +787,18 @@ def _launch_dry_run(
             f"# left out {len(secrets)} secret-looking files: "
             f"{', '.join(secrets[:8])}{', ...' if len(secrets) > 8 else ''} (use --env NAME)"
         )
-    key = key_path or "$AIOS_HOME/keys/aios_ed25519"
-    for h in hosts:
+    key = key_path or f"$AIOS_HOME/clusters/{request.name}/id_ed25519"
+    head = hosts[0]
+    _echo(
+        f"ssh -i {key} -o ControlMaster=auto {head.ssh_user}@{head.ip} '{ops.HELPER_PYTHON} "
+        f"{root}/fleet/fleet-<sha>.py have|put {root}'  # the content manifest, then only the "
+        "files worker 0 lacks"
+    )
+    if len(hosts) > 1:
         _echo(
-            f"tar czf - -C {shlex.quote(spec.workdir)} <files> | ssh -i {key} {h.ssh_user}@{h.ip} "
-            f"'mkdir -p {root}/code.new && tar xzf - -C {root}/code.new && mv {root}/code.new {root}/code'"
+            f"# worker 0 copies the code to the other {len(hosts) - 1} hosts over the cluster "
+            "network (each gets only the files it lacks); setup, start, status, logs and cancel "
+            "go through worker 0 too"
         )
     if spec.setup_lines:
         _echo(f"# 3. setup on every worker (cd {root}/code):")

@@ -75,6 +75,12 @@ def kill_children(*_a) -> None:
             _kill(p)
 
 
+def _control_dir() -> str:
+    d = f"/tmp/aios-fleet-{os.getuid()}"  # short: socket paths are limited to ~100 bytes
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    return d
+
+
 def _read_request() -> dict:
     data = sys.stdin.buffer.read()
     if data[:2] == b"\x1f\x8b":
@@ -232,6 +238,13 @@ class Fleet:
             f"HostKeyAlias=aios-w{h['w']}",
             "-o",
             "LogLevel=ERROR",
+            # one connection per host, reused by every later poll/command (60 s idle)
+            "-o",
+            "ControlMaster=auto",
+            "-o",
+            f"ControlPath={_control_dir()}/%C",
+            "-o",
+            "ControlPersist=60",
             "{}@{}".format(h["user"], h["ip"]),
             cmd,
         ]
@@ -309,7 +322,7 @@ class Fleet:
                     if not pending:
                         return
                     h = pending.pop(0)
-                    running[h["w"]] = (time.monotonic(), "connecting")
+                    running[h["w"]] = (time.monotonic(), "running")
                 cmd, stdin = tasks[str(h["w"])]
                 delay = 1.0
                 use_agent = False

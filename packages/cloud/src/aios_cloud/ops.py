@@ -183,6 +183,12 @@ def record_hosts(rec: ClusterRecord) -> list[ClusterHost]:
     return sorted(out, key=lambda h: h.worker_id)
 
 
+def cluster_key(name: str) -> Path:
+    """The SSH key aios creates for cluster ``name`` when no ``--ssh-key`` is given: authorized
+    on that cluster's hosts only, so its head host may hold a copy to reach the others."""
+    return cluster_dir(name) / "id_ed25519"
+
+
 def runner_for(
     rec: ClusterRecord, printer: Callable[[str, str], None] | None = None, **kw: Any
 ) -> SshRunner:
@@ -358,9 +364,15 @@ class Head:
         self.labels = {h.worker_id: h.label for h in self.hosts}
         self.printer = printer
         self.log = log or (lambda m: None)
-        self.runner = runner_for(rec, None, control=True, forward_agent=True, log=self.log)
         self.root = remote_root(rec.name)
         self.helper: str | None = None
+        own = cluster_key(rec.name)
+        self.own_key = (
+            own if rec.ssh_key and Path(rec.ssh_key).expanduser() == own and own.is_file() else None
+        )
+        self.runner = runner_for(
+            rec, None, control=True, forward_agent=self.own_key is None, log=self.log
+        )
         self.sent = 0  # payload bytes this machine sent to the head
 
     # -------------------------------------------------------------- plumbing
@@ -428,10 +440,27 @@ class Head:
         sha = hashlib.sha256(src).hexdigest()[:16]
         path = f"{self.root}/fleet/fleet-{sha}.py"
         r = self.runner.run_one(
-            self.head, f"test -f {path} && echo have || echo need", stream=False, timeout=60
+            self.head,
+            f"test -f {path} && echo have || echo need; "
+            f"test -f {self.root}/fleet/id_ed25519 && echo key || true",
+            stream=False,
+            timeout=60,
         )
         if not r.ok:
             raise self._head_failed(r, "reaching the head host")
+        if self.own_key and "key" not in r.stdout:
+            # the cluster's own key (authorized on these hosts only): the head reaches the
+            # others with it, no agent round trip through this machine per host
+            pub = Path(str(self.own_key) + ".pub").read_text().strip()
+            cmd = (
+                f"set -e; mkdir -p {self.root}/fleet; umask 077; "
+                f"cat > {self.root}/fleet/id_ed25519.tmp; "
+                f"mv {self.root}/fleet/id_ed25519.tmp {self.root}/fleet/id_ed25519; "
+                f"echo {shlex.quote(pub)} > {self.root}/fleet/id_ed25519.pub"
+            )
+            r2, *_ = self._call(cmd, Path(self.own_key).read_bytes(), timeout=60)
+            if not r2.ok:
+                raise self._head_failed(r2, "installing the cluster key")
         if "have" not in r.stdout:
             cmd = (
                 f"set -e; mkdir -p {self.root}/fleet; rm -f {self.root}/fleet/fleet-*.py; "
@@ -525,7 +554,7 @@ class Head:
             cmd="true",
             timeout=self.runner.connect_timeout + 20,
             retry_until=left,
-            install_key=True,
+            install_key=self.own_key is None,
             echo=False,
         )
         bad = [(w, st) for w, (rc, st) in sorted(results.items()) if rc != 0]
