@@ -244,3 +244,48 @@ def test_open_file_limit_raised_or_refused_with_the_fix(monkeypatch):
     limits.update(soft=64, hard=64)
     with pytest.raises(AiosError, match=r"open-file limit is 64 \(hard limit 64\).*ulimit -n"):
         ops.check_open_files(logs.append)
+
+
+def test_a_failed_watch_stops_an_unmanaged_job_on_every_host(cluster4, aios_home):
+    """The launcher's watch died (e.g. "Too many open files"): the job it no longer watches is
+    stopped on every host and the user is told; a managed one goes to a background watcher."""
+    from aios_cloud.store import JOB_FAILED, JOB_RUNNING
+
+    c = cluster4
+    rec = record(c, "unw")
+    store = Store()
+    job = store.add_job("unw", "sleepy.py")
+    store.update_job(job, state=JOB_RUNNING)
+    d = f"{ops.remote_root('unw')}/jobs/{job}"
+    head = ops.Head(rec)
+    head.reach()
+    results, _ = head.fan(
+        "started",
+        cmd=f"mkdir -p {d}; setsid nohup sleep 300 > /dev/null 2>&1 < /dev/null & echo $! > {d}/pid",
+    )
+    assert all(rc == 0 for rc, _ in results.values())
+    pids = [int((h.home / "aios" / "unw" / "jobs" / str(job) / "pid").read_text()) for h in c.hosts]
+    assert all(Path(f"/proc/{p}").exists() for p in pids)
+    logs: list[str] = []
+    spawned: list[int] = []
+    err = OSError(24, "Too many open files")
+    ops.after_watch_failure(
+        store, None, job, True, err, logs.append, lambda: spawned.append(1) or 1
+    )  # type: ignore[arg-type]
+    assert not spawned
+    assert logs == [
+        f"the watch failed (OSError: [Errno 24] Too many open files); stopped job {job} on every "
+        "host so nothing runs unwatched"
+    ]
+    got = store.get_job(job)
+    assert got is not None and got.state == JOB_FAILED
+    for p in pids:  # gone (or a zombie of the host's sshd session until it is reaped)
+        stat = Path(f"/proc/{p}/stat")
+        assert not stat.exists() or stat.read_text().split()[2] == "Z"
+    # a managed job is handed to a background watcher instead, and keeps running
+    managed = store.add_job("unw", "sleepy.py", managed=True, max_restarts=2)
+    store.update_job(managed, state=JOB_RUNNING)
+    ops.after_watch_failure(store, None, managed, True, err, logs.append, lambda: 4242)  # type: ignore[arg-type]
+    assert "a background watcher (pid 4242) takes over" in logs[-1]
+    got = store.get_job(managed)
+    assert got is not None and got.state == JOB_RUNNING and got.watcher_pid == 4242
