@@ -256,10 +256,13 @@ def _scale_one(n: int, c, d: Path) -> None:  # type: ignore[no-untyped-def]
     tx0 = _tx_bytes(c.root_if)
     sampler = _ConnSampler(c.subnet)
 
+    sent: dict[str, int] = {}
+
     def phase(name: str, fn) -> None:  # type: ignore[no-untyped-def]
-        t = time.perf_counter()
+        t, b = time.perf_counter(), _tx_bytes(c.root_if)
         fn()
         phases[name] = time.perf_counter() - t
+        sent[name] = _tx_bytes(c.root_if) - b
 
     phase("reach", lambda: ops.reach(rec, None, quiet))
     phase("sync", lambda: ops.sync_code(rec, spec, None, quiet))
@@ -313,6 +316,9 @@ def _scale_one(n: int, c, d: Path) -> None:  # type: ignore[no-untyped-def]
         f"(x{launch_tx / bundle:.2f}), relaunch sync {resync_tx / 1024:.1f} KiB, conns {conns}"
         f" | before: per-host upload {old_tx / 1024:.0f} KiB (x{old_tx / bundle:.1f}) in "
         f"{old_t:.1f}s, conns {old_conns}"
+    )
+    print(
+        "         KiB sent per phase: " + " ".join(f"{k} {v / 1024:.1f}" for k, v in sent.items())
     )
 
 

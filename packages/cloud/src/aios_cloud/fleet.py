@@ -192,10 +192,10 @@ class Fleet:
     def __init__(self, root: str, req: dict) -> None:
         self.root = root
         self.req = req
-        self.hosts = req.get("hosts") or []
-        self.me = req.get("self", 0)
         self.fleet = os.path.join(root, "fleet")
         os.makedirs(self.fleet, exist_ok=True)
+        self.hosts = req.get("hosts") or self._cached_hosts(req.get("hosts_ref"))
+        self.me = req.get("self", 0)
         self.key = os.path.join(self.fleet, "id_ed25519")
         if req.get("reset_keys"):  # the launcher re-pinned its keys: the hosts were recreated
             try:
@@ -208,6 +208,28 @@ class Fleet:
                 check=True,
                 capture_output=True,
             )
+
+    def _cached_hosts(self, ref) -> list:
+        """The host list sent by an earlier request (``hosts_ref`` is its hash): polls and
+        commands do not send the host list again. Missing: exit 3, the launcher resends it."""
+        try:
+            with open(os.path.join(self.fleet, f"hosts-{ref}.json")) as f:
+                return json.load(f)
+        except (OSError, ValueError, TypeError):
+            emit("NEED_HOSTS")
+            sys.exit(3)
+
+    def remember_hosts(self) -> None:
+        ref = self.req.get("hosts_ref")
+        if ref and self.req.get("hosts"):
+            path = os.path.join(self.fleet, f"hosts-{ref}.json")
+            if not os.path.exists(path):
+                for name in os.listdir(self.fleet):
+                    if name.startswith("hosts-"):
+                        os.unlink(os.path.join(self.fleet, name))
+                with open(path + ".tmp", "w") as f:
+                    json.dump(self.req["hosts"], f)
+                os.replace(path + ".tmp", path)
 
     def argv(self, h: dict, cmd: str, timeout: float = 0) -> list:
         if h["w"] == self.me:
@@ -372,16 +394,22 @@ class Fleet:
             emit(f"R {w} {rc} {st}")
 
 
-def _tasks(req: dict) -> dict:
+def _tasks(req: dict, hosts: list) -> dict:
     if "tasks" in req:
         return {w: (t["cmd"], (t.get("stdin") or "").encode()) for w, t in req["tasks"].items()}
-    return {str(h["w"]): (req["cmd"], (req.get("stdin") or "").encode()) for h in req["hosts"]}
+    only = req.get("only")  # a subset of the hosts (aios exec/logs --worker)
+    return {
+        str(h["w"]): (req["cmd"], (req.get("stdin") or "").encode())
+        for h in hosts
+        if only is None or h["w"] in only
+    }
 
 
 def cmd_fan(root: str) -> int:
     req = _read_request()
     fl = Fleet(root, req)
-    tasks = _tasks(req)
+    fl.remember_hosts()
+    tasks = _tasks(req, fl.hosts)
     if req.get("install_key") and len(fl.hosts) > 1:
         with open(fl.key + ".pub") as f:
             pub = f.read().strip()
@@ -400,6 +428,7 @@ def cmd_sync(root: str) -> int:
     it lacks (``have`` there, then ``put``)."""
     req = _read_request()
     fl = Fleet(root, req)
+    fl.remember_hosts()
     others = [h for h in fl.hosts if h["w"] != fl.me]
     with open(os.path.join(root, "fleet", "manifest.json")) as f:
         files = json.load(f)

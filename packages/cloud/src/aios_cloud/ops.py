@@ -404,7 +404,7 @@ class Head:
                     results[int(parts[0])] = (int(parts[1]), parts[2])
                     return
             other.append(line)
-            if echo and self.printer and tag not in ("M", "OK"):
+            if echo and self.printer and tag not in ("M", "OK", "NEED_HOSTS"):
                 self.printer(head_prefix, line)
 
         self.runner.printer = parse
@@ -489,6 +489,7 @@ class Head:
         echo: bool = True,
         hosts: list[ClusterHost] | None = None,
         sub: str = "fan",
+        send_hosts: bool = False,
     ) -> tuple[dict[int, tuple[int, str]], dict[int, list[str]]]:
         """Run ``cmd`` (or per-worker ``tasks``: worker -> (command, stdin text)) on every host
         through the head. Returns worker -> (exit code, state) and each worker's output lines.
@@ -496,8 +497,10 @@ class Head:
         helper = self.ensure_helper()
         hosts = hosts or self.hosts
         limit = command_timeout() if timeout is None else timeout
+        every = self._hosts_json()
+        ref = hashlib.sha256(json.dumps(every).encode()).hexdigest()[:16]
         req: dict[str, Any] = {
-            "hosts": self._hosts_json(hosts),
+            "hosts_ref": ref,  # the head keeps the host list: polls do not resend it
             "self": self.head.worker_id,
             "what": what,
             "timeout": limit,
@@ -511,13 +514,22 @@ class Head:
             req["tasks"] = {str(w): {"cmd": c, "stdin": i} for w, (c, i) in tasks.items()}
         else:
             req["cmd"] = cmd
+            if len(hosts) != len(self.hosts):
+                req["only"] = [h.worker_id for h in hosts]
+        if send_hosts:  # reach, the first request of a launch, sends the host list
+            req["hosts"] = every
         waves = -(-len(hosts) // FAN_PARALLEL)
-        r, results, outputs, _ = self._call(
-            f"{HELPER_PYTHON} {helper} {sub} {self.root}",
-            gzip.compress(json.dumps(req).encode(), 9),
-            timeout=limit * (waves + 1) + retry_until + 60,
-            echo=echo,
-        )
+        for _ in range(2):
+            r, results, outputs, other = self._call(
+                f"{HELPER_PYTHON} {helper} {sub} {self.root}",
+                gzip.compress(json.dumps(req).encode(), 9),
+                timeout=limit * (waves + 1) + retry_until + 60,
+                echo=echo,
+            )
+            if r.returncode == 3 and "NEED_HOSTS" in other and "hosts" not in req:
+                req["hosts"] = every
+                continue
+            break
         if not r.ok or not results:
             raise self._head_failed(r, what)
         return results, outputs
@@ -556,6 +568,7 @@ class Head:
             retry_until=left,
             install_key=self.own_key is None,
             echo=False,
+            send_hosts=True,
         )
         bad = [(w, st) for w, (rc, st) in sorted(results.items()) if rc != 0]
         if bad:
