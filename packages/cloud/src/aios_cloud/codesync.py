@@ -313,6 +313,13 @@ class Manifest:
             for sha in shas:
                 src = self.blobs[sha]
                 data = src if isinstance(src, bytes) else src.read_bytes()
+                if _sha(data) != sha:
+                    from aios.errors import AiosError
+
+                    raise AiosError(
+                        f"{src} changed while aios was syncing it",
+                        "launch again once your files are saved",
+                    )
                 ti = tarfile.TarInfo(sha)
                 ti.size = len(data)
                 ti.mode = 0o600

@@ -150,7 +150,7 @@ def cmd_put(root: str) -> int:
                 body = src.read()
                 if hashlib.sha256(body).hexdigest()[: len(name)] != name:
                     emit(f"P blob {name} arrived corrupted")
-                    return 3
+                    return 4
                 with open(os.path.join(d, name + ".tmp"), "wb") as f:
                     f.write(body)
                 os.replace(os.path.join(d, name + ".tmp"), os.path.join(d, name))
