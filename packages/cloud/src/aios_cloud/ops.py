@@ -507,7 +507,8 @@ class Head:
             "parallel": FAN_PARALLEL,
             "retry_until": retry_until,
             "install_key": install_key,
-            "reset_keys": getattr(self, "reset_keys", False),
+            # aios stopped/started or recreated the hosts: the head forgets the keys it pinned
+            "reset_keys": getattr(self, "reset_keys", False) or self.runner.reset_marker.exists(),
             "python": HELPER_PYTHON,
         }
         if tasks is not None:
@@ -530,6 +531,8 @@ class Head:
                 req["hosts"] = every
                 continue
             break
+        if r.ok and req["reset_keys"]:
+            self.runner.reset_marker.unlink(missing_ok=True)
         if not r.ok or not results:
             raise self._head_failed(r, what)
         return results, outputs
