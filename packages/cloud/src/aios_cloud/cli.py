@@ -555,6 +555,7 @@ def launch(
         checkpoint_dir=checkpoint_dir,
         spec=spec.to_dict(),
     )
+    starting = False
     try:
         from aios_cloud.store import JOB_RUNNING, JOB_SETTING_UP
 
@@ -563,6 +564,7 @@ def launch(
         ops.sync_code(rec, spec, printer, _log)
         ops.run_setup(rec, spec, printer, _log)
         info = provider.describe(rec.name, rec.zone)
+        starting = True
         ops.start_job(
             rec, job_id, spec, config, provider.remote_env(info) if info else {}, printer, _log
         )
@@ -598,9 +600,11 @@ def launch(
             else:
                 if isinstance(exc, AiosError):  # never point at the cluster just deleted
                     exc.fix = f"{name} was deleted, nothing is left running; fix the cause and launch again"
-        else:
-            with ops.signals_deferred():
-                ops.cancel_job(rec, job_id)  # what started on a reused cluster stops too
+        elif starting:  # what started on a reused cluster stops too (Ctrl-C again skips it)
+            try:
+                ops.cancel_job(rec, job_id)
+            except Exception as cancel_exc:  # noqa: BLE001
+                _log(f"could not stop job {job_id}: {cancel_exc}; run `aios cancel {name}`")
         raise
     if controller:
         from aios_cloud.controller import start_controller
