@@ -186,7 +186,7 @@ class _ConnSampler:
         return self.peak
 
 
-def bench_scale(ns: list[int]) -> None:
+def bench_scale(ns: list[int], nofile: int = 0) -> None:
     """Launch phases through the head host against N, with the launcher's bytes/connections."""
     from aios_cloud.testing.sshd import SshdCluster, netns_available, sshd_unavailable_reason
 
@@ -202,7 +202,15 @@ def bench_scale(ns: list[int]) -> None:
             os.environ["AIOS_HOME"] = str(Path(d) / "aios-home")
             try:
                 with SshdCluster(n, Path(d) / "sshd", netns=True) as c:
-                    _scale_one(n, c, Path(d))
+                    import resource
+
+                    saved = resource.getrlimit(resource.RLIMIT_NOFILE)
+                    if nofile:  # the launcher's limit only (the hosts started with the old one)
+                        resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, saved[1]))
+                    try:
+                        _scale_one(n, c, Path(d))
+                    finally:
+                        resource.setrlimit(resource.RLIMIT_NOFILE, saved)
             except Exception as exc:  # noqa: BLE001 - report and go on with the next N
                 print(f"  N={n}: failed: {type(exc).__name__}: {exc}")
 
@@ -302,10 +310,14 @@ def _scale_one(n: int, c, d: Path) -> None:  # type: ignore[no-untyped-def]
     sampler = _ConnSampler(c.subnet)
     tx2 = _tx_bytes(c.root_if)
     t = time.perf_counter()
-    runner.check(
-        runner.run("mkdir -p old && tar xzf - -C old", stdin_path=str(tar.path), stream=False),
-        "old",
-    )
+    try:
+        runner.check(
+            runner.run("mkdir -p old && tar xzf - -C old", stdin_path=str(tar.path), stream=False),
+            "old",
+        )
+        old_err = ""
+    except OSError as exc:  # the per-host fan-out needs several descriptors per host
+        old_err = f" FAILED ({exc.strerror})"
     old_t = time.perf_counter() - t
     old_tx = _tx_bytes(c.root_if) - tx2
     old_conns = sampler.close()
@@ -315,7 +327,7 @@ def _scale_one(n: int, c, d: Path) -> None:  # type: ignore[no-untyped-def]
         + f" | sent {launch_tx / 1024:.0f} KiB for a {bundle / 1024:.0f} KiB bundle "
         f"(x{launch_tx / bundle:.2f}), relaunch sync {resync_tx / 1024:.1f} KiB, conns {conns}"
         f" | before: per-host upload {old_tx / 1024:.0f} KiB (x{old_tx / bundle:.1f}) in "
-        f"{old_t:.1f}s, conns {old_conns}"
+        f"{old_t:.1f}s, conns {old_conns}{old_err}"
     )
     print(
         "         KiB sent per phase: " + " ".join(f"{k} {v / 1024:.1f}" for k, v in sent.items())
@@ -327,9 +339,10 @@ def main() -> None:
     ap.add_argument("--hosts", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--scale", default="", help="comma-separated host counts, e.g. 1,8,32")
+    ap.add_argument("--nofile", type=int, default=0, help="the launcher's open-file limit")
     a = ap.parse_args()
     if a.scale:
-        bench_scale([int(x) for x in a.scale.split(",")])
+        bench_scale([int(x) for x in a.scale.split(",")], a.nofile)
         return
     bench_ssh(a.hosts, a.repeats)
     bench_sync(a.repeats)
