@@ -575,11 +575,10 @@ def launch(
     assert store is not None
     if autostop is not None:
         _check_autostop(provider, request, autodown)
-    import signal
-
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        # killed while creating: unwind like Ctrl-C so nothing is left running in the cloud
-        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    # killed while creating: unwind like Ctrl-C so nothing is left running in the cloud; every
+    # ssh is a subprocess the handler kills, so no stuck host holds the cleanup up
+    ops.install_signal_handlers()
+    ops.check_open_files(_log)
     if existing is None:
         provider.describe_credentials()  # no credentials: one line, before anything is created
         if autostop is not None:
@@ -590,11 +589,15 @@ def launch(
     from aios_cloud.ssh import ensure_client_key
 
     user_hosts = getattr(provider, "user_hosts", False)  # --cloud ssh: the user's own login
-    key = (
-        None
-        if user_hosts and not key_path
-        else str(ensure_client_key(key_path) if not key_path else Path(key_path).expanduser())
-    )
+    key: str | None
+    if key_path:
+        key = str(Path(key_path).expanduser())
+    elif existing is not None and existing.ssh_key:
+        key = existing.ssh_key
+    elif user_hosts:
+        key = None  # hosts the user already has: their own ssh login, no key of aios's
+    else:  # a key of this cluster's own: the head host may hold it to reach the other hosts
+        key = str(ensure_client_key(ops.cluster_key(name)))
     created = False
     printer = _printer()
     if existing is None:
@@ -619,14 +622,16 @@ def launch(
         checkpoint_dir=checkpoint_dir,
         spec=spec.to_dict(),
     )
+    starting = False
     try:
         from aios_cloud.store import JOB_RUNNING, JOB_SETTING_UP
 
         store.update_job(job_id, state=JOB_SETTING_UP)
-        ops.runner_for(rec, printer).wait_reachable()
+        ops.reach(rec, printer, _log)
         ops.sync_code(rec, spec, printer, _log)
         ops.run_setup(rec, spec, printer, _log)
         info = provider.describe(rec.name, rec.zone)
+        starting = True
         ops.start_job(
             rec, job_id, spec, config, provider.remote_env(info) if info else {}, printer, _log
         )
@@ -658,9 +663,18 @@ def launch(
         if created:
             _log(f"launch failed; deleting {name} so nothing is left behind")
             try:
-                ops.down_cluster(store, provider, rec)
+                with ops.signals_deferred():
+                    ops.down_cluster(store, provider, rec)
             except Exception as cleanup_exc:  # noqa: BLE001
                 _log(f"cleanup failed: {cleanup_exc}; delete it with `aios down {name}`")
+            else:
+                if isinstance(exc, AiosError):  # never point at the cluster just deleted
+                    exc.fix = f"{name} was deleted, nothing is left running; fix the cause and launch again"
+        elif starting:  # what started on a reused cluster stops too (Ctrl-C again skips it)
+            try:
+                ops.cancel_job(rec, job_id)
+            except Exception as cancel_exc:  # noqa: BLE001
+                _log(f"could not stop job {job_id}: {cancel_exc}; run `aios cancel {name}`")
         raise
     if controller:
         from aios_cloud.controller import start_controller
@@ -721,6 +735,17 @@ def launch(
             f"detached: job {job_id} keeps running on {name}{more}. `aios logs {name} -f`, `aios down {name}`"
         )
         sys.exit(130)
+    except BaseException as exc:  # SIGTERM, or the watch itself failed: nothing runs unwatched
+        ops.after_watch_failure(
+            store,
+            provider,
+            job_id,
+            created,
+            exc,
+            _log,
+            lambda: _spawn_watcher(job_id, cloud, config_file, poll, down_after),
+        )
+        raise
     if down_after:
         rec2 = store.get_cluster(name)
         if rec2:
@@ -799,11 +824,19 @@ def _launch_dry_run(
         home = Path(
             os.environ.get("AIOS_HOME") or Path.home() / ".aios"
         ).expanduser()  # read only: no mkdir
-        key = Path(key_path).expanduser() if key_path else home / "keys" / "aios_ed25519"
+        key = (
+            Path(key_path).expanduser()
+            if key_path
+            else home / "clusters" / request.name / "id_ed25519"
+        )
         if Path(
             str(key) + ".pub"
         ).is_file():  # the public key a launch installs (public: printed as sent)
             request = ops.with_public_key(request, str(key))
+        elif not key_path:  # created by the launch, for this cluster alone
+            request = dataclasses.replace(
+                request, ssh_public_key=f"ssh-ed25519 <created at launch: {key}.pub>"
+            )
         for line in ops.dry_run_lines(provider.render_create(request)):
             _echo(line)
         zones = provider.zones(request.accelerator)
@@ -839,11 +872,18 @@ def _launch_dry_run(
             f"# left out {len(secrets)} secret-looking files: "
             f"{', '.join(secrets[:8])}{', ...' if len(secrets) > 8 else ''} (use --env NAME)"
         )
-    key = key_path or "$AIOS_HOME/keys/aios_ed25519"
-    for h in hosts:
+    key = key_path or f"$AIOS_HOME/clusters/{request.name}/id_ed25519"
+    head = hosts[0]
+    _echo(
+        f"ssh -i {key} -o ControlMaster=auto {head.ssh_user}@{head.ip} '{ops.HELPER_PYTHON} "
+        f"{root}/fleet/fleet-<sha>.py have|put {root}'  # the content manifest, then only the "
+        "files worker 0 lacks"
+    )
+    if len(hosts) > 1:
         _echo(
-            f"tar czf - -C {shlex.quote(spec.workdir)} <files> | ssh -i {key} {h.ssh_user}@{h.ip} "
-            f"'mkdir -p {root}/code.new && tar xzf - -C {root}/code.new && mv {root}/code.new {root}/code'"
+            f"# worker 0 copies the code to the other {len(hosts) - 1} hosts over the cluster "
+            "network (each gets only the files it lacks); setup, start, status, logs and cancel "
+            "go through worker 0 too"
         )
     if spec.setup_lines:
         _echo(f"# 3. setup on every worker (cd {root}/code):")
@@ -1070,8 +1110,8 @@ def exec_(name: str, command: tuple[str, ...], worker: tuple[int, ...], dry_run:
         for h in hosts:
             _echo(f"({h.label}) {shlex.join(runner.argv(h, remote))}")
         return
-    results = runner.run(remote, hosts=hosts)
-    codes = [r.returncode for r in results]
+    # a user's command may run for hours: a day's limit, Ctrl-C ends it at once
+    codes = ops.run_via_head(rec, remote, hosts, _printer(), timeout=86400)
     bad = [c for c in codes if c != 0]
     sys.exit(bad[0] if bad else 0)
 
@@ -1113,12 +1153,11 @@ def logs(
             )
         return
     if not follow:
-        runner.run(f"cat {d} 2>/dev/null || echo '[aios] no log yet'", hosts=hosts)
+        ops.run_via_head(rec, f"cat {d} 2>/dev/null || echo '[aios] no log yet'", hosts, _printer())
         return
     import time
 
-    rec.hosts = [h for h in rec.hosts if not worker or h["worker_id"] in worker]
-    follower = ops.LogFollower(rec, job.id, _printer())
+    follower = ops.LogFollower(rec, job.id, _printer(), workers=[h.worker_id for h in hosts])
     try:
         while True:
             j = store.get_job(job.id)

@@ -278,3 +278,98 @@ def make_tarball(
             tar.addfile(ti, io.BytesIO(data))
     os.replace(tmp, dest)
     return Tarball(dest, len(files), total, h.hexdigest()[:16])
+
+
+@dataclass
+class Manifest:
+    """What code sync ships, by content: ``entries`` are ``(path, sha, mode)`` (``mode`` an
+    octal string, or ``"l"`` for a symlink whose blob is its target), ``blobs`` maps each
+    ``sha`` to its source file or bytes. ``files``/``bytes`` count the workdir alone."""
+
+    entries: list[tuple[str, str, str]]
+    blobs: dict[str, Path | bytes]
+    files: int
+    bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(
+            len(b) if isinstance(b, bytes) else b.stat().st_size for b in self.blobs.values()
+        )
+
+    def payload(self) -> bytes:
+        """The manifest as the head host's ``fleet.py have`` reads it (gzip JSON)."""
+        import gzip
+        import json
+
+        return gzip.compress(json.dumps({"files": self.entries}).encode(), 9)
+
+    def blob_tar(self, shas: list[str]) -> bytes:
+        """A gzip tar of the named blobs (members named by hash)."""
+        import io
+
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6) as tar:
+            for sha in shas:
+                src = self.blobs[sha]
+                data = src if isinstance(src, bytes) else src.read_bytes()
+                if _sha(data) != sha:
+                    from aios.errors import AiosError
+
+                    raise AiosError(
+                        f"{src} changed while aios was syncing it",
+                        "launch again once your files are saved",
+                    )
+                ti = tarfile.TarInfo(sha)
+                ti.size = len(data)
+                ti.mode = 0o600
+                tar.addfile(ti, io.BytesIO(data))
+        return buf.getvalue()
+
+
+SHA_CHARS = 20  # 80 bits of sha256: content addresses within one cluster's code
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:SHA_CHARS]
+
+
+def make_manifest(
+    root: str | os.PathLike[str],
+    excludes: tuple[str, ...] | list[str] = (),
+    max_bytes: int = MAX_BYTES_DEFAULT,
+    extra_files: list[tuple[Path, str]] | None = None,
+    generated: dict[str, str] | None = None,
+) -> Manifest:
+    """The content manifest of :func:`collect` (plus ``extra_files``/``generated``, the aios
+    bundle): the head host keeps the blobs, so a relaunch sends only what changed. Refuses more
+    than ``max_bytes`` of workdir input like :func:`make_tarball`."""
+    from aios.errors import AiosError
+
+    root = Path(root)
+    files = collect(root, excludes)
+    total = sum((root / f).lstat().st_size for f in files)
+    if total > max_bytes:
+        big = sorted(files, key=lambda f: -(root / f).lstat().st_size)[:3]
+        raise AiosError(
+            f"code sync would upload {total / 2**20:.0f} MiB from {root} (largest: {', '.join(big)})",
+            "add those paths to .gitignore or --exclude, or raise --max-sync-mb",
+        )
+    entries: list[tuple[str, str, str]] = []
+    blobs: dict[str, Path | bytes] = {}
+    sources = [(root / f, f) for f in files] + list(extra_files or [])
+    for src, arc in sources:
+        if src.is_symlink():
+            data = os.readlink(src).encode()
+            sha, mode = _sha(data), "l"
+            blobs[sha] = data
+        else:
+            sha, mode = _sha(src.read_bytes()), oct(src.stat().st_mode & 0o777)[2:]
+            blobs[sha] = src
+        entries.append((arc, sha, mode))
+    for arc, text in (generated or {}).items():
+        data = text.encode()
+        sha = _sha(data)
+        blobs[sha] = data
+        entries.append((arc, sha, "644"))
+    return Manifest(entries, blobs, len(files), total)

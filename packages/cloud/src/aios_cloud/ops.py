@@ -20,8 +20,11 @@ polls ``exit_code``/``pid`` over SSH and the cloud's view of the cluster (preemp
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gzip
 import hashlib
+import json
 import os
 import shlex
 import subprocess
@@ -29,7 +32,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,7 +55,16 @@ from aios_cloud.provider import (
     ClusterNotFound,
     ClusterRequest,
 )
-from aios_cloud.ssh import HostKeyChanged, LinePrinter, SshError, SshRunner
+from aios_cloud.ssh import (
+    HostKeyChanged,
+    HostResult,
+    LinePrinter,
+    SshError,
+    SshRunner,
+    _kill,
+    _reap,
+    _spawn,
+)
 from aios_cloud.store import (
     JOB_CANCELLED,
     JOB_FAILED,
@@ -169,6 +181,12 @@ def record_hosts(rec: ClusterRecord) -> list[ClusterHost]:
         host.ssh_key = rec.ssh_key or host.ssh_key
         out.append(host)
     return sorted(out, key=lambda h: h.worker_id)
+
+
+def cluster_key(name: str) -> Path:
+    """The SSH key aios creates for cluster ``name`` when no ``--ssh-key`` is given: authorized
+    on that cluster's hosts only, so its head host may hold a copy to reach the others."""
+    return cluster_dir(name) / "id_ed25519"
 
 
 def runner_for(
@@ -296,10 +314,333 @@ def with_public_key(request: ClusterRequest, key: str) -> ClusterRequest:
     return dataclasses.replace(request, ssh_public_key=pub.read_text().strip())
 
 
+# ------------------------------------------------------------------------------ the head host
+
+HELPER_PYTHON = "python3"  # the hosts' system python runs fleet.py (before aios is there)
+FAN_PARALLEL = 32  # hosts the head host drives at once
+
+
+def _seconds(env: str, default: float) -> float:
+    try:
+        return float(os.environ.get(env, "") or default)
+    except ValueError:
+        return default
+
+
+def reach_timeout() -> float:
+    """How long a launch waits for every host to accept SSH (``AIOS_REACH_TIMEOUT``, 300 s)."""
+    return _seconds("AIOS_REACH_TIMEOUT", 300.0)
+
+
+def command_timeout() -> float:
+    """Limit for one remote step on one host: code sync, job start, cancel
+    (``AIOS_COMMAND_TIMEOUT``, 600 s)."""
+    return _seconds("AIOS_COMMAND_TIMEOUT", 600.0)
+
+
+def setup_timeout() -> float:
+    """Limit for the setup script on one host (``AIOS_SETUP_TIMEOUT``, 3600 s)."""
+    return _seconds("AIOS_SETUP_TIMEOUT", 3600.0)
+
+
+class Head:
+    """The launcher's one place to talk to: worker 0 of the cluster, over one reused SSH
+    connection (ControlMaster) with this machine's agent forwarded. It runs
+    :mod:`aios_cloud.fleet` there, which drives every other host over the cluster network
+    (bounded pool, a timeout per host, progress lines), so what this machine sends and the
+    connections it holds do not grow with the number of hosts."""
+
+    def __init__(
+        self,
+        rec: ClusterRecord,
+        printer: Callable[[str, str], None] | None = None,
+        log: Log | None = None,
+    ) -> None:
+        self.rec = rec
+        self.hosts = record_hosts(rec)
+        if not self.hosts:
+            raise SshError(f"cluster {rec.name} has no hosts recorded", "see `aios status`")
+        self.head = self.hosts[0]
+        self.labels = {h.worker_id: h.label for h in self.hosts}
+        self.printer = printer
+        self.log = log or (lambda m: None)
+        self.root = remote_root(rec.name)
+        self.helper: str | None = None
+        own = cluster_key(rec.name)
+        self.own_key = (
+            own if rec.ssh_key and Path(rec.ssh_key).expanduser() == own and own.is_file() else None
+        )
+        self.runner = runner_for(
+            rec, None, control=True, forward_agent=self.own_key is None, log=self.log
+        )
+        self.sent = 0  # payload bytes this machine sent to the head
+
+    # -------------------------------------------------------------- plumbing
+    def _call(
+        self, cmd: str, payload: bytes, timeout: float, echo: bool = True
+    ) -> tuple[HostResult, dict[int, tuple[int, str]], dict[int, list[str]], list[str]]:
+        """Run ``cmd`` on the head with ``payload`` on stdin; returns the ssh result, the
+        ``R`` lines (worker -> (rc, state)), the ``O`` lines per worker and other lines."""
+        results: dict[int, tuple[int, str]] = {}
+        outputs: dict[int, list[str]] = {}
+        other: list[str] = []
+        head_prefix = f"({self.head.label})"
+
+        def parse(_prefix: str, line: str) -> None:
+            tag, _, rest = line.partition(" ")
+            if tag == "O":
+                w, _, text = rest.partition(" ")
+                if w.isdigit():
+                    outputs.setdefault(int(w), []).append(text)
+                    if echo and self.printer:
+                        self.printer(f"({self.labels.get(int(w), 'worker ' + w)})", text)
+                    return
+            elif tag == "P":
+                self.log(rest)
+                return
+            elif tag == "R":
+                parts = rest.split(" ", 2)
+                if len(parts) == 3 and parts[0].isdigit():
+                    results[int(parts[0])] = (int(parts[1]), parts[2])
+                    return
+            other.append(line)
+            if echo and self.printer and tag not in ("M", "OK", "NEED_HOSTS"):
+                self.printer(head_prefix, line)
+
+        self.runner.printer = parse
+        fd, path = tempfile.mkstemp(prefix="aios-head-")
+        try:
+            with os.fdopen(fd, "wb") as f:  # mode 600: env files may hold forwarded secrets
+                f.write(payload)
+            self.sent += len(payload)
+            # the head ends the command itself at the same limit: nothing stays behind there
+            wrapped = f"timeout -k 5 {int(timeout) + 1} bash -c {shlex.quote(cmd)}"
+            r = self.runner.run_one(self.head, wrapped, stdin_path=path, timeout=timeout)
+        finally:
+            os.unlink(path)
+            self.runner.printer = None
+        return r, results, outputs, other
+
+    def _head_failed(self, r: HostResult, what: str) -> SshError:
+        from aios_cloud.ssh import _first_line, _state_of
+
+        detail = _first_line("\n".join(r.stderr[-5:])) or _state_of(r)
+        return SshError(
+            f"{what} failed on {self.head.label} (the head host: {detail})",
+            "see the output above; rerun with --debug",
+        )
+
+    def ensure_helper(self) -> str:
+        """Ship fleet.py to the head when its copy differs (a few KiB, once)."""
+        if self.helper:
+            return self.helper
+        from aios_cloud import fleet
+
+        src = Path(fleet.__file__).read_bytes()
+        sha = hashlib.sha256(src).hexdigest()[:16]
+        path = f"{self.root}/fleet/fleet-{sha}.py"
+        r = self.runner.run_one(
+            self.head,
+            f"test -f {path} && echo have || echo need; "
+            f"test -f {self.root}/fleet/id_ed25519 && echo key || true",
+            stream=False,
+            timeout=60,
+        )
+        if not r.ok:
+            raise self._head_failed(r, "reaching the head host")
+        if self.own_key and "key" not in r.stdout:
+            # the cluster's own key (authorized on these hosts only): the head reaches the
+            # others with it, no agent round trip through this machine per host
+            pub = Path(str(self.own_key) + ".pub").read_text().strip()
+            cmd = (
+                f"set -e; mkdir -p {self.root}/fleet; umask 077; "
+                f"cat > {self.root}/fleet/id_ed25519.tmp; "
+                f"mv {self.root}/fleet/id_ed25519.tmp {self.root}/fleet/id_ed25519; "
+                f"echo {shlex.quote(pub)} > {self.root}/fleet/id_ed25519.pub"
+            )
+            r2, *_ = self._call(cmd, Path(self.own_key).read_bytes(), timeout=60)
+            if not r2.ok:
+                raise self._head_failed(r2, "installing the cluster key")
+        if "have" not in r.stdout:
+            cmd = (
+                f"set -e; mkdir -p {self.root}/fleet; rm -f {self.root}/fleet/fleet-*.py; "
+                f"gzip -dc > {path}.tmp; mv {path}.tmp {path}"
+            )
+            r, *_ = self._call(cmd, gzip.compress(src, 9), timeout=120)
+            if not r.ok:
+                raise self._head_failed(r, "installing aios's helper")
+        self.helper = path
+        return path
+
+    def _hosts_json(self, hosts: list[ClusterHost] | None = None) -> list[dict[str, Any]]:
+        return [
+            {"w": h.worker_id, "ip": h.internal_ip or h.ip, "port": h.port, "user": h.ssh_user}
+            for h in (hosts or self.hosts)
+        ]
+
+    def fan(
+        self,
+        what: str,
+        cmd: str | None = None,
+        tasks: dict[int, tuple[str, str]] | None = None,
+        timeout: float | None = None,
+        retry_until: float = 0.0,
+        install_key: bool = False,
+        echo: bool = True,
+        hosts: list[ClusterHost] | None = None,
+        sub: str = "fan",
+        send_hosts: bool = False,
+    ) -> tuple[dict[int, tuple[int, str]], dict[int, list[str]]]:
+        """Run ``cmd`` (or per-worker ``tasks``: worker -> (command, stdin text)) on every host
+        through the head. Returns worker -> (exit code, state) and each worker's output lines.
+        Raises :class:`SshError` when the head itself cannot be used."""
+        helper = self.ensure_helper()
+        hosts = hosts or self.hosts
+        limit = command_timeout() if timeout is None else timeout
+        every = self._hosts_json()
+        ref = hashlib.sha256(json.dumps(every).encode()).hexdigest()[:16]
+        req: dict[str, Any] = {
+            "hosts_ref": ref,  # the head keeps the host list: polls do not resend it
+            "self": self.head.worker_id,
+            "what": what,
+            "timeout": limit,
+            "parallel": FAN_PARALLEL,
+            "retry_until": retry_until,
+            "install_key": install_key,
+            # aios stopped/started or recreated the hosts: the head forgets the keys it pinned
+            "reset_keys": getattr(self, "reset_keys", False) or self.runner.reset_marker.exists(),
+            "python": HELPER_PYTHON,
+        }
+        if tasks is not None:
+            req["tasks"] = {str(w): {"cmd": c, "stdin": i} for w, (c, i) in tasks.items()}
+        else:
+            req["cmd"] = cmd
+            if len(hosts) != len(self.hosts):
+                req["only"] = [h.worker_id for h in hosts]
+        if send_hosts:  # reach, the first request of a launch, sends the host list
+            req["hosts"] = every
+        waves = -(-len(hosts) // FAN_PARALLEL)
+        for _ in range(2):
+            r, results, outputs, other = self._call(
+                f"{HELPER_PYTHON} {helper} {sub} {self.root}",
+                gzip.compress(json.dumps(req).encode(), 9),
+                timeout=limit * (waves + 1) + retry_until + 60,
+                echo=echo,
+            )
+            if r.returncode == 3 and "NEED_HOSTS" in other and "hosts" not in req:
+                req["hosts"] = every
+                continue
+            break
+        if r.ok and req["reset_keys"]:
+            self.runner.reset_marker.unlink(missing_ok=True)
+        if not r.ok or not results:
+            raise self._head_failed(r, what)
+        return results, outputs
+
+    def check(self, results: dict[int, tuple[int, str]], what: str) -> None:
+        bad = [(w, rc, st) for w, (rc, st) in sorted(results.items()) if rc != 0]
+        if bad:
+            names = "; ".join(
+                f"worker {w}: {'no answer within the time limit' if st == 'stalled' else st}"
+                for w, _rc, st in bad[:5]
+            )
+            more = f"; and {len(bad) - 5} more" if len(bad) > 5 else ""
+            raise SshError(
+                f"{what} failed on {len(bad)} of {len(results)} hosts ({names}{more})",
+                "see the output above; rerun with --debug",
+            )
+
+    # -------------------------------------------------------------- phases
+    def reach(self, timeout: float | None = None) -> None:
+        """Wait for the head (from here), then for every other host (from the head, which
+        installs its own key there through the forwarded agent the first time)."""
+        limit = reach_timeout() if timeout is None else timeout
+        start = time.monotonic()
+        marker = self.runner.reset_marker
+        self.reset_keys = marker.exists() or not self.runner.known_hosts.exists()
+        self.runner.wait_reachable(limit, hosts=[self.head])
+        self.ensure_helper()
+        if len(self.hosts) == 1:
+            marker.unlink(missing_ok=True)
+            return
+        left = max(5.0, limit - (time.monotonic() - start))
+        results, _ = self.fan(
+            "reachable",
+            cmd="true",
+            timeout=self.runner.connect_timeout + 20,
+            retry_until=left,
+            install_key=self.own_key is None,
+            echo=False,
+            send_hosts=True,
+        )
+        bad = [(w, st) for w, (rc, st) in sorted(results.items()) if rc != 0]
+        if bad:
+            names = ", ".join(f"worker {w} ({st})" for w, st in bad[:5])
+            more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+            raise SshError(
+                f"{len(bad)} of {len(results)} hosts not reachable from the head host after "
+                f"{limit:.0f}s: {names}{more}",
+                "check that those hosts are up and accept SSH on the cluster network",
+            )
+        marker.unlink(missing_ok=True)
+
+    def sync(self, manifest: Any) -> tuple[int, int]:
+        """Send the code to the head (only the blobs it lacks) and have it copy the code to
+        every other host. Returns (bytes sent from here, blobs sent)."""
+        helper = self.ensure_helper()
+        before = self.sent
+        payload = manifest.payload()
+        r, _, _, other = self._call(
+            f"{HELPER_PYTHON} {helper} have {self.root}",
+            payload,
+            timeout=command_timeout(),
+            echo=False,
+        )
+        if not r.ok:
+            raise self._head_failed(r, "code sync")
+        missing = [ln.split()[1] for ln in other if ln.startswith("M ")]
+        r, *_ = self._call(
+            f"{HELPER_PYTHON} {helper} put {self.root}",
+            manifest.blob_tar(missing) if missing else b"",
+            timeout=command_timeout(),
+        )
+        if not r.ok:
+            raise self._head_failed(r, "code sync")
+        if len(self.hosts) > 1:
+            results, _ = self.fan("synced", sub="sync", echo=True)
+            self.check(results, "code sync")
+        return self.sent - before, len(missing)
+
+
+def run_via_head(
+    rec: ClusterRecord,
+    cmd: str,
+    hosts: list[ClusterHost],
+    printer: Callable[[str, str], None],
+    timeout: float | None = None,
+) -> list[int]:
+    """``cmd`` on ``hosts`` through the head host (``aios exec``, ``aios logs``); straight
+    from here (bounded, timed) when the head cannot be used. Exit codes in worker order."""
+    try:
+        results, _ = Head(rec, printer).fan("done", cmd=cmd, hosts=hosts, timeout=timeout)
+        return [results.get(h.worker_id, (255, ""))[0] for h in hosts]
+    except SshError as exc:
+        printer("[aios]", f"{exc.message}; asking the hosts directly")
+        runner = runner_for(rec, printer)
+        return [r.returncode for r in runner.run(cmd, hosts=hosts, timeout=timeout)]
+
+
+def reach(rec: ClusterRecord, printer: Callable[[str, str], None] | None, log: Log) -> None:
+    """Wait until every host of ``rec`` answers (see :meth:`Head.reach`)."""
+    Head(rec, printer, log).reach()
+
+
 def sync_code(
     rec: ClusterRecord, spec: JobSpec, printer: Callable[[str, str], None] | None, log: Log
 ) -> None:
-    from aios_cloud.codesync import make_tarball
+    """Ship the workdir (and aios itself) to every host: the head host gets only the content
+    it does not already have; it copies the code to the other hosts over the cluster network."""
+    from aios_cloud.codesync import make_manifest, secret_files
 
     extra: list = []
     generated: dict[str, str] = {}
@@ -308,21 +649,13 @@ def sync_code(
 
         b = build(spec.backend, rec.cloud)
         extra, generated = b.files, b.generated
-    tar = make_tarball(
+    manifest = make_manifest(
         spec.workdir,
-        cluster_dir(rec.name) / "code.tar.gz",
         spec.excludes,
         spec.max_sync_mb * 2**20,
         extra_files=extra,
         generated=generated,
     )
-    log(
-        f"syncing {tar.files} files ({tar.bytes / 1024:.0f} KiB) from "
-        f"{os.path.abspath(spec.workdir)} to {len(rec.hosts)} hosts"
-        + (f" (+ aios itself, {len(extra)} files)" if extra else "")
-    )
-    from aios_cloud.codesync import secret_files
-
     secrets = secret_files(spec.workdir, spec.excludes)
     if secrets:
         log(
@@ -330,13 +663,24 @@ def sync_code(
             f"({', '.join(secrets[:5])}{', ...' if len(secrets) > 5 else ''}); "
             "pass values with --env NAME instead"
         )
-    root = remote_root(rec.name)
-    cmd = (
-        f"set -e; mkdir -p {root}; rm -rf {root}/code.new; mkdir {root}/code.new; "
-        f"tar xzf - -C {root}/code.new; rm -rf {root}/code; mv {root}/code.new {root}/code"
+    head = Head(rec, printer, log)
+    sent, blobs = head.sync(manifest)
+    n = len(rec.hosts)
+    log(
+        f"code sync: {manifest.files} files ({manifest.bytes / 1024:.0f} KiB) from "
+        f"{os.path.abspath(spec.workdir)}"
+        + (f" + aios itself ({len(extra) + len(generated)} files)" if extra else "")
+        + f"; sent {_size(sent)} ({blobs} changed of {len(manifest.blobs)} blobs) to worker 0"
+        + (
+            f", which copied the changes to {n - 1} other hosts over the cluster network"
+            if n > 1
+            else ""
+        )
     )
-    runner = runner_for(rec, printer)
-    runner.check(runner.run(cmd, stdin_path=str(tar.path)), "code sync")
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB"
 
 
 def setup_script(spec: JobSpec) -> str:
@@ -357,7 +701,6 @@ def run_setup(
     script = setup_script(spec)
     sha = hashlib.sha256(script.encode()).hexdigest()[:16]
     root = remote_root(rec.name)
-    runner = runner_for(rec, printer)
     marker = f"{root}/setup.sha"
     log(f"setup on {len(rec.hosts)} hosts ({len(spec.setup_lines)} steps)")
     cmd = (
@@ -365,7 +708,9 @@ def run_setup(
         "'[aios] setup already done'; exit 0; fi; "
         f"cd {root}/code && bash -c {shlex.quote(script)} && echo {sha} > {marker}"
     )
-    runner.check(runner.run(cmd), "setup")
+    head = Head(rec, printer, log)
+    results, _ = head.fan("set up", cmd=cmd, timeout=setup_timeout())
+    head.check(results, "setup")
     return True
 
 
@@ -510,41 +855,19 @@ def start_job(
     base_env = job_env(spec, provider_env)
     root = remote_root(rec.name)
     d = f"{root}/jobs/{job_id}"
-    runner = runner_for(rec, printer)
-    with tempfile.TemporaryDirectory(prefix="aios-env-") as tmp:
-        paths = {}
-        for wid, plan in plans.items():
-            p = Path(tmp) / f"env-{wid}"
-            fd = os.open(p, os.O_WRONLY | os.O_CREAT, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(env_file({**base_env, **plan.env}))
-            paths[wid] = str(p)
-
-        def cmd(host: ClusterHost) -> str:
-            run_sh = render_run_sh(rec, job_id, plans[host.worker_id], bundle=spec.bundle)
-            return (
-                f"set -e; rm -rf {d}; mkdir -p {d}; umask 077; cat > {d}/env; "
-                f"printf %s {shlex.quote(run_sh)} > {d}/run.sh; chmod 700 {d}/run.sh; "
-                f"setsid nohup bash {d}/run.sh > {d}/worker.log 2>&1 < /dev/null & echo $! > {d}/pid; echo started"
-            )
-
-        # each host gets its own env file on stdin
-        results = []
-        threads = []
-        lock = threading.Lock()
-
-        def one(host: ClusterHost) -> None:
-            r = runner.run_one(host, cmd(host), stdin_path=paths[host.worker_id], stream=False)
-            with lock:
-                results.append(r)
-
-        for h in runner.hosts:
-            t = threading.Thread(target=one, args=(h,))
-            t.start()
-            threads.append(t)
-        for t in threads:
-            t.join()
-        runner.check(sorted(results, key=lambda r: r.host.worker_id), "job start")
+    tasks = {}
+    for wid, plan in plans.items():
+        run_sh = render_run_sh(rec, job_id, plan, bundle=spec.bundle)
+        cmd = (
+            f"set -e; rm -rf {d}; mkdir -p {d}; umask 077; cat > {d}/env; "
+            f"printf %s {shlex.quote(run_sh)} > {d}/run.sh; chmod 700 {d}/run.sh; "
+            f"setsid nohup bash {d}/run.sh > {d}/worker.log 2>&1 < /dev/null & echo $! > {d}/pid; echo started"
+        )
+        # each host's env (with forwarded values) travels on stdin, never on a command line
+        tasks[wid] = (cmd, env_file({**base_env, **plan.env}))
+    head = Head(rec, printer, log)
+    results, _ = head.fan("started", tasks=tasks, echo=False)
+    head.check(results, "job start")
     log(f"job {job_id} started on {len(plans)} hosts")
 
 
@@ -553,8 +876,6 @@ def poll_job(rec: ClusterRecord, job_id: int) -> list[tuple[str, int | None]]:
     (no process and no exit code: the host rebooted or was replaced), ``("REPLACED", None)``
     (a different machine answers at the host's address: its host key changed) or
     ``("UNREACHABLE", None)``. Never raises for one host's SSH trouble."""
-    from concurrent.futures import ThreadPoolExecutor
-
     d = f"{remote_root(rec.name)}/jobs/{job_id}"
     cmd = (
         f'if [ -f {d}/exit_code ]; then echo "EXIT $(cat {d}/exit_code)"; '
@@ -562,27 +883,23 @@ def poll_job(rec: ClusterRecord, job_id: int) -> list[tuple[str, int | None]]:
         f"{d}/queued ]; then echo QUEUED; else echo RUNNING; fi; "
         f"else echo LOST; fi"
     )
-    runner = runner_for(rec, None, retries=2, backoff=0.5, connect_timeout=8)
-
-    def one(host: ClusterHost) -> Any:
-        try:
-            return runner.run_one(host, cmd, timeout=60, stream=False)
-        except HostKeyChanged:
-            return "REPLACED"
-        except SshError:
-            return "UNREACHABLE"
-
-    if not runner.hosts:
+    hosts = record_hosts(rec)
+    if not hosts:
         return []
-    with ThreadPoolExecutor(max_workers=min(64, len(runner.hosts))) as pool:
-        results = list(pool.map(one, runner.hosts))
+    try:
+        results, outputs = Head(rec).fan("polled", cmd=cmd, timeout=60, echo=False)
+    except HostKeyChanged:
+        return [("REPLACED", None)] + [("UNREACHABLE", None)] * (len(hosts) - 1)
+    except SshError:
+        return [("UNREACHABLE", None)] * len(hosts)
     out: list[tuple[str, int | None]] = []
-    for r in results:
-        if isinstance(r, str):
-            out.append((r, None))
-            continue
-        words = (r.stdout[-1] if r.stdout else "").split()
-        if r.returncode != 0 or not words:
+    for h in hosts:
+        rc, st = results.get(h.worker_id, (255, "missing"))
+        lines = outputs.get(h.worker_id) or []
+        words = (lines[-1] if lines else "").split()
+        if st == "replaced":
+            out.append(("REPLACED", None))
+        elif rc != 0 or not words:
             out.append(("UNREACHABLE", None))
         elif words[0] == "EXIT":
             out.append(
@@ -600,15 +917,27 @@ def cancel_job(rec: ClusterRecord, job_id: int, grace: float = 10.0) -> None:
         f"for i in $(seq {int(grace * 10)}); do kill -0 $p 2>/dev/null || exit 0; sleep 0.1; "
         "done; kill -KILL -- -$p 2>/dev/null || true"
     )
-    with_retries = runner_for(rec, None, retries=1, backoff=0.5)
+    hosts = record_hosts(rec)
     try:
-        with_retries.run(cmd, stream=False, timeout=grace + 30)
+        results, _ = Head(rec).fan("cancelled", cmd=cmd, timeout=grace + 30, echo=False)
+        left = [h for h in hosts if results.get(h.worker_id, (1, ""))[0] != 0]
+        if not left:
+            return
+        hosts = [h for h in left if h.worker_id != hosts[0].worker_id]
+    except SshError:  # the head is gone: ask the other hosts directly (bounded, timed)
+        hosts = hosts[1:]
+    if not hosts:
+        return
+    direct = runner_for(rec, None, retries=1, backoff=0.5)
+    try:
+        direct.run(cmd, stream=False, timeout=grace + 30, hosts=hosts)
     except SshError:  # a replaced/unreachable host has no job left to cancel
         pass
 
 
 class LogFollower:
-    """``tail -F`` of every host's worker.log, each line prefixed, until :meth:`stop`."""
+    """Every host's worker.log, each line prefixed, until :meth:`stop`: one ssh to the head
+    host, which follows the other hosts over the cluster network."""
 
     def __init__(
         self,
@@ -616,46 +945,65 @@ class LogFollower:
         job_id: int,
         printer: Callable[[str, str], None],
         from_start: bool = True,
+        workers: list[int] | None = None,
     ) -> None:
-        self.procs: list[subprocess.Popen] = []
-        self.threads: list[threading.Thread] = []
+        head = Head(rec)
+        helper = head.ensure_helper()
         d = f"{remote_root(rec.name)}/jobs/{job_id}"
-        runner = runner_for(rec, printer)
-        start = "+1" if from_start else "0"
-        for h in runner.hosts:
-            argv = runner.argv(h, f"tail -n {start} -F {d}/worker.log 2>/dev/null")
-            p = subprocess.Popen(
-                argv,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                stdin=subprocess.DEVNULL,
-                text=True,
-                errors="replace",
-                bufsize=1,
-            )
-            self.procs.append(p)
-            t = threading.Thread(target=self._pump, args=(p, f"({h.label})", printer), daemon=True)
-            t.start()
-            self.threads.append(t)
+        req = {
+            "hosts": head._hosts_json(
+                [h for h in head.hosts if workers is None or h.worker_id in workers]
+            ),
+            "self": head.head.worker_id,
+            "jobdir": d,
+            "from_start": from_start,
+        }
+        argv = head.runner.argv(head.head, f"{HELPER_PYTHON} {helper} tail {head.root}")
+        self.proc = _spawn(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+            bufsize=1,
+            env=head.runner._env(),
+        )
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        self.thread = threading.Thread(
+            target=self._pump, args=(self.proc, head.labels, printer), daemon=True
+        )
+        self.thread.start()
 
     @staticmethod
-    def _pump(p: subprocess.Popen, prefix: str, printer: Callable[[str, str], None]) -> None:
+    def _pump(
+        p: subprocess.Popen, labels: dict[int, str], printer: Callable[[str, str], None]
+    ) -> None:
         assert p.stdout is not None
         for line in p.stdout:
-            printer(prefix, line.rstrip("\n"))
+            tag, _, rest = line.rstrip("\n").partition(" ")
+            w, _, text = rest.partition(" ")
+            if tag == "O" and w.isdigit():
+                printer(f"({labels.get(int(w), 'worker ' + w)})", text)
 
     def stop(self, drain: float = 1.0) -> None:
         time.sleep(drain)
-        for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs:
+        p = self.proc
+        if p.poll() is None:
+            try:
+                assert p.stdin is not None
+                p.stdin.close()  # the head's follower ends when its stdin closes
+            except OSError:
+                pass
             try:
                 p.wait(timeout=5)
             except subprocess.TimeoutExpired:
-                p.kill()
-        for t in self.threads:
-            t.join(2)
+                _kill(p)
+                p.wait()
+        _reap(p)
+        self.thread.join(2)
 
 
 # ------------------------------------------------------------------------------ the watcher
@@ -872,13 +1220,23 @@ class Watcher:
         )
         self.store.event(rec.name, kind, f"job {self.job_id}: {incident}", self.job_id)
         self.log(f"cluster {rec.name}: {incident}")
-        if not job.managed:
-            why = f"{incident}; relaunch with --spot --max-restarts N to recover automatically"
-            return self._finish(JOB_FAILED, None, why)
-        if job.restarts >= job.max_restarts:
+        if not job.managed or job.restarts >= job.max_restarts:
+            # nothing works unwatched: what still runs on the healthy hosts is stopped
+            self.log(f"stopping job {self.job_id} on the remaining hosts of {rec.name}")
+            cancel_job(rec, self.job_id)
+            if not job.managed:
+                why = (
+                    f"{incident}; the job was stopped on the other hosts; relaunch with --spot "
+                    "--max-restarts N to recover automatically"
+                )
+                return self._finish(JOB_FAILED, None, why)
             return self._finish(
-                JOB_FAILED, None, f"{incident}; the {job.max_restarts} restarts allowed are used up"
+                JOB_FAILED,
+                None,
+                f"{incident}; the {job.max_restarts} restarts allowed are used up; the job was "
+                "stopped on the other hosts",
             )
+        self.log(f"managed recovery takes over (restarts used {job.restarts}/{job.max_restarts})")
         n = self.store.bump_restarts(self.job_id)
         self.store.update_job(self.job_id, state=JOB_RECOVERING)
         self.log(f"recovery {n}/{job.max_restarts}: {incident}")
@@ -887,7 +1245,7 @@ class Watcher:
             action, rec = self._recover_cluster(rec, incident)
             spec = JobSpec.from_dict(job.spec)
             self.store.update_job(self.job_id, state=JOB_SETTING_UP)
-            runner_for(rec, self.printer).wait_reachable(self.opt.ssh_timeout)
+            Head(rec, self.printer, self.log).reach(self.opt.ssh_timeout)
             sync_code(rec, spec, self.printer, self.log)
             run_setup(rec, spec, self.printer, self.log)
             start_job(
@@ -1162,6 +1520,135 @@ def refresh(store: Store, provider: CloudProvider, rec: ClusterRecord) -> Cluste
             rec = save_hosts(store, rec, info, provider)
             store.update_cluster(rec.name, state=state)
     return store.get_cluster(rec.name) or rec
+
+
+# ------------------------------------------------------------------------------ launcher guards
+
+_SIGNALLED: list[int] = []
+
+
+def install_signal_handlers() -> None:
+    """SIGTERM (and SIGINT) end every ssh this process runs at once, then unwind the main
+    thread (SIGTERM as ``SystemExit(143)``, SIGINT as ``KeyboardInterrupt``), so the launcher's
+    cleanup runs within seconds whatever a remote host does."""
+    import signal
+
+    from aios_cloud.ssh import kill_all
+
+    def on_term(signum: int, _frame: Any) -> None:
+        _SIGNALLED.append(signum)
+        kill_all()
+        raise SystemExit(128 + signum)
+
+    def on_int(signum: int, _frame: Any) -> None:
+        _SIGNALLED.append(signum)
+        kill_all()
+        raise KeyboardInterrupt
+
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, on_term)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, on_int)
+
+
+def terminated() -> bool:
+    """Whether this process got SIGTERM."""
+    import signal
+
+    return signal.SIGTERM in _SIGNALLED
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Cleanup (deleting what the launch created) is not cut short by a second Ctrl-C or
+    SIGTERM; the signals are ignored while it runs (SIGKILL still ends the process)."""
+    import signal
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in saved:
+        signal.signal(sig, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        for sig, h in saved.items():
+            signal.signal(sig, h)
+
+
+MIN_OPEN_FILES = 128
+
+
+def check_open_files(log: Log) -> None:
+    """Raise the open-file limit to the hard limit when it is low (macOS defaults to 256);
+    refuse to launch, with the fix, when it stays under :data:`MIN_OPEN_FILES`."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    inf = resource.RLIM_INFINITY
+    if soft == inf or soft >= 4096:
+        return
+    target = min(hard, 65536) if hard != inf else 65536
+    for want in (target, 10240, 4096):
+        if want <= soft:
+            break
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (ValueError, OSError):
+            continue
+        log(f"raised the open-file limit from {soft} to {want}")
+        return
+    if soft < MIN_OPEN_FILES:
+        raise AiosError(
+            f"the open-file limit is {soft} (hard limit {hard}); a launch needs {MIN_OPEN_FILES}",
+            f"raise it with `ulimit -n {MIN_OPEN_FILES * 8}` and launch again",
+        )
+
+
+def after_watch_failure(
+    store: Store,
+    provider: CloudProvider,
+    job_id: int,
+    created: bool,
+    exc: BaseException,
+    log: Log,
+    spawn_watcher: Callable[[], int],
+) -> None:
+    """The launcher stopped watching a running job (SIGTERM, or the watch itself failed):
+    nothing may work unwatched. SIGTERM: the job is stopped on every host and a cluster this
+    launch created is deleted. A failed watch: a managed job is handed to a background
+    watcher; an unmanaged one is stopped on every host. The user is told which."""
+    job = store.get_job(job_id)
+    if job is None or job.state in JOB_FINAL:
+        return
+    rec = store.get_cluster(job.cluster)
+    if rec is None:
+        return
+    with signals_deferred():
+        if terminated():
+            cancel_job(rec, job_id)
+            store.update_job(job_id, state=JOB_CANCELLED, watcher_pid=None)
+            store.event(rec.name, "job-cancelled", f"job {job_id}: launcher terminated", job_id)
+            if created:
+                down_cluster(store, provider, rec)
+                log(
+                    f"terminated: stopped job {job_id} and deleted {rec.name} (this launch created it)"
+                )
+            else:
+                log(f"terminated: stopped job {job_id} on every host of {rec.name}")
+            return
+        why = f"{type(exc).__name__}: {str(exc)[:200]}"
+        if job.managed:
+            pid = spawn_watcher()
+            store.update_job(job_id, watcher_pid=pid)
+            log(
+                f"the watch failed ({why}); a background watcher (pid {pid}) takes over job {job_id}'s managed recovery"
+            )
+            return
+        cancel_job(rec, job_id)
+        store.update_job(job_id, state=JOB_FAILED, watcher_pid=None)
+        store.event(rec.name, "job-failed", f"job {job_id}: watch failed: {why}", job_id)
+        log(
+            f"the watch failed ({why}); stopped job {job_id} on every host so nothing runs unwatched"
+        )
 
 
 def dry_run_lines(commands: list[CloudCommand]) -> list[str]:

@@ -11,22 +11,33 @@
   (re)provisioning records the key (``accept-new``); :meth:`SshRunner.reset_host_keys` forgets
   them when aios itself stopped/started or recreated the machines (their keys change then).
   The user's ``~/.ssh/known_hosts`` is never touched.
+* Bounded and timed: at most ``max_parallel`` ssh processes at once (a small worker pool, never a
+  thread per host), every command has a timeout (``command_timeout`` unless the caller gives
+  one), and every ssh runs as a subprocess registered in this module, so :func:`kill_all` (the
+  launcher calls it on SIGINT/SIGTERM) ends them at once and no stuck thread blocks exit.
+* Connection reuse (``control=True``): OpenSSH ``ControlMaster``/``ControlPersist`` sockets in a
+  per-process control directory (:func:`control_dir`); :func:`close_masters` ends the masters
+  (registered with ``atexit``).
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import random
 import re
+import shutil
+import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from aios.errors import AiosError
 
@@ -44,6 +55,122 @@ TRANSIENT_PATTERNS = re.compile(
 HOSTKEY_CHANGED = re.compile(
     r"REMOTE HOST IDENTIFICATION HAS CHANGED|Host key verification failed", re.IGNORECASE
 )
+
+
+MAX_PARALLEL = 8  # ssh processes this machine runs at once, whatever the number of hosts
+COMMAND_TIMEOUT = 600.0  # seconds a remote command may take unless the caller says otherwise
+PROGRESS_EVERY = 10.0  # seconds between "waiting for ..." lines
+
+_LIVE: set[subprocess.Popen] = set()
+_LIVE_LOCK = threading.Lock()
+_CONTROL: dict[str, Any] = {}
+
+
+def _spawn(argv: list[str], **kw: Any) -> subprocess.Popen:
+    """Start a subprocess that :func:`kill_all` can end (its own process group)."""
+    p = subprocess.Popen(argv, start_new_session=True, **kw)
+    with _LIVE_LOCK:
+        _LIVE.add(p)
+    return p
+
+
+def _reap(p: subprocess.Popen) -> None:
+    with _LIVE_LOCK:
+        _LIVE.discard(p)
+
+
+def _kill(p: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(p.pid, signal.SIGKILL)
+    with contextlib.suppress(Exception):
+        p.kill()
+
+
+def kill_all() -> int:
+    """Kill every ssh (and helper) process this process started and has not reaped; returns
+    how many. Called on SIGINT/SIGTERM so that no thread waits on a stuck remote command."""
+    with _LIVE_LOCK:
+        procs = list(_LIVE)
+    for p in procs:
+        if p.poll() is None:
+            _kill(p)
+    return len(procs)
+
+
+def live_count() -> int:
+    """ssh processes of this process still running (for tests and the bench)."""
+    with _LIVE_LOCK:
+        return sum(1 for p in _LIVE if p.poll() is None)
+
+
+def control_dir() -> Path:
+    """This process's ControlMaster directory (short, under /tmp: socket paths are limited to
+    about 100 bytes), created on first use and removed by :func:`close_masters`."""
+    d = _CONTROL.get("dir")
+    if d is None:
+        import tempfile
+
+        d = Path(tempfile.mkdtemp(prefix="aios-cm-", dir="/tmp"))
+        _CONTROL["dir"] = d
+        atexit.register(close_masters)
+    return d
+
+
+def close_masters() -> None:
+    """End the ControlMaster connections (and the ssh-agent) this process opened."""
+    d = _CONTROL.pop("dir", None)
+    agent = _CONTROL.pop("agent", None)
+    _CONTROL.pop("agent_env", None)
+    _CONTROL.pop("agent_keys", None)
+    if agent is not None:
+        _kill(agent)
+        _reap(agent)
+    if d is None:
+        return
+    for sock in Path(d).glob("cm-*"):
+        with contextlib.suppress(Exception):
+            subprocess.run(
+                ["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "aios-control"],
+                capture_output=True,
+                timeout=5,
+            )
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def agent_env(key: str | None) -> dict[str, str]:
+    """An ``ssh-agent`` of this process holding ``key`` (started once): what the head host uses,
+    through agent forwarding, to reach the other hosts the first time (the private key never
+    leaves this machine). Returns the environment for ssh; ``{}`` when no agent can run."""
+    if not key:
+        return {}
+    if "agent_env" not in _CONTROL:
+        sock = control_dir() / "agent.sock"
+        try:
+            p = subprocess.Popen(
+                ["ssh-agent", "-D", "-a", str(sock)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except OSError:
+            _CONTROL["agent_env"] = {}
+            return {}
+        _CONTROL["agent"] = p
+        _CONTROL["agent_keys"] = set()
+        deadline = time.monotonic() + 10
+        while not sock.exists() and time.monotonic() < deadline and p.poll() is None:
+            time.sleep(0.02)
+        _CONTROL["agent_env"] = {"SSH_AUTH_SOCK": str(sock)} if sock.exists() else {}
+    env = dict(_CONTROL["agent_env"])
+    path = str(Path(key).expanduser())
+    if env and path not in _CONTROL["agent_keys"]:
+        r = subprocess.run(
+            ["ssh-add", "-q", path], env={**os.environ, **env}, capture_output=True, timeout=30
+        )
+        if r.returncode == 0:
+            _CONTROL["agent_keys"].add(path)
+    return env
 
 
 class SshError(AiosError):
@@ -94,6 +221,12 @@ class SshRunner:
     :param retries: extra attempts after a transient exit-255 failure.
     :param backoff: first backoff in seconds (doubles each attempt, with jitter).
     :param printer: where prefixed output lines go (``None``: not streamed, only collected).
+    :param max_parallel: ssh processes at once (a bounded pool, never a thread per host).
+    :param command_timeout: default limit for one remote command (``None``: none).
+    :param control: reuse one connection per host (OpenSSH ControlMaster/ControlPersist).
+    :param forward_agent: forward this process's ssh-agent (holding ``key``): the head host
+        reaches the other hosts with it the first time.
+    :param log: progress lines while waiting ("reachable 3/4, waiting for worker 2 (...)").
     """
 
     def __init__(
@@ -108,8 +241,20 @@ class SshRunner:
         printer: Callable[[str, str], None] | None = None,
         rng: random.Random | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        max_parallel: int = MAX_PARALLEL,
+        command_timeout: float | None = COMMAND_TIMEOUT,
+        control: bool = False,
+        forward_agent: bool = False,
+        log: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.hosts = list(hosts)
+        self.max_parallel = max(1, max_parallel)
+        self.command_timeout = command_timeout
+        self.control = control
+        self.forward_agent = forward_agent
+        self.log = log
+        self.clock = clock
         self.known_hosts = Path(known_hosts)
         self.key = key
         self.alias = alias
@@ -157,16 +302,40 @@ class SshRunner:
             f"HostKeyAlias={self.alias}-w{host.worker_id}",
             "-o",
             "LogLevel=ERROR",
-            f"{host.ssh_user}@{host.ip}",
         ]
+        if self.control:
+            argv += [
+                "-o",
+                "ControlMaster=auto",
+                "-o",
+                f"ControlPath={control_dir()}/cm-%C",
+                "-o",
+                "ControlPersist=120",
+            ]
+        if self.forward_agent:
+            argv += ["-o", "ForwardAgent=yes"]
+        argv.append(f"{host.ssh_user}@{host.ip}")
         return argv
+
+    def _env(self) -> dict[str, str] | None:
+        if not self.forward_agent:
+            return None
+        return {**os.environ, **agent_env(self.key)}
 
     def argv(self, host: ClusterHost, command: str, tty: bool = False) -> list[str]:
         return [*self.base_argv(host, tty=tty), command]
 
     def reset_host_keys(self) -> None:
-        """Forget pinned host keys (after aios stopped/started or recreated the hosts)."""
+        """Forget pinned host keys (after aios stopped/started or recreated the hosts); the
+        head host forgets the keys it pinned for the other hosts at its next reach
+        (:attr:`reset_marker`)."""
         self.known_hosts.unlink(missing_ok=True)
+        if self.known_hosts.parent.is_dir():
+            self.reset_marker.touch()
+
+    @property
+    def reset_marker(self) -> Path:
+        return self.known_hosts.with_name(self.known_hosts.name + ".reset")
 
     # ------------------------------------------------------------------ running
     def run_one(
@@ -184,7 +353,7 @@ class SshRunner:
             res = HostResult(host, -1, attempts=attempt)
             stdin = open(stdin_path, "rb") if stdin_path else subprocess.DEVNULL
             try:
-                proc = subprocess.Popen(
+                proc = _spawn(
                     self.argv(host, command),
                     stdin=stdin,
                     stdout=subprocess.PIPE,
@@ -192,6 +361,7 @@ class SshRunner:
                     text=True,
                     errors="replace",
                     bufsize=1,
+                    env=self._env(),
                 )
             finally:
                 if stdin_path:
@@ -210,12 +380,19 @@ class SshRunner:
             t_err = threading.Thread(target=pump, args=(proc.stderr, res.stderr, True), daemon=True)
             t_out.start()
             t_err.start()
+            limit = timeout if timeout is not None else self.command_timeout
             try:
-                res.returncode = proc.wait(timeout=timeout)
+                res.returncode = proc.wait(timeout=limit)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                _kill(proc)
                 proc.wait()
                 res.returncode = 124
+                res.stderr.append(f"[aios] timed out after {limit:.0f}s")
+            except BaseException:  # interrupted (SIGINT/SIGTERM): never leave the ssh behind
+                _kill(proc)
+                raise
+            finally:
+                _reap(proc)
             t_out.join(5)
             t_err.join(5)
             if res.returncode != 255:
@@ -259,19 +436,69 @@ class SshRunner:
         hosts = list(hosts or self.hosts)
         if not hosts:
             return []
-        with ThreadPoolExecutor(max_workers=min(64, len(hosts))) as pool:
-            futs = [
-                pool.submit(
-                    self.run_one,
-                    h,
-                    command(h) if callable(command) else command,
-                    stdin_path,
-                    timeout,
-                    stream,
-                )
-                for h in hosts
-            ]
-            return [f.result() for f in futs]
+        return self._pool(
+            hosts,
+            lambda h: self.run_one(
+                h, command(h) if callable(command) else command, stdin_path, timeout, stream
+            ),
+        )
+
+    def _pool(
+        self, hosts: list[ClusterHost], fn: Callable[[ClusterHost], Any], what: str = "done"
+    ) -> list[Any]:
+        """``fn(host)`` for every host on at most ``max_parallel`` threads; a progress line every
+        :data:`PROGRESS_EVERY` seconds names the hosts still being waited for. On an interrupt
+        every ssh is killed and the pool is not waited for."""
+        pool = ThreadPoolExecutor(max_workers=min(self.max_parallel, len(hosts)))
+        started: dict[Any, tuple[ClusterHost, float]] = {}
+        try:
+            futs = {}
+            for h in hosts:
+                f = pool.submit(self._timed, started, h, fn)
+                futs[f] = h
+            pending = set(futs)
+            last = self.clock()
+            while pending:
+                _done, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
+                if pending and self.log and self.clock() - last >= PROGRESS_EVERY:
+                    last = self.clock()
+                    self.log(
+                        self.progress_line(len(hosts), len(hosts) - len(pending), started, what)
+                    )
+            results = [f.result() for f in futs]
+        except (KeyboardInterrupt, SystemExit):
+            kill_all()  # a signal: end every ssh now, wait for no thread
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
+        return results
+
+    def _timed(
+        self,
+        started: dict[Any, tuple[ClusterHost, float]],
+        h: ClusterHost,
+        fn: Callable[[ClusterHost], Any],
+    ) -> Any:
+        key = object()
+        started[key] = (h, self.clock())
+        try:
+            return fn(h)
+        finally:
+            started.pop(key, None)
+
+    def progress_line(
+        self, total: int, done: int, started: dict[Any, tuple[ClusterHost, float]], what: str
+    ) -> str:
+        waiting = sorted(started.values(), key=lambda x: x[1])
+        if not waiting:
+            return f"{what} {done}/{total}"
+        h, t0 = waiting[0]
+        return (
+            f"{what} {done}/{total}, waiting for worker {h.worker_id} ({_ago(self.clock() - t0)})"
+        )
 
     def check(self, results: list[HostResult], what: str) -> None:
         bad = [r for r in results if not r.ok]
@@ -286,27 +513,76 @@ class SshRunner:
                 "see the output above; rerun with --debug",
             )
 
-    def wait_reachable(self, timeout: float = 300.0) -> None:
-        """Wait until every host accepts SSH (fresh VMs take a while)."""
-        deadline = time.monotonic() + timeout
-        pending = list(self.hosts)
+    def wait_reachable(
+        self, timeout: float = 300.0, hosts: Sequence[ClusterHost] | None = None
+    ) -> None:
+        """Wait until every host accepts SSH (fresh VMs take a while), printing progress
+        ("reachable 3/4, waiting for worker 2 (connection refused, 1m10s)"); after ``timeout``
+        seconds the hosts still missing are named with their state."""
+        start = self.clock()
+        deadline = start + timeout
+        pending = list(hosts or self.hosts)
+        total = len(pending)
+        state: dict[int, str] = {}
         delay = 1.0
+        last = start
         while pending:
+            left = max(1.0, deadline - self.clock())
             results = self.run(
-                "true", stream=False, hosts=pending, timeout=self.connect_timeout + 5
+                "true",
+                stream=False,
+                hosts=pending,
+                timeout=min(self.connect_timeout + 5, left + 1),
             )
+            for r in results:
+                if not r.ok:
+                    state[r.host.worker_id] = _state_of(r)
             pending = [r.host for r in results if not r.ok]
             if not pending:
                 return
-            if time.monotonic() > deadline:
-                r = [x for x in results if not x.ok][0]
-                raise SshError(
-                    f"{r.host.label} is not reachable over SSH after {timeout:.0f}s "
-                    f"({_first_line(chr(10).join(r.stderr))})",
-                    "check the firewall allows port 22, then `aios start NAME`",
+            now = self.clock()
+            if now >= deadline:
+                names = ", ".join(
+                    f"worker {h.worker_id} ({state[h.worker_id]})" for h in pending[:5]
                 )
-            self.sleep(delay)
+                more = f" and {len(pending) - 5} more" if len(pending) > 5 else ""
+                raise SshError(
+                    f"{len(pending)} of {total} hosts not reachable over SSH after "
+                    f"{timeout:.0f}s: {names}{more}",
+                    "check that those hosts are up and the firewall allows SSH",
+                )
+            if self.log and now - last >= PROGRESS_EVERY:
+                last = now
+                h = pending[0]
+                self.log(
+                    f"reachable {total - len(pending)}/{total}, waiting for worker "
+                    f"{h.worker_id} ({state[h.worker_id]}, {_ago(now - start)})"
+                )
+            self.sleep(min(delay, max(0.0, deadline - now)))
             delay = min(delay * 2, 10)
+
+
+def _ago(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+def _state_of(r: HostResult) -> str:
+    """A failed host's state in a few words, for progress lines and errors."""
+    if r.returncode == 124:
+        return "no answer (stalled)"
+    line = _first_line("\n".join(r.stderr)).lower()
+    for pat, word in (
+        ("refused", "connection refused"),
+        ("timed out", "connection timed out"),
+        ("no route", "no route to host"),
+        ("unreachable", "network unreachable"),
+        ("reset", "connection reset"),
+        ("closed", "connection closed"),
+    ):
+        if pat in line:
+            return word
+    return line[:80] or f"exit status {r.returncode}"
 
 
 def _first_line(text: str) -> str:

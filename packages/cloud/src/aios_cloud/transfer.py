@@ -14,6 +14,7 @@ from typing import Any
 from aios.errors import AiosError
 
 PROGRESS_MIN_BYTES = 8 * 2**20
+TRANSFER_TIMEOUT = 86400.0  # `aios sync` to/from hosts: data may take hours
 
 
 def _fs(url: str) -> tuple[Any, str]:
@@ -218,7 +219,8 @@ def bucket_cluster(
         fd = os.open(p, os.O_WRONLY | os.O_CREAT, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(env_file(env or {}))
-        results = runner.run(cmd, stdin_path=str(p), hosts=hosts)
+        # data can be large: a day's limit (Ctrl-C ends it at once)
+        results = runner.run(cmd, stdin_path=str(p), hosts=hosts, timeout=TRANSFER_TIMEOUT)
     bad = [r for r in results if not r.ok]
     if bad:
         r = bad[0]
@@ -304,7 +306,9 @@ def upload_to_cluster(
                 else:
                     arc = src.name if into else os.path.basename(dest)
                 t.add(str(p), arcname=arc)
-        runner.check(runner.run(cmd, stdin_path=str(tar), hosts=hosts), "sync")
+        runner.check(
+            runner.run(cmd, stdin_path=str(tar), hosts=hosts, timeout=TRANSFER_TIMEOUT), "sync"
+        )
     return [f"copied {len(files)} files to {rec.name}:{path} on {len(hosts)} hosts"]
 
 
@@ -342,7 +346,11 @@ def download_from_cluster(
             tar = Path(tmp) / "down.tar.gz"
             with open(tar, "wb") as f:
                 r = subprocess.run(
-                    runner.argv(h, cmd), stdout=f, stderr=subprocess.PIPE, text=False
+                    runner.argv(h, cmd),
+                    stdout=f,
+                    stderr=subprocess.PIPE,
+                    text=False,
+                    timeout=TRANSFER_TIMEOUT,
                 )
             if r.returncode != 0:
                 raise AiosError(

@@ -55,6 +55,10 @@ CONTROL_ENV = {
     "AIOS_DEBUG",
     "AIOS_NO_COLOR",
     "AIOS_PLUGIN_TIMEOUT",
+    # aios-cloud's limits for remote steps (aios_cloud.ops)
+    "AIOS_REACH_TIMEOUT",
+    "AIOS_COMMAND_TIMEOUT",
+    "AIOS_SETUP_TIMEOUT",
 }
 CONTROL_PREFIXES = (CONTROL_PREFIX, "AIOS_INTERNAL_", "AIOS_TEST_")
 

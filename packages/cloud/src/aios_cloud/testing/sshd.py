@@ -135,7 +135,11 @@ class SshdHost:
                     f"Port {self.port}",
                     f"ListenAddress {self.ip}",
                     f"HostKey {self.confdir / 'ssh_host_ed25519_key'}",
-                    f"AuthorizedKeysFile {self.authorized_keys}",
+                    # the cluster's keys, and the host's own ~/.ssh/authorized_keys (where the
+                    # head host installs its key for the other hosts), as sshd's default
+                    # ".ssh/authorized_keys" on a real machine:
+                    # https://man.openbsd.org/sshd_config#AuthorizedKeysFile
+                    f"AuthorizedKeysFile {self.authorized_keys} {self.home}/.ssh/authorized_keys",
                     f"PidFile {self.confdir / 'sshd.pid'}",
                     "PermitRootLogin prohibit-password",
                     "PubkeyAuthentication yes",
