@@ -204,6 +204,8 @@ def test_cloud_sshhosts_cancel_stop_start_down_touch_only_what_aios_wrote(tmp_pa
     r = aios(env, "cancel", "box")
     assert r.returncode == 0 and "job 1 cancelled" in r.stderr, r.stderr
     assert not _alive(pid)
+    earlier = root / "code" / "out" / "earlier.txt"  # what a finished job left in code/
+    earlier.write_text("job 1's")
     # the cluster's hosts are recorded: relaunching with another plan is refused, not ignored
     r = _launch(env, one_host, work, "--nprocs-per-host", "3", "sleepy.py")
     assert r.returncode == 2 and "cluster box exists with other --nprocs-per-host" in r.stderr
@@ -212,6 +214,7 @@ def test_cloud_sshhosts_cancel_stop_start_down_touch_only_what_aios_wrote(tmp_pa
     assert r.returncode == 0, r.stderr
     pid2 = root / "jobs" / "2" / "pid"
     _wait(lambda: pid2.exists() and _alive(pid2), "the second job")
+    assert earlier.read_text() == "job 1's"  # the relaunch's code sync kept the job's output
     other = dict(env, AIOS_HOME=str(tmp_path / "other-laptop"))
     r = _launch(other, one_host, work, "sleepy.py")
     last = r.stderr.strip().splitlines()[-1]
@@ -232,10 +235,11 @@ def test_cloud_sshhosts_cancel_stop_start_down_touch_only_what_aios_wrote(tmp_pa
     assert (root / "jobs").exists()
     r = aios(env, "down", "box")
     assert r.returncode == 0, r.stderr
-    assert "kept 1 files the job wrote" in r.stderr and "./out" in r.stderr, r.stderr
+    assert "kept 2 files the job wrote" in r.stderr and "./out" in r.stderr, r.stderr
     assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*")) == [
         "code",
         "code/out",
+        "code/out/earlier.txt",
         "code/out/result.txt",
     ]
     assert (h.home / "notes.txt").read_text() == "the user's own file" and h.running

@@ -289,4 +289,13 @@ def test_cloud_ssh_four_hosts_plan_applied_as_printed_then_train(tmp_path, sshd_
     assert sorted(ln.split(",")[0] for ln in r.stdout.splitlines() if ln.endswith(" up")) == [
         f"(worker {i}" for i in range(4)
     ]
+    # the head reached the other hosts with a key of its own, authorized on them by one line
+    assert all(
+        "aios-head lab4" in (h.home / ".ssh" / "authorized_keys").read_text()
+        for h in cluster.hosts[1:]
+    )
     assert aios(env, "down", "lab4").returncode == 0
+    for h in cluster.hosts:  # down takes that line and the head's key back, nothing else
+        keys = h.home / ".ssh" / "authorized_keys"
+        assert not keys.exists() or "aios-head lab4" not in keys.read_text(), h.name
+        assert not (h.home / "aios" / "lab4" / "fleet").exists(), h.name

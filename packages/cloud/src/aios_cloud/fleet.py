@@ -47,6 +47,12 @@ _LOCK = threading.Lock()
 _OUT = threading.Lock()
 
 
+# the head's key to the other hosts: its public half goes into their authorized_keys with this
+# comment and the cluster's name, which is how `aios down` on hosts a user owns finds that line
+HEAD_KEY_COMMENT = "aios-head"
+KEYGEN = ["ssh-keygen", "-q", "-t", "ed25519", "-N", ""]
+
+
 def emit(line: str) -> None:
     with _OUT:
         sys.stdout.write(line + "\n")
@@ -156,24 +162,40 @@ def cmd_put(root: str) -> int:
                 os.replace(os.path.join(d, name + ".tmp"), os.path.join(d, name))
     with open(os.path.join(root, "fleet", "manifest.new.json")) as f:
         files = json.load(f)
-    new = os.path.join(root, "code.new")
-    shutil.rmtree(new, ignore_errors=True)
-    os.makedirs(new)
+    # code/ is updated in place, file by file (each written beside and renamed over): a file
+    # the last sync wrote and this one does not is removed; whatever else is there (runs/ and
+    # checkpoints a job wrote under the code directory) is the job's and stays
+    code = os.path.join(root, "code")
+    try:
+        with open(os.path.join(root, "fleet", "manifest.json")) as f:
+            before = {path for path, _sha, _mode in json.load(f)}
+    except (OSError, ValueError):
+        before = set()
     used = set()
     for path, sha, mode in files:
-        dest = os.path.join(new, path)
+        dest = os.path.join(code, path)
         os.makedirs(os.path.dirname(dest), exist_ok=True)
+        tmp = dest + ".aios-sync"
         blob = os.path.join(d, sha)
         used.add(sha)
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
         if mode == "l":
             with open(blob) as f:
-                os.symlink(f.read(), dest)
+                os.symlink(f.read(), tmp)
         else:
-            shutil.copyfile(blob, dest)
-            os.chmod(dest, int(mode, 8))
-    code = os.path.join(root, "code")
-    shutil.rmtree(code, ignore_errors=True)
-    os.replace(new, code)
+            shutil.copyfile(blob, tmp)
+            os.chmod(tmp, int(mode, 8))
+        if os.path.isdir(dest) and not os.path.islink(dest):
+            os.unlink(tmp)
+            emit(f"P {path}: a directory is in the way on this host (not replaced)")
+            return 4
+        os.replace(tmp, dest)
+    for path in before - {path for path, _sha, _mode in files}:
+        try:
+            os.unlink(os.path.join(code, path))
+        except (FileNotFoundError, IsADirectoryError):
+            pass
     os.replace(
         os.path.join(root, "fleet", "manifest.new.json"),
         os.path.join(root, "fleet", "manifest.json"),
@@ -204,7 +226,7 @@ class Fleet:
                 pass
         if len(self.hosts) > 1 and not os.path.exists(self.key):
             subprocess.run(
-                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "aios-head", "-f", self.key],
+                [*KEYGEN, "-C", f"{HEAD_KEY_COMMENT} {os.path.basename(root)}", "-f", self.key],
                 check=True,
                 capture_output=True,
             )

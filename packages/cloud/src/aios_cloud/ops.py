@@ -537,13 +537,23 @@ class Head:
             raise self._head_failed(r, what)
         return results, outputs
 
-    def check(self, results: dict[int, tuple[int, str]], what: str) -> None:
+    def check(
+        self,
+        results: dict[int, tuple[int, str]],
+        what: str,
+        outputs: dict[int, list[str]] | None = None,
+    ) -> None:
+        """Raise one line naming the hosts where ``what`` failed, each with its state and the
+        last ``[aios]`` line it printed (the reason a setup check gave)."""
         bad = [(w, rc, st) for w, (rc, st) in sorted(results.items()) if rc != 0]
         if bad:
-            names = "; ".join(
-                f"worker {w}: {'no answer within the time limit' if st == 'stalled' else st}"
-                for w, _rc, st in bad[:5]
-            )
+
+            def why(w: int, st: str) -> str:
+                said = [ln for ln in (outputs or {}).get(w, []) if "[aios]" in ln]
+                st = "no answer within the time limit" if st == "stalled" else st
+                return f"{st}: {said[-1].split('[aios]', 1)[1].strip()}" if said else st
+
+            names = "; ".join(f"worker {w}: {why(w, st)}" for w, _rc, st in bad[:5])
             more = f"; and {len(bad) - 5} more" if len(bad) > 5 else ""
             raise SshError(
                 f"{what} failed on {len(bad)} of {len(results)} hosts ({names}{more})",
@@ -709,8 +719,8 @@ def run_setup(
         f"cd {root}/code && bash -c {shlex.quote(script)} && echo {sha} > {marker}"
     )
     head = Head(rec, printer, log)
-    results, _ = head.fan("set up", cmd=cmd, timeout=setup_timeout())
-    head.check(results, "setup")
+    results, outputs = head.fan("set up", cmd=cmd, timeout=setup_timeout())
+    head.check(results, "setup", outputs)
     return True
 
 

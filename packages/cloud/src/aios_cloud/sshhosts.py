@@ -34,8 +34,9 @@ machines themselves are never stopped, rebooted or deleted.
   worker 0 must be visible on every host) before the job starts.
 * **What aios removes** (``aios down``; ``aios stop`` only ends the processes): in
   ``~/aios/<cluster>/`` on every host: ``jobs/`` (run.sh, env, pid, logs, exit codes),
-  ``setup.sha``, ``agent.*``, ``code.new``, ``code/.aios-site`` (aios itself) and the synced files
-  listed in the last code tarball (``$AIOS_HOME/clusters/<cluster>/code.tar.gz``). Files the job
+  ``setup.sha``, ``agent.*``, ``code.new``, ``code/.aios-site`` (aios itself), the synced files
+  the host's ``fleet/manifest.json`` lists, ``fleet/`` itself (the sync's store and the head's
+  key) and the head key's line in ``~/.ssh/authorized_keys`` (only that line). Files the job
   wrote under ``code/`` (checkpoints, runs) are kept and named; the directory goes only when
   empty. A host that does not answer keeps its files (named).
 * Host keys are pinned at the first connection (aios's per-cluster known_hosts); a changed host
@@ -59,6 +60,7 @@ from typing import Any
 
 from aios.errors import AiosError
 
+from aios_cloud.fleet import HEAD_KEY_COMMENT
 from aios_cloud.provider import (
     HEALTHY,
     READY,
@@ -736,32 +738,20 @@ class SshHostsProvider(CloudProvider):
         if not hosts:
             return
         runner = self._runner(name, hosts, key, retries=1, connect_timeout=8)
-        synced = _synced_files(name) if remove else []
-        listing = None
-        if synced:
-            import tempfile
-
-            with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
-                f.write("".join(f"{p}\n" for p in synced))
-                listing = f.name
         from aios_cloud.ssh import HostKeyChanged, HostResult, SshError
 
-        cmd = cleanup_command(name, remove, known=listing is not None)
+        cmd = cleanup_command(name, remove)
 
         def one(h: ClusterHost) -> HostResult:
             try:
-                return runner.run_one(h, cmd, stdin_path=listing, timeout=90, stream=False)
+                return runner.run_one(h, cmd, timeout=90, stream=False)
             except HostKeyChanged:
                 return HostResult(h, 255, stderr=["its host key changed: not touched"])
             except SshError as exc:
                 return HostResult(h, 255, stderr=[str(exc)])
 
-        try:
-            with ThreadPoolExecutor(max_workers=min(16, len(hosts))) as pool:
-                results = list(pool.map(one, hosts))
-        finally:
-            if listing:
-                os.unlink(listing)
+        with ThreadPoolExecutor(max_workers=min(16, len(hosts))) as pool:
+            results = list(pool.map(one, hosts))
         for r in results:
             if not r.ok:
                 self.log(
@@ -857,10 +847,10 @@ class SshHostsProvider(CloudProvider):
         key = (rec.request.get("extra") or {}).get("identity")
         hosts = self._hosts(self._specs(rec.request), key)
         if action in ("delete", "stop"):
-            cmd = cleanup_command(name, action == "delete", known=False)
+            cmd = cleanup_command(name, action == "delete")
             what = (
-                "end aios's processes, remove aios's files (the synced files listed in "
-                "code.tar.gz are removed too; files the job wrote are kept)"
+                "end aios's processes, remove aios's files (the synced files the host's "
+                "fleet/manifest.json lists too; files the job wrote are kept)"
                 if action == "delete"
                 else "end aios's processes; the host keeps running"
             )
@@ -905,10 +895,8 @@ class SshHostsProvider(CloudProvider):
         secrets = secret_files(spec.workdir, spec.excludes)
         if secrets:
             echo(f"# left out {len(secrets)} secret-looking files (use --env NAME)")
-        untar = (
-            f"set -e; mkdir -p {root}; rm -rf {root}/code.new; mkdir {root}/code.new; "
-            f"tar xzf - -C {root}/code.new; rm -rf {root}/code; mv {root}/code.new {root}/code"
-        )
+        # files are written over in place: what a job wrote under code/ (runs, checkpoints) stays
+        untar = f"set -e; mkdir -p {root}/code; tar xzf - -C {root}/code"
         tar = f"tar czf - -C {shlex.quote(spec.workdir)} " + " ".join(shlex.quote(f) for f in files)
         for h in hosts:
             echo(f"{tar} | {shlex.join(dry_ssh(h, key, untar))}")
@@ -980,10 +968,11 @@ def dry_ssh(host: ClusterHost, key: str | None, command: str) -> list[str]:
     return [*argv, "-o", "BatchMode=yes", f"{host.ssh_user}@{host.ip}", command]
 
 
-def cleanup_command(name: str, remove: bool, known: bool) -> str:
+def cleanup_command(name: str, remove: bool) -> str:
     """End the process groups of cluster ``name``'s jobs and its agent on a host; with
-    ``remove`` delete aios's own files there (the synced files read from stdin when ``known``),
-    keeping and naming whatever else the job wrote."""
+    ``remove`` delete aios's own files there (the synced files the host's manifest lists, the
+    sync's store, the head's key line in authorized_keys), keeping and naming whatever else the
+    job wrote."""
     root = f'"$HOME/aios/{name}"'
     lines = [
         f"R={root}",
@@ -998,11 +987,21 @@ def cleanup_command(name: str, remove: bool, known: bool) -> str:
             'rm -rf "$R"/jobs "$R"/setup.sha "$R"/agent.json "$R"/agent.pid "$R"/agent.log '
             '"$R"/agent.state "$R"/code.new "$R"/code/.aios-site',
         ]
-        if known:
-            lines.append(
-                'while IFS= read -r f; do case "$f" in ""|/*|*..*) continue;; esac; '
-                'rm -f -- "$R/code/$f"; done'
-            )
+        # the files the last sync wrote, as the host's own manifest lists them (aios's code sync
+        # through the head host); then that sync's store, and the head's key to the other hosts:
+        # its public half leaves every host's authorized_keys (only the line aios added)
+        lines += [
+            '[ -f "$R/fleet/manifest.json" ] && python3 -c \'import json, sys\n'
+            'for p, _s, _m in json.load(open(sys.argv[1])): print(p)\' "$R/fleet/manifest.json" '
+            '| while IFS= read -r f; do case "$f" in ""|/*|*..*) continue;; esac; '
+            'rm -f -- "$R/code/$f"; done',
+            # (cluster names are [-a-z0-9]: no pattern characters)
+            f'K=$(grep -x ".* {HEAD_KEY_COMMENT} {name}" "$HOME/.ssh/authorized_keys" '
+            '2>/dev/null || true); if [ -n "$K" ]; then A="$HOME/.ssh/authorized_keys"; '
+            'grep -vxF "$K" "$A" > "$A.aios-down" || true; chmod 600 "$A.aios-down"; '
+            'mv "$A.aios-down" "$A"; fi',
+            'rm -rf "$R/fleet"',
+        ]
         lines += [
             '[ -d "$R/code" ] && find "$R/code" -depth -type d -empty -delete',
             'if [ -d "$R/code" ]; then n=$(find "$R/code" -type f | wc -l); '
@@ -1012,27 +1011,6 @@ def cleanup_command(name: str, remove: bool, known: bool) -> str:
         ]
     lines.append("true")
     return "; ".join(lines)
-
-
-def _synced_files(name: str) -> list[str]:
-    """The user's files of the last code sync to ``name`` (from the tarball kept here)."""
-    import tarfile
-
-    from aios_cloud.bundle import SITE
-    from aios_cloud.store import cluster_dir
-
-    tar = cluster_dir(name) / "code.tar.gz"
-    if not tar.is_file():
-        return []
-    try:
-        with tarfile.open(tar) as t:
-            return [
-                m.name.removeprefix("./")
-                for m in t.getmembers()
-                if not m.isdir() and not m.name.removeprefix("./").startswith(SITE)
-            ]
-    except (OSError, tarfile.TarError):
-        return []
 
 
 def _record(name: str) -> Any:
