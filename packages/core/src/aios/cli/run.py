@@ -365,7 +365,8 @@ def _preempted_exit(cfg: Any, status: dict[int, str] | None = None) -> None:
 
 # errors a script dies of when it is tied to one device: the launcher points at `aios check`
 _PORTABILITY_ERRORS = (
-    "Distributed package doesn't have NCCL built in",
+    "Distributed package doesn't have NCCL built in",  # a CPU build of torch
+    "ProcessGroupNCCL is only supported with GPUs",  # a CUDA build on a machine without a GPU
     "Torch not compiled with CUDA enabled",
     "Found no NVIDIA driver",
     "No CUDA GPUs are available",
