@@ -70,7 +70,7 @@ def _reference(project: Path, env: dict[str, str], steps: int, ckpt: Path) -> fl
     return _val_loss(r.stdout + r.stderr)
 
 
-def test_srun_aios_run_on_two_nodes_one_task_each(slurm, project, aios_env):
+def test_srun_aios_run_on_two_nodes_one_task_each(slurm, project, aios_env, wait_for):
     env = aios_env()
     r = subprocess.run(
         [
@@ -101,7 +101,8 @@ def test_srun_aios_run_on_two_nodes_one_task_each(slurm, project, aios_env):
     # one process per node, world size 2 over gloo: the Slurm step gave node rank, nodes, master
     assert re.search(r"gpt: .* 2 x cpu \(cpu", out), out[-3000:]
     assert "gpt: done 8 steps" in out
-    assert slurm.squeue().strip() == ""
+    # srun has returned; Slurm lists the job as COMPLETING until its epilog has run
+    wait_for(lambda: slurm.squeue().strip() == "", 120, "the job to leave the queue")
 
 
 def test_srun_with_two_tasks_per_node_runs_each_rank_directly(slurm, project, aios_env, run_aios):

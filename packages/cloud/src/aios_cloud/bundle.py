@@ -57,7 +57,8 @@ def build(backend: str | None = None, cloud: str | None = None) -> Bundle:
         ):
             wanted[name] = info.module
     # the plugins the wanted ones depend on (aios-cloud-gcp -> aios-cloud: the agent and
-    # `aios sync` run aios_cloud on the hosts)
+    # `aios sync` run aios_cloud on the hosts), except a plugin of another backend than the
+    # job's (aios-cloud-gcp -> aios-backend-xla for a cpu job)
     for dist_name in list(wanted):
         try:
             requires = distribution(dist_name).requires or []
@@ -65,8 +66,12 @@ def build(backend: str | None = None, cloud: str | None = None) -> Bundle:
             continue
         for r in requires:
             dep = re.split(r"[\s;<>=!~\[(]", r, maxsplit=1)[0].lower().replace("_", "-")
-            if "extra ==" not in r and dep in reg.plugins:
-                wanted.setdefault(dep, reg.plugins[dep].module)
+            if "extra ==" in r or dep not in reg.plugins:
+                continue
+            serves = {b for b, s in reg.backends.items() if s.plugin == dep}
+            if backend is not None and serves and backend not in serves:
+                continue
+            wanted.setdefault(dep, reg.plugins[dep].module)
     out = Bundle()
     reqs: set[str] = set()
     for dist_name, module in sorted(wanted.items()):

@@ -64,7 +64,7 @@ def register_worker() -> bool:
     import faulthandler
     import mmap
 
-    from aios.contract import LOCAL_INDEX_ENV, NODE_RANK_ENV
+    from aios.contract import HOST_ENV, LOCAL_INDEX_ENV, NODE_RANK_ENV
 
     # RANK from torchrun/aios-run; a backend's own spawner (torch_xla) gives the local index
     rank = int(os.environ.get("RANK") or os.environ.get(LOCAL_INDEX_ENV) or 0)
@@ -83,7 +83,7 @@ def register_worker() -> bool:
             "local_rank": int(os.environ.get("LOCAL_RANK", "0") or 0),
             "world_size": int(os.environ.get("WORLD_SIZE", "1") or 1),
             "node_rank": int(os.environ.get("GROUP_RANK") or os.environ.get(NODE_RANK_ENV) or 0),
-            "host": os.environ.get("AIOS_RUN_HOST") or _hostname(),
+            "host": os.environ.get(HOST_ENV) or _hostname(),
             "pid": os.getpid(),
             "main_thread": threading.main_thread().ident,
             "signal": DUMP_SIGNAL,
