@@ -60,7 +60,7 @@ from collections.abc import Callable
 from typing import Any
 
 from aios.contract import STATUS_DIR_ENV
-from aios.errors import CheckpointError, PeerFailed, outcome, settle
+from aios.errors import CheckpointError, PeerFailed, os_cause, outcome, settle
 
 __all__ = [
     "CheckpointFormat",
@@ -168,9 +168,7 @@ def get_format(name: str) -> CheckpointFormat:
 
 def _cause(exc: BaseException) -> str:
     """A failed save in a few words: an aios error's own message, else the cause as the OS
-    gave it (:func:`aios.checkpoint.os_cause`)."""
-    from aios.checkpoint import os_cause
-
+    gave it (:func:`aios.errors.os_cause`)."""
     return exc.message if isinstance(exc, CheckpointError) else os_cause(exc)
 
 
