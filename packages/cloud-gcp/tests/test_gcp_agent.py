@@ -219,9 +219,12 @@ def test_agent_comes_back_after_a_reboot_and_after_aios_start(
     assert aios_cli(env, "down", "rb").returncode == 0 and reachable_tpu.nodes == {}
 
 
-def test_down_is_kept_when_a_foreground_launch_is_detached_with_ctrl_c(
-    tmp_path, sshd_hosts, fake_tpu, gcp_env, wait_for
+@pytest.mark.parametrize("down", [True, False])
+def test_a_foreground_launch_detached_with_ctrl_c_stays_watched_and_keeps_down(
+    tmp_path, sshd_hosts, fake_tpu, gcp_env, aios_cli, wait_for, down
 ):
+    """Ctrl-C while watching detaches like --detach: a background watcher sees the job to its
+    end (an unmanaged job too: nothing runs unwatched) and honours --down."""
     work = _work(tmp_path)
     (work / "short.py").write_text(
         "import time\nprint('working', flush=True)\ntime.sleep(4)\nprint('finished', flush=True)\n"
@@ -248,7 +251,7 @@ def test_down_is_kept_when_a_foreground_launch_is_detached_with_ctrl_c(
             str(work),
             "--poll",
             "0.3",
-            "--down",
+            *(["--down"] if down else []),
             "short.py",
         ],
         env=env,
@@ -264,8 +267,17 @@ def test_down_is_kept_when_a_foreground_launch_is_detached_with_ctrl_c(
     finally:
         if p.poll() is None:
             p.kill()
-    assert p.returncode == 130 and "deletes the cluster when it ends (--down)" in err, err
-    # the background watcher sees the job to its end and then deletes the cluster
-    wait_for(lambda: fake_tpu.nodes == {}, 120, "--down after the detach")
-    watcher_log = (Path(env["AIOS_HOME"]) / "clusters" / "fg" / "watcher-1.log").read_text()
-    assert "job 1 succeeded" in watcher_log, watcher_log[-2000:]
+    assert p.returncode == 130 and "a background watcher (pid" in err, err
+    assert ("deletes the cluster when it ends (--down)" in err) == down, err
+    # the background watcher sees the job to its end (and then deletes the cluster: --down)
+    watcher_log = Path(env["AIOS_HOME"]) / "clusters" / "fg" / "watcher-1.log"
+    wait_for(
+        lambda: watcher_log.exists() and "job 1 succeeded" in watcher_log.read_text(),
+        120,
+        "the background watcher to see the job end",
+    )
+    if down:
+        wait_for(lambda: fake_tpu.nodes == {}, 120, "--down after the detach")
+    else:  # the cluster stays, as without Ctrl-C; the job is over
+        assert len(fake_tpu.nodes) == 1
+        assert aios_cli(env, "down", "fg").returncode == 0 and fake_tpu.nodes == {}

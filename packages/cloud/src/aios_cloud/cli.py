@@ -717,22 +717,16 @@ def launch(
     try:
         code = _watch(store, provider, job_id, config, poll, follow=True)
     except KeyboardInterrupt:
-        # a managed run keeps being managed, and --down is still honoured, by a background watcher
-        pid = (
-            _spawn_watcher(job_id, cloud, config_file, poll, down_after)
-            if (max_restarts > 0 or down_after)
-            else None
-        )
-        if pid:
-            store.update_job(job_id, watcher_pid=pid)
-        more = (
-            f"; a background watcher (pid {pid}) keeps managing "
-            f"it{' and deletes the cluster when it ends (--down)' if down_after else ''}"
-            if pid
-            else ""
-        )
+        # Ctrl-C while watching detaches, as --detach does: a background watcher takes over, so
+        # nothing runs unwatched (a lost host still stops an unmanaged job everywhere, a managed
+        # one is still recovered) and --down is still honoured
+        pid = _spawn_watcher(job_id, cloud, config_file, poll, down_after)
+        store.update_job(job_id, watcher_pid=pid)
+        what = "manages" if max_restarts > 0 else "watches"
+        down = " and deletes the cluster when it ends (--down)" if down_after else ""
         _log(
-            f"detached: job {job_id} keeps running on {name}{more}. `aios logs {name} -f`, `aios down {name}`"
+            f"detached: job {job_id} keeps running on {name}; a background watcher (pid {pid}) "
+            f"{what} it{down}. `aios logs {name} -f`, `aios cancel {name}`, `aios down {name}`"
         )
         sys.exit(130)
     except BaseException as exc:  # SIGTERM, or the watch itself failed: nothing runs unwatched
