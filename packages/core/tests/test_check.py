@@ -524,6 +524,53 @@ def test_aios_run_failure_ends_with_the_finding_for_the_nccl_line(tmp_path, free
     assert f"aios check {script}" in last
 
 
+def test_a_single_process_run_also_ends_with_the_finding_and_keeps_the_output(tmp_path):
+    """One process runs the script directly (no torch launcher): its stderr is relayed through
+    aios-run, whole and in order, and the hint still names the `.cuda()` line."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import sys\nimport torch\n\nprint('before', flush=True)\n"
+        "print('warned', file=sys.stderr, flush=True)\n"
+        "model = torch.nn.Linear(2, 2).cuda()\n"
+    )
+    r = subprocess.run(
+        [*RUN, str(script)],
+        capture_output=True,
+        text=True,
+        env=_env(tmp_path),
+        cwd=tmp_path,
+        timeout=180,
+    )
+    assert r.returncode == 1, r.stderr
+    assert "before" in r.stdout and "warned" in r.stderr and "Traceback" in r.stderr, r.stderr
+    # a CPU build of torch says the first; a CUDA build on a machine without a GPU another
+    assert any(e in r.stderr for e in ("not compiled with CUDA", "NVIDIA driver", "CUDA")), r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert (
+        lines[-2] == f"aios-run: error: {script} exited with code 1 on rank 0; see its output above"
+    )
+    line = _line(script, ".cuda()")
+    assert lines[-1].startswith(f"aios-run: hint: {script}:{line}:"), lines[-1]
+    assert (
+        r.stderr.index("warned") < r.stderr.index("Traceback") < r.stderr.index("aios-run: error")
+    )
+
+
+def test_a_single_process_run_of_a_plain_failure_gets_no_hint(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text('import torch\nraise ValueError("the user\'s own bug")\n')
+    r = subprocess.run(
+        [*RUN, str(script)],
+        capture_output=True,
+        text=True,
+        env=_env(tmp_path),
+        cwd=tmp_path,
+        timeout=180,
+    )
+    assert r.returncode == 1 and "ValueError: the user's own bug" in r.stderr, r.stderr
+    assert "hint" not in r.stderr.strip().splitlines()[-1], r.stderr
+
+
 def test_hint_reads_the_failed_ranks_traceback_for_runtime_already_initialized(tmp_path):
     """The XLA case, from the traceback torch_xla prints (no torch_xla here): the hint names the
     import-time xla_device() line, not the spawn line the error surfaced at."""

@@ -375,21 +375,30 @@ _PORTABILITY_ERRORS = (
 )
 
 
+_HINT_TAIL = 200_000  # bytes of a failed rank's stderr searched for the traceback
+
+
 def _portability_hint(script: str, logs: str, failure: Any) -> str | None:
     """When the failed rank's stderr (torch's tee file under ``logs``) ends in one of
     :data:`_PORTABILITY_ERRORS`, the ``aios check`` finding for the deepest line of ``script`` in
     its traceback (static, no torch), as a final line."""
     import glob
-    import re
 
     files = glob.glob(os.path.join(logs, "*", "attempt_*", str(failure.local_rank), "stderr.log"))
     if not files:
         return None
     try:
         with open(max(files, key=os.path.getmtime), errors="replace") as f:
-            text = f.read()[-200_000:]
+            text = f.read()[-_HINT_TAIL:]
     except OSError:
         return None
+    return _hint_from_stderr(script, text)
+
+
+def _hint_from_stderr(script: str, text: str) -> str | None:
+    """The hint of :func:`_portability_hint` from the text a failed process wrote to stderr."""
+    import re
+
     tb = text[text.rfind("Traceback (most recent call last)") :]
     if not any(e in tb for e in _PORTABILITY_ERRORS):
         return None
@@ -437,11 +446,52 @@ def _script_failed(
     sys.exit(code)
 
 
-def _run_subprocess(cmd: list[str], env: dict[str, str]) -> int:
-    """Run ``cmd`` forwarding SIGINT/SIGTERM/SIGHUP; return its exit status (negative = signal)."""
+def _relay_stderr(stream: Any, tail: bytearray) -> None:
+    """Copy a worker's stderr to ours as it comes (raw chunks, no line buffering), keeping its
+    last :data:`_HINT_TAIL` bytes in ``tail`` for the portability hint."""
+    out = getattr(sys.stderr, "buffer", None)
+    fd = stream.fileno()
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except InterruptedError:  # pragma: no cover - retried by os.read since PEP 475
+            continue
+        except OSError:
+            break
+        if not chunk:
+            break
+        tail += chunk
+        del tail[:-_HINT_TAIL]
+        try:
+            if out is not None:
+                out.write(chunk)
+                out.flush()
+            else:  # pragma: no cover - a replaced sys.stderr without a buffer
+                sys.stderr.write(chunk.decode(errors="replace"))
+                sys.stderr.flush()
+        except (OSError, ValueError):  # our stderr is gone: keep draining the pipe
+            out = None
+
+
+def _run_subprocess(cmd: list[str], env: dict[str, str], tail: bytearray | None = None) -> int:
+    """Run ``cmd`` forwarding SIGINT/SIGTERM/SIGHUP; return its exit status (negative = signal).
+    With ``tail``, its stderr is relayed through this process and the end of it kept there."""
+    import threading
+
     from aios._worker import child_preexec
 
-    proc = subprocess.Popen(cmd, env=env, preexec_fn=child_preexec(os.getpid()))
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        preexec_fn=child_preexec(os.getpid()),
+        stderr=subprocess.PIPE if tail is not None else None,
+    )
+    relay = None
+    if tail is not None and proc.stderr is not None:
+        relay = threading.Thread(
+            target=_relay_stderr, args=(proc.stderr, tail), name="aios-stderr", daemon=True
+        )
+        relay.start()
     received: list[int] = []
 
     def forward(signum: int, frame: Any) -> None:
@@ -455,9 +505,13 @@ def _run_subprocess(cmd: list[str], env: dict[str, str]) -> int:
     try:
         while True:
             try:
-                return proc.wait()
+                code = proc.wait()
+                break
             except KeyboardInterrupt:  # pragma: no cover - handled by forward()
                 continue
+        if relay is not None:  # the rest of its output; a process it left behind may hold the
+            relay.join(5.0)  # pipe open: not waited for beyond that
+        return code
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -762,7 +816,8 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
             hint = _portability_hint(script, logs, failure) if failure is not None else None
             _script_failed(script, rank, code, plan.world_size > 1, hint)
         else:
-            code = _run_subprocess(cmd, {**os.environ, **env})
+            tail = bytearray()  # the end of its stderr, for the portability hint
+            code = _run_subprocess(cmd, {**os.environ, **env}, tail)
             status = _read_status(status_dir)
             if code == 0:
                 sys.exit(0)
@@ -770,7 +825,10 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
                 _hung_exit(script, dog)
             if code == 75 or (status and all(v.startswith("preempted") for v in status.values())):
                 _preempted_exit(cfg, status)
-            _script_failed(script, 0 if plan.world_size == 1 else "?", code, plan.world_size > 1)
+            hint = _hint_from_stderr(script, tail.decode(errors="replace")) if code > 0 else None
+            _script_failed(
+                script, 0 if plan.world_size == 1 else "?", code, plan.world_size > 1, hint
+            )
     finally:
         import shutil
 
