@@ -234,7 +234,9 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _hang(tmp: Path, nprocs: int, modes: str, *overrides: str) -> tuple[str, list[int], dict]:
+def _hang(
+    tmp: Path, nprocs: int, modes: str, *overrides: str, env: dict[str, str] | None = None
+) -> tuple[str, list[int], dict]:
     """Run the hanging script; returns aios-run's stderr, the pids of every rank and DataLoader
     worker it started, and the hang's record."""
     from aios.testing.strategy_contract import free_port
@@ -254,7 +256,7 @@ def _hang(tmp: Path, nprocs: int, modes: str, *overrides: str) -> tuple[str, lis
         ],
         capture_output=True,
         text=True,
-        env=_env(tmp),
+        env={**_env(tmp), **(env or {})},
         cwd=tmp,
         timeout=300,
     )
@@ -317,6 +319,100 @@ def test_sleep_native_call_and_dataloader_deadlock_are_named(tmp_path: Path) -> 
         record["ranks"][0]["children"]
         and "__getitem__" in record["ranks"][0]["children"][0]["stacks"]
     )
+
+
+def test_nccl_flight_recorder_is_dumped_and_the_rank_behind_is_named(tmp_path: Path) -> None:
+    """On a hang aios-run writes to each rank's flight recorder pipe (torch's
+    TORCH_NCCL_DEBUG_INFO_PIPE_FILE protocol; the ranks here stand in for ProcessGroupNCCL, which
+    needs GPUs), reads the dumps, names the rank that never reached the collective the other waits
+    in, and keeps the dumps in the run record under torch's names."""
+    from aios.flightrec import load_dump
+
+    err, _pids, _record = _hang(
+        tmp_path, 2, "sleep", env={"FAKE_NCCL_FR": "7:scheduled,6:completed"}
+    )
+    assert (
+        "NCCL flight recorder: rank 0 at collective #7 nccl:_allgather_base (scheduled); "
+        "rank 1 at collective #6 nccl:_allgather_base (completed)" in err
+    ), err
+    assert (
+        "NCCL flight recorder: rank 1 never reached collective #7 (nccl:_allgather_base) that "
+        "rank 0 waits in" in err
+    ), err
+    (folder,) = (tmp_path / "runs").glob("*/watchdog/hang-1-nccl")
+    assert f"NCCL flight recorder dumps: {folder}" in err, err
+    got = {p.name: len(load_dump(p.read_bytes())["entries"]) for p in folder.iterdir()}
+    assert got == {"nccl_trace_rank_0": 7, "nccl_trace_rank_1": 6}
+    assert "deprecated" not in err, err  # torch's current names for the recorder settings
+
+
+def test_flight_recorder_settings_and_dumps_are_handled_safely(tmp_path: Path) -> None:
+    import pickle
+
+    from aios import flightrec
+
+    env = flightrec.worker_env(str(tmp_path), {})
+    assert env == {
+        "TORCH_FR_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": str(tmp_path / "nccl-fr-pipe-"),
+        "TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "nccl-fr-rank-"),
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+    }
+    mine = {
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "100",  # the older names count too
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/x/t_",
+        "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/x/p_",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "0",
+    }
+    assert flightrec.worker_env(str(tmp_path), mine) == {}  # the user's settings win
+    # a dump is data: a pickle that would build an object is refused
+    with pytest.raises(pickle.UnpicklingError):
+        flightrec.load_dump(pickle.dumps({"entries": [Path("/etc")]}))
+    # a pipe nobody reads (the rank's process group is gone) is skipped at once, no error
+    os.mkfifo(tmp_path / "nccl-fr-pipe-0.pipe")
+    t0 = time.monotonic()
+    assert flightrec.trigger_and_collect({0: env}, wait=5.0) == []
+    assert time.monotonic() - t0 < 5.0
+    # a rank that was asked and never answers is named, within the wait
+    fd = os.open(tmp_path / "nccl-fr-pipe-0.pipe", os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        (rec,) = flightrec.trigger_and_collect({0: env}, wait=0.5)
+    finally:
+        os.close(fd)
+    assert rec.error == "no dump within 0.5s"
+    assert flightrec.summarize([rec]) == ["NCCL flight recorder: rank 0: no dump within 0.5s"]
+
+
+def test_a_dump_a_rank_wrote_on_a_collective_timeout_is_kept_in_the_run_record(
+    tmp_path: Path,
+) -> None:
+    """TORCH_NCCL_DUMP_ON_TIMEOUT: the rank dumps its recorder by itself, into the launch's
+    status folder (removed at exit): aios-run copies it into the run record and says where."""
+    script = tmp_path / "timeout.py"
+    script.write_text(
+        "import os, pickle, sys, time\n"
+        "assert os.environ['TORCH_NCCL_DUMP_ON_TIMEOUT'] == '1'\n"
+        "with open(os.environ['TORCH_FR_DUMP_TEMP_FILE'] + os.environ['RANK'], 'wb') as f:\n"
+        "    pickle.dump({'version': '2.10', 'entries': []}, f)\n"
+        "other = os.environ['TORCH_FR_DUMP_TEMP_FILE'] + str(1 - int(os.environ['RANK']))\n"
+        "for _ in range(600):  # both have dumped before either exits (no race with the stop)\n"
+        "    if os.path.exists(other):\n"
+        "        break\n"
+        "    time.sleep(0.1)\n"
+        "sys.exit('collective operation timeout: WorkNCCL(SeqNum=7, OpType=_ALLGATHER_BASE)')\n"
+    )
+    p = subprocess.run(
+        [*RUN, "--nprocs", "2", str(script)],
+        capture_output=True,
+        text=True,
+        env=_env(tmp_path),
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert p.returncode == 1, p.stderr
+    (folder,) = (tmp_path / "runs").glob("*/nccl")
+    assert sorted(x.name for x in folder.iterdir()) == ["nccl_trace_rank_0", "nccl_trace_rank_1"]
+    assert f"NCCL flight recorder dumps (a collective timed out): {folder}" in p.stderr, p.stderr
 
 
 def test_slow_first_step_is_no_alarm_and_a_live_run_is_dumped_on_demand(tmp_path: Path) -> None:

@@ -695,6 +695,9 @@ class Watchdog:
         self.settings = settings
         self.status_dir = status_dir
         self.record_dir = record_dir
+        #: the environment the ranks run with: where their NCCL flight recorder pipes and dumps
+        #: are (:mod:`aios.flightrec`)
+        self.rank_env: dict[str, str] = dict(os.environ)
         self.say = say
         self.clock = clock
         self.policy = policy_from(settings)
@@ -789,9 +792,21 @@ class Watchdog:
         self.say(f"watchdog: {reason}; where each rank is:")
         for line in summarize(dumps):
             self.say("  " + line)
+        from aios import flightrec
+
+        records = flightrec.trigger_and_collect(
+            {d.rank: self.rank_env for d in dumps}, float(self.settings.dump_wait)
+        )
+        for line in flightrec.summarize(records):
+            self.say("  " + line)
         path = self._write(dumps, reason, kind)
         if path:
             self.say(f"watchdog: full stacks (every thread): {path}")
+            folder = path[: -len(".txt")] + "-nccl"
+            if flightrec.save(records, folder):
+                self.say(
+                    f"watchdog: NCCL flight recorder dumps: {folder} (`torchfrtrace {folder}`)"
+                )
         return path
 
     def _write(self, dumps: list[Dump], reason: str, kind: str) -> str | None:

@@ -62,6 +62,72 @@ def block_in_c():
         libc.sleep(1000)
 
 
+def fake_nccl_flight_recorder(seq: int, state: str) -> None:
+    """What torch's ProcessGroupNCCL does with its flight recorder (there is no NCCL here), over
+    the same seam: with TORCH_NCCL_DEBUG_INFO_PIPE_FILE set and a trace buffer above 0 it makes
+    the named pipe <stem><rank>.pipe (unlinked first), opens it O_RDONLY|O_NONBLOCK, and on
+    anything written to it dumps the pickled trace to <TORCH_NCCL_DEBUG_INFO_TEMP_FILE><rank>
+    (torch's DumpPipe and DebugInfoWriter; its monitor thread polls once a second)."""
+    import pickle
+
+    stem = os.environ.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", "")
+    size = int(
+        os.environ.get("TORCH_FR_BUFFER_SIZE")
+        or os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE")
+        or 0
+    )
+    if not stem or size <= 0:
+        return
+    pipe = f"{stem}{rank}.pipe"
+    try:
+        os.unlink(pipe)
+    except FileNotFoundError:
+        pass
+    os.mkfifo(pipe, 0o666)
+    fd = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)
+    out = (
+        os.environ.get("TORCH_FR_DUMP_TEMP_FILE") or os.environ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"]
+    ) + str(rank)
+    entries = [
+        {
+            "record_id": i,
+            "pg_id": 0,
+            "process_group": ["0", "default_pg"],
+            "collective_seq_id": i + 1,
+            "p2p_seq_id": 0,
+            "op_id": i + 1,
+            "profiling_name": "nccl:all_reduce" if i + 1 < seq else "nccl:_allgather_base",
+            "time_created_ns": time.time_ns(),
+            "input_sizes": [[8, 8]],
+            "output_sizes": [[8, 8]],
+            "state": "completed" if i + 1 < seq else state,
+            "is_p2p": False,
+            "retired": i + 1 < seq,
+            "timeout_ms": 600000,
+            "frames": [],
+        }
+        for i in range(seq)
+    ]
+
+    def monitor():
+        while True:
+            time.sleep(1.0)
+            try:
+                got = os.read(fd, 128)
+            except BlockingIOError:
+                continue
+            if got:
+                with open(out + ".tmp", "wb") as f:
+                    pickle.dump({"version": "2.10", "pg_config": {}, "entries": entries}, f)
+                os.replace(out + ".tmp", out)
+
+    threading.Thread(target=monitor, daemon=True).start()
+
+
+if os.environ.get("FAKE_NCCL_FR"):  # per rank SEQ:STATE, e.g. 7:scheduled,6:completed
+    _seq, _state = os.environ["FAKE_NCCL_FR"].split(",")[rank].split(":")
+    fake_nccl_flight_recorder(int(_seq), _state)
+
 model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 workers = 1 if mode == "loader" else 0  # the worker is forked (the Linux default)

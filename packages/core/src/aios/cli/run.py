@@ -773,7 +773,11 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
     host = plan.hosts[0]
     run_id = os.environ.get(RUN_ID_ENV) or new_run_id()
     status_dir = _new_status_dir()
+    from aios import flightrec
+
     env = {
+        # NCCL's flight recorder, dumped by the watchdog on a hang (unless the user set it up)
+        **flightrec.worker_env(status_dir, {**os.environ, **host.env}),
         **host.env,
         **_worker_env(cfg, spec.name, run_id),
         STATUS_DIR_ENV: status_dir,
@@ -784,7 +788,7 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
     watch = _AgentWatch()
     dog = None
     try:
-        dog = _start_watchdog(cfg, status_dir, run_id, watch)
+        dog = _start_watchdog(cfg, status_dir, run_id, watch, {**os.environ, **env})
         cmd = host.command
         if (
             plan.launcher == "elastic"
@@ -836,12 +840,23 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
             dog.stop()
             with _suppress(ValueError):
                 signal.signal(DEMAND_SIGNAL, signal.SIG_DFL)
+            if not dog.hangs and dog.record_dir:  # dumps a rank wrote itself (a collective timed out): kept
+                kept = flightrec.keep_dumps(status_dir, os.path.join(dog.record_dir, "nccl"))
+                if kept:
+                    click.echo(
+                        f"{PROG}: NCCL flight recorder dumps (a collective timed out): {kept} "
+                        f"(`torchfrtrace {kept}`)",
+                        err=True,
+                    )
         shutil.rmtree(status_dir, ignore_errors=True)
 
 
-def _start_watchdog(cfg: Any, status_dir: str, run_id: str, watch: _AgentWatch) -> Any:
+def _start_watchdog(
+    cfg: Any, status_dir: str, run_id: str, watch: _AgentWatch, rank_env: dict[str, str]
+) -> Any:
     """The hang watchdog over this node's ranks (:mod:`aios.watchdog`), and SIGUSR1 for a dump
-    of the live run (also with ``watchdog.enabled`` off, which only stops the hang checks)."""
+    of the live run (also with ``watchdog.enabled`` off, which only stops the hang checks).
+    ``rank_env``: the environment the ranks run with (their NCCL flight recorder settings)."""
     from aios.watchdog import Watchdog, echo_err
 
     settings = cfg.watchdog
@@ -849,6 +864,7 @@ def _start_watchdog(cfg: Any, status_dir: str, run_id: str, watch: _AgentWatch) 
     with open(os.path.join(status_dir, "run.json"), "w") as f:
         json.dump({"run_id": run_id, "run_dir": record, "launcher": os.getpid()}, f)
     dog = Watchdog(settings, status_dir, record, echo_err)
+    dog.rank_env = rank_env
 
     def on_hang(action: str) -> None:
         if action == "restart":
