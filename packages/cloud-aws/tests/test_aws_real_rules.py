@@ -222,6 +222,83 @@ def test_autostop_agent_acts_with_the_instance_profile_aios_attaches(
     assert leftovers(aws.ec2, "as", aws.proxy) == {}
 
 
+def test_autostop_set_later_attaches_the_profile_to_the_running_instances(
+    aws, make_provider, pubkey, monkeypatch
+):
+    """`aios autostop NAME MIN` on a cluster launched without --autostop: its instances have no
+    instance profile, so the agent would have no credentials and never stop anything. The
+    profile is attached to the running instances first, and the agent then acts with it; a
+    second call finds it attached and attaches nothing."""
+    from aios_cloud.agent import act
+    from aios_cloud_aws.testing.imds import ImdsServer
+
+    p = make_provider()
+    req = p.validate(
+        ClusterRequest(
+            name="later", accelerator="trn1.2xlarge", zone="us-east-1a", ssh_public_key=pubkey
+        )
+    )
+    info = p.create(req)
+    (run,) = aws.proxy.called("RunInstances")
+    assert "IamInstanceProfile.Name" not in run
+    iid = info.hosts[0].instance_id
+    assert aws.proxy.role_credentials_for(iid) is None  # what the agent would have had
+    p.grant_autostop("later", info.zone, "stop")
+    assert len(aws.proxy.called("AssociateIamInstanceProfile")) == 1
+    p.grant_autostop("later", info.zone, "stop")  # already attached: nothing more
+    assert len(aws.proxy.called("AssociateIamInstanceProfile")) == 1
+    with ImdsServer(credentials=lambda: aws.proxy.role_credentials_for(iid)) as imds:
+        _on_the_host(monkeypatch, imds)
+        cfg = {"cloud": "aws", "cluster": "later", "zone": info.zone, "action": "stop"}
+        act({**cfg, "settings": p.agent_settings()}, lambda m: None)
+    state = aws.ec2.describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]
+    assert state["State"]["Name"] == "stopped"
+    monkeypatch.undo()
+    p.delete("later", None)
+    assert leftovers(aws.ec2, "later", aws.proxy) == {}
+
+
+def test_autostop_set_later_keeps_the_users_profile_and_names_what_it_lacks(
+    aws, make_provider, pubkey
+):
+    import json
+
+    import boto3
+    from aios_cloud.provider import CloudError
+
+    iam = boto3.client("iam", region_name="us-east-1", endpoint_url=aws.endpoint)
+    trust = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Principal": {"Service": "ec2.amazonaws.com"},
+                "Action": "sts:AssumeRole",
+            }
+        ],
+    }
+    iam.create_role(RoleName="data", AssumeRolePolicyDocument=json.dumps(trust))
+    only_s3 = {
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Action": ["s3:*", "ec2:Describe*"], "Resource": "*"}],
+    }
+    iam.put_role_policy(RoleName="data", PolicyName="p", PolicyDocument=json.dumps(only_s3))
+    iam.create_instance_profile(InstanceProfileName="data")
+    iam.add_role_to_instance_profile(InstanceProfileName="data", RoleName="data")
+    p = make_provider(iam_instance_profile="data")
+    req = p.validate(
+        ClusterRequest(
+            name="own", accelerator="trn1.2xlarge", zone="us-east-1a", ssh_public_key=pubkey
+        )
+    )
+    info = p.create(req)
+    with pytest.raises(CloudError) as ei:
+        p.grant_autostop("own", info.zone, "down")
+    assert "'data' does not allow" in str(ei.value) and "ec2:TerminateInstances" in str(ei.value)
+    assert not aws.proxy.called("AssociateIamInstanceProfile")  # the user's profile stays
+    p.delete("own", None)
+
+
 def test_a_role_without_the_agents_rights_is_refused_at_launch(aws, make_provider, pubkey):
     import json
 

@@ -229,6 +229,10 @@ def test_cloud_sshhosts_cancel_stop_start_down_touch_only_what_aios_wrote(tmp_pa
     assert st["state"] == "STOPPED" and st["cloud"] == "ssh"
     r = aios(env, "start", "box")
     assert r.returncode == 0 and "started box" in r.stderr, r.stderr
+    # autostop set later: refused in one line, nothing installed on the host
+    r = aios(env, "autostop", "box", "10")
+    assert r.returncode == 2 and "aios never stops hosts it did not create" in r.stderr, r.stderr
+    assert not (root / "agent.json").exists()
     # down: aios's files go (listed in the dry run), the job's output and the user's files stay
     r = aios(env, "down", "box", "--dry-run")
     assert r.returncode == 0 and "remove aios's files" in r.stdout and h.ip in r.stdout

@@ -516,6 +516,61 @@ class AwsProvider(CloudProvider):
             self._ensure_agent_profile()
         return replace(request, extra={**request.extra, "instance_profile": AUTOSTOP_PROFILE})
 
+    def grant_autostop(self, name: str, zone: str | None, action: str) -> None:
+        """A cluster launched without ``--autostop`` has no instance profile (or the user's):
+        its instances get the one :meth:`prepare_autostop` would have given them, attached to
+        the running instances (``AssociateIamInstanceProfile``), before the agent is installed.
+        An instance that already carries a profile keeps it (replacing it would take the user's
+        own rights away): its role must allow the agent's calls, or this names what is missing."""
+        need = AGENT_ACTIONS[action]
+        ec2 = self.ec2(self._region(zone))
+        ids = [
+            i["InstanceId"] for i in self._instances(ec2, name, ["pending", "running", "stopped"])
+        ]
+        if not ids:
+            raise CloudError(f"cluster {name} has no instances", f"aios status {name} --refresh")
+        # the associations EC2 knows (a profile given at launch is one too)
+        held: dict[str, str] = {}
+        for a in self._call(
+            ec2,
+            "DescribeIamInstanceProfileAssociations",
+            Filters=[{"Name": "instance-id", "Values": ids}],
+        ).get("IamInstanceProfileAssociations", []):
+            if a.get("State") in ("associating", "associated"):
+                held[a["InstanceId"]] = a["IamInstanceProfile"]["Arn"].rsplit("/", 1)[-1]
+        for prof in sorted(set(held.values())):
+            missing = [a for a in need if not allowed(self._profile_policies(prof), a)]
+            if missing:
+                raise CloudError(
+                    f"the autostop agent could not {action} {name}: its instances' instance "
+                    f"profile '{prof}' does not allow {', '.join(missing)}",
+                    "add them to its role (on resources tagged aios:cluster), then run "
+                    "`aios autostop` again",
+                )
+        bare = [i for i in ids if i not in held]
+        if not bare:
+            return
+        req = self.prepare_autostop(ClusterRequest(name=name, accelerator="", zone=zone), action)
+        prof = self.settings.iam_instance_profile or req.extra.get("instance_profile")
+        assert prof
+        spec = {"Arn": prof} if prof.startswith("arn:") else {"Name": prof}
+        for iid in bare:
+            for attempt in range(NOT_FOUND_RETRIES):  # a new profile: IAM is eventually consistent
+                try:
+                    self._call(
+                        ec2, "AssociateIamInstanceProfile", IamInstanceProfile=spec, InstanceId=iid
+                    )
+                    break
+                except CloudError as exc:
+                    code = error_code(exc.__cause__) if exc.__cause__ else ""
+                    if code != "InvalidParameterValue" or attempt == NOT_FOUND_RETRIES - 1:
+                        raise
+                    time.sleep(min(30.0, self.poll_interval * 2**attempt))
+        self.log(
+            f"{name}: instance profile {prof.rsplit('/', 1)[-1]} attached to {len(bare)} "
+            f"instance(s): the autostop agent may {action} the cluster"
+        )
+
     def _iam_fix(self) -> str:
         return (
             f"ask an admin to create instance profile {AUTOSTOP_PROFILE} (the IAM commands of "

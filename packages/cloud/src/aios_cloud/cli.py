@@ -1464,6 +1464,15 @@ def autostop(
     job = store.latest_job(name)
     python = (job.spec or {}).get("python") if job else None
     provider = _provider(rec.cloud, config_file)
+    action = "down" if down_ else "stop"
+    why = provider.stop_refusal(rec.spot, rec.accelerator) if action == "stop" else None
+    if why:  # before anything is granted or installed
+        raise AiosError(
+            f"{name} cannot be stopped when idle: {why}",
+            f"aios autostop {name} {minutes:g} --down (delete when idle)",
+        )
+    # the agent acts with the hosts' own credentials: rights granted (or the fix named) first
+    provider.grant_autostop(rec.name, rec.zone, action)
     ops.reinstall_agent(
         store,
         provider,
@@ -1472,7 +1481,7 @@ def autostop(
         _log,
         autostop={
             "idle_seconds": minutes * 60,
-            "action": "down" if down_ else "stop",
+            "action": action,
             "python": python or provider.python(rec.accelerator),
             "poll": min(30.0, max(0.5, minutes * 60 / 4)),
         },

@@ -491,6 +491,14 @@ class CloudProvider(ABC):
         Returns the request to create (it may name what the hosts must carry)."""
         return request
 
+    def grant_autostop(self, name: str, zone: str | None, action: str) -> None:
+        """``aios autostop NAME MINUTES`` on a cluster that exists (launched without
+        ``--autostop``): before the agent is installed, make sure the hosts give it the rights
+        to ``action`` the cluster, granting them where the cloud allows that on running hosts
+        (an instance profile attached on AWS), or raise :class:`CloudError` naming the fix.
+        Default: nothing to check."""
+        return None
+
     def stop_refusal(self, spot: bool, accelerator: str | None = None) -> str | None:
         """Why a cluster of this capacity and ``accelerator`` cannot be stopped and started
         again (spot TPUs, one-time EC2 spot instances, multi-host TPU slices: only deleted), or

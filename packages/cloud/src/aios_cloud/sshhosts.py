@@ -718,6 +718,12 @@ class SshHostsProvider(CloudProvider):
             self.log(n)
         return self._info(name, rec.accelerator, READY, list(hosts))
 
+    def grant_autostop(self, name: str, zone: str | None, action: str) -> None:
+        raise CloudError(
+            "autostop stops or deletes machines; aios never stops hosts it did not create",
+            f"your hosts bill nothing to aios; `aios down {name}` ends aios's processes there",
+        )
+
     def stop(self, name: str, zone: str | None) -> None:
         self._clean(name, remove=False)
 

@@ -339,6 +339,28 @@ class Ec2Proxy:
             (e.findtext("{*}arn") for e in doc.iter() if e.tag.endswith("iamInstanceProfile")), None
         )
         if not arn:
+            # a profile attached to the running instance (AssociateIamInstanceProfile): EC2
+            # serves its role's credentials from then on; moto keeps it only as an association
+            # https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/attach-iam-role.html
+            assoc = ET.fromstring(
+                self._ec2_query(
+                    {
+                        "Action": "DescribeIamInstanceProfileAssociations",
+                        "Version": "2016-11-15",
+                        "Filter.1.Name": "instance-id",
+                        "Filter.1.Value.1": instance_id,
+                    }
+                )
+            )
+            arn = next(
+                (
+                    e.findtext("{*}arn")
+                    for e in assoc.iter()
+                    if e.tag.endswith("iamInstanceProfile") and e.findtext("{*}arn")
+                ),
+                None,
+            )
+        if not arn:
             return None
         iam = boto3.client(
             "iam",

@@ -840,7 +840,8 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
             dog.stop()
             with _suppress(ValueError):
                 signal.signal(DEMAND_SIGNAL, signal.SIG_DFL)
-            if not dog.hangs and dog.record_dir:  # dumps a rank wrote itself (a collective timed out): kept
+            # dumps a rank wrote by itself (a collective timed out): kept in the run record
+            if not dog.hangs and dog.record_dir:
                 kept = flightrec.keep_dumps(status_dir, os.path.join(dog.record_dir, "nccl"))
                 if kept:
                     click.echo(
