@@ -141,6 +141,9 @@ def test_autostop_checks_the_vm_service_account_before_anything_is_created(bare_
     assert "tpu.nodes.delete" in msg and bare_tpu.default_service_account in msg
     assert "add-iam-policy-binding aios-test" in ei.value.fix and "roles/tpu.admin" in ei.value.fix
     assert not bare_tpu.received  # nothing created
+    # `aios autostop NAME MIN` later: the same check, before the agent is installed
+    with pytest.raises(CloudError, match="tpu.nodes.stop"):
+        p.grant_autostop("later", "us-west4-a", "stop")
     # a named service account with the TPU admin role passes
     sa = "trainer@aios-test.iam.gserviceaccount.com"
     bare_tpu.iam_bindings["roles/tpu.admin"] = {f"serviceAccount:{sa}"}

@@ -865,6 +865,12 @@ class GcpProvider(CloudProvider):
         return info
 
     # -------------------------------------------------------------- autostop rights
+    def grant_autostop(self, name: str, zone: str | None, action: str) -> None:
+        """``aios autostop NAME MIN`` later: a TPU VM's service account cannot be changed on a
+        running node, so its rights are checked as at launch (:meth:`prepare_autostop`), and a
+        missing grant is one line, exit 2, before the agent is installed."""
+        self.prepare_autostop(ClusterRequest(name=name, accelerator="", zone=zone), action)
+
     def prepare_autostop(
         self, request: ClusterRequest, action: str, dry_run: bool = False
     ) -> ClusterRequest:
