@@ -80,6 +80,16 @@ LOCK_FENCE_S = 60.0
 #: flock'ed around every read-decide-write of the lock where a directory cannot be (NFS)
 LOCK_GUARD = ".aios-lock.guard"
 
+#: object stores cannot rename a directory, so a replaceable named checkpoint there
+#: (``save(path, replace=True)``, ``rt.save_best``) is a version directory
+#: ``<name>.aios-v-<nonce>`` plus the pointer object ``<name>.aios-current`` naming the committed
+#: version. The pointer is one small object, replaced whole by one PUT (GCS and S3 give
+#: read-after-write consistency on single objects), so a reader sees the previous version or the
+#: new one, never none; the previous version is deleted only after the pointer names the new one.
+#: ``<name>`` is read through its pointer.
+POINTER_SUFFIX = ".aios-current"
+VERSION_SEP = ".aios-v-"
+
 _NAME = re.compile(r"^ckpt-(\d{9,})(?:-([0-9a-f]{8}))?$")
 # names aios generates for its own temporary directories: lineage (16 hex) and nonce (8 hex)
 _TEMP = re.compile(r"^\.aios-(?:partial|trash)-ckpt-(\d{9,})-([0-9a-f]{16})-([0-9a-f]{8})$")
@@ -507,22 +517,21 @@ class CheckpointStore:
         nonce = _nonce()
         name = ckpt_name(step)
         in_place = not self.local
-        if target is not None and self.fs.exists(self._join(target)):
-            where = self.display(self._join(target))
-            if not replace:
-                raise CheckpointError(
-                    f"'{where}' already exists",
-                    "choose a new path, delete it, or replace it with save(path, replace=True)",
-                )
-            self._check_replaceable(self._join(target))
-        if target is not None and replace and not self.local:
-            raise CheckpointError(
-                f"replacing '{self.display(self._join(target))}' atomically needs a file system "
-                "(object stores cannot rename a directory)",
-                "save replaceable checkpoints to a local or network file system path",
-            )
+        if target is not None:
+            plain = self.fs.exists(self._join(target))
+            if plain or (not self.local and self.follow(self._join(target)) is not None):
+                where = self.display(self._join(target))
+                if not replace:
+                    raise CheckpointError(
+                        f"'{where}' already exists",
+                        "choose a new path, delete it, or replace it with save(path, replace=True)",
+                    )
+                if plain:
+                    self._check_replaceable(self._join(target))
         if self.local:
             path = self._join(f".aios-partial-{name}-{self.lineage}-{nonce}")
+        elif target is not None and replace:  # a new version; the pointer names it at commit
+            path = self._join(f"{target}{VERSION_SEP}{nonce}")
         elif target is not None:
             path = self._join(target)
         else:
@@ -614,9 +623,61 @@ class CheckpointStore:
                 "move it away or save under another name",
             )
 
+    def follow(self, path: str) -> str | None:
+        """Object stores: the committed version a replaceable named checkpoint's pointer
+        (``<path>.aios-current``) names, or None (no pointer, or one naming anything else than
+        a version of ``path``)."""
+        raw = self._read_json(path.rstrip("/") + POINTER_SUFFIX)
+        if raw is None:
+            return None
+        try:
+            version = json.loads(raw).get("version")
+        except (ValueError, AttributeError):
+            return None
+        parent, _, base = path.rstrip("/").rpartition("/")
+        if not isinstance(version, str) or "/" in version:
+            return None
+        if not version.startswith(base + VERSION_SEP):
+            return None
+        return f"{parent}/{version}" if parent else version
+
+    def _point(self, staging: Staging, where: str) -> str:
+        """Object stores: make the pointer of ``where`` name the committed version, then delete
+        what it replaced (the previous version, a copy saved there without ``replace``) and this
+        lineage's versions no pointer names (a save stopped before its pointer was written)."""
+        old = self.follow(where)
+        version = staging.path.rstrip("/").rsplit("/", 1)[-1]
+        pointer = {"version": version, "step": staging.step, "lineage": self.lineage}
+        with self.open_write(where.rstrip("/") + POINTER_SUFFIX) as f:
+            f.write(json.dumps(pointer).encode())
+        doomed = []
+        if old is not None and old != staging.path:
+            doomed.append(old)
+        with contextlib.suppress(CheckpointError):
+            if self.fs.exists(where) and self._read_marker(where) is not None:
+                doomed.append(where)
+        base = where.rstrip("/").rsplit("/", 1)[-1]
+        with contextlib.suppress(CheckpointError):
+            for entry in self._entries():
+                path = self._join(entry)
+                if not entry.startswith(base + VERSION_SEP) or path in (staging.path, *doomed):
+                    continue
+                try:
+                    meta = self._read_marker(path)
+                except CheckpointError:
+                    continue
+                mine = (meta or {}).get("lineage") if meta else self._staging_lineage(path)
+                if mine == self.lineage:
+                    doomed.append(path)
+        for path in doomed:
+            self.retire(path)
+        return where
+
     def _place(self, staging: Staging, final: str, name: str) -> str:
         if staging.target is not None:  # an explicit path: replaced only when asked to
             where = self._join(staging.target)
+            if not self.local and staging.replace:
+                return self._point(staging, where)
             if self.local:
                 if not os.path.exists(where):
                     os.rename(staging.path, where)
@@ -774,6 +835,8 @@ class CheckpointStore:
                 path = self._join(path) if not os.path.exists(path) else os.path.abspath(path)
             elif "://" in path:
                 path = filesystem(path)[1]
+        if not self.local:  # a replaceable named checkpoint: the version its pointer names
+            path = self.follow(path) or path
         m = _NAME.match(path.rstrip("/").rsplit("/", 1)[-1])
         meta = self._read_marker(path)
         if meta is None:
