@@ -1,6 +1,7 @@
 """End to end: ``aios launch --cloud ssh`` on real sshd hosts in network namespaces (no stand-in:
-the hosts are the user's machines). examples/gpt.py trains with 2 processes per host over gloo;
-one host is killed mid-run and the managed job resumes from the newest checkpoint."""
+the hosts are the user's machines). examples/gpt.py trains with 2 processes per host over gloo
+on 2 and on 4 hosts; one host is killed mid-run and the managed job resumes from the newest
+checkpoint."""
 
 from __future__ import annotations
 
@@ -154,8 +155,9 @@ def freeze_at_checkpoint(cluster, name: str, ckpt: Path, steps: int) -> int:
     raise AssertionError("no checkpoint was committed")
 
 
-def test_cloud_ssh_two_hosts_resume_after_a_host_is_killed_and_comes_back(tmp_path, sshd_cluster):
-    cluster = sshd_cluster(2, netns=True)
+@pytest.mark.parametrize("n", [2, 4])
+def test_cloud_ssh_hosts_resume_after_a_host_is_killed_and_comes_back(tmp_path, sshd_cluster, n):
+    cluster = sshd_cluster(n, netns=True)
     work = project(tmp_path)
     env = environ(tmp_path)
     ckpt = tmp_path / "shared-ckpt"  # the hosts share this filesystem (as over NFS)
@@ -179,16 +181,17 @@ def test_cloud_ssh_two_hosts_resume_after_a_host_is_killed_and_comes_back(tmp_pa
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "master address" in r.stderr and cluster.hosts[0].ip in r.stderr
     at = freeze_at_checkpoint(cluster, "lab", ckpt, steps)
-    h0, h1 = cluster.hosts
-    h1.stop()  # the machine dies: sshd and every process on it
-    os.killpg(int((h0.home / "aios" / "lab" / "jobs" / "1" / "pid").read_text()), signal.SIGCONT)
+    h0, lost = cluster.hosts[0], cluster.hosts[-1]
+    lost.stop()  # the machine dies: sshd and every process on it
+    for h in cluster.hosts[:-1]:
+        os.killpg(int((h.home / "aios" / "lab" / "jobs" / "1" / "pid").read_text()), signal.SIGCONT)
     wait_for(
         lambda: any(e["kind"] == "preempted" for e in job(env)["recoveries"]),
         120,
         "the watcher to notice the lost host",
         interval=0.5,
     )
-    h1.start(new_host_key=False)  # the machine reboots (same host key)
+    lost.start(new_host_key=False)  # the machine reboots (same host key)
     final = wait_for(
         lambda: (
             lambda j: (
@@ -201,11 +204,11 @@ def test_cloud_ssh_two_hosts_resume_after_a_host_is_killed_and_comes_back(tmp_pa
     )
     watcher = (Path(env["AIOS_HOME"]) / "clusters" / "lab" / "watcher-1.log").read_text()
     assert final["state"] == "SUCCEEDED" and final["restarts"] == 1, watcher[-4000:]
-    assert "hosts lost (worker 1: unreachable)" in watcher
+    assert f"hosts lost (worker {n - 1}: unreachable)" in watcher
     logs = aios(env, "logs", "lab")
     m = DONE_RE.search(logs.stdout)
     assert m and int(m.group(1)) == steps and int(m.group(2)) <= steps - at, logs.stdout[-3000:]
-    assert "4 x cpu" in logs.stdout  # both hosts again, 2 processes each
+    assert f"{2 * n} x cpu" in logs.stdout  # every host again, 2 processes each
     r = aios(env, "down", "lab")
     assert r.returncode == 0, r.stderr
     # aios's own files are gone; what the job wrote (its run directory) is kept and named
