@@ -32,16 +32,20 @@ def _dead_pid() -> int:
     return p.pid
 
 
-def test_four_simultaneous_takers_exactly_one_wins_every_round(tmp_path: Path) -> None:
+@pytest.mark.parametrize("nfs", [False, True], ids=["local", "nfs-guard-file"])
+def test_four_simultaneous_takers_exactly_one_wins_every_round(tmp_path: Path, nfs: bool) -> None:
+    """``nfs``: the directory cannot be flock'ed (as on NFS): the takers serialise on the guard
+    file beside the lock instead, and still exactly one wins."""
     from lock_taker import take
 
+    rounds = ROUNDS
     ck = tmp_path / "ck"
     ck.mkdir()
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(TAKERS + 1)
     results = ctx.Queue()
     procs = [
-        ctx.Process(target=take, args=(str(ck), ROUNDS, barrier, results, i), daemon=True)
+        ctx.Process(target=take, args=(str(ck), rounds, barrier, results, i, nfs), daemon=True)
         for i in range(TAKERS)
     ]
     for p in procs:
@@ -61,7 +65,7 @@ def test_four_simultaneous_takers_exactly_one_wins_every_round(tmp_path: Path) -
     names = list(scenarios)
     bad: list[tuple[int, str, int]] = []
     try:
-        for r in range(ROUNDS):
+        for r in range(rounds):
             name = names[r % len(names)]
             lock = ck / LOCK_FILE
             lock.unlink(missing_ok=True)
@@ -81,6 +85,8 @@ def test_four_simultaneous_takers_exactly_one_wins_every_round(tmp_path: Path) -
                 p.kill()
     assert bad == [], bad[:10]
     assert not [p.name for p in ck.iterdir() if p.name.endswith(".tmp")]
+    # the guard file is used (and stays: deleting it while others wait on it would split them)
+    assert (ck / ckmod.LOCK_GUARD).exists() == nfs
 
 
 def test_empty_lock_is_held_until_old_by_mtime(tmp_path: Path) -> None:
