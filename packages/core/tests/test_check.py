@@ -556,6 +556,48 @@ def test_a_single_process_run_also_ends_with_the_finding_and_keeps_the_output(tm
     )
 
 
+def test_a_single_process_run_on_a_terminal_keeps_a_terminal_for_the_script(tmp_path):
+    """aios-run's stderr is a terminal: the script's stderr is one too (a pseudo-terminal of the
+    same size: colours and progress bars as without aios), and the hint still comes."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import os, sys, torch\n"
+        "print(f'tty={sys.stderr.isatty()} size={tuple(os.get_terminal_size(2))}', "
+        "file=sys.stderr, flush=True)\n"
+        "torch.zeros(1).cuda()\n"
+    )
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 33, 123, 0, 0))
+    p = subprocess.Popen(
+        [*RUN, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=slave,
+        env=_env(tmp_path),
+        cwd=tmp_path,
+    )
+    os.close(slave)
+    err = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: aios-run, the last writer, is gone
+            break
+        if not chunk:
+            break
+        err += chunk
+    os.close(master)
+    assert p.wait(timeout=180) == 1
+    text = err.decode(errors="replace").replace("\r\n", "\n")
+    assert "tty=True size=(123, 33)" in text, text
+    line = _line(script, ".cuda()")
+    assert text.strip().splitlines()[-1].startswith(f"aios-run: hint: {script}:{line}:"), text
+
+
 def test_a_single_process_run_of_a_plain_failure_gets_no_hint(tmp_path):
     script = tmp_path / "train.py"
     script.write_text('import torch\nraise ValueError("the user\'s own bug")\n')

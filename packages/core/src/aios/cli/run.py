@@ -446,31 +446,56 @@ def _script_failed(
     sys.exit(code)
 
 
-def _relay_stderr(stream: Any, tail: bytearray) -> None:
-    """Copy a worker's stderr to ours as it comes (raw chunks, no line buffering), keeping its
-    last :data:`_HINT_TAIL` bytes in ``tail`` for the portability hint."""
+def _relay_stderr(fd: int, tail: bytearray) -> None:
+    """Copy a worker's stderr (``fd``: a pipe, or a pseudo-terminal) to ours as it comes (raw
+    chunks, no line buffering), keeping its last :data:`_HINT_TAIL` bytes in ``tail`` for the
+    portability hint. Closes ``fd`` at the end of the output."""
     out = getattr(sys.stderr, "buffer", None)
-    fd = stream.fileno()
-    while True:
-        try:
-            chunk = os.read(fd, 65536)
-        except InterruptedError:  # pragma: no cover - retried by os.read since PEP 475
-            continue
-        except OSError:
-            break
-        if not chunk:
-            break
-        tail += chunk
-        del tail[:-_HINT_TAIL]
-        try:
-            if out is not None:
-                out.write(chunk)
-                out.flush()
-            else:  # pragma: no cover - a replaced sys.stderr without a buffer
-                sys.stderr.write(chunk.decode(errors="replace"))
-                sys.stderr.flush()
-        except (OSError, ValueError):  # our stderr is gone: keep draining the pipe
-            out = None
+    try:
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except InterruptedError:  # pragma: no cover - retried by os.read since PEP 475
+                continue
+            except OSError:  # EIO: the pseudo-terminal's last writer is gone
+                break
+            if not chunk:
+                break
+            tail += chunk
+            del tail[:-_HINT_TAIL]
+            try:
+                if out is not None:
+                    out.write(chunk)
+                    out.flush()
+                else:  # pragma: no cover - a replaced sys.stderr without a buffer
+                    sys.stderr.write(chunk.decode(errors="replace"))
+                    sys.stderr.flush()
+            except (OSError, ValueError):  # our stderr is gone: keep draining
+                out = None
+    finally:
+        with _suppress(OSError):
+            os.close(fd)
+
+
+def _stderr_channel() -> tuple[int, int]:
+    """``(read end, the worker's stderr)``: a pseudo-terminal when our stderr is a terminal (the
+    script still sees one: colours, progress bars and their width stay as without aios), else a
+    pipe."""
+    try:
+        isatty = sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        isatty = False
+    if isatty and sys.platform != "win32":
+        import fcntl
+        import pty
+        import termios
+
+        master, slave = pty.openpty()
+        with _suppress(OSError):
+            size = fcntl.ioctl(sys.stderr.fileno(), termios.TIOCGWINSZ, b"\0" * 8)
+            fcntl.ioctl(slave, termios.TIOCSWINSZ, size)
+        return master, slave
+    return os.pipe()
 
 
 def _run_subprocess(cmd: list[str], env: dict[str, str], tail: bytearray | None = None) -> int:
@@ -480,16 +505,22 @@ def _run_subprocess(cmd: list[str], env: dict[str, str], tail: bytearray | None 
 
     from aios._worker import child_preexec
 
-    proc = subprocess.Popen(
-        cmd,
-        env=env,
-        preexec_fn=child_preexec(os.getpid()),
-        stderr=subprocess.PIPE if tail is not None else None,
-    )
+    read_end, child_err = _stderr_channel() if tail is not None else (-1, None)
+    try:
+        proc = subprocess.Popen(
+            cmd, env=env, preexec_fn=child_preexec(os.getpid()), stderr=child_err
+        )
+    except BaseException:
+        if child_err is not None:
+            os.close(read_end)
+        raise
+    finally:
+        if child_err is not None:
+            os.close(child_err)  # the worker holds it now
     relay = None
-    if tail is not None and proc.stderr is not None:
+    if tail is not None:
         relay = threading.Thread(
-            target=_relay_stderr, args=(proc.stderr, tail), name="aios-stderr", daemon=True
+            target=_relay_stderr, args=(read_end, tail), name="aios-stderr", daemon=True
         )
         relay.start()
     received: list[int] = []
