@@ -222,6 +222,25 @@ def test_autostop_agent_acts_with_the_instance_profile_aios_attaches(
     assert leftovers(aws.ec2, "as", aws.proxy) == {}
 
 
+def _s3_only_profile(aws, name: str) -> None:
+    """The user's own instance profile ``name``: its role may use S3 and describe EC2, no more
+    (what a data-loading role looks like)."""
+    import json
+
+    import boto3
+    from aios_cloud_aws.ec2params import EC2_TRUST
+
+    iam = boto3.client("iam", region_name="us-east-1", endpoint_url=aws.endpoint)
+    iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(EC2_TRUST))
+    only_s3 = {
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Action": ["s3:*", "ec2:Describe*"], "Resource": "*"}],
+    }
+    iam.put_role_policy(RoleName=name, PolicyName="p", PolicyDocument=json.dumps(only_s3))
+    iam.create_instance_profile(InstanceProfileName=name)
+    iam.add_role_to_instance_profile(InstanceProfileName=name, RoleName=name)
+
+
 def test_autostop_set_later_attaches_the_profile_to_the_running_instances(
     aws, make_provider, pubkey, monkeypatch
 ):
@@ -261,30 +280,9 @@ def test_autostop_set_later_attaches_the_profile_to_the_running_instances(
 def test_autostop_set_later_keeps_the_users_profile_and_names_what_it_lacks(
     aws, make_provider, pubkey
 ):
-    import json
-
-    import boto3
     from aios_cloud.provider import CloudError
 
-    iam = boto3.client("iam", region_name="us-east-1", endpoint_url=aws.endpoint)
-    trust = {
-        "Version": "2012-10-17",
-        "Statement": [
-            {
-                "Effect": "Allow",
-                "Principal": {"Service": "ec2.amazonaws.com"},
-                "Action": "sts:AssumeRole",
-            }
-        ],
-    }
-    iam.create_role(RoleName="data", AssumeRolePolicyDocument=json.dumps(trust))
-    only_s3 = {
-        "Version": "2012-10-17",
-        "Statement": [{"Effect": "Allow", "Action": ["s3:*", "ec2:Describe*"], "Resource": "*"}],
-    }
-    iam.put_role_policy(RoleName="data", PolicyName="p", PolicyDocument=json.dumps(only_s3))
-    iam.create_instance_profile(InstanceProfileName="data")
-    iam.add_role_to_instance_profile(InstanceProfileName="data", RoleName="data")
+    _s3_only_profile(aws, "data")
     p = make_provider(iam_instance_profile="data")
     req = p.validate(
         ClusterRequest(
@@ -300,30 +298,9 @@ def test_autostop_set_later_keeps_the_users_profile_and_names_what_it_lacks(
 
 
 def test_a_role_without_the_agents_rights_is_refused_at_launch(aws, make_provider, pubkey):
-    import json
-
-    import boto3
     from aios_cloud.provider import CloudError
 
-    iam = boto3.client("iam", region_name="us-east-1", endpoint_url=aws.endpoint)
-    trust = {
-        "Version": "2012-10-17",
-        "Statement": [
-            {
-                "Effect": "Allow",
-                "Principal": {"Service": "ec2.amazonaws.com"},
-                "Action": "sts:AssumeRole",
-            }
-        ],
-    }
-    iam.create_role(RoleName="s3only", AssumeRolePolicyDocument=json.dumps(trust))
-    only_s3 = {
-        "Version": "2012-10-17",
-        "Statement": [{"Effect": "Allow", "Action": ["s3:*", "ec2:Describe*"], "Resource": "*"}],
-    }
-    iam.put_role_policy(RoleName="s3only", PolicyName="p", PolicyDocument=json.dumps(only_s3))
-    iam.create_instance_profile(InstanceProfileName="s3only")
-    iam.add_role_to_instance_profile(InstanceProfileName="s3only", RoleName="s3only")
+    _s3_only_profile(aws, "s3only")
     p = make_provider(iam_instance_profile="s3only")
     req = p.validate(
         ClusterRequest(

@@ -499,18 +499,16 @@ class AwsProvider(CloudProvider):
         ``aws.iam_instance_profile`` set, its role must allow what the agent calls (checked in
         IAM, exit 2 naming what is missing); unset, aios creates (once per account) and attaches
         :data:`AUTOSTOP_PROFILE` with exactly those rights. Before anything is billed."""
-        need = AGENT_ACTIONS[action]
         prof = self.settings.iam_instance_profile
         if prof:
             if not dry_run:
-                missing = [a for a in need if not allowed(self._profile_policies(prof), a)]
-                if missing:
-                    raise CloudError(
-                        f"the autostop agent could not {action} the cluster: instance profile "
-                        f"'{prof}' does not allow {', '.join(missing)}",
-                        "add them to its role (on resources tagged aios:cluster), or unset "
-                        f"aws.iam_instance_profile to let aios create '{AUTOSTOP_PROFILE}'",
-                    )
+                self._require_agent_rights(
+                    prof,
+                    action,
+                    "the cluster",
+                    "add them to its role (on resources tagged aios:cluster), or unset "
+                    f"aws.iam_instance_profile to let aios create '{AUTOSTOP_PROFILE}'",
+                )
             return request
         if not dry_run:
             self._ensure_agent_profile()
@@ -522,7 +520,6 @@ class AwsProvider(CloudProvider):
         the running instances (``AssociateIamInstanceProfile``), before the agent is installed.
         An instance that already carries a profile keeps it (replacing it would take the user's
         own rights away): its role must allow the agent's calls, or this names what is missing."""
-        need = AGENT_ACTIONS[action]
         ec2 = self.ec2(self._region(zone))
         ids = [
             i["InstanceId"] for i in self._instances(ec2, name, ["pending", "running", "stopped"])
@@ -539,14 +536,13 @@ class AwsProvider(CloudProvider):
             if a.get("State") in ("associating", "associated"):
                 held[a["InstanceId"]] = a["IamInstanceProfile"]["Arn"].rsplit("/", 1)[-1]
         for prof in sorted(set(held.values())):
-            missing = [a for a in need if not allowed(self._profile_policies(prof), a)]
-            if missing:
-                raise CloudError(
-                    f"the autostop agent could not {action} {name}: its instances' instance "
-                    f"profile '{prof}' does not allow {', '.join(missing)}",
-                    "add them to its role (on resources tagged aios:cluster), then run "
-                    "`aios autostop` again",
-                )
+            self._require_agent_rights(
+                prof,
+                action,
+                name,
+                "add them to its role (on resources tagged aios:cluster), then run "
+                "`aios autostop` again",
+            )
         bare = [i for i in ids if i not in held]
         if not bare:
             return
@@ -570,6 +566,18 @@ class AwsProvider(CloudProvider):
             f"{name}: instance profile {prof.rsplit('/', 1)[-1]} attached to {len(bare)} "
             f"instance(s): the autostop agent may {action} the cluster"
         )
+
+    def _require_agent_rights(self, prof: str, action: str, what: str, fix: str) -> None:
+        """Instance profile ``prof``'s role must allow every call the agent makes to ``action``
+        ``what``, read from IAM; else one line naming what is missing."""
+        docs = self._profile_policies(prof)
+        missing = [a for a in AGENT_ACTIONS[action] if not allowed(docs, a)]
+        if missing:
+            raise CloudError(
+                f"the autostop agent could not {action} {what}: instance profile '{prof}' does "
+                f"not allow {', '.join(missing)}",
+                fix,
+            )
 
     def _iam_fix(self) -> str:
         return (
