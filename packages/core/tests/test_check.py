@@ -524,6 +524,13 @@ def test_aios_run_failure_ends_with_the_finding_for_the_nccl_line(tmp_path, free
     assert f"aios check {script}" in last
 
 
+def _run_one(tmp: Path, script: Path) -> subprocess.CompletedProcess[str]:
+    """``aios-run script``: one process, run directly (no torch launcher)."""
+    return subprocess.run(
+        [*RUN, str(script)], capture_output=True, text=True, env=_env(tmp), cwd=tmp, timeout=180
+    )
+
+
 def test_a_single_process_run_also_ends_with_the_finding_and_keeps_the_output(tmp_path):
     """One process runs the script directly (no torch launcher): its stderr is relayed through
     aios-run, whole and in order, and the hint still names the `.cuda()` line."""
@@ -533,14 +540,7 @@ def test_a_single_process_run_also_ends_with_the_finding_and_keeps_the_output(tm
         "print('warned', file=sys.stderr, flush=True)\n"
         "model = torch.nn.Linear(2, 2).cuda()\n"
     )
-    r = subprocess.run(
-        [*RUN, str(script)],
-        capture_output=True,
-        text=True,
-        env=_env(tmp_path),
-        cwd=tmp_path,
-        timeout=180,
-    )
+    r = _run_one(tmp_path, script)
     assert r.returncode == 1, r.stderr
     assert "before" in r.stdout and "warned" in r.stderr and "Traceback" in r.stderr, r.stderr
     # a CPU build of torch says the first; a CUDA build on a machine without a GPU another
@@ -601,14 +601,7 @@ def test_a_single_process_run_on_a_terminal_keeps_a_terminal_for_the_script(tmp_
 def test_a_single_process_run_of_a_plain_failure_gets_no_hint(tmp_path):
     script = tmp_path / "train.py"
     script.write_text('import torch\nraise ValueError("the user\'s own bug")\n')
-    r = subprocess.run(
-        [*RUN, str(script)],
-        capture_output=True,
-        text=True,
-        env=_env(tmp_path),
-        cwd=tmp_path,
-        timeout=180,
-    )
+    r = _run_one(tmp_path, script)
     assert r.returncode == 1 and "ValueError: the user's own bug" in r.stderr, r.stderr
     assert "hint" not in r.stderr.strip().splitlines()[-1], r.stderr
 
