@@ -1,6 +1,6 @@
 """A small GPT-style character model on the corpus shipped in examples/data (no downloads).
 
-    aios-run examples/gpt.py                      # CPU: about 45 s on 2 idle cores
+    aios-run examples/gpt.py                      # CPU: about 20 s on 2 idle cores
     aios-run --nprocs 2 examples/gpt.py           # 2 processes over gloo
     aios-run --backend cuda examples/gpt.py       # the same script on GPUs (bf16: --precision bf16-mixed)
     aios-run --backend xla examples/gpt.py        # TPU / XLA (PJRT); --backend neuron on Trainium
