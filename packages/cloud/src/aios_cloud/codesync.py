@@ -227,6 +227,25 @@ def secret_files(
     return sorted(f for f in files if not _excluded(f, patterns) and is_secret_file(f))
 
 
+def _collect_bounded(
+    root: Path, excludes: tuple[str, ...] | list[str], max_bytes: int
+) -> tuple[list[str], int]:
+    """:func:`collect` and the bytes it holds, refusing more than ``max_bytes`` of input
+    (someone's dataset slipped through the ignore rules) with a one-line error naming the
+    largest files."""
+    from aios.errors import AiosError
+
+    files = collect(root, excludes)
+    total = sum((root / f).lstat().st_size for f in files)
+    if total > max_bytes:
+        big = sorted(files, key=lambda f: -(root / f).lstat().st_size)[:3]
+        raise AiosError(
+            f"code sync would upload {total / 2**20:.0f} MiB from {root} (largest: {', '.join(big)})",
+            "add those paths to .gitignore or --exclude, or raise --max-sync-mb",
+        )
+    return files, total
+
+
 def make_tarball(
     root: str | os.PathLike[str],
     dest: str | os.PathLike[str],
@@ -237,17 +256,8 @@ def make_tarball(
 ) -> Tarball:
     """Write ``dest`` (gzip tar of :func:`collect`); refuses more than ``max_bytes`` of input
     (someone's dataset slipped through the ignore rules) with a one-line error."""
-    from aios.errors import AiosError
-
     root = Path(root)
-    files = collect(root, excludes)
-    total = sum((root / f).lstat().st_size for f in files)
-    if total > max_bytes:
-        big = sorted(files, key=lambda f: -(root / f).lstat().st_size)[:3]
-        raise AiosError(
-            f"code sync would upload {total / 2**20:.0f} MiB from {root} (largest: {', '.join(big)})",
-            "add those paths to .gitignore or --exclude, or raise --max-sync-mb",
-        )
+    files, total = _collect_bounded(root, excludes, max_bytes)
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_suffix(dest.suffix + ".tmp")
@@ -344,17 +354,8 @@ def make_manifest(
     """The content manifest of :func:`collect` (plus ``extra_files``/``generated``, the aios
     bundle): the head host keeps the blobs, so a relaunch sends only what changed. Refuses more
     than ``max_bytes`` of workdir input like :func:`make_tarball`."""
-    from aios.errors import AiosError
-
     root = Path(root)
-    files = collect(root, excludes)
-    total = sum((root / f).lstat().st_size for f in files)
-    if total > max_bytes:
-        big = sorted(files, key=lambda f: -(root / f).lstat().st_size)[:3]
-        raise AiosError(
-            f"code sync would upload {total / 2**20:.0f} MiB from {root} (largest: {', '.join(big)})",
-            "add those paths to .gitignore or --exclude, or raise --max-sync-mb",
-        )
+    files, total = _collect_bounded(root, excludes, max_bytes)
     entries: list[tuple[str, str, str]] = []
     blobs: dict[str, Path | bytes] = {}
     sources = [(root / f, f) for f in files] + list(extra_files or [])

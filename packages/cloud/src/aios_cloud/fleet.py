@@ -99,24 +99,31 @@ def _ago(seconds: float) -> str:
     return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
 
+#: what ssh's error text says about a host, in a few words (also :mod:`aios_cloud.ssh`'s)
+CONNECTION_FAILURES = (
+    ("refused", "connection refused"),
+    ("timed out", "connection timed out"),
+    ("no route", "no route to host"),
+    ("unreachable", "network unreachable"),
+    ("reset", "connection reset"),
+    ("closed", "connection closed"),
+    ("permission denied", "login refused"),
+)
+
+
+def connection_failure(err: str) -> str | None:
+    """The connection failure ssh's error text names, or None."""
+    low = err.lower()
+    return next((word for pat, word in CONNECTION_FAILURES if pat in low), None)
+
+
 def state_of(rc: int, err: str) -> str:
     if rc == 124:
         return "stalled"
     low = err.lower()
     if "remote host identification has changed" in low or "host key verification failed" in low:
         return "replaced"
-    for pat, word in (
-        ("refused", "connection refused"),
-        ("timed out", "connection timed out"),
-        ("no route", "no route to host"),
-        ("unreachable", "network unreachable"),
-        ("reset", "connection reset"),
-        ("closed", "connection closed"),
-        ("permission denied", "login refused"),
-    ):
-        if pat in low:
-            return word
-    return f"exit {rc}"
+    return connection_failure(err) or f"exit {rc}"
 
 
 # ------------------------------------------------------------------------------ code sync

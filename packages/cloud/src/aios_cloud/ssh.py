@@ -571,18 +571,10 @@ def _state_of(r: HostResult) -> str:
     """A failed host's state in a few words, for progress lines and errors."""
     if r.returncode == 124:
         return "no answer (stalled)"
+    from aios_cloud.fleet import connection_failure
+
     line = _first_line("\n".join(r.stderr)).lower()
-    for pat, word in (
-        ("refused", "connection refused"),
-        ("timed out", "connection timed out"),
-        ("no route", "no route to host"),
-        ("unreachable", "network unreachable"),
-        ("reset", "connection reset"),
-        ("closed", "connection closed"),
-    ):
-        if pat in line:
-            return word
-    return line[:80] or f"exit status {r.returncode}"
+    return connection_failure(line) or line[:80] or f"exit status {r.returncode}"
 
 
 def _first_line(text: str) -> str:
