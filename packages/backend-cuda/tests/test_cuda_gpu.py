@@ -193,3 +193,46 @@ def test_example_gpt_bf16_on_gpu(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "tokens/s" in proc.stdout
+
+
+def test_nccl_flight_recorder_dumps_through_the_pipe_aios_sets(tmp_path: Path) -> None:
+    """The watchdog's side of NCCL's Flight Recorder against real ProcessGroupNCCL (one rank on
+    one GPU): with the environment aios-run gives its ranks, torch makes the dump pipe, a write
+    to it makes torch dump its trace, and aios reads and summarises the dump."""
+    from aios import flightrec
+
+    env = {**os.environ, **flightrec.worker_env(str(tmp_path), {}), "RANK": "0"}
+    code = (
+        "import os, sys, time, json, torch, torch.distributed as dist\n"
+        "from aios import flightrec\n"
+        "dist.init_process_group('nccl', init_method='tcp://127.0.0.1:' + sys.argv[1],"
+        " rank=0, world_size=1, device_id=torch.device('cuda', 0))\n"
+        "x = torch.ones(4, device='cuda')\n"
+        "for _ in range(3):\n"
+        "    dist.all_reduce(x)\n"
+        "torch.cuda.synchronize()\n"
+        "deadline = time.monotonic() + 30\n"  # torch makes the pipe when the group starts
+        "while not os.path.exists(os.environ['TORCH_NCCL_DEBUG_INFO_PIPE_FILE'] + '0.pipe'):\n"
+        "    assert time.monotonic() < deadline, 'no pipe'\n"
+        "    time.sleep(0.1)\n"
+        "recs = flightrec.trigger_and_collect({0: dict(os.environ)}, wait=30.0)\n"
+        "print(json.dumps([r.__dict__ for r in recs]))\n"
+        "print('\\n'.join(flightrec.summarize(recs)))\n"
+        "dist.destroy_process_group()\n"
+    )
+    from aios.testing.strategy_contract import free_port
+
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(free_port())],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (rec,) = json.loads(proc.stdout.splitlines()[0])
+    assert not rec["error"] and rec["entries"] >= 3, rec
+    assert rec["seq"] >= 3 and "allreduce" in rec["name"].replace("_", ""), rec
+    assert "NCCL flight recorder: rank 0 at collective #" in proc.stdout, proc.stdout
+    assert (tmp_path / f"{flightrec.DUMP_STEM}0").is_file()
