@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from aios import checkpoint as ckmod
+from aios.checkpoint import store as ckmod
 from aios.checkpoint import LOCK_FILE, CheckpointStore
 from aios.errors import CheckpointError
 

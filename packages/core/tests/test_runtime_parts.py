@@ -1,5 +1,5 @@
 """Issue 12 item 5: the runtime in parts that can be tested alone: the training state
-(aios.state), the checkpoint manager (aios.checkpointing) with its public batch-boundary
+(aios.state), the checkpoint manager (aios.checkpoint.manager) with its public batch-boundary
 callback and pluggable checkpoint formats, side-effect-free constructors, and the
 launcher<->worker contract in one module (aios.contract)."""
 
@@ -84,7 +84,7 @@ def test_training_state_alone_roundtrips_modules_objects_counters_and_rng(tmp_pa
 
 
 def test_checkpoint_manager_alone_no_side_effects_until_start(tmp_path):
-    from aios.checkpointing import CheckpointManager
+    from aios.checkpoint.manager import CheckpointManager
     from aios.records import RunRecord
     from aios.state import TrainingState
 
@@ -162,7 +162,7 @@ def test_device_loader_calls_the_public_batch_boundary():
 
 
 def test_a_second_checkpoint_format_plugs_in(tmp_path):
-    from aios.checkpointing import FORMATS, CheckpointFormat, register_format
+    from aios.checkpoint.manager import FORMATS, CheckpointFormat, register_format
 
     class ShardedJson(CheckpointFormat):
         """every rank writes its own file; rank 0 commits after all are durable"""
@@ -191,7 +191,7 @@ def test_a_second_checkpoint_format_plugs_in(tmp_path):
         ck = tmp_path / "ck"
         rt = aios.init(checkpoint={"dir": str(ck)}, logging={"run_dir": str(tmp_path / "runs")})
         rt.strategy.checkpoint_format = "test-sharded"
-        from aios.checkpointing import get_format
+        from aios.checkpoint.manager import get_format
 
         rt.checkpointer.format = get_format("test-sharded")
         model = rt.setup(torch.nn.Linear(2, 1))
@@ -273,9 +273,9 @@ def test_all_ranks_write_format_with_two_processes(tmp_path):
 
 
 def test_checkpoint_format_can_be_registered_lazily():
-    from aios.checkpointing import FORMATS, FullStateFormat, get_format, register_format
+    from aios.checkpoint.manager import FORMATS, FullStateFormat, get_format, register_format
 
-    register_format("test-lazy", "aios.checkpointing:FullStateFormat")
+    register_format("test-lazy", "aios.checkpoint.manager:FullStateFormat")
     try:
         assert isinstance(get_format("test-lazy"), FullStateFormat)
         assert FORMATS["test-lazy"] is FullStateFormat
@@ -312,7 +312,7 @@ def test_progress_starts_nothing_until_the_first_update(monkeypatch, capsys):
 def test_checkpoint_manager_picks_the_dcp_writer_per_device(tmp_path, setting, device, mode):
     from types import SimpleNamespace
 
-    from aios.checkpointing import CheckpointManager
+    from aios.checkpoint.manager import CheckpointManager
     from aios.records import RunRecord
     from aios.state import TrainingState
 
@@ -332,7 +332,7 @@ def test_checkpoint_manager_picks_the_dcp_writer_per_device(tmp_path, setting, d
 def test_emergency_checkpoint_is_written_when_the_pending_background_save_was_lost(tmp_path):
     """A background save that failed (its writer killed, say) is reported at preemption, and
     the emergency checkpoint is still written by the training process."""
-    from aios.checkpointing import CheckpointManager, FullStateFormat
+    from aios.checkpoint.manager import CheckpointManager, FullStateFormat
     from aios.errors import CheckpointError
     from aios.records import RunRecord
     from aios.state import TrainingState

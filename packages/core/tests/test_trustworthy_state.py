@@ -376,7 +376,7 @@ def test_resume_refuses_an_incompatible_checkpoint(tmp_path, change, message):
 
 
 def test_resharding_format_accepts_another_world_size_only_when_asked(tmp_path):
-    from aios.checkpointing import FullStateFormat
+    from aios.checkpoint.manager import FullStateFormat
 
     class Reshardable(FullStateFormat):
         supports_resharding = True
@@ -546,7 +546,7 @@ def test_object_store_lock_refuses_a_live_holder_and_takes_over_a_stale_one():
 
 
 def test_lock_heartbeat_keeps_a_long_run_fresh(tmp_path, monkeypatch):
-    import aios.checkpoint as ckmod
+    import aios.checkpoint.store as ckmod
 
     monkeypatch.setattr(ckmod, "LOCK_HEARTBEAT_S", 0.05)
     ck = tmp_path / "ck"

@@ -161,7 +161,7 @@ class DeviceLoader:
         self.batch = 0  # batches of the current epoch handed out so far
         self._skip = 0
         self._active = False
-        #: the runtime's checkpoint manager (:class:`aios.checkpointing.CheckpointManager`): its
+        #: the runtime's checkpoint manager (:class:`aios.checkpoint.manager.CheckpointManager`): its
         #: public ``at_batch_boundary()`` runs before each batch when ``pending`` is set
         self.owner: Any = None
         if transfer is not None:

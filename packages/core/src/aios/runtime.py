@@ -32,7 +32,7 @@ Semantics worth knowing:
   (XLA), decides that the periodic checkpoint is due and acts on preemption notices. The
   checkpoint is cut at the next batch of an aios loader, else at the next ``accumulate``/
   ``backward`` with the RNG streams of the step (see
-  :meth:`aios.checkpointing.CheckpointManager.at_batch_boundary`).
+  :meth:`aios.checkpoint.manager.CheckpointManager.at_batch_boundary`).
 * ``backward(loss)`` divides by ``grad_accum`` (``divide=False``: the script already did);
   wrap micro-steps in ``accumulate(model)`` to skip the gradient all-reduce on all but the last
   micro-step (DDP ``no_sync``). ``grad_accum`` may be derived from ``global_batch`` and
@@ -50,7 +50,7 @@ Semantics worth knowing:
   checkpoint dir at a time (see :mod:`aios.checkpoint`).
 
 The parts: :class:`aios.state.TrainingState` (registered objects, counters, state dict, RNG),
-:class:`aios.checkpointing.CheckpointManager` (save/load/resume, the boundary save, preemption
+:class:`aios.checkpoint.manager.CheckpointManager` (save/load/resume, the boundary save, preemption
 save, lineage, lock; pluggable checkpoint formats), :class:`aios.records.RunRecord`,
 :class:`aios.preemption.PreemptionMonitor`; :class:`Runtime` is the facade over them and the hot
 path. ``Runtime(...)`` has no side effects; :meth:`Runtime.start` (called by :func:`init`) does
@@ -425,7 +425,7 @@ class Runtime:
         self._clip = config.grad_clip
         self._world = int(strategy.world_size)
         self._loggers: list[Any] | None = None
-        from aios.checkpointing import CheckpointManager
+        from aios.checkpoint.manager import CheckpointManager
         from aios.precision import Precision
         from aios.records import RunRecord, StepTimer, run_id_from_env
         from aios.state import TrainingState
@@ -461,7 +461,7 @@ class Runtime:
         )
         self.record = RunRecord(config.logging.run_dir, run_id_from_env(), active=self.is_main)
         self.preemption = PreemptionMonitor()
-        #: save/load/resume, the pending boundary save, lineage and lock (:mod:`aios.checkpointing`)
+        #: save/load/resume, the pending boundary save, lineage and lock (:mod:`aios.checkpoint.manager`)
         self.checkpointer = CheckpointManager(
             config, strategy, self.training, self.record, backend, print_fn=self.print
         )
@@ -717,7 +717,7 @@ class Runtime:
 
     def run_pending(self) -> None:
         """Write the checkpoint (or act on the preemption) decided at the last step boundary
-        (see :meth:`aios.checkpointing.CheckpointManager.at_batch_boundary`)."""
+        (see :meth:`aios.checkpoint.manager.CheckpointManager.at_batch_boundary`)."""
         self._ckpt.at_batch_boundary()
 
     # ---------------------------------------------------------------- printing and logging

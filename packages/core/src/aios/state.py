@@ -5,7 +5,7 @@
 produces/consumes the full state dict (model/optimizer state through the strategy, which knows
 about data-parallel wrappers and sharding; loader positions; the precision state; RNG states).
 It writes no files and talks to no other process: the checkpoint manager
-(:mod:`aios.checkpointing`) does the I/O and the collectives.
+(:mod:`aios.checkpoint.manager`) does the I/O and the collectives.
 
 It can be built and tested alone with any :class:`aios.strategy.Strategy` and
 :class:`aios.precision.Precision`.

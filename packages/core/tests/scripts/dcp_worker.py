@@ -1,4 +1,4 @@
-"""One rank of a hand-written FSDP2 training run (gloo, CPU) checkpointing with aios.dcp.
+"""One rank of a hand-written FSDP2 training run (gloo, CPU) checkpointing with aios.checkpoint.sharded.
 
 Launched once per rank by tests/test_dcp.py with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set;
 argv[1] is a JSON job:
@@ -30,7 +30,7 @@ import time
 
 import torch
 import torch.distributed as dist
-from aios import dcp as adcp
+from aios.checkpoint import sharded as adcp
 from torch.distributed.fsdp import fully_shard
 
 GLOBAL_BATCH = 16

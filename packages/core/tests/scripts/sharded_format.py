@@ -10,7 +10,7 @@ import sys
 
 import aios
 import torch
-from aios.checkpointing import CheckpointFormat, get_format, register_format
+from aios.checkpoint.manager import CheckpointFormat, get_format, register_format
 from aios.errors import CheckpointError
 
 

@@ -11,7 +11,7 @@ _spec = os.environ.get("IDIOMS_KILL_AT", "")
 if _spec and os.environ.get("RANK") == "0" and os.environ.get("AIOS_RUN_LAUNCHER_PID"):
     import signal
 
-    import aios.checkpoint as _ck
+    import aios.checkpoint.store as _ck
     import aios.runtime as _rt
 
     _name, _, _at = _spec.partition(":")

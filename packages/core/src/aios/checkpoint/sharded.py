@@ -2,7 +2,7 @@
 
 Used by strategies whose state is sharded over ranks (``fsdp``, ``tp``, ``hsdp``: their
 ``checkpoint_format`` is ``"dcp"``); DDP, XLA and DeepSpeed keep the ``full`` format of
-:mod:`aios.checkpoint`. Layout of one checkpoint (same directory naming and commit marker as the
+:mod:`aios.checkpoint.store`. Layout of one checkpoint (same directory naming and commit marker as the
 full format, so listing, ``latest()``, pruning and ``aios`` tools treat both alike)::
 
     <dir>/ckpt-000000120/__0_0.distcp ...       DCP shards: every rank writes its own
@@ -33,7 +33,7 @@ Rules:
   against its digest (shared out over the ranks) before torch reads any of it; a mismatch is a
   one-line "corrupt" error naming the file. A staging directory without
   a marker (a rank died, the job was killed mid-save) is never resumed, and the store's pruning
-  removes it later (lineage rules of :mod:`aios.checkpoint`).
+  removes it later (lineage rules of :mod:`aios.checkpoint.store`).
 * **Async.** :meth:`DcpCheckpointer.save` with ``async_save=True`` stages the state into CPU
   copies (DCP's stager) and returns; rank 0 commits (marker, pruning) from a thread as soon as
   every rank's write is done. :meth:`DcpCheckpointer.wait` finishes a pending save; call it
@@ -72,7 +72,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from aios.checkpoint import CheckpointInfo, CheckpointStore
+from aios.checkpoint.store import CheckpointInfo, CheckpointStore
 from aios.errors import CheckpointError, os_cause, outcome, settle
 
 FORMAT_NAME = "dcp"
@@ -90,7 +90,7 @@ def rank_file(rank: int) -> str:
 def storage_options(url: str) -> tuple[str, dict[str, Any]]:
     """``(fsspec URL, options)`` for a registered URL scheme (endpoint settings from the plugin
     that registers it; never credentials in the options it hands out)."""
-    from aios.checkpoint import filesystem
+    from aios.checkpoint.store import filesystem
     from aios.plugins import get_registry
 
     filesystem(url)  # the one-line errors for an unknown scheme or a missing package
@@ -117,7 +117,7 @@ def _hashed_streams(fs: Any, digests: dict[str, Any], errors: list[OSError]) -> 
     """``fs.create_stream`` wrapped so that every file written through it is hashed as it is
     written (its size and digest land in ``digests`` under the file's name) and the OS error of a
     failed write is kept (torch's zip writer replaces it with its own message)."""
-    from aios.checkpoint import _HashingWriter
+    from aios.checkpoint.store import _HashingWriter
 
     create = fs.create_stream
 
@@ -173,7 +173,7 @@ def _digest_finish(self: Any, base: Any, metadata: Any, results: list[list[Any]]
     :data:`aios.checkpoint.DIGESTS_FILE` with every shard's and the metadata's size and digest."""
     import json
 
-    from aios.checkpoint import DIGESTS_FILE
+    from aios.checkpoint.store import DIGESTS_FILE
 
     digests: dict[str, Any] = {}
     kept: list[list[Any]] = []
@@ -519,14 +519,14 @@ def _start_checkpoint_process(group: Any) -> None:
 
     from torch.distributed.checkpoint import _async_process_executor as ape
 
-    from aios._ckpt_process import ShieldedTarget
+    from aios.checkpoint.writer import ShieldedTarget
 
     if ape._CHECKPOINT_PROCESS is not None:
         return
     info = ape._ProcessGroupInitInfo(group)
     # The process's target is read from this class attribute when it is constructed: ours
     # shields the process from a preemption SIGTERM sent to the whole process group (it must
-    # finish the pending save) and ties its life to this process (aios._ckpt_process). The
+    # finish the pending save) and ties its life to this process (aios.checkpoint.writer). The
     # training process stops it (below) once that save and the emergency one are done.
     cls = ape._AsyncCheckpointProcess
     original = cls.__dict__["_checkpointing_subprocess"]
@@ -807,7 +807,7 @@ class DcpWriter:
         incomplete set is an error (never committed)."""
         import json
 
-        from aios.checkpoint import DIGEST, DIGESTS_FILE
+        from aios.checkpoint.store import DIGEST, DIGESTS_FILE
 
         fs = store.fs
         with contextlib.suppress(Exception):
@@ -1071,7 +1071,7 @@ class DcpCheckpointer:
 
 
 class DcpFormat:
-    """The ``dcp`` :class:`aios.checkpointing.CheckpointFormat`: every rank writes its shards
+    """The ``dcp`` :class:`aios.checkpoint.manager.CheckpointFormat`: every rank writes its shards
     (``all_ranks_write``), loads reshard (``supports_resharding``), and with ``background`` saves
     the manager defers the commit to :meth:`commit_when_written` and finishes it in :meth:`wait`.
 

@@ -124,7 +124,7 @@ class FullStateFormat(CheckpointFormat):
     def save(self, step: int, ctx: SaveContext, staging: Any, store: Any) -> dict[str, Any]:
         import torch
 
-        from aios.checkpoint import STATE_FILE
+        from aios.checkpoint.store import STATE_FILE
 
         state = ctx.full_state()
         entry = store.write_file(staging, STATE_FILE, lambda f: torch.save(state, f))
@@ -141,7 +141,7 @@ class FullStateFormat(CheckpointFormat):
 #: format name -> class, or ``"module:Class"`` imported on first use (keeps imports lazy)
 FORMATS: dict[str, type[CheckpointFormat] | str] = {
     "full": FullStateFormat,
-    "dcp": "aios.dcp:DcpFormat",
+    "dcp": "aios.checkpoint.sharded:DcpFormat",
 }
 
 
@@ -204,7 +204,7 @@ class CheckpointManager:
             self.format.seed = config.seed  # ranks beyond a saved world size reseed from it
         io = getattr(self.format, "io", None)
         if io is not None and hasattr(io, "async_mode"):
-            from aios.dcp import resolve_async_mode
+            from aios.checkpoint.sharded import resolve_async_mode
 
             device = getattr(getattr(strategy, "accelerator", None), "device_type", None)
             io.async_mode = resolve_async_mode(config.checkpoint.async_writer, device)
@@ -235,7 +235,7 @@ class CheckpointManager:
                     "no checkpoint directory is configured",
                     "set checkpoint.dir=PATH_OR_URL (flag, config file or AIOS_CHECKPOINT__DIR)",
                 )
-            from aios.checkpoint import CheckpointStore
+            from aios.checkpoint.store import CheckpointStore
 
             self._store = CheckpointStore(
                 self.config.checkpoint.dir, keep=self.config.checkpoint.keep, lineage=self.lineage
@@ -310,7 +310,7 @@ class CheckpointManager:
         """Refresh the lock every :data:`aios.checkpoint.LOCK_HEARTBEAT_S`; a refresh that fails
         is retried until the store's fence (:data:`aios.checkpoint.LOCK_FENCE_S`) gives up,
         then the store writes no more checkpoints and this says why, once."""
-        from aios.checkpoint import LOCK_HEARTBEAT_S
+        from aios.checkpoint.store import LOCK_HEARTBEAT_S
 
         while not self._stop.wait(LOCK_HEARTBEAT_S):
             if not self.store.heartbeat():
@@ -498,7 +498,7 @@ class CheckpointManager:
     def _target_store(self, path: str | None) -> Any:
         if path is None:
             return self.store
-        from aios.checkpoint import CheckpointStore
+        from aios.checkpoint.store import CheckpointStore
 
         parent = path.rstrip("/").rpartition("/")[0]
         return CheckpointStore(
@@ -520,7 +520,7 @@ class CheckpointManager:
         checkpoint's lineage becomes this run's)."""
         if not (isinstance(path, str) and ("/" in path or "://" in path)):
             return self.store, True
-        from aios.checkpoint import CheckpointStore, filesystem
+        from aios.checkpoint.store import CheckpointStore, filesystem
 
         parent = path.rstrip("/").rpartition("/")[0] or "."
         if self.config.checkpoint.dir:

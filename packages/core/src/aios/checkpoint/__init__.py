@@ -1,0 +1,57 @@
+"""Checkpoints: one package, one module per job.
+
+* :mod:`aios.checkpoint.store`: the atomic, verifiable checkpoint directory on a local path or any
+  fsspec URL (staging and commit, lineage, digests, pruning, the one-writer lock, resume's pick).
+* :mod:`aios.checkpoint.manager`: what the runtime saves and when (formats, the batch-boundary
+  save, periodic, emergency and named saves, resume).
+* :mod:`aios.checkpoint.sharded`: the ``dcp`` format (torch.distributed.checkpoint shards,
+  resharding on load, background writes).
+* :mod:`aios.checkpoint.writer`: the first thing DCP's checkpoint process runs (standard
+  library only).
+
+The names below are the public surface; import them from here. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from aios.checkpoint.store import (
+    DIGEST,
+    DIGESTS_FILE,
+    LOCK_FENCE_S,
+    LOCK_FILE,
+    LOCK_HEARTBEAT_S,
+    LOCK_STALE_S,
+    MARKER,
+    POINTER_SUFFIX,
+    STATE_FILE,
+    VERSION_SEP,
+    CheckpointInfo,
+    CheckpointStore,
+    Staging,
+    ckpt_name,
+    filesystem,
+    fsync_dir,
+    new_lineage,
+    open_any,
+)
+
+__all__ = [
+    "DIGEST",
+    "DIGESTS_FILE",
+    "LOCK_FENCE_S",
+    "LOCK_FILE",
+    "LOCK_HEARTBEAT_S",
+    "LOCK_STALE_S",
+    "MARKER",
+    "POINTER_SUFFIX",
+    "STATE_FILE",
+    "VERSION_SEP",
+    "CheckpointInfo",
+    "CheckpointStore",
+    "Staging",
+    "ckpt_name",
+    "filesystem",
+    "fsync_dir",
+    "new_lineage",
+    "open_any",
+]
