@@ -308,8 +308,10 @@ def aios_preemption_watchers(config: AiosConfig) -> list[PreemptionWatcher] | No
 
     :param config: the resolved config.
     :return: watchers whose ``start(notify)`` begins polling in a daemon thread and calls
-        ``notify(reason)`` once when a notice arrives; the runtime then checkpoints at the next
-        step boundary exactly as for SIGTERM. Return ``None`` when not applicable.
+        ``notify(notice)`` once when a notice arrives, with an :class:`aios.types.Notice`
+        (source, reason, deadline; a plain reason string is still accepted); the runtime then
+        checkpoints at the next step boundary exactly as for SIGTERM. Return ``None`` when not
+        applicable.
 
     All results are collected. Called once per process at setup.
 

@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from aios.types import Notice
+
 #: Exit status of a process (and of ``aios-run``) that stopped for a preemption notice after
 #: writing its emergency checkpoint: 75 (``EX_TEMPFAIL``: "try again later"). A run killed by
 #: SIGTERM *without* aios reports 143 (128 + 15); 75 says "checkpoint written, relaunch to resume".
@@ -26,20 +28,27 @@ class PreemptionMonitor:
     def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM,)) -> None:
         self.reason: str | None = None
         self.noticed_at: float | None = None
+        #: the first notice, with its source and deadline (:class:`aios.types.Notice`)
+        self.notice: Notice | None = None
         self._signals = signals
         self._previous: dict[int, Any] = {}
         self._watchers: list[Any] = []
         self._lock = threading.Lock()
 
     # ---------------------------------------------------------------- sources
-    def notify(self, reason: str) -> None:
-        """Record a notice (first one wins). Safe from signal handlers and watcher threads."""
+    def notify(self, notice: Notice | str) -> None:
+        """Record a notice (first one wins). Safe from signal handlers and watcher threads. A plain
+        string is a notice without a deadline from an unnamed watcher (the 0.1 form)."""
         if self.reason is None:
-            self.reason = reason
+            if isinstance(notice, str):
+                notice = Notice(source="watcher", reason=notice)
+            self.notice = notice
+            self.reason = notice.reason
             self.noticed_at = time.monotonic()
 
     def _handler(self, signum: int, frame: Any) -> None:
-        self.notify(f"signal {signal.Signals(signum).name}")
+        name = signal.Signals(signum).name
+        self.notify(Notice(source=name.lower(), reason=f"signal {name}"))
 
     def install(self) -> None:
         """Handle the signals (main thread only; elsewhere only watchers work)."""
@@ -96,13 +105,13 @@ class FileWatcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self, notify: Callable[[str], None]) -> None:
+    def start(self, notify: Callable[[Notice | str], None]) -> None:
         import os
 
         def poll() -> None:
             while not self._stop.wait(self.interval):
                 if os.path.exists(self.path):
-                    notify(f"notice file {self.path}")
+                    notify(Notice(source="file", reason=f"notice file {self.path}"))
                     return
 
         self._thread = threading.Thread(target=poll, name="aios-preempt-file", daemon=True)

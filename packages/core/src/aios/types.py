@@ -313,12 +313,33 @@ class LaunchPlan:
 # ------------------------------------------------------------------------------ preemption
 
 
+@dataclass(frozen=True)
+class Notice:
+    """One interruption notice: where it came from, why, and by when the host will be gone.
+
+    ``source`` is a short stable name (``sigterm``, ``aws-spot``, ``capacity-block``,
+    ``gce-preempted``, ``tpu-maintenance``, ``gke-spot``, ``k8s-delete``, ``slurm``,
+    ``queued-resource``, ``file``, or a third-party watcher's own); ``reason`` is one line for the
+    user; ``deadline`` is the wall-clock time (``time.time()`` seconds) by which the process will be
+    killed, or ``None`` when the source does not say.
+    """
+
+    source: str
+    reason: str
+    deadline: float | None = None
+
+
 class PreemptionWatcher:
-    """Base for preemption notice sources (see :func:`aios.hookspecs.aios_preemption_watchers`)."""
+    """Base for preemption notice sources (see :func:`aios.hookspecs.aios_preemption_watchers`).
+
+    ``start(notify)`` begins polling (a daemon thread) and calls ``notify`` once with a
+    :class:`Notice` when the interruption is announced. ``notify`` also accepts a plain reason
+    string (the 0.1 form: a notice without a deadline).
+    """
 
     name = "watcher"
 
-    def start(self, notify: Callable[[str], None]) -> None:  # pragma: no cover - interface
+    def start(self, notify: Callable[[Notice | str], None]) -> None:  # pragma: no cover
         raise NotImplementedError
 
     def stop(self) -> None:
