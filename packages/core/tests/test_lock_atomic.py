@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-from aios.checkpoint import store as ckmod
 from aios.checkpoint import LOCK_FILE, CheckpointStore
+from aios.checkpoint import store as ckmod
 from aios.errors import CheckpointError
 
 sys.path.insert(0, str(Path(__file__).parent / "scripts"))
