@@ -231,6 +231,22 @@ def _install_excepthook() -> None:
     sys.excepthook = hook
 
 
+#: the seed of torch's default CPU generator in a process nobody seeded (older torch; newer
+#: torch draws a 64-bit seed from the OS at start)
+_TORCH_DEFAULT_SEED = 67280421310721
+
+
+def _script_seed() -> int | None:
+    """The seed the script gave torch before :func:`init` (``torch.manual_seed(n)``, as every
+    training script's ``--seed``), if any. An unseeded process has torch's fixed default seed or
+    a 64-bit one drawn from the OS; one below 2**32 was set by the script (the chance that
+    the OS drew it is 1 in 2**32)."""
+    import torch
+
+    seed = int(torch.initial_seed())
+    return None if seed == _TORCH_DEFAULT_SEED or seed >= 2**32 else seed
+
+
 def derive_grad_accum(cfg: Any, strategy: Any) -> None:
     """``grad_accum`` from ``global_batch`` and ``micro_batch`` once the number of data-parallel
     ranks is known: ``global_batch / (micro_batch x data ranks)``, exact or a one-line error."""
@@ -483,12 +499,29 @@ class Runtime:
         )
         if config.deterministic:
             self.training.deterministic()
-        if config.seed is not None:
-            self.seed_everything(config.seed)
+        self._seed_unless_the_script_did()
         atexit.register(self._atexit)
         self.checkpointer.start()
         self._write_start_record()
         return self
+
+    def _seed_unless_the_script_did(self) -> None:
+        """Seed every generator with ``seed``, unless the script seeded torch before
+        :func:`init` and ``seed`` was not set (then the script's seeds stay). A ``seed`` set in
+        the config (flag, file, env, ``defaults=``) replaces the script's, and rank 0 says so
+        in one line."""
+        seed = self.config.seed
+        if seed is None:
+            return
+        script = _script_seed()
+        if script is not None and "seed" not in self.config.model_fields_set:
+            return  # the script's own seed (torch.manual_seed before aios.init) is kept
+        if script is not None and script != seed:
+            self.print(
+                f"aios: seed={seed} (config) replaces the seed the script set "
+                f"(torch.manual_seed({script})); leave seed unset to keep the script's"
+            )
+        self.seed_everything(seed)
 
     # ---------------------------------------------------------------- identity
     @property
