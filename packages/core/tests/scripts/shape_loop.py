@@ -55,8 +55,9 @@ class Stream(IterableDataset):
 
 
 rt = aios.init()
-data_rank = int(getattr(rt.strategy, "data_rank", rt.rank))
-data_world = int(getattr(rt.strategy, "data_world", rt.world_size))
+data_rank, data_world = rt.strategy.data_rank, rt.strategy.data_world  # (xla: methods)
+data_rank = int(data_rank() if callable(data_rank) else data_rank)
+data_world = int(data_world() if callable(data_world) else data_world)
 if os.environ.get("DATA") == "iterable":
     loader = DataLoader(Stream(data_rank, data_world), batch_size=rt.config.micro_batch)
 else:
@@ -73,6 +74,14 @@ else:
     model, opt, loader = rt.setup(model, opt, loader)
 print(f"model built on rank {rt.rank}", flush=True)
 seen = rt.register("seen", [])
+if os.environ.get("EVAL"):  # evaluation only: a checkpoint of any shape, its loss over all data
+    rt.load(os.environ["EVAL"])
+    with torch.no_grad():
+        out = model(X)
+        out = out.full_tensor() if hasattr(out, "full_tensor") else out
+        print(f"eval loss {torch.nn.functional.mse_loss(out, Y).item():.10f}", flush=True)
+    rt.close()
+    sys.exit(0)
 rt.resume()
 stop_at = int(os.environ.get("STOP_AT", "0"))
 loss_file = os.environ.get("LOSS_FILE")

@@ -39,9 +39,10 @@ implements:
   manager broadcasts the staging directory rank 0 began, gathers every rank's file entries,
   and rank 0 commits after a barrier, i.e. after every rank's files are durable.
 * ``supports_resharding``: whether a checkpoint written with another world size (or strategy)
-  can be loaded. Only then, and only when asked (``rt.resume(reshard=True)``/``rt.load(...,
-  reshard=True)``, or a ``checkpoint.reshard`` setting where the config defines one), does resume
-  accept a world-size (or strategy) mismatch; otherwise a mismatch in world size, backend,
+  can be loaded into this run's sharding (DCP). Resume at another shape is the default
+  (``checkpoint.reshard``, true unless set false): a checkpoint is read by the format that wrote
+  it (:meth:`CheckpointManager._format_for`), so a ``full`` one loads under a sharded strategy
+  and a ``dcp`` one under ddp/xla; with ``reshard=false`` a mismatch in world size, backend,
   strategy or format is a one-line error naming it and the fix.
 
 Staging and commit are store operations (:meth:`aios.checkpoint.CheckpointStore.begin`,

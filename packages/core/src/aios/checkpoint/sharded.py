@@ -50,13 +50,14 @@ Rules:
   plain modules) and load in place into whatever sharding this run has: a checkpoint saved by N
   ranks loads on M ranks and on a different mesh.
 * **Per-rank state on another world size** (:func:`rank_state_for`): rank ``r < N`` gets the
-  saved state of rank ``r``; ranks ``r >= N`` have no saved RNG and are reseeded
-  deterministically with :func:`reseed` from ``(seed, step, rank)``. Data positions are
-  re-derived from the global sample count (:func:`reshard_loader_state`): after ``b`` batches
-  per rank on N ranks, ``b * N`` per-rank batches of the same size were consumed globally, so the
-  new position is ``b * N / M`` batches per rank. With the usual ``DistributedSampler``
-  interleaving no sample is skipped or repeated when ``b * N`` divides by ``M``; otherwise the
-  position rounds down (a few samples are seen twice, none skipped) and a warning says so.
+  saved random streams of rank ``r``; ranks ``r >= N`` have none and are reseeded
+  deterministically with :func:`reseed` from ``(seed, step, rank)``
+  (:meth:`aios.state.TrainingState.restore_rng`). Data positions are global
+  (:mod:`aios.data`: samples of the epoch's order consumed by all ranks together), so a resumed
+  run at any number of data-parallel ranks splits the rest of the epoch over its ranks with no
+  sample skipped or repeated. An older checkpoint's per-rank batch count is turned into that
+  global count (``batch x batch_size x saved data-parallel ranks``); :func:`reshard_loader_state`
+  is the per-rank rule for loaders of the library API that keep only a batch count.
 """
 
 from __future__ import annotations
