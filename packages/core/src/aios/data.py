@@ -34,6 +34,15 @@ from typing import Any
 from aios.errors import CheckpointError, ConfigError
 
 
+def data_parallel_size(strategy: Any) -> int:
+    """The number of ranks reading different data under ``strategy``: its ``data_world`` (a
+    property of the core strategies, a method of the XLA ones), else its world size."""
+    world = getattr(strategy, "data_world", None)
+    if callable(world):
+        world = world()
+    return int(world or getattr(strategy, "world_size", 1) or 1)
+
+
 def _sampler_class() -> type:
     import torch
     from torch.utils.data import DistributedSampler

@@ -265,7 +265,9 @@ def derive_grad_accum(cfg: Any, strategy: Any) -> None:
             f"{'global_batch' if g is None else 'micro_batch'}",
             "set both (grad_accum is derived from them), or neither and set grad_accum",
         )
-    ranks = int(getattr(strategy, "data_world", None) or strategy.world_size or 1)
+    from aios.data import data_parallel_size
+
+    ranks = data_parallel_size(strategy)
     per_step = m * ranks
     if g % per_step:
         raise _from_rank0(

@@ -300,7 +300,9 @@ class CheckpointManager:
     def batch_shape(self) -> dict[str, Any]:
         """This run's data-parallel ranks, ``grad_accum``, per-rank batch and the effective
         global batch (``micro_batch`` or the first loader's batch size, x ranks x accum)."""
-        data = int(getattr(self.strategy, "data_world", None) or self.world_size)
+        from aios.data import data_parallel_size
+
+        data = data_parallel_size(self.strategy)
         accum = int(getattr(self.config, "grad_accum", 1) or 1)
         micro = getattr(self.config, "micro_batch", None)
         if micro is None:

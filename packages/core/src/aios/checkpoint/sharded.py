@@ -1115,7 +1115,9 @@ class DcpFormat:
     @staticmethod
     def _data_world(training: Any) -> int:
         """Ranks that read different data (the ``dp`` part of a 2-D mesh; all ranks otherwise)."""
-        return int(getattr(training.strategy, "data_world", None) or training.world_size)
+        from aios.data import data_parallel_size
+
+        return data_parallel_size(training.strategy)
 
     def save(self, step: int, ctx: Any, staging: Any, store: Any) -> dict[str, Any]:
         tr = ctx.training
