@@ -385,13 +385,18 @@ def test_a_full_checkpoint_of_another_world_size_resumes_by_default_and_says_so(
     rt = aios.init(checkpoint={"dir": str(ck)})
     _train(rt, 3)
     rt.close()
-    _rewrite_marker(ck / "ckpt-000000003", world_size=4, data_world=4)
+    # as 4 processes with batches of 8 write it: 32 samples per step
+    _rewrite_marker(ck / "ckpt-000000003", world_size=4, data_world=4, global_batch=32)
     capsys.readouterr()
     rt = aios.init(checkpoint={"dir": str(ck)})
     _train(rt, 0)
     assert rt.resume() == 3
     out = capsys.readouterr().out
-    assert "aios: resumed at step 3: 4 -> 1 process, " in out, out
+    assert (
+        "aios: resumed at step 3: 4 -> 1 process, the global batch is now 8, was 32 (micro-batch "
+        "8 x 1 data-parallel ranks x grad_accum 1); set global_batch and micro_batch to keep it"
+        in out
+    ), out
     with pytest.raises(CheckpointError, match="checkpoint.reshard=false"):
         rt.resume(reshard=False)
 
