@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-SCRIPT = r'''
+SCRIPT = r"""
 import os, sys, time
 import aios, torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -58,7 +58,7 @@ while rt.global_step < stop:
         if rt.global_step >= stop:
             break
 rt.close()
-'''
+"""
 
 
 def _port() -> int:
