@@ -72,3 +72,34 @@ def test_an_unannounced_kill_loses_at_most_max_lost(tmp_path, seed, step_s, save
     # 1.5s saves every ~8s block training ~19% of the time, above the 3% default
     assert conflict == (save_s == "1.5")
     assert (r.stdout + r.stderr).count("max_lost wins") <= 1
+
+
+@pytest.mark.parametrize("save_s,fits", [("0.1", True), ("3", False)])
+def test_the_emergency_save_is_written_only_when_it_fits_before_the_deadline(
+    tmp_path, save_s, fits
+):
+    """SIGTERM on a platform that allows 4 s after it (AIOS_RUN_GRACE_CAP): a save measured at
+    0.1 s is written; one measured at 3 s (x1.25 + 1 s margin > 4 s) is not started, the last
+    periodic checkpoint is kept and one line says so; the relaunch resumes from what is kept."""
+    times = tmp_path / "times.txt"
+    env = dict(STEP_S="0.5", SAVE_S=save_s, TERM_AT="40", AIOS_RUN_GRACE_CAP="4")
+    r = _run(tmp_path, times, **env)
+    out = r.stdout + r.stderr
+    assert r.returncode == 75, out
+    assert "a SIGTERM's deadline is 4s" in out
+    # the notice at step 40 is acted on at the next step boundary, half a step of clock later
+    assert "preemption (sigterm: signal SIGTERM, 3.5s before its deadline) at step 41" in out, out
+    if fits:
+        assert "checkpoint for step 41 written" in out
+    else:
+        lines = [ln for ln in out.splitlines() if "keeping the last committed checkpoint" in ln]
+        assert len(lines) == 1, out
+        assert "needs about 3.8s and 3.5s are left before the deadline" in lines[0]
+        assert "checkpoint for step 41 written" not in out
+    r2 = _run(tmp_path, times, **{**env, "TERM_AT": "0", "TOTAL_STEPS": "42"})
+    assert r2.returncode == 0, r2.stdout + r2.stderr
+    resumed = int(times.read_text().split("resumed ")[-1].split()[0])
+    if fits:
+        assert resumed == 41
+    else:
+        assert 0 < resumed < 41 and f"(step {resumed})" in lines[0]

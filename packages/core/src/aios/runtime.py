@@ -957,7 +957,7 @@ class Runtime:
         step = self.training.step
         notice = self.preemption.notice
         left = self.preemption.time_left()
-        when = f", {left:.0f}s before its deadline" if left is not None else ""
+        when = f", {left:.1f}s before its deadline" if left is not None else ""
         source = f"{notice.source}: " if notice is not None and notice.source not in reason else ""
         self.print(f"aios: preemption ({source}{reason}{when}) at step {step}")
         event = self.checkpointer.emergency_save(

@@ -1,6 +1,7 @@
 """Training under checkpoint.max_lost with an injected clock: each step takes STEP_S seconds
 of the clock, each save SAVE_S more; at KILL_AT (a step) the process SIGKILLs itself half-way
-through the next step, unannounced. Appends ``step clock`` per step to TIMES_FILE and, on a
+through the next step, unannounced; at TERM_AT it sends itself SIGTERM (a notice whose deadline
+is the clock plus the grace). Appends ``step clock`` per step to TIMES_FILE and, on a
 start, ``resumed <step>`` (the step it resumed at)."""
 
 import os
@@ -12,6 +13,7 @@ import torch
 step_s = float(os.environ["STEP_S"])
 save_s = float(os.environ["SAVE_S"])
 kill_at = int(os.environ.get("KILL_AT", "0"))
+term_at = int(os.environ.get("TERM_AT", "0"))
 total = int(os.environ.get("TOTAL_STEPS", "400"))
 times = open(os.environ["TIMES_FILE"], "a", buffering=1)
 
@@ -19,7 +21,7 @@ now = [0.0]
 clock = lambda: now[0]  # noqa: E731
 
 rt = aios.init()
-rt.clock = rt.checkpointer.clock = clock
+rt.clock = rt.checkpointer.clock = rt.preemption.clock = clock
 fmt = rt.checkpointer.format
 real_save = fmt.save
 
@@ -42,6 +44,8 @@ while rt.global_step < total:
         now[0] += step_s / 2
         times.write(f"killed {now[0]}\n")
         os.kill(os.getpid(), signal.SIGKILL)
+    if term_at and rt.global_step == term_at:
+        os.kill(os.getpid(), signal.SIGTERM)  # the notice: its deadline is the clock + grace
     loss = model(x).pow(2).mean()
     rt.backward(loss)
     now[0] += step_s
