@@ -56,6 +56,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from contextlib import suppress as _suppress
 from typing import Any
 
@@ -66,7 +67,14 @@ from aios.errors import LaunchError
 from aios.watchdog import DEMAND_SIGNAL
 
 PROG = "aios-run"
-from aios.contract import BACKEND_ENV, CONFIG_ENV, NO_PREIMPORT_ENV, RUN_ID_ENV, STATUS_DIR_ENV  # noqa: E402
+from aios.contract import (  # noqa: E402
+    BACKEND_ENV,
+    CONFIG_ENV,
+    LAUNCH_TIME_ENV,
+    NO_PREIMPORT_ENV,
+    RUN_ID_ENV,
+    STATUS_DIR_ENV,
+)
 
 
 def _split_argv(argv: tuple[str, ...], module: str | None) -> tuple[list[str], str, list[str]]:
@@ -811,6 +819,9 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
         **flightrec.worker_env(status_dir, {**os.environ, **host.env}),
         **host.env,
         **_worker_env(cfg, spec.name, run_id),
+        # when this attempt was launched (a cloud launcher's earlier time stands): the goodput
+        # account's start-up begins here (aios.goodput)
+        LAUNCH_TIME_ENV: os.environ.get(LAUNCH_TIME_ENV) or repr(time.time()),
         STATUS_DIR_ENV: status_dir,
         LAUNCHER_PID_ENV: str(os.getpid()),
     }
