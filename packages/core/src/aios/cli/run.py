@@ -556,6 +556,24 @@ def _run_subprocess(cmd: list[str], env: dict[str, str], tail: bytearray | None 
             signal.signal(s, h)
 
 
+class _OnePrefix:
+    """The stream a worker's lines are copied to with the ``[rankN]:`` prefix: a line that
+    already carries the same prefix (torch's ``init_process_group`` wraps the excepthook of a
+    plain torchrun script with it) keeps one, never ``[rank1]:[rank1]:``."""
+
+    def __init__(self, dst: Any, header: str) -> None:
+        self.dst = dst
+        self.twice = header + header.rstrip()
+
+    def write(self, text: str) -> Any:
+        if self.twice.strip() and text.startswith(self.twice):
+            text = text[len(self.twice) - len(self.twice) // 2 :]
+        return self.dst.write(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.dst, name)
+
+
 class _AgentWatch:
     """What ``aios-run`` adds to torch's elastic agent while it runs in this process (patched in
     for the run, restored after):
@@ -675,6 +693,15 @@ class _AgentWatch:
         popen, close = sh.Popen, sh.SubprocessHandler.close
         monitor, restart = LocalElasticAgent._monitor_workers, SimpleElasticAgent._restart_workers
         preexec = child_preexec(self.launcher)
+
+        from torch.distributed.elastic.multiprocessing import tail_log
+
+        tail = tail_log.tail_logfile
+
+        def _tail(header: str, file: str, dst: Any, *args: Any, **kwargs: Any) -> Any:
+            return tail(header, file, _OnePrefix(dst, header), *args, **kwargs)
+
+        self._patch(tail_log, "tail_logfile", _tail)
 
         def _popen(*args: Any, **kwargs: Any) -> Any:
             if preexec is not None and kwargs.get("preexec_fn") is None:
