@@ -140,3 +140,84 @@ def test_the_interval_bounds_the_loss_and_says_when_overhead_must_give(
 def test_before_any_save_is_measured_the_first_comes_at_half_the_bound():
     iv = choose_interval(10.0, 0.03, None, None, 1.0)
     assert iv.seconds == 4.0 and not iv.conflict
+
+
+def _plugin(name: str, **hooks):
+    import types
+
+    from aios import hookimpl
+    from aios.plugins import get_registry
+
+    mod = types.ModuleType(name)
+    for hook, fn in hooks.items():
+        setattr(mod, hook, hookimpl(fn))
+    get_registry().pm.register(mod, name=name)
+    return mod
+
+
+def test_hook_aios_grace_cap(tmp_path, capsys, monkeypatch):
+    """A platform plugin's cap lowers the SIGTERM notice's grace, and aios says so once."""
+    import aios
+    from aios.plugins import get_registry
+
+    monkeypatch.setenv("AIOS_LOGGING__RUN_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("AIOS_LOGGING__TENSORBOARD", "false")
+    mod = _plugin("test-grace-cap", aios_grace_cap=lambda config: 15.0)
+    try:
+        rt = aios.init(checkpoint={"grace_seconds": 25})
+        try:
+            assert rt.preemption.grace == 15.0
+            rt.preemption._handler(signal.SIGTERM, None)
+            assert rt.preemption.time_left() == pytest.approx(15.0, abs=5)
+        finally:
+            rt.preemption.reason = None
+            rt.close()
+    finally:
+        get_registry().pm.unregister(mod)
+    err = capsys.readouterr().err
+    assert err.count("a SIGTERM's deadline is 15s") == 1
+    assert "checkpoint.grace_seconds=25 is more than this platform gives" in err
+
+
+def test_hook_aios_report_target(tmp_path):
+    """``aios report NAME``: a name that is no path is resolved by a plugin (a cloud's cluster)."""
+    from aios.cli.main import cli
+    from aios.plugins import get_registry
+    from click.testing import CliRunner
+
+    run = tmp_path / "runs" / "r1"
+    run.mkdir(parents=True)
+    (run / "diagnostics.json").write_text(
+        json.dumps(
+            {
+                "started": 100.0,
+                "finished": 200.0,
+                "status": "finished",
+                "attempt": {
+                    "launched": 100.0,
+                    "first_step": 110.0,
+                    "last_step": 190.0,
+                    "start_step": 0,
+                    "last_step_index": 81,
+                },
+                "checkpoints": [],
+                "events": [],
+            }
+        )
+    )
+    mod = _plugin(
+        "test-report-target",
+        aios_report_target=lambda target: str(run) if target == "mycluster" else None,
+    )
+    try:
+        r = CliRunner().invoke(cli, ["report", "mycluster", "--json"])
+        bad = CliRunner().invoke(cli, ["report", "nosuchcluster"])
+    finally:
+        get_registry().pm.unregister(mod)
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d["wall_s"] == 100.0 and d["goodput"] == pytest.approx(0.8)
+    assert d["badput"]["startup"] == 10.0 and d["badput"]["shutdown"] == 10.0
+    assert (
+        bad.exit_code == 2 and "no run record, checkpoint directory or known cluster" in bad.output
+    )
