@@ -4,6 +4,7 @@ torch (:mod:`aios.goodput`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
@@ -63,7 +64,7 @@ def report(target: str, as_json: bool, html_file: str | None) -> None:
                 )
             os.replace(tmp, html_file)
         except OSError as exc:
-            with _suppress():
+            with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise AiosError(
                 f"cannot write '{html_file}' ({exc.strerror})", "pick a writable path"
@@ -75,9 +76,3 @@ def report(target: str, as_json: bool, html_file: str | None) -> None:
         click.echo(line)
     if html_file:
         click.echo(f"timeline: {html_file}")
-
-
-def _suppress() -> object:
-    import contextlib
-
-    return contextlib.suppress(OSError)

@@ -699,7 +699,9 @@ class _AgentWatch:
         tail = tail_log.tail_logfile
 
         def _tail(header: str, file: str, dst: Any, *args: Any, **kwargs: Any) -> Any:
-            return tail(header, file, _OnePrefix(dst, header), *args, **kwargs)
+            from typing import TextIO, cast
+
+            return tail(header, file, cast(TextIO, _OnePrefix(dst, header)), *args, **kwargs)
 
         self._patch(tail_log, "tail_logfile", _tail)
 
