@@ -418,18 +418,23 @@ def render_text(r: Report) -> list[str]:
     return lines
 
 
-def _series(r: Report) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
-    rate: list[tuple[float, float]] = []
-    loss: list[tuple[float, float]] = []
+def _series(r: Report) -> tuple[list[list[tuple[float, float]]], list[list[tuple[float, float]]]]:
+    """Steps/s and loss over time (seconds from the start), one line per attempt."""
+    rate: list[list[tuple[float, float]]] = []
+    loss: list[list[tuple[float, float]]] = []
     for a in r.attempts:
         prev = None
+        ra: list[tuple[float, float]] = []
+        lo: list[tuple[float, float]] = []
         for m in a.metrics:
             t = float(m.get("time", 0.0)) - r.start
             if isinstance(m.get("loss"), (int, float)):
-                loss.append((t, float(m["loss"])))
+                lo.append((t, float(m["loss"])))
             if prev is not None and t > prev[0] and m.get("step", 0) > prev[1]:
-                rate.append((t, (m["step"] - prev[1]) / (t - prev[0])))
+                ra.append((t, (m["step"] - prev[1]) / (t - prev[0])))
             prev = (t, m.get("step", 0))
+        rate.append(ra)
+        loss.append(lo)
     return rate, loss
 
 
@@ -442,7 +447,8 @@ def render_html(r: Report, title: str = "aios run") -> str:
     def x(t: float) -> float:
         return L + (W - L - R_) * max(0.0, min(t, span)) / span
 
-    def chart(points: list[tuple[float, float]], color: str, label: str) -> str:
+    def chart(lines: list[list[tuple[float, float]]], color: str, label: str) -> str:
+        points = [p for line in lines for p in line]
         if not points:
             return (
                 f'<svg width="{W}" height="{H}"><text x="{L}" y="{H // 2}" '
@@ -454,7 +460,13 @@ def render_html(r: Report, title: str = "aios run") -> str:
         def y(v: float) -> float:
             return H - 25 - (H - 45) * (v - lo) / ((hi - lo) or 1.0)
 
-        pts = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in points)
+        polylines = "".join(
+            '<polyline fill="none" stroke="{}" stroke-width="2" points="{}"/>'.format(
+                color, " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in line)
+            )
+            for line in lines
+            if line
+        )
         marks = []
         for ev in events:
             xe = x(ev[0])
@@ -467,8 +479,8 @@ def render_html(r: Report, title: str = "aios run") -> str:
             f'<rect x="{L}" y="10" width="{W - L - R_}" height="{H - 35}" fill="#fafafa" '
             'stroke="#ddd"/>'
             + "".join(marks)
-            + f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{pts}"/>'
-            f'<text x="4" y="20" font-size="12">{hi:.3g}</text>'
+            + polylines
+            + f'<text x="4" y="20" font-size="12">{hi:.3g}</text>'
             f'<text x="4" y="{H - 25}" font-size="12">{lo:.3g}</text>'
             f'<text x="{L}" y="{H - 8}" font-size="12">0</text>'
             f'<text x="{W - R_ - 60}" y="{H - 8}" font-size="12">{_dur(span)}</text>'

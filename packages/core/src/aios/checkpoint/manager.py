@@ -825,10 +825,8 @@ class CheckpointManager:
     def _agreed_time_left(self, time_left: Callable[[], float | None]) -> float | None:
         """Collective: the least time any rank has before its notice's deadline."""
         mine = time_left()
-        if self.world_size > 1:
-            lefts = self.strategy.gather_object(mine)
-        else:
-            lefts = [mine]
+        gather = getattr(self.strategy, "gather_object", None)
+        lefts = gather(mine) if self.world_size > 1 and gather is not None else [mine]
         known = [x for x in lefts if x is not None]
         return min(known) if known else None
 
