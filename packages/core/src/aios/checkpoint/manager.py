@@ -547,7 +547,7 @@ class CheckpointManager:
         log2 of the steps between saves), nothing on the other steps."""
         if self.max_lost is None:
             return
-        due, check = step + 1, step + 1
+        due, check = _NEVER, step + 1  # no step time yet: ask again at the next step
         if self.is_main:
             if self.next_due == float("inf"):
                 self.plan(now)  # the first step: lost work counts from here
