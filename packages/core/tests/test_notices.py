@@ -221,3 +221,106 @@ def test_hook_aios_report_target(tmp_path):
     assert (
         bad.exit_code == 2 and "no run record, checkpoint directory or known cluster" in bad.output
     )
+
+
+# ------------------------------------------------------------------ the emergency save's decision
+
+
+class _Handle:
+    step = 3
+    started = 0.0
+    finished = None
+    path = None
+
+    def done(self):
+        return False
+
+
+def _manager(tmp_path, capsys=None):
+    from aios.checkpoint.manager import CheckpointFormat, CheckpointManager, register_format
+    from aios.config import resolve
+    from aios.records import RunRecord
+
+    class FakeAsync(CheckpointFormat):
+        """A format with a background save in flight (``pending``) that never ends by itself."""
+
+        name = "fakeasync"
+
+        def __init__(self):
+            self.pending = None
+            self.abandoned = None
+            self.waited = False
+
+        def wait(self):
+            self.waited = True
+            h, self.pending = self.pending, None
+            return h
+
+        def abandon(self):
+            self.abandoned, self.pending = self.pending, None
+            return self.abandoned
+
+        def save(self, step, ctx, staging, store):
+            return {"x.bin": store.write_file(staging, "x.bin", lambda f: f.write(b"x" * 10))}
+
+    class Strategy:
+        rank, world_size, checkpoint_format = 0, 1, "fakeasync"
+
+        def saves_on_this_rank(self):
+            return True
+
+    class Training:
+        step = 7
+
+        def state_dict(self):
+            return {}
+
+        def rng_state(self):
+            return {}
+
+    register_format("fakeasync", FakeAsync)
+    cfg = resolve(overrides=[f"checkpoint.dir={tmp_path / 'ck'}"], check_backend=False)
+    rec = RunRecord(str(tmp_path / "runs"), "r1", active=True)
+    printed: list[str] = []
+    m = CheckpointManager(cfg, Strategy(), Training(), rec, "cpu", print_fn=printed.append)
+    now = [1000.0]
+    m.clock = lambda: now[0]
+    return m, printed, now
+
+
+@pytest.mark.parametrize("left,abandoned", [(10.0, True), (500.0, False)])
+def test_a_background_save_in_flight_commits_in_time_or_is_abandoned(tmp_path, left, abandoned):
+    m, printed, now = _manager(tmp_path)
+    m.cost.add("fakeasync+async", 0.1, 100.0)  # a background save takes 100 s in all
+    m.cost.add("fakeasync", 1.0, 1.0)  # a synchronous one 1 s
+    m.format.pending = _Handle()
+    m._pending_meta = {"step": 3, "key": "fakeasync+async", "clock_started": now[0] - 20}
+    event = m.emergency_save("signal SIGTERM", 0, lambda: 0.5, lambda: left)
+    assert (m.format.abandoned is not None) == abandoned
+    assert m.format.waited == (not abandoned)
+    assert m._abandoned == abandoned
+    if abandoned:
+        assert printed[0].startswith("aios: the background save of step 3 cannot commit before")
+        # its commit callback now refuses, so the staging directory is aborted, never committed
+        from aios.errors import CheckpointError
+
+        with pytest.raises(CheckpointError, match="abandoned"):
+            m._commit_unless_abandoned(None, None, {}, None)
+    # the emergency save itself fits (1 s x 1.25 + 1 s) and is written either way
+    assert event["checkpoint"] and event["checkpoint"].endswith("ckpt-000000007")
+    assert event["skipped"] is None
+
+
+def test_an_emergency_save_that_does_not_fit_keeps_the_last_checkpoint_in_one_line(tmp_path):
+    m, printed, now = _manager(tmp_path)
+    m.cost.add("fakeasync", 20.0, 20.0)
+    m.committed_step = 4
+    event = m.emergency_save("aws-spot", 0, lambda: 0.5, lambda: 10.0)
+    assert event["checkpoint"] is None and event["kept_step"] == 4
+    (line,) = printed
+    assert line == (
+        "aios: an emergency checkpoint needs about 25.0s and 10.0s are left before the "
+        "deadline: keeping the last committed checkpoint (step 4); steps 4-7 will run again "
+        "after the relaunch"
+    )
+    assert not (tmp_path / "ck").exists() or not list((tmp_path / "ck").glob("ckpt-*"))
