@@ -324,3 +324,39 @@ def test_an_emergency_save_that_does_not_fit_keeps_the_last_checkpoint_in_one_li
         "after the relaunch"
     )
     assert not (tmp_path / "ck").exists() or not list((tmp_path / "ck").glob("ckpt-*"))
+
+
+def test_a_launcher_s_known_end_stops_a_real_run_with_its_checkpoint(tmp_path):
+    """AIOS_RUN_DEADLINE in the rank's environment: the run announces the end itself (its lead,
+    the grace until a save was measured, exceeds the time left), checkpoints and exits 75,
+    naming the source; the record keeps the deadline."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    script = Path(__file__).parent / "scripts" / "goodput_train.py"
+    deadline = time.time() + 3600
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
+    env.update(
+        AIOS_LOGGING__RUN_DIR=str(tmp_path / "runs"),
+        AIOS_LOGGING__TENSORBOARD="false",
+        AIOS_CHECKPOINT__DIR=str(tmp_path / "ck"),
+        AIOS_CHECKPOINT__GRACE_SECONDS="3700",
+        AIOS_RUN_DEADLINE=repr(deadline),
+        AIOS_RUN_DEADLINE_SOURCE="capacity-block",
+        PROGRESS_FILE=str(tmp_path / "progress"),
+        TOTAL_STEPS="100000",
+        STEP_DELAY="0.01",
+        OMP_NUM_THREADS="1",
+    )
+    r = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300
+    )
+    out = r.stdout + r.stderr
+    assert r.returncode == 75, out
+    assert "aios: preemption (capacity-block ends at " in out and "before its deadline" in out, out
+    (diag,) = [json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*/diagnostics.json")]
+    (ev,) = diag["preemptions"]
+    assert ev["source"] == "capacity-block" and ev["deadline"] == pytest.approx(deadline)
+    assert ev["checkpoint"] and ev["time_left_s"] > 3000
