@@ -85,6 +85,9 @@ GPU_TIES = [
     ("self._save_checkpoint(epoch)", "AIOS603", "rt.save()"),
     ("fused=True", "AIOS410", "drop it"),
     ("torch.cuda.device_count()", "AIOS105", "torch.accelerator.device_count()"),
+    # notes: nothing breaks, the aios form is named
+    ("torch.cuda.set_device(", "AIOS206", "rt.local_rank"),
+    ('self.gpu_id = int(os.environ["LOCAL_RANK"])', "AIOS206", "rt.local_rank"),
 ]
 
 
@@ -98,7 +101,9 @@ def test_gpu_script_every_nvidia_line_is_named_with_its_replacement_and_backends
         assert replacement in f.message, (marker, str(f))
         line = GPU.read_text().splitlines()[f.line - 1]
         assert 1 <= f.col <= len(line) and line[f.col - 1] != " "
-        if code.startswith(("AIOS1", "AIOS2", "AIOS301", "AIOS302")):
+        if code == "AIOS206":
+            assert f.level == "note" and f.backends == () and str(f).endswith("(note)"), str(f)
+        elif code.startswith(("AIOS1", "AIOS2", "AIOS301", "AIOS302")):
             assert "cuda" not in f.backends and {"cpu", "xla", "tpu", "neuron"} <= set(
                 f.backends
             ), str(f)
@@ -179,6 +184,7 @@ def test_fix_rewrites_the_safe_lines_and_the_ported_script_runs_on_cpu_and_plans
     assert {line - 1 for line in in_rank_test} <= changed
     extra = changed - flagged - {1, 2}
     assert [old[i - 1].strip() for i in sorted(extra)] == [
+        "import os",  # only the environment reads used it (rt.local_rank now)
         "from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: N817",
         "ckp = self.model.module.state_dict()",  # the save the AIOS603 finding names
         "torch.save(ckp, self.snapshot_path)",
@@ -278,7 +284,7 @@ def test_torch_neuronx_habits_name_the_aios_form():
 # ------------------------------------------------------------------ sharded strategies
 
 
-def test_nanogpt_master_process_eval_and_per_rank_seed_are_sharded_hazards():
+def test_nanogpt_master_process_eval_is_a_sharded_hazard_and_its_per_rank_seed_is_not():
     path = SCRIPTS / "nanogpt_ddp.py"
     found = check_file(str(path))
     by = {(f.line, f.code): f for f in found}
@@ -289,9 +295,9 @@ def test_nanogpt_master_process_eval_and_per_rank_seed_are_sharded_hazards():
     assert (_line(path, '{"model": raw_model.state_dict()'), "AIOS603") in by
     # saving what every rank already gathered is fine: the state_dict() line is the hazard
     assert (_line(path, "torch.save(checkpoint"), "AIOS603") not in by
-    seed = by[(_line(path, "torch.manual_seed(1337 + seed_offset)"), "AIOS604")]
-    assert f"line {_line(path, 'model = GPT(GPTConfig())')}" in seed.message
-    assert "seed=N" in seed.message
+    # a per-rank seed is right: aios gives every rank rank 0's weights under every strategy,
+    # and each rank's own noise (dropout, sampling) should differ
+    assert not [f for f in found if f.line == _line(path, "torch.manual_seed(1337 + seed_offset)")]
     # the forward every rank runs, and the loop's own lines, are no finding
     assert not [f for f in found if f.line == _line(path, "logits, loss = model(X, Y)", 1)]
     # NVIDIA ties of the same script
@@ -301,7 +307,7 @@ def test_nanogpt_master_process_eval_and_per_rank_seed_are_sharded_hazards():
         ('device = f"cuda:{ddp_local_rank}"', "AIOS101"),
         ("torch.cuda.set_device(device)", "AIOS103"),
         ("scaler = torch.cuda.amp.GradScaler(", "AIOS302"),
-        ('"float16": torch.float16', "AIOS303"),
+        ('dtype = "bfloat16" if torch.cuda.is_available()', "AIOS106"),
     ]:
         assert (_line(path, marker), code) in by, marker
 
@@ -386,7 +392,7 @@ def test_exit_codes_json_and_backend_filter(tmp_path):
     assert r.exit_code == 1
     doc = json.loads(r.stdout)
     assert doc["files"] == 1 and len(doc["findings"]) == len(GPU_TIES)
-    keys = {"path", "line", "col", "code", "message", "backends", "strategies", "fixable"}
+    keys = {"path", "line", "col", "code", "message", "backends", "strategies", "level", "fixable"}
     for f in doc["findings"]:
         assert set(f) == keys and f["path"] == str(GPU) and set(f["backends"]) <= set(BACKENDS)
     assert sum(f["fixable"] for f in doc["findings"]) == 4
@@ -458,8 +464,8 @@ dist.init_process_group(  # join
     timeout=None,
 )
 opt = torch.optim.AdamW(params,   lr=3e-4, fused=True)  # keep this comment
-n = torch.cuda.device_count()
-if n:
+print("devices:", torch.cuda.device_count())
+if opt:
     torch.cuda.empty_cache()   # free
 """
     fixed = fix_source(src, check_source(src))
@@ -472,8 +478,8 @@ dist.init_process_group(  # join
     timeout=None,
 )
 opt = torch.optim.AdamW(params,   lr=3e-4)  # keep this comment
-n = torch.accelerator.device_count()
-if n:
+print("devices:", torch.accelerator.device_count())
+if opt:
     if torch.accelerator.is_available():
         torch.accelerator.empty_cache()   # free
 """
@@ -483,7 +489,7 @@ if n:
 
 def test_fix_writes_atomically_or_not_at_all(tmp_path, monkeypatch):
     script = tmp_path / "t.py"
-    original = "import torch\nn = torch.cuda.device_count()\n"
+    original = "import torch\nprint(torch.cuda.device_count())\n"
     script.write_text(original)
 
     def boom(src, dst):
@@ -667,20 +673,328 @@ def test_lightning_fabric_pinned_to_gpus_and_fp16():
 
 def test_json_fix_reports_the_diff_it_wrote(tmp_path):
     script = tmp_path / "t.py"
-    script.write_text("import torch\nn = torch.cuda.device_count()\nx = torch.ones(2).cuda()\n")
+    script.write_text("import torch\nprint(torch.cuda.device_count())\nx = torch.ones(2).cuda()\n")
     doc = json.loads(_check("--json", "--fix", str(script)).stdout)
     assert [f["code"] for f in doc["findings"]] == ["AIOS102"]  # left for the user
     (fixed,) = doc["fixed"]
-    assert fixed["path"] == str(script) and "+n = torch.accelerator.device_count()" in fixed["diff"]
-    assert script.read_text().splitlines()[1] == "n = torch.accelerator.device_count()"
+    assert (
+        fixed["path"] == str(script) and "+print(torch.accelerator.device_count())" in fixed["diff"]
+    )
+    assert script.read_text().splitlines()[1] == "print(torch.accelerator.device_count())"
 
 
 def test_fix_without_libcst_says_so_and_writes_nothing(tmp_path, monkeypatch):
     script = tmp_path / "t.py"
-    original = "import torch\nn = torch.cuda.device_count()\n"
+    original = "import torch\nprint(torch.cuda.device_count())\n"
     script.write_text(original)
     monkeypatch.setitem(sys.modules, "libcst", None)  # as if not installed
     r = _check("--fix", str(script))
     assert r.exit_code == 1  # the finding stands
     assert f"aios check: not rewriting {script}: --fix needs LibCST" in r.stderr
     assert "AIOS105" in r.stdout and script.read_text() == original
+
+
+# ------------------------------------------------------------------ habits of public training code
+
+
+def _by(src: str) -> dict[tuple[int, str], object]:
+    return {(f.line, f.code): f for f in check_source(src, "t.py")}
+
+
+def test_values_followed_through_argparse_defaults():
+    src = """import argparse
+import torch.distributed as dist
+p = argparse.ArgumentParser()
+p.add_argument("--dist-backend", default="nccl", type=str)
+p.add_argument("--device", default="cuda")
+p.add_argument("--world-size", default=-1, type=int)
+p.add_argument("--seed", default=0, type=int)
+args = p.parse_args()
+dist.init_process_group(backend=args.dist_backend)
+"""
+    by = _by(src)
+    assert set(by) == {(4, "AIOS201"), (5, "AIOS101"), (6, "AIOS209")}
+    assert "--dist-backend defaults to 'nccl'" in by[(4, "AIOS201")].message
+    assert "cuda" not in by[(4, "AIOS201")].backends
+    assert by[(6, "AIOS209")].where() == "copies never join under aios-run --nprocs N"
+
+
+def test_torch_accelerator_is_no_device_under_torch_xla():
+    src = """import torch
+use_accel = torch.accelerator.is_available()
+device = torch.accelerator.current_accelerator() if use_accel else torch.device("cpu")
+kind = torch.accelerator.current_accelerator().type
+if torch.accelerator.is_available():
+    torch.accelerator.synchronize()
+local = rank % torch.accelerator.device_count()
+print(torch.accelerator.device_count(), "devices")
+"""
+    by = _by(src)
+    assert set(by) == {(2, "AIOS110"), (4, "AIOS110"), (7, "AIOS110")}
+    assert "is 0 on CPU and under torch_xla" in by[(7, "AIOS110")].message
+    assert by[(2, "AIOS110")].backends == ("xla",)  # a native tpu/neuron device is an accelerator
+    assert "host CPU" in by[(2, "AIOS110")].message
+    assert set(by[(4, "AIOS110")].backends) == {"cpu", "xla"}  # None there: AttributeError
+
+
+def test_cuda_guarded_lines_are_notes_and_a_guard_alone_is_no_finding():
+    src = """import torch
+if torch.cuda.is_available():
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.cuda.set_device(0)
+device = "cuda" if torch.cuda.is_available() else "cpu"
+if device == "cuda":
+    torch.cuda.synchronize()
+else:
+    x = torch.ones(2).cuda()
+"""
+    by = _by(src)
+    assert (2, "AIOS106") not in by  # it only guards a seed and TF32 flags
+    pick = by[(4, "AIOS103")]
+    assert pick.level == "note" and pick.backends == () and "dead code" in pick.message
+    assert str(pick).endswith("(note)") and not pick.fix
+    choice = by[(5, "AIOS106")]
+    assert choice.level == "error" and "'cpu'" in choice.message
+    assert (5, "AIOS101") not in by  # the same choice, named once
+    assert by[(7, "AIOS104")].level == "note"
+    assert by[(9, "AIOS102")].level == "error"  # the else branch runs without CUDA
+
+
+def test_spawn_load_pin_memory_download_and_guarded_autocast():
+    src = """import torch
+import torch.multiprocessing as mp
+from torchvision import datasets
+from torch.utils.data import DataLoader
+mp.spawn(main, nprocs=2)
+ckpt = torch.load("ckpt.pt")
+ok = torch.load("ckpt.pt", map_location="cpu")
+loader = DataLoader(ds, pin_memory=True)
+buf = torch.empty(4, pin_memory=True)
+data = datasets.MNIST("data", download=True)
+device_type = "cuda" if "cuda" in device else "cpu"
+ctx = torch.autocast(device_type=device_type, dtype=torch.bfloat16)
+if device_type == "cuda":
+    ctx = torch.autocast(device_type=device_type, dtype=torch.bfloat16)
+"""
+    by = _by(src)
+    assert by[(5, "AIOS203")].backends == BACKENDS
+    assert (6, "AIOS113") in by and (7, "AIOS113") not in by
+    assert by[(8, "AIOS112")].level == "warning"  # a loader warns and pins nothing
+    assert by[(9, "AIOS112")].level == "error"  # a tensor factory raises without an accelerator
+    assert "race" in by[(10, "AIOS606")].where()
+    for line in (12, 14):
+        f = by[(line, "AIOS304")]
+        assert f.level == "warning" and "fp32" in f.message and "cuda" not in f.backends
+    assert (11, "AIOS101") not in by
+
+
+def test_compile_device_tools_fp8_hub_kernels_and_gpu_gates():
+    src = """import subprocess
+import sys
+import torch
+from kernels import get_kernel
+assert torch.cuda.is_available()
+if torch.cuda.device_count() < 4:
+    print("needs 4 GPUs")
+    sys.exit()
+@torch.compile
+def f(x):
+    return torch._scaled_mm(x, x)
+m = torch.compile(model, backend="inductor")
+n = torch.compile(model, backend="openxla")
+smi = subprocess.run(["nvidia-smi"], capture_output=True)
+fa = get_kernel("kernels-community/flash-attn3")
+"""
+    by = _by(src)
+    assert (5, "AIOS118") in by and (6, "AIOS118") in by
+    assert by[(9, "AIOS413")].backends == ("xla",)
+    assert set(by[(12, "AIOS413")].backends) == {"xla", "tpu", "neuron"}
+    assert (13, "AIOS413") not in by
+    assert "cpu" not in by[(11, "AIOS115")].backends  # torch._scaled_mm has a CPU kernel
+    assert (14, "AIOS117") in by and (15, "AIOS502") in by
+
+
+def test_own_parallelism_and_environment_ranks_are_named_as_notes(tmp_path):
+    src = """import os
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor.parallel import parallelize_module
+rank = int(os.environ["RANK"])
+world = int(os.environ.get("WORLD_SIZE", 1))
+mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("dp",))
+model = parallelize_module(model, mesh, plan)
+model = fully_shard(model, mesh=mesh)
+"""
+    by = _by(src)
+    assert "rt.rank" in by[(6, "AIOS206")].message and "rt.world_size" in by[(7, "AIOS206")].message
+    assert "rt.mesh" in by[(8, "AIOS207")].message
+    assert "rt.setup(model)" in by[(10, "AIOS207")].message
+    assert all(f.level == "note" for f in by.values())
+    script = tmp_path / "t.py"
+    script.write_text(src)
+    r = _check("--backend", "tpu", str(script))
+    assert r.exit_code == 0 and r.stdout == ""  # notes break nothing anywhere
+    r = _check(str(script))  # shown, but only notes: exit 0
+    assert r.exit_code == 0 and len(r.stdout.splitlines()) == len(by), r.output
+    assert f"({len(by)} note(s))" in r.stderr
+
+
+def test_per_rank_seeds_are_no_finding():
+    src = """import torch
+import torch.distributed as dist
+rank = dist.get_rank()
+torch.manual_seed(1337 + rank)
+model = torch.nn.Linear(2, 2)
+"""
+    assert check_source(src) == []
+
+
+def test_fix_never_rewrites_a_device_count_that_divides_or_sizes():
+    src = """import torch
+import torch.multiprocessing as mp
+local = rank % torch.cuda.device_count()
+mp.spawn(main, nprocs=torch.cuda.device_count())
+print(f"{torch.cuda.device_count()} GPUs")
+"""
+    found = check_source(src)
+    counts = [f for f in found if f.code == "AIOS105"]
+    assert [(f.line, bool(f.fix)) for f in counts] == [(3, False), (4, False), (5, True)]
+    assert "is 0 on CPU" in counts[0].message
+    fixed = fix_source(src, found)
+    assert (
+        "rank % torch.cuda.device_count()" in fixed and "nprocs=torch.cuda.device_count()" in fixed
+    )
+    assert 'print(f"{torch.accelerator.device_count()} GPUs")' in fixed
+
+
+def test_messages_name_what_they_saw():
+    src = """import torch
+class T:
+    def save_model(self):
+        torch.save(self.model.state_dict(), "m.pt")
+    def run(self):
+        x = x.to(device=self.local_rank)
+        if self.rank == 0:
+            self.save_model()
+"""
+    by = _by(src)
+    assert "(self.local_rank)" in by[(6, "AIOS101")].message
+    save = by[(8, "AIOS603")]  # a checkpoint write, not "a forward"
+    assert "reaches a save" in save.message
+
+
+def test_aios_help_imports_neither_torch_nor_the_checker(tmp_path):
+    probe = (
+        "import sys\nfrom aios.cli.main import main\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print('LOADED=' + ','.join(m for m in ('torch', 'aios.portcheck', 'libcst') "
+        "if m in sys.modules), file=sys.stderr)\n"
+    )
+    for args in (["--help"], ["check", "--help"]):
+        out = subprocess.run(
+            [sys.executable, "-c", probe, *args],
+            capture_output=True,
+            text=True,
+            env=_env(tmp_path),
+            timeout=120,
+        )
+        assert out.returncode == 0 and "LOADED=\n" in out.stderr, (args, out.stderr)
+
+
+def test_cuda_calls_that_do_nothing_elsewhere_are_notes_and_gates_by_count_are_found():
+    src = """import torch
+torch.cuda.empty_cache()
+torch.cuda.manual_seed(0)
+assert torch.cuda.device_count() >= 4, "needs 4 GPUs"
+kwargs = {"num_workers": 2, "pin_memory": True}
+"""
+    by = _by(src)
+    empty = by[(2, "AIOS104")]
+    assert empty.level == "note" and empty.fix == "guard"  # still rewritten, but breaks nothing
+    assert by[(3, "AIOS107")].level == "note"
+    assert (4, "AIOS118") in by
+    assert by[(5, "AIOS112")].level == "warning"
+
+
+def test_rank_tests_on_gpu_id_and_files_written_from_the_weights():
+    src = """import torch
+class Trainer:
+    def __init__(self, model, gpu_id):
+        self.gpu_id = gpu_id
+        self.model = model.to(gpu_id)
+    def _save_checkpoint(self):
+        torch.save(self.model.module.state_dict(), "ckpt.pt")
+    def train(self):
+        if self.gpu_id == 0:
+            self._save_checkpoint()
+
+def write_model(model, filename):
+    params = {name: p.cpu() for name, p in model.named_parameters()}
+    with open(filename, "wb") as f:
+        f.write(b"")
+
+def main(model, master_process):
+    if master_process:
+        write_model(model, "m.bin")
+"""
+    by = _by(src)
+    assert "(gpu_id)" in by[(5, "AIOS101")].message
+    assert (10, "AIOS603") in by and (7, "AIOS605") not in by  # rank 0 saves, not every rank
+    assert "reaches a save" in by[(19, "AIOS603")].message
+
+
+def test_guards_defaults_and_conditionals_read_as_the_script_runs():
+    src = """import argparse
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel as DDP
+from diffusers.training_utils import EMAModel
+p = argparse.ArgumentParser()
+p.add_argument("--device", default="cuda")
+p.add_argument("--amp-dtype", default="float16")
+p.add_argument("--precision", default="bf16")
+args = p.parse_args()
+if args.device.startswith("cuda"):
+    args.device = f"cuda:{rank}"
+dist.init_process_group(backend="gloo" if args.device == "cpu" else "nccl")
+dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+model = DDP(model, device_ids=[device] if device.type == "cuda" else None)
+if args.amp_dtype == "float16":
+    amp_dtype = torch.float16
+if args.precision == "fp16":
+    other = torch.float16
+ema_model = EMAModel(model.parameters()) if args.use_ema else None
+target = ema.module if ema is not None else model
+if rank == 0:
+    ema_model.save_pretrained("ema")
+    torch.save(target.state_dict(), "last.pt")
+per_node = torch.accelerator.device_count()
+mp.spawn(worker, nprocs=per_node)
+"""
+    by = _by(src)
+    assert by[(13, "AIOS101")].level == "note"  # under startswith("cuda"): dead code elsewhere
+    assert by[(14, "AIOS201")].level == "error" and "xla" in by[(14, "AIOS201")].backends
+    assert (15, "AIOS201") not in by  # nccl only where CUDA is
+    assert by[(16, "AIOS202")].level == "note"  # device ids only on CUDA
+    assert (18, "AIOS303") in by  # fp16 is the option's default: picked unasked
+    assert (20, "AIOS303") not in by  # the user's own --precision fp16
+    assert (24, "AIOS603") not in by  # an EMA copy every rank holds
+    assert (25, "AIOS603") in by  # the model itself (no EMA by default)
+    assert "is 0 on CPU and under torch_xla" in by[(26, "AIOS110")].message
+
+
+def test_a_models_own_generation_method_is_a_forward():
+    src = """import torch
+class LM(torch.nn.Module):
+    def forward(self, x):
+        return x
+    def sample(self, x, n):
+        for _ in range(n):
+            x = self(x)
+        return x
+model = LM()
+if master_process:
+    out = model.sample(x, 4)
+"""
+    assert "model.sample(...)" in _by(src)[(11, "AIOS601")].message

@@ -44,13 +44,23 @@ class Finding:
     backends: tuple[str, ...]  # where the line breaks
     strategies: tuple[str, ...] = ()  # non-empty: breaks under these strategies, on any backend
     fix: str = ""  # a safe rewrite ``--fix`` applies ("" = none)
+    # error: breaks there; warning: runs there but not as the script asked (precision, a
+    # wasted option); note: nothing breaks (code a CUDA guard makes dead elsewhere, the aios form
+    # of the script's own rank/mesh plumbing)
+    level: str = "error"
+    when: str = ""  # what happens, where ``strategies`` alone says too little
 
     def where(self) -> str:
+        if self.level == "note":
+            return "note"
+        if self.when:
+            return self.when
         if self.strategies:
             return "hangs or diverges under strategy=" + "|".join(self.strategies)
+        verb = "breaks" if self.level == "error" else "silently differs"
         if set(self.backends) == set(BACKENDS):
-            return "breaks on every backend"
-        return "breaks on " + ", ".join(self.backends)
+            return f"{verb} on every backend"
+        return f"{verb} on " + ", ".join(self.backends)
 
     def __str__(self) -> str:
         fix = " [--fix]" if self.fix else ""
@@ -67,6 +77,7 @@ class Finding:
             "message": self.message,
             "backends": list(self.backends),
             "strategies": list(self.strategies),
+            "level": self.level,
             "fixable": bool(self.fix),
         }
 
@@ -96,14 +107,11 @@ CUDA_CALLS: dict[str, tuple[str, str, str]] = {
     ),
     "device_count": (
         "AIOS105",
-        "rt.world_size for process counts, torch.accelerator.device_count() for devices",
+        "rt.world_size for process counts (torch.accelerator.device_count() is 0 on CPU and "
+        "under torch_xla, so it cannot divide a rank)",
         "rename",
     ),
-    "is_available": (
-        "AIOS106",
-        "rt.device (on a TPU or Trainium this test is False and the script trains on the CPU)",
-        "",
-    ),
+    "is_available": ("AIOS106", "rt.device", ""),
     "manual_seed": (
         "AIOS107",
         "rt.seed_everything(seed) or config seed=N (every device's RNG)",
@@ -120,6 +128,13 @@ MEMORY_CALLS = {
     "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
     "reset_peak_memory_stats", "memory_stats", "mem_get_info", "get_device_name",
     "get_device_properties", "get_device_capability",
+}  # fmt: skip
+# torch.cuda calls that do nothing (no error) without CUDA
+NOOP_ELSEWHERE = {"empty_cache", "manual_seed", "manual_seed_all"}
+# torch.cuda statistics that return 0 (or {}) without CUDA rather than raise
+ZERO_ELSEWHERE = {
+    "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+    "memory_stats",
 }  # fmt: skip
 ACCEL_MEMORY = {
     n: f"torch.accelerator.{n}() when torch.accelerator.is_available()"
@@ -198,6 +213,7 @@ RANK_ATTRS = {
     "process_index",
     "local_process_index",
     "node_rank",
+    "gpu_id",  # the DDP tutorial's rank-as-GPU (`if self.gpu_id == 0:`)
 }
 RANK_CALLS = {
     "get_rank", "get_ordinal", "global_ordinal", "get_local_ordinal", "local_ordinal",
@@ -216,12 +232,35 @@ COLLECTIVES = {
 }  # fmt: skip
 RT_COLLECTIVES = {"barrier", "all_reduce", "all_gather", "broadcast", "gather_object"}
 RT_SAVES = {"save", "load", "resume"}
-SEED_CALLS = {
-    "torch.manual_seed", "torch.cuda.manual_seed", "torch.cuda.manual_seed_all", "random.seed",
-    "numpy.random.seed", "lightning.seed_everything", "lightning.fabric.seed_everything",
-    "transformers.set_seed", "accelerate.utils.set_seed",
-}  # fmt: skip
 PG_DEVICE_BACKENDS = {"nccl", "xla", "tpu", "neuron", "hccl", "ucc"}
+ENV_RANKS = {
+    "RANK": "rt.rank", "WORLD_SIZE": "rt.world_size", "LOCAL_RANK": "rt.local_rank",
+    "NODE_RANK": "rt.node_rank",
+}  # fmt: skip
+DEVICE_TOOLS = {"nvidia-smi", "nvcc", "nvidia-settings", "dcgmi", "nvtop", "rocm-smi"}
+SHELL_CALLS = {
+    "subprocess.run", "subprocess.call", "subprocess.check_call", "subprocess.check_output",
+    "subprocess.Popen", "subprocess.getoutput", "subprocess.getstatusoutput", "os.system",
+    "os.popen",
+}  # fmt: skip
+FP16_NAMES = ("fp16", "float16", "16", "16-mixed", "half")
+EXITS = {"sys.exit", "exit", "quit", "os._exit", "os.abort"}
+OWN_PARALLELISM = {
+    "init_device_mesh": "builds its own device mesh: aios builds one for the selected backend "
+    "and strategy (rt.mesh; mesh.tp=N for tensor parallel), or keep this one and hand rt.setup "
+    "the model it parallelizes",
+    "fully_shard": "shards the model itself: keep it and pass the sharded model to "
+    "rt.setup(model) (aios keeps a model the script already parallelized), or leave sharding "
+    "to strategy=fsdp",
+    "FullyShardedDataParallel": "wraps the model in FSDP1: pass the model to rt.setup(model) with "
+    "strategy=fsdp (FSDP2 on every native device)",
+    "parallelize_module": "applies its own tensor-parallel plan: keep it on rt.mesh['tp'] and pass "
+    "the model to rt.setup(model), or give the plan as tp_plan with strategy=tp",
+}
+VERB_NAMES = re.compile(
+    r"^(get|load|save|write|read|build|create|make|init|wrap|unwrap|setup|prepare|print|log|"
+    r"export|copy|sync|update|train|evaluate|eval|test|configure|compile)_"
+)
 MODEL_NAME = re.compile(r"^(.*_)?(model|net)$")
 CUDA_STR = re.compile(r"^cuda(:\d+)?$")
 
@@ -252,6 +291,16 @@ def _str(node: ast.AST | None) -> str | None:
     return None
 
 
+def _int(node: ast.AST | None) -> int | None:
+    """An int literal (``-1`` too)."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        inner = _int(node.operand)
+        return None if inner is None else -inner
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    return None
+
+
 def _is_cuda_string(node: ast.AST | None) -> bool:
     s = _str(node)
     if s is not None:
@@ -262,6 +311,17 @@ def _is_cuda_string(node: ast.AST | None) -> bool:
     if isinstance(node, ast.IfExp):
         return _is_cuda_string(node.body) or _is_cuda_string(node.orelse)
     return False
+
+
+def _is_none(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and node.value is None
+
+
+def _is_ema(value: ast.AST) -> bool:
+    """``EMAModel(...)``, also as ``EMAModel(...) if args.use_ema else None``."""
+    if isinstance(value, ast.IfExp):
+        return _is_ema(value.body) or _is_ema(value.orelse)
+    return isinstance(value, ast.Call) and "EMA" in _last(value.func).upper()
 
 
 def _guarded_by_import_error(handlers: list[ast.ExceptHandler]) -> bool:
@@ -346,12 +406,20 @@ class _Checker:
         self.guard_depth = 0
         self.func_stack: list[_Func] = []
         self.local_names: dict[int, set[str]] = {}  # id(function) -> its parameters and locals
-        self.builds: dict[int, list[int]] = {}  # id(scope) -> lines that build a model there
         self.call_guards: dict[str, list[bool]] = {}  # function key -> guarded at each call site
         self.saves: list[tuple[ast.Call, bool, str | None]] = []  # torch.save, guarded, in function
         self.statement_calls: set[int] = set()  # calls that are a whole line's only statement
         self.class_stack: list[str] = []
         self.module_level = True
+        self.cuda_guard = 0  # inside a branch that runs only with CUDA
+        self.accel_guard = 0  # inside a branch that runs only with a torch.accelerator device
+        self.fp16_guard = 0  # inside a branch that runs only when the user asked for fp16
+        self.parents: dict[int, ast.AST] = {}
+        self.device_choices: dict[int, str] = {}  # id(is_available call) -> what it chooses
+        self.values: dict[str, list[ast.expr]] = {}  # simple name -> values assigned to it
+        self.arg_defaults: dict[str, ast.expr] = {}  # argparse dest -> its default
+        self.forward_methods: set[str] = set()  # methods of modules here that call self(...)
+        self.process_counts: set[str] = set()  # names passed as nprocs=
 
     def locals_of(self, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
         names = self.local_names.get(id(fn))
@@ -389,18 +457,46 @@ class _Checker:
         backends: tuple[str, ...] = BACKENDS,
         strategies: tuple[str, ...] = (),
         fix: str = "",
+        level: str = "error",
+        when: str = "",
+        guardable: bool = True,
     ) -> None:
+        if (
+            guardable
+            and self.cuda_guard
+            and level != "note"
+            and not strategies
+            and backends
+            and "cuda" not in backends
+        ):
+            # the script's own guard: nothing breaks elsewhere, the line just never runs there
+            message = (
+                f"{message}; the script runs this only with CUDA, so elsewhere it is dead code "
+                "(nothing breaks)"
+            )
+            level, backends, fix = "note", (), ""
+        if level == "note":
+            backends = ()
         key = (getattr(node, "lineno", 0), code)
         if key not in self.findings:
             self.findings[key] = Finding(
-                self.path, key[0], self.col(node), code, message, backends, strategies, fix
+                self.path,
+                key[0],
+                self.col(node),
+                code,
+                message,
+                backends,
+                strategies,
+                fix,
+                level,
+                when,
             )
 
     # ---- pre-pass: models, ranks, aios runtimes, functions
     def rankish(self, node: ast.AST) -> bool:
         for sub in ast.walk(node):
             if isinstance(sub, ast.Name) and (
-                "rank" in sub.id.lower() or sub.id in self.rank_names
+                "rank" in sub.id.lower() or sub.id in self.rank_names or sub.id == "gpu_id"
             ):
                 return True
             if isinstance(sub, ast.Attribute) and (
@@ -424,23 +520,203 @@ class _Checker:
                 return not q.startswith(("torch.nn.functional", "torch.nn.utils"))
             if q.endswith(("DistributedDataParallel", "FullyShardedDataParallel", ".fully_shard")):
                 return True
-            if q in ("torch.compile",) or last in ("setup_module", "unwrap", "to", "cuda"):
+            if last.endswith("Pipeline") and any(
+                self.is_model_expr(k.value) for k in node.keywords
+            ):
+                return True  # DDPMPipeline(unet=unet): runs the model when called
+            if q in ("torch.compile",) or last in (
+                "setup_module", "unwrap", "unwrap_model", "to", "cuda",
+            ):  # fmt: skip
                 return any(self.is_model_expr(a) for a in node.args[:1]) or (
                     last in ("to", "cuda") and self.is_model_expr(node.func)
                 )
             return False
         if isinstance(node, ast.Attribute) and node.attr in ("to", "cuda", "module", "_orig_mod"):
             return self.is_model_expr(node.value)
+        if isinstance(node, ast.IfExp):
+            # raw = model.module if ddp else model; target = ema.module if ema else model
+            return self.is_model_expr(node.body) or self.is_model_expr(node.orelse)
         d = _dotted(node)
+        if d is not None and d in self.values and any(_is_ema(v) for v in self.values[d]):
+            return False  # ema_model = EMAModel(...): a full copy every rank holds, no module
         return d is not None and (d in self.models or bool(MODEL_NAME.match(d.split(".")[-1])))
+
+    def cuda_available_calls(self, test: ast.AST) -> list[ast.Call]:
+        return [
+            sub
+            for sub in ast.walk(test)
+            if isinstance(sub, ast.Call)
+            and self.call_qual(sub) in ("torch.cuda.is_available", "torch.cuda.is_bf16_supported")
+        ]
+
+    def note_device_choice(self, node: ast.IfExp | ast.If) -> None:
+        """``torch.cuda.is_available()`` that chooses a value (a device, a dtype): what it picks
+        without CUDA. One that only guards CUDA-only lines is no finding (they are notes)."""
+        calls = self.cuda_available_calls(node.test)
+        if not calls:
+            return
+        what = ""
+        if isinstance(node, ast.IfExp):
+            picked, other = _str(node.orelse), _str(node.body)
+            if picked is not None and other is not None:
+                what = f"chooses {other!r} only with CUDA: on cpu, xla, tpu, neuron the script gets {picked!r}"
+                if picked in ("float16", "fp16", "16-mixed"):
+                    what += " (TPUs and Trainium have no fp16 training; use precision=bf16-mixed)"
+                else:
+                    what += "; use rt.device (aios.init() picks each rank's device for the backend)"
+            elif _is_cuda_string(node.body) or _is_cuda_string(node.orelse):
+                what = "chooses the CUDA device only with CUDA: on a TPU or Trainium it is False "
+                what += "and the script trains on the CPU; use rt.device"
+        else:
+            for stmt in node.body:
+                v = stmt.value if isinstance(stmt, (ast.Assign, ast.AnnAssign)) else None
+                if v is not None and (
+                    _is_cuda_string(v)
+                    or isinstance(v, ast.Call)
+                    and any(_is_cuda_string(a) for a in v.args)
+                ):
+                    what = "chooses the CUDA device only with CUDA: on a TPU or Trainium it is "
+                    what += "False and the script trains on the CPU; use rt.device"
+                    break
+        if what:
+            self.device_choices.setdefault(id(calls[0]), what)
+
+    def cuda_test(self, test: ast.AST) -> int:
+        """1: true only with CUDA; -1: false only with CUDA... (its else runs only with CUDA);
+        0: neither."""
+        if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+            return -self.cuda_test(test.operand)
+        if isinstance(test, ast.BoolOp):
+            signs = [self.cuda_test(v) for v in test.values]
+            if isinstance(test.op, ast.And):
+                return 1 if 1 in signs else 0
+            return -1 if -1 in signs else 0
+        if isinstance(test, ast.Call):
+            if (
+                isinstance(test.func, ast.Attribute)
+                and test.func.attr == "startswith"
+                and test.args
+                and _str(test.args[0]) == "cuda"
+            ):
+                return 1  # args.device.startswith("cuda")
+            return int(
+                self.call_qual(test) in ("torch.cuda.is_available", "torch.cuda.device_count")
+            )
+        if isinstance(test, (ast.Name, ast.Attribute)):
+            return int(_last(test) in ("use_cuda", "is_cuda", "cuda"))
+        if isinstance(test, ast.Compare) and len(test.ops) == 1:
+            sides = (test.left, test.comparators[0])
+            if not any(_str(x) == "cuda" for x in sides):
+                return 0
+            op = test.ops[0]
+            if isinstance(op, (ast.Eq, ast.In, ast.Is)):
+                return 1
+            if isinstance(op, (ast.NotEq, ast.NotIn, ast.IsNot)):
+                return -1
+        return 0
+
+    def fp16_choice(self, test: ast.AST) -> bool:
+        """``if args.mixed_precision == "fp16":``: the user's own choice of fp16 (not when the
+        option defaults to fp16: then the script picks it unasked)."""
+
+        def by_default(sub: ast.Compare) -> bool:
+            return any(
+                isinstance(x, ast.Attribute) and _str(self.arg_defaults.get(x.attr)) in FP16_NAMES
+                for x in (sub.left, *sub.comparators)
+            )
+
+        return any(
+            isinstance(sub, ast.Compare)
+            and isinstance(sub.ops[0], (ast.Eq, ast.In))
+            and any(_str(x) in FP16_NAMES for x in (sub.left, *sub.comparators))
+            and not by_default(sub)
+            for sub in ast.walk(test)
+        )
+
+    def accel_test(self, test: ast.AST) -> bool:
+        for sub in ast.walk(test):
+            if isinstance(sub, (ast.Name, ast.Attribute)) and "accel" in _last(sub).lower():
+                if self.qual(sub) != "torch.accelerator":
+                    return True
+            if (
+                isinstance(sub, ast.Call)
+                and self.call_qual(sub) == "torch.accelerator.is_available"
+            ):
+                return True
+        return False
+
+    def check_gpu_gate(self, node: ast.If, cuda: int) -> None:
+        """``if not <enough GPUs>: sys.exit()``: the script ends before training elsewhere."""
+        test = node.test
+        names = {
+            self.qual(sub) or _dotted(sub) or ""
+            for sub in ast.walk(test)
+            if isinstance(sub, (ast.Name, ast.Attribute))
+        }
+        accel = {"torch.accelerator.device_count", "torch.accelerator.is_available"} & names
+        gpu = cuda != 0 or any(
+            "gpu" in n.lower().split(".")[-1] or n.startswith("torch.cuda.") for n in names
+        )
+        if not (gpu or accel):
+            return
+        negative = (
+            cuda == -1
+            or isinstance(test, ast.UnaryOp)
+            and isinstance(test.op, ast.Not)
+            or isinstance(test, ast.Compare)
+            and isinstance(test.ops[0], (ast.Lt, ast.LtE, ast.Eq))
+        )
+        branch = node.body if negative else node.orelse
+        for stmt in branch:
+            if isinstance(stmt, ast.Raise) or (
+                isinstance(stmt, ast.Expr)
+                and isinstance(stmt.value, ast.Call)
+                and (self.call_qual(stmt.value) or _dotted(stmt.value.func)) in EXITS
+            ):
+                self.add(
+                    node,
+                    "AIOS118",
+                    "exits when it finds no GPU (or too few): elsewhere the script ends before "
+                    "training; drop the gate (aios-run --nprocs N gives each rank a device of "
+                    "the selected backend) or test rt.world_size",
+                    NOT_CUDA if gpu else ("cpu", "xla"),
+                    guardable=False,
+                )
+                return
 
     def prepass(self) -> None:
         assigns: list[ast.Assign | ast.AnnAssign] = []
         for node in ast.walk(self.tree):
+            for child in ast.iter_child_nodes(node):
+                self.parents[id(child)] = node
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    if isinstance(t, ast.Name):
+                        self.values.setdefault(t.id, []).append(node.value)
+            if isinstance(node, (ast.IfExp, ast.If)):
+                self.note_device_choice(node)
             if isinstance(node, ast.ClassDef) and any(
                 _last(b) in ("Module", "LightningModule") for b in node.bases
             ):
                 self.local_modules.add(node.name)
+                for fn in node.body:  # def sample(self, idx): ... self(idx) ...: a forward
+                    if isinstance(fn, ast.FunctionDef) and fn.name != "forward":
+                        if any(
+                            isinstance(c, ast.Call) and _dotted(c.func) in ("self", "self.forward")
+                            for c in ast.walk(fn)
+                        ):
+                            self.forward_methods.add(fn.name)
+            if isinstance(node, ast.Call):
+                for k in node.keywords:
+                    if k.arg == "nprocs" and isinstance(k.value, ast.Name):
+                        self.process_counts.add(k.value.id)
+                if _last(node.func) == "add_argument":
+                    default = next((k.value for k in node.keywords if k.arg == "default"), None)
+                    dest = next((_str(k.value) for k in node.keywords if k.arg == "dest"), None)
+                    longs = [_str(a) or "" for a in node.args if (_str(a) or "").startswith("--")]
+                    dest = dest or (longs[0][2:].replace("-", "_") if longs else None)
+                    if dest and default is not None:
+                        self.arg_defaults[dest] = default
             elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
                 assigns.append(node)
         for _ in range(2):  # twice: an assignment may use a name bound further down
@@ -483,7 +759,10 @@ class _Checker:
         self.summarise()
         self.visit_body(self.tree.body)
         self.check_every_rank_saves()
-        return sorted(self.findings.values(), key=lambda f: (f.line, f.col, f.code))
+        # on a line, what breaks before notes: aios-run's hint names a traceback line's first finding
+        return sorted(
+            self.findings.values(), key=lambda f: (f.line, f.level == "note", f.col, f.code)
+        )
 
     def visit_body(self, body: list[ast.stmt]) -> None:
         for stmt in body:
@@ -492,6 +771,8 @@ class _Checker:
     def visit(self, node: ast.AST) -> None:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             for d in node.decorator_list:
+                if not isinstance(d, ast.Call) and self.qual(d) == "torch.compile":
+                    self.check_compile(d, {})
                 self.visit(d)
             key = f"{self.class_stack[-1]}.{node.name}" if self.class_stack else node.name
             outer_level, outer_guard = self.module_level, self.guard_depth
@@ -524,11 +805,64 @@ class _Checker:
         if isinstance(node, ast.If):
             self.visit(node.test)
             guard = self.is_rank_guard(node.test)
+            cuda = self.cuda_test(node.test)
+            accel = self.accel_test(node.test)
+            self.check_gpu_gate(node, cuda)
+            fp16 = self.fp16_choice(node.test)
+            self.fp16_guard += fp16
             self.guard_depth += guard
+            self.cuda_guard += cuda == 1
+            self.accel_guard += accel
             self.visit_body(node.body)
             self.guard_depth -= guard
+            self.cuda_guard += (cuda == -1) - (cuda == 1)
             self.visit_body(node.orelse)
+            self.cuda_guard -= cuda == -1
+            self.accel_guard -= accel
+            self.fp16_guard -= fp16
             return
+        if isinstance(node, ast.Assert) and (
+            self.cuda_test(node.test) == 1
+            or any(
+                isinstance(sub, ast.Call)
+                and self.call_qual(sub) in ("torch.cuda.device_count", "torch.cuda.is_available")
+                for sub in ast.walk(node.test)
+            )
+        ):
+            self.add(
+                node,
+                "AIOS118",
+                "asserts a GPU: elsewhere the script stops before training; drop it (aios-run "
+                "gives each rank a device of the selected backend: rt.device)",
+                NOT_CUDA,
+                guardable=False,
+            )
+        if isinstance(node, ast.IfExp):
+            self.visit(node.test)
+            cuda = self.cuda_test(node.test)
+            accel = self.accel_test(node.test)
+            self.accel_guard += accel
+            self.cuda_guard += cuda == 1
+            self.visit(node.body)
+            self.cuda_guard += (cuda == -1) - (cuda == 1)
+            self.visit(node.orelse)
+            self.cuda_guard -= cuda == -1
+            self.accel_guard -= accel
+            return
+        if isinstance(node, ast.Dict) and not self.accel_guard:
+            for k, v in zip(node.keys, node.values, strict=True):
+                if _str(k) == "pin_memory" and isinstance(v, ast.Constant) and v.value is True:
+                    self.add(
+                        v,
+                        "AIOS112",
+                        "'pin_memory': True for a DataLoader pins host memory for copies to an "
+                        "accelerator: on CPU and under torch_xla torch warns and pins nothing; pin "
+                        "only when rt.backend == 'cuda'",
+                        ("cpu", "xla"),
+                        level="warning",
+                    )
+        if isinstance(node, ast.Subscript):
+            self.check_env_read(node, self.qual(node.value) == "os.environ", node.slice)
         if isinstance(node, ast.Try):
             guarded = _guarded_by_import_error(node.handlers)
             for stmt in node.body:
@@ -600,6 +934,15 @@ class _Checker:
                     "runs the script as written (tensor parallel: strategy=tp or mesh.tp=N)",
                     ("cpu", "cuda", "xla", "tpu"),
                 )
+            elif "triton" in top and top != "triton":
+                self.add(
+                    node,
+                    "AIOS501",
+                    f"imports {top}, Triton GPU kernels (by its name): Triton builds for NVIDIA and "
+                    "AMD GPUs only; keep a plain-torch path (torch.compile generates kernels for "
+                    "each backend)",
+                    NOT_CUDA,
+                )
             elif top in DEVICE_PACKAGES:
                 repl, backends = DEVICE_PACKAGES[top]
                 self.add(
@@ -612,7 +955,13 @@ class _Checker:
 
     def check_attribute(self, node: ast.Attribute) -> None:
         q = self.qual(node)
-        if q in ("torch.float16", "torch.half"):
+        parent = self.parents.get(id(node))
+        if isinstance(parent, ast.Dict) and any(
+            v is node and _str(k) is not None
+            for k, v in zip(parent.keys, parent.values, strict=True)
+        ):
+            return  # {"float16": torch.float16, ...}: a table of names; the choice is elsewhere
+        if q in ("torch.float16", "torch.half") and not self.fp16_guard:
             self.add(
                 node,
                 "AIOS303",
@@ -623,7 +972,9 @@ class _Checker:
 
     def check_assign(self, node: ast.Assign | ast.AnnAssign) -> None:
         value = node.value
-        if _is_cuda_string(value):
+        if _is_cuda_string(value) and not (
+            isinstance(value, ast.IfExp) and self.cuda_test(value.test)
+        ):  # ``"cuda" if <CUDA test> else "cpu"``: a choice, named at its test (AIOS106)
             self.add(value, "AIOS101", f"device string 'cuda...': {RT_DEVICE}", NOT_CUDA)  # type: ignore[arg-type]
         if _str(value) in PG_DEVICE_BACKENDS:
             self.add(
@@ -650,18 +1001,47 @@ class _Checker:
             name = q.split(".")[-1]
             if q.startswith(("torch.cuda.amp.", "torch.cuda.amp")):
                 pass  # AMP below
+            elif name in ("is_available", "is_bf16_supported"):
+                # a test that only guards CUDA-only lines is fine; one that picks a device or a
+                # dtype is not (the lines it guards are notes)
+                what = self.device_choices.get(id(node))
+                if what:
+                    self.add(node, "AIOS106", f"{q}() {what}", NOT_CUDA, guardable=False)
+                elif name == "is_bf16_supported":
+                    self.add(node, "AIOS106", f"{q}(): {CUDA_CALLS[name][1]}", NOT_CUDA)
             elif name in CUDA_CALLS:
                 code, repl, fix = CUDA_CALLS[name]
-                # written as torch.cuda.x (the rename is safe); a guard needs a line of its own
-                ok = dotted == q and (fix != "guard" or id(node) in self.statement_calls)
-                self.add(node, code, f"{q}(): {repl}", NOT_CUDA, fix=fix if ok else "")
+                # written as torch.cuda.x (the rename is safe only where the count is printed:
+                # torch.accelerator.device_count() is 0 on CPU and XLA); a guard needs a line
+                # of its own
+                ok = dotted == q and (
+                    fix == ""
+                    or fix == "guard"
+                    and id(node) in self.statement_calls
+                    or fix == "rename"
+                    and self.only_shown(node)
+                )
+                if name in NOOP_ELSEWHERE:
+                    # runs everywhere, doing nothing without CUDA: nothing breaks
+                    self.add(
+                        node,
+                        code,
+                        f"{q}() does nothing without CUDA: {repl}",
+                        fix=fix if ok else "",
+                        level="note",
+                    )
+                else:
+                    self.add(node, code, f"{q}(): {repl}", NOT_CUDA, fix=fix if ok else "")
             elif name in MEMORY_CALLS:
+                zero = name in ZERO_ELSEWHERE
                 self.add(
                     node,
                     "AIOS108",
-                    f"{q}(): the run record has each rank's device memory (aios devices names "
-                    f"the device); elsewhere {ACCEL_MEMORY.get(name, 'aios devices --json')}",
+                    f"{q}(){' is 0 without CUDA' if zero else ''}: the run record has each "
+                    "rank's device memory (aios devices names the device); elsewhere "
+                    f"{ACCEL_MEMORY.get(name, 'aios devices --json')}",
                     NOT_CUDA,
+                    level="warning" if zero else "error",
                 )
             else:
                 self.add(
@@ -684,7 +1064,14 @@ class _Checker:
         if last == "init_process_group" and (q.startswith("torch.distributed") or not q):
             arg = node.args[0] if node.args else None
             kw = next((k for k in node.keywords if k.arg == "backend"), None)
-            val = _str(arg) if arg is not None else _str(kw.value) if kw else None
+            chosen = arg if arg is not None else kw.value if kw else None
+            if isinstance(chosen, ast.IfExp) and self.cuda_test(chosen.test) == 0:
+                # "gloo" if args.device == "cpu" else "nccl": nccl on xla, tpu and neuron too
+                chosen = next(
+                    (b for b in (chosen.body, chosen.orelse) if _str(b) in PG_DEVICE_BACKENDS),
+                    chosen,
+                )
+            val = _str(chosen)
             if (
                 val is not None
                 and val.split(":")[-1] in PG_DEVICE_BACKENDS
@@ -699,8 +1086,33 @@ class _Checker:
                     self.pg_breaks(val.split(":")[-1] if "nccl" not in val else "nccl"),
                     fix="drop-backend",
                 )
+        if (q.endswith(("DistributedDataParallel", "parallel.DDP")) or last == "DDP") and (
+            self.cuda_guard
+        ):
+            self.add(
+                node,
+                "AIOS208",
+                f"{last}(...) only where the script found CUDA: on other devices it never wraps "
+                "the model, so each rank trains its own copy, unsynchronized, without a word; "
+                "rt.setup(model) wraps on every backend",
+                NOT_CUDA,
+                guardable=False,
+            )
         if q.endswith(("DistributedDataParallel", "parallel.DDP")) or last == "DDP":
-            if any(k.arg in ("device_ids", "output_device") for k in node.keywords):
+            ids = [k.value for k in node.keywords if k.arg in ("device_ids", "output_device")]
+            if ids:
+                # device_ids=[device] if device.type == "cuda" else None: only CUDA gets ids
+                only_cuda = all(
+                    isinstance(v, ast.IfExp)
+                    and (
+                        self.cuda_test(v.test) == 1
+                        and _is_none(v.orelse)
+                        or self.cuda_test(v.test) == -1
+                        and _is_none(v.body)
+                    )
+                    for v in ids
+                )
+                self.cuda_guard += only_cuda
                 self.add(
                     node,
                     "AIOS202",
@@ -708,6 +1120,7 @@ class _Checker:
                     "for the selected backend and strategy (strategy=ddp|fsdp|tp)",
                     NOT_CUDA,
                 )
+                self.cuda_guard -= only_cuda
         # AMP and precision
         if q in ("torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast"):
             dev = node.args[0] if node.args else None
@@ -755,18 +1168,21 @@ class _Checker:
             ]
             if any(_is_cuda_string(a) for a in args):
                 self.add(node, "AIOS101", f"device 'cuda...': {RT_DEVICE}", NOT_CUDA)
-            elif any(
-                isinstance(a, (ast.Name, ast.Attribute)) and self.rankish(a)
-                for a in (node.args[:1] if last == "to" else [])
-                + [k.value for k in node.keywords if k.arg == "device"]
-            ):
-                self.add(
-                    node,
-                    "AIOS101",
-                    f"a rank as the device ({_dotted(node.args[0] if node.args else node)}) "
-                    f"means a CUDA device index: {RT_DEVICE}",
-                    NOT_CUDA,
-                )
+            else:
+                ranks = [
+                    a
+                    for a in (node.args[:1] if last == "to" else [])
+                    + [k.value for k in node.keywords if k.arg == "device"]
+                    if isinstance(a, (ast.Name, ast.Attribute)) and self.rankish(a)
+                ]
+                if ranks:
+                    self.add(
+                        node,
+                        "AIOS101",
+                        f"a rank as the device ({ast.unparse(ranks[0])}) means a CUDA device "
+                        f"index: {RT_DEVICE}",
+                        NOT_CUDA,
+                    )
         # Lightning / Fabric pinned to one device
         if q.startswith(("lightning", "pytorch_lightning")) and last in ("Fabric", "Trainer"):
             for k in node.keywords:
@@ -819,16 +1235,284 @@ class _Checker:
                     "torch.Generator() (data order from the CPU is the same on every backend)",
                     NOT_CUDA if _is_cuda_string(dev) else XLA_ONLY_BREAKS,
                 )
+        self.check_habits(node, q, last)
         # one rank only
         self.note_call(node, q)
         if self.guard_depth:
             self.check_guarded_call(node, q)
-        if q in SEED_CALLS or (
-            last == "seed_everything"
-            and _dotted(node.func.value if isinstance(node.func, ast.Attribute) else node.func)
-            in self.rt_names
+
+    def only_shown(self, node: ast.AST) -> bool:
+        """``node`` only feeds a printed or logged text (an f-string, print/log arguments)."""
+        child, parent = node, self.parents.get(id(node))
+        while parent is not None and not isinstance(parent, ast.stmt):
+            if isinstance(parent, ast.JoinedStr):
+                return True
+            if isinstance(parent, ast.Call) and child is not parent.func:
+                return _last(parent.func) in ("print", "info", "debug", "warning", "log", "write")
+            if not isinstance(parent, ast.FormattedValue):
+                return False
+            child, parent = parent, self.parents.get(id(parent))
+        return False
+
+    def picks_device(self, node: ast.AST) -> bool:
+        """A test whose value is kept or picks a device (``use_accel = ... is_available()``,
+        ``x if <test> else y``, ``if <test>: device = ...``), not one that guards a sync."""
+        child, parent = node, self.parents.get(id(node))
+        while parent is not None and not isinstance(parent, ast.stmt):
+            if isinstance(parent, ast.IfExp) and child is parent.test:
+                return True
+            child, parent = parent, self.parents.get(id(parent))
+        if isinstance(parent, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Return)):
+            return True
+        if isinstance(parent, ast.If) and child is parent.test:
+            return any(
+                isinstance(stmt, (ast.Assign, ast.AnnAssign))
+                and any(
+                    "device" in (_dotted(t) or "").lower() or "accel" in (_dotted(t) or "")
+                    for t in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target])
+                )
+                for stmt in parent.body
+            )
+        return False
+
+    def resolve(self, node: ast.AST | None) -> ast.AST | None:
+        """A name's value where the script assigns it once (module constants, locals)."""
+        if isinstance(node, ast.Name):
+            vals = self.values.get(node.id, [])
+            if len(vals) == 1:
+                return vals[0]
+        return node
+
+    def check_env_read(self, node: ast.AST, environ: bool, key: ast.AST | None) -> None:
+        name = _str(key)
+        if name in ENV_RANKS and environ:
+            self.add(
+                node,
+                "AIOS206",
+                f"reads {name} from the environment: aios-run sets it, so this works; the aios "
+                f"form is {ENV_RANKS[name]} (the same under every launcher and backend)",
+                level="note",
+            )
+
+    def check_habits(self, node: ast.Call, q: str, last: str) -> None:
+        """What public training scripts habitually write that ties them to CUDA or to their own
+        launcher: argparse defaults, torch.accelerator, spawn, loads, pinning, autocast guarded
+        to CUDA, compile backends, device tools, FP8 ops, per-rank downloads, own meshes."""
+        kw = {k.arg: k.value for k in node.keywords if k.arg}
+        if last == "add_argument":
+            default = kw.get("default")
+            opts = " ".join(_str(a) or "" for a in node.args)
+            if _is_cuda_string(default):
+                self.add(
+                    default,  # type: ignore[arg-type]
+                    "AIOS101",
+                    f"{opts or 'an option'} defaults to {_str(default)!r}: run unchanged, the "
+                    f"script asks for CUDA; {RT_DEVICE}",
+                    NOT_CUDA,
+                )
+            elif (
+                any(o.strip("-").replace("_", "-") == "world-size" for o in opts.split())
+                and isinstance(default, (ast.Constant, ast.UnaryOp))
+                and isinstance(_int(default), int)
+            ):
+                self.add(
+                    default,
+                    "AIOS209",
+                    f"{opts} defaults to {_int(default)}: run as aios-run starts it, each rank "
+                    "believes it is alone and trains its own copy (the copies never join); "
+                    "use rt.world_size (and rt.rank)",
+                    BACKENDS,
+                    ("ddp", *SHARDED),
+                    when="copies never join under aios-run --nprocs N",
+                )
+            elif _str(default) in PG_DEVICE_BACKENDS and "backend" in opts:
+                self.add(
+                    default,  # type: ignore[arg-type]
+                    "AIOS201",
+                    f"{opts} defaults to {_str(default)!r}, which names one device's "
+                    "process-group backend: aios.init() joins the process group with the selected "
+                    "backend's own (gloo, nccl, xla, tpu, neuron)",
+                    self.pg_breaks(_str(default) or ""),
+                )
+        if q.startswith("torch.accelerator."):
+            name = q.rsplit(".", 1)[-1]
+            parent = self.parents.get(id(node))
+            if name == "is_available" and self.picks_device(node):
+                self.add(
+                    node,
+                    "AIOS110",
+                    "torch.accelerator.is_available() is False under torch_xla (an XLA device is "
+                    "not a torch.accelerator): on --backend xla the script silently trains on "
+                    "the host CPU; use rt.device",
+                    ("xla",),
+                )
+            elif (
+                name == "current_accelerator"
+                and isinstance(parent, ast.Attribute)
+                and not self.accel_guard
+            ):
+                self.add(
+                    node,
+                    "AIOS110",
+                    f"torch.accelerator.current_accelerator().{parent.attr} without a test: it "
+                    "is None on CPU and under torch_xla (AttributeError); use rt.device",
+                    ("cpu", "xla"),
+                )
+            elif name == "device_count" and not (self.accel_guard or self.cuda_guard):
+                use = self.parents.get(id(node))
+                sizes = isinstance(use, ast.keyword) and use.arg in ("nprocs", "world_size")
+                sizes |= (  # per_node = torch.accelerator.device_count(); spawn(nprocs=per_node)
+                    isinstance(use, ast.Assign)
+                    and len(use.targets) == 1
+                    and isinstance(use.targets[0], ast.Name)
+                    and use.targets[0].id in self.process_counts
+                )
+                if sizes or (
+                    isinstance(use, ast.BinOp)
+                    and isinstance(use.op, (ast.Mod, ast.FloorDiv, ast.Div))
+                    and use.right is node
+                ):
+                    self.add(
+                        node,
+                        "AIOS110",
+                        "torch.accelerator.device_count() is 0 on CPU and under torch_xla: as a "
+                        "divisor or a process count it fails there; rt.world_size counts the "
+                        "processes, rt.local_rank picks this one's device",
+                        ("cpu", "xla"),
+                    )
+        if q in ("torch.multiprocessing.spawn", "torch.multiprocessing.start_processes"):
+            self.add(
+                node,
+                "AIOS203",
+                f"{_dotted(node.func)}() starts its own processes: under aios-run --nprocs N "
+                "each rank would start N more; call the worker once (aios-run starts one "
+                "process per rank; rt.rank, rt.local_rank, rt.device)",
+                BACKENDS,
+            )
+        if q == "torch.load" and "map_location" not in kw and len(node.args) < 2:
+            self.add(
+                node,
+                "AIOS113",
+                "torch.load() without map_location puts each tensor back on the device it was "
+                "saved from: a checkpoint written on a GPU fails to load on cpu, xla, tpu, "
+                "neuron; map_location='cpu' (or rt.load / rt.resume, which place it)",
+                NOT_CUDA,
+            )
+        pin = kw.get("pin_memory")
+        if isinstance(pin, ast.Constant) and pin.value is True and not self.accel_guard:
+            if q.startswith("torch.") and not q.startswith("torch.utils"):
+                self.add(
+                    pin,
+                    "AIOS112",
+                    f"{q}(pin_memory=True) needs a CUDA (or other torch.accelerator) device: on "
+                    "CPU and under torch_xla it raises (no pinned memory allocator); pin only "
+                    "when rt.backend == 'cuda'",
+                    ("cpu", "xla"),
+                )
+            else:
+                self.add(
+                    pin,
+                    "AIOS112",
+                    "pin_memory=True pins host memory for copies to an accelerator: on CPU and "
+                    "under torch_xla torch warns and pins nothing; rt.setup(loader) keeps the "
+                    "loader's setting, so pin only when rt.backend == 'cuda'",
+                    ("cpu", "xla"),
+                    level="warning",
+                )
+        if q in ("torch.autocast", "torch.amp.autocast") and not _is_cuda_string(
+            kw.get("device_type", node.args[0] if node.args else None)
         ):
-            self.check_seed(node)
+            dev = kw.get("device_type", node.args[0] if node.args else None)
+            value = self.resolve(dev)
+            derived = value is not dev and _is_cuda_string(value)
+            if self.cuda_guard or derived:
+                how = (
+                    f"device_type is {ast.unparse(value)!r}"  # type: ignore[arg-type]
+                    if derived
+                    else "autocast only when the device is CUDA"
+                )
+                self.add(
+                    node,
+                    "AIOS304",
+                    f"{how}: on other devices the script trains in fp32 where it asked for "
+                    "bf16/fp16, without a word; use `with rt.autocast():` and precision=bf16-mixed",
+                    NOT_CUDA,
+                    level="warning",
+                    guardable=False,
+                )
+        if q == "torch.compile":
+            self.check_compile(node, kw)
+        self.check_more_habits(node, q, kw)
+
+    def check_compile(self, node: ast.AST, kw: dict[str, ast.expr]) -> None:
+        backend = _str(kw.get("backend"))
+        if backend is None and "backend" not in kw:
+            self.add(
+                node,
+                "AIOS413",
+                "torch.compile() with its default backend (inductor) cannot compile torch_xla "
+                "tensors: under --backend xla pass backend='openxla' (e.g. backend='openxla' if "
+                "rt.backend == 'xla' else 'inductor')",
+                ("xla",),
+            )
+        elif backend in ("inductor", "cudagraphs", "tensorrt", "torch_tensorrt"):
+            self.add(
+                node,
+                "AIOS413",
+                f"torch.compile(backend={backend!r}) compiles for CUDA/CPU kernels: XLA, TPU "
+                "and Trainium need their own backend ('openxla', 'tpu', 'neuron'); choose it "
+                "by rt.backend",
+                ("xla", "tpu", "neuron"),
+            )
+
+    def check_more_habits(self, node: ast.Call, q: str, kw: dict[str, ast.expr]) -> None:
+        if q in SHELL_CALLS or q.startswith("subprocess."):
+            for sub in ast.walk(node):
+                text = _str(sub)
+                if text and text.split(" ")[0] in DEVICE_TOOLS:
+                    self.add(
+                        node,
+                        "AIOS117",
+                        f"runs {text.split(' ')[0]}, an NVIDIA tool: it is missing elsewhere "
+                        "(FileNotFoundError); `aios devices` or the run record describe every "
+                        "backend's devices",
+                        NOT_CUDA,
+                    )
+                    break
+        if q in ("torch._scaled_mm", "torch._scaled_grouped_mm"):
+            self.add(
+                node,
+                "AIOS115",
+                f"{q}() is an FP8 matmul with kernels for CUDA (and a slow reference on CPU): "
+                "XLA, TPU and Trainium stacks have none; keep a bf16 path (precision=bf16-mixed) "
+                "for them",
+                ("xla", "tpu", "neuron"),
+            )
+        if q.endswith("get_kernel") and q.split(".")[0] in ("kernels", "huggingface_hub"):
+            self.add(
+                node,
+                "AIOS502",
+                f"{_dotted(node.func)}() loads a prebuilt kernel from the Hub (built for CUDA): "
+                "use torch.nn.functional.scaled_dot_product_attention / plain torch ops elsewhere",
+                NOT_CUDA,
+            )
+        dl = kw.get("download")
+        if isinstance(dl, ast.Constant) and dl.value is True and not self.guard_depth:
+            self.add(
+                node,
+                "AIOS606",
+                "download=True on every rank: under aios-run --nprocs N each rank downloads into "
+                "the same folder at once and may read a half-written file; download under "
+                "`if rt.is_local_main:` then rt.barrier(), or before the run",
+                BACKENDS,
+                ("ddp", *SHARDED),
+                when="races under aios-run --nprocs N",
+            )
+        own = q.rsplit(".", 1)[-1] if q.startswith("torch.distributed") else ""
+        if own in OWN_PARALLELISM:
+            self.add(node, "AIOS207", f"{own}() {OWN_PARALLELISM[own]}", level="note")
+        if q in ("os.environ.get", "os.getenv") and node.args:
+            self.check_env_read(node, True, node.args[0])
 
     def check_xla_call(self, node: ast.Call, q: str) -> None:
         name = q.split(".")[-1]
@@ -901,15 +1585,38 @@ class _Checker:
             return "save", f"rt.{last}()"
         if q == "torch_xla.core.xla_model.save":  # a rendezvous of every ordinal inside
             return "save", f"{_dotted(node.func)}()"
-        if last == "state_dict" and base is not None and self.is_model_expr(base):
-            return "save", f"{base_d or 'model'}.state_dict()"
-        if self.is_model_expr(node.func) and not (
-            isinstance(node.func, ast.Attribute) and node.func.attr in ("to", "cuda", "module")
+        if (
+            last in ("state_dict", "save_pretrained")
+            and base is not None
+            and self.is_model_expr(base)
         ):
+            return "save", f"{base_d or 'model'}.state_dict()"
+        if self.is_model_expr(node.func) and self.is_forward_call(node):
             return "forward", f"{_dotted(node.func) or 'model'}(...)"
-        if last in ("generate", "forward") and base is not None and self.is_model_expr(base):
+        if (
+            (last in ("generate", "forward") or last in self.forward_methods)
+            and base is not None
+            and self.is_model_expr(base)
+        ):
             return "forward", f"{base_d}.{last}(...)"
         return None
+
+    def is_forward_call(self, node: ast.Call) -> bool:
+        """``model(x)``, ``self.net(x)``: not ``save_model(...)``, ``accelerator.unwrap_model(m)``
+        (names that match ``*_model`` but are functions)."""
+        func = node.func
+        d = _dotted(func)
+        if isinstance(func, ast.Attribute) and func.attr in ("to", "cuda", "module"):
+            return False
+        if d in self.models:
+            return True
+        name = _last(func)
+        if VERB_NAMES.match(name) or d in self.funcs or self.qual(func) is not None:
+            return False
+        if isinstance(func, ast.Attribute):
+            # obj.some_model(...) is a method unless obj is self (self.model(x))
+            return isinstance(func.value, ast.Name) and func.value.id == "self"
+        return True
 
     def callee(self, node: ast.Call) -> _Func | None:
         d = _dotted(node.func)
@@ -927,16 +1634,33 @@ class _Checker:
         for key, f in self.funcs.items():
             self.class_stack = [f.cls] if f.cls else []
             self.scopes.append(dict.fromkeys(self.locals_of(f.node)))
+            reads_weights = writes_file = 0
             for sub in ast.walk(f.node):
                 if isinstance(sub, ast.Call):
                     eff = self.effect(sub, self.call_qual(sub))
                     if eff:
                         f.kinds.setdefault(eff[0], sub.lineno)
+                    func = sub.func
+                    if (
+                        isinstance(func, ast.Attribute)
+                        and func.attr in ("named_parameters", "parameters")
+                        and self.is_model_expr(func.value)
+                    ):
+                        reads_weights = reads_weights or sub.lineno
+                    mode = _str(sub.args[1]) if len(sub.args) > 1 else None
+                    mode = mode or next(
+                        (_str(k.value) for k in sub.keywords if k.arg == "mode"), None
+                    )
+                    if _last(func) == "open" and mode and ("w" in mode or "a" in mode):
+                        writes_file = sub.lineno
                     d = _dotted(sub.func) or ""
                     if d.startswith("self.") and f.cls:
                         f.calls.append((f"{f.cls}.{d[5:]}", sub.lineno))
                     elif d in self.funcs and d != key:
                         f.calls.append((d, sub.lineno))
+            if reads_weights and writes_file:
+                # a file written from the model's parameters (llm.c's write_model): a checkpoint
+                f.kinds.setdefault("save", reads_weights)
             self.scopes.pop()
         self.class_stack = []
         changed = True
@@ -999,35 +1723,6 @@ class _Checker:
                 f"({os.path.basename(self.path)}:{f.kinds[kind]}): {msg}",
                 BACKENDS,
                 strategies,
-            )
-
-    def check_seed(self, node: ast.Call) -> None:
-        if not any(self.rankish(a) for a in [*node.args, *(k.value for k in node.keywords)]):
-            return
-        scope = self.func_stack[-1].node if self.func_stack else self.tree
-        builds = self.builds.get(id(scope))
-        if builds is None:
-            builds = self.builds[id(scope)] = sorted(
-                n.lineno
-                for n in ast.walk(scope)
-                if isinstance(n, (ast.Assign, ast.AnnAssign))
-                and isinstance(n.value, ast.Call)
-                and any(
-                    self.is_model_expr(t)
-                    for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
-                )
-            )
-        later = [line for line in builds if line > node.lineno]
-        if later:
-            self.add(
-                node,
-                "AIOS604",
-                f"a per-rank seed before the model is built (line {later[0]}): under a "
-                "sharded strategy each rank initialises its shard from a different RNG and the "
-                "weights disagree; seed every rank alike (config seed=N, or rt.seed_everything(seed)) "
-                "before building the model; aios shards the data order by rank itself",
-                BACKENDS,
-                SHARDED,
             )
 
     def note_call(self, node: ast.Call, q: str) -> None:
@@ -1099,7 +1794,8 @@ def expand(paths: Iterable[str]) -> list[str]:
 def for_backend(findings: Iterable[Finding], backend: str | None) -> list[Finding]:
     if backend is None:
         return list(findings)
-    return [f for f in findings if backend in f.backends]
+    # what breaks (or silently differs) there; notes break nothing anywhere
+    return [f for f in findings if backend in f.backends and f.level != "note"]
 
 
 # ------------------------------------------------------------------ safe rewrites

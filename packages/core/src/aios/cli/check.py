@@ -1,6 +1,6 @@
 """``aios check SCRIPT... [--backend NAME] [--json] [--fix]``: what ties training scripts to one
-accelerator (static; imports no torch). Exit 1 when something is found, 0 when clean, 2 on bad
-input."""
+accelerator (static; imports no torch). Exit 1 when something breaks or silently differs somewhere
+(errors, warnings), 0 when clean or only notes remain, 2 on bad input."""
 
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ def _write_atomically(path: str, text: str) -> None:
 @click.option(
     "--backend",
     default=None,
-    help="Only what breaks on this backend (cpu, cuda, xla, tpu, neuron).",
+    help="Only what breaks (or silently differs) on this backend: cpu, cuda, xla, tpu, neuron. "
+    "Notes are left out.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable findings.")
 @click.option(
@@ -44,8 +45,9 @@ def _write_atomically(path: str, text: str) -> None:
 def check(scripts: tuple[str, ...], backend: str | None, as_json: bool, fix: bool) -> None:
     """Find what ties training scripts to one accelerator, with the aios replacement.
 
-    One line per finding: PATH:LINE:COL CODE message (where it breaks). Directories are searched
-    for *.py files. Exit status: 1 when anything is found, 0 when clean, 2 on bad input.
+    One line per finding: PATH:LINE:COL CODE message (where it breaks, or "note"). Directories are
+    searched for *.py files. Exit status: 1 when something breaks or silently differs, 0 when
+    clean or only notes remain, 2 on bad input.
     """
     from aios.portcheck import (
         BACKENDS,
@@ -106,10 +108,14 @@ def check(scripts: tuple[str, ...], backend: str | None, as_json: bool, fix: boo
         for f in findings:
             click.echo(str(f))
         fixable = sum(1 for f in findings if f.fix)
-        summary = f"aios check: {len(findings)} finding(s) in {len(files)} file(s)"
+        notes = sum(1 for f in findings if f.level == "note")
+        summary = f"aios check: {len(findings)} finding(s)"
+        if notes:
+            summary += f" ({notes} note(s))"
+        summary += f" in {len(files)} file(s)"
         if diffs:
             summary += f"; fixed {len(diffs)} file(s)"
         if fixable:
             summary += f"; {fixable} fixable with --fix"
         click.echo(summary, err=True)
-    sys.exit(1 if findings else 0)
+    sys.exit(1 if any(f.level != "note" for f in findings) else 0)

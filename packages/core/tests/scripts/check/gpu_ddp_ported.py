@@ -1,7 +1,6 @@
 """gpu_ddp.py after `aios check --fix` and the remaining findings addressed as suggested:
 `aios-run --nprocs 2 gpu_ddp_ported.py` on any backend."""
 
-import os
 import sys
 import time
 
@@ -21,8 +20,8 @@ def ddp_setup():
 
 class Trainer:
     def __init__(self, model, train_data, optimizer, save_every, snapshot_path):
-        self.gpu_id = int(os.environ["LOCAL_RANK"])
         self.rt = aios.init()
+        self.gpu_id = self.rt.local_rank
         self.model = model
         self.train_data = train_data
         self.optimizer = optimizer
