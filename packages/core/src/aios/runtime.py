@@ -571,6 +571,7 @@ class Runtime:
                 f"(torch.manual_seed({script})); leave seed unset to keep the script's"
             )
         self.seed_everything(seed)
+
     def _recent_step_time(self) -> float | None:
         """The median of the recent optimizer steps' wall times (None before two steps)."""
         st = self.timer.stamps
