@@ -357,7 +357,13 @@ def test_emergency_checkpoint_is_written_when_the_pending_background_save_was_lo
     mgr.start()
     try:
         mgr.format = LostInBackground()
-        mgr.format.pending = object()  # a save of step 4 is in flight
+        class InFlight:  # a save of step 4 is in flight (its handle, as DCP's SaveHandle)
+            step = 4
+
+            def done(self) -> bool:
+                return False
+
+        mgr.format.pending = InFlight()
         ts.step = 5
         with pytest.warns(UserWarning, match="background save of checkpoint step 4 failed"):
             event = mgr.emergency_save("SIGTERM", 0, lambda: 0.5)

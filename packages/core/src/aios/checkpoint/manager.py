@@ -945,8 +945,8 @@ class CheckpointManager:
         left = self._agreed_time_left(time_left)
         t_left = self.clock()
         if self.config.checkpoint.dir:
-            pend = self.pending_left()
-            if pend is not None:
+            if getattr(self.format, "pending", None) is not None:
+                pend = self.pending_left()  # None: no estimate yet (then it is finished)
                 abandon = self._collective(
                     lambda: not self.fits(pend, left), "finishing the background save"
                 )
