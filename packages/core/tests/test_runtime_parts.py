@@ -357,6 +357,7 @@ def test_emergency_checkpoint_is_written_when_the_pending_background_save_was_lo
     mgr.start()
     try:
         mgr.format = LostInBackground()
+
         class InFlight:  # a save of step 4 is in flight (its handle, as DCP's SaveHandle)
             step = 4
 
