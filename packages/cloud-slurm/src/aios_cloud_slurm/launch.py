@@ -147,11 +147,12 @@ def dry_run(
     gpus = False
     try:
         provider.require_slurm()
-        part = provider.resolve_partition(wanted)
-        partition, gpus = part["name"], "gpu" in (part["gres"] or "")
-    except CloudError as exc:
+    except CloudError as exc:  # no Slurm reachable from here: the script, unchecked, and why
         partition = wanted
         echo(f"# note: {exc.one_line()} (the script below is not checked against the cluster)")
+    else:  # a partition the cluster does not have is an error, as in the launch
+        part = provider.resolve_partition(wanted)
+        partition, gpus = part["name"], "gpu" in (part["gres"] or "")
     rd = provider.settings.remote_dir
     root = f"{rd}/{name}"
     job = build_job(provider, p, name, partition, gpus, root, "<id>", env, forward)
