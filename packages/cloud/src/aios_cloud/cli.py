@@ -289,7 +289,7 @@ def status(
                 _log(f"{c}: cannot list its aios resources ({exc})")
         if name and not recs and not unrecorded:
             ops.require_cluster(store, name)
-    out = []
+    out: list[dict[str, Any]] = []
     for r in recs:
         jobs = store.jobs(r.name)
         events = [
@@ -1039,11 +1039,11 @@ def cost(
         if as_json:
             _emit_json(rows)
             return
-        for r in rows:
-            e = next(m for m in matches if m.cloud == r["cloud"])
+        for row in rows:
+            e = next(m for m in matches if m.cloud == row["cloud"])
             _echo(
-                f"{r['cloud']} {r['accelerator']} x{nodes} for {hours:g} h: on-demand "
-                f"{_money(r['on_demand_usd'], e)}, spot {_money(r['spot_usd'], e)}"
+                f"{row['cloud']} {row['accelerator']} x{nodes} for {hours:g} h: on-demand "
+                f"{_money(row['on_demand_usd'], e)}, spot {_money(row['spot_usd'], e)}"
             )
         return
     if not (params and tokens):
