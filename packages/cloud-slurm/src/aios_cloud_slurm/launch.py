@@ -485,8 +485,8 @@ def follow(
                     continue
             time.sleep(min(poll, 1.0))
             tail = _read_from(provider, out_path, offset)
-            for line in (partial + tail).decode(errors="replace").splitlines():
-                echo(line)
+            for text in (partial + tail).decode(errors="replace").splitlines():
+                echo(text)
             code = provider.final_exit({"job_dir": job_dir})
             if state == "CANCELLED":
                 store.update_job(job_id, state=JOB_CANCELLED)
