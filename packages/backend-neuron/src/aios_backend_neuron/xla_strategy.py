@@ -110,9 +110,11 @@ class NeuronNxDStrategy(NeuronXlaStrategy):
             **nxd_config_kwargs(self.neuron, self.config)
         )
 
+    @property
     def data_rank(self) -> int:
         return int(self._ps.get_data_parallel_rank())
 
+    @property
     def data_world(self) -> int:
         return int(self._ps.get_data_parallel_size())
 

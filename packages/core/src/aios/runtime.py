@@ -231,7 +231,7 @@ def _install_excepthook() -> None:
     sys.excepthook = hook
 
 
-def derive_grad_accum(cfg: Any, strategy: Any) -> None:
+def derive_grad_accum(cfg: Any, strategy: Strategy) -> None:
     """``grad_accum`` from ``global_batch`` and ``micro_batch`` once the number of data-parallel
     ranks is known: ``global_batch / (micro_batch x data ranks)``, exact or a one-line error."""
     g, m = cfg.global_batch, cfg.micro_batch
@@ -243,7 +243,7 @@ def derive_grad_accum(cfg: Any, strategy: Any) -> None:
             f"{'global_batch' if g is None else 'micro_batch'}",
             "set both (grad_accum is derived from them), or neither and set grad_accum",
         )
-    ranks = int(getattr(strategy, "data_world", None) or strategy.world_size or 1)
+    ranks = int(strategy.data_world)
     per_step = m * ranks
     if g % per_step:
         raise ConfigError(
@@ -793,15 +793,7 @@ class Runtime:
         return self.strategy.broadcast_object(obj, src)
 
     def gather_object(self, obj: Any) -> list[Any]:
-        fn = getattr(self.strategy, "gather_object", None)
-        if fn is not None:
-            return fn(obj)
-        if self._world == 1:
-            return [obj]
-        raise AiosError(
-            f"the {self.backend} strategy cannot gather Python objects",
-            "gather tensors with all_gather instead",
-        )
+        return self.strategy.gather_object(obj)
 
     # ---------------------------------------------------------------- seeding and RNG
     def seed_everything(self, seed: int) -> None:

@@ -57,10 +57,13 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aios.contract import STATUS_DIR_ENV
 from aios.errors import CheckpointError, PeerFailed, os_cause, outcome, settle
+
+if TYPE_CHECKING:  # pragma: no cover
+    from aios.strategy import Strategy
 
 __all__ = [
     "CheckpointFormat",
@@ -181,7 +184,7 @@ class CheckpointManager:
     def __init__(
         self,
         config: Any,
-        strategy: Any,
+        strategy: Strategy,
         training: Any,
         record: Any,
         backend: str,
@@ -199,14 +202,14 @@ class CheckpointManager:
         self.pending: str | None = None
         #: called for a "preempt" boundary (the runtime writes the emergency checkpoint and exits)
         self.on_preempt: Callable[[], None] | None = None
-        self.format = get_format(getattr(strategy, "checkpoint_format", "full") or "full")
+        self.format = get_format(strategy.checkpoint_format)
         if hasattr(self.format, "seed"):
             self.format.seed = config.seed  # ranks beyond a saved world size reseed from it
         io = getattr(self.format, "io", None)
         if io is not None and hasattr(io, "async_mode"):
             from aios.checkpoint.sharded import resolve_async_mode
 
-            device = getattr(getattr(strategy, "accelerator", None), "device_type", None)
+            device = strategy.accelerator.device_type if strategy.accelerator else None
             io.async_mode = resolve_async_mode(config.checkpoint.async_writer, device)
         self.lineage: str | None = None
         self.saved_step: int | None = None
@@ -265,13 +268,7 @@ class CheckpointManager:
         one rank stops every rank (one line, from the rank where it happened; the others stop
         quietly) instead of leaving them to die at their next collective."""
         mine = outcome(error)
-        gather = getattr(self.strategy, "gather_object", None)
-        if self.world_size > 1 and gather is not None:
-            outcomes = gather(mine)
-        else:
-            if self.world_size > 1:
-                self.strategy.barrier()
-            outcomes = [mine]
+        outcomes = self.strategy.gather_object(mine) if self.world_size > 1 else [mine]
         if error is not None and not isinstance(error, Exception):
             raise error  # KeyboardInterrupt, SystemExit: as they are
         settle(outcomes, self.strategy.rank, error, what)
@@ -365,7 +362,7 @@ class CheckpointManager:
     # ---------------------------------------------------------------- save
     def _gather_rngs(self, mine: dict[str, Any] | None = None) -> list[Any]:
         mine = mine if mine is not None else self.training.rng_state()
-        if self.world_size > 1 and hasattr(self.strategy, "gather_object"):
+        if self.world_size > 1:
             return self.strategy.gather_object(mine)
         return [mine]
 

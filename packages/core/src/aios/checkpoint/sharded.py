@@ -1114,7 +1114,7 @@ class DcpFormat:
     @staticmethod
     def _data_world(training: Any) -> int:
         """Ranks that read different data (the ``dp`` part of a 2-D mesh; all ranks otherwise)."""
-        return int(getattr(training.strategy, "data_world", None) or training.world_size)
+        return int(training.strategy.data_world)
 
     def save(self, step: int, ctx: Any, staging: Any, store: Any) -> dict[str, Any]:
         tr = ctx.training
