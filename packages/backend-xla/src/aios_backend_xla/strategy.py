@@ -109,8 +109,9 @@ class XlaStrategy(Strategy):
     def setup_environment(self) -> None:
         self.prepare_env()
         from aios.cluster import detect
+        from aios.plugins import get_registry
 
-        info = detect()
+        info = detect(None, get_registry())
         if self.group_before_runtime and (info.world_size or 1) > 1:
             self.init_process_group()
         import torch_xla

@@ -39,11 +39,11 @@ import threading
 import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
-from aios import hookspecs
+from aios import hookspecs, install_hints
 from aios.errors import AiosError, BackendUnavailable, ConfigError, PluginError
 from aios.types import (
     AcceleratorSpec,
@@ -55,6 +55,9 @@ from aios.types import (
     StorageSpec,
     StrategySpec,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from aios.cluster import ClusterEnvironment
 
 GROUP = "aios"
 BUILTIN = "aios-core"
@@ -227,7 +230,7 @@ class Registry:
         self.config_sections: dict[str, tuple[str, type]] = {}
         self.strategies: dict[str, list[StrategySpec]] = {}
         self.accelerators: dict[str, AcceleratorSpec] = {}
-        self.cluster_envs: dict[str, Any] = {}
+        self.cluster_envs: dict[str, ClusterEnvironment] = {}
         self.conflicted: dict[str, list[str]] = {}
         self.rejected: dict[str, tuple[str, str]] = {}  # "kind:key" -> (plugin, why)
         self.dead: set[str] = set()  # plugins that timed out: ignored from then on
@@ -446,10 +449,10 @@ class Registry:
         self._each_impl("aios_register_loggers", reg("logger", self.loggers, "name"))
 
         def sections(fn: Callable[..., Any], plugin: str) -> None:
-            from aios.config import AiosConfigBase
+            from aios.reserved import CONFIG_KEYS
 
             for key, model in (fn() or {}).items():
-                if key in AiosConfigBase.model_fields:
+                if key in CONFIG_KEYS:
                     self._error(
                         plugin,
                         f"config section '{key}' belongs to aios core; \"{plugin}\" cannot replace it",
@@ -858,22 +861,11 @@ class Registry:
         return out
 
 
-# Install lines for backends and clouds aios knows even when their plugin is absent. The public
-# registry's `aios`/`aios-core` are unrelated projects: install from the aios checkout.
-INSTALL_CORE = "pip install -e ./packages/core (from the aios checkout)"
-KNOWN_BACKENDS = {
-    "cuda": "pip install -e './packages/core[cuda]' ./packages/backend-cuda (from the aios checkout)",
-    "tpu": "pip install -e ./packages/core ./packages/backend-xla torch==2.13.0 torch_tpu==0.2.0 "
-    "(from the aios checkout, on a Cloud TPU VM)",
-    "xla": "pip install -e './packages/core[xla]' ./packages/backend-xla (from the aios checkout)",
-    "neuron": "pip install -e './packages/core[neuron]' ./packages/backend-xla ./packages/backend-neuron "
-    "(from the aios checkout), plus torch-neuronx from the AWS Neuron index",
-}
-KNOWN_CLOUDS = {
-    "gcp": "pip install -e './packages/core[gcp]' ./packages/cloud ./packages/backend-xla "
-    "./packages/cloud-gcp (from the aios checkout)",
-    "aws": "pip install -e './packages/core[aws]' ./packages/cloud ./packages/cloud-aws (from the aios checkout)",
-}
+# Install lines for first-party backends and clouds that are absent: data, one place
+# (aios.install_hints); re-exported under their 0.2 names.
+INSTALL_CORE = install_hints.CORE
+KNOWN_BACKENDS = install_hints.BACKENDS
+KNOWN_CLOUDS = install_hints.CLOUDS
 
 
 def _config_key(config: Any) -> str:
@@ -921,7 +913,7 @@ def _with_plugin_dependencies(allow: set[str], entry_points: list[Any]) -> set[s
 
 
 def _core_commands() -> set[str]:
-    from aios.cli.main import COMMANDS
+    from aios.reserved import COMMANDS
 
     return set(COMMANDS)
 

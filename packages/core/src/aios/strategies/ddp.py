@@ -171,8 +171,9 @@ class DDPStrategy(Strategy):
         import torch.distributed as dist
 
         from aios.cluster import detect
+        from aios.plugins import get_registry
 
-        self.cluster = info = detect()
+        self.cluster = info = detect(None, get_registry())
         self.rank = info.rank or 0
         self.world_size = info.world_size or 1
         self.local_rank = info.local_rank if info.local_rank is not None else self.rank
