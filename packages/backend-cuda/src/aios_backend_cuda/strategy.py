@@ -20,7 +20,7 @@ accelerator, so its generic parts are tested on CPU over gloo with core's ``CpuA
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from aios.strategies.ddp import DDPStrategy
 
@@ -105,7 +105,7 @@ class CudaDDPStrategy(DDPStrategy):
             import torch
 
             mode = None if self.settings.compile_mode == "default" else self.settings.compile_mode
-            module = torch.compile(module, mode=mode)
+            module = cast("torch.nn.Module", torch.compile(module, mode=mode))
             self.compiled = True
         return module
 

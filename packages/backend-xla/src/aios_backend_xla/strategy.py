@@ -381,7 +381,8 @@ class XlaStrategy(Strategy):
         import torch
 
         g = torch.Generator("cpu")
-        g.manual_seed(self.config.seed if seed is None else seed)
+        chosen = self.config.seed if seed is None else seed
+        g.manual_seed(0 if chosen is None else chosen)
         return g
 
     # ---------------------------------------------------------------- diagnostics

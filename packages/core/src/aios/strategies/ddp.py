@@ -115,6 +115,8 @@ class DDPStrategy(Strategy):
     :class:`aios.accelerator.Accelerator` of that device type and process-group backend."""
 
     name = "ddp"
+    #: always set: the native strategies run on an accelerator (cpu when none is given)
+    accelerator: Accelerator
 
     def __init__(
         self,
