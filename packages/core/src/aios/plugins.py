@@ -437,6 +437,8 @@ class Registry:
                         self._reject(kind, key, plugin, "its probe is not callable")
                         return
                     spec = _with_plugin(spec, plugin)
+                    if kind == "backend":
+                        spec = _declared_probe(spec, plugin)
                     self._claim(kind, table, key, spec, plugin)
 
                 fn(register=register)
@@ -549,12 +551,9 @@ class Registry:
         key = (name, _config_key(config))
         if key in self._probes:
             return self._probes[key]
-        if config is not None and _accepts_config(spec.probe):
-            out = self._run(
-                spec.plugin or name, f"the '{name}' probe", lambda: spec.probe(config=config)
-            )
-        else:
-            out = self._run(spec.plugin or name, f"the '{name}' probe", spec.probe)
+        out = self._run(
+            spec.plugin or name, f"the '{name}' probe", lambda: spec.probe(config=config)
+        )
         if out.timed_out:
             avail = Availability(
                 False,
@@ -880,13 +879,33 @@ def _config_key(config: Any) -> str:
     return f"id:{id(config)}"
 
 
-def _accepts_config(fn: Callable[..., Any]) -> bool:
+def _declared_probe(spec: Any, plugin: str) -> Any:
+    """The one adapter for a 0.1 backend probe declared without the ``config`` parameter: looked
+    at once, when the backend registers (never at each probe); the plugin's author is told the
+    new form with a :class:`DeprecationWarning` and the probe is wrapped to take ``config``."""
+    import dataclasses
     import inspect
+    import warnings
 
     try:
-        return "config" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
+        params = inspect.signature(spec.probe).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to read, call as declared
+        return spec
+    if "config" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return spec
+    old = spec.probe
+    warnings.warn(
+        f"backend '{spec.name}' of plugin \"{plugin}\": probe() without a config parameter is "
+        "deprecated since aios 0.2; declare probe(config=None) -> Availability (the old form is "
+        "removed in 0.4 at the earliest)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+
+    def probe(config: Any = None) -> Availability:
+        return old()  # type: ignore[no-any-return]
+
+    return dataclasses.replace(spec, probe=probe)
 
 
 def _has_legacy(reg: Registry, hook_name: str, plugin: str) -> bool:
