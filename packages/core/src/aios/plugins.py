@@ -903,7 +903,7 @@ def _declared_probe(spec: Any, plugin: str) -> Any:
     )
 
     def probe(config: Any = None) -> Availability:
-        return old()  # type: ignore[no-any-return]
+        return old()
 
     return dataclasses.replace(spec, probe=probe)
 
