@@ -399,8 +399,21 @@ class FSDPStrategy(DDPStrategy):
         params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
         total = total_grad_norm([p.grad for p in params])
         import torch
+        from torch.distributed.tensor import DTensor
 
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        # one foreach per (mesh, placements): a tp plan leaves the unplanned layers on the dp
+        # mesh, and one foreach over gradients on two meshes fails
+        groups: dict[Any, list[Any]] = {}
+        for p in params:
+            g = p.grad
+            key = (
+                (id(g.device_mesh), tuple(g.placements))
+                if isinstance(g, DTensor)
+                else ("local", g.device.type)
+            )
+            groups.setdefault(key, []).append(p)
+        for group in groups.values():
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
         return total
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, precision: Precision) -> bool:
