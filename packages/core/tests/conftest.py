@@ -64,7 +64,8 @@ BACKEND_PLUGIN = """
 
     @hookimpl
     def aios_register_backends(register):
-        register(BackendSpec(name="{name}", priority={priority}, probe=lambda: Availability({avail}, "no widget"),
+        register(BackendSpec(name="{name}", priority={priority},
+                             probe=lambda config=None: Availability({avail}, "no widget"),
                              install_hint="pip install widget"))
 """
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from aios.checkpoint import LOCK_FILE, CheckpointStore
+from aios.checkpoint import lock as lockmod
 from aios.checkpoint import store as ckmod
 from aios.errors import CheckpointError
 
@@ -146,7 +147,7 @@ def test_holder_that_cannot_refresh_stops_before_takeover_and_never_writes_again
     clock.t += ckmod.LOCK_STALE_S  # now B (another host) may take over
     b = CheckpointStore(str(ck), keep=None)
     b.clock = clock
-    monkeypatch.setattr(ckmod.socket, "gethostname", lambda: "host-b.invalid")
+    monkeypatch.setattr(lockmod.socket, "gethostname", lambda: "host-b.invalid")
     b.acquire_lock({"run_id": "B"})
     full["on"] = False  # the disk has room again
     assert a.heartbeat() is False
@@ -194,7 +195,7 @@ def test_s3_lock_writes_are_conditional(monkeypatch) -> None:
         boto3.client("s3", endpoint_url=f"http://{host}:{port}").create_bucket(Bucket="aios-lock")
         a = CheckpointStore("s3://aios-lock/ck", keep=None)
         b = CheckpointStore("s3://aios-lock/ck", keep=None)
-        monkeypatch.setattr(ckmod.socket, "gethostname", lambda: "host-a.invalid")
+        monkeypatch.setattr(lockmod.socket, "gethostname", lambda: "host-a.invalid")
         a.acquire_lock({"run_id": "A"})
         # b read "no lock" just before a wrote: its exclusive create is refused by the store
         assert b._put_lock(b"{}", expect=None, replace=False) is False
@@ -204,7 +205,7 @@ def test_s3_lock_writes_are_conditional(monkeypatch) -> None:
         # ...so a takeover decided on the version b read is refused (compare-and-swap)
         assert b._put_lock(b'{"run_id": "B"}', expect=version, replace=True) is False
         assert b.read_lock()["run_id"] == "A"
-        monkeypatch.setattr(ckmod.socket, "gethostname", lambda: "host-b.invalid")
+        monkeypatch.setattr(lockmod.socket, "gethostname", lambda: "host-b.invalid")
         with pytest.raises(CheckpointError, match="in use by run A"):
             b.acquire_lock({"run_id": "B"})
         a.release_lock()
@@ -256,7 +257,7 @@ def gcs_with_preconditions(monkeypatch: pytest.MonkeyPatch):
 
 
 def test_gcs_lock_writes_carry_generation_preconditions(gcs_with_preconditions, monkeypatch):
-    monkeypatch.setattr(ckmod.socket, "gethostname", lambda: "host-a.invalid")
+    monkeypatch.setattr(lockmod.socket, "gethostname", lambda: "host-a.invalid")
     a = CheckpointStore("gs://aios-lk/ck", keep=None)
     b = CheckpointStore("gs://aios-lk/ck", keep=None)
     a.acquire_lock({"run_id": "A"})
@@ -264,7 +265,7 @@ def test_gcs_lock_writes_carry_generation_preconditions(gcs_with_preconditions, 
     raw, version = b._lock_raw()
     assert a.heartbeat() is True
     assert b._put_lock(b'{"run_id": "B"}', expect=version, replace=True) is False  # stale read
-    monkeypatch.setattr(ckmod.socket, "gethostname", lambda: "host-b.invalid")
+    monkeypatch.setattr(lockmod.socket, "gethostname", lambda: "host-b.invalid")
     with pytest.raises(CheckpointError, match="in use by run A"):
         b.acquire_lock({"run_id": "B"})
     a.release_lock()

@@ -78,3 +78,49 @@ def test_hook_reference_marks_the_deprecation() -> None:
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     hooks = readme[readme.index("HOOKS:START") : readme.index("HOOKS:END")]
     assert "deprecated:: 0.2" in hooks and "DDPStrategy(config, accelerator=...)" in hooks
+
+
+def test_a_probe_without_config_is_adapted_once_at_registration_with_a_warning() -> None:
+    """The 0.1 ``probe()`` form: one DeprecationWarning naming the new form when the backend
+    registers; the registry then calls every probe the declared way, ``probe(config=...)``."""
+    from aios.plugins import Registry
+    from aios.types import Availability, BackendSpec
+
+    calls: list[str] = []
+
+    from aios import hookimpl
+
+    class Old:
+        @hookimpl
+        def aios_register_backends(self, register):
+            def probe():
+                calls.append("old")
+                return Availability(True)
+
+            register(BackendSpec(name="oldprobe", priority=1, probe=probe))
+
+    class New:
+        @hookimpl
+        def aios_register_backends(self, register):
+            def probe(config=None):
+                calls.append(f"new:{config}")
+                return Availability(True)
+
+            register(BackendSpec(name="newprobe", priority=1, probe=probe))
+
+    class Ep:
+        def __init__(self, name, obj):
+            self.name, self.obj, self.dist = name, obj, None
+
+        def load(self):
+            return self.obj
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        reg = Registry([Ep("old-plugin", Old()), Ep("new-plugin", New())], strict=False)
+    dep = [str(w.message) for w in seen if issubclass(w.category, DeprecationWarning)]
+    assert len(dep) == 1 and "backend 'oldprobe' of plugin \"old-plugin\"" in dep[0]
+    assert "probe(config=None) -> Availability" in dep[0]
+    assert reg.probe("oldprobe", config="cfg").available
+    assert reg.probe("newprobe", config="cfg").available
+    assert calls == ["old", "new:cfg"]

@@ -30,3 +30,18 @@ class TestFSDPOptionsContract(StrategyContract):
         "fsdp.cpu_offload=true",
         "fsdp.reshard_after_forward=false",
     ]
+
+
+class TestTPContract(StrategyContract):
+    """Tensor parallel over both processes: one data replica (data_world 1), each block's
+    linears split column- then row-wise."""
+
+    strategy = "tp"
+    overrides = ["mesh.tp=2", "mesh.tp_plan=__main__:tp_plan"]
+
+
+class TestHSDPContract(StrategyContract):
+    """HSDP: two replica groups of one shard each on two processes (data_world 2)."""
+
+    strategy = "hsdp"
+    overrides = ["fsdp.wrap=[Block]", "mesh.replicate=2"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from aios.accelerator import Accelerator
+from aios.errors import BackendUnavailable
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -40,8 +41,6 @@ class CudaAccelerator(Accelerator):
         return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
 
     def setup(self) -> None:
-        from aios_backend_cuda.strategy import check_cuda_runtime, set_tf32
-
         check_cuda_runtime()
         set_tf32(bool(self._settings().tf32))
 
@@ -90,3 +89,33 @@ class CudaAccelerator(Accelerator):
     def worker_env(self, local_rank: int, local_world_size: int) -> dict[str, str]:
         # async error handling lets a hung NCCL collective fail instead of blocking forever
         return {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+
+
+def check_cuda_runtime() -> None:
+    """Raise BackendUnavailable unless this torch can use an NVIDIA GPU here."""
+    import torch
+
+    if getattr(torch.version, "hip", None):
+        raise BackendUnavailable(
+            f"torch {torch.__version__} is a ROCm (AMD HIP {torch.version.hip}) build, not CUDA",
+            "install a CUDA build of torch for NVIDIA GPUs (ROCm is not supported by the cuda backend)",
+        )
+    if torch.version.cuda is None:
+        raise BackendUnavailable(
+            f"torch {torch.__version__} is a CPU-only build",
+            "install a CUDA build of torch: pip install -e './packages/core[cuda]' "
+            "./packages/backend-cuda (from the aios checkout)",
+        )
+    if not torch.cuda.is_available():
+        raise BackendUnavailable(
+            "CUDA is not available to this process (no GPU visible, or the driver is too old for this torch)",
+            "run `aios doctor --backend cuda`",
+        )
+
+
+def set_tf32(enabled: bool) -> None:
+    """TF32 tensor cores for fp32 matmuls and cuDNN convolutions (Ampere and later)."""
+    import torch
+
+    torch.set_float32_matmul_precision("high" if enabled else "highest")
+    torch.backends.cudnn.allow_tf32 = enabled

@@ -184,7 +184,7 @@ class DeepSpeedPrecision(Precision):
         }.get(precision)
 
     @contextlib.contextmanager
-    def autocast(self) -> Iterator[None]:  # type: ignore[override]
+    def autocast(self) -> Iterator[None]:
         if self._dtype is None:
             yield
             return
@@ -193,7 +193,7 @@ class DeepSpeedPrecision(Precision):
         with torch.autocast(self.device_type, dtype=getattr(torch, self._dtype)):
             yield
 
-    @property  # type: ignore[override]
+    @property
     def skipped_steps(self) -> int:
         return int(getattr(self.engine, "skipped_steps", 0) or 0)
 
@@ -462,10 +462,10 @@ class DeepSpeedStrategy(CudaDDPStrategy):
         if self._dist is not None and self.world_size > 1:
             gathered: list[Any] | None = [None] * self.world_size if self.is_main else None
             self._dist.gather_object(mine, gathered, dst=0)
-            files: dict[str, bytes] = {}
+            by_name: dict[str, bytes] = {}
             for part in gathered or []:
-                files.update(dict(part))
-            self._shards = sorted(files.items())
+                by_name.update(dict(part))
+            self._shards = sorted(by_name.items())
         else:
             self._shards = mine
 

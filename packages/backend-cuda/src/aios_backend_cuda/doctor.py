@@ -8,7 +8,7 @@ import importlib.util
 import os
 from typing import Any
 
-from aios.types import DoctorCheck
+from aios.types import CheckStatus, DoctorCheck
 
 from aios_backend_cuda import nvml, probe
 
@@ -61,7 +61,7 @@ def checks(backend: str | None, config: Any) -> list[DoctorCheck]:
             return out
         n = probe.nvidia_driver_gpus()
         if not n:
-            status = "fail" if backend == "cuda" else "warn"
+            status: CheckStatus = "fail" if backend == "cuda" else "warn"
             out.append(
                 DoctorCheck(
                     "NVIDIA driver",

@@ -18,6 +18,7 @@ Presets never override a variable already set in the environment of ``aios-run``
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -127,7 +128,7 @@ def nccl_env(
     config: AiosConfig,
     instance_type: str | None = None,
     nnodes: int | None = None,
-    environ: dict[str, str] | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, str], list[str]]:
     """The NCCL/libfabric environment for a run and notes explaining it.
 
@@ -178,7 +179,7 @@ def cuda_launch_plan(
     request: LaunchRequest,
     gpus_per_host: int | None = None,
     python: str | None = None,
-    environ: dict[str, str] | None = None,
+    environ: Mapping[str, str] | None = None,
     backend: str = "cuda",
 ) -> LaunchPlan:
     """The launch plan for NVIDIA GPU hosts.

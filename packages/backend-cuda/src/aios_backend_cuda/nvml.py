@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -264,7 +265,7 @@ def open_source() -> NvmlSource:
 
 
 def visible_indices(
-    source: NvmlSource, environ: dict[str, str] | None = None
+    source: NvmlSource, environ: Mapping[str, str] | None = None
 ) -> tuple[list[int], list[str]]:
     """NVML indices of the GPUs CUDA will see, in CUDA order, honouring ``CUDA_VISIBLE_DEVICES``
     like the CUDA runtime does: comma-separated indices or ``GPU-`` UUIDs (unique prefixes
@@ -406,7 +407,7 @@ def _nvlink_counts(source: NvmlSource, idx: list[int]) -> dict[tuple[int, int], 
     return out
 
 
-def inventory(source: NvmlSource, environ: dict[str, str] | None = None) -> GpuInventory:
+def inventory(source: NvmlSource, environ: Mapping[str, str] | None = None) -> GpuInventory:
     """Everything aios reports about the visible GPUs, from one :class:`NvmlSource`."""
     idx, notes = visible_indices(source, environ)
     total = source.device_count()
@@ -482,7 +483,7 @@ def inventory(source: NvmlSource, environ: dict[str, str] | None = None) -> GpuI
     return inv
 
 
-def try_inventory(environ: dict[str, str] | None = None) -> tuple[GpuInventory | None, str]:
+def try_inventory(environ: Mapping[str, str] | None = None) -> tuple[GpuInventory | None, str]:
     """:func:`inventory` from :func:`open_source`, or ``(None, reason)`` when NVML is unusable."""
     try:
         source = open_source()

@@ -20,7 +20,7 @@ from aios.types import AcceleratorSpec, Availability, BackendSpec, StrategySpec
 DS_BACKENDS = ("cuda", "cpu")
 
 
-def _probe() -> Availability:
+def _probe(config: Any = None) -> Availability:
     from aios_backend_cuda.probe import probe
 
     return probe()

@@ -20,11 +20,11 @@ accelerator, so its generic parts are tested on CPU over gloo with core's ``CpuA
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from aios.errors import BackendUnavailable
 from aios.strategies.ddp import DDPStrategy
 
+from aios_backend_cuda.accelerator import CudaAccelerator, check_cuda_runtime, set_tf32
 from aios_backend_cuda.settings import CudaSettings
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -33,29 +33,14 @@ if TYPE_CHECKING:  # pragma: no cover
     from aios.config import AiosConfig
     from aios.precision import Precision
 
+__all__ = [
+    "CudaDDPStrategy",
+    "check_cuda_runtime",  # defined in aios_backend_cuda.accelerator; kept importable here
+    "fuse_optimizer",
+    "set_tf32",
+]
+
 FUSABLE = ("Adam", "AdamW", "SGD", "Adagrad")
-
-
-def check_cuda_runtime() -> None:
-    """Raise BackendUnavailable unless this torch can use an NVIDIA GPU here."""
-    import torch
-
-    if getattr(torch.version, "hip", None):
-        raise BackendUnavailable(
-            f"torch {torch.__version__} is a ROCm (AMD HIP {torch.version.hip}) build, not CUDA",
-            "install a CUDA build of torch for NVIDIA GPUs (ROCm is not supported by the cuda backend)",
-        )
-    if torch.version.cuda is None:
-        raise BackendUnavailable(
-            f"torch {torch.__version__} is a CPU-only build",
-            "install a CUDA build of torch: pip install -e './packages/core[cuda]' "
-            "./packages/backend-cuda (from the aios checkout)",
-        )
-    if not torch.cuda.is_available():
-        raise BackendUnavailable(
-            "CUDA is not available to this process (no GPU visible, or the driver is too old for this torch)",
-            "run `aios doctor --backend cuda`",
-        )
 
 
 def fuse_optimizer(optimizer: Any) -> str:
@@ -93,14 +78,6 @@ def fuse_optimizer(optimizer: Any) -> str:
     return "fused"
 
 
-def set_tf32(enabled: bool) -> None:
-    """TF32 tensor cores for fp32 matmuls and cuDNN convolutions (Ampere and later)."""
-    import torch
-
-    torch.set_float32_matmul_precision("high" if enabled else "highest")
-    torch.backends.cudnn.allow_tf32 = enabled
-
-
 class CudaDDPStrategy(DDPStrategy):
     """DDP over NCCL on NVIDIA GPUs (see the module docstring)."""
 
@@ -108,8 +85,6 @@ class CudaDDPStrategy(DDPStrategy):
 
     def __init__(self, config: AiosConfig, accelerator: Accelerator | None = None) -> None:
         if accelerator is None:
-            from aios_backend_cuda.accelerator import CudaAccelerator
-
             accelerator = CudaAccelerator(config)
         super().__init__(config, accelerator)
         self.settings: CudaSettings = config.section("cuda") or CudaSettings()
@@ -130,7 +105,7 @@ class CudaDDPStrategy(DDPStrategy):
             import torch
 
             mode = None if self.settings.compile_mode == "default" else self.settings.compile_mode
-            module = torch.compile(module, mode=mode)
+            module = cast("torch.nn.Module", torch.compile(module, mode=mode))
             self.compiled = True
         return module
 

@@ -4,6 +4,7 @@ naming what ``neuron-ls`` reports. Public AWS specifications; no pricing (cloud-
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 GIB = 1024**3
 
@@ -50,7 +51,7 @@ class InstanceType:
         return self.devices * self.logical_cores_per_device(lnc)
 
 
-_TRN1 = dict(
+_TRN1: dict[str, Any] = dict(
     physical_cores_per_device=2,
     default_lnc=1,
     memory_per_device=32 * GIB,
@@ -58,7 +59,7 @@ _TRN1 = dict(
     core_kind="NeuronCore-v2",
     chip="Trainium",
 )
-_TRN2 = dict(
+_TRN2: dict[str, Any] = dict(
     physical_cores_per_device=8,
     default_lnc=2,
     memory_per_device=96 * GIB,

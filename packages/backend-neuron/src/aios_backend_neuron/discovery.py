@@ -211,7 +211,8 @@ def parse_neuron_ls(payload: Any, env_lnc: int | None = None) -> NeuronTopology:
         raise NeuronLsError(
             f"neuron-ls JSON is a {type(payload).__name__}, expected a list of devices"
         )
-    info = top.get("instance_info") if isinstance(top.get("instance_info"), dict) else {}
+    info_raw = top.get("instance_info")
+    info: dict[str, Any] = info_raw if isinstance(info_raw, dict) else {}
     instance_type = top.get("instance_type") or info.get("instance_type")
     instance_id = top.get("instance_id") or info.get("instance_id")
     lnc_top = top.get("logical_neuroncore_config")

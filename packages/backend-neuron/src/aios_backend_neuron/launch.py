@@ -92,6 +92,7 @@ def resolve_runtime(
     else the instance family's default (:func:`default_runtime`: TorchNeuron on Trn2/Trn3, XLA
     on Trn1). A Trn1 asked to use TorchNeuron is an error."""
     installed = sw.runtime()
+    rt: str
     if settings.runtime != "auto":
         rt = settings.runtime
         if local and installed is not None and installed != rt and not sw.xla_cpu_stand_in:

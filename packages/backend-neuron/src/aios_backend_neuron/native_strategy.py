@@ -38,8 +38,8 @@ class NeuronAccelerator(Accelerator):
     def manual_seed(self, seed: int) -> None:
         import torch
 
-        if hasattr(torch, "neuron") and hasattr(torch.neuron, "manual_seed"):  # type: ignore[attr-defined]
-            torch.neuron.manual_seed(seed)  # type: ignore[attr-defined]
+        if hasattr(torch, "neuron") and hasattr(torch.neuron, "manual_seed"):
+            torch.neuron.manual_seed(seed)
 
 
 class NeuronNativeStrategy(DDPStrategy):

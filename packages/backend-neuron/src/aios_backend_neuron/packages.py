@@ -84,16 +84,23 @@ def _find(name: str, path: list[str] | None) -> md.Distribution | None:
     return None
 
 
+def _field(meta: md.PackageMetadata, key: str) -> str:
+    """A metadata field's first value, ``""`` when absent (``get_all``: the form every Python
+    from 3.10 types and none warns about)."""
+    values = meta.get_all(key)
+    return str(values[0]) if values else ""
+
+
 def is_placeholder(dist: md.Distribution) -> bool:
     """The PyPI placeholder, recognised by its recorded metadata and files (cheap: reads
     METADATA and RECORD text only, and only for the three Neuron names)."""
     meta = dist.metadata
-    name = re.sub(r"[-_.]+", "-", (meta.get("Name") or "")).lower()
+    name = re.sub(r"[-_.]+", "-", _field(meta, "Name")).lower()
     if name not in NEURON_DISTS:
         return False
-    version = meta.get("Version") or ""
+    version = _field(meta, "Version")
     body = meta.get_payload() if hasattr(meta, "get_payload") else ""
-    summary = meta.get("Summary") or ""
+    summary = _field(meta, "Summary")
     if PLACEHOLDER_MARK in str(body) or PLACEHOLDER_MARK in summary:
         return True
     if (name, version) in PLACEHOLDERS and not meta.get_all("Requires-Dist"):
@@ -117,7 +124,8 @@ def inspect(name: str) -> DistInfo:
         loc = str(dist.locate_file(""))
     except Exception:  # noqa: BLE001
         pass
-    return DistInfo(name, dist.metadata.get("Version"), is_placeholder(dist), reqs, loc)
+    version = _field(dist.metadata, "Version") or None
+    return DistInfo(name, version, is_placeholder(dist), reqs, loc)
 
 
 def version_tuple(v: str | None, n: int = 2) -> tuple[int, ...]:

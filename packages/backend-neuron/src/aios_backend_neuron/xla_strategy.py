@@ -86,7 +86,7 @@ class NeuronNxDStrategy(NeuronXlaStrategy):
 
     ``neuronx_distributed_config`` is created at setup from ``neuron.tp_degree``,
     ``neuron.pp_degree``, ``neuron.zero1``, ``grad_clip`` and ``precision``
-    (:func:`aios_backend_neuron.strategy.nxd_config_kwargs`); it initialises the model-parallel
+    (:func:`aios_backend_neuron.nxd.nxd_config_kwargs`); it initialises the model-parallel
     groups, so build the model (with NxD parallel layers for TP) after ``aios.init``. The model
     goes through ``initialize_parallel_model`` and the optimizer through
     ``initialize_parallel_optimizer``, whose ``step`` reduces gradients over the data-parallel
@@ -98,7 +98,7 @@ class NeuronNxDStrategy(NeuronXlaStrategy):
     def setup_environment(self) -> None:
         super().setup_environment()
         from aios_backend_neuron.launch import check_parallel
-        from aios_backend_neuron.strategy import nxd_config_kwargs
+        from aios_backend_neuron.nxd import nxd_config_kwargs
 
         local = int(os.environ.get("LOCAL_WORLD_SIZE", str(self.world_size)) or self.world_size)
         check_parallel(self.neuron.tp_degree, self.neuron.pp_degree, local, self.world_size)
@@ -110,9 +110,11 @@ class NeuronNxDStrategy(NeuronXlaStrategy):
             **nxd_config_kwargs(self.neuron, self.config)
         )
 
+    @property
     def data_rank(self) -> int:
         return int(self._ps.get_data_parallel_rank())
 
+    @property
     def data_world(self) -> int:
         return int(self._ps.get_data_parallel_size())
 

@@ -22,8 +22,8 @@ Public extension points (the Neuron backend builds on them; no private method is
 contract): pass ``pjrt_device``; override :attr:`name`, :meth:`prepare_env` (env before the
 runtime starts), :attr:`group_before_runtime` (True when processes come from torchrun rather than
 ``torch_xla.launch``: the ``xla`` process group is then created before the runtime is queried),
-:meth:`init_process_group`, :meth:`read_compiles` (compile counter), :meth:`data_rank` /
-:meth:`data_world` (data sharding), :meth:`reduce_once` (gradient reduction), :meth:`input_sharding`,
+:meth:`init_process_group`, :meth:`read_compiles` (compile counter), :attr:`data_rank` /
+:attr:`data_world` (data sharding), :meth:`reduce_once` (gradient reduction), :meth:`input_sharding`,
 :meth:`check_batch` or :meth:`metrics`. The node rank comes from :func:`aios.cluster.detect`.
 Everything heavy is imported inside methods.
 """
@@ -109,8 +109,9 @@ class XlaStrategy(Strategy):
     def setup_environment(self) -> None:
         self.prepare_env()
         from aios.cluster import detect
+        from aios.plugins import get_registry
 
-        info = detect()
+        info = detect(None, get_registry())
         if self.group_before_runtime and (info.world_size or 1) > 1:
             self.init_process_group()
         import torch_xla
@@ -201,7 +202,7 @@ class XlaStrategy(Strategy):
             return loader
         seed = self.config.seed if self.config.seed is not None else 0
         cpu = xla_shard_loader(
-            loader, self.data_rank(), self.data_world(), seed, shuffle, self.settings.drop_last
+            loader, self.data_rank, self.data_world, seed, shuffle, self.settings.drop_last
         )
         self.check_batch(cpu)
         return XlaDeviceLoader(
@@ -209,12 +210,14 @@ class XlaStrategy(Strategy):
             self.device,
             prefetch=self.settings.prefetch,
             input_sharding=self.input_sharding(),
-            world=self.data_world(),
+            world=self.data_world,
         )
 
+    @property
     def data_rank(self) -> int:
         return self.rank
 
+    @property
     def data_world(self) -> int:
         return self.world_size
 
@@ -382,7 +385,8 @@ class XlaStrategy(Strategy):
         import torch
 
         g = torch.Generator("cpu")
-        g.manual_seed(self.config.seed if seed is None else seed)
+        chosen = self.config.seed if seed is None else seed
+        g.manual_seed(0 if chosen is None else chosen)
         return g
 
     # ---------------------------------------------------------------- diagnostics

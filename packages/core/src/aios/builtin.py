@@ -25,7 +25,7 @@ from aios.types import (
 )
 
 
-def _probe_cpu() -> Availability:
+def _probe_cpu(config: Any = None) -> Availability:
     if importlib.util.find_spec("torch") is None:
         return Availability(False, "torch is not installed")
     return Availability(True)

@@ -13,11 +13,15 @@ Cheap: no torch import, no network.
 from __future__ import annotations
 
 import os
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from aios.contract import NNODES_ENV, NODE_RANK_ENV
+
+if TYPE_CHECKING:  # pragma: no cover
+    from aios.plugins import Registry
 
 
 @dataclass(frozen=True)
@@ -38,18 +42,24 @@ class ClusterInfo:
     local_world_size: int | None = None
 
 
-class ClusterEnvironment:
-    """One kind of cluster environment; stateless. ``detect`` must be cheap (env only)."""
+class ClusterEnvironment(ABC):
+    """One kind of cluster environment; stateless. ``detect`` must be cheap (env only).
+
+    :attr:`name` is what ``ClusterInfo.name`` and ``aios env`` show; the registry sets
+    :attr:`plugin` to the registering plugin; :func:`detect` tries environments by descending
+    :attr:`priority`."""
 
     name: str = "local"
     priority: int = 0
     plugin: str = ""
 
+    @abstractmethod
     def detect(self, environ: Mapping[str, str]) -> bool:
-        raise NotImplementedError
+        """Whether ``environ`` is this environment's (cheap: read the mapping only)."""
 
+    @abstractmethod
     def info(self, environ: Mapping[str, str]) -> ClusterInfo:
-        raise NotImplementedError
+        """Where this process sits, read from ``environ`` (called only after :meth:`detect`)."""
 
 
 def _int(environ: Mapping[str, str], *names: str, default: int | None = None) -> int | None:
@@ -132,16 +142,13 @@ BUILTIN_ENVIRONMENTS: tuple[ClusterEnvironment, ...] = (
 )
 
 
-def detect(environ: Mapping[str, str] | None = None, registry: Any = None) -> ClusterInfo:
-    """The :class:`ClusterInfo` of the highest-priority registered environment that detects
-    ``environ`` (default ``os.environ``), else ``local``."""
+def detect(environ: Mapping[str, str] | None, registry: Registry) -> ClusterInfo:
+    """The :class:`ClusterInfo` of the highest-priority environment registered in ``registry``
+    that detects ``environ`` (``None``: ``os.environ``), else ``local``. The caller gives the
+    registry (``aios.plugins.get_registry()`` in a process that loaded the plugins)."""
     env = os.environ if environ is None else environ
     envs: Iterable[ClusterEnvironment]
-    if registry is None:
-        from aios.plugins import get_registry
-
-        registry = get_registry()
-    envs = list(getattr(registry, "cluster_envs", {}).values()) or list(BUILTIN_ENVIRONMENTS)
+    envs = list(registry.cluster_envs.values()) or list(BUILTIN_ENVIRONMENTS)
     for ce in sorted(envs, key=lambda e: (-e.priority, e.name)):
         if ce.name != "local" and ce.detect(env):
             return ce.info(env)

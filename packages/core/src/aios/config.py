@@ -19,7 +19,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import (
@@ -34,6 +34,14 @@ from pydantic import (
 
 from aios.contract import CONTROL_PREFIX
 from aios.errors import ConfigError
+from aios.redact import SECRET_WORDS as SECRET_WORDS  # re-exported: the public names stay
+from aios.redact import is_secret as is_secret
+from aios.redact import redact as redact
+from aios.redact import redact_argv as redact_argv
+from aios.redact import redact_url as redact_url
+
+if TYPE_CHECKING:  # pragma: no cover
+    from aios.plugins import Registry
 
 Precision = Literal["fp32", "bf16-mixed", "fp16-mixed", "bf16-true"]
 PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16-true")
@@ -321,167 +329,26 @@ AiosConfig = AiosConfigBase
 _MODEL_CACHE: dict[tuple, type[AiosConfigBase]] = {}
 
 
-def build_model(sections: dict[str, tuple[str, type]] | None = None) -> type[AiosConfigBase]:
-    """The config class with every installed plugin's section added."""
-    if sections is None:
-        from aios.plugins import get_registry
+def _registry() -> Registry:
+    """The process's plugin registry: the default where a caller gives none (the config layer
+    sits above the registry; the registry never imports the config)."""
+    from aios.plugins import get_registry
 
-        sections = get_registry().config_sections
+    return get_registry()
+
+
+def build_model(
+    sections: dict[str, tuple[str, type]] | None = None, registry: Registry | None = None
+) -> type[AiosConfigBase]:
+    """The config class with the sections of ``registry``'s plugins (the process's registry
+    when none is given) added, or exactly ``sections`` when given."""
+    if sections is None:
+        sections = (registry if registry is not None else _registry()).config_sections
     key = tuple(sorted((k, id(v[1])) for k, v in sections.items()))
     if key not in _MODEL_CACHE:
         fields: dict[str, Any] = {name: (model, model()) for name, (_, model) in sections.items()}
         _MODEL_CACHE[key] = create_model("AiosConfig", __base__=AiosConfigBase, **fields)
     return _MODEL_CACHE[key]
-
-
-#: name parts (split at ``_``/``-``/``.``/camelCase, case-insensitive) that make a key secret
-SECRET_WORDS = frozenset(
-    {
-        "KEY",
-        "KEYS",
-        "APIKEY",
-        "ACCESSKEY",
-        "SECRETKEY",
-        "PRIVATEKEY",
-        "TOKEN",
-        "TOKENS",
-        "AUTHTOKEN",
-        "ACCESSTOKEN",
-        "SECRET",
-        "SECRETS",
-        "PASSWORD",
-        "PASSWORDS",
-        "PASSWD",
-        "PASS",
-        "PASSPHRASE",
-        "PWD",
-        "CREDENTIAL",
-        "CREDENTIALS",
-        "CREDS",
-        "PAT",
-        "COOKIE",
-        "COOKIES",
-        "SESSION",
-        "SESSIONID",
-        "AUTH",
-        "OAUTH",
-        "AUTHORIZATION",
-        "BEARER",
-        "DSN",
-        "SIGNATURE",
-        "SAS",
-    }
-)
-#: ``*_URL``/``*_URI`` names of data stores: their values usually embed credentials
-_STORE_WORDS = frozenset(
-    {
-        "DATABASE",
-        "DB",
-        "REDIS",
-        "MONGO",
-        "MONGODB",
-        "POSTGRES",
-        "POSTGRESQL",
-        "PG",
-        "MYSQL",
-        "AMQP",
-        "RABBITMQ",
-        "BROKER",
-        "CELERY",
-        "SQLALCHEMY",
-        "CONNECTION",
-        "CONN",
-    }
-)
-_NOT_SECRET = frozenset({"PWD", "OLDPWD"})  # the shell's working directories
-#: unambiguous enough to count inside a longer part (``PGPASSWORD``, ``MYAPIKEY``)
-_SECRET_INFIXES = (
-    "PASSWORD",
-    "PASSWD",
-    "PASSPHRASE",
-    "SECRET",
-    "CREDENTIAL",
-    "APIKEY",
-    "PRIVATEKEY",
-)
-_NAME_PARTS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
-_URL_CREDENTIALS = re.compile(
-    r"(?P<pre>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)(?P<pw>[^/\s@]+)(?P<at>@)"
-)
-
-
-def _name_parts(key: str) -> list[str]:
-    return [m.upper() for m in _NAME_PARTS.findall(key)]
-
-
-def is_secret(key: str) -> bool:
-    """Whether a key (env var, config key, CLI flag name) names a secret. Whole name parts count,
-    not substrings: ``DB_PASS``, ``GITHUB_PAT``, ``apiKey``, ``SESSION_ID``, ``DATABASE_URL``
-    are secret; ``MONKEY_NAME`` and ``tokenizer`` are not."""
-    if key.upper() in _NOT_SECRET:
-        return False
-    parts = _name_parts(key)
-    if any(p in SECRET_WORDS or any(w in p for w in _SECRET_INFIXES) for p in parts):
-        return True
-    return bool({"URL", "URI"} & set(parts)) and bool(_STORE_WORDS & set(parts))
-
-
-#: query parameters of signed URLs (GCS V4 and V2, AWS SigV4, Azure SAS) and other credentials
-_URL_SECRET_PARAMS = re.compile(
-    r"(?i)(?P<pre>[?&;](?:x-goog-signature|x-goog-credential|x-amz-signature|x-amz-credential|"
-    r"x-amz-security-token|signature|sig|googleaccessid|awsaccesskeyid|token|access_token|"
-    r"key|api_key|apikey|password|secret|client_secret)=)(?P<val>[^&;#\s'\"]+)"
-)
-
-
-def redact_url(value: str) -> str:
-    """A text with the secrets of the URLs in it replaced by ``***``: the password of user info
-    (``scheme://user:***@host``) and signed-URL query parameters (``X-Goog-Signature=***``,
-    ``X-Amz-Credential=***``, ``sig=***`` ...). The one function everything aios prints or
-    records goes through (run records, errors, the closing lines, resume messages)."""
-    if "://" not in value and "=" not in value:
-        return value
-    value = _URL_CREDENTIALS.sub(lambda m: f"{m.group('pre')}***{m.group('at')}", value)
-    return _URL_SECRET_PARAMS.sub(lambda m: f"{m.group('pre')}***", value)
-
-
-def redact(obj: Any) -> Any:
-    """Replace values under secret-looking keys with '***' (recursively), and passwords inside
-    URLs anywhere."""
-    if isinstance(obj, dict):
-        return {
-            k: ("***" if is_secret(str(k)) and v not in (None, "") else redact(v))
-            for k, v in obj.items()
-        }
-    if isinstance(obj, list):
-        return [redact(v) for v in obj]
-    if isinstance(obj, str):
-        return redact_url(obj)
-    return obj
-
-
-_ARG_KEY = re.compile(r"^(?P<dash>-{0,2})(?P<key>[A-Za-z_][A-Za-z0-9_.\-]*)=(?P<value>.*)$", re.S)
-
-
-def redact_argv(argv: list[str]) -> list[str]:
-    """A command line with secrets replaced by ``***``: ``--token=x``, ``--token x``,
-    ``KEY=value`` and ``a.b.api_key=value`` forms, and passwords inside URLs."""
-    out: list[str] = []
-    hide_next = False
-    for i, arg in enumerate(argv):
-        if hide_next and not arg.startswith("-"):
-            out.append("***")
-            hide_next = False
-            continue
-        hide_next = False
-        m = _ARG_KEY.match(arg) if i else None
-        if m and is_secret(m.group("key").rsplit(".", 1)[-1]) or m and is_secret(m.group("key")):
-            out.append(f"{m.group('dash')}{m.group('key')}=***")
-            continue
-        if i and arg.startswith("-") and "=" not in arg and is_secret(arg.lstrip("-")):
-            hide_next = True
-        out.append(redact_url(arg))
-    return out
 
 
 # ------------------------------------------------------------------------------ parsing
@@ -743,10 +610,14 @@ def _format_error(
     if e["type"] == "extra_forbidden":
         known = ", ".join(_keys(model, loc[:-1]))
         hint = ""
-        from aios.plugins import KNOWN_BACKENDS, KNOWN_CLOUDS
+        from aios import install_hints
 
-        if len(loc) == 1 and (str(loc[0]) in KNOWN_BACKENDS or str(loc[0]) in KNOWN_CLOUDS):
-            inst = {**KNOWN_BACKENDS, **KNOWN_CLOUDS}[str(loc[0])]
+        inst = (
+            install_hints.hint("backend", str(loc[0])) or install_hints.hint("cloud", str(loc[0]))
+            if len(loc) == 1
+            else None
+        )
+        if inst:
             hint = f"; the '{loc[0]}' section needs its plugin: {inst}"
         return ConfigError(
             f"unknown config key '{dotted}'{where}", f"valid keys here: {known}{hint}"
@@ -822,11 +693,13 @@ def resolve(
     environ: dict[str, str] | None = None,
     sections: dict[str, tuple[str, type]] | None = None,
     check_backend: bool = True,
-    registry: Any = None,
+    registry: Registry | None = None,
 ) -> AiosConfigBase:
-    """Build the validated config from every source in precedence order."""
+    """Build the validated config from every source in precedence order. Plugin sections,
+    backend and strategy names are checked against ``registry`` (the process's registry when
+    none is given)."""
     environ = dict(os.environ) if environ is None else environ
-    model = build_model(sections)
+    model = build_model(sections, registry)
     origins: dict[str, str] = {}
     layers: list[tuple[str, dict[str, Any]]] = []
     config_file = config_file or environ.get("AIOS_CONFIG")
@@ -845,30 +718,29 @@ def resolve(
     except ValidationError as err:
         raise _format_error(err, model, merged, origins) from None
     if check_backend and cfg.backend != "auto":
+        from aios import install_hints
         from aios.errors import AiosError
-        from aios.plugins import KNOWN_BACKENDS, get_registry
 
-        reg = registry if registry is not None else get_registry()
-        if cfg.backend not in reg.backends and cfg.backend not in KNOWN_BACKENDS:
+        reg = registry if registry is not None else _registry()
+        if cfg.backend not in reg.backends and install_hints.hint("backend", cfg.backend) is None:
             where = origins.get("backend", "default")
-            if f"backend:{cfg.backend}" in getattr(
-                reg, "conflicted", {}
-            ) or f"backend:{cfg.backend}" in getattr(reg, "rejected", {}):
+            if (
+                f"backend:{cfg.backend}" in reg.conflicted
+                or f"backend:{cfg.backend}" in reg.rejected
+            ):
                 try:  # the registry names the plugins: claimed by two, or rejected
                     reg.backend(cfg.backend)
                 except AiosError as exc:
                     exc.message = f"{exc.message} (backend from {where})"
                     raise
             known = ", ".join(["auto", *sorted(reg.backends)])
-            note = reg._failed_note() if hasattr(reg, "_failed_note") else ""
+            note = reg._failed_note()
             raise ConfigError(
                 f"invalid value {cfg.backend!r} for 'backend' (from {where}){note}",
                 f"choose one of: {known}",
             )
     if check_backend and cfg.strategy != "auto":
-        from aios.plugins import get_registry
-
-        reg = get_registry()
+        reg = registry if registry is not None else _registry()
         if cfg.strategy not in reg.strategies:
             known = ", ".join(["auto", *sorted(reg.strategies)])
             raise ConfigError(

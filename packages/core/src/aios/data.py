@@ -29,18 +29,18 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aios.errors import CheckpointError, ConfigError
 
+if TYPE_CHECKING:
+    from aios.strategy import Strategy
 
-def data_parallel_size(strategy: Any) -> int:
-    """The number of ranks reading different data under ``strategy``: its ``data_world`` (a
-    property of the core strategies, a method of the XLA ones), else its world size."""
-    world = getattr(strategy, "data_world", None)
-    if callable(world):
-        world = world()
-    return int(world or getattr(strategy, "world_size", 1) or 1)
+
+def data_parallel_size(strategy: Strategy) -> int:
+    """The number of ranks reading different data under ``strategy`` (its declared
+    :attr:`aios.strategy.Strategy.data_world`)."""
+    return int(strategy.data_world)
 
 
 def _sampler_class() -> type:

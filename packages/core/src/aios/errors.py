@@ -7,6 +7,8 @@ import os
 import re
 from typing import Any
 
+from aios.redact import redact_url
+
 
 class AiosError(Exception):
     """A user-facing error: ``message`` names the problem, ``fix`` what to do about it."""
@@ -20,8 +22,6 @@ class AiosError(Exception):
 
     def one_line(self) -> str:
         """``message; fix``, with the secrets of any URL in it redacted."""
-        from aios.config import redact_url
-
         return redact_url(f"{self.message}; {self.fix}" if self.fix else self.message)
 
     def __str__(self) -> str:  # one line, always

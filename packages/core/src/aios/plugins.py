@@ -39,11 +39,11 @@ import threading
 import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
-from aios import hookspecs
+from aios import hookspecs, install_hints
 from aios.errors import AiosError, BackendUnavailable, ConfigError, PluginError
 from aios.types import (
     AcceleratorSpec,
@@ -55,6 +55,9 @@ from aios.types import (
     StorageSpec,
     StrategySpec,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from aios.cluster import ClusterEnvironment
 
 GROUP = "aios"
 BUILTIN = "aios-core"
@@ -227,7 +230,7 @@ class Registry:
         self.config_sections: dict[str, tuple[str, type]] = {}
         self.strategies: dict[str, list[StrategySpec]] = {}
         self.accelerators: dict[str, AcceleratorSpec] = {}
-        self.cluster_envs: dict[str, Any] = {}
+        self.cluster_envs: dict[str, ClusterEnvironment] = {}
         self.conflicted: dict[str, list[str]] = {}
         self.rejected: dict[str, tuple[str, str]] = {}  # "kind:key" -> (plugin, why)
         self.dead: set[str] = set()  # plugins that timed out: ignored from then on
@@ -434,6 +437,8 @@ class Registry:
                         self._reject(kind, key, plugin, "its probe is not callable")
                         return
                     spec = _with_plugin(spec, plugin)
+                    if kind == "backend":
+                        spec = _declared_probe(spec, plugin)
                     self._claim(kind, table, key, spec, plugin)
 
                 fn(register=register)
@@ -446,10 +451,10 @@ class Registry:
         self._each_impl("aios_register_loggers", reg("logger", self.loggers, "name"))
 
         def sections(fn: Callable[..., Any], plugin: str) -> None:
-            from aios.config import AiosConfigBase
+            from aios.reserved import CONFIG_KEYS
 
             for key, model in (fn() or {}).items():
-                if key in AiosConfigBase.model_fields:
+                if key in CONFIG_KEYS:
                     self._error(
                         plugin,
                         f"config section '{key}' belongs to aios core; \"{plugin}\" cannot replace it",
@@ -546,12 +551,9 @@ class Registry:
         key = (name, _config_key(config))
         if key in self._probes:
             return self._probes[key]
-        if config is not None and _accepts_config(spec.probe):
-            out = self._run(
-                spec.plugin or name, f"the '{name}' probe", lambda: spec.probe(config=config)
-            )
-        else:
-            out = self._run(spec.plugin or name, f"the '{name}' probe", spec.probe)
+        out = self._run(
+            spec.plugin or name, f"the '{name}' probe", lambda: spec.probe(config=config)
+        )
         if out.timed_out:
             avail = Availability(
                 False,
@@ -858,22 +860,11 @@ class Registry:
         return out
 
 
-# Install lines for backends and clouds aios knows even when their plugin is absent. The public
-# registry's `aios`/`aios-core` are unrelated projects: install from the aios checkout.
-INSTALL_CORE = "pip install -e ./packages/core (from the aios checkout)"
-KNOWN_BACKENDS = {
-    "cuda": "pip install -e './packages/core[cuda]' ./packages/backend-cuda (from the aios checkout)",
-    "tpu": "pip install -e ./packages/core ./packages/backend-xla torch==2.13.0 torch_tpu==0.2.0 "
-    "(from the aios checkout, on a Cloud TPU VM)",
-    "xla": "pip install -e './packages/core[xla]' ./packages/backend-xla (from the aios checkout)",
-    "neuron": "pip install -e './packages/core[neuron]' ./packages/backend-xla ./packages/backend-neuron "
-    "(from the aios checkout), plus torch-neuronx from the AWS Neuron index",
-}
-KNOWN_CLOUDS = {
-    "gcp": "pip install -e './packages/core[gcp]' ./packages/cloud ./packages/backend-xla "
-    "./packages/cloud-gcp (from the aios checkout)",
-    "aws": "pip install -e './packages/core[aws]' ./packages/cloud ./packages/cloud-aws (from the aios checkout)",
-}
+# Install lines for first-party backends and clouds that are absent: data, one place
+# (aios.install_hints); re-exported under their 0.2 names.
+INSTALL_CORE = install_hints.CORE
+KNOWN_BACKENDS = install_hints.BACKENDS
+KNOWN_CLOUDS = install_hints.CLOUDS
 
 
 def _config_key(config: Any) -> str:
@@ -888,13 +879,33 @@ def _config_key(config: Any) -> str:
     return f"id:{id(config)}"
 
 
-def _accepts_config(fn: Callable[..., Any]) -> bool:
+def _declared_probe(spec: Any, plugin: str) -> Any:
+    """The one adapter for a 0.1 backend probe declared without the ``config`` parameter: looked
+    at once, when the backend registers (never at each probe); the plugin's author is told the
+    new form with a :class:`DeprecationWarning` and the probe is wrapped to take ``config``."""
+    import dataclasses
     import inspect
+    import warnings
 
     try:
-        return "config" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
+        params = inspect.signature(spec.probe).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to read, call as declared
+        return spec
+    if "config" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return spec
+    old = spec.probe
+    warnings.warn(
+        f"backend '{spec.name}' of plugin \"{plugin}\": probe() without a config parameter is "
+        "deprecated since aios 0.2; declare probe(config=None) -> Availability (the old form is "
+        "removed in 0.4 at the earliest)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+
+    def probe(config: Any = None) -> Availability:
+        return old()
+
+    return dataclasses.replace(spec, probe=probe)
 
 
 def _has_legacy(reg: Registry, hook_name: str, plugin: str) -> bool:
@@ -921,7 +932,7 @@ def _with_plugin_dependencies(allow: set[str], entry_points: list[Any]) -> set[s
 
 
 def _core_commands() -> set[str]:
-    from aios.cli.main import COMMANDS
+    from aios.reserved import COMMANDS
 
     return set(COMMANDS)
 

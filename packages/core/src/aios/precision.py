@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from aios.accelerator import Accelerator
 
 
 class Precision:
@@ -116,7 +119,7 @@ class TruePrecision(Precision):
 
 
 def default_precision(
-    precision: str, device_type: str | None = None, accelerator: Any = None
+    precision: str, device_type: str | None = None, accelerator: Accelerator | None = None
 ) -> Precision:
     """The core's policy for ``precision``. With a native :class:`aios.accelerator.Accelerator`
     the device type and the ``bf16-mixed`` autocast dtype are the accelerator's (passed to
@@ -127,7 +130,8 @@ def default_precision(
     if precision == "fp32":
         return Precision(device_type)
     if precision == "bf16-mixed":
-        return MixedPrecision(device_type, getattr(accelerator, "autocast_dtype", "bfloat16"))
+        dtype = accelerator.autocast_dtype if accelerator is not None else "bfloat16"
+        return MixedPrecision(device_type, dtype)
     if precision == "fp16-mixed":
         if accelerator is not None and not accelerator.supports_fp16:
             from aios.errors import ConfigError

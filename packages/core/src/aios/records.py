@@ -189,7 +189,7 @@ class RunRecord:
         path = os.path.join(self.dir, name)
         tmp = f"{path}.tmp-{os.getpid()}"
         try:
-            from aios.config import redact
+            from aios.redact import redact
 
             text = json.dumps(redact(data), indent=1, sort_keys=True, default=str)
             with open(tmp, "w") as f:
@@ -222,7 +222,7 @@ class RunRecord:
         self.diag["events"].append({"kind": kind, "time": time.time(), **data})
 
     def write_diagnostics(self, **extra: Any) -> None:
-        from aios.config import redact_argv
+        from aios.redact import redact_argv
 
         self.diag.update(extra)
         self.diag["updated"] = time.time()

@@ -251,7 +251,7 @@ def _script_seed() -> int | None:
     return None if seed == _TORCH_DEFAULT_SEED or seed >= 2**32 else seed
 
 
-def derive_grad_accum(cfg: Any, strategy: Any) -> None:
+def derive_grad_accum(cfg: Any, strategy: Strategy) -> None:
     """``grad_accum`` from ``global_batch`` and ``micro_batch`` once the number of data-parallel
     ranks is known: ``global_batch / (micro_batch x data ranks)``, exact or a one-line error
     (raised in :func:`init`, before the script builds its model; every rank finds the same, so
@@ -267,9 +267,7 @@ def derive_grad_accum(cfg: Any, strategy: Any) -> None:
             f"{'global_batch' if g is None else 'micro_batch'}",
             "set both (grad_accum is derived from them), or neither and set grad_accum",
         )
-    from aios.data import data_parallel_size
-
-    ranks = data_parallel_size(strategy)
+    ranks = int(strategy.data_world)
     per_step = m * ranks
     if g % per_step:
         raise _from_rank0(
@@ -902,15 +900,7 @@ class Runtime:
         return self.strategy.broadcast_object(obj, src)
 
     def gather_object(self, obj: Any) -> list[Any]:
-        fn = getattr(self.strategy, "gather_object", None)
-        if fn is not None:
-            return fn(obj)
-        if self._world == 1:
-            return [obj]
-        raise AiosError(
-            f"the {self.backend} strategy cannot gather Python objects",
-            "gather tensors with all_gather instead",
-        )
+        return self.strategy.gather_object(obj)
 
     # ---------------------------------------------------------------- seeding and RNG
     def seed_everything(self, seed: int) -> None:

@@ -189,47 +189,19 @@ class TrainingState:
         self.set_rng_state(saved)
 
     def rng_state(self) -> dict[str, Any]:
-        import torch
+        """This process's RNG states with the strategy's device part (:func:`aios.rng.capture`)."""
+        from aios import rng
 
-        state: dict[str, Any] = {
-            "python": _py_rng_to_plain(random.getstate()),
-            "torch": torch.get_rng_state(),
-        }
-        with contextlib.suppress(ImportError):
-            import numpy as np
-
-            s: Any = np.random.get_state()  # numpy's stub omits the legacy tuple
-            state["numpy"] = [
-                s[0],
-                torch.from_numpy(s[1].astype("int64")),
-                int(s[2]),
-                int(s[3]),
-                float(s[4]),
-            ]
-        state["device"] = self.strategy.rng_state()
-        return state
+        return rng.capture(self.strategy.rng_state())
 
     def set_rng_state(self, state: dict[str, Any]) -> None:
-        import torch
+        """Restore :meth:`rng_state`'s result (:func:`aios.rng.restore`; the device part through
+        the strategy)."""
+        from aios import rng
 
-        if "python" in state:
-            v, internal, gauss = state["python"]
-            random.setstate((v, tuple(internal), gauss))
-        if "torch" in state:
-            torch.set_rng_state(state["torch"])
-        if "numpy" in state:
-            with contextlib.suppress(ImportError):
-                import numpy as np
-
-                name, keys, pos, has_gauss, cached = state["numpy"]
-                np.random.set_state((name, keys.numpy().astype("uint32"), pos, has_gauss, cached))
-        if state.get("device"):
-            self.strategy.set_rng_state(state["device"])
-
-
-def _py_rng_to_plain(state: tuple) -> list[Any]:
-    v, internal, gauss = state
-    return [v, list(internal), gauss]
+        device = rng.restore(state)
+        if device:
+            self.strategy.set_rng_state(device)
 
 
 _PLAIN = (int, float, bool, str, bytes, type(None))

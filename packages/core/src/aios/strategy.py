@@ -17,15 +17,58 @@ Torch is imported lazily inside methods so that importing this module stays chea
 from __future__ import annotations
 
 import contextlib
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
+    from aios.accelerator import Accelerator
     from aios.config import AiosConfig
     from aios.precision import Precision
+
+#: the checkpoint formats core knows (a plugin may register more with
+#: :func:`aios.checkpoint.register_format`; the name is what :attr:`Strategy.checkpoint_format`
+#: returns): ``full`` = one state dict gathered on the saving rank, ``dcp`` = sharded
+#: (torch.distributed.checkpoint), one file set per rank.
+CheckpointFormatName = Literal["full", "dcp"] | str
+
+#: the members of a strategy the runtime and the checkpoint manager read, by name (the contract
+#: kit checks each; :class:`Strategy` declares each with its type)
+RUNTIME_MEMBERS = (
+    "name",
+    "rank",
+    "local_rank",
+    "world_size",
+    "node_rank",
+    "device",
+    "data_rank",
+    "data_world",
+    "checkpoint_format",
+    "accelerator",
+    "autocast_device_type",
+)
+
+_DATA_MEMBERS = ("data_rank", "data_world")
+
+
+def _adapt_data_member(cls: type, name: str) -> None:
+    """The one adapter for strategies written against aios 0.2, where ``data_rank`` and
+    ``data_world`` were plain methods on the XLA strategies: such a method becomes a read-only
+    property at class definition (never a check at each call) and the author is told once."""
+    fn = cls.__dict__.get(name)
+    if fn is None or isinstance(fn, property) or not callable(fn):
+        return
+    warnings.warn(
+        f"{cls.__module__}.{cls.__qualname__}.{name} is a method; Strategy.{name} is a "
+        f"property since aios 0.3 (declare it with @property); the method form is adapted "
+        f"and removed in 0.4 at the earliest",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    setattr(cls, name, property(fn))
 
 
 class Strategy(ABC):
@@ -35,15 +78,25 @@ class Strategy(ABC):
     ``rank``, ``local_rank``, ``world_size``, ``node_rank``.
     """
 
-    name = "base"
+    name: ClassVar[str] = "base"
     #: torch device type used by ``torch.autocast`` on a NON-native backend ("xla"); native
     #: strategies take it from their :class:`aios.accelerator.Accelerator` (one setting).
-    autocast_device_type = "cpu"
+    autocast_device_type: str = "cpu"
     #: the checkpoint format the checkpoint manager writes for this strategy: ``full`` (one
     #: state dict gathered on the saving rank) or ``dcp`` (sharded, torch.distributed.checkpoint).
-    checkpoint_format = "full"
+    checkpoint_format: CheckpointFormatName = "full"
+    #: What a resume may change follows from the format: a resume must match the saved
+    #: backend, strategy, format and world size, unless the format's
+    #: ``CheckpointFormat.supports_resharding`` is true (``dcp``) and the run asks to reshard
+    #: (``checkpoint.reshard`` / ``rt.resume(reshard=True)``); then the world size (and the
+    #: strategy) may change and the data position is rescaled to the new :attr:`data_world`.
     #: the native accelerator this strategy runs on (``None`` for non-native stacks).
-    accelerator: Any = None
+    accelerator: Accelerator | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for member in _DATA_MEMBERS:
+            _adapt_data_member(cls, member)
 
     def __init__(self, config: AiosConfig) -> None:
         self.config = config
@@ -65,6 +118,19 @@ class Strategy(ABC):
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def data_rank(self) -> int:
+        """This process's index among the data-parallel replicas: the loader shard it reads.
+        The rank, unless a model-parallel dimension makes several ranks share one batch."""
+        return self.rank
+
+    @property
+    def data_world(self) -> int:
+        """The number of data-parallel replicas: ``global_batch = micro_batch x grad_accum x
+        data_world`` (:func:`aios.runtime.derive_grad_accum`), and the world a checkpoint's data
+        position is saved for."""
+        return self.world_size
 
     # ---------------------------------------------------------------- setup of user objects
     def configure(self, **options: Any) -> None:
@@ -150,6 +216,25 @@ class Strategy(ABC):
     def any_rank(self, flag: bool) -> bool:
         """True if ``flag`` is true on any rank (used to agree on preemption)."""
         return flag
+
+    def gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order, on every rank (the checkpoint manager agrees on
+        a save's outcome with it). Default: the one object in a one-process run, else
+        ``torch.distributed.all_gather_object`` over the default process group."""
+        if self.world_size == 1:
+            return [obj]
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            from aios.errors import AiosError
+
+            raise AiosError(
+                f"the {self.name} strategy cannot gather Python objects (no process group)",
+                "implement Strategy.gather_object for this strategy",
+            )
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
 
     # ---------------------------------------------------------------- checkpoints
     def module_state_dict(self, module: torch.nn.Module) -> dict[str, Any]:

@@ -29,8 +29,10 @@ class BackendSpec:
     :param priority: auto-selection order; the highest available backend wins ``--backend auto``.
         Built-ins: cpu 0, cuda 100, xla 200, neuron 200.
     :param probe: cheap availability check; must not import or initialise the heavy runtime.
-        ``probe()`` or ``probe(config=None)``: a probe with a ``config`` parameter receives the
-        resolved config when there is one (for explicit opt-ins such as ``xla.allow_cpu``).
+        ``probe(config=None) -> Availability``: it receives the resolved config when there is
+        one (for explicit opt-ins such as ``xla.allow_cpu``), else ``None``. The 0.1 form
+        ``probe()`` still registers through one adapter that warns with
+        :class:`DeprecationWarning` (removed in 0.4 at the earliest).
     :param install_hint: the command that makes the backend usable
         (``pip install -e './packages/core[xla]' ./packages/backend-xla (from the aios checkout)``).
     :param device_type: the torch device type the backend trains on.

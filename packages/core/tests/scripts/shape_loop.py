@@ -55,9 +55,7 @@ class Stream(IterableDataset):
 
 
 rt = aios.init()
-data_rank, data_world = rt.strategy.data_rank, rt.strategy.data_world  # (xla: methods)
-data_rank = int(data_rank() if callable(data_rank) else data_rank)
-data_world = int(data_world() if callable(data_world) else data_world)
+data_rank, data_world = rt.strategy.data_rank, rt.strategy.data_world
 if os.environ.get("DATA") == "iterable":
     loader = DataLoader(Stream(data_rank, data_world), batch_size=rt.config.micro_batch)
 else:

@@ -58,11 +58,14 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aios.checkpoint.policy import Interval, SaveCost, choose_interval
 from aios.contract import STATUS_DIR_ENV
 from aios.errors import CheckpointError, PeerFailed, os_cause, outcome, settle
+
+if TYPE_CHECKING:  # pragma: no cover
+    from aios.strategy import Strategy
 
 __all__ = [
     "CheckpointFormat",
@@ -191,7 +194,7 @@ class CheckpointManager:
     def __init__(
         self,
         config: Any,
-        strategy: Any,
+        strategy: Strategy,
         training: Any,
         record: Any,
         backend: str,
@@ -211,7 +214,7 @@ class CheckpointManager:
         self.on_preempt: Callable[[], None] | None = None
         #: called after each periodic save (the runtime rewrites the run record)
         self.on_saved: Callable[[], None] | None = None
-        self.format = get_format(getattr(strategy, "checkpoint_format", "full") or "full")
+        self.format = get_format(strategy.checkpoint_format)
         if hasattr(self.format, "seed"):
             self.format.seed = config.seed  # ranks beyond a saved world size reseed from it
         training.seed = config.seed  # the random streams of a rank the saving run did not have
@@ -219,7 +222,7 @@ class CheckpointManager:
         if io is not None and hasattr(io, "async_mode"):
             from aios.checkpoint.sharded import resolve_async_mode
 
-            device = getattr(getattr(strategy, "accelerator", None), "device_type", None)
+            device = strategy.accelerator.device_type if strategy.accelerator else None
             io.async_mode = resolve_async_mode(config.checkpoint.async_writer, device)
         self.lineage: str | None = None
         self.saved_step: int | None = None
@@ -304,13 +307,7 @@ class CheckpointManager:
         one rank stops every rank (one line, from the rank where it happened; the others stop
         quietly) instead of leaving them to die at their next collective."""
         mine = outcome(error)
-        gather = getattr(self.strategy, "gather_object", None)
-        if self.world_size > 1 and gather is not None:
-            outcomes = gather(mine)
-        else:
-            if self.world_size > 1:
-                self.strategy.barrier()
-            outcomes = [mine]
+        outcomes = self.strategy.gather_object(mine) if self.world_size > 1 else [mine]
         if error is not None and not isinstance(error, Exception):
             raise error  # KeyboardInterrupt, SystemExit: as they are
         settle(outcomes, self.strategy.rank, error, what)
@@ -430,7 +427,7 @@ class CheckpointManager:
     # ---------------------------------------------------------------- save
     def _gather_rngs(self, mine: dict[str, Any] | None = None) -> list[Any]:
         mine = mine if mine is not None else self.training.rng_state()
-        if self.world_size > 1 and hasattr(self.strategy, "gather_object"):
+        if self.world_size > 1:
             return self.strategy.gather_object(mine)
         return [mine]
 

@@ -296,42 +296,19 @@ def _torch_bytes(obj: Any) -> bytes:
 
 
 def rng_state(device_rng: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Python, NumPy, torch CPU (and the device's, when given) RNG states of this process."""
-    import torch
+    """Python, NumPy, torch CPU (and the device's, when given) RNG states of this process: the
+    one capture, :func:`aios.rng.capture` (kept here under its 0.2 name)."""
+    from aios import rng
 
-    v, internal, gauss = random.getstate()
-    state: dict[str, Any] = {"python": [v, list(internal), gauss], "torch": torch.get_rng_state()}
-    with contextlib.suppress(ImportError):
-        import numpy as np
-
-        s: Any = np.random.get_state()  # numpy's stub omits the legacy tuple
-        state["numpy"] = [
-            s[0],
-            torch.from_numpy(s[1].astype("int64")),
-            int(s[2]),
-            int(s[3]),
-            float(s[4]),
-        ]
-    state["device"] = device_rng or {}
-    return state
+    return rng.capture(device_rng)
 
 
 def set_rng_state(state: dict[str, Any]) -> dict[str, Any]:
-    """Restore what :func:`rng_state` captured; returns the device part for the caller."""
-    import torch
+    """Restore what :func:`rng_state` captured; returns the device part for the caller: the one
+    restore, :func:`aios.rng.restore` (kept here under its 0.2 name)."""
+    from aios import rng
 
-    if "python" in state:
-        v, internal, gauss = state["python"]
-        random.setstate((v, tuple(internal), gauss))
-    if "torch" in state:
-        torch.set_rng_state(state["torch"])
-    if "numpy" in state:
-        with contextlib.suppress(ImportError):
-            import numpy as np
-
-            name, keys, pos, has_gauss, cached = state["numpy"]
-            np.random.set_state((name, keys.numpy().astype("uint32"), pos, has_gauss, cached))
-    return state.get("device") or {}
+    return rng.restore(state)
 
 
 def reseed_value(seed: int | None, step: int, rank: int) -> int:
@@ -1131,9 +1108,7 @@ class DcpFormat:
     @staticmethod
     def _data_world(training: Any) -> int:
         """Ranks that read different data (the ``dp`` part of a 2-D mesh; all ranks otherwise)."""
-        from aios.data import data_parallel_size
-
-        return data_parallel_size(training.strategy)
+        return int(training.strategy.data_world)
 
     def save(self, step: int, ctx: Any, staging: Any, store: Any) -> dict[str, Any]:
         tr = ctx.training

@@ -210,7 +210,7 @@ def env(as_json: bool) -> None:
     import os
 
     from aios.__about__ import __version__
-    from aios.config import is_secret, redact
+    from aios.redact import is_secret, redact
 
     reg = _registry()
     info: dict[str, Any] = {"aios-core": __version__}

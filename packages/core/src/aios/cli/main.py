@@ -11,41 +11,8 @@ from typing import Any
 import click
 
 from aios.__about__ import __version__
-
-# name -> (module, attribute, short help). Help text lives here so --help imports nothing.
-# Plugins add commands through the ``aios_register_commands`` hook (aios-cloud: launch, status,
-# exec, ...); those are listed from their specs and imported only when invoked.
-COMMANDS: dict[str, tuple[str, str, str]] = {
-    "plugins": ("aios.cli.info", "plugins", "List plugins: name, version, hooks, load errors."),
-    "devices": ("aios.cli.info", "devices", "Show the devices each backend finds."),
-    "env": ("aios.cli.info", "env", "Versions and settings for bug reports (secrets redacted)."),
-    "doctor": ("aios.cli.info", "doctor", "Run health checks contributed by the backends."),
-    "config": ("aios.cli.info", "config", "Show or validate the resolved config."),
-    "run": ("aios.cli.run", "run_command", "Launch a training script (same as aios-run)."),
-    "check": (
-        "aios.cli.check",
-        "check",
-        "Find what ties training scripts to one accelerator (static, no torch).",
-    ),
-    "stacks": ("aios.cli.stacks", "stacks", "Every rank's stack of a live run (no stop)."),
-    "report": (
-        "aios.cli.report",
-        "report",
-        "Goodput: what a run's time went to, every attempt (--json, --html).",
-    ),
-}
-
-
-# The commands aios-cloud contributes: when it is not installed, ``aios launch`` says how to
-# install it from the checkout instead of "no such command".
-CLOUD_COMMANDS = (
-    "launch", "status", "exec", "logs", "ssh", "sync", "stop", "start", "down",
-    "cancel", "autostop", "catalog", "cost",
-)  # fmt: skip
-CLOUD_INSTALL = (
-    "pip install -e ./packages/core ./packages/cloud ./packages/cloud-gcp "
-    "(from the aios checkout; or ./packages/cloud-aws, ./packages/cloud-slurm, ./packages/cloud-k8s)"
-)
+from aios.install_hints import CLOUD_COMMANDS, CLOUD_INSTALL
+from aios.reserved import COMMANDS
 
 _plugin_registry: Any = None
 

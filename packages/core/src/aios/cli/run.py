@@ -1013,8 +1013,9 @@ def _scheduler_defaults(
     one-line error. When the scheduler started one process per rank (``srun
     --ntasks-per-node=N``), this process runs the script directly as that rank."""
     from aios.cluster import detect
+    from aios.plugins import get_registry
 
-    info = detect()
+    info = detect(None, get_registry())
     if info.name in ("local", "torchelastic"):
         return
     from aios.config import resolve

@@ -115,6 +115,8 @@ class DDPStrategy(Strategy):
     :class:`aios.accelerator.Accelerator` of that device type and process-group backend."""
 
     name = "ddp"
+    #: always set: the native strategies run on an accelerator (cpu when none is given)
+    accelerator: Accelerator
 
     def __init__(
         self,
@@ -171,8 +173,9 @@ class DDPStrategy(Strategy):
         import torch.distributed as dist
 
         from aios.cluster import detect
+        from aios.plugins import get_registry
 
-        self.cluster = info = detect()
+        self.cluster = info = detect(None, get_registry())
         self.rank = info.rank or 0
         self.world_size = info.world_size or 1
         self.local_rank = info.local_rank if info.local_rank is not None else self.rank

@@ -45,6 +45,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
     from torch.distributed.fsdp import FSDPModule
 
+    from aios.accelerator import Accelerator
     from aios.config import AiosConfig
 
 
@@ -64,7 +65,7 @@ class ShardedPrecision(Precision):
         self.reduce_dtype = reduce_dtype
 
 
-def sharded_precision(precision: str, config: Any, accelerator: Any) -> Precision:
+def sharded_precision(precision: str, config: Any, accelerator: Accelerator | None) -> Precision:
     """The precision policy of the sharded strategies (``StrategySpec.precision``)."""
     from aios.precision import TruePrecision
 
@@ -75,7 +76,10 @@ def sharded_precision(precision: str, config: Any, accelerator: Any) -> Precisio
     if precision == "bf16-mixed":
         reduce = "float32" if fsdp.reduce_dtype == "auto" else fsdp.reduce_dtype
         return ShardedPrecision(
-            "bf16-mixed", device_type, getattr(accelerator, "autocast_dtype", "bfloat16"), reduce
+            "bf16-mixed",
+            device_type,
+            accelerator.autocast_dtype if accelerator is not None else "bfloat16",
+            reduce,
         )
     if precision == "bf16-true":
         return TruePrecision(device_type)
@@ -395,8 +399,21 @@ class FSDPStrategy(DDPStrategy):
         params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
         total = total_grad_norm([p.grad for p in params])
         import torch
+        from torch.distributed.tensor import DTensor
 
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        # one foreach per (mesh, placements): a tp plan leaves the unplanned layers on the dp
+        # mesh, and one foreach over gradients on two meshes fails
+        groups: dict[Any, list[Any]] = {}
+        for p in params:
+            g = p.grad
+            key = (
+                (id(g.device_mesh), tuple(g.placements))
+                if isinstance(g, DTensor)
+                else ("local", g.device.type)
+            )
+            groups.setdefault(key, []).append(p)
+        for group in groups.values():
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
         return total
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, precision: Precision) -> bool:

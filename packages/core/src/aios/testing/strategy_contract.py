@@ -13,8 +13,19 @@ setup (parameters live on the strategy's device, the optimizer steps them), step
 loss and keep replicas in agreement, gradient accumulation equal to one large batch, clipping to
 the configured global norm, a save/load round trip restoring parameters and optimizer state
 exactly, and the collectives (``all_reduce``, ``all_gather``, ``broadcast_object``,
-``any_rank``). A strategy whose step semantics differ (no accumulation, say) overrides the
-corresponding test with the reason.
+``any_rank``, ``gather_object``). And what the runtime and the checkpointing read from a
+strategy (the members :class:`aios.strategy.Strategy` declares): ``data_rank`` and
+``data_world`` as integers (properties, never methods) with every data rank read by
+``world / data_world`` ranks; the batch arithmetic (``global_batch`` and ``micro_batch`` give
+``grad_accum = global_batch / (micro_batch x data_world)``, through
+:func:`aios.runtime.derive_grad_accum`); ``checkpoint_format`` naming a registered format that
+is the one the checkpoint records; and a resume in a new process (``rt.resume()`` from
+``checkpoint.dir``) that continues at the saved step with the saved parameters. A strategy whose
+step semantics differ (no accumulation, say) overrides the corresponding test with the reason.
+
+Non-CPU backends run it the same way: set ``backend`` (``xla`` on XLA:CPU with
+``overrides = ["xla.allow_cpu=true"]`` and ``nprocs = 1``) and, for environment the backend
+needs, ``env``.
 """
 
 from __future__ import annotations
@@ -43,11 +54,18 @@ def make():
             return x + self.b(torch.tanh(self.a(x)))
     return torch.nn.Sequential(torch.nn.Linear(4, 8), Block(), Block(), torch.nn.Linear(8, 1))
 
+def tp_plan(model, mesh):  # for strategy=tp (mesh.tp_plan=__main__:tp_plan)
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    return {f"{i}.{n}": (ColwiseParallel() if n == "a" else RowwiseParallel())
+            for i in (1, 2) for n in ("a", "b")}
+
 def data(n=32):
+    # each data-parallel replica reads its shard; ranks of one replica (tp) read the same one
     g = torch.Generator().manual_seed(1)
     x = torch.randn(n, 4, generator=g)
     y = x.sum(1, keepdim=True).sin()
-    return x[rt.rank::rt.world_size].to(rt.device), y[rt.rank::rt.world_size].to(rt.device)
+    r, w = rt.strategy.data_rank, rt.strategy.data_world
+    return x[r::w].to(rt.device), y[r::w].to(rt.device)
 
 def full_params(model):
     sd = rt.strategy.module_state_dict(model)
@@ -57,6 +75,21 @@ model = make()
 opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 model, opt = rt.setup(model, opt)
 x, y = data()
+# what the runtime reads: data rank and world as ints (properties), the batch arithmetic, the format
+from aios.checkpoint.manager import get_format
+st = rt.strategy
+out["data_rank"], out["data_world"] = st.data_rank, st.data_world
+out["data_members_are_ints"] = type(st.data_rank) is int and type(st.data_world) is int
+out["data_ranks"] = rt.gather_object(st.data_rank)
+out["grad_accum"] = rt.config.grad_accum
+out["checkpoint_format"] = st.checkpoint_format
+out["format_resolves"] = get_format(st.checkpoint_format).name == st.checkpoint_format
+if os.environ.get("CONTRACT_RESUME"):
+    out["resumed_step"] = rt.resume()
+    out["resumed_params"] = full_params(model)
+    if rt.is_main:
+        print("CONTRACT " + json.dumps(out), flush=True)
+    sys.exit(0)
 out["device_ok"] = all(p.device.type == rt.device.type for p in model.parameters())
 losses = []
 for _ in range(8):
@@ -87,6 +120,13 @@ after = full_params(model)  # collective under sharded strategies: every rank ca
 out["restored_equal"] = (after == before) if rt.is_main else None
 rt.backward((model(x) - y).pow(2).mean())
 rt.step(opt)
+if rt.config.checkpoint.dir:  # the managed save a later run resumes from
+    rt.save()
+    out["saved_step"] = rt.global_step
+    out["saved_params"] = full_params(model)
+    if rt.is_main:  # what the committed checkpoint records, read back from its marker
+        info = rt.checkpointer.store.latest(warn=False)
+        out["recorded_format"] = info.meta.get("checkpoint_format") if info else None
 if rt.is_main:
     print("CONTRACT " + json.dumps(out), flush=True)
 """
@@ -107,14 +147,25 @@ class StrategyContract:
     backend: ClassVar[str] = "cpu"
     nprocs: ClassVar[int] = 2
     overrides: ClassVar[list[str]] = []
+    #: extra environment for the runs (e.g. a backend's opt-in for a CPU stand-in)
+    env: ClassVar[dict[str, str]] = {}
     timeout: ClassVar[int] = 500
     #: tolerance of loss equality against the accumulation-free reference run
     rtol: ClassVar[float] = 1e-3
 
     _cache: ClassVar[dict[tuple[Any, ...], dict[str, Any]]] = {}
 
-    def run_contract(self, tmp_path: Path, *extra: str) -> dict[str, Any]:
-        key = (type(self).__name__, self.strategy, self.nprocs, tuple(self.overrides), extra)
+    def run_contract(
+        self, tmp_path: Path, *extra: str, env: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        key = (
+            type(self).__name__,
+            self.strategy,
+            self.nprocs,
+            tuple(self.overrides),
+            extra,
+            tuple(sorted((env or {}).items())),
+        )
         if key in StrategyContract._cache:
             return StrategyContract._cache[key]
         work = Path(
@@ -122,12 +173,14 @@ class StrategyContract:
         )  # one directory per run: runs never share a checkpoint path
         script = work / "contract.py"
         script.write_text(CONTRACT_SCRIPT)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
-        env.update(
+        run_env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
+        run_env.update(
             {
                 "AIOS_LOGGING__TENSORBOARD": "false",
                 "OMP_NUM_THREADS": "1",
                 "CONTRACT_CKPT": str(work / "ckpt" / "ckpt-0"),
+                **self.env,
+                **(env or {}),
             }
         )
         cmd = [
@@ -145,7 +198,7 @@ class StrategyContract:
             str(script),
         ]
         r = subprocess.run(
-            cmd, capture_output=True, text=True, env=env, cwd=work, timeout=self.timeout
+            cmd, capture_output=True, text=True, env=run_env, cwd=work, timeout=self.timeout
         )
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         line = next((ln for ln in r.stdout.splitlines() if "CONTRACT " in ln), None)
@@ -187,3 +240,38 @@ class StrategyContract:
         assert out["sum"] == n * (n + 1) / 2
         assert out["gather"] == [float(i + 1) for i in range(n)]
         assert out["bcast"] == {"from": 0} and out["any"] is True
+
+    # ------------------------------------------------------------------ what the runtime reads
+    def test_data_rank_and_world(self, tmp_path: Path) -> None:
+        """Integers (declared properties), the data world divides the world, and each data rank
+        is read by the same number of ranks: every shard of the data is read, none twice."""
+        out = self.run_contract(tmp_path)
+        assert out["data_members_are_ints"], (out["data_rank"], out["data_world"])
+        world, dw = out["world"], out["data_world"]
+        assert 1 <= dw <= world and world % dw == 0
+        ranks = out["data_ranks"]
+        assert sorted(set(ranks)) == list(range(dw)), ranks
+        assert all(ranks.count(r) == world // dw for r in range(dw)), ranks
+
+    def test_global_batch_derives_grad_accum(self, tmp_path: Path) -> None:
+        """``global_batch = micro_batch x grad_accum x data_world``: the runtime derives
+        ``grad_accum`` from this strategy's data world."""
+        dw = self.run_contract(tmp_path)["data_world"]
+        out = self.run_contract(tmp_path, f"global_batch={2 * 3 * dw}", "micro_batch=2")
+        assert out["grad_accum"] == 3, out["grad_accum"]
+
+    def test_checkpoint_format_is_registered_and_recorded(self, tmp_path: Path) -> None:
+        ck = tmp_path / "fmt-ckpt"
+        out = self.run_contract(tmp_path, f"checkpoint.dir={ck}")
+        assert out["format_resolves"], out["checkpoint_format"]
+        assert out["recorded_format"] == out["checkpoint_format"]
+
+    def test_resume_in_a_new_process_continues_exactly(self, tmp_path: Path) -> None:
+        """What a resume may change: nothing here (same world, strategy and format): a new
+        process resumes at the saved step with the saved parameters."""
+        ck = tmp_path / "resume-ckpt"
+        first = self.run_contract(tmp_path, f"checkpoint.dir={ck}")
+        again = self.run_contract(tmp_path, f"checkpoint.dir={ck}", env={"CONTRACT_RESUME": "1"})
+        assert first["saved_step"] > 0
+        assert again["resumed_step"] == first["saved_step"]
+        assert again["resumed_params"] == first["saved_params"]
