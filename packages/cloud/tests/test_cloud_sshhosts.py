@@ -360,3 +360,51 @@ def test_cloud_sshhosts_a_host_without_torch_is_one_line_and_the_launch_undone(t
     assert f"torch is not installed for {bare / 'bin' / 'python'}" in last and "(worker 0" in last
     assert json.loads(aios(env, "status", "--json").stdout) == []
     assert not (h.home / "aios").exists()  # the failed launch removed what it had written
+
+
+def test_cloud_sshhosts_the_probe_counts_tpu_chips_by_device_id_not_gvnic(tmp_path, sshd_cluster):
+    """gVNIC has Google's PCI vendor id 0x1ae0 (device 0x0042) and is on every third-generation
+    and later GCE VM (https://cloud.google.com/compute/docs/networking/using-gvnic): a TPU chip is
+    a TPU device id under the vendor (aios.pci, the table backend-xla's discovery uses)."""
+    from aios.pci import GOOGLE_PCI_VENDOR, GVNIC_PCI_DEVICE
+    from aios_cloud.testing.sshd import GCE_VM_PCI
+
+    v6e = (GOOGLE_PCI_VENDOR, "0x006f")
+    assert (GOOGLE_PCI_VENDOR, GVNIC_PCI_DEVICE) in GCE_VM_PCI
+    # worker 0: a GCE CPU VM (gVNIC only); worker 1: a v6e-4 TPU VM (gVNIC and 4 chips)
+    cluster = sshd_cluster(2, netns=True, pci=[list(GCE_VM_PCI), [*GCE_VM_PCI, *[v6e] * 4]])
+    work = tmp_path / "proj"
+    work.mkdir()
+    (work / "t.py").write_text("print('ran on a GCE VM', flush=True)\n")
+    env = environ(tmp_path)
+    cpu_vm, tpu_vm = cluster.hosts
+
+    def launch(h, name, *extra):
+        return aios(
+            env,
+            "launch",
+            "--cloud",
+            "ssh",
+            "--hosts",
+            f"{cluster.user}@{h.ip}",
+            "--identity",
+            str(cluster.client_key),
+            "--name",
+            name,
+            "--python",
+            sys.executable,
+            "--no-setup",
+            "--workdir",
+            str(work),
+            *extra,
+            "t.py",
+        )
+
+    r = launch(cpu_vm, "cpuvm")  # -a auto: a GCE CPU VM is a CPU host
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "TPU chips" not in r.stderr and "ran on a GCE VM" in r.stdout, r.stderr[-2000:]
+    r = launch(tpu_vm, "tpuvm")  # the TPU VM: its 4 chips, not 5
+    assert r.returncode == 2 and "has 4 TPU chips; -a auto trains on CPU only" in r.stderr, (
+        r.stderr[-2000:]
+    )
+    assert aios(env, "down", "cpuvm").returncode == 0

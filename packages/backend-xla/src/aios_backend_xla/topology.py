@@ -21,6 +21,7 @@ import re
 from dataclasses import asdict, dataclass
 
 from aios.errors import ConfigError
+from aios.pci import GOOGLE_PCI_VENDOR, TPU_PCI_DEVICE_IDS
 
 __all__ = [
     "TpuGeneration",
@@ -197,18 +198,10 @@ ALIASES: dict[str, str] = {
     "ironwood": "tpu7x",
 }
 
-# PCI device ids (vendor 0x1ae0) that torch_xla counts as TPU chips, with the generation they
-# name where known (v2 and v3 share 0x0027; 0x0056/0x0062/0x0076 are listed without a public name).
-TPU_PCI_VENDOR = "0x1ae0"
-PCI_DEVICE_IDS: dict[str, str] = {
-    "0x0027": "v2/v3",
-    "0x005e": "v4",
-    "0x0063": "v5e",
-    "0x006f": "v6e",
-    "0x0056": "",
-    "0x0062": "v5p",
-    "0x0076": "tpu7x",
-}
+# PCI device ids (vendor 0x1ae0) that torch_xla counts as TPU chips: one table in core
+# (aios.pci), shared with ``--cloud ssh``'s host probe (gVNIC, 0x0042, has the same vendor).
+TPU_PCI_VENDOR = GOOGLE_PCI_VENDOR
+PCI_DEVICE_IDS: dict[str, str] = TPU_PCI_DEVICE_IDS
 
 _TYPE_RE = re.compile(r"^\s*(?:tpu-?)?([a-z0-9_]+?)-(\d+)\s*$", re.IGNORECASE)
 

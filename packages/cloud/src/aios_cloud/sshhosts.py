@@ -8,9 +8,10 @@ machines themselves are never stopped, rebooted or deleted.
 
 * **Reach and inspect** (:data:`PROBE`, one SSH command per host, nothing installed): its
   addresses (``ip -o -4 addr``), CPU count, NVIDIA GPUs (``nvidia-smi -L``), Neuron devices
-  (``/dev/neuron*``), TPU chips (PCI vendor ``0x1ae0``), the interpreter's Python and torch
-  versions (package metadata, no import) and whether an aios job of a cluster of the same name
-  already runs there (then nothing is touched: one line, exit 2).
+  (``/dev/neuron*``), TPU chips (PCI vendor ``0x1ae0`` with a TPU device id, :mod:`aios.pci`;
+  gVNIC shares the vendor), the interpreter's Python and torch versions (package metadata, no
+  import) and whether an aios job of a cluster of the same name already runs there (then
+  nothing is touched: one line, exit 2).
 * **Devices and processes per host**: ``-a auto`` (the default) trains on CPU and refuses hosts
   that have accelerators (pass ``-a gpu|tpu|trainium``, or ``-a cpu`` to use the CPUs anyway);
   the processes per host are the accelerator count found (1 on CPU), or ``--nprocs-per-host``.
@@ -59,6 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from aios.errors import AiosError
+from aios.pci import tpu_count_shell
 
 from aios_cloud.fleet import HEAD_KEY_COMMENT
 from aios_cloud.provider import (
@@ -189,7 +191,9 @@ def probe_command(cluster: str, python: str) -> str:
             "echo \"gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')\"",
             'echo "gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)"',
             'echo "neuron=$(ls -d /dev/neuron[0-9]* 2>/dev/null | wc -l)"',
-            'echo "tpu=$(grep -lx 0x1ae0 /sys/bus/pci/devices/*/vendor 2>/dev/null | wc -l)"',
+            # TPU chips by vendor AND device id (aios.pci, the table backend-xla's discovery
+            # uses): gVNIC has Google's vendor id too
+            f'echo "tpu=$({tpu_count_shell()})"',
             f'echo "python=$({py} -c "import sys; print(\'%d.%d.%d\' % sys.version_info[:3])" 2>/dev/null)"',
             f'echo "torch=$({py} -c "import importlib.metadata as m; print(m.version(\'torch\'))" 2>/dev/null)"',
             f'for p in "$HOME"/aios/{cluster}/jobs/*/pid; do [ -f "$p" ] || continue; '
