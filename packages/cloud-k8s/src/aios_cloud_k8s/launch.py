@@ -199,7 +199,14 @@ def launch(provider: K8sProvider, p: dict[str, Any], store: Any, log: Callable[[
             f"export {missing[0]} before aios launch",
         )
     provider.client()  # no kubeconfig: one line, before anything is created
-    provider.check_node_pools(req.place)
+    fitted = provider.check_node_pools(req.place)
+    if fitted != req.place:
+        log(
+            f"{req.place.accelerator}: the {req.place.topology} node pool has "
+            f"{fitted.resources[M.TPU_RESOURCE]}-chip nodes: {fitted.pods_per_job} pods per slice "
+            f"(instead of {req.place.pods_per_job} of {req.place.resources[M.TPU_RESOURCE]} chips)"
+        )
+        req.place = fitted
     existing = store.get_cluster(name)
     if existing is not None:
         raise AiosError(
@@ -268,9 +275,13 @@ def follow(
     """Wait for the job to end, then print every pod's log (prefixed with the pod's name)."""
     from aios_cloud.store import JOB_FAILED, JOB_RUNNING, JOB_SUCCEEDED
 
-    last = ""
+    last, said = "", ""
     while True:
         state, _ = provider.job_state(name, api)
+        reason = provider.pending_reason if state == "PENDING" else ""
+        if reason and reason != said:
+            echo(f"[aios] pending: {reason}")
+            said = reason
         if state != last:
             store.update_cluster(name, state=state)
             if state == "RUNNING":

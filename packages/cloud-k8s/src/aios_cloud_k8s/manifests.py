@@ -23,7 +23,7 @@ value is ever written into a manifest.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aios.errors import ConfigError
@@ -33,6 +33,7 @@ JOBSET_VERSION = "v1alpha2"
 JOBSET_PLURAL = "jobsets"
 TPU_ACCELERATOR_LABEL = "cloud.google.com/gke-tpu-accelerator"
 TPU_TOPOLOGY_LABEL = "cloud.google.com/gke-tpu-topology"
+TPU_RESOURCE = "google.com/tpu"
 NODEPOOL_LABEL = "cloud.google.com/gke-nodepool"
 EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
@@ -101,6 +102,45 @@ class Placement:
     tolerations: list[dict[str, Any]] = field(default_factory=list)
 
 
+def tpu_layouts(place: Placement) -> list[tuple[int, int]]:
+    """``(pods per slice, chips per pod)`` layouts the slice can take (the planned one first)."""
+    from aios_backend_xla.topology import parse_accelerator_type
+
+    return parse_accelerator_type(place.accelerator).host_layouts()
+
+
+def with_layout(place: Placement, hosts: int, chips: int) -> Placement:
+    """``place`` with ``hosts`` pods of ``chips`` TPU chips per slice."""
+    return replace(
+        place, pods_per_job=hosts, resources={**place.resources, TPU_RESOURCE: str(chips)}
+    )
+
+
+def node_pool_hint(place: Placement) -> str:
+    """How to create the node pool a TPU slice needs. Multi-host TPU7x pools take a workload
+    policy (``--placement-policy``) instead of ``--tpu-topology``
+    (https://cloud.google.com/kubernetes-engine/docs/concepts/tpu-ironwood#workload-policy)."""
+    gen = next(
+        (
+            g
+            for g, v in GKE_TPU_ACCELERATOR.items()
+            if v == place.node_selector.get(TPU_ACCELERATOR_LABEL)
+        ),
+        "",
+    )
+    if gen == "tpu7x" and place.pods_per_job > 1:
+        return (
+            "gcloud compute resource-policies create workload-policy POLICY --type=HIGH_THROUGHPUT "
+            f"--accelerator-topology={place.topology}, then gcloud container node-pools create "
+            "... --machine-type=tpu7x-standard-4t --placement-policy=POLICY; or set "
+            "k8s.check_node_pools=false on Autopilot"
+        )
+    return (
+        f"gcloud container node-pools create ... --tpu-topology {place.topology}; "
+        "or set k8s.check_node_pools=false on Autopilot"
+    )
+
+
 def tpu_topology(generation: str, chips: int) -> str:
     table = _3D if generation in _TORUS_3D else _2D
     if chips not in table:
@@ -154,7 +194,7 @@ def placement(accelerator: str, nodes: int) -> Placement:
             t.accelerator_type,
             pods_per_job=t.hosts,
             jobs=nodes,
-            resources={"google.com/tpu": str(t.chips_per_host)},
+            resources={TPU_RESOURCE: str(t.chips_per_host)},
             node_selector={
                 TPU_ACCELERATOR_LABEL: GKE_TPU_ACCELERATOR[t.generation],
                 TPU_TOPOLOGY_LABEL: topo,
