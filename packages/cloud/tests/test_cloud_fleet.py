@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from aios_cloud import ops, ssh
+from aios_cloud import ops, ssh, watching
 from aios_cloud.provider import ClusterHost
 from aios_cloud.ssh import SshError, SshRunner
 from aios_cloud.store import ClusterRecord, Store
@@ -79,8 +79,8 @@ def spawned(monkeypatch):
 
     monkeypatch.setattr(ssh, "_spawn", spawn)
     monkeypatch.setattr(ssh, "_reap", reap)
-    monkeypatch.setattr(ops, "_spawn", spawn)
-    monkeypatch.setattr(ops, "_reap", reap)
+    monkeypatch.setattr(watching, "_spawn", spawn)
+    monkeypatch.setattr(watching, "_reap", reap)
     return seen, alive
 
 

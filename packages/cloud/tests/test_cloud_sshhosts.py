@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from aios_cloud.provider import CloudError
+from aios_cloud.request import LaunchRequest
 from aios_cloud.sshhosts import HostSpec, Probe, internal_addresses, parse_hosts, read_hosts_file
 
 
@@ -80,16 +81,20 @@ def test_cloud_sshhosts_option_checks(tmp_path):
         ({"hosts": "a", "max_restarts": 1, "checkpoint_dir": "ckpt"}, "is relative"),
     ):
         with pytest.raises(AiosError, match=msg):
-            p.launch_extra(params)
+            p.launch_extra(LaunchRequest("train.py", **params))
     extra = p.launch_extra(
-        {"hosts": "a, b", "ssh_user": "me", "max_restarts": 1, "checkpoint_dir": "/nfs/c"}
+        LaunchRequest(
+            "train.py", hosts="a, b", ssh_user="me", max_restarts=1, checkpoint_dir="/nfs/c"
+        )
     )
     assert extra["hosts"] == ["me@a", "me@b"] and extra["shared_checkpoint_dir"] == "/nfs/c"
     req = ClusterRequest("c", "auto", nodes=3, extra=extra)
     with pytest.raises(AiosError, match="--nodes 3 does not match the 2 hosts listed"):
         p.validate(req)
     assert p.validate(ClusterRequest("c", "auto", extra=extra)).nodes == 2
-    assert p.launch_extra({}, existing=True) == {}  # reusing a cluster: its hosts are recorded
+    assert (
+        p.launch_extra(LaunchRequest("train.py"), existing=True) == {}
+    )  # reusing a cluster: its hosts are recorded
 
 
 def test_cloud_sshhosts_hosts_file_and_entries():

@@ -116,7 +116,7 @@ def _setup(c: SshdCluster, tmp_path, mode: str, managed: bool = True):
         accelerator="box",
         spot=True,
         state=READY,
-        request=ops._request_dict(request),
+        request=ops.request_dict(request),
         ssh_user=c.user,
         ssh_key=str(c.client_key),
     )

@@ -7,13 +7,33 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import yaml
 from aios.errors import AiosError
+from aios_cloud.request import LaunchRequest
 
 from aios_cloud_k8s import manifests as M
-from aios_cloud_k8s.provider import K8sProvider
+
+if TYPE_CHECKING:
+    from aios_cloud_k8s.settings import K8sSettings
+
+
+class K8sAccess(Protocol):
+    """What the launch needs of the Kubernetes provider (:class:`aios_cloud_k8s.provider.K8sProvider`
+    passes itself; declared here so this module does not import the provider)."""
+
+    name: ClassVar[str]
+    settings: K8sSettings
+
+    def client(self) -> Any: ...
+    def check_node_pools(self, place: M.Placement) -> None: ...
+    def apply(self, objs: list[dict[str, Any]]) -> list[dict[str, Any]]: ...
+    def cancel(self, name: str, api: str | None = None) -> None: ...
+    def job_state(self, name: str, api: str) -> tuple[str, dict[str, Any]]: ...
+    def pods(self, name: str) -> list[Any]: ...
+    def pod_log(self, pod: str) -> str: ...
+
 
 NOT_FOR_K8S = {
     "spot": "--spot",
@@ -32,37 +52,22 @@ NOT_FOR_K8S = {
 NAME_RE = __import__("re").compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
 
 
-def _check(p: dict[str, Any]) -> None:
+def _check(p: LaunchRequest) -> None:
     for key, flag in NOT_FOR_K8S.items():
-        if p.get(key):
+        if p.given(key):
             raise AiosError(
                 f"{flag} does not apply to Kubernetes",
                 "drop it (bake setup into the image; k8s.* settings choose the rest)",
             )
-    if p["nodes"] < 1:
-        raise AiosError(f"--nodes must be at least 1, got {p['nodes']}", "pass --nodes 1 or more")
-    if p["max_restarts"] < 0:
+    if p.name and not NAME_RE.match(p.name):
         raise AiosError(
-            f"--max-restarts must be 0 or more, got {p['max_restarts']}", "pass --max-restarts N"
-        )
-    if not Path(p["workdir"]).is_dir():
-        raise AiosError(
-            f"--workdir {p['workdir']} is not a directory", "pass the project directory to sync"
-        )
-    if not p["module"] and not (Path(p["workdir"]) / p["script"]).is_file():
-        raise AiosError(
-            f"script {p['script']} not found in {os.path.abspath(p['workdir'])}",
-            "pass a path relative to --workdir, or -m for a module",
-        )
-    if p["name"] and not NAME_RE.match(p["name"]):
-        raise AiosError(
-            f"job name '{p['name']}' is invalid for Kubernetes",
+            f"job name '{p.name}' is invalid for Kubernetes",
             "use 1-40 lowercase letters, digits and dashes, starting with a letter",
         )
 
 
 def build(
-    provider: K8sProvider, p: dict[str, Any], name: str, env: dict[str, str], forward: list[str]
+    provider: K8sAccess, p: LaunchRequest, name: str, env: dict[str, str], forward: list[str]
 ) -> M.JobRequest:
     s = provider.settings
     if not s.image:
@@ -70,32 +75,32 @@ def build(
             "no container image for the pods",
             "set k8s.image (AIOS_K8S__IMAGE=REGISTRY/IMAGE:TAG) to an image with python, torch and aios",
         )
-    accelerator = p["accelerator"] or "cpu"
-    place = M.placement(accelerator, p["nodes"])
+    accelerator = p.accelerator or "cpu"
+    place = M.placement(accelerator, p.nodes)
     api = (
         s.api
         if s.api != "auto"
         else ("jobset" if place.kind == "tpu" or place.pods_per_job > 1 else "job")
     )
     if api == "job" and place.jobs > 1:
-        raise AiosError(f"{p['nodes']} TPU slices need a JobSet", "set k8s.api=jobset (or auto)")
-    args = list(p["script_args"])
+        raise AiosError(f"{p.nodes} TPU slices need a JobSet", "set k8s.api=jobset (or auto)")
+    args = list(p.script_args)
     if args and args[0] == "--":
         args = args[1:]
-    backend = p["backend"] or place.backend
-    python = p["python"] or s.python
+    backend = p.backend or place.backend
+    python = p.python or s.python
     command = [
         python,
         "-m",
         "aios.cli.run",
         "--backend",
         backend,
-        *(["-m", p["script"]] if p["module"] else [p["script"]]),
+        *(["-m", p.script] if p.module else [p.script]),
         *args,
     ]
     job_env = dict(env)
-    if p["checkpoint_dir"]:
-        job_env["AIOS_CHECKPOINT__DIR"] = p["checkpoint_dir"]
+    if p.checkpoint_dir:
+        job_env["AIOS_CHECKPOINT__DIR"] = p.checkpoint_dir
     return M.JobRequest(
         name=name,
         namespace=s.namespace,
@@ -110,17 +115,17 @@ def build(
         service_account=s.service_account,
         cpu=s.cpu,
         memory=s.memory,
-        backoff_limit=p["max_restarts"],
-        max_restarts=p["max_restarts"],
+        backoff_limit=p.max_restarts,
+        max_restarts=p.max_restarts,
     )
 
 
-def _code(provider: K8sProvider, p: dict[str, Any], name: str) -> str:
+def _code(provider: K8sAccess, p: LaunchRequest, name: str) -> str:
     from aios_cloud.codesync import make_tarball
     from aios_cloud.store import cluster_dir
 
     tar = make_tarball(
-        p["workdir"], cluster_dir(name) / "code.tar.gz", p["exclude"], p["max_sync_mb"] * 2**20
+        p.workdir, cluster_dir(name) / "code.tar.gz", p.exclude, p.max_sync_mb * 2**20
     )
     data = Path(tar.path).read_bytes()
     if len(data) > provider.settings.max_code_kib * 1024:
@@ -171,16 +176,15 @@ def redact_manifest(obj: Any) -> Any:
     return out
 
 
-def launch(provider: K8sProvider, p: dict[str, Any], store: Any, log: Callable[[str], None]) -> int:
+def launch(provider: K8sAccess, p: LaunchRequest, store: Any, log: Callable[[str], None]) -> int:
     import click
-    from aios_cloud import ops
     from aios_cloud.store import JOB_FAILED, JOB_PENDING, ClusterRecord
 
     _check(p)
-    env, forward = ops.parse_env(list(p["env_items"]))
-    name = p["name"] or _default_name()
+    env, forward = p.env, p.forward_env
+    name = p.name or _default_name()
     req = build(provider, p, name, env, forward)
-    if p["dry_run"]:
+    if p.dry_run:
         shown = M.manifests(
             req, {k: "<forwarded from your environment>" for k in forward}, "<code.tar.gz, base64>"
         )
@@ -229,11 +233,11 @@ def launch(provider: K8sProvider, p: dict[str, Any], store: Any, log: Callable[[
         raise AiosError(f"{name} was just created by another launch", "use another --name")
     job_id = store.add_job(
         name,
-        " ".join([p["script"], *p["script_args"]]),
-        backend=p["backend"],
-        managed=p["max_restarts"] > 0,
-        max_restarts=p["max_restarts"],
-        checkpoint_dir=p["checkpoint_dir"],
+        " ".join([p.script, *p.script_args]),
+        backend=p.backend,
+        managed=p.max_restarts > 0,
+        max_restarts=p.max_restarts,
+        checkpoint_dir=p.checkpoint_dir,
         spec={"cloud": "k8s", "api": req.api},
     )
     try:
@@ -249,22 +253,22 @@ def launch(provider: K8sProvider, p: dict[str, Any], store: Any, log: Callable[[
     log(
         f"created {kinds} in namespace {req.namespace} ({req.place.pods_per_job * req.place.jobs} pod(s))"
     )
-    if p["detach"]:
+    if p.detach:
         log(f"`aios logs {name} -f`, `aios status {name} --refresh`, `aios cancel {name}`")
         return 0
     try:
-        code_ = follow(provider, store, name, job_id, req.api, p["poll"], click.echo)
+        code_ = follow(provider, store, name, job_id, req.api, p.poll, click.echo)
     except KeyboardInterrupt:
         log(f"detached: {name} keeps running. `aios logs {name} -f`, `aios down {name}`")
         return 130
-    if p["down_after"]:
+    if p.down_after:
         provider.cancel(name, req.api)
         store.delete_cluster(name)
     return code_
 
 
 def follow(
-    provider: K8sProvider,
+    provider: K8sAccess,
     store: Any,
     name: str,
     job_id: int,
@@ -299,7 +303,7 @@ def follow(
 
 
 def logs(
-    provider: K8sProvider,
+    provider: K8sAccess,
     rec: Any,
     job: Any,
     follow_: bool,

@@ -177,11 +177,11 @@ def placement(accelerator: str, nodes: int) -> Placement:
             env=env,
             backend="neuron" if kind == "neuron" else "cuda",
         )
-    try:
+    if re.match(r"^(v\d|tpu)", accelerator):
+        # the TPU chip facts (chips, hosts, chips per host) have one home: the XLA backend's
+        # topology table (a declared dependency of this package)
         from aios_backend_xla.topology import parse_accelerator_type
-    except ImportError:
-        parse_accelerator_type = None  # type: ignore[assignment]
-    if parse_accelerator_type is not None and re.match(r"^(v\d|tpu)", accelerator):
+
         t = parse_accelerator_type(accelerator)
         if t.generation not in GKE_TPU_ACCELERATOR:
             raise ConfigError(

@@ -22,21 +22,23 @@ from aios_cloud.provider import (
     CatalogEntry,
     CloudCommand,
     CloudError,
-    CloudProvider,
     ClusterInfo,
     ClusterRequest,
+    SchedulerProvider,
 )
+from aios_cloud.request import LaunchRequest
+from aios_cloud.store import ClusterRecord, JobRecord, Store
 
+from aios_cloud_k8s import launch as k8s_launch
 from aios_cloud_k8s import manifests as M
 
 PRICE_NOTE = "n/a (your cluster)"
 
 
-class K8sProvider(CloudProvider):
+class K8sProvider(SchedulerProvider):
     name = "k8s"
     storage_scheme = ""
     cli = "kubectl"
-    scheduler = True
 
     pending_reason: str = ""
 
@@ -291,28 +293,11 @@ class K8sProvider(CloudProvider):
             raw=raw,
         )
 
-    def list(self, zone: str | None = None) -> list[ClusterInfo]:
-        from aios_cloud.store import Store
-
-        return [
-            i
-            for r in Store().clusters()
-            if r.cloud == self.name
-            for i in [self.describe(r.name, r.zone)]
-            if i
-        ]
-
     def start(self, name: str, zone: str | None) -> ClusterInfo:
         raise CloudError(
             "a Kubernetes job cannot be restarted in place",
             "launch it again with `aios launch --cloud k8s --name NAME ...`",
         )
-
-    def stop(self, name: str, zone: str | None) -> None:
-        self.cancel(name)
-
-    def delete(self, name: str, zone: str | None) -> None:
-        self.cancel(name)
 
     def cancel(self, name: str, api: str | None = None) -> None:
         """Delete everything aios created for ``name`` (labelled aios-cluster=name). Idempotent."""
@@ -509,17 +494,20 @@ class K8sProvider(CloudProvider):
         )
 
     # ------------------------------------------------------------------ launch
-    def launch_job(self, params: dict[str, Any], store: Any, log: Callable[[str], None]) -> int:
-        from aios_cloud_k8s.launch import launch
-
-        return launch(self, params, store, log)
+    def launch_job(
+        self, request: LaunchRequest, store: Store | None, log: Callable[[str], None]
+    ) -> int:
+        return k8s_launch.launch(self, request, store, log)
 
     def job_logs(
-        self, rec: Any, job: Any, follow: bool, dry_run: bool, echo: Callable[[str], None]
+        self,
+        rec: ClusterRecord,
+        job: JobRecord,
+        follow: bool,
+        dry_run: bool,
+        echo: Callable[[str], None],
     ) -> int:
-        from aios_cloud_k8s.launch import logs
-
-        return logs(self, rec, job, follow, dry_run, echo)
+        return k8s_launch.logs(self, rec, job, follow, dry_run, echo)
 
 
 def _qty(v: Any) -> int:

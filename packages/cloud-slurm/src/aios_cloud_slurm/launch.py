@@ -7,13 +7,35 @@ import shlex
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from aios.errors import AiosError
-from aios_cloud.provider import CloudError
+from aios_cloud.provider import CloudError, ClusterInfo
+from aios_cloud.request import LaunchRequest
 
-from aios_cloud_slurm.provider import FINAL_STATES, NAME_RE, SlurmProvider, default_name
+from aios_cloud_slurm.states import FINAL_STATES, NAME_RE, default_name
+
+if TYPE_CHECKING:
+    from aios_cloud_slurm.settings import SlurmSettings
+    from aios_cloud_slurm.shell import Shell
 from aios_cloud_slurm.script import SbatchJob, render
+
+
+class SlurmAccess(Protocol):
+    """What the launch needs of the Slurm provider (:class:`aios_cloud_slurm.provider.SlurmProvider`
+    passes itself; declared here so this module does not import the provider)."""
+
+    name: ClassVar[str]
+    settings: SlurmSettings
+    shell: Shell
+
+    def require_slurm(self) -> None: ...
+    def resolve_partition(self, wanted: str | None) -> dict[str, Any]: ...
+    def job_info(self, job_id: str) -> dict[str, str] | None: ...
+    def final_exit(self, request: dict[str, Any]) -> int | None: ...
+    def describe(self, name: str, zone: str | None) -> ClusterInfo | None: ...
+    def cancel(self, name: str) -> None: ...
+
 
 NOT_FOR_SLURM = {
     "spot": "--spot",
@@ -29,38 +51,21 @@ NOT_FOR_SLURM = {
 }
 
 
-def _check(p: dict[str, Any]) -> None:
+def _check(p: LaunchRequest) -> None:
     for key, flag in NOT_FOR_SLURM.items():
-        if p.get(key):
+        if p.given(key):
             hint = "set slurm.login / slurm.ssh_key instead" if key.startswith("ssh") else "drop it"
             raise AiosError(f"{flag} does not apply to a Slurm cluster", hint)
-    if p["nodes"] < 1:
-        raise AiosError(f"--nodes must be at least 1, got {p['nodes']}", "pass --nodes 1 or more")
-    if p["max_restarts"] < 0:
+    if p.name and not NAME_RE.match(p.name):
         raise AiosError(
-            f"--max-restarts must be 0 or more, got {p['max_restarts']}", "pass --max-restarts N"
-        )
-    if p["setup_script"] and p["no_setup"]:
-        raise AiosError("--setup-script and --no-setup contradict each other", "pass only one")
-    if not Path(p["workdir"]).is_dir():
-        raise AiosError(
-            f"--workdir {p['workdir']} is not a directory", "pass the project directory to sync"
-        )
-    if not p["module"] and not (Path(p["workdir"]) / p["script"]).is_file():
-        raise AiosError(
-            f"script {p['script']} not found in {os.path.abspath(p['workdir'])}",
-            "pass a path relative to --workdir, or -m for a module",
-        )
-    if p["name"] and not NAME_RE.match(p["name"]):
-        raise AiosError(
-            f"cluster name '{p['name']}' is invalid",
+            f"cluster name '{p.name}' is invalid",
             "use 1-48 lowercase letters, digits and dashes, starting with a letter",
         )
 
 
 def build_job(
-    provider: SlurmProvider,
-    p: dict[str, Any],
+    provider: SlurmAccess,
+    p: LaunchRequest,
     name: str,
     partition: str | None,
     gpus: bool,
@@ -70,29 +75,29 @@ def build_job(
     forward: list[str],
 ) -> SbatchJob:
     s = provider.settings
-    args = list(p["script_args"])
+    args = list(p.script_args)
     if args and args[0] == "--":
         args = args[1:]
-    backend = p["backend"] or ("cuda" if gpus else "cpu")
-    python = p["python"] or s.python
+    backend = p.backend or ("cuda" if gpus else "cpu")
+    python = p.python or s.python
     command = [python, "-m", "aios.cli.run", "--backend", backend]
-    command += ["-m", p["script"]] if p["module"] else [p["script"]]
+    command += ["-m", p.script] if p.module else [p.script]
     command += args
     setup = list(s.setup)
-    if p["setup_script"]:
-        setup.append(Path(p["setup_script"]).read_text())
-    elif p["requirements"] and not p["no_setup"]:
-        if not Path(p["requirements"]).is_file():
+    if p.setup_script:
+        setup.append(Path(p.setup_script).read_text())
+    elif p.requirements and not p.no_setup:
+        if not Path(p.requirements).is_file():
             raise AiosError(
-                f"--requirements {p['requirements']} does not exist",
+                f"--requirements {p.requirements} does not exist",
                 "pass an existing requirements.txt",
             )
         setup.append(
-            f"{shlex.quote(python)} -m pip install --quiet --user -r {shlex.quote(os.path.basename(p['requirements']))}"
+            f"{shlex.quote(python)} -m pip install --quiet --user -r {shlex.quote(os.path.basename(p.requirements))}"
         )
     job_env = dict(env)
-    ckpt = p["checkpoint_dir"]
-    if p["max_restarts"] > 0 and not ckpt:
+    ckpt = p.checkpoint_dir
+    if p.max_restarts > 0 and not ckpt:
         ckpt = f"{root}/checkpoints"
     if ckpt:
         job_env["AIOS_CHECKPOINT__DIR"] = ckpt
@@ -102,7 +107,7 @@ def build_job(
         job_dir=job_dir,
         code_dir=f"{root}/code",
         command=command,
-        nodes=p["nodes"],
+        nodes=p.nodes,
         ntasks_per_node=s.ntasks_per_node,
         partition=partition,
         account=s.account,
@@ -112,17 +117,17 @@ def build_job(
         cpus_per_task=s.cpus_per_task,
         mem=s.mem,
         constraint=s.constraint,
-        max_restarts=p["max_restarts"],
+        max_restarts=p.max_restarts,
         signal_grace=s.signal_grace,
         env=job_env,
         env_file=f"{job_dir}/env" if forward else None,
-        pythonpath=f"{root}/code/.aios-site" if not p["no_bundle"] else None,
+        pythonpath=f"{root}/code/.aios-site" if not p.no_bundle else None,
         setup=setup,
         sbatch_args=list(s.sbatch_args),
     )
 
 
-def _remote_root(provider: SlurmProvider, name: str) -> str:
+def _remote_root(provider: SlurmAccess, name: str) -> str:
     rd = provider.settings.remote_dir
     text = provider.shell.out(
         f"mkdir -p {rd} && cd {rd} && pwd", "creating slurm.remote_dir"
@@ -130,56 +135,49 @@ def _remote_root(provider: SlurmProvider, name: str) -> str:
     return f"{text.splitlines()[-1]}/{name}"
 
 
-def launch(
-    provider: SlurmProvider, p: dict[str, Any], store: Any, log: Callable[[str], None]
-) -> int:
-    import click
-    from aios_cloud import ops
-    from aios_cloud.store import JOB_CANCELLED, JOB_FAILED, JOB_PENDING, ClusterRecord
+def dry_run(
+    provider: SlurmAccess,
+    p: LaunchRequest,
+    name: str,
+    wanted: str | None,
+    echo: Callable[[str], None],
+) -> None:
+    """``--dry-run``: the sync, the env file and the sbatch script the launch would submit."""
+    env, forward = p.env, p.forward_env
+    gpus = False
+    try:
+        provider.require_slurm()
+        part = provider.resolve_partition(wanted)
+        partition, gpus = part["name"], "gpu" in (part["gres"] or "")
+    except CloudError as exc:
+        partition = wanted
+        echo(f"# note: {exc.one_line()} (the script below is not checked against the cluster)")
+    rd = provider.settings.remote_dir
+    root = f"{rd}/{name}"
+    job = build_job(provider, p, name, partition, gpus, root, "<id>", env, forward)
+    from aios.config import redact
+    from aios_cloud.codesync import collect
 
-    _check(p)
-    env, forward = ops.parse_env(list(p["env_items"]))
-    name = p["name"] or default_name()
-    wanted = p["zone"] or p["accelerator"] or provider.settings.partition
-    if p["dry_run"]:
-        gpus = False
-        try:
-            provider.require_slurm()
-            part = provider.resolve_partition(wanted)
-            partition, gpus = part["name"], "gpu" in (part["gres"] or "")
-        except CloudError as exc:
-            partition = wanted
-            click.echo(
-                f"# note: {exc.one_line()} (the script below is not checked against the cluster)"
-            )
-        rd = provider.settings.remote_dir
-        root = f"{rd}/{name}"
-        job = build_job(provider, p, name, partition, gpus, root, "<id>", env, forward)
-        from aios.config import redact
-        from aios_cloud.codesync import collect
-
-        job.env = redact(job.env)
-        click.echo("# dry run: nothing is synced or submitted")
-        where = provider.shell.where
-        click.echo(
-            f"# 1. code sync {where}: {len(collect(p['workdir'], p['exclude']))} files from "
-            f"{os.path.abspath(p['workdir'])} -> {root}/code"
+    job.env = redact(job.env)
+    echo("# dry run: nothing is synced or submitted")
+    where = provider.shell.where
+    echo(
+        f"# 1. code sync {where}: {len(collect(p.workdir, p.exclude))} files from "
+        f"{os.path.abspath(p.workdir)} -> {root}/code"
+    )
+    if forward:
+        echo(
+            f"# 2. {job.env_file} (mode 600): {', '.join(forward)} <forwarded from your environment>"
         )
-        if forward:
-            click.echo(
-                f"# 2. {job.env_file} (mode 600): {', '.join(forward)} <forwarded from your environment>"
-            )
-        click.echo(f"# 3. sbatch --parsable {job.job_dir}/job.sbatch {where}:")
-        click.echo(render(job))
-        return 0
+    echo(f"# 3. sbatch --parsable {job.job_dir}/job.sbatch {where}:")
+    echo(render(job))
 
-    provider.require_slurm()
-    part = provider.resolve_partition(wanted)
-    if part["nodes"] and p["nodes"] > part["nodes"]:
-        raise AiosError(
-            f"--nodes {p['nodes']} is more than partition {part['name']} has ({part['nodes']})",
-            f"pass --nodes {part['nodes']} or fewer, or another partition (`aios catalog --cloud slurm`)",
-        )
+
+def _claim(provider: SlurmAccess, store: Any, name: str, part: dict[str, Any]) -> Any:
+    """The store's record for ``name`` (a finished job's name is reused), or claim it; returns
+    the record that existed, ``None`` when this launch claimed it."""
+    from aios_cloud.store import ClusterRecord
+
     existing = store.get_cluster(name)
     if existing is not None:
         if existing.cloud != provider.name:
@@ -205,13 +203,36 @@ def launch(
             raise AiosError(
                 f"cluster {name} was just created by another launch", "use another --name"
             )
+    return existing
+
+
+def launch(provider: SlurmAccess, p: LaunchRequest, store: Any, log: Callable[[str], None]) -> int:
+    import click
+    from aios_cloud.store import JOB_CANCELLED, JOB_FAILED, JOB_PENDING
+
+    _check(p)
+    env, forward = p.env, p.forward_env
+    name = p.name or default_name()
+    wanted = p.zone or p.accelerator or provider.settings.partition
+    if p.dry_run:
+        dry_run(provider, p, name, wanted, click.echo)
+        return 0
+
+    provider.require_slurm()
+    part = provider.resolve_partition(wanted)
+    if part["nodes"] and p.nodes > part["nodes"]:
+        raise AiosError(
+            f"--nodes {p.nodes} is more than partition {part['name']} has ({part['nodes']})",
+            f"pass --nodes {part['nodes']} or fewer, or another partition (`aios catalog --cloud slurm`)",
+        )
+    existing = _claim(provider, store, name, part)
     job_id = store.add_job(
         name,
-        shlex.join([p["script"], *p["script_args"]]),
-        backend=p["backend"],
-        managed=p["max_restarts"] > 0,
-        max_restarts=p["max_restarts"],
-        checkpoint_dir=p["checkpoint_dir"],
+        shlex.join([p.script, *p.script_args]),
+        backend=p.backend,
+        managed=p.max_restarts > 0,
+        max_restarts=p.max_restarts,
+        checkpoint_dir=p.checkpoint_dir,
         spec={"cloud": "slurm"},
     )
     submitted = False
@@ -274,18 +295,18 @@ def launch(
                 "cloud": "slurm",
                 "slurm_job_id": slurm_id,
                 "job_dir": job.job_dir,
-                "script": p["script"],
-                "python": p["python"] or provider.settings.python,
+                "script": p.script,
+                "python": p.python or provider.settings.python,
             },
         )
         store.event(
             name,
             "submitted",
-            f"Slurm job {slurm_id} on partition {part['name']}, {p['nodes']} node(s)",
+            f"Slurm job {slurm_id} on partition {part['name']}, {p.nodes} node(s)",
             job_id,
         )
         log(
-            f"submitted Slurm job {slurm_id} ({name}, partition {part['name']}, {p['nodes']} "
+            f"submitted Slurm job {slurm_id} ({name}, partition {part['name']}, {p.nodes} "
             f"node(s)); output {job.job_dir}/slurm-{slurm_id}.out"
         )
     except BaseException as exc:
@@ -296,19 +317,17 @@ def launch(
         if existing is None:
             store.delete_cluster(name)
         raise
-    if p["detach"]:
+    if p.detach:
         log(f"`aios logs {name} -f`, `aios status {name} --refresh`, `aios cancel {name}`")
         return 0
     try:
-        code = follow(
-            provider, store, name, job_id, slurm_id, job.job_dir, p["poll"], click.echo, log
-        )
+        code = follow(provider, store, name, job_id, slurm_id, job.job_dir, p.poll, click.echo, log)
     except KeyboardInterrupt:
         log(
             f"detached: Slurm job {slurm_id} keeps running. `aios logs {name} -f`, `aios cancel {name}`"
         )
         return 130
-    if p["down_after"]:
+    if p.down_after:
         provider.cancel(name)
         store.delete_cluster(name)
     return code
@@ -330,7 +349,7 @@ NEVER_RUNS = (
 )
 
 
-def _check_runnable(provider: SlurmProvider, slurm_id: str) -> None:
+def _check_runnable(provider: SlurmAccess, slurm_id: str) -> None:
     """A job sbatch accepted but that can never start is cancelled and reported (one line)."""
     time.sleep(1.0)
     info = provider.job_info(slurm_id) or {}
@@ -342,25 +361,23 @@ def _check_runnable(provider: SlurmProvider, slurm_id: str) -> None:
         )
 
 
-def _sync(
-    provider: SlurmProvider, p: dict[str, Any], root: str, log: Callable[[str], None]
-) -> None:
+def _sync(provider: SlurmAccess, p: LaunchRequest, root: str, log: Callable[[str], None]) -> None:
     from aios_cloud.codesync import make_tarball
     from aios_cloud.store import cluster_dir
 
     extra: list = []
     generated: dict[str, str] = {}
-    if not p["no_bundle"]:
+    if not p.no_bundle:
         from aios_cloud.bundle import build
 
-        b = build(p["backend"] or "cpu", provider.name)
+        b = build(p.backend or "cpu", provider.name)
         extra, generated = b.files, b.generated
     name = root.rsplit("/", 1)[-1]
     tar = make_tarball(
-        p["workdir"],
+        p.workdir,
         cluster_dir(name) / "code.tar.gz",
-        p["exclude"],
-        p["max_sync_mb"] * 2**20,
+        p.exclude,
+        p.max_sync_mb * 2**20,
         extra_files=extra,
         generated=generated,
     )
@@ -380,7 +397,7 @@ def _sync(
         )
 
 
-def _write(provider: SlurmProvider, path: str, text: str, mode: str) -> None:
+def _write(provider: SlurmAccess, path: str, text: str, mode: str) -> None:
     q = shlex.quote(path)
     r = provider.shell.run(
         f"set -e; mkdir -p $(dirname {q}); umask 077; cat > {q}.tmp; chmod {mode} {q}.tmp; mv {q}.tmp {q}",
@@ -393,7 +410,7 @@ def _write(provider: SlurmProvider, path: str, text: str, mode: str) -> None:
         )
 
 
-def _read_from(provider: SlurmProvider, path: str, offset: int) -> bytes:
+def _read_from(provider: SlurmAccess, path: str, offset: int) -> bytes:
     r = provider.shell.run(
         f"tail -c +{offset + 1} {shlex.quote(path)} 2>/dev/null || true", timeout=60
     )
@@ -401,7 +418,7 @@ def _read_from(provider: SlurmProvider, path: str, offset: int) -> bytes:
 
 
 def follow(
-    provider: SlurmProvider,
+    provider: SlurmAccess,
     store: Any,
     name: str,
     job_id: int,
@@ -488,7 +505,7 @@ def follow(
 
 
 def logs(
-    provider: SlurmProvider,
+    provider: SlurmAccess,
     rec: Any,
     job: Any,
     follow_: bool,

@@ -15,8 +15,6 @@ sbatch rejects, an unreachable login node.
 
 from __future__ import annotations
 
-import getpass
-import random
 import re
 import shlex
 from collections.abc import Callable
@@ -27,24 +25,17 @@ from aios_cloud.provider import (
     CatalogEntry,
     CloudCommand,
     CloudError,
-    CloudProvider,
     ClusterInfo,
     ClusterRequest,
+    SchedulerProvider,
 )
+from aios_cloud.request import LaunchRequest
+from aios_cloud.store import ClusterRecord, JobRecord, Store
+
+from aios_cloud_slurm import launch as slurm_launch
+from aios_cloud_slurm.states import FINAL_STATES, default_name
 
 PRICE_NOTE = "n/a (your cluster)"
-FINAL_STATES = {
-    "COMPLETED",
-    "FAILED",
-    "CANCELLED",
-    "TIMEOUT",
-    "NODE_FAIL",
-    "OUT_OF_MEMORY",
-    "BOOT_FAIL",
-    "DEADLINE",
-    "PREEMPTED",
-}
-NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,46}[a-z0-9])?$")
 
 
 def _settings(config: Any) -> Any:
@@ -64,11 +55,10 @@ def parse_kv(line: str) -> dict[str, str]:
     return out
 
 
-class SlurmProvider(CloudProvider):
+class SlurmProvider(SchedulerProvider):
     name = "slurm"
     storage_scheme = ""
     cli = "sbatch"
-    scheduler = True  # the core's cloud commands delegate launch/logs/cancel to the methods below
 
     def __init__(self, config: Any = None) -> None:
         from aios_cloud_slurm.shell import Shell
@@ -256,28 +246,11 @@ class SlurmProvider(CloudProvider):
         text = r.stdout.decode().strip()
         return int(text) if text.lstrip("-").isdigit() else None
 
-    def list(self, zone: str | None = None) -> list[ClusterInfo]:
-        from aios_cloud.store import Store
-
-        out = []
-        for rec in Store().clusters():
-            if rec.cloud == self.name:
-                info = self.describe(rec.name, rec.zone)
-                if info:
-                    out.append(info)
-        return out
-
     def start(self, name: str, zone: str | None) -> ClusterInfo:
         raise CloudError(
             "a Slurm job cannot be restarted in place",
             "launch it again with `aios launch --cloud slurm --name NAME ...`",
         )
-
-    def stop(self, name: str, zone: str | None) -> None:
-        self.cancel(name)
-
-    def delete(self, name: str, zone: str | None) -> None:
-        self.cancel(name)
 
     def cancel(self, name: str) -> None:
         rec = self._record(name)
@@ -315,22 +288,20 @@ class SlurmProvider(CloudProvider):
         return self.settings.python
 
     # ------------------------------------------------------------------ launch
-    def launch_job(self, params: dict[str, Any], store: Any, log: Callable[[str], None]) -> int:
-        from aios_cloud_slurm.launch import launch
-
-        return launch(self, params, store, log)
+    def launch_job(
+        self, request: LaunchRequest, store: Store | None, log: Callable[[str], None]
+    ) -> int:
+        return slurm_launch.launch(self, request, store, log)
 
     def job_logs(
-        self, rec: Any, job: Any, follow: bool, dry_run: bool, echo: Callable[[str], None]
+        self,
+        rec: ClusterRecord,
+        job: JobRecord,
+        follow: bool,
+        dry_run: bool,
+        echo: Callable[[str], None],
     ) -> int:
-        from aios_cloud_slurm.launch import logs
-
-        return logs(self, rec, job, follow, dry_run, echo)
-
-
-def default_name() -> str:
-    user = re.sub("[^a-z0-9]", "", getpass.getuser().lower())[:12] or "user"
-    return f"aios-{user}-{random.randint(0, 0xFFFF):04x}"
+        return slurm_launch.logs(self, rec, job, follow, dry_run, echo)
 
 
 __all__ = ["SlurmProvider", "PRICE_NOTE", "parse_kv", "default_name"]

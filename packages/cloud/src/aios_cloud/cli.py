@@ -8,36 +8,24 @@ written). No torch import on any of these paths.
 
 from __future__ import annotations
 
-import dataclasses
-import getpass
 import json
 import os
-import random
 import re
 import shlex
-import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from aios.errors import AiosError
 
+if TYPE_CHECKING:
+    from aios_cloud.provider import CloudProvider, SchedulerProvider
+
 CLOUD_HELP = "Cloud plugin to use (gcp, aws, ...); default: the only one installed."
-NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,46}[a-z0-9])?$")
 
 
 # ------------------------------------------------------------------------------ helpers
-
-
-def _setup_commands(provider: Any, accelerator: str, reqs: list[str], backend: str | None) -> Any:
-    """The provider's host setup for ``backend`` (a provider written before the ``backend``
-    argument existed gets the accelerator's default)."""
-    import inspect
-
-    if "backend" in inspect.signature(provider.setup_commands).parameters:
-        return provider.setup_commands(accelerator, reqs, backend=backend)
-    return provider.setup_commands(accelerator, reqs)
 
 
 def _echo(msg: str) -> None:
@@ -55,27 +43,12 @@ def _config(config_file: str | None) -> Any:
 
 
 def _cloud_name(cloud: str | None, store_cloud: str | None = None) -> str:
-    if cloud:
-        return cloud
-    if store_cloud:
-        return store_cloud
-    from aios_cloud.ops import installed_clouds
+    from aios_cloud.records import cloud_name
 
-    # the ssh cloud (hosts you already have) is always there and needs --hosts: never a default
-    clouds = [c for c in installed_clouds() if c != "ssh"]
-    if len(clouds) == 1:
-        return clouds[0]
-    if not clouds:
-        raise AiosError(
-            "no cloud plugin is installed",
-            "pip install -e './packages/core[gcp]' ./packages/cloud ./packages/backend-xla "
-            "./packages/cloud-gcp (from the aios checkout), or for AWS: "
-            "pip install -e './packages/core[aws]' ./packages/cloud ./packages/cloud-aws",
-        )
-    raise AiosError(f"several clouds are installed ({', '.join(clouds)})", "pick one with --cloud")
+    return cloud_name(cloud, store_cloud)
 
 
-def _provider(cloud: str, config_file: str | None) -> Any:
+def _provider(cloud: str, config_file: str | None) -> CloudProvider:
     from aios_cloud.ops import get_provider
 
     return get_provider(cloud, _config(config_file))
@@ -91,25 +64,6 @@ def _printer() -> Any:
     from aios_cloud.ssh import LinePrinter
 
     return LinePrinter(sys.stdout)
-
-
-def _check_name(name: str) -> str:
-    if not NAME_RE.match(name):
-        raise AiosError(
-            f"cluster name '{name}' is invalid",
-            "use 1-48 lowercase letters, digits and dashes, starting with a letter",
-        )
-    return name
-
-
-def _kv(items: tuple[str, ...], what: str) -> dict[str, str]:
-    out = {}
-    for item in items:
-        k, eq, v = item.partition("=")
-        if not eq or not k:
-            raise AiosError(f"{what} '{item}' is not KEY=VALUE", f"write it as {what} key=value")
-        out[k] = v
-    return out
 
 
 def _emit_json(obj: Any) -> None:
@@ -130,31 +84,6 @@ def _print(obj: Any) -> None:
 
     width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "0") or 0) or 220
     Console(soft_wrap=False, width=width).print(obj)
-
-
-def _check_storage_url(url: str) -> None:
-    """The checkpoint bucket must exist (a managed run writes there from every host)."""
-    from aios.checkpoint import filesystem
-
-    fs, path = filesystem(url)
-    bucket = path.split("/", 1)[0]
-    try:
-        ok = fs.exists(bucket)
-    except Exception as exc:  # noqa: BLE001 - credentials, network: one line
-        raise AiosError(
-            f"cannot check bucket {url.split('://')[0]}://{bucket}: {type(exc).__name__}: {str(exc)[:160]}",
-            "check your credentials and the bucket name",
-        ) from None
-    if not ok:
-        scheme = url.split("://")[0]
-        hint = (
-            f"gcloud storage buckets create gs://{bucket}"
-            if scheme == "gs"
-            else (f"aws s3 mb s3://{bucket}" if scheme == "s3" else f"create the bucket {bucket}")
-        )
-        raise AiosError(
-            f"bucket {scheme}://{bucket} not found", f"create it ({hint}) or fix --checkpoint-dir"
-        )
 
 
 # ------------------------------------------------------------------------------ launch
@@ -303,609 +232,18 @@ def _check_storage_url(url: str) -> None:
     help="Print the equivalent cloud CLI and per-worker commands; touch nothing.",
 )
 @click.option("--config", "config_file", help="aios config YAML.")
-def launch(
-    script: str,
-    script_args: tuple[str, ...],
-    cloud: str | None,
-    accelerator: str | None,
-    name: str | None,
-    zone: str | None,
-    region: str | None,
-    nodes: int,
-    spot: bool,
-    max_restarts: int,
-    queued: bool,
-    valid_after: str | None,
-    valid_until: str | None,
-    image: str | None,
-    disk_gb: int | None,
-    label: tuple[str, ...],
-    project: str | None,
-    backend: str | None,
-    checkpoint_dir: str | None,
-    workdir: str,
-    exclude: tuple[str, ...],
-    max_sync_mb: int,
-    requirements: str | None,
-    setup_script: str | None,
-    no_setup: bool,
-    no_bundle: bool,
-    python: str | None,
-    env_items: tuple[str, ...],
-    ssh_key: str | None,
-    hosts: str | None,
-    hosts_file: str | None,
-    nprocs_per_host: int | None,
-    network: str | None,
-    host_wait: float | None,
-    ssh_user: str | None,
-    no_failover: bool,
-    module: bool,
-    detach: bool,
-    down_after: bool,
-    autostop: float | None,
-    autodown: bool,
-    controller: str | None,
-    controller_python: str | None,
-    reservation: str | None,
-    poll: float,
-    dry_run: bool,
-    config_file: str | None,
-) -> None:
+def launch(**options: Any) -> None:
     """Provision cloud machines and run SCRIPT on every host.
 
     \b
     aios launch --cloud gcp -a v5litepod-8 --spot --zone us-west4-a train.py -- --epochs 3
     aios launch -a v4-16 --spot --max-restarts 3 --checkpoint-dir gs://b/ckpt train.py
     """
-    from aios_cloud import ops
-    from aios_cloud.provider import ClusterRequest
+    from aios_cloud.launch import run
+    from aios_cloud.request import LaunchRequest
 
-    args = list(script_args)
-    if args and args[0] == "--":
-        args = args[1:]
-    if script.startswith("-"):
-        # click leaves unknown options in SCRIPT's place (ignore_unknown_options, for the
-        # script's own flags after it): an option before SCRIPT is a typo, not a script name
-        raise AiosError(
-            f"no such option: {script.split('=', 1)[0]}",
-            "see `aios launch --help`; the script's own options go after SCRIPT (or after --)",
-        )
-    if disk_gb is not None and disk_gb < 1:
-        raise AiosError(
-            f"--disk-gb must be a positive size in GB, got {disk_gb}",
-            "pass e.g. --disk-gb 512, or omit it for the default",
-        )
-    if max_sync_mb < 1:
-        raise AiosError(
-            f"--max-sync-mb must be positive, got {max_sync_mb}", "pass e.g. --max-sync-mb 512"
-        )
-    if poll <= 0:
-        raise AiosError(f"--poll must be positive, got {poll}", "pass e.g. --poll 5")
-    if controller and not (max_restarts > 0 or down_after):
-        raise AiosError(
-            "--controller runs a managed job's recovery loop (or --down)",
-            "add --max-restarts N --checkpoint-dir URL, or --down",
-        )
-    if controller:
-        from aios_cloud.controller import parse_target
-
-        parse_target(controller, "aios")
-    if autodown and autostop is None:
-        raise AiosError(
-            "--autodown needs --autostop MINUTES (how long the cluster may idle)",
-            "add e.g. --autostop 30",
-        )
-    if autostop is not None and autostop < 0:
-        raise AiosError(
-            f"--autostop must be 0 or more minutes, got {autostop:g}", "pass e.g. --autostop 30"
-        )
-    if nodes < 1:
-        raise AiosError(f"--nodes must be at least 1, got {nodes}", "pass --nodes 1 or more")
-    if max_restarts < 0:
-        raise AiosError(
-            f"--max-restarts must be 0 or more, got {max_restarts}", "pass --max-restarts N"
-        )
-    if (valid_after or valid_until) and not queued:
-        raise AiosError(
-            "--valid-after/--valid-until only apply to queued resources", "add --queued"
-        )
-    if setup_script and no_setup:
-        raise AiosError("--setup-script and --no-setup contradict each other", "pass only one")
-    if not Path(workdir).is_dir():
-        raise AiosError(
-            f"--workdir {workdir} is not a directory", "pass the project directory to sync"
-        )
-    if not module and not (Path(workdir) / script).is_file():
-        raise AiosError(
-            f"script {script} not found in {os.path.abspath(workdir)}",
-            "pass a path relative to --workdir, or -m for a module",
-        )
-    env, forward = ops.parse_env(list(env_items))
-    labels = _kv(label, "--label")
-    store = _store() if not dry_run else None
-    existing = store.get_cluster(name) if (store and name) else None
-    cloud = _cloud_name(
-        cloud or ("ssh" if hosts or hosts_file else None), existing.cloud if existing else None
-    )
-    config = _config(config_file)
-    provider = ops.get_provider(cloud, config)
-    if getattr(
-        provider, "scheduler", False
-    ):  # a batch scheduler (Slurm, Kubernetes): submits a job, no hosts to provision
-        sys.exit(provider.launch_job(dict(click.get_current_context().params), store, _log))
-    extra: dict[str, Any] = {"reservation": reservation} if reservation else {}
-    if hasattr(provider, "launch_extra"):  # hosts the user already has (--cloud ssh)
-        extra.update(
-            provider.launch_extra(dict(click.get_current_context().params), existing is not None)
-        )
-    elif hosts or hosts_file or nprocs_per_host or network or host_wait is not None:
-        raise AiosError(
-            "--hosts/--hosts-file/--nprocs-per-host/--network/--host-wait apply to --cloud ssh",
-            "add --cloud ssh, or drop them",
-        )
-    if existing and accelerator and accelerator != existing.accelerator:
-        raise AiosError(
-            f"cluster {name} exists with {existing.accelerator}, not {accelerator}",
-            f"use another --name or `aios down {name}`",
-        )
-    accelerator = (
-        accelerator
-        or (existing.accelerator if existing else None)
-        or getattr(provider, "default_accelerator", None)
-    )
-    if not accelerator:
-        raise AiosError(
-            "--accelerator is required for a new cluster", f"see `aios catalog --cloud {cloud}`"
-        )
-    name = _check_name(
-        name
-        or f"aios-{re.sub('[^a-z0-9]', '', getpass.getuser().lower())[:12] or 'user'}-{random.randint(0, 0xFFFF):04x}"
-    )
-    key_path = ssh_key
-    if ssh_key and not Path(ssh_key).expanduser().is_file():
-        raise AiosError(
-            f"SSH key {ssh_key} does not exist",
-            "pass an existing private key with --ssh-key, or omit it to let aios create one",
-        )
-    request = ClusterRequest(
-        name=name,
-        accelerator=accelerator,
-        nodes=nodes,
-        zone=zone,
-        region=region,
-        spot=spot,
-        queued=queued,
-        valid_after=valid_after,
-        valid_until=valid_until,
-        image=image,
-        disk_gb=disk_gb,
-        labels={**labels, "aios-cluster": name},
-        project=project,
-        ssh_user=ssh_user or getattr(provider, "default_ssh_user", "aios"),
-        extra=extra,
-    )
-    request = provider.validate(request) if not existing else request
-    backend = backend or provider.backend_for(accelerator)
-    reqs = []
-    if requirements:
-        if not Path(requirements).is_file():
-            raise AiosError(
-                f"--requirements {requirements} does not exist", "pass an existing requirements.txt"
-            )
-        reqs = [
-            ln.strip()
-            for ln in Path(requirements).read_text().splitlines()
-            if ln.strip() and not ln.startswith("#")
-        ]
-    if setup_script:
-        if not Path(setup_script).is_file():
-            raise AiosError(
-                f"--setup-script {setup_script} does not exist", "pass an existing shell script"
-            )
-        setup_lines = [Path(setup_script).read_text()]
-    elif no_setup:
-        setup_lines = []
-    else:
-        if not no_bundle:
-            from aios_cloud.bundle import build
-
-            reqs = [
-                *build(backend or provider.backend_for(accelerator), provider.name).requirements,
-                *reqs,
-            ]
-        setup_lines = _setup_commands(provider, accelerator, reqs, backend)
-    if max_restarts > 0 and not checkpoint_dir:
-        raise AiosError(
-            "--max-restarts needs --checkpoint-dir on a bucket, so a recreated cluster can resume",
-            f"add --checkpoint-dir {provider.storage_scheme or 'gs'}://BUCKET/PATH",
-        )
-    if (
-        checkpoint_dir
-        and max_restarts > 0
-        and "://" not in checkpoint_dir
-        and not getattr(provider, "shared_paths", False)  # --cloud ssh checks it is shared
-    ):
-        raise AiosError(
-            f"--checkpoint-dir {checkpoint_dir} is local to the hosts and dies with them",
-            f"use a bucket URL such as {provider.storage_scheme or 'gs'}://BUCKET/PATH",
-        )
-    if checkpoint_dir and "://" in checkpoint_dir:
-        provider.check_storage(
-            checkpoint_dir, {*env, *forward}
-        )  # the hosts must be able to write there
-    setup_lines = [*setup_lines, *provider.host_checks(accelerator, nodes)]
-    python = python or provider.python(accelerator, backend)
-    spec = ops.JobSpec(
-        script=script,
-        args=args,
-        module=module,
-        backend=backend,
-        python=python,
-        env=env,
-        forward_env=forward,
-        workdir=os.path.abspath(workdir),
-        excludes=list(exclude),
-        setup_lines=setup_lines,
-        checkpoint_dir=checkpoint_dir,
-        max_sync_mb=max_sync_mb,
-        bundle=not no_bundle,
-    )
-
-    if dry_run:
-        line = None
-        if autostop is not None:
-            _check_autostop(provider, request, autodown)
-            if not existing:
-                request = provider.prepare_autostop(
-                    request, "down" if autodown else "stop", dry_run=True
-                )
-            line = (
-                f"# 5. autostop: an agent on worker 0 runs `{python} -m aios_cloud.agent "
-                f"~/aios/{request.name}/agent.json` and "
-                f"{'deletes' if autodown else 'stops'} the cluster after {autostop:g} min without a running job "
-                "(a @reboot crontab entry restarts it after a reboot; reinstalled after recovery and `aios start`)"
-            )
-        if hasattr(provider, "launch_dry_run"):
-            provider.launch_dry_run(request, spec, config, existing is not None, _echo)
-            return
-        _launch_dry_run(provider, request, spec, config, existing is not None, key_path, line)
-        return
-
-    assert store is not None
-    if autostop is not None:
-        _check_autostop(provider, request, autodown)
-    # killed while creating: unwind like Ctrl-C so nothing is left running in the cloud; every
-    # ssh is a subprocess the handler kills, so no stuck host holds the cleanup up
-    ops.install_signal_handlers()
-    ops.check_open_files(_log)
-    if existing is None:
-        provider.describe_credentials()  # no credentials: one line, before anything is created
-        if autostop is not None:
-            # the agent's rights to stop/delete the cluster, before anything is billed
-            request = provider.prepare_autostop(request, "down" if autodown else "stop")
-    if checkpoint_dir and "://" in checkpoint_dir:
-        _check_storage_url(checkpoint_dir)
-    from aios_cloud.ssh import ensure_client_key
-
-    user_hosts = getattr(provider, "user_hosts", False)  # --cloud ssh: the user's own login
-    key: str | None
-    if key_path:
-        key = str(Path(key_path).expanduser())
-    elif existing is not None and existing.ssh_key:
-        key = existing.ssh_key
-    elif user_hosts:
-        key = None  # hosts the user already has: their own ssh login, no key of aios's
-    else:  # a key of this cluster's own: the head host may hold it to reach the other hosts
-        key = str(ensure_client_key(ops.cluster_key(name)))
-    created = False
-    printer = _printer()
-    if existing is None:
-        if not user_hosts:
-            assert key is not None
-            request = ops.with_public_key(request, key)
-        rec = ops.provision(store, provider, request, key, _log, failover=not no_failover)  # type: ignore[arg-type]
-        created = True
-        _log(
-            f"cluster {name} ready in {rec.zone}: "
-            + ", ".join(f"worker {h['worker_id']} {h['ip']}" for h in rec.hosts)
-        )
-    else:
-        rec = existing
-        _log(f"reusing cluster {name} ({rec.accelerator} in {rec.zone})")
-    job_id = store.add_job(
-        name,
-        shlex.join([script, *args]),
-        backend=backend,
-        managed=max_restarts > 0,
-        max_restarts=max_restarts,
-        checkpoint_dir=checkpoint_dir,
-        spec=spec.to_dict(),
-    )
-    starting = False
-    try:
-        from aios_cloud.store import JOB_RUNNING, JOB_SETTING_UP
-
-        store.update_job(job_id, state=JOB_SETTING_UP)
-        ops.reach(rec, printer, _log)
-        ops.sync_code(rec, spec, printer, _log)
-        ops.run_setup(rec, spec, printer, _log)
-        info = provider.describe(rec.name, rec.zone)
-        starting = True
-        ops.start_job(
-            rec, job_id, spec, config, provider.remote_env(info) if info else {}, printer, _log
-        )
-        store.update_job(job_id, state=JOB_RUNNING)
-        if autostop is not None:
-            ops.reinstall_agent(
-                store,
-                provider,
-                rec,
-                printer,
-                _log,
-                autostop={
-                    "idle_seconds": autostop * 60,
-                    "action": "down" if autodown else "stop",
-                    "python": spec.python,
-                    "poll": min(30.0, max(0.5, autostop * 60 / 4)),
-                },
-            )
-            store.event(
-                name,
-                "autostop",
-                f"{'autodown' if autodown else 'autostop'} after {autostop:g} min idle (agent on worker 0)",
-            )
-    except BaseException as exc:
-        from aios_cloud.store import JOB_FAILED
-
-        store.update_job(job_id, state=JOB_FAILED)
-        store.event(name, "job-failed", f"job {job_id}: launch failed: {str(exc)[:200]}", job_id)
-        if created:
-            _log(f"launch failed; deleting {name} so nothing is left behind")
-            try:
-                with ops.signals_deferred():
-                    ops.down_cluster(store, provider, rec)
-            except Exception as cleanup_exc:  # noqa: BLE001
-                _log(f"cleanup failed: {cleanup_exc}; delete it with `aios down {name}`")
-            else:
-                if isinstance(exc, AiosError):  # never point at the cluster just deleted
-                    exc.fix = f"{name} was deleted, nothing is left running; fix the cause and launch again"
-        elif starting:  # what started on a reused cluster stops too (Ctrl-C again skips it)
-            try:
-                ops.cancel_job(rec, job_id)
-            except Exception as cancel_exc:  # noqa: BLE001
-                _log(f"could not stop job {job_id}: {cancel_exc}; run `aios cancel {name}`")
-        raise
-    if controller:
-        from aios_cloud.controller import start_controller
-
-        try:
-            start_controller(
-                store,
-                provider,
-                rec,
-                job_id,
-                spec,
-                controller,
-                key,
-                controller_python or sys.executable,
-                poll,
-                down_after,
-                _log,
-            )
-        except BaseException:
-            # nothing watches the job otherwise: fall back to a watcher here, loudly
-            pid = _spawn_watcher(job_id, cloud, config_file, poll, down_after)
-            store.update_job(job_id, watcher_pid=pid)
-            _log(
-                f"the controller could not be started; a watcher on this machine (pid {pid}) "
-                f"manages job {job_id} instead"
-            )
-            raise
-        _log(
-            f"`aios status {name} --refresh` shows the job as the controller sees it; `aios down {name}`"
-        )
-        return
-    if detach:
-        pid = _spawn_watcher(job_id, cloud, config_file, poll, down_after)
-        store.update_job(job_id, watcher_pid=pid)
-        _log(
-            f"job {job_id} running on {name}; watcher pid {pid}. `aios logs {name} -f`, `aios "
-            f"status {name}`, `aios down {name}`"
-        )
-        return
-    try:
-        code = _watch(store, provider, job_id, config, poll, follow=True)
-    except KeyboardInterrupt:
-        # Ctrl-C while watching detaches, as --detach does: a background watcher takes over, so
-        # nothing runs unwatched (a lost host still stops an unmanaged job everywhere, a managed
-        # one is still recovered) and --down is still honoured
-        pid = _spawn_watcher(job_id, cloud, config_file, poll, down_after)
-        store.update_job(job_id, watcher_pid=pid)
-        what = "manages" if max_restarts > 0 else "watches"
-        down = " and deletes the cluster when it ends (--down)" if down_after else ""
-        _log(
-            f"detached: job {job_id} keeps running on {name}; a background watcher (pid {pid}) "
-            f"{what} it{down}. `aios logs {name} -f`, `aios cancel {name}`, `aios down {name}`"
-        )
-        sys.exit(130)
-    except BaseException as exc:  # SIGTERM, or the watch itself failed: nothing runs unwatched
-        ops.after_watch_failure(
-            store,
-            provider,
-            job_id,
-            created,
-            exc,
-            _log,
-            lambda: _spawn_watcher(job_id, cloud, config_file, poll, down_after),
-        )
-        raise
-    if down_after:
-        rec2 = store.get_cluster(name)
-        if rec2:
-            _log(f"deleting {name} (--down)")
-            ops.down_cluster(store, provider, rec2)
-    sys.exit(code)
-
-
-def _watch(store: Any, provider: Any, job_id: int, config: Any, poll: float, follow: bool) -> int:
-    from aios_cloud.ops import Watcher, WatchOptions
-
-    opts = WatchOptions(poll=poll, describe_every=max(poll, 3 * poll), follow=follow)
-    return Watcher(
-        store, provider, job_id, config, printer=_printer(), log=_log, options=opts
-    ).run()
-
-
-def _spawn_watcher(
-    job_id: int, cloud: str, config_file: str | None, poll: float, down_after: bool
-) -> int:
-    from aios_cloud.store import cluster_dir
-
-    store = _store()
-    job = store.get_job(job_id)
-    logf = cluster_dir(job.cluster) / f"watcher-{job_id}.log"
-    argv = [
-        sys.executable,
-        "-m",
-        "aios_cloud.watch",
-        str(job_id),
-        "--cloud",
-        cloud,
-        "--poll",
-        str(poll),
-    ]
-    if config_file:
-        argv += ["--config", config_file]
-    if down_after:
-        argv.append("--down")
-    with open(logf, "ab") as f:
-        p = subprocess.Popen(
-            argv, stdout=f, stderr=f, stdin=subprocess.DEVNULL, start_new_session=True
-        )
-    return p.pid
-
-
-def _check_autostop(provider: Any, request: Any, autodown: bool) -> None:
-    """Before anything is created: a plain ``--autostop`` (stop when idle) on capacity that
-    cannot be stopped would leave it billing; offer ``--autodown`` instead."""
-    why = None if autodown else provider.stop_refusal(request.spot, request.accelerator)
-    if why:
-        raise AiosError(
-            f"--autostop stops the cluster when idle, but {why}",
-            "use --autostop N --autodown (delete it when idle)",
-        )
-
-
-def _launch_dry_run(
-    provider: Any,
-    request: Any,
-    spec: Any,
-    config: Any,
-    existing: bool,
-    key_path: str | None,
-    autostop_line: str | None = None,
-) -> None:
-    from aios_cloud import ops
-    from aios_cloud.codesync import collect
-    from aios_cloud.store import ClusterRecord
-
-    _echo("# dry run: nothing is created, no SSH connection is made")
-    if existing:
-        _echo(f"# cluster {request.name} exists; it is reused")
-    else:
-        _echo(f"# 1. provision ({provider.cli or provider.name})")
-        home = Path(
-            os.environ.get("AIOS_HOME") or Path.home() / ".aios"
-        ).expanduser()  # read only: no mkdir
-        key = (
-            Path(key_path).expanduser()
-            if key_path
-            else home / "clusters" / request.name / "id_ed25519"
-        )
-        if Path(
-            str(key) + ".pub"
-        ).is_file():  # the public key a launch installs (public: printed as sent)
-            request = ops.with_public_key(request, str(key))
-        elif not key_path:  # created by the launch, for this cluster alone
-            request = dataclasses.replace(
-                request, ssh_public_key=f"ssh-ed25519 <created at launch: {key}.pub>"
-            )
-        for line in ops.dry_run_lines(provider.render_create(request)):
-            _echo(line)
-        zones = provider.zones(request.accelerator)
-        if len(zones) > 1:
-            _echo(
-                "# on a stockout or quota error: retry in "
-                f"{', '.join(z for z in zones if z != request.zone)} (with backoff)"
-            )
-    entry = provider.entry(request.accelerator)
-    n = max(1, entry.hosts) * request.nodes
-    hosts = ops.placeholder_hosts(n, request.ssh_user)
-    rec = ClusterRecord(
-        request.name,
-        provider.name,
-        request.zone,
-        request.accelerator,
-        request.spot,
-        "DRY-RUN",
-        hosts=[dataclasses.asdict(h) for h in hosts],
-        ssh_user=request.ssh_user,
-        ssh_key=None,
-    )
-    files = collect(spec.workdir, spec.excludes)
-    root = ops.remote_root(request.name)
-    _echo(
-        f"# 2. code sync: {len(files)} files from {spec.workdir} (gitignore honoured; data, .git, checkpoints excluded)"
-    )
-    from aios_cloud.codesync import secret_files
-
-    secrets = secret_files(spec.workdir, spec.excludes)
-    if secrets:
-        _echo(
-            f"# left out {len(secrets)} secret-looking files: "
-            f"{', '.join(secrets[:8])}{', ...' if len(secrets) > 8 else ''} (use --env NAME)"
-        )
-    key = key_path or f"$AIOS_HOME/clusters/{request.name}/id_ed25519"
-    head = hosts[0]
-    _echo(
-        f"ssh -i {key} -o ControlMaster=auto {head.ssh_user}@{head.ip} '{ops.HELPER_PYTHON} "
-        f"{root}/fleet/fleet-<sha>.py have|put {root}'  # the content manifest, then only the "
-        "files worker 0 lacks"
-    )
-    if len(hosts) > 1:
-        _echo(
-            f"# worker 0 copies the code to the other {len(hosts) - 1} hosts over the cluster "
-            "network (each gets only the files it lacks); setup, start, status, logs and cancel "
-            "go through worker 0 too"
-        )
-    if spec.setup_lines:
-        _echo(f"# 3. setup on every worker (cd {root}/code):")
-        for line in spec.setup_lines:
-            _echo(f"#    {line}")
-    plans = ops.host_commands(rec, spec, config)
-    env = {k: v for k, v in spec.env.items()}
-    if spec.checkpoint_dir:
-        env["AIOS_CHECKPOINT__DIR"] = spec.checkpoint_dir
-    for name in spec.forward_env:
-        env[name] = "<forwarded from your environment>"
-    from aios.config import redact
-
-    env = redact(env)
-    _echo(f"# 4. run on every worker (detached; logs in {root}/jobs/<id>/worker.log)")
-    for h in hosts:
-        plan = plans[h.worker_id]
-        full = {**env, **plan.env}
-        # as run.sh and the env file write them: a leading ~/ expands on the host
-        prefix = " ".join(f"{k}={ops.shell_word(str(v))}" for k, v in sorted(full.items()))
-        cmd = " ".join(ops.shell_word(c) for c in plan.command)
-        _echo(f"({h.label}) cd {root}/code && {prefix} {cmd}")
-    if spec.checkpoint_dir:
-        _echo(
-            f"# managed: on preemption recreate (or move zone), re-sync, re-setup, resume from {spec.checkpoint_dir}"
-        )
-    if autostop_line:
-        _echo(autostop_line)
+    request = LaunchRequest.from_options(options)
+    sys.exit(run(request, _echo, _log, _printer()))
 
 
 # ------------------------------------------------------------------------------ status
@@ -1164,13 +502,15 @@ def logs(
         follower.stop()
 
 
-def _scheduler(rec: Any) -> Any:
+def _scheduler(rec: Any) -> SchedulerProvider | None:
     """The provider of a batch-scheduler record (Slurm, Kubernetes jobs have no SSH hosts), else None."""
+    from aios_cloud.provider import SchedulerProvider
+
     try:
         provider = _provider(rec.cloud, None)
     except AiosError:
         return None
-    return provider if getattr(provider, "scheduler", False) else None
+    return provider if isinstance(provider, SchedulerProvider) else None
 
 
 @click.command(context_settings={"ignore_unknown_options": True})
@@ -1382,7 +722,7 @@ def _down_unrecorded(name: str, cloud: str | None, dry_run: bool, config_file: s
         try:
             infos = [i for i in ops.inventory(provider) if i.name == name]
         except AiosError as exc:
-            problems.append(f"{c}: {exc.message if hasattr(exc, 'message') else exc}")
+            problems.append(f"{c}: {exc.message}")
             continue
         for info in infos:
             _log(
@@ -1515,8 +855,10 @@ def cancel(name: str, job_id: int | None, config_file: str | None = None) -> Non
     )
     if job_id and (jobs[0] is None or jobs[0].cluster != name):
         raise AiosError(f"cluster {name} has no job {job_id}", f"see `aios status {name}`")
+    from aios_cloud.provider import SchedulerProvider
+
     provider = _scheduler(rec) if not config_file else _provider(rec.cloud, config_file)
-    scheduler = provider is not None and getattr(provider, "scheduler", False)
+    scheduler = provider if isinstance(provider, SchedulerProvider) else None
     if not jobs:
         _log(f"{name} has no job that is still running")
         return
@@ -1525,8 +867,8 @@ def cancel(name: str, job_id: int | None, config_file: str | None = None) -> Non
             _log(f"job {j.id} already {j.state.lower()}")
             continue
         store.update_job(j.id, state=JOB_CANCELLED)  # first: the watcher must not recover it
-        if scheduler:  # Slurm: scancel; Kubernetes: delete the Job/JobSet and its pods
-            provider.cancel(name)
+        if scheduler is not None:  # Slurm: scancel; Kubernetes: delete the Job/JobSet and its pods
+            scheduler.cancel(name)
         else:
             ops.cancel_job(rec, j.id)
         store.event(name, "job-cancelled", f"job {j.id}: cancelled by the user", j.id)

@@ -37,6 +37,7 @@ from typing import Any
 from aios.errors import AiosError
 
 from aios_cloud.provider import CloudProvider, ClusterHost
+from aios_cloud.request import split_target
 from aios_cloud.ssh import SshRunner
 from aios_cloud.store import JOB_RUNNING, ClusterRecord, Store, cluster_dir
 
@@ -44,18 +45,11 @@ Log = Callable[[str], None]
 
 
 def parse_target(target: str, default_user: str) -> ClusterHost:
-    user, at, rest = target.rpartition("@")
-    host, colon, port = rest.partition(":")
-    if not host or (colon and not port.isdigit()):
-        raise AiosError(
-            f"--controller '{target}' is not USER@HOST[:PORT]", "e.g. --controller ubuntu@10.0.0.5"
-        )
-    return ClusterHost(
-        0, host, host, ssh_user=user if at else default_user, port=int(port) if colon else 22
-    )
+    user, host, port = split_target(target)
+    return ClusterHost(0, host, host, ssh_user=user or default_user, port=port)
 
 
-def _runner(rec_name: str, host: ClusterHost, key: str) -> SshRunner:
+def _runner(rec_name: str, host: ClusterHost, key: str | None) -> SshRunner:
     host.ssh_key = key
     return SshRunner(
         [host],
@@ -72,7 +66,7 @@ def start_controller(
     job_id: int,
     spec: Any,
     target: str,
-    key: str,
+    key: str | None,
     python: str,
     poll: float,
     down_after: bool,
@@ -214,7 +208,9 @@ _READ = (
 )
 
 
-def remote_status(rec: ClusterRecord, info: dict[str, Any], key: str) -> dict[str, Any] | None:
+def remote_status(
+    rec: ClusterRecord, info: dict[str, Any], key: str | None
+) -> dict[str, Any] | None:
     """The job's state, restarts and recoveries as the controller's own database has them (and
     whether the controller still runs); None when the controller cannot be reached."""
     host = parse_target(info["target"], rec.ssh_user or "aios")
@@ -240,7 +236,7 @@ def remote_status(rec: ClusterRecord, info: dict[str, Any], key: str) -> dict[st
     return row
 
 
-def stop_controller(rec: ClusterRecord, info: dict[str, Any], key: str, log: Log) -> bool:
+def stop_controller(rec: ClusterRecord, info: dict[str, Any], key: str | None, log: Log) -> bool:
     """Stop the controller's recovery loop (before `aios down`: it would otherwise recreate the
     cluster it sees disappear). Returns whether it was still running."""
     host = parse_target(info["target"], rec.ssh_user or "aios")

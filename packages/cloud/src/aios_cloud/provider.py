@@ -25,13 +25,25 @@ Rules for implementers:
 
 from __future__ import annotations
 
+import builtins
+import functools
+import inspect
 import re
 import shlex
+import warnings
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from aios.errors import AiosError
+
+from aios_cloud.request import JobSpec, LaunchRequest
+
+if TYPE_CHECKING:
+    from aios_cloud.store import ClusterRecord, JobRecord, Store
+
+Echo = Callable[[str], None]
 
 # ------------------------------------------------------------------------------ errors
 
@@ -336,7 +348,63 @@ class CloudCommand:
         return f"{line}  # {self.comment}" if self.comment else line
 
 
+@dataclass
+class LaunchPlan:
+    """What a launch will do, as :meth:`CloudProvider.render_launch` prints it for ``--dry-run``.
+
+    :param cluster: the validated cluster request (``ssh_public_key`` as the launch would send it).
+    :param spec: what runs on the hosts (setup lines, python, env).
+    :param config: the resolved aios config (the backend's launch plan reads it).
+    :param existing: the cluster exists and is reused (nothing is provisioned).
+    :param key_path: ``--ssh-key`` as given (``None``: aios's key for this cluster).
+    :param autostop_line: the autostop step, already worded, or ``None``.
+    :param standard: the standard rendering (:func:`aios_cloud.dryrun.render_launch`) that
+        :meth:`CloudProvider.render_launch` uses by default; the launch fills it in.
+    """
+
+    cluster: ClusterRequest
+    spec: JobSpec
+    config: Any
+    existing: bool = False
+    key_path: str | None = None
+    autostop_line: str | None = None
+    standard: Callable[[CloudProvider, LaunchPlan, Echo], None] | None = None
+
+
 # ------------------------------------------------------------------------------ the interface
+
+# Older hook signatures still accepted (one adapter, at class creation): member -> (the
+# parameters the new form adds, the new form as the warning names it).
+_OLD_FORMS: dict[str, tuple[tuple[str, ...], str]] = {
+    "python": (("backend",), "python(self, accelerator, backend=None)"),
+    "setup_commands": (
+        ("backend",),
+        "setup_commands(self, accelerator, requirements, backend=None)",
+    ),
+    "can_stop": (("accelerator",), "can_stop(self, spot, accelerator=None)"),
+    "stop_refusal": (("accelerator",), "stop_refusal(self, spot, accelerator=None)"),
+}
+
+
+def _adapt(cls: type, member: str, fn: Callable[..., Any], added: tuple[str, ...], new: str) -> Any:
+    """``fn`` (an override written before ``added`` existed) wrapped to take the new form; the
+    new arguments are dropped (the override cannot use them). Warns once, here."""
+    warnings.warn(
+        f"{cls.__module__}.{cls.__qualname__}.{member} has the old signature {member}"
+        f"{inspect.signature(fn)}; declare {new} (the old form is adapted until aios 0.4)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+
+    n = len(inspect.signature(fn).parameters) - 1  # the positional arguments it takes
+
+    @functools.wraps(fn)
+    def adapted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        for name in added:
+            kwargs.pop(name, None)
+        return fn(self, *args[:n], **kwargs)
+
+    return adapted
 
 
 class CloudProvider(ABC):
@@ -350,9 +418,53 @@ class CloudProvider(ABC):
     :cvar cli: name of the cloud's own CLI (``gcloud``, ``aws``) for dry-run output.
     """
 
-    name: str = ""
-    storage_scheme: str = ""
-    cli: str = ""
+    name: ClassVar[str] = ""
+    storage_scheme: ClassVar[str] = ""
+    cli: ClassVar[str] = ""
+
+    # -------------------------------------------------------------- capabilities the CLI reads
+    #: A batch scheduler (Slurm, Kubernetes): ``aios launch`` submits a job through
+    #: :meth:`SchedulerProvider.launch_job` instead of provisioning hosts; ``aios logs`` and
+    #: ``aios cancel`` go through it too. Set by :class:`SchedulerProvider`.
+    scheduler: ClassVar[bool] = False
+    #: Hosts the user already has (``--cloud ssh``): the user's own SSH login (no key of aios's),
+    #: never stopped, replaced or deleted by aios.
+    user_hosts: ClassVar[bool] = False
+    #: The hosts share the paths a managed run checkpoints to (an NFS mount), so a local
+    #: ``--checkpoint-dir`` survives a restart; otherwise a managed run needs a bucket URL.
+    shared_paths: ClassVar[bool] = False
+    #: ``--accelerator`` when none is given for a new cluster (``None``: required).
+    default_accelerator: ClassVar[str | None] = None
+    #: Login user on the hosts when ``--ssh-user`` is not given (providers may set it per
+    #: instance from their config section).
+    default_ssh_user: str = "aios"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """The one adapter for overrides written against an older hook signature: checked once,
+        here, and wrapped with a :class:`DeprecationWarning` naming the new form (never probed
+        at each call)."""
+        super().__init_subclass__(**kwargs)
+        for member, (added, new) in _OLD_FORMS.items():
+            fn = cls.__dict__.get(member)
+            if not callable(fn):
+                continue
+            params = inspect.signature(fn).parameters
+            takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+            if not takes_any and not all(a in params for a in added):
+                setattr(cls, member, _adapt(cls, member, fn, added, new))
+        old = cls.__dict__.get("launch_dry_run")
+        if callable(old) and "render_launch" not in cls.__dict__:
+            warnings.warn(
+                f"{cls.__module__}.{cls.__qualname__}.launch_dry_run is the old name; declare "
+                "render_launch(self, plan: LaunchPlan, echo) (adapted until aios 0.4)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+
+            def render_launch(self: Any, plan: LaunchPlan, echo: Echo) -> None:
+                old(self, plan.cluster, plan.spec, plan.config, plan.existing, echo)
+
+            cls.render_launch = render_launch  # type: ignore[method-assign]
 
     # -------------------------------------------------------------- catalog
     @abstractmethod
@@ -430,7 +542,7 @@ class CloudProvider(ABC):
         cluster is not an error."""
 
     # -------------------------------------------------------------- hosts and runtime
-    def hosts(self, info: ClusterInfo) -> list[ClusterHost]:
+    def hosts(self, info: ClusterInfo) -> builtins.list[ClusterHost]:
         """SSH-reachable hosts of a described cluster, ordered by worker id."""
         return sorted(info.hosts, key=lambda h: h.worker_id)
 
@@ -445,8 +557,8 @@ class CloudProvider(ABC):
         return "python3"
 
     def setup_commands(
-        self, accelerator: str, requirements: list[str], backend: str | None = None
-    ) -> list[str]:
+        self, accelerator: str, requirements: builtins.list[str], backend: str | None = None
+    ) -> builtins.list[str]:
         """Shell lines run on every host after create/recreate: install the pinned
         torch/torch_xla/libtpu (or torch_tpu, neuron, cuda) set of ``backend`` (default: the
         accelerator's, :meth:`backend_for`) from :data:`aios.versions.STACKS` and the user's
@@ -464,7 +576,7 @@ class CloudProvider(ABC):
         """Extra environment for every host (besides the backend launch plan's)."""
         return {}
 
-    def host_checks(self, accelerator: str, nodes: int) -> list[str]:
+    def host_checks(self, accelerator: str, nodes: int) -> builtins.list[str]:
         """Shell lines run on every host after setup that fail (non-zero, one ``[aios]`` line)
         when the hosts cannot run the job as planned (EFA missing on a multi-node EFA launch).
         Run even with ``--no-setup``."""
@@ -511,7 +623,7 @@ class CloudProvider(ABC):
         return self.stop_refusal(spot, accelerator) is None
 
     def check_storage(
-        self, url: str, env_names: tuple[str, ...] | list[str] | set[str] = ()
+        self, url: str, env_names: tuple[str, ...] | builtins.list[str] | set[str] = ()
     ) -> None:
         """Raise :class:`CloudError` when the hosts will have no credentials to write ``url``
         (a managed run's checkpoints); ``env_names`` are the variables the job gets (``--env``).
@@ -538,21 +650,114 @@ class CloudProvider(ABC):
         self.start(info.name, info.zone)
         return "stop/start"
 
+    # -------------------------------------------------------------- launch options
+    def launch_extra(self, request: LaunchRequest, existing: bool) -> dict[str, Any]:
+        """Check the ``aios launch`` options only this cloud takes and return what the cluster
+        request carries for them (:attr:`ClusterRequest.extra`; never a secret). Called once per
+        launch, before anything is created; ``existing``: the cluster is reused. Default: the
+        ``--reservation`` given, and the host options of ``--cloud ssh`` refused."""
+        given = request.host_options()
+        if given:
+            raise CloudError(
+                f"{'/'.join(given)} apply to --cloud ssh",
+                "add --cloud ssh, or drop them",
+            )
+        return {"reservation": request.reservation} if request.reservation else {}
+
     # -------------------------------------------------------------- dry run
     @abstractmethod
-    def render_create(self, request: ClusterRequest) -> list[CloudCommand]:
+    def render_create(self, request: ClusterRequest) -> builtins.list[CloudCommand]:
         """The cloud CLI commands equivalent to :meth:`create` (``gcloud compute tpus tpu-vm
         create ...`` or ``gcloud compute tpus queued-resources create ...``)."""
 
     @abstractmethod
-    def render(self, action: str, name: str, zone: str | None) -> list[CloudCommand]:
+    def render(self, action: str, name: str, zone: str | None) -> builtins.list[CloudCommand]:
         """Equivalent CLI commands for ``describe``, ``start``, ``stop``, ``delete``, ``list``."""
+
+    def render_launch(self, plan: LaunchPlan, echo: Echo) -> None:
+        """``aios launch --dry-run``: every step the launch takes, as the commands that do it
+        (no cloud call, no SSH). Default: :func:`aios_cloud.dryrun.render_launch` (provision
+        through :meth:`render_create`, the sync through worker 0, setup, the per-host
+        commands); a cloud whose launch takes another path renders that path."""
+        if plan.standard is None:
+            raise CloudError(
+                f"no dry-run rendering for cloud {self.name}",
+                "build the LaunchPlan with standard=aios_cloud.dryrun.render_launch",
+            )
+        plan.standard(self, plan, echo)
 
     # -------------------------------------------------------------- misc
     def describe_credentials(self) -> str:
         """Where credentials come from (``ADC``, ``gcloud``, ``AWS profile default``), never
         their value. Raise :class:`CredentialsError` when there are none."""
         return "default"
+
+
+class SchedulerProvider(CloudProvider):
+    """A batch scheduler behind the cloud commands (Slurm, Kubernetes): ``aios launch`` submits
+    one job (there are no hosts to provision or SSH into), ``aios logs`` reads the job's output
+    through the scheduler, ``aios cancel``/``stop``/``down`` cancel it. What the two share:
+
+    * :meth:`launch_job` gets the checked :class:`~aios_cloud.request.LaunchRequest` (never the
+      CLI's options) and returns the exit code of ``aios launch``;
+    * :meth:`job_logs` prints a job's output (``follow``: until it ends);
+    * :meth:`cancel` ends the cluster's job; :meth:`stop` and :meth:`delete` cancel it (a
+      scheduler's job cannot be stopped and resumed in place: :meth:`start` refuses);
+    * :meth:`list` gives the jobs aios submitted (records of this cloud in the store).
+    """
+
+    scheduler: ClassVar[bool] = True
+
+    @abstractmethod
+    def launch_job(self, request: LaunchRequest, store: Store | None, log: Echo) -> int:
+        """Submit the job ``request`` describes (``request.dry_run``: print the plan, submit
+        nothing; ``store`` is ``None`` then) and, unless ``request.detach``, follow it to the
+        end. Returns the exit code for ``aios launch``."""
+
+    @abstractmethod
+    def job_logs(
+        self, rec: ClusterRecord, job: JobRecord, follow: bool, dry_run: bool, echo: Echo
+    ) -> int:
+        """Print ``job``'s output (``follow``: until it ends; ``dry_run``: the command that
+        would). Returns the exit code for ``aios logs``."""
+
+    @abstractmethod
+    def cancel(self, name: str) -> None:
+        """Cancel the job of cluster ``name`` (nothing to do when it has ended or is unknown)."""
+
+    def stop(self, name: str, zone: str | None) -> None:
+        self.cancel(name)
+
+    def delete(self, name: str, zone: str | None) -> None:
+        self.cancel(name)
+
+    def start(self, name: str, zone: str | None) -> ClusterInfo:
+        raise CloudError(
+            f"a {self.name} job cannot be restarted in place",
+            f"launch it again with `aios launch --cloud {self.name} --name {name} ...`",
+        )
+
+    def list(self, zone: str | None = None) -> list[ClusterInfo]:
+        """The jobs aios submitted to this scheduler (from the store), as the scheduler sees
+        them now."""
+        from aios_cloud.store import Store
+
+        out = []
+        for rec in Store().clusters():
+            if rec.cloud == self.name:
+                info = self.describe(rec.name, rec.zone)
+                if info is not None:
+                    out.append(info)
+        return out
+
+    def create(self, request: ClusterRequest) -> ClusterInfo:
+        raise CloudError(
+            f"{self.name} runs jobs, it does not create clusters",
+            f"use `aios launch --cloud {self.name} ...`",
+        )
+
+    def render_create(self, request: ClusterRequest) -> builtins.list[CloudCommand]:
+        return []
 
 
 __all__ = [
@@ -563,6 +768,8 @@ __all__ = [
     "CloudCommand",
     "CloudError",
     "CloudProvider",
+    "LaunchPlan",
+    "SchedulerProvider",
     "ClusterHost",
     "ClusterInfo",
     "ClusterNotFound",

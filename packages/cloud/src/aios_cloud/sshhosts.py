@@ -47,6 +47,7 @@ machines themselves are never stopped, rebooted or deleted.
 
 from __future__ import annotations
 
+import builtins
 import ipaddress
 import os
 import re
@@ -74,8 +75,11 @@ from aios_cloud.provider import (
     ClusterHost,
     ClusterInfo,
     ClusterRequest,
+    Echo,
+    LaunchPlan,
     check_requirements,
 )
+from aios_cloud.request import LaunchRequest
 
 ZONE = "your-hosts"
 # -a value -> (backend, what the probe counts for it)
@@ -344,32 +348,32 @@ class SshHostsProvider(CloudProvider):
         self.log = _log
 
     # -------------------------------------------------------------- the launch options
-    def launch_extra(self, params: dict[str, Any], existing: bool = False) -> dict[str, Any]:
+    def launch_extra(self, request: LaunchRequest, existing: bool = False) -> dict[str, Any]:
         """Check ``aios launch``'s host options (one line, exit 2) and return what the cluster
         request carries: the host list and how to use it (no secrets: the key is a path)."""
-        if params.get("python"):
-            self.python_cmd = params["python"]
-        if params.get("autostop") is not None:
+        if request.python:
+            self.python_cmd = request.python
+        if request.autostop is not None:
             raise AiosError(
                 "--autostop stops machines; aios never stops hosts it did not create",
                 "drop --autostop (your hosts bill nothing to aios); `aios down NAME` ends aios's processes there",
             )
-        if params.get("spot") or params.get("queued") or params.get("reservation"):
+        if request.spot or request.queued or request.reservation:
             raise AiosError(
                 "--spot/--queued/--reservation choose cloud capacity; --cloud ssh uses your hosts as they are",
                 "drop them",
             )
-        n = params.get("nprocs_per_host")
+        n = request.nprocs_per_host
         if n is not None and n < 1:
             raise AiosError(
                 f"--nprocs-per-host must be at least 1, got {n}", "pass e.g. --nprocs-per-host 2"
             )
-        wait = params.get("host_wait")
+        wait = request.host_wait
         if wait is not None and wait < 0:
             raise AiosError(
                 f"--host-wait must be 0 or more seconds, got {wait:g}", "pass e.g. --host-wait 120"
             )
-        network = params.get("network")
+        network = request.network
         if network:
             try:
                 network = str(ipaddress.IPv4Network(network, strict=False))
@@ -377,7 +381,7 @@ class SshHostsProvider(CloudProvider):
                 raise AiosError(
                     f"--network '{network}' is not an IPv4 network", "write it as e.g. 10.0.0.0/24"
                 ) from None
-        hosts_opt, hosts_file = params.get("hosts"), params.get("hosts_file")
+        hosts_opt, hosts_file = request.hosts, request.hosts_file
         if hosts_opt is not None and hosts_file:
             raise AiosError("--hosts and --hosts-file both list hosts", "pass only one")
         if hosts_opt is None and not hosts_file:
@@ -388,10 +392,10 @@ class SshHostsProvider(CloudProvider):
                 "pass --hosts USER@HOST[:PORT],... or --hosts-file FILE",
             )
         entries = read_hosts_file(hosts_file) if hosts_file else split_hosts(hosts_opt or "")
-        default_user = params.get("ssh_user") or _local_user()
+        default_user = request.ssh_user or _local_user()
         specs = parse_hosts(entries, default_user, "--hosts-file" if hosts_file else "--hosts")
-        ckpt = params.get("checkpoint_dir")
-        managed = (params.get("max_restarts") or 0) > 0
+        ckpt = request.checkpoint_dir
+        managed = request.managed
         if managed and ckpt and "://" not in ckpt and not ckpt.startswith("/"):
             raise AiosError(
                 f"--checkpoint-dir {ckpt} is relative: each host would resolve it on its own disk",
@@ -399,9 +403,7 @@ class SshHostsProvider(CloudProvider):
             )
         extra = {
             "hosts": [s.target for s in specs],
-            "identity": str(Path(params["ssh_key"]).expanduser())
-            if params.get("ssh_key")
-            else None,
+            "identity": str(Path(request.ssh_key).expanduser()) if request.ssh_key else None,
             "nprocs_per_host": n,
             "network": network,
             "host_wait": DEFAULT_HOST_WAIT if wait is None else float(wait),
@@ -411,12 +413,12 @@ class SshHostsProvider(CloudProvider):
         if existing:
             # a launch on an existing cluster uses its recorded hosts and plan: a different one
             # asked for here would be ignored silently, so it is refused
-            name = params.get("name") or ""
+            name = request.name or ""
             rec = _record(name)
             old = (rec.request.get("extra") or {}) if rec is not None else {}
             given = {
                 "hosts": True,
-                "identity": bool(params.get("ssh_key")),
+                "identity": bool(request.ssh_key),
                 "nprocs_per_host": n is not None,
                 "network": bool(network),
                 "host_wait": wait is not None,
@@ -774,8 +776,8 @@ class SshHostsProvider(CloudProvider):
 
     # -------------------------------------------------------------- runtime
     def setup_commands(
-        self, accelerator: str, requirements: list[str], backend: str | None = None
-    ) -> list[str]:
+        self, accelerator: str, requirements: builtins.list[str], backend: str | None = None
+    ) -> builtins.list[str]:
         """Install only the requirements the host's interpreter lacks (its own versions of
         what it has are left alone; nothing is upgraded)."""
         check_requirements(requirements)
@@ -796,7 +798,7 @@ class SshHostsProvider(CloudProvider):
             f"{py} -m pip install --quiet $missing; fi",
         ]
 
-    def host_checks(self, accelerator: str, nodes: int) -> list[str]:
+    def host_checks(self, accelerator: str, nodes: int) -> builtins.list[str]:
         """Run on every host after setup (also with ``--no-setup``): the version-set check of the
         backend's stack (cpu: torch installed), then aios's own device discovery there (``aios
         devices --backend B --json``), each failing with one line naming the host."""
@@ -829,17 +831,20 @@ class SshHostsProvider(CloudProvider):
         self.entry(accelerator)
         return ACCELERATORS[accelerator][0]
 
-    def python(self, accelerator: str) -> str:
+    def python(self, accelerator: str, backend: str | None = None) -> str:
+        """``--python`` as given, else ``python3`` on the hosts' PATH."""
         return self.python_cmd
 
-    def can_stop(self, spot: bool) -> bool:
-        return True
+    def stop_refusal(self, spot: bool, accelerator: str | None = None) -> str | None:
+        """``aios stop`` ends aios's processes on the hosts; the hosts keep running (never
+        stopped: aios did not create them)."""
+        return None
 
     def repair(self, info: ClusterInfo) -> str:
         raise CloudError("hosts aios did not create are not repaired", "")
 
     # -------------------------------------------------------------- dry run
-    def render_create(self, request: ClusterRequest) -> list[CloudCommand]:
+    def render_create(self, request: ClusterRequest) -> builtins.list[CloudCommand]:
         extra = request.extra
         py = extra.get("python") or self.python_cmd
         return [
@@ -850,7 +855,7 @@ class SshHostsProvider(CloudProvider):
             for h in self._hosts(self._specs(request), extra.get("identity"))
         ]
 
-    def render(self, action: str, name: str, zone: str | None) -> list[CloudCommand]:
+    def render(self, action: str, name: str, zone: str | None) -> builtins.list[CloudCommand]:
         rec = _record(name)
         if rec is None:
             return []
@@ -870,53 +875,67 @@ class SshHostsProvider(CloudProvider):
             return []
         return [CloudCommand(dry_ssh(h, key, cmd), f"worker {h.worker_id}: {what}") for h in hosts]
 
-    def launch_dry_run(
-        self, request: ClusterRequest, spec: Any, config: Any, existing: bool, echo: Any
-    ) -> None:
-        """``aios launch --cloud ssh --dry-run``: every step as the ssh command that does it."""
+    def render_launch(self, plan: LaunchPlan, echo: Echo) -> None:
+        """``aios launch --cloud ssh --dry-run``: the path the launch takes, as commands that
+        run as printed (``bash -e`` on this machine). Each host is reached and inspected from
+        here; then, as the launch does, the code goes to worker 0 once and worker 0 copies it to
+        the other hosts, and setup and the start reach every other host through worker 0 (your
+        key forwarded by an ssh-agent, never copied)."""
         from aios.config import redact
 
-        from aios_cloud import ops
         from aios_cloud.codesync import collect, secret_files
+        from aios_cloud.jobs import host_commands, setup_script
+        from aios_cloud.records import remote_root
         from aios_cloud.store import ClusterRecord
 
+        request, spec = plan.cluster, plan.spec
         key = request.extra.get("identity")
-        specs = self._specs(request)
         nprocs = request.extra.get("nprocs_per_host")
         hosts = [
             SshHost(h.worker_id, h.ip, h.ip, ssh_user=h.ssh_user, port=h.port, nprocs=nprocs or 1)
-            for h in self._hosts(specs, key)
+            for h in self._hosts(self._specs(request), key)
         ]
-        root = ops.remote_root(request.name)
+        root = remote_root(request.name)
+        relay = _Relay(hosts, key, root)
         echo("# dry run: nothing changes on the hosts, no SSH connection is made")
         echo("# 1. reach and inspect every host (addresses, devices, python and torch; read only)")
         for c in self.render_create(request):
             echo(c.shell())
+        if len(hosts) > 1:
+            echo(
+                "# worker 0 reaches the other hosts with your key, through an ssh-agent here "
+                "(forwarded, never copied)"
+            )
+            echo(relay.agent_start())
         files = collect(spec.workdir, spec.excludes)
         echo(
             f"# 2. code sync: {len(files)} files from {spec.workdir} (gitignore honoured; data, "
-            ".git, checkpoints excluded)"
+            ".git, checkpoints excluded), once, to worker 0"
             + (
-                "; aios adds itself (code/.aios-site) to the tarball, the lines below ship your files"
+                "; aios adds itself (code/.aios-site), the lines below ship your files"
                 if spec.bundle
                 else ""
             )
         )
-        secrets = secret_files(spec.workdir, spec.excludes)
-        if secrets:
-            echo(f"# left out {len(secrets)} secret-looking files (use --env NAME)")
+        if secret_files(spec.workdir, spec.excludes):
+            echo(
+                f"# left out {len(secret_files(spec.workdir, spec.excludes))} secret-looking "
+                "files (use --env NAME)"
+            )
         # files are written over in place: what a job wrote under code/ (runs, checkpoints) stays
         untar = f"set -e; mkdir -p {root}/code; tar xzf - -C {root}/code"
         tar = f"tar czf - -C {shlex.quote(spec.workdir)} " + " ".join(shlex.quote(f) for f in files)
-        for h in hosts:
-            echo(f"{tar} | {shlex.join(dry_ssh(h, key, untar))}")
+        echo(f"{tar} | {shlex.join(dry_ssh(hosts[0], key, untar))}")
+        if len(hosts) > 1:
+            echo(f"# worker 0 copies the code to the other {len(hosts) - 1} hosts")
+            echo(relay.copy_code())
         if spec.setup_lines:
-            echo("# 3. setup, then the version-set check, on every host")
-            script = ops.setup_script(spec)
-            for h in hosts:
-                echo(
-                    shlex.join(dry_ssh(h, key, f"cd {root}/code && bash -c {shlex.quote(script)}"))
-                )
+            echo("# 3. setup, then the version-set check, on every host (through worker 0)")
+            script = setup_script(spec).rstrip("\n")
+            for h in hosts:  # the script on stdin, as written (a quoted heredoc: no expansion)
+                echo(relay.on(h, f"cd {root}/code && bash -s") + " <<'AIOS_SETUP'")
+                echo(script)
+                echo("AIOS_SETUP")
         rec = ClusterRecord(
             request.name,
             self.name,
@@ -926,7 +945,7 @@ class SshHostsProvider(CloudProvider):
             "DRY-RUN",
             hosts=[_asdict(h) for h in hosts],
         )
-        plans = ops.host_commands(rec, spec, config)
+        plans = host_commands(rec, spec, plan.config)
         env = dict(spec.env)
         if spec.checkpoint_dir:
             env["AIOS_CHECKPOINT__DIR"] = spec.checkpoint_dir
@@ -937,26 +956,73 @@ class SshHostsProvider(CloudProvider):
             f"# 4. run on every host ({nprocs or 'discovered: accelerators found, else 1'} "
             f"processes each; node ranks in host order; the master address is worker 0's "
             f"address on the network the hosts share, found in step 1 (shown: its SSH address)); "
-            f"all hosts at once: here in the background of this shell, aios starts it detached "
-            f"with logs in {root}/jobs/<id>/worker.log"
+            f"all hosts at once through worker 0: here in the background of this shell, aios "
+            f"starts it detached with logs in {root}/jobs/<id>/worker.log"
         )
         for h in hosts:
-            plan = plans[h.worker_id]
-            full = {**env, **plan.env}
+            hp = plans[h.worker_id]
+            full = {**env, **hp.env}
             prefix = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in sorted(full.items()))
-            echo(
-                shlex.join(
-                    dry_ssh(h, key, f"cd {root}/code && {prefix} {shlex.join(plan.command)}")
-                )
-                + " &"
-            )
+            echo(relay.on(h, f"cd {root}/code && {prefix} {shlex.join(hp.command)}") + " &")
         echo("wait")
+        if len(hosts) > 1:
+            echo(relay.agent_stop())
         if spec.checkpoint_dir:
             echo(
                 "# managed: a lost host stops the job on the others; aios waits "
                 f"{request.extra.get('host_wait', DEFAULT_HOST_WAIT):g}s for every host, then "
                 f"restarts on those that answer, resuming from {spec.checkpoint_dir}"
             )
+
+
+class _Relay:
+    """Commands on the hosts as the launch runs them: on worker 0 directly, on every other host
+    through worker 0 (``ssh -A`` to worker 0, which runs ``ssh`` to the host at the address
+    shown), host keys pinned in worker 0's ``ROOT/fleet/known_hosts``."""
+
+    def __init__(self, hosts: list[SshHost], key: str | None, root: str) -> None:
+        self.hosts, self.key, self.root = hosts, key, root
+        self.head = hosts[0]
+
+    def agent_start(self) -> str:
+        add = f" && ssh-add -q {shlex.quote(self.key)}" if self.key else ""
+        return f'eval "$(ssh-agent -s)" > /dev/null{add}'
+
+    def agent_stop(self) -> str:
+        return "ssh-agent -k > /dev/null"
+
+    def _hop(self, h: ClusterHost, command: str) -> list[str]:
+        """The ``ssh`` worker 0 runs to reach ``h``."""
+        argv = [
+            "ssh",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=accept-new",
+            "-o",
+            # %d: the login's home on worker 0 (ssh's own token; the root starts with $HOME)
+            f"UserKnownHostsFile={self.root.replace('$HOME', '%d', 1)}/fleet/known_hosts",
+        ]
+        if h.port != 22:
+            argv += ["-p", str(h.port)]
+        return [*argv, f"{h.ssh_user}@{h.ip}", command]
+
+    def on(self, h: ClusterHost, command: str) -> str:
+        """``command`` on ``h``, through worker 0 unless ``h`` is worker 0."""
+        if h.worker_id == self.head.worker_id:
+            return shlex.join(dry_ssh(h, self.key, command))
+        inner = f"mkdir -p {self.root}/fleet && " + shlex.join(self._hop(h, command))
+        return shlex.join(["ssh", "-A", *dry_ssh(self.head, self.key, inner)[1:]])
+
+    def copy_code(self) -> str:
+        """Worker 0 sends its copy of the code to every other host (one stream each)."""
+        untar = f"set -e; mkdir -p {self.root}/code; tar xzf - -C {self.root}/code"
+        parts = [
+            f"tar czf - -C {self.root}/code . | " + shlex.join(self._hop(h, untar))
+            for h in self.hosts[1:]
+        ]
+        inner = f"set -e; mkdir -p {self.root}/fleet; " + "; ".join(parts)
+        return shlex.join(["ssh", "-A", *dry_ssh(self.head, self.key, inner)[1:]])
 
 
 _SSH_HOST_FIELDS = {f for f in SshHost.__dataclass_fields__}

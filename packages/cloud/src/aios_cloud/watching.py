@@ -1,0 +1,507 @@
+"""Following a job's logs and watching it: the watcher polls the job and the cloud's view of the
+cluster and, for a managed run, recovers from preemption or lost hosts."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aios.errors import AiosError
+from aios.preemption import EXIT_PREEMPTED
+
+from aios_cloud.failover import create_with_failover, zone_order
+from aios_cloud.head import HELPER_PYTHON, Head
+from aios_cloud.jobs import JobSpec, cancel_job, poll_job, run_setup, start_job, sync_code
+from aios_cloud.lifecycle import autostop_of, down_cluster, reinstall_agent
+from aios_cloud.provider import (
+    STOPPED,
+    TERMINATED,
+    CloudError,
+    CloudProvider,
+)
+from aios_cloud.records import (
+    Log,
+    info_from,
+    remote_root,
+    request_dict,
+    request_from_record,
+    runner_for,
+    save_hosts,
+    with_public_key,
+)
+from aios_cloud.signals import signals_deferred, terminated
+from aios_cloud.ssh import (
+    LinePrinter,
+    SshError,
+    _kill,
+    _reap,
+    _spawn,
+)
+from aios_cloud.store import (
+    JOB_CANCELLED,
+    JOB_FAILED,
+    JOB_FINAL,
+    JOB_PENDING,
+    JOB_RECOVERING,
+    JOB_RUNNING,
+    JOB_SETTING_UP,
+    JOB_SUCCEEDED,
+    ClusterRecord,
+    Store,
+)
+
+
+class LogFollower:
+    """Every host's worker.log, each line prefixed, until :meth:`stop`: one ssh to the head
+    host, which follows the other hosts over the cluster network."""
+
+    def __init__(
+        self,
+        rec: ClusterRecord,
+        job_id: int,
+        printer: Callable[[str, str], None],
+        from_start: bool = True,
+        workers: list[int] | None = None,
+    ) -> None:
+        head = Head(rec)
+        helper = head.ensure_helper()
+        d = f"{remote_root(rec.name)}/jobs/{job_id}"
+        req = {
+            "hosts": head._hosts_json(
+                [h for h in head.hosts if workers is None or h.worker_id in workers]
+            ),
+            "self": head.head.worker_id,
+            "jobdir": d,
+            "from_start": from_start,
+        }
+        argv = head.runner.argv(head.head, f"{HELPER_PYTHON} {helper} tail {head.root}")
+        self.proc = _spawn(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+            bufsize=1,
+            env=head.runner._env(),
+        )
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        self.thread = threading.Thread(
+            target=self._pump, args=(self.proc, head.labels, printer), daemon=True
+        )
+        self.thread.start()
+
+    @staticmethod
+    def _pump(
+        p: subprocess.Popen, labels: dict[int, str], printer: Callable[[str, str], None]
+    ) -> None:
+        assert p.stdout is not None
+        for line in p.stdout:
+            tag, _, rest = line.rstrip("\n").partition(" ")
+            w, _, text = rest.partition(" ")
+            if tag == "O" and w.isdigit():
+                printer(f"({labels.get(int(w), 'worker ' + w)})", text)
+
+    def stop(self, drain: float = 1.0) -> None:
+        time.sleep(drain)
+        p = self.proc
+        if p.poll() is None:
+            try:
+                assert p.stdin is not None
+                p.stdin.close()  # the head's follower ends when its stdin closes
+            except OSError:
+                pass
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                _kill(p)
+                p.wait()
+        _reap(p)
+        self.thread.join(2)
+
+
+@dataclass
+class WatchOptions:
+    poll: float = 5.0
+    describe_every: float = 15.0
+    lost_after: int = 3
+    straggler_grace: float = 60.0
+    follow: bool = True
+    ssh_timeout: float = 300.0
+
+
+class Watcher:
+    """Watches one job to the end; on preemption/unhealthy/lost hosts it recovers (managed runs)
+    up to ``max_restarts`` times: repair or recreate the cluster (zone failover), re-sync code,
+    re-run setup, restart the job (which resumes from the newest complete checkpoint)."""
+
+    def __init__(
+        self,
+        store: Store,
+        provider: CloudProvider,
+        job_id: int,
+        config: Any,
+        printer: Callable[[str, str], None] | None = None,
+        log: Log | None = None,
+        options: WatchOptions | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.store = store
+        self.provider = provider
+        self.job_id = job_id
+        self.config = config
+        self.printer = printer or LinePrinter()
+        self.log = log or (lambda m: self.printer("[aios]", m))
+        self.opt = options or WatchOptions()
+        self.sleep = sleep
+        self.follower: LogFollower | None = None
+        self._maintenance_logged = False
+
+    # -------------------------------------------------------------- helpers
+    def _job(self):
+        job = self.store.get_job(self.job_id)
+        if job is None:
+            raise AiosError(f"job {self.job_id} does not exist", "see `aios status`")
+        return job
+
+    def _follow(self, rec: ClusterRecord) -> None:
+        if self.opt.follow:
+            self._unfollow()
+            self.follower = LogFollower(rec, self.job_id, self.printer)
+
+    def _unfollow(self) -> None:
+        if self.follower:
+            self.follower.stop()
+            self.follower = None
+
+    # -------------------------------------------------------------- main loop
+    def run(self) -> int:
+        """Returns the job's exit status (0 success)."""
+        rec = self.store.get_cluster(self._job().cluster)
+        if rec is None:
+            return self._finish(JOB_CANCELLED, None, "cluster was deleted")
+        self.store.update_job(self.job_id, watcher_pid=os.getpid())
+        self._follow(rec)
+        try:
+            return self._loop()
+        finally:
+            self._unfollow()
+
+    def _loop(self) -> int:
+        lost_count = 0
+        last_describe = 0.0
+        first_nonzero: float | None = None
+        while True:
+            job = self._job()
+            if job.state in JOB_FINAL:
+                return 0 if job.state == JOB_SUCCEEDED else 1
+            rec = self.store.get_cluster(job.cluster)
+            if rec is None:
+                return self._finish(JOB_CANCELLED, None, "cluster was deleted")
+            try:
+                states = poll_job(rec, self.job_id)
+            except SshError as exc:  # defensive: poll_job maps per-host SSH trouble itself
+                self.log(f"polling {rec.name} failed ({exc}); retrying")
+                states = [("UNREACHABLE", None)] * max(1, len(rec.hosts))
+            incident = None
+            maintenance = False
+            now = time.monotonic()
+            queued = bool(states) and all(s == "QUEUED" for s, _ in states)
+            if queued != (job.state == JOB_PENDING):
+                # waiting in the cluster's queue behind an earlier job
+                self.store.update_job(self.job_id, state=JOB_PENDING if queued else JOB_RUNNING)
+            states = [("RUNNING" if s == "QUEUED" else s, c) for s, c in states]
+            need_describe = now - last_describe >= self.opt.describe_every or any(
+                s != "RUNNING" for s, _ in states
+            )
+            if need_describe:
+                last_describe = now
+                try:
+                    info = self.provider.describe(rec.name, rec.zone)
+                except CloudError as exc:  # the API hiccuped: look again at the next poll
+                    self.log(f"describe {rec.name} failed ({exc}); retrying")
+                    self.sleep(self.opt.poll)
+                    continue
+                if info is None:
+                    incident = "cluster disappeared"
+                elif info.preempted or info.state in (TERMINATED,):
+                    incident = "preempted"
+                elif info.state == STOPPED:
+                    incident = "stopped"
+                elif info.unhealthy:
+                    incident = f"unhealthy ({info.health_detail or info.health})"
+                elif info.in_maintenance:
+                    # the cloud maintains the hosts and they come back by themselves: wait
+                    maintenance = True
+                    if not self._maintenance_logged:
+                        self.log(
+                            f"cluster {rec.name}: in host maintenance "
+                            f"({info.health_detail or 'maintenance'}); waiting for it to end"
+                        )
+                        self.store.event(
+                            rec.name,
+                            "maintenance",
+                            f"job {self.job_id}: {info.health_detail or 'maintenance'}",
+                            self.job_id,
+                        )
+                        self._maintenance_logged = True
+                else:
+                    self._maintenance_logged = False
+            if incident is None and any(s == "REPLACED" for s, _ in states):
+                # a new machine answers at a host's address (new host key): the cloud replaced
+                # it (spot reclaim and relaunch, maintenance); the job is gone with the old one
+                which = ", ".join(
+                    f"worker {i}" for i, (s, _) in enumerate(states) if s == "REPLACED"
+                )
+                incident = f"hosts replaced ({which}: new host key)"
+            if incident is None and any(s == "EXIT" and c == EXIT_PREEMPTED for s, c in states):
+                # workers checkpointed and stopped for a spot/preemption notice; the cloud may
+                # still report the machines running (EC2 gives 2 minutes)
+                which = ", ".join(
+                    f"worker {i}"
+                    for i, (s, c) in enumerate(states)
+                    if s == "EXIT" and c == EXIT_PREEMPTED
+                )
+                incident = f"preempted (workers stopped for a preemption notice: {which})"
+            if incident is None:
+                codes = [c for s, c in states if s == "EXIT"]
+                if len(codes) == len(states):
+                    if all(c == 0 for c in codes):
+                        return self._finish(JOB_SUCCEEDED, codes, "all workers exited 0")
+                    return self._finish(JOB_FAILED, codes, f"worker exit codes {codes}")
+                if any(c != 0 for c in codes):
+                    first_nonzero = first_nonzero or now
+                    if now - first_nonzero > self.opt.straggler_grace:
+                        cancel_job(rec, self.job_id)
+                        return self._finish(
+                            JOB_FAILED,
+                            [c if s == "EXIT" else -9 for s, c in states],
+                            "a worker failed; the others were stopped",
+                        )
+                if maintenance:
+                    lost_count = 0
+                elif any(s in ("LOST", "UNREACHABLE") for s, _ in states):
+                    lost_count += 1
+                    if lost_count >= self.opt.lost_after:
+                        incident = (
+                            "hosts lost ("
+                            + ", ".join(
+                                f"worker {i}: {s.lower()}"
+                                for i, (s, _) in enumerate(states)
+                                if s != "RUNNING" and s != "EXIT"
+                            )
+                            + ")"
+                        )
+                else:
+                    lost_count = 0
+            if incident is not None:
+                code = self._incident(job, rec, incident)
+                if code is not None:
+                    return code
+                lost_count = 0
+                first_nonzero = None
+                last_describe = 0.0
+                continue
+            self.sleep(self.opt.poll)
+
+    def _finish(self, state: str, codes: list[int] | None, why: str) -> int:
+        job = self.store.get_job(self.job_id)
+        self.store.update_job(self.job_id, state=state, exit_codes=codes, watcher_pid=None)
+        if job:
+            self.store.event(
+                job.cluster, "job-" + state.lower(), f"job {self.job_id}: {why}", self.job_id
+            )
+        self.log(f"job {self.job_id} {state.lower()}: {why}")
+        if state == JOB_SUCCEEDED:
+            return 0
+        if codes:
+            bad = [c for c in codes if c != 0]
+            return bad[0] if bad and 0 < bad[0] < 256 else 1
+        return 1
+
+    def _incident(self, job, rec: ClusterRecord, incident: str) -> int | None:
+        self._unfollow()
+        kind = (
+            "preempted"
+            if (
+                incident in ("stopped", "cluster disappeared")
+                or incident.startswith(("preempted", "hosts lost", "hosts replaced"))
+            )
+            else "unhealthy"
+        )
+        self.store.event(rec.name, kind, f"job {self.job_id}: {incident}", self.job_id)
+        self.log(f"cluster {rec.name}: {incident}")
+        if not job.managed or job.restarts >= job.max_restarts:
+            # nothing works unwatched: what still runs on the healthy hosts is stopped
+            self.log(f"stopping job {self.job_id} on the remaining hosts of {rec.name}")
+            cancel_job(rec, self.job_id)
+            if not job.managed:
+                why = (
+                    f"{incident}; the job was stopped on the other hosts; relaunch with --spot "
+                    "--max-restarts N to recover automatically"
+                )
+                return self._finish(JOB_FAILED, None, why)
+            return self._finish(
+                JOB_FAILED,
+                None,
+                f"{incident}; the {job.max_restarts} restarts allowed are used up; the job was "
+                "stopped on the other hosts",
+            )
+        self.log(f"managed recovery takes over (restarts used {job.restarts}/{job.max_restarts})")
+        n = self.store.bump_restarts(self.job_id)
+        self.store.update_job(self.job_id, state=JOB_RECOVERING)
+        self.log(f"recovery {n}/{job.max_restarts}: {incident}")
+        try:
+            autostop = autostop_of(rec)
+            action, rec = self._recover_cluster(rec, incident)
+            spec = JobSpec.from_dict(job.spec)
+            self.store.update_job(self.job_id, state=JOB_SETTING_UP)
+            Head(rec, self.printer, self.log).reach(self.opt.ssh_timeout)
+            sync_code(rec, spec, self.printer, self.log)
+            run_setup(rec, spec, self.printer, self.log)
+            start_job(
+                rec,
+                self.job_id,
+                spec,
+                self.config,
+                self.provider.remote_env(
+                    self.provider.describe(rec.name, rec.zone) or info_from(rec)
+                ),
+                self.printer,
+                self.log,
+            )
+            self.store.update_job(self.job_id, state=JOB_RUNNING)
+            # the recreated (or restarted) head host has no agent: install it again
+            reinstall_agent(self.store, self.provider, rec, self.printer, self.log, autostop)
+            self.store.event(
+                rec.name,
+                "recovered",
+                f"recovery {n}/{job.max_restarts}: {action} in {rec.zone} after {incident}; "
+                f"job {self.job_id} restarted (resumes from the newest checkpoint)",
+                self.job_id,
+            )
+            self.log(f"recovery {n}/{job.max_restarts} done: {action} in {rec.zone}")
+            self._follow(rec)
+            return None
+        except AiosError as exc:
+            self.store.event(rec.name, "recovery-failed", f"recovery {n}: {exc}", self.job_id)
+            self.log(f"recovery {n} failed: {exc}")
+            if self.store.get_job(self.job_id).restarts < job.max_restarts:  # type: ignore[union-attr]
+                self.sleep(self.opt.poll)
+                return None  # the loop notices the still-broken cluster and tries again
+            return self._finish(JOB_FAILED, None, f"recovery failed: {exc}")
+
+    def _recover_cluster(self, rec: ClusterRecord, incident: str) -> tuple[str, ClusterRecord]:
+        provider = self.provider
+        runner = runner_for(rec)
+        # a user's own host (--cloud ssh) with a new key is never trusted: its provider's
+        # create checks the pinned keys and fails the recovery with one line
+        if incident.startswith("hosts replaced") and not provider.user_hosts:
+            # trust the new host keys only when the cloud itself says the cluster is up
+            info = provider.describe(rec.name, rec.zone)
+            if info is not None and info.ready and not info.unhealthy and not info.preempted:
+                runner.reset_host_keys()
+                return "reconnected to the replaced hosts", save_hosts(
+                    self.store, rec, info, provider
+                )
+            self.log(
+                f"{rec.name} is {info.state if info else 'gone'} after its hosts were replaced; recreating"
+            )
+        if incident.startswith("unhealthy") or incident == "stopped":
+            info = provider.describe(rec.name, rec.zone)
+            if info is not None:
+                try:
+                    if incident == "stopped":
+                        info = provider.start(rec.name, rec.zone)
+                        action = "started"
+                    else:
+                        action = provider.repair(info)
+                        info = provider.describe(rec.name, rec.zone)
+                    if info is not None and info.ready and not info.unhealthy:
+                        runner.reset_host_keys()
+                        return action, save_hosts(self.store, rec, info, provider)
+                    self.log(f"{action} did not make {rec.name} healthy; recreating")
+                except CloudError as exc:
+                    self.log(f"repair failed ({exc}); recreating")
+        # recreate (same zone first, then the others offering the type)
+        provider.delete(rec.name, rec.zone)
+        request = request_from_record(rec)
+        request = with_public_key(request, rec.ssh_key) if rec.ssh_key else request
+        zones = zone_order(provider, request, pinned=False)
+        result = create_with_failover(
+            provider,
+            request,
+            zones,
+            log=self.log,
+            sleep=self.sleep,
+            backoff=min(2.0, self.opt.poll),
+        )
+        for a in result.attempts:
+            self.store.event(
+                rec.name, "failover", f"{a.zone}: {a.kind}: {a.message[:200]}", self.job_id
+            )
+        runner.reset_host_keys()
+        if result.zone != rec.zone:
+            self.store.update_cluster(
+                rec.name, request=request_dict(dataclasses.replace(request, zone=result.zone))
+            )
+        new = save_hosts(self.store, rec, result.info, provider)
+        moved = f" (moved from {rec.zone})" if result.zone != rec.zone else ""
+        return f"recreated{moved}", new
+
+
+def after_watch_failure(
+    store: Store,
+    provider: CloudProvider,
+    job_id: int,
+    created: bool,
+    exc: BaseException,
+    log: Log,
+    spawn_watcher: Callable[[], int],
+) -> None:
+    """The launcher stopped watching a running job (SIGTERM, or the watch itself failed):
+    nothing may work unwatched. SIGTERM: the job is stopped on every host and a cluster this
+    launch created is deleted. A failed watch: a managed job is handed to a background
+    watcher; an unmanaged one is stopped on every host. The user is told which."""
+    job = store.get_job(job_id)
+    if job is None or job.state in JOB_FINAL:
+        return
+    rec = store.get_cluster(job.cluster)
+    if rec is None:
+        return
+    with signals_deferred():
+        if terminated():
+            cancel_job(rec, job_id)
+            store.update_job(job_id, state=JOB_CANCELLED, watcher_pid=None)
+            store.event(rec.name, "job-cancelled", f"job {job_id}: launcher terminated", job_id)
+            if created:
+                down_cluster(store, provider, rec)
+                log(
+                    f"terminated: stopped job {job_id} and deleted {rec.name} (this launch created it)"
+                )
+            else:
+                log(f"terminated: stopped job {job_id} on every host of {rec.name}")
+            return
+        why = f"{type(exc).__name__}: {str(exc)[:200]}"
+        if job.managed:
+            pid = spawn_watcher()
+            store.update_job(job_id, watcher_pid=pid)
+            log(
+                f"the watch failed ({why}); a background watcher (pid {pid}) takes over job {job_id}'s managed recovery"
+            )
+            return
+        cancel_job(rec, job_id)
+        store.update_job(job_id, state=JOB_FAILED, watcher_pid=None)
+        store.event(rec.name, "job-failed", f"job {job_id}: watch failed: {why}", job_id)
+        log(
+            f"the watch failed ({why}); stopped job {job_id} on every host so nothing runs unwatched"
+        )
