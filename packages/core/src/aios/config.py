@@ -86,7 +86,21 @@ class CheckpointSettings(Section):
     keep: int = Field(3, ge=1, description="complete checkpoints kept; older ones are deleted")
     resume: bool = Field(True, description="resume from the newest complete checkpoint in dir")
     grace_seconds: float = Field(
-        25.0, gt=0, description="deadline for the emergency checkpoint after a preemption notice"
+        25.0,
+        gt=0,
+        description="seconds between SIGTERM and the kill (capped by the platform's own grace, "
+        "e.g. 15 on GKE Spot): the emergency checkpoint is written when it fits in them",
+    )
+    max_lost: float | None = Field(
+        1800.0,
+        description="bound on the training an unannounced kill can lose (seconds or a duration: "
+        "30m, 10s; off/0: none): aios picks the periodic interval from the measured save cost "
+        "and step time; checkpoint.every, when set, fixes the interval instead",
+    )
+    max_overhead: float = Field(
+        0.03,
+        description="largest share of training time the periodic saves of max_lost may block "
+        "(0.03 or 3%); when max_lost needs more, max_lost wins and aios says so once",
     )
     async_save: bool = Field(
         True,
@@ -102,6 +116,20 @@ class CheckpointSettings(Section):
         False,
         description="resume a checkpoint written with another world size/mesh (formats that reshard: dcp)",
     )
+
+    @field_validator("max_lost", mode="before")
+    @classmethod
+    def _duration(cls, v: Any) -> Any:
+        from aios.checkpoint.policy import parse_duration
+
+        return parse_duration(v)
+
+    @field_validator("max_overhead", mode="before")
+    @classmethod
+    def _fraction(cls, v: Any) -> Any:
+        from aios.checkpoint.policy import parse_fraction
+
+        return parse_fraction(v)
 
 
 class LoggingSettings(Section):

@@ -37,6 +37,21 @@ HOST_ENV = "AIOS_RUN_HOST"
 #: set (to anything) to skip ``aios-run``'s pre-import of torch before spawning workers
 NO_PREIMPORT_ENV = "AIOS_RUN_NO_PREIMPORT"
 
+#: wall-clock time (``time.time()`` epoch seconds) by which this host will be gone, set by the
+#: launcher when it knows one ahead (a Capacity Block's end minus the 30 minutes AWS reclaims
+#: before it, a queued resource's ``--valid-until``, a Slurm job's end): every rank's
+#: :class:`aios.preemption.DeadlineWatcher` announces it in time for the emergency checkpoint
+DEADLINE_ENV = "AIOS_RUN_DEADLINE"
+#: the notice source name of :data:`DEADLINE_ENV` (``capacity-block``, ``queued-resource``,
+#: ``slurm``; default ``deadline``)
+DEADLINE_SOURCE_ENV = "AIOS_RUN_DEADLINE_SOURCE"
+#: seconds the platform lets a process live after SIGTERM (GKE Spot: 15): caps
+#: ``checkpoint.grace_seconds`` for the SIGTERM notice's deadline
+GRACE_CAP_ENV = "AIOS_RUN_GRACE_CAP"
+#: wall-clock time (epoch seconds) the launcher started this attempt (``aios-run``; cloud
+#: launchers for their hosts): the start of the run record's start-up account (goodput)
+LAUNCH_TIME_ENV = "AIOS_RUN_LAUNCH_TIME"
+
 ALL = (
     CONFIG_ENV,
     BACKEND_ENV,
@@ -50,4 +65,8 @@ ALL = (
     NO_PREIMPORT_ENV,
     LAUNCHER_PID_ENV,
     HOST_ENV,
+    DEADLINE_ENV,
+    DEADLINE_SOURCE_ENV,
+    GRACE_CAP_ENV,
+    LAUNCH_TIME_ENV,
 )

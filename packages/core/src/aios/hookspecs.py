@@ -313,9 +313,38 @@ def aios_preemption_watchers(config: AiosConfig) -> list[PreemptionWatcher] | No
         checkpoints at the next step boundary exactly as for SIGTERM. Return ``None`` when not
         applicable.
 
+    Deadlines: a notice's ``deadline`` is the wall-clock time (``time.time()`` epoch seconds)
+    by which the host will be gone (AWS's ``instance-action`` time, the maintenance start the
+    metadata server announces); ``None`` when the source does not say. The runtime writes the
+    emergency checkpoint only when its measured cost fits before the earliest deadline any rank
+    heard, otherwise it keeps the last committed checkpoint and says so in one line. Announce as
+    early as the source allows: the runtime acts at the next step boundary. A known end that the
+    launcher can compute ahead (a Capacity Block's end, a queued resource's ``--valid-until``)
+    needs no watcher: set ``AIOS_RUN_DEADLINE`` (epoch seconds) and ``AIOS_RUN_DEADLINE_SOURCE``
+    in every rank's environment and aios's own :class:`aios.preemption.DeadlineWatcher` announces
+    it when the time left falls to what the emergency checkpoint needs.
+
     All results are collected. Called once per process at setup.
 
     .. versionadded:: 0.1
+    .. versionchanged:: 0.2 notices carry a source and a deadline
+    """
+
+
+@hookspec
+def aios_grace_cap(config: AiosConfig) -> float | None:
+    """The seconds this platform lets a process live after SIGTERM, when it is less than
+    ``checkpoint.grace_seconds`` could ask for (e.g. 15 on GKE Spot nodes, which honour no
+    larger ``terminationGracePeriodSeconds``).
+
+    :param config: the resolved config.
+    :return: seconds, or ``None`` when this plugin's platform is not the one running (or sets
+        no cap). The smallest of every plugin's answer, the config's ``grace_seconds`` and the
+        launcher's ``AIOS_RUN_GRACE_CAP`` is the SIGTERM notice's grace
+        (:func:`aios.preemption.effective_grace`); when a cap lowers the config's value aios says
+        so once. All results are collected. Called once per process at setup; must not block.
+
+    .. versionadded:: 0.2
     """
 
 

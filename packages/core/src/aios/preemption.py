@@ -1,17 +1,40 @@
-"""Preemption notices: SIGTERM and plugin watchers (:func:`aios.hookspecs.aios_preemption_watchers`).
+"""Interruption notices: one model for every source.
+
+A notice (:class:`aios.types.Notice`) says where it came from (``source``), why (``reason``) and
+by when the host will be gone (``deadline``, wall-clock epoch seconds, or ``None`` when the
+source does not say). Sources:
+
+* **SIGTERM** (:class:`PreemptionMonitor`): the deadline is ``checkpoint.grace_seconds`` after
+  the signal, capped by what the platform allows (:func:`effective_grace`): the launcher's
+  :data:`aios.contract.GRACE_CAP_ENV` (``AIOS_RUN_GRACE_CAP``, e.g. ``15`` on GKE Spot nodes) and
+  every plugin's :func:`aios.hookspecs.aios_grace_cap`.
+* **A known end** (:class:`DeadlineWatcher`): a launcher that knows when the capacity ends (a
+  Capacity Block's end minus the 30 minutes AWS reclaims before it, a queued resource's
+  ``--valid-until``, a Slurm job's time limit) sets :data:`aios.contract.DEADLINE_ENV`
+  (``AIOS_RUN_DEADLINE``, epoch seconds) and optionally ``AIOS_RUN_DEADLINE_SOURCE`` for every
+  rank; each rank announces the notice itself when the time left falls to what the emergency
+  checkpoint needs (the measured save cost, :class:`aios.checkpoint.SaveCost`, plus a margin).
+* **A notice file** (:class:`FileWatcher`): a sidecar touches a file, optionally with JSON
+  ``{"source": ..., "reason": ..., "deadline": ...}`` in it.
+* **Plugin watchers** (:func:`aios.hookspecs.aios_preemption_watchers`): a
+  :class:`aios.types.PreemptionWatcher` whose ``start(notify)`` polls (a cloud's metadata
+  server) and calls ``notify(Notice(source, reason, deadline))`` once.
 
 A notice only sets a flag; the runtime acts on it at the next optimizer-step boundary, where all
-ranks agree (``strategy.any_rank``) so that every rank stops at the same step. The runtime then
-writes an emergency checkpoint (deadline ``checkpoint.grace_seconds``) and exits with
+ranks agree (``strategy.any_rank``) so that every rank stops at the same step, with the earliest
+deadline any rank heard. It writes the emergency checkpoint when the save fits before that
+deadline (else it keeps the last committed checkpoint and says so in one line) and exits with
 :data:`EXIT_PREEMPTED`. Relaunching with the same ``checkpoint.dir`` resumes.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from aios.types import Notice
@@ -22,10 +45,52 @@ from aios.types import Notice
 EXIT_PREEMPTED = 75
 
 
-class PreemptionMonitor:
-    """Collects notices from signals and watchers into one flag (thread- and signal-safe)."""
+def parse_seconds(text: str | None) -> float | None:
+    """A number of seconds from an environment value; None when unset, empty or not a
+    positive finite number."""
+    if not text:
+        return None
+    try:
+        v = float(text)
+    except ValueError:
+        return None
+    return v if v > 0 and v != float("inf") else None
 
-    def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM,)) -> None:
+
+def effective_grace(
+    configured: float, caps: Iterable[float | None] = (), env: dict[str, str] | None = None
+) -> tuple[float, str | None]:
+    """The seconds a process has after SIGTERM: ``checkpoint.grace_seconds`` capped by the
+    platform (the launcher's ``AIOS_RUN_GRACE_CAP`` and the plugins' ``aios_grace_cap``).
+    Returns ``(grace, what capped it)``; the second is None when the config's value stands."""
+    from aios.contract import GRACE_CAP_ENV
+
+    env = os.environ if env is None else env
+    grace, why = float(configured), None
+    cap = parse_seconds(env.get(GRACE_CAP_ENV))
+    if cap is not None and cap < grace:
+        grace, why = cap, f"{GRACE_CAP_ENV}={cap:g}"
+    for c in caps:
+        if c is not None and 0 < float(c) < grace:
+            grace, why = float(c), f"the platform allows {float(c):g}s"
+    return grace, why
+
+
+class PreemptionMonitor:
+    """Collects notices from signals and watchers into one flag (thread- and signal-safe).
+
+    ``grace``: the seconds the platform leaves after a signal (:func:`effective_grace`); a
+    signal's notice carries the deadline ``now + grace``. ``clock``: wall-clock seconds
+    (``time.time``; tests inject one)."""
+
+    def __init__(
+        self,
+        signals: tuple[int, ...] = (signal.SIGTERM,),
+        grace: float | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.grace = grace
+        self.clock = clock
         self.reason: str | None = None
         self.noticed_at: float | None = None
         #: the first notice, with its source and deadline (:class:`aios.types.Notice`)
@@ -48,7 +113,18 @@ class PreemptionMonitor:
 
     def _handler(self, signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name
-        self.notify(Notice(source=name.lower(), reason=f"signal {name}"))
+        deadline = None if self.grace is None else self.clock() + self.grace
+        self.notify(Notice(source=name.lower(), reason=f"signal {name}", deadline=deadline))
+
+    @property
+    def deadline(self) -> float | None:
+        """The notice's deadline (wall clock), None without a notice or a deadline."""
+        return None if self.notice is None else self.notice.deadline
+
+    def time_left(self, now: float | None = None) -> float | None:
+        """Seconds until the notice's deadline (negative: past it); None without one."""
+        d = self.deadline
+        return None if d is None else d - (self.clock() if now is None else now)
 
     def install(self) -> None:
         """Handle the signals (main thread only; elsewhere only watchers work)."""
@@ -93,9 +169,99 @@ class PreemptionMonitor:
         return 0.0 if self.noticed_at is None else time.monotonic() - self.noticed_at
 
 
+class DeadlineWatcher:
+    """Announces a known end of the capacity in time for the emergency checkpoint.
+
+    ``deadline``: wall-clock epoch seconds by which the host is gone. ``lead()``: the seconds
+    the emergency checkpoint needs (the runtime passes the checkpoint manager's estimate of a
+    save plus a step and a margin; re-read at each poll, so a measured save cost counts). The
+    notice (``source``, ``deadline``) fires once ``deadline - now <= lead()``. ``clock`` and
+    ``interval`` are injectable (tests); the thread sleeps until the next moment that matters,
+    at most ``interval`` seconds.
+
+    :meth:`from_env` builds one from the launcher's ``AIOS_RUN_DEADLINE`` /
+    ``AIOS_RUN_DEADLINE_SOURCE`` (None when unset)."""
+
+    name = "deadline"
+
+    def __init__(
+        self,
+        deadline: float,
+        source: str = "deadline",
+        lead: Callable[[], float] = lambda: 60.0,
+        clock: Callable[[], float] = time.time,
+        interval: float = 5.0,
+    ) -> None:
+        self.deadline = float(deadline)
+        self.source = source
+        self.lead = lead
+        self.clock = clock
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def from_env(
+        cls, lead: Callable[[], float], env: dict[str, str] | None = None
+    ) -> DeadlineWatcher | None:
+        from aios.contract import DEADLINE_ENV, DEADLINE_SOURCE_ENV
+
+        env = os.environ if env is None else env
+        deadline = parse_seconds(env.get(DEADLINE_ENV))
+        if deadline is None:
+            return None
+        return cls(deadline, env.get(DEADLINE_SOURCE_ENV) or "deadline", lead)
+
+    def due(self, now: float | None = None) -> bool:
+        """Whether the notice is due now (the time left is at most the lead)."""
+        now = self.clock() if now is None else now
+        return self.deadline - now <= self.lead()
+
+    def notice(self) -> Notice:
+        when = time.strftime("%H:%M:%S UTC", time.gmtime(self.deadline))
+        return Notice(
+            source=self.source, reason=f"{self.source} ends at {when}", deadline=self.deadline
+        )
+
+    def start(self, notify: Callable[[Notice | str], None]) -> None:
+        def run() -> None:
+            while not self._stop.is_set():
+                if self.due():
+                    notify(self.notice())
+                    return
+                left = self.deadline - self.clock() - self.lead()
+                self._stop.wait(max(0.05, min(self.interval, left)))
+
+        self._thread = threading.Thread(target=run, name="aios-deadline", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def read_notice_file(path: str) -> Notice:
+    """The notice a file stands for: JSON ``{"source", "reason", "deadline"}`` when it holds
+    that, else a notice without a deadline."""
+    try:
+        with open(path) as f:
+            data = json.loads(f.read() or "{}")
+    except (OSError, ValueError):
+        data = {}
+    if not isinstance(data, dict):
+        data = {}
+    deadline = data.get("deadline")
+    return Notice(
+        source=str(data.get("source") or "file"),
+        reason=str(data.get("reason") or f"notice file {path}"),
+        deadline=float(deadline) if isinstance(deadline, (int, float)) else None,
+    )
+
+
 class FileWatcher:
     """A watcher that fires when a file appears (for tests and for orchestration that signals
-    preemption by touching a file, e.g. a sidecar polling a cloud metadata server)."""
+    preemption by touching a file, e.g. a sidecar polling a cloud metadata server). The file
+    may hold JSON ``{"source": ..., "reason": ..., "deadline": EPOCH_SECONDS}``
+    (:func:`read_notice_file`)."""
 
     name = "file"
 
@@ -106,12 +272,10 @@ class FileWatcher:
         self._thread: threading.Thread | None = None
 
     def start(self, notify: Callable[[Notice | str], None]) -> None:
-        import os
-
         def poll() -> None:
             while not self._stop.wait(self.interval):
                 if os.path.exists(self.path):
-                    notify(Notice(source="file", reason=f"notice file {self.path}"))
+                    notify(read_notice_file(self.path))
                     return
 
         self._thread = threading.Thread(target=poll, name="aios-preempt-file", daemon=True)

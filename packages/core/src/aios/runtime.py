@@ -61,11 +61,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import json
 import os
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -316,6 +318,25 @@ def init(
         elif result:
             watchers.extend(result)
     rt = Runtime(cfg, backend, strategy, precision, watchers=watchers, registry=reg)
+    caps = []
+    for plugin, result, exc in reg.call_all("aios_grace_cap", config=cfg):
+        if exc is not None:
+            warnings.warn(
+                f"aios: plugin {plugin!r} failed to give its grace cap: {exc}", stacklevel=2
+            )
+        elif result is not None:
+            caps.append(float(result))
+    from aios.preemption import effective_grace
+
+    grace, capped = effective_grace(cfg.checkpoint.grace_seconds, caps)
+    rt.preemption.grace = grace
+    if capped and rt.is_main:
+        print(
+            f"aios: checkpoint.grace_seconds={cfg.checkpoint.grace_seconds:g} is more than this "
+            f"platform gives after SIGTERM ({capped}): a SIGTERM's deadline is {grace:g}s",
+            file=sys.stderr,
+            flush=True,
+        )
     _current = rt
     try:
         rt.start()
@@ -460,13 +481,17 @@ class Runtime:
             st.optimizer_step is DDPStrategy.optimizer_step and pt.step is _BasePrecision.step
         )
         self.record = RunRecord(config.logging.run_dir, run_id_from_env(), active=self.is_main)
-        self.preemption = PreemptionMonitor()
+        #: notices (signals with the platform's grace as deadline, watchers): :mod:`aios.preemption`
+        self.preemption = PreemptionMonitor(grace=float(config.checkpoint.grace_seconds))
         #: save/load/resume, the pending boundary save, lineage and lock (:mod:`aios.checkpoint.manager`)
         self.checkpointer = CheckpointManager(
             config, strategy, self.training, self.record, backend, print_fn=self.print
         )
         self.checkpointer.on_preempt = self._preempted
+        self.checkpointer.step_time = self._recent_step_time
         self._ckpt = self.checkpointer
+        #: the step clock (monotonic seconds; tests inject one, with ``checkpointer.clock``)
+        self.clock: Callable[[], float] = time.perf_counter
 
     def start(self) -> Runtime:
         """The side effects of a runtime (called once by :func:`init`): the run record, signal
@@ -478,6 +503,11 @@ class Runtime:
         config = self.config
         self.record.start()
         self.preemption.install()
+        from aios.preemption import DeadlineWatcher
+
+        known_end = DeadlineWatcher.from_env(self._notice_lead)
+        if known_end is not None:
+            self._watchers.append(known_end)
         self.preemption.start_watchers(
             self._watchers, on_error=lambda m: warnings.warn("aios: " + m, stacklevel=2)
         )
@@ -489,6 +519,27 @@ class Runtime:
         self.checkpointer.start()
         self._write_start_record()
         return self
+
+    def _recent_step_time(self) -> float | None:
+        """The median of the recent optimizer steps' wall times (None before two steps)."""
+        st = self.timer.stamps
+        n = min(len(st), 33)
+        if n < 2:
+            return None
+        recent = list(itertools.islice(st, len(st) - n, len(st)))
+        d = sorted(b - a for a, b in zip(recent, recent[1:], strict=False))
+        return d[len(d) // 2]
+
+    def _notice_lead(self) -> float:
+        """Seconds before a known deadline (``AIOS_RUN_DEADLINE``) at which to announce it: what
+        the emergency checkpoint needs by its measured cost (the configured grace until a save
+        was measured), two steps to reach the boundary, and a margin."""
+        ck = self.checkpointer
+        est = ck.cost.estimate(ck.cost_key(False))
+        need = (
+            est[1] * ck.SAFETY if est is not None else float(self.config.checkpoint.grace_seconds)
+        )
+        return need + 2 * (self._recent_step_time() or 0.0) + 5.0
 
     # ---------------------------------------------------------------- identity
     @property
@@ -695,7 +746,8 @@ class Runtime:
         tr.step = step = tr.step + 1
         if self._on_step_end is not None:
             self._on_step_end(step)
-        self._stamp(time.perf_counter())
+        t = self.clock()
+        self._stamp(t)
         # -- preemption: every rank must take the same decision at the same step. The checkpoint
         # itself is written at the boundary: when the next batch is requested from an aios loader
         # (or at the next backward/accumulate/close), so that what the script does after step()
@@ -709,7 +761,12 @@ class Runtime:
         elif self.preemption.reason is not None:
             ck.pending = "preempt"
         every = ck.every
-        if every and step % every == 0 and not ck.pending:
+        if every:
+            if step % every == 0 and not ck.pending:
+                ck.pending = "save"
+        elif step >= ck.check_step:  # checkpoint.max_lost: a collective, now and then
+            ck.replan(step, t)
+        if step >= ck.due_step and not ck.pending:
             ck.pending = "save"
         if ck.pending:
             ck.note_step()  # the RNG streams at the step: see CheckpointManager.at_batch_boundary
@@ -898,18 +955,30 @@ class Runtime:
         reason = self.preemption.reason or "notice on another rank"
         grace = self.config.checkpoint.grace_seconds
         step = self.training.step
-        self.print(f"aios: preemption ({reason}) at step {step}: writing emergency checkpoint")
-        event = self.checkpointer.emergency_save(reason, self.rank, self.preemption.elapsed)
+        notice = self.preemption.notice
+        left = self.preemption.time_left()
+        when = f", {left:.1f}s before its deadline" if left is not None else ""
+        source = f"{notice.source}: " if notice is not None and notice.source not in reason else ""
+        self.print(f"aios: preemption ({source}{reason}{when}) at step {step}")
+        event = self.checkpointer.emergency_save(
+            reason, self.rank, self.preemption.elapsed, self.preemption.time_left
+        )
+        event["source"] = notice.source if notice is not None else "peer"
+        event["time"] = time.time()
+        if notice is not None and notice.deadline is not None:
+            event["deadline"] = notice.deadline
         self.record.diag["preemptions"].append(event)
         elapsed = event["seconds_since_notice"]
         if elapsed > grace:
             self.print(
                 f"aios: warning: emergency checkpoint took {elapsed:.1f}s, more than checkpoint.grace_seconds={grace}"
             )
-        if self.config.checkpoint.dir:
+        if self.config.checkpoint.dir and event.get("checkpoint"):
             self.print(
                 f"aios: checkpoint for step {step} written; relaunch the same command to resume (exit {EXIT_PREEMPTED})"
             )
+        elif self.config.checkpoint.dir:
+            pass  # the manager said which checkpoint is kept
         else:
             self.print(
                 f"aios: no checkpoint.dir configured, progress is lost; exiting with {EXIT_PREEMPTED}"

@@ -6,6 +6,9 @@
   save, periodic, emergency and named saves, resume).
 * :mod:`aios.checkpoint.sharded`: the ``dcp`` format (torch.distributed.checkpoint shards,
   resharding on load, background writes).
+* :mod:`aios.checkpoint.policy`: what a save costs (measured) and when to save: the periodic
+  interval of ``checkpoint.max_lost``/``max_overhead``, whether an emergency save fits before a
+  notice's deadline.
 * :mod:`aios.checkpoint.writer`: the first thing DCP's checkpoint process runs (standard
   library only).
 
@@ -14,6 +17,13 @@ The names below are the public surface; import them from here. Nothing here impo
 
 from __future__ import annotations
 
+from aios.checkpoint.policy import (
+    Interval,
+    SaveCost,
+    choose_interval,
+    parse_duration,
+    parse_fraction,
+)
 from aios.checkpoint.store import (
     DIGEST,
     DIGESTS_FILE,
@@ -47,6 +57,11 @@ __all__ = [
     "STATE_FILE",
     "VERSION_SEP",
     "CheckpointInfo",
+    "Interval",
+    "SaveCost",
+    "choose_interval",
+    "parse_duration",
+    "parse_fraction",
     "CheckpointStore",
     "Staging",
     "ckpt_name",

@@ -59,6 +59,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from aios.checkpoint.policy import Interval, SaveCost, choose_interval
 from aios.contract import STATUS_DIR_ENV
 from aios.errors import CheckpointError, PeerFailed, os_cause, outcome, settle
 
@@ -174,6 +175,8 @@ def _cause(exc: BaseException) -> str:
 
 # ------------------------------------------------------------------------------ manager
 
+_NEVER = 1 << 62
+
 
 class CheckpointManager:
     """Save/load/resume for one runtime (see the module docstring)."""
@@ -220,6 +223,30 @@ class CheckpointManager:
         self._started = False
         self._heartbeat: threading.Thread | None = None
         self._stop = threading.Event()
+        # -- cost and interval (aios.checkpoint.policy)
+        #: monotonic seconds (``time.perf_counter``; tests inject a clock, with the runtime's)
+        self.clock: Callable[[], float] = time.perf_counter
+        #: the measured cost of saves, per format (``dcp`` and ``dcp+async`` apart)
+        self.cost = SaveCost()
+        #: ``checkpoint.max_lost`` in seconds when it chooses the interval (None: off, or
+        #: ``checkpoint.every`` fixes it, or no ``checkpoint.dir``)
+        self.max_lost: float | None = (
+            config.checkpoint.max_lost if config.checkpoint.dir and not self.every else None
+        )
+        #: the clock time at which the next periodic save is due (``inf``: none)
+        self.next_due = float("inf")
+        #: the step at which the periodic save of max_lost is due (every rank agrees: rank 0
+        #: plans and broadcasts, see :meth:`replan`) and the step of the next replan
+        self.due_step = _NEVER
+        self.check_step = 1 if self.max_lost is not None else _NEVER
+        #: the step whose state the last committed periodic checkpoint holds
+        self.committed_step: int | None = None
+        #: the interval chosen last (:class:`aios.checkpoint.policy.Interval`)
+        self.interval: Interval | None = None
+        #: seconds one optimizer step takes (the runtime sets it to its timer's recent mean)
+        self.step_time: Callable[[], float | None] = lambda: None
+        self._said_conflict = False
+        self._abandoned = False
 
     # ---------------------------------------------------------------- identity
     @property
@@ -392,6 +419,7 @@ class CheckpointManager:
         the others a quiet :class:`aios.errors.PeerFailed`."""
         self.finish_pending()
         t0 = time.perf_counter()
+        c0 = self.clock()
         step = self.training.step
         fmt = self.format
         if background is None:
@@ -437,8 +465,9 @@ class CheckpointManager:
                         if (
                             deferred
                         ):  # written in the background: commit once every rank's shards are
+                            self._abandoned = False
                             fmt.commit_when_written(  # type: ignore[attr-defined]  # deferred format
-                                lambda shards, m=merged: self._commit(
+                                lambda shards, m=merged: self._commit_unless_abandoned(
                                     store, staging, {**m, **shards}, path
                                 ),
                                 lambda: store.abort(staging),
@@ -463,19 +492,112 @@ class CheckpointManager:
         if path is None:  # a named save (rt.save(path), best) is no checkpoint of checkpoint.dir
             self.saved_step = step
             self.lineage = store.lineage
+        blocked = self.clock() - c0
+        key = self.cost_key(background)
+        if written and path is None:
+            self.committed_step = step
         if written:
             dt = time.perf_counter() - t0
             self.record.diag["checkpoints"].append(
-                {"step": step, "path": written, "seconds": round(dt, 4), "lineage": store.lineage}
+                {
+                    "step": step,
+                    "path": written,
+                    "seconds": round(dt, 4),
+                    "blocking_seconds": round(blocked, 4),
+                    "time": time.time(),
+                    "lineage": store.lineage,
+                }
             )
         elif getattr(fmt, "pending", None) is not None:
             self._pending_meta = {
                 "step": step,
                 "staged_seconds": round(time.perf_counter() - t0, 4),
+                "blocking_seconds": round(blocked, 4),
                 "lineage": store.lineage,
                 "background": True,
+                "key": key,
+                "clock_started": c0,
             }
+        if not (getattr(fmt, "pending", None) is not None and background):
+            self.cost.add(key, blocked, blocked)  # a synchronous save: blocking is its total
+        if path is None:
+            self.plan(c0)
         return written
+
+    def cost_key(self, background: bool | None = None) -> str:
+        """The name the save cost is measured under: the format, ``+async`` for background
+        saves (their blocking and total times differ from a synchronous save's)."""
+        if background is None:
+            background = bool(getattr(self.config.checkpoint, "async_save", False))
+        return self.format.name + ("+async" if background and hasattr(self.format, "wait") else "")
+
+    def replan(self, step: int, now: float) -> None:
+        """Collective (called by ``rt.step`` on every rank at :attr:`check_step`): turn the
+        time-based plan into the step every rank saves at. Rank 0 reads its clock and step time
+        and broadcasts ``(due_step, check_step)``; it replans again half-way to the due step, so
+        steps that slow down still save in time. Costs one broadcast every so often (about
+        log2 of the steps between saves), nothing on the other steps."""
+        if self.max_lost is None:
+            return
+        due, check = step + 1, step + 1
+        if self.is_main:
+            if self.next_due == float("inf"):
+                self.plan(now)  # the first step: lost work counts from here
+            s = self.step_time()
+            left = self.next_due - now
+            if left <= 0:
+                due, check = step, _NEVER
+            elif s:
+                n = max(1, int(left // s))
+                due, check = step + n, step + max(1, n // 2) if n > 1 else _NEVER
+        if self.world_size > 1:
+            due, check = self.strategy.broadcast_object((due, check), 0)
+        self.due_step, self.check_step = due, check
+
+    def plan(self, captured: float) -> None:
+        """Choose the next periodic save from ``checkpoint.max_lost`` (see
+        :mod:`aios.checkpoint.policy`); ``captured``: the clock time of the state the last save
+        holds (or the start of training). Says once when max_lost needs more saving than
+        ``checkpoint.max_overhead`` allows."""
+        if self.max_lost is None:
+            return
+        self.due_step, self.check_step = _NEVER, self.training.step + 1
+        est = self.cost.estimate(self.cost_key())
+        blocking, total = est if est is not None else (None, None)
+        iv = choose_interval(
+            self.max_lost,
+            float(self.config.checkpoint.max_overhead),
+            blocking,
+            total,
+            self.step_time(),
+        )
+        self.interval = iv
+        self.next_due = captured + iv.seconds
+        self.record.diag["checkpoint_interval"] = {
+            "seconds": round(iv.seconds, 3),
+            "overhead": round(iv.overhead, 5),
+            "max_lost": self.max_lost,
+            "max_overhead": self.config.checkpoint.max_overhead,
+            "lost_bound_s": round(iv.lost_bound, 3),
+            "cost": self.cost.to_dict(),
+        }
+        if iv.conflict and not self._said_conflict and est is not None:
+            self._said_conflict = True
+            self._print(
+                f"aios: checkpoint.max_lost={self.max_lost:g}s needs a save every "
+                f"{iv.seconds:.1f}s, which blocks training {iv.overhead:.1%} of the time (more "
+                f"than checkpoint.max_overhead={self.config.checkpoint.max_overhead:g}); "
+                "max_lost wins (raise max_lost to save less often)"
+            )
+
+    def _commit_unless_abandoned(
+        self, store: Any, staging: Any, files: dict[str, Any], path: str | None
+    ) -> str:
+        if self._abandoned:
+            raise CheckpointError(
+                "the background save was abandoned at a preemption notice", "nothing to do"
+            )
+        return self._commit(store, staging, files, path)
 
     def finish_pending(self) -> str | None:
         """Collective: finish a background save (every rank's shards written, the marker
@@ -486,14 +608,41 @@ class CheckpointManager:
             return None
         handle = fmt.wait()  # type: ignore[attr-defined]  # only deferred formats are pending
         meta, self._pending_meta = self._pending_meta or {}, None
+        key = meta.pop("key", None)
+        c0 = meta.pop("clock_started", None)
+        if handle is not None and key and c0 is not None:
+            # rank 0's commit thread timed the write and commit; elsewhere: until now
+            total = (
+                handle.finished - handle.started
+                if handle.finished is not None
+                else self.clock() - c0
+            )
+            self.cost.add(key, float(meta.get("blocking_seconds", 0.0)), total)
         if handle is not None and handle.path:
+            self.committed_step = handle.step
             entry = {
                 **meta,
                 "path": handle.path,
                 "seconds": round((handle.finished or time.perf_counter()) - handle.started, 4),
+                "time": time.time(),
             }
             self.record.diag["checkpoints"].append(entry)
         return handle.path if handle is not None else None
+
+    def pending_left(self) -> float | None:
+        """Seconds the background save in flight still needs by the estimate (0 when it is
+        done; None when none is in flight)."""
+        handle = getattr(self.format, "pending", None)
+        if handle is None:
+            return None
+        if handle.done():
+            return 0.0
+        meta = self._pending_meta or {}
+        est = self.cost.estimate(self.cost_key(True))
+        c0 = meta.get("clock_started")
+        if est is None or c0 is None:
+            return None
+        return max(0.0, est[1] - (self.clock() - c0))
 
     def _target_store(self, path: str | None) -> Any:
         if path is None:
@@ -588,6 +737,8 @@ class CheckpointManager:
         self.check_compatible(info, store, self._reshard(reshard))
         extra = self.format.load(info, store, self.training, rank=self.strategy.rank, strict=strict)
         self.saved_step = self.training.step
+        if managed:
+            self.committed_step = self.training.step
         self.resumed_from = store.display(info.path)
         if managed and info.lineage:
             self.lineage = info.lineage
@@ -648,35 +799,105 @@ class CheckpointManager:
         return self.training.step
 
     # ---------------------------------------------------------------- preemption
+    #: an emergency save is attempted when its estimate times this, plus :data:`MARGIN_S`, fits
+    SAFETY = 1.25
+    MARGIN_S = 1.0
+
+    def fits(self, need: float | None, left: float | None) -> bool:
+        """Whether a save estimated at ``need`` seconds fits in ``left`` seconds (no deadline:
+        yes; no estimate yet: yes while time is left, the only way to learn it)."""
+        if left is None:
+            return True
+        if need is None:
+            return left > self.MARGIN_S
+        return need * self.SAFETY + self.MARGIN_S <= left
+
+    def _agreed_time_left(self, time_left: Callable[[], float | None]) -> float | None:
+        """Collective: the least time any rank has before its notice's deadline."""
+        mine = time_left()
+        if self.world_size > 1:
+            lefts = self.strategy.gather_object(mine)
+        else:
+            lefts = [mine]
+        known = [x for x in lefts if x is not None]
+        return min(known) if known else None
+
     def emergency_save(
-        self, reason: str, rank: int, elapsed: Callable[[], float]
+        self,
+        reason: str,
+        rank: int,
+        elapsed: Callable[[], float],
+        time_left: Callable[[], float | None] = lambda: None,
     ) -> dict[str, Any]:
-        """Collective: the checkpoint after a preemption notice; leaves the status file that
-        ``aios-run`` reads; returns the event for the run record."""
+        """Collective: the checkpoint after a preemption notice, when it fits before the
+        earliest deadline any rank heard (``time_left()``: this rank's seconds until its
+        notice's deadline, None without one). A background save in flight is finished when its
+        estimate fits, else abandoned (never committed half-written). When the emergency save
+        does not fit, the last committed checkpoint is kept and one line says so. Leaves the
+        status file that ``aios-run`` reads; returns the event for the run record."""
         grace = self.config.checkpoint.grace_seconds
         path = None
+        step = self.training.step
+        skipped: str | None = None
+        left = self._agreed_time_left(time_left)
+        t_left = self.clock()
         if self.config.checkpoint.dir:
-            try:
-                self.finish_pending()
-            except CheckpointError as exc:
-                # a lost background save must not cost the emergency one: the last committed
-                # checkpoint is kept, and this one is written by the training process itself
-                from aios.config import redact_url
-
-                warnings.warn(
-                    f"aios: {redact_url(exc.message)}; writing the emergency checkpoint "
-                    "anyway (the last committed checkpoint is kept)",
-                    stacklevel=2,
+            pend = self.pending_left()
+            if pend is not None:
+                abandon = self._collective(
+                    lambda: not self.fits(pend, left), "finishing the background save"
                 )
-            rng, self.preempt_rng = self.preempt_rng, None
-            path = self.save(background=False, rng=rng)
+                if abandon and hasattr(self.format, "abandon"):
+                    self._abandoned = True
+                    handle = self.format.abandon()
+                    self._pending_meta = None
+                    self._print(
+                        f"aios: the background save of step {getattr(handle, 'step', '?')} "
+                        f"cannot commit before the deadline ({left:.1f}s left): abandoned"
+                    )
+                else:
+                    try:
+                        self.finish_pending()
+                    except CheckpointError as exc:
+                        # a lost background save must not cost the emergency one: the last
+                        # committed checkpoint is kept, and this one is written by the process
+                        from aios.config import redact_url
+
+                        warnings.warn(
+                            f"aios: {redact_url(exc.message)}; writing the emergency checkpoint "
+                            "anyway (the last committed checkpoint is kept)",
+                            stacklevel=2,
+                        )
+            if left is not None:
+                left -= self.clock() - t_left
+            est = self.cost.estimate(self.cost_key(False))
+            need = est[1] if est is not None else None
+            go = self._collective(lambda: self.fits(need, left), "deciding the emergency save")
+            if go:
+                rng, self.preempt_rng = self.preempt_rng, None
+                path = self.save(background=False, rng=rng)
+            else:
+                kept = self.committed_step
+                skipped = (
+                    f"an emergency checkpoint needs about {need * self.SAFETY:.1f}s"
+                    if need is not None
+                    else "no time is left for an emergency checkpoint"
+                ) + f" and {max(left or 0.0, 0.0):.1f}s are left before the deadline"
+                self._print(
+                    f"aios: {skipped}: keeping the last committed checkpoint"
+                    + (f" (step {kept})" if kept is not None else " (none yet: progress is lost)")
+                    + f"; steps {kept or 0}-{step} will run again after the relaunch"
+                )
         spent = elapsed()
         event = {
             "reason": reason,
-            "step": self.training.step,
+            "step": step,
             "checkpoint": path,
             "seconds_since_notice": round(spent, 3),
             "grace_seconds": grace,
+            "time_left_s": None if left is None else round(left, 3),
+            "skipped": skipped,
+            "kept_step": self.committed_step,
         }
         status_dir = os.environ.get(STATUS_DIR_ENV)
         if status_dir:

@@ -1168,6 +1168,14 @@ class DcpFormat:
         """Collective: finish the pending background save (write and commit)."""
         return self.io.wait()
 
+    def abandon(self) -> SaveHandle | None:
+        """Stop waiting for the pending background save (a preemption's deadline comes before
+        it could commit): the manager's commit callback refuses to commit it, so its staging
+        directory is aborted if the write ends before the process does; nothing is committed
+        half-written either way. Returns the abandoned handle."""
+        handle, self.io.pending = self.io.pending, None
+        return handle
+
     def load(
         self, info: Any, store: Any, target: Any, rank: int = 0, strict: bool = True
     ) -> dict[str, Any]:
