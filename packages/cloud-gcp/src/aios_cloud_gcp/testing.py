@@ -419,8 +419,9 @@ class FakeTpuService:
         for m in node.machines:
             with contextlib.suppress(Exception):
                 m.stop()
-            home = Path(getattr(m, "home", "") or "")
-            if home and home.is_dir():  # a deleted VM's disk is gone
+            # a machine without a home has no disk to wipe (never Path("") == the cwd)
+            home = Path(m.home) if getattr(m, "home", None) else None
+            if home is not None and home.is_dir():  # a deleted VM's disk is gone
                 shutil.rmtree(home, ignore_errors=True)
                 home.mkdir(parents=True, exist_ok=True)
             if m not in self.free:
