@@ -148,8 +148,9 @@ STATES = (
 
 HEALTHY = "HEALTHY"
 UNHEALTHY = "UNHEALTHY"
-# The cloud is maintaining the hosts and they resume by themselves (TPU ``UNHEALTHY_MAINTENANCE``):
-# neither healthy nor a failure; the watcher waits instead of repairing or recreating.
+# The cloud is maintaining the hosts (TPU ``UNHEALTHY_MAINTENANCE``). A host event on a VM of a
+# TPU slice interrupts the whole slice (https://cloud.google.com/kubernetes-engine/docs/how-to/handle-disruption-gpu-tpu):
+# the watcher treats it as lost hosts (managed recovery), never as something that resumes.
 MAINTENANCE = "MAINTENANCE"
 
 
