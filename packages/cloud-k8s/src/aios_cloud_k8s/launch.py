@@ -25,6 +25,7 @@ class K8sAccess(Protocol):
 
     name: ClassVar[str]
     settings: K8sSettings
+    grace_seconds: float
     #: the scheduler's reason for a pod that waits, set by :meth:`job_state` ("" when none)
     pending_reason: str
 
@@ -38,7 +39,6 @@ class K8sAccess(Protocol):
 
 
 NOT_FOR_K8S = {
-    "spot": "--spot",
     "queued": "--queued",
     "valid_after": "--valid-after",
     "valid_until": "--valid-until",
@@ -79,6 +79,11 @@ def build(
         )
     accelerator = p.accelerator or "cpu"
     place = M.placement(accelerator, p.nodes)
+    if p.spot and place.kind != "tpu":
+        raise AiosError(
+            "--spot on Kubernetes selects GKE Spot TPU node pools (cloud.google.com/gke-spot)",
+            "pick a TPU type, or select spot nodes of your own through the node pool",
+        )
     api = (
         s.api
         if s.api != "auto"
@@ -119,6 +124,8 @@ def build(
         memory=s.memory,
         backoff_limit=p.max_restarts,
         max_restarts=p.max_restarts,
+        grace_seconds=provider.grace_seconds,
+        spot=p.spot,
     )
 
 

@@ -47,6 +47,8 @@ class K8sProvider(SchedulerProvider):
 
         section = config.section("k8s") if config is not None else None
         self.settings = section if section is not None else K8sSettings()
+        # the seconds a rank has after SIGTERM (checkpoint.grace_seconds): the pods' grace
+        self.grace_seconds = float(config.checkpoint.grace_seconds) if config is not None else 25.0
         self._api: Any = None
 
     # ------------------------------------------------------------------ client
