@@ -413,3 +413,43 @@ def test_cloud_sshhosts_the_probe_counts_tpu_chips_by_device_id_not_gvnic(tmp_pa
         r.stderr[-2000:]
     )
     assert aios(env, "down", "cpuvm").returncode == 0
+
+
+def test_cloud_sshhosts_installs_into_aios_own_environment_never_a_system_python(tmp_path):
+    """Debian 12 / Ubuntu 24.04 refuse pip installs into the system interpreter (PEP 668,
+    https://peps.python.org/pep-0668/), and elsewhere they would change the user's machine: the
+    setup creates aios's own venv in the cluster's directory (system site packages visible, so a
+    torch the host has is used as it is), installs only what it lacks there, and `aios down`
+    removes it. With --python nothing is installed."""
+    from aios_cloud.request import LaunchRequest
+    from aios_cloud.sshhosts import VENV_PYTHON, SshHostsProvider, cleanup_command
+
+    p = SshHostsProvider()
+    p.launch_extra(LaunchRequest(script="t.py", hosts="me@box"))
+    assert p.python("cpu") == VENV_PYTHON
+    lines = p.setup_commands("cpu", ["pip"])
+    text = "\n".join(lines)
+    assert "-m venv --system-site-packages .aios-venv" in text
+    assert not any(ln.lstrip().startswith("python3 -m pip") for ln in lines)
+    # run the setup as a host would, in the cluster's code directory, with the host's python3
+    code = tmp_path / "aios" / "box" / "code"
+    code.mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PATH"] = "/usr/bin:/bin"  # the host's python3, no uv: the venv module's path
+    r = subprocess.run(["bash", "-c", text], cwd=code, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert (code / VENV_PYTHON).exists() and "installing" not in r.stdout  # pip was there
+    r = subprocess.run(
+        [str(code / VENV_PYTHON), "-c", "import sys; print(sys.prefix != sys.base_prefix)"],
+        capture_output=True,
+        text=True,
+    )
+    assert r.stdout.strip() == "True"  # a virtual environment, not the system interpreter
+    # aios down removes it with aios's other files
+    env["HOME"] = str(tmp_path)
+    r = subprocess.run(["bash", "-c", cleanup_command("box", True)], env=env, text=True)
+    assert not (code / ".aios-venv").exists()
+    # the user's --python: used as it is, nothing installed
+    mine = SshHostsProvider()
+    mine.launch_extra(LaunchRequest(script="t.py", hosts="me@box", python="/opt/py/bin/python"))
+    assert mine.python("cpu") == "/opt/py/bin/python" and mine.setup_commands("cpu", ["x"]) == []

@@ -352,7 +352,12 @@ class SshHostsProvider(CloudProvider):
         """Check ``aios launch``'s host options (one line, exit 2) and return what the cluster
         request carries: the host list and how to use it (no secrets: the key is a path)."""
         if request.python:
-            self.python_cmd = request.python
+            self.python_cmd = request.python  # the user's interpreter, used as it is
+        elif not request.no_setup:
+            # aios's own virtual environment on every host (created by setup, removed by
+            # `aios down`): never an install into a system interpreter (PEP 668 refuses it on
+            # Debian 12 / Ubuntu 24.04, and it would change the user's machine)
+            self.python_cmd = VENV_PYTHON
         if request.autostop is not None:
             raise AiosError(
                 "--autostop stops machines; aios never stops hosts it did not create",
@@ -568,7 +573,9 @@ class SshHostsProvider(CloudProvider):
         extra = request.extra
         specs = self._specs(request)
         key = extra.get("identity")
-        python = extra.get("python") or self.python_cmd
+        # the probe reads versions only: the user's --python, else the host's python3 (aios's own
+        # environment may not exist yet)
+        python = _probe_python(extra.get("python") or self.python_cmd)
         wait = float(extra.get("host_wait", DEFAULT_HOST_WAIT))
         wait = wait if recovering else min(30.0, wait)
         hosts = self._hosts(specs, key)
@@ -778,12 +785,26 @@ class SshHostsProvider(CloudProvider):
     def setup_commands(
         self, accelerator: str, requirements: builtins.list[str], backend: str | None = None
     ) -> builtins.list[str]:
-        """Install only the requirements the host's interpreter lacks (its own versions of
-        what it has are left alone; nothing is upgraded)."""
+        """With aios's own environment (no ``--python``): create it in the cluster's directory
+        (``uv venv`` where uv is installed, else the host's ``python3 -m venv``), with the
+        system's site packages visible so that a torch the host already has is used as it is,
+        and install there only the requirements it lacks (nothing is upgraded, nothing goes into
+        a system interpreter). With ``--python``: that interpreter is used as it is, nothing is
+        installed (the host checks say in one line when it lacks torch)."""
         check_requirements(requirements)
-        if not requirements:
+        if self.python_cmd != VENV_PYTHON:
             return []
-        py = shlex.quote(self.python_cmd)
+        venv = VENV_PYTHON.rsplit("/bin/", 1)[0]
+        lines = [
+            f"if [ ! -x {VENV_PYTHON} ]; then "
+            f"if command -v uv >/dev/null 2>&1; then uv venv -q --system-site-packages "
+            f"--python python3 {venv}; else python3 -m venv --system-site-packages {venv}; fi "
+            f"|| {{ echo \"[aios] $(hostname): cannot create aios's environment {venv} with "
+            'python3 -m venv (Debian/Ubuntu: apt install python3-venv), or pass --python"; '
+            "exit 2; }; fi",
+        ]
+        if not requirements:
+            return lines
         reqs = " ".join(shlex.quote(r) for r in requirements)
         find = (
             "import importlib.metadata as m, re, sys\n"
@@ -793,9 +814,11 @@ class SshHostsProvider(CloudProvider):
             "    except m.PackageNotFoundError: print(r)\n"
         )
         return [
-            f"missing=$({py} -c {shlex.quote(find)} {reqs})",
-            f'if [ -n "$missing" ]; then echo "[aios] installing $(echo $missing)"; '
-            f"{py} -m pip install --quiet $missing; fi",
+            *lines,
+            f"missing=$({VENV_PYTHON} -c {shlex.quote(find)} {reqs})",
+            f'if [ -n "$missing" ]; then echo "[aios] installing $(echo $missing) into {venv}"; '
+            f"if command -v uv >/dev/null 2>&1; then uv pip install -q --python {VENV_PYTHON} "
+            f"$missing; else {VENV_PYTHON} -m pip install --quiet $missing; fi; fi",
         ]
 
     def host_checks(self, accelerator: str, nodes: int) -> builtins.list[str]:
@@ -832,7 +855,7 @@ class SshHostsProvider(CloudProvider):
         return ACCELERATORS[accelerator][0]
 
     def python(self, accelerator: str, backend: str | None = None) -> str:
-        """``--python`` as given, else ``python3`` on the hosts' PATH."""
+        """``--python`` as given, else aios's own environment (:data:`VENV_PYTHON`)."""
         return self.python_cmd
 
     def stop_refusal(self, spot: bool, accelerator: str | None = None) -> str | None:
@@ -846,7 +869,7 @@ class SshHostsProvider(CloudProvider):
     # -------------------------------------------------------------- dry run
     def render_create(self, request: ClusterRequest) -> builtins.list[CloudCommand]:
         extra = request.extra
-        py = extra.get("python") or self.python_cmd
+        py = _probe_python(extra.get("python") or self.python_cmd)
         return [
             CloudCommand(
                 dry_ssh(h, extra.get("identity"), probe_command(request.name, py)),
@@ -870,7 +893,10 @@ class SshHostsProvider(CloudProvider):
                 else "end aios's processes; the host keeps running"
             )
         elif action in ("start", "describe"):
-            cmd, what = probe_command(name, self.python_cmd), "reach and inspect (read only)"
+            cmd, what = (
+                probe_command(name, _probe_python(self.python_cmd)),
+                "reach and inspect (read only)",
+            )
         else:
             return []
         return [CloudCommand(dry_ssh(h, key, cmd), f"worker {h.worker_id}: {what}") for h in hosts]
@@ -1061,7 +1087,7 @@ def cleanup_command(name: str, remove: bool) -> str:
     if remove:
         lines += [
             'rm -rf "$R"/jobs "$R"/setup.sha "$R"/agent.json "$R"/agent.pid "$R"/agent.log '
-            '"$R"/agent.state "$R"/code.new "$R"/code/.aios-site',
+            '"$R"/agent.state "$R"/code.new "$R"/code/.aios-site "$R"/code/.aios-venv',
         ]
         # the files the last sync wrote, as the host's own manifest lists them (aios's code sync
         # through the head host); then that sync's store, and the head's key to the other hosts:
@@ -1087,6 +1113,15 @@ def cleanup_command(name: str, remove: bool) -> str:
         ]
     lines.append("true")
     return "; ".join(lines)
+
+
+#: aios's own interpreter on a user's host: a virtual environment in the cluster's code
+#: directory (where setup, checks and jobs run), removed by `aios down`
+VENV_PYTHON = ".aios-venv/bin/python"
+
+
+def _probe_python(python: str) -> str:
+    return "python3" if python == VENV_PYTHON else python
 
 
 def _record(name: str) -> Any:
