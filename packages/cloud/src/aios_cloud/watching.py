@@ -54,6 +54,7 @@ from aios_cloud.store import (
     JOB_SETTING_UP,
     JOB_SUCCEEDED,
     ClusterRecord,
+    JobRecord,
     Store,
 )
 
@@ -167,7 +168,7 @@ class Watcher:
         self._maintenance_logged = False
 
     # -------------------------------------------------------------- helpers
-    def _job(self):
+    def _job(self) -> JobRecord:
         job = self.store.get_job(self.job_id)
         if job is None:
             raise AiosError(f"job {self.job_id} does not exist", "see `aios status`")
@@ -306,7 +307,7 @@ class Watcher:
                 continue
             self.sleep(self.opt.poll)
 
-    def _finish(self, state: str, codes: list[int] | None, why: str) -> int:
+    def _finish(self, state: str, codes: list[int | None] | None, why: str) -> int:
         job = self.store.get_job(self.job_id)
         self.store.update_job(self.job_id, state=state, exit_codes=codes, watcher_pid=None)
         if job:
@@ -317,11 +318,11 @@ class Watcher:
         if state == JOB_SUCCEEDED:
             return 0
         if codes:
-            bad = [c for c in codes if c != 0]
+            bad = [c for c in codes if c is not None and c != 0]
             return bad[0] if bad and 0 < bad[0] < 256 else 1
         return 1
 
-    def _incident(self, job, rec: ClusterRecord, incident: str) -> int | None:
+    def _incident(self, job: JobRecord, rec: ClusterRecord, incident: str) -> int | None:
         self._unfollow()
         kind = (
             "preempted"
