@@ -99,10 +99,13 @@ def test_cloud_sshhosts_option_checks(tmp_path):
 
 def test_cloud_sshhosts_hosts_file_and_entries():
     assert parse_hosts(["box", "ubuntu@10.0.0.5:2222", "Lab-1.example.org"], "me") == [
-        HostSpec("me", "box", 22),
+        HostSpec("me", "box", 0),  # no port written: ~/.ssh/config (or ssh's 22) decides
         HostSpec("ubuntu", "10.0.0.5", 2222),
-        HostSpec("me", "Lab-1.example.org", 22),  # as written (~/.ssh/config names)
+        HostSpec("me", "Lab-1.example.org", 0),  # as written (~/.ssh/config names)
     ]
+    # no user written and no --ssh-user: none is passed (ssh_config's User, else ssh's default)
+    assert parse_hosts(["labbox"], "") == [HostSpec("", "labbox", 0)]
+    assert HostSpec("", "labbox", 0).target == "labbox"
     assert HostSpec("ubuntu", "10.0.0.5", 2222).target == "ubuntu@10.0.0.5:2222"
     # the same machine on another port is another sshd (NAT port forwards)
     assert len(parse_hosts(["a@h:2201", "a@h:2202"], "me")) == 2

@@ -185,6 +185,13 @@ def _print(obj: Any) -> None:
     "--network", help="--cloud ssh: the hosts' own network (CIDR) for the master address."
 )
 @click.option(
+    "--worker-port",
+    type=click.IntRange(1, 65535),
+    help="--cloud ssh: the sshd port the hosts reach each other at on their own network "
+    "(default 22; the port in USER@HOST:PORT is how this machine reaches them, e.g. a NAT "
+    "gateway's forward).",
+)
+@click.option(
     "--host-wait",
     type=float,
     help="--cloud ssh: seconds a managed restart waits for every host to answer again (default "

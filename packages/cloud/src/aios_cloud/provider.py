@@ -213,8 +213,12 @@ class ClusterHost:
         the VPC).
     :param internal_ip: address the hosts use between themselves (master address).
     :param ssh_user: login user; ``ssh_key`` the private key *path* (never its content).
-    :param port: SSH port (22 on clouds; test hosts may use others).
+    :param port: SSH port (22 on clouds; test hosts may use others). ``0``: not given, the SSH
+        client's configuration decides (``--cloud ssh`` host aliases); ``ssh_user`` ``""``
+        likewise.
     :param instance_id: cloud id of the machine, if it has its own.
+    :param internal_port: the port the other hosts reach this host's sshd at on their shared
+        network (``None``: :attr:`port`); differs behind NAT or port forwarding.
     """
 
     worker_id: int
@@ -224,6 +228,7 @@ class ClusterHost:
     ssh_key: str | None = None
     port: int = 22
     instance_id: str | None = None
+    internal_port: int | None = None
 
     @property
     def label(self) -> str:

@@ -105,15 +105,22 @@ _HOST_RE = re.compile(
 
 @dataclass(frozen=True)
 class HostSpec:
-    """One entry of the host list: ``USER@HOST[:PORT]``."""
+    """One entry of the host list: ``[USER@]HOST[:PORT]``. ``user`` ``""`` and ``port`` ``0``:
+    not given, so ``ssh`` takes them from ``~/.ssh/config`` (or its own defaults): aios never
+    passes ``-p``/``user@`` the user did not write, since the command line wins over the config
+    file (ssh_config(5))."""
 
     user: str
     host: str
-    port: int = 22
+    port: int = 0
 
     @property
     def target(self) -> str:
-        return f"{self.user}@{self.host}" + (f":{self.port}" if self.port != 22 else "")
+        return (
+            (f"{self.user}@" if self.user else "")
+            + self.host
+            + (f":{self.port}" if self.port else "")
+        )
 
 
 def parse_hosts(items: list[str], default_user: str, where: str = "--hosts") -> list[HostSpec]:
@@ -129,7 +136,7 @@ def parse_hosts(items: list[str], default_user: str, where: str = "--hosts") -> 
                 "write each host as e.g. ubuntu@10.0.0.5 or ubuntu@gpu-box:2222",
             )
         port_text = m.group("port")
-        port = 22
+        port = 0
         if port_text is not None:
             if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
                 raise AiosError(
@@ -138,7 +145,7 @@ def parse_hosts(items: list[str], default_user: str, where: str = "--hosts") -> 
                 )
             port = int(port_text)
         spec = HostSpec(m.group("user") or default_user, m.group("host"), port)
-        key = (spec.host.lower(), spec.port)
+        key = (spec.host.lower(), spec.port or 22)
         if key in seen:
             raise AiosError(
                 f"{where}: host {key[0]}:{spec.port} is listed twice ('{seen[key]}' and '{item}')",
@@ -397,7 +404,7 @@ class SshHostsProvider(CloudProvider):
                 "pass --hosts USER@HOST[:PORT],... or --hosts-file FILE",
             )
         entries = read_hosts_file(hosts_file) if hosts_file else split_hosts(hosts_opt or "")
-        default_user = request.ssh_user or _local_user()
+        default_user = request.ssh_user or ""  # unset: ~/.ssh/config (or ssh) decides
         specs = parse_hosts(entries, default_user, "--hosts-file" if hosts_file else "--hosts")
         ckpt = request.checkpoint_dir
         managed = request.managed
@@ -411,6 +418,9 @@ class SshHostsProvider(CloudProvider):
             "identity": str(Path(request.ssh_key).expanduser()) if request.ssh_key else None,
             "nprocs_per_host": n,
             "network": network,
+            # the hosts' own sshd port between themselves (behind NAT / port forwards the port
+            # in USER@HOST:PORT is the gateway's)
+            "worker_port": request.worker_port or 22,
             "host_wait": DEFAULT_HOST_WAIT if wait is None else float(wait),
             "python": self.python_cmd,
             "shared_checkpoint_dir": ckpt if managed and ckpt and "://" not in ckpt else None,
@@ -490,7 +500,7 @@ class SshHostsProvider(CloudProvider):
 
     def _specs(self, request: ClusterRequest | dict[str, Any]) -> list[HostSpec]:
         extra = request.extra if isinstance(request, ClusterRequest) else request.get("extra", {})
-        return parse_hosts(list(extra.get("hosts") or []), _local_user())
+        return parse_hosts(list(extra.get("hosts") or []), "")
 
     # -------------------------------------------------------------- reaching the hosts
     def _runner(self, name: str, hosts: list[ClusterHost], key: str | None, **kw: Any) -> Any:
@@ -539,7 +549,7 @@ class SshHostsProvider(CloudProvider):
             for h, r in results:
                 if isinstance(r, HostKeyChanged):
                     raise CloudError(
-                        f"the host key of {h.label} ({h.ssh_user}@{h.ip}:{h.port}) changed since aios "
+                        f"the host key of {h.label} ({_dest(h)}) changed since aios "
                         "first connected; aios does not trust it by itself",
                         f"if that machine was reinstalled, `aios down {name}` and launch again "
                         "(the key is pinned anew); otherwise find out why",
@@ -547,7 +557,7 @@ class SshHostsProvider(CloudProvider):
                 if isinstance(r, SshError):
                     raise CloudError(
                         f"{h.label}: {r.message if hasattr(r, 'message') else r}",
-                        f"check that `ssh -p {h.port} {h.ssh_user}@{h.ip}` logs in without a "
+                        f"check that `{shlex.join(dry_ssh(h, None, 'true')[:-3] + [_dest(h)])}` logs in without a "
                         "password (pass --identity KEY if it needs a key)",
                     )
                 if r.returncode == 0:
@@ -654,6 +664,7 @@ class SshHostsProvider(CloudProvider):
                 internal[j] or h.ip,
                 ssh_user=h.ssh_user,
                 port=h.port,
+                internal_port=int(extra.get("worker_port") or 22),
                 nprocs=nprocs,
                 devices=probes[h.worker_id].devices(),
             )
@@ -918,12 +929,28 @@ class SshHostsProvider(CloudProvider):
         key = request.extra.get("identity")
         nprocs = request.extra.get("nprocs_per_host")
         hosts = [
-            SshHost(h.worker_id, h.ip, h.ip, ssh_user=h.ssh_user, port=h.port, nprocs=nprocs or 1)
+            SshHost(
+                h.worker_id,
+                h.ip,
+                h.ip,
+                ssh_user=h.ssh_user,
+                port=h.port,
+                internal_port=int(request.extra.get("worker_port") or 22),
+                nprocs=nprocs or 1,
+            )
             for h in self._hosts(self._specs(request), key)
         ]
         root = remote_root(request.name)
         relay = _Relay(hosts, key, root)
         echo("# dry run: nothing changes on the hosts, no SSH connection is made")
+        for h in hosts:
+            if not h.ssh_user or not h.port:
+                # the alias as written: ssh's own configuration picks user, port, address
+                echo(
+                    f"# worker {h.worker_id}: ssh host {h.ip} as your ~/.ssh/config has it"
+                    + ("" if h.ssh_user else " (its User)")
+                    + ("" if h.port else " (its Port)")
+                )
         echo("# 1. reach and inspect every host (addresses, devices, python and torch; read only)")
         for c in self.render_create(request):
             echo(c.shell())
@@ -1029,9 +1056,10 @@ class _Relay:
             # %d: the login's home on worker 0 (ssh's own token; the root starts with $HOME)
             f"UserKnownHostsFile={self.root.replace('$HOME', '%d', 1)}/fleet/known_hosts",
         ]
-        if h.port != 22:
-            argv += ["-p", str(h.port)]
-        return [*argv, f"{h.ssh_user}@{h.ip}", command]
+        port = h.internal_port if h.internal_port is not None else (h.port or 22)
+        if port != 22:
+            argv += ["-p", str(port)]
+        return [*argv, _dest(h), command]
 
     def on(self, h: ClusterHost, command: str) -> str:
         """``command`` on ``h``, through worker 0 unless ``h`` is worker 0."""
@@ -1065,9 +1093,15 @@ def dry_ssh(host: ClusterHost, key: str | None, command: str) -> list[str]:
     argv = ["ssh"]
     if key:
         argv += ["-i", key]
-    if host.port != 22:
+    if host.port:  # only when the user gave it: otherwise ssh_config decides
         argv += ["-p", str(host.port)]
-    return [*argv, "-o", "BatchMode=yes", f"{host.ssh_user}@{host.ip}", command]
+    return [*argv, "-o", "BatchMode=yes", _dest(host), command]
+
+
+def _dest(h: ClusterHost) -> str:
+    """``user@host`` when the user gave the user, else the host (or ``~/.ssh/config`` alias)
+    alone: ssh_config decides, as the command line would override it (ssh_config(5))."""
+    return f"{h.ssh_user}@{h.ip}" if h.ssh_user else h.ip
 
 
 def cleanup_command(name: str, remove: bool) -> str:

@@ -26,7 +26,9 @@ Usage (pytest)::
 
 API:
 
-* :class:`SshdCluster` ``(n, workdir, netns=None, user=None, pci=None)``: start ``n`` hosts;
+* :class:`SshdCluster` ``(n, workdir, netns=None, user=None, pci=None, forwarded=False)``:
+  start ``n`` hosts; ``forwarded``: behind one gateway's port forwards (``.ip`` is the gateway,
+  ``.port`` 2201+i; inside each host listens on 22 at ``.internal_ip``);
   ``pci``: each host's PCI functions ``[(vendor, device), ...]`` (default :data:`GCE_VM_PCI`, a
   GCE VM with its gVNIC; namespace mode bind-mounts them over ``/sys/bus/pci/devices``); ``.hosts``,
   ``.client_key`` (private key path), ``.user``, ``.ssh_argv(host)``, ``.close()``; a context
@@ -130,6 +132,9 @@ class SshdHost:
     #: the host's PCI functions as ``(vendor, device)``, seen at ``/sys/bus/pci/devices`` by
     #: everything that runs on the host (namespace mode; see :data:`GCE_VM_PCI`)
     pci: list[tuple[str, str]] = field(default_factory=list)
+    #: where sshd itself listens when ``ip``/``port`` are a gateway's forward (forwarded mode)
+    sshd_ip: str | None = None
+    sshd_port: int | None = None
     proc: subprocess.Popen | None = field(default=None, repr=False)
 
     # ------------------------------------------------------------------ lifecycle
@@ -144,8 +149,8 @@ class SshdHost:
         cfg.write_text(
             "\n".join(
                 [
-                    f"Port {self.port}",
-                    f"ListenAddress {self.ip}",
+                    f"Port {self.sshd_port or self.port}",
+                    f"ListenAddress {self.sshd_ip or self.ip}",
                     f"HostKey {self.confdir / 'ssh_host_ed25519_key'}",
                     # the cluster's keys, and the host's own ~/.ssh/authorized_keys (where the
                     # head host installs its key for the other hosts), as sshd's default
@@ -346,6 +351,7 @@ class SshdCluster:
         netns: bool | None = None,
         user: str | None = None,
         pci: list[list[tuple[str, str]]] | None = None,
+        forwarded: bool = False,
     ) -> None:
         reason = sshd_unavailable_reason()
         if reason:
@@ -388,6 +394,8 @@ class SshdCluster:
             if self.use_netns:
                 self._network(n)
             self._hosts(n)
+            if forwarded:
+                self._forward()
         except BaseException:
             self.close()
             raise
@@ -507,6 +515,27 @@ class SshdCluster:
                 )
             self.hosts.append(host)
             host.start()
+
+    FORWARD_BASE = 2201
+
+    def _forward(self) -> None:
+        """Forwarded-port mode: the hosts sit behind one gateway (the switch namespace's
+        address) that forwards ``FORWARD_BASE + i`` to host ``i``'s sshd on 22, as a NAT
+        router's port forwards do; this machine reaches host ``i`` only at
+        ``service_ip:FORWARD_BASE+i``, while the hosts reach each other on 22."""
+        if not self.use_netns:
+            raise RuntimeError("forwarded-port mode needs network namespaces")
+        import sys
+
+        rules = [f"{self.FORWARD_BASE + h.worker_id}:{h.internal_ip}:{h.port}" for h in self.hosts]
+        self.popen_service(
+            [sys.executable, "-m", "aios_cloud.testing.portfwd", self.service_ip, *rules],
+            env={**os.environ},
+        )
+        for h in self.hosts:
+            self.wait_port(self.FORWARD_BASE + h.worker_id)
+            h.sshd_ip, h.sshd_port = h.ip, h.port
+            h.ip, h.port = self.service_ip, self.FORWARD_BASE + h.worker_id
 
     # ------------------------------------------------------------------ services
     @property
