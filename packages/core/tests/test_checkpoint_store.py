@@ -173,3 +173,23 @@ def test_checkpoint_memory_url_marker_written_last(monkeypatch):
     assert [n for n in order if not n.startswith(".aios")] == [STATE_FILE, MARKER]
     assert store.latest().step == 3
     fsspec.filesystem("memory").rm("/aios-ck-test", recursive=True)
+
+
+def test_a_flipped_byte_in_state_pt_is_refused_while_it_is_read_once(tmp_path):
+    """The full format's load hashes the file as torch reads it (one read): a byte flipped
+    after the save (same size) is a one-line "corrupt" error naming the file, and nothing of
+    the damaged state is returned."""
+    import torch
+    from aios.checkpoint import STATE_FILE, CheckpointStore
+    from aios.errors import CheckpointError
+
+    store = CheckpointStore(str(tmp_path / "ck"), keep=2)
+    store.save(1, {"w": torch.arange(10_000, dtype=torch.float32)})
+    info = store.latest()
+    assert torch.equal(store.load(info)["w"], torch.arange(10_000, dtype=torch.float32))
+    f = tmp_path / "ck" / info.path.rsplit("/", 1)[1] / STATE_FILE
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # inside the tensor data: torch alone would load it
+    f.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=f"{STATE_FILE} does not match the sha256"):
+        store.load(store.latest())

@@ -62,3 +62,35 @@ def test_dcp_save_on_a_full_disk_names_the_os_cause(small_fs: Path) -> None:
         with contextlib.suppress(Exception):
             ck.wait()
         assert ck.store.latest(warn=False) is None
+
+
+def test_a_failed_background_sharded_save_is_one_line_without_dcp_fragments(
+    small_fs: Path, tmp_path: Path
+) -> None:
+    """2 ranks, fsdp (dcp, background saves written by DCP's checkpoint process) on a disk too
+    small for the shards: aios's one line, none of DCP's per-rank traceback fragments."""
+    import sys
+
+    from aios.testing.strategy_contract import free_port
+
+    script = Path(__file__).parent / "scripts" / "bg_save_full.py"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
+    env.update(
+        AIOS_LOGGING__TENSORBOARD="false",
+        AIOS_LOGGING__RUN_DIR=str(tmp_path / "runs"),
+        OMP_NUM_THREADS="1",
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", "from aios.cli.run import main; main()", "--nprocs", "2"]
+        + [f"master_port={free_port()}", "strategy=fsdp", f"checkpoint.dir={small_fs / 'ck'}"]
+        + ["checkpoint.async_writer=process", str(script)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, out
+    assert "No space left on device [ENOSPC]" in out, out
+    assert "(RANK " not in out and "Errno 28" not in out and "Traceback" not in out, out

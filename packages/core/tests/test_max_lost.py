@@ -64,6 +64,15 @@ def test_an_unannounced_kill_loses_at_most_max_lost(tmp_path, seed, step_s, save
         for p in (tmp_path / "runs").glob("*/diagnostics.json")
         if json.loads(p.read_text()).get("status") == "finished"
     ]
+    (killed,) = [
+        json.loads(p.read_text())
+        for p in (tmp_path / "runs").glob("*/diagnostics.json")
+        if json.loads(p.read_text()).get("status") == "running"
+    ]
+    # no more saves than the interval asks for (the first at half of max_lost)
+    trained = clock[kill_at]
+    saves = len(killed["checkpoints"])
+    assert 1 <= saves <= 2 + trained / (10.0 - float(save_s) - float(step_s)), saves
     iv = diag["checkpoint_interval"]
     assert iv["seconds"] == pytest.approx(10.0 - float(save_s) - float(step_s), abs=1e-6)
     assert iv["overhead"] == pytest.approx(float(save_s) / iv["seconds"], rel=1e-3)

@@ -140,3 +140,223 @@ def test_the_interval_bounds_the_loss_and_says_when_overhead_must_give(
 def test_before_any_save_is_measured_the_first_comes_at_half_the_bound():
     iv = choose_interval(10.0, 0.03, None, None, 1.0)
     assert iv.seconds == 4.0 and not iv.conflict
+
+
+def _plugin(name: str, **hooks):
+    import types
+
+    from aios import hookimpl
+    from aios.plugins import get_registry
+
+    mod = types.ModuleType(name)
+    for hook, fn in hooks.items():
+        setattr(mod, hook, hookimpl(fn))
+    get_registry().pm.register(mod, name=name)
+    return mod
+
+
+def test_hook_aios_grace_cap(tmp_path, capsys, monkeypatch):
+    """A platform plugin's cap lowers the SIGTERM notice's grace, and aios says so once."""
+    import aios
+    from aios.plugins import get_registry
+
+    monkeypatch.setenv("AIOS_LOGGING__RUN_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("AIOS_LOGGING__TENSORBOARD", "false")
+    mod = _plugin("test-grace-cap", aios_grace_cap=lambda config: 15.0)
+    try:
+        rt = aios.init(checkpoint={"grace_seconds": 25})
+        try:
+            assert rt.preemption.grace == 15.0
+            rt.preemption._handler(signal.SIGTERM, None)
+            assert rt.preemption.time_left() == pytest.approx(15.0, abs=5)
+        finally:
+            rt.preemption.reason = None
+            rt.close()
+    finally:
+        get_registry().pm.unregister(mod)
+    err = capsys.readouterr().err
+    assert err.count("a SIGTERM's deadline is 15s") == 1
+    assert "checkpoint.grace_seconds=25 is more than this platform gives" in err
+
+
+def test_hook_aios_report_target(tmp_path):
+    """``aios report NAME``: a name that is no path is resolved by a plugin (a cloud's cluster)."""
+    from aios.cli.main import cli
+    from aios.plugins import get_registry
+    from click.testing import CliRunner
+
+    run = tmp_path / "runs" / "r1"
+    run.mkdir(parents=True)
+    (run / "diagnostics.json").write_text(
+        json.dumps(
+            {
+                "started": 100.0,
+                "finished": 200.0,
+                "status": "finished",
+                "attempt": {
+                    "launched": 100.0,
+                    "first_step": 110.0,
+                    "last_step": 190.0,
+                    "start_step": 0,
+                    "last_step_index": 81,
+                },
+                "checkpoints": [],
+                "events": [],
+            }
+        )
+    )
+    mod = _plugin(
+        "test-report-target",
+        aios_report_target=lambda target: str(run) if target == "mycluster" else None,
+    )
+    try:
+        r = CliRunner().invoke(cli, ["report", "mycluster", "--json"])
+        bad = CliRunner().invoke(cli, ["report", "nosuchcluster"])
+    finally:
+        get_registry().pm.unregister(mod)
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d["wall_s"] == 100.0 and d["goodput"] == pytest.approx(0.8)
+    assert d["badput"]["startup"] == 10.0 and d["badput"]["shutdown"] == 10.0
+    assert (
+        bad.exit_code == 2 and "no run record, checkpoint directory or known cluster" in bad.output
+    )
+
+
+# ------------------------------------------------------------------ the emergency save's decision
+
+
+class _Handle:
+    step = 3
+    started = 0.0
+    finished = None
+    path = None
+
+    def done(self):
+        return False
+
+
+def _manager(tmp_path, capsys=None):
+    from aios.checkpoint.manager import CheckpointFormat, CheckpointManager, register_format
+    from aios.config import resolve
+    from aios.records import RunRecord
+
+    class FakeAsync(CheckpointFormat):
+        """A format with a background save in flight (``pending``) that never ends by itself."""
+
+        name = "fakeasync"
+
+        def __init__(self):
+            self.pending = None
+            self.abandoned = None
+            self.waited = False
+
+        def wait(self):
+            self.waited = True
+            h, self.pending = self.pending, None
+            return h
+
+        def abandon(self):
+            self.abandoned, self.pending = self.pending, None
+            return self.abandoned
+
+        def save(self, step, ctx, staging, store):
+            return {"x.bin": store.write_file(staging, "x.bin", lambda f: f.write(b"x" * 10))}
+
+    class Strategy:
+        rank, world_size, checkpoint_format = 0, 1, "fakeasync"
+
+        def saves_on_this_rank(self):
+            return True
+
+    class Training:
+        step = 7
+
+        def state_dict(self):
+            return {}
+
+        def rng_state(self):
+            return {}
+
+    register_format("fakeasync", FakeAsync)
+    cfg = resolve(overrides=[f"checkpoint.dir={tmp_path / 'ck'}"], check_backend=False)
+    rec = RunRecord(str(tmp_path / "runs"), "r1", active=True)
+    printed: list[str] = []
+    m = CheckpointManager(cfg, Strategy(), Training(), rec, "cpu", print_fn=printed.append)
+    now = [1000.0]
+    m.clock = lambda: now[0]
+    return m, printed, now
+
+
+@pytest.mark.parametrize("left,abandoned", [(10.0, True), (500.0, False)])
+def test_a_background_save_in_flight_commits_in_time_or_is_abandoned(tmp_path, left, abandoned):
+    m, printed, now = _manager(tmp_path)
+    m.cost.add("fakeasync+async", 0.1, 100.0)  # a background save takes 100 s in all
+    m.cost.add("fakeasync", 1.0, 1.0)  # a synchronous one 1 s
+    m.format.pending = _Handle()
+    m._pending_meta = {"step": 3, "key": "fakeasync+async", "clock_started": now[0] - 20}
+    event = m.emergency_save("signal SIGTERM", 0, lambda: 0.5, lambda: left)
+    assert (m.format.abandoned is not None) == abandoned
+    assert m.format.waited == (not abandoned)
+    assert m._abandoned == abandoned
+    if abandoned:
+        assert printed[0].startswith("aios: the background save of step 3 cannot commit before")
+        # its commit callback now refuses, so the staging directory is aborted, never committed
+        from aios.errors import CheckpointError
+
+        with pytest.raises(CheckpointError, match="abandoned"):
+            m._commit_unless_abandoned(None, None, {}, None)
+    # the emergency save itself fits (1 s x 1.25 + 1 s) and is written either way
+    assert event["checkpoint"] and event["checkpoint"].endswith("ckpt-000000007")
+    assert event["skipped"] is None
+
+
+def test_an_emergency_save_that_does_not_fit_keeps_the_last_checkpoint_in_one_line(tmp_path):
+    m, printed, now = _manager(tmp_path)
+    m.cost.add("fakeasync", 20.0, 20.0)
+    m.committed_step = 4
+    event = m.emergency_save("aws-spot", 0, lambda: 0.5, lambda: 10.0)
+    assert event["checkpoint"] is None and event["kept_step"] == 4
+    (line,) = printed
+    assert line == (
+        "aios: an emergency checkpoint needs about 25.0s and 10.0s are left before the "
+        "deadline: keeping the last committed checkpoint (step 4); steps 4-7 will run again "
+        "after the relaunch"
+    )
+    assert not (tmp_path / "ck").exists() or not list((tmp_path / "ck").glob("ckpt-*"))
+
+
+def test_a_launcher_s_known_end_stops_a_real_run_with_its_checkpoint(tmp_path):
+    """AIOS_RUN_DEADLINE in the rank's environment: the run announces the end itself (its lead,
+    the grace until a save was measured, exceeds the time left), checkpoints and exits 75,
+    naming the source; the record keeps the deadline."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    script = Path(__file__).parent / "scripts" / "goodput_train.py"
+    deadline = time.time() + 3600
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
+    env.update(
+        AIOS_LOGGING__RUN_DIR=str(tmp_path / "runs"),
+        AIOS_LOGGING__TENSORBOARD="false",
+        AIOS_CHECKPOINT__DIR=str(tmp_path / "ck"),
+        AIOS_CHECKPOINT__GRACE_SECONDS="3700",
+        AIOS_RUN_DEADLINE=repr(deadline),
+        AIOS_RUN_DEADLINE_SOURCE="capacity-block",
+        PROGRESS_FILE=str(tmp_path / "progress"),
+        TOTAL_STEPS="100000",
+        STEP_DELAY="0.01",
+        OMP_NUM_THREADS="1",
+    )
+    r = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300
+    )
+    out = r.stdout + r.stderr
+    assert r.returncode == 75, out
+    assert "aios: preemption (capacity-block ends at " in out and "before its deadline" in out, out
+    (diag,) = [json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*/diagnostics.json")]
+    (ev,) = diag["preemptions"]
+    assert ev["source"] == "capacity-block" and ev["deadline"] == pytest.approx(deadline)
+    assert ev["checkpoint"] and ev["time_left_s"] > 3000

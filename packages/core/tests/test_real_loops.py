@@ -182,6 +182,18 @@ def test_a_traceback_has_one_rank_prefix_and_the_last_line_names_the_failing_ran
     ), out
 
 
+def test_a_plain_torchrun_script_s_traceback_has_one_rank_prefix_too(tmp_path):
+    """No aios.init: torch's init_process_group prefixes the excepthook's lines with
+    ``[rank1]:`` and aios-run prefixes every line of rank 1 with the same: one is kept."""
+    r = aios_run(tmp_path, "--nprocs", "2", str(SCRIPTS / "plain_fails_on_rank1.py"))
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "ValueError: boom on rank 1" in out, out
+    assert "[rank1]:[rank1]:" not in out and "[rank0]:[rank0]:" not in out, out
+    tb = [ln for ln in out.splitlines() if "Traceback (most recent call last)" in ln]
+    assert tb and all(ln.startswith("[rank") for ln in tb), out
+
+
 def test_a_model_built_on_the_meta_device_is_sharded_as_it_is(tmp_path):
     r = aios_run(tmp_path, "--nprocs", "2", "strategy=fsdp", str(SCRIPTS / "init_meta.py"))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

@@ -303,6 +303,80 @@ def test_rank0_only_evaluation_under_fsdp_is_named_and_restarted_then_stopped(
     )
 
 
+def test_rank0_only_evaluation_before_the_first_step_is_named_within_the_timeout(
+    tmp_path: Path,
+) -> None:
+    """nanoGPT evaluates at iteration 0 on the master rank: under fsdp on 2 processes the
+    forward waits for an all-gather rank 1 never joins, before any step. Every rank idle (no
+    CPU use) for watchdog.timeout=20 is a hang, though watchdog.first_step (30 minutes) has
+    not passed: exit 124 within two minutes, both ranks named with file:line."""
+    err, pids, record = _hang(tmp_path, 2, "fsdp_eval0", "strategy=fsdp", "watchdog.timeout=20")
+    assert "before the first step, every rank idle (no CPU use) (watchdog.timeout=20)" in err, err
+    r0, r1 = _line(err, 0), _line(err, 1)
+    for ln in (r0, r1):
+        assert "waiting in " in ln and " from hang_train.py:" in ln, err
+    assert record["idle_s"] >= 20
+    assert [r["rank"] for r in record["ranks"]] == [0, 1]
+
+
+def test_a_busy_first_step_on_one_rank_is_no_hang(tmp_path: Path) -> None:
+    """Rank 0 computes for 30 s before its first step (a compile) while rank 1 waits in the
+    first step's collective, with watchdog.timeout=8: no alarm, the run finishes."""
+    from aios.testing.strategy_contract import free_port
+
+    p = subprocess.run(
+        [
+            *RUN,
+            "--nprocs",
+            "2",
+            f"master_port={free_port()}",
+            "watchdog.timeout=8",
+            str(SCRIPT),
+            "busy0",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        env={**_env(tmp_path), "BUSY_FIRST": "30", "STEPS": "3"},
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "hang" not in p.stderr, p.stderr
+    assert "finished at step 3" in p.stdout + p.stderr
+
+
+def test_policy_every_rank_idle_before_the_first_step_is_a_hang_a_busy_one_is_not() -> None:
+    """Injected CPU samples and clock: rank 0 compiles for 60 s (busy) while rank 1 waits (no
+    CPU): no alarm with watchdog.timeout=20; then every rank idle for 20 s: a hang, long before
+    watchdog.first_step."""
+    pol = HangPolicy(timeout=20.0, first_step=1800.0, min_timeout=600.0, factor=10.0)
+    pol.reset(0.0)
+    cpu = {0: 0.0, 1: 0.0}
+    for t in range(0, 61):
+        cpu[0] += 0.3  # a compile on a loaded machine: 30% of a core
+        cpu[1] += 0.001  # blocked in a collective
+        for r in (0, 1):
+            pol.observe_cpu(r, cpu[r], float(t))
+            pol.observe(r, 0, 0.0, float(t))
+        assert not pol.idle_expired(float(t)) and not pol.expired(float(t)), t
+    for t in range(61, 81):  # every rank waits now (a rank-0-only evaluation)
+        for r in (0, 1):
+            pol.observe_cpu(r, cpu[r], float(t))
+        assert not pol.idle_expired(float(t)), t
+    pol.observe_cpu(0, cpu[0], 81.5)
+    assert pol.idle_expired(81.5)
+    # auto timeout: min_timeout is the idle allowance
+    auto = HangPolicy(timeout=None, first_step=1800.0, min_timeout=30.0, factor=10.0)
+    auto.reset(0.0)
+    auto.observe_cpu(0, 1.0, 0.0)
+    auto.observe_cpu(0, 1.0, 29.0)
+    assert not auto.idle_expired(29.0) and auto.idle_expired(31.0)
+    # after the first step the step-based policy alone decides
+    auto.observe(0, 1, 1.0, 31.0)
+    assert not auto.idle_expired(100.0)
+
+
 def test_sleep_native_call_and_dataloader_deadlock_are_named(tmp_path: Path) -> None:
     err, pids, record = _hang(tmp_path, 3, "loader,sleep,native")
     src = SCRIPT.read_text().splitlines()

@@ -349,6 +349,21 @@ def aios_grace_cap(config: AiosConfig) -> float | None:
 
 
 @hookspec
+def aios_report_target(target: str) -> str | None:
+    """Resolve a name given to ``aios report`` that is no local path (a cluster name).
+
+    :param target: what the user typed.
+    :return: a local run record directory (``<logging.run_dir>/<run id>``) or a checkpoint
+        directory/URL to report on (e.g. the cloud plugin syncs the cluster's run records down
+        and returns the newest), or ``None`` when this plugin does not know the name. The first
+        non-``None`` result is used. Cloud events that belong in the account (capacity waits,
+        provisioning) are written into the run record with :func:`aios.goodput.write_event`.
+
+    .. versionadded:: 0.2
+    """
+
+
+@hookspec
 def aios_env_info() -> dict[str, Any] | None:
     """Extra lines for ``aios env`` (versions, settings).
 

@@ -34,7 +34,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from aios.types import Notice
@@ -58,16 +58,16 @@ def parse_seconds(text: str | None) -> float | None:
 
 
 def effective_grace(
-    configured: float, caps: Iterable[float | None] = (), env: dict[str, str] | None = None
+    configured: float, caps: Iterable[float | None] = (), env: Mapping[str, str] | None = None
 ) -> tuple[float, str | None]:
     """The seconds a process has after SIGTERM: ``checkpoint.grace_seconds`` capped by the
     platform (the launcher's ``AIOS_RUN_GRACE_CAP`` and the plugins' ``aios_grace_cap``).
     Returns ``(grace, what capped it)``; the second is None when the config's value stands."""
     from aios.contract import GRACE_CAP_ENV
 
-    env = os.environ if env is None else env
+    source: Mapping[str, str] = os.environ if env is None else env
     grace, why = float(configured), None
-    cap = parse_seconds(env.get(GRACE_CAP_ENV))
+    cap = parse_seconds(source.get(GRACE_CAP_ENV))
     if cap is not None and cap < grace:
         grace, why = cap, f"{GRACE_CAP_ENV}={cap:g}"
     for c in caps:
@@ -202,15 +202,15 @@ class DeadlineWatcher:
 
     @classmethod
     def from_env(
-        cls, lead: Callable[[], float], env: dict[str, str] | None = None
+        cls, lead: Callable[[], float], env: Mapping[str, str] | None = None
     ) -> DeadlineWatcher | None:
         from aios.contract import DEADLINE_ENV, DEADLINE_SOURCE_ENV
 
-        env = os.environ if env is None else env
-        deadline = parse_seconds(env.get(DEADLINE_ENV))
+        source: Mapping[str, str] = os.environ if env is None else env
+        deadline = parse_seconds(source.get(DEADLINE_ENV))
         if deadline is None:
             return None
-        return cls(deadline, env.get(DEADLINE_SOURCE_ENV) or "deadline", lead)
+        return cls(deadline, source.get(DEADLINE_SOURCE_ENV) or "deadline", lead)
 
     def due(self, now: float | None = None) -> bool:
         """Whether the notice is due now (the time left is at most the lead)."""

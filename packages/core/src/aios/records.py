@@ -57,6 +57,25 @@ def versions() -> dict[str, str]:
     return out
 
 
+def launch_time(default: float) -> float:
+    """Wall-clock time this attempt was launched: the launcher's ``AIOS_RUN_LAUNCH_TIME``, else
+    this process's start (``/proc/self/stat``), else ``default``."""
+    from aios.contract import LAUNCH_TIME_ENV
+
+    v = os.environ.get(LAUNCH_TIME_ENV)
+    if v:
+        with contextlib.suppress(ValueError):
+            return float(v)
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            btime = next(int(ln.split()[1]) for ln in f if ln.startswith("btime"))
+        return btime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return default
+
+
 class StepTimer:
     """Per-step wall times from step-end timestamps: the runtime appends one float per step
     (cheap on the hot path); statistics are computed when the record is written. Keeps the last
@@ -128,6 +147,26 @@ class RunRecord:
             os.makedirs(self.dir, exist_ok=True)
         except (OSError, ValueError) as exc:
             self._fail(exc)
+            return
+        # a restart of the same run (aios-run --max-restarts) keeps its predecessors' accounts
+        with contextlib.suppress(OSError, ValueError):
+            with open(os.path.join(self.dir, "diagnostics.json")) as f:
+                prev = json.load(f)
+            if isinstance(prev, dict) and prev.get("started") != self.started:
+                kept = prev.pop("previous_attempts", [])
+                keys = (
+                    "attempt",
+                    "checkpoints",
+                    "preemptions",
+                    "events",
+                    "started",
+                    "updated",
+                    "finished",
+                )
+                kept.append(
+                    {k: prev[k] for k in keys if k in prev} | {"status": prev.get("status")}
+                )
+                self.diag["previous_attempts"] = kept
 
     def _fail(self, exc: BaseException) -> None:
         """Warn once and stop writing the record; training goes on."""

@@ -489,6 +489,7 @@ class Runtime:
         )
         self.checkpointer.on_preempt = self._preempted
         self.checkpointer.step_time = self._recent_step_time
+        self.checkpointer.on_saved = lambda: self._write_diagnostics(status="running")
         self._ckpt = self.checkpointer
         #: the step clock (monotonic seconds; tests inject one, with ``checkpointer.clock``)
         self.clock: Callable[[], float] = time.perf_counter
@@ -1025,6 +1026,7 @@ class Runtime:
         except Exception as exc:  # noqa: BLE001
             metrics = {"error": str(exc)}
         self.record.write_diagnostics(
+            attempt=self._attempt(),
             steps=self.training.step,
             step_timing=self.timer.summary(self.training.step),
             backend_metrics=metrics,
@@ -1032,6 +1034,26 @@ class Runtime:
             resumed_from=self._resumed_from,
             **extra,
         )
+
+    def _attempt(self) -> dict[str, Any]:
+        """This attempt's wall-clock marks for the goodput account (:mod:`aios.goodput`)."""
+        from aios.records import launch_time
+
+        off = time.time() - time.perf_counter()  # the step stamps are perf_counter readings
+        st = self.timer.stamps
+        self.timer.first_step_s  # noqa: B018 - fixes the first stamp while it is still kept
+        first = self.timer.first
+        ck = self.checkpointer
+        start_step = ck.loaded_step or 0
+        return {
+            "launched": launch_time(self.record.started),
+            "started": self.record.started,
+            "first_step": None if first is None else first + off,
+            "last_step": st[-1] + off if st else None,
+            "start_step": start_step,
+            "last_step_index": self.training.step,
+            "committed_step": ck.committed_step,
+        }
 
     def summary(self) -> dict[str, Any]:
         """Steps and timing of this process so far."""
@@ -1072,6 +1094,8 @@ class Runtime:
         self.preemption.uninstall()
         with contextlib.suppress(Exception):
             self._write_diagnostics(status=status, finished=time.time())
+        if self.is_main and self._loggers:
+            self._log_goodput()
         for lg in self._loggers or []:
             with contextlib.suppress(Exception):
                 lg.close()
@@ -1087,6 +1111,23 @@ class Runtime:
             _current = None
         with contextlib.suppress(Exception):
             atexit.unregister(self._atexit)
+
+    def _log_goodput(self) -> None:
+        """The run's goodput account (every attempt so far) to the metric loggers
+        (TensorBoard): ``goodput/fraction``, ``goodput/productive_s``, ``badput/<cause>_s``."""
+        from aios import goodput
+
+        try:
+            r = goodput.account(goodput.read_attempts(self.record.dir))
+        except Exception:  # noqa: BLE001 - an account must never fail the run's end
+            return
+        if r.wall_s <= 0:
+            return
+        values = {"goodput/fraction": r.goodput, "goodput/productive_s": r.seconds["productive"]}
+        values.update({f"badput/{k}_s": v for k, v in r.badput.items()})
+        for lg in self._loggers or []:
+            with contextlib.suppress(Exception):
+                lg.log(values, self.training.step)
 
     def _print_locations(self) -> None:
         """Where this run's record and checkpoints went: one line each, rank 0, at the end."""

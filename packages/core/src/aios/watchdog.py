@@ -266,6 +266,22 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def cpu_seconds(pid: int, with_children: bool = True) -> float | None:
+    """CPU time (user + system, every thread) ``pid`` has used, plus its descendants' (a
+    rank's DataLoader workers), from /proc; None when it is gone."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    total = 0.0
+    for i, p in enumerate([pid, *(descendants(pid) if with_children else [])]):
+        try:
+            with open(f"/proc/{p}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, ValueError, IndexError):
+            if i == 0:
+                return None
+    return total
+
+
 # ------------------------------------------------------------------------------ collecting
 
 
@@ -616,13 +632,48 @@ class HangPolicy:
         self.ranks: dict[int, tuple[int, float]] = {}
         self.last = 0.0
         self.stepped = False
+        #: per rank: (CPU seconds, when read) of the last sample (before the first step)
+        self.cpu: dict[int, tuple[float, float]] = {}
+        #: when a rank last used the CPU (a compile, loading): the idle clock starts after it
+        self.busy_at = 0.0
 
     def reset(self, now: float) -> None:
         """A new attempt (workers (re)started): the first-step allowance again."""
         self.samples.clear()
         self.ranks.clear()
+        self.cpu.clear()
         self.last = now
+        self.busy_at = now
         self.stepped = False
+
+    #: a rank using at least this share of one CPU between two samples is busy (a compile on a
+    #: loaded machine still gets more; a rank blocked in a collective or a lock gets ~0)
+    BUSY_SHARE = 0.05
+
+    def observe_cpu(self, rank: int, cpu: float, now: float) -> bool:
+        """Before the first step: rank ``rank`` has used ``cpu`` CPU seconds by ``now``.
+        Returns whether it was busy since its last sample."""
+        prev = self.cpu.get(rank)
+        self.cpu[rank] = (cpu, now)
+        if prev is None or now <= prev[1]:
+            self.busy_at = max(self.busy_at, now) if prev is None else self.busy_at
+            return prev is None
+        busy = (cpu - prev[0]) >= self.BUSY_SHARE * (now - prev[1])
+        if busy:
+            self.busy_at = now
+        return busy
+
+    def idle_timeout(self) -> float:
+        """How long every rank may sit idle before the first step: ``timeout`` (``auto``:
+        ``min_timeout``)."""
+        return self.timeout if self.timeout is not None else self.min_timeout
+
+    def idle_expired(self, now: float) -> bool:
+        """Before the first step: every rank idle (no CPU progress) and no step for
+        :meth:`idle_timeout`. A busy rank (a compile while the others wait) is no hang."""
+        if self.stepped or not self.cpu:
+            return False
+        return now - max(self.last, self.busy_at) > self.idle_timeout()
 
     def observe(self, rank: int, steps: int, t: float, now: float) -> bool:
         """Rank ``rank`` has taken ``steps`` steps, the last at ``t`` (its clock); returns
@@ -704,6 +755,7 @@ class Watchdog:
         self.policy.reset(clock())
         self.pids: dict[int, int] = {}
         self.hang: dict[str, Any] | None = None  # the last hang of the current attempt
+        self.idle_s = 0.0  # how long the last hang went without progress
         self.hangs = 0
         self.on_hang: Callable[[str], None] | None = None
         self._stop = threading.Event()
@@ -761,18 +813,35 @@ class Watchdog:
         if not watched:  # nothing registered, or every rank is past its last step
             pol.touch(now)
             return False
-        if self.hang is not None or not pol.expired(now):
+        if not pol.stepped:  # before the first step: is any rank doing something?
+            for w in watched:
+                cpu = cpu_seconds(w.pid)
+                if cpu is not None:
+                    pol.observe_cpu(w.rank, cpu, now)
+        if self.hang is not None:
             return False
-        idle = pol.idle(now)
         setting = self.settings.timeout
-        why = f"no rank made progress for {idle:.0f}s " + (
-            f"(watchdog.timeout={setting:g})"
-            if pol.stepped and setting != "auto"
-            else f"(allowance {pol.allowance():.0f}s"
-            + (", before the first step: watchdog.first_step)" if not pol.stepped else ")")
-        )
+        if pol.idle_expired(now) and not pol.expired(now):
+            idle = now - max(pol.last, pol.busy_at)
+            why = (
+                f"no rank made progress for {idle:.0f}s before the first step, every rank idle "
+                f"(no CPU use) (watchdog.timeout={setting if setting == 'auto' else f'{setting:g}'}"
+                + (f", min_timeout={pol.min_timeout:g}" if setting == "auto" else "")
+                + ")"
+            )
+        elif pol.expired(now):
+            idle = pol.idle(now)
+            why = f"no rank made progress for {idle:.0f}s " + (
+                f"(watchdog.timeout={setting:g})"
+                if pol.stepped and setting != "auto"
+                else f"(allowance {pol.allowance():.0f}s"
+                + (", before the first step: watchdog.first_step)" if not pol.stepped else ")")
+            )
+        else:
+            return False
         action = self.settings.action
         self.hangs += 1
+        self.idle_s = idle
         path = self.dump(f"hang: {why}", kind="hang")
         if action == "dump":
             pol.touch(now)  # the next dump after another full allowance
@@ -826,6 +895,8 @@ class Watchdog:
                     {
                         "reason": reason,
                         "time": time.time(),
+                        # the seconds without progress before the hang was named (goodput: hung)
+                        "idle_s": self.idle_s if kind == "hang" else 0.0,
                         "summary": summarize(dumps),
                         "ranks": [
                             {

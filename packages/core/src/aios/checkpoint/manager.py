@@ -202,6 +202,8 @@ class CheckpointManager:
         self.pending: str | None = None
         #: called for a "preempt" boundary (the runtime writes the emergency checkpoint and exits)
         self.on_preempt: Callable[[], None] | None = None
+        #: called after each periodic save (the runtime rewrites the run record)
+        self.on_saved: Callable[[], None] | None = None
         self.format = get_format(getattr(strategy, "checkpoint_format", "full") or "full")
         if hasattr(self.format, "seed"):
             self.format.seed = config.seed  # ranks beyond a saved world size reseed from it
@@ -241,6 +243,8 @@ class CheckpointManager:
         self.check_step = 1 if self.max_lost is not None else _NEVER
         #: the step whose state the last committed periodic checkpoint holds
         self.committed_step: int | None = None
+        #: the step of the last checkpoint loaded (resumed) into this process
+        self.loaded_step: int | None = None
         #: the interval chosen last (:class:`aios.checkpoint.policy.Interval`)
         self.interval: Interval | None = None
         #: seconds one optimizer step takes (the runtime sets it to its timer's recent mean)
@@ -311,6 +315,8 @@ class CheckpointManager:
             "backend": self.backend,
             "strategy": type(self.strategy).__name__,
             "checkpoint_format": self.format.name,
+            # the run record of the writer: ``aios report`` follows resumes back through it
+            "record": os.path.abspath(self.record.dir),
         }
 
     # ---------------------------------------------------------------- start / close
@@ -383,6 +389,8 @@ class CheckpointManager:
         rng, self.rng_at_step = self.rng_at_step, None
         if pending == "save":
             self.save(rng=None if loader else rng)
+            if self.on_saved is not None:
+                self.on_saved()
         elif pending == "preempt":
             if self.on_preempt is None:
                 raise RuntimeError("a preemption is pending but nothing handles it")
@@ -539,7 +547,7 @@ class CheckpointManager:
         log2 of the steps between saves), nothing on the other steps."""
         if self.max_lost is None:
             return
-        due, check = step + 1, step + 1
+        due, check = _NEVER, step + 1  # no step time yet: ask again at the next step
         if self.is_main:
             if self.next_due == float("inf"):
                 self.plan(now)  # the first step: lost work counts from here
@@ -739,6 +747,7 @@ class CheckpointManager:
         self.saved_step = self.training.step
         if managed:
             self.committed_step = self.training.step
+        self.loaded_step = self.training.step
         self.resumed_from = store.display(info.path)
         if managed and info.lineage:
             self.lineage = info.lineage
@@ -787,6 +796,7 @@ class CheckpointManager:
             "step": self.training.step,
             "run_id": meta.get("run_id"),
             "lineage": lineage,
+            "record": meta.get("record"),
         }
         if resharded:
             event.update(resharded_from=int(saved_world), resharded_to=self.world_size)
@@ -815,10 +825,8 @@ class CheckpointManager:
     def _agreed_time_left(self, time_left: Callable[[], float | None]) -> float | None:
         """Collective: the least time any rank has before its notice's deadline."""
         mine = time_left()
-        if self.world_size > 1:
-            lefts = self.strategy.gather_object(mine)
-        else:
-            lefts = [mine]
+        gather = getattr(self.strategy, "gather_object", None)
+        lefts = gather(mine) if self.world_size > 1 and gather is not None else [mine]
         known = [x for x in lefts if x is not None]
         return min(known) if known else None
 

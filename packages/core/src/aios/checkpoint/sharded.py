@@ -100,12 +100,28 @@ def storage_options(url: str) -> tuple[str, dict[str, Any]]:
     return f"{spec.protocol}://{rest}", options
 
 
+class _RelayedFailures:
+    """A logging filter for DCP's checkpoint process: drops its "Checkpoint save failed ..." and
+    "... failed during initialization" records. Their text is every rank's traceback
+    (``Traceback (most recent call last): (RANK 0)``, ``OSError: [Errno 28] ...``); the same
+    exception is sent back to the training process, where aios reports it in one line."""
+
+    PREFIXES = ("Checkpoint save failed", "Checkpoint background process failed")
+
+    def filter(self, record: Any) -> bool:
+        msg = record.msg if isinstance(record.msg, str) else ""
+        return not msg.startswith(self.PREFIXES)
+
+
 def _quiet_checkpoint_process() -> None:
     """In DCP's checkpoint process (``async_mode="process"``), where torch sets the root logger
-    to INFO and logs every request to stderr: keep warnings and errors only."""
+    to INFO and logs every request to stderr: keep warnings and errors only, and not the
+    failures it relays to the training process (:class:`_RelayedFailures`)."""
     import logging
 
-    logging.getLogger().setLevel(logging.WARNING)
+    root = logging.getLogger()
+    root.setLevel(logging.WARNING)
+    root.addFilter(_RelayedFailures())
 
 
 _WRITERS: dict[str, type] = {}

@@ -800,12 +800,72 @@ class CheckpointStore:
             raise self._corrupt(info, f"{name} does not match the {DIGEST} in its marker")
         return data
 
+    def _load_local(self, info: CheckpointInfo, name: str) -> Any:
+        """``torch.load`` of a local checkpoint file, verified against its marker while it is
+        read: a thread hashes the file as torch reads it (the disk is read once, the other
+        reader is served by the page cache; hashing releases the GIL), and the state is
+        returned only when size and digest match."""
+        import threading
+
+        import torch
+
+        want = info.meta.get("files", {}).get(name)
+        path = f"{info.path}/{name}"
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            size = None
+        if want is None or size is None:
+            raise self._corrupt(info, f"{name} is missing")
+        if size != want.get("size"):
+            raise self._corrupt(
+                info, f"{name} has {size} bytes, its marker says {want.get('size')}"
+            )
+        digest: list[Any] = []
+
+        def hash_file() -> None:
+            h = hashlib.new(DIGEST)
+            try:
+                with open(path, "rb", buffering=0) as f:
+                    buf = bytearray(_CHUNK)
+                    view = memoryview(buf)
+                    while n := f.readinto(buf):
+                        h.update(view[:n])
+                digest.append(h.hexdigest())
+            except OSError as exc:
+                digest.append(exc)
+
+        hasher = None
+        if want.get(DIGEST):
+            hasher = threading.Thread(target=hash_file, name="aios-ckpt-verify", daemon=True)
+            hasher.start()
+        error: BaseException | None = None
+        state = None
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - named below, after the digest
+            error = exc
+        if hasher is not None:
+            hasher.join()
+            got = digest[0] if digest else None
+            if isinstance(got, OSError):
+                raise self._corrupt(info, f"{name} cannot be read ({os_cause(got)})") from None
+            if got != want[DIGEST]:
+                raise self._corrupt(info, f"{name} does not match the {DIGEST} in its marker")
+        if error is not None:
+            raise error
+        return state
+
     def load(self, info: CheckpointInfo) -> dict[str, Any]:
         import torch
 
-        data = self.read_file(info, STATE_FILE)
         try:
+            if self.local:
+                return self._load_local(info, STATE_FILE)
+            data = self.read_file(info, STATE_FILE)
             return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        except CheckpointError:
+            raise
         except Exception as exc:  # noqa: BLE001
             raise CheckpointError(
                 f"checkpoint '{self.display(info.path)}' cannot be loaded "

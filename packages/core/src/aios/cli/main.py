@@ -28,6 +28,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "Find what ties training scripts to one accelerator (static, no torch).",
     ),
     "stacks": ("aios.cli.stacks", "stacks", "Every rank's stack of a live run (no stop)."),
+    "report": (
+        "aios.cli.report",
+        "report",
+        "Goodput: what a run's time went to, every attempt (--json, --html).",
+    ),
 }
 
 

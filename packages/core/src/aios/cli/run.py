@@ -56,6 +56,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from contextlib import suppress as _suppress
 from typing import Any
 
@@ -66,7 +67,14 @@ from aios.errors import LaunchError
 from aios.watchdog import DEMAND_SIGNAL
 
 PROG = "aios-run"
-from aios.contract import BACKEND_ENV, CONFIG_ENV, NO_PREIMPORT_ENV, RUN_ID_ENV, STATUS_DIR_ENV  # noqa: E402
+from aios.contract import (  # noqa: E402
+    BACKEND_ENV,
+    CONFIG_ENV,
+    LAUNCH_TIME_ENV,
+    NO_PREIMPORT_ENV,
+    RUN_ID_ENV,
+    STATUS_DIR_ENV,
+)
 
 
 def _split_argv(argv: tuple[str, ...], module: str | None) -> tuple[list[str], str, list[str]]:
@@ -548,6 +556,24 @@ def _run_subprocess(cmd: list[str], env: dict[str, str], tail: bytearray | None 
             signal.signal(s, h)
 
 
+class _OnePrefix:
+    """The stream a worker's lines are copied to with the ``[rankN]:`` prefix: a line that
+    already carries the same prefix (torch's ``init_process_group`` wraps the excepthook of a
+    plain torchrun script with it) keeps one, never ``[rank1]:[rank1]:``."""
+
+    def __init__(self, dst: Any, header: str) -> None:
+        self.dst = dst
+        self.twice = header + header.rstrip()
+
+    def write(self, text: str) -> Any:
+        if self.twice.strip() and text.startswith(self.twice):
+            text = text[len(self.twice) - len(self.twice) // 2 :]
+        return self.dst.write(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.dst, name)
+
+
 class _AgentWatch:
     """What ``aios-run`` adds to torch's elastic agent while it runs in this process (patched in
     for the run, restored after):
@@ -667,6 +693,17 @@ class _AgentWatch:
         popen, close = sh.Popen, sh.SubprocessHandler.close
         monitor, restart = LocalElasticAgent._monitor_workers, SimpleElasticAgent._restart_workers
         preexec = child_preexec(self.launcher)
+
+        from torch.distributed.elastic.multiprocessing import tail_log
+
+        tail = tail_log.tail_logfile
+
+        def _tail(header: str, file: str, dst: Any, *args: Any, **kwargs: Any) -> Any:
+            from typing import TextIO, cast
+
+            return tail(header, file, cast(TextIO, _OnePrefix(dst, header)), *args, **kwargs)
+
+        self._patch(tail_log, "tail_logfile", _tail)
 
         def _popen(*args: Any, **kwargs: Any) -> Any:
             if preexec is not None and kwargs.get("preexec_fn") is None:
@@ -811,6 +848,9 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
         **flightrec.worker_env(status_dir, {**os.environ, **host.env}),
         **host.env,
         **_worker_env(cfg, spec.name, run_id),
+        # when this attempt was launched (a cloud launcher's earlier time stands): the goodput
+        # account's start-up begins here (aios.goodput)
+        LAUNCH_TIME_ENV: os.environ.get(LAUNCH_TIME_ENV) or repr(time.time()),
         STATUS_DIR_ENV: status_dir,
         LAUNCHER_PID_ENV: str(os.getpid()),
     }
