@@ -806,13 +806,22 @@ class SshHostsProvider(CloudProvider):
         if self.python_cmd != VENV_PYTHON:
             return []
         venv = VENV_PYTHON.rsplit("/bin/", 1)[0]
+        # the host interpreter's own site directories stay visible (a .pth after the venv's
+        # own: what is installed into the venv wins), also when python3 is itself a venv or a
+        # conda env, where --system-site-packages alone would not see its packages
+        host_paths = (
+            "import sys; print(chr(10).join(p for p in sys.path "
+            "if p.endswith(('site-packages', 'dist-packages'))))"
+        )
+        venv_purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
         lines = [
             f"if [ ! -x {VENV_PYTHON} ]; then "
             f"if command -v uv >/dev/null 2>&1; then uv venv -q --system-site-packages "
             f"--python python3 {venv}; else python3 -m venv --system-site-packages {venv}; fi "
             f"|| {{ echo \"[aios] $(hostname): cannot create aios's environment {venv} with "
             'python3 -m venv (Debian/Ubuntu: apt install python3-venv), or pass --python"; '
-            "exit 2; }; fi",
+            f"exit 2; }}; python3 -c {shlex.quote(host_paths)} > "
+            f'"$({VENV_PYTHON} -c {shlex.quote(venv_purelib)})/_aios_host.pth"; fi',
         ]
         if not requirements:
             return lines

@@ -85,6 +85,7 @@ NETNS_ETC = Path("/etc/netns")  # `ip netns exec NS` bind-mounts /etc/netns/NS/*
 # third-generation and later machine series) and a virtio SCSI controller (0x1af4:0x1004).
 # A TPU VM adds one TPU function per chip, e.g. ("0x1ae0", "0x006f") for v6e.
 GCE_VM_PCI: tuple[tuple[str, str], ...] = (("0x1ae0", "0x0042"), ("0x1af4", "0x1004"))
+_PCI_CLASS = {("0x1ae0", "0x0042"): "0x020000", ("0x1af4", "0x1004"): "0x010000"}
 
 
 def _run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
@@ -186,6 +187,12 @@ class SshdHost:
             fn.mkdir()
             (fn / "vendor").write_text(vendor + "\n")
             (fn / "device").write_text(device + "\n")
+            # the PCI class as sysfs has it (gloo reads every device's class to place NICs):
+            # network controller for gVNIC, processing accelerator for a TPU, storage else
+            cls = _PCI_CLASS.get((vendor, device)) or (
+                "0x120000" if vendor == "0x1ae0" else "0x010000"
+            )
+            (fn / "class").write_text(cls + "\n")
         return root
 
     # ------------------------------------------------------------------ cron
