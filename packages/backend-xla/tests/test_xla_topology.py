@@ -43,7 +43,8 @@ def test_known_types(text):
     assert (t.hbm_gib_per_chip, t.bf16_tflops_per_chip, t.runtime_version) == (hbm, tflops, rt)
     assert t.accelerator_type == text
     assert t.hosts * t.chips_per_host == t.chips
-    assert t.processes_per_host == t.chips_per_host
+    per_chip = 2 if gen == "tpu7x" else 1  # TPU7x: one process per chiplet
+    assert t.processes_per_host == t.chips_per_host * per_chip
     assert t.peak_bf16_tflops == pytest.approx(tflops * chips)
 
 
@@ -52,6 +53,30 @@ def test_v2_v3_show_two_devices_per_chip_and_megacore_one():
     assert parse_accelerator_type("v3-8").devices_per_host == 8
     assert parse_accelerator_type("v4-16").devices == 8
     assert parse_accelerator_type("v5p-8").devices == 4
+
+
+def test_tpu7x_shows_two_devices_and_runs_two_processes_per_chip():
+    """TPU7x's two TensorCores are two chiplets without megacore: two devices per chip (JAX's
+    pallas ChipVersion TPU_7X: 2 physical TensorCores, supports_megacore False); torch_xla gives
+    the chiplet its own process-bounds axis (pytorch/xla#9586): one process per chiplet."""
+    t = parse_accelerator_type("tpu7x-8")  # 4 chips, one VM
+    assert (t.chips, t.hosts, t.devices_per_host, t.devices) == (4, 1, 8, 8)
+    assert t.processes_per_host == 8 and t.world_size == 8
+    t = parse_accelerator_type("tpu7x-32")  # 16 chips, 4 VMs
+    assert (t.hosts, t.devices, t.world_size, t.processes_per_host) == (4, 32, 32, 8)
+
+
+def test_v6e_and_v5e_2x4_come_on_one_or_two_hosts():
+    """https://cloud.google.com/tpu/docs/v6e: 2x4 is 8 chips on 1 or 2 VMs."""
+    for text in ("v6e-8", "v5litepod-8"):
+        t = parse_accelerator_type(text)
+        assert t.host_layouts() == [(1, 8), (2, 4)]
+        two = t.with_hosts(2)
+        assert (two.hosts, two.chips_per_host, two.devices_per_host, two.chips) == (2, 4, 4, 8)
+        assert two.processes_per_host == 4 and two.world_size == 8
+    assert parse_accelerator_type("v6e-4").host_layouts() == [(1, 4)]
+    assert parse_accelerator_type("v6e-16").host_layouts() == [(4, 4)]
+    assert parse_accelerator_type("v4-16").host_layouts() == [(2, 4)]
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,10 @@ EXPECTED = {
     "trn1.2xlarge": ("neuron", 1, 32, 8, 32, 0),
     "trn1.32xlarge": ("neuron", 16, 32, 128, 512, 8),
     "trn2.48xlarge": ("neuron", 16, 96, 192, 2048, 16),
+    "p5en.48xlarge": ("cuda", 8, 141, 192, 2048, 16),
+    "p6-b200.48xlarge": ("cuda", 8, 179, 192, 2048, 8),
+    "p6-b300.48xlarge": ("cuda", 8, 268, 192, 4096, 16),
+    "trn2u.48xlarge": ("neuron", 16, 96, 192, 2048, 16),
 }
 
 
@@ -34,9 +38,10 @@ def test_catalog_contents():
             t.memory_gib,
             t.efa_interfaces,
         ) == (backend, n, hbm, vcpu, ram, efa), name
-        assert t.on_demand_hourly > 0 and (
-            t.spot_hourly is None or t.spot_hourly < t.on_demand_hourly
-        )
+        if t.on_demand_hourly is not None:  # no recorded price: "unknown price", never a refusal
+            assert t.on_demand_hourly > 0 and (
+                t.spot_hourly is None or t.spot_hourly < t.on_demand_hourly
+            )
         assert t.regions and t.price_region in t.regions
         assert t.to_dict()["prices_recorded"] == cat.PRICES_RECORDED
     assert cat.INSTANCE_TYPES["trn1.32xlarge"].neuron_cores == 32
@@ -160,3 +165,26 @@ def test_aios_catalog_shows_vcpu_ram_and_efa(tmp_path):
     line = {ln.split("│")[2].strip(): ln for ln in r.stdout.splitlines() if ln.count("│") > 3}
     assert "192 vCPU, 2048 GiB RAM, 32 EFA" in line["p5.48xlarge"]
     assert "8 vCPU, 32 GiB RAM, no EFA" in line["trn1.2xlarge"]
+
+
+def test_the_tables_facts_agree_with_ec2s_own_description(aws):
+    """The table only fills in facts; EC2's DescribeInstanceTypes (moto ships AWS's own instance
+    type data) must agree on devices, vCPUs and the EFA layout of every listed type."""
+    import boto3
+
+    ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=aws.proxy.endpoint)
+    described = {
+        d["InstanceType"]: d
+        for d in ec2.describe_instance_types(InstanceTypes=sorted(cat.INSTANCE_TYPES))[
+            "InstanceTypes"
+        ]
+    }
+    assert sorted(described) == sorted(cat.INSTANCE_TYPES)
+    for name, t in cat.INSTANCE_TYPES.items():
+        live = cat.from_describe(described[name])
+        assert (live.accelerators, live.vcpus, live.efa_interfaces) == (
+            t.accelerators,
+            t.vcpus,
+            t.efa_interfaces,
+        ), name
+    cat.LIVE.clear()

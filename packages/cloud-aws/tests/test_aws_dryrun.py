@@ -387,3 +387,35 @@ def test_neuron_image_facts_come_from_aios_versions(offline_env):
     # an explicit setting still wins
     own = AwsProvider(settings=AwsSettings(neuron_ami_parameter="/my/param"))
     assert own.ami_parameter("trn2.48xlarge") == "/my/param"
+
+
+def test_cli_dry_run_capacity_block_x2_has_no_placement_group_and_shows_the_end(offline_env):
+    """Capacity Blocks: no placement group of aios's own ("there is no need to use a cluster
+    placement group with a Capacity Block"), and the block's end handling: EC2 terminates its
+    instances from EndDate - 30 min with no spot notice
+    (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-blocks-using.html)."""
+    out = _dry_run(
+        offline_env,
+        *("-a", "p5.48xlarge", "--reservation", "block:cr-0123456789abcdef0", "--nodes", "2"),
+        *("--region", "us-east-1", "--name", "blk"),
+    )
+    assert "create-placement-group" not in out
+    line = next(ln for ln in out.splitlines() if "describe-capacity-reservations" in ln)
+    assert "--capacity-reservation-ids cr-0123456789abcdef0" in line
+    assert "CapacityReservations[0].[State,StartDate,EndDate]" in line
+    assert "EndDate - 30 min" in line and "AIOS_RUN_DEADLINE" in line
+    run = _run_instances(out)
+    assert run["InstanceMarketOptions"] == {"MarketType": "capacity-block"}
+    assert "GroupName" not in run["Placement"]
+    tags = {t["Key"]: t["Value"] for t in run["TagSpecifications"][0]["Tags"]}
+    assert tags["aios:capacity-block"] == "cr-0123456789abcdef0"
+
+
+@pytest.mark.parametrize(
+    "itype,efa", [("p5en.48xlarge", 16), ("p6-b200.48xlarge", 8), ("p6-b300.48xlarge", 16)]
+)
+def test_cli_dry_run_current_gpu_families_plan(offline_env, itype, efa):
+    out = _dry_run(offline_env, "-a", itype, "--nodes", "2", "--region", "us-east-1")
+    run = _run_instances(out)
+    assert run["InstanceType"] == itype
+    assert sum(1 for n in run["NetworkInterfaces"] if "efa" in n.get("InterfaceType", "")) == efa

@@ -52,24 +52,62 @@ def no_secret_anywhere(tmp: Path, *texts: str) -> None:
 
 
 def test_unknown_instance_type(aws, tmp_path, make_provider):
+    """The live answer decides: a type aios's table does not list is asked of EC2
+    (DescribeInstanceTypes), and one EC2 does not know is refused in one line, before any
+    instance is launched."""
+    p = make_provider()
+    p.validate(ClusterRequest(name="x", accelerator="p5.96xlarge"))  # well-formed: EC2 decides
     with pytest.raises(UnknownInstanceType) as ei:
-        make_provider().validate(ClusterRequest(name="x", accelerator="p5.96xlarge"))
-    assert "did you mean p5.48xlarge" in ei.value.fix
+        p.zones("p5.96xlarge")
+    assert "EC2 does not know it" in str(ei.value) and "did you mean p5.48xlarge" in ei.value.fix
     r = launch(tmp_path, "-a", "p9.48xlarge")
     line = one_error_line(r)
     assert "unknown instance type 'p9.48xlarge'" in line and "aios catalog --cloud aws" in line
-    assert not aws.proxy.calls
+    assert not aws.proxy.called("RunInstances")
+    r = launch(tmp_path, "-a", "p5 48xlarge")  # not a type name at all: no call
+    assert "is not an EC2 instance type name" in one_error_line(r)
+
+
+def test_a_type_the_table_does_not_list_launches_with_ec2s_facts(aws, make_provider, pubkey):
+    """A type missing from aios's table (here the table is emptied of p5en) is planned from
+    EC2's own description: devices and EFA interfaces (16 on p5en) from DescribeInstanceTypes,
+    "unknown price" instead of a refusal."""
+    from aios_cloud_aws import catalog as cat
+
+    saved = cat.INSTANCE_TYPES.pop("p5en.48xlarge")
+    try:
+        p = make_provider()
+        assert p.entry("p5en.48xlarge").extra["prices_recorded"] == "unknown price"
+        zones = p.zones("p5en.48xlarge")
+        t = cat.lookup("p5en.48xlarge")
+        assert zones and t.accelerators == 8 and t.efa_interfaces == 16 and not t.listed
+        req = p.validate(
+            ClusterRequest(
+                name="unl",
+                accelerator="p5en.48xlarge",
+                nodes=2,
+                zone=zones[0],
+                ssh_public_key=pubkey,
+            )
+        )
+        plan = p.plan_create(req)
+        assert plan["efa_interfaces_per_node"] == 16 and plan["hourly_usd"] is None
+        assert plan["price"] == "unknown price"
+    finally:
+        cat.INSTANCE_TYPES["p5en.48xlarge"] = saved
+        cat.LIVE.clear()
 
 
 def test_region_without_the_type(aws, tmp_path, make_provider):
+    """Which regions offer a type is EC2's live answer (DescribeInstanceTypeOfferings), not the
+    recorded table's."""
     with pytest.raises(RegionUnavailable):
-        make_provider().validate(
-            ClusterRequest(name="x", accelerator="trn2.48xlarge", region="us-east-1")
-        )
+        make_provider(region="eu-west-1").zones("trn2.48xlarge")
     r = launch(tmp_path, "-a", "trn2.48xlarge", "--region", "eu-west-1")
     line = one_error_line(r)
     assert "region eu-west-1 does not offer trn2.48xlarge" in line and "--region us-east-2" in line
-    assert not aws.proxy.calls
+    assert aws.proxy.called("DescribeInstanceTypeOfferings")
+    assert not aws.proxy.called("RunInstances")
 
 
 def test_no_credentials(aws, tmp_path, make_provider, monkeypatch):

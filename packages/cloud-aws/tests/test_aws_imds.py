@@ -52,7 +52,10 @@ def test_watcher_notifies_once_and_stops(imds):
     polls = w.polls
     time.sleep(0.3)
     w.stop()
-    assert len(got) == 1 and "stop at" in got[0]
+    assert len(got) == 1 and "stop at" in got[0].reason
+    # the notice's deadline is the instance-action's own time (120 s ahead, to the second)
+    assert got[0].source == "aws-spot"
+    assert abs(got[0].deadline - (time.time() + 120)) < 5
     assert w.polls == polls  # the thread ended after the notice
     assert imds.token_puts == 1  # one token for every poll
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from aios_cloud.failover import create_with_failover
-from aios_cloud.provider import READY, ClusterRequest
+from aios_cloud.provider import READY, CloudError, ClusterRequest
 from aios_cloud_aws.testing.inventory import leftovers
 
 
@@ -324,3 +324,109 @@ def test_dry_run_of_autostop_shows_the_instance_profile(make_provider):
     assert any("ec2:StopInstances" in c and "put-role-policy" in c for c in cmds)
     run = next(c for c in cmds if "run-instances" in c)
     assert '"IamInstanceProfile":{"Name":"aios-autostop"}' in run
+
+
+def _block(aws, rid: str, start: float, end: float, zone: str = "us-east-1b") -> None:
+    aws.proxy.capacity_reservations[rid] = {
+        "zone": zone,
+        "instance_type": "p5.48xlarge",
+        "type": "capacity-block",
+        "start": start,
+        "end": end,
+    }
+
+
+def test_capacity_block_two_nodes_get_no_placement_group_of_aios(aws, make_provider, pubkey):
+    """https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-blocks-using.html: "there is
+    no need to use a cluster placement group with a Capacity Block"; the stand-in refuses one."""
+    import time as _time
+
+    import boto3
+    from botocore.exceptions import ClientError
+
+    now = _time.time()
+    _block(aws, "cr-0blk2", now - 60, now + 86400)
+    # the stand-in's rule, through the real client: a group of one's own with the block is refused
+    ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=aws.proxy.endpoint)
+    ec2.create_placement_group(GroupName="mine", Strategy="cluster")
+    with pytest.raises(ClientError, match="without a placement group of your own"):
+        ec2.run_instances(
+            ImageId=aws.gpu_ami,
+            InstanceType="p5.48xlarge",
+            MinCount=2,
+            MaxCount=2,
+            Placement={"AvailabilityZone": "us-east-1b", "GroupName": "mine"},
+            CapacityReservationSpecification={
+                "CapacityReservationTarget": {"CapacityReservationId": "cr-0blk2"}
+            },
+            InstanceMarketOptions={"MarketType": "capacity-block"},
+        )
+    ec2.delete_placement_group(GroupName="mine")
+    aws.proxy.calls.clear()
+    p = make_provider()
+    req = p.validate(
+        ClusterRequest(
+            name="blk2",
+            accelerator="p5.48xlarge",
+            nodes=2,
+            zone="us-east-1b",
+            ssh_public_key=pubkey,
+            extra={"reservation": "block:cr-0blk2"},
+        )
+    )
+    assert p.plan_create(req)["placement_group"] is None
+    info = p.create(req)
+    assert info.state == READY and len(info.hosts) == 2
+    (run,) = aws.proxy.called("RunInstances")
+    assert "Placement.GroupName" not in run and not aws.proxy.called("CreatePlacementGroup")
+    p.delete("blk2", None)
+
+
+def test_capacity_block_dates_state_and_reclaim(aws, make_provider, pubkey):
+    """A block is launched into only while active, and EC2 terminates its instances from 30
+    minutes before its end with no spot notice
+    (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-blocks-using.html): aios reads
+    the dates at launch, refuses a block that is not active (one line), and hands every host the
+    reclaim time minus aws.capacity_block_margin as the ranks' deadline."""
+    import time as _time
+
+    from aios.contract import DEADLINE_ENV, DEADLINE_SOURCE_ENV
+    from aios_cloud.provider import PREEMPTED
+    from aios_cloud_aws.instances import _epoch
+
+    now = _time.time()
+    _block(aws, "cr-0later", now + 7200, now + 7200 + 86400)
+    _block(aws, "cr-0over", now - 86400, now - 60)
+    _block(aws, "cr-0now", now - 60, now + 1800 + 3600)
+    p = make_provider(capacity_block_margin=120)
+
+    def req(rid: str, name: str) -> ClusterRequest:
+        return p.validate(
+            ClusterRequest(
+                name=name,
+                accelerator="p5.48xlarge",
+                zone="us-east-1b",
+                ssh_public_key=pubkey,
+                extra={"reservation": f"block:{rid}"},
+            )
+        )
+
+    with pytest.raises(CloudError, match=r"capacity block cr-0later is scheduled: it starts at"):
+        p.create(req("cr-0later", "later"))
+    with pytest.raises(CloudError, match=r"capacity block cr-0over is expired, not active"):
+        p.create(req("cr-0over", "over"))
+    assert not aws.proxy.called("RunInstances")  # nothing launched blindly
+    info = p.create(req("cr-0now", "now"))
+    ids = sorted(h.instance_id for h in info.hosts)
+    block = info.raw["capacity_block"]
+    assert block["id"] == "cr-0now"
+    assert _epoch(block["terminates_from"]) == pytest.approx(now + 3600, abs=2)
+    env = p.remote_env(info)
+    assert env[DEADLINE_SOURCE_ENV] == "capacity-block"
+    assert float(env[DEADLINE_ENV]) == pytest.approx(now + 3600 - 120, abs=2)
+    # the stand-in reclaims at end - 30 min: the instances go, and aios sees capacity that ended
+    aws.proxy.clock = p.clock = lambda: now + 3600 + 1
+    info = p.describe("now", "us-east-1b")
+    assert info is not None and info.state == PREEMPTED
+    assert sorted(iid for iid, _ in aws.proxy.reaped) == ids
+    p.delete("now", None)

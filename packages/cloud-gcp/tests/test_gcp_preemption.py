@@ -52,7 +52,9 @@ def test_gcp_watcher_notifies_once_on_preemption(metadata):
     metadata["changed"].set()
     assert fired.wait(10)
     w.stop()
-    assert got == ["GCE preemption notice (metadata instance/preempted=TRUE)"]
+    (notice,) = got
+    assert notice.reason == "GCE preemption notice (metadata instance/preempted=TRUE)"
+    assert notice.source == "gce-preemption" and notice.deadline is not None  # stop in 30 s
     assert set(metadata["headers"]) == {"Google"} and any(
         "wait_for_change=true" in p for p in metadata["paths"]
     )
@@ -67,3 +69,54 @@ def test_gcp_watcher_registered_only_on_gce(metadata, monkeypatch):
     monkeypatch.setenv("GCE_METADATA_HOST", metadata["host"])
     ws = plugin.aios_preemption_watchers(config=None)
     assert len(ws) == 1 and ws[0].host == metadata["host"]
+
+
+def test_tpu_maintenance_is_a_notice_with_the_windows_start_and_the_slice_is_interrupted():
+    """Cloud TPU announces host maintenance on the metadata server
+    (https://cloud.google.com/tpu/docs/view-maintenance-notifications); the stand-in serves the
+    key and, at the window, stops every machine of the slice (a host event interrupts the whole
+    slice). The watcher's notice carries the window's start as its deadline."""
+    import time
+
+    from aios_cloud_gcp.preemption import TpuMaintenanceWatcher
+    from aios_cloud_gcp.testing import FakeMetadataServer, FakeTpuService
+    from google.api_core.client_options import ClientOptions
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import tpu_v2
+
+    class Machine:  # a host of the slice; no disk (home) of its own here
+        def __init__(self) -> None:
+            self.up = True
+
+        def stop(self) -> None:
+            self.up = False
+
+    with FakeTpuService(project="aios-test") as svc, FakeMetadataServer() as md:
+        client = tpu_v2.TpuClient(
+            credentials=AnonymousCredentials(),
+            transport="rest",
+            client_options=ClientOptions(api_endpoint=svc.url),
+        )
+        parent = "projects/aios-test/locations/us-west4-a"
+        node = {"accelerator_type": "v5litepod-16", "runtime_version": "v2-alpha-tpuv5-lite"}
+        client.create_node(request={"parent": parent, "node_id": "m1", "node": node}).result()
+        machines = [Machine() for _ in range(4)]
+        svc.node("m1").machines = machines
+        w = TpuMaintenanceWatcher(host=md.host, interval=0.05)
+        assert w.poll_once() is None  # "no notifications have been received yet"
+        got: list = []
+        fired = threading.Event()
+        w.start(lambda n: (got.append(n), fired.set()))
+        start = time.time() + 1.0
+        t = svc.schedule_maintenance("m1", start, metadata=md)
+        assert fired.wait(10)
+        w.stop()
+        (notice,) = got
+        assert notice.source == "tpu-maintenance" and abs(notice.deadline - int(start)) <= 1
+        assert all(m.up for m in machines)  # announced ahead: nothing interrupted yet
+        t.join(10)
+        assert not any(m.up for m in machines)  # the whole slice at the window
+        got_node = client.get_node(request={"name": f"{parent}/nodes/m1"})
+        assert got_node.health.name == "UNHEALTHY_MAINTENANCE"
+        assert md.upcoming["maintenanceStatus"] == "ONGOING"
+        svc.node("m1").machines = []  # the test's machines are not the service's to free

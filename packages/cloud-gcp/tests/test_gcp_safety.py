@@ -191,7 +191,7 @@ def test_printed_gcloud_command_is_what_is_sent(queued):
         p.delete("c1", "us-west4-a")
 
 
-def test_spot_tpus_are_never_stopped_and_maintenance_is_waited_out():
+def test_spot_tpus_are_never_stopped_and_maintenance_is_reported():
     with FakeTpuService(project="aios-test") as svc:
         p = provider(svc)
         r = req(p, accelerator="v5litepod-8", zone="us-west4-a", spot=True)

@@ -72,7 +72,7 @@ def test_launch_tpu_multislice_jobset_status_logs_down(
     pods = kube.of_kind("Pod")
     assert sorted(p["spec"]["hostname"] for p in pods) == [f"tpu1-slice-0-{i}" for i in range(4)]
     st = json.loads(run_aios(env, "status", "--refresh", "--json").stdout)
-    assert st[0]["cloud"] == "k8s" and st[0]["state"] == "PENDING"
+    assert st[0]["cloud"] == "k8s" and st[0]["state"] == "RUNNING"  # the 4 pods were scheduled
     kube.finish("tpu1", logs={0: "gpt: done 3 steps\n", 1: "rank 1 ok\n"})
     st = json.loads(run_aios(env, "status", "--refresh", "--json").stdout)
     assert st[0]["state"] == "COMPLETED"
@@ -245,3 +245,87 @@ def test_tpu7x_dry_run_is_applyable_as_printed(kube, k8s_env, run_aios, project)
     }
     assert pod["containers"][0]["resources"]["limits"]["google.com/tpu"] == "4"
     assert kube.requests == []
+
+
+def _tpu_node(name: str, topology: str, machine: str, chips: int) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "cloud.google.com/gke-nodepool": f"pool-{machine}",
+                "cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
+                "cloud.google.com/gke-tpu-topology": topology,
+                "node.kubernetes.io/instance-type": machine,
+            },
+        },
+        # GKE taints TPU nodes; pods tolerate google.com/tpu
+        "spec": {"taints": [{"key": "google.com/tpu", "value": "present", "effect": "NoSchedule"}]},
+        "status": {"allocatable": {"cpu": "170", "google.com/tpu": str(chips)}},
+    }
+
+
+def _launch_v6e8(run_aios, env, project, name):
+    return run_aios(
+        env,
+        *("launch", "--cloud", "k8s", "-a", "v6e-8", "--name", name),
+        *("--workdir", str(project), "--detach", "train.py"),
+    )
+
+
+def test_v6e_2x4_pool_of_4_chip_nodes_gets_two_pods_per_slice(
+    jobset_crd, k8s_env, run_aios, project
+):
+    """https://cloud.google.com/tpu/docs/v6e: 2x4 is one ct6e-standard-8t VM or two
+    ct6e-standard-4t VMs. On a pool of 4-chip nodes a pod asking google.com/tpu: 8 never
+    schedules (the stand-in's scheduler, as kube-scheduler, leaves it Pending): the pods follow the
+    pool, and a pool that cannot hold the slice is refused in one line."""
+    from aios_cloud_k8s.testing import FakeKubeApi
+
+    nodes = [_tpu_node(f"v6e-4t-{i}", "2x4", "ct6e-standard-4t", 4) for i in range(2)]
+    with FakeKubeApi(nodes=nodes, jobset_crd=jobset_crd) as kube:
+        env = k8s_env(kube)
+        r = _launch_v6e8(run_aios, env, project, "six")
+        assert r.returncode == 0, r.stderr
+        assert "2 pods per slice" in r.stderr, r.stderr
+        rj = kube.get("JobSet", "six")["spec"]["replicatedJobs"][0]["template"]["spec"]
+        assert rj["parallelism"] == 2
+        limits = rj["template"]["spec"]["containers"][0]["resources"]["limits"]
+        assert limits["google.com/tpu"] == "4"
+        pods = kube.of_kind("Pod")
+        assert [p["status"]["phase"] for p in pods] == ["Running", "Running"]
+        assert sorted(p["spec"]["nodeName"] for p in pods) == ["v6e-4t-0", "v6e-4t-1"]
+        st = json.loads(run_aios(env, "status", "--refresh", "--json").stdout)
+        assert st[0]["state"] == "RUNNING"
+        assert run_aios(env, "down", "six").returncode == 0
+    # a 2x4 pool whose nodes hold 2 chips each fits neither layout: one line, nothing created
+    nodes = [_tpu_node(f"odd-{i}", "2x4", "ct6e-standard-2t", 2) for i in range(4)]
+    with FakeKubeApi(nodes=nodes, jobset_crd=jobset_crd) as kube:
+        env = k8s_env(kube)
+        line = _one_line_error(_launch_v6e8(run_aios, env, project, "odd"))
+        assert "no node pool fits v6e-8: its pods ask google.com/tpu: 8 or 4 per node" in line
+        assert "(ct6e-standard-2t) hold 2" in line and kube.of_kind("JobSet") == []
+
+
+def test_a_pod_no_node_can_hold_is_reported_pending_with_the_schedulers_reason(
+    jobset_crd, k8s_env, run_aios, project
+):
+    """A JobSet's ``active`` counts pending pods (its Jobs' ``active``: "pending and running
+    pods", https://kubernetes.io/docs/concepts/workloads/controllers/job/); aios reads the pods."""
+    from aios_cloud_k8s.testing import FakeKubeApi
+
+    nodes = [_tpu_node("v6e-8t-0", "2x4", "ct6e-standard-8t", 8)]
+    with FakeKubeApi(nodes=nodes, jobset_crd=jobset_crd) as kube:
+        env = k8s_env(kube)
+        assert _launch_v6e8(run_aios, env, project, "first").returncode == 0
+        assert _launch_v6e8(run_aios, env, project, "second").returncode == 0  # the pool is full
+        js = kube.get("JobSet", "second")
+        assert js["status"]["replicatedJobsStatus"][0]["active"] == 1  # as the controller says
+        st = {
+            c["name"]: c for c in json.loads(run_aios(env, "status", "--refresh", "--json").stdout)
+        }
+        assert st["first"]["state"] == "RUNNING" and st["second"]["state"] == "PENDING"
+        pending = [p for p in kube.of_kind("Pod") if p["status"]["phase"] == "Pending"]
+        msg = pending[0]["status"]["conditions"][0]["message"]
+        assert msg == "0/1 nodes are available: 1 Insufficient google.com/tpu."

@@ -136,3 +136,36 @@ def test_bad_accelerators():
         M.placement("quantum-9", 1)
     with pytest.raises(ConfigError):
         M.indexed_job(_req("v5litepod-16", 2, "job"))
+
+
+def test_pods_grace_matches_aios_and_gke_spot_caps_it_to_15s():
+    """A pod's deletion is SIGTERM then SIGKILL after terminationGracePeriodSeconds; on GKE Spot
+    nodes non-system pods get at most 15 s whatever the manifest asks
+    (https://cloud.google.com/kubernetes-engine/docs/concepts/spot-vms#termination-graceful-shutdown).
+    The manifest's grace and the ranks' (AIOS_RUN_GRACE_CAP) agree."""
+    from aios.contract import GRACE_CAP_ENV
+    from aios_cloud_k8s import manifests as M
+
+    def pod(spot: bool, grace: float) -> dict:
+        req = M.JobRequest(
+            name="g",
+            namespace="default",
+            image="img",
+            command=["python", "t.py"],
+            place=M.placement("v5litepod-16", 1),
+            api="jobset",
+            grace_seconds=grace,
+            spot=spot,
+        )
+        js = M.manifests(req, {}, "")[-1]
+        return js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+
+    on_demand = pod(False, 25.0)
+    env = {e["name"]: e.get("value") for e in on_demand["containers"][0]["env"]}
+    assert on_demand["terminationGracePeriodSeconds"] == 25 and env[GRACE_CAP_ENV] == "25"
+    assert "cloud.google.com/gke-spot" not in on_demand["nodeSelector"]
+    spot = pod(True, 25.0)
+    env = {e["name"]: e.get("value") for e in spot["containers"][0]["env"]}
+    assert spot["terminationGracePeriodSeconds"] == 15 and env[GRACE_CAP_ENV] == "15"
+    assert spot["nodeSelector"]["cloud.google.com/gke-spot"] == "true"
+    assert pod(True, 10.0)["terminationGracePeriodSeconds"] == 10

@@ -471,3 +471,49 @@ def test_preempted_job_requeues_resumes_and_ends_at_the_uninterrupted_loss(
     assert st["jobs"][-1]["state"] == "SUCCEEDED" and st["jobs"][-1]["restarts"] == 1, st
     assert [e["kind"] for e in st["recoveries"]] == ["preempted", "recovered"]
     assert run_aios(env, "down", "pre").returncode == 0
+
+
+def test_the_ranks_get_the_jobs_end_and_the_signal_lead_as_their_deadline(
+    slurm, tmp_path, wait_for
+):
+    """The job's end (its --time) is every rank's known deadline, and --signal's lead is the
+    grace after SIGTERM (https://slurm.schedmd.com/sbatch.html#OPT_signal): a real sbatch of the
+    script aios renders, each task printing what it was given."""
+    import time as _time
+
+    from aios_cloud_slurm.script import SbatchJob, render
+
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    probe = (
+        'echo "deadline=$AIOS_RUN_DEADLINE src=$AIOS_RUN_DEADLINE_SOURCE cap=$AIOS_RUN_GRACE_CAP"'
+    )
+    script = render(
+        SbatchJob(
+            name="dl",
+            job_dir=str(job_dir),
+            code_dir=str(tmp_path),
+            command=["sh", "-c", probe],
+            nodes=1,
+            time="00:10:00",
+            signal_grace=90,
+        )
+    )
+    (job_dir / "run.sbatch").write_text(script)
+    before = _time.time()
+    r = subprocess.run(
+        ["sbatch", "--parsable", str(job_dir / "run.sbatch")],
+        env=slurm.env(),
+        text=True,
+        capture_output=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    out = job_dir / f"slurm-{r.stdout.strip().split(';')[0]}.out"
+    wait_for(lambda: out.exists() and "deadline=" in out.read_text(), 120, "the job's output")
+    line = next(ln for ln in out.read_text().splitlines() if ln.startswith("deadline="))
+    fields = dict(kv.split("=", 1) for kv in line.split())
+    assert fields["src"] == "slurm-time-limit" and fields["cap"] == "90"
+    # the deadline is the job's start plus its 10-minute limit
+    assert before + 600 - 5 <= float(fields["deadline"]) <= _time.time() + 600 + 5
+    wait_for(lambda: slurm.squeue().strip() == "", 120, "the job to leave the queue")

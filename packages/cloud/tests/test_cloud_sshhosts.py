@@ -99,10 +99,13 @@ def test_cloud_sshhosts_option_checks(tmp_path):
 
 def test_cloud_sshhosts_hosts_file_and_entries():
     assert parse_hosts(["box", "ubuntu@10.0.0.5:2222", "Lab-1.example.org"], "me") == [
-        HostSpec("me", "box", 22),
+        HostSpec("me", "box", 0),  # no port written: ~/.ssh/config (or ssh's 22) decides
         HostSpec("ubuntu", "10.0.0.5", 2222),
-        HostSpec("me", "Lab-1.example.org", 22),  # as written (~/.ssh/config names)
+        HostSpec("me", "Lab-1.example.org", 0),  # as written (~/.ssh/config names)
     ]
+    # no user written and no --ssh-user: none is passed (ssh_config's User, else ssh's default)
+    assert parse_hosts(["labbox"], "") == [HostSpec("", "labbox", 0)]
+    assert HostSpec("", "labbox", 0).target == "labbox"
     assert HostSpec("ubuntu", "10.0.0.5", 2222).target == "ubuntu@10.0.0.5:2222"
     # the same machine on another port is another sshd (NAT port forwards)
     assert len(parse_hosts(["a@h:2201", "a@h:2202"], "me")) == 2
@@ -365,3 +368,91 @@ def test_cloud_sshhosts_a_host_without_torch_is_one_line_and_the_launch_undone(t
     assert f"torch is not installed for {bare / 'bin' / 'python'}" in last and "(worker 0" in last
     assert json.loads(aios(env, "status", "--json").stdout) == []
     assert not (h.home / "aios").exists()  # the failed launch removed what it had written
+
+
+def test_cloud_sshhosts_the_probe_counts_tpu_chips_by_device_id_not_gvnic(tmp_path, sshd_cluster):
+    """gVNIC has Google's PCI vendor id 0x1ae0 (device 0x0042) and is on every third-generation
+    and later GCE VM (https://cloud.google.com/compute/docs/networking/using-gvnic): a TPU chip is
+    a TPU device id under the vendor (aios.pci, the table backend-xla's discovery uses)."""
+    from aios.pci import GOOGLE_PCI_VENDOR, GVNIC_PCI_DEVICE
+    from aios_cloud.testing.sshd import GCE_VM_PCI
+
+    v6e = (GOOGLE_PCI_VENDOR, "0x006f")
+    assert (GOOGLE_PCI_VENDOR, GVNIC_PCI_DEVICE) in GCE_VM_PCI
+    # worker 0: a GCE CPU VM (gVNIC only); worker 1: a v6e-4 TPU VM (gVNIC and 4 chips)
+    cluster = sshd_cluster(2, netns=True, pci=[list(GCE_VM_PCI), [*GCE_VM_PCI, *[v6e] * 4]])
+    work = tmp_path / "proj"
+    work.mkdir()
+    (work / "t.py").write_text("print('ran on a GCE VM', flush=True)\n")
+    env = environ(tmp_path)
+    cpu_vm, tpu_vm = cluster.hosts
+
+    def launch(h, name, *extra):
+        return aios(
+            env,
+            "launch",
+            "--cloud",
+            "ssh",
+            "--hosts",
+            f"{cluster.user}@{h.ip}",
+            "--identity",
+            str(cluster.client_key),
+            "--name",
+            name,
+            "--python",
+            sys.executable,
+            "--no-setup",
+            "--workdir",
+            str(work),
+            *extra,
+            "t.py",
+        )
+
+    r = launch(cpu_vm, "cpuvm")  # -a auto: a GCE CPU VM is a CPU host
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "TPU chips" not in r.stderr and "ran on a GCE VM" in r.stdout, r.stderr[-2000:]
+    r = launch(tpu_vm, "tpuvm")  # the TPU VM: its 4 chips, not 5
+    assert r.returncode == 2 and "has 4 TPU chips; -a auto trains on CPU only" in r.stderr, (
+        r.stderr[-2000:]
+    )
+    assert aios(env, "down", "cpuvm").returncode == 0
+
+
+def test_cloud_sshhosts_installs_into_aios_own_environment_never_a_system_python(tmp_path):
+    """Debian 12 / Ubuntu 24.04 refuse pip installs into the system interpreter (PEP 668,
+    https://peps.python.org/pep-0668/), and elsewhere they would change the user's machine: the
+    setup creates aios's own venv in the cluster's directory (system site packages visible, so a
+    torch the host has is used as it is), installs only what it lacks there, and `aios down`
+    removes it. With --python nothing is installed."""
+    from aios_cloud.request import LaunchRequest
+    from aios_cloud.sshhosts import VENV_PYTHON, SshHostsProvider, cleanup_command
+
+    p = SshHostsProvider()
+    p.launch_extra(LaunchRequest(script="t.py", hosts="me@box"))
+    assert p.python("cpu") == VENV_PYTHON
+    lines = p.setup_commands("cpu", ["pip"])
+    text = "\n".join(lines)
+    assert "-m venv --system-site-packages .aios-venv" in text
+    assert not any(ln.lstrip().startswith("python3 -m pip") for ln in lines)
+    # run the setup as a host would, in the cluster's code directory, with the host's python3
+    code = tmp_path / "aios" / "box" / "code"
+    code.mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PATH"] = "/usr/bin:/bin"  # the host's python3, no uv: the venv module's path
+    r = subprocess.run(["bash", "-c", text], cwd=code, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert (code / VENV_PYTHON).exists() and "installing" not in r.stdout  # pip was there
+    r = subprocess.run(
+        [str(code / VENV_PYTHON), "-c", "import sys; print(sys.prefix != sys.base_prefix)"],
+        capture_output=True,
+        text=True,
+    )
+    assert r.stdout.strip() == "True"  # a virtual environment, not the system interpreter
+    # aios down removes it with aios's other files
+    env["HOME"] = str(tmp_path)
+    r = subprocess.run(["bash", "-c", cleanup_command("box", True)], env=env, text=True)
+    assert not (code / ".aios-venv").exists()
+    # the user's --python: used as it is, nothing installed
+    mine = SshHostsProvider()
+    mine.launch_extra(LaunchRequest(script="t.py", hosts="me@box", python="/opt/py/bin/python"))
+    assert mine.python("cpu") == "/opt/py/bin/python" and mine.setup_commands("cpu", ["x"]) == []

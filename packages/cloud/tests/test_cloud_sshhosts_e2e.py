@@ -336,7 +336,9 @@ def test_cloud_ssh_launch_without_python_dry_run_and_real_on_two_hosts(tmp_path,
             env=env, cwd=work, text=True, capture_output=True, timeout=120,
         )  # fmt: skip
         assert r.returncode == 0, r.stderr
-        assert "TypeError" not in r.stderr and "python3 -m torch.distributed.run" in r.stdout
+        # aios's own environment on the hosts (made from their python3, which stays visible)
+        assert "TypeError" not in r.stderr
+        assert ".aios-venv/bin/python -m torch.distributed.run" in r.stdout
         assert "--nnodes 2" in r.stdout and "have|put" not in r.stdout  # runs as printed
         r = subprocess.run(
             [sys.executable, "-m", "aios.cli.main", "launch", "--cloud", "ssh", "--hosts", hosts,
@@ -350,3 +352,73 @@ def test_cloud_ssh_launch_without_python_dry_run_and_real_on_two_hosts(tmp_path,
         assert aios(env, "down", st["name"]).returncode == 0
     finally:
         subprocess.run(["ssh-agent", "-k"], env=env, capture_output=True)
+
+
+def test_cloud_ssh_hosts_behind_a_gateways_port_forwards(tmp_path, sshd_cluster):
+    """Hosts behind one NAT gateway: this machine reaches them at GATEWAY:2201/2202, while each
+    listens on 22 inside; the head reaches the other hosts at their internal address on their own
+    sshd port (22, or --worker-port), never the user's external port."""
+    cluster = sshd_cluster(2, netns=True, forwarded=True)
+    gw = cluster.hosts[0].ip
+    assert {h.ip for h in cluster.hosts} == {gw} and [h.port for h in cluster.hosts] == [
+        2201,
+        2202,
+    ]
+    work = project(tmp_path)
+    (work / "hello.py").write_text(
+        "import os\nprint('hello from rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], "
+        "flush=True)\n"
+    )
+    env = environ(tmp_path)
+    base = ["--cloud", "ssh", "--hosts", hosts_arg(cluster), "--identity", str(cluster.client_key)]
+    r = aios(
+        env,
+        "launch",
+        *base,
+        *("--name", "nat", "--python", sys.executable, "--nprocs-per-host", "1"),
+        *("--no-setup", "--workdir", str(work), "hello.py"),
+        timeout=400,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    # the head copied the code to the other host over the cluster network (port 22 inside)
+    assert "which copied the changes to 1 other hosts over the cluster network" in r.stderr
+    ranks = sorted(int(x) for x in re.findall(r"hello from rank (\d) of 2", r.stdout))
+    assert ranks == [0, 1], r.stdout[-2000:]
+    assert job(env)["jobs"][0]["exit_codes"] == [0, 0]
+    assert aios(env, "down", "nat").returncode == 0
+
+
+def test_cloud_ssh_an_alias_of_ssh_config_decides_port_and_user(tmp_path, sshd_cluster):
+    """``-p``/``user@`` only when the user wrote them: the command line wins over
+    ~/.ssh/config (ssh_config(5)), so an alias keeps its own Port and User; the dry run names
+    the alias."""
+    cluster = sshd_cluster(1, netns=True)
+    h = cluster.hosts[0]
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(
+        f"Host labbox\n  HostName {h.ip}\n  Port {h.port}\n  User {cluster.user}\n"
+        f"  IdentityFile {cluster.client_key}\n"
+    )
+    # the user's ssh reads this config (ssh reads ~/.ssh/config of the passwd entry: a wrapper
+    # passes it with -F, the rest of the argv is aios's)
+    wrapper = tmp_path / "bin" / "ssh"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f'#!/bin/sh\nexec {shutil.which("ssh")} -F {cfg} "$@"\n')
+    wrapper.chmod(0o755)
+    work = project(tmp_path)
+    (work / "t.py").write_text("print('ran on the alias', flush=True)\n")
+    env = {**environ(tmp_path), "PATH": f"{wrapper.parent}:{os.environ['PATH']}"}
+    env["USER"] = env["LOGNAME"] = "someone-else"  # never this machine's login name
+    args = ["launch", "--cloud", "ssh", "--hosts", "labbox", "--name", "alias"]
+    args += ["--python", sys.executable, "--no-setup", "--workdir", str(work)]
+    r = aios(env, *args, "--dry-run", "t.py")
+    assert r.returncode == 0, r.stderr
+    assert (
+        "worker 0: ssh host labbox as your ~/.ssh/config has it (its User) (its Port)" in r.stdout
+    )
+    probe = next(ln for ln in r.stdout.splitlines() if ln.startswith("ssh ") and "hostname" in ln)
+    assert " -p " not in probe and "@labbox" not in probe and " labbox " in probe
+    r = aios(env, *args, "t.py")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "ran on the alias" in r.stdout
+    assert aios(env, "down", "alias").returncode == 0

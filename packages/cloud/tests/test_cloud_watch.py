@@ -212,8 +212,12 @@ def test_cloud_watch_replaced_host_with_new_host_key_goes_through_recovery(env, 
     assert (env.hosts[0].home / "attempts").read_text() == "2"
 
 
-def test_cloud_watch_waits_out_host_maintenance(env, tmp_path):
-    """TPU ``UNHEALTHY_MAINTENANCE`` resumes by itself: no repair, no recreate, no restart used."""
+def test_cloud_watch_treats_host_maintenance_as_an_interruption(env, tmp_path):
+    """A host event on a VM of a TPU slice interrupts the entire slice ("Manage GKE node
+    disruption for GPUs and TPUs",
+    https://cloud.google.com/kubernetes-engine/docs/how-to/handle-disruption-gpu-tpu): TPU
+    ``UNHEALTHY_MAINTENANCE`` is an incident named in one line (a managed run recovers), never
+    waited out as if the job resumed by itself."""
     from aios_cloud.provider import MAINTENANCE
 
     store, provider, rec, job_id, config, printer, logs = _setup(env, tmp_path, "ok")
@@ -248,9 +252,8 @@ def test_cloud_watch_waits_out_host_maintenance(env, tmp_path):
         store, provider, job_id, config, printer=printer, log=logs.append, options=opts
     ).run()
     job = store.get_job(job_id)
-    assert code == 0 and job.state == JOB_SUCCEEDED and job.restarts == 0, logs
-    assert not {"stop", "start", "delete", "create"} & set(provider.calls)
-    assert [e.kind for e in store.events("wc")].count("maintenance") == 1
+    assert code != 0 and job.state != JOB_SUCCEEDED, logs
+    assert any("host maintenance (UNHEALTHY_MAINTENANCE)" in ln for ln in logs), logs
 
 
 def test_cloud_job_queue_runs_jobs_one_after_another_and_cancel_dequeues(env, tmp_path):

@@ -33,6 +33,8 @@ INSTANCE_GPUS: dict[str, tuple[int, str]] = {
     "p5.48xlarge": (8, "H100 80GB SXM"),
     "p5e.48xlarge": (8, "H200 141GB SXM"),
     "p5en.48xlarge": (8, "H200 141GB SXM"),
+    "p6-b200.48xlarge": (8, "B200 179GB SXM"),
+    "p6-b300.48xlarge": (8, "B300 268GB SXM"),
     "p4d.24xlarge": (8, "A100 40GB SXM"),
     "p4de.24xlarge": (8, "A100 80GB SXM"),
     "p3.2xlarge": (1, "V100 16GB"),
@@ -87,8 +89,8 @@ def preset_for_instance(instance_type: str | None) -> str | None:
     family = instance_type.split(".", 1)[0].lower()
     if family in ("p4d", "p4de"):
         return "p4d"
-    if family in ("p5", "p5e", "p5en"):
-        return "p5"
+    if family in ("p5", "p5e", "p5en", "p6-b200", "p6-b300"):
+        return "p5"  # EFA devices as rdmap* verbs devices, as on p5
     return None
 
 

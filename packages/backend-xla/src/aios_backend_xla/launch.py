@@ -131,7 +131,8 @@ def tpu_plan(
     elif int(config.nprocs) != per_host:
         raise LaunchError(
             f"--nprocs {config.nprocs} does not fit {topo.accelerator_type}: torch_xla.launch "
-            f"runs one process per chip ({per_host} per host) or one",
+            f"runs one process per {'chiplet' if topo.processes_per_chip > 1 else 'chip'} "
+            f"({per_host} per host) or one",
             f"use --nprocs auto, --nprocs {per_host} or --nprocs 1",
         )
     else:

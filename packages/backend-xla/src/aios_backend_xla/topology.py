@@ -18,9 +18,10 @@ A malformed or impossible type raises :class:`aios.errors.ConfigError` (one line
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from aios.errors import ConfigError
+from aios.pci import GOOGLE_PCI_VENDOR, TPU_PCI_DEVICE_IDS
 
 __all__ = [
     "TpuGeneration",
@@ -40,7 +41,9 @@ class TpuGeneration:
     :param type_prefix: what ``gcloud --accelerator-type`` uses (``v5litepod`` for v5e).
     :param counts: what the number in the type string counts: ``tensorcores`` or ``chips``.
     :param cores_per_chip: TensorCores per chip.
-    :param devices_per_chip: XLA devices a chip shows under PJRT (2 on v2/v3, 1 with megacore).
+    :param devices_per_chip: XLA devices a chip shows under PJRT (2 on v2/v3, 1 with megacore;
+        2 on TPU7x, whose two TensorCores are two chiplets without megacore).
+    :param processes_per_chip: processes torch_xla runs per chip (1; 2 on TPU7x, one per chiplet).
     :param max_chips_per_host: chips on one host VM.
     :param multihost_chips_per_host: chips per host in multi-host slices (4 on v5e/v6e).
     :param single_host_sizes: type numbers that fit one host (v5e/v6e: 1, 4, 8).
@@ -66,6 +69,7 @@ class TpuGeneration:
     max_size: int
     single_host_sizes: tuple[int, ...] = ()
     sizes: tuple[int, ...] = ()
+    processes_per_chip: int = 1
 
 
 GENERATIONS: dict[str, TpuGeneration] = {
@@ -162,12 +166,18 @@ GENERATIONS: dict[str, TpuGeneration] = {
     # TPU7x (Ironwood): 4 chips per VM, 2 TensorCores per chip, 192 GiB HBM and 2307 bf16
     # TFLOP/s per chip (https://cloud.google.com/tpu/docs/tpu7x). Served through GKE and
     # Compute Engine only, not the Cloud TPU API: no TPU-API runtime version.
+    # Devices: the two TensorCores are two chiplets and 7x has no megacore (JAX's
+    # jax.experimental.pallas.tpu.ChipVersion: TPU_7X, 2 physical TensorCores per chip,
+    # supports_megacore False), so the runtime shows two devices per chip; torch_xla gives the
+    # chiplet its own process-bounds axis on version 7 (TPU_PROCESS_BOUNDS gets ",2",
+    # pytorch/xla#9586 "Set environment variables for tpu7x"): one process per chiplet.
     "tpu7x": TpuGeneration(
         "tpu7x",
         "tpu7x",
         "tensorcores",
         cores_per_chip=2,
-        devices_per_chip=1,
+        devices_per_chip=2,
+        processes_per_chip=2,
         max_chips_per_host=4,
         multihost_chips_per_host=4,
         hbm_gib_per_chip=192,
@@ -197,18 +207,10 @@ ALIASES: dict[str, str] = {
     "ironwood": "tpu7x",
 }
 
-# PCI device ids (vendor 0x1ae0) that torch_xla counts as TPU chips, with the generation they
-# name where known (v2 and v3 share 0x0027; 0x0056/0x0062/0x0076 are listed without a public name).
-TPU_PCI_VENDOR = "0x1ae0"
-PCI_DEVICE_IDS: dict[str, str] = {
-    "0x0027": "v2/v3",
-    "0x005e": "v4",
-    "0x0063": "v5e",
-    "0x006f": "v6e",
-    "0x0056": "",
-    "0x0062": "v5p",
-    "0x0076": "tpu7x",
-}
+# PCI device ids (vendor 0x1ae0) that torch_xla counts as TPU chips: one table in core
+# (aios.pci), shared with ``--cloud ssh``'s host probe (gVNIC, 0x0042, has the same vendor).
+TPU_PCI_VENDOR = GOOGLE_PCI_VENDOR
+PCI_DEVICE_IDS: dict[str, str] = TPU_PCI_DEVICE_IDS
 
 _TYPE_RE = re.compile(r"^\s*(?:tpu-?)?([a-z0-9_]+?)-(\d+)\s*$", re.IGNORECASE)
 
@@ -233,15 +235,46 @@ class TpuTopology:
     hbm_gib_per_chip: int
     bf16_tflops_per_chip: float
     runtime_version: str
+    processes_per_chip: int = 1
 
     @property
     def processes_per_host(self) -> int:
-        return self.chips_per_host
+        """Processes ``torch_xla.launch`` runs on each host: one per chip (per chiplet on TPU7x)."""
+        return self.chips_per_host * self.processes_per_chip
 
     @property
     def world_size(self) -> int:
-        """Processes over the slice (one per chip)."""
-        return self.chips
+        """Processes over the slice."""
+        return self.chips * self.processes_per_chip
+
+    def host_layouts(self) -> list[tuple[int, int]]:
+        """The ``(hosts, chips per host)`` layouts this slice comes in, the planned one first.
+
+        v5e and v6e 2x4 slices (8 chips) are one 8-chip VM (``ct5lp-hightpu-8t``,
+        ``ct6e-standard-8t``) or two 4-chip VMs (``ct5lp-hightpu-4t``, ``ct6e-standard-4t``):
+        https://cloud.google.com/tpu/docs/v6e#configurations lists 2x4 as "8 chips, 1 or 2 VMs"
+        (and xpk builds 2x4 pools from 4-chip machines). A GKE node pool is one or the other.
+        """
+        out = [(self.hosts, self.chips_per_host)]
+        gen = GENERATIONS[self.generation]
+        if self.hosts == 1 and self.chips > gen.multihost_chips_per_host and gen.single_host_sizes:
+            cph = gen.multihost_chips_per_host
+            if self.chips % cph == 0:
+                out.append((self.chips // cph, cph))
+        return out
+
+    def with_hosts(self, hosts: int) -> TpuTopology:
+        """The same slice laid out on ``hosts`` VMs (one of :meth:`host_layouts`)."""
+        for h, cph in self.host_layouts():
+            if h == hosts:
+                gen_devices = GENERATIONS[self.generation].devices_per_chip
+                return replace(
+                    self,
+                    hosts=h,
+                    chips_per_host=cph,
+                    devices_per_host=cph * gen_devices,
+                )
+        raise ValueError(f"{self.accelerator_type} does not come on {hosts} hosts")
 
     @property
     def hbm_gib_total(self) -> int:
@@ -347,6 +380,7 @@ def parse_accelerator_type(text: str) -> TpuTopology:
         hbm_gib_per_chip=gen.hbm_gib_per_chip,
         bf16_tflops_per_chip=gen.bf16_tflops_per_chip,
         runtime_version=gen.runtime_version,
+        processes_per_chip=gen.processes_per_chip,
     )
 
 

@@ -8,12 +8,17 @@ us-east-1 does not offer carry the price of the first region listed for them
 (``price_region``).
 
 Regions are where each type was offered (on demand, spot or through capacity blocks) when
-recorded. At launch time the live ``DescribeInstanceTypeOfferings`` answer is authoritative;
-this table is what ``aios catalog`` and ``--dry-run`` show without credentials.
+recorded. At launch time the live answers decide: ``DescribeInstanceTypeOfferings`` which zones
+offer a type and ``DescribeInstanceTypes`` the facts of a type this table does not list
+(:func:`from_describe`); the table only fills in facts (devices, EFA interfaces, prices) and is
+what ``aios catalog`` and ``--dry-run`` show without credentials. A type without a recorded
+price is planned with "unknown price", never refused. A Capacity Block is billed as an upfront
+reservation fee (``DescribeCapacityBlockOfferings`` ``UpfrontFee``), not as on-demand hours.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -42,7 +47,7 @@ class InstanceType:
     memory_gib: int
     efa_interfaces: int
     network_gbps: int
-    on_demand_hourly: float
+    on_demand_hourly: float | None
     spot_hourly: float | None
     peak_bf16_tflops: float
     backend: str
@@ -50,6 +55,8 @@ class InstanceType:
     neuron_cores: int = 0
     price_region: str = "us-east-1"
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: False for a type this table does not list (facts from DescribeInstanceTypes, or none yet)
+    listed: bool = True
 
     @property
     def total_accelerator_memory_gib(self) -> float:
@@ -102,6 +109,8 @@ _TRN1_REGIONS = (
     "ap-southeast-4",
 )
 _TRN2_REGIONS = ("us-east-2", "us-west-2")
+_P5EN_REGIONS = ("us-east-1", "us-east-2", "us-west-2", "eu-north-1", "us-west-1")
+_P6_REGIONS = ("us-east-1", "us-west-2")
 
 
 def _trainium(name: str, **cloud: Any) -> InstanceType:
@@ -180,6 +189,59 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
             price_region="us-east-2",
             notes=("mostly sold through EC2 Capacity Blocks for ML; no recorded spot price",),
         ),
+        # EFA layouts as EC2 describes them (DescribeInstanceTypes NetworkInfo.EfaInfo
+        # .MaximumEfaInterfaces: p5en 16, p6-b200 8, p6-b300 16)
+        InstanceType(
+            name="p5en.48xlarge",
+            family="p5en",
+            accelerator="NVIDIA H200 141GB",
+            accelerators=8,
+            accelerator_memory_gib=141,
+            vcpus=192,
+            memory_gib=2048,
+            efa_interfaces=16,
+            network_gbps=3200,
+            on_demand_hourly=63.296,
+            spot_hourly=None,
+            peak_bf16_tflops=8 * 989.0,
+            backend="cuda",
+            regions=_P5EN_REGIONS,
+            notes=("NVSwitch; 16x200 Gbps EFAv3; no recorded spot price",),
+        ),
+        InstanceType(
+            name="p6-b200.48xlarge",
+            family="p6-b200",
+            accelerator="NVIDIA B200 179GB",
+            accelerators=8,
+            accelerator_memory_gib=179,
+            vcpus=192,
+            memory_gib=2048,
+            efa_interfaces=8,
+            network_gbps=3200,
+            on_demand_hourly=None,
+            spot_hourly=None,
+            peak_bf16_tflops=8 * 2250.0,
+            backend="cuda",
+            regions=_P6_REGIONS,
+            notes=("NVLink 5; 8x400 Gbps EFAv4; no recorded price",),
+        ),
+        InstanceType(
+            name="p6-b300.48xlarge",
+            family="p6-b300",
+            accelerator="NVIDIA B300 268GB",
+            accelerators=8,
+            accelerator_memory_gib=268,
+            vcpus=192,
+            memory_gib=4096,
+            efa_interfaces=16,
+            network_gbps=6400,
+            on_demand_hourly=None,
+            spot_hourly=None,
+            peak_bf16_tflops=8 * 2250.0,
+            backend="cuda",
+            regions=_P6_REGIONS,
+            notes=("NVLink 5; 16x400 Gbps EFAv4; no recorded price",),
+        ),
         _trainium(
             "trn1.2xlarge",
             memory_gib=32,
@@ -213,8 +275,26 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
                 "NeuronLink 2D torus; 16x200 Gbps EFAv3; mostly capacity blocks; no recorded spot price",
             ),
         ),
+        # Trn2 UltraServer: four trn2u.48xlarge joined by NeuronLink (64 chips), sold through
+        # capacity blocks (https://docs.aws.amazon.com/ec2/latest/instancetypes/ac.html)
+        _trainium(
+            "trn2u.48xlarge",
+            memory_gib=2048,
+            network_gbps=3200,
+            on_demand_hourly=None,
+            spot_hourly=None,
+            peak_bf16_tflops=16 * 667.0,
+            regions=("us-east-2",),
+            price_region="us-east-2",
+            notes=("Trn2 UltraServer member (4 x 16 chips over NeuronLink); capacity blocks only",),
+        ),
     )
 }
+
+#: types described live (:func:`from_describe`) this process, by name
+LIVE: dict[str, InstanceType] = {}
+
+_TYPE_RE = re.compile(r"^[a-z][a-z0-9-]*\.[0-9]*[a-z]+[0-9]*$")
 
 
 # Availability zones per region (recorded with the prices). Which of them offer a type is asked
@@ -248,23 +328,90 @@ def get(name: str) -> InstanceType | None:
     return INSTANCE_TYPES.get(name)
 
 
-def lookup(name: str, region: str | None = None) -> InstanceType:
-    """The catalog entry for ``name``, checked against ``region``; one-line errors otherwise."""
-    from aios_cloud_aws.errors import RegionUnavailable, UnknownInstanceType
+def unlisted(name: str) -> InstanceType:
+    """A type this table does not list, before EC2 described it: its facts unknown, planned
+    with "unknown price" (the live answers decide at launch)."""
+    family = name.split(".", 1)[0]
+    backend = "neuron" if family.startswith(("trn", "inf")) else "cuda"
+    return InstanceType(
+        name=name,
+        family=family,
+        accelerator="unknown (described by EC2 at launch)",
+        accelerators=0,
+        accelerator_memory_gib=0,
+        vcpus=0,
+        memory_gib=0,
+        efa_interfaces=0,
+        network_gbps=0,
+        on_demand_hourly=None,
+        spot_hourly=None,
+        peak_bf16_tflops=0.0,
+        backend=backend,
+        regions=(),
+        notes=("not in aios's table: facts from EC2 (DescribeInstanceTypes)",),
+        listed=False,
+    )
 
-    t = INSTANCE_TYPES.get(name)
-    if t is None:
-        import difflib
 
-        close = difflib.get_close_matches(name, known(), n=1)
-        hint = f"did you mean {close[0]}? " if close else ""
-        raise UnknownInstanceType(
-            f"unknown instance type '{name}' for cloud aws",
-            f"{hint}use one of: {', '.join(known())} (see `aios catalog --cloud aws`)",
-        )
-    if region and region not in t.regions:
-        raise RegionUnavailable(
-            f"region {region} does not offer {name}",
-            f"use --region {t.regions[0]} (offered in: {', '.join(t.regions)})",
-        )
+def from_describe(d: dict[str, Any]) -> InstanceType:
+    """An instance type from EC2's ``DescribeInstanceTypes`` answer, with the table's recorded
+    facts (prices, regions, notes) where it lists the type. Remembered in :data:`LIVE`."""
+    name = d["InstanceType"]
+    base = INSTANCE_TYPES.get(name) or unlisted(name)
+    gpus = (d.get("GpuInfo") or {}).get("Gpus") or []
+    neuron = (d.get("NeuronInfo") or {}).get("NeuronDevices") or []
+    dev = gpus or neuron
+    count = sum(int(g.get("Count", 0)) for g in dev)
+    mem_mib = int(((dev[0].get("MemoryInfo") or {}).get("SizeInMiB", 0)) if dev else 0)
+    efa = int(((d.get("NetworkInfo") or {}).get("EfaInfo") or {}).get("MaximumEfaInterfaces", 0))
+    from dataclasses import replace
+
+    t = replace(
+        base,
+        accelerator=base.accelerator
+        if base.listed
+        else (
+            f"{dev[0].get('Manufacturer', '')} {dev[0].get('Name', '')}".strip() if dev else "CPU"
+        ),
+        accelerators=count or base.accelerators,
+        accelerator_memory_gib=round(mem_mib / 1024) if mem_mib else base.accelerator_memory_gib,
+        vcpus=int((d.get("VCpuInfo") or {}).get("DefaultVCpus", 0)) or base.vcpus,
+        memory_gib=int((d.get("MemoryInfo") or {}).get("SizeInMiB", 0)) // 1024 or base.memory_gib,
+        efa_interfaces=efa,
+        backend=base.backend if base.listed else ("neuron" if neuron else "cuda"),
+    )
+    LIVE[name] = t
     return t
+
+
+def lookup(name: str, region: str | None = None) -> InstanceType:
+    """The facts of ``name``: as EC2 described it this process (:data:`LIVE`), the table's, or
+    :func:`unlisted` for a well-formed name the table lacks (EC2 decides at launch). A malformed
+    name is refused in one line. ``region`` is not checked here: which zones offer a type is
+    EC2's live answer (:func:`region_note` for the recorded regions)."""
+    from aios_cloud_aws.errors import UnknownInstanceType
+
+    t = LIVE.get(name) or INSTANCE_TYPES.get(name)
+    if t is not None:
+        return t
+    if _TYPE_RE.match(name or ""):
+        return unlisted(name)
+    raise UnknownInstanceType(f"'{name}' is not an EC2 instance type name", unknown_fix(name))
+
+
+def unknown_fix(name: str) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, known(), n=1)
+    hint = f"did you mean {close[0]}? " if close else ""
+    return f"{hint}see `aios catalog --cloud aws` (listed: {', '.join(known())})"
+
+
+def region_note(t: InstanceType, region: str) -> str | None:
+    """A line when the recorded regions of ``t`` do not include ``region`` (offline plans)."""
+    if t.listed and t.regions and region not in t.regions:
+        return (
+            f"{t.name} was recorded in {', '.join(t.regions)}, not {region}: EC2's answer at "
+            "launch decides"
+        )
+    return None

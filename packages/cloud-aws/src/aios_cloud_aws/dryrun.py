@@ -17,6 +17,8 @@ from aios_cloud_aws.base import _json
 from aios_cloud_aws.ec2params import (
     AUTOSTOP_PROFILE,
     EC2_TRUST,
+    TAG_BLOCK,
+    TAG_BLOCK_END,
     TAG_CLUSTER,
     agent_policy,
     needs_elastic_ips,
@@ -53,12 +55,13 @@ class AwsDryRun(AwsIam):
             or (self.settings.zones[0] if self.settings.zones else f"{region}a")
         )
         r = resolved or {}
+        kind, _, rid = (request.extra.get("reservation") or "").rpartition(":")
         pg = (
             r["placement_group"]
             if "placement_group" in r
             else (
                 resource_name(request.name)
-                if use_placement_group(self.settings, itype, request.nodes)
+                if use_placement_group(self.settings, itype, request.nodes, kind == "block")
                 else None
             )
         )
@@ -73,7 +76,6 @@ class AwsDryRun(AwsIam):
             or request.image
             or (f"<ssm:{source}>" if ami_kind == "ssm" else f"<newest amazon AMI named {source}>")
         )
-        kind, _, rid = (request.extra.get("reservation") or "").rpartition(":")
         params = run_instances_params(
             reservation=rid or None,
             capacity_block=kind == "block",
@@ -99,6 +101,14 @@ class AwsDryRun(AwsIam):
             client_token=r.get("client_token"),
             instance_profile=request.extra.get("instance_profile"),
         )
+        if kind == "block":
+            # the block's id and end on every instance: `aios status` shows the end and each
+            # host's ranks get the reclaim time as their deadline (remote_env)
+            end = r.get("block_end") or "<the block's EndDate>"
+            params["TagSpecifications"][0]["Tags"] += [
+                {"Key": TAG_BLOCK, "Value": rid},
+                {"Key": TAG_BLOCK_END, "Value": end},
+            ]
         return {
             "region": region,
             "zone": zone,
@@ -116,9 +126,14 @@ class AwsDryRun(AwsIam):
                 1 for n in params["NetworkInterfaces"] if "efa" in n.get("InterfaceType", "")
             ),
             "elastic_ips": needs_elastic_ips(self.settings, itype, request.nodes),
+            # a Capacity Block is paid upfront when bought (DescribeCapacityBlockOfferings
+            # UpfrontFee), not by the hour: no on-demand price for it
             "hourly_usd": round((itype.hourly(request.spot) or 0.0) * request.nodes, 4)
-            if itype.hourly(request.spot) is not None
+            if itype.hourly(request.spot) is not None and kind != "block"
             else None,
+            "price": "the Capacity Block's upfront fee (paid when bought)"
+            if kind == "block"
+            else ("unknown price" if itype.hourly(request.spot) is None else "hourly"),
             "run_instances": params,
             "security_group_rules": None
             if self.settings.security_group_ids
@@ -307,6 +322,31 @@ class AwsDryRun(AwsIam):
                         _json(security_group_egress(f"<sg:{resource_name(name)}>")),
                     ],
                     "all traffic to the hosts themselves: EFA needs it both ways",
+                )
+            )
+        block_kind, _, block_id = (request.extra.get("reservation") or "").rpartition(":")
+        if block_kind == "block":
+            margin = self.settings.capacity_block_margin
+            cmds.append(
+                CloudCommand(
+                    [
+                        "aws",
+                        "ec2",
+                        "describe-capacity-reservations",
+                        "--region",
+                        region,
+                        "--capacity-reservation-ids",
+                        block_id,
+                        "--query",
+                        "CapacityReservations[0].[State,StartDate,EndDate]",
+                        "--output",
+                        "text",
+                    ],
+                    "the Capacity Block's dates: it must be active (--valid-after waits for a "
+                    "scheduled one); EC2 terminates its instances from EndDate - 30 min, with no "
+                    "spot notice, so every rank gets AIOS_RUN_DEADLINE = EndDate - 30 min - "
+                    f"{margin:g} s (aws.capacity_block_margin) and the run commits its emergency "
+                    "checkpoint before then; no placement group (the block is already placed)",
                 )
             )
         if plan["placement_group"] and request.extra.get("reservation"):

@@ -43,7 +43,22 @@ def use_efa(settings: AwsSettings, itype: InstanceType, nodes: int) -> bool:
     return nodes > 1 and itype.efa_capable
 
 
-def use_placement_group(settings: AwsSettings, itype: InstanceType, nodes: int) -> bool:
+#: EC2 begins to terminate a Capacity Block's instances this long before its end
+#: (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-blocks-using.html)
+BLOCK_RECLAIM_S = 1800
+TAG_BLOCK = "aios:capacity-block"
+TAG_BLOCK_END = "aios:capacity-block-end"
+
+
+def use_placement_group(
+    settings: AwsSettings, itype: InstanceType, nodes: int, capacity_block: bool = False
+) -> bool:
+    """Whether aios creates a cluster placement group. Never with a Capacity Block: "there is no
+    need to use a cluster placement group with a Capacity Block" (its instances are already
+    placed together, https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-blocks-using.html);
+    an added group can leave reserved instances unusable (eksctl-io/eksctl#7949)."""
+    if capacity_block:
+        return False
     if settings.placement_group == "auto":
         return nodes > 1 and itype.efa_capable
     return bool(settings.placement_group)

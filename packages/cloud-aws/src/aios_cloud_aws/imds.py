@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from aios.types import PreemptionWatcher
+from aios.types import Notice, PreemptionWatcher
 
 DEFAULT_ENDPOINT = "http://169.254.169.254"
 TOKEN_PATH = "/latest/api/token"
@@ -53,6 +53,19 @@ class SpotNotice:
         left = self.seconds_left()
         tail = f", {left:.0f}s left" if left is not None else ""
         return f"EC2 spot interruption notice: {self.action} at {self.time}{tail}"
+
+    def deadline(self) -> float | None:
+        """The instance-action's ``time`` as epoch seconds (when EC2 acts), None if unreadable."""
+        try:
+            when = datetime.strptime(self.time, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+        except ValueError:
+            return None
+        return when.timestamp()
+
+    def to_notice(self) -> Notice:
+        """The notice with its deadline: the action's own time
+        (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-instance-termination-notices.html)."""
+        return Notice(source="aws-spot", reason=self.reason(), deadline=self.deadline())
 
 
 class ImdsClient:
@@ -131,7 +144,7 @@ class SpotInterruptionWatcher(PreemptionWatcher):
         self.polls += 1
         return self.client.spot_notice()
 
-    def start(self, notify: Callable[[str], None]) -> None:
+    def start(self, notify: Callable[[Notice | str], None]) -> None:
         def run() -> None:
             errors = 0
             while not self._stop.is_set():
@@ -145,7 +158,7 @@ class SpotInterruptionWatcher(PreemptionWatcher):
                     notice = None
                 if notice is not None:
                     self.notice = notice
-                    notify(notice.reason())
+                    notify(notice.to_notice())
                     return
                 self._stop.wait(self.interval)
 

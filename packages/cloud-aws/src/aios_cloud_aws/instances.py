@@ -41,6 +41,9 @@ from aios_cloud_aws.base import (
 )
 from aios_cloud_aws.dryrun import AwsDryRun
 from aios_cloud_aws.ec2params import (
+    BLOCK_RECLAIM_S,
+    TAG_BLOCK,
+    TAG_BLOCK_END,
     TAG_CLUSTER,
     TAG_NODE,
     needs_elastic_ips,
@@ -53,6 +56,9 @@ from aios_cloud_aws.session import region_of_zone
 
 class AwsInstances(AwsDryRun):
     """The EC2 provider's instance lifecycle."""
+
+    #: wall clock for Capacity Block dates (tests inject the EC2 stand-in's)
+    clock: Any = staticmethod(time.time)
 
     # ------------------------------------------------------------------ create
     def create(self, request: ClusterRequest) -> ClusterInfo:
@@ -69,6 +75,7 @@ class AwsInstances(AwsDryRun):
             )
         rid = (request.extra.get("reservation") or "").rpartition(":")[2]
         cr_group = None
+        block_end: float | None = None
         if rid:
             crs = self._call(ec2, "DescribeCapacityReservations", CapacityReservationIds=[rid]).get(
                 "CapacityReservations", []
@@ -94,6 +101,9 @@ class AwsInstances(AwsDryRun):
                 )
             if cr.get("PlacementGroupArn"):
                 cr_group = cr["PlacementGroupArn"].rsplit("/", 1)[-1]
+            if cr.get("ReservationType") == "capacity-block":
+                cr = self._active_block(ec2, rid, cr, request)
+                block_end = _epoch(cr.get("EndDate"))
         try:
             ami, source = self.resolve_ami(itype, region, request.image)
             self.log(f"{request.name}: AMI {ami} ({source})")
@@ -109,7 +119,7 @@ class AwsInstances(AwsDryRun):
                 # a reservation made in a cluster placement group takes launches into that
                 # group only (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/cr-cpg.html)
                 pg = cr_group
-            elif use_placement_group(self.settings, itype, request.nodes):
+            elif use_placement_group(self.settings, itype, request.nodes, block_end is not None):
                 pg = self._ensure_placement_group(ec2, request.name, request.labels)
             # the very plan --dry-run prints, with the ids resolved
             params = self.plan_create(
@@ -122,6 +132,7 @@ class AwsInstances(AwsDryRun):
                     "group_ids": group_ids,
                     "key_name": key_name,
                     "placement_group": pg,
+                    **({"block_end": _iso(block_end)} if block_end is not None else {}),
                     "client_token": f"aios-{request.name}-{zone}-{uuid.uuid4().hex[:12]}",
                 },
                 itype=itype,
@@ -170,6 +181,54 @@ class AwsInstances(AwsDryRun):
             except Exception as cleanup_exc:  # noqa: BLE001 - report the original error
                 self.log(f"{request.name}: cleanup failed: {_first_line(cleanup_exc)}")
             raise
+
+    def _active_block(
+        self, ec2: Any, rid: str, cr: dict[str, Any], request: ClusterRequest
+    ) -> dict[str, Any]:
+        """The Capacity Block ``rid`` once it is active (``cr``: its description). A scheduled
+        block is waited for when ``--valid-after`` says so, else refused in one line; an expired
+        block, or one whose reclaim (end minus 30 minutes) is less than a margin away, is
+        refused (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-blocks-using.html)."""
+        now = self.clock()
+        state = cr.get("State")
+        start, end = _epoch(cr.get("StartDate")), _epoch(cr.get("EndDate"))
+        if state == "scheduled" and start is not None:
+            if not request.valid_after:
+                raise CloudError(
+                    f"capacity block {rid} is scheduled: it starts at {_iso(start)}",
+                    f"launch after {_iso(start)}, or pass --valid-after {_iso(start)} to wait for it",
+                )
+            self.log(
+                f"{request.name}: capacity block {rid} starts at {_iso(start)}: waiting for it"
+            )
+            deadline = start + self.settings.launch_timeout
+            while state == "scheduled" and self.clock() < deadline:
+                time.sleep(min(30.0, max(0.5, start - self.clock())))
+                cr = self._call(ec2, "DescribeCapacityReservations", CapacityReservationIds=[rid])[
+                    "CapacityReservations"
+                ][0]
+                state = cr.get("State")
+            now = self.clock()
+        if state != "active":
+            raise CloudError(
+                f"capacity block {rid} is {state or 'in an unknown state'}, not active",
+                "pass the id of an active Capacity Block (aws ec2 describe-capacity-reservations)",
+            )
+        if end is not None:
+            reclaim = end - BLOCK_RECLAIM_S
+            margin = self.settings.capacity_block_margin
+            if reclaim - margin <= now:
+                raise CloudError(
+                    f"capacity block {rid} ends at {_iso(end)}: EC2 terminates its instances from "
+                    f"{_iso(reclaim)}, less than aws.capacity_block_margin ({margin:g}s) from now",
+                    "use a block with more time left",
+                )
+            self.log(
+                f"{request.name}: capacity block {rid} ends at {_iso(end)}; EC2 terminates its "
+                f"instances from {_iso(reclaim)}: the run's emergency checkpoint is due by "
+                f"{_iso(reclaim - margin)}"
+            )
+        return cr
 
     def _wait_state(
         self, ec2: Any, ids: list[str], target: str, timeout: float
@@ -221,7 +280,10 @@ class AwsInstances(AwsDryRun):
             i
             for i in insts
             if i["State"]["Name"] in ("shutting-down", "terminated")
-            and i.get("StateReason", {}).get("Code") in SPOT_TERMINATION_CODES
+            and (
+                i.get("StateReason", {}).get("Code") in SPOT_TERMINATION_CODES
+                or _block_reclaimed(i, self.clock())
+            )
         ]
         if not live and not spot_lost:
             return None
@@ -306,6 +368,7 @@ class AwsInstances(AwsDryRun):
                     }
                     for i in insts
                 ],
+                **_block_raw(tagmap),
                 "region": region_of_zone(first["Placement"]["AvailabilityZone"])
                 if first.get("Placement", {}).get("AvailabilityZone")
                 else self.region,
@@ -475,3 +538,43 @@ class AwsInstances(AwsDryRun):
                 if code != "DependencyViolation" or time.monotonic() > deadline:
                     raise translate(exc, "DeleteSecurityGroup") from exc
                 time.sleep(self.poll_interval)
+
+
+def _epoch(value: Any) -> float | None:
+    """Epoch seconds of a botocore datetime or an ISO 8601 string (``None`` when absent)."""
+    if value is None:
+        return None
+    if hasattr(value, "timestamp"):
+        return float(value.timestamp())
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _iso(epoch: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+
+
+def _block_reclaimed(inst: dict[str, Any], now: float) -> bool:
+    """The instance ran in a Capacity Block whose reclaim time has come: EC2 ended it, as it
+    ends spot capacity (a managed run recovers; nothing failed)."""
+    end = _epoch(_tags(inst).get(TAG_BLOCK_END))
+    return end is not None and now >= end - BLOCK_RECLAIM_S
+
+
+def _block_raw(tagmap: dict[str, str]) -> dict[str, Any]:
+    """The Capacity Block a cluster runs in (from its instances' tags), for ``aios status`` and
+    the hosts' deadline."""
+    rid, end = tagmap.get(TAG_BLOCK), _epoch(tagmap.get(TAG_BLOCK_END))
+    if not rid or end is None:
+        return {}
+    return {
+        "capacity_block": {
+            "id": rid,
+            "end": _iso(end),
+            "terminates_from": _iso(end - BLOCK_RECLAIM_S),
+        }
+    }

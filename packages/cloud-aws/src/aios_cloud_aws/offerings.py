@@ -47,6 +47,9 @@ class AwsOfferings(AwsBase):
                     zones=t.regions,
                     backend=t.backend,
                     extra={
+                        "prices_recorded": cat.PRICES_RECORDED
+                        if t.on_demand_hourly is not None
+                        else "unknown price",
                         "vcpus": t.vcpus,
                         "ram_gib": t.memory_gib,
                         "efa_interfaces": t.efa_interfaces,
@@ -58,7 +61,9 @@ class AwsOfferings(AwsBase):
         return out
 
     def entry(self, accelerator: str) -> CatalogEntry:
-        cat.lookup(accelerator)  # the AWS wording for an unknown type
+        t = cat.lookup(accelerator)  # the AWS wording for a malformed name
+        if not t.listed:
+            return _entry(t, "")
         return super().entry(accelerator)
 
     def zones(self, accelerator: str) -> list[str]:
@@ -70,6 +75,8 @@ class AwsOfferings(AwsBase):
         if self.offline:
             return cat.region_zones(self.region)
         ec2 = self.ec2()
+        if accelerator not in cat.LIVE:
+            itype = self.describe_type(ec2, accelerator)
         if self.settings.subnet_ids:
             subnets = self._call(ec2, "DescribeSubnets", SubnetIds=list(self.settings.subnet_ids))[
                 "Subnets"
@@ -84,11 +91,37 @@ class AwsOfferings(AwsBase):
         )
         zones = sorted({o["Location"] for o in resp.get("InstanceTypeOfferings", [])})
         if not zones:
+            others = [r for r in itype.regions if r != self.region]
             raise RegionUnavailable(
-                f"no availability zone of {self.region} offers {accelerator} now",
-                f"use --region with one of: {', '.join(r for r in itype.regions if r != self.region)}",
+                f"region {self.region} does not offer {accelerator} now (no availability zone "
+                "offers it: DescribeInstanceTypeOfferings)",
+                f"use --region {others[0]} (recorded in: {', '.join(others)})"
+                if others
+                else "pick another --region (aws ec2 describe-instance-type-offerings)",
             )
         return zones
+
+    def describe_type(self, ec2: Any, accelerator: str) -> cat.InstanceType:
+        """EC2's own facts of ``accelerator`` (``DescribeInstanceTypes``), which decide over the
+        table's (devices, EFA interfaces); a type EC2 does not know is refused in one line."""
+        from aios_cloud_aws.errors import UnknownInstanceType, error_code, translate
+
+        try:
+            resp = ec2.describe_instance_types(InstanceTypes=[accelerator])
+        except Exception as exc:
+            if error_code(exc) == "InvalidInstanceType":
+                raise UnknownInstanceType(
+                    f"unknown instance type '{accelerator}' for cloud aws (EC2 does not know it)",
+                    cat.unknown_fix(accelerator),
+                ) from None
+            raise translate(exc, "DescribeInstanceTypes") from exc
+        found = resp.get("InstanceTypes") or []
+        if not found:
+            raise UnknownInstanceType(
+                f"unknown instance type '{accelerator}' for cloud aws (EC2 does not know it)",
+                cat.unknown_fix(accelerator),
+            )
+        return cat.from_describe(found[0])
 
     # ------------------------------------------------------------------ validation
     def validate(self, request: ClusterRequest) -> ClusterRequest:
@@ -99,6 +132,9 @@ class AwsOfferings(AwsBase):
         )
         self.region = region
         itype = cat.lookup(request.accelerator, region)
+        note = cat.region_note(itype, region)
+        if note:
+            self.log(f"note: {note}")
         if request.zone and region_of_zone(request.zone) != region:
             raise CloudError(
                 f"zone {request.zone} is not in region {region}",
@@ -108,10 +144,12 @@ class AwsOfferings(AwsBase):
             raise CloudError(
                 f"--nodes must be at least 1, not {request.nodes}", "pass --nodes 1 or more"
             )
-        if request.queued or request.valid_after or request.valid_until:
+        block = str(request.extra.get("reservation") or "").startswith("block:")
+        if request.queued or request.valid_until or (request.valid_after and not block):
             raise CloudError(
                 "--queued/--valid-after/--valid-until are Cloud TPU queued resources; EC2 has none",
-                "drop them; for reserved EC2 capacity pass --reservation (a capacity block or ODCR id)",
+                "drop them; for reserved EC2 capacity pass --reservation (a capacity block or ODCR "
+                "id; --valid-after waits for a scheduled capacity block)",
             )
         if (
             request.zone
@@ -238,3 +276,21 @@ class AwsOfferings(AwsBase):
 
 def _name(accelerator: str | cat.InstanceType) -> str:
     return accelerator.name if isinstance(accelerator, cat.InstanceType) else accelerator
+
+
+def _entry(t: cat.InstanceType, runtime: str) -> CatalogEntry:
+    return CatalogEntry(
+        cloud="aws",
+        accelerator=t.name,
+        devices=t.accelerators,
+        device_kind=t.accelerator,
+        memory_gb=t.accelerator_memory_gib,
+        hosts=1,
+        runtime=runtime,
+        on_demand_hourly=None,
+        spot_hourly=None,
+        peak_tflops=t.peak_bf16_tflops,
+        zones=t.regions,
+        backend=t.backend,
+        extra={"prices_recorded": "unknown price", "efa_interfaces": t.efa_interfaces},
+    )

@@ -79,6 +79,19 @@ class AwsProvider(AwsInstances):
         env = {"AWS_DEFAULT_REGION": region, CLOUD_ENV: "aws"}
         if info.spot:
             env[SPOT_WATCH_ENV] = "1"
+        block = info.raw.get("capacity_block")
+        if block:
+            # a Capacity Block gives no notice on the hosts (no IMDS instance-action; only an
+            # EventBridge event): its reclaim, read at launch, is every rank's known deadline
+            from aios.contract import DEADLINE_ENV, DEADLINE_SOURCE_ENV
+
+            from aios_cloud_aws.instances import _epoch
+
+            reclaim = _epoch(block["terminates_from"])
+            if reclaim is not None:
+                deadline = reclaim - self.settings.capacity_block_margin
+                env[DEADLINE_ENV] = f"{deadline:.0f}"
+                env[DEADLINE_SOURCE_ENV] = "capacity-block"
         return env
 
     def classify_error(self, exc: BaseException) -> FailureKind:

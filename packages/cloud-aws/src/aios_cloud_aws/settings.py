@@ -87,6 +87,12 @@ class AwsSettings(Section):
         "auto", description="cluster placement group: auto = multi-node EFA launches"
     )
     disk_gb: int = Field(512, ge=8, description="root EBS volume size (gp3)")
+    capacity_block_margin: float = Field(
+        300.0,
+        ge=0,
+        description="seconds before a Capacity Block's reclaim (its end minus 30 minutes) by "
+        "which the run's emergency checkpoint must be committed",
+    )
     spot_max_price: float | None = Field(
         None, gt=0, description="spot price cap in USD/h; default: the on-demand price"
     )

@@ -116,7 +116,7 @@ class GcpInstances(GcpDryRun):
         if health_name == "HEALTHY":
             health = HEALTHY
         elif health_name == "UNHEALTHY_MAINTENANCE":
-            health = MAINTENANCE  # resumes by itself
+            health = MAINTENANCE  # the slice was interrupted (the watcher's incident)
         elif health_name.startswith("UNHEALTHY") or health_name == "TIMEOUT":
             health = UNHEALTHY
         else:

@@ -62,9 +62,17 @@ def aios_config_sections() -> dict[str, type]:
 
 @hookimpl
 def aios_preemption_watchers(config: Any) -> list[Any] | None:
-    from aios_cloud_gcp.preemption import GcePreemptionWatcher, on_gce
+    from aios_cloud_gcp.preemption import (
+        GcePreemptionWatcher,
+        TpuMaintenanceWatcher,
+        on_gce,
+        on_tpu_vm,
+    )
 
-    return [GcePreemptionWatcher()] if on_gce() else None
+    if not on_gce():
+        return None
+    # every TPU VM host also watches Cloud TPU's upcoming-maintenance key
+    return [GcePreemptionWatcher(), *([TpuMaintenanceWatcher()] if on_tpu_vm() else [])]
 
 
 @hookimpl

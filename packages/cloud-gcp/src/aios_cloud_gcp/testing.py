@@ -19,6 +19,12 @@ Injections (what real Google Cloud does to you):
 * :meth:`set_health` ``(name, "UNHEALTHY_TENSORFLOW", sticky=False)``: a stop/start heals a
   non-sticky one; a sticky one needs a recreate.
 * :meth:`maintenance` ``(name, seconds)``: health ``UNHEALTHY_MAINTENANCE`` that ends by itself.
+* :meth:`schedule_maintenance` ``(name, window_start, metadata=None)``: an upcoming host
+  maintenance, announced ahead on the hosts' metadata server (:class:`FakeMetadataServer`, key
+  ``instance/upcoming-maintenance``, https://cloud.google.com/tpu/docs/view-maintenance-notifications);
+  at the window's start every machine of the slice is stopped (a host event on one VM of a
+  slice interrupts the entire slice, "Manage GKE node disruption for GPUs and TPUs") and the
+  node reports ``UNHEALTHY_MAINTENANCE``.
 * :meth:`inject_create_error` ``(zone, code, message, count)``: the next creates in ``zone``
   fail in their operation with that RPC code, as the real API does for a spot node
   ``PREEMPTED`` during creation (3) or used-up reserved capacity (9, "Insufficient reserved
@@ -382,6 +388,34 @@ class FakeTpuService:
             n.body["health"] = "UNHEALTHY_MAINTENANCE"
             n.maintenance_until = time.monotonic() + seconds
 
+    def schedule_maintenance(
+        self,
+        name: str,
+        window_start: float,
+        metadata: FakeMetadataServer | None = None,
+        clock: Callable[[], float] = time.time,
+        maintenance_type: str = "SCHEDULED",
+    ) -> threading.Thread:
+        """Announce host maintenance of ``name`` from ``window_start`` (epoch seconds) on
+        ``metadata``, and interrupt the whole slice when the window opens."""
+        if metadata is not None:
+            metadata.announce(window_start, window_start + 3600, maintenance_type)
+
+        def run() -> None:
+            while clock() < window_start:
+                time.sleep(min(0.1, max(0.0, window_start - clock())))
+            with self.lock:
+                n = self.node(name)
+                n.body["health"] = "UNHEALTHY_MAINTENANCE"
+                for m in n.machines:
+                    m.stop()
+            if metadata is not None:
+                metadata.ongoing()
+
+        t = threading.Thread(target=run, name="tpu-maintenance-window", daemon=True)
+        t.start()
+        return t
+
     def inject_unavailable(self, count: int = 1) -> None:
         with self.lock:
             self.unavailable += count
@@ -419,8 +453,9 @@ class FakeTpuService:
         for m in node.machines:
             with contextlib.suppress(Exception):
                 m.stop()
-            home = Path(getattr(m, "home", "") or "")
-            if home and home.is_dir():  # a deleted VM's disk is gone
+            # a machine without a home has no disk to wipe (never Path("") == the cwd)
+            home = Path(m.home) if getattr(m, "home", None) else None
+            if home is not None and home.is_dir():  # a deleted VM's disk is gone
                 shutil.rmtree(home, ignore_errors=True)
                 home.mkdir(parents=True, exist_ok=True)
             if m not in self.free:
@@ -916,3 +951,85 @@ def check_setup(
         raise SetupFailed(f"bash: {python}: No such file or directory")
     if needs not in packages[python]:
         raise SetupFailed(f"{python}: ModuleNotFoundError: No module named '{needs}'")
+
+
+class FakeMetadataServer:
+    """The GCE metadata server of a TPU VM, as far as aios's watchers read it (listens on
+    127.0.0.1; point ``GCE_METADATA_HOST`` at :attr:`host`). Requires ``Metadata-Flavor: Google``
+    as the real one does (403 otherwise).
+
+    * ``instance/preempted``: ``FALSE`` until :meth:`preempt`;
+    * ``instance/upcoming-maintenance``: ``{"error": "no notifications have been received yet,
+      try again later"}`` until :meth:`announce`, then the notification's fields
+      (``windowStartTime``, ``windowEndTime``, ``latestWindowStartTime``, ``maintenanceType``,
+      ``canReschedule``, ``maintenanceStatus``;
+      https://cloud.google.com/tpu/docs/view-maintenance-notifications).
+    """
+
+    NO_NOTIFICATION = {"error": "no notifications have been received yet, try again later"}
+
+    def __init__(self) -> None:
+        self.preempted = "FALSE"
+        self.upcoming: dict[str, Any] | None = None
+        self.paths: list[str] = []
+        srv = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                srv.paths.append(self.path)
+                if self.headers.get("Metadata-Flavor") != "Google":
+                    return self._send(403, "Missing Metadata-Flavor:Google header.")
+                path = urlparse(self.path).path
+                if path == "/computeMetadata/v1/instance/preempted":
+                    return self._send(200, srv.preempted)
+                if path == "/computeMetadata/v1/instance/upcoming-maintenance":
+                    return self._send(200, json.dumps(srv.upcoming or srv.NO_NOTIFICATION))
+                return self._send(404, "not found")
+
+            def _send(self, code: int, text: str) -> None:
+                body = text.encode()
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.host = f"127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def announce(self, start: float, end: float, maintenance_type: str = "SCHEDULED") -> None:
+        def iso(t: float) -> str:
+            return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+        self.upcoming = {
+            "windowStartTime": iso(start),
+            "windowEndTime": iso(end),
+            "latestWindowStartTime": iso(start),
+            "maintenanceType": maintenance_type,
+            "canReschedule": True,
+            "maintenanceStatus": "PENDING",
+        }
+
+    def ongoing(self) -> None:
+        if self.upcoming:
+            self.upcoming = {
+                **self.upcoming,
+                "canReschedule": False,
+                "maintenanceStatus": "ONGOING",
+            }
+
+    def preempt(self) -> None:
+        self.preempted = "TRUE"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def __enter__(self) -> FakeMetadataServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -25,9 +25,12 @@ class K8sAccess(Protocol):
 
     name: ClassVar[str]
     settings: K8sSettings
+    grace_seconds: float
+    #: the scheduler's reason for a pod that waits, set by :meth:`job_state` ("" when none)
+    pending_reason: str
 
     def client(self) -> Any: ...
-    def check_node_pools(self, place: M.Placement) -> None: ...
+    def check_node_pools(self, place: M.Placement) -> M.Placement: ...
     def apply(self, objs: list[dict[str, Any]]) -> list[dict[str, Any]]: ...
     def cancel(self, name: str, api: str | None = None) -> None: ...
     def job_state(self, name: str, api: str) -> tuple[str, dict[str, Any]]: ...
@@ -36,7 +39,6 @@ class K8sAccess(Protocol):
 
 
 NOT_FOR_K8S = {
-    "spot": "--spot",
     "queued": "--queued",
     "valid_after": "--valid-after",
     "valid_until": "--valid-until",
@@ -77,6 +79,11 @@ def build(
         )
     accelerator = p.accelerator or "cpu"
     place = M.placement(accelerator, p.nodes)
+    if p.spot and place.kind != "tpu":
+        raise AiosError(
+            "--spot on Kubernetes selects GKE Spot TPU node pools (cloud.google.com/gke-spot)",
+            "pick a TPU type, or select spot nodes of your own through the node pool",
+        )
     api = (
         s.api
         if s.api != "auto"
@@ -117,6 +124,8 @@ def build(
         memory=s.memory,
         backoff_limit=p.max_restarts,
         max_restarts=p.max_restarts,
+        grace_seconds=provider.grace_seconds,
+        spot=p.spot,
     )
 
 
@@ -203,7 +212,14 @@ def launch(provider: K8sAccess, p: LaunchRequest, store: Any, log: Callable[[str
             f"export {missing[0]} before aios launch",
         )
     provider.client()  # no kubeconfig: one line, before anything is created
-    provider.check_node_pools(req.place)
+    fitted = provider.check_node_pools(req.place)
+    if fitted != req.place:
+        log(
+            f"{req.place.accelerator}: the {req.place.topology} node pool has "
+            f"{fitted.resources[M.TPU_RESOURCE]}-chip nodes: {fitted.pods_per_job} pods per slice "
+            f"(instead of {req.place.pods_per_job} of {req.place.resources[M.TPU_RESOURCE]} chips)"
+        )
+        req.place = fitted
     existing = store.get_cluster(name)
     if existing is not None:
         raise AiosError(
@@ -272,9 +288,13 @@ def follow(
     """Wait for the job to end, then print every pod's log (prefixed with the pod's name)."""
     from aios_cloud.store import JOB_FAILED, JOB_RUNNING, JOB_SUCCEEDED
 
-    last = ""
+    last, said = "", ""
     while True:
         state, _ = provider.job_state(name, api)
+        reason = provider.pending_reason if state == "PENDING" else ""
+        if reason and reason != said:
+            echo(f"[aios] pending: {reason}")
+            said = reason
         if state != last:
             store.update_cluster(name, state=state)
             if state == "RUNNING":

@@ -23,9 +23,10 @@ value is ever written into a manifest.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from aios.contract import GRACE_CAP_ENV
 from aios.errors import ConfigError
 
 JOBSET_GROUP = "jobset.x-k8s.io"
@@ -33,6 +34,7 @@ JOBSET_VERSION = "v1alpha2"
 JOBSET_PLURAL = "jobsets"
 TPU_ACCELERATOR_LABEL = "cloud.google.com/gke-tpu-accelerator"
 TPU_TOPOLOGY_LABEL = "cloud.google.com/gke-tpu-topology"
+TPU_RESOURCE = "google.com/tpu"
 NODEPOOL_LABEL = "cloud.google.com/gke-nodepool"
 EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
@@ -101,6 +103,45 @@ class Placement:
     tolerations: list[dict[str, Any]] = field(default_factory=list)
 
 
+def tpu_layouts(place: Placement) -> list[tuple[int, int]]:
+    """``(pods per slice, chips per pod)`` layouts the slice can take (the planned one first)."""
+    from aios_backend_xla.topology import parse_accelerator_type
+
+    return parse_accelerator_type(place.accelerator).host_layouts()
+
+
+def with_layout(place: Placement, hosts: int, chips: int) -> Placement:
+    """``place`` with ``hosts`` pods of ``chips`` TPU chips per slice."""
+    return replace(
+        place, pods_per_job=hosts, resources={**place.resources, TPU_RESOURCE: str(chips)}
+    )
+
+
+def node_pool_hint(place: Placement) -> str:
+    """How to create the node pool a TPU slice needs. Multi-host TPU7x pools take a workload
+    policy (``--placement-policy``) instead of ``--tpu-topology``
+    (https://cloud.google.com/kubernetes-engine/docs/concepts/tpu-ironwood#workload-policy)."""
+    gen = next(
+        (
+            g
+            for g, v in GKE_TPU_ACCELERATOR.items()
+            if v == place.node_selector.get(TPU_ACCELERATOR_LABEL)
+        ),
+        "",
+    )
+    if gen == "tpu7x" and place.pods_per_job > 1:
+        return (
+            "gcloud compute resource-policies create workload-policy POLICY --type=HIGH_THROUGHPUT "
+            f"--accelerator-topology={place.topology}, then gcloud container node-pools create "
+            "... --machine-type=tpu7x-standard-4t --placement-policy=POLICY; or set "
+            "k8s.check_node_pools=false on Autopilot"
+        )
+    return (
+        f"gcloud container node-pools create ... --tpu-topology {place.topology}; "
+        "or set k8s.check_node_pools=false on Autopilot"
+    )
+
+
 def tpu_topology(generation: str, chips: int) -> str:
     table = _3D if generation in _TORUS_3D else _2D
     if chips not in table:
@@ -154,7 +195,7 @@ def placement(accelerator: str, nodes: int) -> Placement:
             t.accelerator_type,
             pods_per_job=t.hosts,
             jobs=nodes,
-            resources={"google.com/tpu": str(t.chips_per_host)},
+            resources={TPU_RESOURCE: str(t.chips_per_host)},
             node_selector={
                 TPU_ACCELERATOR_LABEL: GKE_TPU_ACCELERATOR[t.generation],
                 TPU_TOPOLOGY_LABEL: topo,
@@ -187,14 +228,36 @@ class JobRequest:
     memory: str | None = None
     backoff_limit: int = 0  # indexed Job: pod retries
     max_restarts: int = 0  # JobSet: whole-set restarts (preemption recovery)
+    grace_seconds: float = 25.0  # checkpoint.grace_seconds: the pods' terminationGracePeriodSeconds
+    spot: bool = False  # GKE Spot nodes (cloud.google.com/gke-spot)
+
+
+#: GKE gives non-system pods on a Spot node at most this long after the node's termination
+#: notice; a larger terminationGracePeriodSeconds has no effect there
+#: (https://cloud.google.com/kubernetes-engine/docs/concepts/spot-vms#termination-graceful-shutdown)
+GKE_SPOT_GRACE_S = 15
+SPOT_LABEL = "cloud.google.com/gke-spot"
+
+
+def pod_grace(req: JobRequest) -> int:
+    """The pods' ``terminationGracePeriodSeconds``: aios's grace, capped to what GKE honours on
+    Spot nodes. The same number reaches the ranks as ``AIOS_RUN_GRACE_CAP`` so that the
+    manifest's grace and aios's agree."""
+    import math
+
+    grace = math.ceil(req.grace_seconds)
+    return min(grace, GKE_SPOT_GRACE_S) if req.spot else grace
 
 
 def _pod_spec(req: JobRequest, extra_env: list[dict[str, Any]]) -> dict[str, Any]:
     p = req.place
     env = [{"name": k, "value": v} for k, v in sorted({**p.env, **req.env}.items())]
+    grace = pod_grace(req)
     env += [
         {"name": "AIOS_K8S_PODS_PER_JOB", "value": str(p.pods_per_job)},
         {"name": "MASTER_PORT", "value": str(req.master_port)},
+        # a pod's deletion (or a node drain) is SIGTERM, then SIGKILL after the grace below
+        {"name": GRACE_CAP_ENV, "value": str(grace)},
     ]
     env += extra_env
     script = "set -e; mkdir -p /workspace; "
@@ -220,16 +283,26 @@ def _pod_spec(req: JobRequest, extra_env: list[dict[str, Any]]) -> dict[str, Any
         }
     if req.secret_name:
         container["envFrom"] = [{"secretRef": {"name": req.secret_name}}]
-    spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [container]}
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": grace,
+        "containers": [container],
+    }
     if req.code_configmap:
         container["volumeMounts"] = [
             {"name": "aios-code", "mountPath": "/aios/code", "readOnly": True}
         ]
         spec["volumes"] = [{"name": "aios-code", "configMap": {"name": req.code_configmap}}]
-    if p.node_selector:
-        spec["nodeSelector"] = dict(p.node_selector)
-    if p.tolerations:
-        spec["tolerations"] = list(p.tolerations)
+    selector = {**p.node_selector, **({SPOT_LABEL: "true"} if req.spot else {})}
+    if selector:
+        spec["nodeSelector"] = selector
+    tolerations = list(p.tolerations)
+    if req.spot:  # Spot node pools may carry the matching taint
+        tolerations.append(
+            {"key": SPOT_LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"}
+        )
+    if tolerations:
+        spec["tolerations"] = tolerations
     if req.service_account:
         spec["serviceAccountName"] = req.service_account
     return spec

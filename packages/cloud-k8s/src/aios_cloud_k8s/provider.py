@@ -40,11 +40,15 @@ class K8sProvider(SchedulerProvider):
     storage_scheme = ""
     cli = "kubectl"
 
+    pending_reason: str = ""
+
     def __init__(self, config: Any = None) -> None:
         from aios_cloud_k8s.settings import K8sSettings
 
         section = config.section("k8s") if config is not None else None
         self.settings = section if section is not None else K8sSettings()
+        # the seconds a rank has after SIGTERM (checkpoint.grace_seconds): the pods' grace
+        self.grace_seconds = float(config.checkpoint.grace_seconds) if config is not None else 25.0
         self._api: Any = None
 
     # ------------------------------------------------------------------ client
@@ -154,10 +158,17 @@ class K8sProvider(SchedulerProvider):
             )
         return out
 
-    def check_node_pools(self, place: M.Placement) -> None:
-        """A TPU slice needs a node pool with its accelerator and topology labels."""
+    def check_node_pools(self, place: M.Placement) -> M.Placement:
+        """The placement that fits the cluster's TPU node pools, or one line saying none does.
+
+        A pool matches when its nodes carry the slice's accelerator and topology labels; it fits
+        when a node's allocatable ``google.com/tpu`` holds one pod's request (the scheduler
+        binds a pod only there, https://kubernetes.io/docs/concepts/configuration/manage-resources-containers/#extended-resources).
+        v5e/v6e 2x4 pools are one 8-chip VM or two 4-chip VMs per slice: the pods follow the
+        pool that exists (:meth:`TpuTopology.host_layouts`).
+        """
         if place.kind != "tpu" or not self.settings.check_node_pools:
-            return
+            return place
         nodes = self._call("listing nodes", self.core().list_node).items
         offered = sorted(
             {
@@ -177,9 +188,31 @@ class K8sProvider(SchedulerProvider):
                     if offered
                     else "; the cluster has no TPU node pools"
                 ),
-                "create one (gcloud container node-pools create ... --tpu-topology "
-                f"{place.topology}) or set k8s.check_node_pools=false on Autopilot",
+                M.node_pool_hint(place),
             )
+        matching = [
+            n
+            for n in nodes
+            if all((n.metadata.labels or {}).get(k) == v for k, v in place.node_selector.items())
+        ]
+        per_node = sorted(
+            {_qty((n.status.allocatable or {}).get("google.com/tpu")) for n in matching}
+        )
+        layouts = M.tpu_layouts(place)
+        for hosts, chips in layouts:
+            if chips in per_node:
+                return M.with_layout(place, hosts, chips)
+        types = sorted(
+            {(n.metadata.labels or {}).get(M.INSTANCE_TYPE_LABEL, "?") for n in matching}
+        )
+        raise CloudError(
+            f"no node pool fits {place.accelerator}: its pods ask google.com/tpu: "
+            f"{' or '.join(str(c) for _, c in layouts)} per node, the "
+            f"{place.topology} pool's nodes ({', '.join(types)}) hold "
+            f"{' or '.join(str(c) for c in per_node)}",
+            "create a pool whose machine type matches the slice's hosts "
+            f"({M.node_pool_hint(place)})",
+        )
 
     def create(self, request: ClusterRequest) -> ClusterInfo:
         raise CloudError(
@@ -215,8 +248,7 @@ class K8sProvider(SchedulerProvider):
                 return "FAILED", status
             if conds.get("Suspended") == "True":
                 return "SUSPENDED", status
-            active = sum((j.get("active") or 0) for j in status.get("replicatedJobsStatus") or [])
-            return ("RUNNING" if active else "PENDING"), status
+            return self._pods_state(name), status
         obj = self._call(
             f"reading Job {name}", self.batch().read_namespaced_job, name, ns, missing_ok=True
         )
@@ -228,13 +260,32 @@ class K8sProvider(SchedulerProvider):
             return "COMPLETED", {"succeeded": st.succeeded}
         if conds.get("Failed") == "True":
             return "FAILED", {"failed": st.failed}
-        return ("RUNNING" if st.active else "PENDING"), {"active": st.active}
+        return self._pods_state(name), {"active": st.active}
+
+    def _pods_state(self, name: str) -> str:
+        """RUNNING once every pod of the job runs; PENDING while any waits (a Job's and a
+        JobSet's ``active`` count pending pods too, so they cannot tell). The scheduler's reason
+        for a pod that cannot be placed is kept in :attr:`pending_reason`."""
+        self.pending_reason = ""
+        pods = self.pods(name)
+        if not pods:
+            return "PENDING"
+        for pod in pods:
+            if (pod.status.phase or "Pending") != "Pending":
+                continue
+            for c in pod.status.conditions or []:
+                if c.type == "PodScheduled" and c.status == "False" and c.message:
+                    self.pending_reason = f"{pod.metadata.name}: {c.message}"
+            return "PENDING"
+        return "RUNNING"
 
     def describe(self, name: str, zone: str | None) -> ClusterInfo | None:
         rec = self._record(name)
         if rec is None:
             return None
         state, raw = self.job_state(name, rec.request.get("api", "jobset"))
+        if state == "PENDING" and self.pending_reason:
+            raw = {**raw, "pending": self.pending_reason}
         return ClusterInfo(
             name=name,
             cloud=self.name,

@@ -13,6 +13,18 @@ The "controller" part is explicit: creating a Job/JobSet creates its pods (named
 controller and JobSet do: ``<job>-<index>-<suffix>`` with hostname ``<job>-<index>`` /
 ``<jobset>-<rjob>-<jobIndex>-<podIndex>``); :meth:`FakeKubeApi.finish` marks a job's pods
 Succeeded/Failed with their logs and sets the Complete/Failed condition.
+
+The scheduler part follows kube-scheduler's filters
+(https://kubernetes.io/docs/concepts/scheduling-eviction/kube-scheduler/#kube-scheduler-implementation):
+a pod is bound (``spec.nodeName``, phase ``Running``) to a node whose labels match its
+``nodeSelector``, whose ``NoSchedule`` taints it tolerates, and whose ``allocatable`` still holds
+its resource requests (limits count as requests for extended resources such as
+``google.com/tpu``, https://kubernetes.io/docs/concepts/configuration/manage-resources-containers/#extended-resources);
+otherwise it stays ``Pending`` with the ``PodScheduled=False``/``Unschedulable`` condition and
+the scheduler's "0/N nodes are available: ..." message. As the real controllers do, a Job's
+``status.active`` and a JobSet's ``replicatedJobsStatus[].active`` count pending pods too
+(https://kubernetes.io/docs/concepts/workloads/controllers/job/: "active: the number of pending
+and running pods"): a JobSet whose pods cannot schedule still looks active.
 """
 
 from __future__ import annotations
@@ -46,6 +58,41 @@ def _status(code: int, reason: str, message: str) -> dict[str, Any]:
     }
 
 
+def _quantity(v: Any) -> float:
+    """A Kubernetes quantity (``"4"``, ``"7910m"``, ``"16Gi"``) as a number."""
+    text = str(v).strip()
+    units = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
+    for suffix in sorted(units, key=len, reverse=True):
+        if text.endswith(suffix):
+            return float(text[: -len(suffix)]) * units[suffix]
+    return float(text or 0)
+
+
+def _pod_requests(spec: dict[str, Any]) -> dict[str, float]:
+    """What a pod asks the scheduler for: every container's requests (limits where a resource
+    has no request, as the API server defaults them)."""
+    total: dict[str, float] = {}
+    for c in spec.get("containers") or []:
+        res = c.get("resources") or {}
+        asked = {**(res.get("limits") or {}), **(res.get("requests") or {})}
+        for k, v in asked.items():
+            total[k] = total.get(k, 0.0) + _quantity(v)
+    return total
+
+
+def _tolerates(spec: dict[str, Any], taint: dict[str, Any]) -> bool:
+    if taint.get("effect") not in ("NoSchedule", "NoExecute"):
+        return True
+    for t in spec.get("tolerations") or []:
+        if t.get("effect") not in (None, "", taint.get("effect")):
+            continue
+        if t.get("operator") == "Exists" and t.get("key") in (None, "", taint.get("key")):
+            return True
+        if t.get("key") == taint.get("key") and t.get("value") == taint.get("value"):
+            return True
+    return False
+
+
 def _match(selector: str, labels: dict[str, str]) -> bool:
     for part in filter(None, (selector or "").split(",")):
         if "=" in part:
@@ -55,6 +102,10 @@ def _match(selector: str, labels: dict[str, str]) -> bool:
         elif part not in labels:
             return False
     return True
+
+
+def spec_pods(spec: dict[str, Any]) -> int:
+    return int(spec.get("parallelism", 1))
 
 
 class FakeKubeApi:
@@ -381,6 +432,79 @@ class FakeKubeApi:
                         "creationTimestamp": _now(),
                     },
                     "spec": {**tmpl["spec"], "hostname": f"{job_name}-{i}"},
-                    "status": {"phase": "Running"},
+                    "status": {"phase": "Pending"},
                 }
+                self._schedule(pod)
                 self.objects[("Pod", ns, pname)] = pod
+        # the controllers' status: every created pod (pending or running) counts as active
+        if kind == "Job":
+            obj["status"] = {"active": spec_pods(obj["spec"])}
+        else:
+            obj["status"] = {
+                "replicatedJobsStatus": [
+                    {
+                        "name": rj["name"],
+                        "ready": 0,
+                        "succeeded": 0,
+                        "failed": 0,
+                        "suspended": 0,
+                        "active": rj.get("replicas", 1),
+                    }
+                    for rj in obj["spec"]["replicatedJobs"]
+                ]
+            }
+
+    def _used(self, node: str) -> dict[str, float]:
+        used: dict[str, float] = {}
+        for (k, _, _), o in self.objects.items():
+            if k == "Pod" and o["spec"].get("nodeName") == node:
+                if (o.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                    continue
+                for r, v in _pod_requests(o["spec"]).items():
+                    used[r] = used.get(r, 0.0) + v
+        return used
+
+    def _schedule(self, pod: dict[str, Any]) -> None:
+        """kube-scheduler's filter step: bind the pod to the first node that can hold it, or
+        leave it Pending with the scheduler's reasons."""
+        spec = pod["spec"]
+        want = _pod_requests(spec)
+        reasons: dict[str, int] = {}
+        for node in self.nodes:
+            meta, status = node.get("metadata") or {}, node.get("status") or {}
+            labels = meta.get("labels") or {}
+            if any(labels.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()):
+                why = "node(s) didn't match Pod's node affinity/selector"
+                reasons[why] = reasons.get(why, 0) + 1
+                continue
+            taints = (node.get("spec") or {}).get("taints") or []
+            bad = next((t for t in taints if not _tolerates(spec, t)), None)
+            if bad is not None:
+                why = f"node(s) had untolerated taint {{{bad.get('key')}: {bad.get('value', '')}}}"
+                reasons[why] = reasons.get(why, 0) + 1
+                continue
+            alloc = {k: _quantity(v) for k, v in (status.get("allocatable") or {}).items()}
+            used = self._used(meta.get("name", ""))
+            short = [r for r, v in want.items() if used.get(r, 0.0) + v > alloc.get(r, 0.0) + 1e-9]
+            if short:
+                why = f"Insufficient {short[0]}"
+                reasons[why] = reasons.get(why, 0) + 1
+                continue
+            spec["nodeName"] = meta.get("name")
+            pod["status"] = {
+                "phase": "Running",
+                "conditions": [{"type": "PodScheduled", "status": "True"}],
+            }
+            return
+        detail = ", ".join(f"{n} {why}" for why, n in sorted(reasons.items()))
+        pod["status"] = {
+            "phase": "Pending",
+            "conditions": [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": f"0/{len(self.nodes)} nodes are available: {detail}.",
+                }
+            ],
+        }

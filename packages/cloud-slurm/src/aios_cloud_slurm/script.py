@@ -6,6 +6,10 @@ address from the step and starts one process per device. The master address is t
 node's ``NodeAddr`` as Slurm itself reaches it (``scontrol show node``), exported as
 ``MASTER_ADDR``.
 
+Deadlines: the job's end (``SLURM_JOB_END_TIME``, its time limit) reaches every rank as
+``AIOS_RUN_DEADLINE`` (source ``slurm-time-limit``) and ``--signal``'s lead as
+``AIOS_RUN_GRACE_CAP``, so the runtime's emergency checkpoint is planned for the real end.
+
 Preemption: ``#SBATCH --signal=B:TERM@<grace>`` sends SIGTERM to the batch shell ``grace``
 seconds before the time limit; the shell forwards it to every task of the step (``scancel
 --signal=TERM <job>``: signalling ``srun`` itself would end the step), so the runtime writes its
@@ -23,6 +27,8 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, field
+
+from aios.contract import DEADLINE_ENV, DEADLINE_SOURCE_ENV, GRACE_CAP_ENV
 
 EXIT_PREEMPTED = 75
 
@@ -100,6 +106,15 @@ def render(job: SbatchJob) -> str:
         lines.append(f"if [ -f {q(job.env_file)} ]; then set -a; . {q(job.env_file)}; set +a; fi")
     lines += job.setup
     lines += [
+        # the job's end (its time limit) is every rank's known deadline, and SIGTERM comes
+        # --signal's lead before it: the ranks plan their emergency checkpoint for both
+        # (SLURM_JOB_END_TIME, epoch seconds; squeue's EndTime where the variable is missing)
+        'end="${SLURM_JOB_END_TIME:-}"',
+        'if [ -z "$end" ]; then e=$(squeue -h -j "$SLURM_JOB_ID" -o %e 2>/dev/null | head -n 1); '
+        'case "$e" in ""|Unknown|N/A|NONE) ;; *) end=$(date -d "$e" +%s 2>/dev/null) ;; esac; fi',
+        'if [ -n "$end" ] && [ "$end" -gt 0 ] 2>/dev/null; then '
+        f'export {DEADLINE_ENV}="$end" {DEADLINE_SOURCE_ENV}=slurm-time-limit; fi',
+        f"export {GRACE_CAP_ENV}={job.signal_grace}",
         'first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         'addr=$(scontrol show node "$first" 2>/dev/null | tr " " "\\n" | sed -n "s/^NodeAddr=//p" | head -n 1)',
         'export MASTER_ADDR="${MASTER_ADDR:-${addr:-$first}}"',

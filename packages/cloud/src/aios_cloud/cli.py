@@ -185,6 +185,13 @@ def _print(obj: Any) -> None:
     "--network", help="--cloud ssh: the hosts' own network (CIDR) for the master address."
 )
 @click.option(
+    "--worker-port",
+    type=click.IntRange(1, 65535),
+    help="--cloud ssh: the sshd port the hosts reach each other at on their own network "
+    "(default 22; the port in USER@HOST:PORT is how this machine reaches them, e.g. a NAT "
+    "gateway's forward).",
+)
+@click.option(
     "--host-wait",
     type=float,
     help="--cloud ssh: seconds a managed restart waits for every host to answer again (default "
@@ -955,7 +962,26 @@ def _entries(cloud: str | None, config_file: str | None) -> list[Any]:
 def _money(v: float | None, entry: Any = None) -> str:
     if v is None and entry is not None and (entry.extra or {}).get("price"):
         return str(entry.extra["price"])  # "n/a (your cluster)" for Slurm / Kubernetes
+    if v is None and entry is not None and _recorded(entry) == "unknown price":
+        return "unknown price"
     return "-" if v is None else f"${v:,.2f}"
+
+
+def _recorded(entry: Any) -> str | None:
+    """When the entry's prices were recorded (a date), "unknown price", or None (not said)."""
+    value = (getattr(entry, "extra", None) or {}).get("prices_recorded")
+    return str(value) if value else None
+
+
+def _price_dates(entries: Any) -> str:
+    dates = sorted(
+        {
+            f"{e.cloud} {_recorded(e)}"
+            for e in entries
+            if _recorded(e) and _recorded(e) != "unknown price"
+        }
+    )
+    return f"prices as recorded: {', '.join(dates)}" if dates else ""
 
 
 @click.command()
@@ -1083,6 +1109,7 @@ def cost(
                     "nodes": nodes,
                     "on_demand_usd": od,
                     "spot_usd": sp,
+                    "prices_recorded": _recorded(e),
                 }
             )
         if as_json:
@@ -1090,9 +1117,11 @@ def cost(
             return
         for row in rows:
             e = next(m for m in matches if m.cloud == row["cloud"])
+            when = _recorded(e)
             _echo(
                 f"{row['cloud']} {row['accelerator']} x{nodes} for {hours:g} h: on-demand "
                 f"{_money(row['on_demand_usd'], e)}, spot {_money(row['spot_usd'], e)}"
+                + (f" (prices as recorded on {when})" if when and when != "unknown price" else "")
             )
         return
     if not (params and tokens):
@@ -1146,3 +1175,6 @@ def cost(
             "yes" if r.fits else f"no ({r.state_gb:.0f} GB state)",
         )
     _print(t)
+    dates = _price_dates(r.entry for r in ranked)
+    if dates:
+        _echo(dates)

@@ -77,6 +77,7 @@ class Estimate:
             "spot_usd": None if self.spot is None else round(self.spot, 2),
             "fits_memory": self.fits,
             "training_state_gb": round(self.state_gb, 1),
+            "prices_recorded": (self.entry.extra or {}).get("prices_recorded"),
         }
 
 

@@ -297,7 +297,7 @@ class Fleet:
             f"ControlPath={_control_dir()}/%C",
             "-o",
             "ControlPersist=60",
-            "{}@{}".format(h["user"], h["ip"]),
+            "{}@{}".format(h["user"], h["ip"]) if h.get("user") else h["ip"],
             cmd,
         ]
 

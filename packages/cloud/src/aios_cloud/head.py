@@ -187,7 +187,14 @@ class Head:
 
     def _hosts_json(self, hosts: list[ClusterHost] | None = None) -> list[dict[str, Any]]:
         return [
-            {"w": h.worker_id, "ip": h.internal_ip or h.ip, "port": h.port, "user": h.ssh_user}
+            {
+                "w": h.worker_id,
+                "ip": h.internal_ip or h.ip,
+                # the host's own sshd port on the shared network (behind NAT or a port forward
+                # the port the user reaches it at is the gateway's, not the host's)
+                "port": h.internal_port if h.internal_port is not None else (h.port or 22),
+                "user": h.ssh_user,
+            }
             for h in (hosts or self.hosts)
         ]
 

@@ -148,8 +148,9 @@ STATES = (
 
 HEALTHY = "HEALTHY"
 UNHEALTHY = "UNHEALTHY"
-# The cloud is maintaining the hosts and they resume by themselves (TPU ``UNHEALTHY_MAINTENANCE``):
-# neither healthy nor a failure; the watcher waits instead of repairing or recreating.
+# The cloud is maintaining the hosts (TPU ``UNHEALTHY_MAINTENANCE``). A host event on a VM of a
+# TPU slice interrupts the whole slice (https://cloud.google.com/kubernetes-engine/docs/how-to/handle-disruption-gpu-tpu):
+# the watcher treats it as lost hosts (managed recovery), never as something that resumes.
 MAINTENANCE = "MAINTENANCE"
 
 
@@ -212,8 +213,12 @@ class ClusterHost:
         the VPC).
     :param internal_ip: address the hosts use between themselves (master address).
     :param ssh_user: login user; ``ssh_key`` the private key *path* (never its content).
-    :param port: SSH port (22 on clouds; test hosts may use others).
+    :param port: SSH port (22 on clouds; test hosts may use others). ``0``: not given, the SSH
+        client's configuration decides (``--cloud ssh`` host aliases); ``ssh_user`` ``""``
+        likewise.
     :param instance_id: cloud id of the machine, if it has its own.
+    :param internal_port: the port the other hosts reach this host's sshd at on their shared
+        network (``None``: :attr:`port`); differs behind NAT or port forwarding.
     """
 
     worker_id: int
@@ -223,6 +228,7 @@ class ClusterHost:
     ssh_key: str | None = None
     port: int = 22
     instance_id: str | None = None
+    internal_port: int | None = None
 
     @property
     def label(self) -> str:

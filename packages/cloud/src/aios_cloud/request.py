@@ -18,7 +18,7 @@ from typing import Any
 from aios.errors import AiosError
 
 # the options only ``--cloud ssh`` takes (hosts the user already has)
-HOST_OPTIONS = ("hosts", "hosts_file", "nprocs_per_host", "network", "host_wait")
+HOST_OPTIONS = ("hosts", "hosts_file", "nprocs_per_host", "network", "host_wait", "worker_port")
 
 
 @dataclass
@@ -63,6 +63,7 @@ class LaunchRequest:
     hosts_file: str | None = None
     nprocs_per_host: int | None = None
     network: str | None = None
+    worker_port: int | None = None
     host_wait: float | None = None
     ssh_user: str | None = None
     no_failover: bool = False

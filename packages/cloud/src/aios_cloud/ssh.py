@@ -279,9 +279,9 @@ class SshRunner:
         key = host.ssh_key or self.key
         if key:
             argv += ["-i", str(Path(key).expanduser()), "-o", "IdentitiesOnly=yes"]
+        if host.port:  # 0: not given, ssh_config decides (ssh_config(5): the command line wins)
+            argv += ["-p", str(host.port)]
         argv += [
-            "-p",
-            str(host.port),
             "-o",
             "BatchMode=yes",
             "-o",
@@ -314,7 +314,7 @@ class SshRunner:
             ]
         if self.forward_agent:
             argv += ["-o", "ForwardAgent=yes"]
-        argv.append(f"{host.ssh_user}@{host.ip}")
+        argv.append(f"{host.ssh_user}@{host.ip}" if host.ssh_user else host.ip)
         return argv
 
     def _env(self) -> dict[str, str] | None:

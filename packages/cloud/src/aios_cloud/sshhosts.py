@@ -8,9 +8,10 @@ machines themselves are never stopped, rebooted or deleted.
 
 * **Reach and inspect** (:data:`PROBE`, one SSH command per host, nothing installed): its
   addresses (``ip -o -4 addr``), CPU count, NVIDIA GPUs (``nvidia-smi -L``), Neuron devices
-  (``/dev/neuron*``), TPU chips (PCI vendor ``0x1ae0``), the interpreter's Python and torch
-  versions (package metadata, no import) and whether an aios job of a cluster of the same name
-  already runs there (then nothing is touched: one line, exit 2).
+  (``/dev/neuron*``), TPU chips (PCI vendor ``0x1ae0`` with a TPU device id, :mod:`aios.pci`;
+  gVNIC shares the vendor), the interpreter's Python and torch versions (package metadata, no
+  import) and whether an aios job of a cluster of the same name already runs there (then
+  nothing is touched: one line, exit 2).
 * **Devices and processes per host**: ``-a auto`` (the default) trains on CPU and refuses hosts
   that have accelerators (pass ``-a gpu|tpu|trainium``, or ``-a cpu`` to use the CPUs anyway);
   the processes per host are the accelerator count found (1 on CPU), or ``--nprocs-per-host``.
@@ -60,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from aios.errors import AiosError
+from aios.pci import tpu_count_shell
 
 from aios_cloud.fleet import HEAD_KEY_COMMENT
 from aios_cloud.provider import (
@@ -103,15 +105,22 @@ _HOST_RE = re.compile(
 
 @dataclass(frozen=True)
 class HostSpec:
-    """One entry of the host list: ``USER@HOST[:PORT]``."""
+    """One entry of the host list: ``[USER@]HOST[:PORT]``. ``user`` ``""`` and ``port`` ``0``:
+    not given, so ``ssh`` takes them from ``~/.ssh/config`` (or its own defaults): aios never
+    passes ``-p``/``user@`` the user did not write, since the command line wins over the config
+    file (ssh_config(5))."""
 
     user: str
     host: str
-    port: int = 22
+    port: int = 0
 
     @property
     def target(self) -> str:
-        return f"{self.user}@{self.host}" + (f":{self.port}" if self.port != 22 else "")
+        return (
+            (f"{self.user}@" if self.user else "")
+            + self.host
+            + (f":{self.port}" if self.port else "")
+        )
 
 
 def parse_hosts(items: list[str], default_user: str, where: str = "--hosts") -> list[HostSpec]:
@@ -127,7 +136,7 @@ def parse_hosts(items: list[str], default_user: str, where: str = "--hosts") -> 
                 "write each host as e.g. ubuntu@10.0.0.5 or ubuntu@gpu-box:2222",
             )
         port_text = m.group("port")
-        port = 22
+        port = 0
         if port_text is not None:
             if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
                 raise AiosError(
@@ -136,7 +145,7 @@ def parse_hosts(items: list[str], default_user: str, where: str = "--hosts") -> 
                 )
             port = int(port_text)
         spec = HostSpec(m.group("user") or default_user, m.group("host"), port)
-        key = (spec.host.lower(), spec.port)
+        key = (spec.host.lower(), spec.port or 22)
         if key in seen:
             raise AiosError(
                 f"{where}: host {key[0]}:{spec.port} is listed twice ('{seen[key]}' and '{item}')",
@@ -193,7 +202,9 @@ def probe_command(cluster: str, python: str) -> str:
             "echo \"gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')\"",
             'echo "gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)"',
             'echo "neuron=$(ls -d /dev/neuron[0-9]* 2>/dev/null | wc -l)"',
-            'echo "tpu=$(grep -lx 0x1ae0 /sys/bus/pci/devices/*/vendor 2>/dev/null | wc -l)"',
+            # TPU chips by vendor AND device id (aios.pci, the table backend-xla's discovery
+            # uses): gVNIC has Google's vendor id too
+            f'echo "tpu=$({tpu_count_shell()})"',
             f'echo "python=$({py} -c "import sys; print(\'%d.%d.%d\' % sys.version_info[:3])" 2>/dev/null)"',
             f'echo "torch=$({py} -c "import importlib.metadata as m; print(m.version(\'torch\'))" 2>/dev/null)"',
             f'for p in "$HOME"/aios/{cluster}/jobs/*/pid; do [ -f "$p" ] || continue; '
@@ -348,7 +359,12 @@ class SshHostsProvider(CloudProvider):
         """Check ``aios launch``'s host options (one line, exit 2) and return what the cluster
         request carries: the host list and how to use it (no secrets: the key is a path)."""
         if request.python:
-            self.python_cmd = request.python
+            self.python_cmd = request.python  # the user's interpreter, used as it is
+        elif not request.no_setup:
+            # aios's own virtual environment on every host (created by setup, removed by
+            # `aios down`): never an install into a system interpreter (PEP 668 refuses it on
+            # Debian 12 / Ubuntu 24.04, and it would change the user's machine)
+            self.python_cmd = VENV_PYTHON
         if request.autostop is not None:
             raise AiosError(
                 "--autostop stops machines; aios never stops hosts it did not create",
@@ -388,7 +404,7 @@ class SshHostsProvider(CloudProvider):
                 "pass --hosts USER@HOST[:PORT],... or --hosts-file FILE",
             )
         entries = read_hosts_file(hosts_file) if hosts_file else split_hosts(hosts_opt or "")
-        default_user = request.ssh_user or _local_user()
+        default_user = request.ssh_user or ""  # unset: ~/.ssh/config (or ssh) decides
         specs = parse_hosts(entries, default_user, "--hosts-file" if hosts_file else "--hosts")
         ckpt = request.checkpoint_dir
         managed = request.managed
@@ -402,6 +418,9 @@ class SshHostsProvider(CloudProvider):
             "identity": str(Path(request.ssh_key).expanduser()) if request.ssh_key else None,
             "nprocs_per_host": n,
             "network": network,
+            # the hosts' own sshd port between themselves (behind NAT / port forwards the port
+            # in USER@HOST:PORT is the gateway's)
+            "worker_port": request.worker_port or 22,
             "host_wait": DEFAULT_HOST_WAIT if wait is None else float(wait),
             "python": self.python_cmd,
             "shared_checkpoint_dir": ckpt if managed and ckpt and "://" not in ckpt else None,
@@ -481,7 +500,7 @@ class SshHostsProvider(CloudProvider):
 
     def _specs(self, request: ClusterRequest | dict[str, Any]) -> list[HostSpec]:
         extra = request.extra if isinstance(request, ClusterRequest) else request.get("extra", {})
-        return parse_hosts(list(extra.get("hosts") or []), _local_user())
+        return parse_hosts(list(extra.get("hosts") or []), "")
 
     # -------------------------------------------------------------- reaching the hosts
     def _runner(self, name: str, hosts: list[ClusterHost], key: str | None, **kw: Any) -> Any:
@@ -530,7 +549,7 @@ class SshHostsProvider(CloudProvider):
             for h, r in results:
                 if isinstance(r, HostKeyChanged):
                     raise CloudError(
-                        f"the host key of {h.label} ({h.ssh_user}@{h.ip}:{h.port}) changed since aios "
+                        f"the host key of {h.label} ({_dest(h)}) changed since aios "
                         "first connected; aios does not trust it by itself",
                         f"if that machine was reinstalled, `aios down {name}` and launch again "
                         "(the key is pinned anew); otherwise find out why",
@@ -538,7 +557,7 @@ class SshHostsProvider(CloudProvider):
                 if isinstance(r, SshError):
                     raise CloudError(
                         f"{h.label}: {r.message if hasattr(r, 'message') else r}",
-                        f"check that `ssh -p {h.port} {h.ssh_user}@{h.ip}` logs in without a "
+                        f"check that `{shlex.join(dry_ssh(h, None, 'true')[:-3] + [_dest(h)])}` logs in without a "
                         "password (pass --identity KEY if it needs a key)",
                     )
                 if r.returncode == 0:
@@ -564,7 +583,9 @@ class SshHostsProvider(CloudProvider):
         extra = request.extra
         specs = self._specs(request)
         key = extra.get("identity")
-        python = extra.get("python") or self.python_cmd
+        # the probe reads versions only: the user's --python, else the host's python3 (aios's own
+        # environment may not exist yet)
+        python = _probe_python(extra.get("python") or self.python_cmd)
         wait = float(extra.get("host_wait", DEFAULT_HOST_WAIT))
         wait = wait if recovering else min(30.0, wait)
         hosts = self._hosts(specs, key)
@@ -643,6 +664,7 @@ class SshHostsProvider(CloudProvider):
                 internal[j] or h.ip,
                 ssh_user=h.ssh_user,
                 port=h.port,
+                internal_port=int(extra.get("worker_port") or 22),
                 nprocs=nprocs,
                 devices=probes[h.worker_id].devices(),
             )
@@ -774,12 +796,35 @@ class SshHostsProvider(CloudProvider):
     def setup_commands(
         self, accelerator: str, requirements: builtins.list[str], backend: str | None = None
     ) -> builtins.list[str]:
-        """Install only the requirements the host's interpreter lacks (its own versions of
-        what it has are left alone; nothing is upgraded)."""
+        """With aios's own environment (no ``--python``): create it in the cluster's directory
+        (``uv venv`` where uv is installed, else the host's ``python3 -m venv``), with the
+        system's site packages visible so that a torch the host already has is used as it is,
+        and install there only the requirements it lacks (nothing is upgraded, nothing goes into
+        a system interpreter). With ``--python``: that interpreter is used as it is, nothing is
+        installed (the host checks say in one line when it lacks torch)."""
         check_requirements(requirements)
-        if not requirements:
+        if self.python_cmd != VENV_PYTHON:
             return []
-        py = shlex.quote(self.python_cmd)
+        venv = VENV_PYTHON.rsplit("/bin/", 1)[0]
+        # the host interpreter's own site directories stay visible (a .pth after the venv's
+        # own: what is installed into the venv wins), also when python3 is itself a venv or a
+        # conda env, where --system-site-packages alone would not see its packages
+        host_paths = (
+            "import sys; print(chr(10).join(p for p in sys.path "
+            "if p.endswith(('site-packages', 'dist-packages'))))"
+        )
+        venv_purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+        lines = [
+            f"if [ ! -x {VENV_PYTHON} ]; then "
+            f"if command -v uv >/dev/null 2>&1; then uv venv -q --system-site-packages "
+            f"--python python3 {venv}; else python3 -m venv --system-site-packages {venv}; fi "
+            f"|| {{ echo \"[aios] $(hostname): cannot create aios's environment {venv} with "
+            'python3 -m venv (Debian/Ubuntu: apt install python3-venv), or pass --python"; '
+            f"exit 2; }}; python3 -c {shlex.quote(host_paths)} > "
+            f'"$({VENV_PYTHON} -c {shlex.quote(venv_purelib)})/_aios_host.pth"; fi',
+        ]
+        if not requirements:
+            return lines
         reqs = " ".join(shlex.quote(r) for r in requirements)
         find = (
             "import importlib.metadata as m, re, sys\n"
@@ -789,9 +834,11 @@ class SshHostsProvider(CloudProvider):
             "    except m.PackageNotFoundError: print(r)\n"
         )
         return [
-            f"missing=$({py} -c {shlex.quote(find)} {reqs})",
-            f'if [ -n "$missing" ]; then echo "[aios] installing $(echo $missing)"; '
-            f"{py} -m pip install --quiet $missing; fi",
+            *lines,
+            f"missing=$({VENV_PYTHON} -c {shlex.quote(find)} {reqs})",
+            f'if [ -n "$missing" ]; then echo "[aios] installing $(echo $missing) into {venv}"; '
+            f"if command -v uv >/dev/null 2>&1; then uv pip install -q --python {VENV_PYTHON} "
+            f"$missing; else {VENV_PYTHON} -m pip install --quiet $missing; fi; fi",
         ]
 
     def host_checks(self, accelerator: str, nodes: int) -> builtins.list[str]:
@@ -828,7 +875,7 @@ class SshHostsProvider(CloudProvider):
         return ACCELERATORS[accelerator][0]
 
     def python(self, accelerator: str, backend: str | None = None) -> str:
-        """``--python`` as given, else ``python3`` on the hosts' PATH."""
+        """``--python`` as given, else aios's own environment (:data:`VENV_PYTHON`)."""
         return self.python_cmd
 
     def stop_refusal(self, spot: bool, accelerator: str | None = None) -> str | None:
@@ -842,7 +889,7 @@ class SshHostsProvider(CloudProvider):
     # -------------------------------------------------------------- dry run
     def render_create(self, request: ClusterRequest) -> builtins.list[CloudCommand]:
         extra = request.extra
-        py = extra.get("python") or self.python_cmd
+        py = _probe_python(extra.get("python") or self.python_cmd)
         return [
             CloudCommand(
                 dry_ssh(h, extra.get("identity"), probe_command(request.name, py)),
@@ -866,7 +913,10 @@ class SshHostsProvider(CloudProvider):
                 else "end aios's processes; the host keeps running"
             )
         elif action in ("start", "describe"):
-            cmd, what = probe_command(name, self.python_cmd), "reach and inspect (read only)"
+            cmd, what = (
+                probe_command(name, _probe_python(self.python_cmd)),
+                "reach and inspect (read only)",
+            )
         else:
             return []
         return [CloudCommand(dry_ssh(h, key, cmd), f"worker {h.worker_id}: {what}") for h in hosts]
@@ -888,12 +938,28 @@ class SshHostsProvider(CloudProvider):
         key = request.extra.get("identity")
         nprocs = request.extra.get("nprocs_per_host")
         hosts = [
-            SshHost(h.worker_id, h.ip, h.ip, ssh_user=h.ssh_user, port=h.port, nprocs=nprocs or 1)
+            SshHost(
+                h.worker_id,
+                h.ip,
+                h.ip,
+                ssh_user=h.ssh_user,
+                port=h.port,
+                internal_port=int(request.extra.get("worker_port") or 22),
+                nprocs=nprocs or 1,
+            )
             for h in self._hosts(self._specs(request), key)
         ]
         root = remote_root(request.name)
         relay = _Relay(hosts, key, root)
         echo("# dry run: nothing changes on the hosts, no SSH connection is made")
+        for h in hosts:
+            if not h.ssh_user or not h.port:
+                # the alias as written: ssh's own configuration picks user, port, address
+                echo(
+                    f"# worker {h.worker_id}: ssh host {h.ip} as your ~/.ssh/config has it"
+                    + ("" if h.ssh_user else " (its User)")
+                    + ("" if h.port else " (its Port)")
+                )
         echo("# 1. reach and inspect every host (addresses, devices, python and torch; read only)")
         for c in self.render_create(request):
             echo(c.shell())
@@ -999,9 +1065,10 @@ class _Relay:
             # %d: the login's home on worker 0 (ssh's own token; the root starts with $HOME)
             f"UserKnownHostsFile={self.root.replace('$HOME', '%d', 1)}/fleet/known_hosts",
         ]
-        if h.port != 22:
-            argv += ["-p", str(h.port)]
-        return [*argv, f"{h.ssh_user}@{h.ip}", command]
+        port = h.internal_port if h.internal_port is not None else (h.port or 22)
+        if port != 22:
+            argv += ["-p", str(port)]
+        return [*argv, _dest(h), command]
 
     def on(self, h: ClusterHost, command: str) -> str:
         """``command`` on ``h``, through worker 0 unless ``h`` is worker 0."""
@@ -1035,9 +1102,15 @@ def dry_ssh(host: ClusterHost, key: str | None, command: str) -> list[str]:
     argv = ["ssh"]
     if key:
         argv += ["-i", key]
-    if host.port != 22:
+    if host.port:  # only when the user gave it: otherwise ssh_config decides
         argv += ["-p", str(host.port)]
-    return [*argv, "-o", "BatchMode=yes", f"{host.ssh_user}@{host.ip}", command]
+    return [*argv, "-o", "BatchMode=yes", _dest(host), command]
+
+
+def _dest(h: ClusterHost) -> str:
+    """``user@host`` when the user gave the user, else the host (or ``~/.ssh/config`` alias)
+    alone: ssh_config decides, as the command line would override it (ssh_config(5))."""
+    return f"{h.ssh_user}@{h.ip}" if h.ssh_user else h.ip
 
 
 def cleanup_command(name: str, remove: bool) -> str:
@@ -1057,7 +1130,7 @@ def cleanup_command(name: str, remove: bool) -> str:
     if remove:
         lines += [
             'rm -rf "$R"/jobs "$R"/setup.sha "$R"/agent.json "$R"/agent.pid "$R"/agent.log '
-            '"$R"/agent.state "$R"/code.new "$R"/code/.aios-site',
+            '"$R"/agent.state "$R"/code.new "$R"/code/.aios-site "$R"/code/.aios-venv',
         ]
         # the files the last sync wrote, as the host's own manifest lists them (aios's code sync
         # through the head host); then that sync's store, and the head's key to the other hosts:
@@ -1083,6 +1156,15 @@ def cleanup_command(name: str, remove: bool) -> str:
         ]
     lines.append("true")
     return "; ".join(lines)
+
+
+#: aios's own interpreter on a user's host: a virtual environment in the cluster's code
+#: directory (where setup, checks and jobs run), removed by `aios down`
+VENV_PYTHON = ".aios-venv/bin/python"
+
+
+def _probe_python(python: str) -> str:
+    return "python3" if python == VENV_PYTHON else python
 
 
 def _record(name: str) -> Any:

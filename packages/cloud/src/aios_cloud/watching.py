@@ -241,20 +241,13 @@ class Watcher:
                 elif info.unhealthy:
                     incident = f"unhealthy ({info.health_detail or info.health})"
                 elif info.in_maintenance:
-                    # the cloud maintains the hosts and they come back by themselves: wait
-                    maintenance = True
-                    if not self._maintenance_logged:
-                        self.log(
-                            f"cluster {rec.name}: in host maintenance "
-                            f"({info.health_detail or 'maintenance'}); waiting for it to end"
-                        )
-                        self.store.event(
-                            rec.name,
-                            "maintenance",
-                            f"job {self.job_id}: {info.health_detail or 'maintenance'}",
-                            self.job_id,
-                        )
-                        self._maintenance_logged = True
+                    # a host event on a VM of a TPU slice interrupts the entire slice ("Manage
+                    # GKE node disruption for GPUs and TPUs"): the job's processes are gone and
+                    # nothing resumes by itself; a managed run recovers as from lost hosts
+                    incident = (
+                        f"host maintenance ({info.health_detail or 'maintenance'}): the "
+                        "slice's hosts were interrupted"
+                    )
                 else:
                     self._maintenance_logged = False
             if incident is None and any(s == "REPLACED" for s, _ in states):

@@ -36,6 +36,20 @@ Rules of the real EC2 that moto does not enforce, each beside its documentation:
   and a call signed with them passes only when the role's policy allows its action
   (``UnauthorizedOperation`` otherwise, as EC2 answers; policy conditions are not evaluated).
   Calls signed with any other key (the user's own) pass as before.
+* **Capacity Blocks have dates and end early** (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-blocks-using.html):
+  a block (``type: capacity-block``, with ``start``/``end`` epoch seconds; default: started an
+  hour ago, ending in a day) is ``scheduled`` before its start, ``active`` until its end,
+  ``expired`` after, on the proxy's :attr:`Ec2Proxy.clock`; ``DescribeCapacityReservations``
+  returns ``StartDate``/``EndDate``/``State``; ``RunInstances`` into a block that is not active is
+  refused; and "thirty minutes before the reservation expires, we begin to terminate any
+  instances that are still running in the Capacity Block": :meth:`Ec2Proxy.reap` (run by a
+  background thread and before each call) terminates them at ``end - 1800``, with no IMDS
+  ``spot/instance-action`` (only an EventBridge event 40 minutes before, which hosts do not see).
+* **No placement group of your own with a Capacity Block**: "there is no need to use a cluster
+  placement group with a Capacity Block" (same page); an added group can leave reserved
+  instances unusable (eksctl-io/eksctl#7949) and AWS ParallelCluster refuses the combination
+  (aws/aws-parallelcluster#6311). ``RunInstances`` into a block with ``Placement.GroupName``
+  (other than a group the reservation itself was made in) is refused.
 * **Capacity reservations in a cluster placement group**: a reservation created in a cluster
   placement group (``placement_group`` in :attr:`capacity_reservations`) carries its group's ARN
   (``PlacementGroupArn``) and takes only launches into that group
@@ -46,6 +60,7 @@ from __future__ import annotations
 
 import http.client
 import threading
+import time
 import urllib.parse
 import uuid
 from dataclasses import dataclass, field
@@ -84,6 +99,11 @@ class Ec2Proxy:
         self.address_limit: int | None = None
         self.capacity_reservations: dict[str, dict[str, str]] = {}
         self.not_found_calls = 0  # eventual consistency: NotFound for this many calls per new id
+        self.clock: Any = time.time  # wall clock of the capacity blocks' dates (tests inject one)
+        self.block_instances: dict[str, set[str]] = {}  # block id -> instance ids launched into it
+        self.reaped: list[
+            tuple[str, float]
+        ] = []  # (instance id, clock) terminated at a block's end
         self._fresh: dict[str, int] = {}  # new instance id -> NotFound answers left
         self.grants: dict[str, list[dict[str, Any]]] = {}  # role access key -> policy documents
         self.lock = threading.Lock()
@@ -111,9 +131,57 @@ class Ec2Proxy:
     # ------------------------------------------------------------------ control
     def start(self) -> Ec2Proxy:
         self._thread.start()
+        self._reaper_stop = threading.Event()
+
+        def reaper() -> None:
+            while not self._reaper_stop.wait(0.2):
+                try:
+                    self.reap()
+                except Exception:  # noqa: BLE001 - moto going away at shutdown
+                    pass
+
+        threading.Thread(target=reaper, daemon=True, name="aios-ec2-block-reaper").start()
         return self
 
+    # ------------------------------------------------------------------ capacity blocks
+    BLOCK_RECLAIM_S = 1800  # instances are terminated from 30 minutes before a block's end
+
+    def block_dates(self, r: dict[str, Any]) -> tuple[float, float]:
+        now = self.clock()
+        return float(r.get("start", now - 3600)), float(r.get("end", now + 86400))
+
+    def block_state(self, r: dict[str, Any]) -> str:
+        if r.get("type") != "capacity-block":
+            return str(r.get("state", "active"))
+        start, end = self.block_dates(r)
+        now = self.clock()
+        return "scheduled" if now < start else ("active" if now < end else "expired")
+
+    def reap(self) -> list[str]:
+        """Terminate every instance still running in a Capacity Block whose end is 30 minutes
+        away or less (EC2 "begins to terminate" them then). Returns the ids terminated now."""
+        now = self.clock()
+        due: list[str] = []
+        with self.lock:
+            for cr, ids in self.block_instances.items():
+                r = self.capacity_reservations.get(cr)
+                if r is None or not ids:
+                    continue
+                _, end = self.block_dates(r)
+                if now >= end - self.BLOCK_RECLAIM_S:
+                    due.extend(sorted(ids))
+                    ids.clear()
+        if due:
+            q = {"Action": "TerminateInstances", "Version": "2016-11-15"}
+            q.update({f"InstanceId.{i + 1}": iid for i, iid in enumerate(due)})
+            self._ec2_query(q)
+            with self.lock:
+                self.reaped.extend((iid, now) for iid in due)
+        return due
+
     def stop(self) -> None:
+        if hasattr(self, "_reaper_stop"):
+            self._reaper_stop.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -153,6 +221,9 @@ class Ec2Proxy:
             self.placement_groups.clear()
             self.address_limit = None
             self.capacity_reservations.clear()
+            self.block_instances.clear()
+            self.reaped.clear()
+            self.clock = time.time
             self.not_found_calls = 0
             self._fresh.clear()
             self.grants.clear()
@@ -171,6 +242,8 @@ class Ec2Proxy:
         action = params.get("Action", "")
         with self.lock:
             self.calls.append((action, params))
+        if action.startswith("Describe"):
+            self.reap()  # what is due at a block's end has happened before anyone looks
         denied = self._denied(h.headers.get("Authorization", ""), action)
         if denied:
             return self._send(h, 403, _error("UnauthorizedOperation", denied))
@@ -203,7 +276,14 @@ class Ec2Proxy:
                 f"<item><capacityReservationId>{escape(i)}</capacityReservationId><availabilityZone>{escape(r['zone'])}</availabilityZone>"
                 f"<instanceType>{escape(r['instance_type'])}</instanceType>"
                 f"<reservationType>{escape(r.get('type', 'default'))}</reservationType>"
-                f"<state>{escape(r.get('state', 'active'))}</state>"
+                f"<state>{escape(self.block_state(r))}</state>"
+                + (
+                    f"<startDate>{_iso(self.block_dates(r)[0])}</startDate>"
+                    f"<endDate>{_iso(self.block_dates(r)[1])}</endDate>"
+                    "<endDateType>limited</endDateType>"
+                    if r.get("type") == "capacity-block"
+                    else ""
+                )
                 + (
                     f"<placementGroupArn>arn:aws:ec2:us-east-1:123456789012:placement-group/"
                     f"{escape(r['placement_group'])}</placementGroupArn>"
@@ -265,6 +345,30 @@ class Ec2Proxy:
                         "Capacity Blocks need MarketType capacity-block",
                     ),
                 )
+            if r.get("type") == "capacity-block":
+                state = self.block_state(r)
+                if state != "active":
+                    return self._send(
+                        h,
+                        400,
+                        _error(
+                            "InvalidCapacityReservationId.NotActive",
+                            f"Capacity Reservation {cr} is {state}: instances launch into a "
+                            "Capacity Block only while it is active",
+                        ),
+                    )
+                if params.get("Placement.GroupName") and params["Placement.GroupName"] != r.get(
+                    "placement_group"
+                ):
+                    return self._send(
+                        h,
+                        400,
+                        _error(
+                            "InvalidParameterCombination",
+                            f"Capacity Block {cr} is already placed for low latency: launch "
+                            "without a placement group of your own",
+                        ),
+                    )
         if action in ("CreatePlacementGroup", "DescribePlacementGroups", "DeletePlacementGroup"):
             status, doc = getattr(self, "_" + action)(params)
             return self._send(h, status, doc)
@@ -290,6 +394,21 @@ class Ec2Proxy:
                     ),
                 )
         status, data = self._forward(h, body)
+        block = params.get(
+            "CapacityReservationSpecification.CapacityReservationTarget.CapacityReservationId"
+        )
+        if action == "RunInstances" and status == 200 and block:
+            import xml.etree.ElementTree as ET
+
+            launched = {
+                el.text
+                for el in ET.fromstring(data).iter()
+                if el.tag.endswith("instanceId") and el.text
+            }
+            r = self.capacity_reservations.get(block) or {}
+            if r.get("type") == "capacity-block":
+                with self.lock:
+                    self.block_instances.setdefault(block, set()).update(launched)
         if action == "RunInstances" and status == 200 and self.not_found_calls:
             import xml.etree.ElementTree as ET
 
@@ -581,6 +700,10 @@ class Ec2Proxy:
                 )
             del self.placement_groups[name]
         return 200, _doc("DeletePlacementGroupResponse", "<return>true</return>")
+
+
+def _iso(epoch: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(epoch))
 
 
 def _filters(p: dict[str, str]) -> list[tuple[str, list[str]]]:

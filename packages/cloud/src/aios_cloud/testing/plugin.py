@@ -5,7 +5,8 @@ Registered through the ``pytest11`` entry point of aios-cloud
 
 Fixtures:
 
-* ``sshd_cluster``: ``sshd_cluster(n=2, netns=None)`` starts ``n`` real sshd hosts
+* ``sshd_cluster``: ``sshd_cluster(n=2, netns=None, **kw)`` (``kw``: :class:`SshdCluster`'s
+  ``pci``, ...) starts ``n`` real sshd hosts
   (:class:`aios_cloud.testing.sshd.SshdCluster`) under the test's ``tmp_path``, closed at
   teardown; ``netns=True`` requires network namespaces (each host its own address).
 * ``sshd_hosts``: two sshd hosts in their own network namespaces (a cloud cluster's machines).
@@ -33,7 +34,7 @@ def sshd_cluster(tmp_path: Path) -> Iterator[Callable[..., Any]]:
 
     started: list[Any] = []
 
-    def start(n: int = 2, netns: bool | None = None) -> Any:
+    def start(n: int = 2, netns: bool | None = None, **kw: Any) -> Any:
         reason = sshd_unavailable_reason()
         if reason:
             _unavailable(reason)
@@ -42,7 +43,7 @@ def sshd_cluster(tmp_path: Path) -> Iterator[Callable[..., Any]]:
             if os.geteuid() == 0:
                 _unavailable(msg)
             pytest.skip(msg)
-        cluster = SshdCluster(n, tmp_path / f"sshd{len(started) or ''}", netns=netns)
+        cluster = SshdCluster(n, tmp_path / f"sshd{len(started) or ''}", netns=netns, **kw)
         started.append(cluster)
         return cluster
 

@@ -26,7 +26,11 @@ Usage (pytest)::
 
 API:
 
-* :class:`SshdCluster` ``(n, workdir, netns=None, user=None)``: start ``n`` hosts; ``.hosts``,
+* :class:`SshdCluster` ``(n, workdir, netns=None, user=None, pci=None, forwarded=False)``:
+  start ``n`` hosts; ``forwarded``: behind one gateway's port forwards (``.ip`` is the gateway,
+  ``.port`` 2201+i; inside each host listens on 22 at ``.internal_ip``);
+  ``pci``: each host's PCI functions ``[(vendor, device), ...]`` (default :data:`GCE_VM_PCI`, a
+  GCE VM with its gVNIC; namespace mode bind-mounts them over ``/sys/bus/pci/devices``); ``.hosts``,
   ``.client_key`` (private key path), ``.user``, ``.ssh_argv(host)``, ``.close()``; a context
   manager. ``netns=None`` uses namespaces when possible, ``True`` requires them.
 * :class:`SshdHost`: ``name, worker_id, ip, port, internal_ip, home, netns``;
@@ -76,6 +80,14 @@ _LOCK = Path("/tmp/aios-testing-sshd.lock")
 NETNS_ETC = Path("/etc/netns")  # `ip netns exec NS` bind-mounts /etc/netns/NS/* over /etc/*
 
 
+# The PCI functions of a Compute Engine VM's guest without accelerators: gVNIC (Google's vendor id
+# 0x1ae0, device 0x0042; https://cloud.google.com/compute/docs/networking/using-gvnic, on every
+# third-generation and later machine series) and a virtio SCSI controller (0x1af4:0x1004).
+# A TPU VM adds one TPU function per chip, e.g. ("0x1ae0", "0x006f") for v6e.
+GCE_VM_PCI: tuple[tuple[str, str], ...] = (("0x1ae0", "0x0042"), ("0x1af4", "0x1004"))
+_PCI_CLASS = {("0x1ae0", "0x0042"): "0x020000", ("0x1af4", "0x1004"): "0x010000"}
+
+
 def _run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(argv, check=check, capture_output=True, text=True, timeout=60)
 
@@ -118,6 +130,12 @@ class SshdHost:
     netns: str | None = None
     internal_ip: str | None = None
     hostname: str | None = None
+    #: the host's PCI functions as ``(vendor, device)``, seen at ``/sys/bus/pci/devices`` by
+    #: everything that runs on the host (namespace mode; see :data:`GCE_VM_PCI`)
+    pci: list[tuple[str, str]] = field(default_factory=list)
+    #: where sshd itself listens when ``ip``/``port`` are a gateway's forward (forwarded mode)
+    sshd_ip: str | None = None
+    sshd_port: int | None = None
     proc: subprocess.Popen | None = field(default=None, repr=False)
 
     # ------------------------------------------------------------------ lifecycle
@@ -132,8 +150,8 @@ class SshdHost:
         cfg.write_text(
             "\n".join(
                 [
-                    f"Port {self.port}",
-                    f"ListenAddress {self.ip}",
+                    f"Port {self.sshd_port or self.port}",
+                    f"ListenAddress {self.sshd_ip or self.ip}",
                     f"HostKey {self.confdir / 'ssh_host_ed25519_key'}",
                     # the cluster's keys, and the host's own ~/.ssh/authorized_keys (where the
                     # head host installs its key for the other hosts), as sshd's default
@@ -157,6 +175,25 @@ class SshdHost:
             )
         )
         return cfg
+
+    def _pci_tree(self) -> Path:
+        """The host's ``/sys/bus/pci/devices``: one directory per function with its ``vendor``
+        and ``device`` files, as sysfs shows them (https://docs.kernel.org/PCI/sysfs-pci.html)."""
+        root = self.confdir / "pci"
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir(parents=True)
+        for i, (vendor, device) in enumerate(self.pci):
+            fn = root / f"0000:00:{4 + i:02x}.0"
+            fn.mkdir()
+            (fn / "vendor").write_text(vendor + "\n")
+            (fn / "device").write_text(device + "\n")
+            # the PCI class as sysfs has it (gloo reads every device's class to place NICs):
+            # network controller for gVNIC, processing accelerator for a TPU, storage else
+            cls = _PCI_CLASS.get((vendor, device)) or (
+                "0x120000" if vendor == "0x1ae0" else "0x010000"
+            )
+            (fn / "class").write_text(cls + "\n")
+        return root
 
     # ------------------------------------------------------------------ cron
     CRONTAB = ".aios-test-crontab"  # the user's table (crontab(1) keeps it in /var/spool/cron)
@@ -220,6 +257,9 @@ class SshdHost:
             # through /etc/netns/<ns>/hosts (bind-mounted over /etc/hosts by `ip netns exec`),
             # as on a cloud VM (torch's c10d rendezvous relies on that)
             inner = " ".join(shlex.quote(a) for a in argv)
+            # `ip netns exec` gives the host its own mount namespace: its PCI bus is bind-mounted
+            # there, so every session sshd starts sees the host's devices, never this machine's
+            pci = shlex.quote(str(self._pci_tree()))
             argv = [
                 IP,
                 "netns",
@@ -229,6 +269,7 @@ class SshdHost:
                 "--uts",
                 "sh",
                 "-c",
+                f"mount --bind {pci} /sys/bus/pci/devices && "
                 f"hostname {shlex.quote(self.hostname or self.name)} && exec {inner}",
             ]
         log = open(self.confdir / "sshd.log", "ab")
@@ -316,6 +357,8 @@ class SshdCluster:
         workdir: str | os.PathLike[str],
         netns: bool | None = None,
         user: str | None = None,
+        pci: list[list[tuple[str, str]]] | None = None,
+        forwarded: bool = False,
     ) -> None:
         reason = sshd_unavailable_reason()
         if reason:
@@ -325,6 +368,9 @@ class SshdCluster:
         import getpass
 
         self.user = user or getpass.getuser()
+        self.pci = pci or [list(GCE_VM_PCI) for _ in range(n)]
+        if len(self.pci) != n:
+            raise ValueError(f"pci lists {len(self.pci)} hosts' devices for {n} hosts")
         self.use_netns = netns_available() if netns is None else netns
         if self.use_netns and not netns_available():
             raise RuntimeError("network namespaces are not available (needs root and iproute2)")
@@ -355,6 +401,8 @@ class SshdCluster:
             if self.use_netns:
                 self._network(n)
             self._hosts(n)
+            if forwarded:
+                self._forward()
         except BaseException:
             self.close()
             raise
@@ -459,6 +507,7 @@ class SshdCluster:
                     netns=f"aios-h{i}-{self.tag}",
                     internal_ip=ip,
                     hostname=f"aios-{self.tag}-w{i}",
+                    pci=list(self.pci[i]),
                 )
             else:
                 host = SshdHost(
@@ -473,6 +522,27 @@ class SshdCluster:
                 )
             self.hosts.append(host)
             host.start()
+
+    FORWARD_BASE = 2201
+
+    def _forward(self) -> None:
+        """Forwarded-port mode: the hosts sit behind one gateway (the switch namespace's
+        address) that forwards ``FORWARD_BASE + i`` to host ``i``'s sshd on 22, as a NAT
+        router's port forwards do; this machine reaches host ``i`` only at
+        ``service_ip:FORWARD_BASE+i``, while the hosts reach each other on 22."""
+        if not self.use_netns:
+            raise RuntimeError("forwarded-port mode needs network namespaces")
+        import sys
+
+        rules = [f"{self.FORWARD_BASE + h.worker_id}:{h.internal_ip}:{h.port}" for h in self.hosts]
+        self.popen_service(
+            [sys.executable, "-m", "aios_cloud.testing.portfwd", self.service_ip, *rules],
+            env={**os.environ},
+        )
+        for h in self.hosts:
+            self.wait_port(self.FORWARD_BASE + h.worker_id)
+            h.sshd_ip, h.sshd_port = h.ip, h.port
+            h.ip, h.port = self.service_ip, self.FORWARD_BASE + h.worker_id
 
     # ------------------------------------------------------------------ services
     @property
@@ -555,4 +625,4 @@ class SshdCluster:
         self.close()
 
 
-__all__ = ["SshdCluster", "SshdHost", "netns_available", "sshd_unavailable_reason"]
+__all__ = ["GCE_VM_PCI", "SshdCluster", "SshdHost", "netns_available", "sshd_unavailable_reason"]
