@@ -478,6 +478,9 @@ class Runtime:
         config = self.config
         self.record.start()
         self.preemption.install()
+        from aios import loader_workers
+
+        loader_workers.install()  # forked DataLoader workers leave notices to this rank
         self.preemption.start_watchers(
             self._watchers, on_error=lambda m: warnings.warn("aios: " + m, stacklevel=2)
         )
@@ -591,7 +594,12 @@ class Runtime:
         return opt
 
     def setup_dataloader(self, loader: Any, shuffle: bool | None = None) -> Any:
+        from aios.data import DeviceLoader
+        from aios.loader_workers import shield
+
         wrapped = self.strategy.setup_dataloader(loader, shuffle=shuffle)
+        # its workers leave SIGTERM/SIGINT to this rank (aios.loader_workers)
+        shield(wrapped.loader if isinstance(wrapped, DeviceLoader) else wrapped)
         if hasattr(wrapped, "owner"):
             wrapped.owner = self.checkpointer  # calls its at_batch_boundary() before each batch
         self.training.loaders.append(wrapped)

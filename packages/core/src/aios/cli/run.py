@@ -17,7 +17,8 @@ rendezvous port free, checkpoint dir writable and not corrupt), then run the pla
 * ``elastic``: PyTorch's elastic launcher (``torch.distributed.run``) **in this process**, so
   there is no extra interpreter between ``aios-run`` and the workers; restarts (a fresh
   rendezvous per attempt, one ``aios-run: restart n/N: ...`` line each), per-rank log prefixes
-  (``[rankN]:``), SIGINT/SIGTERM forwarded to every worker, workers given
+  (``[rankN]:``), SIGINT/SIGTERM forwarded to every rank process (not to its process group:
+  its DataLoader workers live until it has checkpointed, :mod:`aios.loader_workers`), workers given
   ``checkpoint.grace_seconds`` (+5 s) to write their emergency checkpoint before SIGKILL;
 * anything else a backend plans (``xla``): its command as a child process.
 
@@ -679,7 +680,17 @@ class _AgentWatch:
             if handler.proc.poll() is None:
                 with watch.lock:
                     watch.stopped.add(handler.proc.pid)
-            close(handler, death_sig)
+            if death_sig is not None and int(death_sig) == int(signal.SIGKILL):
+                close(handler, death_sig)  # torch's: the rank's whole process group
+                return
+            death_sig = death_sig if death_sig is not None else signal.SIGTERM
+            # a notice (SIGTERM/SIGINT) goes to the rank only, never to its process group: its
+            # DataLoader workers must live until it has written its emergency checkpoint
+            with _suppress(ProcessLookupError):
+                handler.proc.send_signal(death_sig)
+            for f in (handler._stdout, handler._stderr):
+                if f is not None:
+                    f.close()
 
         def _restart(agent: Any, worker_group: Any) -> None:
             spec = worker_group.spec
