@@ -128,18 +128,10 @@ def default_blocks(model: Any) -> list[Any]:
     return out
 
 
-def broadcast_module_states(module: Any, dist: Any, src: int = 0) -> None:
-    """Make every materialized parameter and buffer of ``module`` equal to rank ``src``'s (as
-    ``DistributedDataParallel`` does at construction), one broadcast per dtype. Tensors on the
-    ``meta`` device are left alone: a model built on ``meta`` is initialised after sharding."""
+def _broadcast_tensors(tensors: list[Any], dist: Any, src: int) -> None:
+    """Every rank's ``tensors`` become rank ``src``'s, one broadcast per (dtype, device)."""
     import torch
-    from torch.distributed.tensor import DTensor
 
-    tensors = [
-        t
-        for t in (*module.parameters(), *module.buffers())
-        if not t.is_meta and not isinstance(t, DTensor)
-    ]
     by_dtype: dict[Any, list[Any]] = {}
     for t in tensors:
         by_dtype.setdefault((t.dtype, t.device), []).append(t)
@@ -153,6 +145,37 @@ def broadcast_module_states(module: Any, dist: Any, src: int = 0) -> None:
                 n = t.numel()
                 t.copy_(wire[offset : offset + n].view_as(t))
                 offset += n
+
+
+def broadcast_module_states(module: Any, dist: Any, src: int = 0) -> None:
+    """Make every materialized parameter and buffer of ``module`` equal to rank ``src``'s (as
+    ``DistributedDataParallel`` does at construction), one broadcast per dtype. Tensors on the
+    ``meta`` device are left alone: a model built on ``meta`` is initialised after sharding."""
+    from torch.distributed.tensor import DTensor
+
+    tensors = [
+        t
+        for t in (*module.parameters(), *module.buffers())
+        if not t.is_meta and not isinstance(t, DTensor)
+    ]
+    _broadcast_tensors(tensors, dist, src)
+
+
+def broadcast_buffers(modules: list[Any], dist: Any, src: int = 0) -> None:
+    """Every rank's buffers (BatchNorm running statistics, counters) become rank ``src``'s: the
+    rule of ``DistributedDataParallel(broadcast_buffers=True)``, whose rank 0 buffers are the
+    model's. Buffers are plain tensors under FSDP2 and tensor parallelism, so each rank would
+    otherwise keep statistics of its own data and a checkpoint whichever rank DCP picked. One
+    broadcast per dtype; nothing when there are no buffers."""
+    from torch.distributed.tensor import DTensor
+
+    tensors = [
+        t
+        for m in modules
+        for t in m.buffers()
+        if not t.is_meta and not isinstance(t, DTensor) and t.numel()
+    ]
+    _broadcast_tensors(tensors, dist, src)
 
 
 def _dtype(name: str | None) -> Any:
@@ -402,6 +425,25 @@ class FSDPStrategy(DDPStrategy):
     def optimizer_step(self, optimizer: torch.optim.Optimizer, precision: Precision) -> bool:
         return precision.step(optimizer)
 
+    def on_step_end(self, step: int) -> None:
+        """Buffers follow DDP's rule: rank 0's are the model's. After every optimizer step each
+        rank's buffers become rank 0's (DDP copies them before every forward), so checkpoints
+        (written at step boundaries), a resume and an evaluation see rank 0's statistics on
+        every rank."""
+        if self.world_size > 1 and self._modules:
+            broadcast_buffers(self._modules, self._dist)
+
+    def saves_on_this_rank(self) -> bool:
+        """Called on every rank at the start of a save: rank 0's buffers first (a save between
+        steps), then the shards are gathered to the saving rank (collective), before it builds
+        the state dicts."""
+        if self.world_size > 1 and self._modules:
+            broadcast_buffers(self._modules, self._dist)
+        self.gather_full_state(self._modules, self._optimizers)
+        if not self.is_main:  # only the saving rank builds state dicts from the cache
+            self._cache = {}
+        return self.is_main
+
     # ---------------------------------------------------------------- checkpoints (full format)
     def _options(self) -> Any:
         from torch.distributed.checkpoint.state_dict import StateDictOptions
@@ -426,14 +468,6 @@ class FSDPStrategy(DDPStrategy):
             self._cache[id(m)] = self._full_module(m)
         for o in optimizers:
             self._cache[id(o)] = self._full_optimizer(o, self._opt_module.get(id(o)))
-
-    def saves_on_this_rank(self) -> bool:
-        """Called on every rank at the start of a save: the shards are gathered to the saving
-        rank here (collective), before it builds the state dicts."""
-        self.gather_full_state(self._modules, self._optimizers)
-        if not self.is_main:  # only the saving rank builds state dicts from the cache
-            self._cache = {}
-        return self.is_main
 
     def module_state_dict(self, module: torch.nn.Module) -> dict[str, Any]:
         cached = self._cache.pop(id(module), None)
