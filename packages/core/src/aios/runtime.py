@@ -189,6 +189,19 @@ def _mark_status(text: str) -> None:
             f.write(text)
 
 
+def _mark_joined(world_size: int) -> None:
+    """Tell ``aios-run`` that this rank joined a process group of ``world_size`` ranks
+    (``joined-<rank>`` in its status folder): ranks that never say so are named at the end of
+    the run (copies of the script that may have run on their own)."""
+    from aios.contract import STATUS_DIR_ENV
+
+    status_dir, rank = os.environ.get(STATUS_DIR_ENV), os.environ.get("RANK")
+    if status_dir and rank is not None:
+        path = os.path.join(status_dir, f"joined-{rank}")
+        with contextlib.suppress(OSError), open(path, "w") as f:
+            f.write(str(world_size))
+
+
 def _install_excepthook() -> None:
     """An :class:`AiosError` escaping the user's script (bad config, unavailable backend, the XLA
     compile guard's limit, a corrupt checkpoint) ends it with one line and the error's exit code
@@ -303,6 +316,7 @@ def init(
     strategy, strategy_spec, accel = reg.make_strategy(cfg, spec)
     strategy.setup_environment()
     sys.excepthook = _without_torch_prefix(sys.excepthook)  # init_process_group wrapped it
+    _mark_joined(strategy.world_size)
     derive_grad_accum(cfg, strategy)
     device_type = accel.device_type if accel is not None else strategy.autocast_device_type
     precision = reg.make_precision(cfg, spec, strategy_spec, accel, device_type)
@@ -420,6 +434,7 @@ class Runtime:
         self._watchers = list(watchers or [])
         self._started = False
         self._closed = False
+        self._checked_saves = False
         self._t_init = time.perf_counter()
         self._accum = int(config.grad_accum)
         self._clip = config.grad_clip
@@ -558,6 +573,9 @@ class Runtime:
         ``tp_plan=`` for the sharded strategies)."""
         import torch
 
+        if not self._checked_saves:
+            self._checked_saves = True
+            self._check_saves_have_dir()
         if options:
             self.strategy.configure(**options)
         out: list[Any] = []
@@ -582,6 +600,31 @@ class Runtime:
                     "pass torch modules, optimizers, LR schedulers or data loaders",
                 )
         return out[0] if len(out) == 1 else tuple(out)
+
+    def _check_saves_have_dir(self) -> None:
+        """The script (``__main__``) calls ``save_best``/``save()`` but ``checkpoint.dir`` is
+        unset: one line now, not after the first epoch (:mod:`aios.preflight`)."""
+        if self.config.checkpoint.dir:
+            return
+        main = sys.modules.get("__main__")
+        path = main.__dict__.get("__file__") if main is not None else None
+        if not path or not str(path).endswith(".py"):
+            return
+        from aios.preflight import needs_checkpoint_dir
+
+        try:
+            with open(path, encoding="utf-8") as f:
+                found = needs_checkpoint_dir(f.read())
+        except (OSError, UnicodeDecodeError):
+            return
+        if found is not None:
+            line, call = found
+            raise ConfigError(
+                f"{os.path.basename(path)}:{line} calls {call}, which writes into "
+                "checkpoint.dir, but none is set",
+                "set checkpoint.dir=PATH (aios-run checkpoint.dir=ckpt ..., the config file, "
+                "AIOS_CHECKPOINT__DIR or aios.init(defaults=...))",
+            )
 
     def setup_module(self, module: torch.nn.Module) -> torch.nn.Module:
         wrapped = self.strategy.setup_module(module, self.precision)

@@ -190,11 +190,28 @@ class DDPStrategy(Strategy):
             if not dist.is_initialized():
                 self.init_process_group()
             else:
+                self._check_own_group(dist)
                 self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
                 register_exit_hook(owns_group=False)  # the script's group: drained, not destroyed
             self._dist = dist
         if self.collective_device is None:
             self.collective_device = self.device if self.accelerator.collectives_on_device else None
+
+    def _check_own_group(self, dist: Any) -> None:
+        """A group the script created itself must be the launcher's: the same ranks and size.
+        A script that passes its own ``--world-size`` (default 1) or ``--rank`` makes N copies
+        that each train alone on the same files."""
+        world, rank = dist.get_world_size(), dist.get_rank()
+        if (world, rank) != (self.world_size, self.rank):
+            from aios.errors import ConfigError
+
+            raise ConfigError(
+                f"the script's own process group has rank {rank} of {world}, but the launcher "
+                f"started this process as rank {self.rank} of {self.world_size}: the copies do "
+                "not train together",
+                "let aios.init() create the group (drop the script's init_process_group), or "
+                "pass it rank=int(os.environ['RANK']), world_size=int(os.environ['WORLD_SIZE'])",
+            )
 
     def teardown(self) -> None:
         """Stop using the process group. The default group itself stays up until the process
