@@ -538,6 +538,56 @@ class Runtime:
         return self.strategy.local_rank == 0
 
     @property
+    def mesh(self) -> Any:
+        """The device mesh of the sharded strategies (``fsdp``, ``tp``, ``hsdp``): a
+        ``torch.distributed.device_mesh.DeviceMesh`` with dimensions ``("dp",)``, ``("dp",
+        "tp")`` (``mesh.tp=N``) or ``("replicate", "shard")``. A script that parallelizes its
+        own model does it on this mesh (``parallelize_module(block, rt.mesh["tp"], plan)``) and
+        seeds its inputs by :attr:`dp_rank`. Other strategies have none (an error says so)."""
+        from aios.strategies.fsdp import FSDPStrategy
+
+        if not isinstance(self.strategy, FSDPStrategy) or self.strategy.mesh is None:
+            raise AiosError(
+                f"strategy {self.strategy.name} has no device mesh (rt.mesh)",
+                "run with strategy=fsdp (mesh.tp=N for a 'tp' dimension), tp or hsdp",
+            )
+        return self.strategy.mesh
+
+    @property
+    def dp_rank(self) -> int:
+        """This process's index among the data-parallel replicas (ranks of one tensor-parallel
+        group share it and must read the same batch)."""
+        from aios.strategies.ddp import DDPStrategy
+
+        st = self.strategy
+        return st.data_rank if isinstance(st, DDPStrategy) else self.rank
+
+    @property
+    def dp_size(self) -> int:
+        """The number of data-parallel replicas (the world size without tensor parallelism)."""
+        from aios.strategies.ddp import DDPStrategy
+
+        st = self.strategy
+        return st.data_world if isinstance(st, DDPStrategy) else self.world_size
+
+    @property
+    def tp_rank(self) -> int:
+        """This process's index in its tensor-parallel group (0 without one)."""
+        from aios.strategies.fsdp import FSDPStrategy
+
+        st = self.strategy
+        if isinstance(st, FSDPStrategy) and st.tp_size > 1:
+            return int(st.mesh["tp"].get_local_rank())
+        return 0
+
+    @property
+    def tp_size(self) -> int:
+        """Ranks per tensor-parallel group (``mesh.tp``; 1 without tensor parallelism)."""
+        from aios.strategies.fsdp import FSDPStrategy
+
+        return self.strategy.tp_size if isinstance(self.strategy, FSDPStrategy) else 1
+
+    @property
     def grad_accum(self) -> int:
         """Micro-steps per optimizer step on this rank: ``grad_accum``, or derived from
         ``global_batch`` and ``micro_batch`` and the number of data-parallel ranks."""

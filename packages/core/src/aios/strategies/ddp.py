@@ -234,6 +234,20 @@ class DDPStrategy(Strategy):
         return _forwarding_ddp()(module, device_ids=ids, **self.ddp_kwargs)
 
     def setup_module(self, module: torch.nn.Module, precision: Precision) -> torch.nn.Module:
+        if self.world_size > 1:
+            from aios.strategies.fsdp import parallelized
+
+            own = parallelized(module)
+            if own is not None:
+                from aios.errors import ConfigError
+
+                how = "with fully_shard" if own == "fully_shard" else "into DTensors"
+                raise ConfigError(
+                    f"the script already sharded the model {how}; strategy {self.name} "
+                    "replicates whole models and cannot combine with it",
+                    "run with strategy=fsdp: aios keeps the script's sharding and saves it "
+                    "with DCP (aios-run strategy=fsdp ...)",
+                )
         module = precision.convert_module(module.to(self.device))
         if self.world_size > 1:
             module = self.wrap_module(module)

@@ -178,6 +178,35 @@ def broadcast_buffers(modules: list[Any], dist: Any, src: int = 0) -> None:
     _broadcast_tensors(tensors, dist, src)
 
 
+def flatten_plan(plan: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """One ``{module path: ParallelStyle}`` dict from a plan written per submodule, as
+    pytorch/examples and torchtitan write them: ``{"layers.0": {"attention.wq":
+    ColwiseParallel(), ...}, "output": ColwiseParallel()}`` gives ``{"layers.0.attention.wq":
+    ..., "output": ...}`` (any depth; ``*`` patterns as ``parallelize_module`` reads them)."""
+    out: dict[str, Any] = {}
+    for key, value in plan.items():
+        path = f"{prefix}.{key}" if prefix and key else (key or prefix)
+        if isinstance(value, dict):
+            out.update(flatten_plan(value, path))
+        else:
+            out[path] = value
+    return out
+
+
+def parallelized(module: Any) -> str | None:
+    """How the script already parallelized ``module``: ``"fully_shard"`` (an ``FSDPModule``),
+    ``"dtensor"`` (``DTensor`` parameters: ``parallelize_module`` or ``distribute_tensor``), or
+    ``None``."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(module, FSDPModule):
+        return "fully_shard"
+    if any(isinstance(p, DTensor) for p in module.parameters()):
+        return "dtensor"
+    return None
+
+
 def _dtype(name: str | None) -> Any:
     import torch
 
@@ -301,7 +330,7 @@ class FSDPStrategy(DDPStrategy):
                 f"strategy {self.config.strategy} with mesh.tp={self.tp_size} needs a tensor-parallel plan",
                 "pass rt.setup(model, opt, tp_plan={...}) or set mesh.tp_plan=module:attribute",
             )
-        return plan
+        return flatten_plan(plan)
 
     def _select_blocks(self, model: Any) -> list[Any]:
         policy = self.wrap_policy
@@ -325,13 +354,21 @@ class FSDPStrategy(DDPStrategy):
 
         s = self.config.fsdp
         self._precision = precision
+        own = parallelized(module)
+        if own == "fully_shard":  # the script sharded it: kept as it is, never wrapped twice
+            if self.world_size > 1:
+                broadcast_module_states(module, self._dist)  # its plain tensors: rank 0's
+            self._modules.append(module)
+            return module
+        if own == "dtensor":
+            self._check_script_mesh(module)
         if not any(t.is_meta for t in module.parameters()):  # a meta model is sharded as it is
             module = module.to(self.device)
         module = precision.convert_module(module)
         if self.world_size > 1:
             broadcast_module_states(module, self._dist)  # one model, as under DDP
         before = {name: p for name, p in module.named_parameters()}
-        if self.tp_size > 1:
+        if self.tp_size > 1 and own is None:  # (own == "dtensor": the script's plan on rt.mesh)
             from torch.distributed.tensor.parallel import parallelize_module
 
             module = parallelize_module(module, self.mesh["tp"], self._plan(module))
@@ -368,6 +405,30 @@ class FSDPStrategy(DDPStrategy):
         self.blocks = blocks
         self._modules.append(module)
         return module
+
+    def _check_script_mesh(self, module: Any) -> None:
+        """A model whose parameters the script made ``DTensor``s itself (tensor parallel): aios
+        adds FSDP over ``dp`` only when they live on its ``tp`` mesh (``rt.mesh["tp"]``)."""
+        from torch.distributed.tensor import DTensor
+
+        tp = self.mesh["tp"] if self.tp_size > 1 else None
+        for name, p in module.named_parameters():
+            if not isinstance(p, DTensor):
+                continue
+            m = p.device_mesh
+            same = (
+                tp is not None
+                and m.mesh_dim_names == tp.mesh_dim_names
+                and m.mesh.tolist() == tp.mesh.tolist()
+            )
+            if not same:
+                where = f"mesh {tuple(m.mesh_dim_names or ())} {m.mesh.tolist()}"
+                raise ConfigError(
+                    f"parameter {name!r} is a DTensor on the script's own {where}: aios cannot "
+                    f"add strategy {self.name} over a mesh it did not make",
+                    "parallelize on rt.mesh['tp'] (run with mesh.tp=N), or shard the model "
+                    "completely yourself (fully_shard) and aios keeps it as it is",
+                )
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         self._optimizers.append(optimizer)
