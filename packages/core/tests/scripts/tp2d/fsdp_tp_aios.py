@@ -8,9 +8,8 @@ import sys
 
 import aios
 import torch
-from torch.distributed.tensor.parallel import parallelize_module
-
 from tiny_llama import Transformer, tp_plans
+from torch.distributed.tensor.parallel import parallelize_module
 
 rt = aios.init()
 torch.manual_seed(0)

@@ -7,11 +7,10 @@ import sys
 
 import torch
 import torch.distributed as dist
+from tiny_llama import Transformer, tp_plans
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import parallelize_module
-
-from tiny_llama import Transformer, tp_plans
 
 tp_size = int(sys.argv[1]) if len(sys.argv) > 1 else 2
 dist.init_process_group("gloo")
