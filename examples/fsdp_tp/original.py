@@ -1,7 +1,8 @@
 """The shape of pytorch/examples' ``distributed/tensor_parallelism/fsdp_tp_example.py`` (BSD-3-Clause,
 Copyright (c) Meta Platforms, Inc.), rewritten for CPU/gloo and the tiny model: its own 2-D mesh
 (dp x tp), its per-submodule plans with parallelize_module, fully_shard over dp, AdamW, inputs
-seeded by the dp rank, ``output.sum()`` as the loss. Run with torchrun; prints one loss per line."""
+seeded by the dp rank, ``output.sum()`` as the loss. Run with torchrun (torchrun --standalone
+--nproc-per-node 4 examples/fsdp_tp/original.py); prints one loss per line."""
 
 import sys
 
@@ -12,7 +13,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import parallelize_module
 
-tp_size = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+tp_size = int(sys.argv[1]) if len(sys.argv) > 1 else 2  # the example's tp size
 dist.init_process_group("gloo")
 world = dist.get_world_size()
 mesh = init_device_mesh("cpu", (world // tp_size, tp_size), mesh_dim_names=("dp", "tp"))

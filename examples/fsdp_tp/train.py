@@ -1,5 +1,5 @@
-"""fsdp_tp_original.py ported to aios as the README tells (run: aios-run --nprocs 4 strategy=fsdp
-mesh.tp=2 fsdp_tp_aios.py): the mesh is rt.mesh, the script's per-submodule plans go to
+"""original.py ported to aios, the README's worked case (run: aios-run --nprocs 4 strategy=fsdp
+mesh.tp=2 examples/fsdp_tp/train.py): the mesh is rt.mesh, the script's per-submodule plans go to
 rt.setup(tp_plan=...), aios applies FSDP over dp; the loop uses rt.backward / rt.step. With
 ``--own-plan`` the script applies its plans itself on rt.mesh["tp"] and hands rt.setup the
 tensor-parallel model."""
