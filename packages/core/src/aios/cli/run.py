@@ -653,6 +653,7 @@ class _AgentWatch:
         self._undo: list[tuple[Any, str, Any]] = []
         self._epoll: Any = None
         self._fds: dict[int, int] = {}  # pidfd -> pid
+        self.groups: list[int] = []  # the ranks' process groups (torch starts each in its own)
 
     def _exited(self, pid: int) -> None:
         with self.lock:
@@ -703,6 +704,8 @@ class _AgentWatch:
 
     def _track(self, pid: int) -> None:
         import threading
+
+        self.groups.append(pid)
 
         if self._epoll is not None:
             try:
@@ -793,7 +796,17 @@ class _AgentWatch:
         self._patch(SimpleElasticAgent, "_restart_workers", _restart)
         return self
 
+    def _kill_leftovers(self) -> None:
+        """After the agent reaped every rank: what is left in a rank's process group (a
+        DataLoader worker of a rank that died of a signal, which notices only within seconds)
+        is killed, so nothing of the run outlives ``aios-run``."""
+        for pgid in self.groups:
+            with _suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+        self.groups.clear()
+
     def __exit__(self, *exc: Any) -> None:
+        self._kill_leftovers()
         for owner, name, value in reversed(self._undo):
             setattr(owner, name, value)
         self._undo.clear()
