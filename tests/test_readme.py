@@ -93,3 +93,30 @@ def test_no_install_hint_fetches_an_aios_project_from_the_registry(root):
                 if _REGISTRY_INSTALL.match(m.group(0)):
                     offenders.append(f"{path.relative_to(root)}:{n}: {m.group(0)}")
     assert offenders == []
+
+
+def _worked_case(root) -> list[str]:
+    text = (root / "README.md").read_text()
+    section = text[text.index("### Worked case: pytorch/examples' FSDP + tensor parallel") :]
+    m = re.search(r"```console\n(.*?)```", section, re.S)
+    assert m, "the worked case has no console block"
+    return [ln[2:] for ln in m.group(1).splitlines() if ln.startswith("$ ")]
+
+
+def test_readme_fsdp_tp_worked_case_gives_the_losses_of_torchrun(root, clean_env, tmp_path):
+    """The two commands of the worked case, as printed, from the repository root: the original
+    under torchrun and the aios port print the same losses (4 processes, dp=2 x tp=2, CPU)."""
+    commands = _worked_case(root)
+    assert [c.split()[0] for c in commands] == ["torchrun", "aios-run"], commands
+    env = dict(clean_env, OMP_NUM_THREADS="1", AIOS_LOGGING__RUN_DIR=str(tmp_path / "runs"))
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    losses = []
+    for cmd in commands:
+        r = subprocess.run(
+            cmd, shell=True, cwd=root, env=env, capture_output=True, text=True, timeout=600
+        )
+        assert r.returncode == 0, f"{cmd}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+        found = re.findall(r"loss \d+ (-?\d+\.\d+)", r.stdout)
+        assert len(found) == 5, r.stdout
+        losses.append(found)
+    assert losses[0] == losses[1]

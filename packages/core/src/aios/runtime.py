@@ -193,6 +193,19 @@ def _mark_status(text: str) -> None:
             f.write(text)
 
 
+def _mark_joined(world_size: int) -> None:
+    """Tell ``aios-run`` that this rank joined a process group of ``world_size`` ranks
+    (``joined-<rank>`` in its status folder): ranks that never say so are named at the end of
+    the run (copies of the script that may have run on their own)."""
+    from aios.contract import STATUS_DIR_ENV
+
+    status_dir, rank = os.environ.get(STATUS_DIR_ENV), os.environ.get("RANK")
+    if status_dir and rank is not None:
+        path = os.path.join(status_dir, f"joined-{rank}")
+        with contextlib.suppress(OSError), open(path, "w") as f:
+            f.write(str(world_size))
+
+
 def _install_excepthook() -> None:
     """An :class:`AiosError` escaping the user's script (bad config, unavailable backend, the XLA
     compile guard's limit, a corrupt checkpoint) ends it with one line and the error's exit code
@@ -337,6 +350,7 @@ def init(
     strategy, strategy_spec, accel = reg.make_strategy(cfg, spec)
     strategy.setup_environment()
     sys.excepthook = _without_torch_prefix(sys.excepthook)  # init_process_group wrapped it
+    _mark_joined(strategy.world_size)
     derive_grad_accum(cfg, strategy)
     device_type = accel.device_type if accel is not None else strategy.autocast_device_type
     precision = reg.make_precision(cfg, spec, strategy_spec, accel, device_type)
@@ -473,6 +487,7 @@ class Runtime:
         self._watchers = list(watchers or [])
         self._started = False
         self._closed = False
+        self._checked_saves = False
         self._t_init = time.perf_counter()
         self._accum = int(config.grad_accum)
         self._clip = config.grad_clip
@@ -541,6 +556,9 @@ class Runtime:
         known_end = DeadlineWatcher.from_env(self._notice_lead)
         if known_end is not None:
             self._watchers.append(known_end)
+        from aios import loader_workers
+
+        loader_workers.install()  # forked DataLoader workers leave notices to this rank
         self.preemption.start_watchers(
             self._watchers, on_error=lambda m: warnings.warn("aios: " + m, stacklevel=2)
         )
@@ -621,6 +639,56 @@ class Runtime:
         return self.strategy.local_rank == 0
 
     @property
+    def mesh(self) -> Any:
+        """The device mesh of the sharded strategies (``fsdp``, ``tp``, ``hsdp``): a
+        ``torch.distributed.device_mesh.DeviceMesh`` with dimensions ``("dp",)``, ``("dp",
+        "tp")`` (``mesh.tp=N``) or ``("replicate", "shard")``. A script that parallelizes its
+        own model does it on this mesh (``parallelize_module(block, rt.mesh["tp"], plan)``) and
+        seeds its inputs by :attr:`dp_rank`. Other strategies have none (an error says so)."""
+        from aios.strategies.fsdp import FSDPStrategy
+
+        if not isinstance(self.strategy, FSDPStrategy) or self.strategy.mesh is None:
+            raise AiosError(
+                f"strategy {self.strategy.name} has no device mesh (rt.mesh)",
+                "run with strategy=fsdp (mesh.tp=N for a 'tp' dimension), tp or hsdp",
+            )
+        return self.strategy.mesh
+
+    @property
+    def dp_rank(self) -> int:
+        """This process's index among the data-parallel replicas (ranks of one tensor-parallel
+        group share it and must read the same batch)."""
+        from aios.strategies.ddp import DDPStrategy
+
+        st = self.strategy
+        return st.data_rank if isinstance(st, DDPStrategy) else self.rank
+
+    @property
+    def dp_size(self) -> int:
+        """The number of data-parallel replicas (the world size without tensor parallelism)."""
+        from aios.strategies.ddp import DDPStrategy
+
+        st = self.strategy
+        return st.data_world if isinstance(st, DDPStrategy) else self.world_size
+
+    @property
+    def tp_rank(self) -> int:
+        """This process's index in its tensor-parallel group (0 without one)."""
+        from aios.strategies.fsdp import FSDPStrategy
+
+        st = self.strategy
+        if isinstance(st, FSDPStrategy) and st.tp_size > 1:
+            return int(st.mesh["tp"].get_local_rank())
+        return 0
+
+    @property
+    def tp_size(self) -> int:
+        """Ranks per tensor-parallel group (``mesh.tp``; 1 without tensor parallelism)."""
+        from aios.strategies.fsdp import FSDPStrategy
+
+        return self.strategy.tp_size if isinstance(self.strategy, FSDPStrategy) else 1
+
+    @property
     def grad_accum(self) -> int:
         """Micro-steps per optimizer step on this rank: ``grad_accum``, or derived from
         ``global_batch`` and ``micro_batch`` and the number of data-parallel ranks."""
@@ -656,6 +724,9 @@ class Runtime:
         ``tp_plan=`` for the sharded strategies)."""
         import torch
 
+        if not self._checked_saves:
+            self._checked_saves = True
+            self._check_saves_have_dir()
         if options:
             self.strategy.configure(**options)
         out: list[Any] = []
@@ -681,6 +752,31 @@ class Runtime:
                 )
         return out[0] if len(out) == 1 else tuple(out)
 
+    def _check_saves_have_dir(self) -> None:
+        """The script (``__main__``) calls ``save_best``/``save()`` but ``checkpoint.dir`` is
+        unset: one line now, not after the first epoch (:mod:`aios.preflight`)."""
+        if self.config.checkpoint.dir:
+            return
+        main = sys.modules.get("__main__")
+        path = main.__dict__.get("__file__") if main is not None else None
+        if not path or not str(path).endswith(".py"):
+            return
+        from aios.preflight import needs_checkpoint_dir
+
+        try:
+            with open(path, encoding="utf-8") as f:
+                found = needs_checkpoint_dir(f.read())
+        except (OSError, UnicodeDecodeError):
+            return
+        if found is not None:
+            line, call = found
+            raise ConfigError(
+                f"{os.path.basename(path)}:{line} calls {call}, which writes into "
+                "checkpoint.dir, but none is set",
+                "set checkpoint.dir=PATH (aios-run checkpoint.dir=ckpt ..., the config file, "
+                "AIOS_CHECKPOINT__DIR or aios.init(defaults=...))",
+            )
+
     def setup_module(self, module: torch.nn.Module) -> torch.nn.Module:
         wrapped = self.strategy.setup_module(module, self.precision)
         self.training.modules.append(wrapped)
@@ -692,7 +788,12 @@ class Runtime:
         return opt
 
     def setup_dataloader(self, loader: Any, shuffle: bool | None = None) -> Any:
+        from aios.data import DeviceLoader
+        from aios.loader_workers import shield
+
         wrapped = self.strategy.setup_dataloader(loader, shuffle=shuffle)
+        # its workers leave SIGTERM/SIGINT to this rank (aios.loader_workers)
+        shield(wrapped.loader if isinstance(wrapped, DeviceLoader) else wrapped)
         if hasattr(wrapped, "owner"):
             wrapped.owner = self.checkpointer  # calls its at_batch_boundary() before each batch
         self.training.loaders.append(wrapped)

@@ -1,6 +1,8 @@
 """Training script used by the preemption/resume tests: tiny MLP with dropout, Adam, LR
 scheduler, shuffled data, gradient accumulation and clipping. Writes its progress (global step)
-to PROGRESS_FILE and its final parameters to OUT_FILE (rank 0)."""
+to PROGRESS_FILE and its final parameters to OUT_FILE (rank 0). ``NUM_WORKERS`` and
+``PERSISTENT_WORKERS`` set the loader's worker processes; with ``PGID_DIR`` each rank writes its
+process group id there (``<rank>.pgid``)."""
 
 import os
 import sys
@@ -19,7 +21,18 @@ g = torch.Generator().manual_seed(1234)
 x = torch.randn(256, 8, generator=g)
 y = (x.sum(1, keepdim=True) > 0).float()
 ds = torch.utils.data.TensorDataset(x, y)
-loader = torch.utils.data.DataLoader(ds, batch_size=8, shuffle=True, drop_last=True)
+workers = int(os.environ.get("NUM_WORKERS", "0"))
+loader = torch.utils.data.DataLoader(
+    ds,
+    batch_size=8,
+    shuffle=True,
+    drop_last=True,
+    num_workers=workers,
+    persistent_workers=workers > 0 and os.environ.get("PERSISTENT_WORKERS") == "1",
+)
+if os.environ.get("PGID_DIR"):
+    with open(os.path.join(os.environ["PGID_DIR"], f"{rt.rank}.pgid"), "w") as f:
+        f.write(str(os.getpgid(0)))
 model = torch.nn.Sequential(
     torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(32, 1)
 )

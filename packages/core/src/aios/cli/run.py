@@ -17,7 +17,8 @@ rendezvous port free, checkpoint dir writable and not corrupt), then run the pla
 * ``elastic``: PyTorch's elastic launcher (``torch.distributed.run``) **in this process**, so
   there is no extra interpreter between ``aios-run`` and the workers; restarts (a fresh
   rendezvous per attempt, one ``aios-run: restart n/N: ...`` line each), per-rank log prefixes
-  (``[rankN]:``), SIGINT/SIGTERM forwarded to every worker, workers given
+  (``[rankN]:``), SIGINT/SIGTERM forwarded to every rank process (not to its process group:
+  its DataLoader workers live until it has checkpointed, :mod:`aios.loader_workers`), workers given
   ``checkpoint.grace_seconds`` (+5 s) to write their emergency checkpoint before SIGKILL;
 * anything else a backend plans (``xla``): its command as a child process.
 
@@ -96,6 +97,36 @@ def _split_argv(argv: tuple[str, ...], module: str | None) -> tuple[list[str], s
             "no training script given", "usage: aios-run [OPTIONS] [key=value ...] SCRIPT [ARGS...]"
         )
     return overrides, items[0], items[1:]
+
+
+def _refuse_saves_without_dir(script: str) -> None:
+    """A script that saves into ``checkpoint.dir`` (``rt.save_best``, ``rt.save()``) with none
+    set: refused before anything starts, not after its first epoch."""
+    from aios.preflight import needs_checkpoint_dir
+
+    try:
+        with open(script, encoding="utf-8") as f:
+            found = needs_checkpoint_dir(f.read())
+    except (OSError, UnicodeDecodeError):
+        return
+    if found is not None:
+        line, call = found
+        raise LaunchError(
+            f"{script}:{line} calls {call}, which writes into checkpoint.dir, but none is set",
+            f"pass checkpoint.dir=PATH before the script (aios-run checkpoint.dir=ckpt {script})",
+        )
+
+
+def _misplaced_overrides(cfg: Any, args: list[str]) -> list[str]:
+    """The script's arguments that read like aios-run's own ``key=value`` options (a top-level
+    aios setting, e.g. ``strategy=fsdp``, ``checkpoint.dir=ckpt``)."""
+    fields = set(type(cfg).model_fields)
+    out = []
+    for a in args:
+        key, eq, _ = a.partition("=")
+        if eq and not a.startswith("-") and key.split(".", 1)[0] in fields:
+            out.append(a)
+    return out
 
 
 def _port_free(addr: str, port: int) -> bool:
@@ -181,7 +212,17 @@ def build_plan(
         raise LaunchError(f"script '{script}' not found", hint)
     reg = get_registry()
     spec = reg.select(cfg.backend, config=cfg)
+    if not module and not cfg.checkpoint.dir:
+        _refuse_saves_without_dir(script)
     notes: list[str] = []
+    misplaced = _misplaced_overrides(cfg, args)
+    if misplaced:
+        name = script if module else os.path.basename(script)
+        notes.append(
+            f"{' '.join(misplaced)} after the script go{'es' if len(misplaced) == 1 else ''} to "
+            f"{name}'s own arguments, not to aios-run; to set aios options, put them before the "
+            f"script (aios-run {' '.join(misplaced)} {name} ...)"
+        )
     updates: dict[str, Any] = {"backend": spec.name}
     cfg = cfg.model_copy(update=updates)
     cfg.model_fields_set.add("backend")
@@ -340,6 +381,42 @@ def _read_status(status_dir: str) -> dict[int, str]:
     except OSError:
         pass
     return out
+
+
+def _unjoined(status_dir: str, ranks: list[dict[str, str]], world: int) -> list[int]:
+    """This node's ranks that never said (``joined-<rank>``, written by ``aios.init``) that
+    they joined the launcher's process group of ``world`` ranks."""
+    out = []
+    for env in ranks:
+        rank = int(env["RANK"])
+        try:
+            with open(os.path.join(status_dir, f"joined-{rank}")) as f:
+                if int(f.read().strip() or 0) == world:
+                    continue
+        except (OSError, ValueError):
+            pass
+        out.append(rank)
+    return out
+
+
+def _name_unjoined(status_dir: str, ranks: list[dict[str, str]], world: int) -> None:
+    """At the end of a run of several processes: name the ranks that never called
+    ``aios.init()`` (a script that does not use aios, or gates itself out, e.g. "not enough
+    GPUs", and exits 0): aios cannot tell that they trained together."""
+    if world <= 1:
+        return
+    missing = _unjoined(status_dir, ranks, world)
+    if not missing:
+        return
+    which = ", ".join(str(r) for r in missing)
+    click.echo(
+        f"{PROG}: warning: rank{'s' if len(missing) > 1 else ''} {which} of {world} ended without "
+        "calling aios.init(), so aios cannot tell that they joined one process group: a script "
+        "that reads its own --world-size (default 1), or exits when it finds no GPU, ran as "
+        f"{len(missing)} independent cop{'ies' if len(missing) > 1 else 'y'}; call aios.init() "
+        "(or init_process_group with the launcher's RANK and WORLD_SIZE)",
+        err=True,
+    )
 
 
 def _preempted_exit(cfg: Any, status: dict[int, str] | None = None) -> None:
@@ -602,6 +679,7 @@ class _AgentWatch:
         self._undo: list[tuple[Any, str, Any]] = []
         self._epoll: Any = None
         self._fds: dict[int, int] = {}  # pidfd -> pid
+        self.groups: list[int] = []  # the ranks' process groups (torch starts each in its own)
 
     def _exited(self, pid: int) -> None:
         with self.lock:
@@ -652,6 +730,8 @@ class _AgentWatch:
 
     def _track(self, pid: int) -> None:
         import threading
+
+        self.groups.append(pid)
 
         if self._epoll is not None:
             try:
@@ -716,7 +796,17 @@ class _AgentWatch:
             if handler.proc.poll() is None:
                 with watch.lock:
                     watch.stopped.add(handler.proc.pid)
-            close(handler, death_sig)
+            if death_sig is not None and int(death_sig) == int(signal.SIGKILL):
+                close(handler, death_sig)  # torch's: the rank's whole process group
+                return
+            death_sig = death_sig if death_sig is not None else signal.SIGTERM
+            # a notice (SIGTERM/SIGINT) goes to the rank only, never to its process group: its
+            # DataLoader workers must live until it has written its emergency checkpoint
+            with _suppress(ProcessLookupError):
+                handler.proc.send_signal(death_sig)
+            for f in (handler._stdout, handler._stderr):
+                if f is not None:
+                    f.close()
 
         def _restart(agent: Any, worker_group: Any) -> None:
             spec = worker_group.spec
@@ -743,7 +833,17 @@ class _AgentWatch:
         self._patch(SimpleElasticAgent, "_restart_workers", _restart)
         return self
 
+    def _kill_leftovers(self) -> None:
+        """After the agent reaped every rank: what is left in a rank's process group (a
+        DataLoader worker of a rank that died of a signal, which notices only within seconds)
+        is killed, so nothing of the run outlives ``aios-run``."""
+        for pgid in self.groups:
+            with _suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+        self.groups.clear()
+
     def __exit__(self, *exc: Any) -> None:
+        self._kill_leftovers()
         for owner, name, value in reversed(self._undo):
             setattr(owner, name, value)
         self._undo.clear()
@@ -871,6 +971,7 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
             kind, detail = _run_elastic_inprocess(targs, env, cfg.checkpoint.grace_seconds, watch)
             status = _read_status(status_dir)
             if kind == "ok":
+                _name_unjoined(status_dir, host.ranks, plan.world_size)
                 sys.exit(0)
             if dog is not None and dog.hang is not None and kind == "failed":
                 _hung_exit(script, dog)

@@ -193,11 +193,28 @@ class DDPStrategy(Strategy):
             if not dist.is_initialized():
                 self.init_process_group()
             else:
+                self._check_own_group(dist)
                 self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
                 register_exit_hook(owns_group=False)  # the script's group: drained, not destroyed
             self._dist = dist
         if self.collective_device is None:
             self.collective_device = self.device if self.accelerator.collectives_on_device else None
+
+    def _check_own_group(self, dist: Any) -> None:
+        """A group the script created itself must be the launcher's: the same ranks and size.
+        A script that passes its own ``--world-size`` (default 1) or ``--rank`` makes N copies
+        that each train alone on the same files."""
+        world, rank = dist.get_world_size(), dist.get_rank()
+        if (world, rank) != (self.world_size, self.rank):
+            from aios.errors import ConfigError
+
+            raise ConfigError(
+                f"the script's own process group has rank {rank} of {world}, but the launcher "
+                f"started this process as rank {self.rank} of {self.world_size}: the copies do "
+                "not train together",
+                "let aios.init() create the group (drop the script's init_process_group), or "
+                "pass it rank=int(os.environ['RANK']), world_size=int(os.environ['WORLD_SIZE'])",
+            )
 
     def teardown(self) -> None:
         """Stop using the process group. The default group itself stays up until the process
@@ -220,6 +237,20 @@ class DDPStrategy(Strategy):
         return _forwarding_ddp()(module, device_ids=ids, **self.ddp_kwargs)
 
     def setup_module(self, module: torch.nn.Module, precision: Precision) -> torch.nn.Module:
+        if self.world_size > 1:
+            from aios.strategies.fsdp import parallelized
+
+            own = parallelized(module)
+            if own is not None:
+                from aios.errors import ConfigError
+
+                how = "with fully_shard" if own == "fully_shard" else "into DTensors"
+                raise ConfigError(
+                    f"the script already sharded the model {how}; strategy {self.name} "
+                    "replicates whole models and cannot combine with it",
+                    "run with strategy=fsdp: aios keeps the script's sharding and saves it "
+                    "with DCP (aios-run strategy=fsdp ...)",
+                )
         module = precision.convert_module(module.to(self.device))
         if self.world_size > 1:
             module = self.wrap_module(module)

@@ -132,18 +132,10 @@ def default_blocks(model: Any) -> list[Any]:
     return out
 
 
-def broadcast_module_states(module: Any, dist: Any, src: int = 0) -> None:
-    """Make every materialized parameter and buffer of ``module`` equal to rank ``src``'s (as
-    ``DistributedDataParallel`` does at construction), one broadcast per dtype. Tensors on the
-    ``meta`` device are left alone: a model built on ``meta`` is initialised after sharding."""
+def _broadcast_tensors(tensors: list[Any], dist: Any, src: int) -> None:
+    """Every rank's ``tensors`` become rank ``src``'s, one broadcast per (dtype, device)."""
     import torch
-    from torch.distributed.tensor import DTensor
 
-    tensors = [
-        t
-        for t in (*module.parameters(), *module.buffers())
-        if not t.is_meta and not isinstance(t, DTensor)
-    ]
     by_dtype: dict[Any, list[Any]] = {}
     for t in tensors:
         by_dtype.setdefault((t.dtype, t.device), []).append(t)
@@ -157,6 +149,66 @@ def broadcast_module_states(module: Any, dist: Any, src: int = 0) -> None:
                 n = t.numel()
                 t.copy_(wire[offset : offset + n].view_as(t))
                 offset += n
+
+
+def broadcast_module_states(module: Any, dist: Any, src: int = 0) -> None:
+    """Make every materialized parameter and buffer of ``module`` equal to rank ``src``'s (as
+    ``DistributedDataParallel`` does at construction), one broadcast per dtype. Tensors on the
+    ``meta`` device are left alone: a model built on ``meta`` is initialised after sharding."""
+    from torch.distributed.tensor import DTensor
+
+    tensors = [
+        t
+        for t in (*module.parameters(), *module.buffers())
+        if not t.is_meta and not isinstance(t, DTensor)
+    ]
+    _broadcast_tensors(tensors, dist, src)
+
+
+def broadcast_buffers(modules: list[Any], dist: Any, src: int = 0) -> None:
+    """Every rank's buffers (BatchNorm running statistics, counters) become rank ``src``'s: the
+    rule of ``DistributedDataParallel(broadcast_buffers=True)``, whose rank 0 buffers are the
+    model's. Buffers are plain tensors under FSDP2 and tensor parallelism, so each rank would
+    otherwise keep statistics of its own data and a checkpoint whichever rank DCP picked. One
+    broadcast per dtype; nothing when there are no buffers."""
+    from torch.distributed.tensor import DTensor
+
+    tensors = [
+        t
+        for m in modules
+        for t in m.buffers()
+        if not t.is_meta and not isinstance(t, DTensor) and t.numel()
+    ]
+    _broadcast_tensors(tensors, dist, src)
+
+
+def flatten_plan(plan: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """One ``{module path: ParallelStyle}`` dict from a plan written per submodule, as
+    pytorch/examples and torchtitan write them: ``{"layers.0": {"attention.wq":
+    ColwiseParallel(), ...}, "output": ColwiseParallel()}`` gives ``{"layers.0.attention.wq":
+    ..., "output": ...}`` (any depth; ``*`` patterns as ``parallelize_module`` reads them)."""
+    out: dict[str, Any] = {}
+    for key, value in plan.items():
+        path = f"{prefix}.{key}" if prefix and key else (key or prefix)
+        if isinstance(value, dict):
+            out.update(flatten_plan(value, path))
+        else:
+            out[path] = value
+    return out
+
+
+def parallelized(module: Any) -> str | None:
+    """How the script already parallelized ``module``: ``"fully_shard"`` (an ``FSDPModule``),
+    ``"dtensor"`` (``DTensor`` parameters: ``parallelize_module`` or ``distribute_tensor``), or
+    ``None``."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(module, FSDPModule):
+        return "fully_shard"
+    if any(isinstance(p, DTensor) for p in module.parameters()):
+        return "dtensor"
+    return None
 
 
 def _dtype(name: str | None) -> Any:
@@ -282,7 +334,7 @@ class FSDPStrategy(DDPStrategy):
                 f"strategy {self.config.strategy} with mesh.tp={self.tp_size} needs a tensor-parallel plan",
                 "pass rt.setup(model, opt, tp_plan={...}) or set mesh.tp_plan=module:attribute",
             )
-        return plan
+        return flatten_plan(plan)
 
     def _select_blocks(self, model: Any) -> list[Any]:
         policy = self.wrap_policy
@@ -306,13 +358,21 @@ class FSDPStrategy(DDPStrategy):
 
         s = self.config.fsdp
         self._precision = precision
+        own = parallelized(module)
+        if own == "fully_shard":  # the script sharded it: kept as it is, never wrapped twice
+            if self.world_size > 1:
+                broadcast_module_states(module, self._dist)  # its plain tensors: rank 0's
+            self._modules.append(module)
+            return module
+        if own == "dtensor":
+            self._check_script_mesh(module)
         if not any(t.is_meta for t in module.parameters()):  # a meta model is sharded as it is
             module = module.to(self.device)
         module = precision.convert_module(module)
         if self.world_size > 1:
             broadcast_module_states(module, self._dist)  # one model, as under DDP
         before = {name: p for name, p in module.named_parameters()}
-        if self.tp_size > 1:
+        if self.tp_size > 1 and own is None:  # (own == "dtensor": the script's plan on rt.mesh)
             from torch.distributed.tensor.parallel import parallelize_module
 
             module = parallelize_module(module, self.mesh["tp"], self._plan(module))
@@ -349,6 +409,30 @@ class FSDPStrategy(DDPStrategy):
         self.blocks = blocks
         self._modules.append(module)
         return module
+
+    def _check_script_mesh(self, module: Any) -> None:
+        """A model whose parameters the script made ``DTensor``s itself (tensor parallel): aios
+        adds FSDP over ``dp`` only when they live on its ``tp`` mesh (``rt.mesh["tp"]``)."""
+        from torch.distributed.tensor import DTensor
+
+        tp = self.mesh["tp"] if self.tp_size > 1 else None
+        for name, p in module.named_parameters():
+            if not isinstance(p, DTensor):
+                continue
+            m = p.device_mesh
+            same = (
+                tp is not None
+                and m.mesh_dim_names == tp.mesh_dim_names
+                and m.mesh.tolist() == tp.mesh.tolist()
+            )
+            if not same:
+                where = f"mesh {tuple(m.mesh_dim_names or ())} {m.mesh.tolist()}"
+                raise ConfigError(
+                    f"parameter {name!r} is a DTensor on the script's own {where}: aios cannot "
+                    f"add strategy {self.name} over a mesh it did not make",
+                    "parallelize on rt.mesh['tp'] (run with mesh.tp=N), or shard the model "
+                    "completely yourself (fully_shard) and aios keeps it as it is",
+                )
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         self._optimizers.append(optimizer)
@@ -419,6 +503,25 @@ class FSDPStrategy(DDPStrategy):
     def optimizer_step(self, optimizer: torch.optim.Optimizer, precision: Precision) -> bool:
         return precision.step(optimizer)
 
+    def on_step_end(self, step: int) -> None:
+        """Buffers follow DDP's rule: rank 0's are the model's. After every optimizer step each
+        rank's buffers become rank 0's (DDP copies them before every forward), so checkpoints
+        (written at step boundaries), a resume and an evaluation see rank 0's statistics on
+        every rank."""
+        if self.world_size > 1 and self._modules:
+            broadcast_buffers(self._modules, self._dist)
+
+    def saves_on_this_rank(self) -> bool:
+        """Called on every rank at the start of a save: rank 0's buffers first (a save between
+        steps), then the shards are gathered to the saving rank (collective), before it builds
+        the state dicts."""
+        if self.world_size > 1 and self._modules:
+            broadcast_buffers(self._modules, self._dist)
+        self.gather_full_state(self._modules, self._optimizers)
+        if not self.is_main:  # only the saving rank builds state dicts from the cache
+            self._cache = {}
+        return self.is_main
+
     # ---------------------------------------------------------------- checkpoints (full format)
     def _options(self) -> Any:
         from torch.distributed.checkpoint.state_dict import StateDictOptions
@@ -443,14 +546,6 @@ class FSDPStrategy(DDPStrategy):
             self._cache[id(m)] = self._full_module(m)
         for o in optimizers:
             self._cache[id(o)] = self._full_optimizer(o, self._opt_module.get(id(o)))
-
-    def saves_on_this_rank(self) -> bool:
-        """Called on every rank at the start of a save: the shards are gathered to the saving
-        rank here (collective), before it builds the state dicts."""
-        self.gather_full_state(self._modules, self._optimizers)
-        if not self.is_main:  # only the saving rank builds state dicts from the cache
-            self._cache = {}
-        return self.is_main
 
     def module_state_dict(self, module: torch.nn.Module) -> dict[str, Any]:
         cached = self._cache.pop(id(module), None)

@@ -1,0 +1,84 @@
+"""What a training script will need, read from its source before anything runs.
+
+:func:`needs_checkpoint_dir`: the script calls ``rt.save_best(...)`` or ``rt.save()`` without a
+path on the runtime ``aios.init()`` returned; both write under ``checkpoint.dir``, so without one
+the run would fail only when it first saves (after an epoch). ``aios-run`` refuses such a launch
+(exit 2, one line), and ``rt.setup`` raises the same for a script run without ``aios-run``.
+A script that sets its own defaults (``aios.init(defaults=...)``, ``config=...``) is trusted, and
+so is a save under a condition about saving of the script's own (``if args.save_dir:``) or in a
+``try``.
+
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import ast
+
+
+def _init_call(node: ast.AST) -> bool:
+    """``aios.init(...)`` or ``init(...)`` (imported from aios)."""
+    if not isinstance(node, ast.Call):
+        return False
+    f = node.func
+    return (
+        isinstance(f, ast.Attribute)
+        and f.attr == "init"
+        and isinstance(f.value, ast.Name)
+        and f.value.id == "aios"
+    ) or (isinstance(f, ast.Name) and f.id == "init")
+
+
+def _unguarded(tree: ast.AST) -> list[ast.AST]:
+    """Nodes not under a condition of the script's own about checkpoints (an ``if``/``elif``
+    or conditional expression whose test names a checkpoint or a directory, e.g. ``if
+    rt.config.checkpoint.dir: rt.save()``) nor inside ``try`` (a save the script guards)."""
+    out: list[ast.AST] = []
+
+    def about_saving(test: ast.AST) -> bool:
+        text = ast.unparse(test).lower()
+        return "checkpoint" in text or "dir" in text or "save" in text
+
+    def walk(node: ast.AST) -> None:
+        out.append(node)
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Try):
+                continue
+            if isinstance(child, (ast.If, ast.IfExp)) and about_saving(child.test):
+                walk(child.test)  # a save in the test itself still counts
+                continue
+            walk(child)
+
+    walk(tree)
+    return out
+
+
+def needs_checkpoint_dir(source: str) -> tuple[int, str] | None:
+    """``(line, call)`` of the first save that needs ``checkpoint.dir``, or ``None`` (also for
+    source that does not parse, or whose ``aios.init`` call passes its own config or
+    defaults)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return None
+    runtimes: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and _init_call(node.value):
+            call = node.value
+            assert isinstance(call, ast.Call)
+            if call.args or any(k.arg in ("config", "defaults", None) for k in call.keywords):
+                return None  # the script brings settings of its own: they may set the dir
+            runtimes.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    if not runtimes:
+        return None
+    found: list[tuple[int, str]] = []
+    for node in _unguarded(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        owner, attr = node.func.value, node.func.attr
+        if not (isinstance(owner, ast.Name) and owner.id in runtimes):
+            continue
+        has_path = bool(node.args) or any(k.arg == "path" for k in node.keywords)
+        if attr == "save_best" or (attr == "save" and not has_path):
+            found.append((node.lineno, f"{owner.id}.{attr}()"))
+    return min(found) if found else None
