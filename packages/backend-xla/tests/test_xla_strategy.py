@@ -143,13 +143,14 @@ def test_loader_drops_the_short_batch_and_keeps_position(strategy):
     batches = [b[0] for b in dl]
     assert [tuple(b.shape) for b in batches] == [(4, 2), (4, 2)]
     assert batches[0].device.type == "xla"
-    assert dl.state_dict() == {"epoch": 1, "batch": 0}
+    assert dl.state_dict() == {"epoch": 1, "batch": 0, "samples": 0, "world": 1, "batch_size": 4}
     dl.load_state_dict({"epoch": 1, "batch": 1})
     rest = [b[0].cpu() for b in dl]
     assert len(rest) == 1 and torch.equal(rest[0], ds.tensors[0][4:8])
     for _ in dl:  # an iteration abandoned part-way stops the background transfer thread
         break
-    assert dl._mp._parallel_loader._done and dl.state_dict() == {"epoch": 2, "batch": 1}
+    assert dl._mp._parallel_loader._done and dl.state_dict()["epoch"] == 2
+    assert (dl.state_dict()["batch"], dl.state_dict()["samples"]) == (1, 4)
 
 
 def test_rng_state_roundtrip(strategy):

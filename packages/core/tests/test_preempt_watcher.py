@@ -94,7 +94,8 @@ def test_preempt_watcher_notice_checkpoints_and_exits(tmp_path):
     rt = aios.init(checkpoint={"dir": str(tmp_path / "ck")})
     model, opt, loader = _setup(rt)
     assert rt.resume() == 4
-    assert loader.state_dict() == {"epoch": 0, "batch": 4}
+    st = loader.state_dict()
+    assert (st["epoch"], st["batch"], st["samples"]) == (0, 4, 4 * st["batch_size"])
 
 
 def test_preempt_sigterm_in_process(tmp_path):

@@ -102,7 +102,7 @@ def test_runtime_setup_returns_objects_in_order_and_shards_loader():
     m, o, s, ld = rt.setup(model, opt, sched, loader)
     assert m is model and o is opt and s is sched  # single process: no DDP wrapper
     assert len(ld) == 8 and sum(1 for _ in ld) == 8
-    assert ld.state_dict() == {"epoch": 1, "batch": 0}
+    assert ld.state_dict() == {"epoch": 1, "batch": 0, "samples": 0, "world": 1, "batch_size": 8}
     with pytest.raises(AiosError, match="setup"):
         rt.setup(42)
 
@@ -243,7 +243,8 @@ def test_runtime_save_load_roundtrip_full_state(tmp_path):
     assert sched.get_last_lr() == want_lr
     assert rt.global_step == 5
     assert torch.equal(torch.rand(2), want_rand)  # RNG restored
-    assert loader.state_dict() == {"epoch": 0, "batch": 6}
+    st = loader.state_dict()
+    assert (st["epoch"], st["batch"], st["samples"]) == (0, 6, 6 * st["batch_size"])
 
 
 def test_runtime_resume_without_checkpoints_starts_at_zero(tmp_path):

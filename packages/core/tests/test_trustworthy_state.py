@@ -342,25 +342,27 @@ def test_resume_says_what_it_resumes(tmp_path, capsys):
     [
         (
             {"world_size": 2},
-            "was written with world size 2, this run has world size 1; relaunch with 2 processes",
+            "was written with world size 2, this run has world size 1 and "
+            "checkpoint.reshard=false; relaunch with 2 processes",
         ),
         (
             {"backend": "cuda"},
-            "was written by backend 'cuda', this run uses 'cpu'; relaunch with backend=cuda",
+            "was written by backend 'cuda', this run uses 'cpu' and checkpoint.reshard=false",
         ),
         (
             {"strategy": "FSDPStrategy"},
-            "was written by strategy FSDPStrategy, this run uses DDPStrategy",
+            "was written by strategy FSDPStrategy, this run uses DDPStrategy and "
+            "checkpoint.reshard=false",
         ),
     ],
 )
-def test_resume_refuses_an_incompatible_checkpoint(tmp_path, change, message):
+def test_resume_at_another_shape_is_refused_with_reshard_false(tmp_path, change, message):
     ck = tmp_path / "ck"
     rt = aios.init(checkpoint={"dir": str(ck)})
     _train(rt, 3)
     rt.close()
     _rewrite_marker(ck / "ckpt-000000003", **change)  # as a run with that setup writes it
-    rt = aios.init(checkpoint={"dir": str(ck)})
+    rt = aios.init(checkpoint={"dir": str(ck), "reshard": False})
     model, _, _ = _train(rt, 0)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(CheckpointError) as ei:
@@ -369,31 +371,29 @@ def test_resume_refuses_an_incompatible_checkpoint(tmp_path, change, message):
         message in str(ei.value)
         and "\n" not in str(ei.value)
         and "checkpoint.resume=false" in str(ei.value)
+        and "checkpoint.reshard=true" in str(ei.value)
     )
     assert rt.global_step == 0 and all(
         torch.equal(before[k], v) for k, v in model.state_dict().items()
     )
 
 
-def test_resharding_format_accepts_another_world_size_only_when_asked(tmp_path):
-    from aios.checkpoint.manager import FullStateFormat
-
-    class Reshardable(FullStateFormat):
-        supports_resharding = True
-
+def test_a_full_checkpoint_of_another_world_size_resumes_by_default_and_says_so(tmp_path, capsys):
+    """Issue 26: the default resumes at another shape (a 'full' checkpoint loads everywhere)
+    and one line says what changed."""
     ck = tmp_path / "ck"
     rt = aios.init(checkpoint={"dir": str(ck)})
     _train(rt, 3)
     rt.close()
-    _rewrite_marker(ck / "ckpt-000000003", world_size=4)
+    _rewrite_marker(ck / "ckpt-000000003", world_size=4, data_world=4)
+    capsys.readouterr()
     rt = aios.init(checkpoint={"dir": str(ck)})
     _train(rt, 0)
-    rt.checkpointer.format = Reshardable()
-    with pytest.raises(
-        CheckpointError, match=r"can reshard: resume with rt.resume\(reshard=True\)"
-    ):
-        rt.resume()
-    assert rt.resume(reshard=True) == 3
+    assert rt.resume() == 3
+    out = capsys.readouterr().out
+    assert "aios: resumed at step 3: 4 -> 1 process, " in out, out
+    with pytest.raises(CheckpointError, match="checkpoint.reshard=false"):
+        rt.resume(reshard=False)
 
 
 # ------------------------------------------------------------------ 10. run records never kill training

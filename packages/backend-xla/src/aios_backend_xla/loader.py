@@ -95,7 +95,7 @@ class BatchSharding:
 
 class XlaDeviceLoader(DeviceLoader):
     """Batches on an XLA device through ``MpDeviceLoader`` with the core loader's resumable
-    position (``state_dict() == {"epoch", "batch"}``), ``len()`` and ``set_epoch()``."""
+    position (the global position of :mod:`aios.data`), ``len()`` and ``set_epoch()``."""
 
     def __init__(
         self,
@@ -104,8 +104,9 @@ class XlaDeviceLoader(DeviceLoader):
         prefetch: int = 2,
         input_sharding: Any = None,
         batches_per_execution: int = 1,
+        world: int | None = None,
     ) -> None:
-        super().__init__(loader, device, transfer=lambda b: b)
+        super().__init__(loader, device, transfer=lambda b: b, world=world)
         self.prefetch = max(1, prefetch)
         self.input_sharding = input_sharding
         self.batches_per_execution = batches_per_execution
@@ -122,7 +123,9 @@ class XlaDeviceLoader(DeviceLoader):
             )
             if self.input_sharding is not None:
                 kwargs["input_sharding"] = self.input_sharding
-            self._mp = pl.MpDeviceLoader(self.loader, self.device, **kwargs)
+            # the loader, or its batches tagged with an iterable dataset's position (the
+            # transfer thread reads ahead; the position of each batch comes with it)
+            self._mp = pl.MpDeviceLoader(self._source(), self.device, **kwargs)
         return iter(self._mp)  # closes the previous epoch's background loader, if any
 
     def close(self) -> None:

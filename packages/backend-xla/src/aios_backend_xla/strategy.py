@@ -205,7 +205,11 @@ class XlaStrategy(Strategy):
         )
         self.check_batch(cpu)
         return XlaDeviceLoader(
-            cpu, self.device, prefetch=self.settings.prefetch, input_sharding=self.input_sharding()
+            cpu,
+            self.device,
+            prefetch=self.settings.prefetch,
+            input_sharding=self.input_sharding(),
+            world=self.data_world(),
         )
 
     def data_rank(self) -> int:

@@ -99,8 +99,10 @@ class CheckpointSettings(Section):
         "auto: the process on cpu and cuda, the thread on other devices",
     )
     reshard: bool = Field(
-        False,
-        description="resume a checkpoint written with another world size/mesh (formats that reshard: dcp)",
+        True,
+        description="resume a checkpoint written at another shape (world size, mesh, strategy, "
+        "backend: sharded checkpoints reshard through DCP, full ones load everywhere); false: "
+        "refuse any difference",
     )
 
 

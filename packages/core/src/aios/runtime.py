@@ -44,9 +44,11 @@ Semantics worth knowing:
   scale), and the RNG states of Python, NumPy, torch CPU and the device, for every rank.
 * Preemption: SIGTERM or a watcher notice sets a flag; at the next step boundary all ranks agree,
   write an emergency checkpoint and exit with :data:`aios.preemption.EXIT_PREEMPTED` (75).
-* ``resume`` takes the most recently written checkpoint of ``checkpoint.dir``, says which (run,
-  step, world size, backend) and refuses one written with another world size, backend or
-  strategy. ``checkpoint.keep`` counts the run lineage's checkpoints only; one run writes to a
+* ``resume`` takes the most recently written checkpoint of ``checkpoint.dir`` and says which
+  (run, step, world size, backend); one written at another shape (world size, mesh, strategy,
+  backend, format) resumes too, with one line saying what changed (``checkpoint.reshard=false``
+  refuses it; see :meth:`aios.checkpoint.manager.CheckpointManager.resume`).
+  ``checkpoint.keep`` counts the run lineage's checkpoints only; one run writes to a
   checkpoint dir at a time (see :mod:`aios.checkpoint`).
 
 The parts: :class:`aios.state.TrainingState` (registered objects, counters, state dict, RNG),
@@ -231,14 +233,34 @@ def _install_excepthook() -> None:
     sys.excepthook = hook
 
 
+#: the seed of torch's default CPU generator in a process nobody seeded (older torch; newer
+#: torch draws a 64-bit seed from the OS at start)
+_TORCH_DEFAULT_SEED = 67280421310721
+
+
+def _script_seed() -> int | None:
+    """The seed the script gave torch before :func:`init` (``torch.manual_seed(n)``, as every
+    training script's ``--seed``), if any. An unseeded process has torch's fixed default seed or
+    a 64-bit one drawn from the OS; one below 2**32 was set by the script (the chance that
+    the OS drew it is 1 in 2**32)."""
+    import torch
+
+    seed = int(torch.initial_seed())
+    return None if seed == _TORCH_DEFAULT_SEED or seed >= 2**32 else seed
+
+
 def derive_grad_accum(cfg: Any, strategy: Any) -> None:
     """``grad_accum`` from ``global_batch`` and ``micro_batch`` once the number of data-parallel
-    ranks is known: ``global_batch / (micro_batch x data ranks)``, exact or a one-line error."""
+    ranks is known: ``global_batch / (micro_batch x data ranks)``, exact or a one-line error
+    (raised in :func:`init`, before the script builds its model; every rank finds the same, so
+    rank 0 says it and the others stop quietly). A run resumed at another shape keeps its global
+    batch this way: ``grad_accum`` follows the new data-parallel size."""
     g, m = cfg.global_batch, cfg.micro_batch
     if g is None and m is None:
         return
     if g is None or m is None:
-        raise ConfigError(
+        raise _from_rank0(
+            strategy,
             f"{'micro_batch' if g is None else 'global_batch'} is set without "
             f"{'global_batch' if g is None else 'micro_batch'}",
             "set both (grad_accum is derived from them), or neither and set grad_accum",
@@ -246,19 +268,29 @@ def derive_grad_accum(cfg: Any, strategy: Any) -> None:
     ranks = int(getattr(strategy, "data_world", None) or strategy.world_size or 1)
     per_step = m * ranks
     if g % per_step:
-        raise ConfigError(
+        raise _from_rank0(
+            strategy,
             f"global_batch={g} is not a multiple of micro_batch={m} x {ranks} data-parallel "
             f"ranks = {per_step}",
             f"make global_batch a multiple of {per_step}, or change micro_batch or the process count",
         )
     accum = g // per_step
     if "grad_accum" in cfg.model_fields_set and cfg.grad_accum != accum:
-        raise ConfigError(
+        raise _from_rank0(
+            strategy,
             f"grad_accum={cfg.grad_accum} contradicts global_batch={g} / (micro_batch={m} x "
             f"{ranks} ranks) = {accum}",
             "set grad_accum, or global_batch and micro_batch, not both",
         )
     cfg.grad_accum = accum
+
+
+def _from_rank0(strategy: Any, message: str, fix: str) -> ConfigError:
+    """A config error every rank finds alike: rank 0 prints it, the others stop quietly."""
+    err = ConfigError(message, fix)
+    if int(getattr(strategy, "rank", 0) or 0) != 0:
+        err.quiet = True  # type: ignore[attr-defined]  # read by the excepthook
+    return err
 
 
 def init(
@@ -483,12 +515,29 @@ class Runtime:
         )
         if config.deterministic:
             self.training.deterministic()
-        if config.seed is not None:
-            self.seed_everything(config.seed)
+        self._seed_unless_the_script_did()
         atexit.register(self._atexit)
         self.checkpointer.start()
         self._write_start_record()
         return self
+
+    def _seed_unless_the_script_did(self) -> None:
+        """Seed every generator with ``seed``, unless the script seeded torch before
+        :func:`init` and ``seed`` was not set (then the script's seeds stay). A ``seed`` set in
+        the config (flag, file, env, ``defaults=``) replaces the script's, and rank 0 says so
+        in one line."""
+        seed = self.config.seed
+        if seed is None:
+            return
+        script = _script_seed()
+        if script is not None and "seed" not in self.config.model_fields_set:
+            return  # the script's own seed (torch.manual_seed before aios.init) is kept
+        if script is not None and script != seed:
+            self.print(
+                f"aios: seed={seed} (config) replaces the seed the script set "
+                f"(torch.manual_seed({script})); leave seed unset to keep the script's"
+            )
+        self.seed_everything(seed)
 
     # ---------------------------------------------------------------- identity
     @property
@@ -885,8 +934,10 @@ class Runtime:
     def resume(self, reshard: bool | None = None) -> int:
         """Load the most recent complete checkpoint in ``checkpoint.dir`` when
         ``checkpoint.resume`` is on; returns the step to continue from (0 when starting fresh).
-        Incomplete checkpoints (interrupted saves) are skipped with a warning; a corrupt one, or
-        one written with another world size, backend or strategy, is an error."""
+        Incomplete checkpoints (interrupted saves) are skipped with a warning; a corrupt one is
+        an error. One written at another shape resumes (``checkpoint.reshard``, on by default):
+        the data position, random streams and batch arithmetic carry over as the README's
+        "Resuming at another shape" says."""
         return self.checkpointer.resume(reshard=reshard)
 
     @property

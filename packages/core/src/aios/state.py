@@ -45,6 +45,9 @@ class TrainingState:
         self.values: dict[str, Any] = {}
         #: saved states of objects not registered when the checkpoint was loaded
         self.unclaimed: dict[str, Any] = {}
+        #: the run's ``seed`` (set by the checkpoint manager): random streams of a rank that
+        #: has no saved state of its own (see :meth:`restore_rng`) derive from it
+        self.seed: int | None = None
 
     # ---------------------------------------------------------------- registration
     def register(self, name: str, obj: Any) -> Any:
@@ -144,7 +147,7 @@ class TrainingState:
         self.micro = int(state.get("micro", 0))
         rngs = state.get("rng") or []
         if rngs:
-            self.set_rng_state(rngs[rank % len(rngs)])
+            self.restore_rng(rngs[rank] if rank < len(rngs) else None, rank, state.get("backend"))
 
     # ---------------------------------------------------------------- RNG
     def seed_everything(self, seed: int) -> None:
@@ -167,6 +170,23 @@ class TrainingState:
         torch.use_deterministic_algorithms(True)
         if hasattr(torch.backends, "cudnn"):
             torch.backends.cudnn.benchmark = False
+
+    def restore_rng(self, saved: dict[str, Any] | None, rank: int, saved_backend: Any) -> None:
+        """The random streams of ``rank`` after a load: its saved ones when the saving run had
+        this rank (the device's only when it was the same backend: otherwise the device stream
+        is derived); a rank the saving run did not have derives every stream deterministically
+        from ``(seed, step, rank)`` (:func:`aios.checkpoint.sharded.reseed`). Equal to an
+        uninterrupted run only at the same shape."""
+        from aios.checkpoint.sharded import reseed, reseed_value
+
+        if saved is None:
+            self.strategy.seed(reseed(self.seed, self.step, rank))
+            return
+        if saved_backend is not None and saved_backend != self.backend:
+            self.set_rng_state({k: v for k, v in saved.items() if k != "device"})
+            self.strategy.seed(reseed_value(self.seed, self.step, rank))
+            return
+        self.set_rng_state(saved)
 
     def rng_state(self) -> dict[str, Any]:
         import torch

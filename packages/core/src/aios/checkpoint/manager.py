@@ -39,9 +39,10 @@ implements:
   manager broadcasts the staging directory rank 0 began, gathers every rank's file entries,
   and rank 0 commits after a barrier, i.e. after every rank's files are durable.
 * ``supports_resharding``: whether a checkpoint written with another world size (or strategy)
-  can be loaded. Only then, and only when asked (``rt.resume(reshard=True)``/``rt.load(...,
-  reshard=True)``, or a ``checkpoint.reshard`` setting where the config defines one), does resume
-  accept a world-size (or strategy) mismatch; otherwise a mismatch in world size, backend,
+  can be loaded into this run's sharding (DCP). Resume at another shape is the default
+  (``checkpoint.reshard``, true unless set false): a checkpoint is read by the format that wrote
+  it (:meth:`CheckpointManager._format_for`), so a ``full`` one loads under a sharded strategy
+  and a ``dcp`` one under ddp/xla; with ``reshard=false`` a mismatch in world size, backend,
   strategy or format is a one-line error naming it and the fix.
 
 Staging and commit are store operations (:meth:`aios.checkpoint.CheckpointStore.begin`,
@@ -166,6 +167,12 @@ def get_format(name: str) -> CheckpointFormat:
     return cls()
 
 
+def _strategy_word(name: Any) -> str:
+    """``DDPStrategy`` -> ``ddp``, ``FSDPStrategy`` -> ``fsdp`` (a marker records class names)."""
+    text = str(name)
+    return text[: -len("Strategy")].lower() if text.endswith("Strategy") else text
+
+
 def _cause(exc: BaseException) -> str:
     """A failed save in a few words: an aios error's own message, else the cause as the OS
     gave it (:func:`aios.errors.os_cause`)."""
@@ -202,6 +209,7 @@ class CheckpointManager:
         self.format = get_format(getattr(strategy, "checkpoint_format", "full") or "full")
         if hasattr(self.format, "seed"):
             self.format.seed = config.seed  # ranks beyond a saved world size reseed from it
+        training.seed = config.seed  # the random streams of a rank the saving run did not have
         io = getattr(self.format, "io", None)
         if io is not None and hasattr(io, "async_mode"):
             from aios.checkpoint.sharded import resolve_async_mode
@@ -277,14 +285,34 @@ class CheckpointManager:
         settle(outcomes, self.strategy.rank, error, what)
 
     def meta(self) -> dict[str, Any]:
-        """What every marker records about the writer."""
+        """What every marker records about the writer: who wrote it, and the shape it trained
+        at (world size, data-parallel ranks, strategy, backend, batch arithmetic), which a
+        resume at another shape compares with its own (:meth:`shape_change`)."""
         return {
             "run_id": self.record.run_id,
             "world_size": self.world_size,
             "backend": self.backend,
             "strategy": type(self.strategy).__name__,
             "checkpoint_format": self.format.name,
+            **self.batch_shape(),
         }
+
+    def batch_shape(self) -> dict[str, Any]:
+        """This run's data-parallel ranks, ``grad_accum``, per-rank batch and the effective
+        global batch (``micro_batch`` or the first loader's batch size, x ranks x accum)."""
+        data = int(getattr(self.strategy, "data_world", None) or self.world_size)
+        accum = int(getattr(self.config, "grad_accum", 1) or 1)
+        micro = getattr(self.config, "micro_batch", None)
+        if micro is None:
+            for ld in self.training.loaders:
+                micro = getattr(ld, "batch_size", None)
+                if micro:
+                    break
+        out: dict[str, Any] = {"data_world": data, "grad_accum": accum}
+        if micro:
+            out["micro_batch"] = int(micro)
+            out["global_batch"] = int(micro) * data * accum
+        return out
 
     # ---------------------------------------------------------------- start / close
     def start(self) -> None:
@@ -530,53 +558,105 @@ class CheckpointManager:
         return CheckpointStore(parent, keep=None), False
 
     def check_compatible(self, info: Any, store: Any, reshard: bool) -> None:
-        """Refuse a checkpoint written by another world size, backend, strategy or format
-        (unless the format can reshard and resharding was asked for)."""
+        """With ``reshard`` (``checkpoint.reshard``, on by default) a checkpoint written at
+        another shape (world size, mesh, strategy, backend, format) is accepted: sharded ones
+        reshard through DCP, full ones load everywhere. With ``reshard=false`` any difference is
+        refused in one line naming it and the fix."""
+        if reshard:
+            return
         meta = info.meta
         mine = self.meta()
         where = f"checkpoint '{store.display(info.path)}' (run {meta.get('run_id', '?')}, step {info.step})"
+        fix = (
+            "relaunch with the shape that wrote it, allow resuming at another shape with "
+            "checkpoint.reshard=true, or start fresh with checkpoint.resume=false (or another "
+            "checkpoint.dir)"
+        )
         fmt = meta.get("checkpoint_format", "full")
         if fmt != mine["checkpoint_format"]:
             raise CheckpointError(
                 f"{where} was written in the '{fmt}' format; this run's strategy "
-                f"({mine['strategy']}) uses '{mine['checkpoint_format']}'",
-                "resume with the strategy that wrote it, or start fresh with "
-                "checkpoint.resume=false (or another checkpoint.dir)",
+                f"({mine['strategy']}) uses '{mine['checkpoint_format']}' and checkpoint.reshard=false",
+                fix,
             )
         if "backend" in meta and meta["backend"] != mine["backend"]:
             raise CheckpointError(
-                f"{where} was written by backend '{meta['backend']}', this run uses '{mine['backend']}'",
-                f"relaunch with backend={meta['backend']}, or start fresh with "
-                "checkpoint.resume=false (or another checkpoint.dir)",
+                f"{where} was written by backend '{meta['backend']}', this run uses "
+                f"'{mine['backend']}' and checkpoint.reshard=false",
+                fix,
             )
-        can_reshard = reshard and self.format.supports_resharding
-        if "strategy" in meta and meta["strategy"] != mine["strategy"] and not can_reshard:
+        if "strategy" in meta and meta["strategy"] != mine["strategy"]:
             raise CheckpointError(
-                f"{where} was written by strategy {meta['strategy']}, this run uses {mine['strategy']}",
-                "relaunch with the strategy that wrote it, or start fresh with "
-                "checkpoint.resume=false (or another checkpoint.dir)",
+                f"{where} was written by strategy {meta['strategy']}, this run uses "
+                f"{mine['strategy']} and checkpoint.reshard=false",
+                fix,
             )
-        if (
-            "world_size" in meta
-            and int(meta["world_size"]) != mine["world_size"]
-            and not can_reshard
-        ):
-            hint = (
-                "; this checkpoint format can reshard: resume with rt.resume(reshard=True)"
-                if self.format.supports_resharding
-                else ""
-            )
+        if "world_size" in meta and int(meta["world_size"]) != mine["world_size"]:
             raise CheckpointError(
                 f"{where} was written with world size {meta['world_size']}, this run has "
-                f"world size {mine['world_size']}",
-                f"relaunch with {meta['world_size']} processes in total, or start fresh with "
-                f"checkpoint.resume=false (or another checkpoint.dir){hint}",
+                f"world size {mine['world_size']} and checkpoint.reshard=false",
+                f"relaunch with {meta['world_size']} processes in total, allow resuming at "
+                "another shape with checkpoint.reshard=true, or start fresh with "
+                "checkpoint.resume=false (or another checkpoint.dir)",
             )
+
+    def shape_change(self, meta: dict[str, Any]) -> list[str]:
+        """What differs between the shape that wrote a checkpoint (its marker's ``meta``) and
+        this run's, in words (empty at the same shape)."""
+        mine = self.meta()
+        out: list[str] = []
+        if "world_size" in meta and int(meta["world_size"]) != mine["world_size"]:
+            n = mine["world_size"]
+            out.append(f"{meta['world_size']} -> {n} process{'es' if n != 1 else ''}")
+        for key in ("strategy", "backend"):
+            if key in meta and meta[key] != mine[key]:
+                old, new = meta[key], mine[key]
+                if key == "strategy":
+                    old, new = _strategy_word(old), _strategy_word(new)
+                out.append(f"{key} {old} -> {new}")
+        if (
+            "data_world" in meta
+            and int(meta["data_world"]) != mine["data_world"]
+            and int(meta.get("world_size", 0)) == mine["world_size"]
+        ):
+            out.append(f"data-parallel ranks {meta['data_world']} -> {mine['data_world']}")
+        return out
+
+    def batch_change(self, meta: dict[str, Any]) -> str | None:
+        """How the batch arithmetic carried over (None when nothing about it changed)."""
+        mine = self.batch_shape()
+        old_g, new_g = meta.get("global_batch"), mine.get("global_batch")
+        old_a, new_a = meta.get("grad_accum"), mine["grad_accum"]
+        accum = f" (grad_accum {old_a} -> {new_a})" if old_a and old_a != new_a else ""
+        if old_g is None or new_g is None:
+            return f"grad_accum {old_a} -> {new_a}" if accum else None
+        if old_g == new_g:
+            return f"global batch {new_g} kept{accum}" if accum or self.shape_change(meta) else None
+        fix = (
+            ""
+            if getattr(self.config, "global_batch", None) is not None
+            else "; set global_batch and micro_batch to keep it"
+        )
+        return (
+            f"the global batch is now {new_g}, was {old_g} (micro-batch {mine.get('micro_batch')} "
+            f"x {mine['data_world']} data-parallel ranks x grad_accum {new_a}){fix}"
+        )
 
     def _reshard(self, reshard: bool | None) -> bool:
         if reshard is not None:
             return reshard
-        return bool(getattr(self.config.checkpoint, "reshard", False))
+        return bool(getattr(self.config.checkpoint, "reshard", True))
+
+    def _format_for(self, info: Any) -> CheckpointFormat:
+        """The format that reads ``info``: this run's, or the one that wrote it (a ``full``
+        checkpoint under a sharded strategy, a ``dcp`` one under ddp/xla)."""
+        name = info.meta.get("checkpoint_format", "full") or "full"
+        if name == self.format.name:
+            return self.format
+        fmt = get_format(name)
+        if hasattr(fmt, "seed"):
+            fmt.seed = self.config.seed
+        return fmt
 
     def load(
         self, path: str | int | None = None, strict: bool = True, reshard: bool | None = None
@@ -586,13 +666,24 @@ class CheckpointManager:
         store, managed = self._source_store(path)
         info = store.resolve(path)
         self.check_compatible(info, store, self._reshard(reshard))
-        extra = self.format.load(info, store, self.training, rank=self.strategy.rank, strict=strict)
+        fmt = self._format_for(info)
+        extra = fmt.load(info, store, self.training, rank=self.strategy.rank, strict=strict)
+        self._carry_accumulation(info.meta)
         self.saved_step = self.training.step
         self.resumed_from = store.display(info.path)
         if managed and info.lineage:
             self.lineage = info.lineage
             store.lineage = info.lineage
         return extra
+
+    def _carry_accumulation(self, meta: dict[str, Any]) -> None:
+        """A checkpoint cut at an optimizer-step boundary with another ``grad_accum``: the
+        micro-step counter restarts at this run's boundary for the same step."""
+        tr = self.training
+        old = int(meta.get("grad_accum") or 0)
+        new = int(getattr(self.config, "grad_accum", 1) or 1)
+        if old and old != new and tr.micro == tr.step * old:
+            tr.micro = tr.step * new
 
     def resume(self, reshard: bool | None = None) -> int:
         """Load the most recent complete checkpoint in ``checkpoint.dir`` when
@@ -619,24 +710,26 @@ class CheckpointManager:
         )
         saved_world = meta.get("world_size", "?")
         resharded = saved_world != "?" and int(saved_world) != self.world_size
-        how = (
-            f"resharded from {saved_world} ranks to {self.world_size} ranks"
-            if resharded
-            else f"world size {saved_world}"
-        )
+        changes = self.shape_change(meta)
+        batch = self.batch_change(meta)
         from aios.config import redact_url
 
         where = redact_url(self.resumed_from or "")
         self._print(
             f"aios: resumed from {where} at step {self.training.step} (run {meta.get('run_id', '?')}, "
-            f"{how}, backend {meta.get('backend', '?')}, lineage {lineage or 'legacy'})"
+            f"world size {saved_world}, backend {meta.get('backend', '?')}, lineage {lineage or 'legacy'})"
         )
+        if changes or batch:
+            what = ", ".join([*changes, *([batch] if batch else [])])
+            self._print(f"aios: resumed at step {self.training.step}: {what}")
         event: dict[str, Any] = {
             "path": self.resumed_from,
             "step": self.training.step,
             "run_id": meta.get("run_id"),
             "lineage": lineage,
         }
+        if changes or batch:
+            event["changed"] = [*changes, *([batch] if batch else [])]
         if resharded:
             event.update(resharded_from=int(saved_world), resharded_to=self.world_size)
             self.record.diag["resharded"] = {

@@ -50,13 +50,14 @@ Rules:
   plain modules) and load in place into whatever sharding this run has: a checkpoint saved by N
   ranks loads on M ranks and on a different mesh.
 * **Per-rank state on another world size** (:func:`rank_state_for`): rank ``r < N`` gets the
-  saved state of rank ``r``; ranks ``r >= N`` have no saved RNG and are reseeded
-  deterministically with :func:`reseed` from ``(seed, step, rank)``. Data positions are
-  re-derived from the global sample count (:func:`reshard_loader_state`): after ``b`` batches
-  per rank on N ranks, ``b * N`` per-rank batches of the same size were consumed globally, so the
-  new position is ``b * N / M`` batches per rank. With the usual ``DistributedSampler``
-  interleaving no sample is skipped or repeated when ``b * N`` divides by ``M``; otherwise the
-  position rounds down (a few samples are seen twice, none skipped) and a warning says so.
+  saved random streams of rank ``r``; ranks ``r >= N`` have none and are reseeded
+  deterministically with :func:`reseed` from ``(seed, step, rank)``
+  (:meth:`aios.state.TrainingState.restore_rng`). Data positions are global
+  (:mod:`aios.data`: samples of the epoch's order consumed by all ranks together), so a resumed
+  run at any number of data-parallel ranks splits the rest of the epoch over its ranks with no
+  sample skipped or repeated. An older checkpoint's per-rank batch count is turned into that
+  global count (``batch x batch_size x saved data-parallel ranks``); :func:`reshard_loader_state`
+  is the per-rank rule for loaders of the library API that keep only a batch count.
 """
 
 from __future__ import annotations
@@ -1190,21 +1191,17 @@ class DcpFormat:
         tr.step = int(common.get("step", 0))
         tr.micro = int(common.get("micro", 0))
         world = int(tr.world_size)
-        saved_data, data = int(common.get("data_world", saved_world)), self._data_world(tr)
+        saved_data = int(common.get("data_world", saved_world))
         mine = rank_state_for(rank, per)
-        if mine is not None:
-            tr.set_rng_state(mine["rng"])
-            loaders = mine.get("loaders", [])
-        else:  # a rank the saving run did not have: deterministic fresh RNG streams
-            seed = reseed(self.seed, tr.step, rank)
-            tr.strategy.seed(seed)
-            loaders = common.get("loaders", [])
+        tr.restore_rng(mine["rng"] if mine is not None else None, rank, common.get("backend"))
+        # positions are global (aios.data): every rank's state says the same; rank 0's is in
+        # common.pt. An older checkpoint's per-rank batch count becomes a global sample count.
+        loaders = (mine or {}).get("loaders") or common.get("loaders", [])
         for ld, st in zip(tr.loaders, loaders, strict=False):
             if st is not None and hasattr(ld, "load_state_dict"):
-                st = reshard_loader_state(
-                    st, saved_data, data, st.get("batch_size"), getattr(ld, "batch_size", None)
-                )
-                assert st is not None  # reshard_loader_state keeps a given state
-                ld.load_state_dict({k: v for k, v in st.items() if k != "batch_size"})
+                if "samples" not in st and "batch" in st:
+                    bs = int(st.get("batch_size") or getattr(ld, "batch_size", None) or 1)
+                    st = {**st, "samples": int(st["batch"]) * bs * saved_data, "world": saved_data}
+                ld.load_state_dict(st)
         self.last_load = {"saved_world": saved_world, "world": world}
         return common.get("extra", {}) or {}

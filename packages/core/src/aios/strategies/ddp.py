@@ -235,6 +235,7 @@ class DDPStrategy(Strategy):
             non_blocking=self.accelerator.non_blocking_copies,
             seed=seed,
             rank=self.rank,
+            world=self.data_world,
         )
 
     @property

@@ -464,6 +464,8 @@ class FSDPStrategy(DDPStrategy):
         )
 
         model = self._opt_module.get(id(optimizer), module)
+        if model is not None:
+            state = _fqn_keyed(self.unwrap(model), optimizer, state)
         if not state.get("state") and not optimizer.state:
             # a stateless optimizer (SGD without momentum): only the hyperparameters to restore
             # (torch's loader needs at least one state tensor to find the device)
@@ -486,6 +488,26 @@ class FSDPStrategy(DDPStrategy):
             out["mesh"] = dict(zip(self.mesh.mesh_dim_names or (), self.mesh.shape, strict=False))
         out["sharded_blocks"] = len(self.blocks)
         return out
+
+
+def _fqn_keyed(model: Any, optimizer: Any, state: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer state as torch's ``Optimizer.state_dict()`` writes it (parameters as
+    positions: a ``full`` checkpoint of ddp or xla) in the form keyed by parameter names that
+    ``set_optimizer_state_dict`` reads; any other state as it is. The saved positions are this
+    optimizer's parameters in the same order (the same script built both)."""
+    groups = state.get("param_groups") or []
+    saved = [i for g in groups for i in g.get("params", [])]
+    if not saved or not all(isinstance(i, int) for i in saved):
+        return state
+    names = {id(p): n for n, p in model.named_parameters()}
+    current = [names.get(id(p)) for g in optimizer.param_groups for p in g["params"]]
+    if len(current) != len(saved) or None in current:
+        return state  # torch's loader names what does not fit
+    fqn = dict(zip(saved, current, strict=True))
+    return {
+        "state": {fqn[k]: v for k, v in (state.get("state") or {}).items() if k in fqn},
+        "param_groups": [{**g, "params": [fqn[i] for i in g["params"]]} for g in groups],
+    }
 
 
 class TPStrategy(FSDPStrategy):

@@ -1,0 +1,105 @@
+"""Issue 30: aios keeps what the script asked for. A script's own ``DistributedSampler(shuffle=True)``
+with ``set_epoch`` gives a different order each epoch, the orders it gives under torchrun; a
+validation sampler's ``drop_last`` stays (no padding duplicate); a script's own seed (``--seed``
+before ``aios.init()``) is kept: seeds 0 and 5 give different first draws under aios-run, the
+draws of the script without aios. A ``seed`` set in aios's config replaces it and says so once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+SCRIPT = Path(__file__).parent / "scripts" / "sampler_orders.py"
+
+
+def _env(tmp: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
+    env.update(
+        {
+            "AIOS_LOGGING__TENSORBOARD": "false",
+            "AIOS_LOGGING__RUN_DIR": str(tmp / "runs"),
+            "OMP_NUM_THREADS": "1",
+            **extra,
+        }
+    )
+    return env
+
+
+def _read(out: Path, nprocs: int) -> list[dict[str, Any]]:
+    return [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in range(nprocs)]
+
+
+def _aios_run(tmp: Path, nprocs: int, seed: int, *args: str) -> tuple[str, list[dict[str, Any]]]:
+    from aios.testing.strategy_contract import free_port
+
+    out = tmp / f"aios-{nprocs}-{seed}-{len(args)}"
+    r = subprocess.run(
+        [sys.executable, "-c", "from aios.cli.run import main; main()"]
+        + ["--nprocs", str(nprocs), f"master_port={free_port()}", *args]
+        + [str(SCRIPT), str(out), str(seed)],
+        capture_output=True,
+        text=True,
+        env=_env(tmp),
+        cwd=tmp,
+        timeout=300,
+    )
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    return r.stdout + r.stderr, _read(out, nprocs)
+
+
+def _torchrun(tmp: Path, nprocs: int, seed: int) -> list[dict[str, Any]]:
+    from aios.testing.strategy_contract import free_port
+
+    out = tmp / f"torchrun-{nprocs}-{seed}"
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nprocs}"]
+    cmd += [f"--master-port={free_port()}", str(SCRIPT), str(out), str(seed)]
+    if nprocs == 1:
+        cmd = [sys.executable, str(SCRIPT), str(out), str(seed)]
+    r = subprocess.run(
+        cmd, capture_output=True, text=True, env=_env(tmp, NO_AIOS="1"), cwd=tmp, timeout=300
+    )
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    return _read(out, nprocs)
+
+
+def test_the_scripts_distributed_sampler_keeps_its_shuffle_epochs_and_drop_last(
+    tmp_path: Path,
+) -> None:
+    _, got = _aios_run(tmp_path, 2, 5)
+    want = _torchrun(tmp_path, 2, 5)
+    for rank in range(2):
+        orders = got[rank]["orders"]
+        assert len({tuple(o) for o in orders}) == 3, orders  # a new order every epoch
+        assert orders != [sorted(o) for o in orders]  # shuffled
+        assert orders == want[rank]["orders"], (rank, orders, want[rank]["orders"])
+        assert got[rank]["val"] == want[rank]["val"]
+    for epoch in range(3):  # the ranks split each epoch: every sample once
+        both = got[0]["orders"][epoch] + got[1]["orders"][epoch]
+        assert sorted(both) == list(range(40))
+    val = got[0]["val"] + got[1]["val"]
+    assert len(val) == 16 and len(set(val)) == 16  # drop_last: no padding duplicate
+
+
+def test_the_scripts_seed_is_kept_and_a_config_seed_replaces_it_in_one_line(
+    tmp_path: Path,
+) -> None:
+    text0, seed0 = _aios_run(tmp_path, 1, 0)
+    text5, seed5 = _aios_run(tmp_path, 1, 5)
+    assert seed0[0]["first_draw"] != seed5[0]["first_draw"]
+    assert seed0[0]["first_draw"] == _torchrun(tmp_path, 1, 0)[0]["first_draw"]
+    assert seed5[0]["first_draw"] == _torchrun(tmp_path, 1, 5)[0]["first_draw"]
+    assert "replaces the seed" not in text0 + text5
+    # the config's seed asked for explicitly: it wins, and one line says so
+    text, forced = _aios_run(tmp_path, 1, 5, "seed=0")
+    assert forced[0]["first_draw"] == seed0[0]["first_draw"]
+    lines = [ln for ln in text.splitlines() if "replaces the seed the script set" in ln]
+    assert len(lines) == 1 and "seed=0 (config)" in lines[0] and "manual_seed(5)" in lines[0]
