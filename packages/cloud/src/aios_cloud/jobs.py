@@ -262,8 +262,9 @@ def start_job(
     provider_env: dict[str, str],
     printer: Callable[[str, str], None] | None,
     log: Log,
-) -> None:
-    """Write run.sh and env on every host and start it detached."""
+) -> int:
+    """Write run.sh and env on every host and start it detached. Returns the number of
+    processes over all hosts."""
     plans = host_commands(rec, spec, config)
     base_env = job_env(spec, provider_env)
     root = remote_root(rec.name)
@@ -282,6 +283,7 @@ def start_job(
     results, _ = head.fan("started", tasks=tasks, echo=False)
     head.check(results, "job start")
     log(f"job {job_id} started on {len(plans)} hosts")
+    return sum(p.nprocs for p in plans.values())
 
 
 def poll_job(rec: ClusterRecord, job_id: int) -> list[tuple[str, int | None]]:
