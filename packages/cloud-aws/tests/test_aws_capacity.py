@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -58,7 +59,7 @@ def test_dry_run_prices_each_candidate_in_order_and_cheapest_first(monkeypatch, 
     args = ["-a", "p5.48xlarge,trn1.32xlarge", "--nodes", "2", "--spot", "--region", "us-east-1"]
     r = _dry(env, tmp_path, *args)
     assert r.returncode == 0, r.stderr
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("#   ")]
+    lines = [ln for ln in r.stdout.splitlines() if re.match(r"#   \d\. ", ln)]
     # the catalog's spot prices x 2 nodes: p5 31.46/h, trn1.32xlarge 6.4505/h each
     assert lines == [
         "#   1. 2 x p5.48xlarge: $62.92/h, backend cuda (chosen: launched first)",
@@ -69,7 +70,7 @@ def test_dry_run_prices_each_candidate_in_order_and_cheapest_first(monkeypatch, 
     assert '"InstanceType":"p5.48xlarge"' in r.stdout and 'trn1.32xlarge"' not in r.stdout
     r = _dry(env, tmp_path, *args, "--cheapest")
     assert r.returncode == 0, r.stderr
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("#   ")]
+    lines = [ln for ln in r.stdout.splitlines() if re.match(r"#   \d\. ", ln)]
     assert lines[0].startswith("#   1. 2 x trn1.32xlarge: $12.90/h, backend neuron (chosen")
     assert '"InstanceType":"trn1.32xlarge"' in r.stdout
     # one type: its price

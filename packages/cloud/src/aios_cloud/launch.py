@@ -328,8 +328,8 @@ def render(launch: Launch) -> None:
             f"{request.autostop:g} min without a running job (a @reboot crontab entry restarts "
             "it after a reboot; reinstalled after recovery and `aios start`)"
         )
-    for line in price_lines(launch):
-        launch.echo(line)
+    for price in price_lines(launch):
+        launch.echo(price)
     provider.render_launch(
         LaunchPlan(
             cluster,
