@@ -357,6 +357,8 @@ def status(
                 local.update(
                     {k: rj[k] for k in ("state", "restarts", "max_restarts", "exit_codes")}
                 )
+                # the controller keeps the job's shapes from its start on
+                local["shapes"] = rj.get("shapes") or local.get("shapes", [])
                 store.update_job(local["id"], state=rj["state"])
             row["recoveries"] += [e for e in remote["recoveries"] if e not in row["recoveries"]]
     for i in unrecorded:

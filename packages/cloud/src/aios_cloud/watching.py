@@ -380,9 +380,10 @@ class Watcher:
 
     def _finish(self, state: str, codes: list[int] | None, why: str) -> int:
         job = self.store.get_job(self.job_id)
+        if job:  # before the state: whoever sees the job ended sees its last shape ended too
+            self._end_shape(job, self.store.get_cluster(job.cluster), f"job {state.lower()}")
         self.store.update_job(self.job_id, state=state, exit_codes=codes, watcher_pid=None)
         if job:
-            self._end_shape(job, self.store.get_cluster(job.cluster), f"job {state.lower()}")
             self.store.event(
                 job.cluster, "job-" + state.lower(), f"job {self.job_id}: {why}", self.job_id
             )
