@@ -42,7 +42,11 @@ def order(
     if not cheapest:
         return list(names)
     price = {a: hourly(provider, a, spot, nodes) for a in names}
-    return sorted(names, key=lambda a: math.inf if price[a] is None else price[a])  # type: ignore[arg-type,return-value]
+    return sorted(names, key=lambda a: _or_inf(price[a]))
+
+
+def _or_inf(v: float | None) -> float:
+    return math.inf if v is None else v
 
 
 def money(v: float | None) -> str:
@@ -61,7 +65,11 @@ def newest_step(rec: ClusterRecord, checkpoint_dir: str | None) -> int | None:
         if "://" in checkpoint_dir:
             from aios.checkpoint import CheckpointStore
 
-            info = CheckpointStore(checkpoint_dir, keep=None).latest(warn=False)
+            store = CheckpointStore(checkpoint_dir, keep=None)
+            # a long-lived watcher: fsspec keeps listings of object stores per process (s3fs,
+            # gcsfs), which would name checkpoints pruned since
+            store.fs.invalidate_cache(store.root)
+            info = store.latest(warn=False)
             return info.step if info else None
         from aios.checkpoint import MARKER
 
