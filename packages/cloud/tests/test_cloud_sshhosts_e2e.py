@@ -302,3 +302,51 @@ def test_cloud_ssh_four_hosts_plan_applied_as_printed_then_train(tmp_path, sshd_
         keys = h.home / ".ssh" / "authorized_keys"
         assert not keys.exists() or "aios-head lab4" not in keys.read_text(), h.name
         assert not (h.home / "aios" / "lab4" / "fleet").exists(), h.name
+
+
+def test_cloud_ssh_launch_without_python_dry_run_and_real_on_two_hosts(tmp_path, sshd_cluster):
+    """The README's command for hosts a user has, with nothing else: ``aios launch --cloud ssh
+    --hosts U@H1,U@H2 train.py``. The key comes from the user's SSH setup (an ssh-agent here),
+    the interpreter is the hosts' ``python3`` (it has torch, as on a user's training box). It
+    once stopped at once with ``TypeError: SshHostsProvider.python() takes 2 positional
+    arguments but 3 were given``."""
+    cluster = sshd_cluster(2, netns=True)
+    for h in cluster.hosts:
+        tool = h.confdir / "bin" / "python3"
+        tool.parent.mkdir(parents=True, exist_ok=True)
+        tool.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+        tool.chmod(0o755)
+    work = tmp_path / "proj"
+    work.mkdir()
+    (work / "train.py").write_text(
+        "import aios, torch\nrt = aios.init()\n"
+        "t = rt.all_reduce(torch.full((1,), float(rt.rank + 1)), op='sum')\n"
+        "print('ssh rank', rt.rank, 'of', rt.world_size, 'sum', int(t.item()), flush=True)\n"
+    )
+    env = environ(tmp_path)
+    agent = subprocess.run(["ssh-agent", "-s"], capture_output=True, text=True, check=True)
+    for key, value in re.findall(r"(SSH_AUTH_SOCK|SSH_AGENT_PID)=([^;]+);", agent.stdout):
+        env[key] = value
+    try:
+        subprocess.run(["ssh-add", "-q", str(cluster.client_key)], env=env, check=True)
+        hosts = ",".join(f"{cluster.user}@{h.ip}:{h.port}" for h in cluster.hosts)
+        r = subprocess.run(
+            [sys.executable, "-m", "aios.cli.main", "launch", "--cloud", "ssh", "--hosts", hosts,
+             "--dry-run", "train.py"],
+            env=env, cwd=work, text=True, capture_output=True, timeout=120,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        assert "TypeError" not in r.stderr and "python3 -m torch.distributed.run" in r.stdout
+        assert "--nnodes 2" in r.stdout and "have|put" not in r.stdout  # runs as printed
+        r = subprocess.run(
+            [sys.executable, "-m", "aios.cli.main", "launch", "--cloud", "ssh", "--hosts", hosts,
+             "train.py"],
+            env=env, cwd=work, text=True, capture_output=True, timeout=600,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        assert "ssh rank 0 of 2 sum 3" in r.stdout and "ssh rank 1 of 2 sum 3" in r.stdout
+        st = job(env)
+        assert st["jobs"][0]["state"] == "SUCCEEDED"
+        assert aios(env, "down", st["name"]).returncode == 0
+    finally:
+        subprocess.run(["ssh-agent", "-k"], env=env, capture_output=True)

@@ -72,9 +72,9 @@ class AwsIam(AwsNetwork):
         ).get("IamInstanceProfileAssociations", []):
             if a.get("State") in ("associating", "associated"):
                 held[a["InstanceId"]] = a["IamInstanceProfile"]["Arn"].rsplit("/", 1)[-1]
-        for prof in sorted(set(held.values())):
+        for held_prof in sorted(set(held.values())):
             self._require_agent_rights(
-                prof,
+                held_prof,
                 action,
                 name,
                 "add them to its role (on resources tagged aios:cluster), then run "
@@ -84,7 +84,7 @@ class AwsIam(AwsNetwork):
         if not bare:
             return
         req = self.prepare_autostop(ClusterRequest(name=name, accelerator="", zone=zone), action)
-        prof = self.settings.iam_instance_profile or req.extra.get("instance_profile")
+        prof = str(self.settings.iam_instance_profile or req.extra.get("instance_profile") or "")
         assert prof
         spec = {"Arn": prof} if prof.startswith("arn:") else {"Name": prof}
         for iid in bare:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import builtins
 import time
 import uuid
+from datetime import datetime
+from functools import partial
 from typing import Any
 
 from aios_cloud.provider import (
@@ -274,7 +276,8 @@ class AwsInstances(AwsDryRun):
         if state == READY and ec2 is not None:
             health, detail = self._health(ec2, [i["InstanceId"] for i in insts])
         spot = any(i.get("InstanceLifecycle") == "spot" for i in insts)
-        launch = min((i.get("LaunchTime") for i in insts if i.get("LaunchTime")), default=None)
+        times = [i["LaunchTime"] for i in insts if i.get("LaunchTime")]
+        launch = min(times) if times else None
         return ClusterInfo(
             name=name,
             cloud="aws",
@@ -288,7 +291,7 @@ class AwsInstances(AwsDryRun):
             runtime=first.get("ImageId"),
             labels={k: v for k, v in tagmap.items() if not k.startswith("aios:") and k != "Name"},
             created=launch.isoformat()
-            if hasattr(launch, "isoformat")
+            if isinstance(launch, datetime)
             else (str(launch) if launch else None),
             raw={
                 "instances": [
@@ -390,12 +393,12 @@ class AwsInstances(AwsDryRun):
         ):
             if addr.get("AssociationId"):
                 _ignore_missing(
-                    lambda a=addr: self._call(
-                        ec2, "DisassociateAddress", AssociationId=a["AssociationId"]
+                    partial(
+                        self._call, ec2, "DisassociateAddress", AssociationId=addr["AssociationId"]
                     )
                 )
             _ignore_missing(
-                lambda a=addr: self._call(ec2, "ReleaseAddress", AllocationId=a["AllocationId"])
+                partial(self._call, ec2, "ReleaseAddress", AllocationId=addr["AllocationId"])
             )
         for eni in self._call(
             ec2,
@@ -403,8 +406,11 @@ class AwsInstances(AwsDryRun):
             Filters=[*cluster_filter, {"Name": "status", "Values": ["available"]}],
         ).get("NetworkInterfaces", []):
             _ignore_missing(
-                lambda e=eni: self._call(
-                    ec2, "DeleteNetworkInterface", NetworkInterfaceId=e["NetworkInterfaceId"]
+                partial(
+                    self._call,
+                    ec2,
+                    "DeleteNetworkInterface",
+                    NetworkInterfaceId=eni["NetworkInterfaceId"],
                 )
             )
         for vol in self._call(
@@ -412,19 +418,19 @@ class AwsInstances(AwsDryRun):
             "DescribeVolumes",
             Filters=[*cluster_filter, {"Name": "status", "Values": ["available"]}],
         ).get("Volumes", []):
-            _ignore_missing(lambda v=vol: self._call(ec2, "DeleteVolume", VolumeId=v["VolumeId"]))
+            _ignore_missing(partial(self._call, ec2, "DeleteVolume", VolumeId=vol["VolumeId"]))
         for pg in self._call(ec2, "DescribePlacementGroups", Filters=cluster_filter).get(
             "PlacementGroups", []
         ):
             _ignore_missing(
-                lambda p=pg: self._call(ec2, "DeletePlacementGroup", GroupName=p["GroupName"])
+                partial(self._call, ec2, "DeletePlacementGroup", GroupName=pg["GroupName"])
             )
         for sg in self._call(ec2, "DescribeSecurityGroups", Filters=cluster_filter).get(
             "SecurityGroups", []
         ):
             self._delete_security_group(ec2, sg["GroupId"])
         for kp in self._call(ec2, "DescribeKeyPairs", Filters=cluster_filter).get("KeyPairs", []):
-            _ignore_missing(lambda k=kp: self._call(ec2, "DeleteKeyPair", KeyName=k["KeyName"]))
+            _ignore_missing(partial(self._call, ec2, "DeleteKeyPair", KeyName=kp["KeyName"]))
 
     def _terminate(self, ec2: Any, ids: builtins.list[str]) -> None:
         """TerminateInstances. Its ``InvalidInstanceID.NotFound`` "does not mean the instance

@@ -3,6 +3,7 @@ cluster placement group and Elastic IPs (as ``sky/provision/aws/config.py``)."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from aios_cloud.provider import (
@@ -178,7 +179,7 @@ class AwsNetwork(AwsOfferings):
                 if error_code(exc) != "AddressLimitExceeded":
                     raise translate(exc, "AllocateAddress") from exc
                 for a in got:
-                    _ignore_missing(lambda a=a: self._call(ec2, "ReleaseAddress", AllocationId=a))
+                    _ignore_missing(partial(self._call, ec2, "ReleaseAddress", AllocationId=a))
                 raise ElasticIpQuotaError(
                     f"the Elastic IP quota of {region} is used up (AddressLimitExceeded): {n} "
                     "nodes with several network "

@@ -14,6 +14,7 @@ from aios_cloud.provider import (
 
 from aios_cloud_aws import catalog as cat
 from aios_cloud_aws.base import AwsBase
+from aios_cloud_aws.errors import RegionUnavailable
 from aios_cloud_aws.session import region_of_zone
 from aios_cloud_aws.settings import (
     DLAMI_PYTHON,
@@ -83,7 +84,7 @@ class AwsOfferings(AwsBase):
         )
         zones = sorted({o["Location"] for o in resp.get("InstanceTypeOfferings", [])})
         if not zones:
-            raise cat.RegionUnavailable(
+            raise RegionUnavailable(
                 f"no availability zone of {self.region} offers {accelerator} now",
                 f"use --region with one of: {', '.join(r for r in itype.regions if r != self.region)}",
             )

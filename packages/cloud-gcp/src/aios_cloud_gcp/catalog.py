@@ -8,6 +8,7 @@ and the zones that offer each generation. Prices are public list prices per chip
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any
 
 from aios_cloud.provider import CatalogEntry
@@ -88,7 +89,7 @@ LISTED: dict[str, tuple[int, ...]] = {
 }
 
 
-def _topology():
+def _topology() -> ModuleType:
     from aios_backend_xla import topology
 
     return topology
@@ -102,7 +103,7 @@ def entry_for(accelerator: str, settings: Any = None) -> CatalogEntry:
     prices = dict(PRICES)
     zones = dict(ZONES)
     if settings is not None:
-        prices.update({k: tuple(v) for k, v in (settings.prices or {}).items()})  # type: ignore[misc]
+        prices.update({k: tuple(v) for k, v in (settings.prices or {}).items()})
         zones.update({k: tuple(v) for k, v in (settings.zones or {}).items()})
     od, spot = prices.get(gen, (None, None))
     return CatalogEntry(

@@ -642,9 +642,9 @@ class FakeTpuService:
                     "createTime": _now(),
                     "apiVersion": "V2",
                 }
-                node = _Node(name, zone, node_body)
-                self.nodes[name] = node
-                return 200, self._op(zone, lambda: self._boot(node))
+                created = _Node(name, zone, node_body)
+                self.nodes[name] = created
+                return 200, self._op(zone, lambda: self._boot(created))
             raise ApiError(405, "method not allowed")
         ident, _, verb = rest[0].partition(":")
         name = f"{parent}/nodes/{ident}"
@@ -732,7 +732,7 @@ class FakeTpuService:
                 if len(specs) != 1:
                     raise ApiError(400, "exactly one nodeSpec is supported")
                 self._check_create(zone, specs[0].get("node", {}).get("acceleratorType", ""))
-                rec = {
+                rec: dict[str, Any] = {
                     "zone": zone,
                     "created": time.monotonic(),
                     "body": {
@@ -772,9 +772,10 @@ class FakeTpuService:
             "tpu.queuedResources.get" if method == "GET" else "tpu.queuedResources.delete"
         )
         name = f"{parent}/queuedResources/{rest[0]}"
-        rec = self.queued.get(name)
-        if rec is None:
+        found = self.queued.get(name)
+        if found is None:
             raise ApiError(404, f"Resource '{name}' was not found", "NOT_FOUND")
+        rec = found
         if method == "GET":
             self._advance(rec)
             return 200, rec["body"]

@@ -248,7 +248,7 @@ def _labels(req: JobRequest) -> dict[str, str]:
 def jobset(req: JobRequest) -> dict[str, Any]:
     p = req.place
     rjob = "slice" if p.kind == "tpu" else "workers"
-    extra = [
+    extra: list[dict[str, Any]] = [
         {"name": "JOBSET_NAME", "value": req.name},
         {"name": "REPLICATED_JOB_NAME", "value": rjob},
         {"name": "REPLICATED_JOB_REPLICAS", "value": str(p.jobs)},
@@ -298,7 +298,7 @@ def indexed_job(req: JobRequest) -> list[dict[str, Any]]:
     p = req.place
     if p.jobs != 1:
         raise ConfigError("several TPU slices need a JobSet", "set k8s.api=jobset (or auto)")
-    extra = [
+    extra: list[dict[str, Any]] = [
         {"name": "AIOS_K8S_JOB_NAME", "value": req.name},
         {"name": "AIOS_K8S_SUBDOMAIN", "value": req.name},
     ]

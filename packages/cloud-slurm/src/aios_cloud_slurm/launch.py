@@ -30,6 +30,7 @@ class SlurmAccess(Protocol):
     shell: Shell
 
     def require_slurm(self) -> None: ...
+    def partitions(self) -> list[dict[str, Any]]: ...
     def resolve_partition(self, wanted: str | None) -> dict[str, Any]: ...
     def job_info(self, job_id: str) -> dict[str, str] | None: ...
     def final_exit(self, request: dict[str, Any]) -> int | None: ...
@@ -147,11 +148,13 @@ def dry_run(
     gpus = False
     try:
         provider.require_slurm()
-        part = provider.resolve_partition(wanted)
-        partition, gpus = part["name"], "gpu" in (part["gres"] or "")
-    except CloudError as exc:
+        provider.partitions()  # the cluster answers
+    except CloudError as exc:  # no Slurm reachable from here: the script, unchecked, and why
         partition = wanted
         echo(f"# note: {exc.one_line()} (the script below is not checked against the cluster)")
+    else:  # a partition the cluster does not have is an error, as in the launch
+        part = provider.resolve_partition(wanted)
+        partition, gpus = part["name"], "gpu" in (part["gres"] or "")
     rd = provider.settings.remote_dir
     root = f"{rd}/{name}"
     job = build_job(provider, p, name, partition, gpus, root, "<id>", env, forward)
@@ -484,8 +487,8 @@ def follow(
                     continue
             time.sleep(min(poll, 1.0))
             tail = _read_from(provider, out_path, offset)
-            for line in (partial + tail).decode(errors="replace").splitlines():
-                echo(line)
+            for text in (partial + tail).decode(errors="replace").splitlines():
+                echo(text)
             code = provider.final_exit({"job_dir": job_dir})
             if state == "CANCELLED":
                 store.update_job(job_id, state=JOB_CANCELLED)

@@ -94,13 +94,13 @@ def build(backend: str | None = None, cloud: str | None = None) -> Bundle:
         else:
             out.files.append((root, f"{SITE}/{root.name}"))
         norm = re.sub(r"[-_.]+", "_", dist_name)
-        info = f"{SITE}/{norm}-{dist.version}.dist-info"
-        out.generated[f"{info}/METADATA"] = (
+        dist_info = f"{SITE}/{norm}-{dist.version}.dist-info"
+        out.generated[f"{dist_info}/METADATA"] = (
             f"Metadata-Version: 2.1\nName: {dist_name}\nVersion: {dist.version}\n"
         )
         eps = dist.read_text("entry_points.txt")
         if eps:
-            out.generated[f"{info}/entry_points.txt"] = eps
+            out.generated[f"{dist_info}/entry_points.txt"] = eps
         for r in dist.requires or []:
             if "extra ==" in r:
                 continue

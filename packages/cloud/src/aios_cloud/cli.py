@@ -302,7 +302,7 @@ def status(
                 _log(f"{c}: cannot list its aios resources ({exc})")
         if name and not recs and not unrecorded:
             ops.require_cluster(store, name)
-    out = []
+    out: list[dict[str, Any]] = []
     for r in recs:
         jobs = store.jobs(r.name)
         events = [
@@ -386,50 +386,50 @@ def status(
         "aios clusters",
         ["name", "cloud", "zone", "accelerator", "spot", "state", "hosts", "job", "restarts"],
     )
-    for c in out:
-        j = c["jobs"][-1] if c["jobs"] else None
+    for cl in out:
+        j = cl["jobs"][-1] if cl["jobs"] else None
         t.add_row(
-            c["name"],
-            c["cloud"],
-            c["zone"] or "-",
-            c["accelerator"],
-            "yes" if c["spot"] else "no",
-            c["state"],
-            str(len(c["hosts"])),
+            cl["name"],
+            cl["cloud"],
+            cl["zone"] or "-",
+            cl["accelerator"],
+            "yes" if cl["spot"] else "no",
+            cl["state"],
+            str(len(cl["hosts"])),
             f"{j['id']} {j['state']}" if j else "-",
             f"{j['restarts']}/{j['max_restarts']}" if j else "-",
         )
     _print(t)
     import datetime as _dt
 
-    for c in out:
-        for e in c["recoveries"]:
+    for cl in out:
+        for e in cl["recoveries"]:
             ts = _dt.datetime.fromtimestamp(e["time"]).strftime("%Y-%m-%d %H:%M:%S")
-            _echo(f"{c['name']}: {ts} {e['kind']}: {e['message']}")
-    for c in out:
-        for j in c["jobs"]:
+            _echo(f"{cl['name']}: {ts} {e['kind']}: {e['message']}")
+    for cl in out:
+        for j in cl["jobs"]:
             js = j.get("shapes") or []
             if len(js) < 2 and not any(s["hourly_usd"] is not None for s in js):
                 continue  # one shape without a price: the table says it all
             for k, s in enumerate(js, 1):
-                _echo(f"{c['name']}: job {j['id']} shape {k}: {shapes.describe(s)}")
+                _echo(f"{cl['name']}: job {j['id']} shape {k}: {shapes.describe(s)}")
             costs = [s["cost_usd"] for s in js if s["cost_usd"] is not None]
             if costs:
                 unpriced = " (shapes without a price not counted)" if len(costs) < len(js) else ""
                 _echo(
-                    f"{c['name']}: job {j['id']} cost so far {shapes.money(sum(costs))}{unpriced}"
+                    f"{cl['name']}: job {j['id']} cost so far {shapes.money(sum(costs))}{unpriced}"
                 )
-    for c in out:
-        if c.get("controller"):
-            ctl = c["controller"]
+    for cl in out:
+        if cl.get("controller"):
+            ctl = cl["controller"]
             _echo(
-                f"{c['name']}: managed by a controller on {ctl['target']} (pid "
+                f"{cl['name']}: managed by a controller on {ctl['target']} (pid "
                 f"{ctl['pid']}){' ' + ctl['state'] if 'state' in ctl else ''}"
             )
-        if c.get("unrecorded"):
+        if cl.get("unrecorded"):
             _echo(
-                f"{c['name']}: found in {c['cloud']} by its aios label, no local record; "
-                f"delete it with `aios down {c['name']}`"
+                f"{cl['name']}: found in {cl['cloud']} by its aios label, no local record; "
+                f"delete it with `aios down {cl['name']}`"
             )
 
 
@@ -1069,11 +1069,11 @@ def cost(
         if as_json:
             _emit_json(rows)
             return
-        for r in rows:
-            e = next(m for m in matches if m.cloud == r["cloud"])
+        for row in rows:
+            e = next(m for m in matches if m.cloud == row["cloud"])
             _echo(
-                f"{r['cloud']} {r['accelerator']} x{nodes} for {hours:g} h: on-demand "
-                f"{_money(r['on_demand_usd'], e)}, spot {_money(r['spot_usd'], e)}"
+                f"{row['cloud']} {row['accelerator']} x{nodes} for {hours:g} h: on-demand "
+                f"{_money(row['on_demand_usd'], e)}, spot {_money(row['spot_usd'], e)}"
             )
         return
     if not (params and tokens):

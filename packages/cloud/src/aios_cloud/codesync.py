@@ -18,6 +18,7 @@ sync, tracked or not; :func:`secret_files` names what was left out) and the call
 
 from __future__ import annotations
 
+import builtins
 import fnmatch
 import hashlib
 import os
@@ -148,9 +149,9 @@ def _git_files(root: Path) -> list[str] | None:
 
 def _walk_gitignore(root: Path) -> list[str]:
     try:
-        import pathspec  # type: ignore[import-not-found]
+        import pathspec
     except ImportError:  # pragma: no cover - pathspec is usually present
-        pathspec = None
+        pathspec = None  # type: ignore[assignment]
     out: list[str] = []
     specs: list[tuple[str, object]] = []  # (dir prefix, matcher)
     for dirpath, dirnames, filenames in os.walk(root):
@@ -172,9 +173,9 @@ def _walk_gitignore(root: Path) -> list[str]:
                     continue
                 sub = rel[len(prefix) + 1 :] if prefix else rel
                 if pathspec is not None:
-                    if m.match_file(sub + ("/" if is_dir else "")):  # type: ignore[attr-defined]
+                    if m.match_file(sub + ("/" if is_dir else "")):  # type: ignore[attr-defined,unused-ignore]
                         return True
-                elif _excluded(sub, tuple(p.lstrip("/") for p in m)):  # type: ignore[union-attr]
+                elif _excluded(sub, tuple(p.lstrip("/") for p in m)):  # type: ignore[attr-defined,unused-ignore]
                     return True
             return False
 
@@ -297,24 +298,25 @@ class Manifest:
     ``sha`` to its source file or bytes. ``files``/``bytes`` count the workdir alone."""
 
     entries: list[tuple[str, str, str]]
-    blobs: dict[str, Path | bytes]
+    blobs: dict[str, Path | builtins.bytes]
     files: int
     bytes: int
 
     @property
     def total_bytes(self) -> int:
         return sum(
-            len(b) if isinstance(b, bytes) else b.stat().st_size for b in self.blobs.values()
+            len(b) if isinstance(b, builtins.bytes) else b.stat().st_size
+            for b in self.blobs.values()
         )
 
-    def payload(self) -> bytes:
+    def payload(self) -> builtins.bytes:
         """The manifest as the head host's ``fleet.py have`` reads it (gzip JSON)."""
         import gzip
         import json
 
         return gzip.compress(json.dumps({"files": self.entries}).encode(), 9)
 
-    def blob_tar(self, shas: list[str]) -> bytes:
+    def blob_tar(self, shas: list[str]) -> builtins.bytes:
         """A gzip tar of the named blobs (members named by hash)."""
         import io
 
@@ -322,12 +324,13 @@ class Manifest:
         with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6) as tar:
             for sha in shas:
                 src = self.blobs[sha]
-                data = src if isinstance(src, bytes) else src.read_bytes()
+                data = src if isinstance(src, builtins.bytes) else src.read_bytes()
                 if _sha(data) != sha:
                     from aios.errors import AiosError
 
                     raise AiosError(
-                        f"{src} changed while aios was syncing it",
+                        f"{src if isinstance(src, Path) else 'a generated file'} changed while "
+                        "aios was syncing it",
                         "launch again once your files are saved",
                     )
                 ti = tarfile.TarInfo(sha)

@@ -36,7 +36,7 @@ from typing import Any
 
 from aios.errors import AiosError
 
-from aios_cloud.provider import CloudProvider, ClusterHost
+from aios_cloud.provider import CloudError, CloudProvider, ClusterHost
 from aios_cloud.request import split_target
 from aios_cloud.ssh import SshRunner
 from aios_cloud.store import JOB_RUNNING, ClusterRecord, Store, cluster_dir
@@ -89,6 +89,11 @@ def start_controller(
     ctl = f"{home}/aios-controller/{rec.name}"
     job = store.get_job(job_id)
     assert job is not None
+    if key is None:
+        raise CloudError(
+            "--controller needs an SSH key aios can give the controller host to reach the cluster",
+            "pass --ssh-key (--identity) with the key your hosts accept",
+        )
     with tempfile.TemporaryDirectory(prefix="aios-ctl-") as tmp:
         stage = Path(tmp) / "ctl"
         keys = stage / "home" / "keys"

@@ -12,6 +12,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from aios_cloud.provider import (
     CapacityError,
@@ -146,7 +147,7 @@ def _cleanup_shielded(
     import threading
 
     held: list[int] = []
-    old: dict[int, object] = {}
+    old: dict[signal.Signals, Any] = {}
     if threading.current_thread() is threading.main_thread():
 
         def hold(signum: int, frame: object) -> None:
@@ -163,7 +164,7 @@ def _cleanup_shielded(
         return False
     finally:
         for sig, handler in old.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
+            signal.signal(sig, handler)
 
 
 def _cleanup(provider: CloudProvider, name: str, zone: str, log: Callable[[str], None]) -> None:

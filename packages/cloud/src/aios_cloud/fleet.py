@@ -40,9 +40,10 @@ import sys
 import tarfile
 import threading
 import time
+from typing import Any
 
 PROGRESS_EVERY = 10.0
-_CHILDREN = set()
+_CHILDREN: set[subprocess.Popen[bytes]] = set()
 _LOCK = threading.Lock()
 _OUT = threading.Lock()
 
@@ -59,21 +60,21 @@ def emit(line: str) -> None:
         sys.stdout.flush()
 
 
-def _spawn(argv, **kw):
+def _spawn(argv: list[str], **kw: Any) -> subprocess.Popen[bytes]:
     p = subprocess.Popen(argv, start_new_session=True, **kw)
     with _LOCK:
         _CHILDREN.add(p)
     return p
 
 
-def _kill(p) -> None:
+def _kill(p: subprocess.Popen[bytes]) -> None:
     try:
         os.killpg(p.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
 
 
-def kill_children(*_a) -> None:
+def kill_children(*_a: object) -> None:
     with _LOCK:
         procs = list(_CHILDREN)
     for p in procs:
@@ -218,12 +219,12 @@ def cmd_put(root: str) -> int:
 
 
 class Fleet:
-    def __init__(self, root: str, req: dict) -> None:
+    def __init__(self, root: str, req: dict[str, Any]) -> None:
         self.root = root
         self.req = req
         self.fleet = os.path.join(root, "fleet")
         os.makedirs(self.fleet, exist_ok=True)
-        self.hosts = req.get("hosts") or self._cached_hosts(req.get("hosts_ref"))
+        self.hosts = req.get("hosts") or self._cached_hosts(str(req.get("hosts_ref") or ""))
         self.me = req.get("self", 0)
         self.key = os.path.join(self.fleet, "id_ed25519")
         if req.get("reset_keys"):  # the launcher re-pinned its keys: the hosts were recreated
@@ -238,7 +239,7 @@ class Fleet:
                 capture_output=True,
             )
 
-    def _cached_hosts(self, ref) -> list:
+    def _cached_hosts(self, ref: str) -> list[dict[str, Any]]:
         """The host list sent by an earlier request (``hosts_ref`` is its hash): polls and
         commands do not send the host list again. Missing: exit 3, the launcher resends it."""
         try:
@@ -301,8 +302,14 @@ class Fleet:
         ]
 
     def run_task(
-        self, h: dict, cmd: str, stdin: bytes, timeout: float, stream: bool, agent: bool = False
-    ):
+        self,
+        h: dict[str, Any],
+        cmd: str,
+        stdin: bytes,
+        timeout: float,
+        stream: bool,
+        agent: bool = False,
+    ) -> tuple[int, list[str], list[str]]:
         """Run ``cmd`` on host ``h``. The launcher's forwarded agent is used only with
         ``agent`` (first contact, to install the head's key): every later connection
         authenticates with the head's own key and costs the launching machine nothing."""
@@ -316,22 +323,23 @@ class Fleet:
             stderr=subprocess.PIPE,
             env=env,
         )
-        err = []
+        err: list[str] = []
 
-        def pump(src, sink, is_err):
+        def pump(src: Any, sink: list[str], is_err: bool) -> None:
             for raw in iter(src.readline, b""):
                 line = raw.decode(errors="replace").rstrip("\n")
                 sink.append(line)
                 if stream and not (is_err and line.startswith("Warning: Permanently")):
                     emit(f"O {h['w']} {line}")
 
-        out = []
+        out: list[str] = []
         t1 = threading.Thread(target=pump, args=(p.stdout, out, False), daemon=True)
         t2 = threading.Thread(target=pump, args=(p.stderr, err, True), daemon=True)
         t1.start()
         t2.start()
 
-        def feed():
+        def feed() -> None:
+            assert p.stdin is not None
             try:
                 if stdin:
                     p.stdin.write(stdin)
@@ -367,7 +375,7 @@ class Fleet:
         cv = threading.Condition(lock)
         total = len(order)
 
-        def worker():
+        def worker() -> None:
             while True:
                 with lock:
                     if not pending:
@@ -462,8 +470,8 @@ def cmd_sync(root: str) -> int:
     with open(os.path.join(root, "fleet", "manifest.json")) as f:
         files = json.load(f)
     me = os.path.abspath(__file__)
-    with open(me, "rb") as f:
-        helper = f.read()
+    with open(me, "rb") as fb:
+        helper = fb.read()
     manifest = gzip.compress(json.dumps({"files": files}).encode())
     remote = '"$HOME/{}"'.format(os.path.relpath(root, os.path.expanduser("~")))
     py = req.get("python", "python3")
@@ -485,7 +493,7 @@ def cmd_sync(root: str) -> int:
     lock = threading.Lock()
     blobs = _blobs(root)
 
-    def worker():
+    def worker() -> None:
         while True:
             with lock:
                 if not pool:
@@ -567,6 +575,7 @@ def cmd_tail(root: str) -> int:
             stderr=subprocess.DEVNULL,
         )
         procs.append(p)
+        assert p.stdout is not None
         os.set_blocking(p.stdout.fileno(), False)
         sel.register(p.stdout, selectors.EVENT_READ, (h["w"], [b""]))
     sel.register(0, selectors.EVENT_READ, None)
@@ -578,7 +587,7 @@ def cmd_tail(root: str) -> int:
                         return 0
                     continue
                 w, buf = key.data
-                chunk = key.fileobj.read()
+                chunk = key.fileobj.read()  # type: ignore[union-attr]  # a pipe, registered above
                 if not chunk:
                     sel.unregister(key.fileobj)
                     continue
@@ -592,7 +601,7 @@ def cmd_tail(root: str) -> int:
         kill_children()
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     sub, root = argv[0], os.path.expanduser(argv[1])
     try:  # one ssh per host at a time (tail: per host): use the hard open-file limit

@@ -23,7 +23,7 @@ import hashlib
 import os
 import shlex
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from aios.contract import STATUS_DIR_ENV
@@ -168,18 +168,18 @@ def job_env(
     spec: JobSpec, provider_env: dict[str, str], environ: dict[str, str] | None = None
 ) -> dict[str, str]:
     """Environment for every host (plan env comes on top). Forwarded values are read now."""
-    environ = os.environ if environ is None else environ
+    source: Mapping[str, str] = os.environ if environ is None else environ
     env = dict(provider_env)
     env.update(spec.env)
     if spec.checkpoint_dir:
         env["AIOS_CHECKPOINT__DIR"] = spec.checkpoint_dir
     for name in spec.forward_env:
-        if name not in environ:
+        if name not in source:
             raise AiosError(
                 f"--env {name} asks to forward {name}, which is not set here",
                 f"export {name} first",
             )
-        env[name] = environ[name]
+        env[name] = source[name]
     return env
 
 
@@ -304,7 +304,8 @@ def poll_job(rec: ClusterRecord, job_id: int) -> list[tuple[str, int | None]]:
     try:
         results, outputs = Head(rec).fan("polled", cmd=cmd, timeout=60, echo=False)
     except HostKeyChanged:
-        return [("REPLACED", None)] + [("UNREACHABLE", None)] * (len(hosts) - 1)
+        lost: list[tuple[str, int | None]] = [("UNREACHABLE", None)] * (len(hosts) - 1)
+        return [("REPLACED", None), *lost]
     except SshError:
         return [("UNREACHABLE", None)] * len(hosts)
     out: list[tuple[str, int | None]] = []

@@ -201,11 +201,16 @@ class Store:
         db.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
         return db
 
+    def _conn(self) -> sqlite3.Connection:
+        """The open connection (every method runs after ``__init__`` opened it)."""
+        assert self.db is not None, "the store is not open"
+        return self.db
+
     def _open(self) -> None:
         self.db = self._connect(str(self.path))
-        self._retry_locked(lambda: self.db.execute("PRAGMA journal_mode = WAL"))
-        self.db.execute("PRAGMA synchronous = NORMAL")
-        self.db.execute("PRAGMA foreign_keys = ON")
+        self._retry_locked(lambda: self._conn().execute("PRAGMA journal_mode = WAL"))
+        self._conn().execute("PRAGMA synchronous = NORMAL")
+        self._conn().execute("PRAGMA foreign_keys = ON")
         self._init_schema()
 
     def _open_readonly(self, cause: sqlite3.Error) -> None:
@@ -270,7 +275,11 @@ class Store:
 
     def _init_schema(self) -> None:
         try:  # an existing database: nothing to create (and no write lock needed to open it)
-            row = self.db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            row = (
+                self._conn()
+                .execute("SELECT value FROM meta WHERE key = 'schema_version'")
+                .fetchone()
+            )
         except sqlite3.OperationalError as exc:
             if "no such table" not in str(exc):
                 raise
@@ -289,15 +298,15 @@ class Store:
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
         assert self.db is not None
-        self._retry_locked(lambda: self.db.execute("BEGIN IMMEDIATE"))
+        self._retry_locked(lambda: self._conn().execute("BEGIN IMMEDIATE"))
         try:
             yield self.db
         except BaseException:
             with contextlib.suppress(sqlite3.Error):
-                self.db.execute("ROLLBACK")
+                self._conn().execute("ROLLBACK")
             raise
         else:
-            self.db.execute("COMMIT")
+            self._conn().execute("COMMIT")
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
@@ -376,12 +385,13 @@ class Store:
         return True
 
     def get_cluster(self, name: str) -> ClusterRecord | None:
-        row = self.db.execute("SELECT * FROM clusters WHERE name = ?", (name,)).fetchone()
+        row = self._conn().execute("SELECT * FROM clusters WHERE name = ?", (name,)).fetchone()
         return self._cluster(row) if row else None
 
     def clusters(self) -> list[ClusterRecord]:
         return [
-            self._cluster(r) for r in self.db.execute("SELECT * FROM clusters ORDER BY created")
+            self._cluster(r)
+            for r in self._conn().execute("SELECT * FROM clusters ORDER BY created")
         ]
 
     def _update_row(self, table: str, key: str, value: Any, fields: dict[str, Any]) -> None:
@@ -460,23 +470,28 @@ class Store:
                     now,
                 ),
             )
+            assert cur.lastrowid is not None
             return int(cur.lastrowid)
 
     def get_job(self, job_id: int) -> JobRecord | None:
-        row = self.db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        row = self._conn().execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return self._job(row) if row else None
 
     def jobs(self, cluster: str | None = None) -> list[JobRecord]:
         if cluster:
-            rows = self.db.execute("SELECT * FROM jobs WHERE cluster = ? ORDER BY id", (cluster,))
+            rows = self._conn().execute(
+                "SELECT * FROM jobs WHERE cluster = ? ORDER BY id", (cluster,)
+            )
         else:
-            rows = self.db.execute("SELECT * FROM jobs ORDER BY id")
+            rows = self._conn().execute("SELECT * FROM jobs ORDER BY id")
         return [self._job(r) for r in rows]
 
     def latest_job(self, cluster: str) -> JobRecord | None:
-        row = self.db.execute(
-            "SELECT * FROM jobs WHERE cluster = ? ORDER BY id DESC LIMIT 1", (cluster,)
-        ).fetchone()
+        row = (
+            self._conn()
+            .execute("SELECT * FROM jobs WHERE cluster = ? ORDER BY id DESC LIMIT 1", (cluster,))
+            .fetchone()
+        )
         return self._job(row) if row else None
 
     def update_job(self, job_id: int, **fields: Any) -> None:
@@ -520,7 +535,7 @@ class Store:
         q += " ORDER BY id"
         return [
             EventRecord(r["id"], r["cluster"], r["job_id"], r["time"], r["kind"], r["message"])
-            for r in self.db.execute(q, args)
+            for r in self._conn().execute(q, args)
         ]
 
 

@@ -48,6 +48,8 @@ class _Bar:
         bar = self.bar
 
         class _CB(Callback):
+            value: int | None
+
             def call(self, *args: Any, **kwargs: Any) -> None:
                 pass
 
@@ -142,9 +144,9 @@ def copy_urls(
                 and not Path(dst).is_dir()
             )
             for f, rel in pairs:
-                target = Path(dst) if single else Path(dst) / rel
-                target.parent.mkdir(parents=True, exist_ok=True)
-                fs.get_file(f, str(target), callback=bar.callback())
+                dest = Path(dst) if single else Path(dst) / rel
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                fs.get_file(f, str(dest), callback=bar.callback())
         else:  # bucket -> bucket (through this machine)
             dfs, dbase = _fs(dst)
             with tempfile.TemporaryDirectory(prefix="aios-sync-") as tmp:

@@ -59,6 +59,7 @@ from aios_cloud.store import (
     JOB_SETTING_UP,
     JOB_SUCCEEDED,
     ClusterRecord,
+    JobRecord,
     Store,
 )
 
@@ -175,7 +176,7 @@ class Watcher:
         self._grow: tuple[list[str], int | None] | None = None
 
     # -------------------------------------------------------------- helpers
-    def _job(self):
+    def _job(self) -> JobRecord:
         job = self.store.get_job(self.job_id)
         if job is None:
             raise AiosError(f"job {self.job_id} does not exist", "see `aios status`")
@@ -329,13 +330,13 @@ class Watcher:
                 continue
             self.sleep(self.opt.poll)
 
-    def _end_shape(self, job: Any, rec: ClusterRecord | None, why: str) -> None:
+    def _end_shape(self, job: JobRecord, rec: ClusterRecord | None, why: str) -> None:
         if rec is not None:
             shapes.end(
                 self.store, rec, self.job_id, shapes.newest_step(rec, job.checkpoint_dir), why
             )
 
-    def _grow_at(self, job: Any, rec: ClusterRecord) -> int | None:
+    def _grow_at(self, job: JobRecord, rec: ClusterRecord) -> int | None:
         """The checkpoint step at which a run on fewer hosts than its cluster lists grows back:
         once the missing hosts answer, the next checkpoint after that (None: not yet)."""
         if self._grow is None:
@@ -353,7 +354,7 @@ class Watcher:
             return step
         return None
 
-    def _grow_back(self, job: Any, rec: ClusterRecord, step: int) -> None:
+    def _grow_back(self, job: JobRecord, rec: ClusterRecord, step: int) -> None:
         """Stop the job at its checkpoint and relaunch it on every host of the cluster (a
         planned restart: it uses none of the restarts ``--max-restarts`` allows)."""
         assert self._grow is not None
@@ -378,7 +379,7 @@ class Watcher:
             self.store.event(rec.name, "recovery-failed", f"grow-back: {exc}", self.job_id)
             self.log(f"growing back failed: {exc}; the watcher recovers the run")
 
-    def _finish(self, state: str, codes: list[int] | None, why: str) -> int:
+    def _finish(self, state: str, codes: list[int | None] | None, why: str) -> int:
         job = self.store.get_job(self.job_id)
         if job:  # before the state: whoever sees the job ended sees its last shape ended too
             self._end_shape(job, self.store.get_cluster(job.cluster), f"job {state.lower()}")
@@ -391,11 +392,11 @@ class Watcher:
         if state == JOB_SUCCEEDED:
             return 0
         if codes:
-            bad = [c for c in codes if c != 0]
+            bad = [c for c in codes if c is not None and c != 0]
             return bad[0] if bad and 0 < bad[0] < 256 else 1
         return 1
 
-    def _incident(self, job, rec: ClusterRecord, incident: str) -> int | None:
+    def _incident(self, job: JobRecord, rec: ClusterRecord, incident: str) -> int | None:
         self._unfollow()
         kind = (
             "preempted"
@@ -440,7 +441,9 @@ class Watcher:
                 return None  # the loop notices the still-broken cluster and tries again
             return self._finish(JOB_FAILED, None, f"recovery failed: {exc}")
 
-    def _relaunch(self, job: Any, rec: ClusterRecord, incident: str, what: str, kind: str) -> None:
+    def _relaunch(
+        self, job: JobRecord, rec: ClusterRecord, incident: str, what: str, kind: str
+    ) -> None:
         """Repair or recreate the cluster (the next candidate type when the current one has no
         capacity), then re-sync, set up and start the job there; it resumes from the newest
         checkpoint at whatever shape it now has."""

@@ -14,6 +14,7 @@ import argparse
 import os
 import socket
 import threading
+from collections.abc import Callable
 
 
 def _pipe(a: socket.socket, b: socket.socket) -> None:
@@ -47,7 +48,7 @@ def _pipe(a: socket.socket, b: socket.socket) -> None:
     threading.Thread(target=close, daemon=True).start()
 
 
-def _serve(listener: socket.socket, connect: callable) -> None:  # type: ignore[valid-type]
+def _serve(listener: socket.socket, connect: Callable[[], socket.socket]) -> None:
     while True:
         try:
             conn, _ = listener.accept()

@@ -300,13 +300,13 @@ class Ec2Proxy:
         if action == "RunInstances" and status == 200 and self.not_found_calls:
             import xml.etree.ElementTree as ET
 
-            ids = {
+            launched = {
                 el.text
                 for el in ET.fromstring(data).iter()
                 if el.tag.endswith("instanceId") and el.text
             }
             with self.lock:
-                for iid in ids:
+                for iid in launched:
                     self._fresh[iid] = self.not_found_calls
 
     def _denied(self, authorization: str, action: str) -> str | None:
@@ -503,7 +503,9 @@ class Ec2Proxy:
     def _upstream(
         self, body: bytes, headers: dict[str, str] | None = None
     ) -> tuple[int, list[tuple[str, str]], bytes]:
-        conn = http.client.HTTPConnection(self.upstream.hostname, self.upstream.port, timeout=60)
+        conn = http.client.HTTPConnection(
+            self.upstream.hostname or "127.0.0.1", self.upstream.port, timeout=60
+        )
         try:
             hdrs = {
                 k: v

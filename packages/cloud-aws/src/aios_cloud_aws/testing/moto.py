@@ -66,7 +66,9 @@ def seed_public_parameter(
     params = ssm_backends[ACCOUNT][region]._parameters
     versions = params[name]
     versions.append(
-        Parameter(
+        # moto's Parameter is concrete at runtime; its CloudFormation base declares the two
+        # members abstract in its type stubs only
+        Parameter(  # type: ignore[abstract]
             account_id=ACCOUNT,
             name=name,
             value=value,

@@ -1,0 +1,38 @@
+"""The provider contract kit (aios_cloud.testing.provider_contract) for Slurm, against a real
+Kubernetes API server stand-in (FakeKubeApi: the real client, the API's
+validation rules and the JobSet CRD)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aios_cloud.provider import CloudProvider
+from aios_cloud.testing.provider_contract import ProviderContract
+
+
+class TestK8sContract(ProviderContract):
+    cloud = "k8s"
+    accelerators = {"tpu": "v5litepod-16", "cpu": "cpu"}
+
+    @pytest.fixture
+    def cli_env(self, kube: Any, k8s_env: Any) -> dict[str, str]:
+        env: dict[str, str] = k8s_env(kube)
+        return env
+
+    @pytest.fixture
+    def provider(self, cli_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> CloudProvider:
+        from aios.config import resolve
+        from aios_cloud_k8s.provider import K8sProvider
+
+        for k, v in cli_env.items():
+            monkeypatch.setenv(k, v)
+        return K8sProvider(resolve(check_backend=False))
+
+    @pytest.fixture
+    def project(self, tmp_path: Path) -> Path:
+        work = tmp_path / "kit-project"
+        work.mkdir()
+        (work / "train.py").write_text("print('kit on kubernetes', flush=True)\n")
+        return work
