@@ -256,7 +256,7 @@ def test_managed_spot_run_moves_to_the_next_candidate_and_resumes_exactly_once(
         cfg = tmp_path / "aios.yaml"
         cfg.write_text(
             f"aws:\n  subnet_ids: [{subnet}]\n  use_private_ip: true\n  ssh_user: root\n"
-            "  efa: \"off\"\n  imds_poll_seconds: 0.5\n"
+            '  efa: "off"\n  imds_poll_seconds: 0.5\n'
         )
         work = tmp_path / "work"
         work.mkdir()
