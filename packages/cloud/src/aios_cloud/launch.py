@@ -475,6 +475,13 @@ def provision(launch: Launch) -> None:
             continue
         if cluster.accelerator != launch.cluster.accelerator:
             use_candidate(launch, clusters[i])
+        if len(clusters) > 1:  # each candidate as validated, for a recovery that moves on
+            from aios_cloud.records import request_dict
+
+            store, rec = launch.require_store(), launch.require_record()
+            candidates = {c.accelerator: request_dict(c) for c in clusters}
+            store.update_cluster(rec.name, request={**rec.request, "candidates": candidates})
+            launch.record = store.get_cluster(rec.name)
         break
     launch.created = True
     rec = launch.require_record()

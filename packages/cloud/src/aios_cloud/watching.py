@@ -31,11 +31,13 @@ from aios_cloud.provider import (
     QuotaError,
 )
 from aios_cloud.records import (
+    REQUEST_FIELDS,
     Log,
     info_from,
     record_hosts,
     remote_root,
     request_dict,
+    request_from_dict,
     request_from_record,
     runner_for,
     save_hosts,
@@ -535,7 +537,14 @@ class Watcher:
             req = request
             if accel != rec.accelerator:
                 zone = rec.zone if rec.zone in provider.zones(accel) else None
-                req = dataclasses.replace(request, accelerator=accel, zone=zone)
+                # the candidate's own request as the launch validated it (its image, runtime)
+                seen = (rec.request.get("candidates") or {}).get(accel)
+                req = dataclasses.replace(
+                    request_from_dict(seen) if seen else request,
+                    accelerator=accel,
+                    zone=zone,
+                    ssh_public_key=request.ssh_public_key,
+                )
             try:
                 result = create_with_failover(
                     provider,
@@ -575,8 +584,11 @@ class Watcher:
             )
             moved = f" as {accel} (no capacity for {rec.accelerator}){moved}"
         if result.zone != rec.zone or accel != rec.accelerator:
+            # what the record keeps beside the request (the candidates, autostop) stays
+            kept = {k: v for k, v in rec.request.items() if k not in REQUEST_FIELDS}
             self.store.update_cluster(
-                rec.name, request=request_dict(dataclasses.replace(req, zone=result.zone))
+                rec.name,
+                request={**kept, **request_dict(dataclasses.replace(req, zone=result.zone))},
             )
         new = save_hosts(self.store, rec, result.info, provider)
         return f"recreated{moved}", new
