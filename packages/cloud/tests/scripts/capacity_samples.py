@@ -4,8 +4,8 @@
 ``SAMPLES`` samples (default 64), one epoch, shuffled by the DataLoader as a user's script does;
 ``global_batch``/``micro_batch`` come from aios's config (``--env AIOS_GLOBAL_BATCH=...``). Every
 optimizer step rank 0 gathers the sample ids each rank trained on into a registered list, which
-every checkpoint keeps; at the end rank 0 writes ``{"ids": [...], "steps": N, "world": W}`` to
-argv[1].
+every checkpoint keeps, with the number of processes that took each step; at the end rank 0
+writes ``{"ids": [...], "steps": N, "world": W, "worlds": {step: processes}}`` to argv[1].
 
 ``PAUSE=N:PATH,M:PATH2,...``: at step N, once its checkpoint is committed (``checkpoint.every=1``:
 aios saves it at the batch boundary, as the loader hands out the next batch), every rank waits
@@ -43,6 +43,7 @@ model = torch.nn.Linear(4, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 model, opt, loader = rt.setup(model, opt, loader)
 seen = rt.register("seen", [])
+worlds = rt.register("worlds", [])
 rt.resume()
 pauses = {
     int(step): path
@@ -64,8 +65,10 @@ for ids, x, y in loader:
         if rt.is_main:
             for ranks_ids in got:
                 seen.extend(ranks_ids)
+            worlds.append([rt.global_step, rt.world_size])
             print(f"samples: step {rt.global_step} on {rt.world_size} processes", flush=True)
 if rt.is_main:
     with open(sys.argv[1], "w") as f:
-        json.dump({"ids": seen, "steps": rt.global_step, "world": rt.world_size}, f)
+        result = {"ids": seen, "steps": rt.global_step, "world": rt.world_size}
+        json.dump({**result, "worlds": {str(s): w for s, w in worlds}}, f)
 rt.close()
