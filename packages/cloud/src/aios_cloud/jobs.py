@@ -330,7 +330,9 @@ def cancel_job(rec: ClusterRecord, job_id: int, grace: float = 10.0) -> None:
     d = f"{remote_root(rec.name)}/jobs/{job_id}"
     cmd = (
         f"[ -f {d}/pid ] || exit 0; p=$(cat {d}/pid); kill -TERM -- -$p 2>/dev/null || true; "
-        f"for i in $(seq {int(grace * 10)}); do kill -0 $p 2>/dev/null || exit 0; sleep 0.1; "
+        # the whole group must be gone, not only run.sh (which SIGTERM ends at once): ranks that
+        # handle SIGTERM checkpoint first, and one still running after the grace is killed
+        f"for i in $(seq {int(grace * 10)}); do kill -0 -- -$p 2>/dev/null || exit 0; sleep 0.1; "
         "done; kill -KILL -- -$p 2>/dev/null || true"
     )
     hosts = record_hosts(rec)
