@@ -10,7 +10,8 @@ writes ``{"ids": [...], "steps": N, "world": W, "worlds": {step: processes}}`` t
 ``PAUSE=N:PATH,M:PATH2,...``: at step N, once its checkpoint is committed (``checkpoint.every=1``:
 aios saves it at the batch boundary, as the loader hands out the next batch), every rank waits
 while PATH exists, so a test changes the hosts at a known step whatever the machine's speed. A
-run resumed at step N waits there too while PATH exists.
+run resumed at step N waits there too while PATH exists; a stop notice (SIGTERM) ends the wait,
+as a step ends when the run is stopped.
 """
 
 import json
@@ -55,6 +56,8 @@ for ids, x, y in loader:
     if waited != rt.global_step:  # the first micro-batch after a step: step N is saved by now
         waited = rt.global_step
         while rt.global_step in pauses and os.path.exists(pauses[rt.global_step]):
+            if rt.should_stop:  # stopped (SIGTERM): the step boundary checkpoints and ends it
+                break
             time.sleep(0.1)
     with rt.accumulate(model):
         rt.backward(torch.nn.functional.mse_loss(model(x), y))
