@@ -17,7 +17,7 @@ COMMANDS = readme_commands(README)
 
 
 def test_the_readme_prints_these_commands() -> None:
-    assert len(COMMANDS) == 2, COMMANDS
+    assert len(COMMANDS) == 3, COMMANDS
 
 
 @pytest.mark.parametrize("cmd", COMMANDS, ids=lambda c: " ".join(c[2:6]))

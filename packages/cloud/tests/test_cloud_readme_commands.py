@@ -64,7 +64,7 @@ def lab(sshd_cluster: Any, tmp_path: Path) -> tuple[dict[str, str], Path]:
 
 
 def test_the_readme_prints_these_commands() -> None:
-    assert len(COMMANDS) == 3, COMMANDS
+    assert len(COMMANDS) == 4, COMMANDS
 
 
 def test_readme_hosts_file_command_trains_as_printed(lab: tuple[dict[str, str], Path]) -> None:
@@ -77,7 +77,9 @@ def test_readme_hosts_file_command_trains_as_printed(lab: tuple[dict[str, str], 
         assert f"readme rank {rank} of 4" in r.stdout, r.stdout[-3000:]
 
 
-@pytest.mark.parametrize("which", ["--hosts ubuntu@", "--max-restarts"])
+@pytest.mark.parametrize(
+    "which", ["--hosts ubuntu@", "--max-restarts 3 --checkpoint", "--min-hosts"]
+)
 def test_readme_commands_needing_other_hosts_as_dry_runs(
     lab: tuple[dict[str, str], Path], which: str
 ) -> None:

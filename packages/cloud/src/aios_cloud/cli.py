@@ -98,7 +98,14 @@ def _print(obj: Any) -> None:
     "-a",
     "--instance-type",
     "accelerator",
-    help="Accelerator / instance type (v5litepod-8, v4-16, trn1.32xlarge).",
+    help="Accelerator / instance type (v5litepod-8, v4-16, trn1.32xlarge), or candidates in order "
+    "of preference (-a p5.48xlarge,trn1.32xlarge): the first with capacity is launched, and a "
+    "managed recovery that finds none for the current type moves to the next.",
+)
+@click.option(
+    "--cheapest",
+    is_flag=True,
+    help="Order the candidates of -a by the catalog's hourly price (spot with --spot).",
 )
 @click.option("--name", "-n", help="Cluster name (reused when it exists). Default: aios-USER-XXXX.")
 @click.option("--zone", help="Zone to try first.")
@@ -197,6 +204,12 @@ def _print(obj: Any) -> None:
     help="--cloud ssh: seconds a managed restart waits for every host to answer again (default "
     "120; a launch waits at most 30).",
 )
+@click.option(
+    "--min-hosts",
+    type=int,
+    help="--cloud ssh, managed: continue on the hosts that answer when at least this many do "
+    "(default: all), and grow back to every host at the next checkpoint when they return.",
+)
 @click.option("--ssh-user", default=None, help="Login user on the hosts.")
 @click.option("--no-failover", is_flag=True, help="Do not move to other zones on a stockout.")
 @click.option("--module", "-m", is_flag=True, help="SCRIPT is a module (python -m).")
@@ -281,6 +294,8 @@ def _merge_controllers(
                 local.update(
                     {k: rj[k] for k in ("state", "restarts", "max_restarts", "exit_codes")}
                 )
+                # the controller keeps the job's shapes from its start on
+                local["shapes"] = rj.get("shapes") or local.get("shapes", [])
                 store.update_job(local["id"], state=rj["state"])
             row["recoveries"] += [e for e in remote["recoveries"] if e not in row["recoveries"]]
 
@@ -302,6 +317,7 @@ def status(
     name: str | None, refresh: bool, cloud: str | None, as_json: bool, config_file: str | None
 ) -> None:
     """Clusters and their jobs, with every preemption and recovery."""
+    from aios_cloud import shapes
     from aios_cloud.records import (
         inventory,
         require_cluster,
@@ -335,7 +351,8 @@ def status(
         events = [
             e
             for e in store.events(r.name)
-            if e.kind in ("preempted", "unhealthy", "recovered", "recovery-failed", "failover")
+            if e.kind
+            in ("preempted", "unhealthy", "recovered", "recovery-failed", "failover", "grow")
         ]
         out.append(
             {
@@ -354,6 +371,7 @@ def status(
                         "restarts": j.restarts,
                         "max_restarts": j.max_restarts,
                         "exit_codes": j.exit_codes,
+                        "shapes": shapes.job_shapes(store, r.name, j.id),
                     }
                     for j in jobs
                 ],
@@ -408,6 +426,19 @@ def status(
         for e in cl["recoveries"]:
             ts = _dt.datetime.fromtimestamp(e["time"]).strftime("%Y-%m-%d %H:%M:%S")
             _echo(f"{cl['name']}: {ts} {e['kind']}: {e['message']}")
+    for cl in out:
+        for j in cl["jobs"]:
+            js = j.get("shapes") or []
+            if len(js) < 2 and not any(s["hourly_usd"] is not None for s in js):
+                continue  # one shape without a price: the table says it all
+            for k, s in enumerate(js, 1):
+                _echo(f"{cl['name']}: job {j['id']} shape {k}: {shapes.describe(s)}")
+            costs = [s["cost_usd"] for s in js if s["cost_usd"] is not None]
+            if costs:
+                unpriced = " (shapes without a price not counted)" if len(costs) < len(js) else ""
+                _echo(
+                    f"{cl['name']}: job {j['id']} cost so far {shapes.money(sum(costs))}{unpriced}"
+                )
     for cl in out:
         if cl.get("controller"):
             ctl = cl["controller"]

@@ -148,6 +148,12 @@ def start_controller(
                 spec=remote_spec,
             )
             db.update_job(rid, state=JOB_RUNNING)
+            # the shape the job started on: the controller ends it and records the next ones
+            from aios_cloud.shapes import SHAPE, SHAPE_END
+
+            for e in store.events(rec.name):
+                if e.job_id == job_id and e.kind in (SHAPE, SHAPE_END):
+                    db.event(rec.name, e.kind, e.message, rid)
         finally:
             db.close()
         bundle = Path(tmp) / "ctl.tar.gz"
@@ -204,12 +210,14 @@ def controller_of(store: Store, name: str) -> dict[str, Any] | None:
 
 
 _READ = (
-    "import json, sys; from aios_cloud.store import Store; s = Store(); n = sys.argv[1]; r = s.get_cluster(n); "
+    "import json, sys; from aios_cloud.store import Store; from aios_cloud.shapes import job_shapes; "
+    "s = Store(); n = sys.argv[1]; r = s.get_cluster(n); "
     "print(json.dumps({'cluster': r.state if r else 'DELETED', "
     "'jobs': [dict(id=j.id, state=j.state, command=j.command, restarts=j.restarts, max_restarts=j.max_restarts, "
-    "exit_codes=j.exit_codes) for j in s.jobs(n)], "
+    "exit_codes=j.exit_codes, shapes=job_shapes(s, n, j.id)) for j in s.jobs(n)], "
     "'recoveries': [dict(time=e.time, kind=e.kind, message=e.message) for e in s.events(n) "
-    "if e.kind in ('preempted', 'unhealthy', 'recovered', 'recovery-failed', 'failover', 'maintenance')]}))"
+    "if e.kind in ('preempted', 'unhealthy', 'recovered', 'recovery-failed', 'failover', 'maintenance', "
+    "'grow')]}))"
 )
 
 

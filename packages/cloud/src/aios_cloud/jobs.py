@@ -262,8 +262,9 @@ def start_job(
     provider_env: dict[str, str],
     printer: Callable[[str, str], None] | None,
     log: Log,
-) -> None:
-    """Write run.sh and env on every host and start it detached."""
+) -> int:
+    """Write run.sh and env on every host and start it detached. Returns the number of
+    processes over all hosts."""
     plans = host_commands(rec, spec, config)
     base_env = job_env(spec, provider_env)
     root = remote_root(rec.name)
@@ -282,6 +283,7 @@ def start_job(
     results, _ = head.fan("started", tasks=tasks, echo=False)
     head.check(results, "job start")
     log(f"job {job_id} started on {len(plans)} hosts")
+    return sum(p.nprocs for p in plans.values())
 
 
 def poll_job(rec: ClusterRecord, job_id: int) -> list[tuple[str, int | None]]:
@@ -328,7 +330,9 @@ def cancel_job(rec: ClusterRecord, job_id: int, grace: float = 10.0) -> None:
     d = f"{remote_root(rec.name)}/jobs/{job_id}"
     cmd = (
         f"[ -f {d}/pid ] || exit 0; p=$(cat {d}/pid); kill -TERM -- -$p 2>/dev/null || true; "
-        f"for i in $(seq {int(grace * 10)}); do kill -0 $p 2>/dev/null || exit 0; sleep 0.1; "
+        # the whole group must be gone, not only run.sh (which SIGTERM ends at once): ranks that
+        # handle SIGTERM checkpoint first, and one still running after the grace is killed
+        f"for i in $(seq {int(grace * 10)}); do kill -0 -- -$p 2>/dev/null || exit 0; sleep 0.1; "
         "done; kill -KILL -- -$p 2>/dev/null || true"
     )
     hosts = record_hosts(rec)

@@ -21,6 +21,7 @@ SkyPilot's ``sky/execution.py`` stages its launch the same way.
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import os
 import random
@@ -29,7 +30,7 @@ import shlex
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,9 @@ class Launch:
     created: bool = False
     job_id: int | None = None
     starting: bool = False
+    #: ``-a TYPE1,TYPE2,...``: every candidate's validated cluster request, in the order tried
+    #: (the first is :attr:`cluster`); one entry for a single type
+    clusters: list[ClusterRequest] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -133,12 +137,60 @@ def plan(
     log: Log,
     printer: LinePrinter,
 ) -> Launch:
-    """Check the request against the provider; the cluster request and the job spec."""
-    cluster = cluster_request(request, provider, cloud, existing)
-    backend = request.backend or provider.backend_for(cluster.accelerator)
-    spec = job_spec(request, provider, cluster, backend)
+    """Check the request against the provider; the cluster request and the job spec. With
+    several candidates (``-a TYPE1,TYPE2,...``) every one is checked here, once, and the spec
+    records each one's backend, interpreter, setup and price."""
+    from aios_cloud import shapes
+    from aios_cloud.request import Candidate
+
+    names = request.candidates
+    if len(names) > 1 and existing is None:
+        for a in names:  # an unknown type: one line naming it, before anything else
+            provider.entry(a)
+        names = shapes.order(provider, names, request.spot, request.nodes, request.cheapest)
+    name = check_name(request.name or default_name())
+    first = names[0] if names else None
+    if existing and len(names) > 1:
+        first = existing.accelerator if existing.accelerator in names else first
+    cluster = cluster_request(request, provider, cloud, existing, first, name)
+    clusters = [cluster]
+    if existing is None:
+        clusters += [
+            cluster_request(request, provider, cloud, None, a, name)
+            for a in names
+            if a != cluster.accelerator
+        ]
+    specs = []
+    for c in clusters:
+        backend = request.backend or provider.backend_for(c.accelerator)
+        specs.append(job_spec(request, provider, c, backend, check=c is cluster))
+    spec = specs[0]
+    if len(clusters) > 1:
+        spec.candidates = [
+            dataclasses.asdict(
+                Candidate(
+                    c.accelerator,
+                    sp.backend,
+                    sp.python,
+                    sp.setup_lines,
+                    shapes.hourly(provider, c.accelerator, request.spot, c.nodes),
+                )
+            )
+            for c, sp in zip(clusters, specs, strict=True)
+        ]
     return Launch(
-        request, provider, cloud, config, store, existing, cluster, spec, echo, log, printer
+        request,
+        provider,
+        cloud,
+        config,
+        store,
+        existing,
+        cluster,
+        spec,
+        echo,
+        log,
+        printer,
+        clusters=clusters,
     )
 
 
@@ -147,20 +199,22 @@ def cluster_request(
     provider: CloudProvider,
     cloud: str,
     existing: ClusterRecord | None,
+    accelerator: str | None = None,
+    name: str | None = None,
 ) -> ClusterRequest:
-    """The cluster to create (validated by the provider) or the recorded one to reuse."""
+    """The cluster to create (validated by the provider) or the recorded one to reuse;
+    ``accelerator``: the candidate (default: the only type of ``-a``)."""
     labels = request.labels()
     extra = provider.launch_extra(request, existing is not None)
-    name = request.name
-    if existing and request.accelerator and request.accelerator != existing.accelerator:
+    name = name or request.name
+    accelerator = accelerator or (request.candidates[0] if request.candidates else None)
+    if existing and accelerator and accelerator != existing.accelerator:
         raise AiosError(
             f"cluster {name} exists with {existing.accelerator}, not {request.accelerator}",
             f"use another --name or `aios down {name}`",
         )
     accelerator = (
-        request.accelerator
-        or (existing.accelerator if existing else None)
-        or provider.default_accelerator
+        accelerator or (existing.accelerator if existing else None) or provider.default_accelerator
     )
     if not accelerator:
         raise AiosError(
@@ -188,7 +242,11 @@ def cluster_request(
 
 
 def job_spec(
-    request: LaunchRequest, provider: CloudProvider, cluster: ClusterRequest, backend: str
+    request: LaunchRequest,
+    provider: CloudProvider,
+    cluster: ClusterRequest,
+    backend: str,
+    check: bool = True,
 ) -> JobSpec:
     """What runs on the hosts: setup (the backend's stack, the user's requirements, the
     provider's host checks), the interpreter, the environment, the checkpoint directory."""
@@ -204,7 +262,8 @@ def job_spec(
 
             reqs = [*build(backend, provider.name).requirements, *reqs]
         setup_lines = provider.setup_commands(accelerator, reqs, backend)
-    check_checkpoints(request, provider)
+    if check:
+        check_checkpoints(request, provider)
     return JobSpec(
         script=request.script,
         args=request.args,
@@ -269,6 +328,8 @@ def render(launch: Launch) -> None:
             f"{request.autostop:g} min without a running job (a @reboot crontab entry restarts "
             "it after a reboot; reinstalled after recovery and `aios start`)"
         )
+    for price in price_lines(launch):
+        launch.echo(price)
     provider.render_launch(
         LaunchPlan(
             cluster,
@@ -281,6 +342,37 @@ def render(launch: Launch) -> None:
         ),
         launch.echo,
     )
+
+
+def price_lines(launch: Launch) -> list[str]:
+    """The dry run's prices: each candidate per hour (the catalog's, spot or on-demand as
+    asked), the one launched first, and what a recovery without capacity moves to."""
+    from aios_cloud import shapes
+
+    request, provider = launch.request, launch.provider
+    if provider.user_hosts or launch.existing is not None:
+        return []
+    pricing = "spot" if request.spot else "on-demand"
+    clusters = launch.clusters or [launch.cluster]
+    if len(clusters) == 1:
+        c = clusters[0]
+        p = shapes.hourly(provider, c.accelerator, request.spot, c.nodes)
+        return [f"# price: {c.nodes} x {c.accelerator}, {shapes.money(p)}/h ({pricing})"]
+    how = "cheapest first (--cheapest)" if request.cheapest else "in the order given"
+    out = [f"# candidates, {how}, {pricing} prices from the catalog:"]
+    for i, c in enumerate(clusters):
+        p = shapes.hourly(provider, c.accelerator, request.spot, c.nodes)
+        cand = launch.spec.candidate(c.accelerator)
+        role = (
+            "chosen: launched first"
+            if i == 0
+            else f"if {clusters[i - 1].accelerator} has no capacity"
+        )
+        backend = f", backend {cand.backend}" if cand else ""
+        out.append(
+            f"#   {i + 1}. {c.nodes} x {c.accelerator}: {shapes.money(p)}/h{backend} ({role})"
+        )
+    return out
 
 
 # ------------------------------------------------------------------------------ 3. prepare
@@ -356,23 +448,55 @@ def provision(launch: Launch) -> None:
             f"reusing cluster {launch.name} ({launch.record.accelerator} in {launch.record.zone})"
         )
         return
-    cluster = launch.cluster
-    if not launch.provider.user_hosts:
-        assert launch.key is not None
-        cluster = with_public_key(cluster, launch.key)
-    launch.record = lifecycle.provision(
-        launch.require_store(),
-        launch.provider,
-        cluster,
-        launch.key,
-        launch.log,
-        failover=not launch.request.no_failover,
-    )
+    from aios_cloud.provider import CapacityError, NotOfferedError, QuotaError
+
+    clusters = launch.clusters or [launch.cluster]
+    for i, cluster in enumerate(clusters):
+        if not launch.provider.user_hosts:
+            assert launch.key is not None
+            cluster = with_public_key(cluster, launch.key)
+        try:
+            launch.record = lifecycle.provision(
+                launch.require_store(),
+                launch.provider,
+                cluster,
+                launch.key,
+                launch.log,
+                failover=not launch.request.no_failover,
+            )
+        except (CapacityError, QuotaError, NotOfferedError) as exc:
+            if i + 1 == len(clusters):
+                raise
+            nxt = clusters[i + 1].accelerator
+            launch.log(
+                f"no capacity for {cluster.accelerator} ({exc.message}); trying the next "
+                f"candidate, {nxt}"
+            )
+            continue
+        if cluster.accelerator != launch.cluster.accelerator:
+            use_candidate(launch, clusters[i])
+        if len(clusters) > 1:  # each candidate as validated, for a recovery that moves on
+            from aios_cloud.records import request_dict
+
+            store, rec = launch.require_store(), launch.require_record()
+            candidates = {c.accelerator: request_dict(c) for c in clusters}
+            store.update_cluster(rec.name, request={**rec.request, "candidates": candidates})
+            launch.record = store.get_cluster(rec.name)
+        break
     launch.created = True
+    rec = launch.require_record()
     launch.log(
-        f"cluster {launch.name} ready in {launch.record.zone}: "
-        + ", ".join(f"worker {h['worker_id']} {h['ip']}" for h in launch.record.hosts)
+        f"cluster {launch.name} ready in {rec.zone}: "
+        + ", ".join(f"worker {h['worker_id']} {h['ip']}" for h in rec.hosts)
     )
+
+
+def use_candidate(launch: Launch, cluster: ClusterRequest) -> None:
+    """The launch goes on with candidate ``cluster`` (its own backend, interpreter and setup)."""
+    c = launch.spec.candidate(cluster.accelerator)
+    assert c is not None
+    launch.cluster = cluster
+    launch.spec = launch.spec.for_candidate(c)
 
 
 # ------------------------------------------------------------------------------ 5. the job
@@ -413,7 +537,7 @@ def setup(launch: Launch) -> None:
 
 def start(launch: Launch) -> None:
     """Start the job on every host (detached), then the autostop agent."""
-    from aios_cloud import jobs, lifecycle
+    from aios_cloud import jobs, lifecycle, shapes
     from aios_cloud.store import JOB_RUNNING
 
     rec, store, request = launch.require_record(), launch.require_store(), launch.request
@@ -421,8 +545,17 @@ def start(launch: Launch) -> None:
     info = launch.provider.describe(rec.name, rec.zone)
     launch.starting = True
     env = launch.provider.remote_env(info) if info else {}
-    jobs.start_job(rec, job_id, launch.spec, launch.config, env, launch.printer, launch.log)
+    procs = jobs.start_job(rec, job_id, launch.spec, launch.config, env, launch.printer, launch.log)
     store.update_job(job_id, state=JOB_RUNNING)
+    shapes.begin(
+        store,
+        rec,
+        job_id,
+        procs,
+        shapes.hourly(launch.provider, rec.accelerator, rec.spot, len(rec.hosts)),
+        shapes.newest_step(rec, launch.spec.checkpoint_dir),
+        "launched",
+    )
     if request.autostop is None:
         return
     lifecycle.reinstall_agent(

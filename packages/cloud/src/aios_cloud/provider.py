@@ -649,6 +649,15 @@ class CloudProvider(ABC):
             return "quota"
         return "fatal"
 
+    def returned_hosts(
+        self, request: ClusterRequest, hosts: builtins.list[ClusterHost]
+    ) -> builtins.list[str]:
+        """The hosts the cluster ``request`` lists beyond its current ``hosts`` that answer
+        again (a managed run that continued on fewer, ``--cloud ssh --min-hosts``): the watcher
+        grows the run back onto every host at its next checkpoint. Each as its label. Default:
+        none (a cloud's cluster is recreated whole)."""
+        return []
+
     def repair(self, info: ClusterInfo) -> str:
         """Fix an unhealthy cluster in place. Default: stop then start. Returns what was done;
         raise :class:`CloudError` when the cluster must be recreated instead."""

@@ -107,9 +107,17 @@ def runner_for(
     )
 
 
+#: the keys of a record's ``request`` that are :class:`ClusterRequest` fields (the others, e.g.
+#: ``autostop`` and ``candidates``, are what aios keeps beside it)
+REQUEST_FIELDS = frozenset(f.name for f in dataclasses.fields(ClusterRequest))
+
+
+def request_from_dict(d: dict[str, Any]) -> ClusterRequest:
+    return ClusterRequest(**{k: v for k, v in d.items() if k in REQUEST_FIELDS})
+
+
 def request_from_record(rec: ClusterRecord) -> ClusterRequest:
-    names = {f.name for f in dataclasses.fields(ClusterRequest)}
-    return ClusterRequest(**{k: v for k, v in rec.request.items() if k in names})
+    return request_from_dict(rec.request)
 
 
 def save_hosts(

@@ -18,7 +18,15 @@ from typing import Any
 from aios.errors import AiosError
 
 # the options only ``--cloud ssh`` takes (hosts the user already has)
-HOST_OPTIONS = ("hosts", "hosts_file", "nprocs_per_host", "network", "host_wait", "worker_port")
+HOST_OPTIONS = (
+    "hosts",
+    "hosts_file",
+    "nprocs_per_host",
+    "network",
+    "host_wait",
+    "worker_port",
+    "min_hosts",
+)
 
 
 @dataclass
@@ -65,6 +73,8 @@ class LaunchRequest:
     network: str | None = None
     worker_port: int | None = None
     host_wait: float | None = None
+    min_hosts: int | None = None
+    cheapest: bool = False
     ssh_user: str | None = None
     no_failover: bool = False
     module: bool = False
@@ -102,6 +112,11 @@ class LaunchRequest:
         """The script's arguments (without the ``--`` that separates them)."""
         a = list(self.script_args)
         return a[1:] if a and a[0] == "--" else a
+
+    @property
+    def candidates(self) -> list[str]:
+        """``-a TYPE1,TYPE2,...``: the accelerator types in the order given (empty: none given)."""
+        return [a.strip() for a in (self.accelerator or "").split(",") if a.strip()]
 
     @property
     def managed(self) -> bool:
@@ -197,6 +212,34 @@ class LaunchRequest:
                 f"SSH key {self.ssh_key} does not exist",
                 "pass an existing private key with --ssh-key, or omit it to let aios create one",
             )
+        if self.accelerator is not None:
+            names = [a.strip() for a in self.accelerator.split(",")]
+            if not all(names):
+                raise AiosError(
+                    f"-a '{self.accelerator}' has an empty entry",
+                    "list the types separated by commas, e.g. -a p5.48xlarge,trn1.32xlarge",
+                )
+            twice = sorted({a for a in names if names.count(a) > 1})
+            if twice:
+                raise AiosError(
+                    f"-a lists {', '.join(twice)} more than once", "list each type once"
+                )
+        if self.cheapest and len(self.candidates) < 2:
+            raise AiosError(
+                "--cheapest orders the candidates of -a by price; -a names fewer than two",
+                "pass several types, e.g. -a v6e-16,v5litepod-16 --cheapest",
+            )
+        if self.min_hosts is not None:
+            if self.min_hosts < 1:
+                raise AiosError(
+                    f"--min-hosts must be at least 1, got {self.min_hosts}",
+                    "pass e.g. --min-hosts 2",
+                )
+            if not self.managed:
+                raise AiosError(
+                    "--min-hosts is how many hosts a managed run may continue on",
+                    "add --max-restarts N --checkpoint-dir DIR",
+                )
         self.env, self.forward_env = parse_env(list(self.env_items))
 
     def labels(self) -> dict[str, str]:
@@ -223,6 +266,19 @@ class LaunchRequest:
 
 
 @dataclass
+class Candidate:
+    """One accelerator type of ``-a TYPE1,TYPE2,...`` and how a job runs there (its backend,
+    interpreter and setup differ per accelerator family); ``hourly``: the catalog's price of
+    the whole cluster per hour at the launch's pricing (spot or on-demand), None when unknown."""
+
+    accelerator: str
+    backend: str
+    python: str
+    setup_lines: list[str] = field(default_factory=list)
+    hourly: float | None = None
+
+
+@dataclass
 class JobSpec:
     """What runs on the cluster. Stored in the job record (no secret values: ``forward_env``
     names variables whose values are read from the launching environment each time the job
@@ -242,6 +298,22 @@ class JobSpec:
     checkpoint_dir: str | None = None
     max_sync_mb: int = 512
     bundle: bool = True  # ship this aios (core + loaded plugins) in code/.aios-site
+    # ``-a TYPE1,TYPE2,...``: each candidate's runtime (:class:`Candidate` as dicts), in the
+    # order a recovery tries them; empty for a single type
+    candidates: list[dict[str, Any]] = field(default_factory=list)
+
+    def candidate(self, accelerator: str) -> Candidate | None:
+        """The runtime recorded for ``accelerator`` (None: not a candidate of this job)."""
+        for c in self.candidates:
+            if c["accelerator"] == accelerator:
+                return Candidate(**c)
+        return None
+
+    def for_candidate(self, c: Candidate) -> JobSpec:
+        """This spec running on candidate ``c``: its backend, interpreter and setup."""
+        return dataclasses.replace(
+            self, backend=c.backend, python=c.python, setup_lines=list(c.setup_lines)
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -289,4 +361,4 @@ def split_target(target: str) -> tuple[str | None, str, int]:
     return (user if at else None), host, int(port) if colon else 22
 
 
-__all__ = ["HOST_OPTIONS", "JobSpec", "LaunchRequest", "parse_env", "split_target"]
+__all__ = ["HOST_OPTIONS", "Candidate", "JobSpec", "LaunchRequest", "parse_env", "split_target"]

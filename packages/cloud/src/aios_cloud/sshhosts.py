@@ -413,8 +413,14 @@ class SshHostsProvider(CloudProvider):
                 f"--checkpoint-dir {ckpt} is relative: each host would resolve it on its own disk",
                 "pass an absolute path on a filesystem every host mounts (NFS), or a bucket URL",
             )
+        if request.min_hosts is not None and request.min_hosts > len(specs):
+            raise AiosError(
+                f"--min-hosts {request.min_hosts} is more than the {len(specs)} hosts listed",
+                f"pass --min-hosts {len(specs)} or less",
+            )
         extra = {
             "hosts": [s.target for s in specs],
+            "min_hosts": request.min_hosts,
             "identity": str(Path(request.ssh_key).expanduser()) if request.ssh_key else None,
             "nprocs_per_host": n,
             "network": network,
@@ -591,6 +597,25 @@ class SshHostsProvider(CloudProvider):
         hosts = self._hosts(specs, key)
         probes, down = self._reach(name, hosts, key, wait, python)
         notes: list[str] = []
+        least = extra.get("min_hosts")
+        if down and recovering and least and len(probes) >= least:
+            # a managed run continues on the hosts that remain (--min-hosts); the watcher grows
+            # it back onto every host at its next checkpoint after the others answer again
+            which = "; ".join(f"{hosts[i].label}: {why}" for i, why in sorted(down.items()))
+            notes.append(
+                f"{len(down)} of {len(hosts)} hosts did not answer within {wait:.0f}s ({which}); "
+                f"continuing on the {len(probes)} that did (--min-hosts {least}), and back on "
+                f"all {len(hosts)} at the next checkpoint after they return"
+            )
+            down = {}
+        elif down and recovering and least:
+            which = "; ".join(f"{hosts[i].label}: {why}" for i, why in sorted(down.items()))
+            raise CloudError(
+                f"only {len(probes)} of {len(hosts)} hosts answer over SSH after {wait:.0f}s, "
+                f"fewer than --min-hosts {least} ({which}); the run waits for them",
+                "bring the hosts back (the watcher retries while restarts remain), or `aios "
+                f"down {name}`",
+            )
         if down:
             which = "; ".join(f"{hosts[i].label}: {why}" for i, why in sorted(down.items()))
             fix = (
@@ -657,9 +682,10 @@ class SshHostsProvider(CloudProvider):
             notes.append(
                 f"master address {internal[0]} (worker {up[0].worker_id} as the other hosts see it, {how})"
             )
+        # the hosts that answered are the workers, numbered from 0 (node ranks follow them)
         out = [
             SshHost(
-                h.worker_id,
+                j,
                 h.ip,
                 internal[j] or h.ip,
                 ssh_user=h.ssh_user,
@@ -713,6 +739,25 @@ class SshHostsProvider(CloudProvider):
             )
         )
         return self._info(request.name, request.accelerator, READY, list(hosts))
+
+    def returned_hosts(
+        self, request: ClusterRequest, hosts: builtins.list[ClusterHost]
+    ) -> builtins.list[str]:
+        """The listed hosts the run continued without (``--min-hosts``) that answer again."""
+        have = {(h.ssh_user, h.ip, h.port) for h in hosts}
+        specs = self._specs(request)
+        missing = [s for s in specs if (s.user, s.host, s.port) not in have]
+        if not missing or len(missing) == len(specs):
+            return []
+        key = request.extra.get("identity")
+        every = self._hosts(specs, key)
+        probe = [h for h in every if (h.ssh_user, h.ip, h.port) not in have]
+        python = request.extra.get("python") or self.python_cmd
+        try:
+            probes, _ = self._reach(request.name, probe, key, 0.0, python)
+        except CloudError:  # answers with another key or refuses the login: not back
+            return []
+        return [f"{h.ssh_user}@{h.ip}:{h.port}" for h in probe if h.worker_id in probes]
 
     def _info(self, name: str, accel: str, state: str, hosts: list[ClusterHost]) -> ClusterInfo:
         return ClusterInfo(name, self.name, ZONE, accel, state, HEALTHY, hosts=hosts)

@@ -16,6 +16,7 @@ from typing import Any
 from aios.errors import AiosError
 from aios.preemption import EXIT_PREEMPTED
 
+from aios_cloud import shapes
 from aios_cloud.failover import create_with_failover, zone_order
 from aios_cloud.head import HELPER_PYTHON, Head
 from aios_cloud.jobs import JobSpec, cancel_job, poll_job, run_setup, start_job, sync_code
@@ -23,14 +24,20 @@ from aios_cloud.lifecycle import autostop_of, down_cluster, reinstall_agent
 from aios_cloud.provider import (
     STOPPED,
     TERMINATED,
+    CapacityError,
     CloudError,
     CloudProvider,
+    NotOfferedError,
+    QuotaError,
 )
 from aios_cloud.records import (
+    REQUEST_FIELDS,
     Log,
     info_from,
+    record_hosts,
     remote_root,
     request_dict,
+    request_from_dict,
     request_from_record,
     runner_for,
     save_hosts,
@@ -166,6 +173,9 @@ class Watcher:
         self.sleep = sleep
         self.follower: LogFollower | None = None
         self._maintenance_logged = False
+        # hosts of a run that continued on fewer (--cloud ssh --min-hosts) answer again: the
+        # newest checkpoint step then; the run grows back at the next one
+        self._grow: tuple[list[str], int | None] | None = None
 
     # -------------------------------------------------------------- helpers
     def _job(self) -> JobRecord:
@@ -297,6 +307,14 @@ class Watcher:
                         )
                 else:
                     lost_count = 0
+            if incident is None and need_describe and job.managed and job.state == JOB_RUNNING:
+                step = self._grow_at(job, rec)
+                if step is not None:
+                    self._grow_back(job, rec, step)
+                    lost_count = 0
+                    first_nonzero = None
+                    last_describe = 0.0
+                    continue
             if incident is not None:
                 code = self._incident(job, rec, incident)
                 if code is not None:
@@ -307,8 +325,59 @@ class Watcher:
                 continue
             self.sleep(self.opt.poll)
 
+    def _end_shape(self, job: JobRecord, rec: ClusterRecord | None, why: str) -> None:
+        if rec is not None:
+            shapes.end(
+                self.store, rec, self.job_id, shapes.newest_step(rec, job.checkpoint_dir), why
+            )
+
+    def _grow_at(self, job: JobRecord, rec: ClusterRecord) -> int | None:
+        """The checkpoint step at which a run on fewer hosts than its cluster lists grows back:
+        once the missing hosts answer, the next checkpoint after that (None: not yet)."""
+        if self._grow is None:
+            back = self.provider.returned_hosts(request_from_record(rec), record_hosts(rec))
+            if back:
+                step = shapes.newest_step(rec, job.checkpoint_dir)
+                self._grow = (back, step)
+                self.log(
+                    f"{', '.join(back)} answer again: job {self.job_id} grows back to every "
+                    f"host at its next checkpoint (after step {step or 0})"
+                )
+            return None
+        step = shapes.newest_step(rec, job.checkpoint_dir)
+        if step is not None and (self._grow[1] is None or step > self._grow[1]):
+            return step
+        return None
+
+    def _grow_back(self, job: JobRecord, rec: ClusterRecord, step: int) -> None:
+        """Stop the job at its checkpoint and relaunch it on every host of the cluster (a
+        planned restart: it uses none of the restarts ``--max-restarts`` allows)."""
+        assert self._grow is not None
+        back, self._grow = self._grow[0], None
+        self._unfollow()
+        self.log(
+            f"job {self.job_id} reached the checkpoint of step {step}: stopping it to relaunch "
+            f"on every host ({', '.join(back)} back); it resumes from that checkpoint"
+        )
+        cancel_job(rec, self.job_id)
+        self._end_shape(job, rec, "grown back to every host")
+        self.store.event(
+            rec.name,
+            "grow",
+            f"job {self.job_id}: {', '.join(back)} back at step {step}",
+            self.job_id,
+        )
+        self.store.update_job(self.job_id, state=JOB_RECOVERING)
+        try:
+            self._relaunch(job, rec, "hosts returned", "grow", "grown back")
+        except AiosError as exc:
+            self.store.event(rec.name, "recovery-failed", f"grow-back: {exc}", self.job_id)
+            self.log(f"growing back failed: {exc}; the watcher recovers the run")
+
     def _finish(self, state: str, codes: list[int | None] | None, why: str) -> int:
         job = self.store.get_job(self.job_id)
+        if job:  # before the state: whoever sees the job ended sees its last shape ended too
+            self._end_shape(job, self.store.get_cluster(job.cluster), f"job {state.lower()}")
         self.store.update_job(self.job_id, state=state, exit_codes=codes, watcher_pid=None)
         if job:
             self.store.event(
@@ -334,6 +403,8 @@ class Watcher:
         )
         self.store.event(rec.name, kind, f"job {self.job_id}: {incident}", self.job_id)
         self.log(f"cluster {rec.name}: {incident}")
+        self._end_shape(job, rec, incident)
+        self._grow = None
         if not job.managed or job.restarts >= job.max_restarts:
             # nothing works unwatched: what still runs on the healthy hosts is stopped
             self.log(f"stopping job {self.job_id} on the remaining hosts of {rec.name}")
@@ -355,36 +426,7 @@ class Watcher:
         self.store.update_job(self.job_id, state=JOB_RECOVERING)
         self.log(f"recovery {n}/{job.max_restarts}: {incident}")
         try:
-            autostop = autostop_of(rec)
-            action, rec = self._recover_cluster(rec, incident)
-            spec = JobSpec.from_dict(job.spec)
-            self.store.update_job(self.job_id, state=JOB_SETTING_UP)
-            Head(rec, self.printer, self.log).reach(self.opt.ssh_timeout)
-            sync_code(rec, spec, self.printer, self.log)
-            run_setup(rec, spec, self.printer, self.log)
-            start_job(
-                rec,
-                self.job_id,
-                spec,
-                self.config,
-                self.provider.remote_env(
-                    self.provider.describe(rec.name, rec.zone) or info_from(rec)
-                ),
-                self.printer,
-                self.log,
-            )
-            self.store.update_job(self.job_id, state=JOB_RUNNING)
-            # the recreated (or restarted) head host has no agent: install it again
-            reinstall_agent(self.store, self.provider, rec, self.printer, self.log, autostop)
-            self.store.event(
-                rec.name,
-                "recovered",
-                f"recovery {n}/{job.max_restarts}: {action} in {rec.zone} after {incident}; "
-                f"job {self.job_id} restarted (resumes from the newest checkpoint)",
-                self.job_id,
-            )
-            self.log(f"recovery {n}/{job.max_restarts} done: {action} in {rec.zone}")
-            self._follow(rec)
+            self._relaunch(job, rec, incident, f"recovery {n}/{job.max_restarts}", "recovered")
             return None
         except AiosError as exc:
             self.store.event(rec.name, "recovery-failed", f"recovery {n}: {exc}", self.job_id)
@@ -393,6 +435,55 @@ class Watcher:
                 self.sleep(self.opt.poll)
                 return None  # the loop notices the still-broken cluster and tries again
             return self._finish(JOB_FAILED, None, f"recovery failed: {exc}")
+
+    def _relaunch(
+        self, job: JobRecord, rec: ClusterRecord, incident: str, what: str, kind: str
+    ) -> None:
+        """Repair or recreate the cluster (the next candidate type when the current one has no
+        capacity), then re-sync, set up and start the job there; it resumes from the newest
+        checkpoint at whatever shape it now has."""
+        autostop = autostop_of(rec)
+        action, rec = self._recover_cluster(rec, incident)
+        job = self._job()  # a move to another candidate changed the spec
+        spec = JobSpec.from_dict(job.spec)
+        self.store.update_job(self.job_id, state=JOB_SETTING_UP)
+        Head(rec, self.printer, self.log).reach(self.opt.ssh_timeout)
+        sync_code(rec, spec, self.printer, self.log)
+        run_setup(rec, spec, self.printer, self.log)
+        procs = start_job(
+            rec,
+            self.job_id,
+            spec,
+            self.config,
+            self.provider.remote_env(self.provider.describe(rec.name, rec.zone) or info_from(rec)),
+            self.printer,
+            self.log,
+        )
+        self.store.update_job(self.job_id, state=JOB_RUNNING)
+        shapes.begin(
+            self.store,
+            rec,
+            self.job_id,
+            procs,
+            shapes.hourly(self.provider, rec.accelerator, rec.spot, len(rec.hosts)),
+            shapes.newest_step(rec, spec.checkpoint_dir),
+            f"{what}: {action}",
+        )
+        # the recreated (or restarted) head host has no agent: install it again
+        reinstall_agent(self.store, self.provider, rec, self.printer, self.log, autostop)
+        self.store.event(
+            rec.name,
+            kind,
+            f"{what}: {action} in {rec.zone} after {incident}; job {self.job_id} restarted on "
+            f"{rec.accelerator} x {len(rec.hosts)} hosts, {procs} processes (resumes from the "
+            "newest checkpoint)",
+            self.job_id,
+        )
+        self.log(
+            f"{what} done: {action} in {rec.zone}; job {self.job_id} runs on {rec.accelerator} "
+            f"x {len(rec.hosts)} hosts, {procs} processes"
+        )
+        self._follow(rec)
 
     def _recover_cluster(self, rec: ClusterRecord, incident: str) -> tuple[str, ClusterRecord]:
         provider = self.provider
@@ -426,30 +517,73 @@ class Watcher:
                     self.log(f"{action} did not make {rec.name} healthy; recreating")
                 except CloudError as exc:
                     self.log(f"repair failed ({exc}); recreating")
-        # recreate (same zone first, then the others offering the type)
+        # recreate (same zone first, then the others offering the type); no capacity for the
+        # type anywhere: the next candidate of -a TYPE1,TYPE2,...
         provider.delete(rec.name, rec.zone)
         request = request_from_record(rec)
         request = with_public_key(request, rec.ssh_key) if rec.ssh_key else request
-        zones = zone_order(provider, request, pinned=False)
-        result = create_with_failover(
-            provider,
-            request,
-            zones,
-            log=self.log,
-            sleep=self.sleep,
-            backoff=min(2.0, self.opt.poll),
-        )
+        spec = JobSpec.from_dict(self._job().spec)
+        order = [rec.accelerator] + [
+            c["accelerator"] for c in spec.candidates if c["accelerator"] != rec.accelerator
+        ]
+        for i, accel in enumerate(order):
+            req = request
+            if accel != rec.accelerator:
+                zone = rec.zone if rec.zone in provider.zones(accel) else None
+                # the candidate's own request as the launch validated it (its image, runtime)
+                seen = (rec.request.get("candidates") or {}).get(accel)
+                req = dataclasses.replace(
+                    request_from_dict(seen) if seen else request,
+                    accelerator=accel,
+                    zone=zone,
+                    ssh_public_key=request.ssh_public_key,
+                )
+            try:
+                result = create_with_failover(
+                    provider,
+                    req,
+                    zone_order(provider, req, pinned=False),
+                    log=self.log,
+                    sleep=self.sleep,
+                    backoff=min(2.0, self.opt.poll),
+                )
+            except (CapacityError, QuotaError, NotOfferedError) as exc:
+                self.store.event(rec.name, "failover", f"{accel}: {exc.message[:300]}", self.job_id)
+                if i + 1 == len(order):
+                    raise
+                self.log(
+                    f"no capacity for {accel} ({exc.message}); trying the next candidate, "
+                    f"{order[i + 1]}"
+                )
+                continue
+            break
         for a in result.attempts:
             self.store.event(
                 rec.name, "failover", f"{a.zone}: {a.kind}: {a.message[:200]}", self.job_id
             )
         runner.reset_host_keys()
-        if result.zone != rec.zone:
+        moved = f" (moved from {rec.zone})" if result.zone != rec.zone else ""
+        if accel != rec.accelerator:
+            c = spec.candidate(accel)
+            assert c is not None
+            spec = spec.for_candidate(c)
+            self.store.update_job(self.job_id, spec=spec.to_dict(), backend=spec.backend)
+            self.store.update_cluster(rec.name, accelerator=accel)
+            self.store.event(
+                rec.name,
+                "candidate",
+                f"job {self.job_id}: {rec.accelerator} -> {accel} (backend {spec.backend})",
+                self.job_id,
+            )
+            moved = f" as {accel} (no capacity for {rec.accelerator}){moved}"
+        if result.zone != rec.zone or accel != rec.accelerator:
+            # what the record keeps beside the request (the candidates, autostop) stays
+            kept = {k: v for k, v in rec.request.items() if k not in REQUEST_FIELDS}
             self.store.update_cluster(
-                rec.name, request=request_dict(dataclasses.replace(request, zone=result.zone))
+                rec.name,
+                request={**kept, **request_dict(dataclasses.replace(req, zone=result.zone))},
             )
         new = save_hosts(self.store, rec, result.info, provider)
-        moved = f" (moved from {rec.zone})" if result.zone != rec.zone else ""
         return f"recreated{moved}", new
 
 

@@ -4,7 +4,11 @@
 * :meth:`Ec2Proxy.inject` makes chosen calls fail with a real EC2 error document (``<Response>
   <Errors><Error><Code>InsufficientInstanceCapacity</Code>...``) and the HTTP status AWS uses
   (500 for server-side capacity errors, which botocore retries like AWS's, 400/403 for client
-  errors), optionally only for chosen availability zones and a limited number of times.
+  errors), optionally only for chosen availability zones or instance types and a limited number
+  of times. Capacity is per instance type and zone: spot capacity of one type may end
+  (``InsufficientInstanceCapacity`` for ``RunInstances`` of that type, "AWS does not currently
+  have enough available capacity", https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/troubleshooting-launch.html#troubleshooting-launch-capacity)
+  while another type launches in the same zone.
 * Records the parameters of every call (:attr:`calls`) so tests check what went over the wire.
 * Enforces an Elastic IP quota (:attr:`Ec2Proxy.address_limit`, EC2's default is 5 per
   region): ``AllocateAddress`` beyond it answers ``AddressLimitExceeded`` as EC2 does.
@@ -80,6 +84,7 @@ class Rule:
     zones: set[str] | None = None
     times: int | None = None
     hits: int = 0
+    instance_types: set[str] | None = None
 
 
 @dataclass
@@ -199,9 +204,10 @@ class Ec2Proxy:
         status: int = 500,
         zones: list[str] | None = None,
         times: int | None = None,
+        instance_types: list[str] | None = None,
     ) -> Rule:
-        """Answer ``action`` (``*``: any) with ``code``; only in ``zones`` and ``times`` times
-        when given."""
+        """Answer ``action`` (``*``: any) with ``code``; only in ``zones``, for calls naming one
+        of ``instance_types`` (``InstanceType``) and ``times`` times when given."""
         rule = Rule(
             action,
             code,
@@ -209,6 +215,7 @@ class Ec2Proxy:
             status,
             set(zones) if zones else None,
             times,
+            instance_types=set(instance_types) if instance_types else None,
         )
         with self.lock:
             self.rules.append(rule)
@@ -591,6 +598,11 @@ class Ec2Proxy:
             if rule.action not in ("*", action):
                 continue
             if rule.zones is not None and self._zone(params) not in rule.zones:
+                continue
+            if (
+                rule.instance_types is not None
+                and params.get("InstanceType") not in rule.instance_types
+            ):
                 continue
             with self.lock:
                 if rule.times is not None and rule.hits >= rule.times:
