@@ -230,8 +230,14 @@ def test_layers(pkg: Package) -> None:
         allowed: set[str] = set()
     elif pkg.kind == "backend":
         allowed = {"aios"} | {p.top for p in ALL if p.kind == "backend" and p.dist in pkg.declared}
-    else:  # aios_cloud and the cloud plugins
+    elif pkg.kind == "cloud-base":
         allowed = {"aios", "aios_cloud"}
+    else:  # a cloud plugin: core, aios_cloud, and the backend whose accelerator facts it
+        # plans with (TPU topologies, Trainium instance facts) when it declares that backend;
+        # never another cloud plugin
+        allowed = {"aios", "aios_cloud"} | {
+            p.top for p in ALL if p.kind == "backend" and p.dist in pkg.declared
+        }
     bad = _violations(pkg, allowed)
     assert not bad, (
         f"{pkg.folder} ({pkg.kind}) may import only {sorted(allowed) or 'no other aios package'}:\n"

@@ -106,6 +106,20 @@ def _legacy_accelerator(
     return acc
 
 
+def parallelized(module: Any) -> str | None:
+    """How the script already parallelized ``module``: ``"fully_shard"`` (an ``FSDPModule``),
+    ``"dtensor"`` (``DTensor`` parameters: ``parallelize_module`` or ``distribute_tensor``), or
+    ``None``."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(module, FSDPModule):
+        return "fully_shard"
+    if any(isinstance(p, DTensor) for p in module.parameters()):
+        return "dtensor"
+    return None
+
+
 class DDPStrategy(Strategy):
     """Data parallel over ``torch.distributed`` on a native accelerator.
 
@@ -238,8 +252,6 @@ class DDPStrategy(Strategy):
 
     def setup_module(self, module: torch.nn.Module, precision: Precision) -> torch.nn.Module:
         if self.world_size > 1:
-            from aios.strategies.fsdp import parallelized
-
             own = parallelized(module)
             if own is not None:
                 from aios.errors import ConfigError

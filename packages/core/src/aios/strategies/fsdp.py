@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from aios.errors import AiosError, ConfigError
 from aios.precision import Precision
-from aios.strategies.ddp import DDPStrategy, register_exit_hook
+from aios.strategies.ddp import DDPStrategy, parallelized, register_exit_hook
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -195,20 +195,6 @@ def flatten_plan(plan: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[path] = value
     return out
-
-
-def parallelized(module: Any) -> str | None:
-    """How the script already parallelized ``module``: ``"fully_shard"`` (an ``FSDPModule``),
-    ``"dtensor"`` (``DTensor`` parameters: ``parallelize_module`` or ``distribute_tensor``), or
-    ``None``."""
-    from torch.distributed.fsdp import FSDPModule
-    from torch.distributed.tensor import DTensor
-
-    if isinstance(module, FSDPModule):
-        return "fully_shard"
-    if any(isinstance(p, DTensor) for p in module.parameters()):
-        return "dtensor"
-    return None
 
 
 def _dtype(name: str | None) -> Any:
