@@ -256,7 +256,7 @@ def launch(provider: SlurmAccess, p: LaunchRequest, store: Any, log: Callable[[s
         _sync(provider, p, root, log)
         _write(provider, f"{job.job_dir}/job.sbatch", render(job), mode="755")
         if forward:
-            from aios_cloud.ops import env_file
+            from aios_cloud.jobs import env_file
 
             values = {k: os.environ[k] for k in forward if k in os.environ}
             missing = [k for k in forward if k not in os.environ]

@@ -11,9 +11,11 @@ Modules:
   :mod:`aios_cloud.bundle`: aios itself shipped next to it.
 * :mod:`aios_cloud.failover`: create with zone failover on stockout/quota, cleanup of failed
   attempts.
-* :mod:`aios_cloud.ops`: provision, sync, setup, job start from the backend's launch plan, the
-  watcher with managed-spot recovery, stop/start/down. ``python -m aios_cloud.watch`` is the
-  detached watcher.
+* :mod:`aios_cloud.request` (the launch request, checked once), :mod:`aios_cloud.launch` (the
+  launch's stages), :mod:`aios_cloud.records`, :mod:`aios_cloud.head`, :mod:`aios_cloud.jobs`,
+  :mod:`aios_cloud.watching` (managed-spot recovery), :mod:`aios_cloud.lifecycle`,
+  :mod:`aios_cloud.signals`; :mod:`aios_cloud.ops` re-exports them. ``python -m
+  aios_cloud.watch`` is the detached watcher.
 * :mod:`aios_cloud.cost`: estimates and rankings; :mod:`aios_cloud.transfer`: ``aios sync``.
 
 Importing this package is cheap: no cloud SDK, no torch; the names below load

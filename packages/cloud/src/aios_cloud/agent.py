@@ -64,7 +64,7 @@ def provider_for(cfg: dict[str, Any]) -> Any:
     """The cloud provider as the hosts must use it: ``settings`` become ``AIOS_<CLOUD>__<KEY>``."""
     from aios.config import resolve
 
-    from aios_cloud.ops import get_provider
+    from aios_cloud.records import get_provider
 
     cloud = cfg["cloud"]
     environ = {

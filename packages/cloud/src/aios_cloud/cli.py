@@ -49,7 +49,7 @@ def _cloud_name(cloud: str | None, store_cloud: str | None = None) -> str:
 
 
 def _provider(cloud: str, config_file: str | None) -> CloudProvider:
-    from aios_cloud.ops import get_provider
+    from aios_cloud.records import get_provider
 
     return get_provider(cloud, _config(config_file))
 
@@ -262,6 +262,37 @@ def launch(**options: Any) -> None:
 # ------------------------------------------------------------------------------ status
 
 
+def _merge_controllers(
+    store: Any, out: list[dict[str, Any]], recs: list[Any], refresh: bool
+) -> None:
+    """A job managed from a controller host: its controller, and (``--refresh``) the job as the
+    controller sees it."""
+    from aios_cloud.controller import controller_of, remote_status
+
+    for row, r in zip(out, recs, strict=True):
+        ctl = controller_of(store, r.name)
+        if not ctl:
+            continue
+        row["controller"] = {"target": ctl["target"], "pid": ctl["pid"], "dir": ctl["dir"]}
+        if refresh and r.ssh_key:
+            remote = remote_status(r, ctl, r.ssh_key)
+            if remote is None:
+                row["controller"]["state"] = "UNREACHABLE"
+                continue
+            row["controller"]["state"] = "RUNNING" if remote["controller_running"] else "ENDED"
+            rj = {j["id"]: j for j in remote["jobs"]}.get(ctl["job"])
+            local_id = store.events(r.name, kind="controller")[-1].job_id
+            local = next((j for j in row["jobs"] if j["id"] == local_id), None)
+            if rj and local:
+                local.update(
+                    {k: rj[k] for k in ("state", "restarts", "max_restarts", "exit_codes")}
+                )
+                # the controller keeps the job's shapes from its start on
+                local["shapes"] = rj.get("shapes") or local.get("shapes", [])
+                store.update_job(local["id"], state=rj["state"])
+            row["recoveries"] += [e for e in remote["recoveries"] if e not in row["recoveries"]]
+
+
 @click.command()
 @click.argument("name", required=False)
 @click.option(
@@ -279,29 +310,34 @@ def status(
     name: str | None, refresh: bool, cloud: str | None, as_json: bool, config_file: str | None
 ) -> None:
     """Clusters and their jobs, with every preemption and recovery."""
-    from aios_cloud import ops, shapes
+    from aios_cloud import shapes
+    from aios_cloud.records import (
+        inventory,
+        require_cluster,
+    )
+    from aios_cloud.records import refresh as refresh_record
 
     store = _store()
     recs = (
-        [ops.require_cluster(store, name)]
+        [require_cluster(store, name)]
         if name and (store.get_cluster(name) or not refresh)
         else ([] if name else store.clusters())
     )
     if refresh:
-        recs = [ops.refresh(store, _provider(r.cloud, config_file), r) for r in recs]
+        recs = [refresh_record(store, _provider(r.cloud, config_file), r) for r in recs]
     unrecorded: list[Any] = []
     if refresh:
         for c in _inventory_clouds(cloud):
             try:
                 unrecorded += [
                     i
-                    for i in ops.inventory(_provider(c, config_file))
+                    for i in inventory(_provider(c, config_file))
                     if store.get_cluster(i.name) is None and (not name or i.name == name)
                 ]
             except AiosError as exc:
                 _log(f"{c}: cannot list its aios resources ({exc})")
         if name and not recs and not unrecorded:
-            ops.require_cluster(store, name)
+            require_cluster(store, name)
     out: list[dict[str, Any]] = []
     for r in recs:
         jobs = store.jobs(r.name)
@@ -337,30 +373,7 @@ def status(
                 ],
             }
         )
-    from aios_cloud.controller import controller_of, remote_status
-
-    for row, r in zip(out, recs, strict=True):
-        ctl = controller_of(store, r.name)
-        if not ctl:
-            continue
-        row["controller"] = {"target": ctl["target"], "pid": ctl["pid"], "dir": ctl["dir"]}
-        if refresh and r.ssh_key:
-            remote = remote_status(r, ctl, r.ssh_key)
-            if remote is None:
-                row["controller"]["state"] = "UNREACHABLE"
-                continue
-            row["controller"]["state"] = "RUNNING" if remote["controller_running"] else "ENDED"
-            rj = {j["id"]: j for j in remote["jobs"]}.get(ctl["job"])
-            local_id = store.events(r.name, kind="controller")[-1].job_id
-            local = next((j for j in row["jobs"] if j["id"] == local_id), None)
-            if rj and local:
-                local.update(
-                    {k: rj[k] for k in ("state", "restarts", "max_restarts", "exit_codes")}
-                )
-                # the controller keeps the job's shapes from its start on
-                local["shapes"] = rj.get("shapes") or local.get("shapes", [])
-                store.update_job(local["id"], state=rj["state"])
-            row["recoveries"] += [e for e in remote["recoveries"] if e not in row["recoveries"]]
+    _merge_controllers(store, out, recs, refresh)
     for i in unrecorded:
         out.append(
             {
@@ -437,7 +450,7 @@ def status(
 
 
 def _select(rec: Any, workers: tuple[int, ...]) -> list[Any]:
-    from aios_cloud.ops import record_hosts
+    from aios_cloud.records import record_hosts
 
     hosts = record_hosts(rec)
     if not workers:
@@ -460,20 +473,25 @@ def _select(rec: Any, workers: tuple[int, ...]) -> list[Any]:
 def exec_(name: str, command: tuple[str, ...], worker: tuple[int, ...], dry_run: bool) -> None:
     """Run COMMAND on every host of cluster NAME (in the synced code directory), in parallel,
     each output line prefixed with (worker N, ip). Exit status: the first non-zero one."""
-    from aios_cloud import ops
+    from aios_cloud.head import run_via_head
+    from aios_cloud.records import (
+        remote_root,
+        require_cluster,
+        runner_for,
+    )
 
     store = _store()
-    rec = ops.require_cluster(store, name)
+    rec = require_cluster(store, name)
     hosts = _select(rec, worker)
     cmd = " ".join(command) if len(command) > 1 else command[0]
-    remote = f"cd {ops.remote_root(name)}/code 2>/dev/null || true; {cmd}"
-    runner = ops.runner_for(rec, _printer())
+    remote = f"cd {remote_root(name)}/code 2>/dev/null || true; {cmd}"
+    runner = runner_for(rec, _printer())
     if dry_run:
         for h in hosts:
             _echo(f"({h.label}) {shlex.join(runner.argv(h, remote))}")
         return
     # a user's command may run for hours: a day's limit, Ctrl-C ends it at once
-    codes = ops.run_via_head(rec, remote, hosts, _printer(), timeout=86400)
+    codes = run_via_head(rec, remote, hosts, _printer(), timeout=86400)
     bad = [c for c in codes if c != 0]
     sys.exit(bad[0] if bad else 0)
 
@@ -491,11 +509,17 @@ def logs(
     name: str, job_id: int | None, follow: bool, worker: tuple[int, ...], dry_run: bool
 ) -> None:
     """Print a job's output from every host, prefixed with (worker N, ip)."""
-    from aios_cloud import ops
+    from aios_cloud.head import run_via_head
+    from aios_cloud.records import (
+        remote_root,
+        require_cluster,
+        runner_for,
+    )
     from aios_cloud.store import JOB_FINAL
+    from aios_cloud.watching import LogFollower
 
     store = _store()
-    rec = ops.require_cluster(store, name)
+    rec = require_cluster(store, name)
     job = store.get_job(job_id) if job_id else store.latest_job(name)
     if job is None or job.cluster != name:
         raise AiosError(
@@ -506,8 +530,8 @@ def logs(
     if provider is not None:
         sys.exit(provider.job_logs(rec, job, follow, dry_run, _echo))
     hosts = _select(rec, worker)
-    d = f"{ops.remote_root(name)}/jobs/{job.id}/worker.log"
-    runner = ops.runner_for(rec, _printer())
+    d = f"{remote_root(name)}/jobs/{job.id}/worker.log"
+    runner = runner_for(rec, _printer())
     if dry_run:
         for h in hosts:
             _echo(
@@ -515,11 +539,11 @@ def logs(
             )
         return
     if not follow:
-        ops.run_via_head(rec, f"cat {d} 2>/dev/null || echo '[aios] no log yet'", hosts, _printer())
+        run_via_head(rec, f"cat {d} 2>/dev/null || echo '[aios] no log yet'", hosts, _printer())
         return
     import time
 
-    follower = ops.LogFollower(rec, job.id, _printer(), workers=[h.worker_id for h in hosts])
+    follower = LogFollower(rec, job.id, _printer(), workers=[h.worker_id for h in hosts])
     try:
         while True:
             j = store.get_job(job.id)
@@ -550,12 +574,15 @@ def _scheduler(rec: Any) -> SchedulerProvider | None:
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def ssh(name: str, worker: int, dry_run: bool, command: tuple[str, ...]) -> None:
     """Open a shell (or run COMMAND) on one host of cluster NAME."""
-    from aios_cloud import ops
+    from aios_cloud.records import (
+        require_cluster,
+        runner_for,
+    )
 
     store = _store()
-    rec = ops.require_cluster(store, name)
+    rec = require_cluster(store, name)
     host = _select(rec, (worker,))[0]
-    runner = ops.runner_for(rec)
+    runner = runner_for(rec)
     argv = runner.base_argv(host, tty=not command and sys.stdin.isatty())
     if command:
         argv.append(" ".join(command))
@@ -641,7 +668,8 @@ def sync(
         raise AiosError(f"source {src} does not exist", "pass an existing local path")
     if s[0] == "url" or d[0] == "url":
         if "cluster" in (s[0], d[0]):
-            from aios_cloud import ops
+            from aios_cloud.jobs import job_env
+            from aios_cloud.request import JobSpec, parse_env
 
             rec = s[1] if s[0] == "cluster" else d[1]
             if s[0] == "cluster" and len(worker) > 1:
@@ -649,8 +677,8 @@ def sync(
                     "cluster -> bucket copies from one worker (they would overwrite each other)",
                     "pass one -w N, and a different URL per worker",
                 )
-            env, forward = ops.parse_env(list(env_items))
-            env.update(ops.job_env(ops.JobSpec(script="", forward_env=forward), {}))
+            env, forward = parse_env(list(env_items))
+            env.update(job_env(JobSpec(script="", forward_env=forward), {}))
             hosts = _select(rec, worker or ((0,) if s[0] == "cluster" else ()))
             lines = transfer.bucket_cluster(
                 s[2], d[2], rec, hosts, _host_python(rec), _printer(), dry_run, env, exclude
@@ -685,7 +713,15 @@ def _lifecycle(
     config_file: str | None,
     cloud: str | None = None,
 ) -> None:
-    from aios_cloud import ops
+    from aios_cloud.lifecycle import (
+        down_cluster,
+        start_cluster,
+        stop_cluster,
+    )
+    from aios_cloud.records import (
+        dry_run_lines,
+        require_cluster,
+    )
 
     store = _store()
     recs = []
@@ -696,18 +732,18 @@ def _lifecycle(
             # cloud by its aios-cluster label/tag
             _down_unrecorded(n, cloud, dry_run, config_file)
             continue
-        recs.append(rec if rec is not None else ops.require_cluster(store, n))
+        recs.append(rec if rec is not None else require_cluster(store, n))
     for rec in recs:
         provider = _provider(rec.cloud, config_file)
         if dry_run:
-            for line in ops.dry_run_lines(provider.render(action, rec.name, rec.zone)):
+            for line in dry_run_lines(provider.render(action, rec.name, rec.zone)):
                 _echo(line)
             continue
         if action == "stop":
-            ops.stop_cluster(store, provider, rec)
+            stop_cluster(store, provider, rec)
             _log(f"stopped {rec.name}")
         elif action == "start":
-            new = ops.start_cluster(store, provider, rec, _log)
+            new = start_cluster(store, provider, rec, _log)
             _log(
                 f"started {rec.name}: "
                 + ", ".join(f"worker {h['worker_id']} {h['ip']}" for h in new.hosts)
@@ -719,25 +755,29 @@ def _lifecycle(
             if ctl and rec.ssh_key:
                 # a controller that kept running would recreate the cluster it sees vanish
                 stop_controller(rec, ctl, rec.ssh_key, _log)
-            ops.down_cluster(store, provider, rec)
+            down_cluster(store, provider, rec)
             _log(f"deleted {rec.name}")
 
 
 def _inventory_clouds(cloud: str | None) -> list[str]:
-    from aios_cloud.ops import installed_clouds
+    from aios_cloud.records import installed_clouds
 
     return [cloud] if cloud else installed_clouds()
 
 
 def _down_unrecorded(name: str, cloud: str | None, dry_run: bool, config_file: str | None) -> None:
-    from aios_cloud import ops
+    from aios_cloud.records import (
+        dry_run_lines,
+        inventory,
+        runner_for_name_reset,
+    )
 
     clouds = _inventory_clouds(cloud)
     if dry_run:
         for c in clouds:
             provider = _provider(c, config_file)
             _echo(f"# {name} has no local record: find it by its aios label on {c}, then delete it")
-            for line in ops.dry_run_lines(
+            for line in dry_run_lines(
                 [
                     *provider.render("list", name, None),
                     *provider.render("delete", name, "<zone found>"),
@@ -750,7 +790,7 @@ def _down_unrecorded(name: str, cloud: str | None, dry_run: bool, config_file: s
     for c in clouds:
         provider = _provider(c, config_file)
         try:
-            infos = [i for i in ops.inventory(provider) if i.name == name]
+            infos = [i for i in inventory(provider) if i.name == name]
         except AiosError as exc:
             problems.append(f"{c}: {exc.message}")
             continue
@@ -766,7 +806,7 @@ def _down_unrecorded(name: str, cloud: str | None, dry_run: bool, config_file: s
         raise AiosError(
             f"no cluster named '{name}' here or in the cloud{more}", "see `aios status --refresh`"
         )
-    ops.runner_for_name_reset(name)
+    runner_for_name_reset(name)
     _log(f"deleted {name}")
 
 
@@ -817,13 +857,20 @@ def autostop(
 ) -> None:
     """Stop (or with --down delete) cluster NAME after MINUTES without a running job. The
     agent runs on the cluster's head host, so it works while this machine is off."""
-    from aios_cloud import ops
+    from aios_cloud.lifecycle import (
+        reinstall_agent,
+        remember_autostop,
+        remove_agent,
+    )
+    from aios_cloud.records import (
+        require_cluster,
+    )
 
     store = _store()
-    rec = ops.require_cluster(store, name)
+    rec = require_cluster(store, name)
     if cancel:
-        ops.remove_agent(rec, _printer())
-        ops.remember_autostop(store, name, None)
+        remove_agent(rec, _printer())
+        remember_autostop(store, name, None)
         store.event(name, "autostop", "autostop cancelled")
         _log(f"autostop of {name} cancelled")
         return
@@ -843,7 +890,7 @@ def autostop(
         )
     # the agent acts with the hosts' own credentials: rights granted (or the fix named) first
     provider.grant_autostop(rec.name, rec.zone, action)
-    ops.reinstall_agent(
+    reinstall_agent(
         store,
         provider,
         rec,
@@ -873,11 +920,14 @@ def cancel(name: str, job_id: int | None, config_file: str | None = None) -> Non
     """Cancel a cluster's running job(s): the workers on every host are stopped (TERM, then
     KILL; scancel on Slurm, the Job deleted on Kubernetes) and the job is recorded CANCELLED; a
     managed job is not recovered. The cluster stays."""
-    from aios_cloud import ops
+    from aios_cloud.jobs import cancel_job
+    from aios_cloud.records import (
+        require_cluster,
+    )
     from aios_cloud.store import JOB_CANCELLED, JOB_FINAL
 
     store = _store()
-    rec = ops.require_cluster(store, name)
+    rec = require_cluster(store, name)
     jobs = (
         [store.get_job(job_id)]
         if job_id
@@ -900,7 +950,7 @@ def cancel(name: str, job_id: int | None, config_file: str | None = None) -> Non
         if scheduler is not None:  # Slurm: scancel; Kubernetes: delete the Job/JobSet and its pods
             scheduler.cancel(name)
         else:
-            ops.cancel_job(rec, j.id)
+            cancel_job(rec, j.id)
         store.event(name, "job-cancelled", f"job {j.id}: cancelled by the user", j.id)
         _log(f"job {j.id} cancelled")
 
@@ -909,7 +959,7 @@ def cancel(name: str, job_id: int | None, config_file: str | None = None) -> Non
 
 
 def _entries(cloud: str | None, config_file: str | None) -> list[Any]:
-    from aios_cloud.ops import installed_clouds
+    from aios_cloud.records import installed_clouds
 
     # the ssh cloud offers nothing to buy: listed with --cloud ssh only
     clouds = [cloud] if cloud else [c for c in installed_clouds() if c != "ssh"]

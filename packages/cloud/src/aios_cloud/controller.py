@@ -1,7 +1,7 @@
 """Managed jobs whose controller survives the laptop: ``aios launch --max-restarts N
 --controller USER@HOST[:PORT]``.
 
-The recovery loop (:class:`aios_cloud.ops.Watcher`, the same one a foreground launch runs) is
+The recovery loop (:class:`aios_cloud.Watcher`, the same one a foreground launch runs) is
 started detached (``setsid nohup python -m aios_cloud.watch``) on a small controller host that
 stays up when the launching machine sleeps or is gone. The controller gets, under
 ``~/aios-controller/<cluster>/``:

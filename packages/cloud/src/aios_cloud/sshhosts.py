@@ -2,7 +2,7 @@
 
 ``aios launch --cloud ssh --hosts USER@HOST[:PORT],... [--identity KEY] train.py`` (or
 ``--hosts-file FILE``: one host a line, ``#`` comments) runs the whole launch flow of
-:mod:`aios_cloud.ops` on them. Nothing is provisioned: "create" is reaching and inspecting the
+:mod:`aios_cloud.launch` on them. Nothing is provisioned: "create" is reaching and inspecting the
 hosts; "delete" and "stop" only end aios's own processes and remove aios's own files there. The
 machines themselves are never stopped, rebooted or deleted.
 
@@ -754,7 +754,7 @@ class SshHostsProvider(CloudProvider):
         return []  # every ssh cluster has its local record; nothing else exists to find
 
     def start(self, name: str, zone: str | None) -> ClusterInfo:
-        from aios_cloud.ops import request_from_record
+        from aios_cloud.records import request_from_record
 
         rec = _record(name)
         if rec is None:

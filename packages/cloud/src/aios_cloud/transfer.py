@@ -197,9 +197,9 @@ def bucket_cluster(
     this machine and the hosts use their own credentials (service account / instance profile).
     ``env`` (endpoints, forwarded credentials) reaches the hosts on stdin, never on a command
     line. Relative cluster paths are under the cluster's code dir."""
-    from aios_cloud import ops
+    from aios_cloud.records import remote_root, runner_for
 
-    root = ops.remote_root(rec.name)
+    root = remote_root(rec.name)
     to_cluster = "://" in src
     words = [
         _remote_path(w) if i == (1 if to_cluster else 0) else shlex.quote(w)
@@ -211,10 +211,10 @@ def bucket_cluster(
         f'export PYTHONPATH="{root}/code/.aios-site${{PYTHONPATH:+:$PYTHONPATH}}" && '
         f"{shlex.quote(python)} -m aios_cloud.transfer {words[0]} {words[1]}{extra}"
     )
-    runner = ops.runner_for(rec, printer)
+    runner = runner_for(rec, printer)
     if dry_run:
         return [f"({h.label}) {shlex.join(runner.argv(h, cmd))}" for h in hosts]
-    from aios_cloud.ops import env_file
+    from aios_cloud.jobs import env_file
 
     with tempfile.TemporaryDirectory(prefix="aios-sync-") as tmp:
         p = Path(tmp) / "env"
@@ -279,11 +279,9 @@ def upload_to_cluster(
     """local file/dir -> PATH on every selected host (relative paths: under the code dir)."""
     import tarfile
 
-    from aios_cloud import ops
+    from aios_cloud.records import remote_root, runner_for
 
-    dest = (
-        path if path.startswith(("/", "~", "$HOME")) else f"{ops.remote_root(rec.name)}/code/{path}"
-    )
+    dest = path if path.startswith(("/", "~", "$HOME")) else f"{remote_root(rec.name)}/code/{path}"
     dest = dest.replace("~", "$HOME", 1) if dest.startswith("~") else dest
     into = path.endswith("/") or path in ("", ".")
     if into:  # PATH/ names a directory that receives src
@@ -293,7 +291,7 @@ def upload_to_cluster(
     else:  # PATH is the file
         parent = os.path.dirname(dest) or "."
     cmd = f"mkdir -p {parent} && tar xzf - -C {parent}"
-    runner = ops.runner_for(rec, printer)
+    runner = runner_for(rec, printer)
     if dry_run:
         return [
             f"tar czf - {shlex.quote(str(src))} | {shlex.join(runner.argv(h, cmd))}" for h in hosts
@@ -321,7 +319,7 @@ def download_from_cluster(
     import subprocess
     import tarfile
 
-    from aios_cloud import ops
+    from aios_cloud.records import remote_root, runner_for
 
     src = (
         path
@@ -329,12 +327,12 @@ def download_from_cluster(
         else (
             path.replace("~", "$HOME", 1)
             if path.startswith("~")
-            else f"{ops.remote_root(rec.name)}/code/{path}"
+            else f"{remote_root(rec.name)}/code/{path}"
         )
     )
     parent, base = os.path.dirname(src.rstrip("/")) or "/", os.path.basename(src.rstrip("/"))
     cmd = f"tar czf - -C {parent} {shlex.quote(base)}"
-    runner = ops.runner_for(rec)
+    runner = runner_for(rec)
     if dry_run:
         return [
             f"{shlex.join(runner.argv(h, cmd))} | tar xzf - -C {shlex.quote(str(dst))}"

@@ -1,5 +1,5 @@
 """``python -m aios_cloud.watch JOB_ID``: the background watcher ``aios launch --detach`` starts.
-It runs the same :class:`aios_cloud.ops.Watcher` loop as a foreground launch (managed-spot
+It runs the same :class:`aios_cloud.Watcher` loop as a foreground launch (managed-spot
 recovery included) without following logs, and records everything in the state database."""
 
 from __future__ import annotations
@@ -18,21 +18,23 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     from aios.config import resolve
 
-    from aios_cloud import ops
+    from aios_cloud.lifecycle import down_cluster
+    from aios_cloud.records import get_provider
     from aios_cloud.ssh import LinePrinter
     from aios_cloud.store import Store
+    from aios_cloud.watching import Watcher, WatchOptions
 
     config = resolve(config_file=a.config, check_backend=False)
-    provider = ops.get_provider(a.cloud, config)
+    provider = get_provider(a.cloud, config)
     store = Store()
     printer = LinePrinter(sys.stdout)
-    opts = ops.WatchOptions(poll=a.poll, describe_every=max(a.poll, 3 * a.poll), follow=False)
-    code = ops.Watcher(store, provider, a.job_id, config, printer=printer, options=opts).run()
+    opts = WatchOptions(poll=a.poll, describe_every=max(a.poll, 3 * a.poll), follow=False)
+    code = Watcher(store, provider, a.job_id, config, printer=printer, options=opts).run()
     if a.down:
         job = store.get_job(a.job_id)
         rec = store.get_cluster(job.cluster) if job else None
         if rec:
-            ops.down_cluster(store, provider, rec)
+            down_cluster(store, provider, rec)
     return code
 
 
