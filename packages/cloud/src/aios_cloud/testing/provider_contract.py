@@ -90,6 +90,7 @@ HOOKS = (
     "check_storage",
     "classify_error",
     "repair",
+    "returned_hosts",
     "launch_extra",
     "render_create",
     "render",
