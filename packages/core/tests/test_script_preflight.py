@@ -87,6 +87,26 @@ def test_an_aios_script_that_joins_is_not_named(tmp_path: Path, free_port) -> No
     assert "without calling aios.init()" not in p.stderr
 
 
+def test_a_plain_torchrun_script_that_joins_is_not_named(tmp_path: Path, free_port) -> None:
+    """A script written for torchrun (no aios.init()) whose ranks join the launcher's group is
+    no copy: the ranks counted by torch's init barrier in the launcher's store say so."""
+    script = _script(
+        tmp_path,
+        """
+        import torch
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        assert t.item() == dist.get_world_size() == 2
+        dist.destroy_process_group()
+        """,
+    )
+    p = _aios_run(tmp_path, "--nprocs", "2", "--master-port", str(free_port()), str(script))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "without calling aios.init()" not in p.stderr, p.stderr
+
+
 def test_a_scripts_own_world_of_one_is_refused_at_init(tmp_path: Path, free_port) -> None:
     script = _script(
         tmp_path,

@@ -399,11 +399,34 @@ def _unjoined(status_dir: str, ranks: list[dict[str, str]], world: int) -> list[
     return out
 
 
-def _name_unjoined(status_dir: str, ranks: list[dict[str, str]], world: int) -> None:
+#: the key torch's store-based barrier counts the ranks of the default group in
+#: (``init_process_group`` with ``TORCH_DIST_INIT_BARRIER=1``; the default group's store is the
+#: launcher's under ``PrefixStore("default_pg")``)
+JOIN_COUNT_KEY = "default_pg/store_based_barrier_key:0"
+
+
+def _joined_count(store: Any) -> int | None:
+    """How many ranks joined the default process group, read from the launcher's store (the
+    root of torch elastic's prefixed stores), or None when it cannot be read."""
+    from torch.distributed import PrefixStore
+
+    while isinstance(store, PrefixStore):
+        store = store.underlying_store
+    try:
+        return int(store.add(JOIN_COUNT_KEY, 0))
+    except (RuntimeError, ValueError):  # the store is gone (the agent closed it)
+        return None
+
+
+def _name_unjoined(
+    status_dir: str, ranks: list[dict[str, str]], world: int, joined: int | None = None
+) -> None:
     """At the end of a run of several processes: name the ranks that never called
     ``aios.init()`` (a script that does not use aios, or gates itself out, e.g. "not enough
-    GPUs", and exits 0): aios cannot tell that they trained together."""
-    if world <= 1:
+    GPUs", and exits 0): aios cannot tell that they trained together. ``joined``: how many
+    ranks joined the launcher's default process group (a plain torchrun script that calls
+    ``init_process_group`` with the launcher's ranks is no copy)."""
+    if world <= 1 or (joined is not None and joined >= world):
         return
     missing = _unjoined(status_dir, ranks, world)
     if not missing:
@@ -680,6 +703,8 @@ class _AgentWatch:
         self._epoll: Any = None
         self._fds: dict[int, int] = {}  # pidfd -> pid
         self.groups: list[int] = []  # the ranks' process groups (torch starts each in its own)
+        #: ranks that joined the default process group, read when the workers succeeded
+        self.joined: int | None = None
 
     def _exited(self, pid: int) -> None:
         with self.lock:
@@ -884,6 +909,8 @@ def _blame(failures: dict[int, Any], status: dict[int, str], watch: _AgentWatch)
 def _wrap_monitor(monitor: Any, watch: _AgentWatch) -> Any:
     def _monitor(agent: Any, worker_group: Any) -> Any:
         result = monitor(agent, worker_group)
+        if result.state.name == "SUCCEEDED" and worker_group.store is not None:
+            watch.joined = _joined_count(worker_group.store)
         if result.is_failed():
             watch.last_failures = dict(result.failures)
             if watch.no_restart:  # the watchdog stopped a hung run: no restart
@@ -909,6 +936,10 @@ def _run_elastic_inprocess(
     os.environ.update(env)
     os.environ.setdefault("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[rank${rank}]:")
     os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(int(grace + 5)))
+    # torch's barrier after init_process_group counts the ranks that joined the default group in
+    # the launcher's store: how aios-run tells a plain torchrun script's ranks from copies that
+    # never joined (a user's own setting wins)
+    os.environ.setdefault("TORCH_DIST_INIT_BARRIER", "1")
     import logging
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -971,7 +1002,7 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
             kind, detail = _run_elastic_inprocess(targs, env, cfg.checkpoint.grace_seconds, watch)
             status = _read_status(status_dir)
             if kind == "ok":
-                _name_unjoined(status_dir, host.ranks, plan.world_size)
+                _name_unjoined(status_dir, host.ranks, plan.world_size, watch.joined)
                 sys.exit(0)
             if dog is not None and dog.hang is not None and kind == "failed":
                 _hung_exit(script, dog)
