@@ -263,14 +263,16 @@ def _manager(tmp_path, capsys=None):
         def save(self, step, ctx, staging, store):
             return {"x.bin": store.write_file(staging, "x.bin", lambda f: f.write(b"x" * 10))}
 
-    class Strategy:
+    class Strategy:  # the members of aios.strategy.Strategy the manager reads
         rank, world_size, checkpoint_format = 0, 1, "fakeasync"
+        data_rank, data_world = 0, 1
 
         def saves_on_this_rank(self):
             return True
 
-    class Training:
+    class Training:  # the members of aios.state.TrainingState the manager reads
         step = 7
+        loaders: list = []
 
         def state_dict(self):
             return {}
