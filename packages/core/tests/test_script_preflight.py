@@ -173,3 +173,22 @@ def test_save_without_checkpoint_dir_is_refused_at_setup_without_aios_run(tmp_pa
     assert p.returncode == 2, p.stdout + p.stderr
     assert "train.py:8 calls rt.save()" in p.stderr and "Traceback" not in p.stderr
     assert not (tmp_path / "started").exists()
+
+
+@pytest.mark.parametrize(
+    "init",
+    [
+        "aios.init(checkpoint={'dir': 'ck'})",
+        "aios.init(defaults={'checkpoint': {'dir': 'ck'}})",
+        "aios.init(overrides=['checkpoint.dir=ck'])",
+        "aios.init({'checkpoint': {'dir': 'ck'}})",
+    ],
+)
+def test_a_script_that_sets_its_own_checkpoint_dir_is_trusted(init: str) -> None:
+    """Settings the script passes to aios.init may set checkpoint.dir: no refusal before the run
+    (aios.init's section keywords included, as tests/scripts/sharded_format.py writes them)."""
+    from aios.preflight import needs_checkpoint_dir
+
+    src = f"import aios\nrt = {init}\nrt.save()\n"
+    assert needs_checkpoint_dir(src) is None
+    assert needs_checkpoint_dir("import aios\nrt = aios.init()\nrt.save()\n") == (3, "rt.save()")

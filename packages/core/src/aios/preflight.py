@@ -4,7 +4,8 @@
 path on the runtime ``aios.init()`` returned; both write under ``checkpoint.dir``, so without one
 the run would fail only when it first saves (after an epoch). ``aios-run`` refuses such a launch
 (exit 2, one line), and ``rt.setup`` raises the same for a script run without ``aios-run``.
-A script that sets its own defaults (``aios.init(defaults=...)``, ``config=...``) is trusted, and
+A script that passes ``aios.init`` settings of its own (``defaults=``, ``config=``, ``overrides=``
+or a section such as ``checkpoint={...}``) is trusted, and
 so is a save under a condition about saving of the script's own (``if args.save_dir:``) or in a
 ``try``.
 
@@ -55,8 +56,7 @@ def _unguarded(tree: ast.AST) -> list[ast.AST]:
 
 def needs_checkpoint_dir(source: str) -> tuple[int, str] | None:
     """``(line, call)`` of the first save that needs ``checkpoint.dir``, or ``None`` (also for
-    source that does not parse, or whose ``aios.init`` call passes its own config or
-    defaults)."""
+    source that does not parse, or whose ``aios.init`` call passes settings of its own)."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
@@ -66,8 +66,10 @@ def needs_checkpoint_dir(source: str) -> tuple[int, str] | None:
         if isinstance(node, ast.Assign) and _init_call(node.value):
             call = node.value
             assert isinstance(call, ast.Call)
-            if call.args or any(k.arg in ("config", "defaults", None) for k in call.keywords):
-                return None  # the script brings settings of its own: they may set the dir
+            if call.args or call.keywords:
+                # the script brings settings of its own (config, defaults, overrides or a
+                # section such as checkpoint={...}): they may set the dir
+                return None
             runtimes.update(t.id for t in node.targets if isinstance(t, ast.Name))
     if not runtimes:
         return None
