@@ -36,3 +36,29 @@ class TestK8sContract(ProviderContract):
         work.mkdir()
         (work / "train.py").write_text("print('kit on kubernetes', flush=True)\n")
         return work
+
+
+def test_kubeconfig_is_read_when_the_provider_connects_not_when_kubernetes_was_imported(
+    kube: Any, k8s_env: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the kubernetes client fixes its default kubeconfig path at its first import; a process
+    # (a notebook, a test session, a tool embedding aios) that sets KUBECONFIG afterwards
+    # must still reach the cluster it names
+    import importlib
+
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "not-there"))
+    import kubernetes.config.kube_config as kc
+
+    importlib.reload(kc)
+    try:
+        from aios.config import resolve
+        from aios_cloud_k8s.provider import K8sProvider
+
+        for k, v in k8s_env(kube).items():
+            monkeypatch.setenv(k, v)
+        provider = K8sProvider(resolve(check_backend=False))
+        assert provider.describe_credentials().startswith("kubeconfig context")
+        assert isinstance(provider.catalog(), list)
+    finally:
+        monkeypatch.undo()
+        importlib.reload(kc)

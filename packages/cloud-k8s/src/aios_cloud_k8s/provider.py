@@ -15,6 +15,7 @@ JobSet CRD, a TPU type no node pool offers, an object the API server rejects.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -60,9 +61,16 @@ class K8sProvider(SchedulerProvider):
                 raise CloudError(
                     "the kubernetes Python client is not installed", "pip install kubernetes"
                 ) from None
+            # KUBECONFIG is read now: the client's own default is fixed when kubernetes is
+            # first imported, so a process that changed it since would read a stale file
+            config_file = (
+                self.settings.kubeconfig
+                or os.environ.get("KUBECONFIG")
+                or os.path.expanduser("~/.kube/config")
+            )
             try:
                 api_client = config.new_client_from_config(
-                    config_file=self.settings.kubeconfig, context=self.settings.context
+                    config_file=config_file, context=self.settings.context
                 )
             except (config.ConfigException, FileNotFoundError, OSError) as exc:
                 raise CloudError(
