@@ -192,3 +192,25 @@ def test_a_script_that_sets_its_own_checkpoint_dir_is_trusted(init: str) -> None
     src = f"import aios\nrt = {init}\nrt.save()\n"
     assert needs_checkpoint_dir(src) is None
     assert needs_checkpoint_dir("import aios\nrt = aios.init()\nrt.save()\n") == (3, "rt.save()")
+
+
+def test_a_save_behind_a_switch_set_at_launch_is_not_refused() -> None:
+    """``STOP_AFTER=3 aios-run checkpoint.dir=ck train.py`` saves; the same script run without
+    the switch never does and must not be refused (backend-cuda's DeepSpeed script is such)."""
+    from aios.preflight import needs_checkpoint_dir
+
+    head = "import aios, os, sys\nrt = aios.init()\n"
+    for switch in (
+        'stop_after = int(os.environ.get("STOP_AFTER", "0"))',
+        'stop_after = os.getenv("STOP_AFTER")',
+        "stop_after = len(sys.argv) > 2",
+    ):
+        src = (
+            head
+            + switch
+            + "\nfor i in range(9):\n    if stop_after and i > 2:\n        rt.save()\n"
+        )
+        assert needs_checkpoint_dir(src) is None, switch
+    # a condition on the loop alone still saves on every run: refused
+    src = head + "for i in range(9):\n    if i % 3 == 0:\n        rt.save()\n"
+    assert needs_checkpoint_dir(src) == (5, "rt.save()")

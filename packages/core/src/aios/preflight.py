@@ -6,8 +6,10 @@ the run would fail only when it first saves (after an epoch). ``aios-run`` refus
 (exit 2, one line), and ``rt.setup`` raises the same for a script run without ``aios-run``.
 A script that passes ``aios.init`` settings of its own (``defaults=``, ``config=``, ``overrides=``
 or a section such as ``checkpoint={...}``) is trusted, and
-so is a save under a condition about saving of the script's own (``if args.save_dir:``) or in a
-``try``.
+so is a save under a condition about saving of the script's own (``if args.save_dir:``), under a
+condition on a switch the user sets when launching (a module-level name read from the
+environment or the command line: ``stop_after = int(os.environ.get("STOP_AFTER", "0"))``, then
+``if stop_after and ...: rt.save()``: the run without that switch never saves) or in a ``try``.
 
 Nothing here imports torch.
 """
@@ -30,15 +32,34 @@ def _init_call(node: ast.AST) -> bool:
     ) or (isinstance(f, ast.Name) and f.id == "init")
 
 
-def _unguarded(tree: ast.AST) -> list[ast.AST]:
+def _launch_switches(tree: ast.Module) -> set[str]:
+    """Module-level names whose value comes from the environment or the command line
+    (``X = int(os.environ.get("X", "0"))``, ``X = os.getenv(...)``, ``X = sys.argv[2]``)."""
+    out: set[str] = set()
+    for node in tree.body:
+        if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+            continue
+        text = ast.unparse(node.value)
+        if not any(src in text for src in ("os.environ", "os.getenv", "getenv(", "sys.argv")):
+            continue
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        out.update(t.id for t in targets if isinstance(t, ast.Name))
+    return out
+
+
+def _unguarded(tree: ast.Module) -> list[ast.AST]:
     """Nodes not under a condition of the script's own about checkpoints (an ``if``/``elif``
     or conditional expression whose test names a checkpoint or a directory, e.g. ``if
-    rt.config.checkpoint.dir: rt.save()``) nor inside ``try`` (a save the script guards)."""
+    rt.config.checkpoint.dir: rt.save()``, or a switch set at launch, :func:`_launch_switches`)
+    nor inside ``try`` (a save the script guards)."""
     out: list[ast.AST] = []
+    switches = _launch_switches(tree)
 
     def about_saving(test: ast.AST) -> bool:
         text = ast.unparse(test).lower()
-        return "checkpoint" in text or "dir" in text or "save" in text
+        if "checkpoint" in text or "dir" in text or "save" in text:
+            return True
+        return any(isinstance(n, ast.Name) and n.id in switches for n in ast.walk(test))
 
     def walk(node: ast.AST) -> None:
         out.append(node)
