@@ -247,6 +247,13 @@ def _print(obj: Any) -> None:
     "--poll", type=float, default=5.0, show_default=True, help="Watcher poll interval in seconds."
 )
 @click.option(
+    "--max-cost",
+    metavar="USD",
+    help="Spending limit: before the job's projected spend (the catalog's price x hosts x time) "
+    "passes it, the job is checkpointed and stopped (exit 75; with --down the cluster is "
+    "deleted). Needs a cloud with prices.",
+)
+@click.option(
     "--dry-run",
     is_flag=True,
     help="Print the equivalent cloud CLI and per-worker commands; touch nothing.",
@@ -348,6 +355,7 @@ def status(
     out: list[dict[str, Any]] = []
     for r in recs:
         jobs = store.jobs(r.name)
+        job_shapes = {j.id: shapes.job_shapes(store, r.name, j.id) for j in jobs}
         events = [
             e
             for e in store.events(r.name)
@@ -371,7 +379,8 @@ def status(
                         "restarts": j.restarts,
                         "max_restarts": j.max_restarts,
                         "exit_codes": j.exit_codes,
-                        "shapes": shapes.job_shapes(store, r.name, j.id),
+                        "shapes": job_shapes[j.id],
+                        "goodput": _goodput(r, j, job_shapes[j.id]),
                     }
                     for j in jobs
                 ],
@@ -404,10 +413,22 @@ def status(
         return
     t = _table(
         "aios clusters",
-        ["name", "cloud", "zone", "accelerator", "spot", "state", "hosts", "job", "restarts"],
+        [
+            "name",
+            "cloud",
+            "zone",
+            "accelerator",
+            "spot",
+            "state",
+            "hosts",
+            "job",
+            "restarts",
+            "goodput",
+        ],
     )
     for cl in out:
         j = cl["jobs"][-1] if cl["jobs"] else None
+        g = j.get("goodput") if j else None
         t.add_row(
             cl["name"],
             cl["cloud"],
@@ -418,6 +439,7 @@ def status(
             str(len(cl["hosts"])),
             f"{j['id']} {j['state']}" if j else "-",
             f"{j['restarts']}/{j['max_restarts']}" if j else "-",
+            f"{g['goodput']:.1%}" if g else "-",
         )
     _print(t)
     import datetime as _dt
@@ -440,6 +462,10 @@ def status(
                     f"{cl['name']}: job {j['id']} cost so far {shapes.money(sum(costs))}{unpriced}"
                 )
     for cl in out:
+        for j in cl["jobs"]:
+            if j.get("goodput"):
+                _echo(f"{cl['name']}: job {j['id']} {_goodput_line(j['goodput'])}")
+    for cl in out:
         if cl.get("controller"):
             ctl = cl["controller"]
             _echo(
@@ -451,6 +477,35 @@ def status(
                 f"{cl['name']}: found in {cl['cloud']} by its aios label, no local record; "
                 f"delete it with `aios down {cl['name']}`"
             )
+
+
+def _goodput(rec: Any, job: Any, job_shapes: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The job's goodput (:mod:`aios_cloud.runs`): its run records copied from the hosts while
+    it runs (or when no copy exists yet), else the copy kept here; the cost per productive hour
+    where every shape had a price."""
+    from aios_cloud.runs import copied, job_goodput
+    from aios_cloud.store import JOB_FINAL
+
+    costs = [s["cost_usd"] for s in job_shapes]
+    cost = sum(costs) if costs and all(c is not None for c in costs) else None
+    # an ended job's records were copied when it ended (copied now if that never happened)
+    refresh = job.state not in JOB_FINAL or not copied(job.cluster, job.id)
+    g = job_goodput(rec, job, cost, refresh=refresh)
+    return g.to_dict() if g else None
+
+
+def _goodput_line(g: dict[str, Any]) -> str:
+    from aios_cloud.runs import JobGoodput
+
+    return JobGoodput(
+        g["goodput"],
+        g["productive_s"],
+        g["wall_s"],
+        g["cost_usd"],
+        g["usd_per_productive_hour"],
+        g["source"],
+        g["copied"],
+    ).line()
 
 
 # ------------------------------------------------------------------------------ exec / logs / ssh

@@ -104,6 +104,11 @@ def run(request: LaunchRequest, echo: Echo, log: Log, printer: LinePrinter) -> i
     config = _config(request.config_file)
     provider = get_provider(cloud, config)
     if isinstance(provider, SchedulerProvider):
+        if request.cost_limit is not None:
+            raise AiosError(
+                f"--max-cost needs prices, and --cloud {cloud} (a batch scheduler) has none",
+                "drop --max-cost; bound the job with the scheduler's own time limit",
+            )
         # a batch scheduler (Slurm, Kubernetes): submits a job, no hosts to provision
         return provider.launch_job(request, store, log)
     launch = plan(request, provider, cloud, config, store, existing, echo, log, printer)
@@ -165,6 +170,9 @@ def plan(
         backend = request.backend or provider.backend_for(c.accelerator)
         specs.append(job_spec(request, provider, c, backend, check=c is cluster))
     spec = specs[0]
+    if request.cost_limit is not None:
+        check_cost_limit(request, provider, cloud, clusters)
+        spec.max_cost = request.cost_limit
     if len(clusters) > 1:
         spec.candidates = [
             dataclasses.asdict(
@@ -281,6 +289,46 @@ def job_spec(
     )
 
 
+def check_cost_limit(
+    request: LaunchRequest, provider: CloudProvider, cloud: str, clusters: list[ClusterRequest]
+) -> None:
+    """``--max-cost`` projects the spend from the catalog's price: every type the job may run
+    on must have one."""
+    from aios_cloud import shapes
+
+    if provider.user_hosts:
+        raise AiosError(
+            f"--max-cost needs prices, and --cloud {cloud} (hosts you already have) has none",
+            "drop --max-cost",
+        )
+    pricing = "spot" if request.spot else "on-demand"
+    for c in clusters:
+        if shapes.hourly(provider, c.accelerator, request.spot, c.nodes) is None:
+            raise AiosError(
+                f"--max-cost needs the price of {c.accelerator}, and the {cloud} catalog lists "
+                f"no {pricing} price for it",
+                f"drop --max-cost, or pick a type with a price (`aios catalog --cloud {cloud}`)",
+            )
+
+
+def cost_limit_line(launch: Launch) -> str | None:
+    """``--dry-run``: what ``--max-cost`` will do."""
+    from aios_cloud import shapes
+
+    limit, request = launch.request.cost_limit, launch.request
+    if limit is None:
+        return None
+    c = launch.cluster
+    price = shapes.hourly(launch.provider, c.accelerator, request.spot, c.nodes)
+    hours = f", about {limit / price:.1f} h at {shapes.money(price)}/h" if price else ""
+    down = " and the cluster deleted (--down)" if request.down_after else ""
+    return (
+        f"# cost limit: --max-cost {shapes.money(limit)}: the watcher projects the job's spend "
+        f"(catalog price x time on each shape){hours}; before it passes the limit the job is "
+        f"checkpointed (SIGTERM, the checkpoint.grace_seconds notice) and stopped{down}"
+    )
+
+
 def check_checkpoints(request: LaunchRequest, provider: CloudProvider) -> None:
     """A managed run needs a checkpoint directory that outlives the hosts, which they can write."""
     ckpt = request.checkpoint_dir
@@ -330,6 +378,9 @@ def render(launch: Launch) -> None:
         )
     for price in price_lines(launch):
         launch.echo(price)
+    limit_line = cost_limit_line(launch)
+    if limit_line:
+        launch.echo(limit_line)
     provider.render_launch(
         LaunchPlan(
             cluster,
@@ -552,7 +603,7 @@ def start(launch: Launch) -> None:
         rec,
         job_id,
         procs,
-        shapes.hourly(launch.provider, rec.accelerator, rec.spot, len(rec.hosts)),
+        shapes.hourly_for_hosts(launch.provider, rec.accelerator, rec.spot, len(rec.hosts)),
         shapes.newest_step(rec, launch.spec.checkpoint_dir),
         "launched",
     )

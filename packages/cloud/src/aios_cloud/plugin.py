@@ -57,3 +57,12 @@ def aios_register_clouds(register: Any) -> None:
             install_hint="pip install -e ./packages/cloud",
         )
     )
+
+
+@hookimpl
+def aios_report_target(target: str) -> str | None:
+    """``aios report CLUSTER``: the newest run record of the cluster's newest job, copied from
+    its hosts (:func:`aios_cloud.runs.report_target`)."""
+    from aios_cloud.runs import report_target
+
+    return report_target(target)

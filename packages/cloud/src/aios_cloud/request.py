@@ -86,11 +86,15 @@ class LaunchRequest:
     controller_python: str | None = None
     reservation: str | None = None
     poll: float = 5.0
+    #: ``--max-cost USD`` as typed (checked into :attr:`cost_limit`)
+    max_cost: str | None = None
     dry_run: bool = False
     config_file: str | None = None
     # filled by :meth:`check` from ``env_items``: values set here, names forwarded from here
     env: dict[str, str] = field(default_factory=dict, repr=False)
     forward_env: list[str] = field(default_factory=list)
+    #: filled by :meth:`check` from ``max_cost``: the spending limit in USD (None: none)
+    cost_limit: float | None = None
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> LaunchRequest:
@@ -241,6 +245,7 @@ class LaunchRequest:
                     "add --max-restarts N --checkpoint-dir DIR",
                 )
         self.env, self.forward_env = parse_env(list(self.env_items))
+        self.cost_limit = parse_usd(self.max_cost) if self.max_cost is not None else None
 
     def labels(self) -> dict[str, str]:
         """``--label`` as a dict (``KEY=VALUE`` each)."""
@@ -301,6 +306,8 @@ class JobSpec:
     # ``-a TYPE1,TYPE2,...``: each candidate's runtime (:class:`Candidate` as dicts), in the
     # order a recovery tries them; empty for a single type
     candidates: list[dict[str, Any]] = field(default_factory=list)
+    #: ``--max-cost``: the job is checkpointed and stopped before its spend passes this (USD)
+    max_cost: float | None = None
 
     def candidate(self, accelerator: str) -> Candidate | None:
         """The runtime recorded for ``accelerator`` (None: not a candidate of this job)."""
@@ -322,6 +329,24 @@ class JobSpec:
     def from_dict(cls, d: dict[str, Any]) -> JobSpec:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def parse_usd(text: str) -> float:
+    """``--max-cost``: an amount in US dollars (``50``, ``12.5``, ``$50``), more than 0."""
+    import math
+
+    s = str(text).strip().removeprefix("$").replace(",", "").strip()
+    try:
+        value = float(s)
+    except ValueError:
+        raise AiosError(
+            f"--max-cost '{text}' is not an amount in US dollars", "pass e.g. --max-cost 50"
+        ) from None
+    if not math.isfinite(value) or value <= 0:
+        raise AiosError(
+            f"--max-cost must be more than 0 US dollars, got {text}", "pass e.g. --max-cost 50"
+        )
+    return value
 
 
 def parse_env(items: list[str]) -> tuple[dict[str, str], list[str]]:
@@ -361,4 +386,12 @@ def split_target(target: str) -> tuple[str | None, str, int]:
     return (user if at else None), host, int(port) if colon else 22
 
 
-__all__ = ["HOST_OPTIONS", "Candidate", "JobSpec", "LaunchRequest", "parse_env", "split_target"]
+__all__ = [
+    "HOST_OPTIONS",
+    "Candidate",
+    "JobSpec",
+    "LaunchRequest",
+    "parse_env",
+    "parse_usd",
+    "split_target",
+]

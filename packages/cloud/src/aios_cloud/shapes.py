@@ -34,6 +34,22 @@ def hourly(provider: CloudProvider, accelerator: str, spot: bool, nodes: int) ->
     return None if price is None else price * max(1, nodes)
 
 
+def hourly_for_hosts(
+    provider: CloudProvider, accelerator: str, spot: bool, hosts: int
+) -> float | None:
+    """The catalog's price per hour of a cluster of ``hosts`` machines of ``accelerator``: a
+    type whose slice spans several hosts (a multi-host TPU slice) is priced per slice, so
+    ``hosts`` counts ``ceil(hosts / entry.hosts)`` slices (None: no price listed)."""
+    try:
+        entry = provider.entry(accelerator)
+    except CloudError:
+        return None
+    price = entry.hourly(spot)
+    if price is None:
+        return None
+    return price * max(1, math.ceil(max(1, hosts) / max(1, entry.hosts)))
+
+
 def order(
     provider: CloudProvider, names: list[str], spot: bool, nodes: int, cheapest: bool
 ) -> list[str]:

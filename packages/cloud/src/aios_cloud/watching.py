@@ -162,6 +162,7 @@ class Watcher:
         log: Log | None = None,
         options: WatchOptions | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        now: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
         self.provider = provider
@@ -171,6 +172,8 @@ class Watcher:
         self.log = log or (lambda m: self.printer("[aios]", m))
         self.opt = options or WatchOptions()
         self.sleep = sleep
+        #: the wall clock the spend (``--max-cost``) is projected with
+        self.now = now
         self.follower: LogFollower | None = None
         self._maintenance_logged = False
         # hosts of a run that continued on fewer (--cloud ssh --min-hosts) answer again: the
@@ -323,7 +326,90 @@ class Watcher:
                 first_nonzero = None
                 last_describe = 0.0
                 continue
+            code = self._check_cost(job, rec)
+            if code is not None:
+                return code
             self.sleep(self.opt.poll)
+
+    # -------------------------------------------------------------- --max-cost
+    def _stop_lead(self) -> float:
+        """Seconds from one check of the spend to the job stopped: the next poll, then the
+        grace its ranks get to write the emergency checkpoint (SIGTERM notice) and a margin."""
+        return self.opt.poll + self._grace() + 5.0
+
+    def _grace(self) -> float:
+        return float(self.config.checkpoint.grace_seconds)
+
+    def _check_cost(self, job: JobRecord, rec: ClusterRecord) -> int | None:
+        """``--max-cost``: when the job's spend (each shape's catalog price x its time, on the
+        injected clock) plus what the next :meth:`_stop_lead` seconds cost would pass the
+        limit, checkpoint and stop the job. Returns the exit status then, else None."""
+        limit = JobSpec.from_dict(job.spec).max_cost if job.spec else None
+        if limit is None or job.state != JOB_RUNNING:
+            return None
+        js = shapes.job_shapes(self.store, rec.name, self.job_id, now=self.now)
+        if not js:
+            return None
+        spent = sum(s["cost_usd"] or 0.0 for s in js)
+        hourly = js[-1]["hourly_usd"] if js[-1]["ended"] is None else None
+        lead = self._stop_lead()
+        projected = spent + (hourly or 0.0) * lead / 3600.0
+        if projected < limit:
+            return None
+        return self._stop_for_cost(rec, limit, spent, hourly, lead)
+
+    def _stop_for_cost(
+        self, rec: ClusterRecord, limit: float, spent: float, hourly: float | None, lead: float
+    ) -> int:
+        money = shapes.money
+        at = f" at {money(hourly)}/h" if hourly is not None else ""
+        msg = (
+            f"job {self.job_id} has spent {money(spent)}{at}; the next {lead:.0f} s would pass "
+            f"--max-cost {money(limit)}: checkpointing and stopping it"
+        )
+        self.log(msg)
+        self.store.event(rec.name, "cost-limit", msg, self.job_id)
+        grace = self._grace() + 5.0
+        cancel_job(rec, self.job_id, grace=grace)
+        saved = self._preempted_checkpoint(rec)
+        if saved:
+            what = f"checkpoint {saved} written; relaunch with the same checkpoint.dir to resume"
+        else:
+            what = "no emergency checkpoint was reported; the newest periodic checkpoint stands"
+        self._finish(
+            JOB_CANCELLED,
+            None,
+            f"stopped at the spending limit (--max-cost {money(limit)}, {money(spent)} spent); "
+            + what,
+        )
+        return EXIT_PREEMPTED
+
+    def _preempted_checkpoint(self, rec: ClusterRecord) -> str | None:
+        """The emergency checkpoint rank 0 reported after the stop notice (its ``status/rank0``
+        marker, ``preempted PATH``), else None."""
+        hosts = record_hosts(rec)
+        if not hosts:
+            return None
+        d = f"{remote_root(rec.name)}/jobs/{self.job_id}/status"
+        try:
+            r = runner_for(rec, None, retries=0).run_one(
+                hosts[0], f"cat {d}/rank0 2>/dev/null; true", stream=False, timeout=30
+            )
+        except SshError:
+            return None
+        for line in r.stdout:
+            word, _, path = line.strip().partition(" ")
+            if word == "preempted" and path:
+                return path.strip()
+        return None
+
+    def _pull_records(self, rec: ClusterRecord | None, full: bool, timeout: float) -> None:
+        """Copy the job's run records here (its goodput outlives the hosts)."""
+        job = self.store.get_job(self.job_id)
+        if rec is not None and job is not None:
+            from aios_cloud import runs
+
+            runs.pull(rec, job, full=full, timeout=timeout)
 
     def _end_shape(self, job: JobRecord, rec: ClusterRecord | None, why: str) -> None:
         if rec is not None:
@@ -377,7 +463,9 @@ class Watcher:
     def _finish(self, state: str, codes: list[int | None] | None, why: str) -> int:
         job = self.store.get_job(self.job_id)
         if job:  # before the state: whoever sees the job ended sees its last shape ended too
-            self._end_shape(job, self.store.get_cluster(job.cluster), f"job {state.lower()}")
+            rec = self.store.get_cluster(job.cluster)
+            self._end_shape(job, rec, f"job {state.lower()}")
+            self._pull_records(rec, full=True, timeout=60.0)
         self.store.update_job(self.job_id, state=state, exit_codes=codes, watcher_pid=None)
         if job:
             self.store.event(
@@ -403,6 +491,9 @@ class Watcher:
         )
         self.store.event(rec.name, kind, f"job {self.job_id}: {incident}", self.job_id)
         self.log(f"cluster {rec.name}: {incident}")
+        if not incident.startswith(("cluster disappeared", "hosts lost", "hosts replaced")):
+            # the attempt's record before its hosts may be replaced (its goodput account)
+            self._pull_records(rec, full=True, timeout=15.0)
         self._end_shape(job, rec, incident)
         self._grow = None
         if not job.managed or job.restarts >= job.max_restarts:
@@ -465,7 +556,7 @@ class Watcher:
             rec,
             self.job_id,
             procs,
-            shapes.hourly(self.provider, rec.accelerator, rec.spot, len(rec.hosts)),
+            shapes.hourly_for_hosts(self.provider, rec.accelerator, rec.spot, len(rec.hosts)),
             shapes.newest_step(rec, spec.checkpoint_dir),
             f"{what}: {action}",
         )
