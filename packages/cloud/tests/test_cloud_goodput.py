@@ -280,3 +280,47 @@ def test_a_multi_host_slice_is_priced_once_per_slice():
     provider.catalog = lambda: [entry]  # type: ignore[method-assign]
     assert shapes.hourly_for_hosts(provider, "box", False, 2) == 4.0
     assert shapes.hourly_for_hosts(provider, "box", False, 4) == 8.0
+
+
+def _plan(tmp_path, hourly: float | None, **options):
+    from aios_cloud.launch import plan, render
+
+    (tmp_path / "t.py").write_text("")
+    req = LaunchRequest.from_options(
+        {"script": "t.py", "workdir": str(tmp_path), "accelerator": "box", "name": "wc"}
+        | {"no_setup": True, "no_bundle": True, "dry_run": True, **options}
+    )
+    config = resolve(flags={"nprocs": 1}, environ={}, check_backend=False)
+    out: list[str] = []
+    launch = plan(
+        req, LoopbackCloud(None, hourly), "loop", config, None, None, out.append, out.append,
+        LinePrinter(io.StringIO()),
+    )  # fmt: skip
+    render(launch)
+    return launch, out
+
+
+def test_max_cost_dry_run_says_what_the_limit_will_do(tmp_path):
+    launch, out = _plan(tmp_path, 2.5, max_cost="10", down_after=True)
+    assert launch.spec.max_cost == 10.0  # the watcher reads it from the job's spec
+    (line,) = [ln for ln in out if ln.startswith("# cost limit")]
+    assert line == (
+        "# cost limit: --max-cost $10.00: the watcher projects the job's spend (catalog price x "
+        "time on each shape), about 4.0 h at $2.50/h; before it passes the limit the job is "
+        "checkpointed (SIGTERM, the checkpoint.grace_seconds notice) and stopped and the "
+        "cluster deleted (--down)"
+    )
+    _, out = _plan(tmp_path, 2.5)
+    assert not [ln for ln in out if ln.startswith("# cost limit")]
+
+
+def test_max_cost_on_a_type_without_a_price_is_one_line(tmp_path):
+    with pytest.raises(AiosError) as err:
+        _plan(tmp_path, None, max_cost="10")
+    assert err.value.message == (
+        "--max-cost needs the price of box, and the loop catalog lists no on-demand price for it"
+    )
+    assert (
+        err.value.fix
+        == "drop --max-cost, or pick a type with a price (`aios catalog --cloud loop`)"
+    )

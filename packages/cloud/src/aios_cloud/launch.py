@@ -303,6 +303,12 @@ def check_cost_limit(
         )
     pricing = "spot" if request.spot else "on-demand"
     for c in clusters:
+        prepaid = provider.prepaid(c)
+        if prepaid:
+            raise AiosError(
+                f"--max-cost limits a spend that grows by the hour, and {prepaid}",
+                "drop --max-cost (the block's end bounds the run)",
+            )
         if shapes.hourly(provider, c.accelerator, request.spot, c.nodes) is None:
             raise AiosError(
                 f"--max-cost needs the price of {c.accelerator}, and the {cloud} catalog lists "

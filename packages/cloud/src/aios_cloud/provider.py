@@ -473,6 +473,17 @@ class CloudProvider(ABC):
             cls.render_launch = render_launch  # type: ignore[method-assign]
 
     # -------------------------------------------------------------- catalog
+    def prepaid(self, request: ClusterRequest) -> str | None:
+        """Whether the cluster ``request`` is paid upfront instead of by the hour (an AWS
+        Capacity Block is paid when bought): a phrase naming what it is and how it is paid,
+        else ``None`` (the catalog's hourly price is what is billed, an on-demand capacity
+        reservation's included). ``aios launch --max-cost`` refuses a prepaid cluster in one
+        line: its spend does not grow while the job runs. Default: ``None``.
+
+        .. versionadded:: 0.1 (unreleased)
+        """
+        return None
+
     @abstractmethod
     def catalog(self) -> list[CatalogEntry]:
         """Every accelerator type offered, with devices, memory, runtime, prices, peak TFLOP/s

@@ -5,6 +5,7 @@ one accelerator type (``box``) has the catalog price given (None: no price)."""
 
 from __future__ import annotations
 
+import builtins
 from typing import Any
 
 from aios_cloud.provider import (
@@ -76,8 +77,8 @@ class LoopbackCloud(CloudProvider):
         self.calls.append("delete")
         self.exists = False
 
-    def render_create(self, request: ClusterRequest) -> list[CloudCommand]:
+    def render_create(self, request: ClusterRequest) -> builtins.list[CloudCommand]:
         return []
 
-    def render(self, action: str, name: str, zone: str | None) -> list[CloudCommand]:
+    def render(self, action: str, name: str, zone: str | None) -> builtins.list[CloudCommand]:
         return []
