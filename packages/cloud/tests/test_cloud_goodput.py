@@ -324,3 +324,23 @@ def test_max_cost_on_a_type_without_a_price_is_one_line(tmp_path):
         err.value.fix
         == "drop --max-cost, or pick a type with a price (`aios catalog --cloud loop`)"
     )
+
+
+def test_max_cost_with_down_deletes_the_cluster_after_the_stop(env, tmp_path, monkeypatch):
+    """The background watcher (``aios launch --detach --down``): at $1,000,000/h the first
+    check is already over a $1 limit (no timing involved); the job is stopped with its
+    checkpoint, then the cluster is deleted."""
+    from aios_cloud import records, watch
+
+    store, provider, rec, job_id, *_ = _launch(env, tmp_path, STOPPABLE, 1e6, max_cost=1.0)
+    _wait_for(env.hosts[0].home / "ready", "the job's SIGTERM handler")
+    monkeypatch.setattr(records, "get_provider", lambda cloud, config: provider)
+    code = watch.main([str(job_id), "--cloud", "loop", "--poll", "0.2", "--down"])
+    assert code == 75
+    assert (env.hosts[0].home / "got-sigterm").read_text() == "yes"
+    assert store.get_cluster("wc") is None and provider.calls[-1] == "delete"
+    job = store.get_job(job_id)
+    assert job is not None and job.state == JOB_CANCELLED
+    (event,) = store.events("wc", kind="cost-limit")
+    assert "--max-cost $1.00" in event.message
+    store.close()
