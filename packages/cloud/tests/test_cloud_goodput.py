@@ -344,3 +344,28 @@ def test_max_cost_with_down_deletes_the_cluster_after_the_stop(env, tmp_path, mo
     (event,) = store.events("wc", kind="cost-limit")
     assert "--max-cost $1.00" in event.message
     store.close()
+
+
+def test_each_start_of_a_job_writes_its_own_run_record(env, tmp_path):
+    """torchrun's rendezvous id (``aios``, the same for every attempt) must not name the run
+    record: each start of the job (a recovery is one) gets its own ``AIOS_RUN_ID`` and the
+    launch time the record's start-up counts from."""
+    store, provider, rec, job_id, config, printer, logs = _launch(env, tmp_path, "", None)
+    envfile = env.hosts[0].home / "aios" / "wc" / "jobs" / str(job_id) / "env"
+
+    def attempt_env() -> dict[str, str]:
+        out = {}
+        for line in envfile.read_text().splitlines():
+            k, _, v = line.removeprefix("export ").partition("=")
+            out[k] = v.strip("'")
+        return out
+
+    before = time.time()
+    first = attempt_env()
+    spec = ops.JobSpec.from_dict(store.get_job(job_id).spec)
+    ops.start_job(rec, job_id, spec, config, {}, printer, logs.append)  # a relaunch
+    second = attempt_env()
+    assert first["AIOS_RUN_ID"] != second["AIOS_RUN_ID"]
+    assert f"-job{job_id}-" in second["AIOS_RUN_ID"]
+    assert before <= float(second["AIOS_RUN_LAUNCH_TIME"]) <= time.time()
+    store.close()

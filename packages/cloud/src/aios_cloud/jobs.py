@@ -23,10 +23,11 @@ import hashlib
 import os
 import shlex
 import sys
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from aios.contract import STATUS_DIR_ENV
+from aios.contract import LAUNCH_TIME_ENV, RUN_ID_ENV, STATUS_DIR_ENV
 from aios.errors import AiosError
 from aios.preemption import EXIT_PREEMPTED
 
@@ -266,7 +267,16 @@ def start_job(
     """Write run.sh and env on every host and start it detached. Returns the number of
     processes over all hosts."""
     plans = host_commands(rec, spec, config)
-    base_env = job_env(spec, provider_env)
+    # each start of the job its own run record (torchrun's rendezvous id, the same for every
+    # attempt, would otherwise name them all), and the launch time its goodput start-up counts
+    # from (aios.goodput)
+    started = time.time()
+    attempt = {
+        RUN_ID_ENV: time.strftime("%Y%m%d-%H%M%S", time.gmtime(started))
+        + f"-job{job_id}-{os.urandom(2).hex()}",
+        LAUNCH_TIME_ENV: f"{started:.3f}",
+    }
+    base_env = {**attempt, **job_env(spec, provider_env)}
     root = remote_root(rec.name)
     d = f"{root}/jobs/{job_id}"
     tasks = {}
