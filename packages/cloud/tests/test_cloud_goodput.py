@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -45,6 +46,27 @@ print("record written", flush=True)
 home = pathlib.Path(os.environ["HOME"])
 while not FINISH and not (home / "stop").exists():
     time.sleep(0.1)
+"""
+
+# a run killed at step 25 (t0 + 50) and resumed from its checkpoint of step 20 (t0 + 60): the
+# second record names the first by its path on the host, as aios.runtime's resume event does
+TWO_ATTEMPTS = """\
+import json, os, pathlib, time
+t0 = time.time() - 100
+def record(name, diag):
+    d = pathlib.Path("runs") / name
+    d.mkdir(parents=True)
+    (d / "diagnostics.json").write_text(json.dumps(diag))
+    return os.path.abspath(d)
+first = record("20261127-000000-job1-aaaa", {
+    "started": t0, "updated": t0 + 50, "status": "running", "steps": 25,
+    "attempt": {"launched": t0, "first_step": t0 + 10, "last_step": t0 + 50, "start_step": 0,
+                "last_step_index": 25}})
+record("20261127-000100-job1-bbbb", {
+    "started": t0 + 60, "updated": t0 + 100, "finished": t0 + 100, "status": "completed",
+    "steps": 50, "events": [{"kind": "resume", "step": 20, "record": first}],
+    "attempt": {"launched": t0 + 60, "first_step": t0 + 70, "last_step": t0 + 100,
+                "start_step": 20, "last_step_index": 50}})
 """
 
 # what aios.runtime does on SIGTERM: the emergency checkpoint, then its status marker and exit 75
@@ -152,26 +174,33 @@ def test_the_watcher_keeps_the_record_so_report_works_after_down(env, tmp_path):
     from aios_cloud.cli import status
     from aios_cloud.lifecycle import down_cluster
 
-    store, provider, rec, job_id, config, printer, logs = _launch(
-        env, tmp_path, "FINISH = True\n" + RECORD, None
-    )
+    store, provider, rec, job_id, config, printer, logs = _launch(env, tmp_path, TWO_ATTEMPTS, None)
     opts = ops.WatchOptions(poll=0.2, describe_every=0.2, follow=False, ssh_timeout=30)
     code = ops.Watcher(
         store, provider, job_id, config, printer=printer, log=logs.append, options=opts
     ).run()
     assert code == 0 and store.get_job(job_id).state == JOB_SUCCEEDED, logs
     # ended, copied: status reads the copy (no price in this catalog: no cost figure)
+    # 40 s of steps in the first attempt; 30 s in the second, of which the 5 steps of 29 that
+    # the first had run already are rework; 100 s of wall time
+    productive = 40 + 30 * (1 - 5 / 29)
     r = CliRunner().invoke(status, ["--json"], catch_exceptions=False)
     g = json.loads(r.output)[0]["jobs"][0]["goodput"]
-    assert g["source"] == "copy" and g["goodput"] == pytest.approx(0.9, abs=1e-4)
+    assert g["source"] == "copy" and g["goodput"] == pytest.approx(productive / 100, abs=1e-4)
     assert g["cost_usd"] is None and g["usd_per_productive_hour"] is None
     down_cluster(store, provider, store.get_cluster("wc"))
-    env.close()  # the hosts are gone
+    home = env.hosts[0].home
+    env.close()
+    shutil.rmtree(home / "aios")  # the hosts are gone, their files with them
     r = CliRunner().invoke(report, ["wc", "--json"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
     got = json.loads(r.output)
-    assert got["wall_s"] == pytest.approx(100, abs=0.01)
-    assert got["goodput"] == pytest.approx(0.9, abs=1e-4)
+    assert got["attempts"] == 2 and got["wall_s"] == pytest.approx(100, abs=0.01)
+    assert got["goodput"] == pytest.approx(productive / 100, abs=1e-4)
+    assert got["badput"]["rework"] == pytest.approx(30 * 5 / 29, abs=0.01)
+    assert got["badput"]["between_attempts"] == pytest.approx(10, abs=0.01)
+    (lost,) = got["interruptions"]
+    assert (lost["step"], lost["resumed_at"], lost["steps_lost"]) == (25, 20, 5)
     assert got["productive_s"] + sum(got["badput"].values()) == pytest.approx(100, abs=0.01)
     store.close()
 

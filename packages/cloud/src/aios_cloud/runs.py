@@ -97,10 +97,29 @@ def _store_files(dest: Path, lines: list[str]) -> int:
         path = dest / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         text = "\n".join(ln for ln in body if ln.strip()) + "\n"
+        if rel.endswith("/diagnostics.json"):
+            text = _localize(text)
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(text)
         os.replace(tmp, path)
     return len({rel.split("/")[0] for rel in files})
+
+
+def _localize(text: str) -> str:
+    """A copied ``diagnostics.json`` whose ``resume`` events name the record that wrote the
+    checkpoint resumed by its name only: a path on the hosts means nothing here, a name is read
+    beside this record (:func:`aios.goodput.read_attempts`), among the job's other copies."""
+    try:
+        diag = json.loads(text)
+    except ValueError:
+        return text  # torn: left as it came (the account reads what it can)
+    if not isinstance(diag, dict):
+        return text
+    for d in [diag, *(diag.get("previous_attempts") or [])]:
+        for e in d.get("events") or [] if isinstance(d, dict) else []:
+            if isinstance(e, dict) and e.get("kind") == "resume" and e.get("record"):
+                e["record"] = os.path.basename(str(e["record"]).rstrip("/"))
+    return json.dumps(diag)
 
 
 def pull(rec: ClusterRecord, job: JobRecord, full: bool = False, timeout: float = 30.0) -> bool:
