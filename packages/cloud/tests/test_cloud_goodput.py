@@ -398,3 +398,30 @@ def test_each_start_of_a_job_writes_its_own_run_record(env, tmp_path):
     assert f"-job{job_id}-" in second["AIOS_RUN_ID"]
     assert before <= float(second["AIOS_RUN_LAUNCH_TIME"]) <= time.time()
     store.close()
+
+
+def test_report_on_a_cluster_without_a_run_record_says_so(tmp_path, monkeypatch):
+    """``aios report NAME`` for a cluster this machine knows whose job wrote no run record: one
+    line saying that (not "no known cluster"), exit 2; a name it does not know is left to the
+    other resolvers."""
+    monkeypatch.setenv("AIOS_HOME", str(tmp_path / "aios-home"))
+    store = Store()
+    store.claim_cluster(ClusterRecord("quiet", "loop", "z1", "box", False, "READY"))
+    store.add_job("quiet", "job.py")
+    store.close()
+    r = subprocess.run(
+        [sys.executable, "-m", "aios.cli.main", "report", "quiet"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "AIOS_HOME": str(tmp_path / "aios-home")},
+    )
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "aios: error: no run record of cluster quiet's jobs was copied here; a job writes one "
+        "once its script calls aios.init (see `aios logs quiet`)"
+    ]
+    from aios_cloud.runs import report_target
+
+    assert report_target("unknown") is None
+    assert not (tmp_path / "aios-home" / "clusters" / "unknown").exists()

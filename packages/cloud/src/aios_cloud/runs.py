@@ -259,6 +259,8 @@ def report_target(name: str) -> str | None:
     """``aios report CLUSTER``: the newest run record of the cluster's newest job with one (its
     records copied from the hosts first when they answer, else the copy kept here, which
     outlives the cluster). None when ``name`` is no cluster this machine knows."""
+    from aios.errors import AiosError
+
     from aios_cloud.store import Store
 
     store = Store()
@@ -267,12 +269,22 @@ def report_target(name: str) -> str | None:
         jobs = store.jobs(name)
         if rec is None and not jobs:
             return None
+        answered = False
         for job in sorted(jobs, key=lambda j: j.id, reverse=True):
-            if rec is not None:
-                pull(rec, job, full=True, timeout=60.0)
+            if rec is not None and pull(rec, job, full=True, timeout=60.0):
+                answered = True
             run = newest_record(name, job.id)
             if run is not None:
                 return run
     finally:
         store.close()
-    return None
+    if not jobs:
+        raise AiosError(
+            f"cluster {name} has run no job", f"launch one with `aios launch --name {name}`"
+        )
+    asked = rec is not None and bool(record_hosts(rec))
+    why = " and its hosts did not answer" if asked and not answered else ""
+    raise AiosError(
+        f"no run record of cluster {name}'s jobs was copied here{why}",
+        f"a job writes one once its script calls aios.init (see `aios logs {name}`)",
+    )

@@ -358,6 +358,9 @@ def aios_report_target(target: str) -> str | None:
         and returns the newest), or ``None`` when this plugin does not know the name. The first
         non-``None`` result is used. Cloud events that belong in the account (capacity waits,
         provisioning) are written into the run record with :func:`aios.goodput.write_event`.
+        An :class:`aios.errors.AiosError` raised for a name the plugin knows (a cluster with no
+        run record yet) is shown as it is, one line. May reach remote hosts: its time limit is
+        ten times ``AIOS_PLUGIN_TIMEOUT``.
 
     .. versionadded:: 0.2
     """

@@ -67,9 +67,10 @@ DEFAULT_TIMEOUT = 10.0
 SKIP_ENV = "AIOS_INTERNAL_SKIP_PLUGINS"
 # per-process runtime hooks: called in the calling thread (no time limit), still isolated
 INLINE_HOOKS = frozenset({"aios_make_strategy", "aios_make_precision", "aios_preemption_watchers"})
-# hooks allowed to import a device runtime (deep doctor checks import torch_xla, NVML, ...): their
-# limit is this multiple of AIOS_PLUGIN_TIMEOUT
-SLOW_HOOKS = {"aios_doctor_checks": 10}
+# hooks allowed to import a device runtime (deep doctor checks import torch_xla, NVML, ...) or to
+# reach a remote host (a cluster's run records copied for ``aios report CLUSTER``): their limit is
+# this multiple of AIOS_PLUGIN_TIMEOUT
+SLOW_HOOKS = {"aios_doctor_checks": 10, "aios_report_target": 10}
 _NAME = re.compile(r"^[a-z][a-z0-9_.-]*$")
 
 

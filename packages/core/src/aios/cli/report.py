@@ -21,6 +21,8 @@ def _resolve(target: str) -> str:
     from aios.plugins import get_registry
 
     for plugin, result, exc in get_registry().call_all("aios_report_target", target=target):
+        if isinstance(exc, AiosError):
+            raise exc  # the plugin knows the name and says what is missing, in one line
         if exc is not None:
             click.echo(f"aios: plugin {plugin!r} failed to resolve '{target}': {exc}", err=True)
         elif result:
