@@ -176,12 +176,13 @@ def _print(obj: Any) -> None:
 )
 @click.option(
     "--hosts",
-    help="--cloud ssh: your hosts, USER@HOST[:PORT],... (worker 0 first; node ranks follow the list).",
+    help="--cloud ssh: your hosts, USER@HOST[:PORT][/WORKER_PORT],... (worker 0 first; node "
+    "ranks follow the list; /WORKER_PORT: that host's own sshd port as the other hosts reach it).",
 )
 @click.option(
     "--hosts-file",
     type=click.Path(dir_okay=False),
-    help="--cloud ssh: a file with one USER@HOST[:PORT] a line (# comments).",
+    help="--cloud ssh: a file with one USER@HOST[:PORT][/WORKER_PORT] a line (# comments).",
 )
 @click.option(
     "--nprocs-per-host",
@@ -196,7 +197,7 @@ def _print(obj: Any) -> None:
     type=click.IntRange(1, 65535),
     help="--cloud ssh: the sshd port the hosts reach each other at on their own network "
     "(default 22; the port in USER@HOST:PORT is how this machine reaches them, e.g. a NAT "
-    "gateway's forward).",
+    "gateway's forward; HOST:PORT/WORKER_PORT sets it for one host).",
 )
 @click.option(
     "--host-wait",
