@@ -5,6 +5,8 @@ a cluster placement group."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from aios_cloud.failover import create_with_failover
 from aios_cloud.provider import READY, CloudError, ClusterRequest
@@ -571,4 +573,20 @@ def test_capacity_block_is_priced_by_its_upfront_fee(aws, make_provider, pubkey,
     price = [ln for ln in lines if "price:" in ln]
     assert price and "upfront fee 2,400.00 USD for 24 h = 100.00 USD/h" in price[0], lines
     assert not any("110.08" in ln or "on-demand" in ln for ln in lines)
+    # the run's shapes (aios status: cost so far) at the block's fee per hour, or no price
+    # where EC2 does not tell the fee; the catalog's on-demand price only without a block
+    from aios_cloud.records import request_dict
+    from aios_cloud.shapes import record_hourly
+    from aios_cloud.store import ClusterRecord
+
+    def rec(request: ClusterRequest) -> ClusterRecord:
+        return ClusterRecord(
+            "fee", "aws", "us-east-1b", "p5.48xlarge", False, READY, hosts=[{}, {}],
+            request=request_dict(request),
+        )  # fmt: skip
+
+    assert record_hourly(p, rec(req)) == pytest.approx(100.0)
+    gone_req = replace(req, extra={"reservation": "block:cr-0gone"})
+    assert record_hourly(p, rec(gone_req)) is None
+    assert record_hourly(p, rec(replace(req, extra={}))) == pytest.approx(2 * 55.04)
     p.delete("fee", None)

@@ -228,7 +228,8 @@ class AwsOfferings(AwsBase):
                     "what EC2 asks for such a block now",
                 )
             ]
-        ec2 = self.ec2()
+        region = request.region or self.region
+        ec2 = self.ec2(region)
         crs = self._call(ec2, "DescribeCapacityReservations", CapacityReservationIds=[rid]).get(
             "CapacityReservations", []
         )
@@ -251,7 +252,7 @@ class AwsOfferings(AwsBase):
         )
         fee = None
         if term:
-            for o in self._offerings(str(cr.get("InstanceType")), count, term, start, end):
+            for o in self._offerings(str(cr.get("InstanceType")), count, term, start, end, region):
                 if (
                     o.get("AvailabilityZone") == zone
                     and abs((_epoch(o.get("StartDate")) or 0) - (start or 0)) < 60
@@ -320,7 +321,13 @@ class AwsOfferings(AwsBase):
         return out
 
     def _offerings(
-        self, itype: str, count: int, hours: float, start: float | None, end: float | None
+        self,
+        itype: str,
+        count: int,
+        hours: float,
+        start: float | None,
+        end: float | None,
+        region: str | None = None,
     ) -> list[dict[str, Any]]:
         """``DescribeCapacityBlockOfferings`` for ``count`` x ``itype`` over ``hours`` (rounded
         to a length EC2 takes), between ``start`` and ``end`` when given."""
@@ -336,7 +343,7 @@ class AwsOfferings(AwsBase):
             args["StartDateRange"] = datetime.datetime.fromtimestamp(start, utc)
         if end is not None:
             args["EndDateRange"] = datetime.datetime.fromtimestamp(end, utc)
-        resp = self._call(self.ec2(), "DescribeCapacityBlockOfferings", **args)
+        resp = self._call(self.ec2(region), "DescribeCapacityBlockOfferings", **args)
         return list(resp.get("CapacityBlockOfferings", []))
 
     # ------------------------------------------------------------------ AMI

@@ -560,7 +560,7 @@ def start(launch: Launch) -> None:
         rec,
         job_id,
         procs,
-        shapes.hourly(launch.provider, rec.accelerator, rec.spot, len(rec.hosts)),
+        shapes.record_hourly(launch.provider, rec),
         shapes.newest_step(rec, launch.spec.checkpoint_dir),
         "launched",
     )
