@@ -357,6 +357,14 @@ def price_lines(launch: Launch) -> list[str]:
     if len(clusters) == 1:
         c = clusters[0]
         p = shapes.hourly(provider, c.accelerator, request.spot, c.nodes)
+        reserved = provider.reservation_prices(c, live=False) if request.reservation else []
+        if reserved:
+            # billed as an upfront fee for its term (a Capacity Block), not by the hour
+            return [
+                f"# price: {c.nodes} x {c.accelerator} in {r.line()}; not the {pricing} "
+                f"{shapes.money(p)}/h"
+                for r in reserved
+            ]
         return [f"# price: {c.nodes} x {c.accelerator}, {shapes.money(p)}/h ({pricing})"]
     how = "cheapest first (--cheapest)" if request.cheapest else "in the order given"
     out = [f"# candidates, {how}, {pricing} prices from the catalog:"]
@@ -552,7 +560,7 @@ def start(launch: Launch) -> None:
         rec,
         job_id,
         procs,
-        shapes.hourly(launch.provider, rec.accelerator, rec.spot, len(rec.hosts)),
+        shapes.record_hourly(launch.provider, rec),
         shapes.newest_step(rec, launch.spec.checkpoint_dir),
         "launched",
     )

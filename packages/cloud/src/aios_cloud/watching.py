@@ -465,7 +465,7 @@ class Watcher:
             rec,
             self.job_id,
             procs,
-            shapes.hourly(self.provider, rec.accelerator, rec.spot, len(rec.hosts)),
+            shapes.record_hourly(self.provider, rec),
             shapes.newest_step(rec, spec.checkpoint_dir),
             f"{what}: {action}",
         )
