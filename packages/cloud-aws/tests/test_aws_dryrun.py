@@ -400,6 +400,11 @@ def test_cli_dry_run_capacity_block_x2_has_no_placement_group_and_shows_the_end(
         *("--region", "us-east-1", "--name", "blk"),
     )
     assert "create-placement-group" not in out
+    # billed as the block's upfront fee, paid when bought: never priced as on-demand hours
+    (price,) = [ln for ln in out.splitlines() if ln.startswith("# price:")]
+    assert "in Capacity Block cr-0123456789abcdef0: an upfront fee for the whole term" in price
+    assert "not billed by the hour" in price and "not the on-demand $110.08/h" in price
+    assert "--reservation block` shows what EC2 asks" in price
     line = next(ln for ln in out.splitlines() if "describe-capacity-reservations" in ln)
     assert "--capacity-reservation-ids cr-0123456789abcdef0" in line
     assert "CapacityReservations[0].[State,StartDate,EndDate]" in line

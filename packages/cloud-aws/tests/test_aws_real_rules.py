@@ -5,6 +5,8 @@ a cluster placement group."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from aios_cloud.failover import create_with_failover
 from aios_cloud.provider import READY, CloudError, ClusterRequest
@@ -430,3 +432,161 @@ def test_capacity_block_dates_state_and_reclaim(aws, make_provider, pubkey):
     assert info is not None and info.state == PREEMPTED
     assert sorted(iid for iid, _ in aws.proxy.reaped) == ids
     p.delete("now", None)
+
+
+def test_capacity_block_offerings_follow_ec2s_rules(aws):
+    """https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-blocks-purchase.html: a
+    block's length is whole days up to 14 days, whole weeks up to 182 days; a block holds 1 to
+    64 instances; each offer carries its UpfrontFee (the whole block, paid when bought)."""
+    import time as _time
+
+    import boto3
+    from botocore.exceptions import ClientError
+
+    ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=aws.proxy.endpoint)
+    now = _time.time()
+    aws.proxy.capacity_block_offerings += [
+        _offer("us-east-1b", now + 86400, 48, 5000.0),
+        _offer("us-east-1c", now + 2 * 86400, 48, 5200.0),
+        _offer("us-east-1b", now + 86400, 21 * 24, 52000.0),
+    ]
+    ask = {"InstanceType": "p5.48xlarge", "InstanceCount": 2}
+    for hours, count in ((36, 2), (15 * 24, 2), (190 * 24, 2), (48, 65), (48, 0)):
+        with pytest.raises(ClientError, match="InvalidParameterValue"):
+            ec2.describe_capacity_block_offerings(
+                **{**ask, "InstanceCount": count}, CapacityDurationHours=hours
+            )
+    with pytest.raises(ClientError, match="MissingParameter"):
+        ec2.describe_capacity_block_offerings(InstanceCount=2, CapacityDurationHours=48)
+    got = ec2.describe_capacity_block_offerings(**ask, CapacityDurationHours=48)
+    offers = got["CapacityBlockOfferings"]
+    assert [(o["AvailabilityZone"], o["UpfrontFee"]) for o in offers] == [
+        ("us-east-1b", "5000.00"),
+        ("us-east-1c", "5200.00"),
+    ]
+    assert {o["CapacityBlockDurationHours"] for o in offers} == {48}
+    assert {o["CurrencyCode"] for o in offers} == {"USD"}
+    weeks = ec2.describe_capacity_block_offerings(**ask, CapacityDurationHours=21 * 24)
+    assert [o["UpfrontFee"] for o in weeks["CapacityBlockOfferings"]] == ["52000.00"]
+
+
+def _offer(zone: str, start: float, hours: int, fee: float) -> dict:
+    return {
+        "instance_type": "p5.48xlarge",
+        "count": 2,
+        "zone": zone,
+        "start": start,
+        "end": start + hours * 3600,
+        "fee": fee,
+        "currency": "USD",
+    }
+
+
+def test_capacity_block_is_priced_by_its_upfront_fee(aws, make_provider, pubkey, tmp_path):
+    """A Capacity Block is billed as an upfront fee for its term, not by the hour
+    (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-blocks-pricing-billing.html):
+    `aios cost --reservation block --hours H` shows EC2's offers (DescribeCapacityBlockOfferings)
+    with the fee per hour; `--reservation block:cr-...` that block's fee where EC2 still offers
+    its dates, else says it is on the bill; the launch plan says the fee, not the on-demand
+    price."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time as _time
+
+    now = _time.time()
+    start = now + 3 * 86400
+    aws.proxy.capacity_block_offerings += [
+        _offer("us-east-1b", start, 48, 5000.0),
+        _offer("us-east-1c", start + 86400, 48, 5200.0),
+    ]
+
+    def cost(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "aios.cli.main", "cost", "--cloud", "aws"]
+            + ["-a", "p5.48xlarge", "--nodes", "2", *args],
+            env={**os.environ, "AIOS_HOME": str(tmp_path / "home")},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    r = cost("--hours", "48", "--reservation", "block", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert [(row["fee"], row["hours"], row["currency"]) for row in rows] == [
+        (5000.0, 48.0, "USD"),
+        (5200.0, 48.0, "USD"),
+    ]
+    assert rows[0]["hourly"] == pytest.approx(5000 / 48)
+    assert rows[0]["on_demand_hourly_usd"] == pytest.approx(2 * 55.04)
+    r = cost("--hours", "48", "--reservation", "block")
+    assert r.returncode == 0, r.stderr
+    assert "upfront fee 5,000.00 USD for 48 h = 104.17 USD/h" in r.stdout, r.stdout
+    assert "would be $110.08/h" in r.stdout
+    p = make_provider()
+
+    def priced(reservation: str, hours: float | None = None) -> list:
+        req = ClusterRequest("c", "p5.48xlarge", nodes=2, extra={"reservation": reservation})
+        return p.reservation_prices(req, hours=hours)
+
+    # EC2 sells whole days up to 14 days, whole weeks after: 36 h asks for 48
+    assert [x.fee for x in priced("block", 36)] == [5000.0, 5200.0]
+    with pytest.raises(CloudError, match="add --hours"):
+        priced("block")
+    assert priced("cr-0odcr") == []  # an On-Demand Capacity Reservation: billed by the hour
+    # a block of one's own: its fee where EC2 offers its very dates, else on the bill
+    aws.proxy.capacity_reservations["cr-0fee"] = {
+        **{"zone": "us-east-1b", "instance_type": "p5.48xlarge", "type": "capacity-block"},
+        **{"count": 2, "start": start, "end": start + 48 * 3600},
+    }
+    aws.proxy.capacity_reservations["cr-0gone"] = {
+        **{"zone": "us-east-1b", "instance_type": "p5.48xlarge", "type": "capacity-block"},
+        **{"count": 2, "start": now - 60, "end": now + 86400},
+    }
+    r = cost("--reservation", "block:cr-0fee")
+    assert r.returncode == 0, r.stderr
+    assert "Capacity Block cr-0fee (2 x p5.48xlarge in us-east-1b" in r.stdout
+    assert "upfront fee 5,000.00 USD for 48 h = 104.17 USD/h" in r.stdout, r.stdout
+    (gone,) = priced("block:cr-0gone")
+    assert gone.fee is None and "fee is on your bill" in gone.line() and "USD/h" not in gone.line()
+    # the launch into a block says its fee, never the on-demand price
+    aws.proxy.capacity_block_offerings.append(_offer("us-east-1b", now - 60, 24, 2400.0))
+    aws.proxy.capacity_reservations["cr-0run"] = {
+        **{"zone": "us-east-1b", "instance_type": "p5.48xlarge", "type": "capacity-block"},
+        **{"count": 2, "start": now - 60, "end": now - 60 + 24 * 3600},
+    }
+    lines: list[str] = []
+    p.log = lines.append
+    req = p.validate(
+        ClusterRequest(
+            name="fee",
+            accelerator="p5.48xlarge",
+            nodes=2,
+            zone="us-east-1b",
+            ssh_public_key=pubkey,
+            extra={"reservation": "block:cr-0run"},
+        )
+    )
+    p.create(req)
+    price = [ln for ln in lines if "price:" in ln]
+    assert price and "upfront fee 2,400.00 USD for 24 h = 100.00 USD/h" in price[0], lines
+    assert not any("110.08" in ln or "on-demand" in ln for ln in lines)
+    # the run's shapes (aios status: cost so far) at the block's fee per hour, or no price
+    # where EC2 does not tell the fee; the catalog's on-demand price only without a block
+    from aios_cloud.records import request_dict
+    from aios_cloud.shapes import record_hourly
+    from aios_cloud.store import ClusterRecord
+
+    def rec(request: ClusterRequest) -> ClusterRecord:
+        return ClusterRecord(
+            "fee", "aws", "us-east-1b", "p5.48xlarge", False, READY, hosts=[{}, {}],
+            request=request_dict(request),
+        )  # fmt: skip
+
+    assert record_hourly(p, rec(req)) == pytest.approx(100.0)
+    gone_req = replace(req, extra={"reservation": "block:cr-0gone"})
+    assert record_hourly(p, rec(gone_req)) is None
+    assert record_hourly(p, rec(replace(req, extra={}))) == pytest.approx(2 * 55.04)
+    p.delete("fee", None)

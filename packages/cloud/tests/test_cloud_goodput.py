@@ -312,6 +312,8 @@ def test_a_multi_host_slice_is_priced_once_per_slice():
 
 
 def _plan(tmp_path, hourly: float | None, **options):
+    """The launch planned for ``options`` (``dry_run`` True unless given) and, for a dry run,
+    what it prints."""
     from aios_cloud.launch import plan, render
 
     (tmp_path / "t.py").write_text("")
@@ -325,7 +327,8 @@ def _plan(tmp_path, hourly: float | None, **options):
         req, LoopbackCloud(None, hourly), "loop", config, None, None, out.append, out.append,
         LinePrinter(io.StringIO()),
     )  # fmt: skip
-    render(launch)
+    if req.dry_run:
+        render(launch)
     return launch, out
 
 
@@ -425,3 +428,26 @@ def test_report_on_a_cluster_without_a_run_record_says_so(tmp_path, monkeypatch)
 
     assert report_target("unknown") is None
     assert not (tmp_path / "aios-home" / "clusters" / "unknown").exists()
+
+
+@pytest.mark.parametrize(("fee", "refused"), [(None, True), (240.0, False)])
+def test_max_cost_on_reserved_capacity_needs_its_fee(tmp_path, monkeypatch, fee, refused):
+    """Capacity billed as an upfront fee is projected at its fee per hour, read at launch: a
+    cloud that does not tell the fee is refused in one line (the catalog's hourly price is not
+    what is billed)."""
+    from aios_cloud.provider import ReservedPrice
+
+    def reservation_prices(self, request, hours=None, live=True):
+        return [ReservedPrice("block cr-1", fee=fee if live else None, hours=24.0)]
+
+    monkeypatch.setattr(LoopbackCloud, "reservation_prices", reservation_prices)
+    options = {"max_cost": "10", "reservation": "block:cr-1", "dry_run": False}
+    if refused:
+        with pytest.raises(AiosError) as err:
+            _plan(tmp_path, 2.5, **options)
+        assert err.value.message == (
+            "--max-cost needs what block cr-1 costs per hour, and loop does not tell its fee"
+        )
+    else:
+        launch, _ = _plan(tmp_path, 2.5, **options)
+        assert launch.spec.max_cost == 10.0

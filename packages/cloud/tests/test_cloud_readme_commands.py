@@ -64,7 +64,7 @@ def lab(sshd_cluster: Any, tmp_path: Path) -> tuple[dict[str, str], Path]:
 
 
 def test_the_readme_prints_these_commands() -> None:
-    assert len(COMMANDS) == 4, COMMANDS
+    assert len(COMMANDS) == 5, COMMANDS
 
 
 def test_readme_hosts_file_command_trains_as_printed(lab: tuple[dict[str, str], Path]) -> None:
@@ -78,7 +78,8 @@ def test_readme_hosts_file_command_trains_as_printed(lab: tuple[dict[str, str], 
 
 
 @pytest.mark.parametrize(
-    "which", ["--hosts ubuntu@", "--max-restarts 3 --checkpoint", "--min-hosts"]
+    "which",
+    ["--hosts ubuntu@", "--max-restarts 3 --checkpoint", "--min-hosts", "--hosts root@gw:2201"],
 )
 def test_readme_commands_needing_other_hosts_as_dry_runs(
     lab: tuple[dict[str, str], Path], which: str
@@ -89,3 +90,5 @@ def test_readme_commands_needing_other_hosts_as_dry_runs(
     assert r.returncode == 0, r.stderr
     assert "# dry run" in r.stdout and "torch.distributed.run" in r.stdout
     assert not Path(env["AIOS_HOME"]).exists()
+    if "/2222" in " ".join(cmd):  # the head reaches the last host on its own port inside
+        assert "known_hosts -p 2222 root@gw " in r.stdout and "known_hosts -p 2203 " not in r.stdout

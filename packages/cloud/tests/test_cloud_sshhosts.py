@@ -7,12 +7,14 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from aios.errors import AiosError
 from aios_cloud.provider import CloudError
 from aios_cloud.request import LaunchRequest
 from aios_cloud.sshhosts import HostSpec, Probe, internal_addresses, parse_hosts, read_hosts_file
@@ -109,6 +111,47 @@ def test_cloud_sshhosts_hosts_file_and_entries():
     assert HostSpec("ubuntu", "10.0.0.5", 2222).target == "ubuntu@10.0.0.5:2222"
     # the same machine on another port is another sshd (NAT port forwards)
     assert len(parse_hosts(["a@h:2201", "a@h:2202"], "me")) == 2
+
+
+def test_cloud_sshhosts_a_host_entry_may_name_its_own_worker_port(tmp_path):
+    """Behind NAT each entry's :PORT is the gateway's forward; ``/WORKER_PORT`` is the port the
+    other hosts reach that host's sshd at inside (else --worker-port, else 22): the head's hops
+    use it, never the external port."""
+    assert parse_hosts(["root@gw:2201", "root@gw:2203/2222", "box/2022"], "") == [
+        HostSpec("root", "gw", 2201, 0),
+        HostSpec("root", "gw", 2203, 2222),
+        HostSpec("", "box", 0, 2022),
+    ]
+    spec = HostSpec("root", "gw", 2203, 2222)
+    assert spec.target == "root@gw:2203" and spec.entry == "root@gw:2203/2222"
+    for bad, msg in (
+        ("root@gw:2203/0", "has worker port '0', not a number from 1 to 65535"),
+        ("root@gw:2203/x", "has worker port 'x'"),
+        ("root@gw/2222/22", re.escape("is not USER@HOST[:PORT][/WORKER_PORT]")),
+    ):
+        with pytest.raises(AiosError, match=msg):
+            parse_hosts([bad], "")
+    work = tmp_path / "proj"
+    work.mkdir()
+    (work / "t.py").write_text("print('x')\n")
+    hosts = "root@gw:2201,root@gw:2202,root@gw:2203/2222"
+    r = aios(
+        environ(tmp_path),
+        *("launch", "--cloud", "ssh", "--hosts", hosts, "--worker-port", "2200", "--name", "nat"),
+        *("--python", "python3", "--no-setup", "--workdir", str(work), "--dry-run", "t.py"),
+    )
+    assert r.returncode == 0, r.stderr
+    hops = re.findall(r"known_hosts -p (\d+) root@gw '", r.stdout)
+    # worker 1: --worker-port; worker 2: its own /2222 (code copy, setup, the job: 3 hops each)
+    assert sorted(set(hops)) == ["2200", "2222"] and hops.count("2222") == hops.count("2200")
+    assert not re.search(r"known_hosts -p 220[23] ", r.stdout)  # never the gateway's ports
+    r = aios(
+        environ(tmp_path),
+        *("launch", "--cloud", "ssh", "--hosts", "root@gw:2203/70000", "--workdir", str(work)),
+        "t.py",
+    )
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "has worker port '70000'" in lines[0]
 
 
 def test_cloud_sshhosts_hosts_file_comments(tmp_path):

@@ -355,14 +355,16 @@ def test_cloud_ssh_launch_without_python_dry_run_and_real_on_two_hosts(tmp_path,
 
 
 def test_cloud_ssh_hosts_behind_a_gateways_port_forwards(tmp_path, sshd_cluster):
-    """Hosts behind one NAT gateway: this machine reaches them at GATEWAY:2201/2202, while each
-    listens on 22 inside; the head reaches the other hosts at their internal address on their own
-    sshd port (22, or --worker-port), never the user's external port."""
-    cluster = sshd_cluster(2, netns=True, forwarded=True)
+    """Hosts behind one NAT gateway: this machine reaches them at GATEWAY:2201/2202/2203, while
+    inside hosts 0 and 1 listen on 22 and host 2 on 2222; the head reaches the other hosts at
+    their internal address on their own sshd port (22, or --worker-port, or the entry's
+    /WORKER_PORT: ``USER@gw:2203/2222``), never the user's external port."""
+    cluster = sshd_cluster(3, netns=True, forwarded=True, ports={2: 2222})
     gw = cluster.hosts[0].ip
     assert {h.ip for h in cluster.hosts} == {gw} and [h.port for h in cluster.hosts] == [
         2201,
         2202,
+        2203,
     ]
     work = project(tmp_path)
     (work / "hello.py").write_text(
@@ -370,7 +372,8 @@ def test_cloud_ssh_hosts_behind_a_gateways_port_forwards(tmp_path, sshd_cluster)
         "flush=True)\n"
     )
     env = environ(tmp_path)
-    base = ["--cloud", "ssh", "--hosts", hosts_arg(cluster), "--identity", str(cluster.client_key)]
+    hosts = hosts_arg(cluster) + "/2222"  # the last host's own sshd port inside
+    base = ["--cloud", "ssh", "--hosts", hosts, "--identity", str(cluster.client_key)]
     r = aios(
         env,
         "launch",
@@ -380,11 +383,11 @@ def test_cloud_ssh_hosts_behind_a_gateways_port_forwards(tmp_path, sshd_cluster)
         timeout=400,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    # the head copied the code to the other host over the cluster network (port 22 inside)
-    assert "which copied the changes to 1 other hosts over the cluster network" in r.stderr
-    ranks = sorted(int(x) for x in re.findall(r"hello from rank (\d) of 2", r.stdout))
-    assert ranks == [0, 1], r.stdout[-2000:]
-    assert job(env)["jobs"][0]["exit_codes"] == [0, 0]
+    # the head copied the code to the other hosts over the cluster network (22 and 2222 inside)
+    assert "which copied the changes to 2 other hosts over the cluster network" in r.stderr
+    ranks = sorted(int(x) for x in re.findall(r"hello from rank (\d) of 3", r.stdout))
+    assert ranks == [0, 1, 2], r.stdout[-2000:]
+    assert job(env)["jobs"][0]["exit_codes"] == [0, 0, 0]
     assert aios(env, "down", "nat").returncode == 0
 
 

@@ -104,6 +104,7 @@ class AwsInstances(AwsDryRun):
             if cr.get("ReservationType") == "capacity-block":
                 cr = self._active_block(ec2, rid, cr, request)
                 block_end = _epoch(cr.get("EndDate"))
+                self._say_block_fee(request)
         try:
             ami, source = self.resolve_ami(itype, region, request.image)
             self.log(f"{request.name}: AMI {ami} ({source})")
@@ -229,6 +230,20 @@ class AwsInstances(AwsDryRun):
                 f"{_iso(reclaim - margin)}"
             )
         return cr
+
+    def _say_block_fee(self, request: ClusterRequest) -> None:
+        """The launch plan's price of a Capacity Block: its upfront fee (and per hour) where EC2
+        tells it, never the on-demand price; a lookup that fails only says so."""
+        try:
+            prices = self.reservation_prices(request, live=True)
+        except Exception as exc:  # noqa: BLE001 - the price is information: the launch goes on
+            self.log(
+                f"{request.name}: the Capacity Block's fee is not known here "
+                f"({_first_line(exc)}); it was paid when the block was bought"
+            )
+            return
+        for p in prices:
+            self.log(f"{request.name}: price: {p.line()}")
 
     def _wait_state(
         self, ec2: Any, ids: list[str], target: str, timeout: float

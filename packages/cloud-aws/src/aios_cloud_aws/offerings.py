@@ -10,6 +10,7 @@ from aios_cloud.provider import (
     CatalogEntry,
     CloudError,
     ClusterRequest,
+    ReservedPrice,
 )
 
 from aios_cloud_aws import catalog as cat
@@ -199,6 +200,152 @@ class AwsOfferings(AwsBase):
             disk_gb=request.disk_gb or self.settings.disk_gb,
         )
 
+    # ------------------------------------------------------------------ capacity block fees
+    def reservation_prices(
+        self, request: ClusterRequest, hours: float | None = None, live: bool = True
+    ) -> list[ReservedPrice]:
+        """A Capacity Block is billed as an upfront fee for its whole term, when bought, not as
+        instance-hours (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-blocks-pricing-billing.html).
+        ``--reservation block`` (no id): what EC2 offers now for ``request.nodes`` x
+        ``request.accelerator`` over ``hours`` (``DescribeCapacityBlockOfferings``: up to 6
+        offers, each with its ``UpfrontFee``); ``block:cr-...``: that block's fee where EC2 still
+        offers its very type, count, zone and dates (a bought block's fee is on the bill, not in
+        the API: then unknown, said so). An On-Demand Capacity Reservation (``cr-...``) is
+        billed by the hour at the on-demand price: ``[]``."""
+        kind, _, rid = str(request.extra.get("reservation") or "").rpartition(":")
+        if kind != "block" and rid != "block":
+            return []
+        itype = cat.lookup(request.accelerator)
+        if rid == "block":
+            return self._block_offers(itype.name, request.nodes, hours, live)
+        what = f"Capacity Block {rid}"
+        if not live:
+            return [
+                ReservedPrice(
+                    what,
+                    how="paid when the block was bought; `aios cost --cloud aws -a "
+                    f"{itype.name} --nodes {request.nodes} --hours H --reservation block` shows "
+                    "what EC2 asks for such a block now",
+                )
+            ]
+        region = request.region or self.region
+        ec2 = self.ec2(region)
+        crs = self._call(ec2, "DescribeCapacityReservations", CapacityReservationIds=[rid]).get(
+            "CapacityReservations", []
+        )
+        cr = crs[0] if crs else {}
+        if cr.get("ReservationType") != "capacity-block":
+            raise CloudError(
+                f"capacity reservation {rid} is not a Capacity Block",
+                f"pass --reservation {rid} (an On-Demand Capacity Reservation is billed by the hour)",
+            )
+        from aios_cloud_aws.instances import _epoch, _iso
+
+        start, end = _epoch(cr.get("StartDate")), _epoch(cr.get("EndDate"))
+        count = int(cr.get("TotalInstanceCount") or request.nodes)
+        zone = str(cr.get("AvailabilityZone") or "")
+        term = (end - start) / 3600 if start is not None and end is not None else None
+        what = (
+            f"{what} ({count} x {cr.get('InstanceType')} in {zone}"
+            + (f", {_iso(start)} to {_iso(end)}" if start is not None and end is not None else "")
+            + ")"
+        )
+        fee = None
+        if term:
+            for o in self._offerings(str(cr.get("InstanceType")), count, term, start, end, region):
+                if (
+                    o.get("AvailabilityZone") == zone
+                    and abs((_epoch(o.get("StartDate")) or 0) - (start or 0)) < 60
+                    and abs((_epoch(o.get("EndDate")) or 0) - (end or 0)) < 60
+                ):
+                    fee = o
+                    break
+        if fee is None:
+            return [
+                ReservedPrice(
+                    what,
+                    hours=term,
+                    how="paid when the block was bought: EC2 no longer offers these dates, so the "
+                    "fee is on your bill (DescribeCapacityBlockOfferings has none)",
+                )
+            ]
+        return [
+            ReservedPrice(
+                what,
+                float(fee["UpfrontFee"]),
+                str(fee.get("CurrencyCode") or "USD"),
+                term,
+                "DescribeCapacityBlockOfferings: what EC2 asks for this block's dates",
+            )
+        ]
+
+    def _block_offers(
+        self, itype: str, nodes: int, hours: float | None, live: bool
+    ) -> list[ReservedPrice]:
+        """What EC2 offers for a block of ``nodes`` x ``itype`` over ``hours``."""
+        if not hours:
+            raise CloudError(
+                "--reservation block prices a Capacity Block to buy: it needs its length",
+                "add --hours (whole days up to 14 days, whole weeks up to 182 days)",
+            )
+        duration = block_duration(hours)
+        cmd = (
+            f"aws ec2 describe-capacity-block-offerings --region {self.region} --instance-type "
+            f"{itype} --instance-count {nodes} --capacity-duration-hours {duration}"
+        )
+        if not live:
+            return [ReservedPrice(f"Capacity Block of {nodes} x {itype}", hours=duration, how=cmd)]
+        from aios_cloud_aws.instances import _epoch, _iso
+
+        out = []
+        for o in self._offerings(itype, nodes, duration, None, None):
+            start, end = _epoch(o.get("StartDate")), _epoch(o.get("EndDate"))
+            term = (end - start) / 3600 if start is not None and end is not None else duration
+            out.append(
+                ReservedPrice(
+                    f"Capacity Block of {o.get('InstanceCount', nodes)} x {itype} in "
+                    f"{o.get('AvailabilityZone')}"
+                    + (f", {_iso(start)} to {_iso(end)}" if start and end else ""),
+                    float(o["UpfrontFee"]),
+                    str(o.get("CurrencyCode") or "USD"),
+                    term,
+                    "DescribeCapacityBlockOfferings",
+                )
+            )
+        if not out:
+            raise CloudError(
+                f"EC2 offers no Capacity Block of {nodes} x {itype} for {duration:g} h in "
+                f"{self.region} now",
+                "try another --hours, --nodes or --region (aws ec2 describe-capacity-block-offerings)",
+            )
+        return out
+
+    def _offerings(
+        self,
+        itype: str,
+        count: int,
+        hours: float,
+        start: float | None,
+        end: float | None,
+        region: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """``DescribeCapacityBlockOfferings`` for ``count`` x ``itype`` over ``hours`` (rounded
+        to a length EC2 takes), between ``start`` and ``end`` when given."""
+        import datetime
+
+        args: dict[str, Any] = {
+            "InstanceType": itype,
+            "InstanceCount": count,
+            "CapacityDurationHours": block_duration(hours),
+        }
+        utc = datetime.timezone.utc
+        if start is not None:
+            args["StartDateRange"] = datetime.datetime.fromtimestamp(start, utc)
+        if end is not None:
+            args["EndDateRange"] = datetime.datetime.fromtimestamp(end, utc)
+        resp = self._call(self.ec2(region), "DescribeCapacityBlockOfferings", **args)
+        return list(resp.get("CapacityBlockOfferings", []))
+
     # ------------------------------------------------------------------ AMI
     def ami_source(self, accelerator: str | cat.InstanceType) -> tuple[str, str]:
         """Where the image of ``accelerator`` comes from: ``("ssm", PARAMETER)`` (a public SSM
@@ -272,6 +419,16 @@ class AwsOfferings(AwsBase):
         if backend == "neuron":
             return neuron_image(accelerator)["python"]
         return DLAMI_PYTHON.get(backend, "python3")
+
+
+def block_duration(hours: float) -> int:
+    """The Capacity Block length EC2 takes nearest ``hours``: whole days up to 14 days, whole
+    weeks up to 182 days
+    (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-blocks-purchase.html)."""
+    days = max(1, round(hours / 24))
+    if days <= 14:
+        return days * 24
+    return min(26, max(2, round(days / 7))) * 7 * 24
 
 
 def _name(accelerator: str | cat.InstanceType) -> str:

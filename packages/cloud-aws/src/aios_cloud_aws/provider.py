@@ -25,7 +25,6 @@ from aios.contract import CLOUD_ENV
 from aios_cloud.provider import (
     CloudError,
     ClusterInfo,
-    ClusterRequest,
     FailureKind,
     check_requirements,
 )
@@ -70,13 +69,6 @@ class AwsProvider(AwsInstances):
                 f"{py} -m pip install --quiet " + " ".join(shlex.quote(r) for r in requirements)
             )
         return lines
-
-    def prepaid(self, request: ClusterRequest) -> str | None:
-        """A Capacity Block (``--reservation block:cr-...``) is paid upfront when bought
-        (DescribeCapacityBlockOfferings' ``UpfrontFee``), not by the hour."""
-        if str(request.extra.get("reservation") or "").startswith("block:"):
-            return "a Capacity Block (--reservation block:cr-...) is paid upfront when bought"
-        return None
 
     def remote_env(self, info: ClusterInfo) -> dict[str, str]:
         """Region and the spot watcher switch for the hosts; credentials never travel (the hosts

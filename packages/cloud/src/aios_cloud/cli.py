@@ -176,12 +176,13 @@ def _print(obj: Any) -> None:
 )
 @click.option(
     "--hosts",
-    help="--cloud ssh: your hosts, USER@HOST[:PORT],... (worker 0 first; node ranks follow the list).",
+    help="--cloud ssh: your hosts, USER@HOST[:PORT][/WORKER_PORT],... (worker 0 first; node "
+    "ranks follow the list; /WORKER_PORT: that host's own sshd port as the other hosts reach it).",
 )
 @click.option(
     "--hosts-file",
     type=click.Path(dir_okay=False),
-    help="--cloud ssh: a file with one USER@HOST[:PORT] a line (# comments).",
+    help="--cloud ssh: a file with one USER@HOST[:PORT][/WORKER_PORT] a line (# comments).",
 )
 @click.option(
     "--nprocs-per-host",
@@ -196,7 +197,7 @@ def _print(obj: Any) -> None:
     type=click.IntRange(1, 65535),
     help="--cloud ssh: the sshd port the hosts reach each other at on their own network "
     "(default 22; the port in USER@HOST:PORT is how this machine reaches them, e.g. a NAT "
-    "gateway's forward).",
+    "gateway's forward; HOST:PORT/WORKER_PORT sets it for one host).",
 )
 @click.option(
     "--host-wait",
@@ -1124,6 +1125,56 @@ def catalog(cloud: str | None, filter_: str | None, as_json: bool, config_file: 
     _print(t)
 
 
+def _reservation_cost(
+    cloud: str | None,
+    accelerator: str | None,
+    reservation: str,
+    hours: float | None,
+    nodes: int,
+    as_json: bool,
+    config_file: str | None,
+) -> None:
+    """``aios cost --reservation``: what the cloud says reserved capacity costs (live)."""
+    from aios_cloud.provider import ClusterRequest
+
+    if not cloud or not accelerator:
+        raise AiosError(
+            "--reservation needs --cloud and --accelerator",
+            f"e.g. aios cost --cloud aws -a p5.48xlarge --reservation {reservation}",
+        )
+    if hours is not None and hours <= 0:
+        raise AiosError(f"--hours must be positive, got {hours}", "pass e.g. --hours 48")
+    provider = _provider(cloud, config_file)
+    entry = provider.entry(accelerator)
+    request = ClusterRequest("cost", accelerator, nodes=nodes, extra={"reservation": reservation})
+    prices = provider.reservation_prices(request, hours=hours, live=True)
+    if not prices:
+        raise AiosError(
+            f"--reservation {reservation} is billed by the hour on {cloud}, as the catalog says",
+            f"drop --reservation: aios cost --cloud {cloud} -a {accelerator} --hours H",
+        )
+    hourly = entry.on_demand_hourly
+    if as_json:
+        _emit_json(
+            [
+                {
+                    "cloud": cloud,
+                    "accelerator": accelerator,
+                    "nodes": nodes,
+                    "reservation": reservation,
+                    **p.to_dict(),
+                    "on_demand_hourly_usd": None if hourly is None else hourly * nodes,
+                }
+                for p in prices
+            ]
+        )
+        return
+    for p in prices:
+        _echo(f"{cloud} {accelerator} x{nodes}: {p.line()}")
+    on_demand = "unknown" if hourly is None else f"${hourly * nodes:,.2f}/h"
+    _echo(f"(on demand the same {nodes} x {accelerator} would be {on_demand})")
+
+
 @click.command()
 @click.option("--cloud", help="Only this cloud (default: every installed one).")
 @click.option(
@@ -1142,6 +1193,11 @@ def catalog(cloud: str | None, filter_: str | None, as_json: bool, config_file: 
     help="Assumed or measured model FLOPs utilisation.",
 )
 @click.option("--spot", is_flag=True, help="Rank by spot price.")
+@click.option(
+    "--reservation",
+    help="With --accelerator: price reserved capacity billed as an upfront fee (AWS: "
+    "block:cr-... for a Capacity Block you have, block with --hours for what EC2 offers now).",
+)
 @click.option("--by", type=click.Choice(["cost", "time"]), default="cost", show_default=True)
 @click.option("--top", type=int, default=15, show_default=True)
 @click.option(
@@ -1162,6 +1218,7 @@ def cost(
     precision: str,
     mfu: float,
     spot: bool,
+    reservation: str | None,
     by: str,
     top: int,
     include_all: bool,
@@ -1169,8 +1226,14 @@ def cost(
     config_file: str | None,
 ) -> None:
     """Estimate the cost of a run (hours x price), or rank accelerators for a training job by
-    hours and dollars from 6 x params x tokens FLOPs at peak x utilisation."""
+    hours and dollars from 6 x params x tokens FLOPs at peak x utilisation; with
+    --reservation, the upfront fee of reserved capacity (an AWS Capacity Block) and its fee
+    per hour."""
     from aios_cloud import cost as C
+
+    if reservation:
+        _reservation_cost(cloud, accelerator, reservation, hours, nodes, as_json, config_file)
+        return
 
     if hours is None and not (params and tokens):
         raise AiosError(

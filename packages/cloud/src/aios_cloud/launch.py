@@ -292,8 +292,10 @@ def job_spec(
 def check_cost_limit(
     request: LaunchRequest, provider: CloudProvider, cloud: str, clusters: list[ClusterRequest]
 ) -> None:
-    """``--max-cost`` projects the spend from the catalog's price: every type the job may run
-    on must have one."""
+    """``--max-cost`` projects the spend from what the capacity is billed at: the catalog's
+    hourly price of every type the job may run on, or reserved capacity's fee per hour where it
+    is billed as an upfront fee (:meth:`CloudProvider.reservation_prices`; a dry run calls no
+    cloud, so the fee is read at launch)."""
     from aios_cloud import shapes
 
     if provider.user_hosts:
@@ -303,12 +305,19 @@ def check_cost_limit(
         )
     pricing = "spot" if request.spot else "on-demand"
     for c in clusters:
-        prepaid = provider.prepaid(c)
-        if prepaid:
-            raise AiosError(
-                f"--max-cost limits a spend that grows by the hour, and {prepaid}",
-                "drop --max-cost (the block's end bounds the run)",
-            )
+        reserved = (
+            provider.reservation_prices(c, live=not request.dry_run) if request.reservation else []
+        )
+        if reserved:
+            if not request.dry_run and reserved[0].hourly is None:
+                raise AiosError(
+                    f"--max-cost needs what {reserved[0].what} costs per hour, and {cloud} does "
+                    "not tell its fee",
+                    "drop --max-cost (the reservation's end bounds the run); `aios cost --cloud "
+                    f"{cloud} -a {c.accelerator} --reservation {request.reservation}` shows what "
+                    "is known",
+                )
+            continue
         if shapes.hourly(provider, c.accelerator, request.spot, c.nodes) is None:
             raise AiosError(
                 f"--max-cost needs the price of {c.accelerator}, and the {cloud} catalog lists "
@@ -325,13 +334,19 @@ def cost_limit_line(launch: Launch) -> str | None:
     if limit is None:
         return None
     c = launch.cluster
-    price = shapes.hourly(launch.provider, c.accelerator, request.spot, c.nodes)
+    reserved = launch.provider.reservation_prices(c, live=False) if request.reservation else []
+    if reserved:
+        price = reserved[0].hourly
+        how = "the reservation's upfront fee per hour of its term, read at launch"
+    else:
+        price = shapes.hourly(launch.provider, c.accelerator, request.spot, c.nodes)
+        how = "catalog price x time on each shape"
     hours = f", about {limit / price:.1f} h at {shapes.money(price)}/h" if price else ""
     down = " and the cluster deleted (--down)" if request.down_after else ""
     return (
         f"# cost limit: --max-cost {shapes.money(limit)}: the watcher projects the job's spend "
-        f"(catalog price x time on each shape){hours}; before it passes the limit the job is "
-        f"checkpointed (SIGTERM, the checkpoint.grace_seconds notice) and stopped{down}"
+        f"({how}){hours}; before it passes the limit the job is checkpointed (SIGTERM, the "
+        f"checkpoint.grace_seconds notice) and stopped{down}"
     )
 
 
@@ -414,6 +429,14 @@ def price_lines(launch: Launch) -> list[str]:
     if len(clusters) == 1:
         c = clusters[0]
         p = shapes.hourly(provider, c.accelerator, request.spot, c.nodes)
+        reserved = provider.reservation_prices(c, live=False) if request.reservation else []
+        if reserved:
+            # billed as an upfront fee for its term (a Capacity Block), not by the hour
+            return [
+                f"# price: {c.nodes} x {c.accelerator} in {r.line()}; not the {pricing} "
+                f"{shapes.money(p)}/h"
+                for r in reserved
+            ]
         return [f"# price: {c.nodes} x {c.accelerator}, {shapes.money(p)}/h ({pricing})"]
     how = "cheapest first (--cheapest)" if request.cheapest else "in the order given"
     out = [f"# candidates, {how}, {pricing} prices from the catalog:"]
@@ -609,7 +632,7 @@ def start(launch: Launch) -> None:
         rec,
         job_id,
         procs,
-        shapes.hourly_for_hosts(launch.provider, rec.accelerator, rec.spot, len(rec.hosts)),
+        shapes.record_hourly(launch.provider, rec),
         shapes.newest_step(rec, launch.spec.checkpoint_dir),
         "launched",
     )

@@ -337,6 +337,43 @@ class CatalogEntry:
         return ", ".join(parts) or "-"
 
 
+@dataclass(frozen=True)
+class ReservedPrice:
+    """What reserved capacity costs where it is billed otherwise than by the catalog's hour: an
+    upfront fee for its whole term (an AWS Capacity Block, paid when bought).
+
+    :param what: the reservation or offer, in words (type, count, zone, dates).
+    :param fee: the fee for the whole term; ``None`` when not known (a dry run calls no cloud; a
+        bought block's fee is on the bill, not in the cloud's API).
+    :param currency: the fee's currency (``USD``).
+    :param hours: the term's length in hours (the fee per hour is ``fee / hours``).
+    :param how: where the fee comes from, or how to see it when ``fee`` is ``None``.
+    """
+
+    what: str
+    fee: float | None = None
+    currency: str = "USD"
+    hours: float | None = None
+    how: str = ""
+
+    @property
+    def hourly(self) -> float | None:
+        """The fee per hour of the term (``None`` when the fee or the term is unknown)."""
+        return None if self.fee is None or not self.hours else self.fee / self.hours
+
+    def line(self) -> str:
+        """One line: the fee, its term and the fee per hour, or that it is not known here."""
+        how = f" ({self.how})" if self.how else ""
+        if self.fee is None:
+            return f"{self.what}: an upfront fee for the whole term, not billed by the hour{how}"
+        term = f" for {self.hours:g} h" if self.hours else ""
+        per = f" = {self.hourly:,.2f} {self.currency}/h" if self.hourly is not None else ""
+        return f"{self.what}: upfront fee {self.fee:,.2f} {self.currency}{term}{per}{how}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "hourly": self.hourly}
+
+
 @dataclass
 class CloudCommand:
     """A rendered, equivalent cloud CLI command for ``--dry-run`` (``gcloud ...``, ``aws ...``)."""
@@ -473,17 +510,6 @@ class CloudProvider(ABC):
             cls.render_launch = render_launch  # type: ignore[method-assign]
 
     # -------------------------------------------------------------- catalog
-    def prepaid(self, request: ClusterRequest) -> str | None:
-        """Whether the cluster ``request`` is paid upfront instead of by the hour (an AWS
-        Capacity Block is paid when bought): a phrase naming what it is and how it is paid,
-        else ``None`` (the catalog's hourly price is what is billed, an on-demand capacity
-        reservation's included). ``aios launch --max-cost`` refuses a prepaid cluster in one
-        line: its spend does not grow while the job runs. Default: ``None``.
-
-        .. versionadded:: 0.1 (unreleased)
-        """
-        return None
-
     @abstractmethod
     def catalog(self) -> list[CatalogEntry]:
         """Every accelerator type offered, with devices, memory, runtime, prices, peak TFLOP/s
@@ -508,6 +534,17 @@ class CloudProvider(ABC):
         """The region ``zone`` belongs to (``us-central1-a`` -> ``us-central1``); the failover
         stays in ``--region`` when one is given."""
         return zone.rsplit("-", 1)[0]
+
+    def reservation_prices(
+        self, request: ClusterRequest, hours: float | None = None, live: bool = True
+    ) -> builtins.list[ReservedPrice]:
+        """What the reserved capacity ``request.extra["reservation"]`` costs where it is billed
+        otherwise than by the catalog's hour (an AWS Capacity Block: an upfront fee): for a
+        reservation id, that reservation's fee where the cloud tells it; for a kind without an
+        id (``block``), what the cloud offers for ``request.nodes`` x ``request.accelerator``
+        over ``hours``. ``live`` False (``--dry-run``): no cloud call, the fee is ``None`` and
+        ``how`` says how to see it. Default ``[]``: billed by the hour, as the catalog says."""
+        return []
 
     # -------------------------------------------------------------- validation
     def validate(self, request: ClusterRequest) -> ClusterRequest:
@@ -804,6 +841,7 @@ __all__ = [
     "FailureKind",
     "NotOfferedError",
     "QuotaError",
+    "ReservedPrice",
     "STATES",
     "PENDING",
     "QUEUED",

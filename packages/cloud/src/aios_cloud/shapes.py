@@ -50,6 +50,23 @@ def hourly_for_hosts(
     return price * max(1, math.ceil(max(1, hosts) / max(1, entry.hosts)))
 
 
+def record_hourly(provider: CloudProvider, rec: ClusterRecord) -> float | None:
+    """What the cluster ``rec`` costs per hour as a shape is recorded: reserved capacity billed
+    as an upfront fee (an AWS Capacity Block) at its fee per hour, or None when the cloud does
+    not tell the fee (never the on-demand price it is not billed at); else the catalog's
+    price of its hosts."""
+    from aios_cloud.records import request_from_dict
+
+    if (rec.request.get("extra") or {}).get("reservation"):
+        try:
+            reserved = provider.reservation_prices(request_from_dict(rec.request), live=True)
+        except Exception:  # noqa: BLE001 - a price is information: the shape is recorded without
+            return None
+        if reserved:
+            return reserved[0].hourly
+    return hourly_for_hosts(provider, rec.accelerator, rec.spot, len(rec.hosts))
+
+
 def order(
     provider: CloudProvider, names: list[str], spot: bool, nodes: int, cheapest: bool
 ) -> list[str]:

@@ -96,7 +96,8 @@ DEFAULT_HOST_WAIT = 120.0
 _HOST_RE = re.compile(
     r"^(?:(?P<user>[A-Za-z_][A-Za-z0-9_.-]*)@)?"
     r"(?P<host>[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?)"
-    r"(?::(?P<port>[^:@]*))?$"
+    r"(?::(?P<port>[^:@/]*))?"
+    r"(?:/(?P<worker_port>[^:@/]*))?$"
 )
 
 
@@ -105,26 +106,37 @@ _HOST_RE = re.compile(
 
 @dataclass(frozen=True)
 class HostSpec:
-    """One entry of the host list: ``[USER@]HOST[:PORT]``. ``user`` ``""`` and ``port`` ``0``:
-    not given, so ``ssh`` takes them from ``~/.ssh/config`` (or its own defaults): aios never
-    passes ``-p``/``user@`` the user did not write, since the command line wins over the config
-    file (ssh_config(5))."""
+    """One entry of the host list: ``[USER@]HOST[:PORT][/WORKER_PORT]``. ``user`` ``""`` and
+    ``port`` ``0``: not given, so ``ssh`` takes them from ``~/.ssh/config`` (or its own
+    defaults): aios never passes ``-p``/``user@`` the user did not write, since the command line
+    wins over the config file (ssh_config(5)). ``worker_port``: the port the *other hosts* reach
+    this one's sshd at on their shared network (``root@gw:2201/2222``: this machine goes through
+    the gateway's 2201, the other hosts to port 2222 inside); ``0``: ``--worker-port``, else
+    22."""
 
     user: str
     host: str
     port: int = 0
+    worker_port: int = 0
 
     @property
     def target(self) -> str:
+        """What ``ssh`` is given (never the worker port: that is the other hosts' way in)."""
         return (
             (f"{self.user}@" if self.user else "")
             + self.host
             + (f":{self.port}" if self.port else "")
         )
 
+    @property
+    def entry(self) -> str:
+        """The entry as recorded with the cluster (parsed back by :func:`parse_hosts`)."""
+        return self.target + (f"/{self.worker_port}" if self.worker_port else "")
+
 
 def parse_hosts(items: list[str], default_user: str, where: str = "--hosts") -> list[HostSpec]:
-    """Parse ``USER@HOST[:PORT]`` entries; every problem is one line (exit 2) naming the entry."""
+    """Parse ``[USER@]HOST[:PORT][/WORKER_PORT]`` entries; every problem is one line (exit 2)
+    naming the entry."""
     out: list[HostSpec] = []
     seen: dict[tuple[str, int], str] = {}
     for raw in items:
@@ -132,19 +144,14 @@ def parse_hosts(items: list[str], default_user: str, where: str = "--hosts") -> 
         m = _HOST_RE.match(item)
         if not m:
             raise AiosError(
-                f"{where}: '{item}' is not USER@HOST[:PORT]",
-                "write each host as e.g. ubuntu@10.0.0.5 or ubuntu@gpu-box:2222",
+                f"{where}: '{item}' is not USER@HOST[:PORT][/WORKER_PORT]",
+                "write each host as e.g. ubuntu@10.0.0.5, ubuntu@gpu-box:2222 or root@gw:2201/22",
             )
-        port_text = m.group("port")
-        port = 0
-        if port_text is not None:
-            if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
-                raise AiosError(
-                    f"{where}: '{item}' has port '{port_text}', not a number from 1 to 65535",
-                    "write the SSH port after the host, e.g. ubuntu@10.0.0.5:2222",
-                )
-            port = int(port_text)
-        spec = HostSpec(m.group("user") or default_user, m.group("host"), port)
+        port = _port(m.group("port"), item, where, "has port", "ubuntu@10.0.0.5:2222")
+        worker_port = _port(
+            m.group("worker_port"), item, where, "has worker port", "root@gw:2201/22"
+        )
+        spec = HostSpec(m.group("user") or default_user, m.group("host"), port, worker_port)
         key = (spec.host.lower(), spec.port or 22)
         if key in seen:
             raise AiosError(
@@ -156,6 +163,18 @@ def parse_hosts(items: list[str], default_user: str, where: str = "--hosts") -> 
     if not out:
         raise AiosError(f"{where}: no hosts given", "list at least one USER@HOST[:PORT]")
     return out
+
+
+def _port(text: str | None, item: str, where: str, what: str, example: str) -> int:
+    """A port written in a host entry (0: none written); one line when it is not 1-65535."""
+    if text is None:
+        return 0
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise AiosError(
+            f"{where}: '{item}' {what} '{text}', not a number from 1 to 65535",
+            f"write it as a port number, e.g. {example}",
+        )
+    return int(text)
 
 
 def read_hosts_file(path: str) -> list[str]:
@@ -419,13 +438,13 @@ class SshHostsProvider(CloudProvider):
                 f"pass --min-hosts {len(specs)} or less",
             )
         extra = {
-            "hosts": [s.target for s in specs],
+            "hosts": [s.entry for s in specs],
             "min_hosts": request.min_hosts,
             "identity": str(Path(request.ssh_key).expanduser()) if request.ssh_key else None,
             "nprocs_per_host": n,
             "network": network,
             # the hosts' own sshd port between themselves (behind NAT / port forwards the port
-            # in USER@HOST:PORT is the gateway's)
+            # in USER@HOST:PORT is the gateway's); an entry's /WORKER_PORT wins for its host
             "worker_port": request.worker_port or 22,
             "host_wait": DEFAULT_HOST_WAIT if wait is None else float(wait),
             "python": self.python_cmd,
@@ -520,7 +539,15 @@ class SshHostsProvider(CloudProvider):
     @staticmethod
     def _hosts(specs: list[HostSpec], key: str | None) -> list[ClusterHost]:
         return [
-            ClusterHost(i, s.host, None, ssh_user=s.user, ssh_key=key, port=s.port)
+            ClusterHost(
+                i,
+                s.host,
+                None,
+                ssh_user=s.user,
+                ssh_key=key,
+                port=s.port,
+                internal_port=s.worker_port or None,
+            )
             for i, s in enumerate(specs)
         ]
 
@@ -690,7 +717,7 @@ class SshHostsProvider(CloudProvider):
                 internal[j] or h.ip,
                 ssh_user=h.ssh_user,
                 port=h.port,
-                internal_port=int(extra.get("worker_port") or 22),
+                internal_port=h.internal_port or int(extra.get("worker_port") or 22),
                 nprocs=nprocs,
                 devices=probes[h.worker_id].devices(),
             )
@@ -989,7 +1016,7 @@ class SshHostsProvider(CloudProvider):
                 h.ip,
                 ssh_user=h.ssh_user,
                 port=h.port,
-                internal_port=int(request.extra.get("worker_port") or 22),
+                internal_port=h.internal_port or int(request.extra.get("worker_port") or 22),
                 nprocs=nprocs or 1,
             )
             for h in self._hosts(self._specs(request), key)

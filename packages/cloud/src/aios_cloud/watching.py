@@ -176,6 +176,7 @@ class Watcher:
         self.now = now
         self.follower: LogFollower | None = None
         self._maintenance_logged = False
+        self._unpriced = 0  # the shape --max-cost last said it has no price for
         # hosts of a run that continued on fewer (--cloud ssh --min-hosts) answer again: the
         # newest checkpoint step then; the run grows back at the next one
         self._grow: tuple[list[str], int | None] | None = None
@@ -352,6 +353,12 @@ class Watcher:
             return None
         spent = sum(s["cost_usd"] or 0.0 for s in js)
         hourly = js[-1]["hourly_usd"] if js[-1]["ended"] is None else None
+        if js[-1]["ended"] is None and hourly is None and self._unpriced != len(js):
+            self._unpriced = len(js)  # once per shape
+            self.log(
+                f"--max-cost: no price is known for job {self.job_id}'s shape "
+                f"({js[-1]['accelerator']} x {js[-1]['hosts']} hosts); its time is not counted"
+            )
         lead = self._stop_lead()
         projected = spent + (hourly or 0.0) * lead / 3600.0
         if projected < limit:
@@ -556,7 +563,7 @@ class Watcher:
             rec,
             self.job_id,
             procs,
-            shapes.hourly_for_hosts(self.provider, rec.accelerator, rec.spot, len(rec.hosts)),
+            shapes.record_hourly(self.provider, rec),
             shapes.newest_step(rec, spec.checkpoint_dir),
             f"{what}: {action}",
         )

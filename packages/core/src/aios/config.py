@@ -68,7 +68,9 @@ CONTROL_ENV = {
     "AIOS_COMMAND_TIMEOUT",
     "AIOS_SETUP_TIMEOUT",
 }
-CONTROL_PREFIXES = (CONTROL_PREFIX, "AIOS_INTERNAL_", "AIOS_TEST_")
+# AIOS_CI_*: the project's own CI runner (scripts/ci.py: AIOS_CI_LANES, AIOS_CI_HATCH), which the
+# tests it runs inherit
+CONTROL_PREFIXES = (CONTROL_PREFIX, "AIOS_INTERNAL_", "AIOS_TEST_", "AIOS_CI_")
 
 
 # Bounds that keep values usable downstream: torch seeds are 64-bit, a launch plan lists every

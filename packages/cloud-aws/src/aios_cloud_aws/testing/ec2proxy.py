@@ -13,7 +13,8 @@
 * Enforces an Elastic IP quota (:attr:`Ec2Proxy.address_limit`, EC2's default is 5 per
   region): ``AllocateAddress`` beyond it answers ``AddressLimitExceeded`` as EC2 does.
 * Serves ``DescribeCapacityReservations`` (moto has none) from :attr:`Ec2Proxy.capacity_reservations`
-  (id -> zone, instance type, ``default`` or ``capacity-block`` type, state) and refuses a
+  (id -> zone, instance type, ``default`` or ``capacity-block`` type, state, ``count``: its
+  ``TotalInstanceCount``) and refuses a
   ``RunInstances`` that targets an unknown reservation, another zone or another type, as EC2 does.
 * Serves ``CreatePlacementGroup`` / ``DescribePlacementGroups`` / ``DeletePlacementGroup``, which
   moto does not implement, with EC2's semantics (duplicate names, unknown names, tag filters,
@@ -54,6 +55,19 @@ Rules of the real EC2 that moto does not enforce, each beside its documentation:
   instances unusable (eksctl-io/eksctl#7949) and AWS ParallelCluster refuses the combination
   (aws/aws-parallelcluster#6311). ``RunInstances`` into a block with ``Placement.GroupName``
   (other than a group the reservation itself was made in) is refused.
+* **Capacity Block offerings and their fees**
+  (https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_DescribeCapacityBlockOfferings.html,
+  https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-blocks-purchase.html): moto has no
+  ``DescribeCapacityBlockOfferings``; the proxy serves :attr:`Ec2Proxy.capacity_block_offerings`
+  (instance type, count, zone, ``start``/``end`` epoch seconds, ``fee``, ``currency``) with
+  EC2's rules: ``CapacityDurationHours`` is required and must be whole days up to 14 days, then
+  whole weeks up to 182 days ("1-day increments up to 14 days, and in 7-day increments up to 182
+  days"); ``InstanceType`` and ``InstanceCount`` go together, a block holds 1 to 64 instances;
+  the answer lists at most 6 offerings of that type and count, starting no earlier than
+  ``StartDateRange`` and ending no later than ``EndDateRange``, whose length is within a day of
+  the duration asked (blocks all end at 11:30 UTC, so EC2 offers the closest lengths), each with
+  its ``UpfrontFee`` (a decimal string: the whole block's price, paid when bought) and
+  ``CurrencyCode``.
 * **Capacity reservations in a cluster placement group**: a reservation created in a cluster
   placement group (``placement_group`` in :attr:`capacity_reservations`) carries its group's ARN
   (``PlacementGroupArn``) and takes only launches into that group
@@ -103,6 +117,9 @@ class Ec2Proxy:
         self.placement_groups: dict[str, PlacementGroup] = {}
         self.address_limit: int | None = None
         self.capacity_reservations: dict[str, dict[str, str]] = {}
+        # what DescribeCapacityBlockOfferings offers: dicts of instance_type, count, zone,
+        # start, end (epoch seconds), fee (USD for the whole block), currency
+        self.capacity_block_offerings: list[dict[str, Any]] = []
         self.not_found_calls = 0  # eventual consistency: NotFound for this many calls per new id
         self.clock: Any = time.time  # wall clock of the capacity blocks' dates (tests inject one)
         self.block_instances: dict[str, set[str]] = {}  # block id -> instance ids launched into it
@@ -228,6 +245,7 @@ class Ec2Proxy:
             self.placement_groups.clear()
             self.address_limit = None
             self.capacity_reservations.clear()
+            self.capacity_block_offerings.clear()
             self.block_instances.clear()
             self.reaped.clear()
             self.clock = time.time
@@ -267,6 +285,9 @@ class Ec2Proxy:
                         "AddressLimitExceeded", "The maximum number of addresses has been reached."
                     ),
                 )
+        if action == "DescribeCapacityBlockOfferings":
+            code, answer = self._DescribeCapacityBlockOfferings(params)
+            return self._send(h, code, answer)
         if action == "DescribeCapacityReservations":
             ids = [v for k, v in params.items() if k.startswith("CapacityReservationId.")]
             unknown = [i for i in ids if i not in self.capacity_reservations]
@@ -283,7 +304,12 @@ class Ec2Proxy:
                 f"<item><capacityReservationId>{escape(i)}</capacityReservationId><availabilityZone>{escape(r['zone'])}</availabilityZone>"
                 f"<instanceType>{escape(r['instance_type'])}</instanceType>"
                 f"<reservationType>{escape(r.get('type', 'default'))}</reservationType>"
-                f"<state>{escape(self.block_state(r))}</state>"
+                + (
+                    f"<totalInstanceCount>{int(r['count'])}</totalInstanceCount>"
+                    if r.get("count")
+                    else ""
+                )
+                + f"<state>{escape(self.block_state(r))}</state>"
                 + (
                     f"<startDate>{_iso(self.block_dates(r)[0])}</startDate>"
                     f"<endDate>{_iso(self.block_dates(r)[1])}</endDate>"
@@ -663,6 +689,81 @@ class Ec2Proxy:
         h.end_headers()
         h.wfile.write(data)
 
+    # ------------------------------------------------------------------ capacity block offerings
+    MAX_BLOCK_INSTANCES = 64
+    MAX_OFFERINGS = 6
+
+    def _DescribeCapacityBlockOfferings(self, p: dict[str, str]) -> tuple[int, str]:  # noqa: N802
+        """EC2's rules for the search (module docstring); the offerings that fit it."""
+        hours_text = p.get("CapacityDurationHours")
+        if not hours_text:
+            return 400, _error(
+                "MissingParameter",
+                "The request must contain the parameter CapacityDurationHours",
+            )
+        hours = int(hours_text) if hours_text.isdigit() else -1
+        if not (
+            (24 <= hours <= 14 * 24 and hours % 24 == 0)
+            or (14 * 24 < hours <= 182 * 24 and hours % (7 * 24) == 0)
+        ):
+            return 400, _error(
+                "InvalidParameterValue",
+                f"CapacityDurationHours {hours_text} is not valid: specify the duration in "
+                "1-day increments up to 14 days, and in 7-day increments up to 182 days",
+            )
+        itype, count_text = p.get("InstanceType"), p.get("InstanceCount")
+        if not itype or not count_text:
+            missing = "InstanceType" if not itype else "InstanceCount"
+            return 400, _error(
+                "MissingParameter", f"The request must contain the parameter {missing}"
+            )
+        count = int(count_text) if count_text.isdigit() else 0
+        if not 1 <= count <= self.MAX_BLOCK_INSTANCES:
+            return 400, _error(
+                "InvalidParameterValue",
+                f"InstanceCount {count_text} is not valid: a Capacity Block holds 1 to "
+                f"{self.MAX_BLOCK_INSTANCES} instances",
+            )
+        lo = _epoch(p.get("StartDateRange"))
+        hi = _epoch(p.get("EndDateRange"))
+        with self.lock:
+            offers = list(self.capacity_block_offerings)
+        fit = [
+            o
+            for o in offers
+            if o["instance_type"] == itype
+            and int(o["count"]) == count
+            # EC2's timestamps are whole seconds (a query's fraction is not compared)
+            and (lo is None or float(o["start"]) >= lo - 1)
+            and (hi is None or float(o["end"]) <= hi + 1)
+            and abs((float(o["end"]) - float(o["start"])) / 3600 - hours) < 24
+        ]
+        fit.sort(key=lambda o: (float(o["start"]), abs(float(o["end"]) - float(o["start"]))))
+        items = "".join(
+            "<item>"
+            f"<capacityBlockOfferingId>{escape(o.get('id') or 'cb-' + uuid.uuid4().hex[:17])}"
+            "</capacityBlockOfferingId>"
+            f"<instanceType>{escape(o['instance_type'])}</instanceType>"
+            f"<availabilityZone>{escape(o['zone'])}</availabilityZone>"
+            f"<instanceCount>{int(o['count'])}</instanceCount>"
+            f"<startDate>{_iso(float(o['start']))}</startDate>"
+            f"<endDate>{_iso(float(o['end']))}</endDate>"
+            f"<capacityBlockDurationHours>{int((float(o['end']) - float(o['start'])) // 3600)}"
+            "</capacityBlockDurationHours>"
+            f"<capacityBlockDurationMinutes>"
+            f"{int((float(o['end']) - float(o['start'])) % 3600 // 60)}"
+            "</capacityBlockDurationMinutes>"
+            f"<upfrontFee>{float(o['fee']):.2f}</upfrontFee>"
+            f"<currencyCode>{escape(o.get('currency', 'USD'))}</currencyCode>"
+            "<tenancy>default</tenancy>"
+            "</item>"
+            for o in fit[: self.MAX_OFFERINGS]
+        )
+        return 200, _doc(
+            "DescribeCapacityBlockOfferingsResponse",
+            f"<capacityBlockOfferingSet>{items}</capacityBlockOfferingSet>",
+        )
+
     # ------------------------------------------------------------------ placement groups
     def _CreatePlacementGroup(self, p: dict[str, str]) -> tuple[int, str]:  # noqa: N802
         name = p.get("GroupName", "")
@@ -716,6 +817,16 @@ class Ec2Proxy:
 
 def _iso(epoch: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(epoch))
+
+
+def _epoch(text: str | None) -> float | None:
+    """Epoch seconds of an ISO 8601 timestamp of a query (None when absent)."""
+    if not text:
+        return None
+    from datetime import datetime, timezone
+
+    d = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return (d if d.tzinfo else d.replace(tzinfo=timezone.utc)).timestamp()
 
 
 def _filters(p: dict[str, str]) -> list[tuple[str, list[str]]]:

@@ -91,6 +91,7 @@ HOOKS = (
     "classify_error",
     "repair",
     "returned_hosts",
+    "reservation_prices",
     "launch_extra",
     "render_create",
     "render",

@@ -26,9 +26,10 @@ Usage (pytest)::
 
 API:
 
-* :class:`SshdCluster` ``(n, workdir, netns=None, user=None, pci=None, forwarded=False)``:
-  start ``n`` hosts; ``forwarded``: behind one gateway's port forwards (``.ip`` is the gateway,
-  ``.port`` 2201+i; inside each host listens on 22 at ``.internal_ip``);
+* :class:`SshdCluster` ``(n, workdir, netns=None, user=None, pci=None, forwarded=False,
+  ports=None)``: start ``n`` hosts; ``forwarded``: behind one gateway's port forwards (``.ip`` is
+  the gateway, ``.port`` 2201+i; inside each host listens on 22 at ``.internal_ip``, or on
+  ``ports[i]``: namespace mode only);
   ``pci``: each host's PCI functions ``[(vendor, device), ...]`` (default :data:`GCE_VM_PCI`, a
   GCE VM with its gVNIC; namespace mode bind-mounts them over ``/sys/bus/pci/devices``); ``.hosts``,
   ``.client_key`` (private key path), ``.user``, ``.ssh_argv(host)``, ``.close()``; a context
@@ -359,6 +360,7 @@ class SshdCluster:
         user: str | None = None,
         pci: list[list[tuple[str, str]]] | None = None,
         forwarded: bool = False,
+        ports: dict[int, int] | None = None,
     ) -> None:
         reason = sshd_unavailable_reason()
         if reason:
@@ -369,11 +371,14 @@ class SshdCluster:
 
         self.user = user or getpass.getuser()
         self.pci = pci or [list(GCE_VM_PCI) for _ in range(n)]
+        self.ports = dict(ports or {})
         if len(self.pci) != n:
             raise ValueError(f"pci lists {len(self.pci)} hosts' devices for {n} hosts")
         self.use_netns = netns_available() if netns is None else netns
         if self.use_netns and not netns_available():
             raise RuntimeError("network namespaces are not available (needs root and iproute2)")
+        if self.ports and not self.use_netns:
+            raise ValueError("ports (each host's own sshd port) need network namespaces")
         self.client_key = self.workdir / "client_ed25519"
         _run(
             [
@@ -500,7 +505,7 @@ class SshdCluster:
                     name,
                     i,
                     ip,
-                    22,
+                    self.ports.get(i, 22),
                     d / "home",
                     d / "etc",
                     self.authorized_keys,
