@@ -469,16 +469,17 @@ class Watcher:
 
     def _finish(self, state: str, codes: list[int | None] | None, why: str) -> int:
         job = self.store.get_job(self.job_id)
+        rec = self.store.get_cluster(job.cluster) if job else None
         if job:  # before the state: whoever sees the job ended sees its last shape ended too
-            rec = self.store.get_cluster(job.cluster)
             self._end_shape(job, rec, f"job {state.lower()}")
-            self._pull_records(rec, full=True, timeout=60.0)
         self.store.update_job(self.job_id, state=state, exit_codes=codes, watcher_pid=None)
         if job:
             self.store.event(
                 job.cluster, "job-" + state.lower(), f"job {self.job_id}: {why}", self.job_id
             )
         self.log(f"job {self.job_id} {state.lower()}: {why}")
+        # the job's run records kept here (its goodput outlives the hosts; before any --down)
+        self._pull_records(rec, full=True, timeout=60.0)
         if state == JOB_SUCCEEDED:
             return 0
         if codes:
