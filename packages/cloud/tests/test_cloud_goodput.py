@@ -451,3 +451,42 @@ def test_max_cost_on_reserved_capacity_needs_its_fee(tmp_path, monkeypatch, fee,
     else:
         launch, _ = _plan(tmp_path, 2.5, **options)
         assert launch.spec.max_cost == 10.0
+
+
+def test_the_watcher_copies_a_running_jobs_record_every_few_minutes(env, tmp_path):
+    """A host can vanish with no incident the watcher acts on first: the running job's record
+    is copied every ``copy_every`` seconds (on the watcher's clock), not only at its end."""
+    from aios_cloud import runs
+
+    store, provider, rec, job_id, config, printer, logs = _launch(
+        env, tmp_path, "FINISH = False\n" + RECORD, None
+    )
+    written = env.hosts[0].home / "aios" / "wc" / "code" / "runs" / "20261127-000000-1"
+    _wait_for(written / "diagnostics.json", "the run record")
+    clock = {"t": 1000.0}
+    copied_while_running: list[bool] = []
+
+    def sleep(seconds: float) -> None:
+        copied_while_running.append(runs.newest_record("wc", job_id) is not None)
+        if len(copied_while_running) == 1:
+            clock["t"] += 301.0  # the next check is due for a copy
+        else:
+            (env.hosts[0].home / "stop").write_text("")  # now the job may end
+        time.sleep(min(seconds, 0.2))
+
+    opts = ops.WatchOptions(poll=0.2, describe_every=60, follow=False, copy_every=300)
+    code = ops.Watcher(
+        store,
+        provider,
+        job_id,
+        config,
+        printer=printer,
+        log=logs.append,
+        options=opts,
+        sleep=sleep,
+        now=lambda: clock["t"],
+    ).run()
+    assert code == 0, logs
+    # nothing copied in the first 300 s; copied at the check after them, while the job ran
+    assert copied_while_running[:2] == [False, True], copied_while_running
+    store.close()

@@ -7,7 +7,8 @@ reads: ``diagnostics.json``, ``events.jsonl``, ``watchdog/hang-*.json`` and ``me
 last line only for ``aios status``; up to :data:`METRIC_LINES` lines for ``aios report``).
 
 The copy lives in ``<aios home>/clusters/<cluster>/runs/<job id>/<run id>/`` and is kept after
-the cluster is deleted: the watcher refreshes it when the job is interrupted and when it ends (so
+the cluster is deleted: the watcher refreshes it every ``WatchOptions.copy_every`` seconds while
+the job runs, when it is interrupted and when it ends (so
 a recovered run's earlier attempts, written on hosts since deleted, stay in the account, and
 ``aios report CLUSTER`` works after ``--down``). Every record whose ``diagnostics.json`` changed
 since the job was created belongs to it; the newest is the one reported (:func:`aios.goodput.

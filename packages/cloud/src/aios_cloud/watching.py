@@ -145,6 +145,8 @@ class WatchOptions:
     straggler_grace: float = 60.0
     follow: bool = True
     ssh_timeout: float = 300.0
+    #: seconds between copies of a running job's run records (its goodput outlives the hosts)
+    copy_every: float = 300.0
 
 
 class Watcher:
@@ -177,6 +179,7 @@ class Watcher:
         self.follower: LogFollower | None = None
         self._maintenance_logged = False
         self._unpriced = 0  # the shape --max-cost last said it has no price for
+        self._pulled = self.now()  # when the job's run records were last copied here
         # hosts of a run that continued on fewer (--cloud ssh --min-hosts) answer again: the
         # newest checkpoint step then; the run grows back at the next one
         self._grow: tuple[list[str], int | None] | None = None
@@ -330,6 +333,11 @@ class Watcher:
             code = self._check_cost(job, rec)
             if code is not None:
                 return code
+            if job.state == JOB_RUNNING and self.now() - self._pulled >= self.opt.copy_every:
+                # the account of an attempt whose hosts vanish without an incident we could
+                # act on (a preempted slice, a deleted VM) is kept up to this long ago
+                self._pulled = self.now()
+                self._pull_records(rec, full=False, timeout=15.0)
             self.sleep(self.opt.poll)
 
     # -------------------------------------------------------------- --max-cost
