@@ -41,6 +41,8 @@ def test_readme_launch_command_as_a_dry_run(cmd: list[str], tmp_path: Path) -> N
     assert r.returncode == 0, r.stderr
     assert "#SBATCH --nodes=4" in r.stdout and "#SBATCH --partition=gpu" in r.stdout, r.stdout
     assert "not checked against the cluster" in r.stdout
+    # the missing SLURM_CONF is named at once, not after the client tools' minute of retries
+    assert "no-slurm.conf does not exist" in r.stdout, r.stdout
     if "--max-restarts" in cmd:
         assert "--requeue" in r.stdout
     if "--epochs" in cmd:

@@ -15,6 +15,8 @@ sbatch rejects, an unreachable login node.
 
 from __future__ import annotations
 
+import os
+
 import re
 import shlex
 from collections.abc import Callable
@@ -70,6 +72,14 @@ class SlurmProvider(SchedulerProvider):
 
     # ------------------------------------------------------------------ cluster facts
     def require_slurm(self) -> None:
+        conf = os.environ.get("SLURM_CONF")
+        if not self.shell.login and conf and not os.path.exists(conf):
+            # the client tools would retry reading it for a minute before giving up
+            raise CloudError(
+                f"SLURM_CONF={conf} does not exist: no Slurm cluster is configured here",
+                "point SLURM_CONF at the cluster's slurm.conf (or unset it), or set slurm.login "
+                "to a login node (AIOS_SLURM__LOGIN=user@host)",
+            )
         r = self.shell.run(
             "command -v sbatch && command -v squeue && command -v scontrol && command -v sinfo",
             timeout=60,
