@@ -16,7 +16,6 @@ sbatch rejects, an unreachable login node.
 from __future__ import annotations
 
 import os
-
 import re
 import shlex
 from collections.abc import Callable
