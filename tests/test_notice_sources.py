@@ -1,0 +1,356 @@
+"""Every interruption notice source, end to end on its stand-in (issue 29, first acceptance
+item): a real 2-rank ``aios-run`` training (gloo, ``checkpoint.dir`` set) hears the notice the
+way the platform gives it; the stand-in kills the host (SIGKILL to the process group of every
+process it runs, :class:`aios_cloud.testing.host.Host`) at the deadline the platform fixes; the
+checkpoint is committed before that kill; the relaunch on the same shape resumes from it and
+ends with parameters bitwise equal to an uninterrupted run's (one baseline for the module).
+
+Deadlines are the platforms' own rules, applied to the time the notice carries: EC2 acts at the
+``instance-action``'s ``time`` (two minutes ahead on EC2; 20 s here); Compute Engine stops a
+preempted VM 30 s after ``instance/preempted`` (the notice carries no time: the real 30 s);
+Cloud TPU interrupts the slice at the announced window's start; EC2 reclaims a Capacity Block's
+instances from its end minus 30 minutes (the block's end is set 30 minutes and the margin ahead);
+the kubelet SIGKILLs a pod when its grace runs out, at most 15 s on a GKE Spot node; Slurm ends
+the job at its time limit. A run that behaves ends before any deadline, and the host then has
+nothing left to kill: no test waits for a deadline it beat.
+
+The step at which a run stops does not depend on the machine's speed: the script holds at step
+``HOLD`` until its rank has heard the notice (``rt.should_stop``), so every rank stops at the next
+boundary. Sources announced at launch (a Capacity Block's end, TPU maintenance announced ahead)
+stop the run at its first step boundary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from aios_cloud.testing.host import Host  # noqa: E402
+
+SCRIPT = Path(__file__).parent / "scripts" / "notice_train.py"
+TOTAL = 8  # optimizer steps of every run
+HOLD = 3  # the step at which a run waits for its notice
+#: the env a test process may carry that would make the ranks think they run on a cloud
+PLATFORM_ENV = (
+    "AIOS_",
+    "GCE_METADATA_HOST",
+    "AWS_EC2_METADATA",
+    "SLURM_",
+    "KUBERNETES_",
+    "TPU_",
+    "PJRT_",
+    "MASTER_",
+)
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _env(work: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(PLATFORM_ENV)}
+    env.update(
+        AIOS_HOME=str(work / "aios-home"),
+        AIOS_LOGGING__RUN_DIR=str(work / "runs"),
+        AIOS_LOGGING__TENSORBOARD="false",
+        OMP_NUM_THREADS="1",
+        TOTAL_STEPS=str(TOTAL),
+        # the test machine is not a TPU VM unless a source says so (an empty PCI tree)
+        AIOS_TEST_SYSFS_PCI=str(work / "no-pci"),
+    )
+    (work / "no-pci").mkdir(parents=True, exist_ok=True)
+    env.update(extra)
+    return env
+
+
+def _aios_run(ckpt: Path, out: Path) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "aios.cli.run",
+        "--nprocs",
+        "2",
+        "--master-port",
+        str(_port()),
+        f"checkpoint.dir={ckpt}",
+        str(SCRIPT),
+        str(out),
+    ]
+
+
+def _committed(ckpt: Path) -> list[int]:
+    """The steps of the checkpoints committed in ``ckpt`` (a manifest is written last)."""
+    return sorted(
+        int(m.parent.name.split("-")[1]) for m in ckpt.glob("ckpt-*/aios-checkpoint.json")
+    )
+
+
+def _params(path: Path) -> dict[str, Any]:
+    return torch.load(path, weights_only=True)
+
+
+def _wait_progress(progress: Path, host: Host, at: int, timeout: float = 240) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if not host.running():
+            raise AssertionError(f"the run ended before step {at}:\n{host.output[-4000:]}")
+        try:
+            if int(progress.read_text() or 0) >= at:
+                return
+        except (FileNotFoundError, ValueError):
+            pass
+        time.sleep(0.02)
+    raise AssertionError(f"the run did not reach step {at}:\n{host.output[-4000:]}")
+
+
+def _preemption(runs: Path) -> dict[str, Any]:
+    """The preemption event of the interrupted run's record."""
+    events = [
+        ev
+        for diag in runs.glob("*/diagnostics.json")
+        for ev in json.loads(diag.read_text()).get("preemptions", [])
+    ]
+    assert len(events) == 1, events
+    return events[0]
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The uninterrupted run's final parameters (same command, same checkpoint settings)."""
+    work = tmp_path_factory.mktemp("baseline")
+    out = work / "final.pt"
+    with Host(_aios_run(work / "ckpt", out), env=_env(work), cwd=work) as host:
+        rc = host.wait(300)
+    assert rc == 0, host.output
+    return _params(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# the sources: each sets up its stand-in, gives the ranks their platform's environment and
+# delivers the notice the way the platform does
+
+
+@dataclass
+class Source:
+    name: str
+    #: the notice's ``source`` in the run record
+    source: str
+    #: before the launch: the stand-ins, and the env the platform gives the ranks
+    prepare: Callable[[Source, Path], dict[str, str]]
+    #: after the launch: deliver the notice (at step HOLD, or at once for a notice known at
+    #: launch); returns the deadline at which the host is killed
+    deliver: Callable[[Source, Host, Callable[[], Any]], float]
+    at_launch: bool = False
+    state: dict[str, Any] = field(default_factory=dict)
+    closers: list[Callable[[], None]] = field(default_factory=list)
+
+
+def _aws_spot_prepare(src: Source, work: Path) -> dict[str, str]:
+    from aios_cloud.provider import ClusterInfo
+    from aios_cloud_aws.provider import AwsProvider
+    from aios_cloud_aws.settings import AwsSettings
+    from aios_cloud_aws.testing.imds import ImdsServer
+
+    imds = ImdsServer().start()
+    src.closers.append(imds.stop)
+    src.state["imds"] = imds
+    info = ClusterInfo("c", "aws", "us-east-1a", "p5.48xlarge", spot=True)
+    # what aios launch gives a spot cluster's hosts, and the hosts' IMDS
+    env = AwsProvider(settings=AwsSettings()).remote_env(info)
+    return {
+        **env,
+        "AWS_EC2_METADATA_SERVICE_ENDPOINT": imds.endpoint,
+        "AIOS_AWS__IMDS_POLL_SECONDS": "0.2",
+    }
+
+
+def _aws_spot_deliver(src: Source, host: Host, inspect: Callable[[], Any]) -> float:
+    return src.state["imds"].interrupt(host, seconds=20, inspect=inspect)
+
+
+BLOCK_MARGIN_S = 5.0  # aws.capacity_block_margin, scaled down from 300 s
+BLOCK_LEFT_S = 60.0  # the run's deadline, from its launch
+
+
+def _capacity_block_prepare(src: Source, work: Path) -> dict[str, str]:
+    from aios_cloud.provider import ClusterInfo
+    from aios_cloud_aws.ec2params import TAG_BLOCK, TAG_BLOCK_END
+    from aios_cloud_aws.instances import _block_raw
+    from aios_cloud_aws.provider import AwsProvider
+    from aios_cloud_aws.settings import AwsSettings
+
+    # a block ending 30 minutes (EC2's reclaim lead) + the margin + BLOCK_LEFT_S from now
+    end = int(time.time() + 1800 + BLOCK_MARGIN_S + BLOCK_LEFT_S)
+    tags = {TAG_BLOCK: "cr-0aios00000000000", TAG_BLOCK_END: _iso(end)}
+    info = ClusterInfo("c", "aws", "us-east-1a", "p5.48xlarge", raw=_block_raw(tags))
+    provider = AwsProvider(settings=AwsSettings(capacity_block_margin=BLOCK_MARGIN_S))
+    env = provider.remote_env(info)
+    src.state["reclaim"] = float(end - 1800)
+    # the lead before a save is measured is the configured grace: it covers the time left, so
+    # the ranks announce the end as soon as they start
+    return {**env, "AIOS_CHECKPOINT__GRACE_SECONDS": str(BLOCK_LEFT_S + 60)}
+
+
+def _capacity_block_deliver(src: Source, host: Host, inspect: Callable[[], Any]) -> float:
+    # no notice on the hosts (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-blocks-using.html):
+    # EC2 terminates the instances from the block's end minus 30 minutes
+    host.reclaim_at(src.state["reclaim"], inspect)
+    return float(src.state["reclaim"])
+
+
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def _gce_prepare(src: Source, work: Path) -> dict[str, str]:
+    from aios_cloud_gcp.testing import FakeMetadataServer
+
+    md = FakeMetadataServer()
+    src.closers.append(md.close)
+    src.state["md"] = md
+    return {"GCE_METADATA_HOST": md.host}
+
+
+def _gce_deliver(src: Source, host: Host, inspect: Callable[[], Any]) -> float:
+    return float(src.state["md"].preempt([host], inspect))
+
+
+TPU_WINDOW_S = 90.0  # maintenance announced this far ahead of its window
+
+
+def _tpu_prepare(src: Source, work: Path) -> dict[str, str]:
+    from aios_cloud_gcp.testing import FakeMetadataServer
+
+    env = _gce_prepare(src, work)
+    # a TPU VM host: a v5e chip on the PCI bus (vendor 0x1ae0, device 0x0063)
+    dev = work / "pci" / "0000:00:05.0"
+    dev.mkdir(parents=True)
+    (dev / "vendor").write_text("0x1ae0\n")
+    (dev / "device").write_text("0x0063\n")
+    md: FakeMetadataServer = src.state["md"]
+    start = time.time() + TPU_WINDOW_S
+    src.state["start"] = start
+    md.announce(start, start + 3600)  # announced before the run starts
+    # the CPU backend on the TPU VM (this test checks the notice, not torch_xla)
+    return {**env, "AIOS_TEST_SYSFS_PCI": str(work / "pci"), "AIOS_BACKEND": "cpu"}
+
+
+def _tpu_deliver(src: Source, host: Host, inspect: Callable[[], Any]) -> float:
+    # the slice is interrupted at the window's start (whole seconds on the wire)
+    deadline = float(int(src.state["start"]))
+    host.reclaim_at(deadline, inspect)
+    return deadline
+
+
+def _gke_pod() -> dict[str, Any]:
+    """The pod spec ``aios launch --cloud k8s --spot`` asks GKE for, with aios's grace."""
+    from aios.config import resolve
+    from aios_cloud_k8s import manifests as M
+
+    grace = resolve(environ={}, check_backend=False).checkpoint.grace_seconds
+    req = M.JobRequest(
+        name="notice",
+        namespace="default",
+        image="python:3.12",
+        command=["python", "-m", "aios.cli.run", "train.py"],
+        place=M.placement("cpu", 1),
+        api="jobset",
+        grace_seconds=grace,
+        spot=True,
+    )
+    js = M.jobset(req)
+    return js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+
+
+def _gke_prepare(src: Source, work: Path) -> dict[str, str]:
+    from aios.contract import GRACE_CAP_ENV
+
+    pod = _gke_pod()
+    src.state["pod"] = pod
+    (container,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    # the grace the manifest asks of the kubelet is the one the ranks plan for: GKE's 15 s
+    assert pod["terminationGracePeriodSeconds"] == int(env[GRACE_CAP_ENV]) == 15, pod
+    return {GRACE_CAP_ENV: str(env[GRACE_CAP_ENV])}
+
+
+def _gke_deliver(src: Source, host: Host, inspect: Callable[[], Any]) -> float:
+    from aios_cloud_k8s.testing import terminate_pod
+
+    # a GKE Spot node's shutdown: the kubelet ends the pod (SIGTERM to its main process)
+    labels = {"cloud.google.com/gke-spot": "true"}
+    return terminate_pod(host, src.state["pod"], labels, inspect)
+
+
+SOURCES = [
+    Source("aws-spot", "aws-spot", _aws_spot_prepare, _aws_spot_deliver),
+    Source(
+        "capacity-block",
+        "capacity-block",
+        _capacity_block_prepare,
+        _capacity_block_deliver,
+        at_launch=True,
+    ),
+    Source("gce-preemption", "gce-preemption", _gce_prepare, _gce_deliver),
+    Source("tpu-maintenance", "tpu-maintenance", _tpu_prepare, _tpu_deliver, at_launch=True),
+    Source("gke-spot", "sigterm", _gke_prepare, _gke_deliver),
+]
+
+
+@pytest.mark.parametrize("src", SOURCES, ids=lambda s: s.name)
+def test_a_notice_stops_the_run_with_a_checkpoint_before_the_host_dies_and_it_resumes_bitwise(
+    src: Source, baseline: dict[str, Any], tmp_path: Path
+) -> None:
+    ckpt, out, runs = tmp_path / "ckpt", tmp_path / "final.pt", tmp_path / "runs"
+    progress = tmp_path / "progress"
+    try:
+        env = _env(tmp_path, **src.prepare(src, tmp_path))
+        env.update(HOLD_AT=str(HOLD), PROGRESS_FILE=str(progress))
+        with Host(_aios_run(ckpt, out), env=env, cwd=tmp_path) as host:
+            if src.at_launch:
+                deadline = src.deliver(src, host, lambda: _committed(ckpt))
+            else:
+                _wait_progress(progress, host, HOLD)
+                deadline = src.deliver(src, host, lambda: _committed(ckpt))
+            rc = host.wait(300)
+    finally:
+        for close in src.closers:
+            close()
+    text = host.output
+    # the run stopped for the notice, with its emergency checkpoint, before the host was killed
+    assert rc == 75, text
+    assert host.killed_at is None, f"killed at the deadline, still running {host.killed}\n{text}"
+    assert host.ended_at is not None and host.ended_at < deadline
+    committed = _committed(ckpt)
+    assert committed and host.at_deadline == committed, (committed, host.at_deadline)
+    stopped = committed[-1]
+    assert stopped == (1 if src.at_launch else HOLD + 1), (committed, text)
+    assert not out.exists()
+    ev = _preemption(runs)
+    assert ev["source"] == src.source and ev["checkpoint"] == str(ckpt / f"ckpt-{stopped:09d}")
+    # the deadline the run planned for is the one the platform kills at (to the second)
+    assert ev["deadline"] == pytest.approx(deadline, abs=1.0), (ev, deadline)
+
+    # relaunch, same shape: resumes from that checkpoint and ends where the baseline ends
+    env = _env(tmp_path)
+    with Host(_aios_run(ckpt, out), env=env, cwd=tmp_path) as host:
+        rc = host.wait(300)
+    assert rc == 0, host.output
+    assert f"resumed from {ckpt / f'ckpt-{stopped:09d}'} at step {stopped}" in host.output
+    got = _params(out)
+    assert got.keys() == baseline.keys()
+    for k in got:
+        assert torch.equal(got[k], baseline[k]), f"{k} differs after resuming at step {stopped}"
