@@ -154,6 +154,8 @@ class Source:
     #: launch); returns the deadline at which the host is killed
     deliver: Callable[[Source, Host, Callable[[], Any]], float]
     at_launch: bool = False
+    #: how long before the kill the run plans to have committed (aws.capacity_block_margin)
+    margin: float = 0.0
     state: dict[str, Any] = field(default_factory=dict)
     closers: list[Callable[[], None]] = field(default_factory=list)
 
@@ -303,6 +305,7 @@ SOURCES = [
         _capacity_block_prepare,
         _capacity_block_deliver,
         at_launch=True,
+        margin=BLOCK_MARGIN_S,
     ),
     Source("gce-preemption", "gce-preemption", _gce_prepare, _gce_deliver),
     Source("tpu-maintenance", "tpu-maintenance", _tpu_prepare, _tpu_deliver, at_launch=True),
@@ -341,8 +344,9 @@ def test_a_notice_stops_the_run_with_a_checkpoint_before_the_host_dies_and_it_re
     assert not out.exists()
     ev = _preemption(runs)
     assert ev["source"] == src.source and ev["checkpoint"] == str(ckpt / f"ckpt-{stopped:09d}")
-    # the deadline the run planned for is the one the platform kills at (to the second)
-    assert ev["deadline"] == pytest.approx(deadline, abs=1.0), (ev, deadline)
+    # the deadline the run planned for is the one the platform kills at (to the second; for a
+    # Capacity Block the margin aios keeps before the reclaim)
+    assert ev["deadline"] == pytest.approx(deadline - src.margin, abs=1.0), (ev, deadline)
 
     # relaunch, same shape: resumes from that checkpoint and ends where the baseline ends
     env = _env(tmp_path)
@@ -354,3 +358,127 @@ def test_a_notice_stops_the_run_with_a_checkpoint_before_the_host_dies_and_it_re
     assert got.keys() == baseline.keys()
     for k in got:
         assert torch.equal(got[k], baseline[k]), f"{k} differs after resuming at step {stopped}"
+
+
+SLURM_LEAD_S = 20  # sbatch --signal=B:TERM@20 (aios's slurm.signal_grace), under aios's 25 s grace
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from aios_cloud_slurm.testing import SlurmCluster, slurm_unavailable_reason
+
+    reason = slurm_unavailable_reason()
+    if reason:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true and no real Slurm: {reason} (.ci/run installs slurm-wlm munge)")
+        pytest.skip(f"REAL SLURM TESTS SKIPPED: {reason}")
+    with SlurmCluster(tmp_path_factory.mktemp("slurm"), nodes=1) as cluster:
+        yield cluster
+
+
+def _sbatch(slurm: Any, tmp: Path, name: str, env: dict[str, str]) -> tuple[str, Path]:
+    """Submit the script ``aios launch --cloud slurm`` renders, running aios-run on one node."""
+    import subprocess
+
+    from aios_cloud_slurm.script import SbatchJob, render
+
+    job_dir = tmp / name
+    job_dir.mkdir()
+    script = render(
+        SbatchJob(
+            name=name,
+            job_dir=str(job_dir),
+            code_dir=str(tmp),
+            command=_aios_run(tmp / "ckpt", tmp / "final.pt"),
+            nodes=1,
+            cpus_per_task=2,
+            time="00:02:00",
+            signal_grace=SLURM_LEAD_S,
+        )
+    )
+    (job_dir / "run.sbatch").write_text(script)
+    r = subprocess.run(
+        ["sbatch", "--parsable", str(job_dir / "run.sbatch")],
+        env=slurm.env(env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.strip().split(";")[0]
+    return job, job_dir
+
+
+def _slurm_job(slurm: Any, job: str) -> dict[str, str]:
+    import subprocess
+
+    r = subprocess.run(
+        ["scontrol", "-o", "show", "job", job],
+        env=slurm.env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return dict(kv.split("=", 1) for kv in r.stdout.split() if "=" in kv)
+
+
+def _slurm_wait(job_dir: Path, timeout: float = 300) -> tuple[int, str]:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        exits = list(job_dir.glob("exit.*"))
+        if exits:
+            out = "".join(p.read_text() for p in job_dir.glob("slurm-*.out"))
+            return int(exits[0].read_text().strip()), out
+        time.sleep(0.1)
+    out = "".join(p.read_text() for p in job_dir.glob("slurm-*.out"))
+    raise AssertionError(f"the Slurm job did not end:\n{out[-4000:]}")
+
+
+def test_slurm_s_signal_lead_stops_the_run_with_a_checkpoint_before_the_time_limit(
+    slurm: Any, baseline: dict[str, Any], tmp_path: Path
+) -> None:
+    """Slurm, real (slurmctld + slurmd): the job runs the sbatch script aios renders, with
+    ``--time`` and ``--signal=B:TERM@lead``. Slurm sends that SIGTERM to the batch shell ``lead``
+    seconds before the time limit (https://slurm.schedmd.com/sbatch.html#OPT_signal) and ends
+    the job at the limit; the shell forwards it to the tasks. The test delivers the same signal
+    the same way (``scancel --signal=TERM --batch``, as slurmctld does) at step ``HOLD`` rather
+    than waiting for Slurm's own timer, which fires only at its periodic check (every 30 s): so
+    the run's SIGTERM deadline (the lead) comes before the job's end, which stays Slurm's own
+    kill. The relaunch is a second job on the same checkpoint directory."""
+    import subprocess
+    from datetime import datetime
+
+    ckpt, out, runs = tmp_path / "ckpt", tmp_path / "final.pt", tmp_path / "runs"
+    progress = tmp_path / "progress"
+    env = _env(tmp_path, HOLD_AT=str(HOLD), PROGRESS_FILE=str(progress))
+    job, job_dir = _sbatch(slurm, tmp_path, "interrupted", env)
+    end = time.monotonic() + 240
+    while not (progress.exists() and progress.read_text() and int(progress.read_text()) >= HOLD):
+        assert time.monotonic() < end, "the job did not reach the step"
+        time.sleep(0.05)
+    info = _slurm_job(slurm, job)
+    limit = datetime.fromisoformat(info["EndTime"]).timestamp()  # the job's end, local time
+    sent = time.time()
+    subprocess.run(
+        ["scancel", "--signal=TERM", "--batch", job], env=slurm.env(), check=True, timeout=30
+    )
+    rc, text = _slurm_wait(job_dir)
+    ended = time.time()
+    assert rc == 75, text
+    assert "SIGTERM: forwarding it to the tasks" in text
+    assert ended < limit  # the job ended on its own before Slurm's time limit
+    committed = _committed(ckpt)
+    assert committed == [HOLD + 1], (committed, text)
+    ev = _preemption(runs)
+    assert ev["source"] == "sigterm" and ev["checkpoint"] == str(ckpt / f"ckpt-{HOLD + 1:09d}")
+    # the run planned for the signal's lead (AIOS_RUN_GRACE_CAP), which ends before the limit
+    assert sent + SLURM_LEAD_S - 1 <= ev["deadline"] <= sent + SLURM_LEAD_S + 5, ev
+    assert ev["deadline"] <= limit
+
+    _, job_dir = _sbatch(slurm, tmp_path, "resumed", _env(tmp_path))
+    rc, text = _slurm_wait(job_dir)
+    assert rc == 0, text
+    assert f"resumed from {ckpt / f'ckpt-{HOLD + 1:09d}'} at step {HOLD + 1}" in text
+    got = _params(out)
+    for k in got:
+        assert torch.equal(got[k], baseline[k]), f"{k} differs after resuming on Slurm"
