@@ -39,8 +39,7 @@ torch = pytest.importorskip("torch")
 from aios_cloud.testing.host import Host  # noqa: E402
 
 SCRIPT = Path(__file__).parent / "scripts" / "notice_train.py"
-TOTAL = 8  # optimizer steps of every run
-HOLD = 3  # the step at which a run waits for its notice
+TOTAL = 12  # optimizer steps of the whole run (the relay's sources take 10)
 #: the env a test process may carry that would make the ranks think they run on a cloud
 PLATFORM_ENV = (
     "AIOS_",
@@ -102,18 +101,20 @@ def _params(path: Path) -> dict[str, Any]:
     return torch.load(path, weights_only=True)
 
 
-def _wait_progress(progress: Path, host: Host, at: int, timeout: float = 240) -> None:
+def _wait_progress(
+    progress: Path, running: Callable[[], bool], at: int, timeout: float = 240
+) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        if not host.running():
-            raise AssertionError(f"the run ended before step {at}:\n{host.output[-4000:]}")
+        if not running():
+            raise AssertionError(f"the run ended before step {at}")
         try:
             if int(progress.read_text() or 0) >= at:
                 return
         except (FileNotFoundError, ValueError):
             pass
         time.sleep(0.02)
-    raise AssertionError(f"the run did not reach step {at}:\n{host.output[-4000:]}")
+    raise AssertionError(f"the run did not reach step {at}")
 
 
 def _preemption(runs: Path) -> dict[str, Any]:
@@ -129,13 +130,78 @@ def _preemption(runs: Path) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def baseline(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The uninterrupted run's final parameters (same command, same checkpoint settings)."""
+    """The uninterrupted run (same command, same checkpoint settings): its final parameters and
+    the digest of its parameters after every step."""
     work = tmp_path_factory.mktemp("baseline")
     out = work / "final.pt"
-    with Host(_aios_run(work / "ckpt", out), env=_env(work), cwd=work) as host:
+    env = _env(work, DIGEST_FILE=str(work / "digests"))
+    with Host(_aios_run(work / "ckpt", out), env=env, cwd=work) as host:
         rc = host.wait(300)
     assert rc == 0, host.output
-    return _params(out)
+    digests = _digests(work / "digests")
+    assert sorted(digests) == list(range(1, TOTAL + 1))
+    return {"params": _params(out), "digests": digests}
+
+
+def _digests(path: Path) -> dict[int, str]:
+    if not path.exists():
+        return {}
+    pairs = (line.split() for line in path.read_text().splitlines() if line.strip())
+    return {int(step): digest for step, digest in pairs}
+
+
+def _continues_bitwise(digests: Path, baseline: dict[str, Any], start: int, stop: int) -> None:
+    """The run's parameters after every step from ``start`` (where it resumed) to ``stop`` are
+    the uninterrupted run's, bit for bit."""
+    got = _digests(digests)
+    assert sorted(got) == list(range(start + 1, stop + 1)), (start, stop, sorted(got))
+    for step in sorted(got):
+        assert got[step] == baseline["digests"][step], (
+            f"after resuming at step {start}, the parameters after step {step} differ from the "
+            "uninterrupted run's"
+        )
+
+
+@dataclass
+class Relay:
+    """One checkpoint directory that every source's run resumes from and stops in: each run is
+    both the relaunch that resumes the previous source's emergency checkpoint (checked step by
+    step against the baseline) and the run the next notice stops. The module's last relaunch
+    resumes the last checkpoint and ends at the baseline's final parameters (teardown)."""
+
+    work: Path
+    step: int = 0  # the last emergency checkpoint's step (0: none yet)
+    source: str = ""
+
+    @property
+    def ckpt(self) -> Path:
+        return self.work / "ckpt"
+
+    @property
+    def out(self) -> Path:
+        return self.work / "final.pt"
+
+
+@pytest.fixture(scope="module")
+def relay(tmp_path_factory: pytest.TempPathFactory, baseline: dict[str, Any]) -> Any:
+    r = Relay(tmp_path_factory.mktemp("relay"))
+    yield r
+    if not r.step:
+        return
+    # the relaunch after the last notice: resumes it and ends where the baseline ends
+    work = r.work / "last"
+    env = _env(work, DIGEST_FILE=str(work / "digests"))
+    with Host(_aios_run(r.ckpt, r.out), env=env, cwd=work) as host:
+        rc = host.wait(300)
+    assert rc == 0, host.output
+    assert f"resumed from {r.ckpt / f'ckpt-{r.step:09d}'} at step {r.step}" in host.output
+    _continues_bitwise(work / "digests", baseline, r.step, TOTAL)
+    got = _params(r.out)
+    assert got.keys() == baseline["params"].keys()
+    for k in got:
+        assert torch.equal(got[k], baseline["params"][k]), (
+            f"{k} differs after resuming {r.source}'s checkpoint at step {r.step}"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -150,12 +216,14 @@ class Source:
     source: str
     #: before the launch: the stand-ins, and the env the platform gives the ranks
     prepare: Callable[[Source, Path], dict[str, str]]
-    #: after the launch: deliver the notice (at step HOLD, or at once for a notice known at
+    #: after the launch: deliver the notice (at the held step, or at once for a notice known at
     #: launch); returns the deadline at which the host is killed
     deliver: Callable[[Source, Host, Callable[[], Any]], float]
     at_launch: bool = False
     #: how long before the kill the run plans to have committed (aws.capacity_block_margin)
     margin: float = 0.0
+    #: where the run runs: a host of ours (:class:`Host`), or a job of a real Slurm
+    kind: str = "host"
     state: dict[str, Any] = field(default_factory=dict)
     closers: list[Callable[[], None]] = field(default_factory=list)
 
@@ -297,6 +365,14 @@ def _gke_deliver(src: Source, host: Host, inspect: Callable[[], Any]) -> float:
     return terminate_pod(host, src.state["pod"], labels, inspect)
 
 
+def _slurm_deliver(src: Source, host: Host, inspect: Callable[[], Any]) -> float:
+    raise AssertionError("a Slurm job is no Host of ours")  # pragma: no cover
+
+
+def _slurm_prepare(src: Source, work: Path) -> dict[str, str]:
+    return {}
+
+
 SOURCES = [
     Source("aws-spot", "aws-spot", _aws_spot_prepare, _aws_spot_deliver),
     Source(
@@ -310,54 +386,45 @@ SOURCES = [
     Source("gce-preemption", "gce-preemption", _gce_prepare, _gce_deliver),
     Source("tpu-maintenance", "tpu-maintenance", _tpu_prepare, _tpu_deliver, at_launch=True),
     Source("gke-spot", "sigterm", _gke_prepare, _gke_deliver),
+    Source("slurm-signal", "sigterm", _slurm_prepare, _slurm_deliver, kind="slurm"),
 ]
 
 
-@pytest.mark.parametrize("src", SOURCES, ids=lambda s: s.name)
-def test_a_notice_stops_the_run_with_a_checkpoint_before_the_host_dies_and_it_resumes_bitwise(
-    src: Source, baseline: dict[str, Any], tmp_path: Path
-) -> None:
-    ckpt, out, runs = tmp_path / "ckpt", tmp_path / "final.pt", tmp_path / "runs"
-    progress = tmp_path / "progress"
-    try:
-        env = _env(tmp_path, **src.prepare(src, tmp_path))
-        env.update(HOLD_AT=str(HOLD), PROGRESS_FILE=str(progress))
-        with Host(_aios_run(ckpt, out), env=env, cwd=tmp_path) as host:
-            if src.at_launch:
-                deadline = src.deliver(src, host, lambda: _committed(ckpt))
-            else:
-                _wait_progress(progress, host, HOLD)
-                deadline = src.deliver(src, host, lambda: _committed(ckpt))
-            rc = host.wait(300)
-    finally:
-        for close in src.closers:
-            close()
-    text = host.output
-    # the run stopped for the notice, with its emergency checkpoint, before the host was killed
-    assert rc == 75, text
-    assert host.killed_at is None, f"killed at the deadline, still running {host.killed}\n{text}"
-    assert host.ended_at is not None and host.ended_at < deadline
-    committed = _committed(ckpt)
-    assert committed and host.at_deadline == committed, (committed, host.at_deadline)
-    stopped = committed[-1]
-    assert stopped == (1 if src.at_launch else HOLD + 1), (committed, text)
-    assert not out.exists()
-    ev = _preemption(runs)
-    assert ev["source"] == src.source and ev["checkpoint"] == str(ckpt / f"ckpt-{stopped:09d}")
-    # the deadline the run planned for is the one the platform kills at (to the second; for a
-    # Capacity Block the margin aios keeps before the reclaim)
-    assert ev["deadline"] == pytest.approx(deadline - src.margin, abs=1.0), (ev, deadline)
+@dataclass
+class Outcome:
+    rc: int
+    text: str
+    #: when the platform kills the host (Slurm: the job's time limit)
+    deadline: float
+    #: the range the run's own deadline (the notice's, in its record) must fall in
+    planned: tuple[float, float]
+    #: when the run's last process ended; whether the platform's kill found any running
+    ended: float
+    killed: bool
+    #: the steps of the checkpoints committed when the deadline came (or the run had ended)
+    at_deadline: list[int]
 
-    # relaunch, same shape: resumes from that checkpoint and ends where the baseline ends
-    env = _env(tmp_path)
-    with Host(_aios_run(ckpt, out), env=env, cwd=tmp_path) as host:
-        rc = host.wait(300)
-    assert rc == 0, host.output
-    assert f"resumed from {ckpt / f'ckpt-{stopped:09d}'} at step {stopped}" in host.output
-    got = _params(out)
-    assert got.keys() == baseline.keys()
-    for k in got:
-        assert torch.equal(got[k], baseline[k]), f"{k} differs after resuming at step {stopped}"
+
+def _on_host(src: Source, env: dict[str, str], r: Relay, hold: int, progress: Path) -> Outcome:
+    with Host(_aios_run(r.ckpt, r.out), env=env, cwd=r.work) as host:
+        try:
+            if not src.at_launch:
+                _wait_progress(progress, lambda: bool(host.running()), hold)
+            deadline = src.deliver(src, host, lambda: _committed(r.ckpt))
+            rc = host.wait(300)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{host.output[-4000:]}") from None
+    planned = deadline - src.margin
+    assert host.ended_at is not None
+    return Outcome(
+        rc,
+        host.output,
+        deadline,
+        (planned - 1.0, planned + 1.0),
+        host.ended_at,
+        host.killed_at is not None,
+        host.at_deadline,
+    )
 
 
 SLURM_LEAD_S = 20  # sbatch --signal=B:TERM@20 (aios's slurm.signal_grace), under aios's 25 s grace
@@ -376,20 +443,20 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Any:
         yield cluster
 
 
-def _sbatch(slurm: Any, tmp: Path, name: str, env: dict[str, str]) -> tuple[str, Path]:
+def _sbatch(slurm: Any, r: Relay, name: str, env: dict[str, str]) -> tuple[str, Path]:
     """Submit the script ``aios launch --cloud slurm`` renders, running aios-run on one node."""
     import subprocess
 
     from aios_cloud_slurm.script import SbatchJob, render
 
-    job_dir = tmp / name
+    job_dir = r.work / f"job-{name}"
     job_dir.mkdir()
     script = render(
         SbatchJob(
             name=name,
             job_dir=str(job_dir),
-            code_dir=str(tmp),
-            command=_aios_run(tmp / "ckpt", tmp / "final.pt"),
+            code_dir=str(r.work),
+            command=_aios_run(r.ckpt, r.out),
             nodes=1,
             cpus_per_task=2,
             time="00:02:00",
@@ -434,28 +501,20 @@ def _slurm_wait(job_dir: Path, timeout: float = 300) -> tuple[int, str]:
     raise AssertionError(f"the Slurm job did not end:\n{out[-4000:]}")
 
 
-def test_slurm_s_signal_lead_stops_the_run_with_a_checkpoint_before_the_time_limit(
-    slurm: Any, baseline: dict[str, Any], tmp_path: Path
-) -> None:
-    """Slurm, real (slurmctld + slurmd): the job runs the sbatch script aios renders, with
-    ``--time`` and ``--signal=B:TERM@lead``. Slurm sends that SIGTERM to the batch shell ``lead``
-    seconds before the time limit (https://slurm.schedmd.com/sbatch.html#OPT_signal) and ends
-    the job at the limit; the shell forwards it to the tasks. The test delivers the same signal
-    the same way (``scancel --signal=TERM --batch``, as slurmctld does) at step ``HOLD`` rather
-    than waiting for Slurm's own timer, which fires only at its periodic check (every 30 s): so
-    the run's SIGTERM deadline (the lead) comes before the job's end, which stays Slurm's own
-    kill. The relaunch is a second job on the same checkpoint directory."""
+def _on_slurm(slurm: Any, env: dict[str, str], r: Relay, hold: int, progress: Path) -> Outcome:
+    """A job of the sbatch script aios renders (``--time``, ``--signal=B:TERM@lead``) on a real
+    Slurm. Slurm sends that SIGTERM to the batch shell ``lead`` seconds before the time limit
+    (https://slurm.schedmd.com/sbatch.html#OPT_signal), the shell forwards it to the tasks, and
+    Slurm ends the job at the limit. The test sends the same signal the same way (``scancel
+    --signal=TERM --batch``, as slurmctld does) once the run holds, rather than waiting for
+    Slurm's timer, which fires only at slurmctld's periodic check (30 s apart): the run's
+    deadline (the signal's lead) then comes before the job's end, which stays Slurm's own
+    kill."""
     import subprocess
     from datetime import datetime
 
-    ckpt, out, runs = tmp_path / "ckpt", tmp_path / "final.pt", tmp_path / "runs"
-    progress = tmp_path / "progress"
-    env = _env(tmp_path, HOLD_AT=str(HOLD), PROGRESS_FILE=str(progress))
-    job, job_dir = _sbatch(slurm, tmp_path, "interrupted", env)
-    end = time.monotonic() + 240
-    while not (progress.exists() and progress.read_text() and int(progress.read_text()) >= HOLD):
-        assert time.monotonic() < end, "the job did not reach the step"
-        time.sleep(0.05)
+    job, job_dir = _sbatch(slurm, r, progress.parent.name, env)
+    _wait_progress(progress, lambda: not list(job_dir.glob("exit.*")), hold)
     info = _slurm_job(slurm, job)
     limit = datetime.fromisoformat(info["EndTime"]).timestamp()  # the job's end, local time
     sent = time.time()
@@ -464,21 +523,54 @@ def test_slurm_s_signal_lead_stops_the_run_with_a_checkpoint_before_the_time_lim
     )
     rc, text = _slurm_wait(job_dir)
     ended = time.time()
-    assert rc == 75, text
-    assert "SIGTERM: forwarding it to the tasks" in text
-    assert ended < limit  # the job ended on its own before Slurm's time limit
-    committed = _committed(ckpt)
-    assert committed == [HOLD + 1], (committed, text)
-    ev = _preemption(runs)
-    assert ev["source"] == "sigterm" and ev["checkpoint"] == str(ckpt / f"ckpt-{HOLD + 1:09d}")
-    # the run planned for the signal's lead (AIOS_RUN_GRACE_CAP), which ends before the limit
-    assert sent + SLURM_LEAD_S - 1 <= ev["deadline"] <= sent + SLURM_LEAD_S + 5, ev
-    assert ev["deadline"] <= limit
+    assert "SIGTERM: forwarding it to the tasks" in text, text
+    lead = (sent + SLURM_LEAD_S - 1.0, min(sent + SLURM_LEAD_S + 5.0, limit))
+    return Outcome(rc, text, limit, lead, ended, ended >= limit, _committed(r.ckpt))
 
-    _, job_dir = _sbatch(slurm, tmp_path, "resumed", _env(tmp_path))
-    rc, text = _slurm_wait(job_dir)
-    assert rc == 0, text
-    assert f"resumed from {ckpt / f'ckpt-{HOLD + 1:09d}'} at step {HOLD + 1}" in text
-    got = _params(out)
-    for k in got:
-        assert torch.equal(got[k], baseline[k]), f"{k} differs after resuming on Slurm"
+
+@pytest.mark.parametrize("src", SOURCES, ids=lambda s: s.name)
+def test_a_notice_stops_the_run_with_a_checkpoint_before_the_host_dies_and_it_resumes_bitwise(
+    src: Source,
+    baseline: dict[str, Any],
+    relay: Relay,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> None:
+    start = relay.step
+    hold = start + 1  # the run holds one step after it resumed, until its notice arrives
+    progress, digests = tmp_path / "progress", tmp_path / "digests"
+    extra = dict(
+        HOLD_AT=str(hold),
+        PROGRESS_FILE=str(progress),
+        DIGEST_FILE=str(digests),
+        AIOS_LOGGING__RUN_DIR=str(tmp_path / "runs"),
+    )
+    try:
+        env = _env(relay.work, **src.prepare(src, tmp_path))
+        env.update(extra)
+        if src.kind == "slurm":
+            o = _on_slurm(request.getfixturevalue("slurm"), env, relay, hold, progress)
+        else:
+            o = _on_host(src, env, relay, hold, progress)
+    finally:
+        for close in src.closers:
+            close()
+    # it resumed the previous source's checkpoint and went on as the uninterrupted run did
+    if start:
+        assert f"resumed from {relay.ckpt / f'ckpt-{start:09d}'} at step {start}" in o.text
+    stopped = start + 1 if src.at_launch else hold + 1
+    _continues_bitwise(digests, baseline, start, stopped)
+    # it stopped for the notice with its emergency checkpoint, before the platform's kill
+    assert o.rc == 75, o.text
+    assert not o.killed, f"killed at the deadline with the run still going\n{o.text}"
+    assert o.ended < o.deadline
+    assert _committed(relay.ckpt)[-1] == stopped, (_committed(relay.ckpt), o.text)
+    assert stopped in o.at_deadline, o.at_deadline
+    assert not relay.out.exists()
+    ev = _preemption(tmp_path / "runs")
+    assert ev["source"] == src.source, ev
+    assert ev["checkpoint"] == str(relay.ckpt / f"ckpt-{stopped:09d}"), ev
+    # the deadline the run planned for is the platform's (to the second; a Capacity Block's
+    # margin before its reclaim; the signal's lead on Slurm)
+    assert o.planned[0] <= ev["deadline"] <= o.planned[1], (ev, o.planned)
+    relay.step, relay.source = stopped, src.name

@@ -2,11 +2,13 @@
 with dropout, AdamW and a step LR schedule on shuffled data, written the way the README ports a
 script (``aios.init``, ``rt.setup``, ``rt.resume``, ``rt.step``).
 
-``TOTAL_STEPS`` optimizer steps; rank 0 writes the step it reached to ``PROGRESS_FILE`` and the
-final parameters to argv[1]. ``HOLD_AT``: at that step each rank waits (at most
+``TOTAL_STEPS`` optimizer steps; rank 0 writes the step it reached to ``PROGRESS_FILE``, a line
+``STEP SHA256`` of the parameters after every step to ``DIGEST_FILE`` and the final parameters
+to argv[1]. ``HOLD_AT``: at that step each rank waits (at most
 ``HOLD_SECONDS``) until its own notice has arrived (``rt.should_stop``), so that the step at
 which the run stops does not depend on the machine's speed; the next step boundary acts."""
 
+import hashlib
 import os
 import sys
 import time
@@ -18,6 +20,7 @@ steps = int(os.environ.get("TOTAL_STEPS", "8"))
 hold_at = int(os.environ.get("HOLD_AT", "0"))
 hold_s = float(os.environ.get("HOLD_SECONDS", "120"))
 progress = os.environ.get("PROGRESS_FILE")
+digests = os.environ.get("DIGEST_FILE")
 
 rt = aios.init()
 g = torch.Generator().manual_seed(1234)
@@ -43,6 +46,12 @@ while rt.global_step < steps:
             with open(progress + ".tmp", "w") as f:
                 f.write(str(rt.global_step))
             os.replace(progress + ".tmp", progress)
+        if digests and rt.is_main:
+            h = hashlib.sha256()
+            for v in rt.unwrap(model).state_dict().values():
+                h.update(v.detach().contiguous().numpy().tobytes())
+            with open(digests, "a") as f:
+                f.write(f"{rt.global_step} {h.hexdigest()}\n")
         if rt.global_step == hold_at:
             end = time.monotonic() + hold_s
             while not rt.should_stop and time.monotonic() < end:
