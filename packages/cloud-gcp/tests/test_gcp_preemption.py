@@ -3,61 +3,41 @@
 from __future__ import annotations
 
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import time
 
 import pytest
 from aios_cloud_gcp.preemption import GcePreemptionWatcher
+from aios_cloud_gcp.testing import FakeMetadataServer
 
 
 @pytest.fixture
 def metadata():
-    state = {"preempted": "FALSE", "headers": [], "paths": []}
-
-    class H(BaseHTTPRequestHandler):
-        def log_message(self, *a):
-            pass
-
-        def do_GET(self):
-            state["headers"].append(self.headers.get("Metadata-Flavor"))
-            state["paths"].append(self.path)
-            if not self.path.startswith("/computeMetadata/v1/instance/preempted"):
-                self.send_response(404)
-                self.end_headers()
-                return
-            if "wait_for_change=true" in self.path:
-                changed.wait(5)
-            body = state["preempted"].encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    changed = threading.Event()
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    state["host"] = f"127.0.0.1:{srv.server_address[1]}"
-    state["changed"] = changed
-    yield state
-    changed.set()
-    srv.shutdown()
+    with FakeMetadataServer() as md:
+        yield md
 
 
 def test_gcp_watcher_notifies_once_on_preemption(metadata):
     got: list[str] = []
     fired = threading.Event()
-    w = GcePreemptionWatcher(host=metadata["host"], timeout=5)
+    w = GcePreemptionWatcher(host=metadata.host, timeout=5)
     w.start(lambda reason: (got.append(reason), fired.set()))
-    assert not fired.wait(0.5)  # FALSE: nothing yet
-    metadata["preempted"] = "TRUE"
-    metadata["changed"].set()
+    end = time.monotonic() + 10
+    while len(metadata.paths) < 2 and time.monotonic() < end:  # the read, then the long poll
+        time.sleep(0.01)
+    assert not fired.wait(0.3)  # FALSE: nothing yet
+    # the server holds the long poll (wait_for_change) instead of answering in a busy loop
+    assert len(metadata.paths) == 2, metadata.paths
+    before = time.time()
+    deadline = metadata.preempt()
     assert fired.wait(10)
     w.stop()
     (notice,) = got
     assert notice.reason == "GCE preemption notice (metadata instance/preempted=TRUE)"
-    assert notice.source == "gce-preemption" and notice.deadline is not None  # stop in 30 s
-    assert set(metadata["headers"]) == {"Google"} and any(
-        "wait_for_change=true" in p for p in metadata["paths"]
-    )
+    # Compute Engine stops the VM 30 s after the notice; a request without Metadata-Flavor:
+    # Google would have been refused (403), so the watcher sent it
+    assert notice.source == "gce-preemption"
+    assert deadline - 0.5 <= notice.deadline <= deadline + (time.time() - before) + 0.5
+    assert any("wait_for_change=true" in p for p in metadata.paths)
 
 
 def test_gcp_watcher_registered_only_on_gce(metadata, monkeypatch):
@@ -66,9 +46,9 @@ def test_gcp_watcher_registered_only_on_gce(metadata, monkeypatch):
     monkeypatch.delenv("GCE_METADATA_HOST", raising=False)
     monkeypatch.setattr(preemption, "DMI", preemption.Path("/nonexistent"))
     assert plugin.aios_preemption_watchers(config=None) is None
-    monkeypatch.setenv("GCE_METADATA_HOST", metadata["host"])
+    monkeypatch.setenv("GCE_METADATA_HOST", metadata.host)
     ws = plugin.aios_preemption_watchers(config=None)
-    assert len(ws) == 1 and ws[0].host == metadata["host"]
+    assert len(ws) == 1 and ws[0].host == metadata.host
 
 
 def test_tpu_maintenance_is_a_notice_with_the_windows_start_and_the_slice_is_interrupted():

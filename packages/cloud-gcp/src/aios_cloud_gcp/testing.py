@@ -67,12 +67,15 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlparse
+
+if TYPE_CHECKING:
+    from aios_cloud.testing.host import Host
 
 NODE_TYPE = "type.googleapis.com/google.cloud.tpu.v2.Node"
 QR_TYPE = "type.googleapis.com/google.cloud.tpu.v2.QueuedResource"
@@ -964,7 +967,20 @@ class FakeMetadataServer:
       (``windowStartTime``, ``windowEndTime``, ``latestWindowStartTime``, ``maintenanceType``,
       ``canReschedule``, ``maintenanceStatus``;
       https://cloud.google.com/tpu/docs/view-maintenance-notifications).
+
+    ``?wait_for_change=true`` holds the answer until the value changes or ``timeout_sec``
+    passes, as the real server does
+    (https://cloud.google.com/compute/docs/metadata/querying-metadata#waitforchange): a watcher
+    that long-polls is not answered in a busy loop.
+
+    ``hosts`` given to :meth:`preempt` / :meth:`announce` (:class:`aios_cloud.testing.host.Host`)
+    end when the platform ends them: 30 s after the preemption notice
+    (https://cloud.google.com/compute/docs/instances/spot#preemption-process), at the
+    maintenance window's start (a host event interrupts the whole slice).
     """
+
+    #: Compute Engine stops a preempted VM this long after setting ``instance/preempted``
+    PREEMPTION_STOP_S = 30.0
 
     NO_NOTIFICATION = {"error": "no notifications have been received yet, try again later"}
 
@@ -972,6 +988,8 @@ class FakeMetadataServer:
         self.preempted = "FALSE"
         self.upcoming: dict[str, Any] | None = None
         self.paths: list[str] = []
+        self.changed = threading.Condition()
+        self.closed = False
         srv = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -982,12 +1000,23 @@ class FakeMetadataServer:
                 srv.paths.append(self.path)
                 if self.headers.get("Metadata-Flavor") != "Google":
                     return self._send(403, "Missing Metadata-Flavor:Google header.")
-                path = urlparse(self.path).path
-                if path == "/computeMetadata/v1/instance/preempted":
-                    return self._send(200, srv.preempted)
-                if path == "/computeMetadata/v1/instance/upcoming-maintenance":
-                    return self._send(200, json.dumps(srv.upcoming or srv.NO_NOTIFICATION))
-                return self._send(404, "not found")
+                url = urlparse(self.path)
+                values = {
+                    "/computeMetadata/v1/instance/preempted": lambda: srv.preempted,
+                    "/computeMetadata/v1/instance/upcoming-maintenance": lambda: json.dumps(
+                        srv.upcoming or srv.NO_NOTIFICATION
+                    ),
+                }
+                value = values.get(url.path)
+                if value is None:
+                    return self._send(404, "not found")
+                q = parse_qs(url.query)
+                if q.get("wait_for_change") == ["true"]:
+                    first = value()
+                    wait = float((q.get("timeout_sec") or ["3600"])[0])
+                    with srv.changed:
+                        srv.changed.wait_for(lambda: srv.closed or value() != first, wait)
+                return self._send(200, value())
 
             def _send(self, code: int, text: str) -> None:
                 body = text.encode()
@@ -1000,31 +1029,64 @@ class FakeMetadataServer:
         self.host = f"127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
-    def announce(self, start: float, end: float, maintenance_type: str = "SCHEDULED") -> None:
+    def _set(self, **values: Any) -> None:
+        with self.changed:
+            for k, v in values.items():
+                setattr(self, k, v)
+            self.changed.notify_all()
+
+    def announce(
+        self,
+        start: float,
+        end: float,
+        maintenance_type: str = "SCHEDULED",
+        hosts: Sequence[Host] = (),
+        inspect: Callable[[], Any] | None = None,
+    ) -> float:
+        """Announce host maintenance from ``start`` to ``end`` (epoch seconds; whole seconds on
+        the wire); ``hosts`` are interrupted at the window's start. Returns that start."""
+
         def iso(t: float) -> str:
             return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
-        self.upcoming = {
-            "windowStartTime": iso(start),
-            "windowEndTime": iso(end),
-            "latestWindowStartTime": iso(start),
-            "maintenanceType": maintenance_type,
-            "canReschedule": True,
-            "maintenanceStatus": "PENDING",
-        }
+        self._set(
+            upcoming={
+                "windowStartTime": iso(start),
+                "windowEndTime": iso(end),
+                "latestWindowStartTime": iso(start),
+                "maintenanceType": maintenance_type,
+                "canReschedule": True,
+                "maintenanceStatus": "PENDING",
+            }
+        )
+        deadline = float(int(start))
+        for h in hosts:
+            h.reclaim_at(deadline, inspect)
+        return deadline
 
     def ongoing(self) -> None:
         if self.upcoming:
-            self.upcoming = {
-                **self.upcoming,
-                "canReschedule": False,
-                "maintenanceStatus": "ONGOING",
-            }
+            self._set(
+                upcoming={
+                    **self.upcoming,
+                    "canReschedule": False,
+                    "maintenanceStatus": "ONGOING",
+                }
+            )
 
-    def preempt(self) -> None:
-        self.preempted = "TRUE"
+    def preempt(
+        self, hosts: Sequence[Host] = (), inspect: Callable[[], Any] | None = None
+    ) -> float:
+        """Preempt the VM: ``instance/preempted`` turns ``TRUE`` and ``hosts`` are stopped
+        :attr:`PREEMPTION_STOP_S` later. Returns that deadline (epoch seconds)."""
+        deadline = time.time() + self.PREEMPTION_STOP_S
+        self._set(preempted="TRUE")
+        for h in hosts:
+            h.reclaim_at(deadline, inspect)
+        return deadline
 
     def close(self) -> None:
+        self._set(closed=True)
         self.server.shutdown()
         self.server.server_close()
 

@@ -31,13 +31,19 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlparse
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from aios_cloud.testing.host import Host
 
 CORE = {"secrets": "Secret", "configmaps": "ConfigMap", "services": "Service", "pods": "Pod"}
 
@@ -508,3 +514,30 @@ class FakeKubeApi:
                 }
             ],
         }
+
+
+#: GKE gives non-system pods on a Spot node at most this long after the node's shutdown notice,
+#: whatever their terminationGracePeriodSeconds
+#: (https://cloud.google.com/kubernetes-engine/docs/concepts/spot-vms#termination-graceful-shutdown)
+GKE_SPOT_POD_GRACE_S = 15
+
+
+def terminate_pod(
+    host: Host,
+    pod_spec: dict[str, Any],
+    node_labels: dict[str, str] | None = None,
+    inspect: Callable[[], Any] | None = None,
+) -> float:
+    """The kubelet ending a pod whose container runs on ``host`` (a deleted pod, a drained or
+    shut-down node): SIGTERM to the container's main process, SIGKILL to everything in it when
+    the pod's ``terminationGracePeriodSeconds`` (default 30) runs out
+    (https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#pod-termination); on a
+    GKE Spot node (label ``cloud.google.com/gke-spot: "true"``) at most 15 s. Returns that
+    deadline (epoch seconds)."""
+    grace = float(pod_spec.get("terminationGracePeriodSeconds", 30))
+    if (node_labels or {}).get("cloud.google.com/gke-spot") == "true":
+        grace = min(grace, GKE_SPOT_POD_GRACE_S)
+    deadline = time.time() + grace
+    host.reclaim_at(deadline, inspect)
+    host.signal_main(signal.SIGTERM)
+    return deadline

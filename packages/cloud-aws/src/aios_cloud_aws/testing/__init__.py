@@ -6,5 +6,6 @@
   answers chosen calls with AWS errors (``InsufficientInstanceCapacity`` in chosen zones,
   ``ExpiredToken``, ``UnauthorizedOperation``), records requests, and serves the placement-group
   calls moto does not implement.
-* :mod:`aios_cloud_aws.testing.imds` — an IMDSv2 stand-in (token + spot instance-action).
+* :mod:`aios_cloud_aws.testing.imds` — an IMDSv2 stand-in (token + spot instance-action;
+  ``ImdsServer.interrupt`` also ends an :class:`aios_cloud.testing.host.Host` at the notice's time).
 """

@@ -30,7 +30,12 @@ import threading
 import time
 from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from aios_cloud.testing.host import Host
 
 
 def notice_json(action: str = "terminate", seconds: float = 120.0) -> str:
@@ -139,6 +144,25 @@ class ImdsServer:
 
     def set_notice(self, action: str = "terminate", seconds: float = 120.0) -> None:
         self.notice = notice_json(action, seconds)
+
+    def interrupt(
+        self,
+        host: Host,
+        seconds: float = 120.0,
+        action: str = "terminate",
+        inspect: Callable[[], Any] | None = None,
+    ) -> float:
+        """A spot interruption of ``host``: the ``instance-action`` notice (EC2 gives it two
+        minutes ahead; tests scale ``seconds`` down) and the host's end at the notice's own
+        ``time`` (whole seconds, as EC2 writes it), when EC2 acts
+        (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-instance-termination-notices.html).
+        Returns that deadline (epoch seconds)."""
+        text = notice_json(action, seconds)
+        when = datetime.strptime(json.loads(text)["time"], "%Y-%m-%dT%H:%M:%SZ")
+        deadline = when.replace(tzinfo=timezone.utc).timestamp()
+        host.reclaim_at(deadline, inspect)
+        self.notice = text
+        return deadline
 
     def revoke_tokens(self) -> None:
         with self.lock:
