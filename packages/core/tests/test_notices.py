@@ -74,6 +74,38 @@ def test_the_deadline_watcher_thread_notifies_once_through_a_monitor():
     assert mon.time_left() == pytest.approx(5.0)
 
 
+def test_a_notice_far_ahead_of_its_deadline_is_held_until_the_checkpoint_needs_it():
+    """A Cloud TPU maintenance window announced hours ahead does not stop the run at the next
+    step (a relaunch on the same VM would see it again and stop again): the notice is held
+    and becomes due when the time left falls to what the emergency checkpoint needs; said
+    once. A notice already within that time is due at once."""
+    now = [1000.0]
+    said: list = []
+    mon = PreemptionMonitor(
+        clock=lambda: now[0], lead=lambda: 40.0, on_defer=lambda n, ahead: said.append(ahead)
+    )
+    mon.defer_interval = 0.01
+    window = Notice("tpu-maintenance", "maintenance window at 2:00", deadline=5000.0)
+    mon.notify(window)
+    mon.notify(window)  # a watcher that polls again: held once, said once
+    assert not mon.requested and mon.deferred == [window]
+    assert said == [pytest.approx(3960.0)]
+    now[0] = 4900.0
+    assert not mon.requested
+    now[0] = 4961.0
+    for _ in range(1000):
+        if mon.requested:
+            break
+        threading.Event().wait(0.01)
+    assert mon.requested and mon.notice == window
+    assert mon.time_left() == pytest.approx(39.0)
+    mon.uninstall()
+    # within the lead already: due at once, nothing held
+    soon = PreemptionMonitor(clock=lambda: 0.0, lead=lambda: 40.0)
+    soon.notify(Notice("aws-spot", "instance-action terminate", deadline=30.0))
+    assert soon.requested and soon.deferred == []
+
+
 def test_a_notice_file_may_carry_source_and_deadline(tmp_path):
     p = tmp_path / "notice"
     p.write_text(json.dumps({"source": "tpu-maintenance", "reason": "maint", "deadline": 77.5}))

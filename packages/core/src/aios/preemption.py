@@ -20,6 +20,11 @@ source does not say). Sources:
   :class:`aios.types.PreemptionWatcher` whose ``start(notify)`` polls (a cloud's metadata
   server) and calls ``notify(Notice(source, reason, deadline))`` once.
 
+A notice whose deadline lies further ahead than the emergency checkpoint needs (a Cloud TPU
+maintenance window announced days ahead) is held, not acted on: the monitor's ``lead`` (the
+runtime's estimate of what the emergency checkpoint needs) decides when it becomes due, as for
+a known end, and the run trains on until then (said once, in one line, by ``on_defer``).
+
 A notice only sets a flag; the runtime acts on it at the next optimizer-step boundary, where all
 ranks agree (``strategy.any_rank``) so that every rank stops at the same step, with the earliest
 deadline any rank heard. It writes the emergency checkpoint when the save fits before that
@@ -88,9 +93,20 @@ class PreemptionMonitor:
         signals: tuple[int, ...] = (signal.SIGTERM,),
         grace: float | None = None,
         clock: Callable[[], float] = time.time,
+        lead: Callable[[], float] | None = None,
+        on_defer: Callable[[Notice, float], None] | None = None,
     ) -> None:
         self.grace = grace
         self.clock = clock
+        #: seconds before a notice's deadline at which it is due (None: every notice is due at
+        #: once); a notice further ahead is held by a :class:`DeadlineWatcher` until then
+        self.lead = lead
+        #: called once per held notice with the seconds until it is due
+        self.on_defer = on_defer
+        #: notices held until their deadline comes within ``lead``
+        self.deferred: list[Notice] = []
+        #: the longest a held notice's watcher sleeps between looks at the clock
+        self.defer_interval = 5.0
         self.reason: str | None = None
         self.noticed_at: float | None = None
         #: the first notice, with its source and deadline (:class:`aios.types.Notice`)
@@ -107,6 +123,43 @@ class PreemptionMonitor:
         if self.reason is None:
             if isinstance(notice, str):
                 notice = Notice(source="watcher", reason=notice)
+            if self._defer(notice):
+                return
+            self.notice = notice
+            self.reason = notice.reason
+            self.noticed_at = time.monotonic()
+
+    def _defer(self, notice: Notice) -> bool:
+        """Hold a notice whose deadline is further ahead than ``lead``: a watcher announces it
+        when it becomes due. A notice already held (the same source and deadline, polled
+        again) is not held twice."""
+        if self.lead is None or notice.deadline is None or notice in self.deferred:
+            return notice in self.deferred
+        try:
+            lead = float(self.lead())
+        except Exception:  # noqa: BLE001 - without an estimate the notice is due now
+            return False
+        ahead = notice.deadline - self.clock() - lead
+        if ahead <= 0:
+            return False
+        self.deferred.append(notice)
+        held = DeadlineWatcher(
+            notice.deadline,
+            notice.source,
+            self.lead,
+            clock=self.clock,
+            interval=self.defer_interval,
+            notice=notice,
+        )
+        held.start(self._due)
+        self._watchers.append(held)
+        if self.on_defer is not None:
+            self.on_defer(notice, ahead)
+        return True
+
+    def _due(self, notice: Notice | str) -> None:
+        """A held notice became due: recorded as any other (first one wins)."""
+        if self.reason is None and isinstance(notice, Notice):
             self.notice = notice
             self.reason = notice.reason
             self.noticed_at = time.monotonic()
@@ -191,8 +244,10 @@ class DeadlineWatcher:
         lead: Callable[[], float] = lambda: 60.0,
         clock: Callable[[], float] = time.time,
         interval: float = 5.0,
+        notice: Notice | None = None,
     ) -> None:
         self.deadline = float(deadline)
+        self._notice = notice
         self.source = source
         self.lead = lead
         self.clock = clock
@@ -218,6 +273,8 @@ class DeadlineWatcher:
         return self.deadline - now <= self.lead()
 
     def notice(self) -> Notice:
+        if self._notice is not None:
+            return self._notice
         when = time.strftime("%H:%M:%S UTC", time.gmtime(self.deadline))
         return Notice(
             source=self.source, reason=f"{self.source} ends at {when}", deadline=self.deadline

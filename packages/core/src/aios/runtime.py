@@ -83,6 +83,7 @@ if TYPE_CHECKING:
     from aios.checkpoint import CheckpointStore
     from aios.config import AiosConfigBase
     from aios.plugins import Registry
+    from aios.types import Notice
     from aios.precision import Precision
     from aios.strategy import Strategy
 
@@ -529,7 +530,11 @@ class Runtime:
         )
         self.record = RunRecord(config.logging.run_dir, run_id_from_env(), active=self.is_main)
         #: notices (signals with the platform's grace as deadline, watchers): :mod:`aios.preemption`
-        self.preemption = PreemptionMonitor(grace=float(config.checkpoint.grace_seconds))
+        self.preemption = PreemptionMonitor(
+            grace=float(config.checkpoint.grace_seconds),
+            lead=lambda: self._notice_lead(),
+            on_defer=self._notice_deferred,
+        )
         #: save/load/resume, the pending boundary save, lineage and lock (:mod:`aios.checkpoint.manager`)
         self.checkpointer = CheckpointManager(
             config, strategy, self.training, self.record, backend, print_fn=self.print
@@ -597,6 +602,14 @@ class Runtime:
         recent = list(itertools.islice(st, len(st) - n, len(st)))
         d = sorted(b - a for a, b in zip(recent, recent[1:], strict=False))
         return d[len(d) // 2]
+
+    def _notice_deferred(self, notice: Notice, ahead: float) -> None:
+        """A notice far ahead of its deadline (maintenance announced hours before): said once."""
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(notice.deadline or 0))
+        self.print(
+            f"aios: notice from {notice.source}: {notice.reason}; the host is gone at {when}: "
+            f"training goes on and the emergency checkpoint starts in {ahead:.0f} s"
+        )
 
     def _notice_lead(self) -> float:
         """Seconds before a known deadline (``AIOS_RUN_DEADLINE``) at which to announce it: what
