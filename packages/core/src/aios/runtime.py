@@ -83,9 +83,9 @@ if TYPE_CHECKING:
     from aios.checkpoint import CheckpointStore
     from aios.config import AiosConfigBase
     from aios.plugins import Registry
-    from aios.types import Notice
     from aios.precision import Precision
     from aios.strategy import Strategy
+    from aios.types import Notice
 
 __all__ = ["Runtime", "init", "current", "EXIT_PREEMPTED"]
 
