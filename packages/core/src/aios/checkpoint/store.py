@@ -193,12 +193,16 @@ def torch_save(obj: Any, f: Any) -> None:
     import torch
 
     try:
-        from torch.utils.serialization import config
-    except ImportError:  # torch before 2.5 always computes it
+        from torch.serialization import get_crc32_options, set_crc32_options
+    except ImportError:  # torch before 2.6 always computes it
         torch.save(obj, f)
         return
-    with config.patch({"save.compute_crc32": False}):
+    before = get_crc32_options()
+    set_crc32_options(False)
+    try:
         torch.save(obj, f)
+    finally:
+        set_crc32_options(before)
 
 
 class _HashingWriter:
