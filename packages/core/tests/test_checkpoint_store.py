@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from aios.checkpoint import MARKER, STATE_FILE, CheckpointStore  # noqa: E402
+from aios.checkpoint import DIGEST, MARKER, STATE_FILE, CheckpointStore  # noqa: E402
 from aios.errors import CheckpointError  # noqa: E402
 from aios.plugins import reset_registry  # noqa: E402
 
@@ -88,10 +88,7 @@ def test_checkpoint_corrupt_state_is_one_line_error(tmp_path):
         store.load(info)
     msg = str(ei.value)
     assert (
-        "corrupt" in msg
-        and "sha256" in msg
-        and "\n" not in msg
-        and "checkpoint.resume=false" in msg
+        "corrupt" in msg and DIGEST in msg and "\n" not in msg and "checkpoint.resume=false" in msg
     )
 
 
@@ -176,9 +173,9 @@ def test_checkpoint_memory_url_marker_written_last(monkeypatch):
 
 
 def test_a_flipped_byte_in_state_pt_is_refused_while_it_is_read_once(tmp_path):
-    """The full format's load hashes the file as torch reads it (one read): a byte flipped
-    after the save (same size) is a one-line "corrupt" error naming the file, and nothing of
-    the damaged state is returned."""
+    """The full format's load reads the file from the disk once (one hashing pass, then torch
+    maps the cached pages): a byte flipped after the save (same size) is a one-line "corrupt"
+    error naming the file, and nothing of the damaged state is returned."""
     import torch
     from aios.checkpoint import STATE_FILE, CheckpointStore
     from aios.errors import CheckpointError
@@ -191,5 +188,120 @@ def test_a_flipped_byte_in_state_pt_is_refused_while_it_is_read_once(tmp_path):
     data = bytearray(f.read_bytes())
     data[len(data) // 2] ^= 0xFF  # inside the tensor data: torch alone would load it
     f.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=f"{STATE_FILE} does not match the {DIGEST}"):
+        store.load(store.latest())
+
+
+def _flip_middle(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01  # one bit, inside the tensor data, same size
+    path.write_bytes(bytes(data))
+
+
+def test_a_damaged_state_pt_is_never_unpickled(tmp_path, monkeypatch):
+    """The digest is checked over the whole file before torch sees any of it: a damaged
+    file never reaches ``torch.load`` (nothing unpickled), a sound one is loaded once."""
+    store = CheckpointStore(str(tmp_path / "ck"))
+    path = Path(store.save(1, {"w": torch.arange(100_000, dtype=torch.float32)}))
+    calls: list[object] = []
+    real = torch.load
+
+    def spy(f, *a, **k):
+        calls.append(f)
+        return real(f, *a, **k)
+
+    monkeypatch.setattr(torch, "load", spy)
+    assert torch.equal(store.load(store.latest())["w"], torch.arange(100_000, dtype=torch.float32))
+    assert len(calls) == 1
+    _flip_middle(path / STATE_FILE)
+    calls.clear()
+    with pytest.raises(CheckpointError, match=f"{STATE_FILE} does not match the {DIGEST}"):
+        store.load(store.latest())
+    assert calls == []
+
+
+def test_state_pt_keeps_no_zip_crc_and_loads_with_plain_torch(tmp_path):
+    """The marker's digest covers every byte of state.pt, so torch's per-record CRC-32 (a
+    second pass over every byte) is not computed; plain ``torch.load`` still reads the file."""
+    import zipfile
+
+    store = CheckpointStore(str(tmp_path / "ck"))
+    path = Path(store.save(1, {"w": torch.arange(1000, dtype=torch.float32)}))
+    marker = json.loads((path / MARKER).read_text())
+    assert marker["files"][STATE_FILE][DIGEST] and marker["files"][STATE_FILE]["size"] > 4000
+    with zipfile.ZipFile(path / STATE_FILE) as z:
+        assert {i.CRC for i in z.infolist() if i.file_size} == {0}
+    plain = torch.load(path / STATE_FILE, weights_only=True)
+    assert torch.equal(plain["w"], torch.arange(1000, dtype=torch.float32))
+    assert torch.serialization.get_crc32_options()  # torch's own setting is left as it was
+
+
+def test_checkpoints_with_sha256_digests_are_still_checked(tmp_path):
+    """A checkpoint written by an earlier version records sha256: it loads, and a damaged one
+    is refused naming sha256."""
+    import hashlib
+
+    store = CheckpointStore(str(tmp_path / "ck"))
+    path = Path(store.save(1, _state(1)))
+    marker = json.loads((path / MARKER).read_text())
+    entry = marker["files"][STATE_FILE]
+    entry.pop(DIGEST)
+    entry["sha256"] = hashlib.sha256((path / STATE_FILE).read_bytes()).hexdigest()
+    (path / MARKER).write_text(json.dumps(marker))
+    assert torch.equal(store.load(store.latest())["w"], torch.full((4,), 1.0))
+    _flip_middle(path / STATE_FILE)
     with pytest.raises(CheckpointError, match=f"{STATE_FILE} does not match the sha256"):
         store.load(store.latest())
+
+
+def _mapped(path: Path) -> bool:
+    real = os.path.realpath(path)
+    with open("/proc/self/maps") as f:
+        return any(line.rstrip("\n").endswith(real) for line in f)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs Linux /proc")
+def test_resume_keeps_no_tensor_backed_by_the_checkpoint_file(tmp_path):
+    """``store.load`` maps state.pt (no copy out of the page cache); the full format copies the
+    weights into the model and gives the optimizer's moments memory of their own, so once the
+    state is restored nothing holds the file: pruning it frees its disk space."""
+    import gc
+
+    from aios.checkpoint.manager import FullStateFormat
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 64)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(8, 64)).sum().backward()
+    opt.step()
+    saved = {
+        "modules": [model.state_dict()],
+        "optimizers": [opt.state_dict()],
+        "extra": {"ema": torch.ones(64)},
+    }
+    store = CheckpointStore(str(tmp_path / "ck"))
+    path = Path(store.save(1, saved)) / STATE_FILE
+
+    state = store.load(store.latest())
+    assert _mapped(path)  # the load itself maps the file: nothing is copied
+    del state
+    gc.collect()
+    assert not _mapped(path)
+
+    model2 = torch.nn.Linear(64, 64)
+    opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-3)
+
+    class Target:
+        def load_state_dict(self, state, strict=True, rank=0):
+            model2.load_state_dict(state["modules"][0])
+            opt2.load_state_dict(state["optimizers"][0])
+
+    extra = FullStateFormat().load(store.latest(), store, Target())
+    gc.collect()
+    assert not _mapped(path), "a restored tensor still maps the checkpoint file"
+    assert torch.equal(extra["ema"], torch.ones(64))
+    assert torch.equal(model2.weight, model.weight)
+    for p, p2 in zip(model.parameters(), model2.parameters(), strict=True):
+        assert torch.equal(opt.state[p]["exp_avg"], opt2.state[p2]["exp_avg"])
+    model2(torch.randn(8, 64)).sum().backward()
+    opt2.step()  # the restored moments are ordinary writable memory

@@ -7,7 +7,7 @@ full format, so listing, ``latest()``, pruning and ``aios`` tools treat both ali
 
     <dir>/ckpt-000000120/__0_0.distcp ...       DCP shards: every rank writes its own
     <dir>/ckpt-000000120/.metadata              DCP's global plan (written by rank 0)
-    <dir>/ckpt-000000120/aios-digests.json      size and sha256 of every shard and .metadata,
+    <dir>/ckpt-000000120/aios-digests.json      size and digest of every shard and .metadata,
                                                 hashed as they were written (rank 0's writer)
     <dir>/ckpt-000000120/common.pt              state every rank holds alike (step, schedulers,
                                                 registered objects, precision), from rank 0
@@ -27,7 +27,7 @@ Rules:
   object stores), every rank writes into it, and rank 0 writes the marker only after DCP's save
   has finished on every rank (DCP gathers every rank's write results before rank 0 writes
   ``.metadata``; the per-rank files are written before a rank joins that save). The marker lists
-  every file with its size and sha256: the shards and ``.metadata`` are hashed as DCP's writer
+  every file with its size and digest: the shards and ``.metadata`` are hashed as DCP's writer
   writes them (in the checkpoint process or thread, :func:`_digest_write_data`), and
   ``aios-digests.json`` carries those digests to the commit. On load every file is checked
   against its digest (shared out over the ranks) before torch reads any of it; a mismatch is a
@@ -801,7 +801,7 @@ class DcpWriter:
         incomplete set is an error (never committed)."""
         import json
 
-        from aios.checkpoint.store import DIGEST, DIGESTS_FILE
+        from aios.checkpoint.store import DIGEST, DIGESTS, DIGESTS_FILE, new_hash
 
         fs = store.fs
         with contextlib.suppress(Exception):
@@ -830,8 +830,10 @@ class DcpWriter:
                     f"stored {entry['size']})",
                     "check the storage and rerun",
                 )
-            entry[DIGEST] = got[DIGEST]
-        files[DIGESTS_FILE] = {"size": len(raw), DIGEST: hashlib.new(DIGEST, raw).hexdigest()}
+            entry.update({k: got[k] for k in DIGESTS if got.get(k)})
+        h = new_hash()
+        h.update(raw)
+        files[DIGESTS_FILE] = {"size": len(raw), DIGEST: h.hexdigest()}
         return files
 
     def commit_when_written(self, handle: SaveHandle, commit: Any, abort: Any) -> None:

@@ -5,7 +5,7 @@ Layout of ``checkpoint.dir``::
 
     <dir>/ckpt-000000120/state.pt              the files of one checkpoint (here: the full state)
     <dir>/ckpt-000000120/aios-checkpoint.json  commit marker: step, time, lineage, run, world size,
-                                               backend, strategy, format, size+sha256 per file
+                                               backend, strategy, format, size+digest per file
     <dir>/ckpt-000000120-3f9c01ab/             the same step written again (see re-save below)
     <dir>/.aios-lock                           the writer lock (run, pid, host, heartbeat)
 
@@ -28,12 +28,15 @@ Rules:
   legacy ones and files aios did not name are never deleted.
 * **Resume** picks the most recently committed complete checkpoint (the lineage that wrote last;
   within one lineage, the highest step). Incomplete ones are skipped with a warning. A checkpoint
-  whose marker is present but whose files do not match it (size or sha256), or that cannot be
+  whose marker is present but whose files do not match it (size or digest), or that cannot be
   unpickled, is **corrupt**: that is an error (:class:`aios.errors.CheckpointError`, one line,
   exit 2) rather than a silent fallback to an older checkpoint.
-* **Digests.** Every file of every format is listed in the marker with its size and sha256,
+* **Digests.** Every file of every format is listed in the marker with its size and digest
+  (:data:`DIGEST`, XXH3-128; sha256 in checkpoints of earlier versions, still checked),
   computed as the file is written (:class:`_HashingWriter`; the ``dcp`` format's writers do the
-  same for shards and ``.metadata``). Resume checks them before anything is unpickled.
+  same for shards and ``.metadata``). Resume checks them before anything is unpickled; the full
+  format's ``state.pt`` is read from the disk once: hashed in one sequential pass, then mapped
+  by ``torch.load`` from the page cache (:meth:`CheckpointStore.load`).
 * **One writer.** :meth:`CheckpointStore.acquire_lock` takes ``.aios-lock`` atomically: locally
   under an exclusive ``flock`` (of the directory; of ``.aios-lock.guard`` where directories
   cannot be locked) and created with ``link`` (never seen empty); on S3/GCS with conditional
@@ -51,6 +54,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.util
 import io
 import json
 import os
@@ -139,13 +143,66 @@ class Staging:
     replace: bool = False
 
 
-#: the digest every checkpoint file is recorded with in the marker (``hashlib`` name). sha256:
-#: faster than blake2b where the CPU has SHA instructions (see bench/bench_async_ckpt.py)
-DIGEST = "sha256"
+#: the digest every checkpoint file is recorded with in the marker: XXH3-128 (the ``xxhash``
+#: package, a core dependency), about 20 GB/s on one core, so that hashing costs next to
+#: nothing beside the disk (sha256 runs at 1-2 GB/s with SHA instructions, slower than a fast
+#: disk: it was the largest cost of a save and of a load, see bench/bench_ckpt_io.py). It is a
+#: checksum against torn, truncated and corrupted files, which is what the marker guards: the
+#: marker lies next to the files, so no digest there could stop a writer who can change both.
+#: Where ``xxhash`` cannot be imported new files record sha256 (slower, equally checked).
+DIGEST = "xxh3_128" if importlib.util.find_spec("xxhash") is not None else "sha256"
+#: the digests a marker may record for a file, in the order they are checked (checkpoints of
+#: earlier versions record sha256)
+DIGESTS = ("xxh3_128", "sha256")
 #: written by the ``dcp`` format's writers next to the shards (each file's size and digest,
 #: hashed as the shards were written) and merged into the marker at commit
 DIGESTS_FILE = "aios-digests.json"
 _CHUNK = 8 << 20
+
+
+def new_hash(name: str = DIGEST) -> Any:
+    """A streaming hash object (``update``, ``hexdigest``) for the digest ``name``."""
+    if name == "xxh3_128":
+        try:
+            import xxhash
+        except ImportError:
+            raise CheckpointError(
+                "this checkpoint records xxh3_128 digests, which need the 'xxhash' package",
+                "pip install xxhash (a dependency of aios-core)",
+            ) from None
+        return xxhash.xxh3_128()
+    return hashlib.new(name)
+
+
+def recorded_digest(entry: dict[str, Any]) -> tuple[str, str] | None:
+    """``(name, hex digest)`` a marker's file entry records (None: sizes only, as in
+    checkpoints written before digests were recorded)."""
+    for name in DIGESTS:
+        value = entry.get(name)
+        if value:
+            return name, str(value)
+    return None
+
+
+def torch_save(obj: Any, f: Any) -> None:
+    """``torch.save(obj, f)`` for a file whose every byte the marker's digest covers, without
+    the zip CRC-32 torch otherwise computes for each record: a second pass over every byte at
+    about the disk's own speed (half the cost of a save, see bench/bench_ckpt_io.py) that no
+    reader checks (``torch.load`` ignores it; aios verifies the digest). A zip tool that tests
+    CRCs (``unzip -t``, Python's ``zipfile``) reports the records' CRCs as wrong."""
+    import torch
+
+    try:
+        from torch.serialization import get_crc32_options, set_crc32_options
+    except ImportError:  # torch before 2.6 always computes it
+        torch.save(obj, f)
+        return
+    before = get_crc32_options()
+    set_crc32_options(False)
+    try:
+        torch.save(obj, f)
+    finally:
+        set_crc32_options(before)
 
 
 class _HashingWriter:
@@ -154,14 +211,14 @@ class _HashingWriter:
 
     def __init__(self, f: Any) -> None:
         self.f = f
-        self.sha = hashlib.new(DIGEST)
+        self.hash = new_hash()
         self.size = 0
         #: the OS error of a failed write: torch's zip writer replaces it with its own message
         self.error: OSError | None = None
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
-        self.sha.update(view)
+        self.hash.update(view)
         self.size += view.nbytes
         try:
             self.f.write(view)
@@ -174,7 +231,7 @@ class _HashingWriter:
         self.f.flush()
 
     def entry(self) -> dict[str, Any]:
-        return {"size": self.size, DIGEST: self.sha.hexdigest()}
+        return {"size": self.size, DIGEST: self.hash.hexdigest()}
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.f, name)
@@ -424,10 +481,10 @@ class CheckpointStore(WriterLock):
         """Hash one file of a checkpoint as it streams from the store; raise "corrupt" naming
         it when it differs from the digest its writer recorded (no digest recorded: sizes
         only, as in checkpoints of earlier versions)."""
-        want = info.meta.get("files", {}).get(name) or {}
-        if not want.get(DIGEST):
+        want = recorded_digest(info.meta.get("files", {}).get(name) or {})
+        if want is None:
             return
-        h = hashlib.new(DIGEST)
+        h = new_hash(want[0])
         try:
             with self.fs.open(f"{info.path}/{name}", "rb") as f:
                 while chunk := f.read(_CHUNK):
@@ -436,8 +493,8 @@ class CheckpointStore(WriterLock):
             raise self._corrupt(info, f"{name} is missing") from None
         except OSError as exc:
             raise self._corrupt(info, f"{name} cannot be read ({os_cause(exc)})") from None
-        if h.hexdigest() != want[DIGEST]:
-            raise self._corrupt(info, f"{name} does not match the {DIGEST} in its marker")
+        if h.hexdigest() != want[1]:
+            raise self._corrupt(info, f"{name} does not match the {want[0]} in its marker")
 
     # ---------------------------------------------------------------- writing files
     def open_write(self, path: str) -> Any:
@@ -452,7 +509,7 @@ class CheckpointStore(WriterLock):
 
     def write_file(self, staging: Staging, name: str, writer: Any) -> dict[str, Any]:
         """Write ``<staging>/<name>`` through ``writer(fileobj)``, durable; returns its entry for
-        the marker (size and sha256). Any rank may call it for its own files."""
+        the marker (size and digest). Any rank may call it for its own files."""
         w: _HashingWriter | None = None
         try:
             with self.open_write(f"{staging.path}/{name}") as f:
@@ -694,11 +751,9 @@ class CheckpointStore(WriterLock):
 
     def save(self, step: int, state: dict[str, Any], meta: dict[str, Any] | None = None) -> str:
         """Write ``state`` (torch-serialisable) as the checkpoint for ``step``; return its path."""
-        import torch
-
         staging = self.begin(step)
         try:
-            self.write_file(staging, STATE_FILE, lambda f: torch.save(state, f))
+            self.write_file(staging, STATE_FILE, lambda f: torch_save(state, f))
         except Exception as exc:
             self.abort(staging)
             raise self._save_error(step, exc) from exc
@@ -744,84 +799,93 @@ class CheckpointStore(WriterLock):
 
     # ---------------------------------------------------------------- load
     def read_file(self, info: CheckpointInfo, name: str) -> bytes:
-        want = info.meta.get("files", {}).get(name)
+        entry = info.meta.get("files", {}).get(name)
         try:
             with self.fs.open(f"{info.path}/{name}", "rb") as f:
                 data = f.read()
         except FileNotFoundError:
             data = None
-        if data is None or want is None:
+        if data is None or entry is None:
             raise self._corrupt(info, f"{name} is missing")
-        if len(data) != want.get("size"):
+        if len(data) != entry.get("size"):
             raise self._corrupt(
-                info, f"{name} has {len(data)} bytes, its marker says {want.get('size')}"
+                info, f"{name} has {len(data)} bytes, its marker says {entry.get('size')}"
             )
-        if want.get(DIGEST) and hashlib.new(DIGEST, data).hexdigest() != want[DIGEST]:
-            raise self._corrupt(info, f"{name} does not match the {DIGEST} in its marker")
+        want = recorded_digest(entry)
+        if want is not None:
+            h = new_hash(want[0])
+            h.update(data)
+            if h.hexdigest() != want[1]:
+                raise self._corrupt(info, f"{name} does not match the {want[0]} in its marker")
         return data
 
-    def _load_local(self, info: CheckpointInfo, name: str) -> Any:
-        """``torch.load`` of a local checkpoint file, verified against its marker while it is
-        read: a thread hashes the file as torch reads it (the disk is read once, the other
-        reader is served by the page cache; hashing releases the GIL), and the state is
-        returned only when size and digest match."""
-        import threading
-
+    def _load_local(self, info: CheckpointInfo, name: str, mmap: bool) -> Any:
+        """``torch.load`` of a local checkpoint file that is read from the disk once: one
+        sequential pass hashes the whole file (large reads; the file's pages stay in the page
+        cache), the digest is checked against the marker, and only then does torch unpickle it,
+        from the same open file (``/proc/self/fd``: a file renamed over the path meanwhile is
+        never the one loaded). With ``mmap`` torch maps those cached pages (private,
+        copy-on-write) instead of copying every tensor out of the cache into fresh memory."""
         import torch
 
-        want = info.meta.get("files", {}).get(name)
+        entry = info.meta.get("files", {}).get(name)
         path = f"{info.path}/{name}"
-        try:
-            size = os.path.getsize(path)
-        except OSError:
-            size = None
-        if want is None or size is None:
+        if entry is None:
             raise self._corrupt(info, f"{name} is missing")
-        if size != want.get("size"):
-            raise self._corrupt(
-                info, f"{name} has {size} bytes, its marker says {want.get('size')}"
-            )
-        digest: list[Any] = []
-
-        def hash_file() -> None:
-            h = hashlib.new(DIGEST)
-            try:
-                with open(path, "rb", buffering=0) as f:
-                    buf = bytearray(_CHUNK)
-                    view = memoryview(buf)
+        want = recorded_digest(entry)
+        h = new_hash(want[0]) if want is not None else None
+        try:
+            f = open(path, "rb", buffering=0)  # closed below, after torch.load
+        except (FileNotFoundError, IsADirectoryError):
+            raise self._corrupt(info, f"{name} is missing") from None
+        except OSError as exc:
+            raise self._corrupt(info, f"{name} cannot be read ({os_cause(exc)})") from None
+        with f:
+            size = os.fstat(f.fileno()).st_size
+            if size != entry.get("size"):
+                raise self._corrupt(
+                    info, f"{name} has {size} bytes, its marker says {entry.get('size')}"
+                )
+            if h is not None and want is not None:
+                with contextlib.suppress(AttributeError, OSError):
+                    os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+                buf = bytearray(min(_CHUNK, max(size, 1)))
+                view = memoryview(buf)
+                got = 0
+                try:
                     while n := f.readinto(buf):
                         h.update(view[:n])
-                digest.append(h.hexdigest())
-            except OSError as exc:
-                digest.append(exc)
+                        got += n
+                except OSError as exc:
+                    raise self._corrupt(info, f"{name} cannot be read ({os_cause(exc)})") from None
+                if got != size:
+                    raise self._corrupt(info, f"{name} changed size while it was read")
+                if h.hexdigest() != want[1]:
+                    raise self._corrupt(info, f"{name} does not match the {want[0]} in its marker")
+            source = f"/proc/self/fd/{f.fileno()}"
+            if not os.path.exists(source):
+                source = path
+            if mmap:
+                try:
+                    return torch.load(source, map_location="cpu", weights_only=True, mmap=True)
+                except Exception:  # noqa: BLE001 - a file system that cannot map: read it
+                    pass
+            return torch.load(source, map_location="cpu", weights_only=True)
 
-        hasher = None
-        if want.get(DIGEST):
-            hasher = threading.Thread(target=hash_file, name="aios-ckpt-verify", daemon=True)
-            hasher.start()
-        error: BaseException | None = None
-        state = None
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:  # noqa: BLE001 - named below, after the digest
-            error = exc
-        if hasher is not None:
-            hasher.join()
-            got = digest[0] if digest else None
-            if isinstance(got, OSError):
-                raise self._corrupt(info, f"{name} cannot be read ({os_cause(got)})") from None
-            if got != want[DIGEST]:
-                raise self._corrupt(info, f"{name} does not match the {DIGEST} in its marker")
-        if error is not None:
-            raise error
-        return state
+    def load(self, info: CheckpointInfo, mmap: bool = True) -> dict[str, Any]:
+        """The full state of ``info`` (``state.pt``), verified against the marker before it is
+        unpickled; a mismatch is a one-line "corrupt" error and nothing is returned.
 
-    def load(self, info: CheckpointInfo) -> dict[str, Any]:
+        :param mmap: locally, the tensors are backed by the file's pages (a private
+            copy-on-write map: nothing is copied until written) rather than copied into
+            memory of their own. Such a tensor keeps the file (its disk space) alive while it
+            lives: clone what outlives the checkpoint (``FullStateFormat.load`` does for all
+            but the model weights, which are copied into the model)."""
         import torch
 
         try:
             if self.local:
-                return self._load_local(info, STATE_FILE)
+                return self._load_local(info, STATE_FILE, mmap)
             data = self.read_file(info, STATE_FILE)
             return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         except CheckpointError:
