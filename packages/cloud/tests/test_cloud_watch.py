@@ -12,69 +12,14 @@ import pytest
 from aios.config import resolve
 from aios_cloud import ops
 from aios_cloud.provider import (
-    HEALTHY,
     READY,
-    CatalogEntry,
-    CloudCommand,
-    CloudProvider,
-    ClusterHost,
     ClusterInfo,
     ClusterRequest,
 )
 from aios_cloud.ssh import LinePrinter
 from aios_cloud.store import JOB_FAILED, JOB_SUCCEEDED, ClusterRecord, Store
+from aios_cloud.testing.loopback import LoopbackCloud
 from aios_cloud.testing.sshd import SshdCluster
-
-
-class LoopbackCloud(CloudProvider):
-    """A 'cloud' whose cluster is the given sshd hosts; records what the watcher asks of it."""
-
-    name = "loop"
-    cli = "loop"
-
-    def __init__(self, cluster: SshdCluster) -> None:
-        self.c = cluster
-        self.exists = True
-        self.calls: list[str] = []
-
-    def catalog(self) -> list[CatalogEntry]:
-        return [CatalogEntry("loop", "box", 1, "cpu", 0.0, zones=("z1",), backend="cpu")]
-
-    def _info(self, name: str) -> ClusterInfo:
-        hosts = [
-            ClusterHost(h.worker_id, h.ip, h.internal_ip or h.ip, ssh_user=self.c.user, port=h.port)
-            for h in self.c.hosts
-        ]
-        return ClusterInfo(name, "loop", "z1", "box", READY, health=HEALTHY, hosts=hosts)
-
-    def create(self, request: ClusterRequest) -> ClusterInfo:
-        self.calls.append("create")
-        self.exists = True
-        return self._info(request.name)
-
-    def describe(self, name: str, zone: str | None) -> ClusterInfo | None:
-        self.calls.append("describe")
-        return self._info(name) if self.exists else None
-
-    def list(self, zone: str | None = None) -> list[ClusterInfo]:
-        return []
-
-    def start(self, name: str, zone: str | None) -> ClusterInfo:
-        self.calls.append("start")
-        return self._info(name)
-
-    def stop(self, name: str, zone: str | None) -> None:
-        self.calls.append("stop")
-
-    def delete(self, name: str, zone: str | None) -> None:
-        self.calls.append("delete")
-        self.exists = False
-
-    def render_create(self, request: ClusterRequest) -> list[CloudCommand]:
-        return []
-
-    def render(self, action: str, name: str, zone: str | None) -> list[CloudCommand]:
-        return []
 
 
 @pytest.fixture
@@ -107,7 +52,7 @@ def _setup(c: SshdCluster, tmp_path, mode: str, managed: bool = True):
     (work / "job.py").write_text(f"MODE = {mode!r}\n" + SCRIPT)
     store = Store()
     provider = LoopbackCloud(c)
-    info = provider._info("wc")
+    info = provider.info("wc")
     request = ClusterRequest(name="wc", accelerator="box", zone="z1", ssh_user=c.user)
     rec = ClusterRecord(
         name="wc",
@@ -235,7 +180,7 @@ def test_cloud_watch_treats_host_maintenance_as_an_interruption(env, tmp_path):
         logs.append,
     )
     described = []
-    plain = provider._info
+    plain = provider.info
 
     def in_maintenance(name: str) -> ClusterInfo:
         info = plain(name)
@@ -244,7 +189,7 @@ def test_cloud_watch_treats_host_maintenance_as_an_interruption(env, tmp_path):
             info.health, info.health_detail = MAINTENANCE, "UNHEALTHY_MAINTENANCE"
         return info
 
-    provider._info = in_maintenance  # type: ignore[method-assign]
+    provider.info = in_maintenance  # type: ignore[method-assign]
     opts = ops.WatchOptions(
         poll=0.2, describe_every=0.2, follow=False, ssh_timeout=30, lost_after=2
     )
