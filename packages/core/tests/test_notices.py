@@ -100,10 +100,16 @@ def test_a_notice_far_ahead_of_its_deadline_is_held_until_the_checkpoint_needs_i
     assert mon.requested and mon.notice == window
     assert mon.time_left() == pytest.approx(39.0)
     mon.uninstall()
-    # within the lead already: due at once, nothing held
-    soon = PreemptionMonitor(clock=lambda: 0.0, lead=lambda: 40.0)
-    soon.notify(Notice("aws-spot", "instance-action terminate", deadline=30.0))
-    assert soon.requested and soon.deferred == []
+    # within the lead already, or a short notice (a spot reclaim's 2 minutes with a save of a
+    # few seconds measured): due at once, nothing held
+    for deadline in (30.0, 120.0):
+        soon = PreemptionMonitor(clock=lambda: 0.0, lead=lambda: 6.0)
+        soon.notify(Notice("aws-spot", "instance-action terminate", deadline=deadline))
+        assert soon.requested and soon.deferred == []
+    # a signal is never held, whatever its grace (Slurm's --signal lead, a pod's grace)
+    sig = PreemptionMonitor(grace=3600.0, clock=lambda: 0.0, lead=lambda: 6.0)
+    sig._handler(signal.SIGTERM, None)
+    assert sig.requested and sig.deferred == [] and sig.notice.source == "sigterm"
 
 
 def test_a_notice_file_may_carry_source_and_deadline(tmp_path):

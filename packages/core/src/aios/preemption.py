@@ -129,10 +129,16 @@ class PreemptionMonitor:
             self.reason = notice.reason
             self.noticed_at = time.monotonic()
 
+    #: a notice is held only when it would be due more than this many seconds from now: the
+    #: short notices (a spot reclaim's 2 minutes, GCE's 30 s, a signal's grace) are acted on at
+    #: once, as the platforms advise; a maintenance window announced hours ahead is held
+    HOLD_AFTER = 300.0
+
     def _defer(self, notice: Notice) -> bool:
-        """Hold a notice whose deadline is further ahead than ``lead``: a watcher announces it
-        when it becomes due. A notice already held (the same source and deadline, polled
-        again) is not held twice."""
+        """Hold a watcher's notice whose deadline is further ahead than ``lead`` (by more than
+        :attr:`HOLD_AFTER`): a watcher announces it when it becomes due. A notice already held
+        (the same source and deadline, polled again) is not held twice. Signals are never
+        held (:meth:`_handler`)."""
         if self.lead is None or notice.deadline is None or notice in self.deferred:
             return notice in self.deferred
         try:
@@ -140,7 +146,7 @@ class PreemptionMonitor:
         except Exception:  # noqa: BLE001 - without an estimate the notice is due now
             return False
         ahead = notice.deadline - self.clock() - lead
-        if ahead <= 0:
+        if ahead <= self.HOLD_AFTER:
             return False
         self.deferred.append(notice)
         held = DeadlineWatcher(
@@ -167,7 +173,8 @@ class PreemptionMonitor:
     def _handler(self, signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name
         deadline = None if self.grace is None else self.clock() + self.grace
-        self.notify(Notice(source=name.lower(), reason=f"signal {name}", deadline=deadline))
+        # a signal is acted on at once: the platform may end the process before its grace
+        self._due(Notice(source=name.lower(), reason=f"signal {name}", deadline=deadline))
 
     @property
     def deadline(self) -> float | None:
