@@ -15,13 +15,14 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re
 
 # a main process, a child in its group and a grandchild in a session of its own (as aios-run's
 # ranks are), each printing its pid
+# (one write(2) per line: the three share the pipe, and print's two writes could interleave)
 TREE = (
     "import os, subprocess, sys, time\n"
-    "kid = subprocess.Popen([sys.executable, '-c', 'import os, time; print(os.getpid(), "
-    "flush=True); time.sleep(60)'])\n"
-    "own = subprocess.Popen([sys.executable, '-c', 'import os, time; print(os.getpid(), "
-    "flush=True); time.sleep(60)'], start_new_session=True)\n"
-    "print(os.getpid(), flush=True)\n"
+    "kid = subprocess.Popen([sys.executable, '-c', 'import os, time; "
+    "os.write(1, b\"%d\\\\n\" % os.getpid()); time.sleep(60)'])\n"
+    "own = subprocess.Popen([sys.executable, '-c', 'import os, time; "
+    "os.write(1, b\"%d\\\\n\" % os.getpid()); time.sleep(60)'], start_new_session=True)\n"
+    "os.write(1, b'%d\\n' % os.getpid())\n"
     "time.sleep(60)\n"
 )
 
