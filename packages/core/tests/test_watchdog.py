@@ -99,7 +99,19 @@ def test_monitor_dumps_once_per_allowance_resets_on_restart_and_ignores_closing(
     status, record = tmp_path / "status", tmp_path / "record"
     status.mkdir()
     said: list[str] = []
-    dog = Watchdog(settings, str(status), str(record), said.append, clock=lambda: 0.0)
+    # the ranks use the CPU all along (a compile before the first step: no idle hang), on the
+    # injected clock
+    now = [0.0]
+    dog = Watchdog(
+        settings, str(status), str(record), said.append, clock=lambda: 0.0, cpu=lambda pid: now[0]
+    )
+    plain_check = dog.check
+
+    def check(t: float) -> bool:
+        now[0] = t
+        return plain_check(t)
+
+    dog.check = check  # type: ignore[method-assign]
     assert not dog.check(500.0)  # nothing registered: nothing to watch
     dog.policy.reset(0.0)
     _worker(status, os.getpid(), 0, 0.0)

@@ -742,8 +742,11 @@ class Watchdog:
         record_dir: str | None,
         say: Callable[[str], None],
         clock: Callable[[], float] = time.monotonic,
+        cpu: Callable[[int], float | None] = cpu_seconds,
     ) -> None:
         self.settings = settings
+        #: CPU seconds a rank's process tree has used (tests inject it with the clock)
+        self.cpu = cpu
         self.status_dir = status_dir
         self.record_dir = record_dir
         #: the environment the ranks run with: where their NCCL flight recorder pipes and dumps
@@ -815,7 +818,7 @@ class Watchdog:
             return False
         if not pol.stepped:  # before the first step: is any rank doing something?
             for w in watched:
-                cpu = cpu_seconds(w.pid)
+                cpu = self.cpu(w.pid)
                 if cpu is not None:
                     pol.observe_cpu(w.rank, cpu, now)
         if self.hang is not None:

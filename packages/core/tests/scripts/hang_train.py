@@ -13,7 +13,7 @@ One MODE per rank (the last one for the ranks beyond it):
 * ``sleep``: sleeps in time.sleep; ``native``: blocks in a C call that holds the GIL;
 * ``loader``: its DataLoader worker deadlocks on batch 3;
 * ``live``: steps until the file PID_DIR/stop exists (all ranks agree); with SLOW_FIRST set,
-  rank 0's first step takes that many seconds.
+  rank 0's first step computes for that many seconds (busy, as a compile).
 
 Each rank writes its pid to PID_DIR/rank<N>-<pid> after its second step (DataLoader workers to
 PID_DIR/loader<pid>) and prints ``steps started``.
@@ -152,7 +152,10 @@ for i, (x, y) in enumerate(loader):
     if mode == "busy0" and i >= int(os.environ.get("STEPS", "3")):
         break
     if mode == "live" and i == 0 and rank == 0:
-        time.sleep(float(os.environ.get("SLOW_FIRST", "0")))
+        # a compile: busy for that long (a sleeping rank would be idle, which is a hang)
+        busy_until = time.monotonic() + float(os.environ.get("SLOW_FIRST", "0"))
+        while time.monotonic() < busy_until:
+            pass
     loss = torch.nn.functional.mse_loss(model(x), y)
     rt.backward(loss)
     rt.step(opt)
