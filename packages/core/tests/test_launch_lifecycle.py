@@ -291,10 +291,10 @@ def test_port_in_time_wait_is_free_listening_is_not() -> None:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc to see the workers")
-def test_kill_then_relaunch_on_one_explicit_port_10_times(tmp_path: Path) -> None:
+def test_kill_then_relaunch_on_one_explicit_port_repeatedly(tmp_path: Path) -> None:
     script = _script(tmp_path, SLEEPER)
     port = _free_port()
-    for cycle in range(10):
+    for cycle in range(4):
         pid_dir = tmp_path / f"pids{cycle}"
         pid_dir.mkdir()
         proc = _launch(
@@ -561,3 +561,43 @@ def test_status_folder_of_a_sigkilled_launcher_is_removed_by_the_next_launch(
     assert left == [f"aios-run-status-{k}" for k in kept]
     assert (foreign / "keep").read_text() == "not aios-run's"
     assert (target / "launcher").read_text() == dead
+
+
+def test_a_default_port_taken_between_the_check_and_the_bind_is_replaced(tmp_path: Path) -> None:
+    """Two runs started together both find the default port free; the second one's store then
+    fails to bind it (EADDRINUSE, seen in CI). When the port is aios's own choice, aios-run
+    answers with another free port (a note says so); a port the user chose stays an error."""
+    script = tmp_path / "noop.py"
+    script.write_text("print('ran')\n")
+    code = textwrap.dedent(
+        f"""
+        import socket
+        from aios.cli import run
+        held = socket.socket()
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        targs = ["--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port",
+                 str(port), {str(script)!r}]
+        run._PORT_IS_OURS = True
+        kind, detail = run._run_elastic_inprocess(targs, {{}}, 5.0, run._AgentWatch())
+        print("ours:", kind)
+        env = {{"MASTER_PORT": str(port)}}
+        moved = run._with_port(targs, env, 1234)
+        print("moved:", moved[moved.index("--master-port") + 1], env["MASTER_PORT"])
+        print("rdzv:", run._with_port(["--rdzv-endpoint", f"h:{{port}}"], {{}}, 99))
+        run._PORT_IS_OURS = False
+        try:
+            run._run_elastic_inprocess(targs, {{}}, 5.0, run._AgentWatch())
+        except Exception as exc:
+            print("explicit:", type(exc).__name__, "EADDRINUSE" in str(exc))
+        """
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "ours: port-taken" in p.stdout, p.stdout + p.stderr
+    assert "moved: 1234 1234" in p.stdout
+    assert "rdzv: ['--rdzv-endpoint', 'h:99']" in p.stdout
+    assert "explicit: DistNetworkError True" in p.stdout, p.stdout + p.stderr

@@ -331,33 +331,6 @@ def test_rank0_only_evaluation_before_the_first_step_is_named_within_the_timeout
     assert [r["rank"] for r in record["ranks"]] == [0, 1]
 
 
-def test_a_busy_first_step_on_one_rank_is_no_hang(tmp_path: Path) -> None:
-    """Rank 0 computes for 30 s before its first step (a compile) while rank 1 waits in the
-    first step's collective, with watchdog.timeout=8: no alarm, the run finishes."""
-    from aios.testing.strategy_contract import free_port
-
-    p = subprocess.run(
-        [
-            *RUN,
-            "--nprocs",
-            "2",
-            f"master_port={free_port()}",
-            "watchdog.timeout=8",
-            str(SCRIPT),
-            "busy0",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        env={**_env(tmp_path), "BUSY_FIRST": "30", "STEPS": "3"},
-        cwd=tmp_path,
-        timeout=300,
-    )
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert "hang" not in p.stderr, p.stderr
-    assert "finished at step 3" in p.stdout + p.stderr
-
-
 def test_policy_every_rank_idle_before_the_first_step_is_a_hang_a_busy_one_is_not() -> None:
     """Injected CPU samples and clock: rank 0 compiles for 60 s (busy) while rank 1 waits (no
     CPU): no alarm with watchdog.timeout=20; then every rank idle for 20 s: a hang, long before
@@ -502,11 +475,13 @@ def test_a_dump_a_rank_wrote_on_a_collective_timeout_is_kept_in_the_run_record(
 
 
 def test_slow_first_step_is_no_alarm_and_a_live_run_is_dumped_on_demand(tmp_path: Path) -> None:
-    """The first step takes longer than watchdog.timeout (within watchdog.first_step): no alarm;
-    ``aios stacks --pid`` and SIGUSR1 dump both ranks while the run goes on to a clean exit."""
+    """Rank 0's first step computes (a compile) for three times watchdog.timeout while rank 1
+    waits in the step's collective (within watchdog.first_step): no alarm, a busy first step is
+    no hang; ``aios stacks --pid`` and SIGUSR1 dump both ranks while the run goes on to a clean
+    exit."""
     from aios.testing.strategy_contract import free_port
 
-    env = {**_env(tmp_path), "SLOW_FIRST": "8"}
+    env = {**_env(tmp_path), "SLOW_FIRST": "12"}
     p = subprocess.Popen(
         [
             *RUN,

@@ -233,6 +233,10 @@ def build_plan(
             f"backend '{spec.name}' has no launch plan",
             f"reinstall the plugin that provides it ({spec.plugin})",
         )
+    global _PORT_IS_OURS
+    _PORT_IS_OURS = (
+        "master_port" not in cfg.model_fields_set and cfg.nnodes == 1 and _is_local(cfg.master_addr)
+    )
     if check and plan.launcher != "direct" and cfg.node_rank == 0 and _is_local(cfg.master_addr):
         if not _port_free(cfg.master_addr, cfg.master_port):
             explicit = "master_port" in cfg.model_fields_set
@@ -929,6 +933,30 @@ def _describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
+#: the launch's master port is aios's choice (the default, one local node): another run that
+#: takes it between the check and the store's bind is answered with another free port
+_PORT_IS_OURS = False
+
+
+def _port_taken(exc: BaseException) -> bool:
+    """torch's store could not bind its port (``EADDRINUSE``)."""
+    return "EADDRINUSE" in str(exc) or "address already in use" in str(exc)
+
+
+def _with_port(targs: list[str], env: dict[str, str], port: int) -> list[str]:
+    """torchrun's arguments and the workers' env with the master port replaced."""
+    out = list(targs)
+    for i, a in enumerate(out[:-1]):
+        if a == "--master-port":
+            out[i + 1] = str(port)
+        elif a == "--rdzv-endpoint":
+            host = out[i + 1].rsplit(":", 1)[0]
+            out[i + 1] = f"{host}:{port}"
+    if "MASTER_PORT" in env:
+        env["MASTER_PORT"] = str(port)
+    return out
+
+
 def _run_elastic_inprocess(
     targs: list[str], env: dict[str, str], grace: float, watch: _AgentWatch
 ) -> tuple[str, Any]:
@@ -950,10 +978,16 @@ def _run_elastic_inprocess(
     # (the failing rank is reported by aios-run in one line)
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     logging.getLogger("torch.distributed.run").setLevel(logging.ERROR)
+    from torch.distributed import DistNetworkError
+
     try:
         with watch:
             run(parse_args(targs))
         return "ok", None
+    except DistNetworkError as exc:
+        if _PORT_IS_OURS and _port_taken(exc) and not watch.joined:
+            return "port-taken", exc
+        raise
     except ChildFailedError as exc:
         return "failed", exc.failures
     except SignalException as exc:
@@ -1000,6 +1034,22 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
             logs = os.path.join(status_dir, "logs")  # the ranks' tee'd output, removed below
             targs = ["--log-dir", logs, *cmd[3:]]
             kind, detail = _run_elastic_inprocess(targs, env, cfg.checkpoint.grace_seconds, watch)
+            for _ in range(3):  # another run bound the free port aios chose before its store did
+                if kind != "port-taken":
+                    break
+                port = _free_port(cfg.master_addr)
+                click.echo(
+                    f"{PROG}: note: port {cfg.master_port} was taken by another process as this "
+                    f"run started; using {port}",
+                    err=True,
+                )
+                cfg = cfg.model_copy(update={"master_port": port})
+                targs = _with_port(targs, env, port)
+                kind, detail = _run_elastic_inprocess(
+                    targs, env, cfg.checkpoint.grace_seconds, watch
+                )
+            if kind == "port-taken":
+                raise detail
             status = _read_status(status_dir)
             if kind == "ok":
                 _name_unjoined(status_dir, host.ranks, plan.world_size, watch.joined)
