@@ -50,6 +50,8 @@ from aios_cloud_aws.ec2params import (
     use_efa,
     use_placement_group,
 )
+from aios_cloud_aws.ec2time import epoch as _epoch
+from aios_cloud_aws.ec2time import iso as _iso
 from aios_cloud_aws.errors import TransientAwsError, error_code, translate
 from aios_cloud_aws.session import region_of_zone
 
@@ -553,24 +555,6 @@ class AwsInstances(AwsDryRun):
                 if code != "DependencyViolation" or time.monotonic() > deadline:
                     raise translate(exc, "DeleteSecurityGroup") from exc
                 time.sleep(self.poll_interval)
-
-
-def _epoch(value: Any) -> float | None:
-    """Epoch seconds of a botocore datetime or an ISO 8601 string (``None`` when absent)."""
-    if value is None:
-        return None
-    if hasattr(value, "timestamp"):
-        return float(value.timestamp())
-    from datetime import datetime
-
-    try:
-        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
-def _iso(epoch: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
 
 
 def _block_reclaimed(inst: dict[str, Any], now: float) -> bool:

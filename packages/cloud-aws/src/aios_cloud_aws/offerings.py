@@ -15,6 +15,8 @@ from aios_cloud.provider import (
 
 from aios_cloud_aws import catalog as cat
 from aios_cloud_aws.base import AwsBase
+from aios_cloud_aws.ec2time import epoch as _epoch
+from aios_cloud_aws.ec2time import iso as _iso
 from aios_cloud_aws.errors import RegionUnavailable
 from aios_cloud_aws.session import region_of_zone
 from aios_cloud_aws.settings import (
@@ -239,8 +241,6 @@ class AwsOfferings(AwsBase):
                 f"capacity reservation {rid} is not a Capacity Block",
                 f"pass --reservation {rid} (an On-Demand Capacity Reservation is billed by the hour)",
             )
-        from aios_cloud_aws.instances import _epoch, _iso
-
         start, end = _epoch(cr.get("StartDate")), _epoch(cr.get("EndDate"))
         count = int(cr.get("TotalInstanceCount") or request.nodes)
         zone = str(cr.get("AvailabilityZone") or "")
@@ -295,8 +295,6 @@ class AwsOfferings(AwsBase):
         )
         if not live:
             return [ReservedPrice(f"Capacity Block of {nodes} x {itype}", hours=duration, how=cmd)]
-        from aios_cloud_aws.instances import _epoch, _iso
-
         out = []
         for o in self._offerings(itype, nodes, duration, None, None):
             start, end = _epoch(o.get("StartDate")), _epoch(o.get("EndDate"))
