@@ -69,8 +69,12 @@ def _same_initial_model(r: subprocess.CompletedProcess[str]) -> None:
     assert set(inits) == {"0", "1"} and len(set(inits.values())) == 1, r.stdout
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-@pytest.mark.parametrize("idiom", list(CASES))
+# every idiom under ddp; fsdp's resume path with the two whose models differ most (a transformers
+# model, nanoGPT's loop): the torchrun and Fabric ports add nothing to it that ddp does not check
+RESUME_CASES = [(i, "ddp") for i in CASES] + [("hf_llama", "fsdp"), ("nanogpt", "fsdp")]
+
+
+@pytest.mark.parametrize(("idiom", "strategy"), RESUME_CASES)
 def test_idiom_resumes_bitwise_after_sigterm_and_sigkill(tmp_path, idiom, strategy):
     script, fsdp, steps, every = CASES[idiom]
     args = [f"strategy={strategy}", *(fsdp if strategy == "fsdp" else []), str(IDIOMS / script)]

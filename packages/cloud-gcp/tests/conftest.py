@@ -122,12 +122,17 @@ def gcs_fs(gcs: str):
 
 
 def _wait_for(cond, timeout: float, what: str, interval: float = 0.5):
+    """Poll ``cond`` until it is true. The pause grows from ``interval`` to 4x it: most
+    conditions here run the aios CLI (a Python process each), and on CI's loaded 2-core machine
+    polling at a fixed short pause took CPU from the other lane's tests."""
     deadline = time.monotonic() + timeout
+    pause = interval
     while time.monotonic() < deadline:
         v = cond()
         if v:
             return v
-        time.sleep(interval)
+        time.sleep(pause)
+        pause = min(pause * 1.5, interval * 4)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
