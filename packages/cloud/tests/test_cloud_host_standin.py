@@ -19,9 +19,9 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re
 TREE = (
     "import os, subprocess, sys, time\n"
     "kid = subprocess.Popen([sys.executable, '-c', 'import os, time; "
-    "os.write(1, b\"%d\\\\n\" % os.getpid()); time.sleep(60)'])\n"
+    'os.write(1, b"%d\\\\n" % os.getpid()); time.sleep(60)\'])\n'
     "own = subprocess.Popen([sys.executable, '-c', 'import os, time; "
-    "os.write(1, b\"%d\\\\n\" % os.getpid()); time.sleep(60)'], start_new_session=True)\n"
+    'os.write(1, b"%d\\\\n" % os.getpid()); time.sleep(60)\'], start_new_session=True)\n'
     "os.write(1, b'%d\\n' % os.getpid())\n"
     "time.sleep(60)\n"
 )
