@@ -93,3 +93,23 @@ def test_ci_lanes_take_the_longest_step_first_and_refuse_a_bad_lane_count():
     assert r.stderr.strip().splitlines() == [
         "ci: AIOS_CI_LANES='zero' is not a positive integer; unset it or set 1, 2, ..."
     ]
+
+
+def test_a_package_tested_in_another_environment_has_everything_its_own_would_add():
+    """scripts/ci.py runs some packages' tests in another matrix environment (fewer installs on
+    CI's two cores). That environment must add every dependency and variable the package's own
+    adds (hatch.toml's overrides), and the step must run that package's tests only."""
+    hatch = tomllib.loads((ROOT / "hatch.toml").read_text())
+    overrides = hatch["envs"]["test"]["overrides"]["matrix"]["pkg"]
+    ci = _ci()
+    steps = {s.name: s for s in ci.steps()}
+    assert ci.SHARED_ENV, "nothing shared: this test checks nothing"
+    for pkg, host in ci.SHARED_ENV.items():
+        for kind in ("dependencies", "env-vars"):
+            for entry in overrides[kind]:
+                if pkg in entry["if"]:
+                    assert host in entry["if"], (pkg, host, entry)
+        step = steps[pkg]
+        assert step.env == f"test.{host}"
+        assert step.script.split() == [f"+pkg={host}", "test:tests-of", f"packages/{pkg}/tests"]
+    assert "tests-of" in hatch["envs"]["test"]["scripts"]
