@@ -8,8 +8,6 @@ One MODE per rank (the last one for the ranks beyond it):
   all-gather its peers never join);
 * ``fsdp_eval0``: the same before the first step (nanoGPT evaluates at iteration 0 on the
   master rank); every rank marks itself before it;
-* ``busy0``: rank 0 computes for BUSY_FIRST seconds before its first step while the others
-  wait in the first step's collectives, then every rank steps STEPS times and finishes;
 * ``sleep``: sleeps in time.sleep; ``native``: blocks in a C call that holds the GIL;
 * ``loader``: its DataLoader worker deadlocks on batch 3;
 * ``live``: steps until the file PID_DIR/stop exists (all ranks agree); with SLOW_FIRST set,
@@ -137,20 +135,13 @@ opt = torch.optim.SGD(model.parameters(), lr=0.01)
 workers = 1 if mode == "loader" else 0  # the worker is forked (the Linux default)
 loader = torch.utils.data.DataLoader(Data(), batch_size=2, num_workers=workers)
 model, opt, loader = rt.setup(model, opt, loader)
-if mode in ("fsdp_eval0", "busy0"):
+if mode == "fsdp_eval0":
     mark()
     print(f"rank {rank}: before the first step", flush=True)
-    if mode == "fsdp_eval0" and rank == 0:
+    if rank == 0:
         for _ in range(20):  # nanoGPT's estimate_loss: eval_iters forwards, on rank 0 only
             evaluate(model)  # waits in an all-gather rank 1 never joins
-    if mode == "busy0" and rank == 0:
-        end = time.monotonic() + float(os.environ.get("BUSY_FIRST", "30"))
-        a = torch.randn(64, 64)
-        while time.monotonic() < end:  # a long compile: busy on the CPU
-            a = torch.tanh(a @ a)
 for i, (x, y) in enumerate(loader):
-    if mode == "busy0" and i >= int(os.environ.get("STEPS", "3")):
-        break
     if mode == "live" and i == 0 and rank == 0:
         # a compile: busy for that long (a sleeping rank would be idle, which is a hang)
         busy_until = time.monotonic() + float(os.environ.get("SLOW_FIRST", "0"))
