@@ -6,9 +6,9 @@ exit status is 1 when any step failed. Steps run side by side in ``AIOS_CI_LANES
 2): many tests wait on subprocesses, sshd hosts, Slurm or emulators rather than compute, so two
 lanes on a 2-core machine finish well before one. Each lane takes the longest step still waiting
 (the expected seconds below, measured on the 2-core CI machine), and every output line of a step
-is prefixed with its name. Environments are created (``hatch env create``) one at a time in the
-same order, in the background, while tests run. Ends with a table of each step's time (install
-and tests apart) and one line with the tests counted over all steps.
+is prefixed with its name. Environments are created and their dependencies synced in the
+background while tests run, one at a time, in the same order, once each. Ends with a table of
+each step's time (install and tests apart) and one line with the tests counted over all steps.
 
     python scripts/ci.py                 # everything
     python scripts/ci.py core cloud-gcp  # some steps (lint, cross, test-tpu or a package name)
@@ -117,18 +117,33 @@ def order(todo: list[Step]) -> list[Step]:
     return sorted(todo, key=lambda s: -EXPECTED_S.get(s.name, 60))
 
 
-def _create_all(todo: list[Step]) -> None:
+def _prepare_all(todo: list[Step]) -> None:
+    """Create each environment and bring its dependencies in sync, one environment at a time
+    and once per environment, before any step runs in it. `hatch env create` leaves an existing
+    environment as it is, and `hatch run` then syncs it first; two steps sharing an environment
+    whose dependencies changed (a machine that kept its environments from an earlier run) would
+    run pip into it side by side, and one of them fail."""
+    done: dict[str, tuple[int, str]] = {}
     for s in todo:
-        t0 = time.monotonic()
-        r = subprocess.run(
-            _hatch("env", "create", s.env),
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        s.create_s = time.monotonic() - t0
-        s.create_rc, s.create_log = r.returncode, r.stdout
+        if s.env not in done:
+            t0 = time.monotonic()
+            log = ""
+            rc = 0
+            for cmd in (("env", "create", s.env), ("run", f"{s.env}:python", "-c", "")):
+                r = subprocess.run(
+                    _hatch(*cmd),
+                    cwd=ROOT,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
+                log += r.stdout
+                rc = r.returncode
+                if rc != 0:
+                    break
+            done[s.env] = (rc, log)
+            s.create_s = time.monotonic() - t0
+        s.create_rc, s.create_log = done[s.env]
         s.created.set()
 
 
@@ -207,7 +222,7 @@ def main(argv: list[str]) -> int:
     lanes = min(int(lanes_env), len(todo))
     queue = order(todo)
 
-    creator = threading.Thread(target=_create_all, args=(list(queue),), daemon=True)
+    creator = threading.Thread(target=_prepare_all, args=(list(queue),), daemon=True)
     creator.start()
     t_all = time.monotonic()
     workers = [

@@ -56,7 +56,7 @@ def test_ci_runs_steps_side_by_side_and_counts_every_steps_tests(tmp_path):
         "#!/usr/bin/env python3\n"
         "import sys\n"
         "args = sys.argv[1:]\n"
-        "if args[:2] == ['env', 'create']:\n"
+        "if args[:2] == ['env', 'create'] or args[2:3] == ['-c']:\n"
         "    sys.exit(0)\n"
         "if 'cloud-k8s' in ' '.join(args):\n"
         "    print('===== 1 failed, 3 passed, 2 skipped in 1.50s =====')\n"
@@ -113,3 +113,65 @@ def test_a_package_tested_in_another_environment_has_everything_its_own_would_ad
         assert step.env == f"test.{host}"
         assert step.script.split() == [f"+pkg={host}", "test:tests-of", f"packages/{pkg}/tests"]
     assert "tests-of" in hatch["envs"]["test"]["scripts"]
+
+
+FAKE_HATCH_WITH_PIP = """#!/usr/bin/env python3
+# hatch as it behaves with an environment kept from an earlier run whose dependencies changed:
+# `env create` leaves it as it is, and the first `hatch run` in it syncs it (pip). Two pips in
+# one environment at once fail, as pip does when one removes files the other is installing.
+import os, sys, time
+state = os.environ["FAKE_STATE"]
+args = sys.argv[1:]
+def sync(env):
+    if os.path.exists(f"{state}/{env}.synced"):
+        return
+    try:
+        os.mkdir(f"{state}/{env}.pip")
+    except FileExistsError:
+        print("ERROR: Could not install packages due to an OSError: [Errno 2] No such file")
+        sys.exit(1)
+    with open(f"{state}/syncs", "a") as f:
+        f.write(env + "\\n")
+    time.sleep(1.0)
+    open(f"{state}/{env}.synced", "w").close()
+    os.rmdir(f"{state}/{env}.pip")
+if args[:2] == ["env", "create"]:
+    sys.exit(0)
+if args[0] == "run" and args[1].endswith(":python"):
+    sync(args[1].split(":")[0])
+    sys.exit(0)
+if args[0] == "run" and args[1].startswith("+pkg="):
+    env = "test." + args[1].split("=")[1]
+else:
+    env = args[1].split(":")[0]
+sync(env)
+print("===== 2 passed in 0.10s =====")
+"""
+
+
+def test_steps_sharing_an_environment_do_not_sync_it_side_by_side(tmp_path):
+    """A machine that kept its environments from an earlier run, whose dependencies changed
+    since: the two longest steps (core, and cloud-gcp in core's environment) start together.
+    Left to `hatch run`, both would run pip into that environment at once and one would fail
+    (CI of stop 31's follow-up: cloud-gcp failed after 50 s). Each environment is synced once,
+    before any step runs in it."""
+    hatch = tmp_path / "hatch"
+    hatch.write_text(FAKE_HATCH_WITH_PIP)
+    hatch.chmod(0o755)
+    state = tmp_path / "state"
+    state.mkdir()
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "ci.py"), "core", "cloud-gcp", "lint"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "AIOS_CI_HATCH": str(hatch),
+            "AIOS_CI_LANES": "2",
+            "FAKE_STATE": str(state),
+        },
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.rstrip().splitlines()[-1] == "ci: 6 passed, 0 failed, 0 skipped"
+    assert sorted((state / "syncs").read_text().split()) == ["lint", "test.core"]
