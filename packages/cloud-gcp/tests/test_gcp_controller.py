@@ -156,6 +156,11 @@ def test_managed_spot_run_survives_the_launching_process(
         ctl_log = (controller.home / "aios-controller" / "mj" / "controller.log").read_text()
         job = row["jobs"][-1]
         assert job["state"] == "SUCCEEDED" and job["restarts"] == 1, ctl_log[-3000:]
+        # the controller read the checkpoint bucket through the job's storage settings (--env);
+        # without them its reads went to storage.googleapis.com and each stalled in retries
+        assert "Traceback" not in ctl_log and "storage.googleapis.com" not in ctl_log, ctl_log[
+            -3000:
+        ]
         assert any(
             e["kind"] == "recovered" and "recreated" in e["message"] for e in row["recoveries"]
         ), row["recoveries"]

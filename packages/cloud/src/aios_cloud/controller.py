@@ -128,7 +128,13 @@ def start_controller(
         (stage / "config.json").write_text(
             json.dumps({rec.cloud: provider.agent_settings() | provider.controller_settings()})
         )
-        forwarded = {n: os.environ[n] for n in spec.forward_env if n in os.environ}
+        # the controller reads the job's checkpoint directory (the newest step at each end and
+        # recovery) the way the job does: with the job's `--env` values (a storage endpoint, a
+        # project) and forwarded variables (credentials). aios's own settings stay the job's.
+        # Without them a bucket read went to the public endpoint and stalled each recovery for
+        # a minute of the storage client's retries.
+        forwarded = {k: v for k, v in spec.env.items() if not k.startswith("AIOS_")}
+        forwarded |= {n: os.environ[n] for n in spec.forward_env if n in os.environ}
         env_path = stage / "controller.env"
         fd = os.open(env_path, os.O_WRONLY | os.O_CREAT, 0o600)
         with os.fdopen(fd, "w") as f:

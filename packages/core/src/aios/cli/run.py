@@ -980,6 +980,9 @@ def _run_elastic_inprocess(
     logging.getLogger("torch.distributed.run").setLevel(logging.ERROR)
     from torch.distributed import DistNetworkError
 
+    from aios.cli import tail
+
+    tail.install()  # each rank's output reaches the terminal in whole lines
     try:
         with watch:
             run(parse_args(targs))

@@ -158,6 +158,9 @@ class StrategyContract:
     def run_contract(
         self, tmp_path: Path, *extra: str, env: dict[str, str] | None = None
     ) -> dict[str, Any]:
+        """One run of the contract script (cached per configuration: the tests of a class share
+        its runs). Unless ``extra`` sets ``checkpoint.dir``, the run has its own, whose path the
+        result carries as ``ckpt_dir``: the managed save a later run can resume from."""
         key = (
             type(self).__name__,
             self.strategy,
@@ -173,6 +176,7 @@ class StrategyContract:
         )  # one directory per run: runs never share a checkpoint path
         script = work / "contract.py"
         script.write_text(CONTRACT_SCRIPT)
+        managed = [] if any(a.startswith("checkpoint.dir=") for a in extra) else [work / "managed"]
         run_env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
         run_env.update(
             {
@@ -194,6 +198,7 @@ class StrategyContract:
             f"master_port={free_port()}",
             f"strategy={self.strategy}",
             *self.overrides,
+            *[f"checkpoint.dir={d}" for d in managed],
             *extra,
             str(script),
         ]
@@ -204,8 +209,16 @@ class StrategyContract:
         line = next((ln for ln in r.stdout.splitlines() if "CONTRACT " in ln), None)
         assert line, r.stdout[-3000:]
         out = json.loads(line.split("CONTRACT ", 1)[1])
+        out["ckpt_dir"] = str(managed[0]) if managed else None
         StrategyContract._cache[key] = out
         return out
+
+    def accumulating_run(self, tmp_path: Path) -> dict[str, Any]:
+        """The run with two micro-steps per step, asked for the way users do: ``global_batch``
+        and ``micro_batch``, from which the runtime derives ``grad_accum`` over the strategy's
+        data world."""
+        dw = self.run_contract(tmp_path)["data_world"]
+        return self.run_contract(tmp_path, f"global_batch={2 * 2 * dw}", "micro_batch=2")
 
     # ------------------------------------------------------------------ the contract
     def test_setup_and_step(self, tmp_path: Path) -> None:
@@ -215,7 +228,8 @@ class StrategyContract:
 
     def test_accumulate_equals_large_batch(self, tmp_path: Path) -> None:
         ref = self.run_contract(tmp_path)
-        acc = self.run_contract(tmp_path, "grad_accum=2")
+        acc = self.accumulating_run(tmp_path)
+        assert acc["grad_accum"] == 2, acc["grad_accum"]
         # two micro-steps on the same batch, loss divided by 2: the same update every 2 micro-steps
         ref_steps, acc_steps = ref["losses"][:4], acc["losses"][1::2]
         for a, b in zip(ref_steps, acc_steps, strict=False):
@@ -256,21 +270,20 @@ class StrategyContract:
     def test_global_batch_derives_grad_accum(self, tmp_path: Path) -> None:
         """``global_batch = micro_batch x grad_accum x data_world``: the runtime derives
         ``grad_accum`` from this strategy's data world."""
-        dw = self.run_contract(tmp_path)["data_world"]
-        out = self.run_contract(tmp_path, f"global_batch={2 * 3 * dw}", "micro_batch=2")
-        assert out["grad_accum"] == 3, out["grad_accum"]
+        out = self.accumulating_run(tmp_path)
+        assert out["grad_accum"] == 2, (out["grad_accum"], out["data_world"])
+        assert self.run_contract(tmp_path)["grad_accum"] == 1
 
     def test_checkpoint_format_is_registered_and_recorded(self, tmp_path: Path) -> None:
-        ck = tmp_path / "fmt-ckpt"
-        out = self.run_contract(tmp_path, f"checkpoint.dir={ck}")
+        out = self.run_contract(tmp_path)
         assert out["format_resolves"], out["checkpoint_format"]
         assert out["recorded_format"] == out["checkpoint_format"]
 
     def test_resume_in_a_new_process_continues_exactly(self, tmp_path: Path) -> None:
         """What a resume may change: nothing here (same world, strategy and format): a new
         process resumes at the saved step with the saved parameters."""
-        ck = tmp_path / "resume-ckpt"
-        first = self.run_contract(tmp_path, f"checkpoint.dir={ck}")
+        first = self.run_contract(tmp_path)
+        ck = first["ckpt_dir"]
         again = self.run_contract(tmp_path, f"checkpoint.dir={ck}", env={"CONTRACT_RESUME": "1"})
         assert first["saved_step"] > 0
         assert again["resumed_step"] == first["saved_step"]
