@@ -118,30 +118,23 @@ def order(todo: list[Step]) -> list[Step]:
 
 
 def _prepare_all(todo: list[Step]) -> None:
-    """Create each environment and bring its dependencies in sync, one environment at a time
-    and once per environment, before any step runs in it. `hatch env create` leaves an existing
-    environment as it is, and `hatch run` then syncs it first; two steps sharing an environment
-    whose dependencies changed (a machine that kept its environments from an earlier run) would
-    run pip into it side by side, and one of them fail."""
+    """Create each environment and bring its dependencies in sync (``hatch run ENV:python``
+    does both), one environment at a time and once per environment, before any step runs in it.
+    `hatch run` syncs an environment whose dependencies changed before it runs anything; two
+    steps sharing such an environment (a machine that kept its environments from an earlier
+    run) would run pip into it side by side, and one of them fail."""
     done: dict[str, tuple[int, str]] = {}
     for s in todo:
         if s.env not in done:
             t0 = time.monotonic()
-            log = ""
-            rc = 0
-            for cmd in (("env", "create", s.env), ("run", f"{s.env}:python", "-c", "")):
-                r = subprocess.run(
-                    _hatch(*cmd),
-                    cwd=ROOT,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    text=True,
-                )
-                log += r.stdout
-                rc = r.returncode
-                if rc != 0:
-                    break
-            done[s.env] = (rc, log)
+            r = subprocess.run(
+                _hatch("run", f"{s.env}:python", "-c", ""),
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            done[s.env] = (r.returncode, r.stdout)
             s.create_s = time.monotonic() - t0
         s.create_rc, s.create_log = done[s.env]
         s.created.set()

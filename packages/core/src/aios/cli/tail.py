@@ -6,7 +6,7 @@ rank's prefix (``[rank1]:``), reading with ``readline``. A rank whose stream is 
 and its newline in two writes; the copy then ends a prefixed piece without its newline, and the
 next rank's line lands on the same terminal line (``[rank1]:init model 627[rank0]:init model
 627``). Here a piece without its newline is held until the newline comes, or for ``hold``
-seconds (a progress bar that redraws one line with ``\\r`` still shows as it goes).
+seconds (a line drawn piece by piece without newlines still shows as it goes).
 """
 
 from __future__ import annotations

@@ -176,7 +176,8 @@ class StrategyContract:
         )  # one directory per run: runs never share a checkpoint path
         script = work / "contract.py"
         script.write_text(CONTRACT_SCRIPT)
-        managed = [] if any(a.startswith("checkpoint.dir=") for a in extra) else [work / "managed"]
+        own_dir = not any(a.startswith("checkpoint.dir=") for a in extra)
+        managed = work / "managed"
         run_env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
         run_env.update(
             {
@@ -198,7 +199,7 @@ class StrategyContract:
             f"master_port={free_port()}",
             f"strategy={self.strategy}",
             *self.overrides,
-            *[f"checkpoint.dir={d}" for d in managed],
+            *([f"checkpoint.dir={managed}"] if own_dir else []),
             *extra,
             str(script),
         ]
@@ -209,7 +210,7 @@ class StrategyContract:
         line = next((ln for ln in r.stdout.splitlines() if "CONTRACT " in ln), None)
         assert line, r.stdout[-3000:]
         out = json.loads(line.split("CONTRACT ", 1)[1])
-        out["ckpt_dir"] = str(managed[0]) if managed else None
+        out["ckpt_dir"] = str(managed) if own_dir else None
         StrategyContract._cache[key] = out
         return out
 
