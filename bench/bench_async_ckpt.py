@@ -3,7 +3,7 @@ in the background costs <= 1.15x a normal step.
 
 FSDP2 (``fully_shard``) MLP over gloo with ``--world`` processes on this machine; each rank
 measures its step times with no save in flight (baseline), then during background saves
-(``aios.checkpoint.sharded.DcpCheckpointer.save(async_save=True)``: staged to CPU, written in the background
+(``aios.checkpoint.formats.dcp.DcpCheckpointer.save(async_save=True)``: staged to CPU, written in the background
 by each writer in ``--modes``), and the time of a synchronous save for comparison. Rank 0 prints medians side by side.
 
     python bench/bench_async_ckpt.py [--world 2] [--hidden 1024] [--layers 6] [--saves 3]
@@ -36,7 +36,7 @@ def _free_port() -> int:
 def worker(rank: int, args: argparse.Namespace, port: int, ckpt: str) -> None:
     import torch
     import torch.distributed as dist
-    from aios.checkpoint.sharded import DcpCheckpointer, rng_state
+    from aios.checkpoint.formats.dcp import DcpCheckpointer, rng_state
     from torch.distributed.fsdp import fully_shard
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -151,7 +151,7 @@ def main() -> int:
     ap.add_argument(
         "--modes",
         default="thread,process",
-        help="background writers to compare (aios.checkpoint.sharded.ASYNC_MODES), comma-separated",
+        help="background writers to compare (aios.checkpoint.formats.dcp.ASYNC_MODES), comma-separated",
     )
     ap.add_argument(
         "--dir", default=None, help="checkpoint dir or URL (default: a temporary directory)"

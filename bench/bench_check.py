@@ -59,7 +59,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--lines", type=int, default=2000)
     args = ap.parse_args()
-    from aios.portcheck import check_source
+    from aios.check.checker import check_source
 
     src = big_script(args.lines)
     n = src.count("\n")

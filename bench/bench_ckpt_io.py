@@ -129,7 +129,7 @@ def full_format(root: str, mb: int, repeat: int) -> dict[str, float]:
 
 def sharded(root: str, mb: int, repeat: int) -> dict[str, float]:
     import torch
-    from aios.checkpoint.sharded import DcpCheckpointer, rng_state
+    from aios.checkpoint.formats.dcp import DcpCheckpointer, rng_state
 
     width = int((mb * (1 << 20) / 4 / 4) ** 0.5)
     model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Linear(width, width))

@@ -277,7 +277,7 @@ def _scale_one(n: int, c, d: Path) -> None:  # type: ignore[no-untyped-def]
     spec.setup_lines = ["true"]
     phase("setup", lambda: ops.run_setup(rec, spec, None, quiet))
     info = ops._info_from(rec)
-    from aios.config import resolve
+    from aios.config.schema import resolve
 
     config = resolve(environ={}, check_backend=False)
     phase("start", lambda: ops.start_job(rec, 1, spec, config, {}, None, quiet))

@@ -232,8 +232,8 @@ def run_worker(name: str, steps: int, bindir: str) -> dict:
 
 
 def planning(repeats: int, n: int = 200) -> dict:
-    from aios.config import resolve
-    from aios.launch import elastic_plan
+    from aios.config.schema import resolve
+    from aios.launcher.plan import elastic_plan
     from aios.types import Host, LaunchRequest
     from aios_backend_neuron.launch import build_plan
 
@@ -262,7 +262,10 @@ def planning(repeats: int, n: int = 200) -> dict:
         float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout)
         for _ in range(repeats)
     ]
-    code0 = "import time; t=time.perf_counter(); import aios.hookspecs, aios.types; print((time.perf_counter()-t)*1000)"
+    code0 = (
+        "import time; t=time.perf_counter(); import aios.plugins.hookspecs, aios.types; "
+        "print((time.perf_counter()-t)*1000)"
+    )
     imp0 = [
         float(subprocess.run([sys.executable, "-c", code0], capture_output=True, text=True).stdout)
         for _ in range(repeats)
@@ -378,7 +381,8 @@ def main() -> int:
     print(
         f"\nplanning trn2.48xlarge x 2 (128 workers): neuron plan {plan['plan_ms']:.3f} ms vs core elastic_plan "
         f"{plan['elastic_plan_ms']:.3f} ms (ratio {plan['plan_ms'] / plan['elastic_plan_ms']:.2f}x); "
-        f"plugin import {plan['plugin_import_ms']:.1f} ms vs aios.hookspecs+types {plan['core_types_import_ms']:.1f} ms"
+        f"plugin import {plan['plugin_import_ms']:.1f} ms vs aios.plugins.hookspecs+types "
+        f"{plan['core_types_import_ms']:.1f} ms"
     )
     checks["plan built in under 5 ms"] = plan["plan_ms"] < 5.0
     result["planning"] = plan

@@ -8,7 +8,7 @@ Each round runs every contender for ``--steps`` steps in a shuffled order; the f
 median over rounds of the mean step time, and the ratio is against the hand-written loop.
 Target: aios <= 1.02x.
 
-The watchdog's progress reporting (:mod:`aios.watchdog`: two stores into a mapped file per
+The watchdog's progress reporting (:mod:`aios.resilience.watchdog`: two stores into a mapped file per
 step) is measured the same way: the aios loop with it (``aios``, as under aios-run) against the
 same loop without it (``aios-no-progress``), interleaved, plus the per-step cost of the report
 alone (a million calls) as a fraction of the hand-written step. Target: <= 0.5%.

@@ -1,4 +1,4 @@
-"""Print the hook reference (markdown) from aios.hookspecs; the core README embeds its output
+"""Print the hook reference (markdown) from aios.plugins.hookspecs; the core README embeds its output
 between the HOOKS markers, and tests/test_contract_hooks.py checks they agree."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ def signature(fn) -> str:
 
 
 def hook_specs() -> list[tuple[str, str, str, bool]]:
-    from aios import hookspecs
+    from aios.plugins import hookspecs
 
     out = []
     for name, fn in inspect.getmembers(hookspecs, inspect.isfunction):

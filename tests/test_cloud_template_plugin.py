@@ -83,8 +83,8 @@ class TestCloudTemplateContract(ProviderContract):
         monkeypatch.syspath_prepend(str(template_site))
         for k, v in cli_env.items():
             monkeypatch.setenv(k, v)
-        from aios.config import resolve
-        from aios.plugins import reset_registry
+        from aios.config.schema import resolve
+        from aios.plugins.registry import reset_registry
 
         reset_registry()
         from aios_cloud.records import get_provider

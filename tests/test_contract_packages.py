@@ -78,7 +78,7 @@ def test_plugins_load_without_their_heavy_runtimes(clean_env, first_party):
     code = (
         BLOCKER
         + """
-from aios.plugins import get_registry
+from aios.plugins.registry import get_registry
 reg = get_registry()
 assert not reg.errors, [(e.plugin, e.error) for e in reg.errors]
 print(sorted(reg.plugins))

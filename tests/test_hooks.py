@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import pytest
-from aios.config import resolve
+from aios.config.schema import resolve
 from aios.errors import AiosError
-from aios.plugins import get_registry, reset_registry
+from aios.plugins.registry import get_registry, reset_registry
 from aios.types import LaunchRequest
 
 
@@ -122,7 +122,7 @@ def test_hook_aios_discover_devices():
 class _Legacy:
     """A 0.1-style plugin: name-guarded component hooks, no registered strategy."""
 
-    from aios.hookspecs import hookimpl
+    from aios.plugins.hookspecs import hookimpl
 
     @hookimpl
     def aios_make_strategy(self, backend, config):
@@ -136,7 +136,7 @@ class _Legacy:
     def aios_make_precision(self, backend, precision, config):
         if backend != "legacy":
             return None
-        from aios.precision import Precision
+        from aios.strategies.precision import Precision
 
         p = Precision("cpu")
         p.name = "legacy-" + precision
@@ -170,8 +170,8 @@ def test_hook_aios_make_strategy():
 
 def test_hook_aios_make_precision():
     reg, legacy = _with_legacy()
-    from aios.config import ConfigError
-    from aios.precision import MixedPrecision
+    from aios.config.schema import ConfigError
+    from aios.strategies.precision import MixedPrecision
 
     assert (
         reg.call_first(
@@ -222,7 +222,7 @@ def test_hook_aios_register_strategies():
     assert (
         reg.strategy_spec("fsdp", reg.backends["cuda"]).plugin == "aios-core"
     )  # native, any accelerator
-    from aios.config import ConfigError
+    from aios.config.schema import ConfigError
 
     for name in ("spmd", "nxd"):  # never a silent DDP
         with pytest.raises(ConfigError) as e:
@@ -256,7 +256,7 @@ def test_hook_aios_register_accelerators():
 
 
 def test_hook_aios_register_cluster_environments():
-    from aios.cluster import detect
+    from aios.environments.base import detect
 
     reg = get_registry()
     assert set(reg.cluster_envs) >= {"local", "torchelastic"}
@@ -285,12 +285,12 @@ def test_hook_aios_register_cluster_environments():
 
 
 def test_builtin_names_are_never_displaced():
-    from aios.accelerator import Accelerator
-    from aios.plugins import Registry
+    from aios.devices.accelerator import Accelerator
+    from aios.plugins.registry import Registry
     from aios.types import AcceleratorSpec
 
     class Intruder:
-        from aios.hookspecs import hookimpl
+        from aios.plugins.hookspecs import hookimpl
 
         @hookimpl
         def aios_register_accelerators(self, register):
@@ -298,7 +298,7 @@ def test_builtin_names_are_never_displaced():
 
         @hookimpl
         def aios_config_sections(self):
-            from aios.config import FsdpSettings
+            from aios.config.schema import FsdpSettings
 
             return {"checkpoint": FsdpSettings}
 
@@ -309,9 +309,11 @@ def test_builtin_names_are_never_displaced():
         def load(self):
             return self.obj
 
-    import aios.builtin
+    import aios.plugins.builtin
 
-    reg = Registry([Ep("aios-core", aios.builtin), Ep("intruder", Intruder())], strict=False)
+    reg = Registry(
+        [Ep("aios-core", aios.plugins.builtin), Ep("intruder", Intruder())], strict=False
+    )
     assert reg.accelerators["cpu"].plugin == "aios-core"
     msgs = [e.error for e in reg.errors if e.plugin == "intruder"]
     assert any(

@@ -361,7 +361,7 @@ def _tpu_deliver(src: Source, host: Host, inspect: Callable[[], Any]) -> float:
 
 def _gke_pod() -> dict[str, Any]:
     """The pod spec ``aios launch --cloud k8s --spot`` asks GKE for, with aios's grace."""
-    from aios.config import resolve
+    from aios.config.schema import resolve
     from aios_cloud_k8s import manifests as M
 
     grace = resolve(environ={}, check_backend=False).checkpoint.grace_seconds
@@ -380,7 +380,7 @@ def _gke_pod() -> dict[str, Any]:
 
 
 def _gke_prepare(src: Source, work: Path) -> dict[str, str]:
-    from aios.contract import GRACE_CAP_ENV
+    from aios.launcher.contract import GRACE_CAP_ENV
 
     pod = _gke_pod()
     src.state["pod"] = pod

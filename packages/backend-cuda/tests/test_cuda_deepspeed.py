@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from aios.config import resolve
+from aios.config.schema import resolve
 from aios.errors import ConfigError
 from aios_backend_cuda.deepspeed_strategy import build_ds_config
 

@@ -37,7 +37,7 @@ AIOS_RUN = [sys.executable, "-c", "from aios.cli.run import main; main()"]
 
 
 def _cfg(*overrides: str):
-    from aios.config import resolve
+    from aios.config.schema import resolve
 
     return resolve(overrides=list(overrides), environ={}, check_backend=False)
 
@@ -199,7 +199,7 @@ def test_nccl_flight_recorder_dumps_through_the_pipe_aios_sets(tmp_path: Path) -
     """The watchdog's side of NCCL's Flight Recorder against real ProcessGroupNCCL (one rank on
     one GPU): with the environment aios-run gives its ranks, torch makes the dump pipe, a write
     to it makes torch dump its trace, and aios reads and summarises the dump."""
-    from aios import flightrec
+    from aios.resilience import flightrec
 
     env = {**os.environ, **flightrec.worker_env(str(tmp_path), {}), "RANK": "0"}
     code = (

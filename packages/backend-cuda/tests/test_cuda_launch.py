@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from aios.config import resolve
+from aios.config.schema import resolve
 from aios.errors import ConfigError, LaunchError
 from aios.types import Host, LaunchRequest
 from aios_backend_cuda import launch

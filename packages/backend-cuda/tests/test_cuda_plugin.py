@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from aios.plugins import Registry
+from aios.plugins.registry import Registry
 from aios_backend_cuda import probe
 
 
@@ -72,7 +72,7 @@ def test_registered_with_priority_and_sections() -> None:
 
 def test_plugin_import_is_light() -> None:
     code = (
-        "import sys, aios_backend_cuda.plugin as p; from aios.plugins import Registry; r = "
+        "import sys, aios_backend_cuda.plugin as p; from aios.plugins.registry import Registry; r = "
         "Registry(); r.probe('cuda'); print('torch' in sys.modules, 'deepspeed' in sys.modules, "
         "'pynvml' in sys.modules)"
     )

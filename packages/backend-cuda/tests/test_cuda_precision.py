@@ -4,9 +4,9 @@ capability 8.0, decided from NVML discovery (recorded hosts), through the plugin
 from __future__ import annotations
 
 import pytest
-from aios.config import resolve
+from aios.config.schema import resolve
 from aios.errors import ConfigError
-from aios.precision import GradScalerPrecision, MixedPrecision, TruePrecision
+from aios.strategies.precision import GradScalerPrecision, MixedPrecision, TruePrecision
 from aios_backend_cuda import plugin
 from aios_backend_cuda.precision import check_bf16
 
@@ -61,7 +61,7 @@ def test_fp16_allowed_on_t4_with_grad_scaler(recorded_host) -> None:
 
 
 def test_the_policy_is_carried_by_the_cuda_backend_spec_only() -> None:
-    from aios.plugins import Registry
+    from aios.plugins.registry import Registry
 
     reg = Registry(strict=True)
     assert reg.backends["cuda"].precision is plugin._precision

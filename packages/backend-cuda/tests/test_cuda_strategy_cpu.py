@@ -11,10 +11,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from aios.accelerator import CpuAccelerator  # noqa: E402
-from aios.config import resolve  # noqa: E402
+from aios.config.schema import resolve  # noqa: E402
+from aios.devices.accelerator import CpuAccelerator  # noqa: E402
 from aios.errors import BackendUnavailable  # noqa: E402
-from aios.precision import Precision  # noqa: E402
+from aios.strategies.precision import Precision  # noqa: E402
 from aios_backend_cuda.strategy import CudaDDPStrategy, check_cuda_runtime, fuse_optimizer  # noqa: E402
 
 

@@ -200,7 +200,7 @@ def neuron_site(tmp_path, monkeypatch):
 @pytest.fixture
 def config():
     """``config("neuron.tp_degree=8", precision="bf16-mixed")`` -> resolved AiosConfig."""
-    from aios.config import resolve
+    from aios.config.schema import resolve
 
     def make(*overrides: str, **flags):
         return resolve(

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 from aios.errors import ConfigError
-from aios.precision import MixedPrecision, Precision, TruePrecision
+from aios.strategies.precision import MixedPrecision, Precision, TruePrecision
 from aios_backend_neuron.doctor import checks
 from aios_backend_neuron.ops import scan_source
 from aios_backend_neuron.plugin import _precision
@@ -133,7 +133,7 @@ def test_removed_bf16_switch_refused(config, monkeypatch):
 
 
 def test_config_section_from_every_layer(config, tmp_path):
-    from aios.config import resolve
+    from aios.config.schema import resolve
 
     cfg = config(
         "neuron.tp_degree=8",
@@ -207,7 +207,7 @@ def test_plugin_imports_no_torch_and_registers():
     code = (
         "import sys\n"
         "import aios_backend_neuron.plugin\n"
-        "from aios.plugins import get_registry\n"
+        "from aios.plugins.registry import get_registry\n"
         "reg = get_registry()\n"
         "spec = reg.backends['neuron']\n"
         "assert spec.priority == 200 and spec.plugin == 'aios-backend-neuron', spec\n"

@@ -190,7 +190,7 @@ def test_probe_available_for_planning_only(no_neuron_ls, neuron_site, config, mo
     assert (
         not probe().available
     )  # nothing is remembered from an earlier resolve: only the config given counts
-    from aios.plugins import get_registry
+    from aios.plugins.registry import get_registry
 
     reg = (
         get_registry()
@@ -225,7 +225,7 @@ def test_probe_available(fake_neuron_ls, neuron_site):
 
 
 def test_requested_backend_unavailable_is_an_error(no_neuron_ls):
-    from aios.plugins import Registry
+    from aios.plugins.registry import Registry
 
     reg = Registry()
     with pytest.raises(BackendUnavailable) as e:

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 from aios.errors import ConfigError
+from aios.plugins.versions import VersionMismatch
 from aios.types import LaunchRequest
-from aios.versions import VersionMismatch
 from aios_backend_neuron.launch import build_plan
 from aios_backend_neuron.strategy import make_native_strategy, make_strategy
 
@@ -147,7 +147,7 @@ def test_native_runtime_uses_cores_native_strategies(neuron_site, config, monkey
 
 
 def test_registry_offers_native_strategies_and_the_neuron_accelerator():
-    from aios.plugins import get_registry, reset_registry
+    from aios.plugins.registry import get_registry, reset_registry
 
     reset_registry()
     reg = get_registry()

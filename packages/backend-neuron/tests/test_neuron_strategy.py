@@ -54,7 +54,7 @@ def test_when_nxd_is_used(config):
 
 
 def test_deepspeed_strategy_refused(neuron_site, config):
-    from aios.plugins import get_registry
+    from aios.plugins.registry import get_registry
 
     neuron_site("xla")
     reg = get_registry()

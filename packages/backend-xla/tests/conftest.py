@@ -133,7 +133,7 @@ def clean_env(monkeypatch):
         if k.startswith(("TPU_", "AIOS_", "GCE_METADATA", "PJRT_", "XLA_", "CPU_NUM_DEVICES")):
             monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("AIOS_TEST_DMI_PRODUCT", "/nonexistent")
-    from aios.plugins import reset_registry
+    from aios.plugins.registry import reset_registry
 
     reset_registry()
     yield monkeypatch

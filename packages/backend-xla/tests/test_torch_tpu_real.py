@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from aios.config import resolve
+from aios.config.schema import resolve
 from aios.types import Host, LaunchRequest
 from aios_backend_xla import tpu as T
 from aios_backend_xla.discovery import SysfsSource, TpuFacts, discover

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from aios.config import resolve
+from aios.config.schema import resolve
 from aios.errors import AiosError, BackendUnavailable, ConfigError, LaunchError
 from aios.types import Host, LaunchRequest
 from aios_backend_xla import tpu as T
@@ -311,8 +311,8 @@ def test_tpu_vm_cluster_environment():
 
 
 def test_cluster_detect_picks_tpu_vm_through_the_registry():
-    from aios.cluster import detect
-    from aios.plugins import get_registry
+    from aios.environments.base import detect
+    from aios.plugins.registry import get_registry
 
     info = detect({"TPU_WORKER_HOSTNAMES": "w0,w1", "TPU_WORKER_ID": "1"}, registry=get_registry())
     assert info.name == "tpu-vm" and info.node_rank == 1
@@ -381,7 +381,7 @@ def test_dry_run_contradicting_runtime_is_exit_2_one_line(tmp_path):
 
 
 def test_torch_xla_and_cpu_workers_never_autoload_torch_tpu(clean_env):
-    from aios.launch import elastic_plan
+    from aios.launcher.plan import elastic_plan
     from aios_backend_xla.launch import xla_launch_plan
 
     c = resolve(overrides=["xla.accelerator=v6e-16"], flags={}, environ={}, check_backend=False)

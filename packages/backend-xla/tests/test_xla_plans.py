@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from aios.config import resolve
+from aios.config.schema import resolve
 from aios.errors import BackendUnavailable, LaunchError
 from aios.types import Host, LaunchRequest
 from aios_backend_xla.discovery import SysfsSource, TpuFacts, discover

@@ -6,7 +6,7 @@ from __future__ import annotations
 import warnings
 
 import pytest
-from aios.config import resolve
+from aios.config.schema import resolve
 from aios.errors import BackendUnavailable, ConfigError
 from aios_backend_xla import plugin
 from aios_backend_xla.compile_guard import CompileGuard, RecompileError, RecompileWarning, shapes_of
@@ -155,7 +155,7 @@ def test_precision_policies(clean_env):
 
 
 def test_deepspeed_strategy_is_refused(cfg):
-    from aios.plugins import get_registry
+    from aios.plugins.registry import get_registry
 
     reg = get_registry()
     for name in ("deepspeed", "fsdp", "nxd"):
@@ -208,7 +208,7 @@ def test_probe(cfg, monkeypatch):
 
 
 def test_registry_require_names_the_opt_in(cfg, monkeypatch):
-    from aios.plugins import get_registry
+    from aios.plugins.registry import get_registry
 
     monkeypatch.setattr(plugin, "_torch_xla_installed", lambda: True)
     with pytest.raises(BackendUnavailable) as ei:

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.xla
 @pytest.fixture
 def strategy(monkeypatch):
     monkeypatch.setenv("PJRT_DEVICE", "CPU")
-    from aios.config import resolve
+    from aios.config.schema import resolve
     from aios_backend_xla.strategy import XlaStrategy
 
     cfg = resolve(overrides=["xla.allow_cpu=true"], environ={}, check_backend=False)
@@ -32,7 +32,7 @@ def test_setup_environment_is_explicit_about_the_device(strategy):
 
 def test_wrong_pjrt_device_is_refused(monkeypatch):
     monkeypatch.setenv("PJRT_DEVICE", "CPU")
-    from aios.config import resolve
+    from aios.config.schema import resolve
     from aios.errors import ConfigError
     from aios_backend_xla.strategy import XlaStrategy
 
@@ -60,7 +60,7 @@ def _tied_model():
 def test_tied_weights_stay_tied_and_an_early_optimizer_follows_the_move(strategy):
     import torch
     import torch_xla
-    from aios.precision import Precision
+    from aios.strategies.precision import Precision
 
     torch.manual_seed(0)
     m = _tied_model()
@@ -83,7 +83,7 @@ def test_fallback_move_when_swapping_is_impossible_keeps_ties_and_remaps(strateg
     import weakref
 
     import torch
-    from aios.precision import Precision
+    from aios.strategies.precision import Precision
 
     m = _tied_model()
     old = m.emb.weight
@@ -99,7 +99,7 @@ def test_fallback_move_when_swapping_is_impossible_keeps_ties_and_remaps(strateg
 
 def test_fused_adamw_is_switched_off_with_a_warning(strategy):
     import torch
-    from aios.precision import Precision
+    from aios.strategies.precision import Precision
 
     m = strategy.setup_module(torch.nn.Linear(4, 4), Precision("xla"))
     opt = torch.optim.AdamW(m.parameters(), lr=1e-3, fused=True)
@@ -113,7 +113,7 @@ def test_fused_adamw_is_switched_off_with_a_warning(strategy):
 
 def test_checkpoint_state_is_on_cpu_on_the_master(strategy):
     import torch
-    from aios.precision import Precision
+    from aios.strategies.precision import Precision
 
     m = strategy.setup_module(torch.nn.Linear(3, 2), Precision("xla"))
     opt = strategy.setup_optimizer(torch.optim.Adam(m.parameters()))
@@ -180,7 +180,7 @@ from aios.cli.run import build_plan
 open("t.py", "w").write("")
 cfg, spec, plan, notes = build_plan("t.py", [], ["xla.accelerator=v4-16"], {"backend": "xla"}, None, check=False)
 assert plan.world_size == 8
-from aios.plugins import get_registry
+from aios.plugins.registry import get_registry
 get_registry().call_first("aios_discover_devices", backend="xla", config=cfg)
 assert get_registry().probe("xla")
 heavy = sorted(m for m in ("torch", "torch_xla") if m in sys.modules)

@@ -77,8 +77,8 @@ def test_a_run_on_a_capacity_block_commits_its_checkpoint_before_the_reclaim(
     aws, make_provider, pubkey, tmp_path
 ):
     from aios.checkpoint import MARKER
-    from aios.contract import DEADLINE_ENV, DEADLINE_SOURCE_ENV
-    from aios.preemption import EXIT_PREEMPTED
+    from aios.launcher.contract import DEADLINE_ENV, DEADLINE_SOURCE_ENV
+    from aios.resilience.notices import EXIT_PREEMPTED
 
     t0 = float(int(time.time()))
     now = [t0]

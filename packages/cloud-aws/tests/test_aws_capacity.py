@@ -129,7 +129,7 @@ def test_launch_falls_through_to_the_next_candidate_without_capacity(
             "no_setup": True,
         }
     )
-    from aios.config import resolve
+    from aios.config.schema import resolve
 
     config = resolve(check_backend=False)
     provider = get_provider("aws", config)

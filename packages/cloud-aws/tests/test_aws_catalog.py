@@ -114,7 +114,7 @@ def test_plugin_import_is_light():
 
 
 def test_registry_sees_the_plugin():
-    from aios.plugins import get_registry, reset_registry
+    from aios.plugins.registry import get_registry, reset_registry
 
     reset_registry()
     reg = get_registry()
@@ -129,7 +129,7 @@ def test_registry_sees_the_plugin():
 
 
 def test_aws_section_validation_is_one_line():
-    from aios.config import resolve
+    from aios.config.schema import resolve
     from aios.errors import ConfigError
 
     cfg = resolve(

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from aios.versions import STACKS
+from aios.plugins.versions import STACKS
 from aios_cloud.provider import ClusterRequest
 from aios_cloud_aws.provider import AwsProvider
 from aios_cloud_aws.settings import GPU_AMI_PARAMETER, AwsSettings

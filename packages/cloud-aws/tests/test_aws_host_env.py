@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from aios.config import CONTROL_ENV, CONTROL_PREFIXES, resolve
+from aios.config.schema import CONTROL_ENV, CONTROL_PREFIXES, resolve
 from aios_cloud import ops
 from aios_cloud.provider import READY, ClusterHost, ClusterInfo
 from aios_cloud.store import ClusterRecord
@@ -83,7 +83,7 @@ def test_aws_host_env_resolves_as_config_on_the_hosts(backend, accelerator, monk
         assert env["AIOS_RUN_SPOT_WATCH"] == "1" and env["AIOS_RUN_STATUS_DIR"] == "$D/status"
     # a host whose image has aios-core and the backend only (`--no-bundle`): still resolves
     code = (
-        "import json, sys; from aios.config import resolve; "
+        "import json, sys; from aios.config.schema import resolve; "
         "c = resolve(environ=json.load(sys.stdin), check_backend=False); print(c.checkpoint.dir)"
     )
     r = subprocess.run(
@@ -100,7 +100,7 @@ def test_aws_host_env_resolves_as_config_on_the_hosts(backend, accelerator, monk
 def test_aws_spot_hosts_turn_the_spot_notice_watcher_on(monkeypatch):
     """aws.spot_watch=auto on a spot host watches the notice even where on_ec2() cannot tell
     (here: not EC2); on on-demand hosts nothing is set, and an explicit false still wins."""
-    from aios.plugins import get_registry, reset_registry
+    from aios.plugins.registry import get_registry, reset_registry
 
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", "http://127.0.0.1:9")

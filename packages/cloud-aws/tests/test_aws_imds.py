@@ -72,9 +72,9 @@ def test_watcher_survives_imds_outage():
 
 def test_hook_hands_notice_to_the_runtime_preemption_monitor(imds, monkeypatch):
     """aios_preemption_watchers -> PreemptionMonitor.start_watchers -> monitor.requested."""
-    from aios.config import resolve
-    from aios.plugins import get_registry, reset_registry
-    from aios.preemption import PreemptionMonitor
+    from aios.config.schema import resolve
+    from aios.plugins.registry import get_registry, reset_registry
+    from aios.resilience.notices import PreemptionMonitor
 
     monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", imds.endpoint)
     reset_registry()

@@ -392,7 +392,7 @@ def test_capacity_block_dates_state_and_reclaim(aws, make_provider, pubkey):
     reclaim time minus aws.capacity_block_margin as the ranks' deadline."""
     import time as _time
 
-    from aios.contract import DEADLINE_ENV, DEADLINE_SOURCE_ENV
+    from aios.launcher.contract import DEADLINE_ENV, DEADLINE_SOURCE_ENV
     from aios_cloud.provider import PREEMPTED
     from aios_cloud_aws.instances import _epoch
 

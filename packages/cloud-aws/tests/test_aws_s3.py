@@ -19,7 +19,7 @@ def bucket(aws):
 
 
 def _fresh_registry():
-    from aios.plugins import get_registry, reset_registry
+    from aios.plugins.registry import get_registry, reset_registry
 
     reset_registry()
     return get_registry()

@@ -21,9 +21,9 @@ def _project(tmp_path: Path) -> Path:
 def test_torchtpu_launch_installs_the_torch_tpu_set_not_torch_xla(
     tmp_path, bare_tpu, gcp_env, aios_cli
 ):
-    """--backend tpu (TorchTPU): host setup installs aios.versions' torch_tpu set; torch_xla
+    """--backend tpu (TorchTPU): host setup installs aios.plugins.versions' torch_tpu set; torch_xla
     (which pins another torch) is never installed."""
-    from aios.versions import STACKS
+    from aios.plugins.versions import STACKS
 
     work = _project(tmp_path)
     env = gcp_env(tmp_path, bare_tpu)

@@ -119,7 +119,7 @@ def test_gcp_launch_on_two_host_slice_stop_refused_then_down(
         assert "aios_backend_xla" not in site  # this job runs the cpu backend
         assert (
             code / ".aios-site" / "aios_core-0.1.0.dist-info" / "entry_points.txt"
-        ).read_text().count("aios-core = aios.builtin") == 1
+        ).read_text().count("aios-core = aios.plugins.builtin") == 1
         assert (h.home / "setup.log").read_text().count("setup-ran-on-") == 1
     # the node was created through the API with aios's labels and key, on the v4 runtime
     node = fake_tpu.node("slice").body

@@ -10,7 +10,7 @@ import re
 import subprocess
 import sys
 
-from aios.config import CONTROL_ENV, CONTROL_PREFIXES, resolve
+from aios.config.schema import CONTROL_ENV, CONTROL_PREFIXES, resolve
 from aios_cloud import ops
 from aios_cloud.provider import READY, ClusterHost, ClusterInfo
 from aios_cloud.store import ClusterRecord
@@ -62,7 +62,7 @@ def test_gcp_host_env_resolves_as_config_on_the_workers(tmp_path):
         assert resolve(environ=env, check_backend=False).checkpoint.dir == "gs://ckpt/run1"
         # a worker image with aios-core and the xla backend only (`--no-bundle`)
         code = (
-            "import json, sys; from aios.config import resolve; "
+            "import json, sys; from aios.config.schema import resolve; "
             "print(resolve(environ=json.load(sys.stdin), check_backend=False).checkpoint.dir)"
         )
         r = subprocess.run(

@@ -50,7 +50,7 @@ def gcs_local(monkeypatch, tmp_path, free_port):
 
 
 def test_gcp_gs_scheme_is_registered_by_the_plugin():
-    from aios.plugins import Registry
+    from aios.plugins.registry import Registry
 
     reg = Registry()
     assert reg.storage["gs"].protocol == "gs" and reg.storage["gs"].plugin == "aios-cloud-gcp"
@@ -143,7 +143,7 @@ def test_gcp_emulator_selects_the_classic_client_before_gcsfs_is_first_imported(
     env = {k: v for k, v in os.environ.items() if k != "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"}
     env.update(STORAGE_EMULATOR_HOST="http://127.0.0.1:9", AIOS_PLUGINS="aios-cloud-gcp")
     code = (
-        "from aios.plugins import Registry\n"
+        "from aios.plugins.registry import Registry\n"
         "Registry().storage['gs']\n"
         "import gcsfs\n"
         "print(gcsfs.GCSFileSystem.__module__)\n"

@@ -23,7 +23,7 @@ class TestK8sContract(ProviderContract):
 
     @pytest.fixture
     def provider(self, cli_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> CloudProvider:
-        from aios.config import resolve
+        from aios.config.schema import resolve
         from aios_cloud_k8s.provider import K8sProvider
 
         for k, v in cli_env.items():
@@ -51,7 +51,7 @@ def test_kubeconfig_is_read_when_the_provider_connects_not_when_kubernetes_was_i
 
     importlib.reload(kc)
     try:
-        from aios.config import resolve
+        from aios.config.schema import resolve
         from aios_cloud_k8s.provider import K8sProvider
 
         for k, v in k8s_env(kube).items():

@@ -143,7 +143,7 @@ def test_pods_grace_matches_aios_and_gke_spot_caps_it_to_15s():
     nodes non-system pods get at most 15 s whatever the manifest asks
     (https://cloud.google.com/kubernetes-engine/docs/concepts/spot-vms#termination-graceful-shutdown).
     The manifest's grace and the ranks' (AIOS_RUN_GRACE_CAP) agree."""
-    from aios.contract import GRACE_CAP_ENV
+    from aios.launcher.contract import GRACE_CAP_ENV
     from aios_cloud_k8s import manifests as M
 
     def pod(spot: bool, grace: float) -> dict:

@@ -22,7 +22,7 @@ class TestSlurmContract(ProviderContract):
 
     @pytest.fixture
     def provider(self, cli_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> CloudProvider:
-        from aios.config import resolve
+        from aios.config.schema import resolve
         from aios_cloud_slurm.provider import SlurmProvider
 
         for k, v in cli_env.items():

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from aios.config import resolve
+from aios.config.schema import resolve
 from aios.errors import AiosError
 from aios_cloud import ops, shapes
 from aios_cloud.provider import ClusterRequest
@@ -26,7 +26,7 @@ from aios_cloud.store import JOB_CANCELLED, JOB_SUCCEEDED, ClusterRecord, Store
 from aios_cloud.testing.loopback import LoopbackCloud
 from click.testing import CliRunner
 
-# what rank 0 writes (aios.records): one attempt, launched at t0, first step done at t0 + 10,
+# what rank 0 writes (aios.runrecord.records): one attempt, launched at t0, first step done at t0 + 10,
 # last step at t0 + 100: 90 s of productive steps in 100 s of wall time
 RECORD = """\
 import json, os, pathlib, sys, time

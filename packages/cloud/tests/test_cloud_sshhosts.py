@@ -416,8 +416,8 @@ def test_cloud_sshhosts_a_host_without_torch_is_one_line_and_the_launch_undone(t
 def test_cloud_sshhosts_the_probe_counts_tpu_chips_by_device_id_not_gvnic(tmp_path, sshd_cluster):
     """gVNIC has Google's PCI vendor id 0x1ae0 (device 0x0042) and is on every third-generation
     and later GCE VM (https://cloud.google.com/compute/docs/networking/using-gvnic): a TPU chip is
-    a TPU device id under the vendor (aios.pci, the table backend-xla's discovery uses)."""
-    from aios.pci import GOOGLE_PCI_VENDOR, GVNIC_PCI_DEVICE
+    a TPU device id under the vendor (aios.devices.pci, the table backend-xla's discovery uses)."""
+    from aios.devices.pci import GOOGLE_PCI_VENDOR, GVNIC_PCI_DEVICE
     from aios_cloud.testing.sshd import GCE_VM_PCI
 
     v6e = (GOOGLE_PCI_VENDOR, "0x006f")

@@ -9,7 +9,7 @@ import io
 import sys
 
 import pytest
-from aios.config import resolve
+from aios.config.schema import resolve
 from aios_cloud import ops
 from aios_cloud.provider import (
     READY,
@@ -121,7 +121,9 @@ def test_cloud_watch_preemption_exit_of_an_unmanaged_job_fails_with_the_hint(env
     assert code == 1 and store.get_job(job_id).state == JOB_FAILED
     assert any("--max-restarts" in m and "preemption notice" in m for m in logs), logs
     ec = env.hosts[0].home / "aios" / "wc" / "jobs" / str(job_id) / "exit_code"
-    assert ec.read_text().strip() == "75"  # aios.preemption.EXIT_PREEMPTED, not torchrun's 1
+    assert (
+        ec.read_text().strip() == "75"
+    )  # aios.resilience.notices.EXIT_PREEMPTED, not torchrun's 1
     assert "delete" not in provider.calls
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from aios.watchdog import EXIT_HUNG, HUNG_MARKER
+from aios.resilience.watchdog import EXIT_HUNG, HUNG_MARKER
 from aios_cloud import ops
 
 

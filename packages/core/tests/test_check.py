@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from aios.check.checker import BACKENDS, check_file, check_source, fix_source
 from aios.cli.main import cli
-from aios.portcheck import BACKENDS, check_file, check_source, fix_source
 from click.testing import CliRunner
 
 HERE = Path(__file__).resolve().parent
@@ -887,7 +887,7 @@ class T:
 def test_aios_help_imports_neither_torch_nor_the_checker(tmp_path):
     probe = (
         "import sys\nfrom aios.cli.main import main\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
-        "print('LOADED=' + ','.join(m for m in ('torch', 'aios.portcheck', 'libcst') "
+        "print('LOADED=' + ','.join(m for m in ('torch', 'aios.check.checker', 'libcst') "
         "if m in sys.modules), file=sys.stderr)\n"
     )
     for args in (["--help"], ["check", "--help"]):

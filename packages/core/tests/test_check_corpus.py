@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 import pytest
-from aios.portcheck import BACKENDS, NOT_CUDA, check_file, for_backend
+from aios.check.checker import BACKENDS, NOT_CUDA, check_file, for_backend
 
 CORPUS = Path(__file__).resolve().parent / "fixtures" / "check_corpus"
 SCRIPTS = sorted(CORPUS.glob("*.py"))

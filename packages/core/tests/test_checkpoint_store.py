@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 from aios.checkpoint import DIGEST, MARKER, STATE_FILE, CheckpointStore  # noqa: E402
 from aios.errors import CheckpointError  # noqa: E402
-from aios.plugins import reset_registry  # noqa: E402
+from aios.plugins.registry import reset_registry  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from aios.cluster_k8s import KubernetesEnvironment, job_hostname, jobset_hostname
+from aios.environments.k8s import KubernetesEnvironment, job_hostname, jobset_hostname
 from aios.errors import ConfigError
 
 

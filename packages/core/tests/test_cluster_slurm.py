@@ -4,7 +4,7 @@ from the variables srun sets (the real-Slurm runs are in packages/cloud-slurm/te
 from __future__ import annotations
 
 import pytest
-from aios.cluster_slurm import SlurmEnvironment, expand_hostlist, expand_tasks_per_node
+from aios.environments.slurm import SlurmEnvironment, expand_hostlist, expand_tasks_per_node
 from aios.errors import ConfigError
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from aios import config as cfgmod
+from aios.config import schema as cfgmod
 from aios.errors import ConfigError
 
 BOMB = "a: &a [lol,lol,lol,lol,lol,lol,lol,lol,lol]\n" + "".join(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from aios.config import parse_overrides, redact, resolve
+from aios.config.schema import parse_overrides, redact, resolve
 from aios.errors import ConfigError
 from pydantic import BaseModel, ConfigDict
 

@@ -1,4 +1,4 @@
-"""The global data position of :mod:`aios.data` (issue 26): a position saved by ``W`` ranks
+"""The global data position of :mod:`aios.data.loaders` (issue 26): a position saved by ``W`` ranks
 resumes on ``W'`` ranks with every sample of the epoch exactly once; at the same shape each rank
 gets what an uninterrupted ``DistributedSampler`` gives it; a loader whose position cannot be
 moved is refused in one line. In-process, no process group (each rank's loader built alone)."""
@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from aios.data import DeviceLoader, ResumableDistributedSampler, shard_dataloader  # noqa: E402
+from aios.data.loaders import DeviceLoader, ResumableDistributedSampler, shard_dataloader  # noqa: E402
 from aios.errors import CheckpointError, ConfigError  # noqa: E402
 from torch.utils.data import (  # noqa: E402
     BatchSampler,

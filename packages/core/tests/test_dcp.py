@@ -1,4 +1,4 @@
-"""The ``dcp`` checkpoint format (aios.checkpoint.sharded) with hand-written FSDP2 over real gloo processes:
+"""The ``dcp`` checkpoint format (aios.checkpoint.formats.dcp) with hand-written FSDP2 over real gloo processes:
 save on 4 ranks and resume on 4 (bitwise), 2 and 1 (resharded, loss continues); async save
 overlapping training; a rank dying before the commit leaves a checkpoint that is never resumed;
 the same through gs:// (gcp-storage-emulator), s3:// (moto) and memory://."""
@@ -186,7 +186,7 @@ def test_dcp_rank_dying_before_commit_is_never_resumed(tmp_path: Path) -> None:
 
 
 def test_dcp_unknown_async_mode_is_a_one_line_error() -> None:
-    from aios.checkpoint.sharded import DcpWriter
+    from aios.checkpoint.formats.dcp import DcpWriter
     from aios.errors import CheckpointError
 
     with pytest.raises(CheckpointError) as exc:
@@ -197,7 +197,7 @@ def test_dcp_unknown_async_mode_is_a_one_line_error() -> None:
 
 
 def test_dcp_loader_position_rederived_from_global_samples() -> None:
-    from aios.checkpoint.sharded import reshard_loader_state
+    from aios.checkpoint.formats.dcp import reshard_loader_state
 
     st = {"epoch": 1, "batch": 6, "batch_size": 4}
     assert reshard_loader_state(st, 4, 4) is st
@@ -213,7 +213,7 @@ def test_dcp_loader_position_rederived_from_global_samples() -> None:
 def test_dcp_ranks_beyond_the_saved_world_reseed_deterministically() -> None:
     import random
 
-    from aios.checkpoint.sharded import rank_state_for, reseed
+    from aios.checkpoint.formats.dcp import rank_state_for, reseed
 
     assert rank_state_for(1, {1: "mine"}) == "mine" and rank_state_for(3, {1: "x"}) is None
     draws = []
@@ -227,7 +227,7 @@ def test_dcp_ranks_beyond_the_saved_world_reseed_deterministically() -> None:
 
 def test_dcp_rejects_full_format_checkpoint(tmp_path: Path) -> None:
     from aios.checkpoint import CheckpointStore
-    from aios.checkpoint.sharded import DcpCheckpointer
+    from aios.checkpoint.formats.dcp import DcpCheckpointer
     from aios.errors import CheckpointError
 
     CheckpointStore(str(tmp_path)).save(5, {"modules": []})
@@ -241,7 +241,7 @@ def test_dcp_rejects_full_format_checkpoint(tmp_path: Path) -> None:
 
 def _roundtrip_in_process(url: str) -> None:
     """No process group: a plain module and its optimizer through DCP to ``url`` and back."""
-    from aios.checkpoint import sharded as adcp
+    from aios.checkpoint.formats import dcp as adcp
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
@@ -485,7 +485,7 @@ def test_dcp_every_file_is_verified_against_its_digest(
     carries the digest its writer computed; 4 inverted bytes at 20/35/70/90% of a shard or of
     ``.metadata`` make every load refuse in one line naming the file, before torch reads it."""
     from aios.checkpoint import DIGEST, DIGESTS_FILE
-    from aios.checkpoint.sharded import DcpCheckpointer
+    from aios.checkpoint.formats.dcp import DcpCheckpointer
     from aios.errors import CheckpointError
 
     ckpt = tmp_path / "ckpt"

@@ -48,7 +48,7 @@ def test_full_format_save_on_a_full_disk_names_the_os_cause(small_fs: Path) -> N
 
 
 def test_dcp_save_on_a_full_disk_names_the_os_cause(small_fs: Path) -> None:
-    from aios.checkpoint import sharded as adcp
+    from aios.checkpoint.formats import dcp as adcp
     from aios.errors import CheckpointError
 
     big = torch.nn.Linear(400, 400)  # 640 KB of weights

@@ -16,8 +16,8 @@ import zlib
 from pathlib import Path
 
 import pytest
-from aios import goodput
-from aios.goodput import Attempt, account
+from aios.runrecord import goodput
+from aios.runrecord.goodput import Attempt, account
 
 SCRIPT = Path(__file__).parent / "scripts" / "goodput_train.py"
 AIOS = [sys.executable, "-c", "from aios.cli.main import main; main()"]

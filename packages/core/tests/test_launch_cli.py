@@ -156,7 +156,7 @@ def test_launch_explicit_port_in_use(tmp_path):
 
 def test_launch_default_port_in_use_picks_free_one(tmp_path, monkeypatch):
     from aios.cli.run import build_plan
-    from aios.plugins import reset_registry
+    from aios.plugins.registry import reset_registry
 
     for k in list(os.environ):
         if k.startswith("AIOS_"):

@@ -169,7 +169,7 @@ def test_worker_watchdog_follows_a_launcher_that_is_not_its_parent(tmp_path: Pat
         [
             sys.executable,
             "-c",
-            "from aios._worker import watch_launcher; import time\n"
+            "from aios.launcher.worker import watch_launcher; import time\n"
             "assert watch_launcher(interval=0.1)\nprint('watching', flush=True)\ntime.sleep(120)",
         ],
         env={**os.environ, "AIOS_RUN_LAUNCHER_PID": str(launcher.pid)},

@@ -11,8 +11,8 @@ import threading
 
 import pytest
 from aios.checkpoint.policy import SaveCost, choose_interval, parse_duration, parse_fraction
-from aios.contract import DEADLINE_ENV, DEADLINE_SOURCE_ENV, GRACE_CAP_ENV
-from aios.preemption import (
+from aios.launcher.contract import DEADLINE_ENV, DEADLINE_SOURCE_ENV, GRACE_CAP_ENV
+from aios.resilience.notices import (
     DeadlineWatcher,
     FileWatcher,
     PreemptionMonitor,
@@ -184,7 +184,7 @@ def _plugin(name: str, **hooks):
     import types
 
     from aios import hookimpl
-    from aios.plugins import get_registry
+    from aios.plugins.registry import get_registry
 
     mod = types.ModuleType(name)
     for hook, fn in hooks.items():
@@ -196,7 +196,7 @@ def _plugin(name: str, **hooks):
 def test_hook_aios_grace_cap(tmp_path, capsys, monkeypatch):
     """A platform plugin's cap lowers the SIGTERM notice's grace, and aios says so once."""
     import aios
-    from aios.plugins import get_registry
+    from aios.plugins.registry import get_registry
 
     monkeypatch.setenv("AIOS_LOGGING__RUN_DIR", str(tmp_path / "runs"))
     monkeypatch.setenv("AIOS_LOGGING__TENSORBOARD", "false")
@@ -220,7 +220,7 @@ def test_hook_aios_grace_cap(tmp_path, capsys, monkeypatch):
 def test_hook_aios_report_target(tmp_path):
     """``aios report NAME``: a name that is no path is resolved by a plugin (a cloud's cluster)."""
     from aios.cli.main import cli
-    from aios.plugins import get_registry
+    from aios.plugins.registry import get_registry
     from click.testing import CliRunner
 
     run = tmp_path / "runs" / "r1"
@@ -276,8 +276,8 @@ class _Handle:
 
 def _manager(tmp_path, capsys=None):
     from aios.checkpoint.manager import CheckpointFormat, CheckpointManager, register_format
-    from aios.config import resolve
-    from aios.records import RunRecord
+    from aios.config.schema import resolve
+    from aios.runrecord.records import RunRecord
 
     class FakeAsync(CheckpointFormat):
         """A format with a background save in flight (``pending``) that never ends by itself."""
@@ -301,14 +301,14 @@ def _manager(tmp_path, capsys=None):
         def save(self, step, ctx, staging, store):
             return {"x.bin": store.write_file(staging, "x.bin", lambda f: f.write(b"x" * 10))}
 
-    class Strategy:  # the members of aios.strategy.Strategy the manager reads
+    class Strategy:  # the members of aios.strategies.base.Strategy the manager reads
         rank, world_size, checkpoint_format = 0, 1, "fakeasync"
         data_rank, data_world = 0, 1
 
         def saves_on_this_rank(self):
             return True
 
-    class Training:  # the members of aios.state.TrainingState the manager reads
+    class Training:  # the members of aios.checkpoint.state.TrainingState the manager reads
         step = 7
         loaders: list = []
 

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from aios.cli.tail import tail_whole_lines
+from aios.launcher.relay import tail_whole_lines
 
 
 class _Out:

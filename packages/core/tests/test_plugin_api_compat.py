@@ -17,7 +17,7 @@ PLUGIN_DIR = Path(__file__).parent / "scripts" / "legacy_plugin"
 
 @pytest.fixture
 def legacy_registry(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
-    from aios import plugins as plugins_mod
+    from aios.plugins import registry as plugins_mod
 
     monkeypatch.syspath_prepend(str(PLUGIN_DIR))
     monkeypatch.setenv("AIOS_LOGGING__RUN_DIR", str(tmp_path / "runs"))
@@ -25,7 +25,7 @@ def legacy_registry(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     plugins_mod.reset_registry()
     plugins_mod._registry = plugins_mod.Registry(
         entry_points=[
-            EntryPoint(name="aios-core", value="aios.builtin", group="aios"),
+            EntryPoint(name="aios-core", value="aios.plugins.builtin", group="aios"),
             EntryPoint(name="legacy-backend", value="legacy_backend_plugin", group="aios"),
         ]
     )
@@ -52,8 +52,8 @@ def test_plugin_written_against_the_previous_release_still_trains(legacy_registr
 
 
 def test_ddp_strategy_old_forms_warn_and_new_form_is_quiet() -> None:
-    from aios.accelerator import CpuAccelerator
-    from aios.config import resolve
+    from aios.config.schema import resolve
+    from aios.devices.accelerator import CpuAccelerator
     from aios.strategies.ddp import DDPStrategy
 
     cfg = resolve(None, [], {}, environ={})
@@ -83,7 +83,7 @@ def test_hook_reference_marks_the_deprecation() -> None:
 def test_a_probe_without_config_is_adapted_once_at_registration_with_a_warning() -> None:
     """The 0.1 ``probe()`` form: one DeprecationWarning naming the new form when the backend
     registers; the registry then calls every probe the declared way, ``probe(config=...)``."""
-    from aios.plugins import Registry
+    from aios.plugins.registry import Registry
     from aios.types import Availability, BackendSpec
 
     calls: list[str] = []

@@ -8,9 +8,9 @@ import textwrap
 from importlib.metadata import EntryPoint
 
 import pytest
-from aios import plugins as plugins_mod
 from aios.errors import BackendUnavailable, PluginError
-from aios.plugins import Registry
+from aios.plugins import registry as plugins_mod
+from aios.plugins.registry import Registry
 
 
 def _module(site, name: str, source: str) -> EntryPoint:
@@ -20,7 +20,7 @@ def _module(site, name: str, source: str) -> EntryPoint:
 
 
 def _builtin() -> EntryPoint:
-    return EntryPoint(name="aios-core", value="aios.builtin", group="aios")
+    return EntryPoint(name="aios-core", value="aios.plugins.builtin", group="aios")
 
 
 @pytest.fixture
@@ -246,7 +246,7 @@ def test_raising_component_hooks_name_the_plugin_and_cpu_keeps_working(syspath, 
     """,
     )
     reg = Registry(entry_points=[_builtin(), bad], strict=False)
-    from aios.config import resolve
+    from aios.config.schema import resolve
     from aios.types import LaunchRequest
 
     cfg = resolve(environ={}, sections=reg.config_sections, check_backend=False)
@@ -367,7 +367,7 @@ def test_doubly_claimed_or_rejected_backend_is_named_by_aios_run(syspath, backen
     """,
     )
     reg = Registry(entry_points=[_builtin(), a, b, rej], strict=False)
-    from aios.config import resolve
+    from aios.config.schema import resolve
 
     with pytest.raises(PluginError, match='"plug-d1" and "plug-d2"'):
         resolve(overrides=["backend=dup"], environ={}, sections={}, registry=reg)

@@ -17,8 +17,8 @@ torch = pytest.importorskip("torch")
 
 import aios  # noqa: E402
 from aios import hookimpl  # noqa: E402
-from aios.plugins import get_registry, reset_registry  # noqa: E402
-from aios.preemption import EXIT_PREEMPTED, FileWatcher  # noqa: E402
+from aios.plugins.registry import get_registry, reset_registry  # noqa: E402
+from aios.resilience.notices import EXIT_PREEMPTED, FileWatcher  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -1,7 +1,7 @@
 """Preemption with DataLoader workers: a SIGTERM to ``aios-run --nprocs 2`` (and one sent to every
 rank's whole process group as well, as Slurm's ``scancel`` or ``kill -TERM -PGID`` do) ends in the
 emergency checkpoint and exit 75 with ``num_workers`` 0, 2 and 8, persistent or not; the relaunch
-resumes bitwise equal to an uninterrupted run. Before aios.loader_workers the workers died of the
+resumes bitwise equal to an uninterrupted run. Before aios.data.workers the workers died of the
 signal and the rank raised "DataLoader worker (pid ...) exited unexpectedly" (exit 143, no
 checkpoint)."""
 
@@ -133,7 +133,7 @@ def test_sigterm_with_loader_workers_checkpoints_and_resumes_bitwise(
 OUTSIDE_SETUP = r"""
 import os, signal, subprocess, sys
 import torch
-from aios import loader_workers
+from aios.data import workers as loader_workers
 
 class Pids(torch.utils.data.Dataset):
     def __len__(self):

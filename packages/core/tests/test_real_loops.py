@@ -141,8 +141,8 @@ def test_register_takes_plain_values_and_names_what_it_cannot_save():
     from types import SimpleNamespace
 
     import torch
+    from aios.checkpoint.state import TrainingState
     from aios.errors import AiosError
-    from aios.state import TrainingState
 
     tr = TrainingState(SimpleNamespace(world_size=1), SimpleNamespace(), "cpu")
     hist = tr.register("hist", [1.0])
@@ -160,7 +160,7 @@ def test_register_takes_plain_values_and_names_what_it_cannot_save():
 
 
 def test_one_cpu_process_gets_the_idle_cpus_and_is_told_so():
-    from aios.builtin import cpu_threads
+    from aios.plugins.builtin import cpu_threads
 
     assert cpu_threads(1, 2, 0.3) == (2, None)  # an idle machine: torch's default
     threads, note = cpu_threads(1, 2, 1.9)  # a busy one: one thread, and a note saying why

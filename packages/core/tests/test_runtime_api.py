@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 import aios  # noqa: E402
 from aios.errors import AiosError, BackendUnavailable, CheckpointError, ConfigError  # noqa: E402
-from aios.plugins import reset_registry  # noqa: E402
+from aios.plugins.registry import reset_registry  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -1,7 +1,7 @@
 """Issue 12 item 5: the runtime in parts that can be tested alone: the training state
-(aios.state), the checkpoint manager (aios.checkpoint.manager) with its public batch-boundary
+(aios.checkpoint.state), the checkpoint manager (aios.checkpoint.manager) with its public batch-boundary
 callback and pluggable checkpoint formats, side-effect-free constructors, and the
-launcher<->worker contract in one module (aios.contract)."""
+launcher<->worker contract in one module (aios.launcher.contract)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import aios  # noqa: E402
-from aios.plugins import reset_registry  # noqa: E402
+from aios.plugins.registry import reset_registry  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -38,9 +38,9 @@ def clean(monkeypatch, tmp_path):
 
 
 def _parts(tmp_path, **checkpoint):
-    from aios.precision import default_precision
     from aios.runtime import resolve_config
     from aios.strategies.ddp import DDPStrategy
+    from aios.strategies.precision import default_precision
 
     cfg = resolve_config({"checkpoint": checkpoint, "logging": {"run_dir": str(tmp_path / "runs")}})
     strategy = DDPStrategy(cfg)
@@ -49,7 +49,7 @@ def _parts(tmp_path, **checkpoint):
 
 
 def test_training_state_alone_roundtrips_modules_objects_counters_and_rng(tmp_path):
-    from aios.state import TrainingState
+    from aios.checkpoint.state import TrainingState
 
     _, strategy, precision = _parts(tmp_path)
     ts = TrainingState(strategy, precision, "cpu")
@@ -85,8 +85,8 @@ def test_training_state_alone_roundtrips_modules_objects_counters_and_rng(tmp_pa
 
 def test_checkpoint_manager_alone_no_side_effects_until_start(tmp_path):
     from aios.checkpoint.manager import CheckpointManager
-    from aios.records import RunRecord
-    from aios.state import TrainingState
+    from aios.checkpoint.state import TrainingState
+    from aios.runrecord.records import RunRecord
 
     ck = tmp_path / "ck"
     cfg, strategy, precision = _parts(tmp_path, dir=str(ck), keep=2)
@@ -140,7 +140,7 @@ def test_runtime_constructor_has_no_side_effects_start_does_them(tmp_path):
 
 
 def test_device_loader_calls_the_public_batch_boundary():
-    from aios.data import DeviceLoader
+    from aios.data.loaders import DeviceLoader
 
     class Owner:
         pending: str | None = None
@@ -211,7 +211,7 @@ def test_a_second_checkpoint_format_plugs_in(tmp_path):
 
 
 def test_launcher_worker_env_names_live_only_in_the_contract_module():
-    from aios import contract
+    from aios.launcher import contract
 
     offenders = []
     for src in sorted(REPO.glob("packages/*/src/**/*.py")):
@@ -313,8 +313,8 @@ def test_checkpoint_manager_picks_the_dcp_writer_per_device(tmp_path, setting, d
     from types import SimpleNamespace
 
     from aios.checkpoint.manager import CheckpointManager
-    from aios.records import RunRecord
-    from aios.state import TrainingState
+    from aios.checkpoint.state import TrainingState
+    from aios.runrecord.records import RunRecord
 
     cfg, strategy, precision = _parts(tmp_path, dir=str(tmp_path / "ck"), async_writer=setting)
     strategy.checkpoint_format = "dcp"
@@ -333,9 +333,9 @@ def test_emergency_checkpoint_is_written_when_the_pending_background_save_was_lo
     """A background save that failed (its writer killed, say) is reported at preemption, and
     the emergency checkpoint is still written by the training process."""
     from aios.checkpoint.manager import CheckpointManager, FullStateFormat
+    from aios.checkpoint.state import TrainingState
     from aios.errors import CheckpointError
-    from aios.records import RunRecord
-    from aios.state import TrainingState
+    from aios.runrecord.records import RunRecord
 
     class LostInBackground(FullStateFormat):
         pending: object | None = None

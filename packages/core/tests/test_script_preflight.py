@@ -187,7 +187,7 @@ def test_save_without_checkpoint_dir_is_refused_at_setup_without_aios_run(tmp_pa
 def test_a_script_that_sets_its_own_checkpoint_dir_is_trusted(init: str) -> None:
     """Settings the script passes to aios.init may set checkpoint.dir: no refusal before the run
     (aios.init's section keywords included, as tests/scripts/sharded_format.py writes them)."""
-    from aios.preflight import needs_checkpoint_dir
+    from aios.resilience.preflight import needs_checkpoint_dir
 
     src = f"import aios\nrt = {init}\nrt.save()\n"
     assert needs_checkpoint_dir(src) is None
@@ -197,7 +197,7 @@ def test_a_script_that_sets_its_own_checkpoint_dir_is_trusted(init: str) -> None
 def test_a_save_behind_a_switch_set_at_launch_is_not_refused() -> None:
     """``STOP_AFTER=3 aios-run checkpoint.dir=ck train.py`` saves; the same script run without
     the switch never does and must not be refused (backend-cuda's DeepSpeed script is such)."""
-    from aios.preflight import needs_checkpoint_dir
+    from aios.resilience.preflight import needs_checkpoint_dir
 
     head = "import aios, os, sys\nrt = aios.init()\n"
     for switch in (

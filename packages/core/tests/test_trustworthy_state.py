@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch")
 import aios  # noqa: E402
 from aios.checkpoint import MARKER, CheckpointStore  # noqa: E402
 from aios.errors import CheckpointError  # noqa: E402
-from aios.plugins import reset_registry  # noqa: E402
+from aios.plugins.registry import reset_registry  # noqa: E402
 
 LOCK_FILE = ".aios-lock"
 
@@ -499,7 +499,7 @@ def test_argv_secrets_are_redacted_in_run_records(tmp_path, monkeypatch):
     ],
 )
 def test_secret_names(name):
-    from aios.config import is_secret
+    from aios.config.schema import is_secret
 
     assert is_secret(name)
 
@@ -508,13 +508,13 @@ def test_secret_names(name):
     "name", ["MONKEY_NAME", "tokenizer", "PWD", "PATH", "keep", "checkpoint_dir", "url", "PATIENCE"]
 )
 def test_not_secret_names(name):
-    from aios.config import is_secret
+    from aios.config.schema import is_secret
 
     assert not is_secret(name)
 
 
 def test_worker_config_and_records_drop_new_secret_names(tmp_path, monkeypatch):
-    from aios.config import redact
+    from aios.config.schema import redact
 
     assert redact({"DB_PASS": "x", "MONKEY_NAME": "bob", "dir": "s3://u:pw@h/b"}) == {
         "DB_PASS": "***",

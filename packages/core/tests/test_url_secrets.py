@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from aios.config import redact_url
+from aios.config.schema import redact_url
 from aios.errors import CheckpointError
 
 PASSWORD = "Pw-d0nt-l3ak-7781"

@@ -1,4 +1,4 @@
-"""Version sets (aios.versions): specifiers, matching, one-line mismatches, the per-host check."""
+"""Version sets (aios.plugins.versions): specifiers, matching, one-line mismatches, the per-host check."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 from importlib.metadata import version
 
 import pytest
-from aios import versions as V
 from aios.errors import ConfigError
+from aios.plugins import versions as V
 
 
 @pytest.mark.parametrize(
@@ -128,7 +128,10 @@ def test_cuda_build_is_read_from_the_torch_local_tag() -> None:
 
 
 def test_installed_reads_metadata_without_importing() -> None:
-    code = "import sys; from aios.versions import installed; print(installed('pytest')); print('torch' in sys.modules)"
+    code = (
+        "import sys; from aios.plugins.versions import installed; "
+        "print(installed('pytest')); print('torch' in sys.modules)"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.split()
@@ -144,7 +147,7 @@ def test_unknown_stack() -> None:
 def test_module_entry_point_exit_2_one_line() -> None:
     env = {**os.environ}
     out = subprocess.run(
-        [sys.executable, "-m", "aios.versions", "torch_tpu", "--host", "hostA"],
+        [sys.executable, "-m", "aios.plugins.versions", "torch_tpu", "--host", "hostA"],
         capture_output=True,
         text=True,
         env=env,

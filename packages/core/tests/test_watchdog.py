@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
-from aios.config import resolve
+from aios.config.schema import resolve
 from aios.errors import ConfigError
-from aios.watchdog import EXIT_HUNG, HangPolicy, policy_from, summarize
+from aios.resilience.watchdog import EXIT_HUNG, HangPolicy, policy_from, summarize
 
 SCRIPT = Path(__file__).parent / "scripts" / "hang_train.py"
 RUN = [sys.executable, "-c", "from aios.cli.run import main; main()"]
@@ -90,7 +90,7 @@ def test_monitor_dumps_once_per_allowance_resets_on_restart_and_ignores_closing(
     tmp_path: Path,
 ) -> None:
     """The launcher's poll over real status files, on an injected clock (action=dump)."""
-    from aios.watchdog import Watchdog
+    from aios.resilience.watchdog import Watchdog
 
     settings = resolve(
         overrides=["watchdog.timeout=10", "watchdog.first_step=100", "watchdog.action=dump"],
@@ -173,7 +173,7 @@ def _dump(tmp: Path, body: str) -> str:
 
 
 def test_summary_names_each_rank_and_the_ranks_missing_from_a_collective(tmp_path: Path) -> None:
-    from aios.watchdog import Dump, _library_dirs
+    from aios.resilience.watchdog import Dump, _library_dirs
 
     # a fake torch.distributed collective at a path the summary recognises
     lib = tmp_path / "lib"
@@ -385,7 +385,7 @@ def test_nccl_flight_recorder_is_dumped_and_the_rank_behind_is_named(tmp_path: P
     TORCH_NCCL_DEBUG_INFO_PIPE_FILE protocol; the ranks here stand in for ProcessGroupNCCL, which
     needs GPUs), reads the dumps, names the rank that never reached the collective the other waits
     in, and keeps the dumps in the run record under torch's names."""
-    from aios.flightrec import load_dump
+    from aios.resilience.flightrec import load_dump
 
     err, _pids, _record = _hang(
         tmp_path, 2, "sleep", env={"FAKE_NCCL_FR": "7:scheduled,6:completed"}
@@ -408,7 +408,7 @@ def test_nccl_flight_recorder_is_dumped_and_the_rank_behind_is_named(tmp_path: P
 def test_flight_recorder_settings_and_dumps_are_handled_safely(tmp_path: Path) -> None:
     import pickle
 
-    from aios import flightrec
+    from aios.resilience import flightrec
 
     env = flightrec.worker_env(str(tmp_path), {})
     assert env == {
@@ -554,8 +554,8 @@ def test_ranks_under_a_foreign_launcher_are_watched_by_a_sidecar(tmp_path: Path)
     """A cluster job of ``aios launch`` runs torchrun itself with a status folder: local rank 0
     starts the watchdog beside it, which names the hang, leaves its marker, stops the launcher
     and the ranks, and ends with the launcher."""
+    from aios.resilience.watchdog import HUNG_MARKER
     from aios.testing.strategy_contract import free_port
-    from aios.watchdog import HUNG_MARKER
 
     status = tmp_path / "status"
     status.mkdir()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aios.hookspecs import hookimpl
+from aios.plugins.hookspecs import hookimpl
 from aios.types import CloudSpec
 
 

@@ -74,7 +74,7 @@ def precision(precision: str, config: Any, accelerator: Any) -> Any:
 
 
 def launch_plan(config: Any, request: Any) -> Any:
-    from aios.launch import elastic_plan
+    from aios.launcher.plan import elastic_plan
 
     nprocs = 1 if config.nprocs == "auto" else int(config.nprocs)
     threads = config.template.threads

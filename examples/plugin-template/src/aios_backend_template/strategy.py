@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aios.accelerator import CpuAccelerator
+from aios.devices.accelerator import CpuAccelerator
 from aios.strategies.ddp import DDPStrategy
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from aios.accelerator import Accelerator
+from aios.devices.accelerator import Accelerator
 from aios.errors import BackendUnavailable
 
 if TYPE_CHECKING:  # pragma: no cover

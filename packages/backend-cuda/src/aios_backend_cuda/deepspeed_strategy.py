@@ -38,14 +38,14 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from aios.errors import AiosError, ConfigError
-from aios.precision import Precision
+from aios.strategies.precision import Precision
 
 from aios_backend_cuda.settings import DeepSpeedSettings
 from aios_backend_cuda.strategy import CudaDDPStrategy
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
-    from aios.config import AiosConfig
+    from aios.config.schema import AiosConfig
 
 TAG = "aios"
 
@@ -304,7 +304,7 @@ class _LazyOpt:
 
 
 class DeepSpeedStrategy(CudaDDPStrategy):
-    """DeepSpeed ZeRO behind :class:`aios.strategy.Strategy` (see the module docstring). Reuses
+    """DeepSpeed ZeRO behind :class:`aios.strategies.base.Strategy` (see the module docstring). Reuses
     the DDP strategy's process group and collectives; DeepSpeed joins that group."""
 
     name = "deepspeed"

@@ -3,7 +3,7 @@
 Public API (no torch import anywhere here):
 
 * :func:`cuda_launch_plan` builds the :class:`aios.types.LaunchPlan` for a set of hosts: one
-  process per visible GPU (through :func:`aios.launch.elastic_plan`, i.e. ``torch.distributed.run``)
+  process per visible GPU (through :func:`aios.launcher.plan.elastic_plan`, i.e. ``torch.distributed.run``)
   and the NCCL environment of the chosen preset. ``aios-run --backend cuda`` uses it on this host;
   the cloud packages call it for hosts they provision with ``request.accelerator`` set to the
   instance type (``p4d.24xlarge``, ``p5.48xlarge``), which fixes the GPU count and the preset
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from aios.errors import ConfigError, LaunchError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from aios.config import AiosConfig
+    from aios.config.schema import AiosConfig
     from aios.types import LaunchPlan, LaunchRequest
 
 # AWS GPU instances: type -> (GPUs, model). Used when planning for hosts that are not this one.
@@ -199,7 +199,7 @@ def cuda_launch_plan(
     :return: one host plan per host, ``nprocs`` = one process per GPU unless ``--nprocs`` says
         otherwise, with the preset's NCCL environment.
     """
-    from aios.launch import elastic_plan, resolve_nprocs
+    from aios.launcher.plan import elastic_plan, resolve_nprocs
 
     notes: list[str] = []
     if gpus_per_host is None and request.accelerator:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aios.hookspecs import hookimpl
+from aios.plugins.hookspecs import hookimpl
 from aios.types import AcceleratorSpec, Availability, BackendSpec, StrategySpec
 
 DS_BACKENDS = ("cuda", "cpu")
@@ -39,7 +39,7 @@ def _launch_plan(config: Any, request: Any) -> Any:
 
 
 def _precision(precision: str, config: Any, accelerator: Any) -> Any:
-    from aios.precision import default_precision
+    from aios.strategies.precision import default_precision
 
     from aios_backend_cuda.precision import check_bf16
 

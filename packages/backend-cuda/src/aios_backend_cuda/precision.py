@@ -2,7 +2,7 @@
 
 ``fp32`` (TF32 tensor cores per ``cuda.tf32``), ``bf16-mixed`` (autocast), ``fp16-mixed``
 (autocast + ``torch.amp.GradScaler``; inf/nan steps skipped and counted by core's
-:class:`aios.precision.GradScalerPrecision`), ``bf16-true`` (weights in bfloat16).
+:class:`aios.strategies.precision.GradScalerPrecision`), ``bf16-true`` (weights in bfloat16).
 
 bfloat16 needs compute capability 8.0 (Ampere) or later on **every** visible GPU; the check is
 made from NVML discovery (so it is testable with recorded NVML answers) before any CUDA work, and
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from aios.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from aios.precision import Precision
+    from aios.strategies.precision import Precision
 
     from aios_backend_cuda.nvml import GpuInventory
 
@@ -62,7 +62,7 @@ def check_bf16(precision: str, inv: GpuInventory | None = None) -> None:
 
 def make_precision(precision: str, config: Any, inv: GpuInventory | None = None) -> Precision:
     """The precision policy for a CUDA run (after :func:`check_bf16`)."""
-    from aios.precision import default_precision
+    from aios.strategies.precision import default_precision
 
     check_bf16(precision, inv)
     return default_precision(precision, "cuda")

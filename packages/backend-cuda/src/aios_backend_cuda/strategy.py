@@ -29,9 +29,9 @@ from aios_backend_cuda.settings import CudaSettings
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
-    from aios.accelerator import Accelerator
-    from aios.config import AiosConfig
-    from aios.precision import Precision
+    from aios.config.schema import AiosConfig
+    from aios.devices.accelerator import Accelerator
+    from aios.strategies.precision import Precision
 
 __all__ = [
     "CudaDDPStrategy",

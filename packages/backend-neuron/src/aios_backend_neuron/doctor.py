@@ -285,8 +285,8 @@ def checks(config: Any = None, explicit: bool = True) -> list[DoctorCheck]:
 
 
 def version_set_check(runtime: str, sw: Any) -> DoctorCheck:
-    """Installed torch / torch-neuronx (/ torch-xla) against :mod:`aios.versions`."""
-    from aios import versions as V
+    """Installed torch / torch-neuronx (/ torch-xla) against :mod:`aios.plugins.versions`."""
+    from aios.plugins import versions as V
 
     stack = "neuron" if runtime == "native" else "neuron-xla"
     found = {

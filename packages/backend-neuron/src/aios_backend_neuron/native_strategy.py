@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aios.accelerator import Accelerator
+from aios.devices.accelerator import Accelerator
 from aios.strategies.ddp import DDPStrategy
 
 

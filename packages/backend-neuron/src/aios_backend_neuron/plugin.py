@@ -16,7 +16,7 @@ import os
 from typing import Any
 
 from aios.errors import ConfigError
-from aios.hookspecs import hookimpl
+from aios.plugins.hookspecs import hookimpl
 from aios.types import (
     AcceleratorSpec,
     Availability,
@@ -279,7 +279,7 @@ def device_report(config: Any = None) -> DeviceReport:
 
 
 def _precision(precision: str, config: Any, accelerator: Any) -> Any:
-    from aios.precision import default_precision
+    from aios.strategies.precision import default_precision
 
     from aios_backend_neuron.launch import check_precision
     from aios_backend_neuron.strategy import active_runtime

@@ -48,12 +48,12 @@ def uses_nxd(settings: NeuronSettings, config: Any) -> bool:
 
 
 def check_versions(runtime: str, sw: NeuronSoftware, host: str | None = None) -> None:
-    """The installed set against :mod:`aios.versions` (``neuron`` for TorchNeuron, ``neuron-xla``
+    """The installed set against :mod:`aios.plugins.versions` (``neuron`` for TorchNeuron, ``neuron-xla``
     for the XLA runtime), on every worker before training: one line naming the host, what is
     installed and what is expected. Skipped for the XLA:CPU test stand-in."""
     if sw.xla_cpu_stand_in:
         return
-    from aios import versions as V
+    from aios.plugins import versions as V
 
     found = {
         "torch-neuronx": sw.torch_neuronx.version,

@@ -27,7 +27,7 @@ from aios_backend_neuron.settings import settings_of
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
-    from aios.precision import Precision
+    from aios.strategies.precision import Precision
 
 
 class NeuronXlaStrategy(XlaStrategy):

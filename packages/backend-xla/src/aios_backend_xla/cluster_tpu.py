@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from aios.cluster import ClusterEnvironment, ClusterInfo, _int
+from aios.environments.base import ClusterEnvironment, ClusterInfo, _int
 from aios.errors import ConfigError
 
 

@@ -290,8 +290,8 @@ def checks(
 def version_set_check(
     stack: str, backend: str, versions: dict[str, str | None] | None = None
 ) -> DoctorCheck:
-    """The installed versions against :mod:`aios.versions` (one line: host, installed, expected)."""
-    from aios import versions as V
+    """The installed versions against :mod:`aios.plugins.versions` (one line: host, installed, expected)."""
+    from aios.plugins import versions as V
 
     res = V.check(stack, versions=versions)
     if res.ok:

@@ -19,9 +19,9 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from aios.contract import NNODES_ENV, NODE_RANK_ENV
 from aios.errors import BackendUnavailable, LaunchError
-from aios.launch import BACKEND_ENV, script_command
+from aios.launcher.contract import NNODES_ENV, NODE_RANK_ENV
+from aios.launcher.plan import BACKEND_ENV, script_command
 from aios.types import Host, HostPlan, LaunchPlan, LaunchRequest
 
 from aios_backend_xla.discovery import TpuFacts
@@ -29,7 +29,7 @@ from aios_backend_xla.settings import ALLOW_CPU_ENV, cpu_opt_in, settings_of
 from aios_backend_xla.topology import TpuTopology, parse_accelerator_type
 
 if TYPE_CHECKING:  # pragma: no cover
-    from aios.config import AiosConfig
+    from aios.config.schema import AiosConfig
 
 LAUNCHER_MODULE = "aios_backend_xla.launcher"
 OPT_IN_HINT = (

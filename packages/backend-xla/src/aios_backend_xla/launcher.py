@@ -13,8 +13,8 @@ import os
 import runpy
 import sys
 
-from aios.contract import LOCAL_INDEX_ENV
 from aios.errors import AiosError, LaunchError
+from aios.launcher.contract import LOCAL_INDEX_ENV
 
 
 def _run(index: int, script: str, args: list[str], module: bool) -> None:

@@ -4,7 +4,7 @@
 rank-sharded sampler, ``drop_last=True`` (a short last batch would compile a second graph) and a
 CPU generator (XLA generators are not supported).
 
-:class:`XlaDeviceLoader` is the core :class:`aios.data.DeviceLoader` (epoch/batch position saved
+:class:`XlaDeviceLoader` is the core :class:`aios.data.loaders.DeviceLoader` (epoch/batch position saved
 in checkpoints, pending checkpoints written before the next batch) whose batches come through
 torch_xla's ``MpDeviceLoader``: host-to-device transfer in a background thread, ``prefetch``
 batches ahead, one graph cut per batch, and in SPMD mode every tensor sharded on its batch axis
@@ -17,7 +17,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from aios.data import DeviceLoader, shard_dataloader
+from aios.data.loaders import DeviceLoader, shard_dataloader
 
 
 def _fixed_shape_copy(loader: Any, drop_last: bool, seed: int) -> Any:
@@ -95,7 +95,7 @@ class BatchSharding:
 
 class XlaDeviceLoader(DeviceLoader):
     """Batches on an XLA device through ``MpDeviceLoader`` with the core loader's resumable
-    position (the global position of :mod:`aios.data`), ``len()`` and ``set_epoch()``."""
+    position (the global position of :mod:`aios.data.loaders`), ``len()`` and ``set_epoch()``."""
 
     def __init__(
         self,

@@ -22,7 +22,7 @@ import os
 from typing import Any
 
 from aios.errors import ConfigError
-from aios.hookspecs import hookimpl
+from aios.plugins.hookspecs import hookimpl
 from aios.types import (
     AcceleratorSpec,
     Availability,

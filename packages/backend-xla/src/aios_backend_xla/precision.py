@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 
 from aios.errors import ConfigError
-from aios.precision import MixedPrecision, Precision, TruePrecision
+from aios.strategies.precision import MixedPrecision, Precision, TruePrecision
 
 DEPRECATED_ENV = ("XLA_USE_BF16", "XLA_DOWNCAST_BF16")
 

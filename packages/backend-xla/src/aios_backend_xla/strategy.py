@@ -24,7 +24,7 @@ runtime starts), :attr:`group_before_runtime` (True when processes come from tor
 ``torch_xla.launch``: the ``xla`` process group is then created before the runtime is queried),
 :meth:`init_process_group`, :meth:`read_compiles` (compile counter), :attr:`data_rank` /
 :attr:`data_world` (data sharding), :meth:`reduce_once` (gradient reduction), :meth:`input_sharding`,
-:meth:`check_batch` or :meth:`metrics`. The node rank comes from :func:`aios.cluster.detect`.
+:meth:`check_batch` or :meth:`metrics`. The node rank comes from :func:`aios.environments.base.detect`.
 Everything heavy is imported inside methods.
 """
 
@@ -38,15 +38,15 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from aios.errors import ConfigError
-from aios.strategy import Strategy
+from aios.strategies.base import Strategy
 
 from aios_backend_xla.compile_guard import CompileGuard
 from aios_backend_xla.settings import XlaSettings, settings_of
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
-    from aios.config import AiosConfig
-    from aios.precision import Precision
+    from aios.config.schema import AiosConfig
+    from aios.strategies.precision import Precision
 
 log = logging.getLogger("aios.xla")
 
@@ -108,8 +108,8 @@ class XlaStrategy(Strategy):
 
     def setup_environment(self) -> None:
         self.prepare_env()
-        from aios.cluster import detect
-        from aios.plugins import get_registry
+        from aios.environments.base import detect
+        from aios.plugins.registry import get_registry
 
         info = detect(None, get_registry())
         if self.group_before_runtime and (info.world_size or 1) > 1:
@@ -194,7 +194,7 @@ class XlaStrategy(Strategy):
         return optimizer
 
     def setup_dataloader(self, loader: Any, shuffle: bool | None = None) -> Any:
-        from aios.data import DeviceLoader
+        from aios.data.loaders import DeviceLoader
 
         from aios_backend_xla.loader import XlaDeviceLoader, xla_shard_loader
 

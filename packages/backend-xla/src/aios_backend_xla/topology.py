@@ -20,8 +20,8 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, replace
 
+from aios.devices.pci import GOOGLE_PCI_VENDOR, TPU_PCI_DEVICE_IDS
 from aios.errors import ConfigError
-from aios.pci import GOOGLE_PCI_VENDOR, TPU_PCI_DEVICE_IDS
 
 __all__ = [
     "TpuGeneration",
@@ -208,7 +208,7 @@ ALIASES: dict[str, str] = {
 }
 
 # PCI device ids (vendor 0x1ae0) that torch_xla counts as TPU chips: one table in core
-# (aios.pci), shared with ``--cloud ssh``'s host probe (gVNIC, 0x0042, has the same vendor).
+# (aios.devices.pci), shared with ``--cloud ssh``'s host probe (gVNIC, 0x0042, has the same vendor).
 TPU_PCI_VENDOR = GOOGLE_PCI_VENDOR
 PCI_DEVICE_IDS: dict[str, str] = TPU_PCI_DEVICE_IDS
 

@@ -39,16 +39,16 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from aios.contract import NNODES_ENV, NODE_RANK_ENV
 from aios.errors import BackendUnavailable, ConfigError, LaunchError
-from aios.launch import BACKEND_ENV
+from aios.launcher.contract import NNODES_ENV, NODE_RANK_ENV
+from aios.launcher.plan import BACKEND_ENV
 from aios.types import Host, HostPlan, LaunchPlan, LaunchRequest
 
 from aios_backend_xla.settings import settings_of
 from aios_backend_xla.topology import TpuTopology
 
 if TYPE_CHECKING:  # pragma: no cover
-    from aios.config import AiosConfig
+    from aios.config.schema import AiosConfig
 
     from aios_backend_xla.discovery import TpuFacts
 
@@ -119,9 +119,9 @@ def preflight(
 ) -> Any:
     """Everything TorchTPU needs, checked without importing it: the package, libtpu (``import
     torch_tpu`` without it exits the process) and the version set (torch in 2.11-2.15, libtpu >=
-    0.0.50). Returns the matched :class:`aios.versions.VersionSet`; raises a one-line
+    0.0.50). Returns the matched :class:`aios.plugins.versions.VersionSet`; raises a one-line
     :class:`~aios.errors.AiosError` (exit 2) naming the problem and the fix."""
-    from aios import versions as V
+    from aios.plugins import versions as V
 
     given = dict(versions or {})
     rt = runtime_setting(config)

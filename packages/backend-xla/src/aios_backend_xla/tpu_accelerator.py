@@ -25,7 +25,7 @@ import contextlib
 import os
 from typing import TYPE_CHECKING, Any
 
-from aios.accelerator import Accelerator
+from aios.devices.accelerator import Accelerator
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch

@@ -4,7 +4,7 @@ Runs an unchanged training script once per local TPU chip on TorchTPU, on one ho
 slice (aios's launch plan runs it on every host). Before any worker starts it checks, without
 importing torch, torch_tpu or libtpu:
 
-* the versions installed here against :mod:`aios.versions` (torch_tpu / torch / libtpu): a
+* the versions installed here against :mod:`aios.plugins.versions` (torch_tpu / torch / libtpu): a
   mismatch is one line naming this host, what is installed and what is expected (exit 2);
 * libtpu is present (``import torch_tpu`` without it exits the process);
 * off Google Cloud, ``TPU_SKIP_MDS_QUERY=1`` (libtpu would retry the metadata server ~30 s
@@ -30,8 +30,8 @@ import sys
 import time
 from collections.abc import Mapping
 
-from aios.contract import HOST_ENV, LOCAL_INDEX_ENV, NNODES_ENV, NODE_RANK_ENV
 from aios.errors import AiosError, LaunchError
+from aios.launcher.contract import HOST_ENV, LOCAL_INDEX_ENV, NNODES_ENV, NODE_RANK_ENV
 
 GRACE_S = 10.0
 

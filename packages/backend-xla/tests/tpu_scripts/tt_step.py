@@ -28,9 +28,9 @@ def run_step(precision_name: str = "bf16-mixed", world: str = "1") -> dict:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     os.environ.pop("TORCHELASTIC_RUN_ID", None)
-    from aios.config import resolve
-    from aios.precision import default_precision
+    from aios.config.schema import resolve
     from aios.strategies.ddp import DDPStrategy
+    from aios.strategies.precision import default_precision
     from aios_backend_xla.tpu_accelerator import TpuAccelerator
 
     os.environ.update(

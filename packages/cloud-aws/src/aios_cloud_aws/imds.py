@@ -5,7 +5,7 @@ Every host polls ``/latest/meta-data/spot/instance-action`` with a session token
 ``X-aws-ec2-metadata-token``). ``404`` means no notice; ``200`` carries
 ``{"action": "terminate"|"stop"|"hibernate", "time": "2026-11-22T12:00:00Z"}``: the instance goes
 away two minutes after the notice. The watcher hands it to the runtime's preemption path
-(:class:`aios.preemption.PreemptionMonitor`), which checkpoints at the next step boundary.
+(:class:`aios.resilience.notices.PreemptionMonitor`), which checkpoints at the next step boundary.
 
 The endpoint is botocore's: ``AWS_EC2_METADATA_SERVICE_ENDPOINT`` (default
 ``http://169.254.169.254``). Only the standard library is used (no boto3 in the training

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from aios.hookspecs import hookimpl
+from aios.plugins.hookspecs import hookimpl
 from aios.types import CloudSpec, DoctorCheck, StorageSpec
 
 INSTALL = "pip install -e './packages/core[aws]' ./packages/cloud ./packages/cloud-aws (from the aios checkout)"

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aios.contract import CLOUD_ENV
+from aios.launcher.contract import CLOUD_ENV
 from aios_cloud.provider import (
     CloudError,
     ClusterInfo,
@@ -83,7 +83,7 @@ class AwsProvider(AwsInstances):
         if block:
             # a Capacity Block gives no notice on the hosts (no IMDS instance-action; only an
             # EventBridge event): its reclaim, read at launch, is every rank's known deadline
-            from aios.contract import DEADLINE_ENV, DEADLINE_SOURCE_ENV
+            from aios.launcher.contract import DEADLINE_ENV, DEADLINE_SOURCE_ENV
 
             from aios_cloud_aws.instances import _epoch
 

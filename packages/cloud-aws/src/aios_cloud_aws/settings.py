@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Literal
 
-from aios.config import Section
-from aios.versions import STACKS
+from aios.config.schema import Section
+from aios.plugins.versions import STACKS
 from pydantic import Field, field_validator
 
 # Public SSM parameters of the AWS Deep Learning AMIs. AWS renames them between releases (the
@@ -23,7 +23,7 @@ GPU_AMI_PARAMETER = "/aws/service/deeplearning/ami/x86_64/oss-nvidia-driver-gpu-
 
 def neuron_image(instance_type: str) -> Mapping[str, str]:
     """What the Neuron DLAMI for ``instance_type`` ships (SSM parameter, venv, python, OS), from
-    the version set of its hardware in :data:`aios.versions.STACKS` (one fact, one place): Trn1
+    the version set of its hardware in :data:`aios.plugins.versions.STACKS` (one fact, one place): Trn1
     -> ``neuron-xla`` (Neuron 2.29, PyTorch 2.9 DLAMI), Trn2/Trn3 -> ``neuron`` (TorchNeuron)."""
     family = instance_type.split(".", 1)[0].lower()
     for stack in ("neuron", "neuron-xla"):
@@ -53,7 +53,7 @@ class AwsSettings(Section):
     neuron_ami_parameter: str | None = Field(
         None,
         description="SSM parameter holding the Neuron DLAMI id; default: the newest Amazon "
-        "image named as the instance's Neuron version set in aios.versions.STACKS says (Trn1: "
+        "image named as the instance's Neuron version set in aios.plugins.versions.STACKS says (Trn1: "
         "the PyTorch 2.9 Neuron DLAMI, Trn2/Trn3: the torch-neuronx 2.14.0 DLAMI, Ubuntu 24.04)",
     )
     ssh_user: str = Field("ubuntu", description="login user of the AMI")
@@ -146,9 +146,9 @@ class AwsSettings(Section):
 
 # Set by the provider on spot hosts (a reserved AIOS_RUN_* name, never a config key): with
 # aws.spot_watch=auto the training processes poll the spot notice even where on_ec2() cannot tell.
-from aios.contract import SPOT_WATCH_ENV  # noqa: E402,F401 - re-exported
+from aios.launcher.contract import SPOT_WATCH_ENV  # noqa: E402,F401 - re-exported
 
-# The DLAMI's python for CUDA; a Neuron DLAMI's venv python comes from aios.versions
+# The DLAMI's python for CUDA; a Neuron DLAMI's venv python comes from aios.plugins.versions
 # (:func:`neuron_image`).
 DLAMI_PYTHON = {"cuda": "/opt/pytorch/bin/python3"}
 

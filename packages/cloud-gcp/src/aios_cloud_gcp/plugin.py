@@ -6,7 +6,7 @@ import importlib.util
 import os
 from typing import Any
 
-from aios.hookspecs import hookimpl
+from aios.plugins.hookspecs import hookimpl
 from aios.types import CloudSpec, DoctorCheck, StorageSpec
 
 

@@ -170,8 +170,8 @@ class TpuMaintenanceWatcher(PreemptionWatcher):
 
 
 def on_tpu_vm() -> bool:
-    """A Cloud TPU VM host: GCE with TPU chips on the PCI bus (aios.pci's table)."""
-    from aios.pci import is_tpu_chip
+    """A Cloud TPU VM host: GCE with TPU chips on the PCI bus (aios.devices.pci's table)."""
+    from aios.devices.pci import is_tpu_chip
 
     root = Path(os.environ.get("AIOS_TEST_SYSFS_PCI") or "/sys/bus/pci/devices")
     try:

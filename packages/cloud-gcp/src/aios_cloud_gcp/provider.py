@@ -76,13 +76,13 @@ class GcpProvider(GcpInstances):
         lines = ["python3 -m pip install --quiet --upgrade pip"]
         py = "python3"
         if (backend or self.backend_for(accelerator)) == "tpu":
-            # TorchTPU: the torch / torch_tpu / libtpu set of aios.versions (one fact, one place);
+            # TorchTPU: the torch / torch_tpu / libtpu set of aios.plugins.versions (one fact, one place);
             # torch_xla is not installed (it would pin another torch). The runtime images are
             # Ubuntu 22.04 with Python 3.10 and torch_tpu ships cp311/cp312 wheels only, so it
             # goes into a Python 3.12 venv made by uv, which downloads a managed CPython
             # (https://docs.astral.sh/uv/concepts/python-versions/#automatic-python-downloads);
             # never into the image's python3.
-            from aios.versions import STACKS
+            from aios.plugins.versions import STACKS
 
             py = f"{TORCH_TPU_VENV}/bin/python"
             install = STACKS["torch_tpu"][0].install

@@ -156,12 +156,12 @@ def _default_name() -> str:
 
 def redact_manifest(obj: Any) -> Any:
     """A manifest as ``kubectl apply -f -`` takes it, secrets hidden. Generic config redaction
-    (:func:`aios.config.redact`) hides the value of any key named like a secret, and in a
+    (:func:`aios.config.schema.redact`) hides the value of any key named like a secret, and in a
     manifest ``key`` is a field name (a toleration's ``key: google.com/tpu``, a label selector's
     ``key``), never a secret: it printed ``key: '***'``, an unapplyable manifest. Here only
     what can hold a secret is hidden: a Secret's ``data``/``stringData`` values, an env entry
     ``{name, value}`` whose name is secret-looking, and passwords inside URLs anywhere."""
-    from aios.config import is_secret, redact_url
+    from aios.config.schema import is_secret, redact_url
 
     if isinstance(obj, list):
         return [redact_manifest(v) for v in obj]

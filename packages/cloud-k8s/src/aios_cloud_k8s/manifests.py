@@ -14,7 +14,7 @@ client; ``--dry-run`` prints them as YAML).
   ``k8s.api=job`` an indexed Job with a headless Service as its pods' subdomain.
 * ``-a cpu``: plain CPU pods (any cluster).
 
-Every pod gets the variables :mod:`aios.cluster_k8s` reads (pod count, subdomain, JobSet names,
+Every pod gets the variables :mod:`aios.environments.k8s` reads (pod count, subdomain, JobSet names,
 ``JOB_INDEX`` from the ``jobset.sigs.k8s.io/job-index`` label), ``MASTER_PORT``, and its secrets
 through ``envFrom: secretRef`` (a Secret aios creates from the forwarded variables): no secret
 value is ever written into a manifest.
@@ -26,8 +26,8 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from aios.contract import GRACE_CAP_ENV
 from aios.errors import ConfigError
+from aios.launcher.contract import GRACE_CAP_ENV
 
 JOBSET_GROUP = "jobset.x-k8s.io"
 JOBSET_VERSION = "v1alpha2"

@@ -158,7 +158,7 @@ def dry_run(
     rd = provider.settings.remote_dir
     root = f"{rd}/{name}"
     job = build_job(provider, p, name, partition, gpus, root, "<id>", env, forward)
-    from aios.config import redact
+    from aios.config.schema import redact
     from aios_cloud.codesync import collect
 
     job.env = redact(job.env)

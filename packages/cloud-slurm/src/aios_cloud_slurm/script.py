@@ -1,7 +1,7 @@
 """The sbatch script aios generates from a launch plan.
 
 One task per node by default: ``srun`` starts ``aios-run`` once on every node, and aios-run (its
-Slurm cluster environment, :mod:`aios.cluster_slurm`) takes the node rank, node count and master
+Slurm cluster environment, :mod:`aios.environments.slurm`) takes the node rank, node count and master
 address from the step and starts one process per device. The master address is the first
 node's ``NodeAddr`` as Slurm itself reaches it (``scontrol show node``), exported as
 ``MASTER_ADDR``.
@@ -28,7 +28,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
-from aios.contract import DEADLINE_ENV, DEADLINE_SOURCE_ENV, GRACE_CAP_ENV
+from aios.launcher.contract import DEADLINE_ENV, DEADLINE_SOURCE_ENV, GRACE_CAP_ENV
 
 EXIT_PREEMPTED = 75
 

@@ -62,7 +62,7 @@ def last_activity(jobs: Path, since: float) -> float:
 
 def provider_for(cfg: dict[str, Any]) -> Any:
     """The cloud provider as the hosts must use it: ``settings`` become ``AIOS_<CLOUD>__<KEY>``."""
-    from aios.config import resolve
+    from aios.config.schema import resolve
 
     from aios_cloud.records import get_provider
 

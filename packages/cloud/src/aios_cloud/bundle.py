@@ -42,7 +42,7 @@ def build(backend: str | None = None, cloud: str | None = None) -> Bundle:
     and plugins that register neither a backend nor a cloud (loggers, storage)."""
     from importlib.metadata import PackageNotFoundError, distribution
 
-    from aios.plugins import get_registry
+    from aios.plugins.registry import get_registry
 
     reg = get_registry()
     wanted = {"aios-core": "aios"}

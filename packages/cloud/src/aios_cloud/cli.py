@@ -37,7 +37,7 @@ def _log(msg: str) -> None:
 
 
 def _config(config_file: str | None) -> Any:
-    from aios.config import resolve
+    from aios.config.schema import resolve
 
     return resolve(config_file=config_file, check_backend=False)
 

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from aios.config import redact
+from aios.config.schema import redact
 
 from aios_cloud.codesync import collect, secret_files
 from aios_cloud.head import HELPER_PYTHON

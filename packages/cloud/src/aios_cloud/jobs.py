@@ -10,7 +10,7 @@ Remote layout on every host (under the login user's ``$HOME``)::
 
 A job whose workers stopped for a preemption notice (the runtime writes ``status/rank<N>``
 starting with ``preempted`` after its emergency checkpoint, then exits 75; torchrun reports 1
-for the group) records exit code 75 (:data:`aios.preemption.EXIT_PREEMPTED`), and the watcher
+for the group) records exit code 75 (:data:`aios.resilience.notices.EXIT_PREEMPTED`), and the watcher
 treats it as a preemption, not a failure.
 
 Jobs run detached (``setsid nohup``) so a dropped SSH connection never kills them; the watcher
@@ -27,9 +27,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from aios.contract import LAUNCH_TIME_ENV, RUN_ID_ENV, STATUS_DIR_ENV
 from aios.errors import AiosError
-from aios.preemption import EXIT_PREEMPTED
+from aios.launcher.contract import LAUNCH_TIME_ENV, RUN_ID_ENV, STATUS_DIR_ENV
+from aios.resilience.notices import EXIT_PREEMPTED
 
 from aios_cloud.head import Head, setup_timeout
 from aios_cloud.records import Log, record_hosts, remote_root, runner_for
@@ -133,7 +133,7 @@ def host_commands(
 ) -> dict[int, Any]:
     """The backend's launch plan for the cluster's hosts: worker id -> HostPlan (env + argv),
     with the local interpreter replaced by the remote one."""
-    from aios.plugins import get_registry
+    from aios.plugins.registry import get_registry
     from aios.types import Host, LaunchRequest
 
     hosts = record_hosts(rec)
@@ -269,7 +269,7 @@ def start_job(
     plans = host_commands(rec, spec, config)
     # each start of the job its own run record (torchrun's rendezvous id, the same for every
     # attempt, would otherwise name them all), and the launch time its goodput start-up counts
-    # from (aios.goodput)
+    # from (aios.runrecord.goodput)
     started = time.time()
     attempt = {
         RUN_ID_ENV: time.strftime("%Y%m%d-%H%M%S", time.gmtime(started))

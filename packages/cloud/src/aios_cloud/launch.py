@@ -839,7 +839,7 @@ def spawn_watcher_process(
 
 
 def _config(config_file: str | None) -> Any:
-    from aios.config import resolve
+    from aios.config.schema import resolve
 
     return resolve(config_file=config_file, check_backend=False)
 

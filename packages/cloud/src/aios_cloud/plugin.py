@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aios.hookspecs import hookimpl
+from aios.plugins.hookspecs import hookimpl
 from aios.types import CloudSpec, CommandSpec
 
 CLI = "aios_cloud.cli"

@@ -615,7 +615,7 @@ class CloudProvider(ABC):
     ) -> builtins.list[str]:
         """Shell lines run on every host after create/recreate: install the pinned
         torch/torch_xla/libtpu (or torch_tpu, neuron, cuda) set of ``backend`` (default: the
-        accelerator's, :meth:`backend_for`) from :data:`aios.versions.STACKS` and the user's
+        accelerator's, :meth:`backend_for`) from :data:`aios.plugins.versions.STACKS` and the user's
         requirements. aios itself is never installed from a registry: it is shipped with the
         code (:mod:`aios_cloud.bundle`). Run from the synced code directory."""
         check_requirements(requirements)

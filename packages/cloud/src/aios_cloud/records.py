@@ -37,14 +37,14 @@ def remote_root(cluster: str) -> str:
 
 
 def get_provider(cloud: str, config: Any) -> CloudProvider:
-    from aios.plugins import get_registry
+    from aios.plugins.registry import get_registry
 
     spec = get_registry().cloud(cloud)
     return spec.factory(config)
 
 
 def installed_clouds() -> list[str]:
-    from aios.plugins import get_registry
+    from aios.plugins.registry import get_registry
 
     return sorted(get_registry().clouds)
 

@@ -1,8 +1,8 @@
 """A job's run records, copied from its hosts, and its goodput.
 
-Rank 0 of a job writes the run record (:mod:`aios.records`) on worker 0, under the job's code
+Rank 0 of a job writes the run record (:mod:`aios.runrecord.records`) on worker 0, under the job's code
 directory (``~/aios/<cluster>/code/<logging.run_dir>/<run id>/``). The account of what the job's
-time went to (:mod:`aios.goodput`) is computed here, on this machine, from a copy of the files it
+time went to (:mod:`aios.runrecord.goodput`) is computed here, on this machine, from a copy of the files it
 reads: ``diagnostics.json``, ``events.jsonl``, ``watchdog/hang-*.json`` and ``metrics.jsonl`` (its
 last line only for ``aios status``; up to :data:`METRIC_LINES` lines for ``aios report``).
 
@@ -11,7 +11,7 @@ the cluster is deleted: the watcher refreshes it every ``WatchOptions.copy_every
 the job runs, when it is interrupted and when it ends (so
 a recovered run's earlier attempts, written on hosts since deleted, stay in the account, and
 ``aios report CLUSTER`` works after ``--down``). Every record whose ``diagnostics.json`` changed
-since the job was created belongs to it; the newest is the one reported (:func:`aios.goodput.
+since the job was created belongs to it; the newest is the one reported (:func:`aios.runrecord.goodput.
 read_attempts` follows its ``resume`` links to the earlier ones).
 
 Who uses it: ``aios status`` (the goodput column, and the cost per productive hour where the
@@ -109,7 +109,7 @@ def _store_files(dest: Path, lines: list[str]) -> int:
 def _localize(text: str) -> str:
     """A copied ``diagnostics.json`` whose ``resume`` events name the record that wrote the
     checkpoint resumed by its name only: a path on the hosts means nothing here, a name is read
-    beside this record (:func:`aios.goodput.read_attempts`), among the job's other copies."""
+    beside this record (:func:`aios.runrecord.goodput.read_attempts`), among the job's other copies."""
     try:
         diag = json.loads(text)
     except ValueError:
@@ -206,7 +206,7 @@ class JobGoodput:
 
     def line(self) -> str:
         """``goodput 87.3%: 1.2h productive of 1.4h wall, $3.10 per productive hour``."""
-        from aios.goodput import _dur
+        from aios.runrecord.goodput import _dur
 
         from aios_cloud.shapes import money
 
@@ -233,7 +233,7 @@ def job_goodput(
 ) -> JobGoodput | None:
     """Job ``job``'s goodput: its run records copied from the hosts when ``refresh`` (and the
     hosts answer), else the copy kept here; None when there is no record of it yet."""
-    from aios import goodput
+    from aios.runrecord import goodput
 
     source = "copy"
     if refresh and rec is not None and pull(rec, job, timeout=timeout):

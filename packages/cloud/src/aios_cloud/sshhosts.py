@@ -8,7 +8,7 @@ machines themselves are never stopped, rebooted or deleted.
 
 * **Reach and inspect** (:data:`PROBE`, one SSH command per host, nothing installed): its
   addresses (``ip -o -4 addr``), CPU count, NVIDIA GPUs (``nvidia-smi -L``), Neuron devices
-  (``/dev/neuron*``), TPU chips (PCI vendor ``0x1ae0`` with a TPU device id, :mod:`aios.pci`;
+  (``/dev/neuron*``), TPU chips (PCI vendor ``0x1ae0`` with a TPU device id, :mod:`aios.devices.pci`;
   gVNIC shares the vendor), the interpreter's Python and torch versions (package metadata, no
   import) and whether an aios job of a cluster of the same name already runs there (then
   nothing is touched: one line, exit 2).
@@ -21,7 +21,7 @@ machines themselves are never stopped, rebooted or deleted.
   the one in ``--network CIDR``; when the hosts share no subnet, its SSH address, said in one line.
   Node ranks follow the host list.
 * **Version-set check and aios's own discovery**: after setup, every host runs ``python -m
-  aios.versions STACK`` for the backend's stack (cpu: torch must be installed) and ``aios devices
+  aios.plugins.versions STACK`` for the backend's stack (cpu: torch must be installed) and ``aios devices
   --backend B --json`` (the backend must find a usable device); a failure is one line naming the
   host.
 * **Managed restarts** (``--max-restarts N``): when a host is lost (its job processes died, it
@@ -60,8 +60,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from aios.devices.pci import tpu_count_shell
 from aios.errors import AiosError
-from aios.pci import tpu_count_shell
 
 from aios_cloud.fleet import HEAD_KEY_COMMENT
 from aios_cloud.provider import (
@@ -221,7 +221,7 @@ def probe_command(cluster: str, python: str) -> str:
             "echo \"gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')\"",
             'echo "gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)"',
             'echo "neuron=$(ls -d /dev/neuron[0-9]* 2>/dev/null | wc -l)"',
-            # TPU chips by vendor AND device id (aios.pci, the table backend-xla's discovery
+            # TPU chips by vendor AND device id (aios.devices.pci, the table backend-xla's discovery
             # uses): gVNIC has Google's vendor id too
             f'echo "tpu=$({tpu_count_shell()})"',
             f'echo "python=$({py} -c "import sys; print(\'%d.%d.%d\' % sys.version_info[:3])" 2>/dev/null)"',
@@ -922,7 +922,7 @@ class SshHostsProvider(CloudProvider):
         site = 'PYTHONPATH=".aios-site${PYTHONPATH:+:$PYTHONPATH}"'
         stack = STACK.get(backend)
         if stack:
-            versions = f'{site} {py} -m aios.versions {stack} --host "$(hostname)"'
+            versions = f'{site} {py} -m aios.plugins.versions {stack} --host "$(hostname)"'
         else:
             versions = (
                 f'{py} -c "import importlib.metadata as m; m.version(\\"torch\\")" 2>/dev/null || '
@@ -999,7 +999,7 @@ class SshHostsProvider(CloudProvider):
         here; then, as the launch does, the code goes to worker 0 once and worker 0 copies it to
         the other hosts, and setup and the start reach every other host through worker 0 (your
         key forwarded by an ssh-agent, never copied)."""
-        from aios.config import redact
+        from aios.config.schema import redact
 
         from aios_cloud.codesync import collect, secret_files
         from aios_cloud.jobs import host_commands, setup_script

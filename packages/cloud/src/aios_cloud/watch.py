@@ -16,7 +16,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config")
     ap.add_argument("--down", action="store_true")
     a = ap.parse_args(argv)
-    from aios.config import resolve
+    from aios.config.schema import resolve
 
     from aios_cloud.lifecycle import down_cluster
     from aios_cloud.records import get_provider

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aios.errors import AiosError
-from aios.preemption import EXIT_PREEMPTED
+from aios.resilience.notices import EXIT_PREEMPTED
 
 from aios_cloud import shapes
 from aios_cloud.failover import create_with_failover, zone_order

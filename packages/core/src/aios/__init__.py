@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from aios.__about__ import __version__
-from aios.hookspecs import hookimpl
+from aios.plugins.hookspecs import hookimpl
 
 if TYPE_CHECKING:  # pragma: no cover
     from aios.runtime import Runtime

@@ -7,7 +7,7 @@ import os
 import re
 from typing import Any
 
-from aios.redact import redact_url
+from aios.config.redact import redact_url
 
 
 class AiosError(Exception):

@@ -18,9 +18,9 @@
 
 How it resolves (once, at :func:`init`): the config comes from ``aios-run`` (``AIOS_RUN_CONFIG``)
 or, under plain ``python``/``torchrun``, from ``AIOS_CONFIG``/``AIOS_*`` env vars; the backend
-(``auto``: the highest-priority available) gives the :class:`aios.strategy.Strategy`
-(``aios_make_strategy``), the :class:`aios.precision.Precision` (``aios_make_precision``, else
-:func:`aios.precision.default_precision`), preemption watchers (``aios_preemption_watchers``) and
+(``auto``: the highest-priority available) gives the :class:`aios.strategies.base.Strategy`
+(``aios_make_strategy``), the :class:`aios.strategies.precision.Precision` (``aios_make_precision``, else
+:func:`aios.strategies.precision.default_precision`), preemption watchers (``aios_preemption_watchers``) and
 loggers (``aios_register_loggers``, built lazily on rank 0). The per-step path then calls the
 strategy and precision objects directly; no plugin dispatch happens after :func:`init`.
 
@@ -43,7 +43,7 @@ Semantics worth knowing:
   step and accumulation counters, the data position of every loader, the precision state (loss
   scale), and the RNG states of Python, NumPy, torch CPU and the device, for every rank.
 * Preemption: SIGTERM or a watcher notice sets a flag; at the next step boundary all ranks agree,
-  write an emergency checkpoint and exit with :data:`aios.preemption.EXIT_PREEMPTED` (75).
+  write an emergency checkpoint and exit with :data:`aios.resilience.notices.EXIT_PREEMPTED` (75).
 * ``resume`` takes the most recently written checkpoint of ``checkpoint.dir`` and says which
   (run, step, world size, backend); one written at another shape (world size, mesh, strategy,
   backend, format) resumes too, with one line saying what changed (``checkpoint.reshard=false``
@@ -51,10 +51,10 @@ Semantics worth knowing:
   ``checkpoint.keep`` counts the run lineage's checkpoints only; one run writes to a
   checkpoint dir at a time (see :mod:`aios.checkpoint`).
 
-The parts: :class:`aios.state.TrainingState` (registered objects, counters, state dict, RNG),
+The parts: :class:`aios.checkpoint.state.TrainingState` (registered objects, counters, state dict, RNG),
 :class:`aios.checkpoint.manager.CheckpointManager` (save/load/resume, the boundary save, preemption
-save, lineage, lock; pluggable checkpoint formats), :class:`aios.records.RunRecord`,
-:class:`aios.preemption.PreemptionMonitor`; :class:`Runtime` is the facade over them and the hot
+save, lineage, lock; pluggable checkpoint formats), :class:`aios.runrecord.records.RunRecord`,
+:class:`aios.resilience.notices.PreemptionMonitor`; :class:`Runtime` is the facade over them and the hot
 path. ``Runtime(...)`` has no side effects; :meth:`Runtime.start` (called by :func:`init`) does
 them.
 """
@@ -73,18 +73,18 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from aios.contract import BACKEND_ENV, CONFIG_ENV
 from aios.errors import AiosError, ConfigError
-from aios.preemption import EXIT_PREEMPTED, PreemptionMonitor
+from aios.launcher.contract import BACKEND_ENV, CONFIG_ENV
+from aios.resilience.notices import EXIT_PREEMPTED, PreemptionMonitor
 
 if TYPE_CHECKING:
     import torch
 
     from aios.checkpoint import CheckpointStore
-    from aios.config import AiosConfigBase
-    from aios.plugins import Registry
-    from aios.precision import Precision
-    from aios.strategy import Strategy
+    from aios.config.schema import AiosConfigBase
+    from aios.plugins.registry import Registry
+    from aios.strategies.base import Strategy
+    from aios.strategies.precision import Precision
     from aios.types import Notice
 
 __all__ = ["Runtime", "init", "current", "EXIT_PREEMPTED"]
@@ -102,7 +102,7 @@ def current() -> Runtime | None:
 
 
 def _drop_secrets(obj: Any) -> Any:
-    from aios.config import is_secret
+    from aios.config.schema import is_secret
 
     if isinstance(obj, dict):
         return {k: _drop_secrets(v) for k, v in obj.items() if not is_secret(str(k))}
@@ -124,7 +124,7 @@ def resolve_config(
     """The config for this process. Precedence: ``defaults`` (from the script) < what
     ``aios-run`` resolved (``AIOS_RUN_CONFIG``) or, without aios-run, ``AIOS_CONFIG`` file and
     ``AIOS_*`` env vars < ``overrides`` < ``flags`` (keyword arguments of :func:`init`)."""
-    from aios.config import AiosConfigBase, build_model, deep_merge, parse_overrides, resolve
+    from aios.config.schema import AiosConfigBase, build_model, deep_merge, parse_overrides, resolve
 
     if isinstance(config, AiosConfigBase):
         return config
@@ -149,7 +149,7 @@ def resolve_config(
         # one-line error naming the key: re-run through resolve()'s formatter
         from pydantic import ValidationError
 
-        from aios.config import _format_error
+        from aios.config.schema import _format_error
 
         try:
             model.model_validate(merged)
@@ -186,7 +186,7 @@ def _mark_status(text: str) -> None:
     exception reaches the excepthook (written before the process closes any connection, so a
     peer that fails because of it stamps a later time: aios-run blames the earliest), or
     ``stopped`` when another rank failed (never blamed)."""
-    from aios.contract import STATUS_DIR_ENV
+    from aios.launcher.contract import STATUS_DIR_ENV
 
     status_dir, rank = os.environ.get(STATUS_DIR_ENV), os.environ.get("RANK")
     if status_dir and rank is not None:
@@ -198,7 +198,7 @@ def _mark_joined(world_size: int) -> None:
     """Tell ``aios-run`` that this rank joined a process group of ``world_size`` ranks
     (``joined-<rank>`` in its status folder): ranks that never say so are named at the end of
     the run (copies of the script that may have run on their own)."""
-    from aios.contract import STATUS_DIR_ENV
+    from aios.launcher.contract import STATUS_DIR_ENV
 
     status_dir, rank = os.environ.get(STATUS_DIR_ENV), os.environ.get("RANK")
     if status_dir and rank is not None:
@@ -331,18 +331,18 @@ def init(
     if _current is not None and not _current._closed:
         return _current
     _install_excepthook()
-    from aios._worker import watch_launcher
+    from aios.launcher.worker import watch_launcher
 
-    watch_launcher()  # started by aios-run: never outlive it (see aios._worker)
+    watch_launcher()  # started by aios-run: never outlive it (see aios.launcher.worker)
     cfg = resolve_config(config, defaults, overrides, flags)
-    from aios.watchdog import register_worker, start_sidecar
+    from aios.resilience.watchdog import register_worker, start_sidecar
 
     if register_worker():  # under aios-run: step progress and stack dumps for its watchdog
-        from aios.records import run_id_from_env
+        from aios.runrecord.records import run_id_from_env
 
         record = os.path.abspath(os.path.join(cfg.logging.run_dir, run_id_from_env()))
         start_sidecar(cfg.watchdog, record)  # a cluster job's torchrun: the watchdog beside it
-    from aios.plugins import get_registry
+    from aios.plugins.registry import get_registry
 
     reg = get_registry()
     requested = os.environ.get(BACKEND_ENV) or cfg.backend
@@ -373,7 +373,7 @@ def init(
             )
         elif result is not None:
             caps.append(float(result))
-    from aios.preemption import effective_grace
+    from aios.resilience.notices import effective_grace
 
     grace, capped = effective_grace(cfg.checkpoint.grace_seconds, caps)
     rt.preemption.grace = grace
@@ -495,22 +495,22 @@ class Runtime:
         self._world = int(strategy.world_size)
         self._loggers: list[Any] | None = None
         from aios.checkpoint.manager import CheckpointManager
-        from aios.precision import Precision
-        from aios.records import RunRecord, StepTimer, run_id_from_env
-        from aios.state import TrainingState
+        from aios.checkpoint.state import TrainingState
+        from aios.runrecord.records import RunRecord, StepTimer, run_id_from_env
+        from aios.strategies.precision import Precision
 
-        #: registered objects, counters, state dict and RNG (:mod:`aios.state`)
+        #: registered objects, counters, state dict and RNG (:mod:`aios.checkpoint.state`)
         self.training = TrainingState(strategy, precision, backend)
         self._plain_autocast = type(precision).autocast is Precision.autocast
         self.last_grad_norm: Any = None
         #: check for preemption (one tiny all-reduce with several ranks) every N steps
         self.preemption_check_every = 1
         self.timer = StepTimer(self._t_init)
-        from aios.watchdog import progress_stamp
+        from aios.resilience.watchdog import progress_stamp
 
-        # the step's time stamp, also reported to aios-run's watchdog (aios.watchdog)
+        # the step's time stamp, also reported to aios-run's watchdog (aios.resilience.watchdog)
         self._stamp = progress_stamp(self.timer.append)
-        from aios.strategy import Strategy
+        from aios.strategies.base import Strategy
 
         st = type(strategy)
         self._mark_step = None if st.mark_step is Strategy.mark_step else strategy.mark_step
@@ -518,8 +518,8 @@ class Runtime:
         self._optimizer_step = strategy.optimizer_step
         # Specialise the hot path once: when the strategy and precision use the base behaviour
         # (plain loss.backward(), plain optimizer.step()), call torch directly.
-        from aios.precision import Precision as _BasePrecision
         from aios.strategies.ddp import DDPStrategy
+        from aios.strategies.precision import Precision as _BasePrecision
 
         pt = type(precision)
         self._direct_backward = (
@@ -529,7 +529,7 @@ class Runtime:
             st.optimizer_step is DDPStrategy.optimizer_step and pt.step is _BasePrecision.step
         )
         self.record = RunRecord(config.logging.run_dir, run_id_from_env(), active=self.is_main)
-        #: notices (signals with the platform's grace as deadline, watchers): :mod:`aios.preemption`
+        #: notices (signals with the platform's grace as deadline, watchers): :mod:`aios.resilience.notices`
         self.preemption = PreemptionMonitor(
             grace=float(config.checkpoint.grace_seconds),
             lead=lambda: self._notice_lead(),
@@ -556,12 +556,12 @@ class Runtime:
         config = self.config
         self.record.start()
         self.preemption.install()
-        from aios.preemption import DeadlineWatcher
+        from aios.resilience.notices import DeadlineWatcher
 
         known_end = DeadlineWatcher.from_env(self._notice_lead)
         if known_end is not None:
             self._watchers.append(known_end)
-        from aios import loader_workers
+        from aios.data import workers as loader_workers
 
         loader_workers.install()  # forked DataLoader workers leave notices to this rank
         self.preemption.start_watchers(
@@ -767,14 +767,14 @@ class Runtime:
 
     def _check_saves_have_dir(self) -> None:
         """The script (``__main__``) calls ``save_best``/``save()`` but ``checkpoint.dir`` is
-        unset: one line now, not after the first epoch (:mod:`aios.preflight`)."""
+        unset: one line now, not after the first epoch (:mod:`aios.resilience.preflight`)."""
         if self.config.checkpoint.dir:
             return
         main = sys.modules.get("__main__")
         path = main.__dict__.get("__file__") if main is not None else None
         if not path or not str(path).endswith(".py"):
             return
-        from aios.preflight import needs_checkpoint_dir
+        from aios.resilience.preflight import needs_checkpoint_dir
 
         try:
             with open(path, encoding="utf-8") as f:
@@ -801,11 +801,11 @@ class Runtime:
         return opt
 
     def setup_dataloader(self, loader: Any, shuffle: bool | None = None) -> Any:
-        from aios.data import DeviceLoader
-        from aios.loader_workers import shield
+        from aios.data.loaders import DeviceLoader
+        from aios.data.workers import shield
 
         wrapped = self.strategy.setup_dataloader(loader, shuffle=shuffle)
-        # its workers leave SIGTERM/SIGINT to this rank (aios.loader_workers)
+        # its workers leave SIGTERM/SIGINT to this rank (aios.data.workers)
         shield(wrapped.loader if isinstance(wrapped, DeviceLoader) else wrapped)
         if hasattr(wrapped, "owner"):
             wrapped.owner = self.checkpointer  # calls its at_batch_boundary() before each batch
@@ -1148,7 +1148,7 @@ class Runtime:
     def _write_start_record(self) -> None:
         if not self.is_main:
             return
-        from aios.records import versions
+        from aios.runrecord.records import versions
 
         self.record.write_config(self.config)
         self.record.diag.update(
@@ -1193,8 +1193,8 @@ class Runtime:
         )
 
     def _attempt(self) -> dict[str, Any]:
-        """This attempt's wall-clock marks for the goodput account (:mod:`aios.goodput`)."""
-        from aios.records import launch_time
+        """This attempt's wall-clock marks for the goodput account (:mod:`aios.runrecord.goodput`)."""
+        from aios.runrecord.records import launch_time
 
         off = time.time() - time.perf_counter()  # the step stamps are perf_counter readings
         st = self.timer.stamps
@@ -1226,7 +1226,7 @@ class Runtime:
         global _current
         if self._closed:
             return
-        from aios.watchdog import worker_closing
+        from aios.resilience.watchdog import worker_closing
 
         worker_closing()  # past the last step: the watchdog expects no more progress
         ck = self.checkpointer
@@ -1272,7 +1272,7 @@ class Runtime:
     def _log_goodput(self) -> None:
         """The run's goodput account (every attempt so far) to the metric loggers
         (TensorBoard): ``goodput/fraction``, ``goodput/productive_s``, ``badput/<cause>_s``."""
-        from aios import goodput
+        from aios.runrecord import goodput
 
         try:
             r = goodput.account(goodput.read_attempts(self.record.dir))
@@ -1289,7 +1289,7 @@ class Runtime:
     def _print_locations(self) -> None:
         """Where this run's record and checkpoints went: one line each, rank 0, at the end."""
         with contextlib.suppress(Exception):
-            from aios.config import redact_url
+            from aios.config.schema import redact_url
 
             ckpt = self.config.checkpoint.dir or "none (set checkpoint.dir to keep them)"
             print(f"aios: run record: {self.run_dir}", file=sys.stderr, flush=True)

@@ -23,7 +23,7 @@ class Availability:
 
 @dataclass(frozen=True)
 class BackendSpec:
-    """A compute backend, registered through :func:`aios.hookspecs.aios_register_backends`.
+    """A compute backend, registered through :func:`aios.plugins.hookspecs.aios_register_backends`.
 
     :param name: what ``--backend`` accepts (``cpu``, ``cuda``, ``xla``, ``neuron``, ...).
     :param priority: auto-selection order; the highest available backend wins ``--backend auto``.
@@ -46,13 +46,13 @@ class BackendSpec:
     device_type: str = "cpu"
     description: str = ""
     plugin: str = ""  # filled in by the registry: the plugin (distribution) that registered it
-    #: the native :class:`aios.accelerator.Accelerator` this backend trains on (a name in the
+    #: the native :class:`aios.devices.accelerator.Accelerator` this backend trains on (a name in the
     #: accelerator registry), or ``None`` for a non-native device stack (torch_xla).
     accelerator: str | None = None
     #: the strategy ``strategy=auto`` resolves to on this backend.
     default_strategy: str = "ddp"
     #: ``discover(config) -> DeviceReport`` for ``aios devices``; replaces a name-guarded
-    #: :func:`aios.hookspecs.aios_discover_devices` implementation.
+    #: :func:`aios.plugins.hookspecs.aios_discover_devices` implementation.
     discover: Callable[..., Any] | None = None
     #: ``launch_plan(config, request) -> LaunchPlan``; replaces :func:`aios_launch_plan`.
     launch_plan: Callable[..., Any] | None = None
@@ -68,15 +68,15 @@ class BackendSpec:
 @dataclass(frozen=True)
 class StrategySpec:
     """A training strategy (``strategy=NAME``), registered through
-    :func:`aios.hookspecs.aios_register_strategies`.
+    :func:`aios.plugins.hookspecs.aios_register_strategies`.
 
     :param name: what ``strategy=`` accepts (``ddp``, ``fsdp``, ``tp``, ``hsdp``, ``deepspeed``,
         ``spmd``, ...). One name may be registered several times for different backends
         (``ddp`` natively and by a backend with its own stack); two specs claiming one
         (name, backend) pair is an error naming both plugins.
-    :param factory: ``factory(config, accelerator, backend) -> aios.strategy.Strategy``, called
+    :param factory: ``factory(config, accelerator, backend) -> aios.strategies.base.Strategy``, called
         once per process at :func:`aios.init`; ``accelerator`` is the backend's
-        :class:`aios.accelerator.Accelerator` instance or ``None`` for a non-native backend.
+        :class:`aios.devices.accelerator.Accelerator` instance or ``None`` for a non-native backend.
     :param backends: backend names it runs on ...
     :param accelerators: ... or native accelerator names (``"*"``: any native accelerator).
     :param precision: optional ``precision(precision, config, accelerator) -> Precision`` that
@@ -106,9 +106,9 @@ class StrategySpec:
 @dataclass(frozen=True)
 class AcceleratorSpec:
     """A native torch device kind (``cpu``, ``cuda``, ``tpu``, ``neuron``, ``xpu``, ``mps``),
-    registered through :func:`aios.hookspecs.aios_register_accelerators`.
+    registered through :func:`aios.plugins.hookspecs.aios_register_accelerators`.
 
-    :param factory: ``factory(config) -> aios.accelerator.Accelerator``; imports nothing heavy
+    :param factory: ``factory(config) -> aios.devices.accelerator.Accelerator``; imports nothing heavy
         until its methods are called.
     """
 
@@ -292,7 +292,7 @@ class HostPlan:
 
 @dataclass
 class LaunchPlan:
-    """A backend's answer to :func:`aios.hookspecs.aios_launch_plan`.
+    """A backend's answer to :func:`aios.plugins.hookspecs.aios_launch_plan`.
 
     :param launcher: how processes start: ``elastic`` (torch.distributed.run), ``xla``
         (torch_xla.launch), ``direct`` (one process, no launcher).
@@ -332,7 +332,7 @@ class Notice:
 
 
 class PreemptionWatcher:
-    """Base for preemption notice sources (see :func:`aios.hookspecs.aios_preemption_watchers`).
+    """Base for preemption notice sources (see :func:`aios.plugins.hookspecs.aios_preemption_watchers`).
 
     ``start(notify)`` begins polling (a daemon thread) and calls ``notify`` once with a
     :class:`Notice` when the interruption is announced. ``notify`` also accepts a plain reason

@@ -10,7 +10,7 @@ import os
 import time
 from typing import Any
 
-from aios.checkpoint import sharded as adcp
+from aios.checkpoint.formats import dcp as adcp
 
 
 class GatedWriter(adcp._LocalWriter):  # type: ignore[misc, name-defined]

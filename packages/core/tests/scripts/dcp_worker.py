@@ -1,4 +1,4 @@
-"""One rank of a hand-written FSDP2 training run (gloo, CPU) checkpointing with aios.checkpoint.sharded.
+"""One rank of a hand-written FSDP2 training run (gloo, CPU) checkpointing with aios.checkpoint.formats.dcp.
 
 Launched once per rank by tests/test_dcp.py with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set;
 argv[1] is a JSON job:
@@ -30,7 +30,7 @@ import time
 
 import torch
 import torch.distributed as dist
-from aios.checkpoint import sharded as adcp
+from aios.checkpoint.formats import dcp as adcp
 from torch.distributed.fsdp import fully_shard
 
 GLOBAL_BATCH = 16
@@ -38,7 +38,7 @@ N_SAMPLES = 512
 
 
 class Position:
-    """A loader position like aios.data.DeviceLoader's: (epoch, batches of this rank)."""
+    """A loader position like aios.data.loaders.DeviceLoader's: (epoch, batches of this rank)."""
 
     def __init__(self, batch_size: int) -> None:
         self.epoch, self.batch, self.batch_size = 0, 0, batch_size

@@ -4,8 +4,11 @@
   fsspec URL (staging and commit, lineage, digests, pruning, the one-writer lock, resume's pick).
 * :mod:`aios.checkpoint.manager`: what the runtime saves and when (formats, the batch-boundary
   save, periodic, emergency and named saves, resume).
-* :mod:`aios.checkpoint.sharded`: the ``dcp`` format (torch.distributed.checkpoint shards,
+* :mod:`aios.checkpoint.formats.dcp`: the ``dcp`` format (torch.distributed.checkpoint shards,
   resharding on load, background writes).
+* :mod:`aios.checkpoint.state`: training state, what a checkpoint holds (separate from how and
+  where it is written).
+* :mod:`aios.checkpoint.lock`: the one-writer lock of a checkpoint directory.
 * :mod:`aios.checkpoint.policy`: what a save costs (measured) and when to save: the periodic
   interval of ``checkpoint.max_lost``/``max_overhead``, whether an emergency save fits before a
   notice's deadline.

@@ -2,7 +2,7 @@
 the emergency save on preemption, the run lineage and the writer lock of ``checkpoint.dir``.
 
 :class:`CheckpointManager` is used by :class:`aios.runtime.Runtime` and can be tested alone with
-a :class:`aios.state.TrainingState` and a strategy. Its constructor has no side effects;
+a :class:`aios.checkpoint.state.TrainingState` and a strategy. Its constructor has no side effects;
 :meth:`CheckpointManager.start` (collective) checks that ``checkpoint.dir`` is writable, takes
 the directory's writer lock on rank 0 and starts the lock's heartbeat thread;
 :meth:`CheckpointManager.close` releases both.
@@ -31,7 +31,7 @@ implements:
 * ``save(step, ctx, staging, store)``: write this rank's files into ``staging.path`` with
   ``store.write_file(staging, name, writer)`` (durable, sized and hashed for the marker) or on its
   own (then return ``{name: {"size": n}}`` entries). ``ctx`` is a :class:`SaveContext`: the
-  :class:`aios.state.TrainingState` (models, optimizers, ... for a sharded writer), ``extra``,
+  :class:`aios.checkpoint.state.TrainingState` (models, optimizers, ... for a sharded writer), ``extra``,
   and ``full_state()`` (the whole state dict with every rank's RNG state).
 * ``load(info, store, target, rank)``: restore ``target`` (the training state) from the
   checkpoint ``info``; return the saved ``extra`` dict.
@@ -61,11 +61,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from aios.checkpoint.policy import Interval, SaveCost, choose_interval
-from aios.contract import STATUS_DIR_ENV
 from aios.errors import CheckpointError, PeerFailed, os_cause, outcome, settle
+from aios.launcher.contract import STATUS_DIR_ENV
 
 if TYPE_CHECKING:  # pragma: no cover
-    from aios.strategy import Strategy
+    from aios.strategies.base import Strategy
 
 __all__ = [
     "CheckpointFormat",
@@ -170,7 +170,7 @@ def _own_memory(obj: Any) -> Any:
 #: format name -> class, or ``"module:Class"`` imported on first use (keeps imports lazy)
 FORMATS: dict[str, type[CheckpointFormat] | str] = {
     "full": FullStateFormat,
-    "dcp": "aios.checkpoint.sharded:DcpFormat",
+    "dcp": "aios.checkpoint.formats.dcp:DcpFormat",
 }
 
 
@@ -244,7 +244,7 @@ class CheckpointManager:
         training.seed = config.seed  # the random streams of a rank the saving run did not have
         io = getattr(self.format, "io", None)
         if io is not None and hasattr(io, "async_mode"):
-            from aios.checkpoint.sharded import resolve_async_mode
+            from aios.checkpoint.formats.dcp import resolve_async_mode
 
             device = strategy.accelerator.device_type if strategy.accelerator else None
             io.async_mode = resolve_async_mode(config.checkpoint.async_writer, device)
@@ -354,7 +354,7 @@ class CheckpointManager:
     def batch_shape(self) -> dict[str, Any]:
         """This run's data-parallel ranks, ``grad_accum``, per-rank batch and the effective
         global batch (``micro_batch`` or the first loader's batch size, x ranks x accum)."""
-        from aios.data import data_parallel_size
+        from aios.data.loaders import data_parallel_size
 
         data = data_parallel_size(self.strategy)
         accum = int(getattr(self.config, "grad_accum", 1) or 1)
@@ -398,7 +398,7 @@ class CheckpointManager:
 
         while not self._stop.wait(LOCK_HEARTBEAT_S):
             if not self.store.heartbeat():
-                from aios.config import redact_url
+                from aios.config.schema import redact_url
 
                 lost = self.store.lost or "lost the checkpoint lock"
                 warnings.warn(f"aios: {redact_url(lost)}", stacklevel=1)
@@ -895,7 +895,7 @@ class CheckpointManager:
         resharded = saved_world != "?" and int(saved_world) != self.world_size
         changes = self.shape_change(meta)
         batch = self.batch_change(meta)
-        from aios.config import redact_url
+        from aios.config.schema import redact_url
 
         where = redact_url(self.resumed_from or "")
         self._print(
@@ -985,7 +985,7 @@ class CheckpointManager:
                     except CheckpointError as exc:
                         # a lost background save must not cost the emergency one: the last
                         # committed checkpoint is kept, and this one is written by the process
-                        from aios.config import redact_url
+                        from aios.config.schema import redact_url
 
                         warnings.warn(
                             f"aios: {redact_url(exc.message)}; writing the emergency checkpoint "

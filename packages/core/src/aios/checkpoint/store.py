@@ -46,7 +46,7 @@ Rules:
   is that old. A holder that cannot refresh for :data:`LOCK_FENCE_S` (< :data:`LOCK_STALE_S`)
   writes nothing more (:meth:`CheckpointStore.check_lock`), nor does one that was taken over.
 
-URL schemes come from the registry (:func:`aios.hookspecs.aios_register_storage`); a scheme no
+URL schemes come from the registry (:func:`aios.plugins.hookspecs.aios_register_storage`); a scheme no
 installed plugin registers is an error with the install hint.
 """
 
@@ -250,7 +250,7 @@ def filesystem(url: str) -> tuple[Any, str]:
     if "://" not in url:
         return fsspec.filesystem("file"), os.path.abspath(os.path.expanduser(url))
     scheme = url.split("://", 1)[0]
-    from aios.plugins import get_registry
+    from aios.plugins.registry import get_registry
 
     reg = get_registry()
     spec = reg.storage.get(scheme)
@@ -331,21 +331,21 @@ class CheckpointStore(WriterLock):
 
     def display(self, path: str) -> str:
         """``path`` as a URL on object stores (usable for I/O: what aios prints or records of
-        it goes through :func:`aios.config.redact_url`)."""
+        it goes through :func:`aios.config.schema.redact_url`)."""
         if self.local:
             return path
         scheme = self.url.split("://", 1)[0]
         return f"{scheme}://{path.lstrip('/')}"
 
     def _shown(self, path: str) -> str:
-        from aios.config import redact_url
+        from aios.config.schema import redact_url
 
         return redact_url(self.display(path))
 
     @property
     def shown(self) -> str:
         """The store's URL as aios prints it (secrets redacted)."""
-        from aios.config import redact_url
+        from aios.config.schema import redact_url
 
         return redact_url(self.url)
 

@@ -49,7 +49,7 @@ def check(scripts: tuple[str, ...], backend: str | None, as_json: bool, fix: boo
     searched for *.py files. Exit status: 1 when something breaks or silently differs, 0 when
     clean or only notes remain, 2 on bad input.
     """
-    from aios.portcheck import (
+    from aios.check.checker import (
         BACKENDS,
         CheckError,
         check_source,

@@ -27,7 +27,7 @@ def _table(title: str, columns: list[str]) -> Any:
 
 
 def _registry() -> Any:
-    from aios.plugins import get_registry
+    from aios.plugins.registry import get_registry
 
     return get_registry()
 
@@ -210,7 +210,7 @@ def env(as_json: bool) -> None:
     import os
 
     from aios.__about__ import __version__
-    from aios.redact import is_secret, redact
+    from aios.config.redact import is_secret, redact
 
     reg = _registry()
     info: dict[str, Any] = {"aios-core": __version__}
@@ -281,7 +281,7 @@ def doctor(backend: str | None, config_file: str | None, as_json: bool) -> None:
         reg.backend(backend)
     cfg = None
     if config_file:
-        from aios.config import resolve
+        from aios.config.schema import resolve
 
         cfg = resolve(config_file)
     checks: list[DoctorCheck] = []
@@ -356,7 +356,7 @@ def config() -> None:
 @click.argument("overrides", nargs=-1)
 def config_show(config_file: str | None, as_json: bool, overrides: tuple[str, ...]) -> None:
     """Print the resolved config (secrets redacted)."""
-    from aios.config import resolve
+    from aios.config.schema import resolve
 
     cfg = resolve(config_file, list(overrides))
     data = cfg.redacted_dict()
@@ -379,7 +379,7 @@ def config_show(config_file: str | None, as_json: bool, overrides: tuple[str, ..
 @click.argument("overrides", nargs=-1)
 def config_validate(config_file: str | None, overrides: tuple[str, ...]) -> None:
     """Validate; exit 2 with one line naming the bad key when invalid."""
-    from aios.config import resolve
+    from aios.config.schema import resolve
 
     resolve(config_file, list(overrides))
     click.echo("config ok")

@@ -11,8 +11,8 @@ from typing import Any
 import click
 
 from aios.__about__ import __version__
-from aios.install_hints import CLOUD_COMMANDS, CLOUD_INSTALL
-from aios.reserved import COMMANDS
+from aios.plugins.install_hints import CLOUD_COMMANDS, CLOUD_INSTALL
+from aios.plugins.reserved import COMMANDS
 
 _plugin_registry: Any = None
 
@@ -22,7 +22,7 @@ def plugin_commands() -> Any:
     imports the plugins' entry-point modules and nothing else (no pydantic, no torch)."""
     global _plugin_registry
     if _plugin_registry is None:
-        from aios.plugins import Registry
+        from aios.plugins.registry import Registry
 
         _plugin_registry = Registry(commands_only=True)
     return _plugin_registry

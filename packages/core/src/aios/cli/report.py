@@ -1,6 +1,6 @@
 """``aios report RUN_DIR|CHECKPOINT_DIR|CLUSTER [--json] [--html FILE]``: what a run's wall time
 went to, over every attempt (goodput and badput by cause, interruptions listed). Imports no
-torch (:mod:`aios.goodput`)."""
+torch (:mod:`aios.runrecord.goodput`)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def _resolve(target: str) -> str:
     cluster a plugin knows (``aios_report_target``)."""
     if os.path.exists(target) or "://" in target:
         return target
-    from aios.plugins import get_registry
+    from aios.plugins.registry import get_registry
 
     for plugin, result, exc in get_registry().call_all("aios_report_target", target=target):
         if isinstance(exc, AiosError):
@@ -49,7 +49,7 @@ def report(target: str, as_json: bool, html_file: str | None) -> None:
     TARGET: a run record (runs/<run-id>), a checkpoint directory (the run that wrote its newest
     checkpoint, followed back through every resume), or a cluster name (with aios-cloud).
     """
-    from aios import goodput
+    from aios.runrecord import goodput
 
     try:
         r = goodput.report_for(_resolve(target))

@@ -18,7 +18,7 @@ rendezvous port free, checkpoint dir writable and not corrupt), then run the pla
   there is no extra interpreter between ``aios-run`` and the workers; restarts (a fresh
   rendezvous per attempt, one ``aios-run: restart n/N: ...`` line each), per-rank log prefixes
   (``[rankN]:``), SIGINT/SIGTERM forwarded to every rank process (not to its process group:
-  its DataLoader workers live until it has checkpointed, :mod:`aios.loader_workers`), workers given
+  its DataLoader workers live until it has checkpointed, :mod:`aios.data.workers`), workers given
   ``checkpoint.grace_seconds`` (+5 s) to write their emergency checkpoint before SIGKILL;
 * anything else a backend plans (``xla``): its command as a child process.
 
@@ -27,16 +27,16 @@ secret-looking keys dropped), ``AIOS_RUN_BACKEND`` and ``AIOS_RUN_ID``.
 
 Workers never outlive ``aios-run``, however it dies (SIGKILL of its pid or process group too):
 each is started with the parent death signal where the platform has it (Linux), and a worker
-that calls ``aios.init()`` also watches the launcher pid (``aios._worker``).
+that calls ``aios.init()`` also watches the launcher pid (``aios.launcher.worker``).
 
 Exit status: the script's own (0 on success; otherwise the code of the rank that failed first
 on its own, named with its rank in one line; ranks the agent stopped afterwards are not blamed),
-75 (:data:`aios.preemption.EXIT_PREEMPTED`) when the workers stopped for a
-preemption notice after checkpointing, 124 (:data:`aios.watchdog.EXIT_HUNG`) when the watchdog
+75 (:data:`aios.resilience.notices.EXIT_PREEMPTED`) when the workers stopped for a
+preemption notice after checkpointing, 124 (:data:`aios.resilience.watchdog.EXIT_HUNG`) when the watchdog
 found no rank making progress and stopped the workers, 2 for bad input (one line naming the fix;
 ``--debug`` shows the traceback), 128+N when killed by signal N.
 
-Hangs: a watchdog thread (:mod:`aios.watchdog`, ``watchdog.*``) watches the ranks' step
+Hangs: a watchdog thread (:mod:`aios.resilience.watchdog`, ``watchdog.*``) watches the ranks' step
 progress; on a hang it prints where each rank is, writes every rank's stacks into the run record
 and applies ``watchdog.action``. SIGUSR1 dumps the stacks of the live run without stopping it.
 
@@ -63,12 +63,12 @@ from typing import Any
 
 import click
 
-from aios._worker import LAUNCHER_PID_ENV, process_alive, process_start
 from aios.errors import LaunchError
-from aios.watchdog import DEMAND_SIGNAL
+from aios.launcher.worker import LAUNCHER_PID_ENV, process_alive, process_start
+from aios.resilience.watchdog import DEMAND_SIGNAL
 
 PROG = "aios-run"
-from aios.contract import (  # noqa: E402
+from aios.launcher.contract import (  # noqa: E402
     BACKEND_ENV,
     CONFIG_ENV,
     LAUNCH_TIME_ENV,
@@ -102,7 +102,7 @@ def _split_argv(argv: tuple[str, ...], module: str | None) -> tuple[list[str], s
 def _refuse_saves_without_dir(script: str) -> None:
     """A script that saves into ``checkpoint.dir`` (``rt.save_best``, ``rt.save()``) with none
     set: refused before anything starts, not after its first epoch."""
-    from aios.preflight import needs_checkpoint_dir
+    from aios.resilience.preflight import needs_checkpoint_dir
 
     try:
         with open(script, encoding="utf-8") as f:
@@ -198,8 +198,8 @@ def build_plan(
     check: bool = True,
 ) -> tuple[Any, Any, Any, list[str]]:
     """``(config, backend spec, plan, notes)``; raises :class:`AiosError` for bad input."""
-    from aios.config import resolve
-    from aios.plugins import get_registry
+    from aios.config.schema import resolve
+    from aios.plugins.registry import get_registry
     from aios.types import LaunchRequest
 
     cfg = resolve(config_file, overrides, flags)
@@ -263,7 +263,7 @@ def _worker_env(cfg: Any, backend: str, run_id: str) -> dict[str, str]:
 def _print_plan(
     cfg: Any, spec: Any, plan: Any, env: dict[str, str], notes: list[str], as_json: bool
 ) -> None:
-    from aios.plugins import get_registry
+    from aios.plugins.registry import get_registry
 
     devices = None
     try:
@@ -447,7 +447,7 @@ def _name_unjoined(
 
 
 def _preempted_exit(cfg: Any, status: dict[int, str] | None = None) -> None:
-    from aios.preemption import EXIT_PREEMPTED
+    from aios.resilience.notices import EXIT_PREEMPTED
 
     paths = [v.split(" ", 1)[1] for v in (status or {}).values() if " " in v and v.split(" ", 1)[1]]
     if paths:
@@ -520,7 +520,7 @@ def _hint_from_stderr(script: str, text: str) -> str | None:
         for m in re.finditer(r'File "([^"]+)", line (\d+)', tb)
         if os.path.realpath(m.group(1)) == real
     ]
-    from aios.portcheck import CheckError, check_file
+    from aios.check.checker import CheckError, check_file
 
     try:
         found = [f for f in check_file(script) if lines and f.line == lines[-1]]
@@ -615,7 +615,7 @@ def _run_subprocess(cmd: list[str], env: dict[str, str], tail: bytearray | None 
     With ``tail``, its stderr is relayed through this process and the end of it kept there."""
     import threading
 
-    from aios._worker import child_preexec
+    from aios.launcher.worker import child_preexec
 
     read_end, child_err = _stderr_channel() if tail is not None else (-1, None)
     try:
@@ -682,7 +682,7 @@ class _AgentWatch:
     """What ``aios-run`` adds to torch's elastic agent while it runs in this process (patched in
     for the run, restored after):
 
-    * every worker is started with the parent death signal (:func:`aios._worker.child_preexec`):
+    * every worker is started with the parent death signal (:func:`aios.launcher.worker.child_preexec`):
       torch starts each worker in its own session, so neither a SIGKILL of ``aios-run`` nor a
       ``kill -9 -PGID`` of its group would reach it otherwise. The workers are forked by the
       thread that runs the agent (this process's main thread), which lives as long as the run;
@@ -796,7 +796,7 @@ class _AgentWatch:
             subprocess_handler as sh,
         )
 
-        from aios._worker import child_preexec
+        from aios.launcher.worker import child_preexec
 
         watch = self
         popen, close = sh.Popen, sh.SubprocessHandler.close
@@ -980,7 +980,7 @@ def _run_elastic_inprocess(
     logging.getLogger("torch.distributed.run").setLevel(logging.ERROR)
     from torch.distributed import DistNetworkError
 
-    from aios.cli import tail
+    from aios.launcher import relay as tail
 
     tail.install()  # each rank's output reaches the terminal in whole lines
     try:
@@ -999,7 +999,7 @@ def _run_elastic_inprocess(
 
 def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> None:
     """Run a plan on this host and exit with the documented status."""
-    from aios.records import new_run_id
+    from aios.runrecord.records import new_run_id
 
     if len(plan.hosts) != 1:
         raise LaunchError(
@@ -1009,7 +1009,7 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
     host = plan.hosts[0]
     run_id = os.environ.get(RUN_ID_ENV) or new_run_id()
     status_dir = _new_status_dir()
-    from aios import flightrec
+    from aios.resilience import flightrec
 
     env = {
         # NCCL's flight recorder, dumped by the watchdog on a hang (unless the user set it up)
@@ -1017,7 +1017,7 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
         **host.env,
         **_worker_env(cfg, spec.name, run_id),
         # when this attempt was launched (a cloud launcher's earlier time stands): the goodput
-        # account's start-up begins here (aios.goodput)
+        # account's start-up begins here (aios.runrecord.goodput)
         LAUNCH_TIME_ENV: os.environ.get(LAUNCH_TIME_ENV) or repr(time.time()),
         STATUS_DIR_ENV: status_dir,
         LAUNCHER_PID_ENV: str(os.getpid()),
@@ -1111,10 +1111,10 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
 def _start_watchdog(
     cfg: Any, status_dir: str, run_id: str, watch: _AgentWatch, rank_env: dict[str, str]
 ) -> Any:
-    """The hang watchdog over this node's ranks (:mod:`aios.watchdog`), and SIGUSR1 for a dump
+    """The hang watchdog over this node's ranks (:mod:`aios.resilience.watchdog`), and SIGUSR1 for a dump
     of the live run (also with ``watchdog.enabled`` off, which only stops the hang checks).
     ``rank_env``: the environment the ranks run with (their NCCL flight recorder settings)."""
-    from aios.watchdog import Watchdog, echo_err
+    from aios.resilience.watchdog import Watchdog, echo_err
 
     settings = cfg.watchdog
     record = os.path.abspath(os.path.join(cfg.logging.run_dir, run_id))
@@ -1137,7 +1137,7 @@ def _start_watchdog(
 
 
 def _hung_exit(script: str, dog: Any) -> None:
-    from aios.watchdog import EXIT_HUNG
+    from aios.resilience.watchdog import EXIT_HUNG
 
     hang = dog.hang or {}
     where = f"; stacks: {hang['path']}" if hang.get("path") else ""
@@ -1193,17 +1193,17 @@ def _scheduler_defaults(
     flags: dict[str, Any], overrides: list[str], config_file: str | None
 ) -> None:
     """Inside a scheduler's job (Slurm step, Kubernetes indexed Job/JobSet; see
-    :mod:`aios.cluster`), default nnodes, node rank, master address/port from it. Explicit
+    :mod:`aios.environments.base`), default nnodes, node rank, master address/port from it. Explicit
     flags and config win; an explicit nnodes/node rank that contradicts the scheduler is a
     one-line error. When the scheduler started one process per rank (``srun
     --ntasks-per-node=N``), this process runs the script directly as that rank."""
-    from aios.cluster import detect
-    from aios.plugins import get_registry
+    from aios.environments.base import detect
+    from aios.plugins.registry import get_registry
 
     info = detect(None, get_registry())
     if info.name in ("local", "torchelastic"):
         return
-    from aios.config import resolve
+    from aios.config.schema import resolve
 
     cfg = resolve(config_file, overrides, {k: v for k, v in flags.items() if v is not None})
     per_rank = info.rank is not None and info.world_size is not None

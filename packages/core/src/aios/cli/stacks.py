@@ -1,7 +1,7 @@
 """``aios stacks [RUN_DIR | STATUS_DIR] [--pid PID] [--brief] [--json]``: every rank's Python
 stack (all threads, DataLoader workers too) of a live run on this host, without stopping it.
 
-The same view as the watchdog's (:mod:`aios.watchdog`): one line per rank saying where it is,
+The same view as the watchdog's (:mod:`aios.resilience.watchdog`): one line per rank saying where it is,
 which ranks are missing from the collective the others wait in, then the full stacks. Without
 an argument, every live run of this user on this host (launched by ``aios-run``, or by ``aios
 launch`` on a cluster host, whose workers carry ``AIOS_RUN_STATUS_DIR``). On a cluster aios
@@ -16,8 +16,8 @@ import tempfile
 
 import click
 
-from aios.contract import STATUS_DIR_ENV
 from aios.errors import AiosError
+from aios.launcher.contract import STATUS_DIR_ENV
 
 _PREFIX = "aios-run-status-"
 
@@ -137,7 +137,7 @@ def stacks(target: str | None, pid: int | None, brief: bool, as_json: bool, wait
     TARGET: the run's record directory (runs/<run-id>) or its status folder; default: every
     live run of this user on this host.
     """
-    from aios.watchdog import collect, full_text, summarize
+    from aios.resilience.watchdog import collect, full_text, summarize
 
     out = []
     for d in find_status_dirs(target, pid):

@@ -1,14 +1,14 @@
 """``DDPStrategy``: one process per device, ``torch.distributed`` process group,
-``DistributedDataParallel``, over ANY native :class:`aios.accelerator.Accelerator` (``cpu`` over
+``DistributedDataParallel``, over ANY native :class:`aios.devices.accelerator.Accelerator` (``cpu`` over
 gloo, ``cuda`` over NCCL, ``xpu``, ``neuron``, ...). The device specifics (which device, TF32,
 NCCL environment, RNG, memory statistics) live in the accelerator; this module has no device
 branches.
 
 Stable surface for subclasses (``aios-backend-cuda``'s and the sharded strategies build on it):
 
-* ``DDPStrategy(config, accelerator=None)`` (``None``: :class:`aios.accelerator.CpuAccelerator`),
+* ``DDPStrategy(config, accelerator=None)`` (``None``: :class:`aios.devices.accelerator.CpuAccelerator`),
 * ``accelerator``, ``device_type`` and ``dist_backend`` (the accelerator's),
-* ``cluster`` (:class:`aios.cluster.ClusterInfo` from :func:`aios.cluster.detect`; ranks and the
+* ``cluster`` (:class:`aios.environments.base.ClusterInfo` from :func:`aios.environments.base.detect`; ranks and the
   node rank come from it and nowhere else),
 * ``select_device() -> torch.device`` (the accelerator's device for ``local_rank``, made current),
 * ``init_process_group()`` (called by ``setup_environment`` when ``world_size > 1`` and no group
@@ -20,9 +20,9 @@ Stable surface for subclasses (``aios-backend-cuda``'s and the sharded strategie
 
 A single process (``WORLD_SIZE`` unset or 1) creates no process group and no DDP wrapper; every
 collective is then the identity. Data are sharded with
-:func:`aios.data.shard_dataloader` (a ``DistributedSampler`` whose order depends only on the seed
+:func:`aios.data.loaders.shard_dataloader` (a ``DistributedSampler`` whose order depends only on the seed
 and epoch, resumable mid-epoch) and batches are moved to the device by
-:class:`aios.data.DeviceLoader`.
+:class:`aios.data.loaders.DeviceLoader`.
 """
 
 from __future__ import annotations
@@ -32,15 +32,15 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from aios.strategy import Strategy
+from aios.strategies.base import Strategy
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from aios.accelerator import Accelerator
-    from aios.cluster import ClusterInfo
-    from aios.config import AiosConfig
-    from aios.precision import Precision
+    from aios.config.schema import AiosConfig
+    from aios.devices.accelerator import Accelerator
+    from aios.environments.base import ClusterInfo
+    from aios.strategies.precision import Precision
 
 _REDUCE_OPS = ("sum", "mean", "max", "min", "prod")
 _EXIT_HOOK = False
@@ -50,10 +50,10 @@ _OWNS_GROUP = False
 def _at_exit() -> None:
     """Run once at interpreter exit, while Python is still whole (the runtime's own exit handler,
     registered later, has already closed it): let gloo's worker threads finish and park (see
-    :mod:`aios._gloo`; a worker still holding a collective when finalization begins aborts the
+    :mod:`aios.launcher.gloo`; a worker still holding a collective when finalization begins aborts the
     process), then destroy the default group when aios created it."""
     try:
-        from aios._gloo import wait_for_idle_workers
+        from aios.launcher.gloo import wait_for_idle_workers
 
         wait_for_idle_workers()
     except Exception:  # noqa: BLE001 - best effort at exit
@@ -88,12 +88,12 @@ def _legacy_accelerator(
     :class:`DeprecationWarning` naming the new form)."""
     import warnings
 
-    from aios.accelerator import Accelerator, CpuAccelerator
+    from aios.devices.accelerator import Accelerator, CpuAccelerator
 
     warnings.warn(
         "DDPStrategy(config, device_type=..., dist_backend=...) is deprecated since aios-core "
         "0.2 and will be removed in 0.4: use DDPStrategy(config, accelerator=...) with an "
-        "aios.accelerator.Accelerator (its device_type and dist_backend attributes)",
+        "aios.devices.accelerator.Accelerator (its device_type and dist_backend attributes)",
         DeprecationWarning,
         stacklevel=3,
     )
@@ -126,7 +126,7 @@ class DDPStrategy(Strategy):
     ``DDPStrategy(config, accelerator=...)``. Deprecated since 0.2 (removed in 0.4 at the
     earliest): the 0.1 form ``DDPStrategy(config, device_type="cuda", dist_backend="nccl")``
     (also positional) still works and warns with :class:`DeprecationWarning`; it builds a plain
-    :class:`aios.accelerator.Accelerator` of that device type and process-group backend."""
+    :class:`aios.devices.accelerator.Accelerator` of that device type and process-group backend."""
 
     name = "ddp"
     #: always set: the native strategies run on an accelerator (cpu when none is given)
@@ -146,7 +146,7 @@ class DDPStrategy(Strategy):
         if device_type is not None or dist_backend is not None:
             accelerator = _legacy_accelerator(config, accelerator, device_type, dist_backend)
         if accelerator is None:
-            from aios.accelerator import CpuAccelerator
+            from aios.devices.accelerator import CpuAccelerator
 
             accelerator = CpuAccelerator(config)
         assert not isinstance(accelerator, str)
@@ -186,8 +186,8 @@ class DDPStrategy(Strategy):
     def setup_environment(self) -> None:
         import torch.distributed as dist
 
-        from aios.cluster import detect
-        from aios.plugins import get_registry
+        from aios.environments.base import detect
+        from aios.plugins.registry import get_registry
 
         self.cluster = info = detect(None, get_registry())
         self.rank = info.rank or 0
@@ -269,7 +269,7 @@ class DDPStrategy(Strategy):
         return module
 
     def setup_dataloader(self, loader: Any, shuffle: bool | None = None) -> Any:
-        from aios.data import DeviceLoader, shard_dataloader
+        from aios.data.loaders import DeviceLoader, shard_dataloader
 
         if isinstance(loader, DeviceLoader):
             return loader

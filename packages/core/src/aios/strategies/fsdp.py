@@ -38,15 +38,15 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 from aios.errors import AiosError, ConfigError
-from aios.precision import Precision
 from aios.strategies.ddp import DDPStrategy, parallelized, register_exit_hook
+from aios.strategies.precision import Precision
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
     from torch.distributed.fsdp import FSDPModule
 
-    from aios.accelerator import Accelerator
-    from aios.config import AiosConfig
+    from aios.config.schema import AiosConfig
+    from aios.devices.accelerator import Accelerator
 
 
 # ------------------------------------------------------------------------------ precision
@@ -67,7 +67,7 @@ class ShardedPrecision(Precision):
 
 def sharded_precision(precision: str, config: Any, accelerator: Accelerator | None) -> Precision:
     """The precision policy of the sharded strategies (``StrategySpec.precision``)."""
-    from aios.precision import TruePrecision
+    from aios.strategies.precision import TruePrecision
 
     device_type = accelerator.device_type if accelerator is not None else "cpu"
     fsdp = config.fsdp

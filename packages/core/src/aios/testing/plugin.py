@@ -100,7 +100,7 @@ def _run_in_process(
 ) -> subprocess.CompletedProcess[str]:
     import importlib
 
-    from aios.plugins import reset_registry
+    from aios.plugins.registry import reset_registry
 
     out, err = io.StringIO(), io.StringIO()
     saved_env, saved_argv, saved_cwd = dict(os.environ), list(sys.argv), os.getcwd()

@@ -14,7 +14,7 @@ loss and keep replicas in agreement, gradient accumulation equal to one large ba
 the configured global norm, a save/load round trip restoring parameters and optimizer state
 exactly, and the collectives (``all_reduce``, ``all_gather``, ``broadcast_object``,
 ``any_rank``, ``gather_object``). And what the runtime and the checkpointing read from a
-strategy (the members :class:`aios.strategy.Strategy` declares): ``data_rank`` and
+strategy (the members :class:`aios.strategies.base.Strategy` declares): ``data_rank`` and
 ``data_world`` as integers (properties, never methods) with every data rank read by
 ``world / data_world`` ranks; the batch arithmetic (``global_batch`` and ``micro_batch`` give
 ``grad_accum = global_batch / (micro_batch x data_world)``, through

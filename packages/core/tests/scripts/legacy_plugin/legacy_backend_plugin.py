@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from aios.hookspecs import hookimpl
+from aios.plugins.hookspecs import hookimpl
 from aios.strategies.ddp import DDPStrategy
 from aios.types import Availability, BackendSpec
 

@@ -1,0 +1,7 @@
+"""Checkpoint formats beside the full ``state.pt`` one (which the manager holds).
+
+* :mod:`aios.checkpoint.formats.dcp`: the ``dcp`` format (torch.distributed.checkpoint shards,
+  resharding on load, background writes).
+
+Importing this package imports nothing.
+"""

@@ -1,0 +1,979 @@
+"""The plugin registry: entry points in the ``aios`` group, loaded lazily, once, each isolated.
+
+Environment switches:
+
+* ``AIOS_PLUGINS=a,b``: load only these plugins (entry-point names = distribution names) and
+  the plugins they depend on (``AIOS_PLUGINS=aios-cloud-gcp`` loads aios-cloud, which brings the
+  cloud commands). ``aios-core`` (the built-in CPU backend) is always loaded unless disabled
+  explicitly.
+* ``AIOS_DISABLE_PLUGINS=a,b``: never load these.
+* ``AIOS_STRICT_PLUGINS=1``: a plugin that fails to load, or a name claimed twice, raises
+  :class:`aios.errors.PluginError` instead of being reported (for CI).
+* ``AIOS_PLUGIN_TIMEOUT=SECONDS`` (default 10; ``0`` disables): the time limit for a plugin's
+  import, each of its registration hooks, probes and CLI-side hooks (``aios_doctor_checks``,
+  which may import a device runtime: 10 times that).
+
+Isolation: every plugin import and every hook call runs per plugin, so one plugin's failure is
+reported by name and the other plugins still answer (the built-in ``cpu`` backend keeps
+working). A plugin that raises (``SystemExit`` included) is reported and ignored; output it
+prints to stdout/stderr while aios calls it is captured (``--json`` output stays clean) and shown
+as one warning line on stderr naming the plugin; a plugin that does not answer within the time
+limit is reported ("plugin X timed out after 10s in Y"), ignored for the rest of the process,
+and skipped by the processes this one starts (``AIOS_INTERNAL_SKIP_PLUGINS``), so ``aios-run``
+and its workers pay the timeout once. Imports, registration hooks, probes and
+``aios_launch_plan``/``aios_discover_devices``/``aios_doctor_checks``/``aios_env_info`` run in a
+daemon thread under the time limit; the per-process runtime hooks (``aios_make_strategy``,
+``aios_make_precision``, ``aios_preemption_watchers``) run in the calling thread (they may set
+per-thread device state) with the same isolation but no time limit. A hook that raises an
+:class:`aios.errors.AiosError` is giving a user-facing answer: that error propagates unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import os
+import re
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+from aios.errors import AiosError, BackendUnavailable, ConfigError, PluginError
+from aios.plugins import hookspecs, install_hints
+from aios.types import (
+    AcceleratorSpec,
+    Availability,
+    BackendSpec,
+    CloudSpec,
+    CommandSpec,
+    LoggerSpec,
+    StorageSpec,
+    StrategySpec,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from aios.environments.base import ClusterEnvironment
+
+GROUP = "aios"
+BUILTIN = "aios-core"
+TIMEOUT_ENV = "AIOS_PLUGIN_TIMEOUT"
+DEFAULT_TIMEOUT = 10.0
+# plugins a parent process found hanging: its child processes skip them instead of waiting again
+SKIP_ENV = "AIOS_INTERNAL_SKIP_PLUGINS"
+# per-process runtime hooks: called in the calling thread (no time limit), still isolated
+INLINE_HOOKS = frozenset({"aios_make_strategy", "aios_make_precision", "aios_preemption_watchers"})
+# hooks allowed to import a device runtime (deep doctor checks import torch_xla, NVML, ...) or to
+# reach a remote host (a cluster's run records copied for ``aios report CLUSTER``): their limit is
+# this multiple of AIOS_PLUGIN_TIMEOUT
+SLOW_HOOKS = {"aios_doctor_checks": 10, "aios_report_target": 10}
+_NAME = re.compile(r"^[a-z][a-z0-9_.-]*$")
+
+
+@dataclass
+class PluginInfo:
+    name: str
+    version: str
+    module: str
+    hooks: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LoadError:
+    plugin: str
+    error: str
+    traceback: str = ""
+
+
+def _split_env(name: str) -> set[str]:
+    return {p.strip() for p in os.environ.get(name, "").split(",") if p.strip()}
+
+
+def _truthy(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def plugin_timeout() -> float | None:
+    """Seconds from ``AIOS_PLUGIN_TIMEOUT`` (default 10); ``None`` when disabled (``0``)."""
+    raw = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not (value >= 0 and value != float("inf")):
+        raise ConfigError(
+            f"invalid value {raw!r} for {TIMEOUT_ENV} (from environment)",
+            "set it to a number of seconds, e.g. 10 (0 disables the limit)",
+        )
+    return value or None
+
+
+# ------------------------------------------------------------------------------ output capture
+# sys.stdout/sys.stderr are process-wide; while a plugin runs they are replaced by routers that
+# send writes from that plugin's thread into its buffer and everything else to the real stream.
+_routes: dict[int, io.StringIO] = {}
+_routes_lock = threading.Lock()
+
+
+class _Router:
+    def __init__(self, target: Any) -> None:
+        self._aios_target = target
+
+    def write(self, text: str) -> int:
+        buf = _routes.get(threading.get_ident())
+        if buf is not None:
+            return buf.write(text)
+        return self._aios_target.write(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        if threading.get_ident() not in _routes:
+            self._aios_target.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._aios_target, name)
+
+
+def _route(ident: int, buf: io.StringIO | None) -> io.StringIO | None:
+    """Send ``ident``'s writes to ``buf`` (``None``: stop); returns the previous buffer."""
+    with _routes_lock:
+        prev = _routes.pop(ident, None)
+        if buf is not None:
+            _routes[ident] = buf
+        for name in ("stdout", "stderr"):
+            cur = getattr(sys, name)
+            if _routes and not isinstance(cur, _Router) and cur is not None:
+                setattr(sys, name, _Router(cur))
+            elif not _routes and isinstance(cur, _Router):
+                setattr(sys, name, cur._aios_target)
+        return prev
+
+
+@dataclass
+class _Outcome:
+    value: Any = None
+    exc: BaseException | None = None
+    tb: str = ""
+    output: str = ""
+    timed_out: bool = False
+
+
+def _guarded(fn: Callable[[], Any], timeout: float | None, inline: bool = False) -> _Outcome:
+    """Run ``fn`` with its stdout/stderr captured, every exception caught (``SystemExit``
+    included) and, unless ``inline``, in a daemon thread abandoned after ``timeout`` seconds."""
+    out = _Outcome()
+    buf = io.StringIO()
+
+    def target() -> None:
+        ident = threading.get_ident()
+        prev = _route(ident, buf)
+        try:
+            out.value = fn()
+        except BaseException as exc:  # noqa: BLE001 - a plugin must never end the process
+            out.exc, out.tb = exc, traceback.format_exc()
+        finally:
+            _route(ident, prev)
+
+    if inline or not timeout:
+        target()
+        if inline and isinstance(out.exc, KeyboardInterrupt):
+            raise out.exc
+    else:
+        t = threading.Thread(target=target, name="aios-plugin", daemon=True)
+        t.start()
+        t.join(timeout)
+        if t.is_alive():
+            out.timed_out = True
+    out.output = buf.getvalue()
+    return out
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    s = " ".join(text.split())
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+def _warn(message: str) -> None:
+    print(f"aios: warning: {message}", file=sys.stderr, flush=True)
+
+
+class Registry:
+    """Loaded plugins and what they registered. Build with :func:`get_registry`."""
+
+    def __init__(
+        self,
+        entry_points: Iterable[Any] | None = None,
+        strict: bool | None = None,
+        timeout: float | None | bool = True,
+        commands_only: bool = False,
+    ) -> None:
+        self.pm = pluggy.PluginManager(hookspecs.PROJECT)
+        self.pm.add_hookspecs(hookspecs)
+        self.strict = _truthy("AIOS_STRICT_PLUGINS") if strict is None else strict
+        self.timeout: float | None = plugin_timeout() if timeout is True else (timeout or None)
+        self.plugins: dict[str, PluginInfo] = {}
+        self.errors: list[LoadError] = []
+        self.warnings: list[str] = []
+        self.backends: dict[str, BackendSpec] = {}
+        self.clouds: dict[str, CloudSpec] = {}
+        self.commands: dict[str, CommandSpec] = {}
+        self.storage: dict[str, StorageSpec] = {}
+        self.loggers: dict[str, LoggerSpec] = {}
+        self.config_sections: dict[str, tuple[str, type]] = {}
+        self.strategies: dict[str, list[StrategySpec]] = {}
+        self.accelerators: dict[str, AcceleratorSpec] = {}
+        self.cluster_envs: dict[str, ClusterEnvironment] = {}
+        self.conflicted: dict[str, list[str]] = {}
+        self.rejected: dict[str, tuple[str, str]] = {}  # "kind:key" -> (plugin, why)
+        self.dead: set[str] = set()  # plugins that timed out: ignored from then on
+        self._probes: dict[tuple[str, str], Availability] = {}
+        self._load(entry_points)
+        if commands_only:  # `aios --help`: the plugins' commands, nothing else (no pydantic)
+            self._collect_commands()
+        else:
+            self._collect()
+
+    # ------------------------------------------------------------------ isolation
+    def _error(self, plugin: str, message: str, tb: str = "") -> None:
+        self.errors.append(LoadError(plugin, message, tb))
+        if self.strict:
+            raise PluginError(
+                f'plugin "{plugin}": {message}', "fix or uninstall it, or unset AIOS_STRICT_PLUGINS"
+            )
+
+    def _run(self, plugin: str, what: str, fn: Callable[[], Any], inline: bool = False) -> _Outcome:
+        """Call into ``plugin`` isolated: output captured, exceptions caught, time-limited."""
+        limit = self.timeout * SLOW_HOOKS.get(what, 1) if self.timeout else None
+        out = _guarded(fn, limit, inline=inline)
+        if out.output.strip():
+            msg = f'plugin "{plugin}" printed output during {what} (captured): {_one_line(out.output)}'
+            self.warnings.append(msg)
+            _warn(msg)
+        if out.timed_out:
+            self.dead.add(plugin)
+            skipped = _split_env(SKIP_ENV) | {plugin}
+            os.environ[SKIP_ENV] = ",".join(sorted(skipped))  # child processes skip it
+            self._error(
+                plugin,
+                f"timed out after {limit:g}s in {what}; ignored "
+                f"(raise {TIMEOUT_ENV} or disable it with AIOS_DISABLE_PLUGINS={plugin})",
+            )
+        return out
+
+    # ------------------------------------------------------------------ loading
+    def _load(self, entry_points: Iterable[Any] | None) -> None:
+        if entry_points is None:
+            from importlib.metadata import entry_points as _eps
+
+            entry_points = _eps(group=GROUP)
+        allow = _split_env("AIOS_PLUGINS")
+        if allow:
+            entry_points = list(entry_points)
+            allow = _with_plugin_dependencies(allow, entry_points)
+        deny = _split_env("AIOS_DISABLE_PLUGINS")
+        hung = _split_env(SKIP_ENV)
+        seen: set[str] = set()
+        for ep in sorted(entry_points, key=lambda e: (e.name != BUILTIN, e.name)):
+            name = ep.name
+            if name in seen:  # the same distribution visible twice on sys.path
+                continue
+            seen.add(name)
+            if name in deny or (allow and name not in allow and name != BUILTIN):
+                continue
+            if name in hung:
+                self.dead.add(name)
+                self._error(
+                    name, f"skipped: it timed out in the parent aios process (limit {TIMEOUT_ENV})"
+                )
+                continue
+            version = getattr(getattr(ep, "dist", None), "version", None) or "?"
+            out = self._run(name, "import", ep.load)
+            if out.timed_out:
+                continue
+            if out.exc is not None:
+                exc = out.exc
+                self._error(name, f"Error importing plugin: {type(exc).__name__}: {exc}", out.tb)
+                continue
+            module = out.value
+            try:
+                self.pm.register(module, name=name)
+                unknown = [
+                    impl for impl in self.pm.get_hookcallers(module) or [] if impl.spec is None
+                ]
+                if unknown:
+                    self.pm.unregister(module)
+                    raise pluggy.PluginValidationError(
+                        module, f"unknown hooks: {', '.join(h.name for h in unknown)}"
+                    )
+            except Exception as exc:  # noqa: BLE001
+                self._error(name, f"invalid plugin: {exc}", traceback.format_exc())
+                continue
+            hooks = sorted(
+                h.name for h in self.pm.get_hookcallers(module) or [] if h.name.startswith("aios_")
+            )
+            self.plugins[name] = PluginInfo(
+                name, version, getattr(module, "__name__", str(module)), hooks
+            )
+
+    # ------------------------------------------------------------------ registration hooks
+    def _impls(self, hook_name: str) -> list[Any]:
+        """A hook's implementations in pluggy's call order, without plugins that timed out."""
+        caller = getattr(self.pm.hook, hook_name)
+        return [i for i in reversed(caller.get_hookimpls()) if i.plugin_name not in self.dead]
+
+    def _each_impl(self, hook_name: str, call: Callable[[Callable[..., Any], str], None]) -> None:
+        # iterate in load order so the first registrant of a name is stable
+        caller = getattr(self.pm.hook, hook_name)
+        for impl in caller.get_hookimpls():
+            plugin = impl.plugin_name
+            if plugin in self.dead:
+                continue
+            out = self._run(plugin, hook_name, functools.partial(call, impl.function, plugin))
+            if out.exc is not None and not out.timed_out:
+                if isinstance(out.exc, PluginError) and self.strict:
+                    raise out.exc
+                self._error(
+                    plugin, f"{hook_name} failed: {type(out.exc).__name__}: {out.exc}", out.tb
+                )
+
+    def _claim(self, kind: str, table: dict[str, Any], key: str, value: Any, plugin: str) -> None:
+        if plugin in self.dead:
+            return
+        if key in self.conflicted.get(f"{kind}:{key}", []):
+            return
+        if key in table:
+            other = table[key].plugin if hasattr(table[key], "plugin") else table[key][0]
+            if other == BUILTIN:  # a built-in name is never displaced by a third-party plugin
+                self._error(
+                    plugin,
+                    f'{kind} \'{key}\' is built into aios ("{BUILTIN}"); "{plugin}" cannot replace it',
+                )
+                return
+            del table[key]
+            self.conflicted[f"{kind}:{key}"] = [other, plugin]
+            self._error(
+                plugin,
+                f'{kind} \'{key}\' is registered by both "{other}" and "{plugin}"',
+            )
+            return
+        table[key] = value
+
+    def _reject(self, kind: str, key: Any, plugin: str, why: str) -> None:
+        self.rejected[f"{kind}:{key}"] = (plugin, why)
+        self._error(plugin, f"{kind} {key!r} rejected: {why}")
+
+    def _collect(self) -> None:
+        self._collect_commands()
+        self._collect_specs()
+
+    def _collect_commands(self) -> None:
+        def call(fn: Callable[..., Any], plugin: str) -> None:
+            def register(spec: Any) -> None:
+                name = getattr(spec, "name", None)
+                key = name if isinstance(name, str) else ""
+                if not isinstance(spec, CommandSpec):
+                    why = f"expected a CommandSpec, got {type(spec).__name__}"
+                elif not _NAME.match(key):
+                    why = "the name must be lowercase letters, digits, '-', '_' or '.'"
+                elif not _is_target(spec.target):
+                    why = f"its target {spec.target!r} is not 'module:attribute'"
+                else:
+                    why = ""
+                if why:
+                    self._reject("command", name, plugin, why)
+                    return
+                if key in _core_commands():
+                    self._error(
+                        plugin,
+                        f"command '{key}' is built into aios; \"{plugin}\" cannot replace it",
+                    )
+                    return
+                self._claim("command", self.commands, key, _with_plugin(spec, plugin), plugin)
+
+            fn(register=register)
+
+        self._each_impl("aios_register_commands", call)
+
+    def _collect_specs(self) -> None:
+        types = {
+            "backend": BackendSpec,
+            "cloud": CloudSpec,
+            "storage scheme": StorageSpec,
+            "logger": LoggerSpec,
+            "accelerator": AcceleratorSpec,
+        }
+
+        def reg(
+            kind: str, table: dict[str, Any], attr: str
+        ) -> Callable[[Callable[..., Any], str], None]:
+            def call(fn: Callable[..., Any], plugin: str) -> None:
+                def register(spec: Any) -> None:
+                    key = getattr(spec, attr, None)
+                    if not isinstance(spec, types[kind]):
+                        self._reject(
+                            kind,
+                            key,
+                            plugin,
+                            f"expected a {types[kind].__name__}, got {type(spec).__name__}",
+                        )
+                        return
+                    if not isinstance(key, str) or not _NAME.match(key) or key == "auto":
+                        self._reject(
+                            kind,
+                            key,
+                            plugin,
+                            "the name must be lowercase letters, digits, '-', '_' or '.', and not 'auto'",
+                        )
+                        return
+                    if kind == "backend" and not callable(getattr(spec, "probe", None)):
+                        self._reject(kind, key, plugin, "its probe is not callable")
+                        return
+                    spec = _with_plugin(spec, plugin)
+                    if kind == "backend":
+                        spec = _declared_probe(spec, plugin)
+                    self._claim(kind, table, key, spec, plugin)
+
+                fn(register=register)
+
+            return call
+
+        self._each_impl("aios_register_backends", reg("backend", self.backends, "name"))
+        self._each_impl("aios_register_clouds", reg("cloud", self.clouds, "name"))
+        self._each_impl("aios_register_storage", reg("storage scheme", self.storage, "scheme"))
+        self._each_impl("aios_register_loggers", reg("logger", self.loggers, "name"))
+
+        def sections(fn: Callable[..., Any], plugin: str) -> None:
+            from aios.plugins.reserved import CONFIG_KEYS
+
+            for key, model in (fn() or {}).items():
+                if key in CONFIG_KEYS:
+                    self._error(
+                        plugin,
+                        f"config section '{key}' belongs to aios core; \"{plugin}\" cannot replace it",
+                    )
+                    continue
+                self._claim("config section", self.config_sections, key, (plugin, model), plugin)
+
+        self._each_impl("aios_config_sections", sections)
+        self._each_impl("aios_register_accelerators", reg("accelerator", self.accelerators, "name"))
+
+        def envs(fn: Callable[..., Any], plugin: str) -> None:
+            def register(env: Any) -> None:
+                if not getattr(env, "plugin", ""):
+                    try:
+                        env.plugin = plugin
+                    except AttributeError:  # pragma: no cover - a frozen object
+                        pass
+                self._claim("cluster environment", self.cluster_envs, env.name, env, plugin)
+
+            fn(register=register)
+
+        self._each_impl("aios_register_cluster_environments", envs)
+
+        def strategies(fn: Callable[..., Any], plugin: str) -> None:
+            def register(spec: StrategySpec) -> None:
+                spec = _with_plugin(spec, plugin)
+                targets = [f"backend {b}" for b in spec.backends] + [
+                    f"accelerator {a}" for a in spec.accelerators
+                ]
+                for other in self.strategies.get(spec.name, []):
+                    mine = {f"backend {b}" for b in other.backends} | {
+                        f"accelerator {a}" for a in other.accelerators
+                    }
+                    clash = [t for t in targets if t in mine]
+                    if clash:
+                        self._error(
+                            plugin,
+                            f"strategy '{spec.name}' for {clash[0]} is registered by both "
+                            f'"{other.plugin}" and "{plugin}"; keeping "{other.plugin}"\'s',
+                        )
+                        return
+                self.strategies.setdefault(spec.name, []).append(spec)
+
+            fn(register=register)
+
+        self._each_impl("aios_register_strategies", strategies)
+
+    # ------------------------------------------------------------------ queries
+    def _failed_note(self) -> str:
+        failed = [e for e in self.errors if e.plugin not in self.plugins or e.plugin in self.dead]
+        if not failed:
+            return ""
+        shown = "; ".join(f'"{e.plugin}": {_one_line(e.error, 120)}' for e in failed[:3])
+        more = f" (+{len(failed) - 3} more)" if len(failed) > 3 else ""
+        return f"; plugins that failed to load: {shown}{more}"
+
+    def backend(self, name: str) -> BackendSpec:
+        """The spec for ``name``; a clear error when unknown, rejected or claimed twice."""
+        if name in self.backends:
+            spec = self.backends[name]
+            if spec.plugin in self.dead:
+                raise PluginError(
+                    f"backend '{name}': its plugin \"{spec.plugin}\" timed out and is ignored",
+                    f"raise {TIMEOUT_ENV}, or fix or disable the plugin (AIOS_DISABLE_PLUGINS={spec.plugin})",
+                )
+            return spec
+        if f"backend:{name}" in self.conflicted:
+            a, b = self.conflicted[f"backend:{name}"]
+            raise PluginError(
+                f'backend \'{name}\' is registered by both "{a}" and "{b}"',
+                f"uninstall one, or disable it with AIOS_DISABLE_PLUGINS={b}",
+            )
+        if f"backend:{name}" in self.rejected:
+            plugin, why = self.rejected[f"backend:{name}"]
+            raise PluginError(
+                f"backend '{name}' from plugin \"{plugin}\" was rejected: {why}",
+                "fix the plugin or report it to its authors",
+            )
+        hint = KNOWN_BACKENDS.get(name)
+        known = ", ".join(["auto", *sorted(self.backends)])
+        if hint:
+            raise BackendUnavailable(
+                f"backend '{name}' is not installed{self._failed_note()}", f"run: {hint}"
+            )
+        raise BackendUnavailable(
+            f"unknown backend '{name}' (installed: {known}){self._failed_note()}",
+            "pick one of those or install the plugin that provides it",
+        )
+
+    def probe(self, name: str, config: Any = None) -> Availability:
+        """Ask the backend's probe (isolated, time-limited, answered once per config); probes
+        that take a ``config`` argument get the resolved config (e.g. ``xla.allow_cpu``)."""
+        spec = self.backend(name)
+        key = (name, _config_key(config))
+        if key in self._probes:
+            return self._probes[key]
+        out = self._run(
+            spec.plugin or name, f"the '{name}' probe", lambda: spec.probe(config=config)
+        )
+        if out.timed_out:
+            avail = Availability(
+                False,
+                f'probe timed out after {self.timeout:g}s (plugin "{spec.plugin}" is ignored)',
+            )
+        elif out.exc is not None:
+            avail = Availability(False, f"probe failed: {type(out.exc).__name__}: {out.exc}")
+        elif not isinstance(out.value, Availability):
+            avail = Availability(
+                False,
+                f'probe of plugin "{spec.plugin}" returned {type(out.value).__name__}, not Availability',
+            )
+        else:
+            avail = out.value
+        self._probes[key] = avail
+        return avail
+
+    def require(self, name: str, config: Any = None) -> BackendSpec:
+        """The spec for an explicitly requested backend; unavailable is an error, never a fallback."""
+        spec = self.backend(name)
+        avail = self.probe(name, config)
+        if not avail:
+            fix = spec.install_hint or "see `aios doctor --backend " + name + "`"
+            raise BackendUnavailable(f"backend '{name}' is not available here: {avail.reason}", fix)
+        return spec
+
+    def select(self, name: str, config: Any = None) -> BackendSpec:
+        """Resolve ``auto`` to the highest-priority available backend, or require ``name``."""
+        if name != "auto":
+            return self.require(name, config)
+        ranked = sorted(self.backends.values(), key=lambda s: (-s.priority, s.name))
+        for spec in ranked:
+            if spec.plugin in self.dead:
+                continue
+            if self.probe(spec.name, config):
+                return spec
+        raise BackendUnavailable(
+            f"no backend is available{self._failed_note()}",
+            f"the cpu backend is built into aios-core; run `aios doctor` (install: {INSTALL_CORE})",
+        )
+
+    def cloud(self, name: str) -> CloudSpec:
+        if name in self.clouds and self.clouds[name].plugin not in self.dead:
+            return self.clouds[name]
+        if f"cloud:{name}" in self.conflicted:
+            a, b = self.conflicted[f"cloud:{name}"]
+            raise PluginError(
+                f'cloud \'{name}\' is registered by both "{a}" and "{b}"',
+                f"uninstall one, or disable it with AIOS_DISABLE_PLUGINS={b}",
+            )
+        hint = KNOWN_CLOUDS.get(name)
+        if hint:
+            raise PluginError(
+                f"cloud '{name}' is not installed{self._failed_note()}", f"run: {hint}"
+            )
+        known = ", ".join(sorted(self.clouds)) or "none installed"
+        raise PluginError(
+            f"unknown cloud '{name}' (installed: {known}){self._failed_note()}",
+            f"install the plugin that provides it, e.g. {KNOWN_CLOUDS['gcp']}",
+        )
+
+    # ------------------------------------------------------------------ strategies / accelerators
+    def accelerator(self, name: str, config: Any = None) -> Any:
+        """A new :class:`aios.devices.accelerator.Accelerator` for ``name``."""
+        if name not in self.accelerators:
+            known = ", ".join(sorted(self.accelerators)) or "none"
+            raise PluginError(
+                f"accelerator '{name}' is not registered (registered: {known})",
+                "install the plugin that provides it",
+            )
+        return self.accelerators[name].factory(config)
+
+    def strategies_for(self, backend: BackendSpec) -> list[str]:
+        """Names of the registered strategies that run on ``backend``."""
+        return sorted(
+            n
+            for n, specs in self.strategies.items()
+            if any(s.supports(backend.name, backend.accelerator) for s in specs)
+        )
+
+    def strategy_spec(self, name: str, backend: BackendSpec) -> StrategySpec | None:
+        """The :class:`StrategySpec` for ``strategy=name`` on ``backend`` (``auto``: the backend's
+        default). ``None`` for a backend that registers no strategy (served by the 0.1
+        ``aios_make_strategy`` hook). An unknown name, or one the backend cannot run, is a
+        one-line :class:`ConfigError`; never a silent substitute."""
+        supported = self.strategies_for(backend)
+        if name == "auto":
+            if not supported:
+                return None
+            name = (
+                backend.default_strategy if backend.default_strategy in supported else supported[0]
+            )
+        if name not in self.strategies:
+            known = ", ".join(["auto", *sorted(self.strategies)])
+            raise ConfigError(f"invalid value {name!r} for 'strategy'", f"choose one of: {known}")
+        specs = [s for s in self.strategies[name] if s.supports(backend.name, backend.accelerator)]
+        if not specs:
+            if not supported and _has_legacy(self, "aios_make_strategy", backend.plugin):
+                return None
+            where = f"{backend.name} backend" + (
+                f" ({backend.accelerator} accelerator)" if backend.accelerator else ""
+            )
+            on = ", ".join(["auto", *supported]) if supported else "none registered"
+            raise ConfigError(
+                f"strategy '{name}' is not available on the {where}",
+                f"strategies on {backend.name}: {on}",
+            )
+
+        # a spec naming the backend beats one naming the accelerator, which beats "*"
+        def rank(s: StrategySpec) -> int:
+            return (
+                0
+                if backend.name in s.backends
+                else (1 if backend.accelerator in s.accelerators else 2)
+            )
+
+        return sorted(specs, key=rank)[0]
+
+    def make_strategy(
+        self, config: Any, backend: BackendSpec
+    ) -> tuple[Any, StrategySpec | None, Any]:
+        """``(strategy, spec, accelerator)`` for ``config.strategy`` on ``backend``."""
+        accel = self.accelerator(backend.accelerator, config) if backend.accelerator else None
+        spec = self.strategy_spec(getattr(config, "strategy", "auto"), backend)
+        if spec is None:
+            strategy = self.pm.hook.aios_make_strategy(backend=backend.name, config=config)
+            if strategy is None:
+                raise PluginError(
+                    f"backend '{backend.name}' provides no training strategy",
+                    f"reinstall the plugin that registers it ({backend.plugin or 'unknown'})",
+                )
+            return strategy, None, accel
+        return spec.factory(config, accel, backend.name), spec, accel
+
+    def make_precision(
+        self,
+        config: Any,
+        backend: BackendSpec,
+        spec: StrategySpec | None,
+        accel: Any,
+        device_type: str,
+    ) -> Any:
+        """The precision policy: the strategy's, else the backend's, else the 0.1 hook, else the
+        core default over the accelerator (its autocast dtype passed explicitly)."""
+        from aios.strategies.precision import default_precision
+
+        precision = config.precision
+        for fn in (spec.precision if spec else None, backend.precision):
+            if fn is not None:
+                out = fn(precision, config, accel)
+                if out is not None:
+                    return out
+        out = self.pm.hook.aios_make_precision(
+            backend=backend.name, precision=precision, config=config
+        )
+        if out is not None:
+            return out
+        return default_precision(precision, device_type, accelerator=accel)
+
+    def call_first(self, hook_name: str, **kwargs: Any) -> Any:
+        """Call a ``firstresult`` component hook. Used at setup only, never per step.
+
+        A component the backend's spec carries (``BackendSpec.discover``, ``.launch_plan``) is
+        used before any hook is asked. Either way the plugin is called isolated: a plugin that
+        raises (other than an :class:`AiosError`, which is its answer and propagates) or times
+        out is reported by name and skipped; when no plugin answers and one failed, that failure
+        is the error."""
+        name = kwargs.get("backend")
+        spec = self.backends.get(name) if isinstance(name, str) else None
+        carried = None
+        if spec is not None:
+            carried = {
+                "aios_discover_devices": spec.discover,
+                "aios_launch_plan": spec.launch_plan,
+            }.get(hook_name)
+        if spec is not None and carried is not None:
+            fn = carried
+            args = (
+                (kwargs.get("config"),)
+                if hook_name == "aios_discover_devices"
+                else (kwargs["config"], kwargs["request"])
+            )
+            value = self._component(spec.plugin, hook_name, lambda: fn(*args))
+        else:
+            value = self._first_answer(hook_name, kwargs)
+        if hook_name == "aios_launch_plan" and spec is not None and value is not None:
+            config = kwargs["config"]
+            sspec = self.strategy_spec(getattr(config, "strategy", "auto"), spec)
+            if sspec is not None and sspec.launch_env is not None:
+                extra = sspec.launch_env(config, spec.name)
+                for hp in value.hosts:
+                    hp.env.update(extra)
+                if extra:
+                    value.notes.append(
+                        f"strategy {sspec.name} ({sspec.plugin}): "
+                        + " ".join(f"{k}={v}" for k, v in sorted(extra.items()))
+                    )
+        return value
+
+    def _component(self, plugin: str, hook_name: str, fn: Callable[[], Any]) -> Any:
+        """One plugin's component, called isolated; its failure is an error naming it."""
+        out = self._run(plugin, hook_name, fn, inline=hook_name in INLINE_HOOKS)
+        if out.timed_out:
+            raise PluginError(
+                f'plugin "{plugin}" timed out after {self.timeout:g}s in {hook_name}',
+                f"fix or disable the plugin (AIOS_DISABLE_PLUGINS={plugin}), or raise AIOS_PLUGIN_TIMEOUT",
+            )
+        if out.exc is not None:
+            if isinstance(out.exc, AiosError):
+                raise out.exc
+            self._error(plugin, f"{hook_name} failed: {type(out.exc).__name__}: {out.exc}", out.tb)
+            raise PluginError(
+                _one_line(
+                    f'plugin "{plugin}" failed in {hook_name}: {type(out.exc).__name__}: {out.exc}',
+                    400,
+                ),
+                f"fix or disable the plugin (AIOS_DISABLE_PLUGINS={plugin}), or report it to its authors",
+            ) from out.exc
+        return out.value
+
+    def _first_answer(self, hook_name: str, kwargs: dict[str, Any]) -> Any:
+        """The first non-``None`` answer of a ``firstresult`` hook, plugin by plugin."""
+        failures: list[str] = []
+        first: BaseException | None = None
+        for impl in self._impls(hook_name):
+            plugin = impl.plugin_name
+            accepted = {k: v for k, v in kwargs.items() if k in impl.argnames}
+            out = self._run(
+                plugin,
+                hook_name,
+                functools.partial(impl.function, **accepted),
+                inline=hook_name in INLINE_HOOKS,
+            )
+            if out.timed_out:
+                failures.append(
+                    f'plugin "{plugin}" timed out after {self.timeout:g}s in {hook_name}'
+                )
+                continue
+            if out.exc is not None:
+                if isinstance(out.exc, AiosError):
+                    raise out.exc
+                msg = f"{hook_name} failed: {type(out.exc).__name__}: {out.exc}"
+                failures.append(
+                    f'plugin "{plugin}" failed in {hook_name}: {type(out.exc).__name__}: {out.exc}'
+                )
+                first = first or out.exc
+                self._error(plugin, msg, out.tb)
+                continue
+            if out.value is not None:
+                for f in failures:  # another plugin answered: the failures become warnings
+                    _warn(
+                        f"{_one_line(f)}; ignored (disable it with AIOS_DISABLE_PLUGINS={f.split(chr(34))[1]})"
+                    )
+                return out.value
+        if failures:
+            culprit = failures[0].split('"')[1]
+            raise PluginError(
+                _one_line("; ".join(failures), 400),
+                f"fix or disable the plugin (AIOS_DISABLE_PLUGINS={culprit}), or report it to its authors",
+            ) from first  # --debug shows the plugin's traceback
+        return None
+
+    def call_all(
+        self, hook_name: str, **kwargs: Any
+    ) -> list[tuple[str, Any, BaseException | None]]:
+        """Call a collecting hook plugin by plugin; one plugin's exception never hides others."""
+        out: list[tuple[str, Any, BaseException | None]] = []
+
+        def record(plugin: str, res: _Outcome) -> None:
+            if res.timed_out:
+                limit = (self.timeout or 0) * SLOW_HOOKS.get(hook_name, 1)
+                out.append(
+                    (plugin, None, PluginError(f"timed out after {limit:g}s in {hook_name}"))
+                )
+            elif res.exc is not None:
+                out.append((plugin, None, res.exc))
+            else:
+                out.append((plugin, res.value, None))
+
+        if hook_name == "aios_doctor_checks":
+            asked = kwargs.get("backend")
+            for spec in self.backends.values():
+                doctor = spec.doctor
+                if doctor is not None and asked in (None, spec.name):
+                    record(
+                        spec.plugin,
+                        self._run(
+                            spec.plugin,
+                            hook_name,
+                            functools.partial(doctor, kwargs.get("config"), asked == spec.name),
+                        ),
+                    )
+        for impl in self._impls(hook_name):
+            accepted = {k: v for k, v in kwargs.items() if k in impl.argnames}
+            record(
+                impl.plugin_name,
+                self._run(
+                    impl.plugin_name,
+                    hook_name,
+                    functools.partial(impl.function, **accepted),
+                    inline=hook_name in INLINE_HOOKS,
+                ),
+            )
+        return out
+
+
+# Install lines for first-party backends and clouds that are absent: data, one place
+# (aios.plugins.install_hints); re-exported under their 0.2 names.
+INSTALL_CORE = install_hints.CORE
+KNOWN_BACKENDS = install_hints.BACKENDS
+KNOWN_CLOUDS = install_hints.CLOUDS
+
+
+def _config_key(config: Any) -> str:
+    if config is None:
+        return ""
+    dump = getattr(config, "model_dump_json", None)
+    if dump is not None:
+        try:
+            return str(dump())
+        except Exception:  # noqa: BLE001
+            pass
+    return f"id:{id(config)}"
+
+
+def _declared_probe(spec: Any, plugin: str) -> Any:
+    """The one adapter for a 0.1 backend probe declared without the ``config`` parameter: looked
+    at once, when the backend registers (never at each probe); the plugin's author is told the
+    new form with a :class:`DeprecationWarning` and the probe is wrapped to take ``config``."""
+    import dataclasses
+    import inspect
+    import warnings
+
+    try:
+        params = inspect.signature(spec.probe).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to read, call as declared
+        return spec
+    if "config" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return spec
+    old = spec.probe
+    warnings.warn(
+        f"backend '{spec.name}' of plugin \"{plugin}\": probe() without a config parameter is "
+        "deprecated since aios 0.2; declare probe(config=None) -> Availability (the old form is "
+        "removed in 0.4 at the earliest)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+
+    def probe(config: Any = None) -> Availability:
+        return old()
+
+    return dataclasses.replace(spec, probe=probe)
+
+
+def _has_legacy(reg: Registry, hook_name: str, plugin: str) -> bool:
+    return any(
+        impl.plugin_name == plugin for impl in getattr(reg.pm.hook, hook_name).get_hookimpls()
+    )
+
+
+def _with_plugin_dependencies(allow: set[str], entry_points: list[Any]) -> set[str]:
+    """``allow`` plus the plugins its plugins require (their distributions' dependencies that
+    are plugins themselves), transitively."""
+    by_name = {ep.name: ep for ep in entry_points}
+    out, todo = set(allow), list(allow)
+    while todo:
+        dist = getattr(by_name.get(todo.pop()), "dist", None)
+        for req in (getattr(dist, "requires", None) or []) if dist is not None else []:
+            if "extra ==" in req:
+                continue
+            name = re.split(r"[\s;<>=!~\[(]", req, maxsplit=1)[0].lower().replace("_", "-")
+            if name in by_name and name not in out:
+                out.add(name)
+                todo.append(name)
+    return out
+
+
+def _core_commands() -> set[str]:
+    from aios.plugins.reserved import COMMANDS
+
+    return set(COMMANDS)
+
+
+def _is_target(target: Any) -> bool:
+    mod, sep, attr = target.partition(":") if isinstance(target, str) else ("", "", "")
+    return bool(sep and mod and attr)
+
+
+def _with_plugin(spec: Any, plugin: str) -> Any:
+    import dataclasses
+
+    if (
+        dataclasses.is_dataclass(spec)
+        and not isinstance(spec, type)
+        and hasattr(spec, "plugin")
+        and not spec.plugin
+    ):
+        return dataclasses.replace(spec, plugin=plugin)
+    return spec
+
+
+_registry: Registry | None = None
+_lock = threading.Lock()
+
+
+def get_registry() -> Registry:
+    """The process-wide registry, loaded on first use and then reused."""
+    global _registry
+    if _registry is None:
+        with _lock:
+            if _registry is None:
+                _registry = Registry()
+    return _registry
+
+
+def reset_registry() -> None:
+    """Forget the loaded registry (tests; after installing a plugin in-process)."""
+    global _registry
+    _registry = None
+    main = sys.modules.get("aios.cli.main")
+    if main is not None:
+        main._plugin_registry = None  # type: ignore[attr-defined]
