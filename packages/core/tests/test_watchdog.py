@@ -253,7 +253,6 @@ def _hang(
     worker it started, and the hang's record."""
     from aios.testing.strategy_contract import free_port
 
-    t0 = time.monotonic()
     p = subprocess.run(
         [
             *RUN,
@@ -272,7 +271,8 @@ def _hang(
         cwd=tmp,
         timeout=300,
     )
-    assert time.monotonic() - t0 < 120, "aios-run took more than two minutes to stop the hang"
+    # no wall-clock bound here (a loaded 2-core CI machine): the allowance itself is tested on
+    # an injected clock; exit 124 says the watchdog, not the timeout, ended the run
     assert p.returncode == EXIT_HUNG, p.stdout + p.stderr
     pids = [
         int(f.read_text())

@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from aios.errors import AiosError
+from aios.launcher import status as rank_status
 from aios.launcher.contract import LAUNCH_TIME_ENV, RUN_ID_ENV, STATUS_DIR_ENV
 from aios.resilience.notices import EXIT_PREEMPTED
 
@@ -228,7 +229,8 @@ def render_run_sh(rec: ClusterRecord, job_id: int, plan: Any, bundle: bool = Fal
             'workers stopped for a preemption notice (launcher exit $rc)"; '
             f"rc={EXIT_PREEMPTED}; fi",
             # aios's watchdog (beside the launcher, started by local rank 0) stopped a hung run
-            'if [ $rc -ne 0 ] && [ -f "$D/status/hung" ]; then echo "[aios] the watchdog stopped '
+            f'if [ $rc -ne 0 ] && [ -f "$D/status/{rank_status.HUNG}" ]; then echo "[aios] the watchdog '
+            "stopped "
             'a hung run (launcher exit $rc)"; rc=124; fi',
             'echo $rc > "$D/exit_code.tmp" && mv "$D/exit_code.tmp" "$D/exit_code"',
             "exit $rc",

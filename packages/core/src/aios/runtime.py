@@ -74,6 +74,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from aios.errors import AiosError, ConfigError
+from aios.launcher import status as rank_status
 from aios.launcher.contract import BACKEND_ENV, CONFIG_ENV
 from aios.resilience.notices import EXIT_PREEMPTED, PreemptionMonitor
 
@@ -181,32 +182,6 @@ def _without_torch_prefix(hook: Any) -> Any:
     return cells.get("old_hook", hook)
 
 
-def _mark_status(text: str) -> None:
-    """This rank's line in ``aios-run``'s status folder: ``failed <CLOCK_MONOTONIC ns>`` when an
-    exception reaches the excepthook (written before the process closes any connection, so a
-    peer that fails because of it stamps a later time: aios-run blames the earliest), or
-    ``stopped`` when another rank failed (never blamed)."""
-    from aios.launcher.contract import STATUS_DIR_ENV
-
-    status_dir, rank = os.environ.get(STATUS_DIR_ENV), os.environ.get("RANK")
-    if status_dir and rank is not None:
-        with contextlib.suppress(OSError), open(os.path.join(status_dir, f"rank{rank}"), "w") as f:
-            f.write(text)
-
-
-def _mark_joined(world_size: int) -> None:
-    """Tell ``aios-run`` that this rank joined a process group of ``world_size`` ranks
-    (``joined-<rank>`` in its status folder): ranks that never say so are named at the end of
-    the run (copies of the script that may have run on their own)."""
-    from aios.launcher.contract import STATUS_DIR_ENV
-
-    status_dir, rank = os.environ.get(STATUS_DIR_ENV), os.environ.get("RANK")
-    if status_dir and rank is not None:
-        path = os.path.join(status_dir, f"joined-{rank}")
-        with contextlib.suppress(OSError), open(path, "w") as f:
-            f.write(str(world_size))
-
-
 def _install_excepthook() -> None:
     """An :class:`AiosError` escaping the user's script (bad config, unavailable backend, the XLA
     compile guard's limit, a corrupt checkpoint) ends it with one line and the error's exit code
@@ -220,7 +195,9 @@ def _install_excepthook() -> None:
         global _failing
         _failing = True  # the error stays the last line: no "where it went" lines after it
         quiet = bool(getattr(exc, "quiet", False))
-        _mark_status("stopped (another rank failed)" if quiet else f"failed {time.monotonic_ns()}")
+        rank_status.mark_rank(
+            "stopped (another rank failed)" if quiet else f"failed {time.monotonic_ns()}"
+        )
         if not issubclass(exc_type, AiosError) or os.environ.get("AIOS_DEBUG", "") not in ("", "0"):
             previous(exc_type, exc, tb)
             return
@@ -351,7 +328,7 @@ def init(
     strategy, strategy_spec, accel = reg.make_strategy(cfg, spec)
     strategy.setup_environment()
     sys.excepthook = _without_torch_prefix(sys.excepthook)  # init_process_group wrapped it
-    _mark_joined(strategy.world_size)
+    rank_status.mark_joined(strategy.world_size)
     derive_grad_accum(cfg, strategy)
     device_type = accel.device_type if accel is not None else strategy.autocast_device_type
     precision = reg.make_precision(cfg, spec, strategy_spec, accel, device_type)

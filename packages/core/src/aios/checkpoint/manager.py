@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, Any
 
 from aios.checkpoint.policy import Interval, SaveCost, choose_interval
 from aios.errors import CheckpointError, PeerFailed, os_cause, outcome, settle
-from aios.launcher.contract import STATUS_DIR_ENV
+from aios.launcher import status as rank_status
 
 if TYPE_CHECKING:  # pragma: no cover
     from aios.strategies.base import Strategy
@@ -1023,9 +1023,5 @@ class CheckpointManager:
             "skipped": skipped,
             "kept_step": self.committed_step,
         }
-        status_dir = os.environ.get(STATUS_DIR_ENV)
-        if status_dir:
-            with contextlib.suppress(OSError):
-                with open(os.path.join(status_dir, f"rank{rank}"), "w") as f:
-                    f.write(f"preempted {path or ''}")
+        rank_status.mark_rank(f"preempted {path or ''}", rank=rank)
         return event

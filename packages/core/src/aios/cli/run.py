@@ -53,10 +53,8 @@ import os
 import shlex
 import signal
 import socket
-import stat
 import subprocess
 import sys
-import tempfile
 import time
 from contextlib import suppress as _suppress
 from typing import Any
@@ -64,7 +62,8 @@ from typing import Any
 import click
 
 from aios.errors import LaunchError
-from aios.launcher.worker import LAUNCHER_PID_ENV, process_alive, process_start
+from aios.launcher import status as rank_status
+from aios.launcher.worker import LAUNCHER_PID_ENV
 from aios.resilience.watchdog import DEMAND_SIGNAL
 
 PROG = "aios-run"
@@ -321,86 +320,14 @@ def _print_plan(
         click.echo(f"note: {n}")
 
 
-_STATUS_PREFIX = "aios-run-status-"
-_STATUS_OWNER = "launcher"  # "<pid> <start time> <pid namespace>" of the aios-run that made it
-
-
-def _pid_namespace() -> str:
-    """This process's pid namespace ("pid:[4026531836]", "-" where unknown); pids mean nothing
-    across namespaces (containers sharing a /tmp)."""
-    try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return "-"
-
-
-def _new_status_dir() -> str:
-    """The folder where this host's ranks leave their exit status for the launcher, marked with
-    the launcher's identity; folders left by launchers that were SIGKILLed are removed first."""
-    _sweep_status_dirs()
-    path = tempfile.mkdtemp(prefix=_STATUS_PREFIX)
-    pid = os.getpid()
-    with open(os.path.join(path, _STATUS_OWNER), "w") as f:
-        f.write(f"{pid} {process_start(pid) or '-'} {_pid_namespace()}\n")
-    return path
-
-
-def _sweep_status_dirs() -> None:
-    """Remove status folders whose launcher is gone (a SIGKILLed aios-run cannot clean up). Only
-    folders carrying aios-run's owner file are judged; anything else is left alone."""
-    import shutil
-
-    tmp, namespace = tempfile.gettempdir(), _pid_namespace()
-    try:
-        names = [n for n in os.listdir(tmp) if n.startswith(_STATUS_PREFIX)]
-    except OSError:
-        return
-    for name in names:
-        path = os.path.join(tmp, name)
-        try:
-            st = os.lstat(path)
-            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-                continue  # a link, a file, or another user's
-            with open(os.path.join(path, _STATUS_OWNER)) as f:
-                pid_s, start, ns = f.read().split()
-            pid = int(pid_s)
-        except (OSError, ValueError):
-            continue
-        if ns != namespace or pid == os.getpid():
-            continue  # another container's launcher, or this one
-        if process_alive(pid):
-            now = process_start(pid)
-            if start == "-" or not now or now == start:
-                continue  # its launcher (or a process we cannot tell from it) is running
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def _read_status(status_dir: str) -> dict[int, str]:
-    out: dict[int, str] = {}
-    try:
-        for name in os.listdir(status_dir):
-            if name.startswith("rank") and name[4:].isdigit():
-                with open(os.path.join(status_dir, name)) as f:
-                    out[int(name[4:])] = f.read().strip()
-    except OSError:
-        pass
-    return out
-
-
 def _unjoined(status_dir: str, ranks: list[dict[str, str]], world: int) -> list[int]:
     """This node's ranks that never said (``joined-<rank>``, written by ``aios.init``) that
     they joined the launcher's process group of ``world`` ranks."""
-    out = []
-    for env in ranks:
-        rank = int(env["RANK"])
-        try:
-            with open(os.path.join(status_dir, f"joined-{rank}")) as f:
-                if int(f.read().strip() or 0) == world:
-                    continue
-        except (OSError, ValueError):
-            pass
-        out.append(rank)
-    return out
+    return [
+        int(env["RANK"])
+        for env in ranks
+        if rank_status.joined_world(status_dir, int(env["RANK"])) != world
+    ]
 
 
 #: the key torch's store-based barrier counts the ranks of the default group in
@@ -1008,7 +935,7 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
         )
     host = plan.hosts[0]
     run_id = os.environ.get(RUN_ID_ENV) or new_run_id()
-    status_dir = _new_status_dir()
+    status_dir = rank_status.create()
     from aios.resilience import flightrec
 
     env = {
@@ -1053,7 +980,7 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
                 )
             if kind == "port-taken":
                 raise detail
-            status = _read_status(status_dir)
+            status = rank_status.read_ranks(status_dir)
             if kind == "ok":
                 _name_unjoined(status_dir, host.ranks, plan.world_size, watch.joined)
                 sys.exit(0)
@@ -1078,7 +1005,7 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
         else:
             tail = bytearray()  # the end of its stderr, for the portability hint
             code = _run_subprocess(cmd, {**os.environ, **env}, tail)
-            status = _read_status(status_dir)
+            status = rank_status.read_ranks(status_dir)
             if code == 0:
                 sys.exit(0)
             if dog is not None and dog.hang is not None:

@@ -17,16 +17,8 @@ import tempfile
 import click
 
 from aios.errors import AiosError
+from aios.launcher import status as rank_status
 from aios.launcher.contract import STATUS_DIR_ENV
-
-_PREFIX = "aios-run-status-"
-
-
-def _has_workers(d: str) -> bool:
-    try:
-        return any(n.startswith("worker-") and n.endswith(".json") for n in os.listdir(d))
-    except OSError:
-        return False
 
 
 def _environ_dir(pid: str) -> str | None:
@@ -48,7 +40,11 @@ def live_status_dirs() -> list[str]:
     try:
         for n in os.listdir(tmp):
             p = os.path.join(tmp, n)
-            if n.startswith(_PREFIX) and os.stat(p).st_uid == os.getuid() and _has_workers(p):
+            if (
+                n.startswith(rank_status.PREFIX)
+                and os.stat(p).st_uid == os.getuid()
+                and rank_status.has_workers(p)
+            ):
                 found.add(p)
     except OSError:
         pass
@@ -63,7 +59,7 @@ def live_status_dirs() -> list[str]:
         except OSError:
             continue
         d = _environ_dir(pid)
-        if d and _has_workers(d):
+        if d and rank_status.has_workers(d):
             found.add(os.path.realpath(d))
     return sorted({os.path.realpath(d) for d in found})
 
@@ -87,13 +83,13 @@ def _launcher(d: str) -> int | None:
 def find_status_dirs(target: str | None, pid: int | None) -> list[str]:
     """The status folders ``target`` (run record dir, status dir) or ``pid`` (aios-run or a
     worker) name; all live ones when neither is given."""
-    if target and _has_workers(target):
+    if target and rank_status.has_workers(target):
         return [os.path.realpath(target)]
     live = live_status_dirs()
     if pid is not None:
         out = [d for d in live if _launcher(d) == pid]
         d = _environ_dir(str(pid))
-        if not out and d and _has_workers(d):
+        if not out and d and rank_status.has_workers(d):
             out = [os.path.realpath(d)]
         if not out:
             raise AiosError(

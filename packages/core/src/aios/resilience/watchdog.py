@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from aios.launcher import status as rank_status
 from aios.launcher.contract import STATUS_DIR_ENV
 
 #: exit status of ``aios-run`` when the watchdog stopped a hung run (as timeout(1) uses it)
@@ -69,9 +70,9 @@ def register_worker() -> bool:
     # RANK from torchrun/aios-run; a backend's own spawner (torch_xla) gives the local index
     rank = int(os.environ.get("RANK") or os.environ.get(LOCAL_INDEX_ENV) or 0)
     try:
-        stacks = open(os.path.join(status_dir, f"stacks-{rank}.txt"), "a")
+        stacks = open(rank_status.stacks_file(status_dir, rank), "a")
         faulthandler.register(DUMP_SIGNAL, file=stacks, all_threads=True, chain=False)
-        path = os.path.join(status_dir, f"progress-{rank}")
+        path = rank_status.progress_file(status_dir, rank)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.write(fd, bytes(32))
@@ -90,10 +91,10 @@ def register_worker() -> bool:
             "lib": _library_dirs(),
             "started": time.time(),
         }
-        tmp = os.path.join(status_dir, f".worker-{rank}.json.{os.getpid()}")
+        tmp = rank_status.worker_tmp_file(status_dir, rank)
         with open(tmp, "w") as f:
             json.dump(info, f)
-        os.replace(tmp, os.path.join(status_dir, f"worker-{rank}.json"))
+        os.replace(tmp, rank_status.worker_file(status_dir, rank))
     except (OSError, ValueError, RuntimeError, AttributeError) as exc:
         import warnings
 
@@ -183,14 +184,14 @@ def read_workers(status_dir: str) -> dict[int, Worker]:
     except OSError:
         return out
     for name in names:
-        if not (name.startswith("worker-") and name.endswith(".json")):
+        if not rank_status.is_worker_file(name):
             continue
         try:
             with open(os.path.join(status_dir, name)) as f:
                 info = json.load(f)
             rank = int(info["rank"])
             w = Worker(rank, info)
-            with open(os.path.join(status_dir, f"progress-{rank}"), "rb") as f:
+            with open(rank_status.progress_file(status_dir, rank), "rb") as f:
                 count, t, state, _ = struct.unpack("4d", f.read(32))
             w.steps, w.last_step, w.closing = int(count), t, state == _CLOSING
         except (OSError, ValueError, KeyError, TypeError, struct.error):
@@ -374,7 +375,7 @@ def _collect(status_dir: str, workers: dict[int, Worker], wait: float) -> list[D
         if not _alive(w.pid):
             continue
         sig = int(w.info.get("signal", DUMP_SIGNAL))
-        path = os.path.join(status_dir, f"stacks-{rank}.txt")
+        path = rank_status.stacks_file(status_dir, rank)
         if _catches(w.pid, sig):
             pending[rank] = (path, _file_size(path))
             with contextlib.suppress(OSError):
@@ -386,7 +387,7 @@ def _collect(status_dir: str, workers: dict[int, Worker], wait: float) -> list[D
         if not _alive(d.pid):
             continue
         sig = int(d.info.get("signal", DUMP_SIGNAL))
-        path = os.path.join(status_dir, f"stacks-{rank}.txt")
+        path = rank_status.stacks_file(status_dir, rank)
         for child in descendants(d.pid)[:16]:
             state = process_state(child)
             text = ""
@@ -944,7 +945,7 @@ def echo_err(line: str, prog: str = "aios-run") -> None:
 
 #: the marker a watchdog leaves in the status folder when it stopped a hung run (cluster jobs
 #: map the launcher's exit status to :data:`EXIT_HUNG` when it is there)
-HUNG_MARKER = "hung"
+HUNG_MARKER = rank_status.HUNG
 
 
 def start_sidecar(settings: Any, record_dir: str | None) -> bool:
