@@ -20,7 +20,41 @@ from aios import goodput
 from aios.goodput import Attempt, account
 
 SCRIPT = Path(__file__).parent / "scripts" / "goodput_train.py"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "gpt.py"
 AIOS = [sys.executable, "-c", "from aios.cli.main import main; main()"]
+
+
+def _chromium() -> str:
+    """Headless Chromium, to draw a report page as a user's browser does; a skip without it
+    (a failure with CI=true: .ci/run installs it)."""
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe:
+        return exe
+    if os.environ.get("CI") == "true":
+        pytest.fail(
+            "CI=true and no chromium: the report page cannot be drawn (.ci/run installs it)"
+        )
+    pytest.skip(
+        "chromium is not installed: the report page is not drawn (apt-get install chromium)"
+    )
+
+
+def _screenshot(page: Path, shot: Path, height: int = 1000) -> None:
+    r = subprocess.run(
+        [
+            _chromium(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            f"--screenshot={shot}",
+            f"--window-size=1000,{height}",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shot.exists(), r.stderr
 
 
 def _attempt(**kw) -> Attempt:
@@ -47,6 +81,7 @@ def test_the_account_adds_up_to_the_wall_and_names_each_cause():
         last_step_index=91,
         checkpoints=[{"time": 150.0, "blocking_seconds": 2.0}],
         hangs=[{"time": 205.0, "idle_s": 5.0}],  # hung in the tail
+        status="running",  # killed by its launcher after the hang: the record never closed
     )
     a2 = _attempt(
         launched=230.0,  # 25 s between attempts, 10 of them provisioning
@@ -200,25 +235,8 @@ def test_report_on_a_run_stopped_by_sigterm_and_resumed(tmp_path):
         and "https://" not in page
         and "<script" not in page
     )
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if not chromium:
-        pytest.skip("chromium is not installed (.ci/run installs it): the page is not drawn")
     shot = tmp_path / "shot.png"
-    r = subprocess.run(
-        [
-            chromium,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            f"--screenshot={shot}",
-            "--window-size=1000,1000",
-            html.as_uri(),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert shot.exists(), r.stderr
+    _screenshot(html, shot)
     w, bpp, rows = _png_pixels(shot)
 
     def colored(y0: int, y1: int, x0: int = 60, x1: int = 960) -> int:
@@ -263,3 +281,120 @@ def test_cloud_events_enter_the_account(tmp_path):
         lines,
     )
     assert r.seconds["capacity_wait"] == pytest.approx(30.0) and r.wall_s == pytest.approx(90.0)
+
+
+def _report_json(target: Path, *extra: str) -> dict:
+    e = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
+    r = subprocess.run(
+        [*AIOS, "report", str(target), "--json", *extra],
+        capture_output=True,
+        text=True,
+        env=e,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(r.stdout)
+
+
+def test_two_finished_runs_are_separate_runs_not_an_interruption(tmp_path):
+    """A run that finished and a later run that resumes its checkpoint and trains on: no
+    interruption, no rework, the idle time between them in no category and not in the wall
+    time; the same account by run record and by checkpoint directory."""
+    for total in ("20", "40"):
+        p = _run(tmp_path, TOTAL_STEPS=total)
+        out = p.communicate(timeout=240)[0]
+        assert p.returncode == 0, out
+    runs = sorted((tmp_path / "runs").iterdir())
+    assert len(runs) == 2
+    diags = [json.loads((r / "diagnostics.json").read_text()) for r in runs]
+    assert [d["status"] for d in diags] == ["finished", "finished"]
+    by_run = _report_json(runs[-1])
+    by_ckpt = _report_json(tmp_path / "ckpt")
+    assert by_run["interruptions"] == [], by_run["interruptions"]
+    assert by_run == by_ckpt
+    assert by_run["attempts"] == 2 and by_run["separate_runs"] == 2
+    assert by_run["badput"]["rework"] == 0 and by_run["badput"]["between_attempts"] == 0
+    # the wall time is the two runs' own time; what lies between them is reported apart
+    spans = [d["finished"] - d["attempt"]["launched"] for d in diags]
+    idle = diags[1]["attempt"]["launched"] - diags[0]["finished"]
+    assert by_run["wall_s"] == pytest.approx(sum(spans), abs=0.01)
+    assert by_run["idle_between_runs_s"] == pytest.approx(idle, abs=0.01)
+    assert by_run["productive_s"] + sum(by_run["badput"].values()) == pytest.approx(
+        by_run["wall_s"], abs=0.01
+    )
+    e = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
+    rt = subprocess.run(
+        [*AIOS, "report", str(runs[-1])], capture_output=True, text=True, env=e, timeout=120
+    )
+    assert rt.returncode == 0, rt.stderr
+    assert "interrupted" not in rt.stdout and "2 separate runs" in rt.stdout, rt.stdout
+
+
+def _rgb(hex_color: str) -> tuple[int, int, int]:
+    return tuple(int(hex_color[i : i + 2], 16) for i in (1, 3, 5))  # type: ignore[return-value]
+
+
+def test_the_examples_report_charts_its_loss_and_a_rerun_is_no_interruption(tmp_path):
+    """examples/gpt.py run twice as its docstring prints (the second run resumes the finished
+    checkpoint and has nothing left to train): one training, the same goodput by run record and
+    by checkpoint directory, no interruption; the HTML page, drawn by headless Chromium, shows
+    the loss the example logs (``train/loss``) as a curve in the chart, one time axis title per
+    chart and a legend entry for every kind of mark drawn."""
+    e = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
+    e.update(AIOS_LOGGING__TENSORBOARD="false", GPT_SAMPLE="0", OMP_NUM_THREADS="1")
+    small = ["--steps", "30", "--n-layer", "1", "--n-embd", "32", "--eval-every", "10"]
+    small += ["--eval-batches", "2", "--block-size", "32", "--batch-size", "16"]
+    for _ in range(2):
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "from aios.cli.run import main; main()",
+                "logging.every=2",
+                str(EXAMPLE),
+                *small,
+            ],
+            capture_output=True,
+            text=True,
+            env=e,
+            cwd=tmp_path,
+            timeout=400,
+        )
+        assert r.returncode == 0, r.stdout + r.stderr
+    runs = sorted((tmp_path / "runs").iterdir())
+    assert len(runs) == 2
+    html = tmp_path / "report.html"
+    by_ckpt = _report_json(tmp_path / "checkpoints" / "gpt", "--html", str(html))
+    by_run = _report_json(runs[-1])
+    assert by_run["goodput"] == by_ckpt["goodput"] and by_run["runs"] == by_ckpt["runs"]
+    assert by_run["attempts"] == 2 and by_run["interruptions"] == []
+    assert by_run["badput"]["between_attempts"] == 0
+
+    page = html.read_text()
+    assert "train/loss" in page and "no loss logged" not in page
+    charts = page.split('<svg class="chart"')[1:]
+    assert len(charts) == 2  # steps/s and loss
+    for c in charts:
+        body, legend = c.split("</svg>", 1)[0], c.split('<ul class="legend">', 1)[1]
+        assert body.count('class="xlabel"') == 1 and "run time (m:ss)" in body
+        kinds = {k for k in goodput._MARKS if f'class="mark-{k}"' in body}
+        assert {"attempt", "run", "checkpoint"} <= kinds
+        for k in kinds:
+            assert html_text(goodput._MARKS[k][2]) in legend.split("</ul>", 1)[0], k
+
+    shot = tmp_path / "shot.png"
+    _screenshot(html, shot, height=1400)
+    w, bpp, rows = _png_pixels(shot)
+    want = _rgb(goodput._LOSS_COLORS[0])  # the first loss series: train/loss
+    columns = set()
+    for row in rows:
+        for x in range(90, min(w, 960)):  # the plot area (legend swatches lie left of it)
+            if all(abs(row[x * bpp + i] - want[i]) <= 20 for i in range(3)):
+                columns.add(x)
+    assert len(columns) >= 10, f"the loss curve is not drawn ({len(columns)} columns)"
+
+
+def html_text(s: str) -> str:
+    import html as _html
+
+    return _html.escape(s)
