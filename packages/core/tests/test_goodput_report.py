@@ -373,7 +373,7 @@ def test_the_examples_report_charts_its_loss_and_a_rerun_is_no_interruption(tmp_
     page = html.read_text()
     assert "train/loss" in page and "no loss logged" not in page
     charts = page.split('<svg class="chart"')[1:]
-    assert len(charts) == 2  # steps/s and loss
+    assert len(charts) == 3  # the events, steps/s and loss
     for c in charts:
         body, legend = c.split("</svg>", 1)[0], c.split('<ul class="legend">', 1)[1]
         assert body.count('class="xlabel"') == 1 and "run time (m:ss)" in body
@@ -398,3 +398,80 @@ def html_text(s: str) -> str:
     import html as _html
 
     return _html.escape(s)
+
+
+def test_interruptions_cost_and_separate_runs_in_the_account():
+    """A killed attempt, its restart (an interruption: its cost is the work redone and the
+    restart), then a separate run launched later after a provisioning span: the idle time before
+    that span is in no category and not in the wall time."""
+    a1 = _attempt(
+        launched=0.0,
+        first_step=10.0,
+        last_step=100.0,
+        end=100.0,
+        last_step_index=91,
+        status="running",
+    )
+    a2 = _attempt(
+        launched=110.0,
+        first_step=120.0,
+        last_step=210.0,
+        end=212.0,
+        start_step=61,
+        last_step_index=151,
+    )
+    a3 = _attempt(
+        run_dir="r2",
+        launched=1000.0,
+        first_step=1005.0,
+        last_step=1050.0,
+        end=1051.0,
+        start_step=151,
+        last_step_index=200,
+    )
+    r = account([a1, a2, a3], [{"kind": "provisioning", "start": 990.0, "end": 1000.0}])
+    assert r.idle == [(212.0, 990.0)] and r.separate_runs == 2 and r.run_starts == [2]
+    assert r.wall_s == pytest.approx(1051.0 - 778.0)
+    assert sum(r.seconds.values()) == pytest.approx(r.wall_s)
+    assert r.seconds["provisioning"] == pytest.approx(10.0)
+    assert r.seconds["between_attempts"] == pytest.approx(10.0)
+    (it,) = r.interruptions
+    rework = 90.0 * 30 / 89
+    assert it["source"] == "unannounced (killed)" and it["steps_lost"] == 30
+    assert it["work_lost_s"] == pytest.approx(rework, abs=1e-3)
+    assert it["restart_s"] == pytest.approx(20.0)  # last step 100 -> next first step 120
+    assert it["cost_s"] == pytest.approx(rework + 20.0, abs=1e-3)
+    assert r.seconds["rework"] == pytest.approx(rework)
+    # a script that exited without rt.close(): a separate run when relaunched in a new run
+    # record, a restart (an interruption) when its launcher restarted it in the same record
+    e1 = _attempt(launched=0.0, first_step=1.0, last_step=5.0, end=6.0, last_step_index=5)
+    e1.status = "exited"
+    e2 = _attempt(launched=8.0, first_step=9.0, last_step=12.0, end=13.0, start_step=5)
+    assert account([e1, e2]).interruptions != []
+    e3 = _attempt(run_dir="other", launched=8.0, first_step=9.0, end=13.0, start_step=5)
+    assert account([e1, e3]).interruptions == [] and account([e1, e3]).wall_s == 11.0
+
+
+def test_a_killed_attempt_reaches_as_far_as_its_logged_metrics(tmp_path):
+    """The record of a killed attempt was last written at a checkpoint (step 20); the steps it
+    logged after it (to 31) are the work the interruption lost."""
+    run = tmp_path / "run"
+    run.mkdir()
+    diag = {
+        "started": 100.0,
+        "updated": 120.0,
+        "status": "running",
+        "attempt": {
+            "launched": 100.0,
+            "first_step": 105.0,
+            "last_step": 120.0,
+            "start_step": 0,
+            "last_step_index": 20,
+        },
+        "checkpoints": [{"step": 20, "time": 120.0, "blocking_seconds": 0.1}],
+    }
+    (run / "diagnostics.json").write_text(json.dumps(diag))
+    lines = [{"step": s, "time": 100.0 + s, "loss": 1.0 / s} for s in range(1, 32)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    (a,) = goodput.read_attempts(str(run))
+    assert a.last_step_index == 31 and a.last_step == 131.0 and a.end == 131.0

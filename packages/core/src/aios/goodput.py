@@ -234,6 +234,14 @@ def _attempt(run_dir: str, diag: dict[str, Any], metrics: list[dict[str, Any]]) 
     pred = None
     for e in resume:
         pred = e.get("record") or pred
+    metrics = [m for m in metrics if m.get("time", 0) >= launched - 1]
+    last_index = int(a.get("last_step_index", diag.get("steps", start_step)) or 0)
+    if not finished:
+        # killed: the record was last written at a checkpoint; the metrics logged since then
+        # say how far it got (the work the interruption lost)
+        logged = [m for m in metrics if isinstance(m.get("step"), int) and "time" in m]
+        if logged and logged[-1]["step"] > last_index:
+            last_index, last = logged[-1]["step"], float(logged[-1]["time"])
     return Attempt(
         run_dir=run_dir,
         launched=launched,
@@ -241,12 +249,12 @@ def _attempt(run_dir: str, diag: dict[str, Any], metrics: list[dict[str, Any]]) 
         last_step=float(last) if last is not None else None,
         end=max(end, float(last or 0.0)),
         start_step=start_step,
-        last_step_index=int(a.get("last_step_index", diag.get("steps", start_step)) or 0),
+        last_step_index=last_index,
         status=str(diag.get("status", "killed" if not finished else "?")),
         checkpoints=list(diag.get("checkpoints", [])),
         preemptions=list(diag.get("preemptions", [])),
         hangs=hangs,
-        metrics=[m for m in metrics if m.get("time", 0) >= launched - 1],
+        metrics=metrics,
         predecessor=pred,
     )
 
@@ -262,8 +270,16 @@ def read_attempts(run_dir: str) -> list[Attempt]:
         seen.add(cur)
         diag = _read_json(os.path.join(cur, "diagnostics.json")) or {}
         metrics = _read_lines(os.path.join(cur, "metrics.jsonl"))
-        here = [_attempt(cur, p, metrics) for p in diag.get("previous_attempts", [])]
-        here.append(_attempt(cur, diag, metrics))
+        # a restart's predecessors share the metrics file: each reads what it logged
+        entries = [*diag.get("previous_attempts", []), diag]
+        launches = [
+            float((e.get("attempt") or {}).get("launched") or e.get("started") or 0.0)
+            for e in entries
+        ]
+        here = []
+        for k, e in enumerate(entries):
+            upto = launches[k + 1] if k + 1 < len(entries) else math.inf
+            here.append(_attempt(cur, e, [m for m in metrics if m.get("time", 0) < upto]))
         out = here + out
         cur = here[0].predecessor
         if cur is not None and not os.path.isabs(cur):
@@ -550,6 +566,15 @@ _MARKS = {
     "span": ("#8e24aa", "8,3", "a capacity wait or provisioning begins"),
 }
 _RESTART_FILL = "#ffcdd2"
+#: the events chart's row names
+_LANES = {
+    "attempt": "attempts",
+    "run": "separate runs",
+    "checkpoint": "checkpoints",
+    "interruption": "interruptions",
+    "hang": "hangs",
+    "span": "cloud spans",
+}
 
 
 def _is_loss(name: str) -> bool:
@@ -633,7 +658,7 @@ def render_html(r: Report, title: str = "aios run") -> str:
     """One self-contained page (inline SVG, no external assets, no script): where the time went,
     steps/s and each loss the script logs over time with the events marked on the same time
     axis (each chart with a legend for every line and mark), and what each interruption cost."""
-    W, H, L, R_, T, B = 960, 240, 70, 20, 12, 44  # noqa: N806 - the chart geometry
+    W, H, L, R_, T, B = 960, 240, 100, 20, 12, 44  # noqa: N806 - the chart geometry
     span = max(r.wall_s, 1e-9)
     ticks, unit = _time_ticks(span)
 
@@ -723,18 +748,8 @@ def render_html(r: Report, title: str = "aios run") -> str:
                 f"{v:.4g}</text>"
             )
             v += ystep
-        for t in ticks:
-            xt = x(t)
-            out.append(
-                f'<line x1="{xt:.1f}" x2="{xt:.1f}" y1="{H - B}" y2="{H - B + 4}" stroke="#666"/>'
-                f'<text x="{xt:.1f}" y="{H - B + 16}" font-size="11" text-anchor="middle">'
-                f"{_clock(t, unit)}</text>"
-            )
+        out.append(axis(H - B))
         out.append(
-            f'<text class="xlabel" x="{L + (W - L - R_) / 2:.0f}" y="{H - 6}" font-size="12" '
-            f'text-anchor="middle">run time ({unit})'
-            + (", idle time between separate runs left out" if r.idle else "")
-            + "</text>"
             f'<text class="ylabel" transform="translate(14,{T + (H - T - B) / 2:.0f}) '
             f'rotate(-90)" font-size="12" text-anchor="middle">{html.escape(ylabel)}</text>'
         )
@@ -756,18 +771,83 @@ def render_html(r: Report, title: str = "aios run") -> str:
                         f"<title>{html.escape(label)}</title></polyline>"
                     )
         out.append("</svg>")
-        # the legend: every line and every kind of mark drawn in this chart
         items = [(label, _swatch(color)) for label, color, lines in series if any(lines)]
+        return f"<h3>{html.escape(name)}</h3>{''.join(out)}{mark_legend(items, dashed=True)}"
+
+    def mark_legend(items: list[tuple[str, str]], dashed: bool) -> str:
+        """The legend of a chart: ``items`` (its lines), then every kind of mark drawn."""
+        items = list(items)
         for kind in _MARKS:
             if any(k == kind for _, k, _ in marks):
                 color, dash, text = _MARKS[kind]
-                items.append((text, _swatch(color, dash)))
+                items.append((text, _swatch(color, dash if dashed else "")))
         if bands:
             items.append(("restart after an interruption", _swatch(_RESTART_FILL, band=True)))
-        legend = "".join(
-            f'<li class="legend-item">{sw}{html.escape(text)}</li>' for text, sw in items
+        if r.spans and not dashed:
+            items.append(("a cloud span's length", _swatch(_MARKS["span"][0], band=True)))
+        lis = "".join(f'<li class="legend-item">{sw}{html.escape(t)}</li>' for t, sw in items)
+        return f'<ul class="legend">{lis}</ul>'
+
+    def axis(y_base: float) -> str:
+        """The time axis under a plot whose bottom is ``y_base``: ticks and one title."""
+        out = []
+        for t in ticks:
+            xt = x(t)
+            out.append(
+                f'<line x1="{xt:.1f}" x2="{xt:.1f}" y1="{y_base}" y2="{y_base + 4}" '
+                f'stroke="#666"/><text x="{xt:.1f}" y="{y_base + 16}" font-size="11" '
+                f'text-anchor="middle">{_clock(t, unit)}</text>'
+            )
+        out.append(
+            f'<text class="xlabel" x="{L + (W - L - R_) / 2:.0f}" y="{y_base + 32}" '
+            f'font-size="12" text-anchor="middle">run time ({unit})'
+            + (", idle time between separate runs left out" if r.idle else "")
+            + "</text>"
         )
-        return f'<h3>{html.escape(name)}</h3>{"".join(out)}<ul class="legend">{legend}</ul>'
+        return "".join(out)
+
+    def lanes() -> str:
+        """One row per kind of event, so that events at the same moment stay apart."""
+        rows = [k for k in _MARKS if any(kind == k for _, kind, _ in marks)]
+        row_h = 20
+        h = row_h * len(rows) + 6
+        out = [
+            f'<svg class="chart" id="events" width="{W}" height="{h + B}" role="img" '
+            'aria-label="events">',
+            f'<rect x="{L}" y="2" width="{W - L - R_}" height="{h - 4}" fill="#fafafa" '
+            'stroke="#ccc"/>',
+        ]
+        for n, kind in enumerate(rows):
+            color, dash, text = _MARKS[kind]
+            y0 = 4 + n * row_h
+            out.append(
+                f'<text x="{L - 6}" y="{y0 + 14}" font-size="11" text-anchor="end">'
+                f"{_LANES[kind]}</text>"
+            )
+            if kind == "interruption":
+                for b0, b1 in bands:
+                    out.append(
+                        f'<rect x="{x(b0):.1f}" y="{y0 + 2}" width="{max(x(b1) - x(b0), 1):.1f}" '
+                        f'height="{row_h - 4}" fill="{_RESTART_FILL}"/>'
+                    )
+            if kind == "span":
+                for sp in r.spans:
+                    s0 = _run_time(r, float(sp["start"]))
+                    s1 = _run_time(r, float(sp["end"]))
+                    out.append(
+                        f'<rect x="{x(s0):.1f}" y="{y0 + 6}" width="{max(x(s1) - x(s0), 1):.1f}" '
+                        f'height="{row_h - 12}" fill="{color}" opacity="0.35"/>'
+                    )
+            for t, k, tip in marks:
+                if k == kind:
+                    out.append(
+                        f'<line class="mark-{k}" x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{y0 + 2}" '
+                        f'y2="{y0 + row_h - 2}" stroke="{color}" stroke-width="2">'
+                        f"<title>{html.escape(tip)}</title></line>"
+                    )
+        out.append(axis(h))
+        out.append("</svg>")
+        return "<h3>events</h3>" + "".join(out) + mark_legend([], dashed=False)
 
     rate, loss = _series(r)
     loss_series = [
@@ -788,7 +868,7 @@ def render_html(r: Report, title: str = "aios run") -> str:
         f'<li><span style="background:{_COLORS[k]}"></span>{_LABELS[k]}: {_dur(r.seconds[k])} '
         f"({r.seconds[k] / span:.1%})</li>"
         for k in CATEGORIES
-        if r.seconds[k] > 0
+        if r.seconds[k] > 0.0005 * span
     )
     runs = ""
     if r.separate_runs > 1:
@@ -813,6 +893,7 @@ def render_html(r: Report, title: str = "aios run") -> str:
         f"{_dur(r.wall_s)} wall over {len(r.attempts)} attempt(s){runs}</p>"
         f'<h2>where the time went</h2><svg width="{W}" height="36" id="bar">{"".join(bar)}</svg>'
         f'<ul class="bar">{legend}</ul><h2>timeline</h2>'
+        + lanes()
         + chart("steps per second", "steps/s", [("steps/s", "#2e7d32", rate)], True)
         + chart("loss", "loss", loss_series, False)
         + _interruptions_html(r, W, L, R_)
