@@ -13,8 +13,8 @@ Categories (seconds; with ``productive`` they add up to the wall time):
 * ``rework``: steps run again after a resume (the work an interruption lost);
 * ``hung``: time the watchdog saw no progress before it named a hang;
 * ``shutdown``: from the last step to the end of an attempt (besides saves);
-* ``between_attempts``: from the end of an attempt to the launch of the next, besides cloud
-  events (relaunch latency, a killed attempt's unrecorded tail).
+* ``between_attempts``: from the end of an interrupted attempt to the launch of the next,
+  besides cloud events (relaunch latency, a killed attempt's unrecorded tail).
 
 ``goodput`` is ``productive / wall``.
 
