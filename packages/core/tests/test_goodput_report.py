@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import zlib
+from html import escape
 from pathlib import Path
 
 import pytest
@@ -380,7 +381,7 @@ def test_the_examples_report_charts_its_loss_and_a_rerun_is_no_interruption(tmp_
         kinds = {k for k in goodput._MARKS if f'class="mark-{k}"' in body}
         assert {"attempt", "run", "checkpoint"} <= kinds
         for k in kinds:
-            assert html_text(goodput._MARKS[k][2]) in legend.split("</ul>", 1)[0], k
+            assert escape(goodput._MARKS[k][2]) in legend.split("</ul>", 1)[0], k
 
     shot = tmp_path / "shot.png"
     _screenshot(html, shot, height=1400)
@@ -392,12 +393,6 @@ def test_the_examples_report_charts_its_loss_and_a_rerun_is_no_interruption(tmp_
             if all(abs(row[x * bpp + i] - want[i]) <= 20 for i in range(3)):
                 columns.add(x)
     assert len(columns) >= 10, f"the loss curve is not drawn ({len(columns)} columns)"
-
-
-def html_text(s: str) -> str:
-    import html as _html
-
-    return _html.escape(s)
 
 
 def test_interruptions_cost_and_separate_runs_in_the_account():

@@ -304,6 +304,9 @@ def _newest_successor(rec: str) -> str:
         diag = _read_json(os.path.join(d, "diagnostics.json"))
         if not isinstance(diag, dict):
             continue
+        wrote = [diag, *diag.get("previous_attempts", [])]
+        if any(e.get("checkpoints") for e in wrote if isinstance(e, dict)):
+            continue  # it wrote checkpoints (elsewhere, or it would be their record)
         for e in diag.get("events", []):
             pred = e.get("record") if e.get("kind") == "resume" else None
             if isinstance(pred, str):
@@ -918,7 +921,7 @@ def _interruptions_html(r: Report, W: int, L: int, R_: int) -> str:  # noqa: N80
         when = time.strftime("%H:%M:%S", time.gmtime(float(it["time"])))
         bars.append(
             f'<text x="0" y="{yy + 16}" font-size="12">{html.escape(when)} '
-            f"{html.escape(str(it['source']))[:24]}</text>"
+            f"{html.escape(str(it['source'])[:24])}</text>"
             f'<rect x="{lab}" y="{yy + 4}" width="{ww:.1f}" height="16" fill="{work_c}">'
             f"<title>work redone: {_dur(float(it['work_lost_s']))}</title></rect>"
             f'<rect x="{lab + ww:.1f}" y="{yy + 4}" width="{wr:.1f}" height="16" '
