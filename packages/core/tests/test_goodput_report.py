@@ -387,12 +387,14 @@ def test_the_examples_report_charts_its_loss_and_a_rerun_is_no_interruption(tmp_
     _screenshot(html, shot, height=1400)
     w, bpp, rows = _png_pixels(shot)
     want = _rgb(goodput._LOSS_COLORS[0])  # the first loss series: train/loss
-    columns = set()
+    columns, pixels = set(), 0
     for row in rows:
-        for x in range(90, min(w, 960)):  # the plot area (legend swatches lie left of it)
+        for x in range(110, min(w, 960)):  # the plot area (legend swatches lie left of it)
             if all(abs(row[x * bpp + i] - want[i]) <= 20 for i in range(3)):
                 columns.add(x)
-    assert len(columns) >= 10, f"the loss curve is not drawn ({len(columns)} columns)"
+                pixels += 1
+    # a line, however much of the wall time start-up took: some pixels over several columns
+    assert pixels >= 30 and len(columns) >= 3, f"no loss curve drawn ({pixels} px)"
 
 
 def test_interruptions_cost_and_separate_runs_in_the_account():
