@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import zlib
+from html import escape
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,41 @@ from aios.runrecord import goodput
 from aios.runrecord.goodput import Attempt, account
 
 SCRIPT = Path(__file__).parent / "scripts" / "goodput_train.py"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "gpt.py"
 AIOS = [sys.executable, "-c", "from aios.cli.main import main; main()"]
+
+
+def _chromium() -> str:
+    """Headless Chromium, to draw a report page as a user's browser does; a skip without it
+    (a failure with CI=true: .ci/run installs it)."""
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe:
+        return exe
+    if os.environ.get("CI") == "true":
+        pytest.fail(
+            "CI=true and no chromium: the report page cannot be drawn (.ci/run installs it)"
+        )
+    pytest.skip(
+        "chromium is not installed: the report page is not drawn (apt-get install chromium)"
+    )
+
+
+def _screenshot(page: Path, shot: Path, height: int = 1000) -> None:
+    r = subprocess.run(
+        [
+            _chromium(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            f"--screenshot={shot}",
+            f"--window-size=1000,{height}",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shot.exists(), r.stderr
 
 
 def _attempt(**kw) -> Attempt:
@@ -47,6 +82,7 @@ def test_the_account_adds_up_to_the_wall_and_names_each_cause():
         last_step_index=91,
         checkpoints=[{"time": 150.0, "blocking_seconds": 2.0}],
         hangs=[{"time": 205.0, "idle_s": 5.0}],  # hung in the tail
+        status="running",  # killed by its launcher after the hang: the record never closed
     )
     a2 = _attempt(
         launched=230.0,  # 25 s between attempts, 10 of them provisioning
@@ -200,25 +236,8 @@ def test_report_on_a_run_stopped_by_sigterm_and_resumed(tmp_path):
         and "https://" not in page
         and "<script" not in page
     )
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if not chromium:
-        pytest.skip("chromium is not installed (.ci/run installs it): the page is not drawn")
     shot = tmp_path / "shot.png"
-    r = subprocess.run(
-        [
-            chromium,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            f"--screenshot={shot}",
-            "--window-size=1000,1000",
-            html.as_uri(),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert shot.exists(), r.stderr
+    _screenshot(html, shot)
     w, bpp, rows = _png_pixels(shot)
 
     def colored(y0: int, y1: int, x0: int = 60, x1: int = 960) -> int:
@@ -263,3 +282,193 @@ def test_cloud_events_enter_the_account(tmp_path):
         lines,
     )
     assert r.seconds["capacity_wait"] == pytest.approx(30.0) and r.wall_s == pytest.approx(90.0)
+
+
+def _report_json(target: Path, *extra: str) -> dict:
+    e = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
+    r = subprocess.run(
+        [*AIOS, "report", str(target), "--json", *extra],
+        capture_output=True,
+        text=True,
+        env=e,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(r.stdout)
+
+
+def test_two_finished_runs_are_separate_runs_not_an_interruption(tmp_path):
+    """A run that finished and a later run that resumes its checkpoint and trains on: no
+    interruption, no rework, the idle time between them in no category and not in the wall
+    time; the same account by run record and by checkpoint directory."""
+    for total in ("20", "40"):
+        p = _run(tmp_path, TOTAL_STEPS=total)
+        out = p.communicate(timeout=240)[0]
+        assert p.returncode == 0, out
+    runs = sorted((tmp_path / "runs").iterdir())
+    assert len(runs) == 2
+    diags = [json.loads((r / "diagnostics.json").read_text()) for r in runs]
+    assert [d["status"] for d in diags] == ["finished", "finished"]
+    by_run = _report_json(runs[-1])
+    by_ckpt = _report_json(tmp_path / "ckpt")
+    assert by_run["interruptions"] == [], by_run["interruptions"]
+    assert by_run == by_ckpt
+    assert by_run["attempts"] == 2 and by_run["separate_runs"] == 2
+    assert by_run["badput"]["rework"] == 0 and by_run["badput"]["between_attempts"] == 0
+    # the wall time is the two runs' own time; what lies between them is reported apart
+    spans = [d["finished"] - d["attempt"]["launched"] for d in diags]
+    idle = diags[1]["attempt"]["launched"] - diags[0]["finished"]
+    assert by_run["wall_s"] == pytest.approx(sum(spans), abs=0.01)
+    assert by_run["idle_between_runs_s"] == pytest.approx(idle, abs=0.01)
+    assert by_run["productive_s"] + sum(by_run["badput"].values()) == pytest.approx(
+        by_run["wall_s"], abs=0.01
+    )
+    e = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
+    rt = subprocess.run(
+        [*AIOS, "report", str(runs[-1])], capture_output=True, text=True, env=e, timeout=120
+    )
+    assert rt.returncode == 0, rt.stderr
+    assert "interrupted" not in rt.stdout and "2 separate runs" in rt.stdout, rt.stdout
+
+
+def _rgb(hex_color: str) -> tuple[int, int, int]:
+    return tuple(int(hex_color[i : i + 2], 16) for i in (1, 3, 5))  # type: ignore[return-value]
+
+
+def test_the_examples_report_charts_its_loss_and_a_rerun_is_no_interruption(tmp_path):
+    """examples/gpt.py run twice as its docstring prints (the second run resumes the finished
+    checkpoint and has nothing left to train): one training, the same goodput by run record and
+    by checkpoint directory, no interruption; the HTML page, drawn by headless Chromium, shows
+    the loss the example logs (``train/loss``) as a curve in the chart, one time axis title per
+    chart and a legend entry for every kind of mark drawn."""
+    e = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
+    e.update(AIOS_LOGGING__TENSORBOARD="false", GPT_SAMPLE="0", OMP_NUM_THREADS="1")
+    small = ["--steps", "30", "--n-layer", "1", "--n-embd", "32", "--eval-every", "10"]
+    small += ["--eval-batches", "2", "--block-size", "32", "--batch-size", "16"]
+    for _ in range(2):
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "from aios.cli.run import main; main()",
+                "logging.every=2",
+                str(EXAMPLE),
+                *small,
+            ],
+            capture_output=True,
+            text=True,
+            env=e,
+            cwd=tmp_path,
+            timeout=400,
+        )
+        assert r.returncode == 0, r.stdout + r.stderr
+    runs = sorted((tmp_path / "runs").iterdir())
+    assert len(runs) == 2
+    html = tmp_path / "report.html"
+    by_ckpt = _report_json(tmp_path / "checkpoints" / "gpt", "--html", str(html))
+    by_run = _report_json(runs[-1])
+    assert by_run["goodput"] == by_ckpt["goodput"] and by_run["runs"] == by_ckpt["runs"]
+    assert by_run["attempts"] == 2 and by_run["interruptions"] == []
+    assert by_run["badput"]["between_attempts"] == 0
+
+    page = html.read_text()
+    assert "train/loss" in page and "no loss logged" not in page
+    charts = page.split('<svg class="chart"')[1:]
+    assert len(charts) == 3  # the events, steps/s and loss
+    for c in charts:
+        body, legend = c.split("</svg>", 1)[0], c.split('<ul class="legend">', 1)[1]
+        assert body.count('class="xlabel"') == 1 and "run time (m:ss)" in body
+        kinds = {k for k in goodput._MARKS if f'class="mark-{k}"' in body}
+        assert {"attempt", "run", "checkpoint"} <= kinds
+        for k in kinds:
+            assert escape(goodput._MARKS[k][2]) in legend.split("</ul>", 1)[0], k
+
+    shot = tmp_path / "shot.png"
+    _screenshot(html, shot, height=1400)
+    w, bpp, rows = _png_pixels(shot)
+    want = _rgb(goodput._LOSS_COLORS[0])  # the first loss series: train/loss
+    columns, pixels = set(), 0
+    for row in rows:
+        for x in range(110, min(w, 960)):  # the plot area (legend swatches lie left of it)
+            if all(abs(row[x * bpp + i] - want[i]) <= 20 for i in range(3)):
+                columns.add(x)
+                pixels += 1
+    # a line, however much of the wall time start-up took: some pixels over several columns
+    assert pixels >= 30 and len(columns) >= 3, f"no loss curve drawn ({pixels} px)"
+
+
+def test_interruptions_cost_and_separate_runs_in_the_account():
+    """A killed attempt, its restart (an interruption: its cost is the work redone and the
+    restart), then a separate run launched later after a provisioning span: the idle time before
+    that span is in no category and not in the wall time."""
+    a1 = _attempt(
+        launched=0.0,
+        first_step=10.0,
+        last_step=100.0,
+        end=100.0,
+        last_step_index=91,
+        status="running",
+    )
+    a2 = _attempt(
+        launched=110.0,
+        first_step=120.0,
+        last_step=210.0,
+        end=212.0,
+        start_step=61,
+        last_step_index=151,
+    )
+    a3 = _attempt(
+        run_dir="r2",
+        launched=1000.0,
+        first_step=1005.0,
+        last_step=1050.0,
+        end=1051.0,
+        start_step=151,
+        last_step_index=200,
+    )
+    r = account([a1, a2, a3], [{"kind": "provisioning", "start": 990.0, "end": 1000.0}])
+    assert r.idle == [(212.0, 990.0)] and r.separate_runs == 2 and r.run_starts == [2]
+    assert r.wall_s == pytest.approx(1051.0 - 778.0)
+    assert sum(r.seconds.values()) == pytest.approx(r.wall_s)
+    assert r.seconds["provisioning"] == pytest.approx(10.0)
+    assert r.seconds["between_attempts"] == pytest.approx(10.0)
+    (it,) = r.interruptions
+    rework = 90.0 * 30 / 89
+    assert it["source"] == "unannounced (killed)" and it["steps_lost"] == 30
+    assert it["work_lost_s"] == pytest.approx(rework, abs=1e-3)
+    assert it["restart_s"] == pytest.approx(20.0)  # last step 100 -> next first step 120
+    assert it["cost_s"] == pytest.approx(rework + 20.0, abs=1e-3)
+    assert r.seconds["rework"] == pytest.approx(rework)
+    # a script that exited without rt.close(): a separate run when relaunched in a new run
+    # record, a restart (an interruption) when its launcher restarted it in the same record
+    e1 = _attempt(launched=0.0, first_step=1.0, last_step=5.0, end=6.0, last_step_index=5)
+    e1.status = "exited"
+    e2 = _attempt(launched=8.0, first_step=9.0, last_step=12.0, end=13.0, start_step=5)
+    assert account([e1, e2]).interruptions != []
+    e3 = _attempt(run_dir="other", launched=8.0, first_step=9.0, end=13.0, start_step=5)
+    assert account([e1, e3]).interruptions == [] and account([e1, e3]).wall_s == 11.0
+
+
+def test_a_killed_attempt_reaches_as_far_as_its_logged_metrics(tmp_path):
+    """The record of a killed attempt was last written at a checkpoint (step 20); the steps it
+    logged after it (to 31) are the work the interruption lost."""
+    run = tmp_path / "run"
+    run.mkdir()
+    diag = {
+        "started": 100.0,
+        "updated": 120.0,
+        "status": "running",
+        "attempt": {
+            "launched": 100.0,
+            "first_step": 105.0,
+            "last_step": 120.0,
+            "start_step": 0,
+            "last_step_index": 20,
+        },
+        "checkpoints": [{"step": 20, "time": 120.0, "blocking_seconds": 0.1}],
+    }
+    (run / "diagnostics.json").write_text(json.dumps(diag))
+    lines = [{"step": s, "time": 100.0 + s, "loss": 1.0 / s} for s in range(1, 32)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    (a,) = goodput.read_attempts(str(run))
+    assert a.last_step_index == 31 and a.last_step == 131.0 and a.end == 131.0

@@ -46,8 +46,10 @@ def _resolve(target: str) -> str:
 def report(target: str, as_json: bool, html_file: str | None) -> None:
     """Goodput: what the run's wall time went to, over every attempt.
 
-    TARGET: a run record (runs/<run-id>), a checkpoint directory (the run that wrote its newest
-    checkpoint, followed back through every resume), or a cluster name (with aios-cloud).
+    TARGET: a run record (runs/<run-id>), a checkpoint directory (the newest run that wrote or
+    resumed its newest checkpoint, followed back through every resume), or a cluster name (with
+    aios-cloud). A run that follows one that finished is a separate run, not an interruption:
+    the idle time between them is not counted.
     """
     from aios.runrecord import goodput
 
