@@ -183,7 +183,7 @@ def _modules(pkg: Package) -> dict[str, Module]:
     files = sorted(pkg.src.rglob("*.py"))
     names = {_module_name(pkg, f): f for f in files}
     known = set(names)
-    for other in ALL:  # so that `from aios import config` resolves to aios.config.schema
+    for other in ALL:  # so that `from aios import config` resolves to a module
         if other is not pkg:
             known |= {_module_name(other, f) for f in other.src.rglob("*.py")}
     out = {}

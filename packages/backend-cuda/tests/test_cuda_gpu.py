@@ -204,7 +204,7 @@ def test_nccl_flight_recorder_dumps_through_the_pipe_aios_sets(tmp_path: Path) -
     env = {**os.environ, **flightrec.worker_env(str(tmp_path), {}), "RANK": "0"}
     code = (
         "import os, sys, time, json, torch, torch.distributed as dist\n"
-        "from aios import flightrec\n"
+        "from aios.resilience import flightrec\n"
         "dist.init_process_group('nccl', init_method='tcp://127.0.0.1:' + sys.argv[1],"
         " rank=0, world_size=1, device_id=torch.device('cuda', 0))\n"
         "x = torch.ones(4, device='cuda')\n"

@@ -91,7 +91,7 @@ def test_gloo_worker_threads_are_found_and_seen_parked_on_this_torch(tmp_path, f
     only that workers exist, not how many a torch release starts."""
     code = (
         "import time, threading, torch, torch.distributed as dist\n"
-        "from aios import _gloo\n"
+        "from aios.launcher import gloo as _gloo\n"
         "assert _gloo.runloop_threads() == []\n"
         "dist.init_process_group('gloo', rank=0, world_size=1)\n"
         "t = torch.ones(3)\n"

@@ -143,7 +143,8 @@ def _library_dirs() -> list[str]:
     dirs = {
         sysconfig.get_paths().get(k, "") for k in ("stdlib", "platstdlib", "purelib", "platlib")
     }
-    dirs.add(os.path.dirname(os.path.abspath(__file__)))  # aios itself (editable installs too)
+    # aios itself (editable installs too): the package root, two folders up from this module
+    dirs.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     with contextlib.suppress(Exception):
         import site
 
