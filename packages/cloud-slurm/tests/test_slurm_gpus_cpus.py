@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.slow
+README = Path(__file__).resolve().parents[1] / "README.md"
 
 PROBE = """\
 import os
@@ -54,6 +55,23 @@ def _no_cuda_here(tmp_path: Path) -> str:
     )
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
     return str(wrapper)
+
+
+def test_the_readme_gpu_dry_run_as_printed_shows_the_gpus_and_cpus(slurm, aios_env, tmp_path):
+    """The README's command, as printed, against the test cluster's ``gpu`` partition."""
+    import subprocess
+
+    from aios_cloud.testing.readme import readme_commands
+
+    (cmd,) = [c for c in readme_commands(README) if c[c.index("--nodes") + 1] == "2"]
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "aios.cli.main", *cmd[1:]],
+        env=aios_env(), cwd=tmp_path, text=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "#SBATCH --gpus-per-node=2" in r.stdout and "#SBATCH --cpus-per-task=2" in r.stdout
+    assert '--cpus-per-task="$cpus"' in r.stdout and "--backend cuda train.py" in r.stdout
 
 
 def test_dry_run_of_a_gpu_partition_asks_for_its_gpus_and_cpus(slurm, project, aios_env, run_aios):
