@@ -312,6 +312,9 @@ class SlurmCluster:
                     )
                 except (OSError, subprocess.TimeoutExpired):
                     pass
+        # a job still ending has its slurmstepd, which outlives the daemons (its parent is init):
+        # found by this cluster's slurm.conf in its environment, and stopped with them
+        self.procs += [pid for pid in self._stepds() if pid not in self.procs]
         for pid in reversed(self.procs):
             try:
                 os.kill(pid, signal.SIGTERM)
@@ -331,6 +334,23 @@ class SlurmCluster:
                 except ProcessLookupError:
                     pass
         self.procs = []
+
+    def _stepds(self) -> list[int]:
+        """The ``slurmstepd`` processes of this cluster's jobs (slurmd passes its environment,
+        ``SLURM_CONF`` naming this directory, on to them)."""
+        want = f"SLURM_CONF={self.conf}".encode()
+        found = []
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                if "slurmstepd" not in os.path.basename(os.readlink(d / "exe")):
+                    continue
+                if want in (d / "environ").read_bytes().split(b"\0"):
+                    found.append(int(d.name))
+            except OSError:  # gone, or not ours to read
+                continue
+        return found
 
     def __enter__(self) -> SlurmCluster:
         return self
