@@ -106,6 +106,36 @@ def test_local_plan_one_process_per_visible_gpu(
         cuda_launch_plan(_cfg(nprocs=6), LaunchRequest(script="t.py"), environ={})
 
 
+def test_rank_threads_come_from_the_cpus_this_process_may_use(
+    recorded_host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OMP_NUM_THREADS from this process's affinity (a Slurm task bound to its CPUs, a cpuset),
+    not the machine's CPU count, shared among the ranks; a value the user set wins."""
+    recorded_host("p4d.24xlarge-8xa100.json")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = os.sched_getaffinity(0)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    plan = cuda_launch_plan(_cfg(), LaunchRequest(script="t.py"), environ={})
+    assert plan.hosts[0].env["OMP_NUM_THREADS"] == str(len(before))  # one rank: all its CPUs
+    try:
+        os.sched_setaffinity(0, {min(before)})  # what a task bound to one CPU sees
+        plan = cuda_launch_plan(_cfg(), LaunchRequest(script="t.py"), environ={})
+    finally:
+        os.sched_setaffinity(0, before)
+    assert plan.hosts[0].env["OMP_NUM_THREADS"] == "1"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's own: no plan value overrides it
+    plan = cuda_launch_plan(_cfg(), LaunchRequest(script="t.py"), environ={})
+    assert "OMP_NUM_THREADS" not in plan.hosts[0].env
+    # planned here for remote hosts: each host counts its own CPUs (the cloud's run.sh)
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    hosts = [Host("10.0.0.1", worker_id=0), Host("10.0.0.2", worker_id=1)]
+    plan = cuda_launch_plan(
+        _cfg(), LaunchRequest(script="t.py", hosts=hosts), gpus_per_host=8, environ={}
+    )
+    assert all("OMP_NUM_THREADS" not in h.env for h in plan.hosts)
+
+
 def test_no_gpu_here_is_an_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from aios_backend_cuda import nvml, probe
 

@@ -116,6 +116,12 @@ def test_trn2_48xlarge_single_node_field_by_field(config, no_neuron_ls):
         "NEURON_COMPILE_CACHE_URL": "/var/tmp/neuron-compile-cache",
         "NEURON_LOGICAL_NC_CONFIG": "2",
         "NEURON_RT_STOCHASTIC_ROUNDING_EN": "1",  # bf16 weights round stochastically by default
+        # this host's CPUs (its affinity) shared among the 64 ranks, unless the user set it
+        **(
+            {}
+            if "OMP_NUM_THREADS" in os.environ
+            else {"OMP_NUM_THREADS": str(max(1, len(os.sched_getaffinity(0)) // 64))}
+        ),
     }
     # planned off-instance from neuron.instance_type: the guard runs it only where devices exist
     assert hp.command == [

@@ -402,3 +402,27 @@ def test_torch_xla_and_cpu_workers_never_autoload_torch_tpu(clean_env):
         NO_TPU,
     )
     assert tpu.hosts[0].env["TORCH_DEVICE_BACKEND_AUTOLOAD"] == "1"
+
+
+def test_each_chip_process_gets_its_share_of_the_cpus_this_process_may_use(cfg, monkeypatch):
+    """OMP_NUM_THREADS from this process's affinity shared among the host's processes; a
+    user-set value wins; remote hosts count their own CPUs (none of ours in their plan)."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = os.sched_getaffinity(0)
+    plan = T.tpu_launch_plan(cfg("xla.accelerator=v6e-4"), req(), NO_TPU)
+    assert plan.hosts[0].env["OMP_NUM_THREADS"] == str(max(1, len(before) // 4))
+    try:
+        os.sched_setaffinity(0, {min(before)})
+        plan = T.tpu_launch_plan(cfg("xla.accelerator=v6e-4", nprocs=1), req(), NO_TPU)
+    finally:
+        os.sched_setaffinity(0, before)
+    assert plan.hosts[0].env["OMP_NUM_THREADS"] == "1"
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert (
+        "OMP_NUM_THREADS"
+        not in T.tpu_launch_plan(cfg("xla.accelerator=v6e-4"), req(), NO_TPU).hosts[0].env
+    )
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    hosts = [Host(f"10.0.0.{i + 1}", worker_id=i) for i in range(4)]
+    plan = T.tpu_launch_plan(cfg("xla.accelerator=v6e-16"), req(*hosts), NO_TPU)
+    assert all("OMP_NUM_THREADS" not in hp.env for hp in plan.hosts)

@@ -289,3 +289,25 @@ def test_xla_compile_cache_path_expands_on_the_host_that_runs_it(cfg, tmp_path):
     finally:
         os.environ["HOME"] = old or ""
     assert environ["XLA_PERSISTENT_CACHE_PATH"] == f"{home}/.cache/x"
+
+
+def test_each_process_gets_its_share_of_the_cpus_this_process_may_use(cfg, monkeypatch):
+    """OMP_NUM_THREADS from this process's affinity (not the machine's count) shared among the
+    host's processes; a user-set value wins; a plan for remote hosts carries none of ours."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {min(before)})  # a job bound to one CPU
+        plan = xla_launch_plan(cfg("xla.accelerator=v6e-8"), req(), NO_TPU, environ={})
+    finally:
+        os.sched_setaffinity(0, before)
+    assert plan.hosts[0].nprocs == 8 and plan.hosts[0].env["OMP_NUM_THREADS"] == "1"
+    plan = xla_launch_plan(cfg("xla.accelerator=v6e-8", nprocs=1), req(), NO_TPU, environ={})
+    assert plan.hosts[0].env["OMP_NUM_THREADS"] == str(len(before))
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    plan = xla_launch_plan(cfg("xla.accelerator=v6e-8"), req(), NO_TPU, environ={})
+    assert "OMP_NUM_THREADS" not in plan.hosts[0].env
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    remote = req(Host("10.0.0.1", worker_id=0), acc="v4-16")
+    plan = xla_launch_plan(cfg(), remote, NO_TPU, environ={})
+    assert all("OMP_NUM_THREADS" not in hp.env for hp in plan.hosts)

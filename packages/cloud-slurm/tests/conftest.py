@@ -26,7 +26,8 @@ def slurm(tmp_path_factory):
         warnings.warn(msg, stacklevel=1)
         print(f"\n*** {msg} ***", file=sys.stderr)
         pytest.skip(msg)
-    with SlurmCluster(tmp_path_factory.mktemp("slurm"), nodes=2) as cluster:
+    # debug: two CPU nodes; gpu: two more nodes with two (test) GPUs each
+    with SlurmCluster(tmp_path_factory.mktemp("slurm"), nodes=2, gpu_nodes=2) as cluster:
         yield cluster
 
 

@@ -252,7 +252,7 @@ def test_dry_run_prints_the_sbatch_script_without_secrets(slurm, project, aios_e
         assert line in s, (line, s)
     assert "s3cr3t-value" not in s and "HF_TOKEN <forwarded from your environment>" in s
     assert re.search(
-        r"srun --kill-on-bad-exit=0 --wait=120 --nodes=2 --ntasks-per-node=1 \S+ -m "
+        r'srun --kill-on-bad-exit=0 --wait=120 --nodes=2 --ntasks-per-node=1 --cpus-per-task="\$cpus" \S+ -m '
         r"aios.cli.run --backend cpu gpt.py --steps 3",
         s,
     )
@@ -263,13 +263,21 @@ def test_catalog_cost_and_cancel(slurm, project, aios_env, run_aios, wait_for):
     env = aios_env()
     r = run_aios(env, "catalog", "--cloud", "slurm", "--json")
     assert r.returncode == 0, r.stderr
-    (part,) = json.loads(r.stdout)
+    part, gpu = sorted(json.loads(r.stdout), key=lambda e: e["accelerator"])
     assert (
         part["accelerator"] == "debug"
         and part["hosts"] == 2
         and part["devices"] == 4
         and part["extra"]["default"] is True
+        and part["backend"] == "cpu"
     )
+    # the gpu partition: two nodes, gres gpu:2 each
+    assert (gpu["accelerator"], gpu["hosts"], gpu["devices"], gpu["backend"]) == (
+        "gpu",
+        2,
+        4,
+        "cuda",
+    ), gpu
     r = run_aios(env, "cost", "--cloud", "slurm", "-a", "debug", "--hours", "2")
     assert (
         r.returncode == 0 and "on-demand n/a (your cluster), spot n/a (your cluster)" in r.stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 from aios_cloud_slurm import testing
@@ -70,3 +71,82 @@ def test_a_home_relative_cache_path_expands_on_the_node(tmp_path):
         capture_output=True,
     )
     assert r.stdout.strip() == f"{tmp_path}/.cache/aios/torch-tpu-compile/tier2", line
+
+
+def test_gpus_and_cpus_per_task_in_the_script_and_passed_on_to_srun():
+    s = render(_job(gpus_per_task=None, gpus_per_node=8, cpus_per_task=12, ntasks_per_node=1))
+    assert "#SBATCH --gpus-per-node=8" in s and "#SBATCH --cpus-per-task=12" in s
+    assert "--gpus-per-task" not in s and "--gres" not in s and "--exclusive" not in s
+    assert 'export SRUN_CPUS_PER_TASK="$cpus"' in s
+    assert re.search(r'srun .*--ntasks-per-node=1 --cpus-per-task="\$cpus" python3 -m', s)
+    gres = render(_job(gpus_per_task=None, gpus_per_node=4, gpu_flag="gres", exclusive=True))
+    assert "#SBATCH --gres=gpu:4" in gres and "#SBATCH --exclusive" in gres
+    assert "--gpus-per-node" not in gres
+    # what srun gets: the job's per-task CPUs, else the node's CPUs shared among its tasks
+    line = next(ln for ln in render(_job(ntasks_per_node=2)).splitlines() if ln.startswith("cpus="))
+    check = next(ln for ln in s.splitlines() if ln.startswith('[ "$cpus" -ge 1 ]'))
+    for slurm_env, want in (
+        ({"SLURM_CPUS_PER_TASK": "6", "SLURM_CPUS_ON_NODE": "64"}, "6"),
+        ({"SLURM_CPUS_ON_NODE": "64"}, "32"),
+        ({"SLURM_CPUS_ON_NODE": "1"}, "1"),
+    ):
+        r = subprocess.run(
+            ["bash", "-c", f'{line}\n{check}\necho "$cpus"'],
+            env={"PATH": "/usr/bin:/bin", **slurm_env},
+            text=True,
+            capture_output=True,
+        )
+        assert r.stdout.strip() == want, (slurm_env, r.stdout, r.stderr)
+
+
+PART = {"name": "gpu", "gres": "gpu:a100:8(S:0-1)", "cpus_min": 96, "cpus": 128}
+CONS_TRES = {"SelectType": "select/cons_tres", "GresTypes": "gpu"}
+
+
+def _resources(backend="cuda", part=PART, conf=CONS_TRES, **settings):
+    from aios_cloud_slurm.launch import resources
+    from aios_cloud_slurm.settings import SlurmSettings
+
+    return resources(SlurmSettings(**settings), backend, part, conf)
+
+
+def test_a_cuda_job_asks_for_every_gpu_of_a_node_and_the_cpus_that_go_with_them():
+    res, notes = _resources()
+    assert (res["gpus_per_node"], res["gpu_flag"], res["cpus_per_task"]) == (8, "gpus-per-node", 96)
+    assert notes == []
+    # half the GPUs: half the node's CPUs (the smallest node's), over the tasks of a node
+    res, _ = _resources(gpus_per_node=4, ntasks_per_node=2)
+    assert (res["gpus_per_node"], res["cpus_per_task"]) == (4, 24)
+    res, _ = _resources(conf={"SelectType": "select/cons_res", "GresTypes": "gpu"})
+    assert (res["gpus_per_node"], res["gpu_flag"]) == (8, "gres")
+    res, _ = _resources(gpus_per_task=1, ntasks_per_node=8)
+    assert (res["gpus_per_task"], res["gpus_per_node"], res["cpus_per_task"]) == (1, None, 12)
+    res, _ = _resources(exclusive=True)
+    assert res["exclusive"] and res["cpus_per_task"] is None  # the whole node's, at run time
+    res, _ = _resources(cpus_per_task=10, gpus_per_node=0)
+    assert (res["gpus_per_node"], res["cpus_per_task"]) == (None, 10)
+
+
+def test_a_cpu_job_asks_for_no_gpu_and_a_gpu_less_partition_is_named():
+    res, notes = _resources(backend="cpu")
+    assert res["gpus_per_node"] is None and res["cpus_per_task"] == 96 and notes == []
+    cpu_part = {"name": "cpu", "gres": "(null)", "cpus_min": 32, "cpus": 32}
+    res, notes = _resources(part=cpu_part)
+    assert res["gpus_per_node"] is None and res["cpus_per_task"] == 32
+    assert len(notes) == 1 and "partition cpu declares no GPUs" in notes[0], notes
+    res, notes = _resources(part=None, conf=None)  # a dry run that reached no Slurm
+    assert res["gpus_per_node"] is None and res["cpus_per_task"] is None
+    assert any("slurm.gpus_per_node" in n for n in notes)
+    assert any("slurm.cpus_per_task" in n for n in notes)
+
+
+def test_gpus_per_node_from_sinfo_gres():
+    from aios_cloud_slurm.provider import gres_gpus, parse_config
+
+    assert gres_gpus("gpu:8") == 8 and gres_gpus("gpu:a100:4(S:0-1)") == 4
+    assert gres_gpus("gpu:a100:4,gpu:v100:2") == 6 and gres_gpus("(null)") == 0
+    assert gres_gpus("mps:100,gpu:2") == 2 and gres_gpus(None) == 0
+    conf = parse_config(
+        "Configuration data as of x\nGresTypes               = gpu\nSelectType = select/cons_tres\n"
+    )
+    assert conf == {"GresTypes": "gpu", "SelectType": "select/cons_tres"}

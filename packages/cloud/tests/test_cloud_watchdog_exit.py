@@ -17,7 +17,7 @@ from aios_cloud import ops
 @pytest.mark.parametrize("marker,expected", [(True, EXIT_HUNG), (False, 1)])
 def test_run_sh_maps_a_watchdog_stop_to_124(tmp_path: Path, marker: bool, expected: int) -> None:
     touch = f'touch "$AIOS_RUN_STATUS_DIR/{HUNG_MARKER}"; ' if marker else ""
-    plan = SimpleNamespace(command=["bash", "-c", f"{touch}exit 1"])
+    plan = SimpleNamespace(command=["bash", "-c", f"{touch}exit 1"], nprocs=1)
     script = ops.render_run_sh(SimpleNamespace(name="c1"), 7, plan)
     (tmp_path / "aios" / "c1" / "code").mkdir(parents=True)
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}

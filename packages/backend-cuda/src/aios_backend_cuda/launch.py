@@ -229,8 +229,7 @@ def cuda_launch_plan(
     env.setdefault(
         "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"
     )  # a dead peer fails the step instead of hanging
-    if nprocs > 1:
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nprocs)))
+    # OMP_NUM_THREADS: elastic_plan's, from the CPUs this host lets the run use
     strategy = getattr(config, "strategy", "auto")
     if strategy == "deepspeed":
         notes.append(

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from aios.errors import BackendUnavailable, LaunchError
 from aios.launcher.contract import NNODES_ENV, NODE_RANK_ENV
-from aios.launcher.plan import BACKEND_ENV, script_command
+from aios.launcher.plan import BACKEND_ENV, THREADS_ENV, plans_here, rank_threads, script_command
 from aios.types import Host, HostPlan, LaunchPlan, LaunchRequest
 
 from aios_backend_xla.discovery import TpuFacts
@@ -157,6 +157,9 @@ def tpu_plan(
             )
         if cache:
             env["XLA_PERSISTENT_CACHE_PATH"] = cache
+        if THREADS_ENV not in os.environ and plans_here(request):
+            # the host CPUs this run may use, shared among its processes (a user's value wins)
+            env[THREADS_ENV] = str(rank_threads(nprocs))
         if spmd or nprocs == 1 and per_host == 1:
             cmd = script_command(request, python)
         else:

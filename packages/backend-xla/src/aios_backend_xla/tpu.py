@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from aios.errors import BackendUnavailable, ConfigError, LaunchError
 from aios.launcher.contract import NNODES_ENV, NODE_RANK_ENV
-from aios.launcher.plan import BACKEND_ENV
+from aios.launcher.plan import BACKEND_ENV, THREADS_ENV, plans_here, rank_threads
 from aios.types import Host, HostPlan, LaunchPlan, LaunchRequest
 
 from aios_backend_xla.settings import settings_of
@@ -294,6 +294,9 @@ def torch_tpu_plan(
             )
             env.update(megascale_env(slice_id, s.num_slices, names[0], s.megascale_port))
         env.update(caches)
+        if THREADS_ENV not in os.environ and plans_here(request):
+            # the host CPUs this run may use, shared among its processes (a user's value wins)
+            env[THREADS_ENV] = str(rank_threads(nprocs))
         cmd = [python, "-m", LAUNCHER_MODULE, "--nprocs", str(nprocs)]
         cmd += ["-m", request.script] if request.module else [request.script]
         cmd += list(request.args)

@@ -31,6 +31,7 @@ class SlurmAccess(Protocol):
 
     def require_slurm(self) -> None: ...
     def partitions(self) -> list[dict[str, Any]]: ...
+    def cluster_config(self) -> dict[str, str]: ...
     def resolve_partition(self, wanted: str | None) -> dict[str, Any]: ...
     def job_info(self, job_id: str) -> dict[str, str] | None: ...
     def final_exit(self, request: dict[str, Any]) -> int | None: ...
@@ -64,12 +65,73 @@ def _check(p: LaunchRequest) -> None:
         )
 
 
+def resources(
+    s: SlurmSettings,
+    backend: str,
+    part: dict[str, Any] | None,
+    conf: dict[str, str] | None,
+) -> tuple[dict[str, Any], list[str]]:
+    """The job's GPU and CPU request (:class:`SbatchJob` fields) and what the user should know.
+
+    "Jobs will not be allocated any generic resources unless specifically requested at job
+    submit time" (https://slurm.schedmd.com/gres.html): a cuda job asks for every GPU of a node
+    of the partition (``slurm.gpus_per_node`` chooses), with ``--gpus-per-node`` where the
+    cluster schedules trackable resources (``SelectType=select/cons_tres``), else with
+    ``--gres=gpu:N``. Its tasks get the node's CPUs in the share of its GPUs the job asks for (a
+    CPU job all of them), unless ``slurm.cpus_per_task`` or ``slurm.exclusive`` says otherwise.
+    ``part`` and ``conf`` are None when the cluster was not asked (a dry run without Slurm)."""
+    from aios_cloud_slurm.provider import gres_gpus
+
+    notes: list[str] = []
+    node_gpus = gres_gpus(part["gres"]) if part else 0
+    gpus: int | None = None
+    if s.gpus_per_task is None:
+        if s.gpus_per_node is not None:
+            gpus = s.gpus_per_node or None
+        elif backend == "cuda":
+            if node_gpus:
+                gpus = node_gpus
+            elif part is not None:
+                notes.append(
+                    f"partition {part['name']} declares no GPUs (sinfo %G: {part['gres']}): the "
+                    "job asks Slurm for none; set slurm.gpus_per_node if its nodes have GPUs"
+                )
+            else:
+                notes.append(
+                    "GPUs per node unknown (no Slurm was asked): the script asks for none; set "
+                    "slurm.gpus_per_node"
+                )
+    select = (conf or {}).get("SelectType", "select/cons_tres")
+    flag = "gpus-per-node" if "cons_tres" in select else "gres"
+    cpus = s.cpus_per_task
+    if cpus is None and not s.exclusive:
+        node_cpus = (part or {}).get("cpus_min") or 0
+        if node_cpus:
+            asked = gpus if gpus else (s.gpus_per_task or 0) * s.ntasks_per_node
+            if asked and node_gpus:
+                node_cpus = node_cpus * min(asked, node_gpus) // node_gpus
+            cpus = max(1, node_cpus // s.ntasks_per_node)
+        else:
+            notes.append(
+                "CPUs per node unknown (no Slurm was asked): the script asks for no "
+                "--cpus-per-task; set slurm.cpus_per_task"
+            )
+    fields = {
+        "gpus_per_task": s.gpus_per_task,
+        "gpus_per_node": gpus,
+        "gpu_flag": flag,
+        "cpus_per_task": cpus,
+        "exclusive": s.exclusive,
+    }
+    return fields, notes
+
+
 def build_job(
     provider: SlurmAccess,
     p: LaunchRequest,
     name: str,
-    partition: str | None,
-    gpus: bool,
+    part: dict[str, Any] | None,
+    conf: dict[str, str] | None,
     root: str,
     job_id: int | str,
     env: dict[str, str],
@@ -79,7 +141,17 @@ def build_job(
     args = list(p.script_args)
     if args and args[0] == "--":
         args = args[1:]
-    backend = p.backend or ("cuda" if gpus else "cpu")
+    from aios_cloud_slurm.provider import gres_gpus
+
+    partition = part["name"] if part else p.zone or p.accelerator or s.partition
+    backend = p.backend or ("cuda" if part and gres_gpus(part["gres"]) else "cpu")
+    res, notes = resources(s, backend, part, conf)
+    if part is None and not p.backend:
+        notes.insert(
+            0,
+            "the partition's GPUs are unknown (no Slurm was asked): the script runs the cpu "
+            "backend; pass --backend cuda (and set slurm.gpus_per_node) for GPUs",
+        )
     python = p.python or s.python
     command = [python, "-m", "aios.cli.run", "--backend", backend]
     command += ["-m", p.script] if p.module else [p.script]
@@ -114,8 +186,7 @@ def build_job(
         account=s.account,
         qos=s.qos,
         time=s.time,
-        gpus_per_task=s.gpus_per_task,
-        cpus_per_task=s.cpus_per_task,
+        **res,
         mem=s.mem,
         constraint=s.constraint,
         max_restarts=p.max_restarts,
@@ -125,6 +196,7 @@ def build_job(
         pythonpath=f"{root}/code/.aios-site" if not p.no_bundle else None,
         setup=setup,
         sbatch_args=list(s.sbatch_args),
+        notes=notes,
     )
 
 
@@ -145,20 +217,22 @@ def dry_run(
 ) -> None:
     """``--dry-run``: the sync, the env file and the sbatch script the launch would submit."""
     env, forward = p.env, p.forward_env
-    gpus = False
+    part: dict[str, Any] | None = None
+    conf: dict[str, str] | None = None
     try:
         provider.require_slurm()
         provider.partitions()  # the cluster answers
     except CloudError as exc:  # no Slurm reachable from here: the script, unchecked, and why
-        partition = wanted
         echo(f"# note: {exc.one_line()} (the script below is not checked against the cluster)")
     else:  # a partition the cluster does not have is an error, as in the launch
         part = provider.resolve_partition(wanted)
-        partition, gpus = part["name"], "gpu" in (part["gres"] or "")
+        conf = provider.cluster_config()
     rd = provider.settings.remote_dir
     root = f"{rd}/{name}"
-    job = build_job(provider, p, name, partition, gpus, root, "<id>", env, forward)
-    from aios.config.schema import redact
+    job = build_job(provider, p, name, part, conf, root, "<id>", env, forward)
+    for note in job.notes:
+        echo(f"# note: {note}")
+    from aios.config import redact
     from aios_cloud.codesync import collect
 
     job.env = redact(job.env)
@@ -243,16 +317,10 @@ def launch(provider: SlurmAccess, p: LaunchRequest, store: Any, log: Callable[[s
     try:
         root = _remote_root(provider, name)
         job = build_job(
-            provider,
-            p,
-            name,
-            part["name"],
-            "gpu" in (part["gres"] or ""),
-            root,
-            job_id,
-            env,
-            forward,
+            provider, p, name, part, provider.cluster_config(), root, job_id, env, forward
         )
+        for note in job.notes:
+            log(f"note: {note}")
         _sync(provider, p, root, log)
         _write(provider, f"{job.job_dir}/job.sbatch", render(job), mode="755")
         if forward:

@@ -56,6 +56,22 @@ def parse_kv(line: str) -> dict[str, str]:
     return out
 
 
+def gres_gpus(gres: str | None) -> int:
+    """GPUs per node in ``sinfo %G`` text (``gpu:8``, ``gpu:a100:8(S:0-1)``, ``gpu:a100:4,gpu:v100:2``
+    counts 6); 0 when the nodes declare none."""
+    return sum(int(m.group(1)) for m in re.finditer(r"(?:^|,)gpu(?::[^:(,]+)?:(\d+)", gres or ""))
+
+
+def parse_config(text: str) -> dict[str, str]:
+    """``scontrol show config`` output: ``Key = Value`` lines."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        k, eq, v = line.partition("=")
+        if eq and k.strip() and " " not in k.strip():
+            out[k.strip()] = v.strip()
+    return out
+
+
 class SlurmProvider(SchedulerProvider):
     name = "slurm"
     storage_scheme = ""
@@ -115,6 +131,7 @@ class SlurmProvider(SchedulerProvider):
                     "default": default,
                     "nodes": 0,
                     "cpus": 0,
+                    "cpus_min": 0,
                     "mem_mb": 0,
                     "gres": gres,
                     "timelimit": limit,
@@ -122,9 +139,15 @@ class SlurmProvider(SchedulerProvider):
                 },
             )
             p["nodes"] += int(nodes) if nodes.isdigit() else 0
-            p["cpus"] = max(p["cpus"], int(re.sub(r"\D.*", "", cpus) or 0))
+            c = int(re.sub(r"\D.*", "", cpus) or 0)
+            p["cpus"] = max(p["cpus"], c)
+            p["cpus_min"] = min(p["cpus_min"] or c, c)
             p["mem_mb"] = max(p["mem_mb"], int(re.sub(r"\D.*", "", mem) or 0))
         return list(out.values())
+
+    def cluster_config(self) -> dict[str, str]:
+        """``scontrol show config``: SelectType and GresTypes decide how GPUs are asked for."""
+        return parse_config(self.shell.out("scontrol show config", "scontrol show config"))
 
     def resolve_partition(self, wanted: str | None) -> dict[str, Any]:
         parts = self.partitions()
@@ -154,10 +177,7 @@ class SlurmProvider(SchedulerProvider):
         self.require_slurm()
         out = []
         for p in self.partitions():
-            gpus = 0
-            m = re.search(r"gpu(?::[^:(,]+)?:(\d+)", p["gres"] or "")
-            if m:
-                gpus = int(m.group(1))
+            gpus = gres_gpus(p["gres"])
             per_node = gpus or p["cpus"]
             out.append(
                 CatalogEntry(
@@ -313,4 +333,4 @@ class SlurmProvider(SchedulerProvider):
         return slurm_launch.logs(self, rec, job, follow, dry_run, echo)
 
 
-__all__ = ["SlurmProvider", "PRICE_NOTE", "parse_kv", "default_name"]
+__all__ = ["SlurmProvider", "PRICE_NOTE", "parse_kv", "parse_config", "gres_gpus", "default_name"]

@@ -19,6 +19,15 @@ the same result. On exit 75 with restarts left (``SLURM_RESTART_COUNT`` < ``--ma
 script requeues its own job (``scontrol requeue``), and the requeued run resumes from the
 checkpoint. Every run's exit status is written to ``<job dir>/exit.<restart>``.
 
+Resources: "Jobs will not be allocated any generic resources unless specifically requested at
+job submit time" (https://slurm.schedmd.com/gres.html): a cuda job asks for its GPUs
+(``--gpus-per-node=N``, or ``--gres=gpu:N`` where the cluster's SelectType is not cons_tres) and
+for the CPUs its ranks and loader workers use (``--cpus-per-task``). srun does not inherit
+sbatch's ``--cpus-per-task`` since Slurm 22.05 (sbatch man page): the script passes each task's
+CPUs on to ``srun --cpus-per-task`` and exports ``SRUN_CPUS_PER_TASK`` (the job's
+``SLURM_CPUS_PER_TASK``, else the CPUs Slurm gave the node divided among its tasks), so a
+bound task holds every CPU allocated for it, not one.
+
 Secrets never appear in the script: forwarded variables are written to a mode-600 ``env`` file
 next to it and sourced.
 """
@@ -46,7 +55,10 @@ class SbatchJob:
     qos: str | None = None
     time: str | None = None
     gpus_per_task: int | None = None
+    gpus_per_node: int | None = None
+    gpu_flag: str = "gpus-per-node"  # or "gres": --gres=gpu:N (clusters without cons_tres)
     cpus_per_task: int | None = None
+    exclusive: bool = False
     mem: str | None = None
     constraint: str | None = None
     max_restarts: int = 0
@@ -56,6 +68,7 @@ class SbatchJob:
     pythonpath: str | None = None  # the shipped aios bundle
     setup: list[str] = field(default_factory=list)
     sbatch_args: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the launch decided, told to the user
 
     @property
     def output(self) -> str:
@@ -76,12 +89,19 @@ def render(job: SbatchJob) -> str:
         ("qos", job.qos),
         ("time", job.time),
         ("gpus-per-task", job.gpus_per_task),
+        ("gpus-per-node", job.gpus_per_node if job.gpu_flag == "gpus-per-node" else None),
+        (
+            "gres",
+            f"gpu:{job.gpus_per_node}" if job.gpu_flag == "gres" and job.gpus_per_node else None,
+        ),
         ("cpus-per-task", job.cpus_per_task),
         ("mem", job.mem),
         ("constraint", job.constraint),
     ):
         if value not in (None, ""):
             lines.append(f"#SBATCH --{flag}={value}")
+    if job.exclusive:
+        lines.append("#SBATCH --exclusive")
     lines += [
         f"#SBATCH --output={job.output}",
         "#SBATCH --open-mode=append",
@@ -125,11 +145,18 @@ def render(job: SbatchJob) -> str:
         'forward() { echo "[aios] SIGTERM: forwarding it to the tasks (emergency '
         'checkpoint)"; [ -n "$child" ] && scancel --signal=TERM "$SLURM_JOB_ID"; }',
         "trap forward TERM",
+        # srun does not inherit sbatch's --cpus-per-task (Slurm >= 22.05): each task's CPUs are
+        # the job's per-task CPUs, else what Slurm gave this node shared among its tasks
+        f'cpus="${{SLURM_CPUS_PER_TASK:-$(( ${{SLURM_CPUS_ON_NODE:-1}} / {job.ntasks_per_node} ))}}"',
+        '[ "$cpus" -ge 1 ] 2>/dev/null || cpus=1',
+        'export SRUN_CPUS_PER_TASK="$cpus"',
         # no --kill-on-bad-exit: on a preemption every task exits 75 on its own once the
         # emergency checkpoint is written (killing the others at the first exit would turn 75
         # into 143); --wait bounds how long a task may outlive the first one to end
         f"srun --kill-on-bad-exit=0 --wait={max(120, job.signal_grace)} --nodes={job.nodes} "
-        f"--ntasks-per-node={job.ntasks_per_node} " + " ".join(q(c) for c in job.command) + " &",
+        f'--ntasks-per-node={job.ntasks_per_node} --cpus-per-task="$cpus" '
+        + " ".join(q(c) for c in job.command)
+        + " &",
         "child=$!",
         'while kill -0 "$child" 2>/dev/null; do wait "$child"; done',
         'wait "$child"; code=$?',

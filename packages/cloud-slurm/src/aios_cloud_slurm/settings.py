@@ -36,8 +36,28 @@ class SlurmSettings(Section):
     ntasks_per_node: int = Field(
         1, ge=1, description="tasks per node; 1: aios-run starts one process per device itself"
     )
-    gpus_per_task: int | None = Field(None, ge=0, description="#SBATCH --gpus-per-task")
-    cpus_per_task: int | None = Field(None, ge=1, description="#SBATCH --cpus-per-task")
+    gpus_per_node: int | None = Field(
+        None,
+        ge=0,
+        description="GPUs per node the job asks for (#SBATCH --gpus-per-node, or --gres=gpu:N "
+        "where the cluster's SelectType is not select/cons_tres); None: every GPU of a node of the "
+        "partition when the backend is cuda, none otherwise; 0: none",
+    )
+    gpus_per_task: int | None = Field(
+        None,
+        ge=0,
+        description="#SBATCH --gpus-per-task, instead of the per-node request (with ntasks_per_node > 1)",
+    )
+    cpus_per_task: int | None = Field(
+        None,
+        ge=1,
+        description="#SBATCH --cpus-per-task, passed on to srun; None: the node's CPUs in the share "
+        "of its GPUs the job asks for (all of them on a CPU partition, or with exclusive), "
+        "divided among ntasks_per_node",
+    )
+    exclusive: bool = Field(
+        False, description="#SBATCH --exclusive: whole nodes, every CPU of them for the tasks"
+    )
     mem: str | None = Field(None, description="#SBATCH --mem (e.g. 64G)")
     constraint: str | None = Field(None, description="#SBATCH --constraint")
     signal_grace: int = Field(
@@ -46,7 +66,7 @@ class SlurmSettings(Section):
         description="seconds before the time limit the batch shell gets SIGTERM (routed to the emergency checkpoint)",
     )
     sbatch_args: list[str] = Field(
-        default_factory=list, description="extra #SBATCH lines (e.g. --exclusive)"
+        default_factory=list, description="extra #SBATCH lines (e.g. --mail-type=END)"
     )
     setup: list[str] = Field(
         default_factory=list,

@@ -8,6 +8,20 @@ the master address ``aios-run`` expands from it (the first node) is reachable wi
 ``/etc/hosts``. Nothing outside the directory changes; :meth:`SlurmCluster.close` stops
 every daemon it started (by pid) and every job.
 
+GPUs: with ``gpu_nodes`` > 0 a second partition (``gpu``) of that many more nodes declares
+``Gres=gpu:<gpus>`` each (``GresTypes=gpu``), backed by a ``gres.conf`` whose ``File=`` entries
+are character devices made for the test in ``<dir>/dev`` (``mknod``, /dev/null's major and minor:
+nothing real is behind them). Slurm grants them as it grants real GPUs: a job that asks for them
+gets ``SLURM_GPUS_ON_NODE`` and ``CUDA_VISIBLE_DEVICES``; "Jobs will not be allocated any generic
+resources unless specifically requested at job submit time"
+(https://slurm.schedmd.com/gres.html). The ``debug`` partition's nodes have no GPUs.
+
+CPUs: ``TaskPlugin=task/affinity`` binds every task to the CPUs Slurm allocated it
+(``sched_getaffinity`` in the task shows them), as production clusters do; ``task/cgroup``
+would need a writable cgroup hierarchy and ``proctrack/cgroup``, which a container does not
+give. Each node declares ``cpus`` CPUs, at most this machine's own (a task is bound to real
+CPU ids).
+
 Usage::
 
     reason = slurm_unavailable_reason()
@@ -22,6 +36,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -85,11 +100,19 @@ class SlurmCluster:
         cpus: int = 2,
         partition: str = "debug",
         timeout: float = 60.0,
+        gpu_nodes: int = 0,
+        gpus: int = 2,
+        gpu_partition: str = "gpu",
     ) -> None:
         self.dir = Path(workdir)
-        self.nodes = _node_names(nodes)
-        self.cpus = cpus
+        names = _node_names(nodes + gpu_nodes)
+        self.cpu_nodes, self.gpu_nodes = names[:nodes], names[nodes:]
+        self.nodes = names
+        # bound tasks need real CPU ids: never more per node than this machine lets us use
+        self.cpus = min(cpus, len(os.sched_getaffinity(0)))
+        self.gpus = gpus
         self.partition = partition
+        self.gpu_partition = gpu_partition
         self.procs: list[int] = []
         self.dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.dir, 0o755)
@@ -161,7 +184,7 @@ class SlurmCluster:
             f"SlurmctldLogFile={d / 'log' / 'slurmctld.log'}",
             f"SlurmdLogFile={d / 'log'}/slurmd-%n.log",
             "ProctrackType=proctrack/pgid",
-            "TaskPlugin=task/none",
+            "TaskPlugin=task/affinity",
             "SwitchType=switch/none",
             "MpiDefault=none",
             "SchedulerType=sched/backfill",
@@ -180,15 +203,39 @@ class SlurmCluster:
             f"PluginDir={plugin_dir}",
             "MailProg=/bin/true",
         ]
+        if self.gpu_nodes:
+            lines.append("GresTypes=gpu")
+            self._gres()
         for name, port in zip(self.nodes, node_ports, strict=True):
+            gres = f" Gres=gpu:{self.gpus}" if name in self.gpu_nodes else ""
             lines.append(
                 f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 CPUs={self.cpus} "
-                f"RealMemory=1000 Port={port} State=UNKNOWN"
+                f"RealMemory=1000 Port={port}{gres} State=UNKNOWN"
             )
         lines.append(
-            f"PartitionName={self.partition} Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP"
+            f"PartitionName={self.partition} Nodes={','.join(self.cpu_nodes)} Default=YES "
+            "MaxTime=INFINITE State=UP"
         )
+        if self.gpu_nodes:
+            lines.append(
+                f"PartitionName={self.gpu_partition} Nodes={','.join(self.gpu_nodes)} "
+                "MaxTime=INFINITE State=UP"
+            )
         self.conf.write_text("\n".join(lines) + "\n")
+
+    def _gres(self) -> None:
+        """gres.conf: each GPU node's devices, character devices made here (not real GPUs)."""
+        dev = self.dir / "dev"
+        dev.mkdir(exist_ok=True)
+        null = os.stat("/dev/null").st_rdev
+        lines = ["AutoDetect=off"]
+        for k, name in enumerate(self.gpu_nodes):
+            for i in range(self.gpus):
+                path = dev / f"node{k}-gpu{i}"
+                if not path.exists():
+                    os.mknod(path, 0o666 | stat.S_IFCHR, null)
+            lines.append(f"NodeName={name} Name=gpu File={dev}/node{k}-gpu[0-{self.gpus - 1}]")
+        (self.dir / "gres.conf").write_text("\n".join(lines) + "\n")
 
     def _track(self, pidfile: Path, wait: float = 10.0) -> None:
         deadline = time.monotonic() + wait
@@ -253,15 +300,21 @@ class SlurmCluster:
     def close(self) -> None:
         env = self.env()
         if len(self.procs) > 1:  # slurmctld is up: cancel every job first
-            try:
-                subprocess.run(
-                    ["scancel", "--partition", self.partition],
-                    env=env,
-                    capture_output=True,
-                    timeout=20,
-                )
-            except (OSError, subprocess.TimeoutExpired):
-                pass
+            for part in (self.partition, self.gpu_partition if self.gpu_nodes else None):
+                if part is None:
+                    continue
+                try:
+                    subprocess.run(
+                        ["scancel", "--partition", part],
+                        env=env,
+                        capture_output=True,
+                        timeout=20,
+                    )
+                except (OSError, subprocess.TimeoutExpired):
+                    pass
+        # a job still ending has its slurmstepd, which outlives the daemons (its parent is init):
+        # found by this cluster's slurm.conf in its environment, and stopped with them
+        self.procs += [pid for pid in self._stepds() if pid not in self.procs]
         for pid in reversed(self.procs):
             try:
                 os.kill(pid, signal.SIGTERM)
@@ -281,6 +334,23 @@ class SlurmCluster:
                 except ProcessLookupError:
                     pass
         self.procs = []
+
+    def _stepds(self) -> list[int]:
+        """The ``slurmstepd`` processes of this cluster's jobs (slurmd passes its environment,
+        ``SLURM_CONF`` naming this directory, on to them)."""
+        want = f"SLURM_CONF={self.conf}".encode()
+        found = []
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                if "slurmstepd" not in os.path.basename(os.readlink(d / "exe")):
+                    continue
+                if want in (d / "environ").read_bytes().split(b"\0"):
+                    found.append(int(d.name))
+            except OSError:  # gone, or not ours to read
+                continue
+        return found
 
     def __enter__(self) -> SlurmCluster:
         return self

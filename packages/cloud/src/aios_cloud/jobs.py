@@ -210,6 +210,10 @@ def render_run_sh(rec: ClusterRecord, job_id: int, plan: Any, bundle: bool = Fal
             # stdout is a file here: keep Python (the launcher's tee included) line-buffered so
             # `aios logs -f` is live
             "export PYTHONUNBUFFERED=1",
+            # the ranks' threads from the CPUs this host lets the run use (nproc: its affinity),
+            # shared among its ranks; the user's --env OMP_NUM_THREADS wins
+            '[ -n "${OMP_NUM_THREADS:-}" ] || export OMP_NUM_THREADS='
+            f"$(( $(nproc) / {max(1, plan.nprocs)} > 0 ? $(nproc) / {max(1, plan.nprocs)} : 1 ))",
             *site,
             # the runtime marks ranks that stopped for a preemption notice here (after the emergency
             # checkpoint); torchrun then reports exit 1 for the whole group

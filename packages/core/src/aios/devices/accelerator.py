@@ -150,8 +150,8 @@ class CpuAccelerator(Accelerator):
             return {}
 
     def worker_env(self, local_rank: int, local_world_size: int) -> dict[str, str]:
-        import os
+        from aios.launcher.plan import rank_threads
 
         if local_world_size <= 1:
             return {}
-        return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // local_world_size))}
+        return {"OMP_NUM_THREADS": str(rank_threads(local_world_size))}

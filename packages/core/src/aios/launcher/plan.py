@@ -6,6 +6,7 @@ device through PyTorch's elastic launcher (``torch.distributed.run``), adding th
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,30 @@ FRESH_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 #: does not add its import (seconds, ~300 MB) to every ``import torch``. A value already in the
 #: backend's env wins.
 NO_AUTOLOAD_BACKENDS = ("cpu", "cuda")
+
+
+#: intra-op threads of every rank (OpenMP, torch's CPU kernels); a value the user set wins
+THREADS_ENV = "OMP_NUM_THREADS"
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask (what a scheduler bound its task to:
+    Slurm's task/affinity, a cgroup cpuset, taskset), not the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # no affinity on this platform
+        return os.cpu_count() or 1
+
+
+def rank_threads(nprocs: int, cpus: int | None = None) -> int:
+    """Threads per rank: the CPUs this process may use (:func:`usable_cpus`) shared among the
+    ``nprocs`` ranks it starts (at least 1)."""
+    return max(1, (usable_cpus() if cpus is None else cpus) // max(1, nprocs))
+
+
+def plans_here(request: LaunchRequest) -> bool:
+    """A plan for this machine (aios-run's), not for remote hosts planned from here."""
+    return request.accelerator is None and all(h.address == "localhost" for h in request.hosts)
 
 
 def resolve_nprocs(config: AiosConfig, devices: int) -> int:
@@ -62,6 +87,10 @@ def elastic_plan(
     nnodes = max(config.nnodes, len(hosts))
     world = nnodes * nprocs
     base_env = {BACKEND_ENV: backend, **(env or {})}
+    if THREADS_ENV not in os.environ and plans_here(request):
+        # every backend's ranks: this host's CPUs for this run (its affinity: a Slurm task bound
+        # to its CPUs sees those), shared among its ranks; remote hosts count their own
+        base_env.setdefault(THREADS_ENV, str(rank_threads(nprocs)))
     if backend in NO_AUTOLOAD_BACKENDS:
         base_env.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
     plans: list[HostPlan] = []

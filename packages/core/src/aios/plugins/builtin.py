@@ -206,11 +206,11 @@ def _launch_cpu(config: Any, request: Any) -> Any:
     nprocs = 1 if config.nprocs == "auto" else int(config.nprocs)
     env: dict[str, str] = {}
     notes: list[str] = []
-    if "OMP_NUM_THREADS" not in os.environ:  # the user's own setting wins
-        try:
-            cpus = len(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            cpus = os.cpu_count() or 1
+    from aios.launcher.plan import plans_here, usable_cpus
+
+    # the user's own setting wins; remote hosts count their own CPUs
+    if "OMP_NUM_THREADS" not in os.environ and plans_here(request):
+        cpus = usable_cpus()
         threads, note = cpu_threads(nprocs, cpus, busy_cpus() if nprocs == 1 else 0.0)
         if nprocs > 1 or note:
             env["OMP_NUM_THREADS"] = str(threads)
