@@ -409,6 +409,8 @@ def test_a_job_kueue_holds_is_reported_suspended_within_one_poll_and_runs_with_k
         kube.finish("queued", logs={0: "trained\n"})
         logs = run_aios(env_a, "logs", "queued", "-f", timeout=60)
         assert logs.returncode == 0 and "trained" in logs.stdout, logs.stdout + logs.stderr
+        assert run_aios(env_b, "down", "wrongq").returncode == 0
+        assert kube.get(kind, "wrongq") is None and len(kube.of_kind("Workload")) == 1
 
 
 def test_pods_get_a_memory_backed_dev_shm_not_the_64_mib_default(kube, k8s_env, run_aios, project):

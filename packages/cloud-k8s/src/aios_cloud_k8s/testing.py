@@ -461,6 +461,14 @@ class FakeKubeApi:
                     and o["metadata"].get("labels", {}).get("aios-owner") == f"{kind}/{name}"
                 ]:
                     self.objects.pop(k)
+                # its Kueue Workload is owned by it: garbage-collected with it
+                uid = obj["metadata"].get("uid")
+                for k in [
+                    k
+                    for k, o in self.objects.items()
+                    if k[0] == "Workload" and o["metadata"]["labels"].get(JOB_UID_LABEL) == uid
+                ]:
+                    self.objects.pop(k)
             return 200, obj, False
         return 405, _status(405, "MethodNotAllowed", method), False
 
