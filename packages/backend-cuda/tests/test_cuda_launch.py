@@ -39,7 +39,9 @@ def test_p5_instance_plan_for_cloud_hosts() -> None:
     cmd = plan.hosts[1].command
     assert cmd[cmd.index("--nproc-per-node") + 1] == "8"
     assert cmd[cmd.index("--rdzv-endpoint") + 1].startswith("10.0.0.1:")
-    assert any("NCCL preset: p5 (instance type p5.48xlarge)" in n for n in plan.notes)
+    assert any(
+        "NCCL preset: p5 (instance type p5.48xlarge: EFA with RDMA read)" in n for n in plan.notes
+    )
     assert any("8x H100" in n for n in plan.notes)
 
 
@@ -84,6 +86,56 @@ def test_auto_detects_local_efa(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     (tmp_path / "rdmap16s27").rmdir()
     (tmp_path / "mlx5_0").mkdir()
     assert choose_preset("auto", None, 2)[0] == "ib"
+
+
+def _fabric(instance_type: str) -> dict[str, str]:
+    hosts = [Host("10.0.0.1", "10.0.0.1", 0), Host("10.0.0.2", "10.0.0.2", 1)]
+    plan = cuda_launch_plan(
+        _cfg(), LaunchRequest(script="t.py", hosts=hosts, accelerator=instance_type)
+    )
+    return {k: v for k, v in plan.hosts[0].env.items() if k.startswith(("FI_", "NCCL_"))}
+
+
+@pytest.mark.parametrize("local", [None, "rdmap16s27", "mlx5_0"])
+def test_g5_and_p5_plans_get_the_fabric_aws_documents_whatever_this_machine_has(
+    local: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """AWS: RDMA read on Nitro v4 and later; g5 is Nitro v3 (EFA without RDMA read), p5 is v5.
+    libfabric aborts with FI_EFA_USE_DEVICE_RDMA=1 on a device without RDMA read. The plan is
+    for the hosts of the instance type: the devices of the machine planning it (an EFA or
+    InfiniBand laptop/login node here) change nothing."""
+    sysfs = tmp_path / "infiniband"
+    sysfs.mkdir()
+    if local:
+        (sysfs / local).mkdir()
+    monkeypatch.setattr(launch, "INFINIBAND_SYSFS", str(sysfs))
+    g5, p5 = _fabric("g5.48xlarge"), _fabric("p5.48xlarge")
+    assert g5["FI_PROVIDER"] == "efa" and "FI_EFA_USE_DEVICE_RDMA" not in g5
+    assert "NCCL_NET_GDR_LEVEL" not in g5 and "NCCL_IB_HCA" not in g5
+    assert p5["FI_PROVIDER"] == "efa" and p5["FI_EFA_USE_DEVICE_RDMA"] == "1"
+    assert p5["NCCL_NET_GDR_LEVEL"] == "PHB"
+    # a g5 size without EFA, and a type the EFA table does not list: no fabric at all
+    assert _fabric("g5.2xlarge") == {}
+    assert _fabric("g6.12xlarge") == {}
+
+
+def test_the_efa_table_follows_the_nitro_generation() -> None:
+    from aios.devices.efa import efa_family, efa_interfaces, fabric_env
+
+    for itype in ("g4dn.metal", "g5.48xlarge", "p3dn.24xlarge"):
+        assert efa_family(itype).nitro == 3 and not efa_family(itype).rdma_read, itype
+        assert fabric_env(itype) == {"FI_PROVIDER": "efa", "FI_EFA_FORK_SAFE": "1"}, itype
+    for itype in ("p4d.24xlarge", "p5.48xlarge", "trn1.32xlarge", "trn2.48xlarge"):
+        assert efa_family(itype).rdma_read, itype
+        assert fabric_env(itype)["FI_EFA_USE_DEVICE_RDMA"] == "1", itype
+    assert [efa_interfaces(t) for t in ("p5.48xlarge", "p4d.24xlarge", "g5.48xlarge")] == [
+        32,
+        4,
+        1,
+    ]
+    assert efa_interfaces("g5.xlarge") == 0 and fabric_env("g5.xlarge") == {}
+    assert choose_preset("auto", "g5.48xlarge", 2)[0] == "efa"
+    assert choose_preset("auto", "trn1.32xlarge", 2)[0] == "efa-rdma"
 
 
 def test_bad_preset_and_instance_are_errors() -> None:

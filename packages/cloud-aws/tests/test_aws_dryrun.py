@@ -256,6 +256,35 @@ def test_cli_dry_run_p5_x2(offline_env):
         assert cmd[-3:] == ["train.py", "--steps", "10"]
 
 
+def test_g5_and_p5_plans_get_the_fabric_of_their_generation_not_the_laptops(
+    offline_env, monkeypatch
+):
+    """AWS: RDMA read on Nitro v4 and later; g5 is Nitro v3, p5 v5. libfabric aborts with
+    FI_EFA_USE_DEVICE_RDMA=1 on a device without RDMA read. The variables are decided for the
+    instance type, in the plan the laptop prints; the laptop's own devices play no part (here
+    it has an EFA device: backend-cuda's local detection would have found it)."""
+    sysfs = offline_env / "sys-infiniband"
+    (sysfs / "rdmap0s6").mkdir(parents=True)
+    hook = offline_env / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        f"import aios_backend_cuda.launch as L\nL.INFINIBAND_SYSFS = {str(sysfs)!r}\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(hook))
+
+    def fabric(itype):
+        out = _dry_run(offline_env, "-a", itype, "--nodes", "2", "--region", "us-east-1")
+        envs = [_env_and_cmd(argv)[0] for argv in _worker_lines(out)]
+        assert len(envs) == 2
+        return [{k: v for k, v in e.items() if k.startswith(("FI_", "NCCL_NET"))} for e in envs]
+
+    for env in fabric("g5.48xlarge"):
+        assert env == {"FI_PROVIDER": "efa", "FI_EFA_FORK_SAFE": "1"}
+    for env in fabric("p5.48xlarge"):
+        assert env["FI_PROVIDER"] == "efa" and env["FI_EFA_USE_DEVICE_RDMA"] == "1"
+        assert env["NCCL_NET_GDR_LEVEL"] == "PHB"
+
+
 def test_cli_dry_run_python_flag_overrides_the_provider_interpreter(offline_env):
     out = _dry_run(
         offline_env,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 
+import pytest
 import yaml
 
 
@@ -329,3 +330,99 @@ def test_a_pod_no_node_can_hold_is_reported_pending_with_the_schedulers_reason(
         pending = [p for p in kube.of_kind("Pod") if p["status"]["phase"] == "Pending"]
         msg = pending[0]["status"]["conditions"][0]["message"]
         assert msg == "0/1 nodes are available: 1 Insufficient google.com/tpu."
+
+
+_JOB_PATHS = {
+    "job": "/apis/batch/v1/namespaces/default/jobs/{}",
+    "jobset": "/apis/jobset.x-k8s.io/v1alpha2/namespaces/default/jobsets/{}",
+}
+_CPU_NODES = [
+    {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": f"cpu-{i}", "labels": {"node.kubernetes.io/instance-type": "e2-8"}},
+        "status": {"allocatable": {"cpu": "8", "memory": "32Gi"}},
+    }
+    for i in range(2)
+]
+
+
+def _launch_cpu(run_aios, env, project, name, nodes, *extra):
+    return run_aios(
+        env,
+        *("launch", "--cloud", "k8s", "-a", "cpu", "--nodes", str(nodes), "--name", name),
+        *("--workdir", str(project), *extra, "train.py"),
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    "api, nodes, kind, reason",
+    [("job", 1, "Job", "(JobSuspended: Job suspended)"), ("jobset", 2, "JobSet", "(SuspendedJobs")],
+)
+def test_a_job_kueue_holds_is_reported_suspended_within_one_poll_and_runs_with_k8s_queue(
+    api, nodes, kind, reason, jobset_crd, k8s_env, run_aios, project
+):
+    """Where Kueue manages jobs without a queue name, such a job is created suspended and never
+    admitted (https://kueue.sigs.k8s.io/docs/tasks/manage/enforce_job_management/manage_jobs_without_queue_name/):
+    the follow loop says so, with the reason and the fix, at its first poll and stops; status
+    says the same. With k8s.queue naming a LocalQueue, Kueue admits it and it runs."""
+    from aios_cloud_k8s.testing import FakeKubeApi, Kueue
+
+    with FakeKubeApi(
+        nodes=_CPU_NODES, jobset_crd=jobset_crd, kueue=Kueue(local_queues=["team-a"])
+    ) as kube:
+        env = k8s_env(kube, AIOS_K8S__API=api)
+        r = _launch_cpu(run_aios, env, project, "held", nodes)
+        assert r.returncode == 1, r.stdout + r.stderr
+        said = [ln for ln in r.stdout.splitlines() if ln.startswith("[aios] suspended: ")]
+        assert len(said) == 1, r.stdout
+        assert f"{kind} held is suspended {reason}" in said[0]
+        assert "set k8s.queue to a LocalQueue of namespace default" in said[0]
+        polls = [q for q in kube.requests if q == ("GET", _JOB_PATHS[api].format("held"))]
+        assert len(polls) == 1  # reported at the first poll
+        assert kube.get(kind, "held")["spec"]["suspend"] is True and kube.of_kind("Pod") == []
+        st = json.loads(run_aios(env, "status", "--refresh", "--json").stdout)
+        state = {c["name"]: c["state"] for c in st}["held"]
+        assert state.startswith(f"SUSPENDED: {kind} held is suspended") and "k8s.queue" in state
+
+        # a LocalQueue that does not exist: Kueue's Workload says why, status shows it
+        env_b = k8s_env(kube, AIOS_K8S__API=api, AIOS_K8S__QUEUE="team-b")
+        assert _launch_cpu(run_aios, env_b, project, "wrongq", nodes, "--detach").returncode == 0
+        st = json.loads(run_aios(env_b, "status", "--refresh", "--json").stdout)
+        state = {c["name"]: c["state"] for c in st}["wrongq"]
+        assert "Kueue: LocalQueue team-b doesn't exist" in state
+        assert "waits for Kueue to admit it through LocalQueue team-b" in state
+
+        # with k8s.queue: labelled, admitted, running, and followed to completion
+        env_a = k8s_env(kube, AIOS_K8S__API=api, AIOS_K8S__QUEUE="team-a")
+        assert _launch_cpu(run_aios, env_a, project, "queued", nodes, "--detach").returncode == 0
+        top = kube.get(kind, "queued")
+        assert top["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+        assert top["spec"]["suspend"] is False
+        pods = [
+            p for p in kube.of_kind("Pod") if p["metadata"]["labels"]["aios-cluster"] == "queued"
+        ]
+        assert len(pods) == nodes and all(p["status"]["phase"] == "Running" for p in pods)
+        st = json.loads(run_aios(env_a, "status", "--refresh", "--json").stdout)
+        assert {c["name"]: c["state"] for c in st}["queued"] == "RUNNING"
+        kube.finish("queued", logs={0: "trained\n"})
+        logs = run_aios(env_a, "logs", "queued", "-f", timeout=60)
+        assert logs.returncode == 0 and "trained" in logs.stdout, logs.stdout + logs.stderr
+        assert run_aios(env_b, "down", "wrongq").returncode == 0
+        assert kube.get(kind, "wrongq") is None and len(kube.of_kind("Workload")) == 1
+
+
+def test_pods_get_a_memory_backed_dev_shm_not_the_64_mib_default(kube, k8s_env, run_aios, project):
+    """The stand-in, as a container runtime, gives /dev/shm 64 MiB unless a memory-backed
+    emptyDir is mounted there; aios mounts one on every pod (k8s.shm_size, or its default)."""
+    env = k8s_env(kube, AIOS_K8S__API="job")
+    assert _launch_cpu(run_aios, env, project, "shm1", 1, "--detach").returncode == 0
+    (pod,) = kube.of_kind("Pod")
+    assert kube.dev_shm_bytes(pod) == 2 * 2**30  # one CPU pod: 2 GiB
+    env = k8s_env(kube, AIOS_K8S__API="job", AIOS_K8S__SHM_SIZE="512Mi")
+    assert _launch_cpu(run_aios, env, project, "shm2", 1, "--detach").returncode == 0
+    pod = next(p for p in kube.of_kind("Pod") if p["metadata"]["labels"]["aios-cluster"] == "shm2")
+    assert kube.dev_shm_bytes(pod) == 512 * 2**20
+    bare = {"spec": {"containers": [{"name": "c"}]}}
+    assert kube.dev_shm_bytes(bare) == 64 * 2**20  # no volume: the runtime's default

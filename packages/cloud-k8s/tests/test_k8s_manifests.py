@@ -169,3 +169,95 @@ def test_pods_grace_matches_aios_and_gke_spot_caps_it_to_15s():
     assert spot["terminationGracePeriodSeconds"] == 15 and env[GRACE_CAP_ENV] == "15"
     assert spot["nodeSelector"]["cloud.google.com/gke-spot"] == "true"
     assert pod(True, 10.0)["terminationGracePeriodSeconds"] == 10
+
+
+def _pod_of(objs):
+    top = objs[-1]
+    if top["kind"] == "JobSet":
+        return _pod(top)
+    return top["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize(
+    "accelerator, nodes, api, memory, shm, want",
+    [
+        ("p5.48xlarge", 2, "job", None, None, "16Gi"),  # 2 GiB per GPU
+        ("v5litepod-16", 1, "jobset", None, None, "8Gi"),  # 4 chips per pod
+        ("cpu", 2, "job", "16Gi", None, "8192Mi"),  # half the memory request
+        ("cpu", 1, "jobset", None, "1Gi", "1Gi"),  # k8s.shm_size
+    ],
+)
+def test_every_pod_mounts_a_memory_backed_dev_shm(
+    accelerator, nodes, api, memory, shm, want, jobset_crd
+):
+    """A container's /dev/shm is 64 MiB unless a volume replaces it: NCCL, DataLoader workers
+    and the background checkpoint need more, and a k8s user cannot pass docker's --shm-size."""
+    req = _req(accelerator, nodes, api)
+    req.memory, req.shm_size = memory, shm
+    objs = M.manifests(req, {}, "Y29kZQ==")
+    _validate(objs, jobset_crd)
+    pod = _pod_of(objs)
+    mounts = {m["mountPath"]: m["name"] for m in pod["containers"][0]["volumeMounts"]}
+    vols = {v["name"]: v for v in pod["volumes"]}
+    shm_vol = vols[mounts["/dev/shm"]]
+    assert shm_vol["emptyDir"] == {"medium": "Memory", "sizeLimit": want}
+    assert "/aios/code" in mounts  # the code volume is still there
+
+
+def test_a_bad_shm_size_is_one_line():
+    from aios.errors import ConfigError
+
+    req = _req("cpu", 1)
+    req.shm_size = "lots"
+    with pytest.raises(ConfigError, match="k8s.shm_size='lots' is not a memory size"):
+        M.manifests(req, {}, "")
+
+
+def test_kueue_queue_label_on_the_job_and_the_jobset(jobset_crd):
+    """Kueue reads the LocalQueue from metadata.labels of a Job and of a JobSet
+    (https://kueue.sigs.k8s.io/docs/tasks/run/jobs/, .../run/jobsets/); not on the pods."""
+    for accelerator, api in (("v5litepod-16", "jobset"), ("cpu", "job")):
+        req = _req(accelerator, 1, api)
+        req.queue = "team-a"
+        objs = M.manifests(req, {}, "")
+        _validate(objs, jobset_crd)
+        top = objs[-1]
+        assert top["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+        assert "kueue.x-k8s.io/queue-name" not in _pod_of(objs).get("metadata", {}).get(
+            "labels", {}
+        )
+        req.queue = None
+        assert "kueue.x-k8s.io/queue-name" not in M.manifests(req, {}, "")[-1]["metadata"]["labels"]
+
+
+def test_indexed_job_retries_each_index_not_the_whole_job(jobset_crd):
+    """backoffLimit counts failed pods over all indexes: one lost pod 0 and its peers failing
+    with it spent --max-restarts at once. backoffLimitPerIndex counts per index
+    (https://kubernetes.io/docs/concepts/workloads/controllers/job/#backoff-limit-per-index)."""
+    req = _req("cpu", 4, "job")
+    req.backoff_limit = 3
+    svc, job = M.indexed_job(req)
+    kubernetes_validate.validate(job, K8S_VERSION, strict=True)
+    spec = job["spec"]
+    assert spec["backoffLimitPerIndex"] == 3 and spec["maxFailedIndexes"] == 0
+    assert "backoffLimit" not in spec
+    assert spec["completionMode"] == "Indexed"
+    assert spec["template"]["spec"]["restartPolicy"] == "Never"  # the feature requires it
+
+
+def test_eks_efa_env_follows_the_node_instance_types_generation():
+    """AWS: RDMA read on Nitro v4+; g5 is Nitro v3. libfabric aborts with
+    FI_EFA_USE_DEVICE_RDMA=1 on a device without RDMA read."""
+
+    def env(accelerator):
+        c = _pod(M.jobset(_req(accelerator, 2)))["containers"][0]
+        return {e["name"]: e.get("value") for e in c["env"]}, c["resources"]["limits"]
+
+    g5, g5_limits = env("g5.48xlarge")
+    assert g5["FI_PROVIDER"] == "efa" and "FI_EFA_USE_DEVICE_RDMA" not in g5
+    assert g5_limits["vpc.amazonaws.com/efa"] == "1"
+    p5, p5_limits = env("p5.48xlarge")
+    assert p5["FI_PROVIDER"] == "efa" and p5["FI_EFA_USE_DEVICE_RDMA"] == "1"
+    assert p5_limits["vpc.amazonaws.com/efa"] == "32"
+    g5_small, small_limits = env("g5.xlarge")  # no EFA on that size
+    assert "FI_PROVIDER" not in g5_small and "vpc.amazonaws.com/efa" not in small_limits

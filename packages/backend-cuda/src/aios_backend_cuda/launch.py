@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from aios.devices.efa import EFA_BASE_ENV, EFA_RDMA_ENV, efa_family, efa_interfaces
 from aios.errors import ConfigError, LaunchError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -57,23 +58,32 @@ INSTANCE_GPUS: dict[str, tuple[int, str]] = {
 }
 
 # EFA (Elastic Fabric Adapter): NCCL reaches it through the aws-ofi-nccl plugin over libfabric.
+# What an instance type's EFA can do (RDMA read or not, interfaces) is aios.devices.efa's table, the one
+# place those facts live; the presets add NCCL's side.
 _EFA = {
-    "FI_PROVIDER": "efa",  # libfabric uses the EFA provider, never TCP/sockets
-    "FI_EFA_USE_DEVICE_RDMA": "1",  # GPUDirect RDMA on p4d/p5 (NIC reads GPU memory directly)
-    "FI_EFA_FORK_SAFE": "1",  # dataloader workers fork after EFA is opened
-    "NCCL_NET_GDR_LEVEL": "PHB",  # allow GPUDirect when GPU and NIC share a PCIe host bridge
+    **EFA_BASE_ENV,  # FI_PROVIDER=efa, FI_EFA_FORK_SAFE=1
     "NCCL_SOCKET_IFNAME": "^lo,docker",  # bootstrap over the real ENA interface, not lo/docker
+}
+# Only where the EFA device has RDMA read (Nitro v4+: p4d, p5, p6, trn1, trn2): with
+# FI_EFA_USE_DEVICE_RDMA=1 libfabric aborts on a device without it (g4dn, g5, p3dn).
+_EFA_RDMA = {
+    **_EFA,
+    **EFA_RDMA_ENV,  # GPUDirect RDMA: the NIC reads GPU memory directly
+    "NCCL_NET_GDR_LEVEL": "PHB",  # allow GPUDirect when GPU and NIC share a PCIe host bridge
 }
 
 PRESETS: dict[str, dict[str, str]] = {
     "none": {},
-    # Generic EFA instance (trn1, g5/g6 with EFA, or p-class when the type is unknown).
+    # EFA whose RDMA read is not known (g4dn/g5/p3dn, or EFA devices found on this host):
+    # libfabric uses the device's RDMA only where it has it (FI_EFA_USE_DEVICE_RDMA unset).
     "efa": dict(_EFA),
+    # EFA with RDMA read (Nitro v4+ types without a preset of their own).
+    "efa-rdma": dict(_EFA_RDMA),
     # p4d.24xlarge / p4de: 8x A100 on NVSwitch, 4x 100 Gbps EFA. The EFA devices show up as
     # rdmap* verbs devices; NCCL_IB_HCA names them for NCCL builds that probe verbs devices.
-    "p4d": {**_EFA, "NCCL_IB_HCA": "rdmap"},
+    "p4d": {**_EFA_RDMA, "NCCL_IB_HCA": "rdmap"},
     # p5.48xlarge / p5e / p5en: 8x H100/H200 on NVSwitch, 32x 100 Gbps EFA (3200 Gbps).
-    "p5": {**_EFA, "NCCL_IB_HCA": "rdmap"},
+    "p5": {**_EFA_RDMA, "NCCL_IB_HCA": "rdmap"},
     # InfiniBand clusters (Mellanox ConnectX): NCCL's own IB transport.
     "ib": {"NCCL_IB_HCA": "mlx5", "NCCL_NET_GDR_LEVEL": "PHB", "NCCL_SOCKET_IFNAME": "^lo,docker"},
 }
@@ -82,20 +92,25 @@ INFINIBAND_SYSFS = "/sys/class/infiniband"
 
 
 def preset_for_instance(instance_type: str | None) -> str | None:
-    """The preset an AWS instance type calls for (``p4d``, ``p5``), or None when it has no EFA
-    preset of its own."""
-    if not instance_type:
+    """The preset an AWS instance type calls for, from :mod:`aios.devices.efa`'s table: ``p4d``/``p5``
+    for those families, ``efa-rdma`` for other EFA types with RDMA read, ``efa`` for EFA types
+    without it (g4dn, g5, p3dn), ``none`` for a listed family's size without EFA; None when the
+    table does not list the family."""
+    fam = efa_family(instance_type)
+    if fam is None:
         return None
-    family = instance_type.split(".", 1)[0].lower()
-    if family in ("p4d", "p4de"):
+    if efa_interfaces(instance_type) == 0:
+        return "none"
+    if fam.family in ("p4d", "p4de"):
         return "p4d"
-    if family in ("p5", "p5e", "p5en", "p6-b200", "p6-b300"):
+    if fam.family in ("p5", "p5e", "p5en", "p6-b200", "p6-b300"):
         return "p5"  # EFA devices as rdmap* verbs devices, as on p5
-    return None
+    return "efa-rdma" if fam.rdma_read else "efa"
 
 
 def _local_fabric() -> str | None:
-    """``efa`` when EFA devices (rdmap*) are present, ``ib`` for mlx5 HCAs, else None."""
+    """``efa`` when EFA devices (rdmap*) are present, ``ib`` for mlx5 HCAs, else None. Only for
+    a plan for this machine (no instance type): it says nothing about another host."""
     p = Path(INFINIBAND_SYSFS)
     if not p.is_dir():
         return None
@@ -118,8 +133,17 @@ def choose_preset(preset: str, instance_type: str | None, nnodes: int) -> tuple[
     if nnodes <= 1:  # a single node, even a p5, launches without EFA interfaces
         return "none", "single node: NVLink/PCIe only, no network preset needed"
     by_type = preset_for_instance(instance_type)
+    if by_type == "none":
+        return "none", f"{instance_type} has no EFA interface; NCCL uses TCP sockets"
     if by_type:
-        return by_type, f"instance type {instance_type}"
+        fam = efa_family(instance_type)
+        rdma = "with" if fam is not None and fam.rdma_read else "without"
+        return by_type, f"instance type {instance_type}: EFA {rdma} RDMA read"
+    if instance_type:  # the hosts are of this type, not this machine: its devices say nothing
+        return "none", (
+            f"{instance_type} is not in aios's EFA table (aios.devices.efa); NCCL uses TCP sockets. "
+            "Set cuda.nccl_preset=efa if its hosts have EFA"
+        )
     fabric = _local_fabric()
     if fabric:
         return fabric, f"{fabric.upper()} devices under {INFINIBAND_SYSFS}"
@@ -204,7 +228,7 @@ def cuda_launch_plan(
     notes: list[str] = []
     if gpus_per_host is None and request.accelerator:
         known = INSTANCE_GPUS.get(request.accelerator)
-        if known is None and preset_for_instance(request.accelerator) is None:
+        if known is None and preset_for_instance(request.accelerator) in (None, "none"):
             raise LaunchError(
                 f"unknown GPU instance type {request.accelerator!r} for the cuda backend",
                 f"use one of: {', '.join(sorted(INSTANCE_GPUS))}, or pass the GPU count",

@@ -11,7 +11,7 @@ from typing import Literal
 from aios.config.schema import Section
 from pydantic import Field
 
-NcclPreset = Literal["auto", "none", "p4d", "p5", "efa", "ib"]
+NcclPreset = Literal["auto", "none", "p4d", "p5", "efa", "efa-rdma", "ib"]
 
 
 class CudaSettings(Section):
@@ -33,7 +33,7 @@ class CudaSettings(Section):
     nccl_preset: NcclPreset = Field(
         "auto",
         description="NCCL/EFA environment for multi-node runs: auto (from the instance type or the EFA "
-        "devices found), none, p4d, p5, efa, ib",
+        "devices found), none, p4d, p5, efa, efa-rdma (EFA with RDMA read: Nitro v4+), ib",
     )
     nccl_socket_ifname: str | None = Field(
         None, description="NCCL_SOCKET_IFNAME (bootstrap interface); presets exclude lo and docker"

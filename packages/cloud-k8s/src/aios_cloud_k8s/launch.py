@@ -28,6 +28,10 @@ class K8sAccess(Protocol):
     grace_seconds: float
     #: the scheduler's reason for a pod that waits, set by :meth:`job_state` ("" when none)
     pending_reason: str
+    #: why a suspended job waits and the fix, set by :meth:`job_state` ("" when none)
+    suspended_reason: str
+    #: whether the suspended job carries a Kueue queue label (then it may still be admitted)
+    suspended_queued: bool
 
     def client(self) -> Any: ...
     def check_node_pools(self, place: M.Placement) -> M.Placement: ...
@@ -108,7 +112,7 @@ def build(
     job_env = dict(env)
     if p.checkpoint_dir:
         job_env["AIOS_CHECKPOINT__DIR"] = p.checkpoint_dir
-    return M.JobRequest(
+    req = M.JobRequest(
         name=name,
         namespace=s.namespace,
         image=s.image,
@@ -126,7 +130,11 @@ def build(
         max_restarts=p.max_restarts,
         grace_seconds=provider.grace_seconds,
         spot=p.spot,
+        queue=s.queue,
+        shm_size=s.shm_size,
     )
+    M.shm_size(req)  # a bad k8s.shm_size / k8s.memory: one line, before anything is created
+    return req
 
 
 def _code(provider: K8sAccess, p: LaunchRequest, name: str) -> str:
@@ -291,9 +299,11 @@ def follow(
     last, said = "", ""
     while True:
         state, _ = provider.job_state(name, api)
-        reason = provider.pending_reason if state == "PENDING" else ""
+        reason = {"PENDING": provider.pending_reason, "SUSPENDED": provider.suspended_reason}.get(
+            state, ""
+        )
         if reason and reason != said:
-            echo(f"[aios] pending: {reason}")
+            echo(f"[aios] {state.lower()}: {reason}")
             said = reason
         if state != last:
             store.update_cluster(name, state=state)
@@ -302,6 +312,10 @@ def follow(
             last = state
         if state in ("COMPLETED", "FAILED", "GONE"):
             break
+        if state == "SUSPENDED" and not provider.suspended_queued:
+            # no queue label: Kueue never admits it; waiting here would be forever (the line
+            # above said why and what to do). The job is left for `aios down`.
+            return 1
         time.sleep(poll)
     for pod in provider.pods(name):
         for line in provider.pod_log(pod.metadata.name).splitlines():

@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from aios.devices.efa import efa_interfaces, fabric_env
 from aios.errors import ConfigError
 from aios.launcher.contract import GRACE_CAP_ENV
 
@@ -69,22 +70,33 @@ _3D = {
     4096: "16x16x16",
 }
 
-# EKS instance types: (kind, devices, efa interfaces)
-EKS_INSTANCES: dict[str, tuple[str, int, int]] = {
-    "trn1.2xlarge": ("neuron", 1, 0),
-    "trn1.32xlarge": ("neuron", 16, 8),
-    "trn1n.32xlarge": ("neuron", 16, 16),
-    "trn2.48xlarge": ("neuron", 16, 16),
-    "inf2.48xlarge": ("neuron", 12, 0),
-    "p4d.24xlarge": ("gpu", 8, 4),
-    "p4de.24xlarge": ("gpu", 8, 4),
-    "p5.48xlarge": ("gpu", 8, 32),
-    "p5e.48xlarge": ("gpu", 8, 32),
-    "g5.xlarge": ("gpu", 1, 0),
-    "g5.12xlarge": ("gpu", 4, 0),
-    "g5.48xlarge": ("gpu", 8, 1),
-    "g6.xlarge": ("gpu", 1, 0),
+# EKS instance types: (kind, devices). Their EFA interfaces and libfabric variables come from
+# aios.devices.efa's table (RDMA read only on Nitro v4+ families), the same one backend-cuda reads.
+EKS_INSTANCES: dict[str, tuple[str, int]] = {
+    "trn1.2xlarge": ("neuron", 1),
+    "trn1.32xlarge": ("neuron", 16),
+    "trn1n.32xlarge": ("neuron", 16),
+    "trn2.48xlarge": ("neuron", 16),
+    "inf2.48xlarge": ("neuron", 12),
+    "p4d.24xlarge": ("gpu", 8),
+    "p4de.24xlarge": ("gpu", 8),
+    "p5.48xlarge": ("gpu", 8),
+    "p5e.48xlarge": ("gpu", 8),
+    "g5.xlarge": ("gpu", 1),
+    "g5.12xlarge": ("gpu", 4),
+    "g5.48xlarge": ("gpu", 8),
+    "g6.xlarge": ("gpu", 1),
 }
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"  # https://kueue.sigs.k8s.io/docs/tasks/run/jobs/
+# Kueue's Workload of a job carries the job's uid in this label
+# (https://kueue.sigs.k8s.io/docs/tasks/troubleshooting/troubleshooting_jobs/)
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_VERSION = "v1beta1"
+KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+SHM_VOLUME = "aios-shm"
+#: /dev/shm per accelerator device when neither k8s.shm_size nor k8s.memory says otherwise
+SHM_PER_DEVICE = 2 * 2**30
 
 
 @dataclass
@@ -157,14 +169,12 @@ def placement(accelerator: str, nodes: int) -> Placement:
     if accelerator == "cpu":
         return Placement("cpu", "cpu", pods_per_job=nodes, backend="cpu")
     if accelerator in EKS_INSTANCES:
-        kind, devices, efa = EKS_INSTANCES[accelerator]
+        kind, devices = EKS_INSTANCES[accelerator]
         res = {"aws.amazon.com/neuron" if kind == "neuron" else "nvidia.com/gpu": str(devices)}
-        env: dict[str, str] = {}
-        if efa:
-            res["vpc.amazonaws.com/efa"] = str(efa)
-            env.update(
-                {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1"}
-            )
+        # the node's instance type (the pods' nodeSelector) decides, never this machine
+        env: dict[str, str] = fabric_env(accelerator)
+        if efa_interfaces(accelerator):
+            res[EFA_RESOURCE] = str(efa_interfaces(accelerator))
         if kind == "neuron":
             env["NEURON_CC_FLAGS"] = (
                 "--retry_failed_compilation"  # the rest comes from the neuron backend's plan
@@ -226,10 +236,12 @@ class JobRequest:
     service_account: str | None = None
     cpu: str | None = None
     memory: str | None = None
-    backoff_limit: int = 0  # indexed Job: pod retries
+    backoff_limit: int = 0  # indexed Job: retries of each index (backoffLimitPerIndex)
     max_restarts: int = 0  # JobSet: whole-set restarts (preemption recovery)
     grace_seconds: float = 25.0  # checkpoint.grace_seconds: the pods' terminationGracePeriodSeconds
     spot: bool = False  # GKE Spot nodes (cloud.google.com/gke-spot)
+    queue: str | None = None  # Kueue LocalQueue (kueue.x-k8s.io/queue-name)
+    shm_size: str | None = None  # /dev/shm sizeLimit (default: :func:`shm_size`)
 
 
 #: GKE gives non-system pods on a Spot node at most this long after the node's termination
@@ -247,6 +259,53 @@ def pod_grace(req: JobRequest) -> int:
 
     grace = math.ceil(req.grace_seconds)
     return min(grace, GKE_SPOT_GRACE_S) if req.spot else grace
+
+
+_UNITS = {
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "k": 10**3,
+    "K": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+}
+
+
+def quantity_bytes(value: str, setting: str) -> int:
+    """A Kubernetes memory quantity (``16Gi``, ``512Mi``, ``32G``, ``1073741824``) in bytes; one
+    line naming ``setting`` when it is not one."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(Ki|Mi|Gi|Ti|k|K|M|G|T)?\s*", str(value))
+    if not m or float(m.group(1)) <= 0:
+        raise ConfigError(
+            f"{setting}={value!r} is not a memory size",
+            f"set {setting} to a Kubernetes quantity such as 16Gi or 512Mi",
+        )
+    return int(float(m.group(1)) * _UNITS.get(m.group(2) or "", 1))
+
+
+def shm_size(req: JobRequest) -> str:
+    """The ``sizeLimit`` of the pods' memory-backed ``/dev/shm``: ``k8s.shm_size``; else half
+    of the pod's memory request (``k8s.memory``: a memory-backed emptyDir counts against the
+    container's memory, https://kubernetes.io/docs/concepts/storage/volumes/#emptydir); else
+    :data:`SHM_PER_DEVICE` per accelerator device of the pod (its ranks share it: NCCL's
+    intra-node buffers, DataLoader workers, aios's background checkpoint), one for CPU pods."""
+    if req.shm_size:
+        quantity_bytes(req.shm_size, "k8s.shm_size")
+        return req.shm_size
+    if req.memory:
+        return f"{quantity_bytes(req.memory, 'k8s.memory') // 2 // 2**20}Mi"
+    devices = max(
+        [
+            int(v)
+            for k, v in req.place.resources.items()
+            if k in (TPU_RESOURCE, "nvidia.com/gpu", "aws.amazon.com/neuron")
+        ]
+        or [1]
+    )
+    return f"{max(1, devices) * SHM_PER_DEVICE // 2**30}Gi"
 
 
 def _pod_spec(req: JobRequest, extra_env: list[dict[str, Any]]) -> dict[str, Any]:
@@ -288,11 +347,18 @@ def _pod_spec(req: JobRequest, extra_env: list[dict[str, Any]]) -> dict[str, Any
         "terminationGracePeriodSeconds": grace,
         "containers": [container],
     }
+    # a container's /dev/shm is 64 MiB unless a volume replaces it: NCCL (intra-node transport),
+    # DataLoader workers and the background checkpoint need more; memory-backed emptyDir
+    # (https://kubernetes.io/docs/concepts/storage/volumes/#emptydir)
+    container["volumeMounts"] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
+    spec["volumes"] = [
+        {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": shm_size(req)}}
+    ]
     if req.code_configmap:
-        container["volumeMounts"] = [
+        container["volumeMounts"].append(
             {"name": "aios-code", "mountPath": "/aios/code", "readOnly": True}
-        ]
-        spec["volumes"] = [{"name": "aios-code", "configMap": {"name": req.code_configmap}}]
+        )
+        spec["volumes"].append({"name": "aios-code", "configMap": {"name": req.code_configmap}})
     selector = {**p.node_selector, **({SPOT_LABEL: "true"} if req.spot else {})}
     if selector:
         spec["nodeSelector"] = selector
@@ -318,6 +384,13 @@ def _labels(req: JobRequest) -> dict[str, str]:
     return {CLUSTER_LABEL: req.name}
 
 
+def _top_labels(req: JobRequest) -> dict[str, str]:
+    """The Job's/JobSet's own labels: with ``k8s.queue``, the LocalQueue Kueue admits it through
+    (``metadata.labels``, for a Job and a JobSet alike:
+    https://kueue.sigs.k8s.io/docs/tasks/run/jobs/, https://kueue.sigs.k8s.io/docs/tasks/run/jobsets/)."""
+    return {**_labels(req), **({QUEUE_LABEL: req.queue} if req.queue else {})}
+
+
 def jobset(req: JobRequest) -> dict[str, Any]:
     p = req.place
     rjob = "slice" if p.kind == "tpu" else "workers"
@@ -331,7 +404,11 @@ def jobset(req: JobRequest) -> dict[str, Any]:
             "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{JOB_INDEX_LABEL}']"}},
         },
     ]
-    meta: dict[str, Any] = {"name": req.name, "namespace": req.namespace, "labels": _labels(req)}
+    meta: dict[str, Any] = {
+        "name": req.name,
+        "namespace": req.namespace,
+        "labels": _top_labels(req),
+    }
     if p.kind == "tpu":
         meta["annotations"] = {EXCLUSIVE_TOPOLOGY: NODEPOOL_LABEL}  # one slice per node pool
     return {
@@ -391,12 +468,17 @@ def indexed_job(req: JobRequest) -> list[dict[str, Any]]:
     job = {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {"name": req.name, "namespace": req.namespace, "labels": _labels(req)},
+        "metadata": {"name": req.name, "namespace": req.namespace, "labels": _top_labels(req)},
         "spec": {
             "parallelism": p.pods_per_job,
             "completions": p.pods_per_job,
             "completionMode": "Indexed",
-            "backoffLimit": req.backoff_limit,
+            # --max-restarts counts per index: backoffLimit counts failed pods over all indexes,
+            # so one lost pod (and its peers failing with it) spent the whole budget. The first
+            # index out of retries ends the Job (maxFailedIndexes 0): its peers cannot train on.
+            # https://kubernetes.io/docs/concepts/workloads/controllers/job/#backoff-limit-per-index
+            "backoffLimitPerIndex": req.backoff_limit,
+            "maxFailedIndexes": 0,
             "template": {"metadata": {"labels": _labels(req)}, "spec": pod},
         },
     }

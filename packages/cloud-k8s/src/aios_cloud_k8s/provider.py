@@ -42,6 +42,10 @@ class K8sProvider(SchedulerProvider):
     cli = "kubectl"
 
     pending_reason: str = ""
+    #: why a suspended job waits and the fix (set by :meth:`job_state`; "" when not suspended)
+    suspended_reason: str = ""
+    #: whether the suspended job carries a Kueue queue label (it may be admitted later)
+    suspended_queued: bool = False
 
     def __init__(self, config: Any = None) -> None:
         from aios_cloud_k8s.settings import K8sSettings
@@ -249,12 +253,20 @@ class K8sProvider(SchedulerProvider):
             if obj is None:
                 return "GONE", {}
             status = obj.get("status") or {}
-            conds = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
-            if conds.get("Completed") == "True":
+            conds = {c.get("type"): c for c in status.get("conditions") or []}
+            if (conds.get("Completed") or {}).get("status") == "True":
                 return "COMPLETED", status
-            if conds.get("Failed") == "True":
+            if (conds.get("Failed") or {}).get("status") == "True":
                 return "FAILED", status
-            if conds.get("Suspended") == "True":
+            suspended = conds.get("Suspended") or {}
+            if suspended.get("status") == "True" or (obj.get("spec") or {}).get("suspend"):
+                self._suspended(
+                    "JobSet",
+                    name,
+                    obj["metadata"],
+                    suspended.get("reason") or "",
+                    suspended.get("message") or "",
+                )
                 return "SUSPENDED", status
             return self._pods_state(name), status
         obj = self._call(
@@ -263,12 +275,81 @@ class K8sProvider(SchedulerProvider):
         if obj is None:
             return "GONE", {}
         st = obj.status
-        conds = {c.type: c.status for c in (st.conditions or [])}
-        if conds.get("Complete") == "True":
+        conds = {c.type: c for c in (st.conditions or [])}
+        true = {t for t, c in conds.items() if c.status == "True"}
+        if "Complete" in true:
             return "COMPLETED", {"succeeded": st.succeeded}
-        if conds.get("Failed") == "True":
+        if "Failed" in true:
             return "FAILED", {"failed": st.failed}
+        cond = conds.get("Suspended")
+        if "Suspended" in true or obj.spec.suspend:
+            meta = {"uid": obj.metadata.uid, "labels": obj.metadata.labels or {}}
+            self._suspended(
+                "Job",
+                name,
+                meta,
+                (cond.reason or "") if cond is not None else "",
+                (cond.message or "") if cond is not None else "",
+            )
+            return "SUSPENDED", {"active": st.active}
         return self._pods_state(name), {"active": st.active}
+
+    def _suspended(
+        self, kind: str, name: str, meta: dict[str, Any], reason: str, message: str
+    ) -> None:
+        """Why a suspended Job/JobSet waits, and the fix, in :attr:`suspended_reason`.
+
+        Kueue creates the jobs it manages suspended and resumes them once their Workload is
+        admitted (https://kueue.sigs.k8s.io/docs/tasks/run/jobs/); where it manages jobs
+        without a queue name, such a job "will not be considered for admission by Kueue until
+        [it is] edited to have a kueue.x-k8s.io/queue-name label"
+        (https://kueue.sigs.k8s.io/docs/tasks/manage/enforce_job_management/manage_jobs_without_queue_name/).
+        The Workload's own condition says why it is not admitted (quota, a missing LocalQueue).
+        """
+        ns = self.settings.namespace
+        queue = (meta.get("labels") or {}).get(M.QUEUE_LABEL)
+        self.suspended_queued = bool(queue)
+        why = f"{kind} {name} is suspended"
+        if reason or message:
+            why += f" ({': '.join(x for x in (reason, message) if x)})"
+        admission = self._workload_message(meta.get("uid") or "")
+        if admission:
+            why += f"; Kueue: {admission}"
+        if queue:
+            self.suspended_reason = (
+                f"{why}; it waits for Kueue to admit it through LocalQueue {queue} "
+                f"(kubectl -n {ns} get workloads)"
+            )
+        else:
+            self.suspended_reason = (
+                f"{why}; it has no queue, so Kueue never admits it: set k8s.queue to a "
+                f"LocalQueue of namespace {ns} (kubectl -n {ns} get localqueues), "
+                f"then `aios down {name}` and launch again"
+            )
+
+    def _workload_message(self, uid: str) -> str:
+        """The message of the Kueue Workload of the job with ``uid`` (its ``QuotaReserved`` or
+        ``Admitted`` condition), "" when Kueue or the Workload is not there or not readable."""
+        if not uid:
+            return ""
+        try:
+            found = self._call(
+                "listing Kueue workloads",
+                self.custom().list_namespaced_custom_object,
+                M.KUEUE_GROUP,
+                M.KUEUE_VERSION,
+                self.settings.namespace,
+                "workloads",
+                label_selector=f"{M.KUEUE_JOB_UID_LABEL}={uid}",
+                missing_ok=True,
+            )
+        except CloudError:  # no RBAC on Kueue's objects: the job's own condition still says it
+            return ""
+        for wl in (found or {}).get("items") or []:
+            for c in (wl.get("status") or {}).get("conditions") or []:
+                if c.get("type") in ("QuotaReserved", "Admitted") and c.get("status") == "False":
+                    return str(c.get("message") or c.get("reason") or "")
+        return ""
 
     def _pods_state(self, name: str) -> str:
         """RUNNING once every pod of the job runs; PENDING while any waits (a Job's and a
@@ -301,6 +382,7 @@ class K8sProvider(SchedulerProvider):
             accelerator=rec.accelerator,
             state=state,
             raw=raw,
+            waiting=self.suspended_reason if state == "SUSPENDED" else "",
         )
 
     def start(self, name: str, zone: str | None) -> ClusterInfo:

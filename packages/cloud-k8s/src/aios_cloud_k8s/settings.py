@@ -32,6 +32,16 @@ class K8sSettings(Section):
     service_account: str | None = None
     cpu: str | None = Field(None, description="CPU request per pod (e.g. '8')")
     memory: str | None = Field(None, description="memory request per pod (e.g. '32Gi')")
+    queue: str | None = Field(
+        None,
+        description="Kueue LocalQueue of the namespace (label kueue.x-k8s.io/queue-name on the "
+        "Job/JobSet); on clusters where Kueue manages jobs, one without a queue stays suspended",
+    )
+    shm_size: str | None = Field(
+        None,
+        description="size of the memory-backed /dev/shm on every pod (e.g. '16Gi'); default: half "
+        "of k8s.memory when set, else 2Gi per accelerator device of the pod (2Gi for CPU pods)",
+    )
     master_port: int = Field(29500, ge=1, le=65535)
     max_code_kib: int = Field(
         900, ge=1, description="code shipped in a ConfigMap (Kubernetes caps objects at 1 MiB)"

@@ -25,6 +25,27 @@ the scheduler's "0/N nodes are available: ..." message. As the real controllers 
 ``status.active`` and a JobSet's ``replicatedJobsStatus[].active`` count pending pods too
 (https://kubernetes.io/docs/concepts/workloads/controllers/job/: "active: the number of pending
 and running pods"): a JobSet whose pods cannot schedule still looks active.
+
+Kueue, when ``kueue`` is given (:class:`Kueue`), as its documentation says it behaves:
+
+* its webhook creates every Job/JobSet it manages suspended (``spec.suspend: true``) and resumes
+  it once its Workload is admitted (https://kueue.sigs.k8s.io/docs/tasks/run/jobs/); a job is
+  managed when it carries ``kueue.x-k8s.io/queue-name`` in its ``metadata.labels`` (for a Job
+  and a JobSet alike, https://kueue.sigs.k8s.io/docs/tasks/run/jobsets/), or always with
+  ``manageJobsWithoutQueueName``, where a job without the label "will be suspended ... [and] not
+  considered for admission"
+  (https://kueue.sigs.k8s.io/docs/tasks/manage/enforce_job_management/manage_jobs_without_queue_name/);
+* a Workload (``kueue.x-k8s.io/v1beta1``, labelled ``kueue.x-k8s.io/job-uid``) per queued job:
+  admitted when its LocalQueue exists, else ``QuotaReserved=False`` with the reason;
+* a suspended Job carries the Job controller's ``Suspended``/``JobSuspended``/"Job suspended"
+  condition (https://kubernetes.io/docs/concepts/workloads/controllers/job/#suspending-a-job),
+  a suspended JobSet the JobSet controller's ``Suspended``/``SuspendedJobs``/"jobset is
+  suspended"; neither has pods.
+
+Pods get the container runtime's default 64 MiB ``/dev/shm`` unless a memory-backed
+``emptyDir`` is mounted there (:meth:`FakeKubeApi.dev_shm_bytes`; Docker's ``--shm-size``
+default, which Kubernetes does not change:
+https://kubernetes.io/docs/concepts/storage/volumes/#emptydir).
 """
 
 from __future__ import annotations
@@ -35,6 +56,7 @@ import signal
 import threading
 import time
 import uuid
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -114,18 +136,35 @@ def spec_pods(spec: dict[str, Any]) -> int:
     return int(spec.get("parallelism", 1))
 
 
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+#: a container's /dev/shm without a volume there: the runtime's default (Docker --shm-size 64m)
+DEFAULT_SHM_BYTES = 64 * 2**20
+
+
+@dataclass
+class Kueue:
+    """Kueue in the cluster: the namespace's LocalQueues, and whether it manages jobs without a
+    queue name (``manageJobsWithoutQueueName``, as on clusters that enforce queues)."""
+
+    local_queues: list[str] = field(default_factory=list)
+    manage_jobs_without_queue_name: bool = True
+
+
 class FakeKubeApi:
     def __init__(
         self,
         nodes: list[dict[str, Any]] | None = None,
         jobset_crd: dict[str, Any] | None = None,
         k8s_version: str = "1.30.0",
+        kueue: Kueue | None = None,
     ) -> None:
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}  # (kind, ns, name) -> obj
         self.logs: dict[tuple[str, str], str] = {}
         self.nodes = nodes or []
         self.jobset_schema = (jobset_crd or {}).get("openAPIV3Schema")
         self.k8s_version = k8s_version
+        self.kueue = kueue
         self.requests: list[tuple[str, str]] = []
         self.lock = threading.Lock()
         api = self
@@ -234,6 +273,28 @@ class FakeKubeApi:
                     ]
                 }
 
+    def dev_shm_bytes(self, pod: dict[str, Any]) -> int:
+        """The size of ``/dev/shm`` in the pod's first container: a memory-backed ``emptyDir``
+        mounted there gives its ``sizeLimit`` (the node's allocatable memory without one), else
+        the runtime's 64 MiB."""
+        spec = pod["spec"]
+        vols = {v["name"]: v for v in spec.get("volumes") or []}
+        for m in spec["containers"][0].get("volumeMounts") or []:
+            vol = vols.get(m["name"]) or {}
+            ed = vol.get("emptyDir")
+            if m.get("mountPath") == "/dev/shm" and ed is not None and ed.get("medium") == "Memory":
+                if ed.get("sizeLimit"):
+                    return int(_quantity(ed["sizeLimit"]))
+                node = next(
+                    (n for n in self.nodes if n["metadata"]["name"] == spec.get("nodeName")), {}
+                )
+                return int(
+                    _quantity(
+                        ((node.get("status") or {}).get("allocatable") or {}).get("memory", 0)
+                    )
+                )
+        return DEFAULT_SHM_BYTES
+
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
@@ -286,6 +347,11 @@ class FakeKubeApi:
         m = re.match(r"^/apis/batch/v1/namespaces/([^/]+)/jobs(?:/([^/]+))?$", path)
         if m:
             return self._crud(method, "Job", "jobs", "batch/v1", m.group(1), m.group(2), q, body)
+        m = re.match(r"^/apis/kueue\.x-k8s\.io/v1beta1/namespaces/([^/]+)/workloads$", path)
+        if m and self.kueue is not None and method == "GET":
+            return self._crud(
+                method, "Workload", "workloads", "kueue.x-k8s.io/v1beta1", m.group(1), None, q, body
+            )
         m = re.match(
             r"^/apis/jobset\.x-k8s\.io/v1alpha2/namespaces/([^/]+)/jobsets(?:/([^/]+))?$", path
         )
@@ -376,7 +442,7 @@ class FakeKubeApi:
                     for k, v in obj.pop("stringData").items()
                 }
             self.objects[(kind, ns, oname)] = obj
-            if kind in ("Job", "JobSet"):
+            if kind in ("Job", "JobSet") and not self._kueue_holds(kind, ns, obj):
                 self._pods(kind, ns, obj)
             return 201, obj, False
         key = (kind, ns, name or "")
@@ -395,8 +461,70 @@ class FakeKubeApi:
                     and o["metadata"].get("labels", {}).get("aios-owner") == f"{kind}/{name}"
                 ]:
                     self.objects.pop(k)
+                # its Kueue Workload is owned by it: garbage-collected with it
+                uid = obj["metadata"].get("uid")
+                for k in [
+                    k
+                    for k, o in self.objects.items()
+                    if k[0] == "Workload" and o["metadata"]["labels"].get(JOB_UID_LABEL) == uid
+                ]:
+                    self.objects.pop(k)
             return 200, obj, False
         return 405, _status(405, "MethodNotAllowed", method), False
+
+    def _kueue_holds(self, kind: str, ns: str, obj: dict[str, Any]) -> bool:
+        """Kueue's webhook and controller on a new Job/JobSet: True when it stays suspended."""
+        if self.kueue is None:
+            return False
+        queue = (obj["metadata"].get("labels") or {}).get(QUEUE_LABEL)
+        if not queue and not self.kueue.manage_jobs_without_queue_name:
+            return False  # not Kueue's: the job runs as created
+        obj["spec"]["suspend"] = True  # the webhook suspends every job Kueue manages
+        admitted = bool(queue) and queue in self.kueue.local_queues
+        if queue:  # a Workload per queued job, with its admission
+            wname = f"{kind.lower()}-{obj['metadata']['name']}-{uuid.uuid4().hex[:5]}"
+            cond = (
+                {"type": "Admitted", "status": "True", "reason": "Admitted", "message": ""}
+                if admitted
+                else {
+                    "type": "QuotaReserved",
+                    "status": "False",
+                    "reason": "Inadmissible",
+                    "message": f"LocalQueue {queue} doesn't exist",
+                }
+            )
+            self.objects[("Workload", ns, wname)] = {
+                "apiVersion": "kueue.x-k8s.io/v1beta1",
+                "kind": "Workload",
+                "metadata": {
+                    "name": wname,
+                    "namespace": ns,
+                    "labels": {JOB_UID_LABEL: obj["metadata"]["uid"]},
+                },
+                "spec": {"queueName": queue},
+                "status": {"conditions": [{**cond, "lastTransitionTime": _now()}]},
+            }
+        if admitted:
+            obj["spec"]["suspend"] = False  # resumed once admitted: its pods are created
+            return False
+        # the controllers' view of a suspended job: a condition, no pods
+        if kind == "Job":
+            reason, message = "JobSuspended", "Job suspended"
+        else:
+            reason, message = "SuspendedJobs", "jobset is suspended"
+        obj["status"] = {
+            "conditions": [
+                {
+                    "type": "Suspended",
+                    "status": "True",
+                    "reason": reason,
+                    "message": message,
+                    "lastTransitionTime": _now(),
+                }
+            ],
+            **({"active": 0} if kind == "Job" else {}),
+        }
+        return True
 
     def _pods(self, kind: str, ns: str, obj: dict[str, Any]) -> None:
         name = obj["metadata"]["name"]

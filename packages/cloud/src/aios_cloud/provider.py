@@ -245,6 +245,9 @@ class ClusterInfo:
     :param preempted: the spot capacity was reclaimed (state ``PREEMPTED`` or the hosts report
         ``preempted``); the core recreates the cluster for a managed run.
     :param raw: the provider's own record (for ``aios status --json``); no secrets.
+    :param waiting: why a cluster that has not started waits, when that wait does not end by
+        itself (a job a queue holds), with the fix; ``aios status --refresh`` shows it after the
+        state. Empty otherwise.
     """
 
     name: str
@@ -260,6 +263,7 @@ class ClusterInfo:
     labels: dict[str, str] = field(default_factory=dict)
     created: str | None = None
     raw: dict[str, Any] = field(default_factory=dict)
+    waiting: str = ""
 
     @property
     def preempted(self) -> bool:

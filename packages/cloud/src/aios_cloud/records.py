@@ -186,6 +186,8 @@ def refresh(store: Store, provider: CloudProvider, rec: ClusterRecord) -> Cluste
             if not info.unhealthy
             else f"{info.state}/{info.health_detail or 'UNHEALTHY'}"
         )
+        if info.waiting:  # e.g. a Kubernetes job a queue holds: the state says why, and the fix
+            state = f"{state}: {info.waiting}"
         store.update_cluster(rec.name, state=state)
         if info.hosts:
             rec = save_hosts(store, rec, info, provider)
