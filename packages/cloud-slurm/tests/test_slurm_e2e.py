@@ -188,7 +188,7 @@ def test_launch_cloud_slurm_two_nodes_then_status_logs_down(slurm, project, aios
     assert re.search(r"gpt: .* 2 x cpu \(cpu", out) and "gpt: done 8 steps" in out, out[-3000:]
     assert re.search(r"submitted Slurm job \d+ \(gpt2n, partition debug, 2 node\(s\)\)", r.stderr)
     code = Path(env["AIOS_SLURM__REMOTE_DIR"]) / "gpt2n" / "code"
-    assert (code / "gpt.py").is_file() and not (code / "data").exists()  # data never syncs
+    assert (code / "gpt.py").is_file() and not (code / "data").exists()  # untracked data stays home
     st = json.loads(run_aios(env, "status", "--json").stdout)
     assert st[0]["name"] == "gpt2n" and st[0]["cloud"] == "slurm"
     assert st[0]["jobs"][-1]["state"] == "SUCCEEDED" and st[0]["jobs"][-1]["exit_codes"] == [0]
