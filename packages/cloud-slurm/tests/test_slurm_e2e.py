@@ -251,6 +251,11 @@ def test_dry_run_prints_the_sbatch_script_without_secrets(slurm, project, aios_e
     ):
         assert line in s, (line, s)
     assert "s3cr3t-value" not in s and "HF_TOKEN <forwarded from your environment>" in s
+    # the untracked data folder stays home, and the plan says so in one line
+    assert (
+        "# code sync left out 1 file in folders named data (data/shard.bin): datasets stay home "
+        "unless git tracks them"
+    ) in s, s
     assert re.search(
         r"srun --kill-on-bad-exit=0 --wait=120 --nodes=2 --ntasks-per-node=1 \S+ -m "
         r"aios.cli.run --backend cpu gpt.py --steps 3",
