@@ -1,17 +1,24 @@
 """A small GPT-style character model on the corpus shipped in examples/data (no downloads).
 
-    aios-run examples/gpt.py                      # CPU: about 20 s on 2 idle cores
-    aios-run --nprocs 2 examples/gpt.py           # 2 processes over gloo
-    aios-run --backend cuda examples/gpt.py       # the same script on GPUs (bf16: --precision bf16-mixed)
-    aios-run --backend xla examples/gpt.py        # TPU / XLA (PJRT); --backend neuron on Trainium
+Each command trains on its own (its own ``checkpoint.dir``); run them in any order:
+
+    aios-run examples/gpt.py                      # CPU: about 45 s on 2 idle cores
+    aios-run --nprocs 2 checkpoint.dir=checkpoints/gpt-2p examples/gpt.py   # 2 processes, gloo
+    aios-run --backend cuda checkpoint.dir=checkpoints/gpt-cuda examples/gpt.py   # GPUs
+    aios-run --backend xla checkpoint.dir=checkpoints/gpt-xla examples/gpt.py     # TPU (PJRT)
     aios-run checkpoint.dir=gs://bucket/gpt examples/gpt.py   # checkpoints anywhere fsspec reaches
+
+(bf16 on GPUs: ``--precision bf16-mixed``; Trainium: ``--backend neuron``.) ``GPT_STEPS=N``
+in the environment (or ``--steps N`` after the script) sets the optimizer steps, 1000 by default:
+``GPT_STEPS=50 aios-run examples/gpt.py`` is a quick look.
 
 Written once for every backend: fixed shapes (``drop_last``, fixed context length), no
 CUDA-only ops (plain masked attention), data order from a CPU ``torch.Generator``, metrics read
 back only every few steps (one device sync on XLA). Periodic checkpoints go to
-``checkpoints/gpt`` by default; relaunching resumes from the newest complete one (pass
-``checkpoint.resume=false`` to start over). Prints the unigram baseline and the validation loss,
-and a final summary (steps/s, tokens/s, loss).
+``checkpoints/gpt`` by default; relaunching the same command resumes from the newest complete
+one (pass ``checkpoint.resume=false`` to start over); a run resumed at its last step says
+there is nothing left to train. Prints the unigram baseline and the validation loss, and a final
+summary (steps/s, tokens/s, loss).
 """
 
 from __future__ import annotations
@@ -35,7 +42,12 @@ def parse_args() -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--data", default=str(DATA), help="text file to train on")
-    p.add_argument("--steps", type=int, default=1000, help="optimizer steps")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=os.environ.get("GPT_STEPS") or 1000,  # argparse checks a string default
+        help="optimizer steps (default: $GPT_STEPS, else 1000)",
+    )
     p.add_argument(
         "--batch-size", type=int, default=32, help="sequences per process per micro-step"
     )
@@ -258,7 +270,17 @@ def main() -> None:
     elapsed = time.perf_counter() - t0
     done = rt.global_step - start
     if done == 0:
+        # resumed at (or past) the last step: say so instead of a summary of nothing
         val_loss = evaluate()
+        rt.print(
+            f"gpt: nothing left to train: the checkpoint in {rt.config.checkpoint.dir} is at step "
+            f"{rt.global_step} of --steps {args.steps} (another checkpoint.dir, "
+            f"checkpoint.resume=false or a higher --steps trains again); val loss {val_loss:.4f} "
+            f"vs unigram baseline {baseline:.4f}"
+        )
+        rt.log({"summary/val_loss": val_loss, "summary/baseline": baseline})
+        rt.close()
+        return
     if os.environ.get("GPT_SAMPLE", "1") != "0":
         # every rank runs the model (under fsdp/tp a forward is collective); rank 0 prints
         g = torch.Generator().manual_seed(0)  # CPU generator: same sample on every backend

@@ -120,3 +120,110 @@ def test_readme_fsdp_tp_worked_case_gives_the_losses_of_torchrun(root, clean_env
         assert len(found) == 5, r.stdout
         losses.append(found)
     assert losses[0] == losses[1]
+
+
+def _gpt_docstring_commands(root) -> list[str]:
+    text = (root / "examples" / "gpt.py").read_text()
+    doc = text[: text.index('"""', 3)]
+    return [
+        m.group(1).strip() for m in re.finditer(r"^    ((?:\w+=\S+ )*aios-run [^#\n]*)", doc, re.M)
+    ]
+
+
+def _ckpt_dir(cmd: str) -> str:
+    m = re.search(r"checkpoint\.dir=(\S+)", cmd)
+    return m.group(1) if m else "checkpoints/gpt"  # the script's default
+
+
+@pytest.fixture
+def gcs_bucket(tmp_path):
+    """gs://bucket on gcp-storage-emulator (the GCS JSON API on 127.0.0.1): where the
+    docstring's ``checkpoint.dir=gs://bucket/gpt`` goes."""
+    pytest.importorskip("gcsfs", reason="gs:// needs gcsfs")
+    pytest.importorskip("aios_cloud_gcp", reason="gs:// is registered by aios-cloud-gcp")
+    pytest.importorskip("gcp_storage_emulator", reason="needs gcp-storage-emulator")
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from gcp_storage_emulator.__main__ import main; sys.exit(main())",
+            *("start", "--host", "127.0.0.1", "--port", str(port), "--in-memory", "-q"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        for _ in range(300):  # readiness, not timing: the port answers or 30 s pass
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        env = {
+            "STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}",
+            "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+        }
+        import gcsfs
+
+        gcsfs.GCSFileSystem(
+            endpoint_url=env["STORAGE_EMULATOR_HOST"], token="anon", skip_instance_cache=True
+        ).mkdir("bucket")
+        yield env
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_gpt_docstring_commands_each_train_what_they_say(root, clean_env, tmp_path, gcs_bucket):
+    """examples/gpt.py's own commands, in order, exactly as printed from a clone's root (the
+    example copied to a scratch clone): each command that runs on this machine's CPUs trains
+    its steps (none resumes another command's finished checkpoint), every command keeps its
+    own checkpoints, and the first command run again says there is nothing left to train
+    instead of a summary with a nan loss. ``GPT_STEPS``, which the docstring names, keeps the
+    runs short."""
+    import shutil
+
+    commands = _gpt_docstring_commands(root)
+    assert len(commands) == 5 and commands[0] == "aios-run examples/gpt.py", commands
+    dirs = [_ckpt_dir(c) for c in commands]
+    assert len(set(dirs)) == len(dirs), dirs  # no command resumes another one's training
+    (tmp_path / "examples" / "data").mkdir(parents=True)
+    shutil.copy(root / "examples" / "gpt.py", tmp_path / "examples" / "gpt.py")
+    shutil.copy(root / "examples" / "data" / "corpus.txt", tmp_path / "examples" / "data")
+    env = dict(clean_env, **gcs_bucket, GPT_STEPS="12", OMP_NUM_THREADS="1")
+    env["AIOS_LOGGING__TENSORBOARD"] = "false"
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+
+    def run(cmd: str) -> str:
+        r = subprocess.run(
+            cmd, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+        )
+        assert r.returncode == 0, f"{cmd}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+        return r.stdout
+
+    ran = 0
+    for cmd in commands:
+        if "--backend" in cmd:  # cuda, xla: no such device here (their own packages' tests)
+            continue
+        out = run(cmd)
+        assert "gpt: done 12 steps (12 this run)" in out, f"{cmd}\n{out[-3000:]}"
+        assert "resumed from" not in out and "nothing left to train" not in out, out[-3000:]
+        ran += 1
+    assert ran == 3
+    assert (tmp_path / "checkpoints" / "gpt" / "ckpt-000000012").is_dir()
+    assert (tmp_path / "checkpoints" / "gpt-2p" / "ckpt-000000012").is_dir()
+
+    again = run(commands[0])
+    assert "gpt: done" not in again and " nan" not in again, again[-3000:]
+    (line,) = [ln for ln in again.splitlines() if "nothing left to train" in ln]
+    assert line.startswith(
+        "gpt: nothing left to train: the checkpoint in checkpoints/gpt is at step 12 of --steps 12"
+    ), line
+    assert re.search(r"val loss \d+\.\d+ vs unigram baseline \d+\.\d+$", line), line

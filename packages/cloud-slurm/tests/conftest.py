@@ -40,7 +40,7 @@ def project(tmp_path: Path) -> Path:
     shutil.copy(EXAMPLES / "gpt.py", work / "gpt.py")
     shutil.copy(EXAMPLES / "data" / "corpus.txt", work / "corpus.txt")
     (work / "data").mkdir()
-    (work / "data" / "shard.bin").write_bytes(b"0" * 4096)  # data never syncs
+    (work / "data" / "shard.bin").write_bytes(b"0" * 4096)  # untracked data stays home
     return work
 
 

@@ -188,7 +188,7 @@ def test_launch_cloud_slurm_two_nodes_then_status_logs_down(slurm, project, aios
     assert re.search(r"gpt: .* 2 x cpu \(cpu", out) and "gpt: done 8 steps" in out, out[-3000:]
     assert re.search(r"submitted Slurm job \d+ \(gpt2n, partition debug, 2 node\(s\)\)", r.stderr)
     code = Path(env["AIOS_SLURM__REMOTE_DIR"]) / "gpt2n" / "code"
-    assert (code / "gpt.py").is_file() and not (code / "data").exists()  # data never syncs
+    assert (code / "gpt.py").is_file() and not (code / "data").exists()  # untracked data stays home
     st = json.loads(run_aios(env, "status", "--json").stdout)
     assert st[0]["name"] == "gpt2n" and st[0]["cloud"] == "slurm"
     assert st[0]["jobs"][-1]["state"] == "SUCCEEDED" and st[0]["jobs"][-1]["exit_codes"] == [0]
@@ -251,6 +251,11 @@ def test_dry_run_prints_the_sbatch_script_without_secrets(slurm, project, aios_e
     ):
         assert line in s, (line, s)
     assert "s3cr3t-value" not in s and "HF_TOKEN <forwarded from your environment>" in s
+    # the untracked data folder stays home, and the plan says so in one line
+    assert (
+        "# code sync left out 1 file in folders named data (data/shard.bin): datasets stay home "
+        "unless git tracks them"
+    ) in s, s
     assert re.search(
         r'srun --kill-on-bad-exit=0 --wait=120 --nodes=2 --ntasks-per-node=1 --cpus-per-task="\$cpus" \S+ -m '
         r"aios.cli.run --backend cpu gpt.py --steps 3",

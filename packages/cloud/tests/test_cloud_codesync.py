@@ -1,4 +1,5 @@
-"""Code sync tarballs: .gitignore honoured (git and plain directories), data never shipped."""
+"""Code sync tarballs: .gitignore honoured (git and plain directories); files in folders named
+data stay home unless git tracks them, and a launch says what stayed home."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import tarfile
 
 import pytest
 from aios.errors import AiosError
-from aios_cloud.codesync import collect, make_tarball
+from aios_cloud.codesync import collect, data_left_out, data_line, make_tarball
 
 
 def _tree(root):
@@ -51,6 +52,13 @@ EXPECTED = [
 def test_cloud_codesync_plain_directory(tmp_path):
     _tree(tmp_path)
     assert collect(tmp_path) == EXPECTED
+    assert data_left_out(tmp_path) == ["data/train.bin", "pkg/data/shard.bin"]
+    line = data_line(tmp_path)
+    assert line is not None and "\n" not in line
+    assert line.startswith(
+        "code sync left out 2 files in folders named data (data/train.bin, pkg/data/shard.bin): "
+        "datasets stay home unless git tracks them"
+    ), line
     assert collect(tmp_path, excludes=["notes.md", "sub"]) == [
         f for f in EXPECTED if f != "notes.md" and not f.startswith("sub/")
     ]
@@ -60,13 +68,30 @@ def test_cloud_codesync_git_work_tree(tmp_path):
     _tree(tmp_path)
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     (tmp_path / ".git" / "info" / "exclude").write_text("notes.md\n")
-    # a tracked file under data/ still never ships
+    # a file committed under data/ is part of the project (the script reads it): it ships; an
+    # untracked one stays home, and the launch says so
     subprocess.run(
         ["git", "-C", str(tmp_path), "add", "-f", "data/train.bin", "train.py"], check=True
     )
     got = collect(tmp_path)
-    assert got == [f for f in EXPECTED if f != "notes.md"]
-    assert not any(part in f.split("/") for f in got for part in (".git", "data", "checkpoints"))
+    assert got == sorted([f for f in EXPECTED if f != "notes.md"] + ["data/train.bin"])
+    assert not any(part in f.split("/") for f in got for part in (".git", "checkpoints"))
+    assert data_left_out(tmp_path) == ["pkg/data/shard.bin"]
+    assert data_left_out(tmp_path, excludes=["pkg"]) == []  # excluded anyway: nothing to say
+    assert data_line(tmp_path).startswith("code sync left out 1 file in folders named data (")
+    assert collect(tmp_path, excludes=["data"]) == [f for f in EXPECTED if f != "notes.md"]
+
+
+def test_cloud_codesync_ships_the_examples_data_from_a_clone():
+    """``aios launch ... examples/gpt.py`` from a clone of aios: the corpus the example reads
+    (tracked, examples/data/corpus.txt) reaches the hosts."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    if not (root / ".git").exists():
+        pytest.skip("not a git clone of aios")
+    got = collect(root)
+    assert "examples/data/corpus.txt" in got and "examples/gpt.py" in got
 
 
 def test_cloud_codesync_tarball_and_size_limit(tmp_path):

@@ -499,3 +499,69 @@ def test_cloud_sshhosts_installs_into_aios_own_environment_never_a_system_python
     mine = SshHostsProvider()
     mine.launch_extra(LaunchRequest(script="t.py", hosts="me@box", python="/opt/py/bin/python"))
     assert mine.python("cpu") == "/opt/py/bin/python" and mine.setup_commands("cpu", ["x"]) == []
+
+
+def _fake_venv(root, pip_ok: bool) -> None:
+    """``.aios-venv/bin/python`` with no torch whose pip either installs it (writes the marker
+    the metadata check reads) or fails as pip does when no index has the build."""
+    bindir = root / ".aios-venv" / "bin"
+    bindir.mkdir(parents=True)
+    py = bindir / "python"
+    have = root / "have-torch"
+    install = (
+        f'touch {have}; exit 0' if pip_ok
+        else 'echo "ERROR: No matching distribution found for torch==2.13.0" >&2; exit 1'
+    )  # fmt: skip
+    py.write_text(
+        "#!/bin/bash\n"
+        f'if [ "$1" = -c ]; then [ -f {have} ]; exit $?; fi\n'
+        'if [ "$1 $2 $3" = "-m pip --version" ]; then exit 0; fi\n'
+        f'if [ "$1 $2 $3" = "-m pip install" ]; then echo "$@" > {root}/pip-args; {install}; fi\n'
+        "exit 3\n"
+    )
+    py.chmod(0o755)
+
+
+@pytest.mark.parametrize("pip_ok", [True, False], ids=["installs", "cannot"])
+def test_cloud_ssh_setup_installs_torch_into_its_own_venv_or_says_what_to_pass(tmp_path, pip_ok):
+    """Setup on a host whose python3 has no torch: the CPU torch goes into aios's own venv with
+    that venv's pip (the host's pip configuration applies), said in one line with the time it
+    took; when pip cannot, one line with pip's reason and the --requirements to pass, exit 2."""
+    from aios_cloud.sshhosts import torch_setup
+
+    _fake_venv(tmp_path, pip_ok)
+    r = subprocess.run(
+        ["bash", "-c", "set -euo pipefail\n" + torch_setup("cpu")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    lines = r.stdout.splitlines()
+    assert (tmp_path / "pip-args").read_text().split() == [
+        "-m", "pip", "install", "--quiet", "torch==2.13.0"
+    ]  # fmt: skip
+    assert len(lines) == 1, r.stdout + r.stderr
+    if pip_ok:
+        assert r.returncode == 0, r.stderr
+        assert re.fullmatch(
+            r"\[aios\] \S+: python3 has no torch: installed torch==2\.13\.0 \(cpu\) into "
+            r"\.aios-venv in \d+s",
+            lines[0],
+        ), lines
+    else:
+        assert r.returncode == 2
+        assert "installing torch==2.13.0 into .aios-venv failed (ERROR: No matching " in lines[0]
+        assert (
+            "echo 'torch==2.13.0' > requirements.txt and --requirements requirements.txt"
+            in (lines[0])
+        )
+
+
+def test_cloud_ssh_setup_leaves_a_torch_already_there_alone(tmp_path):
+    from aios_cloud.sshhosts import torch_setup
+
+    _fake_venv(tmp_path, pip_ok=False)
+    (tmp_path / "have-torch").touch()
+    r = subprocess.run(
+        ["bash", "-c", "set -euo pipefail\n" + torch_setup("cpu")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 0 and r.stdout == "" and not (tmp_path / "pip-args").exists()

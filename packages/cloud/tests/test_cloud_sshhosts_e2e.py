@@ -425,3 +425,139 @@ def test_cloud_ssh_an_alias_of_ssh_config_decides_port_and_user(tmp_path, sshd_c
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "ran on the alias" in r.stdout
     assert aios(env, "down", "alias").returncode == 0
+
+
+def _host_pip_config(home: Path) -> str:
+    """The host's own pip configuration (``~/.config/pip/pip.conf``): where its pip finds
+    packages. These hosts reach no package index; this machine's local wheels and simple
+    indexes stand for the one a user's host is configured with."""
+    wheels, simple, more = (
+        Path("/opt/wheels"),
+        Path("/opt/pypi/simple"),
+        Path("/opt/pypi-more/simple"),
+    )
+    if not any(wheels.glob("torch-2.13.0*.whl")) or not simple.is_dir():
+        pytest.skip("needs torch 2.13.0 among this machine's local wheels (/opt/wheels)")
+    conf = home / ".config" / "pip" / "pip.conf"
+    conf.parent.mkdir(parents=True, exist_ok=True)
+    extra = f"file://{more}" if more.is_dir() else ""
+    conf.write_text(
+        f"[global]\nfind-links = {wheels}\nindex-url = file://{simple}\n"
+        + (f"extra-index-url = {extra}\n" if extra else "")
+    )
+    return str(conf)
+
+
+def _python3_without_torch(bindir: Path, where: Path) -> str:
+    """The host's ``python3``: the system's interpreter with the packages a user's box has
+    (this environment's, through a ``site-packages`` directory of links) except torch and aios,
+    as a machine whose owner installed Python libraries but never torch. These hosts reach no
+    package index, so aios's own requirements come from there; torch comes from the host's pip
+    configuration (:func:`_host_pip_config`)."""
+    import sysconfig
+
+    site = where / "site-packages"
+    site.mkdir(parents=True)
+    for p in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        n = p.name.lower()
+        if n.startswith(("torch", "functorch", "aios", "_aios", "__editable__")) or n.endswith(
+            ".pth"
+        ):
+            continue
+        (site / p.name).symlink_to(p)
+    bindir.mkdir(parents=True, exist_ok=True)
+    tool = bindir / "python3"
+    tool.write_text(f'#!/bin/sh\nPYTHONPATH={site} exec /usr/bin/python3 "$@"\n')
+    tool.chmod(0o755)
+    return str(tool)
+
+
+def test_cloud_ssh_quick_start_on_a_host_without_torch(tmp_path, sshd_cluster):
+    """The quick start as a newcomer types it, from a clone: ``aios launch --cloud ssh --hosts
+    root@HOST examples/gpt.py`` on a host whose python3 has no torch (nor aios's
+    requirements). aios made ``.aios-venv`` itself, so it installs torch there (the CPU build,
+    through the host's pip configuration), says so in one line with the time it took, and the
+    example trains on the corpus it reads from examples/data (tracked, so it ships). Before:
+    "torch is not installed for .aios-venv/bin/python; install it there", and with torch the
+    example died of FileNotFoundError: code sync had left every folder named data behind."""
+    cluster = sshd_cluster(1, netns=True)
+    (h,) = cluster.hosts
+    _host_pip_config(h.home)
+    py = _python3_without_torch(h.confdir / "bin", tmp_path / "host-python")
+    assert subprocess.run([py, "-c", "import torch"], capture_output=True).returncode != 0
+    assert (
+        subprocess.run([py, "-c", "import pluggy, pydantic"], capture_output=True).returncode == 0
+    )
+    clone = tmp_path / "aios"
+    (clone / "examples" / "data").mkdir(parents=True)
+    shutil.copy(EXAMPLES / "gpt.py", clone / "examples" / "gpt.py")
+    shutil.copy(EXAMPLES / "data" / "corpus.txt", clone / "examples" / "data" / "corpus.txt")
+    (clone / "examples" / "data" / "scratch").mkdir()
+    (clone / "examples" / "data" / "scratch" / "big.bin").write_bytes(b"0" * 4096)  # untracked
+    git = ["git", "-C", str(clone), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(clone)], check=True)
+    subprocess.run([*git, "add", "examples/gpt.py", "examples/data/corpus.txt"], check=True)
+    subprocess.run([*git, "commit", "-qm", "clone"], check=True)
+    env = environ(tmp_path)
+    env["AIOS_PLUGINS"] = "aios-cloud"
+    agent = subprocess.run(["ssh-agent", "-s"], capture_output=True, text=True, check=True)
+    for key, value in re.findall(r"(SSH_AUTH_SOCK|SSH_AGENT_PID)=([^;]+);", agent.stdout):
+        env[key] = value
+    try:
+        subprocess.run(["ssh-add", "-q", str(cluster.client_key)], env=env, check=True)
+        host = f"{cluster.user}@{h.ip}" + (f":{h.port}" if h.port != 22 else "")
+        # --steps N after the script: the example's docstring prints it (1000 steps otherwise)
+        cmd = ["launch", "--cloud", "ssh", "--hosts", host, "examples/gpt.py", "--steps", "6"]
+        dry = subprocess.run(
+            [sys.executable, "-m", "aios.cli.main", *cmd[:-3], "--dry-run", *cmd[-3:]],
+            env=env, cwd=clone, text=True, capture_output=True, timeout=120,
+        )  # fmt: skip
+        assert dry.returncode == 0, dry.stderr
+        assert (
+            "# code sync left out 1 file in folders named data (examples/data/scratch/big.bin): "
+            "datasets stay home unless git tracks them"
+        ) in dry.stdout, dry.stdout
+        assert "torch==2.13.0" in dry.stdout  # the setup the plan prints installs it
+        r = subprocess.run(
+            [sys.executable, "-m", "aios.cli.main", *cmd],
+            env=env, cwd=clone, text=True, capture_output=True, timeout=900,
+        )  # fmt: skip
+        out = r.stdout + r.stderr
+        assert r.returncode == 0, out[-5000:]
+        installed = re.findall(
+            r"\[aios\] \S+: python3 has no torch: installed torch==2\.13\.0 \(cpu\) into "
+            r"\.aios-venv in (\d+)s",
+            out,
+        )
+        assert len(installed) == 1, out[-5000:]
+        assert "code sync left out 1 file in folders named data" in out
+        assert DONE_RE.search(out) and "gpt: done 6 steps (6 this run)" in out, out[-5000:]
+        assert "FileNotFoundError" not in out and "torch is not installed" not in out
+        code = h.home / "aios" / job(env)["name"] / "code"
+        assert (code / "examples" / "data" / "corpus.txt").is_file()
+        assert not (code / "examples" / "data" / "scratch").exists()
+        venv = code / ".aios-venv"
+        assert list(venv.glob("lib/python3*/site-packages/torch/__init__.py")), "not in aios's venv"
+        assert aios(env, "down", job(env)["name"]).returncode == 0
+        assert not venv.exists()  # aios made it, `aios down` removes it
+    finally:
+        subprocess.run(["ssh-agent", "-k"], env=env, capture_output=True)
+
+
+def test_cloud_ssh_down_keeps_a_venv_aios_did_not_make(tmp_path):
+    """``aios down``'s cleanup removes ``.aios-venv`` only when aios's marker is in it."""
+    from aios_cloud.sshhosts import VENV_MARKER, cleanup_command
+
+    home = tmp_path / "home"
+    for name, marked in (("ours", True), ("theirs", False)):
+        venv = home / "aios" / name / "code" / ".aios-venv"
+        (venv / "bin").mkdir(parents=True)
+        (venv / "bin" / "python").write_text("")
+        if marked:
+            (venv / VENV_MARKER).write_text("")
+        r = subprocess.run(
+            ["bash", "-c", cleanup_command(name, remove=True)],
+            env={**os.environ, "HOME": str(home)}, capture_output=True, text=True,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        assert venv.exists() is not marked, name

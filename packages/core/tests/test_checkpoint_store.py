@@ -1,10 +1,11 @@
 """CheckpointStore: atomic saves, keep-N, newest complete for resume, partial skipped with a
-warning, corrupt is a one-line error, a crash mid-save never damages the last good checkpoint."""
+line, corrupt is a one-line error, a crash mid-save never damages the last good checkpoint."""
 
 from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 
 import pytest
@@ -46,15 +47,22 @@ def test_checkpoint_keep_n_deletes_oldest(tmp_path):
     assert [i.step for i in store.list()] == [3, 4]
 
 
-def test_checkpoint_partial_is_skipped_with_warning(tmp_path):
+def test_checkpoint_partial_is_skipped_with_one_aios_line(tmp_path, capsys):
     store = CheckpointStore(str(tmp_path), keep=5)
     store.save(1, _state(1))
     partial = tmp_path / "ckpt-000000002"
     partial.mkdir()
     (partial / STATE_FILE).write_bytes(b"half a file")  # no marker, and nothing says who wrote it
-    with pytest.warns(UserWarning, match="skipping incomplete checkpoint .*ckpt-000000002"):
-        info = store.latest()
+    said: list[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # aios's line, never a Python warning
+        info = store.latest(say=said.append)
     assert info.step == 1
+    assert len(said) == 1 and said[0].startswith("aios: skipping incomplete checkpoint ")
+    assert "ckpt-000000002" in said[0]
+    store.latest()  # nobody to say it to: one line on stderr, no source path in front
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("aios: skipping incomplete checkpoint "), err
     store.save(3, _state(3))
     # not attributable to this store's lineage: never deleted (aios deletes only what it wrote)
     assert [i.step for i in store.list()] == [1, 2, 3]
@@ -69,8 +77,10 @@ def test_checkpoint_own_interrupted_save_is_cleaned_up():
     staging = store.begin(2)  # an interrupted in-place save of this lineage (object store)
     with store.open_write(f"{staging.path}/{STATE_FILE}") as f:
         f.write(b"half a file")
-    with pytest.warns(UserWarning, match="skipping incomplete checkpoint .*ckpt-000000002"):
-        assert store.latest().step == 1
+    said: list[str] = []
+    assert store.latest(say=said.append).step == 1
+    assert len(said) == 1 and "skipping incomplete checkpoint" in said[0]
+    assert "ckpt-000000002" in said[0]
     store.save(3, _state(3))
     assert [i.step for i in store.list()] == [1, 3]  # the leftover was ours: cleaned up
     fsspec.filesystem("memory").rm("/aios-ck-partial", recursive=True)

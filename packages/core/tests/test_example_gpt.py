@@ -86,9 +86,15 @@ def test_example_gpt_trains_checkpoints_and_resumes(tmp_path):
     metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert any("val/loss" in x for x in metrics) and any("train/loss" in x for x in metrics)
 
-    # relaunch: resumes at the end, trains nothing more, evaluates the same model
+    # relaunch: resumes at the end, trains nothing more and says so (no summary of nothing with
+    # a nan train loss), evaluates the same model
     r2 = _run(tmp_path)
     assert r2.returncode == 0, r2.stdout + r2.stderr
     assert f"resumed from {ck / 'ckpt-000000300'} at step 300" in r2.stdout
-    m2 = re.search(r"done 300 steps \(0 this run\).*val loss ([0-9.]+)", r2.stdout)
-    assert m2 and abs(float(m2.group(1)) - val) < 1e-4
+    assert "gpt: done" not in r2.stdout and "nan" not in r2.stdout, r2.stdout
+    m2 = re.search(
+        r"gpt: nothing left to train: the checkpoint in checkpoints/gpt is at step 300 of "
+        r"--steps 300 .*; val loss ([0-9.]+)",
+        r2.stdout,
+    )
+    assert m2 and abs(float(m2.group(1)) - val) < 1e-4, r2.stdout

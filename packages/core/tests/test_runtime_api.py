@@ -253,6 +253,32 @@ def test_runtime_resume_without_checkpoints_starts_at_zero(tmp_path):
     assert rt.resume() == 0
 
 
+def test_runtime_resume_says_a_skipped_incomplete_checkpoint_in_one_aios_line(tmp_path, capsys):
+    """An interrupted save newer than the checkpoint resumed: one ``aios:`` line on rank 0's
+    output as the other resume notices, not a UserWarning with aios's source path in front."""
+    import warnings
+
+    ckpt = tmp_path / "c"
+    rt = aios.init(checkpoint={"dir": str(ckpt)})
+    _train(rt, 2)
+    rt.save()
+    rt.close()
+    (ckpt / "ckpt-000000009").mkdir()
+    (ckpt / "ckpt-000000009" / "state.pt").write_bytes(b"half a file")
+    capsys.readouterr()
+    rt = aios.init(checkpoint={"dir": str(ckpt)})
+    model = torch.nn.Linear(4, 1)
+    rt.setup(model, torch.optim.SGD(model.parameters(), lr=0.05))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert rt.resume() == 2
+    out = capsys.readouterr()
+    assert [str(w.message) for w in caught if "skipping" in str(w.message)] == []
+    lines = [ln for ln in out.out.splitlines() if "skipping incomplete checkpoint" in ln]
+    assert len(lines) == 1 and lines[0].startswith("aios: skipping incomplete checkpoint "), out
+    assert "ckpt-000000009" in lines[0] and "manager.py" not in out.err + out.out
+
+
 def test_runtime_load_mismatched_model_is_one_line_error(tmp_path):
     rt = aios.init(checkpoint={"dir": str(tmp_path / "c")})
     model = rt.setup(torch.nn.Linear(4, 1))

@@ -233,7 +233,7 @@ def dry_run(
     for note in job.notes:
         echo(f"# note: {note}")
     from aios.config import redact
-    from aios_cloud.codesync import collect
+    from aios_cloud.codesync import collect, data_line
 
     job.env = redact(job.env)
     echo("# dry run: nothing is synced or submitted")
@@ -242,6 +242,9 @@ def dry_run(
         f"# 1. code sync {where}: {len(collect(p.workdir, p.exclude))} files from "
         f"{os.path.abspath(p.workdir)} -> {root}/code"
     )
+    left = data_line(p.workdir, p.exclude)
+    if left:
+        echo(f"# {left}")
     if forward:
         echo(
             f"# 2. {job.env_file} (mode 600): {', '.join(forward)} <forwarded from your environment>"
@@ -433,7 +436,7 @@ def _check_runnable(provider: SlurmAccess, slurm_id: str) -> None:
 
 
 def _sync(provider: SlurmAccess, p: LaunchRequest, root: str, log: Callable[[str], None]) -> None:
-    from aios_cloud.codesync import make_tarball
+    from aios_cloud.codesync import data_line, make_tarball
     from aios_cloud.store import cluster_dir
 
     extra: list = []
@@ -452,6 +455,9 @@ def _sync(provider: SlurmAccess, p: LaunchRequest, root: str, log: Callable[[str
         extra_files=extra,
         generated=generated,
     )
+    left = data_line(p.workdir, p.exclude)
+    if left:
+        log(left)
     log(
         f"syncing {tar.files} files ({tar.bytes / 1024:.0f} KiB) to {root}/code {provider.shell.where}"
     )

@@ -7,7 +7,7 @@ Modules:
   ``BEGIN IMMEDIATE``), safe under concurrent ``aios`` commands.
 * :mod:`aios_cloud.ssh`: parallel SSH with ``(worker N, ip)`` prefixes, exit-255 retries with
   backoff, per-cluster pinned host keys.
-* :mod:`aios_cloud.codesync`: the code tarball (``.gitignore`` honoured, data never shipped);
+* :mod:`aios_cloud.codesync`: the code tarball (``.gitignore`` honoured, untracked data left home);
   :mod:`aios_cloud.bundle`: aios itself shipped next to it.
 * :mod:`aios_cloud.failover`: create with zone failover on stockout/quota, cleanup of failed
   attempts.

@@ -1,5 +1,5 @@
 """Code sync: a tarball of the working directory, honouring ``.gitignore`` plus explicit
-excludes, never the data.
+excludes; datasets stay home unless git tracks them.
 
 What goes in:
 
@@ -9,11 +9,17 @@ What goes in:
 * elsewhere: every file, minus what the ``.gitignore`` files in the tree say (gitignore
   semantics through ``pathspec`` when installed, a close fnmatch approximation otherwise).
 
-Always left out, whatever the ignore files say: :data:`ALWAYS_EXCLUDE` (``.git``, ``data``,
+Always left out, whatever the ignore files say: :data:`ALWAYS_EXCLUDE` (``.git``,
 ``checkpoints``, virtualenvs, caches, run directories, archives), :data:`SECRET_EXCLUDE` (``.env``
 files, private keys, cloud and registry credentials: secrets never reach the hosts through code
 sync, tracked or not; :func:`secret_files` names what was left out) and the caller's
 ``excludes`` (glob patterns matched against each path component and the relative path).
+
+Folders named ``data`` (:data:`DATA_EXCLUDE`) hold datasets, often far larger than the code, so
+their files stay home, except the ones git tracks: a file committed with the code (the
+example's ``examples/data/corpus.txt``) is part of the project and the script needs it on the
+hosts. :func:`data_left_out` names what stayed home, and every launch and dry run says it in one
+line (:func:`data_line`).
 """
 
 from __future__ import annotations
@@ -29,7 +35,6 @@ from pathlib import Path
 
 ALWAYS_EXCLUDE = (
     ".git",
-    "data",
     "checkpoints",
     "ckpt",
     "__pycache__",
@@ -48,6 +53,9 @@ ALWAYS_EXCLUDE = (
     "*.tgz",
     ".DS_Store",
 )
+# Dataset folders: their untracked files stay home (matched like ALWAYS_EXCLUDE); what git
+# tracks there ships with the code.
+DATA_EXCLUDE = ("data",)
 # Files that hold secrets by convention. Matched like ALWAYS_EXCLUDE (any path component).
 SECRET_EXCLUDE = (
     ".env",
@@ -147,7 +155,24 @@ def _git_files(root: Path) -> list[str] | None:
     return [p for p in r.stdout.decode().split("\0") if p]
 
 
-def _walk_gitignore(root: Path) -> list[str]:
+def _git_tracked(root: Path) -> set[str]:
+    """The files under ``root`` that git tracks (empty outside a work tree)."""
+    try:
+        r = subprocess.run(
+            ["git", "-C", str(root), "ls-files", "-z", "--cached", "--", "."],
+            capture_output=True,
+            timeout=120,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return set()
+    if r.returncode != 0:
+        return set()
+    return {p for p in r.stdout.decode().split("\0") if p}
+
+
+def _walk_gitignore(
+    root: Path, prune: tuple[str, ...] = ALWAYS_EXCLUDE + DATA_EXCLUDE
+) -> list[str]:
     try:
         import pathspec
     except ImportError:  # pragma: no cover - pathspec is usually present
@@ -182,7 +207,7 @@ def _walk_gitignore(root: Path) -> list[str]:
         keep = []
         for d in dirnames:
             rel = f"{rel_dir}/{d}" if rel_dir else d
-            if not ignored(rel, True) and not _excluded(rel, ALWAYS_EXCLUDE):
+            if not ignored(rel, True) and not _excluded(rel, prune):
                 keep.append(d)
         dirnames[:] = keep
         for f in filenames:
@@ -192,19 +217,64 @@ def _walk_gitignore(root: Path) -> list[str]:
     return out
 
 
+def _candidates(root: Path, with_data: bool = False) -> tuple[list[str], set[str]]:
+    """Every file the ignore rules let through (``with_data``: the data folders' too, outside
+    git), and the ones git tracks."""
+    files = _git_files(root)
+    if files is None:
+        prune = ALWAYS_EXCLUDE if with_data else ALWAYS_EXCLUDE + DATA_EXCLUDE
+        return _walk_gitignore(root, prune), set()
+    return files, _git_tracked(root)
+
+
+def _ships(root: Path, f: str, patterns: tuple[str, ...], tracked: set[str]) -> bool:
+    return (
+        not _excluded(f, patterns)
+        and not (_excluded(f, DATA_EXCLUDE) and f not in tracked)
+        and not is_secret_file(f)
+        and ((root / f).is_file() or (root / f).is_symlink())
+    )
+
+
 def collect(root: str | os.PathLike[str], excludes: tuple[str, ...] | list[str] = ()) -> list[str]:
     """Relative paths (``/``-separated, sorted) that code sync would ship from ``root``."""
     root = Path(root)
-    files = _git_files(root)
-    if files is None:
-        files = _walk_gitignore(root)
+    files, tracked = _candidates(root)
+    patterns = tuple(ALWAYS_EXCLUDE) + tuple(excludes)
+    return sorted(f for f in files if _ships(root, f, patterns, tracked))
+
+
+def data_left_out(
+    root: str | os.PathLike[str], excludes: tuple[str, ...] | list[str] = ()
+) -> list[str]:
+    """The files in folders named ``data`` that code sync leaves home (untracked by git), which
+    it would ship otherwise."""
+    root = Path(root)
+    files, tracked = _candidates(root, with_data=True)
     patterns = tuple(ALWAYS_EXCLUDE) + tuple(excludes)
     return sorted(
         f
         for f in files
-        if not _excluded(f, patterns)
+        if _excluded(f, DATA_EXCLUDE)
+        and f not in tracked
+        and not _excluded(f, patterns)
         and not is_secret_file(f)
-        and ((root / f).is_file() or (root / f).is_symlink())
+        and (root / f).is_file()
+    )
+
+
+def data_line(
+    root: str | os.PathLike[str], excludes: tuple[str, ...] | list[str] = ()
+) -> str | None:
+    """One line naming the data files code sync leaves home and why; None when there are none."""
+    left = data_left_out(root, excludes)
+    if not left:
+        return None
+    return (
+        f"code sync left out {len(left)} file{'s' if len(left) != 1 else ''} in folders named "
+        f"data ({', '.join(left[:3])}{', ...' if len(left) > 3 else ''}): datasets stay home "
+        "unless git tracks them; commit the small files the script reads, put large ones where "
+        "the hosts read them (a bucket, a shared path, `aios sync`)"
     )
 
 
@@ -221,11 +291,15 @@ def secret_files(
 ) -> list[str]:
     """The secret-looking files under ``root`` that code sync leaves out (to tell the user)."""
     root = Path(root)
-    files = _git_files(root)
-    if files is None:
-        files = _walk_gitignore(root)
+    files, tracked = _candidates(root)
     patterns = tuple(ALWAYS_EXCLUDE) + tuple(excludes)
-    return sorted(f for f in files if not _excluded(f, patterns) and is_secret_file(f))
+    return sorted(
+        f
+        for f in files
+        if not _excluded(f, patterns)
+        and not (_excluded(f, DATA_EXCLUDE) and f not in tracked)
+        and is_secret_file(f)
+    )
 
 
 def _collect_bounded(

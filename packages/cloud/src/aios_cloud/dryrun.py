@@ -10,7 +10,7 @@ from typing import Any
 
 from aios.config.schema import redact
 
-from aios_cloud.codesync import collect, secret_files
+from aios_cloud.codesync import collect, data_line, secret_files
 from aios_cloud.head import HELPER_PYTHON
 from aios_cloud.jobs import host_commands, shell_word
 from aios_cloud.provider import CloudProvider, Echo, LaunchPlan
@@ -99,8 +99,11 @@ def render_job(
     bundle = "; aios adds itself (code/.aios-site) to what is sent" if spec.bundle else ""
     echo(
         f"# {step}. code sync: {len(files)} files from {spec.workdir} (gitignore honoured; "
-        f"data, .git, checkpoints excluded){bundle}"
+        f".git, checkpoints, untracked data folders excluded){bundle}"
     )
+    left = data_line(spec.workdir, spec.excludes)
+    if left:
+        echo(f"# {left}")
     secrets = secret_files(spec.workdir, spec.excludes)
     if secrets:
         echo(

@@ -55,7 +55,7 @@ def sync_code(
 ) -> None:
     """Ship the workdir (and aios itself) to every host: the head host gets only the content
     it does not already have; it copies the code to the other hosts over the cluster network."""
-    from aios_cloud.codesync import make_manifest, secret_files
+    from aios_cloud.codesync import data_line, make_manifest, secret_files
 
     extra: list = []
     generated: dict[str, str] = {}
@@ -78,6 +78,9 @@ def sync_code(
             f"({', '.join(secrets[:5])}{', ...' if len(secrets) > 5 else ''}); "
             "pass values with --env NAME instead"
         )
+    left = data_line(spec.workdir, spec.excludes)
+    if left:
+        log(left)
     head = Head(rec, printer, log)
     sent, blobs = head.sync(manifest)
     n = len(rec.hosts)

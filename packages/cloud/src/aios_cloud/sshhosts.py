@@ -877,7 +877,7 @@ class SshHostsProvider(CloudProvider):
         check_requirements(requirements)
         if self.python_cmd != VENV_PYTHON:
             return []
-        venv = VENV_PYTHON.rsplit("/bin/", 1)[0]
+        venv = VENV_DIR
         # the host interpreter's own site directories stay visible (a .pth after the venv's
         # own: what is installed into the venv wins), also when python3 is itself a venv or a
         # conda env, where --system-site-packages alone would not see its packages
@@ -892,26 +892,25 @@ class SshHostsProvider(CloudProvider):
             f"--python python3 {venv}; else python3 -m venv --system-site-packages {venv}; fi "
             f"|| {{ echo \"[aios] $(hostname): cannot create aios's environment {venv} with "
             'python3 -m venv (Debian/Ubuntu: apt install python3-venv), or pass --python"; '
-            f"exit 2; }}; python3 -c {shlex.quote(host_paths)} > "
+            f"exit 2; }}; : > {venv}/{VENV_MARKER}; python3 -c {shlex.quote(host_paths)} > "
             f'"$({VENV_PYTHON} -c {shlex.quote(venv_purelib)})/_aios_host.pth"; fi',
         ]
-        if not requirements:
-            return lines
-        reqs = " ".join(shlex.quote(r) for r in requirements)
-        find = (
-            "import importlib.metadata as m, re, sys\n"
-            "for r in sys.argv[1:]:\n"
-            "    n = re.split(r'[<>=!~ ;\\[]', r, maxsplit=1)[0]\n"
-            "    try: m.version(n)\n"
-            "    except m.PackageNotFoundError: print(r)\n"
-        )
-        return [
-            *lines,
-            f"missing=$({VENV_PYTHON} -c {shlex.quote(find)} {reqs})",
-            f'if [ -n "$missing" ]; then echo "[aios] installing $(echo $missing) into {venv}"; '
-            f"if command -v uv >/dev/null 2>&1; then uv pip install -q --python {VENV_PYTHON} "
-            f"$missing; else {VENV_PYTHON} -m pip install --quiet $missing; fi; fi",
-        ]
+        if requirements:
+            reqs = " ".join(shlex.quote(r) for r in requirements)
+            find = (
+                "import importlib.metadata as m, re, sys\n"
+                "for r in sys.argv[1:]:\n"
+                "    n = re.split(r'[<>=!~ ;\\[]', r, maxsplit=1)[0]\n"
+                "    try: m.version(n)\n"
+                "    except m.PackageNotFoundError: print(r)\n"
+            )
+            lines += [
+                f"missing=$({VENV_PYTHON} -c {shlex.quote(find)} {reqs})",
+                f'if [ -n "$missing" ]; then echo "[aios] installing $(echo $missing) into {venv}"; '
+                f"if command -v uv >/dev/null 2>&1; then uv pip install -q --python {VENV_PYTHON} "
+                f"$missing; else {VENV_PYTHON} -m pip install --quiet $missing; fi; fi",
+            ]
+        return [*lines, torch_setup(backend or self.backend_for(accelerator))]
 
     def host_checks(self, accelerator: str, nodes: int) -> builtins.list[str]:
         """Run on every host after setup (also with ``--no-setup``): the version-set check of the
@@ -924,10 +923,16 @@ class SshHostsProvider(CloudProvider):
         if stack:
             versions = f'{site} {py} -m aios.plugins.versions {stack} --host "$(hostname)"'
         else:
+            fix = (
+                "setup, which installs it there, was skipped (--no-setup or --setup-script): "
+                "launch without those, or pass --python with an interpreter that has it"
+                if self.python_cmd == VENV_PYTHON
+                else "install it there, or pass --python with an interpreter that has it"
+            )
             versions = (
                 f'{py} -c "import importlib.metadata as m; m.version(\\"torch\\")" 2>/dev/null || '
                 f'{{ echo "[aios] $(hostname): torch is not installed for {self.python_cmd}; '
-                'install it there, or pass --python with an interpreter that has it"; exit 2; }'
+                f'{fix}"; exit 2; }}'
             )
         judge = (
             "import json, socket, sys; r = json.load(sys.stdin)[0]; h = socket.gethostname(); "
@@ -1001,7 +1006,7 @@ class SshHostsProvider(CloudProvider):
         key forwarded by an ssh-agent, never copied)."""
         from aios.config.schema import redact
 
-        from aios_cloud.codesync import collect, secret_files
+        from aios_cloud.codesync import collect, data_line, secret_files
         from aios_cloud.jobs import host_commands, setup_script
         from aios_cloud.records import remote_root
         from aios_cloud.store import ClusterRecord
@@ -1043,14 +1048,17 @@ class SshHostsProvider(CloudProvider):
             echo(relay.agent_start())
         files = collect(spec.workdir, spec.excludes)
         echo(
-            f"# 2. code sync: {len(files)} files from {spec.workdir} (gitignore honoured; data, "
-            ".git, checkpoints excluded), once, to worker 0"
+            f"# 2. code sync: {len(files)} files from {spec.workdir} (gitignore honoured; .git, "
+            "checkpoints, untracked data folders excluded), once, to worker 0"
             + (
                 "; aios adds itself (code/.aios-site), the lines below ship your files"
                 if spec.bundle
                 else ""
             )
         )
+        left = data_line(spec.workdir, spec.excludes)
+        if left:
+            echo(f"# {left}")
         if secret_files(spec.workdir, spec.excludes):
             echo(
                 f"# left out {len(secret_files(spec.workdir, spec.excludes))} secret-looking "
@@ -1202,7 +1210,9 @@ def cleanup_command(name: str, remove: bool) -> str:
     if remove:
         lines += [
             'rm -rf "$R"/jobs "$R"/setup.sha "$R"/agent.json "$R"/agent.pid "$R"/agent.log '
-            '"$R"/agent.state "$R"/code.new "$R"/code/.aios-site "$R"/code/.aios-venv',
+            '"$R"/agent.state "$R"/code.new "$R"/code/.aios-site',
+            # aios's environment only when aios made it (its marker): never one it did not write
+            f'if [ -f "$R/code/{VENV_DIR}/{VENV_MARKER}" ]; then rm -rf "$R/code/{VENV_DIR}"; fi',
         ]
         # the files the last sync wrote, as the host's own manifest lists them (aios's code sync
         # through the head host); then that sync's store, and the head's key to the other hosts:
@@ -1231,8 +1241,81 @@ def cleanup_command(name: str, remove: bool) -> str:
 
 
 #: aios's own interpreter on a user's host: a virtual environment in the cluster's code
-#: directory (where setup, checks and jobs run), removed by `aios down`
-VENV_PYTHON = ".aios-venv/bin/python"
+#: directory (where setup, checks and jobs run), removed by `aios down` when aios made it
+VENV_DIR = ".aios-venv"
+VENV_PYTHON = f"{VENV_DIR}/bin/python"
+#: the file aios writes into the environment it made (`aios down` removes only such a one)
+VENV_MARKER = ".made-by-aios"
+#: the torch aios installs into its own environment on a CPU host that has none: the build the
+#: project tests and the root README installs (the host's pip configuration picks where from)
+CPU_TORCH = "torch==2.13.0"
+
+
+def torch_wanted(backend: str) -> str:
+    """A shell expression that prints the pip arguments of the torch ``backend`` needs: the
+    CPU pin, the accelerator stacks' first known-good set (:data:`aios.plugins.versions.STACKS`), for
+    CUDA the newest set whose minimum driver the host's ``nvidia-smi`` meets (nothing when
+    none: the setup then stops with the line to pass)."""
+    from aios.plugins.versions import sets_for
+
+    if backend not in STACK:
+        return f"echo {shlex.quote(CPU_TORCH)}"
+    sets = sets_for(STACK[backend])
+    if backend != "cuda":
+        return f"echo {shlex.quote(_pip_args(sets[0].install))}"
+    table = [(dict(v.requires)["nvidia-driver"].lstrip(">="), _pip_args(v.install)) for v in sets]
+    pick = (
+        "import subprocess\n"
+        "try:\n"
+        "    d = subprocess.run(['nvidia-smi', '--query-gpu=driver_version', "
+        "'--format=csv,noheader'], capture_output=True, text=True).stdout.split()[0]\n"
+        "except (OSError, IndexError):\n"
+        "    d = ''\n"
+        "v = tuple(int(x) for x in d.split('.') if x.isdigit())\n"
+        f"for need, args in {table!r}:\n"
+        "    if v and v >= tuple(int(x) for x in need.split('.')):\n"
+        "        print(args)\n"
+        "        break\n"
+    )
+    return f"python3 -c {shlex.quote(pick)}"
+
+
+def _pip_args(install: str) -> str:
+    """``pip install A 'B>=1' --index-url U`` -> ``A B>=1 --index-url U`` (split by the shell
+    unquoted, with globbing off)."""
+    words = shlex.split(install)
+    return " ".join(words[2:] if words[:2] == ["pip", "install"] else words)
+
+
+def torch_setup(backend: str) -> str:
+    """The setup line that gives aios's own environment the torch of ``backend`` when neither
+    it nor the host's python3 has one: installed with the environment's pip (the host's pip
+    configuration applies: index, find-links, constraints; uv's where only uv is there), said
+    in one line with the time it took; when that fails, one line with the ``--requirements``
+    to pass instead, exit 2. A torch there already (the host's, or the user's
+    ``--requirements``) is used as it is."""
+    venv = VENV_DIR
+    has = f"{VENV_PYTHON} -c \"import importlib.metadata as m; m.version('torch')\" 2>/dev/null"
+    log = f"{venv}/torch-install.log"
+    install = (
+        "set -f; "
+        f"if {VENV_PYTHON} -m pip --version >/dev/null 2>&1; then "
+        f"{VENV_PYTHON} -m pip install --quiet $want; "
+        f"elif command -v uv >/dev/null 2>&1; then uv pip install -q --python {VENV_PYTHON} $want; "
+        f"else python3 -m pip --python {VENV_PYTHON} install --quiet $want; fi"
+    )
+    return (
+        f"if ! {has}; then want=$({torch_wanted(backend)}); t0=$(date +%s); "
+        f'if [ -n "$want" ] && ( {install} ) > {log} 2>&1 && {has}; then '
+        f'echo "[aios] $(hostname): python3 has no torch: installed $want ({backend}) into '
+        f'{venv} in $(( $(date +%s) - t0 ))s"; else '
+        f'why=$(grep -v "^ *$" {log} 2>/dev/null | tail -n 1 | cut -c1-200 || true); '
+        f'echo "[aios] $(hostname): python3 has no torch and installing '
+        f"${{want:-a {backend} torch}} into {venv} failed (${{why:-no torch build fits the "
+        f"host}}): name a torch these hosts can install in a file and pass it, e.g. "
+        f"echo '${{want:-torch}}' > requirements.txt and --requirements requirements.txt "
+        f'(or --python with an interpreter that has torch)"; exit 2; fi; fi'
+    )
 
 
 def _probe_python(python: str) -> str:

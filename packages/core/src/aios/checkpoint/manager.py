@@ -877,7 +877,7 @@ class CheckpointManager:
         store = self.store
 
         def choose() -> tuple[str, str | None, dict[str, Any], int] | None:
-            info = store.latest()
+            info = store.latest(say=self._print)
             if info is None:
                 return None
             self.check_compatible(info, store, self._reshard(reshard))

@@ -59,9 +59,10 @@ import io
 import json
 import os
 import re
+import sys
 import time
 import uuid
-import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -302,6 +303,11 @@ def _swap(new: str, old: str) -> None:
     os.rename(aside, new)
 
 
+def _say_stderr(line: str) -> None:
+    """Where a store says its one-line notices when nobody passed ``say``."""
+    print(line, file=sys.stderr, flush=True)
+
+
 class CheckpointStore(WriterLock):
     """Checkpoints under one directory or URL (see the module docstring for the rules).
 
@@ -423,10 +429,17 @@ class CheckpointStore(WriterLock):
             return None
         return data.get("lineage") if isinstance(data, dict) else None
 
-    def latest(self, warn: bool = True, lineage: str | None = None) -> CheckpointInfo | None:
+    def latest(
+        self,
+        warn: bool = True,
+        lineage: str | None = None,
+        say: Callable[[str], None] | None = None,
+    ) -> CheckpointInfo | None:
         """The checkpoint to resume: with ``lineage``, that lineage's highest step; otherwise the
         most recently committed complete checkpoint. Incomplete checkpoints of a higher step
-        are skipped with a warning."""
+        and older damaged ones are skipped, each said in one ``aios:`` line through ``say``
+        (the runtime passes its rank-0 print; default: standard error), never as a Python
+        warning with aios's source path in front."""
         infos = self.list()
         complete = [i for i in infos if i.complete and (lineage is None or i.lineage == lineage)]
         if not complete:
@@ -439,18 +452,17 @@ class CheckpointStore(WriterLock):
             if info.damaged and (chosen is None or info.step > chosen.step):
                 raise CheckpointError(info.damaged)
         if warn:
+            say = say or _say_stderr
             for info in infos:
                 if info.damaged:
-                    warnings.warn(
+                    say(
                         f"aios: skipping older damaged checkpoint {self._shown(info.path)} "
-                        f"(unreadable {MARKER})",
-                        stacklevel=2,
+                        f"(unreadable {MARKER})"
                     )
                 elif not info.complete and (chosen is None or info.step > chosen.step):
-                    warnings.warn(
+                    say(
                         f"aios: skipping incomplete checkpoint {self._shown(info.path)} "
-                        f"(interrupted save, no {MARKER})",
-                        stacklevel=2,
+                        f"(interrupted save, no {MARKER})"
                     )
         return chosen
 
