@@ -1,0 +1,273 @@
+"""``aios check`` reads a project, not a file (issue 34): the script's own helper modules and the
+configs it loads, ``os.environ`` writes as writes, libraries' launchers and device defaults as
+data, and one finding per cause (a GradScaler, a loader's pin_memory: notes, named once)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from aios.cli.main import cli
+from aios.portcheck import LIBRARY_CALLS, check_file, check_project, check_source
+from click.testing import CliRunner
+
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+
+
+def _keys(found) -> set[tuple[str, int, str, str]]:
+    return {(Path(f.path).name, f.line, f.code, f.level) for f in found}
+
+
+def _by(src: str) -> dict[tuple[int, str], object]:
+    return {(f.line, f.code): f for f in check_source(textwrap.dedent(src), "t.py")}
+
+
+def test_environment_writes_of_the_launchers_world_are_errors_and_reads_written_back_are_not():
+    by = _by(
+        """\
+        import os
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+        os.environ["RANK"] = str(comm.rank)
+        os.environ["WORLD_SIZE"] = str(comm.size)
+        os.environ["MASTER_PORT"] = "29500"
+        local_rank = int(os.environ["LOCAL_RANK"])
+        os.environ["LOCAL_RANK"] = str(local_rank)
+        if "RANK" not in os.environ:
+            os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["OMP_NUM_THREADS"] = "1"
+        """
+    )
+    for line in (4, 5, 6):
+        f = by[(line, "AIOS210")]
+        assert f.level == "error" and "overwriting what aios-run set" in f.message, str(f)
+        assert (line, "AIOS206") not in by  # a write is not "reads RANK: this works"
+    assert (7, "AIOS206") in by  # the read stays a note
+    assert not {(8, "AIOS210"), (10, "AIOS210"), (11, "AIOS210")} & set(by)
+
+
+def test_code_that_runs_only_without_a_launcher_is_not_judged():
+    by = _by(
+        """\
+        import os, sys, torch
+        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+            rank = int(os.environ["RANK"])
+        elif "SLURM_PROCID" in os.environ:
+            gpu = int(os.environ["SLURM_PROCID"]) % torch.cuda.device_count()
+        elif torch.cuda.is_available():
+            print("one GPU")
+        else:
+            sys.exit(1)
+        """
+    )
+    assert set(by) == {(3, "AIOS206")}
+
+
+def _project(tmp_path: Path) -> Path:
+    _write(
+        tmp_path,
+        {
+            "train.py": '''\
+                """A script whose world lives in its helpers."""
+                import argparse
+                import torch
+                import utils
+                from helpers import dist_util
+
+                p = argparse.ArgumentParser()
+                p.add_argument("--world_size", default=1, type=int)
+                p.add_argument("--config", default="configs/run.yaml")
+                args = p.parse_args()
+                utils.init(args)
+                model = torch.nn.Linear(2, 2).to(dist_util.dev())
+                if args.cuda:
+                    model = dist_util.wrap(model)
+                if utils.is_master(args):
+                    utils.save_ckpt(model, "m.pt")
+                ''',
+            "utils.py": """\
+                import os
+                import torch
+
+                def init(args):
+                    args.rank = int(os.environ["RANK"])
+                    args.world_size = int(os.environ["WORLD_SIZE"])
+
+                def is_global(args):
+                    return args.rank == 0
+
+                def is_master(args, local=False):
+                    return is_global(args) if not local else is_global(args)
+
+                def save_ckpt(model, path):
+                    torch.save(model.state_dict(), path)
+                """,
+            "helpers/__init__.py": "",
+            "helpers/dist_util.py": """\
+                import torch
+                from torch.nn.parallel import DistributedDataParallel as DDP
+                from . import other
+
+                def dev():
+                    if torch.cuda.is_available():
+                        return torch.device("cuda")
+                    return torch.device("cpu")
+
+                def wrap(model):
+                    return DDP(model)
+                """,
+            "helpers/other.py": "import torch\nx = torch.zeros(1).cuda()\n",
+            "configs/run.yaml": "lr: 0.1\ndevice: cuda  # the recipe's device\nseed: 1\n",
+        },
+    )
+    return tmp_path / "train.py"
+
+
+def test_the_scripts_own_modules_and_configs_are_read_with_what_they_define(tmp_path):
+    script = _project(tmp_path)
+    found = check_project(str(script))
+    keys = _keys(found)
+    # the device helper that falls back to the CPU, named once, in its file
+    assert ("dist_util.py", 6, "AIOS106", "error") in keys
+    assert not any(k[0] == "dist_util.py" and k[1] == 7 for k in keys)  # not again as a note
+    # a module the helper imports relatively is read too
+    assert ("other.py", 2, "AIOS102", "error") in keys
+    # DDP inside a helper, called only where the script found CUDA
+    ddp = next(f for f in found if f.code == "AIOS208")
+    assert Path(ddp.path).name == "train.py" and ddp.line == 14 and "dist_util.py:11" in ddp.message
+    # a rank-0 save through the project's rank test and save helper
+    save = next(f for f in found if f.code == "AIOS603")
+    assert save.line == 16 and "utils.py:15" in save.message
+    # the helper reads the launcher's WORLD_SIZE: --world_size 1 is no "copies never join"
+    assert not any(f.code == "AIOS209" for f in found)
+    # the config it loads asks for CUDA: named at the config's line
+    assert ("run.yaml", 2, "AIOS101", "error") in keys
+    # the single file alone knows none of it
+    alone = {(f.line, f.code) for f in check_file(str(script))}
+    assert not alone & {(14, "AIOS208"), (16, "AIOS603")}
+    assert (8, "AIOS209") in alone
+
+
+def test_cli_prints_a_shared_helpers_finding_once_and_exits_0_on_notes_only(tmp_path, monkeypatch):
+    _project(tmp_path)
+    (tmp_path / "eval.py").write_text("import utils\nfrom helpers import other\n")
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(cli, ["check", "train.py", "eval.py"])
+    assert r.exit_code == 1
+    lines = [ln for ln in r.stdout.splitlines() if " AIOS102 " in ln]
+    assert lines == [lines[0]] and lines[0].startswith("helpers/other.py:2:")
+    (tmp_path / "notes.py").write_text(
+        "import torch\nfrom torch.utils.data import DataLoader\n"
+        "loader = DataLoader([1], pin_memory=True)\nscaler = torch.cuda.amp.GradScaler()\n"
+    )
+    r = CliRunner().invoke(cli, ["check", "notes.py"])
+    assert r.exit_code == 0, r.stdout  # only notes: a torch warning differs, nothing breaks
+    assert "(2 note(s))" in r.stderr
+
+
+def test_a_grad_scaler_is_one_note_and_its_uses_are_no_findings():
+    by = _by(
+        """\
+        import torch
+        scaler = torch.cuda.amp.GradScaler()
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        scaler.step(opt)
+        scaler.update()
+        """
+    )
+    assert set(by) == {(2, "AIOS302")} and by[(2, "AIOS302")].level == "note"
+
+
+def test_device_ids_in_barrier_are_a_note_and_an_fsdp_rank_device_id_an_error():
+    by = _by(
+        """\
+        import os
+        import torch.distributed as dist
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        local_rank = int(os.environ["LOCAL_RANK"])
+        dist.barrier(device_ids=[local_rank])
+        model = FSDP(model, device_id=local_rank)
+        """
+    )
+    assert by[(5, "AIOS202")].level == "note"
+    assert by[(6, "AIOS202")].level == "error" and "cpu" in by[(6, "AIOS202")].backends
+
+
+def test_compile_backend_from_the_environment_with_inductor_default_and_required_local_rank():
+    by = _by(
+        """\
+        import os, argparse, torch
+        model = torch.compile(model, backend=os.environ.get("COMPILE_BACKEND", "inductor"))
+        p = argparse.ArgumentParser()
+        p.add_argument("--local_rank", type=int, required=True)
+        p.add_argument("--local-rank", type=int, default=0)
+        """
+    )
+    assert by[(2, "AIOS413")].backends == ("xla", "tpu", "neuron")
+    assert by[(4, "AIOS211")].level == "error"
+    assert (5, "AIOS211") not in by
+
+
+def test_fp16_the_user_turns_on_and_a_load_whose_kwargs_carry_map_location_are_no_findings():
+    by = _by(
+        """\
+        import torch
+        def load(path, **kwargs):
+            return torch.load(path, **kwargs)
+        if args.use_fp16:
+            model.half()
+        x = model.half()
+        """
+    )
+    assert set(by) == {(6, "AIOS303")}
+
+
+def test_a_tokenizer_saved_on_the_main_process_is_no_checkpoint_and_a_model_save_says_what_it_is():
+    by = _by(
+        """\
+        import torch.distributed as dist
+        if dist.get_rank() == 0:
+            tokenizer.save_pretrained("out")
+            model.save_pretrained("out")
+        """
+    )
+    assert (3, "AIOS603") not in by
+    assert "model.save_pretrained()" in by[(4, "AIOS603")].message
+    assert "state_dict" not in by[(4, "AIOS603")].message.split(":")[0]
+
+
+def test_libraries_launchers_and_device_defaults_are_judged_from_the_table():
+    by = _by(
+        """\
+        from detectron2.engine import launch
+        from detectron2.config import get_cfg
+        from litgpt.utils import parse_devices
+        from torchtune import training
+        launch(main, 8, num_machines=1, args=(args,))
+        cfg = get_cfg()
+        devices = parse_devices("auto")
+        stats = training.get_memory_stats(device=device)
+        """
+    )
+    assert by[(5, "AIOS203")].level == "error"
+    assert by[(6, "AIOS204")].level == "error"
+    assert by[(7, "AIOS204")].level == "error"
+    assert by[(8, "AIOS108")].level == "error" and "raises" in by[(8, "AIOS108")].message
+    # a script that sets the device itself is not told the default
+    ok = _by("from detectron2.config import get_cfg\ncfg = get_cfg()\n")
+    assert (2, "AIOS204") in ok
+    for spec in LIBRARY_CALLS.values():
+        assert spec.source.startswith("https://") and spec.level in ("error", "warning", "note")
+
+
+def test_detectron2_device_set_by_the_script_is_no_finding(tmp_path):
+    (tmp_path / "t.py").write_text(
+        "from detectron2.config import get_cfg\ncfg = get_cfg()\ncfg.MODEL.DEVICE = 'cpu'\n"
+    )
+    assert not any(f.code == "AIOS204" for f in check_project(str(tmp_path / "t.py")))
