@@ -18,7 +18,7 @@ from __future__ import annotations
 import ast
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 BACKENDS = ("cpu", "cuda", "xla", "tpu", "neuron")
@@ -568,6 +568,7 @@ class _Checker:
         ]
         self.no_launcher = 0  # inside a branch that runs only without a launcher's RANK
         self.choice_values: set[int] = set()  # nodes of a device choice named at its test
+        self._env_sourced: set[str] | None = None  # names holding the launcher's own values
         self.models: set[str] = set()  # dotted names bound to modules (``model``, ``self.model``)
         self.rank_names: set[str] = set()  # names / ``self.x`` holding a rank
         self.rt_names: set[str] = set()  # names bound to aios.init()
@@ -761,7 +762,7 @@ class _Checker:
         """A device helper: ``if torch.cuda.is_available(): return torch.device("cuda")`` then
         ``return torch.device("cpu")`` (in its else or right after it)."""
 
-        def returns(stmts: list[ast.stmt], pick) -> bool:
+        def returns(stmts: list[ast.stmt], pick: Callable[[ast.AST], bool]) -> bool:
             for st in stmts:
                 if isinstance(st, ast.Return) and st.value is not None:
                     v = st.value
@@ -1553,9 +1554,8 @@ class _Checker:
     def env_sourced(self) -> set[str]:
         """Names assigned from the launcher's own environment (``rank = int(os.environ["RANK"])``,
         ``args.local_rank, args.rank, args.world_size = world_info_from_env()``)."""
-        cached = getattr(self, "_env_sourced", None)
-        if cached is not None:
-            return cached
+        if self._env_sourced is not None:
+            return self._env_sourced
         out: set[str] = set()
         for node in ast.walk(self.tree):
             if not isinstance(node, ast.Assign):
@@ -2006,12 +2006,23 @@ class _Checker:
             self.class_stack = [f.cls] if f.cls else []
             self.scopes.append(dict.fromkeys(self.locals_of(f.node)))
             reads_weights = writes_file = 0
+            env_names = environ = False
             for sub in ast.walk(f.node):
+                if isinstance(sub, ast.Constant):
+                    env_names = env_names or sub.value in LAUNCHER_ENV
+                elif isinstance(sub, ast.Attribute):
+                    environ = environ or sub.attr in ("environ", "getenv")
                 if isinstance(sub, ast.Call):
-                    eff = self.effect(sub, self.call_qual(sub))
+                    q = self.call_qual(sub)
+                    eff = self.effect(sub, q)
                     if eff:
                         f.kinds.setdefault(eff[0], sub.lineno)
                     func = sub.func
+                    if not f.wraps_ddp and (
+                        q.endswith(("DistributedDataParallel", "parallel.DDP"))
+                        or _last(func) == "DDP"
+                    ):
+                        f.wraps_ddp = sub.lineno
                     if (
                         isinstance(func, ast.Attribute)
                         and func.attr in ("named_parameters", "parameters")
@@ -2032,14 +2043,7 @@ class _Checker:
             if reads_weights and writes_file:
                 # a file written from the model's parameters (llm.c's write_model): a checkpoint
                 f.kinds.setdefault("save", reads_weights)
-            f.env_launcher = _reads_launcher_env(f.node)
-            for sub in ast.walk(f.node):
-                if isinstance(sub, ast.Call) and (
-                    self.call_qual(sub).endswith(("DistributedDataParallel", "parallel.DDP"))
-                    or _last(sub.func) == "DDP"
-                ):
-                    f.wraps_ddp = sub.lineno
-                    break
+            f.env_launcher = env_names and environ  # os.environ["RANK"], os.getenv("WORLD_SIZE")
             self.scopes.pop()
         self.class_stack = []
         if self.module:  # a module of the script's project: its functions, for the callers
@@ -2050,14 +2054,16 @@ class _Checker:
         while changed:  # def is_master(args): return is_global_master(args) (which tests rank)
             changed = False
             for f in self.funcs.values():
-                body = [st for st in f.node.body if not (isinstance(st, ast.Expr) and _str(st.value))]
+                body = [
+                    st for st in f.node.body if not (isinstance(st, ast.Expr) and _str(st.value))
+                ]
                 if f.rank_test or len(body) != 1 or not isinstance(body[0], ast.Return):
                     continue
                 value = body[0].value
-                tests = (
-                    [value.body, value.orelse] if isinstance(value, ast.IfExp) else [value]
-                )
-                if value is not None and all(t is not None and self.is_rank_guard(t) for t in tests):
+                tests = [value.body, value.orelse] if isinstance(value, ast.IfExp) else [value]
+                if value is not None and all(
+                    t is not None and self.is_rank_guard(t) for t in tests
+                ):
                     f.rank_test = changed = True
         changed = True
         while changed:
@@ -2313,8 +2319,10 @@ def check_project(path: str) -> list[Finding]:
         for node in ast.walk(mod.tree):
             if _str(node) in ("WORLD_SIZE", "RANK") and _reads_launcher_env(mod.tree):
                 project.env_world = True
-            if isinstance(node, ast.Attribute) and node.attr == "DEVICE" and isinstance(
-                node.ctx, ast.Store
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr == "DEVICE"
+                and isinstance(node.ctx, ast.Store)
             ):
                 project.config_device = True  # cfg.MODEL.DEVICE = ...
     for c in configs:
