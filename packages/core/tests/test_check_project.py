@@ -271,3 +271,22 @@ def test_detectron2_device_set_by_the_script_is_no_finding(tmp_path):
         "from detectron2.config import get_cfg\ncfg = get_cfg()\ncfg.MODEL.DEVICE = 'cpu'\n"
     )
     assert not any(f.code == "AIOS204" for f in check_project(str(tmp_path / "t.py")))
+
+
+def test_lightning_left_to_count_its_devices_is_named_once():
+    by = _by(
+        """\
+        import os
+        import lightning as L
+        import pytorch_lightning as pl
+        a = pl.Trainer(max_epochs=1)
+        b = L.Fabric(accelerator="auto", devices=-1)
+        c = pl.Trainer(accelerator="gpu", devices=-1)
+        d = pl.Trainer(devices=int(os.environ["LOCAL_WORLD_SIZE"]))
+        e = L.Fabric(**settings)
+        """
+    )
+    assert by[(4, "AIOS204")].level == "error" and "WORLD_SIZE" in by[(4, "AIOS204")].message
+    assert (5, "AIOS204") in by
+    assert (6, "AIOS204") not in by and (6, "AIOS101") in by  # one cause: the pinned GPU
+    assert not {(7, "AIOS204"), (8, "AIOS204")} & set(by)

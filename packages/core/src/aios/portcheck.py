@@ -1402,6 +1402,7 @@ class _Checker:
                     )
         # Lightning / Fabric pinned to one device
         if q.startswith(("lightning", "pytorch_lightning")) and last in ("Fabric", "Trainer"):
+            self.check_lightning_devices(node, last)
             for k in node.keywords:
                 v = _str(k.value)
                 if k.arg == "accelerator" and v in ("cuda", "gpu", "tpu", "mps"):
@@ -1484,6 +1485,35 @@ class _Checker:
                     "rt.setup(model) with strategy=fsdp shards for the selected backend",
                     NOT_CUDA,
                 )
+
+    def check_lightning_devices(self, node: ast.Call, last: str) -> None:
+        """Lightning counts the devices itself when ``devices`` is ``"auto"`` (its default) or -1:
+        the node's GPUs, 1 on a CPU. Under a launcher (aios-run sets RANK, WORLD_SIZE,
+        LOCAL_RANK) Lightning checks devices x num_nodes against WORLD_SIZE and raises where
+        they differ: on CPU, XLA, TPU, Trainium with --nprocs N > the count.
+
+        Wrong: ``Trainer(accelerator="auto")``, ``Fabric(devices="auto")``.
+        Right: ``Trainer(devices=int(os.environ["LOCAL_WORLD_SIZE"]))``; one pinned to
+        ``accelerator="gpu"`` is named for that (AIOS101), not twice."""
+        kw = {k.arg: k.value for k in node.keywords if k.arg}
+        if any(k.arg is None for k in node.keywords) or node.args:
+            return  # **settings or positional: the devices are not spelled here
+        accel = _str(kw.get("accelerator"))
+        if accel in ("cuda", "gpu", "tpu", "mps"):
+            return
+        dev = kw.get("devices")
+        auto = dev is None or _str(dev) in ("auto", "-1") or _int(dev) == -1
+        if auto:
+            self.add(
+                node,
+                "AIOS204",
+                f'{last}(devices="auto") counts the devices itself (the GPUs, 1 on a CPU): under '
+                "aios-run --nprocs N Lightning checks devices x num_nodes against WORLD_SIZE and "
+                'raises where they differ; pass devices=int(os.environ["LOCAL_WORLD_SIZE"]) (the '
+                "processes aios-run started on this node)",
+                NOT_CUDA,
+                when="raises under aios-run --nprocs N on cpu, xla, tpu, neuron",
+            )
 
     def check_library_call(self, node: ast.Call, q: str) -> None:
         """A call into a training library, judged by what it does (LIBRARY_CALLS)."""
