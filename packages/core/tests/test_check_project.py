@@ -290,3 +290,26 @@ def test_lightning_left_to_count_its_devices_is_named_once():
     assert (5, "AIOS204") in by
     assert (6, "AIOS204") not in by and (6, "AIOS101") in by  # one cause: the pinned GPU
     assert not {(7, "AIOS204"), (8, "AIOS204")} & set(by)
+
+
+def test_a_device_only_package_is_named_once_and_a_gate_through_a_parameter_at_the_call():
+    by = _by(
+        """\
+        import sys
+        import apex
+        from apex.optimizers import FusedAdam
+        import torch
+
+        def check(world_size):
+            if world_size < 1:
+                sys.exit("no GPU")
+
+        n = torch.cuda.device_count()
+        check(n)
+        check(4)
+        """
+    )
+    assert (2, "AIOS501") in by and (3, "AIOS501") not in by
+    gate = by[(11, "AIOS118")]
+    assert "t.py:7" in gate.message and "cpu" in gate.backends
+    assert (7, "AIOS118") not in by and (12, "AIOS118") not in by

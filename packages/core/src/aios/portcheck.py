@@ -569,6 +569,8 @@ class _Checker:
         self.no_launcher = 0  # inside a branch that runs only without a launcher's RANK
         self.choice_values: set[int] = set()  # nodes of a device choice named at its test
         self._env_sourced: set[str] | None = None  # names holding the launcher's own values
+        self._calls: list[ast.Call] | None = None  # every call in the file, for caller_values
+        self.packages_named: set[str] = set()  # device-only packages already named (AIOS501)
         self.models: set[str] = set()  # dotted names bound to modules (``model``, ``self.model``)
         self.rank_names: set[str] = set()  # names / ``self.x`` holding a rank
         self.rt_names: set[str] = set()  # names bound to aios.init()
@@ -854,6 +856,30 @@ class _Checker:
                 return True
         return False
 
+    def caller_values(self, f: _Func, param: str) -> list[tuple[ast.Call, ast.expr]]:
+        """What the callers in this file pass for ``f``'s parameter ``param`` (the argument, and
+        what a name given there was assigned: ``n = torch.cuda.device_count(); f(n)``)."""
+        a = f.node.args
+        params = [p.arg for p in [*a.posonlyargs, *a.args]]
+        if param not in params and param not in {p.arg for p in a.kwonlyargs}:
+            return []
+        if self._calls is None:
+            self._calls = [n for n in ast.walk(self.tree) if isinstance(n, ast.Call)]
+        out: list[tuple[ast.Call, ast.expr]] = []
+        for call in self._calls:
+            if self.funcs.get(_dotted(call.func) or "") is not f:
+                continue
+            offset = 1 if f.cls and params and params[0] in ("self", "cls") else 0
+            i = params.index(param) - offset if param in params else -1
+            given = [k.value for k in call.keywords if k.arg == param]
+            if 0 <= i < len(call.args):
+                given.append(call.args[i])
+            for v in given:
+                out.append((call, v))
+                if isinstance(v, ast.Name):
+                    out.extend((call, w) for w in self.values.get(v.id, []))
+        return out
+
     def check_gpu_gate(self, node: ast.If, cuda: int) -> None:
         """``if not <enough GPUs>: sys.exit()``: the script ends before training elsewhere."""
         test = node.test
@@ -866,6 +892,20 @@ class _Checker:
         gpu = cuda != 0 or any(
             "gpu" in n.lower().split(".")[-1] or n.startswith("torch.cuda.") for n in names
         )
+        via: list[ast.Call] = []  # calls that hand the gate a CUDA count
+        if not gpu and self.func_stack:
+            # def check_sizes(batch, world_size): if world_size < 1: raise ...; called with
+            # world_size = torch.cuda.device_count(): the caller's value makes it a GPU gate
+            via = [
+                call
+                for n in names
+                for call, value in self.caller_values(self.func_stack[-1], n)
+                if any(
+                    isinstance(sub, ast.Call) and self.call_qual(sub).startswith("torch.cuda.")
+                    for sub in ast.walk(value)
+                )
+            ]
+            gpu = bool(via)
         if not (gpu or accel):
             return
         negative = (
@@ -882,15 +922,17 @@ class _Checker:
                 and isinstance(stmt.value, ast.Call)
                 and (self.call_qual(stmt.value) or _dotted(stmt.value.func)) in EXITS
             ):
-                self.add(
-                    node,
-                    "AIOS118",
-                    "exits when it finds no GPU (or too few): elsewhere the script ends before "
-                    "training; drop the gate (aios-run --nprocs N gives each rank a device of "
-                    "the selected backend) or test rt.world_size",
-                    NOT_CUDA if gpu else ("cpu", "xla"),
-                    guardable=False,
-                )
+                for at in via or [node]:  # through a parameter: named where the count is passed
+                    how = f" ({os.path.basename(self.path)}:{node.lineno})" if via else ""
+                    self.add(
+                        at,
+                        "AIOS118",
+                        f"exits when it finds no GPU (or too few){how}: elsewhere the script ends "
+                        "before training; drop the gate (aios-run --nprocs N gives each rank a "
+                        "device of the selected backend) or test rt.world_size",
+                        NOT_CUDA if gpu else ("cpu", "xla"),
+                        guardable=False,
+                    )
                 return
 
     def prepass(self) -> None:
@@ -1161,7 +1203,9 @@ class _Checker:
                     "each backend)",
                     NOT_CUDA,
                 )
-            elif top in DEVICE_PACKAGES:
+            elif top in DEVICE_PACKAGES and top not in self.packages_named:
+                # one finding per cause: the package, at its first import in the file
+                self.packages_named.add(top)
                 repl, backends = DEVICE_PACKAGES[top]
                 self.add(
                     node,
