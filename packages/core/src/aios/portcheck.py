@@ -922,7 +922,8 @@ class _Checker:
                 and isinstance(stmt.value, ast.Call)
                 and (self.call_qual(stmt.value) or _dotted(stmt.value.func)) in EXITS
             ):
-                for at in via or [node]:  # through a parameter: named where the count is passed
+                sites: list[ast.AST] = list(via) or [node]  # via a parameter: at the call
+                for at in sites:
                     how = f" ({os.path.basename(self.path)}:{node.lineno})" if via else ""
                     self.add(
                         at,
@@ -2334,7 +2335,9 @@ def _config_files(root: str, modules: list[_Module]) -> list[str]:
         return []
     out: list[str] = []
     skip = {".git", "__pycache__", "node_modules", ".venv", "venv", "site-packages"}
-    for dirpath, dirs, files in os.walk(root):
+    for visited, (dirpath, dirs, files) in enumerate(os.walk(root)):
+        if visited >= 500:  # a script in a big folder (a home directory): look no further
+            break
         depth = os.path.relpath(dirpath, root).count(os.sep)
         dirs[:] = sorted(d for d in dirs if d not in skip and not d.startswith(".") and depth < 3)
         out.extend(os.path.join(dirpath, f) for f in sorted(files) if f in names)
