@@ -2393,15 +2393,15 @@ def check_project(path: str) -> list[Finding]:
     config_found = [f for c in configs for f in check_config(c)]
     project = _Project()
     for mod in modules:
+        world = environ = False
         for node in ast.walk(mod.tree):
-            if _str(node) in ("WORLD_SIZE", "RANK") and _reads_launcher_env(mod.tree):
-                project.env_world = True
-            if (
-                isinstance(node, ast.Attribute)
-                and node.attr == "DEVICE"
-                and isinstance(node.ctx, ast.Store)
-            ):
-                project.config_device = True  # cfg.MODEL.DEVICE = ...
+            if isinstance(node, ast.Constant):
+                world = world or node.value in ("WORLD_SIZE", "RANK")
+            elif isinstance(node, ast.Attribute):
+                environ = environ or node.attr in ("environ", "getenv")
+                if node.attr == "DEVICE" and isinstance(node.ctx, ast.Store):
+                    project.config_device = True  # cfg.MODEL.DEVICE = ...
+        project.env_world |= world and environ  # os.environ["WORLD_SIZE"] read somewhere
     for c in configs:
         if re.search(r"^\s*DEVICE\s*:", read_source(c), re.M):
             project.config_device = True
