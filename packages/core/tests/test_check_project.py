@@ -4,6 +4,7 @@ data, and one finding per cause (a GradScaler, a loader's pin_memory: notes, nam
 
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 
@@ -313,3 +314,15 @@ def test_a_device_only_package_is_named_once_and_a_gate_through_a_parameter_at_t
     gate = by[(11, "AIOS118")]
     assert "t.py:7" in gate.message and "cpu" in gate.backends
     assert (7, "AIOS118") not in by and (12, "AIOS118") not in by
+
+
+def test_every_code_the_checker_gives_is_in_the_readme_table():
+    root = Path(__file__).resolve().parents[1]
+    source = (root / "src" / "aios" / "portcheck.py").read_text()
+    readme = (root / "README.md").read_text()
+    table = readme[readme.index("| code | finds | aios form named |") :]
+    table = table[: table.index("\n\n")]
+    documented = set(re.findall(r"AIOS\d{3}", table))
+    for lo, hi in re.findall(r"`AIOS(\d{3})`-`(\d{3})`", table):  # ranges: AIOS106-109
+        documented |= {f"AIOS{n}" for n in range(int(lo), int(hi) + 1)}
+    assert set(re.findall(r'"(AIOS\d{3})"', source)) <= documented

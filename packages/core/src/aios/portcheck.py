@@ -1722,19 +1722,8 @@ class _Checker:
                     f"script asks for CUDA; {RT_DEVICE}",
                     NOT_CUDA,
                 )
-            elif (
-                any(o.strip("-").replace("_", "-") == "local-rank" for o in opts.split())
-                and isinstance(kw.get("required"), ast.Constant)
-                and kw["required"].value is True  # type: ignore[attr-defined]
-            ):
-                self.add(
-                    node,
-                    "AIOS211",
-                    f"{opts} is required: torch.distributed.launch passed it, but aios-run (like "
-                    "torchrun) sets LOCAL_RANK in the environment and passes no argument, so "
-                    "argparse stops the script; drop required=True and use rt.local_rank",
-                    BACKENDS,
-                )
+            elif self.check_local_rank_required(node, opts, kw):
+                pass
             elif (
                 any(o.strip("-").replace("_", "-") == "world-size" for o in opts.split())
                 and isinstance(default, (ast.Constant, ast.UnaryOp))
@@ -1874,6 +1863,29 @@ class _Checker:
         if q == "torch.compile":
             self.check_compile(node, kw)
         self.check_more_habits(node, q, kw)
+
+    def check_local_rank_required(self, node: ast.Call, opts: str, kw: dict[str, ast.expr]) -> bool:
+        """``--local_rank`` that argparse requires: torch.distributed.launch passed it; aios-run
+        (like torchrun) sets LOCAL_RANK in the environment and passes no argument.
+
+        Wrong: ``add_argument("--local_rank", type=int, required=True)``.
+        Right: ``add_argument("--local_rank", type=int, default=-1)``; ``rt.local_rank``."""
+        required = kw.get("required")
+        if not (
+            any(o.strip("-").replace("_", "-") == "local-rank" for o in opts.split())
+            and isinstance(required, ast.Constant)
+            and required.value is True
+        ):
+            return False
+        self.add(
+            node,
+            "AIOS211",
+            f"{opts} is required: torch.distributed.launch passed it, but aios-run (like "
+            "torchrun) sets LOCAL_RANK in the environment and passes no argument, so "
+            "argparse stops the script; drop required=True and use rt.local_rank",
+            BACKENDS,
+        )
+        return True
 
     def check_compile(self, node: ast.AST, kw: dict[str, ast.expr]) -> None:
         chosen = self.resolve(kw.get("backend"))
