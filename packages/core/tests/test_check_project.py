@@ -326,3 +326,25 @@ def test_every_code_the_checker_gives_is_in_the_readme_table():
     for lo, hi in re.findall(r"`AIOS(\d{3})`-`(\d{3})`", table):  # ranges: AIOS106-109
         documented |= {f"AIOS{n}" for n in range(int(lo), int(hi) + 1)}
     assert set(re.findall(r'"(AIOS\d{3})"', source)) <= documented
+
+
+def test_modules_on_folders_the_script_adds_to_sys_path_are_read(tmp_path):
+    _write(
+        tmp_path,
+        {
+            "scripts/train.py": """\
+                import os
+                import sys
+                from pathlib import Path
+                sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+                sys.path.append(str(Path(__file__).resolve().parent.parent / "lib"))
+                import common
+                import helpers
+                """,
+            "common.py": "import torch\nx = torch.zeros(1).cuda()\n",
+            "lib/helpers.py": "import torch.distributed as dist\ndist.init_process_group('nccl')\n",
+        },
+    )
+    keys = _keys(check_project(str(tmp_path / "scripts" / "train.py")))
+    assert ("common.py", 2, "AIOS102", "error") in keys
+    assert ("helpers.py", 2, "AIOS201", "error") in keys

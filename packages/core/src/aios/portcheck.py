@@ -2306,10 +2306,58 @@ class _Module:
     tree: ast.Module
 
 
+def _path_value(node: ast.AST, script: str) -> str | None:
+    """The folder a ``sys.path`` entry names, where it is spelled from ``__file__`` and literals:
+    ``os.path.join(os.path.dirname(__file__), "..")``, ``str(Path(__file__).parent / "src")``."""
+    if isinstance(node, ast.Name) and node.id == "__file__":
+        return script
+    text = _str(node)
+    if text is not None:
+        return os.path.join(os.path.dirname(script) or ".", text)
+    if isinstance(node, ast.Call):
+        name = _dotted(node.func) or ""
+        args = [_path_value(a, script) for a in node.args]
+        if None in args:
+            return None
+        parts = [a for a in args if a is not None]
+        if name.endswith(("dirname",)) and len(parts) == 1:
+            return os.path.dirname(parts[0])
+        if name.endswith(("abspath", "realpath", "normpath", "Path", "str", "resolve")):
+            return parts[0] if len(parts) == 1 else None
+        if name.endswith("join") and parts:
+            return os.path.join(*parts)
+        if isinstance(node.func, ast.Attribute) and node.func.attr == "resolve" and not parts:
+            return _path_value(node.func.value, script)
+    if isinstance(node, ast.Attribute) and node.attr == "parent":
+        inner = _path_value(node.value, script)
+        return os.path.dirname(inner) if inner is not None else None
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+        left, right = _path_value(node.left, script), _str(node.right)
+        return os.path.join(left, right) if left is not None and right is not None else None
+    return None
+
+
+def _sys_path_roots(tree: ast.Module, script: str) -> list[str]:
+    """Folders the script adds to ``sys.path`` (``sys.path.insert(0, ...)``, ``append``)."""
+    roots = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and (_dotted(node.func) or "") in ("sys.path.insert", "sys.path.append")
+            and node.args
+        ):
+            folder = _path_value(node.args[-1], script)
+            if folder is not None and os.path.isdir(folder):
+                roots.append(os.path.normpath(folder))
+    return roots
+
+
 def _project_modules(path: str, source: str, tree: ast.Module) -> list[_Module]:
     """The script and the modules of its own project it imports (same folder, packages under
-    it), breadth first, at most MAX_PROJECT_FILES. Third-party imports are not files here."""
+    it, folders it adds to ``sys.path``), breadth first, at most MAX_PROJECT_FILES. Third-party
+    imports are not files here."""
     root = os.path.dirname(path) or "."  # relative stays relative: paths print as given
+    roots = [root, *_sys_path_roots(tree, path)]
     mods = [_Module(path, "", "", source, tree)]
     seen = {os.path.abspath(path)}
     i = 0
@@ -2317,7 +2365,7 @@ def _project_modules(path: str, source: str, tree: ast.Module) -> list[_Module]:
         mod = mods[i]
         i += 1
         for dotted in _local_imports(mod.tree, mod.package):
-            found = _module_file(root, dotted)
+            found = next((f for r in roots if (f := _module_file(r, dotted))), None)
             if found is None or os.path.abspath(found) in seen:
                 continue
             seen.add(os.path.abspath(found))
