@@ -162,6 +162,7 @@ def test_cli_prints_a_shared_helpers_finding_once_and_exits_0_on_notes_only(tmp_
     assert r.exit_code == 1
     lines = [ln for ln in r.stdout.splitlines() if " AIOS102 " in ln]
     assert lines == [lines[0]] and lines[0].startswith("helpers/other.py:2:")
+    assert " in 2 file(s) and 4 file(s) they import or load" in r.stderr, r.stderr
     (tmp_path / "notes.py").write_text(
         "import torch\nfrom torch.utils.data import DataLoader\n"
         "loader = DataLoader([1], pin_memory=True)\nscaler = torch.cuda.amp.GradScaler()\n"

@@ -115,12 +115,17 @@ def check(scripts: tuple[str, ...], backend: str | None, as_json: bool, fix: boo
             click.echo(d["diff"], nl=not d["diff"].endswith("\n"))
         for f in findings:
             click.echo(str(f))
-        fixable = sum(1 for f in findings if f.fix)
+        named = {os.path.abspath(p) for p in files}
+        # --fix rewrites the files named; a helper's rewrite needs the helper named
+        fixable = sum(1 for f in findings if f.fix and os.path.abspath(f.path) in named)
         notes = sum(1 for f in findings if f.level == "note")
         summary = f"aios check: {len(findings)} finding(s)"
         if notes:
             summary += f" ({notes} note(s))"
         summary += f" in {len(files)} file(s)"
+        more = {os.path.abspath(f.path) for f in findings} - named
+        if more:
+            summary += f" and {len(more)} file(s) they import or load"
         if diffs:
             summary += f"; fixed {len(diffs)} file(s)"
         if fixable:
