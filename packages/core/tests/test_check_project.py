@@ -349,3 +349,26 @@ def test_modules_on_folders_the_script_adds_to_sys_path_are_read(tmp_path):
     keys = _keys(check_project(str(tmp_path / "scripts" / "train.py")))
     assert ("common.py", 2, "AIOS102", "error") in keys
     assert ("helpers.py", 2, "AIOS201", "error") in keys
+
+
+def test_a_cuda_device_a_caller_passes_into_the_scripts_function_is_named_at_the_call():
+    by = _by(
+        """\
+        import torch
+
+        def train(model, device, steps=1):
+            x = torch.ones(2, device=device)
+            return model.to(device)(x)
+
+        def log(name):
+            print(name)
+
+        train(net, "cuda")
+        train(net, device="cuda:0")
+        log("cuda")
+        train(net, "cpu")
+        """
+    )
+    assert by[(10, "AIOS101")].level == "error" and "train()" in by[(10, "AIOS101")].message
+    assert (11, "AIOS101") in by
+    assert not {(12, "AIOS101"), (13, "AIOS101")} & set(by)

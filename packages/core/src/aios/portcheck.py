@@ -1430,6 +1430,8 @@ class _Checker:
             ]
             if any(_is_cuda_string(a) for a in args) and id(node) not in self.choice_values:
                 self.add(node, "AIOS101", f"device 'cuda...': {RT_DEVICE}", NOT_CUDA)
+            elif self.check_device_passed_in(node):
+                pass
             else:
                 ranks = [
                     a
@@ -1863,6 +1865,46 @@ class _Checker:
         if q == "torch.compile":
             self.check_compile(node, kw)
         self.check_more_habits(node, q, kw)
+
+    def check_device_passed_in(self, node: ast.Call) -> bool:
+        """A CUDA device a caller hands a function of the script, which places tensors with it
+        (the caller's value, followed into the function).
+
+        Wrong: ``def train(model, device): model.to(device)`` called as ``train(m, "cuda")``.
+        Right: ``train(m, rt.device)``."""
+        f = self.callee(node)
+        if f is None or f.path != self.path:
+            return False
+        a = f.node.args
+        params = [p.arg for p in [*a.posonlyargs, *a.args]]
+        if f.cls and params and params[0] in ("self", "cls"):
+            params = params[1:]
+        given = dict(zip(params, node.args, strict=False))
+        given.update({k.arg: k.value for k in node.keywords if k.arg})
+        for name, value in given.items():
+            if not _is_cuda_string(value) or name not in self.device_params(f):
+                continue
+            self.add(
+                value,
+                "AIOS101",
+                f"device {_str(value) or ast.unparse(value)!r} passed to {f.key}() as {name}, "
+                f"which places tensors with it: {RT_DEVICE}",
+                NOT_CUDA,
+            )
+            return True
+        return False
+
+    def device_params(self, f: _Func) -> set[str]:
+        """Parameters ``f`` uses as a device: ``.to(p)``, ``device=p``, ``torch.device(p)``."""
+        out: set[str] = set()
+        for sub in ast.walk(f.node):
+            if not isinstance(sub, ast.Call):
+                continue
+            used = [k.value for k in sub.keywords if k.arg in ("device", "map_location")]
+            if _last(sub.func) == "to" or self.call_qual(sub) == "torch.device":
+                used += sub.args[:1]
+            out |= {u.id for u in used if isinstance(u, ast.Name)}
+        return out
 
     def check_local_rank_required(self, node: ast.Call, opts: str, kw: dict[str, ast.expr]) -> bool:
         """``--local_rank`` that argparse requires: torch.distributed.launch passed it; aios-run
