@@ -234,14 +234,17 @@ def test_a_tokenizer_saved_on_the_main_process_is_no_checkpoint_and_a_model_save
     by = _by(
         """\
         import torch.distributed as dist
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        tokenizer = AutoTokenizer.from_pretrained("gpt2")
+        net = AutoModelForCausalLM.from_pretrained("gpt2")
         if dist.get_rank() == 0:
             tokenizer.save_pretrained("out")
-            model.save_pretrained("out")
+            net.save_pretrained("out")
         """
     )
-    assert (3, "AIOS603") not in by
-    assert "model.save_pretrained()" in by[(4, "AIOS603")].message
-    assert "state_dict" not in by[(4, "AIOS603")].message.split(":")[0]
+    assert (6, "AIOS603") not in by
+    assert "net.save_pretrained()" in by[(7, "AIOS603")].message
+    assert "state_dict" not in by[(7, "AIOS603")].message.split(":")[0]
 
 
 def test_libraries_launchers_and_device_defaults_are_judged_from_the_table():

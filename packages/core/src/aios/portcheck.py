@@ -690,8 +690,15 @@ class _Checker:
         if isinstance(node, ast.Call):
             q = self.call_qual(node)
             last = _last(node.func)
-            if last in self.local_modules or last in ("from_pretrained", "from_config"):
+            if last in self.local_modules:
                 return True
+            if last in ("from_pretrained", "from_config"):
+                # AutoTokenizer.from_pretrained(...) is no module: its save_pretrained on rank 0
+                # is no checkpoint (nor are processors', configs' and schedulers')
+                owner = _last(node.func.value) if isinstance(node.func, ast.Attribute) else ""
+                return not re.search(
+                    r"Tokenizer|Processor|Config|FeatureExtractor|Scheduler", owner
+                )
             if q.startswith("torch.nn.") and q.rsplit(".", 1)[-1][:1].isupper():
                 return not q.startswith(("torch.nn.functional", "torch.nn.utils"))
             if q.endswith(("DistributedDataParallel", "FullyShardedDataParallel", ".fully_shard")):
