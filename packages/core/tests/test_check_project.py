@@ -375,3 +375,24 @@ def test_a_cuda_device_a_caller_passes_into_the_scripts_function_is_named_at_the
     assert by[(10, "AIOS101")].level == "error" and "train()" in by[(10, "AIOS101")].message
     assert (11, "AIOS101") in by
     assert not {(12, "AIOS101"), (13, "AIOS101")} & set(by)
+
+
+def test_aios_runs_hint_names_the_finding_in_a_helper_module_of_the_script(tmp_path):
+    from aios.cli.run import _hint_from_stderr
+
+    _write(
+        tmp_path,
+        {
+            "train.py": "import utils\nutils.place()\n",
+            "utils.py": "import torch\n\ndef place():\n    return torch.zeros(1).cuda()\n",
+        },
+    )
+    script = tmp_path / "train.py"
+    tb = (
+        "Traceback (most recent call last):\n"
+        f'  File "{script}", line 2, in <module>\n'
+        f'  File "{tmp_path / "utils.py"}", line 4, in place\n'
+        "AssertionError: Torch not compiled with CUDA enabled\n"
+    )
+    hint = _hint_from_stderr(str(script), tb)
+    assert hint is not None and f"{tmp_path / 'utils.py'}:4:" in hint and "AIOS102" in hint
