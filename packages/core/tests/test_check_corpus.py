@@ -32,8 +32,10 @@ GOAL = 0.95
 # The held-out goal is 90% precision and 85% recall. Measured when the held-out labels were first
 # scored against the finished rules: precision 86.0% (74/86), recall 94.9% (74/78); after a
 # device-only package was named once per file (not at each import, issue 34's "one finding per
-# cause"; one held-out line seen by accident showed it): 87.1% (74/85), 94.9%. The assertion keeps
-# what is reached from slipping; precision is short of the goal, and the corpus README says so.
+# cause"; one held-out line seen by accident showed it): 87.1% (74/85), 94.9%. Four held-out
+# projects added after the rules were finished, measured once: 95.8% (23/24), 92.0% (23/25); all
+# twelve: 89.0% (97/109), 94.2% (97/103). The assertion keeps what is reached from slipping;
+# precision is just short of the goal, and the corpus README says so.
 HELDOUT_PRECISION, HELDOUT_RECALL = 0.85, 0.85
 
 Key = tuple[str, int, str, str]  # script, line, code, level
@@ -137,7 +139,7 @@ def test_held_out_projects_precision_and_recall():
 
 def test_the_projects_are_what_the_readme_says_and_the_split_holds():
     readme = (CORPUS / "README.md").read_text()
-    assert len(PROJECTS) >= 6 and len(HELDOUT) >= 8
+    assert len(PROJECTS) >= 6 and len(HELDOUT) >= 12
     assert not {p.name for p in PROJECTS} & {p.name for p in HELDOUT}
     rules = readme[readme.index("### Rules half") : readme.index("### Held-out half")]
     held = readme[readme.index("### Held-out half") :]
