@@ -441,14 +441,15 @@ def _local_names(fn: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> set
 
 
 def _relative_base(node: ast.ImportFrom, package: str) -> str | None:
-    """The absolute module ``from .x import y`` names inside ``package`` (None outside one)."""
+    """The absolute module ``from .x import y`` names inside ``package``: ``package.x``; ``""``
+    for the script's own folder (``from .. import utils`` in ``gd``); None above it."""
     parts = package.split(".") if package else []
-    if node.level - 1 > len(parts) or (node.level and not package and node.level > 1):
+    if node.level - 1 > len(parts):
         return None
     base = parts[: len(parts) - (node.level - 1)]
     if node.module:
         base.append(node.module)
-    return ".".join(base) or None
+    return ".".join(base)
 
 
 def _imports(
@@ -474,8 +475,8 @@ def _imports(
         elif isinstance(node, ast.ImportFrom) and node.level and package is not None:
             base = _relative_base(node, package)
             for a in node.names:
-                if base and a.name != "*":
-                    yield a.asname or a.name, f"{base}.{a.name}", node
+                if base is not None and a.name != "*":
+                    yield a.asname or a.name, f"{base}.{a.name}" if base else a.name, node
         elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
             for sub in ("body", "orelse", "finalbody", "handlers"):
                 for child in getattr(node, sub, []):
@@ -2338,12 +2339,13 @@ def _local_imports(tree: ast.Module, package: str | None) -> Iterator[str]:
                 yield a.name
         elif isinstance(node, ast.ImportFrom):
             base = node.module if not node.level else _relative_base(node, package or "")
-            if not base:
+            if base is None:
                 continue
-            yield base
+            if base:
+                yield base
             for a in node.names:
                 if a.name != "*":
-                    yield f"{base}.{a.name}"
+                    yield f"{base}.{a.name}" if base else a.name
 
 
 @dataclass
