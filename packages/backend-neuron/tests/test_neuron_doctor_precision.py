@@ -200,6 +200,24 @@ def test_scan_flags_known_unsupported_things():
     assert scan_source("def f(:\n")[0].severity == "fail"
 
 
+def test_scan_names_one_cause_once_leaves_harmless_cuda_calls_and_sees_env_writes():
+    src = (
+        "import os, torch\n"
+        "scaler = torch.cuda.amp.GradScaler()\n"
+        "if torch.cuda.is_available():\n"
+        "    torch.cuda.empty_cache()\n"
+        "with torch.cuda.amp.autocast():\n"
+        "    pass\n"
+        "os.environ['RANK'] = str(comm.rank)\n"
+        "os.environ['OMP_NUM_THREADS'] = '1'\n"
+    )
+    found = [(f.line, f.what) for f in scan_source(src)]
+    assert found == [
+        (5, "calls torch.cuda.amp.autocast"),  # once: not again as torch.cuda.amp
+        (7, "writes os.environ['RANK']"),
+    ]
+
+
 # ------------------------------------------------------------------------------ plugin import cost
 
 

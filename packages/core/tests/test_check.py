@@ -75,9 +75,6 @@ GPU_TIES = [
     ("DDP(self.model, device_ids=", "AIOS202", "rt.setup(model)"),
     ('torch.autocast("cuda", dtype=torch.float16)', "AIOS301", "rt.autocast()"),
     ('torch.autocast("cuda", dtype=torch.float16)', "AIOS303", "precision=bf16-mixed"),
-    ("self.scaler.scale(loss).backward()", "AIOS302", "rt.backward(loss)"),
-    ("self.scaler.step(self.optimizer)", "AIOS302", "rt.step(opt)"),
-    ("self.scaler.update()", "AIOS302", "rt.step(opt)"),
     ('device=f"cuda:{self.gpu_id}"', "AIOS101", "rt.device"),
     ("source = source.to(self.gpu_id)", "AIOS101", "rt.device"),
     ("targets.cuda(non_blocking=True)", "AIOS102", ".to(rt.device)"),
@@ -101,9 +98,10 @@ def test_gpu_script_every_nvidia_line_is_named_with_its_replacement_and_backends
         assert replacement in f.message, (marker, str(f))
         line = GPU.read_text().splitlines()[f.line - 1]
         assert 1 <= f.col <= len(line) and line[f.col - 1] != " "
-        if code == "AIOS206":
+        if code in ("AIOS206", "AIOS302"):
+            # a CUDA GradScaler disables itself with a warning elsewhere: a note, named once
             assert f.level == "note" and f.backends == () and str(f).endswith("(note)"), str(f)
-        elif code.startswith(("AIOS1", "AIOS2", "AIOS301", "AIOS302")):
+        elif code.startswith(("AIOS1", "AIOS2", "AIOS301")):
             assert "cuda" not in f.backends and {"cpu", "xla", "tpu", "neuron"} <= set(
                 f.backends
             ), str(f)
@@ -186,6 +184,10 @@ def test_fix_rewrites_the_safe_lines_and_the_ported_script_runs_on_cpu_and_plans
     assert [old[i - 1].strip() for i in sorted(extra)] == [
         "import os",  # only the environment reads used it (rt.local_rank now)
         "from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: N817",
+        # the scaler's uses: named once, where the GradScaler is made (a note)
+        "self.scaler.scale(loss).backward()",
+        "self.scaler.step(self.optimizer)",
+        "self.scaler.update()",
         "ckp = self.model.module.state_dict()",  # the save the AIOS603 finding names
         "torch.save(ckp, self.snapshot_path)",
         "if self.gpu_id == 0 and epoch % self.save_every == 0:",
@@ -666,7 +668,9 @@ def test_lightning_fabric_pinned_to_gpus_and_fp16():
         'auto = L.Fabric(accelerator="auto", precision="bf16-mixed")\n'
     )
     found = check_source(src, "fabric.py")
-    assert [(f.line, f.code) for f in found] == [(2, "AIOS101"), (2, "AIOS303")]
+    # accelerator="auto" with devices left to Lightning (issue 34): it counts 1 on a CPU and
+    # raises against aios-run's WORLD_SIZE; one pinned to CUDA is named for that, not twice
+    assert [(f.line, f.code) for f in found] == [(2, "AIOS101"), (2, "AIOS303"), (3, "AIOS204")]
     assert 'accelerator="auto"' in found[0].message and "cpu" in found[0].backends
     assert 'precision="bf16-mixed"' in found[1].message and "cpu" not in found[1].backends
 
@@ -779,7 +783,7 @@ if device_type == "cuda":
     by = _by(src)
     assert by[(5, "AIOS203")].backends == BACKENDS
     assert (6, "AIOS113") in by and (7, "AIOS113") not in by
-    assert by[(8, "AIOS112")].level == "warning"  # a loader warns and pins nothing
+    assert by[(8, "AIOS112")].level == "note"  # a loader warns and pins nothing
     assert by[(9, "AIOS112")].level == "error"  # a tensor factory raises without an accelerator
     assert "race" in by[(10, "AIOS606")].where()
     for line in (12, 14):
@@ -913,7 +917,7 @@ kwargs = {"num_workers": 2, "pin_memory": True}
     assert empty.level == "note" and empty.fix == "guard"  # still rewritten, but breaks nothing
     assert by[(3, "AIOS107")].level == "note"
     assert (4, "AIOS118") in by
-    assert by[(5, "AIOS112")].level == "warning"
+    assert by[(5, "AIOS112")].level == "note"
 
 
 def test_rank_tests_on_gpu_id_and_files_written_from_the_weights():

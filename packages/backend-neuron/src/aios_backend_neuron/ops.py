@@ -21,6 +21,22 @@ CUDA_ONLY_MODULES = {
 }
 
 
+# torch.cuda names that break nothing without CUDA: they return False/0, do nothing, or (a
+# GradScaler) disable themselves with a warning; not worth a plan note
+HARMLESS_CUDA = {
+    "torch.cuda.is_available",
+    "torch.cuda.empty_cache",
+    "torch.cuda.manual_seed",
+    "torch.cuda.manual_seed_all",
+    "torch.cuda.amp.GradScaler",
+}
+# what aios-run sets for every rank: a script writing one overwrites the launcher's world
+LAUNCHER_ENV = {
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
+    "MASTER_ADDR", "MASTER_PORT",
+}  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Finding:
     line: int
@@ -53,8 +69,16 @@ def scan_source(source: str, runtime: str = "xla") -> list[Finding]:
             )
         ]
     out: list[Finding] = []
+    # a.b.c is one name: its inner a.b is not judged again (one finding per cause)
+    inner = {
+        id(n.value)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Attribute)
+    }
     for node in ast.walk(tree):
         line = getattr(node, "lineno", 0)
+        if isinstance(node, ast.Attribute) and id(node) in inner:
+            continue
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             names = (
                 [a.name for a in node.names]
@@ -91,7 +115,7 @@ def scan_source(source: str, runtime: str = "xla") -> list[Finding]:
                         "complex dtypes are not supported on Neuron; use real-valued rotary embeddings",
                     )
                 )
-            elif d.startswith("torch.cuda.") and d.count(".") >= 2:
+            elif d.startswith("torch.cuda.") and d.count(".") >= 2 and d not in HARMLESS_CUDA:
                 out.append(
                     Finding(
                         line,
@@ -144,6 +168,26 @@ def scan_source(source: str, runtime: str = "xla") -> list[Finding]:
                         "already); remove it or use the native runtime",
                     )
                 )
+        elif isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Subscript)
+            and _dotted(t.value) == "os.environ"
+            and isinstance(t.slice, ast.Constant)
+            and t.slice.value in LAUNCHER_ENV
+            for t in node.targets
+        ):
+            name = next(
+                t.slice.value
+                for t in node.targets
+                if isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Constant)
+            )
+            out.append(
+                Finding(
+                    line,
+                    f"writes os.environ[{name!r}]",
+                    "aios-run sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT for "
+                    "every rank; overwriting them leaves copies of one rank that never join",
+                )
+            )
         elif isinstance(node, ast.Constant) and node.value in ("XLA_USE_BF16", "XLA_DOWNCAST_BF16"):
             out.append(
                 Finding(

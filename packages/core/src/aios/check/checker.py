@@ -18,7 +18,7 @@ from __future__ import annotations
 import ast
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 BACKENDS = ("cpu", "cuda", "xla", "tpu", "neuron")
@@ -257,6 +257,93 @@ OWN_PARALLELISM = {
     "parallelize_module": "applies its own tensor-parallel plan: keep it on rt.mesh['tp'] and pass "
     "the model to rt.setup(model), or give the plan as tp_plan with strategy=tp",
 }
+# What aios-run sets for every rank: a script that writes one of these overwrites it.
+LAUNCHER_ENV = {
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
+    "MASTER_ADDR", "MASTER_PORT",
+}  # fmt: skip
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json", ".toml")
+# ``device: cuda`` / ``device = "cuda:0"`` / ``"accelerator": "gpu"`` in a config the script loads
+CONFIG_DEVICE = re.compile(
+    r"""^\s*["']?(device|device_type|accelerator)["']?\s*[:=]\s*["']?(cuda(:\d+)?|gpu)["']?\s*,?"""
+    r"""\s*(#.*)?$"""
+)
+
+
+@dataclass(frozen=True)
+class LibraryCall:
+    """What a widely used training library's helper does when the script runs under aios-run:
+    kept as data beside the rules, so a call into a library is judged by what it does."""
+
+    code: str
+    level: str
+    backends: tuple[str, ...]
+    message: str
+    source: str  # where the behaviour is documented (or the code that does it)
+
+
+_D2_LAUNCH = LibraryCall(
+    "AIOS203",
+    "error",
+    BACKENDS,
+    "detectron2's launch(main, num_gpus, ...) starts num_gpus processes per machine itself "
+    "(torch.multiprocessing): under aios-run --nprocs N each rank would start more, and with "
+    "num_gpus=1 it runs main in-process with its own world; call main(args) once (aios-run starts "
+    "one process per rank: rt.rank, rt.world_size)",
+    "https://detectron2.readthedocs.io/en/latest/modules/engine.html#detectron2.engine.launch",
+)
+_TUNE_MEMORY = LibraryCall(
+    "AIOS108",
+    "error",
+    NOT_CUDA,
+    "torchtune's get_memory_stats(device) reads torch.cuda memory counters and raises ValueError "
+    "for a CPU device: the run record has each rank's device memory; call it only when "
+    'rt.backend == "cuda"',
+    "https://pytorch.org/torchtune/stable/generated/torchtune.training.get_memory_stats.html",
+)
+LIBRARY_CALLS: dict[str, LibraryCall] = {
+    "detectron2.engine.launch": _D2_LAUNCH,
+    "detectron2.engine.launch.launch": _D2_LAUNCH,
+    "detectron2.engine.defaults.launch": _D2_LAUNCH,
+    "accelerate.notebook_launcher": LibraryCall(
+        "AIOS203",
+        "error",
+        BACKENDS,
+        "accelerate's notebook_launcher(fn, num_processes=...) starts its own processes: under "
+        "aios-run each rank would start more; call fn() once",
+        "https://huggingface.co/docs/accelerate/package_reference/launchers",
+    ),
+    "torch.distributed.launcher.api.elastic_launch": LibraryCall(
+        "AIOS203",
+        "error",
+        BACKENDS,
+        "elastic_launch(config, fn) starts its own worker processes: under aios-run each rank "
+        "would start more; call fn() once",
+        "https://pytorch.org/docs/stable/elastic/customization.html",
+    ),
+    "detectron2.config.get_cfg": LibraryCall(
+        "AIOS204",
+        "error",
+        NOT_CUDA,
+        'detectron2\'s get_cfg() defaults MODEL.DEVICE to "cuda" and the script never sets it: '
+        "elsewhere the model is built on CUDA and fails; set cfg.MODEL.DEVICE = str(rt.device)",
+        "https://detectron2.readthedocs.io/en/latest/modules/config.html#yaml-config-references",
+    ),
+    "litgpt.utils.parse_devices": LibraryCall(
+        "AIOS204",
+        "error",
+        NOT_CUDA,
+        'litgpt\'s parse_devices("auto") is torch.cuda.device_count() or 1: elsewhere one device, '
+        "whatever aios-run --nprocs N started, so Fabric's world disagrees with the launcher's; "
+        "pass devices=rt.world_size // rt.num_nodes (or let aios-run size the run)",
+        "https://github.com/Lightning-AI/litgpt/blob/main/litgpt/utils.py (parse_devices)",
+    ),
+    "torchtune.training.get_memory_stats": _TUNE_MEMORY,
+    "torchtune.training.memory.get_memory_stats": _TUNE_MEMORY,
+    "torchtune.utils.get_memory_stats": _TUNE_MEMORY,
+}
+
+
 VERB_NAMES = re.compile(
     r"^(get|load|save|write|read|build|create|make|init|wrap|unwrap|setup|prepare|print|log|"
     r"export|copy|sync|update|train|evaluate|eval|test|configure|compile)_"
@@ -353,9 +440,24 @@ def _local_names(fn: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> set
     return names
 
 
-def _imports(body: Iterable[ast.stmt]) -> Iterator[tuple[str, str, ast.stmt]]:
+def _relative_base(node: ast.ImportFrom, package: str) -> str | None:
+    """The absolute module ``from .x import y`` names inside ``package``: ``package.x``; ``""``
+    for the script's own folder (``from .. import utils`` in ``gd``); None above it."""
+    parts = package.split(".") if package else []
+    if node.level - 1 > len(parts):
+        return None
+    base = parts[: len(parts) - (node.level - 1)]
+    if node.module:
+        base.append(node.module)
+    return ".".join(base)
+
+
+def _imports(
+    body: Iterable[ast.stmt], package: str | None = None
+) -> Iterator[tuple[str, str, ast.stmt]]:
     """``(local name, qualified name, statement)`` for the imports directly in ``body`` and in
-    its if/try blocks (not in nested functions)."""
+    its if/try blocks (not in nested functions). ``package``: the dotted package of a module of
+    the script's own project, so ``from . import x`` names ``package.x``."""
     todo = list(body)
     while todo:
         node = todo.pop(0)
@@ -370,10 +472,52 @@ def _imports(body: Iterable[ast.stmt]) -> Iterator[tuple[str, str, ast.stmt]]:
             for a in node.names:
                 if a.name != "*":
                     yield a.asname or a.name, f"{node.module}.{a.name}", node
+        elif isinstance(node, ast.ImportFrom) and node.level and package is not None:
+            base = _relative_base(node, package)
+            for a in node.names:
+                if base is not None and a.name != "*":
+                    yield a.asname or a.name, f"{base}.{a.name}" if base else a.name, node
         elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
             for sub in ("body", "orelse", "finalbody", "handlers"):
                 for child in getattr(node, sub, []):
                     todo.extend(child.body if isinstance(child, ast.ExceptHandler) else [child])
+
+
+def _launcher_test(test: ast.AST) -> int:
+    """1: ``"RANK" in os.environ`` (true under a launcher: aios-run sets RANK, WORLD_SIZE,
+    LOCAL_RANK for every rank); -1: ``"RANK" not in os.environ`` (true only without one); 0:
+    neither. Code that runs only without a launcher never runs under aios-run.
+
+        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:   # 1
+        if "LOCAL_RANK" not in os.environ:                        # -1
+    """
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return -_launcher_test(test.operand)
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+        signs = {_launcher_test(v) for v in test.values}
+        return 1 if 1 in signs and -1 not in signs else 0
+    if isinstance(test, ast.Compare) and len(test.ops) == 1:
+        name = _str(test.left)
+        env = _dotted(test.comparators[0]) or ""
+        if name in ("RANK", "WORLD_SIZE", "LOCAL_RANK") and env.endswith("environ"):
+            if isinstance(test.ops[0], ast.In):
+                return 1
+            if isinstance(test.ops[0], ast.NotIn):
+                return -1
+    return 0
+
+
+def _reads_launcher_env(node: ast.AST) -> bool:
+    """``os.environ["RANK"]``, ``os.getenv("WORLD_SIZE")``, or a loop over names that include
+    them (``for v in ("LOCAL_RANK", "SLURM_LOCALID"): ... os.environ[v]``)."""
+    names = environ = False
+    for sub in ast.walk(node):
+        if _str(sub) in LAUNCHER_ENV:
+            names = True
+        d = _dotted(sub) if isinstance(sub, (ast.Attribute, ast.Name)) else None
+        if d and (d.endswith("environ") or d.endswith("getenv")):
+            environ = True
+    return names and environ
 
 
 # ------------------------------------------------------------------ the checker
@@ -386,17 +530,48 @@ class _Func:
     key: str = ""
     kinds: dict[str, int] = field(default_factory=dict)  # forward|collective|save -> first line
     calls: list[tuple[str, int]] = field(default_factory=list)  # callee key, line
+    path: str = ""  # the file it is defined in
+    rank_test: bool = False  # returns a rank test (``return args.rank == 0``)
+    wraps_ddp: int = 0  # the line where it wraps a model in DistributedDataParallel
+    env_launcher: bool = False  # reads RANK / WORLD_SIZE / LOCAL_RANK from the environment
+
+
+@dataclass
+class _Project:
+    """What the modules of one script's project tell each other: their functions (by qualified
+    name, ``util.misc.save_model``) and whether any reads the launcher's world from the
+    environment."""
+
+    funcs: dict[str, _Func] = field(default_factory=dict)
+    env_world: bool = False  # some module reads WORLD_SIZE (or RANK) from the environment
+    config_device: bool = False  # a loaded config sets the device (detectron2's MODEL.DEVICE too)
 
 
 class _Checker:
-    def __init__(self, path: str, source: str, tree: ast.Module) -> None:
+    def __init__(
+        self,
+        path: str,
+        source: str,
+        tree: ast.Module,
+        project: _Project | None = None,
+        module: str = "",
+        package: str | None = None,
+    ) -> None:
         self.path = path
         self.lines = source.splitlines()
         self.tree = tree
+        self.project = project or _Project()
+        self.module = module  # dotted name inside the project ("util.misc"); "" for the script
+        self.package = package
         self.findings: dict[tuple[int, str], Finding] = {}
         self.scopes: list[dict[str, str | None]] = [
-            {name: qual for name, qual, _ in _imports(tree.body)}
+            {name: qual for name, qual, _ in _imports(tree.body, package)}
         ]
+        self.no_launcher = 0  # inside a branch that runs only without a launcher's RANK
+        self.choice_values: set[int] = set()  # nodes of a device choice named at its test
+        self._env_sourced: set[str] | None = None  # names holding the launcher's own values
+        self._calls: list[ast.Call] | None = None  # every call in the file, for caller_values
+        self.packages_named: set[str] = set()  # device-only packages already named (AIOS501)
         self.models: set[str] = set()  # dotted names bound to modules (``model``, ``self.model``)
         self.rank_names: set[str] = set()  # names / ``self.x`` holding a rank
         self.rt_names: set[str] = set()  # names bound to aios.init()
@@ -475,6 +650,8 @@ class _Checker:
                 "(nothing breaks)"
             )
             level, backends, fix = "note", (), ""
+        if self.no_launcher:
+            return  # never runs under aios-run (it sets RANK for every rank)
         if level == "note":
             backends = ()
         key = (getattr(node, "lineno", 0), code)
@@ -514,8 +691,15 @@ class _Checker:
         if isinstance(node, ast.Call):
             q = self.call_qual(node)
             last = _last(node.func)
-            if last in self.local_modules or last in ("from_pretrained", "from_config"):
+            if last in self.local_modules:
                 return True
+            if last in ("from_pretrained", "from_config"):
+                # AutoTokenizer.from_pretrained(...) is no module: its save_pretrained on rank 0
+                # is no checkpoint (nor are processors', configs' and schedulers')
+                owner = _last(node.func.value) if isinstance(node.func, ast.Attribute) else ""
+                return not re.search(
+                    r"Tokenizer|Processor|Config|FeatureExtractor|Scheduler", owner
+                )
             if q.startswith("torch.nn.") and q.rsplit(".", 1)[-1][:1].isupper():
                 return not q.startswith(("torch.nn.functional", "torch.nn.utils"))
             if q.endswith(("DistributedDataParallel", "FullyShardedDataParallel", ".fully_shard")):
@@ -567,6 +751,9 @@ class _Checker:
             elif _is_cuda_string(node.body) or _is_cuda_string(node.orelse):
                 what = "chooses the CUDA device only with CUDA: on a TPU or Trainium it is False "
                 what += "and the script trains on the CPU; use rt.device"
+        elif self.returns_cuda_else_cpu(node):
+            what = "returns the CUDA device only with CUDA and the CPU otherwise: on a TPU or "
+            what += "Trainium the script trains on the host CPU; use rt.device"
         else:
             for stmt in node.body:
                 v = stmt.value if isinstance(stmt, (ast.Assign, ast.AnnAssign)) else None
@@ -580,6 +767,30 @@ class _Checker:
                     break
         if what:
             self.device_choices.setdefault(id(calls[0]), what)
+
+    def returns_cuda_else_cpu(self, node: ast.If) -> bool:
+        """A device helper: ``if torch.cuda.is_available(): return torch.device("cuda")`` then
+        ``return torch.device("cpu")`` (in its else or right after it)."""
+
+        def returns(stmts: list[ast.stmt], pick: Callable[[ast.AST], bool]) -> bool:
+            for st in stmts:
+                if isinstance(st, ast.Return) and st.value is not None:
+                    v = st.value
+                    if pick(v) or (isinstance(v, ast.Call) and v.args and pick(v.args[0])):
+                        return True
+            return False
+
+        if not returns(node.body, _is_cuda_string):
+            return False
+        for st in node.body:  # the choice is named once, at its test: not again as a note
+            if isinstance(st, ast.Return) and st.value is not None:
+                self.choice_values.update(id(sub) for sub in ast.walk(st.value))
+        fallback = list(node.orelse)
+        parent = self.parents.get(id(node))
+        body = getattr(parent, "body", None)
+        if isinstance(body, list) and node in body:
+            fallback += body[body.index(node) + 1 : body.index(node) + 2]
+        return returns(fallback, lambda v: _str(v) == "cpu")
 
     def cuda_test(self, test: ast.AST) -> int:
         """1: true only with CUDA; -1: false only with CUDA... (its else runs only with CUDA);
@@ -625,6 +836,14 @@ class _Checker:
                 for x in (sub.left, *sub.comparators)
             )
 
+        if isinstance(test, (ast.Name, ast.Attribute)):
+            # if args.use_fp16: / if self.use_fp16: (an option the user turns on)
+            name = _last(test)
+            default = self.arg_defaults.get(name)
+            if ("fp16" in name or "half" in name) and not (
+                isinstance(default, ast.Constant) and default.value is True
+            ):
+                return True
         return any(
             isinstance(sub, ast.Compare)
             and isinstance(sub.ops[0], (ast.Eq, ast.In))
@@ -645,6 +864,30 @@ class _Checker:
                 return True
         return False
 
+    def caller_values(self, f: _Func, param: str) -> list[tuple[ast.Call, ast.expr]]:
+        """What the callers in this file pass for ``f``'s parameter ``param`` (the argument, and
+        what a name given there was assigned: ``n = torch.cuda.device_count(); f(n)``)."""
+        a = f.node.args
+        params = [p.arg for p in [*a.posonlyargs, *a.args]]
+        if param not in params and param not in {p.arg for p in a.kwonlyargs}:
+            return []
+        if self._calls is None:
+            self._calls = [n for n in ast.walk(self.tree) if isinstance(n, ast.Call)]
+        out: list[tuple[ast.Call, ast.expr]] = []
+        for call in self._calls:
+            if self.funcs.get(_dotted(call.func) or "") is not f:
+                continue
+            offset = 1 if f.cls and params and params[0] in ("self", "cls") else 0
+            i = params.index(param) - offset if param in params else -1
+            given = [k.value for k in call.keywords if k.arg == param]
+            if 0 <= i < len(call.args):
+                given.append(call.args[i])
+            for v in given:
+                out.append((call, v))
+                if isinstance(v, ast.Name):
+                    out.extend((call, w) for w in self.values.get(v.id, []))
+        return out
+
     def check_gpu_gate(self, node: ast.If, cuda: int) -> None:
         """``if not <enough GPUs>: sys.exit()``: the script ends before training elsewhere."""
         test = node.test
@@ -657,6 +900,20 @@ class _Checker:
         gpu = cuda != 0 or any(
             "gpu" in n.lower().split(".")[-1] or n.startswith("torch.cuda.") for n in names
         )
+        via: list[ast.Call] = []  # calls that hand the gate a CUDA count
+        if not gpu and self.func_stack:
+            # def check_sizes(batch, world_size): if world_size < 1: raise ...; called with
+            # world_size = torch.cuda.device_count(): the caller's value makes it a GPU gate
+            via = [
+                call
+                for n in names
+                for call, value in self.caller_values(self.func_stack[-1], n)
+                if any(
+                    isinstance(sub, ast.Call) and self.call_qual(sub).startswith("torch.cuda.")
+                    for sub in ast.walk(value)
+                )
+            ]
+            gpu = bool(via)
         if not (gpu or accel):
             return
         negative = (
@@ -673,15 +930,18 @@ class _Checker:
                 and isinstance(stmt.value, ast.Call)
                 and (self.call_qual(stmt.value) or _dotted(stmt.value.func)) in EXITS
             ):
-                self.add(
-                    node,
-                    "AIOS118",
-                    "exits when it finds no GPU (or too few): elsewhere the script ends before "
-                    "training; drop the gate (aios-run --nprocs N gives each rank a device of "
-                    "the selected backend) or test rt.world_size",
-                    NOT_CUDA if gpu else ("cpu", "xla"),
-                    guardable=False,
-                )
+                sites: list[ast.AST] = list(via) or [node]  # via a parameter: at the call
+                for at in sites:
+                    how = f" ({os.path.basename(self.path)}:{node.lineno})" if via else ""
+                    self.add(
+                        at,
+                        "AIOS118",
+                        f"exits when it finds no GPU (or too few){how}: elsewhere the script ends "
+                        "before training; drop the gate (aios-run --nprocs N gives each rank a "
+                        "device of the selected backend) or test rt.world_size",
+                        NOT_CUDA if gpu else ("cpu", "xla"),
+                        guardable=False,
+                    )
                 return
 
     def prepass(self) -> None:
@@ -779,7 +1039,7 @@ class _Checker:
             self.module_level = False
             self.guard_depth = 0
             scope: dict[str, str | None] = dict.fromkeys(self.locals_of(node))
-            scope.update({n: q for n, q, _ in _imports(node.body)})
+            scope.update({n: q for n, q, _ in _imports(node.body, self.package)})
             self.scopes.append(scope)
             self.func_stack.append(self.funcs.get(key) or _Func(node, None, key))
             self.visit_body(node.body)
@@ -804,6 +1064,14 @@ class _Checker:
             return
         if isinstance(node, ast.If):
             self.visit(node.test)
+            launcher = _launcher_test(node.test)
+            if launcher:
+                self.no_launcher += launcher == -1
+                self.visit_body(node.body)
+                self.no_launcher += (launcher == 1) - (launcher == -1)
+                self.visit_body(node.orelse)
+                self.no_launcher -= launcher == 1
+                return
             guard = self.is_rank_guard(node.test)
             cuda = self.cuda_test(node.test)
             accel = self.accel_test(node.test)
@@ -856,13 +1124,14 @@ class _Checker:
                         v,
                         "AIOS112",
                         "'pin_memory': True for a DataLoader pins host memory for copies to an "
-                        "accelerator: on CPU and under torch_xla torch warns and pins nothing; pin "
-                        "only when rt.backend == 'cuda'",
-                        ("cpu", "xla"),
-                        level="warning",
+                        "accelerator: on CPU and under torch_xla torch warns and pins nothing "
+                        "(nothing breaks); pin only when rt.backend == 'cuda'",
+                        level="note",
                     )
-        if isinstance(node, ast.Subscript):
+        if isinstance(node, ast.Subscript) and not isinstance(node.ctx, ast.Store):
             self.check_env_read(node, self.qual(node.value) == "os.environ", node.slice)
+        if isinstance(node, ast.Assign):
+            self.check_env_write(node)
         if isinstance(node, ast.Try):
             guarded = _guarded_by_import_error(node.handlers)
             for stmt in node.body:
@@ -943,7 +1212,9 @@ class _Checker:
                     "each backend)",
                     NOT_CUDA,
                 )
-            elif top in DEVICE_PACKAGES:
+            elif top in DEVICE_PACKAGES and top not in self.packages_named:
+                # one finding per cause: the package, at its first import in the file
+                self.packages_named.add(top)
                 repl, backends = DEVICE_PACKAGES[top]
                 self.add(
                     node,
@@ -1121,6 +1392,20 @@ class _Checker:
                     NOT_CUDA,
                 )
                 self.cuda_guard -= only_cuda
+        self.check_device_ids(node, q, last)
+        self.check_library_call(node, q)
+        helper = self.callee(node)
+        if helper is not None and helper.wraps_ddp and self.cuda_guard:
+            self.add(
+                node,
+                "AIOS208",
+                f"{_dotted(node.func)}() wraps the model in DDP ({os.path.basename(helper.path)}:"
+                f"{helper.wraps_ddp}) only where the script found CUDA: on other devices each rank "
+                "trains its own copy, unsynchronized, without a word; rt.setup(model) wraps on "
+                "every backend",
+                NOT_CUDA,
+                guardable=False,
+            )
         # AMP and precision
         if q in ("torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast"):
             dev = node.args[0] if node.args else None
@@ -1135,24 +1420,9 @@ class _Checker:
                     NOT_CUDA,
                 )
         if q.endswith("GradScaler"):
-            self.add(
-                node,
-                "AIOS302",
-                f"{q}: loss scaling is fp16-on-CUDA only; rt.backward(loss) + rt.step(opt) "
-                "scale when precision=fp16-mixed, and need none under bf16-mixed",
-                NOT_CUDA,
-            )
-        if isinstance(node.func, ast.Attribute) and _dotted(node.func.value) in self.scalers:
-            scaler_use = {
-                "scale": "rt.backward(loss)",
-                "step": "rt.step(opt)",
-                "update": "nothing (rt.step(opt) updates the scale)",
-                "unscale_": "rt.clip_gradients(model, opt, max_norm) or config grad_clip=",
-            }.get(last)
-            if scaler_use:
-                self.add(node, "AIOS302", f"GradScaler.{last}(): use {scaler_use}", NOT_CUDA)
+            self.check_grad_scaler(node, q)
         if last == "half" and not node.args and isinstance(node.func, ast.Attribute):
-            if not q:
+            if not q and not self.fp16_guard:
                 self.add(
                     node,
                     "AIOS303",
@@ -1166,8 +1436,10 @@ class _Checker:
             args = [a for a in node.args if positional] + [
                 k.value for k in node.keywords if k.arg in ("device", "map_location", "device_type")
             ]
-            if any(_is_cuda_string(a) for a in args):
+            if any(_is_cuda_string(a) for a in args) and id(node) not in self.choice_values:
                 self.add(node, "AIOS101", f"device 'cuda...': {RT_DEVICE}", NOT_CUDA)
+            elif self.check_device_passed_in(node):
+                pass
             else:
                 ranks = [
                     a
@@ -1185,6 +1457,7 @@ class _Checker:
                     )
         # Lightning / Fabric pinned to one device
         if q.startswith(("lightning", "pytorch_lightning")) and last in ("Fabric", "Trainer"):
+            self.check_lightning_devices(node, last)
             for k in node.keywords:
                 v = _str(k.value)
                 if k.arg == "accelerator" and v in ("cuda", "gpu", "tpu", "mps"):
@@ -1241,6 +1514,86 @@ class _Checker:
         if self.guard_depth:
             self.check_guarded_call(node, q)
 
+    def check_device_ids(self, node: ast.Call, q: str, last: str) -> None:
+        """Device indices handed to collectives and FSDP1.
+
+        Note: ``dist.barrier(device_ids=[local_rank])`` (the ids pick a CUDA device for NCCL's
+        barrier; gloo ignores them, torch 2.13); error: ``FSDP(model, device_id=local_rank)``
+        (an int is a CUDA index). Right: ``rt.barrier()``, ``rt.setup(model)``."""
+        kw = {k.arg: k.value for k in node.keywords if k.arg}
+        if q.startswith("torch.distributed") and last in ("barrier", "monitored_barrier"):
+            if "device_ids" in kw:
+                self.add(
+                    node,
+                    "AIOS202",
+                    f"{last}(device_ids=...): device ids are CUDA's (they pick the GPU of NCCL's "
+                    "barrier; other backends ignore them, nothing breaks); rt.barrier()",
+                    level="note",
+                )
+        if q.endswith("FullyShardedDataParallel") or last == "FSDP":
+            dev = kw.get("device_id")
+            if isinstance(dev, (ast.Name, ast.Attribute)) and self.rankish(dev):
+                self.add(
+                    node,
+                    "AIOS202",
+                    f"FSDP(..., device_id={ast.unparse(dev)}): an int device id is a CUDA index; "
+                    "rt.setup(model) with strategy=fsdp shards for the selected backend",
+                    NOT_CUDA,
+                )
+
+    def check_lightning_devices(self, node: ast.Call, last: str) -> None:
+        """Lightning counts the devices itself when ``devices`` is ``"auto"`` (its default) or -1:
+        the node's GPUs, 1 on a CPU. Under a launcher (aios-run sets RANK, WORLD_SIZE,
+        LOCAL_RANK) Lightning checks devices x num_nodes against WORLD_SIZE and raises where
+        they differ: on CPU, XLA, TPU, Trainium with --nprocs N > the count.
+
+        Wrong: ``Trainer(accelerator="auto")``, ``Fabric(devices="auto")``.
+        Right: ``Trainer(devices=int(os.environ["LOCAL_WORLD_SIZE"]))``; one pinned to
+        ``accelerator="gpu"`` is named for that (AIOS101), not twice."""
+        kw = {k.arg: k.value for k in node.keywords if k.arg}
+        if any(k.arg is None for k in node.keywords) or node.args:
+            return  # **settings or positional: the devices are not spelled here
+        accel = _str(kw.get("accelerator"))
+        if accel in ("cuda", "gpu", "tpu", "mps"):
+            return
+        dev = kw.get("devices")
+        auto = dev is None or _str(dev) in ("auto", "-1") or _int(dev) == -1
+        if auto:
+            self.add(
+                node,
+                "AIOS204",
+                f'{last}(devices="auto") counts the devices itself (the GPUs, 1 on a CPU): under '
+                "aios-run --nprocs N Lightning checks devices x num_nodes against WORLD_SIZE and "
+                'raises where they differ; pass devices=int(os.environ["LOCAL_WORLD_SIZE"]) (the '
+                "processes aios-run started on this node)",
+                NOT_CUDA,
+                when="raises under aios-run --nprocs N on cpu, xla, tpu, neuron",
+            )
+
+    def check_library_call(self, node: ast.Call, q: str) -> None:
+        """A call into a training library, judged by what it does (LIBRARY_CALLS)."""
+        spec = LIBRARY_CALLS.get(q)
+        if spec is None:
+            return
+        if spec.code == "AIOS204" and q.startswith("detectron2") and self.project.config_device:
+            return  # the script (or its config) sets MODEL.DEVICE
+        self.add(node, spec.code, spec.message, spec.backends, level=spec.level)
+
+    def check_grad_scaler(self, node: ast.Call, q: str) -> None:
+        """A CUDA GradScaler is a note, named once where it is made (not at scale/step/update):
+        off CUDA it disables itself with a warning and its methods pass through.
+
+        Note: ``scaler = torch.cuda.amp.GradScaler()``, ``torch.amp.GradScaler("cuda")``.
+        No finding: ``scaler.scale(loss).backward()``, ``scaler.step(opt)``."""
+        self.add(
+            node,
+            "AIOS302",
+            f"{q}: loss scaling for fp16 on CUDA; elsewhere it disables itself with a warning "
+            "(nothing breaks); rt.backward(loss) + rt.step(opt) scale when precision=fp16-mixed "
+            "and need none under bf16-mixed",
+            level="note",
+        )
+
     def only_shown(self, node: ast.AST) -> bool:
         """``node`` only feeds a printed or logged text (an f-string, print/log arguments)."""
         child, parent = node, self.parents.get(id(node))
@@ -1283,6 +1636,75 @@ class _Checker:
                 return vals[0]
         return node
 
+    def env_sourced(self) -> set[str]:
+        """Names assigned from the launcher's own environment (``rank = int(os.environ["RANK"])``,
+        ``args.local_rank, args.rank, args.world_size = world_info_from_env()``)."""
+        if self._env_sourced is not None:
+            return self._env_sourced
+        out: set[str] = set()
+        for node in ast.walk(self.tree):
+            if not isinstance(node, ast.Assign):
+                continue
+            value = node.value
+            sourced = _reads_launcher_env(value) if not isinstance(value, ast.Call) else False
+            if isinstance(value, ast.Call):
+                f = self.callee(value)
+                sourced = (f is not None and f.env_launcher) or any(
+                    _reads_launcher_env(a) for a in value.args
+                )
+            if sourced:
+                for t in node.targets:
+                    for e in t.elts if isinstance(t, ast.Tuple) else [t]:
+                        d = _dotted(e)
+                        if d:
+                            out.add(d)
+        self._env_sourced = out
+        return out
+
+    def check_env_write(self, node: ast.Assign) -> None:
+        """``os.environ["RANK"] = str(comm.rank)``: the script overwrites what aios-run set.
+
+        Wrong: ``os.environ["WORLD_SIZE"] = str(MPI.COMM_WORLD.size)`` (1 under aios-run: each
+        process believes it is alone), ``os.environ["MASTER_PORT"] = "29500"``.
+        Right: nothing (aios-run sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT);
+        the same value read back from the environment is no finding."""
+        for t in node.targets:
+            if not (isinstance(t, ast.Subscript) and self.qual(t.value) == "os.environ"):
+                continue
+            name = _str(t.slice)
+            if name not in LAUNCHER_ENV:
+                continue
+            value = node.value
+            names = {
+                _dotted(sub)
+                for sub in ast.walk(value)
+                if isinstance(sub, (ast.Name, ast.Attribute)) and _dotted(sub)
+            }
+            if _reads_launcher_env(value) or names & self.env_sourced():
+                continue  # the launcher's own value, written back
+            if name in ("MASTER_ADDR", "MASTER_PORT"):
+                what = (
+                    "the ranks may meet at different addresses (each node its own) or a port "
+                    "another job holds, and never join"
+                )
+            else:
+                what = (
+                    "every process may claim the same rank or a world of its own: N "
+                    "unsynchronised copies of one rank, or a rendezvous that never completes"
+                )
+            self.add(
+                t,
+                "AIOS210",
+                f'writes os.environ["{name}"] ({ast.unparse(value)[:60]}), overwriting what '
+                f"aios-run set for this rank: {what}; delete the line (aios-run sets RANK, "
+                "WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and use rt.rank / "
+                "rt.world_size",
+                BACKENDS,
+                ("ddp", *SHARDED),
+                when="overwrites the launcher's world under aios-run --nprocs N",
+                guardable=False,
+            )
+
     def check_env_read(self, node: ast.AST, environ: bool, key: ast.AST | None) -> None:
         name = _str(key)
         if name in ENV_RANKS and environ:
@@ -1310,10 +1732,13 @@ class _Checker:
                     f"script asks for CUDA; {RT_DEVICE}",
                     NOT_CUDA,
                 )
+            elif self.check_local_rank_required(node, opts, kw):
+                pass
             elif (
                 any(o.strip("-").replace("_", "-") == "world-size" for o in opts.split())
                 and isinstance(default, (ast.Constant, ast.UnaryOp))
                 and isinstance(_int(default), int)
+                and not self.project.env_world  # its helper reads the launcher's WORLD_SIZE
             ):
                 self.add(
                     default,
@@ -1389,7 +1814,12 @@ class _Checker:
                 "process per rank; rt.rank, rt.local_rank, rt.device)",
                 BACKENDS,
             )
-        if q == "torch.load" and "map_location" not in kw and len(node.args) < 2:
+        if (
+            q == "torch.load"
+            and "map_location" not in kw
+            and len(node.args) < 2
+            and all(k.arg is not None for k in node.keywords)  # **kwargs may carry it
+        ):
             self.add(
                 node,
                 "AIOS113",
@@ -1414,10 +1844,10 @@ class _Checker:
                     pin,
                     "AIOS112",
                     "pin_memory=True pins host memory for copies to an accelerator: on CPU and "
-                    "under torch_xla torch warns and pins nothing; rt.setup(loader) keeps the "
-                    "loader's setting, so pin only when rt.backend == 'cuda'",
-                    ("cpu", "xla"),
-                    level="warning",
+                    "under torch_xla torch warns and pins nothing (nothing breaks); "
+                    "rt.setup(loader) keeps the loader's setting, so pin only when "
+                    "rt.backend == 'cuda'",
+                    level="note",
                 )
         if q in ("torch.autocast", "torch.amp.autocast") and not _is_cuda_string(
             kw.get("device_type", node.args[0] if node.args else None)
@@ -1444,8 +1874,78 @@ class _Checker:
             self.check_compile(node, kw)
         self.check_more_habits(node, q, kw)
 
+    def check_device_passed_in(self, node: ast.Call) -> bool:
+        """A CUDA device a caller hands a function of the script, which places tensors with it
+        (the caller's value, followed into the function).
+
+        Wrong: ``def train(model, device): model.to(device)`` called as ``train(m, "cuda")``.
+        Right: ``train(m, rt.device)``."""
+        f = self.callee(node)
+        if f is None or f.path != self.path:
+            return False
+        a = f.node.args
+        params = [p.arg for p in [*a.posonlyargs, *a.args]]
+        if f.cls and params and params[0] in ("self", "cls"):
+            params = params[1:]
+        given = dict(zip(params, node.args, strict=False))
+        given.update({k.arg: k.value for k in node.keywords if k.arg})
+        for name, value in given.items():
+            if not _is_cuda_string(value) or name not in self.device_params(f):
+                continue
+            self.add(
+                value,
+                "AIOS101",
+                f"device {_str(value) or ast.unparse(value)!r} passed to {f.key}() as {name}, "
+                f"which places tensors with it: {RT_DEVICE}",
+                NOT_CUDA,
+            )
+            return True
+        return False
+
+    def device_params(self, f: _Func) -> set[str]:
+        """Parameters ``f`` uses as a device: ``.to(p)``, ``device=p``, ``torch.device(p)``."""
+        out: set[str] = set()
+        for sub in ast.walk(f.node):
+            if not isinstance(sub, ast.Call):
+                continue
+            used = [k.value for k in sub.keywords if k.arg in ("device", "map_location")]
+            if _last(sub.func) == "to" or self.call_qual(sub) == "torch.device":
+                used += sub.args[:1]
+            out |= {u.id for u in used if isinstance(u, ast.Name)}
+        return out
+
+    def check_local_rank_required(self, node: ast.Call, opts: str, kw: dict[str, ast.expr]) -> bool:
+        """``--local_rank`` that argparse requires: torch.distributed.launch passed it; aios-run
+        (like torchrun) sets LOCAL_RANK in the environment and passes no argument.
+
+        Wrong: ``add_argument("--local_rank", type=int, required=True)``.
+        Right: ``add_argument("--local_rank", type=int, default=-1)``; ``rt.local_rank``."""
+        required = kw.get("required")
+        if not (
+            any(o.strip("-").replace("_", "-") == "local-rank" for o in opts.split())
+            and isinstance(required, ast.Constant)
+            and required.value is True
+        ):
+            return False
+        self.add(
+            node,
+            "AIOS211",
+            f"{opts} is required: torch.distributed.launch passed it, but aios-run (like "
+            "torchrun) sets LOCAL_RANK in the environment and passes no argument, so "
+            "argparse stops the script; drop required=True and use rt.local_rank",
+            BACKENDS,
+        )
+        return True
+
     def check_compile(self, node: ast.AST, kw: dict[str, ast.expr]) -> None:
-        backend = _str(kw.get("backend"))
+        chosen = self.resolve(kw.get("backend"))
+        if (
+            isinstance(chosen, ast.Call)
+            and self.call_qual(chosen) in ("os.environ.get", "os.getenv")
+            and len(chosen.args) == 2
+        ):
+            chosen = chosen.args[1]  # backend=os.environ.get("COMPILE_BACKEND", "inductor")
+        backend = _str(chosen)
         if backend is None and "backend" not in kw:
             self.add(
                 node,
@@ -1567,8 +2067,11 @@ class _Checker:
                 return True
             return False
         if isinstance(test, ast.Call):
-            return _last(test.func) in MAIN_FLAGS and not test.args
-        return isinstance(test, (ast.Name, ast.Attribute)) and _last(test) in MAIN_FLAGS
+            f = self.callee(test)
+            if f is not None and f.rank_test:
+                return True  # is_master(args): a function of the project returning a rank test
+            return _last(test.func).lstrip("_") in MAIN_FLAGS and not test.args
+        return isinstance(test, (ast.Name, ast.Attribute)) and _last(test).lstrip("_") in MAIN_FLAGS
 
     def effect(self, node: ast.Call, q: str) -> tuple[str, str] | None:
         """``(kind, what)`` when ``node`` is a forward, a collective or a save."""
@@ -1590,7 +2093,7 @@ class _Checker:
             and base is not None
             and self.is_model_expr(base)
         ):
-            return "save", f"{base_d or 'model'}.state_dict()"
+            return "save", f"{base_d or 'model'}.{last}()"
         if self.is_model_expr(node.func) and self.is_forward_call(node):
             return "forward", f"{_dotted(node.func) or 'model'}(...)"
         if (
@@ -1619,28 +2122,44 @@ class _Checker:
         return True
 
     def callee(self, node: ast.Call) -> _Func | None:
+        """The function of this file, or of a module of the script's project, ``node`` calls."""
         d = _dotted(node.func)
         if d is None:
             return None
         if d.startswith("self.") and d.count(".") == 1 and self.class_stack:
             return self.funcs.get(f"{self.class_stack[-1]}.{d[5:]}")
-        return self.funcs.get(d)
+        f = self.funcs.get(d)
+        if f is None and self.project.funcs:
+            q = self.qual(node.func)
+            f = self.project.funcs.get(q) if q else None
+        return f
 
     def summarise(self) -> None:
         """What each function of this file does (forward, collective, save), transitively."""
         for cls, fn in self._functions(self.tree.body, None):
             key = f"{cls}.{fn.name}" if cls else fn.name
-            self.funcs[key] = _Func(fn, cls, key)
+            self.funcs[key] = _Func(fn, cls, key, path=self.path)
         for key, f in self.funcs.items():
             self.class_stack = [f.cls] if f.cls else []
             self.scopes.append(dict.fromkeys(self.locals_of(f.node)))
             reads_weights = writes_file = 0
+            env_names = environ = False
             for sub in ast.walk(f.node):
+                if isinstance(sub, ast.Constant):
+                    env_names = env_names or sub.value in LAUNCHER_ENV
+                elif isinstance(sub, ast.Attribute):
+                    environ = environ or sub.attr in ("environ", "getenv")
                 if isinstance(sub, ast.Call):
-                    eff = self.effect(sub, self.call_qual(sub))
+                    q = self.call_qual(sub)
+                    eff = self.effect(sub, q)
                     if eff:
                         f.kinds.setdefault(eff[0], sub.lineno)
                     func = sub.func
+                    if not f.wraps_ddp and (
+                        q.endswith(("DistributedDataParallel", "parallel.DDP"))
+                        or _last(func) == "DDP"
+                    ):
+                        f.wraps_ddp = sub.lineno
                     if (
                         isinstance(func, ast.Attribute)
                         and func.attr in ("named_parameters", "parameters")
@@ -1661,8 +2180,28 @@ class _Checker:
             if reads_weights and writes_file:
                 # a file written from the model's parameters (llm.c's write_model): a checkpoint
                 f.kinds.setdefault("save", reads_weights)
+            f.env_launcher = env_names and environ  # os.environ["RANK"], os.getenv("WORLD_SIZE")
             self.scopes.pop()
         self.class_stack = []
+        if self.module:  # a module of the script's project: its functions, for the callers
+            for key, f in self.funcs.items():
+                if f.cls is None:
+                    self.project.funcs[f"{self.module}.{key}"] = f
+        changed = True
+        while changed:  # def is_master(args): return is_global_master(args) (which tests rank)
+            changed = False
+            for f in self.funcs.values():
+                body = [
+                    st for st in f.node.body if not (isinstance(st, ast.Expr) and _str(st.value))
+                ]
+                if f.rank_test or len(body) != 1 or not isinstance(body[0], ast.Return):
+                    continue
+                value = body[0].value
+                tests = [value.body, value.orelse] if isinstance(value, ast.IfExp) else [value]
+                if value is not None and all(
+                    t is not None and self.is_rank_guard(t) for t in tests
+                ):
+                    f.rank_test = changed = True
         changed = True
         while changed:
             changed = False
@@ -1720,7 +2259,7 @@ class _Checker:
                 node,
                 code,
                 f"{_dotted(node.func)}() inside a rank test reaches a {kind} "
-                f"({os.path.basename(self.path)}:{f.kinds[kind]}): {msg}",
+                f"({os.path.basename(f.path or self.path)}:{f.kinds[kind]}): {msg}",
                 BACKENDS,
                 strategies,
             )
@@ -1776,6 +2315,212 @@ def read_source(path: str) -> str:
 
 def check_file(path: str) -> list[Finding]:
     return check_source(read_source(path), path)
+
+
+MAX_PROJECT_FILES = 40  # modules followed from one script (and configs read)
+
+
+def _module_file(root: str, dotted: str) -> str | None:
+    """``root/a/b.py`` or ``root/a/b/__init__.py`` for ``a.b``, if it exists."""
+    base = os.path.join(root, *dotted.split("."))
+    for cand in (base + ".py", os.path.join(base, "__init__.py")):
+        if os.path.isfile(cand):
+            return cand
+    return None
+
+
+def _local_imports(tree: ast.Module, package: str | None) -> Iterator[str]:
+    """Dotted names a module imports, absolute or relative (``from . import x`` in ``gd``:
+    ``gd.x``), each also as its parent (``from util.misc import f``: ``util.misc``, ``util``).
+    Imports inside functions count too (a helper imported where it is used)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                yield a.name
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module if not node.level else _relative_base(node, package or "")
+            if base is None:
+                continue
+            if base:
+                yield base
+            for a in node.names:
+                if a.name != "*":
+                    yield f"{base}.{a.name}" if base else a.name
+
+
+@dataclass
+class _Module:
+    path: str
+    name: str  # dotted, from the script's folder ("" for the script)
+    package: str | None
+    source: str
+    tree: ast.Module
+
+
+def _path_value(node: ast.AST, script: str) -> str | None:
+    """The folder a ``sys.path`` entry names, where it is spelled from ``__file__`` and literals:
+    ``os.path.join(os.path.dirname(__file__), "..")``, ``str(Path(__file__).parent / "src")``."""
+    if isinstance(node, ast.Name) and node.id == "__file__":
+        return script
+    text = _str(node)
+    if text is not None:
+        return os.path.join(os.path.dirname(script) or ".", text)
+    if isinstance(node, ast.Call):
+        name = _dotted(node.func) or ""
+        args = [_path_value(a, script) for a in node.args]
+        if None in args:
+            return None
+        parts = [a for a in args if a is not None]
+        if name.endswith(("dirname",)) and len(parts) == 1:
+            return os.path.dirname(parts[0])
+        if name.endswith(("abspath", "realpath", "normpath", "Path", "str", "resolve")):
+            return parts[0] if len(parts) == 1 else None
+        if name.endswith("join") and parts:
+            return os.path.join(*parts)
+        if isinstance(node.func, ast.Attribute) and node.func.attr == "resolve" and not parts:
+            return _path_value(node.func.value, script)
+    if isinstance(node, ast.Attribute) and node.attr == "parent":
+        inner = _path_value(node.value, script)
+        return os.path.dirname(inner) if inner is not None else None
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+        left, right = _path_value(node.left, script), _str(node.right)
+        return os.path.join(left, right) if left is not None and right is not None else None
+    return None
+
+
+def _sys_path_roots(tree: ast.Module, script: str) -> list[str]:
+    """Folders the script adds to ``sys.path`` (``sys.path.insert(0, ...)``, ``append``)."""
+    roots = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and (_dotted(node.func) or "") in ("sys.path.insert", "sys.path.append")
+            and node.args
+        ):
+            folder = _path_value(node.args[-1], script)
+            if folder is not None and os.path.isdir(folder):
+                roots.append(os.path.normpath(folder))
+    return roots
+
+
+def _project_modules(path: str, source: str, tree: ast.Module) -> list[_Module]:
+    """The script and the modules of its own project it imports (same folder, packages under
+    it, folders it adds to ``sys.path``), breadth first, at most MAX_PROJECT_FILES. Third-party
+    imports are not files here."""
+    root = os.path.dirname(path) or "."  # relative stays relative: paths print as given
+    roots = [root, *_sys_path_roots(tree, path)]
+    mods = [_Module(path, "", "", source, tree)]
+    seen = {os.path.abspath(path)}
+    i = 0
+    while i < len(mods) and len(mods) < MAX_PROJECT_FILES:
+        mod = mods[i]
+        i += 1
+        for dotted in _local_imports(mod.tree, mod.package):
+            found = next((f for r in roots if (f := _module_file(r, dotted))), None)
+            if found is None or os.path.abspath(found) in seen:
+                continue
+            seen.add(os.path.abspath(found))
+            found = os.path.normpath(found)
+            try:
+                text = read_source(found)
+                sub = ast.parse(text, filename=found)
+            except (CheckError, SyntaxError, ValueError):
+                continue  # not ours to judge: the script's import fails there anyway
+            package = dotted if found.endswith("__init__.py") else dotted.rpartition(".")[0]
+            mods.append(_Module(found, dotted, package, text, sub))
+            if len(mods) >= MAX_PROJECT_FILES:
+                break
+    return mods
+
+
+def _config_files(root: str, modules: list[_Module]) -> list[str]:
+    """YAML/JSON/TOML files under the script's folder whose name a module of the project spells
+    out (``--config configs/train.yaml``, ``os.path.join(here, "configs", "train.yaml")``)."""
+    names = set()
+    for mod in modules:
+        for node in ast.walk(mod.tree):
+            text = _str(node)
+            if text and text.endswith(CONFIG_SUFFIXES) and len(text) < 300:
+                names.add(os.path.basename(text))
+    if not names:
+        return []
+    out: list[str] = []
+    skip = {".git", "__pycache__", "node_modules", ".venv", "venv", "site-packages"}
+    for visited, (dirpath, dirs, files) in enumerate(os.walk(root)):
+        if visited >= 500:  # a script in a big folder (a home directory): look no further
+            break
+        depth = os.path.relpath(dirpath, root).count(os.sep)
+        dirs[:] = sorted(d for d in dirs if d not in skip and not d.startswith(".") and depth < 3)
+        out.extend(os.path.join(dirpath, f) for f in sorted(files) if f in names)
+        if len(out) >= MAX_PROJECT_FILES:
+            break
+    return out
+
+
+def check_config(path: str) -> list[Finding]:
+    """A config the script loads that asks for a CUDA device (``device: cuda``): the recipe's
+    device comes from there, so the line to change is there.
+
+    Wrong: ``device: cuda`` / ``device = "cuda:0"`` / ``"accelerator": "gpu"``.
+    Right: ``device: cpu`` where the script maps it through rt.device; no device key."""
+    try:
+        text = read_source(path)
+    except CheckError:
+        return []
+    out = []
+    for i, line in enumerate(text.splitlines(), 1):
+        m = CONFIG_DEVICE.match(line)
+        if m:
+            out.append(
+                Finding(
+                    path,
+                    i,
+                    line.index(m.group(1)) + 1,
+                    "AIOS101",
+                    f"the script loads this config and its {m.group(1)} is {m.group(2)!r}: run "
+                    "unchanged it asks for CUDA; set the device from rt.device (aios.init() picks "
+                    "each rank's device for the backend aios-run selects)",
+                    NOT_CUDA,
+                )
+            )
+    return out
+
+
+def check_project(path: str) -> list[Finding]:
+    """Findings for the script at ``path`` and for what it brings in of its own project: the
+    modules it imports from its folder (followed with what they define: a rank-0 save wrapper, a
+    device helper, DDP inside a helper, rank tests), and the configs it loads that name a device.
+    Each finding carries the path of the file it is in."""
+    source = read_source(path)
+    try:
+        tree = ast.parse(source, filename=path)
+    except SyntaxError as exc:
+        raise CheckError(f"{path}:{exc.lineno or 0}: syntax error: {exc.msg}") from None
+    except ValueError as exc:
+        raise CheckError(f"{path}: not Python source: {exc}") from None
+    modules = _project_modules(path, source, tree)
+    root = os.path.dirname(path) or "."
+    configs = _config_files(root, modules)
+    config_found = [f for c in configs for f in check_config(c)]
+    project = _Project()
+    for mod in modules:
+        world = environ = False
+        for node in ast.walk(mod.tree):
+            if isinstance(node, ast.Constant):
+                world = world or node.value in ("WORLD_SIZE", "RANK")
+            elif isinstance(node, ast.Attribute):
+                environ = environ or node.attr in ("environ", "getenv")
+                if node.attr == "DEVICE" and isinstance(node.ctx, ast.Store):
+                    project.config_device = True  # cfg.MODEL.DEVICE = ...
+        project.env_world |= world and environ  # os.environ["WORLD_SIZE"] read somewhere
+    for c in configs:
+        if re.search(r"^\s*DEVICE\s*:", read_source(c), re.M):
+            project.config_device = True
+    found: list[Finding] = []
+    for mod in reversed(modules):  # helpers first: their functions are known to the callers
+        checker = _Checker(mod.path, mod.source, mod.tree, project, mod.name, mod.package)
+        found.extend(checker.run())
+    return found + config_found
 
 
 def expand(paths: Iterable[str]) -> list[str]:

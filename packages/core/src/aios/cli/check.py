@@ -1,6 +1,8 @@
 """``aios check SCRIPT... [--backend NAME] [--json] [--fix]``: what ties training scripts to one
-accelerator (static; imports no torch). Exit 1 when something breaks or silently differs somewhere
-(errors, warnings), 0 when clean or only notes remain, 2 on bad input."""
+accelerator (static; imports no torch). Each script is read with the modules of its own project it
+imports and the configs it loads; a finding in a shared helper is printed once. Exit 1 when
+something breaks or silently differs somewhere (errors, warnings), 0 when clean or only notes
+remain, 2 on bad input."""
 
 from __future__ import annotations
 
@@ -52,7 +54,7 @@ def check(scripts: tuple[str, ...], backend: str | None, as_json: bool, fix: boo
     from aios.check.checker import (
         BACKENDS,
         CheckError,
-        check_source,
+        check_project,
         expand,
         fix_source,
         for_backend,
@@ -71,14 +73,16 @@ def check(scripts: tuple[str, ...], backend: str | None, as_json: bool, fix: boo
             "name a script or a folder holding *.py files",
         )
     findings = []
+    seen: set[tuple[str, int, str]] = set()  # a helper two scripts import: its findings once
     diffs: list[dict[str, str]] = []
     try:
         for path in files:
             source = read_source(path)
-            found = for_backend(check_source(source, path), backend)
-            if fix and any(f.fix for f in found):
+            found = for_backend(check_project(path), backend)
+            own = [f for f in found if f.path == path]
+            if fix and any(f.fix for f in own):
                 try:
-                    fixed = fix_source(source, found)
+                    fixed = fix_source(source, own)
                 except CheckError as exc:  # the findings stand; nothing is written
                     click.echo(f"aios check: not rewriting {path}: {exc}", err=True)
                     fixed = source
@@ -93,8 +97,12 @@ def check(scripts: tuple[str, ...], backend: str | None, as_json: bool, fix: boo
                     )
                     _write_atomically(path, fixed)
                     diffs.append({"path": path, "diff": diff})
-                    found = for_backend(check_source(fixed, path), backend)
-            findings.extend(found)
+                    found = for_backend(check_project(path), backend)
+            for f in found:
+                key = (os.path.abspath(f.path), f.line, f.code)
+                if key not in seen:
+                    seen.add(key)
+                    findings.append(f)
     except CheckError as exc:
         raise AiosError(str(exc), "fix the file or leave it out") from None
     if as_json:
@@ -107,12 +115,17 @@ def check(scripts: tuple[str, ...], backend: str | None, as_json: bool, fix: boo
             click.echo(d["diff"], nl=not d["diff"].endswith("\n"))
         for f in findings:
             click.echo(str(f))
-        fixable = sum(1 for f in findings if f.fix)
+        named = {os.path.abspath(p) for p in files}
+        # --fix rewrites the files named; a helper's rewrite needs the helper named
+        fixable = sum(1 for f in findings if f.fix and os.path.abspath(f.path) in named)
         notes = sum(1 for f in findings if f.level == "note")
         summary = f"aios check: {len(findings)} finding(s)"
         if notes:
             summary += f" ({notes} note(s))"
         summary += f" in {len(files)} file(s)"
+        more = {os.path.abspath(f.path) for f in findings} - named
+        if more:
+            summary += f" and {len(more)} file(s) they import or load"
         if diffs:
             summary += f"; fixed {len(diffs)} file(s)"
         if fixable:

@@ -441,18 +441,20 @@ def _hint_from_stderr(script: str, text: str) -> str | None:
     tb = text[text.rfind("Traceback (most recent call last)") :]
     if not any(e in tb for e in _PORTABILITY_ERRORS):
         return None
-    real = os.path.realpath(script)
-    lines = [
-        int(m.group(2))
+    frames = [
+        (os.path.realpath(m.group(1)), int(m.group(2)))
         for m in re.finditer(r'File "([^"]+)", line (\d+)', tb)
-        if os.path.realpath(m.group(1)) == real
     ]
-    from aios.check.checker import CheckError, check_file
+    from aios.check.checker import CheckError, check_project
 
     try:
-        found = [f for f in check_file(script) if lines and f.line == lines[-1]]
+        # the script and the modules of its project it imports: the deepest frame in any of them
+        by_line: dict[tuple[str, int], list[Any]] = {}
+        for f in check_project(script):
+            by_line.setdefault((os.path.realpath(f.path), f.line), []).append(f)
     except CheckError:
         return None
+    found = next((by_line[fr] for fr in reversed(frames) if fr in by_line), None)
     if not found:
         return None
     return (
