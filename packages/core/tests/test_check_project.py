@@ -325,7 +325,7 @@ def test_a_device_only_package_is_named_once_and_a_gate_through_a_parameter_at_t
 
 def test_every_code_the_checker_gives_is_in_the_readme_table():
     root = Path(__file__).resolve().parents[1]
-    source = (root / "src" / "aios" / "portcheck.py").read_text()
+    source = (root / "src" / "aios" / "check" / "checker.py").read_text()
     readme = (root / "README.md").read_text()
     table = readme[readme.index("| code | finds | aios form named |") :]
     table = table[: table.index("\n\n")]

@@ -232,7 +232,7 @@ def dry_run(
     job = build_job(provider, p, name, part, conf, root, "<id>", env, forward)
     for note in job.notes:
         echo(f"# note: {note}")
-    from aios.config import redact
+    from aios.config.schema import redact
     from aios_cloud.codesync import collect, data_line
 
     job.env = redact(job.env)
