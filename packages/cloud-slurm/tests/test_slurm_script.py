@@ -6,8 +6,8 @@ import re
 import subprocess
 
 from aios_cloud_slurm import testing
-from aios_cloud_slurm.provider import parse_kv
 from aios_cloud_slurm.script import SbatchJob, render
+from aios_cloud_slurm.states import parse_kv
 
 
 def _job(**kw) -> SbatchJob:
@@ -141,7 +141,7 @@ def test_a_cpu_job_asks_for_no_gpu_and_a_gpu_less_partition_is_named():
 
 
 def test_gpus_per_node_from_sinfo_gres():
-    from aios_cloud_slurm.provider import gres_gpus, parse_config
+    from aios_cloud_slurm.states import gres_gpus, parse_config
 
     assert gres_gpus("gpu:8") == 8 and gres_gpus("gpu:a100:4(S:0-1)") == 4
     assert gres_gpus("gpu:a100:4,gpu:v100:2") == 6 and gres_gpus("(null)") == 0

@@ -13,7 +13,7 @@ from aios.errors import AiosError
 from aios_cloud.provider import CloudError, ClusterInfo
 from aios_cloud.request import LaunchRequest
 
-from aios_cloud_slurm.states import FINAL_STATES, NAME_RE, default_name
+from aios_cloud_slurm.states import FINAL_STATES, NAME_RE, default_name, gres_gpus
 
 if TYPE_CHECKING:
     from aios_cloud_slurm.settings import SlurmSettings
@@ -80,8 +80,6 @@ def resources(
     ``--gres=gpu:N``. Its tasks get the node's CPUs in the share of its GPUs the job asks for (a
     CPU job all of them), unless ``slurm.cpus_per_task`` or ``slurm.exclusive`` says otherwise.
     ``part`` and ``conf`` are None when the cluster was not asked (a dry run without Slurm)."""
-    from aios_cloud_slurm.provider import gres_gpus
-
     notes: list[str] = []
     node_gpus = gres_gpus(part["gres"]) if part else 0
     gpus: int | None = None
@@ -141,8 +139,6 @@ def build_job(
     args = list(p.script_args)
     if args and args[0] == "--":
         args = args[1:]
-    from aios_cloud_slurm.provider import gres_gpus
-
     partition = part["name"] if part else p.zone or p.accelerator or s.partition
     backend = p.backend or ("cuda" if part and gres_gpus(part["gres"]) else "cpu")
     res, notes = resources(s, backend, part, conf)

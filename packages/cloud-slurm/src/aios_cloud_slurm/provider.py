@@ -34,7 +34,7 @@ from aios_cloud.request import LaunchRequest
 from aios_cloud.store import ClusterRecord, JobRecord, Store
 
 from aios_cloud_slurm import launch as slurm_launch
-from aios_cloud_slurm.states import FINAL_STATES, default_name
+from aios_cloud_slurm.states import FINAL_STATES, gres_gpus, parse_config, parse_kv
 
 PRICE_NOTE = "n/a (your cluster)"
 
@@ -44,32 +44,6 @@ def _settings(config: Any) -> Any:
 
     section = config.section("slurm") if config is not None else None
     return section if section is not None else SlurmSettings()
-
-
-def parse_kv(line: str) -> dict[str, str]:
-    """``scontrol show job -o`` output: ``Key=Value`` pairs separated by spaces."""
-    out: dict[str, str] = {}
-    for tok in line.split():
-        k, eq, v = tok.partition("=")
-        if eq:
-            out[k] = v
-    return out
-
-
-def gres_gpus(gres: str | None) -> int:
-    """GPUs per node in ``sinfo %G`` text (``gpu:8``, ``gpu:a100:8(S:0-1)``, ``gpu:a100:4,gpu:v100:2``
-    counts 6); 0 when the nodes declare none."""
-    return sum(int(m.group(1)) for m in re.finditer(r"(?:^|,)gpu(?::[^:(,]+)?:(\d+)", gres or ""))
-
-
-def parse_config(text: str) -> dict[str, str]:
-    """``scontrol show config`` output: ``Key = Value`` lines."""
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        k, eq, v = line.partition("=")
-        if eq and k.strip() and " " not in k.strip():
-            out[k.strip()] = v.strip()
-    return out
 
 
 class SlurmProvider(SchedulerProvider):
@@ -333,4 +307,4 @@ class SlurmProvider(SchedulerProvider):
         return slurm_launch.logs(self, rec, job, follow, dry_run, echo)
 
 
-__all__ = ["SlurmProvider", "PRICE_NOTE", "parse_kv", "parse_config", "gres_gpus", "default_name"]
+__all__ = ["SlurmProvider", "PRICE_NOTE"]
