@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from aios.config.schema import resolve
 from aios.errors import ConfigError
-from aios.resilience.watchdog import EXIT_HUNG, HangPolicy, policy_from, summarize
+from aios.resilience.stacks import summarize
+from aios.resilience.watchdog import EXIT_HUNG, HangPolicy, policy_from
 
 SCRIPT = Path(__file__).parent / "scripts" / "hang_train.py"
 RUN = [sys.executable, "-c", "from aios.cli.run import main; main()"]
@@ -173,7 +174,8 @@ def _dump(tmp: Path, body: str) -> str:
 
 
 def test_summary_names_each_rank_and_the_ranks_missing_from_a_collective(tmp_path: Path) -> None:
-    from aios.resilience.watchdog import Dump, _library_dirs
+    from aios.resilience.stacks import Dump
+    from aios.resilience.workers import library_dirs
 
     # a fake torch.distributed collective at a path the summary recognises
     lib = tmp_path / "lib"
@@ -196,7 +198,7 @@ def test_summary_names_each_rank_and_the_ranks_missing_from_a_collective(tmp_pat
     """
     waiting = _dump(tmp_path, body.format("all_gather(1)")).split("\n", 1)
     elsewhere = _dump(tmp_path, body.format("os.kill(os.getpid(), signal.SIGUSR2)")).split("\n", 1)
-    libs = [*_library_dirs(), str(lib) + os.sep]
+    libs = [*library_dirs(), str(lib) + os.sep]
     dumps = [
         Dump(
             r,
@@ -238,7 +240,7 @@ def _env(tmp: Path) -> dict[str, str]:
     return env
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
@@ -280,7 +282,7 @@ def _hang(
         if f.name.startswith(("rank", "loader")) and not f.name.endswith(".tmp")
     ]
     assert len(pids) >= nprocs, (sorted(os.listdir(tmp)), p.stderr)
-    left = [pid for pid in pids if _alive(pid)]
+    left = [pid for pid in pids if alive(pid)]
     assert not left, f"processes left behind: {left}"
     record = sorted((tmp / "runs").glob("*/watchdog/hang-*.json"))[-1]
     assert (record.with_suffix(".txt")).is_file()
@@ -571,7 +573,7 @@ def test_ranks_under_a_foreign_launcher_are_watched_by_a_sidecar(tmp_path: Path)
     assert "rank 1 is not in the backward (the gradient all_reduce) that rank 0 waits in" in out
     assert (status / HUNG_MARKER).is_file()
     pids = [int(f.read_text()) for f in tmp_path.glob("rank*-*") if not f.name.endswith(".tmp")]
-    assert len(pids) == 2 and not [pid for pid in pids if _alive(pid)]
+    assert len(pids) == 2 and not [pid for pid in pids if alive(pid)]
     end = time.monotonic() + 30  # the sidecar ends with its launcher
     while any(str(status) in _cmdline(pid) for pid in _all_pids()):
         assert time.monotonic() < end, "the watchdog beside torchrun outlived it"

@@ -6,11 +6,15 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import os
-from typing import Any
+from typing import TYPE_CHECKING
 
 from aios.types import CheckStatus, DoctorCheck
 
 from aios_backend_cuda import nvml, probe
+from aios_backend_cuda.discovery import interconnect
+
+if TYPE_CHECKING:
+    from aios.config.schema import AiosConfig
 
 
 def _dist_version(*names: str) -> tuple[str, str] | None:
@@ -42,47 +46,53 @@ def _parse(v: str) -> tuple[int, int]:
     return int(major), int(minor.split(".")[0] or "0")
 
 
-def checks(backend: str | None, config: Any) -> list[DoctorCheck]:
-    b = "cuda"
+B = "cuda"
+
+
+def _no_nvml(backend: str | None, why: str) -> list[DoctorCheck]:
+    """No usable NVML: an AMD GPU, no NVIDIA driver, or a driver NVML cannot reach."""
+    b = B
     out: list[DoctorCheck] = []
-    inv, why = nvml.try_inventory()
-    build = probe.torch_build()
-    if inv is None:
-        if probe.amd_gpu_present():
-            out.append(
-                DoctorCheck(
-                    "NVIDIA GPU",
-                    "fail" if backend == "cuda" else "warn",
-                    "this host has an AMD GPU (ROCm, /dev/kfd), not an NVIDIA one",
-                    "the cuda backend needs NVIDIA GPUs; ROCm is not supported by aios yet",
-                    backend=b,
-                )
-            )
-            return out
-        n = probe.nvidia_driver_gpus()
-        if not n:
-            status: CheckStatus = "fail" if backend == "cuda" else "warn"
-            out.append(
-                DoctorCheck(
-                    "NVIDIA driver",
-                    status,
-                    f"no NVIDIA GPU or driver found ({why})",
-                    "install the NVIDIA driver on a GPU machine, or use another backend",
-                    backend=b,
-                )
-            )
-            return out
+    if probe.amd_gpu_present():
         out.append(
             DoctorCheck(
-                "NVML",
-                "warn",
-                f"{n} GPU(s) in /proc/driver/nvidia but NVML is unusable: {why}",
-                "install nvidia-ml-py and make libnvidia-ml.so reachable (container: --gpus all)",
+                "NVIDIA GPU",
+                "fail" if backend == "cuda" else "warn",
+                "this host has an AMD GPU (ROCm, /dev/kfd), not an NVIDIA one",
+                "the cuda backend needs NVIDIA GPUs; ROCm is not supported by aios yet",
                 backend=b,
             )
         )
         return out
+    n = probe.nvidia_driver_gpus()
+    if not n:
+        status: CheckStatus = "fail" if backend == "cuda" else "warn"
+        out.append(
+            DoctorCheck(
+                "NVIDIA driver",
+                status,
+                f"no NVIDIA GPU or driver found ({why})",
+                "install the NVIDIA driver on a GPU machine, or use another backend",
+                backend=b,
+            )
+        )
+        return out
+    out.append(
+        DoctorCheck(
+            "NVML",
+            "warn",
+            f"{n} GPU(s) in /proc/driver/nvidia but NVML is unusable: {why}",
+            "install nvidia-ml-py and make libnvidia-ml.so reachable (container: --gpus all)",
+            backend=b,
+        )
+    )
+    return out
 
+
+def _driver_and_gpus(inv: nvml.GpuInventory) -> list[DoctorCheck]:
+    """The driver, the GPUs CUDA_VISIBLE_DEVICES leaves, its malformed entries."""
+    b = B
+    out: list[DoctorCheck] = []
     out.append(
         DoctorCheck(
             "NVIDIA driver",
@@ -91,7 +101,6 @@ def checks(backend: str | None, config: Any) -> list[DoctorCheck]:
             backend=b,
         )
     )
-    # -- GPUs visible
     vis = os.environ.get("CUDA_VISIBLE_DEVICES")
     if not inv.gpus:
         out.append(
@@ -120,7 +129,13 @@ def checks(backend: str | None, config: Any) -> list[DoctorCheck]:
                     backend=b,
                 )
             )
-    # -- torch build vs driver
+    return out
+
+
+def _torch_build(build: probe.TorchBuild, inv: nvml.GpuInventory) -> list[DoctorCheck]:
+    """torch's build: installed, CUDA, and its CUDA version against the driver's."""
+    b = B
+    out: list[DoctorCheck] = []
     if not build.installed:
         out.append(
             DoctorCheck(
@@ -182,7 +197,13 @@ def checks(backend: str | None, config: Any) -> list[DoctorCheck]:
                         backend=b,
                     )
                 )
-    # -- NCCL
+    return out
+
+
+def _nccl(build: probe.TorchBuild) -> list[DoctorCheck]:
+    """NCCL from its wheel's metadata, else from this machine's torch."""
+    b = B
+    out: list[DoctorCheck] = []
     nccl = _dist_version("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
     if nccl:
         out.append(DoctorCheck("NCCL", "pass", f"{nccl[0]} {nccl[1]}", backend=b))
@@ -220,10 +241,14 @@ def checks(backend: str | None, config: Any) -> list[DoctorCheck]:
                     backend=b,
                 )
             )
-    # -- P2P / interconnect
-    if len(inv.gpus) > 1:
-        from aios_backend_cuda.discovery import interconnect
+    return out
 
+
+def _p2p(inv: nvml.GpuInventory) -> list[DoctorCheck]:
+    """Peer-to-peer between every pair of GPUs."""
+    b = B
+    out: list[DoctorCheck] = []
+    if len(inv.gpus) > 1:
         if inv.p2p_all_pairs:
             out.append(
                 DoctorCheck(
@@ -247,7 +272,13 @@ def checks(backend: str | None, config: Any) -> list[DoctorCheck]:
                     backend=b,
                 )
             )
-    # -- bf16 and mixed models
+    return out
+
+
+def _bf16_and_models(inv: nvml.GpuInventory) -> list[DoctorCheck]:
+    """bfloat16 on every GPU; one GPU model."""
+    b = B
+    out: list[DoctorCheck] = []
     lacking = [g for g in inv.gpus if not g.bf16]
     if inv.gpus:
         if lacking:
@@ -283,8 +314,14 @@ def checks(backend: str | None, config: Any) -> list[DoctorCheck]:
                 backend=b,
             )
         )
-    # -- DeepSpeed
-    want_ds = config is not None and getattr(config, "strategy", None) == "deepspeed"
+    return out
+
+
+def _deepspeed(config: AiosConfig | None) -> list[DoctorCheck]:
+    """DeepSpeed installed (a failure when the strategy asks for it)."""
+    b = B
+    out: list[DoctorCheck] = []
+    want_ds = config is not None and config.strategy == "deepspeed"
     if importlib.util.find_spec("deepspeed") is not None:
         out.append(
             DoctorCheck(
@@ -305,3 +342,18 @@ def checks(backend: str | None, config: Any) -> list[DoctorCheck]:
             )
         )
     return out
+
+
+def checks(backend: str | None, config: AiosConfig | None) -> list[DoctorCheck]:
+    inv, why = nvml.try_inventory()
+    if inv is None:
+        return _no_nvml(backend, why)
+    build = probe.torch_build()
+    return [
+        *_driver_and_gpus(inv),
+        *_torch_build(build, inv),
+        *_nccl(build),
+        *_p2p(inv),
+        *_bf16_and_models(inv),
+        *_deepspeed(config),
+    ]

@@ -312,7 +312,8 @@ def init(
 
     watch_launcher()  # started by aios-run: never outlive it (see aios.launcher.worker)
     cfg = resolve_config(config, defaults, overrides, flags)
-    from aios.resilience.watchdog import register_worker, start_sidecar
+    from aios.resilience.watchdog import start_sidecar
+    from aios.resilience.workers import register_worker
 
     if register_worker():  # under aios-run: step progress and stack dumps for its watchdog
         from aios.runrecord.records import run_id_from_env
@@ -483,9 +484,9 @@ class Runtime:
         #: check for preemption (one tiny all-reduce with several ranks) every N steps
         self.preemption_check_every = 1
         self.timer = StepTimer(self._t_init)
-        from aios.resilience.watchdog import progress_stamp
+        from aios.resilience.workers import progress_stamp
 
-        # the step's time stamp, also reported to aios-run's watchdog (aios.resilience.watchdog)
+        # the step's time stamp, also reported to aios-run's watchdog (aios.resilience.workers)
         self._stamp = progress_stamp(self.timer.append)
         from aios.strategies.base import Strategy
 
@@ -1203,7 +1204,7 @@ class Runtime:
         global _current
         if self._closed:
             return
-        from aios.resilience.watchdog import worker_closing
+        from aios.resilience.workers import worker_closing
 
         worker_closing()  # past the last step: the watchdog expects no more progress
         ck = self.checkpointer

@@ -133,7 +133,7 @@ def stacks(target: str | None, pid: int | None, brief: bool, as_json: bool, wait
     TARGET: the run's record directory (runs/<run-id>) or its status folder; default: every
     live run of this user on this host.
     """
-    from aios.resilience.watchdog import collect, full_text, summarize
+    from aios.resilience.stacks import collect, full_text, summarize
 
     out = []
     for d in find_status_dirs(target, pid):
