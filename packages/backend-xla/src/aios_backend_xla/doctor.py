@@ -15,6 +15,10 @@ from typing import Any
 
 from aios.types import DoctorCheck
 
+from aios_backend_xla.discovery import discover
+from aios_backend_xla.precision import DEPRECATED_ENV
+from aios_backend_xla.settings import ALLOW_CPU_ENV, cpu_opt_in, settings_of
+
 B = "xla"
 
 
@@ -57,16 +61,9 @@ def _import_probe(timeout: float = 120.0) -> dict[str, Any] | str:
         return "importing torch_xla printed nothing usable"
 
 
-def checks(
-    config: Any = None, deep: bool = False, environ: dict[str, str] | None = None, facts: Any = None
-) -> list[DoctorCheck]:
-    from aios_backend_xla.discovery import discover
-    from aios_backend_xla.precision import DEPRECATED_ENV
-    from aios_backend_xla.settings import ALLOW_CPU_ENV, cpu_opt_in, settings_of
-
-    env = dict(os.environ) if environ is None else environ
+def _install(tv: str | None, xv: str | None) -> list[DoctorCheck]:
+    """torch_xla installed, and of torch's release."""
     out: list[DoctorCheck] = []
-    tv, xv = _ver("torch"), _ver("torch_xla") or _ver("torch-xla")
     if xv is None or importlib.util.find_spec("torch_xla") is None:
         out.append(
             DoctorCheck(
@@ -107,126 +104,141 @@ def checks(
             )
         )
     out.append(version_set_check("torch_xla", B))
+    return out
 
-    facts = discover(environ=env) if facts is None else facts
+
+def _tpu_present(facts: Any, env: dict[str, str], xv: str) -> list[DoctorCheck]:
+    """On a TPU VM: PJRT_DEVICE, libtpu, a free TPU, its device files, its metadata."""
+    out: list[DoctorCheck] = []
     pjrt = env.get("PJRT_DEVICE", "")
-    if facts.present:
-        acc = facts.accelerator_type or "type unknown"
+    acc = facts.accelerator_type or "type unknown"
+    out.append(
+        DoctorCheck(
+            "TPU attached",
+            "pass",
+            f"{acc}; {facts.pci_chips} chips on the PCI bus; sources: {', '.join(facts.sources)}",
+            backend=B,
+        )
+    )
+    if pjrt and pjrt.upper() != "TPU":
         out.append(
             DoctorCheck(
-                "TPU attached",
-                "pass",
-                f"{acc}; {facts.pci_chips} chips on the PCI bus; sources: {', '.join(facts.sources)}",
+                "PJRT_DEVICE",
+                "fail",
+                f"PJRT_DEVICE={pjrt} on a TPU VM: training would not use the TPU",
+                "unset PJRT_DEVICE (aios-run sets PJRT_DEVICE=TPU) or export PJRT_DEVICE=TPU",
                 backend=B,
             )
         )
-        if pjrt and pjrt.upper() != "TPU":
-            out.append(
-                DoctorCheck(
-                    "PJRT_DEVICE",
-                    "fail",
-                    f"PJRT_DEVICE={pjrt} on a TPU VM: training would not use the TPU",
-                    "unset PJRT_DEVICE (aios-run sets PJRT_DEVICE=TPU) or export PJRT_DEVICE=TPU",
-                    backend=B,
-                )
+    elif not pjrt:
+        out.append(
+            DoctorCheck(
+                "PJRT_DEVICE",
+                "warn",
+                "PJRT_DEVICE is unset: aios-run sets it, but `python train.py` alone may run on CPU",
+                "export PJRT_DEVICE=TPU when running scripts without aios-run",
+                backend=B,
             )
-        elif not pjrt:
-            out.append(
-                DoctorCheck(
-                    "PJRT_DEVICE",
-                    "warn",
-                    "PJRT_DEVICE is unset: aios-run sets it, but `python train.py` alone may run on CPU",
-                    "export PJRT_DEVICE=TPU when running scripts without aios-run",
-                    backend=B,
-                )
-            )
-        else:
-            out.append(DoctorCheck("PJRT_DEVICE", "pass", "PJRT_DEVICE=TPU", backend=B))
-        libtpu = importlib.util.find_spec("libtpu") is not None or bool(env.get("TPU_LIBRARY_PATH"))
-        if libtpu:
-            out.append(
-                DoctorCheck(
-                    "libtpu",
-                    "pass",
-                    f"libtpu {_ver('libtpu') or env.get('TPU_LIBRARY_PATH', '')}".strip(),
-                    backend=B,
-                )
-            )
-        else:
-            out.append(
-                DoctorCheck(
-                    "libtpu",
-                    "fail",
-                    "libtpu is not installed: torch_xla cannot drive the TPU",
-                    f"pip install 'torch_xla[tpu]=={xv}' -f https://storage.googleapis.com/libtpu-releases/index.html",
-                    backend=B,
-                )
-            )
-        lock = "/tmp/libtpu_lockfile"
-        if os.path.exists(lock):
-            out.append(
-                DoctorCheck(
-                    "TPU free",
-                    "warn",
-                    f"{lock} exists: another process may hold the TPU",
-                    "stop other TPU processes (sudo lsof -w /dev/accel* /dev/vfio/*); if none "
-                    "runs, delete the lock file",
-                    backend=B,
-                )
-            )
-        accel = glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*")
-        if not accel:
-            out.append(
-                DoctorCheck(
-                    "TPU device files",
-                    "warn",
-                    "no /dev/accel* or /dev/vfio/* device files",
-                    "the TPU runtime may be unhealthy: stop and start the TPU VM (gcloud "
-                    "compute tpus tpu-vm stop/start); recreate it if it stays UNHEALTHY",
-                    backend=B,
-                )
-            )
-        for p in facts.problems:
-            out.append(
-                DoctorCheck(
-                    "TPU metadata",
-                    "warn",
-                    p,
-                    "check the VM's network or set TPU_SKIP_MDS_QUERY with TPU_* env (GKE)",
-                    backend=B,
-                )
-            )
+        )
     else:
-        if cpu_opt_in(config, env):
-            out.append(
-                DoctorCheck(
-                    "TPU attached",
-                    "warn",
-                    "no TPU found; XLA:CPU opt-in is on (testing only, slow)",
-                    f"unset {ALLOW_CPU_ENV} / xla.allow_cpu to require a TPU",
-                    backend=B,
-                )
+        out.append(DoctorCheck("PJRT_DEVICE", "pass", "PJRT_DEVICE=TPU", backend=B))
+    libtpu = importlib.util.find_spec("libtpu") is not None or bool(env.get("TPU_LIBRARY_PATH"))
+    if libtpu:
+        out.append(
+            DoctorCheck(
+                "libtpu",
+                "pass",
+                f"libtpu {_ver('libtpu') or env.get('TPU_LIBRARY_PATH', '')}".strip(),
+                backend=B,
             )
-        else:
-            out.append(
-                DoctorCheck(
-                    "TPU attached",
-                    "fail" if deep else "warn",
-                    "no TPU found (no Google TPU PCI device, no TPU metadata or TPU_* env)",
-                    f"run on a Cloud TPU VM; to test on XLA:CPU set xla.allow_cpu=true or {ALLOW_CPU_ENV}=1",
-                    backend=B,
-                )
+        )
+    else:
+        out.append(
+            DoctorCheck(
+                "libtpu",
+                "fail",
+                "libtpu is not installed: torch_xla cannot drive the TPU",
+                f"pip install 'torch_xla[tpu]=={xv}' -f https://storage.googleapis.com/libtpu-releases/index.html",
+                backend=B,
             )
-        if pjrt.upper() == "TPU":
-            out.append(
-                DoctorCheck(
-                    "PJRT_DEVICE",
-                    "fail",
-                    "PJRT_DEVICE=TPU but no TPU is attached",
-                    "unset PJRT_DEVICE",
-                    backend=B,
-                )
+        )
+    lock = "/tmp/libtpu_lockfile"
+    if os.path.exists(lock):
+        out.append(
+            DoctorCheck(
+                "TPU free",
+                "warn",
+                f"{lock} exists: another process may hold the TPU",
+                "stop other TPU processes (sudo lsof -w /dev/accel* /dev/vfio/*); if none "
+                "runs, delete the lock file",
+                backend=B,
             )
+        )
+    accel = glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*")
+    if not accel:
+        out.append(
+            DoctorCheck(
+                "TPU device files",
+                "warn",
+                "no /dev/accel* or /dev/vfio/* device files",
+                "the TPU runtime may be unhealthy: stop and start the TPU VM (gcloud "
+                "compute tpus tpu-vm stop/start); recreate it if it stays UNHEALTHY",
+                backend=B,
+            )
+        )
+    for p in facts.problems:
+        out.append(
+            DoctorCheck(
+                "TPU metadata",
+                "warn",
+                p,
+                "check the VM's network or set TPU_SKIP_MDS_QUERY with TPU_* env (GKE)",
+                backend=B,
+            )
+        )
+    return out
+
+
+def _no_tpu(config: Any, env: dict[str, str], deep: bool) -> list[DoctorCheck]:
+    """No TPU: XLA:CPU only when opted in; PJRT_DEVICE=TPU is wrong here."""
+    out: list[DoctorCheck] = []
+    pjrt = env.get("PJRT_DEVICE", "")
+    if cpu_opt_in(config, env):
+        out.append(
+            DoctorCheck(
+                "TPU attached",
+                "warn",
+                "no TPU found; XLA:CPU opt-in is on (testing only, slow)",
+                f"unset {ALLOW_CPU_ENV} / xla.allow_cpu to require a TPU",
+                backend=B,
+            )
+        )
+    else:
+        out.append(
+            DoctorCheck(
+                "TPU attached",
+                "fail" if deep else "warn",
+                "no TPU found (no Google TPU PCI device, no TPU metadata or TPU_* env)",
+                f"run on a Cloud TPU VM; to test on XLA:CPU set xla.allow_cpu=true or {ALLOW_CPU_ENV}=1",
+                backend=B,
+            )
+        )
+    if pjrt.upper() == "TPU":
+        out.append(
+            DoctorCheck(
+                "PJRT_DEVICE",
+                "fail",
+                "PJRT_DEVICE=TPU but no TPU is attached",
+                "unset PJRT_DEVICE",
+                backend=B,
+            )
+        )
+    return out
+
+
+def _deprecated_env(env: dict[str, str]) -> list[DoctorCheck]:
+    """Deprecated variables that silently cast every float tensor."""
+    out: list[DoctorCheck] = []
     for name in DEPRECATED_ENV:
         if env.get(name, "").strip() not in ("", "0"):
             out.append(
@@ -238,6 +250,12 @@ def checks(
                     backend=B,
                 )
             )
+    return out
+
+
+def _compile_cache(config: Any, facts: Any) -> list[DoctorCheck]:
+    """The persistent compilation cache's folder is writable."""
+    out: list[DoctorCheck] = []
     s = settings_of(config)
     if facts.present and s.compile_cache:
         d = os.path.expanduser(s.compile_cache_dir)
@@ -252,38 +270,61 @@ def checks(
                 backend=B,
             )
         )
+    return out
+
+
+def _runtime_before_spawn() -> list[DoctorCheck]:
+    """Importing torch_xla must leave the XLA runtime uninitialised (torch_xla.launch)."""
+    out: list[DoctorCheck] = []
+    res = _import_probe()
+    if isinstance(res, str):
+        out.append(
+            DoctorCheck(
+                "torch_xla import",
+                "fail",
+                res,
+                "reinstall matching torch and torch_xla",
+                backend=B,
+            )
+        )
+    elif res.get("initialized"):
+        out.append(
+            DoctorCheck(
+                "runtime before spawn",
+                "fail",
+                "importing torch_xla already initialises the XLA runtime here; "
+                "torch_xla.launch will fail with 'Runtime is already initialized'",
+                "remove XLA device use from sitecustomize / startup hooks (PYTHONSTARTUP, .pth files)",
+                backend=B,
+            )
+        )
+    else:
+        out.append(
+            DoctorCheck(
+                "runtime before spawn",
+                "pass",
+                "importing torch_xla leaves the runtime uninitialised (safe to launch)",
+                backend=B,
+            )
+        )
+    return out
+
+
+def checks(
+    config: Any = None, deep: bool = False, environ: dict[str, str] | None = None, facts: Any = None
+) -> list[DoctorCheck]:
+    env = dict(os.environ) if environ is None else environ
+    tv, xv = _ver("torch"), _ver("torch_xla") or _ver("torch-xla")
+    out = _install(tv, xv)
+    if xv is None or out[0].status == "fail":  # the first check: torch_xla installed
+        return out
+    out.append(version_set_check("torch_xla", B))
+    facts = discover(environ=env) if facts is None else facts
+    out += _tpu_present(facts, env, xv) if facts.present else _no_tpu(config, env, deep)
+    out += _deprecated_env(env)
+    out += _compile_cache(config, facts)
     if deep:
-        res = _import_probe()
-        if isinstance(res, str):
-            out.append(
-                DoctorCheck(
-                    "torch_xla import",
-                    "fail",
-                    res,
-                    "reinstall matching torch and torch_xla",
-                    backend=B,
-                )
-            )
-        elif res.get("initialized"):
-            out.append(
-                DoctorCheck(
-                    "runtime before spawn",
-                    "fail",
-                    "importing torch_xla already initialises the XLA runtime here; "
-                    "torch_xla.launch will fail with 'Runtime is already initialized'",
-                    "remove XLA device use from sitecustomize / startup hooks (PYTHONSTARTUP, .pth files)",
-                    backend=B,
-                )
-            )
-        else:
-            out.append(
-                DoctorCheck(
-                    "runtime before spawn",
-                    "pass",
-                    "importing torch_xla leaves the runtime uninitialised (safe to launch)",
-                    backend=B,
-                )
-            )
+        out += _runtime_before_spawn()
     return out
 
 
