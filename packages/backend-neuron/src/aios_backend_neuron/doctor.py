@@ -5,11 +5,12 @@ visible, compiler present, removed or CUDA-only things flagged. Reads metadata, 
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aios.errors import AiosError
 from aios.types import DoctorCheck
 
+from aios_backend_neuron.discovery import device_nodes, find_neuron_ls, run_neuron_ls
 from aios_backend_neuron.packages import (
     INSTALL_LINE,
     compiler_path,
@@ -17,6 +18,10 @@ from aios_backend_neuron.packages import (
     module_present,
     placeholder_message,
 )
+from aios_backend_neuron.settings import settings_of
+
+if TYPE_CHECKING:
+    from aios.config.schema import AiosConfig
 
 B = "neuron"
 # Installed packages whose kernels are CUDA-only: they import fine and then fail on Neuron.
@@ -33,24 +38,9 @@ def _c(name: str, status: str, message: str, fix: str = "") -> DoctorCheck:
     return DoctorCheck(name, status, message, fix, backend=B)  # type: ignore[arg-type]
 
 
-def checks(config: Any = None, explicit: bool = True) -> list[DoctorCheck]:
-    """All checks. With ``explicit=False`` (plain ``aios doctor``) and nothing Neuron-related
-    installed or attached, a single informational line is returned instead of failures."""
-    from aios_backend_neuron.discovery import device_nodes, find_neuron_ls, run_neuron_ls
-    from aios_backend_neuron.settings import settings_of
-
-    settings = settings_of(config)
-    sw = detect()
+def _packages(sw: Any, explicit: bool) -> list[DoctorCheck]:
+    """Packages from the right index."""
     out: list[DoctorCheck] = []
-    if (
-        not explicit
-        and not any(d.installed for d in (sw.torch_neuronx, sw.neuronx_cc, sw.neuronx_distributed))
-        and not device_nodes()
-        and find_neuron_ls(settings.neuron_ls) is None
-    ):
-        return [_c("neuron", "pass", "not a Trainium machine and no Neuron packages (skipped)")]
-
-    # --- packages from the right index
     if sw.placeholders:
         msg, fix = placeholder_message(sw)
         out.append(_c("Neuron packages from the Neuron index", "fail", msg, fix))
@@ -71,7 +61,13 @@ def checks(config: Any = None, explicit: bool = True) -> list[DoctorCheck]:
                     INSTALL_LINE,
                 )
             )
-    # --- versions consistent
+    return out
+
+
+def _versions(sw: Any, explicit: bool) -> list[DoctorCheck]:
+    """Versions consistent."""
+    out: list[DoctorCheck] = []
+    rt, tn = sw.runtime(), sw.torch_neuronx
     problems = sw.version_problems()
     for p in problems:
         out.append(
@@ -101,8 +97,13 @@ def checks(config: Any = None, explicit: bool = True) -> list[DoctorCheck]:
                 "on Trn2/Trn3 use TorchNeuron (Neuron 2.33, /opt/aws_neuronx_venv_torch_neuronx_2_14_0)",
             )
         )
+    return out
 
-    # --- compiler
+
+def _compiler(sw: Any, settings: Any) -> list[DoctorCheck]:
+    """Compiler."""
+    out: list[DoctorCheck] = []
+    rt = sw.runtime()
     cc = sw.neuronx_cc
     if cc.real:
         exe = compiler_path()
@@ -162,8 +163,12 @@ def checks(config: Any = None, explicit: bool = True) -> list[DoctorCheck]:
                 INSTALL_LINE,
             )
         )
+    return out
 
-    # --- cores visible
+
+def _cores(config: AiosConfig | None, settings: Any) -> list[DoctorCheck]:
+    """Cores visible."""
+    out: list[DoctorCheck] = []
     ls = run_neuron_ls(settings.neuron_ls)
     if ls.topology is not None and ls.topology.devices:
         topo = ls.topology
@@ -190,7 +195,7 @@ def checks(config: Any = None, explicit: bool = True) -> list[DoctorCheck]:
                         settings.tp_degree,
                         settings.pp_degree,
                         len(cores),
-                        len(cores) * max(1, getattr(config, "nnodes", 1) or 1),
+                        len(cores) * (config.nnodes if config is not None else 1),
                     )
                 except AiosError as exc:
                     out.append(_c("parallel degrees", "fail", exc.message, exc.fix))
@@ -217,8 +222,12 @@ def checks(config: Any = None, explicit: bool = True) -> list[DoctorCheck]:
                 "run on a Trainium instance with aws-neuronx-dkms and aws-neuronx-tools installed",
             )
         )
+    return out
 
-    # --- removed / unsupported things
+
+def _unsupported(config: AiosConfig | None, settings: Any) -> list[DoctorCheck]:
+    """Removed / unsupported things."""
+    out: list[DoctorCheck] = []
     for var in ("XLA_USE_BF16", "XLA_DOWNCAST_BF16"):
         if os.environ.get(var, "").strip() not in ("", "0"):
             out.append(
@@ -229,7 +238,7 @@ def checks(config: Any = None, explicit: bool = True) -> list[DoctorCheck]:
                     f"unset {var}; use precision=bf16-true or bf16-mixed",
                 )
             )
-    precision = getattr(config, "precision", None)
+    precision = config.precision if config is not None else None
     if precision == "fp16-mixed":
         out.append(
             _c(
@@ -281,6 +290,27 @@ def checks(config: Any = None, explicit: bool = True) -> list[DoctorCheck]:
             out.append(_c("compile cache", "pass", f"{cache} (NEURON_COMPILE_CACHE_URL)"))
     else:
         out.append(_c("compile cache", "pass", f"{cache} (shared on S3)"))
+    return out
+
+
+def checks(config: AiosConfig | None = None, explicit: bool = True) -> list[DoctorCheck]:
+    """All checks. With ``explicit=False`` (plain ``aios doctor``) and nothing Neuron-related
+    installed or attached, a single informational line is returned instead of failures."""
+    settings = settings_of(config)
+    sw = detect()
+    out: list[DoctorCheck] = []
+    if (
+        not explicit
+        and not any(d.installed for d in (sw.torch_neuronx, sw.neuronx_cc, sw.neuronx_distributed))
+        and not device_nodes()
+        and find_neuron_ls(settings.neuron_ls) is None
+    ):
+        return [_c("neuron", "pass", "not a Trainium machine and no Neuron packages (skipped)")]
+    out += _packages(sw, explicit)
+    out += _versions(sw, explicit)
+    out += _compiler(sw, settings)
+    out += _cores(config, settings)
+    out += _unsupported(config, settings)
     return out
 
 
