@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 from aios.checkpoint import LOCK_FILE, CheckpointStore
 from aios.checkpoint import lock as lockmod
-from aios.checkpoint import store as ckmod
 from aios.errors import CheckpointError
 
 sys.path.insert(0, str(Path(__file__).parent / "scripts"))
@@ -87,7 +86,7 @@ def test_four_simultaneous_takers_exactly_one_wins_every_round(tmp_path: Path, n
     assert bad == [], bad[:10]
     assert not [p.name for p in ck.iterdir() if p.name.endswith(".tmp")]
     # the guard file is used (and stays: deleting it while others wait on it would split them)
-    assert (ck / ckmod.LOCK_GUARD).exists() == nfs
+    assert (ck / lockmod.LOCK_GUARD).exists() == nfs
 
 
 def test_empty_lock_is_held_until_old_by_mtime(tmp_path: Path) -> None:
@@ -97,7 +96,7 @@ def test_empty_lock_is_held_until_old_by_mtime(tmp_path: Path) -> None:
     store = CheckpointStore(str(ck))
     with pytest.raises(CheckpointError, match="locked by an unknown writer"):
         store.acquire_lock({"run_id": "me"})
-    old = time.time() - ckmod.LOCK_STALE_S - 5
+    old = time.time() - lockmod.LOCK_STALE_S - 5
     os.utime(ck / LOCK_FILE, (old, old))
     store.acquire_lock({"run_id": "me"})
     assert store.read_lock()["run_id"] == "me"
@@ -119,7 +118,7 @@ def test_holder_that_cannot_refresh_stops_before_takeover_and_never_writes_again
     (LOCK_STALE_S); after B took it, A writes nothing there even once the disk has room."""
     import torch
 
-    assert ckmod.LOCK_FENCE_S < ckmod.LOCK_STALE_S
+    assert lockmod.LOCK_FENCE_S < lockmod.LOCK_STALE_S
     ck = tmp_path / "ck"
     clock = _Clock()
     a = CheckpointStore(str(ck), keep=None)
@@ -136,15 +135,15 @@ def test_holder_that_cannot_refresh_stops_before_takeover_and_never_writes_again
 
     monkeypatch.setattr(a, "_put_lock", put)
     for _ in range(3):  # 15 s, 30 s, 45 s: refresh fails, still within the fence
-        clock.t += ckmod.LOCK_HEARTBEAT_S
+        clock.t += lockmod.LOCK_HEARTBEAT_S
         assert a.heartbeat() is True
     a.save(2, {"w": torch.ones(2)})  # still the holder: writes
-    clock.t += ckmod.LOCK_HEARTBEAT_S + 1  # 61 s: past the fence, before anyone may take over
+    clock.t += lockmod.LOCK_HEARTBEAT_S + 1  # 61 s: past the fence, before anyone may take over
     assert a.heartbeat() is False
     assert "No space left on device" in a.lost and "writes no more checkpoints" in a.lost
     with pytest.raises(CheckpointError, match="could not be refreshed"):
         a.save(3, {"w": torch.ones(2)})
-    clock.t += ckmod.LOCK_STALE_S  # now B (another host) may take over
+    clock.t += lockmod.LOCK_STALE_S  # now B (another host) may take over
     b = CheckpointStore(str(ck), keep=None)
     b.clock = clock
     monkeypatch.setattr(lockmod.socket, "gethostname", lambda: "host-b.invalid")

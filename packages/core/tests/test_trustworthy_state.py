@@ -551,9 +551,9 @@ def test_object_store_lock_refuses_a_live_holder_and_takes_over_a_stale_one():
 
 
 def test_lock_heartbeat_keeps_a_long_run_fresh(tmp_path, monkeypatch):
-    import aios.checkpoint.store as ckmod
+    import aios.checkpoint.lock as lockmod
 
-    monkeypatch.setattr(ckmod, "LOCK_HEARTBEAT_S", 0.05)
+    monkeypatch.setattr(lockmod, "LOCK_HEARTBEAT_S", 0.05)
     ck = tmp_path / "ck"
     rt = aios.init(checkpoint={"dir": str(ck)})
     first = json.loads((ck / LOCK_FILE).read_text())["heartbeat"]

@@ -8,6 +8,7 @@
   resharding on load, background writes).
 * :mod:`aios.checkpoint.state`: training state, what a checkpoint holds (separate from how and
   where it is written).
+* :mod:`aios.checkpoint.files`: digests, hashed writes, the filesystem of a URL, the directory swap.
 * :mod:`aios.checkpoint.lock`: the one-writer lock of a checkpoint directory.
 * :mod:`aios.checkpoint.policy`: what a save costs (measured) and when to save: the periodic
   interval of ``checkpoint.max_lost``/``max_overhead``, whether an emergency save fits before a
@@ -20,6 +21,8 @@ The names below are the public surface; import them from here. Nothing here impo
 
 from __future__ import annotations
 
+from aios.checkpoint.files import DIGEST, DIGESTS_FILE, filesystem
+from aios.checkpoint.lock import LOCK_FENCE_S, LOCK_FILE, LOCK_HEARTBEAT_S, LOCK_STALE_S, fsync_dir
 from aios.checkpoint.policy import (
     Interval,
     SaveCost,
@@ -28,12 +31,6 @@ from aios.checkpoint.policy import (
     parse_fraction,
 )
 from aios.checkpoint.store import (
-    DIGEST,
-    DIGESTS_FILE,
-    LOCK_FENCE_S,
-    LOCK_FILE,
-    LOCK_HEARTBEAT_S,
-    LOCK_STALE_S,
     MARKER,
     POINTER_SUFFIX,
     STATE_FILE,
@@ -42,8 +39,6 @@ from aios.checkpoint.store import (
     CheckpointStore,
     Staging,
     ckpt_name,
-    filesystem,
-    fsync_dir,
     new_lineage,
     open_any,
 )

@@ -127,7 +127,8 @@ class FullStateFormat(CheckpointFormat):
     name = "full"
 
     def save(self, step: int, ctx: SaveContext, staging: Any, store: Any) -> dict[str, Any]:
-        from aios.checkpoint.store import STATE_FILE, torch_save
+        from aios.checkpoint.files import torch_save
+        from aios.checkpoint.store import STATE_FILE
 
         state = ctx.full_state()
         entry = store.write_file(staging, STATE_FILE, lambda f: torch_save(state, f))
@@ -394,7 +395,7 @@ class CheckpointManager:
         """Refresh the lock every :data:`aios.checkpoint.LOCK_HEARTBEAT_S`; a refresh that fails
         is retried until the store's fence (:data:`aios.checkpoint.LOCK_FENCE_S`) gives up,
         then the store writes no more checkpoints and this says why, once."""
-        from aios.checkpoint.store import LOCK_HEARTBEAT_S
+        from aios.checkpoint.lock import LOCK_HEARTBEAT_S
 
         while not self._stop.wait(LOCK_HEARTBEAT_S):
             if not self.store.heartbeat():
@@ -728,7 +729,8 @@ class CheckpointManager:
         checkpoint's lineage becomes this run's)."""
         if not (isinstance(path, str) and ("/" in path or "://" in path)):
             return self.store, True
-        from aios.checkpoint.store import CheckpointStore, filesystem
+        from aios.checkpoint.files import filesystem
+        from aios.checkpoint.store import CheckpointStore
 
         parent = path.rstrip("/").rpartition("/")[0] or "."
         if self.config.checkpoint.dir:

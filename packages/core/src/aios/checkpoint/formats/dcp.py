@@ -91,7 +91,7 @@ def rank_file(rank: int) -> str:
 def storage_options(url: str) -> tuple[str, dict[str, Any]]:
     """``(fsspec URL, options)`` for a registered URL scheme (endpoint settings from the plugin
     that registers it; never credentials in the options it hands out)."""
-    from aios.checkpoint.store import filesystem
+    from aios.checkpoint.files import filesystem
     from aios.plugins.registry import get_registry
 
     filesystem(url)  # the one-line errors for an unknown scheme or a missing package
@@ -134,7 +134,7 @@ def _hashed_streams(fs: Any, digests: dict[str, Any], errors: list[OSError]) -> 
     """``fs.create_stream`` wrapped so that every file written through it is hashed as it is
     written (its size and digest land in ``digests`` under the file's name) and the OS error of a
     failed write is kept (torch's zip writer replaces it with its own message)."""
-    from aios.checkpoint.store import _HashingWriter
+    from aios.checkpoint.files import HashingWriter
 
     create = fs.create_stream
 
@@ -144,10 +144,10 @@ def _hashed_streams(fs: Any, digests: dict[str, Any], errors: list[OSError]) -> 
             with create(path, mode) as stream:
                 yield stream
             return
-        w: _HashingWriter | None = None
+        w: HashingWriter | None = None
         try:
             with create(path, mode) as stream:
-                w = _HashingWriter(stream)
+                w = HashingWriter(stream)
                 yield w
         except Exception:
             if w is not None and w.error is not None:
@@ -190,7 +190,7 @@ def _digest_finish(self: Any, base: Any, metadata: Any, results: list[list[Any]]
     :data:`aios.checkpoint.DIGESTS_FILE` with every shard's and the metadata's size and digest."""
     import json
 
-    from aios.checkpoint.store import DIGESTS_FILE
+    from aios.checkpoint.files import DIGESTS_FILE
 
     digests: dict[str, Any] = {}
     kept: list[list[Any]] = []
@@ -801,7 +801,7 @@ class DcpWriter:
         incomplete set is an error (never committed)."""
         import json
 
-        from aios.checkpoint.store import DIGEST, DIGESTS, DIGESTS_FILE, new_hash
+        from aios.checkpoint.files import DIGEST, DIGESTS, DIGESTS_FILE, new_hash
 
         fs = store.fs
         with contextlib.suppress(Exception):
