@@ -19,7 +19,8 @@
 How it resolves (once, at :func:`init`): the config comes from ``aios-run`` (``AIOS_RUN_CONFIG``)
 or, under plain ``python``/``torchrun``, from ``AIOS_CONFIG``/``AIOS_*`` env vars; the backend
 (``auto``: the highest-priority available) gives the :class:`aios.strategies.base.Strategy`
-(``aios_make_strategy``), the :class:`aios.strategies.precision.Precision` (``aios_make_precision``, else
+(its registered :class:`aios.types.StrategySpec`), the :class:`aios.strategies.precision.Precision`
+(the strategy's or backend's ``precision``, else
 :func:`aios.strategies.precision.default_precision`), preemption watchers (``aios_preemption_watchers``) and
 loggers (``aios_register_loggers``, built lazily on rank 0). The per-step path then calls the
 strategy and precision objects directly; no plugin dispatch happens after :func:`init`.
@@ -495,16 +496,13 @@ class Runtime:
         self._optimizer_step = strategy.optimizer_step
         # Specialise the hot path once: when the strategy and precision use the base behaviour
         # (plain loss.backward(), plain optimizer.step()), call torch directly.
-        from aios.strategies.ddp import DDPStrategy
         from aios.strategies.precision import Precision as _BasePrecision
 
         pt = type(precision)
         self._direct_backward = (
             st.backward is Strategy.backward and pt.backward is _BasePrecision.backward
         )
-        self._direct_step = (
-            st.optimizer_step is DDPStrategy.optimizer_step and pt.step is _BasePrecision.step
-        )
+        self._direct_step = strategy.plain_step and pt.step is _BasePrecision.step
         self.record = RunRecord(config.logging.run_dir, run_id_from_env(), active=self.is_main)
         #: notices (signals with the platform's grace as deadline, watchers): :mod:`aios.resilience.notices`
         self.preemption = PreemptionMonitor(
@@ -647,19 +645,14 @@ class Runtime:
     @property
     def dp_rank(self) -> int:
         """This process's index among the data-parallel replicas (ranks of one tensor-parallel
-        group share it and must read the same batch)."""
-        from aios.strategies.ddp import DDPStrategy
-
-        st = self.strategy
-        return st.data_rank if isinstance(st, DDPStrategy) else self.rank
+        group share it and must read the same batch): the strategy's ``data_rank``."""
+        return self.strategy.data_rank
 
     @property
     def dp_size(self) -> int:
-        """The number of data-parallel replicas (the world size without tensor parallelism)."""
-        from aios.strategies.ddp import DDPStrategy
-
-        st = self.strategy
-        return st.data_world if isinstance(st, DDPStrategy) else self.world_size
+        """The number of data-parallel replicas (the world size without tensor parallelism): the
+        strategy's ``data_world``."""
+        return self.strategy.data_world
 
     @property
     def tp_rank(self) -> int:
