@@ -78,6 +78,8 @@ from aios.errors import AiosError, ConfigError
 from aios.launcher import status as rank_status
 from aios.launcher.contract import BACKEND_ENV, CONFIG_ENV
 from aios.resilience.notices import EXIT_PREEMPTED, PreemptionMonitor
+from aios.strategies.base import Strategy
+from aios.strategies.precision import Precision
 
 if TYPE_CHECKING:
     import torch
@@ -85,8 +87,6 @@ if TYPE_CHECKING:
     from aios.checkpoint import CheckpointStore
     from aios.config.schema import AiosConfigBase
     from aios.plugins.registry import Registry
-    from aios.strategies.base import Strategy
-    from aios.strategies.precision import Precision
     from aios.types import Notice
 
 __all__ = ["Runtime", "init", "current", "EXIT_PREEMPTED"]
@@ -475,11 +475,9 @@ class Runtime:
         from aios.checkpoint.manager import CheckpointManager
         from aios.checkpoint.state import TrainingState
         from aios.runrecord.records import RunRecord, StepTimer, run_id_from_env
-        from aios.strategies.precision import Precision
 
         #: registered objects, counters, state dict and RNG (:mod:`aios.checkpoint.state`)
         self.training = TrainingState(strategy, precision, backend)
-        self._plain_autocast = type(precision).autocast is Precision.autocast
         self.last_grad_norm: Any = None
         #: check for preemption (one tiny all-reduce with several ranks) every N steps
         self.preemption_check_every = 1
@@ -488,21 +486,7 @@ class Runtime:
 
         # the step's time stamp, also reported to aios-run's watchdog (aios.resilience.watchdog)
         self._stamp = progress_stamp(self.timer.append)
-        from aios.strategies.base import Strategy
-
-        st = type(strategy)
-        self._mark_step = None if st.mark_step is Strategy.mark_step else strategy.mark_step
-        self._on_step_end = None if st.on_step_end is Strategy.on_step_end else strategy.on_step_end
-        self._optimizer_step = strategy.optimizer_step
-        # Specialise the hot path once: when the strategy and precision use the base behaviour
-        # (plain loss.backward(), plain optimizer.step()), call torch directly.
-        from aios.strategies.precision import Precision as _BasePrecision
-
-        pt = type(precision)
-        self._direct_backward = (
-            st.backward is Strategy.backward and pt.backward is _BasePrecision.backward
-        )
-        self._direct_step = strategy.plain_step and pt.step is _BasePrecision.step
+        self._bind(strategy, precision)
         self.record = RunRecord(config.logging.run_dir, run_id_from_env(), active=self.is_main)
         #: notices (signals with the platform's grace as deadline, watchers): :mod:`aios.resilience.notices`
         self.preemption = PreemptionMonitor(
@@ -520,6 +504,20 @@ class Runtime:
         self._ckpt = self.checkpointer
         #: the step clock (monotonic seconds; tests inject one, with ``checkpointer.clock``)
         self.clock: Callable[[], float] = time.perf_counter
+
+    def _bind(self, strategy: Strategy, precision: Precision) -> None:
+        """Use ``strategy`` and ``precision``, specialising the hot path once: when they use the
+        base behaviour (plain loss.backward(), plain optimizer.step()), call torch directly."""
+        self.strategy, self.precision = strategy, precision
+        st, pt = type(strategy), type(precision)
+        self._plain_autocast = pt.autocast is Precision.autocast
+        self._mark_step = None if st.mark_step is Strategy.mark_step else strategy.mark_step
+        self._on_step_end = None if st.on_step_end is Strategy.on_step_end else strategy.on_step_end
+        self._optimizer_step = strategy.optimizer_step
+        self._direct_backward = (
+            st.backward is Strategy.backward and pt.backward is Precision.backward
+        )
+        self._direct_step = strategy.plain_step and pt.step is Precision.step
 
     def start(self) -> Runtime:
         """The side effects of a runtime (called once by :func:`init`): the run record, signal
@@ -761,9 +759,43 @@ class Runtime:
             )
 
     def setup_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        if (
+            self.config.strategy == "auto"
+            and self._registry is not None
+            and not self.training.modules
+            and not self.training.optimizers
+        ):
+            name = self.strategy.adopts(module)
+            if name is not None:
+                self._adopt(name, self._registry)
         wrapped = self.strategy.setup_module(module, self.precision)
         self.training.modules.append(wrapped)
         return wrapped
+
+    def _adopt(self, name: str, reg: Registry) -> None:
+        """Under ``strategy=auto``: the script parallelized its first model itself, which the
+        default strategy cannot take; the registered strategy ``name`` (the default strategy's
+        :meth:`~aios.strategies.base.Strategy.adopts`) takes over, on the same process group and
+        accelerator, before anything else was set up. Said in one line."""
+        old, backend = self.strategy, reg.backends[self.backend]
+        spec = reg.strategy_spec(name, backend)
+        new = spec.factory(self.config, old.accelerator, self.backend)
+        new.setup_environment()
+        accel = old.accelerator
+        device_type = accel.device_type if accel is not None else new.autocast_device_type
+        precision = reg.make_precision(self.config, backend, spec, accel, device_type)
+        old.teardown()
+        self._bind(new, precision)
+        self.training.strategy, self.training.precision = new, precision
+        self.checkpointer.use_strategy(new)
+        if self.is_main:
+            print(
+                f"aios: the script parallelized its model itself (fully_shard or DTensor "
+                f"parameters); strategy auto took {new.name} instead of {old.name}, which keeps "
+                f"the model as it is and checkpoints it as '{new.checkpoint_format}'",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         opt = self.strategy.setup_optimizer(optimizer)

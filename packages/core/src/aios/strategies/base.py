@@ -131,6 +131,13 @@ class Strategy(ABC):
         """Move ``module`` to the device, apply ``precision.convert_module`` and wrap it for
         data parallelism. Return the module the script should call."""
 
+    def adopts(self, module: torch.nn.Module) -> str | None:
+        """The registered strategy that takes ``module`` as the script already parallelized it
+        (its own ``fully_shard``, ``DTensor`` parameters) where this one cannot; ``None``: this
+        strategy takes it. Under ``strategy=auto`` the runtime asks it of the first model and
+        switches to the answer (one line says so). Default: ``None``."""
+        return None
+
     def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """Check or adapt the optimizer (e.g. refuse fused AdamW on XLA). Default: unchanged."""
         return optimizer

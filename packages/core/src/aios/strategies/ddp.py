@@ -209,6 +209,10 @@ class DDPStrategy(Strategy):
         )
         return _forwarding_ddp()(module, device_ids=ids, **self.ddp_kwargs)
 
+    def adopts(self, module: torch.nn.Module) -> str | None:
+        """A model the script sharded itself goes to ``fsdp``, which keeps its sharding."""
+        return "fsdp" if self.world_size > 1 and parallelized(module) is not None else None
+
     def setup_module(self, module: torch.nn.Module, precision: Precision) -> torch.nn.Module:
         if self.world_size > 1:
             own = parallelized(module)
