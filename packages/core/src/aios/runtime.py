@@ -75,6 +75,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from aios.errors import AiosError, ConfigError
+from aios.launcher import rewrites
 from aios.launcher import status as rank_status
 from aios.launcher.contract import BACKEND_ENV, CONFIG_ENV
 from aios.resilience.notices import EXIT_PREEMPTED, PreemptionMonitor
@@ -279,6 +280,40 @@ def derive_grad_accum(cfg: Any, strategy: Strategy) -> None:
     cfg.grad_accum = accum
 
 
+def _main_script() -> str | None:
+    """The path of the script ``__main__`` runs, when it is a ``.py`` file."""
+    main = sys.modules.get("__main__")
+    path = main.__dict__.get("__file__") if main is not None else None
+    return str(path) if path and str(path).endswith(".py") else None
+
+
+def refuse_rewritten_launch_env() -> None:
+    """Under ``aios-run``: the script rewrote ``RANK``/``WORLD_SIZE``/``MASTER_*`` after the
+    launcher set them (:mod:`aios.launcher.rewrites`). One line naming the first such write, with
+    its ``file:line`` where the script's own file shows it; exit 2 before anything trains."""
+    changed = rewrites.rewritten(os.environ, rewrites.initial_environ())
+    if not changed:
+        return
+    name, was, now = changed[0]
+    where, path = "", _main_script()
+    if path is not None:
+        try:
+            with open(path, encoding="utf-8") as f:
+                line = rewrites.write_line(f.read(), name)
+        except (OSError, UnicodeDecodeError):
+            line = None
+        if line is not None:
+            where = f"{os.path.basename(path)}:{line}: "
+    also = ", ".join(n for n, _, _ in changed[1:])
+    raise ConfigError(
+        f"{where}the script set {name}={now} after aios-run set it to {was}"
+        + (f" (and rewrote {also})" if also else "")
+        + ": its ranks would not form the launcher's process group and would train as "
+        "separate copies",
+        f"remove the assignment: aios-run sets {', '.join(rewrites.LAUNCH_VARS)} for every rank",
+    )
+
+
 def _from_rank0(strategy: Any, message: str, fix: str) -> ConfigError:
     """A config error every rank finds alike: rank 0 prints it, the others stop quietly."""
     err = ConfigError(message, fix)
@@ -312,6 +347,7 @@ def init(
     from aios.launcher.worker import watch_launcher
 
     watch_launcher()  # started by aios-run: never outlive it (see aios.launcher.worker)
+    refuse_rewritten_launch_env()
     cfg = resolve_config(config, defaults, overrides, flags)
     from aios.resilience.watchdog import register_worker, start_sidecar
 
