@@ -904,11 +904,57 @@ class Runtime:
             ck.at_batch_boundary(loader=False)
         if self._accum > 1 and divide:
             loss = loss / self._accum
+        if not self.training.micro:
+            self._name_placement(loss, sys._getframe(1))
         self.training.micro += 1
         if self._direct_backward:
             loss.backward()
         else:
             self.strategy.backward(loss, module, self.precision)
+
+    def _name_placement(self, loss: torch.Tensor, caller: Any) -> None:
+        """At the first backward, what reading the script cannot tell: the forward ran on a
+        device other than this rank's (the model or its inputs left on the host while the
+        accelerator idles), or in float16 on an accelerator without fp16 speed. One line on the
+        first rank, with the ``file:line`` of the script's ``rt.backward``; the run goes on."""
+        device = self.device
+        if device is None or not self.is_main:
+            return
+        where = f"{os.path.basename(caller.f_code.co_filename)}:{caller.f_lineno}"
+        if loss.device.type != device.type or (
+            loss.device.index is not None
+            and device.index is not None
+            and loss.device.index != device.index
+        ):
+            on = ""
+            for module in self.training.modules:
+                for name, p in self.strategy.unwrap(module).named_parameters():
+                    if p.device.type == loss.device.type:
+                        on = f" (the model's parameter {name!r} is on {p.device} too)"
+                        break
+            print(
+                f"aios: {where}: the loss was computed on {loss.device}, but this rank's device "
+                f"is {device}{on}: the model or its inputs stayed off the device and the "
+                "forward ran there; pass the model and loader through rt.setup (or move tensors "
+                "with .to(rt.device))",
+                file=sys.stderr,
+                flush=True,
+            )
+            return
+        acc = self.strategy.accelerator
+        if (
+            str(loss.dtype) == "torch.float16"
+            and acc is not None
+            and not acc.supports_fp16
+            and self.precision.name != "fp16-mixed"
+        ):
+            print(
+                f"aios: {where}: the loss is float16, but the {acc.name} accelerator has no "
+                "float16 speed (its fast type is bfloat16): drop the script's .half()/float16 "
+                "casts and run with precision=bf16-mixed",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def clip_gradients(
         self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, max_norm: float
