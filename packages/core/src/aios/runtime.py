@@ -1342,6 +1342,7 @@ class Runtime:
                 lg.close()
         self.record.close()
         if self.is_main and status != "failed" and not _failing:
+            self._name_no_step(status)
             self._print_locations()
         if status in ("finished", "preempted") and self._world > 1:
             with contextlib.suppress(Exception):
@@ -1352,6 +1353,23 @@ class Runtime:
             _current = None
         with contextlib.suppress(Exception):
             atexit.unregister(self._atexit)
+
+    def _name_no_step(self, status: str) -> None:
+        """A run that ends on its own terms without a single training step (the script returned
+        or called ``sys.exit`` after its own gate, e.g. "not enough GPUs") says so in one line;
+        a run resumed at its last step, or preempted, does not."""
+        if (
+            status in ("finished", "exited")
+            and self.training.micro == 0
+            and self.training.step == 0
+            and self.checkpointer.loaded_step is None
+        ):
+            print(
+                "aios: the script ended without a single training step (rt.backward never ran "
+                "after aios.init): nothing was trained; see its last output above for why",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _log_goodput(self) -> None:
         """The run's goodput account (every attempt so far) to the metric loggers
