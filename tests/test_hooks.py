@@ -119,70 +119,21 @@ def test_hook_aios_discover_devices():
     assert reg.call_first("aios_discover_devices", backend="no-such-backend", config=None) is None
 
 
-class _Legacy:
-    """A 0.1-style plugin: name-guarded component hooks, no registered strategy."""
-
-    from aios.plugins.hookspecs import hookimpl
-
-    @hookimpl
-    def aios_make_strategy(self, backend, config):
-        if backend != "legacy":
-            return None
-        from aios.strategies.ddp import DDPStrategy
-
-        return DDPStrategy(config)
-
-    @hookimpl
-    def aios_make_precision(self, backend, precision, config):
-        if backend != "legacy":
-            return None
-        from aios.strategies.precision import Precision
-
-        p = Precision("cpu")
-        p.name = "legacy-" + precision
-        return p
-
-
-def _with_legacy():
-    from aios.types import Availability, BackendSpec
-
-    reg = get_registry()
-    reg.pm.register(_Legacy(), name="legacy")
-    spec = BackendSpec("legacy", 0, lambda: Availability(True), plugin="legacy")
-    reg.backends["legacy"] = spec
-    return reg, spec
-
-
-def test_hook_aios_make_strategy():
-    reg, legacy = _with_legacy()
-    from aios.strategies.ddp import DDPStrategy
-
-    # first-party backends carry their strategies in the registry: none answers the hook by name
-    assert reg.call_first("aios_make_strategy", backend="cpu", config=_cfg()) is None
-    strat, spec, accel = reg.make_strategy(_cfg(), reg.backends["cpu"])
-    assert type(strat) is DDPStrategy and spec.plugin == "aios-core" and accel.name == "cpu"
-    # a plugin written against 0.1 still gets its strategy through the hook
-    strat, spec, accel = reg.make_strategy(_cfg(), legacy)
-    assert isinstance(strat, DDPStrategy) and spec is None and accel is None
-    with pytest.raises(AiosError, match="invalid value 'bogus' for 'strategy'"):
-        reg.make_strategy(_cfg().model_copy(update={"strategy": "bogus"}), legacy)
-
-
-def test_hook_aios_make_precision():
-    reg, legacy = _with_legacy()
+def test_strategies_and_precisions_come_through_the_registered_specs():
+    """The built-in strategies and precision policies come through the descriptors
+    (``aios_register_strategies``, ``BackendSpec.precision``): no 0.1 component hook remains."""
     from aios.config.schema import ConfigError
+    from aios.plugins import hookspecs
+    from aios.strategies.ddp import DDPStrategy
     from aios.strategies.precision import MixedPrecision
 
-    assert (
-        reg.call_first(
-            "aios_make_precision", backend="legacy", precision="fp32", config=_cfg()
-        ).name
-        == "legacy-fp32"
-    )
-    assert (
-        reg.make_precision(_cfg(precision="bf16-mixed"), legacy, None, None, "cpu").name
-        == "legacy-bf16-mixed"
-    )
+    assert not hasattr(hookspecs, "aios_make_strategy")
+    assert not hasattr(hookspecs, "aios_make_precision")
+    reg = get_registry()
+    strat, spec, accel = reg.make_strategy(_cfg(), reg.backends["cpu"])
+    assert type(strat) is DDPStrategy and spec.plugin == "aios-core" and accel.name == "cpu"
+    with pytest.raises(AiosError, match="invalid value 'bogus' for 'strategy'"):
+        reg.make_strategy(_cfg().model_copy(update={"strategy": "bogus"}), reg.backends["cpu"])
     # the Neuron backend's policy (carried by its spec) refuses fp16 with a one-line error
     with pytest.raises(ConfigError, match="fp16"):
         reg.make_precision(_cfg(precision="fp16-mixed"), reg.backends["neuron"], None, None, "xla")
@@ -191,10 +142,6 @@ def test_hook_aios_make_precision():
         _cfg(precision="bf16-mixed"), reg.backends["cpu"], None, reg.accelerator("cpu"), "cpu"
     )
     assert isinstance(p, MixedPrecision) and p.device_type == "cpu" and p.dtype_name == "bfloat16"
-    assert (
-        reg.call_first("aios_make_precision", backend="cpu", precision="bf16-mixed", config=_cfg())
-        is None
-    )
 
 
 def test_hook_aios_register_strategies():

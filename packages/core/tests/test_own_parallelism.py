@@ -5,7 +5,10 @@
   torchrun, exactly (4 processes: dp=2 x tp=2; tests/test_readme.py runs the tp_plan form);
 * a model the script sharded with ``fully_shard`` on its own mesh is kept as it is: it trains,
   saves (DCP) and resumes to the parameters of an uninterrupted run;
-* strategy ddp with such a model: one line naming what cannot be combined, exit 2.
+* with no strategy flag (``auto``) such a model is adopted: fsdp takes it, one line says so, it
+  trains and saves sharded;
+* strategy ddp asked for explicitly with such a model: one line naming what cannot be combined,
+  exit 2.
 """
 
 from __future__ import annotations
@@ -89,14 +92,14 @@ def test_fsdp_tp_example_with_its_own_plan_on_rt_mesh_gives_the_losses_of_torchr
     assert _losses(p.stdout) == torchrun_losses
 
 
-def _own(tmp: Path, port: int, ckpt: Path, out: Path, steps: int, strategy: str = "fsdp"):
+def _own(tmp: Path, port: int, ckpt: Path, out: Path, steps: int, strategy: str | None = "fsdp"):
     cmd = [
         *AIOS_RUN,
         "--nprocs",
         "2",
         "--master-port",
         str(port),
-        f"strategy={strategy}",
+        *([f"strategy={strategy}"] if strategy else []),
         f"checkpoint.dir={ckpt}",
         str(SCRIPTS / "own_fully_shard.py"),
         str(out),
@@ -126,3 +129,18 @@ def test_ddp_with_a_sharded_model_says_what_it_cannot_combine(tmp_path: Path, fr
     assert p.returncode == 2, out
     assert "already sharded the model with fully_shard" in out and "strategy=fsdp" in out
     assert "Traceback" not in out and "DTensor" not in out.split("fully_shard")[0]
+
+
+def test_own_fully_shard_model_is_adopted_without_a_strategy_flag(
+    tmp_path: Path, free_port
+) -> None:
+    ckpt, out = tmp_path / "ck", tmp_path / "got.pt"
+    p = _own(tmp_path, free_port(), ckpt, out, 2, strategy=None)
+    text = p.stdout + p.stderr
+    assert p.returncode == 0, text
+    said = [ln for ln in text.splitlines() if "parallelized its model itself" in ln]
+    assert len(said) == 1 and "strategy auto took fsdp instead of ddp" in said[0], text
+    assert "Traceback" not in text and torch.load(out)
+    assert "at step 2" not in text  # a fresh run
+    saved = {p.name for p in ckpt.rglob("*") if p.is_file()}
+    assert any(n.endswith(".distcp") for n in saved), saved  # sharded (DCP), not one full file

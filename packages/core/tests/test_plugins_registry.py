@@ -237,10 +237,6 @@ def test_raising_component_hooks_name_the_plugin_and_cpu_keeps_working(syspath, 
             raise RuntimeError("plan boom")
 
         @hookimpl
-        def aios_make_strategy(backend, config):
-            raise RuntimeError("strategy boom")
-
-        @hookimpl
         def aios_discover_devices(backend, config):
             raise RuntimeError("discover boom")
     """,

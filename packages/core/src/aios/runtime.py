@@ -19,7 +19,8 @@
 How it resolves (once, at :func:`init`): the config comes from ``aios-run`` (``AIOS_RUN_CONFIG``)
 or, under plain ``python``/``torchrun``, from ``AIOS_CONFIG``/``AIOS_*`` env vars; the backend
 (``auto``: the highest-priority available) gives the :class:`aios.strategies.base.Strategy`
-(``aios_make_strategy``), the :class:`aios.strategies.precision.Precision` (``aios_make_precision``, else
+(its registered :class:`aios.types.StrategySpec`), the :class:`aios.strategies.precision.Precision`
+(the strategy's or backend's ``precision``, else
 :func:`aios.strategies.precision.default_precision`), preemption watchers (``aios_preemption_watchers``) and
 loggers (``aios_register_loggers``, built lazily on rank 0). The per-step path then calls the
 strategy and precision objects directly; no plugin dispatch happens after :func:`init`.
@@ -74,9 +75,12 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from aios.errors import AiosError, ConfigError
+from aios.launcher import rewrites
 from aios.launcher import status as rank_status
 from aios.launcher.contract import BACKEND_ENV, CONFIG_ENV
 from aios.resilience.notices import EXIT_PREEMPTED, PreemptionMonitor
+from aios.strategies.base import Strategy
+from aios.strategies.precision import Precision
 
 if TYPE_CHECKING:
     import torch
@@ -84,8 +88,6 @@ if TYPE_CHECKING:
     from aios.checkpoint import CheckpointStore
     from aios.config.schema import AiosConfigBase
     from aios.plugins.registry import Registry
-    from aios.strategies.base import Strategy
-    from aios.strategies.precision import Precision
     from aios.types import Notice
 
 __all__ = ["Runtime", "init", "current", "EXIT_PREEMPTED"]
@@ -278,6 +280,40 @@ def derive_grad_accum(cfg: Any, strategy: Strategy) -> None:
     cfg.grad_accum = accum
 
 
+def _main_script() -> str | None:
+    """The path of the script ``__main__`` runs, when it is a ``.py`` file."""
+    main = sys.modules.get("__main__")
+    path = main.__dict__.get("__file__") if main is not None else None
+    return str(path) if path and str(path).endswith(".py") else None
+
+
+def refuse_rewritten_launch_env() -> None:
+    """Under ``aios-run``: the script rewrote ``RANK``/``WORLD_SIZE``/``MASTER_*`` after the
+    launcher set them (:mod:`aios.launcher.rewrites`). One line naming the first such write, with
+    its ``file:line`` where the script's own file shows it; exit 2 before anything trains."""
+    changed = rewrites.rewritten(os.environ, rewrites.initial_environ())
+    if not changed:
+        return
+    name, was, now = changed[0]
+    where, path = "", _main_script()
+    if path is not None:
+        try:
+            with open(path, encoding="utf-8") as f:
+                line = rewrites.write_line(f.read(), name)
+        except (OSError, UnicodeDecodeError):
+            line = None
+        if line is not None:
+            where = f"{os.path.basename(path)}:{line}: "
+    also = ", ".join(n for n, _, _ in changed[1:])
+    raise ConfigError(
+        f"{where}the script set {name}={now} after aios-run set it to {was}"
+        + (f" (and rewrote {also})" if also else "")
+        + ": its ranks would not form the launcher's process group and would train as "
+        "separate copies",
+        f"remove the assignment: aios-run sets {', '.join(rewrites.LAUNCH_VARS)} for every rank",
+    )
+
+
 def _from_rank0(strategy: Any, message: str, fix: str) -> ConfigError:
     """A config error every rank finds alike: rank 0 prints it, the others stop quietly."""
     err = ConfigError(message, fix)
@@ -311,6 +347,7 @@ def init(
     from aios.launcher.worker import watch_launcher
 
     watch_launcher()  # started by aios-run: never outlive it (see aios.launcher.worker)
+    refuse_rewritten_launch_env()
     cfg = resolve_config(config, defaults, overrides, flags)
     from aios.resilience.watchdog import start_sidecar
     from aios.resilience.workers import register_worker
@@ -475,11 +512,9 @@ class Runtime:
         from aios.checkpoint.manager import CheckpointManager
         from aios.checkpoint.state import TrainingState
         from aios.runrecord.records import RunRecord, StepTimer, run_id_from_env
-        from aios.strategies.precision import Precision
 
         #: registered objects, counters, state dict and RNG (:mod:`aios.checkpoint.state`)
         self.training = TrainingState(strategy, precision, backend)
-        self._plain_autocast = type(precision).autocast is Precision.autocast
         self.last_grad_norm: Any = None
         #: check for preemption (one tiny all-reduce with several ranks) every N steps
         self.preemption_check_every = 1
@@ -488,24 +523,7 @@ class Runtime:
 
         # the step's time stamp, also reported to aios-run's watchdog (aios.resilience.workers)
         self._stamp = progress_stamp(self.timer.append)
-        from aios.strategies.base import Strategy
-
-        st = type(strategy)
-        self._mark_step = None if st.mark_step is Strategy.mark_step else strategy.mark_step
-        self._on_step_end = None if st.on_step_end is Strategy.on_step_end else strategy.on_step_end
-        self._optimizer_step = strategy.optimizer_step
-        # Specialise the hot path once: when the strategy and precision use the base behaviour
-        # (plain loss.backward(), plain optimizer.step()), call torch directly.
-        from aios.strategies.ddp import DDPStrategy
-        from aios.strategies.precision import Precision as _BasePrecision
-
-        pt = type(precision)
-        self._direct_backward = (
-            st.backward is Strategy.backward and pt.backward is _BasePrecision.backward
-        )
-        self._direct_step = (
-            st.optimizer_step is DDPStrategy.optimizer_step and pt.step is _BasePrecision.step
-        )
+        self._bind(strategy, precision)
         self.record = RunRecord(config.logging.run_dir, run_id_from_env(), active=self.is_main)
         #: notices (signals with the platform's grace as deadline, watchers): :mod:`aios.resilience.notices`
         self.preemption = PreemptionMonitor(
@@ -523,6 +541,20 @@ class Runtime:
         self._ckpt = self.checkpointer
         #: the step clock (monotonic seconds; tests inject one, with ``checkpointer.clock``)
         self.clock: Callable[[], float] = time.perf_counter
+
+    def _bind(self, strategy: Strategy, precision: Precision) -> None:
+        """Use ``strategy`` and ``precision``, specialising the hot path once: when they use the
+        base behaviour (plain loss.backward(), plain optimizer.step()), call torch directly."""
+        self.strategy, self.precision = strategy, precision
+        st, pt = type(strategy), type(precision)
+        self._plain_autocast = pt.autocast is Precision.autocast
+        self._mark_step = None if st.mark_step is Strategy.mark_step else strategy.mark_step
+        self._on_step_end = None if st.on_step_end is Strategy.on_step_end else strategy.on_step_end
+        self._optimizer_step = strategy.optimizer_step
+        self._direct_backward = (
+            st.backward is Strategy.backward and pt.backward is Precision.backward
+        )
+        self._direct_step = strategy.plain_step and pt.step is Precision.step
 
     def start(self) -> Runtime:
         """The side effects of a runtime (called once by :func:`init`): the run record, signal
@@ -648,19 +680,14 @@ class Runtime:
     @property
     def dp_rank(self) -> int:
         """This process's index among the data-parallel replicas (ranks of one tensor-parallel
-        group share it and must read the same batch)."""
-        from aios.strategies.ddp import DDPStrategy
-
-        st = self.strategy
-        return st.data_rank if isinstance(st, DDPStrategy) else self.rank
+        group share it and must read the same batch): the strategy's ``data_rank``."""
+        return self.strategy.data_rank
 
     @property
     def dp_size(self) -> int:
-        """The number of data-parallel replicas (the world size without tensor parallelism)."""
-        from aios.strategies.ddp import DDPStrategy
-
-        st = self.strategy
-        return st.data_world if isinstance(st, DDPStrategy) else self.world_size
+        """The number of data-parallel replicas (the world size without tensor parallelism): the
+        strategy's ``data_world``."""
+        return self.strategy.data_world
 
     @property
     def tp_rank(self) -> int:
@@ -769,9 +796,43 @@ class Runtime:
             )
 
     def setup_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        if (
+            self.config.strategy == "auto"
+            and self._registry is not None
+            and not self.training.modules
+            and not self.training.optimizers
+        ):
+            name = self.strategy.adopts(module)
+            if name is not None:
+                self._adopt(name, self._registry)
         wrapped = self.strategy.setup_module(module, self.precision)
         self.training.modules.append(wrapped)
         return wrapped
+
+    def _adopt(self, name: str, reg: Registry) -> None:
+        """Under ``strategy=auto``: the script parallelized its first model itself, which the
+        default strategy cannot take; the registered strategy ``name`` (the default strategy's
+        :meth:`~aios.strategies.base.Strategy.adopts`) takes over, on the same process group and
+        accelerator, before anything else was set up. Said in one line."""
+        old, backend = self.strategy, reg.backends[self.backend]
+        spec = reg.strategy_spec(name, backend)
+        new = spec.factory(self.config, old.accelerator, self.backend)
+        new.setup_environment()
+        accel = old.accelerator
+        device_type = accel.device_type if accel is not None else new.autocast_device_type
+        precision = reg.make_precision(self.config, backend, spec, accel, device_type)
+        old.teardown()
+        self._bind(new, precision)
+        self.training.strategy, self.training.precision = new, precision
+        self.checkpointer.use_strategy(new)
+        if self.is_main:
+            print(
+                f"aios: the script parallelized its model itself (fully_shard or DTensor "
+                f"parameters); strategy auto took {new.name} instead of {old.name}, which keeps "
+                f"the model as it is and checkpoints it as '{new.checkpoint_format}'",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         opt = self.strategy.setup_optimizer(optimizer)
@@ -844,11 +905,57 @@ class Runtime:
             ck.at_batch_boundary(loader=False)
         if self._accum > 1 and divide:
             loss = loss / self._accum
+        if not self.training.micro:
+            self._name_placement(loss, sys._getframe(1))
         self.training.micro += 1
         if self._direct_backward:
             loss.backward()
         else:
             self.strategy.backward(loss, module, self.precision)
+
+    def _name_placement(self, loss: torch.Tensor, caller: Any) -> None:
+        """At the first backward, what reading the script cannot tell: the forward ran on a
+        device other than this rank's (the model or its inputs left on the host while the
+        accelerator idles), or in float16 on an accelerator without fp16 speed. One line on the
+        first rank, with the ``file:line`` of the script's ``rt.backward``; the run goes on."""
+        device = self.device
+        if device is None or not self.is_main:
+            return
+        where = f"{os.path.basename(caller.f_code.co_filename)}:{caller.f_lineno}"
+        if loss.device.type != device.type or (
+            loss.device.index is not None
+            and device.index is not None
+            and loss.device.index != device.index
+        ):
+            on = ""
+            for module in self.training.modules:
+                for name, p in self.strategy.unwrap(module).named_parameters():
+                    if p.device.type == loss.device.type:
+                        on = f" (the model's parameter {name!r} is on {p.device} too)"
+                        break
+            print(
+                f"aios: {where}: the loss was computed on {loss.device}, but this rank's device "
+                f"is {device}{on}: the model or its inputs stayed off the device and the "
+                "forward ran there; pass the model and loader through rt.setup (or move tensors "
+                "with .to(rt.device))",
+                file=sys.stderr,
+                flush=True,
+            )
+            return
+        acc = self.strategy.accelerator
+        if (
+            str(loss.dtype) == "torch.float16"
+            and acc is not None
+            and not acc.supports_fp16
+            and self.precision.name != "fp16-mixed"
+        ):
+            print(
+                f"aios: {where}: the loss is float16, but the {acc.name} accelerator has no "
+                "float16 speed (its fast type is bfloat16): drop the script's .half()/float16 "
+                "casts and run with precision=bf16-mixed",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def clip_gradients(
         self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, max_norm: float
@@ -1236,6 +1343,7 @@ class Runtime:
                 lg.close()
         self.record.close()
         if self.is_main and status != "failed" and not _failing:
+            self._name_no_step(status)
             self._print_locations()
         if status in ("finished", "preempted") and self._world > 1:
             with contextlib.suppress(Exception):
@@ -1246,6 +1354,23 @@ class Runtime:
             _current = None
         with contextlib.suppress(Exception):
             atexit.unregister(self._atexit)
+
+    def _name_no_step(self, status: str) -> None:
+        """A run that ends on its own terms without a single training step (the script returned
+        or called ``sys.exit`` after its own gate, e.g. "not enough GPUs") says so in one line;
+        a run resumed at its last step, or preempted, does not."""
+        if (
+            status in ("finished", "exited")
+            and self.training.micro == 0
+            and self.training.step == 0
+            and self.checkpointer.loaded_step is None
+        ):
+            print(
+                "aios: the script ended without a single training step (rt.backward never ran "
+                "after aios.init): nothing was trained; see its last output above for why",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _log_goodput(self) -> None:
         """The run's goodput account (every attempt so far) to the metric loggers

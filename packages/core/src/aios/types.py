@@ -57,7 +57,7 @@ class BackendSpec:
     #: ``launch_plan(config, request) -> LaunchPlan``; replaces :func:`aios_launch_plan`.
     launch_plan: Callable[..., Any] | None = None
     #: ``precision(precision, config, accelerator) -> Precision | None`` (``None``: the core
-    #: default over the accelerator); replaces :func:`aios_make_precision`. Raise
+    #: default over the accelerator). Raise
     #: :class:`aios.errors.ConfigError` for a precision the hardware cannot do.
     precision: Callable[..., Any] | None = None
     #: ``doctor(config, explicit) -> list[DoctorCheck]``: ``explicit`` is True for

@@ -239,16 +239,7 @@ class CheckpointManager:
         self.on_preempt: Callable[[], None] | None = None
         #: called after each periodic save (the runtime rewrites the run record)
         self.on_saved: Callable[[], None] | None = None
-        self.format = get_format(strategy.checkpoint_format)
-        if hasattr(self.format, "seed"):
-            self.format.seed = config.seed  # ranks beyond a saved world size reseed from it
-        training.seed = config.seed  # the random streams of a rank the saving run did not have
-        io = getattr(self.format, "io", None)
-        if io is not None and hasattr(io, "async_mode"):
-            from aios.checkpoint.formats.dcp import resolve_async_mode
-
-            device = strategy.accelerator.device_type if strategy.accelerator else None
-            io.async_mode = resolve_async_mode(config.checkpoint.async_writer, device)
+        self.use_strategy(strategy)
         self.lineage: str | None = None
         self.saved_step: int | None = None
         self.resumed_from: str | None = None
@@ -287,6 +278,22 @@ class CheckpointManager:
         self.step_time: Callable[[], float | None] = lambda: None
         self._said_conflict = False
         self._abandoned = False
+
+    def use_strategy(self, strategy: Strategy) -> None:
+        """Save and load through ``strategy`` and its checkpoint format (at construction, and
+        when ``strategy=auto`` adopts the script's own sharding before anything was saved)."""
+        self.strategy = strategy
+        config = self.config
+        self.format = get_format(strategy.checkpoint_format)
+        if hasattr(self.format, "seed"):
+            self.format.seed = config.seed  # ranks beyond a saved world size reseed from it
+        self.training.seed = config.seed  # the random streams of a rank the saving run did not have
+        io = getattr(self.format, "io", None)
+        if io is not None and hasattr(io, "async_mode"):
+            from aios.checkpoint.formats.dcp import resolve_async_mode
+
+            device = strategy.accelerator.device_type if strategy.accelerator else None
+            io.async_mode = resolve_async_mode(config.checkpoint.async_writer, device)
 
     # ---------------------------------------------------------------- identity
     @property

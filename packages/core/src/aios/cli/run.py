@@ -349,6 +349,28 @@ def _joined_count(store: Any) -> int | None:
         return None
 
 
+def _joined_count_at(addr: str | None, port: int | None) -> int | None:
+    """:func:`_joined_count` from the store the workers bootstrapped on (``MASTER_ADDR`` and
+    ``MASTER_PORT`` of this attempt): after a restart torch's elastic agent hands the workers a
+    fresh store that rank 0 hosts and that ends with them, so it is read while they run."""
+    if not addr or not port:
+        return None
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    try:
+        store = TCPStore(addr, int(port), is_master=False, timeout=timedelta(seconds=0.5))
+        return int(store.add(JOIN_COUNT_KEY, 0))
+    except (RuntimeError, ValueError, OSError):  # not up yet, or already gone
+        return None
+
+
+def _most(*counts: int | None) -> int | None:
+    seen = [c for c in counts if c is not None]
+    return max(seen) if seen else None
+
+
 def _name_unjoined(
     status_dir: str, ranks: list[dict[str, str]], world: int, joined: int | None = None
 ) -> None:
@@ -636,7 +658,8 @@ class _AgentWatch:
         self._epoll: Any = None
         self._fds: dict[int, int] = {}  # pidfd -> pid
         self.groups: list[int] = []  # the ranks' process groups (torch starts each in its own)
-        #: ranks that joined the default process group, read when the workers succeeded
+        #: ranks that joined the default process group in this attempt, read while the workers
+        #: run (from the store they bootstrapped on) and when they succeeded
         self.joined: int | None = None
 
     def _exited(self, pid: int) -> None:
@@ -842,9 +865,14 @@ def _blame(failures: dict[int, Any], status: dict[int, str], watch: _AgentWatch)
 def _wrap_monitor(monitor: Any, watch: _AgentWatch) -> Any:
     def _monitor(agent: Any, worker_group: Any) -> Any:
         result = monitor(agent, worker_group)
+        world = worker_group.workers[0].world_size if worker_group.workers else 0
+        if result.state.name == "HEALTHY" and (watch.joined or 0) < world:
+            count = _joined_count_at(worker_group.master_addr, worker_group.master_port)
+            watch.joined = _most(watch.joined, count)
         if result.state.name == "SUCCEEDED" and worker_group.store is not None:
-            watch.joined = _joined_count(worker_group.store)
+            watch.joined = _most(watch.joined, _joined_count(worker_group.store))
         if result.is_failed():
+            watch.joined = None  # the next attempt's ranks join again
             watch.last_failures = dict(result.failures)
             if watch.no_restart:  # the watchdog stopped a hung run: no restart
                 agent._remaining_restarts = 0

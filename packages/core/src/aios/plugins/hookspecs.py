@@ -10,14 +10,15 @@ Two kinds of hooks:
   hand aios small descriptor objects (:class:`aios.types.BackendSpec`, ...) and must not import
   heavy runtimes (torch, torch_xla, boto3, google libraries). Import those inside the callables
   the descriptors carry.
-* Component hooks (``aios_discover_devices``, ``aios_make_strategy``, ``aios_make_precision``,
-  ``aios_launch_plan``, ...) take the backend name and return ``None`` when the backend is not
-  theirs. aios calls them **once at setup**: the objects they return are used directly on the
-  per-step path, which never goes through plugin dispatch. New backends should not need them:
-  the registered descriptors carry their components (``BackendSpec.discover``,
-  ``.launch_plan``, ``.precision``, ``.doctor``; ``StrategySpec.factory``;
-  ``AcceleratorSpec.factory``), and a component a backend's spec carries is used before any
-  hook is asked. The hooks stay for plugins written against 0.1.
+* Component hooks (``aios_discover_devices``, ``aios_launch_plan``, ...) take the backend name
+  and return ``None`` when the backend is not theirs. aios calls them **once at setup**: the
+  objects they return are used directly on the per-step path, which never goes through plugin
+  dispatch. New backends should not need them: the registered descriptors carry their
+  components (``BackendSpec.discover``, ``.launch_plan``, ``.precision``, ``.doctor``;
+  ``StrategySpec.factory``; ``AcceleratorSpec.factory``), and a component a backend's spec
+  carries is used before any hook is asked. Strategies and precision policies come only through
+  the descriptors (``aios_register_strategies``, ``BackendSpec.precision``,
+  ``StrategySpec.precision``).
 
 Heavy types are only imported for type checking.
 """
@@ -32,8 +33,6 @@ import pluggy
 if TYPE_CHECKING:
     from aios.config.schema import AiosConfig
     from aios.environments.base import ClusterEnvironment
-    from aios.strategies.base import Strategy
-    from aios.strategies.precision import Precision
     from aios.types import (
         AcceleratorSpec,
         BackendSpec,
@@ -224,46 +223,6 @@ def aios_discover_devices(backend: str, config: AiosConfig | None) -> DeviceRepo
     Must not initialise a device runtime (for XLA this would break ``xmp.spawn`` later with
     "Runtime is already initialized"): read sysfs, metadata servers, NVML, env vars instead.
     ``firstresult``: the first non-``None`` answer wins.
-
-    .. versionadded:: 0.1
-    """
-
-
-@hookspec(firstresult=True)
-def aios_make_strategy(backend: str, config: AiosConfig) -> Strategy | None:
-    """Step semantics for ``backend``: build the :class:`aios.strategies.base.Strategy` that places
-    tensors, wraps models and loaders for data parallelism, reduces gradients, steps the
-    optimizer and cuts the graph.
-
-    :param backend: the selected backend name.
-    :param config: the resolved config (``config.strategy`` names e.g. ``ddp``, ``deepspeed``,
-        ``spmd``).
-    :return: a strategy instance, or ``None`` if ``backend`` is not yours.
-
-    Called once per process at :func:`aios.init`, only when no registered
-    :class:`aios.types.StrategySpec` serves the (strategy, backend) pair. ``firstresult``.
-
-    .. versionadded:: 0.1
-
-    .. deprecated:: 0.2
-       ``DDPStrategy(config, device_type=..., dist_backend=...)`` (the 0.1 form) is replaced by
-       ``DDPStrategy(config, accelerator=...)``; the old form still works, warns with a
-       ``DeprecationWarning`` naming the new one, and is removed in 0.4 at the earliest.
-    """
-
-
-@hookspec(firstresult=True)
-def aios_make_precision(backend: str, precision: str, config: AiosConfig) -> Precision | None:
-    """Precision policy for ``backend``: autocast context, module conversion, loss scaling.
-
-    :param backend: the selected backend name.
-    :param precision: one of ``fp32``, ``bf16-mixed``, ``fp16-mixed``, ``bf16-true``.
-    :param config: the resolved config.
-    :return: a :class:`aios.strategies.precision.Precision`, or ``None`` to let another plugin (or the
-        core default) decide. Raise :class:`aios.errors.ConfigError` for a precision the
-        hardware cannot do (fp16 on Trainium, bf16 on a pre-Ampere GPU).
-
-    Called once per process at setup. ``firstresult``.
 
     .. versionadded:: 0.1
     """

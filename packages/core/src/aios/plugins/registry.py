@@ -22,8 +22,8 @@ limit is reported ("plugin X timed out after 10s in Y"), ignored for the rest of
 and skipped by the processes this one starts (``AIOS_INTERNAL_SKIP_PLUGINS``), so ``aios-run``
 and its workers pay the timeout once. Imports, registration hooks, probes and
 ``aios_launch_plan``/``aios_discover_devices``/``aios_doctor_checks``/``aios_env_info`` run in a
-daemon thread under the time limit; the per-process runtime hooks (``aios_make_strategy``,
-``aios_make_precision``, ``aios_preemption_watchers``) run in the calling thread (they may set
+daemon thread under the time limit; the per-process runtime hook (``aios_preemption_watchers``)
+runs in the calling thread (it may set
 per-thread device state) with the same isolation but no time limit. A hook that raises an
 :class:`aios.errors.AiosError` is giving a user-facing answer: that error propagates unchanged.
 """
@@ -66,7 +66,7 @@ DEFAULT_TIMEOUT = 10.0
 # plugins a parent process found hanging: its child processes skip them instead of waiting again
 SKIP_ENV = "AIOS_INTERNAL_SKIP_PLUGINS"
 # per-process runtime hooks: called in the calling thread (no time limit), still isolated
-INLINE_HOOKS = frozenset({"aios_make_strategy", "aios_make_precision", "aios_preemption_watchers"})
+INLINE_HOOKS = frozenset({"aios_preemption_watchers"})
 # hooks allowed to import a device runtime (deep doctor checks import torch_xla, NVML, ...) or to
 # reach a remote host (a cluster's run records copied for ``aios report CLUSTER``): their limit is
 # this multiple of AIOS_PLUGIN_TIMEOUT
@@ -635,15 +635,17 @@ class Registry:
             if any(s.supports(backend.name, backend.accelerator) for s in specs)
         )
 
-    def strategy_spec(self, name: str, backend: BackendSpec) -> StrategySpec | None:
+    def strategy_spec(self, name: str, backend: BackendSpec) -> StrategySpec:
         """The :class:`StrategySpec` for ``strategy=name`` on ``backend`` (``auto``: the backend's
-        default). ``None`` for a backend that registers no strategy (served by the 0.1
-        ``aios_make_strategy`` hook). An unknown name, or one the backend cannot run, is a
+        default). An unknown name, or one the backend cannot run, is a
         one-line :class:`ConfigError`; never a silent substitute."""
         supported = self.strategies_for(backend)
         if name == "auto":
             if not supported:
-                return None
+                raise PluginError(
+                    f"backend '{backend.name}' provides no training strategy",
+                    f"reinstall the plugin that registers it ({backend.plugin or 'unknown'})",
+                )
             name = (
                 backend.default_strategy if backend.default_strategy in supported else supported[0]
             )
@@ -652,8 +654,6 @@ class Registry:
             raise ConfigError(f"invalid value {name!r} for 'strategy'", f"choose one of: {known}")
         specs = [s for s in self.strategies[name] if s.supports(backend.name, backend.accelerator)]
         if not specs:
-            if not supported and _has_legacy(self, "aios_make_strategy", backend.plugin):
-                return None
             where = f"{backend.name} backend" + (
                 f" ({backend.accelerator} accelerator)" if backend.accelerator else ""
             )
@@ -673,20 +673,10 @@ class Registry:
 
         return sorted(specs, key=rank)[0]
 
-    def make_strategy(
-        self, config: Any, backend: BackendSpec
-    ) -> tuple[Any, StrategySpec | None, Any]:
+    def make_strategy(self, config: Any, backend: BackendSpec) -> tuple[Any, StrategySpec, Any]:
         """``(strategy, spec, accelerator)`` for ``config.strategy`` on ``backend``."""
         accel = self.accelerator(backend.accelerator, config) if backend.accelerator else None
         spec = self.strategy_spec(getattr(config, "strategy", "auto"), backend)
-        if spec is None:
-            strategy = self.pm.hook.aios_make_strategy(backend=backend.name, config=config)
-            if strategy is None:
-                raise PluginError(
-                    f"backend '{backend.name}' provides no training strategy",
-                    f"reinstall the plugin that registers it ({backend.plugin or 'unknown'})",
-                )
-            return strategy, None, accel
         return spec.factory(config, accel, backend.name), spec, accel
 
     def make_precision(
@@ -697,8 +687,8 @@ class Registry:
         accel: Any,
         device_type: str,
     ) -> Any:
-        """The precision policy: the strategy's, else the backend's, else the 0.1 hook, else the
-        core default over the accelerator (its autocast dtype passed explicitly)."""
+        """The precision policy: the strategy's, else the backend's, else the core default over
+        the accelerator (its autocast dtype passed explicitly)."""
         from aios.strategies.precision import default_precision
 
         precision = config.precision
@@ -707,11 +697,6 @@ class Registry:
                 out = fn(precision, config, accel)
                 if out is not None:
                     return out
-        out = self.pm.hook.aios_make_precision(
-            backend=backend.name, precision=precision, config=config
-        )
-        if out is not None:
-            return out
         return default_precision(precision, device_type, accelerator=accel)
 
     def call_first(self, hook_name: str, **kwargs: Any) -> Any:
@@ -907,12 +892,6 @@ def _declared_probe(spec: Any, plugin: str) -> Any:
         return old()
 
     return dataclasses.replace(spec, probe=probe)
-
-
-def _has_legacy(reg: Registry, hook_name: str, plugin: str) -> bool:
-    return any(
-        impl.plugin_name == plugin for impl in getattr(reg.pm.hook, hook_name).get_hookimpls()
-    )
 
 
 def _with_plugin_dependencies(allow: set[str], entry_points: list[Any]) -> set[str]:

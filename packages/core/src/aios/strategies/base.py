@@ -1,5 +1,5 @@
 """Step semantics: the interface every strategy implements (built by a registered
-:class:`aios.types.StrategySpec`'s ``factory``, or by the 0.1 ``aios_make_strategy`` hook).
+:class:`aios.types.StrategySpec`'s ``factory``).
 
 A :class:`Strategy` is built once per process at :func:`aios.init`; the runtime then calls its
 methods directly on every step, with no plugin dispatch in between. Design notes for backends:
@@ -17,7 +17,6 @@ Torch is imported lazily inside methods so that importing this module stays chea
 from __future__ import annotations
 
 import contextlib
-import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -51,25 +50,6 @@ RUNTIME_MEMBERS = (
     "autocast_device_type",
 )
 
-_DATA_MEMBERS = ("data_rank", "data_world")
-
-
-def _adapt_data_member(cls: type, name: str) -> None:
-    """The one adapter for strategies written against aios 0.2, where ``data_rank`` and
-    ``data_world`` were plain methods on the XLA strategies: such a method becomes a read-only
-    property at class definition (never a check at each call) and the author is told once."""
-    fn = cls.__dict__.get(name)
-    if fn is None or isinstance(fn, property) or not callable(fn):
-        return
-    warnings.warn(
-        f"{cls.__module__}.{cls.__qualname__}.{name} is a method; Strategy.{name} is a "
-        f"property since aios 0.3 (declare it with @property); the method form is adapted "
-        f"and removed in 0.4 at the earliest",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    setattr(cls, name, property(fn))
-
 
 class Strategy(ABC):
     """Placement, wrapping, reduction and stepping for one backend.
@@ -92,11 +72,6 @@ class Strategy(ABC):
     #: strategy) may change and the data position is rescaled to the new :attr:`data_world`.
     #: the native accelerator this strategy runs on (``None`` for non-native stacks).
     accelerator: Accelerator | None = None
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        for member in _DATA_MEMBERS:
-            _adapt_data_member(cls, member)
 
     def __init__(self, config: AiosConfig) -> None:
         self.config = config
@@ -132,6 +107,13 @@ class Strategy(ABC):
         position is saved for."""
         return self.world_size
 
+    @property
+    def plain_step(self) -> bool:
+        """Whether :meth:`optimizer_step` is a plain ``optimizer.step()`` (no reduction, graph
+        cut or loss-scale handling of its own): the runtime then calls torch directly on its
+        hot path when the precision's step is plain too. Default: no."""
+        return False
+
     # ---------------------------------------------------------------- setup of user objects
     def configure(self, **options: Any) -> None:
         """Options passed to ``rt.setup(..., **options)`` before the objects are set up (the
@@ -148,6 +130,13 @@ class Strategy(ABC):
     def setup_module(self, module: torch.nn.Module, precision: Precision) -> torch.nn.Module:
         """Move ``module`` to the device, apply ``precision.convert_module`` and wrap it for
         data parallelism. Return the module the script should call."""
+
+    def adopts(self, module: torch.nn.Module) -> str | None:
+        """The registered strategy that takes ``module`` as the script already parallelized it
+        (its own ``fully_shard``, ``DTensor`` parameters) where this one cannot; ``None``: this
+        strategy takes it. Under ``strategy=auto`` the runtime asks it of the first model and
+        switches to the answer (one line says so). Default: ``None``."""
+        return None
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """Check or adapt the optimizer (e.g. refuse fused AdamW on XLA). Default: unchanged."""

@@ -81,31 +81,6 @@ def register_exit_hook(owns_group: bool) -> None:
         _EXIT_HOOK = True
 
 
-def _legacy_accelerator(
-    config: Any, accelerator: Any, device_type: str | None, dist_backend: str | None
-) -> Any:
-    """The accelerator the 0.1 ``device_type``/``dist_backend`` arguments describe (with a
-    :class:`DeprecationWarning` naming the new form)."""
-    import warnings
-
-    from aios.devices.accelerator import Accelerator, CpuAccelerator
-
-    warnings.warn(
-        "DDPStrategy(config, device_type=..., dist_backend=...) is deprecated since aios-core "
-        "0.2 and will be removed in 0.4: use DDPStrategy(config, accelerator=...) with an "
-        "aios.devices.accelerator.Accelerator (its device_type and dist_backend attributes)",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    if accelerator is not None:
-        raise TypeError("DDPStrategy: pass accelerator=... or the deprecated device_type, not both")
-    device_type = device_type or "cpu"
-    acc = CpuAccelerator(config) if device_type == "cpu" else Accelerator(config)
-    acc.device_type = device_type
-    acc.dist_backend = dist_backend or ("gloo" if device_type == "cpu" else "nccl")
-    return acc
-
-
 def parallelized(module: Any) -> str | None:
     """How the script already parallelized ``module``: ``"fully_shard"`` (an ``FSDPModule``),
     ``"dtensor"`` (``DTensor`` parameters: ``parallelize_module`` or ``distribute_tensor``), or
@@ -121,35 +96,19 @@ def parallelized(module: Any) -> str | None:
 
 
 class DDPStrategy(Strategy):
-    """Data parallel over ``torch.distributed`` on a native accelerator.
-
-    ``DDPStrategy(config, accelerator=...)``. Deprecated since 0.2 (removed in 0.4 at the
-    earliest): the 0.1 form ``DDPStrategy(config, device_type="cuda", dist_backend="nccl")``
-    (also positional) still works and warns with :class:`DeprecationWarning`; it builds a plain
-    :class:`aios.devices.accelerator.Accelerator` of that device type and process-group backend."""
+    """Data parallel over ``torch.distributed`` on a native accelerator:
+    ``DDPStrategy(config, accelerator=...)`` (the CPU accelerator when none is given)."""
 
     name = "ddp"
     #: always set: the native strategies run on an accelerator (cpu when none is given)
     accelerator: Accelerator
 
-    def __init__(
-        self,
-        config: AiosConfig,
-        accelerator: Accelerator | str | None = None,
-        dist_backend: str | None = None,
-        *,
-        device_type: str | None = None,
-    ) -> None:
+    def __init__(self, config: AiosConfig, accelerator: Accelerator | None = None) -> None:
         super().__init__(config)
-        if isinstance(accelerator, str):  # the 0.1 positional form: (config, "cuda", "nccl")
-            device_type, accelerator = accelerator, None
-        if device_type is not None or dist_backend is not None:
-            accelerator = _legacy_accelerator(config, accelerator, device_type, dist_backend)
         if accelerator is None:
             from aios.devices.accelerator import CpuAccelerator
 
             accelerator = CpuAccelerator(config)
-        assert not isinstance(accelerator, str)
         self.accelerator = accelerator
         self.device_type = accelerator.device_type
         self.dist_backend = accelerator.dist_backend
@@ -250,6 +209,10 @@ class DDPStrategy(Strategy):
         )
         return _forwarding_ddp()(module, device_ids=ids, **self.ddp_kwargs)
 
+    def adopts(self, module: torch.nn.Module) -> str | None:
+        """A model the script sharded itself goes to ``fsdp``, which keeps its sharding."""
+        return "fsdp" if self.world_size > 1 and parallelized(module) is not None else None
+
     def setup_module(self, module: torch.nn.Module, precision: Precision) -> torch.nn.Module:
         if self.world_size > 1:
             own = parallelized(module)
@@ -305,6 +268,11 @@ class DDPStrategy(Strategy):
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, precision: Precision) -> bool:
         return precision.step(optimizer)
+
+    @property
+    def plain_step(self) -> bool:
+        """Plain unless a subclass steps its own way."""
+        return type(self).optimizer_step is DDPStrategy.optimizer_step
 
     # ---------------------------------------------------------------- collectives
     def barrier(self) -> None:

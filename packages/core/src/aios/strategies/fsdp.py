@@ -339,6 +339,10 @@ class FSDPStrategy(DDPStrategy):
             return [m for m in model.modules() if m is not model and policy(m)]
         return default_blocks(model)
 
+    def adopts(self, module: torch.nn.Module) -> str | None:
+        """The sharded strategies take the script's own sharding as it is."""
+        return None
+
     def setup_module(self, module: torch.nn.Module, precision: Precision) -> torch.nn.Module:
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 

@@ -1,4 +1,5 @@
-"""Precision policies (returned by ``aios_make_precision``; core defaults below).
+"""Precision policies (returned by a ``StrategySpec``'s or ``BackendSpec``'s ``precision``;
+core defaults below).
 
 * ``fp32``: nothing.
 * ``bf16-mixed``: ``torch.autocast(device_type, dtype=torch.bfloat16)`` around the forward pass.

@@ -1,5 +1,5 @@
-"""A third-party backend written against aios-core 0.1's documented plugin API (commit b364dcb):
-``aios_make_strategy`` returns ``DDPStrategy(config, device_type=..., dist_backend=...)``."""
+"""A third-party backend written against aios-core 0.1's plugin API (commit b364dcb), whose
+``aios_make_strategy`` hook aios-core 0.3 removed: the registry names it invalid."""
 
 from __future__ import annotations
 
@@ -25,4 +25,4 @@ def aios_register_backends(register):  # type: ignore[no-untyped-def]
 def aios_make_strategy(backend, config):  # type: ignore[no-untyped-def]
     if backend != "legacy":
         return None
-    return DDPStrategy(config, device_type="cpu", dist_backend="gloo")
+    return DDPStrategy(config)
