@@ -291,8 +291,8 @@ def test_max_cost_on_a_cloud_without_prices_is_refused_before_anything_is_create
     )
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().splitlines() == [
-        "aios: error: --max-cost needs prices, and --cloud ssh (hosts you already have) has "
-        "none; drop --max-cost"
+        "aios: error: --max-cost is not supported by --cloud ssh (hourly prices to bound the "
+        "spend with); drop --max-cost"
     ]
     assert not (home / "clusters").exists()
     if (home / "state.db").exists():
