@@ -275,9 +275,10 @@ class _Handle:
 
 
 def _manager(tmp_path, capsys=None):
-    from aios.checkpoint.manager import CheckpointFormat, CheckpointManager, register_format
+    from aios.checkpoint.manager import CheckpointFormat, CheckpointManager
     from aios.config.schema import resolve
     from aios.runrecord.records import RunRecord
+    from aios.types import CheckpointFormatSpec
 
     class FakeAsync(CheckpointFormat):
         """A format with a background save in flight (``pending``) that never ends by itself."""
@@ -318,11 +319,18 @@ def _manager(tmp_path, capsys=None):
         def rng_state(self):
             return {}
 
-    register_format("fakeasync", FakeAsync)
     cfg = resolve(overrides=[f"checkpoint.dir={tmp_path / 'ck'}"], check_backend=False)
     rec = RunRecord(str(tmp_path / "runs"), "r1", active=True)
     printed: list[str] = []
-    m = CheckpointManager(cfg, Strategy(), Training(), rec, "cpu", print_fn=printed.append)
+    m = CheckpointManager(
+        cfg,
+        Strategy(),
+        Training(),
+        rec,
+        "cpu",
+        print_fn=printed.append,
+        formats={"fakeasync": CheckpointFormatSpec("fakeasync", FakeAsync)},
+    )
     now = [1000.0]
     m.clock = lambda: now[0]
     return m, printed, now

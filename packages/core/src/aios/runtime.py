@@ -454,7 +454,8 @@ class Runtime:
         strategy: Strategy,
         precision: Precision,
         watchers: list[Any] | None = None,
-        registry: Registry | None = None,
+        *,
+        registry: Registry,
     ) -> None:
         # No side effects here (no files, signal handlers or threads): see start().
         self.config = config
@@ -514,7 +515,13 @@ class Runtime:
         )
         #: save/load/resume, the pending boundary save, lineage and lock (:mod:`aios.checkpoint.manager`)
         self.checkpointer = CheckpointManager(
-            config, strategy, self.training, self.record, backend, print_fn=self.print
+            config,
+            strategy,
+            self.training,
+            self.record,
+            backend,
+            print_fn=self.print,
+            formats=registry.checkpoint_formats,
         )
         self.checkpointer.on_preempt = self._preempted
         self.checkpointer.step_time = self._recent_step_time

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from aios.types import (
         AcceleratorSpec,
         BackendSpec,
+        CheckpointFormatSpec,
         CloudSpec,
         CommandSpec,
         DeviceReport,
@@ -189,6 +190,23 @@ def aios_register_loggers(register: Callable[[LoggerSpec], None]) -> None:
     All results are collected.
 
     .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def aios_register_checkpoint_formats(register: Callable[[CheckpointFormatSpec], None]) -> None:
+    """Register checkpoint formats: how training state becomes files in a checkpoint.
+
+    :param register: call ``register(CheckpointFormatSpec(name=..., factory=...))``.
+        ``factory()`` returns an :class:`aios.checkpoint.manager.CheckpointFormat` (``save``,
+        ``load``, ``all_ranks_write``, ``supports_resharding``); a strategy whose
+        ``checkpoint_format`` is ``name`` saves with it, and a checkpoint whose marker names it
+        is read with it. Core registers ``full`` and ``dcp``; those names are taken.
+
+    All results are collected; two plugins registering one name is an error. Prove a format
+    with :class:`aios.testing.checkpoint_format_contract.CheckpointFormatContract`.
+
+    .. versionadded:: 0.3
     """
 
 
