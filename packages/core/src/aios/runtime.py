@@ -76,7 +76,7 @@ from typing import TYPE_CHECKING, Any
 from aios.errors import AiosError, ConfigError
 from aios.launcher import status as rank_status
 from aios.launcher.contract import BACKEND_ENV, CONFIG_ENV
-from aios.resilience.notices import EXIT_PREEMPTED, PreemptionMonitor
+from aios.resilience.notices import EXIT_PREEMPTED, DeadlineWatcher, PreemptionMonitor
 
 if TYPE_CHECKING:
     import torch
@@ -540,11 +540,9 @@ class Runtime:
         config = self.config
         self.record.start()
         self.preemption.install()
-        from aios.resilience.notices import DeadlineWatcher
-
-        known_end = DeadlineWatcher.from_env(self._notice_lead)
-        if known_end is not None:
-            self._watchers.append(known_end)
+        for w in self._watchers:  # core's known-end source (aios_preemption_watchers)
+            if isinstance(w, DeadlineWatcher):
+                w.lead = self._notice_lead
         from aios.data import workers as loader_workers
 
         loader_workers.install()  # forked DataLoader workers leave notices to this rank

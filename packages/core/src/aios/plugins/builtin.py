@@ -284,6 +284,16 @@ def aios_register_checkpoint_formats(register: Any) -> None:
 
 
 @hookimpl
+def aios_preemption_watchers(config: Any) -> list[Any] | None:
+    """A known end of the capacity the launcher computed ahead (``AIOS_RUN_DEADLINE``: a
+    Capacity Block's end, a queued resource's ``--valid-until``); the runtime sets its lead."""
+    from aios.resilience.notices import DeadlineWatcher
+
+    known_end = DeadlineWatcher.from_env()
+    return [known_end] if known_end is not None else None
+
+
+@hookimpl
 def aios_register_storage(register: Any) -> None:
     register(StorageSpec(scheme="file", protocol="file"))
     register(StorageSpec(scheme="memory", protocol="memory"))

@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from aios.types import Notice
+from aios.types import Notice, PreemptionWatcher
 
 #: Exit status of a process (and of ``aios-run``) that stopped for a preemption notice after
 #: writing its emergency checkpoint: 75 (``EX_TEMPFAIL``: "try again later"). A run killed by
@@ -229,7 +229,7 @@ class PreemptionMonitor:
         return 0.0 if self.noticed_at is None else time.monotonic() - self.noticed_at
 
 
-class DeadlineWatcher:
+class DeadlineWatcher(PreemptionWatcher):
     """Announces a known end of the capacity in time for the emergency checkpoint.
 
     ``deadline``: wall-clock epoch seconds by which the host is gone. ``lead()``: the seconds
@@ -240,7 +240,9 @@ class DeadlineWatcher:
     at most ``interval`` seconds.
 
     :meth:`from_env` builds one from the launcher's ``AIOS_RUN_DEADLINE`` /
-    ``AIOS_RUN_DEADLINE_SOURCE`` (None when unset)."""
+    ``AIOS_RUN_DEADLINE_SOURCE`` (None when unset); core's plugin (:mod:`aios.plugins.builtin`)
+    contributes it through ``aios_preemption_watchers`` like any notice source, and the runtime
+    sets its :attr:`lead` to the emergency checkpoint's measured need before starting it."""
 
     name = "deadline"
 
@@ -264,7 +266,7 @@ class DeadlineWatcher:
 
     @classmethod
     def from_env(
-        cls, lead: Callable[[], float], env: Mapping[str, str] | None = None
+        cls, lead: Callable[[], float] = lambda: 60.0, env: Mapping[str, str] | None = None
     ) -> DeadlineWatcher | None:
         from aios.launcher.contract import DEADLINE_ENV, DEADLINE_SOURCE_ENV
 
@@ -321,7 +323,7 @@ def read_notice_file(path: str) -> Notice:
     )
 
 
-class FileWatcher:
+class FileWatcher(PreemptionWatcher):
     """A watcher that fires when a file appears (for tests and for orchestration that signals
     preemption by touching a file, e.g. a sidecar polling a cloud metadata server). The file
     may hold JSON ``{"source": ..., "reason": ..., "deadline": EPOCH_SECONDS}``
