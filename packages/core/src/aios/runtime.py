@@ -76,7 +76,12 @@ from typing import TYPE_CHECKING, Any
 from aios.errors import AiosError, ConfigError
 from aios.launcher import status as rank_status
 from aios.launcher.contract import BACKEND_ENV, CONFIG_ENV
-from aios.resilience.notices import EXIT_PREEMPTED, DeadlineWatcher, PreemptionMonitor
+from aios.resilience.notices import (
+    EXIT_PREEMPTED,
+    DeadlineWatcher,
+    PreemptionMonitor,
+    effective_grace,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -342,17 +347,7 @@ def init(
         elif result:
             watchers.extend(result)
     rt = Runtime(cfg, backend, strategy, precision, watchers=watchers, registry=reg)
-    caps = []
-    for plugin, result, exc in reg.call_all("aios_grace_cap", config=cfg):
-        if exc is not None:
-            warnings.warn(
-                f"aios: plugin {plugin!r} failed to give its grace cap: {exc}", stacklevel=2
-            )
-        elif result is not None:
-            caps.append(float(result))
-    from aios.resilience.notices import effective_grace
-
-    grace, capped = effective_grace(cfg.checkpoint.grace_seconds, caps)
+    grace, capped = effective_grace(cfg.checkpoint.grace_seconds)
     rt.preemption.grace = grace
     if capped and rt.is_main:
         print(

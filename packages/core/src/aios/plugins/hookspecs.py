@@ -350,23 +350,6 @@ def aios_preemption_watchers(config: AiosConfig) -> list[PreemptionWatcher] | No
 
 
 @hookspec
-def aios_grace_cap(config: AiosConfig) -> float | None:
-    """The seconds this platform lets a process live after SIGTERM, when it is less than
-    ``checkpoint.grace_seconds`` could ask for (e.g. 15 on GKE Spot nodes, which honour no
-    larger ``terminationGracePeriodSeconds``).
-
-    :param config: the resolved config.
-    :return: seconds, or ``None`` when this plugin's platform is not the one running (or sets
-        no cap). The smallest of every plugin's answer, the config's ``grace_seconds`` and the
-        launcher's ``AIOS_RUN_GRACE_CAP`` is the SIGTERM notice's grace
-        (:func:`aios.resilience.notices.effective_grace`); when a cap lowers the config's value aios says
-        so once. All results are collected. Called once per process at setup; must not block.
-
-    .. versionadded:: 0.2
-    """
-
-
-@hookspec
 def aios_report_target(target: str) -> str | None:
     """Resolve a name given to ``aios report`` that is no local path (a cluster name).
 
