@@ -18,13 +18,14 @@ import pytest
     [
         (
             ["--cloud", "slurm"],
-            "--max-cost needs prices, and --cloud slurm (a batch scheduler) has none; drop "
-            "--max-cost; bound the job with the scheduler's own time limit",
+            "--max-cost is not supported by --cloud slurm (hourly prices to bound the spend "
+            "with); drop --max-cost; bound the job with the scheduler's own time limit "
+            "(slurm.time)",
         ),
         (
             ["--cloud", "k8s"],
-            "--max-cost needs prices, and --cloud k8s (a batch scheduler) has none; drop "
-            "--max-cost; bound the job with the scheduler's own time limit",
+            "--max-cost is not supported by --cloud k8s (hourly prices to bound the spend "
+            "with); drop --max-cost; bound the job with the scheduler's own limits",
         ),
     ],
 )

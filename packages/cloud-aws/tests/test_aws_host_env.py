@@ -13,7 +13,7 @@ import sys
 
 import pytest
 from aios.config.schema import CONTROL_ENV, CONTROL_PREFIXES, resolve
-from aios_cloud import ops
+from aios_cloud.jobs import JobSpec, host_commands, job_env, render_run_sh
 from aios_cloud.provider import READY, ClusterHost, ClusterInfo
 from aios_cloud.store import ClusterRecord
 from aios_cloud_aws.provider import AwsProvider
@@ -47,7 +47,7 @@ def _host_envs(backend: str, accelerator: str, spot: bool) -> list[dict[str, str
         ssh_user="ubuntu",
     )
     provider = AwsProvider(settings=AwsSettings())
-    spec = ops.JobSpec(
+    spec = JobSpec(
         script="train.py",
         backend=backend,
         python=provider.python(accelerator),
@@ -55,10 +55,10 @@ def _host_envs(backend: str, accelerator: str, spot: bool) -> list[dict[str, str
         checkpoint_dir="s3://ckpt/run1",
     )
     config = resolve(environ={}, check_backend=False)
-    base = ops.job_env(spec, provider.remote_env(info), environ={})
+    base = job_env(spec, provider.remote_env(info), environ={})
     out = []
-    for plan in ops.host_commands(rec, spec, config).values():
-        run_sh = ops.render_run_sh(rec, 1, plan, bundle=spec.bundle)
+    for plan in host_commands(rec, spec, config).values():
+        run_sh = render_run_sh(rec, 1, plan, bundle=spec.bundle)
         exported = dict(re.findall(r'^export (AIOS_\w+)="?([^"\n]*)"?$', run_sh, re.M))
         out.append({**base, **plan.env, **exported})
     return out

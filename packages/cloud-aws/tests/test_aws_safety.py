@@ -148,8 +148,8 @@ def test_printed_stop_start_down_run_as_printed(tmp_path, action, verb):
 @pytest.mark.parametrize(
     "args,expect",
     [
-        (["--queued"], "EC2 has none"),
-        (["--queued", "--valid-until", "+6h"], "EC2 has none"),
+        (["--queued"], "--queued is not supported by --cloud aws"),
+        (["--queued", "--valid-until", "+6h"], "--queued is not supported by --cloud aws"),
         (["--zone", "us-east-1z"], "zone us-east-1z does not exist in us-east-1"),
         (["--disk-gb", "-5"], "--disk-gb must be a positive size"),
         (

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 from aios.config.schema import CONTROL_ENV, CONTROL_PREFIXES, resolve
-from aios_cloud import ops
+from aios_cloud.jobs import JobSpec, env_file, host_commands, job_env, render_run_sh
 from aios_cloud.provider import READY, ClusterHost, ClusterInfo
 from aios_cloud.store import ClusterRecord
 from aios_cloud_gcp.provider import GcpProvider
@@ -39,18 +39,18 @@ def test_gcp_host_env_resolves_as_config_on_the_workers(tmp_path):
         ssh_user="aios",
     )
     provider = GcpProvider(_Cfg())
-    spec = ops.JobSpec(
+    spec = JobSpec(
         script="train.py",
         backend="xla",
         python=provider.python("v4-16"),
         checkpoint_dir="gs://ckpt/run1",
     )
     config = resolve(environ={}, check_backend=False)
-    base = ops.job_env(spec, provider.remote_env(info), environ={})
-    plans = ops.host_commands(rec, spec, config)
+    base = job_env(spec, provider.remote_env(info), environ={})
+    plans = host_commands(rec, spec, config)
     assert len(plans) == 2
     for plan in plans.values():
-        run_sh = ops.render_run_sh(rec, 1, plan, bundle=spec.bundle)
+        run_sh = render_run_sh(rec, 1, plan, bundle=spec.bundle)
         exported = dict(re.findall(r'^export (AIOS_\w+)="?([^"\n]*)"?$', run_sh, re.M))
         env = {**base, **plan.env, **exported}
         names = sorted(
@@ -76,7 +76,7 @@ def test_gcp_host_env_resolves_as_config_on_the_workers(tmp_path):
         assert r.returncode == 0 and r.stdout.strip() == "gs://ckpt/run1", r.stderr
         # the env file start_job writes: the compile cache lands in that worker's home
         home = tmp_path / f"worker{plan.host.worker_id}"
-        src = ops.env_file({**base, **plan.env}) + "printenv XLA_PERSISTENT_CACHE_PATH\n"
+        src = env_file({**base, **plan.env}) + "printenv XLA_PERSISTENT_CACHE_PATH\n"
         r = subprocess.run(
             ["bash", "-c", src],
             capture_output=True,

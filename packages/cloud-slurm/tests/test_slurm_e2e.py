@@ -415,7 +415,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_queued(
     )
     assert "sbatch rejected the job" in line or "will never start" in line, line
     line = _no_trace(run_aios(env, *base, "-a", "debug", "--spot", "gpt.py"))
-    assert "--spot does not apply" in line
+    assert "--spot is not supported by --cloud slurm (spot capacity); drop --spot" in line
     nobin = tmp_path / "bin"
     nobin.mkdir()
     (nobin / "bash").symlink_to("/bin/bash")

@@ -14,10 +14,15 @@ import threading
 from pathlib import Path
 
 import pytest
-from aios_cloud import ops, ssh, watching
+from aios_cloud import ssh, watching
+from aios_cloud.head import Head
+from aios_cloud.jobs import JobSpec, reach, sync_code
 from aios_cloud.provider import ClusterHost
+from aios_cloud.records import remote_root
+from aios_cloud.signals import check_open_files
 from aios_cloud.ssh import SshError, SshRunner
 from aios_cloud.store import ClusterRecord, Store
+from aios_cloud.watching import after_watch_failure
 
 
 @pytest.fixture
@@ -96,16 +101,16 @@ def test_launch_phases_go_through_the_head_and_a_relaunch_sends_only_the_change(
     logs: list[str] = []
     out: list[tuple[str, str]] = []
     printer = lambda p, line: out.append((p, line))  # noqa: E731
-    spec = ops.JobSpec(script="train.py", workdir=str(work), bundle=False, python="python3")
-    ops.reach(rec, printer, logs.append)
-    ops.sync_code(rec, spec, printer, logs.append)
+    spec = JobSpec(script="train.py", workdir=str(work), bundle=False, python="python3")
+    reach(rec, printer, logs.append)
+    sync_code(rec, spec, printer, logs.append)
     for h in cluster4.hosts:
         assert (h.home / "aios" / "fl" / "code" / "train.py").read_text() == "print('v1')\n"
     first = next(m for m in logs if m.startswith("code sync"))
     assert "2 changed of 2 blobs" in first and "copied the changes to 3 other hosts" in first
     # a relaunch with one changed file sends that file's blob, not the code again
     (work / "train.py").write_text("print('v2')\n")
-    head = ops.Head(rec, printer, logs.append)
+    head = Head(rec, printer, logs.append)
     from aios_cloud.codesync import make_manifest
 
     sent, blobs = head.sync(make_manifest(work))
@@ -137,7 +142,7 @@ def test_bounded_pool_and_a_stalled_command_is_named_and_killed(cluster4, aios_h
     assert all(r.ok for r in runner.run("true", stream=False))
     assert alive["peak"] <= 2  # never one process (or thread) per host
     rec = record(c, "st")
-    head = ops.Head(rec)
+    head = Head(rec)
     head.reach()
     marker = c.hosts[2].home / "stalled"
     results, _ = head.fan(
@@ -179,7 +184,7 @@ def test_refused_and_paused_hosts_are_named_with_their_state(cluster4, aios_home
     logs: list[str] = []
     try:
         with pytest.raises(SshError) as ei:
-            ops.Head(rec, None, logs.append).reach(timeout=12)
+            Head(rec, None, logs.append).reach(timeout=12)
     finally:
         os.killpg(paused.proc.pid, signal.SIGCONT)
     msg = str(ei.value)
@@ -199,11 +204,12 @@ def test_sigterm_ends_a_launcher_stuck_on_a_host_at_once(cluster4, aios_home, tm
     script.write_text(
         textwrap.dedent(
             f"""
-            from aios_cloud import ops
+            from aios_cloud.head import Head
+            from aios_cloud.signals import install_signal_handlers
             from aios_cloud.store import Store
-            ops.install_signal_handlers()
+            install_signal_handlers()
             rec = Store().get_cluster("term")
-            ops.Head(rec).fan("ran", cmd="touch {marker}; sleep 600", timeout=900)
+            Head(rec).fan("ran", cmd="touch {marker}; sleep 600", timeout=900)
             """
         )
     )
@@ -240,11 +246,11 @@ def test_open_file_limit_raised_or_refused_with_the_fix(monkeypatch):
 
     monkeypatch.setattr(resource, "setrlimit", setrlimit)
     logs: list[str] = []
-    ops.check_open_files(logs.append)
+    check_open_files(logs.append)
     assert limits["soft"] == 10240 and logs == ["raised the open-file limit from 256 to 10240"]
     limits.update(soft=64, hard=64)
     with pytest.raises(AiosError, match=r"open-file limit is 64 \(hard limit 64\).*ulimit -n"):
-        ops.check_open_files(logs.append)
+        check_open_files(logs.append)
 
 
 def test_a_failed_watch_stops_an_unmanaged_job_on_every_host(cluster4, aios_home):
@@ -257,8 +263,8 @@ def test_a_failed_watch_stops_an_unmanaged_job_on_every_host(cluster4, aios_home
     store = Store()
     job = store.add_job("unw", "sleepy.py")
     store.update_job(job, state=JOB_RUNNING)
-    d = f"{ops.remote_root('unw')}/jobs/{job}"
-    head = ops.Head(rec)
+    d = f"{remote_root('unw')}/jobs/{job}"
+    head = Head(rec)
     head.reach()
     results, _ = head.fan(
         "started",
@@ -270,9 +276,7 @@ def test_a_failed_watch_stops_an_unmanaged_job_on_every_host(cluster4, aios_home
     logs: list[str] = []
     spawned: list[int] = []
     err = OSError(24, "Too many open files")
-    ops.after_watch_failure(
-        store, None, job, True, err, logs.append, lambda: spawned.append(1) or 1
-    )  # type: ignore[arg-type]
+    after_watch_failure(store, None, job, True, err, logs.append, lambda: spawned.append(1) or 1)  # type: ignore[arg-type]
     assert not spawned
     assert logs == [
         f"the watch failed (OSError: [Errno 24] Too many open files); stopped job {job} on every "
@@ -286,7 +290,7 @@ def test_a_failed_watch_stops_an_unmanaged_job_on_every_host(cluster4, aios_home
     # a managed job is handed to a background watcher instead, and keeps running
     managed = store.add_job("unw", "sleepy.py", managed=True, max_restarts=2)
     store.update_job(managed, state=JOB_RUNNING)
-    ops.after_watch_failure(store, None, managed, True, err, logs.append, lambda: 4242)  # type: ignore[arg-type]
+    after_watch_failure(store, None, managed, True, err, logs.append, lambda: 4242)  # type: ignore[arg-type]
     assert "a background watcher (pid 4242) takes over" in logs[-1]
     got = store.get_job(managed)
     assert got is not None and got.state == JOB_RUNNING and got.watcher_pid == 4242

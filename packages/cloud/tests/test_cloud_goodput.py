@@ -18,12 +18,15 @@ from pathlib import Path
 import pytest
 from aios.config.schema import resolve
 from aios.errors import AiosError
-from aios_cloud import ops, shapes
+from aios_cloud import shapes
+from aios_cloud.jobs import JobSpec, cancel_job, start_job, sync_code
 from aios_cloud.provider import ClusterRequest
+from aios_cloud.records import request_dict, save_hosts
 from aios_cloud.request import LaunchRequest
 from aios_cloud.ssh import LinePrinter
 from aios_cloud.store import JOB_CANCELLED, JOB_SUCCEEDED, ClusterRecord, Store
 from aios_cloud.testing.loopback import LoopbackCloud
+from aios_cloud.watching import Watcher, WatchOptions
 from click.testing import CliRunner
 
 # what rank 0 writes (aios.runrecord.records): one attempt, launched at t0, first step done at t0 + 10,
@@ -105,13 +108,13 @@ def _launch(c, tmp_path, script: str, hourly: float | None, max_cost: float | No
         accelerator="box",
         spot=False,
         state="READY",
-        request=ops.request_dict(request),
+        request=request_dict(request),
         ssh_user=c.user,
         ssh_key=str(c.client_key),
     )
     assert store.claim_cluster(rec)
-    rec = ops.save_hosts(store, rec, provider.info("wc"), provider)
-    spec = ops.JobSpec(
+    rec = save_hosts(store, rec, provider.info("wc"), provider)
+    spec = JobSpec(
         script="job.py", backend="cpu", python=sys.executable, workdir=str(work), bundle=False
     )
     spec.max_cost = max_cost
@@ -119,8 +122,8 @@ def _launch(c, tmp_path, script: str, hourly: float | None, max_cost: float | No
     job_id = store.add_job("wc", "job.py", backend="cpu", spec=spec.to_dict())
     printer = LinePrinter(io.StringIO())
     logs: list[str] = []
-    ops.sync_code(rec, spec, printer, logs.append)
-    procs = ops.start_job(rec, job_id, spec, config, {}, printer, logs.append)
+    sync_code(rec, spec, printer, logs.append)
+    procs = start_job(rec, job_id, spec, config, {}, printer, logs.append)
     store.update_job(job_id, state="RUNNING")
     price = shapes.hourly_for_hosts(provider, "box", False, len(rec.hosts))
     shapes.begin(store, rec, job_id, procs, price, None, "launched")
@@ -163,7 +166,7 @@ def test_status_shows_a_running_jobs_goodput_and_cost_per_productive_hour(env, t
         assert line.endswith(" per productive hour")
     finally:
         (env.hosts[0].home / "stop").write_text("")
-        ops.cancel_job(rec, job_id, grace=2)
+        cancel_job(rec, job_id, grace=2)
         store.close()
 
 
@@ -175,8 +178,8 @@ def test_the_watcher_keeps_the_record_so_report_works_after_down(env, tmp_path):
     from aios_cloud.lifecycle import down_cluster
 
     store, provider, rec, job_id, config, printer, logs = _launch(env, tmp_path, TWO_ATTEMPTS, None)
-    opts = ops.WatchOptions(poll=0.2, describe_every=0.2, follow=False, ssh_timeout=30)
-    code = ops.Watcher(
+    opts = WatchOptions(poll=0.2, describe_every=0.2, follow=False, ssh_timeout=30)
+    code = Watcher(
         store, provider, job_id, config, printer=printer, log=logs.append, options=opts
     ).run()
     assert code == 0 and store.get_job(job_id).state == JOB_SUCCEEDED, logs
@@ -224,8 +227,8 @@ def test_max_cost_checkpoints_and_stops_the_job_before_the_spend_passes_it(env, 
         clock["elapsed"] = 1790.0
         time.sleep(min(seconds, 0.2))
 
-    opts = ops.WatchOptions(poll=0.2, describe_every=60, follow=False, ssh_timeout=30)
-    code = ops.Watcher(
+    opts = WatchOptions(poll=0.2, describe_every=60, follow=False, ssh_timeout=30)
+    code = Watcher(
         store,
         provider,
         job_id,
@@ -291,8 +294,8 @@ def test_max_cost_on_a_cloud_without_prices_is_refused_before_anything_is_create
     )
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().splitlines() == [
-        "aios: error: --max-cost needs prices, and --cloud ssh (hosts you already have) has "
-        "none; drop --max-cost"
+        "aios: error: --max-cost is not supported by --cloud ssh (hourly prices to bound the "
+        "spend with); drop --max-cost"
     ]
     assert not (home / "clusters").exists()
     if (home / "state.db").exists():
@@ -394,8 +397,8 @@ def test_each_start_of_a_job_writes_its_own_run_record(env, tmp_path):
 
     before = time.time()
     first = attempt_env()
-    spec = ops.JobSpec.from_dict(store.get_job(job_id).spec)
-    ops.start_job(rec, job_id, spec, config, {}, printer, logs.append)  # a relaunch
+    spec = JobSpec.from_dict(store.get_job(job_id).spec)
+    start_job(rec, job_id, spec, config, {}, printer, logs.append)  # a relaunch
     second = attempt_env()
     assert first["AIOS_RUN_ID"] != second["AIOS_RUN_ID"]
     assert f"-job{job_id}-" in second["AIOS_RUN_ID"]
@@ -474,8 +477,8 @@ def test_the_watcher_copies_a_running_jobs_record_every_few_minutes(env, tmp_pat
             (env.hosts[0].home / "stop").write_text("")  # now the job may end
         time.sleep(min(seconds, 0.2))
 
-    opts = ops.WatchOptions(poll=0.2, describe_every=60, follow=False, copy_every=300)
-    code = ops.Watcher(
+    opts = WatchOptions(poll=0.2, describe_every=60, follow=False, copy_every=300)
+    code = Watcher(
         store,
         provider,
         job_id,

@@ -9,12 +9,12 @@ import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
-from aios_cloud import ops
+from aios_cloud.jobs import render_run_sh
 
 
 def _run(tmp_path: Path, nprocs: int, cpus: set[int], env_file: str = "") -> str:
     plan = SimpleNamespace(command=["bash", "-c", "echo omp=$OMP_NUM_THREADS"], nprocs=nprocs)
-    script = ops.render_run_sh(SimpleNamespace(name="c1"), 7, plan)
+    script = render_run_sh(SimpleNamespace(name="c1"), 7, plan)
     (tmp_path / "aios" / "c1" / "code").mkdir(parents=True, exist_ok=True)
     job = tmp_path / "aios" / "c1" / "jobs" / "7"
     job.mkdir(parents=True, exist_ok=True)

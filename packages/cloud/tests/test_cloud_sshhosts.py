@@ -78,8 +78,6 @@ def test_cloud_sshhosts_option_checks(tmp_path):
         ({"hosts": "a", "hosts_file": str(comments)}, "--hosts and --hosts-file both"),
         ({"hosts": "a", "nprocs_per_host": 0}, "--nprocs-per-host must be at least 1"),
         ({"hosts": "a", "network": "10.0.0.0/33"}, "is not an IPv4 network"),
-        ({"hosts": "a", "autostop": 10.0}, "aios never stops hosts it did not create"),
-        ({"hosts": "a", "spot": True}, "--cloud ssh uses your hosts as they are"),
         ({"hosts": "a", "max_restarts": 1, "checkpoint_dir": "ckpt"}, "is relative"),
     ):
         with pytest.raises(AiosError, match=msg):

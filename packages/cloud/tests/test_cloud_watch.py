@@ -1,4 +1,4 @@
-"""The job watcher (aios_cloud.ops.Watcher) against real sshd hosts: workers that stopped for a
+"""The job watcher (aios_cloud.watching.Watcher) against real sshd hosts: workers that stopped for a
 preemption notice while the cloud still reports the machines running, and a replacement machine
 answering at the same address with a new host key. The cloud side is a minimal provider over the
 sshd hosts (core cannot depend on a cloud plugin; the plugins' own e2e tests cover theirs)."""
@@ -10,16 +10,18 @@ import sys
 
 import pytest
 from aios.config.schema import resolve
-from aios_cloud import ops
+from aios_cloud.jobs import JobSpec, cancel_job, poll_job, start_job, sync_code
 from aios_cloud.provider import (
     READY,
     ClusterInfo,
     ClusterRequest,
 )
+from aios_cloud.records import request_dict, save_hosts
 from aios_cloud.ssh import LinePrinter
 from aios_cloud.store import JOB_FAILED, JOB_SUCCEEDED, ClusterRecord, Store
 from aios_cloud.testing.loopback import LoopbackCloud
 from aios_cloud.testing.sshd import SshdCluster
+from aios_cloud.watching import Watcher, WatchOptions
 
 
 @pytest.fixture
@@ -61,13 +63,13 @@ def _setup(c: SshdCluster, tmp_path, mode: str, managed: bool = True):
         accelerator="box",
         spot=True,
         state=READY,
-        request=ops.request_dict(request),
+        request=request_dict(request),
         ssh_user=c.user,
         ssh_key=str(c.client_key),
     )
     assert store.claim_cluster(rec)
-    rec = ops.save_hosts(store, rec, info, provider)
-    spec = ops.JobSpec(
+    rec = save_hosts(store, rec, info, provider)
+    spec = JobSpec(
         script="job.py", backend="cpu", python=sys.executable, workdir=str(work), bundle=False
     )
     config = resolve(flags={"nprocs": 1}, environ={}, check_backend=False)
@@ -83,8 +85,8 @@ def _setup(c: SshdCluster, tmp_path, mode: str, managed: bool = True):
     out = io.StringIO()
     printer = LinePrinter(out)
     logs: list[str] = []
-    ops.sync_code(rec, spec, printer, logs.append)
-    ops.start_job(rec, job_id, spec, config, {}, printer, logs.append)
+    sync_code(rec, spec, printer, logs.append)
+    start_job(rec, job_id, spec, config, {}, printer, logs.append)
     return store, provider, rec, job_id, config, printer, logs
 
 
@@ -94,8 +96,8 @@ def _worker_log(c: SshdCluster, job_id: int) -> str:
 
 def test_cloud_watch_workers_stopped_for_preemption_recover_instead_of_failing(env, tmp_path):
     store, provider, rec, job_id, config, printer, logs = _setup(env, tmp_path, "preempt")
-    opts = ops.WatchOptions(poll=0.2, describe_every=0.2, follow=False, ssh_timeout=30)
-    code = ops.Watcher(
+    opts = WatchOptions(poll=0.2, describe_every=0.2, follow=False, ssh_timeout=30)
+    code = Watcher(
         store, provider, job_id, config, printer=printer, log=logs.append, options=opts
     ).run()
     job = store.get_job(job_id)
@@ -114,8 +116,8 @@ def test_cloud_watch_preemption_exit_of_an_unmanaged_job_fails_with_the_hint(env
     store, provider, rec, job_id, config, printer, logs = _setup(
         env, tmp_path, "preempt", managed=False
     )
-    opts = ops.WatchOptions(poll=0.2, describe_every=0.2, follow=False, ssh_timeout=30)
-    code = ops.Watcher(
+    opts = WatchOptions(poll=0.2, describe_every=0.2, follow=False, ssh_timeout=30)
+    code = Watcher(
         store, provider, job_id, config, printer=printer, log=logs.append, options=opts
     ).run()
     assert code == 1 and store.get_job(job_id).state == JOB_FAILED
@@ -141,8 +143,8 @@ def test_cloud_watch_replaced_host_with_new_host_key_goes_through_recovery(env, 
             replaced.append(True)
         time.sleep(min(seconds, 0.2))
 
-    opts = ops.WatchOptions(poll=0.2, describe_every=60, follow=False, ssh_timeout=30)
-    code = ops.Watcher(
+    opts = WatchOptions(poll=0.2, describe_every=60, follow=False, ssh_timeout=30)
+    code = Watcher(
         store, provider, job_id, config, printer=printer, log=logs.append, options=opts, sleep=sleep
     ).run()
     job = store.get_job(job_id)
@@ -171,11 +173,11 @@ def test_cloud_watch_treats_host_maintenance_as_an_interruption(env, tmp_path):
     (tmp_path / "work" / "job.py").write_text(
         "import time\nprint('working', flush=True)\ntime.sleep(4)\nprint('finished', flush=True)\n"
     )
-    ops.sync_code(rec, ops.JobSpec.from_dict(store.get_job(job_id).spec), printer, logs.append)
-    ops.start_job(
+    sync_code(rec, JobSpec.from_dict(store.get_job(job_id).spec), printer, logs.append)
+    start_job(
         rec,
         job_id,
-        ops.JobSpec.from_dict(store.get_job(job_id).spec),
+        JobSpec.from_dict(store.get_job(job_id).spec),
         config,
         {},
         printer,
@@ -192,10 +194,8 @@ def test_cloud_watch_treats_host_maintenance_as_an_interruption(env, tmp_path):
         return info
 
     provider.info = in_maintenance  # type: ignore[method-assign]
-    opts = ops.WatchOptions(
-        poll=0.2, describe_every=0.2, follow=False, ssh_timeout=30, lost_after=2
-    )
-    code = ops.Watcher(
+    opts = WatchOptions(poll=0.2, describe_every=0.2, follow=False, ssh_timeout=30, lost_after=2)
+    code = Watcher(
         store, provider, job_id, config, printer=printer, log=logs.append, options=opts
     ).run()
     job = store.get_job(job_id)
@@ -213,16 +213,16 @@ def test_cloud_job_queue_runs_jobs_one_after_another_and_cancel_dequeues(env, tm
     )
     (work / "quick.py").write_text("import time\nprint('start', time.time(), flush=True)\n")
 
-    def add(script: str) -> tuple[int, ops.JobSpec]:
-        spec = ops.JobSpec(
+    def add(script: str) -> tuple[int, JobSpec]:
+        spec = JobSpec(
             script=script, backend="cpu", python=sys.executable, workdir=str(work), bundle=False
         )
         jid = store.add_job("wc", script, backend="cpu", spec=spec.to_dict())
         return jid, spec
 
-    ops.sync_code(
+    sync_code(
         rec,
-        ops.JobSpec(script="slow.py", backend="cpu", workdir=str(work), bundle=False),
+        JobSpec(script="slow.py", backend="cpu", workdir=str(work), bundle=False),
         printer,
         logs.append,
     )
@@ -230,10 +230,10 @@ def test_cloud_job_queue_runs_jobs_one_after_another_and_cancel_dequeues(env, tm
     quick, s2 = add("quick.py")
     cancelled, s3 = add("quick.py")
     for jid, spec in ((slow, s1), (quick, s2), (cancelled, s3)):
-        ops.start_job(rec, jid, spec, config, {}, printer, logs.append)
-    assert [s for s, _ in ops.poll_job(rec, quick)] == ["QUEUED"]
-    ops.cancel_job(rec, cancelled, grace=2)
-    opts = ops.WatchOptions(poll=0.2, describe_every=5, follow=False, ssh_timeout=30)
+        start_job(rec, jid, spec, config, {}, printer, logs.append)
+    assert [s for s, _ in poll_job(rec, quick)] == ["QUEUED"]
+    cancel_job(rec, cancelled, grace=2)
+    opts = WatchOptions(poll=0.2, describe_every=5, follow=False, ssh_timeout=30)
     seen: list[str] = []
 
     def sleep(seconds: float) -> None:
@@ -242,7 +242,7 @@ def test_cloud_job_queue_runs_jobs_one_after_another_and_cancel_dequeues(env, tm
         seen.append(store.get_job(quick).state)
         time.sleep(seconds)
 
-    code = ops.Watcher(
+    code = Watcher(
         store, provider, quick, config, printer=printer, log=logs.append, options=opts, sleep=sleep
     ).run()
     assert code == 0 and store.get_job(quick).state == JOB_SUCCEEDED, logs

@@ -11,14 +11,14 @@ from types import SimpleNamespace
 
 import pytest
 from aios.resilience.watchdog import EXIT_HUNG, HUNG_MARKER
-from aios_cloud import ops
+from aios_cloud.jobs import render_run_sh
 
 
 @pytest.mark.parametrize("marker,expected", [(True, EXIT_HUNG), (False, 1)])
 def test_run_sh_maps_a_watchdog_stop_to_124(tmp_path: Path, marker: bool, expected: int) -> None:
     touch = f'touch "$AIOS_RUN_STATUS_DIR/{HUNG_MARKER}"; ' if marker else ""
     plan = SimpleNamespace(command=["bash", "-c", f"{touch}exit 1"], nprocs=1)
-    script = ops.render_run_sh(SimpleNamespace(name="c1"), 7, plan)
+    script = render_run_sh(SimpleNamespace(name="c1"), 7, plan)
     (tmp_path / "aios" / "c1" / "code").mkdir(parents=True)
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
     p = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)

@@ -23,10 +23,10 @@ from aios.types import Notice
 
 
 def test_sigterm_notice_carries_the_grace_capped_by_the_platform():
-    grace, why = effective_grace(25.0, [], env={GRACE_CAP_ENV: "15"})
+    grace, why = effective_grace(25.0, env={GRACE_CAP_ENV: "15"})
     assert grace == 15.0 and GRACE_CAP_ENV in why
-    assert effective_grace(25.0, [None, 20.0, 40.0], env={}) == (20.0, "the platform allows 20s")
-    assert effective_grace(10.0, [30.0], env={GRACE_CAP_ENV: "junk"}) == (10.0, None)
+    assert effective_grace(25.0, env={}) == (25.0, None)
+    assert effective_grace(10.0, env={GRACE_CAP_ENV: "junk"}) == (10.0, None)
 
     now = [1000.0]
     mon = PreemptionMonitor(grace=grace, clock=lambda: now[0])
@@ -193,28 +193,31 @@ def _plugin(name: str, **hooks):
     return mod
 
 
-def test_hook_aios_grace_cap(tmp_path, capsys, monkeypatch):
-    """A platform plugin's cap lowers the SIGTERM notice's grace, and aios says so once."""
+def test_the_launchers_grace_cap_lowers_the_sigterm_grace_and_is_said_once(
+    tmp_path, capsys, monkeypatch
+):
+    """``AIOS_RUN_GRACE_CAP`` (set by the Kubernetes manifest and the Slurm script) lowers the
+    SIGTERM notice's grace, and aios says so once; a plugin answering the removed
+    ``aios_grace_cap`` hook is rejected by name (no hook of that name)."""
     import aios
+    from aios.launcher.contract import GRACE_CAP_ENV
     from aios.plugins.registry import get_registry
 
     monkeypatch.setenv("AIOS_LOGGING__RUN_DIR", str(tmp_path / "runs"))
     monkeypatch.setenv("AIOS_LOGGING__TENSORBOARD", "false")
-    mod = _plugin("test-grace-cap", aios_grace_cap=lambda config: 15.0)
+    monkeypatch.setenv(GRACE_CAP_ENV, "15")
+    rt = aios.init(checkpoint={"grace_seconds": 25})
     try:
-        rt = aios.init(checkpoint={"grace_seconds": 25})
-        try:
-            assert rt.preemption.grace == 15.0
-            rt.preemption._handler(signal.SIGTERM, None)
-            assert rt.preemption.time_left() == pytest.approx(15.0, abs=5)
-        finally:
-            rt.preemption.reason = None
-            rt.close()
+        assert rt.preemption.grace == 15.0
+        rt.preemption._handler(signal.SIGTERM, None)
+        assert rt.preemption.time_left() == pytest.approx(15.0, abs=5)
     finally:
-        get_registry().pm.unregister(mod)
+        rt.preemption.reason = None
+        rt.close()
     err = capsys.readouterr().err
     assert err.count("a SIGTERM's deadline is 15s") == 1
     assert "checkpoint.grace_seconds=25 is more than this platform gives" in err
+    assert not hasattr(get_registry().pm.hook, "aios_grace_cap")
 
 
 def test_hook_aios_report_target(tmp_path):
@@ -275,9 +278,10 @@ class _Handle:
 
 
 def _manager(tmp_path, capsys=None):
-    from aios.checkpoint.manager import CheckpointFormat, CheckpointManager, register_format
+    from aios.checkpoint.manager import CheckpointFormat, CheckpointManager
     from aios.config.schema import resolve
     from aios.runrecord.records import RunRecord
+    from aios.types import CheckpointFormatSpec
 
     class FakeAsync(CheckpointFormat):
         """A format with a background save in flight (``pending``) that never ends by itself."""
@@ -318,11 +322,18 @@ def _manager(tmp_path, capsys=None):
         def rng_state(self):
             return {}
 
-    register_format("fakeasync", FakeAsync)
     cfg = resolve(overrides=[f"checkpoint.dir={tmp_path / 'ck'}"], check_backend=False)
     rec = RunRecord(str(tmp_path / "runs"), "r1", active=True)
     printed: list[str] = []
-    m = CheckpointManager(cfg, Strategy(), Training(), rec, "cpu", print_fn=printed.append)
+    m = CheckpointManager(
+        cfg,
+        Strategy(),
+        Training(),
+        rec,
+        "cpu",
+        print_fn=printed.append,
+        formats={"fakeasync": CheckpointFormatSpec("fakeasync", FakeAsync)},
+    )
     now = [1000.0]
     m.clock = lambda: now[0]
     return m, printed, now

@@ -9,6 +9,7 @@ import ast
 import json
 import os
 import signal
+import sys
 import threading
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import aios  # noqa: E402
-from aios.plugins.registry import reset_registry  # noqa: E402
+from aios.plugins.registry import get_registry, reset_registry  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -94,7 +95,12 @@ def test_checkpoint_manager_alone_no_side_effects_until_start(tmp_path):
     ts.modules.append(strategy.setup_module(torch.nn.Linear(2, 2), precision))
     threads = threading.active_count()
     mgr = CheckpointManager(
-        cfg, strategy, ts, RunRecord(str(tmp_path / "runs"), "r1", active=True), "cpu"
+        cfg,
+        strategy,
+        ts,
+        RunRecord(str(tmp_path / "runs"), "r1", active=True),
+        "cpu",
+        formats=get_registry().checkpoint_formats,
     )
     assert not ck.exists() and threading.active_count() == threads  # nothing until start()
     mgr.start()
@@ -127,7 +133,7 @@ def test_runtime_constructor_has_no_side_effects_start_does_them(tmp_path):
     cfg, strategy, precision = _parts(tmp_path, dir=str(ck))
     handler = signal.getsignal(signal.SIGTERM)
     threads = threading.active_count()
-    rt = Runtime(cfg, "cpu", strategy, precision)
+    rt = Runtime(cfg, "cpu", strategy, precision, registry=get_registry())
     assert not (tmp_path / "runs").exists() and not ck.exists()
     assert signal.getsignal(signal.SIGTERM) is handler and threading.active_count() == threads
     rt.start()
@@ -161,39 +167,71 @@ def test_device_loader_calls_the_public_batch_boundary():
     assert seen == [1, 2, 3, 4] and owner.calls == 1
 
 
-def test_a_second_checkpoint_format_plugs_in(tmp_path):
-    from aios.checkpoint.manager import FORMATS, CheckpointFormat, register_format
+SHARDED_JSON_PLUGIN = """
+import json
 
-    class ShardedJson(CheckpointFormat):
-        """every rank writes its own file; rank 0 commits after all are durable"""
+import torch
+from aios import hookimpl
+from aios.checkpoint.manager import CheckpointFormat
+from aios.types import CheckpointFormatSpec
 
-        name = "test-sharded"
-        all_ranks_write = True
-        supports_resharding = True
 
-        def save(self, step, ctx, staging, store):
-            data = {"step": step, "w": ctx.training.modules[0].weight.tolist()}
-            return {
-                "rank0.json": store.write_file(
-                    staging, "rank0.json", lambda f: f.write(json.dumps(data).encode())
-                )
-            }
+class ShardedJson(CheckpointFormat):
+    # every rank writes its own file; rank 0 commits after all are durable
+    name = "test-sharded"
+    all_ranks_write = True
+    supports_resharding = True
 
-        def load(self, info, store, target, rank=0, strict=True):
-            data = json.loads(store.read_file(info, "rank0.json"))
-            with torch.no_grad():
-                target.modules[0].weight.copy_(torch.tensor(data["w"]))
-            target.step = data["step"]
-            return {}
+    def save(self, step, ctx, staging, store):
+        data = {"step": step, "w": ctx.training.modules[0].weight.tolist()}
+        return {
+            "rank0.json": store.write_file(
+                staging, "rank0.json", lambda f: f.write(json.dumps(data).encode())
+            )
+        }
 
-    register_format("test-sharded", ShardedJson)
+    def load(self, info, store, target, rank=0, strict=True):
+        data = json.loads(store.read_file(info, "rank0.json"))
+        with torch.no_grad():
+            target.modules[0].weight.copy_(torch.tensor(data["w"]))
+        target.step = data["step"]
+        return {}
+
+
+@hookimpl
+def aios_register_checkpoint_formats(register):
+    register(CheckpointFormatSpec("test-sharded", ShardedJson))
+"""
+
+
+def test_hook_aios_register_checkpoint_formats(tmp_path, monkeypatch):
+    """A plugin's ``aios_register_checkpoint_formats`` adds a format; a run saves and resumes
+    with it."""
+    from importlib.metadata import EntryPoint
+
+    from aios.plugins import registry as plugins_mod
+    from aios.plugins.registry import Registry
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "plug_sharded_json.py").write_text(SHARDED_JSON_PLUGIN)
+    monkeypatch.syspath_prepend(str(site))
+    reg = Registry(
+        entry_points=[
+            EntryPoint(name="aios-core", value="aios.plugins.builtin", group="aios"),
+            EntryPoint(name="plug-sharded-json", value="plug_sharded_json", group="aios"),
+        ]
+    )
+    assert set(reg.checkpoint_formats) == {"full", "dcp", "test-sharded"}
+    assert reg.checkpoint_formats["test-sharded"].plugin == "plug-sharded-json"
+    monkeypatch.setattr(plugins_mod, "_registry", reg)
+    ck = tmp_path / "ck"
+    rt = aios.init(checkpoint={"dir": str(ck)}, logging={"run_dir": str(tmp_path / "runs")})
     try:
-        ck = tmp_path / "ck"
-        rt = aios.init(checkpoint={"dir": str(ck)}, logging={"run_dir": str(tmp_path / "runs")})
-        rt.strategy.checkpoint_format = "test-sharded"
         from aios.checkpoint.manager import get_format
 
-        rt.checkpointer.format = get_format("test-sharded")
+        rt.strategy.checkpoint_format = "test-sharded"
+        rt.checkpointer.format = get_format("test-sharded", rt.checkpointer.formats)
         model = rt.setup(torch.nn.Linear(2, 1))
         rt.training.step = 4
         path = rt.save()
@@ -207,7 +245,7 @@ def test_a_second_checkpoint_format_plugs_in(tmp_path):
         rt.training.step = 0
         assert rt.resume() == 4 and torch.equal(model.weight, want)
     finally:
-        FORMATS.pop("test-sharded", None)
+        sys.modules.pop("plug_sharded_json", None)
 
 
 def test_launcher_worker_env_names_live_only_in_the_contract_module():
@@ -272,19 +310,18 @@ def test_all_ranks_write_format_with_two_processes(tmp_path):
     ]  # the failed save left nothing
 
 
-def test_checkpoint_format_can_be_registered_lazily():
-    from aios.checkpoint.manager import FORMATS, FullStateFormat, get_format, register_format
-
-    register_format("test-lazy", "aios.checkpoint.manager:FullStateFormat")
-    try:
-        assert isinstance(get_format("test-lazy"), FullStateFormat)
-        assert FORMATS["test-lazy"] is FullStateFormat
-    finally:
-        FORMATS.pop("test-lazy", None)
+def test_checkpoint_formats_come_from_the_registry_and_are_built_on_use():
+    from aios.checkpoint.formats.dcp import DcpFormat
+    from aios.checkpoint.manager import FullStateFormat, get_format
     from aios.errors import CheckpointError
 
+    formats = get_registry().checkpoint_formats
+    assert {"full", "dcp"} <= set(formats) and formats["full"].plugin == "aios-core"
+    assert isinstance(get_format("full", formats), FullStateFormat)
+    assert isinstance(get_format("dcp", formats), DcpFormat)
+    assert get_format("full", formats) is not get_format("full", formats)  # one per manager
     with pytest.raises(CheckpointError, match="checkpoint format 'nope' is not available"):
-        get_format("nope")
+        get_format("nope", formats)
 
 
 def test_progress_starts_nothing_until_the_first_update(monkeypatch, capsys):
@@ -325,6 +362,7 @@ def test_checkpoint_manager_picks_the_dcp_writer_per_device(tmp_path, setting, d
         TrainingState(strategy, precision, "cpu"),
         RunRecord(str(tmp_path / "runs"), "r1", active=True),
         "cpu",
+        formats=get_registry().checkpoint_formats,
     )
     assert mgr.format.name == "dcp" and mgr.format.io.async_mode == mode
 
@@ -352,7 +390,12 @@ def test_emergency_checkpoint_is_written_when_the_pending_background_save_was_lo
     ts = TrainingState(strategy, precision, "cpu")
     ts.modules.append(strategy.setup_module(torch.nn.Linear(2, 2), precision))
     mgr = CheckpointManager(
-        cfg, strategy, ts, RunRecord(str(tmp_path / "runs"), "r1", active=True), "cpu"
+        cfg,
+        strategy,
+        ts,
+        RunRecord(str(tmp_path / "runs"), "r1", active=True),
+        "cpu",
+        formats=get_registry().checkpoint_formats,
     )
     mgr.start()
     try:

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from aios_cloud.features import LABELS, SETUP
 from aios_cloud.provider import (
     READY,
     CapacityError,
@@ -55,6 +56,9 @@ class PoolProvider(CloudProvider):
     name = "pool"
     storage_scheme = ""
     cli = "ssh"
+    # what of `aios launch` the pool supports; every other option (--spot, --zone, ...) is
+    # refused by aios in one line before anything runs
+    features = frozenset({SETUP, LABELS})
 
     def __init__(self, config: Any = None) -> None:
         section = config.section("pool") if config is not None else None

@@ -8,6 +8,22 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from aios_cloud.features import (
+    AUTOSTOP,
+    CONTROLLER,
+    COST_LIMIT,
+    DISK,
+    IMAGE,
+    LABELS,
+    PROJECT,
+    QUEUED,
+    REGION,
+    RESERVATION,
+    SETUP,
+    SPOT,
+    SSH_LOGIN,
+    ZONE,
+)
 from aios_cloud.provider import (
     CloudError,
     CloudProvider,
@@ -42,6 +58,15 @@ class AwsBase(CloudProvider):
     name = "aws"
     storage_scheme = "s3"
     cli = "aws"
+    # queued resources are Cloud TPU's; the account is the AWS profile's
+    features = frozenset(
+        {SPOT, RESERVATION, IMAGE, DISK, REGION, ZONE, SSH_LOGIN, SETUP}
+        | {AUTOSTOP, COST_LIMIT, LABELS, CONTROLLER}
+    )
+    feature_hints = {
+        QUEUED: "for reserved EC2 capacity pass --reservation (a capacity block or ODCR id)",
+        PROJECT: "the AWS profile chooses the account (aws.profile, AIOS_AWS__PROFILE)",
+    }
 
     def __init__(
         self,

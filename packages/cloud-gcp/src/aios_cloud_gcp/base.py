@@ -13,6 +13,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from aios.errors import AiosError
+from aios_cloud.features import (
+    AUTOSTOP,
+    CONTROLLER,
+    COST_LIMIT,
+    DISK,
+    IMAGE,
+    LABELS,
+    PROJECT,
+    QUEUED,
+    REGION,
+    RESERVATION,
+    SETUP,
+    SPOT,
+    SSH_LOGIN,
+    ZONE,
+)
 from aios_cloud.provider import (
     DELETING,
     PENDING,
@@ -212,6 +228,12 @@ class GcpBase(CloudProvider):
     name = "gcp"
     storage_scheme = "gs"
     cli = "gcloud"
+    # a TPU VM's boot disk is fixed: no --disk-gb
+    features = frozenset(
+        {SPOT, QUEUED, RESERVATION, IMAGE, PROJECT, REGION, ZONE, SSH_LOGIN, SETUP}
+        | {AUTOSTOP, COST_LIMIT, LABELS, CONTROLLER}
+    )
+    feature_hints = {DISK: "a TPU VM's boot disk is fixed; keep data on gs:// buckets"}
 
     def __init__(self, config: Any = None) -> None:
         section = (

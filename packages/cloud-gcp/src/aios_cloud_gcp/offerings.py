@@ -84,11 +84,6 @@ class GcpOfferings(GcpBase):
                 "--spot and --reservation contradict each other (reserved capacity is not spot)",
                 "pass only one",
             )
-        if request.disk_gb is not None:
-            raise CloudError(
-                "--disk-gb does not apply to TPU VMs (fixed boot disk)",
-                "drop --disk-gb; keep data on gs:// buckets",
-            )
         # a relative time is made absolute once, here: every zone the failover tries (and a
         # managed recreate) then queues against the same deadline, not a fresh "+6h" each
         now = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0)

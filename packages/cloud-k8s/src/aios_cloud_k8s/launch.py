@@ -42,29 +42,11 @@ class K8sAccess(Protocol):
     def pod_log(self, pod: str) -> str: ...
 
 
-NOT_FOR_K8S = {
-    "queued": "--queued",
-    "valid_after": "--valid-after",
-    "valid_until": "--valid-until",
-    "disk_gb": "--disk-gb",
-    "project": "--project",
-    "region": "--region",
-    "ssh_user": "--ssh-user",
-    "ssh_key": "--ssh-key",
-    "zone": "--zone",
-    "setup_script": "--setup-script",
-    "requirements": "--requirements",
-}
 NAME_RE = __import__("re").compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
 
 
 def _check(p: LaunchRequest) -> None:
-    for key, flag in NOT_FOR_K8S.items():
-        if p.given(key):
-            raise AiosError(
-                f"{flag} does not apply to Kubernetes",
-                "drop it (bake setup into the image; k8s.* settings choose the rest)",
-            )
+    # the options Kubernetes does not support were refused against K8sProvider.features
     if p.name and not NAME_RE.match(p.name):
         raise AiosError(
             f"job name '{p.name}' is invalid for Kubernetes",

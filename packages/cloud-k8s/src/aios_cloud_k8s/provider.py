@@ -19,6 +19,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from aios_cloud.features import COST_LIMIT, IMAGE, SETUP, SPOT
 from aios_cloud.provider import (
     CatalogEntry,
     CloudCommand,
@@ -40,6 +41,13 @@ class K8sProvider(SchedulerProvider):
     name = "k8s"
     storage_scheme = ""
     cli = "kubectl"
+    # pods on the cluster's nodes: GKE Spot TPU node pools are the one capacity choice
+    features = frozenset({SPOT})
+    feature_hints = {
+        SETUP: "bake setup into the image (k8s.image)",
+        IMAGE: "set k8s.image (AIOS_K8S__IMAGE)",
+        COST_LIMIT: "bound the job with the scheduler's own limits",
+    }
 
     pending_reason: str = ""
     #: why a suspended job waits and the fix (set by :meth:`job_state`; "" when not suspended)

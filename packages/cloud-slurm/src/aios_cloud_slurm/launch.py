@@ -39,25 +39,8 @@ class SlurmAccess(Protocol):
     def cancel(self, name: str) -> None: ...
 
 
-NOT_FOR_SLURM = {
-    "spot": "--spot",
-    "queued": "--queued",
-    "valid_after": "--valid-after",
-    "valid_until": "--valid-until",
-    "image": "--image",
-    "disk_gb": "--disk-gb",
-    "project": "--project",
-    "region": "--region",
-    "ssh_user": "--ssh-user",
-    "ssh_key": "--ssh-key",
-}
-
-
 def _check(p: LaunchRequest) -> None:
-    for key, flag in NOT_FOR_SLURM.items():
-        if p.given(key):
-            hint = "set slurm.login / slurm.ssh_key instead" if key.startswith("ssh") else "drop it"
-            raise AiosError(f"{flag} does not apply to a Slurm cluster", hint)
+    # the options Slurm does not support were refused against SlurmProvider.features
     if p.name and not NAME_RE.match(p.name):
         raise AiosError(
             f"cluster name '{p.name}' is invalid",

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from aios_cloud.features import COST_LIMIT, SETUP, SSH_LOGIN, ZONE
 from aios_cloud.provider import (
     CatalogEntry,
     CloudCommand,
@@ -50,6 +51,13 @@ class SlurmProvider(SchedulerProvider):
     name = "slurm"
     storage_scheme = ""
     cli = "sbatch"
+    # a job on the cluster's nodes: no capacity, images, disks, accounts, hosts or controller
+    # of aios's to choose (--zone, like -a, names the partition)
+    features = frozenset({ZONE, SETUP})
+    feature_hints = {
+        SSH_LOGIN: "set slurm.login / slurm.ssh_key instead",
+        COST_LIMIT: "bound the job with the scheduler's own time limit (slurm.time)",
+    }
 
     def __init__(self, config: Any = None) -> None:
         from aios_cloud_slurm.shell import Shell

@@ -14,8 +14,7 @@ Modules:
 * :mod:`aios_cloud.request` (the launch request, checked once), :mod:`aios_cloud.launch` (the
   launch's stages), :mod:`aios_cloud.records`, :mod:`aios_cloud.head`, :mod:`aios_cloud.jobs`,
   :mod:`aios_cloud.watching` (managed-spot recovery), :mod:`aios_cloud.lifecycle`,
-  :mod:`aios_cloud.signals`; :mod:`aios_cloud.ops` re-exports them. ``python -m
-  aios_cloud.watch`` is the detached watcher.
+  :mod:`aios_cloud.signals`. ``python -m aios_cloud.watch`` is the detached watcher.
 * :mod:`aios_cloud.cost`: estimates and rankings; :mod:`aios_cloud.transfer`: ``aios sync``.
 
 Importing this package is cheap: no cloud SDK, no torch; the names below load

@@ -37,6 +37,7 @@ from typing import Any
 from aios.errors import AiosError
 
 from aios_cloud.dryrun import render_launch
+from aios_cloud.features import check_features
 from aios_cloud.provider import (
     CloudProvider,
     ClusterRequest,
@@ -103,12 +104,9 @@ def run(request: LaunchRequest, echo: Echo, log: Log, printer: LinePrinter) -> i
     )
     config = _config(request.config_file)
     provider = get_provider(cloud, config)
+    # the one check of the options against what the cloud declares it supports
+    check_features(cloud, provider.features, request, provider.feature_hints)
     if isinstance(provider, SchedulerProvider):
-        if request.cost_limit is not None:
-            raise AiosError(
-                f"--max-cost needs prices, and --cloud {cloud} (a batch scheduler) has none",
-                "drop --max-cost; bound the job with the scheduler's own time limit",
-            )
         # a batch scheduler (Slurm, Kubernetes): submits a job, no hosts to provision
         return provider.launch_job(request, store, log)
     launch = plan(request, provider, cloud, config, store, existing, echo, log, printer)
@@ -298,11 +296,6 @@ def check_cost_limit(
     cloud, so the fee is read at launch)."""
     from aios_cloud import shapes
 
-    if provider.user_hosts:
-        raise AiosError(
-            f"--max-cost needs prices, and --cloud {cloud} (hosts you already have) has none",
-            "drop --max-cost",
-        )
     pricing = "spot" if request.spot else "on-demand"
     for c in clusters:
         reserved = (

@@ -26,18 +26,16 @@ Rules for implementers:
 from __future__ import annotations
 
 import builtins
-import functools
-import inspect
 import re
 import shlex
-import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from aios.errors import AiosError
 
+from aios_cloud.features import CloudFeature
 from aios_cloud.request import JobSpec, LaunchRequest
 
 if TYPE_CHECKING:
@@ -420,39 +418,6 @@ class LaunchPlan:
 
 # ------------------------------------------------------------------------------ the interface
 
-# Older hook signatures still accepted (one adapter, at class creation): member -> (the
-# parameters the new form adds, the new form as the warning names it).
-_OLD_FORMS: dict[str, tuple[tuple[str, ...], str]] = {
-    "python": (("backend",), "python(self, accelerator, backend=None)"),
-    "setup_commands": (
-        ("backend",),
-        "setup_commands(self, accelerator, requirements, backend=None)",
-    ),
-    "can_stop": (("accelerator",), "can_stop(self, spot, accelerator=None)"),
-    "stop_refusal": (("accelerator",), "stop_refusal(self, spot, accelerator=None)"),
-}
-
-
-def _adapt(cls: type, member: str, fn: Callable[..., Any], added: tuple[str, ...], new: str) -> Any:
-    """``fn`` (an override written before ``added`` existed) wrapped to take the new form; the
-    new arguments are dropped (the override cannot use them). Warns once, here."""
-    warnings.warn(
-        f"{cls.__module__}.{cls.__qualname__}.{member} has the old signature {member}"
-        f"{inspect.signature(fn)}; declare {new} (the old form is adapted until aios 0.4)",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-
-    n = len(inspect.signature(fn).parameters) - 1  # the positional arguments it takes
-
-    @functools.wraps(fn)
-    def adapted(self: Any, *args: Any, **kwargs: Any) -> Any:
-        for name in added:
-            kwargs.pop(name, None)
-        return fn(self, *args[:n], **kwargs)
-
-    return adapted
-
 
 class CloudProvider(ABC):
     """A cloud aios can provision on. Built by ``CloudSpec.factory(config)``.
@@ -485,33 +450,13 @@ class CloudProvider(ABC):
     #: Login user on the hosts when ``--ssh-user`` is not given (providers may set it per
     #: instance from their config section).
     default_ssh_user: str = "aios"
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        """The one adapter for overrides written against an older hook signature: checked once,
-        here, and wrapped with a :class:`DeprecationWarning` naming the new form (never probed
-        at each call)."""
-        super().__init_subclass__(**kwargs)
-        for member, (added, new) in _OLD_FORMS.items():
-            fn = cls.__dict__.get(member)
-            if not callable(fn):
-                continue
-            params = inspect.signature(fn).parameters
-            takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
-            if not takes_any and not all(a in params for a in added):
-                setattr(cls, member, _adapt(cls, member, fn, added, new))
-        old = cls.__dict__.get("launch_dry_run")
-        if callable(old) and "render_launch" not in cls.__dict__:
-            warnings.warn(
-                f"{cls.__module__}.{cls.__qualname__}.launch_dry_run is the old name; declare "
-                "render_launch(self, plan: LaunchPlan, echo) (adapted until aios 0.4)",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-
-            def render_launch(self: Any, plan: LaunchPlan, echo: Echo) -> None:
-                old(self, plan.cluster, plan.spec, plan.config, plan.existing, echo)
-
-            cls.render_launch = render_launch  # type: ignore[method-assign]
+    #: What of ``aios launch``'s options this cloud supports (:mod:`aios_cloud.features`):
+    #: the launch refuses an option of any feature not declared here, in one line, before
+    #: anything else runs. Default: none (a cloud declares what it does).
+    features: ClassVar[frozenset[CloudFeature]] = frozenset()
+    #: What to do instead of a feature this cloud does not support, where there is more to say
+    #: than "drop the option" (``{SSH_LOGIN: "set slurm.login / slurm.ssh_key instead"}``).
+    feature_hints: ClassVar[Mapping[CloudFeature, str]] = {}
 
     # -------------------------------------------------------------- catalog
     @abstractmethod
@@ -721,14 +666,9 @@ class CloudProvider(ABC):
     def launch_extra(self, request: LaunchRequest, existing: bool) -> dict[str, Any]:
         """Check the ``aios launch`` options only this cloud takes and return what the cluster
         request carries for them (:attr:`ClusterRequest.extra`; never a secret). Called once per
-        launch, before anything is created; ``existing``: the cluster is reused. Default: the
-        ``--reservation`` given, and the host options of ``--cloud ssh`` refused."""
-        given = request.host_options()
-        if given:
-            raise CloudError(
-                f"{'/'.join(given)} apply to --cloud ssh",
-                "add --cloud ssh, or drop them",
-            )
+        launch, before anything is created and after the request was checked against
+        :attr:`features` (an option whose feature is not declared never reaches here);
+        ``existing``: the cluster is reused. Default: the ``--reservation`` given."""
         return {"reservation": request.reservation} if request.reservation else {}
 
     # -------------------------------------------------------------- dry run

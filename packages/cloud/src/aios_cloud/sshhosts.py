@@ -63,6 +63,7 @@ from typing import Any
 from aios.devices.pci import tpu_count_shell
 from aios.errors import AiosError
 
+from aios_cloud.features import AUTOSTOP, CONTROLLER, HOST_LIST, LABELS, SETUP, SSH_LOGIN
 from aios_cloud.fleet import HEAD_KEY_COMMENT
 from aios_cloud.provider import (
     HEALTHY,
@@ -367,6 +368,13 @@ class SshHostsProvider(CloudProvider):
     # managed run may keep its checkpoints on a path every host mounts (checked at launch)
     user_hosts = True
     shared_paths = True
+    # capacity (spot, queued, reserved), images, disks, projects, regions and zones are the
+    # clouds'; autostop stops machines, and aios never stops hosts it did not create; the
+    # hosts have no prices to bound a spend with
+    features = frozenset({SSH_LOGIN, SETUP, HOST_LIST, LABELS, CONTROLLER})
+    feature_hints = {
+        AUTOSTOP: "your hosts bill nothing to aios; `aios down NAME` ends aios's processes there",
+    }
 
     def __init__(self, config: Any = None) -> None:
         self.config = config
@@ -384,16 +392,6 @@ class SshHostsProvider(CloudProvider):
             # `aios down`): never an install into a system interpreter (PEP 668 refuses it on
             # Debian 12 / Ubuntu 24.04, and it would change the user's machine)
             self.python_cmd = VENV_PYTHON
-        if request.autostop is not None:
-            raise AiosError(
-                "--autostop stops machines; aios never stops hosts it did not create",
-                "drop --autostop (your hosts bill nothing to aios); `aios down NAME` ends aios's processes there",
-            )
-        if request.spot or request.queued or request.reservation:
-            raise AiosError(
-                "--spot/--queued/--reservation choose cloud capacity; --cloud ssh uses your hosts as they are",
-                "drop them",
-            )
         n = request.nprocs_per_host
         if n is not None and n < 1:
             raise AiosError(

@@ -78,7 +78,12 @@ from aios.errors import AiosError, ConfigError
 from aios.launcher import rewrites
 from aios.launcher import status as rank_status
 from aios.launcher.contract import BACKEND_ENV, CONFIG_ENV
-from aios.resilience.notices import EXIT_PREEMPTED, PreemptionMonitor
+from aios.resilience.notices import (
+    EXIT_PREEMPTED,
+    DeadlineWatcher,
+    PreemptionMonitor,
+    effective_grace,
+)
 from aios.strategies.base import Strategy
 from aios.strategies.precision import Precision
 
@@ -380,17 +385,7 @@ def init(
         elif result:
             watchers.extend(result)
     rt = Runtime(cfg, backend, strategy, precision, watchers=watchers, registry=reg)
-    caps = []
-    for plugin, result, exc in reg.call_all("aios_grace_cap", config=cfg):
-        if exc is not None:
-            warnings.warn(
-                f"aios: plugin {plugin!r} failed to give its grace cap: {exc}", stacklevel=2
-            )
-        elif result is not None:
-            caps.append(float(result))
-    from aios.resilience.notices import effective_grace
-
-    grace, capped = effective_grace(cfg.checkpoint.grace_seconds, caps)
+    grace, capped = effective_grace(cfg.checkpoint.grace_seconds)
     rt.preemption.grace = grace
     if capped and rt.is_main:
         print(
@@ -492,7 +487,8 @@ class Runtime:
         strategy: Strategy,
         precision: Precision,
         watchers: list[Any] | None = None,
-        registry: Registry | None = None,
+        *,
+        registry: Registry,
     ) -> None:
         # No side effects here (no files, signal handlers or threads): see start().
         self.config = config
@@ -533,7 +529,13 @@ class Runtime:
         )
         #: save/load/resume, the pending boundary save, lineage and lock (:mod:`aios.checkpoint.manager`)
         self.checkpointer = CheckpointManager(
-            config, strategy, self.training, self.record, backend, print_fn=self.print
+            config,
+            strategy,
+            self.training,
+            self.record,
+            backend,
+            print_fn=self.print,
+            formats=registry.checkpoint_formats,
         )
         self.checkpointer.on_preempt = self._preempted
         self.checkpointer.step_time = self._recent_step_time
@@ -566,11 +568,9 @@ class Runtime:
         config = self.config
         self.record.start()
         self.preemption.install()
-        from aios.resilience.notices import DeadlineWatcher
-
-        known_end = DeadlineWatcher.from_env(self._notice_lead)
-        if known_end is not None:
-            self._watchers.append(known_end)
+        for w in self._watchers:  # core's known-end source (aios_preemption_watchers)
+            if isinstance(w, DeadlineWatcher):
+                w.lead = self._notice_lead
         from aios.data import workers as loader_workers
 
         loader_workers.install()  # forked DataLoader workers leave notices to this rank

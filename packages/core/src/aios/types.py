@@ -178,6 +178,18 @@ class LoggerSpec:
     plugin: str = ""
 
 
+@dataclass(frozen=True)
+class CheckpointFormatSpec:
+    """A checkpoint format (:class:`aios.checkpoint.manager.CheckpointFormat`): how training
+    state becomes files. ``name`` is what a strategy's ``checkpoint_format`` names and what the
+    checkpoint's marker records; ``factory() -> CheckpointFormat`` builds one (import heavy
+    modules inside it: the registry loads without them)."""
+
+    name: str
+    factory: Callable[[], Any]
+    plugin: str = ""
+
+
 # ------------------------------------------------------------------------------ discovery
 
 

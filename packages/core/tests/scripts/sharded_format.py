@@ -10,7 +10,7 @@ import sys
 
 import aios
 import torch
-from aios.checkpoint.manager import CheckpointFormat, get_format, register_format
+from aios.checkpoint.manager import CheckpointFormat
 from aios.errors import CheckpointError
 
 
@@ -42,9 +42,9 @@ class PerRank(CheckpointFormat):
         return {}
 
 
-register_format("test-per-rank", PerRank)
 rt = aios.init(checkpoint={"dir": sys.argv[1]})
-rt.checkpointer.format = fmt = get_format("test-per-rank")
+# this run's format, set on its manager (a checkpoint is read back by the format that wrote it)
+rt.checkpointer.format = fmt = PerRank()
 model = rt.setup(torch.nn.Linear(2, 1, bias=False))
 inner = rt.unwrap(model)
 with torch.no_grad():

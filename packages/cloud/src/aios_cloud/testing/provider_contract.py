@@ -18,6 +18,8 @@ stand-in, with the arguments the CLI passes.
 
 What it checks:
 
+* the features of ``aios launch`` it supports are declared (:mod:`aios_cloud.features`), and
+  every other one is refused by the one check in the one shape;
 * every capability the commands read is declared with its type (``scheduler``, ``user_hosts``,
   ``shared_paths``, ``default_accelerator``, ``default_ssh_user``), and every hook the provider
   overrides still takes the arguments the interface declares (a drifted signature fails here);
@@ -43,7 +45,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+from aios.errors import AiosError
 
+from aios_cloud.features import FEATURES, CloudFeature, check_features
 from aios_cloud.provider import (
     STOPPED,
     CapacityError,
@@ -60,6 +64,36 @@ from aios_cloud.request import LaunchRequest
 SECRET_NAME = "KIT_API_TOKEN"  # not AIOS_*: those are config keys
 SECRET_VALUE = "kit-secret-value-4f1c"
 TRAIN = "import os\nprint('kit rank', os.environ.get('RANK', '0'), flush=True)\n"
+
+#: ``aios launch`` options that ask for each feature of :data:`aios_cloud.features.FEATURES`
+#: (by name) and pass the cloud-free checks of :meth:`LaunchRequest.check` (``requirements``
+#: names a file the caller writes in its working directory)
+FEATURE_OPTIONS: dict[str, dict[str, Any]] = {
+    "spot": {"spot": True},
+    "queued": {"queued": True},
+    "reservation": {"reservation": "cr-0123456789abcdef0"},
+    "image": {"image": "some-image"},
+    "disk": {"disk_gb": 100},
+    "project": {"project": "some-project"},
+    "region": {"region": "some-region"},
+    "zone": {"zone": "some-zone"},
+    "ssh-login": {"ssh_user": "someone"},
+    "setup": {"requirements": "requirements.txt"},
+    "host-list": {"hosts": "someone@somehost"},
+    "autostop": {"autostop": 10.0},
+    "cost-limit": {"max_cost": "50"},
+    "labels": {"label": ("team=ml",)},
+    "controller": {"controller": "someone@controller", "down_after": True},
+}
+
+
+def expected_refusal(provider: CloudProvider, feature: CloudFeature, flag: str) -> str:
+    """The one line every provider gives for ``flag`` of a feature it does not declare."""
+    hint = provider.feature_hints.get(feature)
+    return f"{flag} is not supported by --cloud {provider.name} ({feature.what}); drop {flag}" + (
+        f"; {hint}" if hint else ""
+    )
+
 
 # hooks the commands call, with the parameters the interface declares
 HOOKS = (
@@ -196,6 +230,28 @@ class ProviderContract:
             if missing or extra:
                 drifted.append(f"{hook}{have} (the interface: {hook}{want})")
         assert not drifted, "; ".join(drifted)
+
+    def test_features_are_declared_and_the_rest_refused_in_one_shape(
+        self, provider: CloudProvider
+    ) -> None:
+        """What of ``aios launch`` the cloud supports is a declared set of
+        :class:`~aios_cloud.features.CloudFeature`; every other feature is refused by the one
+        check, in the one shape, naming the option, the cloud and what to do."""
+        assert isinstance(provider.features, frozenset)
+        assert all(isinstance(f, CloudFeature) for f in provider.features)
+        assert set(provider.feature_hints) <= set(FEATURES) - provider.features, (
+            "a hint for a feature the cloud supports is never shown"
+        )
+        for feature in FEATURES:
+            options = FEATURE_OPTIONS[feature.name]
+            request = LaunchRequest("train.py", cloud=self.cloud, **options)
+            if feature in provider.features:
+                check_features(provider.name, provider.features, request, provider.feature_hints)
+                continue
+            with pytest.raises(AiosError) as err:
+                check_features(provider.name, provider.features, request, provider.feature_hints)
+            flag = "--" + next(iter(options)).replace("_", "-")
+            assert err.value.one_line() == expected_refusal(provider, feature, flag)
 
     # ------------------------------------------------------------------ hooks, as the CLI calls
     def test_hooks_answer_the_arguments_the_cli_passes(self, provider: CloudProvider) -> None:

@@ -24,8 +24,12 @@ Every save ends with one collective that tells each rank every rank's outcome
 Extension point: checkpoint formats
 -----------------------------------
 *How* the state is written is a :class:`CheckpointFormat`, chosen by the strategy's
-``checkpoint_format`` attribute (default ``"full"``) from :data:`FORMATS` when the manager is
-built (add one with :func:`register_format`, a class or a lazy ``"module:Class"``). A format
+``checkpoint_format`` attribute (default ``"full"``) from the formats the manager is handed
+(``formats``: the registry's :attr:`~aios.plugins.registry.Registry.checkpoint_formats`, which
+plugins fill through the ``aios_register_checkpoint_formats`` hook with a
+:class:`aios.types.CheckpointFormatSpec`; core registers ``full`` and ``dcp`` in
+:mod:`aios.plugins.builtin`; prove one with
+:class:`aios.testing.checkpoint_format_contract.CheckpointFormatContract`). A format
 implements:
 
 * ``save(step, ctx, staging, store)``: write this rank's files into ``staging.path`` with
@@ -57,23 +61,23 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from aios.checkpoint.formats.base import CheckpointFormat
 from aios.checkpoint.policy import Interval, SaveCost, choose_interval
 from aios.errors import CheckpointError, PeerFailed, os_cause, outcome, settle
 from aios.launcher import status as rank_status
 
 if TYPE_CHECKING:  # pragma: no cover
     from aios.strategies.base import Strategy
+    from aios.types import CheckpointFormatSpec
 
 __all__ = [
     "CheckpointFormat",
     "FullStateFormat",
     "SaveContext",
     "CheckpointManager",
-    "FORMATS",
-    "register_format",
     "get_format",
 ]
 
@@ -101,24 +105,6 @@ class SaveContext:
         state["rng"] = self.rngs
         state["extra"] = self.extra
         return state
-
-
-class CheckpointFormat:
-    """How training state becomes files in a staging directory (see the module docstring)."""
-
-    name = "base"
-    #: a checkpoint written at one world size can be loaded at another
-    supports_resharding = False
-    #: every rank writes its own files (else only the rank(s) where ``saves_on_this_rank()``)
-    all_ranks_write = False
-
-    def save(self, step: int, ctx: SaveContext, staging: Any, store: Any) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def load(
-        self, info: Any, store: Any, target: Any, rank: int = 0, strict: bool = True
-    ) -> dict[str, Any]:
-        raise NotImplementedError
 
 
 class FullStateFormat(CheckpointFormat):
@@ -168,32 +154,16 @@ def _own_memory(obj: Any) -> Any:
     return obj
 
 
-#: format name -> class, or ``"module:Class"`` imported on first use (keeps imports lazy)
-FORMATS: dict[str, type[CheckpointFormat] | str] = {
-    "full": FullStateFormat,
-    "dcp": "aios.checkpoint.formats.dcp:DcpFormat",
-}
-
-
-def register_format(name: str, cls: type[CheckpointFormat] | str) -> None:
-    """Make a checkpoint format available to strategies whose ``checkpoint_format`` is ``name``
-    (a class, or ``"module:Class"`` to import it only when a strategy asks for it)."""
-    FORMATS[name] = cls
-
-
-def get_format(name: str) -> CheckpointFormat:
-    cls = FORMATS.get(name)
-    if cls is None:
+def get_format(name: str, formats: Mapping[str, CheckpointFormatSpec]) -> CheckpointFormat:
+    """A new format ``name`` from ``formats`` (the registry's checkpoint formats)."""
+    spec = formats.get(name)
+    if spec is None:
         raise CheckpointError(
-            f"checkpoint format '{name}' is not available (known: {', '.join(sorted(FORMATS))})",
+            f"checkpoint format '{name}' is not available (known: {', '.join(sorted(formats))})",
             "install the plugin that provides it",
         )
-    if isinstance(cls, str):
-        import importlib
-
-        module, _, attr = cls.partition(":")
-        cls = FORMATS[name] = getattr(importlib.import_module(module), attr)
-    return cls()
+    fmt: CheckpointFormat = spec.factory()
+    return fmt
 
 
 def _strategy_word(name: Any) -> str:
@@ -224,8 +194,12 @@ class CheckpointManager:
         record: Any,
         backend: str,
         print_fn: Callable[..., None] = print,
+        *,
+        formats: Mapping[str, CheckpointFormatSpec],
     ) -> None:
         self.config = config
+        #: the checkpoint formats this run can write and read (name -> spec)
+        self.formats = formats
         self.strategy = strategy
         self.training = training
         self.record = record
@@ -284,7 +258,7 @@ class CheckpointManager:
         when ``strategy=auto`` adopts the script's own sharding before anything was saved)."""
         self.strategy = strategy
         config = self.config
-        self.format = get_format(strategy.checkpoint_format)
+        self.format = get_format(strategy.checkpoint_format, self.formats)
         if hasattr(self.format, "seed"):
             self.format.seed = config.seed  # ranks beyond a saved world size reseed from it
         self.training.seed = config.seed  # the random streams of a rank the saving run did not have
@@ -842,7 +816,7 @@ class CheckpointManager:
         name = info.meta.get("checkpoint_format", "full") or "full"
         if name == self.format.name:
             return self.format
-        fmt = get_format(name)
+        fmt = get_format(name, self.formats)
         if hasattr(fmt, "seed"):
             fmt.seed = self.config.seed
         return fmt

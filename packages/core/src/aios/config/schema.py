@@ -63,7 +63,7 @@ CONTROL_ENV = {
     "AIOS_DEBUG",
     "AIOS_NO_COLOR",
     "AIOS_PLUGIN_TIMEOUT",
-    # aios-cloud's limits for remote steps (aios_cloud.ops)
+    # aios-cloud's limits for remote steps (aios_cloud.head)
     "AIOS_REACH_TIMEOUT",
     "AIOS_COMMAND_TIMEOUT",
     "AIOS_SETUP_TIMEOUT",

@@ -1,6 +1,7 @@
 """The built-in plugin (entry point ``aios-core``): the CPU backend and accelerator, the native
 strategy family (``ddp``, ``fsdp``, ``tp``, ``hsdp`` over any native accelerator), the ``local``
-and ``torchelastic`` cluster environments, TensorBoard and W&B loggers, local file storage.
+and ``torchelastic`` cluster environments, TensorBoard and W&B loggers, local file storage, the
+``full`` and ``dcp`` checkpoint formats and the known-deadline notice source.
 Registered exactly like a third-party plugin; its names cannot be displaced by one."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from aios.types import (
     AcceleratorSpec,
     Availability,
     BackendSpec,
+    CheckpointFormatSpec,
     DeviceInfo,
     DeviceReport,
     DoctorCheck,
@@ -261,6 +263,34 @@ def _wandb_factory(config: Any, run_dir: str) -> Any:
 def aios_register_loggers(register: Any) -> None:
     register(LoggerSpec("tensorboard", _tensorboard_enabled, _tensorboard_factory))
     register(LoggerSpec("wandb", _wandb_enabled, _wandb_factory))
+
+
+def _full_format() -> Any:
+    from aios.checkpoint.manager import FullStateFormat
+
+    return FullStateFormat()
+
+
+def _dcp_format() -> Any:
+    from aios.checkpoint.formats.dcp import DcpFormat
+
+    return DcpFormat()
+
+
+@hookimpl
+def aios_register_checkpoint_formats(register: Any) -> None:
+    register(CheckpointFormatSpec("full", _full_format))
+    register(CheckpointFormatSpec("dcp", _dcp_format))
+
+
+@hookimpl
+def aios_preemption_watchers(config: Any) -> list[Any] | None:
+    """A known end of the capacity the launcher computed ahead (``AIOS_RUN_DEADLINE``: a
+    Capacity Block's end, a queued resource's ``--valid-until``); the runtime sets its lead."""
+    from aios.resilience.notices import DeadlineWatcher
+
+    known_end = DeadlineWatcher.from_env()
+    return [known_end] if known_end is not None else None
 
 
 @hookimpl

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from aios.types import (
         AcceleratorSpec,
         BackendSpec,
+        CheckpointFormatSpec,
         CloudSpec,
         CommandSpec,
         DeviceReport,
@@ -192,6 +193,23 @@ def aios_register_loggers(register: Callable[[LoggerSpec], None]) -> None:
 
 
 @hookspec
+def aios_register_checkpoint_formats(register: Callable[[CheckpointFormatSpec], None]) -> None:
+    """Register checkpoint formats: how training state becomes files in a checkpoint.
+
+    :param register: call ``register(CheckpointFormatSpec(name=..., factory=...))``.
+        ``factory()`` returns an :class:`aios.checkpoint.manager.CheckpointFormat` (``save``,
+        ``load``, ``all_ranks_write``, ``supports_resharding``); a strategy whose
+        ``checkpoint_format`` is ``name`` saves with it, and a checkpoint whose marker names it
+        is read with it. Core registers ``full`` and ``dcp``; those names are taken.
+
+    All results are collected; two plugins registering one name is an error. Prove a format
+    with :class:`aios.testing.checkpoint_format_contract.CheckpointFormatContract`.
+
+    .. versionadded:: 0.3
+    """
+
+
+@hookspec
 def aios_config_sections() -> dict[str, type] | None:
     """Contribute config sections.
 
@@ -287,23 +305,6 @@ def aios_preemption_watchers(config: AiosConfig) -> list[PreemptionWatcher] | No
 
     .. versionadded:: 0.1
     .. versionchanged:: 0.2 notices carry a source and a deadline
-    """
-
-
-@hookspec
-def aios_grace_cap(config: AiosConfig) -> float | None:
-    """The seconds this platform lets a process live after SIGTERM, when it is less than
-    ``checkpoint.grace_seconds`` could ask for (e.g. 15 on GKE Spot nodes, which honour no
-    larger ``terminationGracePeriodSeconds``).
-
-    :param config: the resolved config.
-    :return: seconds, or ``None`` when this plugin's platform is not the one running (or sets
-        no cap). The smallest of every plugin's answer, the config's ``grace_seconds`` and the
-        launcher's ``AIOS_RUN_GRACE_CAP`` is the SIGTERM notice's grace
-        (:func:`aios.resilience.notices.effective_grace`); when a cap lowers the config's value aios says
-        so once. All results are collected. Called once per process at setup; must not block.
-
-    .. versionadded:: 0.2
     """
 
 

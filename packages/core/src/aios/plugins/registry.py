@@ -49,6 +49,7 @@ from aios.types import (
     AcceleratorSpec,
     Availability,
     BackendSpec,
+    CheckpointFormatSpec,
     CloudSpec,
     CommandSpec,
     LoggerSpec,
@@ -228,6 +229,7 @@ class Registry:
         self.commands: dict[str, CommandSpec] = {}
         self.storage: dict[str, StorageSpec] = {}
         self.loggers: dict[str, LoggerSpec] = {}
+        self.checkpoint_formats: dict[str, CheckpointFormatSpec] = {}
         self.config_sections: dict[str, tuple[str, type]] = {}
         self.strategies: dict[str, list[StrategySpec]] = {}
         self.accelerators: dict[str, AcceleratorSpec] = {}
@@ -409,6 +411,7 @@ class Registry:
             "cloud": CloudSpec,
             "storage scheme": StorageSpec,
             "logger": LoggerSpec,
+            "checkpoint format": CheckpointFormatSpec,
             "accelerator": AcceleratorSpec,
         }
 
@@ -450,6 +453,10 @@ class Registry:
         self._each_impl("aios_register_clouds", reg("cloud", self.clouds, "name"))
         self._each_impl("aios_register_storage", reg("storage scheme", self.storage, "scheme"))
         self._each_impl("aios_register_loggers", reg("logger", self.loggers, "name"))
+        self._each_impl(
+            "aios_register_checkpoint_formats",
+            reg("checkpoint format", self.checkpoint_formats, "name"),
+        )
 
         def sections(fn: Callable[..., Any], plugin: str) -> None:
             from aios.plugins.reserved import CONFIG_KEYS

@@ -6,8 +6,8 @@ source does not say). Sources:
 
 * **SIGTERM** (:class:`PreemptionMonitor`): the deadline is ``checkpoint.grace_seconds`` after
   the signal, capped by what the platform allows (:func:`effective_grace`): the launcher's
-  :data:`aios.launcher.contract.GRACE_CAP_ENV` (``AIOS_RUN_GRACE_CAP``, e.g. ``15`` on GKE Spot nodes) and
-  every plugin's :func:`aios.plugins.hookspecs.aios_grace_cap`.
+  :data:`aios.launcher.contract.GRACE_CAP_ENV` (``AIOS_RUN_GRACE_CAP``, e.g. ``15`` on GKE Spot
+  nodes; the Kubernetes manifest and the Slurm script set it).
 * **A known end** (:class:`DeadlineWatcher`): a launcher that knows when the capacity ends (a
   Capacity Block's end minus the 30 minutes AWS reclaims before it, a queued resource's
   ``--valid-until``, a Slurm job's time limit) sets :data:`aios.launcher.contract.DEADLINE_ENV`
@@ -39,10 +39,10 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from aios.types import Notice
+from aios.types import Notice, PreemptionWatcher
 
 #: Exit status of a process (and of ``aios-run``) that stopped for a preemption notice after
 #: writing its emergency checkpoint: 75 (``EX_TEMPFAIL``: "try again later"). A run killed by
@@ -63,10 +63,10 @@ def parse_seconds(text: str | None) -> float | None:
 
 
 def effective_grace(
-    configured: float, caps: Iterable[float | None] = (), env: Mapping[str, str] | None = None
+    configured: float, env: Mapping[str, str] | None = None
 ) -> tuple[float, str | None]:
     """The seconds a process has after SIGTERM: ``checkpoint.grace_seconds`` capped by the
-    platform (the launcher's ``AIOS_RUN_GRACE_CAP`` and the plugins' ``aios_grace_cap``).
+    platform (the launcher's ``AIOS_RUN_GRACE_CAP``).
     Returns ``(grace, what capped it)``; the second is None when the config's value stands."""
     from aios.launcher.contract import GRACE_CAP_ENV
 
@@ -75,9 +75,6 @@ def effective_grace(
     cap = parse_seconds(source.get(GRACE_CAP_ENV))
     if cap is not None and cap < grace:
         grace, why = cap, f"{GRACE_CAP_ENV}={cap:g}"
-    for c in caps:
-        if c is not None and 0 < float(c) < grace:
-            grace, why = float(c), f"the platform allows {float(c):g}s"
     return grace, why
 
 
@@ -229,7 +226,7 @@ class PreemptionMonitor:
         return 0.0 if self.noticed_at is None else time.monotonic() - self.noticed_at
 
 
-class DeadlineWatcher:
+class DeadlineWatcher(PreemptionWatcher):
     """Announces a known end of the capacity in time for the emergency checkpoint.
 
     ``deadline``: wall-clock epoch seconds by which the host is gone. ``lead()``: the seconds
@@ -240,7 +237,9 @@ class DeadlineWatcher:
     at most ``interval`` seconds.
 
     :meth:`from_env` builds one from the launcher's ``AIOS_RUN_DEADLINE`` /
-    ``AIOS_RUN_DEADLINE_SOURCE`` (None when unset)."""
+    ``AIOS_RUN_DEADLINE_SOURCE`` (None when unset); core's plugin (:mod:`aios.plugins.builtin`)
+    contributes it through ``aios_preemption_watchers`` like any notice source, and the runtime
+    sets its :attr:`lead` to the emergency checkpoint's measured need before starting it."""
 
     name = "deadline"
 
@@ -264,7 +263,7 @@ class DeadlineWatcher:
 
     @classmethod
     def from_env(
-        cls, lead: Callable[[], float], env: Mapping[str, str] | None = None
+        cls, lead: Callable[[], float] = lambda: 60.0, env: Mapping[str, str] | None = None
     ) -> DeadlineWatcher | None:
         from aios.launcher.contract import DEADLINE_ENV, DEADLINE_SOURCE_ENV
 
@@ -321,7 +320,7 @@ def read_notice_file(path: str) -> Notice:
     )
 
 
-class FileWatcher:
+class FileWatcher(PreemptionWatcher):
     """A watcher that fires when a file appears (for tests and for orchestration that signals
     preemption by touching a file, e.g. a sidecar polling a cloud metadata server). The file
     may hold JSON ``{"source": ..., "reason": ..., "deadline": EPOCH_SECONDS}``

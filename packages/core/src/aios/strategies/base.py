@@ -28,8 +28,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from aios.devices.accelerator import Accelerator
     from aios.strategies.precision import Precision
 
-#: the checkpoint formats core knows (a plugin may register more with
-#: :func:`aios.checkpoint.register_format`; the name is what :attr:`Strategy.checkpoint_format`
+#: the checkpoint formats core knows (a plugin may register more through the
+#: ``aios_register_checkpoint_formats`` hook; the name is what :attr:`Strategy.checkpoint_format`
 #: returns): ``full`` = one state dict gathered on the saving rank, ``dcp`` = sharded
 #: (torch.distributed.checkpoint), one file set per rank.
 CheckpointFormatName = Literal["full", "dcp"] | str

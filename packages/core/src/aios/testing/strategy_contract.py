@@ -83,7 +83,9 @@ out["data_members_are_ints"] = type(st.data_rank) is int and type(st.data_world)
 out["data_ranks"] = rt.gather_object(st.data_rank)
 out["grad_accum"] = rt.config.grad_accum
 out["checkpoint_format"] = st.checkpoint_format
-out["format_resolves"] = get_format(st.checkpoint_format).name == st.checkpoint_format
+out["format_resolves"] = (
+    get_format(st.checkpoint_format, rt.checkpointer.formats).name == st.checkpoint_format
+)
 if os.environ.get("CONTRACT_RESUME"):
     out["resumed_step"] = rt.resume()
     out["resumed_params"] = full_params(model)

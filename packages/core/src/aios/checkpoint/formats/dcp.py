@@ -73,6 +73,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+from aios.checkpoint.formats.base import CheckpointFormat
 from aios.checkpoint.store import CheckpointInfo, CheckpointStore
 from aios.errors import CheckpointError, os_cause, outcome, settle
 
@@ -1066,7 +1067,7 @@ class DcpCheckpointer:
 # ------------------------------------------------------------------------------ manager format
 
 
-class DcpFormat:
+class DcpFormat(CheckpointFormat):
     """The ``dcp`` :class:`aios.checkpoint.manager.CheckpointFormat`: every rank writes its shards
     (``all_ranks_write``), loads reshard (``supports_resharding``), and with ``background`` saves
     the manager defers the commit to :meth:`commit_when_written` and finishes it in :meth:`wait`.
