@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 
 from aios.config.schema import resolve  # noqa: E402
 from aios.devices.accelerator import CpuAccelerator  # noqa: E402
+from aios.plugins.registry import get_registry  # noqa: E402
 from aios.runtime import Runtime  # noqa: E402
 from aios.strategies.ddp import DDPStrategy  # noqa: E402
 from aios.strategies.precision import Precision  # noqa: E402
@@ -37,7 +38,7 @@ def _runtime(tmp_path: Path, strategy: Any) -> Runtime:
     cfg = resolve(None, [f"logging.run_dir={tmp_path}"], {}, environ={})
     strategy.config = cfg
     strategy.setup_environment()
-    return Runtime(cfg, "cpu", strategy, Precision("cpu"))
+    return Runtime(cfg, "cpu", strategy, Precision("cpu"), registry=get_registry())
 
 
 def _lines(err: str, what: str) -> list[str]:

@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from aios.config.schema import resolve  # noqa: E402
+from aios.plugins.registry import get_registry  # noqa: E402
 from aios.runtime import Runtime  # noqa: E402
 from aios.strategies.base import Strategy  # noqa: E402
 from aios.strategies.ddp import DDPStrategy  # noqa: E402
@@ -57,7 +58,7 @@ def _runtime(strategy: Strategy, tmp_path: Path) -> Runtime:
     cfg = resolve(None, [f"logging.run_dir={tmp_path}"], {}, environ={})
     strategy.config = cfg
     strategy.setup_environment()
-    return Runtime(cfg, "cpu", strategy, Precision("cpu"))
+    return Runtime(cfg, "cpu", strategy, Precision("cpu"), registry=get_registry())
 
 
 def test_dp_rank_and_size_come_from_any_strategy(tmp_path: Path) -> None:

@@ -798,7 +798,6 @@ class Runtime:
     def setup_module(self, module: torch.nn.Module) -> torch.nn.Module:
         if (
             self.config.strategy == "auto"
-            and self._registry is not None
             and not self.training.modules
             and not self.training.optimizers
         ):
@@ -1036,7 +1035,7 @@ class Runtime:
     def _get_loggers(self) -> list[Any]:
         if self._loggers is None:
             self._loggers = []
-            if self.is_main and self._registry is not None:
+            if self.is_main:
                 for name, spec in self._registry.loggers.items():
                     try:
                         if spec.enabled(self.config):
