@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 
 import pytest
-from aios.check.checker import BACKENDS, NOT_CUDA, check_file, check_project, for_backend
+from aios.check import BACKENDS, NOT_CUDA, check_file, check_project, for_backend
 
 CORPUS = Path(__file__).resolve().parent / "fixtures" / "check_corpus"
 SCRIPTS = sorted(CORPUS.glob("*.py"))
