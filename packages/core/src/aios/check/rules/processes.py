@@ -263,8 +263,17 @@ class ArgparseDefaults(CheckRule):
             "p.add_argument('--world-size', default=1, type=int)\n", "AIOS209", 1, "rt.world_size"
         ),  # fmt: skip
         Example("p.add_argument('--dist-backend', default='nccl')\n", "AIOS201", 1, "aios.init()"),
+        Example(
+            "p.add_argument('--launcher', choices=['none', 'pytorch'], default='none')\n",
+            "AIOS209",
+            1,
+            "--launcher pytorch",
+        ),  # fmt: skip
     )
-    right = ("p.add_argument('--local_rank', type=int, default=-1)\n",)
+    right = (
+        "p.add_argument('--local_rank', type=int, default=-1)\n",
+        "p.add_argument('--launcher', choices=['none', 'pytorch'], default='pytorch')\n",
+    )
 
     def check(self, ctx: Context, node: ast.AST) -> None:
         assert isinstance(node, ast.Call)
@@ -295,6 +304,17 @@ class ArgparseDefaults(CheckRule):
                 f"{opts} defaults to {_int(default)}: run as aios-run starts it, each rank "
                 "believes it is alone and trains its own copy (the copies never join); "
                 "use rt.world_size (and rt.rank)",
+                BACKENDS,
+                ("ddp", *SHARDED),
+                when="copies never join under aios-run --nprocs N",
+            )
+        elif _str(default) == "none" and any(o.strip("-") == "launcher" for o in opts.split()):
+            ctx.add(
+                default,  # type: ignore[arg-type]
+                "AIOS209",
+                f"{opts} defaults to 'none': run as aios-run starts it, the framework joins no "
+                "process group and each rank trains its own copy (the copies never join); pass "
+                "--launcher pytorch (it reads the RANK and WORLD_SIZE aios-run sets)",
                 BACKENDS,
                 ("ddp", *SHARDED),
                 when="copies never join under aios-run --nprocs N",
