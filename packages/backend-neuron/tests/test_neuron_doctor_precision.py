@@ -244,7 +244,8 @@ def test_aios_check_names_neuron_rules_through_the_hook(tmp_path):
     script = tmp_path / "t.py"
     script.write_text("import torch\nx = torch.zeros(2, dtype=torch.float64)\n")
     r = CliRunner().invoke(cli, ["check", "--backend", "neuron", str(script)])
-    assert r.exit_code == 1 and f"{script}:2:" in r.stdout and "AIOS421" in r.stdout, r.output
+    assert r.exit_code == 0 and f"{script}:2:" in r.stdout and "AIOS421" in r.stdout, r.output
+    assert "(silently differs on neuron)" in r.stdout  # a warning: exit 0
     r = CliRunner().invoke(cli, ["check", "--backend", "cuda", str(script)])
     assert r.exit_code == 0 and r.stdout == "", r.output
 

@@ -95,6 +95,12 @@ class Context(Reading):
         if d.startswith("self.") and d.count(".") == 1 and self.class_stack:
             return self.funcs.get(f"{self.class_stack[-1]}.{d[5:]}")
         f = self.funcs.get(d)
+        if f is None and d.count(".") == 1:
+            # model.save_networks(epoch) where model = Pix2Pix(opt): a method of a class here
+            obj, meth = d.split(".")
+            for v in self.values.get(obj, []):
+                if isinstance(v, ast.Call) and f"{_last(v.func)}.{meth}" in self.funcs:
+                    return self.funcs[f"{_last(v.func)}.{meth}"]
         if f is None and self.project.funcs:
             q = self.qual(node.func)
             f = self.project.funcs.get(q) if q else None

@@ -12,7 +12,16 @@ from dataclasses import dataclass, field
 
 from aios.check.findings import BACKENDS, Finding
 from aios.check.library import FP16_NAMES, MODEL_NAME, RANK_ATTRS, RANK_CALLS
-from aios.check.names import _dotted, _imports, _is_cuda_string, _is_ema, _last, _local_names, _str
+from aios.check.names import (
+    _dotted,
+    _imports,
+    _int,
+    _is_cuda_string,
+    _is_ema,
+    _last,
+    _local_names,
+    _str,
+)
 
 
 @dataclass
@@ -312,6 +321,8 @@ class Reading:
             )
         if isinstance(test, (ast.Name, ast.Attribute)):
             return int(_last(test) in ("use_cuda", "is_cuda", "cuda"))
+        if self.counts_gpus(test):
+            return 1  # torch.cuda.device_count() > 1: 0 elsewhere, the branch never runs
         if isinstance(test, ast.Compare) and len(test.ops) == 1:
             sides = (test.left, test.comparators[0])
             if not any(_str(x) == "cuda" for x in sides):
@@ -322,6 +333,26 @@ class Reading:
             if isinstance(op, (ast.NotEq, ast.NotIn, ast.IsNot)):
                 return -1
         return 0
+
+    def counts_gpus(self, test: ast.AST) -> bool:
+        """``torch.cuda.device_count() > N`` (N >= 0), ``>= N`` (N >= 1), ``!= 0``: true only
+        with CUDA (the count is 0 elsewhere)."""
+        if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
+            return False
+        left, op, n = test.left, test.ops[0], _int(test.comparators[0])
+        return (
+            isinstance(left, ast.Call)
+            and self.call_qual(left) == "torch.cuda.device_count"
+            and n is not None
+            and (
+                isinstance(op, ast.Gt)
+                and n >= 0
+                or isinstance(op, ast.GtE)
+                and n >= 1
+                or isinstance(op, ast.NotEq)
+                and n == 0
+            )
+        )
 
     def fp16_choice(self, test: ast.AST) -> bool:
         """``if args.mixed_precision == "fp16":``: the user's own choice of fp16 (not when the

@@ -47,9 +47,18 @@ class CudaCalls(CheckRule):
             "warning",
         ),  # fmt: skip
         Example("import torch\ns = torch.cuda.Stream()\n", "AIOS109", 2, "torch.Stream"),
+        Example("import torch\nworld = torch.cuda.device_count()\n", "AIOS105", 2, "rt.world_size"),
+        Example(
+            "import torch\nprint(torch.cuda.device_count())\n",
+            "AIOS105",
+            2,
+            "rt.world_size",
+            "note",
+        ),  # fmt: skip
     )
     right = (
         "import torch\nif torch.cuda.is_available():\n    torch.backends.cuda.matmul.allow_tf32 = True\n",
+        "import torch\nif torch.cuda.device_count() > 1:\n    model = DataParallel(model)\n",
         "import torch\nwith torch.cuda.amp.autocast():\n    pass\n",  # AMP: AIOS301's
     )
 
@@ -90,6 +99,24 @@ class CudaCalls(CheckRule):
             )
 
     @staticmethod
+    def harmless_count(ctx: Context, node: ast.Call) -> str:
+        """How a ``torch.cuda.device_count()`` that breaks nothing elsewhere is used: only
+        printed (0 is shown), or tested as ``if torch.cuda.device_count() > 1:`` (the branch is
+        skipped); "" otherwise."""
+        if ctx.only_shown(node):
+            return "only shown"
+        test = ctx.parents.get(id(node))
+        holder = ctx.parents.get(id(test)) if test is not None else None
+        if (
+            test is not None
+            and isinstance(holder, (ast.If, ast.IfExp))
+            and holder.test is test
+            and ctx.counts_gpus(test)
+        ):
+            return "a test"
+        return ""
+
+    @staticmethod
     def known(ctx: Context, node: ast.Call, q: str, name: str) -> None:
         code, repl, fix = CUDA_CALLS[name]
         # written as torch.cuda.x (the rename is safe only where the count is printed:
@@ -101,7 +128,19 @@ class CudaCalls(CheckRule):
             or fix == "rename"
             and ctx.only_shown(node)
         )
-        if name in NOOP_ELSEWHERE:
+        how = CudaCalls.harmless_count(ctx, node) if name == "device_count" else ""
+        if how == "a test":
+            return  # like is_available() guarding CUDA-only lines: the lines it guards are notes
+        if how:
+            # 0 without CUDA: shown as 0, or a branch skipped; nothing breaks
+            ctx.add(
+                node,
+                code,
+                f"{q}() is 0 without CUDA ({how} here, nothing breaks): {repl}",
+                fix=fix if ok else "",
+                level="note",
+            )
+        elif name in NOOP_ELSEWHERE:
             # runs everywhere, doing nothing without CUDA: nothing breaks
             ctx.add(
                 node,
