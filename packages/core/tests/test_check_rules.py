@@ -114,3 +114,22 @@ def test_exit_status_is_1_only_for_errors(tmp_path):
     assert r.exit_code == 0 and len(r.stdout.splitlines()) == 3, r.output
     script.write_text("import torch\ntorch.cuda.set_device(0)\n")
     assert CliRunner().invoke(cli, ["check", str(script)]).exit_code == 1
+
+
+def test_a_method_of_a_local_class_is_followed_to_its_save():
+    """``model.save_networks(epoch)`` with ``model = Pix2Pix(opt)``: the torch.save inside is
+    reached on every rank (CycleGAN's habit); under a rank test it is not."""
+    src = """import torch
+class Pix2Pix:
+    def save_networks(self, epoch):
+        torch.save(self.net.state_dict(), f"{epoch}.pth")
+model = Pix2Pix()
+for epoch in range(3):
+    model.save_networks(epoch)
+"""
+    assert [(f.line, f.code) for f in check_source(src)] == [(4, "AIOS605")]
+    guarded = src.replace(
+        "    model.save_networks(epoch)", "    if rank == 0:\n        model.save_networks(epoch)"
+    )
+    # on one rank: no longer every rank's write, but the state dict there hangs a sharded run
+    assert [f.code for f in check_source(guarded)] == ["AIOS603"]
