@@ -88,7 +88,14 @@ class Context(Reading):
         return True
 
     def callee(self, node: ast.Call) -> _Func | None:
-        """The function of this file, or of a module of the script's project, ``node`` calls."""
+        """The function of this file, or of a module of the script's project, ``node`` calls
+        (asked by several rules for one call: kept per call while the walk is inside a class)."""
+        key = (id(node), self.class_stack[-1] if self.class_stack else None)
+        if key not in self.callees:
+            self.callees[key] = self._callee(node)
+        return self.callees[key]
+
+    def _callee(self, node: ast.Call) -> _Func | None:
         d = _dotted(node.func)
         if d is None:
             return None

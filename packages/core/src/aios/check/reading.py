@@ -101,6 +101,7 @@ class Reading:
         self.process_counts: set[str] = set()  # names passed as nprocs=
         # the call the walker is at, for the rules: qualified name, last name, dotted as written
         self.q = self.last = self.dotted = ""
+        self.callees: dict[tuple[int, str | None], _Func | None] = {}  # Context.callee's answers
 
     def locals_of(self, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
         names = self.local_names.get(id(fn))
