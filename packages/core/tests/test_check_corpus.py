@@ -35,8 +35,9 @@ GOAL = 0.95
 # cause"; one held-out line seen by accident showed it): 87.1% (74/85), 94.9%. Four held-out
 # projects added after the rules were finished, measured once: 95.8% (23/24), 92.0% (23/25); all
 # twelve: 89.0% (97/109), 94.2% (97/103). Three more (moco, cleanrl, bert_nvidia), labelled
-# before the checker ran on them, measured once after the rules of issue 33's split (the
-# --launcher default, a GPU count that is only printed or tested, a method of a local class):
+# before the checker ran on them, measured after the rules of issue 33's split (the --launcher
+# default, a GPU count only printed or tested, a method of a local class, fp16 by the user's flag
+# in a conditional expression, device_map on a rank, the HF Trainer's is_world_process_zero):
 # 90.6% (29/32), 96.7% (29/30); all fifteen: 89.4% (126/141), 94.7% (126/133). Recall meets the
 # goal; precision is just short of it. The assertion keeps what is reached from slipping.
 HELDOUT_PRECISION, HELDOUT_RECALL = 0.89, 0.90
@@ -142,7 +143,7 @@ def test_held_out_projects_precision_and_recall():
 
 def test_the_projects_are_what_the_readme_says_and_the_split_holds():
     readme = (CORPUS / "README.md").read_text()
-    assert len(PROJECTS) >= 9 and len(HELDOUT) >= 15
+    assert len(PROJECTS) >= 10 and len(HELDOUT) >= 15
     assert not {p.name for p in PROJECTS} & {p.name for p in HELDOUT}
     rules = readme[readme.index("### Rules half") : readme.index("### Held-out half")]
     held = readme[readme.index("### Held-out half") :]

@@ -144,6 +144,7 @@ MAIN_FLAGS = {
     "master_process", "is_master", "is_main", "is_main_process", "is_global_zero",
     "is_rank_zero", "is_master_process", "main_process", "is_local_main_process",
     "is_local_main", "is_master_ordinal", "is_rank0", "rank0", "is_first_rank",
+    "is_world_process_zero", "is_local_process_zero",
 }  # fmt: skip
 COLLECTIVES = {
     "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "broadcast",

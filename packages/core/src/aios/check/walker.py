@@ -117,9 +117,12 @@ class Checker(Context):
         self.visit(node.test)
         cuda = self.cuda_test(node.test)
         accel = self.accel_test(node.test)
+        fp16 = self.fp16_choice(node.test)  # torch.float16 if args.fp16 else torch.float32
         self.accel_guard += accel
         self.cuda_guard += cuda == 1
+        self.fp16_guard += fp16
         self.visit(node.body)
+        self.fp16_guard -= fp16
         self.cuda_guard += (cuda == -1) - (cuda == 1)
         self.visit(node.orelse)
         self.cuda_guard -= cuda == -1

@@ -185,6 +185,12 @@ class DeviceStrings(CheckRule):
         Example("device = 'cuda:0'\n", "AIOS101", 1, "rt.device"),
         Example("x = x.to(local_rank)\n", "AIOS101", 1, "rt.device"),
         Example(
+            "m = Auto.from_pretrained(n, device_map={'': acc.local_process_index})\n",
+            "AIOS101",
+            1,
+            "rt.device",
+        ),
+        Example(
             "def train(m, device):\n    m.to(device)\n\ntrain(net, 'cuda')\n",
             "AIOS101",
             4,
@@ -215,8 +221,23 @@ class DeviceStrings(CheckRule):
         args = [a for a in node.args if positional] + [
             k.value for k in node.keywords if k.arg in ("device", "map_location", "device_type")
         ]
+        mapped = [  # device_map={"": accelerator.local_process_index}: a CUDA index
+            v
+            for k in node.keywords
+            if k.arg == "device_map" and isinstance(k.value, ast.Dict)
+            for v in k.value.values
+            if isinstance(v, (ast.Name, ast.Attribute)) and ctx.rankish(v)
+        ]
         if any(_is_cuda_string(a) for a in args) and id(node) not in ctx.choice_values:
             ctx.add(node, "AIOS101", f"device 'cuda...': {RT_DEVICE}", NOT_CUDA)
+        elif mapped:
+            ctx.add(
+                mapped[0],
+                "AIOS101",
+                f"device_map places the model on {ast.unparse(mapped[0])}, a rank, which as a "
+                f"device is a CUDA index: device_map={{'': rt.device}}; {RT_DEVICE}",
+                NOT_CUDA,
+            )
         elif self.passed_in(ctx, node):
             pass
         else:

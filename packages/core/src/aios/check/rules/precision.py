@@ -109,6 +109,7 @@ class Fp16(CheckRule):
     )
     right = (
         "import torch\nif args.fp16:\n    x = x.to(torch.float16)\n",
+        "import torch\ndtype = torch.float16 if args.fp16 else torch.float32\n",
         "import torch\nDT = {'float16': torch.float16, 'bfloat16': torch.bfloat16}\n",
     )
 
