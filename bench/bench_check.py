@@ -62,7 +62,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--lines", type=int, default=2000)
     args = ap.parse_args()
-    from aios.check.checker import check_source
+    from aios.check import check_source
 
     src = big_script(args.lines)
     n = src.count("\n")
@@ -102,7 +102,7 @@ def main() -> int:
 
     # whole-project reading (issue 34): each project's script with the modules it imports and the
     # configs it loads, as `aios check SCRIPT` reads them; per 1,000 lines of every file read
-    from aios.check.checker import check_project
+    from aios.check import check_project
 
     entries = []
     for labels in sorted(CORPUS.glob("**/labels/*_project.json")):

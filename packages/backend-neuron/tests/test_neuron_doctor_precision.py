@@ -7,13 +7,21 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
+from aios.check import rules_from
+from aios.cli.main import cli
 from aios.errors import ConfigError
+from aios.plugins.registry import get_registry
 from aios.strategies.precision import MixedPrecision, Precision, TruePrecision
+from aios.testing.check_rule_contract import prove
+from aios_backend_neuron.check_rules import NEURON_RULES
 from aios_backend_neuron.doctor import checks
-from aios_backend_neuron.ops import scan_source
+from aios_backend_neuron.launch import script_notes
 from aios_backend_neuron.plugin import _precision
+from click.testing import CliRunner
 
 
 def _by_name(cs):
@@ -180,6 +188,15 @@ def test_config_errors_are_one_line(config, override, message):
 # ------------------------------------------------------------------------------ unsupported ops
 
 
+def _neuron_findings(src: str, runtime: str = "xla") -> list[tuple[int, str]]:
+    path = Path(tempfile.mkdtemp()) / "train.py"
+    path.write_text(src)
+    return [
+        (int(n.split(" line ", 1)[1].split(":", 1)[0]), n.split(": ", 1)[1].split(" ", 1)[0])
+        for n in script_notes(str(path), runtime)
+    ]
+
+
 def test_scan_flags_known_unsupported_things():
     src = (
         "import torch, bitsandbytes\n"
@@ -187,17 +204,20 @@ def test_scan_flags_known_unsupported_things():
         "torch.cuda.synchronize()\n"
         "import os; os.environ['XLA_USE_BF16'] = '1'\n"
         "y = x.double()\n"
+        "z = torch.view_as_complex(x)\n"
     )
-    found = [(f.line, f.what) for f in scan_source(src)]
-    assert found == [
-        (1, "imports bitsandbytes"),
-        (2, "uses torch.float64"),
-        (3, "calls torch.cuda.synchronize"),
-        (4, "sets XLA_USE_BF16"),
-        (5, ".double() casts to float64"),
+    assert _neuron_findings(src) == [
+        (1, "AIOS501"),  # bitsandbytes (core's rule)
+        (2, "AIOS421"),  # float64 (this package's)
+        (3, "AIOS104"),
+        (4, "AIOS412"),
+        (5, "AIOS421"),
+        (6, "AIOS422"),
     ]
-    assert scan_source("m = torch.compile(m)\n", runtime="native") == []
-    assert scan_source("def f(:\n")[0].severity == "fail"
+    assert _neuron_findings("m = torch.compile(m)\n", runtime="native") == []
+    assert _neuron_findings("import torch\nm = torch.compile(m)\n") == [(2, "AIOS423")]
+    (bad,) = script_notes(str(Path(tempfile.mkdtemp()) / "missing.py"), "xla") or ["none"]
+    assert "cannot read" in bad
 
 
 def test_scan_names_one_cause_once_leaves_harmless_cuda_calls_and_sees_env_writes():
@@ -211,11 +231,23 @@ def test_scan_names_one_cause_once_leaves_harmless_cuda_calls_and_sees_env_write
         "os.environ['RANK'] = str(comm.rank)\n"
         "os.environ['OMP_NUM_THREADS'] = '1'\n"
     )
-    found = [(f.line, f.what) for f in scan_source(src)]
-    assert found == [
-        (5, "calls torch.cuda.amp.autocast"),  # once: not again as torch.cuda.amp
-        (7, "writes os.environ['RANK']"),
-    ]
+    assert _neuron_findings(src) == [(5, "AIOS301"), (7, "AIOS210")]
+
+
+@pytest.mark.parametrize("rule", NEURON_RULES, ids=lambda r: r.__name__)
+def test_neuron_rules_pass_the_rule_contract(rule):
+    prove(rule)
+
+
+def test_aios_check_names_neuron_rules_through_the_hook(tmp_path):
+    assert set(NEURON_RULES) <= set(rules_from(get_registry()))
+    script = tmp_path / "t.py"
+    script.write_text("import torch\nx = torch.zeros(2, dtype=torch.float64)\n")
+    r = CliRunner().invoke(cli, ["check", "--backend", "neuron", str(script)])
+    assert r.exit_code == 0 and f"{script}:2:" in r.stdout and "AIOS421" in r.stdout, r.output
+    assert "(silently differs on neuron)" in r.stdout  # a warning: exit 0
+    r = CliRunner().invoke(cli, ["check", "--backend", "cuda", str(script)])
+    assert r.exit_code == 0 and r.stdout == "", r.output
 
 
 # ------------------------------------------------------------------------------ plugin import cost

@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 
 import pytest
-from aios.check.checker import BACKENDS, NOT_CUDA, check_file, check_project, for_backend
+from aios.check import BACKENDS, NOT_CUDA, check_file, check_project, for_backend
 
 CORPUS = Path(__file__).resolve().parent / "fixtures" / "check_corpus"
 SCRIPTS = sorted(CORPUS.glob("*.py"))
@@ -34,9 +34,13 @@ GOAL = 0.95
 # device-only package was named once per file (not at each import, issue 34's "one finding per
 # cause"; one held-out line seen by accident showed it): 87.1% (74/85), 94.9%. Four held-out
 # projects added after the rules were finished, measured once: 95.8% (23/24), 92.0% (23/25); all
-# twelve: 89.0% (97/109), 94.2% (97/103). The assertion keeps what is reached from slipping;
-# precision is just short of the goal, and the corpus README says so.
-HELDOUT_PRECISION, HELDOUT_RECALL = 0.85, 0.85
+# twelve: 89.0% (97/109), 94.2% (97/103). Three more (moco, cleanrl, bert_nvidia), labelled
+# before the checker ran on them, measured after the rules of issue 33's split (the --launcher
+# default, a GPU count only printed or tested, a method of a local class, fp16 by the user's flag
+# in a conditional expression, device_map on a rank, the HF Trainer's is_world_process_zero):
+# 90.6% (29/32), 96.7% (29/30); all fifteen: 89.4% (126/141), 94.7% (126/133). Recall meets the
+# goal; precision is just short of it. The assertion keeps what is reached from slipping.
+HELDOUT_PRECISION, HELDOUT_RECALL = 0.89, 0.90
 
 Key = tuple[str, int, str, str]  # script, line, code, level
 
@@ -139,7 +143,7 @@ def test_held_out_projects_precision_and_recall():
 
 def test_the_projects_are_what_the_readme_says_and_the_split_holds():
     readme = (CORPUS / "README.md").read_text()
-    assert len(PROJECTS) >= 6 and len(HELDOUT) >= 12
+    assert len(PROJECTS) >= 10 and len(HELDOUT) >= 15
     assert not {p.name for p in PROJECTS} & {p.name for p in HELDOUT}
     rules = readme[readme.index("### Rules half") : readme.index("### Held-out half")]
     held = readme[readme.index("### Held-out half") :]

@@ -321,11 +321,26 @@ def build_plan(
             f"{XLA_CPU_ENV}=1: XLA:CPU stands in for NeuronCores (PJRT_DEVICE=CPU); for tests only"
         )
     if os.path.isfile(request.script):
-        from aios_backend_neuron.ops import scan_script
-
-        for f in scan_script(request.script, runtime):
-            plan.notes.append(f"script {request.script} {f}")
+        plan.notes.extend(script_notes(request.script, runtime))
     return plan
+
+
+def script_notes(script: str, runtime: str) -> list[str]:
+    """``aios check``'s findings that break on neuron (core's rules and this package's), one plan
+    note each: ``script PATH line N: CODE what (the aios form)``."""
+    from aios.check import CORE_RULES, CheckError, check_file, for_backend
+
+    from aios_backend_neuron.check_rules import NEURON_RULES, XLA_RUNTIME_ONLY
+
+    try:
+        found = for_backend(check_file(script, [*CORE_RULES, *NEURON_RULES]), "neuron")
+    except CheckError as exc:
+        return [f"script {exc} (aios check cannot read it)"]
+    return [
+        f"script {script} line {f.line}: {f.code} {f.message}"
+        for f in found
+        if runtime == "xla" or f.code != XLA_RUNTIME_ONLY
+    ]
 
 
 def plan_for_instances(

@@ -319,3 +319,11 @@ def aios_env_info() -> dict[str, Any]:
         out.setdefault("torch_xla", sw.torch_xla.version)
     out["neuron-ls"] = find_neuron_ls() or "not found"
     return out
+
+
+@hookimpl
+def aios_check_rules() -> list[Any]:
+    # deferred, as every hook here: a rank loads this plugin and never the checker
+    from aios_backend_neuron.check_rules import NEURON_RULES
+
+    return list(NEURON_RULES)

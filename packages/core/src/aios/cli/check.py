@@ -1,8 +1,9 @@
 """``aios check SCRIPT... [--backend NAME] [--json] [--fix]``: what ties training scripts to one
 accelerator (static; imports no torch). Each script is read with the modules of its own project it
-imports and the configs it loads; a finding in a shared helper is printed once. Exit 1 when
-something breaks or silently differs somewhere (errors, warnings), 0 when clean or only notes
-remain, 2 on bad input."""
+imports and the configs it loads; a finding in a shared helper is printed once. Rules come from
+every plugin's ``aios_check_rules`` hook (core's own among them). Exit 1 when something breaks
+somewhere (an error: it raises, or silently changes what the script trains), 0 when clean or only
+warnings and notes remain, 2 on bad input."""
 
 from __future__ import annotations
 
@@ -48,10 +49,10 @@ def check(scripts: tuple[str, ...], backend: str | None, as_json: bool, fix: boo
     """Find what ties training scripts to one accelerator, with the aios replacement.
 
     One line per finding: PATH:LINE:COL CODE message (where it breaks, or "note"). Directories are
-    searched for *.py files. Exit status: 1 when something breaks or silently differs, 0 when
-    clean or only notes remain, 2 on bad input.
+    searched for *.py files. Exit status: 1 when something breaks (an error), 0 when clean or
+    only warnings and notes remain, 2 on bad input.
     """
-    from aios.check.checker import (
+    from aios.check import (
         BACKENDS,
         CheckError,
         check_project,
@@ -59,13 +60,16 @@ def check(scripts: tuple[str, ...], backend: str | None, as_json: bool, fix: boo
         fix_source,
         for_backend,
         read_source,
+        rules_from,
     )
+    from aios.plugins.registry import get_registry
 
     if backend is not None and backend not in BACKENDS:
         raise AiosError(
             f"aios check knows no backend '{backend}'",
             "use one of " + ", ".join(BACKENDS) + " (or leave --backend out for all)",
         )
+    rules = rules_from(get_registry())
     files = expand(scripts)
     if not files:
         raise AiosError(
@@ -78,7 +82,7 @@ def check(scripts: tuple[str, ...], backend: str | None, as_json: bool, fix: boo
     try:
         for path in files:
             source = read_source(path)
-            found = for_backend(check_project(path), backend)
+            found = for_backend(check_project(path, rules), backend)
             own = [f for f in found if f.path == path]
             if fix and any(f.fix for f in own):
                 try:
@@ -97,7 +101,7 @@ def check(scripts: tuple[str, ...], backend: str | None, as_json: bool, fix: boo
                     )
                     _write_atomically(path, fixed)
                     diffs.append({"path": path, "diff": diff})
-                    found = for_backend(check_project(path), backend)
+                    found = for_backend(check_project(path, rules), backend)
             for f in found:
                 key = (os.path.abspath(f.path), f.line, f.code)
                 if key not in seen:
@@ -131,4 +135,4 @@ def check(scripts: tuple[str, ...], backend: str | None, as_json: bool, fix: boo
         if fixable:
             summary += f"; {fixable} fixable with --fix"
         click.echo(summary, err=True)
-    sys.exit(1 if any(f.level != "note" for f in findings) else 0)
+    sys.exit(1 if any(f.level == "error" for f in findings) else 0)

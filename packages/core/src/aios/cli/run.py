@@ -467,7 +467,7 @@ def _hint_from_stderr(script: str, text: str) -> str | None:
         (os.path.realpath(m.group(1)), int(m.group(2)))
         for m in re.finditer(r'File "([^"]+)", line (\d+)', tb)
     ]
-    from aios.check.checker import CheckError, check_project
+    from aios.check import CheckError, check_project
 
     try:
         # the script and the modules of its project it imports: the deepest frame in any of them

@@ -310,3 +310,11 @@ def aios_env_info() -> dict[str, Any]:
         except PackageNotFoundError:
             out[dist] = "not installed"
     return out
+
+
+@hookimpl
+def aios_check_rules() -> list[Any]:
+    # deferred: the checker is loaded by `aios check` (and a failed run's hint), never by a rank
+    from aios.check.rules import CORE_RULES
+
+    return list(CORE_RULES)

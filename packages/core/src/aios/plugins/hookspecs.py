@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
+    from aios.check.rules.base import CheckRule
     from aios.config.schema import AiosConfig
     from aios.environments.base import ClusterEnvironment
     from aios.types import (
@@ -335,4 +336,20 @@ def aios_env_info() -> dict[str, Any] | None:
     redacted by aios before printing. All results are collected.
 
     .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def aios_check_rules() -> list[type[CheckRule]] | None:
+    """Rules for ``aios check``: what ties a script to one accelerator, found statically.
+
+    :return: rule classes (subclasses of :class:`aios.check.CheckRule`), or ``None``. Each
+        declares the codes it reports, the AST node types it looks at and its own examples of
+        wrong code (reported, at a line, naming a replacement) and right code (no finding);
+        :class:`aios.testing.check_rule_contract.CheckRuleContract` proves a class against
+        them. Core's own rules come through this hook too, first; on one line and code the
+        first finding stands. All results are collected. Called once per ``aios check``; must
+        not import torch (rules read the AST, nothing is imported or run).
+
+    .. versionadded:: 0.3
     """

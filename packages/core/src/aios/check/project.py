@@ -1,0 +1,223 @@
+"""Reading a script's project: the modules of its own it imports (same folder, packages under
+it, folders it adds to ``sys.path``), the configs it loads (YAML/JSON/TOML), and what they tell
+each other (a helper reading the launcher's world, a config setting the device)."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from aios.check.findings import NOT_CUDA, CheckError, Finding
+from aios.check.library import CONFIG_DEVICE, CONFIG_SUFFIXES
+from aios.check.names import _dotted, _relative_base, _str
+from aios.check.reading import _Project
+
+
+def parse(source: str, path: str) -> ast.Module:
+    """The AST of ``source``; :class:`CheckError` (one line) when it is not Python."""
+    try:
+        return ast.parse(source, filename=path)
+    except SyntaxError as exc:
+        raise CheckError(f"{path}:{exc.lineno or 0}: syntax error: {exc.msg}") from None
+    except ValueError as exc:  # null bytes
+        raise CheckError(f"{path}: not Python source: {exc}") from None
+
+
+def read_source(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise CheckError(f"{path}: cannot read: {reason}") from None
+
+
+MAX_PROJECT_FILES = 40  # modules followed from one script (and configs read)
+
+
+def _module_file(root: str, dotted: str) -> str | None:
+    """``root/a/b.py`` or ``root/a/b/__init__.py`` for ``a.b``, if it exists."""
+    base = os.path.join(root, *dotted.split("."))
+    for cand in (base + ".py", os.path.join(base, "__init__.py")):
+        if os.path.isfile(cand):
+            return cand
+    return None
+
+
+def _local_imports(tree: ast.Module, package: str | None) -> Iterator[str]:
+    """Dotted names a module imports, absolute or relative (``from . import x`` in ``gd``:
+    ``gd.x``), each also as its parent (``from util.misc import f``: ``util.misc``, ``util``).
+    Imports inside functions count too (a helper imported where it is used)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                yield a.name
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module if not node.level else _relative_base(node, package or "")
+            if base is None:
+                continue
+            if base:
+                yield base
+            for a in node.names:
+                if a.name != "*":
+                    yield f"{base}.{a.name}" if base else a.name
+
+
+@dataclass
+class _Module:
+    path: str
+    name: str  # dotted, from the script's folder ("" for the script)
+    package: str | None
+    source: str
+    tree: ast.Module
+
+
+def _path_value(node: ast.AST, script: str) -> str | None:
+    """The folder a ``sys.path`` entry names, where it is spelled from ``__file__`` and literals:
+    ``os.path.join(os.path.dirname(__file__), "..")``, ``str(Path(__file__).parent / "src")``."""
+    if isinstance(node, ast.Name) and node.id == "__file__":
+        return script
+    text = _str(node)
+    if text is not None:
+        return os.path.join(os.path.dirname(script) or ".", text)
+    if isinstance(node, ast.Call):
+        name = _dotted(node.func) or ""
+        args = [_path_value(a, script) for a in node.args]
+        if None in args:
+            return None
+        parts = [a for a in args if a is not None]
+        if name.endswith(("dirname",)) and len(parts) == 1:
+            return os.path.dirname(parts[0])
+        if name.endswith(("abspath", "realpath", "normpath", "Path", "str", "resolve")):
+            return parts[0] if len(parts) == 1 else None
+        if name.endswith("join") and parts:
+            return os.path.join(*parts)
+        if isinstance(node.func, ast.Attribute) and node.func.attr == "resolve" and not parts:
+            return _path_value(node.func.value, script)
+    if isinstance(node, ast.Attribute) and node.attr == "parent":
+        inner = _path_value(node.value, script)
+        return os.path.dirname(inner) if inner is not None else None
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+        left, right = _path_value(node.left, script), _str(node.right)
+        return os.path.join(left, right) if left is not None and right is not None else None
+    return None
+
+
+def _sys_path_roots(tree: ast.Module, script: str) -> list[str]:
+    """Folders the script adds to ``sys.path`` (``sys.path.insert(0, ...)``, ``append``)."""
+    roots = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and (_dotted(node.func) or "") in ("sys.path.insert", "sys.path.append")
+            and node.args
+        ):
+            folder = _path_value(node.args[-1], script)
+            if folder is not None and os.path.isdir(folder):
+                roots.append(os.path.normpath(folder))
+    return roots
+
+
+def _project_modules(path: str, source: str, tree: ast.Module) -> list[_Module]:
+    """The script and the modules of its own project it imports (same folder, packages under
+    it, folders it adds to ``sys.path``), breadth first, at most MAX_PROJECT_FILES. Third-party
+    imports are not files here."""
+    root = os.path.dirname(path) or "."  # relative stays relative: paths print as given
+    roots = [root, *_sys_path_roots(tree, path)]
+    mods = [_Module(path, "", "", source, tree)]
+    seen = {os.path.abspath(path)}
+    i = 0
+    while i < len(mods) and len(mods) < MAX_PROJECT_FILES:
+        mod = mods[i]
+        i += 1
+        for dotted in _local_imports(mod.tree, mod.package):
+            found = next((f for r in roots if (f := _module_file(r, dotted))), None)
+            if found is None or os.path.abspath(found) in seen:
+                continue
+            seen.add(os.path.abspath(found))
+            found = os.path.normpath(found)
+            try:
+                text = read_source(found)
+                sub = ast.parse(text, filename=found)
+            except (CheckError, SyntaxError, ValueError):
+                continue  # not ours to judge: the script's import fails there anyway
+            package = dotted if found.endswith("__init__.py") else dotted.rpartition(".")[0]
+            mods.append(_Module(found, dotted, package, text, sub))
+            if len(mods) >= MAX_PROJECT_FILES:
+                break
+    return mods
+
+
+def _config_files(root: str, modules: list[_Module]) -> list[str]:
+    """YAML/JSON/TOML files under the script's folder whose name a module of the project spells
+    out (``--config configs/train.yaml``, ``os.path.join(here, "configs", "train.yaml")``)."""
+    names = set()
+    for mod in modules:
+        for node in ast.walk(mod.tree):
+            text = _str(node)
+            if text and text.endswith(CONFIG_SUFFIXES) and len(text) < 300:
+                names.add(os.path.basename(text))
+    if not names:
+        return []
+    out: list[str] = []
+    skip = {".git", "__pycache__", "node_modules", ".venv", "venv", "site-packages"}
+    for visited, (dirpath, dirs, files) in enumerate(os.walk(root)):
+        if visited >= 500:  # a script in a big folder (a home directory): look no further
+            break
+        depth = os.path.relpath(dirpath, root).count(os.sep)
+        dirs[:] = sorted(d for d in dirs if d not in skip and not d.startswith(".") and depth < 3)
+        out.extend(os.path.join(dirpath, f) for f in sorted(files) if f in names)
+        if len(out) >= MAX_PROJECT_FILES:
+            break
+    return out
+
+
+def check_config(path: str) -> list[Finding]:
+    """A config the script loads that asks for a CUDA device (``device: cuda``): the recipe's
+    device comes from there, so the line to change is there.
+
+    Wrong: ``device: cuda`` / ``device = "cuda:0"`` / ``"accelerator": "gpu"``.
+    Right: ``device: cpu`` where the script maps it through rt.device; no device key."""
+    try:
+        text = read_source(path)
+    except CheckError:
+        return []
+    out = []
+    for i, line in enumerate(text.splitlines(), 1):
+        m = CONFIG_DEVICE.match(line)
+        if m:
+            out.append(
+                Finding(
+                    path,
+                    i,
+                    line.index(m.group(1)) + 1,
+                    "AIOS101",
+                    f"the script loads this config and its {m.group(1)} is {m.group(2)!r}: run "
+                    "unchanged it asks for CUDA; set the device from rt.device (aios.init() picks "
+                    "each rank's device for the backend aios-run selects)",
+                    NOT_CUDA,
+                )
+            )
+    return out
+
+
+def project_facts(modules: list[_Module], configs: list[str]) -> _Project:
+    """What the project's modules and configs say to every file of it."""
+    project = _Project()
+    for mod in modules:
+        world = environ = False
+        for node in ast.walk(mod.tree):
+            if isinstance(node, ast.Constant):
+                world = world or node.value in ("WORLD_SIZE", "RANK")
+            elif isinstance(node, ast.Attribute):
+                environ = environ or node.attr in ("environ", "getenv")
+                if node.attr == "DEVICE" and isinstance(node.ctx, ast.Store):
+                    project.config_device = True  # cfg.MODEL.DEVICE = ...
+        project.env_world |= world and environ  # os.environ["WORLD_SIZE"] read somewhere
+    for c in configs:
+        if re.search(r"^\s*DEVICE\s*:", read_source(c), re.M):
+            project.config_device = True
+    return project
