@@ -347,6 +347,7 @@ def init(
     rt = Runtime(cfg, backend, strategy, precision, watchers=watchers, registry=reg)
     if ft_group_from_env() is not None:  # a replica group of aios-run (aios.ft)
         rt.replica = Replica(cfg, rt.training, strategy)
+        rt.replica.start()
     caps = []
     for plugin, result, exc in reg.call_all("aios_grace_cap", config=cfg):
         if exc is not None:

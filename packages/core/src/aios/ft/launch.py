@@ -174,6 +174,7 @@ class Groups:
                             return failed[0] if failed[0] > 0 else 128 - failed[0]
                     elif all(c == 0 for c in codes):
                         self.done[g] = 0
+                        open(os.path.join(self.state_dir, f"group{g}.done"), "w").close()
             return 0
         finally:
             self.stop_all()

@@ -110,6 +110,13 @@ class Replica:
             hostname=addr,
         )
 
+    def start(self) -> None:
+        """The group's manager: it heartbeats to the lighthouse from now on (the run's first
+        quorum waits for every group)."""
+        if self.manager is None:
+            self.manager = self._start_manager()
+            self._wait_for_groups()
+
     def _wait_for_groups(self) -> None:
         """At the run's start every group joins the first quorum (a group restarted later
         does not wait: it heals from the live ones)."""
@@ -123,17 +130,31 @@ class Replica:
         while not all(os.path.exists(os.path.join(state_dir, w)) for w in want):
             time.sleep(0.02)
 
+    def _others_done(self) -> bool:
+        state_dir = self.env.get(STATE_DIR_ENV, "")
+        return all(
+            os.path.exists(os.path.join(state_dir, f"group{g}.done"))
+            for g in range(self.groups)
+            if g != self.group
+        )
+
     # ---------------------------------------------------------------- the step
     def begin_step(self) -> None:
         """The quorum of this step (once per step; a no-op until the step has ended)."""
         if self.in_step:
             return
-        if self.manager is None:
-            self.manager = self._start_manager()
-            self._wait_for_groups()
+        self.start()
         m = self.manager
         m.start_quorum()
         m.wait_quorum()
+        # a restarted group never trains alone while another group lives: it asks again until
+        # its quorum has a live group to heal from (or every other group has finished)
+        while self._restarted_at is not None and self.heal_seconds is None:
+            if m.participating_rank() is None or m.num_participants() > 1 or self._others_done():
+                break
+            time.sleep(0.05)
+            m.start_quorum()
+            m.wait_quorum()
         self.in_step = True
         before = self.participants
         self.participants = int(m.num_participants())
