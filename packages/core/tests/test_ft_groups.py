@@ -76,6 +76,13 @@ def test_lost_group_survivor_keeps_training_and_heals(tmp_path: Path, mode: str)
     committed = [e for e in surv if e["ok"]]
     assert any(e["p"] == 1 for e in committed)
     assert committed[-1]["p"] == 2
+    if mode == "allreduce":  # the step group 1 died in did not commit; its batch came again
+        miss = [i for i, e in enumerate(surv) if not e["ok"]]
+        assert miss and all(
+            surv[i + 1]["ok"] and surv[i + 1]["idx"] == surv[i]["idx"] for i in miss
+        )
+    else:
+        assert all(e["ok"] for e in surv)
     # healed: from its first committed step on, group 1's parameters are group 0's, bitwise
     by_step = {e["step"]: e["params"] for e in committed}
     healed = [e for e in again if e["ok"]]
@@ -99,6 +106,21 @@ def test_lost_group_survivor_keeps_training_and_heals(tmp_path: Path, mode: str)
     # once each; the epoch's short last step is padded from its start (as DistributedSampler)
     assert len(seen) == len(set(seen))
     assert set(seen) | tail == set(range(N)) and not tail <= set(seen)
+    # goodput: the replica-group categories in the run record and in `aios report`
+    (run,) = (tmp_path / "runs").iterdir()
+    rep = subprocess.run(
+        [sys.executable, "-c", "from aios.cli.main import main; main()", "report", str(run)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert rep.returncode == 0, rep.stderr
+    degraded = sum(1 for e in committed if e["p"] == 1)
+    lost = sum(1 for e in surv if not e["ok"])
+    assert (
+        f"replica groups: 2; steps committed with fewer groups: {degraded}; "
+        f"steps not committed (trained again): {lost}; heals: group 1 in "
+    ) in rep.stdout
 
 
 def test_refused_without_divisible_nprocs(tmp_path: Path) -> None:
@@ -106,3 +128,56 @@ def test_refused_without_divisible_nprocs(tmp_path: Path) -> None:
     assert r.returncode == 2
     assert "nprocs=2 is not divisible by ft.replica_groups=3" in r.stderr
     assert "Traceback" not in r.stderr
+    assert not list(tmp_path.glob("g*.jsonl"))  # no rank started
+
+
+def test_refused_without_torchft(tmp_path: Path) -> None:
+    """torchft not importable (sys.modules entry None: find_spec answers None, as when it is not
+    installed): one line naming the extra from this checkout, before any rank starts."""
+    from aios.testing.strategy_contract import free_port
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
+    code = "import sys; sys.modules['torchft'] = None; from aios.cli.run import main; main()"
+    r = subprocess.run(
+        [sys.executable, "-c", code, "--nprocs", "2", f"master_port={free_port()}"]
+        + ["ft.replica_groups=2", str(SCRIPT)],
+        capture_output=True,
+        text=True,
+        env={**env, "FT_OUT": str(tmp_path)},
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert r.returncode == 2, r.stderr
+    assert "ft.replica_groups=2 needs torchft, which is not installed" in r.stderr
+    assert "./packages/core[ft]" in r.stderr and "Traceback" not in r.stderr
+    assert not list(tmp_path.glob("g*.jsonl"))
+
+
+@pytest.mark.parametrize("backend", ["xla", "tpu", "neuron"])
+def test_refused_on_backends_torchft_does_not_cover(backend: str) -> None:
+    from aios.config.schema import resolve
+    from aios.errors import ConfigError
+    from aios.ft.plan import check
+
+    cfg = resolve(None, ["ft.replica_groups=2"], {})
+    with pytest.raises(ConfigError, match=f"not supported on backend '{backend}'"):
+        check(cfg, backend, 2)
+    assert check(cfg, "cpu", 4) == 2
+    assert check(resolve(None, [], {}), backend, 2) == 1  # off: nothing refused
+
+
+def test_dry_run_names_the_groups(tmp_path: Path) -> None:
+    from aios.testing.strategy_contract import free_port
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
+    r = subprocess.run(
+        [sys.executable, "-c", "from aios.cli.run import main; main()", "--dry-run"]
+        + ["--nprocs", "4", f"master_port={free_port()}", "ft.replica_groups=2", str(SCRIPT)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "replica groups: 2 of 2 processes; the lighthouse on 127.0.0.1:<free port>" in r.stdout

@@ -347,6 +347,8 @@ def init(
     rt = Runtime(cfg, backend, strategy, precision, watchers=watchers, registry=reg)
     if ft_group_from_env() is not None:  # a replica group of aios-run (aios.ft)
         rt.replica = Replica(cfg, rt.training, strategy)
+        if rt.replica.group:  # each group's rank 0 keeps its own record beside group 0's
+            rt.record.dir = os.path.join(rt.record.dir, f"group{rt.replica.group}")
         rt.replica.start()
     caps = []
     for plugin, result, exc in reg.call_all("aios_grace_cap", config=cfg):
@@ -1271,7 +1273,7 @@ class Runtime:
             with contextlib.suppress(Exception):
                 lg.close()
         self.record.close()
-        if self.is_main and status != "failed" and not _failing:
+        if self.is_main and status != "failed" and not _failing and not self.replica_group:
             self._print_locations()
         if status in ("finished", "preempted") and self._world > 1:
             with contextlib.suppress(Exception):

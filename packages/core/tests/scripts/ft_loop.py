@@ -14,9 +14,8 @@ import os
 import signal
 import time
 
-import torch
-
 import aios
+import torch
 
 rt = aios.init()
 torch.manual_seed(0)

@@ -39,8 +39,7 @@ def check(cfg: Any, backend: str, nprocs: int) -> int:
         )
     if cfg.nnodes != 1:
         raise ConfigError(
-            f"ft.replica_groups with nnodes={cfg.nnodes}: aios-run runs replica groups on one "
-            "host",
+            f"ft.replica_groups with nnodes={cfg.nnodes}: aios-run runs replica groups on one host",
             "use nnodes=1 (several hosts: not supported yet)",
         )
     if nprocs % groups:

@@ -75,7 +75,7 @@ class Replica:
 
     def _load(self, state: dict[str, Any]) -> None:
         self.training.load_state_dict(state["training"], rank=self.group_rank)
-        for s, d in zip(self.samplers, state["data"]):
+        for s, d in zip(self.samplers, state["data"], strict=True):
             s.load_state_dict(d)
 
     def _start_manager(self) -> Any:
