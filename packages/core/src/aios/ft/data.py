@@ -118,8 +118,9 @@ def shard(loader: Any, replica: Any, seed: int, shuffle: bool | None) -> Any:
         )
     if shuffle is None:
         shuffle = isinstance(loader.sampler, RandomSampler)
+    size = len(loader.dataset)  # type: ignore[arg-type]  # a map-style dataset is sized
     sampler = GlobalStepSampler(
-        len(loader.dataset), int(loader.batch_size), shuffle, seed, loader.drop_last, replica
+        size, int(loader.batch_size), shuffle, seed, loader.drop_last, replica
     )
     replica.samplers.append(sampler)
     return DataLoader(loader.dataset, batch_sampler=sampler, collate_fn=loader.collate_fn)
