@@ -16,6 +16,7 @@ healed (with the time from its restart to its first committed step).
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -74,11 +75,16 @@ class Replica:
         }
 
     def _load(self, state: dict[str, Any]) -> None:
-        self.training.load_state_dict(state["training"], rank=self.group_rank)
+        # the loaders keep their own counters (the position is the samplers', below) and the
+        # micro-step count is this rank's own (the peer sent its state mid-step)
+        own = {**state["training"], "loaders": [], "micro": self.training.micro}
+        self.training.load_state_dict(own, rank=self.group_rank)
         for s, d in zip(self.samplers, state["data"], strict=True):
             s.load_state_dict(d)
 
     def _start_manager(self) -> Any:
+        if not self.cfg.ft.log:  # torchft's Python loggers (a traceback per lost peer): off
+            logging.getLogger("torchft").setLevel(logging.CRITICAL)
         import torch.distributed as dist
         from torchft.manager import Manager
         from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
