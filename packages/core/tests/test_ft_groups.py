@@ -166,6 +166,17 @@ def test_refused_on_backends_torchft_does_not_cover(backend: str) -> None:
     assert check(resolve(None, [], {}), backend, 2) == 1  # off: nothing refused
 
 
+def test_refused_with_a_sharded_strategy() -> None:
+    from aios.config.schema import resolve
+    from aios.errors import ConfigError
+    from aios.ft.plan import check
+
+    cfg = resolve(None, ["ft.replica_groups=2", "strategy=fsdp"], {})
+    with pytest.raises(ConfigError, match="strategy=fsdp is not supported yet"):
+        check(cfg, "cpu", 4)
+    assert check(resolve(None, ["ft.replica_groups=2", "strategy=ddp"], {}), "cpu", 4) == 2
+
+
 def test_dry_run_names_the_groups(tmp_path: Path) -> None:
     from aios.testing.strategy_contract import free_port
 
