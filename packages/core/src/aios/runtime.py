@@ -75,6 +75,9 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from aios.errors import AiosError, ConfigError
+from aios.ft import data as ft_data
+from aios.ft.replica import Replica
+from aios.ft.replica import from_env as ft_group_from_env
 from aios.launcher import rewrites
 from aios.launcher import status as rank_status
 from aios.launcher.contract import BACKEND_ENV, CONFIG_ENV
@@ -385,6 +388,11 @@ def init(
         elif result:
             watchers.extend(result)
     rt = Runtime(cfg, backend, strategy, precision, watchers=watchers, registry=reg)
+    if ft_group_from_env() is not None:  # a replica group of aios-run (aios.ft)
+        rt.replica = Replica(cfg, rt.training, strategy)
+        if rt.replica.group:  # each group's rank 0 keeps its own record beside group 0's
+            rt.record.dir = os.path.join(rt.record.dir, f"group{rt.replica.group}")
+        rt.replica.start()
     grace, capped = effective_grace(cfg.checkpoint.grace_seconds)
     rt.preemption.grace = grace
     if capped and rt.is_main:
@@ -541,6 +549,8 @@ class Runtime:
         self.checkpointer.step_time = self._recent_step_time
         self.checkpointer.on_saved = lambda: self._write_diagnostics(status="running")
         self._ckpt = self.checkpointer
+        #: this rank's replica group under ``ft.replica_groups`` (:mod:`aios.ft.replica`)
+        self.replica: Replica | None = None
         #: the step clock (monotonic seconds; tests inject one, with ``checkpointer.clock``)
         self.clock: Callable[[], float] = time.perf_counter
 
@@ -707,6 +717,23 @@ class Runtime:
         return self.strategy.tp_size if isinstance(self.strategy, FSDPStrategy) else 1
 
     @property
+    def replica_group(self) -> int:
+        """This process's replica group (0 to ``replica_groups - 1``; 0 without
+        ``ft.replica_groups``)."""
+        return self.replica.group if self.replica is not None else 0
+
+    @property
+    def replica_groups(self) -> int:
+        """The replica groups of the run (``ft.replica_groups``; 1 without it)."""
+        return self.replica.groups if self.replica is not None else 1
+
+    @property
+    def replica_participants(self) -> int:
+        """The replica groups in this step's quorum, whose gradients the step averages (a group
+        that is healing is not one of them for its first step)."""
+        return self.replica.participants if self.replica is not None else 1
+
+    @property
     def grad_accum(self) -> int:
         """Micro-steps per optimizer step on this rank: ``grad_accum``, or derived from
         ``global_batch`` and ``micro_batch`` and the number of data-parallel ranks."""
@@ -842,7 +869,12 @@ class Runtime:
         from aios.data.loaders import DeviceLoader
         from aios.data.workers import shield
 
-        wrapped = self.strategy.setup_dataloader(loader, shuffle=shuffle)
+        if self.replica is not None:  # the data stays global over the groups (aios.ft.data)
+            seed = self.config.seed if self.config.seed is not None else 0
+            loader = ft_data.shard(loader, self.replica, seed, shuffle)
+            wrapped = DeviceLoader(loader, self.device, seed=seed, rank=self.rank, world=1)
+        else:
+            wrapped = self.strategy.setup_dataloader(loader, shuffle=shuffle)
         # its workers leave SIGTERM/SIGINT to this rank (aios.data.workers)
         shield(wrapped.loader if isinstance(wrapped, DeviceLoader) else wrapped)
         if hasattr(wrapped, "owner"):
@@ -907,6 +939,8 @@ class Runtime:
         if not self.training.micro:
             self._name_placement(loss, sys._getframe(1))
         self.training.micro += 1
+        if self.replica is not None:
+            self.replica.begin_step()  # the quorum, when no aios loader began the step
         if self._direct_backward:
             loss.backward()
         else:
@@ -969,6 +1003,10 @@ class Runtime:
         if tr.micro % self._accum:
             return False
         precision = self.precision
+        if self.replica is not None and not self.replica.commit(tr.modules):
+            for opt in [optimizer] if optimizer is not None else tr.optimizers:
+                opt.zero_grad(set_to_none=True)  # not committed: the step is trained again
+            return False
         if optimizer is not None:
             if self._clip is not None:
                 self.last_grad_norm = self.strategy.clip_grad_norm(
@@ -1273,6 +1311,7 @@ class Runtime:
             backend_metrics=metrics,
             skipped_steps=getattr(self.precision, "skipped_steps", 0),
             resumed_from=self._resumed_from,
+            **({"ft": self.replica.summary()} if self.replica is not None else {}),
             **extra,
         )
 
@@ -1343,10 +1382,13 @@ class Runtime:
         self.record.close()
         if self.is_main and status != "failed" and not _failing:
             self._name_no_step(status)
+        if self.is_main and status != "failed" and not _failing and not self.replica_group:
             self._print_locations()
         if status in ("finished", "preempted") and self._world > 1:
             with contextlib.suppress(Exception):
                 self.strategy.barrier()  # no rank leaves the group while a peer still talks to it
+        if self.replica is not None:
+            self.replica.close()
         with contextlib.suppress(Exception):
             self.strategy.teardown()
         if _current is self:

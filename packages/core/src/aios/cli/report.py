@@ -11,6 +11,7 @@ import os
 import click
 
 from aios.errors import AiosError
+from aios.ft import report as ft_report
 
 
 def _resolve(target: str) -> str:
@@ -73,10 +74,13 @@ def report(target: str, as_json: bool, html_file: str | None) -> None:
             raise AiosError(
                 f"cannot write '{html_file}' ({exc.strerror})", "pick a writable path"
             ) from None
+    ft = ft_report.summarize(r.attempts[-1].run_dir)
     if as_json:
-        click.echo(json.dumps(r.to_dict(), indent=1))
+        click.echo(json.dumps({**r.to_dict(), **({"ft": ft} if ft else {})}, indent=1))
         return
     for line in goodput.render_text(r):
+        click.echo(line)
+    for line in ft_report.lines(ft) if ft else []:
         click.echo(line)
     if html_file:
         click.echo(f"timeline: {html_file}")

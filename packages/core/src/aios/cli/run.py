@@ -62,6 +62,8 @@ from typing import Any
 import click
 
 from aios.errors import LaunchError
+from aios.ft import launch as ft_launch
+from aios.ft import plan as ft_plan
 from aios.launcher import status as rank_status
 from aios.launcher.worker import LAUNCHER_PID_ENV
 from aios.resilience.watchdog import DEMAND_SIGNAL
@@ -1138,12 +1140,48 @@ def _run(
     cfg, spec, plan, notes = build_plan(
         script, args, overrides, flags, config_file, module=bool(module), check=not dry_run
     )
+    groups = ft_plan.check(cfg, spec.name, plan.world_size)
     if dry_run:
         env = _worker_env(cfg, spec.name, os.environ.get(RUN_ID_ENV) or "<new at launch>")
         _print_plan(cfg, spec, plan, env, notes, as_json)
+        if groups > 1 and not as_json:
+            click.echo(
+                f"replica groups: {groups} of {plan.world_size // groups} processes; the "
+                f"lighthouse on {cfg.master_addr}:<free port>, started by aios-run"
+            )
         return
     _check_checkpoint_dir(cfg)
+    if groups > 1:
+        _run_groups(cfg, spec, plan.world_size, notes, script, module, argv)
     execute(cfg, spec, plan, notes, script)
+
+
+def _run_groups(
+    cfg: Any,
+    spec: Any,
+    nprocs: int,
+    notes: list[str],
+    script: str,
+    module: str | None,
+    argv: tuple[str, ...],
+) -> None:
+    """``ft.replica_groups``: the groups' processes under aios-run (:mod:`aios.ft.launch`)."""
+    from aios.runrecord.records import new_run_id
+
+    _, _, args = _split_argv(argv, module)
+    for n in notes:
+        click.echo(f"{PROG}: note: {n}", err=True)
+    env = {
+        **os.environ,
+        **_worker_env(cfg, spec.name, os.environ.get(RUN_ID_ENV) or new_run_id()),
+        LAUNCH_TIME_ENV: os.environ.get(LAUNCH_TIME_ENV) or repr(time.time()),
+        LAUNCHER_PID_ENV: str(os.getpid()),
+    }
+    command = ft_launch.script_command(script, args, bool(module))
+    groups = ft_launch.Groups(
+        cfg, nprocs, command, env, _free_port, lambda m: click.echo(m, err=True)
+    )
+    sys.exit(groups.run())
 
 
 def _scheduler_defaults(

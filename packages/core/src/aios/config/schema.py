@@ -202,6 +202,33 @@ class WatchdogSettings(Section):
         return v
 
 
+class FtSettings(Section):
+    """Per-step fault tolerance with torchft replica groups (see :mod:`aios.ft`)."""
+
+    replica_groups: int = Field(
+        1,
+        ge=1,
+        description="replica groups (nprocs must divide by it); above 1, a lost group is "
+        "restarted and heals from a live one while the others keep training (aios-core[ft])",
+    )
+    heartbeat_timeout_ms: int = Field(
+        5000, ge=10, description="lighthouse: a group silent this long leaves the quorum"
+    )
+    join_timeout_ms: int = Field(
+        60000, ge=0, description="lighthouse: how long a quorum waits for missing groups"
+    )
+    quorum_tick_ms: int = Field(100, ge=1, description="lighthouse: quorum check interval")
+    timeout: float = Field(
+        60.0, gt=0, description="seconds for a cross-group all-reduce, commit vote or heal"
+    )
+    max_restarts: int = Field(
+        3, ge=0, description="restarts of each lost group before the run fails"
+    )
+    log: str | None = Field(
+        None, description="torchft's own log level (RUST_LOG), e.g. info; default: warnings only"
+    )
+
+
 class FsdpSettings(Section):
     """``strategy: fsdp`` / ``hsdp`` (FSDP2, ``torch.distributed.fsdp.fully_shard``)."""
 
@@ -296,6 +323,7 @@ class AiosConfigBase(Section):
     watchdog: WatchdogSettings = WatchdogSettings()
     fsdp: FsdpSettings = FsdpSettings()
     mesh: MeshSettings = MeshSettings()
+    ft: FtSettings = FtSettings()
 
     @field_validator("precision", mode="before")
     @classmethod

@@ -12,7 +12,7 @@ __all__ = ["COMMANDS", "CONFIG_KEYS"]
 #: take one of these names
 CONFIG_KEYS = frozenset(
     {
-        "backend", "checkpoint", "deterministic", "fsdp", "global_batch", "grad_accum",
+        "backend", "checkpoint", "deterministic", "fsdp", "ft", "global_batch", "grad_accum",
         "grad_clip", "launch", "logging", "master_addr", "master_port", "mesh", "micro_batch",
         "nnodes", "node_rank", "nprocs", "precision", "seed", "strategy", "watchdog",
     }

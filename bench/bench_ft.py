@@ -1,0 +1,132 @@
+"""Replica groups (``ft.replica_groups``) against plain DDP, and what a loss costs the survivor.
+
+1. Steps/s of ``aios-run --nprocs 2 ft.replica_groups=2`` (two groups of one process; gradients
+   averaged across groups by torchft's fault-tolerant all-reduce, a quorum and a commit vote each
+   step) against ``aios-run --nprocs 2`` (DDP, one world), same model and batches. The model is
+   sized so that a step takes ``--step-ms`` or more (the issue asks at least 100 ms).
+2. A run where group 1 SIGKILLs itself right after committing step ``--kill-at``: the survivor's
+   stall (the longest gap between two of its committed steps, less its median step) and the heal
+   time (from group 1's restart to its first committed step, aios's own line).
+
+::
+
+    python bench/bench_ft.py [--hidden 1024] [--layers 6] [--batch 256] [--steps 30]
+
+Prints one line per figure. On a shared 2-core machine the figures move with the load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+SCRIPT = r"""
+import json, os, signal, time
+import aios, torch
+from torch.utils.data import DataLoader, TensorDataset
+
+hidden, layers = int(os.environ["B_HIDDEN"]), int(os.environ["B_LAYERS"])
+batch, steps = int(os.environ["B_BATCH"]), int(os.environ["B_STEPS"])
+kill_at, out = int(os.environ.get("B_KILL", "-1")), os.environ["B_OUT"]
+rt = aios.init()
+torch.manual_seed(0)
+mods = []
+for _ in range(layers):
+    mods += [torch.nn.Linear(hidden, hidden), torch.nn.Tanh()]
+model = torch.nn.Sequential(*mods, torch.nn.Linear(hidden, 1))
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+n = batch * steps * 2
+ds = TensorDataset(torch.randn(n, hidden), torch.randn(n, 1))
+loader = DataLoader(ds, batch_size=batch)
+model, opt, loader = rt.setup(model, opt, loader)
+killed = os.path.join(out, "killed")
+stamps = []
+for x, y in loader:
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    rt.backward(loss)
+    if rt.step():
+        stamps.append(time.perf_counter())
+    if rt.replica_group == 1 and rt.global_step == kill_at and not os.path.exists(killed):
+        open(killed, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    if len(stamps) >= steps:
+        break
+name = f"g{rt.replica_group}-r{rt.rank}-{os.getpid()}.json"
+with open(os.path.join(out, name), "w") as f:
+    json.dump(stamps, f)
+rt.close()
+"""
+
+
+def run(tmp: Path, args: argparse.Namespace, *extra: str, kill: int = -1) -> tuple[str, list]:
+    script = tmp / "bench_ft_loop.py"
+    script.write_text(SCRIPT)
+    out = Path(tempfile.mkdtemp(dir=tmp))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
+    env.update(
+        B_HIDDEN=str(args.hidden),
+        B_LAYERS=str(args.layers),
+        B_BATCH=str(args.batch),
+        B_STEPS=str(args.steps),
+        B_KILL=str(kill),
+        B_OUT=str(out),
+        OMP_NUM_THREADS="1",
+        AIOS_LOGGING__RUN_DIR=str(tmp / "runs"),
+        AIOS_LOGGING__TENSORBOARD="false",
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", "from aios.cli.run import main; main()", "--nprocs", "2"]
+        + [*extra, str(script)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp,
+    )
+    if r.returncode:
+        sys.exit(f"bench run failed ({r.returncode}): {r.stderr[-2000:]}")
+    return r.stderr, [json.loads(p.read_text()) for p in sorted(out.glob("g*.json"))]
+
+
+def steps_per_s(stamps: list[float]) -> tuple[float, float]:
+    gaps = [b - a for a, b in zip(stamps[2:], stamps[3:], strict=False)]  # after warm-up
+    return 1 / statistics.median(gaps), statistics.median(gaps)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--kill-at", type=int, default=8)
+    ap.add_argument("--heartbeat-ms", type=int, default=1000)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-ft-"))
+    _, ddp = run(tmp, args)
+    ddp_rate, ddp_step = steps_per_s(ddp[0])
+    print(f"plain DDP, 2 processes: {ddp_rate:.2f} steps/s ({ddp_step * 1000:.0f} ms a step)")
+    hb = f"ft.heartbeat_timeout_ms={args.heartbeat_ms}"
+    _, ft = run(tmp, args, "ft.replica_groups=2", hb)
+    ft_rate, ft_step = steps_per_s(ft[0])
+    print(
+        f"ft.replica_groups=2: {ft_rate:.2f} steps/s ({ft_step * 1000:.0f} ms a step), "
+        f"{(1 - ft_rate / ddp_rate) * 100:+.1f}% slower than DDP"
+    )
+    err, kill = run(tmp, args, "ft.replica_groups=2", hb, kill=args.kill_at)
+    surv = kill[0]  # group 0, the only one of its name (it never restarts)
+    gaps = [b - a for a, b in zip(surv, surv[1:], strict=False)]
+    stall = max(gaps) - statistics.median(gaps)
+    print(f"survivor stall after the loss: {stall:.2f}s (heartbeat timeout {hb.split('=')[1]} ms)")
+    m = re.search(r"healed from a live group at step \d+, ([0-9.]+)s after its restart", err)
+    print(f"heal, restart to first commit: {m.group(1) + 's' if m else 'not seen'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+"""Per-step fault tolerance with torchft replica groups (``ft.replica_groups=G``).
+
+``aios-run --nprocs N ft.replica_groups=G train.py`` runs G replica groups of N/G processes.
+Inside a group the configured strategy runs as without groups; across groups the gradients are
+averaged by torchft's manager (its fault-tolerant all-reduce), and each step commits with the
+groups in that step's quorum:
+
+* :mod:`aios.ft.plan`: the refusals before any rank starts (torchft missing, a backend torchft
+  does not cover, nprocs not divisible by G) and the environment handed to the ranks;
+* :mod:`aios.ft.launch`: ``aios-run``'s side: the lighthouse (started and stopped by aios-run,
+  bound to the run's interface only, on a free port), the groups' processes, and the restart of
+  a lost group alone (the other groups never restart);
+* :mod:`aios.ft.replica`: a rank's side: the manager of its group, the step protocol (quorum at
+  the step's start, the all-reduce of the gradients across groups, the commit vote at its end)
+  and the heal of a restarted group from a live peer over torchft's HTTP checkpoint transport;
+* :mod:`aios.ft.data`: the data stays global: each step's batches are split over the groups in
+  the step's quorum, counted in committed samples; a step that did not commit is trained again.
+
+torchft 0.2.0 (the extra ``aios-core[ft]``): aios calls the manager's ``allreduce`` and
+``should_commit`` itself; 0.2.0's ``DistributedDataParallel`` wrapper crashed the survivor when
+its peer died inside the all-reduce, so it is not used.
+"""
+
+from __future__ import annotations
+
+#: environment handed to each rank of a replica group by aios-run
+GROUP_ENV = "AIOS_FT_GROUP"
+GROUPS_ENV = "AIOS_FT_GROUPS"
+LIGHTHOUSE_ENV = "AIOS_FT_LIGHTHOUSE"
+STORE_PORT_ENV = "AIOS_FT_STORE_PORT"
+STATE_DIR_ENV = "AIOS_FT_STATE_DIR"
+RESTARTED_AT_ENV = "AIOS_FT_RESTARTED_AT"

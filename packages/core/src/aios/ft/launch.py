@@ -1,0 +1,192 @@
+"""``aios-run``'s side of ``ft.replica_groups``: the lighthouse and the groups' processes.
+
+aios-run starts torchft's lighthouse in its own process, bound to the run's interface only
+(``master_addr``; 127.0.0.1 for a local run) on a free port, starts G groups of N/G processes
+(each group its own torch.distributed world, rendezvous port and manager store), and watches
+them. A group with a failed process is lost: its other processes are stopped and the group alone
+is started again (``ft.max_restarts`` times each); the other groups never restart. One line per
+event. The run ends when every group has ended; its status is 0 when every group's last start
+ended 0.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aios.ft import (
+    GROUP_ENV,
+    GROUPS_ENV,
+    LIGHTHOUSE_ENV,
+    RESTARTED_AT_ENV,
+    STATE_DIR_ENV,
+    STORE_PORT_ENV,
+)
+from aios.ft.plan import rust_log
+
+PROG = "aios"
+
+
+def start_lighthouse(cfg: Any) -> tuple[Any, str]:
+    """torchft's lighthouse on ``master_addr`` (a free port); returns ``(server, address)``."""
+    # torchft's Rust side reads RUST_LOG once, when it is loaded: per-step INFO lines off
+    os.environ["RUST_LOG"] = rust_log(cfg, dict(os.environ))
+    from torchft._torchft import LighthouseServer
+
+    ft = cfg.ft
+    server = LighthouseServer(
+        bind=f"{cfg.master_addr}:0",
+        min_replicas=1,
+        join_timeout_ms=ft.join_timeout_ms,
+        quorum_tick_ms=ft.quorum_tick_ms,
+        heartbeat_timeout_ms=ft.heartbeat_timeout_ms,
+    )
+    port = server.address().rsplit(":", 1)[1].strip("/")
+    return server, f"http://{cfg.master_addr}:{port}"
+
+
+def committed_step(state_dir: str, group: int) -> int:
+    """The last step a group committed (written by its rank 0, :mod:`aios.ft.replica`)."""
+    try:
+        with open(os.path.join(state_dir, f"group{group}.step")) as f:
+            return int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def _describe(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+class Groups:
+    """The replica groups of one run on this host (see the module docstring)."""
+
+    def __init__(
+        self,
+        cfg: Any,
+        nprocs: int,
+        command: list[str],
+        env: dict[str, str],
+        free_port: Callable[[str], int],
+        echo: Callable[[str], None],
+    ) -> None:
+        self.cfg = cfg
+        self.command = command
+        self.env = env
+        self.free_port = free_port
+        self.echo = echo
+        self.groups = int(cfg.ft.replica_groups)
+        self.per_group = nprocs // self.groups
+        self.procs: dict[int, list[subprocess.Popen[bytes]]] = {}
+        self.restarts = dict.fromkeys(range(self.groups), 0)
+        self.done: dict[int, int] = {}
+        self.state_dir = tempfile.mkdtemp(prefix="aios-ft-")
+        self.lighthouse: Any = None
+        self.address = ""
+
+    def _group_env(self, g: int, rank: int, master_port: int, store_port: int) -> dict[str, str]:
+        n = self.per_group
+        return {
+            **self.env,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(g * n + rank),  # the group's devices on this host
+            "WORLD_SIZE": str(n),
+            "LOCAL_WORLD_SIZE": str(n),
+            "MASTER_ADDR": self.cfg.master_addr,
+            "MASTER_PORT": str(master_port),
+            GROUP_ENV: str(g),
+            GROUPS_ENV: str(self.groups),
+            LIGHTHOUSE_ENV: self.address,
+            STORE_PORT_ENV: str(store_port),
+            STATE_DIR_ENV: self.state_dir,
+            "RUST_LOG": rust_log(self.cfg, self.env),
+        }
+
+    def start(self, g: int, restarted: bool = False) -> None:
+        addr = self.cfg.master_addr
+        master, store = self.free_port(addr), self.free_port(addr)
+        procs = []
+        for rank in range(self.per_group):
+            env = self._group_env(g, rank, master, store)
+            if restarted:
+                env[RESTARTED_AT_ENV] = repr(time.time())
+            procs.append(subprocess.Popen(self.command, env=env))
+        self.procs[g] = procs
+
+    def _stop(self, procs: list[subprocess.Popen[bytes]]) -> None:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for p in procs:
+            p.wait()
+
+    def _lost(self, g: int, code: int) -> bool:
+        """Group ``g`` lost a process: stop the rest, restart it. False when out of restarts."""
+        self._stop(self.procs[g])
+        alive = self.groups - len(self.done) - 1
+        step = max((committed_step(self.state_dir, o) for o in range(self.groups)), default=0)
+        self.echo(
+            f"{PROG}: replica group {g} lost at step {step} ({_describe(code)}); "
+            f"{alive} of {self.groups} groups training"
+        )
+        if self.restarts[g] >= self.cfg.ft.max_restarts:
+            self.echo(
+                f"{PROG}: replica group {g} used its {self.cfg.ft.max_restarts} restarts "
+                "(ft.max_restarts); the run fails"
+            )
+            return False
+        self.restarts[g] += 1
+        self.echo(
+            f"{PROG}: restarting replica group {g} ({self.restarts[g]}/"
+            f"{self.cfg.ft.max_restarts}); it heals from a live group"
+        )
+        self.start(g, restarted=True)
+        return True
+
+    def run(self) -> int:
+        """Start every group, watch them; returns the run's exit status."""
+        self.lighthouse, self.address = start_lighthouse(self.cfg)
+        try:
+            for g in range(self.groups):
+                self.start(g)
+            while len(self.done) < self.groups:
+                time.sleep(0.05)
+                for g, procs in self.procs.items():
+                    if g in self.done:
+                        continue
+                    codes = [p.poll() for p in procs]
+                    failed = [c for c in codes if c not in (None, 0)]
+                    if failed:
+                        if not self._lost(g, failed[0]):
+                            self.stop_all()
+                            return failed[0] if failed[0] > 0 else 128 - failed[0]
+                    elif all(c == 0 for c in codes):
+                        self.done[g] = 0
+                        open(os.path.join(self.state_dir, f"group{g}.done"), "w").close()
+            return 0
+        finally:
+            self.stop_all()
+
+    def stop_all(self) -> None:
+        for procs in self.procs.values():
+            self._stop(procs)
+        if self.lighthouse is not None:
+            self.lighthouse.shutdown()
+            self.lighthouse = None
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+
+
+def script_command(script: str, args: list[str], module: bool) -> list[str]:
+    return [sys.executable, *(["-m", script] if module else [script]), *args]

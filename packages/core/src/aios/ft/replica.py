@@ -1,0 +1,245 @@
+"""A rank's side of ``ft.replica_groups``: its group's torchft manager and the step protocol.
+
+* step start (the first batch of the step from an aios loader, else the first ``rt.backward``):
+  the quorum (:meth:`Replica.begin_step`); the groups in it are this step's participants;
+* ``rt.step``, before the optimizer: the gradients averaged across the participating groups by
+  the manager's fault-tolerant all-reduce (one flat tensor), then the commit vote
+  (``should_commit``); the optimizer steps only when the step commits (a step that did not
+  commit is trained again: its data stays next, :mod:`aios.ft.data`);
+* a restarted group joins the next quorum, receives the training state of a live group over
+  torchft's HTTP checkpoint transport (no checkpoint file), does not contribute to that step's
+  gradients and steps with the others: its parameters are then bitwise those of its peers.
+
+Lines (rank 0 of a group): when the number of groups in the quorum changes, and when this group
+healed (with the time from its restart to its first committed step).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from datetime import timedelta
+from typing import Any
+
+from aios.ft import (
+    GROUP_ENV,
+    GROUPS_ENV,
+    LIGHTHOUSE_ENV,
+    RESTARTED_AT_ENV,
+    STATE_DIR_ENV,
+    STORE_PORT_ENV,
+)
+
+
+def from_env(environ: Any = os.environ) -> tuple[int, int] | None:
+    """``(group, groups)`` when this rank was started in a replica group by aios-run."""
+    if GROUP_ENV not in environ:
+        return None
+    return int(environ[GROUP_ENV]), int(environ[GROUPS_ENV])
+
+
+class Replica:
+    """This rank's replica group (see the module docstring)."""
+
+    def __init__(self, cfg: Any, training: Any, strategy: Any, environ: Any = os.environ) -> None:
+        self.cfg = cfg
+        self.training = training
+        self.strategy = strategy
+        self.env = environ
+        self.group = int(environ[GROUP_ENV])
+        self.groups = int(environ[GROUPS_ENV])
+        self.group_rank = int(strategy.rank)
+        self.group_world = int(strategy.world_size)
+        self.manager: Any = None
+        self._store: Any = None
+        self.in_step = False
+        #: groups in this step's quorum (those that contribute gradients)
+        self.participants = self.groups
+        #: this group's index among them (None: healing this step)
+        self.participant_rank: int | None = self.group
+        self.samplers: list[Any] = []
+        restarted = environ.get(RESTARTED_AT_ENV)
+        self._restarted_at = float(restarted) if restarted else None
+        #: goodput: steps committed, committed with fewer groups, not committed; heal seconds
+        self.counts = {"committed": 0, "degraded": 0, "lost": 0}
+        self.heal_seconds: float | None = None
+        self._healing = False
+
+    # ---------------------------------------------------------------- manager
+    def _state(self) -> dict[str, Any]:
+        return {
+            "training": self.training.state_dict(),
+            "data": [s.state_dict() for s in self.samplers],
+        }
+
+    def _load(self, state: dict[str, Any]) -> None:
+        # the loaders keep their own counters (the position is the samplers', below) and the
+        # micro-step count is this rank's own (the peer sent its state mid-step)
+        own = {**state["training"], "loaders": [], "micro": self.training.micro}
+        self.training.load_state_dict(own, rank=self.group_rank)
+        for s, d in zip(self.samplers, state["data"], strict=True):
+            s.load_state_dict(d)
+
+    def _start_manager(self) -> Any:
+        if not self.cfg.ft.log:  # torchft's Python loggers (a traceback per lost peer): off
+            logging.getLogger("torchft").setLevel(logging.CRITICAL)
+        import torch.distributed as dist
+        from torchft.manager import Manager
+        from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
+
+        ft = self.cfg.ft
+        timeout = timedelta(seconds=float(ft.timeout))
+        addr = self.env["MASTER_ADDR"]
+        port = int(self.env[STORE_PORT_ENV])
+        if self.group_rank == 0:  # the group's store for the manager (its own port)
+            self._store = dist.TCPStore(
+                addr, port, is_master=True, wait_for_workers=False, timeout=timeout
+            )
+        pg_class = ProcessGroupNCCL if self.strategy.device.type == "cuda" else ProcessGroupGloo
+        return Manager(
+            pg=pg_class(timeout=timeout),
+            load_state_dict=self._load,
+            state_dict=self._state,
+            min_replica_size=1,
+            use_async_quorum=True,
+            timeout=timeout,
+            quorum_timeout=timeout,
+            connect_timeout=timeout,
+            rank=self.group_rank,
+            world_size=self.group_world,
+            store_addr=addr,
+            store_port=port,
+            lighthouse_addr=self.env[LIGHTHOUSE_ENV],
+            replica_id=f"aios_{self.group}",
+            hostname=addr,
+        )
+
+    def start(self) -> None:
+        """The group's manager: it heartbeats to the lighthouse from now on (the run's first
+        quorum waits for every group)."""
+        if self.manager is None:
+            self.manager = self._start_manager()
+            self._wait_for_groups()
+
+    def _wait_for_groups(self) -> None:
+        """At the run's start every group joins the first quorum (a group restarted later
+        does not wait: it heals from the live ones)."""
+        state_dir = self.env.get(STATE_DIR_ENV)
+        if not state_dir:
+            return
+        open(os.path.join(state_dir, f"group{self.group}.r{self.group_rank}.ready"), "w").close()
+        if self._restarted_at is not None:
+            return
+        want = [f"group{g}.r{self.group_rank}.ready" for g in range(self.groups)]
+        while not all(os.path.exists(os.path.join(state_dir, w)) for w in want):
+            time.sleep(0.02)
+
+    def _others_done(self) -> bool:
+        state_dir = self.env.get(STATE_DIR_ENV, "")
+        return all(
+            os.path.exists(os.path.join(state_dir, f"group{g}.done"))
+            for g in range(self.groups)
+            if g != self.group
+        )
+
+    # ---------------------------------------------------------------- the step
+    def begin_step(self) -> None:
+        """The quorum of this step (once per step; a no-op until the step has ended)."""
+        if self.in_step:
+            return
+        self.start()
+        m = self.manager
+        m.start_quorum()
+        m.wait_quorum()
+        # a restarted group never trains alone while another group lives: it asks again until
+        # its quorum has a live group to heal from (or every other group has finished)
+        while self._restarted_at is not None and self.heal_seconds is None:
+            if m.participating_rank() is None or m.num_participants() > 1 or self._others_done():
+                break
+            time.sleep(0.05)
+            m.start_quorum()
+            m.wait_quorum()
+        self.in_step = True
+        before = self.participants
+        self.participants = int(m.num_participants())
+        self.participant_rank = m.participating_rank()
+        if self.participant_rank is None:
+            self._healing = True  # receives a live group's state in this step's commit
+        if self.participants != before and self.group_rank == 0 and self.participant_rank == 0:
+            self._say(
+                f"{self.participants} of {self.groups} replica groups training from step "
+                f"{self.training.step}"
+            )
+
+    def commit(self, modules: list[Any]) -> bool:
+        """Average the gradients across the step's groups and vote; True when it commits."""
+        import torch
+        from torch.distributed.tensor import DTensor
+
+        self.begin_step()
+        m = self.manager
+        grads = []
+        for module in modules:
+            for p in module.parameters():
+                if p.grad is not None:
+                    g = p.grad
+                    grads.append(g.to_local() if isinstance(g, DTensor) else g)
+        if grads:
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            m.allreduce(flat).wait()
+            at = 0
+            for g in grads:
+                n = g.numel()
+                g.copy_(flat[at : at + n].view_as(g))
+                at += n
+        ok = bool(m.should_commit())
+        self.in_step = False
+        healed = self._healing and ok
+        self._healing = self._healing and not ok
+        for s in self.samplers:
+            s.end_step(ok, self.participants)
+        if not ok:
+            self.counts["lost"] += 1
+            self._say(f"step {self.training.step + 1} did not commit; it is trained again")
+            return False
+        self.counts["committed"] += 1
+        if self.participants < self.groups:
+            self.counts["degraded"] += 1
+        if healed:
+            since = self._restarted_at if self._restarted_at is not None else time.time()
+            self.heal_seconds = time.time() - since
+            self._say(
+                f"replica group {self.group} healed from a live group at step "
+                f"{self.training.step + 1}, {self.heal_seconds:.1f}s after its restart; "
+                f"{self.participants} of {self.groups} groups training"
+            )
+        if self.group_rank == 0:
+            state_dir = self.env.get(STATE_DIR_ENV)
+            if state_dir:
+                path = os.path.join(state_dir, f"group{self.group}.step")
+                with open(path + ".tmp", "w") as f:
+                    f.write(str(self.training.step + 1))
+                os.replace(path + ".tmp", path)
+        return True
+
+    def summary(self) -> dict[str, Any]:
+        """The goodput categories of this group (run record, ``aios report``)."""
+        return {
+            "replica_group": self.group,
+            "replica_groups": self.groups,
+            "steps_committed": self.counts["committed"],
+            "steps_degraded": self.counts["degraded"],
+            "steps_lost": self.counts["lost"],
+            "heal_seconds": self.heal_seconds,
+        }
+
+    def _say(self, line: str) -> None:
+        if self.group_rank == 0:
+            print(f"aios: {line}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.manager is not None:
+            self.manager.shutdown(wait=False)
+            self.manager = None

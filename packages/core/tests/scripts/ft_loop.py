@@ -1,0 +1,65 @@
+"""A plain aios loop for the replica-group tests (test_ft_groups.py): 64 samples whose ids are
+their labels, batches of 2, one epoch. Each rank logs, per step, the step, whether it committed,
+the groups in the quorum, the sample ids it trained and its parameters.
+
+The kill is deterministic (files, never timing): with FT_KILL_MODE=between, group 1 kills
+itself right after committing step FT_KILL_STEP; with FT_KILL_MODE=allreduce, group 1 waits at
+step FT_KILL_STEP until group 0 has finished that step's backward (group 0 is then entering the
+cross-group all-reduce, which waits for group 1) and kills itself. Group 0 waits, before the
+step after, until the restarted group 1 has set itself up: the heal then happens with work left.
+"""
+
+import json
+import os
+import signal
+import time
+
+import aios
+import torch
+
+rt = aios.init()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+ids = torch.arange(64)
+ds = torch.utils.data.TensorDataset(ids.float().unsqueeze(1).repeat(1, 4) / 64, ids)
+loader = torch.utils.data.DataLoader(ds, batch_size=2, shuffle=True)
+model, opt, loader = rt.setup(model, opt, loader)
+out = os.environ["FT_OUT"]
+g = rt.replica_group
+kill_at = int(os.environ.get("FT_KILL_STEP", "-1"))
+mode = os.environ.get("FT_KILL_MODE", "between")
+killed = os.path.join(out, "killed")
+back = os.path.join(out, "g1-back")
+restarted = g == 1 and os.path.exists(killed)
+if restarted:
+    open(back, "w").close()
+log = open(os.path.join(out, f"g{g}-r{rt.rank}-{os.getpid()}.jsonl"), "a")
+
+
+def wait_for(path):
+    while not os.path.exists(path):
+        time.sleep(0.01)
+
+
+for x, idx in loader:
+    step = rt.global_step
+    if g == 1 and mode == "allreduce" and step == kill_at and not os.path.exists(killed):
+        wait_for(os.path.join(out, f"g0-backward-{kill_at}"))
+        open(killed, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    loss = (model(x).squeeze(1) - idx.float() / 64).pow(2).mean()
+    rt.backward(loss)
+    if g == 0:
+        open(os.path.join(out, f"g0-backward-{step}"), "w").close()
+    ok = rt.step()
+    params = [t.detach().flatten().tolist() for t in rt.unwrap(model).parameters()]
+    rec = {"step": rt.global_step, "ok": ok, "p": rt.replica_participants, "idx": idx.tolist()}
+    log.write(json.dumps({**rec, "restarted": restarted, "params": params}) + "\n")
+    log.flush()
+    if g == 1 and mode == "between" and rt.global_step == kill_at and not os.path.exists(killed):
+        open(killed, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    if g == 0 and rt.global_step == kill_at + 1:
+        wait_for(back)
+rt.close()
