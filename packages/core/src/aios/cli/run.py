@@ -63,6 +63,7 @@ import click
 
 from aios.errors import LaunchError
 from aios.launcher import status as rank_status
+from aios.launcher import warm
 from aios.launcher.worker import LAUNCHER_PID_ENV
 from aios.resilience.watchdog import DEMAND_SIGNAL
 
@@ -622,9 +623,10 @@ class _AgentWatch:
     * one line per restart: attempt n/N, the rank that failed and its exit code.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, zygote: warm.Zygote | None = None) -> None:
         import threading
 
+        self.zygote = zygote  # the ranks are forked from it where that is safe
         self.lock = threading.Lock()
         self.exited: dict[int, int] = {}  # pid -> position in the order the workers exited
         self.stopped: set[int] = set()  # pids the agent signalled while they still ran
@@ -714,6 +716,16 @@ class _AgentWatch:
 
         threading.Thread(target=wait, name=f"aios-wait-{pid}", daemon=True).start()
 
+    def _warm_popen(self, kwargs: dict[str, Any]) -> Any:
+        """The rank forked by the zygote (``aios.launcher.warm``), or None to start it fresh."""
+        zygote = self.zygote
+        if zygote is None or not kwargs.get("start_new_session") or kwargs.get("preexec_fn"):
+            return None
+        args, env = kwargs.get("args"), kwargs.get("env")
+        if not isinstance(args, (list, tuple)) or env is None:
+            return None
+        return zygote.spawn(args, env, kwargs.get("stdout"), kwargs.get("stderr"))
+
     def _patch(self, owner: Any, name: str, value: Any) -> None:
         self._undo.append((owner, name, getattr(owner, name)))
         setattr(owner, name, value)
@@ -744,9 +756,11 @@ class _AgentWatch:
         self._patch(tail_log, "tail_logfile", _tail)
 
         def _popen(*args: Any, **kwargs: Any) -> Any:
-            if preexec is not None and kwargs.get("preexec_fn") is None:
-                kwargs["preexec_fn"] = preexec
-            proc = popen(*args, **kwargs)
+            proc = watch._warm_popen(kwargs)
+            if proc is None:
+                if preexec is not None and kwargs.get("preexec_fn") is None:
+                    kwargs["preexec_fn"] = preexec
+                proc = popen(*args, **kwargs)
             watch._track(proc.pid)
             return proc
 
@@ -953,7 +967,8 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
     }
     for n in [*plan.notes, *notes]:  # what the plan changed on its own is never silent
         click.echo(f"{PROG}: note: {n}", err=True)
-    watch = _AgentWatch()
+    zygote = _WARM if cfg.launch.warm_start else None
+    watch = _AgentWatch(zygote)
     dog = None
     try:
         dog = _start_watchdog(cfg, status_dir, run_id, watch, {**os.environ, **env})
@@ -1021,6 +1036,8 @@ def execute(cfg: Any, spec: Any, plan: Any, notes: list[str], script: str) -> No
     finally:
         import shutil
 
+        if zygote is not None:
+            warm.reap_orphans()  # what the ranks left behind was reparented to this process
         if dog is not None:
             dog.stop()
             with _suppress(ValueError):
@@ -1299,14 +1316,13 @@ def _aios_run(argv: tuple[str, ...], debug: bool, **kw: Any) -> None:
     _run(argv, **kw)
 
 
-def _preimport_launcher(argv: list[str]) -> None:
-    """Import torch's elastic launcher in a background thread while the config, plugins and
-    plan are resolved (it is needed for every multi-process launch; skipped for --dry-run and
-    --help, which never import torch)."""
+def _likely_elastic(argv: list[str]) -> bool:
+    """The arguments likely launch several processes or restarts (an elastic launch, which
+    imports torch here; a direct, single-process launch needs no torch here). False for
+    --dry-run and --help, which never import torch."""
     head = argv[: next((i for i, a in enumerate(argv) if a.endswith(".py")), len(argv))]
-    if any(a in ("--dry-run", "-h", "--help") for a in head) or os.environ.get(NO_PREIMPORT_ENV):
-        return
-    # only when the launch is likely elastic (a direct, single-process launch needs no torch here)
+    if any(a in ("--dry-run", "-h", "--help") for a in head):
+        return False
     elastic = any(
         a in ("--nnodes", "--max-restarts")
         or a.startswith(("nprocs=", "nnodes=", "launch.max_restarts="))
@@ -1315,7 +1331,13 @@ def _preimport_launcher(argv: list[str]) -> None:
     if "--nprocs" in head:
         i = head.index("--nprocs")
         elastic = elastic or (i + 1 < len(head) and head[i + 1] not in ("1",))
-    if not elastic:
+    return elastic
+
+
+def _preimport_launcher(argv: list[str]) -> None:
+    """Import torch's elastic launcher in a background thread while the config, plugins and
+    plan are resolved (it is needed for every multi-process launch)."""
+    if os.environ.get(NO_PREIMPORT_ENV) or not _likely_elastic(argv):
         return
     import importlib.util
     import threading
@@ -1332,11 +1354,29 @@ def _preimport_launcher(argv: list[str]) -> None:
     threading.Thread(target=work, name="aios-preimport", daemon=True).start()
 
 
+#: the zygote the ranks of this ``aios-run`` are forked from (:mod:`aios.launcher.warm`)
+_WARM: warm.Zygote | None = None
+
+
+def _start_zygote(argv: list[str]) -> None:
+    """Before any thread starts: the zygote, for a launch that is likely elastic. In a rank it
+    forked, run the script and exit (never returns there)."""
+    global _WARM
+    if not _likely_elastic(argv):
+        return
+    _WARM = warm.Zygote.start()
+    if warm.is_rank():
+        warm.run_rank()
+        sys.exit(0)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``aios-run`` script."""
     from aios.cli.main import fail
 
-    _preimport_launcher(list(sys.argv[1:] if argv is None else argv))
+    args = list(sys.argv[1:] if argv is None else argv)
+    _start_zygote(args)
+    _preimport_launcher(args)
 
     try:
         _aios_run.main(args=argv, prog_name=PROG, standalone_mode=False)
@@ -1355,6 +1395,9 @@ def main(argv: list[str] | None = None) -> None:
             click.echo(f"{PROG}: interrupted", err=True)
             sys.exit(130)
         fail(exc, prog=PROG)
+    finally:
+        if _WARM is not None:
+            _WARM.close()
 
 
 if __name__ == "__main__":  # pragma: no cover
