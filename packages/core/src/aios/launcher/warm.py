@@ -68,6 +68,10 @@ RUNTIME_VARS = frozenset(
     }
 )
 RUNTIME_PREFIXES = ("AIOS_RUN_", "TORCHELASTIC_", "TORCH_NCCL_", "NCCL_")
+#: what the zygote imports torch with unless the user set it: no device extension autoloaded
+#: (the launch plan of the cpu and cuda backends starts its ranks so; a rank of a backend that
+#: autoloads one differs in it and starts fresh)
+ZYGOTE_ENV = {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
 
 
 def enabled(environ: Mapping[str, str] | None = None) -> bool:
@@ -173,12 +177,14 @@ class Zygote:
         if not _set_subreaper():
             return None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        base_env = dict(os.environ)
+        base_env = {**ZYGOTE_ENV, **os.environ}
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:  # the zygote
             ours.close()
+            for key, value in ZYGOTE_ENV.items():
+                os.environ.setdefault(key, value)
             _zygote_main(theirs, os.getppid())  # returns only in a rank, to run its script
             return None
         theirs.close()
@@ -317,10 +323,10 @@ def _zygote_main(sock: socket.socket, launcher: int) -> None:
             os._exit(0)
         request = json.loads(data)
         pid = _fork_rank(sock, request, fds) if ok and _safe_to_fork() else 0
-        for fd in fds:
-            os.close(fd)
         if pid is None:  # in the rank
             return
+        for fd in fds:
+            os.close(fd)
         try:
             sock.send(json.dumps({"pid": pid}).encode())
         except OSError:
@@ -477,7 +483,7 @@ def _excepthook() -> None:
     while tb is not None and tb.tb_frame.f_code.co_filename in (here, runpy_file):
         tb = tb.tb_next
     assert kind is not None and value is not None
-    sys.excepthook(kind, value, tb)
+    sys.excepthook(kind, value.with_traceback(tb), tb)
 
 
 def _exit_by_sigint() -> None:
