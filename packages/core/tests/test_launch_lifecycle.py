@@ -269,7 +269,7 @@ def test_first_failing_rank_is_named_20_times(tmp_path: Path) -> None:
 
 
 def test_port_in_time_wait_is_free_listening_is_not() -> None:
-    from aios.cli.run import _port_free
+    from aios.launcher.ports import port_free as _port_free
 
     srv = socket.socket()
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the c10d TCPStore server does
@@ -572,23 +572,21 @@ def test_a_default_port_taken_between_the_check_and_the_bind_is_replaced(tmp_pat
     code = textwrap.dedent(
         f"""
         import socket
-        from aios.cli import run
+        from aios.launcher import agent, ports
         held = socket.socket()
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
         targs = ["--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port",
                  str(port), {str(script)!r}]
-        run._PORT_IS_OURS = True
-        kind, detail = run._run_elastic_inprocess(targs, {{}}, 5.0, run._AgentWatch())
+        kind, detail = agent.run_elastic_inprocess(targs, {{}}, 5.0, agent.AgentWatch(), True)
         print("ours:", kind)
         env = {{"MASTER_PORT": str(port)}}
-        moved = run._with_port(targs, env, 1234)
+        moved = ports.with_port(targs, env, 1234)
         print("moved:", moved[moved.index("--master-port") + 1], env["MASTER_PORT"])
-        print("rdzv:", run._with_port(["--rdzv-endpoint", f"h:{{port}}"], {{}}, 99))
-        run._PORT_IS_OURS = False
+        print("rdzv:", ports.with_port(["--rdzv-endpoint", f"h:{{port}}"], {{}}, 99))
         try:
-            run._run_elastic_inprocess(targs, {{}}, 5.0, run._AgentWatch())
+            agent.run_elastic_inprocess(targs, {{}}, 5.0, agent.AgentWatch(), False)
         except Exception as exc:
             print("explicit:", type(exc).__name__, "EADDRINUSE" in str(exc))
         """

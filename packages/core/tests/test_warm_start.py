@@ -12,7 +12,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from aios.launcher import warm
 from aios.testing.launch import aios_run, run_env
 
@@ -57,7 +56,7 @@ def test_ranks_start_warm_and_see_what_a_fresh_rank_sees(runs) -> None:
     warm_ranks, fresh_ranks = _ranks(runs["warm"][0]), _ranks(runs["fresh"][0])
     assert [r["warm"] for r in warm_ranks] == [True, True]
     assert [r["warm"] for r in fresh_ranks] == [False, False]
-    for w, f, tmp in zip(warm_ranks, fresh_ranks, (runs["warm"][0],) * 2):
+    for w, f, tmp in zip(warm_ranks, fresh_ranks, (runs["warm"][0],) * 2, strict=True):
         assert w["argv"] == f["argv"] == ["sub/train.py", "a", "fail"]
         assert w["name"] == f["name"] == "__main__"
         assert w["file"] == str(tmp / "sub" / "train.py")

@@ -35,6 +35,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from typing import Any
 
 from aios.launcher.contract import WARM_START_ENV
@@ -223,29 +224,15 @@ class Zygote:
         return WarmProcess(pid, args) if pid > 0 else None
 
     def close(self) -> None:
-        """Stop the zygote (it exits at the end of its socket) and reap it."""
+        """Stop the zygote and reap it. It holds nothing to finish (it never runs a script, and
+        the ranks it forked are this process's children): killed at once, so a launch that
+        ends early does not wait for its imports."""
         with self.lock:
             self.sock.close()
-        for _ in range(200):
-            try:
-                pid, _ = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid:
-                return
-            time.sleep(0.01)
-        with _suppress_lookup():
+        with suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGKILL)
-        with _suppress_lookup():
+        with suppress(ChildProcessError):
             os.waitpid(self.pid, 0)
-
-
-class _suppress_lookup:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: Any, *_: Any) -> bool:
-        return kind is not None and issubclass(kind, (ProcessLookupError, ChildProcessError))
 
 
 def _fileno(f: Any, default: int) -> int:
@@ -284,10 +271,10 @@ def reap_orphans() -> None:
 def _preload() -> None:
     """What every rank imports: torch, its compiler front end and launcher, aios."""
     import torch
-    import torch._dynamo  # noqa: F401
-    import torch.distributed.run  # noqa: F401
+    import torch._dynamo
+    import torch.distributed.run
 
-    import aios  # noqa: F401
+    import aios
     import aios.runtime  # noqa: F401
 
     del torch
@@ -308,7 +295,8 @@ def _zygote_main(sock: socket.socket, launcher: int) -> None:
     if os.getppid() != launcher:
         os._exit(0)
     # the interpreter's path without the launcher's own entry (python puts the script's there)
-    _BASE_PATH[:] = sys.path[0 if sys.flags.safe_path else 1 :]
+    safe_path = sys.version_info >= (3, 11) and sys.flags.safe_path
+    _BASE_PATH[:] = sys.path[0 if safe_path else 1 :]
     try:
         _preload()
         ok = _safe_to_fork()
@@ -374,7 +362,7 @@ def _become_rank(request: dict[str, Any], fds: list[int]) -> None:
     if os.getppid() != launcher:  # the launcher died meanwhile
         os.kill(os.getpid(), signal.SIGKILL)
     os.setsid()
-    for fd, target in zip(fds, (1, 2)):
+    for fd, target in zip(fds, (1, 2), strict=False):
         if fd != target:
             os.dup2(fd, target)
     for fd in fds:
@@ -388,8 +376,8 @@ def _become_rank(request: dict[str, Any], fds: list[int]) -> None:
     os.environ.clear()
     os.environ.update(request["env"])
     _fresh_state()
-    sys.stdout = sys.__stdout__ = _unbuffered(1, sys.stdout)
-    sys.stderr = sys.__stderr__ = _unbuffered(2, sys.stderr)
+    sys.stdout = sys.__stdout__ = _unbuffered(1, sys.stdout)  # type: ignore[misc]
+    sys.stderr = sys.__stderr__ = _unbuffered(2, sys.stderr)  # type: ignore[misc]
     _RANK.update(request)
 
 

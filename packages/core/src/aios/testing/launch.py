@@ -28,8 +28,8 @@ AIOS_RUN = (
     "import sys; sys.argv[0] = 'aios-run'; from aios.cli.run import main; main()",
 )
 
-_INHERITED = ("AIOS_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_")
-_INHERITED += ("GROUP_RANK", "TORCHELASTIC_")
+_INHERITED: tuple[str, ...] = ("AIOS_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+_INHERITED += ("MASTER_", "GROUP_RANK", "TORCHELASTIC_")
 
 
 def run_env(tmp: str | os.PathLike[str], warm: bool = True, **extra: str) -> dict[str, str]:
