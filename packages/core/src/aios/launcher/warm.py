@@ -40,6 +40,7 @@ from typing import Any
 
 from aios.launcher.contract import WARM_START_ENV
 from aios.launcher.worker import PR_SET_PDEATHSIG, set_parent_death_signal
+from aios.plugins.registry import GROUP
 
 PR_SET_CHILD_SUBREAPER = 36
 _MAX_MESSAGE = 1 << 20
@@ -268,16 +269,44 @@ def reap_orphans() -> None:
             return
 
 
+#: what ``aios.init()`` and ``rt.setup`` import in every rank (the zygote imports them once)
+PRELOAD = (
+    "torch",
+    "torch._dynamo",
+    "torch.distributed.run",
+    "torch.nn.parallel",
+    "aios",
+    "aios.runtime",
+    "aios.config.schema",
+    "aios.plugins.registry",
+    "aios.plugins.builtin",
+    "aios.checkpoint",
+    "aios.data",
+    "aios.devices",
+    "aios.environments",
+    "aios.resilience.preflight",
+    "aios.resilience.watchdog",
+    "aios.runrecord.records",
+    "aios.strategies.ddp",
+    "yaml",
+)
+
+
 def _preload() -> None:
-    """What every rank imports: torch, its compiler front end and launcher, aios."""
-    import torch
-    import torch._dynamo
-    import torch.distributed.run
+    """Import :data:`PRELOAD` and the modules of the installed aios plugins (imported only: the
+    registry itself is built in the rank, from the rank's own settings)."""
+    import importlib
+    from importlib.metadata import entry_points
 
-    import aios
-    import aios.runtime  # noqa: F401
-
-    del torch
+    for name in PRELOAD:
+        importlib.import_module(name)
+    if os.environ.get("AIOS_PLUGINS") or os.environ.get("AIOS_DISABLE_PLUGINS"):
+        return  # a chosen set of plugins: the rank imports those it loads
+    for ep in entry_points(group=GROUP):
+        try:
+            importlib.import_module(ep.module)
+        except Exception:  # noqa: BLE001 - the rank's registry reports a broken plugin
+            continue
 
 
 def _safe_to_fork() -> bool:
