@@ -291,10 +291,10 @@ def test_port_in_time_wait_is_free_listening_is_not() -> None:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc to see the workers")
-def test_kill_then_relaunch_on_one_explicit_port_repeatedly(tmp_path: Path) -> None:
+def test_kill_then_relaunch_on_one_explicit_port_10_times(tmp_path: Path) -> None:
     script = _script(tmp_path, SLEEPER)
     port = _free_port()
-    for cycle in range(4):
+    for cycle in range(10):
         pid_dir = tmp_path / f"pids{cycle}"
         pid_dir.mkdir()
         proc = _launch(

@@ -128,7 +128,7 @@ def _resume(tmp: Path, source: Path, nprocs: int, *args: str, **env: str) -> dic
     ("saved_by", "nprocs", "strategy", "change"),
     [
         ("ddp", 1, "ddp", "2 -> 1 process, global batch 48 kept (grad_accum 3 -> 6)"),
-        # 2 -> 3 processes: the iterable dataset's test below
+        ("ddp", 3, "ddp", "2 -> 3 processes, global batch 48 kept (grad_accum 3 -> 2)"),
         ("ddp", 2, "fsdp", "strategy ddp -> fsdp, global batch 48 kept"),
         ("fsdp", 2, "ddp", "strategy fsdp -> ddp, global batch 48 kept"),
         (

@@ -69,7 +69,7 @@ def _gpt(tmp: Path, nprocs: int, *overrides: str) -> tuple[float, float]:
     return float(m.group(1)), float(m.group(2))
 
 
-@pytest.mark.parametrize("nprocs", [2])  # 4 processes: test_gpt_dp2_tp2_mesh_trains_on_4_processes
+@pytest.mark.parametrize("nprocs", [2, 4])
 def test_gpt_fsdp_matches_ddp(tmp_path, nprocs):
     ddp = _gpt(tmp_path, nprocs, "strategy=ddp")
     fsdp = _gpt(tmp_path, nprocs, "strategy=fsdp", "fsdp.wrap=[Block]")
