@@ -16,31 +16,11 @@ import time
 from pathlib import Path
 
 import pytest
-
-RUN = [
-    sys.executable,
-    "-c",
-    "import sys; sys.argv[0] = 'aios-run'; from aios.cli.run import main; main()",
-]
+from aios.testing import launch
 
 
 def _env(tmp: Path, **extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(
-            ("AIOS_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_", "TORCHELASTIC_")
-        )
-    }
-    env.update(
-        {
-            "AIOS_LOGGING__RUN_DIR": str(tmp / "runs"),
-            "AIOS_LOGGING__TENSORBOARD": "false",
-            "OMP_NUM_THREADS": "1",
-        }
-    )
-    env.update(extra)
-    return env
+    return launch.run_env(tmp, **extra)
 
 
 def _script(tmp: Path, body: str, name: str = "train.py") -> Path:
@@ -57,24 +37,14 @@ def _free_port() -> int:
 
 def _launch(tmp: Path, args: list[str], env: dict[str, str], **kw) -> subprocess.Popen:
     """aios-run in the background, output merged into one text pipe."""
-    return subprocess.Popen(
-        [*RUN, *args],
-        env=env,
-        cwd=tmp,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        **kw,
-    )
+    return launch.launch(args, cwd=tmp, env=env, **kw)
 
 
 def _run_aios(
     tmp: Path, args: list[str], env: dict[str, str], timeout: float
 ) -> subprocess.CompletedProcess:
     """aios-run to the end, stdout and stderr captured apart."""
-    return subprocess.run(
-        [*RUN, *args], capture_output=True, text=True, env=env, cwd=tmp, timeout=timeout
-    )
+    return launch.aios_run(args, cwd=tmp, env=env, timeout=timeout)
 
 
 def _alive(pid: int) -> bool:
