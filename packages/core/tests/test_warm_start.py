@@ -42,8 +42,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, obje
         tmp = tmp_path_factory.mktemp(name)
         (tmp / "sub").mkdir()
         (tmp / "sub" / "train.py").write_text(textwrap.dedent(SCRIPT))
-        env = run_env(tmp, warm=on, MY_SETTING="x")
-        res = aios_run(["--nprocs", "2", "sub/train.py", "a", "fail"], cwd=tmp, env=env)
+        env = run_env(tmp, MY_SETTING="x")
+        off = [] if on else ["launch.warm_start=false"]  # the setting (the env var: below)
+        res = aios_run(["--nprocs", "2", *off, "sub/train.py", "a", "fail"], cwd=tmp, env=env)
         out[name] = (tmp, res)
     return out
 
@@ -108,3 +109,13 @@ def test_turned_off_by_setting() -> None:
     assert not warm.enabled({"AIOS_RUN_WARM_START": "0"})
     assert not warm.enabled({"AIOS_LAUNCH__WARM_START": "false"})
     assert warm.enabled({}) == sys.platform.startswith("linux")
+
+
+def test_a_script_without_torch_or_aios_starts_fresh(tmp_path: Path) -> None:
+    """It would only wait for imports it never makes."""
+    plain = tmp_path / "plain.py"
+    plain.write_text("import os, sys\nprint(os.environ['RANK'])\n")
+    assert not warm.worth_it(str(plain))
+    (tmp_path / "t.py").write_text("import torch\n")
+    assert warm.worth_it(str(tmp_path / "t.py"))
+    assert warm.worth_it(str(tmp_path / "missing.py"))

@@ -108,8 +108,25 @@ def _run(
         print_plan(cfg, spec, plan, env, notes, as_json)
         return
     check_checkpoint_dir(cfg)
-    zygote = _WARM if cfg.launch.warm_start else None
-    execute(cfg, spec, plan, notes, script, zygote=zygote, port_is_ours=run_plan.PORT_IS_OURS)
+    execute(
+        cfg,
+        spec,
+        plan,
+        notes,
+        script,
+        zygote=_zygote_for(cfg, plan),
+        port_is_ours=run_plan.PORT_IS_OURS,
+    )
+
+
+def _zygote_for(cfg: Any, plan: Any) -> warm.Zygote | None:
+    """The zygote, for an elastic launch with ``launch.warm_start`` on; otherwise it is stopped
+    now (it would only take CPU from the run)."""
+    global _WARM
+    if _WARM is not None and (not cfg.launch.warm_start or plan.launcher != "elastic"):
+        _WARM.close()
+        _WARM = None
+    return _WARM
 
 
 _OPTIONS = [
@@ -244,7 +261,8 @@ def _likely_elastic(argv: list[str]) -> bool:
     )
     if "--nprocs" in head:
         i = head.index("--nprocs")
-        elastic = elastic or (i + 1 < len(head) and head[i + 1] not in ("1",))
+        n = head[i + 1] if i + 1 < len(head) else ""
+        elastic = elastic or n == "auto" or (n.isdigit() and int(n) > 1)
     return elastic
 
 
@@ -277,6 +295,9 @@ def _start_zygote(argv: list[str]) -> None:
     forked, run the script and exit (never returns there)."""
     global _WARM
     if not _likely_elastic(argv):
+        return
+    script = next((a for a in argv if a.endswith(".py")), None)
+    if script is not None and not warm.worth_it(script):
         return
     _WARM = warm.Zygote.start()
     if warm.is_rank():

@@ -88,6 +88,17 @@ def enabled(environ: Mapping[str, str] | None = None) -> bool:
     return sys.platform.startswith("linux") and hasattr(os, "fork")
 
 
+def worth_it(script: str) -> bool:
+    """The script names torch or aios (a rank of it imports them): a script that does not
+    starts faster fresh than it would wait for the zygote's imports. True where unreadable."""
+    try:
+        with open(script, "rb") as f:
+            text = f.read(1 << 20)
+    except OSError:
+        return True
+    return b"torch" in text or b"aios" in text
+
+
 def env_is_warm_safe(base: Mapping[str, str], env: Mapping[str, str]) -> bool:
     """Every variable in which ``env`` (a rank's) differs from ``base`` (the zygote's) is read
     only when used, never at import time."""
@@ -234,6 +245,7 @@ class Zygote:
             os.kill(self.pid, signal.SIGKILL)
         with suppress(ChildProcessError):
             os.waitpid(self.pid, 0)
+        _prctl(PR_SET_CHILD_SUBREAPER, 0)
 
 
 def _fileno(f: Any, default: int) -> int:
@@ -530,6 +542,7 @@ __all__ = [
     "env_is_warm_safe",
     "is_rank",
     "parse_command",
+    "worth_it",
     "reap_orphans",
     "run_rank",
 ]
