@@ -69,9 +69,8 @@ def _same_initial_model(r: subprocess.CompletedProcess[str]) -> None:
     assert set(inits) == {"0", "1"} and len(set(inits.values())) == 1, r.stdout
 
 
-# every idiom under ddp; fsdp's resume path with the two whose models differ most (a transformers
-# model, nanoGPT's loop): the torchrun and Fabric ports add nothing to it that ddp does not check
-RESUME_CASES = [(i, "ddp") for i in CASES] + [("hf_llama", "fsdp"), ("nanogpt", "fsdp")]
+# every idiom under ddp and under fsdp
+RESUME_CASES = [(i, s) for s in ("ddp", "fsdp") for i in CASES]
 
 
 @pytest.mark.parametrize(("idiom", "strategy"), RESUME_CASES)

@@ -155,7 +155,7 @@ def freeze_at_checkpoint(cluster, name: str, ckpt: Path, steps: int) -> int:
     raise AssertionError("no checkpoint was committed")
 
 
-@pytest.mark.parametrize("n", [2])  # 4 hosts: test_cloud_ssh_four_hosts_plan_applied_as_printed
+@pytest.mark.parametrize("n", [2, 4])
 def test_cloud_ssh_hosts_resume_after_a_host_is_killed_and_comes_back(tmp_path, sshd_cluster, n):
     cluster = sshd_cluster(n, netns=True)
     work = project(tmp_path)

@@ -621,7 +621,7 @@ def test_hint_reads_the_failed_ranks_traceback_for_runtime_already_initialized(t
     import-time xla_device() line, not the spawn line the error surfaced at."""
     from types import SimpleNamespace
 
-    from aios.cli.run import _portability_hint
+    from aios.launcher.outcome import portability_hint as _portability_hint
 
     script = tmp_path / "xla_spawn.py"
     shutil.copy(SCRIPTS / "xla_spawn.py", script)

@@ -381,7 +381,7 @@ def test_a_cuda_device_a_caller_passes_into_the_scripts_function_is_named_at_the
 
 
 def test_aios_runs_hint_names_the_finding_in_a_helper_module_of_the_script(tmp_path):
-    from aios.cli.run import _hint_from_stderr
+    from aios.launcher.outcome import hint_from_stderr as _hint_from_stderr
 
     _write(
         tmp_path,

@@ -355,8 +355,7 @@ def s3_moto(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     server.stop()
 
 
-# s3:// (moto): test_save_best_under_fsdp_on_a_bucket saves and resumes dcp under fsdp there
-@pytest.mark.parametrize("scheme", ["gs"])
+@pytest.mark.parametrize("scheme", ["gs", "s3"])
 def test_dcp_fsdp_on_object_store_save_2_resume_1(
     scheme: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:

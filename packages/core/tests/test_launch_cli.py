@@ -363,7 +363,7 @@ def test_preempted_node_without_rank_0_points_at_the_checkpoint_dir(capsys):
     # that no checkpoint.dir was configured
     from types import SimpleNamespace
 
-    from aios.cli.run import _preempted_exit
+    from aios.launcher.outcome import preempted_exit as _preempted_exit
 
     cfg = SimpleNamespace(checkpoint=SimpleNamespace(dir="/shared/ckpt"))
     with pytest.raises(SystemExit) as info:

@@ -16,31 +16,11 @@ import time
 from pathlib import Path
 
 import pytest
-
-RUN = [
-    sys.executable,
-    "-c",
-    "import sys; sys.argv[0] = 'aios-run'; from aios.cli.run import main; main()",
-]
+from aios.testing import launch
 
 
 def _env(tmp: Path, **extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(
-            ("AIOS_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_", "TORCHELASTIC_")
-        )
-    }
-    env.update(
-        {
-            "AIOS_LOGGING__RUN_DIR": str(tmp / "runs"),
-            "AIOS_LOGGING__TENSORBOARD": "false",
-            "OMP_NUM_THREADS": "1",
-        }
-    )
-    env.update(extra)
-    return env
+    return launch.run_env(tmp, **extra)
 
 
 def _script(tmp: Path, body: str, name: str = "train.py") -> Path:
@@ -57,24 +37,14 @@ def _free_port() -> int:
 
 def _launch(tmp: Path, args: list[str], env: dict[str, str], **kw) -> subprocess.Popen:
     """aios-run in the background, output merged into one text pipe."""
-    return subprocess.Popen(
-        [*RUN, *args],
-        env=env,
-        cwd=tmp,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        **kw,
-    )
+    return launch.launch(args, cwd=tmp, env=env, **kw)
 
 
 def _run_aios(
     tmp: Path, args: list[str], env: dict[str, str], timeout: float
 ) -> subprocess.CompletedProcess:
     """aios-run to the end, stdout and stderr captured apart."""
-    return subprocess.run(
-        [*RUN, *args], capture_output=True, text=True, env=env, cwd=tmp, timeout=timeout
-    )
+    return launch.aios_run(args, cwd=tmp, env=env, timeout=timeout)
 
 
 def _alive(pid: int) -> bool:
@@ -269,7 +239,7 @@ def test_first_failing_rank_is_named_20_times(tmp_path: Path) -> None:
 
 
 def test_port_in_time_wait_is_free_listening_is_not() -> None:
-    from aios.cli.run import _port_free
+    from aios.launcher.ports import port_free as _port_free
 
     srv = socket.socket()
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the c10d TCPStore server does
@@ -291,10 +261,10 @@ def test_port_in_time_wait_is_free_listening_is_not() -> None:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc to see the workers")
-def test_kill_then_relaunch_on_one_explicit_port_repeatedly(tmp_path: Path) -> None:
+def test_kill_then_relaunch_on_one_explicit_port_10_times(tmp_path: Path) -> None:
     script = _script(tmp_path, SLEEPER)
     port = _free_port()
-    for cycle in range(4):
+    for cycle in range(10):
         pid_dir = tmp_path / f"pids{cycle}"
         pid_dir.mkdir()
         proc = _launch(
@@ -572,23 +542,21 @@ def test_a_default_port_taken_between_the_check_and_the_bind_is_replaced(tmp_pat
     code = textwrap.dedent(
         f"""
         import socket
-        from aios.cli import run
+        from aios.launcher import agent, ports
         held = socket.socket()
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
         targs = ["--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port",
                  str(port), {str(script)!r}]
-        run._PORT_IS_OURS = True
-        kind, detail = run._run_elastic_inprocess(targs, {{}}, 5.0, run._AgentWatch())
+        kind, detail = agent.run_elastic_inprocess(targs, {{}}, 5.0, agent.AgentWatch(), True)
         print("ours:", kind)
         env = {{"MASTER_PORT": str(port)}}
-        moved = run._with_port(targs, env, 1234)
+        moved = ports.with_port(targs, env, 1234)
         print("moved:", moved[moved.index("--master-port") + 1], env["MASTER_PORT"])
-        print("rdzv:", run._with_port(["--rdzv-endpoint", f"h:{{port}}"], {{}}, 99))
-        run._PORT_IS_OURS = False
+        print("rdzv:", ports.with_port(["--rdzv-endpoint", f"h:{{port}}"], {{}}, 99))
         try:
-            run._run_elastic_inprocess(targs, {{}}, 5.0, run._AgentWatch())
+            agent.run_elastic_inprocess(targs, {{}}, 5.0, agent.AgentWatch(), False)
         except Exception as exc:
             print("explicit:", type(exc).__name__, "EADDRINUSE" in str(exc))
         """

@@ -84,13 +84,14 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tenso
 
 @pytest.mark.parametrize(
     ("workers", "persistent", "group"),
-    # num_workers 0, 2 and 8, persistent or not (each combination's path is one of these)
     [
         (0, False, False),
+        (2, False, False),
         (2, True, True),
         (8, False, False),
+        (8, True, True),
     ],
-    ids=["w0", "w2-persistent-group", "w8"],
+    ids=["w0", "w2", "w2-persistent-group", "w8", "w8-persistent-group"],
 )
 def test_sigterm_with_loader_workers_checkpoints_and_resumes_bitwise(
     tmp_path: Path, reference: dict, free_port, workers: int, persistent: bool, group: bool

@@ -10,14 +10,12 @@ rounding differs). What cannot hold is refused in one line, before any rank buil
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aios.testing import launch
 
 pytest.importorskip("torch")
 
@@ -33,24 +31,17 @@ LOSS_REL = 1e-5
 def aios_run(tmp: Path, nprocs: int, *args: str, env: dict[str, str] | None = None):
     from aios.testing.strategy_contract import free_port
 
-    full = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
-    full.update(
-        {
-            "AIOS_LOGGING__TENSORBOARD": "false",
-            "AIOS_LOGGING__RUN_DIR": str(tmp / "runs"),
-            "OMP_NUM_THREADS": "1",
-            **(env or {}),
-        }
-    )
-    return subprocess.run(
-        [sys.executable, "-c", "from aios.cli.run import main; main()"]
-        + ["--nprocs", str(nprocs), f"master_port={free_port()}"]
-        + ["global_batch=48", "micro_batch=8", *args],
-        capture_output=True,
-        text=True,
-        env=full,
+    return launch.aios_run(
+        [
+            "--nprocs",
+            nprocs,
+            f"master_port={free_port()}",
+            "global_batch=48",
+            "micro_batch=8",
+            *args,
+        ],
         cwd=tmp,
-        timeout=300,
+        env=launch.run_env(tmp, **(env or {})),
     )
 
 
@@ -128,7 +119,7 @@ def _resume(tmp: Path, source: Path, nprocs: int, *args: str, **env: str) -> dic
     ("saved_by", "nprocs", "strategy", "change"),
     [
         ("ddp", 1, "ddp", "2 -> 1 process, global batch 48 kept (grad_accum 3 -> 6)"),
-        # 2 -> 3 processes: the iterable dataset's test below
+        ("ddp", 3, "ddp", "2 -> 3 processes, global batch 48 kept (grad_accum 3 -> 2)"),
         ("ddp", 2, "fsdp", "strategy ddp -> fsdp, global batch 48 kept"),
         ("fsdp", 2, "ddp", "strategy fsdp -> ddp, global batch 48 kept"),
         (

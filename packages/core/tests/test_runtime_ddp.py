@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from aios.testing.launch import aios_run, run_env
 
 pytest.importorskip("torch")
 
@@ -16,17 +17,10 @@ SCRIPT = Path(__file__).parent / "scripts" / "ddp_checks.py"
 
 
 def _aios_run(tmp_path, port, script, nprocs="2"):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
-    env.update(
-        {"AIOS_LOGGING__RUN_DIR": str(tmp_path / "runs"), "AIOS_LOGGING__TENSORBOARD": "false"}
-    )
-    return subprocess.run(
-        [sys.executable, "-c", "from aios.cli.run import main; main()", "--nprocs", nprocs]
-        + ["--master-port", str(port), str(script)],
-        capture_output=True,
-        text=True,
-        env=env,
+    return aios_run(
+        ["--nprocs", nprocs, "--master-port", port, script],
         cwd=tmp_path,
+        env=run_env(tmp_path),
         timeout=240,
     )
 

@@ -5,13 +5,12 @@ are one-line errors."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from aios.testing import launch
 
 pytest.importorskip("torch")
 
@@ -41,24 +40,10 @@ DONE = re.compile(
 
 
 def _run(tmp: Path, *args: str, timeout: int = 500) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
-    env.update({"AIOS_LOGGING__TENSORBOARD": "false", "GPT_SAMPLE": "0", "OMP_NUM_THREADS": "1"})
     from aios.testing.strategy_contract import free_port
 
-    return subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "from aios.cli.run import main; main()",
-            f"master_port={free_port()}",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp,
-        timeout=timeout,
-    )
+    env = launch.run_env(tmp, GPT_SAMPLE="0")
+    return launch.aios_run([f"master_port={free_port()}", *args], cwd=tmp, env=env, timeout=timeout)
 
 
 def _gpt(tmp: Path, nprocs: int, *overrides: str) -> tuple[float, float]:
@@ -69,7 +54,7 @@ def _gpt(tmp: Path, nprocs: int, *overrides: str) -> tuple[float, float]:
     return float(m.group(1)), float(m.group(2))
 
 
-@pytest.mark.parametrize("nprocs", [2])  # 4 processes: test_gpt_dp2_tp2_mesh_trains_on_4_processes
+@pytest.mark.parametrize("nprocs", [2, 4])
 def test_gpt_fsdp_matches_ddp(tmp_path, nprocs):
     ddp = _gpt(tmp_path, nprocs, "strategy=ddp")
     fsdp = _gpt(tmp_path, nprocs, "strategy=fsdp", "fsdp.wrap=[Block]")

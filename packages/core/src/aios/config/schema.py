@@ -162,6 +162,11 @@ class LaunchSettings(Section):
     rdzv_id: str = "aios"
     monitor_interval: float = Field(0.5, gt=0)
     log_prefix: bool = Field(True, description="prefix each worker line with [rank N]")
+    warm_start: bool = Field(
+        True,
+        description="fork the ranks from a process that already imported torch and aios where "
+        "that is safe (no thread, no CUDA/XLA runtime in it); false: every rank a fresh python",
+    )
 
 
 class WatchdogSettings(Section):

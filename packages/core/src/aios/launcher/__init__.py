@@ -7,5 +7,12 @@
 * :mod:`aios.launcher.relay`: each rank's output relayed one whole line at a time.
 * :mod:`aios.launcher.gloo`: letting gloo's worker threads finish before the interpreter ends.
 
-``aios-run`` itself is :mod:`aios.cli.run`. Importing this package imports nothing.
+* :mod:`aios.launcher.warm`: ranks forked from a zygote that imported torch and aios once.
+* :mod:`aios.launcher.supervise`: ``aios-run``'s run of a plan on this host (``execute``), over
+  :mod:`~aios.launcher.agent` (torch's elastic agent in-process), :mod:`~aios.launcher.child`
+  (one child process), :mod:`~aios.launcher.ports` and :mod:`~aios.launcher.outcome` (the exit
+  status and its one line).
+
+``aios-run``'s command line is :mod:`aios.cli.run` (arguments and plan:
+:mod:`aios.cli.run_plan`). Importing this package imports nothing.
 """

@@ -36,6 +36,9 @@ LAUNCHER_PID_ENV = "AIOS_RUN_LAUNCHER_PID"
 HOST_ENV = "AIOS_RUN_HOST"
 #: set (to anything) to skip ``aios-run``'s pre-import of torch before spawning workers
 NO_PREIMPORT_ENV = "AIOS_RUN_NO_PREIMPORT"
+#: ``0`` starts every rank as a fresh interpreter instead of forking it from ``aios-run``'s
+#: zygote (:mod:`aios.launcher.warm`; also ``launch.warm_start=false``)
+WARM_START_ENV = "AIOS_RUN_WARM_START"
 
 #: wall-clock time (``time.time()`` epoch seconds) by which this host will be gone, set by the
 #: launcher when it knows one ahead (a Capacity Block's end minus the 30 minutes AWS reclaims

@@ -1,0 +1,548 @@
+"""Warm start: ranks forked from a process that already imported torch.
+
+A fresh rank spends seconds importing ``torch``, ``torch._dynamo`` and ``aios`` before the
+script's first line runs; every rank of every attempt pays it again. ``aios-run`` instead forks,
+first thing (before it starts any thread), a *zygote*: a process that imports ``torch``,
+``torch._dynamo``, ``torch.distributed.run`` and ``aios`` once, while ``aios-run`` resolves the
+config and the plan, and then forks one rank per request of the elastic agent. The rank sets its
+environment, arguments, working directory, session and output files and runs the script as
+``__main__`` the way ``python -u SCRIPT ARGS`` (or ``python -u -m MODULE ARGS``) would.
+
+The ranks are children of ``aios-run``, as fresh ones are: the zygote forks an intermediate
+process that forks the rank and exits, and ``aios-run`` is the ranks' *subreaper*
+(``PR_SET_CHILD_SUBREAPER``), so the rank is reparented to it before the zygote answers with its
+pid. The agent waits for it, signals it and reads its exit status as for a ``Popen`` child.
+
+A rank is started fresh, as before, whenever the warm start is not known to be safe: not on
+Linux, the zygote runs a Python thread or has a CUDA or XLA runtime, the rank's environment
+differs from the zygote's in a variable that may be read at import time (only those in
+:data:`RUNTIME_VARS` / :data:`RUNTIME_PREFIXES` are read when used), the command is not
+``python -u`` of a script or module, or the warm start is turned off (``launch.warm_start=false``
+or ``AIOS_RUN_WARM_START=0``). Either way the run prints nothing more.
+
+Nothing here imports torch outside the zygote.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from contextlib import suppress
+from typing import Any
+
+from aios.launcher.contract import WARM_START_ENV
+from aios.launcher.worker import PR_SET_PDEATHSIG, set_parent_death_signal
+from aios.plugins.registry import GROUP
+
+PR_SET_CHILD_SUBREAPER = 36
+_MAX_MESSAGE = 1 << 20
+
+#: variables torch and aios read when they are used, never at import: a rank's environment may
+#: differ from the zygote's in these (and in :data:`RUNTIME_PREFIXES`) and still start warm
+RUNTIME_VARS = frozenset(
+    {
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "GROUP_WORLD_SIZE",
+        "ROLE_RANK",
+        "ROLE_NAME",
+        "ROLE_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "OMP_NUM_THREADS",  # applied with torch.set_num_threads in the rank
+        "TORCH_DIST_INIT_BARRIER",
+        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
+        "TORCH_FR_BUFFER_SIZE",
+        "TORCH_FR_DUMP_TEMP_FILE",
+        "CUDA_VISIBLE_DEVICES",  # the zygote never initialises CUDA
+        "PYTHONUNBUFFERED",
+    }
+)
+RUNTIME_PREFIXES = ("AIOS_RUN_", "TORCHELASTIC_", "TORCH_NCCL_", "NCCL_")
+#: what the zygote imports torch with unless the user set it: no device extension autoloaded
+#: (the launch plan of the cpu and cuda backends starts its ranks so; a rank of a backend that
+#: autoloads one differs in it and starts fresh)
+ZYGOTE_ENV = {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+
+
+def enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """The warm start may be used here: Linux with ``os.fork``, not turned off by
+    ``AIOS_RUN_WARM_START=0`` (or ``AIOS_LAUNCH__WARM_START=false``)."""
+    env = os.environ if environ is None else environ
+    off = ("0", "false", "no", "off")
+    if env.get(WARM_START_ENV, "").strip().lower() in off:
+        return False
+    if env.get("AIOS_LAUNCH__WARM_START", "").strip().lower() in off:
+        return False
+    return sys.platform.startswith("linux") and hasattr(os, "fork")
+
+
+def worth_it(script: str) -> bool:
+    """The script names torch or aios (a rank of it imports them): a script that does not
+    starts faster fresh than it would wait for the zygote's imports. True where unreadable."""
+    try:
+        with open(script, "rb") as f:
+            text = f.read(1 << 20)
+    except OSError:
+        return True
+    return b"torch" in text or b"aios" in text
+
+
+def env_is_warm_safe(base: Mapping[str, str], env: Mapping[str, str]) -> bool:
+    """Every variable in which ``env`` (a rank's) differs from ``base`` (the zygote's) is read
+    only when used, never at import time."""
+    keys = {k for k in set(base) | set(env) if base.get(k) != env.get(k)}
+    return all(k in RUNTIME_VARS or k.startswith(RUNTIME_PREFIXES) for k in keys)
+
+
+def parse_command(args: Sequence[str]) -> tuple[str | None, str | None, list[str]] | None:
+    """``(script, module, argv)`` of ``python -u SCRIPT ARGS`` / ``python -u -m MODULE ARGS``
+    run by this interpreter, None for any other command."""
+    if len(args) < 3 or args[1] != "-u":
+        return None
+    if os.path.realpath(args[0]) != os.path.realpath(sys.executable):
+        return None
+    if args[2] == "-m":
+        if len(args) < 4:
+            return None
+        return None, args[3], list(args[4:])
+    if args[2].startswith("-"):
+        return None
+    return args[2], None, list(args[3:])
+
+
+class WarmProcess:
+    """A rank forked by the zygote and reparented to this process: the part of
+    :class:`subprocess.Popen` the elastic agent uses."""
+
+    def __init__(self, pid: int, args: Sequence[str]) -> None:
+        self.pid = pid
+        self.args = list(args)
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                return self.returncode
+            if pid == self.pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if timeout is None:
+            while self.returncode is None:
+                try:
+                    _, status = os.waitpid(self.pid, 0)
+                except ChildProcessError:
+                    break
+                self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode if self.returncode is not None else 0
+        end = time.monotonic() + timeout
+        delay = 0.0005
+        while self.poll() is None:
+            left = end - time.monotonic()
+            if left <= 0:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            delay = min(delay * 2, left, 0.05)
+            time.sleep(delay)
+        return self.returncode  # type: ignore[return-value]
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class Zygote:
+    """The launcher's handle on its zygote (see the module docstring)."""
+
+    def __init__(self, pid: int, sock: socket.socket, base_env: dict[str, str]) -> None:
+        self.pid = pid
+        self.sock = sock
+        self.base_env = base_env
+        self.lock = threading.Lock()
+        self.broken = False
+
+    @classmethod
+    def start(cls) -> Zygote | None:
+        """Fork the zygote; None where the warm start is off or not safe here (this process
+        already runs a Python thread, or cannot be the ranks' subreaper)."""
+        if not enabled() or threading.active_count() != 1:
+            return None
+        if not _set_subreaper():
+            return None
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        base_env = {**ZYGOTE_ENV, **os.environ}
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the zygote
+            ours.close()
+            for key, value in ZYGOTE_ENV.items():
+                os.environ.setdefault(key, value)
+            _zygote_main(theirs, os.getppid())  # returns only in a rank, to run its script
+            return None
+        theirs.close()
+        return cls(pid, ours, base_env)
+
+    def spawn(
+        self, args: Sequence[str], env: Mapping[str, str], stdout: Any, stderr: Any
+    ) -> WarmProcess | None:
+        """A rank running ``args`` (``python -u ...``) with ``env`` and the given output files
+        (open files or None to inherit ours), or None when it must start fresh."""
+        cmd = parse_command(args)
+        if cmd is None or self.broken or not env_is_warm_safe(self.base_env, env):
+            return None
+        script, module, argv = cmd
+        fds = [_fileno(stdout, 1), _fileno(stderr, 2)]
+        request = {
+            "script": script,
+            "module": module,
+            "argv": argv,
+            "env": dict(env),
+            "cwd": os.getcwd(),
+            "launcher": os.getpid(),
+        }
+        data = json.dumps(request).encode()
+        with self.lock:
+            try:
+                socket.send_fds(self.sock, [data], fds)
+                reply = self.sock.recv(_MAX_MESSAGE)
+            except OSError:
+                self.broken = True
+                return None
+        if not reply:
+            self.broken = True
+            return None
+        pid = int(json.loads(reply)["pid"])
+        return WarmProcess(pid, args) if pid > 0 else None
+
+    def close(self) -> None:
+        """Stop the zygote and reap it. It holds nothing to finish (it never runs a script, and
+        the ranks it forked are this process's children): killed at once, so a launch that
+        ends early does not wait for its imports."""
+        with self.lock:
+            self.sock.close()
+        with suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        with suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+        _prctl(PR_SET_CHILD_SUBREAPER, 0)
+
+
+def _fileno(f: Any, default: int) -> int:
+    if f is None:
+        return default
+    f.flush()
+    return int(f.fileno())
+
+
+def _prctl(option: int, arg: int) -> bool:
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(option, arg, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _set_subreaper() -> bool:
+    return sys.platform.startswith("linux") and _prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def reap_orphans() -> None:
+    """Reap what was reparented to this process (a subreaper) and exited: the processes a rank
+    left behind. Only call when no child of this process is waited for elsewhere."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+#: what ``aios.init()`` and ``rt.setup`` import in every rank (the zygote imports them once)
+PRELOAD = (
+    "torch",
+    "torch._dynamo",
+    "torch.distributed.run",
+    "torch.nn.parallel",
+    "aios",
+    "aios.runtime",
+    "aios.config.schema",
+    "aios.plugins.registry",
+    "aios.plugins.builtin",
+    "aios.checkpoint",
+    "aios.data",
+    "aios.devices",
+    "aios.environments",
+    "aios.resilience.preflight",
+    "aios.resilience.watchdog",
+    "aios.runrecord.records",
+    "aios.strategies.ddp",
+    "yaml",
+)
+
+
+def _preload() -> None:
+    """Import :data:`PRELOAD` and the modules of the installed aios plugins (imported only: the
+    registry itself is built in the rank, from the rank's own settings)."""
+    import importlib
+    from importlib.metadata import entry_points
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    if os.environ.get("AIOS_PLUGINS") or os.environ.get("AIOS_DISABLE_PLUGINS"):
+        return  # a chosen set of plugins: the rank imports those it loads
+    for ep in entry_points(group=GROUP):
+        try:
+            importlib.import_module(ep.module)
+        except Exception:  # noqa: BLE001 - the rank's registry reports a broken plugin
+            continue
+
+
+def _safe_to_fork() -> bool:
+    """No Python thread besides this one, no CUDA or XLA runtime in this process."""
+    if threading.active_count() != 1 or "torch_xla" in sys.modules:
+        return False
+    torch = sys.modules.get("torch")
+    return torch is None or not torch.cuda.is_initialized()
+
+
+def _zygote_main(sock: socket.socket, launcher: int) -> None:
+    """The zygote's loop: one rank per request, until the launcher closes the socket. Returns
+    only in a forked rank (which then runs its script); the zygote itself ends in ``_exit``."""
+    set_parent_death_signal(signal.SIGKILL)
+    if os.getppid() != launcher:
+        os._exit(0)
+    # the interpreter's path without the launcher's own entry (python puts the script's there)
+    safe_path = sys.version_info >= (3, 11) and sys.flags.safe_path
+    _BASE_PATH[:] = sys.path[0 if safe_path else 1 :]
+    try:
+        _preload()
+        ok = _safe_to_fork()
+    except BaseException:  # noqa: BLE001 - ranks then start fresh and report the problem
+        ok = False
+    while True:
+        try:
+            data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 2)
+        except OSError:
+            os._exit(0)
+        if not data:
+            os._exit(0)
+        request = json.loads(data)
+        pid = _fork_rank(sock, request, fds) if ok and _safe_to_fork() else 0
+        if pid is None:  # in the rank
+            return
+        for fd in fds:
+            os.close(fd)
+        try:
+            sock.send(json.dumps({"pid": pid}).encode())
+        except OSError:
+            os._exit(0)
+
+
+def _fork_rank(sock: socket.socket, request: dict[str, Any], fds: list[int]) -> int | None:
+    """Fork the rank through an intermediate process that exits at once, so that the rank is
+    reparented to the launcher (its subreaper). The rank's pid in the zygote; None in the
+    rank, which is set up to run its script."""
+    read, write = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    middle = os.fork()
+    if middle == 0:
+        os.close(read)
+        try:
+            rank = os.fork()
+        except OSError:
+            os._exit(1)
+        if rank == 0:
+            os.close(write)
+            sock.close()
+            _become_rank(request, fds)
+            return None
+        os.write(write, str(rank).encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(middle, 0)  # the rank is the launcher's child from here on
+    with os.fdopen(read, "rb") as f:
+        raw = f.read()
+    return int(raw) if raw.isdigit() else 0
+
+
+def _become_rank(request: dict[str, Any], fds: list[int]) -> None:
+    """In the forked rank: what ``subprocess.Popen(start_new_session=True, stdout=.., stderr=..,
+    env=..)`` of ``python -u`` would have given it."""
+    launcher = int(request["launcher"])
+    for _ in range(5000):  # reparented when the intermediate process exits
+        if os.getppid() == launcher:
+            break
+        time.sleep(0.001)
+    if os.getppid() != launcher or not set_parent_death_signal(signal.SIGKILL):
+        os._exit(1)
+    if os.getppid() != launcher:  # the launcher died meanwhile
+        os.kill(os.getpid(), signal.SIGKILL)
+    os.setsid()
+    for fd, target in zip(fds, (1, 2), strict=False):
+        if fd != target:
+            os.dup2(fd, target)
+    for fd in fds:
+        if fd not in (0, 1, 2):
+            os.close(fd)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    _prctl(PR_SET_CHILD_SUBREAPER, 0)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    _fresh_state()
+    sys.stdout = sys.__stdout__ = _unbuffered(1, sys.stdout)  # type: ignore[misc]
+    sys.stderr = sys.__stderr__ = _unbuffered(2, sys.stderr)  # type: ignore[misc]
+    _RANK.update(request)
+
+
+#: the request of the rank this process became (empty in the launcher and the zygote)
+_RANK: dict[str, Any] = {}
+_BASE_PATH: list[str] = []
+
+
+def _unbuffered(fd: int, old: Any) -> io.TextIOWrapper:
+    """``python -u``'s stream on ``fd``: unbuffered binary layer, write-through text."""
+    return io.TextIOWrapper(
+        io.FileIO(fd, "w", closefd=False),
+        encoding=getattr(old, "encoding", None) or "utf-8",
+        errors=getattr(old, "errors", None) or "strict",
+        line_buffering=False,
+        write_through=True,
+    )
+
+
+def _fresh_state() -> None:
+    """What a fresh interpreter has of its own: random seeds, thread count from the env."""
+    import random
+
+    import torch
+
+    random.seed()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
+
+
+def run_rank() -> None:
+    """In a forked rank: run the script or module as ``__main__`` and exit as Python would
+    (``SystemExit`` raised from here unwinds the launcher's frames to the interpreter's normal
+    exit: threads joined, ``atexit`` handlers run, streams flushed)."""
+    script, module, argv = _RANK.get("script"), _RANK.get("module"), list(_RANK.get("argv", []))
+    base_path = list(_BASE_PATH)
+    try:
+        if module:
+            import runpy
+
+            sys.path[:] = [os.getcwd(), *base_path]
+            sys.argv = ["-m", *argv]
+            runpy._run_module_as_main(module, alter_argv=True)  # type: ignore[attr-defined]
+        else:
+            assert script is not None
+            _run_script(script, argv, base_path)
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        _excepthook()
+        _exit_by_sigint()
+    except BaseException:  # noqa: BLE001 - reported as the interpreter reports it
+        _excepthook()
+        raise SystemExit(1) from None
+
+
+def _run_script(script: str, argv: list[str], base_path: list[str]) -> None:
+    import importlib.machinery
+    import types
+
+    path = os.path.abspath(script)
+    with open(path, "rb") as f:
+        source = f.read()
+    sys.argv = [script, *argv]
+    sys.path[:] = [os.path.dirname(os.path.realpath(path)), *base_path]
+    main = types.ModuleType("__main__")
+    main.__dict__.update(
+        {
+            "__file__": path,
+            "__cached__": None,
+            "__builtins__": __builtins__,
+            "__loader__": importlib.machinery.SourceFileLoader("__main__", path),
+            "__spec__": None,
+            "__package__": None,
+        }
+    )
+    sys.modules["__main__"] = main
+    code = compile(source, path, "exec", dont_inherit=True)
+    exec(code, main.__dict__)
+
+
+def _excepthook() -> None:
+    """``sys.excepthook`` with the traceback from the script's first frame on."""
+    kind, value, tb = sys.exc_info()
+    here = os.path.abspath(__file__)
+    runpy_file = sys.modules["runpy"].__file__ if "runpy" in sys.modules else None
+    while tb is not None and tb.tb_frame.f_code.co_filename in (here, runpy_file):
+        tb = tb.tb_next
+    assert kind is not None and value is not None
+    sys.excepthook(kind, value.with_traceback(tb), tb)
+
+
+def _exit_by_sigint() -> None:
+    """Python's own end after an uncaught KeyboardInterrupt: killed by SIGINT."""
+    import atexit
+
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
+    os._exit(130)
+
+
+def is_rank() -> bool:
+    """This process is a rank the zygote forked (it must run its script, not the launcher)."""
+    return bool(_RANK)
+
+
+__all__ = [
+    "PR_SET_PDEATHSIG",
+    "RUNTIME_PREFIXES",
+    "RUNTIME_VARS",
+    "WarmProcess",
+    "Zygote",
+    "enabled",
+    "env_is_warm_safe",
+    "is_rank",
+    "parse_command",
+    "worth_it",
+    "reap_orphans",
+    "run_rank",
+]
