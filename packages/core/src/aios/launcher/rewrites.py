@@ -24,8 +24,22 @@ LAUNCH_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_A
 _AGENT_COPIES = {"RANK": "ROLE_RANK", "WORLD_SIZE": "ROLE_WORLD_SIZE"}
 
 
+#: the environment a rank forked from the zygote was handed (:mod:`aios.launcher.warm`): its
+#: ``/proc/self/environ`` is the zygote's, so the handed one is what the launcher set
+_handed: dict[str, str] | None = None
+
+
+def record_handed(env: Mapping[str, str]) -> None:
+    """In a rank forked from the zygote: the environment the launcher handed it."""
+    global _handed
+    _handed = dict(env)
+
+
 def initial_environ(path: str = "/proc/self/environ") -> dict[str, str] | None:
-    """The environment this process was started with, or ``None`` where it cannot be read."""
+    """The environment this process was started with (as handed by the launcher, for a rank
+    forked from the zygote), or ``None`` where it cannot be read."""
+    if _handed is not None:
+        return dict(_handed)
     try:
         with open(path, "rb") as f:
             raw = f.read()

@@ -38,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import suppress
 from typing import Any
 
+from aios.launcher import rewrites
 from aios.launcher.contract import WARM_START_ENV
 from aios.launcher.worker import PR_SET_PDEATHSIG, set_parent_death_signal
 from aios.plugins.registry import GROUP
@@ -416,6 +417,7 @@ def _become_rank(request: dict[str, Any], fds: list[int]) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    rewrites.record_handed(request["env"])
     _fresh_state()
     sys.stdout = sys.__stdout__ = _unbuffered(1, sys.stdout)  # type: ignore[misc]
     sys.stderr = sys.__stderr__ = _unbuffered(2, sys.stderr)  # type: ignore[misc]
