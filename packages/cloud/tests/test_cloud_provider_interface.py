@@ -8,7 +8,7 @@ import warnings
 from typing import Any
 
 import pytest
-from aios_cloud.provider import SchedulerProvider
+from aios_cloud.provider import CloudProvider, Provider, SchedulerProvider
 from aios_cloud.request import LaunchRequest
 
 
@@ -57,3 +57,6 @@ def test_a_scheduler_is_a_scheduler_provider() -> None:
 
     for cls in (SlurmProvider, K8sProvider):
         assert issubclass(cls, SchedulerProvider) and cls.scheduler
+        # a base of its own: nothing to create, no create to refuse
+        assert issubclass(cls, Provider) and not issubclass(cls, CloudProvider)
+        assert "create" not in dir(cls) and "render_create" not in dir(cls)

@@ -25,7 +25,6 @@ from aios_cloud.provider import (
     CloudCommand,
     CloudError,
     ClusterInfo,
-    ClusterRequest,
     SchedulerProvider,
 )
 from aios_cloud.request import LaunchRequest
@@ -232,12 +231,6 @@ class K8sProvider(SchedulerProvider):
             f"{' or '.join(str(c) for c in per_node)}",
             "create a pool whose machine type matches the slice's hosts "
             f"({M.node_pool_hint(place)})",
-        )
-
-    def create(self, request: ClusterRequest) -> ClusterInfo:
-        raise CloudError(
-            "Kubernetes runs jobs, there is no cluster to create",
-            "run `aios launch --cloud k8s SCRIPT`",
         )
 
     def _record(self, name: str) -> Any:
@@ -449,9 +442,6 @@ class K8sProvider(SchedulerProvider):
             ns,
             missing_ok=True,
         )
-
-    def render_create(self, request: ClusterRequest) -> list[CloudCommand]:
-        return [CloudCommand(["kubectl", "apply", "-f", "-"], "the manifests below")]
 
     def render(self, action: str, name: str, zone: str | None) -> list[CloudCommand]:
         ns = self.settings.namespace

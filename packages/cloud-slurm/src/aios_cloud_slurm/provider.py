@@ -19,7 +19,6 @@ import os
 import re
 import shlex
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from aios_cloud.features import COST_LIMIT, SETUP, SSH_LOGIN, ZONE
@@ -28,7 +27,6 @@ from aios_cloud.provider import (
     CloudCommand,
     CloudError,
     ClusterInfo,
-    ClusterRequest,
     SchedulerProvider,
 )
 from aios_cloud.request import LaunchRequest
@@ -190,17 +188,6 @@ class SlurmProvider(SchedulerProvider):
                 return e
         return super().entry(accelerator)
 
-    def validate(self, request: ClusterRequest) -> ClusterRequest:
-        self.require_slurm()
-        p = self.resolve_partition(request.zone or request.accelerator or self.settings.partition)
-        return replace(request, accelerator=p["name"], zone=p["name"])
-
-    def create(self, request: ClusterRequest) -> ClusterInfo:
-        raise CloudError(
-            "Slurm allocates nodes per job; there is no cluster to create",
-            "run `aios launch --cloud slurm SCRIPT`",
-        )
-
     def job_info(self, job_id: str) -> dict[str, str] | None:
         r = self.shell.run(f"scontrol show job -o {shlex.quote(job_id)}", timeout=60)
         text = r.stdout.decode(errors="replace").strip()
@@ -271,9 +258,6 @@ class SlurmProvider(SchedulerProvider):
         info = self.job_info(job_id)
         if info is not None and info.get("JobState") not in FINAL_STATES:
             self.shell.out(f"scancel {shlex.quote(job_id)}", "scancel")
-
-    def render_create(self, request: ClusterRequest) -> list[CloudCommand]:
-        return [CloudCommand(["sbatch", "--parsable", "<job dir>/job.sbatch"], "submit")]
 
     def render(self, action: str, name: str, zone: str | None) -> list[CloudCommand]:
         rec = self._record(name)

@@ -20,7 +20,7 @@ import click
 from aios.errors import AiosError
 
 if TYPE_CHECKING:
-    from aios_cloud.provider import CloudProvider, SchedulerProvider
+    from aios_cloud.provider import Provider, SchedulerProvider
 
 CLOUD_HELP = "Cloud plugin to use (gcp, aws, ...); default: the only one installed."
 
@@ -48,7 +48,7 @@ def _cloud_name(cloud: str | None, store_cloud: str | None = None) -> str:
     return cloud_name(cloud, store_cloud)
 
 
-def _provider(cloud: str, config_file: str | None) -> CloudProvider:
+def _provider(cloud: str, config_file: str | None) -> Provider:
     from aios_cloud.records import get_provider
 
     return get_provider(cloud, _config(config_file))
@@ -781,6 +781,7 @@ def _lifecycle(
         start_cluster,
         stop_cluster,
     )
+    from aios_cloud.provider import SchedulerProvider, provisioning
     from aios_cloud.records import (
         dry_run_lines,
         require_cluster,
@@ -806,7 +807,9 @@ def _lifecycle(
             stop_cluster(store, provider, rec)
             _log(f"stopped {rec.name}")
         elif action == "start":
-            new = start_cluster(store, provider, rec, _log)
+            if isinstance(provider, SchedulerProvider):
+                provider.start(rec.name, rec.zone)  # a job is not restarted in place: refused
+            new = start_cluster(store, provisioning(provider, rec.name), rec, _log)
             _log(
                 f"started {rec.name}: "
                 + ", ".join(f"worker {h['worker_id']} {h['ip']}" for h in new.hosts)
@@ -925,6 +928,7 @@ def autostop(
         remember_autostop,
         remove_agent,
     )
+    from aios_cloud.provider import provisioning
     from aios_cloud.records import (
         require_cluster,
     )
@@ -943,7 +947,7 @@ def autostop(
         )
     job = store.latest_job(name)
     python = (job.spec or {}).get("python") if job else None
-    provider = _provider(rec.cloud, config_file)
+    provider = provisioning(_provider(rec.cloud, config_file), name)
     action = "down" if down_ else "stop"
     why = provider.stop_refusal(rec.spot, rec.accelerator) if action == "stop" else None
     if why:  # before anything is granted or installed

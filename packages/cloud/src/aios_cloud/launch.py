@@ -43,6 +43,7 @@ from aios_cloud.provider import (
     ClusterRequest,
     LaunchPlan,
     SchedulerProvider,
+    provisioning,
 )
 from aios_cloud.records import Log, cloud_name, get_provider
 from aios_cloud.request import JobSpec, LaunchRequest
@@ -109,7 +110,8 @@ def run(request: LaunchRequest, echo: Echo, log: Log, printer: LinePrinter) -> i
     if isinstance(provider, SchedulerProvider):
         # a batch scheduler (Slurm, Kubernetes): submits a job, no hosts to provision
         return provider.launch_job(request, store, log)
-    launch = plan(request, provider, cloud, config, store, existing, echo, log, printer)
+    hosts = provisioning(provider, request.name or cloud)
+    launch = plan(request, hosts, cloud, config, store, existing, echo, log, printer)
     if request.dry_run:
         render(launch)
         return 0

@@ -19,6 +19,7 @@ from aios_cloud.provider import (
     STOPPED,
     CloudProvider,
     ClusterRequest,
+    Provider,
 )
 from aios_cloud.records import Log, record_hosts, remote_root, request_dict, runner_for, save_hosts
 from aios_cloud.ssh import (
@@ -101,7 +102,7 @@ def provision(
         raise
 
 
-def stop_cluster(store: Store, provider: CloudProvider, rec: ClusterRecord) -> None:
+def stop_cluster(store: Store, provider: Provider, rec: ClusterRecord) -> None:
     provider.stop(rec.name, rec.zone)
     store.update_cluster(rec.name, state=STOPPED)
     store.event(rec.name, "stopped", "stopped by the user")
@@ -155,7 +156,7 @@ def reinstall_agent(
     store.event(rec.name, "autostop", f"agent installed on worker 0 ({cfg['action']} when idle)")
 
 
-def down_cluster(store: Store, provider: CloudProvider, rec: ClusterRecord) -> None:
+def down_cluster(store: Store, provider: Provider, rec: ClusterRecord) -> None:
     for job in store.jobs(rec.name):
         if job.state not in JOB_FINAL:
             store.update_job(job.id, state=JOB_CANCELLED)

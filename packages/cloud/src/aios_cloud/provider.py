@@ -419,8 +419,10 @@ class LaunchPlan:
 # ------------------------------------------------------------------------------ the interface
 
 
-class CloudProvider(ABC):
-    """A cloud aios can provision on. Built by ``CloudSpec.factory(config)``.
+class Provider(ABC):
+    """What every ``--cloud`` is to the commands (``aios status|stop|start|down|catalog|cost``),
+    whether it provisions hosts (:class:`CloudProvider`) or submits jobs to a batch scheduler
+    (:class:`SchedulerProvider`). Built by ``CloudSpec.factory(config)``.
 
     Class attributes:
 
@@ -437,7 +439,7 @@ class CloudProvider(ABC):
     # -------------------------------------------------------------- capabilities the CLI reads
     #: A batch scheduler (Slurm, Kubernetes): ``aios launch`` submits a job through
     #: :meth:`SchedulerProvider.launch_job` instead of provisioning hosts; ``aios logs`` and
-    #: ``aios cancel`` go through it too. Set by :class:`SchedulerProvider`.
+    #: ``aios cancel`` go through it too. Set by :class:`SchedulerProvider` (and only there).
     scheduler: ClassVar[bool] = False
     #: Hosts the user already has (``--cloud ssh``): the user's own SSH login (no key of aios's),
     #: never stopped, replaced or deleted by aios.
@@ -458,7 +460,6 @@ class CloudProvider(ABC):
     #: than "drop the option" (``{SSH_LOGIN: "set slurm.login / slurm.ssh_key instead"}``).
     feature_hints: ClassVar[Mapping[CloudFeature, str]] = {}
 
-    # -------------------------------------------------------------- catalog
     @abstractmethod
     def catalog(self) -> list[CatalogEntry]:
         """Every accelerator type offered, with devices, memory, runtime, prices, peak TFLOP/s
@@ -495,34 +496,6 @@ class CloudProvider(ABC):
         ``how`` says how to see it. Default ``[]``: billed by the hour, as the catalog says."""
         return []
 
-    # -------------------------------------------------------------- validation
-    def validate(self, request: ClusterRequest) -> ClusterRequest:
-        """Check and complete a request before anything is created (zone offers the type,
-        project set, credentials present, image chosen). Returns the completed request.
-        Providers extend this; the default checks the accelerator and zone."""
-        entry = self.entry(request.accelerator)
-        if request.zone and entry.zones and request.zone not in entry.zones:
-            raise CloudError(
-                f"zone '{request.zone}' does not offer {request.accelerator}",
-                f"use one of: {', '.join(entry.zones)}",
-            )
-        if request.image is None:
-            request = replace(request, image=entry.runtime or None)
-        return request
-
-    # -------------------------------------------------------------- lifecycle
-    def prepare(self, request: ClusterRequest) -> ClusterRequest:
-        """Account-level steps before the first create, once per launch (not in a dry run):
-        e.g. import the SSH key into the user's OS Login profile and log in as its POSIX user.
-        Returns the request to create (``ssh_user`` may change)."""
-        return request
-
-    @abstractmethod
-    def create(self, request: ClusterRequest) -> ClusterInfo:
-        """Create the cluster in ``request.zone`` and wait until it is ``READY`` (or, for a
-        queued request, until provisioned). Raise :class:`CapacityError` / :class:`QuotaError` on
-        stockout/quota (after cleaning up), other :class:`CloudError` for anything else."""
-
     @abstractmethod
     def describe(self, name: str, zone: str | None) -> ClusterInfo | None:
         """The cluster's current state, hosts and health; ``None`` when it does not exist."""
@@ -544,7 +517,6 @@ class CloudProvider(ABC):
         """Delete the cluster and everything created for it. Idempotent: deleting a missing
         cluster is not an error."""
 
-    # -------------------------------------------------------------- hosts and runtime
     def hosts(self, info: ClusterInfo) -> builtins.list[ClusterHost]:
         """SSH-reachable hosts of a described cluster, ordered by worker id."""
         return sorted(info.hosts, key=lambda h: h.worker_id)
@@ -558,6 +530,68 @@ class CloudProvider(ABC):
         in the provider's image: a DLAMI's conda/venv python, the TPU VM's ``python3``).
         ``aios launch --python`` overrides it."""
         return "python3"
+
+    def agent_settings(self) -> dict[str, Any]:
+        """This provider's config section as the autostop agent on the head host must use it
+        (:mod:`aios_cloud.agent`): endpoints and project, never credentials (the hosts use
+        their service account / instance profile)."""
+        return {}
+
+    def controller_settings(self) -> dict[str, Any]:
+        """What a managed-job controller host needs beyond :meth:`agent_settings` to recreate the
+        cluster (zones, images, network...): the config section without credentials."""
+        return {}
+
+    def stop_refusal(self, spot: bool, accelerator: str | None = None) -> str | None:
+        """Why a cluster of this capacity and ``accelerator`` cannot be stopped and started
+        again (spot TPUs, one-time EC2 spot instances, multi-host TPU slices: only deleted), or
+        ``None`` when it can."""
+        return "spot capacity cannot be stopped, only deleted" if spot else None
+
+    def can_stop(self, spot: bool, accelerator: str | None = None) -> bool:
+        """Whether a cluster of this capacity can be stopped and started again
+        (:meth:`stop_refusal` gives the reason when not)."""
+        return self.stop_refusal(spot, accelerator) is None
+
+    @abstractmethod
+    def render(self, action: str, name: str, zone: str | None) -> builtins.list[CloudCommand]:
+        """Equivalent CLI commands for ``describe``, ``start``, ``stop``, ``delete``, ``list``."""
+
+    def describe_credentials(self) -> str:
+        """Where credentials come from (``ADC``, ``gcloud``, ``AWS profile default``), never
+        their value. Raise :class:`CredentialsError` when there are none."""
+        return "default"
+
+
+class CloudProvider(Provider):
+    """A cloud aios provisions hosts on (``gcp``, ``aws``, the user's own ``ssh`` hosts): create,
+    reach them over SSH, set them up, start the job on every host."""
+
+    def validate(self, request: ClusterRequest) -> ClusterRequest:
+        """Check and complete a request before anything is created (zone offers the type,
+        project set, credentials present, image chosen). Returns the completed request.
+        Providers extend this; the default checks the accelerator and zone."""
+        entry = self.entry(request.accelerator)
+        if request.zone and entry.zones and request.zone not in entry.zones:
+            raise CloudError(
+                f"zone '{request.zone}' does not offer {request.accelerator}",
+                f"use one of: {', '.join(entry.zones)}",
+            )
+        if request.image is None:
+            request = replace(request, image=entry.runtime or None)
+        return request
+
+    def prepare(self, request: ClusterRequest) -> ClusterRequest:
+        """Account-level steps before the first create, once per launch (not in a dry run):
+        e.g. import the SSH key into the user's OS Login profile and log in as its POSIX user.
+        Returns the request to create (``ssh_user`` may change)."""
+        return request
+
+    @abstractmethod
+    def create(self, request: ClusterRequest) -> ClusterInfo:
+        """Create the cluster in ``request.zone`` and wait until it is ``READY`` (or, for a
+        queued request, until provisioned). Raise :class:`CapacityError` / :class:`QuotaError` on
+        stockout/quota (after cleaning up), other :class:`CloudError` for anything else."""
 
     def setup_commands(
         self, accelerator: str, requirements: builtins.list[str], backend: str | None = None
@@ -585,17 +619,6 @@ class CloudProvider(ABC):
         Run even with ``--no-setup``."""
         return []
 
-    def agent_settings(self) -> dict[str, Any]:
-        """This provider's config section as the autostop agent on the head host must use it
-        (:mod:`aios_cloud.agent`): endpoints and project, never credentials (the hosts use
-        their service account / instance profile)."""
-        return {}
-
-    def controller_settings(self) -> dict[str, Any]:
-        """What a managed-job controller host needs beyond :meth:`agent_settings` to recreate the
-        cluster (zones, images, network...): the config section without credentials."""
-        return {}
-
     def prepare_autostop(
         self, request: ClusterRequest, action: str, dry_run: bool = False
     ) -> ClusterRequest:
@@ -614,17 +637,6 @@ class CloudProvider(ABC):
         Default: nothing to check."""
         return None
 
-    def stop_refusal(self, spot: bool, accelerator: str | None = None) -> str | None:
-        """Why a cluster of this capacity and ``accelerator`` cannot be stopped and started
-        again (spot TPUs, one-time EC2 spot instances, multi-host TPU slices: only deleted), or
-        ``None`` when it can."""
-        return "spot capacity cannot be stopped, only deleted" if spot else None
-
-    def can_stop(self, spot: bool, accelerator: str | None = None) -> bool:
-        """Whether a cluster of this capacity can be stopped and started again
-        (:meth:`stop_refusal` gives the reason when not)."""
-        return self.stop_refusal(spot, accelerator) is None
-
     def check_storage(
         self, url: str, env_names: tuple[str, ...] | builtins.list[str] | set[str] = ()
     ) -> None:
@@ -633,7 +645,6 @@ class CloudProvider(ABC):
         Called before anything is created."""
         return None
 
-    # -------------------------------------------------------------- health / failover hooks
     def classify_error(self, exc: BaseException) -> FailureKind:
         """How the failover loop treats a create error: ``stockout`` and ``quota`` move to the next
         zone, ``unavailable`` (the zone does not offer the type) moves on at once, ``transient``
@@ -662,7 +673,6 @@ class CloudProvider(ABC):
         self.start(info.name, info.zone)
         return "stop/start"
 
-    # -------------------------------------------------------------- launch options
     def launch_extra(self, request: LaunchRequest, existing: bool) -> dict[str, Any]:
         """Check the ``aios launch`` options only this cloud takes and return what the cluster
         request carries for them (:attr:`ClusterRequest.extra`; never a secret). Called once per
@@ -671,15 +681,10 @@ class CloudProvider(ABC):
         ``existing``: the cluster is reused. Default: the ``--reservation`` given."""
         return {"reservation": request.reservation} if request.reservation else {}
 
-    # -------------------------------------------------------------- dry run
     @abstractmethod
     def render_create(self, request: ClusterRequest) -> builtins.list[CloudCommand]:
         """The cloud CLI commands equivalent to :meth:`create` (``gcloud compute tpus tpu-vm
         create ...`` or ``gcloud compute tpus queued-resources create ...``)."""
-
-    @abstractmethod
-    def render(self, action: str, name: str, zone: str | None) -> builtins.list[CloudCommand]:
-        """Equivalent CLI commands for ``describe``, ``start``, ``stop``, ``delete``, ``list``."""
 
     def render_launch(self, plan: LaunchPlan, echo: Echo) -> None:
         """``aios launch --dry-run``: every step the launch takes, as the commands that do it
@@ -693,14 +698,8 @@ class CloudProvider(ABC):
             )
         plan.standard(self, plan, echo)
 
-    # -------------------------------------------------------------- misc
-    def describe_credentials(self) -> str:
-        """Where credentials come from (``ADC``, ``gcloud``, ``AWS profile default``), never
-        their value. Raise :class:`CredentialsError` when there are none."""
-        return "default"
 
-
-class SchedulerProvider(CloudProvider):
+class SchedulerProvider(Provider):
     """A batch scheduler behind the cloud commands (Slurm, Kubernetes): ``aios launch`` submits
     one job (there are no hosts to provision or SSH into), ``aios logs`` reads the job's output
     through the scheduler, ``aios cancel``/``stop``/``down`` cancel it. What the two share:
@@ -757,17 +756,22 @@ class SchedulerProvider(CloudProvider):
                     out.append(info)
         return out
 
-    def create(self, request: ClusterRequest) -> ClusterInfo:
-        raise CloudError(
-            f"{self.name} runs jobs, it does not create clusters",
-            f"use `aios launch --cloud {self.name} ...`",
-        )
 
-    def render_create(self, request: ClusterRequest) -> builtins.list[CloudCommand]:
-        return []
+def provisioning(provider: Provider, name: str) -> CloudProvider:
+    """``provider`` as a cloud whose clusters are hosts aios reaches (stop/start them, install
+    the autostop agent, watch the job on them), or the one-line refusal naming the cluster: a
+    batch scheduler's cluster is one job."""
+    if isinstance(provider, CloudProvider):
+        return provider
+    raise CloudError(
+        f"{name} is a {provider.name} job, not hosts aios provisioned",
+        f"use `aios status {name}`, `aios logs {name}` or `aios cancel {name}`",
+    )
 
 
 __all__ = [
+    "provisioning",
+    "Provider",
     "check_requirements",
     "registry_aios",
     "CapacityError",

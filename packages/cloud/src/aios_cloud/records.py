@@ -14,11 +14,11 @@ from aios.errors import AiosError
 from aios_cloud.provider import (
     READY,
     CloudCommand,
-    CloudProvider,
     ClusterHost,
     ClusterInfo,
     ClusterNotFound,
     ClusterRequest,
+    Provider,
 )
 from aios_cloud.ssh import (
     SshRunner,
@@ -36,7 +36,7 @@ def remote_root(cluster: str) -> str:
     return f"$HOME/aios/{cluster}"
 
 
-def get_provider(cloud: str, config: Any) -> CloudProvider:
+def get_provider(cloud: str, config: Any) -> Provider:
     from aios.plugins.registry import get_registry
 
     spec = get_registry().cloud(cloud)
@@ -121,7 +121,7 @@ def request_from_record(rec: ClusterRecord) -> ClusterRequest:
 
 
 def save_hosts(
-    store: Store, rec: ClusterRecord, info: ClusterInfo, provider: CloudProvider
+    store: Store, rec: ClusterRecord, info: ClusterInfo, provider: Provider
 ) -> ClusterRecord:
     hosts = [dataclasses.asdict(h) for h in provider.hosts(info)]
     for h in hosts:
@@ -165,7 +165,7 @@ def info_from(rec: ClusterRecord) -> ClusterInfo:
     )
 
 
-def inventory(provider: CloudProvider) -> list[ClusterInfo]:
+def inventory(provider: Provider) -> list[ClusterInfo]:
     """Every cluster aios created in the cloud (found by the ``aios-cluster`` label / the
     ``aios:cluster`` tag), whether or not this machine has a record of it."""
     return provider.list(None)
@@ -176,7 +176,7 @@ def runner_for_name_reset(name: str) -> None:
     SshRunner([], cluster_dir(name) / "known_hosts").reset_host_keys()
 
 
-def refresh(store: Store, provider: CloudProvider, rec: ClusterRecord) -> ClusterRecord:
+def refresh(store: Store, provider: Provider, rec: ClusterRecord) -> ClusterRecord:
     info = provider.describe(rec.name, rec.zone)
     if info is None:
         store.update_cluster(rec.name, state="NOT_FOUND")

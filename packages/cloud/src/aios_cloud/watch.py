@@ -19,6 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     from aios.config.schema import resolve
 
     from aios_cloud.lifecycle import down_cluster
+    from aios_cloud.provider import provisioning
     from aios_cloud.records import get_provider
     from aios_cloud.ssh import LinePrinter
     from aios_cloud.store import Store
@@ -26,10 +27,13 @@ def main(argv: list[str] | None = None) -> int:
 
     config = resolve(config_file=a.config, check_backend=False)
     provider = get_provider(a.cloud, config)
+    name = job.cluster if (job := Store().get_job(a.job_id)) else str(a.job_id)
     store = Store()
     printer = LinePrinter(sys.stdout)
     opts = WatchOptions(poll=a.poll, describe_every=max(a.poll, 3 * a.poll), follow=False)
-    code = Watcher(store, provider, a.job_id, config, printer=printer, options=opts).run()
+    code = Watcher(
+        store, provisioning(provider, name), a.job_id, config, printer=printer, options=opts
+    ).run()
     if a.down:
         job = store.get_job(a.job_id)
         rec = store.get_cluster(job.cluster) if job else None

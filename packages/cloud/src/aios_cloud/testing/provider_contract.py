@@ -56,6 +56,7 @@ from aios_cloud.provider import (
     CloudProvider,
     ClusterRequest,
     NotOfferedError,
+    Provider,
     QuotaError,
     SchedulerProvider,
 )
@@ -87,7 +88,7 @@ FEATURE_OPTIONS: dict[str, dict[str, Any]] = {
 }
 
 
-def expected_refusal(provider: CloudProvider, feature: CloudFeature, flag: str) -> str:
+def expected_refusal(provider: Provider, feature: CloudFeature, flag: str) -> str:
     """The one line every provider gives for ``flag`` of a feature it does not declare."""
     hint = provider.feature_hints.get(feature)
     return f"{flag} is not supported by --cloud {provider.name} ({feature.what}); drop {flag}" + (
@@ -95,15 +96,13 @@ def expected_refusal(provider: CloudProvider, feature: CloudFeature, flag: str) 
     )
 
 
-# hooks the commands call, with the parameters the interface declares
-HOOKS = (
+# hooks the commands call on every provider, with the parameters the interface declares
+PROVIDER_HOOKS = (
     "catalog",
     "entry",
     "zones",
     "zone_region",
-    "validate",
-    "prepare",
-    "create",
+    "reservation_prices",
     "describe",
     "list",
     "start",
@@ -112,26 +111,34 @@ HOOKS = (
     "hosts",
     "backend_for",
     "python",
+    "agent_settings",
+    "controller_settings",
+    "stop_refusal",
+    "can_stop",
+    "render",
+    "describe_credentials",
+)
+# what the launch and the host commands call on a cloud that provisions hosts
+CLOUD_HOOKS = (
+    "validate",
+    "prepare",
+    "create",
     "setup_commands",
     "remote_env",
     "host_checks",
-    "agent_settings",
-    "controller_settings",
     "prepare_autostop",
     "grant_autostop",
-    "stop_refusal",
-    "can_stop",
     "check_storage",
     "classify_error",
     "repair",
     "returned_hosts",
-    "reservation_prices",
     "launch_extra",
     "render_create",
-    "render",
     "render_launch",
-    "describe_credentials",
 )
+# what the commands call on a batch scheduler
+SCHEDULER_HOOKS = ("launch_job", "job_logs", "cancel")
+HOOKS = PROVIDER_HOOKS + CLOUD_HOOKS
 
 
 def run_aios(
@@ -162,7 +169,7 @@ class ProviderContract:
 
     # ------------------------------------------------------------------ what a subclass gives
     @pytest.fixture
-    def provider(self) -> CloudProvider:
+    def provider(self) -> Provider:
         raise NotImplementedError("provide a `provider` fixture built against your stand-in")
 
     @pytest.fixture
@@ -196,8 +203,8 @@ class ProviderContract:
         return list(self.accelerators.values())
 
     # ------------------------------------------------------------------ declared capabilities
-    def test_capabilities_are_declared_with_their_types(self, provider: CloudProvider) -> None:
-        assert isinstance(provider, CloudProvider)
+    def test_capabilities_are_declared_with_their_types(self, provider: Provider) -> None:
+        assert isinstance(provider, Provider)
         assert provider.name == self.cloud
         for attr in ("scheduler", "user_hosts", "shared_paths"):
             assert isinstance(getattr(provider, attr), bool), attr
@@ -207,13 +214,17 @@ class ProviderContract:
         assert provider.scheduler == isinstance(provider, SchedulerProvider), (
             "a batch scheduler is a SchedulerProvider (and only one is)"
         )
+        assert isinstance(provider, CloudProvider) != isinstance(provider, SchedulerProvider), (
+            "a provider provisions hosts (CloudProvider) or submits jobs (SchedulerProvider)"
+        )
 
-    def test_overridden_hooks_keep_the_interface_signature(self, provider: CloudProvider) -> None:
+    def test_overridden_hooks_keep_the_interface_signature(self, provider: Provider) -> None:
         """An override that dropped or renamed a parameter the CLI passes fails here (the ssh
         cloud's ``python(accelerator)`` once broke every launch without ``--python``)."""
-        base = SchedulerProvider if isinstance(provider, SchedulerProvider) else CloudProvider
+        scheduler = isinstance(provider, SchedulerProvider)
+        base: type[Provider] = SchedulerProvider if scheduler else CloudProvider
         drifted = []
-        for hook in HOOKS:
+        for hook in PROVIDER_HOOKS + (SCHEDULER_HOOKS if scheduler else CLOUD_HOOKS):
             want = inspect.signature(getattr(base, hook))
             have = inspect.signature(getattr(type(provider), hook))
             params = have.parameters
@@ -232,7 +243,7 @@ class ProviderContract:
         assert not drifted, "; ".join(drifted)
 
     def test_features_are_declared_and_the_rest_refused_in_one_shape(
-        self, provider: CloudProvider
+        self, provider: Provider
     ) -> None:
         """What of ``aios launch`` the cloud supports is a declared set of
         :class:`~aios_cloud.features.CloudFeature`; every other feature is refused by the one
@@ -254,7 +265,7 @@ class ProviderContract:
             assert err.value.one_line() == expected_refusal(provider, feature, flag)
 
     # ------------------------------------------------------------------ hooks, as the CLI calls
-    def test_hooks_answer_the_arguments_the_cli_passes(self, provider: CloudProvider) -> None:
+    def test_hooks_answer_the_arguments_the_cli_passes(self, provider: Provider) -> None:
         if isinstance(provider, SchedulerProvider):
             # the commands hand a scheduler the launch request (launch_job); they read its
             # catalog (`aios catalog`, `aios cost`) and classify nothing else
@@ -266,6 +277,7 @@ class ProviderContract:
                 provider.stop_refusal(False), str
             )
             return
+        assert isinstance(provider, CloudProvider)
         for kind, acc in self.accelerators.items():
             entry = provider.entry(acc)
             assert isinstance(entry, CatalogEntry) and entry.accelerator, kind
@@ -300,7 +312,7 @@ class ProviderContract:
         return {}
 
     def test_describe_credentials_names_the_source_never_the_secret(
-        self, provider: CloudProvider
+        self, provider: Provider
     ) -> None:
         where = provider.describe_credentials()
         assert isinstance(where, str) and SECRET_VALUE not in where
@@ -359,13 +371,14 @@ class ProviderContract:
 
     # ------------------------------------------------------------------ lifecycle
     def test_lifecycle_against_the_stand_in(
-        self, provider: CloudProvider, cli_env: dict[str, str], project: Path
+        self, provider: Provider, cli_env: dict[str, str], project: Path
     ) -> None:
         if isinstance(provider, SchedulerProvider) or provider.user_hosts:
             # the cluster lives in the aios store (a scheduler's job, the user's own hosts):
             # through the commands, as the user runs them
             self._cli_lifecycle(provider, cli_env, project)
             return
+        assert isinstance(provider, CloudProvider)
         name = "kit-life"
         request = self.cluster_request(provider, name)
         try:
@@ -388,7 +401,7 @@ class ProviderContract:
         assert gone is None or gone.state in ("TERMINATED", "DELETING"), gone
         provider.delete(name, request.zone)  # idempotent
 
-    def _cli_lifecycle(self, provider: CloudProvider, env: dict[str, str], project: Path) -> None:
+    def _cli_lifecycle(self, provider: Provider, env: dict[str, str], project: Path) -> None:
         acc = self.lifecycle_accelerator or self._accelerators()[0]
         name = "kit-life"
         r = run_aios(
