@@ -199,7 +199,15 @@ def test_plugins_lists_strategies_accelerators_and_cluster_envs(run_aios):
     assert "deepspeed" not in strategies
     table = run_aios("plugins", env={"COLUMNS": "400"})
     assert table.returncode == 0, table.stderr
-    core_rows = "".join(ln for ln in table.stdout.splitlines() if "aios-core" in ln)
+    # the aios-core row: its first line and the lines its cells wrap onto (no name of their own)
+    lines = table.stdout.splitlines()
+    first = next(i for i, ln in enumerate(lines) if "│ aios-core " in ln)
+    row = [lines[first]]
+    for ln in lines[first + 1 :]:
+        if not ln.startswith("│") or not ln[1:].split("│", 1)[0].strip() == "":
+            break
+        row.append(ln)
+    core_rows = " ".join(" ".join(c.strip() for c in ln.split("│")) for ln in row)
     for item in (
         "accelerator:cpu",
         "strategy:fsdp(any accelerator)",

@@ -192,3 +192,48 @@ def test_dry_run_names_the_groups(tmp_path: Path) -> None:
     )
     assert r.returncode == 0, r.stderr
     assert "replica groups: 2 of 2 processes; the lighthouse on 127.0.0.1:<free port>" in r.stdout
+
+
+README_SCRIPT = """\
+import aios
+import torch
+
+rt = aios.init()
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+ds = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
+loader = torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True)
+model, opt, loader = rt.setup(model, opt, loader)
+for x, y in loader:
+    rt.backward(torch.nn.functional.mse_loss(model(x), y))
+    rt.step()
+print("groups", rt.replica_groups, "participants", rt.replica_participants)
+rt.close()
+"""
+
+
+def test_the_readme_command_runs_as_printed(tmp_path: Path) -> None:
+    """The core README's ``aios-run --nprocs 2 ft.replica_groups=2 train.py``, typed as printed
+    (no port, heartbeat or timeout settings), trains both groups to the end of the epoch."""
+    (tmp_path / "train.py").write_text(README_SCRIPT)
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    command = "aios-run --nprocs 2 ft.replica_groups=2 train.py"
+    assert command in readme
+    exe = Path(sys.executable).with_name("aios-run")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIOS_", "RUST_LOG"))}
+    env["AIOS_LOGGING__RUN_DIR"] = str(tmp_path / "runs")
+    r = subprocess.run(
+        [str(exe), *command.split()[1:]],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count("]:groups 2 participants 2\n") == 2, r.stdout[-2000:]
+    assert "[rank0]:groups" in r.stdout and "[rank1]:groups" in r.stdout
+    assert "Quorum!" not in r.stderr  # torchft's per-step lines are off
+    assert "GET /checkpoint/" not in r.stderr  # its checkpoint server's access log too
+    assert "buffer is not writable" not in r.stderr

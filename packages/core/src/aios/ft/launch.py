@@ -12,14 +12,16 @@ ended 0.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import IO, Any
 
 from aios.ft import (
     GROUP_ENV,
@@ -70,6 +72,22 @@ def _describe(code: int) -> str:
     return f"exit code {code}"
 
 
+#: the access-log line torchft's HTTP checkpoint server (``http.server``) writes to stderr for
+#: every state a healing group fetches: dropped unless ``ft.log`` asks for torchft's logs
+ACCESS_LOG = re.compile(rb'^\S+ - - \[[^\]]*\] "[A-Z]+ /checkpoint/')
+
+
+def _relay(src: IO[bytes], dst: IO[bytes], prefix: bytes, quiet: bool) -> None:
+    """Copy a process's output to ``dst`` line by line, each line with the rank's prefix (as
+    aios-run's ``[rankN]:``), so that the groups' lines never interleave within a line."""
+    for line in iter(src.readline, b""):
+        if quiet and ACCESS_LOG.match(line):
+            continue
+        dst.write(prefix + line)
+        dst.flush()
+    src.close()
+
+
 class Groups:
     """The replica groups of one run on this host (see the module docstring)."""
 
@@ -90,6 +108,7 @@ class Groups:
         self.groups = int(cfg.ft.replica_groups)
         self.per_group = nprocs // self.groups
         self.procs: dict[int, list[subprocess.Popen[bytes]]] = {}
+        self.relays: dict[int, list[threading.Thread]] = {}
         self.restarts = dict.fromkeys(range(self.groups), 0)
         self.done: dict[int, int] = {}
         self.state_dir = tempfile.mkdtemp(prefix="aios-ft-")
@@ -117,24 +136,38 @@ class Groups:
     def start(self, g: int, restarted: bool = False) -> None:
         addr = self.cfg.master_addr
         master, store = self.free_port(addr), self.free_port(addr)
-        procs = []
+        procs, relays = [], []
         for rank in range(self.per_group):
             env = self._group_env(g, rank, master, store)
             if restarted:
                 env[RESTARTED_AT_ENV] = repr(time.time())
-            procs.append(subprocess.Popen(self.command, env=env))
+            proc = subprocess.Popen(
+                self.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
+            prefix = f"[rank{g * self.per_group + rank}]:".encode()
+            for src, dst in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):
+                assert src is not None
+                quiet = not self.cfg.ft.log
+                t = threading.Thread(target=_relay, args=(src, dst, prefix, quiet), daemon=True)
+                t.start()
+                relays.append(t)
+            procs.append(proc)
         self.procs[g] = procs
+        self.relays[g] = relays
 
-    def _stop(self, procs: list[subprocess.Popen[bytes]]) -> None:
+    def _stop(self, g: int) -> None:
+        procs = self.procs[g]
         for p in procs:
             if p.poll() is None:
                 p.kill()
         for p in procs:
             p.wait()
+        for t in self.relays.pop(g, []):
+            t.join(timeout=10)  # the processes' last lines, before the next event's line
 
     def _lost(self, g: int, code: int) -> bool:
         """Group ``g`` lost a process: stop the rest, restart it. False when out of restarts."""
-        self._stop(self.procs[g])
+        self._stop(g)
         alive = self.groups - len(self.done) - 1
         step = max((committed_step(self.state_dir, o) for o in range(self.groups)), default=0)
         self.echo(
@@ -180,8 +213,8 @@ class Groups:
             self.stop_all()
 
     def stop_all(self) -> None:
-        for procs in self.procs.values():
-            self._stop(procs)
+        for g in list(self.procs):
+            self._stop(g)
         if self.lighthouse is not None:
             self.lighthouse.shutdown()
             self.lighthouse = None
@@ -189,4 +222,4 @@ class Groups:
 
 
 def script_command(script: str, args: list[str], module: bool) -> list[str]:
-    return [sys.executable, *(["-m", script] if module else [script]), *args]
+    return [sys.executable, "-u", *(["-m", script] if module else [script]), *args]

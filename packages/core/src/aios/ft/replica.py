@@ -20,6 +20,7 @@ import logging
 import os
 import sys
 import time
+import warnings
 from datetime import timedelta
 from typing import Any
 
@@ -120,6 +121,14 @@ class Replica:
         """The group's manager: it heartbeats to the lighthouse from now on (the run's first
         quorum waits for every group)."""
         if self.manager is None:
+            # torch's deserialisation of a received state warns once that the transfer buffer
+            # is read-only (it is copied before use): not the script's business
+            warnings.filterwarnings(
+                "ignore",
+                message="The given buffer is not writable",
+                category=UserWarning,
+                module="torch.distributed._serialization",
+            )
             self.manager = self._start_manager()
             self._wait_for_groups()
 
