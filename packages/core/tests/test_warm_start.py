@@ -119,3 +119,22 @@ def test_a_script_without_torch_or_aios_starts_fresh(tmp_path: Path) -> None:
     (tmp_path / "t.py").write_text("import torch\n")
     assert warm.worth_it(str(tmp_path / "t.py"))
     assert warm.worth_it(str(tmp_path / "missing.py"))
+
+
+def test_a_sitecustomize_on_the_path_runs_in_every_rank_with_its_own_env(tmp_path: Path) -> None:
+    """An interpreter start-up hook the user put on PYTHONPATH (``sitecustomize``: test
+    harnesses, profilers, fault injectors) runs in each fresh rank with that rank's RANK; a
+    forked rank would only inherit its one run in the zygote, so such a launch starts fresh."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(
+        "import os\n"
+        "if os.environ.get('RANK') is not None:\n"
+        "    open(os.path.join(os.environ['HOOK_OUT'], 'hook' + os.environ['RANK']), 'w')\n"
+    )
+    (tmp_path / "train.py").write_text(textwrap.dedent(SCRIPT))
+    env = run_env(tmp_path, MY_SETTING="x", HOOK_OUT=str(tmp_path), PYTHONPATH=str(hooks))
+    res = aios_run(["--nprocs", "2", "train.py"], cwd=tmp_path, env=env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert (tmp_path / "hook0").exists() and (tmp_path / "hook1").exists()
+    assert [r["warm"] for r in _ranks(tmp_path)] == [False, False]

@@ -32,6 +32,7 @@ import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -39,7 +40,7 @@ from contextlib import suppress
 from typing import Any
 
 from aios.launcher import rewrites
-from aios.launcher.contract import WARM_START_ENV
+from aios.launcher.contract import CONTROL_PREFIX, WARM_START_ENV
 from aios.launcher.worker import PR_SET_PDEATHSIG, set_parent_death_signal
 from aios.plugins.registry import GROUP
 
@@ -70,7 +71,7 @@ RUNTIME_VARS = frozenset(
         "PYTHONUNBUFFERED",
     }
 )
-RUNTIME_PREFIXES = ("AIOS_RUN_", "TORCHELASTIC_", "TORCH_NCCL_", "NCCL_")
+RUNTIME_PREFIXES = (CONTROL_PREFIX, "TORCHELASTIC_", "TORCH_NCCL_", "NCCL_")
 #: what the zygote imports torch with unless the user set it: no device extension autoloaded
 #: (the launch plan of the cpu and cuda backends starts its ranks so; a rank of a backend that
 #: autoloads one differs in it and starts fresh)
@@ -86,7 +87,24 @@ def enabled(environ: Mapping[str, str] | None = None) -> bool:
         return False
     if env.get("AIOS_LAUNCH__WARM_START", "").strip().lower() in off:
         return False
+    if user_startup_hooks():
+        return False
     return sys.platform.startswith("linux") and hasattr(os, "fork")
+
+
+def user_startup_hooks() -> list[str]:
+    """The interpreter start-up modules this Python ran from outside its standard library
+    (``sitecustomize``/``usercustomize`` on ``PYTHONPATH`` or in site-packages). A fresh rank
+    runs them with its own environment (they may read ``RANK``); a rank forked from the zygote
+    would only inherit what they did once, in the zygote, so such a launch starts fresh."""
+    stdlib = os.path.realpath(sysconfig.get_paths()["stdlib"])
+    found = []
+    for name in ("sitecustomize", "usercustomize"):
+        mod = sys.modules.get(name)
+        path = mod.__file__ if mod is not None else None
+        if path and not os.path.realpath(path).startswith(stdlib + os.sep):
+            found.append(path)
+    return found
 
 
 def worth_it(script: str) -> bool:
