@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -45,3 +47,26 @@ def first_party():
 @pytest.fixture(scope="session")
 def root():
     return ROOT
+
+
+def _pip_install_target(source: Path, target: Path) -> Path:
+    """A plugin from ``source`` installed with pip into the folder ``target`` (put it on
+    PYTHONPATH to load it), as a third party would install theirs; offline, no dependencies."""
+    res = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation"]
+        + ["--no-index", "--target", str(target), str(source)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    return target
+
+
+@pytest.fixture(scope="session")
+def install_plugin(tmp_path_factory):
+    """``install_plugin(source)``: the plugin folder ``source`` pip-installed into a fresh folder,
+    returned (see :func:`_pip_install_target`)."""
+    return lambda source: _pip_install_target(
+        Path(source), tmp_path_factory.mktemp(Path(source).name + "-site")
+    )

@@ -5,34 +5,14 @@ beside core's findings, and the rule passes the rule contract kit."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 from aios.testing.check_rule_contract import prove
 
 
 @pytest.fixture(scope="module")
-def rule_site(tmp_path_factory, root):
-    target = tmp_path_factory.mktemp("check-rule-site")
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--no-deps",
-            "--no-build-isolation",
-            "--no-index",
-            "--target",
-            str(target),
-            str(root / "tests" / "plugins" / "check-rule"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert res.returncode == 0, res.stdout + res.stderr
+def rule_site(install_plugin, root):
+    target = install_plugin(root / "tests" / "plugins" / "check-rule")
     assert list(target.glob("aios_check_no_cuda_graphs-0.1.0.dist-info"))
     return target
 

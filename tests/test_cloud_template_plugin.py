@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,26 +18,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def template_site(tmp_path_factory: pytest.TempPathFactory, root: Path) -> Path:
-    target = tmp_path_factory.mktemp("cloud-template-site")
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--no-deps",
-            "--no-build-isolation",
-            "--no-index",
-            "--target",
-            str(target),
-            str(root / "examples" / "cloud-plugin-template"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert res.returncode == 0, res.stdout + res.stderr
+def template_site(install_plugin, root: Path) -> Path:
+    target = install_plugin(root / "examples" / "cloud-plugin-template")
     return target
 
 

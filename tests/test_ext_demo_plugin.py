@@ -45,16 +45,8 @@ print("done at", rt.global_step, flush=True)
 
 
 @pytest.fixture(scope="module")
-def demo_site(tmp_path_factory: pytest.TempPathFactory, root: Path) -> Path:
-    target = tmp_path_factory.mktemp("ext-demo-site")
-    res = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation"]
-        + ["--no-index", "--target", str(target), str(root / "tests/plugins/aios-ext-demo")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert res.returncode == 0, res.stdout + res.stderr
+def demo_site(install_plugin, root: Path) -> Path:
+    target = install_plugin(root / "tests/plugins/aios-ext-demo")
     return target
 
 

@@ -4,33 +4,13 @@ with `aios-run --backend template` without any change to aios."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 
 @pytest.fixture(scope="module")
-def template_site(tmp_path_factory, root):
-    target = tmp_path_factory.mktemp("template-site")
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--no-deps",
-            "--no-build-isolation",
-            "--no-index",
-            "--target",
-            str(target),
-            str(root / "examples" / "plugin-template"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert res.returncode == 0, res.stdout + res.stderr
+def template_site(install_plugin, root):
+    target = install_plugin(root / "examples" / "plugin-template")
     assert list(target.glob("aios_backend_template-0.1.0.dist-info"))
     return target
 

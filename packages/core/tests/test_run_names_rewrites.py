@@ -10,6 +10,7 @@ from pathlib import Path
 
 from aios.launcher import rewrites
 from aios.launcher.contract import LAUNCHER_PID_ENV
+from aios.testing.launch import aios_run
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -51,24 +52,8 @@ def test_write_line_finds_the_assignment_not_a_read() -> None:
 def test_aios_run_names_a_script_that_rewrites_world_size_before_it_trains(
     tmp_path: Path, free_port
 ) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
-    env.update(
-        AIOS_LOGGING__RUN_DIR=str(tmp_path / "runs"),
-        AIOS_LOGGING__TENSORBOARD="false",
-        OMP_NUM_THREADS="1",
-    )
-    cmd = [
-        sys.executable,
-        "-c",
-        "from aios.cli.run import main; main()",
-        "--nprocs",
-        "2",
-        "--master-port",
-        str(free_port()),
-        str(SCRIPTS / "rewrites_world.py"),
-        "aios",
-    ]
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400, cwd=tmp_path)
+    args = ["--nprocs", "2", "--master-port", free_port(), SCRIPTS / "rewrites_world.py", "aios"]
+    p = aios_run(args, cwd=tmp_path, timeout=400)
     out = p.stdout + p.stderr
     assert p.returncode == 2, out
     assert "TRAINED" not in out and "Traceback" not in out
