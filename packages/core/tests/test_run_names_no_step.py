@@ -21,7 +21,7 @@ model = rt.setup(torch.nn.Linear(2, 1))
 rt.backward(model(torch.ones(1, 2)).sum())
 """
 
-SAID = "the script ended without a single training step"
+SAID = "without a single training step"
 
 
 def _run(tmp_path: Path, arg: str) -> subprocess.CompletedProcess[str]:

@@ -80,6 +80,16 @@ class XlaStrategy(Strategy):
         self._owns_group = False
         self.steps = 0
 
+    @property
+    def fp16_speed(self) -> bool:
+        """Only a GPU behind PJRT computes float16 fast; TPUs, Trainium and XLA:CPU do
+        bfloat16 (a float16 forward there is named by the run)."""
+        return self.pjrt_device in ("CUDA", "GPU")
+
+    @property
+    def hardware(self) -> str:
+        return f"the {self.name} backend on PJRT_DEVICE={self.pjrt_device}"
+
     # ---------------------------------------------------------------- process / device
     def prepare_env(self) -> None:
         """Environment that must be in place before the XLA runtime starts."""

@@ -78,7 +78,7 @@ from aios.errors import AiosError, ConfigError
 from aios.ft import data as ft_data
 from aios.ft.replica import Replica
 from aios.ft.replica import from_env as ft_group_from_env
-from aios.launcher import rewrites
+from aios.launcher import guard, rewrites
 from aios.launcher import status as rank_status
 from aios.launcher.contract import BACKEND_ENV, CONFIG_ENV
 from aios.resilience.notices import (
@@ -975,15 +975,13 @@ class Runtime:
                 flush=True,
             )
             return
-        acc = self.strategy.accelerator
         if (
             str(loss.dtype) == "torch.float16"
-            and acc is not None
-            and not acc.supports_fp16
+            and not self.strategy.fp16_speed
             and self.precision.name != "fp16-mixed"
         ):
             print(
-                f"aios: {where}: the loss is float16, but the {acc.name} accelerator has no "
+                f"aios: {where}: the loss is float16, but {self.strategy.hardware} has no "
                 "float16 speed (its fast type is bfloat16): drop the script's .half()/float16 "
                 "casts and run with precision=bf16-mixed",
                 file=sys.stderr,
@@ -1406,9 +1404,13 @@ class Runtime:
             and self.training.step == 0
             and self.checkpointer.loaded_step is None
         ):
+            ended = guard.ended_at()
+            where = f"{os.path.basename(ended[0])}:{ended[1]}: " if ended else ""
+            how = "exited there" if ended else "ended"
             print(
-                "aios: the script ended without a single training step (rt.backward never ran "
-                "after aios.init): nothing was trained; see its last output above for why",
+                f"aios: {where}the script {how} without a single training step (rt.backward "
+                "never ran after aios.init): nothing was trained; see its last output above "
+                "for why",
                 file=sys.stderr,
                 flush=True,
             )

@@ -32,6 +32,7 @@ from aios.ft import (
     STORE_PORT_ENV,
 )
 from aios.ft.plan import rust_log
+from aios.launcher import boot
 
 PROG = "aios"
 
@@ -222,4 +223,7 @@ class Groups:
 
 
 def script_command(script: str, args: list[str], module: bool) -> list[str]:
-    return [sys.executable, "-u", *(["-m", script] if module else [script]), *args]
+    """A group process's command: the script through the rank's boot (:mod:`aios.launcher.boot`:
+    the guard on launch variables), as every rank aios-run starts."""
+    head = ["-m", script] if module else [script]
+    return [sys.executable, "-u", "-m", boot.MODULE, *head, *args]

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from aios.launcher import warm
+from aios.launcher import boot, warm
 from aios.launcher.outcome import PROG
 from aios.launcher.ports import port_taken
 from aios.launcher.worker import child_preexec
@@ -226,6 +226,10 @@ class AgentWatch:
             if proc is None:
                 if preexec is not None and kwargs.get("preexec_fn") is None:
                     kwargs["preexec_fn"] = preexec
+                # a fresh rank's first frame is the boot's (the guard on launch variables)
+                booted = boot.command(kwargs.get("args") or ())
+                if booted is not None:
+                    kwargs["args"] = booted
                 proc = popen(*args, **kwargs)
             watch._track(proc.pid)
             return proc

@@ -11,7 +11,9 @@ STATUS_DIR_ENV`); a cloud job's wrapper script makes ``<job>/status``. What live
 * ``joined-<N>``: the world size of the process group rank N joined (``aios.init``);
 * ``worker-<N>.json``, ``progress-<N>`` (32 bytes, mmapped: steps, last step time, state) and
   ``stacks-<N>.txt``: what the watchdog reads (:mod:`aios.resilience.watchdog`);
-* ``hung``: the watchdog stopped a hung run.
+* ``hung``: the watchdog stopped a hung run;
+* ``refused``: a rank of this host was stopped for rewriting a launch variable and printed the
+  line (:mod:`aios.launcher.guard`); the others stop quietly.
 
 Standard library only; never imports torch.
 """
@@ -30,11 +32,27 @@ from aios.launcher.worker import process_alive, process_start
 PREFIX = "aios-run-status-"
 OWNER = "launcher"
 HUNG = "hung"
+REFUSED = "refused"
 
 
 def from_env() -> str | None:
     """The status folder this process was given by its launcher, if any."""
     return os.environ.get(STATUS_DIR_ENV) or None
+
+
+def claim_refusal(status_dir: str | None) -> bool:
+    """Whether this rank is the first of its host to be refused (it prints the one line);
+    True without a status folder or where the folder cannot be written."""
+    if not status_dir:
+        return True
+    try:
+        fd = os.open(os.path.join(status_dir, REFUSED), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        return False
+    except OSError:
+        return True
+    os.close(fd)
+    return True
 
 
 def rank_file(status_dir: str, rank: int | str) -> str:

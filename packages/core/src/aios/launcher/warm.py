@@ -39,7 +39,8 @@ from collections.abc import Mapping, Sequence
 from contextlib import suppress
 from typing import Any
 
-from aios.launcher import rewrites
+from aios.launcher import boot, rewrites
+from aios.launcher.boot import parse_command
 from aios.launcher.contract import CONTROL_PREFIX, WARM_START_ENV
 from aios.launcher.worker import PR_SET_PDEATHSIG, set_parent_death_signal
 from aios.plugins.registry import GROUP
@@ -123,22 +124,6 @@ def env_is_warm_safe(base: Mapping[str, str], env: Mapping[str, str]) -> bool:
     only when used, never at import time."""
     keys = {k for k in set(base) | set(env) if base.get(k) != env.get(k)}
     return all(k in RUNTIME_VARS or k.startswith(RUNTIME_PREFIXES) for k in keys)
-
-
-def parse_command(args: Sequence[str]) -> tuple[str | None, str | None, list[str]] | None:
-    """``(script, module, argv)`` of ``python -u SCRIPT ARGS`` / ``python -u -m MODULE ARGS``
-    run by this interpreter, None for any other command."""
-    if len(args) < 3 or args[1] != "-u":
-        return None
-    if os.path.realpath(args[0]) != os.path.realpath(sys.executable):
-        return None
-    if args[2] == "-m":
-        if len(args) < 4:
-            return None
-        return None, args[3], list(args[4:])
-    if args[2].startswith("-"):
-        return None
-    return args[2], None, list(args[3:])
 
 
 class WarmProcess:
@@ -475,76 +460,9 @@ def _fresh_state() -> None:
 
 def run_rank() -> None:
     """In a forked rank: run the script or module as ``__main__`` and exit as Python would
-    (``SystemExit`` raised from here unwinds the launcher's frames to the interpreter's normal
-    exit: threads joined, ``atexit`` handlers run, streams flushed)."""
+    (:func:`aios.launcher.boot.run_as_main`)."""
     script, module, argv = _RANK.get("script"), _RANK.get("module"), list(_RANK.get("argv", []))
-    base_path = list(_BASE_PATH)
-    try:
-        if module:
-            import runpy
-
-            sys.path[:] = [os.getcwd(), *base_path]
-            sys.argv = ["-m", *argv]
-            runpy._run_module_as_main(module, alter_argv=True)  # type: ignore[attr-defined]
-        else:
-            assert script is not None
-            _run_script(script, argv, base_path)
-    except SystemExit:
-        raise
-    except KeyboardInterrupt:
-        _excepthook()
-        _exit_by_sigint()
-    except BaseException:  # noqa: BLE001 - reported as the interpreter reports it
-        _excepthook()
-        raise SystemExit(1) from None
-
-
-def _run_script(script: str, argv: list[str], base_path: list[str]) -> None:
-    import importlib.machinery
-    import types
-
-    path = os.path.abspath(script)
-    with open(path, "rb") as f:
-        source = f.read()
-    sys.argv = [script, *argv]
-    sys.path[:] = [os.path.dirname(os.path.realpath(path)), *base_path]
-    main = types.ModuleType("__main__")
-    main.__dict__.update(
-        {
-            "__file__": path,
-            "__cached__": None,
-            "__builtins__": __builtins__,
-            "__loader__": importlib.machinery.SourceFileLoader("__main__", path),
-            "__spec__": None,
-            "__package__": None,
-        }
-    )
-    sys.modules["__main__"] = main
-    code = compile(source, path, "exec", dont_inherit=True)
-    exec(code, main.__dict__)
-
-
-def _excepthook() -> None:
-    """``sys.excepthook`` with the traceback from the script's first frame on."""
-    kind, value, tb = sys.exc_info()
-    here = os.path.abspath(__file__)
-    runpy_file = sys.modules["runpy"].__file__ if "runpy" in sys.modules else None
-    while tb is not None and tb.tb_frame.f_code.co_filename in (here, runpy_file):
-        tb = tb.tb_next
-    assert kind is not None and value is not None
-    sys.excepthook(kind, value.with_traceback(tb), tb)
-
-
-def _exit_by_sigint() -> None:
-    """Python's own end after an uncaught KeyboardInterrupt: killed by SIGINT."""
-    import atexit
-
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGINT)
-    os._exit(130)
+    boot.run_as_main(script, module, argv, list(_BASE_PATH))
 
 
 def is_rank() -> bool:

@@ -101,6 +101,20 @@ class Strategy(ABC):
         return self.rank
 
     @property
+    def fp16_speed(self) -> bool:
+        """Whether this rank's device computes float16 faster than float32. False where its
+        fast type is bfloat16 (TPU, Trainium, a CPU): the run names a float16 forward there.
+        Default: the accelerator's ``supports_fp16`` (True without one)."""
+        return self.accelerator.supports_fp16 if self.accelerator is not None else True
+
+    @property
+    def hardware(self) -> str:
+        """What this rank computes on, for one-line messages (``the cuda accelerator``)."""
+        if self.accelerator is not None:
+            return f"the {self.accelerator.name} accelerator"
+        return f"the {self.name} backend"
+
+    @property
     def data_world(self) -> int:
         """The number of data-parallel replicas: ``global_batch = micro_batch x grad_accum x
         data_world`` (:func:`aios.runtime.derive_grad_accum`), and the world a checkpoint's data
