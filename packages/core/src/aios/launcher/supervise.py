@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from aios.config.process import explicit_config_json
 from aios.errors import LaunchError
 from aios.launcher import status as rank_status
 from aios.launcher import warm
@@ -44,8 +45,6 @@ from aios.runrecord.records import new_run_id
 
 def worker_env(cfg: Any, backend: str, run_id: str) -> dict[str, str]:
     """What every worker of a run is told: the resolved config, the backend, the run id."""
-    from aios.runtime import explicit_config_json
-
     return {CONFIG_ENV: explicit_config_json(cfg), BACKEND_ENV: backend, RUN_ID_ENV: run_id}
 
 
