@@ -17,7 +17,7 @@ from html import escape
 from pathlib import Path
 
 import pytest
-from aios.runrecord import goodput
+from aios.runrecord import goodput, render
 from aios.runrecord.goodput import Attempt, account
 
 SCRIPT = Path(__file__).parent / "scripts" / "goodput_train.py"
@@ -378,15 +378,15 @@ def test_the_examples_report_charts_its_loss_and_a_rerun_is_no_interruption(tmp_
     for c in charts:
         body, legend = c.split("</svg>", 1)[0], c.split('<ul class="legend">', 1)[1]
         assert body.count('class="xlabel"') == 1 and "run time (m:ss)" in body
-        kinds = {k for k in goodput._MARKS if f'class="mark-{k}"' in body}
+        kinds = {k for k in render._MARKS if f'class="mark-{k}"' in body}
         assert {"attempt", "run", "checkpoint"} <= kinds
         for k in kinds:
-            assert escape(goodput._MARKS[k][2]) in legend.split("</ul>", 1)[0], k
+            assert escape(render._MARKS[k][2]) in legend.split("</ul>", 1)[0], k
 
     shot = tmp_path / "shot.png"
     _screenshot(html, shot, height=1400)
     w, bpp, rows = _png_pixels(shot)
-    want = _rgb(goodput._LOSS_COLORS[0])  # the first loss series: train/loss
+    want = _rgb(render._LOSS_COLORS[0])  # the first loss series: train/loss
     columns, pixels = set(), 0
     for row in rows:
         for x in range(110, min(w, 960)):  # the plot area (legend swatches lie left of it)

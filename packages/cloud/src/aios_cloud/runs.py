@@ -206,7 +206,7 @@ class JobGoodput:
 
     def line(self) -> str:
         """``goodput 87.3%: 1.2h productive of 1.4h wall, $3.10 per productive hour``."""
-        from aios.runrecord.goodput import _dur
+        from aios.runrecord.render import _dur
 
         from aios_cloud.shapes import money
 

@@ -12,6 +12,7 @@ import click
 
 from aios.errors import AiosError
 from aios.ft import report as ft_report
+from aios.runrecord import goodput, render
 
 
 def _resolve(target: str) -> str:
@@ -52,8 +53,6 @@ def report(target: str, as_json: bool, html_file: str | None) -> None:
     aios-cloud). A run that follows one that finished is a separate run, not an interruption:
     the idle time between them is not counted.
     """
-    from aios.runrecord import goodput
-
     try:
         r = goodput.report_for(_resolve(target))
     except ValueError as exc:
@@ -65,7 +64,7 @@ def report(target: str, as_json: bool, html_file: str | None) -> None:
         try:
             with open(tmp, "w") as f:
                 f.write(
-                    goodput.render_html(r, f"aios run {os.path.basename(r.attempts[-1].run_dir)}")
+                    render.render_html(r, f"aios run {os.path.basename(r.attempts[-1].run_dir)}")
                 )
             os.replace(tmp, html_file)
         except OSError as exc:
@@ -78,7 +77,7 @@ def report(target: str, as_json: bool, html_file: str | None) -> None:
     if as_json:
         click.echo(json.dumps({**r.to_dict(), **({"ft": ft} if ft else {})}, indent=1))
         return
-    for line in goodput.render_text(r):
+    for line in render.render_text(r):
         click.echo(line)
     for line in ft_report.lines(ft) if ft else []:
         click.echo(line)
