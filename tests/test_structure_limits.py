@@ -25,8 +25,6 @@ LARGE_MODULES: dict[str, str] = {
     "process) is one 366-line class; the format becomes a formats/dcp/ package next",
     "packages/core/src/aios/checkpoint/manager.py": "CheckpointManager is one class of ~800 lines "
     "(when and what to save); its resume and emergency paths are to move out",
-    "packages/core/src/aios/plugins/registry.py": "Registry is one class (loading, isolation, "
-    "lookups); the loading and the guarded calls are to move into modules of their own",
     "packages/cloud-gcp/src/aios_cloud_gcp/testing.py": "the Cloud TPU API stand-in: one class "
     "per service, each rule beside its documentation link",
     "packages/cloud-aws/src/aios_cloud_aws/testing/ec2proxy.py": "the EC2 rules moto lacks, in "

@@ -31,7 +31,6 @@ per-thread device state) with the same isolation but no time limit. A hook that 
 from __future__ import annotations
 
 import functools
-import io
 import os
 import re
 import sys
@@ -45,6 +44,26 @@ import pluggy
 
 from aios.errors import AiosError, BackendUnavailable, ConfigError, PluginError
 from aios.plugins import hookspecs, install_hints
+from aios.plugins.guarded import (
+    TIMEOUT_ENV,
+    Outcome,
+    guarded,
+    one_line,
+    plugin_timeout,
+    split_env,
+    truthy,
+    warn,
+)
+from aios.plugins.loading import (
+    config_key,
+    core_commands,
+    declared_probe,
+    is_target,
+    with_plugin,
+    with_plugin_dependencies,
+)
+from aios.plugins.reserved import CONFIG_KEYS
+from aios.strategies.precision import default_precision
 from aios.types import (
     AcceleratorSpec,
     Availability,
@@ -62,8 +81,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 GROUP = "aios"
 BUILTIN = "aios-core"
-TIMEOUT_ENV = "AIOS_PLUGIN_TIMEOUT"
-DEFAULT_TIMEOUT = 10.0
 # plugins a parent process found hanging: its child processes skip them instead of waiting again
 SKIP_ENV = "AIOS_INTERNAL_SKIP_PLUGINS"
 # per-process runtime hooks: called in the calling thread (no time limit), still isolated
@@ -90,123 +107,6 @@ class LoadError:
     traceback: str = ""
 
 
-def _split_env(name: str) -> set[str]:
-    return {p.strip() for p in os.environ.get(name, "").split(",") if p.strip()}
-
-
-def _truthy(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def plugin_timeout() -> float | None:
-    """Seconds from ``AIOS_PLUGIN_TIMEOUT`` (default 10); ``None`` when disabled (``0``)."""
-    raw = os.environ.get(TIMEOUT_ENV, "").strip()
-    if not raw:
-        return DEFAULT_TIMEOUT
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not (value >= 0 and value != float("inf")):
-        raise ConfigError(
-            f"invalid value {raw!r} for {TIMEOUT_ENV} (from environment)",
-            "set it to a number of seconds, e.g. 10 (0 disables the limit)",
-        )
-    return value or None
-
-
-# ------------------------------------------------------------------------------ output capture
-# sys.stdout/sys.stderr are process-wide; while a plugin runs they are replaced by routers that
-# send writes from that plugin's thread into its buffer and everything else to the real stream.
-_routes: dict[int, io.StringIO] = {}
-_routes_lock = threading.Lock()
-
-
-class _Router:
-    def __init__(self, target: Any) -> None:
-        self._aios_target = target
-
-    def write(self, text: str) -> int:
-        buf = _routes.get(threading.get_ident())
-        if buf is not None:
-            return buf.write(text)
-        return self._aios_target.write(text)
-
-    def writelines(self, lines: Iterable[str]) -> None:
-        for line in lines:
-            self.write(line)
-
-    def flush(self) -> None:
-        if threading.get_ident() not in _routes:
-            self._aios_target.flush()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._aios_target, name)
-
-
-def _route(ident: int, buf: io.StringIO | None) -> io.StringIO | None:
-    """Send ``ident``'s writes to ``buf`` (``None``: stop); returns the previous buffer."""
-    with _routes_lock:
-        prev = _routes.pop(ident, None)
-        if buf is not None:
-            _routes[ident] = buf
-        for name in ("stdout", "stderr"):
-            cur = getattr(sys, name)
-            if _routes and not isinstance(cur, _Router) and cur is not None:
-                setattr(sys, name, _Router(cur))
-            elif not _routes and isinstance(cur, _Router):
-                setattr(sys, name, cur._aios_target)
-        return prev
-
-
-@dataclass
-class _Outcome:
-    value: Any = None
-    exc: BaseException | None = None
-    tb: str = ""
-    output: str = ""
-    timed_out: bool = False
-
-
-def _guarded(fn: Callable[[], Any], timeout: float | None, inline: bool = False) -> _Outcome:
-    """Run ``fn`` with its stdout/stderr captured, every exception caught (``SystemExit``
-    included) and, unless ``inline``, in a daemon thread abandoned after ``timeout`` seconds."""
-    out = _Outcome()
-    buf = io.StringIO()
-
-    def target() -> None:
-        ident = threading.get_ident()
-        prev = _route(ident, buf)
-        try:
-            out.value = fn()
-        except BaseException as exc:  # noqa: BLE001 - a plugin must never end the process
-            out.exc, out.tb = exc, traceback.format_exc()
-        finally:
-            _route(ident, prev)
-
-    if inline or not timeout:
-        target()
-        if inline and isinstance(out.exc, KeyboardInterrupt):
-            raise out.exc
-    else:
-        t = threading.Thread(target=target, name="aios-plugin", daemon=True)
-        t.start()
-        t.join(timeout)
-        if t.is_alive():
-            out.timed_out = True
-    out.output = buf.getvalue()
-    return out
-
-
-def _one_line(text: str, limit: int = 200) -> str:
-    s = " ".join(text.split())
-    return s if len(s) <= limit else s[: limit - 3] + "..."
-
-
-def _warn(message: str) -> None:
-    print(f"aios: warning: {message}", file=sys.stderr, flush=True)
-
-
 class Registry:
     """Loaded plugins and what they registered. Build with :func:`get_registry`."""
 
@@ -219,7 +119,7 @@ class Registry:
     ) -> None:
         self.pm = pluggy.PluginManager(hookspecs.PROJECT)
         self.pm.add_hookspecs(hookspecs)
-        self.strict = _truthy("AIOS_STRICT_PLUGINS") if strict is None else strict
+        self.strict = truthy("AIOS_STRICT_PLUGINS") if strict is None else strict
         self.timeout: float | None = plugin_timeout() if timeout is True else (timeout or None)
         self.plugins: dict[str, PluginInfo] = {}
         self.errors: list[LoadError] = []
@@ -252,17 +152,19 @@ class Registry:
                 f'plugin "{plugin}": {message}', "fix or uninstall it, or unset AIOS_STRICT_PLUGINS"
             )
 
-    def _run(self, plugin: str, what: str, fn: Callable[[], Any], inline: bool = False) -> _Outcome:
+    def _run(self, plugin: str, what: str, fn: Callable[[], Any], inline: bool = False) -> Outcome:
         """Call into ``plugin`` isolated: output captured, exceptions caught, time-limited."""
         limit = self.timeout * SLOW_HOOKS.get(what, 1) if self.timeout else None
-        out = _guarded(fn, limit, inline=inline)
+        out = guarded(fn, limit, inline=inline)
         if out.output.strip():
-            msg = f'plugin "{plugin}" printed output during {what} (captured): {_one_line(out.output)}'
+            msg = (
+                f'plugin "{plugin}" printed output during {what} (captured): {one_line(out.output)}'
+            )
             self.warnings.append(msg)
-            _warn(msg)
+            warn(msg)
         if out.timed_out:
             self.dead.add(plugin)
-            skipped = _split_env(SKIP_ENV) | {plugin}
+            skipped = split_env(SKIP_ENV) | {plugin}
             os.environ[SKIP_ENV] = ",".join(sorted(skipped))  # child processes skip it
             self._error(
                 plugin,
@@ -277,12 +179,12 @@ class Registry:
             from importlib.metadata import entry_points as _eps
 
             entry_points = _eps(group=GROUP)
-        allow = _split_env("AIOS_PLUGINS")
+        allow = split_env("AIOS_PLUGINS")
         if allow:
             entry_points = list(entry_points)
-            allow = _with_plugin_dependencies(allow, entry_points)
-        deny = _split_env("AIOS_DISABLE_PLUGINS")
-        hung = _split_env(SKIP_ENV)
+            allow = with_plugin_dependencies(allow, entry_points)
+        deny = split_env("AIOS_DISABLE_PLUGINS")
+        hung = split_env(SKIP_ENV)
         seen: set[str] = set()
         for ep in sorted(entry_points, key=lambda e: (e.name != BUILTIN, e.name)):
             name = ep.name
@@ -386,20 +288,20 @@ class Registry:
                     why = f"expected a CommandSpec, got {type(spec).__name__}"
                 elif not _NAME.match(key):
                     why = "the name must be lowercase letters, digits, '-', '_' or '.'"
-                elif not _is_target(spec.target):
+                elif not is_target(spec.target):
                     why = f"its target {spec.target!r} is not 'module:attribute'"
                 else:
                     why = ""
                 if why:
                     self._reject("command", name, plugin, why)
                     return
-                if key in _core_commands():
+                if key in core_commands():
                     self._error(
                         plugin,
                         f"command '{key}' is built into aios; \"{plugin}\" cannot replace it",
                     )
                     return
-                self._claim("command", self.commands, key, _with_plugin(spec, plugin), plugin)
+                self._claim("command", self.commands, key, with_plugin(spec, plugin), plugin)
 
             fn(register=register)
 
@@ -440,9 +342,9 @@ class Registry:
                     if kind == "backend" and not callable(getattr(spec, "probe", None)):
                         self._reject(kind, key, plugin, "its probe is not callable")
                         return
-                    spec = _with_plugin(spec, plugin)
+                    spec = with_plugin(spec, plugin)
                     if kind == "backend":
-                        spec = _declared_probe(spec, plugin)
+                        spec = declared_probe(spec, plugin)
                     self._claim(kind, table, key, spec, plugin)
 
                 fn(register=register)
@@ -459,8 +361,6 @@ class Registry:
         )
 
         def sections(fn: Callable[..., Any], plugin: str) -> None:
-            from aios.plugins.reserved import CONFIG_KEYS
-
             for key, model in (fn() or {}).items():
                 if key in CONFIG_KEYS:
                     self._error(
@@ -488,7 +388,7 @@ class Registry:
 
         def strategies(fn: Callable[..., Any], plugin: str) -> None:
             def register(spec: StrategySpec) -> None:
-                spec = _with_plugin(spec, plugin)
+                spec = with_plugin(spec, plugin)
                 targets = [f"backend {b}" for b in spec.backends] + [
                     f"accelerator {a}" for a in spec.accelerators
                 ]
@@ -515,7 +415,7 @@ class Registry:
         failed = [e for e in self.errors if e.plugin not in self.plugins or e.plugin in self.dead]
         if not failed:
             return ""
-        shown = "; ".join(f'"{e.plugin}": {_one_line(e.error, 120)}' for e in failed[:3])
+        shown = "; ".join(f'"{e.plugin}": {one_line(e.error, 120)}' for e in failed[:3])
         more = f" (+{len(failed) - 3} more)" if len(failed) > 3 else ""
         return f"; plugins that failed to load: {shown}{more}"
 
@@ -556,7 +456,7 @@ class Registry:
         """Ask the backend's probe (isolated, time-limited, answered once per config); probes
         that take a ``config`` argument get the resolved config (e.g. ``xla.allow_cpu``)."""
         spec = self.backend(name)
-        key = (name, _config_key(config))
+        key = (name, config_key(config))
         if key in self._probes:
             return self._probes[key]
         out = self._run(
@@ -696,8 +596,6 @@ class Registry:
     ) -> Any:
         """The precision policy: the strategy's, else the backend's, else the core default over
         the accelerator (its autocast dtype passed explicitly)."""
-        from aios.strategies.precision import default_precision
-
         precision = config.precision
         for fn in (spec.precision if spec else None, backend.precision):
             if fn is not None:
@@ -759,7 +657,7 @@ class Registry:
                 raise out.exc
             self._error(plugin, f"{hook_name} failed: {type(out.exc).__name__}: {out.exc}", out.tb)
             raise PluginError(
-                _one_line(
+                one_line(
                     f'plugin "{plugin}" failed in {hook_name}: {type(out.exc).__name__}: {out.exc}',
                     400,
                 ),
@@ -797,14 +695,14 @@ class Registry:
                 continue
             if out.value is not None:
                 for f in failures:  # another plugin answered: the failures become warnings
-                    _warn(
-                        f"{_one_line(f)}; ignored (disable it with AIOS_DISABLE_PLUGINS={f.split(chr(34))[1]})"
+                    warn(
+                        f"{one_line(f)}; ignored (disable it with AIOS_DISABLE_PLUGINS={f.split(chr(34))[1]})"
                     )
                 return out.value
         if failures:
             culprit = failures[0].split('"')[1]
             raise PluginError(
-                _one_line("; ".join(failures), 400),
+                one_line("; ".join(failures), 400),
                 f"fix or disable the plugin (AIOS_DISABLE_PLUGINS={culprit}), or report it to its authors",
             ) from first  # --debug shows the plugin's traceback
         return None
@@ -815,7 +713,7 @@ class Registry:
         """Call a collecting hook plugin by plugin; one plugin's exception never hides others."""
         out: list[tuple[str, Any, BaseException | None]] = []
 
-        def record(plugin: str, res: _Outcome) -> None:
+        def record(plugin: str, res: Outcome) -> None:
             if res.timed_out:
                 limit = (self.timeout or 0) * SLOW_HOOKS.get(hook_name, 1)
                 out.append(
@@ -858,88 +756,6 @@ class Registry:
 INSTALL_CORE = install_hints.CORE
 KNOWN_BACKENDS = install_hints.BACKENDS
 KNOWN_CLOUDS = install_hints.CLOUDS
-
-
-def _config_key(config: Any) -> str:
-    if config is None:
-        return ""
-    dump = getattr(config, "model_dump_json", None)
-    if dump is not None:
-        try:
-            return str(dump())
-        except Exception:  # noqa: BLE001
-            pass
-    return f"id:{id(config)}"
-
-
-def _declared_probe(spec: Any, plugin: str) -> Any:
-    """The one adapter for a 0.1 backend probe declared without the ``config`` parameter: looked
-    at once, when the backend registers (never at each probe); the plugin's author is told the
-    new form with a :class:`DeprecationWarning` and the probe is wrapped to take ``config``."""
-    import dataclasses
-    import inspect
-    import warnings
-
-    try:
-        params = inspect.signature(spec.probe).parameters
-    except (TypeError, ValueError):  # a builtin or C callable: nothing to read, call as declared
-        return spec
-    if "config" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return spec
-    old = spec.probe
-    warnings.warn(
-        f"backend '{spec.name}' of plugin \"{plugin}\": probe() without a config parameter is "
-        "deprecated since aios 0.2; declare probe(config=None) -> Availability (the old form is "
-        "removed in 0.4 at the earliest)",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-
-    def probe(config: Any = None) -> Availability:
-        return old()
-
-    return dataclasses.replace(spec, probe=probe)
-
-
-def _with_plugin_dependencies(allow: set[str], entry_points: list[Any]) -> set[str]:
-    """``allow`` plus the plugins its plugins require (their distributions' dependencies that
-    are plugins themselves), transitively."""
-    by_name = {ep.name: ep for ep in entry_points}
-    out, todo = set(allow), list(allow)
-    while todo:
-        dist = getattr(by_name.get(todo.pop()), "dist", None)
-        for req in (getattr(dist, "requires", None) or []) if dist is not None else []:
-            if "extra ==" in req:
-                continue
-            name = re.split(r"[\s;<>=!~\[(]", req, maxsplit=1)[0].lower().replace("_", "-")
-            if name in by_name and name not in out:
-                out.add(name)
-                todo.append(name)
-    return out
-
-
-def _core_commands() -> set[str]:
-    from aios.plugins.reserved import COMMANDS
-
-    return set(COMMANDS)
-
-
-def _is_target(target: Any) -> bool:
-    mod, sep, attr = target.partition(":") if isinstance(target, str) else ("", "", "")
-    return bool(sep and mod and attr)
-
-
-def _with_plugin(spec: Any, plugin: str) -> Any:
-    import dataclasses
-
-    if (
-        dataclasses.is_dataclass(spec)
-        and not isinstance(spec, type)
-        and hasattr(spec, "plugin")
-        and not spec.plugin
-    ):
-        return dataclasses.replace(spec, plugin=plugin)
-    return spec
 
 
 _registry: Registry | None = None

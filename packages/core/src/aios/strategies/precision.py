@@ -17,6 +17,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from aios.errors import ConfigError
+
 if TYPE_CHECKING:  # pragma: no cover
     from aios.devices.accelerator import Accelerator
 
@@ -135,8 +137,6 @@ def default_precision(
         return MixedPrecision(device_type, dtype)
     if precision == "fp16-mixed":
         if accelerator is not None and not accelerator.supports_fp16:
-            from aios.errors import ConfigError
-
             raise ConfigError(
                 f"precision 'fp16-mixed' is not supported on the {accelerator.name} accelerator",
                 "use precision=bf16-mixed or fp32",
@@ -144,8 +144,6 @@ def default_precision(
         return GradScalerPrecision(device_type)
     if precision == "bf16-true":
         return TruePrecision(device_type)
-    from aios.errors import ConfigError
-
     raise ConfigError(
         f"unknown precision '{precision}'", "choose one of: fp32, bf16-mixed, fp16-mixed, bf16-true"
     )
