@@ -23,8 +23,6 @@ LARGE_MODULES: dict[str, str] = {
     "cloud imports; the error types move out with the cloud package's provider/ folder",
     "packages/core/src/aios/checkpoint/formats/dcp.py": "DcpWriter (the background writer "
     "process) is one 366-line class; the format becomes a formats/dcp/ package next",
-    "packages/core/src/aios/checkpoint/manager.py": "CheckpointManager is one class of ~800 lines "
-    "(when and what to save); its resume and emergency paths are to move out",
     "packages/cloud-gcp/src/aios_cloud_gcp/testing.py": "the Cloud TPU API stand-in: one class "
     "per service, each rule beside its documentation link",
     "packages/cloud-aws/src/aios_cloud_aws/testing/ec2proxy.py": "the EC2 rules moto lacks, in "
@@ -33,8 +31,6 @@ LARGE_MODULES: dict[str, str] = {
 
 #: functions over the limit ("path:name"), and why they remain
 LONG_FUNCTIONS: dict[str, str] = {
-    "packages/core/src/aios/checkpoint/manager.py:save": "the save's ordered steps (stage, write, "
-    "commit, prune, record) with their error paths",
     "packages/cloud-aws/src/aios_cloud_aws/testing/ec2proxy.py:_handle": "the stand-in's "
     "dispatch over EC2 actions",
     "packages/cloud/src/aios_cloud/cli.py:status": "aios status's table and its refresh",

@@ -21,33 +21,8 @@ Every save ends with one collective that tells each rank every rank's outcome
 (:func:`aios.errors.settle`): a failure anywhere raises on the failing rank and a quiet
 :class:`aios.errors.PeerFailed` on the others.
 
-Extension point: checkpoint formats
------------------------------------
-*How* the state is written is a :class:`CheckpointFormat`, chosen by the strategy's
-``checkpoint_format`` attribute (default ``"full"``) from the formats the manager is handed
-(``formats``: the registry's :attr:`~aios.plugins.registry.Registry.checkpoint_formats`, which
-plugins fill through the ``aios_register_checkpoint_formats`` hook with a
-:class:`aios.types.CheckpointFormatSpec`; core registers ``full`` and ``dcp`` in
-:mod:`aios.plugins.builtin`; prove one with
-:class:`aios.testing.checkpoint_format_contract.CheckpointFormatContract`). A format
-implements:
-
-* ``save(step, ctx, staging, store)``: write this rank's files into ``staging.path`` with
-  ``store.write_file(staging, name, writer)`` (durable, sized and hashed for the marker) or on its
-  own (then return ``{name: {"size": n}}`` entries). ``ctx`` is a :class:`SaveContext`: the
-  :class:`aios.checkpoint.state.TrainingState` (models, optimizers, ... for a sharded writer), ``extra``,
-  and ``full_state()`` (the whole state dict with every rank's RNG state).
-* ``load(info, store, target, rank)``: restore ``target`` (the training state) from the
-  checkpoint ``info``; return the saved ``extra`` dict.
-* ``all_ranks_write``: whether every rank writes files (sharded formats, e.g. DCP). Then the
-  manager broadcasts the staging directory rank 0 began, gathers every rank's file entries,
-  and rank 0 commits after a barrier, i.e. after every rank's files are durable.
-* ``supports_resharding``: whether a checkpoint written with another world size (or strategy)
-  can be loaded into this run's sharding (DCP). Resume at another shape is the default
-  (``checkpoint.reshard``, true unless set false): a checkpoint is read by the format that wrote
-  it (:meth:`CheckpointManager._format_for`), so a ``full`` one loads under a sharded strategy
-  and a ``dcp`` one under ddp/xla; with ``reshard=false`` a mismatch in world size, backend,
-  strategy or format is a one-line error naming it and the fix.
+Checkpoint formats (*how* the state is written) are the extension point described in
+:mod:`aios.checkpoint.formats.base`.
 
 Staging and commit are store operations (:meth:`aios.checkpoint.CheckpointStore.begin`,
 ``write_file``, ``commit``, ``abort``): the marker is written last; the store's rules about
@@ -64,9 +39,18 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from aios.checkpoint.formats.base import CheckpointFormat
-from aios.checkpoint.policy import Interval, SaveCost, choose_interval
-from aios.errors import CheckpointError, PeerFailed, os_cause, outcome, settle
+from aios.checkpoint.collective import least_time_left, on_rank0, settle_all
+from aios.checkpoint.files import filesystem
+from aios.checkpoint.formats.base import CheckpointFormat, SaveContext, get_format
+from aios.checkpoint.formats.dcp import resolve_async_mode
+from aios.checkpoint.formats.full import FullStateFormat
+from aios.checkpoint.lock import LOCK_HEARTBEAT_S
+from aios.checkpoint.policy import SAFETY, Interval, SaveCost, choose_interval, fits
+from aios.checkpoint.shape import batch_change, refuse_other_shape, shape_change
+from aios.checkpoint.store import CheckpointStore
+from aios.config.redact import redact_url
+from aios.data.loaders import data_parallel_size
+from aios.errors import CheckpointError, PeerFailed, os_cause
 from aios.launcher import status as rank_status
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -83,93 +67,6 @@ __all__ = [
 
 
 # ------------------------------------------------------------------------------ formats
-
-
-class SaveContext:
-    """What a :class:`CheckpointFormat` gets to save."""
-
-    def __init__(
-        self, training: Any, extra: dict[str, Any], rngs: list[Any], background: bool = False
-    ) -> None:
-        self.training = training
-        self.extra = extra
-        #: every rank's RNG state (gathered before the save; rank order)
-        self.rngs = rngs
-        #: the format may write in the background (formats with ``wait()``; the manager then
-        #: defers the commit to ``commit_when_written`` and finishes it with ``wait()``)
-        self.background = background
-
-    def full_state(self) -> dict[str, Any]:
-        """The full state dict of this process plus every rank's RNG state and ``extra``."""
-        state = self.training.state_dict()
-        state["rng"] = self.rngs
-        state["extra"] = self.extra
-        return state
-
-
-class FullStateFormat(CheckpointFormat):
-    """One ``state.pt`` (``torch.save`` of the full state), written by the saving rank."""
-
-    name = "full"
-
-    def save(self, step: int, ctx: SaveContext, staging: Any, store: Any) -> dict[str, Any]:
-        from aios.checkpoint.files import torch_save
-        from aios.checkpoint.store import STATE_FILE
-
-        state = ctx.full_state()
-        entry = store.write_file(staging, STATE_FILE, lambda f: torch_save(state, f))
-        return {STATE_FILE: entry}
-
-    def load(
-        self, info: Any, store: Any, target: Any, rank: int = 0, strict: bool = True
-    ) -> dict[str, Any]:
-        state = store.load(info)
-        # the state's tensors are backed by the checkpoint file (CheckpointStore.load): the
-        # model's are copied into its parameters; all else (optimizer moments, which an
-        # optimizer adopts as they are, objects, extra) gets memory of its own, so that nothing
-        # the run keeps holds the file, whose disk space pruning must free
-        for key, value in state.items():
-            if key != "modules":
-                state[key] = _own_memory(value)
-        target.load_state_dict(state, strict=strict, rank=rank)
-        return state.get("extra", {}) or {}
-
-
-def _own_memory(obj: Any) -> Any:
-    """``obj`` with every tensor inside (dicts, lists, tuples) cloned."""
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        return obj.clone()
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            obj[k] = _own_memory(v)
-        return obj
-    if isinstance(obj, list):
-        obj[:] = [_own_memory(v) for v in obj]
-        return obj
-    if isinstance(obj, tuple):
-        items = [_own_memory(v) for v in obj]
-        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
-    return obj
-
-
-def get_format(name: str, formats: Mapping[str, CheckpointFormatSpec]) -> CheckpointFormat:
-    """A new format ``name`` from ``formats`` (the registry's checkpoint formats)."""
-    spec = formats.get(name)
-    if spec is None:
-        raise CheckpointError(
-            f"checkpoint format '{name}' is not available (known: {', '.join(sorted(formats))})",
-            "install the plugin that provides it",
-        )
-    fmt: CheckpointFormat = spec.factory()
-    return fmt
-
-
-def _strategy_word(name: Any) -> str:
-    """``DDPStrategy`` -> ``ddp``, ``FSDPStrategy`` -> ``fsdp`` (a marker records class names)."""
-    text = str(name)
-    return text[: -len("Strategy")].lower() if text.endswith("Strategy") else text
 
 
 def _cause(exc: BaseException) -> str:
@@ -264,8 +161,6 @@ class CheckpointManager:
         self.training.seed = config.seed  # the random streams of a rank the saving run did not have
         io = getattr(self.format, "io", None)
         if io is not None and hasattr(io, "async_mode"):
-            from aios.checkpoint.formats.dcp import resolve_async_mode
-
             device = strategy.accelerator.device_type if strategy.accelerator else None
             io.async_mode = resolve_async_mode(config.checkpoint.async_writer, device)
 
@@ -283,45 +178,15 @@ class CheckpointManager:
                     "no checkpoint directory is configured",
                     "set checkpoint.dir=PATH_OR_URL (flag, config file or AIOS_CHECKPOINT__DIR)",
                 )
-            from aios.checkpoint.store import CheckpointStore
-
             self._store = CheckpointStore(
                 self.config.checkpoint.dir, keep=self.config.checkpoint.keep, lineage=self.lineage
             )
         return self._store
 
-    def _collective(self, fn: Callable[[], Any], what: str = "the checkpoint operation") -> Any:
-        """Run ``fn`` on rank 0; every rank gets its result. When it fails, rank 0 raises the
-        error and the other ranks a quiet :class:`aios.errors.PeerFailed` (one line in all)."""
-        result = error = None
-        if self.is_main:
-            try:
-                result = fn()
-            except Exception as exc:  # noqa: BLE001 - re-raised below, after every rank knows
-                error = exc
-        mine = outcome(error)
-        if self.world_size > 1:
-            result, mine = self.strategy.broadcast_object((result, mine), 0)
-        if error is not None:
-            raise error
-        if mine is not None:
-            raise PeerFailed(f"{what} failed on rank 0 ({mine[1]})")
-        return result
-
-    def _settle(self, error: BaseException | None, what: str) -> None:
-        """Collective end of a save: every rank learns every rank's outcome, so a failure on
-        one rank stops every rank (one line, from the rank where it happened; the others stop
-        quietly) instead of leaving them to die at their next collective."""
-        mine = outcome(error)
-        outcomes = self.strategy.gather_object(mine) if self.world_size > 1 else [mine]
-        if error is not None and not isinstance(error, Exception):
-            raise error  # KeyboardInterrupt, SystemExit: as they are
-        settle(outcomes, self.strategy.rank, error, what)
-
     def meta(self) -> dict[str, Any]:
         """What every marker records about the writer: who wrote it, and the shape it trained
         at (world size, data-parallel ranks, strategy, backend, batch arithmetic), which a
-        resume at another shape compares with its own (:meth:`shape_change`)."""
+        resume at another shape compares with its own (:func:`aios.checkpoint.shape.shape_change`)."""
         return {
             "run_id": self.record.run_id,
             "world_size": self.world_size,
@@ -336,8 +201,6 @@ class CheckpointManager:
     def batch_shape(self) -> dict[str, Any]:
         """This run's data-parallel ranks, ``grad_accum``, per-rank batch and the effective
         global batch (``micro_batch`` or the first loader's batch size, x ranks x accum)."""
-        from aios.data.loaders import data_parallel_size
-
         data = data_parallel_size(self.strategy)
         accum = int(getattr(self.config, "grad_accum", 1) or 1)
         micro = getattr(self.config, "micro_batch", None)
@@ -364,7 +227,7 @@ class CheckpointManager:
             store.check_writable()
             store.acquire_lock({"run_id": self.record.run_id, "started": time.time()})
 
-        self._collective(take, "taking the checkpoint directory")
+        on_rank0(self.strategy, self.world_size, take, "taking the checkpoint directory")
         if self.is_main:
             self._stop.clear()
             self._heartbeat = threading.Thread(
@@ -376,12 +239,8 @@ class CheckpointManager:
         """Refresh the lock every :data:`aios.checkpoint.LOCK_HEARTBEAT_S`; a refresh that fails
         is retried until the store's fence (:data:`aios.checkpoint.LOCK_FENCE_S`) gives up,
         then the store writes no more checkpoints and this says why, once."""
-        from aios.checkpoint.lock import LOCK_HEARTBEAT_S
-
         while not self._stop.wait(LOCK_HEARTBEAT_S):
             if not self.store.heartbeat():
-                from aios.config.schema import redact_url
-
                 lost = self.store.lost or "lost the checkpoint lock"
                 warnings.warn(f"aios: {redact_url(lost)}", stacklevel=1)
                 return
@@ -476,8 +335,11 @@ class CheckpointManager:
         try:
             target = path.rstrip("/").rpartition("/")[2] if path is not None else None
             if fmt.all_ranks_write:  # one staging directory for every rank, begun by rank 0
-                staging = self._collective(
-                    lambda: store.begin(step, target, replace), f"saving checkpoint step {step}"
+                staging = on_rank0(
+                    self.strategy,
+                    self.world_size,
+                    lambda: store.begin(step, target, replace),
+                    f"saving checkpoint step {step}",
                 )
             elif writes:
                 staging = store.begin(step, target, replace)
@@ -486,39 +348,7 @@ class CheckpointManager:
         except BaseException as exc:  # noqa: BLE001 - re-raised after the barrier
             error = exc
         if fmt.all_ranks_write:
-            mine = (files, None if error is None else _cause(error))
-            results = self.strategy.gather_object(mine) if self.world_size > 1 else [mine]
-            failed = [e for _, e in results if e]
-            if error is None and failed:
-                error = PeerFailed(f"saving checkpoint step {step} failed on another rank")
-            deferred = getattr(fmt, "pending", None) is not None
-            if failed and deferred:
-                with contextlib.suppress(Exception):
-                    fmt.wait()  # type: ignore[attr-defined]  # deferred formats (dcp) have it
-            if self.is_main and staging is not None:
-                if failed:
-                    store.abort(staging)
-                else:
-                    merged: dict[str, Any] = {}
-                    for f, _ in results:
-                        merged.update(f)
-                    try:
-                        if (
-                            deferred
-                        ):  # written in the background: commit once every rank's shards are
-                            self._abandoned = False
-                            fmt.commit_when_written(  # type: ignore[attr-defined]  # deferred format
-                                lambda shards, m=merged: self._commit_unless_abandoned(
-                                    store, staging, {**m, **shards}, path
-                                ),
-                                lambda: store.abort(staging),
-                                store,
-                                staging,
-                            )
-                        else:
-                            written = self._commit(store, staging, merged, path)
-                    except BaseException as exc:  # noqa: BLE001
-                        error = exc
+            written, error = self._commit_all_ranks(fmt, store, staging, files, error, step, path)
         elif writes and staging is not None:
             if error is None:
                 try:
@@ -529,10 +359,75 @@ class CheckpointManager:
                 store.abort(staging)
         if isinstance(error, Exception) and not isinstance(error, CheckpointError):
             error = store._save_error(step, error)
-        self._settle(error, f"saving checkpoint step {step}")
+        settle_all(self.strategy, self.world_size, error, f"saving checkpoint step {step}")
         if path is None:  # a named save (rt.save(path), best) is no checkpoint of checkpoint.dir
             self.saved_step = step
             self.lineage = store.lineage
+        self._note_save(fmt, step, written, store, t0, c0, background, path)
+        if path is None:
+            self.plan(c0)
+        return written
+
+    def _commit_all_ranks(
+        self,
+        fmt: CheckpointFormat,
+        store: Any,
+        staging: Any,
+        files: dict[str, Any],
+        error: BaseException | None,
+        step: int,
+        path: str | None,
+    ) -> tuple[str | None, BaseException | None]:
+        """A format where every rank writes: every rank's file entries and outcome gathered;
+        rank 0 commits (a background write: once every rank's shards are written) or aborts.
+        Returns the committed path and this rank's error."""
+        written: str | None = None
+        mine = (files, None if error is None else _cause(error))
+        results = self.strategy.gather_object(mine) if self.world_size > 1 else [mine]
+        failed = [e for _, e in results if e]
+        if error is None and failed:
+            error = PeerFailed(f"saving checkpoint step {step} failed on another rank")
+        deferred = getattr(fmt, "pending", None) is not None
+        if failed and deferred:
+            with contextlib.suppress(Exception):
+                fmt.wait()  # type: ignore[attr-defined]  # deferred formats (dcp) have it
+        if self.is_main and staging is not None:
+            if failed:
+                store.abort(staging)
+            else:
+                merged: dict[str, Any] = {}
+                for f, _ in results:
+                    merged.update(f)
+                try:
+                    if deferred:  # written in the background: commit once every rank's shards are
+                        self._abandoned = False
+                        fmt.commit_when_written(  # type: ignore[attr-defined]  # deferred format
+                            lambda shards, m=merged: self._commit_unless_abandoned(
+                                store, staging, {**m, **shards}, path
+                            ),
+                            lambda: store.abort(staging),
+                            store,
+                            staging,
+                        )
+                    else:
+                        written = self._commit(store, staging, merged, path)
+                except BaseException as exc:  # noqa: BLE001
+                    error = exc
+        return written, error
+
+    def _note_save(
+        self,
+        fmt: CheckpointFormat,
+        step: int,
+        written: str | None,
+        store: Any,
+        t0: float,
+        c0: float,
+        background: bool,
+        path: str | None,
+    ) -> None:
+        """A save's figures: the checkpoint in the run record (or the background save pending
+        its commit), and its cost for the interval's plan."""
         blocked = self.clock() - c0
         key = self.cost_key(background)
         if written and path is None:
@@ -561,9 +456,6 @@ class CheckpointManager:
             }
         if not (getattr(fmt, "pending", None) is not None and background):
             self.cost.add(key, blocked, blocked)  # a synchronous save: blocking is its total
-        if path is None:
-            self.plan(c0)
-        return written
 
     def cost_key(self, background: bool | None = None) -> str:
         """The name the save cost is measured under: the format, ``+async`` for background
@@ -688,8 +580,6 @@ class CheckpointManager:
     def _target_store(self, path: str | None) -> Any:
         if path is None:
             return self.store
-        from aios.checkpoint.store import CheckpointStore
-
         parent = path.rstrip("/").rpartition("/")[0]
         return CheckpointStore(
             parent or ".", keep=None, lineage=self.lineage or self.store_lineage()
@@ -710,100 +600,12 @@ class CheckpointManager:
         checkpoint's lineage becomes this run's)."""
         if not (isinstance(path, str) and ("/" in path or "://" in path)):
             return self.store, True
-        from aios.checkpoint.files import filesystem
-        from aios.checkpoint.store import CheckpointStore
-
         parent = path.rstrip("/").rpartition("/")[0] or "."
         if self.config.checkpoint.dir:
             where = filesystem(parent)[1] if "://" in parent else os.path.abspath(parent)
             if where.rstrip("/") == self.store.root.rstrip("/"):
                 return self.store, True
         return CheckpointStore(parent, keep=None), False
-
-    def check_compatible(self, info: Any, store: Any, reshard: bool) -> None:
-        """With ``reshard`` (``checkpoint.reshard``, on by default) a checkpoint written at
-        another shape (world size, mesh, strategy, backend, format) is accepted: sharded ones
-        reshard through DCP, full ones load everywhere. With ``reshard=false`` any difference is
-        refused in one line naming it and the fix."""
-        if reshard:
-            return
-        meta = info.meta
-        mine = self.meta()
-        where = f"checkpoint '{store.display(info.path)}' (run {meta.get('run_id', '?')}, step {info.step})"
-        fix = (
-            "relaunch with the shape that wrote it, allow resuming at another shape with "
-            "checkpoint.reshard=true, or start fresh with checkpoint.resume=false (or another "
-            "checkpoint.dir)"
-        )
-        fmt = meta.get("checkpoint_format", "full")
-        if fmt != mine["checkpoint_format"]:
-            raise CheckpointError(
-                f"{where} was written in the '{fmt}' format; this run's strategy "
-                f"({mine['strategy']}) uses '{mine['checkpoint_format']}' and checkpoint.reshard=false",
-                fix,
-            )
-        if "backend" in meta and meta["backend"] != mine["backend"]:
-            raise CheckpointError(
-                f"{where} was written by backend '{meta['backend']}', this run uses "
-                f"'{mine['backend']}' and checkpoint.reshard=false",
-                fix,
-            )
-        if "strategy" in meta and meta["strategy"] != mine["strategy"]:
-            raise CheckpointError(
-                f"{where} was written by strategy {meta['strategy']}, this run uses "
-                f"{mine['strategy']} and checkpoint.reshard=false",
-                fix,
-            )
-        if "world_size" in meta and int(meta["world_size"]) != mine["world_size"]:
-            raise CheckpointError(
-                f"{where} was written with world size {meta['world_size']}, this run has "
-                f"world size {mine['world_size']} and checkpoint.reshard=false",
-                f"relaunch with {meta['world_size']} processes in total, allow resuming at "
-                "another shape with checkpoint.reshard=true, or start fresh with "
-                "checkpoint.resume=false (or another checkpoint.dir)",
-            )
-
-    def shape_change(self, meta: dict[str, Any]) -> list[str]:
-        """What differs between the shape that wrote a checkpoint (its marker's ``meta``) and
-        this run's, in words (empty at the same shape)."""
-        mine = self.meta()
-        out: list[str] = []
-        if "world_size" in meta and int(meta["world_size"]) != mine["world_size"]:
-            n = mine["world_size"]
-            out.append(f"{meta['world_size']} -> {n} process{'es' if n != 1 else ''}")
-        for key in ("strategy", "backend"):
-            if key in meta and meta[key] != mine[key]:
-                old, new = meta[key], mine[key]
-                if key == "strategy":
-                    old, new = _strategy_word(old), _strategy_word(new)
-                out.append(f"{key} {old} -> {new}")
-        if (
-            "data_world" in meta
-            and int(meta["data_world"]) != mine["data_world"]
-            and int(meta.get("world_size", 0)) == mine["world_size"]
-        ):
-            out.append(f"data-parallel ranks {meta['data_world']} -> {mine['data_world']}")
-        return out
-
-    def batch_change(self, meta: dict[str, Any]) -> str | None:
-        """How the batch arithmetic carried over (None when nothing about it changed)."""
-        mine = self.batch_shape()
-        old_g, new_g = meta.get("global_batch"), mine.get("global_batch")
-        old_a, new_a = meta.get("grad_accum"), mine["grad_accum"]
-        accum = f" (grad_accum {old_a} -> {new_a})" if old_a and old_a != new_a else ""
-        if old_g is None or new_g is None:
-            return f"grad_accum {old_a} -> {new_a}" if accum else None
-        if old_g == new_g:
-            return f"global batch {new_g} kept{accum}" if accum or self.shape_change(meta) else None
-        fix = (
-            ""
-            if getattr(self.config, "global_batch", None) is not None
-            else "; set global_batch and micro_batch to keep it"
-        )
-        return (
-            f"the global batch is now {new_g}, was {old_g} (micro-batch {mine.get('micro_batch')} "
-            f"x {mine['data_world']} data-parallel ranks x grad_accum {new_a}){fix}"
-        )
 
     def _reshard(self, reshard: bool | None) -> bool:
         if reshard is not None:
@@ -828,7 +630,7 @@ class CheckpointManager:
         URL, or the newest complete one in ``checkpoint.dir``). Returns the ``extra`` dict."""
         store, managed = self._source_store(path)
         info = store.resolve(path)
-        self.check_compatible(info, store, self._reshard(reshard))
+        refuse_other_shape(info, store, self.meta(), self._reshard(reshard))
         fmt = self._format_for(info)
         extra = fmt.load(info, store, self.training, rank=self.strategy.rank, strict=strict)
         self._carry_accumulation(info.meta)
@@ -863,10 +665,12 @@ class CheckpointManager:
             info = store.latest(say=self._print)
             if info is None:
                 return None
-            self.check_compatible(info, store, self._reshard(reshard))
+            refuse_other_shape(info, store, self.meta(), self._reshard(reshard))
             return info.path, info.lineage, info.meta, info.step
 
-        chosen = self._collective(choose, "choosing the checkpoint to resume")
+        chosen = on_rank0(
+            self.strategy, self.world_size, choose, "choosing the checkpoint to resume"
+        )
         if chosen is None:
             return self.training.step
         path, lineage, meta, step = chosen
@@ -876,10 +680,8 @@ class CheckpointManager:
         )
         saved_world = meta.get("world_size", "?")
         resharded = saved_world != "?" and int(saved_world) != self.world_size
-        changes = self.shape_change(meta)
-        batch = self.batch_change(meta)
-        from aios.config.schema import redact_url
-
+        changes = shape_change(meta, self.meta())
+        batch = batch_change(meta, self.meta(), self.batch_shape(), self.config)
         where = redact_url(self.resumed_from or "")
         self._print(
             f"aios: resumed from {where} at step {self.training.step} (run {meta.get('run_id', '?')}, "
@@ -908,27 +710,6 @@ class CheckpointManager:
         return self.training.step
 
     # ---------------------------------------------------------------- preemption
-    #: an emergency save is attempted when its estimate times this, plus :data:`MARGIN_S`, fits
-    SAFETY = 1.25
-    MARGIN_S = 1.0
-
-    def fits(self, need: float | None, left: float | None) -> bool:
-        """Whether a save estimated at ``need`` seconds fits in ``left`` seconds (no deadline:
-        yes; no estimate yet: yes while time is left, the only way to learn it)."""
-        if left is None:
-            return True
-        if need is None:
-            return left > self.MARGIN_S
-        return need * self.SAFETY + self.MARGIN_S <= left
-
-    def _agreed_time_left(self, time_left: Callable[[], float | None]) -> float | None:
-        """Collective: the least time any rank has before its notice's deadline."""
-        mine = time_left()
-        gather = getattr(self.strategy, "gather_object", None)
-        lefts = gather(mine) if self.world_size > 1 and gather is not None else [mine]
-        known = [x for x in lefts if x is not None]
-        return min(known) if known else None
-
     def emergency_save(
         self,
         reason: str,
@@ -946,13 +727,16 @@ class CheckpointManager:
         path = None
         step = self.training.step
         skipped: str | None = None
-        left = self._agreed_time_left(time_left)
+        left = least_time_left(self.strategy, self.world_size, time_left)
         t_left = self.clock()
         if self.config.checkpoint.dir:
             if getattr(self.format, "pending", None) is not None:
                 pend = self.pending_left()  # None: no estimate yet (then it is finished)
-                abandon = self._collective(
-                    lambda: not self.fits(pend, left), "finishing the background save"
+                abandon = on_rank0(
+                    self.strategy,
+                    self.world_size,
+                    lambda: not fits(pend, left),
+                    "finishing the background save",
                 )
                 if abandon and hasattr(self.format, "abandon"):
                     self._abandoned = True
@@ -968,8 +752,6 @@ class CheckpointManager:
                     except CheckpointError as exc:
                         # a lost background save must not cost the emergency one: the last
                         # committed checkpoint is kept, and this one is written by the process
-                        from aios.config.schema import redact_url
-
                         warnings.warn(
                             f"aios: {redact_url(exc.message)}; writing the emergency checkpoint "
                             "anyway (the last committed checkpoint is kept)",
@@ -979,14 +761,19 @@ class CheckpointManager:
                 left -= self.clock() - t_left
             est = self.cost.estimate(self.cost_key(False))
             need = est[1] if est is not None else None
-            go = self._collective(lambda: self.fits(need, left), "deciding the emergency save")
+            go = on_rank0(
+                self.strategy,
+                self.world_size,
+                lambda: fits(need, left),
+                "deciding the emergency save",
+            )
             if go:
                 rng, self.preempt_rng = self.preempt_rng, None
                 path = self.save(background=False, rng=rng)
             else:
                 kept = self.committed_step
                 skipped = (
-                    f"an emergency checkpoint needs about {need * self.SAFETY:.1f}s"
+                    f"an emergency checkpoint needs about {need * SAFETY:.1f}s"
                     if need is not None
                     else "no time is left for an emergency checkpoint"
                 ) + f" and {max(left or 0.0, 0.0):.1f}s are left before the deadline"

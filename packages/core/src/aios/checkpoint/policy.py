@@ -143,3 +143,18 @@ def choose_interval(
     seconds = upper
     overhead = blocking / seconds if seconds > 0 else 1.0
     return Interval(seconds, min(overhead, 1.0), lower > upper, seconds + total + s)
+
+
+#: an emergency save is attempted when its estimate times this, plus :data:`MARGIN_S`, fits
+SAFETY = 1.25
+MARGIN_S = 1.0
+
+
+def fits(need: float | None, left: float | None) -> bool:
+    """Whether a save estimated at ``need`` seconds fits in ``left`` seconds (no deadline:
+    yes; no estimate yet: yes while time is left, the only way to learn it)."""
+    if left is None:
+        return True
+    if need is None:
+        return left > MARGIN_S
+    return need * SAFETY + MARGIN_S <= left

@@ -266,7 +266,7 @@ def aios_register_loggers(register: Any) -> None:
 
 
 def _full_format() -> Any:
-    from aios.checkpoint.manager import FullStateFormat
+    from aios.checkpoint.formats.full import FullStateFormat
 
     return FullStateFormat()
 

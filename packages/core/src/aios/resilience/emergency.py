@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from aios.checkpoint.policy import SAFETY
 from aios.resilience.notices import EXIT_PREEMPTED, PreemptionMonitor
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ def notice_lead(ck: CheckpointManager, grace: float, step_time: float | None) ->
     the emergency checkpoint needs by its measured cost (the configured grace until a save
     was measured), two steps to reach the boundary, and a margin."""
     est = ck.cost.estimate(ck.cost_key(False))
-    need = est[1] * ck.SAFETY if est is not None else float(grace)
+    need = est[1] * SAFETY if est is not None else float(grace)
     return need + 2 * (step_time or 0.0) + 5.0
 
 
