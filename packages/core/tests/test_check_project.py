@@ -357,6 +357,49 @@ def test_modules_on_folders_the_script_adds_to_sys_path_are_read(tmp_path):
     assert ("helpers.py", 2, "AIOS201", "error") in keys
 
 
+def test_a_script_in_scripts_reads_the_repositorys_own_package_at_the_root(tmp_path):
+    """OLMo's habit: ``scripts/train.py`` imports ``olmo.torch_util`` from the package at the
+    repository root (installed editable): its helpers are the project's, read with the
+    caller's values; a lone module up there is nobody's import."""
+    _write(
+        tmp_path,
+        {
+            "scripts/train.py": """\
+                import torch
+                from olmo.torch_util import peak_gpu_memory, get_local_rank
+                from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+                import stray
+                m = FSDP(torch.nn.Linear(2, 2), device_id=get_local_rank())
+                print(peak_gpu_memory())
+                """,
+            "olmo/__init__.py": "",
+            "olmo/torch_util.py": """\
+                import os
+                import torch
+                def get_local_rank():
+                    return int(os.environ.get("LOCAL_RANK") or 0)
+                def peak_gpu_memory():
+                    if not torch.cuda.is_available():
+                        return None
+                    peak = torch.cuda.max_memory_allocated()
+                    torch.cuda.reset_max_memory_allocated()
+                    return peak
+                def on_cuda():
+                    return torch.cuda.is_available() and torch.cuda.is_initialized()
+                """,
+            "stray.py": "import torch\nx = torch.zeros(1).cuda()\n",
+        },
+    )
+    keys = _keys(check_project(str(tmp_path / "scripts" / "train.py")))
+    assert ("train.py", 5, "AIOS202", "error") in keys  # a rank from the package's helper
+    assert ("torch_util.py", 4, "AIOS206", "note") in keys
+    # after the return when CUDA is absent: dead code elsewhere, notes
+    assert ("torch_util.py", 8, "AIOS108", "note") in keys
+    assert ("torch_util.py", 9, "AIOS108", "note") in keys
+    assert not any(k[0] == "torch_util.py" and k[1] == 12 for k in keys)  # is_initialized()
+    assert not any(k[0] == "stray.py" for k in keys)
+
+
 def test_a_cuda_device_a_caller_passes_into_the_scripts_function_is_named_at_the_call():
     by = _by(
         """\

@@ -48,8 +48,11 @@ CUDA_CALLS: dict[str, tuple[str, str, str]] = {
 MEMORY_CALLS = {
     "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
     "reset_peak_memory_stats", "memory_stats", "mem_get_info", "get_device_name",
-    "get_device_properties", "get_device_capability",
+    "get_device_properties", "get_device_capability", "reset_max_memory_allocated",
+    "reset_max_memory_cached", "reset_accumulated_memory_stats",
 }  # fmt: skip
+# torch.cuda queries that answer False without CUDA (nothing raises): no finding of their own
+CUDA_QUERIES = {"is_initialized", "is_current_stream_capturing"}
 # torch.cuda calls that do nothing (no error) without CUDA
 NOOP_ELSEWHERE = {"empty_cache", "manual_seed", "manual_seed_all"}
 # torch.cuda statistics that return 0 (or {}) without CUDA rather than raise
@@ -138,7 +141,7 @@ RANK_ATTRS = {
 }
 RANK_CALLS = {
     "get_rank", "get_ordinal", "global_ordinal", "get_local_ordinal", "local_ordinal",
-    "get_global_rank", "get_node_local_rank",
+    "get_global_rank", "get_node_local_rank", "get_local_rank",
 }  # fmt: skip
 MAIN_FLAGS = {
     "master_process", "is_master", "is_main", "is_main_process", "is_global_zero",
@@ -178,7 +181,12 @@ OWN_PARALLELISM = {
     "strategy=fsdp (FSDP2 on every native device)",
     "parallelize_module": "applies its own tensor-parallel plan: keep it on rt.mesh['tp'] and pass "
     "the model to rt.setup(model), or give the plan as tp_plan with strategy=tp",
+    "DistributedModelParallel": "(TorchRec) shards the embedding tables over the ranks itself: "
+    "keep it (its kernels are fbgemm's, CUDA and CPU) and train the dense part through it, or "
+    "shard with rt.setup(model) and strategy=fsdp on other backends",
 }
+# Packages whose functions above are the script's own parallelism (torch's, TorchRec's).
+OWN_PARALLELISM_PACKAGES = ("torch.distributed", "torchrec.distributed", "torchrec")
 # What aios-run sets for every rank: a script that writes one of these overwrites it.
 LAUNCHER_ENV = {
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",

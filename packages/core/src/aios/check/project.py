@@ -36,6 +36,10 @@ def read_source(path: str) -> str:
 
 
 MAX_PROJECT_FILES = 40  # modules followed from one script (and configs read)
+# A script in a repository's ``scripts/`` or ``tools/`` folder imports the repository's own
+# package from the root above it (installed editable, or run from the root): the package folders
+# up to this many levels above the script's folder are the project's too.
+REPO_ROOT_LEVELS = 2
 
 
 def _module_file(root: str, dotted: str) -> str | None:
@@ -44,6 +48,19 @@ def _module_file(root: str, dotted: str) -> str | None:
     for cand in (base + ".py", os.path.join(base, "__init__.py")):
         if os.path.isfile(cand):
             return cand
+    return None
+
+
+def _repository_package(folder: str, dotted: str) -> str | None:
+    """``a.b`` found in a package ``a/`` (with ``__init__.py``) of a folder up to
+    :data:`REPO_ROOT_LEVELS` above the script's ``folder``: the repository's own package
+    (``scripts/train.py`` importing ``olmo.config`` from ``olmo/`` at the root). Only packages:
+    a lone module up there is nobody's import."""
+    top = dotted.partition(".")[0]
+    for level in range(1, REPO_ROOT_LEVELS + 1):
+        up = os.path.normpath(os.path.join(folder, *[os.pardir] * level))
+        if os.path.isfile(os.path.join(up, top, "__init__.py")):
+            return _module_file(up, dotted)
     return None
 
 
@@ -135,6 +152,7 @@ def _project_modules(path: str, source: str, tree: ast.Module) -> list[_Module]:
         i += 1
         for dotted in _local_imports(mod.tree, mod.package):
             found = next((f for r in roots if (f := _module_file(r, dotted))), None)
+            found = found or _repository_package(root, dotted)
             if found is None or os.path.abspath(found) in seen:
                 continue
             seen.add(os.path.abspath(found))

@@ -10,6 +10,7 @@ from aios.check.findings import NOT_CUDA
 from aios.check.library import (
     ACCEL_MEMORY,
     CUDA_CALLS,
+    CUDA_QUERIES,
     DEVICE_TOOLS,
     EXITS,
     MEMORY_CALLS,
@@ -47,6 +48,17 @@ class CudaCalls(CheckRule):
             "warning",
         ),  # fmt: skip
         Example("import torch\ns = torch.cuda.Stream()\n", "AIOS109", 2, "torch.Stream"),
+        Example(  # raises on a build without CUDA (AttributeError from torch._C)
+            "import torch\ntorch.cuda.reset_max_memory_allocated()\n", "AIOS108", 2, "run record"
+        ),
+        Example(  # after the function's return when CUDA is absent: dead code elsewhere
+            "import torch\ndef peak():\n    if not torch.cuda.is_available():\n"
+            "        return None\n    return torch.cuda.max_memory_allocated()\n",
+            "AIOS108",
+            5,
+            "run record",
+            "note",
+        ),
         Example("import torch\nworld = torch.cuda.device_count()\n", "AIOS105", 2, "rt.world_size"),
         Example(
             "import torch\nprint(torch.cuda.device_count())\n",
@@ -60,6 +72,8 @@ class CudaCalls(CheckRule):
         "import torch\nif torch.cuda.is_available():\n    torch.backends.cuda.matmul.allow_tf32 = True\n",
         "import torch\nif torch.cuda.device_count() > 1:\n    model = DataParallel(model)\n",
         "import torch\nwith torch.cuda.amp.autocast():\n    pass\n",  # AMP: AIOS301's
+        # is_initialized() answers False without CUDA: nothing raises
+        "import torch\nif torch.cuda.is_available() and torch.cuda.is_initialized():\n    pass\n",
     )
 
     def check(self, ctx: Context, node: ast.AST) -> None:
@@ -76,6 +90,8 @@ class CudaCalls(CheckRule):
                 ctx.add(node, "AIOS106", f"{q}() {what}", NOT_CUDA, guardable=False)
             elif name == "is_bf16_supported":
                 ctx.add(node, "AIOS106", f"{q}(): {CUDA_CALLS[name][1]}", NOT_CUDA)
+        elif name in CUDA_QUERIES:
+            return
         elif name in CUDA_CALLS:
             self.known(ctx, node, q, name)
         elif name in MEMORY_CALLS:
