@@ -400,6 +400,41 @@ def test_a_script_in_scripts_reads_the_repositorys_own_package_at_the_root(tmp_p
     assert not any(k[0] == "stray.py" for k in keys)
 
 
+def test_python_configs_a_config_loader_reads_from_the_command_line_are_scanned(tmp_path):
+    """OpenMMLab's habit: ``Config.fromfile(args.config)`` loads a Python config from the
+    command line; the configs/ folder at the repository root names nccl there. A YAML config
+    the script names with ``dist_backend: nccl`` is the same fault."""
+    _write(
+        tmp_path,
+        {
+            "tools/train.py": """\
+                import argparse
+                from mmengine.config import Config
+                p = argparse.ArgumentParser()
+                p.add_argument("config")
+                cfg = Config.fromfile(p.parse_args().config)
+                """,
+            "configs/_base_/default_runtime.py": """\
+                env_cfg = dict(
+                    cudnn_benchmark=False,
+                    dist_cfg=dict(backend="nccl"),  # backend="gloo" for CPU
+                )
+                """,
+            "configs/README.md": "backend: nccl\n",
+            "plain/train.py": "import yaml\ncfg = yaml.safe_load(open('run.yaml'))\n",
+            "plain/run.yaml": "dist_backend: nccl\nlr: 0.1\n",
+            "other/train.py": "import torch\n",
+            "other/configs/x.py": "dist_params = dict(backend='nccl')\n",
+        },
+    )
+    keys = _keys(check_project(str(tmp_path / "tools" / "train.py")))
+    assert keys == {("default_runtime.py", 3, "AIOS201", "error")}
+    assert _keys(check_project(str(tmp_path / "plain" / "train.py"))) == {
+        ("run.yaml", 1, "AIOS201", "error")
+    }
+    assert not check_project(str(tmp_path / "other" / "train.py"))  # no loader: not read
+
+
 def test_a_cuda_device_a_caller_passes_into_the_scripts_function_is_named_at_the_call():
     by = _by(
         """\

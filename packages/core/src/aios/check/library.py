@@ -130,6 +130,8 @@ DEVICE_PACKAGES: dict[str, tuple[str, tuple[str, ...]]] = {
         ("xla", "tpu", "neuron"),
     ),
 }
+# A list of GPU indices (``--gpu_ids 0,1``): an item of it as a device is a CUDA index
+GPU_LIST_NAMES = {"gpu_ids", "gpus", "gpu_list", "cuda_ids"}
 RANK_ATTRS = {
     "rank",
     "local_rank",
@@ -193,6 +195,14 @@ LAUNCHER_ENV = {
     "MASTER_ADDR", "MASTER_PORT",
 }  # fmt: skip
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json", ".toml")
+# Loaders of Python configs whose path comes from the command line (OpenMMLab's mmengine and
+# mmcv ``Config.fromfile(args.config)``): the ``*.py`` under the project's ``configs/`` folder
+# are what they load, read like the YAML a script names.
+PY_CONFIG_LOADERS = ("Config.fromfile",)
+PY_CONFIG_FOLDER = "configs"
+# ``dist_cfg=dict(backend="nccl")`` / ``dist_params = dict(backend='nccl')`` / ``backend: nccl``
+# / ``dist_backend: nccl`` in a config the script loads: the process group joins with NCCL
+CONFIG_BACKEND = re.compile(r"""(?<![A-Za-z])(backend)["']?\s*[:=]\s*["']?(nccl)\b""")
 # ``device: cuda`` / ``device = "cuda:0"`` / ``"accelerator": "gpu"`` in a config the script loads
 CONFIG_DEVICE = re.compile(
     r"""^\s*["']?(device|device_type|accelerator)["']?\s*[:=]\s*["']?(cuda(:\d+)?|gpu)["']?\s*,?"""

@@ -11,7 +11,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from aios.check.findings import NOT_CUDA, CheckError, Finding
-from aios.check.library import CONFIG_DEVICE, CONFIG_SUFFIXES
+from aios.check.library import (
+    CONFIG_BACKEND,
+    CONFIG_DEVICE,
+    CONFIG_SUFFIXES,
+    PY_CONFIG_FOLDER,
+    PY_CONFIG_LOADERS,
+)
 from aios.check.names import _dotted, _relative_base, _str
 from aios.check.reading import _Project
 
@@ -193,6 +199,31 @@ def _config_files(root: str, modules: list[_Module]) -> list[str]:
     return out
 
 
+def _python_configs(root: str, modules: list[_Module]) -> list[str]:
+    """The ``*.py`` configs a ``Config.fromfile(args.config)`` loader of the project reads: those
+    under a ``configs/`` folder beside the script or at the repository root above it (the path
+    comes from the command line, so every one of them is a candidate)."""
+    loads = any(
+        isinstance(node, ast.Call) and (_dotted(node.func) or "").endswith(PY_CONFIG_LOADERS)
+        for mod in modules
+        for node in ast.walk(mod.tree)
+    )
+    if not loads:
+        return []
+    out: list[str] = []
+    for level in range(REPO_ROOT_LEVELS + 1):
+        folder = os.path.normpath(os.path.join(root, *[os.pardir] * level, PY_CONFIG_FOLDER))
+        if not os.path.isdir(folder):
+            continue
+        for dirpath, dirs, files in os.walk(folder):
+            dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__")))
+            out.extend(os.path.join(dirpath, f) for f in sorted(files) if f.endswith(".py"))
+            if len(out) >= MAX_PROJECT_FILES:
+                return out[:MAX_PROJECT_FILES]
+        break  # the nearest configs/ folder is the project's
+    return out
+
+
 def check_config(path: str) -> list[Finding]:
     """A config the script loads that asks for a CUDA device (``device: cuda``): the recipe's
     device comes from there, so the line to change is there.
@@ -205,6 +236,20 @@ def check_config(path: str) -> list[Finding]:
         return []
     out = []
     for i, line in enumerate(text.splitlines(), 1):
+        pg = CONFIG_BACKEND.search(line.split("#")[0])
+        if pg:
+            out.append(
+                Finding(
+                    path,
+                    i,
+                    pg.start(1) + 1,
+                    "AIOS201",
+                    "the script loads this config and its process-group backend is 'nccl' "
+                    "(NVIDIA's): the group fails to form on cpu, xla, tpu and neuron; drop the "
+                    "backend (aios.init() joins with the selected backend's own)",
+                    NOT_CUDA,
+                )
+            )
         m = CONFIG_DEVICE.match(line)
         if m:
             out.append(
