@@ -435,6 +435,32 @@ def test_python_configs_a_config_loader_reads_from_the_command_line_are_scanned(
     assert not check_project(str(tmp_path / "other" / "train.py"))  # no loader: not read
 
 
+def test_a_package_the_project_imports_by_name_from_data_is_read_whole(tmp_path):
+    """CompVis latent diffusion's habit: the model class is named in a YAML config
+    (``target: ldm.models.diffusion.LatentDiffusion``) and imported with importlib by a helper
+    of the script's own package: the package's other modules are the project's too."""
+    files = {
+        "main.py": "from ldm.util import instantiate_from_config\nm = instantiate_from_config(c)\n",
+        "ldm/__init__.py": "",
+        "ldm/util.py": """\
+            import importlib
+            def instantiate_from_config(config):
+                module, cls = config["target"].rsplit(".", 1)
+                return getattr(importlib.import_module(module), cls)()
+            """,
+        "ldm/models/__init__.py": "",
+        "ldm/models/net.py": "import torch\nx = torch.zeros(1).cuda()\n",
+    }
+    _write(tmp_path / "dynamic", files)
+    keys = _keys(check_project(str(tmp_path / "dynamic" / "main.py")))
+    assert ("net.py", 2, "AIOS102", "error") in keys
+    files["ldm/util.py"] = "def instantiate_from_config(config):\n    return None\n"
+    _write(tmp_path / "static", files)  # nothing imported by name: only what is imported
+    assert not any(
+        k[0] == "net.py" for k in _keys(check_project(str(tmp_path / "static" / "main.py")))
+    )
+
+
 def test_a_cuda_device_a_caller_passes_into_the_scripts_function_is_named_at_the_call():
     by = _by(
         """\

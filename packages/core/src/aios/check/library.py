@@ -130,6 +130,17 @@ DEVICE_PACKAGES: dict[str, tuple[str, tuple[str, ...]]] = {
         ("xla", "tpu", "neuron"),
     ),
 }
+# Saves a training library makes collective (all ranks must call them): Lightning's
+# ``Trainer.save_checkpoint`` (a barrier inside) and ``Fabric.save``; keyed by the receiver's
+# last name as scripts spell it (``trainer``, ``self.fabric``)
+COLLECTIVE_SAVES = {"trainer": "save_checkpoint", "fabric": "save"}
+# Mechanisms that import the project's modules by a name held in data (a config's
+# ``target: ldm.models.diffusion.LatentDiffusion``, a registry): where a module of the project
+# uses one, the packages of its own that the script imports are read whole
+DYNAMIC_IMPORTS = (
+    "importlib.import_module", "hydra.utils.instantiate", "hydra.utils.get_class",
+    "hydra.utils.get_method",
+)  # fmt: skip
 # A list of GPU indices (``--gpu_ids 0,1``): an item of it as a device is a CUDA index
 GPU_LIST_NAMES = {"gpu_ids", "gpus", "gpu_list", "cuda_ids"}
 RANK_ATTRS = {

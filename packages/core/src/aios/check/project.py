@@ -15,6 +15,7 @@ from aios.check.library import (
     CONFIG_BACKEND,
     CONFIG_DEVICE,
     CONFIG_SUFFIXES,
+    DYNAMIC_IMPORTS,
     PY_CONFIG_FOLDER,
     PY_CONFIG_LOADERS,
 )
@@ -152,7 +153,7 @@ def _project_modules(path: str, source: str, tree: ast.Module) -> list[_Module]:
     roots = [root, *_sys_path_roots(tree, path)]
     mods = [_Module(path, "", "", source, tree)]
     seen = {os.path.abspath(path)}
-    i = 0
+    i, whole = 0, False
     while i < len(mods) and len(mods) < MAX_PROJECT_FILES:
         mod = mods[i]
         i += 1
@@ -172,7 +173,50 @@ def _project_modules(path: str, source: str, tree: ast.Module) -> list[_Module]:
             mods.append(_Module(found, dotted, package, text, sub))
             if len(mods) >= MAX_PROJECT_FILES:
                 break
+        if i == len(mods) and not whole:
+            whole = True
+            _whole_packages(mods, seen)
     return mods
+
+
+def _imports_dynamically(tree: ast.Module) -> bool:
+    return any(
+        isinstance(node, ast.Call) and (_dotted(node.func) or "").endswith(DYNAMIC_IMPORTS)
+        for node in ast.walk(tree)
+    )
+
+
+def _whole_packages(mods: list[_Module], seen: set[str]) -> None:
+    """Where a module of the project imports by a name held in data (``importlib``, Hydra's
+    ``instantiate``), the rest of the packages it was read from are the project's too: each
+    ``*.py`` of theirs not read yet is added (to MAX_PROJECT_FILES), for the walk to follow."""
+    if not any(_imports_dynamically(m.tree) for m in mods):
+        return
+    tops = {}
+    for m in mods:
+        if m.package:  # a module inside a package of the project: its top folder
+            top = m.package.partition(".")[0]
+            depth = m.name.count(".") + (1 if m.path.endswith("__init__.py") else 0)
+            tops.setdefault(top, os.path.normpath(os.path.join(m.path, *[os.pardir] * depth)))
+    for _top, folder in sorted(tops.items()):
+        for dirpath, dirs, files in os.walk(folder):
+            dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__")))
+            for f in sorted(files):
+                path = os.path.join(dirpath, f)
+                if not f.endswith(".py") or os.path.abspath(path) in seen:
+                    continue
+                if len(mods) >= MAX_PROJECT_FILES:
+                    return
+                rel = os.path.relpath(path, os.path.dirname(folder))[: -len(".py")]
+                dotted = rel.replace(os.sep, ".").removesuffix(".__init__")
+                try:
+                    text = read_source(path)
+                    sub = ast.parse(text, filename=path)
+                except (CheckError, SyntaxError, ValueError):
+                    continue
+                seen.add(os.path.abspath(path))
+                package = dotted if f == "__init__.py" else dotted.rpartition(".")[0]
+                mods.append(_Module(os.path.normpath(path), dotted, package, text, sub))
 
 
 def _config_files(root: str, modules: list[_Module]) -> list[str]:
