@@ -192,7 +192,7 @@ def _whole_packages(mods: list[_Module], seen: set[str]) -> None:
     ``*.py`` of theirs not read yet is added (to MAX_PROJECT_FILES), for the walk to follow."""
     if not any(_imports_dynamically(m.tree) for m in mods):
         return
-    tops = {}
+    tops: dict[str, str] = {}
     for m in mods:
         if m.package:  # a module inside a package of the project: its top folder
             top = m.package.partition(".")[0]
