@@ -6,11 +6,8 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from aios_cloud.provider import (
-    CloudCommand,
-    CloudError,
-    ClusterRequest,
-)
+from aios_cloud.provider.data import CloudCommand, ClusterRequest
+from aios_cloud.provider.errors import CloudError
 
 from aios_cloud_aws import catalog as cat
 from aios_cloud_aws.base import _json

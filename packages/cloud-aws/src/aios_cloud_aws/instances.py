@@ -10,7 +10,9 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
-from aios_cloud.provider import (
+from aios_cloud.provider.data import ClusterHost, ClusterInfo, ClusterRequest
+from aios_cloud.provider.errors import CloudError, NotOfferedError
+from aios_cloud.provider.states import (
     FAILED,
     HEALTHY,
     PENDING,
@@ -22,11 +24,6 @@ from aios_cloud.provider import (
     TERMINATED,
     UNHEALTHY,
     UNKNOWN,
-    CloudError,
-    ClusterHost,
-    ClusterInfo,
-    ClusterRequest,
-    NotOfferedError,
 )
 
 from aios_cloud_aws import catalog as cat
@@ -263,7 +260,7 @@ class AwsInstances(AwsDryRun):
             if target == "running" and states & {"shutting-down", "terminated"}:
                 reasons = {i.get("StateReason", {}).get("Code", "") for i in insts}
                 if reasons & SPOT_TERMINATION_CODES or any("Spot" in r for r in reasons):
-                    from aios_cloud.provider import CapacityError
+                    from aios_cloud.provider.errors import CapacityError
 
                     raise CapacityError(
                         "spot capacity was reclaimed while the instances booted",
@@ -418,7 +415,7 @@ class AwsInstances(AwsDryRun):
 
     # ------------------------------------------------------------------ start / stop / delete
     def _ids(self, ec2: Any, name: str) -> builtins.list[str]:
-        from aios_cloud.provider import ClusterNotFound
+        from aios_cloud.provider.errors import ClusterNotFound
 
         insts = self._instances(ec2, name)
         if not insts:

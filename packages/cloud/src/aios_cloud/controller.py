@@ -36,7 +36,9 @@ from typing import Any
 
 from aios.errors import AiosError
 
-from aios_cloud.provider import CloudError, CloudProvider, ClusterHost
+from aios_cloud.provider.base import CloudProvider
+from aios_cloud.provider.data import ClusterHost
+from aios_cloud.provider.errors import CloudError
 from aios_cloud.request import split_target
 from aios_cloud.ssh import SshRunner
 from aios_cloud.store import JOB_RUNNING, ClusterRecord, Store, cluster_dir

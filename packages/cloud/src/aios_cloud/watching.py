@@ -21,15 +21,9 @@ from aios_cloud.failover import create_with_failover, zone_order
 from aios_cloud.head import HELPER_PYTHON, Head
 from aios_cloud.jobs import JobSpec, cancel_job, poll_job, run_setup, start_job, sync_code
 from aios_cloud.lifecycle import autostop_of, down_cluster, reinstall_agent
-from aios_cloud.provider import (
-    STOPPED,
-    TERMINATED,
-    CapacityError,
-    CloudError,
-    CloudProvider,
-    NotOfferedError,
-    QuotaError,
-)
+from aios_cloud.provider.base import CloudProvider
+from aios_cloud.provider.errors import CapacityError, CloudError, NotOfferedError, QuotaError
+from aios_cloud.provider.states import STOPPED, TERMINATED
 from aios_cloud.records import (
     REQUEST_FIELDS,
     Log,
