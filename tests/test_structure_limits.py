@@ -38,20 +38,10 @@ LONG_FUNCTIONS: dict[str, str] = {
     "the attempts",
     "packages/core/src/aios/checkpoint/manager.py:save": "the save's ordered steps (stage, write, "
     "commit, prune, record) with their error paths",
-    "packages/cloud-aws/src/aios_cloud_aws/testing/ec2proxy.py:_handle": "the stand-in's "
-    "dispatch over EC2 actions",
-    "packages/cloud-aws/src/aios_cloud_aws/dryrun.py:_render_network": "the dry run's network "
-    "section (VPC, subnets, security groups, EFA)",
-    "packages/cloud/src/aios_cloud/controller.py:start_controller": "the managed run's "
-    "controller start (to split with managed/)",
     "packages/backend-neuron/src/aios_backend_neuron/launch.py:build_plan": "the Trainium plan "
     "(runtime, cores, compiler flags, EFA, precompile)",
     "packages/backend-xla/src/aios_backend_xla/doctor.py:tpu_checks": "the TPU VM's doctor "
     "checks in order",
-    "packages/cloud/src/aios_cloud/watching.py:_loop": "the managed watcher's loop (to split "
-    "into observe, classify and act with managed/)",
-    "packages/cloud-aws/src/aios_cloud_aws/instances.py:create": "run-instances with its "
-    "fallbacks over zones and capacity types",
 }
 
 

@@ -36,10 +36,13 @@ from typing import Any
 
 from aios.errors import AiosError
 
+from aios_cloud.bundle import SITE, build
+from aios_cloud.codesync import make_tarball
 from aios_cloud.provider.base import CloudProvider
 from aios_cloud.provider.data import ClusterHost
 from aios_cloud.provider.errors import CloudError
 from aios_cloud.request import split_target
+from aios_cloud.shapes import SHAPE, SHAPE_END
 from aios_cloud.ssh import SshRunner
 from aios_cloud.store import JOB_RUNNING, ClusterRecord, JobRecord, Store, cluster_dir
 
@@ -163,9 +166,6 @@ def _stage_keys(stage: Path, name: str, key: str) -> None:
 def _stage_code(stage: Path, tmp: Path, spec: Any, cloud: str) -> None:
     """The job's code (a recreated cluster is re-synced from it), and this aios with its
     plugins."""
-    from aios_cloud.bundle import SITE, build
-    from aios_cloud.codesync import make_tarball
-
     # the code a recreated cluster is re-synced from
     tar = make_tarball(spec.workdir, tmp / "work.tar.gz", spec.excludes, spec.max_sync_mb * 2**20)
     (stage / "work").mkdir()
@@ -219,8 +219,6 @@ def _stage_store(
         )
         db.update_job(rid, state=JOB_RUNNING)
         # the shape the job started on: the controller ends it and records the next ones
-        from aios_cloud.shapes import SHAPE, SHAPE_END
-
         for e in store.events(rec.name):
             if e.job_id == job.id and e.kind in (SHAPE, SHAPE_END):
                 db.event(rec.name, e.kind, e.message, rid)

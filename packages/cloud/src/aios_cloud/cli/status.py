@@ -7,6 +7,7 @@ from typing import Any
 import click
 from aios.errors import AiosError
 
+from aios_cloud import shapes
 from aios_cloud.cli.common import (
     _echo,
     _emit_json,
@@ -110,8 +111,6 @@ def status(
 
 def _rows(store: Any, recs: list[Any]) -> list[dict[str, Any]]:
     """One row per recorded cluster: its hosts, jobs (shapes, goodput) and recoveries."""
-    from aios_cloud import shapes
-
     out: list[dict[str, Any]] = []
     for r in recs:
         jobs = store.jobs(r.name)
@@ -170,8 +169,6 @@ def _unrecorded_row(i: Any) -> dict[str, Any]:
 
 def _show(out: list[dict[str, Any]]) -> None:
     """``aios status``'s table, then each cluster's recoveries, shapes, goodput and notes."""
-    from aios_cloud import shapes
-
     t = _table(
         "aios clusters",
         [

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from typing import Any
 
+from aios.config.schema import redact
+
+from aios_cloud.codesync import collect, data_line, secret_files
+from aios_cloud.jobs import host_commands, setup_script
 from aios_cloud.provider.base import Echo, LaunchPlan
 from aios_cloud.provider.data import CloudCommand, ClusterHost
+from aios_cloud.records import remote_root
 from aios_cloud.sshhosts.hosts import DEFAULT_HOST_WAIT, ZONE, SshHost, cluster_hosts, host_specs
 from aios_cloud.sshhosts.shell import dry_ssh, ssh_dest
+from aios_cloud.store import ClusterRecord
 
 
 def render_launch(plan: LaunchPlan, echo: Echo, cloud: str, create: list[CloudCommand]) -> None:
@@ -17,13 +24,6 @@ def render_launch(plan: LaunchPlan, echo: Echo, cloud: str, create: list[CloudCo
     here; then, as the launch does, the code goes to worker 0 once and worker 0 copies it to
     the other hosts, and setup and the start reach every other host through worker 0 (your
     key forwarded by an ssh-agent, never copied)."""
-    from aios.config.schema import redact
-
-    from aios_cloud.codesync import collect, data_line, secret_files
-    from aios_cloud.jobs import host_commands, setup_script
-    from aios_cloud.records import remote_root
-    from aios_cloud.store import ClusterRecord
-
     request, spec = plan.cluster, plan.spec
     key = request.extra.get("identity")
     nprocs = request.extra.get("nprocs_per_host")
@@ -182,6 +182,4 @@ class _Relay:
 
 
 def host_dict(h: ClusterHost) -> dict[str, Any]:
-    import dataclasses
-
     return dataclasses.asdict(h)

@@ -11,6 +11,7 @@ from typing import Any
 from aios.errors import AiosError
 
 from aios_cloud.provider.data import ClusterHost, ClusterRequest
+from aios_cloud.store import Store
 
 ZONE = "your-hosts"
 
@@ -178,6 +179,4 @@ def cluster_hosts(specs: list[HostSpec], key: str | None) -> list[ClusterHost]:
 
 
 def cluster_record(name: str) -> Any:
-    from aios_cloud.store import Store
-
     return Store().get_cluster(name)

@@ -12,6 +12,7 @@ from typing import Any
 from aios_cloud.provider.base import Echo
 from aios_cloud.provider.data import ClusterHost, ClusterRequest
 from aios_cloud.provider.errors import CloudError
+from aios_cloud.ssh import HostKeyChanged, HostResult, SshError, SshRunner
 from aios_cloud.sshhosts.hosts import (
     ACCELERATORS,
     DEFAULT_HOST_WAIT,
@@ -22,12 +23,10 @@ from aios_cloud.sshhosts.hosts import (
 )
 from aios_cloud.sshhosts.probe import Probe, internal_addresses, probe_command, resolve_address
 from aios_cloud.sshhosts.shell import cleanup_command, dry_ssh, first_line, probe_python, ssh_dest
+from aios_cloud.store import cluster_dir
 
 
 def host_runner(name: str, hosts: list[ClusterHost], key: str | None, **kw: Any) -> Any:
-    from aios_cloud.ssh import SshRunner
-    from aios_cloud.store import cluster_dir
-
     return SshRunner(hosts, cluster_dir(name) / "known_hosts", key=key, alias=f"aios-{name}", **kw)
 
 
@@ -37,8 +36,6 @@ def reach(
     """Probe every host until it answers or ``wait`` seconds passed. Returns the probes of the
     hosts that answered and why each other host did not. A changed host key or a refused
     login ends at once (waiting does not fix them)."""
-    from aios_cloud.ssh import HostKeyChanged, SshError
-
     runner = host_runner(name, hosts, key, retries=0, connect_timeout=10)
     cmd = probe_command(name, python)
     probes: dict[int, Probe] = {}
@@ -249,8 +246,6 @@ def clean(name: str, remove: bool, log: Echo) -> None:
     if not hosts:
         return
     runner = host_runner(name, hosts, key, retries=1, connect_timeout=8)
-    from aios_cloud.ssh import HostKeyChanged, HostResult, SshError
-
     cmd = cleanup_command(name, remove)
 
     def one(h: ClusterHost) -> HostResult:

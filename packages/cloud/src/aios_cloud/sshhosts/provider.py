@@ -21,6 +21,7 @@ from aios_cloud.provider.data import (
 from aios_cloud.provider.errors import CloudError
 from aios_cloud.provider.requirements import check_requirements
 from aios_cloud.provider.states import HEALTHY, READY, STOPPED
+from aios_cloud.records import request_from_record
 from aios_cloud.request import LaunchRequest
 from aios_cloud.sshhosts.dryrun import render_launch
 from aios_cloud.sshhosts.hosts import (
@@ -182,8 +183,6 @@ class SshHostsProvider(CloudProvider):
         return []  # every ssh cluster has its local record; nothing else exists to find
 
     def start(self, name: str, zone: str | None) -> ClusterInfo:
-        from aios_cloud.records import request_from_record
-
         rec = cluster_record(name)
         if rec is None:
             raise CloudError(f"no ssh cluster named '{name}'", "see `aios status`")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import shlex
 
+from aios.plugins.versions import sets_for
+
 from aios_cloud.fleet import HEAD_KEY_COMMENT
 from aios_cloud.provider.data import ClusterHost
 from aios_cloud.sshhosts.hosts import ACCELERATORS, STACK
@@ -169,8 +171,6 @@ def torch_wanted(backend: str) -> str:
     CPU pin, the accelerator stacks' first known-good set (:data:`aios.plugins.versions.STACKS`), for
     CUDA the newest set whose minimum driver the host's ``nvidia-smi`` meets (nothing when
     none: the setup then stops with the line to pass)."""
-    from aios.plugins.versions import sets_for
-
     if backend not in STACK:
         return f"echo {shlex.quote(CPU_TORCH)}"
     sets = sets_for(STACK[backend])
