@@ -6,6 +6,7 @@ import getpass
 import random
 import re
 
+from aios.checkpoint import filesystem
 from aios.errors import AiosError
 
 from aios_cloud.provider.base import CloudProvider
@@ -46,8 +47,6 @@ def check_autostop(provider: CloudProvider, cluster: ClusterRequest, autodown: b
 
 def check_bucket(url: str) -> None:
     """The checkpoint bucket must exist (a managed run writes there from every host)."""
-    from aios.checkpoint import filesystem
-
     fs, path = filesystem(url)
     bucket = path.split("/", 1)[0]
     try:

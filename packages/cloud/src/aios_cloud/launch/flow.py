@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from aios.config.schema import resolve
+
 from aios_cloud.features import check_features
 from aios_cloud.launch.context import Echo
 from aios_cloud.launch.dryrun import render
@@ -55,6 +57,4 @@ def run(request: LaunchRequest, echo: Echo, log: Log, printer: LinePrinter) -> i
 
 
 def _config(config_file: str | None) -> Any:
-    from aios.config.schema import resolve
-
     return resolve(config_file=config_file, check_backend=False)

@@ -7,9 +7,12 @@ import subprocess
 import sys
 from typing import Any
 
+from aios_cloud import lifecycle, watching
+from aios_cloud.controller import start_controller
 from aios_cloud.launch.context import Launch
 from aios_cloud.provider.base import CloudProvider
-from aios_cloud.store import Store
+from aios_cloud.store import Store, cluster_dir
+from aios_cloud.watching import Watcher, WatchOptions
 
 # ------------------------------------------------------------------------------ 7. watch
 
@@ -17,8 +20,6 @@ from aios_cloud.store import Store
 def watch(launch: Launch) -> int:
     """Follow the job to its end here, or hand it to a controller host (``--controller``) or a
     background watcher (``--detach``, Ctrl-C); ``--down`` deletes the cluster after it."""
-    from aios_cloud import lifecycle, watching
-
     request, store, name = launch.request, launch.require_store(), launch.name
     job_id = launch.require_job()
     if request.controller:
@@ -68,8 +69,6 @@ def watch_here(
     store: Store, provider: CloudProvider, job_id: int, config: Any, poll: float, launch: Launch
 ) -> int:
     """Watch the job from this process, its output printed here."""
-    from aios_cloud.watching import Watcher, WatchOptions
-
     opts = WatchOptions(poll=poll, describe_every=max(poll, 3 * poll), follow=True)
     return Watcher(
         store, provider, job_id, config, printer=launch.printer, log=launch.log, options=opts
@@ -78,8 +77,6 @@ def watch_here(
 
 def start_on_controller(launch: Launch) -> None:
     """``--controller``: the recovery loop runs on that host; a watcher here if it cannot."""
-    from aios_cloud.controller import start_controller
-
     request, store = launch.request, launch.require_store()
     job_id = launch.require_job()
     assert request.controller is not None
@@ -130,8 +127,6 @@ def spawn_watcher_process(
     store: Store, job_id: int, cloud: str, config_file: str | None, poll: float, down: bool
 ) -> int:
     """Start ``python -m aios_cloud.watch JOB`` detached (its log in the cluster's directory)."""
-    from aios_cloud.store import cluster_dir
-
     job = store.get_job(job_id)
     assert job is not None
     logf = cluster_dir(job.cluster) / f"watcher-{job_id}.log"

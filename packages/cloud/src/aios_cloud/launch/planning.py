@@ -10,13 +10,15 @@ from typing import Any
 
 from aios.errors import AiosError
 
+from aios_cloud import shapes
+from aios_cloud.bundle import build
 from aios_cloud.launch.checks import check_checkpoints, check_name, default_name
 from aios_cloud.launch.context import Echo, Launch
 from aios_cloud.launch.pricing import check_cost_limit
 from aios_cloud.provider.base import CloudProvider
 from aios_cloud.provider.data import ClusterRequest
 from aios_cloud.records import Log
-from aios_cloud.request import JobSpec, LaunchRequest
+from aios_cloud.request import Candidate, JobSpec, LaunchRequest
 from aios_cloud.ssh import LinePrinter
 from aios_cloud.store import ClusterRecord, Store
 
@@ -37,9 +39,6 @@ def plan(
     """Check the request against the provider; the cluster request and the job spec. With
     several candidates (``-a TYPE1,TYPE2,...``) every one is checked here, once, and the spec
     records each one's backend, interpreter, setup and price."""
-    from aios_cloud import shapes
-    from aios_cloud.request import Candidate
-
     names = request.candidates
     if len(names) > 1 and existing is None:
         for a in names:  # an unknown type: one line naming it, before anything else
@@ -158,8 +157,6 @@ def job_spec(
     else:
         reqs = request.requirement_lines()
         if not request.no_bundle:
-            from aios_cloud.bundle import build
-
             reqs = [*build(backend, provider.name).requirements, *reqs]
         setup_lines = provider.setup_commands(accelerator, reqs, backend)
     if check:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from aios.errors import AiosError
 
+from aios_cloud import shapes
 from aios_cloud.launch.context import Launch
 from aios_cloud.provider.base import CloudProvider
 from aios_cloud.provider.data import ClusterRequest
@@ -18,8 +19,6 @@ def check_cost_limit(
     hourly price of every type the job may run on, or reserved capacity's fee per hour where it
     is billed as an upfront fee (:meth:`CloudProvider.reservation_prices`; a dry run calls no
     cloud, so the fee is read at launch)."""
-    from aios_cloud import shapes
-
     pricing = "spot" if request.spot else "on-demand"
     for c in clusters:
         reserved = (
@@ -45,8 +44,6 @@ def check_cost_limit(
 
 def cost_limit_line(launch: Launch) -> str | None:
     """``--dry-run``: what ``--max-cost`` will do."""
-    from aios_cloud import shapes
-
     limit, request = launch.request.cost_limit, launch.request
     if limit is None:
         return None
@@ -70,8 +67,6 @@ def cost_limit_line(launch: Launch) -> str | None:
 def price_lines(launch: Launch) -> list[str]:
     """The dry run's prices: each candidate per hour (the catalog's, spot or on-demand as
     asked), the one launched first, and what a recovery without capacity moves to."""
-    from aios_cloud import shapes
-
     request, provider = launch.request, launch.provider
     if provider.user_hosts or launch.existing is not None:
         return []

@@ -8,19 +8,20 @@ from pathlib import Path
 
 from aios.errors import AiosError
 
+from aios_cloud import jobs, lifecycle, shapes, signals
 from aios_cloud.launch.checks import check_autostop, check_bucket
 from aios_cloud.launch.context import Launch
 from aios_cloud.provider.data import ClusterRequest
+from aios_cloud.provider.errors import CapacityError, NotOfferedError, QuotaError
+from aios_cloud.records import cluster_key, request_dict, with_public_key
+from aios_cloud.ssh import ensure_client_key
+from aios_cloud.store import JOB_FAILED, JOB_RUNNING, JOB_SETTING_UP
 
 # ------------------------------------------------------------------------------ 3. prepare
 
 
 def prepare(launch: Launch) -> None:
     """Everything that can fail before anything is billed, and the SSH key."""
-    from aios_cloud import signals
-    from aios_cloud.records import cluster_key
-    from aios_cloud.ssh import ensure_client_key
-
     request, provider = launch.request, launch.provider
     if request.autostop is not None:
         check_autostop(provider, launch.cluster, request.autodown)
@@ -50,17 +51,12 @@ def prepare(launch: Launch) -> None:
 
 def provision(launch: Launch) -> None:
     """Create the cluster (zone failover; nothing left behind on failure) or reuse it."""
-    from aios_cloud import lifecycle
-    from aios_cloud.records import with_public_key
-
     if launch.existing is not None:
         launch.record = launch.existing
         launch.log(
             f"reusing cluster {launch.name} ({launch.record.accelerator} in {launch.record.zone})"
         )
         return
-    from aios_cloud.provider.errors import CapacityError, NotOfferedError, QuotaError
-
     clusters = launch.clusters or [launch.cluster]
     for i, cluster in enumerate(clusters):
         if not launch.provider.user_hosts:
@@ -87,8 +83,6 @@ def provision(launch: Launch) -> None:
         if cluster.accelerator != launch.cluster.accelerator:
             use_candidate(launch, clusters[i])
         if len(clusters) > 1:  # each candidate as validated, for a recovery that moves on
-            from aios_cloud.records import request_dict
-
             store, rec = launch.require_store(), launch.require_record()
             candidates = {c.accelerator: request_dict(c) for c in clusters}
             store.update_cluster(rec.name, request={**rec.request, "candidates": candidates})
@@ -115,8 +109,6 @@ def use_candidate(launch: Launch, cluster: ClusterRequest) -> None:
 
 def add_job(launch: Launch) -> None:
     """Record the job (state: setting up)."""
-    from aios_cloud.store import JOB_SETTING_UP
-
     request, store = launch.request, launch.require_store()
     launch.job_id = store.add_job(
         launch.name,
@@ -132,8 +124,6 @@ def add_job(launch: Launch) -> None:
 
 def sync(launch: Launch) -> None:
     """Reach every host, then ship the code through worker 0."""
-    from aios_cloud import jobs
-
     rec = launch.require_record()
     jobs.reach(rec, launch.printer, launch.log)
     jobs.sync_code(rec, launch.spec, launch.printer, launch.log)
@@ -141,16 +131,11 @@ def sync(launch: Launch) -> None:
 
 def setup(launch: Launch) -> None:
     """The setup lines and the provider's host checks on every host."""
-    from aios_cloud import jobs
-
     jobs.run_setup(launch.require_record(), launch.spec, launch.printer, launch.log)
 
 
 def start(launch: Launch) -> None:
     """Start the job on every host (detached), then the autostop agent."""
-    from aios_cloud import jobs, lifecycle, shapes
-    from aios_cloud.store import JOB_RUNNING
-
     rec, store, request = launch.require_record(), launch.require_store(), launch.request
     job_id = launch.require_job()
     info = launch.provider.describe(rec.name, rec.zone)
@@ -196,9 +181,6 @@ def start(launch: Launch) -> None:
 def cleanup(launch: Launch, exc: BaseException) -> None:
     """A stage failed (or the launch was interrupted): the job is recorded failed; a cluster this
     launch created is deleted, a job it started on a reused cluster is stopped."""
-    from aios_cloud import jobs, lifecycle, signals
-    from aios_cloud.store import JOB_FAILED
-
     store, name = launch.require_store(), launch.name
     if launch.job_id is not None:
         store.update_job(launch.job_id, state=JOB_FAILED)
