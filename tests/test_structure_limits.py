@@ -38,10 +38,6 @@ LONG_FUNCTIONS: dict[str, str] = {
     "the attempts",
     "packages/core/src/aios/checkpoint/manager.py:save": "the save's ordered steps (stage, write, "
     "commit, prune, record) with their error paths",
-    "packages/backend-neuron/src/aios_backend_neuron/launch.py:build_plan": "the Trainium plan "
-    "(runtime, cores, compiler flags, EFA, precompile)",
-    "packages/backend-xla/src/aios_backend_xla/doctor.py:tpu_checks": "the TPU VM's doctor "
-    "checks in order",
 }
 
 
