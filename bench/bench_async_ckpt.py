@@ -151,7 +151,7 @@ def main() -> int:
     ap.add_argument(
         "--modes",
         default="thread,process",
-        help="background writers to compare (aios.checkpoint.formats.dcp.ASYNC_MODES), comma-separated",
+        help="background writers to compare (aios.checkpoint.formats.dcp_process.ASYNC_MODES), comma-separated",
     )
     ap.add_argument(
         "--dir", default=None, help="checkpoint dir or URL (default: a temporary directory)"

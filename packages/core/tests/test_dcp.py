@@ -197,7 +197,7 @@ def test_dcp_unknown_async_mode_is_a_one_line_error() -> None:
 
 
 def test_dcp_loader_position_rederived_from_global_samples() -> None:
-    from aios.checkpoint.formats.dcp import reshard_loader_state
+    from aios.data.loaders import reshard_loader_state
 
     st = {"epoch": 1, "batch": 6, "batch_size": 4}
     assert reshard_loader_state(st, 4, 4) is st
@@ -213,7 +213,8 @@ def test_dcp_loader_position_rederived_from_global_samples() -> None:
 def test_dcp_ranks_beyond_the_saved_world_reseed_deterministically() -> None:
     import random
 
-    from aios.checkpoint.formats.dcp import rank_state_for, reseed
+    from aios.checkpoint.formats.dcp import rank_state_for
+    from aios.data.rng import reseed
 
     assert rank_state_for(1, {1: "mine"}) == "mine" and rank_state_for(3, {1: "x"}) is None
     draws = []

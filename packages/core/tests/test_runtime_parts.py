@@ -311,7 +311,7 @@ def test_all_ranks_write_format_with_two_processes(tmp_path):
 
 
 def test_checkpoint_formats_come_from_the_registry_and_are_built_on_use():
-    from aios.checkpoint.formats.dcp import DcpFormat
+    from aios.checkpoint.formats.dcp_format import DcpFormat
     from aios.checkpoint.manager import FullStateFormat, get_format
     from aios.errors import CheckpointError
 

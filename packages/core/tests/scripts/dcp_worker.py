@@ -31,6 +31,8 @@ import time
 import torch
 import torch.distributed as dist
 from aios.checkpoint.formats import dcp as adcp
+from aios.data.loaders import reshard_loader_state
+from aios.data.rng import reseed
 from torch.distributed.fsdp import fully_shard
 
 GLOBAL_BATCH = 16
@@ -102,11 +104,9 @@ def main() -> None:
             adcp.set_rng_state(mine["rng"])
             loader = mine["loaders"][0]
         else:
-            adcp.reseed(0, step, rank)
+            reseed(0, step, rank)
             loader = common["loader0"]
-        st = adcp.reshard_loader_state(
-            loader, saved_world, world, loader.get("batch_size"), per_rank
-        )
+        st = reshard_loader_state(loader, saved_world, world, loader.get("batch_size"), per_rank)
         pos.epoch, pos.batch = st["epoch"], st["batch"]
         message = f"resumed from step {step}: saved by {saved_world} ranks, loaded on {world} ranks"
         if rank == 0:

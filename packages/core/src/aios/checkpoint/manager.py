@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from aios.checkpoint.collective import least_time_left, on_rank0, settle_all
 from aios.checkpoint.files import filesystem
 from aios.checkpoint.formats.base import CheckpointFormat, SaveContext, get_format
-from aios.checkpoint.formats.dcp import resolve_async_mode
+from aios.checkpoint.formats.dcp_process import resolve_async_mode
 from aios.checkpoint.formats.full import FullStateFormat
 from aios.checkpoint.lock import LOCK_HEARTBEAT_S
 from aios.checkpoint.policy import SAFETY, Interval, SaveCost, choose_interval, fits

@@ -18,6 +18,8 @@ import os
 import random
 from typing import Any
 
+from aios.data import rng
+from aios.data.rng import reseed, reseed_value
 from aios.errors import AiosError, CheckpointError
 
 #: version of the state dict layout below
@@ -175,10 +177,8 @@ class TrainingState:
         """The random streams of ``rank`` after a load: its saved ones when the saving run had
         this rank (the device's only when it was the same backend: otherwise the device stream
         is derived); a rank the saving run did not have derives every stream deterministically
-        from ``(seed, step, rank)`` (:func:`aios.checkpoint.formats.dcp.reseed`). Equal to an
+        from ``(seed, step, rank)`` (:func:`aios.data.rng.reseed`). Equal to an
         uninterrupted run only at the same shape."""
-        from aios.checkpoint.formats.dcp import reseed, reseed_value
-
         if saved is None:
             self.strategy.seed(reseed(self.seed, self.step, rank))
             return
@@ -190,15 +190,11 @@ class TrainingState:
 
     def rng_state(self) -> dict[str, Any]:
         """This process's RNG states with the strategy's device part (:func:`aios.data.rng.capture`)."""
-        from aios.data import rng
-
         return rng.capture(self.strategy.rng_state())
 
     def set_rng_state(self, state: dict[str, Any]) -> None:
         """Restore :meth:`rng_state`'s result (:func:`aios.data.rng.restore`; the device part through
         the strategy)."""
-        from aios.data import rng
-
         device = rng.restore(state)
         if device:
             self.strategy.set_rng_state(device)

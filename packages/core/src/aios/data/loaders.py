@@ -28,6 +28,7 @@ Torch is imported lazily.
 from __future__ import annotations
 
 import collections
+import warnings
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -485,3 +486,30 @@ class DeviceLoader:
 
     def _abandon(self) -> None:
         """Called when an iteration stops part-way (subclasses free background workers)."""
+
+
+def reshard_loader_state(
+    state: dict[str, Any] | None,
+    saved_world: int,
+    world: int,
+    saved_batch_size: int | None = None,
+    batch_size: int | None = None,
+) -> dict[str, Any] | None:
+    """A loader position ``{"epoch", "batch"}`` saved on ``saved_world`` ranks with per-rank
+    batches of ``saved_batch_size`` samples, re-derived for ``world`` ranks with ``batch_size``
+    (default: the same) from the global sample count (see :mod:`aios.checkpoint.formats.dcp`)."""
+    if state is None or "batch" not in state:
+        return state
+    old_bs = int(saved_batch_size or batch_size or 1)
+    new_bs = int(batch_size or old_bs)
+    if saved_world == world and old_bs == new_bs:
+        return state
+    consumed = int(state["batch"]) * old_bs * saved_world  # samples consumed over all ranks
+    batch, rest = divmod(consumed, new_bs * world)
+    if rest:
+        warnings.warn(
+            f"aios: data position ({consumed} samples over {saved_world} ranks) does not divide into batches of "
+            f"{new_bs} x {world} ranks: resuming at batch {batch}, {rest} samples are seen twice (none skipped)",
+            stacklevel=2,
+        )
+    return {**state, "batch": batch}

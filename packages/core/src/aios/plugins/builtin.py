@@ -272,7 +272,7 @@ def _full_format() -> Any:
 
 
 def _dcp_format() -> Any:
-    from aios.checkpoint.formats.dcp import DcpFormat
+    from aios.checkpoint.formats.dcp_format import DcpFormat
 
     return DcpFormat()
 

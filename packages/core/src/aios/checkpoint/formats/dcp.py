@@ -28,7 +28,8 @@ Rules:
   has finished on every rank (DCP gathers every rank's write results before rank 0 writes
   ``.metadata``; the per-rank files are written before a rank joins that save). The marker lists
   every file with its size and digest: the shards and ``.metadata`` are hashed as DCP's writer
-  writes them (in the checkpoint process or thread, :func:`_digest_write_data`), and
+  writes them (in the checkpoint process or thread,
+  :func:`aios.checkpoint.formats.dcp_io.digest_write_data`), and
   ``aios-digests.json`` carries those digests to the commit. On load every file is checked
   against its digest (shared out over the ranks) before torch reads any of it; a mismatch is a
   one-line "corrupt" error naming the file. A staging directory without
@@ -51,35 +52,53 @@ Rules:
   ranks loads on M ranks and on a different mesh.
 * **Per-rank state on another world size** (:func:`rank_state_for`): rank ``r < N`` gets the
   saved random streams of rank ``r``; ranks ``r >= N`` have none and are reseeded
-  deterministically with :func:`reseed` from ``(seed, step, rank)``
+  deterministically with :func:`aios.data.rng.reseed` from ``(seed, step, rank)``
   (:meth:`aios.checkpoint.state.TrainingState.restore_rng`). Data positions are global
   (:mod:`aios.data.loaders`: samples of the epoch's order consumed by all ranks together), so a resumed
   run at any number of data-parallel ranks splits the rest of the epoch over its ranks with no
   sample skipped or repeated. An older checkpoint's per-rank batch count is turned into that
-  global count (``batch x batch_size x saved data-parallel ranks``); :func:`reshard_loader_state`
-  is the per-rank rule for loaders of the library API that keep only a batch count.
+  global count (``batch x batch_size x saved data-parallel ranks``);
+  :func:`aios.data.loaders.reshard_loader_state` is the per-rank rule for loaders of the library
+  API that keep only a batch count.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import io
-import random
+import json
+import pickle
+import shutil
 import threading
 import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from aios.checkpoint.formats.base import CheckpointFormat
+from aios.checkpoint.files import DIGEST, DIGESTS, DIGESTS_FILE, new_hash
+from aios.checkpoint.formats.dcp_io import (
+    DCP_METADATA,
+    digest_finish,
+    digest_write_data,
+    quiet_checkpoint_process,
+    storage_options,
+)
+from aios.checkpoint.formats.dcp_process import (
+    ASYNC_MODES,
+    checkpoint_process_alive,
+    start_checkpoint_process,
+    stop_checkpoint_process,
+)
 from aios.checkpoint.store import CheckpointInfo, CheckpointStore
+from aios.data import rng
+from aios.data.loaders import reshard_loader_state as reshard_loader_state
+from aios.data.rng import reseed as reseed  # kept here under its 0.2 name
+from aios.data.rng import reseed_value as reseed_value
 from aios.errors import CheckpointError, os_cause, outcome, settle
 
 FORMAT_NAME = "dcp"
 COMMON_FILE = "common.pt"
-DCP_METADATA = ".metadata"
 
 
 def rank_file(rank: int) -> str:
@@ -89,150 +108,14 @@ def rank_file(rank: int) -> str:
 # ------------------------------------------------------------------------------ storage
 
 
-def storage_options(url: str) -> tuple[str, dict[str, Any]]:
-    """``(fsspec URL, options)`` for a registered URL scheme (endpoint settings from the plugin
-    that registers it; never credentials in the options it hands out)."""
-    from aios.checkpoint.files import filesystem
-    from aios.plugins.registry import get_registry
-
-    filesystem(url)  # the one-line errors for an unknown scheme or a missing package
-    scheme, rest = url.split("://", 1)
-    spec = get_registry().storage[scheme]
-    options = spec.storage_options(url) if spec.storage_options else {}
-    return f"{spec.protocol}://{rest}", options
-
-
-class _RelayedFailures:
-    """A logging filter for DCP's checkpoint process: drops its "Checkpoint save failed ..." and
-    "... failed during initialization" records. Their text is every rank's traceback
-    (``Traceback (most recent call last): (RANK 0)``, ``OSError: [Errno 28] ...``); the same
-    exception is sent back to the training process, where aios reports it in one line."""
-
-    PREFIXES = ("Checkpoint save failed", "Checkpoint background process failed")
-
-    def filter(self, record: Any) -> bool:
-        msg = record.msg if isinstance(record.msg, str) else ""
-        return not msg.startswith(self.PREFIXES)
-
-
-def _quiet_checkpoint_process() -> None:
-    """In DCP's checkpoint process (``async_mode="process"``), where torch sets the root logger
-    to INFO and logs every request to stderr: keep warnings and errors only, and not the
-    failures it relays to the training process (:class:`_RelayedFailures`)."""
-    import logging
-
-    root = logging.getLogger()
-    root.setLevel(logging.WARNING)
-    root.addFilter(_RelayedFailures())
-
-
 _WRITERS: dict[str, type] = {}
-#: fqn prefix of the extra write results that carry a shard's digest to rank 0's ``finish``
-_DIGEST_FQN = "aios.digest:"
-
-
-def _hashed_streams(fs: Any, digests: dict[str, Any], errors: list[OSError]) -> Any:
-    """``fs.create_stream`` wrapped so that every file written through it is hashed as it is
-    written (its size and digest land in ``digests`` under the file's name) and the OS error of a
-    failed write is kept (torch's zip writer replaces it with its own message)."""
-    from aios.checkpoint.files import HashingWriter
-
-    create = fs.create_stream
-
-    @contextlib.contextmanager
-    def create_stream(path: Any, mode: str) -> Any:
-        if "w" not in mode:
-            with create(path, mode) as stream:
-                yield stream
-            return
-        w: HashingWriter | None = None
-        try:
-            with create(path, mode) as stream:
-                w = HashingWriter(stream)
-                yield w
-        except Exception:
-            if w is not None and w.error is not None:
-                errors.append(w.error)
-            raise
-        digests[str(path).replace("\\", "/").rsplit("/", 1)[-1]] = w.entry()
-
-    return create_stream
-
-
-def _digest_write_data(self: Any, base: Any, plan: Any, planner: Any) -> Any:
-    """This rank's shards, hashed as they are written (in the checkpoint process or the writer
-    thread: the asynchronous part of the save); the digests travel to rank 0's ``finish`` as
-    extra write results."""
-    from torch.distributed.checkpoint.metadata import MetadataIndex
-    from torch.distributed.checkpoint.storage import WriteResult
-    from torch.futures import Future
-
-    digests: dict[str, Any] = {}
-    errors: list[OSError] = []
-    self.fs.create_stream = _hashed_streams(self.fs, digests, errors)
-    try:
-        results = list(base.write_data(self, plan, planner).wait())
-    except Exception as exc:
-        if errors:
-            raise errors[0] from exc  # the OS's word ("No space left on device")
-        raise
-    finally:
-        del self.fs.create_stream
-    for name, entry in digests.items():
-        index = MetadataIndex(f"{_DIGEST_FQN}{name}")
-        results.append(WriteResult(index=index, size_in_bytes=0, storage_data=entry))
-    fut: Future[list[Any]] = Future()
-    fut.set_result(results)
-    return fut
-
-
-def _digest_finish(self: Any, base: Any, metadata: Any, results: list[list[Any]]) -> None:
-    """Rank 0: DCP's ``.metadata`` (hashed as it is written) and, before the marker can be,
-    :data:`aios.checkpoint.DIGESTS_FILE` with every shard's and the metadata's size and digest."""
-    import json
-
-    from aios.checkpoint.files import DIGESTS_FILE
-
-    digests: dict[str, Any] = {}
-    kept: list[list[Any]] = []
-    for wrs in results:
-        kept.append([])
-        for wr in wrs:
-            fqn = str(getattr(wr.index, "fqn", ""))
-            if fqn.startswith(_DIGEST_FQN):
-                digests[fqn[len(_DIGEST_FQN) :]] = wr.storage_data
-            else:
-                kept[-1].append(wr)
-    meta: dict[str, Any] = {}
-    errors: list[OSError] = []
-    self.fs.create_stream = _hashed_streams(self.fs, meta, errors)
-    try:
-        base.finish(self, metadata, kept)
-    except Exception as exc:
-        if errors:
-            raise errors[0] from exc
-        raise
-    finally:
-        del self.fs.create_stream
-    for name, entry in meta.items():  # written as ".metadata.tmp", then renamed
-        if name.startswith(DCP_METADATA):
-            digests[DCP_METADATA] = entry
-    path = self.fs.concat_path(self.path, DIGESTS_FILE)
-    with self.fs.create_stream(path, "wb") as f:
-        f.write(json.dumps(digests, sort_keys=True).encode())
-        if self.sync_files:
-            with contextlib.suppress(AttributeError, OSError, io.UnsupportedOperation):
-                import os
-
-                f.flush()
-                os.fsync(f.fileno())
 
 
 def _writer_classes() -> tuple[type, type]:
     """DCP's local and fsspec writers: every file they write is hashed as it is written (see
-    :func:`_digest_write_data`); unpickled in the checkpoint process they quieten it. Built on
-    first use (no torch import with this module); found again by pickle through the module
-    ``__getattr__``."""
+    :func:`aios.checkpoint.formats.dcp_io.digest_write_data`); unpickled in the checkpoint
+    process they quieten it. Built on first use (no torch import with this module); found
+    again by pickle through the module ``__getattr__``."""
     if not _WRITERS:
         from torch.distributed.checkpoint import FileSystemWriter
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
@@ -240,15 +123,15 @@ def _writer_classes() -> tuple[type, type]:
         def quiet(base: type, name: str) -> type:
             def __setstate__(self: Any, state: dict[str, Any]) -> None:  # noqa: N807
                 self.__dict__.update(state)
-                _quiet_checkpoint_process()
+                quiet_checkpoint_process()
 
             return type(
                 name,
                 (base,),
                 {
                     "__setstate__": __setstate__,
-                    "write_data": functools.partialmethod(_digest_write_data, base),
-                    "finish": functools.partialmethod(_digest_finish, base),
+                    "write_data": functools.partialmethod(digest_write_data, base),
+                    "finish": functools.partialmethod(digest_finish, base),
                     "__module__": __name__,
                     "__qualname__": name,
                 },
@@ -299,70 +182,18 @@ def _torch_bytes(obj: Any) -> bytes:
 def rng_state(device_rng: dict[str, Any] | None = None) -> dict[str, Any]:
     """Python, NumPy, torch CPU (and the device's, when given) RNG states of this process: the
     one capture, :func:`aios.data.rng.capture` (kept here under its 0.2 name)."""
-    from aios.data import rng
-
     return rng.capture(device_rng)
 
 
 def set_rng_state(state: dict[str, Any]) -> dict[str, Any]:
     """Restore what :func:`rng_state` captured; returns the device part for the caller: the one
     restore, :func:`aios.data.rng.restore` (kept here under its 0.2 name)."""
-    from aios.data import rng
-
     return rng.restore(state)
-
-
-def reseed_value(seed: int | None, step: int, rank: int) -> int:
-    """The seed a rank without saved RNG state gets (documented rule, deterministic)."""
-    h = hashlib.sha256(f"aios-dcp-reseed:{seed or 0}:{step}:{rank}".encode()).digest()
-    return int.from_bytes(h[:8], "little") % 2**63
-
-
-def reseed(seed: int | None, step: int, rank: int) -> int:
-    """Seed Python, NumPy and torch for a rank beyond the saved world size; returns the seed
-    (the caller seeds the device RNG with it too)."""
-    import torch
-
-    value = reseed_value(seed, step, rank)
-    random.seed(value)
-    with contextlib.suppress(ImportError):
-        import numpy as np
-
-        np.random.seed(value % 2**32)
-    torch.manual_seed(value)
-    return value
-
-
-def reshard_loader_state(
-    state: dict[str, Any] | None,
-    saved_world: int,
-    world: int,
-    saved_batch_size: int | None = None,
-    batch_size: int | None = None,
-) -> dict[str, Any] | None:
-    """A loader position ``{"epoch", "batch"}`` saved on ``saved_world`` ranks with per-rank
-    batches of ``saved_batch_size`` samples, re-derived for ``world`` ranks with ``batch_size``
-    (default: the same) from the global sample count (see the module docstring)."""
-    if state is None or "batch" not in state:
-        return state
-    old_bs = int(saved_batch_size or batch_size or 1)
-    new_bs = int(batch_size or old_bs)
-    if saved_world == world and old_bs == new_bs:
-        return state
-    consumed = int(state["batch"]) * old_bs * saved_world  # samples consumed over all ranks
-    batch, rest = divmod(consumed, new_bs * world)
-    if rest:
-        warnings.warn(
-            f"aios: data position ({consumed} samples over {saved_world} ranks) does not divide into batches of "
-            f"{new_bs} x {world} ranks: resuming at batch {batch}, {rest} samples are seen twice (none skipped)",
-            stacklevel=2,
-        )
-    return {**state, "batch": batch}
 
 
 def rank_state_for(rank: int, states: dict[int, Any]) -> Any | None:
     """The saved per-rank state this rank resumes with: its own when it existed, else None (the
-    caller reseeds with :func:`reseed`)."""
+    caller reseeds with :func:`aios.data.rng.reseed`)."""
     return states.get(rank)
 
 
@@ -412,7 +243,7 @@ def apply_sharded_state(
         )
 
 
-def _dist() -> tuple[bool, int, int]:
+def dist_info() -> tuple[bool, int, int]:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
@@ -423,8 +254,6 @@ def _dist() -> tuple[bool, int, int]:
 def _unreadable_metadata(exc: BaseException) -> bool:
     """Whether DCP failed to unpickle ``.metadata`` (damaged bytes), anywhere in the chain or in
     any rank's failure."""
-    import pickle
-
     todo: list[Any] = [exc]
     seen: set[int] = set()
     while todo:
@@ -450,23 +279,6 @@ def _one_line(exc: BaseException) -> str:
 
 # ------------------------------------------------------------------------------ the writer
 
-#: how a background save is written (:class:`DcpWriter`'s ``async_mode``)
-ASYNC_MODES = ("process", "thread")
-#: devices whose background saves DCP's checkpoint process writes under
-#: ``checkpoint.async_writer=auto``: cpu (tested here) and cuda (the device PyTorch built the
-#: process executor for; the state reaches it staged to host memory). TorchTPU/TorchNeuron workers
-#: use the thread until the process is run on them: it would import torch, and the device plugin
-#: the worker's environment autoloads, a second time on the host
-PROCESS_WRITER_DEVICES = ("cpu", "cuda")
-
-
-def resolve_async_mode(setting: str, device_type: str | None) -> str:
-    """``checkpoint.async_writer`` for a run on ``device_type``: ``auto`` is the checkpoint
-    process on :data:`PROCESS_WRITER_DEVICES`, the thread elsewhere."""
-    if setting != "auto":
-        return setting
-    return "process" if device_type in PROCESS_WRITER_DEVICES else "thread"
-
 
 def _state_bytes(state: Any) -> int:
     """Bytes of this rank's tensors in a (sharded) state dict."""
@@ -480,91 +292,6 @@ def _state_bytes(state: Any) -> int:
         local = state.to_local() if hasattr(state, "to_local") else state
         return int(local.numel() * local.element_size())
     return 0
-
-
-@contextlib.contextmanager
-def _main_not_rerun() -> Any:
-    """While a ``spawn`` child starts: make ``multiprocessing`` skip re-running the training
-    script in it (scripts need no ``if __name__ == "__main__"`` guard for aios)."""
-    import importlib.machinery
-    import sys
-
-    main = sys.modules.get("__main__")
-    if main is None:
-        yield
-        return
-    had, old = hasattr(main, "__spec__"), getattr(main, "__spec__", None)
-    main.__spec__ = importlib.machinery.ModuleSpec("__main__", None)  # spawn: nothing to import
-    try:
-        yield
-    finally:
-        if had:
-            main.__spec__ = old
-        else:
-            del main.__spec__
-
-
-def _start_checkpoint_process(group: Any) -> None:
-    """Collective, at the first process-mode save: start DCP's checkpoint process of this rank
-    (once per training process) now, on this thread, so that the training script is not run
-    again in it, at a lower CPU/IO priority. Blocks until every rank's process has joined its
-    gloo group (once; seconds)."""
-    import multiprocessing.util
-    import os
-
-    from torch.distributed.checkpoint import _async_process_executor as ape
-
-    from aios.checkpoint.writer import ShieldedTarget
-
-    if ape._CHECKPOINT_PROCESS is not None:
-        return
-    info = ape._ProcessGroupInitInfo(group)
-    # The process's target is read from this class attribute when it is constructed: ours
-    # shields the process from a preemption SIGTERM sent to the whole process group (it must
-    # finish the pending save) and ties its life to this process (aios.checkpoint.writer). The
-    # training process stops it (below) once that save and the emergency one are done.
-    cls = ape._AsyncCheckpointProcess
-    original = cls.__dict__["_checkpointing_subprocess"]
-    cls._checkpointing_subprocess = ShieldedTarget(os.getpid())  # type: ignore[method-assign]
-    try:
-        with _main_not_rerun():
-            ape._CHECKPOINT_PROCESS = cls(pg_init_info=info)
-    finally:
-        cls._checkpointing_subprocess = original  # type: ignore[method-assign]
-    # before multiprocessing's exit handler (main process and multiprocessing children alike),
-    # which SIGTERMs daemon children and joins them (the shielded process ignores SIGTERM)
-    multiprocessing.util.Finalize(None, _stop_checkpoint_process, exitpriority=100)
-
-
-def checkpoint_process_alive() -> bool | None:
-    """Whether this rank's checkpoint process runs (None: none was started)."""
-    import sys
-
-    ape = sys.modules.get("torch.distributed.checkpoint._async_process_executor")
-    proc = getattr(ape, "_CHECKPOINT_PROCESS", None)
-    if proc is None:
-        return None
-    return bool(proc._save_process.is_alive())
-
-
-def _stop_checkpoint_process() -> None:
-    """At exit (before ``multiprocessing``'s exit handler, which would SIGTERM and join it): ask
-    DCP's checkpoint process to stop, and kill it when it does not within 10 s."""
-    from torch.distributed.checkpoint import _async_process_executor as ape
-
-    proc = ape._CHECKPOINT_PROCESS
-    if proc is None:
-        return
-    child = proc._save_process
-    with contextlib.suppress(Exception):
-        if child.is_alive():
-            proc._send(ape._CheckpointSaveProcessControlOpts.TERMINATE)
-            child.join(10)
-    with contextlib.suppress(Exception):
-        if child.is_alive():
-            child.kill()
-            child.join(5)
-    ape._CHECKPOINT_PROCESS = None
 
 
 @dataclass
@@ -613,14 +340,14 @@ class DcpWriter:
         if not self._pg_made:
             import torch.distributed as dist
 
-            on, _, world = _dist()
+            on, _, world = dist_info()
             self._pg = dist.new_group(backend="gloo") if on and world > 1 else None
             self._pg_made = True
         return self._pg
 
     # ---------------------------------------------------------------- collectives on the group
     def broadcast(self, obj: Any) -> Any:
-        on, _, world = _dist()
+        on, _, world = dist_info()
         if not on or world == 1:
             return obj
         import torch.distributed as dist
@@ -630,7 +357,7 @@ class DcpWriter:
         return box[0]
 
     def all_gather(self, obj: Any) -> list[Any]:
-        on, _, world = _dist()
+        on, _, world = dist_info()
         if not on or world == 1:
             return [obj]
         import torch.distributed as dist
@@ -650,7 +377,7 @@ class DcpWriter:
         """This rank's per-rank file (rank 0: also ``common``), durable; their marker entries."""
         import torch
 
-        _, rank, world = _dist()
+        _, rank, world = dist_info()
         entries = {
             rank_file(rank): store.write_file(
                 staging,
@@ -676,7 +403,7 @@ class DcpWriter:
         background (after the state is staged into CPU copies), on the checkpoint group. No other
         collective may run on that group until :meth:`wait`."""
 
-        on, _, _ = _dist()
+        on, _, _ = dist_info()
         group = self.group()
         target = staging.path if store.local else store.display(staging.path)
         state = sharded_state(modules, optimizers)
@@ -723,8 +450,6 @@ class DcpWriter:
         ``/dev/shm``; when it does not fit there on some rank (small container defaults), every
         rank warns and writes from a thread instead of failing mid-save (all ranks must use the
         same writer: their write collectives meet on its group)."""
-        import shutil
-
         if self._stager is not None:
             return True  # the shared buffers exist and are reused
         need = _state_bytes(state)
@@ -757,7 +482,7 @@ class DcpWriter:
             "from a thread of the training process from now on (slower steps during a save)",
             stacklevel=3,
         )
-        _stop_checkpoint_process()
+        stop_checkpoint_process()
         self.async_mode = "thread"
         return False
 
@@ -772,7 +497,7 @@ class DcpWriter:
             from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
             from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
-            _start_checkpoint_process(self.group())
+            start_checkpoint_process(self.group())
         except (ImportError, AttributeError, KeyError) as exc:  # same torch on every rank
             warnings.warn(
                 f"aios: this torch {torch.__version__} has no usable DCP checkpoint process "
@@ -800,10 +525,6 @@ class DcpWriter:
         metadata with the sizes and digests their writers recorded as they wrote them
         (:data:`aios.checkpoint.DIGESTS_FILE`), checked against what the store lists. An
         incomplete set is an error (never committed)."""
-        import json
-
-        from aios.checkpoint.files import DIGEST, DIGESTS, DIGESTS_FILE, new_hash
-
         fs = store.fs
         with contextlib.suppress(Exception):
             fs.invalidate_cache()
@@ -874,7 +595,7 @@ class DcpWriter:
         if handle.finished is None:
             handle.finished = time.perf_counter()
         what = f"the background save of checkpoint step {handle.step}"
-        settle(outcomes, _dist()[1], error, what)  # one line, from the rank that failed
+        settle(outcomes, dist_info()[1], error, what)  # one line, from the rank that failed
         return handle
 
     # ---------------------------------------------------------------- load
@@ -897,7 +618,7 @@ class DcpWriter:
                 f"checkpoint '{store.display(info.path)}' is not a sharded (dcp) checkpoint",
                 "resume it with the strategy that saved it (full-format checkpoints load with ddp/deepspeed/xla)",
             )
-        on, rank, world = _dist()
+        on, rank, world = dist_info()
         # every file against its digest before torch reads any of it: the files are shared out
         # over the ranks (each is read once), and every rank learns the first mismatch
         names = sorted(info.meta.get("files", {}))
@@ -994,7 +715,7 @@ class DcpCheckpointer:
         ``async_save`` the call returns once the state is staged into CPU memory; rank 0
         commits in the background when every rank's shards are written."""
         self.io.wait()  # one save at a time: the previous one is committed first
-        on, rank, world = _dist()
+        on, rank, world = dist_info()
         store = self.store
         staging, err = None, None
         if rank == 0:
@@ -1062,150 +783,3 @@ class DcpCheckpointer:
         self, info: CheckpointInfo, modules: list[Any], optimizers: list[Any], strict: bool = True
     ) -> tuple[dict[str, Any], dict[int, Any], int]:
         return self.io.read(self.store, info, modules, optimizers, strict)
-
-
-# ------------------------------------------------------------------------------ manager format
-
-
-class DcpFormat(CheckpointFormat):
-    """The ``dcp`` :class:`aios.checkpoint.manager.CheckpointFormat`: every rank writes its shards
-    (``all_ranks_write``), loads reshard (``supports_resharding``), and with ``background`` saves
-    the manager defers the commit to :meth:`commit_when_written` and finishes it in :meth:`wait`.
-
-    What goes where: models and optimizers as DCP shards; step and micro-step counters, LR
-    schedulers, registered objects, the precision state, ``extra`` and rank 0's loader positions
-    in ``common.pt``; each rank's RNG states and loader positions in ``rank-<r>.pt``."""
-
-    name = FORMAT_NAME
-    supports_resharding = True
-    all_ranks_write = True
-
-    def __init__(self) -> None:
-        # the manager sets the mode from checkpoint.async_writer (default: process)
-        self.io = DcpWriter(async_mode="process")
-        #: the run's seed (set by the manager): ranks beyond a saved world size reseed from it
-        self.seed: int | None = None
-        #: saved and current world size of the last load (for the resume message)
-        self.last_load: dict[str, int] | None = None
-
-    @property
-    def pending(self) -> SaveHandle | None:
-        return self.io.pending
-
-    @staticmethod
-    def _loader_states(training: Any) -> list[Any]:
-        out = []
-        for ld in training.loaders:
-            st = ld.state_dict() if hasattr(ld, "state_dict") else None
-            if isinstance(st, dict) and getattr(ld, "batch_size", None):
-                st = {**st, "batch_size": int(ld.batch_size)}
-            out.append(st)
-        return out
-
-    @staticmethod
-    def _modules(training: Any) -> list[Any]:
-        return [
-            training.strategy.unwrap(m) for m in training.modules
-        ]  # e.g. torch.compile's wrapper
-
-    @staticmethod
-    def _data_world(training: Any) -> int:
-        """Ranks that read different data (the ``dp`` part of a 2-D mesh; all ranks otherwise)."""
-        return int(training.strategy.data_world)
-
-    def save(self, step: int, ctx: Any, staging: Any, store: Any) -> dict[str, Any]:
-        tr = ctx.training
-        _, rank, _ = _dist()
-        loaders = self._loader_states(tr)
-        common = None
-        if rank == 0:
-            common = {
-                "step": tr.step,
-                "micro": tr.micro,
-                "schedulers": [sch.state_dict() for sch in tr.schedulers],
-                "objects": {k: v.state_dict() for k, v in tr.objects.items()},
-                "precision": tr.precision.state_dict(),
-                "extra": ctx.extra,
-                "loaders": loaders,
-                "world_size": tr.world_size,
-                "data_world": self._data_world(tr),
-                "backend": tr.backend,
-            }
-        mine = ctx.rngs[rank] if rank < len(ctx.rngs) else tr.rng_state()
-        error: Exception | None = None
-        entries: dict[str, Any] = {}
-        try:
-            entries = self.io.write_files(store, staging, common, {"rng": mine, "loaders": loaders})
-        except Exception as exc:  # noqa: BLE001 - every rank learns it: no rank starts its shards
-            error = exc
-        # one line from the rank that failed, the others stop quietly (aios.errors.settle)
-        settle(self.io.all_gather(outcome(error)), rank, error, f"saving checkpoint step {step}")
-        # (the manager's collectives run on the default group, never on the checkpoint group
-        # a background write uses)
-        handle = self.io.write_shards(
-            store,
-            staging,
-            self._modules(tr),
-            tr.optimizers,
-            bool(getattr(ctx, "background", False)),
-        )
-        if handle.future is None and rank == 0:  # synchronous: every rank's shards are written
-            entries.update(self.io.shard_entries(store, staging))
-        return entries
-
-    def commit_when_written(self, commit: Any, abort: Any, store: Any, staging: Any) -> None:
-        """Rank 0 after a background save: ``commit(shard_entries)`` once written, in a thread."""
-        handle = self.io.pending
-        assert handle is not None
-        self.io.commit_when_written(
-            handle, lambda: commit(self.io.shard_entries(store, staging)), abort
-        )
-
-    def wait(self) -> SaveHandle | None:
-        """Collective: finish the pending background save (write and commit)."""
-        return self.io.wait()
-
-    def abandon(self) -> SaveHandle | None:
-        """Stop waiting for the pending background save (a preemption's deadline comes before
-        it could commit): the manager's commit callback refuses to commit it, so its staging
-        directory is aborted if the write ends before the process does; nothing is committed
-        half-written either way. Returns the abandoned handle."""
-        handle, self.io.pending = self.io.pending, None
-        return handle
-
-    def load(
-        self, info: Any, store: Any, target: Any, rank: int = 0, strict: bool = True
-    ) -> dict[str, Any]:
-        tr = target
-        counts = {"schedulers": len(tr.schedulers)}
-        common, per, saved_world = self.io.read(
-            store, info, self._modules(tr), tr.optimizers, strict
-        )
-        for key, n in counts.items():
-            if len(common.get(key, [])) != n:
-                raise CheckpointError(
-                    f"the checkpoint holds {len(common.get(key, []))} {key} but this script set up {n}",
-                    "set up the same models/optimizers/schedulers as the run that saved it, "
-                    "or start fresh with checkpoint.resume=false",
-                )
-        for sch, st in zip(tr.schedulers, common["schedulers"], strict=True):
-            sch.load_state_dict(st)
-        tr.load_objects(common.get("objects", {}))
-        tr.precision.load_state_dict(common.get("precision", {}))
-        tr.step = int(common.get("step", 0))
-        tr.micro = int(common.get("micro", 0))
-        world = int(tr.world_size)
-        saved_data = int(common.get("data_world", saved_world))
-        mine = rank_state_for(rank, per)
-        tr.restore_rng(mine["rng"] if mine is not None else None, rank, common.get("backend"))
-        # positions are global (aios.data.loaders): every rank's state says the same; rank 0's is in
-        # common.pt. An older checkpoint's per-rank batch count becomes a global sample count.
-        loaders = (mine or {}).get("loaders") or common.get("loaders", [])
-        for ld, st in zip(tr.loaders, loaders, strict=False):
-            if st is not None and hasattr(ld, "load_state_dict"):
-                if "samples" not in st and "batch" in st:
-                    bs = int(st.get("batch_size") or getattr(ld, "batch_size", None) or 1)
-                    st = {**st, "samples": int(st["batch"]) * bs * saved_data, "world": saved_data}
-                ld.load_state_dict(st)
-        self.last_load = {"saved_world": saved_world, "world": world}
-        return common.get("extra", {}) or {}
