@@ -245,7 +245,7 @@ def test_builtin_names_are_never_displaced():
 
         @hookimpl
         def aios_config_sections(self):
-            from aios.config.schema import FsdpSettings
+            from aios.config.settings import FsdpSettings
 
             return {"checkpoint": FsdpSettings}
 

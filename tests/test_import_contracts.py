@@ -11,7 +11,8 @@ The layers (issue 28):
 * no import cycle among the modules of any package: neither among module-level imports (what
   runs when a module is imported) nor through the imports inside functions (a lazy import
   that closes a circle is still a circle: ``errors`` -> ``config`` -> ``plugins`` ->
-  ``cli.main`` -> ``errors`` hid that way). Only imports under ``TYPE_CHECKING`` are left out.
+  ``cli.main`` -> ``errors`` hid that way), nor through imports under ``TYPE_CHECKING`` (a
+  type-only circle still ties its modules together).
 
 Every import counts for the layers and the declarations (a function-level import is still a
 dependency). An import edge goes to the most specific
@@ -334,6 +335,14 @@ def test_no_import_cycle_through_lazy_imports(pkg: Package) -> None:
     _assert_no_cycle(pkg, lambda i: not i.typing, "lazy (function-level)")
 
 
+@pytest.mark.parametrize("pkg", ALL, ids=lambda p: p.folder)
+def test_no_import_cycle_type_only_ones_included(pkg: Package) -> None:
+    """A circle closed only by imports under ``TYPE_CHECKING`` still ties its modules together
+    (one cannot be read, moved or type-checked without the others); a Protocol declared on the
+    lower side breaks it (``aios.environments.base.EnvironmentSource``)."""
+    _assert_no_cycle(pkg, lambda i: True, "type-only")
+
+
 def test_the_checker_sees_each_kind_of_violation(tmp_path: Path) -> None:
     """The checks above can fail: a cycle, a layer break and an undeclared import written into
     a scratch package are each found."""
@@ -346,12 +355,18 @@ def test_the_checker_sees_each_kind_of_violation(tmp_path: Path) -> None:
         "    from aios_backend_demo import c\ndef f():\n    import aios_backend_demo.c\n"
     )
     (src / "c.py").write_text("from aios_backend_demo.b import x\n")
+    (src / "d.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from aios_backend_demo import e\n"
+    )
+    (src / "e.py").write_text("import aios_backend_demo.d\n")
     pkg = Package("backend-demo", "aios-backend-demo", "aios_backend_demo", tmp_path, {"aios-core"})
     known = {
         "aios_backend_demo",
         "aios_backend_demo.a",
         "aios_backend_demo.b",
         "aios_backend_demo.c",
+        "aios_backend_demo.d",
+        "aios_backend_demo.e",
     }
     mods = {}
     for f in sorted(src.glob("*.py")):
@@ -372,6 +387,13 @@ def test_the_checker_sees_each_kind_of_violation(tmp_path: Path) -> None:
         for n, imps in mods.items()
     }
     assert _cycles(lazy) == [["aios_backend_demo.a", "aios_backend_demo.b", "aios_backend_demo.c"]]
+    # d -> e only under TYPE_CHECKING, e -> d at module level: a type-only circle
+    every = {
+        n: {i.module for i in imps if i.module in known and i.module != n}
+        for n, imps in mods.items()
+    }
+    assert _cycles(lazy) == _cycles(every)[:1]
+    assert _cycles(every)[1:] == [["aios_backend_demo.d", "aios_backend_demo.e"]]
     a = mods["aios_backend_demo.a"]
     assert [i.module for i in a] == ["aios_backend_demo.b", "aios_cloud", "nope"]
     assert _first_party("aios_cloud") is BY_TOP["aios_cloud"]

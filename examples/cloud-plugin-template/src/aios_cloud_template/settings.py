@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aios.config.schema import Section
+from aios.config.settings import Section
 from pydantic import Field
 
 

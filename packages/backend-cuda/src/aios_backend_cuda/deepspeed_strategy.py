@@ -45,7 +45,7 @@ from aios_backend_cuda.strategy import CudaDDPStrategy
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
-    from aios.config.schema import AiosConfig
+    from aios.config.settings import AiosConfig
 
 TAG = "aios"
 

@@ -14,7 +14,7 @@ from aios_backend_cuda import nvml, probe
 from aios_backend_cuda.discovery import interconnect
 
 if TYPE_CHECKING:
-    from aios.config.schema import AiosConfig
+    from aios.config.settings import AiosConfig
 
 
 def _dist_version(*names: str) -> tuple[str, str] | None:

@@ -26,7 +26,7 @@ from aios.devices.efa import EFA_BASE_ENV, EFA_RDMA_ENV, efa_family, efa_interfa
 from aios.errors import ConfigError, LaunchError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from aios.config.schema import AiosConfig
+    from aios.config.settings import AiosConfig
     from aios.types import LaunchPlan, LaunchRequest
 
 # AWS GPU instances: type -> (GPUs, model). Used when planning for hosts that are not this one.

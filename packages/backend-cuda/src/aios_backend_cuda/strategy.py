@@ -29,7 +29,7 @@ from aios_backend_cuda.settings import CudaSettings
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
-    from aios.config.schema import AiosConfig
+    from aios.config.settings import AiosConfig
     from aios.devices.accelerator import Accelerator
     from aios.strategies.precision import Precision
 

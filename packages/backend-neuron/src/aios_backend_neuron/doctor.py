@@ -21,7 +21,7 @@ from aios_backend_neuron.packages import (
 from aios_backend_neuron.settings import settings_of
 
 if TYPE_CHECKING:
-    from aios.config.schema import AiosConfig
+    from aios.config.settings import AiosConfig
 
 B = "neuron"
 # Installed packages whose kernels are CUDA-only: they import fine and then fail on Neuron.

@@ -30,7 +30,7 @@ from aios_backend_neuron.packages import XLA_CPU_ENV, NeuronSoftware, detect, pl
 from aios_backend_neuron.settings import NeuronSettings, settings_of
 
 if TYPE_CHECKING:  # pragma: no cover
-    from aios.config.schema import AiosConfig
+    from aios.config.settings import AiosConfig
 
 EFA_ENV = {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1"}
 PRECOMPILE_TOOL = "neuron_parallel_compile"
@@ -400,7 +400,7 @@ def plan_for_instances(
     :param hosts: every node, first one is the rendezvous master (its ``internal_address`` is used
         when set); ``worker_id`` is informative.
     :param script: the training script path on the nodes; ``args`` its arguments.
-    :param config: a resolved :class:`aios.config.schema.AiosConfig`; built from ``overrides``
+    :param config: a resolved :class:`aios.config.settings.AiosConfig`; built from ``overrides``
         (``key=value`` strings, e.g. ``neuron.tp_degree=8``) when omitted.
     :param python: the interpreter on the nodes.
     :return: a :class:`aios.types.LaunchPlan` with one :class:`aios.types.HostPlan` per node; run

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from aios.config.schema import Section
+from aios.config.settings import Section
 from pydantic import Field, field_validator
 
 

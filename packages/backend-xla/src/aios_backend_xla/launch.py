@@ -29,7 +29,7 @@ from aios_backend_xla.settings import ALLOW_CPU_ENV, cpu_opt_in, settings_of
 from aios_backend_xla.topology import TpuTopology, parse_accelerator_type
 
 if TYPE_CHECKING:  # pragma: no cover
-    from aios.config.schema import AiosConfig
+    from aios.config.settings import AiosConfig
 
 LAUNCHER_MODULE = "aios_backend_xla.launcher"
 OPT_IN_HINT = (

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Literal
 
-from aios.config.schema import Section
+from aios.config.settings import Section
 from pydantic import Field, field_validator
 
 #: The XLA:CPU opt-in as an env var. It is also the config key ``xla.allow_cpu`` through the

@@ -45,7 +45,7 @@ from aios_backend_xla.settings import XlaSettings, settings_of
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
-    from aios.config.schema import AiosConfig
+    from aios.config.settings import AiosConfig
     from aios.strategies.precision import Precision
 
 log = logging.getLogger("aios.xla")

@@ -48,7 +48,7 @@ from aios_backend_xla.settings import settings_of
 from aios_backend_xla.topology import TpuTopology
 
 if TYPE_CHECKING:  # pragma: no cover
-    from aios.config.schema import AiosConfig
+    from aios.config.settings import AiosConfig
 
     from aios_backend_xla.discovery import TpuFacts
 

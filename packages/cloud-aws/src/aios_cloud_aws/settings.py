@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Literal
 
-from aios.config.schema import Section
+from aios.config.settings import Section
 from aios.plugins.versions import STACKS
 from pydantic import Field, field_validator
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from aios.config.schema import Section
+from aios.config.settings import Section
 from pydantic import Field
 
 

@@ -108,7 +108,7 @@ from aios.strategies.wiring import derive_grad_accum, script_seed
 if TYPE_CHECKING:
     import torch
 
-    from aios.config.schema import AiosConfigBase
+    from aios.config.settings import AiosConfigBase
     from aios.plugins.registry import Registry
     from aios.types import Notice
 

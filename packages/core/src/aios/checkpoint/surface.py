@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from aios.checkpoint.manager import CheckpointManager
     from aios.checkpoint.state import TrainingState
     from aios.checkpoint.store import CheckpointStore
-    from aios.config.schema import AiosConfigBase
+    from aios.config.settings import AiosConfigBase
     from aios.strategies.base import Strategy
 
 

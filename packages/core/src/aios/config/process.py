@@ -14,14 +14,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from aios.config.errors import format_error
-from aios.config.schema import (
-    AiosConfigBase,
-    build_model,
-    deep_merge,
-    is_secret,
-    parse_overrides,
-    resolve,
-)
+from aios.config.schema import build_model, deep_merge, is_secret, parse_overrides, resolve
+from aios.config.settings import AiosConfigBase
 from aios.errors import ConfigError
 from aios.launcher.contract import CONFIG_ENV
 

@@ -16,12 +16,9 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from aios.launcher.contract import NNODES_ENV, NODE_RANK_ENV
-
-if TYPE_CHECKING:  # pragma: no cover
-    from aios.plugins.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -142,7 +139,16 @@ BUILTIN_ENVIRONMENTS: tuple[ClusterEnvironment, ...] = (
 )
 
 
-def detect(environ: Mapping[str, str] | None, registry: Registry) -> ClusterInfo:
+class EnvironmentSource(Protocol):
+    """What :func:`detect` reads from the plugin registry (``aios.plugins.registry.Registry``
+    is one): the registered environments by name. Declared here so that this seam sits below
+    the registry, which imports it."""
+
+    @property
+    def cluster_envs(self) -> Mapping[str, ClusterEnvironment]: ...
+
+
+def detect(environ: Mapping[str, str] | None, registry: EnvironmentSource) -> ClusterInfo:
     """The :class:`ClusterInfo` of the highest-priority environment registered in ``registry``
     that detects ``environ`` (``None``: ``os.environ``), else ``local``. The caller gives the
     registry (``aios.plugins.registry.get_registry()`` in a process that loaded the plugins)."""

@@ -14,7 +14,7 @@ from aios.errors import LaunchError
 from aios.types import HostPlan, LaunchPlan, LaunchRequest
 
 if TYPE_CHECKING:  # pragma: no cover
-    from aios.config.schema import AiosConfig
+    from aios.config.settings import AiosConfig
 
 from aios.launcher.contract import BACKEND_ENV, CONFIG_ENV  # noqa: F401 - re-exported
 

@@ -32,7 +32,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from aios.check.rules.base import CheckRule
-    from aios.config.schema import AiosConfig
+    from aios.config.settings import AiosConfig
     from aios.environments.base import ClusterEnvironment
     from aios.types import (
         AcceleratorSpec,

@@ -429,7 +429,7 @@ def sidecar(status_dir: str, launcher: int, record_dir: str, settings_json: str)
     ranks. Returns when the launcher is gone."""
     import fcntl
 
-    from aios.config.schema import WatchdogSettings
+    from aios.config.settings import WatchdogSettings
 
     with open(os.path.join(status_dir, "watchdog.lock"), "a") as lock:
         try:

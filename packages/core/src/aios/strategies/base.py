@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from aios.config.schema import AiosConfig
+    from aios.config.settings import AiosConfig
     from aios.devices.accelerator import Accelerator
     from aios.strategies.precision import Precision
 

@@ -37,7 +37,7 @@ from aios.strategies.base import Strategy
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from aios.config.schema import AiosConfig
+    from aios.config.settings import AiosConfig
     from aios.devices.accelerator import Accelerator
     from aios.environments.base import ClusterInfo
     from aios.strategies.precision import Precision

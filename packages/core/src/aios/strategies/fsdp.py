@@ -45,7 +45,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
     from torch.distributed.fsdp import FSDPModule
 
-    from aios.config.schema import AiosConfig
+    from aios.config.settings import AiosConfig
     from aios.devices.accelerator import Accelerator
 
 
