@@ -277,7 +277,7 @@ def test_resume_keeps_no_tensor_backed_by_the_checkpoint_file(tmp_path):
     state is restored nothing holds the file: pruning it frees its disk space."""
     import gc
 
-    from aios.checkpoint.manager import FullStateFormat
+    from aios.checkpoint.formats.full import FullStateFormat
 
     torch.manual_seed(0)
     model = torch.nn.Linear(64, 64)

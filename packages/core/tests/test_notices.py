@@ -278,7 +278,8 @@ class _Handle:
 
 
 def _manager(tmp_path, capsys=None):
-    from aios.checkpoint.manager import CheckpointFormat, CheckpointManager
+    from aios.checkpoint.formats.base import CheckpointFormat
+    from aios.checkpoint.manager import CheckpointManager
     from aios.config.schema import resolve
     from aios.runrecord.records import RunRecord
     from aios.types import CheckpointFormatSpec

@@ -228,7 +228,7 @@ def test_hook_aios_register_checkpoint_formats(tmp_path, monkeypatch):
     ck = tmp_path / "ck"
     rt = aios.init(checkpoint={"dir": str(ck)}, logging={"run_dir": str(tmp_path / "runs")})
     try:
-        from aios.checkpoint.manager import get_format
+        from aios.checkpoint.formats.base import get_format
 
         rt.strategy.checkpoint_format = "test-sharded"
         rt.checkpointer.format = get_format("test-sharded", rt.checkpointer.formats)
@@ -311,8 +311,9 @@ def test_all_ranks_write_format_with_two_processes(tmp_path):
 
 
 def test_checkpoint_formats_come_from_the_registry_and_are_built_on_use():
+    from aios.checkpoint.formats.base import get_format
     from aios.checkpoint.formats.dcp_format import DcpFormat
-    from aios.checkpoint.manager import FullStateFormat, get_format
+    from aios.checkpoint.formats.full import FullStateFormat
     from aios.errors import CheckpointError
 
     formats = get_registry().checkpoint_formats
@@ -370,7 +371,8 @@ def test_checkpoint_manager_picks_the_dcp_writer_per_device(tmp_path, setting, d
 def test_emergency_checkpoint_is_written_when_the_pending_background_save_was_lost(tmp_path):
     """A background save that failed (its writer killed, say) is reported at preemption, and
     the emergency checkpoint is still written by the training process."""
-    from aios.checkpoint.manager import CheckpointManager, FullStateFormat
+    from aios.checkpoint.formats.full import FullStateFormat
+    from aios.checkpoint.manager import CheckpointManager
     from aios.checkpoint.state import TrainingState
     from aios.errors import CheckpointError
     from aios.runrecord.records import RunRecord

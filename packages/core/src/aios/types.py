@@ -180,7 +180,7 @@ class LoggerSpec:
 
 @dataclass(frozen=True)
 class CheckpointFormatSpec:
-    """A checkpoint format (:class:`aios.checkpoint.manager.CheckpointFormat`): how training
+    """A checkpoint format (:class:`aios.checkpoint.formats.base.CheckpointFormat`): how training
     state becomes files. ``name`` is what a strategy's ``checkpoint_format`` names and what the
     checkpoint's marker records; ``factory() -> CheckpointFormat`` builds one (import heavy
     modules inside it: the registry loads without them)."""

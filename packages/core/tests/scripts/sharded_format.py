@@ -10,7 +10,7 @@ import sys
 
 import aios
 import torch
-from aios.checkpoint.manager import CheckpointFormat
+from aios.checkpoint.formats.base import CheckpointFormat
 from aios.errors import CheckpointError
 
 

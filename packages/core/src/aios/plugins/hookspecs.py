@@ -198,7 +198,7 @@ def aios_register_checkpoint_formats(register: Callable[[CheckpointFormatSpec], 
     """Register checkpoint formats: how training state becomes files in a checkpoint.
 
     :param register: call ``register(CheckpointFormatSpec(name=..., factory=...))``.
-        ``factory()`` returns an :class:`aios.checkpoint.manager.CheckpointFormat` (``save``,
+        ``factory()`` returns an :class:`aios.checkpoint.formats.base.CheckpointFormat` (``save``,
         ``load``, ``all_ranks_write``, ``supports_resharding``); a strategy whose
         ``checkpoint_format`` is ``name`` saves with it, and a checkpoint whose marker names it
         is read with it. Core registers ``full`` and ``dcp``; those names are taken.

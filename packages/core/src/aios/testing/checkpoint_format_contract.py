@@ -12,7 +12,7 @@ What it checks, in one process (a 1-rank run on the CPU):
 
 * the registry (loaded from the installed entry points) has the format under its name,
   registered by ``plugin``, and its ``factory()`` builds a fresh
-  :class:`~aios.checkpoint.manager.CheckpointFormat` whose ``name`` is the registered one, with
+  :class:`~aios.checkpoint.formats.base.CheckpointFormat` whose ``name`` is the registered one, with
   ``all_ranks_write`` and ``supports_resharding`` declared as booleans;
 * a real run (``aios.init`` with ``checkpoint.dir``) saving with the format writes a committed
   checkpoint whose marker names the format, and a resume reads it back through the registry
@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from aios.checkpoint.manager import CheckpointFormat
+from aios.checkpoint.formats.base import CheckpointFormat
 from aios.plugins.registry import get_registry, reset_registry
 
 #: the checkpoint's marker file (what a committed checkpoint carries)

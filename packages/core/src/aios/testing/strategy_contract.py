@@ -76,7 +76,7 @@ opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 model, opt = rt.setup(model, opt)
 x, y = data()
 # what the runtime reads: data rank and world as ints (properties), the batch arithmetic, the format
-from aios.checkpoint.manager import get_format
+from aios.checkpoint.formats.base import get_format
 st = rt.strategy
 out["data_rank"], out["data_world"] = st.data_rank, st.data_world
 out["data_members_are_ints"] = type(st.data_rank) is int and type(st.data_world) is int

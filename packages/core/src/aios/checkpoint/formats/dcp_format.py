@@ -21,7 +21,7 @@ __all__ = ["DcpFormat"]
 
 
 class DcpFormat(CheckpointFormat):
-    """The ``dcp`` :class:`aios.checkpoint.manager.CheckpointFormat`: every rank writes its shards
+    """The ``dcp`` :class:`aios.checkpoint.formats.base.CheckpointFormat`: every rank writes its shards
     (``all_ranks_write``), loads reshard (``supports_resharding``), and with ``background`` saves
     the manager defers the commit to :meth:`commit_when_written` and finishes it in :meth:`wait`.
 
