@@ -252,6 +252,13 @@ class CheckpointManager:
         self.step_time: Callable[[], float | None] = lambda: None
         self._said_conflict = False
         self._abandoned = False
+        #: replica groups (:mod:`aios.ft`): whether this process's group writes the run's
+        #: checkpoints now (one live group does; the others skip every save, and aios-run holds
+        #: the directory's lock for the run). None: this process's ranks are the run.
+        self.writes: Callable[[], bool] | None = None
+        #: replica groups the run's state is replicated over (:mod:`aios.ft`): a marker records
+        #: the processes and data-parallel ranks of every group together
+        self.replicas = 1
 
     def use_strategy(self, strategy: Strategy) -> None:
         """Save and load through ``strategy`` and its checkpoint format (at construction, and
@@ -324,7 +331,7 @@ class CheckpointManager:
         resume at another shape compares with its own (:meth:`shape_change`)."""
         return {
             "run_id": self.record.run_id,
-            "world_size": self.world_size,
+            "world_size": self.world_size * self.replicas,
             "backend": self.backend,
             "strategy": type(self.strategy).__name__,
             "checkpoint_format": self.format.name,
@@ -338,7 +345,7 @@ class CheckpointManager:
         global batch (``micro_batch`` or the first loader's batch size, x ranks x accum)."""
         from aios.data.loaders import data_parallel_size
 
-        data = data_parallel_size(self.strategy)
+        data = data_parallel_size(self.strategy) * self.replicas
         accum = int(getattr(self.config, "grad_accum", 1) or 1)
         micro = getattr(self.config, "micro_batch", None)
         if micro is None:
@@ -362,10 +369,11 @@ class CheckpointManager:
         def take() -> None:
             store = self.store
             store.check_writable()
-            store.acquire_lock({"run_id": self.record.run_id, "started": time.time()})
+            if self.writes is None:
+                store.acquire_lock({"run_id": self.record.run_id, "started": time.time()})
 
         self._collective(take, "taking the checkpoint directory")
-        if self.is_main:
+        if self.is_main and self.writes is None:
             self._stop.clear()
             self._heartbeat = threading.Thread(
                 target=self._beat, name="aios-ckpt-lock", daemon=True
@@ -458,6 +466,9 @@ class CheckpointManager:
 
         A failure on any rank stops every rank: the rank where it happened raises the error,
         the others a quiet :class:`aios.errors.PeerFailed`."""
+        if self.writes is not None and not self.writes():
+            self._skip_save(path)  # another replica group writes this one
+            return None
         self.finish_pending()
         t0 = time.perf_counter()
         c0 = self.clock()
@@ -564,6 +575,12 @@ class CheckpointManager:
         if path is None:
             self.plan(c0)
         return written
+
+    def _skip_save(self, path: str | None) -> None:
+        """A save another replica group writes: this group's counters move as if it had."""
+        if path is None:
+            self.saved_step = self.committed_step = self.training.step
+            self.plan(self.clock())
 
     def cost_key(self, background: bool | None = None) -> str:
         """The name the save cost is measured under: the format, ``+async`` for background
@@ -875,7 +892,8 @@ class CheckpointManager:
             reshard=reshard,
         )
         saved_world = meta.get("world_size", "?")
-        resharded = saved_world != "?" and int(saved_world) != self.world_size
+        world = self.world_size * self.replicas
+        resharded = saved_world != "?" and int(saved_world) != world
         changes = self.shape_change(meta)
         batch = self.batch_change(meta)
         from aios.config.schema import redact_url
@@ -898,10 +916,10 @@ class CheckpointManager:
         if changes or batch:
             event["changed"] = [*changes, *([batch] if batch else [])]
         if resharded:
-            event.update(resharded_from=int(saved_world), resharded_to=self.world_size)
+            event.update(resharded_from=int(saved_world), resharded_to=world)
             self.record.diag["resharded"] = {
                 "from_world_size": int(saved_world),
-                "to_world_size": self.world_size,
+                "to_world_size": world,
                 "step": self.training.step,
             }
         self.record.event("resume", **event)

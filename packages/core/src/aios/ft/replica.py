@@ -67,6 +67,9 @@ class Replica:
         self.counts = {"committed": 0, "degraded": 0, "lost": 0}
         self.heal_seconds: float | None = None
         self._healing = False
+        #: a stop notice (SIGTERM) some group had heard by a committed step's all-reduce: every
+        #: group learns it at the same step, so every group stops at the same boundary
+        self.notice = False
 
     # ---------------------------------------------------------------- manager
     def _state(self) -> dict[str, Any]:
@@ -182,8 +185,21 @@ class Replica:
                 f"{self.training.step}"
             )
 
-    def commit(self, modules: list[Any]) -> bool:
-        """Average the gradients across the step's groups and vote; True when it commits."""
+    def attach(self, checkpointer: Any) -> None:
+        """The run's checkpoints under replica groups: written by one group at a time
+        (:meth:`writes_checkpoints`), their markers counting every group's processes."""
+        checkpointer.writes = self.writes_checkpoints
+        checkpointer.replicas = self.groups
+
+    def writes_checkpoints(self) -> bool:
+        """Whether this group writes the run's checkpoints now: the first of the groups in the
+        last step's quorum (exactly one group; a healing group never)."""
+        return self.participant_rank == 0
+
+    def commit(self, modules: list[Any], noticed: bool = False) -> bool:
+        """Average the gradients across the step's groups and vote; True when it commits.
+        ``noticed``: this rank heard a stop notice; it rides the all-reduce (one more element),
+        and :attr:`notice` is set in every group when the step commits."""
         import torch
         from torch.distributed.tensor import DTensor
 
@@ -195,15 +211,19 @@ class Replica:
                 if p.grad is not None:
                     g = p.grad
                     grads.append(g.to_local() if isinstance(g, DTensor) else g)
+        flag = torch.full((1,), 1.0 if noticed else 0.0)
         if grads:
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            m.allreduce(flat).wait()
-            at = 0
-            for g in grads:
-                n = g.numel()
-                g.copy_(flat[at : at + n].view_as(g))
-                at += n
+            flag = flag.to(device=grads[0].device, dtype=grads[0].dtype)
+        flat = torch.cat([*(g.reshape(-1) for g in grads), flag])
+        m.allreduce(flat).wait()
+        at = 0
+        for g in grads:
+            n = g.numel()
+            g.copy_(flat[at : at + n].view_as(g))
+            at += n
+        heard = bool(flat[-1].item() > 0)
         ok = bool(m.should_commit())
+        self.notice = self.notice or (ok and heard)
         self.in_step = False
         healed = self._healing and ok
         self._healing = self._healing and not ok
