@@ -221,3 +221,35 @@ def test_stop_writes_one_emergency_checkpoint_and_resumes_at_another_shape(
     assert min(e["step"] for run in second.values() for e in run) == 8
     seen = _trained(tmp_path, "a") + _trained(tmp_path, "b")
     assert sorted(seen) == list(range(N))
+
+
+def test_heal_transfer_listens_on_the_run_address_only() -> None:
+    """The heal's state server (aios.ft.transport) binds the address aios chose for the run and
+    advertises it (torchft 0.2.0's own binds every interface and advertises the host name); it
+    serves the state of the step it was given until torchft disallows it, read back with
+    weights_only=True."""
+    import urllib.error
+    from datetime import timedelta
+
+    import torch
+    from aios.ft.transport import bound_transport
+
+    t = bound_transport("127.0.0.1", timedelta(seconds=30))
+    try:
+        assert t._server.server_address[0] == "127.0.0.1"
+        assert t.metadata().startswith("http://127.0.0.1:")
+        state = {"user": {"w": torch.arange(4.0), "pos": {"epoch": 0, "pos": 8}}, "torchft": {}}
+        t.send_checkpoint([1], 3, state, timedelta(seconds=30))
+        got = t.recv_checkpoint(0, t.metadata(), 3, timedelta(seconds=30))
+        assert torch.equal(got["user"]["w"], state["user"]["w"])
+        assert got["user"]["pos"] == {"epoch": 0, "pos": 8}
+        t.disallow_checkpoint()
+    finally:
+        t.shutdown()
+    quick = bound_transport("127.0.0.1", timedelta(0))  # a request for a step not served
+    try:
+        quick.send_checkpoint([1], 3, {"x": 1}, timedelta(0))
+        with pytest.raises(urllib.error.HTTPError, match="404"):
+            quick.recv_checkpoint(0, quick.metadata(), 4, timedelta(seconds=30))
+    finally:
+        quick.shutdown()

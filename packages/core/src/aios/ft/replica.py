@@ -32,6 +32,7 @@ from aios.ft import (
     STATE_DIR_ENV,
     STORE_PORT_ENV,
 )
+from aios.ft.transport import bound_transport
 
 
 def from_env(environ: Any = os.environ) -> tuple[int, int] | None:
@@ -118,6 +119,8 @@ class Replica:
             lighthouse_addr=self.env[LIGHTHOUSE_ENV],
             replica_id=f"aios_{self.group}",
             hostname=addr,
+            # the heal's transfer served on the run's address only (aios.ft.transport)
+            checkpoint_transport=bound_transport(addr, timeout, quiet=not ft.log),
         )
 
     def start(self) -> None:
