@@ -253,3 +253,39 @@ def test_heal_transfer_listens_on_the_run_address_only() -> None:
             quick.recv_checkpoint(0, quick.metadata(), 4, timedelta(seconds=30))
     finally:
         quick.shutdown()
+
+
+def test_a_plain_ddp_checkpoint_resumes_under_groups(tmp_path: Path) -> None:
+    """The other direction: plain ddp on 2 processes stopped by SIGTERM after step 6 writes its
+    emergency checkpoint at step 7; ``ft.replica_groups=2`` resumes it (each group loads it,
+    the position is 28 samples of every rank together) and trains the rest: every sample once."""
+    proc = subprocess.Popen(
+        _command(tmp_path, 2, 1),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(tmp_path, FT_TERM_STEP="6"),
+        cwd=tmp_path,
+    )
+    try:
+        for rank in (0, 1):
+            while not (tmp_path / f"at-g0-r{rank}").exists():
+                assert proc.poll() is None, proc.communicate()[1][-3000:]
+                time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 75, err[-3000:]
+    assert list(_checkpoints(tmp_path)) == [7]
+    (tmp_path / "runs").rename(tmp_path / "runs-a")
+    r = _run(tmp_path, 2, 2, FT_TAG="b")
+    assert r.returncode == 0, r.stderr[-3000:]
+    said = r.stdout + r.stderr
+    assert said.count("aios: resumed from") == 2, said[-3000:]  # each group's rank 0
+    assert "resumed at step 7:" not in said  # 2 processes, 4 samples a step: the same shape
+    assert min(e["step"] for run in _logs(tmp_path, "b").values() for e in run) == 8
+    seen = _trained(tmp_path, "a") + _trained(tmp_path, "b")
+    assert sorted(seen) == list(range(N))
