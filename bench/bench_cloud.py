@@ -32,7 +32,7 @@ from pathlib import Path
 
 
 def bench_ssh(n_hosts: int, repeats: int) -> None:
-    from aios_cloud.provider import ClusterHost
+    from aios_cloud.provider.data import ClusterHost
     from aios_cloud.ssh import SshRunner
     from aios_cloud.testing.sshd import SshdCluster, sshd_unavailable_reason
 
@@ -221,7 +221,7 @@ def _scale_one(n: int, c, d: Path) -> None:  # type: ignore[no-untyped-def]
     from aios_cloud import ops
     from aios_cloud.bundle import build
     from aios_cloud.codesync import make_manifest, make_tarball
-    from aios_cloud.provider import ClusterHost
+    from aios_cloud.provider.data import ClusterHost
     from aios_cloud.ssh import SshRunner, close_masters
     from aios_cloud.store import ClusterRecord, Store
 

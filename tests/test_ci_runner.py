@@ -43,8 +43,9 @@ def test_ci_unknown_step_is_one_line_exit_2():
     )
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
-        "ci: unknown step(s) kore; choose from lint, core, cloud, backend-cuda, cloud-gcp, "
-        "cloud-aws, backend-xla, backend-neuron, cloud-slurm, cloud-k8s, cross, test-tpu"
+        "ci: unknown step(s) kore; choose from lint, core, core-runs, cloud, backend-cuda, "
+        "cloud-gcp, cloud-aws, backend-xla, backend-neuron, cloud-slurm, cloud-k8s, cross, "
+        "idioms, test-tpu"
     ], r.stderr
 
 
@@ -81,7 +82,7 @@ def test_ci_runs_steps_side_by_side_and_counts_every_steps_tests(tmp_path):
 def test_ci_lanes_take_the_longest_step_first_and_refuse_a_bad_lane_count():
     ci = _ci()
     names = [s.name for s in ci.order(ci.steps())]
-    assert names[0] == "core" and names[-1] == "lint"
+    assert names[0] == "core-runs" and names[-1] == "lint"
     r = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "ci.py"), "lint"],
         capture_output=True,
@@ -111,7 +112,8 @@ def test_a_package_tested_in_another_environment_has_everything_its_own_would_ad
                     assert host in entry["if"], (pkg, host, entry)
         step = steps[pkg]
         assert step.env == f"test.{host}"
-        assert step.script.split() == [f"+pkg={host}", "test:tests-of", f"packages/{pkg}/tests"]
+        assert step.script.split()[:3] == [f"+pkg={host}", "test:tests-of", f"packages/{pkg}/tests"]
+        assert all(a.startswith("--ignore=") for a in step.script.split()[3:])
     assert "tests-of" in hatch["envs"]["test"]["scripts"]
 
 
@@ -175,3 +177,27 @@ def test_steps_sharing_an_environment_do_not_sync_it_side_by_side(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.rstrip().splitlines()[-1] == "ci: 6 passed, 0 failed, 0 skipped"
     assert sorted((state / "syncs").read_text().split()) == ["lint", "test.core"]
+
+
+def test_a_split_step_and_its_rest_run_every_test_file_once():
+    """scripts/ci.py runs some test files as steps of their own (the lanes balance whole steps):
+    each split file exists, belongs to its step's folder, and the rest step ignores exactly
+    those files, so every test file of the folder runs in one step, once."""
+    ci = _ci()
+    steps = {s.name: s for s in ci.steps()}
+    assert ci.SPLIT, "nothing split: this test checks nothing"
+    for name, parts in ci.SPLIT.items():
+        rest = steps[name].script.split()
+        at = next(i for i, a in enumerate(rest) if a.endswith(":tests-of")) + 1
+        folder = rest[at]
+        ignored = sorted(a.removeprefix("--ignore=") for a in rest if a.startswith("--ignore="))
+        taken = sorted(f for files in parts.values() for f in files)
+        assert ignored == taken and len(set(taken)) == len(taken), name
+        for part, files in parts.items():
+            assert steps[part].env == steps[name].env
+            script = steps[part].script.split()
+            assert script[script.index(rest[at - 1]) + 1 :] == files
+            for f in files:
+                assert (ROOT / f).is_file() and f.startswith(folder + "/"), f
+        every = {str(p.relative_to(ROOT)) for p in (ROOT / folder).glob("test_*.py")}
+        assert set(taken) <= every

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from aios.errors import AiosError
 from aios.plugins.registry import reset_registry
-from aios_cloud import launch
 from aios_cloud.features import FEATURES, check_features
+from aios_cloud.launch.flow import run
 from aios_cloud.records import get_provider, installed_clouds
 from aios_cloud.request import LaunchRequest
 from aios_cloud.ssh import LinePrinter
@@ -50,7 +50,7 @@ def test_every_provider_refuses_every_undeclared_feature_in_one_shape(work: Path
             )
             flag = "--" + next(iter(options)).replace("_", "-")
             with pytest.raises(AiosError) as err:
-                launch.run(request, print, print, LinePrinter())
+                run(request, print, print, LinePrinter())
             assert str(err.value) == expected_refusal(provider, feature, flag), (cloud, feature)
             assert err.value.message.startswith(f"{flag} is not supported by --cloud {cloud} (")
             refused += 1

@@ -254,7 +254,7 @@ class Source:
 
 
 def _aws_spot_prepare(src: Source, work: Path) -> dict[str, str]:
-    from aios_cloud.provider import ClusterInfo
+    from aios_cloud.provider.data import ClusterInfo
     from aios_cloud_aws.provider import AwsProvider
     from aios_cloud_aws.settings import AwsSettings
     from aios_cloud_aws.testing.imds import ImdsServer
@@ -281,7 +281,7 @@ BLOCK_LEFT_S = 60.0  # the run's deadline, from its launch
 
 
 def _capacity_block_prepare(src: Source, work: Path) -> dict[str, str]:
-    from aios_cloud.provider import ClusterInfo
+    from aios_cloud.provider.data import ClusterInfo
     from aios_cloud_aws.ec2params import TAG_BLOCK, TAG_BLOCK_END
     from aios_cloud_aws.instances import _block_raw
     from aios_cloud_aws.provider import AwsProvider

@@ -15,14 +15,6 @@ FUNCTION_LINES = 120
 LARGE_MODULES: dict[str, str] = {
     "packages/core/src/aios/runtime.py": "the Runtime class is the script's whole rt.* surface; "
     "its naming, checkpoint and replica parts are to become components it delegates to",
-    "packages/cloud/src/aios_cloud/sshhosts.py": "the ssh provider, to move into its own folder "
-    "with the cloud package's layout (issue 33, cloud folders not built yet)",
-    "packages/cloud/src/aios_cloud/cli.py": "every cloud command in one module; one module per "
-    "command group comes with the cloud package's layout",
-    "packages/cloud/src/aios_cloud/launch.py": "the launch's stages, pricing and dry run; they "
-    "split with the cloud package's launch/ folder",
-    "packages/cloud/src/aios_cloud/provider.py": "the provider bases and the cluster types every "
-    "cloud imports; the error types move out with the cloud package's provider/ folder",
     "packages/core/src/aios/checkpoint/formats/dcp.py": "DcpWriter (the background writer "
     "process) is one 366-line class; the format becomes a formats/dcp/ package next",
     "packages/core/src/aios/checkpoint/manager.py": "CheckpointManager is one class of ~800 lines "
@@ -46,21 +38,6 @@ LONG_FUNCTIONS: dict[str, str] = {
     "the attempts",
     "packages/core/src/aios/checkpoint/manager.py:save": "the save's ordered steps (stage, write, "
     "commit, prune, record) with their error paths",
-    "packages/cloud-aws/src/aios_cloud_aws/testing/ec2proxy.py:_handle": "the stand-in's "
-    "dispatch over EC2 actions",
-    "packages/cloud/src/aios_cloud/cli.py:status": "aios status's table and its refresh",
-    "packages/cloud-aws/src/aios_cloud_aws/dryrun.py:_render_network": "the dry run's network "
-    "section (VPC, subnets, security groups, EFA)",
-    "packages/cloud/src/aios_cloud/controller.py:start_controller": "the managed run's "
-    "controller start (to split with managed/)",
-    "packages/backend-neuron/src/aios_backend_neuron/launch.py:build_plan": "the Trainium plan "
-    "(runtime, cores, compiler flags, EFA, precompile)",
-    "packages/backend-xla/src/aios_backend_xla/doctor.py:tpu_checks": "the TPU VM's doctor "
-    "checks in order",
-    "packages/cloud/src/aios_cloud/watching.py:_loop": "the managed watcher's loop (to split "
-    "into observe, classify and act with managed/)",
-    "packages/cloud-aws/src/aios_cloud_aws/instances.py:create": "run-instances with its "
-    "fallbacks over zones and capacity types",
 }
 
 

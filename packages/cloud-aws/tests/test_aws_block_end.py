@@ -32,7 +32,8 @@ import time
 from pathlib import Path
 
 import pytest
-from aios_cloud.provider import PREEMPTED, READY, ClusterRequest
+from aios_cloud.provider.data import ClusterRequest
+from aios_cloud.provider.states import PREEMPTED, READY
 from aios_cloud_aws.testing.inventory import leftovers
 
 pytestmark = pytest.mark.slow  # two training runs (about 50 s on a loaded 2-core machine)

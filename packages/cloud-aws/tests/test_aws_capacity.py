@@ -102,7 +102,8 @@ def test_launch_falls_through_to_the_next_candidate_without_capacity(
 ):
     """The first candidate has no capacity in any zone: the launch creates the second, with its
     own backend and interpreter, and says so; nothing of the first is left."""
-    from aios_cloud import launch as stages
+    from aios_cloud.launch.planning import plan
+    from aios_cloud.launch.stages import provision
     from aios_cloud.lifecycle import down_cluster
     from aios_cloud.records import get_provider
     from aios_cloud.request import LaunchRequest
@@ -135,12 +136,12 @@ def test_launch_falls_through_to_the_next_candidate_without_capacity(
     provider = get_provider("aws", config)
     store = Store()
     said: list[str] = []
-    launch = stages.plan(
+    launch = plan(
         request, provider, "aws", config, store, None, said.append, said.append, LinePrinter()
     )
     assert [c.accelerator for c in launch.clusters] == ["p4d.24xlarge", "trn1.2xlarge"]
     launch.key = str(tmp_path / "id_ed25519")
-    stages.provision(launch)
+    provision(launch)
     try:
         rec = launch.require_record()
         assert rec.accelerator == "trn1.2xlarge" and launch.cluster.accelerator == "trn1.2xlarge"

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aios_cloud.provider import CloudProvider, ClusterRequest
+from aios_cloud.provider.base import CloudProvider
+from aios_cloud.provider.data import ClusterRequest
 from aios_cloud.testing.provider_contract import ProviderContract
 
 

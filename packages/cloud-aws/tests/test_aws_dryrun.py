@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from aios.plugins.versions import STACKS
-from aios_cloud.provider import ClusterRequest
+from aios_cloud.provider.data import ClusterRequest
 from aios_cloud_aws.provider import AwsProvider
 from aios_cloud_aws.settings import GPU_AMI_PARAMETER, AwsSettings
 
@@ -355,7 +355,7 @@ def test_dry_run_never_imports_boto3(offline_env):
 
 
 def test_render_down_and_remote_env_have_no_secrets(offline_env):
-    from aios_cloud.provider import ClusterInfo
+    from aios_cloud.provider.data import ClusterInfo
 
     p = AwsProvider(settings=AwsSettings())
     down = [c.shell() for c in p.render("delete", "gpt", "us-east-1d")]

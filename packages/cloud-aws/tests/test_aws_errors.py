@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from aios_cloud.provider import ClusterRequest, CredentialsError
+from aios_cloud.provider.data import ClusterRequest
+from aios_cloud.provider.errors import CredentialsError
 from aios_cloud_aws.errors import PermissionDenied, RegionUnavailable, UnknownInstanceType
 from aios_cloud_aws.testing.inventory import leftovers
 from aios_cloud_aws.testing.moto import FAKE_SECRET
@@ -157,7 +158,7 @@ def test_missing_ssm_parameter_names_the_setting(aws, make_provider, pubkey):
     p = make_provider(
         neuron_ami_parameter="/aws/service/neuron/dlami/does-not-exist/latest/image_id"
     )
-    from aios_cloud.provider import CloudError
+    from aios_cloud.provider.errors import CloudError
 
     with pytest.raises(CloudError) as ei:
         p.create(
@@ -176,7 +177,7 @@ def test_missing_ssm_parameter_names_the_setting(aws, make_provider, pubkey):
 
 
 def test_translate_unit_cases():
-    from aios_cloud.provider import CapacityError, QuotaError
+    from aios_cloud.provider.errors import CapacityError, QuotaError
     from aios_cloud_aws.errors import TransientAwsError, translate
     from botocore.exceptions import ClientError, NoCredentialsError
 

@@ -14,7 +14,8 @@ import sys
 import pytest
 from aios.config.schema import CONTROL_ENV, CONTROL_PREFIXES, resolve
 from aios_cloud.jobs import JobSpec, host_commands, job_env, render_run_sh
-from aios_cloud.provider import READY, ClusterHost, ClusterInfo
+from aios_cloud.provider.data import ClusterHost, ClusterInfo
+from aios_cloud.provider.states import READY
 from aios_cloud.store import ClusterRecord
 from aios_cloud_aws.provider import AwsProvider
 from aios_cloud_aws.settings import AwsSettings

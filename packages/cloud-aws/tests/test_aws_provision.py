@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 from aios_cloud.failover import create_with_failover
-from aios_cloud.provider import READY, STOPPED, CapacityError, CloudError, ClusterRequest
+from aios_cloud.provider.data import ClusterRequest
+from aios_cloud.provider.errors import CapacityError, CloudError
+from aios_cloud.provider.states import READY, STOPPED
 from aios_cloud_aws.testing.inventory import leftovers
 from aios_cloud_aws.testing.inventory import tagged as _tagged
 
@@ -341,7 +343,7 @@ def test_existing_cluster_name_is_refused(aws, make_provider, pubkey):
 
 
 def test_spot_reclaim_is_preempted_and_relaunch_is_ready(aws, make_provider, pubkey):
-    from aios_cloud.provider import PREEMPTED
+    from aios_cloud.provider.states import PREEMPTED
     from aios_cloud_aws.testing.moto import reclaim_spot
 
     p = make_provider()

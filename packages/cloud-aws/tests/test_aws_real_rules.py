@@ -9,7 +9,9 @@ from dataclasses import replace
 
 import pytest
 from aios_cloud.failover import create_with_failover
-from aios_cloud.provider import READY, CloudError, ClusterRequest
+from aios_cloud.provider.data import ClusterRequest
+from aios_cloud.provider.errors import CloudError
+from aios_cloud.provider.states import READY
 from aios_cloud_aws.testing.inventory import leftovers
 
 
@@ -69,7 +71,7 @@ def test_user_security_group_without_egress_to_itself_is_refused_before_launch(
             ssh_public_key=pubkey,
         )
     )
-    from aios_cloud.provider import CloudError
+    from aios_cloud.provider.errors import CloudError
 
     with pytest.raises(CloudError) as ei:
         p.create(req)
@@ -282,7 +284,7 @@ def test_autostop_set_later_attaches_the_profile_to_the_running_instances(
 def test_autostop_set_later_keeps_the_users_profile_and_names_what_it_lacks(
     aws, make_provider, pubkey
 ):
-    from aios_cloud.provider import CloudError
+    from aios_cloud.provider.errors import CloudError
 
     _s3_only_profile(aws, "data")
     p = make_provider(iam_instance_profile="data")
@@ -300,7 +302,7 @@ def test_autostop_set_later_keeps_the_users_profile_and_names_what_it_lacks(
 
 
 def test_a_role_without_the_agents_rights_is_refused_at_launch(aws, make_provider, pubkey):
-    from aios_cloud.provider import CloudError
+    from aios_cloud.provider.errors import CloudError
 
     _s3_only_profile(aws, "s3only")
     p = make_provider(iam_instance_profile="s3only")
@@ -393,7 +395,7 @@ def test_capacity_block_dates_state_and_reclaim(aws, make_provider, pubkey):
     import time as _time
 
     from aios.launcher.contract import DEADLINE_ENV, DEADLINE_SOURCE_ENV
-    from aios_cloud.provider import PREEMPTED
+    from aios_cloud.provider.states import PREEMPTED
     from aios_cloud_aws.instances import _epoch
 
     now = _time.time()

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 from aios_cloud.failover import create_with_failover
-from aios_cloud.provider import CloudError, ClusterRequest
+from aios_cloud.provider.data import ClusterRequest
+from aios_cloud.provider.errors import CloudError
 from aios_cloud_aws.provider import AwsProvider, ElasticIpQuotaError
 from aios_cloud_aws.settings import AwsSettings
 from aios_cloud_aws.testing.inventory import leftovers

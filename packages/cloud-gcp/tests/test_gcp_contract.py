@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aios_cloud.provider import CloudProvider
+from aios_cloud.provider.base import CloudProvider
 from aios_cloud.testing.provider_contract import ProviderContract
 from aios_cloud_gcp.provider import GcpProvider
 from aios_cloud_gcp.settings import GcpSettings

@@ -6,13 +6,8 @@ import time
 
 import pytest
 from aios_cloud.failover import create_with_failover
-from aios_cloud.provider import (
-    CapacityError,
-    CloudError,
-    ClusterRequest,
-    CredentialsError,
-    QuotaError,
-)
+from aios_cloud.provider.data import ClusterRequest
+from aios_cloud.provider.errors import CapacityError, CloudError, CredentialsError, QuotaError
 from aios_cloud_gcp.provider import GcpProvider, TransientCloudError
 from aios_cloud_gcp.settings import GcpSettings
 

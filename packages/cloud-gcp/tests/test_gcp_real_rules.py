@@ -9,7 +9,8 @@ import datetime as dt
 
 import pytest
 from aios_cloud.failover import create_with_failover
-from aios_cloud.provider import CloudError, ClusterRequest
+from aios_cloud.provider.data import ClusterRequest
+from aios_cloud.provider.errors import CloudError
 from aios_cloud_gcp.provider import GcpProvider
 from aios_cloud_gcp.settings import GcpSettings
 from aios_cloud_gcp.testing import REAL_ZONES, FakeTpuService, SetupFailed, check_setup

@@ -16,12 +16,9 @@ from pathlib import Path
 
 import pytest
 from aios_cloud.failover import create_with_failover, zone_order
-from aios_cloud.provider import (
-    MAINTENANCE,
-    CloudError,
-    ClusterRequest,
-    NotOfferedError,
-)
+from aios_cloud.provider.data import ClusterRequest
+from aios_cloud.provider.errors import CloudError, NotOfferedError
+from aios_cloud.provider.states import MAINTENANCE
 from aios_cloud_gcp import catalog
 from aios_cloud_gcp.provider import GcpProvider
 from aios_cloud_gcp.settings import GcpSettings
@@ -413,7 +410,7 @@ def test_os_login_imports_the_key_and_logs_in_as_the_posix_user():
 
 
 def test_no_aios_package_from_the_registry(tmp_path, bare_tpu, gcp_env, aios_cli):
-    from aios_cloud.provider import registry_aios
+    from aios_cloud.provider.requirements import registry_aios
 
     assert all(
         registry_aios(r)

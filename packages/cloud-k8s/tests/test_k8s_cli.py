@@ -197,7 +197,7 @@ def test_bad_input_one_line_exit_2_nothing_left(kube, kube_no_crd, k8s_env, run_
 
 def test_an_object_the_api_server_rejects_rolls_back_what_was_created(kube, tmp_path):
     import pytest
-    from aios_cloud.provider import CloudError
+    from aios_cloud.provider.errors import CloudError
     from aios_cloud_k8s import manifests as M
     from aios_cloud_k8s.provider import K8sProvider
     from aios_cloud_k8s.settings import K8sSettings

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aios_cloud.provider import CloudProvider
+from aios_cloud.provider.base import CloudProvider
 from aios_cloud.testing.provider_contract import ProviderContract
 
 

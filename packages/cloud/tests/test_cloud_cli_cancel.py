@@ -5,8 +5,8 @@ from __future__ import annotations
 
 
 def test_cancel_keeps_the_scheduler_option():
-    from aios_cloud import cli
+    from aios_cloud.cli import lifecycle
 
-    names = {p.name for p in cli.cancel.params}
+    names = {p.name for p in lifecycle.cancel.params}
     assert {"name", "job_id", "config_file"} <= names
-    assert sum(1 for line in open(cli.__file__) if line.startswith("def cancel(")) == 1
+    assert sum(1 for line in open(lifecycle.__file__) if line.startswith("def cancel(")) == 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from aios.errors import AiosError
 from aios_cloud.cost import estimate, hours_cost, parse_count, rank
-from aios_cloud.provider import CatalogEntry
+from aios_cloud.provider.data import CatalogEntry
 
 A = CatalogEntry(
     "x", "fast-8", 8, "chip", 32, peak_tflops=8000, on_demand_hourly=40.0, spot_hourly=12.0

@@ -17,7 +17,7 @@ import pytest
 from aios_cloud import ssh, watching
 from aios_cloud.head import Head
 from aios_cloud.jobs import JobSpec, reach, sync_code
-from aios_cloud.provider import ClusterHost
+from aios_cloud.provider.data import ClusterHost
 from aios_cloud.records import remote_root
 from aios_cloud.signals import check_open_files
 from aios_cloud.ssh import SshError, SshRunner

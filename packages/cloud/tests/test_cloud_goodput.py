@@ -20,7 +20,7 @@ from aios.config.schema import resolve
 from aios.errors import AiosError
 from aios_cloud import shapes
 from aios_cloud.jobs import JobSpec, cancel_job, start_job, sync_code
-from aios_cloud.provider import ClusterRequest
+from aios_cloud.provider.data import ClusterRequest
 from aios_cloud.records import request_dict, save_hosts
 from aios_cloud.request import LaunchRequest
 from aios_cloud.ssh import LinePrinter
@@ -139,7 +139,7 @@ def _wait_for(path: Path, what: str) -> None:
 
 
 def test_status_shows_a_running_jobs_goodput_and_cost_per_productive_hour(env, tmp_path):
-    from aios_cloud.cli import status
+    from aios_cloud.cli.status import status
 
     store, provider, rec, job_id, *_ = _launch(env, tmp_path, "FINISH = False\n" + RECORD, 3.6)
     runs = env.hosts[0].home / "aios" / "wc" / "code" / "runs" / "20261127-000000-1"
@@ -174,7 +174,7 @@ def test_the_watcher_keeps_the_record_so_report_works_after_down(env, tmp_path):
     """The job ends, the watcher copies its run record; the hosts and the cluster go away;
     ``aios report wc`` and ``aios status`` still have the account."""
     from aios.cli.report import report
-    from aios_cloud.cli import status
+    from aios_cloud.cli.status import status
     from aios_cloud.lifecycle import down_cluster
 
     store, provider, rec, job_id, config, printer, logs = _launch(env, tmp_path, TWO_ATTEMPTS, None)
@@ -317,7 +317,8 @@ def test_a_multi_host_slice_is_priced_once_per_slice():
 def _plan(tmp_path, hourly: float | None, **options):
     """The launch planned for ``options`` (``dry_run`` True unless given) and, for a dry run,
     what it prints."""
-    from aios_cloud.launch import plan, render
+    from aios_cloud.launch.dryrun import render
+    from aios_cloud.launch.planning import plan
 
     (tmp_path / "t.py").write_text("")
     req = LaunchRequest.from_options(
@@ -438,7 +439,7 @@ def test_max_cost_on_reserved_capacity_needs_its_fee(tmp_path, monkeypatch, fee,
     """Capacity billed as an upfront fee is projected at its fee per hour, read at launch: a
     cloud that does not tell the fee is refused in one line (the catalog's hourly price is not
     what is billed)."""
-    from aios_cloud.provider import ReservedPrice
+    from aios_cloud.provider.data import ReservedPrice
 
     def reservation_prices(self, request, hours=None, live=True):
         return [ReservedPrice("block cr-1", fee=fee if live else None, hours=24.0)]

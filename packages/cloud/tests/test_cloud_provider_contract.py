@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aios_cloud.provider import CloudProvider
-from aios_cloud.sshhosts import SshHostsProvider
+from aios_cloud.provider.base import CloudProvider
+from aios_cloud.sshhosts.provider import SshHostsProvider
 from aios_cloud.testing.provider_contract import ProviderContract
 
 pytestmark = pytest.mark.slow

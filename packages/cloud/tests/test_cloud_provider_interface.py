@@ -8,14 +8,15 @@ import warnings
 from typing import Any
 
 import pytest
-from aios_cloud.provider import CloudProvider, Provider, SchedulerProvider
+from aios_cloud.provider.base import CloudProvider, Provider
+from aios_cloud.provider.scheduler import SchedulerProvider
 from aios_cloud.request import LaunchRequest
 
 
 def test_first_party_providers_import_without_warnings() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        import aios_cloud.sshhosts  # noqa: F401
+        import aios_cloud.sshhosts.provider  # noqa: F401
         import aios_cloud_aws.provider  # noqa: F401
         import aios_cloud_gcp.provider  # noqa: F401
         import aios_cloud_k8s.provider  # noqa: F401

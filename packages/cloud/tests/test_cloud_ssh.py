@@ -7,7 +7,7 @@ import random
 import subprocess
 
 import pytest
-from aios_cloud.provider import ClusterHost
+from aios_cloud.provider.data import ClusterHost
 from aios_cloud.ssh import LinePrinter, SshError, SshRunner, ensure_client_key
 from aios_cloud.testing.sshd import SshdCluster
 

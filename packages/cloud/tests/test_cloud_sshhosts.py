@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 from aios.errors import AiosError
-from aios_cloud.provider import CloudError
+from aios_cloud.provider.errors import CloudError
 from aios_cloud.request import LaunchRequest
-from aios_cloud.sshhosts import HostSpec, Probe, internal_addresses, parse_hosts, read_hosts_file
+from aios_cloud.sshhosts.hosts import HostSpec, parse_hosts, read_hosts_file
+from aios_cloud.sshhosts.probe import Probe, internal_addresses
 
 
 def aios(env: dict[str, str], *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
@@ -64,8 +65,8 @@ def test_cloud_sshhosts_bad_host_lists_are_one_line_and_exit_2(tmp_path):
 
 def test_cloud_sshhosts_option_checks(tmp_path):
     from aios.errors import AiosError
-    from aios_cloud.provider import ClusterRequest
-    from aios_cloud.sshhosts import SshHostsProvider
+    from aios_cloud.provider.data import ClusterRequest
+    from aios_cloud.sshhosts.provider import SshHostsProvider
 
     comments = tmp_path / "only-comments"
     comments.write_text("# the lab\n\n   # nothing else\n")
@@ -466,7 +467,8 @@ def test_cloud_sshhosts_installs_into_aios_own_environment_never_a_system_python
     torch the host has is used as it is), installs only what it lacks there, and `aios down`
     removes it. With --python nothing is installed."""
     from aios_cloud.request import LaunchRequest
-    from aios_cloud.sshhosts import VENV_PYTHON, SshHostsProvider, cleanup_command
+    from aios_cloud.sshhosts.provider import SshHostsProvider
+    from aios_cloud.sshhosts.shell import VENV_PYTHON, cleanup_command
 
     p = SshHostsProvider()
     p.launch_extra(LaunchRequest(script="t.py", hosts="me@box"))
@@ -525,7 +527,7 @@ def test_cloud_ssh_setup_installs_torch_into_its_own_venv_or_says_what_to_pass(t
     """Setup on a host whose python3 has no torch: the CPU torch goes into aios's own venv with
     that venv's pip (the host's pip configuration applies), said in one line with the time it
     took; when pip cannot, one line with pip's reason and the --requirements to pass, exit 2."""
-    from aios_cloud.sshhosts import torch_setup
+    from aios_cloud.sshhosts.shell import torch_setup
 
     _fake_venv(tmp_path, pip_ok)
     r = subprocess.run(
@@ -554,7 +556,7 @@ def test_cloud_ssh_setup_installs_torch_into_its_own_venv_or_says_what_to_pass(t
 
 
 def test_cloud_ssh_setup_leaves_a_torch_already_there_alone(tmp_path):
-    from aios_cloud.sshhosts import torch_setup
+    from aios_cloud.sshhosts.shell import torch_setup
 
     _fake_venv(tmp_path, pip_ok=False)
     (tmp_path / "have-torch").touch()

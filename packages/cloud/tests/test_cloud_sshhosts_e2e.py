@@ -546,7 +546,7 @@ def test_cloud_ssh_quick_start_on_a_host_without_torch(tmp_path, sshd_cluster):
 
 def test_cloud_ssh_down_keeps_a_venv_aios_did_not_make(tmp_path):
     """``aios down``'s cleanup removes ``.aios-venv`` only when aios's marker is in it."""
-    from aios_cloud.sshhosts import VENV_MARKER, cleanup_command
+    from aios_cloud.sshhosts.shell import VENV_MARKER, cleanup_command
 
     home = tmp_path / "home"
     for name, marked in (("ours", True), ("theirs", False)):

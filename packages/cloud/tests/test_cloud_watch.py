@@ -11,11 +11,8 @@ import sys
 import pytest
 from aios.config.schema import resolve
 from aios_cloud.jobs import JobSpec, cancel_job, poll_job, start_job, sync_code
-from aios_cloud.provider import (
-    READY,
-    ClusterInfo,
-    ClusterRequest,
-)
+from aios_cloud.provider.data import ClusterInfo, ClusterRequest
+from aios_cloud.provider.states import READY
 from aios_cloud.records import request_dict, save_hosts
 from aios_cloud.ssh import LinePrinter
 from aios_cloud.store import JOB_FAILED, JOB_SUCCEEDED, ClusterRecord, Store
@@ -167,7 +164,7 @@ def test_cloud_watch_treats_host_maintenance_as_an_interruption(env, tmp_path):
     https://cloud.google.com/kubernetes-engine/docs/how-to/handle-disruption-gpu-tpu): TPU
     ``UNHEALTHY_MAINTENANCE`` is an incident named in one line (a managed run recovers), never
     waited out as if the job resumed by itself."""
-    from aios_cloud.provider import MAINTENANCE
+    from aios_cloud.provider.states import MAINTENANCE
 
     store, provider, rec, job_id, config, printer, logs = _setup(env, tmp_path, "ok")
     (tmp_path / "work" / "job.py").write_text(

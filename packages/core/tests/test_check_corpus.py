@@ -40,7 +40,15 @@ GOAL = 0.95
 # in a conditional expression, device_map on a rank, the HF Trainer's is_world_process_zero):
 # 90.6% (29/32), 96.7% (29/30); all fifteen: 89.4% (126/141), 94.7% (126/133). Recall meets the
 # goal; precision is just short of it. The assertion keeps what is reached from slipping.
-HELDOUT_PRECISION, HELDOUT_RECALL = 0.89, 0.90
+# Five more (lingua, ColossalAI's ResNet, a Whisper fine-tune, lit-llama, alpaca-lora), split
+# before any rule was written and labelled before the checker ran on them, measured once after
+# the rules written for five rules-half projects (nanoT5, OLMo, TorchRec, CompVis ldm,
+# Megatron-DeepSpeed): 73.2% (30/41), 73.2% (30/41); the fifteen unchanged at 89.4% / 94.7%;
+# all twenty: 85.7% (156/182), 89.7% (156/174). Recall meets the 85% goal; precision does not
+# (issue 34 stays open for it). The held-out set is now twenty projects, five of them harder than
+# the fifteen before; the thresholds are what this larger set measured (rounded down), so the
+# assertion keeps it from slipping; they may only be raised.
+HELDOUT_PRECISION, HELDOUT_RECALL = 0.85, 0.89
 
 Key = tuple[str, int, str, str]  # script, line, code, level
 
@@ -143,7 +151,7 @@ def test_held_out_projects_precision_and_recall():
 
 def test_the_projects_are_what_the_readme_says_and_the_split_holds():
     readme = (CORPUS / "README.md").read_text()
-    assert len(PROJECTS) >= 10 and len(HELDOUT) >= 15
+    assert len(PROJECTS) >= 15 and len(HELDOUT) >= 20
     assert not {p.name for p in PROJECTS} & {p.name for p in HELDOUT}
     rules = readme[readme.index("### Rules half") : readme.index("### Held-out half")]
     held = readme[readme.index("### Held-out half") :]

@@ -357,6 +357,110 @@ def test_modules_on_folders_the_script_adds_to_sys_path_are_read(tmp_path):
     assert ("helpers.py", 2, "AIOS201", "error") in keys
 
 
+def test_a_script_in_scripts_reads_the_repositorys_own_package_at_the_root(tmp_path):
+    """OLMo's habit: ``scripts/train.py`` imports ``olmo.torch_util`` from the package at the
+    repository root (installed editable): its helpers are the project's, read with the
+    caller's values; a lone module up there is nobody's import."""
+    _write(
+        tmp_path,
+        {
+            "scripts/train.py": """\
+                import torch
+                from olmo.torch_util import peak_gpu_memory, get_local_rank
+                from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+                import stray
+                m = FSDP(torch.nn.Linear(2, 2), device_id=get_local_rank())
+                print(peak_gpu_memory())
+                """,
+            "olmo/__init__.py": "",
+            "olmo/torch_util.py": """\
+                import os
+                import torch
+                def get_local_rank():
+                    return int(os.environ.get("LOCAL_RANK") or 0)
+                def peak_gpu_memory():
+                    if not torch.cuda.is_available():
+                        return None
+                    peak = torch.cuda.max_memory_allocated()
+                    torch.cuda.reset_max_memory_allocated()
+                    return peak
+                def on_cuda():
+                    return torch.cuda.is_available() and torch.cuda.is_initialized()
+                """,
+            "stray.py": "import torch\nx = torch.zeros(1).cuda()\n",
+        },
+    )
+    keys = _keys(check_project(str(tmp_path / "scripts" / "train.py")))
+    assert ("train.py", 5, "AIOS202", "error") in keys  # a rank from the package's helper
+    assert ("torch_util.py", 4, "AIOS206", "note") in keys
+    # after the return when CUDA is absent: dead code elsewhere, notes
+    assert ("torch_util.py", 8, "AIOS108", "note") in keys
+    assert ("torch_util.py", 9, "AIOS108", "note") in keys
+    assert not any(k[0] == "torch_util.py" and k[1] == 12 for k in keys)  # is_initialized()
+    assert not any(k[0] == "stray.py" for k in keys)
+
+
+def test_python_configs_a_config_loader_reads_from_the_command_line_are_scanned(tmp_path):
+    """OpenMMLab's habit: ``Config.fromfile(args.config)`` loads a Python config from the
+    command line; the configs/ folder at the repository root names nccl there. A YAML config
+    the script names with ``dist_backend: nccl`` is the same fault."""
+    _write(
+        tmp_path,
+        {
+            "tools/train.py": """\
+                import argparse
+                from mmengine.config import Config
+                p = argparse.ArgumentParser()
+                p.add_argument("config")
+                cfg = Config.fromfile(p.parse_args().config)
+                """,
+            "configs/_base_/default_runtime.py": """\
+                env_cfg = dict(
+                    cudnn_benchmark=False,
+                    dist_cfg=dict(backend="nccl"),  # backend="gloo" for CPU
+                )
+                """,
+            "configs/README.md": "backend: nccl\n",
+            "plain/train.py": "import yaml\ncfg = yaml.safe_load(open('run.yaml'))\n",
+            "plain/run.yaml": "dist_backend: nccl\nlr: 0.1\n",
+            "other/train.py": "import torch\n",
+            "other/configs/x.py": "dist_params = dict(backend='nccl')\n",
+        },
+    )
+    keys = _keys(check_project(str(tmp_path / "tools" / "train.py")))
+    assert keys == {("default_runtime.py", 3, "AIOS201", "error")}
+    assert _keys(check_project(str(tmp_path / "plain" / "train.py"))) == {
+        ("run.yaml", 1, "AIOS201", "error")
+    }
+    assert not check_project(str(tmp_path / "other" / "train.py"))  # no loader: not read
+
+
+def test_a_package_the_project_imports_by_name_from_data_is_read_whole(tmp_path):
+    """CompVis latent diffusion's habit: the model class is named in a YAML config
+    (``target: ldm.models.diffusion.LatentDiffusion``) and imported with importlib by a helper
+    of the script's own package: the package's other modules are the project's too."""
+    files = {
+        "main.py": "from ldm.util import instantiate_from_config\nm = instantiate_from_config(c)\n",
+        "ldm/__init__.py": "",
+        "ldm/util.py": """\
+            import importlib
+            def instantiate_from_config(config):
+                module, cls = config["target"].rsplit(".", 1)
+                return getattr(importlib.import_module(module), cls)()
+            """,
+        "ldm/models/__init__.py": "",
+        "ldm/models/net.py": "import torch\nx = torch.zeros(1).cuda()\n",
+    }
+    _write(tmp_path / "dynamic", files)
+    keys = _keys(check_project(str(tmp_path / "dynamic" / "main.py")))
+    assert ("net.py", 2, "AIOS102", "error") in keys
+    files["ldm/util.py"] = "def instantiate_from_config(config):\n    return None\n"
+    _write(tmp_path / "static", files)  # nothing imported by name: only what is imported
+    assert not any(
+        k[0] == "net.py" for k in _keys(check_project(str(tmp_path / "static" / "main.py")))
+    )
+
+
 def test_a_cuda_device_a_caller_passes_into_the_scripts_function_is_named_at_the_call():
     by = _by(
         """\

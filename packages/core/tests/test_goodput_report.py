@@ -176,6 +176,25 @@ def _png_pixels(path: Path) -> tuple[int, int, list[bytes]]:
     return w, bpp, rows
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc (Linux)")
+def test_an_attempts_launch_time_is_its_process_start_on_the_wall_clock():
+    """Without the launcher's AIOS_RUN_LAUNCH_TIME, an attempt's launch is its process start:
+    on the wall clock within a clock tick, never before the process began (the boot time in
+    /proc/stat is whole seconds and drifts from the wall clock: a launch read from it came up to
+    a second early, before the end of the attempt it followed)."""
+    code = "from aios.runrecord.records import launch_time; print(repr(launch_time(0.0)))"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
+    tick = 1.0 / os.sysconf("SC_CLK_TCK")
+    for _ in range(3):
+        before = time.time()
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+        )
+        after = time.time()
+        launched = float(out.stdout)
+        assert before - tick - 0.002 <= launched <= after, (before, launched, after)
+
+
 def test_report_on_a_run_stopped_by_sigterm_and_resumed(tmp_path):
     t_begin = time.time()
     p = _run(tmp_path, TOTAL_STEPS="80")

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -144,3 +145,35 @@ def test_own_fully_shard_model_is_adopted_without_a_strategy_flag(
     assert "at step 2" not in text  # a fresh run
     saved = {p.name for p in ckpt.rglob("*") if p.is_file()}
     assert any(n.endswith(".distcp") for n in saved), saved  # sharded (DCP), not one full file
+
+
+@pytest.mark.parametrize(("kind", "nprocs"), [("2d", 4), ("tp", 2)])
+def test_a_model_parallelized_on_the_scripts_own_mesh_reads_the_data_its_mesh_implies(
+    tmp_path: Path, free_port, kind: str, nprocs: int
+) -> None:
+    """Tensor-parallel peers compute on one batch: a script that made its own mesh (dims named
+    its own way) gets aios's data split from that mesh, with no strategy flag. ``2d``: each
+    ``replicas`` group reads half of the epoch, both ranks of a group the same half, every
+    sample once; ``tp`` over every rank: all ranks read the whole epoch alike."""
+    out = tmp_path / "seen.json"
+    cmd = [
+        *AIOS_RUN, "--nprocs", str(nprocs), "--master-port", str(free_port()),
+        str(SCRIPTS / "own_mesh_data.py"), kind, str(out),
+    ]  # fmt: skip
+    p = _run(tmp_path, cmd, tmp_path)
+    text = p.stdout + p.stderr
+    assert p.returncode == 0, text
+    said = [ln for ln in text.splitlines() if "parallelized its model itself" in ln]
+    assert len(said) == 1, text
+    rows = json.loads(out.read_text())["rows"]
+    by_group: dict[int, list[list[int]]] = {}
+    for row in rows:
+        group = row["coord"][0] if kind == "2d" else 0
+        by_group.setdefault(group, []).append(row["seen"])
+        assert all(abs(v) < 1e6 for v in row["losses"]) and row["losses"], row
+    for seen in by_group.values():
+        assert all(s == seen[0] for s in seen), by_group  # one batch per tensor-parallel group
+    firsts = [sorted(seen[0]) for seen in by_group.values()]
+    everything = sorted(i for f in firsts for i in f)
+    assert everything == list(range(16)), firsts  # every sample once over the data groups
+    assert len(by_group) == (2 if kind == "2d" else 1)

@@ -208,16 +208,7 @@ def build_plan(
     if local and sw.placeholders:
         msg, fix = placeholder_message(sw)
         raise BackendUnavailable(msg, fix)
-    if local and sw.runtime():
-        rt_note = sw.runtime_label()
-    elif settings.runtime != "auto":
-        rt_note = f"{runtime} (neuron.runtime)"
-    else:
-        rt_note = (
-            f"{runtime} (planned for {facts.name if facts else 'this instance'}: {TRN1_PIN})"
-            if runtime == "xla"
-            else f"{runtime} (planned: TorchNeuron, device neuron, torch.compile(backend='neuron'))"
-        )
+    rt_note = _runtime_note(settings, sw, runtime, facts, local)
 
     spec = settings.visible_cores
     origin = "neuron.visible_cores"
@@ -236,22 +227,7 @@ def build_plan(
     world = nprocs * nnodes
     dp = check_parallel(settings.tp_degree, settings.pp_degree, nprocs, world)
 
-    env: dict[str, str] = {}
-    if runtime == "xla":
-        env["PJRT_DEVICE"] = "CPU" if sw.xla_cpu_stand_in and local else "NEURON"
-    flags = compiler_flags(settings, facts)
-    if flags:
-        env["NEURON_CC_FLAGS"] = " ".join(flags)
-    env["NEURON_COMPILE_CACHE_URL"] = settings.compile_cache
-    if settings.logical_nc_config or (facts is not None and facts.default_lnc != 1):
-        env["NEURON_LOGICAL_NC_CONFIG"] = str(topo.lnc)
-    if spec:
-        env["NEURON_RT_VISIBLE_CORES"] = format_core_list(cores)
-    sr = settings.stochastic_rounding
-    if sr is None and config.precision == "bf16-true":
-        sr = True
-    if sr is not None:
-        env["NEURON_RT_STOCHASTIC_ROUNDING_EN"] = "1" if sr else "0"
+    env = _worker_env(settings, config, runtime, stand_in, topo, cores if spec else None)
 
     notes = [
         f"runtime: {rt_note}",
@@ -260,62 +236,17 @@ def build_plan(
         f"parallelism: {world} workers = dp {dp} x tp {settings.tp_degree} x pp {settings.pp_degree}",
         *early_notes,
     ]
-    hosts = request.hosts
-    master = config.master_addr
-    if len(hosts) > 1:
-        master = hosts[0].internal_address or hosts[0].address
     if nnodes > 1:
-        env["NEURON_RT_ROOT_COMM_ID"] = f"{master}:{settings.root_comm_port}"
-        efa = settings.efa == "on" or (
-            settings.efa == "auto" and (facts is None or facts.efa_interfaces > 0)
-        )
-        if efa:
-            env.update(EFA_ENV)
-        elif facts is not None and facts.efa_interfaces == 0:
-            notes.append(
-                f"{facts.name} has no EFA: collectives between nodes go over TCP and will be slow"
-            )
-        if not settings.compile_cache.startswith("s3://"):
-            notes.append(
-                "compile cache is node-local: every node compiles its own graphs; "
-                "share one with neuron.compile_cache=s3://BUCKET/PREFIX"
-            )
+        _multi_node(settings, config, request, facts, env, notes)
     if settings.precompile and settings.precompile_retries is not None:
         env["NEURON_PARALLEL_COMPILE_MAX_RETRIES"] = str(settings.precompile_retries)
     env.update(settings.env)
 
     plan = elastic_plan("neuron", config, request, nprocs, env=env, python=python, notes=notes)
     if settings.precompile:
-        if runtime != "xla":
-            raise ConfigError(
-                "neuron.precompile runs neuron_parallel_compile, which extracts torch_xla "
-                "graphs; the native runtime compiles with torch.compile",
-                "set neuron.precompile=false (or use neuron.runtime=xla)",
-            )
-        for hp in plan.hosts:
-            hp.command = [PRECOMPILE_TOOL, *hp.command]
-        plan.notes.append(
-            f"precompile: {PRECOMPILE_TOOL} runs the script with NEURON_EXTRACT_GRAPHS_ONLY (outputs are not real), "
-            f"compiles every graph in parallel into {settings.compile_cache}; limit the run to ~10 steps, "
-            "then launch again without neuron.precompile to start warm"
-        )
+        _precompile(plan, settings, runtime)
     if not local and not request.accelerator:
-        # planned from neuron.instance_type on a machine without Neuron devices: meant for the
-        # instance; the guard makes running it here one clear error, and is transparent there
-        exe = python or sys.executable
-        for hp in plan.hosts:
-            hp.command = [
-                exe,
-                "-m",
-                "aios_backend_neuron.guard",
-                topo.instance_type or "trainium",
-                "--",
-                *hp.command,
-            ]
-        plan.notes.append(
-            "planned off-instance: the command starts with aios_backend_neuron.guard, which runs it only "
-            "where Neuron devices exist"
-        )
+        _guard_off_instance(plan, topo.instance_type, python)
     if sw.xla_cpu_stand_in and local:
         plan.notes.append(
             f"{XLA_CPU_ENV}=1: XLA:CPU stands in for NeuronCores (PJRT_DEVICE=CPU); for tests only"
@@ -323,6 +254,114 @@ def build_plan(
     if os.path.isfile(request.script):
         plan.notes.extend(script_notes(request.script, runtime))
     return plan
+
+
+def _runtime_note(settings: Any, sw: NeuronSoftware, runtime: str, facts: Any, local: bool) -> str:
+    """The plan's ``runtime:`` note: what runs the script, and where that was decided."""
+    if local and sw.runtime():
+        return sw.runtime_label()
+    if settings.runtime != "auto":
+        return f"{runtime} (neuron.runtime)"
+    if runtime == "xla":
+        return f"{runtime} (planned for {facts.name if facts else 'this instance'}: {TRN1_PIN})"
+    return f"{runtime} (planned: TorchNeuron, device neuron, torch.compile(backend='neuron'))"
+
+
+def _worker_env(
+    settings: Any,
+    config: AiosConfig,
+    runtime: str,
+    stand_in: bool,
+    topo: Any,
+    cores: list[int] | None,
+) -> dict[str, str]:
+    """The Neuron runtime's and compiler's variables for every worker (``cores``: the visible
+    cores the user asked for, else None)."""
+    env: dict[str, str] = {}
+    if runtime == "xla":
+        env["PJRT_DEVICE"] = "CPU" if stand_in else "NEURON"
+    flags = compiler_flags(settings, topo.facts)
+    if flags:
+        env["NEURON_CC_FLAGS"] = " ".join(flags)
+    env["NEURON_COMPILE_CACHE_URL"] = settings.compile_cache
+    if settings.logical_nc_config or (topo.facts is not None and topo.facts.default_lnc != 1):
+        env["NEURON_LOGICAL_NC_CONFIG"] = str(topo.lnc)
+    if cores is not None:
+        env["NEURON_RT_VISIBLE_CORES"] = format_core_list(cores)
+    sr = settings.stochastic_rounding
+    if sr is None and config.precision == "bf16-true":
+        sr = True
+    if sr is not None:
+        env["NEURON_RT_STOCHASTIC_ROUNDING_EN"] = "1" if sr else "0"
+    return env
+
+
+def _multi_node(
+    settings: Any,
+    config: AiosConfig,
+    request: LaunchRequest,
+    facts: Any,
+    env: dict[str, str],
+    notes: list[str],
+) -> None:
+    """Several nodes: the collectives' root, EFA (or the note that there is none), and the note
+    for a node-local compile cache."""
+    hosts = request.hosts
+    master = config.master_addr
+    if len(hosts) > 1:
+        master = hosts[0].internal_address or hosts[0].address
+    env["NEURON_RT_ROOT_COMM_ID"] = f"{master}:{settings.root_comm_port}"
+    efa = settings.efa == "on" or (
+        settings.efa == "auto" and (facts is None or facts.efa_interfaces > 0)
+    )
+    if efa:
+        env.update(EFA_ENV)
+    elif facts is not None and facts.efa_interfaces == 0:
+        notes.append(
+            f"{facts.name} has no EFA: collectives between nodes go over TCP and will be slow"
+        )
+    if not settings.compile_cache.startswith("s3://"):
+        notes.append(
+            "compile cache is node-local: every node compiles its own graphs; "
+            "share one with neuron.compile_cache=s3://BUCKET/PREFIX"
+        )
+
+
+def _precompile(plan: LaunchPlan, settings: Any, runtime: str) -> None:
+    """``neuron.precompile``: every host's command under neuron_parallel_compile (torch_xla
+    graphs only)."""
+    if runtime != "xla":
+        raise ConfigError(
+            "neuron.precompile runs neuron_parallel_compile, which extracts torch_xla "
+            "graphs; the native runtime compiles with torch.compile",
+            "set neuron.precompile=false (or use neuron.runtime=xla)",
+        )
+    for hp in plan.hosts:
+        hp.command = [PRECOMPILE_TOOL, *hp.command]
+    plan.notes.append(
+        f"precompile: {PRECOMPILE_TOOL} runs the script with NEURON_EXTRACT_GRAPHS_ONLY (outputs are not real), "
+        f"compiles every graph in parallel into {settings.compile_cache}; limit the run to ~10 steps, "
+        "then launch again without neuron.precompile to start warm"
+    )
+
+
+def _guard_off_instance(plan: LaunchPlan, instance_type: str | None, python: str | None) -> None:
+    """Planned from neuron.instance_type on a machine without Neuron devices: meant for the
+    instance; the guard makes running it here one clear error, and is transparent there."""
+    exe = python or sys.executable
+    for hp in plan.hosts:
+        hp.command = [
+            exe,
+            "-m",
+            "aios_backend_neuron.guard",
+            instance_type or "trainium",
+            "--",
+            *hp.command,
+        ]
+    plan.notes.append(
+        "planned off-instance: the command starts with aios_backend_neuron.guard, which runs it only "
+        "where Neuron devices exist"
+    )
 
 
 def script_notes(script: str, runtime: str) -> list[str]:

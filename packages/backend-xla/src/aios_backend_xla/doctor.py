@@ -353,18 +353,12 @@ def tpu_checks(
 ) -> list[DoctorCheck]:
     """``aios doctor`` for ``--backend tpu`` (TorchTPU). Metadata, find_spec and sysfs only: no
     torch, torch_tpu or libtpu import in this process, no metadata-server stall."""
-    from aios_backend_xla.discovery import discover, on_gce
-    from aios_backend_xla.tpu import (
-        AUTOLOAD_ENV,
-        INSTALL,
-        SKIP_MDS_ENV,
-        runtime_setting,
-        torch_tpu_installed,
-    )
+    from aios_backend_xla.discovery import discover
+    from aios_backend_xla.tpu import runtime_setting
 
     env = dict(os.environ) if environ is None else environ
-    out: list[DoctorCheck] = []
     rt = runtime_setting(config, env)
+    out: list[DoctorCheck] = []
     if rt == "torch_xla":
         out.append(
             DoctorCheck(
@@ -375,13 +369,29 @@ def tpu_checks(
                 backend=T,
             )
         )
+    installed = _tpu_install_checks(rt, deep, env, versions)
+    out += installed
+    if installed[0].status != "pass":  # no torch_tpu: nothing more to check
+        return out
+    out += _tpu_device_checks(discover(environ=env) if facts is None else facts, deep, env)
+    out += _tpu_cache_check(config)
+    return out
+
+
+def _tpu_install_checks(
+    rt: str, deep: bool, env: dict[str, str], versions: dict[str, str | None] | None
+) -> list[DoctorCheck]:
+    """torch_tpu and libtpu installed, their version set, TorchTPU's autoload switch; the
+    first check is torch_tpu's."""
+    from aios_backend_xla.tpu import AUTOLOAD_ENV, INSTALL, torch_tpu_installed
+
     have = (
         (versions or {}).get("torch_tpu")
         if versions and "torch_tpu" in versions
         else (_ver("torch_tpu") if torch_tpu_installed() else None)
     )
     if not have:
-        out.append(
+        return [
             DoctorCheck(
                 "torch_tpu installed",
                 "fail" if deep or rt == "torch_tpu" else "warn",
@@ -389,9 +399,8 @@ def tpu_checks(
                 INSTALL,
                 backend=T,
             )
-        )
-        return out
-    out.append(DoctorCheck("torch_tpu installed", "pass", f"torch_tpu {have}", backend=T))
+        ]
+    out = [DoctorCheck("torch_tpu installed", "pass", f"torch_tpu {have}", backend=T)]
     lib = (
         (versions or {}).get("libtpu")
         if versions and "libtpu" in versions
@@ -418,7 +427,15 @@ def tpu_checks(
                 backend=T,
             )
         )
-    facts = discover(environ=env) if facts is None else facts
+    return out
+
+
+def _tpu_device_checks(facts: Any, deep: bool, env: dict[str, str]) -> list[DoctorCheck]:
+    """The TPU on this machine, its device files, and the metadata server libtpu waits on."""
+    from aios_backend_xla.discovery import on_gce
+    from aios_backend_xla.tpu import SKIP_MDS_ENV
+
+    out: list[DoctorCheck] = []
     if facts.present:
         out.append(
             DoctorCheck(
@@ -458,20 +475,25 @@ def tpu_checks(
                 backend=T,
             )
         )
+    return out
+
+
+def _tpu_cache_check(config: Any) -> list[DoctorCheck]:
+    """TorchTPU's compilation cache folder, when one is set, is writable."""
     from aios_backend_xla.settings import settings_of
 
     d = settings_of(config).tpu_compile_cache_dir
-    if d:
-        d = os.path.expanduser(d)
-        parent = d if os.path.isdir(d) else os.path.dirname(d.rstrip("/")) or "."
-        ok = os.access(parent, os.W_OK) if os.path.exists(parent) else True
-        out.append(
-            DoctorCheck(
-                "compile cache",
-                "pass" if ok else "fail",
-                f"TorchTPU compilation caches under {d}",
-                "" if ok else "set xla.tpu_compile_cache_dir to a writable directory",
-                backend=T,
-            )
+    if not d:
+        return []
+    d = os.path.expanduser(d)
+    parent = d if os.path.isdir(d) else os.path.dirname(d.rstrip("/")) or "."
+    ok = os.access(parent, os.W_OK) if os.path.exists(parent) else True
+    return [
+        DoctorCheck(
+            "compile cache",
+            "pass" if ok else "fail",
+            f"TorchTPU compilation caches under {d}",
+            "" if ok else "set xla.tpu_compile_cache_dir to a writable directory",
+            backend=T,
         )
-    return out
+    ]

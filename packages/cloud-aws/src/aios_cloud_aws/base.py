@@ -24,10 +24,8 @@ from aios_cloud.features import (
     SSH_LOGIN,
     ZONE,
 )
-from aios_cloud.provider import (
-    CloudError,
-    CloudProvider,
-)
+from aios_cloud.provider.base import CloudProvider
+from aios_cloud.provider.errors import CloudError
 
 from aios_cloud_aws.ec2params import (
     TAG_CLUSTER,

@@ -6,11 +6,8 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from aios_cloud.provider import (
-    CloudCommand,
-    CloudError,
-    ClusterRequest,
-)
+from aios_cloud.provider.data import CloudCommand, ClusterRequest
+from aios_cloud.provider.errors import CloudError
 
 from aios_cloud_aws import catalog as cat
 from aios_cloud_aws.base import _json
@@ -250,7 +247,7 @@ class AwsDryRun(AwsIam):
         return cmds
 
     def _render_network(self, request: ClusterRequest, plan: dict[str, Any]) -> list[CloudCommand]:
-        """The key pair, security group, placement group and Elastic IPs."""
+        """The key pair and the security group, then :meth:`_render_placement`."""
         region, name = plan["region"], request.name
         cmds: list[CloudCommand] = []
         if not self.settings.key_name:
@@ -324,6 +321,15 @@ class AwsDryRun(AwsIam):
                     "all traffic to the hosts themselves: EFA needs it both ways",
                 )
             )
+        return cmds + self._render_placement(request, plan)
+
+    def _render_placement(
+        self, request: ClusterRequest, plan: dict[str, Any]
+    ) -> list[CloudCommand]:
+        """The Capacity Block's dates, the reservation's placement group, the cluster placement
+        group and the Elastic IPs."""
+        region, name = plan["region"], request.name
+        cmds: list[CloudCommand] = []
         block_kind, _, block_id = (request.extra.get("reservation") or "").rpartition(":")
         if block_kind == "block":
             margin = self.settings.capacity_block_margin

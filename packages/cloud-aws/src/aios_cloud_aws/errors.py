@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from aios_cloud.provider import CapacityError, CloudError, CredentialsError, QuotaError
+from aios_cloud.provider.errors import CapacityError, CloudError, CredentialsError, QuotaError
 
 
 class UnknownInstanceType(CloudError):

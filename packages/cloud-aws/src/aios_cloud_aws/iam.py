@@ -8,10 +8,8 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from aios_cloud.provider import (
-    CloudError,
-    ClusterRequest,
-)
+from aios_cloud.provider.data import ClusterRequest
+from aios_cloud.provider.errors import CloudError
 
 from aios_cloud_aws.base import NOT_FOUND_RETRIES, _doc
 from aios_cloud_aws.ec2params import (

@@ -10,7 +10,9 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
-from aios_cloud.provider import (
+from aios_cloud.provider.data import ClusterHost, ClusterInfo, ClusterRequest
+from aios_cloud.provider.errors import CloudError, NotOfferedError
+from aios_cloud.provider.states import (
     FAILED,
     HEALTHY,
     PENDING,
@@ -22,11 +24,6 @@ from aios_cloud.provider import (
     TERMINATED,
     UNHEALTHY,
     UNKNOWN,
-    CloudError,
-    ClusterHost,
-    ClusterInfo,
-    ClusterRequest,
-    NotOfferedError,
 )
 
 from aios_cloud_aws import catalog as cat
@@ -75,38 +72,7 @@ class AwsInstances(AwsDryRun):
                 f"cluster {request.name} already has instances in {region}",
                 f"use it, or `aios down {request.name}` first",
             )
-        rid = (request.extra.get("reservation") or "").rpartition(":")[2]
-        cr_group = None
-        block_end: float | None = None
-        if rid:
-            crs = self._call(ec2, "DescribeCapacityReservations", CapacityReservationIds=[rid]).get(
-                "CapacityReservations", []
-            )
-            cr = crs[0] if crs else {}
-            if cr.get("AvailabilityZone") != zone:
-                raise NotOfferedError(
-                    f"capacity reservation {rid} is in {cr.get('AvailabilityZone')}, not {zone}",
-                    f"pass --zone {cr.get('AvailabilityZone')}",
-                )
-            if cr.get("InstanceType") != itype.name:
-                raise CloudError(
-                    f"capacity reservation {rid} is for {cr.get('InstanceType')}, not {itype.name}",
-                    f"pass -a {cr.get('InstanceType')}",
-                )
-            if (cr.get("ReservationType") == "capacity-block") != request.extra[
-                "reservation"
-            ].startswith("block:"):
-                want = "block:" + rid if cr.get("ReservationType") == "capacity-block" else rid
-                raise CloudError(
-                    f"capacity reservation {rid} is a {cr.get('ReservationType') or 'default'} reservation",
-                    f"pass --reservation {want}",
-                )
-            if cr.get("PlacementGroupArn"):
-                cr_group = cr["PlacementGroupArn"].rsplit("/", 1)[-1]
-            if cr.get("ReservationType") == "capacity-block":
-                cr = self._active_block(ec2, rid, cr, request)
-                block_end = _epoch(cr.get("EndDate"))
-                self._say_block_fee(request)
+        cr_group, block_end = self._reservation(ec2, request, zone, itype)
         try:
             ami, source = self.resolve_ami(itype, region, request.image)
             self.log(f"{request.name}: AMI {ami} ({source})")
@@ -184,6 +150,45 @@ class AwsInstances(AwsDryRun):
             except Exception as cleanup_exc:  # noqa: BLE001 - report the original error
                 self.log(f"{request.name}: cleanup failed: {_first_line(cleanup_exc)}")
             raise
+
+    def _reservation(
+        self, ec2: Any, request: ClusterRequest, zone: str, itype: Any
+    ) -> tuple[str | None, float | None]:
+        """``--reservation`` checked against the zone and the instance type: the placement group
+        the reservation was made in, and a Capacity Block's end (epoch seconds)."""
+        rid = (request.extra.get("reservation") or "").rpartition(":")[2]
+        cr_group = None
+        block_end: float | None = None
+        if rid:
+            crs = self._call(ec2, "DescribeCapacityReservations", CapacityReservationIds=[rid]).get(
+                "CapacityReservations", []
+            )
+            cr = crs[0] if crs else {}
+            if cr.get("AvailabilityZone") != zone:
+                raise NotOfferedError(
+                    f"capacity reservation {rid} is in {cr.get('AvailabilityZone')}, not {zone}",
+                    f"pass --zone {cr.get('AvailabilityZone')}",
+                )
+            if cr.get("InstanceType") != itype.name:
+                raise CloudError(
+                    f"capacity reservation {rid} is for {cr.get('InstanceType')}, not {itype.name}",
+                    f"pass -a {cr.get('InstanceType')}",
+                )
+            if (cr.get("ReservationType") == "capacity-block") != request.extra[
+                "reservation"
+            ].startswith("block:"):
+                want = "block:" + rid if cr.get("ReservationType") == "capacity-block" else rid
+                raise CloudError(
+                    f"capacity reservation {rid} is a {cr.get('ReservationType') or 'default'} reservation",
+                    f"pass --reservation {want}",
+                )
+            if cr.get("PlacementGroupArn"):
+                cr_group = cr["PlacementGroupArn"].rsplit("/", 1)[-1]
+            if cr.get("ReservationType") == "capacity-block":
+                cr = self._active_block(ec2, rid, cr, request)
+                block_end = _epoch(cr.get("EndDate"))
+                self._say_block_fee(request)
+        return cr_group, block_end
 
     def _active_block(
         self, ec2: Any, rid: str, cr: dict[str, Any], request: ClusterRequest
@@ -263,7 +268,7 @@ class AwsInstances(AwsDryRun):
             if target == "running" and states & {"shutting-down", "terminated"}:
                 reasons = {i.get("StateReason", {}).get("Code", "") for i in insts}
                 if reasons & SPOT_TERMINATION_CODES or any("Spot" in r for r in reasons):
-                    from aios_cloud.provider import CapacityError
+                    from aios_cloud.provider.errors import CapacityError
 
                     raise CapacityError(
                         "spot capacity was reclaimed while the instances booted",
@@ -418,7 +423,7 @@ class AwsInstances(AwsDryRun):
 
     # ------------------------------------------------------------------ start / stop / delete
     def _ids(self, ec2: Any, name: str) -> builtins.list[str]:
-        from aios_cloud.provider import ClusterNotFound
+        from aios_cloud.provider.errors import ClusterNotFound
 
         insts = self._instances(ec2, name)
         if not insts:

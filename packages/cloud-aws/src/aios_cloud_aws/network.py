@@ -6,10 +6,8 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from aios_cloud.provider import (
-    CloudError,
-    ClusterRequest,
-)
+from aios_cloud.provider.data import ClusterRequest
+from aios_cloud.provider.errors import CloudError
 
 from aios_cloud_aws.base import ElasticIpQuotaError, _ignore_missing, _json
 from aios_cloud_aws.ec2params import (

@@ -6,12 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from aios_cloud.provider import (
-    CatalogEntry,
-    CloudError,
-    ClusterRequest,
-    ReservedPrice,
-)
+from aios_cloud.provider.data import CatalogEntry, ClusterRequest, ReservedPrice
+from aios_cloud.provider.errors import CloudError
 
 from aios_cloud_aws import catalog as cat
 from aios_cloud_aws.base import AwsBase

@@ -22,12 +22,9 @@ from __future__ import annotations
 from typing import Any
 
 from aios.launcher.contract import CLOUD_ENV
-from aios_cloud.provider import (
-    CloudError,
-    ClusterInfo,
-    FailureKind,
-    check_requirements,
-)
+from aios_cloud.provider.data import ClusterInfo
+from aios_cloud.provider.errors import CloudError, FailureKind
+from aios_cloud.provider.requirements import check_requirements
 
 from aios_cloud_aws import catalog as cat
 from aios_cloud_aws.base import (  # noqa: F401  (their old home)

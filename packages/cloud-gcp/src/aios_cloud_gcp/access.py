@@ -7,10 +7,8 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from aios_cloud.provider import (
-    CloudError,
-    ClusterRequest,
-)
+from aios_cloud.provider.data import ClusterRequest
+from aios_cloud.provider.errors import CloudError
 
 from aios_cloud_gcp.base import (
     AGENT_PERMISSIONS,

@@ -29,7 +29,16 @@ from aios_cloud.features import (
     SSH_LOGIN,
     ZONE,
 )
-from aios_cloud.provider import (
+from aios_cloud.provider.base import CloudProvider
+from aios_cloud.provider.errors import (
+    CapacityError,
+    CloudError,
+    CredentialsError,
+    FailureKind,
+    NotOfferedError,
+    QuotaError,
+)
+from aios_cloud.provider.states import (
     DELETING,
     PENDING,
     PREEMPTED,
@@ -38,13 +47,6 @@ from aios_cloud.provider import (
     STOPPED,
     STOPPING,
     TERMINATED,
-    CapacityError,
-    CloudError,
-    CloudProvider,
-    CredentialsError,
-    FailureKind,
-    NotOfferedError,
-    QuotaError,
 )
 
 from aios_cloud_gcp.settings import GcpSettings

@@ -11,7 +11,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from aios_cloud.provider import CatalogEntry
+from aios_cloud.provider.data import CatalogEntry
 
 # USD per chip-hour: (on demand, spot). TPU7x has no price here: none was published in a source
 # aios could check (set gcp.prices.tpu7x=[ON_DEMAND, SPOT] to have aios cost/plan use yours).

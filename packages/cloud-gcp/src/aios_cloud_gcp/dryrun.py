@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from aios_cloud.provider import (
-    CloudCommand,
-    ClusterRequest,
-)
+from aios_cloud.provider.data import CloudCommand, ClusterRequest
 
 from aios_cloud_gcp.access import GcpAccess
 

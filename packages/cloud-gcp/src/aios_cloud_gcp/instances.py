@@ -8,7 +8,9 @@ import time
 from typing import Any
 
 from aios.errors import AiosError
-from aios_cloud.provider import (
+from aios_cloud.provider.data import ClusterHost, ClusterInfo, ClusterRequest
+from aios_cloud.provider.errors import CapacityError, CloudError
+from aios_cloud.provider.states import (
     FAILED,
     HEALTHY,
     MAINTENANCE,
@@ -16,11 +18,6 @@ from aios_cloud.provider import (
     READY,
     UNHEALTHY,
     UNKNOWN,
-    CapacityError,
-    CloudError,
-    ClusterHost,
-    ClusterInfo,
-    ClusterRequest,
 )
 
 from aios_cloud_gcp.base import (

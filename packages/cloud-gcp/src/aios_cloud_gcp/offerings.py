@@ -10,11 +10,8 @@ from dataclasses import replace
 from typing import Any
 
 from aios.errors import AiosError
-from aios_cloud.provider import (
-    CatalogEntry,
-    CloudError,
-    ClusterRequest,
-)
+from aios_cloud.provider.data import CatalogEntry, ClusterRequest
+from aios_cloud.provider.errors import CloudError
 
 from aios_cloud_gcp import catalog as _catalog
 from aios_cloud_gcp.base import (

@@ -25,10 +25,8 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from aios_cloud.provider import (
-    ClusterInfo,
-    check_requirements,
-)
+from aios_cloud.provider.data import ClusterInfo
+from aios_cloud.provider.requirements import check_requirements
 
 from aios_cloud_gcp.base import (  # noqa: F401  (their old home)
     LIBTPU_INDEXES,

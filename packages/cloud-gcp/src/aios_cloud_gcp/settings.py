@@ -79,7 +79,7 @@ class GcpSettings(Section):
     @field_validator("aios_requirements")
     @classmethod
     def _no_registry_aios(cls, v: list[str]) -> list[str]:
-        from aios_cloud.provider import registry_aios
+        from aios_cloud.provider.requirements import registry_aios
 
         bad = [r for r in v if registry_aios(r)]
         if bad:

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from aios.errors import AiosError
-from aios_cloud.provider import CloudError, ClusterInfo
+from aios_cloud.provider.data import ClusterInfo
+from aios_cloud.provider.errors import CloudError
 from aios_cloud.request import LaunchRequest
 
 from aios_cloud_slurm.states import FINAL_STATES, NAME_RE, default_name, gres_gpus

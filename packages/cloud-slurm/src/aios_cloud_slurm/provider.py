@@ -22,13 +22,9 @@ from collections.abc import Callable
 from typing import Any
 
 from aios_cloud.features import COST_LIMIT, SETUP, SSH_LOGIN, ZONE
-from aios_cloud.provider import (
-    CatalogEntry,
-    CloudCommand,
-    CloudError,
-    ClusterInfo,
-    SchedulerProvider,
-)
+from aios_cloud.provider.data import CatalogEntry, CloudCommand, ClusterInfo
+from aios_cloud.provider.errors import CloudError
+from aios_cloud.provider.scheduler import SchedulerProvider
 from aios_cloud.request import LaunchRequest
 from aios_cloud.store import ClusterRecord, JobRecord, Store
 

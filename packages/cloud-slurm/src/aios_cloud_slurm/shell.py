@@ -7,7 +7,7 @@ import shlex
 import subprocess
 from dataclasses import dataclass, field
 
-from aios_cloud.provider import CloudError
+from aios_cloud.provider.errors import CloudError
 
 
 @dataclass

@@ -36,10 +36,15 @@ from typing import Any
 
 from aios.errors import AiosError
 
-from aios_cloud.provider import CloudError, CloudProvider, ClusterHost
+from aios_cloud.bundle import SITE, build
+from aios_cloud.codesync import make_tarball
+from aios_cloud.provider.base import CloudProvider
+from aios_cloud.provider.data import ClusterHost
+from aios_cloud.provider.errors import CloudError
 from aios_cloud.request import split_target
+from aios_cloud.shapes import SHAPE, SHAPE_END
 from aios_cloud.ssh import SshRunner
-from aios_cloud.store import JOB_RUNNING, ClusterRecord, Store, cluster_dir
+from aios_cloud.store import JOB_RUNNING, ClusterRecord, JobRecord, Store, cluster_dir
 
 Log = Callable[[str], None]
 
@@ -74,8 +79,6 @@ def start_controller(
 ) -> dict[str, Any]:
     """Ship the job to the controller host and start its recovery loop there. Returns the
     controller record (also stored as the job's ``controller`` event)."""
-    from aios_cloud.codesync import make_tarball
-
     host = parse_target(target, rec.ssh_user or "aios")
     runner = _runner(rec.name, host, key)
     r = runner.run_one(host, 'echo "$HOME"', stream=False, timeout=60)
@@ -96,72 +99,13 @@ def start_controller(
         )
     with tempfile.TemporaryDirectory(prefix="aios-ctl-") as tmp:
         stage = Path(tmp) / "ctl"
-        keys = stage / "home" / "keys"
-        keys.mkdir(parents=True)
-        shutil.copyfile(key, keys / "aios_ed25519")
-        os.chmod(keys / "aios_ed25519", 0o600)
-        if Path(key + ".pub").is_file():
-            shutil.copyfile(key + ".pub", keys / "aios_ed25519.pub")
-        kh = cluster_dir(rec.name) / "known_hosts"
-        (stage / "home" / "clusters" / rec.name).mkdir(parents=True)
-        if kh.is_file():
-            shutil.copyfile(kh, stage / "home" / "clusters" / rec.name / "known_hosts")
-        # the code a recreated cluster is re-synced from
-        tar = make_tarball(
-            spec.workdir, Path(tmp) / "work.tar.gz", spec.excludes, spec.max_sync_mb * 2**20
-        )
-        (stage / "work").mkdir()
-        with tarfile.open(tar.path) as t:
-            t.extractall(stage / "work", filter="data")
-        # this aios and its plugins
-        from aios_cloud.bundle import SITE, build
-
-        b = build(spec.backend, rec.cloud)
-        for src, arc in b.files:
-            dst = stage / "site" / Path(arc).relative_to(SITE)
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, dst)
-        for arc, text in b.generated.items():
-            dst = stage / "site" / Path(arc).relative_to(SITE)
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            dst.write_text(text)
+        _stage_keys(stage, rec.name, key)
+        _stage_code(stage, Path(tmp), spec, rec.cloud)
         (stage / "config.json").write_text(
             json.dumps({rec.cloud: provider.agent_settings() | provider.controller_settings()})
         )
-        # the controller reads the job's checkpoint directory (the newest step at each end and
-        # recovery) the way the job does: with the job's `--env` values (a storage endpoint, a
-        # project) and forwarded variables (credentials). aios's own settings stay the job's.
-        # Without them a bucket read went to the public endpoint and stalled each recovery for
-        # a minute of the storage client's retries.
-        forwarded = {k: v for k, v in spec.env.items() if not k.startswith("AIOS_")}
-        forwarded |= {n: os.environ[n] for n in spec.forward_env if n in os.environ}
-        env_path = stage / "controller.env"
-        fd = os.open(env_path, os.O_WRONLY | os.O_CREAT, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write("".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(forwarded.items())))
-        # its own state database: the cluster and the job, pointing at the controller's paths
-        db = Store(stage / "home" / "state.db")
-        try:
-            db.claim_cluster(dataclasses.replace(rec, ssh_key=f"{ctl}/home/keys/aios_ed25519"))
-            remote_spec = {**spec.to_dict(), "workdir": f"{ctl}/work"}
-            rid = db.add_job(
-                rec.name,
-                job.command,
-                backend=job.backend,
-                managed=job.managed,
-                max_restarts=job.max_restarts,
-                checkpoint_dir=job.checkpoint_dir,
-                spec=remote_spec,
-            )
-            db.update_job(rid, state=JOB_RUNNING)
-            # the shape the job started on: the controller ends it and records the next ones
-            from aios_cloud.shapes import SHAPE, SHAPE_END
-
-            for e in store.events(rec.name):
-                if e.job_id == job_id and e.kind in (SHAPE, SHAPE_END):
-                    db.event(rec.name, e.kind, e.message, rid)
-        finally:
-            db.close()
+        _stage_env(stage, spec)
+        rid = _stage_store(stage, store, rec, job, spec, ctl)
         bundle = Path(tmp) / "ctl.tar.gz"
         with tarfile.open(bundle, "w:gz") as t:
             t.add(stage, arcname=".")
@@ -203,6 +147,84 @@ def start_controller(
         f"managed job {job_id} is watched by a controller on {target} (pid {pid}, {ctl}); this machine may go away"
     )
     return info
+
+
+def _stage_keys(stage: Path, name: str, key: str) -> None:
+    """The aios key and the cluster's pinned host keys, for the controller to reach the hosts."""
+    keys = stage / "home" / "keys"
+    keys.mkdir(parents=True)
+    shutil.copyfile(key, keys / "aios_ed25519")
+    os.chmod(keys / "aios_ed25519", 0o600)
+    if Path(key + ".pub").is_file():
+        shutil.copyfile(key + ".pub", keys / "aios_ed25519.pub")
+    kh = cluster_dir(name) / "known_hosts"
+    (stage / "home" / "clusters" / name).mkdir(parents=True)
+    if kh.is_file():
+        shutil.copyfile(kh, stage / "home" / "clusters" / name / "known_hosts")
+
+
+def _stage_code(stage: Path, tmp: Path, spec: Any, cloud: str) -> None:
+    """The job's code (a recreated cluster is re-synced from it), and this aios with its
+    plugins."""
+    # the code a recreated cluster is re-synced from
+    tar = make_tarball(spec.workdir, tmp / "work.tar.gz", spec.excludes, spec.max_sync_mb * 2**20)
+    (stage / "work").mkdir()
+    with tarfile.open(tar.path) as t:
+        t.extractall(stage / "work", filter="data")
+    # this aios and its plugins
+    b = build(spec.backend, cloud)
+    for src, arc in b.files:
+        dst = stage / "site" / Path(arc).relative_to(SITE)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dst)
+    for arc, text in b.generated.items():
+        dst = stage / "site" / Path(arc).relative_to(SITE)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_text(text)
+
+
+def _stage_env(stage: Path, spec: Any) -> None:
+    """``controller.env``: the job's ``--env`` values and forwarded variables, for the
+    controller's reads of the checkpoint directory."""
+    # the controller reads the job's checkpoint directory (the newest step at each end and
+    # recovery) the way the job does: with the job's `--env` values (a storage endpoint, a
+    # project) and forwarded variables (credentials). aios's own settings stay the job's.
+    # Without them a bucket read went to the public endpoint and stalled each recovery for
+    # a minute of the storage client's retries.
+    forwarded = {k: v for k, v in spec.env.items() if not k.startswith("AIOS_")}
+    forwarded |= {n: os.environ[n] for n in spec.forward_env if n in os.environ}
+    env_path = stage / "controller.env"
+    fd = os.open(env_path, os.O_WRONLY | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write("".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(forwarded.items())))
+
+
+def _stage_store(
+    stage: Path, store: Store, rec: ClusterRecord, job: JobRecord, spec: Any, ctl: str
+) -> int:
+    """The controller's own state database: the cluster and the job, pointing at the
+    controller's paths. Returns the job's id there."""
+    db = Store(stage / "home" / "state.db")
+    try:
+        db.claim_cluster(dataclasses.replace(rec, ssh_key=f"{ctl}/home/keys/aios_ed25519"))
+        remote_spec = {**spec.to_dict(), "workdir": f"{ctl}/work"}
+        rid = db.add_job(
+            rec.name,
+            job.command,
+            backend=job.backend,
+            managed=job.managed,
+            max_restarts=job.max_restarts,
+            checkpoint_dir=job.checkpoint_dir,
+            spec=remote_spec,
+        )
+        db.update_job(rid, state=JOB_RUNNING)
+        # the shape the job started on: the controller ends it and records the next ones
+        for e in store.events(rec.name):
+            if e.job_id == job.id and e.kind in (SHAPE, SHAPE_END):
+                db.event(rec.name, e.kind, e.message, rid)
+    finally:
+        db.close()
+    return rid
 
 
 def controller_of(store: Store, name: str) -> dict[str, Any] | None:

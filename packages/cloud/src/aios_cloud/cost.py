@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from aios.errors import AiosError
 
-from aios_cloud.provider import CatalogEntry
+from aios_cloud.provider.data import CatalogEntry
 
 # Fraction of the bf16 peak a precision gets (fp32 matmuls run as multi-pass bf16 on TPU and
 # without tensor cores on most GPUs). Deliberately conservative.

@@ -13,7 +13,7 @@ from aios.config.schema import redact
 from aios_cloud.codesync import collect, data_line, secret_files
 from aios_cloud.head import HELPER_PYTHON
 from aios_cloud.jobs import host_commands, shell_word
-from aios_cloud.provider import CloudProvider, Echo, LaunchPlan
+from aios_cloud.provider.base import CloudProvider, Echo, LaunchPlan
 from aios_cloud.records import (
     dry_run_lines,
     placeholder_hosts,

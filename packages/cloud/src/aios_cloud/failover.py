@@ -14,12 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from aios_cloud.provider import (
+from aios_cloud.provider.base import CloudProvider
+from aios_cloud.provider.data import ClusterInfo, ClusterRequest
+from aios_cloud.provider.errors import (
     CapacityError,
     CloudError,
-    CloudProvider,
-    ClusterInfo,
-    ClusterRequest,
     CredentialsError,
     NotOfferedError,
     QuotaError,

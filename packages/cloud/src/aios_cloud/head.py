@@ -14,9 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from aios_cloud.provider import (
-    ClusterHost,
-)
+from aios_cloud.provider.data import ClusterHost
 from aios_cloud.records import Log, cluster_key, record_hosts, remote_root, runner_for
 from aios_cloud.ssh import (
     HostResult,

@@ -15,12 +15,9 @@ from aios.errors import AiosError
 
 from aios_cloud.failover import create_with_failover, zone_order
 from aios_cloud.jobs import shell_word
-from aios_cloud.provider import (
-    STOPPED,
-    CloudProvider,
-    ClusterRequest,
-    Provider,
-)
+from aios_cloud.provider.base import CloudProvider, Provider
+from aios_cloud.provider.data import ClusterRequest
+from aios_cloud.provider.states import STOPPED
 from aios_cloud.records import Log, record_hosts, remote_root, request_dict, runner_for, save_hosts
 from aios_cloud.ssh import (
     SshRunner,

@@ -12,37 +12,50 @@ from typing import Any
 from aios.plugins.hookspecs import hookimpl
 from aios.types import CloudSpec, CommandSpec
 
-CLI = "aios_cloud.cli"
-
-# name -> (attribute in aios_cloud.cli, one-line help)
+# name -> (module:attribute, one-line help): one module of aios_cloud.cli per command group
 COMMANDS: dict[str, tuple[str, str]] = {
-    "launch": ("launch", "Provision cloud machines and run a script on them."),
-    "status": ("status", "Clusters and jobs with their state and recoveries."),
-    "exec": ("exec_", "Run a command on every host of a cluster."),
-    "logs": ("logs", "Show a cluster's job logs."),
-    "ssh": ("ssh", "Open a shell on one host of a cluster."),
-    "sync": ("sync", "Copy files between local paths, clusters and buckets."),
-    "stop": ("stop", "Stop a cluster (keeps its disks)."),
-    "start": ("start", "Start a stopped cluster."),
-    "cancel": ("cancel", "Cancel a cluster's running job (scancel on Slurm)."),
-    "down": ("down", "Delete a cluster and everything aios created for it."),
+    "launch": (
+        "aios_cloud.cli.launch:launch",
+        "Provision cloud machines and run a script on them.",
+    ),
+    "status": (
+        "aios_cloud.cli.status:status",
+        "Clusters and jobs with their state and recoveries.",
+    ),
+    "exec": ("aios_cloud.cli.remote:exec_", "Run a command on every host of a cluster."),
+    "logs": ("aios_cloud.cli.remote:logs", "Show a cluster's job logs."),
+    "ssh": ("aios_cloud.cli.remote:ssh", "Open a shell on one host of a cluster."),
+    "sync": ("aios_cloud.cli.sync:sync", "Copy files between local paths, clusters and buckets."),
+    "stop": ("aios_cloud.cli.lifecycle:stop", "Stop a cluster (keeps its disks)."),
+    "start": ("aios_cloud.cli.lifecycle:start", "Start a stopped cluster."),
+    "cancel": (
+        "aios_cloud.cli.lifecycle:cancel",
+        "Cancel a cluster's running job (scancel on Slurm).",
+    ),
+    "down": (
+        "aios_cloud.cli.lifecycle:down",
+        "Delete a cluster and everything aios created for it.",
+    ),
     "autostop": (
-        "autostop",
+        "aios_cloud.cli.lifecycle:autostop",
         "Stop or delete a cluster when it has been idle (agent on the cluster).",
     ),
-    "catalog": ("catalog", "Accelerators offered by the installed clouds, with prices."),
-    "cost": ("cost", "Estimate or rank the cost of a run across clouds."),
+    "catalog": (
+        "aios_cloud.cli.prices:catalog",
+        "Accelerators offered by the installed clouds, with prices.",
+    ),
+    "cost": ("aios_cloud.cli.prices:cost", "Estimate or rank the cost of a run across clouds."),
 }
 
 
 @hookimpl
 def aios_register_commands(register: Any) -> None:
-    for name, (attr, help_) in COMMANDS.items():
-        register(CommandSpec(name=name, target=f"{CLI}:{attr}", help=help_))
+    for name, (target, help_) in COMMANDS.items():
+        register(CommandSpec(name=name, target=target, help=help_))
 
 
 def _ssh_factory(config: Any = None) -> Any:
-    from aios_cloud.sshhosts import SshHostsProvider
+    from aios_cloud.sshhosts.provider import SshHostsProvider
 
     return SshHostsProvider(config)
 

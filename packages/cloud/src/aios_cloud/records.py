@@ -11,15 +11,10 @@ from typing import Any
 
 from aios.errors import AiosError
 
-from aios_cloud.provider import (
-    READY,
-    CloudCommand,
-    ClusterHost,
-    ClusterInfo,
-    ClusterNotFound,
-    ClusterRequest,
-    Provider,
-)
+from aios_cloud.provider.base import Provider
+from aios_cloud.provider.data import CloudCommand, ClusterHost, ClusterInfo, ClusterRequest
+from aios_cloud.provider.errors import ClusterNotFound
+from aios_cloud.provider.states import READY
 from aios_cloud.ssh import (
     SshRunner,
 )

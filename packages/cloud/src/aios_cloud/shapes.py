@@ -18,7 +18,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from aios_cloud.provider import CloudError, CloudProvider
+from aios_cloud.provider.base import CloudProvider
+from aios_cloud.provider.errors import CloudError
 from aios_cloud.store import ClusterRecord, Store
 
 SHAPE = "shape"

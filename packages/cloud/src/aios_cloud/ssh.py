@@ -41,7 +41,7 @@ from typing import IO, Any
 
 from aios.errors import AiosError
 
-from aios_cloud.provider import ClusterHost
+from aios_cloud.provider.data import ClusterHost
 
 Command = str | Callable[[ClusterHost], str]
 

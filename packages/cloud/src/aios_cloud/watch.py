@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     from aios.config.schema import resolve
 
     from aios_cloud.lifecycle import down_cluster
-    from aios_cloud.provider import provisioning
+    from aios_cloud.provider.base import provisioning
     from aios_cloud.records import get_provider
     from aios_cloud.ssh import LinePrinter
     from aios_cloud.store import Store

@@ -21,15 +21,10 @@ from aios_cloud.failover import create_with_failover, zone_order
 from aios_cloud.head import HELPER_PYTHON, Head
 from aios_cloud.jobs import JobSpec, cancel_job, poll_job, run_setup, start_job, sync_code
 from aios_cloud.lifecycle import autostop_of, down_cluster, reinstall_agent
-from aios_cloud.provider import (
-    STOPPED,
-    TERMINATED,
-    CapacityError,
-    CloudError,
-    CloudProvider,
-    NotOfferedError,
-    QuotaError,
-)
+from aios_cloud.provider.base import CloudProvider
+from aios_cloud.provider.data import ClusterInfo
+from aios_cloud.provider.errors import CapacityError, CloudError, NotOfferedError, QuotaError
+from aios_cloud.provider.states import STOPPED, TERMINATED
 from aios_cloud.records import (
     REQUEST_FIELDS,
     Log,
@@ -177,7 +172,6 @@ class Watcher:
         #: the wall clock the spend (``--max-cost``) is projected with
         self.now = now
         self.follower: LogFollower | None = None
-        self._maintenance_logged = False
         self._unpriced = 0  # the shape --max-cost last said it has no price for
         self._pulled = self.now()  # when the job's run records were last copied here
         # hosts of a run that continued on fewer (--cloud ssh --min-hosts) answer again: the
@@ -215,9 +209,9 @@ class Watcher:
             self._unfollow()
 
     def _loop(self) -> int:
-        lost_count = 0
-        last_describe = 0.0
-        first_nonzero: float | None = None
+        """Observe the job and its cluster, classify what is seen into an incident (or none),
+        act on it; once per poll until the job ends."""
+        watch = _Watch()
         while True:
             job = self._job()
             if job.state in JOB_FINAL:
@@ -225,110 +219,27 @@ class Watcher:
             rec = self.store.get_cluster(job.cluster)
             if rec is None:
                 return self._finish(JOB_CANCELLED, None, "cluster was deleted")
-            try:
-                states = poll_job(rec, self.job_id)
-            except SshError as exc:  # defensive: poll_job maps per-host SSH trouble itself
-                self.log(f"polling {rec.name} failed ({exc}); retrying")
-                states = [("UNREACHABLE", None)] * max(1, len(rec.hosts))
-            incident = None
-            maintenance = False
-            now = time.monotonic()
-            queued = bool(states) and all(s == "QUEUED" for s, _ in states)
-            if queued != (job.state == JOB_PENDING):
-                # waiting in the cluster's queue behind an earlier job
-                self.store.update_job(self.job_id, state=JOB_PENDING if queued else JOB_RUNNING)
-            states = [("RUNNING" if s == "QUEUED" else s, c) for s, c in states]
-            need_describe = now - last_describe >= self.opt.describe_every or any(
-                s != "RUNNING" for s, _ in states
-            )
-            if need_describe:
-                last_describe = now
-                try:
-                    info = self.provider.describe(rec.name, rec.zone)
-                except CloudError as exc:  # the API hiccuped: look again at the next poll
-                    self.log(f"describe {rec.name} failed ({exc}); retrying")
-                    self.sleep(self.opt.poll)
-                    continue
-                if info is None:
-                    incident = "cluster disappeared"
-                elif info.preempted or info.state in (TERMINATED,):
-                    incident = "preempted"
-                elif info.state == STOPPED:
-                    incident = "stopped"
-                elif info.unhealthy:
-                    incident = f"unhealthy ({info.health_detail or info.health})"
-                elif info.in_maintenance:
-                    # a host event on a VM of a TPU slice interrupts the entire slice ("Manage
-                    # GKE node disruption for GPUs and TPUs"): the job's processes are gone and
-                    # nothing resumes by itself; a managed run recovers as from lost hosts
-                    incident = (
-                        f"host maintenance ({info.health_detail or 'maintenance'}): the "
-                        "slice's hosts were interrupted"
-                    )
-                else:
-                    self._maintenance_logged = False
-            if incident is None and any(s == "REPLACED" for s, _ in states):
-                # a new machine answers at a host's address (new host key): the cloud replaced
-                # it (spot reclaim and relaunch, maintenance); the job is gone with the old one
-                which = ", ".join(
-                    f"worker {i}" for i, (s, _) in enumerate(states) if s == "REPLACED"
-                )
-                incident = f"hosts replaced ({which}: new host key)"
-            if incident is None and any(s == "EXIT" and c == EXIT_PREEMPTED for s, c in states):
-                # workers checkpointed and stopped for a spot/preemption notice; the cloud may
-                # still report the machines running (EC2 gives 2 minutes)
-                which = ", ".join(
-                    f"worker {i}"
-                    for i, (s, c) in enumerate(states)
-                    if s == "EXIT" and c == EXIT_PREEMPTED
-                )
-                incident = f"preempted (workers stopped for a preemption notice: {which})"
+            seen = self._observe(job, rec, watch)
+            if seen is None:  # the API hiccuped: look again at the next poll
+                self.sleep(self.opt.poll)
+                continue
+            incident = seen.incident or _host_incident(seen.states)
             if incident is None:
-                codes = [c for s, c in states if s == "EXIT"]
-                if len(codes) == len(states):
-                    if all(c == 0 for c in codes):
-                        return self._finish(JOB_SUCCEEDED, codes, "all workers exited 0")
-                    return self._finish(JOB_FAILED, codes, f"worker exit codes {codes}")
-                if any(c != 0 for c in codes):
-                    first_nonzero = first_nonzero or now
-                    if now - first_nonzero > self.opt.straggler_grace:
-                        cancel_job(rec, self.job_id)
-                        return self._finish(
-                            JOB_FAILED,
-                            [c if s == "EXIT" else -9 for s, c in states],
-                            "a worker failed; the others were stopped",
-                        )
-                if maintenance:
-                    lost_count = 0
-                elif any(s in ("LOST", "UNREACHABLE") for s, _ in states):
-                    lost_count += 1
-                    if lost_count >= self.opt.lost_after:
-                        incident = (
-                            "hosts lost ("
-                            + ", ".join(
-                                f"worker {i}: {s.lower()}"
-                                for i, (s, _) in enumerate(states)
-                                if s != "RUNNING" and s != "EXIT"
-                            )
-                            + ")"
-                        )
-                else:
-                    lost_count = 0
-            if incident is None and need_describe and job.managed and job.state == JOB_RUNNING:
+                code = self._on_exits(rec, seen, watch)
+                if code is not None:
+                    return code
+                incident = _lost_incident(seen.states, watch, self.opt.lost_after)
+            if incident is None and seen.described and job.managed and job.state == JOB_RUNNING:
                 step = self._grow_at(job, rec)
                 if step is not None:
                     self._grow_back(job, rec, step)
-                    lost_count = 0
-                    first_nonzero = None
-                    last_describe = 0.0
+                    watch.reset()
                     continue
             if incident is not None:
                 code = self._incident(job, rec, incident)
                 if code is not None:
                     return code
-                lost_count = 0
-                first_nonzero = None
-                last_describe = 0.0
+                watch.reset()
                 continue
             code = self._check_cost(job, rec)
             if code is not None:
@@ -339,6 +250,56 @@ class Watcher:
                 self._pulled = self.now()
                 self._pull_records(rec, full=False, timeout=15.0)
             self.sleep(self.opt.poll)
+
+    # -------------------------------------------------------------- observe
+    def _observe(self, job: JobRecord, rec: ClusterRecord, watch: _Watch) -> _Seen | None:
+        """Each worker's state, and (every ``describe_every`` seconds, or when a worker is not
+        running) the cluster as the cloud describes it; ``None`` when the describe failed."""
+        try:
+            states = poll_job(rec, self.job_id)
+        except SshError as exc:  # defensive: poll_job maps per-host SSH trouble itself
+            self.log(f"polling {rec.name} failed ({exc}); retrying")
+            states = [("UNREACHABLE", None)] * max(1, len(rec.hosts))
+        now = time.monotonic()
+        queued = bool(states) and all(s == "QUEUED" for s, _ in states)
+        if queued != (job.state == JOB_PENDING):
+            # waiting in the cluster's queue behind an earlier job
+            self.store.update_job(self.job_id, state=JOB_PENDING if queued else JOB_RUNNING)
+        states = [("RUNNING" if s == "QUEUED" else s, c) for s, c in states]
+        described = now - watch.last_describe >= self.opt.describe_every or any(
+            s != "RUNNING" for s, _ in states
+        )
+        incident = None
+        if described:
+            watch.last_describe = now
+            try:
+                info = self.provider.describe(rec.name, rec.zone)
+            except CloudError as exc:
+                self.log(f"describe {rec.name} failed ({exc}); retrying")
+                return None
+            incident = _cluster_incident(info)
+        return _Seen(states, now, described, incident)
+
+    # -------------------------------------------------------------- act on exits
+    def _on_exits(self, rec: ClusterRecord, seen: _Seen, watch: _Watch) -> int | None:
+        """The job's end when every worker exited; the others stopped when one failed and they
+        did not follow within ``straggler_grace``."""
+        states = seen.states
+        codes = [c for s, c in states if s == "EXIT"]
+        if len(codes) == len(states):
+            if all(c == 0 for c in codes):
+                return self._finish(JOB_SUCCEEDED, codes, "all workers exited 0")
+            return self._finish(JOB_FAILED, codes, f"worker exit codes {codes}")
+        if any(c != 0 for c in codes):
+            watch.first_nonzero = watch.first_nonzero or seen.now
+            if seen.now - watch.first_nonzero > self.opt.straggler_grace:
+                cancel_job(rec, self.job_id)
+                return self._finish(
+                    JOB_FAILED,
+                    [c if s == "EXIT" else -9 for s, c in states],
+                    "a worker failed; the others were stopped",
+                )
+        return None
 
     # -------------------------------------------------------------- --max-cost
     def _stop_lead(self) -> float:
@@ -692,6 +653,85 @@ class Watcher:
             )
         new = save_hosts(self.store, rec, result.info, provider)
         return f"recreated{moved}", new
+
+
+@dataclass
+class _Watch:
+    """What the watcher's loop carries from one poll to the next."""
+
+    lost_count: int = 0  # polls in a row that found hosts lost or unreachable
+    last_describe: float = 0.0  # when the cloud last described the cluster (monotonic)
+    first_nonzero: float | None = None  # when a worker first exited non-zero (monotonic)
+
+    def reset(self) -> None:
+        """After a recovery or a grow: count afresh and describe at the next poll."""
+        self.lost_count, self.last_describe, self.first_nonzero = 0, 0.0, None
+
+
+@dataclass
+class _Seen:
+    """One poll's observation: each worker's ``(state, exit code)``, when (monotonic), whether
+    the cloud described the cluster, and the incident that description shows."""
+
+    states: list[tuple[str, int | None]]
+    now: float
+    described: bool
+    incident: str | None
+
+
+def _cluster_incident(info: ClusterInfo | None) -> str | None:
+    """The incident the cloud's description of the cluster shows, if any."""
+    if info is None:
+        return "cluster disappeared"
+    if info.preempted or info.state in (TERMINATED,):
+        return "preempted"
+    if info.state == STOPPED:
+        return "stopped"
+    if info.unhealthy:
+        return f"unhealthy ({info.health_detail or info.health})"
+    if info.in_maintenance:
+        # a host event on a VM of a TPU slice interrupts the entire slice ("Manage GKE node
+        # disruption for GPUs and TPUs"): the job's processes are gone and nothing resumes by
+        # itself; a managed run recovers as from lost hosts
+        return (
+            f"host maintenance ({info.health_detail or 'maintenance'}): the slice's hosts were "
+            "interrupted"
+        )
+    return None
+
+
+def _host_incident(states: list[tuple[str, int | None]]) -> str | None:
+    """The incident the workers' states show: replaced hosts, or workers that stopped for a
+    preemption notice."""
+    if any(s == "REPLACED" for s, _ in states):
+        # a new machine answers at a host's address (new host key): the cloud replaced it
+        # (spot reclaim and relaunch, maintenance); the job is gone with the old one
+        which = ", ".join(f"worker {i}" for i, (s, _) in enumerate(states) if s == "REPLACED")
+        return f"hosts replaced ({which}: new host key)"
+    if any(s == "EXIT" and c == EXIT_PREEMPTED for s, c in states):
+        # workers checkpointed and stopped for a spot/preemption notice; the cloud may still
+        # report the machines running (EC2 gives 2 minutes)
+        which = ", ".join(
+            f"worker {i}" for i, (s, c) in enumerate(states) if s == "EXIT" and c == EXIT_PREEMPTED
+        )
+        return f"preempted (workers stopped for a preemption notice: {which})"
+    return None
+
+
+def _lost_incident(states: list[tuple[str, int | None]], watch: _Watch, after: int) -> str | None:
+    """Hosts lost once ``after`` polls in a row found some lost or unreachable."""
+    if not any(s in ("LOST", "UNREACHABLE") for s, _ in states):
+        watch.lost_count = 0
+        return None
+    watch.lost_count += 1
+    if watch.lost_count < after:
+        return None
+    which = ", ".join(
+        f"worker {i}: {s.lower()}"
+        for i, (s, _) in enumerate(states)
+        if s not in ("RUNNING", "EXIT")
+    )
+    return f"hosts lost ({which})"
 
 
 def after_watch_failure(

@@ -289,119 +289,13 @@ class Ec2Proxy:
             code, answer = self._DescribeCapacityBlockOfferings(params)
             return self._send(h, code, answer)
         if action == "DescribeCapacityReservations":
-            ids = [v for k, v in params.items() if k.startswith("CapacityReservationId.")]
-            unknown = [i for i in ids if i not in self.capacity_reservations]
-            if unknown:
-                return self._send(
-                    h,
-                    400,
-                    _error(
-                        "InvalidCapacityReservationId.NotFound",
-                        f"The capacity reservation ID '{unknown[0]}' does not exist",
-                    ),
-                )
-            items = "".join(
-                f"<item><capacityReservationId>{escape(i)}</capacityReservationId><availabilityZone>{escape(r['zone'])}</availabilityZone>"
-                f"<instanceType>{escape(r['instance_type'])}</instanceType>"
-                f"<reservationType>{escape(r.get('type', 'default'))}</reservationType>"
-                + (
-                    f"<totalInstanceCount>{int(r['count'])}</totalInstanceCount>"
-                    if r.get("count")
-                    else ""
-                )
-                + f"<state>{escape(self.block_state(r))}</state>"
-                + (
-                    f"<startDate>{_iso(self.block_dates(r)[0])}</startDate>"
-                    f"<endDate>{_iso(self.block_dates(r)[1])}</endDate>"
-                    "<endDateType>limited</endDateType>"
-                    if r.get("type") == "capacity-block"
-                    else ""
-                )
-                + (
-                    f"<placementGroupArn>arn:aws:ec2:us-east-1:123456789012:placement-group/"
-                    f"{escape(r['placement_group'])}</placementGroupArn>"
-                    if r.get("placement_group")
-                    else ""
-                )
-                + "</item>"
-                for i, r in self.capacity_reservations.items()
-                if not ids or i in ids
-            )
-            return self._send(
-                h,
-                200,
-                _doc(
-                    "DescribeCapacityReservationsResponse",
-                    f"<capacityReservationSet>{items}</capacityReservationSet>",
-                ),
-            )
+            return self._send(h, *self._DescribeCapacityReservations(params))
         if action == "RunInstances" and params.get(
             "CapacityReservationSpecification.CapacityReservationTarget.CapacityReservationId"
         ):
-            cr = params[
-                "CapacityReservationSpecification.CapacityReservationTarget.CapacityReservationId"
-            ]
-            r = self.capacity_reservations.get(cr)
-            if r is None:
-                return self._send(
-                    h,
-                    400,
-                    _error(
-                        "InvalidCapacityReservationId.NotFound",
-                        f"The capacity reservation ID '{cr}' does not exist",
-                    ),
-                )
-            if (
-                r["zone"] != params.get("Placement.AvailabilityZone")
-                or r["instance_type"] != params.get("InstanceType")
-                or (
-                    r.get("placement_group")
-                    and r["placement_group"] != params.get("Placement.GroupName")
-                )
-            ):
-                return self._send(
-                    h,
-                    400,
-                    _error(
-                        "ReservationCapacityExceeded",
-                        f"The requested instances do not match capacity reservation {cr}",
-                    ),
-                )
-            if (r.get("type") == "capacity-block") != (
-                params.get("InstanceMarketOptions.MarketType") == "capacity-block"
-            ):
-                return self._send(
-                    h,
-                    400,
-                    _error(
-                        "InvalidParameterCombination",
-                        "Capacity Blocks need MarketType capacity-block",
-                    ),
-                )
-            if r.get("type") == "capacity-block":
-                state = self.block_state(r)
-                if state != "active":
-                    return self._send(
-                        h,
-                        400,
-                        _error(
-                            "InvalidCapacityReservationId.NotActive",
-                            f"Capacity Reservation {cr} is {state}: instances launch into a "
-                            "Capacity Block only while it is active",
-                        ),
-                    )
-                if params.get("Placement.GroupName") and params["Placement.GroupName"] != r.get(
-                    "placement_group"
-                ):
-                    return self._send(
-                        h,
-                        400,
-                        _error(
-                            "InvalidParameterCombination",
-                            f"Capacity Block {cr} is already placed for low latency: launch "
-                            "without a placement group of your own",
-                        ),
-                    )
+            problem = self._reserved_launch_problem(params)
+            if problem is not None:
+                return self._send(h, 400, problem)
         if action in ("CreatePlacementGroup", "DescribePlacementGroups", "DeletePlacementGroup"):
             status, doc = getattr(self, "_" + action)(params)
             return self._send(h, status, doc)
@@ -427,10 +321,112 @@ class Ec2Proxy:
                     ),
                 )
         status, data = self._forward(h, body)
+        if action == "RunInstances" and status == 200:
+            self._after_run_instances(params, data)
+
+    def _DescribeCapacityReservations(self, params: dict[str, str]) -> tuple[int, str]:  # noqa: N802
+        """The reservations asked for (all without ids); an unknown id is refused."""
+        ids = [v for k, v in params.items() if k.startswith("CapacityReservationId.")]
+        unknown = [i for i in ids if i not in self.capacity_reservations]
+        if unknown:
+            return (
+                400,
+                _error(
+                    "InvalidCapacityReservationId.NotFound",
+                    f"The capacity reservation ID '{unknown[0]}' does not exist",
+                ),
+            )
+        items = "".join(
+            f"<item><capacityReservationId>{escape(i)}</capacityReservationId><availabilityZone>{escape(r['zone'])}</availabilityZone>"
+            f"<instanceType>{escape(r['instance_type'])}</instanceType>"
+            f"<reservationType>{escape(r.get('type', 'default'))}</reservationType>"
+            + (
+                f"<totalInstanceCount>{int(r['count'])}</totalInstanceCount>"
+                if r.get("count")
+                else ""
+            )
+            + f"<state>{escape(self.block_state(r))}</state>"
+            + (
+                f"<startDate>{_iso(self.block_dates(r)[0])}</startDate>"
+                f"<endDate>{_iso(self.block_dates(r)[1])}</endDate>"
+                "<endDateType>limited</endDateType>"
+                if r.get("type") == "capacity-block"
+                else ""
+            )
+            + (
+                f"<placementGroupArn>arn:aws:ec2:us-east-1:123456789012:placement-group/"
+                f"{escape(r['placement_group'])}</placementGroupArn>"
+                if r.get("placement_group")
+                else ""
+            )
+            + "</item>"
+            for i, r in self.capacity_reservations.items()
+            if not ids or i in ids
+        )
+        return (
+            200,
+            _doc(
+                "DescribeCapacityReservationsResponse",
+                f"<capacityReservationSet>{items}</capacityReservationSet>",
+            ),
+        )
+
+    def _reserved_launch_problem(self, params: dict[str, str]) -> str | None:
+        """Why EC2 refuses a RunInstances into a capacity reservation (the error document),
+        or None."""
+        cr = params[
+            "CapacityReservationSpecification.CapacityReservationTarget.CapacityReservationId"
+        ]
+        r = self.capacity_reservations.get(cr)
+        if r is None:
+            return _error(
+                "InvalidCapacityReservationId.NotFound",
+                f"The capacity reservation ID '{cr}' does not exist",
+            )
+        if (
+            r["zone"] != params.get("Placement.AvailabilityZone")
+            or r["instance_type"] != params.get("InstanceType")
+            or (
+                r.get("placement_group")
+                and r["placement_group"] != params.get("Placement.GroupName")
+            )
+        ):
+            return _error(
+                "ReservationCapacityExceeded",
+                f"The requested instances do not match capacity reservation {cr}",
+            )
+        if (r.get("type") == "capacity-block") != (
+            params.get("InstanceMarketOptions.MarketType") == "capacity-block"
+        ):
+            return _error(
+                "InvalidParameterCombination",
+                "Capacity Blocks need MarketType capacity-block",
+            )
+        if r.get("type") == "capacity-block":
+            state = self.block_state(r)
+            if state != "active":
+                return _error(
+                    "InvalidCapacityReservationId.NotActive",
+                    f"Capacity Reservation {cr} is {state}: instances launch into a "
+                    "Capacity Block only while it is active",
+                )
+            if params.get("Placement.GroupName") and params["Placement.GroupName"] != r.get(
+                "placement_group"
+            ):
+                return _error(
+                    "InvalidParameterCombination",
+                    f"Capacity Block {cr} is already placed for low latency: launch "
+                    "without a placement group of your own",
+                )
+        return None
+
+    def _after_run_instances(self, params: dict[str, str], data: bytes) -> None:
+        """Note what a RunInstances launched: the instances of a Capacity Block (ended at its
+        end), and those the next describes do not see yet."""
         block = params.get(
             "CapacityReservationSpecification.CapacityReservationTarget.CapacityReservationId"
         )
-        if action == "RunInstances" and status == 200 and block:
+        if block:
             import xml.etree.ElementTree as ET
 
             launched = {
@@ -442,7 +438,7 @@ class Ec2Proxy:
             if r.get("type") == "capacity-block":
                 with self.lock:
                     self.block_instances.setdefault(block, set()).update(launched)
-        if action == "RunInstances" and status == 200 and self.not_found_calls:
+        if self.not_found_calls:
             import xml.etree.ElementTree as ET
 
             launched = {

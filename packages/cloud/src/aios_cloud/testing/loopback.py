@@ -8,16 +8,15 @@ from __future__ import annotations
 import builtins
 from typing import Any
 
-from aios_cloud.provider import (
-    HEALTHY,
-    READY,
+from aios_cloud.provider.base import CloudProvider
+from aios_cloud.provider.data import (
     CatalogEntry,
     CloudCommand,
-    CloudProvider,
     ClusterHost,
     ClusterInfo,
     ClusterRequest,
 )
+from aios_cloud.provider.states import HEALTHY, READY
 
 
 class LoopbackCloud(CloudProvider):

@@ -48,18 +48,11 @@ import pytest
 from aios.errors import AiosError
 
 from aios_cloud.features import FEATURES, CloudFeature, check_features
-from aios_cloud.provider import (
-    STOPPED,
-    CapacityError,
-    CatalogEntry,
-    CloudError,
-    CloudProvider,
-    ClusterRequest,
-    NotOfferedError,
-    Provider,
-    QuotaError,
-    SchedulerProvider,
-)
+from aios_cloud.provider.base import CloudProvider, Provider
+from aios_cloud.provider.data import CatalogEntry, ClusterRequest
+from aios_cloud.provider.errors import CapacityError, CloudError, NotOfferedError, QuotaError
+from aios_cloud.provider.scheduler import SchedulerProvider
+from aios_cloud.provider.states import STOPPED
 from aios_cloud.request import LaunchRequest
 
 SECRET_NAME = "KIT_API_TOKEN"  # not AIOS_*: those are config keys

@@ -8,6 +8,7 @@ import ast
 from collections.abc import Iterator
 
 from aios.check.library import (
+    COLLECTIVE_SAVES,
     COLLECTIVES,
     LAUNCHER_ENV,
     MAIN_FLAGS,
@@ -54,6 +55,9 @@ class Context(Reading):
             return "save", f"rt.{last}()"
         if q == "torch_xla.core.xla_model.save":  # a rendezvous of every ordinal inside
             return "save", f"{_dotted(node.func)}()"
+        owner = (base_d or "").rpartition(".")[2]
+        if COLLECTIVE_SAVES.get(owner) == last:  # Lightning's: every rank must call it
+            return "save", f"{base_d}.{last}() (collective in Lightning)"
         if (
             last in ("state_dict", "save_pretrained")
             and base is not None

@@ -48,8 +48,11 @@ CUDA_CALLS: dict[str, tuple[str, str, str]] = {
 MEMORY_CALLS = {
     "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
     "reset_peak_memory_stats", "memory_stats", "mem_get_info", "get_device_name",
-    "get_device_properties", "get_device_capability",
+    "get_device_properties", "get_device_capability", "reset_max_memory_allocated",
+    "reset_max_memory_cached", "reset_accumulated_memory_stats",
 }  # fmt: skip
+# torch.cuda queries that answer False without CUDA (nothing raises): no finding of their own
+CUDA_QUERIES = {"is_initialized", "is_current_stream_capturing"}
 # torch.cuda calls that do nothing (no error) without CUDA
 NOOP_ELSEWHERE = {"empty_cache", "manual_seed", "manual_seed_all"}
 # torch.cuda statistics that return 0 (or {}) without CUDA rather than raise
@@ -127,6 +130,19 @@ DEVICE_PACKAGES: dict[str, tuple[str, tuple[str, ...]]] = {
         ("xla", "tpu", "neuron"),
     ),
 }
+# Saves a training library makes collective (all ranks must call them): Lightning's
+# ``Trainer.save_checkpoint`` (a barrier inside) and ``Fabric.save``; keyed by the receiver's
+# last name as scripts spell it (``trainer``, ``self.fabric``)
+COLLECTIVE_SAVES = {"trainer": "save_checkpoint", "fabric": "save"}
+# Mechanisms that import the project's modules by a name held in data (a config's
+# ``target: ldm.models.diffusion.LatentDiffusion``, a registry): where a module of the project
+# uses one, the packages of its own that the script imports are read whole
+DYNAMIC_IMPORTS = (
+    "importlib.import_module", "hydra.utils.instantiate", "hydra.utils.get_class",
+    "hydra.utils.get_method",
+)  # fmt: skip
+# A list of GPU indices (``--gpu_ids 0,1``): an item of it as a device is a CUDA index
+GPU_LIST_NAMES = {"gpu_ids", "gpus", "gpu_list", "cuda_ids"}
 RANK_ATTRS = {
     "rank",
     "local_rank",
@@ -138,7 +154,7 @@ RANK_ATTRS = {
 }
 RANK_CALLS = {
     "get_rank", "get_ordinal", "global_ordinal", "get_local_ordinal", "local_ordinal",
-    "get_global_rank", "get_node_local_rank",
+    "get_global_rank", "get_node_local_rank", "get_local_rank",
 }  # fmt: skip
 MAIN_FLAGS = {
     "master_process", "is_master", "is_main", "is_main_process", "is_global_zero",
@@ -178,13 +194,26 @@ OWN_PARALLELISM = {
     "strategy=fsdp (FSDP2 on every native device)",
     "parallelize_module": "applies its own tensor-parallel plan: keep it on rt.mesh['tp'] and pass "
     "the model to rt.setup(model), or give the plan as tp_plan with strategy=tp",
+    "DistributedModelParallel": "(TorchRec) shards the embedding tables over the ranks itself: "
+    "keep it (its kernels are fbgemm's, CUDA and CPU) and train the dense part through it, or "
+    "shard with rt.setup(model) and strategy=fsdp on other backends",
 }
+# Packages whose functions above are the script's own parallelism (torch's, TorchRec's).
+OWN_PARALLELISM_PACKAGES = ("torch.distributed", "torchrec.distributed", "torchrec")
 # What aios-run sets for every rank: a script that writes one of these overwrites it.
 LAUNCHER_ENV = {
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
     "MASTER_ADDR", "MASTER_PORT",
 }  # fmt: skip
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json", ".toml")
+# Loaders of Python configs whose path comes from the command line (OpenMMLab's mmengine and
+# mmcv ``Config.fromfile(args.config)``): the ``*.py`` under the project's ``configs/`` folder
+# are what they load, read like the YAML a script names.
+PY_CONFIG_LOADERS = ("Config.fromfile",)
+PY_CONFIG_FOLDER = "configs"
+# ``dist_cfg=dict(backend="nccl")`` / ``dist_params = dict(backend='nccl')`` / ``backend: nccl``
+# / ``dist_backend: nccl`` in a config the script loads: the process group joins with NCCL
+CONFIG_BACKEND = re.compile(r"""(?<![A-Za-z])(backend)["']?\s*[:=]\s*["']?(nccl)\b""")
 # ``device: cuda`` / ``device = "cuda:0"`` / ``"accelerator": "gpu"`` in a config the script loads
 CONFIG_DEVICE = re.compile(
     r"""^\s*["']?(device|device_type|accelerator)["']?\s*[:=]\s*["']?(cuda(:\d+)?|gpu)["']?\s*,?"""

@@ -11,7 +11,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from aios.check.findings import NOT_CUDA, CheckError, Finding
-from aios.check.library import CONFIG_DEVICE, CONFIG_SUFFIXES
+from aios.check.library import (
+    CONFIG_BACKEND,
+    CONFIG_DEVICE,
+    CONFIG_SUFFIXES,
+    DYNAMIC_IMPORTS,
+    PY_CONFIG_FOLDER,
+    PY_CONFIG_LOADERS,
+)
 from aios.check.names import _dotted, _relative_base, _str
 from aios.check.reading import _Project
 
@@ -36,6 +43,10 @@ def read_source(path: str) -> str:
 
 
 MAX_PROJECT_FILES = 40  # modules followed from one script (and configs read)
+# A script in a repository's ``scripts/`` or ``tools/`` folder imports the repository's own
+# package from the root above it (installed editable, or run from the root): the package folders
+# up to this many levels above the script's folder are the project's too.
+REPO_ROOT_LEVELS = 2
 
 
 def _module_file(root: str, dotted: str) -> str | None:
@@ -44,6 +55,19 @@ def _module_file(root: str, dotted: str) -> str | None:
     for cand in (base + ".py", os.path.join(base, "__init__.py")):
         if os.path.isfile(cand):
             return cand
+    return None
+
+
+def _repository_package(folder: str, dotted: str) -> str | None:
+    """``a.b`` found in a package ``a/`` (with ``__init__.py``) of a folder up to
+    :data:`REPO_ROOT_LEVELS` above the script's ``folder``: the repository's own package
+    (``scripts/train.py`` importing ``olmo.config`` from ``olmo/`` at the root). Only packages:
+    a lone module up there is nobody's import."""
+    top = dotted.partition(".")[0]
+    for level in range(1, REPO_ROOT_LEVELS + 1):
+        up = os.path.normpath(os.path.join(folder, *[os.pardir] * level))
+        if os.path.isfile(os.path.join(up, top, "__init__.py")):
+            return _module_file(up, dotted)
     return None
 
 
@@ -129,12 +153,13 @@ def _project_modules(path: str, source: str, tree: ast.Module) -> list[_Module]:
     roots = [root, *_sys_path_roots(tree, path)]
     mods = [_Module(path, "", "", source, tree)]
     seen = {os.path.abspath(path)}
-    i = 0
+    i, whole = 0, False
     while i < len(mods) and len(mods) < MAX_PROJECT_FILES:
         mod = mods[i]
         i += 1
         for dotted in _local_imports(mod.tree, mod.package):
             found = next((f for r in roots if (f := _module_file(r, dotted))), None)
+            found = found or _repository_package(root, dotted)
             if found is None or os.path.abspath(found) in seen:
                 continue
             seen.add(os.path.abspath(found))
@@ -148,7 +173,50 @@ def _project_modules(path: str, source: str, tree: ast.Module) -> list[_Module]:
             mods.append(_Module(found, dotted, package, text, sub))
             if len(mods) >= MAX_PROJECT_FILES:
                 break
+        if i == len(mods) and not whole:
+            whole = True
+            _whole_packages(mods, seen)
     return mods
+
+
+def _imports_dynamically(tree: ast.Module) -> bool:
+    return any(
+        isinstance(node, ast.Call) and (_dotted(node.func) or "").endswith(DYNAMIC_IMPORTS)
+        for node in ast.walk(tree)
+    )
+
+
+def _whole_packages(mods: list[_Module], seen: set[str]) -> None:
+    """Where a module of the project imports by a name held in data (``importlib``, Hydra's
+    ``instantiate``), the rest of the packages it was read from are the project's too: each
+    ``*.py`` of theirs not read yet is added (to MAX_PROJECT_FILES), for the walk to follow."""
+    if not any(_imports_dynamically(m.tree) for m in mods):
+        return
+    tops: dict[str, str] = {}
+    for m in mods:
+        if m.package:  # a module inside a package of the project: its top folder
+            top = m.package.partition(".")[0]
+            depth = m.name.count(".") + (1 if m.path.endswith("__init__.py") else 0)
+            tops.setdefault(top, os.path.normpath(os.path.join(m.path, *[os.pardir] * depth)))
+    for _top, folder in sorted(tops.items()):
+        for dirpath, dirs, files in os.walk(folder):
+            dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__")))
+            for f in sorted(files):
+                path = os.path.join(dirpath, f)
+                if not f.endswith(".py") or os.path.abspath(path) in seen:
+                    continue
+                if len(mods) >= MAX_PROJECT_FILES:
+                    return
+                rel = os.path.relpath(path, os.path.dirname(folder))[: -len(".py")]
+                dotted = rel.replace(os.sep, ".").removesuffix(".__init__")
+                try:
+                    text = read_source(path)
+                    sub = ast.parse(text, filename=path)
+                except (CheckError, SyntaxError, ValueError):
+                    continue
+                seen.add(os.path.abspath(path))
+                package = dotted if f == "__init__.py" else dotted.rpartition(".")[0]
+                mods.append(_Module(os.path.normpath(path), dotted, package, text, sub))
 
 
 def _config_files(root: str, modules: list[_Module]) -> list[str]:
@@ -175,6 +243,31 @@ def _config_files(root: str, modules: list[_Module]) -> list[str]:
     return out
 
 
+def _python_configs(root: str, modules: list[_Module]) -> list[str]:
+    """The ``*.py`` configs a ``Config.fromfile(args.config)`` loader of the project reads: those
+    under a ``configs/`` folder beside the script or at the repository root above it (the path
+    comes from the command line, so every one of them is a candidate)."""
+    loads = any(
+        isinstance(node, ast.Call) and (_dotted(node.func) or "").endswith(PY_CONFIG_LOADERS)
+        for mod in modules
+        for node in ast.walk(mod.tree)
+    )
+    if not loads:
+        return []
+    out: list[str] = []
+    for level in range(REPO_ROOT_LEVELS + 1):
+        folder = os.path.normpath(os.path.join(root, *[os.pardir] * level, PY_CONFIG_FOLDER))
+        if not os.path.isdir(folder):
+            continue
+        for dirpath, dirs, files in os.walk(folder):
+            dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__")))
+            out.extend(os.path.join(dirpath, f) for f in sorted(files) if f.endswith(".py"))
+            if len(out) >= MAX_PROJECT_FILES:
+                return out[:MAX_PROJECT_FILES]
+        break  # the nearest configs/ folder is the project's
+    return out
+
+
 def check_config(path: str) -> list[Finding]:
     """A config the script loads that asks for a CUDA device (``device: cuda``): the recipe's
     device comes from there, so the line to change is there.
@@ -187,6 +280,20 @@ def check_config(path: str) -> list[Finding]:
         return []
     out = []
     for i, line in enumerate(text.splitlines(), 1):
+        pg = CONFIG_BACKEND.search(line.split("#")[0])
+        if pg:
+            out.append(
+                Finding(
+                    path,
+                    i,
+                    pg.start(1) + 1,
+                    "AIOS201",
+                    "the script loads this config and its process-group backend is 'nccl' "
+                    "(NVIDIA's): the group fails to form on cpu, xla, tpu and neuron; drop the "
+                    "backend (aios.init() joins with the selected backend's own)",
+                    NOT_CUDA,
+                )
+            )
         m = CONFIG_DEVICE.match(line)
         if m:
             out.append(

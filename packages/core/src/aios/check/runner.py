@@ -12,6 +12,7 @@ from aios.check.findings import Finding
 from aios.check.project import (
     _config_files,
     _project_modules,
+    _python_configs,
     check_config,
     parse,
     project_facts,
@@ -73,7 +74,8 @@ def check_project(path: str, rules: Rules | None = None) -> list[Finding]:
     source = read_source(path)
     tree = parse(source, path)
     modules = _project_modules(path, source, tree)
-    configs = _config_files(os.path.dirname(path) or ".", modules)
+    root = os.path.dirname(path) or "."
+    configs = _config_files(root, modules) + _python_configs(root, modules)
     config_found = [f for c in configs for f in check_config(c)]
     project = project_facts(modules, configs)
     made = [r() for r in rules or CORE_RULES]

@@ -69,10 +69,12 @@ def launch_time(default: float) -> float:
     try:
         with open("/proc/self/stat") as f:
             ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/stat") as f:
-            btime = next(int(ln.split()[1]) for ln in f if ln.startswith("btime"))
-        return btime + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
+        # the start in clock ticks since boot, turned into an age on the boot clock: the boot
+        # time in /proc/stat is whole seconds and drifts from the wall clock (NTP), which put
+        # an attempt's launch up to a second before the end of the one before it
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+        return time.time() - max(0.0, age)
+    except (OSError, ValueError, IndexError, AttributeError):
         return default
 
 

@@ -203,6 +203,48 @@ def _dtype(name: str | None) -> Any:
     return getattr(torch, name) if name else None
 
 
+def own_data_split(module: Any, world: int) -> tuple[int, int] | None:
+    """``(data rank, data world)`` of a model the script parallelized on its own mesh, or
+    ``None`` where aios's mesh decides (the script used ``rt.mesh``, or a plain ``fully_shard``
+    over every rank, which is aios's own split):
+
+    * ``fully_shard`` (FSDP2): its data-parallel mesh (the shard mesh, or replicate x shard
+      for HSDP) is the data split; the other dimensions of the script's mesh (tensor parallel)
+      read the same batch;
+    * ``DTensor`` parameters without ``fully_shard`` on one mesh of every rank (tensor parallel
+      over the whole world): every rank reads the same batch.
+
+    A mesh that covers only some ranks with no data-parallel mesh of its own is left to the
+    caller (which refuses it in one line)."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    for sub in module.modules():
+        if not isinstance(sub, FSDPModule):
+            continue
+        # FSDP2 keeps each group's data-parallel mesh on its state's parameter group (torch
+        # 2.7+: FSDPState._fsdp_param_group.mesh_info.mesh); no public accessor exists
+        group = sub._get_fsdp_state()._fsdp_param_group
+        if group is None:
+            continue
+        mesh = group.mesh_info.mesh
+        if mesh.size() == world:
+            return None  # data parallel over every rank: aios's own split
+        coord = mesh.get_coordinate() or [0]
+        rank = 0
+        for d, c in enumerate(coord):
+            rank = rank * mesh.size(d) + c
+        return rank, mesh.size()
+    meshes = {
+        id(p.device_mesh): p.device_mesh for p in module.parameters() if isinstance(p, DTensor)
+    }
+    if len(meshes) == 1:
+        (mesh,) = meshes.values()
+        if mesh.size() == world and mesh.get_coordinate() is not None:
+            return 0, 1
+    return None
+
+
 # ------------------------------------------------------------------------------ strategies
 
 
@@ -227,6 +269,9 @@ class FSDPStrategy(DDPStrategy):
         self._replaced: dict[int, Any] = {}
         self._cache: dict[int, Any] = {}
         self._precision: Any = None
+        #: ``(data rank, data world)`` of a model the script parallelized itself on its own mesh
+        #: (:func:`own_data_split`), which replaces the one of aios's mesh
+        self._own_split: tuple[int, int] | None = None
 
     # ---------------------------------------------------------------- options from rt.setup
     def configure(self, wrap_policy: Any = None, tp_plan: Any = None, **other: Any) -> None:
@@ -292,6 +337,8 @@ class FSDPStrategy(DDPStrategy):
 
     @property
     def data_rank(self) -> int:
+        if self._own_split is not None:
+            return self._own_split[0]
         if self.mesh is None:
             return self.rank
         rank = 0
@@ -301,6 +348,8 @@ class FSDPStrategy(DDPStrategy):
 
     @property
     def data_world(self) -> int:
+        if self._own_split is not None:
+            return self._own_split[1]
         if self.mesh is None:
             return self.world_size
         n = 1
@@ -349,7 +398,13 @@ class FSDPStrategy(DDPStrategy):
         s = self.config.fsdp
         self._precision = precision
         own = parallelized(module)
-        if own == "fully_shard":  # the script sharded it: kept as it is, never wrapped twice
+        on_rt_mesh = own == "dtensor" and self._off_mesh(module) is None
+        split = own_data_split(module, self.world_size) if own and not on_rt_mesh else None
+        if own == "fully_shard" or split is not None:
+            # the script parallelized it on its own mesh: kept as it is, never wrapped twice,
+            # and the data split its mesh implies (tensor-parallel peers read the same batch)
+            if split is not None:
+                self._own_split = split
             if self.world_size > 1:
                 broadcast_module_states(module, self._dist)  # its plain tensors: rank 0's
             self._modules.append(module)
@@ -400,9 +455,9 @@ class FSDPStrategy(DDPStrategy):
         self._modules.append(module)
         return module
 
-    def _check_script_mesh(self, module: Any) -> None:
-        """A model whose parameters the script made ``DTensor``s itself (tensor parallel): aios
-        adds FSDP over ``dp`` only when they live on its ``tp`` mesh (``rt.mesh["tp"]``)."""
+    def _off_mesh(self, module: Any) -> tuple[str, Any] | None:
+        """The first ``DTensor`` parameter of ``module`` (name, mesh) that is not on aios's
+        ``tp`` mesh (``rt.mesh["tp"]``), or ``None``."""
         from torch.distributed.tensor import DTensor
 
         tp = self.mesh["tp"] if self.tp_size > 1 else None
@@ -416,13 +471,24 @@ class FSDPStrategy(DDPStrategy):
                 and m.mesh.tolist() == tp.mesh.tolist()
             )
             if not same:
-                where = f"mesh {tuple(m.mesh_dim_names or ())} {m.mesh.tolist()}"
-                raise ConfigError(
-                    f"parameter {name!r} is a DTensor on the script's own {where}: aios cannot "
-                    f"add strategy {self.name} over a mesh it did not make",
-                    "parallelize on rt.mesh['tp'] (run with mesh.tp=N), or shard the model "
-                    "completely yourself (fully_shard) and aios keeps it as it is",
-                )
+                return name, m
+        return None
+
+    def _check_script_mesh(self, module: Any) -> None:
+        """A model whose parameters the script made ``DTensor``s itself (tensor parallel) on a
+        mesh of some ranks only: aios adds FSDP over ``dp`` only when they live on its ``tp``
+        mesh (``rt.mesh["tp"]``)."""
+        off = self._off_mesh(module)
+        if off is not None:
+            name, m = off
+            where = f"mesh {tuple(m.mesh_dim_names or ())} {m.mesh.tolist()}"
+            raise ConfigError(
+                f"parameter {name!r} is a DTensor on the script's own {where}: aios cannot "
+                f"add strategy {self.name} over a mesh it did not make",
+                "parallelize on rt.mesh['tp'] (run with mesh.tp=N), shard the model completely "
+                "yourself (fully_shard), or make your tensor-parallel mesh span every rank: aios "
+                "keeps either as it is",
+            )
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         self._optimizers.append(optimizer)

@@ -6,7 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from aios_cloud.features import LABELS, SETUP
-from aios_cloud.provider import CatalogEntry, CloudCommand, CloudError, CloudProvider
+from aios_cloud.provider.base import CloudProvider
+from aios_cloud.provider.data import CatalogEntry, CloudCommand
+from aios_cloud.provider.errors import CloudError
 
 NOTHING = CloudError("the demo cloud creates nothing", "use --dry-run")
 

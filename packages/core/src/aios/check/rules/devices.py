@@ -10,8 +10,10 @@ from aios.check.findings import NOT_CUDA
 from aios.check.library import (
     ACCEL_MEMORY,
     CUDA_CALLS,
+    CUDA_QUERIES,
     DEVICE_TOOLS,
     EXITS,
+    GPU_LIST_NAMES,
     MEMORY_CALLS,
     NOOP_ELSEWHERE,
     RT_DEVICE,
@@ -47,6 +49,17 @@ class CudaCalls(CheckRule):
             "warning",
         ),  # fmt: skip
         Example("import torch\ns = torch.cuda.Stream()\n", "AIOS109", 2, "torch.Stream"),
+        Example(  # raises on a build without CUDA (AttributeError from torch._C)
+            "import torch\ntorch.cuda.reset_max_memory_allocated()\n", "AIOS108", 2, "run record"
+        ),
+        Example(  # after the function's return when CUDA is absent: dead code elsewhere
+            "import torch\ndef peak():\n    if not torch.cuda.is_available():\n"
+            "        return None\n    return torch.cuda.max_memory_allocated()\n",
+            "AIOS108",
+            5,
+            "run record",
+            "note",
+        ),
         Example("import torch\nworld = torch.cuda.device_count()\n", "AIOS105", 2, "rt.world_size"),
         Example(
             "import torch\nprint(torch.cuda.device_count())\n",
@@ -60,6 +73,8 @@ class CudaCalls(CheckRule):
         "import torch\nif torch.cuda.is_available():\n    torch.backends.cuda.matmul.allow_tf32 = True\n",
         "import torch\nif torch.cuda.device_count() > 1:\n    model = DataParallel(model)\n",
         "import torch\nwith torch.cuda.amp.autocast():\n    pass\n",  # AMP: AIOS301's
+        # is_initialized() answers False without CUDA: nothing raises
+        "import torch\nif torch.cuda.is_available() and torch.cuda.is_initialized():\n    pass\n",
     )
 
     def check(self, ctx: Context, node: ast.AST) -> None:
@@ -76,6 +91,8 @@ class CudaCalls(CheckRule):
                 ctx.add(node, "AIOS106", f"{q}() {what}", NOT_CUDA, guardable=False)
             elif name == "is_bf16_supported":
                 ctx.add(node, "AIOS106", f"{q}(): {CUDA_CALLS[name][1]}", NOT_CUDA)
+        elif name in CUDA_QUERIES:
+            return
         elif name in CUDA_CALLS:
             self.known(ctx, node, q, name)
         elif name in MEMORY_CALLS:
@@ -174,6 +191,14 @@ class DotCuda(CheckRule):
                 )
 
 
+def _gpu_item(node: ast.AST) -> bool:
+    """``gpu_ids[0]``, ``opt.gpus[i]``: an item of a list of GPU indices."""
+    if not isinstance(node, ast.Subscript):
+        return False
+    name = node.value.attr if isinstance(node.value, ast.Attribute) else _dotted(node.value)
+    return name in GPU_LIST_NAMES
+
+
 class DeviceStrings(CheckRule):
     """A CUDA device by string (``"cuda"``, ``f"cuda:{i}"``), a rank used as a device index, or
     a CUDA string a caller hands a function of the script that places tensors with it."""
@@ -184,6 +209,7 @@ class DeviceStrings(CheckRule):
         Example("import torch\nx = torch.zeros(2, device='cuda')\n", "AIOS101", 2, "rt.device"),
         Example("device = 'cuda:0'\n", "AIOS101", 1, "rt.device"),
         Example("x = x.to(local_rank)\n", "AIOS101", 1, "rt.device"),
+        Example("net.to(opt.gpu_ids[0])\n", "AIOS101", 1, "rt.device"),
         Example(
             "m = Auto.from_pretrained(n, device_map={'': acc.local_process_index})\n",
             "AIOS101",
@@ -201,6 +227,7 @@ class DeviceStrings(CheckRule):
         "x = x.to(rt.device)\n",
         "import torch\nd = 'cuda' if torch.cuda.is_available() else 'cpu'\n",  # AIOS106's
         "g = torch.Generator(device='cuda')\n",  # AIOS411's
+        "net.to(devices[0])\n",  # a list of devices, not of indices
     )
 
     def check(self, ctx: Context, node: ast.AST) -> None:
@@ -245,14 +272,14 @@ class DeviceStrings(CheckRule):
                 a
                 for a in (node.args[:1] if last == "to" else [])
                 + [k.value for k in node.keywords if k.arg == "device"]
-                if isinstance(a, (ast.Name, ast.Attribute)) and ctx.rankish(a)
+                if isinstance(a, (ast.Name, ast.Attribute)) and ctx.rankish(a) or _gpu_item(a)
             ]
             if ranks:
                 ctx.add(
                     node,
                     "AIOS101",
-                    f"a rank as the device ({ast.unparse(ranks[0])}) means a CUDA device "
-                    f"index: {RT_DEVICE}",
+                    f"{'a rank as the device' if not _gpu_item(ranks[0]) else 'a GPU index'} "
+                    f"({ast.unparse(ranks[0])}) means a CUDA device index: {RT_DEVICE}",
                     NOT_CUDA,
                 )
 

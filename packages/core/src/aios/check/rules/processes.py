@@ -13,6 +13,7 @@ from aios.check.library import (
     LAUNCHER_ENV,
     LIBRARY_CALLS,
     OWN_PARALLELISM,
+    OWN_PARALLELISM_PACKAGES,
     PG_DEVICE_BACKENDS,
     RT_DEVICE,
 )
@@ -156,6 +157,7 @@ class DeviceIds(CheckRule):
             "note",
         ),
         Example("m = FSDP(model, device_id=local_rank)\n", "AIOS202", 1, "rt.setup(model)"),
+        Example("m = FSDP(model, device_id=get_local_rank())\n", "AIOS202", 1, "rt.setup"),
     )
     right = ("import torch.distributed as dist\ndist.barrier()\n", "m = FSDP(model)\n")
 
@@ -173,8 +175,8 @@ class DeviceIds(CheckRule):
                     level="note",
                 )
         if q.endswith("FullyShardedDataParallel") or last == "FSDP":
-            dev = kw.get("device_id")
-            if isinstance(dev, (ast.Name, ast.Attribute)) and ctx.rankish(dev):
+            dev = kw.get("device_id")  # local_rank, args.gpu, get_local_rank()
+            if isinstance(dev, (ast.Name, ast.Attribute, ast.Call)) and ctx.rankish(dev):
                 ctx.add(
                     node,
                     "AIOS202",
@@ -394,12 +396,20 @@ class OwnParallelism(CheckRule):
             "rt.setup(model)",
             "note",
         ),
+        Example(
+            "from torchrec.distributed.model_parallel import DistributedModelParallel\n"
+            "m = DistributedModelParallel(module=model, device=device)\n",
+            "AIOS207",
+            2,
+            "rt.setup(model)",
+            "note",
+        ),
     )
     right = ("model = rt.setup(model)\n",)
 
     def check(self, ctx: Context, node: ast.AST) -> None:
         q = ctx.q
-        own = q.rsplit(".", 1)[-1] if q.startswith("torch.distributed") else ""
+        own = q.rsplit(".", 1)[-1] if q.startswith(OWN_PARALLELISM_PACKAGES) else ""
         if own in OWN_PARALLELISM:
             ctx.add(node, "AIOS207", f"{own}() {OWN_PARALLELISM[own]}", level="note")
 

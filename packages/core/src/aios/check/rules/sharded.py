@@ -53,8 +53,17 @@ class RankGuarded(CheckRule):
             4,
             "rt.save()",
         ),
+        Example(  # Lightning's save_checkpoint holds a barrier: every rank must call it
+            "if trainer.global_rank == 0:\n    trainer.save_checkpoint('last.ckpt')\n",
+            "AIOS603",
+            2,
+            "rt.save()",
+        ),
     )
-    right = ("out = model(x)\nif rank == 0:\n    print(out)\n",)
+    right = (
+        "out = model(x)\nif rank == 0:\n    print(out)\n",
+        "trainer.save_checkpoint('last.ckpt')\n",
+    )
 
     def check(self, ctx: Context, node: ast.AST) -> None:
         assert isinstance(node, ast.Call)
