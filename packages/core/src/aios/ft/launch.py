@@ -33,10 +33,13 @@ from aios.ft import (
     STATE_DIR_ENV,
     STORE_PORT_ENV,
 )
+from aios.ft.hang import HangWatch
+from aios.ft.hang import limit as hang_limit
 from aios.ft.plan import rust_log
 from aios.launcher import boot
 from aios.launcher.contract import RUN_ID_ENV
 from aios.resilience.notices import EXIT_PREEMPTED
+from aios.resilience.watchdog import EXIT_HUNG
 
 PROG = "aios"
 #: seconds aios-run waits for the groups past ``checkpoint.grace_seconds`` after a notice
@@ -155,6 +158,8 @@ class Groups:
         self.stopping: int | None = None
         self.stop_by = float("inf")
         self.lock: RunLock | None = None
+        #: a group that stopped stepping while another goes on is lost too (aios.ft.hang)
+        self.hangs = HangWatch(self.state_dir, self.per_group, hang_limit(cfg.ft))
 
     def _group_env(self, g: int, rank: int, master_port: int, store_port: int) -> dict[str, str]:
         n = self.per_group
@@ -206,13 +211,15 @@ class Groups:
         for t in self.relays.pop(g, []):
             t.join(timeout=10)  # the processes' last lines, before the next event's line
 
-    def _lost(self, g: int, code: int) -> bool:
-        """Group ``g`` lost a process: stop the rest, restart it. False when out of restarts."""
+    def _lost(self, g: int, why: str) -> bool:
+        """Group ``g`` lost a process (or hung): stop the rest, restart it. False when out of
+        restarts."""
         self._stop(g)
+        self.hangs.forget(g)
         alive = self.groups - len(self.done) - 1
         step = max((committed_step(self.state_dir, o) for o in range(self.groups)), default=0)
         self.echo(
-            f"{PROG}: replica group {g} lost at step {step} ({_describe(code)}); "
+            f"{PROG}: replica group {g} lost at step {step} ({why}); "
             f"{alive} of {self.groups} groups training"
         )
         if self.restarts[g] >= self.cfg.ft.max_restarts:
@@ -252,11 +259,16 @@ class Groups:
                 if all(c is not None for c in codes):
                     self.done[g] = failed[0]
             elif failed:
-                if not self._lost(g, failed[0]):
+                if not self._lost(g, _describe(failed[0])):
                     return failed[0] if failed[0] > 0 else 128 - failed[0]
             elif all(c == 0 for c in codes):
                 self.done[g] = 0
                 open(os.path.join(self.state_dir, f"group{g}.done"), "w").close()
+        live = [g for g in self.procs if g not in self.done]
+        for g in self.hangs.look(live) if self.stopping is None else []:
+            why = f"hung: no step for {self.hangs.limit_s:.0f}s while another group stepped"
+            if not self._lost(g, why):
+                return EXIT_HUNG
         if self.stopping is not None and time.monotonic() > self.stop_by:
             left = sorted(set(range(self.groups)) - set(self.done))
             self.echo(

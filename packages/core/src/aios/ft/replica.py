@@ -32,6 +32,7 @@ from aios.ft import (
     STATE_DIR_ENV,
     STORE_PORT_ENV,
 )
+from aios.ft.hang import Beat, quorum_timeout
 from aios.ft.transport import bound_transport
 
 
@@ -68,6 +69,9 @@ class Replica:
         self.counts = {"committed": 0, "degraded": 0, "lost": 0}
         self.heal_seconds: float | None = None
         self._healing = False
+        state_dir = environ.get(STATE_DIR_ENV)
+        #: the step of this rank's last quorum request, read by aios-run's hang watch (aios.ft.hang)
+        self.beat = Beat(state_dir, self.group, self.group_rank) if state_dir else None
         #: a stop notice (SIGTERM) some group had heard by a committed step's all-reduce: every
         #: group learns it at the same step, so every group stops at the same boundary
         self.notice = False
@@ -110,7 +114,7 @@ class Replica:
             min_replica_size=1,
             use_async_quorum=True,
             timeout=timeout,
-            quorum_timeout=timeout,
+            quorum_timeout=timedelta(seconds=quorum_timeout(ft)),  # outlasts the hang limit
             connect_timeout=timeout,
             rank=self.group_rank,
             world_size=self.group_world,
@@ -166,16 +170,14 @@ class Replica:
             return
         self.start()
         m = self.manager
-        m.start_quorum()
-        m.wait_quorum()
+        self._quorum()
         # a restarted group never trains alone while another group lives: it asks again until
         # its quorum has a live group to heal from (or every other group has finished)
         while self._restarted_at is not None and self.heal_seconds is None:
             if m.participating_rank() is None or m.num_participants() > 1 or self._others_done():
                 break
             time.sleep(0.05)
-            m.start_quorum()
-            m.wait_quorum()
+            self._quorum()
         self.in_step = True
         before = self.participants
         self.participants = int(m.num_participants())
@@ -198,6 +200,14 @@ class Replica:
         """Whether this group writes the run's checkpoints now: the first of the groups in the
         last step's quorum (exactly one group; a healing group never)."""
         return self.participant_rank == 0
+
+    def _quorum(self) -> None:
+        # aios-run's hang watch: the step this request is from; a restarted group only once it
+        # has healed (until then it is not judged, and it never makes a live group look behind)
+        if self.beat is not None and (self._restarted_at is None or self.heal_seconds is not None):
+            self.beat.tick(int(self.training.step))
+        self.manager.start_quorum()
+        self.manager.wait_quorum()
 
     def commit(self, modules: list[Any], noticed: bool = False) -> bool:
         """Average the gradients across the step's groups and vote; True when it commits.
@@ -272,6 +282,8 @@ class Replica:
             print(f"aios: {line}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
+        if self.beat is not None:
+            self.beat.close()
         if self.manager is not None:
             self.manager.shutdown(wait=False)
             self.manager = None
