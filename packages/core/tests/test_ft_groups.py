@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -23,7 +26,8 @@ SCRIPT = Path(__file__).parent / "scripts" / "ft_loop.py"
 N = 64
 
 
-def aios_run(tmp: Path, *args: str, env: dict[str, str] | None = None):
+def _aios_run_args(tmp: Path, *args: str, env: dict[str, str] | None = None) -> dict:
+    """``aios-run --nprocs 2 ft.replica_groups=2 ARGS ft_loop.py``: Popen's arguments."""
     from aios.testing.strategy_contract import free_port
 
     full = {k: v for k, v in os.environ.items() if not k.startswith(("AIOS_", "RUST_LOG"))}
@@ -36,16 +40,18 @@ def aios_run(tmp: Path, *args: str, env: dict[str, str] | None = None):
             **(env or {}),
         }
     )
-    return subprocess.run(
-        [sys.executable, "-c", "from aios.cli.run import main; main()"]
+    return {
+        "args": [sys.executable, "-c", "from aios.cli.run import main; main()"]
         + ["--nprocs", "2", f"master_port={free_port()}", "ft.replica_groups=2"]
         + ["ft.heartbeat_timeout_ms=500", "ft.timeout=30", *args, str(SCRIPT)],
-        capture_output=True,
-        text=True,
-        env=full,
-        cwd=tmp,
-        timeout=600,
-    )
+        "text": True,
+        "env": full,
+        "cwd": tmp,
+    }
+
+
+def aios_run(tmp: Path, *args: str, env: dict[str, str] | None = None):
+    return subprocess.run(**_aios_run_args(tmp, *args, env=env), capture_output=True, timeout=600)
 
 
 def _logs(tmp: Path) -> dict[str, list[dict]]:
@@ -319,3 +325,37 @@ def test_a_hung_group_is_stopped_and_heals(tmp_path: Path) -> None:
     heal = next(line for line in r.stderr.splitlines() if "healed from" in line)
     print(f"survivor stalled {after - at5:.1f}s; {r.stderr.count('did not commit')} steps lost;")
     print(heal)
+
+
+def test_group_processes_die_with_a_killed_aios_run(tmp_path: Path) -> None:
+    """aios-run SIGKILLed while its groups' processes are still starting (before aios.init,
+    which watches the launcher too): the kernel kills them (the parent death signal every
+    aios-run worker gets); none is left running."""
+    from aios.launcher.worker import process_alive
+
+    proc = subprocess.Popen(
+        **_aios_run_args(tmp_path, env={"FT_WAIT_BEFORE_INIT": "1"}),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    pids: list[int] = []
+    try:
+        while len(pids) < 2:  # both groups' processes started and wait before aios.init
+            assert proc.poll() is None
+            pids = [int(p.name.split("-")[1]) for p in tmp_path.glob("pid-*")]
+            time.sleep(0.05)
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 120  # a bound for the wait, not a timing assert
+        while any(process_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [p for p in pids if process_alive(p)]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for p in pids:
+            if process_alive(p):
+                os.kill(p, signal.SIGKILL)
+        for f in tmp_path.glob("pid-*"):  # aios-run's state folder, left by its SIGKILL
+            shutil.rmtree(f.read_text(), ignore_errors=True)

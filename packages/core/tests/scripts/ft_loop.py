@@ -18,6 +18,11 @@ import time
 import aios
 import torch
 
+if os.environ.get("FT_WAIT_BEFORE_INIT"):  # started, not yet in aios.init: the pid, then wait
+    with open(os.path.join(os.environ["FT_OUT"], f"pid-{os.getpid()}"), "w") as f:
+        f.write(os.environ["AIOS_FT_STATE_DIR"])  # aios-run's, left by its SIGKILL
+    while True:
+        time.sleep(1)
 rt = aios.init()
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))

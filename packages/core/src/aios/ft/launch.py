@@ -38,6 +38,7 @@ from aios.ft.hang import limit as hang_limit
 from aios.ft.plan import rust_log
 from aios.launcher import boot
 from aios.launcher.contract import RUN_ID_ENV
+from aios.launcher.worker import child_preexec
 from aios.resilience.notices import EXIT_PREEMPTED
 from aios.resilience.watchdog import EXIT_HUNG
 
@@ -187,8 +188,12 @@ class Groups:
             env = self._group_env(g, rank, master, store)
             if restarted:
                 env[RESTARTED_AT_ENV] = repr(time.time())
-            proc = subprocess.Popen(
-                self.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            proc = subprocess.Popen(  # the parent death signal, as every aios-run worker
+                self.command,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                preexec_fn=child_preexec(os.getpid()),
             )
             prefix = f"[rank{g * self.per_group + rank}]:".encode()
             for src, dst in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):
