@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -23,7 +26,8 @@ SCRIPT = Path(__file__).parent / "scripts" / "ft_loop.py"
 N = 64
 
 
-def aios_run(tmp: Path, *args: str, env: dict[str, str] | None = None):
+def _aios_run_args(tmp: Path, *args: str, env: dict[str, str] | None = None) -> dict:
+    """``aios-run --nprocs 2 ft.replica_groups=2 ARGS ft_loop.py``: Popen's arguments."""
     from aios.testing.strategy_contract import free_port
 
     full = {k: v for k, v in os.environ.items() if not k.startswith(("AIOS_", "RUST_LOG"))}
@@ -36,16 +40,18 @@ def aios_run(tmp: Path, *args: str, env: dict[str, str] | None = None):
             **(env or {}),
         }
     )
-    return subprocess.run(
-        [sys.executable, "-c", "from aios.cli.run import main; main()"]
+    return {
+        "args": [sys.executable, "-c", "from aios.cli.run import main; main()"]
         + ["--nprocs", "2", f"master_port={free_port()}", "ft.replica_groups=2"]
         + ["ft.heartbeat_timeout_ms=500", "ft.timeout=30", *args, str(SCRIPT)],
-        capture_output=True,
-        text=True,
-        env=full,
-        cwd=tmp,
-        timeout=600,
-    )
+        "text": True,
+        "env": full,
+        "cwd": tmp,
+    }
+
+
+def aios_run(tmp: Path, *args: str, env: dict[str, str] | None = None):
+    return subprocess.run(**_aios_run_args(tmp, *args, env=env), capture_output=True, timeout=600)
 
 
 def _logs(tmp: Path) -> dict[str, list[dict]]:
@@ -53,6 +59,29 @@ def _logs(tmp: Path) -> dict[str, list[dict]]:
         p.name: [json.loads(line) for line in p.read_text().splitlines()]
         for p in sorted(tmp.glob("g*-r*.jsonl"))
     }
+
+
+def _trained_once(surv: list[dict], first: list[dict], again: list[dict]) -> None:
+    """Every sample of the epoch trained once: each committed step's shares of the
+    participating groups (the survivor's, group 1's before its loss and after its restart)."""
+    seen: list[int] = []
+    share = {}
+    for run in (surv, first, again):
+        for e in run:
+            if e["ok"]:
+                share.setdefault(e["step"], []).append((run is again, e))
+    last = max(share)
+    tail: set[int] = set()
+    for step, entries in sorted(share.items()):
+        p = entries[0][1]["p"]
+        # a healing group's first step contributes no gradient: its batch is not counted
+        counted = [e for is_again, e in entries if not (is_again and e is again[0])]
+        assert len(counted) == p, (step, entries)
+        for e in counted:
+            (tail.update if step == last else seen.extend)(e["idx"])
+    # once each; the epoch's short last step is padded from its start (as DistributedSampler)
+    assert len(seen) == len(set(seen))
+    assert set(seen) | tail == set(range(N)) and not tail <= set(seen)
 
 
 @pytest.mark.parametrize("mode", ["between", "allreduce"])
@@ -87,25 +116,7 @@ def test_lost_group_survivor_keeps_training_and_heals(tmp_path: Path, mode: str)
     by_step = {e["step"]: e["params"] for e in committed}
     healed = [e for e in again if e["ok"]]
     assert healed and all(by_step[e["step"]] == e["params"] for e in healed)
-    # every sample trained once: each committed step's shares of the participating groups
-    seen: list[int] = []
-    share = {}
-    for run in (surv, first, again):
-        for e in run:
-            if e["ok"]:
-                share.setdefault(e["step"], []).append((run is again, e))
-    last = max(share)
-    tail: set[int] = set()
-    for step, entries in sorted(share.items()):
-        p = entries[0][1]["p"]
-        # a healing group's first step contributes no gradient: its batch is not counted
-        counted = [e for is_again, e in entries if not (is_again and e is again[0])]
-        assert len(counted) == p, (step, entries)
-        for e in counted:
-            (tail.update if step == last else seen.extend)(e["idx"])
-    # once each; the epoch's short last step is padded from its start (as DistributedSampler)
-    assert len(seen) == len(set(seen))
-    assert set(seen) | tail == set(range(N)) and not tail <= set(seen)
+    _trained_once(surv, first, again)
     # goodput: the replica-group categories in the run record and in `aios report`
     (run,) = (tmp_path / "runs").iterdir()
     rep = subprocess.run(
@@ -237,3 +248,114 @@ def test_the_readme_command_runs_as_printed(tmp_path: Path) -> None:
     assert "Quorum!" not in r.stderr  # torchft's per-step lines are off
     assert "GET /checkpoint/" not in r.stderr  # its checkpoint server's access log too
     assert "buffer is not writable" not in r.stderr
+
+
+def test_hang_watch_judges_a_group_left_behind(tmp_path: Path) -> None:
+    """aios.ft.hang with an injected clock: a group is hung when one of its ranks stayed behind
+    another live group's quorum request for the limit; not before its ranks' first request, not
+    while every group is quiet, not when it catches up within the limit, not when it is the
+    only live group, and not after a restart until it asks again. Two requests made between
+    the same two looks (group 1's last, then group 0's next) still leave group 1 behind."""
+    from aios.ft.hang import Beat, HangWatch
+
+    now = [0.0]
+    watch = HangWatch(str(tmp_path), per_group=2, limit_s=10.0, clock=lambda: now[0])
+    beats = {(g, r): Beat(str(tmp_path), g, r) for g in (0, 1) for r in (0, 1)}
+    assert watch.look([0, 1]) == []  # nobody asked yet: starting
+    for b in beats.values():
+        b.tick(0)
+    assert watch.look([0, 1]) == []
+    now[0] = 30.0  # everyone quiet for 30 s (an evaluation every group runs): no hang
+    assert watch.look([0, 1]) == []
+    beats[0, 0].tick(1)  # group 0 asks from step 1; group 1 is behind from now
+    assert watch.look([0, 1]) == []
+    now[0] = 39.0
+    for r in (0, 1):  # group 1 catches up within the limit: no hang
+        beats[1, r].tick(1)
+    beats[0, 1].tick(1)
+    assert watch.look([0, 1]) == []
+    now[0] = 45.0
+    beats[1, 0].tick(2)  # group 1's rank 1 stays at step 1 while the others ask from step 2
+    for r in (0, 1):
+        beats[0, r].tick(2)
+    assert watch.look([0, 1]) == []
+    now[0] = 55.5
+    assert watch.look([0, 1]) == [1]  # 10.5 s behind group 0
+    assert watch.look([1]) == []  # group 0 ended: group 1 alone is not judged
+    watch.forget(1)  # restarted: its old steps gone, judged again once it asks
+    assert watch.look([0, 1]) == []
+    now[0] = 100.0
+    assert watch.look([0, 1]) == []
+    for b in beats.values():
+        b.close()
+
+
+def test_a_hung_group_is_stopped_and_heals(tmp_path: Path) -> None:
+    """Group 1 hangs in the script after committing step 5 (a file, not a timer, decides
+    where). Its manager still heartbeats, so torchft's lighthouse forms no quorum without it and
+    group 0 waits in its quorum request (whose timeout outlasts the hang limit): aios-run judges
+    group 1 hung (no quorum request for 2 x ft.timeout while group 0 asked), stops it and
+    restarts it; group 0 goes on alone meanwhile, never restarts, group 1 heals and every
+    sample is trained once. ft.timeout=10 leaves 10 s for aios-run to stop the hung group
+    before group 0's quorum would give up, a margin a loaded machine does not eat."""
+    r = aios_run(tmp_path, "ft.timeout=10", env={"FT_KILL_STEP": "5", "FT_KILL_MODE": "hang"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (
+        "aios: replica group 1 lost at step 5 (hung: no step for 20s while another group "
+        "stepped); 1 of 2 groups training"
+    ) in r.stderr, r.stderr[-3000:]
+    assert "replica group 0 lost" not in r.stderr  # the survivor outlasted the hang
+    assert "replica group 1 healed from a live group" in r.stderr
+    logs = _logs(tmp_path)
+    g0 = [v for k, v in logs.items() if k.startswith("g0-")]
+    g1 = [v for k, v in logs.items() if k.startswith("g1-")]
+    assert len(g0) == 1 and len(g1) == 2
+    (surv,) = g0
+    first, again = sorted(g1, key=lambda v: v[0]["restarted"])
+    assert [e["step"] for e in first] == [1, 2, 3, 4, 5]  # it hung after step 5
+    committed = [e for e in surv if e["ok"]]
+    assert any(e["p"] == 1 for e in committed) and committed[-1]["p"] == 2
+    by_step = {e["step"]: e["params"] for e in committed}
+    healed = [e for e in again if e["ok"]]
+    assert healed and all(by_step[e["step"]] == e["params"] for e in healed)
+    _trained_once(surv, first, again)
+    # the survivor's stall: from its step 5 to its next committed step (shown, not asserted)
+    at5 = next(e["t"] for e in surv if e["step"] == 5 and e["ok"])
+    after = next(e["t"] for e in surv if e["step"] == 6 and e["ok"])
+    heal = next(line for line in r.stderr.splitlines() if "healed from" in line)
+    print(f"survivor stalled {after - at5:.1f}s; {r.stderr.count('did not commit')} steps lost;")
+    print(heal)
+
+
+def test_group_processes_die_with_a_killed_aios_run(tmp_path: Path) -> None:
+    """aios-run SIGKILLed while its groups' processes are still starting (before aios.init,
+    which watches the launcher too): the kernel kills them (the parent death signal every
+    aios-run worker gets); none is left running."""
+    from aios.launcher.worker import process_alive
+
+    proc = subprocess.Popen(
+        **_aios_run_args(tmp_path, env={"FT_WAIT_BEFORE_INIT": "1"}),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    pids: list[int] = []
+    try:
+        while len(pids) < 2:  # both groups' processes started and wait before aios.init
+            assert proc.poll() is None
+            pids = [int(p.name.split("-")[1]) for p in tmp_path.glob("pid-*")]
+            time.sleep(0.05)
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 120  # a bound for the wait, not a timing assert
+        while any(process_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [p for p in pids if process_alive(p)]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for p in pids:
+            if process_alive(p):
+                os.kill(p, signal.SIGKILL)
+        for f in tmp_path.glob("pid-*"):  # aios-run's state folder, left by its SIGKILL
+            shutil.rmtree(f.read_text(), ignore_errors=True)

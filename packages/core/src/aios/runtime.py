@@ -176,6 +176,7 @@ def init(
     rt = Runtime(cfg, parts.backend.name, strategy, precision, watchers=watchers, registry=reg)
     if ft_group_from_env() is not None:  # a replica group of aios-run (aios.ft)
         rt.replica = Replica(cfg, rt.training, strategy)
+        rt.replica.attach(rt.checkpointer)  # one group writes the run's checkpoints
         if rt.replica.group:  # each group's rank 0 keeps its own record beside group 0's
             rt.record.dir = os.path.join(rt.record.dir, f"group{rt.replica.group}")
         rt.replica.start()
@@ -448,8 +449,7 @@ class Runtime(Ranks, Checkpoints):
     def setup_dataloader(self, loader: Any, shuffle: bool | None = None) -> Any:
         if self.replica is not None:  # the data stays global over the groups (aios.ft.data)
             seed = self.config.seed if self.config.seed is not None else 0
-            loader = ft_data.shard(loader, self.replica, seed, shuffle)
-            wrapped = DeviceLoader(loader, self.device, seed=seed, rank=self.rank, world=1)
+            wrapped = ft_data.shard(loader, self.replica, seed, shuffle, self.device, self.rank)
         else:
             wrapped = self.strategy.setup_dataloader(loader, shuffle=shuffle)
         # its workers leave SIGTERM/SIGINT to this rank (aios.data.workers)
@@ -524,7 +524,8 @@ class Runtime(Ranks, Checkpoints):
         if tr.micro % self._accum:
             return False
         precision = self.precision
-        if self.replica is not None and not self.replica.commit(tr.modules):
+        heard = self.preemption.reason is not None
+        if self.replica is not None and not self.replica.commit(tr.modules, heard):
             for opt in [optimizer] if optimizer is not None else tr.optimizers:
                 opt.zero_grad(set_to_none=True)  # not committed: the step is trained again
             return False
@@ -560,12 +561,13 @@ class Runtime(Ranks, Checkpoints):
         # (or at the next backward/accumulate/close), so that what the script does after step()
         # (scheduler.step(), EMA updates) is in it and the data position is exact.
         ck = self._ckpt
+        noticed = self.preemption.reason is not None
+        if self.replica is not None:  # every group stops at the same step (aios.ft.replica)
+            noticed = self.replica.notice
         if self._world > 1:
-            if step % self.preemption_check_every == 0 and self.strategy.any_rank(
-                self.preemption.reason is not None
-            ):
+            if step % self.preemption_check_every == 0 and self.strategy.any_rank(noticed):
                 ck.pending = "preempt"
-        elif self.preemption.reason is not None:
+        elif noticed:
             ck.pending = "preempt"
         every = ck.every
         if every:

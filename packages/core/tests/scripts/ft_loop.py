@@ -3,7 +3,8 @@ their labels, batches of 2, one epoch. Each rank logs, per step, the step, wheth
 the groups in the quorum, the sample ids it trained and its parameters.
 
 The kill is deterministic (files, never timing): with FT_KILL_MODE=between, group 1 kills
-itself right after committing step FT_KILL_STEP; with FT_KILL_MODE=allreduce, group 1 waits at
+itself right after committing step FT_KILL_STEP (FT_KILL_MODE=hang: hangs there instead); with
+FT_KILL_MODE=allreduce, group 1 waits at
 step FT_KILL_STEP until group 0 has finished that step's backward (group 0 is then entering the
 cross-group all-reduce, which waits for group 1) and kills itself. Group 0 waits, before the
 step after, until the restarted group 1 has set itself up: the heal then happens with work left.
@@ -17,6 +18,11 @@ import time
 import aios
 import torch
 
+if os.environ.get("FT_WAIT_BEFORE_INIT"):  # started, not yet in aios.init: the pid, then wait
+    with open(os.path.join(os.environ["FT_OUT"], f"pid-{os.getpid()}"), "w") as f:
+        f.write(os.environ["AIOS_FT_STATE_DIR"])  # aios-run's, left by its SIGKILL
+    while True:
+        time.sleep(1)
 rt = aios.init()
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
@@ -54,12 +60,22 @@ for x, idx in loader:
         open(os.path.join(out, f"g0-backward-{step}"), "w").close()
     ok = rt.step()
     params = [t.detach().flatten().tolist() for t in rt.unwrap(model).parameters()]
-    rec = {"step": rt.global_step, "ok": ok, "p": rt.replica_participants, "idx": idx.tolist()}
+    rec = {
+        "step": rt.global_step,
+        "ok": ok,
+        "p": rt.replica_participants,
+        "idx": idx.tolist(),
+        "t": time.time(),
+    }
     log.write(json.dumps({**rec, "restarted": restarted, "params": params}) + "\n")
     log.flush()
     if g == 1 and mode == "between" and rt.global_step == kill_at and not os.path.exists(killed):
         open(killed, "w").close()
         os.kill(os.getpid(), signal.SIGKILL)
+    if g == 1 and mode == "hang" and rt.global_step == kill_at and not os.path.exists(killed):
+        open(killed, "w").close()
+        while True:  # hung after committing: aios-run's hang watch stops it
+            time.sleep(1)
     if g == 0 and rt.global_step == kill_at + 1:
         wait_for(back)
 rt.close()

@@ -10,23 +10,17 @@ the directory's writer lock on rank 0 and starts the lock's heartbeat thread;
 Batch boundary. ``Runtime.step`` only *decides* that a checkpoint is due (:attr:`pending`) and
 notes the RNG streams (:meth:`CheckpointManager.note_step`); it is written at the next batch
 boundary, so that what the script does after ``step()`` (scheduler, EMA) is in it and the data
-position is exact. Data loaders call the public :meth:`CheckpointManager.at_batch_boundary`
-before fetching the next batch (``DeviceLoader`` does when ``runtime.setup`` attached it:
-``loader.owner`` is the manager): state and RNG as they are then. ``backward`` and
-``accumulate`` call it for loops that draw their own batches: the state as it is then, the RNG
-streams of the step, since a resumed loop runs the top of its loop again. It costs one attribute
-test when nothing is pending.
+position is exact. Data loaders call :meth:`CheckpointManager.at_batch_boundary` before the
+next batch (``DeviceLoader``'s ``owner``); ``backward`` and ``accumulate`` call it for loops that
+draw their own batches (the state as it is then, the step's RNG streams, since a resumed loop
+runs the top of its loop again). It costs one attribute test when nothing is pending.
 
 Every save ends with one collective that tells each rank every rank's outcome
 (:func:`aios.errors.settle`): a failure anywhere raises on the failing rank and a quiet
 :class:`aios.errors.PeerFailed` on the others.
 
-Checkpoint formats (*how* the state is written) are the extension point described in
-:mod:`aios.checkpoint.formats.base`.
-
-Staging and commit are store operations (:meth:`aios.checkpoint.CheckpointStore.begin`,
-``write_file``, ``commit``, ``abort``): the marker is written last; the store's rules about
-re-saves, lineage and pruning apply to every format.
+Formats (*how* the state is written: :mod:`aios.checkpoint.formats.base`) stage and commit
+through the store (:class:`aios.checkpoint.CheckpointStore`): the marker is written last.
 """
 
 from __future__ import annotations
@@ -43,7 +37,6 @@ from aios.checkpoint.collective import least_time_left, on_rank0, settle_all
 from aios.checkpoint.files import filesystem
 from aios.checkpoint.formats.base import CheckpointFormat, SaveContext, get_format
 from aios.checkpoint.formats.dcp_process import resolve_async_mode
-from aios.checkpoint.formats.full import FullStateFormat
 from aios.checkpoint.lock import LOCK_HEARTBEAT_S
 from aios.checkpoint.policy import SAFETY, Interval, SaveCost, choose_interval, fits
 from aios.checkpoint.shape import batch_change, refuse_other_shape, shape_change
@@ -57,16 +50,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from aios.strategies.base import Strategy
     from aios.types import CheckpointFormatSpec
 
-__all__ = [
-    "CheckpointFormat",
-    "FullStateFormat",
-    "SaveContext",
-    "CheckpointManager",
-    "get_format",
-]
-
-
-# ------------------------------------------------------------------------------ formats
+__all__ = ["CheckpointManager"]
 
 
 def _cause(exc: BaseException) -> str:
@@ -149,6 +133,10 @@ class CheckpointManager:
         self.step_time: Callable[[], float | None] = lambda: None
         self._said_conflict = False
         self._abandoned = False
+        #: replica groups (:mod:`aios.ft`): whether this group writes the run's checkpoints now
+        #: (one live group does; aios-run holds the lock); None: this process's ranks are the run
+        self.writes: Callable[[], bool] | None = None
+        self.replicas = 1  #: groups the state is replicated over (markers count every group)
 
     def use_strategy(self, strategy: Strategy) -> None:
         """Save and load through ``strategy`` and its checkpoint format (at construction, and
@@ -189,7 +177,7 @@ class CheckpointManager:
         resume at another shape compares with its own (:func:`aios.checkpoint.shape.shape_change`)."""
         return {
             "run_id": self.record.run_id,
-            "world_size": self.world_size,
+            "world_size": self.world_size * self.replicas,
             "backend": self.backend,
             "strategy": type(self.strategy).__name__,
             "checkpoint_format": self.format.name,
@@ -201,7 +189,7 @@ class CheckpointManager:
     def batch_shape(self) -> dict[str, Any]:
         """This run's data-parallel ranks, ``grad_accum``, per-rank batch and the effective
         global batch (``micro_batch`` or the first loader's batch size, x ranks x accum)."""
-        data = data_parallel_size(self.strategy)
+        data = data_parallel_size(self.strategy) * self.replicas
         accum = int(getattr(self.config, "grad_accum", 1) or 1)
         micro = getattr(self.config, "micro_batch", None)
         if micro is None:
@@ -225,10 +213,11 @@ class CheckpointManager:
         def take() -> None:
             store = self.store
             store.check_writable()
-            store.acquire_lock({"run_id": self.record.run_id, "started": time.time()})
+            if self.writes is None:
+                store.acquire_lock({"run_id": self.record.run_id, "started": time.time()})
 
         on_rank0(self.strategy, self.world_size, take, "taking the checkpoint directory")
-        if self.is_main:
+        if self.is_main and self.writes is None:
             self._stop.clear()
             self._heartbeat = threading.Thread(
                 target=self._beat, name="aios-ckpt-lock", daemon=True
@@ -317,6 +306,9 @@ class CheckpointManager:
 
         A failure on any rank stops every rank: the rank where it happened raises the error,
         the others a quiet :class:`aios.errors.PeerFailed`."""
+        if self.writes is not None and not self.writes():
+            self._skip_save(path)  # another replica group writes this one
+            return None
         self.finish_pending()
         t0 = time.perf_counter()
         c0 = self.clock()
@@ -456,6 +448,12 @@ class CheckpointManager:
             }
         if not (getattr(fmt, "pending", None) is not None and background):
             self.cost.add(key, blocked, blocked)  # a synchronous save: blocking is its total
+
+    def _skip_save(self, path: str | None) -> None:
+        """A save another replica group writes: this group's counters move as if it had."""
+        if path is None:
+            self.saved_step = self.committed_step = self.training.step
+            self.plan(self.clock())
 
     def cost_key(self, background: bool | None = None) -> str:
         """The name the save cost is measured under: the format, ``+async`` for background
@@ -679,7 +677,8 @@ class CheckpointManager:
             reshard=reshard,
         )
         saved_world = meta.get("world_size", "?")
-        resharded = saved_world != "?" and int(saved_world) != self.world_size
+        world = self.world_size * self.replicas
+        resharded = saved_world != "?" and int(saved_world) != world
         changes = shape_change(meta, self.meta())
         batch = batch_change(meta, self.meta(), self.batch_shape(), self.config)
         where = redact_url(self.resumed_from or "")
@@ -700,10 +699,10 @@ class CheckpointManager:
         if changes or batch:
             event["changed"] = [*changes, *([batch] if batch else [])]
         if resharded:
-            event.update(resharded_from=int(saved_world), resharded_to=self.world_size)
+            event.update(resharded_from=int(saved_world), resharded_to=world)
             self.record.diag["resharded"] = {
                 "from_world_size": int(saved_world),
-                "to_world_size": self.world_size,
+                "to_world_size": world,
                 "step": self.training.step,
             }
         self.record.event("resume", **event)

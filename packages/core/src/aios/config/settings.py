@@ -173,7 +173,10 @@ class FtSettings(Section):
     )
     quorum_tick_ms: int = Field(100, ge=1, description="lighthouse: quorum check interval")
     timeout: float = Field(
-        60.0, gt=0, description="seconds for a cross-group all-reduce, commit vote or heal"
+        60.0,
+        gt=0,
+        description="seconds for a cross-group all-reduce, commit vote or heal; a group behind "
+        "another for twice this is hung: stopped and restarted",
     )
     max_restarts: int = Field(
         3, ge=0, description="restarts of each lost group before the run fails"

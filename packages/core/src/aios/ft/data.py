@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from aios.data.loaders import DeviceLoader
 from aios.errors import ConfigError
 
 
@@ -98,12 +99,56 @@ class GlobalStepSampler:
         self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
 
 
-def shard(loader: Any, replica: Any, seed: int, shuffle: bool | None) -> Any:
-    """A ``DataLoader`` like ``loader`` reading the global step split (see the module)."""
+class GroupLoader(DeviceLoader):
+    """What ``rt.setup`` returns for a loader under replica groups: a :class:`DeviceLoader`
+    whose position is its :class:`GlobalStepSampler`'s, counted in committed samples of every
+    group together. Its ``state_dict`` has the layout of any aios loader's (``samples`` of the
+    epoch's order, the data-parallel ``world`` and ``batch_size``), so a checkpoint written under
+    replica groups resumes with another number of groups or without groups (plain ddp), and a
+    plain run's checkpoint resumes under groups."""
+
+    def __init__(self, loader: Any, sampler: GlobalStepSampler, device: Any, seed: int, rank: int):
+        super().__init__(loader, device, seed=seed, rank=rank, world=1)
+        self.steps = sampler
+
+    @property
+    def batch_size(self) -> int:
+        return self.steps.batch_size
+
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        self.steps.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        s = self.steps
+        return {
+            "epoch": s.epoch,
+            "batch": s.pos // max(1, s.batch_size * s.replica.group_world * s.replica.groups),
+            "samples": s.pos,
+            "world": s.replica.groups * s.replica.group_world,
+            "batch_size": s.batch_size,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        epoch = int(state.get("epoch", 0))
+        if "samples" in state:
+            pos = int(state["samples"])
+        else:  # an older checkpoint: its rank's batch count
+            bs = int(state.get("batch_size") or self.steps.batch_size)
+            pos = int(state.get("batch", 0)) * bs * int(state.get("world", 1))
+        self.epoch, self._active = epoch, False
+        self.steps.load_state_dict({"epoch": epoch, "pos": min(pos, self.steps.size)})
+
+
+def shard(
+    loader: Any, replica: Any, seed: int, shuffle: bool | None, device: Any, rank: int
+) -> Any:
+    """A :class:`GroupLoader` over a ``DataLoader`` like ``loader`` reading the global step
+    split (see the module); any other loader as it is."""
     from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 
     if not isinstance(loader, DataLoader):
-        return loader
+        return DeviceLoader(loader, device, seed=seed, rank=rank, world=1)
     if isinstance(loader.dataset, IterableDataset) or loader.batch_size is None:
         raise ConfigError(
             "ft.replica_groups splits each step's batches over the live groups and needs a "
@@ -123,4 +168,5 @@ def shard(loader: Any, replica: Any, seed: int, shuffle: bool | None) -> Any:
         size, int(loader.batch_size), shuffle, seed, loader.drop_last, replica
     )
     replica.samplers.append(sampler)
-    return DataLoader(loader.dataset, batch_sampler=sampler, collate_fn=loader.collate_fn)
+    split = DataLoader(loader.dataset, batch_sampler=sampler, collate_fn=loader.collate_fn)
+    return GroupLoader(split, sampler, device, seed, rank)

@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable
 from typing import IO, Any
 
+from aios.checkpoint.lock import LOCK_HEARTBEAT_S
+from aios.checkpoint.store import CheckpointStore
 from aios.ft import (
     GROUP_ENV,
     GROUPS_ENV,
@@ -31,10 +33,18 @@ from aios.ft import (
     STATE_DIR_ENV,
     STORE_PORT_ENV,
 )
+from aios.ft.hang import HangWatch
+from aios.ft.hang import limit as hang_limit
 from aios.ft.plan import rust_log
 from aios.launcher import boot
+from aios.launcher.contract import RUN_ID_ENV
+from aios.launcher.worker import child_preexec
+from aios.resilience.notices import EXIT_PREEMPTED
+from aios.resilience.watchdog import EXIT_HUNG
 
 PROG = "aios"
+#: seconds aios-run waits for the groups past ``checkpoint.grace_seconds`` after a notice
+STOP_MARGIN_S = 30.0
 
 
 def start_lighthouse(cfg: Any) -> tuple[Any, str]:
@@ -89,6 +99,34 @@ def _relay(src: IO[bytes], dst: IO[bytes], prefix: bytes, quiet: bool) -> None:
     src.close()
 
 
+class RunLock:
+    """``checkpoint.dir``'s writer lock, held by aios-run for the whole run: one group writes
+    each checkpoint (the first in the step's quorum, :meth:`aios.ft.replica.Replica.\
+writes_checkpoints`), and which one changes when a group is lost, so no group's process holds
+    it. Taken before any group starts (another run's lock: the one-line refusal), refreshed
+    every :data:`aios.checkpoint.LOCK_HEARTBEAT_S`, released when the run ends."""
+
+    def __init__(self, cfg: Any, run_id: str, echo: Callable[[str], None]) -> None:
+        self.store = CheckpointStore(cfg.checkpoint.dir, keep=cfg.checkpoint.keep)
+        self.store.check_writable()
+        self.store.acquire_lock({"run_id": run_id, "started": time.time()})
+        self.echo = echo
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="aios-ft-lock", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(LOCK_HEARTBEAT_S):
+            if not self.store.heartbeat():
+                self.echo(f"{PROG}: {self.store.lost or 'lost the checkpoint lock'}")
+                return
+
+    def release(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self.store.release_lock()
+
+
 class Groups:
     """The replica groups of one run on this host (see the module docstring)."""
 
@@ -115,6 +153,14 @@ class Groups:
         self.state_dir = tempfile.mkdtemp(prefix="aios-ft-")
         self.lighthouse: Any = None
         self.address = ""
+        #: the stop notice (SIGTERM/SIGINT) aios-run received and forwarded to every group: the
+        #: groups stop at the same step (the writer saves the emergency checkpoint) and none is
+        #: restarted
+        self.stopping: int | None = None
+        self.stop_by = float("inf")
+        self.lock: RunLock | None = None
+        #: a group that stopped stepping while another goes on is lost too (aios.ft.hang)
+        self.hangs = HangWatch(self.state_dir, self.per_group, hang_limit(cfg.ft))
 
     def _group_env(self, g: int, rank: int, master_port: int, store_port: int) -> dict[str, str]:
         n = self.per_group
@@ -142,8 +188,12 @@ class Groups:
             env = self._group_env(g, rank, master, store)
             if restarted:
                 env[RESTARTED_AT_ENV] = repr(time.time())
-            proc = subprocess.Popen(
-                self.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            proc = subprocess.Popen(  # the parent death signal, as every aios-run worker
+                self.command,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                preexec_fn=child_preexec(os.getpid()),
             )
             prefix = f"[rank{g * self.per_group + rank}]:".encode()
             for src, dst in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):
@@ -166,13 +216,15 @@ class Groups:
         for t in self.relays.pop(g, []):
             t.join(timeout=10)  # the processes' last lines, before the next event's line
 
-    def _lost(self, g: int, code: int) -> bool:
-        """Group ``g`` lost a process: stop the rest, restart it. False when out of restarts."""
+    def _lost(self, g: int, why: str) -> bool:
+        """Group ``g`` lost a process (or hung): stop the rest, restart it. False when out of
+        restarts."""
         self._stop(g)
+        self.hangs.forget(g)
         alive = self.groups - len(self.done) - 1
         step = max((committed_step(self.state_dir, o) for o in range(self.groups)), default=0)
         self.echo(
-            f"{PROG}: replica group {g} lost at step {step} ({_describe(code)}); "
+            f"{PROG}: replica group {g} lost at step {step} ({why}); "
             f"{alive} of {self.groups} groups training"
         )
         if self.restarts[g] >= self.cfg.ft.max_restarts:
@@ -189,36 +241,85 @@ class Groups:
         self.start(g, restarted=True)
         return True
 
+    def notice(self, signum: int, _frame: Any = None) -> None:
+        """SIGTERM/SIGINT to aios-run: forwarded to every process of every group (each rank's
+        notice handler; the groups agree on the step to stop at, :mod:`aios.ft.replica`)."""
+        if self.stopping is None:  # a rank that outlives its grace is not waited for
+            grace = float(self.cfg.checkpoint.grace_seconds) + STOP_MARGIN_S
+            self.stop_by = time.monotonic() + grace
+        self.stopping = signum
+        for procs in list(self.procs.values()):
+            for p in procs:
+                if p.poll() is None:
+                    p.send_signal(signum)
+
+    def _watch(self) -> int | None:
+        """One look at every group; the run's exit status once it has ended, else None."""
+        for g, procs in list(self.procs.items()):
+            if g in self.done:
+                continue
+            codes = [p.poll() for p in procs]
+            failed = [c for c in codes if c not in (None, 0)]
+            if failed and self.stopping is not None:  # stopped on the notice: never restarted
+                if all(c is not None for c in codes):
+                    self.done[g] = failed[0]
+            elif failed:
+                if not self._lost(g, _describe(failed[0])):
+                    return failed[0] if failed[0] > 0 else 128 - failed[0]
+            elif all(c == 0 for c in codes):
+                self.done[g] = 0
+                open(os.path.join(self.state_dir, f"group{g}.done"), "w").close()
+        live = [g for g in self.procs if g not in self.done]
+        for g in self.hangs.look(live) if self.stopping is None else []:
+            why = f"hung: no step for {self.hangs.limit_s:.0f}s while another group stepped"
+            if not self._lost(g, why):
+                return EXIT_HUNG
+        if self.stopping is not None and time.monotonic() > self.stop_by:
+            left = sorted(set(range(self.groups)) - set(self.done))
+            self.echo(
+                f"{PROG}: replica groups {left} still running {STOP_MARGIN_S:.0f}s past "
+                "checkpoint.grace_seconds after the notice: stopped"
+            )
+            return 128 + self.stopping
+        if len(self.done) < self.groups:
+            return None
+        codes = list(self.done.values())
+        if EXIT_PREEMPTED in codes:
+            return EXIT_PREEMPTED  # the emergency checkpoint is written: relaunch to resume
+        bad = [c for c in codes if c]
+        return (bad[0] if bad[0] > 0 else 128 - bad[0]) if bad else 0
+
     def run(self) -> int:
         """Start every group, watch them; returns the run's exit status."""
+        if self.cfg.checkpoint.dir:
+            self.lock = RunLock(self.cfg, self.env.get(RUN_ID_ENV, ""), self.echo)
         self.lighthouse, self.address = start_lighthouse(self.cfg)
+        old = {s: signal.signal(s, self.notice) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
             for g in range(self.groups):
                 self.start(g)
-            while len(self.done) < self.groups:
+                if self.stopping is not None:  # a notice while starting: the new group too
+                    self.notice(self.stopping)
+            status = None
+            while status is None:
                 time.sleep(0.05)
-                for g, procs in self.procs.items():
-                    if g in self.done:
-                        continue
-                    codes = [p.poll() for p in procs]
-                    failed = [c for c in codes if c not in (None, 0)]
-                    if failed:
-                        if not self._lost(g, failed[0]):
-                            self.stop_all()
-                            return failed[0] if failed[0] > 0 else 128 - failed[0]
-                    elif all(c == 0 for c in codes):
-                        self.done[g] = 0
-                        open(os.path.join(self.state_dir, f"group{g}.done"), "w").close()
-            return 0
+                status = self._watch()
+            return status
         finally:
             self.stop_all()
+            for s, h in old.items():
+                signal.signal(s, h)
 
     def stop_all(self) -> None:
+        """Every group's processes, the lighthouse and the lock: nothing of the run is left."""
         for g in list(self.procs):
             self._stop(g)
         if self.lighthouse is not None:
             self.lighthouse.shutdown()
             self.lighthouse = None
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
         shutil.rmtree(self.state_dir, ignore_errors=True)
 
 

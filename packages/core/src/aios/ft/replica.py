@@ -32,6 +32,8 @@ from aios.ft import (
     STATE_DIR_ENV,
     STORE_PORT_ENV,
 )
+from aios.ft.hang import Beat, quorum_timeout
+from aios.ft.transport import bound_transport
 
 
 def from_env(environ: Any = os.environ) -> tuple[int, int] | None:
@@ -67,6 +69,12 @@ class Replica:
         self.counts = {"committed": 0, "degraded": 0, "lost": 0}
         self.heal_seconds: float | None = None
         self._healing = False
+        state_dir = environ.get(STATE_DIR_ENV)
+        #: the step of this rank's last quorum request, read by aios-run's hang watch (aios.ft.hang)
+        self.beat = Beat(state_dir, self.group, self.group_rank) if state_dir else None
+        #: a stop notice (SIGTERM) some group had heard by a committed step's all-reduce: every
+        #: group learns it at the same step, so every group stops at the same boundary
+        self.notice = False
 
     # ---------------------------------------------------------------- manager
     def _state(self) -> dict[str, Any]:
@@ -106,7 +114,7 @@ class Replica:
             min_replica_size=1,
             use_async_quorum=True,
             timeout=timeout,
-            quorum_timeout=timeout,
+            quorum_timeout=timedelta(seconds=quorum_timeout(ft)),  # outlasts the hang limit
             connect_timeout=timeout,
             rank=self.group_rank,
             world_size=self.group_world,
@@ -115,6 +123,8 @@ class Replica:
             lighthouse_addr=self.env[LIGHTHOUSE_ENV],
             replica_id=f"aios_{self.group}",
             hostname=addr,
+            # the heal's transfer served on the run's address only (aios.ft.transport)
+            checkpoint_transport=bound_transport(addr, timeout, quiet=not ft.log),
         )
 
     def start(self) -> None:
@@ -160,16 +170,14 @@ class Replica:
             return
         self.start()
         m = self.manager
-        m.start_quorum()
-        m.wait_quorum()
+        self._quorum()
         # a restarted group never trains alone while another group lives: it asks again until
         # its quorum has a live group to heal from (or every other group has finished)
         while self._restarted_at is not None and self.heal_seconds is None:
             if m.participating_rank() is None or m.num_participants() > 1 or self._others_done():
                 break
             time.sleep(0.05)
-            m.start_quorum()
-            m.wait_quorum()
+            self._quorum()
         self.in_step = True
         before = self.participants
         self.participants = int(m.num_participants())
@@ -182,8 +190,29 @@ class Replica:
                 f"{self.training.step}"
             )
 
-    def commit(self, modules: list[Any]) -> bool:
-        """Average the gradients across the step's groups and vote; True when it commits."""
+    def attach(self, checkpointer: Any) -> None:
+        """The run's checkpoints under replica groups: written by one group at a time
+        (:meth:`writes_checkpoints`), their markers counting every group's processes."""
+        checkpointer.writes = self.writes_checkpoints
+        checkpointer.replicas = self.groups
+
+    def writes_checkpoints(self) -> bool:
+        """Whether this group writes the run's checkpoints now: the first of the groups in the
+        last step's quorum (exactly one group; a healing group never)."""
+        return self.participant_rank == 0
+
+    def _quorum(self) -> None:
+        # aios-run's hang watch: the step this request is from; a restarted group only once it
+        # has healed (until then it is not judged, and it never makes a live group look behind)
+        if self.beat is not None and (self._restarted_at is None or self.heal_seconds is not None):
+            self.beat.tick(int(self.training.step))
+        self.manager.start_quorum()
+        self.manager.wait_quorum()
+
+    def commit(self, modules: list[Any], noticed: bool = False) -> bool:
+        """Average the gradients across the step's groups and vote; True when it commits.
+        ``noticed``: this rank heard a stop notice; it rides the all-reduce (one more element),
+        and :attr:`notice` is set in every group when the step commits."""
         import torch
         from torch.distributed.tensor import DTensor
 
@@ -195,15 +224,19 @@ class Replica:
                 if p.grad is not None:
                     g = p.grad
                     grads.append(g.to_local() if isinstance(g, DTensor) else g)
+        flag = torch.full((1,), 1.0 if noticed else 0.0)
         if grads:
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            m.allreduce(flat).wait()
-            at = 0
-            for g in grads:
-                n = g.numel()
-                g.copy_(flat[at : at + n].view_as(g))
-                at += n
+            flag = flag.to(device=grads[0].device, dtype=grads[0].dtype)
+        flat = torch.cat([*(g.reshape(-1) for g in grads), flag])
+        m.allreduce(flat).wait()
+        at = 0
+        for g in grads:
+            n = g.numel()
+            g.copy_(flat[at : at + n].view_as(g))
+            at += n
+        heard = bool(flat[-1].item() > 0)
         ok = bool(m.should_commit())
+        self.notice = self.notice or (ok and heard)
         self.in_step = False
         healed = self._healing and ok
         self._healing = self._healing and not ok
@@ -249,6 +282,8 @@ class Replica:
             print(f"aios: {line}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
+        if self.beat is not None:
+            self.beat.close()
         if self.manager is not None:
             self.manager.shutdown(wait=False)
             self.manager = None
