@@ -108,15 +108,15 @@ def test_hook_aios_config_sections():
         assert cfg.section(section) is not None, section
 
 
-def test_hook_aios_discover_devices():
+def test_backend_discover_devices():
     reg = get_registry()
-    cpu = reg.call_first("aios_discover_devices", backend="cpu", config=None)
+    cpu = reg.discover_devices("cpu", None)
     assert cpu.available and cpu.count == 1 and cpu.devices[0].memory_bytes > 0
     for name in ("cuda", "xla", "neuron"):
-        rep = reg.call_first("aios_discover_devices", backend=name, config=None)
+        rep = reg.discover_devices(name, None)
         assert rep is not None and rep.backend == name
         assert rep.available is False and rep.reason  # no accelerator on this machine: says why
-    assert reg.call_first("aios_discover_devices", backend="no-such-backend", config=None) is None
+    assert reg.discover_devices("no-such-backend", None) is None
 
 
 def test_strategies_and_precisions_come_through_the_registered_specs():
@@ -271,22 +271,15 @@ def test_builtin_names_are_never_displaced():
     assert "checkpoint" not in reg.config_sections
 
 
-def test_hook_aios_launch_plan():
+def test_backend_launch_plan():
     reg = get_registry()
-    plan = reg.call_first(
-        "aios_launch_plan",
-        backend="cpu",
-        config=_cfg(nprocs=2),
-        request=LaunchRequest("train.py", ["--x", "1"]),
-    )
+    plan = reg.launch_plan("cpu", _cfg(nprocs=2), LaunchRequest("train.py", ["--x", "1"]))
     (host,) = plan.hosts
     assert plan.launcher == "elastic" and plan.world_size == 2
     assert host.command[1:3] == ["-m", "torch.distributed.run"]
     assert host.command[-3:] == ["train.py", "--x", "1"]
     assert [r["RANK"] for r in host.ranks] == ["0", "1"]
-    single = reg.call_first(
-        "aios_launch_plan", backend="cpu", config=_cfg(), request=LaunchRequest("train.py")
-    )
+    single = reg.launch_plan("cpu", _cfg(), LaunchRequest("train.py"))
     assert single.launcher == "direct" and single.hosts[0].command[1:] == ["train.py"]
 
 

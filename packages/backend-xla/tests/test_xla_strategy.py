@@ -181,7 +181,7 @@ open("t.py", "w").write("")
 cfg, spec, plan, notes = build_plan("t.py", [], ["xla.accelerator=v4-16"], {"backend": "xla"}, None, check=False)
 assert plan.world_size == 8
 from aios.plugins.registry import get_registry
-get_registry().call_first("aios_discover_devices", backend="xla", config=cfg)
+get_registry().discover_devices("xla", cfg)
 assert get_registry().probe("xla")
 heavy = sorted(m for m in ("torch", "torch_xla") if m in sys.modules)
 import torch_xla

@@ -225,78 +225,66 @@ def test_output_printed_at_import_is_captured_and_named(syspath, capsys):
     assert "plug-noisy" in reg.plugins and reg.select("auto").name == "cpu"
 
 
-def test_raising_component_hooks_name_the_plugin_and_cpu_keeps_working(syspath, capsys):
+def test_raising_backend_components_name_the_plugin_and_cpu_keeps_working(syspath, capsys):
+    """A backend's discovery and launch plan are fields of its spec, called isolated: one that
+    raises is an error naming its plugin and the field, and the other backends answer as before.
+    A module that still implements the removed component hooks is refused as a plugin with
+    unknown hooks (named, never fatal)."""
     bad = _module(
         syspath,
-        "plug_hookboom",
+        "plug_specboom",
+        """
+        from aios import hookimpl
+        from aios.types import Availability, BackendSpec
+
+        def plan(config, request):
+            raise RuntimeError("plan boom")
+
+        def discover(config):
+            raise RuntimeError("discover boom")
+
+        @hookimpl
+        def aios_register_backends(register):
+            register(BackendSpec(name="boom", priority=1, device_type="cpu",
+                                 probe=lambda config=None: Availability(True), launch_plan=plan,
+                                 discover=discover))
+    """,
+    )
+    old = _module(
+        syspath,
+        "plug_oldhooks",
         """
         from aios import hookimpl
 
         @hookimpl
         def aios_launch_plan(backend, config, request):
-            raise RuntimeError("plan boom")
-
-        @hookimpl
-        def aios_discover_devices(backend, config):
-            raise RuntimeError("discover boom")
+            return None
     """,
     )
-    reg = Registry(entry_points=[_builtin(), bad], strict=False)
+    reg = Registry(entry_points=[_builtin(), bad, old], strict=False)
     from aios.config.schema import resolve
     from aios.types import LaunchRequest
 
     cfg = resolve(environ={}, sections=reg.config_sections, check_backend=False)
-    plan = reg.call_first(
-        "aios_launch_plan", backend="cpu", config=cfg, request=LaunchRequest(script="t.py")
-    )
+    plan = reg.launch_plan("cpu", cfg, LaunchRequest(script="t.py"))
     assert plan is not None and plan.launcher
-    rep = reg.call_first("aios_discover_devices", backend="cpu", config=None)
+    rep = reg.discover_devices("cpu", None)
     assert rep is not None and rep.backend == "cpu"
-    # cpu's components are carried by its BackendSpec: another plugin's name-keyed hooks are not
-    # even asked for it, so their failures cannot touch it
-    assert "plug-hookboom" not in capsys.readouterr().err
-    # a backend answered through the 0.1 hooks: the raising plugin is named, the other answers
-    good = _module(
-        syspath,
-        "plug_a_legacyplan",
-        """
-        from aios import hookimpl
-        from aios.types import HostPlan, Host, LaunchPlan
-
-        @hookimpl
-        def aios_launch_plan(backend, config, request):
-            if backend == "legacy":
-                return LaunchPlan(backend="legacy", launcher="x", world_size=1,
-                                  hosts=[HostPlan(Host(), 1, {}, ["true"])])
-    """,
-    )
-    reg = Registry(entry_points=[_builtin(), good, bad], strict=False)
-    plan = reg.call_first(
-        "aios_launch_plan", backend="legacy", config=cfg, request=LaunchRequest(script="t.py")
-    )
-    assert plan is not None and plan.launcher == "x"
-    err = capsys.readouterr().err
-    assert 'plugin "plug-hookboom" failed in aios_launch_plan: RuntimeError: plan boom' in err
-    assert {e.plugin for e in reg.errors} == {"plug-hookboom"}
-
-
-def test_raising_hook_with_no_other_answer_is_an_error_naming_the_plugin(syspath):
-    bad = _module(
-        syspath,
-        "plug_onlyplan",
-        """
-        from aios import hookimpl
-
-        @hookimpl
-        def aios_launch_plan(backend, config, request):
-            raise KeyError("missing")
-    """,
-    )
-    reg = Registry(entry_points=[bad], strict=False)
+    assert "plug-specboom" not in capsys.readouterr().err
     with pytest.raises(
-        PluginError, match='plugin "plug-onlyplan" failed in aios_launch_plan: KeyError'
+        PluginError,
+        match='plugin "plug-specboom" failed in BackendSpec.launch_plan: RuntimeError: plan boom',
     ):
-        reg.call_first("aios_launch_plan", backend="x", config=None, request=None)
+        reg.launch_plan("boom", cfg, LaunchRequest(script="t.py"))
+    with pytest.raises(PluginError, match="failed in BackendSpec.discover: RuntimeError"):
+        reg.discover_devices("boom", None)
+    assert reg.launch_plan("no-such-backend", cfg, LaunchRequest(script="t.py")) is None
+    assert reg.discover_devices("no-such-backend", None) is None
+    assert "plug-oldhooks" not in reg.plugins
+    assert any(
+        e.plugin == "plug-oldhooks" and "unknown hooks: aios_launch_plan" in e.error
+        for e in reg.errors
+    )
 
 
 def test_hanging_import_and_probe_time_out_are_named_and_paid_once(
@@ -396,10 +384,16 @@ def test_cli_json_stays_clean_with_noisy_exiting_and_raising_plugins(
         "planboom_plugin",
         textwrap.dedent("""
         from aios import hookimpl
+        from aios.types import Availability, BackendSpec
+
+        def plan(config, request):
+            raise RuntimeError("plan boom")
 
         @hookimpl
-        def aios_launch_plan(backend, config, request):
-            raise RuntimeError("plan boom")
+        def aios_register_backends(register):
+            register(BackendSpec(name="planboom", priority=1,
+                                 probe=lambda config=None: Availability(True),
+                                 launch_plan=plan))
     """),
     )
     res = run_aios("plugins", "--json")
@@ -414,6 +408,4 @@ def test_cli_json_stays_clean_with_noisy_exiting_and_raising_plugins(
     run = run_aios("run", "--dry-run", "--json", "--backend", "cpu", "t.py")
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["backend"] == "cpu"
-    assert (
-        "aios-planboom" not in run.stderr
-    )  # cpu carries its own launch plan: the hook is not asked
+    assert "aios-planboom" not in run.stderr  # another backend's plan is never asked for cpu

@@ -197,7 +197,7 @@ def build_plan(
     software: NeuronSoftware | None = None,
     python: str | None = None,
 ) -> LaunchPlan:
-    """The launch plan for ``request`` on Trainium (the ``aios_launch_plan`` answer)."""
+    """The launch plan for ``request`` on Trainium (its ``BackendSpec.launch_plan``)."""
     settings = settings_of(config)
     check_precision(config.precision)
     sw = software or detect()

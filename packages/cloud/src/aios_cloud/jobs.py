@@ -154,7 +154,7 @@ def host_commands(
         python=spec.python,
     )
     reg = get_registry()
-    plan = reg.call_first("aios_launch_plan", backend=spec.backend, config=config, request=req)
+    plan = reg.launch_plan(spec.backend, config, req)
     if plan is None:
         raise AiosError(
             f"backend '{spec.backend}' gave no launch plan",

@@ -51,11 +51,13 @@ class BackendSpec:
     accelerator: str | None = None
     #: the strategy ``strategy=auto`` resolves to on this backend.
     default_strategy: str = "ddp"
-    #: ``discover(config) -> DeviceReport`` for ``aios devices``; replaces a name-guarded
-    #: :func:`aios.plugins.hookspecs.aios_discover_devices` implementation.
-    discover: Callable[..., Any] | None = None
-    #: ``launch_plan(config, request) -> LaunchPlan``; replaces :func:`aios_launch_plan`.
-    launch_plan: Callable[..., Any] | None = None
+    #: device discovery: ``discover(config) -> DeviceReport`` (``config`` is ``None`` for
+    #: ``aios devices`` without one). Must not initialise a device runtime (for XLA that would
+    #: break ``xmp.spawn`` later): read sysfs, metadata servers, NVML, env vars instead.
+    discover: Callable[[Any], DeviceReport] | None = None
+    #: launch: ``launch_plan(config, request) -> LaunchPlan`` (per-host env and command,
+    #: processes per host). Must not import torch: ``aios-run --dry-run`` prints the plan.
+    launch_plan: Callable[[Any, LaunchRequest], LaunchPlan] | None = None
     #: ``precision(precision, config, accelerator) -> Precision | None`` (``None``: the core
     #: default over the accelerator). Raise
     #: :class:`aios.errors.ConfigError` for a precision the hardware cannot do.
@@ -304,7 +306,7 @@ class HostPlan:
 
 @dataclass
 class LaunchPlan:
-    """A backend's answer to :func:`aios.plugins.hookspecs.aios_launch_plan`.
+    """A backend's answer to :attr:`BackendSpec.launch_plan`.
 
     :param launcher: how processes start: ``elastic`` (torch.distributed.run), ``xla``
         (torch_xla.launch), ``direct`` (one process, no launcher).

@@ -144,7 +144,7 @@ def _reports(backend: str | None) -> list[Any]:
     out = []
     for name in names:
         try:
-            rep = reg.call_first("aios_discover_devices", backend=name, config=None)
+            rep = reg.discover_devices(name, None)
         except PluginError as exc:  # a plugin's discovery raised or hung: named, never fatal
             rep = DeviceReport(name, "?", False, reason=f"discovery failed: {exc.message}")
         except AiosError:

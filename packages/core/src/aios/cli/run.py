@@ -10,7 +10,7 @@
 Steps: resolve the config (file < ``AIOS_*`` env < ``key=value`` < flags), select the backend
 through the registry (``auto``: highest-priority available; an explicitly requested backend that
 is unavailable is an error with its install line), ask the backend for its plan
-(``aios_launch_plan``), check what can be checked before starting anything (script exists,
+(``BackendSpec.launch_plan``), check what can be checked before starting anything (script exists,
 rendezvous port free, checkpoint dir writable and not corrupt), then run the plan:
 
 * ``direct`` (one process, no restarts): the script as a child process;

@@ -128,7 +128,7 @@ def build_plan(
     cfg = cfg.model_copy(update=updates)
     cfg.model_fields_set.add("backend")
     request = LaunchRequest(script=script, args=list(args), module=module)
-    plan = reg.call_first("aios_launch_plan", backend=spec.name, config=cfg, request=request)
+    plan = reg.launch_plan(spec.name, cfg, request)
     if plan is None:
         raise LaunchError(
             f"backend '{spec.name}' has no launch plan",
@@ -149,9 +149,7 @@ def build_plan(
             port = free_port(cfg.master_addr)
             notes.append(f"default port {cfg.master_port} is in use; using {port}")
             cfg = cfg.model_copy(update={"master_port": port})
-            plan = reg.call_first(
-                "aios_launch_plan", backend=spec.name, config=cfg, request=request
-            )
+            plan = reg.launch_plan(spec.name, cfg, request)
     return cfg, spec, plan, notes
 
 
@@ -162,7 +160,7 @@ def print_plan(
 
     devices = None
     try:
-        rep = get_registry().call_first("aios_discover_devices", backend=spec.name, config=cfg)
+        rep = get_registry().discover_devices(spec.name, cfg)
         devices = rep.to_dict() if rep is not None else None
     except Exception as exc:  # noqa: BLE001
         devices = {"error": str(exc)}

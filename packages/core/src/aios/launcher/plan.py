@@ -1,6 +1,6 @@
 """Launch plans shared by backends. Building a plan never imports torch.
 
-Backends call :func:`elastic_plan` from their ``aios_launch_plan`` hook to start one process per
+Backends call :func:`elastic_plan` from their ``BackendSpec.launch_plan`` to start one process per
 device through PyTorch's elastic launcher (``torch.distributed.run``), adding their own env.
 """
 

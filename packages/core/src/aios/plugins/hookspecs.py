@@ -10,15 +10,16 @@ Two kinds of hooks:
   hand aios small descriptor objects (:class:`aios.types.BackendSpec`, ...) and must not import
   heavy runtimes (torch, torch_xla, boto3, google libraries). Import those inside the callables
   the descriptors carry.
-* Component hooks (``aios_discover_devices``, ``aios_launch_plan``, ...) take the backend name
-  and return ``None`` when the backend is not theirs. aios calls them **once at setup**: the
-  objects they return are used directly on the per-step path, which never goes through plugin
-  dispatch. New backends should not need them: the registered descriptors carry their
-  components (``BackendSpec.discover``, ``.launch_plan``, ``.precision``, ``.doctor``;
-  ``StrategySpec.factory``; ``AcceleratorSpec.factory``), and a component a backend's spec
-  carries is used before any hook is asked. Strategies and precision policies come only through
-  the descriptors (``aios_register_strategies``, ``BackendSpec.precision``,
-  ``StrategySpec.precision``).
+* The other hooks answer a question at a point of aios's work (``aios_doctor_checks``,
+  ``aios_preemption_watchers``, ``aios_check_rules``, ...). aios calls them **once at setup**:
+  what they return is used directly on the per-step path, which never goes through plugin
+  dispatch.
+
+A backend's components are fields of its descriptor, not hooks: ``BackendSpec.discover`` (device
+discovery), ``.launch_plan`` (launch), ``.precision``, ``.doctor``; strategies come through
+``aios_register_strategies`` (``StrategySpec.factory``, ``.precision``, ``.launch_env``),
+accelerators through ``aios_register_accelerators``. The registry calls them isolated
+(:meth:`aios.plugins.registry.Registry.discover_devices`, ``.launch_plan``).
 
 Heavy types are only imported for type checking.
 """
@@ -40,10 +41,7 @@ if TYPE_CHECKING:
         CheckpointFormatSpec,
         CloudSpec,
         CommandSpec,
-        DeviceReport,
         DoctorCheck,
-        LaunchPlan,
-        LaunchRequest,
         LoggerSpec,
         PreemptionWatcher,
         StorageSpec,
@@ -226,42 +224,8 @@ def aios_config_sections() -> dict[str, type] | None:
 
 
 # --------------------------------------------------------------------------------------------
-# Components (resolved once at setup, keyed by backend name; return None when not yours)
+# Questions asked at setup (once; what they return is used directly)
 # --------------------------------------------------------------------------------------------
-
-
-@hookspec(firstresult=True)
-def aios_discover_devices(backend: str, config: AiosConfig | None) -> DeviceReport | None:
-    """Device discovery for ``backend``: what this machine offers, for ``aios devices`` and
-    for launch planning.
-
-    :param backend: the backend name being asked about.
-    :param config: the resolved config, or ``None`` when called from ``aios devices`` without one.
-    :return: a :class:`aios.types.DeviceReport`, or ``None`` if ``backend`` is not yours.
-
-    Must not initialise a device runtime (for XLA this would break ``xmp.spawn`` later with
-    "Runtime is already initialized"): read sysfs, metadata servers, NVML, env vars instead.
-    ``firstresult``: the first non-``None`` answer wins.
-
-    .. versionadded:: 0.1
-    """
-
-
-@hookspec(firstresult=True)
-def aios_launch_plan(backend: str, config: AiosConfig, request: LaunchRequest) -> LaunchPlan | None:
-    """Launch: how to start ``request.script`` on this backend.
-
-    :param backend: the selected backend name.
-    :param config: the resolved config (process and node counts, ports, backend sections).
-    :param request: the script, its arguments and the host set (one host locally; the cloud
-        packages pass every host of a slice or cluster).
-    :return: a :class:`aios.types.LaunchPlan` (per-host env and command, processes per host),
-        or ``None`` if ``backend`` is not yours.
-
-    Must not import torch: ``aios-run --dry-run`` prints the plan. ``firstresult``.
-
-    .. versionadded:: 0.1
-    """
 
 
 @hookspec

@@ -21,7 +21,7 @@ as one warning line on stderr naming the plugin; a plugin that does not answer w
 limit is reported ("plugin X timed out after 10s in Y"), ignored for the rest of the process,
 and skipped by the processes this one starts (``AIOS_INTERNAL_SKIP_PLUGINS``), so ``aios-run``
 and its workers pay the timeout once. Imports, registration hooks, probes and
-``aios_launch_plan``/``aios_discover_devices``/``aios_doctor_checks``/``aios_env_info`` run in a
+a backend's ``discover``/``launch_plan``, ``aios_doctor_checks`` and ``aios_env_info`` run in a
 daemon thread under the time limit; the per-process runtime hook (``aios_preemption_watchers``)
 runs in the calling thread (it may set
 per-thread device state) with the same isolation but no time limit. A hook that raises an
@@ -71,6 +71,9 @@ from aios.types import (
     CheckpointFormatSpec,
     CloudSpec,
     CommandSpec,
+    DeviceReport,
+    LaunchPlan,
+    LaunchRequest,
     LoggerSpec,
     StorageSpec,
     StrategySpec,
@@ -604,44 +607,44 @@ class Registry:
                     return out
         return default_precision(precision, device_type, accelerator=accel)
 
-    def call_first(self, hook_name: str, **kwargs: Any) -> Any:
-        """Call a ``firstresult`` component hook. Used at setup only, never per step.
+    def discover_devices(self, backend: str, config: Any | None) -> DeviceReport | None:
+        """What ``backend`` finds on this machine (``aios devices``, the launch plan, the run
+        record): its :attr:`BackendSpec.discover`, called isolated (a plugin that raises or
+        times out is an error naming it; an :class:`AiosError` is its answer). ``None`` for an
+        unknown backend or one that declares no discovery. Used at setup only."""
+        spec = self.backends.get(backend)
+        fn = spec.discover if spec is not None else None
+        if spec is None or fn is None:
+            return None
+        value: DeviceReport | None = self._component(
+            spec.plugin, "BackendSpec.discover", lambda: fn(config)
+        )
+        return value
 
-        A component the backend's spec carries (``BackendSpec.discover``, ``.launch_plan``) is
-        used before any hook is asked. Either way the plugin is called isolated: a plugin that
-        raises (other than an :class:`AiosError`, which is its answer and propagates) or times
-        out is reported by name and skipped; when no plugin answers and one failed, that failure
-        is the error."""
-        name = kwargs.get("backend")
-        spec = self.backends.get(name) if isinstance(name, str) else None
-        carried = None
-        if spec is not None:
-            carried = {
-                "aios_discover_devices": spec.discover,
-                "aios_launch_plan": spec.launch_plan,
-            }.get(hook_name)
-        if spec is not None and carried is not None:
-            fn = carried
-            args = (
-                (kwargs.get("config"),)
-                if hook_name == "aios_discover_devices"
-                else (kwargs["config"], kwargs["request"])
-            )
-            value = self._component(spec.plugin, hook_name, lambda: fn(*args))
-        else:
-            value = self._first_answer(hook_name, kwargs)
-        if hook_name == "aios_launch_plan" and spec is not None and value is not None:
-            config = kwargs["config"]
-            sspec = self.strategy_spec(getattr(config, "strategy", "auto"), spec)
-            if sspec is not None and sspec.launch_env is not None:
-                extra = sspec.launch_env(config, spec.name)
-                for hp in value.hosts:
-                    hp.env.update(extra)
-                if extra:
-                    value.notes.append(
-                        f"strategy {sspec.name} ({sspec.plugin}): "
-                        + " ".join(f"{k}={v}" for k, v in sorted(extra.items()))
-                    )
+    def launch_plan(self, backend: str, config: Any, request: LaunchRequest) -> LaunchPlan | None:
+        """How ``request.script`` starts on ``backend``: its :attr:`BackendSpec.launch_plan`,
+        called isolated, with the environment the configured strategy adds
+        (:attr:`StrategySpec.launch_env`) on every host. ``None`` for an unknown backend or one
+        that declares no plan."""
+        spec = self.backends.get(backend)
+        fn = spec.launch_plan if spec is not None else None
+        if spec is None or fn is None:
+            return None
+        value: LaunchPlan | None = self._component(
+            spec.plugin, "BackendSpec.launch_plan", lambda: fn(config, request)
+        )
+        if value is None:
+            return None
+        sspec = self.strategy_spec(getattr(config, "strategy", "auto"), spec)
+        if sspec is not None and sspec.launch_env is not None:
+            extra = sspec.launch_env(config, spec.name)
+            for hp in value.hosts:
+                hp.env.update(extra)
+            if extra:
+                value.notes.append(
+                    f"strategy {sspec.name} ({sspec.plugin}): "
+                    + " ".join(f"{k}={v}" for k, v in sorted(extra.items()))
+                )
         return value
 
     def _component(self, plugin: str, hook_name: str, fn: Callable[[], Any]) -> Any:
@@ -664,48 +667,6 @@ class Registry:
                 f"fix or disable the plugin (AIOS_DISABLE_PLUGINS={plugin}), or report it to its authors",
             ) from out.exc
         return out.value
-
-    def _first_answer(self, hook_name: str, kwargs: dict[str, Any]) -> Any:
-        """The first non-``None`` answer of a ``firstresult`` hook, plugin by plugin."""
-        failures: list[str] = []
-        first: BaseException | None = None
-        for impl in self._impls(hook_name):
-            plugin = impl.plugin_name
-            accepted = {k: v for k, v in kwargs.items() if k in impl.argnames}
-            out = self._run(
-                plugin,
-                hook_name,
-                functools.partial(impl.function, **accepted),
-                inline=hook_name in INLINE_HOOKS,
-            )
-            if out.timed_out:
-                failures.append(
-                    f'plugin "{plugin}" timed out after {self.timeout:g}s in {hook_name}'
-                )
-                continue
-            if out.exc is not None:
-                if isinstance(out.exc, AiosError):
-                    raise out.exc
-                msg = f"{hook_name} failed: {type(out.exc).__name__}: {out.exc}"
-                failures.append(
-                    f'plugin "{plugin}" failed in {hook_name}: {type(out.exc).__name__}: {out.exc}'
-                )
-                first = first or out.exc
-                self._error(plugin, msg, out.tb)
-                continue
-            if out.value is not None:
-                for f in failures:  # another plugin answered: the failures become warnings
-                    warn(
-                        f"{one_line(f)}; ignored (disable it with AIOS_DISABLE_PLUGINS={f.split(chr(34))[1]})"
-                    )
-                return out.value
-        if failures:
-            culprit = failures[0].split('"')[1]
-            raise PluginError(
-                one_line("; ".join(failures), 400),
-                f"fix or disable the plugin (AIOS_DISABLE_PLUGINS={culprit}), or report it to its authors",
-            ) from first  # --debug shows the plugin's traceback
-        return None
 
     def call_all(
         self, hook_name: str, **kwargs: Any

@@ -44,11 +44,7 @@ def write_start(
         }
     )
     try:
-        rep = (
-            registry.call_first("aios_discover_devices", backend=backend, config=config)
-            if registry
-            else None
-        )
+        rep = registry.discover_devices(backend, config) if registry else None
         if rep is not None:
             record.diag["devices"] = rep.to_dict()
     except Exception as exc:  # noqa: BLE001
