@@ -25,9 +25,9 @@ LARGE_MODULES: dict[str, str] = {
 LONG_FUNCTIONS: dict[str, str] = {}
 
 #: imports of first-party modules (``aios``, ``aios_*``, relative ones) inside functions, per
-#: package folder. Each kept one says why (``# deferred: ...``): moving it to module level would
-#: load torch, pydantic or a cloud SDK, or a plugin's modules at ``aios --help``, where nothing
-#: loads them today.
+#: package folder. In the cloud packages each kept one says why (``# deferred: ...``): moving it
+#: to module level would load pydantic or yaml where nothing loads them today, or a plugin's
+#: modules at ``aios --help``.
 FUNCTION_LOCAL_IMPORTS: dict[str, int] = {
     "backend-cuda": 19,
     "backend-neuron": 39,
