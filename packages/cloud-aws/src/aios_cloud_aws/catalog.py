@@ -22,6 +22,10 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from aios_backend_neuron import catalog as neuron_catalog
+
+from aios_cloud_aws.errors import UnknownInstanceType
+
 PRICES_RECORDED = "2025-06-30"
 PRICE_SOURCE = "AWS EC2 on-demand price list (us-east-1, Linux); spot: typical us-east-1 value"
 
@@ -117,15 +121,13 @@ def _trainium(name: str, **cloud: Any) -> InstanceType:
     """A Trainium type: the chip facts (devices, HBM, vCPUs, EFA interfaces, NeuronCores) come
     from backend-neuron's catalog, the one place they live; prices, regions, host RAM and
     bandwidth are the cloud's."""
-    from aios_backend_neuron.catalog import GIB, lookup
-
-    t = lookup(name)
+    t = neuron_catalog.lookup(name)
     return InstanceType(
         name=name,
         family=t.family,
         accelerator=f"AWS {t.chip}",
         accelerators=t.devices,
-        accelerator_memory_gib=t.memory_per_device // GIB,
+        accelerator_memory_gib=t.memory_per_device // neuron_catalog.GIB,
         vcpus=t.vcpus,
         efa_interfaces=t.efa_interfaces,
         backend="neuron",
@@ -389,7 +391,6 @@ def lookup(name: str, region: str | None = None) -> InstanceType:
     :func:`unlisted` for a well-formed name the table lacks (EC2 decides at launch). A malformed
     name is refused in one line. ``region`` is not checked here: which zones offer a type is
     EC2's live answer (:func:`region_note` for the recorded regions)."""
-    from aios_cloud_aws.errors import UnknownInstanceType
 
     t = LIVE.get(name) or INSTANCE_TYPES.get(name)
     if t is not None:

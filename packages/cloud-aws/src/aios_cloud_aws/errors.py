@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 
+from aios.errors import AiosError
 from aios_cloud.provider.errors import CapacityError, CloudError, CredentialsError, QuotaError
 
 
@@ -109,7 +110,6 @@ def translate(
 ) -> BaseException:
     """An aios error for ``exc`` (returned, not raised), or ``exc`` itself when it is not an
     AWS error. ``operation`` is the API call (``RunInstances``) for the message."""
-    from aios.errors import AiosError
 
     if isinstance(exc, AiosError):
         return exc

@@ -11,7 +11,7 @@ from functools import partial
 from typing import Any
 
 from aios_cloud.provider.data import ClusterHost, ClusterInfo, ClusterRequest
-from aios_cloud.provider.errors import CloudError, NotOfferedError
+from aios_cloud.provider.errors import CapacityError, CloudError, ClusterNotFound, NotOfferedError
 from aios_cloud.provider.states import (
     FAILED,
     HEALTHY,
@@ -268,8 +268,6 @@ class AwsInstances(AwsDryRun):
             if target == "running" and states & {"shutting-down", "terminated"}:
                 reasons = {i.get("StateReason", {}).get("Code", "") for i in insts}
                 if reasons & SPOT_TERMINATION_CODES or any("Spot" in r for r in reasons):
-                    from aios_cloud.provider.errors import CapacityError
-
                     raise CapacityError(
                         "spot capacity was reclaimed while the instances booted",
                         "aios tries the next availability zone",
@@ -423,8 +421,6 @@ class AwsInstances(AwsDryRun):
 
     # ------------------------------------------------------------------ start / stop / delete
     def _ids(self, ec2: Any, name: str) -> builtins.list[str]:
-        from aios_cloud.provider.errors import ClusterNotFound
-
         insts = self._instances(ec2, name)
         if not insts:
             raise ClusterNotFound(

@@ -13,7 +13,7 @@ from aios_cloud_aws import catalog as cat
 from aios_cloud_aws.base import AwsBase
 from aios_cloud_aws.ec2time import epoch as _epoch
 from aios_cloud_aws.ec2time import iso as _iso
-from aios_cloud_aws.errors import RegionUnavailable
+from aios_cloud_aws.errors import RegionUnavailable, UnknownInstanceType, error_code, translate
 from aios_cloud_aws.session import region_of_zone
 from aios_cloud_aws.settings import (
     DLAMI_PYTHON,
@@ -103,7 +103,6 @@ class AwsOfferings(AwsBase):
     def describe_type(self, ec2: Any, accelerator: str) -> cat.InstanceType:
         """EC2's own facts of ``accelerator`` (``DescribeInstanceTypes``), which decide over the
         table's (devices, EFA interfaces); a type EC2 does not know is refused in one line."""
-        from aios_cloud_aws.errors import UnknownInstanceType, error_code, translate
 
         try:
             resp = ec2.describe_instance_types(InstanceTypes=[accelerator])

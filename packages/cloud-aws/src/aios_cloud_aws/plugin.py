@@ -18,13 +18,15 @@ INSTALL = "pip install -e './packages/core[aws]' ./packages/cloud ./packages/clo
 
 
 def _factory(config: Any = None, **kwargs: Any) -> Any:
-    from aios_cloud_aws.provider import AwsProvider
+    from aios_cloud_aws.provider import AwsProvider  # deferred: imports pydantic
 
     return AwsProvider(config, **kwargs)
 
 
 def _s3_options(url: str) -> dict[str, Any]:
-    from aios_cloud_aws.storage import storage_options
+    from aios_cloud_aws.storage import (
+        storage_options,
+    )  # deferred: plugin entry, loaded at `aios --help`
 
     return storage_options(url)
 
@@ -57,7 +59,7 @@ def aios_register_storage(register: Any) -> None:
 
 @hookimpl
 def aios_config_sections() -> dict[str, type]:
-    from aios_cloud_aws.settings import AwsSettings
+    from aios_cloud_aws.settings import AwsSettings  # deferred: imports pydantic
 
     return {"aws": AwsSettings}
 
@@ -66,17 +68,19 @@ def aios_config_sections() -> dict[str, type]:
 def aios_preemption_watchers(config: Any) -> list[Any] | None:
     import os
 
-    from aios_cloud_aws.settings import SPOT_WATCH_ENV, settings_from
+    from aios_cloud_aws.settings import SPOT_WATCH_ENV, settings_from  # deferred: imports pydantic
 
     settings = settings_from(config)
     watch = settings.spot_watch
     if watch == "auto":
-        from aios_cloud_aws.imds import on_ec2
+        from aios_cloud_aws.imds import on_ec2  # deferred: plugin entry, loaded at `aios --help`
 
         watch = os.environ.get(SPOT_WATCH_ENV) == "1" or on_ec2()
     if not watch:
         return None
-    from aios_cloud_aws.imds import SpotInterruptionWatcher
+    from aios_cloud_aws.imds import (
+        SpotInterruptionWatcher,
+    )  # deferred: plugin entry, loaded at `aios --help`
 
     return [SpotInterruptionWatcher(interval=settings.imds_poll_seconds)]
 
@@ -105,8 +109,8 @@ def aios_doctor_checks(backend: str | None, config: Any) -> list[DoctorCheck] | 
         )
     if importlib.util.find_spec("boto3") is not None:
         try:
-            from aios_cloud_aws.session import Clients
-            from aios_cloud_aws.settings import settings_from
+            from aios_cloud_aws.session import Clients  # deferred: imports pydantic
+            from aios_cloud_aws.settings import settings_from  # deferred: imports pydantic
 
             source = Clients(settings_from(config)).credentials_source()
             checks.append(DoctorCheck("aws: credentials", "pass", source))

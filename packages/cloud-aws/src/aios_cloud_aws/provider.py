@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aios.launcher.contract import CLOUD_ENV
+from aios.launcher.contract import CLOUD_ENV, DEADLINE_ENV, DEADLINE_SOURCE_ENV
 from aios_cloud.provider.data import ClusterInfo
 from aios_cloud.provider.errors import CloudError, FailureKind
 from aios_cloud.provider.requirements import check_requirements
@@ -37,7 +37,7 @@ from aios_cloud_aws.ec2params import (
     use_efa,
 )
 from aios_cloud_aws.errors import TransientAwsError
-from aios_cloud_aws.instances import AwsInstances
+from aios_cloud_aws.instances import AwsInstances, _epoch
 from aios_cloud_aws.session import region_of_zone
 from aios_cloud_aws.settings import (
     SPOT_WATCH_ENV,
@@ -80,9 +80,6 @@ class AwsProvider(AwsInstances):
         if block:
             # a Capacity Block gives no notice on the hosts (no IMDS instance-action; only an
             # EventBridge event): its reclaim, read at launch, is every rank's known deadline
-            from aios.launcher.contract import DEADLINE_ENV, DEADLINE_SOURCE_ENV
-
-            from aios_cloud_aws.instances import _epoch
 
             reclaim = _epoch(block["terminates_from"])
             if reclaim is not None:

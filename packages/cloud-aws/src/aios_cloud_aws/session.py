@@ -12,7 +12,9 @@ import re
 import threading
 from typing import Any
 
-from aios_cloud_aws.errors import translate
+from aios_cloud.provider.errors import CloudError, CredentialsError
+
+from aios_cloud_aws.errors import NO_CREDENTIALS_FIX, translate
 from aios_cloud_aws.settings import AwsSettings
 
 _ZONE_RE = re.compile(r"^([a-z]{2}(?:-gov|-iso[a-z]*)?-[a-z]+-\d+)")
@@ -22,8 +24,6 @@ def region_of_zone(zone: str) -> str:
     """``us-east-1a`` -> ``us-east-1`` (also local zones: ``us-east-1-bos-1a``)."""
     m = _ZONE_RE.match(zone)
     if not m:
-        from aios_cloud.provider.errors import CloudError
-
         raise CloudError(
             f"'{zone}' is not an AWS availability zone name", "use a name like us-east-1a"
         )
@@ -76,9 +76,6 @@ class Clients:
     def credentials_source(self) -> str:
         """Where the credentials come from (``env``, ``shared-credentials-file``, ``sso``,
         ``iam-role`` ...) and the profile; never their value. Raises CredentialsError."""
-        from aios_cloud.provider.errors import CredentialsError
-
-        from aios_cloud_aws.errors import NO_CREDENTIALS_FIX
 
         try:
             creds = self.session.get_credentials()

@@ -11,6 +11,7 @@ from typing import Literal
 
 from aios.config.settings import Section
 from aios.plugins.versions import STACKS
+from aios_cloud.provider.requirements import registry_aios
 from pydantic import Field, field_validator
 
 # Public SSM parameters of the AWS Deep Learning AMIs. AWS renames them between releases (the
@@ -133,8 +134,6 @@ class AwsSettings(Section):
     @field_validator("aios_requirements")
     @classmethod
     def _no_registry_aios(cls, v: list[str]) -> list[str]:
-        from aios_cloud.provider.requirements import registry_aios
-
         bad = [r for r in v if registry_aios(r)]
         if bad:
             raise ValueError(

@@ -11,6 +11,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
+from aios_backend_xla import topology
 from aios_cloud.provider.data import CatalogEntry
 
 # USD per chip-hour: (on demand, spot). TPU7x has no price here: none was published in a source
@@ -90,8 +91,6 @@ LISTED: dict[str, tuple[int, ...]] = {
 
 
 def _topology() -> ModuleType:
-    from aios_backend_xla import topology
-
     return topology
 
 

@@ -11,13 +11,15 @@ from aios.types import CloudSpec, DoctorCheck, StorageSpec
 
 
 def _factory(config: Any = None) -> Any:
-    from aios_cloud_gcp.provider import GcpProvider
+    from aios_cloud_gcp.provider import GcpProvider  # deferred: imports pydantic
 
     return GcpProvider(config)
 
 
 def _storage_options(url: str) -> dict[str, Any]:
-    from aios_cloud_gcp.storage import storage_options
+    from aios_cloud_gcp.storage import (
+        storage_options,
+    )  # deferred: plugin entry, loaded at `aios --help`
 
     return storage_options(url)
 
@@ -55,14 +57,14 @@ def aios_register_storage(register: Any) -> None:
 
 @hookimpl
 def aios_config_sections() -> dict[str, type]:
-    from aios_cloud_gcp.settings import GcpSettings
+    from aios_cloud_gcp.settings import GcpSettings  # deferred: imports pydantic
 
     return {"gcp": GcpSettings}
 
 
 @hookimpl
 def aios_preemption_watchers(config: Any) -> list[Any] | None:
-    from aios_cloud_gcp.preemption import (
+    from aios_cloud_gcp.preemption import (  # deferred: plugin entry, loaded at `aios --help`
         GcePreemptionWatcher,
         TpuMaintenanceWatcher,
         on_gce,

@@ -18,6 +18,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from aios.devices.pci import is_tpu_chip
 from aios.types import Notice, PreemptionWatcher
 
 DMI = Path("/sys/class/dmi/id/product_name")
@@ -171,7 +172,6 @@ class TpuMaintenanceWatcher(PreemptionWatcher):
 
 def on_tpu_vm() -> bool:
     """A Cloud TPU VM host: GCE with TPU chips on the PCI bus (aios.devices.pci's table)."""
-    from aios.devices.pci import is_tpu_chip
 
     root = Path(os.environ.get("AIOS_TEST_SYSFS_PCI") or "/sys/bus/pci/devices")
     try:

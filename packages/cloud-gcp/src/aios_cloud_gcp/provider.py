@@ -25,6 +25,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from aios.plugins.versions import STACKS
 from aios_cloud.provider.data import ClusterInfo
 from aios_cloud.provider.requirements import check_requirements
 
@@ -80,7 +81,6 @@ class GcpProvider(GcpInstances):
             # goes into a Python 3.12 venv made by uv, which downloads a managed CPython
             # (https://docs.astral.sh/uv/concepts/python-versions/#automatic-python-downloads);
             # never into the image's python3.
-            from aios.plugins.versions import STACKS
 
             py = f"{TORCH_TPU_VENV}/bin/python"
             install = STACKS["torch_tpu"][0].install

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 from aios.config.settings import Section
+from aios_cloud.provider.requirements import registry_aios
 from pydantic import Field, field_validator
 
 
@@ -79,8 +80,6 @@ class GcpSettings(Section):
     @field_validator("aios_requirements")
     @classmethod
     def _no_registry_aios(cls, v: list[str]) -> list[str]:
-        from aios_cloud.provider.requirements import registry_aios
-
         bad = [r for r in v if registry_aios(r)]
         if bad:
             raise ValueError(

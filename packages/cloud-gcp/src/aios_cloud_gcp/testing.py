@@ -74,6 +74,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlparse
 
+from aios_backend_xla.topology import parse_accelerator_type
+
 if TYPE_CHECKING:
     from aios_cloud.testing.host import Host
 
@@ -166,8 +168,6 @@ PROJECT_NUMBER = "123456789012"
 
 
 def hosts_for(accelerator: str) -> int:
-    from aios_backend_xla.topology import parse_accelerator_type
-
     return parse_accelerator_type(accelerator).hosts
 
 
@@ -638,7 +638,6 @@ class FakeTpuService:
                 f"Quota 'TPUV4PodPerProjectPerZoneForTPUAPI' exhausted. Limit 0 in region {region}",
                 "RESOURCE_EXHAUSTED",
             )
-        from aios_backend_xla.topology import parse_accelerator_type
 
         gen = parse_accelerator_type(accelerator).generation
         if gen in NOT_SERVED:

@@ -11,7 +11,17 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import yaml
 from aios.errors import AiosError
+from aios_cloud.codesync import make_tarball
 from aios_cloud.request import LaunchRequest
+from aios_cloud.store import (
+    JOB_FAILED,
+    JOB_PENDING,
+    JOB_RUNNING,
+    JOB_SUCCEEDED,
+    ClusterRecord,
+    Store,
+    cluster_dir,
+)
 
 from aios_cloud_k8s import manifests as M
 
@@ -120,9 +130,6 @@ def build(
 
 
 def _code(provider: K8sAccess, p: LaunchRequest, name: str) -> str:
-    from aios_cloud.codesync import make_tarball
-    from aios_cloud.store import cluster_dir
-
     tar = make_tarball(
         p.workdir, cluster_dir(name) / "code.tar.gz", p.exclude, p.max_sync_mb * 2**20
     )
@@ -151,7 +158,7 @@ def redact_manifest(obj: Any) -> Any:
     ``key``), never a secret: it printed ``key: '***'``, an unapplyable manifest. Here only
     what can hold a secret is hidden: a Secret's ``data``/``stringData`` values, an env entry
     ``{name, value}`` whose name is secret-looking, and passwords inside URLs anywhere."""
-    from aios.config.schema import is_secret, redact_url
+    from aios.config.schema import is_secret, redact_url  # deferred: imports pydantic
 
     if isinstance(obj, list):
         return [redact_manifest(v) for v in obj]
@@ -177,7 +184,6 @@ def redact_manifest(obj: Any) -> Any:
 
 def launch(provider: K8sAccess, p: LaunchRequest, store: Any, log: Callable[[str], None]) -> int:
     import click
-    from aios_cloud.store import JOB_FAILED, JOB_PENDING, ClusterRecord
 
     _check(p)
     env, forward = p.env, p.forward_env
@@ -276,7 +282,6 @@ def follow(
     echo: Callable[[str], None],
 ) -> int:
     """Wait for the job to end, then print every pod's log (prefixed with the pod's name)."""
-    from aios_cloud.store import JOB_FAILED, JOB_RUNNING, JOB_SUCCEEDED
 
     last, said = "", ""
     while True:
@@ -322,8 +327,6 @@ def logs(
         )
         return 0
     if follow_:
-        from aios_cloud.store import Store
-
         return follow(
             provider,
             Store(),

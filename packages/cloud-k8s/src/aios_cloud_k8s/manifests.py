@@ -29,6 +29,7 @@ from typing import Any
 from aios.devices.efa import efa_interfaces, fabric_env
 from aios.errors import ConfigError
 from aios.launcher.contract import GRACE_CAP_ENV
+from aios_backend_xla.topology import parse_accelerator_type
 
 JOBSET_GROUP = "jobset.x-k8s.io"
 JOBSET_VERSION = "v1alpha2"
@@ -117,7 +118,6 @@ class Placement:
 
 def tpu_layouts(place: Placement) -> list[tuple[int, int]]:
     """``(pods per slice, chips per pod)`` layouts the slice can take (the planned one first)."""
-    from aios_backend_xla.topology import parse_accelerator_type
 
     return parse_accelerator_type(place.accelerator).host_layouts()
 
@@ -191,7 +191,6 @@ def placement(accelerator: str, nodes: int) -> Placement:
     if re.match(r"^(v\d|tpu)", accelerator):
         # the TPU chip facts (chips, hosts, chips per host) have one home: the XLA backend's
         # topology table (a declared dependency of this package)
-        from aios_backend_xla.topology import parse_accelerator_type
 
         t = parse_accelerator_type(accelerator)
         if t.generation not in GKE_TPU_ACCELERATOR:

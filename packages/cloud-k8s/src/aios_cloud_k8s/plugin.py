@@ -10,7 +10,7 @@ from aios.types import CloudSpec, DoctorCheck
 
 
 def _factory(config: Any = None) -> Any:
-    from aios_cloud_k8s.provider import K8sProvider
+    from aios_cloud_k8s.provider import K8sProvider  # deferred: imports yaml
 
     return K8sProvider(config)
 
@@ -29,7 +29,7 @@ def aios_register_clouds(register: Any) -> None:
 
 @hookimpl
 def aios_config_sections() -> dict[str, type]:
-    from aios_cloud_k8s.settings import K8sSettings
+    from aios_cloud_k8s.settings import K8sSettings  # deferred: imports pydantic
 
     return {"k8s": K8sSettings}
 

@@ -51,7 +51,7 @@ class K8sProvider(SchedulerProvider):
     suspended_queued: bool = False
 
     def __init__(self, config: Any = None) -> None:
-        from aios_cloud_k8s.settings import K8sSettings
+        from aios_cloud_k8s.settings import K8sSettings  # deferred: imports pydantic
 
         section = config.section("k8s") if config is not None else None
         self.settings = section if section is not None else K8sSettings()
@@ -230,8 +230,6 @@ class K8sProvider(SchedulerProvider):
         )
 
     def _record(self, name: str) -> Any:
-        from aios_cloud.store import Store
-
         return Store().get_cluster(name)
 
     def job_state(self, name: str, api: str) -> tuple[str, dict[str, Any]]:

@@ -10,9 +10,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from aios.errors import AiosError
+from aios_cloud.bundle import build
+from aios_cloud.codesync import collect, data_line, make_tarball
+from aios_cloud.jobs import env_file
 from aios_cloud.provider.data import ClusterInfo
 from aios_cloud.provider.errors import CloudError
 from aios_cloud.request import LaunchRequest
+from aios_cloud.store import (
+    JOB_CANCELLED,
+    JOB_FAILED,
+    JOB_PENDING,
+    JOB_RECOVERING,
+    JOB_RUNNING,
+    JOB_SUCCEEDED,
+    ClusterRecord,
+    Store,
+    cluster_dir,
+)
 
 from aios_cloud_slurm.states import FINAL_STATES, NAME_RE, default_name, gres_gpus
 
@@ -212,8 +226,7 @@ def dry_run(
     job = build_job(provider, p, name, part, conf, root, "<id>", env, forward)
     for note in job.notes:
         echo(f"# note: {note}")
-    from aios.config.schema import redact
-    from aios_cloud.codesync import collect, data_line
+    from aios.config.schema import redact  # deferred: imports pydantic, yaml
 
     job.env = redact(job.env)
     echo("# dry run: nothing is synced or submitted")
@@ -236,7 +249,6 @@ def dry_run(
 def _claim(provider: SlurmAccess, store: Any, name: str, part: dict[str, Any]) -> Any:
     """The store's record for ``name`` (a finished job's name is reused), or claim it; returns
     the record that existed, ``None`` when this launch claimed it."""
-    from aios_cloud.store import ClusterRecord
 
     existing = store.get_cluster(name)
     if existing is not None:
@@ -268,7 +280,6 @@ def _claim(provider: SlurmAccess, store: Any, name: str, part: dict[str, Any]) -
 
 def launch(provider: SlurmAccess, p: LaunchRequest, store: Any, log: Callable[[str], None]) -> int:
     import click
-    from aios_cloud.store import JOB_CANCELLED, JOB_FAILED, JOB_PENDING
 
     _check(p)
     env, forward = p.env, p.forward_env
@@ -307,8 +318,6 @@ def launch(provider: SlurmAccess, p: LaunchRequest, store: Any, log: Callable[[s
         _sync(provider, p, root, log)
         _write(provider, f"{job.job_dir}/job.sbatch", render(job), mode="755")
         if forward:
-            from aios_cloud.jobs import env_file
-
             values = {k: os.environ[k] for k in forward if k in os.environ}
             missing = [k for k in forward if k not in os.environ]
             if missing:
@@ -416,14 +425,9 @@ def _check_runnable(provider: SlurmAccess, slurm_id: str) -> None:
 
 
 def _sync(provider: SlurmAccess, p: LaunchRequest, root: str, log: Callable[[str], None]) -> None:
-    from aios_cloud.codesync import data_line, make_tarball
-    from aios_cloud.store import cluster_dir
-
     extra: list = []
     generated: dict[str, str] = {}
     if not p.no_bundle:
-        from aios_cloud.bundle import build
-
         b = build(p.backend or "cpu", provider.name)
         extra, generated = b.files, b.generated
     name = root.rsplit("/", 1)[-1]
@@ -486,13 +490,6 @@ def follow(
     log: Callable[[str], None],
 ) -> int:
     """Print the job's output as it grows, record its state and restarts; the job's exit status."""
-    from aios_cloud.store import (
-        JOB_CANCELLED,
-        JOB_FAILED,
-        JOB_RECOVERING,
-        JOB_RUNNING,
-        JOB_SUCCEEDED,
-    )
 
     out_path = f"{job_dir}/slurm-{slurm_id}.out"
     offset = 0
@@ -591,7 +588,6 @@ def logs(
         for line in r.stdout.decode(errors="replace").splitlines():
             echo(line)
         return 0
-    from aios_cloud.store import Store
 
     try:
         return follow(

@@ -10,7 +10,9 @@ from aios.types import CloudSpec, DoctorCheck
 
 
 def _factory(config: Any = None) -> Any:
-    from aios_cloud_slurm.provider import SlurmProvider
+    from aios_cloud_slurm.provider import (
+        SlurmProvider,
+    )  # deferred: plugin entry, loaded at `aios --help`
 
     return SlurmProvider(config)
 
@@ -29,7 +31,7 @@ def aios_register_clouds(register: Any) -> None:
 
 @hookimpl
 def aios_config_sections() -> dict[str, type]:
-    from aios_cloud_slurm.settings import SlurmSettings
+    from aios_cloud_slurm.settings import SlurmSettings  # deferred: imports pydantic
 
     return {"slurm": SlurmSettings}
 

@@ -29,13 +29,14 @@ from aios_cloud.request import LaunchRequest
 from aios_cloud.store import ClusterRecord, JobRecord, Store
 
 from aios_cloud_slurm import launch as slurm_launch
+from aios_cloud_slurm.shell import Shell
 from aios_cloud_slurm.states import FINAL_STATES, gres_gpus, parse_config, parse_kv
 
 PRICE_NOTE = "n/a (your cluster)"
 
 
 def _settings(config: Any) -> Any:
-    from aios_cloud_slurm.settings import SlurmSettings
+    from aios_cloud_slurm.settings import SlurmSettings  # deferred: imports pydantic
 
     section = config.section("slurm") if config is not None else None
     return section if section is not None else SlurmSettings()
@@ -54,8 +55,6 @@ class SlurmProvider(SchedulerProvider):
     }
 
     def __init__(self, config: Any = None) -> None:
-        from aios_cloud_slurm.shell import Shell
-
         self.config = config
         self.settings = _settings(config)
         s = self.settings
@@ -192,8 +191,6 @@ class SlurmProvider(SchedulerProvider):
         return parse_kv(text.splitlines()[0])
 
     def _record(self, name: str) -> Any:
-        from aios_cloud.store import Store
-
         return Store().get_cluster(name)
 
     def describe(self, name: str, zone: str | None) -> ClusterInfo | None:

@@ -45,7 +45,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from aios_cloud import provider
+        from aios_cloud import provider  # deferred: lazy re-export (module __getattr__)
 
         return getattr(provider, name)
     raise AttributeError(f"module 'aios_cloud' has no attribute {name!r}")

@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from aios.plugins.registry import get_registry
+
 SITE = ".aios-site"
 _SKIP_DIRS = {"__pycache__", "tests"}
 
@@ -41,8 +43,6 @@ def build(backend: str | None = None, cloud: str | None = None) -> Bundle:
     ``backend``, the one that registers ``cloud`` (its storage scheme serves the checkpoints),
     and plugins that register neither a backend nor a cloud (loggers, storage)."""
     from importlib.metadata import PackageNotFoundError, distribution
-
-    from aios.plugins.registry import get_registry
 
     reg = get_registry()
     wanted = {"aios-core": "aios"}

@@ -33,6 +33,8 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from aios.errors import AiosError
+
 ALWAYS_EXCLUDE = (
     ".git",
     "checkpoints",
@@ -308,7 +310,6 @@ def _collect_bounded(
     """:func:`collect` and the bytes it holds, refusing more than ``max_bytes`` of input
     (someone's dataset slipped through the ignore rules) with a one-line error naming the
     largest files."""
-    from aios.errors import AiosError
 
     files = collect(root, excludes)
     total = sum((root / f).lstat().st_size for f in files)
@@ -400,8 +401,6 @@ class Manifest:
                 src = self.blobs[sha]
                 data = src if isinstance(src, builtins.bytes) else src.read_bytes()
                 if _sha(data) != sha:
-                    from aios.errors import AiosError
-
                     raise AiosError(
                         f"{src if isinstance(src, Path) else 'a generated file'} changed while "
                         "aios was syncing it",

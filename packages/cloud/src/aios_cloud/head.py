@@ -14,11 +14,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from aios_cloud import fleet
 from aios_cloud.provider.data import ClusterHost
 from aios_cloud.records import Log, cluster_key, record_hosts, remote_root, runner_for
 from aios_cloud.ssh import (
     HostResult,
     SshError,
+    _first_line,
+    _state_of,
 )
 from aios_cloud.store import (
     ClusterRecord,
@@ -133,8 +136,6 @@ class Head:
         return r, results, outputs, other
 
     def _head_failed(self, r: HostResult, what: str) -> SshError:
-        from aios_cloud.ssh import _first_line, _state_of
-
         detail = _first_line("\n".join(r.stderr[-5:])) or _state_of(r)
         return SshError(
             f"{what} failed on {self.head.label} (the head host: {detail})",
@@ -145,7 +146,6 @@ class Head:
         """Ship fleet.py to the head when its copy differs (a few KiB, once)."""
         if self.helper:
             return self.helper
-        from aios_cloud import fleet
 
         src = Path(fleet.__file__).read_bytes()
         sha = hashlib.sha256(src).hexdigest()[:16]

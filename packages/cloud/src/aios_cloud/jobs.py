@@ -30,8 +30,12 @@ from typing import Any
 from aios.errors import AiosError
 from aios.launcher import status as rank_status
 from aios.launcher.contract import LAUNCH_TIME_ENV, RUN_ID_ENV, STATUS_DIR_ENV
+from aios.plugins.registry import get_registry
 from aios.resilience.notices import EXIT_PREEMPTED
+from aios.types import Host, LaunchRequest
 
+from aios_cloud.bundle import build
+from aios_cloud.codesync import data_line, make_manifest, secret_files
 from aios_cloud.head import Head, setup_timeout
 from aios_cloud.records import Log, record_hosts, remote_root, runner_for
 from aios_cloud.request import JobSpec
@@ -55,13 +59,10 @@ def sync_code(
 ) -> None:
     """Ship the workdir (and aios itself) to every host: the head host gets only the content
     it does not already have; it copies the code to the other hosts over the cluster network."""
-    from aios_cloud.codesync import data_line, make_manifest, secret_files
 
     extra: list = []
     generated: dict[str, str] = {}
     if spec.bundle:
-        from aios_cloud.bundle import build
-
         b = build(spec.backend, rec.cloud)
         extra, generated = b.files, b.generated
     manifest = make_manifest(
@@ -137,8 +138,6 @@ def host_commands(
 ) -> dict[int, Any]:
     """The backend's launch plan for the cluster's hosts: worker id -> HostPlan (env + argv),
     with the local interpreter replaced by the remote one."""
-    from aios.plugins.registry import get_registry
-    from aios.types import Host, LaunchRequest
 
     hosts = record_hosts(rec)
     per_host = sorted({int(h["nprocs"]) for h in rec.hosts if h.get("nprocs")})

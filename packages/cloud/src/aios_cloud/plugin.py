@@ -55,7 +55,7 @@ def aios_register_commands(register: Any) -> None:
 
 
 def _ssh_factory(config: Any = None) -> Any:
-    from aios_cloud.sshhosts.provider import SshHostsProvider
+    from aios_cloud.sshhosts.provider import SshHostsProvider  # deferred: imports pydantic, yaml
 
     return SshHostsProvider(config)
 
@@ -76,6 +76,6 @@ def aios_register_clouds(register: Any) -> None:
 def aios_report_target(target: str) -> str | None:
     """``aios report CLUSTER``: the newest run record of the cluster's newest job, copied from
     its hosts (:func:`aios_cloud.runs.report_target`)."""
-    from aios_cloud.runs import report_target
+    from aios_cloud.runs import report_target  # deferred: plugin entry, loaded at `aios --help`
 
     return report_target(target)

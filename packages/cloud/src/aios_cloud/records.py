@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from aios.errors import AiosError
+from aios.plugins.registry import get_registry
 
 from aios_cloud.provider.base import Provider
 from aios_cloud.provider.data import CloudCommand, ClusterHost, ClusterInfo, ClusterRequest
@@ -32,15 +33,11 @@ def remote_root(cluster: str) -> str:
 
 
 def get_provider(cloud: str, config: Any) -> Provider:
-    from aios.plugins.registry import get_registry
-
     spec = get_registry().cloud(cloud)
     return spec.factory(config)
 
 
 def installed_clouds() -> list[str]:
-    from aios.plugins.registry import get_registry
-
     return sorted(get_registry().clouds)
 
 

@@ -28,9 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from aios.errors import AiosError
+from aios.runrecord import goodput
+from aios.runrecord.render import _dur
+
 from aios_cloud.records import record_hosts, remote_root, runner_for
 from aios_cloud.request import JobSpec
-from aios_cloud.store import ClusterRecord, JobRecord, cluster_dir
+from aios_cloud.shapes import money
+from aios_cloud.store import ClusterRecord, JobRecord, Store, aios_home, cluster_dir
 
 #: the lines of ``metrics.jsonl`` copied for ``aios report`` (its timeline); the goodput figures
 #: themselves need only the last one
@@ -149,8 +154,6 @@ def copied(cluster: str, job_id: int) -> bool:
 
 
 def aios_home_cluster_runs(cluster: str) -> Path:
-    from aios_cloud.store import aios_home
-
     return aios_home() / "clusters" / cluster / "runs"
 
 
@@ -206,9 +209,6 @@ class JobGoodput:
 
     def line(self) -> str:
         """``goodput 87.3%: 1.2h productive of 1.4h wall, $3.10 per productive hour``."""
-        from aios.runrecord.render import _dur
-
-        from aios_cloud.shapes import money
 
         out = (
             f"goodput {self.goodput:.1%}: {_dur(self.productive_s)} productive of "
@@ -233,7 +233,6 @@ def job_goodput(
 ) -> JobGoodput | None:
     """Job ``job``'s goodput: its run records copied from the hosts when ``refresh`` (and the
     hosts answer), else the copy kept here; None when there is no record of it yet."""
-    from aios.runrecord import goodput
 
     source = "copy"
     if refresh and rec is not None and pull(rec, job, timeout=timeout):
@@ -260,9 +259,6 @@ def report_target(name: str) -> str | None:
     """``aios report CLUSTER``: the newest run record of the cluster's newest job with one (its
     records copied from the hosts first when they answer, else the copy kept here, which
     outlives the cluster). None when ``name`` is no cluster this machine knows."""
-    from aios.errors import AiosError
-
-    from aios_cloud.store import Store
 
     store = Store()
     try:

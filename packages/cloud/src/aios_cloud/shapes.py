@@ -18,8 +18,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from aios.checkpoint import MARKER, CheckpointStore
+
 from aios_cloud.provider.base import CloudProvider
 from aios_cloud.provider.errors import CloudError
+from aios_cloud.records import record_hosts, request_from_dict, runner_for
 from aios_cloud.store import ClusterRecord, Store
 
 SHAPE = "shape"
@@ -56,7 +59,6 @@ def record_hourly(provider: CloudProvider, rec: ClusterRecord) -> float | None:
     as an upfront fee (an AWS Capacity Block) at its fee per hour, or None when the cloud does
     not tell the fee (never the on-demand price it is not billed at); else the catalog's
     price of its hosts."""
-    from aios_cloud.records import request_from_dict
 
     if (rec.request.get("extra") or {}).get("reservation"):
         try:
@@ -97,18 +99,12 @@ def newest_step(rec: ClusterRecord, checkpoint_dir: str | None) -> int | None:
         return None
     try:
         if "://" in checkpoint_dir:
-            from aios.checkpoint import CheckpointStore
-
             store = CheckpointStore(checkpoint_dir, keep=None)
             # a long-lived watcher: fsspec keeps listings of object stores per process (s3fs,
             # gcsfs), which would name checkpoints pruned since
             store.fs.invalidate_cache(store.root)
             info = store.latest(warn=False)
             return info.step if info else None
-        from aios.checkpoint import MARKER
-
-        from aios_cloud.records import record_hosts, runner_for
-
         d = shlex.quote(checkpoint_dir.rstrip("/"))
         cmd = (
             f'for c in {d}/ckpt-*; do [ -f "$c/{MARKER}" ] && basename "$c"; done '

@@ -10,6 +10,7 @@ from typing import Any
 from aios.errors import AiosError
 
 from aios_cloud.records import Log
+from aios_cloud.ssh import kill_all
 
 _SIGNALLED: list[int] = []
 
@@ -19,8 +20,6 @@ def install_signal_handlers() -> None:
     thread (SIGTERM as ``SystemExit(143)``, SIGINT as ``KeyboardInterrupt``), so the launcher's
     cleanup runs within seconds whatever a remote host does."""
     import signal
-
-    from aios_cloud.ssh import kill_all
 
     def on_term(signum: int, _frame: Any) -> None:
         _SIGNALLED.append(signum)

@@ -41,7 +41,9 @@ from typing import IO, Any
 
 from aios.errors import AiosError
 
+from aios_cloud.fleet import connection_failure
 from aios_cloud.provider.data import ClusterHost
+from aios_cloud.store import aios_home
 
 Command = str | Callable[[ClusterHost], str]
 
@@ -571,7 +573,6 @@ def _state_of(r: HostResult) -> str:
     """A failed host's state in a few words, for progress lines and errors."""
     if r.returncode == 124:
         return "no answer (stalled)"
-    from aios_cloud.fleet import connection_failure
 
     line = _first_line("\n".join(r.stderr)).lower()
     return connection_failure(line) or line[:80] or f"exit status {r.returncode}"
@@ -590,7 +591,6 @@ def _is_ssh_noise(line: str) -> bool:
 
 def ensure_client_key(path: str | os.PathLike[str] | None = None) -> Path:
     """aios's own SSH key (``$AIOS_HOME/keys/aios_ed25519``), created on first use."""
-    from aios_cloud.store import aios_home
 
     p = Path(path) if path else aios_home() / "keys" / "aios_ed25519"
     if p.exists():

@@ -11,15 +11,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from aios.checkpoint import filesystem
 from aios.errors import AiosError
+
+from aios_cloud.codesync import _excluded
+from aios_cloud.jobs import env_file
+from aios_cloud.records import remote_root, runner_for
 
 PROGRESS_MIN_BYTES = 8 * 2**20
 TRANSFER_TIMEOUT = 86400.0  # `aios sync` to/from hosts: data may take hours
 
 
 def _fs(url: str) -> tuple[Any, str]:
-    from aios.checkpoint import filesystem
-
     return filesystem(url)
 
 
@@ -70,8 +73,6 @@ class _Bar:
 
 
 def _local_files(root: Path, excludes: tuple[str, ...]) -> list[tuple[Path, str]]:
-    from aios_cloud.codesync import _excluded
-
     if root.is_file():
         return [(root, root.name)]
     out = []
@@ -197,7 +198,6 @@ def bucket_cluster(
     this machine and the hosts use their own credentials (service account / instance profile).
     ``env`` (endpoints, forwarded credentials) reaches the hosts on stdin, never on a command
     line. Relative cluster paths are under the cluster's code dir."""
-    from aios_cloud.records import remote_root, runner_for
 
     root = remote_root(rec.name)
     to_cluster = "://" in src
@@ -214,7 +214,6 @@ def bucket_cluster(
     runner = runner_for(rec, printer)
     if dry_run:
         return [f"({h.label}) {shlex.join(runner.argv(h, cmd))}" for h in hosts]
-    from aios_cloud.jobs import env_file
 
     with tempfile.TemporaryDirectory(prefix="aios-sync-") as tmp:
         p = Path(tmp) / "env"
@@ -279,8 +278,6 @@ def upload_to_cluster(
     """local file/dir -> PATH on every selected host (relative paths: under the code dir)."""
     import tarfile
 
-    from aios_cloud.records import remote_root, runner_for
-
     dest = path if path.startswith(("/", "~", "$HOME")) else f"{remote_root(rec.name)}/code/{path}"
     dest = dest.replace("~", "$HOME", 1) if dest.startswith("~") else dest
     into = path.endswith("/") or path in ("", ".")
@@ -318,8 +315,6 @@ def download_from_cluster(
     """PATH on each selected host -> local ``dst`` (``dst/worker-N/`` when several hosts)."""
     import subprocess
     import tarfile
-
-    from aios_cloud.records import remote_root, runner_for
 
     src = (
         path

@@ -7,6 +7,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+from aios_cloud import records
+from aios_cloud.lifecycle import down_cluster
+from aios_cloud.provider.base import provisioning
+from aios_cloud.ssh import LinePrinter
+from aios_cloud.store import Store
+from aios_cloud.watching import Watcher, WatchOptions
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="aios-watch")
@@ -16,17 +23,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config")
     ap.add_argument("--down", action="store_true")
     a = ap.parse_args(argv)
-    from aios.config.schema import resolve
-
-    from aios_cloud.lifecycle import down_cluster
-    from aios_cloud.provider.base import provisioning
-    from aios_cloud.records import get_provider
-    from aios_cloud.ssh import LinePrinter
-    from aios_cloud.store import Store
-    from aios_cloud.watching import Watcher, WatchOptions
+    from aios.config.schema import resolve  # deferred: imports pydantic, yaml
 
     config = resolve(config_file=a.config, check_backend=False)
-    provider = get_provider(a.cloud, config)
+    provider = records.get_provider(a.cloud, config)  # looked up per call: tests stand it in
     name = job.cluster if (job := Store().get_job(a.job_id)) else str(a.job_id)
     store = Store()
     printer = LinePrinter(sys.stdout)

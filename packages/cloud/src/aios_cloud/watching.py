@@ -16,7 +16,7 @@ from typing import Any
 from aios.errors import AiosError
 from aios.resilience.notices import EXIT_PREEMPTED
 
-from aios_cloud import shapes
+from aios_cloud import runs, shapes
 from aios_cloud.failover import create_with_failover, zone_order
 from aios_cloud.head import HELPER_PYTHON, Head
 from aios_cloud.jobs import JobSpec, cancel_job, poll_job, run_setup, start_job, sync_code
@@ -383,8 +383,6 @@ class Watcher:
         """Copy the job's run records here (its goodput outlives the hosts)."""
         job = self.store.get_job(self.job_id)
         if rec is not None and job is not None:
-            from aios_cloud import runs
-
             runs.pull(rec, job, full=full, timeout=timeout)
 
     def _end_shape(self, job: JobRecord, rec: ClusterRecord | None, why: str) -> None:

@@ -454,7 +454,7 @@ class Ec2Proxy:
         """Why a call signed with instance-role credentials may not run ``action``, or None."""
         import re
 
-        from aios_cloud_aws.ec2params import allowed
+        from aios_cloud_aws.ec2params import allowed  # deferred: imports pydantic
 
         m = re.search(r"Credential=([^/,\s]+)/", authorization)
         docs = self.grants.get(m.group(1)) if m else None

@@ -10,9 +10,13 @@ from typing import TYPE_CHECKING, Any
 import click
 from aios.errors import AiosError
 
+from aios_cloud.provider.scheduler import SchedulerProvider
+from aios_cloud.records import cloud_name, get_provider, installed_clouds, record_hosts
+from aios_cloud.ssh import LinePrinter
+from aios_cloud.store import Store
+
 if TYPE_CHECKING:
     from aios_cloud.provider.base import Provider
-    from aios_cloud.provider.scheduler import SchedulerProvider
 
 
 CLOUD_HELP = "Cloud plugin to use (gcp, aws, ...); default: the only one installed."
@@ -30,32 +34,24 @@ def _log(msg: str) -> None:
 
 
 def _config(config_file: str | None) -> Any:
-    from aios.config.schema import resolve
+    from aios.config.schema import resolve  # deferred: imports pydantic, yaml
 
     return resolve(config_file=config_file, check_backend=False)
 
 
 def _cloud_name(cloud: str | None, store_cloud: str | None = None) -> str:
-    from aios_cloud.records import cloud_name
-
     return cloud_name(cloud, store_cloud)
 
 
 def _provider(cloud: str, config_file: str | None) -> Provider:
-    from aios_cloud.records import get_provider
-
     return get_provider(cloud, _config(config_file))
 
 
 def _store() -> Any:
-    from aios_cloud.store import Store
-
     return Store()
 
 
 def _printer() -> Any:
-    from aios_cloud.ssh import LinePrinter
-
     return LinePrinter(sys.stdout)
 
 
@@ -83,8 +79,6 @@ def _print(obj: Any) -> None:
 
 
 def _select(rec: Any, workers: tuple[int, ...]) -> list[Any]:
-    from aios_cloud.records import record_hosts
-
     hosts = record_hosts(rec)
     if not workers:
         return hosts
@@ -100,7 +94,6 @@ def _select(rec: Any, workers: tuple[int, ...]) -> list[Any]:
 
 def _scheduler(rec: Any) -> SchedulerProvider | None:
     """The provider of a batch-scheduler record (Slurm, Kubernetes jobs have no SSH hosts), else None."""
-    from aios_cloud.provider.scheduler import SchedulerProvider
 
     try:
         provider = _provider(rec.cloud, None)
@@ -110,6 +103,4 @@ def _scheduler(rec: Any) -> SchedulerProvider | None:
 
 
 def _inventory_clouds(cloud: str | None) -> list[str]:
-    from aios_cloud.records import installed_clouds
-
     return [cloud] if cloud else installed_clouds()

@@ -14,6 +14,20 @@ from aios_cloud.cli.common import (
     _scheduler,
     _store,
 )
+from aios_cloud.controller import controller_of, stop_controller
+from aios_cloud.jobs import cancel_job
+from aios_cloud.lifecycle import (
+    down_cluster,
+    reinstall_agent,
+    remember_autostop,
+    remove_agent,
+    start_cluster,
+    stop_cluster,
+)
+from aios_cloud.provider.base import provisioning
+from aios_cloud.provider.scheduler import SchedulerProvider
+from aios_cloud.records import dry_run_lines, inventory, require_cluster, runner_for_name_reset
+from aios_cloud.store import JOB_CANCELLED, JOB_FINAL
 
 # ------------------------------------------------------------------------------ stop / start / down
 
@@ -25,18 +39,6 @@ def _lifecycle(
     config_file: str | None,
     cloud: str | None = None,
 ) -> None:
-    from aios_cloud.lifecycle import (
-        down_cluster,
-        start_cluster,
-        stop_cluster,
-    )
-    from aios_cloud.provider.base import provisioning
-    from aios_cloud.provider.scheduler import SchedulerProvider
-    from aios_cloud.records import (
-        dry_run_lines,
-        require_cluster,
-    )
-
     store = _store()
     recs = []
     for n in names:
@@ -65,8 +67,6 @@ def _lifecycle(
                 + ", ".join(f"worker {h['worker_id']} {h['ip']}" for h in new.hosts)
             )
         else:
-            from aios_cloud.controller import controller_of, stop_controller
-
             ctl = controller_of(store, rec.name)
             if ctl and rec.ssh_key:
                 # a controller that kept running would recreate the cluster it sees vanish
@@ -76,12 +76,6 @@ def _lifecycle(
 
 
 def _down_unrecorded(name: str, cloud: str | None, dry_run: bool, config_file: str | None) -> None:
-    from aios_cloud.records import (
-        dry_run_lines,
-        inventory,
-        runner_for_name_reset,
-    )
-
     clouds = _inventory_clouds(cloud)
     if dry_run:
         for c in clouds:
@@ -167,15 +161,6 @@ def autostop(
 ) -> None:
     """Stop (or with --down delete) cluster NAME after MINUTES without a running job. The
     agent runs on the cluster's head host, so it works while this machine is off."""
-    from aios_cloud.lifecycle import (
-        reinstall_agent,
-        remember_autostop,
-        remove_agent,
-    )
-    from aios_cloud.provider.base import provisioning
-    from aios_cloud.records import (
-        require_cluster,
-    )
 
     store = _store()
     rec = require_cluster(store, name)
@@ -231,11 +216,6 @@ def cancel(name: str, job_id: int | None, config_file: str | None = None) -> Non
     """Cancel a cluster's running job(s): the workers on every host are stopped (TERM, then
     KILL; scancel on Slurm, the Job deleted on Kubernetes) and the job is recorded CANCELLED; a
     managed job is not recovered. The cluster stays."""
-    from aios_cloud.jobs import cancel_job
-    from aios_cloud.records import (
-        require_cluster,
-    )
-    from aios_cloud.store import JOB_CANCELLED, JOB_FINAL
 
     store = _store()
     rec = require_cluster(store, name)
@@ -246,7 +226,6 @@ def cancel(name: str, job_id: int | None, config_file: str | None = None) -> Non
     )
     if job_id and (jobs[0] is None or jobs[0].cluster != name):
         raise AiosError(f"cluster {name} has no job {job_id}", f"see `aios status {name}`")
-    from aios_cloud.provider.scheduler import SchedulerProvider
 
     provider = _scheduler(rec) if not config_file else _provider(rec.cloud, config_file)
     scheduler = provider if isinstance(provider, SchedulerProvider) else None

@@ -7,14 +7,15 @@ from typing import Any
 import click
 from aios.errors import AiosError
 
+from aios_cloud import cost as C
 from aios_cloud.cli.common import _echo, _emit_json, _log, _print, _provider, _table
+from aios_cloud.provider.data import ClusterRequest
+from aios_cloud.records import installed_clouds
 
 # ------------------------------------------------------------------------------ catalog / cost
 
 
 def _entries(cloud: str | None, config_file: str | None) -> list[Any]:
-    from aios_cloud.records import installed_clouds
-
     # the ssh cloud offers nothing to buy: listed with --cloud ssh only
     clouds = [cloud] if cloud else [c for c in installed_clouds() if c != "ssh"]
     if not clouds:
@@ -126,7 +127,6 @@ def _reservation_cost(
     config_file: str | None,
 ) -> None:
     """``aios cost --reservation``: what the cloud says reserved capacity costs (live)."""
-    from aios_cloud.provider.data import ClusterRequest
 
     if not cloud or not accelerator:
         raise AiosError(
@@ -220,7 +220,6 @@ def cost(
     hours and dollars from 6 x params x tokens FLOPs at peak x utilisation; with
     --reservation, the upfront fee of reserved capacity (an AWS Capacity Block) and its fee
     per hour."""
-    from aios_cloud import cost as C
 
     if reservation:
         _reservation_cost(cloud, accelerator, reservation, hours, nodes, as_json, config_file)

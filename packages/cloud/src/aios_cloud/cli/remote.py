@@ -10,6 +10,10 @@ import click
 from aios.errors import AiosError
 
 from aios_cloud.cli.common import _echo, _printer, _scheduler, _select, _store
+from aios_cloud.head import run_via_head
+from aios_cloud.records import remote_root, require_cluster, runner_for
+from aios_cloud.store import JOB_FINAL
+from aios_cloud.watching import LogFollower
 
 
 @click.command(context_settings={"ignore_unknown_options": True})
@@ -20,12 +24,6 @@ from aios_cloud.cli.common import _echo, _printer, _scheduler, _select, _store
 def exec_(name: str, command: tuple[str, ...], worker: tuple[int, ...], dry_run: bool) -> None:
     """Run COMMAND on every host of cluster NAME (in the synced code directory), in parallel,
     each output line prefixed with (worker N, ip). Exit status: the first non-zero one."""
-    from aios_cloud.head import run_via_head
-    from aios_cloud.records import (
-        remote_root,
-        require_cluster,
-        runner_for,
-    )
 
     store = _store()
     rec = require_cluster(store, name)
@@ -56,14 +54,6 @@ def logs(
     name: str, job_id: int | None, follow: bool, worker: tuple[int, ...], dry_run: bool
 ) -> None:
     """Print a job's output from every host, prefixed with (worker N, ip)."""
-    from aios_cloud.head import run_via_head
-    from aios_cloud.records import (
-        remote_root,
-        require_cluster,
-        runner_for,
-    )
-    from aios_cloud.store import JOB_FINAL
-    from aios_cloud.watching import LogFollower
 
     store = _store()
     rec = require_cluster(store, name)
@@ -110,10 +100,6 @@ def logs(
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def ssh(name: str, worker: int, dry_run: bool, command: tuple[str, ...]) -> None:
     """Open a shell (or run COMMAND) on one host of cluster NAME."""
-    from aios_cloud.records import (
-        require_cluster,
-        runner_for,
-    )
 
     store = _store()
     rec = require_cluster(store, name)

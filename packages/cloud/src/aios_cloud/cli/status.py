@@ -18,6 +18,11 @@ from aios_cloud.cli.common import (
     _store,
     _table,
 )
+from aios_cloud.controller import controller_of, remote_status
+from aios_cloud.records import inventory, require_cluster
+from aios_cloud.records import refresh as refresh_record
+from aios_cloud.runs import JobGoodput, copied, job_goodput
+from aios_cloud.store import JOB_FINAL
 
 # ------------------------------------------------------------------------------ status
 
@@ -27,7 +32,6 @@ def _merge_controllers(
 ) -> None:
     """A job managed from a controller host: its controller, and (``--refresh``) the job as the
     controller sees it."""
-    from aios_cloud.controller import controller_of, remote_status
 
     for row, r in zip(out, recs, strict=True):
         ctl = controller_of(store, r.name)
@@ -70,11 +74,6 @@ def status(
     name: str | None, refresh: bool, cloud: str | None, as_json: bool, config_file: str | None
 ) -> None:
     """Clusters and their jobs, with every preemption and recovery."""
-    from aios_cloud.records import (
-        inventory,
-        require_cluster,
-    )
-    from aios_cloud.records import refresh as refresh_record
 
     store = _store()
     recs = (
@@ -241,8 +240,6 @@ def _goodput(rec: Any, job: Any, job_shapes: list[dict[str, Any]]) -> dict[str, 
     """The job's goodput (:mod:`aios_cloud.runs`): its run records copied from the hosts while
     it runs (or when no copy exists yet), else the copy kept here; the cost per productive hour
     where every shape had a price."""
-    from aios_cloud.runs import copied, job_goodput
-    from aios_cloud.store import JOB_FINAL
 
     costs = [s["cost_usd"] for s in job_shapes]
     cost = sum(costs) if costs and all(c is not None for c in costs) else None
@@ -253,8 +250,6 @@ def _goodput(rec: Any, job: Any, job_shapes: list[dict[str, Any]]) -> dict[str, 
 
 
 def _goodput_line(g: dict[str, Any]) -> str:
-    from aios_cloud.runs import JobGoodput
-
     return JobGoodput(
         g["goodput"],
         g["productive_s"],

@@ -9,7 +9,10 @@ from typing import Any
 import click
 from aios.errors import AiosError
 
+from aios_cloud import transfer
 from aios_cloud.cli.common import _echo, _printer, _provider, _select, _store
+from aios_cloud.jobs import job_env
+from aios_cloud.request import JobSpec, parse_env
 
 # ------------------------------------------------------------------------------ sync
 
@@ -74,7 +77,6 @@ def sync(
     aios sync gs://bucket/data mycluster:data   bucket -> every host (copied on the hosts)
     aios sync mycluster:out s3://bucket/out     host 0 -> bucket
     """
-    from aios_cloud import transfer
 
     store = _store()
     s = _classify(src, store)
@@ -87,9 +89,6 @@ def sync(
         raise AiosError(f"source {src} does not exist", "pass an existing local path")
     if s[0] == "url" or d[0] == "url":
         if "cluster" in (s[0], d[0]):
-            from aios_cloud.jobs import job_env
-            from aios_cloud.request import JobSpec, parse_env
-
             rec = s[1] if s[0] == "cluster" else d[1]
             if s[0] == "cluster" and len(worker) > 1:
                 raise AiosError(

@@ -7,9 +7,10 @@ from abc import abstractmethod
 from typing import TYPE_CHECKING, ClassVar
 
 from aios_cloud.request import LaunchRequest
+from aios_cloud.store import Store
 
 if TYPE_CHECKING:
-    from aios_cloud.store import ClusterRecord, JobRecord, Store
+    from aios_cloud.store import ClusterRecord, JobRecord
 from aios_cloud.provider.base import Echo, Provider
 from aios_cloud.provider.data import ClusterInfo
 from aios_cloud.provider.errors import CloudError
@@ -62,7 +63,6 @@ class SchedulerProvider(Provider):
     def list(self, zone: str | None = None) -> list[ClusterInfo]:
         """The jobs aios submitted to this scheduler (from the store), as the scheduler sees
         them now."""
-        from aios_cloud.store import Store
 
         out = []
         for rec in Store().clusters():

@@ -26,11 +26,12 @@ from typing import Any
 import pytest
 from aios.testing.plugin import _unavailable
 
+from aios_cloud.testing.sshd import SshdCluster, netns_available, sshd_unavailable_reason
+
 
 @pytest.fixture
 def sshd_cluster(tmp_path: Path) -> Iterator[Callable[..., Any]]:
     """``sshd_cluster(n=2, netns=None)``: start ``n`` real sshd hosts (closed at teardown)."""
-    from aios_cloud.testing.sshd import SshdCluster, netns_available, sshd_unavailable_reason
 
     started: list[Any] = []
 
