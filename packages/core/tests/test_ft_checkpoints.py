@@ -121,6 +121,22 @@ def _left_behind(tmp: Path) -> list[int]:
     return pids
 
 
+def _sigterm_when(proc: subprocess.Popen[str], markers: list[Path]) -> tuple[str, str]:
+    """SIGTERM to aios-run once every marker file exists (the ranks wrote them at the step the
+    test stops at); aios-run's (stdout, stderr). Never leaves it running."""
+    try:
+        for marker in markers:
+            while not marker.exists():
+                assert proc.poll() is None, proc.communicate()[1][-3000:]
+                time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        return proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_periodic_checkpoints_written_once_by_a_live_group(tmp_path: Path) -> None:
     """checkpoint.every=3 with 2 groups; group 0 (the first writer) is SIGKILLed after step 5:
     group 1 writes the next checkpoints alone, each step's checkpoint is written by one group,
@@ -178,17 +194,8 @@ def test_stop_writes_one_emergency_checkpoint_and_resumes_at_another_shape(
         env=_env(tmp_path, FT_TERM_STEP="6"),
         cwd=tmp_path,
     )
-    try:
-        for g in (0, 1):  # both groups committed step 6 and wait for their notice
-            while not (tmp_path / f"at-g{g}-r0").exists():
-                assert proc.poll() is None, proc.communicate()[1][-3000:]
-                time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=600)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    # both groups committed step 6 and wait for their notice
+    out, err = _sigterm_when(proc, [tmp_path / f"at-g{g}-r0" for g in (0, 1)])
     assert proc.returncode == 75, err[-3000:]
     assert _left_behind(tmp_path) == []
     said = out + err  # the runtime's lines (rank 0 of each group) go to stdout
@@ -267,17 +274,7 @@ def test_a_plain_ddp_checkpoint_resumes_under_groups(tmp_path: Path) -> None:
         env=_env(tmp_path, FT_TERM_STEP="6"),
         cwd=tmp_path,
     )
-    try:
-        for rank in (0, 1):
-            while not (tmp_path / f"at-g0-r{rank}").exists():
-                assert proc.poll() is None, proc.communicate()[1][-3000:]
-                time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=600)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    _, err = _sigterm_when(proc, [tmp_path / f"at-g0-r{rank}" for rank in (0, 1)])
     assert proc.returncode == 75, err[-3000:]
     assert list(_checkpoints(tmp_path)) == [7]
     (tmp_path / "runs").rename(tmp_path / "runs-a")
