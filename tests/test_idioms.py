@@ -24,10 +24,10 @@ import random
 import re
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from aios.testing.zygote import python
 
 pytest.importorskip("torch")
 
@@ -55,7 +55,7 @@ def _run(cwd: Path, args: list[str], kill: str | None = None) -> subprocess.Comp
     if kill:
         env.update({"PYTHONPATH": str(KILLER), "IDIOMS_KILL_AT": kill})
     return subprocess.run(
-        [sys.executable, "-c", "from aios.cli.run import main; main()"]
+        [*python("-c", "from aios.cli.run import main; main()")]
         + ["--nprocs", "2", f"master_port={free_port()}", *args],
         capture_output=True,
         text=True,

@@ -8,16 +8,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from aios.config.schema import resolve
 from aios.errors import ConfigError
+from aios.testing.launch import AIOS_RUN
 from aios_backend_cuda.deepspeed_strategy import build_ds_config
 
 SCRIPT = Path(__file__).parent / "scripts" / "cuda_ds_train.py"
-AIOS_RUN = [sys.executable, "-c", "from aios.cli.run import main; main()"]
 
 
 def _cfg(*overrides: str, **flags):

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from aios.testing.launch import AIOS_RUN
 
 
 def _gpu_reason() -> str | None:
@@ -33,7 +34,6 @@ pytestmark = [
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = Path(__file__).parent / "scripts" / "cuda_ds_train.py"
-AIOS_RUN = [sys.executable, "-c", "from aios.cli.run import main; main()"]
 
 
 def _cfg(*overrides: str):

@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 from aios.config.schema import resolve
 from aios.errors import ConfigError, LaunchError
+from aios.testing.launch import AIOS_RUN
 from aios.types import Host, LaunchRequest
 from aios_backend_cuda import launch
 from aios_backend_cuda.launch import choose_preset, cuda_launch_plan, nccl_env
-
-AIOS_RUN = [sys.executable, "-c", "from aios.cli.run import main; main()"]
 
 
 def _cfg(*overrides: str, **flags):

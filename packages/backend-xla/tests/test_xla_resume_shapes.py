@@ -12,11 +12,11 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aios.testing.zygote import python
 
 pytestmark = pytest.mark.xla
 
@@ -40,7 +40,7 @@ def run_loop(tmp: Path, backend: str, nprocs: int, ckpt: Path, **env: str) -> di
         LOSS_FILE=str(loss),
         **env,
     )
-    cmd = [sys.executable, "-c", "from aios.cli.run import main; main()"]
+    cmd = [*python("-c", "from aios.cli.run import main; main()")]
     cmd += ["--backend", backend, "--nprocs", str(nprocs)]
     if backend == "xla":
         cmd.append("xla.allow_cpu=true")

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 import pytest
+from aios.testing.launch import AIOS_RUN
 from aios_cloud.provider.data import ClusterRequest
 from aios_cloud.provider.states import PREEMPTED, READY
 from aios_cloud_aws.testing.inventory import leftovers
@@ -39,7 +40,6 @@ from aios_cloud_aws.testing.inventory import leftovers
 pytestmark = pytest.mark.slow  # two training runs (about 50 s on a loaded 2-core machine)
 
 SCRIPT = Path(__file__).resolve().parents[2] / "cloud" / "tests" / "scripts" / "capacity_samples.py"
-AIOS_RUN = [sys.executable, "-c", "from aios.cli.run import main; main()"]
 SAMPLES = 32
 PY = sys.executable
 GLOBAL_BATCH = 8  # 2 ranks x micro-batch 2 x 2 accumulation: 4 steps of 32 samples

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aios.testing.zygote import python
 
 torch = pytest.importorskip("torch")
 
@@ -56,7 +57,7 @@ def _launch(
         }
         procs.append(
             subprocess.Popen(
-                [sys.executable, str(WORKER), json.dumps(job)],
+                [*python(), str(WORKER), json.dumps(job)],
                 env=e,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -584,7 +585,7 @@ def test_save_best_under_fsdp_on_a_bucket(tmp_path: Path, s3_moto: dict[str, str
     env.update({**s3_moto, "AIOS_LOGGING__TENSORBOARD": "false", "OMP_NUM_THREADS": "1"})
     script = Path(__file__).parent / "scripts" / "best_every_eval.py"
     r = subprocess.run(
-        [sys.executable, "-c", "from aios.cli.run import main; main()"]
+        [*python("-c", "from aios.cli.run import main; main()")]
         + [f"master_port={free_port()}", "--nprocs", "2", "strategy=fsdp", str(script), url],
         capture_output=True,
         text=True,

@@ -13,17 +13,16 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aios.testing.launch import AIOS_RUN
 
 torch = pytest.importorskip("torch")
 
 SCRIPT = Path(__file__).parent / "scripts" / "dcp_runtime_train.py"
-AIOS_RUN = [sys.executable, "-c", "from aios.cli.run import main; main()"]
 TOTAL = 12
 
 

@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from aios.testing.zygote import python
 
 torch = pytest.importorskip("torch")
 
@@ -69,7 +70,6 @@ def test_a_failed_background_sharded_save_is_one_line_without_dcp_fragments(
 ) -> None:
     """2 ranks, fsdp (dcp, background saves written by DCP's checkpoint process) on a disk too
     small for the shards: aios's one line, none of DCP's per-rank traceback fragments."""
-    import sys
 
     from aios.testing.strategy_contract import free_port
 
@@ -81,7 +81,7 @@ def test_a_failed_background_sharded_save_is_one_line_without_dcp_fragments(
         OMP_NUM_THREADS="1",
     )
     r = subprocess.run(
-        [sys.executable, "-c", "from aios.cli.run import main; main()", "--nprocs", "2"]
+        [*python("-c", "from aios.cli.run import main; main()"), "--nprocs", "2"]
         + [f"master_port={free_port()}", "strategy=fsdp", f"checkpoint.dir={small_fs / 'ck'}"]
         + ["checkpoint.async_writer=process", str(script)],
         capture_output=True,

@@ -14,11 +14,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from aios.testing.zygote import python
 
 pytest.importorskip("torch")
 pytest.importorskip("torchft", reason="torchft is not installed (the extra aios-core[ft])")
@@ -32,7 +32,7 @@ def _command(tmp: Path, nprocs: int, groups: int, *args: str) -> list[str]:
 
     ft = [f"ft.replica_groups={groups}", "ft.heartbeat_timeout_ms=500", "ft.timeout=30"]
     return (
-        [sys.executable, "-c", "from aios.cli.run import main; main()"]
+        [*python("-c", "from aios.cli.run import main; main()")]
         + ["--nprocs", str(nprocs), f"master_port={free_port()}"]
         + (ft if groups > 1 else [])
         + [f"checkpoint.dir={tmp / 'ckpt'}", "checkpoint.keep=10", *args, str(SCRIPT)]

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from aios.testing.zygote import python
 
 pytest.importorskip("torch")
 pytest.importorskip("torchft", reason="torchft is not installed (the extra aios-core[ft])")
@@ -41,7 +42,7 @@ def _aios_run_args(tmp: Path, *args: str, env: dict[str, str] | None = None) -> 
         }
     )
     return {
-        "args": [sys.executable, "-c", "from aios.cli.run import main; main()"]
+        "args": [*python("-c", "from aios.cli.run import main; main()")]
         + ["--nprocs", "2", f"master_port={free_port()}", "ft.replica_groups=2"]
         + ["ft.heartbeat_timeout_ms=500", "ft.timeout=30", *args, str(SCRIPT)],
         "text": True,
@@ -193,7 +194,7 @@ def test_dry_run_names_the_groups(tmp_path: Path) -> None:
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
     r = subprocess.run(
-        [sys.executable, "-c", "from aios.cli.run import main; main()", "--dry-run"]
+        [*python("-c", "from aios.cli.run import main; main()"), "--dry-run"]
         + ["--nprocs", "4", f"master_port={free_port()}", "ft.replica_groups=2", str(SCRIPT)],
         capture_output=True,
         text=True,

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from aios.runrecord import goodput, render
 from aios.runrecord.goodput import Attempt, account
+from aios.testing.zygote import python
 
 SCRIPT = Path(__file__).parent / "scripts" / "goodput_train.py"
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "gpt.py"
@@ -127,7 +128,7 @@ def _run(tmp: Path, **env: str) -> subprocess.Popen:
         **env,
     )
     return subprocess.Popen(
-        [sys.executable, str(SCRIPT)],
+        [*python(), str(SCRIPT)],
         env=e,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

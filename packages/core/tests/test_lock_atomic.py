@@ -20,6 +20,7 @@ import pytest
 from aios.checkpoint import LOCK_FILE, CheckpointStore
 from aios.checkpoint import lock as lockmod
 from aios.errors import CheckpointError
+from aios.testing.zygote import python
 
 sys.path.insert(0, str(Path(__file__).parent / "scripts"))
 ROUNDS = 1000
@@ -227,7 +228,7 @@ def gcs_with_preconditions(monkeypatch: pytest.MonkeyPatch):
         port = s.getsockname()[1]
     script = Path(__file__).parent / "scripts" / "gcs_precondition_emulator.py"
     proc = subprocess.Popen(
-        [sys.executable, str(script), str(port)],
+        [*python(), str(script), str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,

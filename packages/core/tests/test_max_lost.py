@@ -8,10 +8,10 @@ import os
 import random
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from aios.testing.zygote import python
 
 pytest.importorskip("torch")
 
@@ -30,7 +30,7 @@ def _run(tmp: Path, times: Path, **env: str) -> subprocess.CompletedProcess:
         **env,
     )
     return subprocess.run(
-        [sys.executable, str(SCRIPT)], env=e, capture_output=True, text=True, cwd=tmp, timeout=300
+        [*python(), str(SCRIPT)], env=e, capture_output=True, text=True, cwd=tmp, timeout=300
     )
 
 

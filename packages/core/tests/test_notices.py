@@ -19,6 +19,7 @@ from aios.resilience.notices import (
     effective_grace,
     read_notice_file,
 )
+from aios.testing.zygote import python
 from aios.types import Notice
 
 
@@ -383,7 +384,6 @@ def test_a_launcher_s_known_end_stops_a_real_run_with_its_checkpoint(tmp_path):
     the grace until a save was measured, exceeds the time left), checkpoints and exits 75,
     naming the source; the record keeps the deadline."""
     import subprocess
-    import sys
     import time
     from pathlib import Path
 
@@ -403,7 +403,7 @@ def test_a_launcher_s_known_end_stops_a_real_run_with_its_checkpoint(tmp_path):
         OMP_NUM_THREADS="1",
     )
     r = subprocess.run(
-        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300
+        [*python(), str(script)], env=env, capture_output=True, text=True, timeout=300
     )
     out = r.stdout + r.stderr
     assert r.returncode == 75, out

@@ -21,12 +21,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from aios.testing.launch import AIOS_RUN
 
 torch = pytest.importorskip("torch")
 
 SCRIPTS = Path(__file__).parent / "scripts"
 TP2D = Path(__file__).resolve().parents[3] / "examples" / "fsdp_tp"  # the README's worked case
-AIOS_RUN = [sys.executable, "-c", "from aios.cli.run import main; main()"]
 
 
 def _env(tmp: Path) -> dict[str, str]:

@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 
 import pytest
+from aios.testing.launch import AIOS_RUN
 
 torch = pytest.importorskip("torch")
 
 SCRIPT = Path(__file__).parent / "scripts" / "preempt_train.py"
-AIOS_RUN = [sys.executable, "-c", "from aios.cli.run import main; main()"]
 TOTAL = 24
 
 

@@ -7,10 +7,10 @@ import os
 import re
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from aios.testing.zygote import python
 
 pytest.importorskip("torch")
 
@@ -23,7 +23,7 @@ def aios_run(tmp: Path, *args: str, timeout: int = 300, env: dict[str, str] | No
     full = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
     full.update({"AIOS_LOGGING__TENSORBOARD": "false", "OMP_NUM_THREADS": "1", **(env or {})})
     return subprocess.run(
-        [sys.executable, "-c", "from aios.cli.run import main; main()"]
+        [*python("-c", "from aios.cli.run import main; main()")]
         + [f"master_port={free_port()}", *args],
         capture_output=True,
         text=True,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
+
+from aios.testing.zygote import python
 
 SCRIPT = """
 import aios
@@ -25,7 +26,7 @@ def test_aios_error_in_script_is_one_line_exit_2(tmp_path):
     script = tmp_path / "s.py"
     script.write_text(SCRIPT)
     res = subprocess.run(
-        [sys.executable, str(script)],
+        [*python(), str(script)],
         capture_output=True,
         text=True,
         env=_env(tmp_path),
@@ -44,7 +45,7 @@ def test_aios_error_in_script_keeps_traceback_with_debug(tmp_path):
     script = tmp_path / "s.py"
     script.write_text(SCRIPT)
     res = subprocess.run(
-        [sys.executable, str(script)],
+        [*python(), str(script)],
         capture_output=True,
         text=True,
         env=_env(tmp_path, AIOS_DEBUG="1"),

@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from aios.testing.launch import AIOS_RUN
+from aios.testing.zygote import python
 
 pytest.importorskip("torch")
-
-AIOS_RUN = [sys.executable, "-c", "from aios.cli.run import main; main()"]
 
 
 def _env(tmp: Path) -> dict[str, str]:
@@ -163,7 +162,7 @@ def test_save_best_without_checkpoint_dir_is_refused_before_the_run(tmp_path: Pa
 def test_save_without_checkpoint_dir_is_refused_at_setup_without_aios_run(tmp_path: Path) -> None:
     script = _script(tmp_path, SAVES_BEST.replace("rt.save_best(1.0 / (epoch + 1))", "rt.save()"))
     p = subprocess.run(
-        [sys.executable, str(script)],
+        [*python(), str(script)],
         env=_env(tmp_path),
         capture_output=True,
         text=True,

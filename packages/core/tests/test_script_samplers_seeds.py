@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aios.testing.zygote import python
 
 pytest.importorskip("torch")
 
@@ -43,7 +44,7 @@ def _aios_run(tmp: Path, nprocs: int, seed: int, *args: str) -> tuple[str, list[
 
     out = tmp / f"aios-{nprocs}-{seed}-{len(args)}"
     r = subprocess.run(
-        [sys.executable, "-c", "from aios.cli.run import main; main()"]
+        [*python("-c", "from aios.cli.run import main; main()")]
         + ["--nprocs", str(nprocs), f"master_port={free_port()}", *args]
         + [str(SCRIPT), str(out), str(seed)],
         capture_output=True,
@@ -63,7 +64,7 @@ def _torchrun(tmp: Path, nprocs: int, seed: int) -> list[dict[str, Any]]:
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nprocs}"]
     cmd += [f"--master-port={free_port()}", str(SCRIPT), str(out), str(seed)]
     if nprocs == 1:
-        cmd = [sys.executable, str(SCRIPT), str(out), str(seed)]
+        cmd = [*python(), str(SCRIPT), str(out), str(seed)]
     r = subprocess.run(
         cmd, capture_output=True, text=True, env=_env(tmp, NO_AIOS="1"), cwd=tmp, timeout=300
     )

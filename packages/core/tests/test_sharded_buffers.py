@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from aios.testing.launch import AIOS_RUN
 
 torch = pytest.importorskip("torch")
 
 SCRIPT = Path(__file__).parent / "scripts" / "bn_buffers.py"
-AIOS_RUN = [sys.executable, "-c", "from aios.cli.run import main; main()"]
 
 
 def _run(tmp: Path, port: int, strategy: str, phase: str) -> None:

@@ -16,6 +16,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from aios.testing.zygote import python
 
 torch = pytest.importorskip("torch")
 
@@ -135,7 +136,7 @@ def _holder(tmp_path: Path, ck: Path) -> subprocess.Popen:
         "AIOS_LOGGING__RUN_DIR": str(tmp_path / "runs"),
     }
     p = subprocess.Popen(
-        [sys.executable, str(script), str(ck)], stdout=subprocess.PIPE, text=True, env=env
+        [*python(), str(script), str(ck)], stdout=subprocess.PIPE, text=True, env=env
     )
     assert p.stdout.readline().strip() == "ready"
     return p
@@ -150,7 +151,7 @@ def test_second_run_on_a_checkpoint_dir_is_refused_in_one_line(tmp_path):
             "import sys, aios\naios.init(checkpoint={'dir': sys.argv[1]})\nprint('started')\n"
         )
         r = subprocess.run(
-            [sys.executable, str(script), str(ck)], capture_output=True, text=True, timeout=300
+            [*python(), str(script), str(ck)], capture_output=True, text=True, timeout=300
         )
         assert r.returncode == 2 and "started" not in r.stdout
         err = r.stderr.strip()

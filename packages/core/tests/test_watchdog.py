@@ -21,9 +21,10 @@ from aios.config.schema import resolve
 from aios.errors import ConfigError
 from aios.resilience.stacks import summarize
 from aios.resilience.watchdog import EXIT_HUNG, HangPolicy, policy_from
+from aios.testing.zygote import python
 
 SCRIPT = Path(__file__).parent / "scripts" / "hang_train.py"
-RUN = [sys.executable, "-c", "from aios.cli.run import main; main()"]
+RUN = [*python("-c", "from aios.cli.run import main; main()")]
 
 
 # ------------------------------------------------------------------------------ the policy

@@ -25,6 +25,7 @@ Nothing here imports torch outside the zygote.
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import os
@@ -347,6 +348,9 @@ def _zygote_main(sock: socket.socket, launcher: int) -> None:
         ok = _safe_to_fork()
     except BaseException:  # noqa: BLE001 - ranks then start fresh and report the problem
         ok = False
+    # what the imports made stays out of the collector's passes: a rank's collections and its
+    # interpreter's end then do not write to (and copy) every page it shares with the zygote
+    gc.freeze()
     while True:
         try:
             data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 2)

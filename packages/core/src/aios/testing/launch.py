@@ -4,8 +4,10 @@ of the calling process, the run record under the test's folder, no TensorBoard, 
 thread).
 
 ``aios-run`` is started as ``python -c "...main()"`` of this interpreter, so the tests run the
-installed source, and it forks its ranks from its zygote (:mod:`aios.launcher.warm`) as a user's
-``aios-run`` does; pass ``warm=False`` (``AIOS_RUN_WARM_START=0``) to a test of the fresh path.
+installed source, forked from the test session's zygote (:mod:`aios.testing.zygote`), and it
+forks its ranks from its own zygote (:mod:`aios.launcher.warm`) as a user's ``aios-run`` does;
+pass ``warm=False`` (``AIOS_RUN_WARM_START=0``) to a test of the fresh path (both start fresh).
+:func:`python` is the same for any ``python ARGS`` a test starts (a worker script).
 
 Nothing here imports torch.
 """
@@ -14,18 +16,17 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from aios.launcher.contract import WARM_START_ENV
+from aios.testing.zygote import python
 
-#: the command that starts ``aios-run`` (``sys.argv[0]`` named as the console script's)
-AIOS_RUN = (
-    sys.executable,
-    "-c",
-    "import sys; sys.argv[0] = 'aios-run'; from aios.cli.run import main; main()",
+#: the command that starts ``aios-run`` (``sys.argv[0]`` named as the console script's), forked
+#: from the test session's zygote where one runs (:mod:`aios.testing.zygote`)
+AIOS_RUN = tuple(
+    python("-c", "import sys; sys.argv[0] = 'aios-run'; from aios.cli.run import main; main()")
 )
 
 _INHERITED: tuple[str, ...] = ("AIOS_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
@@ -91,4 +92,4 @@ def launch(
     )
 
 
-__all__ = ["AIOS_RUN", "aios_run", "launch", "run_env"]
+__all__ = ["AIOS_RUN", "aios_run", "launch", "python", "run_env"]

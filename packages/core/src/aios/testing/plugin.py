@@ -12,6 +12,10 @@ Fixtures:
   under ``tmp_path``, cwd ``tmp_path``) or in this process; returns a
   :class:`subprocess.CompletedProcess` with ``returncode``, ``stdout``, ``stderr``.
 
+The session starts a zygote (:mod:`aios.testing.zygote`) where torch is installed, from which
+the commands of :func:`aios.testing.zygote.python` (``aios.testing.launch``'s ``aios-run`` among
+them) fork instead of importing torch again; ``PYTEST_AIOS_ZYGOTE=0`` turns it off.
+
 The session ends with an "aios: skipped tests" summary naming every skip reason and how many
 tests it hit. ``_unavailable(reason)`` skips, or fails with ``CI`` set to a true value (a CI
 machine that cannot run the test is misconfigured); aios-cloud's pytest plugin
@@ -129,6 +133,34 @@ def _run_in_process(
 
 
 # ------------------------------------------------------------------------------ loud skips
+
+
+_ZYGOTE: list[Any] = []
+
+
+def pytest_configure(config: Any) -> None:
+    """Start the session's zygote (see the module docstring)."""
+    import importlib.util
+
+    from aios.testing import zygote
+
+    if os.environ.get(zygote.ENV) or importlib.util.find_spec("torch") is None:
+        return  # turned off, or a session inside a test that has one already
+    env = {k: v for k, v in os.environ.items() if not k.startswith(CLEAN_PREFIXES)}
+    proc, path = zygote.start(env)
+    if proc.poll() is None:
+        os.environ[zygote.ENV] = path
+        _ZYGOTE.extend([proc, path])
+
+
+def pytest_unconfigure(config: Any) -> None:
+    from aios.testing import zygote
+
+    if _ZYGOTE:
+        proc, path = _ZYGOTE
+        zygote.stop(proc, path)
+        _ZYGOTE.clear()
+        os.environ.pop(zygote.ENV, None)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any) -> None:
