@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from aios.testing import launch
+from aios.testing import launch, zygote
 
 
 def _env(tmp: Path, **extra: str) -> dict[str, str]:
@@ -479,7 +479,7 @@ def test_status_folder_of_a_sigkilled_launcher_is_removed_by_the_next_launch(
     tmp.mkdir()
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
-    env = _env(tmp_path, PID_DIR=str(pid_dir), TMPDIR=str(tmp))
+    env = _env(tmp_path, PID_DIR=str(pid_dir), TMPDIR=str(tmp), **zygote.OFF)  # its own pid
     proc = _launch(
         tmp_path,
         ["--nprocs", "1", "--master-port", str(_free_port()), str(_script(tmp_path, SLEEPER))],

@@ -99,6 +99,9 @@ def test_exit_status_streams_and_uncaught_errors(env, tmp_path):
         '  File "<string>", line 3, in <module>',
     ]
     assert r.stderr.splitlines()[-1] == "ValueError: boom" and "zygote" not in r.stderr
+    for sig in (signal.SIGKILL, signal.SIGSEGV):  # killed: the trampoline dies of the same
+        r = _run(["-c", f"import os; os.kill(os.getpid(), {int(sig)})"], env, tmp_path)
+        assert r.returncode == -sig, r.stderr
     r = _run(["-c", "raise KeyboardInterrupt"], env, tmp_path)
     assert r.returncode == -signal.SIGINT and "KeyboardInterrupt" in r.stderr
     r = _run(["-c", "import atexit; atexit.register(print, 'atexit ran')"], env, tmp_path)

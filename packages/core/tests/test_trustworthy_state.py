@@ -16,6 +16,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from aios.testing import zygote
 from aios.testing.zygote import python
 
 torch = pytest.importorskip("torch")
@@ -134,6 +135,7 @@ def _holder(tmp_path: Path, ck: Path) -> subprocess.Popen:
         **os.environ,
         "AIOS_RUN_ID": "holder-run",
         "AIOS_LOGGING__RUN_DIR": str(tmp_path / "runs"),
+        **zygote.OFF,  # the refusal names its pid
     }
     p = subprocess.Popen(
         [*python(), str(script), str(ck)], stdout=subprocess.PIPE, text=True, env=env

@@ -21,6 +21,7 @@ from aios.config.schema import resolve
 from aios.errors import ConfigError
 from aios.resilience.stacks import summarize
 from aios.resilience.watchdog import EXIT_HUNG, HangPolicy, policy_from
+from aios.testing import zygote
 from aios.testing.zygote import python
 
 SCRIPT = Path(__file__).parent / "scripts" / "hang_train.py"
@@ -484,7 +485,7 @@ def test_slow_first_step_is_no_alarm_and_a_live_run_is_dumped_on_demand(tmp_path
     exit."""
     from aios.testing.strategy_contract import free_port
 
-    env = {**_env(tmp_path), "SLOW_FIRST": "12"}
+    env = {**_env(tmp_path), "SLOW_FIRST": "12", **zygote.OFF}  # aios stacks --pid of aios-run
     p = subprocess.Popen(
         [
             *RUN,

@@ -53,6 +53,9 @@ from aios.launcher.contract import WARM_START_ENV
 #: the zygote off for a session)
 ENV = "PYTEST_AIOS_ZYGOTE"
 LOG_ENV = "PYTEST_AIOS_ZYGOTE_LOG"
+#: in a test's environment for a process it needs as its own child, fresh (the test reads its pid
+#: as the pid of aios-run or of the script: status folders, ``aios stacks --pid``, lock owners)
+OFF = {ENV: "0"}
 #: variables that Python, torch and the libraries the zygote imports may read at import time
 #: (a process whose environment differs from the zygote's in one starts fresh)
 IMPORT_TIME_PREFIXES = (
@@ -216,9 +219,8 @@ class _Forwarder:
 def _end_as(status: int) -> NoReturn:
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
-        for s in FORWARDED:
+        for s in {*FORWARDED, sig} - {signal.SIGKILL, signal.SIGSTOP}:
             signal.signal(s, signal.SIG_DFL)
-        signal.signal(sig, signal.SIG_DFL)
         os.kill(os.getpid(), sig)
         time.sleep(1)
         os._exit(128 + sig)
