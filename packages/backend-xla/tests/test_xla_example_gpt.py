@@ -7,10 +7,10 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from aios.testing.zygote import python
 
 pytestmark = [pytest.mark.xla, pytest.mark.slow]
 
@@ -26,9 +26,7 @@ def _run(tmp_path: Path, backend: str, *overrides: str) -> tuple[float, float, P
     }
     env.update(GPT_SAMPLE="0", AIOS_TEST_DMI_PRODUCT="/nonexistent")
     cmd = [
-        sys.executable,
-        "-c",
-        "from aios.cli.run import main; main()",
+        *python("-c", "from aios.cli.run import main; main()"),
         "--backend",
         backend,
         "checkpoint.resume=false",

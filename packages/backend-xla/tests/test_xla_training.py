@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from aios.testing.zygote import python
 
 pytestmark = pytest.mark.xla
 
@@ -31,9 +31,7 @@ def run(
     }
     e.update(AIOS_TEST_DMI_PRODUCT="/nonexistent", **(env or {}))
     cmd = [
-        sys.executable,
-        "-c",
-        "from aios.cli.run import main; main()",
+        *python("-c", "from aios.cli.run import main; main()"),
         "--backend",
         backend,
         f"logging.run_dir={tmp_path / 'runs'}",

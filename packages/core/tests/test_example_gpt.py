@@ -7,10 +7,10 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from aios.testing.zygote import python
 
 pytest.importorskip("torch")
 
@@ -40,9 +40,7 @@ def _run(tmp: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     env.update({"AIOS_LOGGING__TENSORBOARD": "false", "GPT_SAMPLE": "0", "OMP_NUM_THREADS": "1"})
     return subprocess.run(
         [
-            sys.executable,
-            "-c",
-            "from aios.cli.run import main; main()",
+            *python("-c", "from aios.cli.run import main; main()"),
             "checkpoint.every=150",
             *extra,
             str(EXAMPLE),

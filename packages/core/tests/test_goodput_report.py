@@ -368,9 +368,7 @@ def test_the_examples_report_charts_its_loss_and_a_rerun_is_no_interruption(tmp_
     for _ in range(2):
         r = subprocess.run(
             [
-                sys.executable,
-                "-c",
-                "from aios.cli.run import main; main()",
+                *python("-c", "from aios.cli.run import main; main()"),
                 "logging.every=2",
                 str(EXAMPLE),
                 *small,

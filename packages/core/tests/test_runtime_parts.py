@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from aios.testing.zygote import python
 
 torch = pytest.importorskip("torch")
 
@@ -270,7 +271,6 @@ def test_launcher_worker_env_names_live_only_in_the_contract_module():
 def test_all_ranks_write_format_with_two_processes(tmp_path):
     import socket
     import subprocess
-    import sys
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -283,9 +283,7 @@ def test_all_ranks_write_format_with_two_processes(tmp_path):
     script = Path(__file__).parent / "scripts" / "sharded_format.py"
     r = subprocess.run(
         [
-            sys.executable,
-            "-c",
-            "from aios.cli.run import main; main()",
+            *python("-c", "from aios.cli.run import main; main()"),
             "--nprocs",
             "2",
             "--master-port",

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 from aios.config.schema import redact_url
 from aios.errors import CheckpointError
+from aios.testing.zygote import python
 
 PASSWORD = "Pw-d0nt-l3ak-7781"
 
@@ -47,9 +47,7 @@ def test_url_password_is_redacted_everywhere(tmp_path: Path) -> None:
     url = f"memory://admin:{PASSWORD}@bucket/ck"
     r = subprocess.run(
         [
-            sys.executable,
-            "-c",
-            "from aios.cli.run import main; main()",
+            *python("-c", "from aios.cli.run import main; main()"),
             "--nprocs",
             "1",
             f"checkpoint.dir={url}",
