@@ -5,9 +5,10 @@ Every step runs even when an earlier one failed, so one run reports every failin
 exit status is 1 when any step failed. Steps run side by side in ``AIOS_CI_LANES`` lanes (default
 2, one per core: a third lane made the CI machine's run longer, 4,703 s against 3,223 s, as
 the multi-rank tests' ranks then wait on each other's time slices). Each lane takes the longest step still waiting
-(the expected seconds below, measured on the 2-core CI machine), and every output line of a step
+whose environment is ready (the expected seconds below, measured on the 2-core CI machine;
+environments are created first for the steps with the most work), and every output line of a step
 is prefixed with its name. Environments are created and their dependencies synced in the
-background while tests run, one at a time, in the same order, once each. Ends with a table of
+background while tests run, one at a time, once each. Ends with a table of
 each step's time (install and tests apart) and one line with the tests counted over all steps.
 
     python scripts/ci.py                 # everything
@@ -127,26 +128,27 @@ def _hatch(*args: str) -> list[str]:
     return [os.environ.get("AIOS_CI_HATCH") or shutil.which("hatch") or "hatch", *args]
 
 
-# Expected test seconds of each step on a 2-core machine (the last full run's table, 2 lanes;
-# core's figure without the ft files); the lanes take the longest first so that they end
-# together. A step missing here counts as 60 s.
+# Expected test seconds of each step on a 2-core machine (the last full run's table, 2 lanes,
+# kept environments; cloud-aws and the steps after it from the run before); the lanes take the
+# longest first so that they end together. A step missing here counts as 60 s.
 EXPECTED_S = {
-    "core-runs": 1770,
-    "core": 1580,
-    "idioms": 640,
-    "core-ft": 550,
-    "backend-xla": 560,
-    "cloud-gcp": 540,
-    "cloud": 520,
-    "cloud-aws": 500,
+    "backend-xla": 680,
+    "cloud": 630,
+    "cloud-gcp": 640,
+    "idioms": 590,
+    "core-runs": 580,
+    "cloud-aws": 510,
+    "core": 470,
     "cross": 420,
     "cloud-slurm": 400,
     "backend-cuda": 350,
     "backend-neuron": 300,
+    "core-ft": 160,
     "test-tpu": 150,
     "cloud-k8s": 140,
     "lint": 40,
 }
+
 
 SUMMARY = re.compile(r"^=+ (?P<counts>.*\d+ (?:passed|failed|error|errors|skipped).*) in [\d.]+s")
 COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed)")
@@ -218,12 +220,34 @@ def _run_step(s: Step, extra: list[str], prefix: bool) -> None:
     _say(f"== {s.name}: exit {s.rc} after {s.run_s:.0f} s")
 
 
+def env_order(todo: list[Step]) -> list[Step]:
+    """The steps in the order their environments are created: the environment whose steps are
+    expected to take longest in all first (core's, which seven steps share), each environment
+    once, at its first step."""
+    work: dict[str, float] = {}
+    for s in todo:
+        work[s.env] = work.get(s.env, 0) + EXPECTED_S.get(s.name, 60)
+    return sorted(todo, key=lambda s: -work[s.env])
+
+
+def take(queue: list[Step]) -> Step | None:
+    """The longest step still waiting whose environment is ready (None if none is yet): a lane
+    never idles behind a step whose environment is still installing while another could run."""
+    for i, s in enumerate(queue):
+        if s.created.is_set():
+            return queue.pop(i)
+    return None
+
+
 def _lane(queue: list[Step], extra: list[str], prefix: bool) -> None:
     while True:
         with _print_lock:
             if not queue:
                 return
-            s = queue.pop(0)
+            s = take(queue)
+        if s is None:
+            time.sleep(1)
+            continue
         _run_step(s, extra, prefix)
 
 
@@ -255,7 +279,7 @@ def main(argv: list[str]) -> int:
     lanes = min(int(lanes_env), len(todo))
     queue = order(todo)
 
-    creator = threading.Thread(target=_prepare_all, args=(list(queue),), daemon=True)
+    creator = threading.Thread(target=_prepare_all, args=(env_order(queue),), daemon=True)
     creator.start()
     t_all = time.monotonic()
     workers = [

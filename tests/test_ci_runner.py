@@ -202,3 +202,32 @@ def test_a_split_step_and_its_rest_run_every_test_file_once():
                 assert (ROOT / f).is_file() and f.startswith(folder + "/"), f
         every = {str(p.relative_to(ROOT)) for p in (ROOT / folder).glob("test_*.py")}
         assert set(taken) <= every
+
+
+def test_environments_for_the_most_work_first_and_lanes_take_only_ready_steps():
+    """The environment most steps share (core's) is created first, however the steps are
+    ordered; a lane takes the longest waiting step whose environment is ready, not the longest
+    step, so it does not wait behind an environment still installing."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import ci
+    finally:
+        sys.path.pop(0)
+    queue = ci.order(ci.steps())
+    assert queue[0].env != "test.core"  # the longest step lives elsewhere (backend-xla)
+    envs = list(dict.fromkeys(s.env for s in ci.env_order(queue)))
+    assert envs[0] == "test.core" and len(envs) == len({s.env for s in queue})
+    assert ci.take(queue) is None  # nothing created yet
+    for s in queue:
+        if s.env == "test.core":
+            s.created.set()
+    first = ci.take(queue)
+    assert first is not None and first.env == "test.core"
+    assert (
+        first.name
+        == max(
+            (s for s in ci.steps() if s.env == "test.core"),
+            key=lambda s: ci.EXPECTED_S.get(s.name, 60),
+        ).name
+    )
+    assert all(s.name != first.name for s in queue)
