@@ -3,8 +3,11 @@ cross-package tests and TorchTPU's environment.
 
 Every step runs even when an earlier one failed, so one run reports every failing package; the
 exit status is 1 when any step failed. Steps run side by side in ``AIOS_CI_LANES`` lanes (default
-2, one per core: a third lane made the CI machine's run longer, 4,703 s against 3,223 s, as
-the multi-rank tests' ranks then wait on each other's time slices). Each lane takes the longest step still waiting
+3), at most two of the steps that mostly compute (:data:`HEAVY`: multi-rank runs, XLA compiles)
+at a time; a third lane starts once every environment exists. Three lanes of computing steps
+made the CI machine's run longer (4,703 s, against 3,223 s for two lanes), as their ranks wait
+on each other's time slices; two lanes left the machine 42% idle once the test zygote
+(:mod:`aios.testing.zygote`) took most of the start-up CPU away. Each lane takes the longest step still waiting
 whose environment is ready (the expected seconds below, measured on the 2-core CI machine;
 environments are created first for the steps with the most work), and every output line of a step
 is prefixed with its name. Environments are created and their dependencies synced in the
@@ -180,6 +183,7 @@ def _prepare_all(todo: list[Step]) -> None:
             s.create_s = time.monotonic() - t0
         s.create_rc, s.create_log = done[s.env]
         s.created.set()
+    _all_created.set()
 
 
 _print_lock = threading.Lock()
@@ -230,25 +234,56 @@ def env_order(todo: list[Step]) -> list[Step]:
     return sorted(todo, key=lambda s: -work[s.env])
 
 
-def take(queue: list[Step]) -> Step | None:
-    """The longest step still waiting whose environment is ready (None if none is yet): a lane
-    never idles behind a step whose environment is still installing while another could run."""
+#: steps whose tests mostly compute (multi-rank runs, XLA compiles): at most :data:`MAX_HEAVY` of
+#: them run at once, whatever the lanes; the others mostly wait on ssh hosts, emulators, Slurm
+HEAVY = frozenset(
+    {
+        "core",
+        "core-runs",
+        "core-ft",
+        "idioms",
+        "cross",
+        "backend-xla",
+        "backend-neuron",
+        "backend-cuda",
+    }
+)
+MAX_HEAVY = 2
+_running: set[str] = set()
+#: set once every environment exists: lanes beyond the second start then (pip's installs are
+#: the other work on the machine until that point)
+_all_created = threading.Event()
+
+
+def take(queue: list[Step], running: set[str] | frozenset[str] = frozenset()) -> Step | None:
+    """The longest step still waiting whose environment is ready and that keeps the heavy steps
+    running at :data:`MAX_HEAVY` or fewer (None if none is yet): a lane never idles behind a step
+    whose environment is still installing while another could run."""
+    heavy = len(HEAVY & set(running))
     for i, s in enumerate(queue):
-        if s.created.is_set():
+        if s.created.is_set() and (s.name not in HEAVY or heavy < MAX_HEAVY):
             return queue.pop(i)
     return None
 
 
-def _lane(queue: list[Step], extra: list[str], prefix: bool) -> None:
+def _lane(queue: list[Step], extra: list[str], prefix: bool, index: int = 0) -> None:
+    if index >= MAX_HEAVY:
+        _all_created.wait()
     while True:
         with _print_lock:
             if not queue:
                 return
-            s = take(queue)
+            s = take(queue, frozenset(_running))
+            if s is not None:
+                _running.add(s.name)
         if s is None:
             time.sleep(1)
             continue
-        _run_step(s, extra, prefix)
+        try:
+            _run_step(s, extra, prefix)
+        finally:
+            with _print_lock:
+                _running.discard(s.name)
 
 
 def main(argv: list[str]) -> int:
@@ -269,7 +304,7 @@ def main(argv: list[str]) -> int:
             )
             return 2
         todo = [s for s in todo if s.name in argv]
-    lanes_env = os.environ.get("AIOS_CI_LANES", "2")
+    lanes_env = os.environ.get("AIOS_CI_LANES", "3")
     if not lanes_env.isdigit() or int(lanes_env) < 1:
         print(
             f"ci: AIOS_CI_LANES={lanes_env!r} is not a positive integer; unset it or set 1, 2, ...",
@@ -283,8 +318,8 @@ def main(argv: list[str]) -> int:
     creator.start()
     t_all = time.monotonic()
     workers = [
-        threading.Thread(target=_lane, args=(queue, extra, lanes > 1), daemon=True)
-        for _ in range(lanes)
+        threading.Thread(target=_lane, args=(queue, extra, lanes > 1, i), daemon=True)
+        for i in range(lanes)
     ]
     for w in workers:
         w.start()

@@ -231,3 +231,22 @@ def test_environments_for_the_most_work_first_and_lanes_take_only_ready_steps():
         ).name
     )
     assert all(s.name != first.name for s in queue)
+
+
+def test_at_most_two_computing_steps_at_once():
+    """With two heavy steps running, a lane passes over the longer heavy steps for a step that
+    mostly waits; with one running, it takes the longest."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import ci
+    finally:
+        sys.path.pop(0)
+    queue = ci.order(ci.steps())
+    for s in queue:
+        s.created.set()
+    assert queue[0].name in ci.HEAVY
+    light = ci.take(queue, frozenset({"core", "idioms"}))
+    assert light is not None and light.name not in ci.HEAVY
+    assert light.name == next(s.name for s in ci.order(ci.steps()) if s.name not in ci.HEAVY)
+    heavy = ci.take(queue, frozenset({"core"}))
+    assert heavy is not None and heavy.name == ci.order(ci.steps())[0].name
