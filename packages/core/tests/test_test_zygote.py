@@ -179,3 +179,26 @@ def test_starts_fresh_where_forking_is_not_known_to_be_safe(env, tmp_path):
     # a zygote that went away: fresh, said so
     r = _run(["-c", probe], {**env, zygote.ENV: str(tmp_path / "gone")}, tmp_path)
     assert r.stdout == "False\n" and _fresh_reasons(tmp_path)[-1].startswith("zygote unreachable")
+
+
+def test_the_zygote_dies_with_the_session_however_it_ends(tmp_path):
+    """A test session killed outright (no pytest_unconfigure) leaves no zygote behind."""
+    code = (
+        "import time\nfrom aios.testing import zygote\n"
+        "proc, path = zygote.start()\nprint(proc.pid, flush=True)\ntime.sleep(120)\n"
+    )
+    session = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    pid = int(session.stdout.readline())
+    os.kill(pid, 0)  # running
+    session.kill()
+    session.wait()
+    for _ in range(500):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                return  # dead, its parent gone before reaping it
+        time.sleep(0.02)
+    pytest.fail(f"zygote {pid} outlived its killed session")

@@ -7,9 +7,9 @@ CI machine; most of the suite's time).
   ``SCRIPT``, then its arguments): a small *trampoline* that hands its standard streams, working
   directory and environment to the session's zygote and waits, or, where no zygote runs, the
   plain command.
-* The zygote (``python -m aios.testing.zygote serve SOCKET``, started by the pytest plugin
-  :mod:`aios.testing.plugin` for the session) forks a *keeper* per request, which forks the
-  process that runs ``ARGS`` as a fresh ``python ARGS`` would (``sys.argv``, ``sys.path[0]``,
+* The zygote (``python -m aios.testing.zygote serve SOCKET PID``, started by the pytest plugin
+  :mod:`aios.testing.plugin` for the session, and killed with the session's process PID)
+  forks a *keeper* per request, which forks the process that runs ``ARGS`` as a fresh ``python ARGS`` would (``sys.argv``, ``sys.path[0]``,
   ``__main__``, its own process group, the streams, the working directory and environment of
   the trampoline), reports its exit to the trampoline and kills it if the trampoline dies.
 * The trampoline forwards the signals it gets (SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2,
@@ -237,7 +237,7 @@ def start(env: Mapping[str, str] | None = None) -> tuple[subprocess.Popen[bytes]
     path = os.path.join(where, "socket")
     log = open(os.path.join(where, "zygote.log"), "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "aios.testing.zygote", "serve", path],
+        [sys.executable, "-m", "aios.testing.zygote", "serve", path, str(os.getpid())],
         env=dict(env if env is not None else os.environ),
         stdin=subprocess.DEVNULL,
         stdout=log,
@@ -265,10 +265,16 @@ def stop(proc: subprocess.Popen[bytes], path: str) -> None:
         Path(path).parent.rmdir()
 
 
-def serve(path: str) -> dict[str, Any]:
+def serve(path: str, session: int) -> dict[str, Any]:
     """The zygote's loop: a keeper per request. Returns only in a forked process, with its
-    request (then set up to run it); the zygote itself ends in ``_exit``."""
+    request (then set up to run it); the zygote itself ends in ``_exit``, and dies with the
+    test session's process (``session``), however that ends."""
     from aios.launcher import warm
+    from aios.launcher.worker import set_parent_death_signal
+
+    set_parent_death_signal(signal.SIGKILL)
+    if os.getppid() != session:
+        os._exit(0)
 
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
@@ -430,8 +436,8 @@ def _report() -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["serve"] and len(sys.argv) == 3:
-        run(serve(sys.argv[2]))
+    if sys.argv[1:2] == ["serve"] and len(sys.argv) == 4 and sys.argv[3].isdigit():
+        run(serve(sys.argv[2], int(sys.argv[3])))
     else:
-        print("usage: python -m aios.testing.zygote serve SOCKET", file=sys.stderr)
+        print("usage: python -m aios.testing.zygote serve SOCKET SESSION_PID", file=sys.stderr)
         raise SystemExit(2)
