@@ -10,7 +10,8 @@ CI machine; most of the suite's time).
 * The zygote (``python -m aios.testing.zygote serve SOCKET PID``, started by the pytest plugin
   :mod:`aios.testing.plugin` for the session, and killed with the session's process PID)
   forks a *keeper* per request, which forks the process that runs ``ARGS`` as a fresh
-  ``python ARGS`` would (``sys.argv``, ``sys.path[0]``, ``__main__``, its own process group, the streams, the working directory and environment of
+  ``python ARGS`` would (``sys.argv``, ``sys.path[0]``, ``__main__``, its own process group,
+  the streams, the working directory and environment of
   the trampoline), reports its exit to the trampoline and kills it if the trampoline dies.
 * The trampoline forwards the signals it gets (SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2,
   SIGQUIT) to the process (to its group when the trampoline leads a session, as
