@@ -133,9 +133,12 @@ def test_signals_reach_the_process_and_it_ends_as_the_process_did(env, tmp_path,
     p.terminate()
     assert p.wait(timeout=60) == 7
     p = subprocess.Popen(
-        zygote.python("-c", "import time; time.sleep(60)"), env=env, stdout=subprocess.PIPE
+        zygote.python("-c", "import time; print('up', flush=True); time.sleep(60)"),
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
     )
-    time.sleep(0.5)
+    assert p.stdout.readline() == "up\n"  # running its code (not still being set up)
     p.send_signal(signal.SIGINT)  # no handler: killed by it, as a fresh python is
     assert p.wait(timeout=60) == -signal.SIGINT
 

@@ -26,6 +26,7 @@ hosts) uses it.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import os
 import subprocess
@@ -37,7 +38,7 @@ from typing import Any
 
 import pytest
 
-from aios.testing import find_free_port
+from aios.testing import find_free_port, zygote
 
 CLEAN_PREFIXES = ("AIOS_", "PJRT_", "TPU_", "NEURON_")
 
@@ -140,10 +141,6 @@ _ZYGOTE: list[Any] = []
 
 def pytest_configure(config: Any) -> None:
     """Start the session's zygote (see the module docstring)."""
-    import importlib.util
-
-    from aios.testing import zygote
-
     if os.environ.get(zygote.ENV) or importlib.util.find_spec("torch") is None:
         return  # turned off, or a session inside a test that has one already
     env = {k: v for k, v in os.environ.items() if not k.startswith(CLEAN_PREFIXES)}
@@ -154,8 +151,6 @@ def pytest_configure(config: Any) -> None:
 
 
 def pytest_unconfigure(config: Any) -> None:
-    from aios.testing import zygote
-
     if _ZYGOTE:
         proc, path = _ZYGOTE
         zygote.stop(proc, path)
