@@ -3,12 +3,12 @@ cross-package tests and TorchTPU's environment.
 
 Every step runs even when an earlier one failed, so one run reports every failing package; the
 exit status is 1 when any step failed. Steps run side by side in ``AIOS_CI_LANES`` lanes (default
-2), at most two of the steps that mostly compute (:data:`HEAVY`: multi-rank runs, XLA compiles)
-at a time; lanes beyond the second start once every environment exists. A third lane did not pay
-on the 2-core machine: the CI machine's run took 4,703 s with three lanes against 3,223 s with
-two, and here, with the test zygote (:mod:`aios.testing.zygote`), each step ran 1.35-1.55x
-longer with three lanes (backend-xla 1,008 s against 650 s), which is about what the third lane
-adds. Each lane takes the longest step still waiting
+3), at most two of the steps that mostly compute (:data:`HEAVY`: multi-rank runs, XLA compiles)
+at a time; lanes beyond the second start once every environment exists (pip's installs are the
+other work until then). Uncapped, three lanes made the CI machine's run longer (4,703 s against
+3,223 s with two), as the multi-rank ranks wait on each other's time slices; capped, with the
+test zygote (:mod:`aios.testing.zygote`), three lanes took 2,751 s here where two were heading
+for about 3,100. Each lane takes the longest step still waiting
 whose environment is ready (the expected seconds below, measured on the 2-core CI machine;
 environments are created first for the steps with the most work), and every output line of a step
 is prefixed with its name. Environments are created and their dependencies synced in the
@@ -305,7 +305,7 @@ def main(argv: list[str]) -> int:
             )
             return 2
         todo = [s for s in todo if s.name in argv]
-    lanes_env = os.environ.get("AIOS_CI_LANES", "2")
+    lanes_env = os.environ.get("AIOS_CI_LANES", "3")
     if not lanes_env.isdigit() or int(lanes_env) < 1:
         print(
             f"ci: AIOS_CI_LANES={lanes_env!r} is not a positive integer; unset it or set 1, 2, ...",
