@@ -102,6 +102,10 @@ def test_exit_status_streams_and_uncaught_errors(env, tmp_path):
     for sig in (signal.SIGKILL, signal.SIGSEGV):  # killed: the trampoline dies of the same
         r = _run(["-c", f"import os; os.kill(os.getpid(), {int(sig)})"], env, tmp_path)
         assert r.returncode == -sig, r.stderr
+    bad = tmp_path / "bad.py"
+    bad.write_text("x = 1\nraise ValueError('in a script')\n")
+    r = _run([str(bad)], env, tmp_path)
+    assert r.returncode == 1 and r.stderr.splitlines()[1] == f'  File "{bad}", line 2, in <module>'
     r = _run(["-c", "raise KeyboardInterrupt"], env, tmp_path)
     assert r.returncode == -signal.SIGINT and "KeyboardInterrupt" in r.stderr
     r = _run(["-c", "import atexit; atexit.register(print, 'atexit ran')"], env, tmp_path)

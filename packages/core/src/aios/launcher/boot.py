@@ -72,7 +72,7 @@ def run_as_main(
             runpy._run_module_as_main(module, alter_argv=True)  # type: ignore[attr-defined]
         else:
             assert script is not None
-            _run_script(script, argv, base_path)
+            run_script(script, argv, base_path)
     except SystemExit:
         guard.record_end(sys.exc_info()[2], root)
         raise
@@ -84,7 +84,9 @@ def run_as_main(
         raise SystemExit(1) from None
 
 
-def _run_script(script: str, argv: list[str], base_path: list[str]) -> None:
+def run_script(script: str, argv: list[str], base_path: list[str]) -> None:
+    """``script`` as ``__main__`` with ``sys.argv`` = [script, *argv] and ``sys.path`` = [its
+    folder, *base_path], as ``python SCRIPT ARGS`` runs it (exceptions propagate)."""
     import importlib.machinery
     import types
 

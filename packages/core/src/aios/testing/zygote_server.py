@@ -67,13 +67,7 @@ def serve(path: str, session: int) -> dict[str, Any]:
         ok = False
     gc.freeze()  # as aios.launcher.warm's zygote: the forks' collections copy no shared page
     while True:
-        while True:  # reap the keepers that ended
-            try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
+        warm.reap_orphans()  # the keepers that ended (no child of the zygote is waited elsewhere)
         try:
             conn, _ = listener.accept()
             data, fds, _, _ = socket.recv_fds(conn, _MAX, 3)
@@ -171,22 +165,15 @@ def run(request: dict[str, Any]) -> None:
             sys.argv = ["-m", *argv]
             runpy._run_module_as_main(what, alter_argv=True)  # type: ignore[attr-defined]
             return
+        if kind == "script":
+            boot.run_script(what, argv, base)
+            return
+        sys.argv = ["-c", *argv]
+        sys.path[:] = ["", *base]
         main = types.ModuleType("__main__")
         main.__dict__["__builtins__"] = __builtins__
-        if kind == "-c":
-            sys.argv = ["-c", *argv]
-            sys.path[:] = ["", *base]
-            source, name = what.encode(), "<string>"
-        else:
-            path = os.path.abspath(what)
-            with open(path, "rb") as f:
-                source = f.read()
-            sys.argv = [what, *argv]
-            sys.path[:] = [os.path.dirname(os.path.realpath(path)), *base]
-            main.__dict__.update({"__file__": path, "__cached__": None, "__spec__": None})
-            name = path
         sys.modules["__main__"] = main
-        exec(compile(source, name, "exec", dont_inherit=True), main.__dict__)
+        exec(compile(what, "<string>", "exec", dont_inherit=True), main.__dict__)
     except SystemExit:
         raise
     except KeyboardInterrupt:
@@ -201,7 +188,7 @@ def _report() -> None:
     """``sys.excepthook`` with the traceback from the command's own first frame on."""
     kind, value, tb = sys.exc_info()
     runpy_file = sys.modules["runpy"].__file__ if "runpy" in sys.modules else ""
-    skip = {os.path.abspath(__file__), os.path.abspath(runpy_file or "")}
+    skip = {os.path.abspath(f) for f in (__file__, boot.__file__ or "", runpy_file or "")}
     while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in skip:
         tb = tb.tb_next
     assert kind is not None and value is not None
