@@ -121,15 +121,17 @@ def _left_behind(tmp: Path) -> list[int]:
     return pids
 
 
-def _sigterm_when(proc: subprocess.Popen[str], markers: list[Path]) -> tuple[str, str]:
-    """SIGTERM to aios-run once every marker file exists (the ranks wrote them at the step the
-    test stops at); aios-run's (stdout, stderr). Never leaves it running."""
+def _sigterm_when(
+    proc: subprocess.Popen[str], markers: list[Path], sig: int = signal.SIGTERM
+) -> tuple[str, str]:
+    """SIGTERM (or ``sig``) to aios-run once every marker file exists (the ranks wrote them at
+    the step the test stops at); aios-run's (stdout, stderr). Never leaves it running."""
     try:
         for marker in markers:
             while not marker.exists():
                 assert proc.poll() is None, proc.communicate()[1][-3000:]
                 time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         return proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
@@ -228,6 +230,27 @@ def test_stop_writes_one_emergency_checkpoint_and_resumes_at_another_shape(
     assert min(e["step"] for run in second.values() for e in run) == 8
     seen = _trained(tmp_path, "a") + _trained(tmp_path, "b")
     assert sorted(seen) == list(range(N))
+
+
+def test_sighup_stops_the_groups_as_sigterm_does(tmp_path: Path) -> None:
+    """The terminal or ssh session of ``aios-run`` closed (SIGHUP) while 2 groups train: the
+    ranks get their notice (SIGTERM, as torch's elastic agent passes SIGHUP on without groups),
+    one emergency checkpoint is written, no group is restarted, nothing is left running, exit
+    75."""
+    proc = subprocess.Popen(
+        _command(tmp_path, 2, 2),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(tmp_path, FT_TERM_STEP="6"),
+        cwd=tmp_path,
+    )
+    out, err = _sigterm_when(proc, [tmp_path / f"at-g{g}-r0" for g in (0, 1)], signal.SIGHUP)
+    assert proc.returncode == 75, err[-3000:]
+    assert _left_behind(tmp_path) == []
+    assert (out + err).count("aios: checkpoint for step 7 written") == 1, err[-3000:]
+    assert "restarting replica group" not in err and "lost" not in err
+    assert list(_checkpoints(tmp_path)) == [7]
 
 
 def test_heal_transfer_listens_on_the_run_address_only() -> None:

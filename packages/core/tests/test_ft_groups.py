@@ -27,8 +27,10 @@ SCRIPT = Path(__file__).parent / "scripts" / "ft_loop.py"
 N = 64
 
 
-def _aios_run_args(tmp: Path, *args: str, env: dict[str, str] | None = None) -> dict:
-    """``aios-run --nprocs 2 ft.replica_groups=2 ARGS ft_loop.py``: Popen's arguments."""
+def _aios_run_args(
+    tmp: Path, *args: str, env: dict[str, str] | None = None, nprocs: int = 2
+) -> dict:
+    """``aios-run --nprocs NPROCS ft.replica_groups=2 ARGS ft_loop.py``: Popen's arguments."""
     from aios.testing.strategy_contract import free_port
 
     full = {k: v for k, v in os.environ.items() if not k.startswith(("AIOS_", "RUST_LOG"))}
@@ -43,7 +45,7 @@ def _aios_run_args(tmp: Path, *args: str, env: dict[str, str] | None = None) -> 
     )
     return {
         "args": [*python("-c", "from aios.cli.run import main; main()")]
-        + ["--nprocs", "2", f"master_port={free_port()}", "ft.replica_groups=2"]
+        + ["--nprocs", str(nprocs), f"master_port={free_port()}", "ft.replica_groups=2"]
         + ["ft.heartbeat_timeout_ms=500", "ft.timeout=30", *args, str(SCRIPT)],
         "text": True,
         "env": full,
@@ -51,8 +53,10 @@ def _aios_run_args(tmp: Path, *args: str, env: dict[str, str] | None = None) -> 
     }
 
 
-def aios_run(tmp: Path, *args: str, env: dict[str, str] | None = None):
-    return subprocess.run(**_aios_run_args(tmp, *args, env=env), capture_output=True, timeout=600)
+def aios_run(tmp: Path, *args: str, env: dict[str, str] | None = None, nprocs: int = 2):
+    return subprocess.run(
+        **_aios_run_args(tmp, *args, env=env, nprocs=nprocs), capture_output=True, timeout=600
+    )
 
 
 def _logs(tmp: Path) -> dict[str, list[dict]]:
@@ -62,22 +66,26 @@ def _logs(tmp: Path) -> dict[str, list[dict]]:
     }
 
 
-def _trained_once(surv: list[dict], first: list[dict], again: list[dict]) -> None:
+def _trained_once(
+    survs: list[list[dict]], firsts: list[list[dict]], agains: list[list[dict]], per_group: int
+) -> None:
     """Every sample of the epoch trained once: each committed step's shares of the
-    participating groups (the survivor's, group 1's before its loss and after its restart)."""
+    participating groups' ranks (the survivor's, group 1's before its loss and after its
+    restart)."""
     seen: list[int] = []
-    share = {}
-    for run in (surv, first, again):
+    share: dict[int, list[tuple[bool, dict]]] = {}
+    for run in (*survs, *firsts, *agains):
+        restarted = any(run is a for a in agains)
         for e in run:
             if e["ok"]:
-                share.setdefault(e["step"], []).append((run is again, e))
+                # a healing group's first step contributes no gradient: its batch is not counted
+                share.setdefault(e["step"], []).append((restarted and e is run[0], e))
     last = max(share)
     tail: set[int] = set()
     for step, entries in sorted(share.items()):
         p = entries[0][1]["p"]
-        # a healing group's first step contributes no gradient: its batch is not counted
-        counted = [e for is_again, e in entries if not (is_again and e is again[0])]
-        assert len(counted) == p, (step, entries)
+        counted = [e for healing, e in entries if not healing]
+        assert len(counted) == p * per_group, (step, entries)
         for e in counted:
             (tail.update if step == last else seen.extend)(e["idx"])
     # once each; the epoch's short last step is padded from its start (as DistributedSampler)
@@ -85,39 +93,55 @@ def _trained_once(surv: list[dict], first: list[dict], again: list[dict]) -> Non
     assert set(seen) | tail == set(range(N)) and not tail <= set(seen)
 
 
-@pytest.mark.parametrize("mode", ["between", "allreduce"])
-def test_lost_group_survivor_keeps_training_and_heals(tmp_path: Path, mode: str) -> None:
-    r = aios_run(tmp_path, env={"FT_KILL_STEP": "5", "FT_KILL_MODE": mode})
+def _assert_lost_and_healed(tmp: Path, r: subprocess.CompletedProcess, mode: str, per_group: int):
+    """The survivor never restarted and committed with one group, then two; group 1 was lost,
+    restarted and healed (each of its ranks bitwise equal to the same rank of group 0 from its
+    first committed step on); every sample trained once."""
     assert r.returncode == 0, r.stderr[-3000:]
-    logs = _logs(tmp_path)
-    g0 = [v for k, v in logs.items() if k.startswith("g0-")]
-    g1 = [v for k, v in logs.items() if k.startswith("g1-")]
-    assert len(g0) == 1, "the surviving group never restarts (one process, one log)"
-    assert len(g1) == 2, "group 1 ran twice: before the kill and after its restart"
-    (surv,) = g0
-    first, again = sorted(g1, key=lambda v: v[0]["restarted"])
-    assert again[0]["restarted"] and not first[0]["restarted"]
+    logs = _logs(tmp)
+    ranks = range(per_group)
+    g0 = {k: [v for n, v in logs.items() if n.startswith(f"g0-r{k}-")] for k in ranks}
+    g1 = {k: [v for n, v in logs.items() if n.startswith(f"g1-r{k}-")] for k in ranks}
+    assert all(len(g0[k]) == 1 for k in ranks), "the surviving group never restarts"
+    assert all(len(g1[k]) == 2 for k in ranks), "group 1 ran twice: before the kill and after"
+    survs = [g0[k][0] for k in ranks]
+    firsts, agains = [], []
+    for k in ranks:
+        first, again = sorted(g1[k], key=lambda v: v[0]["restarted"] if v else True)
+        assert again[0]["restarted"] and (not first or not first[0]["restarted"])
+        firsts.append(first)
+        agains.append(again)
     # the one line per event
     assert "aios: replica group 1 lost at step" in r.stderr
     assert "1 of 2 groups training" in r.stderr
     assert "replica group 1 healed from a live group" in r.stderr
     assert "Quorum!" not in r.stderr  # torchft's per-step INFO lines are off
-    # the survivor committed steps with one group, then with two again
+    for k in ranks:
+        surv, again = survs[k], agains[k]
+        committed = [e for e in surv if e["ok"]]
+        assert any(e["p"] == 1 for e in committed)
+        assert committed[-1]["p"] == 2
+        if mode == "allreduce":  # the step group 1 died in did not commit; its batch came again
+            miss = [i for i, e in enumerate(surv) if not e["ok"]]
+            assert miss and all(
+                surv[i + 1]["ok"] and surv[i + 1]["idx"] == surv[i]["idx"] for i in miss
+            )
+        else:
+            assert all(e["ok"] for e in surv)
+        # healed: from its first committed step on, the rank's parameters (its shards) are
+        # the same rank's of group 0, bitwise
+        by_step = {e["step"]: e["params"] for e in committed}
+        healed = [e for e in again if e["ok"]]
+        assert healed and all(by_step[e["step"]] == e["params"] for e in healed)
+    _trained_once(survs, [f for f in firsts if f], agains, per_group)
+    return survs[0]
+
+
+@pytest.mark.parametrize("mode", ["between", "allreduce"])
+def test_lost_group_survivor_keeps_training_and_heals(tmp_path: Path, mode: str) -> None:
+    r = aios_run(tmp_path, env={"FT_KILL_STEP": "5", "FT_KILL_MODE": mode})
+    surv = _assert_lost_and_healed(tmp_path, r, mode, per_group=1)
     committed = [e for e in surv if e["ok"]]
-    assert any(e["p"] == 1 for e in committed)
-    assert committed[-1]["p"] == 2
-    if mode == "allreduce":  # the step group 1 died in did not commit; its batch came again
-        miss = [i for i, e in enumerate(surv) if not e["ok"]]
-        assert miss and all(
-            surv[i + 1]["ok"] and surv[i + 1]["idx"] == surv[i]["idx"] for i in miss
-        )
-    else:
-        assert all(e["ok"] for e in surv)
-    # healed: from its first committed step on, group 1's parameters are group 0's, bitwise
-    by_step = {e["step"]: e["params"] for e in committed}
-    healed = [e for e in again if e["ok"]]
-    assert healed and all(by_step[e["step"]] == e["params"] for e in healed)
-    _trained_once(surv, first, again)
     # goodput: the replica-group categories in the run record and in `aios report`
     (run,) = (tmp_path / "runs").iterdir()
     rep = subprocess.run(
@@ -178,15 +202,28 @@ def test_refused_on_backends_torchft_does_not_cover(backend: str) -> None:
     assert check(resolve(None, [], {}), backend, 2) == 1  # off: nothing refused
 
 
-def test_refused_with_a_sharded_strategy() -> None:
+@pytest.mark.parametrize("mode", ["between", "allreduce"])
+def test_fsdp_inside_groups_loses_a_process_and_heals(tmp_path: Path, mode: str) -> None:
+    """``strategy=fsdp`` inside each group of 2 processes (4 in all): one process of group 1 is
+    SIGKILLed; group 1 is stopped and restarted, and each of its ranks heals its own shards from
+    the same rank of group 0 (no collective on either side), bitwise."""
+    env = {"FT_KILL_STEP": "5", "FT_KILL_MODE": mode}
+    r = aios_run(tmp_path, "strategy=fsdp", env=env, nprocs=4)
+    _assert_lost_and_healed(tmp_path, r, mode, per_group=2)
+
+
+def test_refused_with_a_strategy_groups_do_not_run() -> None:
     from aios.config.schema import resolve
     from aios.errors import ConfigError
     from aios.ft.plan import check
 
-    cfg = resolve(None, ["ft.replica_groups=2", "strategy=fsdp"], {})
-    with pytest.raises(ConfigError, match="strategy=fsdp is not supported yet"):
+    cfg = resolve(None, ["ft.replica_groups=2", "strategy=tp"], {})
+    with pytest.raises(ConfigError, match="strategy=tp is not supported: replica groups run"):
         check(cfg, "cpu", 4)
-    assert check(resolve(None, ["ft.replica_groups=2", "strategy=ddp"], {}), "cpu", 4) == 2
+    for strategy in ("ddp", "fsdp", "auto"):
+        assert (
+            check(resolve(None, ["ft.replica_groups=2", f"strategy={strategy}"], {}), "cpu", 4) == 2
+        )
 
 
 def test_dry_run_names_the_groups(tmp_path: Path) -> None:
@@ -319,7 +356,7 @@ def test_a_hung_group_is_stopped_and_heals(tmp_path: Path) -> None:
     by_step = {e["step"]: e["params"] for e in committed}
     healed = [e for e in again if e["ok"]]
     assert healed and all(by_step[e["step"]] == e["params"] for e in healed)
-    _trained_once(surv, first, again)
+    _trained_once([surv], [first], [again], per_group=1)
     # the survivor's stall: from its step 5 to its next committed step (shown, not asserted)
     at5 = next(e["t"] for e in surv if e["step"] == 5 and e["ok"])
     after = next(e["t"] for e in surv if e["step"] == 6 and e["ok"])

@@ -3,7 +3,8 @@ their labels, batches of 2, one epoch. Each rank logs, per step, the step, wheth
 the groups in the quorum, the sample ids it trained and its parameters.
 
 The kill is deterministic (files, never timing): with FT_KILL_MODE=between, group 1 kills
-itself right after committing step FT_KILL_STEP (FT_KILL_MODE=hang: hangs there instead); with
+itself (its rank 0: the group's other processes are stopped by aios-run) right after
+committing step FT_KILL_STEP (FT_KILL_MODE=hang: hangs there instead); with
 FT_KILL_MODE=allreduce, group 1 waits at
 step FT_KILL_STEP until group 0 has finished that step's backward (group 0 is then entering the
 cross-group all-reduce, which waits for group 1) and kills itself. Group 0 waits, before the
@@ -17,6 +18,7 @@ import time
 
 import aios
 import torch
+from torch.distributed.tensor import DTensor
 
 if os.environ.get("FT_WAIT_BEFORE_INIT"):  # started, not yet in aios.init: the pid, then wait
     with open(os.path.join(os.environ["FT_OUT"], f"pid-{os.getpid()}"), "w") as f:
@@ -26,13 +28,14 @@ if os.environ.get("FT_WAIT_BEFORE_INIT"):  # started, not yet in aios.init: the 
 rt = aios.init()
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
-opt = torch.optim.SGD(model.parameters(), lr=0.05)
+opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)  # state a heal must carry
 ids = torch.arange(64)
 ds = torch.utils.data.TensorDataset(ids.float().unsqueeze(1).repeat(1, 4) / 64, ids)
 loader = torch.utils.data.DataLoader(ds, batch_size=2, shuffle=True)
 model, opt, loader = rt.setup(model, opt, loader)
 out = os.environ["FT_OUT"]
 g = rt.replica_group
+killer = g == 1 and rt.rank == 0  # the process of group 1 that is lost
 kill_at = int(os.environ.get("FT_KILL_STEP", "-1"))
 mode = os.environ.get("FT_KILL_MODE", "between")
 killed = os.path.join(out, "killed")
@@ -50,7 +53,7 @@ def wait_for(path):
 
 for x, idx in loader:
     step = rt.global_step
-    if g == 1 and mode == "allreduce" and step == kill_at and not os.path.exists(killed):
+    if killer and mode == "allreduce" and step == kill_at and not os.path.exists(killed):
         wait_for(os.path.join(out, f"g0-backward-{kill_at}"))
         open(killed, "w").close()
         os.kill(os.getpid(), signal.SIGKILL)
@@ -59,7 +62,12 @@ for x, idx in loader:
     if g == 0:
         open(os.path.join(out, f"g0-backward-{step}"), "w").close()
     ok = rt.step()
-    params = [t.detach().flatten().tolist() for t in rt.unwrap(model).parameters()]
+    # this rank's own parameters (its shards under fsdp): the same rank of each group holds the
+    # same ones
+    params = [
+        (t.to_local() if isinstance(t, DTensor) else t).detach().flatten().tolist()
+        for t in rt.unwrap(model).parameters()
+    ]
     rec = {
         "step": rt.global_step,
         "ok": ok,
@@ -69,10 +77,10 @@ for x, idx in loader:
     }
     log.write(json.dumps({**rec, "restarted": restarted, "params": params}) + "\n")
     log.flush()
-    if g == 1 and mode == "between" and rt.global_step == kill_at and not os.path.exists(killed):
+    if killer and mode == "between" and rt.global_step == kill_at and not os.path.exists(killed):
         open(killed, "w").close()
         os.kill(os.getpid(), signal.SIGKILL)
-    if g == 1 and mode == "hang" and rt.global_step == kill_at and not os.path.exists(killed):
+    if killer and mode == "hang" and rt.global_step == kill_at and not os.path.exists(killed):
         open(killed, "w").close()
         while True:  # hung after committing: aios-run's hang watch stops it
             time.sleep(1)

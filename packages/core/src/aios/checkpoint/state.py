@@ -18,6 +18,7 @@ import os
 import random
 from typing import Any
 
+from aios.checkpoint import own
 from aios.data import rng
 from aios.data.rng import reseed, reseed_value
 from aios.errors import AiosError, CheckpointError
@@ -150,6 +151,51 @@ class TrainingState:
         rngs = state.get("rng") or []
         if rngs:
             self.restore_rng(rngs[rank] if rank < len(rngs) else None, rank, state.get("backend"))
+
+    def own_state_dict(self) -> dict[str, Any]:
+        """What a rank of the same shape takes as its own (a replica group's heal,
+        :mod:`aios.ft.replica`): :meth:`state_dict` with the models and optimizers as this rank
+        holds them (its shards under a sharded strategy), read without a collective
+        (:mod:`aios.checkpoint.own`), and without the loaders (their positions are the
+        replica data's)."""
+        s = self.strategy
+        return {
+            "format": STATE_FORMAT,
+            "step": self.step,
+            "modules": [own.module_state(s.unwrap(m)) for m in self.modules],
+            "optimizers": [own.optimizer_state(o) for o in self.optimizers],
+            "schedulers": [sch.state_dict() for sch in self.schedulers],
+            "objects": {k: v.state_dict() for k, v in self.objects.items()},
+            "precision": self.precision.state_dict(),
+        }
+
+    def load_own_state_dict(self, state: dict[str, Any]) -> None:
+        """Take :meth:`own_state_dict` of the same rank of a live peer, without a collective;
+        this rank's micro-step count stays its own (the peer sent its state mid-step)."""
+        s = self.strategy
+        if len(state["modules"]) != len(self.modules) or len(state["optimizers"]) != len(
+            self.optimizers
+        ):
+            raise CheckpointError(
+                "a live replica group holds another set of models/optimizers than this one",
+                "set up the same models and optimizers in every replica group",
+            )
+        try:
+            for m, st in zip(self.modules, state["modules"], strict=True):
+                own.load_module_state(s.unwrap(m), st)
+            for o, st in zip(self.optimizers, state["optimizers"], strict=True):
+                own.load_optimizer_state(o, st)
+        except (RuntimeError, ValueError, KeyError) as exc:
+            raise CheckpointError(
+                f"a live replica group's state does not fit this group "
+                f"({str(exc).splitlines()[0][:200]})",
+                "run the same script and settings in every replica group",
+            ) from None
+        for sch, st in zip(self.schedulers, state["schedulers"], strict=True):
+            sch.load_state_dict(st)
+        self.load_objects(state.get("objects", {}))
+        self.precision.load_state_dict(state.get("precision", {}))
+        self.step = int(state["step"])
 
     # ---------------------------------------------------------------- RNG
     def seed_everything(self, seed: int) -> None:

@@ -243,7 +243,11 @@ class Groups:
 
     def notice(self, signum: int, _frame: Any = None) -> None:
         """SIGTERM/SIGINT to aios-run: forwarded to every process of every group (each rank's
-        notice handler; the groups agree on the step to stop at, :mod:`aios.ft.replica`)."""
+        notice handler; the groups agree on the step to stop at, :mod:`aios.ft.replica`).
+        SIGHUP (the terminal or the ssh session closed) reaches the ranks as SIGTERM, as torch's
+        elastic agent passes it on without groups."""
+        if signum == signal.SIGHUP:
+            signum = signal.SIGTERM
         if self.stopping is None:  # a rank that outlives its grace is not waited for
             grace = float(self.cfg.checkpoint.grace_seconds) + STOP_MARGIN_S
             self.stop_by = time.monotonic() + grace
@@ -294,7 +298,8 @@ class Groups:
         if self.cfg.checkpoint.dir:
             self.lock = RunLock(self.cfg, self.env.get(RUN_ID_ENV, ""), self.echo)
         self.lighthouse, self.address = start_lighthouse(self.cfg)
-        old = {s: signal.signal(s, self.notice) for s in (signal.SIGTERM, signal.SIGINT)}
+        notices = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+        old = {s: signal.signal(s, self.notice) for s in notices}
         try:
             for g in range(self.groups):
                 self.start(g)

@@ -13,6 +13,9 @@ from aios.errors import ConfigError
 #: the backends whose process groups torchft 0.2.0 provides: gloo (CPU) and NCCL (CUDA)
 #: (torchft.process_group: ProcessGroupGloo, ProcessGroupNCCL). XLA/TPU and Neuron have none.
 SUPPORTED_BACKENDS = ("cpu", "cuda")
+#: the strategies a replica group runs inside itself. A heal copies each rank's own shards from
+#: the same rank of a live group (aios.checkpoint.own): no collective, at the same shape
+GROUP_STRATEGIES = ("auto", "ddp", "fsdp")
 INSTALL = "pip install -e './packages/core[ft]' (from the aios checkout)"
 
 
@@ -37,14 +40,12 @@ def check(cfg: Any, backend: str, nprocs: int) -> int:
             f"groups for {' and '.join(SUPPORTED_BACKENDS)} only",
             "drop ft.replica_groups (checkpoints and restarts still recover the run)",
         )
-    if cfg.strategy not in ("auto", "ddp"):
-        # a heal reads a live group's state from torchft's quorum thread: a sharded strategy's
-        # state dict is a collective of the group, which there races the training's own
-        # (measured: fsdp in groups of 2 aborted with a gloo size mismatch at the first heal)
+    if cfg.strategy not in GROUP_STRATEGIES:
         raise ConfigError(
-            f"ft.replica_groups with strategy={cfg.strategy} is not supported yet: replica "
-            "groups run ddp inside each group",
-            "use strategy=ddp (or auto) with ft.replica_groups, or drop ft.replica_groups",
+            f"ft.replica_groups with strategy={cfg.strategy} is not supported: replica groups "
+            f"run {', '.join(GROUP_STRATEGIES[1:])} inside each group",
+            f"use strategy={' or '.join(GROUP_STRATEGIES)} with ft.replica_groups, or drop "
+            "ft.replica_groups",
         )
     if cfg.nnodes != 1:
         raise ConfigError(

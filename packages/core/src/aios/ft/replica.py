@@ -78,16 +78,17 @@ class Replica:
 
     # ---------------------------------------------------------------- manager
     def _state(self) -> dict[str, Any]:
+        # read on torchft's quorum thread while this rank waits for the quorum: this rank's own
+        # shards only, no collective (aios.checkpoint.own)
         return {
-            "training": self.training.state_dict(),
+            "training": self.training.own_state_dict(),
             "data": [s.state_dict() for s in self.samplers],
         }
 
     def _load(self, state: dict[str, Any]) -> None:
-        # the loaders keep their own counters (the position is the samplers', below) and the
-        # micro-step count is this rank's own (the peer sent its state mid-step)
-        own = {**state["training"], "loaders": [], "micro": self.training.micro}
-        self.training.load_state_dict(own, rank=self.group_rank)
+        # the same rank of a live group: its shards are this rank's (the loaders keep their
+        # own counters: the position is the samplers', below)
+        self.training.load_own_state_dict(state["training"])
         for s, d in zip(self.samplers, state["data"], strict=True):
             s.load_state_dict(d)
 
