@@ -44,7 +44,9 @@ class _Project:
     environment."""
 
     funcs: dict[str, _Func] = field(default_factory=dict)
-    env_world: bool = False  # some module reads WORLD_SIZE (or RANK) from the environment
+    # the project's world size is the launcher's: assigned (or passed as world_size=) from
+    # WORLD_SIZE read in the environment, directly or through a function of the project
+    env_world: bool = False
     config_device: bool = False  # a loaded config sets the device (detectron2's MODEL.DEVICE too)
 
 
@@ -296,7 +298,8 @@ class Reading:
         parent = self.parents.get(id(node))
         body = getattr(parent, "body", None)
         if isinstance(body, list) and node in body:
-            fallback += body[body.index(node) + 1 : body.index(node) + 2]
+            # what the function returns after the test (``if mps: return "mps"`` between)
+            fallback += body[body.index(node) + 1 :]
         return returns(fallback, lambda v: _str(v) == "cpu")
 
     def cuda_test(self, test: ast.AST) -> int:

@@ -58,18 +58,23 @@ class Checker(Context):
     def visit_body(self, body: list[ast.stmt]) -> None:
         # ``if not torch.cuda.is_available(): return None`` ends the function elsewhere: the
         # lines after it run only with CUDA (dead code elsewhere, like an ``if`` body)
-        exits = 0
+        # ``if rank != 0: return`` likewise: the lines after it run on rank 0 only
+        exits = rank_exits = 0
         for stmt in body:
             self.visit(stmt)
             if (
                 isinstance(stmt, ast.If)
                 and not stmt.orelse
                 and isinstance(stmt.body[-1], (ast.Return, ast.Raise))
-                and self.cuda_test(stmt.test) == -1
             ):
-                exits += 1
-                self.cuda_guard += 1
+                if self.cuda_test(stmt.test) == -1:
+                    exits += 1
+                    self.cuda_guard += 1
+                elif self.is_rank_exit(stmt.test):
+                    rank_exits += 1
+                    self.guard_depth += 1
         self.cuda_guard -= exits
+        self.guard_depth -= rank_exits
 
     def visit_function(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         self.dispatch(node)  # decorators (``@torch.compile``)
