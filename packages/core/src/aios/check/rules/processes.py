@@ -20,9 +20,9 @@ from aios.check.library import (
 from aios.check.names import (
     _dotted,
     _int,
-    _last,
     _is_cuda_string,
     _is_none,
+    _last,
     _reads_launcher_env,
     _str,
 )
@@ -126,10 +126,11 @@ class DDPWrap(CheckRule):
     @staticmethod
     def joins_elsewhere(ctx: Context, node: ast.Call) -> bool:
         """The CUDA test ``node`` sits under has another branch that joins the group too."""
-        child, parent = node, ctx.parents.get(id(node))
+        child: ast.AST = node
+        parent = ctx.parents.get(id(node))
         while parent is not None:
             if isinstance(parent, ast.If) and ctx.cuda_test(parent.test):
-                other = parent.orelse if child in parent.body else parent.body
+                other = parent.orelse if any(child is st for st in parent.body) else parent.body
                 return any(
                     isinstance(sub, ast.Call) and _last(sub.func) == "init_process_group"
                     for st in other
@@ -208,6 +209,13 @@ class DeviceIds(CheckRule):
         ),
         Example("m = FSDP(model, device_id=local_rank)\n", "AIOS202", 1, "rt.setup(model)"),
         Example("m = FSDP(model, device_id=get_local_rank())\n", "AIOS202", 1, "rt.setup"),
+        Example("device_id = 0\nm = FSDP(model, device_id=device_id)\n", "AIOS202", 2, "rt.setup"),
+        Example(
+            "from functools import partial\nwrap = partial(FSDP, device_id=local_rank)\n",
+            "AIOS202",
+            2,
+            "rt.setup",
+        ),
     )
     right = ("import torch.distributed as dist\ndist.barrier()\n", "m = FSDP(model)\n")
 
@@ -226,7 +234,14 @@ class DeviceIds(CheckRule):
                 )
         if q.endswith("FullyShardedDataParallel") or last == "FSDP":
             dev = kw.get("device_id")  # local_rank, args.gpu, get_local_rank()
-            if isinstance(dev, (ast.Name, ast.Attribute, ast.Call)) and ctx.rankish(dev):
+            # device_id = 0 (then torch.cuda.current_device() under a CUDA test): an index too
+            values = ctx.values.get(dev.id, []) if isinstance(dev, ast.Name) else []
+            if dev is not None and (
+                isinstance(dev, (ast.Name, ast.Attribute, ast.Call))
+                and ctx.rankish(dev)
+                or _int(dev) is not None
+                or any(_int(v) is not None for v in values)
+            ):
                 ctx.add(
                     node,
                     "AIOS202",
