@@ -8,7 +8,7 @@ import re
 import textwrap
 from pathlib import Path
 
-from aios.check import LIBRARY_CALLS, check_file, check_project, check_source
+from aios.check import LIBRARY_CALLS, check_config, check_file, check_project, check_source
 from aios.cli.main import cli
 from click.testing import CliRunner
 
@@ -571,3 +571,14 @@ def test_a_recipe_deep_in_a_repository_reads_its_package_and_the_configs_beside_
         )
     )
     assert "AIOS209" not in {k[2] for k in _keys(check_project(str(train)))}
+
+
+def test_a_configs_fp16_training_dtype_is_named_and_a_checkpoints_dtype_is_not(tmp_path):
+    """``mixed_precision: fp16`` (Accelerate), ``precision: 16`` (Lightning) and a parameter
+    dtype are what the run trains in; a model's saved ``"torch_dtype": "float16"`` is not."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("mixed_precision: fp16\ntrainer:\n  precision: 16\n  param_dtype: bf16\n")
+    assert [(f.line, f.code) for f in check_config(str(cfg))] == [(1, "AIOS303"), (3, "AIOS303")]
+    model = tmp_path / "config.json"
+    model.write_text('{\n  "torch_dtype": "float16",\n  "hidden_size": 64\n}\n')
+    assert check_config(str(model)) == []
