@@ -48,7 +48,22 @@ GOAL = 0.95
 # (issue 34 stays open for it). The held-out set is now twenty projects, five of them harder than
 # the fifteen before; the thresholds are what this larger set measured (rounded down), so the
 # assertion keeps it from slipping; they may only be raised.
-HELDOUT_PRECISION, HELDOUT_RECALL = 0.85, 0.89
+# Issue 34's third round: eight more codebases split before any was written (README): four to the
+# rules half (nanochat, llama-cookbook, icefall, dinov2), four held out (qlora, a NeMo ASR
+# fine-tune, llm-foundry, ConvNeXt), each labelled before the checker ran on it. The rules were
+# fixed against the four rules-half ones (first pass 98.3% / 76.3%, after 100% / 100%; the
+# whole rules half 99.7% / 99.7%), then the held-out half was measured once: the four new ones
+# precision 94.4% (17/18), recall 63.0% (17/27); the twenty before 85.8% (157/183), 90.2%
+# (157/174); all twenty-four 86.6% (174/201), 86.6% (174/201). (One slip to note: a run of the
+# whole test file midway printed the tail of the held-out report, fifteen lines of misses; no
+# rule was written against them.) The twenty keep their own thresholds, raised where the
+# measurement allows; the twenty-four get theirs; neither may be lowered. Recall meets the 85%
+# goal on both; precision is below 90% (the new four's misses are mostly what reading cannot
+# see: a Trainer's settings in a YAML, Composer's device and precision, flash attention named
+# in a config).
+ADDED_LAST = ("convnext_project", "llm_foundry_project", "nemo_asr_project", "qlora_project")
+HELDOUT_PRECISION, HELDOUT_RECALL = 0.85, 0.90  # the twenty held out before ADDED_LAST
+ALL_HELDOUT_PRECISION, ALL_HELDOUT_RECALL = 0.86, 0.86  # all twenty-four
 
 Key = tuple[str, int, str, str]  # script, line, code, level
 
@@ -141,12 +156,31 @@ def test_precision_and_recall_over_the_corpus_are_at_least_95_percent():
     assert precision >= GOAL and recall >= GOAL, report
 
 
+def _only(scored, keep):
+    """``_score``'s answer narrowed to the projects ``keep(name)`` accepts."""
+    produced, expected, wrong, hits, misses = scored
+
+    def ok(key: Key) -> bool:
+        return keep(key[0].split("/")[0])
+
+    return (
+        {k for k in produced if ok(k)},
+        {k: v for k, v in expected.items() if ok(k)},
+        {k: v for k, v in wrong.items() if ok(k)},
+        {k for k in hits if ok(k)},
+        {k: v for k, v in misses.items() if ok(k)},
+    )
+
+
 def test_held_out_projects_precision_and_recall():
     """The held-out half: projects never used to write a rule, labelled before the checker ran
     on them (goal 90% precision, 85% recall; see HELDOUT_PRECISION)."""
-    precision, recall, report = _report(*_score(HELDOUT, []))
+    scored = _score(HELDOUT, [])
+    precision, recall, report = _report(*scored)
     print(report)
-    assert precision >= HELDOUT_PRECISION and recall >= HELDOUT_RECALL, report
+    before = _report(*_only(scored, lambda name: name not in ADDED_LAST))
+    assert before[0] >= HELDOUT_PRECISION and before[1] >= HELDOUT_RECALL, before[2]
+    assert precision >= ALL_HELDOUT_PRECISION and recall >= ALL_HELDOUT_RECALL, report
 
 
 def test_the_projects_are_what_the_readme_says_and_the_split_holds():

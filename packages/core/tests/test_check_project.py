@@ -8,7 +8,7 @@ import re
 import textwrap
 from pathlib import Path
 
-from aios.check import LIBRARY_CALLS, check_file, check_project, check_source
+from aios.check import LIBRARY_CALLS, check_config, check_file, check_project, check_source
 from aios.cli.main import cli
 from click.testing import CliRunner
 
@@ -503,3 +503,82 @@ def test_aios_runs_hint_names_the_finding_in_a_helper_module_of_the_script(tmp_p
     )
     hint = _hint_from_stderr(str(script), tb)
     assert hint is not None and f"{tmp_path / 'utils.py'}:4:" in hint and "AIOS102" in hint
+
+
+def test_a_recipe_deep_in_a_repository_reads_its_package_and_the_configs_beside_it(tmp_path):
+    """icefall's habit: ``egs/<corpus>/ASR/<model>/train.py`` imports the repository's
+    ``icefall`` package four folders up; dinov2's: a helper of the package loads its default
+    YAML from ``Path(__file__).parent.parent / "configs"``, with fp16 parameters there. A
+    ``MASTER_PORT`` written only when the environment lacks it is never written under aios-run;
+    ``--world-size`` defaulting to 1 is a finding though a helper reads WORLD_SIZE, when the
+    world size the script uses is not that one."""
+    _write(
+        tmp_path,
+        {
+            "egs/libri/ASR/conformer/train.py": """\
+                import argparse
+                from icefall.dist import setup_dist
+                from pkg.util.config import load
+                p = argparse.ArgumentParser()
+                p.add_argument("--world-size", type=int, default=1)
+                args = p.parse_args()
+                world_size = args.world_size
+                setup_dist(0, world_size)
+                cfg = load()
+                """,
+            "icefall/__init__.py": "",
+            "icefall/dist.py": """\
+                import os
+                import torch.distributed as dist
+                def setup_dist(rank, world_size):
+                    if "MASTER_PORT" not in os.environ:
+                        os.environ["MASTER_PORT"] = "12354"
+                    dist.init_process_group("nccl", rank=rank, world_size=world_size)
+                def get_world_size():
+                    return int(os.environ["WORLD_SIZE"])
+                """,
+            "egs/libri/ASR/conformer/pkg/__init__.py": "",
+            "egs/libri/ASR/conformer/pkg/util/__init__.py": "",
+            "egs/libri/ASR/conformer/pkg/util/config.py": """\
+                import pathlib
+                import yaml
+                DEFAULT = pathlib.Path(__file__).parent.parent / "configs" / "default.yaml"
+                def load():
+                    return yaml.safe_load(DEFAULT.read_text())
+                """,
+            "egs/libri/ASR/conformer/pkg/configs/default.yaml": """\
+                student:
+                  param_dtype: fp16
+                  reduce_dtype: fp16
+                teacher:
+                  param_dtype: bf16
+                """,
+        },
+    )
+    keys = _keys(check_project(str(tmp_path / "egs/libri/ASR/conformer/train.py")))
+    assert keys == {
+        ("train.py", 5, "AIOS209", "error"),
+        ("dist.py", 6, "AIOS201", "error"),
+        ("dist.py", 8, "AIOS206", "note"),
+        ("default.yaml", 2, "AIOS303", "error"),
+    }
+    # the world size taken from the helper that reads the launcher's: the copies join
+    train = tmp_path / "egs/libri/ASR/conformer/train.py"
+    train.write_text(
+        train.read_text().replace(
+            "world_size = args.world_size",
+            "from icefall.dist import get_world_size\nworld_size = get_world_size()",
+        )
+    )
+    assert "AIOS209" not in {k[2] for k in _keys(check_project(str(train)))}
+
+
+def test_a_configs_fp16_training_dtype_is_named_and_a_checkpoints_dtype_is_not(tmp_path):
+    """``mixed_precision: fp16`` (Accelerate), ``precision: 16`` (Lightning) and a parameter
+    dtype are what the run trains in; a model's saved ``"torch_dtype": "float16"`` is not."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("mixed_precision: fp16\ntrainer:\n  precision: 16\n  param_dtype: bf16\n")
+    assert [(f.line, f.code) for f in check_config(str(cfg))] == [(1, "AIOS303"), (3, "AIOS303")]
+    model = tmp_path / "config.json"
+    model.write_text('{\n  "torch_dtype": "float16",\n  "hidden_size": 64\n}\n')
+    assert check_config(str(model)) == []

@@ -133,3 +133,55 @@ for epoch in range(3):
     )
     # on one rank: no longer every rank's write, but the state dict there hangs a sharded run
     assert [f.code for f in check_source(guarded)] == ["AIOS603"]
+
+
+def test_lines_after_a_rank_exit_run_on_rank_0_only():
+    """icefall's habit: ``if rank != 0: return`` opens the checkpoint helper; the state dict
+    taken after it is a one-rank save, like one under ``if rank == 0:``."""
+    src = """import torch
+def save_checkpoint(path, model, rank=0):
+    if rank != 0:
+        return
+    torch.save({"model": model.state_dict()}, path)
+save_checkpoint("x.pt", model, rank=rank)
+"""
+    assert [(f.line, f.code) for f in check_source(src)] == [(5, "AIOS603")]
+
+
+def test_a_cuda_function_named_for_a_later_call_is_judged_as_that_call():
+    """nanochat's ``synchronize = torch.cuda.synchronize if device_type == "cuda" else ...``
+    (a note: only with CUDA) and llama-cookbook's ``autocast = torch.cuda.amp.autocast if
+    use_fp16 else nullcontext`` (CUDA autocast); a test named without a call is no finding."""
+    src = """import torch
+from contextlib import nullcontext
+sync = torch.cuda.synchronize if device_type == "cuda" else (lambda: None)
+autocast = torch.cuda.amp.autocast if cfg.use_fp16 else nullcontext
+probe = torch.cuda.is_available
+"""
+    assert [(f.line, f.code, f.level) for f in check_source(src)] == [
+        (3, "AIOS104", "note"),
+        (4, "AIOS301", "error"),
+    ]
+
+
+def test_a_device_type_helper_and_a_model_moved_only_with_cuda_are_device_choices():
+    """A helper returning "cuda", else "mps", else "cpu" (nanochat), and ``if
+    torch.cuda.is_available(): model.to("cuda")`` with no else (llama-cookbook): on a TPU the
+    model trains on the host CPU. With an else that places it, the test guards a note only."""
+    src = """import torch
+def device_type():
+    if torch.cuda.is_available():
+        return "cuda"
+    if torch.backends.mps.is_available():
+        return "mps"
+    return "cpu"
+if torch.cuda.is_available():
+    model.to("cuda")
+"""
+    assert [(f.line, f.code, f.level) for f in check_source(src)] == [
+        (3, "AIOS106", "error"),
+        (8, "AIOS106", "error"),
+        (9, "AIOS101", "note"),
+    ]
+    other = "import torch\nif torch.cuda.is_available():\n    model.cuda()\nelse:\n    model.to(rt.device)\n"
+    assert [f.code for f in check_source(other)] == ["AIOS102"]

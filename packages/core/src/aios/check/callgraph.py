@@ -16,7 +16,7 @@ from aios.check.library import (
     RT_SAVES,
     VERB_NAMES,
 )
-from aios.check.names import _dotted, _last, _reads_launcher_env, _str
+from aios.check.names import _dotted, _int, _last, _reads_launcher_env, _str
 from aios.check.reading import Reading, _Func
 
 
@@ -39,6 +39,19 @@ class Context(Reading):
                 return True  # is_master(args): a function of the project returning a rank test
             return _last(test.func).lstrip("_") in MAIN_FLAGS and not test.args
         return isinstance(test, (ast.Name, ast.Attribute)) and _last(test).lstrip("_") in MAIN_FLAGS
+
+    def is_rank_exit(self, test: ast.AST) -> bool:
+        """``if rank != 0: return`` / ``if not is_main_process(): return``: the lines after it
+        run on rank 0 only, as if under ``if rank == 0:``."""
+        if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+            return self.is_rank_guard(test.operand)
+        if isinstance(test, ast.Compare) and len(test.ops) == 1:
+            left, op, right = test.left, test.ops[0], test.comparators[0]
+            if _int(right) == 0 and isinstance(op, (ast.NotEq, ast.IsNot, ast.Gt)):
+                return self.rankish(left)
+            if _int(left) == 0 and isinstance(op, (ast.NotEq, ast.IsNot, ast.Lt)):
+                return self.rankish(right)
+        return False
 
     def effect(self, node: ast.Call, q: str) -> tuple[str, str] | None:
         """``(kind, what)`` when ``node`` is a forward, a collective or a save."""

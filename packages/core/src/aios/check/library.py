@@ -215,6 +215,14 @@ PY_CONFIG_FOLDER = "configs"
 # / ``dist_backend: nccl`` in a config the script loads: the process group joins with NCCL
 CONFIG_BACKEND = re.compile(r"""(?<![A-Za-z])(backend)["']?\s*[:=]\s*["']?(nccl)\b""")
 # ``device: cuda`` / ``device = "cuda:0"`` / ``"accelerator": "gpu"`` in a config the script loads
+# A config's parameter or compute dtype, or its training precision, set to fp16 (TPUs and
+# Trainium have no fp16 training): ``param_dtype: fp16``, ``mixed_precision: fp16``,
+# ``precision: 16``. A reduce or buffer dtype follows the parameters' and is not named again;
+# a ``torch_dtype`` describes a saved checkpoint (a model's config.json), not the training.
+CONFIG_FP16 = re.compile(
+    r"""^\s*["']?((?:param_|compute_)?dtype|(?:mixed_)?precision)["']?\s*[:=]\s*"""
+    r"""["']?(fp16|float16|half|16|16-mixed|fp16-mixed)["']?\s*,?\s*(#.*)?$"""
+)
 CONFIG_DEVICE = re.compile(
     r"""^\s*["']?(device|device_type|accelerator)["']?\s*[:=]\s*["']?(cuda(:\d+)?|gpu)["']?\s*,?"""
     r"""\s*(#.*)?$"""

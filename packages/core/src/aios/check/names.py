@@ -139,6 +139,17 @@ def _imports(
                     todo.extend(child.body if isinstance(child, ast.ExceptHandler) else [child])
 
 
+# what aios-run (like torchrun) sets for every rank: a test of one of them is true under it
+LAUNCHER_SETS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+
+
 def _launcher_test(test: ast.AST) -> int:
     """1: ``"RANK" in os.environ`` (true under a launcher: aios-run sets RANK, WORLD_SIZE,
     LOCAL_RANK for every rank); -1: ``"RANK" not in os.environ`` (true only without one); 0:
@@ -146,6 +157,7 @@ def _launcher_test(test: ast.AST) -> int:
 
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:   # 1
         if "LOCAL_RANK" not in os.environ:                        # -1
+        if "MASTER_PORT" not in os.environ:                       # -1 (aios-run sets it)
     """
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
         return -_launcher_test(test.operand)
@@ -155,7 +167,7 @@ def _launcher_test(test: ast.AST) -> int:
     if isinstance(test, ast.Compare) and len(test.ops) == 1:
         name = _str(test.left)
         env = _dotted(test.comparators[0]) or ""
-        if name in ("RANK", "WORLD_SIZE", "LOCAL_RANK") and env.endswith("environ"):
+        if name in LAUNCHER_SETS and env.endswith("environ"):
             if isinstance(test.ops[0], ast.In):
                 return 1
             if isinstance(test.ops[0], ast.NotIn):

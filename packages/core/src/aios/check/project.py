@@ -10,10 +10,11 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from aios.check.findings import NOT_CUDA, CheckError, Finding
+from aios.check.findings import NO_FP16, NOT_CUDA, CheckError, Finding
 from aios.check.library import (
     CONFIG_BACKEND,
     CONFIG_DEVICE,
+    CONFIG_FP16,
     CONFIG_SUFFIXES,
     DYNAMIC_IMPORTS,
     PY_CONFIG_FOLDER,
@@ -45,8 +46,9 @@ def read_source(path: str) -> str:
 MAX_PROJECT_FILES = 40  # modules followed from one script (and configs read)
 # A script in a repository's ``scripts/`` or ``tools/`` folder imports the repository's own
 # package from the root above it (installed editable, or run from the root): the package folders
-# up to this many levels above the script's folder are the project's too.
-REPO_ROOT_LEVELS = 2
+# up to this many levels above the script's folder are the project's too (a recipe folder deep
+# in a repository, ``egs/librispeech/ASR/conformer_ctc/train.py`` importing ``icefall``, is four).
+REPO_ROOT_LEVELS = 4
 
 
 def _module_file(root: str, dotted: str) -> str | None:
@@ -223,23 +225,34 @@ def _config_files(root: str, modules: list[_Module]) -> list[str]:
     """YAML/JSON/TOML files under the script's folder whose name a module of the project spells
     out (``--config configs/train.yaml``, ``os.path.join(here, "configs", "train.yaml")``)."""
     names = set()
+    roots = [root]  # and the package a helper module naming a config sits in (its parent)
     for mod in modules:
         for node in ast.walk(mod.tree):
             text = _str(node)
             if text and text.endswith(CONFIG_SUFFIXES) and len(text) < 300:
                 names.add(os.path.basename(text))
+                if mod.package:  # ``Path(__file__).parent.parent / "configs" / "x.yaml"``
+                    roots.append(os.path.dirname(os.path.dirname(mod.path)) or ".")
     if not names:
         return []
     out: list[str] = []
+    seen: set[str] = set()
     skip = {".git", "__pycache__", "node_modules", ".venv", "venv", "site-packages"}
-    for visited, (dirpath, dirs, files) in enumerate(os.walk(root)):
-        if visited >= 500:  # a script in a big folder (a home directory): look no further
-            break
-        depth = os.path.relpath(dirpath, root).count(os.sep)
-        dirs[:] = sorted(d for d in dirs if d not in skip and not d.startswith(".") and depth < 3)
-        out.extend(os.path.join(dirpath, f) for f in sorted(files) if f in names)
-        if len(out) >= MAX_PROJECT_FILES:
-            break
+    for top in dict.fromkeys(roots):
+        for visited, (dirpath, dirs, files) in enumerate(os.walk(top)):
+            if visited >= 500:  # a script in a big folder (a home directory): look no further
+                break
+            depth = os.path.relpath(dirpath, top).count(os.sep)
+            dirs[:] = sorted(
+                d for d in dirs if d not in skip and not d.startswith(".") and depth < 3
+            )
+            for f in sorted(files):
+                path = os.path.join(dirpath, f)
+                if f in names and os.path.abspath(path) not in seen:
+                    seen.add(os.path.abspath(path))
+                    out.append(path)
+            if len(out) >= MAX_PROJECT_FILES:
+                return out
     return out
 
 
@@ -269,11 +282,14 @@ def _python_configs(root: str, modules: list[_Module]) -> list[str]:
 
 
 def check_config(path: str) -> list[Finding]:
-    """A config the script loads that asks for a CUDA device (``device: cuda``): the recipe's
-    device comes from there, so the line to change is there.
+    """A config the script loads that asks for a CUDA device (``device: cuda``), NCCL, or fp16
+    parameters or training (``param_dtype: fp16``): the recipe's device, backend and dtype come
+    from there, so the line to change is there.
 
-    Wrong: ``device: cuda`` / ``device = "cuda:0"`` / ``"accelerator": "gpu"``.
-    Right: ``device: cpu`` where the script maps it through rt.device; no device key."""
+    Wrong: ``device: cuda`` / ``device = "cuda:0"`` / ``"accelerator": "gpu"`` /
+    ``param_dtype: fp16`` / ``precision: 16``.
+    Right: ``device: cpu`` where the script maps it through rt.device; no device key;
+    ``param_dtype: bf16``; ``reduce_dtype: fp16`` (follows the parameters')."""
     try:
         text = read_source(path)
     except CheckError:
@@ -294,6 +310,20 @@ def check_config(path: str) -> list[Finding]:
                     NOT_CUDA,
                 )
             )
+        half = CONFIG_FP16.match(line)
+        if half:
+            out.append(
+                Finding(
+                    path,
+                    i,
+                    line.index(half.group(1)) + 1,
+                    "AIOS303",
+                    f"the script loads this config and its {half.group(1)} is "
+                    f"{half.group(2)!r}: TPUs and Trainium have no fp16 training; use bf16 "
+                    "(precision=bf16-mixed or bf16-true)",
+                    NO_FP16,
+                )
+            )
         m = CONFIG_DEVICE.match(line)
         if m:
             out.append(
@@ -311,19 +341,46 @@ def check_config(path: str) -> list[Finding]:
     return out
 
 
+def _reads_world(node: ast.AST) -> bool:
+    """``os.environ["WORLD_SIZE"]``, ``os.getenv("WORLD_SIZE")`` somewhere in ``node``."""
+    names = environ = False
+    for sub in ast.walk(node):
+        names = names or _str(sub) == "WORLD_SIZE"
+        environ = environ or isinstance(sub, ast.Attribute) and sub.attr in ("environ", "getenv")
+    return names and environ
+
+
+def _world_value(value: ast.AST, readers: set[str]) -> bool:
+    """A world size the launcher set: read from the environment here, or returned by a
+    function of the project that reads it (``args.rank, args.world_size = world_info()``)."""
+    if _reads_world(value):
+        return True
+    return any(
+        isinstance(sub, ast.Call) and (_dotted(sub.func) or "").rpartition(".")[2] in readers
+        for sub in ast.walk(value)
+    )
+
+
 def project_facts(modules: list[_Module], configs: list[str]) -> _Project:
     """What the project's modules and configs say to every file of it."""
     project = _Project()
+    readers = set()  # functions of the project that read WORLD_SIZE from the environment
     for mod in modules:
-        world = environ = False
         for node in ast.walk(mod.tree):
-            if isinstance(node, ast.Constant):
-                world = world or node.value in ("WORLD_SIZE", "RANK")
-            elif isinstance(node, ast.Attribute):
-                environ = environ or node.attr in ("environ", "getenv")
+            if isinstance(node, ast.Attribute):
                 if node.attr == "DEVICE" and isinstance(node.ctx, ast.Store):
                     project.config_device = True  # cfg.MODEL.DEVICE = ...
-        project.env_world |= world and environ  # os.environ["WORLD_SIZE"] read somewhere
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _reads_world(node):
+                readers.add(node.name)
+    for mod in modules:
+        for node in ast.walk(mod.tree):
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names = [_dotted(e) or "" for t in targets for e in getattr(t, "elts", [t])]
+                if any("world" in n.rpartition(".")[2].lower() for n in names):
+                    project.env_world |= _world_value(node.value, readers)
+            elif isinstance(node, ast.keyword) and node.arg in ("world_size", "num_replicas"):
+                project.env_world |= _world_value(node.value, readers)
     for c in configs:
         if re.search(r"^\s*DEVICE\s*:", read_source(c), re.M):
             project.config_device = True

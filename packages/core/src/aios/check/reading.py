@@ -44,7 +44,9 @@ class _Project:
     environment."""
 
     funcs: dict[str, _Func] = field(default_factory=dict)
-    env_world: bool = False  # some module reads WORLD_SIZE (or RANK) from the environment
+    # the project's world size is the launcher's: assigned (or passed as world_size=) from
+    # WORLD_SIZE read in the environment, directly or through a function of the project
+    env_world: bool = False
     config_device: bool = False  # a loaded config sets the device (detectron2's MODEL.DEVICE too)
 
 
@@ -261,6 +263,9 @@ class Reading:
         elif self.returns_cuda_else_cpu(node):
             what = "returns the CUDA device only with CUDA and the CPU otherwise: on a TPU or "
             what += "Trainium the script trains on the host CPU; use rt.device"
+        elif not node.orelse and self.moves_model_to_cuda(node.body):
+            what = "moves the model to CUDA only with CUDA: on a TPU or Trainium it is False and "
+            what += "the model stays on the host CPU; rt.setup(model) places it on rt.device"
         else:
             for stmt in node.body:
                 v = stmt.value if isinstance(stmt, (ast.Assign, ast.AnnAssign)) else None
@@ -274,6 +279,20 @@ class Reading:
                     break
         if what:
             self.device_choices.setdefault(id(calls[0]), what)
+
+    def moves_model_to_cuda(self, body: list[ast.stmt]) -> bool:
+        """``model.to("cuda")`` / ``model.cuda()`` as a statement of ``body``."""
+        for stmt in body:
+            call = stmt.value if isinstance(stmt, (ast.Expr, ast.Assign)) else None
+            if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)):
+                continue
+            to_cuda = call.func.attr == "cuda" or (
+                call.func.attr == "to" and any(_is_cuda_string(a) for a in call.args[:1])
+            )
+            name = _dotted(call.func.value) or ""
+            if to_cuda and MODEL_NAME.match(name.rpartition(".")[2]):
+                return True
+        return False
 
     def returns_cuda_else_cpu(self, node: ast.If) -> bool:
         """A device helper: ``if torch.cuda.is_available(): return torch.device("cuda")`` then
@@ -296,7 +315,8 @@ class Reading:
         parent = self.parents.get(id(node))
         body = getattr(parent, "body", None)
         if isinstance(body, list) and node in body:
-            fallback += body[body.index(node) + 1 : body.index(node) + 2]
+            # what the function returns after the test (``if mps: return "mps"`` between)
+            fallback += body[body.index(node) + 1 :]
         return returns(fallback, lambda v: _str(v) == "cpu")
 
     def cuda_test(self, test: ast.AST) -> int:

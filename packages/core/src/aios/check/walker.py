@@ -19,6 +19,9 @@ from aios.check.names import (
 from aios.check.reading import _Func, _Project
 from aios.check.rules.base import CheckRule
 
+# tests and queries named without a call are no use of CUDA (``cuda_ok = torch.cuda.is_available``)
+CUDA_TESTS = ("is_available", "is_bf16_supported", "is_initialized", "device_count")
+
 
 class Checker(Context):
     """Walks a file once and lets every rule look at the nodes it declared."""
@@ -58,18 +61,23 @@ class Checker(Context):
     def visit_body(self, body: list[ast.stmt]) -> None:
         # ``if not torch.cuda.is_available(): return None`` ends the function elsewhere: the
         # lines after it run only with CUDA (dead code elsewhere, like an ``if`` body)
-        exits = 0
+        # ``if rank != 0: return`` likewise: the lines after it run on rank 0 only
+        exits = rank_exits = 0
         for stmt in body:
             self.visit(stmt)
             if (
                 isinstance(stmt, ast.If)
                 and not stmt.orelse
                 and isinstance(stmt.body[-1], (ast.Return, ast.Raise))
-                and self.cuda_test(stmt.test) == -1
             ):
-                exits += 1
-                self.cuda_guard += 1
+                if self.cuda_test(stmt.test) == -1:
+                    exits += 1
+                    self.cuda_guard += 1
+                elif self.is_rank_exit(stmt.test):
+                    rank_exits += 1
+                    self.guard_depth += 1
         self.cuda_guard -= exits
+        self.guard_depth -= rank_exits
 
     def visit_function(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         self.dispatch(node)  # decorators (``@torch.compile``)
@@ -171,6 +179,32 @@ class Checker(Context):
         else:
             self.visit_other(node)
 
+    def cuda_reference(self, node: ast.Name | ast.Attribute) -> bool:
+        """A ``torch.cuda`` function named, not called here (``torch.cuda.synchronize if ...
+        else ...``, ``ctx = torch.cuda.amp.autocast``): it is called through another name."""
+        parent = self.parents.get(id(node))
+        if isinstance(parent, ast.Call) and parent.func is node:
+            return False
+        if isinstance(parent, ast.Attribute) or not isinstance(
+            parent, (ast.IfExp, ast.Assign, ast.AnnAssign, ast.keyword, ast.Call, ast.Return)
+        ):
+            return False
+        q = self.qual(node) or ""
+        name = q.rpartition(".")[2]
+        return q.startswith("torch.cuda.") and name[:1].islower() and name not in CUDA_TESTS
+
+    def dispatch_as_call(
+        self, at: ast.expr, func: ast.expr, args: list[ast.expr], keywords: list[ast.keyword]
+    ) -> None:
+        """Let the rules see ``func(*args, **keywords)`` at ``at``'s place."""
+        call = ast.copy_location(ast.Call(func=func, args=args, keywords=keywords), at)
+        call.end_lineno, call.end_col_offset = at.end_lineno, at.end_col_offset
+        self.parents[id(call)] = self.parents.get(id(at), at)
+        self.q = self.call_qual(call)
+        self.last = _last(func)
+        self.dotted = _dotted(func) or ""
+        self.dispatch(call)
+
     def visit_other(self, node: ast.AST) -> None:
         if isinstance(node, ast.Compare):
             # ``"cuda" in device``, ``x.dtype == torch.float16``: a test, not a tie
@@ -187,6 +221,12 @@ class Checker(Context):
             self.last = _last(node.func)
             self.dotted = _dotted(node.func) or ""
         self.dispatch(node)
+        if isinstance(node, ast.Call) and self.q == "functools.partial" and node.args:
+            # partial(FSDP, device_id=local_rank): the arguments bound now are the call's
+            self.dispatch_as_call(node, node.args[0], node.args[1:], node.keywords)
+        elif isinstance(node, (ast.Name, ast.Attribute)) and self.cuda_reference(node):
+            # sync = torch.cuda.synchronize if cuda else noop: the function is called later
+            self.dispatch_as_call(node, node, [], [])
         for child in ast.iter_child_nodes(node):
             if isinstance(node, ast.Attribute) and child is node.value and _dotted(node):
                 continue  # a.b.c is one name: checked once, as a whole

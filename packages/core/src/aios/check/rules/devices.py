@@ -319,6 +319,13 @@ class GpuGate(CheckRule):
     wrong = (
         Example("import torch\nassert torch.cuda.is_available()\n", "AIOS118", 2, "rt.device"),
         Example(
+            "import torch\nif device_type == 'cuda':\n    assert torch.cuda.is_available()\n",
+            "AIOS118",
+            3,
+            "rt.device",
+            "note",
+        ),
+        Example(
             "import sys, torch\nif torch.cuda.device_count() < 2:\n    sys.exit(1)\n",
             "AIOS118",
             2,
@@ -340,8 +347,7 @@ class GpuGate(CheckRule):
                     "asserts a GPU: elsewhere the script stops before training; drop it (aios-run "
                     "gives each rank a device of the selected backend: rt.device)",
                     NOT_CUDA,
-                    guardable=False,
-                )
+                )  # under the script's own CUDA test (``if device_type == "cuda":``): a note
         elif isinstance(node, ast.If):
             self.gate(ctx, node, ctx.cuda_test(node.test))
 

@@ -17,7 +17,15 @@ from aios.check.library import (
     PG_DEVICE_BACKENDS,
     RT_DEVICE,
 )
-from aios.check.names import _dotted, _int, _is_cuda_string, _is_none, _reads_launcher_env, _str
+from aios.check.names import (
+    _dotted,
+    _int,
+    _is_cuda_string,
+    _is_none,
+    _last,
+    _reads_launcher_env,
+    _str,
+)
 from aios.check.rules.base import CheckRule, Example
 
 
@@ -101,12 +109,55 @@ class DDPWrap(CheckRule):
             "rt.setup(model)",
         ),
         Example("model = DDP(model, device_ids=[local_rank])\n", "AIOS202", 1, "rt.setup(model)"),
+        Example(
+            "import torch.distributed as dist\nif device_type == 'cuda':\n"
+            "    dist.init_process_group()\n",
+            "AIOS208",
+            3,
+            "aios.init()",
+        ),
     )
-    right = ("model = DDP(model)\n",)
+    right = (
+        "model = DDP(model)\n",
+        "import torch, torch.distributed as dist\nif torch.cuda.is_available():\n"
+        "    dist.init_process_group('nccl')\nelse:\n    dist.init_process_group('gloo')\n",
+    )
+
+    @staticmethod
+    def joins_elsewhere(ctx: Context, node: ast.Call) -> bool:
+        """The CUDA test ``node`` sits under has another branch that joins the group too."""
+        child: ast.AST = node
+        parent = ctx.parents.get(id(node))
+        while parent is not None:
+            if isinstance(parent, ast.If) and ctx.cuda_test(parent.test):
+                other = parent.orelse if any(child is st for st in parent.body) else parent.body
+                return any(
+                    isinstance(sub, ast.Call) and _last(sub.func) == "init_process_group"
+                    for st in other
+                    for sub in ast.walk(st)
+                )
+            child, parent = parent, ctx.parents.get(id(parent))
+        return False
 
     def check(self, ctx: Context, node: ast.AST) -> None:
         assert isinstance(node, ast.Call)
         q, last = ctx.q, ctx.last
+        if (
+            last == "init_process_group"
+            and (q.startswith("torch.distributed") or not q)
+            and ctx.cuda_guard
+            and not self.joins_elsewhere(ctx, node)
+        ):
+            # if ddp and device_type == "cuda": init_process_group(...): the ranks never join
+            ctx.add(
+                node,
+                "AIOS208",
+                "the process group is joined only where the script found CUDA: on other devices "
+                "the ranks never join, so each trains alone (or the first collective raises); "
+                "aios.init() joins on every backend",
+                NOT_CUDA,
+                guardable=False,
+            )
         ddp = q.endswith(("DistributedDataParallel", "parallel.DDP")) or last == "DDP"
         if ddp and ctx.cuda_guard:
             ctx.add(
@@ -158,6 +209,13 @@ class DeviceIds(CheckRule):
         ),
         Example("m = FSDP(model, device_id=local_rank)\n", "AIOS202", 1, "rt.setup(model)"),
         Example("m = FSDP(model, device_id=get_local_rank())\n", "AIOS202", 1, "rt.setup"),
+        Example("device_id = 0\nm = FSDP(model, device_id=device_id)\n", "AIOS202", 2, "rt.setup"),
+        Example(
+            "from functools import partial\nwrap = partial(FSDP, device_id=local_rank)\n",
+            "AIOS202",
+            2,
+            "rt.setup",
+        ),
     )
     right = ("import torch.distributed as dist\ndist.barrier()\n", "m = FSDP(model)\n")
 
@@ -176,7 +234,14 @@ class DeviceIds(CheckRule):
                 )
         if q.endswith("FullyShardedDataParallel") or last == "FSDP":
             dev = kw.get("device_id")  # local_rank, args.gpu, get_local_rank()
-            if isinstance(dev, (ast.Name, ast.Attribute, ast.Call)) and ctx.rankish(dev):
+            # device_id = 0 (then torch.cuda.current_device() under a CUDA test): an index too
+            values = ctx.values.get(dev.id, []) if isinstance(dev, ast.Name) else []
+            if dev is not None and (
+                isinstance(dev, (ast.Name, ast.Attribute, ast.Call))
+                and ctx.rankish(dev)
+                or _int(dev) is not None
+                or any(_int(v) is not None for v in values)
+            ):
                 ctx.add(
                     node,
                     "AIOS202",
