@@ -343,6 +343,10 @@ def test_a_hung_group_is_stopped_and_heals(tmp_path: Path) -> None:
         "stepped); 1 of 2 groups training"
     ) in r.stderr, r.stderr[-3000:]
     assert "replica group 0 lost" not in r.stderr  # the survivor outlasted the hang
+    # where the hung group was, before it was stopped
+    head = "aios: watchdog: replica group 1 hung: no step for 20s while another group stepped"
+    assert head in r.stderr, r.stderr[-3000:]
+    assert "ft_loop.py" in r.stderr.split(head, 1)[1].splitlines()[1]
     assert "replica group 1 healed from a live group" in r.stderr
     logs = _logs(tmp_path)
     g0 = [v for k, v in logs.items() if k.startswith("g0-")]
@@ -363,6 +367,57 @@ def test_a_hung_group_is_stopped_and_heals(tmp_path: Path) -> None:
     heal = next(line for line in r.stderr.splitlines() if "healed from" in line)
     print(f"survivor stalled {after - at5:.1f}s; {r.stderr.count('did not commit')} steps lost;")
     print(heal)
+
+
+def test_sigusr1_prints_every_group_s_stacks_and_the_run_goes_on(tmp_path: Path) -> None:
+    """SIGUSR1 to aios-run under replica groups (as without them): where each rank of each live
+    group is, one summary per group, the full stacks in the group's run record; the run is not
+    stopped and ends 0."""
+    err_path = tmp_path / "stderr.txt"
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen(
+            **{**_aios_run_args(tmp_path, env={"FT_PAUSE_STEP": "3"}), "stderr": err},
+            stdout=subprocess.DEVNULL,
+        )
+        try:
+            for g in (0, 1):
+                marker = tmp_path / f"paused-g{g}-r0"
+                while not marker.exists():
+                    assert proc.poll() is None, err_path.read_text()[-3000:]
+                    time.sleep(0.05)
+            # `aios stacks FOLDER` reads a group's folder as any run's (the folder is in each
+            # rank's environment, where `aios stacks` without a folder finds it)
+            folder = (tmp_path / "paused-g1-r0").read_text()
+            assert folder and folder != (tmp_path / "paused-g0-r0").read_text()
+            st = subprocess.run(
+                [sys.executable, "-c", "from aios.cli.main import main; main()", "stacks"]
+                + [folder, "--brief"],
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            assert st.returncode == 0 and "ft_loop.py" in st.stdout, st.stdout + st.stderr
+            proc.send_signal(signal.SIGUSR1)
+            # both groups' summaries, each naming where its rank waits (the script's line)
+            while err_path.read_text().count("full stacks (every thread):") < 2:
+                assert proc.poll() is None, err_path.read_text()[-3000:]
+                time.sleep(0.05)
+            (tmp_path / "go-on").touch()
+            assert proc.wait(timeout=600) == 0, err_path.read_text()[-3000:]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    said = err_path.read_text()
+    for g in (0, 1):
+        head = f"aios: watchdog: on demand (SIGUSR1), replica group {g}; where each rank is:"
+        assert head in said, said[-3000:]
+        after = said.split(head, 1)[1].splitlines()[1]
+        assert "rank 0 [pid" in after and "ft_loop.py" in after, after
+    (run,) = (tmp_path / "runs").iterdir()
+    assert len(list(run.glob("watchdog/stacks-1.txt"))) == 1
+    assert len(list(run.glob("group1/watchdog/stacks-1.txt"))) == 1
+    assert "lost" not in said and "restarting" not in said
 
 
 def test_group_processes_die_with_a_killed_aios_run(tmp_path: Path) -> None:

@@ -9,6 +9,8 @@ FT_KILL_MODE=allreduce, group 1 waits at
 step FT_KILL_STEP until group 0 has finished that step's backward (group 0 is then entering the
 cross-group all-reduce, which waits for group 1) and kills itself. Group 0 waits, before the
 step after, until the restarted group 1 has set itself up: the heal then happens with work left.
+With FT_PAUSE_STEP, every rank writes ``paused-g<g>-r<rank>`` after that step and waits for the
+file ``go-on``.
 """
 
 import json
@@ -38,6 +40,7 @@ g = rt.replica_group
 killer = g == 1 and rt.rank == 0  # the process of group 1 that is lost
 kill_at = int(os.environ.get("FT_KILL_STEP", "-1"))
 mode = os.environ.get("FT_KILL_MODE", "between")
+pause_at = int(os.environ.get("FT_PAUSE_STEP", "-1"))
 killed = os.path.join(out, "killed")
 back = os.path.join(out, "g1-back")
 restarted = g == 1 and os.path.exists(killed)
@@ -86,4 +89,8 @@ for x, idx in loader:
             time.sleep(1)
     if g == 0 and rt.global_step == kill_at + 1:
         wait_for(back)
+    if rt.global_step == pause_at:  # every rank waits here until the test says go on
+        with open(os.path.join(out, f"paused-g{g}-r{rt.rank}"), "w") as f:
+            f.write(os.environ.get("AIOS_RUN_STATUS_DIR", ""))  # where `aios stacks` reads it
+        wait_for(os.path.join(out, "go-on"))
 rt.close()

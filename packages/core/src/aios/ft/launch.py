@@ -7,6 +7,12 @@ them. A group with a failed process is lost: its other processes are stopped and
 is started again (``ft.max_restarts`` times each); the other groups never restart. One line per
 event. The run ends when every group has ended; its status is 0 when every group's last start
 ended 0.
+
+Each group's ranks register in a status folder of the group's own (``AIOS_RUN_STATUS_DIR``, as
+aios-run's ranks without groups; :mod:`aios.resilience.workers`): SIGUSR1 to aios-run prints
+where every rank of every live group is and writes the full stacks into the group's run record
+(the run goes on), ``aios stacks`` finds the groups' folders as it finds any run's, and a group
+judged hung has its stacks dumped before it is stopped.
 """
 
 from __future__ import annotations
@@ -37,10 +43,10 @@ from aios.ft.hang import HangWatch
 from aios.ft.hang import limit as hang_limit
 from aios.ft.plan import rust_log
 from aios.launcher import boot
-from aios.launcher.contract import RUN_ID_ENV
+from aios.launcher.contract import RUN_ID_ENV, STATUS_DIR_ENV
 from aios.launcher.worker import child_preexec
 from aios.resilience.notices import EXIT_PREEMPTED
-from aios.resilience.watchdog import EXIT_HUNG
+from aios.resilience.watchdog import DEMAND_SIGNAL, EXIT_HUNG, Watchdog
 
 PROG = "aios"
 #: seconds aios-run waits for the groups past ``checkpoint.grace_seconds`` after a notice
@@ -161,6 +167,19 @@ class Groups:
         self.lock: RunLock | None = None
         #: a group that stopped stepping while another goes on is lost too (aios.ft.hang)
         self.hangs = HangWatch(self.state_dir, self.per_group, hang_limit(cfg.ft))
+        #: each group's status folder and its stack dumper (see the module docstring)
+        record = os.path.abspath(os.path.join(cfg.logging.run_dir, env.get(RUN_ID_ENV, "")))
+        self.dogs = {
+            g: Watchdog(
+                cfg.watchdog,
+                os.path.join(self.state_dir, f"status{g}"),
+                record if g == 0 else os.path.join(record, f"group{g}"),
+                lambda line: self.echo(f"{PROG}: {line}"),
+            )
+            for g in range(self.groups)
+        }
+        #: SIGUSR1 to aios-run: the stacks of every live group, at the next look
+        self.dump_asked = threading.Event()
 
     def _group_env(self, g: int, rank: int, master_port: int, store_port: int) -> dict[str, str]:
         n = self.per_group
@@ -177,10 +196,14 @@ class Groups:
             LIGHTHOUSE_ENV: self.address,
             STORE_PORT_ENV: str(store_port),
             STATE_DIR_ENV: self.state_dir,
+            STATUS_DIR_ENV: self.dogs[g].status_dir,
             "RUST_LOG": rust_log(self.cfg, self.env),
         }
 
     def start(self, g: int, restarted: bool = False) -> None:
+        status = self.dogs[g].status_dir  # the processes of this start register anew
+        shutil.rmtree(status, ignore_errors=True)
+        os.makedirs(status)
         addr = self.cfg.master_addr
         master, store = self.free_port(addr), self.free_port(addr)
         procs, relays = [], []
@@ -274,8 +297,13 @@ class Groups:
                 self.done[g] = 0
                 open(os.path.join(self.state_dir, f"group{g}.done"), "w").close()
         live = [g for g in self.procs if g not in self.done]
+        if self.dump_asked.is_set():
+            self.dump_asked.clear()
+            for g in live:
+                self.dogs[g].dump(f"on demand (SIGUSR1), replica group {g}", kind="stacks")
         for g in self.hangs.look(live) if self.stopping is None else []:
             why = f"hung: no step for {self.hangs.limit_s:.0f}s while another group stepped"
+            self.dogs[g].dump(f"replica group {g} {why}", kind="hang")
             if not self._lost(g, why):
                 return EXIT_HUNG
         if self.stopping is not None and time.monotonic() > self.stop_by:
@@ -300,6 +328,7 @@ class Groups:
         self.lighthouse, self.address = start_lighthouse(self.cfg)
         notices = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
         old = {s: signal.signal(s, self.notice) for s in notices}
+        old[DEMAND_SIGNAL] = signal.signal(DEMAND_SIGNAL, lambda *_: self.dump_asked.set())
         try:
             for g in range(self.groups):
                 self.start(g)
