@@ -167,6 +167,28 @@ def test_refused_without_divisible_nprocs(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("g*.jsonl"))  # no rank started
 
 
+def test_a_rank_outside_a_group_is_stopped_not_run_without_it(tmp_path: Path) -> None:
+    """``ft.replica_groups`` under a launcher that starts no groups (plain ``python``, torchrun,
+    a cluster's own launcher) would train without fault tolerance, silently: ``aios.init``
+    stops it in one line, exit 2, before anything trains."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
+    r = subprocess.run(
+        [*python(str(SCRIPT))],
+        capture_output=True,
+        text=True,
+        env={**env, "AIOS_FT__REPLICA_GROUPS": "2", "FT_OUT": str(tmp_path)},
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert r.returncode == 2, r.stderr
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert any(
+        "ft.replica_groups=2 is set, but this process was not started in a replica group" in x
+        for x in lines
+    ), r.stderr
+    assert "Traceback" not in r.stderr and not list(tmp_path.glob("g*-r*.jsonl"))
+
+
 def test_refused_without_torchft(tmp_path: Path) -> None:
     """torchft not importable (sys.modules entry None: find_spec answers None, as when it is not
     installed): one line naming the extra from this checkout, before any rank starts."""
@@ -212,11 +234,56 @@ def test_fsdp_inside_groups_loses_a_process_and_heals(tmp_path: Path, mode: str)
     _assert_lost_and_healed(tmp_path, r, mode, per_group=2)
 
 
+def test_groups_over_two_hosts_one_aios_run_each(tmp_path: Path) -> None:
+    """Replica groups over hosts, one aios-run per host as each host's shell runs it
+    (``--nnodes 2 --node-rank K --master-addr A --master-port P``; here two on one machine):
+    node 0's aios-run starts the lighthouse and the run's store on ``A:P``, node 1's finds the
+    lighthouse there; each host runs its group. Group 1 (node 1) is SIGKILLed between steps:
+    node 1's aios-run restarts it alone, it heals from group 0 on node 0, and both hosts end 0
+    with every sample trained once."""
+    from aios.testing.strategy_contract import free_port
+
+    port = free_port()
+    base = _aios_run_args(tmp_path, env={"FT_KILL_STEP": "5", "FT_KILL_MODE": "between"})
+    head = [a for a in base["args"] if not a.startswith("master_port=")]
+    at = head.index("--nprocs")
+    head[at + 1] = "1"
+    procs = []
+    for node in (0, 1):
+        where = ["--nnodes", "2", "--node-rank", str(node), "--master-addr", "127.0.0.1"]
+        args = [*head[: at + 2], *where, "--master-port", str(port), *head[at + 2 :]]
+        procs.append(
+            subprocess.Popen(
+                **{**base, "args": args}, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
+        )
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=600))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    codes = [p.returncode for p in procs]
+    err = "\n".join(e for _, e in outs)
+    r = subprocess.CompletedProcess(args=[], returncode=max(codes), stdout="", stderr=err)
+    _assert_lost_and_healed(tmp_path, r, "between", per_group=1)
+    # node 1's aios-run lost and restarted its own group; node 0's never restarted anything
+    assert "restarting replica group 1" in outs[1][1] and "restarting" not in outs[0][1]
+    assert codes == [0, 0], err[-3000:]
+
+
 def test_refused_with_a_strategy_groups_do_not_run() -> None:
     from aios.config.schema import resolve
     from aios.errors import ConfigError
     from aios.ft.plan import check
 
+    over = resolve(None, ["ft.replica_groups=3", "nnodes=2"], {})
+    with pytest.raises(ConfigError, match="each replica group runs on one host"):
+        check(over, "cpu", 6)
+    assert check(resolve(None, ["ft.replica_groups=4", "nnodes=2"], {}), "cpu", 4) == 4
     cfg = resolve(None, ["ft.replica_groups=2", "strategy=tp"], {})
     with pytest.raises(ConfigError, match="strategy=tp is not supported: replica groups run"):
         check(cfg, "cpu", 4)
@@ -241,6 +308,23 @@ def test_dry_run_names_the_groups(tmp_path: Path) -> None:
     )
     assert r.returncode == 0, r.stderr
     assert "replica groups: 2 of 2 processes; the lighthouse on 127.0.0.1:<free port>" in r.stdout
+    port = free_port()
+    hosts = ["--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1"]
+    r = subprocess.run(
+        [*python("-c", "from aios.cli.run import main; main()"), "--dry-run", *hosts]
+        + ["--master-port", str(port), "--nprocs", "2", "ft.replica_groups=4", str(SCRIPT)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    assert (
+        "replica groups: 4 of 1 processes, 2 on each of 2 hosts; the lighthouse on "
+        f"127.0.0.1:<free port>, started by node 0's aios-run, found through its store on "
+        f"127.0.0.1:{port}"
+    ) in r.stdout, r.stdout
 
 
 README_SCRIPT = """\

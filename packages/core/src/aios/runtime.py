@@ -78,7 +78,7 @@ from aios.checkpoint.surface import Checkpoints
 from aios.config.process import explicit_config_json, resolve_config
 from aios.data import workers as loader_workers
 from aios.data.loaders import DeviceLoader
-from aios.errors import AiosError
+from aios.errors import AiosError, ConfigError
 from aios.ft import data as ft_data
 from aios.ft.replica import Replica
 from aios.ft.replica import from_env as ft_group_from_env
@@ -160,6 +160,15 @@ def init(
     watch_launcher()  # started by aios-run: never outlive it (see aios.launcher.worker)
     naming.refuse_rewritten_launch_env()
     cfg = resolve_config(config, defaults, overrides, flags)
+    if cfg.ft.replica_groups > 1 and ft_group_from_env() is None:
+        # the groups are aios-run's: under another launcher the setting would do nothing
+        raise ConfigError(
+            f"ft.replica_groups={cfg.ft.replica_groups} is set, but this process was not "
+            "started in a replica group (aios-run starts them)",
+            "run it with aios-run (over several hosts, on each: --nnodes H --node-rank K "
+            "--master-addr A --master-port P; aios launch does not start groups yet), or drop "
+            "ft.replica_groups",
+        )
     if register_worker():  # under aios-run: step progress and stack dumps for its watchdog
         record = os.path.abspath(os.path.join(cfg.logging.run_dir, run_id_from_env()))
         start_sidecar(cfg.watchdog, record)  # a cluster job's torchrun: the watchdog beside it

@@ -114,9 +114,19 @@ def _run(
         env = worker_env(cfg, spec.name, os.environ.get(RUN_ID_ENV) or "<new at launch>")
         print_plan(cfg, spec, plan, env, notes, as_json)
         if groups > 1 and not as_json:
+            where = (
+                "" if cfg.nnodes == 1 else f", {groups // cfg.nnodes} on each of {cfg.nnodes} hosts"
+            )
+            by = (
+                "aios-run"
+                if cfg.nnodes == 1
+                else (
+                    f"node 0's aios-run, found through its store on {cfg.master_addr}:{cfg.master_port}"
+                )
+            )
             click.echo(
-                f"replica groups: {groups} of {plan.world_size // groups} processes; the "
-                f"lighthouse on {cfg.master_addr}:<free port>, started by aios-run"
+                f"replica groups: {groups} of {plan.world_size // groups} processes{where}; the "
+                f"lighthouse on {cfg.master_addr}:<free port>, started by {by}"
             )
         return
     check_checkpoint_dir(cfg)

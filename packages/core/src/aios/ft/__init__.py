@@ -9,7 +9,9 @@ groups in that step's quorum:
   does not cover, nprocs not divisible by G) and the environment handed to the ranks;
 * :mod:`aios.ft.launch`: ``aios-run``'s side: the lighthouse (started and stopped by aios-run,
   bound to the run's interface only, on a free port), the groups' processes, and the restart of
-  a lost group alone (the other groups never restart);
+  a lost group alone (the other groups never restart). Over several hosts (``--nnodes H``, one
+  aios-run per host, G a multiple of H) each host runs G/H groups; node 0's aios-run starts the
+  lighthouse and a store on ``master_addr:master_port`` through which the other hosts find it;
 * :mod:`aios.ft.replica`: a rank's side: the manager of its group, the step protocol (quorum at
   the step's start, the all-reduce of the gradients across groups, the commit vote at its end)
   and the heal of a restarted group from a live peer over torchft's HTTP checkpoint transport;
@@ -30,3 +32,24 @@ LIGHTHOUSE_ENV = "AIOS_FT_LIGHTHOUSE"
 STORE_PORT_ENV = "AIOS_FT_STORE_PORT"
 STATE_DIR_ENV = "AIOS_FT_STATE_DIR"
 RESTARTED_AT_ENV = "AIOS_FT_RESTARTED_AT"
+#: ``host:port`` of the run's store on node 0 when the groups span hosts (``nnodes > 1``): the
+#: first quorum's barrier across hosts and the groups that ended (:mod:`aios.ft.replica`)
+RUN_STORE_ENV = "AIOS_FT_RUN_STORE"
+#: the keys of that store
+LIGHTHOUSE_KEY = "aios/ft/lighthouse"
+
+
+def ready_key(group: int, rank: int) -> str:
+    """Set by rank ``rank`` of ``group`` once its manager is up (the first quorum's barrier)."""
+    return f"aios/ft/ready/{group}/{rank}"
+
+
+def done_key(group: int) -> str:
+    """Set by the group's aios-run when the group ended its training (exit 0)."""
+    return f"aios/ft/done/{group}"
+
+
+def ended_key(node: int) -> str:
+    """Set by node ``node``'s aios-run when its groups have ended (node 0's waits for them: its
+    lighthouse serves every host's groups)."""
+    return f"aios/ft/ended/{node}"

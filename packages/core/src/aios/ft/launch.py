@@ -21,12 +21,14 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import IO, Any
 
 from aios.checkpoint.lock import LOCK_HEARTBEAT_S
@@ -35,9 +37,13 @@ from aios.ft import (
     GROUP_ENV,
     GROUPS_ENV,
     LIGHTHOUSE_ENV,
+    LIGHTHOUSE_KEY,
     RESTARTED_AT_ENV,
+    RUN_STORE_ENV,
     STATE_DIR_ENV,
     STORE_PORT_ENV,
+    done_key,
+    ended_key,
 )
 from aios.ft.hang import HangWatch
 from aios.ft.hang import limit as hang_limit
@@ -69,6 +75,32 @@ def start_lighthouse(cfg: Any) -> tuple[Any, str]:
     )
     port = server.address().rsplit(":", 1)[1].strip("/")
     return server, f"http://{cfg.master_addr}:{port}"
+
+
+def host_address(master_addr: str, nnodes: int) -> str:
+    """The address this host's groups serve on (their rendezvous, manager and heal transfer):
+    the run's ``master_addr`` on one host; over several, this host's address on the route to
+    ``master_addr`` (where the other hosts reach it)."""
+    if nnodes == 1:
+        return master_addr
+    family, kind, _, _, where = socket.getaddrinfo(master_addr, 9, type=socket.SOCK_DGRAM)[0]
+    with socket.socket(family, kind) as s:
+        s.connect(where)  # no packet is sent: the kernel picks the route's source address
+        return str(s.getsockname()[0])
+
+
+def run_store(cfg: Any, master: bool) -> Any:
+    """The run's store on node 0 (``master_addr:master_port``) when the groups span hosts."""
+    import torch.distributed as dist
+
+    timeout = timedelta(seconds=cfg.ft.join_timeout_ms / 1000.0 + float(cfg.ft.timeout))
+    return dist.TCPStore(
+        cfg.master_addr,
+        int(cfg.master_port),
+        is_master=master,
+        wait_for_workers=False,
+        timeout=timeout,
+    )
 
 
 def committed_step(state_dir: str, group: int) -> int:
@@ -152,9 +184,18 @@ class Groups:
         self.echo = echo
         self.groups = int(cfg.ft.replica_groups)
         self.per_group = nprocs // self.groups
+        #: this host's groups: G/H of them over H hosts (one aios-run per host)
+        self.nnodes = int(cfg.nnodes)
+        per_node = self.groups // self.nnodes
+        self.local = list(range(cfg.node_rank * per_node, (cfg.node_rank + 1) * per_node))
+        self.addr = host_address(cfg.master_addr, self.nnodes)
+        #: node 0's store when the groups span hosts (``run``)
+        self.store: Any = None
+        #: when this host's groups had all ended (over several hosts, :meth:`_hosts_ended`)
+        self.ended_at: float | None = None
         self.procs: dict[int, list[subprocess.Popen[bytes]]] = {}
         self.relays: dict[int, list[threading.Thread]] = {}
-        self.restarts = dict.fromkeys(range(self.groups), 0)
+        self.restarts = dict.fromkeys(self.local, 0)
         self.done: dict[int, int] = {}
         self.state_dir = tempfile.mkdtemp(prefix="aios-ft-")
         self.lighthouse: Any = None
@@ -176,20 +217,20 @@ class Groups:
                 record if g == 0 else os.path.join(record, f"group{g}"),
                 lambda line: self.echo(f"{PROG}: {line}"),
             )
-            for g in range(self.groups)
+            for g in self.local
         }
         #: SIGUSR1 to aios-run: the stacks of every live group, at the next look
         self.dump_asked = threading.Event()
 
     def _group_env(self, g: int, rank: int, master_port: int, store_port: int) -> dict[str, str]:
         n = self.per_group
-        return {
+        env = {
             **self.env,
             "RANK": str(rank),
-            "LOCAL_RANK": str(g * n + rank),  # the group's devices on this host
+            "LOCAL_RANK": str((g - self.local[0]) * n + rank),  # the group's devices here
             "WORLD_SIZE": str(n),
             "LOCAL_WORLD_SIZE": str(n),
-            "MASTER_ADDR": self.cfg.master_addr,
+            "MASTER_ADDR": self.addr,
             "MASTER_PORT": str(master_port),
             GROUP_ENV: str(g),
             GROUPS_ENV: str(self.groups),
@@ -199,12 +240,15 @@ class Groups:
             STATUS_DIR_ENV: self.dogs[g].status_dir,
             "RUST_LOG": rust_log(self.cfg, self.env),
         }
+        if self.nnodes > 1:
+            env[RUN_STORE_ENV] = f"{self.cfg.master_addr}:{self.cfg.master_port}"
+        return env
 
     def start(self, g: int, restarted: bool = False) -> None:
         status = self.dogs[g].status_dir  # the processes of this start register anew
         shutil.rmtree(status, ignore_errors=True)
         os.makedirs(status)
-        addr = self.cfg.master_addr
+        addr = self.addr
         master, store = self.free_port(addr), self.free_port(addr)
         procs, relays = [], []
         for rank in range(self.per_group):
@@ -296,6 +340,8 @@ class Groups:
             elif all(c == 0 for c in codes):
                 self.done[g] = 0
                 open(os.path.join(self.state_dir, f"group{g}.done"), "w").close()
+                if self.store is not None:  # the groups on the other hosts read it
+                    self.store.set(done_key(g), "1")
         live = [g for g in self.procs if g not in self.done]
         if self.dump_asked.is_set():
             self.dump_asked.clear()
@@ -307,13 +353,13 @@ class Groups:
             if not self._lost(g, why):
                 return EXIT_HUNG
         if self.stopping is not None and time.monotonic() > self.stop_by:
-            left = sorted(set(range(self.groups)) - set(self.done))
+            left = sorted(set(self.local) - set(self.done))
             self.echo(
                 f"{PROG}: replica groups {left} still running {STOP_MARGIN_S:.0f}s past "
                 "checkpoint.grace_seconds after the notice: stopped"
             )
             return 128 + self.stopping
-        if len(self.done) < self.groups:
+        if len(self.done) < len(self.local) or not self._hosts_ended():
             return None
         codes = list(self.done.values())
         if EXIT_PREEMPTED in codes:
@@ -321,16 +367,47 @@ class Groups:
         bad = [c for c in codes if c]
         return (bad[0] if bad[0] > 0 else 128 - bad[0]) if bad else 0
 
+    def _hosts_ended(self) -> bool:
+        """Over several hosts: this host's end is said in the store, and node 0 (its lighthouse
+        serves every group) waits for the other hosts' ends. Every group commits the same steps,
+        so they end together; node 0 gives up :func:`aios.ft.hang.limit` seconds after its own
+        groups ended (said in one line)."""
+        if self.store is None:
+            return True
+        if self.ended_at is None:
+            self.ended_at = time.monotonic()
+            self.store.set(ended_key(self.cfg.node_rank), "1")
+        if self.cfg.node_rank != 0:
+            return True
+        others = [ended_key(n) for n in range(1, self.nnodes)]
+        if self.store.check(others):
+            return True
+        if time.monotonic() - self.ended_at > hang_limit(self.cfg.ft):
+            self.echo(
+                f"{PROG}: the replica groups of another host had not ended "
+                f"{hang_limit(self.cfg.ft):.0f}s after this host's: its lighthouse stops"
+            )
+            return True
+        return False
+
     def run(self) -> int:
         """Start every group, watch them; returns the run's exit status."""
-        if self.cfg.checkpoint.dir:
-            self.lock = RunLock(self.cfg, self.env.get(RUN_ID_ENV, ""), self.echo)
-        self.lighthouse, self.address = start_lighthouse(self.cfg)
+        first = self.cfg.node_rank == 0
         notices = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-        old = {s: signal.signal(s, self.notice) for s in notices}
+        old: dict[int, Any] = {s: signal.signal(s, self.notice) for s in notices}
         old[DEMAND_SIGNAL] = signal.signal(DEMAND_SIGNAL, lambda *_: self.dump_asked.set())
         try:
-            for g in range(self.groups):
+            if self.cfg.checkpoint.dir and first:
+                self.lock = RunLock(self.cfg, self.env.get(RUN_ID_ENV, ""), self.echo)
+            if first:
+                self.lighthouse, self.address = start_lighthouse(self.cfg)
+            if self.nnodes > 1:  # node 0 tells the other hosts where its lighthouse is
+                self.store = run_store(self.cfg, master=first)
+                if first:
+                    self.store.set(LIGHTHOUSE_KEY, self.address)
+                else:
+                    self.address = self.store.get(LIGHTHOUSE_KEY).decode()
+            for g in self.local:
                 self.start(g)
                 if self.stopping is not None:  # a notice while starting: the new group too
                     self.notice(self.stopping)
@@ -354,6 +431,7 @@ class Groups:
         if self.lock is not None:
             self.lock.release()
             self.lock = None
+        self.store = None  # node 0's: its server closes with it
         shutil.rmtree(self.state_dir, ignore_errors=True)
 
 

@@ -47,10 +47,12 @@ def check(cfg: Any, backend: str, nprocs: int) -> int:
             f"use strategy={' or '.join(GROUP_STRATEGIES)} with ft.replica_groups, or drop "
             "ft.replica_groups",
         )
-    if cfg.nnodes != 1:
+    nnodes = int(cfg.nnodes)
+    if groups % nnodes:
         raise ConfigError(
-            f"ft.replica_groups with nnodes={cfg.nnodes}: aios-run runs replica groups on one host",
-            "use nnodes=1 (several hosts: not supported yet)",
+            f"ft.replica_groups={groups} over nnodes={nnodes}: each replica group runs on one "
+            "host, and every host runs as many",
+            f"use ft.replica_groups={nnodes * max(1, groups // nnodes)} (a multiple of nnodes)",
         )
     if nprocs % groups:
         raise ConfigError(

@@ -29,8 +29,11 @@ from aios.ft import (
     GROUPS_ENV,
     LIGHTHOUSE_ENV,
     RESTARTED_AT_ENV,
+    RUN_STORE_ENV,
     STATE_DIR_ENV,
     STORE_PORT_ENV,
+    done_key,
+    ready_key,
 )
 from aios.ft.hang import Beat, quorum_timeout
 from aios.ft.transport import bound_transport
@@ -57,6 +60,8 @@ class Replica:
         self.group_world = int(strategy.world_size)
         self.manager: Any = None
         self._store: Any = None
+        #: node 0's store, when the groups span hosts (:meth:`_run_store`)
+        self._runs: Any = None
         self.in_step = False
         #: groups in this step's quorum (those that contribute gradients)
         self.participants = self.groups
@@ -143,9 +148,29 @@ class Replica:
             self.manager = self._start_manager()
             self._wait_for_groups()
 
+    def _run_store(self) -> Any:
+        """Node 0's store when the groups span hosts (``AIOS_FT_RUN_STORE``), else None."""
+        where = self.env.get(RUN_STORE_ENV)
+        if not where:
+            return None
+        if self._runs is None:
+            import torch.distributed as dist
+
+            host, port = where.rsplit(":", 1)
+            timeout = timedelta(seconds=self.cfg.ft.join_timeout_ms / 1000.0)
+            self._runs = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
+        return self._runs
+
     def _wait_for_groups(self) -> None:
         """At the run's start every group joins the first quorum (a group restarted later
-        does not wait: it heals from the live ones)."""
+        does not wait: it heals from the live ones). On one host through files in aios-run's
+        state folder; over several through node 0's store."""
+        store = self._run_store()
+        if store is not None:
+            store.set(ready_key(self.group, self.group_rank), "1")
+            if self._restarted_at is None:
+                store.wait([ready_key(g, self.group_rank) for g in range(self.groups)])
+            return
         state_dir = self.env.get(STATE_DIR_ENV)
         if not state_dir:
             return
@@ -157,12 +182,15 @@ class Replica:
             time.sleep(0.02)
 
     def _others_done(self) -> bool:
+        others = [g for g in range(self.groups) if g != self.group]
+        store = self._run_store()
+        if store is not None:
+            try:
+                return bool(store.check([done_key(g) for g in others]))
+            except (RuntimeError, OSError):  # node 0's aios-run has ended: so has the run
+                return True
         state_dir = self.env.get(STATE_DIR_ENV, "")
-        return all(
-            os.path.exists(os.path.join(state_dir, f"group{g}.done"))
-            for g in range(self.groups)
-            if g != self.group
-        )
+        return all(os.path.exists(os.path.join(state_dir, f"group{g}.done")) for g in others)
 
     # ---------------------------------------------------------------- the step
     def begin_step(self) -> None:
