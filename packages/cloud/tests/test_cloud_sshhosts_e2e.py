@@ -561,3 +561,78 @@ def test_cloud_ssh_down_keeps_a_venv_aios_did_not_make(tmp_path):
         )  # fmt: skip
         assert r.returncode == 0, r.stderr
         assert venv.exists() is not marked, name
+
+
+FT_LOOP = Path(__file__).resolve().parents[3] / "packages/core/tests/scripts/ft_loop.py"
+
+
+def test_cloud_ssh_replica_groups_over_three_hosts_keep_training_when_one_is_lost(
+    tmp_path, sshd_cluster
+):
+    """Issue 36 on hosts a user has: ``aios launch --cloud ssh`` on 3 sshd hosts (network
+    namespaces) with ``--env AIOS_FT__REPLICA_GROUPS=3``: each host runs aios-run with one
+    replica group (node 0's starts the lighthouse); the process of group 1 on the second host is
+    SIGKILLed after step 5. The other two hosts never restart and commit steps with 2 groups;
+    the second host's aios-run restarts its group, which heals from a live group on another
+    host and commits with 3 again; the job succeeds with every sample trained once."""
+    pytest.importorskip("torchft", reason="torchft is not installed (the extra aios-core[ft])")
+    cluster = sshd_cluster(3, netns=True)
+    work = tmp_path / "proj"
+    work.mkdir()
+    shutil.copy(FT_LOOP, work / "ft_loop.py")
+    out = tmp_path / "out"  # the hosts share this machine's filesystem: their logs land here
+    out.mkdir()
+    env = environ(tmp_path)
+    base = ["--cloud", "ssh", "--hosts", hosts_arg(cluster), "--identity", str(cluster.client_key)]
+    settings = [
+        "AIOS_FT__REPLICA_GROUPS=3",
+        "AIOS_FT__HEARTBEAT_TIMEOUT_MS=500",
+        "AIOS_FT__TIMEOUT=30",
+    ]
+    run = [
+        *("--name", "ft3", "--python", sys.executable, "--nprocs-per-host", "1"),
+        *("--no-setup", "--no-bundle", "--workdir", str(work), "--poll", "0.5"),
+        *(a for s in settings for a in ("--env", s)),
+        *("--env", "OMP_NUM_THREADS=1", "--env", "AIOS_LOGGING__TENSORBOARD=false"),
+        *("--env", f"FT_OUT={out}", "--env", "FT_KILL_STEP=5", "--env", "FT_KILL_MODE=between"),
+    ]
+    r = aios(env, "launch", *base, *run, "--dry-run", "ft_loop.py")
+    assert r.returncode == 0, r.stderr
+    assert "-m aios.cli.run --nnodes 3 --node-rank 2" in r.stdout, r.stdout[-3000:]
+    assert "ft.replica_groups=3" in r.stdout and "torch.distributed.run" not in r.stdout
+    r = aios(env, "launch", *base, *run, "ft_loop.py", timeout=600)
+    said = r.stdout + r.stderr
+    assert r.returncode == 0, said[-4000:]
+    assert "aios: replica group 1 lost at step" in said and "restarting replica group 1" in said
+    assert "replica group 1 healed from a live group" in said, said[-4000:]
+    assert "restarting replica group 0" not in said and "restarting replica group 2" not in said
+    logs = {
+        p.name: [json.loads(line) for line in p.read_text().splitlines()]
+        for p in sorted(out.glob("g*-r*.jsonl"))
+    }
+    runs = {g: [v for k, v in logs.items() if k.startswith(f"g{g}-")] for g in range(3)}
+    assert [len(runs[g]) for g in range(3)] == [1, 2, 1], sorted(logs)
+    first, again = sorted(runs[1], key=lambda v: v[0]["restarted"] if v else True)
+    assert again[0]["restarted"]
+    for g in (0, 2):  # the live hosts' groups: committed with 2 groups, then with 3 again
+        committed = [e for e in runs[g][0] if e["ok"]]
+        assert any(e["p"] == 2 for e in committed) and committed[-1]["p"] == 3
+    by_step = {e["step"]: e["params"] for e in runs[0][0] if e["ok"]}
+    healed = [e for e in again if e["ok"]]
+    assert healed and all(by_step[e["step"]] == e["params"] for e in healed)
+    # every sample once: each committed step's shares of the groups in its quorum
+    seen: list[int] = []
+    share: dict[int, list[dict]] = {}
+    for run_ in (runs[0][0], runs[2][0], first, again):
+        for e in run_:
+            if e["ok"] and not (run_ is again and e is again[0]):
+                share.setdefault(e["step"], []).append(e)
+    last = max(share)
+    tail: set[int] = set()
+    for step, entries in sorted(share.items()):
+        assert len(entries) == entries[0]["p"], (step, entries)
+        for e in entries:
+            (tail.update if step == last else seen.extend)(e["idx"])
+    assert len(seen) == len(set(seen)) and set(seen) | tail == set(range(64))
+    assert job(env)["jobs"][0]["state"] == "SUCCEEDED"
+    assert aios(env, "down", "ft3").returncode == 0

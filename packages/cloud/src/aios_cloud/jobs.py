@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from aios.config.schema import env_overrides
 from aios.errors import AiosError
 from aios.launcher import status as rank_status
 from aios.launcher.contract import LAUNCH_TIME_ENV, RUN_ID_ENV, STATUS_DIR_ENV
@@ -140,6 +141,11 @@ def host_commands(
     with the local interpreter replaced by the remote one."""
 
     hosts = record_hosts(rec)
+    ft = env_overrides(spec.env).get("ft")
+    if ft:  # the job's `--env AIOS_FT__*` settings: replica groups shape the hosts' commands
+        config = config.model_copy(
+            update={"ft": type(config.ft).model_validate({**config.ft.model_dump(), **ft})}
+        )
     per_host = sorted({int(h["nprocs"]) for h in rec.hosts if h.get("nprocs")})
     if per_host:  # the provider counted each host's devices (the ssh cloud; --nprocs-per-host):
         # the plan needs no instance type

@@ -166,8 +166,8 @@ def init(
             f"ft.replica_groups={cfg.ft.replica_groups} is set, but this process was not "
             "started in a replica group (aios-run starts them)",
             "run it with aios-run (over several hosts, on each: --nnodes H --node-rank K "
-            "--master-addr A --master-port P; aios launch does not start groups yet), or drop "
-            "ft.replica_groups",
+            "--master-addr A --master-port P) or with aios launch --env "
+            "AIOS_FT__REPLICA_GROUPS=G, which start the groups; or drop ft.replica_groups",
         )
     if register_worker():  # under aios-run: step progress and stack dumps for its watchdog
         record = os.path.abspath(os.path.join(cfg.logging.run_dir, run_id_from_env()))

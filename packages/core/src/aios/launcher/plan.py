@@ -11,6 +11,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from aios.errors import LaunchError
+from aios.ft import plan as ft_plan
 from aios.types import HostPlan, LaunchPlan, LaunchRequest
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -98,10 +99,26 @@ def elastic_plan(
     master = config.master_addr
     if len(hosts) > 1:
         master = hosts[0].internal_address or hosts[0].address
+    groups = int(config.ft.replica_groups)
+    if groups > 1 and len(hosts) > 1:  # refused here, before any host starts, as aios-run does
+        ft_plan.check(config, backend, world)
     for i, host in enumerate(hosts):
         node_rank = config.node_rank if len(hosts) == 1 else i
         if direct:
             cmd = script_command(request, python)
+        elif groups > 1 and len(hosts) > 1:
+            # replica groups (aios.ft): aios-run on each host starts its share of the groups;
+            # node 0's starts the lighthouse and the run's store on master:master_port
+            cmd = [
+                python,
+                "-m",
+                "aios.cli.run",
+                *("--nnodes", str(nnodes), "--node-rank", str(node_rank)),
+                *("--master-addr", master, "--master-port", str(config.master_port)),
+                *("--nprocs", str(nprocs), f"ft.replica_groups={groups}"),
+                *(["-m", request.script] if request.module else [request.script]),
+                *request.args,
+            ]
         else:
             cmd = [
                 python,
