@@ -37,7 +37,7 @@ FUNCTION_LOCAL_IMPORTS: dict[str, int] = {
     "cloud-gcp": 4,
     "cloud-k8s": 4,
     "cloud-slurm": 4,
-    "core": 77,
+    "core": 17,
 }
 
 

@@ -8,7 +8,12 @@ from typing import Any
 
 import click
 
+from aios.__about__ import __version__
+from aios.config.redact import is_secret, redact
+from aios.config.schema import resolve
 from aios.errors import AiosError, PluginError
+from aios.plugins.registry import get_registry
+from aios.types import DeviceReport, DoctorCheck
 
 
 def _console() -> Any:
@@ -27,8 +32,6 @@ def _table(title: str, columns: list[str]) -> Any:
 
 
 def _registry() -> Any:
-    from aios.plugins.registry import get_registry
-
     return get_registry()
 
 
@@ -133,8 +136,6 @@ def _fmt_bytes(n: int | None) -> str:
 
 
 def _reports(backend: str | None) -> list[Any]:
-    from aios.types import DeviceReport
-
     reg = _registry()
     names = (
         [reg.backend(backend).name]
@@ -209,9 +210,6 @@ def env(as_json: bool) -> None:
     """Versions and settings for bug reports. Secret values are redacted."""
     import os
 
-    from aios.__about__ import __version__
-    from aios.config.redact import is_secret, redact
-
     reg = _registry()
     info: dict[str, Any] = {"aios-core": __version__}
     for plugin, result, exc in reg.call_all("aios_env_info"):
@@ -274,15 +272,11 @@ def env(as_json: bool) -> None:
 def doctor(backend: str | None, config_file: str | None, as_json: bool) -> None:
     """Run pass/warn/fail checks contributed by the backends, each with its fix.
     Exits 1 when a check fails."""
-    from aios.types import DoctorCheck
-
     reg = _registry()
     if backend:
         reg.backend(backend)
     cfg = None
     if config_file:
-        from aios.config.schema import resolve
-
         cfg = resolve(config_file)
     checks: list[DoctorCheck] = []
     for err in reg.errors:
@@ -356,8 +350,6 @@ def config() -> None:
 @click.argument("overrides", nargs=-1)
 def config_show(config_file: str | None, as_json: bool, overrides: tuple[str, ...]) -> None:
     """Print the resolved config (secrets redacted)."""
-    from aios.config.schema import resolve
-
     cfg = resolve(config_file, list(overrides))
     data = cfg.redacted_dict()
     if as_json:
@@ -379,7 +371,5 @@ def config_show(config_file: str | None, as_json: bool, overrides: tuple[str, ..
 @click.argument("overrides", nargs=-1)
 def config_validate(config_file: str | None, overrides: tuple[str, ...]) -> None:
     """Validate; exit 2 with one line naming the bad key when invalid."""
-    from aios.config.schema import resolve
-
     resolve(config_file, list(overrides))
     click.echo("config ok")

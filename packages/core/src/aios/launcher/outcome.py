@@ -19,6 +19,7 @@ from typing import Any
 
 import click
 
+from aios.check import CheckError, check_project
 from aios.launcher import status as rank_status
 from aios.resilience.notices import EXIT_PREEMPTED
 from aios.resilience.watchdog import EXIT_HUNG
@@ -166,7 +167,6 @@ def hint_from_stderr(script: str, text: str) -> str | None:
         (os.path.realpath(m.group(1)), int(m.group(2)))
         for m in re.finditer(r'File "([^"]+)", line (\d+)', tb)
     ]
-    from aios.check import CheckError, check_project
 
     try:
         # the script and the modules of its project it imports: the deepest frame in any of them
