@@ -38,6 +38,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from aios.errors import AiosError, ConfigError
+from aios.strategies.ddp import _to_cpu
 from aios.strategies.precision import Precision
 
 from aios_backend_cuda.settings import DeepSpeedSettings
@@ -470,8 +471,6 @@ class DeepSpeedStrategy(CudaDDPStrategy):
             self._shards = mine
 
     def module_state_dict(self, module: torch.nn.Module) -> dict[str, Any]:
-        from aios.strategies.ddp import _to_cpu
-
         if self._consolidated is not None:
             return _to_cpu(self._consolidated)
         return _to_cpu(self.unwrap(module).state_dict())

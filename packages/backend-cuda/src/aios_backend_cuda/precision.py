@@ -14,6 +14,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from aios.errors import ConfigError
+from aios.strategies.precision import default_precision
+
+from aios_backend_cuda import nvml
 
 if TYPE_CHECKING:  # pragma: no cover
     from aios.strategies.precision import Precision
@@ -37,8 +40,6 @@ def check_bf16(precision: str, inv: GpuInventory | None = None) -> None:
     if not precision.startswith("bf16"):
         return
     if inv is None:
-        from aios_backend_cuda import nvml
-
         inv, _ = nvml.try_inventory()
     if inv is not None:
         gpus = [(g.index, g.name, g.compute_capability) for g in inv.gpus]
@@ -62,7 +63,5 @@ def check_bf16(precision: str, inv: GpuInventory | None = None) -> None:
 
 def make_precision(precision: str, config: Any, inv: GpuInventory | None = None) -> Precision:
     """The precision policy for a CUDA run (after :func:`check_bf16`)."""
-    from aios.strategies.precision import default_precision
-
     check_bf16(precision, inv)
     return default_precision(precision, "cuda")

@@ -15,16 +15,6 @@ import tempfile
 
 import click
 
-from aios.check import (
-    BACKENDS,
-    CheckError,
-    check_project,
-    expand,
-    fix_source,
-    for_backend,
-    read_source,
-    rules_from,
-)
 from aios.errors import AiosError
 from aios.plugins.registry import get_registry
 
@@ -63,6 +53,17 @@ def check(scripts: tuple[str, ...], backend: str | None, as_json: bool, fix: boo
     searched for *.py files. Exit status: 1 when something breaks (an error), 0 when clean or
     only warnings and notes remain, 2 on bad input.
     """
+    # deferred: the checker loads when a script is checked, not for `aios check --help`
+    from aios.check import (
+        BACKENDS,
+        CheckError,
+        check_project,
+        expand,
+        fix_source,
+        for_backend,
+        read_source,
+        rules_from,
+    )
 
     if backend is not None and backend not in BACKENDS:
         raise AiosError(

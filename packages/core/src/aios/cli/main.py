@@ -15,6 +15,7 @@ from aios.errors import AiosError
 from aios.plugins.install_hints import CLOUD_COMMANDS, CLOUD_INSTALL
 from aios.plugins.registry import Registry
 from aios.plugins.reserved import COMMANDS
+from aios.types import load_target
 
 _plugin_registry: Any = None
 
@@ -92,9 +93,8 @@ class LazyGroup(click.Group):
         reg = plugin_commands()
         spec = reg.commands.get(name)
         if spec is not None:
-            module, _, attr = spec.target.partition(":")
             try:
-                cmd = getattr(importlib.import_module(module), attr)
+                cmd = load_target(spec.target)
                 if not isinstance(cmd, click.Command):
                     raise TypeError(f"{spec.target} is a {type(cmd).__name__}, not a click command")
                 return cmd

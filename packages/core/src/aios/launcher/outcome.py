@@ -19,7 +19,6 @@ from typing import Any
 
 import click
 
-from aios.check import CheckError, check_project
 from aios.launcher import status as rank_status
 from aios.resilience.notices import EXIT_PREEMPTED
 from aios.resilience.watchdog import EXIT_HUNG
@@ -167,6 +166,8 @@ def hint_from_stderr(script: str, text: str) -> str | None:
         (os.path.realpath(m.group(1)), int(m.group(2)))
         for m in re.finditer(r'File "([^"]+)", line (\d+)', tb)
     ]
+    # deferred: the checker loads for a failed run's hint only, not in every launcher
+    from aios.check import CheckError, check_project
 
     try:
         # the script and the modules of its project it imports: the deepest frame in any of them
