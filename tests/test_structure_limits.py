@@ -42,7 +42,7 @@ COMPONENT = (
     "a backend component (probe, discovery, launch plan, precision, doctor, accelerator or "
     "strategy factory) or the logic behind one, kept in the plugin's entry module: it imports "
     "the backend's implementation (settings models, the device stack's modules) when the "
-    "registry calls it; to become aios.types.Lazy targets as core's and the clouds' factories"
+    "registry calls it; to become aios.types.Lazy targets as cuda's and xla's components are"
 )
 CHECKER = (
     "the checker (aios.check and its rules) loads when a script is checked: not at `aios check "
@@ -56,17 +56,7 @@ LAZY_REEXPORT = (
 #: the imports of first-party modules (``aios``, ``aios_*``, relative ones) that stay inside
 #: functions, as ``"path:function"`` (``Class.method``, ``outer.inner``), each with its reason
 FUNCTION_LOCAL_IMPORTS: dict[str, str] = {
-    "packages/backend-cuda/src/aios_backend_cuda/plugin.py:_cuda_accelerator": COMPONENT,
-    "packages/backend-cuda/src/aios_backend_cuda/plugin.py:_ddp": COMPONENT,
-    "packages/backend-cuda/src/aios_backend_cuda/plugin.py:_deepspeed": COMPONENT,
-    "packages/backend-cuda/src/aios_backend_cuda/plugin.py:_deepspeed_precision": COMPONENT,
-    "packages/backend-cuda/src/aios_backend_cuda/plugin.py:_discover": COMPONENT,
-    "packages/backend-cuda/src/aios_backend_cuda/plugin.py:_doctor": COMPONENT,
-    "packages/backend-cuda/src/aios_backend_cuda/plugin.py:_launch_plan": COMPONENT,
-    "packages/backend-cuda/src/aios_backend_cuda/plugin.py:_precision": COMPONENT,
-    "packages/backend-cuda/src/aios_backend_cuda/plugin.py:_probe": COMPONENT,
     "packages/backend-cuda/src/aios_backend_cuda/plugin.py:aios_config_sections": CONFIG_SECTIONS,
-    "packages/backend-cuda/src/aios_backend_cuda/plugin.py:aios_env_info": ENV_INFO,
     "packages/backend-neuron/src/aios_backend_neuron/launch.py:script_notes": CHECKER,
     "packages/backend-neuron/src/aios_backend_neuron/plugin.py:_doctor": COMPONENT,
     "packages/backend-neuron/src/aios_backend_neuron/plugin.py:_launch_plan": COMPONENT,
@@ -79,27 +69,8 @@ FUNCTION_LOCAL_IMPORTS: dict[str, str] = {
     "packages/backend-neuron/src/aios_backend_neuron/plugin.py:aios_env_info": ENV_INFO,
     "packages/backend-neuron/src/aios_backend_neuron/plugin.py:device_report": COMPONENT,
     "packages/backend-neuron/src/aios_backend_neuron/plugin.py:probe": COMPONENT,
-    "packages/backend-xla/src/aios_backend_xla/plugin.py:_discover": COMPONENT,
-    "packages/backend-xla/src/aios_backend_xla/plugin.py:_doctor": COMPONENT,
-    "packages/backend-xla/src/aios_backend_xla/plugin.py:_launch_plan": COMPONENT,
-    "packages/backend-xla/src/aios_backend_xla/plugin.py:_make_spmd": COMPONENT,
-    "packages/backend-xla/src/aios_backend_xla/plugin.py:_make_xla": COMPONENT,
-    "packages/backend-xla/src/aios_backend_xla/plugin.py:_precision": COMPONENT,
-    "packages/backend-xla/src/aios_backend_xla/plugin.py:_tpu_accelerator": COMPONENT,
-    "packages/backend-xla/src/aios_backend_xla/plugin.py:_tpu_discover": COMPONENT,
-    "packages/backend-xla/src/aios_backend_xla/plugin.py:_tpu_doctor": COMPONENT,
-    "packages/backend-xla/src/aios_backend_xla/plugin.py:_tpu_launch_plan": COMPONENT,
     "packages/backend-xla/src/aios_backend_xla/plugin.py:aios_config_sections": CONFIG_SECTIONS,
     "packages/backend-xla/src/aios_backend_xla/plugin.py:aios_env_info": ENV_INFO,
-    "packages/backend-xla/src/aios_backend_xla/plugin.py:aios_register_cluster_environments": (
-        "the TPU VM cluster environment is an instance the hook registers: its module loads when "
-        "the registry collects environments, not with the plugin's entry at `aios --help`"
-    ),
-    "packages/backend-xla/src/aios_backend_xla/plugin.py:device_report": COMPONENT,
-    "packages/backend-xla/src/aios_backend_xla/plugin.py:no_tpu_reason": COMPONENT,
-    "packages/backend-xla/src/aios_backend_xla/plugin.py:pjrt_device_for": COMPONENT,
-    "packages/backend-xla/src/aios_backend_xla/plugin.py:probe": COMPONENT,
-    "packages/backend-xla/src/aios_backend_xla/plugin.py:tpu_probe": COMPONENT,
     "packages/cloud-aws/src/aios_cloud_aws/plugin.py:aios_config_sections": CONFIG_SECTIONS,
     "packages/cloud-aws/src/aios_cloud_aws/plugin.py:aios_doctor_checks": (
         "aios_doctor_checks: the boto3 session and the aws section's model load for `aios doctor` "

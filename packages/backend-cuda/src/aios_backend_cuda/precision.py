@@ -19,6 +19,7 @@ from aios.strategies.precision import default_precision
 from aios_backend_cuda import nvml
 
 if TYPE_CHECKING:  # pragma: no cover
+    from aios.devices.accelerator import Accelerator
     from aios.strategies.precision import Precision
 
     from aios_backend_cuda.nvml import GpuInventory
@@ -59,6 +60,13 @@ def check_bf16(precision: str, inv: GpuInventory | None = None) -> None:
         f"precision {precision} needs bfloat16, which {which} lacks (needs 8.0+, Ampere or newer)",
         fix,
     )
+
+
+def backend_precision(precision: str, config: object, accelerator: Accelerator) -> Precision:
+    """``BackendSpec.precision`` of the cuda backend: bf16 refused on GPUs without it, else the
+    core default over ``accelerator``."""
+    check_bf16(precision)
+    return default_precision(precision, accelerator=accelerator)
 
 
 def make_precision(precision: str, config: Any, inv: GpuInventory | None = None) -> Precision:

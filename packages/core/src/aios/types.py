@@ -6,7 +6,7 @@ import importlib
 import shlex
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar, cast
 
 from aios.errors import PluginError
 
@@ -22,8 +22,12 @@ def load_target(target: str) -> object:
     return getattr(importlib.import_module(module), attr)
 
 
+#: what a :class:`Lazy` target returns (inferred from the spec field it is given to)
+R = TypeVar("R")
+
+
 @dataclass(frozen=True)
-class Lazy:
+class Lazy(Generic[R]):
     """A callable named, not imported: ``Lazy("module:attribute")``. A plugin's hook module
     gives one where a spec takes a callable (``StrategySpec.factory``,
     ``AcceleratorSpec.factory``, ``CheckpointFormatSpec.factory``, ...), so that loading the
@@ -35,7 +39,7 @@ class Lazy:
     target: str
     plugin: str = ""
 
-    def __call__(self, *args: object, **kwargs: object) -> object:
+    def __call__(self, *args: object, **kwargs: object) -> R:
         who = f'plugin "{self.plugin}"' if self.plugin else "a plugin"
         fix = (
             f"reinstall {self.plugin or 'it'} from the aios checkout, or disable it with "
@@ -52,7 +56,7 @@ class Lazy:
             raise PluginError(
                 f"{who} names {self.target}, which is a {type(fn).__name__}, not a callable", fix
             )
-        return fn(*args, **kwargs)
+        return cast(R, fn(*args, **kwargs))  # what the spec field it was given to declares
 
 
 @dataclass(frozen=True)

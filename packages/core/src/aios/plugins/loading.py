@@ -86,7 +86,7 @@ def with_plugin(spec: Any, plugin: str) -> Any:
         and hasattr(spec, "plugin")
         and not spec.plugin
     ):
-        named = {
+        named: dict[str, Lazy[object]] = {
             key: Lazy(value.target, plugin)
             for key, value in vars(spec).items()
             if isinstance(value, Lazy) and not value.plugin
