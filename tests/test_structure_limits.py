@@ -42,7 +42,7 @@ COMPONENT = (
     "a backend component (probe, discovery, launch plan, precision, doctor, accelerator or "
     "strategy factory) or the logic behind one, kept in the plugin's entry module: it imports "
     "the backend's implementation (settings models, the device stack's modules) when the "
-    "registry calls it; to become aios.types.Lazy targets as cuda's and xla's components are"
+    "registry calls it; to become aios.types.Lazy targets as the other backends' components are"
 )
 CHECKER = (
     "the checker (aios.check and its rules) loads when a script is checked: not at `aios check "
@@ -58,17 +58,9 @@ LAZY_REEXPORT = (
 FUNCTION_LOCAL_IMPORTS: dict[str, str] = {
     "packages/backend-cuda/src/aios_backend_cuda/plugin.py:aios_config_sections": CONFIG_SECTIONS,
     "packages/backend-neuron/src/aios_backend_neuron/launch.py:script_notes": CHECKER,
-    "packages/backend-neuron/src/aios_backend_neuron/plugin.py:_doctor": COMPONENT,
-    "packages/backend-neuron/src/aios_backend_neuron/plugin.py:_launch_plan": COMPONENT,
-    "packages/backend-neuron/src/aios_backend_neuron/plugin.py:_make": COMPONENT,
-    "packages/backend-neuron/src/aios_backend_neuron/plugin.py:_native.make": COMPONENT,
-    "packages/backend-neuron/src/aios_backend_neuron/plugin.py:_neuron_accelerator": COMPONENT,
-    "packages/backend-neuron/src/aios_backend_neuron/plugin.py:_precision": COMPONENT,
     "packages/backend-neuron/src/aios_backend_neuron/plugin.py:aios_check_rules": CHECKER,
     "packages/backend-neuron/src/aios_backend_neuron/plugin.py:aios_config_sections": CONFIG_SECTIONS,
     "packages/backend-neuron/src/aios_backend_neuron/plugin.py:aios_env_info": ENV_INFO,
-    "packages/backend-neuron/src/aios_backend_neuron/plugin.py:device_report": COMPONENT,
-    "packages/backend-neuron/src/aios_backend_neuron/plugin.py:probe": COMPONENT,
     "packages/backend-xla/src/aios_backend_xla/plugin.py:aios_config_sections": CONFIG_SECTIONS,
     "packages/backend-xla/src/aios_backend_xla/plugin.py:aios_env_info": ENV_INFO,
     "packages/cloud-aws/src/aios_cloud_aws/plugin.py:aios_config_sections": CONFIG_SECTIONS,
