@@ -38,12 +38,6 @@ WATCHERS = (
     "aios_preemption_watchers: the watcher's module (a metadata-server HTTP client) loads at a "
     "run's setup, not with the plugin's entry at `aios --help`"
 )
-COMPONENT = (
-    "a backend component (probe, discovery, launch plan, precision, doctor, accelerator or "
-    "strategy factory) or the logic behind one, kept in the plugin's entry module: it imports "
-    "the backend's implementation (settings models, the device stack's modules) when the "
-    "registry calls it; to become aios.types.Lazy targets as the other backends' components are"
-)
 CHECKER = (
     "the checker (aios.check and its rules) loads when a script is checked: not at `aios check "
     "--help`, not with a plugin's entry, not in every launcher or rank"
