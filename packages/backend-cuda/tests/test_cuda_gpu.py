@@ -58,15 +58,17 @@ def test_nvml_agrees_with_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_ddp_strategy_bf16_fused_and_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
-    from aios_backend_cuda import plugin
+    from aios_backend_cuda.accelerator import CudaAccelerator
+    from aios_backend_cuda.precision import backend_precision
+    from aios_backend_cuda.strategy import make_ddp
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     if not torch.cuda.is_bf16_supported():
         pytest.skip("this GPU has no bf16")
     cfg = _cfg()
-    s = plugin._ddp(cfg, plugin._cuda_accelerator(cfg), "cuda")
+    s = make_ddp(cfg, CudaAccelerator(cfg), "cuda")
     s.setup_environment()
-    p = plugin._precision("bf16-mixed", cfg, s.accelerator)
+    p = backend_precision("bf16-mixed", cfg, s.accelerator)
     model = s.setup_module(
         torch.nn.Sequential(
             torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256)
@@ -93,13 +95,15 @@ def test_ddp_strategy_bf16_fused_and_memory(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_fp16_overflow_is_skipped_and_counted(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
-    from aios_backend_cuda import plugin
+    from aios_backend_cuda.accelerator import CudaAccelerator
+    from aios_backend_cuda.precision import backend_precision
+    from aios_backend_cuda.strategy import make_ddp
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     cfg = _cfg()
-    s = plugin._ddp(cfg, plugin._cuda_accelerator(cfg), "cuda")
+    s = make_ddp(cfg, CudaAccelerator(cfg), "cuda")
     s.setup_environment()
-    p = plugin._precision("fp16-mixed", cfg, s.accelerator)
+    p = backend_precision("fp16-mixed", cfg, s.accelerator)
     model = s.setup_module(torch.nn.Linear(16, 16), p)
     opt = s.setup_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-3))
     before = model.weight.detach().clone()

@@ -7,8 +7,8 @@ import pytest
 from aios.config.schema import resolve
 from aios.errors import ConfigError
 from aios.strategies.precision import GradScalerPrecision, MixedPrecision, TruePrecision
-from aios_backend_cuda import plugin
-from aios_backend_cuda.precision import check_bf16
+from aios.types import Lazy
+from aios_backend_cuda.precision import backend_precision, check_bf16
 
 
 def _cfg(**flags):
@@ -18,7 +18,7 @@ def _cfg(**flags):
 def _make(precision, config):
     from aios_backend_cuda.accelerator import CudaAccelerator
 
-    return plugin._precision(precision, config, CudaAccelerator(config))
+    return backend_precision(precision, config, CudaAccelerator(config))
 
 
 @pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true"])
@@ -64,5 +64,7 @@ def test_the_policy_is_carried_by_the_cuda_backend_spec_only() -> None:
     from aios.plugins.registry import Registry
 
     reg = Registry(strict=True)
-    assert reg.backends["cuda"].precision is plugin._precision
+    assert reg.backends["cuda"].precision == Lazy(
+        "aios_backend_cuda.precision:backend_precision", "aios-backend-cuda"
+    )
     assert reg.backends["cpu"].precision is None and reg.backends["cpu"].plugin == "aios-core"

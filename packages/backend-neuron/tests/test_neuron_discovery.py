@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from aios.errors import ConfigError
+from aios_backend_neuron.components import device_report
 from aios_backend_neuron.discovery import (
     NeuronLsError,
     format_core_list,
@@ -18,7 +19,6 @@ from aios_backend_neuron.discovery import (
     run_neuron_ls,
     visible_core_ids,
 )
-from aios_backend_neuron.plugin import device_report
 
 GIB = 1024**3
 FIXTURES = Path(__file__).parent / "fixtures"

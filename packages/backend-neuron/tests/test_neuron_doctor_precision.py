@@ -18,9 +18,9 @@ from aios.plugins.registry import get_registry
 from aios.strategies.precision import MixedPrecision, Precision, TruePrecision
 from aios.testing.check_rule_contract import prove
 from aios_backend_neuron.check_rules import NEURON_RULES
+from aios_backend_neuron.components import backend_precision as _precision
 from aios_backend_neuron.doctor import checks
 from aios_backend_neuron.launch import script_notes
-from aios_backend_neuron.plugin import _precision
 from click.testing import CliRunner
 
 

@@ -11,8 +11,9 @@ import sys
 import pytest
 from aios.errors import BackendUnavailable, ConfigError
 from aios_backend_neuron import packages
+from aios_backend_neuron.components import probe
 from aios_backend_neuron.packages import INSTALL_LINE, detect, placeholder_message
-from aios_backend_neuron.plugin import aios_env_info, probe
+from aios_backend_neuron.plugin import aios_env_info
 from aios_backend_neuron.strategy import active_runtime, make_strategy
 
 

@@ -120,8 +120,8 @@ print("ok", type(rt.strategy).__name__, rt.device)
 
 @pytest.mark.neuron
 def test_real_trainium_devices_match_neuron_ls():
+    from aios_backend_neuron.components import device_report, probe
     from aios_backend_neuron.discovery import run_neuron_ls
-    from aios_backend_neuron.plugin import device_report, probe
 
     res = run_neuron_ls()
     assert res.topology is not None, res.error

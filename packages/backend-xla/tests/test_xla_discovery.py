@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+from aios_backend_xla.components import device_report
 from aios_backend_xla.discovery import (
     MetadataSource,
     SysfsSource,
@@ -15,7 +16,6 @@ from aios_backend_xla.discovery import (
     parse_tpu_env,
     parse_worker_endpoints,
 )
-from aios_backend_xla.plugin import device_report
 
 GOOGLE = "0x1ae0"
 

@@ -8,7 +8,7 @@ import warnings
 import pytest
 from aios.config.schema import resolve
 from aios.errors import BackendUnavailable, ConfigError
-from aios_backend_xla import plugin
+from aios_backend_xla import components
 from aios_backend_xla.compile_guard import CompileGuard, RecompileError, RecompileWarning, shapes_of
 from aios_backend_xla.discovery import TpuFacts
 from aios_backend_xla.doctor import checks
@@ -169,48 +169,48 @@ def test_deepspeed_strategy_is_refused(cfg):
 
 def test_pjrt_device_decision(cfg, fake_sysfs):
     c = cfg()
-    assert plugin.pjrt_device_for(c, {"PJRT_DEVICE": "TPU"}) == "TPU"
+    assert components.pjrt_device_for(c, {"PJRT_DEVICE": "TPU"}) == "TPU"
     with pytest.raises(BackendUnavailable, match="no TPU was found"):
-        plugin.pjrt_device_for(c, {})
+        components.pjrt_device_for(c, {})
     with pytest.raises(BackendUnavailable):
-        plugin.pjrt_device_for(c, {"PJRT_DEVICE": "CPU"})  # CPU only with the opt-in
-    assert plugin.pjrt_device_for(cfg("xla.allow_cpu=true"), {"PJRT_DEVICE": "CPU"}) == "CPU"
-    assert plugin.pjrt_device_for(c, {"AIOS_XLA__ALLOW_CPU": "1"}) == "CPU"
+        components.pjrt_device_for(c, {"PJRT_DEVICE": "CPU"})  # CPU only with the opt-in
+    assert components.pjrt_device_for(cfg("xla.allow_cpu=true"), {"PJRT_DEVICE": "CPU"}) == "CPU"
+    assert components.pjrt_device_for(c, {"AIOS_XLA__ALLOW_CPU": "1"}) == "CPU"
     with pytest.raises(ConfigError, match="PJRT_DEVICE=CUDA"):
-        plugin.pjrt_device_for(c, {"PJRT_DEVICE": "CUDA"})
+        components.pjrt_device_for(c, {"PJRT_DEVICE": "CUDA"})
     root = fake_sysfs([("0x1ae0", "0x005e")] * 4)
     assert (
-        plugin.pjrt_device_for(cfg("xla.allow_cpu=true"), {"AIOS_TEST_SYSFS_PCI": str(root)})
+        components.pjrt_device_for(cfg("xla.allow_cpu=true"), {"AIOS_TEST_SYSFS_PCI": str(root)})
         == "TPU"
     )
     with pytest.raises(ConfigError, match="PJRT_DEVICE=CPU is set on a machine with a TPU"):
-        plugin.pjrt_device_for(c, {"AIOS_TEST_SYSFS_PCI": str(root), "PJRT_DEVICE": "CPU"})
+        components.pjrt_device_for(c, {"AIOS_TEST_SYSFS_PCI": str(root), "PJRT_DEVICE": "CPU"})
 
 
 def test_probe(cfg, monkeypatch):
-    monkeypatch.setattr(plugin, "_torch_xla_installed", lambda: True)
-    a = plugin.probe()
+    monkeypatch.setattr(components, "_torch_xla_installed", lambda: True)
+    a = components.probe()
     assert not a and "no TPU was found" in a.reason
-    assert plugin.probe(cfg("xla.allow_cpu=true"))
+    assert components.probe(cfg("xla.allow_cpu=true"))
     assert (
-        not plugin.probe()
+        not components.probe()
     )  # nothing is remembered from an earlier resolve: only the config given counts
     monkeypatch.setenv(
         "AIOS_XLA__ALLOW_CPU", "1"
     )  # no config (aios devices): the env opt-in still counts
-    assert plugin.probe()
+    assert components.probe()
     monkeypatch.delenv("AIOS_XLA__ALLOW_CPU")
-    p = plugin.probe(cfg("xla.accelerator=v4-16"))
+    p = components.probe(cfg("xla.accelerator=v4-16"))
     assert p and "planning for v4-16" in p.reason
-    assert not plugin.probe()
-    monkeypatch.setattr(plugin, "_torch_xla_installed", lambda: False)
-    assert plugin.probe(cfg("xla.allow_cpu=true")).reason == "torch_xla is not installed"
+    assert not components.probe()
+    monkeypatch.setattr(components, "_torch_xla_installed", lambda: False)
+    assert components.probe(cfg("xla.allow_cpu=true")).reason == "torch_xla is not installed"
 
 
 def test_registry_require_names_the_opt_in(cfg, monkeypatch):
     from aios.plugins.registry import get_registry
 
-    monkeypatch.setattr(plugin, "_torch_xla_installed", lambda: True)
+    monkeypatch.setattr(components, "_torch_xla_installed", lambda: True)
     with pytest.raises(BackendUnavailable) as ei:
         get_registry().require("xla")
     assert (

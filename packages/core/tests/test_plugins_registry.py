@@ -11,6 +11,7 @@ import pytest
 from aios.errors import BackendUnavailable, PluginError
 from aios.plugins import registry as plugins_mod
 from aios.plugins.registry import Registry
+from aios.types import Lazy
 
 
 def _module(site, name: str, source: str) -> EntryPoint:
@@ -409,3 +410,36 @@ def test_cli_json_stays_clean_with_noisy_exiting_and_raising_plugins(
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["backend"] == "cpu"
     assert "aios-planboom" not in run.stderr  # another backend's plan is never asked for cpu
+
+
+def test_lazy_targets_load_on_first_call_and_a_broken_one_names_its_plugin(syspath):
+    """A spec's callable given as ``Lazy("module:attribute")`` imports nothing when the plugin
+    loads; the first call imports it, and a target that cannot load is one line naming the
+    plugin that registered it."""
+    p = _module(
+        syspath,
+        "plug_lazy",
+        """
+        from aios import hookimpl
+        from aios.types import AcceleratorSpec, Lazy
+
+        @hookimpl
+        def aios_register_accelerators(register):
+            register(AcceleratorSpec("widget", Lazy("plug_lazyimpl:make")))
+            register(AcceleratorSpec("gadget", Lazy("plug_no_such_module:make")))
+        """,
+    )
+    (syspath / "plug_lazyimpl.py").write_text("def make(config):\n    return ('made', config)\n")
+    reg = Registry(entry_points=[_builtin(), p], strict=False)
+    assert "plug_lazyimpl" not in sys.modules
+    assert reg.accelerator("widget", "cfg") == ("made", "cfg")
+    assert reg.accelerators["gadget"].factory == Lazy("plug_no_such_module:make", "plug-lazy")
+    with pytest.raises(PluginError) as info:
+        reg.accelerator("gadget")
+    assert str(info.value).startswith(
+        'plugin "plug-lazy" names plug_no_such_module:make, which cannot be loaded: '
+        "ModuleNotFoundError: No module named 'plug_no_such_module'; reinstall plug-lazy"
+    )
+    assert "\n" not in str(info.value)
+    # the built-in plugin's own strategies and formats are such targets
+    assert reg.strategies["ddp"][0].factory == Lazy("aios.strategies.native:ddp", "aios-core")

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 from aios.devices.accelerator import Accelerator
 from aios.errors import BackendUnavailable
 
+from aios_backend_cuda.settings import CudaSettings
+
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
@@ -26,8 +28,6 @@ class CudaAccelerator(Accelerator):
     non_blocking_copies = True
 
     def _settings(self) -> Any:
-        from aios_backend_cuda.settings import CudaSettings
-
         return (self.config.section("cuda") if self.config is not None else None) or CudaSettings()
 
     def is_available(self) -> bool:

@@ -38,14 +38,17 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from aios.errors import AiosError, ConfigError
+from aios.strategies.ddp import _to_cpu
 from aios.strategies.precision import Precision
 
+from aios_backend_cuda.precision import check_bf16
 from aios_backend_cuda.settings import DeepSpeedSettings
 from aios_backend_cuda.strategy import CudaDDPStrategy
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
     from aios.config.settings import AiosConfig
+    from aios.devices.accelerator import Accelerator
 
 TAG = "aios"
 
@@ -167,6 +170,18 @@ def build_ds_config(
 
 
 # ------------------------------------------------------------------------------ precision
+
+
+def deepspeed_precision(
+    precision: str, config: object, accelerator: Accelerator | None
+) -> DeepSpeedPrecision:
+    """``StrategySpec.precision`` of ``deepspeed``: DeepSpeed's engine scales the loss itself
+    (bf16 refused on GPUs without it)."""
+    if accelerator is not None and accelerator.name == "cuda":
+        check_bf16(precision)
+    return DeepSpeedPrecision(
+        precision, accelerator.device_type if accelerator is not None else "cpu"
+    )
 
 
 class DeepSpeedPrecision(Precision):
@@ -301,6 +316,14 @@ class _LazyOpt:
 
 
 # ------------------------------------------------------------------------------ strategy
+
+
+def make_deepspeed(
+    config: AiosConfig, accelerator: Accelerator | None, backend: str
+) -> DeepSpeedStrategy:
+    """``StrategySpec.factory`` of ``deepspeed`` (cuda, and cpu over DeepSpeed's CPU
+    accelerator)."""
+    return DeepSpeedStrategy(config, accelerator)
 
 
 class DeepSpeedStrategy(CudaDDPStrategy):
@@ -470,8 +493,6 @@ class DeepSpeedStrategy(CudaDDPStrategy):
             self._shards = mine
 
     def module_state_dict(self, module: torch.nn.Module) -> dict[str, Any]:
-        from aios.strategies.ddp import _to_cpu
-
         if self._consolidated is not None:
             return _to_cpu(self._consolidated)
         return _to_cpu(self.unwrap(module).state_dict())

@@ -74,6 +74,11 @@ def interconnect(inv: nvml.GpuInventory) -> str:
     return "PCIe only (" + "/".join(sorted(set(pairs))) + ")"
 
 
+def discover(config: object) -> DeviceReport:
+    """``BackendSpec.discover`` of the cuda backend (the config is not read)."""
+    return report()
+
+
 def report(environ: dict[str, str] | None = None) -> DeviceReport:
     inv, why = nvml.try_inventory(environ)
     if inv is None:

@@ -344,6 +344,12 @@ def _deepspeed(config: AiosConfig | None) -> list[DoctorCheck]:
     return out
 
 
+def backend_doctor(config: AiosConfig | None, explicit: bool) -> list[DoctorCheck]:
+    """``BackendSpec.doctor`` of the cuda backend: the checks of ``aios doctor --backend cuda``
+    when ``explicit``, else those that apply to every installed backend."""
+    return checks("cuda" if explicit else None, config)
+
+
 def checks(backend: str | None, config: AiosConfig | None) -> list[DoctorCheck]:
     inv, why = nvml.try_inventory()
     if inv is None:

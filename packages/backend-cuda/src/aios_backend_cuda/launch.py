@@ -24,6 +24,9 @@ from typing import TYPE_CHECKING
 
 from aios.devices.efa import EFA_BASE_ENV, EFA_RDMA_ENV, efa_family, efa_interfaces
 from aios.errors import ConfigError, LaunchError
+from aios.launcher.plan import elastic_plan, resolve_nprocs
+
+from aios_backend_cuda import nvml, probe
 
 if TYPE_CHECKING:  # pragma: no cover
     from aios.config.settings import AiosConfig
@@ -186,8 +189,6 @@ def nccl_env(
 
 def local_gpu_count() -> tuple[int, list[str]]:
     """Visible GPUs on this host (NVML; the driver's /proc entries as a fallback)."""
-    from aios_backend_cuda import nvml, probe
-
     inv, why = nvml.try_inventory()
     if inv is not None:
         return len(inv.gpus), []
@@ -223,8 +224,6 @@ def cuda_launch_plan(
     :return: one host plan per host, ``nprocs`` = one process per GPU unless ``--nprocs`` says
         otherwise, with the preset's NCCL environment.
     """
-    from aios.launcher.plan import elastic_plan, resolve_nprocs
-
     notes: list[str] = []
     if gpus_per_host is None and request.accelerator:
         known = INSTANCE_GPUS.get(request.accelerator)

@@ -1,5 +1,6 @@
 """The ``aios-backend-cuda`` plugin (entry point target). Imports nothing heavy: no torch, no
-NVML initialisation, no DeepSpeed; every component imports what it needs when called.
+NVML initialisation, no DeepSpeed: every component is named as an :class:`aios.types.Lazy`
+target, imported when the registry first calls it.
 
 Registers: backend ``cuda`` (priority 100; its discovery, launch plan, precision policy and
 doctor checks carried by the :class:`~aios.types.BackendSpec`), the ``cuda`` accelerator (NCCL,
@@ -15,42 +16,11 @@ from __future__ import annotations
 from typing import Any
 
 from aios.plugins.hookspecs import hookimpl
-from aios.types import AcceleratorSpec, Availability, BackendSpec, StrategySpec
+from aios.types import AcceleratorSpec, BackendSpec, Lazy, StrategySpec
+
+from aios_backend_cuda import nvml
 
 DS_BACKENDS = ("cuda", "cpu")
-
-
-def _probe(config: Any = None) -> Availability:
-    from aios_backend_cuda.probe import probe
-
-    return probe()
-
-
-def _discover(config: Any) -> Any:
-    from aios_backend_cuda.discovery import report
-
-    return report()
-
-
-def _launch_plan(config: Any, request: Any) -> Any:
-    from aios_backend_cuda.launch import cuda_launch_plan
-
-    return cuda_launch_plan(config, request)
-
-
-def _precision(precision: str, config: Any, accelerator: Any) -> Any:
-    from aios.strategies.precision import default_precision
-
-    from aios_backend_cuda.precision import check_bf16
-
-    check_bf16(precision)
-    return default_precision(precision, accelerator=accelerator)
-
-
-def _doctor(config: Any, explicit: bool) -> Any:
-    from aios_backend_cuda.doctor import checks
-
-    return checks("cuda" if explicit else None, config)
 
 
 @hookimpl
@@ -59,55 +29,27 @@ def aios_register_backends(register: Any) -> None:
         BackendSpec(
             name="cuda",
             priority=100,
-            probe=_probe,
+            probe=Lazy("aios_backend_cuda.probe:backend_probe"),
             device_type="cuda",
             accelerator="cuda",
             install_hint="pip install -e './packages/core[cuda]' ./packages/backend-cuda (from the aios checkout)",
             description="NVIDIA GPUs: DDP over NCCL, FSDP2/TP, AMP (bf16/fp16), DeepSpeed ZeRO 1-3",
-            discover=_discover,
-            launch_plan=_launch_plan,
-            precision=_precision,
-            doctor=_doctor,
+            discover=Lazy("aios_backend_cuda.discovery:discover"),
+            launch_plan=Lazy("aios_backend_cuda.launch:cuda_launch_plan"),
+            precision=Lazy("aios_backend_cuda.precision:backend_precision"),
+            doctor=Lazy("aios_backend_cuda.doctor:backend_doctor"),
         )
     )
-
-
-def _cuda_accelerator(config: Any) -> Any:
-    from aios_backend_cuda.accelerator import CudaAccelerator
-
-    return CudaAccelerator(config)
 
 
 @hookimpl
 def aios_register_accelerators(register: Any) -> None:
     register(
         AcceleratorSpec(
-            "cuda", _cuda_accelerator, "NVIDIA GPU: NCCL, TF32, CUDA RNG and memory statistics"
+            "cuda",
+            Lazy("aios_backend_cuda.accelerator:CudaAccelerator"),
+            "NVIDIA GPU: NCCL, TF32, CUDA RNG and memory statistics",
         )
-    )
-
-
-def _ddp(config: Any, accelerator: Any, backend: str) -> Any:
-    from aios_backend_cuda.strategy import CudaDDPStrategy
-
-    return CudaDDPStrategy(config, accelerator)
-
-
-def _deepspeed(config: Any, accelerator: Any, backend: str) -> Any:
-    from aios_backend_cuda.deepspeed_strategy import DeepSpeedStrategy
-
-    return DeepSpeedStrategy(config, accelerator)
-
-
-def _deepspeed_precision(precision: str, config: Any, accelerator: Any) -> Any:
-    from aios_backend_cuda.deepspeed_strategy import DeepSpeedPrecision
-
-    if accelerator is not None and accelerator.name == "cuda":
-        from aios_backend_cuda.precision import check_bf16
-
-        check_bf16(precision)
-    return DeepSpeedPrecision(
-        precision, accelerator.device_type if accelerator is not None else "cpu"
     )
 
 
@@ -120,7 +62,7 @@ def aios_register_strategies(register: Any) -> None:
     register(
         StrategySpec(
             "ddp",
-            _ddp,
+            Lazy("aios_backend_cuda.strategy:make_ddp"),
             backends=("cuda",),
             description="DDP over NCCL with fused optimizers, opt-in torch.compile and the cuda section's DDP knobs",
         )
@@ -128,9 +70,9 @@ def aios_register_strategies(register: Any) -> None:
     register(
         StrategySpec(
             "deepspeed",
-            _deepspeed,
+            Lazy("aios_backend_cuda.deepspeed_strategy:make_deepspeed"),
             backends=DS_BACKENDS,
-            precision=_deepspeed_precision,
+            precision=Lazy("aios_backend_cuda.deepspeed_strategy:deepspeed_precision"),
             launch_env=_deepspeed_env,
             description="DeepSpeed ZeRO 1-3 (on cpu: DeepSpeed's CPU accelerator over gloo)",
         )
@@ -147,8 +89,6 @@ def aios_config_sections() -> dict[str, type]:
 @hookimpl
 def aios_env_info() -> dict[str, Any]:
     from importlib.metadata import PackageNotFoundError, version
-
-    from aios_backend_cuda import nvml
 
     out: dict[str, Any] = {}
     for dist in ("aios-backend-cuda", "nvidia-ml-py", "deepspeed"):

@@ -14,8 +14,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from aios.errors import ConfigError
+from aios.strategies.precision import default_precision
+
+from aios_backend_cuda import nvml
 
 if TYPE_CHECKING:  # pragma: no cover
+    from aios.devices.accelerator import Accelerator
     from aios.strategies.precision import Precision
 
     from aios_backend_cuda.nvml import GpuInventory
@@ -37,8 +41,6 @@ def check_bf16(precision: str, inv: GpuInventory | None = None) -> None:
     if not precision.startswith("bf16"):
         return
     if inv is None:
-        from aios_backend_cuda import nvml
-
         inv, _ = nvml.try_inventory()
     if inv is not None:
         gpus = [(g.index, g.name, g.compute_capability) for g in inv.gpus]
@@ -60,9 +62,14 @@ def check_bf16(precision: str, inv: GpuInventory | None = None) -> None:
     )
 
 
+def backend_precision(precision: str, config: object, accelerator: Accelerator) -> Precision:
+    """``BackendSpec.precision`` of the cuda backend: bf16 refused on GPUs without it, else the
+    core default over ``accelerator``."""
+    check_bf16(precision)
+    return default_precision(precision, accelerator=accelerator)
+
+
 def make_precision(precision: str, config: Any, inv: GpuInventory | None = None) -> Precision:
     """The precision policy for a CUDA run (after :func:`check_bf16`)."""
-    from aios.strategies.precision import default_precision
-
     check_bf16(precision, inv)
     return default_precision(precision, "cuda")

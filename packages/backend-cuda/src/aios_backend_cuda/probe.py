@@ -93,6 +93,11 @@ def nvidia_driver_gpus() -> int | None:
     return sum(1 for _ in p.iterdir())
 
 
+def backend_probe(config: object = None) -> Availability:
+    """``BackendSpec.probe`` of the cuda backend (the config is not read)."""
+    return probe()
+
+
 def probe() -> Availability:
     """Can the cuda backend train here? Order: torch installed; the GPUs (NVML, else the driver's
     /proc entries, else nvidia-smi on PATH); CUDA_VISIBLE_DEVICES; AMD/ROCm named as such; torch

@@ -78,6 +78,11 @@ def fuse_optimizer(optimizer: Any) -> str:
     return "fused"
 
 
+def make_ddp(config: AiosConfig, accelerator: Accelerator | None, backend: str) -> CudaDDPStrategy:
+    """``StrategySpec.factory`` of ``ddp`` on the cuda backend."""
+    return CudaDDPStrategy(config, accelerator)
+
+
 class CudaDDPStrategy(DDPStrategy):
     """DDP over NCCL on NVIDIA GPUs (see the module docstring)."""
 

@@ -8,13 +8,22 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from aios.errors import AiosError
+from aios.plugins import versions as V
 from aios.types import DoctorCheck
 
-from aios_backend_neuron.discovery import device_nodes, find_neuron_ls, run_neuron_ls
+from aios_backend_neuron.discovery import (
+    device_nodes,
+    find_neuron_ls,
+    format_core_list,
+    run_neuron_ls,
+    visible_core_ids,
+)
+from aios_backend_neuron.launch import check_parallel
 from aios_backend_neuron.packages import (
     INSTALL_LINE,
     compiler_path,
     detect,
+    inspect,
     module_present,
     placeholder_message,
 )
@@ -172,7 +181,6 @@ def _cores(config: AiosConfig | None, settings: Any) -> list[DoctorCheck]:
     ls = run_neuron_ls(settings.neuron_ls)
     if ls.topology is not None and ls.topology.devices:
         topo = ls.topology
-        from aios_backend_neuron.discovery import format_core_list, visible_core_ids
 
         spec = settings.visible_cores or os.environ.get("NEURON_RT_VISIBLE_CORES")
         origin = "neuron.visible_cores" if settings.visible_cores else "NEURON_RT_VISIBLE_CORES"
@@ -188,8 +196,6 @@ def _cores(config: AiosConfig | None, settings: Any) -> list[DoctorCheck]:
                 )
             )
             if settings.tp_degree > 1 and cores:
-                from aios_backend_neuron.launch import check_parallel
-
                 try:
                     check_parallel(
                         settings.tp_degree,
@@ -248,7 +254,6 @@ def _unsupported(config: AiosConfig | None, settings: Any) -> list[DoctorCheck]:
                 "use precision=bf16-mixed or bf16-true",
             )
         )
-    from aios_backend_neuron.packages import inspect
 
     cuda_only = [
         f"{label} ({d.version})"
@@ -316,8 +321,6 @@ def checks(config: AiosConfig | None = None, explicit: bool = True) -> list[Doct
 
 def version_set_check(runtime: str, sw: Any) -> DoctorCheck:
     """Installed torch / torch-neuronx (/ torch-xla) against :mod:`aios.plugins.versions`."""
-    from aios.plugins import versions as V
-
     stack = "neuron" if runtime == "native" else "neuron-xla"
     found = {
         "torch-neuronx": sw.torch_neuronx.version,

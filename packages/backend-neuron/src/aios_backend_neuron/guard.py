@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import sys
 
+from aios_backend_neuron.discovery import device_nodes, run_neuron_ls
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -22,7 +24,6 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     instance, cmd = argv[0], argv[2:]
-    from aios_backend_neuron.discovery import device_nodes, run_neuron_ls
 
     if not device_nodes():
         res = run_neuron_ls()

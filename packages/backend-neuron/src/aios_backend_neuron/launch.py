@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from aios.config.schema import resolve
 from aios.errors import BackendUnavailable, ConfigError, LaunchError
 from aios.launcher.plan import elastic_plan, resolve_nprocs
 from aios.types import Host, LaunchPlan, LaunchRequest
@@ -410,8 +411,6 @@ def plan_for_instances(
     degrees that do not fit the cores.
     """
     if config is None:
-        from aios.config.schema import resolve
-
         config = resolve(overrides=[*overrides, "backend=neuron"], environ={}, check_backend=False)
     if not hosts:
         raise ConfigError("plan_for_instances needs at least one host", "pass the cluster's hosts")

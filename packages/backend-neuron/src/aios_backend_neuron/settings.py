@@ -11,6 +11,9 @@ from typing import Literal
 from aios.config.settings import Section
 from pydantic import Field, field_validator
 
+from aios_backend_neuron.catalog import lookup
+from aios_backend_neuron.discovery import parse_core_list
+
 
 class NeuronSettings(Section):
     instance_type: str | None = Field(
@@ -95,7 +98,6 @@ class NeuronSettings(Section):
     def _known_instance(cls, v: str | None) -> str | None:
         if v is None:
             return v
-        from aios_backend_neuron.catalog import lookup
 
         lookup(v)  # raises ValueError with the known types
         return v.strip().lower()
@@ -105,7 +107,6 @@ class NeuronSettings(Section):
     def _cores_syntax(cls, v: str | None) -> str | None:
         if v is None:
             return v
-        from aios_backend_neuron.discovery import parse_core_list
 
         parse_core_list(v)  # raises ValueError naming the bad part
         return v.replace(" ", "")

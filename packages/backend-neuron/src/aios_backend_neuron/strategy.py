@@ -14,10 +14,14 @@ from __future__ import annotations
 from typing import Any
 
 from aios.errors import BackendUnavailable, ConfigError
+from aios.plugins import versions as V
+from aios.strategies.fsdp import FSDPStrategy, HSDPStrategy, TPStrategy
 
+from aios_backend_neuron.native_strategy import NeuronAccelerator, NeuronNativeStrategy
 from aios_backend_neuron.nxd import nxd_config_kwargs
 from aios_backend_neuron.packages import INSTALL_LINE, NeuronSoftware, detect, placeholder_message
 from aios_backend_neuron.settings import NeuronSettings, settings_of
+from aios_backend_neuron.xla_strategy import NeuronNxDStrategy, NeuronXlaStrategy
 
 __all__ = [
     "active_runtime",
@@ -53,7 +57,6 @@ def check_versions(runtime: str, sw: NeuronSoftware, host: str | None = None) ->
     installed and what is expected. Skipped for the XLA:CPU test stand-in."""
     if sw.xla_cpu_stand_in:
         return
-    from aios.plugins import versions as V
 
     found = {
         "torch-neuronx": sw.torch_neuronx.version,
@@ -87,9 +90,6 @@ def make_native_strategy(config: Any, name: str) -> Any:
             "install TorchNeuron on Trn2/Trn3",
         )
     check_versions(runtime, _)
-    from aios.strategies.fsdp import FSDPStrategy, HSDPStrategy, TPStrategy
-
-    from aios_backend_neuron.native_strategy import NeuronAccelerator
 
     cls = {"fsdp": FSDPStrategy, "tp": TPStrategy, "hsdp": HSDPStrategy}[name]
     return cls(config, NeuronAccelerator(config))
@@ -106,7 +106,6 @@ def make_strategy(config: Any) -> Any:
                 "the script on the native runtime",
             )
         check_versions(runtime, sw)
-        from aios_backend_neuron.native_strategy import NeuronNativeStrategy
 
         return NeuronNativeStrategy(config)
     pjrt = "CPU" if sw.xla_cpu_stand_in else "NEURON"
@@ -117,10 +116,8 @@ def make_strategy(config: Any) -> Any:
                 INSTALL_LINE,
             )
         check_versions(runtime, sw)
-        from aios_backend_neuron.xla_strategy import NeuronNxDStrategy
 
         return NeuronNxDStrategy(config, pjrt_device=pjrt)
     check_versions(runtime, sw)
-    from aios_backend_neuron.xla_strategy import NeuronXlaStrategy
 
     return NeuronXlaStrategy(config, pjrt_device=pjrt)

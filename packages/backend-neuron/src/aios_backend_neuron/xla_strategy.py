@@ -23,6 +23,9 @@ from typing import TYPE_CHECKING, Any
 from aios.errors import AiosError
 from aios_backend_xla.strategy import XlaStrategy
 
+from aios_backend_neuron import catalog
+from aios_backend_neuron.launch import check_parallel, compiler_flags
+from aios_backend_neuron.nxd import nxd_config_kwargs
 from aios_backend_neuron.settings import settings_of
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -45,8 +48,6 @@ class NeuronXlaStrategy(XlaStrategy):
     # ---------------------------------------------------------------- environment
     def neuron_env(self) -> dict[str, str]:
         """Neuron variables this process needs (the launch plan sets the same ones)."""
-        from aios_backend_neuron import catalog
-        from aios_backend_neuron.launch import compiler_flags
 
         s = self.neuron
         env: dict[str, str] = {"NEURON_COMPILE_CACHE_URL": s.compile_cache}
@@ -97,8 +98,6 @@ class NeuronNxDStrategy(NeuronXlaStrategy):
 
     def setup_environment(self) -> None:
         super().setup_environment()
-        from aios_backend_neuron.launch import check_parallel
-        from aios_backend_neuron.nxd import nxd_config_kwargs
 
         local = int(os.environ.get("LOCAL_WORLD_SIZE", str(self.world_size)) or self.world_size)
         check_parallel(self.neuron.tp_degree, self.neuron.pp_degree, local, self.world_size)

@@ -13,11 +13,19 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+from aios.plugins import versions as V
 from aios.types import DoctorCheck
 
-from aios_backend_xla.discovery import discover
+from aios_backend_xla.discovery import discover, on_gce
 from aios_backend_xla.precision import DEPRECATED_ENV
 from aios_backend_xla.settings import ALLOW_CPU_ENV, cpu_opt_in, settings_of
+from aios_backend_xla.tpu import (
+    AUTOLOAD_ENV,
+    INSTALL,
+    SKIP_MDS_ENV,
+    runtime_setting,
+    torch_tpu_installed,
+)
 
 B = "xla"
 
@@ -332,8 +340,6 @@ def version_set_check(
     stack: str, backend: str, versions: dict[str, str | None] | None = None
 ) -> DoctorCheck:
     """The installed versions against :mod:`aios.plugins.versions` (one line: host, installed, expected)."""
-    from aios.plugins import versions as V
-
     res = V.check(stack, versions=versions)
     if res.ok:
         note = f"; {res.matched.note}" if res.matched is not None and res.matched.note else ""
@@ -353,8 +359,6 @@ def tpu_checks(
 ) -> list[DoctorCheck]:
     """``aios doctor`` for ``--backend tpu`` (TorchTPU). Metadata, find_spec and sysfs only: no
     torch, torch_tpu or libtpu import in this process, no metadata-server stall."""
-    from aios_backend_xla.discovery import discover
-    from aios_backend_xla.tpu import runtime_setting
 
     env = dict(os.environ) if environ is None else environ
     rt = runtime_setting(config, env)
@@ -383,8 +387,6 @@ def _tpu_install_checks(
 ) -> list[DoctorCheck]:
     """torch_tpu and libtpu installed, their version set, TorchTPU's autoload switch; the
     first check is torch_tpu's."""
-    from aios_backend_xla.tpu import AUTOLOAD_ENV, INSTALL, torch_tpu_installed
-
     have = (
         (versions or {}).get("torch_tpu")
         if versions and "torch_tpu" in versions
@@ -432,8 +434,6 @@ def _tpu_install_checks(
 
 def _tpu_device_checks(facts: Any, deep: bool, env: dict[str, str]) -> list[DoctorCheck]:
     """The TPU on this machine, its device files, and the metadata server libtpu waits on."""
-    from aios_backend_xla.discovery import on_gce
-    from aios_backend_xla.tpu import SKIP_MDS_ENV
 
     out: list[DoctorCheck] = []
     if facts.present:
@@ -480,8 +480,6 @@ def _tpu_device_checks(facts: Any, deep: bool, env: dict[str, str]) -> list[Doct
 
 def _tpu_cache_check(config: Any) -> list[DoctorCheck]:
     """TorchTPU's compilation cache folder, when one is set, is writable."""
-    from aios_backend_xla.settings import settings_of
-
     d = settings_of(config).tpu_compile_cache_dir
     if not d:
         return []

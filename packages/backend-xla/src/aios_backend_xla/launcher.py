@@ -16,6 +16,9 @@ import sys
 from aios.errors import AiosError, LaunchError
 from aios.launcher.contract import LOCAL_INDEX_ENV
 
+from aios_backend_xla.discovery import discover
+from aios_backend_xla.launch import no_tpu_error
+
 
 def _run(index: int, script: str, args: list[str], module: bool) -> None:
     """Per-process entry (module-level so that the ``spawn`` start method can pickle it)."""
@@ -74,9 +77,6 @@ def main(argv: list[str] | None = None) -> int:
             )
         chips = None
         if os.environ["PJRT_DEVICE"].upper() == "TPU":
-            from aios_backend_xla.discovery import discover
-            from aios_backend_xla.launch import no_tpu_error
-
             facts = discover()
             if not facts.present:
                 raise no_tpu_error(facts)

@@ -12,6 +12,8 @@ from typing import Literal
 from aios.config.settings import Section
 from pydantic import Field, field_validator
 
+from aios_backend_xla.topology import parse_accelerator_type
+
 #: The XLA:CPU opt-in as an env var. It is also the config key ``xla.allow_cpu`` through the
 #: normal ``AIOS_<SECTION>__<KEY>`` env layer, so one name works everywhere.
 ALLOW_CPU_ENV = "AIOS_XLA__ALLOW_CPU"
@@ -82,7 +84,6 @@ class XlaSettings(Section):
     def _valid_type(cls, v: str | None) -> str | None:
         if v is None:
             return v
-        from aios_backend_xla.topology import parse_accelerator_type
 
         return parse_accelerator_type(v).accelerator_type
 

@@ -37,10 +37,15 @@ import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from aios.data.loaders import DeviceLoader
+from aios.environments.base import detect
 from aios.errors import ConfigError
+from aios.plugins.registry import get_registry
 from aios.strategies.base import Strategy
 
-from aios_backend_xla.compile_guard import CompileGuard
+from aios_backend_xla.compile_guard import CompileGuard, read_uncached_compiles
+from aios_backend_xla.loader import BatchSharding, XlaDeviceLoader, xla_shard_loader
+from aios_backend_xla.precision import check_deprecated_env
 from aios_backend_xla.settings import XlaSettings, settings_of
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -93,8 +98,6 @@ class XlaStrategy(Strategy):
     # ---------------------------------------------------------------- process / device
     def prepare_env(self) -> None:
         """Environment that must be in place before the XLA runtime starts."""
-        from aios_backend_xla.precision import check_deprecated_env
-
         check_deprecated_env()
         current = os.environ.get("PJRT_DEVICE", "").upper()
         if current and current.split("_")[0] != self.pjrt_device:
@@ -118,8 +121,6 @@ class XlaStrategy(Strategy):
 
     def setup_environment(self) -> None:
         self.prepare_env()
-        from aios.environments.base import detect
-        from aios.plugins.registry import get_registry
 
         info = detect(None, get_registry())
         if self.group_before_runtime and (info.world_size or 1) > 1:
@@ -155,8 +156,6 @@ class XlaStrategy(Strategy):
         )
 
     def read_compiles(self) -> int:
-        from aios_backend_xla.compile_guard import read_uncached_compiles
-
         return read_uncached_compiles()
 
     @property
@@ -204,9 +203,6 @@ class XlaStrategy(Strategy):
         return optimizer
 
     def setup_dataloader(self, loader: Any, shuffle: bool | None = None) -> Any:
-        from aios.data.loaders import DeviceLoader
-
-        from aios_backend_xla.loader import XlaDeviceLoader, xla_shard_loader
 
         if isinstance(loader, DeviceLoader):
             return loader
@@ -556,8 +552,6 @@ class XlaSpmdStrategy(XlaStrategy):
         self.start_guard()
 
     def input_sharding(self) -> Any:
-        from aios_backend_xla.loader import BatchSharding
-
         return BatchSharding(self.mesh, "data")
 
     def check_batch(self, loader: Any) -> None:

@@ -42,8 +42,10 @@ from typing import TYPE_CHECKING, Any
 from aios.errors import BackendUnavailable, ConfigError, LaunchError
 from aios.launcher.contract import NNODES_ENV, NODE_RANK_ENV
 from aios.launcher.plan import BACKEND_ENV, THREADS_ENV, plans_here, rank_threads
+from aios.plugins import versions as V
 from aios.types import Host, HostPlan, LaunchPlan, LaunchRequest
 
+from aios_backend_xla.launch import _hosts_for, no_tpu_error, target_topology
 from aios_backend_xla.settings import settings_of
 from aios_backend_xla.topology import TpuTopology
 
@@ -121,8 +123,6 @@ def preflight(
     torch_tpu`` without it exits the process) and the version set (torch in 2.11-2.15, libtpu >=
     0.0.50). Returns the matched :class:`aios.plugins.versions.VersionSet`; raises a one-line
     :class:`~aios.errors.AiosError` (exit 2) naming the problem and the fix."""
-    from aios.plugins import versions as V
-
     given = dict(versions or {})
     rt = runtime_setting(config)
     if not (given.get("torch_tpu") if "torch_tpu" in given else torch_tpu_installed()):
@@ -218,8 +218,6 @@ def cache_env(config: Any, local: bool) -> dict[str, str]:
 def _slice_hosts(
     topo: TpuTopology, request: LaunchRequest, facts: TpuFacts | None, num_slices: int
 ) -> tuple[list[Host], list[str]]:
-    from aios_backend_xla.launch import _hosts_for
-
     if num_slices == 1:
         return _hosts_for(topo, request, facts)
     total = topo.hosts * num_slices
@@ -347,8 +345,6 @@ def tpu_launch_plan(
 ) -> LaunchPlan:
     """``aios-run --backend tpu``'s plan. Off a TPU with ``xla.accelerator`` set, the plan is
     built for that slice (dry-run, cloud launches); running it here is refused by the launcher."""
-    from aios_backend_xla.launch import no_tpu_error, target_topology
-
     check_backend_runtime(TPU_BACKEND, config)
     topo = target_topology(config, request, facts)
     if topo is None:

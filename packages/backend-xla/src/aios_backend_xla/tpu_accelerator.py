@@ -26,6 +26,9 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from aios.devices.accelerator import Accelerator
+from aios.errors import BackendUnavailable
+
+from aios_backend_xla.tpu import preflight
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -34,8 +37,6 @@ if TYPE_CHECKING:  # pragma: no cover
 def load_torch_tpu() -> Any:
     """Import TorchTPU and register the ``tpu`` device (what the autoload does). Checks first,
     from metadata only, that it can be imported safely."""
-    from aios_backend_xla.tpu import preflight
-
     preflight()
     import torch
     import torch_tpu
@@ -57,7 +58,6 @@ class TpuAccelerator(Accelerator):
 
     def setup(self) -> None:
         load_torch_tpu()
-        from aios.errors import BackendUnavailable
 
         if not self.is_available():
             raise BackendUnavailable(

@@ -33,6 +33,16 @@ from collections.abc import Mapping
 from aios.errors import AiosError, LaunchError
 from aios.launcher.contract import HOST_ENV, LOCAL_INDEX_ENV, NNODES_ENV, NODE_RANK_ENV
 
+from aios_backend_xla.discovery import discover, on_gce
+from aios_backend_xla.tpu import (
+    AUTOLOAD_ENV,
+    SKIP_MDS_ENV,
+    TIER2_ENV,
+    TIER3_ENV,
+    launch_env,
+    preflight,
+)
+
 GRACE_S = 10.0
 
 
@@ -55,8 +65,6 @@ def host_env(environ: Mapping[str, str], nprocs: int, hostname: str) -> dict[str
     """This host's launch environment: the plan's values, completed for GKE pods (one template
     for every host: node rank from ``JOB_COMPLETION_INDEX``, hosts from ``TPU_WORKER_HOSTNAMES``)
     and with ``TPU_SKIP_MDS_QUERY=1`` off Google Cloud. Never overwrites a value already set."""
-    from aios_backend_xla.discovery import on_gce
-    from aios_backend_xla.tpu import AUTOLOAD_ENV, SKIP_MDS_ENV, launch_env
 
     out: dict[str, str] = {}
     hosts = [h for h in environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if h]
@@ -113,8 +121,6 @@ def rank_envs(environ: Mapping[str, str], nprocs: int) -> list[dict[str, str]]:
 
 
 def _expand_caches(env: dict[str, str]) -> None:
-    from aios_backend_xla.tpu import TIER2_ENV, TIER3_ENV
-
     for key in (TIER2_ENV, TIER3_ENV):
         if env.get(key):
             env[key] = os.path.expanduser(env[key])
@@ -125,8 +131,6 @@ def prepare(
     ns: argparse.Namespace, environ: Mapping[str, str] | None = None
 ) -> tuple[list[str], list[dict[str, str]]]:
     """Checks and environments; raises :class:`AiosError` (one line) before anything starts."""
-    from aios_backend_xla.discovery import discover
-    from aios_backend_xla.tpu import preflight
 
     env = dict(os.environ if environ is None else environ)
     host = env.get(HOST_ENV) or socket.gethostname()

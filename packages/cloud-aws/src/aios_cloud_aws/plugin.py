@@ -12,23 +12,11 @@ import importlib.util
 from typing import Any
 
 from aios.plugins.hookspecs import hookimpl
-from aios.types import CloudSpec, DoctorCheck, StorageSpec
+from aios.types import CloudSpec, DoctorCheck, Lazy, StorageSpec
+
+from aios_cloud_aws.storage import storage_options
 
 INSTALL = "pip install -e './packages/core[aws]' ./packages/cloud ./packages/cloud-aws (from the aios checkout)"
-
-
-def _factory(config: Any = None, **kwargs: Any) -> Any:
-    from aios_cloud_aws.provider import AwsProvider  # deferred: imports pydantic
-
-    return AwsProvider(config, **kwargs)
-
-
-def _s3_options(url: str) -> dict[str, Any]:
-    from aios_cloud_aws.storage import (
-        storage_options,
-    )  # deferred: plugin entry, loaded at `aios --help`
-
-    return storage_options(url)
 
 
 @hookimpl
@@ -36,7 +24,7 @@ def aios_register_clouds(register: Any) -> None:
     register(
         CloudSpec(
             name="aws",
-            factory=_factory,
+            factory=Lazy("aios_cloud_aws.provider:AwsProvider"),
             install_hint=INSTALL,
             description="AWS EC2: P4d/P5/P5e GPUs, Trn1/Trn2 Trainium; spot with recovery; S3",
         )
@@ -52,7 +40,7 @@ def aios_register_storage(register: Any) -> None:
             requires="s3fs",
             install_hint="pip install -e './packages/core[aws]' ./packages/cloud "
             "./packages/cloud-aws (from the aios checkout; brings s3fs)",
-            storage_options=_s3_options,
+            storage_options=storage_options,
         )
     )
 

@@ -7,21 +7,9 @@ import os
 from typing import Any
 
 from aios.plugins.hookspecs import hookimpl
-from aios.types import CloudSpec, DoctorCheck, StorageSpec
+from aios.types import CloudSpec, DoctorCheck, Lazy, StorageSpec
 
-
-def _factory(config: Any = None) -> Any:
-    from aios_cloud_gcp.provider import GcpProvider  # deferred: imports pydantic
-
-    return GcpProvider(config)
-
-
-def _storage_options(url: str) -> dict[str, Any]:
-    from aios_cloud_gcp.storage import (
-        storage_options,
-    )  # deferred: plugin entry, loaded at `aios --help`
-
-    return storage_options(url)
+from aios_cloud_gcp.storage import storage_options
 
 
 @hookimpl
@@ -29,7 +17,7 @@ def aios_register_clouds(register: Any) -> None:
     register(
         CloudSpec(
             name="gcp",
-            factory=_factory,
+            factory=Lazy("aios_cloud_gcp.provider:GcpProvider"),
             description="Google Cloud TPU VMs and pod slices (Cloud TPU API v2)",
             install_hint="pip install -e './packages/core[gcp]' ./packages/cloud "
             "./packages/backend-xla ./packages/cloud-gcp (from the aios checkout)",
@@ -50,7 +38,7 @@ def aios_register_storage(register: Any) -> None:
             protocol="gs",
             requires="gcsfs",
             install_hint="pip install gcsfs",
-            storage_options=_storage_options,
+            storage_options=storage_options,
         )
     )
 

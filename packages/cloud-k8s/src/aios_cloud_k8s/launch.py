@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import yaml
+from aios.config.redact import is_secret, redact_url
 from aios.errors import AiosError
 from aios_cloud.codesync import make_tarball
 from aios_cloud.request import LaunchRequest
@@ -158,8 +159,6 @@ def redact_manifest(obj: Any) -> Any:
     ``key``), never a secret: it printed ``key: '***'``, an unapplyable manifest. Here only
     what can hold a secret is hidden: a Secret's ``data``/``stringData`` values, an env entry
     ``{name, value}`` whose name is secret-looking, and passwords inside URLs anywhere."""
-    from aios.config.schema import is_secret, redact_url  # deferred: imports pydantic
-
     if isinstance(obj, list):
         return [redact_manifest(v) for v in obj]
     if isinstance(obj, str):

@@ -6,13 +6,7 @@ import importlib.util
 from typing import Any
 
 from aios.plugins.hookspecs import hookimpl
-from aios.types import CloudSpec, DoctorCheck
-
-
-def _factory(config: Any = None) -> Any:
-    from aios_cloud_k8s.provider import K8sProvider  # deferred: imports yaml
-
-    return K8sProvider(config)
+from aios.types import CloudSpec, DoctorCheck, Lazy
 
 
 @hookimpl
@@ -20,7 +14,7 @@ def aios_register_clouds(register: Any) -> None:
     register(
         CloudSpec(
             name="k8s",
-            factory=_factory,
+            factory=Lazy("aios_cloud_k8s.provider:K8sProvider"),
             description="Kubernetes: JobSets (GKE TPU slices, EKS) and indexed Jobs",
             install_hint="pip install -e ./packages/cloud ./packages/cloud-k8s",
         )

@@ -28,6 +28,7 @@ from aios_cloud.store import ClusterRecord, JobRecord, Store
 
 from aios_cloud_k8s import launch as k8s_launch
 from aios_cloud_k8s import manifests as M
+from aios_cloud_k8s.settings import K8sSettings
 
 PRICE_NOTE = "n/a (your cluster)"
 
@@ -51,8 +52,6 @@ class K8sProvider(SchedulerProvider):
     suspended_queued: bool = False
 
     def __init__(self, config: Any = None) -> None:
-        from aios_cloud_k8s.settings import K8sSettings  # deferred: imports pydantic
-
         section = config.section("k8s") if config is not None else None
         self.settings = section if section is not None else K8sSettings()
         # the seconds a rank has after SIGTERM (checkpoint.grace_seconds): the pods' grace

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from aios.config.redact import redact
 from aios.errors import AiosError
 from aios_cloud.bundle import build
 from aios_cloud.codesync import collect, data_line, make_tarball
@@ -226,7 +227,6 @@ def dry_run(
     job = build_job(provider, p, name, part, conf, root, "<id>", env, forward)
     for note in job.notes:
         echo(f"# note: {note}")
-    from aios.config.schema import redact  # deferred: imports pydantic, yaml
 
     job.env = redact(job.env)
     echo("# dry run: nothing is synced or submitted")

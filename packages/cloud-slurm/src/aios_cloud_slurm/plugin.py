@@ -6,15 +6,7 @@ import shutil
 from typing import Any
 
 from aios.plugins.hookspecs import hookimpl
-from aios.types import CloudSpec, DoctorCheck
-
-
-def _factory(config: Any = None) -> Any:
-    from aios_cloud_slurm.provider import (
-        SlurmProvider,
-    )  # deferred: plugin entry, loaded at `aios --help`
-
-    return SlurmProvider(config)
+from aios.types import CloudSpec, DoctorCheck, Lazy
 
 
 @hookimpl
@@ -22,7 +14,7 @@ def aios_register_clouds(register: Any) -> None:
     register(
         CloudSpec(
             name="slurm",
-            factory=_factory,
+            factory=Lazy("aios_cloud_slurm.provider:SlurmProvider"),
             description="Slurm clusters (sbatch, locally or on a login node over ssh)",
             install_hint="pip install -e ./packages/cloud ./packages/cloud-slurm",
         )

@@ -29,6 +29,7 @@ from aios_cloud.request import LaunchRequest
 from aios_cloud.store import ClusterRecord, JobRecord, Store
 
 from aios_cloud_slurm import launch as slurm_launch
+from aios_cloud_slurm.settings import SlurmSettings
 from aios_cloud_slurm.shell import Shell
 from aios_cloud_slurm.states import FINAL_STATES, gres_gpus, parse_config, parse_kv
 
@@ -36,8 +37,6 @@ PRICE_NOTE = "n/a (your cluster)"
 
 
 def _settings(config: Any) -> Any:
-    from aios_cloud_slurm.settings import SlurmSettings  # deferred: imports pydantic
-
     section = config.section("slurm") if config is not None else None
     return section if section is not None else SlurmSettings()
 

@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from aios.config.schema import resolve
+
 from aios_cloud.records import get_provider
 
 
@@ -64,8 +66,6 @@ def last_activity(jobs: Path, since: float) -> float:
 
 def provider_for(cfg: dict[str, Any]) -> Any:
     """The cloud provider as the hosts must use it: ``settings`` become ``AIOS_<CLOUD>__<KEY>``."""
-    from aios.config.schema import resolve  # deferred: imports pydantic, yaml
-
     cloud = cfg["cloud"]
     environ = {
         f"AIOS_{cloud.upper()}__{k.upper()}": v if isinstance(v, str) else json.dumps(v)

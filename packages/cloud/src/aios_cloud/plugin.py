@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from aios.plugins.hookspecs import hookimpl
-from aios.types import CloudSpec, CommandSpec
+from aios.types import CloudSpec, CommandSpec, Lazy
 
 # name -> (module:attribute, one-line help): one module of aios_cloud.cli per command group
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -54,18 +54,12 @@ def aios_register_commands(register: Any) -> None:
         register(CommandSpec(name=name, target=target, help=help_))
 
 
-def _ssh_factory(config: Any = None) -> Any:
-    from aios_cloud.sshhosts.provider import SshHostsProvider  # deferred: imports pydantic, yaml
-
-    return SshHostsProvider(config)
-
-
 @hookimpl
 def aios_register_clouds(register: Any) -> None:
     register(
         CloudSpec(
             name="ssh",
-            factory=_ssh_factory,
+            factory=Lazy("aios_cloud.sshhosts.provider:SshHostsProvider"),
             description="hosts you already have, over SSH (--hosts USER@HOST[:PORT],...)",
             install_hint="pip install -e ./packages/cloud",
         )
@@ -76,6 +70,7 @@ def aios_register_clouds(register: Any) -> None:
 def aios_report_target(target: str) -> str | None:
     """``aios report CLUSTER``: the newest run record of the cluster's newest job, copied from
     its hosts (:func:`aios_cloud.runs.report_target`)."""
-    from aios_cloud.runs import report_target  # deferred: plugin entry, loaded at `aios --help`
+    # deferred: the control plane (store, ssh, the registry) loads when a report is asked for
+    from aios_cloud.runs import report_target
 
     return report_target(target)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aios.config.redact import is_secret
 from aios.errors import AiosError
 
 # the options only ``--cloud ssh`` takes (hosts the user already has)
@@ -352,8 +353,6 @@ def parse_usd(text: str) -> float:
 def parse_env(items: list[str]) -> tuple[dict[str, str], list[str]]:
     """``--env K=V`` (plain values) and ``--env K`` (forward K from this environment). A value
     given inline for a secret-looking name is refused: it would land in the state database."""
-    from aios.config.schema import is_secret  # deferred: imports pydantic, yaml
-
     env: dict[str, str] = {}
     forward: list[str] = []
     for item in items:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from aios.config.schema import resolve
+
 from aios_cloud import records
 from aios_cloud.lifecycle import down_cluster
 from aios_cloud.provider.base import provisioning
@@ -23,7 +25,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config")
     ap.add_argument("--down", action="store_true")
     a = ap.parse_args(argv)
-    from aios.config.schema import resolve  # deferred: imports pydantic, yaml
 
     config = resolve(config_file=a.config, check_backend=False)
     provider = records.get_provider(a.cloud, config)  # looked up per call: tests stand it in

@@ -2,12 +2,61 @@
 
 from __future__ import annotations
 
+import importlib
 import shlex
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar, cast
+
+from aios.errors import PluginError
 
 # ------------------------------------------------------------------------------ registration
+
+
+def load_target(target: str) -> object:
+    """What a ``"module:attribute"`` target names, its module imported (once per process: it
+    stays in ``sys.modules``). The one resolver of the names plugins hand in instead of
+    objects: :class:`Lazy` and a plugin command's :attr:`CommandSpec.target`. Raises what the
+    import raises, ``AttributeError`` for a name the module lacks."""
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+#: what a :class:`Lazy` target returns (inferred from the spec field it is given to)
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Lazy(Generic[R]):
+    """A callable named, not imported: ``Lazy("module:attribute")``. A plugin's hook module
+    gives one where a spec takes a callable (``StrategySpec.factory``,
+    ``AcceleratorSpec.factory``, ``CheckpointFormatSpec.factory``, ...), so that loading the
+    plugin (``aios --help`` loads every plugin's hook module) imports none of what it names.
+    A call imports the target (:func:`load_target`) and calls it with the same arguments. A
+    target that cannot be loaded is one line naming the plugin that registered it (the
+    registry fills in ``plugin``)."""
+
+    target: str
+    plugin: str = ""
+
+    def __call__(self, *args: object, **kwargs: object) -> R:
+        who = f'plugin "{self.plugin}"' if self.plugin else "a plugin"
+        fix = (
+            f"reinstall {self.plugin or 'it'} from the aios checkout, or disable it with "
+            f"AIOS_DISABLE_PLUGINS={self.plugin or 'NAME'} (aios --debug shows the traceback)"
+        )
+        try:
+            fn = load_target(self.target)
+        except Exception as exc:
+            raise PluginError(
+                f"{who} names {self.target}, which cannot be loaded: {type(exc).__name__}: {exc}",
+                fix,
+            ) from exc
+        if not callable(fn):
+            raise PluginError(
+                f"{who} names {self.target}, which is a {type(fn).__name__}, not a callable", fix
+            )
+        return cast(R, fn(*args, **kwargs))  # what the spec field it was given to declares
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from xml.sax.saxutils import escape
 
+from aios_cloud_aws.ec2params import allowed
+
 NS = "http://ec2.amazonaws.com/doc/2016-11-15/"
 
 
@@ -453,8 +455,6 @@ class Ec2Proxy:
     def _denied(self, authorization: str, action: str) -> str | None:
         """Why a call signed with instance-role credentials may not run ``action``, or None."""
         import re
-
-        from aios_cloud_aws.ec2params import allowed  # deferred: imports pydantic
 
         m = re.search(r"Credential=([^/,\s]+)/", authorization)
         docs = self.grants.get(m.group(1)) if m else None

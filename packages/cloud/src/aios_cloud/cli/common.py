@@ -8,6 +8,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 import click
+from aios.config.schema import resolve
 from aios.errors import AiosError
 
 from aios_cloud.provider.scheduler import SchedulerProvider
@@ -34,8 +35,6 @@ def _log(msg: str) -> None:
 
 
 def _config(config_file: str | None) -> Any:
-    from aios.config.schema import resolve  # deferred: imports pydantic, yaml
-
     return resolve(config_file=config_file, check_backend=False)
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from aios_cloud.cli.common import CLOUD_HELP, _echo, _log, _printer
+from aios_cloud.launch.flow import run
 from aios_cloud.request import LaunchRequest
 
 # ------------------------------------------------------------------------------ launch
@@ -191,7 +192,5 @@ def launch(**options: Any) -> None:
     aios launch --cloud gcp -a v5litepod-8 --spot --zone us-west4-a train.py -- --epochs 3
     aios launch -a v4-16 --spot --max-restarts 3 --checkpoint-dir gs://b/ckpt train.py
     """
-    from aios_cloud.launch.flow import run  # deferred: imports pydantic, yaml
-
     request = LaunchRequest.from_options(options)
     sys.exit(run(request, _echo, _log, _printer()))

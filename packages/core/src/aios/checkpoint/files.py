@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 from aios.errors import CheckpointError
+from aios.plugins.registry import get_registry
 
 #: the digest every checkpoint file is recorded with in the marker: XXH3-128 (the ``xxhash``
 #: package, a core dependency), about 20 GB/s on one core, so that hashing costs next to
@@ -119,7 +120,6 @@ def filesystem(url: str) -> tuple[Any, str]:
     if "://" not in url:
         return fsspec.filesystem("file"), os.path.abspath(os.path.expanduser(url))
     scheme = url.split("://", 1)[0]
-    from aios.plugins.registry import get_registry
 
     reg = get_registry()
     spec = reg.storage.get(scheme)

@@ -74,6 +74,7 @@ from aios.checkpoint.files import (
     torch_save,
 )
 from aios.checkpoint.lock import WriterLock, _nonce, fsync_dir
+from aios.config.redact import redact_url
 from aios.errors import CheckpointError, os_cause
 
 MARKER = "aios-checkpoint.json"
@@ -185,15 +186,11 @@ class CheckpointStore(WriterLock):
         return f"{scheme}://{path.lstrip('/')}"
 
     def _shown(self, path: str) -> str:
-        from aios.config.schema import redact_url
-
         return redact_url(self.display(path))
 
     @property
     def shown(self) -> str:
         """The store's URL as aios prints it (secrets redacted)."""
-        from aios.config.schema import redact_url
-
         return redact_url(self.url)
 
     # ---------------------------------------------------------------- checks

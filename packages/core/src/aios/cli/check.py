@@ -16,6 +16,7 @@ import tempfile
 import click
 
 from aios.errors import AiosError
+from aios.plugins.registry import get_registry
 
 
 def _write_atomically(path: str, text: str) -> None:
@@ -52,6 +53,7 @@ def check(scripts: tuple[str, ...], backend: str | None, as_json: bool, fix: boo
     searched for *.py files. Exit status: 1 when something breaks (an error), 0 when clean or
     only warnings and notes remain, 2 on bad input.
     """
+    # deferred: the checker loads when a script is checked, not for `aios check --help`
     from aios.check import (
         BACKENDS,
         CheckError,
@@ -62,7 +64,6 @@ def check(scripts: tuple[str, ...], backend: str | None, as_json: bool, fix: boo
         read_source,
         rules_from,
     )
-    from aios.plugins.registry import get_registry
 
     if backend is not None and backend not in BACKENDS:
         raise AiosError(

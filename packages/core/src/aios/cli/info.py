@@ -1,14 +1,18 @@
-"""``aios plugins|devices|env|doctor|config``: no torch import on any of these paths."""
+"""``aios plugins|devices|env``: no torch, no pydantic of aios' own (the config schema loads with
+``aios doctor|config``, :mod:`aios.cli.configured`)."""
 
 from __future__ import annotations
 
 import json
-import sys
 from typing import Any
 
 import click
 
+from aios.__about__ import __version__
+from aios.config.redact import is_secret, redact
 from aios.errors import AiosError, PluginError
+from aios.plugins.registry import get_registry
+from aios.types import DeviceReport
 
 
 def _console() -> Any:
@@ -27,8 +31,6 @@ def _table(title: str, columns: list[str]) -> Any:
 
 
 def _registry() -> Any:
-    from aios.plugins.registry import get_registry
-
     return get_registry()
 
 
@@ -133,8 +135,6 @@ def _fmt_bytes(n: int | None) -> str:
 
 
 def _reports(backend: str | None) -> list[Any]:
-    from aios.types import DeviceReport
-
     reg = _registry()
     names = (
         [reg.backend(backend).name]
@@ -209,9 +209,6 @@ def env(as_json: bool) -> None:
     """Versions and settings for bug reports. Secret values are redacted."""
     import os
 
-    from aios.__about__ import __version__
-    from aios.config.redact import is_secret, redact
-
     reg = _registry()
     info: dict[str, Any] = {"aios-core": __version__}
     for plugin, result, exc in reg.call_all("aios_env_info"):
@@ -256,130 +253,3 @@ def env(as_json: bool) -> None:
                 click.echo(f"  {k2}: {v2}")
         else:
             click.echo(f"{k}: {v}")
-
-
-# ------------------------------------------------------------------------------ doctor
-
-
-@click.command()
-@click.option("--backend", default=None, help="Only checks for this backend.")
-@click.option(
-    "--config",
-    "config_file",
-    default=None,
-    type=click.Path(dir_okay=False),
-    help="YAML config file.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def doctor(backend: str | None, config_file: str | None, as_json: bool) -> None:
-    """Run pass/warn/fail checks contributed by the backends, each with its fix.
-    Exits 1 when a check fails."""
-    from aios.types import DoctorCheck
-
-    reg = _registry()
-    if backend:
-        reg.backend(backend)
-    cfg = None
-    if config_file:
-        from aios.config.schema import resolve
-
-        cfg = resolve(config_file)
-    checks: list[DoctorCheck] = []
-    for err in reg.errors:
-        checks.append(
-            DoctorCheck(
-                "plugin loads",
-                "fail",
-                f'"{err.plugin}": {err.error}',
-                "reinstall or disable it (AIOS_DISABLE_PLUGINS)",
-                plugin=err.plugin,
-            )
-        )
-    for plugin, result, exc in reg.call_all("aios_doctor_checks", backend=backend, config=cfg):
-        if exc is not None:
-            checks.append(
-                DoctorCheck(
-                    "doctor hook",
-                    "fail",
-                    f'"{plugin}" raised {type(exc).__name__}: {exc}',
-                    "report this to the plugin's authors",
-                    plugin=plugin,
-                )
-            )
-        for c in result or []:
-            checks.append(c if c.plugin else _set_plugin(c, plugin))
-    if as_json:
-        _emit_json([c.__dict__ for c in checks])
-    else:
-        from rich.markup import escape
-
-        style = {
-            "pass": "[green]PASS[/green]",
-            "warn": "[yellow]WARN[/yellow]",
-            "fail": "[red]FAIL[/red]",
-        }
-        con = _console()
-        for c in checks:
-            fix = f"\n       fix: {c.fix}" if c.fix and c.status != "pass" else ""
-            scope = f"[{c.backend}] " if c.backend else ""
-            con.print(
-                f"{style[c.status]} " + escape(f"{scope}{c.name}: {c.message}{fix}"),
-                highlight=False,
-            )
-    if any(c.status == "fail" for c in checks):
-        sys.exit(1)
-
-
-def _set_plugin(c: Any, plugin: str) -> Any:
-    import dataclasses
-
-    return dataclasses.replace(c, plugin=plugin)
-
-
-# ------------------------------------------------------------------------------ config
-
-
-@click.group()
-def config() -> None:
-    """Show or validate the resolved config (file < AIOS_* env < key=value < flags)."""
-
-
-@config.command("show")
-@click.option(
-    "--config",
-    "config_file",
-    default=None,
-    type=click.Path(dir_okay=False),
-    help="YAML config file.",
-)
-@click.option("--json", "as_json", is_flag=True)
-@click.argument("overrides", nargs=-1)
-def config_show(config_file: str | None, as_json: bool, overrides: tuple[str, ...]) -> None:
-    """Print the resolved config (secrets redacted)."""
-    from aios.config.schema import resolve
-
-    cfg = resolve(config_file, list(overrides))
-    data = cfg.redacted_dict()
-    if as_json:
-        _emit_json(data)
-    else:
-        import yaml
-
-        click.echo(yaml.safe_dump(data, sort_keys=False).rstrip())
-
-
-@config.command("validate")
-@click.option(
-    "--config",
-    "config_file",
-    default=None,
-    type=click.Path(dir_okay=False),
-    help="YAML config file.",
-)
-@click.argument("overrides", nargs=-1)
-def config_validate(config_file: str | None, overrides: tuple[str, ...]) -> None:
-    """Validate; exit 2 with one line naming the bad key when invalid."""
-    from aios.config.schema import resolve
-
-    resolve(config_file, list(overrides))
-    click.echo("config ok")

@@ -11,8 +11,11 @@ from typing import Any
 import click
 
 from aios.__about__ import __version__
+from aios.errors import AiosError
 from aios.plugins.install_hints import CLOUD_COMMANDS, CLOUD_INSTALL
+from aios.plugins.registry import Registry
 from aios.plugins.reserved import COMMANDS
+from aios.types import load_target
 
 _plugin_registry: Any = None
 
@@ -22,8 +25,6 @@ def plugin_commands() -> Any:
     imports the plugins' entry-point modules and nothing else (no pydantic, no torch)."""
     global _plugin_registry
     if _plugin_registry is None:
-        from aios.plugins.registry import Registry
-
         _plugin_registry = Registry(commands_only=True)
     return _plugin_registry
 
@@ -46,8 +47,6 @@ def _unavailable(name: str, help_: str, message: str, fix: str) -> click.Command
     )
     @click.argument("args", nargs=-1, type=click.UNPROCESSED)
     def missing(args: tuple[str, ...]) -> None:
-        from aios.errors import AiosError
-
         raise AiosError(message, fix)
 
     return missing
@@ -59,8 +58,6 @@ def debug_enabled() -> bool:
 
 def fail(exc: BaseException, prog: str = "aios") -> None:
     """Print one line for a user error and exit 2; a traceback only with --debug."""
-    from aios.errors import AiosError
-
     if debug_enabled():
         import traceback
 
@@ -96,9 +93,8 @@ class LazyGroup(click.Group):
         reg = plugin_commands()
         spec = reg.commands.get(name)
         if spec is not None:
-            module, _, attr = spec.target.partition(":")
             try:
-                cmd = getattr(importlib.import_module(module), attr)
+                cmd = load_target(spec.target)
                 if not isinstance(cmd, click.Command):
                     raise TypeError(f"{spec.target} is a {type(cmd).__name__}, not a click command")
                 return cmd
@@ -141,8 +137,6 @@ class LazyGroup(click.Group):
             reg = plugin_commands()
             broken = _broken(reg)
             if broken:  # the command may belong to a plugin that failed to load: name it
-                from aios.errors import AiosError
-
                 raise AiosError(
                     f"no such command '{name}'; plugin(s) that failed to load and may provide it: "
                     + ", ".join(broken),

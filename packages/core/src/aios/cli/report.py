@@ -12,6 +12,7 @@ import click
 
 from aios.errors import AiosError
 from aios.ft import report as ft_report
+from aios.plugins.registry import get_registry
 from aios.runrecord import goodput, render
 
 
@@ -20,7 +21,6 @@ def _resolve(target: str) -> str:
     cluster a plugin knows (``aios_report_target``)."""
     if os.path.exists(target) or "://" in target:
         return target
-    from aios.plugins.registry import get_registry
 
     for plugin, result, exc in get_registry().call_all("aios_report_target", target=target):
         if isinstance(exc, AiosError):

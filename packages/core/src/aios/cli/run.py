@@ -56,6 +56,7 @@ from typing import Any
 import click
 
 from aios.cli import run_plan
+from aios.cli.main import fail
 from aios.cli.run_plan import (
     build_plan,
     check_checkpoint_dir,
@@ -363,8 +364,6 @@ def _start_zygote(argv: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``aios-run`` script."""
-    from aios.cli.main import fail
-
     args = list(sys.argv[1:] if argv is None else argv)
     _start_zygote(args)
     _preimport_launcher(args)

@@ -11,8 +11,14 @@ from typing import Any
 
 import click
 
+from aios.checkpoint import CheckpointStore
+from aios.config.schema import resolve
+from aios.environments.base import detect
 from aios.errors import LaunchError
 from aios.launcher.ports import free_port, is_local, port_free
+from aios.plugins.registry import get_registry
+from aios.resilience.preflight import needs_checkpoint_dir
+from aios.types import LaunchRequest
 
 
 def split_argv(argv: tuple[str, ...], module: str | None) -> tuple[list[str], str, list[str]]:
@@ -39,8 +45,6 @@ def split_argv(argv: tuple[str, ...], module: str | None) -> tuple[list[str], st
 def _refuse_saves_without_dir(script: str) -> None:
     """A script that saves into ``checkpoint.dir`` (``rt.save_best``, ``rt.save()``) with none
     set: refused before anything starts, not after its first epoch."""
-    from aios.resilience.preflight import needs_checkpoint_dir
-
     try:
         with open(script, encoding="utf-8") as f:
             found = needs_checkpoint_dir(f.read())
@@ -70,7 +74,6 @@ def check_checkpoint_dir(cfg: Any) -> None:
     """Writable, and its newest complete checkpoint (if any) is intact (sizes vs marker)."""
     if not cfg.checkpoint.dir:
         return
-    from aios.checkpoint import CheckpointStore
 
     store = CheckpointStore(cfg.checkpoint.dir, keep=cfg.checkpoint.keep)
     store.check_writable()
@@ -99,9 +102,6 @@ def build_plan(
     check: bool = True,
 ) -> tuple[Any, Any, Any, list[str]]:
     """``(config, backend spec, plan, notes)``; raises :class:`AiosError` for bad input."""
-    from aios.config.schema import resolve
-    from aios.plugins.registry import get_registry
-    from aios.types import LaunchRequest
 
     cfg = resolve(config_file, overrides, flags)
     if not module and not os.path.isfile(script):
@@ -156,8 +156,6 @@ def build_plan(
 def print_plan(
     cfg: Any, spec: Any, plan: Any, env: dict[str, str], notes: list[str], as_json: bool
 ) -> None:
-    from aios.plugins.registry import get_registry
-
     devices = None
     try:
         rep = get_registry().discover_devices(spec.name, cfg)
@@ -222,13 +220,9 @@ def scheduler_defaults(
     flags and config win; an explicit nnodes/node rank that contradicts the scheduler is a
     one-line error. When the scheduler started one process per rank (``srun
     --ntasks-per-node=N``), this process runs the script directly as that rank."""
-    from aios.environments.base import detect
-    from aios.plugins.registry import get_registry
-
     info = detect(None, get_registry())
     if info.name in ("local", "torchelastic"):
         return
-    from aios.config.schema import resolve
 
     cfg = resolve(config_file, overrides, {k: v for k, v in flags.items() if v is not None})
     per_rank = info.rank is not None and info.world_size is not None

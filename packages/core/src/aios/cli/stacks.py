@@ -19,6 +19,7 @@ import click
 from aios.errors import AiosError
 from aios.launcher import status as rank_status
 from aios.launcher.contract import STATUS_DIR_ENV
+from aios.resilience.stacks import collect, full_text, summarize
 
 
 def _environ_dir(pid: str) -> str | None:
@@ -133,8 +134,6 @@ def stacks(target: str | None, pid: int | None, brief: bool, as_json: bool, wait
     TARGET: the run's record directory (runs/<run-id>) or its status folder; default: every
     live run of this user on this host.
     """
-    from aios.resilience.stacks import collect, full_text, summarize
-
     out = []
     for d in find_status_dirs(target, pid):
         info = _run_info(d)

@@ -33,6 +33,7 @@ from aios.config.settings import AiosConfigBase
 from aios.errors import AiosError, ConfigError
 from aios.launcher.contract import CONTROL_PREFIX
 from aios.plugins import install_hints
+from aios.plugins.registry import get_registry
 
 if TYPE_CHECKING:  # pragma: no cover
     from aios.plugins.registry import Registry
@@ -63,8 +64,6 @@ _MODEL_CACHE: dict[tuple, type[AiosConfigBase]] = {}
 def _registry() -> Registry:
     """The process's plugin registry: the default where a caller gives none (the config layer
     sits above the registry; the registry never imports the config)."""
-    from aios.plugins.registry import get_registry
-
     return get_registry()
 
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any
 
+from aios.launcher.plan import rank_threads
+
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
@@ -150,8 +152,6 @@ class CpuAccelerator(Accelerator):
             return {}
 
     def worker_env(self, local_rank: int, local_world_size: int) -> dict[str, str]:
-        from aios.launcher.plan import rank_threads
-
         if local_world_size <= 1:
             return {}
         return {"OMP_NUM_THREADS": str(rank_threads(local_world_size))}

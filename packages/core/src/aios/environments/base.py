@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from aios.errors import ConfigError
 from aios.launcher.contract import NNODES_ENV, NODE_RANK_ENV
 
 
@@ -66,8 +67,6 @@ def _int(environ: Mapping[str, str], *names: str, default: int | None = None) ->
             try:
                 return int(v)
             except ValueError:
-                from aios.errors import ConfigError
-
                 raise ConfigError(
                     f"environment variable {n}={v!r} is not an integer",
                     f"unset {n} or set it to a number",

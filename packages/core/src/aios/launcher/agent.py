@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from aios.launcher import boot, warm
+from aios.launcher import relay as tail
 from aios.launcher.outcome import PROG
 from aios.launcher.ports import port_taken
 from aios.launcher.worker import child_preexec
@@ -379,8 +380,6 @@ def run_elastic_inprocess(
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     logging.getLogger("torch.distributed.run").setLevel(logging.ERROR)
     from torch.distributed import DistNetworkError
-
-    from aios.launcher import relay as tail
 
     tail.install()  # each rank's output reaches the terminal in whole lines
     try:

@@ -166,6 +166,7 @@ def hint_from_stderr(script: str, text: str) -> str | None:
         (os.path.realpath(m.group(1)), int(m.group(2)))
         for m in re.finditer(r'File "([^"]+)", line (\d+)', tb)
     ]
+    # deferred: the checker loads for a failed run's hint only, not in every launcher
     from aios.check import CheckError, check_project
 
     try:

@@ -2,7 +2,11 @@
 strategy family (``ddp``, ``fsdp``, ``tp``, ``hsdp`` over any native accelerator), the ``local``
 and ``torchelastic`` cluster environments, TensorBoard and W&B loggers, local file storage, the
 ``full`` and ``dcp`` checkpoint formats and the known-deadline notice source.
-Registered exactly like a third-party plugin; its names cannot be displaced by one."""
+Registered exactly like a third-party plugin; its names cannot be displaced by one.
+
+Loading it stays cheap (``aios --help`` loads every plugin's hook module): what needs more than
+the standard library (the strategies, the accelerator, the checkpoint formats) is named as a
+:class:`aios.types.Lazy` target, imported on first use."""
 
 from __future__ import annotations
 
@@ -12,7 +16,13 @@ import platform
 import time
 from typing import Any
 
+from aios.environments.base import LocalEnvironment, TorchElasticEnvironment
+from aios.environments.k8s import KubernetesEnvironment
+from aios.environments.slurm import SlurmEnvironment
+from aios.launcher.plan import elastic_plan, plans_here, usable_cpus
 from aios.plugins.hookspecs import hookimpl
+from aios.resilience.notices import DeadlineWatcher
+from aios.runrecord.loggers import TensorBoardLogger, WandbLogger
 from aios.types import (
     AcceleratorSpec,
     Availability,
@@ -21,6 +31,7 @@ from aios.types import (
     DeviceInfo,
     DeviceReport,
     DoctorCheck,
+    Lazy,
     LoggerSpec,
     StorageSpec,
     StrategySpec,
@@ -51,39 +62,13 @@ def aios_register_backends(register: Any) -> None:
     )
 
 
-def _cpu_accelerator(config: Any) -> Any:
-    from aios.devices.accelerator import CpuAccelerator
-
-    return CpuAccelerator(config)
-
-
 @hookimpl
 def aios_register_accelerators(register: Any) -> None:
-    register(AcceleratorSpec("cpu", _cpu_accelerator, "the CPU, processes over gloo"))
-
-
-def _ddp(config: Any, accelerator: Any, backend: str) -> Any:
-    from aios.strategies.ddp import DDPStrategy
-
-    return DDPStrategy(config, accelerator)
-
-
-def _fsdp(config: Any, accelerator: Any, backend: str) -> Any:
-    from aios.strategies.fsdp import FSDPStrategy
-
-    return FSDPStrategy(config, accelerator)
-
-
-def _tp(config: Any, accelerator: Any, backend: str) -> Any:
-    from aios.strategies.fsdp import TPStrategy
-
-    return TPStrategy(config, accelerator)
-
-
-def _hsdp(config: Any, accelerator: Any, backend: str) -> Any:
-    from aios.strategies.fsdp import HSDPStrategy
-
-    return HSDPStrategy(config, accelerator)
+    register(
+        AcceleratorSpec(
+            "cpu", Lazy("aios.devices.accelerator:CpuAccelerator"), "the CPU, processes over gloo"
+        )
+    )
 
 
 @hookimpl
@@ -91,7 +76,7 @@ def aios_register_strategies(register: Any) -> None:
     register(
         StrategySpec(
             "ddp",
-            _ddp,
+            Lazy("aios.strategies.native:ddp"),
             accelerators=("*",),
             description="DistributedDataParallel, one process per device",
         )
@@ -99,7 +84,7 @@ def aios_register_strategies(register: Any) -> None:
     register(
         StrategySpec(
             "fsdp",
-            _fsdp,
+            Lazy("aios.strategies.native:fsdp"),
             accelerators=("*",),
             description="FSDP2 fully_shard per block (with mesh.tp > 1: 2-D FSDP x tensor parallel)",
         )
@@ -107,7 +92,7 @@ def aios_register_strategies(register: Any) -> None:
     register(
         StrategySpec(
             "tp",
-            _tp,
+            Lazy("aios.strategies.native:tp"),
             accelerators=("*",),
             description="DTensor tensor/sequence parallel (mesh.tp), data parallel over mesh.dp",
         )
@@ -115,7 +100,7 @@ def aios_register_strategies(register: Any) -> None:
     register(
         StrategySpec(
             "hsdp",
-            _hsdp,
+            Lazy("aios.strategies.native:hsdp"),
             accelerators=("*",),
             description="FSDP2 sharded within a node, replicated across nodes",
         )
@@ -124,12 +109,8 @@ def aios_register_strategies(register: Any) -> None:
 
 @hookimpl
 def aios_register_cluster_environments(register: Any) -> None:
-    from aios.environments.base import LocalEnvironment, TorchElasticEnvironment
-
     register(LocalEnvironment())
     register(TorchElasticEnvironment())
-    from aios.environments.k8s import KubernetesEnvironment
-    from aios.environments.slurm import SlurmEnvironment
 
     register(SlurmEnvironment())  # srun tasks (SLURM_PROCID, SLURM_JOB_NODELIST, ...)
     register(KubernetesEnvironment())  # indexed Job / JobSet pods (JOB_COMPLETION_INDEX)
@@ -203,12 +184,9 @@ def busy_cpus(window: float = 0.1) -> float:
 
 
 def _launch_cpu(config: Any, request: Any) -> Any:
-    from aios.launcher.plan import elastic_plan
-
     nprocs = 1 if config.nprocs == "auto" else int(config.nprocs)
     env: dict[str, str] = {}
     notes: list[str] = []
-    from aios.launcher.plan import plans_here, usable_cpus
 
     # the user's own setting wins; remote hosts count their own CPUs
     if "OMP_NUM_THREADS" not in os.environ and plans_here(request):
@@ -244,8 +222,6 @@ def _tensorboard_enabled(config: Any) -> bool:
 
 
 def _tensorboard_factory(config: Any, run_dir: str) -> Any:
-    from aios.runrecord.loggers import TensorBoardLogger
-
     return TensorBoardLogger(run_dir)
 
 
@@ -254,8 +230,6 @@ def _wandb_enabled(config: Any) -> bool:
 
 
 def _wandb_factory(config: Any, run_dir: str) -> Any:
-    from aios.runrecord.loggers import WandbLogger
-
     return WandbLogger(config, run_dir)
 
 
@@ -265,30 +239,16 @@ def aios_register_loggers(register: Any) -> None:
     register(LoggerSpec("wandb", _wandb_enabled, _wandb_factory))
 
 
-def _full_format() -> Any:
-    from aios.checkpoint.formats.full import FullStateFormat
-
-    return FullStateFormat()
-
-
-def _dcp_format() -> Any:
-    from aios.checkpoint.formats.dcp_format import DcpFormat
-
-    return DcpFormat()
-
-
 @hookimpl
 def aios_register_checkpoint_formats(register: Any) -> None:
-    register(CheckpointFormatSpec("full", _full_format))
-    register(CheckpointFormatSpec("dcp", _dcp_format))
+    register(CheckpointFormatSpec("full", Lazy("aios.checkpoint.formats.full:FullStateFormat")))
+    register(CheckpointFormatSpec("dcp", Lazy("aios.checkpoint.formats.dcp_format:DcpFormat")))
 
 
 @hookimpl
 def aios_preemption_watchers(config: Any) -> list[Any] | None:
     """A known end of the capacity the launcher computed ahead (``AIOS_RUN_DEADLINE``: a
     Capacity Block's end, a queued resource's ``--valid-until``); the runtime sets its lead."""
-    from aios.resilience.notices import DeadlineWatcher
-
     known_end = DeadlineWatcher.from_env()
     return [known_end] if known_end is not None else None
 

@@ -11,7 +11,7 @@ import warnings
 from typing import Any
 
 from aios.plugins.reserved import COMMANDS
-from aios.types import Availability
+from aios.types import Availability, Lazy
 
 
 def config_key(config: Any) -> str:
@@ -78,11 +78,18 @@ def is_target(target: Any) -> bool:
 
 
 def with_plugin(spec: Any, plugin: str) -> Any:
+    """``spec`` naming the plugin that registered it, and so do its :class:`aios.types.Lazy`
+    callables (a target that cannot be loaded names that plugin)."""
     if (
         dataclasses.is_dataclass(spec)
         and not isinstance(spec, type)
         and hasattr(spec, "plugin")
         and not spec.plugin
     ):
-        return dataclasses.replace(spec, plugin=plugin)
+        named: dict[str, Lazy[object]] = {
+            key: Lazy(value.target, plugin)
+            for key, value in vars(spec).items()
+            if isinstance(value, Lazy) and not value.plugin
+        }
+        return dataclasses.replace(spec, plugin=plugin, **named)
     return spec

@@ -25,8 +25,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "plugins": ("aios.cli.info", "plugins", "List plugins: name, version, hooks, load errors."),
     "devices": ("aios.cli.info", "devices", "Show the devices each backend finds."),
     "env": ("aios.cli.info", "env", "Versions and settings for bug reports (secrets redacted)."),
-    "doctor": ("aios.cli.info", "doctor", "Run health checks contributed by the backends."),
-    "config": ("aios.cli.info", "config", "Show or validate the resolved config."),
+    "doctor": ("aios.cli.configured", "doctor", "Run health checks contributed by the backends."),
+    "config": ("aios.cli.configured", "config", "Show or validate the resolved config."),
     "run": ("aios.cli.run", "run_command", "Launch a training script (same as aios-run)."),
     "check": (
         "aios.cli.check",

@@ -42,6 +42,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from aios.launcher.contract import DEADLINE_ENV, DEADLINE_SOURCE_ENV, GRACE_CAP_ENV
 from aios.types import Notice, PreemptionWatcher
 
 #: Exit status of a process (and of ``aios-run``) that stopped for a preemption notice after
@@ -68,8 +69,6 @@ def effective_grace(
     """The seconds a process has after SIGTERM: ``checkpoint.grace_seconds`` capped by the
     platform (the launcher's ``AIOS_RUN_GRACE_CAP``).
     Returns ``(grace, what capped it)``; the second is None when the config's value stands."""
-    from aios.launcher.contract import GRACE_CAP_ENV
-
     source: Mapping[str, str] = os.environ if env is None else env
     grace, why = float(configured), None
     cap = parse_seconds(source.get(GRACE_CAP_ENV))
@@ -265,8 +264,6 @@ class DeadlineWatcher(PreemptionWatcher):
     def from_env(
         cls, lead: Callable[[], float] = lambda: 60.0, env: Mapping[str, str] | None = None
     ) -> DeadlineWatcher | None:
-        from aios.launcher.contract import DEADLINE_ENV, DEADLINE_SOURCE_ENV
-
         source: Mapping[str, str] = os.environ if env is None else env
         deadline = parse_seconds(source.get(DEADLINE_ENV))
         if deadline is None:

@@ -24,12 +24,16 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aios.launcher import status as rank_status
-from aios.launcher.contract import STATUS_DIR_ENV
+from aios.launcher.contract import LAUNCHER_PID_ENV, LOCAL_INDEX_ENV, STATUS_DIR_ENV
+from aios.resilience import flightrec
 from aios.resilience.stacks import Dump, collect, full_text, summarize
 from aios.resilience.workers import alive, cpu_seconds, descendants, read_workers, registered
+
+if TYPE_CHECKING:  # pragma: no cover
+    from aios.config.settings import WatchdogSettings
 
 #: exit status of ``aios-run`` when the watchdog stopped a hung run (as timeout(1) uses it)
 EXIT_HUNG = 124
@@ -297,7 +301,6 @@ class Watchdog:
         self.say(f"watchdog: {reason}; where each rank is:")
         for line in summarize(dumps):
             self.say("  " + line)
-        from aios.resilience import flightrec
 
         records = flightrec.trigger_and_collect(
             {d.rank: self.rank_env for d in dumps}, float(self.settings.dump_wait)
@@ -389,8 +392,6 @@ def start_sidecar(settings: Any, record_dir: str | None) -> bool:
     whether one was started."""
     import subprocess
 
-    from aios.launcher.contract import LAUNCHER_PID_ENV, LOCAL_INDEX_ENV
-
     status_dir = os.environ.get(STATUS_DIR_ENV)
     # the rank's parent is a launcher: torchrun's agent (TORCHELASTIC_*) or a backend's spawner
     launched = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get(LOCAL_INDEX_ENV)
@@ -423,20 +424,17 @@ def start_sidecar(settings: Any, record_dir: str | None) -> bool:
     return True
 
 
-def sidecar(status_dir: str, launcher: int, record_dir: str, settings_json: str) -> int:
+def sidecar(status_dir: str, launcher: int, record_dir: str, settings: WatchdogSettings) -> int:
     """The watchdog beside a foreign launcher (see :func:`start_sidecar`): on a hang it leaves
     :data:`HUNG_MARKER`, stops the launcher (SIGTERM; not for ``action=restart``) and kills the
     ranks. Returns when the launcher is gone."""
     import fcntl
-
-    from aios.config.settings import WatchdogSettings
 
     with open(os.path.join(status_dir, "watchdog.lock"), "a") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             return 0  # another rank's (a restarted rank 0's) watchdog runs already
-        settings = WatchdogSettings.model_validate_json(settings_json)
         dog = Watchdog(settings, status_dir, record_dir or None, lambda m: echo_err(m, "aios"))
 
         def on_hang(action: str) -> None:
@@ -461,4 +459,9 @@ def sidecar(status_dir: str, launcher: int, record_dir: str, settings_json: str)
 if (
     __name__ == "__main__"
 ):  # python -m aios.resilience.watchdog STATUS_DIR LAUNCHER_PID RECORD_DIR SETTINGS
-    sys.exit(sidecar(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]))
+    # the sidecar's own process reads its settings (pydantic) here: importing this module
+    # (`aios check`'s outcome hint, the launcher) loads no pydantic
+    from aios.config.settings import WatchdogSettings
+
+    _settings = WatchdogSettings.model_validate_json(sys.argv[4])
+    sys.exit(sidecar(sys.argv[1], int(sys.argv[2]), sys.argv[3], _settings))

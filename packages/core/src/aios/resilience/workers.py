@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aios.launcher import status as rank_status
-from aios.launcher.contract import STATUS_DIR_ENV
+from aios.launcher.contract import HOST_ENV, LOCAL_INDEX_ENV, NODE_RANK_ENV, STATUS_DIR_ENV
 
 #: the signal each worker dumps its stacks on (faulthandler, no GIL needed)
 DUMP_SIGNAL = int(getattr(signal, "SIGUSR2", 12))
@@ -54,8 +54,6 @@ def register_worker() -> bool:
         return _mv is not None
     import faulthandler
     import mmap
-
-    from aios.launcher.contract import HOST_ENV, LOCAL_INDEX_ENV, NODE_RANK_ENV
 
     # RANK from torchrun/aios-run; a backend's own spawner (torch_xla) gives the local index
     rank = int(os.environ.get("RANK") or os.environ.get(LOCAL_INDEX_ENV) or 0)

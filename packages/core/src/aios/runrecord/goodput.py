@@ -54,6 +54,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from aios.checkpoint.store import CheckpointStore
+
 __all__ = [
     "CATEGORIES",
     "Attempt",
@@ -325,8 +327,6 @@ def resolve(target: str) -> str:
     if os.path.isfile(os.path.join(target, "diagnostics.json")):
         return target
     if os.path.isdir(target) or "://" in target:
-        from aios.checkpoint.store import CheckpointStore
-
         try:
             info = CheckpointStore(target, keep=None).latest(warn=False)
         except Exception as exc:  # noqa: BLE001 - one line below

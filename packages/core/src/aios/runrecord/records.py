@@ -28,7 +28,8 @@ import time
 import warnings
 from typing import Any
 
-from aios.launcher.contract import RUN_ID_ENV
+from aios.config.redact import redact, redact_argv
+from aios.launcher.contract import LAUNCH_TIME_ENV, RUN_ID_ENV
 
 
 def new_run_id() -> str:
@@ -60,8 +61,6 @@ def versions() -> dict[str, str]:
 def launch_time(default: float) -> float:
     """Wall-clock time this attempt was launched: the launcher's ``AIOS_RUN_LAUNCH_TIME``, else
     this process's start (``/proc/self/stat``), else ``default``."""
-    from aios.launcher.contract import LAUNCH_TIME_ENV
-
     v = os.environ.get(LAUNCH_TIME_ENV)
     if v:
         with contextlib.suppress(ValueError):
@@ -191,8 +190,6 @@ class RunRecord:
         path = os.path.join(self.dir, name)
         tmp = f"{path}.tmp-{os.getpid()}"
         try:
-            from aios.config.redact import redact
-
             text = json.dumps(redact(data), indent=1, sort_keys=True, default=str)
             with open(tmp, "w") as f:
                 f.write(text)
@@ -224,8 +221,6 @@ class RunRecord:
         self.diag["events"].append({"kind": kind, "time": time.time(), **data})
 
     def write_diagnostics(self, **extra: Any) -> None:
-        from aios.config.redact import redact_argv
-
         self.diag.update(extra)
         self.diag["updated"] = time.time()
         self.diag["argv"] = redact_argv(sys.argv)

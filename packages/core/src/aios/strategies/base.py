@@ -21,6 +21,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from aios.errors import AiosError
+
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
@@ -133,8 +135,6 @@ class Strategy(ABC):
         """Options passed to ``rt.setup(..., **options)`` before the objects are set up (the
         sharded strategies take ``wrap_policy`` and ``tp_plan``). Default: none accepted."""
         if options:
-            from aios.errors import AiosError
-
             raise AiosError(
                 f"strategy {self.name} takes no setup options (got {', '.join(sorted(options))})",
                 "drop them, or pick a strategy that uses them (fsdp, tp, hsdp)",
@@ -229,8 +229,6 @@ class Strategy(ABC):
         import torch.distributed as dist
 
         if not dist.is_available() or not dist.is_initialized():
-            from aios.errors import AiosError
-
             raise AiosError(
                 f"the {self.name} strategy cannot gather Python objects (no process group)",
                 "implement Strategy.gather_object for this strategy",

@@ -32,6 +32,12 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from aios.data.loaders import DeviceLoader, shard_dataloader
+from aios.devices.accelerator import CpuAccelerator
+from aios.environments.base import detect
+from aios.errors import AiosError, ConfigError
+from aios.launcher.gloo import wait_for_idle_workers
+from aios.plugins.registry import get_registry
 from aios.strategies.base import Strategy
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -53,8 +59,6 @@ def _at_exit() -> None:
     :mod:`aios.launcher.gloo`; a worker still holding a collective when finalization begins aborts the
     process), then destroy the default group when aios created it."""
     try:
-        from aios.launcher.gloo import wait_for_idle_workers
-
         wait_for_idle_workers()
     except Exception:  # noqa: BLE001 - best effort at exit
         pass
@@ -106,8 +110,6 @@ class DDPStrategy(Strategy):
     def __init__(self, config: AiosConfig, accelerator: Accelerator | None = None) -> None:
         super().__init__(config)
         if accelerator is None:
-            from aios.devices.accelerator import CpuAccelerator
-
             accelerator = CpuAccelerator(config)
         self.accelerator = accelerator
         self.device_type = accelerator.device_type
@@ -145,9 +147,6 @@ class DDPStrategy(Strategy):
     def setup_environment(self) -> None:
         import torch.distributed as dist
 
-        from aios.environments.base import detect
-        from aios.plugins.registry import get_registry
-
         self.cluster = info = detect(None, get_registry())
         self.rank = info.rank or 0
         self.world_size = info.world_size or 1
@@ -157,8 +156,6 @@ class DDPStrategy(Strategy):
         self.device = self.select_device()
         if self.world_size > 1:
             if not dist.is_available():  # pragma: no cover - torch built without distributed
-                from aios.errors import AiosError
-
                 raise AiosError(
                     "this torch build has no torch.distributed",
                     "install a torch build with distributed support",
@@ -179,8 +176,6 @@ class DDPStrategy(Strategy):
         that each train alone on the same files."""
         world, rank = dist.get_world_size(), dist.get_rank()
         if (world, rank) != (self.world_size, self.rank):
-            from aios.errors import ConfigError
-
             raise ConfigError(
                 f"the script's own process group has rank {rank} of {world}, but the launcher "
                 f"started this process as rank {self.rank} of {self.world_size}: the copies do "
@@ -217,8 +212,6 @@ class DDPStrategy(Strategy):
         if self.world_size > 1:
             own = parallelized(module)
             if own is not None:
-                from aios.errors import ConfigError
-
                 how = "with fully_shard" if own == "fully_shard" else "into DTensors"
                 raise ConfigError(
                     f"the script already sharded the model {how}; strategy {self.name} "
@@ -232,8 +225,6 @@ class DDPStrategy(Strategy):
         return module
 
     def setup_dataloader(self, loader: Any, shuffle: bool | None = None) -> Any:
-        from aios.data.loaders import DeviceLoader, shard_dataloader
-
         if isinstance(loader, DeviceLoader):
             return loader
         seed = self.config.seed if self.config.seed is not None else 0
@@ -300,8 +291,6 @@ class DDPStrategy(Strategy):
         """A reduced copy of ``tensor`` (``sum``, ``mean``, ``max``, ``min``, ``prod``); the input
         is left unchanged."""
         if op not in _REDUCE_OPS:
-            from aios.errors import AiosError
-
             raise AiosError(f"unknown reduce op {op!r}", f"use one of: {', '.join(_REDUCE_OPS)}")
         if self._dist is None:
             return tensor.detach().clone()

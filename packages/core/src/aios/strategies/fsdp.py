@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from aios.errors import AiosError, ConfigError
 from aios.strategies.ddp import DDPStrategy, parallelized, register_exit_hook
-from aios.strategies.precision import Precision
+from aios.strategies.precision import Precision, TruePrecision
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -67,8 +67,6 @@ class ShardedPrecision(Precision):
 
 def sharded_precision(precision: str, config: Any, accelerator: Accelerator | None) -> Precision:
     """The precision policy of the sharded strategies (``StrategySpec.precision``)."""
-    from aios.strategies.precision import TruePrecision
-
     device_type = accelerator.device_type if accelerator is not None else "cpu"
     fsdp = config.fsdp
     if precision == "fp32":

@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 
 import pytest
 
+import aios
 from aios.checkpoint.formats.base import CheckpointFormat
 from aios.plugins.registry import get_registry, reset_registry
 
@@ -52,7 +53,6 @@ class CheckpointFormatContract:
         monkeypatch.chdir(tmp_path)
         reset_registry()
         yield tmp_path
-        import aios
 
         rt = aios.current()
         if rt is not None:
@@ -72,8 +72,6 @@ class CheckpointFormatContract:
 
     def test_a_run_saves_with_it_and_resumes_exactly(self, clean_run: Path) -> None:
         import torch
-
-        import aios
 
         ck = clean_run / "ck"
         rt = aios.init(

@@ -38,6 +38,7 @@ from typing import Any
 
 import pytest
 
+from aios.plugins.registry import reset_registry
 from aios.testing import find_free_port, zygote
 
 CLEAN_PREFIXES = ("AIOS_", "PJRT_", "TPU_", "NEURON_")
@@ -104,8 +105,6 @@ def _run_in_process(
     mod: str, prog: str, args: list[str], env: dict[str, str], cwd: Path
 ) -> subprocess.CompletedProcess[str]:
     import importlib
-
-    from aios.plugins.registry import reset_registry
 
     out, err = io.StringIO(), io.StringIO()
     saved_env, saved_argv, saved_cwd = dict(os.environ), list(sys.argv), os.getcwd()

@@ -14,6 +14,7 @@ import os
 from typing import Any
 
 from aios.checkpoint.files import DIGESTS_FILE, HashingWriter, filesystem
+from aios.plugins.registry import get_registry
 
 DCP_METADATA = ".metadata"
 
@@ -21,8 +22,6 @@ DCP_METADATA = ".metadata"
 def storage_options(url: str) -> tuple[str, dict[str, Any]]:
     """``(fsspec URL, options)`` for a registered URL scheme (endpoint settings from the plugin
     that registers it; never credentials in the options it hands out)."""
-    from aios.plugins.registry import get_registry
-
     filesystem(url)  # the one-line errors for an unknown scheme or a missing package
     scheme, rest = url.split("://", 1)
     spec = get_registry().storage[scheme]
