@@ -158,7 +158,7 @@ def _run(tmp: Path, out: str, *overrides: str, stop_after: int = 0, nprocs: int 
             str(SCRIPT),
             str(tmp / out),
         ]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, cwd=tmp)
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=tmp)
         if proc.returncode == 0 or "EADDRINUSE" not in proc.stdout + proc.stderr:
             break
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -70,6 +70,30 @@ def script_command(request: LaunchRequest, python: str | None = None) -> list[st
     return [*head, *request.args]
 
 
+def groups_command(
+    config: AiosConfig,
+    request: LaunchRequest,
+    python: str,
+    nnodes: int,
+    node_rank: int,
+    master: str,
+    nprocs: int,
+) -> list[str]:
+    """A host's command under replica groups (:mod:`aios.ft`): aios-run starts the host's
+    share of the groups; node 0's starts the lighthouse and the run's store on
+    ``master:master_port``."""
+    return [
+        python,
+        "-m",
+        "aios.cli.run",
+        *("--nnodes", str(nnodes), "--node-rank", str(node_rank)),
+        *("--master-addr", master, "--master-port", str(config.master_port)),
+        *("--nprocs", str(nprocs), f"ft.replica_groups={config.ft.replica_groups}"),
+        *(["-m", request.script] if request.module else [request.script]),
+        *request.args,
+    ]
+
+
 def elastic_plan(
     backend: str,
     config: AiosConfig,
@@ -107,18 +131,7 @@ def elastic_plan(
         if direct:
             cmd = script_command(request, python)
         elif groups > 1 and len(hosts) > 1:
-            # replica groups (aios.ft): aios-run on each host starts its share of the groups;
-            # node 0's starts the lighthouse and the run's store on master:master_port
-            cmd = [
-                python,
-                "-m",
-                "aios.cli.run",
-                *("--nnodes", str(nnodes), "--node-rank", str(node_rank)),
-                *("--master-addr", master, "--master-port", str(config.master_port)),
-                *("--nprocs", str(nprocs), f"ft.replica_groups={groups}"),
-                *(["-m", request.script] if request.module else [request.script]),
-                *request.args,
-            ]
+            cmd = groups_command(config, request, python, nnodes, node_rank, master, nprocs)
         else:
             cmd = [
                 python,
