@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from aios.launcher import rewrites
 from aios.launcher.contract import LAUNCHER_PID_ENV
 from aios.testing.launch import aios_run
@@ -49,10 +50,13 @@ def test_write_line_finds_the_assignment_not_a_read() -> None:
     assert rewrites.write_line('x = os.environ["RANK"] == "0"\n', "RANK") is None
 
 
+@pytest.mark.parametrize("kind", ["aios", "plain"])
 def test_aios_run_names_a_script_that_rewrites_world_size_before_it_trains(
-    tmp_path: Path, free_port
+    tmp_path: Path, free_port, kind: str
 ) -> None:
-    args = ["--nprocs", "2", "--master-port", free_port(), SCRIPTS / "rewrites_world.py", "aios"]
+    """With ``aios.init`` and as a plain torchrun script (``dist.init_process_group``, no aios
+    code of its own): stopped at the rewrite, before it joins anything."""
+    args = ["--nprocs", "2", "--master-port", free_port(), SCRIPTS / "rewrites_world.py", kind]
     p = aios_run(args, cwd=tmp_path, timeout=400)
     out = p.stdout + p.stderr
     assert p.returncode == 2, out
