@@ -61,9 +61,27 @@ GOAL = 0.95
 # goal on both; precision is below 90% (the new four's misses are mostly what reading cannot
 # see: a Trainer's settings in a YAML, Composer's device and precision, flash attention named
 # in a config).
+# Issue 34's fourth round: the third round's held-out false alarms were concentrated in a
+# YOLO-style detection trainer and an LLM pretraining codebase, so six more codebases were split
+# before any was written (README): four to the rules half, of those two kinds by other authors
+# (ultralytics' YOLOv8 trainer, YOLOv7, nanotron, OLMo-core), two held out of other kinds (a PyG
+# GNN and stylegan2-ada, each with its own spawn), each labelled before the checker ran on it.
+# First pass on the four rules-half ones 76.5% (52/68) / 86.7% (52/60); rules fixed generically
+# (rank tests as `RANK in {-1, 0}`, rank-0-first barrier pairs, shard files named by rank, a
+# deepcopy cast for a checkpoint, a GPU count kept at least 1, a device choice through a `cuda`
+# variable, a helper's parameter defaults, `--local_rank -1` gating the process group,
+# `memory_stats()` looked up by key); after 100% (60/60) / 96.8% (60/62); the whole rules half
+# 99.8% (404/405) / 99.3% (404/407). Then the held-out half, measured once: the two new ones
+# 100% (21/21), 95.5% (21/22); the twenty before ADDED_LAST 90.3% (159/176), 91.4% (159/174);
+# the twenty-four of the third round 90.7% (176/194), 87.6% (176/201); all twenty-six 91.6%
+# (197/215), 88.3% (197/223): both goals (90% / 85%) met. (A slip to note: early in the round a
+# run meant to skip the held-out test did not, `-k "not heldout"` missing its name; it passed
+# with its output captured, so nothing of the held-out report was seen.) Thresholds raised to
+# what was measured, rounded down.
 ADDED_LAST = ("convnext_project", "llm_foundry_project", "nemo_asr_project", "qlora_project")
-HELDOUT_PRECISION, HELDOUT_RECALL = 0.85, 0.90  # the twenty held out before ADDED_LAST
-ALL_HELDOUT_PRECISION, ALL_HELDOUT_RECALL = 0.86, 0.86  # all twenty-four
+ADDED_FOURTH = ("pyg_ddp_project", "stylegan2_ada_project")
+HELDOUT_PRECISION, HELDOUT_RECALL = 0.90, 0.91  # the twenty held out before ADDED_LAST
+ALL_HELDOUT_PRECISION, ALL_HELDOUT_RECALL = 0.91, 0.88  # all twenty-six
 
 Key = tuple[str, int, str, str]  # script, line, code, level
 
@@ -178,7 +196,7 @@ def test_held_out_projects_precision_and_recall():
     scored = _score(HELDOUT, [])
     precision, recall, report = _report(*scored)
     print(report)
-    before = _report(*_only(scored, lambda name: name not in ADDED_LAST))
+    before = _report(*_only(scored, lambda name: name not in ADDED_LAST + ADDED_FOURTH))
     assert before[0] >= HELDOUT_PRECISION and before[1] >= HELDOUT_RECALL, before[2]
     assert precision >= ALL_HELDOUT_PRECISION and recall >= ALL_HELDOUT_RECALL, report
 

@@ -582,3 +582,110 @@ def test_a_configs_fp16_training_dtype_is_named_and_a_checkpoints_dtype_is_not(t
     model = tmp_path / "config.json"
     model.write_text('{\n  "torch_dtype": "float16",\n  "hidden_size": 64\n}\n')
     assert check_config(str(model)) == []
+
+
+def test_a_detection_trainers_helpers_are_judged_by_what_they_do(tmp_path):
+    """Habits of YOLO-style trainers (issue 34, fourth round): a rank-0-first context manager
+    with paired barriers, saves under ``RANK in {-1, 0}``, a half-precision EMA copy saved, a GPU
+    count kept at least 1 for workers, a device choice through a ``cuda`` variable, an autocast
+    helper whose device defaults to CUDA, and ``--local_rank`` defaulting to -1."""
+    _write(
+        tmp_path,
+        {
+            "utils/__init__.py": "",
+            "utils/torch_utils.py": """\
+                import os
+                from contextlib import contextmanager
+                import torch
+                import torch.distributed as dist
+
+                @contextmanager
+                def zero_first(local_rank):
+                    if local_rank not in {-1, 0}:
+                        dist.barrier()
+                    yield
+                    if local_rank == 0:
+                        dist.barrier()
+
+                def select_device(device=""):
+                    cuda = device != "cpu" and torch.cuda.is_available()
+                    return torch.device("cuda:0" if cuda else "cpu")
+
+                def amp(enabled, device="cuda"):
+                    return torch.amp.autocast(device, enabled=enabled)
+
+                def workers(n):
+                    nd = torch.cuda.device_count()
+                    return min((os.cpu_count() or 1) // max(nd, 1), n)
+                """,
+            "train.py": """\
+                import argparse
+                import os
+                from copy import deepcopy
+                import torch
+                import torch.distributed as dist
+                from utils.torch_utils import amp, select_device, workers, zero_first
+
+                RANK = int(os.getenv("RANK", -1))
+
+                def train(opt, model, device):
+                    with zero_first(RANK):
+                        data = workers(8)
+                    with amp(True):
+                        loss = model(data)
+                    if RANK in {-1, 0}:
+                        torch.save({"ema": deepcopy(model).half()}, "last.pt")
+
+                if __name__ == "__main__":
+                    p = argparse.ArgumentParser()
+                    p.add_argument("--local_rank", type=int, default=-1)
+                    opt = p.parse_args()
+                    device = select_device()
+                    if opt.local_rank != -1:
+                        dist.init_process_group(backend="gloo", init_method="env://")
+                    train(opt, None, device)
+                """,
+        },
+    )
+    found = _keys(check_project(str(tmp_path / "train.py")))
+    assert ("torch_utils.py", 15, "AIOS106", "error") in found  # cuda = ... is_available()
+    assert ("torch_utils.py", 19, "AIOS301", "error") in found  # the helper's "cuda" default
+    assert ("train.py", 20, "AIOS209", "error") in found  # --local_rank -1, group behind it
+    codes = {(name, code) for name, _, code, _ in found}
+    assert ("torch_utils.py", "AIOS602") not in codes  # paired barriers: every rank reaches one
+    assert ("torch_utils.py", "AIOS101") not in codes  # the choice is named at its test
+    assert ("torch_utils.py", "AIOS105") not in codes  # max(nd, 1): workers per GPU
+    assert ("train.py", "AIOS605") not in codes  # saved under RANK in {-1, 0}
+    assert ("train.py", "AIOS303") not in codes  # a deepcopy cast for the checkpoint
+
+
+def test_an_llm_trainers_helpers_are_judged_by_what_they_do(tmp_path):
+    """Habits of LLM pretraining codebases: a backend from the helper's own default, shard
+    files named by rank written by every rank, CUDA memory statistics looked up by key."""
+    _write(
+        tmp_path,
+        {
+            "dist_utils.py": """\
+                import torch.distributed as dist
+
+                def init_distributed(backend="nccl"):
+                    dist.init_process_group(backend)
+                """,
+            "train.py": """\
+                import torch
+                import torch.distributed as dist
+                from dist_utils import init_distributed
+
+                init_distributed()
+                rank = dist.get_rank()
+                model = torch.nn.Linear(2, 2)
+                torch.save(model.state_dict(), f"model_rank{rank}.pt")
+                stats = torch.cuda.memory_stats()
+                print(stats["active_bytes.all.peak"])
+                """,
+        },
+    )
+    found = _keys(check_project(str(tmp_path / "train.py")))
+    assert ("dist_utils.py", 4, "AIOS201", "error") in found
+    assert ("train.py", 9, "AIOS108", "error") in found  # empty without CUDA: KeyError
+    assert not {k for k in found if k[2] == "AIOS605"}  # a file of its own per rank

@@ -32,7 +32,8 @@ class Context(Reading):
             other = right if zero and zero[0] is left else left
             if zero and isinstance(test.ops[0], (ast.Eq, ast.Is)) and self.rankish(other):
                 return True
-            return False
+            # RANK in {-1, 0}: rank 0, or -1 for a run without a launcher (one process)
+            return isinstance(test.ops[0], ast.In) and _rank_zero_set(right) and self.rankish(left)
         if isinstance(test, ast.Call):
             f = self.callee(test)
             if f is not None and f.rank_test:
@@ -51,6 +52,8 @@ class Context(Reading):
                 return self.rankish(left)
             if _int(left) == 0 and isinstance(op, (ast.NotEq, ast.IsNot, ast.Lt)):
                 return self.rankish(right)
+            if isinstance(op, ast.NotIn) and _rank_zero_set(right):
+                return self.rankish(left)  # local_rank not in {-1, 0}: every rank but 0
         return False
 
     def effect(self, node: ast.Call, q: str) -> tuple[str, str] | None:
@@ -243,3 +246,11 @@ class Context(Reading):
                             out.add(d)
         self._env_sourced = out
         return out
+
+
+def _rank_zero_set(node: ast.AST) -> bool:
+    """``{-1, 0}``, ``[-1, 0]``, ``(0,)``: rank 0, or no launcher at all (-1)."""
+    if not isinstance(node, (ast.Set, ast.List, ast.Tuple)) or not node.elts:
+        return False
+    values = {_int(e) for e in node.elts}
+    return 0 in values and values <= {-1, 0}

@@ -8,7 +8,7 @@ import ast
 import os
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aios.check.findings import NO_FP16, NOT_CUDA, CheckError, Finding
 from aios.check.library import (
@@ -73,11 +73,11 @@ def _repository_package(folder: str, dotted: str) -> str | None:
     return None
 
 
-def _local_imports(tree: ast.Module, package: str | None) -> Iterator[str]:
+def _local_imports(nodes: list[ast.AST], package: str | None) -> Iterator[str]:
     """Dotted names a module imports, absolute or relative (``from . import x`` in ``gd``:
     ``gd.x``), each also as its parent (``from util.misc import f``: ``util.misc``, ``util``).
     Imports inside functions count too (a helper imported where it is used)."""
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.Import):
             for a in node.names:
                 yield a.name
@@ -99,6 +99,10 @@ class _Module:
     package: str | None
     source: str
     tree: ast.Module
+    nodes: list[ast.AST] = field(init=False, repr=False)  # ast.walk(tree), walked once
+
+    def __post_init__(self) -> None:
+        self.nodes = list(ast.walk(self.tree))
 
 
 def _path_value(node: ast.AST, script: str) -> str | None:
@@ -132,10 +136,10 @@ def _path_value(node: ast.AST, script: str) -> str | None:
     return None
 
 
-def _sys_path_roots(tree: ast.Module, script: str) -> list[str]:
+def _sys_path_roots(nodes: list[ast.AST], script: str) -> list[str]:
     """Folders the script adds to ``sys.path`` (``sys.path.insert(0, ...)``, ``append``)."""
     roots = []
-    for node in ast.walk(tree):
+    for node in nodes:
         if (
             isinstance(node, ast.Call)
             and (_dotted(node.func) or "") in ("sys.path.insert", "sys.path.append")
@@ -152,14 +156,14 @@ def _project_modules(path: str, source: str, tree: ast.Module) -> list[_Module]:
     it, folders it adds to ``sys.path``), breadth first, at most MAX_PROJECT_FILES. Third-party
     imports are not files here."""
     root = os.path.dirname(path) or "."  # relative stays relative: paths print as given
-    roots = [root, *_sys_path_roots(tree, path)]
     mods = [_Module(path, "", "", source, tree)]
+    roots = [root, *_sys_path_roots(mods[0].nodes, path)]
     seen = {os.path.abspath(path)}
     i, whole = 0, False
     while i < len(mods) and len(mods) < MAX_PROJECT_FILES:
         mod = mods[i]
         i += 1
-        for dotted in _local_imports(mod.tree, mod.package):
+        for dotted in _local_imports(mod.nodes, mod.package):
             found = next((f for r in roots if (f := _module_file(r, dotted))), None)
             found = found or _repository_package(root, dotted)
             if found is None or os.path.abspath(found) in seen:
@@ -181,10 +185,10 @@ def _project_modules(path: str, source: str, tree: ast.Module) -> list[_Module]:
     return mods
 
 
-def _imports_dynamically(tree: ast.Module) -> bool:
+def _imports_dynamically(nodes: list[ast.AST]) -> bool:
     return any(
         isinstance(node, ast.Call) and (_dotted(node.func) or "").endswith(DYNAMIC_IMPORTS)
-        for node in ast.walk(tree)
+        for node in nodes
     )
 
 
@@ -192,7 +196,7 @@ def _whole_packages(mods: list[_Module], seen: set[str]) -> None:
     """Where a module of the project imports by a name held in data (``importlib``, Hydra's
     ``instantiate``), the rest of the packages it was read from are the project's too: each
     ``*.py`` of theirs not read yet is added (to MAX_PROJECT_FILES), for the walk to follow."""
-    if not any(_imports_dynamically(m.tree) for m in mods):
+    if not any(_imports_dynamically(m.nodes) for m in mods):
         return
     tops: dict[str, str] = {}
     for m in mods:
@@ -227,7 +231,7 @@ def _config_files(root: str, modules: list[_Module]) -> list[str]:
     names = set()
     roots = [root]  # and the package a helper module naming a config sits in (its parent)
     for mod in modules:
-        for node in ast.walk(mod.tree):
+        for node in mod.nodes:
             text = _str(node)
             if text and text.endswith(CONFIG_SUFFIXES) and len(text) < 300:
                 names.add(os.path.basename(text))
@@ -263,7 +267,7 @@ def _python_configs(root: str, modules: list[_Module]) -> list[str]:
     loads = any(
         isinstance(node, ast.Call) and (_dotted(node.func) or "").endswith(PY_CONFIG_LOADERS)
         for mod in modules
-        for node in ast.walk(mod.tree)
+        for node in mod.nodes
     )
     if not loads:
         return []
@@ -366,14 +370,14 @@ def project_facts(modules: list[_Module], configs: list[str]) -> _Project:
     project = _Project()
     readers = set()  # functions of the project that read WORLD_SIZE from the environment
     for mod in modules:
-        for node in ast.walk(mod.tree):
+        for node in mod.nodes:
             if isinstance(node, ast.Attribute):
                 if node.attr == "DEVICE" and isinstance(node.ctx, ast.Store):
                     project.config_device = True  # cfg.MODEL.DEVICE = ...
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _reads_world(node):
                 readers.add(node.name)
     for mod in modules:
-        for node in ast.walk(mod.tree):
+        for node in mod.nodes:
             if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 names = [_dotted(e) or "" for t in targets for e in getattr(t, "elts", [t])]

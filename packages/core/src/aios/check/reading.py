@@ -242,10 +242,20 @@ class Reading:
             and self.call_qual(sub) in ("torch.cuda.is_available", "torch.cuda.is_bf16_supported")
         ]
 
+    def named_cuda_calls(self, test: ast.AST) -> list[ast.Call]:
+        """``torch.cuda.is_available()`` reached through a name the test reads, assigned once
+        (``cuda = not cpu and torch.cuda.is_available()`` ... ``"cuda:0" if cuda else "cpu"``)."""
+        out: list[ast.Call] = []
+        for sub in ast.walk(test):
+            vals = self.values.get(sub.id, []) if isinstance(sub, ast.Name) else []
+            if len(vals) == 1:
+                out += self.cuda_available_calls(vals[0])
+        return out
+
     def note_device_choice(self, node: ast.IfExp | ast.If) -> None:
         """``torch.cuda.is_available()`` that chooses a value (a device, a dtype): what it picks
         without CUDA. One that only guards CUDA-only lines is no finding (they are notes)."""
-        calls = self.cuda_available_calls(node.test)
+        calls = self.cuda_available_calls(node.test) or self.named_cuda_calls(node.test)
         if not calls:
             return
         what = ""
@@ -439,6 +449,7 @@ class Reading:
 
     def prepass(self) -> None:
         assigns: list[ast.Assign | ast.AnnAssign] = []
+        choices: list[ast.IfExp | ast.If] = []  # read once every name's value is known
         for node in ast.walk(self.tree):
             for child in ast.iter_child_nodes(node):
                 self.parents[id(child)] = node
@@ -447,7 +458,7 @@ class Reading:
                     if isinstance(t, ast.Name):
                         self.values.setdefault(t.id, []).append(node.value)
             if isinstance(node, (ast.IfExp, ast.If)):
-                self.note_device_choice(node)
+                choices.append(node)
             if isinstance(node, ast.ClassDef) and any(
                 _last(b) in ("Module", "LightningModule") for b in node.bases
             ):
@@ -472,6 +483,8 @@ class Reading:
                         self.arg_defaults[dest] = default
             elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
                 assigns.append(node)
+        for choice in choices:
+            self.note_device_choice(choice)
         for _ in range(2):  # twice: an assignment may use a name bound further down
             for node in assigns:
                 if node.value is None:
@@ -547,6 +560,22 @@ class Reading:
             if len(vals) == 1:
                 return vals[0]
         return node
+
+    def param_default(self, node: ast.AST | None) -> ast.expr | None:
+        """The default of the enclosing function's parameter ``node`` names (``def
+        init(backend="nccl"): ... init_process_group(backend)``), when no caller in this file
+        passes another value."""
+        if not (isinstance(node, ast.Name) and self.func_stack):
+            return None
+        f = self.func_stack[-1]
+        a = f.node.args
+        positional = [*a.posonlyargs, *a.args]
+        pairs = list(zip(positional[len(positional) - len(a.defaults) :], a.defaults, strict=True))
+        pairs += [(p, d) for p, d in zip(a.kwonlyargs, a.kw_defaults, strict=True) if d is not None]
+        default = next((d for p, d in pairs if p.arg == node.id), None)
+        if default is None or self.caller_values(f, node.id):
+            return None
+        return default
 
     def device_params(self, f: _Func) -> set[str]:
         """Parameters ``f`` uses as a device: ``.to(p)``, ``device=p``, ``torch.device(p)``."""

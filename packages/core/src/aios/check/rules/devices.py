@@ -20,7 +20,7 @@ from aios.check.library import (
     SHELL_CALLS,
     ZERO_ELSEWHERE,
 )
-from aios.check.names import _dotted, _is_cuda_string, _str
+from aios.check.names import _dotted, _int, _is_cuda_string, _last, _str
 from aios.check.rules.base import CheckRule, Example
 
 
@@ -49,6 +49,12 @@ class CudaCalls(CheckRule):
             "warning",
         ),  # fmt: skip
         Example("import torch\ns = torch.cuda.Stream()\n", "AIOS109", 2, "torch.Stream"),
+        Example(  # empty without CUDA: the lookup raises KeyError
+            "import torch\nst = torch.cuda.memory_stats()\npeak = st['active_bytes.all.peak']\n",
+            "AIOS108",
+            2,
+            "KeyError",
+        ),
         Example(  # raises on a build without CUDA (AttributeError from torch._C)
             "import torch\ntorch.cuda.reset_max_memory_allocated()\n", "AIOS108", 2, "run record"
         ),
@@ -72,6 +78,10 @@ class CudaCalls(CheckRule):
     right = (
         "import torch\nif torch.cuda.is_available():\n    torch.backends.cuda.matmul.allow_tf32 = True\n",
         "import torch\nif torch.cuda.device_count() > 1:\n    model = DataParallel(model)\n",
+        "import torch\nif cuda and torch.cuda.device_count() > 1:\n    model = DataParallel(model)\n",
+        # 0 GPUs counts as one: workers per GPU, nothing divided by zero
+        "import os, torch\nnd = torch.cuda.device_count()\nnw = min(8, os.cpu_count() // max(nd, 1))\n",
+        # (a rank computed as rank % max(1, count) stays AIOS105: 0 GPUs make every rank 0)
         "import torch\nwith torch.cuda.amp.autocast():\n    pass\n",  # AMP: AIOS301's
         # is_initialized() answers False without CUDA: nothing raises
         "import torch\nif torch.cuda.is_available() and torch.cuda.is_initialized():\n    pass\n",
@@ -97,6 +107,16 @@ class CudaCalls(CheckRule):
             self.known(ctx, node, q, name)
         elif name in MEMORY_CALLS:
             zero = name in ZERO_ELSEWHERE
+            if name == "memory_stats" and self.looked_up(ctx, node):
+                ctx.add(
+                    node,
+                    "AIOS108",
+                    f"{q}() is empty without CUDA, so looking a statistic up in it raises "
+                    "KeyError: the run record has each rank's device memory; elsewhere "
+                    f"{ACCEL_MEMORY.get(name, 'aios devices --json')}",
+                    NOT_CUDA,
+                )
+                return
             ctx.add(
                 node,
                 "AIOS108",
@@ -116,6 +136,26 @@ class CudaCalls(CheckRule):
             )
 
     @staticmethod
+    def looked_up(ctx: Context, node: ast.Call) -> bool:
+        """``torch.cuda.memory_stats()["active_bytes.all.peak"]``, directly or through the name
+        it is assigned to."""
+        up = ctx.parents.get(id(node))
+        if isinstance(up, ast.Subscript) and up.value is node:
+            return True
+        if not (
+            isinstance(up, ast.Assign)
+            and len(up.targets) == 1
+            and isinstance(up.targets[0], ast.Name)
+        ):
+            return False
+        name = up.targets[0].id
+        scope = ctx.func_stack[-1].node if ctx.func_stack else ctx.tree
+        return any(
+            isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id == name
+            for n in ast.walk(scope)
+        )
+
+    @staticmethod
     def harmless_count(ctx: Context, node: ast.Call) -> str:
         """How a ``torch.cuda.device_count()`` that breaks nothing elsewhere is used: only
         printed (0 is shown), or tested as ``if torch.cuda.device_count() > 1:`` (the branch is
@@ -124,14 +164,57 @@ class CudaCalls(CheckRule):
             return "only shown"
         test = ctx.parents.get(id(node))
         holder = ctx.parents.get(id(test)) if test is not None else None
+        whole = test
+        while isinstance(holder, ast.BoolOp) and isinstance(holder.op, ast.And):
+            whole, holder = holder, ctx.parents.get(id(holder))  # if cuda and count > 1:
         if (
             test is not None
             and isinstance(holder, (ast.If, ast.IfExp))
-            and holder.test is test
+            and holder.test is whole
             and ctx.counts_gpus(test)
         ):
             return "a test"
+        if CudaCalls.at_least_one(ctx, node):
+            return "kept at least 1"
         return ""
+
+    @staticmethod
+    def at_least_one(ctx: Context, node: ast.Call) -> bool:
+        """``nd = torch.cuda.device_count()`` used only as ``max(nd, 1)`` (workers per GPU):
+        0 elsewhere counts as one; nothing divides by it."""
+
+        def clamped(n: ast.AST) -> bool:
+            up = ctx.parents.get(id(n))
+            if not (
+                isinstance(up, ast.Call)
+                and _last(up.func) == "max"
+                and any((_int(a) or 0) >= 1 for a in up.args)
+            ):
+                return False
+            top: ast.AST = up  # rank % max(1, count): a rank computed from it is wrong elsewhere
+            while isinstance(ctx.parents.get(id(top)), ast.expr):
+                top = ctx.parents[id(top)]
+            stmt = ctx.parents.get(id(top))
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else []
+            return not ctx.rankish(top) and not any(ctx.rankish(t) for t in targets)
+
+        if clamped(node):
+            return True
+        stmt = ctx.parents.get(id(node))
+        if not (
+            isinstance(stmt, ast.Assign)
+            and len(stmt.targets) == 1
+            and isinstance(stmt.targets[0], ast.Name)
+        ):
+            return False
+        name = stmt.targets[0].id
+        scope = ctx.func_stack[-1].node if ctx.func_stack else ctx.tree
+        uses = [
+            n
+            for n in ast.walk(scope)
+            if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+        ]
+        return bool(uses) and all(clamped(n) for n in uses)
 
     @staticmethod
     def known(ctx: Context, node: ast.Call, q: str, name: str) -> None:
@@ -146,7 +229,7 @@ class CudaCalls(CheckRule):
             and ctx.only_shown(node)
         )
         how = CudaCalls.harmless_count(ctx, node) if name == "device_count" else ""
-        if how == "a test":
+        if how in ("a test", "kept at least 1"):
             return  # like is_available() guarding CUDA-only lines: the lines it guards are notes
         if how:
             # 0 without CUDA: shown as 0, or a branch skipped; nothing breaks
@@ -228,6 +311,8 @@ class DeviceStrings(CheckRule):
         "import torch\nd = 'cuda' if torch.cuda.is_available() else 'cpu'\n",  # AIOS106's
         "g = torch.Generator(device='cuda')\n",  # AIOS411's
         "net.to(devices[0])\n",  # a list of devices, not of indices
+        # the choice is named where `cuda` is assigned (AIOS106)
+        "import torch\ncuda = torch.cuda.is_available()\nd = torch.device('cuda:0' if cuda else 'cpu')\n",
     )
 
     def check(self, ctx: Context, node: ast.AST) -> None:
@@ -254,6 +339,15 @@ class DeviceStrings(CheckRule):
             if k.arg == "device_map" and isinstance(k.value, ast.Dict)
             for v in k.value.values
             if isinstance(v, (ast.Name, ast.Attribute)) and ctx.rankish(v)
+        ]
+        args = [  # "cuda:0" if cuda else "cpu", cuda = torch.cuda.is_available(): named there
+            a
+            for a in args
+            if not (
+                isinstance(a, ast.IfExp)
+                and not ctx.cuda_available_calls(a.test)
+                and ctx.named_cuda_calls(a.test)
+            )
         ]
         if any(_is_cuda_string(a) for a in args) and id(node) not in ctx.choice_values:
             ctx.add(node, "AIOS101", f"device 'cuda...': {RT_DEVICE}", NOT_CUDA)

@@ -7,7 +7,7 @@ import ast
 
 from aios.check.callgraph import Context
 from aios.check.findings import BACKENDS, NO_FP16, NOT_CUDA
-from aios.check.names import _dotted, _int, _is_cuda_string, _str
+from aios.check.names import _dotted, _int, _is_cuda_string, _last, _str
 from aios.check.rules.base import CheckRule, Example
 
 FP16_HINT = "TPUs and Trainium have no fp16 training"
@@ -23,6 +23,12 @@ class CudaAutocast(CheckRule):
         Example(
             "import torch\nwith torch.autocast('cuda'):\n    pass\n", "AIOS301", 2, "rt.autocast()"
         ),  # fmt: skip
+        Example(  # a helper whose device defaults to CUDA
+            "import torch\ndef amp(on, device='cuda'):\n    return torch.amp.autocast(device, enabled=on)\n",
+            "AIOS301",
+            3,
+            "rt.autocast()",
+        ),
         Example(
             "import torch\ndev = 'cuda'\nwith torch.autocast(device_type=dev):\n    pass\n",
             "AIOS304",
@@ -31,7 +37,12 @@ class CudaAutocast(CheckRule):
             "warning",
         ),
     )
-    right = ("import torch\nwith torch.autocast('cpu', dtype=torch.bfloat16):\n    pass\n",)
+    right = (
+        "import torch\nwith torch.autocast('cpu', dtype=torch.bfloat16):\n    pass\n",
+        # the caller in this file passes the device: the default is not what runs
+        "import torch\ndef amp(on, device='cuda'):\n    return torch.autocast(device, enabled=on)\n"
+        "ctx = amp(True, device=rt.device.type)\n",
+    )
 
     def check(self, ctx: Context, node: ast.AST) -> None:
         assert isinstance(node, ast.Call)
@@ -40,11 +51,13 @@ class CudaAutocast(CheckRule):
             return
         kw = {k.arg: k.value for k in node.keywords if k.arg}
         dev = kw.get("device_type", node.args[0] if node.args else None)
-        if q == "torch.cuda.amp.autocast" or _is_cuda_string(dev):
+        default = ctx.param_default(dev)  # def autocast(enabled, device="cuda")
+        if q == "torch.cuda.amp.autocast" or _is_cuda_string(dev) or _is_cuda_string(default):
+            how = f" (the helper's device defaults to {_str(default)!r})" if default else ""
             ctx.add(
                 node,
                 "AIOS301",
-                "CUDA autocast (off, with a warning, on every other device): use "
+                f"CUDA autocast{how} (off, with a warning, on every other device): use "
                 "`with rt.autocast():` and precision=bf16-mixed (fp16-mixed on cuda)",
                 NOT_CUDA,
             )
@@ -109,6 +122,7 @@ class Fp16(CheckRule):
     )
     right = (
         "import torch\nif args.fp16:\n    x = x.to(torch.float16)\n",
+        "from copy import deepcopy\nckpt = {'model': deepcopy(model).half()}\n",  # a saved copy
         "import torch\ndtype = torch.float16 if args.fp16 else torch.float32\n",
         "import torch\nDT = {'float16': torch.float16, 'bfloat16': torch.bfloat16}\n",
     )
@@ -118,6 +132,9 @@ class Fp16(CheckRule):
             return
         if isinstance(node, ast.Call):
             if ctx.last == "half" and not node.args and isinstance(node.func, ast.Attribute):
+                copy = node.func.value
+                if isinstance(copy, ast.Call) and _last(copy.func) == "deepcopy":
+                    return  # deepcopy(ema).half() for a checkpoint: the model trains as it was
                 if not ctx.q:
                     ctx.add(
                         node,

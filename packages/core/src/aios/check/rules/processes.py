@@ -49,6 +49,13 @@ class ProcessGroupBackend(CheckRule):
             "init_process_group() without a backend",
         ),
         Example("backend = 'nccl'\n", "AIOS201", 1, "aios.init()"),
+        Example(  # the helper's own default
+            "import torch.distributed as dist\ndef init(backend='nccl'):\n"
+            "    dist.init_process_group(backend)\n",
+            "AIOS201",
+            3,
+            "init_process_group() without a backend",
+        ),
     )
     right = (
         "import torch.distributed as dist\ndist.init_process_group()\n",
@@ -75,6 +82,7 @@ class ProcessGroupBackend(CheckRule):
         arg = node.args[0] if node.args else None
         kw = next((k for k in node.keywords if k.arg == "backend"), None)
         chosen = arg if arg is not None else kw.value if kw else None
+        chosen = ctx.param_default(chosen) or chosen  # def init(backend="nccl")
         if isinstance(chosen, ast.IfExp) and ctx.cuda_test(chosen.test) == 0:
             # "gloo" if args.device == "cpu" else "nccl": nccl on xla, tpu and neuron too
             chosen = next(
@@ -330,6 +338,13 @@ class ArgparseDefaults(CheckRule):
             "p.add_argument('--world-size', default=1, type=int)\n", "AIOS209", 1, "rt.world_size"
         ),  # fmt: skip
         Example("p.add_argument('--dist-backend', default='nccl')\n", "AIOS201", 1, "aios.init()"),
+        Example(  # torch.distributed.launch passed --local_rank; aios-run passes none
+            "import torch.distributed as dist\np.add_argument('--local_rank', type=int, default=-1)\n"
+            "a = p.parse_args()\nif a.local_rank != -1:\n    dist.init_process_group()\n",
+            "AIOS209",
+            2,
+            "rt.local_rank",
+        ),
         Example(
             "p.add_argument('--launcher', choices=['none', 'pytorch'], default='none')\n",
             "AIOS209",
@@ -339,6 +354,10 @@ class ArgparseDefaults(CheckRule):
     )
     right = (
         "p.add_argument('--local_rank', type=int, default=-1)\n",
+        # LOCAL_RANK from the environment fills it under a launcher
+        "import os, torch.distributed as dist\np.add_argument('--local_rank', type=int, default=-1)\n"
+        "a = p.parse_args()\na.local_rank = int(os.environ.get('LOCAL_RANK', a.local_rank))\n"
+        "if a.local_rank != -1:\n    dist.init_process_group()\n",
         "p.add_argument('--launcher', choices=['none', 'pytorch'], default='pytorch')\n",
     )
 
@@ -359,6 +378,18 @@ class ArgparseDefaults(CheckRule):
             )
         elif self.local_rank_required(ctx, node, opts, kw):
             pass
+        elif self.joins_only_with_local_rank(ctx, opts, default):
+            ctx.add(
+                node,
+                "AIOS209",
+                f"{opts} defaults to -1 and the process group is joined only when it is set: "
+                "torch.distributed.launch passed it, but aios-run (like torchrun) sets "
+                "LOCAL_RANK in the environment and passes no argument, so no rank joins (and "
+                "code reading RANK expects a group); use rt.local_rank",
+                BACKENDS,
+                ("ddp", *SHARDED),
+                when="copies never join under aios-run --nprocs N",
+            )
         elif (
             any(o.strip("-").replace("_", "-") == "world-size" for o in opts.split())
             and isinstance(default, (ast.Constant, ast.UnaryOp))
@@ -395,6 +426,38 @@ class ArgparseDefaults(CheckRule):
                 "backend's own (gloo, nccl, xla, tpu, neuron)",
                 pg_breaks(_str(default) or ""),
             )
+
+    @staticmethod
+    def joins_only_with_local_rank(ctx: Context, opts: str, default: ast.expr | None) -> bool:
+        """``--local_rank`` defaulting to -1 where ``init_process_group`` runs only under ``if
+        opt.local_rank != -1:`` and nothing reads LOCAL_RANK from the environment."""
+        if _int(default) != -1 or not any(
+            o.strip("-").replace("-", "_") == "local_rank" for o in opts.split()
+        ):
+            return False
+        tree = ctx.tree
+        if any(_str(n) == "LOCAL_RANK" for n in ast.walk(tree)):
+            return False  # the launcher's LOCAL_RANK fills it
+
+        def set_test(test: ast.AST) -> bool:
+            return (
+                isinstance(test, ast.Compare)
+                and len(test.ops) == 1
+                and _last(test.left) == "local_rank"
+                and isinstance(test.ops[0], ast.NotEq)
+                and _int(test.comparators[0]) == -1
+            )
+
+        return any(
+            isinstance(n, ast.If)
+            and set_test(n.test)
+            and any(
+                isinstance(c, ast.Call) and _last(c.func) == "init_process_group"
+                for st in n.body
+                for c in ast.walk(st)
+            )
+            for n in ast.walk(tree)
+        )
 
     @staticmethod
     def local_rank_required(

@@ -9,7 +9,7 @@ import os
 
 from aios.check.callgraph import Context
 from aios.check.findings import BACKENDS, SHARDED
-from aios.check.names import _dotted
+from aios.check.names import _dotted, _last
 from aios.check.rules.base import CheckRule, Example
 
 MESSAGES = {
@@ -63,6 +63,9 @@ class RankGuarded(CheckRule):
     right = (
         "out = model(x)\nif rank == 0:\n    print(out)\n",
         "trainer.save_checkpoint('last.ckpt')\n",
+        # rank 0 does a job while the others wait: each rank reaches one barrier
+        "import torch.distributed as dist\nif rank not in (-1, 0):\n    dist.barrier()\n"
+        "prepare()\nif rank == 0:\n    dist.barrier()\n",
     )
 
     def check(self, ctx: Context, node: ast.AST) -> None:
@@ -70,6 +73,8 @@ class RankGuarded(CheckRule):
         if not ctx.guard_depth:
             return
         eff = ctx.effect(node, ctx.q)
+        if eff and eff[0] == "collective" and self.paired(ctx, node):
+            return
         if eff:
             code, msg = MESSAGES[eff[0]]
             strategies = SHARDED if eff[0] != "collective" else ("ddp", *SHARDED)
@@ -89,6 +94,31 @@ class RankGuarded(CheckRule):
                 strategies,
             )
 
+    @staticmethod
+    def paired(ctx: Context, node: ast.Call) -> bool:
+        """A barrier on rank 0 matched, in the same function, by one under a test true on every
+        other rank (``if local_rank not in {-1, 0}: barrier()`` before the job, ``if local_rank
+        == 0: barrier()`` after it): each rank reaches one barrier, nothing hangs."""
+        if _last(node.func) != "barrier":
+            return False
+
+        def others(test: ast.AST) -> bool:
+            if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+                return any(others(v) for v in test.values)
+            return ctx.is_rank_exit(test)
+
+        scope = ctx.func_stack[-1].node if ctx.func_stack else ctx.tree
+        return any(
+            isinstance(sub, ast.If)
+            and others(sub.test)
+            and any(
+                isinstance(c, ast.Call) and _last(c.func) == "barrier"
+                for st in sub.body
+                for c in ast.walk(st)
+            )
+            for sub in ast.walk(scope)
+        )
+
 
 class EveryRankSaves(CheckRule):
     """``torch.save`` reached without a rank test (directly, or in a function every call of
@@ -98,6 +128,7 @@ class EveryRankSaves(CheckRule):
     nodes = (ast.Call,)
     wrong = (Example("import torch\ntorch.save(sd, 'ckpt.pt')\n", "AIOS605", 2, "rt.save()"),)
     right = (
+        "import torch\ntorch.save(shard, f'model_rank{rank}.pt')\n",  # a file per rank
         "import torch\nif rank == 0:\n    torch.save(sd, 'ckpt.pt')\n",
         "import torch\ndef save(sd):\n    torch.save(sd, 'c.pt')\nif rank == 0:\n    save(sd)\n",
     )
@@ -110,6 +141,10 @@ class EveryRankSaves(CheckRule):
         if f is not None:
             ctx.call_guards.setdefault(f.key, []).append(bool(ctx.guard_depth))
         if ctx.q == "torch.save":
+            path = node.args[1] if len(node.args) > 1 else None
+            path = path or next((k.value for k in node.keywords if k.arg == "f"), None)
+            if path is not None and ctx.rankish(path):
+                return  # f"model_rank{rank}.pt": each rank writes a file of its own
             fn = ctx.func_stack[-1].key if ctx.func_stack else None
             ctx.saves.append((node, bool(ctx.guard_depth), fn))
 
