@@ -275,6 +275,31 @@ def test_groups_over_two_hosts_one_aios_run_each(tmp_path: Path) -> None:
     assert codes == [0, 0], err[-3000:]
 
 
+def test_a_host_whose_node_0_never_comes_is_one_line(tmp_path: Path) -> None:
+    """Node 1's aios-run with no node 0 on the master address: one line naming the store it
+    could not reach and what to start, exit 2, no traceback, no group process started."""
+    from aios.testing.strategy_contract import free_port
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
+    hosts = ["--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1"]
+    port = free_port()
+    r = subprocess.run(
+        [*python("-c", "from aios.cli.run import main; main()"), *hosts]
+        + ["--master-port", str(port), "--nprocs", "1", "ft.replica_groups=2"]
+        + ["ft.join_timeout_ms=1000", "ft.timeout=1", str(SCRIPT)],
+        capture_output=True,
+        text=True,
+        env={**env, "FT_OUT": str(tmp_path)},
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert r.returncode == 2, r.stderr
+    assert (
+        f"replica groups over 2 hosts: node 1 could not reach the run's store on 127.0.0.1:{port}"
+    ) in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not list(tmp_path.glob("g*-r*.jsonl"))
+
+
 def test_refused_with_a_strategy_groups_do_not_run() -> None:
     from aios.config.schema import resolve
     from aios.errors import ConfigError

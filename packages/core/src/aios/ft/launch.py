@@ -33,6 +33,7 @@ from typing import IO, Any
 
 from aios.checkpoint.lock import LOCK_HEARTBEAT_S
 from aios.checkpoint.store import CheckpointStore
+from aios.errors import AiosError
 from aios.ft import (
     GROUP_ENV,
     GROUPS_ENV,
@@ -390,6 +391,26 @@ class Groups:
             return True
         return False
 
+    def _meet(self, first: bool) -> None:
+        """Over several hosts: node 0 hosts the run's store and says where its lighthouse is;
+        the other hosts read it there. A store that never answers is one line."""
+        where = f"{self.cfg.master_addr}:{self.cfg.master_port}"
+        try:
+            self.store = run_store(self.cfg, master=first)
+            if first:
+                self.store.set(LIGHTHOUSE_KEY, self.address)
+            else:
+                self.address = self.store.get(LIGHTHOUSE_KEY).decode()
+        except (RuntimeError, OSError) as exc:  # torch's store errors are RuntimeErrors
+            why = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+            raise AiosError(
+                f"replica groups over {self.nnodes} hosts: node {self.cfg.node_rank} could not "
+                f"{'serve' if first else 'reach'} the run's store on {where} ({why})",
+                "start aios-run on every host with the same --nnodes, --master-addr and "
+                "--master-port, node 0 (--node-rank 0) on the master address; or raise "
+                "ft.join_timeout_ms",
+            ) from None
+
     def run(self) -> int:
         """Start every group, watch them; returns the run's exit status."""
         first = self.cfg.node_rank == 0
@@ -402,11 +423,7 @@ class Groups:
             if first:
                 self.lighthouse, self.address = start_lighthouse(self.cfg)
             if self.nnodes > 1:  # node 0 tells the other hosts where its lighthouse is
-                self.store = run_store(self.cfg, master=first)
-                if first:
-                    self.store.set(LIGHTHOUSE_KEY, self.address)
-                else:
-                    self.address = self.store.get(LIGHTHOUSE_KEY).decode()
+                self._meet(first)
             for g in self.local:
                 self.start(g)
                 if self.stopping is not None:  # a notice while starting: the new group too
