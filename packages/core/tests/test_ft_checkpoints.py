@@ -121,6 +121,19 @@ def _left_behind(tmp: Path) -> list[int]:
     return pids
 
 
+def _two_groups_stopping_at_6(tmp: Path) -> subprocess.Popen[str]:
+    """aios-run with 2 groups of one process whose ranks, after committing step 6, write their
+    marker and wait for a notice."""
+    return subprocess.Popen(
+        _command(tmp, 2, 2),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(tmp, FT_TERM_STEP="6"),
+        cwd=tmp,
+    )
+
+
 def _sigterm_when(
     proc: subprocess.Popen[str], markers: list[Path], sig: int = signal.SIGTERM
 ) -> tuple[str, str]:
@@ -188,14 +201,7 @@ def test_stop_writes_one_emergency_checkpoint_and_resumes_at_another_shape(
     emergency checkpoint (step 7, 28 committed samples) is written by one group, aios-run exits
     75 with the lighthouse and every group's process gone; the run resumes with plain ddp on 2
     processes, or with 3 groups, and trains the rest of the epoch: every sample once."""
-    proc = subprocess.Popen(
-        _command(tmp_path, 2, 2),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=_env(tmp_path, FT_TERM_STEP="6"),
-        cwd=tmp_path,
-    )
+    proc = _two_groups_stopping_at_6(tmp_path)
     # both groups committed step 6 and wait for their notice
     out, err = _sigterm_when(proc, [tmp_path / f"at-g{g}-r0" for g in (0, 1)])
     assert proc.returncode == 75, err[-3000:]
@@ -237,14 +243,7 @@ def test_sighup_stops_the_groups_as_sigterm_does(tmp_path: Path) -> None:
     ranks get their notice (SIGTERM, as torch's elastic agent passes SIGHUP on without groups),
     one emergency checkpoint is written, no group is restarted, nothing is left running, exit
     75."""
-    proc = subprocess.Popen(
-        _command(tmp_path, 2, 2),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=_env(tmp_path, FT_TERM_STEP="6"),
-        cwd=tmp_path,
-    )
+    proc = _two_groups_stopping_at_6(tmp_path)
     out, err = _sigterm_when(proc, [tmp_path / f"at-g{g}-r0" for g in (0, 1)], signal.SIGHUP)
     assert proc.returncode == 75, err[-3000:]
     assert _left_behind(tmp_path) == []

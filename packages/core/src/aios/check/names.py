@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from aios.check.library import CUDA_STR, LAUNCHER_ENV
 
@@ -26,6 +26,19 @@ def _last(node: ast.AST) -> str:
     if isinstance(node, ast.Name):
         return node.id
     return ""
+
+
+def guarded_call(scope: ast.AST, test: Callable[[ast.expr], bool], name: str) -> bool:
+    """Whether ``scope`` has an ``if`` whose condition ``test`` accepts and whose body calls
+    a function named ``name`` (``if local_rank != -1: init_process_group(...)``)."""
+    return any(
+        isinstance(n, ast.If)
+        and test(n.test)
+        and any(
+            isinstance(c, ast.Call) and _last(c.func) == name for st in n.body for c in ast.walk(st)
+        )
+        for n in ast.walk(scope)
+    )
 
 
 def _str(node: ast.AST | None) -> str | None:

@@ -25,6 +25,7 @@ from aios.check.names import (
     _last,
     _reads_launcher_env,
     _str,
+    guarded_call,
 )
 from aios.check.rules.base import CheckRule, Example
 
@@ -448,16 +449,7 @@ class ArgparseDefaults(CheckRule):
                 and _int(test.comparators[0]) == -1
             )
 
-        return any(
-            isinstance(n, ast.If)
-            and set_test(n.test)
-            and any(
-                isinstance(c, ast.Call) and _last(c.func) == "init_process_group"
-                for st in n.body
-                for c in ast.walk(st)
-            )
-            for n in ast.walk(tree)
-        )
+        return guarded_call(tree, set_test, "init_process_group")
 
     @staticmethod
     def local_rank_required(

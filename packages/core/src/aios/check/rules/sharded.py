@@ -9,7 +9,7 @@ import os
 
 from aios.check.callgraph import Context
 from aios.check.findings import BACKENDS, SHARDED
-from aios.check.names import _dotted, _last
+from aios.check.names import _dotted, _last, guarded_call
 from aios.check.rules.base import CheckRule, Example
 
 MESSAGES = {
@@ -108,16 +108,7 @@ class RankGuarded(CheckRule):
             return ctx.is_rank_exit(test)
 
         scope = ctx.func_stack[-1].node if ctx.func_stack else ctx.tree
-        return any(
-            isinstance(sub, ast.If)
-            and others(sub.test)
-            and any(
-                isinstance(c, ast.Call) and _last(c.func) == "barrier"
-                for st in sub.body
-                for c in ast.walk(st)
-            )
-            for sub in ast.walk(scope)
-        )
+        return guarded_call(scope, others, "barrier")
 
 
 class EveryRankSaves(CheckRule):
