@@ -371,13 +371,20 @@ rt.close()
 """
 
 
-def test_the_readme_command_runs_as_printed(tmp_path: Path) -> None:
-    """The core README's ``aios-run --nprocs 2 ft.replica_groups=2 train.py``, typed as printed
-    (no port, heartbeat or timeout settings), trains both groups to the end of the epoch."""
+@pytest.mark.parametrize(
+    "command",
+    [
+        "aios-run --nprocs 2 ft.replica_groups=2 train.py",
+        "aios-run --nprocs 4 ft.replica_groups=2 strategy=fsdp train.py",
+    ],
+)
+def test_the_readme_command_runs_as_printed(tmp_path: Path, command: str) -> None:
+    """The core README's replica-group commands, typed as printed (no port, heartbeat or
+    timeout settings), train every group to the end of the epoch."""
     (tmp_path / "train.py").write_text(README_SCRIPT)
     readme = (Path(__file__).parents[1] / "README.md").read_text()
-    command = "aios-run --nprocs 2 ft.replica_groups=2 train.py"
     assert command in readme
+    nprocs = int(command.split()[2])
     exe = Path(sys.executable).with_name("aios-run")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIOS_", "RUST_LOG"))}
     env["AIOS_LOGGING__RUN_DIR"] = str(tmp_path / "runs")
@@ -390,8 +397,8 @@ def test_the_readme_command_runs_as_printed(tmp_path: Path) -> None:
         timeout=600,
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.count("]:groups 2 participants 2\n") == 2, r.stdout[-2000:]
-    assert "[rank0]:groups" in r.stdout and "[rank1]:groups" in r.stdout
+    assert r.stdout.count("]:groups 2 participants 2\n") == nprocs, r.stdout[-2000:]
+    assert all(f"[rank{k}]:groups" in r.stdout for k in range(nprocs))
     assert "Quorum!" not in r.stderr  # torchft's per-step lines are off
     assert "GET /checkpoint/" not in r.stderr  # its checkpoint server's access log too
     assert "buffer is not writable" not in r.stderr
