@@ -5,6 +5,7 @@ and ZeRO-3 with CPU optimizer offload trains the same curve."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -123,7 +124,7 @@ def test_unknown_deepspeed_key_is_a_config_error() -> None:
 # ------------------------------------------------------------------------------ real DeepSpeed on CPU
 
 needs_ds = pytest.mark.skipif(
-    __import__("importlib").util.find_spec("deepspeed") is None,
+    importlib.util.find_spec("deepspeed") is None,
     reason="deepspeed is not installed (pip install -e ./packages/core "
     "'./packages/backend-cuda[test]' from the aios checkout)",
 )
@@ -173,6 +174,14 @@ def ddp_curve(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return res
 
 
+@pytest.fixture(scope="module")
+def zero2_curve(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """One uninterrupted ZeRO-2 run of 10 steps: the curve that follows DDP's, and the one a
+    checkpointed ZeRO-2 run resumes to bit for bit (one run read by both tests)."""
+    tmp = tmp_path_factory.mktemp("zero2")
+    return _run(tmp, "zero2.json", "strategy=deepspeed", "deepspeed.zero_stage=2")
+
+
 def _close(a: dict, b: dict, rtol: float = 1e-4) -> None:
     assert a["losses"].keys() == b["losses"].keys()
     for k in a["losses"]:
@@ -181,8 +190,8 @@ def _close(a: dict, b: dict, rtol: float = 1e-4) -> None:
 
 
 @needs_ds
-def test_zero2_two_ranks_follows_ddp(tmp_path: Path, ddp_curve: dict) -> None:
-    ds = _run(tmp_path, "zero2.json", "strategy=deepspeed", "deepspeed.zero_stage=2")
+def test_zero2_two_ranks_follows_ddp(ddp_curve: dict, zero2_curve: dict) -> None:
+    ds = zero2_curve
     assert ds["strategy"] == "DeepSpeedStrategy"
     m = ds["metrics"]
     assert m["zero_stage"] == 2 and m["world_size"] == 2 and m["global_steps"] == 10
@@ -196,7 +205,9 @@ def test_zero2_two_ranks_follows_ddp(tmp_path: Path, ddp_curve: dict) -> None:
 
 
 @needs_ds
-def test_zero2_checkpoint_resumes_exactly(tmp_path: Path, ddp_curve: dict) -> None:
+def test_zero2_checkpoint_resumes_exactly(tmp_path: Path, zero2_curve: dict) -> None:
+    """Stopped after step 4 with a checkpoint (ZeRO stage left at its default), resumed: the
+    rest of the curve is bitwise the uninterrupted explicit ``deepspeed.zero_stage=2`` run's."""
     ckpt = tmp_path / "ckpt"
     first = _run(
         tmp_path, "part1.json", "strategy=deepspeed", f"checkpoint.dir={ckpt}", stop_after=4
@@ -208,7 +219,7 @@ def test_zero2_checkpoint_resumes_exactly(tmp_path: Path, ddp_curve: dict) -> No
     assert marker["world_size"] == 2 and "state.pt" in marker["files"]
     rest = _run(tmp_path, "part2.json", "strategy=deepspeed", f"checkpoint.dir={ckpt}")
     assert rest["start"] == 4 and sorted(map(int, rest["losses"])) == list(range(5, 11))
-    full = _run(tmp_path, "full.json", "strategy=deepspeed")
+    full = zero2_curve
     for k, v in rest["losses"].items():
         assert v == full["losses"][k]  # bitwise: same shards, same data position, same RNG
     assert rest["checksum"] == full["checksum"] and rest["lr"] == full["lr"]
