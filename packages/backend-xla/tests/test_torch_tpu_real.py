@@ -4,14 +4,22 @@ op: import and device registration on a fixture sysfs (its own PCI scanner, redi
 ``torch.tpu.distributed.set_tpu_launch_env``, and the CLI never importing it.
 
 These run in the ``test-tpu`` hatch environment (``torch_tpu`` installed). Elsewhere they skip
-(torch_tpu absent). Each TorchTPU process is a subprocess: a real op without a TPU aborts."""
+(torch_tpu absent). Each TorchTPU run is a process of its own, never this one: a real op without a
+TPU aborts. The runs are forked from a ``tt_harness.py --serve`` process shared by the module, which
+imports torch and torch_tpu once (before any scan or registration, as a fresh run does), so each
+run costs its work, not the imports; one run's registration cannot reach another's."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import json
 import os
+import select
+import signal
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -53,8 +61,87 @@ def tpu_sysfs(root: Path, generation: str, chips: int, other: int = 2) -> tuple[
     return pci, vfio
 
 
+def _load_harness() -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location("tt_harness", HARNESS)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # its top level imports only the standard library
+    return mod
+
+
+class Harness:
+    """``tt_harness.py --serve`` processes for this module: each imports torch and torch_tpu
+    once and forks a process per run (one server per environment, the launch variables that
+    ``set_tpu_launch_env`` reads when called aside). This process imports neither."""
+
+    def __init__(self, logs: Path) -> None:
+        self.logs = logs
+        self.runtime_vars: frozenset[str] = _load_harness().RUNTIME_VARS
+        self.servers: dict[frozenset[tuple[str, str]], tuple[subprocess.Popen[bytes], Path]] = {}
+
+    def _server(self, env: dict[str, str]) -> tuple[frozenset, subprocess.Popen[bytes], Path]:
+        key = frozenset((k, v) for k, v in env.items() if k not in self.runtime_vars)
+        proc, log = self.servers.get(key) or (None, self.logs / f"server{len(self.servers)}.log")
+        if proc is None or proc.poll() is not None:
+            with open(log, "wb") as f:
+                proc = subprocess.Popen(
+                    [sys.executable, str(HARNESS), "--serve"],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=f,
+                    env=dict(key),
+                    start_new_session=True,
+                )
+            self.servers[key] = (proc, log)
+        return key, proc, log
+
+    def run(self, argv: list[str], env: dict[str, str], timeout: int) -> dict:
+        """What ``python tt_harness.py ARGV`` with ``env`` gave: returncode, stdout, stderr."""
+        key, proc, log = self._server(env)
+        assert proc.stdin is not None and proc.stdout is not None
+        request = {"argv": argv, "env": env, "cwd": os.getcwd()}
+        proc.stdin.write((json.dumps(request) + "\n").encode())
+        proc.stdin.flush()
+        if not select.select([proc.stdout], [], [], timeout)[0]:
+            self._stop(self.servers.pop(key)[0])
+            raise subprocess.TimeoutExpired(proc.args, timeout)
+        line = proc.stdout.readline()
+        assert line, f"the tt_harness server ended: {log.read_text(errors='replace')[-3000:]}"
+        answer = json.loads(line)
+        assert "refused" not in answer, answer["refused"]
+        return answer
+
+    @staticmethod
+    def _stop(proc: subprocess.Popen[bytes]) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    def close(self) -> None:
+        for proc, _ in self.servers.values():
+            assert proc.stdin is not None
+            proc.stdin.close()  # the server ends at the end of its input
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self._stop(proc)
+        self.servers.clear()
+
+
+@pytest.fixture(scope="module")
+def tt(tmp_path_factory):
+    h = Harness(tmp_path_factory.mktemp("tt_harness"))
+    yield h
+    h.close()
+
+
 def harness(
-    pci: Path, vfio: Path, *args: str, env: dict[str, str] | None = None, timeout: int = 300
+    tt: Harness,
+    pci: Path,
+    vfio: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout: int = 300,
 ) -> dict:
     base = {
         k: v
@@ -64,21 +151,15 @@ def harness(
         )
     }
     base.update(TPU_SKIP_MDS_QUERY="1", **(env or {}))
-    out = subprocess.run(
-        [sys.executable, str(HARNESS), str(pci), str(vfio), *args],
-        capture_output=True,
-        text=True,
-        env=base,
-        timeout=timeout,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+    out = tt.run([str(pci), str(vfio), *args], base, timeout)
+    assert out["returncode"] == 0, out["stderr"][-3000:]
+    line = [ln for ln in out["stdout"].splitlines() if ln.startswith("RESULT ")][-1]
     return json.loads(line[len("RESULT ") :])
 
 
-def test_import_and_registration_with_faked_pci_count(tmp_path):
+def test_import_and_registration_with_faked_pci_count(tt, tmp_path):
     pci, vfio = tpu_sysfs(tmp_path, "v6e", 4)
-    facts = harness(pci, vfio, "register")
+    facts = harness(tt, pci, vfio, "register")
     assert (
         facts["is_available"] is True and facts["device_count"] == 4 and facts["current"] == "tpu"
     )
@@ -94,18 +175,36 @@ def test_import_and_registration_with_faked_pci_count(tmp_path):
     assert len(SysfsSource(pci).chips()) == 4
 
 
-def test_unbound_chips_are_not_counted_by_torch_tpu(tmp_path):
+def test_unbound_chips_are_not_counted_by_torch_tpu(tt, tmp_path):
     pci, vfio = tpu_sysfs(tmp_path, "v5e", 4)
     for f in list(vfio.iterdir())[:2]:  # two chips not bound to VFIO
         f.unlink()
-    assert harness(pci, vfio, "register")["device_count"] == 2
+    assert harness(tt, pci, vfio, "register")["device_count"] == 2
 
 
-def test_no_chip_leaves_the_device_unregistered(tmp_path):
+def test_no_chip_leaves_the_device_unregistered(tt, tmp_path):
     pci, vfio = tpu_sysfs(tmp_path, "v6e", 0)
-    facts = harness(pci, vfio, "register")
+    facts = harness(tt, pci, vfio, "register")
     assert facts["is_available"] is False and facts["device_count"] == 0
     assert facts["privateuse1"] == "privateuseone" and facts["pg_backends"] == []
+
+
+def test_runs_forked_from_the_shared_import_start_as_fresh_processes(tt, tmp_path):
+    """The harness's server imports once and forks each run: a run's registration, redirect and
+    environment stay in its own process, and the server itself never registers a device."""
+    pci, vfio = tpu_sysfs(tmp_path / "a", "v6e", 4)
+    none_pci, none_vfio = tpu_sysfs(tmp_path / "b", "v6e", 0)
+    runs = [
+        harness(tt, pci, vfio, "register"),
+        harness(tt, none_pci, none_vfio, "register"),
+        harness(tt, pci, vfio, "register"),
+    ]
+    assert [r["device_count"] for r in runs] == [4, 0, 4]
+    assert [r["privateuse1"] for r in runs] == ["tpu", "privateuseone", "tpu"]
+    env = {"TPU_WORKER_HOSTNAMES": "h0,h1", "JOB_COMPLETION_INDEX": "1"}
+    assert harness(tt, pci, vfio, "launch_env", "2", "4", env=env)["NODE_RANK"] == "1"
+    assert harness(tt, pci, vfio, "launch_env", "-", "-")["TORCH_TPU_TOPOLOGY"] == "2,2,1"
+    assert "NODE_RANK" not in harness(tt, pci, vfio, "launch_env", "-", "-")
 
 
 def _cfg(*overrides: str):
@@ -126,9 +225,11 @@ FIELDS_MULTI = (
 @pytest.mark.parametrize(
     "acc,generation,chips", [("v5litepod-8", "v5e", 8), ("v5p-8", "v5p", 4), ("v6e-4", "v6e", 4)]
 )
-def test_single_host_env_matches_set_tpu_launch_env(tmp_path, clean_env, acc, generation, chips):
+def test_single_host_env_matches_set_tpu_launch_env(
+    tt, tmp_path, clean_env, acc, generation, chips
+):
     pci, vfio = tpu_sysfs(tmp_path, generation, chips)
-    theirs = harness(pci, vfio, "launch_env", "-", "-")
+    theirs = harness(tt, pci, vfio, "launch_env", "-", "-")
     facts = discover(sysfs=SysfsSource(pci), environ={}, use_metadata=False)
     ours = T.tpu_launch_plan(
         _cfg(f"xla.accelerator={acc}"), LaunchRequest("train.py"), facts
@@ -158,7 +259,7 @@ def test_single_host_env_matches_set_tpu_launch_env(tmp_path, clean_env, acc, ge
     "acc,generation,hosts", [("v5litepod-16", "v5e", 4), ("v5p-16", "v5p", 2), ("v6e-32", "v6e", 8)]
 )
 def test_multi_host_env_matches_set_tpu_launch_env_field_by_field(
-    tmp_path, clean_env, acc, generation, hosts
+    tt, tmp_path, clean_env, acc, generation, hosts
 ):
     pci, vfio = tpu_sysfs(tmp_path, generation, 4)
     names = [f"{acc}-w{i}.tpu.internal" for i in range(hosts)]
@@ -169,6 +270,7 @@ def test_multi_host_env_matches_set_tpu_launch_env_field_by_field(
     )
     for rank in (hosts - 1,):  # the last host: every field differs from host 0's defaults
         theirs = harness(
+            tt,
             pci,
             vfio,
             "launch_env",
@@ -182,7 +284,7 @@ def test_multi_host_env_matches_set_tpu_launch_env_field_by_field(
         assert plan.hosts[rank].nprocs == 4
 
 
-def test_multi_host_gke_pod_env_built_by_the_launcher_matches(tmp_path):
+def test_multi_host_gke_pod_env_built_by_the_launcher_matches(tt, tmp_path):
     """A GKE pod gets one template for every host; the aios launcher completes it from
     JOB_COMPLETION_INDEX as TorchTPU would."""
     from aios_backend_xla.tpu_launcher import host_env
@@ -190,6 +292,7 @@ def test_multi_host_gke_pod_env_built_by_the_launcher_matches(tmp_path):
     pci, vfio = tpu_sysfs(tmp_path, "v6e", 4)
     names = "p0.js,p1.js,p2.js,p3.js"
     theirs = harness(
+        tt,
         pci,
         vfio,
         "launch_env",
@@ -270,13 +373,13 @@ def test_doctor_reports_the_installed_version_set():
     )
 
 
-def test_example_training_step_on_tpu_under_fake_tensor_mode(tmp_path):
+def test_example_training_step_on_tpu_under_fake_tensor_mode(tt, tmp_path):
     """The example GPT through the tpu accelerator, core's bf16-mixed policy and the native DDP
     strategy: parameters placed on tpu, autocast with bf16 passed explicitly (TorchTPU's default
     is float16), one rank. FakeTensorMode: shapes and devices only; the
     backward pass needs the device's autograd queues, which exist only with a TPU runtime."""
     pci, vfio = tpu_sysfs(tmp_path, "v6e", 4)
-    r = harness(pci, vfio, "step", "bf16-mixed", "1")
+    r = harness(tt, pci, vfio, "step", "bf16-mixed", "1")
     assert r["accelerator"] == "tpu" and r["device"] == "tpu" and r["param_devices"] == ["tpu"]
     assert r["dist_backend"] == "tpu" and r["compile_backend"] == "tpu"
     assert r["autocast_dtype"] == "bfloat16" and r["logits_dtype"] == "torch.bfloat16"
