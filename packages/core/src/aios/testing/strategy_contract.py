@@ -8,7 +8,9 @@ strategy on CPU with real processes over gloo.
         overrides = ["mine.level=2"] # extra config for the runs
         nprocs = 2
 
-Each test runs a small script under ``aios-run --nprocs N`` (a real process group) and checks:
+Each test runs a small script under ``aios-run --nprocs N`` (a real process group; started with
+:mod:`aios.testing.launch`, so forked from the test session's zygote and its ranks from aios-run's
+own, as a user's run starts warm) and checks:
 setup (parameters live on the strategy's device, the optimizer steps them), steps that lower the
 loss and keep replicas in agreement, gradient accumulation equal to one large batch, clipping to
 the configured global norm, a save/load round trip restoring parameters and optimizer state
@@ -31,12 +33,11 @@ needs, ``env``.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any, ClassVar
+
+from aios.testing import launch
 
 CONTRACT_SCRIPT = r"""
 import json, os, sys, torch, aios
@@ -180,20 +181,9 @@ class StrategyContract:
         script.write_text(CONTRACT_SCRIPT)
         own_dir = not any(a.startswith("checkpoint.dir=") for a in extra)
         managed = work / "managed"
-        run_env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
-        run_env.update(
-            {
-                "AIOS_LOGGING__TENSORBOARD": "false",
-                "OMP_NUM_THREADS": "1",
-                "CONTRACT_CKPT": str(work / "ckpt" / "ckpt-0"),
-                **self.env,
-                **(env or {}),
-            }
-        )
-        cmd = [
-            sys.executable,
-            "-c",
-            "from aios.cli.run import main; main()",
+        run_env = launch.run_env(work, CONTRACT_CKPT=str(work / "ckpt" / "ckpt-0"))
+        run_env.update({**self.env, **(env or {})})
+        args = [
             "--backend",
             self.backend,
             "--nprocs",
@@ -205,9 +195,7 @@ class StrategyContract:
             *extra,
             str(script),
         ]
-        r = subprocess.run(
-            cmd, capture_output=True, text=True, env=run_env, cwd=work, timeout=self.timeout
-        )
+        r = launch.aios_run(args, cwd=work, env=run_env, timeout=self.timeout)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         line = next((ln for ln in r.stdout.splitlines() if "CONTRACT " in ln), None)
         assert line, r.stdout[-3000:]
