@@ -40,6 +40,7 @@ from aios_cloud.records import (
 )
 from aios_cloud.signals import signals_deferred, terminated
 from aios_cloud.ssh import (
+    SSH_RETRIES,
     LinePrinter,
     SshError,
     _kill,
@@ -255,11 +256,22 @@ class Watcher:
     def _observe(self, job: JobRecord, rec: ClusterRecord, watch: _Watch) -> _Seen | None:
         """Each worker's state, and (every ``describe_every`` seconds, or when a worker is not
         running) the cluster as the cloud describes it; ``None`` when the describe failed."""
-        try:
-            states = poll_job(rec, self.job_id)
-        except SshError as exc:  # defensive: poll_job maps per-host SSH trouble itself
-            self.log(f"polling {rec.name} failed ({exc}); retrying")
-            states = [("UNREACHABLE", None)] * max(1, len(rec.hosts))
+        states = self._poll(rec, retries=0)
+        if any(s == "UNREACHABLE" for s, _ in states):
+            # the hosts do not answer at once: the cloud's word first, so that a preempted or
+            # deleted cluster is acted on now rather than after the SSH back-offs; otherwise
+            # look again with them (a passing network hiccup is no lost host)
+            now = time.monotonic()
+            try:
+                info = self.provider.describe(rec.name, rec.zone)
+            except CloudError:
+                info = None
+            else:
+                incident = _cluster_incident(info)
+                if incident is not None:
+                    watch.last_describe = now
+                    return _Seen(states, now, True, incident)
+            states = self._poll(rec)
         now = time.monotonic()
         queued = bool(states) and all(s == "QUEUED" for s, _ in states)
         if queued != (job.state == JOB_PENDING):
@@ -279,6 +291,13 @@ class Watcher:
                 return None
             incident = _cluster_incident(info)
         return _Seen(states, now, described, incident)
+
+    def _poll(self, rec: ClusterRecord, retries: int = SSH_RETRIES) -> list[tuple[str, int | None]]:
+        try:
+            return poll_job(rec, self.job_id, retries=retries)
+        except SshError as exc:  # defensive: poll_job maps per-host SSH trouble itself
+            self.log(f"polling {rec.name} failed ({exc}); retrying")
+            return [("UNREACHABLE", None)] * max(1, len(rec.hosts))
 
     # -------------------------------------------------------------- act on exits
     def _on_exits(self, rec: ClusterRecord, seen: _Seen, watch: _Watch) -> int | None:
