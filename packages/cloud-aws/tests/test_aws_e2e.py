@@ -131,6 +131,8 @@ def test_launch_two_nodes_over_gloo_then_down(aws, sshd_hosts, tmp_path):
         str(cfg),
         "--env",
         "GLOO_SOCKET_IFNAME=eth0",
+        "--env",
+        "OMP_NUM_THREADS=1",  # the instances share this machine's cores: see the spot test
         "gpt.py",
         "--",
         *_gpt_args(12),
