@@ -255,22 +255,21 @@ class Watcher:
     # -------------------------------------------------------------- observe
     def _observe(self, job: JobRecord, rec: ClusterRecord, watch: _Watch) -> _Seen | None:
         """Each worker's state, and (every ``describe_every`` seconds, or when a worker is not
-        running) the cluster as the cloud describes it; ``None`` when the describe failed."""
+        running) the cluster as the cloud describes it; ``None`` when the describe failed.
+
+        Hosts that do not answer at once: the cloud is asked first (a preempted or deleted
+        cluster is acted on now, not after SSH's back-offs), then, if it shows nothing wrong,
+        the hosts again with the back-offs (a passing network hiccup is no lost host)."""
         states = self._poll(rec, retries=0)
         if any(s == "UNREACHABLE" for s, _ in states):
-            # the hosts do not answer at once: the cloud's word first, so that a preempted or
-            # deleted cluster is acted on now rather than after the SSH back-offs; otherwise
-            # look again with them (a passing network hiccup is no lost host)
             now = time.monotonic()
             try:
-                info = self.provider.describe(rec.name, rec.zone)
+                incident = _cluster_incident(self.provider.describe(rec.name, rec.zone))
             except CloudError:
-                info = None
-            else:
-                incident = _cluster_incident(info)
-                if incident is not None:
-                    watch.last_describe = now
-                    return _Seen(states, now, True, incident)
+                incident = None  # the look with back-offs below describes it again
+            if incident is not None:
+                watch.last_describe = now
+                return _Seen(states, now, True, incident)
             states = self._poll(rec)
         now = time.monotonic()
         queued = bool(states) and all(s == "QUEUED" for s, _ in states)
@@ -293,6 +292,7 @@ class Watcher:
         return _Seen(states, now, described, incident)
 
     def _poll(self, rec: ClusterRecord, retries: int = SSH_RETRIES) -> list[tuple[str, int | None]]:
+        """:func:`poll_job`; every host unreachable when even that fails."""
         try:
             return poll_job(rec, self.job_id, retries=retries)
         except SshError as exc:  # defensive: poll_job maps per-host SSH trouble itself
