@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import boto3
+from aios_cloud.store import JOB_FINAL, Store
 from aios_cloud_aws.testing.inventory import leftovers
 
 PY = sys.executable
@@ -353,12 +354,19 @@ def test_managed_spot_run_moves_to_the_next_candidate_and_resumes_exactly_once(
             h.start(new_host_key=True)
             node_services(h)
 
-        def final():
-            st = _aios(tmp_path, "status", "follow", "--json")
-            job = json.loads(st.stdout)[0]["jobs"][0] if st.returncode == 0 else {}
-            return job if job.get("state") in ("SUCCEEDED", "FAILED", "CANCELLED") else None
+        # the job's end as the watcher records it (read here, not through a CLI per look); then
+        # what `aios status` says of it
+        store = Store(tmp_path / "home" / "state.db")
 
-        job = _wait(final, 420, "the job to finish", 3)
+        def ended() -> bool:
+            job = store.get_job(1)
+            return job is not None and job.state in JOB_FINAL
+
+        _wait(ended, 420, "the job to finish")
+        store.close()
+        st = _aios(tmp_path, "status", "follow", "--json")
+        assert st.returncode == 0, st.stderr
+        job = json.loads(st.stdout)[0]["jobs"][0]
         logs = _aios(tmp_path, "logs", "follow").stdout
         assert job["state"] == "SUCCEEDED", logs[-3000:]
         assert job["restarts"] == 1

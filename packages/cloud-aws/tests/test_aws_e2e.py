@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import boto3
+from aios_cloud.store import JOB_FINAL, Store
 from aios_cloud_aws.testing.inventory import leftovers
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
@@ -130,6 +131,8 @@ def test_launch_two_nodes_over_gloo_then_down(aws, sshd_hosts, tmp_path):
         str(cfg),
         "--env",
         "GLOO_SOCKET_IFNAME=eth0",
+        "--env",
+        "OMP_NUM_THREADS=1",  # the instances share this machine's cores: see the spot test
         "gpt.py",
         "--",
         *_gpt_args(12),
@@ -160,7 +163,10 @@ def _in_ns(host, argv: list[str], log: Path) -> subprocess.Popen:
     )
 
 
-STEPS = 600  # long enough that the notice lands mid-run on an idle machine (~30 steps/s here)
+# long enough that the notice lands mid-run on an idle machine (~30 steps/s here): the test sends
+# it as soon as rank 0's log shows step 10 (read on the host, not through a CLI per look) and the
+# workers stop within one IMDS poll (0.5 s) and a step
+STEPS = 200
 
 
 def test_spot_notice_checkpoints_to_s3_and_managed_recovery_resumes(aws, sshd_hosts, tmp_path):
@@ -244,6 +250,11 @@ def test_spot_notice_checkpoints_to_s3_and_managed_recovery_resumes(aws, sshd_ho
             "--detach",
             "--env",
             "GLOO_SOCKET_IFNAME=eth0",
+            # the two "instances" share this machine's cores (nproc counts all of them on each):
+            # one thread per rank, as on a 1-core instance; two spinning OpenMP threads per rank
+            # on a loaded machine made each step some 30 times slower
+            "--env",
+            "OMP_NUM_THREADS=1",
             "--env",
             f"AWS_EC2_METADATA_SERVICE_ENDPOINT=http://127.0.0.1:{IMDS_PORT}",
             "--env",
@@ -262,19 +273,13 @@ def test_spot_notice_checkpoints_to_s3_and_managed_recovery_resumes(aws, sshd_ho
         # finish first), the spot notice arrives on every node
         import re
 
+        worker_log = sshd_hosts.hosts[0].home / "aios" / "spot" / "jobs" / "1" / "worker.log"
         deadline = time.monotonic() + 180
         seen = 0
         while time.monotonic() < deadline and seen < 10:
-            seen = max(
-                [
-                    int(m)
-                    for m in re.findall(
-                        rf"gpt (\d+)/{STEPS}", _aios(tmp_path, "logs", "spot").stdout
-                    )
-                ]
-                or [0]
-            )
-            time.sleep(0.5)
+            text = worker_log.read_text(errors="replace") if worker_log.exists() else ""
+            seen = max([int(m) for m in re.findall(rf"gpt (\d+)/{STEPS}", text)] or [0])
+            time.sleep(0.05)
         assert 10 <= seen < STEPS, f"training did not get under way (last step seen: {seen})"
         from aios_cloud_aws.testing.imds import notice_json
 
@@ -315,14 +320,17 @@ def test_spot_notice_checkpoints_to_s3_and_managed_recovery_resumes(aws, sshd_ho
         for h in sshd_hosts.hosts:
             h.start(new_host_key=True)
             node_services(h)
+        # the job's end as the watcher records it (read here, not through a CLI per look); then
+        # what `aios status` says of it
+        store = Store(tmp_path / "home" / "state.db")
         deadline = time.monotonic() + 400
-        state = ""
         while time.monotonic() < deadline:
-            st = _aios(tmp_path, "status", "spot", "--json")
-            state = st.stdout
-            if '"state": "SUCCEEDED"' in state or '"state": "FAILED"' in state:
+            job = store.get_job(1)
+            if job is not None and job.state in JOB_FINAL:
                 break
-            time.sleep(3)
+            time.sleep(0.5)
+        store.close()
+        state = _aios(tmp_path, "status", "spot", "--json").stdout
         assert '"state": "SUCCEEDED"' in state, (
             state + _aios(tmp_path, "logs", "spot").stdout[-3000:]
         )

@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from aios_cloud.store import JOB_FINAL, JOB_RUNNING, Store
 
 pytestmark = pytest.mark.slow
 
@@ -91,12 +92,24 @@ def status(aios_cli, env) -> list[dict]:
     return json.loads(r.stdout)
 
 
+def job_state(env, job_id: int = 1) -> str | None:
+    """The job's state as the watcher records it: a look without a CLI process (a wait loop's)."""
+    store = Store(Path(env["AIOS_HOME"]) / "state.db")
+    try:
+        job = store.get_job(job_id)
+        return job.state if job else None
+    finally:
+        store.close()
+
+
 def test_gcp_launch_on_two_host_slice_stop_refused_then_down(
     tmp_path, sshd_hosts, fake_tpu, gcp_env, aios_cli
 ):
     work = make_project(tmp_path)
     env = gcp_env(tmp_path, fake_tpu)
-    r = aios_cli(env, *launch_args(work, "slice", 10))
+    # the slice's hosts share this machine's cores (nproc counts all of them on each): one
+    # thread per rank; two spinning OpenMP threads per rank on a loaded machine slow each step
+    r = aios_cli(env, *launch_args(work, "slice", 10, "--env", "OMP_NUM_THREADS=1"))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     h0, h1 = sshd_hosts.hosts
     # every line is prefixed with its worker; both hosts ran (rank 0 prints the summary)
@@ -242,13 +255,8 @@ def test_gcp_unmanaged_spot_preemption_fails_the_job_with_a_hint(
     )
     assert status(aios_cli, env)[0]["jobs"][0]["state"] == "RUNNING"
     fake_tpu.preempt("bare")
-    job = wait_for(
-        lambda: (lambda j: j if j["state"] != "RUNNING" else None)(
-            status(aios_cli, env)[0]["jobs"][0]
-        ),
-        120,
-        "the job to end",
-    )
+    wait_for(lambda: job_state(env) not in (None, JOB_RUNNING), 120, "the job to end")
+    job = status(aios_cli, env)[0]["jobs"][0]
     assert job["state"] == "FAILED" and job["restarts"] == 0
     assert follow.wait(timeout=60) == 0  # `aios logs -f` returns when the job ends
     st = status(aios_cli, env)[0]
@@ -345,12 +353,9 @@ def test_gcp_managed_spot_recovers_from_preemption_with_the_same_loss(
     assert at_preemption < steps
     fake_tpu.preempt("spot")
 
-    def final() -> dict | None:
-        jobs = status(aios_cli, env)[0]["jobs"]
-        return jobs[-1] if jobs[-1]["state"] in ("SUCCEEDED", "FAILED", "CANCELLED") else None
-
-    job = wait_for(final, 420, "the managed job to finish", interval=2)
+    wait_for(lambda: job_state(env) in JOB_FINAL, 420, "the managed job to finish")
     st = status(aios_cli, env)[0]
+    job = st["jobs"][-1]
     watcher_log = Path(env["AIOS_HOME"]) / "clusters" / "spot" / "watcher-1.log"
     assert job["state"] == "SUCCEEDED", (
         watcher_log.read_text()[-4000:] if watcher_log.exists() else st
@@ -423,12 +428,9 @@ def test_gcp_unhealthy_node_is_repaired(
     wait_for(lambda: log.exists() and "working" in log.read_text(), 60, "the job to start")
     fake_tpu.set_health("sick", "UNHEALTHY_TENSORFLOW", sticky=sticky)
 
-    def final() -> dict | None:
-        jobs = status(aios_cli, env)[0]["jobs"]
-        return jobs[-1] if jobs[-1]["state"] in ("SUCCEEDED", "FAILED", "CANCELLED") else None
-
-    job = wait_for(final, 180, "the job to finish", interval=1)
+    wait_for(lambda: job_state(env) in JOB_FINAL, 180, "the job to finish")
     st = status(aios_cli, env)[0]
+    job = st["jobs"][-1]
     assert job["state"] == "SUCCEEDED" and job["restarts"] == 1, st
     recovered = [e["message"] for e in st["recoveries"] if e["kind"] == "recovered"]
     assert any("UNHEALTHY_TENSORFLOW" in m for m in recovered), st["recoveries"]

@@ -158,6 +158,67 @@ def test_cloud_watch_replaced_host_with_new_host_key_goes_through_recovery(env, 
     assert (env.hosts[0].home / "attempts").read_text() == "2"
 
 
+def test_cloud_watch_asks_the_cloud_before_waiting_out_ssh_back_offs(env, tmp_path, monkeypatch):
+    """Hosts that stop answering with the cloud saying the cluster is gone (a reclaimed spot
+    capacity): the watcher asks the cloud at the first failed look and recovers at once, instead
+    of first retrying SSH with back-off (1 + 2 + 4 + 8 + 16 s) as for a network hiccup."""
+    from aios_cloud import ssh
+
+    store, provider, rec, job_id, config, printer, logs = _setup(env, tmp_path, "long")
+    gone: list[bool] = []
+    backoffs: list[float] = []  # SSH back-offs between the hosts going away and the incident
+    plain_init = ssh.SshRunner.__init__
+
+    def init(self, *args, **kwargs) -> None:
+        plain_init(self, *args, **kwargs)
+        plain_sleep = self.sleep
+
+        def sleep(seconds: float) -> None:
+            if gone and not store.events("wc", kind="preempted"):
+                backoffs.append(seconds)
+            plain_sleep(seconds)
+
+        self.sleep = sleep
+
+    monkeypatch.setattr(ssh.SshRunner, "__init__", init)
+    plain_create = provider.create
+
+    def create(request: ClusterRequest) -> ClusterInfo:  # the cloud's new machine boots
+        env.hosts[0].start(new_host_key=True)
+        return plain_create(request)
+
+    provider.create = create  # type: ignore[method-assign]
+
+    def watcher_sleep(seconds: float) -> None:
+        import time
+
+        if not gone and (env.hosts[0].home / "attempts").exists():
+            env.hosts[0].stop()  # the capacity is reclaimed: the machine and the cluster go
+            provider.exists = False
+            gone.append(True)
+        time.sleep(min(seconds, 0.2))
+
+    opts = WatchOptions(poll=0.2, describe_every=60, follow=False, ssh_timeout=30)
+    code = Watcher(
+        store,
+        provider,
+        job_id,
+        config,
+        printer=printer,
+        log=logs.append,
+        options=opts,
+        sleep=watcher_sleep,
+    ).run()
+    job = store.get_job(job_id)
+    assert gone and code == 0 and job.state == JOB_SUCCEEDED, logs
+    assert any(
+        e.kind == "preempted" and "cluster disappeared" in e.message for e in store.events("wc")
+    )
+    assert backoffs == []
+    assert provider.calls.count("create") == 1
+    assert (env.hosts[0].home / "attempts").read_text() == "2"
+
+
 def test_cloud_watch_treats_host_maintenance_as_an_interruption(env, tmp_path):
     """A host event on a VM of a TPU slice interrupts the entire slice ("Manage GKE node
     disruption for GPUs and TPUs",

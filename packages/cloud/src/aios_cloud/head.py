@@ -18,6 +18,7 @@ from aios_cloud import fleet
 from aios_cloud.provider.data import ClusterHost
 from aios_cloud.records import Log, cluster_key, record_hosts, remote_root, runner_for
 from aios_cloud.ssh import (
+    SSH_RETRIES,
     HostResult,
     SshError,
     _first_line,
@@ -68,7 +69,9 @@ class Head:
         rec: ClusterRecord,
         printer: Callable[[str, str], None] | None = None,
         log: Log | None = None,
+        retries: int = SSH_RETRIES,
     ) -> None:
+        """``retries``: extra SSH attempts after a transient failure (with back-off)."""
         self.rec = rec
         self.hosts = record_hosts(rec)
         if not self.hosts:
@@ -84,7 +87,12 @@ class Head:
             own if rec.ssh_key and Path(rec.ssh_key).expanduser() == own and own.is_file() else None
         )
         self.runner = runner_for(
-            rec, None, control=True, forward_agent=self.own_key is None, log=self.log
+            rec,
+            None,
+            control=True,
+            forward_agent=self.own_key is None,
+            log=self.log,
+            retries=retries,
         )
         self.sent = 0  # payload bytes this machine sent to the head
         self.reset_keys = False  # set by reach(): the hosts were recreated, keys re-pinned

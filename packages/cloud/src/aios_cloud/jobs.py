@@ -42,6 +42,7 @@ from aios_cloud.records import Log, record_hosts, remote_root, runner_for
 from aios_cloud.request import JobSpec
 from aios_cloud.request import parse_env as parse_env
 from aios_cloud.ssh import (
+    SSH_RETRIES,
     HostKeyChanged,
     SshError,
 )
@@ -310,11 +311,14 @@ def start_job(
     return sum(p.nprocs for p in plans.values())
 
 
-def poll_job(rec: ClusterRecord, job_id: int) -> list[tuple[str, int | None]]:
+def poll_job(
+    rec: ClusterRecord, job_id: int, retries: int = SSH_RETRIES
+) -> list[tuple[str, int | None]]:
     """Per host (worker order): ``("EXIT", code)``, ``("RUNNING", None)``, ``("LOST", None)``
     (no process and no exit code: the host rebooted or was replaced), ``("REPLACED", None)``
     (a different machine answers at the host's address: its host key changed) or
-    ``("UNREACHABLE", None)``. Never raises for one host's SSH trouble."""
+    ``("UNREACHABLE", None)``. Never raises for one host's SSH trouble. ``retries``: extra SSH
+    attempts to the head host (with back-off) before its hosts count as unreachable."""
     d = f"{remote_root(rec.name)}/jobs/{job_id}"
     cmd = (
         f'if [ -f {d}/exit_code ]; then echo "EXIT $(cat {d}/exit_code)"; '
@@ -326,7 +330,7 @@ def poll_job(rec: ClusterRecord, job_id: int) -> list[tuple[str, int | None]]:
     if not hosts:
         return []
     try:
-        results, outputs = Head(rec).fan("polled", cmd=cmd, timeout=60, echo=False)
+        results, outputs = Head(rec, retries=retries).fan("polled", cmd=cmd, timeout=60, echo=False)
     except HostKeyChanged:
         lost: list[tuple[str, int | None]] = [("UNREACHABLE", None)] * (len(hosts) - 1)
         return [("REPLACED", None), *lost]

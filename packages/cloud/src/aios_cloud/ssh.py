@@ -60,6 +60,7 @@ HOSTKEY_CHANGED = re.compile(
 
 
 MAX_PARALLEL = 8  # ssh processes this machine runs at once, whatever the number of hosts
+SSH_RETRIES = 5  # extra attempts after a transient exit-255 failure (exponential back-off)
 COMMAND_TIMEOUT = 600.0  # seconds a remote command may take unless the caller says otherwise
 PROGRESS_EVERY = 10.0  # seconds between "waiting for ..." lines
 
@@ -237,7 +238,7 @@ class SshRunner:
         known_hosts: str | os.PathLike[str],
         key: str | None = None,
         alias: str = "aios",
-        retries: int = 5,
+        retries: int = SSH_RETRIES,
         backoff: float = 1.0,
         connect_timeout: int = 10,
         printer: Callable[[str, str], None] | None = None,

@@ -40,6 +40,7 @@ from aios_cloud.records import (
 )
 from aios_cloud.signals import signals_deferred, terminated
 from aios_cloud.ssh import (
+    SSH_RETRIES,
     LinePrinter,
     SshError,
     _kill,
@@ -254,12 +255,22 @@ class Watcher:
     # -------------------------------------------------------------- observe
     def _observe(self, job: JobRecord, rec: ClusterRecord, watch: _Watch) -> _Seen | None:
         """Each worker's state, and (every ``describe_every`` seconds, or when a worker is not
-        running) the cluster as the cloud describes it; ``None`` when the describe failed."""
-        try:
-            states = poll_job(rec, self.job_id)
-        except SshError as exc:  # defensive: poll_job maps per-host SSH trouble itself
-            self.log(f"polling {rec.name} failed ({exc}); retrying")
-            states = [("UNREACHABLE", None)] * max(1, len(rec.hosts))
+        running) the cluster as the cloud describes it; ``None`` when the describe failed.
+
+        Hosts that do not answer at once: the cloud is asked first (a preempted or deleted
+        cluster is acted on now, not after SSH's back-offs), then, if it shows nothing wrong,
+        the hosts again with the back-offs (a passing network hiccup is no lost host)."""
+        states = self._poll(rec, retries=0)
+        if any(s == "UNREACHABLE" for s, _ in states):
+            now = time.monotonic()
+            try:
+                incident = _cluster_incident(self.provider.describe(rec.name, rec.zone))
+            except CloudError:
+                incident = None  # the look with back-offs below describes it again
+            if incident is not None:
+                watch.last_describe = now
+                return _Seen(states, now, True, incident)
+            states = self._poll(rec)
         now = time.monotonic()
         queued = bool(states) and all(s == "QUEUED" for s, _ in states)
         if queued != (job.state == JOB_PENDING):
@@ -279,6 +290,14 @@ class Watcher:
                 return None
             incident = _cluster_incident(info)
         return _Seen(states, now, described, incident)
+
+    def _poll(self, rec: ClusterRecord, retries: int = SSH_RETRIES) -> list[tuple[str, int | None]]:
+        """:func:`poll_job`; every host unreachable when even that fails."""
+        try:
+            return poll_job(rec, self.job_id, retries=retries)
+        except SshError as exc:  # defensive: poll_job maps per-host SSH trouble itself
+            self.log(f"polling {rec.name} failed ({exc}); retrying")
+            return [("UNREACHABLE", None)] * max(1, len(rec.hosts))
 
     # -------------------------------------------------------------- act on exits
     def _on_exits(self, rec: ClusterRecord, seen: _Seen, watch: _Watch) -> int | None:
