@@ -373,9 +373,7 @@ def exit_now(code: object) -> None:
     import threading
 
     main_thread = threading.main_thread()
-    if any(
-        t is not main_thread and not t.daemon and t.is_alive() for t in threading.enumerate()
-    ):
+    if any(t is not main_thread and not t.daemon and t.is_alive() for t in threading.enumerate()):
         raise SystemExit(code)
     if code is None:
         status = 0
