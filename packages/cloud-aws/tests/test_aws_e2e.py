@@ -163,12 +163,10 @@ def _in_ns(host, argv: list[str], log: Path) -> subprocess.Popen:
     )
 
 
-# long enough that the notice lands mid-run on an idle machine (~30 steps/s here): the test sends
+# long enough that the notice lands mid-run (one OpenMP thread a rank: ~30 steps/s): the test sends
 # it as soon as rank 0's log shows step 10 (read on the host, not through a CLI per look) and the
 # workers stop within one IMDS poll (0.5 s) and a step
-STEPS = (
-    600  # long enough that the notice lands mid-run (one OpenMP thread a rank: ~30 steps/s here)
-)
+STEPS = 600
 
 
 def test_spot_notice_checkpoints_to_s3_and_managed_recovery_resumes(aws, sshd_hosts, tmp_path):
