@@ -68,6 +68,8 @@ class Replica:
         #: this group's index among them (None: healing this step)
         self.participant_rank: int | None = self.group
         self.samplers: list[Any] = []
+        #: the all-reduce buffer kept across steps (:meth:`_flat`)
+        self._buf: Any = None
         restarted = environ.get(RESTARTED_AT_ENV)
         self._restarted_at = float(restarted) if restarted else None
         #: goodput: steps committed, committed with fewer groups, not committed; heal seconds
@@ -253,14 +255,14 @@ class Replica:
                 if p.grad is not None:
                     g = p.grad
                     grads.append(g.to_local() if isinstance(g, DTensor) else g)
-        flag = torch.full((1,), 1.0 if noticed else 0.0)
-        if grads:
-            flag = flag.to(device=grads[0].device, dtype=grads[0].dtype)
-        flat = torch.cat([*(g.reshape(-1) for g in grads), flag])
+        flat = self._flat(grads)
+        torch.cat([*(g.reshape(-1) for g in grads), flat.new_full((1,), float(noticed))], out=flat)
         m.allreduce(flat).wait()
         at = 0
         for g in grads:
             n = g.numel()
+            # copied back, never handed out as a view of the buffer: a gradient the script
+            # keeps from this step stays this step's (the buffer is refilled next step)
             g.copy_(flat[at : at + n].view_as(g))
             at += n
         heard = bool(flat[-1].item() > 0)
@@ -294,6 +296,31 @@ class Replica:
                     f.write(str(self.training.step + 1))
                 os.replace(path + ".tmp", path)
         return True
+
+    def _flat(self, grads: list[Any]) -> Any:
+        """The step's all-reduce buffer: every gradient and the stop flag, end to end. One
+        buffer is kept across steps (a fresh 25 MB tensor a step costs page faults); a new one
+        when the gradients' sizes, dtype or device change, or when a gradient shares the
+        buffer's storage."""
+        import torch
+
+        dtype = grads[0].dtype if grads else torch.float32
+        for g in grads[1:]:
+            dtype = torch.promote_types(dtype, g.dtype)
+        device = grads[0].device if grads else torch.device("cpu")
+        size = sum(g.numel() for g in grads) + 1
+        buf = self._buf
+        if (
+            buf is None
+            or buf.numel() != size
+            or buf.dtype != dtype
+            or buf.device != device
+            or any(
+                g.untyped_storage().data_ptr() == buf.untyped_storage().data_ptr() for g in grads
+            )
+        ):
+            buf = self._buf = torch.empty(size, dtype=dtype, device=device)
+        return buf
 
     def summary(self) -> dict[str, Any]:
         """The goodput categories of this group (run record, ``aios report``)."""
