@@ -33,6 +33,15 @@ pytest.importorskip("torch")
 
 IDIOMS = Path(__file__).parent / "idioms"
 KILLER = Path(__file__).parents[1] / "packages" / "core" / "tests" / "scripts" / "killer"
+#: ``aios-run`` with the killer's hook loaded first (it acts only in the rank-0 worker): the
+#: ranks forked from it inherit the hook, so the interrupted runs start warm as the others do
+#: (on PYTHONPATH, a start-up hook makes every process of the run start fresh)
+AIOS_RUN = "from aios.cli.run import main; main()"
+KILLED_AIOS_RUN = (
+    "import importlib.util as u; "
+    f"s = u.spec_from_file_location('idioms_killer', {str(KILLER / 'sitecustomize.py')!r}); "
+    "s.loader.exec_module(u.module_from_spec(s)); " + AIOS_RUN
+)
 #: script, settings under fsdp, optimizer steps of a whole run, its checkpoint.every
 CASES = {
     "nanogpt": ("nanogpt_train.py", [], 12, 3),
@@ -53,9 +62,9 @@ def _run(cwd: Path, args: list[str], kill: str | None = None) -> subprocess.Comp
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
     env.update({"AIOS_LOGGING__TENSORBOARD": "false", "OMP_NUM_THREADS": "1"})
     if kill:
-        env.update({"PYTHONPATH": str(KILLER), "IDIOMS_KILL_AT": kill})
+        env["IDIOMS_KILL_AT"] = kill
     return subprocess.run(
-        [*python("-c", "from aios.cli.run import main; main()")]
+        [*python("-c", KILLED_AIOS_RUN if kill else AIOS_RUN)]
         + ["--nprocs", "2", f"master_port={free_port()}", *args],
         capture_output=True,
         text=True,

@@ -21,11 +21,15 @@ def _snippet(root) -> str:
 
 
 def test_readme_script_runs_as_written_and_says_where_things_went(root, clean_env, tmp_path):
+    """``python train.py`` (through the session's zygote: a fresh interpreter's start, without
+    importing torch again), twice: the second run resumes."""
+    from aios.testing.zygote import python
+
     script = tmp_path / "train.py"
     script.write_text(_snippet(root))
     env = dict(clean_env, AIOS_PLUGINS="aios-core")
     r = subprocess.run(
-        [sys.executable, str(script)],
+        python(str(script)),
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -41,7 +45,7 @@ def test_readme_script_runs_as_written_and_says_where_things_went(root, clean_en
     assert "aios: checkpoints: checkpoints/readme" in lines
     # run again: it resumes from the newest complete checkpoint
     r2 = subprocess.run(
-        [sys.executable, str(script)],
+        python(str(script)),
         cwd=tmp_path,
         env=env,
         capture_output=True,

@@ -1,14 +1,25 @@
-"""Put on PYTHONPATH by the idioms suite: with ``IDIOMS_KILL_AT=SIGNAL:STEP`` the rank-0 worker
-sends SIGNAL to ``aios-run`` right after optimizer step STEP, as an operator or a spot reclaim
-would: SIGTERM is forwarded to every worker (emergency checkpoint, exit 75), SIGKILL ends the
-launcher and with it every worker. ``SIGNAL:save:N`` instead SIGKILLs the whole job in the
-middle of the N-th named save (``rt.save(path)``, ``rt.save_best``), while its files are being
-written. Decided in the worker itself, so where the kill lands does not depend on timing."""
+"""Put on PYTHONPATH by a test (or run by it in ``aios-run`` before its ``main``, so that the
+ranks forked from it inherit the hook and start warm): with ``IDIOMS_KILL_AT=SIGNAL:STEP`` the
+rank-0 worker sends SIGNAL to ``aios-run`` right after optimizer step STEP, as an operator or a
+spot reclaim would: SIGTERM is forwarded to every worker (emergency checkpoint, exit 75),
+SIGKILL ends the launcher and with it every worker. ``SIGNAL:save:N`` instead SIGKILLs the whole
+job in the middle of the N-th named save (``rt.save(path)``, ``rt.save_best``), while its files
+are being written. Decided in the worker itself (its ``RANK`` and launcher read when the hook
+fires), so where the kill lands does not depend on timing."""
 
 import os
 
 _spec = os.environ.get("IDIOMS_KILL_AT", "")
-if _spec and os.environ.get("RANK") == "0" and os.environ.get("AIOS_RUN_LAUNCHER_PID"):
+
+
+def _launcher():
+    """The pid of ``aios-run`` in its rank-0 worker; None in any other process."""
+    if os.environ.get("RANK") == "0" and os.environ.get("AIOS_RUN_LAUNCHER_PID"):
+        return int(os.environ["AIOS_RUN_LAUNCHER_PID"])
+    return None
+
+
+if _spec:
     import signal
 
     import aios.checkpoint.store as _ck
@@ -16,7 +27,6 @@ if _spec and os.environ.get("RANK") == "0" and os.environ.get("AIOS_RUN_LAUNCHER
 
     _name, _, _at = _spec.partition(":")
     _sig = getattr(signal, _name)
-    _launcher = int(os.environ["AIOS_RUN_LAUNCHER_PID"])
 
     if _at.startswith("save:"):
         _n = int(_at[5:])
@@ -24,13 +34,14 @@ if _spec and os.environ.get("RANK") == "0" and os.environ.get("AIOS_RUN_LAUNCHER
         _write_file = _ck.CheckpointStore.write_file
 
         def write_file(self, staging, name, writer):
-            if staging.target is not None and not name.startswith("."):
+            launcher = _launcher()
+            if launcher is not None and staging.target is not None and not name.startswith("."):
                 _count[0] += 1
                 if _count[0] == _n:  # half a file written, then the whole job dies
 
                     def half(f):
                         f.write(b"\0" * 64)
-                        os.kill(_launcher, signal.SIGKILL)
+                        os.kill(launcher, signal.SIGKILL)
                         os.kill(os.getpid(), signal.SIGKILL)
 
                     return _write_file(self, staging, name, half)
@@ -42,8 +53,9 @@ if _spec and os.environ.get("RANK") == "0" and os.environ.get("AIOS_RUN_LAUNCHER
 
         def step(self, *args, **kwargs):
             taken = _step(self, *args, **kwargs)
-            if taken and self.global_step == int(_at):
-                os.kill(_launcher, _sig)
+            launcher = _launcher()
+            if launcher is not None and taken and self.global_step == int(_at):
+                os.kill(launcher, _sig)
             return taken
 
         _rt.Runtime.step = step
