@@ -51,11 +51,32 @@ if _spec:
     else:
         _step = _rt.Runtime.step
 
+        def _kill_and_hear(launcher):
+            """SIGTERM: send it, then wait in this step until aios-run has passed it on to this
+            worker, so the ranks agree on the notice at their next step however loaded the
+            machine is (without this, a slow forward could let the run end first)."""
+            if _sig != signal.SIGTERM:
+                os.kill(launcher, _sig)
+                return
+            import threading
+
+            heard = threading.Event()
+            before = signal.getsignal(signal.SIGTERM)
+
+            def handler(signum, frame):
+                heard.set()
+                if callable(before):
+                    before(signum, frame)
+
+            signal.signal(signal.SIGTERM, handler)
+            os.kill(launcher, _sig)
+            heard.wait(120)
+
         def step(self, *args, **kwargs):
             taken = _step(self, *args, **kwargs)
             launcher = _launcher()
             if launcher is not None and taken and self.global_step == int(_at):
-                os.kill(launcher, _sig)
+                _kill_and_hear(launcher)
             return taken
 
         _rt.Runtime.step = step
