@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -96,16 +95,16 @@ def k8s_env(tmp_path: Path):
 
 
 @pytest.fixture
-def run_aios():
+def run_aios(aios_cli):
+    """``aios ARGS`` with ``env`` as its whole environment, run in this process (the aios
+    plugin's ``aios_cli(..., in_process=True)``: the real CLI, its real ``kubernetes`` client and
+    HTTP to the stand-in, without a fresh interpreter importing aios and the kubernetes client's
+    models for each of the ~40 commands; no case here is about process handling)."""
+
     def run(
         env: dict[str, str], *args: str, timeout: float = 120
     ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "aios.cli.main", *args],
-            env=env,
-            text=True,
-            capture_output=True,
-            timeout=timeout,
-        )
+        del timeout  # in process: pytest's own --timeout bounds it
+        return aios_cli(*args, env=env, in_process=True)
 
     return run

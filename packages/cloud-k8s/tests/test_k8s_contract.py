@@ -4,6 +4,7 @@ validation rules and the JobSet CRD)."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,15 @@ from aios_cloud.testing.provider_contract import ProviderContract
 class TestK8sContract(ProviderContract):
     cloud = "k8s"
     accelerators = {"tpu": "v5litepod-16", "cpu": "cpu"}
+
+    @pytest.fixture(autouse=True)
+    def _cli_in_process(self, run_aios: Any) -> None:
+        self._run_aios = run_aios
+
+    def aios(self, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+        # the stand-in serves from this process: the CLI runs here too (conftest's run_aios)
+        result: subprocess.CompletedProcess[str] = self._run_aios(env, *args)
+        return result
 
     @pytest.fixture
     def cli_env(self, kube: Any, k8s_env: Any) -> dict[str, str]:

@@ -173,7 +173,10 @@ class SlurmCluster:
             f"SlurmctldHost={socket.gethostname()}(127.0.0.1)",
             f"SlurmctldPort={ctld}",
             "AuthType=auth/munge",
-            f"AuthInfo=socket={self.munge_socket}",
+            # cred_expire: the job credential's lifetime, which is also how long Slurm holds a
+            # requeued job before it may start again (now + cred_expire + 1; default 120 s). 30 s
+            # still covers a step launch on a loaded 2-core machine; a requeue waits 31 s, not 121
+            f"AuthInfo=socket={self.munge_socket},cred_expire=30",
             "CredType=cred/munge",
             "SlurmUser=root",
             "SlurmdUser=root",

@@ -191,6 +191,11 @@ class ProviderContract:
         (work / "train.py").write_text(TRAIN)
         return work
 
+    def aios(self, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+        """``aios ARGS`` with ``env`` as its environment: :func:`run_aios`, a subprocess. A kit
+        whose stand-in serves from the test process may run the CLI there instead."""
+        return run_aios(env, *args)
+
     def _accelerators(self) -> list[str]:
         assert self.accelerators, f"{type(self).__name__}.accelerators names none"
         return list(self.accelerators.values())
@@ -318,7 +323,7 @@ class ProviderContract:
         home = Path(env["AIOS_HOME"])
         existed = home.exists()
         for kind, acc in self.accelerators.items():
-            r = run_aios(
+            r = self.aios(
                 env,
                 "launch",
                 "--cloud",
@@ -344,7 +349,7 @@ class ProviderContract:
     def test_an_accelerator_it_does_not_offer_is_one_line(
         self, cli_env: dict[str, str], project: Path
     ) -> None:
-        r = run_aios(
+        r = self.aios(
             cli_env,
             "launch",
             "--cloud",
@@ -397,7 +402,7 @@ class ProviderContract:
     def _cli_lifecycle(self, provider: Provider, env: dict[str, str], project: Path) -> None:
         acc = self.lifecycle_accelerator or self._accelerators()[0]
         name = "kit-life"
-        r = run_aios(
+        r = self.aios(
             env,
             "launch",
             "--cloud",
@@ -414,16 +419,16 @@ class ProviderContract:
         )
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
         try:
-            r = run_aios(env, "status", name, "--refresh", "--json")
+            r = self.aios(env, "status", name, "--refresh", "--json")
             assert r.returncode == 0, r.stderr[-2000:]
             assert name in r.stdout
             if provider.can_stop(False, acc):
-                r = run_aios(env, "stop", name)
+                r = self.aios(env, "stop", name)
                 assert r.returncode == 0, r.stderr[-2000:]
         finally:
-            r = run_aios(env, "down", name)
+            r = self.aios(env, "down", name)
             assert r.returncode == 0, r.stderr[-2000:]
-        r = run_aios(env, "status", "--json")
+        r = self.aios(env, "status", "--json")
         assert r.returncode == 0 and f'"{name}"' not in r.stdout, r.stdout[-2000:]
 
 
