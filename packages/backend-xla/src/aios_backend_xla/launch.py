@@ -62,6 +62,34 @@ def target_topology(
     return None
 
 
+#: what every torch_xla process of a plan imports (aios.init's strategy), imported once by
+#: aios-run's zygote ahead of them (``LaunchPlan.preload``): importing them creates no thread and
+#: no PJRT client (created at the first use of a device), and reads only variables that are
+#: equal in zygote and process or read when the client is created (aios.launcher.warm)
+RANK_MODULES = [
+    "torch_xla",
+    "torch_xla.core.xla_model",
+    "torch_xla.runtime",
+    "torch_xla.debug.metrics",
+    "torch_xla.distributed.xla_backend",
+    "torch_xla.distributed.spmd",
+]
+#: the variables of the plans' env their processes read only when used (``LaunchPlan.runtime_env``):
+#: torch_xla 2.9 reads these when its runtime client is created (the first use of a device:
+#: torch_xla.runtime, torch_xla._internal.pjrt, the C++ PJRT client), not on import; its import
+#: only checks whether PJRT_DEVICE is set (and sets a default when not, an edit a forked process
+#: repeats). Those the import reads (XLA_FLAGS, LIBTPU_INIT_ARGS, TPU_LIBRARY_PATH, PT_XLA_DEBUG,
+#: XLA_REGISTER_INSTALLED_PLUGINS; on a TPU VM TPU_WORKER_ID and the TPU_*_BOUNDS through its
+#: metadata) are not here: equal in zygote and process, or the process starts fresh. The opt-in
+#: is an aios setting, read when aios.init resolves the config.
+RANK_RUNTIME_ENV = [
+    "PJRT_DEVICE",
+    "CPU_NUM_DEVICES",
+    "PJRT_LOCAL_PROCESS_RANK",
+    "PJRT_LOCAL_PROCESS_COUNT",
+    "TPU_VISIBLE_CHIPS",
+    ALLOW_CPU_ENV,
+]
 LOCAL_ADDRESSES = ("localhost", "127.0.0.1", "::1")
 #: torch_xla workers never load TorchTPU: with both installed, ``import torch`` would autoload it
 #: (a torch.backends entry point) and claim the PrivateUse1 device and the TPU next to torch_xla.
@@ -197,6 +225,8 @@ def tpu_plan(
         world_size=world,
         hosts=plans,
         notes=notes,
+        preload=list(RANK_MODULES),
+        runtime_env=list(RANK_RUNTIME_ENV),
     )
 
 
@@ -221,7 +251,15 @@ def cpu_plan(config: AiosConfig, request: LaunchRequest, python: str | None = No
         ranks=[{"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}],
     )
     notes = ["XLA:CPU (opt-in for testing): one process, PJRT_DEVICE=CPU; no TPU is used"]
-    return LaunchPlan(backend="xla", launcher="direct", world_size=1, hosts=[host], notes=notes)
+    return LaunchPlan(
+        backend="xla",
+        launcher="direct",
+        world_size=1,
+        hosts=[host],
+        notes=notes,
+        preload=list(RANK_MODULES),
+        runtime_env=list(RANK_RUNTIME_ENV),
+    )
 
 
 def xla_launch_plan(

@@ -9,6 +9,7 @@ import json
 
 import aios
 import torch
+from aios.launcher import warm
 
 p = argparse.ArgumentParser()
 p.add_argument("out")
@@ -54,6 +55,7 @@ if rt.backend == "xla":
 
     sharding = torch_xla._XLAC._get_xla_sharding_spec(xb)
 out = {
+    "warm": warm.is_rank(),  # forked from aios-run's zygote (aios.launcher.warm)
     "sharding": sharding,
     "world_size": rt.world_size,
     "backend": rt.backend,

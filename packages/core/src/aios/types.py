@@ -360,6 +360,15 @@ class LaunchPlan:
     :param launcher: how processes start: ``elastic`` (torch.distributed.run), ``xla``
         (torch_xla.launch), ``direct`` (one process, no launcher).
     :param world_size: total processes over all hosts.
+    :param preload: modules every process of the plan imports that ``aios-run``'s zygote may
+        import once ahead of them, with the processes' environment (:mod:`aios.launcher.warm`):
+        only modules whose import starts no thread and no device runtime (e.g. ``torch_xla``,
+        whose runtime starts at the first use of a device). A ``direct`` plan with some is
+        started warm too.
+    :param runtime_env: variables of the processes' environment that they read only when used
+        (device variables read when the device runtime starts, aios settings read by
+        ``aios.init``), never while importing :attr:`preload`, torch or aios: the processes may
+        differ in these from the zygote and still fork from it.
     """
 
     backend: str
@@ -367,6 +376,8 @@ class LaunchPlan:
     world_size: int
     hosts: list[HostPlan]
     notes: list[str] = field(default_factory=list)
+    preload: list[str] = field(default_factory=list)
+    runtime_env: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -140,7 +140,7 @@ def _run(
         plan,
         notes,
         script,
-        zygote=_zygote_for(cfg, plan),
+        zygote=_zygote_for(cfg, plan, script),
         port_is_ours=run_plan.PORT_IS_OURS,
     )
 
@@ -178,11 +178,19 @@ def _stop_zygote() -> None:
         _WARM = None
 
 
-def _zygote_for(cfg: Any, plan: Any) -> warm.Zygote | None:
-    """The zygote, for an elastic launch with ``launch.warm_start`` on; otherwise it is stopped
-    now (it would only take CPU from the run)."""
-    if not cfg.launch.warm_start or plan.launcher != "elastic":
+def _zygote_for(cfg: Any, plan: Any, script: str) -> warm.Zygote | None:
+    """The zygote, for an elastic launch, or a direct one of a plan with modules to preload
+    (forked now: no thread runs yet in a direct launch), with ``launch.warm_start`` on;
+    otherwise it is stopped now (it would only take CPU from the run)."""
+    global _WARM
+    direct = plan.launcher == "direct" and bool(plan.preload)
+    if not cfg.launch.warm_start or not (plan.launcher == "elastic" or direct):
         _stop_zygote()
+    elif _WARM is None and direct and warm.worth_it(script):
+        _WARM = warm.Zygote.start()
+        if warm.is_rank():
+            warm.run_rank()
+            sys.exit(0)
     return _WARM
 
 

@@ -54,14 +54,28 @@ def parse_command(args: Sequence[str]) -> tuple[str | None, str | None, list[str
     return args[2], None, list(args[3:])
 
 
+def parse_plain(args: Sequence[str]) -> tuple[str | None, str | None, list[str]] | None:
+    """``(script, module, argv)`` of ``python SCRIPT ARGS`` / ``python -m MODULE ARGS`` (the
+    command of a ``direct`` plan) run by this interpreter, None for any other command."""
+    if len(args) < 2 or args[1] == "-u":
+        return None
+    return parse_command([args[0], "-u", *args[1:]])
+
+
 def run_as_main(
-    script: str | None, module: str | None, argv: list[str], base_path: list[str]
+    script: str | None,
+    module: str | None,
+    argv: list[str],
+    base_path: list[str],
+    guarded: bool = True,
 ) -> None:
     """Run ``script`` (or ``module``) as ``__main__`` with ``argv`` and ``sys.path`` =
     [its folder, *base_path]; exit as Python would (``SystemExit`` raised from here unwinds
     the caller's frames to the interpreter's normal exit: threads joined, ``atexit`` handlers
-    run, streams flushed)."""
-    guard.install(os.environ)
+    run, streams flushed). ``guarded``: with :mod:`aios.launcher.guard` installed first (a
+    rank of the elastic agent; a ``direct`` plan's process runs without it)."""
+    if guarded:
+        guard.install(os.environ)
     root = os.getcwd() if module else os.path.dirname(os.path.realpath(script or "."))
     try:
         if module:

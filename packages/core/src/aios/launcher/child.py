@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from contextlib import suppress as _suppress
 from typing import Any
 
@@ -67,16 +68,29 @@ def stderr_channel() -> tuple[int, int]:
     return os.pipe()
 
 
-def run_subprocess(cmd: list[str], env: dict[str, str], tail: bytearray | None = None) -> int:
+#: ``spawn(cmd, env, stderr)``: the process started some other way (forked warm,
+#: :mod:`aios.launcher.warm`), or None to start it with ``subprocess.Popen``
+Spawn = Callable[[list[str], dict[str, str], int | None], Any]
+
+
+def run_subprocess(
+    cmd: list[str],
+    env: dict[str, str],
+    tail: bytearray | None = None,
+    spawn: Spawn | None = None,
+) -> int:
     """Run ``cmd`` forwarding SIGINT/SIGTERM/SIGHUP; return its exit status (negative = signal).
-    With ``tail``, its stderr is relayed through this process and the end of it kept there."""
+    With ``tail``, its stderr is relayed through this process and the end of it kept there.
+    ``spawn``: tried first (see :data:`Spawn`)."""
     import threading
 
     read_end, child_err = stderr_channel() if tail is not None else (-1, None)
     try:
-        proc = subprocess.Popen(
-            cmd, env=env, preexec_fn=child_preexec(os.getpid()), stderr=child_err
-        )
+        proc = spawn(cmd, env, child_err) if spawn is not None else None
+        if proc is None:
+            proc = subprocess.Popen(
+                cmd, env=env, preexec_fn=child_preexec(os.getpid()), stderr=child_err
+            )
     except BaseException:
         if child_err is not None:
             os.close(read_end)

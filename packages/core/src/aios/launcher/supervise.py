@@ -83,6 +83,8 @@ def execute(
         click.echo(f"{PROG}: note: {n}", err=True)
     watch = AgentWatch(zygote)
     dog = None
+    if zygote is not None and plan.preload:  # what the ranks import, before they fork
+        zygote.preload(plan.preload, {**os.environ, **env}, plan.runtime_env)
     try:
         dog = start_watchdog(cfg, status_dir, run_id, watch, {**os.environ, **env})
         cmd = host.command
@@ -93,7 +95,7 @@ def execute(
         ):
             outcome = _elastic(cfg, script, cmd, env, status_dir, watch, port_is_ours)
         else:
-            outcome = _child(script, cmd, env, plan.world_size)
+            outcome = _child(script, cmd, env, plan.world_size, zygote)
         status = rank_status.read_ranks(status_dir)
         if outcome.ok and plan.launcher == "elastic":
             name_unjoined(status_dir, host.ranks, plan.world_size, watch.joined)
@@ -148,10 +150,22 @@ def _elastic(
     return Outcome(ok=False, codes=[f.exitcode for f in failures.values()], blame=who)
 
 
-def _child(script: str, cmd: list[str], env: dict[str, str], world: int) -> Outcome:
-    """The plan's command as one child process."""
+def _child(
+    script: str,
+    cmd: list[str],
+    env: dict[str, str],
+    world: int,
+    zygote: warm.Zygote | None = None,
+) -> Outcome:
+    """The plan's command as one child process (forked from ``zygote`` where that is safe)."""
     tail = bytearray()  # the end of its stderr, for the portability hint
-    code = run_subprocess(cmd, {**os.environ, **env}, tail)
+
+    def spawn(args: list[str], child_env: dict[str, str], stderr: int | None) -> Any:
+        if zygote is None:
+            return None
+        return zygote.spawn(args, child_env, None, stderr, plain=True)
+
+    code = run_subprocess(cmd, {**os.environ, **env}, tail, spawn)
 
     def who() -> tuple[int | str, int, str | None]:
         hint = hint_from_stderr(script, tail.decode(errors="replace")) if code > 0 else None

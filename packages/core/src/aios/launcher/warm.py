@@ -13,8 +13,18 @@ process that forks the rank and exits, and ``aios-run`` is the ranks' *subreaper
 (``PR_SET_CHILD_SUBREAPER``), so the rank is reparented to it before the zygote answers with its
 pid. The agent waits for it, signals it and reads its exit status as for a ``Popen`` child.
 
+A plan may name modules its ranks import besides (:attr:`aios.types.LaunchPlan.preload`, e.g.
+the xla backend's ``torch_xla``): ``aios-run`` sends them to the zygote once the plan is resolved
+with the ranks' environment, which the zygote takes as its own before it imports them
+(:meth:`Zygote.preload`). A ``direct`` plan with such modules (one process, e.g. XLA:CPU) starts
+its process from a zygote too, forked then; that process runs as ``python SCRIPT ARGS`` would
+(its group, buffered streams, no launch guard). What the zygote's imports wrote into its
+environment (``import torch_xla`` completes ``XLA_FLAGS``, for one) a forked rank writes into its
+own, as its own imports would have.
+
 A rank is started fresh, as before, whenever the warm start is not known to be safe: not on
-Linux, the zygote runs a Python thread or has a CUDA or XLA runtime, the rank's environment
+Linux, the zygote runs a Python thread or has a CUDA or XLA runtime (torch_xla imported is fine:
+its runtime starts at the first use of a device), the rank's environment
 differs from the zygote's in a variable that may be read at import time (only those in
 :data:`RUNTIME_VARS` / :data:`RUNTIME_PREFIXES` are read when used), the command is not
 ``python -u`` of a script or module, or the warm start is turned off (``launch.warm_start=false``
@@ -36,8 +46,8 @@ import sys
 import sysconfig
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from contextlib import suppress
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from aios.launcher import boot, rewrites
@@ -120,11 +130,14 @@ def worth_it(script: str) -> bool:
     return b"torch" in text or b"aios" in text
 
 
-def env_is_warm_safe(base: Mapping[str, str], env: Mapping[str, str]) -> bool:
+def env_is_warm_safe(
+    base: Mapping[str, str], env: Mapping[str, str], runtime: Collection[str] = ()
+) -> bool:
     """Every variable in which ``env`` (a rank's) differs from ``base`` (the zygote's) is read
-    only when used, never at import time."""
+    only when used, never at import time (``runtime``: more such variables, the plan's
+    :attr:`~aios.types.LaunchPlan.runtime_env`)."""
     keys = {k for k in set(base) | set(env) if base.get(k) != env.get(k)}
-    return all(k in RUNTIME_VARS or k.startswith(RUNTIME_PREFIXES) for k in keys)
+    return all(k in RUNTIME_VARS or k in runtime or k.startswith(RUNTIME_PREFIXES) for k in keys)
 
 
 class WarmProcess:
@@ -185,6 +198,7 @@ class Zygote:
         self.base_env = base_env
         self.lock = threading.Lock()
         self.broken = False
+        self.runtime: frozenset[str] = frozenset()  # the plan's runtime_env, once preloaded
 
     @classmethod
     def start(cls) -> Zygote | None:
@@ -209,12 +223,20 @@ class Zygote:
         return cls(pid, ours, base_env)
 
     def spawn(
-        self, args: Sequence[str], env: Mapping[str, str], stdout: Any, stderr: Any
+        self,
+        args: Sequence[str],
+        env: Mapping[str, str],
+        stdout: Any,
+        stderr: Any,
+        plain: bool = False,
     ) -> WarmProcess | None:
         """A rank running ``args`` (``python -u ...``) with ``env`` and the given output files
-        (open files or None to inherit ours), or None when it must start fresh."""
-        cmd = parse_command(args)
-        if cmd is None or self.broken or not env_is_warm_safe(self.base_env, env):
+        (open files or None to inherit ours), or None when it must start fresh. ``plain``: the
+        single process of a ``direct`` plan, ``python SCRIPT ARGS`` (or ``-m MODULE``) as
+        ``subprocess.Popen`` starts it: in this process's group and session, its streams
+        buffered as Python's (unless ``PYTHONUNBUFFERED``), no launch guard."""
+        cmd = boot.parse_plain(args) if plain else parse_command(args)
+        if cmd is None or self.broken or not env_is_warm_safe(self.base_env, env, self.runtime):
             return None
         script, module, argv = cmd
         fds = [_fileno(stdout, 1), _fileno(stderr, 2)]
@@ -225,6 +247,7 @@ class Zygote:
             "env": dict(env),
             "cwd": os.getcwd(),
             "launcher": os.getpid(),
+            "plain": plain,
         }
         data = json.dumps(request).encode()
         with self.lock:
@@ -239,6 +262,37 @@ class Zygote:
             return None
         pid = int(json.loads(reply)["pid"])
         return WarmProcess(pid, args) if pid > 0 else None
+
+    def preload(
+        self, modules: Sequence[str], env: Mapping[str, str], runtime: Collection[str] = ()
+    ) -> bool:
+        """Have the zygote import ``modules`` (a plan's :attr:`~aios.types.LaunchPlan.preload`:
+        what its ranks import, e.g. torch_xla) with ``env`` (the ranks' common environment)
+        as its own, before it forks a rank. ``runtime``: the plan's variables read only when
+        used (:attr:`~aios.types.LaunchPlan.runtime_env`). Refused (False; the ranks then
+        start fresh) where ``env`` differs from the zygote's in a variable that may be read at
+        import time, and where the imports leave the zygote unsafe to fork (a runtime started,
+        a thread more). True when done: ranks are compared with ``env`` from here on."""
+        if self.broken or not env_is_warm_safe(self.base_env, env, runtime):
+            self.broken = True  # the ranks differ from the zygote as much: they start fresh
+            return False
+        data = json.dumps({"preload": list(modules), "env": dict(env)}).encode()
+        with self.lock:
+            try:
+                self.sock.send(data)
+                reply = self.sock.recv(_MAX_MESSAGE)
+            except OSError:
+                self.broken = True
+                return False
+        if not reply:
+            self.broken = True
+            return False
+        if not json.loads(reply).get("ok"):
+            self.broken = True
+            return False
+        self.base_env = dict(env)
+        self.runtime = frozenset(runtime)
+        return True
 
     def close(self) -> None:
         """Stop the zygote and reap it. It holds nothing to finish (it never runs a script, and
@@ -256,6 +310,8 @@ class Zygote:
 def _fileno(f: Any, default: int) -> int:
     if f is None:
         return default
+    if isinstance(f, int):
+        return f
     f.flush()
     return int(f.fileno())
 
@@ -327,11 +383,80 @@ def _preload() -> None:
 
 
 def _safe_to_fork() -> bool:
-    """No Python thread besides this one, no CUDA or XLA runtime in this process."""
-    if threading.active_count() != 1 or "torch_xla" in sys.modules:
+    """No Python thread besides this one, no CUDA or XLA runtime in this process (torch_xla
+    imported is fine: its runtime client, with its threads, is only created on first use)."""
+    if threading.active_count() != 1 or _xla_runtime_started():
         return False
     torch = sys.modules.get("torch")
     return torch is None or not torch.cuda.is_initialized()
+
+
+def _xla_runtime_started() -> bool:
+    """torch_xla's PJRT client exists in this process (created by the first use of an XLA
+    device); False where torch_xla is not imported (core never imports it)."""
+    torch_xla = sys.modules.get("torch_xla")
+    if torch_xla is None:
+        return False
+    try:
+        return bool(torch_xla._XLAC._xla_runtime_is_initialized())
+    except Exception:  # noqa: BLE001 - unknown: taken as started
+        return True
+
+
+def native_threads() -> int:
+    """The threads of this process, native ones included (``/proc/self/task``); 0 where it
+    cannot be read."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 0
+
+
+def _do_preload(modules: Sequence[str], env: Mapping[str, str]) -> bool:
+    """In the zygote: take ``env`` as its own and import ``modules`` (see
+    :meth:`Zygote.preload`); whether it may still fork."""
+    import importlib
+
+    threads = native_threads()
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        with _env_edits():
+            for name in modules:
+                importlib.import_module(name)
+    except BaseException:  # noqa: BLE001 - the ranks start fresh and report the problem
+        return False
+    return _safe_to_fork() and native_threads() <= threads
+
+
+#: what the zygote's imports did to its environment, ``{name: (before, after)}`` (None: unset);
+#: e.g. ``import torch_xla`` completes ``XLA_FLAGS`` and sets ``PJRT_DYNAMIC_PLUGINS``. A fresh
+#: rank's imports would do the same to its own environment: a forked rank repeats each edit
+#: where its handed environment has the value the zygote's had before the import.
+_ENV_EDITS: dict[str, tuple[str | None, str | None]] = {}
+
+
+@contextmanager
+def _env_edits() -> Iterator[None]:
+    before = dict(os.environ)
+    try:
+        yield
+    finally:
+        after = dict(os.environ)
+        for key in set(before) | set(after):
+            if before.get(key) != after.get(key):
+                _ENV_EDITS[key] = (before.get(key), after.get(key))
+
+
+def _repeat_env_edits(handed: Mapping[str, str]) -> None:
+    """In a forked rank: the zygote's imports' edits of the environment (see :data:`_ENV_EDITS`)."""
+    for key, (old, new) in _ENV_EDITS.items():
+        if handed.get(key) != old:
+            continue
+        if new is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = new
 
 
 def _zygote_main(sock: socket.socket, launcher: int) -> None:
@@ -344,7 +469,8 @@ def _zygote_main(sock: socket.socket, launcher: int) -> None:
     safe_path = sys.version_info >= (3, 11) and sys.flags.safe_path
     _BASE_PATH[:] = sys.path[0 if safe_path else 1 :]
     try:
-        _preload()
+        with _env_edits():
+            _preload()
         ok = _safe_to_fork()
     except BaseException:  # noqa: BLE001 - ranks then start fresh and report the problem
         ok = False
@@ -359,15 +485,26 @@ def _zygote_main(sock: socket.socket, launcher: int) -> None:
         if not data:
             os._exit(0)
         request = json.loads(data)
+        if "preload" in request:  # the plan's modules, once it is resolved
+            ok = ok and _do_preload(request["preload"], request["env"])
+            if not _send(sock, {"ok": ok}):
+                os._exit(0)
+            continue
         pid = _fork_rank(sock, request, fds) if ok and _safe_to_fork() else 0
         if pid is None:  # in the rank
             return
         for fd in fds:
             os.close(fd)
-        try:
-            sock.send(json.dumps({"pid": pid}).encode())
-        except OSError:
+        if not _send(sock, {"pid": pid}):
             os._exit(0)
+
+
+def _send(sock: socket.socket, message: dict[str, Any]) -> bool:
+    try:
+        sock.send(json.dumps(message).encode())
+    except OSError:
+        return False
+    return True
 
 
 def _fork_rank(sock: socket.socket, request: dict[str, Any], fds: list[int]) -> int | None:
@@ -410,7 +547,9 @@ def _become_rank(request: dict[str, Any], fds: list[int]) -> None:
         os._exit(1)
     if os.getppid() != launcher:  # the launcher died meanwhile
         os.kill(os.getpid(), signal.SIGKILL)
-    os.setsid()
+    plain = bool(request.get("plain"))
+    if not plain:
+        os.setsid()
     for fd, target in zip(fds, (1, 2), strict=False):
         if fd != target:
             os.dup2(fd, target)
@@ -424,10 +563,15 @@ def _become_rank(request: dict[str, Any], fds: list[int]) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    _repeat_env_edits(request["env"])
     rewrites.record_handed(request["env"])
     _fresh_state()
-    sys.stdout = sys.__stdout__ = _unbuffered(1, sys.stdout)  # type: ignore[misc]
-    sys.stderr = sys.__stderr__ = _unbuffered(2, sys.stderr)  # type: ignore[misc]
+    if plain and not os.environ.get("PYTHONUNBUFFERED"):
+        sys.stdout = sys.__stdout__ = _buffered(1, sys.stdout)  # type: ignore[misc]
+        sys.stderr = sys.__stderr__ = _buffered(2, sys.stderr)  # type: ignore[misc]
+    else:
+        sys.stdout = sys.__stdout__ = _unbuffered(1, sys.stdout)  # type: ignore[misc]
+        sys.stderr = sys.__stderr__ = _unbuffered(2, sys.stderr)  # type: ignore[misc]
     _RANK.update(request)
 
 
@@ -444,6 +588,18 @@ def _unbuffered(fd: int, old: Any) -> io.TextIOWrapper:
         errors=getattr(old, "errors", None) or "strict",
         line_buffering=False,
         write_through=True,
+    )
+
+
+def _buffered(fd: int, old: Any) -> io.TextIOWrapper:
+    """A fresh interpreter's stream on ``fd``: block-buffered, line-buffered on a terminal
+    (stderr: line-buffered always, as Python's)."""
+    raw = io.FileIO(fd, "w", closefd=False)
+    return io.TextIOWrapper(
+        io.BufferedWriter(raw),
+        encoding=getattr(old, "encoding", None) or "utf-8",
+        errors=getattr(old, "errors", None) or "strict",
+        line_buffering=fd == 2 or raw.isatty(),
     )
 
 
@@ -466,7 +622,7 @@ def run_rank() -> None:
     """In a forked rank: run the script or module as ``__main__`` and exit as Python would
     (:func:`aios.launcher.boot.run_as_main`)."""
     script, module, argv = _RANK.get("script"), _RANK.get("module"), list(_RANK.get("argv", []))
-    boot.run_as_main(script, module, argv, list(_BASE_PATH))
+    boot.run_as_main(script, module, argv, list(_BASE_PATH), not _RANK.get("plain"))
 
 
 def is_rank() -> bool:

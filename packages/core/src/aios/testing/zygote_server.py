@@ -61,7 +61,8 @@ def serve(path: str, session: int) -> dict[str, Any]:
     base_env = dict(os.environ)
     base_path = list(sys.path[1:])  # without ``-m``'s working directory
     try:
-        warm._preload()
+        with warm._env_edits():
+            warm._preload()
         ok = warm._safe_to_fork() and not warm.user_startup_hooks()
     except BaseException:  # noqa: BLE001 - every request then starts fresh
         ok = False
@@ -143,6 +144,7 @@ def _become(request: dict[str, Any], fds: list[int]) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    warm._repeat_env_edits(request["env"])
     tempfile.tempdir = None
     warm._fresh_state()
     parsed = parse(request["args"])
