@@ -133,24 +133,23 @@ def _hatch(*args: str) -> list[str]:
 
 
 # Expected test seconds of each step on a 2-core machine (the last full run's table: three
-# lanes, two computing steps at most, kept environments, at e3d6a2e; test-tpu, cloud-k8s, idioms,
-# cloud-aws and core-runs scaled by what their changes since measured); the lanes take the longest
+# lanes, two computing steps at most, kept environments, at 84f7702); the lanes take the longest
 # first so that they end together. A step missing here counts as 60 s.
 EXPECTED_S = {
-    "backend-xla": 1120,
-    "core-runs": 750,
-    "cloud-gcp": 910,
-    "cloud": 870,
-    "idioms": 450,
-    "core": 740,
-    "cloud-aws": 500,
-    "cross": 550,
-    "cloud-k8s": 120,
-    "cloud-slurm": 420,
-    "test-tpu": 100,
-    "backend-neuron": 340,
-    "backend-cuda": 310,
-    "core-ft": 280,
+    "cloud": 880,
+    "cloud-gcp": 830,
+    "core-runs": 700,
+    "core": 690,
+    "backend-xla": 570,
+    "cloud-aws": 460,
+    "idioms": 330,
+    "cross": 310,
+    "cloud-slurm": 300,
+    "backend-neuron": 290,
+    "core-ft": 220,
+    "backend-cuda": 180,
+    "cloud-k8s": 100,
+    "test-tpu": 75,
     "lint": 10,
 }
 
