@@ -249,19 +249,30 @@ class Zygote:
             "launcher": os.getpid(),
             "plain": plain,
         }
+        reply = self._ask(request, fds)
+        if reply is None:
+            return None
+        pid = int(reply["pid"])
+        return WarmProcess(pid, args) if pid > 0 else None
+
+    def _ask(self, request: dict[str, Any], fds: Sequence[int] = ()) -> dict[str, Any] | None:
+        """Send the zygote ``request`` (with ``fds``) and return its answer; None, and the
+        zygote marked broken (later ranks start fresh), where it cannot be reached."""
         data = json.dumps(request).encode()
         with self.lock:
             try:
-                socket.send_fds(self.sock, [data], fds)
+                if fds:
+                    socket.send_fds(self.sock, [data], list(fds))
+                else:
+                    self.sock.send(data)
                 reply = self.sock.recv(_MAX_MESSAGE)
             except OSError:
-                self.broken = True
-                return None
+                reply = b""
         if not reply:
             self.broken = True
             return None
-        pid = int(json.loads(reply)["pid"])
-        return WarmProcess(pid, args) if pid > 0 else None
+        answer: dict[str, Any] = json.loads(reply)
+        return answer
 
     def preload(
         self, modules: Sequence[str], env: Mapping[str, str], runtime: Collection[str] = ()
@@ -276,18 +287,8 @@ class Zygote:
         if self.broken or not env_is_warm_safe(self.base_env, env, runtime):
             self.broken = True  # the ranks differ from the zygote as much: they start fresh
             return False
-        data = json.dumps({"preload": list(modules), "env": dict(env)}).encode()
-        with self.lock:
-            try:
-                self.sock.send(data)
-                reply = self.sock.recv(_MAX_MESSAGE)
-            except OSError:
-                self.broken = True
-                return False
-        if not reply:
-            self.broken = True
-            return False
-        if not json.loads(reply).get("ok"):
+        reply = self._ask({"preload": list(modules), "env": dict(env)})
+        if reply is None or not reply.get("ok"):
             self.broken = True
             return False
         self.base_env = dict(env)

@@ -67,6 +67,9 @@ if _spec:
                 heard.set()
                 if callable(before):
                     before(signum, frame)
+                elif before != signal.SIG_IGN:  # no handler: the default action, as unhooked
+                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                    os.kill(os.getpid(), signal.SIGTERM)
 
             signal.signal(signal.SIGTERM, handler)
             os.kill(launcher, _sig)
