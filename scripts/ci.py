@@ -61,6 +61,11 @@ class Step:
     run_s: float = 0.0
     rc: int | None = None
     counts: dict[str, int] = field(default_factory=dict)
+    #: pytest's FAILURES/ERRORS section and its `FAILED ...`/`ERROR ...` lines, printed again
+    #: just above the closing table: with fifteen steps' output interleaved, a failure printed
+    #: mid-run is otherwise far from the tail a reader (or a CI page showing the last lines) sees
+    failure_lines: list[str] = field(default_factory=list)
+    failed_ids: list[str] = field(default_factory=list)
 
 
 #: packages whose tests run in another package's environment: every test environment installs
@@ -154,6 +159,13 @@ EXPECTED_S = {
 }
 
 
+#: pytest's section headers (`==== FAILURES ====`, `==== short test summary info ====`)
+SECTION = re.compile(r"^=+ (?P<title>[^=]+?) =+$")
+FAILURE_SECTIONS = ("FAILURES", "ERRORS")
+#: the failure section printed again is cut to its last characters (the assertion and its
+#: traceback's end), per step
+FAILURE_TAIL_CHARS = 6000
+
 SUMMARY = re.compile(r"^=+ (?P<counts>.*\d+ (?:passed|failed|error|errors|skipped).*) in [\d.]+s")
 COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed)")
 
@@ -212,8 +224,16 @@ def _run_step(s: Step, extra: list[str], prefix: bool) -> None:
     )
     assert proc.stdout is not None
     tag = f"[{s.name}] " if prefix else ""
+    in_failures = False
     for line in proc.stdout:
         line = line.rstrip("\n")
+        sec = SECTION.match(line)
+        if sec:
+            in_failures = sec.group("title").strip() in FAILURE_SECTIONS
+        if in_failures:
+            s.failure_lines.append(line)
+        elif line.startswith(("FAILED ", "ERROR ")):
+            s.failed_ids.append(line)
         m = SUMMARY.match(line)
         if m:
             for n, what in COUNT.findall(m.group("counts")):
@@ -328,6 +348,16 @@ def main(argv: list[str]) -> int:
         w.join()
     total = time.monotonic() - t_all
 
+    for s in todo:
+        if s.rc != 0 and (s.failure_lines or s.failed_ids):
+            print(f"\n== {s.name}: what failed (printed above, again here)")
+            text = "\n".join(s.failure_lines)
+            if len(text) > FAILURE_TAIL_CHARS:
+                text = "[...]\n" + text[-FAILURE_TAIL_CHARS:]
+            if text:
+                print(text)
+            for line in s.failed_ids:
+                print(line)
     print(f"\n== summary ({lanes} lane(s); install overlaps the tests)")
     print(f"{'step':<16}{'install s':>10}{'tests s':>10}  result")
     for s in todo:

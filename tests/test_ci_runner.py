@@ -60,6 +60,11 @@ def test_ci_runs_steps_side_by_side_and_counts_every_steps_tests(tmp_path):
         "if args[:2] == ['env', 'create'] or args[2:3] == ['-c']:\n"
         "    sys.exit(0)\n"
         "if 'cloud-k8s' in ' '.join(args):\n"
+        "    print('===== FAILURES =====')\n"
+        "    print('____ test_apply ____')\n"
+        "    print('E   assert 3 == 4')\n"
+        "    print('===== short test summary info =====')\n"
+        "    print('FAILED packages/cloud-k8s/tests/test_x.py::test_apply - assert 3 == 4')\n"
         "    print('===== 1 failed, 3 passed, 2 skipped in 1.50s =====')\n"
         "    sys.exit(1)\n"
         "print('===== 7 passed in 0.20s =====')\n"
@@ -77,6 +82,16 @@ def test_ci_runs_steps_side_by_side_and_counts_every_steps_tests(tmp_path):
     assert "[lint] ===== 7 passed in 0.20s =====" in r.stdout
     assert r.stdout.rstrip().splitlines()[-1] == "ci: 10 passed, 1 failed, 2 skipped"
     assert "ci: failed: cloud-k8s" in r.stderr
+    # the failure is printed again just above the closing table, where the tail shows it
+    again = r.stdout.split("== cloud-k8s: what failed")[1].split("== summary")[0]
+    assert again.splitlines()[1:] == [
+        "===== FAILURES =====",
+        "____ test_apply ____",
+        "E   assert 3 == 4",
+        "FAILED packages/cloud-k8s/tests/test_x.py::test_apply - assert 3 == 4",
+        "",
+    ], again
+    assert "[lint]" not in again
 
 
 def test_ci_lanes_take_the_longest_step_first_and_refuse_a_bad_lane_count():

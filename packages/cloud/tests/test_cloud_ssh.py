@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import random
 import subprocess
+from pathlib import Path
 
 import pytest
 from aios_cloud.provider.data import ClusterHost
@@ -130,3 +131,43 @@ def test_cloud_sshd_hosts_reach_each_other(cluster):
     )
     r = subprocess.run(cluster.ssh_argv(h0) + [cmd], capture_output=True, text=True, timeout=30)
     assert r.stdout.strip() == "reached", r.stderr
+
+
+def test_cloud_ssh_forwarded_agent_reaches_a_host_after_many_other_clusters_keys(cluster, tmp_path):
+    """A process that reached other clusters before (a long-lived watcher, a test session)
+    forwards an agent holding only this cluster's key: an agent with every key it ever used
+    offers them in turn, and sshd ends the login after MaxAuthTries (6) wrong ones."""
+    from aios_cloud import ssh
+
+    try:
+        for i in range(7):  # seven other clusters' keys, each added to this process's agents
+            other = tmp_path / f"other{i}"
+            subprocess.run(
+                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True
+            )
+            assert ssh.agent_env(str(other))
+        env = ssh.agent_env(str(cluster.client_key))
+        listed = subprocess.run(
+            ["ssh-add", "-L"], env={"PATH": "/usr/bin:/bin", **env}, capture_output=True, text=True
+        )
+        pub = cluster.client_key.with_suffix(".pub").read_text().split()[:2]
+        assert listed.stdout.split()[:2] == pub, listed.stdout
+        assert len(listed.stdout.splitlines()) == 1, listed.stdout
+        h0, h1 = cluster.hosts
+        r = SshRunner(
+            hosts_of(cluster)[:1],
+            tmp_path / "kh",
+            key=str(cluster.client_key),
+            alias="aios-fa",
+            forward_agent=True,
+        ).run(
+            # from worker 0 to worker 1 with the forwarded agent alone (no key file there)
+            f"ssh -p {h1.port} -o BatchMode=yes -o StrictHostKeyChecking=no "
+            f"-o UserKnownHostsFile=/dev/null -o LogLevel=ERROR {cluster.user}@{h1.internal_ip} "
+            "echo reached-w1",
+            stream=False,
+        )
+        assert r[0].ok and "reached-w1" in r[0].stdout, r[0].stderr
+    finally:
+        ssh.close_masters()
+    assert not Path(env["SSH_AUTH_SOCK"]).exists()  # this process's agents end with it

@@ -266,8 +266,16 @@ def test_cloud_job_queue_runs_jobs_one_after_another_and_cancel_dequeues(env, tm
     recorded PENDING), starts when the earlier one ends; a queued job can be cancelled."""
     store, provider, rec, first, config, printer, logs = _setup(env, tmp_path, "ok")
     work = tmp_path / "work"
+    # the first job runs until the test lets it end (an event, not a sleep: on a loaded machine
+    # starting the other two could outlast any fixed time, and the second would not be queued)
+    release = tmp_path / "release"
     (work / "slow.py").write_text(
-        "import time\nprint('start', time.time(), flush=True)\ntime.sleep(8)\nprint('end', time.time(), flush=True)\n"
+        "import pathlib, time\n"
+        "print('start', time.time(), flush=True)\n"
+        f"release, deadline = pathlib.Path({str(release)!r}), time.monotonic() + 600\n"
+        "while not release.exists() and time.monotonic() < deadline:\n"
+        "    time.sleep(0.05)\n"
+        "print('end', time.time(), flush=True)\n"
     )
     (work / "quick.py").write_text("import time\nprint('start', time.time(), flush=True)\n")
 
@@ -298,6 +306,8 @@ def test_cloud_job_queue_runs_jobs_one_after_another_and_cancel_dequeues(env, tm
         import time
 
         seen.append(store.get_job(quick).state)
+        if seen[-1] == "PENDING":
+            release.touch()  # the watcher has recorded the job as queued: the first may end
         time.sleep(seconds)
 
     code = Watcher(

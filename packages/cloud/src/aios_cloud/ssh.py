@@ -122,12 +122,13 @@ def control_dir() -> Path:
 def close_masters() -> None:
     """End the ControlMaster connections (and the ssh-agent) this process opened."""
     d = _CONTROL.pop("dir", None)
-    agent = _CONTROL.pop("agent", None)
-    _CONTROL.pop("agent_env", None)
-    _CONTROL.pop("agent_keys", None)
-    if agent is not None:
-        _kill(agent)
-        _reap(agent)
+    agents: dict[str, tuple[subprocess.Popen[bytes] | None, dict[str, str]]] = _CONTROL.pop(
+        "agents", {}
+    )
+    for agent, _env in agents.values():
+        if agent is not None:
+            _kill(agent)
+            _reap(agent)
     if d is None:
         return
     for sock in Path(d).glob("cm-*"):
@@ -141,39 +142,48 @@ def close_masters() -> None:
 
 
 def agent_env(key: str | None) -> dict[str, str]:
-    """An ``ssh-agent`` of this process holding ``key`` (started once): what the head host uses,
-    through agent forwarding, to reach the other hosts the first time (the private key never
-    leaves this machine). Returns the environment for ssh; ``{}`` when no agent can run."""
+    """An ``ssh-agent`` of this process holding ``key`` and nothing else (started once per key):
+    what the head host uses, through agent forwarding, to reach the other hosts the first time
+    (the private key never leaves this machine). One agent per key: a forwarded agent offers
+    every key it holds in turn, and sshd refuses a login after ``MaxAuthTries`` (6) wrong ones,
+    so a process that had reached six other clusters (a long-lived watcher, a test session)
+    could no longer reach a seventh. Returns the environment for ssh; ``{}`` when no agent can
+    run."""
     if not key:
         return {}
-    if "agent_env" not in _CONTROL:
-        sock = control_dir() / "agent.sock"
-        try:
-            p = subprocess.Popen(
-                ["ssh-agent", "-D", "-a", str(sock)],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        except OSError:
-            _CONTROL["agent_env"] = {}
-            return {}
-        _CONTROL["agent"] = p
-        _CONTROL["agent_keys"] = set()
-        deadline = time.monotonic() + 10
-        while not sock.exists() and time.monotonic() < deadline and p.poll() is None:
-            time.sleep(0.02)
-        _CONTROL["agent_env"] = {"SSH_AUTH_SOCK": str(sock)} if sock.exists() else {}
-    env = dict(_CONTROL["agent_env"])
     path = str(Path(key).expanduser())
-    if env and path not in _CONTROL["agent_keys"]:
+    agents: dict[str, tuple[subprocess.Popen[bytes] | None, dict[str, str]]] = _CONTROL.setdefault(
+        "agents", {}
+    )
+    if path in agents:
+        return dict(agents[path][1])
+    sock = control_dir() / f"agent-{len(agents)}.sock"
+    try:
+        p = subprocess.Popen(
+            ["ssh-agent", "-D", "-a", str(sock)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    except OSError:
+        agents[path] = (None, {})
+        return {}
+    deadline = time.monotonic() + 10
+    while not sock.exists() and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.02)
+    env = {"SSH_AUTH_SOCK": str(sock)} if sock.exists() else {}
+    if env:
         r = subprocess.run(
             ["ssh-add", "-q", path], env={**os.environ, **env}, capture_output=True, timeout=30
         )
         if r.returncode == 0:
-            _CONTROL["agent_keys"].add(path)
-    return env
+            agents[path] = (p, env)
+            return dict(env)
+    _kill(p)  # no agent holding the key: ssh goes without forwarding (the head says so)
+    _reap(p)
+    agents[path] = (None, {})
+    return {}
 
 
 class SshError(AiosError):
