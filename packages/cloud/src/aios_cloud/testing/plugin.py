@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 from aios.testing.plugin import _unavailable
 
+from aios_cloud import ssh
 from aios_cloud.testing.sshd import SshdCluster, netns_available, sshd_unavailable_reason
 
 
@@ -51,6 +52,10 @@ def sshd_cluster(tmp_path: Path) -> Iterator[Callable[..., Any]]:
     yield start
     for c in reversed(started):
         c.close()
+    if started:
+        # the connections and agents this process opened to those hosts end with them: a
+        # later test's hosts may get the same addresses and ports
+        ssh.close_masters()
 
 
 @pytest.fixture
