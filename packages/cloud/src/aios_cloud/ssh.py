@@ -67,6 +67,9 @@ PROGRESS_EVERY = 10.0  # seconds between "waiting for ..." lines
 _LIVE: set[subprocess.Popen] = set()
 _LIVE_LOCK = threading.Lock()
 _CONTROL: dict[str, Any] = {}
+#: an agent of :func:`agent_env`: its process (None when none could hold the key) and the
+#: environment ssh uses to reach it ({} then)
+_Agent = tuple["subprocess.Popen[bytes] | None", dict[str, str]]
 
 
 def _spawn(argv: list[str], **kw: Any) -> subprocess.Popen:
@@ -120,11 +123,9 @@ def control_dir() -> Path:
 
 
 def close_masters() -> None:
-    """End the ControlMaster connections (and the ssh-agent) this process opened."""
+    """End the ControlMaster connections (and the ssh-agents) this process opened."""
     d = _CONTROL.pop("dir", None)
-    agents: dict[str, tuple[subprocess.Popen[bytes] | None, dict[str, str]]] = _CONTROL.pop(
-        "agents", {}
-    )
+    agents: dict[str, _Agent] = _CONTROL.pop("agents", {})
     for agent, _env in agents.values():
         if agent is not None:
             _kill(agent)
@@ -152,9 +153,7 @@ def agent_env(key: str | None) -> dict[str, str]:
     if not key:
         return {}
     path = str(Path(key).expanduser())
-    agents: dict[str, tuple[subprocess.Popen[bytes] | None, dict[str, str]]] = _CONTROL.setdefault(
-        "agents", {}
-    )
+    agents: dict[str, _Agent] = _CONTROL.setdefault("agents", {})
     if path in agents:
         return dict(agents[path][1])
     sock = control_dir() / f"agent-{len(agents)}.sock"
