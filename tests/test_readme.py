@@ -140,49 +140,19 @@ def _ckpt_dir(cmd: str) -> str:
 
 
 @pytest.fixture
-def gcs_bucket(tmp_path):
-    """gs://bucket on gcp-storage-emulator (the GCS JSON API on 127.0.0.1): where the
-    docstring's ``checkpoint.dir=gs://bucket/gpt`` goes."""
-    pytest.importorskip("gcsfs", reason="gs:// needs gcsfs")
+def gcs_bucket(monkeypatch):
+    """gs://bucket on the Cloud Storage stand-in (:mod:`aios_cloud_gcp.testing.gcs`: the GCS
+    JSON API on 127.0.0.1): where the docstring's ``checkpoint.dir=gs://bucket/gpt`` goes."""
     pytest.importorskip("aios_cloud_gcp", reason="gs:// is registered by aios-cloud-gcp")
+    from aios_cloud_gcp.testing.gcs import GCSFS_ENV, GcsEmulator
+
+    for k, v in GCSFS_ENV.items():  # before gcsfs's first import reads it
+        monkeypatch.setenv(k, v)
+    pytest.importorskip("gcsfs", reason="gs:// needs gcsfs")
     pytest.importorskip("gcp_storage_emulator", reason="needs gcp-storage-emulator")
-    import socket
-    import time
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from gcp_storage_emulator.__main__ import main; sys.exit(main())",
-            *("start", "--host", "127.0.0.1", "--port", str(port), "--in-memory", "-q"),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        for _ in range(300):  # readiness, not timing: the port answers or 30 s pass
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                time.sleep(0.1)
-        env = {
-            "STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}",
-            "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
-        }
-        import gcsfs
-
-        gcsfs.GCSFileSystem(
-            endpoint_url=env["STORAGE_EMULATOR_HOST"], token="anon", skip_instance_cache=True
-        ).mkdir("bucket")
-        yield env
-    finally:
-        proc.kill()
-        proc.wait()
+    with GcsEmulator() as gcs:
+        gcs.make_bucket("bucket")
+        yield gcs.env
 
 
 def test_gpt_docstring_commands_each_train_what_they_say(root, clean_env, tmp_path, gcs_bucket):

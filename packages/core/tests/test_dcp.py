@@ -12,8 +12,8 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -280,52 +280,27 @@ def test_dcp_memory_url_round_trip() -> None:
 
 
 @pytest.fixture
-def gcs_emulator(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    pytest.importorskip("gcsfs", reason="gs:// needs gcsfs")
+def gcs_emulator(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
+    """gs://aios-dcp on the Cloud Storage stand-in (:mod:`aios_cloud_gcp.testing.gcs`: the
+    emulator with the real service's preconditions and objects.move)."""
     pytest.importorskip(
         "aios_cloud_gcp",
         reason="gs:// is registered by aios-cloud-gcp: pip install -e ./packages/cloud-gcp",
     )
+    from aios_cloud_gcp.testing.gcs import GCSFS_ENV, GcsEmulator
+
+    for k, v in GCSFS_ENV.items():  # before gcsfs's first import reads it
+        monkeypatch.setenv(k, v)
+    pytest.importorskip("gcsfs", reason="gs:// needs gcsfs")
     pytest.importorskip(
         "gcp_storage_emulator",
         reason="gcp-storage-emulator is not installed: pip install gcp-storage-emulator",
     )
-    port = _free_port()
-    exe = [
-        sys.executable,
-        "-c",
-        "import sys; from gcp_storage_emulator.__main__ import main; sys.exit(main())",
-    ]
-    proc = subprocess.Popen(
-        [*exe, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory", "-q"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise
-            time.sleep(0.1)
-    env = {
-        "STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}",
-        "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
-    }
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    import gcsfs
-
-    gcsfs.GCSFileSystem(
-        endpoint_url=env["STORAGE_EMULATOR_HOST"], token="anon", skip_instance_cache=True
-    ).mkdir("aios-dcp")
-    yield env
-    proc.kill()
-    proc.wait()
+    with GcsEmulator() as gcs:
+        for k, v in gcs.env.items():
+            monkeypatch.setenv(k, v)
+        gcs.make_bucket("aios-dcp")
+        yield gcs.env
 
 
 @pytest.fixture

@@ -20,7 +20,6 @@ import pytest
 from aios.checkpoint import LOCK_FILE, CheckpointStore
 from aios.checkpoint import lock as lockmod
 from aios.errors import CheckpointError
-from aios.testing.zygote import python
 
 sys.path.insert(0, str(Path(__file__).parent / "scripts"))
 ROUNDS = 1000
@@ -217,43 +216,21 @@ def test_s3_lock_writes_are_conditional(monkeypatch) -> None:
 
 @pytest.fixture
 def gcs_with_preconditions(monkeypatch: pytest.MonkeyPatch):
-    """gcp-storage-emulator with GCS's generation preconditions enforced
-    (scripts/gcs_precondition_emulator.py: the emulator itself accepts ``ifGenerationMatch`` and
-    ignores it)."""
-    pytest.importorskip("gcsfs")
+    """gs://aios-lk on the Cloud Storage stand-in (:mod:`aios_cloud_gcp.testing.gcs`), which
+    enforces GCS's generation preconditions (the emulator itself accepts ``ifGenerationMatch``
+    and ignores it)."""
     pytest.importorskip("aios_cloud_gcp")
-    pytest.importorskip("gcp_storage_emulator")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    script = Path(__file__).parent / "scripts" / "gcs_precondition_emulator.py"
-    proc = subprocess.Popen(
-        [*python(), str(script), str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline and proc.poll() is None, "emulator did not start"
-                time.sleep(0.1)
-        host = f"http://127.0.0.1:{port}"
-        monkeypatch.setenv("STORAGE_EMULATOR_HOST", host)
-        monkeypatch.setenv("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
-        import gcsfs
+    from aios_cloud_gcp.testing.gcs import GCSFS_ENV, GcsEmulator
 
-        gcsfs.GCSFileSystem(endpoint_url=host, token="anon", skip_instance_cache=True).mkdir(
-            "aios-lk"
-        )
+    for k, v in GCSFS_ENV.items():  # before gcsfs's first import reads it
+        monkeypatch.setenv(k, v)
+    pytest.importorskip("gcsfs")
+    pytest.importorskip("gcp_storage_emulator")
+    with GcsEmulator() as gcs:
+        for k, v in gcs.env.items():
+            monkeypatch.setenv(k, v)
+        gcs.make_bucket("aios-lk")
         yield
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def test_gcs_lock_writes_carry_generation_preconditions(gcs_with_preconditions, monkeypatch):
