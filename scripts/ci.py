@@ -21,6 +21,7 @@ apart) and one line with the tests counted over all steps.
     python scripts/ci.py core cloud-gcp  # some steps (lint, cross, test-tpu or a package name)
     python scripts/ci.py -- -x -k spot   # everything, with extra pytest arguments
     AIOS_CI_LANES=1 python scripts/ci.py # one step at a time, unprefixed output
+    AIOS_CI_HEAVY=3 python scripts/ci.py # at most three computing steps at once (default two)
 """
 
 from __future__ import annotations
@@ -61,6 +62,9 @@ class Step:
     create_s: float = 0.0
     create_log: str = ""
     run_s: float = 0.0
+    #: when its tests started and ended, seconds from the run's start (the closing table)
+    start_s: float = 0.0
+    end_s: float = 0.0
     rc: int | None = None
     counts: dict[str, int] = field(default_factory=dict)
     #: pytest's FAILURES/ERRORS section and its `FAILED ...`/`ERROR ...` lines, printed again
@@ -221,6 +225,7 @@ def _run_step(s: Step, extra: list[str], prefix: bool) -> None:
     if s.takes_args:
         cmd += extra
     t0 = time.monotonic()
+    s.start_s = t0 - _T0[0]
     proc = subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
     )
@@ -244,6 +249,7 @@ def _run_step(s: Step, extra: list[str], prefix: bool) -> None:
         _say(tag + line)
     s.rc = proc.wait()
     s.run_s = time.monotonic() - t0
+    s.end_s = s.start_s + s.run_s
     _say(f"== {s.name}: exit {s.rc} after {s.run_s:.0f} s")
 
 
@@ -272,10 +278,18 @@ HEAVY = frozenset(
     }
 )
 MAX_HEAVY = 2
+#: the run's start (:func:`time.monotonic`), for each step's start and end in the closing table
+_T0 = [time.monotonic()]
 _running: set[str] = set()
 #: set once every environment exists: lanes beyond the second start then (pip's installs are
 #: the other work on the machine until that point)
 _all_created = threading.Event()
+
+
+def set_max_heavy(n: int) -> None:
+    """At most ``n`` :data:`HEAVY` steps at once (``AIOS_CI_HEAVY``; default 2)."""
+    global MAX_HEAVY
+    MAX_HEAVY = n
 
 
 def take(queue: list[Step], running: set[str] | frozenset[str] = frozenset()) -> Step | None:
@@ -334,12 +348,20 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
+    heavy_env = os.environ.get("AIOS_CI_HEAVY", str(MAX_HEAVY))
+    if not heavy_env.isdigit() or int(heavy_env) < 1:
+        print(
+            f"ci: AIOS_CI_HEAVY={heavy_env!r} is not a positive integer; unset it or set 1, 2, ...",
+            file=sys.stderr,
+        )
+        return 2
+    set_max_heavy(int(heavy_env))
     lanes = min(int(lanes_env), len(todo))
     queue = order(todo)
 
     creator = threading.Thread(target=_prepare_all, args=(env_order(queue),), daemon=True)
     creator.start()
-    t_all = time.monotonic()
+    t_all = _T0[0] = time.monotonic()
     workers = [
         threading.Thread(target=_lane, args=(queue, extra, lanes > 1, i), daemon=True)
         for i in range(lanes)
@@ -361,10 +383,11 @@ def main(argv: list[str]) -> int:
             for line in s.failed_ids:
                 print(line)
     print(f"\n== summary ({lanes} lane(s); install overlaps the tests)")
-    print(f"{'step':<16}{'install s':>10}{'tests s':>10}  result")
+    print(f"{'step':<16}{'install s':>10}{'tests s':>10}{'from':>7}{'to':>7}  result")
     for s in todo:
         res = "passed" if s.rc == 0 else f"FAILED (exit {s.rc})"
-        print(f"{s.name:<16}{s.create_s:>10.0f}{s.run_s:>10.0f}  {res}")
+        span = f"{s.start_s:>7.0f}{s.end_s:>7.0f}"
+        print(f"{s.name:<16}{s.create_s:>10.0f}{s.run_s:>10.0f}{span}  {res}")
     failed = [s.name for s in todo if s.rc != 0]
     print(f"{'total':<16}{'':>10}{total:>10.0f}  {len(todo) - len(failed)}/{len(todo)} passed")
     tot = {

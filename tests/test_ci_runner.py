@@ -92,6 +92,13 @@ def test_ci_runs_steps_side_by_side_and_counts_every_steps_tests(tmp_path):
         "",
     ], again
     assert "[lint]" not in again
+    # the closing table says when each step ran, from the run's start
+    table = r.stdout.split("== summary")[1].splitlines()
+    assert table[1].split() == ["step", "install", "s", "tests", "s", "from", "to", "result"]
+    rows = {line.split()[0]: line.split() for line in table[2:4]}
+    for name in ("cloud-k8s", "lint"):
+        start, end = float(rows[name][3]), float(rows[name][4])
+        assert 0 <= start <= end, rows
 
 
 def test_ci_lanes_take_the_longest_step_first_and_refuse_a_bad_lane_count():
@@ -110,6 +117,31 @@ def test_ci_lanes_take_the_longest_step_first_and_refuse_a_bad_lane_count():
     assert r.stderr.strip().splitlines() == [
         "ci: AIOS_CI_LANES='zero' is not a positive integer; unset it or set 1, 2, ..."
     ]
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "ci.py"), "lint"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "AIOS_CI_HEAVY": "0"},
+    )
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        "ci: AIOS_CI_HEAVY='0' is not a positive integer; unset it or set 1, 2, ..."
+    ]
+
+
+def test_ci_keeps_at_most_the_chosen_number_of_computing_steps_at_once():
+    ci = _ci()
+    heavy = sorted(ci.HEAVY)
+    for cap in (1, 2, 3):
+        ci.set_max_heavy(cap)
+        queue = [s for s in ci.steps() if s.name in ci.HEAVY]
+        for s in queue:
+            s.created.set()
+        running = set(heavy[:cap])
+        assert ci.take(queue, running) is None  # the cap is reached: the lane waits
+        assert ci.take(queue, set(heavy[: cap - 1])).name in ci.HEAVY
+    ci.set_max_heavy(2)
 
 
 def test_a_package_tested_in_another_environment_has_everything_its_own_would_add():
