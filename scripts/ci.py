@@ -9,7 +9,9 @@ other work until then). Uncapped, three lanes made the CI machine's run longer (
 3,223 s with two), as the multi-rank ranks wait on each other's time slices; capped, with the
 test zygote (:mod:`aios.testing.zygote`), three lanes took 2,751 s here where two were heading
 for about 3,100, and at 4835976 four lanes took 1,889 s where three took 2,091 (the steps that
-wait on ssh hosts, emulators and Slurm fill the cores the computing steps leave). Each lane
+wait on ssh hosts, emulators and Slurm fill the cores the computing steps leave). Three computing
+steps at once (``AIOS_CI_HEAVY=3``, five lanes) took 2,300 s against 1,879 with two, and two
+timing-bound tests failed under that load. Each lane
 takes the longest step still waiting whose environment is ready (the expected seconds below,
 measured on the 2-core CI machine; environments are created first for the steps with the most
 work), and every output line of a step is prefixed with its name. Environments are created and

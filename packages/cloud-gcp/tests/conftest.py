@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -90,15 +89,16 @@ def aios_cli():
 
 @pytest.fixture
 def gcs(sshd_hosts: SshdCluster):
-    """gcp-storage-emulator reachable from this machine and from every sshd host."""
-    exe = shutil.which("gcp-storage-emulator") or str(
-        Path(sys.executable).parent / "gcp-storage-emulator"
+    """The Cloud Storage stand-in (:mod:`aios_cloud_gcp.testing.gcs`: gcp-storage-emulator with
+    the real service's preconditions and objects.move), reachable from this machine and from
+    every sshd host."""
+    pytest.importorskip(
+        "gcp_storage_emulator",
+        reason="gcp-storage-emulator is not installed: pip install gcp-storage-emulator",
     )
-    if not Path(exe).exists():
-        pytest.skip("gcp-storage-emulator is not installed: pip install gcp-storage-emulator")
     port = 9023
     sshd_hosts.popen_service(
-        [exe, "start", "--host", sshd_hosts.service_ip, "--port", str(port), "--in-memory", "-q"]
+        [sys.executable, "-m", "aios_cloud_gcp.testing.gcs", str(port), sshd_hosts.service_ip]
     )
     sshd_hosts.wait_port(port)
     url = f"http://{sshd_hosts.service_ip}:{port}"

@@ -41,20 +41,7 @@ def test_managed_spot_run_survives_the_launching_process(
         "gcp_storage_emulator",
         reason="needs gcp-storage-emulator: pip install gcp-storage-emulator",
     )
-    c.popen_service(
-        [
-            sys.executable,
-            "-m",
-            "gcp_storage_emulator",
-            "start",
-            "--host",
-            c.service_ip,
-            "--port",
-            "9023",
-            "--in-memory",
-            "-q",
-        ]
-    )
+    c.popen_service([sys.executable, "-m", "aios_cloud_gcp.testing.gcs", "9023", c.service_ip])
     c.wait_port(9023)
     gcs = f"http://{c.service_ip}:9023"
     import gcsfs

@@ -3,50 +3,28 @@
 from __future__ import annotations
 
 import os
-import shutil
-import socket
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
+from aios_cloud_gcp.testing.gcs import GcsEmulator
 
 
 @pytest.fixture
-def gcs_local(monkeypatch, tmp_path, free_port):
-    exe = shutil.which("gcp-storage-emulator") or str(
-        Path(sys.executable).parent / "gcp-storage-emulator"
+def gcs_local(monkeypatch, tmp_path):
+    """gs://aios-bucket on the Cloud Storage stand-in (:mod:`aios_cloud_gcp.testing.gcs`)."""
+    pytest.importorskip(
+        "gcp_storage_emulator",
+        reason="gcp-storage-emulator is not installed: pip install gcp-storage-emulator",
     )
-    if not Path(exe).exists():
-        pytest.skip("gcp-storage-emulator is not installed: pip install gcp-storage-emulator")
-    port = free_port()
-    proc = subprocess.Popen(
-        [exe, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory", "-q"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise
-            time.sleep(0.1)
-    url = f"http://127.0.0.1:{port}"
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", url)
-    monkeypatch.setenv("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
-    import gcsfs
+    with GcsEmulator() as gcs:
+        for k, v in gcs.env.items():
+            monkeypatch.setenv(k, v)
+        import gcsfs
 
-    fs = gcsfs.GCSFileSystem(endpoint_url=url, token="anon", skip_instance_cache=True)
-    fs.mkdir("aios-bucket")
-    yield url, fs
-    proc.kill()
-    proc.wait()
+        fs = gcsfs.GCSFileSystem(endpoint_url=gcs.url, token="anon", skip_instance_cache=True)
+        fs.mkdir("aios-bucket")
+        yield gcs.url, fs
 
 
 def test_gcp_gs_scheme_is_registered_by_the_plugin():
