@@ -375,7 +375,15 @@ def _alive(pid: int) -> bool:
     return False
 
 
-def test_dcp_checkpoint_process_finishes_its_write_through_stop_signals(tmp_path: Path) -> None:
+#: how the checkpoint process starts: DCP's spawn, or the standby forked before the process group
+#: (what aios.init does on CPU; aios.checkpoint.formats.dcp_process.fork_standby)
+STARTS = ["spawn", "standby"]
+
+
+@pytest.mark.parametrize("start", STARTS)
+def test_dcp_checkpoint_process_finishes_its_write_through_stop_signals(
+    tmp_path: Path, start: str
+) -> None:
     """A preemption SIGTERM (and SIGINT, SIGHUP) reaching the checkpoint process of a rank in
     the middle of a background write: the write completes and the checkpoint is committed. The
     writing thread runs at SCHED_IDLE (below the training ranks)."""
@@ -388,12 +396,15 @@ def test_dcp_checkpoint_process_finishes_its_write_through_stop_signals(tmp_path
         "async": True,
         "gate": "signals",
         "out": str(tmp_path / "out"),
+        "standby": start == "standby",
     }
     codes, log = _launch(2, job)
     assert codes == [0, 0], log
     for r in range(2):
         ov = _result(tmp_path / "out", r)["overlap"]
         assert ov["writer_pid"] != ov["rank_pid"], ov  # the signals went to the writer process
+        # the standby became the checkpoint process; without one DCP spawned its own
+        assert (ov["writer_pid"] == ov["standby_pid"]) == (start == "standby"), ov
         # it writes only on CPU time training leaves idle
         sched = int((tmp_path / "out" / f"writer-sched-{r}").read_text())
         assert sched == os.SCHED_IDLE, sched
@@ -401,7 +412,8 @@ def test_dcp_checkpoint_process_finishes_its_write_through_stop_signals(tmp_path
     assert info is not None and info.step == 2, log
 
 
-def test_dcp_dead_checkpoint_process_falls_back_to_a_thread(tmp_path: Path) -> None:
+@pytest.mark.parametrize("start", STARTS)
+def test_dcp_dead_checkpoint_process_falls_back_to_a_thread(tmp_path: Path, start: str) -> None:
     """The checkpoint process of one rank is SIGKILLed between saves: every rank says so once
     and writes the next save from a thread; nothing is lost."""
     from aios.checkpoint import CheckpointStore
@@ -413,6 +425,7 @@ def test_dcp_dead_checkpoint_process_falls_back_to_a_thread(tmp_path: Path) -> N
         "async": True,
         "kill_writer_at": 3,
         "out": str(tmp_path / "out"),
+        "standby": start == "standby",
     }
     codes, log = _launch(2, job)
     assert codes == [0, 0], log
@@ -421,7 +434,8 @@ def test_dcp_dead_checkpoint_process_falls_back_to_a_thread(tmp_path: Path) -> N
     assert [(c.step, c.complete) for c in store.list()] == [(2, True), (4, True)], log
 
 
-def test_dcp_checkpoint_process_dies_with_its_rank(tmp_path: Path) -> None:
+@pytest.mark.parametrize("start", STARTS)
+def test_dcp_checkpoint_process_dies_with_its_rank(tmp_path: Path, start: str) -> None:
     """A rank SIGKILLed (the launcher's last resort) leaves no checkpoint process behind."""
     job = {
         "ckpt": str(tmp_path / "ckpt"),
@@ -430,6 +444,7 @@ def test_dcp_checkpoint_process_dies_with_its_rank(tmp_path: Path) -> None:
         "async": True,
         "die_hard": True,
         "out": str(tmp_path / "out"),
+        "standby": start == "standby",
     }
     codes, log = _launch(2, job)
     assert codes == [-9, -9], (codes, log)

@@ -136,6 +136,16 @@ def test_dcp_runtime_killed_then_resumed_is_bitwise_equal(
         PID_DIR=str(pids),
     )
     reached = _wait_step(progress, p, kill_at)
+    # each rank's checkpoint process was forked before the process group (aios.init on CPU),
+    # not spawned (a fresh interpreter importing torch again): its command line is the rank's
+    for r in range(2):
+        ckproc = pids / f"ckproc{r}"
+        end = time.time() + 60
+        while not ckproc.exists() and time.time() < end and p.poll() is None:
+            time.sleep(0.05)
+        assert ckproc.exists(), f"rank {r} wrote no checkpoint process"
+        cmds = json.loads(ckproc.read_text())
+        assert "spawn_main" not in cmds["process"] and cmds["process"] == cmds["rank"], cmds
     if sig == "SIGKILL":  # once a periodic checkpoint is committed (background saves lag a little)
         from aios.checkpoint import CheckpointStore as _Store
 
@@ -154,6 +164,8 @@ def test_dcp_runtime_killed_then_resumed_is_bitwise_equal(
         p.send_signal(signal.SIGTERM)
         out = _finish(p, 180)
         assert p.returncode == 75, f"kill_at={kill_at}\n{out}"
+        # DCP's own INFO lines from its checkpoint process stay out of the run's output
+        assert "Checkpoint background process" not in out, out
     assert not got.exists()
     from aios.checkpoint import CheckpointStore
 

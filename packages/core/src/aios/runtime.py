@@ -72,6 +72,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from aios.checkpoint.formats.dcp_process import fork_standby, standby_wanted
 from aios.checkpoint.manager import CheckpointManager
 from aios.checkpoint.state import TrainingState
 from aios.checkpoint.surface import Checkpoints
@@ -157,7 +158,6 @@ def init(
     if _current is not None and not _current._closed:
         return _current
     excepthook.install()
-    watch_launcher()  # started by aios-run: never outlive it (see aios.launcher.worker)
     naming.refuse_rewritten_launch_env()
     cfg = resolve_config(config, defaults, overrides, flags)
     if cfg.ft.replica_groups > 1 and ft_group_from_env() is None:
@@ -175,6 +175,8 @@ def init(
     reg = get_registry()
     parts = wiring.build(reg, cfg, os.environ.get(BACKEND_ENV) or cfg.backend)
     strategy = parts.strategy
+    _fork_checkpoint_standby(cfg, strategy)  # before any thread of ours and the process group
+    watch_launcher()  # started by aios-run: never outlive it (see aios.launcher.worker)
     strategy.setup_environment()
     # init_process_group wrapped the excepthook: one rank prefix, the launcher's
     sys.excepthook = excepthook.without_torch_prefix(sys.excepthook)
@@ -199,6 +201,21 @@ def init(
             rt.close(status="failed")
         raise
     return rt
+
+
+def _fork_checkpoint_standby(cfg: AiosConfigBase, strategy: Strategy) -> None:
+    """Fork DCP's checkpoint process now, while this process may still fork safely, when this
+    run's background saves will need it (:func:`aios.checkpoint.formats.dcp_process.fork_standby`)."""
+    ck = cfg.checkpoint
+    device = strategy.accelerator.device_type if strategy.accelerator else None
+    if standby_wanted(
+        directory=ck.dir,
+        async_save=ck.async_save,
+        async_writer=ck.async_writer,
+        fmt=strategy.checkpoint_format,
+        device_type=device,
+    ):
+        fork_standby()
 
 
 def _cap_grace(rt: Runtime) -> None:

@@ -3,7 +3,8 @@
 is GLOBAL_BATCH / world size (the same global batch on any world size), checkpoints through
 rt.step (checkpoint.every) and rt.resume(). Writes its progress (global step) to PROGRESS_FILE,
 every step's global mean loss to LOSS_FILE (rank 0, one JSON line per step), each rank's pid to
-PID_DIR/rank<r>.pid, and its final full parameters to argv[1] (rank 0).
+PID_DIR/rank<r>.pid (and its command line beside its DCP checkpoint process's, once that runs,
+to PID_DIR/ckproc<r>), and its final full parameters to argv[1] (rank 0).
 """
 
 from __future__ import annotations
@@ -28,9 +29,29 @@ out_file = sys.argv[1]
 
 rt = aios.init()
 world = rt.world_size
-if os.environ.get("PID_DIR"):
-    with open(os.path.join(os.environ["PID_DIR"], f"rank{rt.rank}.pid"), "w") as f:
+pid_dir = os.environ.get("PID_DIR")
+if pid_dir:
+    with open(os.path.join(pid_dir, f"rank{rt.rank}.pid"), "w") as f:
         f.write(str(os.getpid()))
+
+
+def record_checkpoint_process() -> bool:
+    """Write the command line of this rank's DCP checkpoint process, once it runs."""
+    from torch.distributed.checkpoint import _async_process_executor as ape
+
+    proc = ape._CHECKPOINT_PROCESS
+    if proc is None:
+        return False
+    cmds = {}
+    for name, pid in (("rank", os.getpid()), ("process", proc._save_process.pid)):
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmds[name] = f.read().replace(b"\0", b" ").decode()
+    with open(os.path.join(str(pid_dir), f"ckproc{rt.rank}"), "w") as f:
+        json.dump(cmds, f)
+    return True
+
+
+recorded = not pid_dir
 g = torch.Generator().manual_seed(1234)
 x = torch.randn(512, 8, generator=g)
 y = torch.sin(x.sum(1, keepdim=True))
@@ -61,6 +82,8 @@ while rt.global_step < steps:
                 if progress_file:
                     with open(progress_file, "w") as f:
                         f.write(str(rt.global_step))
+            if not recorded:
+                recorded = record_checkpoint_process()
             if delay:
                 time.sleep(delay)
             if rt.global_step >= steps:

@@ -12,6 +12,8 @@ argv[1] is a JSON job:
     async_mode      "process" (default) or "thread"
     kill_writer_at  SIGKILL this rank's checkpoint process before this step's save
     die_hard        SIGKILL this rank after its last save (its checkpoint process must follow)
+    standby         fork the checkpoint process before the process group, as aios.init does
+                    on CPU (aios.checkpoint.formats.dcp_process.fork_standby), instead of spawning
 
 Global batch 16 of a fixed dataset; rank r of W takes the DistributedSampler-style interleaved
 slice (positions r, r+W, ...), so the global batch is the same samples on any world size. Each
@@ -53,6 +55,13 @@ def main() -> None:
     job = json.loads(sys.argv[1])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(1)
+    standby_pid = None
+    if job.get("standby"):
+        from aios.checkpoint.formats import dcp_process
+
+        assert dcp_process.fork_standby(), "no standby: this process already runs threads"
+        assert dcp_process._STANDBY is not None
+        standby_pid = dcp_process._STANDBY.process.pid
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(0)
     model = torch.nn.Sequential(
@@ -173,6 +182,12 @@ def main() -> None:
         os.kill(os.getpid(), 9)
     overlap["gate_timed_out"] = os.path.exists(os.path.join(job["out"], f"gate-timed-out-{rank}"))
     overlap["rank_pid"] = os.getpid()
+    overlap["standby_pid"] = standby_pid
+    if job.get("async") and job.get("async_mode", "process") == "process":
+        from torch.distributed.checkpoint import _async_process_executor as ape
+
+        if ape._CHECKPOINT_PROCESS is not None:
+            overlap["process_pid"] = ape._CHECKPOINT_PROCESS._save_process.pid
     with contextlib.suppress(FileNotFoundError):
         with open(os.path.join(job["out"], f"writer-pid-{rank}")) as f:
             overlap["writer_pid"] = int(f.read())

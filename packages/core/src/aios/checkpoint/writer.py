@@ -12,6 +12,7 @@ outlives its parent. Kept free of imports beyond the standard library: it runs b
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -71,6 +72,11 @@ def _unpickle(parent_pid: int) -> ShieldedTarget:
     return ShieldedTarget(parent_pid)
 
 
+class _WarningsOnly(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING
+
+
 class ShieldedTarget:
     """The checkpoint process's target: unpickling it (the first object ``spawn`` loads after
     its preparation data) shields the process; calling it runs DCP's own serving loop."""
@@ -83,5 +89,9 @@ class ShieldedTarget:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         from torch.distributed.checkpoint._async_process_executor import _AsyncCheckpointProcess
+
+        # DCP sets the root logger to INFO there and logs its start and every request to the
+        # training process's stderr: its warnings and errors only (one line per event)
+        logging.getLogger().addFilter(_WarningsOnly())
 
         return _AsyncCheckpointProcess._checkpointing_subprocess(*args, **kwargs)
