@@ -105,3 +105,19 @@ def test_gloo_worker_threads_are_found_and_seen_parked_on_this_torch(tmp_path, f
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
     )
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
+
+
+def test_init_returns_once_every_ranks_group_is_made(tmp_path):
+    """``aios.init()`` returns on no rank before every rank's process group is made. Under
+    torchrun (what ``aios launch`` runs on each host) a rank that ended right after init (a
+    script that only prints its rank) used to close its sockets while a slower rank's gloo was
+    still connecting to it: "Gloo connectFullMesh failed ... Connection closed by peer" (seen on
+    two sshd hosts under load). (aios-run's ranks also wait for each other in its status folder.)"""
+    script = Path(__file__).parent / "scripts" / "slow_group_rank.py"
+    r = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", str(script), str(tmp_path)],
+        cwd=tmp_path, env=run_env(tmp_path), capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (tmp_path / "rank0-saw").read_text() == "made"

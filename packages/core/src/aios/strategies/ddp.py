@@ -28,6 +28,7 @@ and epoch, resumable mid-epoch) and batches are moved to the device by
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -49,6 +50,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from aios.strategies.precision import Precision
 
 _REDUCE_OPS = ("sum", "mean", "max", "min", "prod")
+#: torch's switch for a barrier at the end of ``init_process_group`` (off by default)
+INIT_BARRIER_ENV = "TORCH_DIST_INIT_BARRIER"
 _EXIT_HOOK = False
 _OWNS_GROUP = False
 
@@ -140,7 +143,19 @@ class DDPStrategy(Strategy):
         )
         if self.accelerator.collectives_on_device and self.device is not None:
             kwargs["device_id"] = self.device
-        dist.init_process_group(**kwargs)
+        # torch's store-based barrier after the group is made: no rank returns from init before
+        # every rank's group is connected. Without it a rank that ends soon after init (a script
+        # that only prints its rank) closes its sockets while a slower rank's gloo is still
+        # connecting to it ("Gloo connectFullMesh failed ... Connection closed by peer"). The
+        # script's own setting wins; subgroups made later are not affected.
+        ours = INIT_BARRIER_ENV not in os.environ
+        if ours:
+            os.environ[INIT_BARRIER_ENV] = "1"
+        try:
+            dist.init_process_group(**kwargs)
+        finally:
+            if ours:
+                del os.environ[INIT_BARRIER_ENV]
         self._owns_group = True
         register_exit_hook(owns_group=True)
 
