@@ -289,7 +289,7 @@ def start_job(
     attempt = {
         RUN_ID_ENV: time.strftime("%Y%m%d-%H%M%S", time.gmtime(started))
         + f"-job{job_id}-{os.urandom(2).hex()}",
-        LAUNCH_TIME_ENV: f"{started:.3f}",
+        LAUNCH_TIME_ENV: repr(started),
     }
     base_env = {**attempt, **job_env(spec, provider_env)}
     root = remote_root(rec.name)
