@@ -13,6 +13,11 @@ from aios_cloud.records import Log
 from aios_cloud.ssh import kill_all
 
 _SIGNALLED: list[int] = []
+#: a Ctrl-C whose ``KeyboardInterrupt`` has not been handled yet: the handler's raise can land in
+#: a weakref callback or ``__del__`` run by the garbage collector, where Python prints
+#: "Exception ignored" and goes on; loops that must stop on Ctrl-C also check this
+#: (:func:`raise_pending_interrupt`)
+_PENDING_INT = [False]
 
 
 def install_signal_handlers() -> None:
@@ -28,6 +33,7 @@ def install_signal_handlers() -> None:
 
     def on_int(signum: int, _frame: Any) -> None:
         _SIGNALLED.append(signum)
+        _PENDING_INT[0] = True
         kill_all()
         raise KeyboardInterrupt
 
@@ -35,6 +41,28 @@ def install_signal_handlers() -> None:
         signal.signal(signal.SIGTERM, on_term)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, on_int)
+
+
+def interrupt_handled() -> None:
+    """The Ctrl-C's ``KeyboardInterrupt`` reached its handler: nothing is pending."""
+    _PENDING_INT[0] = False
+
+
+def raise_pending_interrupt() -> None:
+    """Raise the ``KeyboardInterrupt`` of a Ctrl-C that no handler has seen (it was swallowed
+    where Python ignores exceptions)."""
+    if _PENDING_INT[0]:
+        _PENDING_INT[0] = False
+        raise KeyboardInterrupt
+
+
+def interruptible_sleep(seconds: float) -> None:
+    """``time.sleep`` that raises a swallowed Ctrl-C's ``KeyboardInterrupt`` before and after."""
+    import time
+
+    raise_pending_interrupt()
+    time.sleep(seconds)
+    raise_pending_interrupt()
 
 
 def terminated() -> bool:

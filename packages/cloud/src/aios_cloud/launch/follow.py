@@ -7,7 +7,7 @@ import subprocess
 import sys
 from typing import Any
 
-from aios_cloud import lifecycle, watching
+from aios_cloud import lifecycle, signals, watching
 from aios_cloud.controller import start_controller
 from aios_cloud.launch.context import Launch
 from aios_cloud.provider.base import CloudProvider
@@ -35,6 +35,7 @@ def watch(launch: Launch) -> int:
     try:
         code = watch_here(store, launch.provider, job_id, launch.config, request.poll, launch)
     except KeyboardInterrupt:
+        signals.interrupt_handled()
         # Ctrl-C while watching detaches, as --detach does: a background watcher takes over, so
         # nothing runs unwatched (a lost host still stops an unmanaged job everywhere, a managed
         # one is still recovered) and --down is still honoured
@@ -71,7 +72,14 @@ def watch_here(
     """Watch the job from this process, its output printed here."""
     opts = WatchOptions(poll=poll, describe_every=max(poll, 3 * poll), follow=True)
     return Watcher(
-        store, provider, job_id, config, printer=launch.printer, log=launch.log, options=opts
+        store,
+        provider,
+        job_id,
+        config,
+        printer=launch.printer,
+        log=launch.log,
+        options=opts,
+        sleep=signals.interruptible_sleep,  # a Ctrl-C the collector swallowed still detaches
     ).run()
 
 
