@@ -196,6 +196,49 @@ def test_refused_and_paused_hosts_are_named_with_their_state(cluster4, aios_home
     assert "aios start" not in msg
 
 
+def test_a_host_whose_keys_arrive_after_its_sshd_is_waited_for(cluster4, aios_home, tmp_path):
+    """A host that just booted can accept connections before its keys are in place (cloud-init
+    and the guest agents install them after sshd starts; a host back from a loss did so in CI):
+    the head tries a refused login again until the reach deadline, as the launcher does for the
+    head itself, and installs its own key there once the login works."""
+    c = cluster4
+    rec = record(c, "late")
+    late = c.hosts[3]
+    late.stop()
+    keys = tmp_path / "late-authorized-keys"
+    keys.write_text("")  # no key of the user's there yet
+    late.authorized_keys = keys
+    late.log_level = "INFO"  # sshd logs each refused login
+    late.start(new_host_key=False)
+    log = late.confdir / "sshd.log"
+    log.write_text("")
+    done: dict[str, BaseException | None] = {}
+
+    def reach() -> None:
+        try:
+            Head(rec).reach(timeout=120)
+            done["error"] = None
+        except BaseException as e:  # noqa: BLE001 - handed to the test's thread
+            done["error"] = e
+
+    def refused() -> int:
+        return log.read_text().count("Connection closed by authenticating user")
+
+    t = threading.Thread(target=reach, daemon=True)
+    t.start()
+    # the head's login to worker 3 was refused with its own key and with the forwarded agent ...
+    for _ in range(1200):
+        if "error" in done or refused() >= 2:
+            break
+        t.join(0.1)
+    assert refused() >= 2, log.read_text()[-2000:]
+    keys.write_text(c.client_key.with_suffix(".pub").read_text())  # ... then the key arrives
+    t.join(150)
+    assert not t.is_alive() and done.get("error") is None, done.get("error")
+    installed = (late.home / ".ssh" / "authorized_keys").read_text()
+    assert "aios-head late" in installed
+
+
 def test_sigterm_ends_a_launcher_stuck_on_a_host_at_once(cluster4, aios_home, tmp_path):
     """A remote step that never returns: SIGTERM to the launcher kills its ssh processes and
     exits (the thread waiting on them does not hold the exit up)."""

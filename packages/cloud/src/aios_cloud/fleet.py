@@ -391,11 +391,15 @@ class Fleet:
                     if st == "login refused" and self.req.get("install_key") and not use_agent:
                         use_agent = True  # the head's key is not there yet: install it
                         continue
-                    transient = rc == 255 and not out and st not in ("replaced", "login refused")
-                    if transient and time.monotonic() - start + delay < retry_until:
+                    # a host that just booted can accept connections before its keys are in
+                    # place (cloud-init and the guest agents install them after sshd starts):
+                    # while a reach waits, a refused login is tried again like a lost connection
+                    transient = rc == 255 and not out and st != "replaced"
+                    left = retry_until - (time.monotonic() - start)
+                    if transient and left > 0:  # tried again until the deadline, the last at it
                         with lock:
                             running[h["w"]] = (running[h["w"]][0], st)
-                        time.sleep(delay)
+                        time.sleep(min(delay, left))
                         delay = min(delay * 2, 10)
                         continue
                     break

@@ -313,9 +313,11 @@ class Head:
         if bad:
             names = ", ".join(f"worker {w} ({st})" for w, st in bad[:5])
             more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+            # the time it waited: a host whose key changed is given up on at once
+            waited = min(limit, time.monotonic() - start)
             raise SshError(
                 f"{len(bad)} of {len(results)} hosts not reachable from the head host after "
-                f"{limit:.0f}s: {names}{more}",
+                f"{waited:.0f}s: {names}{more}",
                 "check that those hosts are up and accept SSH on the cluster network",
             )
         marker.unlink(missing_ok=True)

@@ -137,6 +137,8 @@ class SshdHost:
     #: where sshd itself listens when ``ip``/``port`` are a gateway's forward (forwarded mode)
     sshd_ip: str | None = None
     sshd_port: int | None = None
+    #: sshd's LogLevel (its log is ``confdir/sshd.log``); INFO logs each refused login
+    log_level: str = "ERROR"
     proc: subprocess.Popen | None = field(default=None, repr=False)
 
     # ------------------------------------------------------------------ lifecycle
@@ -168,7 +170,7 @@ class SshdHost:
                     "StrictModes no",
                     "MaxStartups 200",
                     "MaxSessions 100",
-                    "LogLevel ERROR",
+                    f"LogLevel {self.log_level}",
                     f"SetEnv HOME={self.home} AIOS_TEST_HOST={self.name} PATH={self._path()}",
                     "Subsystem sftp internal-sftp",
                     "",
