@@ -304,3 +304,19 @@ def test_at_most_two_computing_steps_at_once(monkeypatch):
     assert light.name == next(s.name for s in ci.order(ci.steps()) if s.name not in ci.HEAVY)
     heavy = ci.take(queue, frozenset({"core"}))
     assert heavy is not None and heavy.name == ci.order(ci.steps())[0].name
+
+
+def test_a_free_heavy_slot_takes_a_heavy_step_before_a_longer_light_one(monkeypatch):
+    """The heavy steps' slots bound the run: while one is free, a lane takes the longest heavy
+    step, even with a longer step that mostly waits in the queue; with both slots taken, that
+    longer one."""
+    ci = _ci()
+    monkeypatch.setattr(ci, "EXPECTED_S", {"cloud": 2000, "cloud-gcp": 1900, "core": 300})
+    queue = ci.order(ci.steps())
+    for s in queue:
+        s.created.set()
+    assert queue[0].name == "cloud" and "cloud" not in ci.HEAVY
+    first = ci.take(queue, frozenset({"core-runs"}))
+    assert first is not None and first.name == "core"
+    second = ci.take(queue, frozenset({"core-runs", "core"}))
+    assert second is not None and second.name == "cloud"

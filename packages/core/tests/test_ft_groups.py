@@ -66,6 +66,11 @@ def _logs(tmp: Path) -> dict[str, list[dict]]:
     }
 
 
+def _starts(tmp: Path) -> list[dict]:
+    """What each group process said of its start (ft_loop.py): forked warm, its threads."""
+    return [json.loads(p.read_text()) for p in sorted(tmp.glob("start-g*-r*.json"))]
+
+
 def _trained_once(
     survs: list[list[dict]], firsts: list[list[dict]], agains: list[list[dict]], per_group: int
 ) -> None:
@@ -116,6 +121,11 @@ def _assert_lost_and_healed(tmp: Path, r: subprocess.CompletedProcess, mode: str
     assert "1 of 2 groups training" in r.stderr
     assert "replica group 1 healed from a live group" in r.stderr
     assert "Quorum!" not in r.stderr  # torchft's per-step INFO lines are off
+    # every process was forked from aios-run's zygote, the restarted group's too (its imports
+    # were done before it was lost: the heal waits for no fresh interpreter)
+    starts = _starts(tmp)
+    assert len(starts) == 3 * per_group and any(s["restarted"] for s in starts)
+    assert all(s["warm"] for s in starts), starts
     for k in ranks:
         surv, again = survs[k], agains[k]
         committed = [e for e in surv if e["ok"]]
@@ -157,6 +167,26 @@ def test_lost_group_survivor_keeps_training_and_heals(tmp_path: Path, mode: str)
         f"replica groups: 2; steps committed with fewer groups: {degraded}; "
         f"steps not committed (trained again): {lost}; heals: group 1 in "
     ) in rep.stdout
+
+
+@pytest.mark.parametrize("warm_start", ["true", "false"])
+def test_group_processes_start_warm_unless_turned_off_with_this_hosts_threads(
+    tmp_path: Path, warm_start: str
+) -> None:
+    """The groups' processes are forked from aios-run's zygote (``launch.warm_start``, on by
+    default), or start fresh with it off; either way each gets the plan's environment, as the
+    ranks without groups do: this host's CPUs shared among its processes (``OMP_NUM_THREADS``
+    unset here), never every CPU for each."""
+    from aios.launcher.plan import rank_threads
+
+    kw = _aios_run_args(tmp_path, f"launch.warm_start={warm_start}")
+    del kw["env"]["OMP_NUM_THREADS"]
+    r = subprocess.run(**kw, capture_output=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    starts = _starts(tmp_path)
+    assert len(starts) == 2
+    assert all(s["warm"] is (warm_start == "true") for s in starts), starts
+    assert all(s["threads"] == rank_threads(2) for s in starts), starts
 
 
 def test_refused_without_divisible_nprocs(tmp_path: Path) -> None:

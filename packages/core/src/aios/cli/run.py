@@ -131,9 +131,10 @@ def _run(
             )
         return
     check_checkpoint_dir(cfg)
-    if groups > 1:  # the groups' processes start fresh (aios.ft.launch): no zygote
-        _stop_zygote()
-        _run_groups(cfg, spec, plan.world_size, notes, script, module, argv)
+    if groups > 1:  # the groups' processes are forked from the zygote too (aios.ft.launch)
+        if not cfg.launch.warm_start:
+            _stop_zygote()
+        _run_groups(cfg, spec, plan, notes, script, module, argv)
     execute(
         cfg,
         spec,
@@ -148,7 +149,7 @@ def _run(
 def _run_groups(
     cfg: Any,
     spec: Any,
-    nprocs: int,
+    plan: Any,
     notes: list[str],
     script: str,
     module: str | None,
@@ -160,15 +161,23 @@ def _run_groups(
         click.echo(f"{PROG}: note: {n}", err=True)
     env = {
         **os.environ,
+        # the plan's environment for this host's processes, as the ranks without groups get it
+        # (their CPU threads among this host's processes; no device extension autoloaded)
+        **plan.hosts[0].env,
         **worker_env(cfg, spec.name, os.environ.get(RUN_ID_ENV) or new_run_id()),
         LAUNCH_TIME_ENV: os.environ.get(LAUNCH_TIME_ENV) or repr(time.time()),
         LAUNCHER_PID_ENV: str(os.getpid()),
     }
     command = ft_launch.script_command(script, args, bool(module))
     groups = ft_launch.Groups(
-        cfg, nprocs, command, env, free_port, lambda m: click.echo(m, err=True)
+        cfg, plan.world_size, command, env, free_port, lambda m: click.echo(m, err=True), _WARM
     )
-    sys.exit(groups.run())
+    try:
+        code = groups.run()
+    finally:
+        if _WARM is not None:
+            warm.reap_orphans()  # what the processes left behind was reparented to aios-run
+    sys.exit(code)
 
 
 def _stop_zygote() -> None:

@@ -39,6 +39,7 @@ from aios.ft import (
     GROUPS_ENV,
     LIGHTHOUSE_ENV,
     LIGHTHOUSE_KEY,
+    RANK_RUNTIME_VARS,
     RESTARTED_AT_ENV,
     RUN_STORE_ENV,
     STATE_DIR_ENV,
@@ -49,7 +50,7 @@ from aios.ft import (
 from aios.ft.hang import HangWatch
 from aios.ft.hang import limit as hang_limit
 from aios.ft.plan import rust_log
-from aios.launcher import boot
+from aios.launcher import boot, warm
 from aios.launcher.contract import RUN_ID_ENV, STATUS_DIR_ENV
 from aios.launcher.worker import child_preexec
 from aios.resilience.notices import EXIT_PREEMPTED
@@ -177,9 +178,14 @@ class Groups:
         env: dict[str, str],
         free_port: Callable[[str], int],
         echo: Callable[[str], None],
+        zygote: warm.Zygote | None = None,
     ) -> None:
+        """``command``: a process's ``python -u SCRIPT ARGS`` (or ``-m MODULE``); each process
+        is forked from ``zygote`` where that is safe (:mod:`aios.launcher.warm`: a restarted
+        group's imports are then done already), else started fresh through the boot."""
         self.cfg = cfg
         self.command = command
+        self.zygote = zygote
         self.env = env
         self.free_port = free_port
         self.echo = echo
@@ -194,7 +200,7 @@ class Groups:
         self.store: Any = None
         #: when this host's groups had all ended (over several hosts, :meth:`_hosts_ended`)
         self.ended_at: float | None = None
-        self.procs: dict[int, list[subprocess.Popen[bytes]]] = {}
+        self.procs: dict[int, list[subprocess.Popen[bytes] | warm.WarmProcess]] = {}
         self.relays: dict[int, list[threading.Thread]] = {}
         self.restarts = dict.fromkeys(self.local, 0)
         self.done: dict[int, int] = {}
@@ -256,16 +262,9 @@ class Groups:
             env = self._group_env(g, rank, master, store)
             if restarted:
                 env[RESTARTED_AT_ENV] = repr(time.time())
-            proc = subprocess.Popen(  # the parent death signal, as every aios-run worker
-                self.command,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                preexec_fn=child_preexec(os.getpid()),
-            )
+            proc, streams = self._spawn(env)
             prefix = f"[rank{g * self.per_group + rank}]:".encode()
-            for src, dst in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):
-                assert src is not None
+            for src, dst in zip(streams, (sys.stdout.buffer, sys.stderr.buffer), strict=True):
                 quiet = not self.cfg.ft.log
                 t = threading.Thread(target=_relay, args=(src, dst, prefix, quiet), daemon=True)
                 t.start()
@@ -273,6 +272,36 @@ class Groups:
             procs.append(proc)
         self.procs[g] = procs
         self.relays[g] = relays
+
+    def _spawn(
+        self, env: dict[str, str]
+    ) -> tuple[subprocess.Popen[bytes] | warm.WarmProcess, tuple[IO[bytes], IO[bytes]]]:
+        """One process of a group and its output and error pipes: forked from the zygote where
+        that is safe, else fresh (with the parent death signal, as every aios-run worker)."""
+        if self.zygote is not None:
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
+            try:
+                forked = self.zygote.spawn(
+                    self.command, env, out_w, err_w, runtime=RANK_RUNTIME_VARS
+                )
+            finally:
+                os.close(out_w)
+                os.close(err_w)
+            if forked is not None:
+                return forked, (os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb"))
+            os.close(out_r)
+            os.close(err_r)
+        fresh = boot.command(self.command) or self.command
+        proc = subprocess.Popen(
+            fresh,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=child_preexec(os.getpid()),
+        )
+        assert proc.stdout is not None and proc.stderr is not None
+        return proc, (proc.stdout, proc.stderr)
 
     def _stop(self, g: int) -> None:
         procs = self.procs[g]
@@ -453,7 +482,8 @@ class Groups:
 
 
 def script_command(script: str, args: list[str], module: bool) -> list[str]:
-    """A group process's command: the script through the rank's boot (:mod:`aios.launcher.boot`:
-    the guard on launch variables), as every rank aios-run starts."""
+    """A group process's command, ``python -u SCRIPT ARGS`` (``-m MODULE``) as torch's agent
+    gives its ranks: forked warm, or started fresh through the rank's boot
+    (:mod:`aios.launcher.boot`: the guard on launch variables), as every rank aios-run starts."""
     head = ["-m", script] if module else [script]
-    return [sys.executable, "-u", "-m", boot.MODULE, *head, *args]
+    return [sys.executable, "-u", *head, *args]
