@@ -305,6 +305,59 @@ def test_groups_over_two_hosts_one_aios_run_each(tmp_path: Path) -> None:
     assert codes == [0, 0], err[-3000:]
 
 
+def test_a_hung_group_alone_on_its_host_is_judged_against_the_other_hosts(tmp_path: Path) -> None:
+    """Replica groups over two hosts, one group each: group 1 (node 1) hangs after committing
+    step 5. Node 1's aios-run has no other group of its own to compare it with: it reads group
+    0's steps from the run's store (node 0's aios-run shares them there), judges group 1 hung,
+    stops and restarts it; it heals from group 0 and both hosts end 0."""
+    from aios.testing.strategy_contract import free_port
+
+    port = free_port()
+    env = {"FT_KILL_STEP": "5", "FT_KILL_MODE": "hang"}
+    base = _aios_run_args(tmp_path, "ft.timeout=10", env=env)
+    head = [a for a in base["args"] if not a.startswith("master_port=")]
+    at = head.index("--nprocs")
+    head[at + 1] = "1"
+    procs = []
+    for node in (0, 1):
+        where = ["--nnodes", "2", "--node-rank", str(node), "--master-addr", "127.0.0.1"]
+        args = [*head[: at + 2], *where, "--master-port", str(port), *head[at + 2 :]]
+        procs.append(
+            subprocess.Popen(
+                **{**base, "args": args}, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
+        )
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=300))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    err0, err1 = outs[0][1], outs[1][1]
+    assert [p.returncode for p in procs] == [0, 0], (err0 + err1)[-3000:]
+    assert (
+        "aios: replica group 1 lost at step 5 (hung: no step for 20s while another group "
+        "stepped); 1 of 2 groups training"
+    ) in err1, err1[-3000:]
+    assert "restarting replica group 1" in err1 and "lost" not in err0, err0[-3000:]
+    assert "replica group 1 healed from a live group" in err1 + err0
+    logs = _logs(tmp_path)
+    g0 = [v for k, v in logs.items() if k.startswith("g0-")]
+    g1 = [v for k, v in logs.items() if k.startswith("g1-")]
+    assert len(g0) == 1 and len(g1) == 2
+    (surv,) = g0
+    first, again = sorted(g1, key=lambda v: v[0]["restarted"])
+    assert [e["step"] for e in first] == [1, 2, 3, 4, 5]  # it hung after step 5
+    committed = [e for e in surv if e["ok"]]
+    by_step = {e["step"]: e["params"] for e in committed}
+    healed = [e for e in again if e["ok"]]
+    assert healed and all(by_step[e["step"]] == e["params"] for e in healed)
+    _trained_once([surv], [first], [again], per_group=1)
+
+
 def test_a_host_whose_node_0_never_comes_is_one_line(tmp_path: Path) -> None:
     """Node 1's aios-run with no node 0 on the master address: one line naming the store it
     could not reach and what to start, exit 2, no traceback, no group process started."""
@@ -470,6 +523,17 @@ def test_hang_watch_judges_a_group_left_behind(tmp_path: Path) -> None:
     assert watch.look([0, 1]) == []
     now[0] = 100.0
     assert watch.look([0, 1]) == []
+    # over several hosts: group 1 alone on this host (restarted: its processes' new beats),
+    # judged against another host's group 2
+    for r in (0, 1):
+        beats[1, r].close()
+        beats[1, r] = Beat(str(tmp_path), 1, r)
+        beats[1, r].tick(3)
+    assert watch.look([1]) == [] and watch.look([1], {2: 3}) == []  # level with it
+    assert watch.look([1], {2: 4}) == []  # group 2 asked from step 4: behind from now
+    now[0] = 110.5
+    assert watch.look([1], {2: 4}) == [1]
+    assert watch.look([1], {}) == []  # the other host's group ended or was lost
     for b in beats.values():
         b.close()
 

@@ -25,6 +25,8 @@ its peer died inside the all-reduce, so it is not used.
 
 from __future__ import annotations
 
+import os
+
 #: environment handed to each rank of a replica group by aios-run
 GROUP_ENV = "AIOS_FT_GROUP"
 GROUPS_ENV = "AIOS_FT_GROUPS"
@@ -59,9 +61,22 @@ def ready_key(group: int, rank: int) -> str:
     return f"aios/ft/ready/{group}/{rank}"
 
 
+def ready_path(state_dir: str, group: int, rank: int) -> str:
+    """On one host: the file rank ``rank`` of ``group`` writes in aios-run's state folder once
+    its manager is up (the first quorum's barrier; removed when the group is restarted)."""
+    return os.path.join(state_dir, f"group{group}.r{rank}.ready")
+
+
 def done_key(group: int) -> str:
     """Set by the group's aios-run when the group ended its training (exit 0)."""
     return f"aios/ft/done/{group}"
+
+
+def beat_key(group: int) -> str:
+    """The step group ``group`` last asked a quorum from (its ranks' latest, as its host's
+    aios-run last read them; empty once the group was lost or before it asked): what the hang
+    watch of the other hosts compares their groups with (:mod:`aios.ft.hang`)."""
+    return f"aios/ft/beat/{group}"
 
 
 def ended_key(node: int) -> str:

@@ -8,7 +8,10 @@ group writes, at each quorum request, the committed step it asks from (:class:`B
 ``pwrite`` a step, in a file of the run's state folder). aios-run (:class:`HangWatch`, with the
 clock it is given) judges a group hung when one of its ranks stayed behind another live group's
 request for :func:`limit` seconds (twice ``ft.timeout``); it stops the group and restarts it as a
-lost one, which heals from a live group. The watch compares states, not the moments it saw them
+lost one, which heals from a live group. Over several hosts each host's aios-run shares its
+groups' latest requests through the run's store (:func:`aios.ft.beat_key`, each
+:data:`SHARE_EVERY_S`) and judges its own groups against every other host's too: a host with one
+group has no other group of its own to compare with. The watch compares states, not the moments it saw them
 change, so two requests that fall between the same two looks are told apart.
 
 The live groups' quorum timeout (:func:`quorum_timeout`) outlasts the limit by ``ft.timeout``
@@ -26,11 +29,16 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from aios.config.settings import FtSettings
+
+
+#: how often (seconds at most) a host's aios-run shares its groups' steps with the other hosts
+#: and reads theirs (over several hosts)
+SHARE_EVERY_S = 1.0
 
 
 def limit(ft: FtSettings) -> float:
@@ -83,7 +91,7 @@ class HangWatch:
         #: group -> the clock when it was first seen behind (cleared when it catches up)
         self.behind: dict[int, float] = {}
 
-    def _read(self, group: int) -> list[int]:
+    def steps(self, group: int) -> list[int]:
         """The steps of the group's ranks that asked at least once (a rank that never asked is
         starting: not judged)."""
         steps = []
@@ -106,13 +114,17 @@ class HangWatch:
             except OSError:
                 pass
 
-    def look(self, live: Iterable[int]) -> list[int]:
-        """Read the live groups' steps; the groups hung now."""
+    def look(self, live: Iterable[int], elsewhere: Mapping[int, int] | None = None) -> list[int]:
+        """Read the live groups' steps; the groups hung now. ``elsewhere``: the latest step
+        each live group of another host asked from (over several hosts, through the run's
+        store): a group of this host is judged against those too."""
         now = self.clock()
-        steps = {g: s for g in live if (s := self._read(g))}
+        steps = {g: s for g in live if (s := self.steps(g))}
+        away = max((elsewhere or {}).values(), default=-1)
         hung = []
         for g, own in steps.items():
-            ahead = max((max(s) for o, s in steps.items() if o != g), default=-1)
+            ahead = max((max(s) for o, s in steps.items() if o != g), default=away)
+            ahead = max(ahead, away)
             if min(own) >= ahead:
                 self.behind.pop(g, None)
                 continue

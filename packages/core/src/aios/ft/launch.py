@@ -17,6 +17,7 @@ judged hung has its stacks dumped before it is stopped.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -44,10 +45,12 @@ from aios.ft import (
     RUN_STORE_ENV,
     STATE_DIR_ENV,
     STORE_PORT_ENV,
+    beat_key,
     done_key,
     ended_key,
+    ready_path,
 )
-from aios.ft.hang import HangWatch
+from aios.ft.hang import SHARE_EVERY_S, HangWatch
 from aios.ft.hang import limit as hang_limit
 from aios.ft.plan import rust_log
 from aios.launcher import boot, warm
@@ -215,6 +218,10 @@ class Groups:
         self.lock: RunLock | None = None
         #: a group that stopped stepping while another goes on is lost too (aios.ft.hang)
         self.hangs = HangWatch(self.state_dir, self.per_group, hang_limit(cfg.ft))
+        #: over several hosts: the other hosts' live groups' latest steps, and when they were
+        #: last read (:meth:`_elsewhere`)
+        self.elsewhere: dict[int, int] = {}
+        self.shared_at = float("-inf")
         #: each group's status folder and its stack dumper (see the module docstring)
         record = os.path.abspath(os.path.join(cfg.logging.run_dir, env.get(RUN_ID_ENV, "")))
         self.dogs = {
@@ -255,6 +262,9 @@ class Groups:
         status = self.dogs[g].status_dir  # the processes of this start register anew
         shutil.rmtree(status, ignore_errors=True)
         os.makedirs(status)
+        for rank in range(self.per_group):  # "its manager is up" is said anew by this start
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(ready_path(self.state_dir, g, rank))
         addr = self.addr
         master, store = self.free_port(addr), self.free_port(addr)
         procs, relays = [], []
@@ -318,6 +328,7 @@ class Groups:
         restarts."""
         self._stop(g)
         self.hangs.forget(g)
+        self.shared_at = float("-inf")  # the other hosts stop comparing with its old steps
         alive = self.groups - len(self.done) - 1
         step = max((committed_step(self.state_dir, o) for o in range(self.groups)), default=0)
         self.echo(
@@ -377,7 +388,8 @@ class Groups:
             self.dump_asked.clear()
             for g in live:
                 self.dogs[g].dump(f"on demand (SIGUSR1), replica group {g}", kind="stacks")
-        for g in self.hangs.look(live) if self.stopping is None else []:
+        elsewhere = self._elsewhere(live)
+        for g in self.hangs.look(live, elsewhere) if self.stopping is None else []:
             why = f"hung: no step for {self.hangs.limit_s:.0f}s while another group stepped"
             self.dogs[g].dump(f"replica group {g} {why}", kind="hang")
             if not self._lost(g, why):
@@ -396,6 +408,31 @@ class Groups:
             return EXIT_PREEMPTED  # the emergency checkpoint is written: relaunch to resume
         bad = [c for c in codes if c]
         return (bad[0] if bad[0] > 0 else 128 - bad[0]) if bad else 0
+
+    def _elsewhere(self, live: list[int]) -> dict[int, int]:
+        """Over several hosts (each :data:`aios.ft.hang.SHARE_EVERY_S` at most): this host's
+        live groups' latest steps into the run's store, and the other hosts' live groups' read
+        from it, for the hang watch. A store that does not answer leaves the last ones read."""
+        now = time.monotonic()
+        if self.store is None or now - self.shared_at < SHARE_EVERY_S:
+            return self.elsewhere
+        self.shared_at = now
+        try:
+            for g in self.local:
+                steps = self.hangs.steps(g) if g in live else []
+                self.store.set(beat_key(g), str(max(steps)) if steps else "")
+            seen: dict[int, int] = {}
+            for o in range(self.groups):
+                if o in self.local or self.store.check([done_key(o)]):
+                    continue
+                if self.store.check([beat_key(o)]):
+                    text = self.store.get(beat_key(o)).decode()
+                    if text.isdigit():
+                        seen[o] = int(text)
+            self.elsewhere = seen
+        except (RuntimeError, OSError):  # node 0's store is gone: so is the run
+            pass
+        return self.elsewhere
 
     def _hosts_ended(self) -> bool:
         """Over several hosts: this host's end is said in the store, and node 0 (its lighthouse

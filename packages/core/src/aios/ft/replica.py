@@ -34,6 +34,7 @@ from aios.ft import (
     STORE_PORT_ENV,
     done_key,
     ready_key,
+    ready_path,
 )
 from aios.ft.hang import Beat, quorum_timeout
 from aios.ft.transport import bound_transport
@@ -176,11 +177,11 @@ class Replica:
         state_dir = self.env.get(STATE_DIR_ENV)
         if not state_dir:
             return
-        open(os.path.join(state_dir, f"group{self.group}.r{self.group_rank}.ready"), "w").close()
+        open(ready_path(state_dir, self.group, self.group_rank), "w").close()
         if self._restarted_at is not None:
             return
-        want = [f"group{g}.r{self.group_rank}.ready" for g in range(self.groups)]
-        while not all(os.path.exists(os.path.join(state_dir, w)) for w in want):
+        want = [ready_path(state_dir, g, self.group_rank) for g in range(self.groups)]
+        while not all(os.path.exists(w) for w in want):
             time.sleep(0.02)
 
     def _others_done(self) -> bool:
