@@ -9,9 +9,8 @@ committing step FT_KILL_STEP (FT_KILL_MODE=hang: hangs there instead); with
 FT_KILL_MODE=allreduce, group 1 waits at
 step FT_KILL_STEP until group 0 has finished that step's backward (group 0 is then entering the
 cross-group all-reduce, which waits for group 1) and kills itself. Group 0 waits, before the
-step after, until the restarted group 1 has set itself up and its managers are up (they
-heartbeat, so the lighthouse waits for them at the next quorum): the heal then happens with work
-left, however late a loaded machine lets group 1 ask. With FT_PAUSE_STEP, every rank writes
+step after, until the restarted group 1 has set itself up: the heal then happens with work left.
+With FT_PAUSE_STEP, every rank writes
 ``paused-g<g>-r<rank>`` after that step and waits for the
 file ``go-on``.
 """
@@ -98,15 +97,6 @@ for x, idx in loader:
             time.sleep(1)
     if g == 0 and rt.global_step == kill_at + 1:
         wait_for(back)
-        # ... and its managers are up (aios-run's state folder says so anew for the restart):
-        # they heartbeat, so the lighthouse waits for them at the next quorum, however late
-        # the loaded machine lets them ask
-        # (on one host: over several, the groups' state folders are each host's own)
-        state = os.environ["AIOS_FT_STATE_DIR"]
-        for r in (
-            range(int(os.environ["WORLD_SIZE"])) if "AIOS_FT_RUN_STORE" not in os.environ else ()
-        ):
-            wait_for(os.path.join(state, f"group1.r{r}.ready"))
     if rt.global_step == pause_at:  # every rank waits here until the test says go on
         with open(os.path.join(out, f"paused-g{g}-r{rt.rank}"), "w") as f:
             f.write(os.environ.get("AIOS_RUN_STATUS_DIR", ""))  # where `aios stacks` reads it
