@@ -67,7 +67,7 @@ def _logs(tmp: Path) -> dict[str, list[dict]]:
 
 
 def _starts(tmp: Path) -> list[dict]:
-    """What each group process said of its start (ft_loop.py): forked warm, its threads."""
+    """What each group process said of its start (ft_loop.py): its threads, whether restarted."""
     return [json.loads(p.read_text()) for p in sorted(tmp.glob("start-g*-r*.json"))]
 
 
@@ -254,17 +254,13 @@ def test_fsdp_inside_groups_loses_a_process_and_heals(tmp_path: Path, mode: str)
     _assert_lost_and_healed(tmp_path, r, mode, per_group=2)
 
 
-def test_groups_over_two_hosts_one_aios_run_each(tmp_path: Path) -> None:
-    """Replica groups over hosts, one aios-run per host as each host's shell runs it
-    (``--nnodes 2 --node-rank K --master-addr A --master-port P``; here two on one machine):
-    node 0's aios-run starts the lighthouse and the run's store on ``A:P``, node 1's finds the
-    lighthouse there; each host runs its group. Group 1 (node 1) is SIGKILLed between steps:
-    node 1's aios-run restarts it alone, it heals from group 0 on node 0, and both hosts end 0
-    with every sample trained once."""
+def _two_hosts(base: dict, timeout: float) -> tuple[list[int], list[tuple[str, str]]]:
+    """Two aios-runs of ``base`` (:func:`_aios_run_args`), one process each, as two hosts'
+    shells run them (``--nnodes 2 --node-rank K --master-addr 127.0.0.1 --master-port P``, here
+    on one machine); returns their exit codes and (stdout, stderr)."""
     from aios.testing.strategy_contract import free_port
 
     port = free_port()
-    base = _aios_run_args(tmp_path, env={"FT_KILL_STEP": "5", "FT_KILL_MODE": "between"})
     head = [a for a in base["args"] if not a.startswith("master_port=")]
     at = head.index("--nprocs")
     head[at + 1] = "1"
@@ -280,13 +276,24 @@ def test_groups_over_two_hosts_one_aios_run_each(tmp_path: Path) -> None:
     outs = []
     try:
         for p in procs:
-            outs.append(p.communicate(timeout=600))
+            outs.append(p.communicate(timeout=timeout))
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    codes = [p.returncode for p in procs]
+    return [p.returncode for p in procs], outs
+
+
+def test_groups_over_two_hosts_one_aios_run_each(tmp_path: Path) -> None:
+    """Replica groups over hosts, one aios-run per host as each host's shell runs it
+    (``--nnodes 2 --node-rank K --master-addr A --master-port P``; here two on one machine):
+    node 0's aios-run starts the lighthouse and the run's store on ``A:P``, node 1's finds the
+    lighthouse there; each host runs its group. Group 1 (node 1) is SIGKILLed between steps:
+    node 1's aios-run restarts it alone, it heals from group 0 on node 0, and both hosts end 0
+    with every sample trained once."""
+    env = {"FT_KILL_STEP": "5", "FT_KILL_MODE": "between"}
+    codes, outs = _two_hosts(_aios_run_args(tmp_path, env=env), timeout=600)
     err = "\n".join(e for _, e in outs)
     r = subprocess.CompletedProcess(args=[], returncode=max(codes), stdout="", stderr=err)
     _assert_lost_and_healed(tmp_path, r, "between", per_group=1)
@@ -300,34 +307,10 @@ def test_a_hung_group_alone_on_its_host_is_judged_against_the_other_hosts(tmp_pa
     step 5. Node 1's aios-run has no other group of its own to compare it with: it reads group
     0's steps from the run's store (node 0's aios-run shares them there), judges group 1 hung,
     stops and restarts it; it heals from group 0 and both hosts end 0."""
-    from aios.testing.strategy_contract import free_port
-
-    port = free_port()
     env = {"FT_KILL_STEP": "5", "FT_KILL_MODE": "hang"}
-    base = _aios_run_args(tmp_path, "ft.timeout=10", env=env)
-    head = [a for a in base["args"] if not a.startswith("master_port=")]
-    at = head.index("--nprocs")
-    head[at + 1] = "1"
-    procs = []
-    for node in (0, 1):
-        where = ["--nnodes", "2", "--node-rank", str(node), "--master-addr", "127.0.0.1"]
-        args = [*head[: at + 2], *where, "--master-port", str(port), *head[at + 2 :]]
-        procs.append(
-            subprocess.Popen(
-                **{**base, "args": args}, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-            )
-        )
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=300))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    codes, outs = _two_hosts(_aios_run_args(tmp_path, "ft.timeout=10", env=env), timeout=300)
     err0, err1 = outs[0][1], outs[1][1]
-    assert [p.returncode for p in procs] == [0, 0], (err0 + err1)[-3000:]
+    assert codes == [0, 0], (err0 + err1)[-3000:]
     assert (
         "aios: replica group 1 lost at step 5 (hung: no step for 20s while another group "
         "stepped); 1 of 2 groups training"

@@ -1,4 +1,3 @@
-# ruff: noqa: E402 - the imports follow the look at what was imported before the script
 """A plain aios loop for the replica-group tests (test_ft_groups.py): 64 samples whose ids are
 their labels, batches of 2, one epoch. Each rank logs, per step, the step, whether it committed,
 the groups in the quorum, the sample ids it trained and its parameters.
@@ -18,11 +17,7 @@ file ``go-on``.
 import json
 import os
 import signal
-import sys
 import time
-
-#: forked from aios-run's zygote (torch imported before the script's first line), or fresh
-WARM = "torch" in sys.modules
 
 import aios
 import torch
@@ -54,7 +49,7 @@ if restarted:
     open(back, "w").close()
 log = open(os.path.join(out, f"g{g}-r{rt.rank}-{os.getpid()}.jsonl"), "a")
 with open(os.path.join(out, f"start-g{g}-r{rt.rank}-{os.getpid()}.json"), "w") as f:
-    json.dump({"warm": WARM, "threads": torch.get_num_threads(), "restarted": restarted}, f)
+    json.dump({"threads": torch.get_num_threads(), "restarted": restarted}, f)
 
 
 def wait_for(path):
