@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import random
 import subprocess
 from pathlib import Path
@@ -131,6 +132,48 @@ def test_cloud_sshd_hosts_reach_each_other(cluster):
     )
     r = subprocess.run(cluster.ssh_argv(h0) + [cmd], capture_output=True, text=True, timeout=30)
     assert r.stdout.strip() == "reached", r.stderr
+
+
+def test_an_agent_is_used_once_it_listens_not_once_its_socket_exists(tmp_path, monkeypatch):
+    """ssh-agent binds its socket (the file appears) before it listens; an ``ssh-add`` in
+    between is refused. Here the real ssh-agent runs behind a wrapper that holds the socket
+    bound and not listening for 2 s first (the window a loaded machine stretches): the key
+    still reaches the agent. Before, ``agent_env`` took the socket's file for a live agent and
+    returned no agent at all (CI at 6878ec0: the 4th of 8 agents)."""
+    import shutil
+    import sys
+
+    from aios_cloud import ssh
+
+    real = shutil.which("ssh-agent")
+    if real is None or shutil.which("ssh-add") is None:
+        pytest.skip("ssh-agent/ssh-add (openssh-client) are not installed")
+    wrap = tmp_path / "bin" / "ssh-agent"
+    wrap.parent.mkdir()
+    wrap.write_text(
+        f"#!{sys.executable}\n"
+        "import os, socket, sys, time\n"
+        "path = sys.argv[sys.argv.index('-a') + 1]\n"
+        "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+        "s.bind(path)  # there, not listening\n"
+        "time.sleep(2)\n"
+        "s.close()\n"
+        "os.unlink(path)\n"
+        f"os.execv({real!r}, [{real!r}, *sys.argv[1:]])\n"
+    )
+    wrap.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{wrap.parent}:{os.environ['PATH']}")
+    key = tmp_path / "k"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    try:
+        env = ssh.agent_env(str(key))
+        assert env, "no agent: the socket's file was taken for a listening agent"
+        listed = subprocess.run(
+            ["ssh-add", "-L"], env={"PATH": "/usr/bin:/bin", **env}, capture_output=True, text=True
+        )
+        assert listed.stdout.split()[:2] == key.with_suffix(".pub").read_text().split()[:2]
+    finally:
+        ssh.close_masters()
 
 
 def test_cloud_ssh_forwarded_agent_reaches_a_host_after_many_other_clusters_keys(cluster, tmp_path):

@@ -142,6 +142,22 @@ def close_masters() -> None:
     shutil.rmtree(d, ignore_errors=True)
 
 
+#: how long a new ssh-agent may take to listen on its socket (a loaded machine)
+AGENT_START_S = 30.0
+
+
+def _listening(sock: Path) -> bool:
+    """Whether a process accepts connections on the unix socket ``sock``."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect(str(sock))
+        except OSError:
+            return False
+    return True
+
+
 def agent_env(key: str | None) -> dict[str, str]:
     """An ``ssh-agent`` of this process holding ``key`` and nothing else (started once per key):
     what the head host uses, through agent forwarding, to reach the other hosts the first time
@@ -168,10 +184,14 @@ def agent_env(key: str | None) -> dict[str, str]:
     except OSError:
         agents[path] = (None, {})
         return {}
-    deadline = time.monotonic() + 10
-    while not sock.exists() and time.monotonic() < deadline and p.poll() is None:
+    # listening, not merely there: ssh-agent binds its socket (the file appears) before it
+    # listens, and an ssh-add between the two is refused ("Could not open a connection")
+    deadline = time.monotonic() + AGENT_START_S
+    up = _listening(sock)
+    while not up and time.monotonic() < deadline and p.poll() is None:
         time.sleep(0.02)
-    env = {"SSH_AUTH_SOCK": str(sock)} if sock.exists() else {}
+        up = _listening(sock)
+    env = {"SSH_AUTH_SOCK": str(sock)} if up else {}
     if env:
         r = subprocess.run(
             ["ssh-add", "-q", path], env={**os.environ, **env}, capture_output=True, timeout=30
