@@ -98,10 +98,13 @@ def _trained_once(
     assert set(seen) | tail == set(range(N)) and not tail <= set(seen)
 
 
-def _assert_lost_and_healed(tmp: Path, r: subprocess.CompletedProcess, mode: str, per_group: int):
+def _assert_lost_and_healed(
+    tmp: Path, r: subprocess.CompletedProcess, mode: str, per_group: int, tp: int = 1
+):
     """The survivor never restarted and committed with one group, then two; group 1 was lost,
     restarted and healed (each of its ranks bitwise equal to the same rank of group 0 from its
-    first committed step on); every sample trained once."""
+    first committed step on); every sample trained once. ``tp``: the group's ranks come in
+    blocks of ``tp`` that read the same batch (strategy=tp)."""
     assert r.returncode == 0, r.stderr[-3000:]
     logs = _logs(tmp)
     ranks = range(per_group)
@@ -138,7 +141,17 @@ def _assert_lost_and_healed(tmp: Path, r: subprocess.CompletedProcess, mode: str
         by_step = {e["step"]: e["params"] for e in committed}
         healed = [e for e in again if e["ok"]]
         assert healed and all(by_step[e["step"]] == e["params"] for e in healed)
-    _trained_once(survs, [f for f in firsts if f], agains, per_group)
+    for k in ranks:  # the tp ranks of one data rank read the same batches
+        lead = k - k % tp
+        for runs in (survs, agains):
+            assert [e["idx"] for e in runs[k]] == [e["idx"] for e in runs[lead]]
+    data = [k for k in ranks if k % tp == 0]
+    _trained_once(
+        [survs[k] for k in data],
+        [firsts[k] for k in data if firsts[k]],
+        [agains[k] for k in data],
+        len(data),
+    )
     return survs[0]
 
 
@@ -162,6 +175,74 @@ def test_lost_group_survivor_keeps_training_and_heals(tmp_path: Path, mode: str)
         f"replica groups: 2; steps committed with fewer groups: {degraded}; "
         f"steps not committed (trained again): {lost}; heals: group 1 in "
     ) in rep.stdout
+
+
+@pytest.mark.parametrize("mode", ["between", "allreduce"])
+def test_loader_workers_read_ahead_and_a_lost_group_heals(tmp_path: Path, mode: str) -> None:
+    """The script's DataLoader has 2 workers (as public training code does). They read the next
+    steps ahead, as each will be when it commits with the groups of the step they started
+    from; a step whose samples differ (the first of the epoch, one after a step that did not
+    commit or that committed with other groups) is read in the rank's own process, and the
+    workers start over from the step after it. Group 1 is lost between steps and heals; every
+    sample is trained once, exactly as without workers."""
+    env = {"FT_KILL_STEP": "5", "FT_KILL_MODE": mode, "FT_WORKERS": "2"}
+    r = aios_run(tmp_path, env=env)
+    surv = _assert_lost_and_healed(tmp_path, r, mode, per_group=1)
+    assert "num_workers" not in r.stderr
+    # group 0 is the first participant throughout: its step's samples start at the committed
+    # position, so a prediction holds while every step since the workers' start committed with
+    # the groups assumed then
+    assumed = None
+    for i, e in enumerate(surv):
+        predicted = i > 0 and surv[i - 1]["ok"] and surv[i - 1]["p"] == assumed
+        if not predicted:
+            assumed = e["p"]
+        want = {0, 1} if predicted else {-1}
+        assert set(e["read_by"]) <= want, (i, surv[max(0, i - 1) : i + 1])
+    assert sum(1 for e in surv if -1 not in e["read_by"]) >= len(surv) // 2
+    (again,) = [
+        v for k, v in _logs(tmp_path).items() if k.startswith("g1-") and v and v[0]["restarted"]
+    ]
+    assert -1 not in again[-1]["read_by"]  # the healed group reads ahead again too
+
+
+def test_a_group_restarted_after_the_others_finished_ends_without_training(
+    tmp_path: Path,
+) -> None:
+    """Group 1 is SIGKILLed after step 5; group 0 trains the rest of the epoch alone and ends
+    before the restarted group 1 asks for its first quorum. Nothing is left to train: group 1
+    ends at once with one line and exit 0. It never trains the epoch again alone from step 0,
+    and the run's last checkpoint stays group 0's (the trained weights, not group 1's fresh
+    ones)."""
+    import torch
+    from aios.checkpoint import CheckpointStore
+
+    ckpt = tmp_path / "ckpt"
+    r = aios_run(
+        tmp_path, f"checkpoint.dir={ckpt}", env={"FT_KILL_STEP": "5", "FT_KILL_MODE": "late"}
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (
+        "aios: replica group 1 restarted after every other group had finished: they trained "
+        "its share of the data; it ends without training"
+    ) in r.stderr, r.stderr[-3000:]
+    assert "without a single training step" not in r.stderr
+    logs = _logs(tmp_path)
+    (surv,) = [v for k, v in logs.items() if k.startswith("g0-")]
+    g1 = [v for k, v in logs.items() if k.startswith("g1-")]
+    starts = _starts(tmp_path)
+    assert sum(1 for s in starts if s["restarted"]) == 1, starts  # group 1 did come back
+    # the restarted group trained nothing: group 1's only steps are its first run's 5
+    assert [[e["step"] for e in run] for run in g1 if run] == [[1, 2, 3, 4, 5]]
+    assert all(e["ok"] for e in surv) and surv[-1]["p"] == 1
+    _trained_once([surv], [run for run in g1 if run], [], per_group=1)
+    # the last checkpoint: group 0's final step and parameters
+    store = CheckpointStore(str(ckpt), keep=None)
+    last = max(store.list(), key=lambda i: i.step)
+    assert last.step == surv[-1]["step"]
+    state = store.load(last)
+    weights = [t.flatten().tolist() for t in state["modules"][0].values() if torch.is_tensor(t)]
+    assert weights == surv[-1]["params"]
 
 
 def test_group_processes_get_this_hosts_threads(tmp_path: Path) -> None:
@@ -244,14 +325,39 @@ def test_refused_on_backends_torchft_does_not_cover(backend: str) -> None:
     assert check(resolve(None, [], {}), backend, 2) == 1  # off: nothing refused
 
 
-@pytest.mark.parametrize("mode", ["between", "allreduce"])
-def test_fsdp_inside_groups_loses_a_process_and_heals(tmp_path: Path, mode: str) -> None:
+@pytest.mark.parametrize(
+    "mode,strategy",
+    [
+        ("between", ["strategy=fsdp"]),
+        ("allreduce", ["strategy=fsdp"]),
+        ("between", ["strategy=hsdp", "mesh.replicate=2"]),
+    ],
+    ids=["between", "allreduce", "hsdp-between"],
+)
+def test_fsdp_inside_groups_loses_a_process_and_heals(
+    tmp_path: Path, mode: str, strategy: list[str]
+) -> None:
     """``strategy=fsdp`` inside each group of 2 processes (4 in all): one process of group 1 is
     SIGKILLed; group 1 is stopped and restarted, and each of its ranks heals its own shards from
-    the same rank of group 0 (no collective on either side), bitwise."""
+    the same rank of group 0 (no collective on either side), bitwise. ``strategy=hsdp`` with
+    ``mesh.replicate=2``: each group replicates over its 2 ranks (FSDP2's replicate dimension)
+    inside, and the groups over the cross-group all-reduce."""
     env = {"FT_KILL_STEP": "5", "FT_KILL_MODE": mode}
-    r = aios_run(tmp_path, "strategy=fsdp", env=env, nprocs=4)
+    r = aios_run(tmp_path, *strategy, env=env, nprocs=4)
     _assert_lost_and_healed(tmp_path, r, mode, per_group=2)
+
+
+def test_tp_inside_groups_loses_a_process_and_heals(tmp_path: Path) -> None:
+    """``strategy=tp`` inside each group of 2 processes (the MLP column- then row-parallel over
+    both): both ranks of a group read the same batch, and the step's batches are split over the
+    groups only. One process of group 1 is SIGKILLed between steps; group 1 restarts and each
+    of its ranks heals its own shard from the same rank of group 0, bitwise."""
+    env = {"FT_KILL_STEP": "5", "FT_KILL_MODE": "between"}
+    r = aios_run(tmp_path, "strategy=tp", "mesh.tp_plan=__main__:tp_plan", env=env, nprocs=4)
+    _assert_lost_and_healed(tmp_path, r, "between", per_group=2, tp=2)
+    # each rank holds half of the first layer's weight: a shard, not a replica
+    (surv,) = [v for k, v in _logs(tmp_path).items() if k.startswith("g0-r0-")]
+    assert len(surv[0]["params"][0]) == 16 * 4 // 2
 
 
 def _two_hosts(base: dict, timeout: float) -> tuple[list[int], list[tuple[str, str]]]:
@@ -365,10 +471,12 @@ def test_refused_with_a_strategy_groups_do_not_run() -> None:
     with pytest.raises(ConfigError, match="each replica group runs on one host"):
         check(over, "cpu", 6)
     assert check(resolve(None, ["ft.replica_groups=4", "nnodes=2"], {}), "cpu", 4) == 4
-    cfg = resolve(None, ["ft.replica_groups=2", "strategy=tp"], {})
-    with pytest.raises(ConfigError, match="strategy=tp is not supported: replica groups run"):
+    cfg = resolve(None, ["ft.replica_groups=2", "strategy=deepspeed"], {}, check_backend=False)
+    with pytest.raises(
+        ConfigError, match="strategy=deepspeed is not supported: replica groups run"
+    ):
         check(cfg, "cpu", 4)
-    for strategy in ("ddp", "fsdp", "auto"):
+    for strategy in ("ddp", "fsdp", "hsdp", "tp", "auto"):
         assert (
             check(resolve(None, ["ft.replica_groups=2", f"strategy={strategy}"], {}), "cpu", 4) == 2
         )

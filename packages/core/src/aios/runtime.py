@@ -70,7 +70,7 @@ import time
 import warnings
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from aios.checkpoint.formats.dcp_process import fork_standby, standby_wanted
 from aios.checkpoint.manager import CheckpointManager
@@ -188,6 +188,7 @@ def init(
     if ft_group_from_env() is not None:  # a replica group of aios-run (aios.ft)
         rt.replica = Replica(cfg, rt.training, strategy)
         rt.replica.attach(rt.checkpointer)  # one group writes the run's checkpoints
+        rt.replica.end_alone = rt._end_alone  # restarted after the others finished
         if rt.replica.group:  # each group's rank 0 keeps its own record beside group 0's
             rt.record.dir = os.path.join(rt.record.dir, f"group{rt.replica.group}")
         rt.replica.start()
@@ -663,6 +664,13 @@ class Runtime(Ranks, Checkpoints):
         self.close(status="preempted")
         raise SystemExit(EXIT_PREEMPTED)
 
+    def _end_alone(self) -> NoReturn:
+        """A replica group restarted after every other group finished (:mod:`aios.ft.replica`):
+        nothing left to train. The record is closed as ``ended``: no final checkpoint (this
+        group holds no trained state), no "no training step" line."""
+        self.close(status="ended")
+        raise SystemExit(0)
+
     # ---------------------------------------------------------------- records and shutdown
     def _write_start_record(self) -> None:
         if self.is_main:
@@ -746,7 +754,7 @@ class Runtime(Ranks, Checkpoints):
             naming.name_no_step(status, tr.micro, tr.step, self.checkpointer.loaded_step)
         if said and not self.replica_group:
             attempt.print_locations(self.run_dir, self.config.checkpoint.dir)
-        if status in ("finished", "preempted") and self._world > 1:
+        if status in ("finished", "preempted", "ended") and self._world > 1:
             with contextlib.suppress(Exception):
                 self.strategy.barrier()  # no rank leaves the group while a peer still talks to it
         if self.replica is not None:

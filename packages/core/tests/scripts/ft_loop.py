@@ -9,7 +9,10 @@ FT_KILL_MODE=allreduce, group 1 waits at
 step FT_KILL_STEP until group 0 has finished that step's backward (group 0 is then entering the
 cross-group all-reduce, which waits for group 1) and kills itself. Group 0 waits, before the
 step after, until the restarted group 1 has set itself up: the heal then happens with work left.
-With FT_PAUSE_STEP, every rank writes
+With FT_KILL_MODE=late, group 0 does not wait for the restarted group 1, which waits before
+``aios.init`` until aios-run has seen group 0 finish (its ``group0.done``): group 1 comes back
+to a run with nothing left to train. With FT_WORKERS=N the DataLoader has N workers; each sample says which one read it
+(``read_by``, -1: this process). With FT_PAUSE_STEP, every rank writes
 ``paused-g<g>-r<rank>`` after that step and waits for the
 file ``go-on``.
 """
@@ -28,13 +31,40 @@ if os.environ.get("FT_WAIT_BEFORE_INIT"):  # started, not yet in aios.init: the 
         f.write(os.environ["AIOS_FT_STATE_DIR"])  # aios-run's, left by its SIGKILL
     while True:
         time.sleep(1)
+late = os.environ.get("FT_KILL_MODE") == "late" and os.environ.get("AIOS_FT_GROUP") == "1"
+if late and os.path.exists(os.path.join(os.environ["FT_OUT"], "killed")):
+    done = os.path.join(os.environ["AIOS_FT_STATE_DIR"], "group0.done")
+    while not os.path.exists(done):
+        time.sleep(0.01)
+
+
+def tp_plan(model, tp_mesh):
+    """``mesh.tp_plan=__main__:tp_plan`` (strategy=tp): the MLP column- then row-parallel."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    return {"0": ColwiseParallel(), "2": RowwiseParallel()}
+
+
 rt = aios.init()
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
 opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)  # state a heal must carry
 ids = torch.arange(64)
-ds = torch.utils.data.TensorDataset(ids.float().unsqueeze(1).repeat(1, 4) / 64, ids)
-loader = torch.utils.data.DataLoader(ds, batch_size=2, shuffle=True)
+workers = int(os.environ.get("FT_WORKERS", "0"))
+
+
+class Samples(torch.utils.data.Dataset):
+    """Sample i: (features, i, the id of the loader worker that read it, -1 in the process)."""
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        info = torch.utils.data.get_worker_info()
+        return ids[i].float().repeat(4) / 64, ids[i], -1 if info is None else info.id
+
+
+loader = torch.utils.data.DataLoader(Samples(), batch_size=2, shuffle=True, num_workers=workers)
 model, opt, loader = rt.setup(model, opt, loader)
 out = os.environ["FT_OUT"]
 g = rt.replica_group
@@ -57,7 +87,7 @@ def wait_for(path):
         time.sleep(0.01)
 
 
-for x, idx in loader:
+for x, idx, read_by in loader:
     step = rt.global_step
     if killer and mode == "allreduce" and step == kill_at and not os.path.exists(killed):
         wait_for(os.path.join(out, f"g0-backward-{kill_at}"))
@@ -79,18 +109,24 @@ for x, idx in loader:
         "ok": ok,
         "p": rt.replica_participants,
         "idx": idx.tolist(),
+        "read_by": read_by.tolist(),
         "t": time.time(),
     }
     log.write(json.dumps({**rec, "restarted": restarted, "params": params}) + "\n")
     log.flush()
-    if killer and mode == "between" and rt.global_step == kill_at and not os.path.exists(killed):
+    if (
+        killer
+        and mode in ("between", "late")
+        and rt.global_step == kill_at
+        and not os.path.exists(killed)
+    ):
         open(killed, "w").close()
         os.kill(os.getpid(), signal.SIGKILL)
     if killer and mode == "hang" and rt.global_step == kill_at and not os.path.exists(killed):
         open(killed, "w").close()
         while True:  # hung after committing: aios-run's hang watch stops it
             time.sleep(1)
-    if g == 0 and rt.global_step == kill_at + 1:
+    if g == 0 and mode != "late" and rt.global_step == kill_at + 1:
         wait_for(back)
     if rt.global_step == pause_at:  # every rank waits here until the test says go on
         with open(os.path.join(out, f"paused-g{g}-r{rt.rank}"), "w") as f:

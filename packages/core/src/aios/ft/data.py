@@ -3,11 +3,13 @@ that step's quorum, and the epoch's position is counted in committed samples (as
 another shape counts them, :mod:`aios.data.loaders`). A lost group's share is trained by the
 others; a step that did not commit leaves the position where it was (its batches are trained
 again); a healing group receives the position with the model. Its first step contributes no
-gradient (torchft zeroes it), so the data it reads then is not counted.
+gradient (torchft zeroes it), so the data it reads then is not counted. A loader with workers
+reads the predicted next steps ahead (:class:`WorkerSplit`).
 """
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,9 +20,11 @@ from aios.errors import ConfigError
 class GlobalStepSampler:
     """A batch sampler: the indices of this rank for each step, decided at the step's quorum.
 
-    The step's global batch is ``participants x group ranks x batch_size`` consecutive samples of
-    the epoch's order from the committed position; participant ``p``'s rank ``k`` takes slot
-    ``p x group ranks + k``. The last step of an epoch is short (or dropped, ``drop_last``)."""
+    The step's global batch is ``participants x data ranks x batch_size`` consecutive samples of
+    the epoch's order from the committed position, where a group's data ranks are its
+    strategy's data-parallel ranks (``data_world``: every rank under ddp and fsdp, the ``dp``
+    ranks under tp, whose ``tp`` ranks read the same batch); participant ``p``'s data rank ``k``
+    takes slot ``p x data ranks + k``. The last step of an epoch is short (or dropped, ``drop_last``)."""
 
     def __init__(
         self,
@@ -44,7 +48,7 @@ class GlobalStepSampler:
         self._order: tuple[int, list[int]] | None = None
 
     def __len__(self) -> int:
-        per = self.batch_size * self.replica.groups * self.replica.group_world
+        per = self.batch_size * self.replica.groups * self.replica.data_world
         return (self.size // per) if self.drop_last else -(-self.size // per)
 
     def set_epoch(self, epoch: int) -> None:
@@ -65,22 +69,35 @@ class GlobalStepSampler:
             self._order = (self.epoch, idx)
         return self._order[1]
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def indices(self, pos: int, participants: int, participant: int | None) -> list[int] | None:
+        """This rank's samples of a step from the committed position ``pos`` with
+        ``participants`` groups in its quorum, this group being ``participant`` (None: healing,
+        read as participant 0 and not counted); None when the epoch has no step left there."""
         rep = self.replica
         bs = self.batch_size
+        world = participants * rep.data_world
+        left = self.size - pos
+        if left <= 0 or (self.drop_last and left < world * bs):
+            return None
+        slot = (participant or 0) * rep.data_world + rep.data_rank
+        order = self.order()
+        start = pos + slot * bs
+        idx = order[start : min(start + bs, self.size)]
+        # a short last step: pad from the epoch's start, as DistributedSampler
+        return idx or order[:bs]
+
+    def step_samples(self, participants: int) -> int:
+        """The samples a committed step with ``participants`` groups consumes."""
+        return participants * self.replica.data_world * self.batch_size
+
+    def __iter__(self) -> Iterator[list[int]]:
+        rep = self.replica
         while True:
             rep.begin_step()
-            world = rep.participants * rep.group_world
-            left = self.size - self.pos
-            if left <= 0 or (self.drop_last and left < world * bs):
+            idx = self.indices(self.pos, rep.participants, rep.participant_rank)
+            if idx is None:
                 break
-            self._step_world = world
-            slot = (rep.participant_rank or 0) * rep.group_world + rep.group_rank
-            order = self.order()
-            start = self.pos + slot * bs
-            idx = order[start : min(start + bs, self.size)]
-            if not idx:  # a short last step: pad from the epoch's start, as DistributedSampler
-                idx = order[:bs]
+            self._step_world = rep.participants * rep.data_world
             yield idx
         self.pos = 0
         self.epoch += 1
@@ -88,8 +105,7 @@ class GlobalStepSampler:
     def end_step(self, committed: bool, participants: int) -> None:
         """The step ended: a committed step's samples are consumed."""
         if committed and self._step_world:
-            step = participants * self.replica.group_world * self.batch_size
-            self.pos = min(self.size, self.pos + step)
+            self.pos = min(self.size, self.pos + self.step_samples(participants))
         self._step_world = 0
 
     def state_dict(self) -> dict[str, int]:
@@ -97,6 +113,100 @@ class GlobalStepSampler:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
+
+
+class _Ahead:
+    """The batch sampler of the script's workers under replica groups: the steps after the one
+    being trained, as they will be if each commits with the same groups (a prediction; the
+    quorum decides each step). ``sent`` holds the predictions handed to the workers, oldest
+    first: their batches come back in that order."""
+
+    def __init__(self, steps: GlobalStepSampler) -> None:
+        self.steps = steps
+        self.sent: collections.deque[list[int]] = collections.deque()
+        self._from: tuple[int, int, int | None] = (0, 1, None)
+
+    def start(self, pos: int, participants: int, participant: int | None) -> None:
+        """The next iteration predicts from ``pos`` on (nothing sent yet)."""
+        self.sent.clear()
+        self._from = (pos, participants, participant)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        pos, participants, participant = self._from
+        while True:
+            idx = self.steps.indices(pos, participants, participant)
+            if idx is None:
+                return
+            self.sent.append(idx)
+            yield idx
+            pos += self.steps.step_samples(participants)
+
+
+class WorkerSplit:
+    """The global step split read by the script's ``DataLoader`` workers (``num_workers > 0``).
+
+    Each step's samples are decided at its quorum, after the workers would have read it; so the
+    workers read ahead the steps as they will be when each commits with the same groups (almost
+    always), and a step whose samples differ from the prediction (the groups in the quorum
+    changed, a step did not commit, a heal moved the position) is read here, in this process,
+    while the workers start over from the next step. The script's ``num_workers``,
+    ``collate_fn``, ``worker_init_fn``, ``prefetch_factor``, ``pin_memory``, ``timeout``,
+    ``multiprocessing_context`` and ``persistent_workers`` are kept; the workers' seeds come from
+    the loader's ``generator``, else from one of the run's seed (a restart of the workers never
+    draws from the script's random stream)."""
+
+    def __init__(self, loader: Any, steps: GlobalStepSampler, seed: int, rank: int) -> None:
+        import torch
+        from torch.utils.data import DataLoader
+
+        self.dataset = loader.dataset
+        self.steps = steps
+        self.collate_fn = loader.collate_fn
+        self.ahead = _Ahead(steps)
+        generator = loader.generator
+        if generator is None:
+            generator = torch.Generator()
+            generator.manual_seed(seed * 1_000_003 + rank)
+        self.workers = DataLoader(
+            loader.dataset,
+            batch_sampler=self.ahead,
+            num_workers=loader.num_workers,
+            collate_fn=loader.collate_fn,
+            pin_memory=loader.pin_memory,
+            timeout=loader.timeout,
+            worker_init_fn=loader.worker_init_fn,
+            multiprocessing_context=loader.multiprocessing_context,
+            generator=generator,
+            prefetch_factor=loader.prefetch_factor,
+            persistent_workers=loader.persistent_workers,
+        )
+        #: steps read by the workers, and read in this process (a prediction missed)
+        self.read_ahead = 0
+        self.read_here = 0
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def __iter__(self) -> Iterator[Any]:
+        steps, ahead = self.steps, self.ahead
+        it: Iterator[Any] | None = None
+        try:
+            for idx in steps:
+                if it is not None and ahead.sent and ahead.sent[0] == idx:
+                    ahead.sent.popleft()
+                    batch = next(it)
+                    self.read_ahead += 1
+                else:
+                    it = None  # the workers' reads ahead are dropped (they stop, or reset)
+                    batch = self.collate_fn([self.dataset[i] for i in idx])
+                    self.read_here += 1
+                    rep = steps.replica
+                    nxt = steps.pos + steps.step_samples(rep.participants)
+                    ahead.start(nxt, rep.participants, rep.participant_rank)
+                    it = iter(self.workers)
+                yield batch
+        finally:
+            it = None
 
 
 class GroupLoader(DeviceLoader):
@@ -123,9 +233,9 @@ class GroupLoader(DeviceLoader):
         s = self.steps
         return {
             "epoch": s.epoch,
-            "batch": s.pos // max(1, s.batch_size * s.replica.group_world * s.replica.groups),
+            "batch": s.pos // max(1, s.batch_size * s.replica.data_world * s.replica.groups),
             "samples": s.pos,
-            "world": s.replica.groups * s.replica.group_world,
+            "world": s.replica.groups * s.replica.data_world,
             "batch_size": s.batch_size,
         }
 
@@ -155,12 +265,6 @@ def shard(
             "DataLoader with batch_size=... over a map-style dataset",
             "pass such a DataLoader to rt.setup, or drop ft.replica_groups",
         )
-    if loader.num_workers:
-        raise ConfigError(
-            f"ft.replica_groups decides each step's samples at the step's quorum; a DataLoader "
-            f"with num_workers={loader.num_workers} reads batches ahead of it",
-            "use num_workers=0 with ft.replica_groups",
-        )
     if shuffle is None:
         shuffle = isinstance(loader.sampler, RandomSampler)
     size = len(loader.dataset)  # type: ignore[arg-type]  # a map-style dataset is sized
@@ -168,5 +272,9 @@ def shard(
         size, int(loader.batch_size), shuffle, seed, loader.drop_last, replica
     )
     replica.samplers.append(sampler)
-    split = DataLoader(loader.dataset, batch_sampler=sampler, collate_fn=loader.collate_fn)
+    split: Any
+    if loader.num_workers:  # the script's workers read ahead (WorkerSplit)
+        split = WorkerSplit(loader, sampler, seed, rank)
+    else:
+        split = DataLoader(loader.dataset, batch_sampler=sampler, collate_fn=loader.collate_fn)
     return GroupLoader(split, sampler, device, seed, rank)

@@ -14,8 +14,10 @@ from aios.errors import ConfigError
 #: (torchft.process_group: ProcessGroupGloo, ProcessGroupNCCL). XLA/TPU and Neuron have none.
 SUPPORTED_BACKENDS = ("cpu", "cuda")
 #: the strategies a replica group runs inside itself. A heal copies each rank's own shards from
-#: the same rank of a live group (aios.checkpoint.own): no collective, at the same shape
-GROUP_STRATEGIES = ("auto", "ddp", "fsdp")
+#: the same rank of a live group (aios.checkpoint.own): no collective, at the same shape.
+#: DeepSpeed is not among them: its engine owns the gradients' reduction and the optimizer step,
+#: which the groups' all-reduce and commit vote must come between
+GROUP_STRATEGIES = ("auto", "ddp", "fsdp", "hsdp", "tp")
 INSTALL = "pip install -e './packages/core[ft]' (from the aios checkout)"
 
 

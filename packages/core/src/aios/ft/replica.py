@@ -10,8 +10,13 @@
   torchft's HTTP checkpoint transport (no checkpoint file), does not contribute to that step's
   gradients and steps with the others: its parameters are then bitwise those of its peers.
 
-Lines (rank 0 of a group): when the number of groups in the quorum changes, and when this group
-healed (with the time from its restart to its first committed step).
+A restarted group that finds every other group finished before it could heal (the survivors
+trained its share of the data and ended the run's script) has nothing to train: it ends at its
+first step without training and without writing a checkpoint, and says so
+(:attr:`Replica.end_alone`).
+
+Lines (rank 0 of a group): when the number of groups in the quorum changes, when this group
+healed (with the time from its restart to its first committed step), and when it ends alone.
 """
 
 from __future__ import annotations
@@ -21,8 +26,9 @@ import os
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from aios.ft import (
     GROUP_ENV,
@@ -38,6 +44,10 @@ from aios.ft import (
 )
 from aios.ft.hang import Beat, quorum_timeout
 from aios.ft.transport import bound_transport
+
+
+def _exit_zero() -> NoReturn:
+    raise SystemExit(0)
 
 
 def from_env(environ: Any = os.environ) -> tuple[int, int] | None:
@@ -59,6 +69,10 @@ class Replica:
         self.groups = int(environ[GROUPS_ENV])
         self.group_rank = int(strategy.rank)
         self.group_world = int(strategy.world_size)
+        #: this rank's data-parallel rank and the group's data-parallel ranks (the strategy's:
+        #: the tp ranks of one dp rank read the same batch, :mod:`aios.ft.data`)
+        self.data_rank = int(strategy.data_rank)
+        self.data_world = int(strategy.data_world)
         self.manager: Any = None
         self._store: Any = None
         #: node 0's store, when the groups span hosts (:meth:`_run_store`)
@@ -83,6 +97,9 @@ class Replica:
         #: a stop notice (SIGTERM) some group had heard by a committed step's all-reduce: every
         #: group learns it at the same step, so every group stops at the same boundary
         self.notice = False
+        #: ends this process when it was restarted after every other group finished (nothing
+        #: left to train): the runtime closes without a checkpoint and exits 0
+        self.end_alone: Callable[[], NoReturn] = _exit_zero
 
     # ---------------------------------------------------------------- manager
     def _state(self) -> dict[str, Any]:
@@ -203,11 +220,19 @@ class Replica:
         self.start()
         m = self.manager
         self._quorum()
-        # a restarted group never trains alone while another group lives: it asks again until
-        # its quorum has a live group to heal from (or every other group has finished)
+        # a restarted group never trains alone: it asks again until its quorum has a live group
+        # to heal from. Every other group finished first: the epoch's samples were trained by
+        # them (its share included), so it ends here without training (never from step 0 alone:
+        # that would train the data again, over the run's last checkpoint)
         while self._restarted_at is not None and self.heal_seconds is None:
-            if m.participating_rank() is None or m.num_participants() > 1 or self._others_done():
+            if m.participating_rank() is None or m.num_participants() > 1:
                 break
+            if self._others_done():
+                self._say(
+                    f"replica group {self.group} restarted after every other group had finished: "
+                    "they trained its share of the data; it ends without training"
+                )
+                self.end_alone()
             time.sleep(0.05)
             self._quorum()
         self.in_step = True
