@@ -10,7 +10,9 @@
    share of the step says how a model with more work per step amortises it.
 2. A run where group 1 SIGKILLs itself right after committing step ``--kill-at``: the survivor's
    stall (the longest gap between two of its committed steps, less its median step) and the heal
-   time (from group 1's restart to its first committed step, aios's own line).
+   time (from group 1's restart to its first committed step, aios's own line), with the
+   restarted group's processes forked from aios-run's zygote (the default) and started fresh
+   (``launch.warm_start=false``), interleaved ``--rounds`` times.
 
 ::
 
@@ -161,13 +163,33 @@ def main() -> None:
     print("replica groups' cost a step (their step less DDP's): " + ", ".join(costs))
     # on a loaded machine the wall figures carry the waits for a core; the CPU is the fixed cost
     print("replica groups' CPU a step, less DDP's: " + ", ".join(cpu_costs))
-    err, kill = run(tmp, args, "ft.replica_groups=2", hb, kill=args.kill_at)
-    surv = kill[0]["t"]  # group 0, the only one of its name (it never restarts)
-    gaps = [b - a for a, b in zip(surv, surv[1:], strict=False)]
-    stall = max(gaps) - statistics.median(gaps)
+    # the loss, with the lost group's processes forked from aios-run's zygote (the default) and
+    # started fresh (launch.warm_start=false), interleaved --rounds times
+    stalls: list[float] = []
+    heals: dict[str, list[float]] = {"true": [], "false": []}
+    for _ in range(args.rounds):
+        for warm in ("true", "false"):
+            err, kill = run(
+                tmp, args, "ft.replica_groups=2", hb, f"launch.warm_start={warm}", kill=args.kill_at
+            )
+            surv = kill[0]["t"]  # group 0, the only one of its name (it never restarts)
+            gaps = [b - a for a, b in zip(surv, surv[1:], strict=False)]
+            stalls.append(max(gaps) - statistics.median(gaps))
+            m = re.search(
+                r"healed from a live group at step \d+, ([0-9.]+)s after its restart", err
+            )
+            if m:
+                heals[warm].append(float(m.group(1)))
+    stall = statistics.median(stalls)
     print(f"survivor stall after the loss: {stall:.2f}s (heartbeat timeout {hb.split('=')[1]} ms)")
-    m = re.search(r"healed from a live group at step \d+, ([0-9.]+)s after its restart", err)
-    print(f"heal, restart to first commit: {m.group(1) + 's' if m else 'not seen'}")
+    if heals["true"] and heals["false"]:
+        on, off = statistics.median(heals["true"]), statistics.median(heals["false"])
+        print(
+            f"heal, restart to first commit: {on:.1f}s forked from the zygote, {off:.1f}s started "
+            f"fresh (launch.warm_start=false): {on / off:.2f}x"
+        )
+    else:
+        print(f"heal, restart to first commit: not seen ({heals})")
 
 
 if __name__ == "__main__":

@@ -124,6 +124,11 @@ def _assert_lost_and_healed(
     assert "1 of 2 groups training" in r.stderr
     assert "replica group 1 healed from a live group" in r.stderr
     assert "Quorum!" not in r.stderr  # torchft's per-step INFO lines are off
+    # every process was forked from aios-run's zygote, the restarted group's too (its imports
+    # were done before it was lost: the heal waits for no fresh interpreter)
+    starts = _starts(tmp)
+    assert len(starts) == 3 * per_group and any(s["restarted"] for s in starts)
+    assert all(s["warm"] for s in starts), starts
     for k in ranks:
         surv, again = survs[k], agains[k]
         committed = [e for e in surv if e["ok"]]
@@ -245,18 +250,23 @@ def test_a_group_restarted_after_the_others_finished_ends_without_training(
     assert weights == surv[-1]["params"]
 
 
-def test_group_processes_get_this_hosts_threads(tmp_path: Path) -> None:
-    """The groups' processes get the plan's environment, as the ranks without groups do: this
-    host's CPUs shared among its processes (``OMP_NUM_THREADS`` unset here), never every CPU
-    for each."""
+@pytest.mark.parametrize("warm_start", ["true", "false"])
+def test_group_processes_start_warm_unless_turned_off_with_this_hosts_threads(
+    tmp_path: Path, warm_start: str
+) -> None:
+    """The groups' processes are forked from aios-run's zygote (``launch.warm_start``, on by
+    default), or start fresh with it off; either way each gets the plan's environment, as the
+    ranks without groups do: this host's CPUs shared among its processes (``OMP_NUM_THREADS``
+    unset here), never every CPU for each."""
     from aios.launcher.plan import rank_threads
 
-    kw = _aios_run_args(tmp_path)
+    kw = _aios_run_args(tmp_path, f"launch.warm_start={warm_start}")
     del kw["env"]["OMP_NUM_THREADS"]
     r = subprocess.run(**kw, capture_output=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     starts = _starts(tmp_path)
     assert len(starts) == 2
+    assert all(s["warm"] is (warm_start == "true") for s in starts), starts
     assert all(s["threads"] == rank_threads(2) for s in starts), starts
 
 

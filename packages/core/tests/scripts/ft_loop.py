@@ -1,3 +1,4 @@
+# ruff: noqa: E402 - the imports follow the look at what was imported before the script
 """A plain aios loop for the replica-group tests (test_ft_groups.py): 64 samples whose ids are
 their labels, batches of 2, one epoch. Each rank logs, per step, the step, whether it committed,
 the groups in the quorum, the sample ids it trained and its parameters.
@@ -8,7 +9,9 @@ committing step FT_KILL_STEP (FT_KILL_MODE=hang: hangs there instead); with
 FT_KILL_MODE=allreduce, group 1 waits at
 step FT_KILL_STEP until group 0 has finished that step's backward (group 0 is then entering the
 cross-group all-reduce, which waits for group 1) and kills itself. Group 0 waits, before the
-step after, until the restarted group 1 has set itself up: the heal then happens with work left.
+step after, until the restarted group 1's first quorum request is pending at torchft's
+lighthouse (its status page): group 0's next request then forms a quorum with it, and the heal
+happens with work left however late a loaded machine lets group 1 ask.
 With FT_KILL_MODE=late, group 0 does not wait for the restarted group 1, which waits before
 ``aios.init`` until aios-run has seen group 0 finish (its ``group0.done``): group 1 comes back
 to a run with nothing left to train. With FT_WORKERS=N the DataLoader has N workers; each sample says which one read it
@@ -19,8 +22,14 @@ file ``go-on``.
 
 import json
 import os
+import re
 import signal
+import sys
 import time
+import urllib.request
+
+#: forked from aios-run's zygote (torch imported before the script's first line), or fresh
+WARM = "torch" in sys.modules
 
 import aios
 import torch
@@ -79,11 +88,24 @@ if restarted:
     open(back, "w").close()
 log = open(os.path.join(out, f"g{g}-r{rt.rank}-{os.getpid()}.jsonl"), "a")
 with open(os.path.join(out, f"start-g{g}-r{rt.rank}-{os.getpid()}.json"), "w") as f:
-    json.dump({"threads": torch.get_num_threads(), "restarted": restarted}, f)
+    json.dump({"warm": WARM, "threads": torch.get_num_threads(), "restarted": restarted}, f)
 
 
 def wait_for(path):
     while not os.path.exists(path):
+        time.sleep(0.01)
+
+
+def pending_requests() -> int:
+    """Quorum requests waiting at the lighthouse (its status page: "only have N participants";
+    a restarted group alone is not enough for a quorum while another group heartbeats)."""
+    page = urllib.request.urlopen(os.environ["AIOS_FT_LIGHTHOUSE"] + "/status", timeout=30)
+    found = re.search(r"Next quorum status: .*?have (\d+) participants", page.read().decode())
+    return int(found.group(1)) if found else 0
+
+
+def wait_for_request():
+    while not pending_requests():
         time.sleep(0.01)
 
 
@@ -128,6 +150,8 @@ for x, idx, read_by in loader:
             time.sleep(1)
     if g == 0 and mode != "late" and rt.global_step == kill_at + 1:
         wait_for(back)
+        if rt.rank == 0:  # group 0 asks for no quorum now: a pending request is group 1's
+            wait_for_request()
     if rt.global_step == pause_at:  # every rank waits here until the test says go on
         with open(os.path.join(out, f"paused-g{g}-r{rt.rank}"), "w") as f:
             f.write(os.environ.get("AIOS_RUN_STATUS_DIR", ""))  # where `aios stacks` reads it

@@ -131,8 +131,9 @@ def _run(
             )
         return
     check_checkpoint_dir(cfg)
-    if groups > 1:  # the groups' processes start fresh (aios.ft.launch): no zygote
-        _stop_zygote()
+    if groups > 1:  # the groups' processes are forked from the zygote too (aios.ft.launch)
+        if not cfg.launch.warm_start:
+            _stop_zygote()
         _run_groups(cfg, spec, plan, notes, script, module, argv)
     execute(
         cfg,
@@ -169,9 +170,14 @@ def _run_groups(
     }
     command = ft_launch.script_command(script, args, bool(module))
     groups = ft_launch.Groups(
-        cfg, plan.world_size, command, env, free_port, lambda m: click.echo(m, err=True)
+        cfg, plan.world_size, command, env, free_port, lambda m: click.echo(m, err=True), _WARM
     )
-    sys.exit(groups.run())
+    try:
+        code = groups.run()
+    finally:
+        if _WARM is not None:
+            warm.reap_orphans()  # what the processes left behind was reparented to aios-run
+    sys.exit(code)
 
 
 def _stop_zygote() -> None:

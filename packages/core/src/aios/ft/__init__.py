@@ -39,6 +39,21 @@ RESTARTED_AT_ENV = "AIOS_FT_RESTARTED_AT"
 RUN_STORE_ENV = "AIOS_FT_RUN_STORE"
 #: the keys of that store
 LIGHTHOUSE_KEY = "aios/ft/lighthouse"
+#: what a group's process is handed besides a rank's usual variables, all read when used (by
+#: :mod:`aios.ft.replica` as the manager starts; ``RUST_LOG`` by torchft's own import, which the
+#: zygote never makes): a group's process may be forked warm with them (:mod:`aios.launcher.warm`)
+RANK_RUNTIME_VARS = frozenset(
+    {
+        GROUP_ENV,
+        GROUPS_ENV,
+        LIGHTHOUSE_ENV,
+        STORE_PORT_ENV,
+        STATE_DIR_ENV,
+        RESTARTED_AT_ENV,
+        RUN_STORE_ENV,
+        "RUST_LOG",
+    }
+)
 
 
 def ready_key(group: int, rank: int) -> str:

@@ -40,6 +40,7 @@ from aios.ft import (
     GROUPS_ENV,
     LIGHTHOUSE_ENV,
     LIGHTHOUSE_KEY,
+    RANK_RUNTIME_VARS,
     RESTARTED_AT_ENV,
     RUN_STORE_ENV,
     STATE_DIR_ENV,
@@ -52,7 +53,7 @@ from aios.ft import (
 from aios.ft.hang import SHARE_EVERY_S, HangWatch
 from aios.ft.hang import limit as hang_limit
 from aios.ft.plan import rust_log
-from aios.launcher import boot
+from aios.launcher import boot, warm
 from aios.launcher.contract import RUN_ID_ENV, STATUS_DIR_ENV
 from aios.launcher.worker import child_preexec
 from aios.resilience.notices import EXIT_PREEMPTED
@@ -180,11 +181,14 @@ class Groups:
         env: dict[str, str],
         free_port: Callable[[str], int],
         echo: Callable[[str], None],
+        zygote: warm.Zygote | None = None,
     ) -> None:
-        """``command``: a process's ``python -u SCRIPT ARGS`` (or ``-m MODULE``), started fresh
-        through the boot."""
+        """``command``: a process's ``python -u SCRIPT ARGS`` (or ``-m MODULE``); each process
+        is forked from ``zygote`` where that is safe (:mod:`aios.launcher.warm`: a restarted
+        group's imports are then done already), else started fresh through the boot."""
         self.cfg = cfg
         self.command = command
+        self.zygote = zygote
         self.env = env
         self.free_port = free_port
         self.echo = echo
@@ -199,7 +203,7 @@ class Groups:
         self.store: Any = None
         #: when this host's groups had all ended (over several hosts, :meth:`_hosts_ended`)
         self.ended_at: float | None = None
-        self.procs: dict[int, list[subprocess.Popen[bytes]]] = {}
+        self.procs: dict[int, list[subprocess.Popen[bytes] | warm.WarmProcess]] = {}
         self.relays: dict[int, list[threading.Thread]] = {}
         self.restarts = dict.fromkeys(self.local, 0)
         self.done: dict[int, int] = {}
@@ -281,9 +285,23 @@ class Groups:
 
     def _spawn(
         self, env: dict[str, str]
-    ) -> tuple[subprocess.Popen[bytes], tuple[IO[bytes], IO[bytes]]]:
-        """One process of a group and its output and error pipes, started fresh through the boot
-        (with the parent death signal, as every aios-run worker)."""
+    ) -> tuple[subprocess.Popen[bytes] | warm.WarmProcess, tuple[IO[bytes], IO[bytes]]]:
+        """One process of a group and its output and error pipes: forked from the zygote where
+        that is safe, else fresh (with the parent death signal, as every aios-run worker)."""
+        if self.zygote is not None:
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
+            try:
+                forked = self.zygote.spawn(
+                    self.command, env, out_w, err_w, runtime=RANK_RUNTIME_VARS
+                )
+            finally:
+                os.close(out_w)
+                os.close(err_w)
+            if forked is not None:
+                return forked, (os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb"))
+            os.close(out_r)
+            os.close(err_r)
         fresh = boot.command(self.command) or self.command
         proc = subprocess.Popen(
             fresh,
@@ -502,7 +520,7 @@ class Groups:
 
 def script_command(script: str, args: list[str], module: bool) -> list[str]:
     """A group process's command, ``python -u SCRIPT ARGS`` (``-m MODULE``) as torch's agent
-    gives its ranks, started through the rank's boot (:mod:`aios.launcher.boot`: the guard on
-    launch variables), as every rank aios-run starts."""
+    gives its ranks: forked warm, or started fresh through the rank's boot
+    (:mod:`aios.launcher.boot`: the guard on launch variables), as every rank aios-run starts."""
     head = ["-m", script] if module else [script]
     return [sys.executable, "-u", *head, *args]

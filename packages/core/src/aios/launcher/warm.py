@@ -229,14 +229,18 @@ class Zygote:
         stdout: Any,
         stderr: Any,
         plain: bool = False,
+        runtime: Collection[str] = (),
     ) -> WarmProcess | None:
         """A rank running ``args`` (``python -u ...``) with ``env`` and the given output files
-        (open files or None to inherit ours), or None when it must start fresh. ``plain``: the
-        single process of a ``direct`` plan, ``python SCRIPT ARGS`` (or ``-m MODULE``) as
-        ``subprocess.Popen`` starts it: in this process's group and session, its streams
-        buffered as Python's (unless ``PYTHONUNBUFFERED``), no launch guard."""
+        (open files, file descriptors, or None to inherit ours), or None when it must start
+        fresh. ``plain``: the single process of a ``direct`` plan, ``python SCRIPT ARGS`` (or
+        ``-m MODULE``) as ``subprocess.Popen`` starts it: in this process's group and session,
+        its streams buffered as Python's (unless ``PYTHONUNBUFFERED``), no launch guard.
+        ``runtime``: more variables the rank's environment may differ in, read only when used
+        (a replica group's, :data:`aios.ft.RANK_RUNTIME_VARS`)."""
         cmd = boot.parse_plain(args) if plain else parse_command(args)
-        if cmd is None or self.broken or not env_is_warm_safe(self.base_env, env, self.runtime):
+        known = self.runtime | frozenset(runtime)
+        if cmd is None or self.broken or not env_is_warm_safe(self.base_env, env, known):
             return None
         script, module, argv = cmd
         fds = [_fileno(stdout, 1), _fileno(stderr, 2)]
