@@ -211,6 +211,146 @@ def test_loader_workers_read_ahead_and_a_lost_group_heals(tmp_path: Path, mode: 
     assert -1 not in again[-1]["read_by"]  # the healed group reads ahead again too
 
 
+HABITS = Path(__file__).parent / "scripts" / "ft_habits.py"
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_grad_accumulation_and_a_validation_pass_under_groups(tmp_path: Path, workers: str) -> None:
+    """Public training code's habits under replica groups: ``grad_accum=2`` and a validation
+    pass each epoch (``model.eval()``, ``torch.no_grad()``, a mean over ``len(val_loader)``);
+    group 1 is lost after step 3 and heals. Each micro-batch of a step reads new samples (never
+    the step's first batch again); over each epoch every training sample is in exactly one
+    committed step's share (the healing step's batches not counted; the run's last, unfinished
+    step's read); each group's validation passes see every validation sample once
+    (``len(val_loader)`` batches), so its mean is the whole set's, and none of them hangs."""
+    from aios.testing.strategy_contract import free_port
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIOS_", "RUST_LOG"))}
+    env.update(
+        {
+            "AIOS_LOGGING__TENSORBOARD": "false",
+            "AIOS_LOGGING__RUN_DIR": str(tmp_path / "runs"),
+            "OMP_NUM_THREADS": "1",
+            "FT_OUT": str(tmp_path),
+            "FT_KILL_STEP": "3",
+        }
+    )
+    script = HABITS.read_text()
+    if workers != "0":  # the same script with loader workers
+        script = script.replace(
+            "batch_size=2, shuffle=True", f"batch_size=2, shuffle=True, num_workers={workers}"
+        )
+        script = script.replace("batch_size=2\n", f"batch_size=2, num_workers={workers}\n")
+        assert script.count(f"num_workers={workers}") == 2
+    (tmp_path / "ft_habits.py").write_text(script)
+    r = subprocess.run(
+        [*python("-c", "from aios.cli.run import main; main()")]
+        + ["--nprocs", "2", f"master_port={free_port()}", "ft.replica_groups=2"]
+        + ["ft.heartbeat_timeout_ms=500", "ft.timeout=30", "grad_accum=2", "ft_habits.py"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "replica group 1 healed from a live group" in r.stderr
+    runs = {
+        p.name: [json.loads(line) for line in p.read_text().splitlines()]
+        for p in sorted(tmp_path.glob("h-g*-r*.jsonl"))
+    }
+    assert len(runs) == 3  # group 0; group 1 before its loss and after its restart
+    per_epoch: dict[int, list[int]] = {0: [], 1: []}
+    for run in runs.values():
+        steps = [e["train"] for e in run if "train" in e]
+        healing = steps[0] if steps and steps[0]["restarted"] else None
+        for st in steps:
+            assert len(st["batches"]) == 2  # the step's two micro-batches
+            a, b = (ids for _, ids in st["batches"])
+            assert not set(a) & set(b)  # the second micro-batch reads new samples
+            if st is not healing:  # torchft zeroes the healing step's gradients
+                for epoch, ids in st["batches"]:
+                    per_epoch[epoch] += ids
+        # the run's last step, unfinished (its samples read; a killed run has none)
+        for e in run:
+            for epoch, ids in e.get("dangling", []):
+                per_epoch[epoch] += ids
+        vals = [e["val"] for e in run if "val" in e]
+        for v in vals:
+            assert sorted(v["ids"]) == list(range(100, 114)) and v["len"] == 7
+        ended = any("dangling" in e for e in run)  # not the run killed after step 3
+        assert len(vals) == (2 if ended else 0)
+    for epoch, seen in per_epoch.items():
+        assert set(seen) == set(range(44)), (epoch, sorted(seen))
+        dup = [i for i in set(seen) if seen.count(i) > 1]
+        # only a short last step's padding repeats samples: from the start of the epoch's order
+        assert len(dup) <= 2, (epoch, dup)
+    assert "epoch 1: validation loss" in r.stdout + r.stderr
+
+
+def test_training_in_eval_mode_under_groups_is_named_in_one_line(tmp_path: Path) -> None:
+    """The script forgets ``model.train()`` after its first validation pass: its second epoch's
+    training pass begins with the model in ``eval()`` mode, which under replica groups reads as
+    a validation pass (each group the whole set). Said once, in one line, naming the fix."""
+    from aios.testing.strategy_contract import free_port
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIOS_", "RUST_LOG"))}
+    env.update(
+        {
+            "AIOS_LOGGING__TENSORBOARD": "false",
+            "OMP_NUM_THREADS": "1",
+            "FT_OUT": str(tmp_path),
+            "FT_FORGET_TRAIN": "1",
+        }
+    )
+    r = subprocess.run(
+        [*python("-c", "from aios.cli.run import main; main()")]
+        + ["--nprocs", "2", f"master_port={free_port()}", "ft.replica_groups=2", str(HABITS)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    line = (
+        "aios: a training step from a loader pass begun with the model in eval() mode: under "
+        "ft.replica_groups such a pass is a validation pass (each group reads the whole set, "
+        "not its share); call model.train() before training on it"
+    )
+    assert r.stderr.count(line) == 1, r.stderr[-3000:]  # by the first group in the quorum
+
+
+def test_the_scripts_own_samplers_under_groups(tmp_path: Path) -> None:
+    """``SubsetRandomSampler`` and ``WeightedRandomSampler`` (tests/scripts/own_samplers.py)
+    under ``ft.replica_groups=2``: the groups split the subset's order of each epoch (every
+    sample of the subset once, none outside it), and the weighted draws never include a sample
+    of weight 0."""
+    from aios.testing.strategy_contract import free_port
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIOS_", "RUST_LOG"))}
+    env.update({"AIOS_LOGGING__TENSORBOARD": "false", "OMP_NUM_THREADS": "1"})
+    script = Path(__file__).parent / "scripts" / "own_samplers.py"
+    r = subprocess.run(
+        [*python("-c", "from aios.cli.run import main; main()")]
+        + ["--nprocs", "2", f"master_port={free_port()}", "ft.replica_groups=2"]
+        + [str(script), str(tmp_path / "own")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("own.rank*.json"))]
+    assert sorted(g["group"] for g in got) == [0, 1]
+    train = sorted(list(range(0, 40, 5)) + list(range(1, 40, 5)) + list(range(2, 40, 5)))
+    for epoch in range(2):
+        assert sorted(i for g in got for i in g["epochs"][epoch]) == train
+    drawn = [i for g in got for i in g["weighted"]]
+    assert drawn and not [i for i in drawn if i % 4 == 0], drawn
+
+
 def test_a_group_restarted_after_the_others_finished_ends_without_training(
     tmp_path: Path,
 ) -> None:

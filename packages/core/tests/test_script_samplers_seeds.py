@@ -104,3 +104,53 @@ def test_the_scripts_seed_is_kept_and_a_config_seed_replaces_it_in_one_line(
     assert forced[0]["first_draw"] == seed0[0]["first_draw"]
     lines = [ln for ln in text.splitlines() if "replaces the seed the script set" in ln]
     assert len(lines) == 1 and "seed=0 (config)" in lines[0] and "manual_seed(5)" in lines[0]
+
+
+OWN = Path(__file__).parent / "scripts" / "own_samplers.py"
+
+
+def _own(tmp: Path, nprocs: int, *args: str, env: dict[str, str] | None = None):
+    from aios.testing.strategy_contract import free_port
+
+    out = tmp / f"own-{nprocs}"
+    r = subprocess.run(
+        [*python("-c", "from aios.cli.run import main; main()")]
+        + ["--nprocs", str(nprocs), f"master_port={free_port()}", *args, str(OWN), str(out)],
+        capture_output=True,
+        text=True,
+        env=_env(tmp, **(env or {})),
+        cwd=tmp,
+        timeout=300,
+    )
+    got = [json.loads(p.read_text()) for p in sorted(tmp.glob(f"own-{nprocs}.rank*.json"))]
+    return r, got
+
+
+TRAIN_IDS = sorted(list(range(0, 40, 5)) + list(range(1, 40, 5)) + list(range(2, 40, 5)))
+
+
+@pytest.mark.parametrize("nprocs", [1, 2])
+def test_the_scripts_own_samplers_keep_their_subset_and_weights(
+    tmp_path: Path, nprocs: int
+) -> None:
+    """A train split by ``SubsetRandomSampler`` trains on that subset only, each sample once an
+    epoch over the ranks, in a new order each epoch; a ``WeightedRandomSampler`` never draws a
+    sample of weight 0 and draws its ``num_samples`` over the ranks. Before, aios replaced any
+    sampler but a ``DistributedSampler`` or ``RandomSampler`` with a plain split of the whole
+    dataset: the held-out samples were trained on, with one process too."""
+    r, got = _own(tmp_path, nprocs)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    assert len(got) == nprocs
+    for epoch in range(2):
+        seen = [i for g in got for i in g["epochs"][epoch]]
+        assert sorted(seen) == TRAIN_IDS, (epoch, sorted(seen))
+    assert [g["epochs"][0] for g in got] != [g["epochs"][1] for g in got]  # a new order
+    drawn = [i for g in got for i in g["weighted"]]
+    assert len(drawn) == 16 and not [i for i in drawn if i % 4 == 0], drawn
+
+
+def test_a_sampler_that_splits_by_rank_itself_is_refused_in_one_line(tmp_path: Path) -> None:
+    r, got = _own(tmp_path, 2, env={"RANKED": "1"})
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "the DataLoader's sampler Ranked splits the data over ranks itself" in r.stderr
+    assert "Traceback" not in r.stderr and not got

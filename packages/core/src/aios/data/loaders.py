@@ -55,9 +55,16 @@ def _sampler_class() -> type:
         ``start`` a multiple of ``num_replicas`` each rank gets the same indices as an
         uninterrupted ``DistributedSampler`` would from there. Works with ``num_replicas=1``."""
 
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
+        def __init__(self, *args: Any, source: Any = None, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.start = 0
+            #: the script's own sampler (a subset, weights, its own class): each epoch's order is
+            #: its order drawn from ``(seed, epoch)`` (:func:`sampler_order`), split over the ranks
+            self.source = source
+            if source is not None:
+                n, world = len(source), self.num_replicas
+                self.num_samples = n // world if self.drop_last else -(-n // world)
+                self.total_size = self.num_samples * world
 
         def set_start(self, start: int) -> None:
             """Skip the first ``start`` samples of the next epoch's order (all ranks together)."""
@@ -65,15 +72,17 @@ def _sampler_class() -> type:
 
         def __iter__(self) -> Iterator[int]:
             start, self.start = self.start, 0
-            if not start:
+            if not start and self.source is None:
                 return super().__iter__()
-            n = len(self.dataset)  # type: ignore[arg-type]  # a sized (map-style) dataset
-            if self.shuffle:
+            if self.source is not None:
+                order = sampler_order(self.source, self.seed, self.epoch)
+            elif self.shuffle:
                 g = torch.Generator()
                 g.manual_seed(self.seed + self.epoch)
-                order = torch.randperm(n, generator=g).tolist()
+                order = torch.randperm(len(self.dataset), generator=g).tolist()  # type: ignore[arg-type]
             else:
-                order = list(range(n))
+                order = list(range(len(self.dataset)))  # type: ignore[arg-type]
+            n = len(order)
             world = self.num_replicas
             if self.drop_last:  # as DistributedSampler: the tail that does not divide is dropped
                 end = start + (max(0, n - start) // world) * world
@@ -87,6 +96,69 @@ def _sampler_class() -> type:
             return iter(rest[self.rank :: world])
 
     return ResumableDistributedSampler
+
+
+def sampler_order(source: Any, seed: int, epoch: int) -> list[int]:
+    """One epoch's order of the script's own sampler (``SubsetRandomSampler``,
+    ``WeightedRandomSampler``, ``RandomSampler`` with replacement, a class of its own), a
+    function of ``(seed, epoch)`` only: the same on every rank, and again after a resume or a
+    heal. A sampler with a ``generator`` draws from a fresh one seeded ``base + epoch`` (base:
+    the seed of a generator the script gave it, else ``seed``); any other draws from torch's,
+    Python's and numpy's global generators, forked and seeded ``seed + epoch`` for the draw, so
+    the script's own streams are not consumed."""
+    import random
+    import sys
+
+    import torch
+
+    if hasattr(source, "generator"):
+        mine = source.generator
+        base = mine.initial_seed() if isinstance(mine, torch.Generator) else seed
+        g = torch.Generator()
+        g.manual_seed(base + epoch)
+        source.generator = g
+        try:
+            return [int(i) for i in source]
+        finally:
+            source.generator = mine
+    py = random.getstate()
+    np = sys.modules.get("numpy")
+    np_state = np.random.get_state() if np is not None else None
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed + epoch)
+            random.seed(seed + epoch)
+            if np is not None:
+                np.random.seed((seed + epoch) % 2**32)
+            return [int(i) for i in source]
+    finally:
+        random.setstate(py)
+        if np is not None:
+            np.random.set_state(np_state)
+
+
+def own_order(loader: Any) -> Any:
+    """The script's own sampler whose order aios splits over the ranks (:func:`sampler_order`),
+    or None for a ``SequentialSampler``, a plain ``RandomSampler`` (a shuffle of the dataset)
+    and a ``DistributedSampler`` (its settings are kept). A sampler that shards by rank itself
+    (``num_replicas``) is refused: aios cannot split it again."""
+    from torch.utils.data import DistributedSampler, RandomSampler, SequentialSampler
+
+    sampler = loader.sampler
+    if isinstance(sampler, (SequentialSampler, DistributedSampler)):
+        return None
+    if isinstance(sampler, RandomSampler) and not sampler.replacement:
+        if sampler._num_samples is None:  # the whole dataset, once: a shuffle
+            return None
+    if hasattr(sampler, "num_replicas"):
+        raise ConfigError(
+            f"the DataLoader's sampler {type(sampler).__name__} splits the data over ranks "
+            "itself; aios splits a loader's order over its ranks and cannot split it again",
+            "give the DataLoader a sampler of the whole order (without ranks) or a "
+            "DistributedSampler, or leave this loader out of rt.setup (it then reads as its "
+            "sampler says, and aios saves no position for it)",
+        )
+    return sampler
 
 
 _SAMPLER: type | None = None
@@ -138,12 +210,13 @@ def shard_dataloader(
             raise ConfigError(
                 "a DataLoader with a custom batch_sampler cannot be sharded across ranks by aios",
                 "pass batch_size=... instead of batch_sampler, or shard the data yourself and "
-                "call setup_dataloaders(..., use_distributed_sampler=False)",
+                "leave this loader out of rt.setup (aios then saves no position for it)",
             )
         return loader
     if getattr(loader.sampler, "_aios_sharded", False):
         return loader
     user = loader.sampler if isinstance(loader.sampler, DistributedSampler) else None
+    source = own_order(loader)  # a subset, weights, a sampler class of the script's own
     drop_last = loader.drop_last
     if user is not None:  # the script's own sampler: its shuffle, seed and drop_last stay
         if shuffle is None:
@@ -159,6 +232,7 @@ def shard_dataloader(
         shuffle=shuffle,
         seed=seed,
         drop_last=drop_last,
+        source=source,
     )
     sampler._aios_sharded = True
     #: the script's DistributedSampler: its set_epoch() calls choose the epoch (DeviceLoader)

@@ -100,6 +100,8 @@ class Replica:
         #: ends this process when it was restarted after every other group finished (nothing
         #: left to train): the runtime closes without a checkpoint and exits 0
         self.end_alone: Callable[[], NoReturn] = _exit_zero
+        #: False: not seen; True: seen, not said yet; None: said (by the first participant)
+        self._said_eval: bool | None = False
 
     # ---------------------------------------------------------------- manager
     def _state(self) -> dict[str, Any]:
@@ -213,6 +215,15 @@ class Replica:
         return all(os.path.exists(os.path.join(state_dir, f"group{g}.done")) for g in others)
 
     # ---------------------------------------------------------------- the step
+    def evaluating(self) -> bool:
+        """Whether the script's model is in ``eval()`` mode (a validation pass: its loaders
+        read this group's own split, without a quorum, :mod:`aios.ft.data`)."""
+        module = self.training.main_module
+        if module is None:
+            return False
+        # eval() on what rt.setup returned, or on the script's own module inside its wrapper
+        return not (module.training and self.strategy.unwrap(module).training)
+
     def begin_step(self) -> None:
         """The quorum of this step (once per step; a no-op until the step has ended)."""
         if self.in_step:
@@ -293,6 +304,15 @@ class Replica:
             at += n
         heard = bool(flat[-1].item() > 0)
         ok = bool(m.should_commit())
+        if self._said_eval is False and any(s.in_eval_pass for s in self.samplers):
+            self._said_eval = True  # said once, by the first group in the step's quorum
+        if self._said_eval is True and self.participant_rank == 0:
+            self._said_eval = None
+            self._say(
+                "a training step from a loader pass begun with the model in eval() mode: under "
+                "ft.replica_groups such a pass is a validation pass (each group reads the whole "
+                "set, not its share); call model.train() before training on it"
+            )
         self.notice = self.notice or (ok and heard)
         self.in_step = False
         healed = self._healing and ok
