@@ -148,7 +148,7 @@ def own_order(loader: Any) -> Any:
     if isinstance(sampler, (SequentialSampler, DistributedSampler)):
         return None
     if isinstance(sampler, RandomSampler) and not sampler.replacement:
-        if sampler._num_samples is None:  # the whole dataset, once: a shuffle
+        if sampler.num_samples == len(sampler.data_source):  # the whole dataset once: a shuffle
             return None
     if hasattr(sampler, "num_replicas"):
         raise ConfigError(
