@@ -47,7 +47,7 @@ log = open(os.path.join(out, f"h-g{g}-r{rt.rank}-{os.getpid()}.jsonl"), "a")
 
 def pending_requests() -> int:
     page = urllib.request.urlopen(os.environ["AIOS_FT_LIGHTHOUSE"] + "/status", timeout=30)
-    found = re.search(r"Next quorum status: .*?have (\d+) participants", page.read().decode())
+    found = re.search(r"Next quorum status: \D*(\d+) participants", page.read().decode())
     return int(found.group(1)) if found else 0
 
 
@@ -69,7 +69,7 @@ for epoch in range(2):  # the end of an epoch: its batches are then of two)
         if g == 1 and rt.rank == 0 and rt.global_step == kill_at and not os.path.exists(killed):
             open(killed, "w").close()
             os.kill(os.getpid(), signal.SIGKILL)
-        if g == 0 and rt.global_step == kill_at + 1:
+        if g != 1 and rt.global_step == kill_at + 1:  # every live group waits
             while not os.path.exists(back):
                 time.sleep(0.01)
             while rt.rank == 0 and not pending_requests():

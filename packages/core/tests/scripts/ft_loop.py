@@ -8,10 +8,11 @@ itself (its rank 0: the group's other processes are stopped by aios-run) right a
 committing step FT_KILL_STEP (FT_KILL_MODE=hang: hangs there instead); with
 FT_KILL_MODE=allreduce, group 1 waits at
 step FT_KILL_STEP until group 0 has finished that step's backward (group 0 is then entering the
-cross-group all-reduce, which waits for group 1) and kills itself. Group 0 waits, before the
-step after, until the restarted group 1's first quorum request is pending at torchft's
-lighthouse (its status page): group 0's next request then forms a quorum with it, and the heal
-happens with work left however late a loaded machine lets group 1 ask.
+cross-group all-reduce, which waits for group 1) and kills itself. The live groups wait, before
+the step after, until the restarted group 1's first quorum request is pending at torchft's
+lighthouse (its status page; none of them asks meanwhile, and a lone request forms no quorum
+while they heartbeat): their next requests then form a quorum with it, and the heal happens
+with work left however late a loaded machine lets group 1 ask.
 With FT_KILL_MODE=late, group 0 does not wait for the restarted group 1, which waits before
 ``aios.init`` until aios-run has seen group 0 finish (its ``group0.done``): group 1 comes back
 to a run with nothing left to train. With FT_WORKERS=N the DataLoader has N workers; each sample says which one read it
@@ -100,7 +101,8 @@ def pending_requests() -> int:
     """Quorum requests waiting at the lighthouse (its status page: "only have N participants";
     a restarted group alone is not enough for a quorum while another group heartbeats)."""
     page = urllib.request.urlopen(os.environ["AIOS_FT_LIGHTHOUSE"] + "/status", timeout=30)
-    found = re.search(r"Next quorum status: .*?have (\d+) participants", page.read().decode())
+    # "only have 1 participants, need ...", "Valid quorum with 2 participants, waiting for ..."
+    found = re.search(r"Next quorum status: \D*(\d+) participants", page.read().decode())
     return int(found.group(1)) if found else 0
 
 
@@ -148,9 +150,9 @@ for x, idx, read_by in loader:
         open(killed, "w").close()
         while True:  # hung after committing: aios-run's hang watch stops it
             time.sleep(1)
-    if g == 0 and mode != "late" and rt.global_step == kill_at + 1:
+    if g != 1 and mode != "late" and rt.global_step == kill_at + 1:
         wait_for(back)
-        if rt.rank == 0:  # group 0 asks for no quorum now: a pending request is group 1's
+        if rt.rank == 0:  # no live group asks for a quorum now: a pending request is group 1's
             wait_for_request()
     if rt.global_step == pause_at:  # every rank waits here until the test says go on
         with open(os.path.join(out, f"paused-g{g}-r{rt.rank}"), "w") as f:
