@@ -102,8 +102,9 @@ def sampler_order(source: Any, seed: int, epoch: int) -> list[int]:
     """One epoch's order of the script's own sampler (``SubsetRandomSampler``,
     ``WeightedRandomSampler``, ``RandomSampler`` with replacement, a class of its own), a
     function of ``(seed, epoch)`` only: the same on every rank, and again after a resume or a
-    heal. A sampler with a ``generator`` draws from a fresh one seeded ``base + epoch`` (base:
-    the seed of a generator the script gave it, else ``seed``); any other draws from torch's,
+    heal. A sampler with a torch ``generator`` attribute draws from a fresh one seeded
+    ``base + epoch`` (base: the seed of a generator the script gave it, else ``seed``); any
+    other (a generator of another library too) draws from torch's,
     Python's and numpy's global generators, forked and seeded ``seed + epoch`` for the draw, so
     the script's own streams are not consumed."""
     import random
@@ -111,8 +112,8 @@ def sampler_order(source: Any, seed: int, epoch: int) -> list[int]:
 
     import torch
 
-    if hasattr(source, "generator"):
-        mine = source.generator
+    mine = getattr(source, "generator", False)  # a user's object: torch's samplers have one
+    if mine is None or isinstance(mine, torch.Generator):
         base = mine.initial_seed() if isinstance(mine, torch.Generator) else seed
         g = torch.Generator()
         g.manual_seed(base + epoch)
