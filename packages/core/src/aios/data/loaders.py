@@ -162,6 +162,26 @@ def own_order(loader: Any) -> Any:
     return sampler
 
 
+def script_order(loader: Any, shuffle: bool | None, seed: int) -> tuple[Any, Any, bool, int, bool]:
+    """What the script's ``DataLoader`` asks of its order: ``(user, source, shuffle, seed,
+    drop_last)``. ``user``: its ``DistributedSampler``, whose ``shuffle``, ``seed`` and
+    ``drop_last`` stay; ``source``: a sampler of its own whose order is split
+    (:func:`own_order`); else a ``RandomSampler`` means a shuffle seeded by ``seed``."""
+    from torch.utils.data import DistributedSampler, RandomSampler
+
+    user = loader.sampler if isinstance(loader.sampler, DistributedSampler) else None
+    source = own_order(loader)  # a subset, weights, a sampler class of the script's own
+    drop_last = bool(loader.drop_last)
+    if user is not None:
+        if shuffle is None:
+            shuffle = bool(user.shuffle)
+        seed = int(user.seed)
+        drop_last = drop_last or bool(user.drop_last)
+    elif shuffle is None:
+        shuffle = isinstance(loader.sampler, RandomSampler)
+    return user, source, bool(shuffle), seed, drop_last
+
+
 _SAMPLER: type | None = None
 
 
@@ -188,9 +208,7 @@ def shard_dataloader(
     from torch.utils.data import (
         BatchSampler,
         DataLoader,
-        DistributedSampler,
         IterableDataset,
-        RandomSampler,
     )
 
     if not isinstance(loader, DataLoader):
@@ -216,16 +234,7 @@ def shard_dataloader(
         return loader
     if getattr(loader.sampler, "_aios_sharded", False):
         return loader
-    user = loader.sampler if isinstance(loader.sampler, DistributedSampler) else None
-    source = own_order(loader)  # a subset, weights, a sampler class of the script's own
-    drop_last = loader.drop_last
-    if user is not None:  # the script's own sampler: its shuffle, seed and drop_last stay
-        if shuffle is None:
-            shuffle = bool(user.shuffle)
-        seed = int(user.seed)
-        drop_last = drop_last or bool(user.drop_last)
-    elif shuffle is None:
-        shuffle = isinstance(loader.sampler, RandomSampler)
+    user, source, shuffle, seed, drop_last = script_order(loader, shuffle, seed)
     sampler = ResumableDistributedSampler(
         loader.dataset,
         num_replicas=world_size,
@@ -457,10 +466,14 @@ class DeviceLoader:
         self._skip = batch
 
     # ---------------------------------------------------------------- iteration
+    def _user_sampler(self) -> Any:
+        """The ``DistributedSampler`` the script built, if any."""
+        return getattr(self.sampler, "_aios_user_sampler", None)
+
     def _follow_user_sampler(self) -> None:
         """A ``DistributedSampler`` the script built: the epoch it was given with
         ``set_epoch`` (when the script called it since the last iteration) is the epoch."""
-        user = getattr(self.sampler, "_aios_user_sampler", None)
+        user = self._user_sampler()
         if user is None:
             return
         seen = int(user.epoch)

@@ -13,7 +13,7 @@ import collections
 from collections.abc import Iterator
 from typing import Any
 
-from aios.data.loaders import DeviceLoader, own_order, sampler_order
+from aios.data.loaders import DeviceLoader, sampler_order, script_order
 from aios.errors import ConfigError
 
 
@@ -297,15 +297,8 @@ class GroupLoader(DeviceLoader):
         self._user = user
         self._user_epoch = None if user is None else int(user.epoch)
 
-    def _follow_user_sampler(self) -> None:
-        user = self._user
-        if user is None:
-            return
-        seen = int(user.epoch)
-        if seen != self._user_epoch:
-            self._user_epoch = seen
-            if seen != self.epoch:
-                self.set_epoch(seen)
+    def _user_sampler(self) -> Any:
+        return self._user
 
     @property
     def batch_size(self) -> int:
@@ -341,13 +334,7 @@ def shard(
 ) -> Any:
     """A :class:`GroupLoader` over a ``DataLoader`` like ``loader`` reading the global step
     split (see the module); any other loader as it is."""
-    from torch.utils.data import (
-        BatchSampler,
-        DataLoader,
-        DistributedSampler,
-        IterableDataset,
-        RandomSampler,
-    )
+    from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
     if not isinstance(loader, DataLoader):
         return DeviceLoader(loader, device, seed=seed, rank=rank, world=1)
@@ -364,16 +351,7 @@ def shard(
             "pass batch_size=... (and a sampler) instead of batch_sampler, or drop "
             "ft.replica_groups",
         )
-    user = loader.sampler if isinstance(loader.sampler, DistributedSampler) else None
-    source = own_order(loader)  # a subset, weights, a sampler class of the script's own
-    drop_last = loader.drop_last
-    if user is not None:  # the script's DistributedSampler: its shuffle, seed and drop_last
-        if shuffle is None:
-            shuffle = bool(user.shuffle)
-        seed = int(user.seed)
-        drop_last = drop_last or bool(user.drop_last)
-    elif shuffle is None:
-        shuffle = isinstance(loader.sampler, RandomSampler)
+    user, source, shuffle, seed, drop_last = script_order(loader, shuffle, seed)
     size = len(source) if source is not None else len(loader.dataset)  # type: ignore[arg-type]
     sampler = GlobalStepSampler(
         size, int(loader.batch_size), shuffle, seed, drop_last, replica, source=source
